@@ -1,0 +1,120 @@
+//! The [`Backend`] trait: PyTorch's functional collectives, plus reduce / gather / scatter /
+//! send / recv / barrier, over a backend-owned buffer type.
+//!
+//! # Contract (every backend MUST)
+//! * Return from every collective at once with a [`Work`]; the result is final after `wait`.
+//! * Out-of-place ops (`all_reduce`, `all_gather_into_tensor`, ...) return a *new* buffer that
+//!   never aliases the input, and leave the input unchanged.
+//! * In-place ops (`all_reduce_`, `broadcast_`, `*_coalesced_`) return the very buffer(s) given
+//!   (same [`Backend::buffer_addr`]).
+//! * `_out` ops write only the caller's output buffer, never a byte outside it.
+//! * Catch bad input with a named [`CollectiveError::BadInput`]: locally at issue time where the
+//!   rank alone can tell, and across ranks (at issue or at wait) where only peers can tell, on
+//!   *every* rank, never by hanging and never by silent truncation.
+//! * Honour deadlines: no wait blocks longer than asked; a dead peer is reported as such.
+//! * Record every collective in [`crate::progress`] while it is in flight.
+//!
+//! # Shapes
+//! * `all_gather_into_tensor`: `[ws * d0, rest..]`; a 0-dim input gathers to `[ws]`.
+//! * `reduce_scatter_tensor`: `d0 % ws == 0` required; result `[d0 / ws, rest..]`.
+//! * `all_to_all_single`: dim 0 split by `input_splits` (equal split when `None`, which needs
+//!   `d0 % ws == 0`); output rows by `output_splits` in source-rank order.
+//! * `reduce` / `gather`: the result has the same shape on every rank; its contents are defined
+//!   on the root only. `scatter`: every rank passes a same-shaped input; only the root's counts.
+//! * `permute_tensor(x, src_dst)`: rank `r`'s data goes to rank `src_dst[r]`.
+
+use crate::caps::Capabilities;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::op::ReduceOp;
+use crate::tensor::Tensor;
+use crate::work::Work;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a worker process knows about the world it is part of.
+#[derive(Clone, Debug)]
+pub struct WorldInfo {
+    pub rank: usize,
+    pub world_size: usize,
+    /// The world's file store (a c10d-compatible FileStore file).
+    pub store_path: PathBuf,
+    /// Unique per world: prefix for shared-memory names and store keys.
+    pub world_id: String,
+    /// Default deadline for one collective.
+    pub op_timeout: Duration,
+    /// Extra backend options (`CONCORD_BACKEND_OPTS`, e.g. `fail_all=1`).
+    pub options: Vec<(String, String)>,
+}
+
+impl WorldInfo {
+    pub fn option(&self, key: &str) -> Option<&str> {
+        self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A collective-communication backend. One instance per rank (and per subgroup).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Concord backend",
+    label = "this type must implement `concord_core::Backend`",
+    note = "implement `concord_core::Backend` for `{Self}` (see the README's \"Test your own backend\" section), or wrap a built-in backend such as `concord_shm::ShmBackend`"
+)]
+pub trait Backend: Sized + Send + Sync + 'static {
+    /// A buffer on the backend's device. Cloning clones the *handle*, not the data.
+    type Buffer: Clone + Send + Sync + 'static;
+
+    /// Joins the world (collective: every rank calls it).
+    fn init(world: &WorldInfo) -> Result<Self>;
+    /// Short name used in case names and messages (`shm`, `nccl`, ...).
+    fn name(&self) -> &str;
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    fn capabilities(&self) -> Capabilities;
+    /// Issued collectives not yet waited (PyTorch's work registry).
+    fn outstanding(&self) -> usize;
+    /// A communicator over `ranks` of this one (collective over *all* ranks of `self`, which
+    /// pass the same list). Members get `Some`, with rank = position in `ranks`.
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>>;
+
+    // ---- buffers ----
+    fn upload(&self, t: &Tensor) -> Result<Self::Buffer>;
+    /// The buffer's current contents (synchronises with the device, not with collectives).
+    fn download(&self, b: &Self::Buffer) -> Result<Tensor>;
+    /// A new buffer; contents unspecified.
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Self::Buffer>;
+    /// Overwrites `b` with `t` (same dtype and element count).
+    fn write(&self, b: &Self::Buffer, t: &Tensor) -> Result<()>;
+    /// A buffer aliasing `numel(shape)` elements of `b` from element `offset` on.
+    fn view(&self, b: &Self::Buffer, offset: usize, shape: &[usize]) -> Result<Self::Buffer>;
+    /// Address of the first element (identity: equal addresses are the same storage).
+    fn buffer_addr(&self, b: &Self::Buffer) -> usize;
+    fn buffer_dtype(&self, b: &Self::Buffer) -> DType;
+    fn buffer_shape(&self, b: &Self::Buffer) -> Vec<usize>;
+
+    // ---- collectives ----
+    fn all_reduce(&self, x: &Self::Buffer, op: ReduceOp) -> Result<Work<Self::Buffer>>;
+    fn all_reduce_(&self, x: &Self::Buffer, op: ReduceOp) -> Result<Work<Self::Buffer>>;
+    fn all_reduce_coalesced(&self, xs: &[Self::Buffer], op: ReduceOp) -> Result<Work<Vec<Self::Buffer>>>;
+    fn all_reduce_coalesced_(&self, xs: &[Self::Buffer], op: ReduceOp) -> Result<Work<Vec<Self::Buffer>>>;
+    fn all_gather_into_tensor(&self, x: &Self::Buffer) -> Result<Work<Self::Buffer>>;
+    fn all_gather_into_tensor_out(&self, x: &Self::Buffer, out: &Self::Buffer) -> Result<Work<Self::Buffer>>;
+    fn all_gather_into_tensor_coalesced(&self, xs: &[Self::Buffer]) -> Result<Work<Vec<Self::Buffer>>>;
+    fn reduce_scatter_tensor(&self, x: &Self::Buffer, op: ReduceOp) -> Result<Work<Self::Buffer>>;
+    fn reduce_scatter_tensor_out(&self, x: &Self::Buffer, op: ReduceOp, out: &Self::Buffer) -> Result<Work<Self::Buffer>>;
+    fn reduce_scatter_tensor_coalesced(&self, xs: &[Self::Buffer], op: ReduceOp) -> Result<Work<Vec<Self::Buffer>>>;
+    fn all_to_all_single(
+        &self,
+        x: &Self::Buffer,
+        output_splits: Option<&[usize]>,
+        input_splits: Option<&[usize]>,
+    ) -> Result<Work<Self::Buffer>>;
+    fn broadcast(&self, x: &Self::Buffer, src: usize) -> Result<Work<Self::Buffer>>;
+    fn broadcast_(&self, x: &Self::Buffer, src: usize) -> Result<Work<Self::Buffer>>;
+    fn permute_tensor(&self, x: &Self::Buffer, src_dst: &[usize]) -> Result<Work<Self::Buffer>>;
+    fn reduce(&self, x: &Self::Buffer, op: ReduceOp, root: usize) -> Result<Work<Self::Buffer>>;
+    fn gather(&self, x: &Self::Buffer, root: usize) -> Result<Work<Self::Buffer>>;
+    fn scatter(&self, x: &Self::Buffer, root: usize) -> Result<Work<Self::Buffer>>;
+    fn send(&self, x: &Self::Buffer, dst: usize) -> Result<Work<()>>;
+    fn recv(&self, out: &Self::Buffer, src: usize) -> Result<Work<Self::Buffer>>;
+    fn barrier(&self) -> Result<Work<()>>;
+}

@@ -1,0 +1,140 @@
+//! What a backend declares it supports. Suites report UNSUPPORTED for a declared gap and FAIL for
+//! everything else, so a backend's declaration is part of its contract and is itself checked:
+//! a case a backend claims to support MUST pass.
+
+use crate::dtype::DType;
+use crate::op::{OpKind, ReduceOp, Variant};
+use serde::{Deserialize, Serialize};
+
+/// How min / max treat NaN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NanPolicy {
+    /// NaN wins: `max(NaN, 1) = NaN` (IEEE `maximum`, Gloo, the Concord CPU backend).
+    Propagate,
+    /// NaN loses: `max(NaN, 1) = 1` (observed on NCCL 2.28.9, IEEE `maxNum`).
+    Ignore,
+}
+
+/// How `avg` rounds for integer dtypes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntAvg {
+    /// Toward zero: `(3 + 4) / 2 = 3`, `(-3 + -4) / 2 = -3` (C division; observed on NCCL).
+    Truncate,
+    /// Toward negative infinity.
+    Floor,
+}
+
+/// What an op does when its input and output buffers alias where the op forbids it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AliasPolicy {
+    /// Rejects with `bad_input:aliasing`.
+    Reject,
+    /// Computes the right result anyway.
+    Correct,
+}
+
+/// One declared gap: every field that is `Some` must match for the gap to apply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gap {
+    pub op: Option<OpKind>,
+    pub variant: Option<Variant>,
+    pub dtype: Option<DType>,
+    /// A reduce-op name (`"band"`, `"premul_sum"`, ...).
+    pub reduce: Option<String>,
+    pub reason: String,
+}
+
+impl Gap {
+    pub fn reduce(name: &str, reason: &str) -> Gap {
+        Gap { op: None, variant: None, dtype: None, reduce: Some(name.into()), reason: reason.into() }
+    }
+    pub fn op(op: OpKind, reason: &str) -> Gap {
+        Gap { op: Some(op), variant: None, dtype: None, reduce: None, reason: reason.into() }
+    }
+    pub fn op_variant(op: OpKind, variant: Variant, reason: &str) -> Gap {
+        Gap { op: Some(op), variant: Some(variant), dtype: None, reduce: None, reason: reason.into() }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Dtypes the backend moves; any other dtype is unsupported for every op.
+    pub dtypes: Vec<DType>,
+    /// Largest world (and subgroup) size the backend runs.
+    pub max_world_size: usize,
+    pub nan_minmax: NanPolicy,
+    pub int_avg: IntAvg,
+    pub aliasing: AliasPolicy,
+    /// Whether mismatched inputs across ranks (shapes, dtypes, splits, roots) end in a named
+    /// error on every rank. If false, cross-rank bad-input cases are UNSUPPORTED, not run.
+    pub validates_across_ranks: bool,
+    /// Whether the values the backend moves are real (false for the fake backend).
+    pub moves_data: bool,
+    pub subgroups: bool,
+    pub gaps: Vec<Gap>,
+}
+
+impl Capabilities {
+    /// Everything, for a backend that implements the whole contract.
+    pub fn full(max_world_size: usize) -> Capabilities {
+        Capabilities {
+            dtypes: DType::ALL.to_vec(),
+            max_world_size,
+            nan_minmax: NanPolicy::Propagate,
+            int_avg: IntAvg::Truncate,
+            aliasing: AliasPolicy::Reject,
+            validates_across_ranks: true,
+            moves_data: true,
+            subgroups: true,
+            gaps: Vec::new(),
+        }
+    }
+
+    /// `Ok` if the combination is supported, else the declared reason.
+    pub fn check(
+        &self,
+        op: OpKind,
+        variant: Option<Variant>,
+        dtype: Option<DType>,
+        reduce: Option<ReduceOp>,
+        world_size: usize,
+    ) -> Result<(), String> {
+        if world_size > self.max_world_size {
+            return Err(format!("world size {world_size} > declared max {}", self.max_world_size));
+        }
+        if let Some(d) = dtype {
+            if !self.dtypes.contains(&d) {
+                return Err(format!("dtype {d} not supported"));
+            }
+        }
+        for g in &self.gaps {
+            let hit = g.op.is_none_or(|o| o == op)
+                && g.variant.is_none_or(|v| Some(v) == variant)
+                && g.dtype.is_none_or(|d| Some(d) == dtype)
+                && g.reduce.as_deref().is_none_or(|r| reduce.map(|x| x.name()) == Some(r));
+            if hit {
+                return Err(g.reason.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_match_on_every_given_field() {
+        let mut c = Capabilities::full(8);
+        c.gaps.push(Gap::reduce("band", "no bitwise"));
+        c.dtypes.retain(|d| *d != DType::U16);
+        assert!(c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::Sum), 2).is_ok());
+        assert_eq!(
+            c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::BAnd), 2),
+            Err("no bitwise".into())
+        );
+        assert!(c.check(OpKind::Broadcast, None, Some(DType::U16), None, 2).is_err());
+        assert!(c.check(OpKind::Broadcast, None, Some(DType::F32), None, 9).is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! Element types. Every dtype a backend may be asked to move, with a bit-exact host representation.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The element types Concord knows. `name()` is the spelling used in case names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DType {
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl DType {
+    pub const ALL: [DType; 12] = [
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 => 1,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
+            DType::U64 => "u64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    pub const fn is_signed_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+
+    /// Machine epsilon for floats (distance from 1.0 to the next value); 0 for integers.
+    pub fn epsilon(self) -> f64 {
+        match self {
+            DType::F16 => f16::EPSILON.to_f64(),
+            DType::BF16 => bf16::EPSILON.to_f64(),
+            DType::F32 => f32::EPSILON as f64,
+            DType::F64 => f64::EPSILON,
+            _ => 0.0,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that stores one element of a [`DType`].
+pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Send + Sync + 'static {
+    const DTYPE: DType;
+    /// Lossy for 64-bit integers beyond 2^53; use the native type where exactness matters.
+    fn to_f64(self) -> f64;
+    /// Rounds to nearest for floats; saturating `as` cast for integers.
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! int_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 { self as f64 }
+            fn from_f64(v: f64) -> Self { v as $t }
+        }
+    )*};
+}
+int_element!(i8 => I8, u8 => U8, i16 => I16, u16 => U16, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+/// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
+///
+/// ```
+/// use concord_core::{dispatch_dtype, DType, Element};
+/// let size = dispatch_dtype!(DType::BF16, T => std::mem::size_of::<T>());
+/// assert_eq!(size, 2);
+/// ```
+#[macro_export]
+macro_rules! dispatch_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::I8 => { type $T = i8; $body }
+            $crate::DType::U8 => { type $T = u8; $body }
+            $crate::DType::I16 => { type $T = i16; $body }
+            $crate::DType::U16 => { type $T = u16; $body }
+            $crate::DType::I32 => { type $T = i32; $body }
+            $crate::DType::U32 => { type $T = u32; $body }
+            $crate::DType::I64 => { type $T = i64; $body }
+            $crate::DType::U64 => { type $T = u64; $body }
+            $crate::DType::F16 => { type $T = $crate::half::f16; $body }
+            $crate::DType::BF16 => { type $T = $crate::half::bf16; $body }
+            $crate::DType::F32 => { type $T = f32; $body }
+            $crate::DType::F64 => { type $T = f64; $body }
+        }
+    };
+}

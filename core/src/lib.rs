@@ -1,0 +1,27 @@
+//! # concord-core
+//!
+//! **One job:** define the vocabulary every other Concord crate speaks — dtypes, host tensors,
+//! reduce ops, the [`Backend`] trait shaped after PyTorch's functional collectives, pending
+//! [`Work`] handles, declared [`Capabilities`] and the named [`CollectiveError`]s.
+//!
+//! This crate has no I/O, no processes and no communication. Backends implement [`Backend`];
+//! the oracle computes expected values from [`Tensor`]s; the suites drive any `B: Backend`.
+
+pub mod backend;
+pub mod caps;
+pub mod dtype;
+pub mod error;
+pub mod op;
+pub mod progress;
+pub mod tensor;
+pub mod work;
+
+pub use backend::{Backend, WorldInfo};
+pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
+pub use dtype::{DType, Element};
+pub use error::{BadInputKind, CollectiveError, Result};
+pub use op::{OpKind, ReduceOp, Variant};
+pub use tensor::Tensor;
+#[doc(hidden)]
+pub use half;
+pub use work::{AsyncResult, Completion, Done, Failed, Flag, OutstandingCounter, Work, WorkMeta};

@@ -1,0 +1,273 @@
+//! Pending collectives. Every collective returns a [`Work`] at once; its result is final only
+//! after [`Work::wait`] returns `Ok`.
+//!
+//! Contracts:
+//! * `wait` MUST return within its timeout (a named [`CollectiveError::Timeout`] otherwise).
+//! * Waiting twice is harmless and returns the same outcome.
+//! * Each `Work` counts as outstanding in its backend's [`OutstandingCounter`] until waited
+//!   successfully or dropped; dropping an un-waited `Work` warns and never blocks.
+
+use crate::error::{CollectiveError, Result};
+use crate::progress;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The completion side of a pending collective, implemented by each backend.
+pub trait Completion: Send + Sync {
+    /// True once the result is final (or the op has failed).
+    fn is_completed(&self) -> bool;
+    /// Blocks until completion or until `timeout` has passed. `Ok(true)`: completed successfully;
+    /// `Ok(false)`: still pending after `timeout`; `Err`: the collective failed.
+    fn wait_for(&self, timeout: Duration) -> Result<bool>;
+}
+
+/// A completion that is already done (fake backend, ops that complete synchronously).
+pub struct Done;
+impl Completion for Done {
+    fn is_completed(&self) -> bool {
+        true
+    }
+    fn wait_for(&self, _: Duration) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// A completion that has already failed with `0`.
+pub struct Failed(pub CollectiveError);
+impl Completion for Failed {
+    fn is_completed(&self) -> bool {
+        true
+    }
+    fn wait_for(&self, _: Duration) -> Result<bool> {
+        Err(self.0.clone())
+    }
+}
+
+/// A one-shot completion flag a backend's progress thread sets, with condvar wake-up.
+#[derive(Default)]
+pub struct Flag {
+    state: Mutex<Option<Result<()>>>,
+    cv: std::sync::Condvar,
+}
+
+impl Flag {
+    pub fn new() -> Arc<Flag> {
+        Arc::new(Flag::default())
+    }
+    /// Marks the op complete (`Ok`) or failed. Later calls are ignored.
+    pub fn set(&self, outcome: Result<()>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.is_none() {
+            *s = Some(outcome);
+            self.cv.notify_all();
+        }
+    }
+}
+
+impl Completion for Flag {
+    fn is_completed(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(outcome) = &*s {
+                return outcome.clone().map(|_| true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// Number of issued-but-not-waited works of one backend instance (PyTorch's work registry).
+#[derive(Clone, Default, Debug)]
+pub struct OutstandingCounter(Arc<AtomicUsize>);
+impl OutstandingCounter {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Which collective a [`Work`] belongs to, for error messages.
+#[derive(Clone, Debug)]
+pub struct WorkMeta {
+    pub backend: String,
+    pub op: String,
+    pub seq: u64,
+    pub rank: usize,
+}
+
+/// A pending collective and the value it will produce.
+pub struct Work<T> {
+    value: Option<T>,
+    completion: Arc<dyn Completion>,
+    meta: WorkMeta,
+    counter: OutstandingCounter,
+    counted: AtomicBool,
+    outcome: Mutex<Option<Result<()>>>,
+}
+
+impl<T> Work<T> {
+    pub fn new(value: T, completion: Arc<dyn Completion>, meta: WorkMeta, counter: &OutstandingCounter) -> Work<T> {
+        counter.0.fetch_add(1, Ordering::SeqCst);
+        Work {
+            value: Some(value),
+            completion,
+            meta,
+            counter: counter.clone(),
+            counted: AtomicBool::new(true),
+            outcome: Mutex::new(None),
+        }
+    }
+
+    /// A work that is complete at once.
+    pub fn done(value: T, meta: WorkMeta, counter: &OutstandingCounter) -> Work<T> {
+        Work::new(value, Arc::new(Done), meta, counter)
+    }
+
+    pub fn meta(&self) -> &WorkMeta {
+        &self.meta
+    }
+
+    pub fn is_completed(&self) -> bool {
+        self.completion.is_completed()
+    }
+
+    fn uncount(&self) {
+        if self.counted.swap(false, Ordering::SeqCst) {
+            self.counter.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits up to `timeout` for the collective; returns the result. Idempotent.
+    pub fn wait(&self, timeout: Duration) -> Result<&T> {
+        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        if outcome.is_none() {
+            let start = Instant::now();
+            match self.completion.wait_for(timeout) {
+                Ok(true) => *outcome = Some(Ok(())),
+                Ok(false) => {
+                    return Err(CollectiveError::Timeout {
+                        op: self.meta.op.clone(),
+                        seq: self.meta.seq,
+                        rank: self.meta.rank,
+                        waited_ms: start.elapsed().as_millis() as u64,
+                        detail: format!("{} backend; this process is {}", self.meta.backend, progress::describe()),
+                    })
+                }
+                Err(e) => *outcome = Some(Err(e)),
+            }
+            self.uncount();
+        }
+        match outcome.as_ref().expect("set above") {
+            Ok(()) => Ok(self.value.as_ref().expect("value present until into_value")),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Waits, then hands the value over.
+    pub fn into_value(mut self, timeout: Duration) -> Result<T> {
+        self.wait(timeout)?;
+        Ok(self.value.take().expect("value present"))
+    }
+
+    /// The value *without* waiting: its contents are not final. For identity checks only.
+    pub fn peek(&self) -> &T {
+        self.value.as_ref().expect("value present")
+    }
+}
+
+impl<T> Drop for Work<T> {
+    fn drop(&mut self) {
+        if self.counted.load(Ordering::SeqCst) {
+            if !std::thread::panicking() {
+                eprintln!(
+                    "concord: warning: {} #{} on rank {} ({} backend) dropped without wait",
+                    self.meta.op, self.meta.seq, self.meta.rank, self.meta.backend
+                );
+            }
+            self.uncount();
+        }
+    }
+}
+
+/// PyTorch's `AsyncCollectiveTensor`: waits on first read, exposes `completed()`.
+pub struct AsyncResult<T> {
+    work: Work<T>,
+    timeout: Duration,
+    read: AtomicBool,
+}
+
+impl<T> AsyncResult<T> {
+    pub fn new(work: Work<T>, timeout: Duration) -> Self {
+        AsyncResult { work, timeout, read: AtomicBool::new(false) }
+    }
+    /// True once the value has been read (and so waited), like `AsyncCollectiveTensor.completed`.
+    pub fn completed(&self) -> bool {
+        self.read.load(Ordering::SeqCst)
+    }
+    /// Reads the value, waiting for it first if this is the first read.
+    pub fn get(&self) -> Result<&T> {
+        let v = self.work.wait(self.timeout)?;
+        self.read.store(true, Ordering::SeqCst);
+        Ok(v)
+    }
+    pub fn work(&self) -> &Work<T> {
+        &self.work
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> WorkMeta {
+        WorkMeta { backend: "test".into(), op: "all_reduce".into(), seq: 3, rank: 1 }
+    }
+
+    #[test]
+    fn pending_work_times_out_with_a_named_error_then_completes() {
+        let counter = OutstandingCounter::default();
+        let flag = Flag::new();
+        let w = Work::new(7u32, flag.clone(), meta(), &counter);
+        assert_eq!(counter.get(), 1);
+        assert!(!w.is_completed());
+        let err = w.wait(Duration::from_millis(20)).unwrap_err();
+        assert_eq!(err.name(), "timeout");
+        assert!(err.to_string().contains("all_reduce #3 on rank 1"), "{err}");
+        assert_eq!(counter.get(), 1, "a timed-out wait leaves the work outstanding");
+        flag.set(Ok(()));
+        assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7);
+        assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7, "waiting twice is harmless");
+        assert_eq!(counter.get(), 0);
+    }
+
+    #[test]
+    fn failed_work_reports_its_error_every_time_and_drop_uncounts() {
+        let counter = OutstandingCounter::default();
+        let flag = Flag::new();
+        flag.set(Err(CollectiveError::Aborted("x".into())));
+        let w = Work::new((), flag, meta(), &counter);
+        assert!(w.wait(Duration::from_secs(1)).is_err());
+        assert!(w.wait(Duration::from_secs(1)).is_err());
+        let dropped = Work::new((), Flag::new(), meta(), &counter);
+        assert_eq!(counter.get(), 1);
+        drop(dropped);
+        assert_eq!(counter.get(), 0);
+    }
+
+    #[test]
+    fn async_result_is_completed_only_after_first_read() {
+        let counter = OutstandingCounter::default();
+        let r = AsyncResult::new(Work::done(5i64, meta(), &counter), Duration::from_secs(1));
+        assert!(!r.completed());
+        assert_eq!(*r.get().unwrap(), 5);
+        assert!(r.completed());
+    }
+}

@@ -1,0 +1,1 @@
+//! concord-harness (placeholder until the harness lands)
