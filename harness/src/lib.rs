@@ -7,6 +7,14 @@
 //! Modules: [`store`] (FileStore), [`outcome`] (what a rank reports), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
+//!
+//! # Using it
+//! A binary that runs cases MUST start `main` with
+//! `if let Some(env) = worker::WorkerEnv::from_env() { worker::serve(env, setup, run_case) }`:
+//! the runner re-executes the same binary as each rank. The parent side calls
+//! [`runner::Pool::run_case`] from any number of threads and [`runner::Pool::shutdown`] at the end.
+//! Backends MUST name shared-memory objects with [`platform::shm_prefix`] so the runner can sweep
+//! them after a world ends.
 
 pub mod gpu;
 pub mod outcome;

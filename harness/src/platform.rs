@@ -1,1 +1,237 @@
-//! API STUB
+//! Every Linux-specific call the harness makes lives here (and only here): parent-death signal,
+//! process groups and signals, liveness checks, `flock`, fd plumbing for the worker protocol,
+//! and the `/dev/shm` sweep.
+//!
+//! # Shared-memory naming contract
+//! Killed workers cannot clean up after themselves, so the runner sweeps `/dev/shm` after every
+//! world teardown. Backends MUST therefore name every POSIX shared-memory object (and any other
+//! file they create under `/dev/shm`) with a name that starts with [`shm_prefix`]`(world_id)`,
+//! e.g. `shm_open("/" + shm_prefix(&info.world_id) + "ring0")`. Anything named that way is
+//! removed by the runner when the world ends; anything else is the backend's own problem.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The prefix every shared-memory name of world `world_id` MUST start with:
+/// `concord-<world_id>-`. The trailing `-` keeps world `w1` from matching world `w10`.
+pub fn shm_prefix(world_id: &str) -> String {
+    format!("concord-{world_id}-")
+}
+
+/// Where POSIX shared memory lives on Linux.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Removes every entry of `/dev/shm` whose name starts with [`shm_prefix`]`(world_id)`.
+/// Returns the removed paths. Errors on individual entries are ignored (best effort).
+pub fn sweep_shm(world_id: &str) -> Vec<PathBuf> {
+    sweep_dir(Path::new(SHM_DIR), &shm_prefix(world_id))
+}
+
+/// Removes every entry of `dir` whose file name starts with `prefix` (files and directories).
+pub fn sweep_dir(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return removed };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let p = e.path();
+        let ok = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p).is_ok(),
+            _ => std::fs::remove_file(&p).is_ok(),
+        };
+        if ok {
+            removed.push(p);
+        }
+    }
+    removed
+}
+
+/// Entries of `dir` whose name starts with `prefix` (for leak checks in tests).
+pub fn list_prefixed(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).map(|e| e.path()).collect()
+}
+
+/// Configures `cmd` so that the child
+/// * joins process group `pgid` (0: becomes the leader of a new group named after its pid), and
+/// * receives SIGKILL when the *thread* that spawned it exits (`PR_SET_PDEATHSIG`); if the parent
+///   is already gone by the time the child runs, the child refuses to exec.
+///
+/// Only async-signal-safe calls run between fork and exec.
+pub fn configure_child(cmd: &mut Command, pgid: i32) {
+    cmd.process_group(pgid);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure only calls prctl and getppid, both async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::other("parent died before exec"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `sig` to every process of group `pgid`. `ESRCH` (group already empty) is not an error.
+pub fn kill_group(pgid: i32, sig: nix::sys::signal::Signal) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("refusing to signal process group {pgid}")));
+    }
+    // SAFETY: plain syscall.
+    let rc = unsafe { libc::killpg(pgid, sig as libc::c_int) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// Sends `sig` to process `pid`.
+pub fn kill_pid(pid: u32, sig: nix::sys::signal::Signal) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig as libc::c_int) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True while a process with this pid exists (a zombie still counts: it has not been reaped).
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// True while a process with this pid exists and is not a zombie (a dead process that its
+/// parent, or init for orphans, has not reaped yet).
+pub fn pid_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain ')'.
+        Ok(stat) => stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Name of a signal number: `SIGSEGV`, or `signal 77` when unknown.
+pub fn signal_name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("signal {sig}"),
+    }
+}
+
+/// `flock(fd, LOCK_SH)` / `LOCK_EX`, retried on EINTR.
+pub fn flock(fd: RawFd, exclusive: bool) -> io::Result<()> {
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    loop {
+        // SAFETY: plain syscall on a caller-owned fd.
+        if unsafe { libc::flock(fd, op) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `flock(fd, LOCK_UN)`.
+pub fn funlock(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on a caller-owned fd.
+    if unsafe { libc::flock(fd, libc::LOCK_UN) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Worker side: returns a private duplicate of the original stdout (the protocol channel to the
+/// parent) and points fd 1 at stderr, so stray `println!` from user code lands in the captured
+/// stderr instead of corrupting the protocol.
+pub fn take_protocol_stdout() -> io::Result<File> {
+    std::io::Write::flush(&mut std::io::stdout())?;
+    // SAFETY: plain syscalls on the process's own standard fds; the dup'd fd is owned by the File.
+    unsafe {
+        let fd = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::dup2(2, 1) < 0 {
+            let e = io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(File::from_raw_fd(fd))
+    }
+}
+
+/// Ends the process at once, without running atexit handlers or destructors (used by the worker's
+/// stdin watchdog when the parent has gone away).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}
+
+/// The raw fd of anything that has one (kept here so callers need not import fd traits).
+pub fn raw_fd<T: AsRawFd>(t: &T) -> RawFd {
+    t.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_prefix_is_delimited() {
+        assert_eq!(shm_prefix("p1w1"), "concord-p1w1-");
+        assert!(!format!("{}x", shm_prefix("p1w10")).starts_with(&shm_prefix("p1w1")));
+    }
+
+    #[test]
+    fn sweep_removes_only_prefixed() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("concord-a-1"), b"x").unwrap();
+        std::fs::create_dir(d.path().join("concord-a-dir")).unwrap();
+        std::fs::write(d.path().join("concord-ab-1"), b"x").unwrap();
+        let removed = sweep_dir(d.path(), "concord-a-");
+        assert_eq!(removed.len(), 2);
+        assert!(d.path().join("concord-ab-1").exists());
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(11), "SIGSEGV");
+        assert_eq!(signal_name(1000), "signal 1000");
+    }
+
+    #[test]
+    fn liveness() {
+        assert!(pid_alive(std::process::id()));
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while pid_running(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!pid_running(pid), "exited child is a zombie, not running");
+        assert!(pid_alive(pid), "zombie still counts as alive until reaped");
+        c.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(pid_running(std::process::id()));
+    }
+}

@@ -1,1 +1,290 @@
-//! API STUB
+//! The child side: a rank worker process.
+//!
+//! A binary that the runner re-executes MUST call [`WorkerEnv::from_env`] first thing in `main`
+//! and, when it returns `Some`, hand over to [`serve`] (which never returns). Everything else
+//! (argument parsing, test listing) comes after that check.
+//!
+//! # Protocol (private between this module and [`crate::runner`])
+//! * parent → worker, on stdin, one command per line: `run <case id>`, `status`, `exit`.
+//! * worker → parent, one JSON [`WorkerMsg`] per line on a private duplicate of the original
+//!   stdout; fd 1 itself is pointed at stderr, so user `println!`s cannot corrupt the protocol.
+//! * The worker's stdin thread answers `status` at once (from [`concord_core::progress`]), even
+//!   while the main thread is stuck in a collective, and ends the process when stdin reaches EOF
+//!   (the parent died or gave up on the world).
+
+use crate::outcome::Outcome;
+use crate::platform;
+use crate::store::FileStore;
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Environment variables the runner sets for each worker.
+pub mod vars {
+    pub const WORKER: &str = "CONCORD_WORKER";
+    pub const RANK: &str = "CONCORD_RANK";
+    pub const WORLD_SIZE: &str = "CONCORD_WORLD_SIZE";
+    pub const STORE: &str = "CONCORD_STORE";
+    pub const WORLD_ID: &str = "CONCORD_WORLD_ID";
+    pub const BACKEND: &str = "CONCORD_BACKEND";
+    pub const OP_TIMEOUT_MS: &str = "CONCORD_OP_TIMEOUT_MS";
+    /// `k=v,k=v` (keys and values MUST NOT contain `,`; keys MUST NOT contain `=`).
+    pub const BACKEND_OPTS: &str = "CONCORD_BACKEND_OPTS";
+    /// Deadline of the rendezvous barrier (the runner's setup timeout).
+    pub const SETUP_TIMEOUT_MS: &str = "CONCORD_SETUP_TIMEOUT_MS";
+}
+
+/// Name of the store barrier every world's workers pass before `setup`.
+pub const RENDEZVOUS_BARRIER: &str = "concord/rendezvous";
+/// After `exit`, how long the worker's stdin thread waits for the main thread to clean up.
+const EXIT_FALLBACK: Duration = Duration::from_secs(5);
+
+/// One line from a worker to the runner.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub enum WorkerMsg {
+    /// Rendezvous and setup done; ready for cases.
+    Ready { pid: u32 },
+    /// Rendezvous or setup failed; the worker exits after sending this.
+    SetupFailed { message: String },
+    /// The outcome of `run <case>`. `exiting`: the worker exits right after (it panicked).
+    Outcome { case: String, outcome: Outcome, exiting: bool },
+    /// Answer to `status`: what the rank is doing (`in all_reduce #12 (shm, 503 ms)`).
+    Status { state: String },
+}
+
+/// What a worker learns from its environment.
+#[derive(Clone, Debug)]
+pub struct WorkerEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub store_path: PathBuf,
+    pub world_id: String,
+    pub backend: String,
+    pub op_timeout: Duration,
+    pub options: Vec<(String, String)>,
+}
+
+/// Parses `k=v,k=v` (empty string: no options).
+pub fn parse_options(s: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("backend option {p:?} is not key=value")),
+        })
+        .collect()
+}
+
+/// Formats options as `k=v,k=v`.
+pub fn format_options(opts: &[(String, String)]) -> String {
+    opts.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+impl WorkerEnv {
+    /// `Some` iff this process was spawned as a worker (`CONCORD_WORKER=1`). A worker whose
+    /// environment is malformed exits with status 2 and a message (it MUST NOT fall through to
+    /// the binary's normal `main`, which could spawn workers itself).
+    pub fn from_env() -> Option<WorkerEnv> {
+        if std::env::var(vars::WORKER).ok().as_deref() != Some("1") {
+            return None;
+        }
+        match Self::parse_env() {
+            Ok(e) => Some(e),
+            Err(msg) => {
+                eprintln!("concord worker: bad environment: {msg}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    fn parse_env() -> Result<WorkerEnv, String> {
+        fn var(k: &str) -> Result<String, String> {
+            std::env::var(k).map_err(|_| format!("{k} is not set"))
+        }
+        fn num(k: &str) -> Result<u64, String> {
+            let v = var(k)?;
+            v.parse().map_err(|_| format!("{k}={v:?} is not a number"))
+        }
+        let rank = num(vars::RANK)? as usize;
+        let world_size = num(vars::WORLD_SIZE)? as usize;
+        if rank >= world_size {
+            return Err(format!("rank {rank} out of range for world size {world_size}"));
+        }
+        Ok(WorkerEnv {
+            rank,
+            world_size,
+            store_path: PathBuf::from(var(vars::STORE)?),
+            world_id: var(vars::WORLD_ID)?,
+            backend: var(vars::BACKEND)?,
+            op_timeout: Duration::from_millis(num(vars::OP_TIMEOUT_MS)?),
+            options: parse_options(&std::env::var(vars::BACKEND_OPTS).unwrap_or_default())?,
+        })
+    }
+
+    pub fn world_info(&self) -> concord_core::WorldInfo {
+        concord_core::WorldInfo {
+            rank: self.rank,
+            world_size: self.world_size,
+            store_path: self.store_path.clone(),
+            world_id: self.world_id.clone(),
+            op_timeout: self.op_timeout,
+            options: self.options.clone(),
+        }
+    }
+
+    /// The value of backend option `key`, if given.
+    pub fn option(&self, key: &str) -> Option<&str> {
+        self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+enum Cmd {
+    Run(String),
+    Exit,
+}
+
+fn send(out: &Mutex<File>, msg: &WorkerMsg) {
+    let mut line = serde_json::to_string(msg).expect("WorkerMsg serialises");
+    line.push('\n');
+    let mut f = out.lock().unwrap_or_else(|e| e.into_inner());
+    if f.write_all(line.as_bytes()).is_err() {
+        // The parent is gone: nobody is left to report to.
+        platform::exit_now(0);
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".into()
+    }
+}
+
+/// Worker main loop; never returns. Runs `setup` once (after store rendezvous), then serves case
+/// requests from the parent, calling `run_case(&mut state, case_id)` for each; a panic in
+/// run_case is caught and reported as Failed("rank R panicked: msg") (then the worker exits
+/// non-zero, status 101).
+pub fn serve<S>(
+    env: WorkerEnv,
+    setup: impl FnOnce(&WorkerEnv) -> Result<S, String>,
+    mut run_case: impl FnMut(&mut S, &str) -> Outcome,
+) -> ! {
+    let proto = match platform::take_protocol_stdout() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("concord worker rank {}: cannot set up the protocol channel: {e}", env.rank);
+            platform::exit_now(70);
+        }
+    };
+    let out = Arc::new(Mutex::new(proto));
+    let (tx, rx) = mpsc::channel::<Cmd>();
+    {
+        let out = out.clone();
+        let rank = env.rank;
+        std::thread::Builder::new()
+            .name("concord-worker-stdin".into())
+            .spawn(move || {
+                let stdin = std::io::stdin();
+                for line in stdin.lock().lines() {
+                    let Ok(line) = line else { break };
+                    let line = line.trim_end();
+                    if line == "status" {
+                        send(&out, &WorkerMsg::Status { state: concord_core::progress::describe() });
+                    } else if let Some(case) = line.strip_prefix("run ") {
+                        let _ = tx.send(Cmd::Run(case.to_string()));
+                    } else if line == "exit" {
+                        let _ = tx.send(Cmd::Exit);
+                        std::thread::sleep(EXIT_FALLBACK);
+                        platform::exit_now(0);
+                    } else {
+                        eprintln!("concord worker rank {rank}: unknown command {line:?}");
+                    }
+                }
+                // stdin closed without `exit`: the parent died or abandoned this world.
+                platform::exit_now(0);
+            })
+            .expect("spawn the worker's stdin thread");
+    }
+
+    let setup_timeout = std::env::var(vars::SETUP_TIMEOUT_MS)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(60));
+    let store = match rendezvous(&env, setup_timeout) {
+        Ok(s) => s,
+        Err(message) => {
+            send(&out, &WorkerMsg::SetupFailed { message });
+            std::process::exit(1);
+        }
+    };
+    let mut state = match setup(&env) {
+        Ok(s) => s,
+        Err(message) => {
+            send(&out, &WorkerMsg::SetupFailed { message });
+            drop(store);
+            std::process::exit(1);
+        }
+    };
+    send(&out, &WorkerMsg::Ready { pid: std::process::id() });
+
+    loop {
+        match rx.recv() {
+            Ok(Cmd::Run(case)) => {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&mut state, &case)));
+                match r {
+                    Ok(outcome) => send(&out, &WorkerMsg::Outcome { case, outcome, exiting: false }),
+                    Err(p) => {
+                        let msg = format!("rank {} panicked: {}", env.rank, panic_message(&*p));
+                        send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true });
+                        std::process::exit(101);
+                    }
+                }
+            }
+            Ok(Cmd::Exit) | Err(_) => {
+                drop(state);
+                drop(store);
+                std::process::exit(0);
+            }
+        }
+    }
+}
+
+/// Opens the world's store, publishes this rank's pid (`pid/<rank>`) and passes the
+/// rendezvous barrier.
+fn rendezvous(env: &WorkerEnv, timeout: Duration) -> Result<FileStore, String> {
+    let store = FileStore::open(&env.store_path, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
+    store
+        .set(&format!("pid/{}", env.rank), std::process::id().to_string().as_bytes())
+        .map_err(|e| format!("rendezvous: {e}"))?;
+    store.barrier(RENDEZVOUS_BARRIER, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
+    Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_roundtrip() {
+        let o = parse_options("fail_all=1,mode=fast").unwrap();
+        assert_eq!(o, vec![("fail_all".into(), "1".into()), ("mode".into(), "fast".into())]);
+        assert_eq!(format_options(&o), "fail_all=1,mode=fast");
+        assert!(parse_options("").unwrap().is_empty());
+        assert!(parse_options("novalue").is_err());
+    }
+
+    #[test]
+    fn messages_are_one_json_line() {
+        let m = WorkerMsg::Outcome { case: "a b".into(), outcome: Outcome::Failed("x\ny".into()), exiting: false };
+        let s = serde_json::to_string(&m).unwrap();
+        assert!(!s.contains('\n'));
+        assert_eq!(serde_json::from_str::<WorkerMsg>(&s).unwrap(), m);
+    }
+}

@@ -1,1 +1,115 @@
-fn main() {}
+//! # xtask
+//!
+//! **One job:** the project's entry points, so that a fresh clone needs nothing but cargo.
+//!
+//! * `cargo xtask test` — every test of the workspace through nextest (installed with
+//!   `cargo install --locked cargo-nextest` when missing), after saying what is gated and why.
+//! * `cargo xtask conformance --backend shm` — the conformance suites with a report.
+//! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
+//! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
+//! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Concord's project automation")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every test of the workspace through cargo-nextest.
+    Test {
+        /// Extra arguments for `cargo nextest run` (e.g. a filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the conformance suites on a backend and write the report.
+    Conformance {
+        /// Backend name: shm (default), fake, nccl.
+        #[arg(long, default_value = "shm")]
+        backend: Vec<String>,
+        /// Where the report goes.
+        #[arg(long, default_value = "target/concord-report")]
+        report: PathBuf,
+        /// Run exactly these case ids.
+        #[arg(long)]
+        exact: Vec<String>,
+        /// Worlds run side by side.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Substring filters on case ids.
+        filters: Vec<String>,
+    },
+    /// Per-case overhead (4 ranks) and store barrier (8 ranks).
+    BenchHarness,
+    /// all_reduce on the CPU backend vs memcpy vs OpenMPI (installs OpenMPI with apt-get).
+    Bench,
+    /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
+    GpuBundle,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.current_dir(root()).status().with_context(|| format!("could not start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn ensure_nextest() -> Result<()> {
+    let ok = cargo().args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        eprintln!("xtask: cargo-nextest is missing; installing it with `cargo install --locked cargo-nextest`");
+        run(cargo().args(["install", "--locked", "cargo-nextest"]))?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Test { args } => {
+            ensure_nextest()?;
+            let gpus = concord_harness::gpu::count();
+            println!("xtask: GPUs: {}", concord_harness::gpu::describe());
+            if gpus < 2 {
+                println!(
+                    "xtask: gated: NCCL cases need one GPU per rank; with {gpus} GPU(s) every nccl case of world size > {gpus} is listed as ignored and shows as SKIP"
+                );
+            }
+            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]).args(&args))?;
+            run(cargo().args(["test", "--workspace", "--doc", "--quiet"]))
+        }
+        Cmd::Conformance { backend, report, exact, jobs, filters } => {
+            let mut c = cargo();
+            c.args(["test", "--release", "--quiet", "-p", "concord-suites", "--test", "conformance", "--"]);
+            for b in &backend {
+                c.args(["--backend", b]);
+            }
+            let report = if report.is_absolute() { report } else { root().join(report) };
+            c.arg("--report").arg(&report).args(["--jobs", &jobs.to_string()]);
+            if !exact.is_empty() {
+                c.arg("--exact").args(&exact);
+            }
+            c.args(&filters);
+            run(&mut c)
+        }
+        Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
+        Cmd::Bench => run(Command::new("bash").arg("bench/run-cpu-bench.sh")),
+        Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
+    }
+}

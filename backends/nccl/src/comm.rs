@@ -1,0 +1,602 @@
+//! The NCCL side: library checks, a non-blocking communicator with deadline-bounded launches,
+//! split, and abort.
+//!
+//! Contracts:
+//! * [`nccl_present`] MUST be called (and be true) before anything else here: cudarc panics on a
+//!   missing library or symbol, and this module never lets that happen.
+//! * Every launch is one NCCL group; with a non-blocking communicator the host polls
+//!   `ncclCommGetAsyncError` until the group is enqueued, never past the caller's deadline.
+//! * [`Comm::abort`] is idempotent, bounded in time (it runs `ncclCommAbort` on a helper thread
+//!   and gives up waiting after [`ABORT_WAIT`]), and every later use reports the abort's reason.
+
+use crate::cuda::{poll_until, Device};
+use cudarc::nccl::sys;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long `abort` waits for `ncclCommAbort` to return before leaving it on its thread.
+pub const ABORT_WAIT: Duration = Duration::from_secs(10);
+
+/// Every NCCL symbol this backend calls; checked at init so that a too-old library is a named
+/// error instead of a panic deep inside a collective.
+const SYMBOLS: &[&str] = &[
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRankConfig",
+    "ncclCommGetAsyncError",
+    "ncclCommAbort",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+    "ncclCommSplit",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclBroadcast",
+    "ncclReduce",
+    "ncclSend",
+    "ncclRecv",
+    "ncclRedOpCreatePreMulSum",
+    "ncclRedOpDestroy",
+];
+
+/// `Ok(version)` (e.g. 22809 for 2.28.9) when libnccl loads and has every symbol we use.
+pub fn nccl_present() -> Result<i32, String> {
+    let found = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    if !found {
+        return Err(
+            "libnccl could not be loaded (looked for libnccl.so and its versioned names on the \
+                    library path; set LD_LIBRARY_PATH to the folder holding libnccl.so)"
+                .into(),
+        );
+    }
+    let lib = std::panic::catch_unwind(|| unsafe { sys::culib() })
+        .map_err(|_| "libnccl could not be loaded".to_string())?;
+    for s in SYMBOLS {
+        if unsafe { lib.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err() {
+            return Err(format!(
+                "libnccl lacks the symbol {s}: NCCL 2.19 or newer is needed"
+            ));
+        }
+    }
+    let mut v = 0;
+    let r = unsafe { sys::ncclGetVersion(&mut v) };
+    if r != sys::ncclResult_t::ncclSuccess {
+        return Err(format!("ncclGetVersion failed: {r:?}"));
+    }
+    Ok(v)
+}
+
+/// NCCL entry points that take a reduce op, declared with the op as a plain `u32`: a
+/// premul-sum op made by `ncclRedOpCreatePreMulSum` is not one of the values of cudarc's
+/// `ncclRedOp_t` enum, so passing it through that enum would be undefined behaviour.
+pub(crate) struct RedFns {
+    pub all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        sys::ncclDataType_t,
+        u32,
+        sys::ncclComm_t,
+        sys::cudaStream_t,
+    ) -> sys::ncclResult_t,
+    pub reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        sys::ncclDataType_t,
+        u32,
+        sys::ncclComm_t,
+        sys::cudaStream_t,
+    ) -> sys::ncclResult_t,
+    pub reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        sys::ncclDataType_t,
+        u32,
+        c_int,
+        sys::ncclComm_t,
+        sys::cudaStream_t,
+    ) -> sys::ncclResult_t,
+    pub premul_create: unsafe extern "C" fn(
+        *mut u32,
+        *mut c_void,
+        sys::ncclDataType_t,
+        sys::ncclScalarResidence_t,
+        sys::ncclComm_t,
+    ) -> sys::ncclResult_t,
+    pub op_destroy: unsafe extern "C" fn(u32, sys::ncclComm_t) -> sys::ncclResult_t,
+}
+
+static RED_FNS: OnceLock<Result<RedFns, String>> = OnceLock::new();
+
+/// The reduce entry points. Call only after [`nccl_present`] returned `Ok`.
+pub(crate) fn red_fns() -> Result<&'static RedFns, String> {
+    RED_FNS
+        .get_or_init(|| {
+            let lib = std::panic::catch_unwind(|| unsafe { sys::culib() })
+                .map_err(|_| "libnccl could not be loaded".to_string())?;
+            macro_rules! sym {
+                ($name:literal) => {
+                    *unsafe { lib.get($name.as_bytes()) }
+                        .map_err(|e| format!("libnccl symbol {}: {e}", $name))?
+                };
+            }
+            Ok(RedFns {
+                all_reduce: sym!("ncclAllReduce"),
+                reduce_scatter: sym!("ncclReduceScatter"),
+                reduce: sym!("ncclReduce"),
+                premul_create: sym!("ncclRedOpCreatePreMulSum"),
+                op_destroy: sym!("ncclRedOpDestroy"),
+            })
+        })
+        .as_ref()
+        .map_err(|e| e.clone())
+}
+
+/// `22809` → `2.28.9`.
+pub fn version_string(v: i32) -> String {
+    format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
+}
+
+pub(crate) fn err_string(r: sys::ncclResult_t) -> String {
+    let p = unsafe { sys::ncclGetErrorString(r) };
+    let s = if p.is_null() {
+        String::new()
+    } else {
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    };
+    format!("{r:?} ({s})")
+}
+
+fn last_error(comm: sys::ncclComm_t) -> String {
+    let p = unsafe { sys::ncclGetLastError(comm) };
+    if p.is_null() {
+        return String::new();
+    }
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// A config for `ncclCommInitRankConfig` / `ncclCommSplit` (NCCL_CONFIG_INITIALIZER + blocking).
+fn config(blocking: bool, lib_version: i32) -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    // SAFETY: a plain C struct of ints and pointers; every field is set below.
+    let mut c: sys::ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = std::mem::size_of::<sys::ncclConfig_t>();
+    c.magic = 0xcafe_beef;
+    c.version = lib_version.min(22800) as u32;
+    c.blocking = blocking as i32;
+    c.cgaClusterSize = UNDEF;
+    c.minCTAs = UNDEF;
+    c.maxCTAs = UNDEF;
+    c.netName = std::ptr::null();
+    c.splitShare = UNDEF;
+    c.trafficClass = UNDEF;
+    c.commName = std::ptr::null();
+    c.collnetEnable = UNDEF;
+    c.CTAPolicy = UNDEF;
+    c.shrinkShare = UNDEF;
+    c.nvlsCTAs = UNDEF;
+    c.nChannelsPerNetPeer = UNDEF;
+    c.nvlinkCentricSched = UNDEF;
+    c
+}
+
+/// Why a launch did not produce an enqueued op.
+#[derive(Debug)]
+pub(crate) enum LaunchError {
+    /// The communicator was aborted earlier (the reason).
+    Aborted(String),
+    /// NCCL refused or failed the call (message with NCCL's last error).
+    Nccl(String),
+    /// The group was still being enqueued at the deadline; the communicator has been aborted.
+    Timeout,
+}
+
+struct RawComm(sys::ncclComm_t);
+unsafe impl Send for RawComm {}
+
+struct Inner {
+    /// Null once aborted or destroyed.
+    raw: RawComm,
+    aborted: Option<String>,
+}
+
+/// One NCCL communicator and the device whose stream it runs on.
+pub(crate) struct Comm {
+    pub dev: Arc<Device>,
+    pub nranks: usize,
+    pub rank: usize,
+    pub blocking: bool,
+    pub lib_version: i32,
+    inner: Mutex<Inner>,
+}
+
+fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
+    match r {
+        sys::ncclResult_t::ncclSuccess => Ok(false),
+        sys::ncclResult_t::ncclInProgress => Ok(true),
+        e => Err(e),
+    }
+}
+
+/// Polls a non-blocking communicator until its pending operation is done: `Ok(Ok(()))` done,
+/// `Ok(Err(e))` NCCL error, `Err(())` deadline passed.
+fn wait_ready(
+    comm: sys::ncclComm_t,
+    deadline: Instant,
+) -> Result<Result<(), sys::ncclResult_t>, ()> {
+    poll_until(deadline, || {
+        let mut state = sys::ncclResult_t::ncclInProgress;
+        let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Some(Err(r));
+        }
+        match state {
+            sys::ncclResult_t::ncclInProgress => None,
+            sys::ncclResult_t::ncclSuccess => Some(Ok(())),
+            e => Some(Err(e)),
+        }
+    })
+    .ok_or(())
+}
+
+/// Runs `ncclCommAbort` on a helper thread; waits at most [`ABORT_WAIT`].
+fn abort_raw(raw: sys::ncclComm_t) {
+    let raw = RawComm(raw);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("nccl-abort".into())
+        .spawn(move || {
+            let raw = raw;
+            unsafe {
+                let _ = sys::ncclCommAbort(raw.0);
+            }
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let _ = rx.recv_timeout(ABORT_WAIT);
+    }
+}
+
+impl Comm {
+    /// `ncclCommInitRankConfig`, waited for up to `deadline`.
+    pub fn init(
+        dev: Arc<Device>,
+        nranks: usize,
+        rank: usize,
+        id: sys::ncclUniqueId,
+        blocking: bool,
+        lib_version: i32,
+        deadline: Instant,
+    ) -> Result<Comm, String> {
+        dev.bind()?;
+        let mut cfg = config(blocking, lib_version);
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        let r = unsafe {
+            sys::ncclCommInitRankConfig(&mut raw, nranks as i32, id, rank as i32, &mut cfg)
+        };
+        let pending =
+            ok_or_progress(r).map_err(|e| format!("ncclCommInitRankConfig: {}", err_string(e)))?;
+        if pending || !blocking {
+            if raw.is_null() {
+                return Err("ncclCommInitRankConfig returned no communicator".into());
+            }
+            match wait_ready(raw, deadline) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    let msg = format!(
+                        "ncclCommInitRankConfig: {}: {}",
+                        err_string(e),
+                        last_error(raw)
+                    );
+                    abort_raw(raw);
+                    return Err(msg);
+                }
+                Err(()) => {
+                    abort_raw(raw);
+                    return Err(format!(
+                        "ncclCommInitRankConfig did not finish in time (rank {rank} of {nranks}): a peer did not join"
+                    ));
+                }
+            }
+        }
+        Ok(Comm {
+            dev,
+            nranks,
+            rank,
+            blocking,
+            lib_version,
+            inner: Mutex::new(Inner {
+                raw: RawComm(raw),
+                aborted: None,
+            }),
+        })
+    }
+
+    /// `ncclCommSplit` (collective over this communicator). `None` for ranks not in the new group.
+    pub fn split(
+        &self,
+        member: bool,
+        key: usize,
+        new_nranks: usize,
+        deadline: Instant,
+    ) -> Result<Option<Comm>, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        let parent = inner.raw.0;
+        let mut cfg = config(self.blocking, self.lib_version);
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        let color = if member { 0 } else { -1 }; // NCCL_SPLIT_NOCOLOR
+        let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, &mut raw, &mut cfg) };
+        ok_or_progress(r).map_err(|e| {
+            LaunchError::Nccl(format!(
+                "ncclCommSplit: {}: {}",
+                err_string(e),
+                last_error(parent)
+            ))
+        })?;
+        // The split is done when the parent (and the child, for members) are ready.
+        match wait_ready(parent, deadline) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(LaunchError::Nccl(format!(
+                    "ncclCommSplit: {}: {}",
+                    err_string(e),
+                    last_error(parent)
+                )))
+            }
+            Err(()) => {
+                drop(inner);
+                self.abort("ncclCommSplit did not finish before the deadline".into());
+                return Err(LaunchError::Timeout);
+            }
+        }
+        if !member || raw.is_null() {
+            return Ok(None);
+        }
+        match wait_ready(raw, deadline) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                abort_raw(raw);
+                return Err(LaunchError::Nccl(format!(
+                    "ncclCommSplit (new communicator): {}",
+                    err_string(e)
+                )));
+            }
+            Err(()) => {
+                abort_raw(raw);
+                return Err(LaunchError::Timeout);
+            }
+        }
+        Ok(Some(Comm {
+            dev: self.dev.clone(),
+            nranks: new_nranks,
+            rank: key,
+            blocking: self.blocking,
+            lib_version: self.lib_version,
+            inner: Mutex::new(Inner {
+                raw: RawComm(raw),
+                aborted: None,
+            }),
+        }))
+    }
+
+    /// Runs `calls` (NCCL calls on the communicator and stream) as one group and waits, up to
+    /// `deadline`, until the group is enqueued. On deadline the communicator is aborted.
+    /// `premul` lists premul-sum ops to create first (NCCL type, scalar bytes); `calls` gets
+    /// their handles in the same order; they are destroyed once the group is enqueued.
+    pub fn launch(
+        &self,
+        deadline: Instant,
+        premul: &[(sys::ncclDataType_t, [u8; 8])],
+        calls: impl FnOnce(
+            sys::ncclComm_t,
+            sys::cudaStream_t,
+            &[u32],
+        ) -> Result<(), (String, sys::ncclResult_t)>,
+    ) -> Result<(), LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        let comm = inner.raw.0;
+        let stream = self.dev.stream as sys::cudaStream_t;
+        let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
+        if !premul.is_empty() {
+            let f = red_fns().map_err(LaunchError::Nccl)?;
+            for (t, scalar) in premul {
+                let mut scalar = *scalar;
+                let mut op = 0u32;
+                let r = unsafe {
+                    (f.premul_create)(
+                        &mut op,
+                        scalar.as_mut_ptr() as *mut c_void,
+                        *t,
+                        sys::ncclScalarResidence_t::ncclScalarHostImmediate,
+                        comm,
+                    )
+                };
+                if let Err(e) = ok_or_progress(r) {
+                    for op in &ops {
+                        unsafe { (f.op_destroy)(*op, comm) };
+                    }
+                    return Err(LaunchError::Nccl(format!(
+                        "ncclRedOpCreatePreMulSum: {}: {}",
+                        err_string(e),
+                        last_error(comm)
+                    )));
+                }
+                ops.push(op);
+            }
+        }
+        let destroy_ops = |ops: &[u32]| {
+            if let Ok(f) = red_fns() {
+                for op in ops {
+                    unsafe { (f.op_destroy)(*op, comm) };
+                }
+            }
+        };
+        let start = unsafe { sys::ncclGroupStart() };
+        if let Err(e) = ok_or_progress(start) {
+            destroy_ops(&ops);
+            return Err(LaunchError::Nccl(format!(
+                "ncclGroupStart: {}",
+                err_string(e)
+            )));
+        }
+        let body = calls(comm, stream, &ops);
+        let end = unsafe { sys::ncclGroupEnd() };
+        let mut result = match (body, ok_or_progress(end)) {
+            (Err((what, e)), _) => Err(LaunchError::Nccl(format!(
+                "{what}: {}: {}",
+                err_string(e),
+                last_error(comm)
+            ))),
+            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!(
+                "ncclGroupEnd: {}: {}",
+                err_string(e),
+                last_error(comm)
+            ))),
+            (Ok(()), Ok(pending)) => Ok(pending),
+        };
+        if let Ok(pending) = result {
+            result = Ok(false);
+            if pending || !self.blocking {
+                match wait_ready(comm, deadline) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        result = Err(LaunchError::Nccl(format!(
+                            "NCCL async error: {}: {}",
+                            err_string(e),
+                            last_error(comm)
+                        )))
+                    }
+                    Err(()) => result = Err(LaunchError::Timeout),
+                }
+            }
+        }
+        match result {
+            Ok(_) => {
+                destroy_ops(&ops);
+                Ok(())
+            }
+            Err(LaunchError::Timeout) => {
+                drop(inner);
+                self.abort("an NCCL group was still being enqueued at its deadline".into());
+                Err(LaunchError::Timeout)
+            }
+            Err(e) => {
+                destroy_ops(&ops);
+                Err(e)
+            }
+        }
+    }
+
+    /// The communicator's asynchronous error, if any (a remote peer gone, a failed kernel...).
+    pub fn async_error(&self) -> Option<String> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.raw.0.is_null() {
+            return None;
+        }
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        let r = unsafe { sys::ncclCommGetAsyncError(inner.raw.0, &mut state) };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Some(err_string(r));
+        }
+        match state {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => None,
+            e => Some(format!("{}: {}", err_string(e), last_error(inner.raw.0))),
+        }
+    }
+
+    pub fn aborted(&self) -> Option<String> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .aborted
+            .clone()
+    }
+
+    /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
+    pub fn abort(&self, reason: String) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.aborted.is_some() {
+            return;
+        }
+        inner.aborted = Some(reason);
+        let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
+        if !raw.0.is_null() {
+            let _ = self.dev.bind();
+            abort_raw(raw.0);
+        }
+    }
+
+    /// Tears the communicator down: finalize + destroy when the stream is idle, abort otherwise.
+    /// Bounded by `deadline` (then abort).
+    pub fn shutdown(&self, deadline: Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
+        if raw.0.is_null() {
+            return;
+        }
+        inner
+            .aborted
+            .get_or_insert_with(|| "the communicator was destroyed".into());
+        drop(inner);
+        if self.dev.bind().is_err() {
+            return;
+        }
+        // Work still queued (an un-waited collective whose peer never came) → abort at once.
+        let idle = matches!(
+            self.dev
+                .sync_until(Instant::now() + Duration::from_millis(200)),
+            Ok(true)
+        );
+        if !idle {
+            abort_raw(raw.0);
+            return;
+        }
+        let fin = unsafe { sys::ncclCommFinalize(raw.0) };
+        let finished = match ok_or_progress(fin) {
+            Ok(false) => true,
+            Ok(true) => matches!(wait_ready(raw.0, deadline), Ok(Ok(()))),
+            Err(_) => false,
+        };
+        if !finished {
+            abort_raw(raw.0);
+            return;
+        }
+        let raw = RawComm(raw.0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("nccl-destroy".into())
+            .spawn(move || {
+                let raw = raw;
+                unsafe {
+                    let _ = sys::ncclCommDestroy(raw.0);
+                }
+                let _ = tx.send(());
+            });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(100)),
+            );
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.shutdown(Instant::now() + Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,252 @@
+//! The CUDA side: library presence checks, one context + stream per rank, device memory,
+//! events and deadline-bounded polling. Everything here goes through cudarc's driver bindings,
+//! loaded at run time.
+//!
+//! Contract: no function here blocks without a deadline on work queued on the stream (a hung
+//! NCCL kernel must never hang the host), and nothing panics when the driver is missing — callers
+//! MUST check [`driver_present`] before anything else in this module.
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Whether `libcuda` can be loaded (checked without panicking).
+pub fn driver_present() -> bool {
+    std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Formats a driver error with its name.
+pub(crate) fn derr(what: &str, e: cu::DriverError) -> String {
+    let name = e
+        .error_name()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    format!("{what}: {name}")
+}
+
+/// Number of visible CUDA devices (respects `CUDA_VISIBLE_DEVICES`). `Ok(0)` when the driver
+/// reports no device. The driver MUST be present.
+pub fn device_count() -> Result<usize, String> {
+    match cu::init() {
+        Ok(()) => {}
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
+        Err(e) => return Err(derr("cuInit", e)),
+    }
+    cu::device::get_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| derr("cuDeviceGetCount", e))
+}
+
+/// Polls `f` until it yields `Some`, or until `deadline` (then `None`). Spins briefly first
+/// (low latency for short collectives), then sleeps with a growing back-off up to 50 us (a
+/// coarser cap overshoots multi-millisecond collectives by up to the cap).
+pub(crate) fn poll_until<T>(deadline: Instant, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut i: u32 = 0;
+    let mut sleep = Duration::from_micros(5);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        i += 1;
+        if i < 2000 {
+            std::hint::spin_loop();
+            if i % 64 == 0 {
+                std::thread::yield_now();
+            }
+        } else {
+            std::thread::sleep(sleep.min(deadline.saturating_duration_since(Instant::now())));
+            sleep = (sleep * 2).min(Duration::from_micros(50));
+        }
+    }
+}
+
+/// One rank's GPU: the primary context of its device and the one stream every NCCL call,
+/// copy and allocation of this rank (and of its subgroups) is ordered on.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: sys::CUstream,
+    pub async_alloc: bool,
+    pub ordinal: usize,
+}
+
+// SAFETY: the stream handle is only used with the context bound (see `bind`), and CUDA streams
+// may be used from any thread of the process.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl Device {
+    pub fn new(ordinal: usize) -> Result<Arc<Device>, String> {
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
+        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(|e| derr("cuStreamCreate", e))?;
+        let async_alloc = ctx.has_async_alloc();
+        Ok(Arc::new(Device {
+            ctx,
+            stream,
+            async_alloc,
+            ordinal,
+        }))
+    }
+
+    /// Makes this device's context current on the calling thread (needed on every thread).
+    pub fn bind(&self) -> Result<(), String> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| derr("binding the CUDA context to this thread", e))
+    }
+
+    /// Allocates `bytes` (at least 1, so every buffer has a distinct address), stream-ordered.
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
+        self.bind()?;
+        let n = bytes.max(1);
+        let ptr = unsafe {
+            if self.async_alloc {
+                cu::malloc_async(self.stream, n)
+            } else {
+                cu::malloc_sync(n)
+            }
+        }
+        .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
+        Ok(DevMem {
+            dev: self.clone(),
+            ptr,
+        })
+    }
+
+    /// Records an event on the stream.
+    pub fn record(&self) -> Result<Event, String> {
+        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| derr("cuEventCreate", e))?;
+        let ev = Event(ev);
+        unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
+    /// Waits until everything queued on the stream so far is done, or until `deadline`:
+    /// `Ok(true)` done, `Ok(false)` deadline passed.
+    pub fn sync_until(&self, deadline: Instant) -> Result<bool, String> {
+        let ev = self.record()?;
+        ev.wait_until(deadline)
+    }
+
+    /// Queues a host-to-device copy. `src` may be pageable: the driver stages it before
+    /// returning. Callers MUST have drained the stream first (see `sync_until`), since a
+    /// pageable copy waits for the stream without a deadline.
+    pub fn htod(&self, dst: u64, src: &[u8]) -> Result<(), String> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        unsafe { cu::memcpy_htod_async(dst, src, self.stream) }
+            .map_err(|e| derr("cuMemcpyHtoDAsync", e))
+    }
+
+    /// Queues a device-to-host copy into pinned memory (truly asynchronous).
+    pub fn dtoh_pinned(&self, dst: &mut [u8], src: u64) -> Result<(), String> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        unsafe { cu::memcpy_dtoh_async(dst, src, self.stream) }
+            .map_err(|e| derr("cuMemcpyDtoHAsync", e))
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            unsafe {
+                let _ = cu::stream::destroy(self.stream);
+            }
+        }
+    }
+}
+
+/// A CUDA event; destroyed on drop (the driver releases it once complete).
+pub(crate) struct Event(pub sys::CUevent);
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// `Ok(true)` complete, `Ok(false)` pending.
+    pub fn query(&self) -> Result<bool, String> {
+        match unsafe { cu::event::query(self.0) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(derr("cuEventQuery", e)),
+        }
+    }
+
+    pub fn wait_until(&self, deadline: Instant) -> Result<bool, String> {
+        match poll_until(deadline, || match self.query() {
+            Ok(false) => None,
+            other => Some(other),
+        }) {
+            Some(r) => r,
+            None => Ok(false),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = cu::event::destroy(self.0);
+        }
+    }
+}
+
+/// Device memory, freed (stream-ordered) when the last handle goes.
+pub(crate) struct DevMem {
+    pub dev: Arc<Device>,
+    pub ptr: u64,
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            unsafe {
+                let _ = if self.dev.async_alloc {
+                    cu::free_async(self.ptr, self.dev.stream)
+                } else {
+                    cu::free_sync(self.ptr)
+                };
+            }
+        }
+    }
+}
+
+/// Pinned (page-locked) host memory, for truly asynchronous device-to-host copies.
+pub(crate) struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+}
+unsafe impl Send for Pinned {}
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub fn new(dev: &Device, len: usize) -> Result<Pinned, String> {
+        dev.bind()?;
+        let ptr = unsafe { cu::malloc_host(len.max(1), 0) }
+            .map_err(|e| derr("cuMemHostAlloc", e))? as *mut u8;
+        Ok(Pinned { ptr, len })
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = cu::free_host(self.ptr as *mut _);
+        }
+    }
+}

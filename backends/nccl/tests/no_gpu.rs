@@ -1,0 +1,85 @@
+//! What must hold on every machine, GPUs or not: the backend never panics or aborts when CUDA or
+//! NCCL is missing, and says why in a named error.
+
+use concord_core::{Backend, WorldInfo};
+use concord_nccl::{probe, NcclBackend};
+use std::time::{Duration, Instant};
+
+fn world(rank: usize, world_size: usize, store: &std::path::Path) -> WorldInfo {
+    WorldInfo {
+        rank,
+        world_size,
+        store_path: store.to_path_buf(),
+        world_id: "no-gpu-test".into(),
+        op_timeout: Duration::from_secs(2),
+        options: vec![],
+    }
+}
+
+#[test]
+fn probe_names_what_is_missing_or_reports_the_gpus() {
+    match probe() {
+        Err(why) => assert!(why.contains("libcuda") || why.contains("libnccl"), "{why}"),
+        Ok(info) => assert!(info.nccl_version.starts_with("2."), "{info:?}"),
+    }
+}
+
+#[test]
+fn init_without_enough_gpus_is_a_named_unsupported_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let gpus = probe().map(|i| i.gpus).unwrap_or(0);
+    // One more rank than there are GPUs: must be refused before any rendezvous (no hang).
+    let t = Instant::now();
+    let err = match NcclBackend::init(&world(0, gpus + 1, &store)) {
+        Err(e) => e,
+        Ok(_) => panic!("init of a world of {} succeeded with {gpus} GPUs", gpus + 1),
+    };
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "refusal took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(err.name(), "unsupported", "{err}");
+    let msg = err.to_string();
+    match probe() {
+        Ok(_) => assert!(
+            msg.contains(&format!("needs {} GPUs, found {gpus}", gpus + 1)),
+            "{msg}"
+        ),
+        Err(_) => assert!(msg.contains("libcuda") || msg.contains("libnccl"), "{msg}"),
+    }
+    assert!(!store.exists(), "a refused init must not create the store");
+}
+
+#[test]
+fn a_rank_outside_its_world_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = NcclBackend::init(&world(3, 2, &dir.path().join("s")))
+        .err()
+        .expect("refused");
+    assert_eq!(err.name(), "backend", "{err}");
+    assert!(
+        err.to_string().contains("rank 3 is not in a world of 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn smoke_binary_exits_cleanly_when_it_cannot_run() {
+    if probe().map(|i| i.gpus >= 2).unwrap_or(false) {
+        return; // a real 2-GPU machine: the smoke run is the GPU job's business, not this test's
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord-nccl-smoke"))
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("CANNOT RUN"), "{stdout}");
+    assert!(stdout.contains("0 passed, 0 failed"), "{stdout}");
+}

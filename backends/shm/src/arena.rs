@@ -1,0 +1,145 @@
+//! Per-rank arenas: each rank owns one large sparse shared-memory segment that every peer maps
+//! once at init. Buffers are blocks carved from the owner's arena, so a peer addresses any
+//! buffer (or view) of rank `r` by `(r, byte offset)` with no per-buffer mapping.
+//!
+//! Freed blocks go back to a first-fit free list and are reused (pages stay resident, so a
+//! buffer of the same size allocated again costs no page faults); memory returns to the system
+//! when the world ends.
+
+use crate::sys::{Mapping, Region};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// The process-side view of one world: its own arena (allocator) and every rank's arena mapping.
+pub struct World {
+    pub world_id: String,
+    pub global_rank: usize,
+    /// Every rank's arena, indexed by global rank (own included).
+    pub arenas: Vec<Mapping>,
+    alloc: Mutex<FreeList>,
+}
+
+struct FreeList {
+    /// Free blocks below `top`: offset -> length.
+    free: BTreeMap<usize, usize>,
+    /// Everything at and above `top` has never been handed out.
+    top: usize,
+    cap: usize,
+}
+
+/// A block of the own arena; freed when the last handle is dropped.
+pub struct Block {
+    pub world: Arc<World>,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.world.free(self.off, self.len);
+    }
+}
+
+impl World {
+    pub fn new(world_id: String, global_rank: usize, arenas: Vec<Mapping>) -> World {
+        let cap = arenas[global_rank].len();
+        World { world_id, global_rank, arenas, alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, cap }) }
+    }
+
+
+    /// A block of at least `bytes` bytes (at least 64, so every buffer has its own address),
+    /// 64-byte aligned (4096 from 64 KiB on).
+    pub fn alloc(self: &Arc<World>, bytes: usize) -> Result<Block, String> {
+        let len = bytes.max(64).next_multiple_of(64);
+        let align = if len >= 65536 { 4096 } else { 64 };
+        let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hit = None;
+        for (&off, &flen) in fl.free.iter() {
+            let start = off.next_multiple_of(align);
+            if start + len <= off + flen {
+                hit = Some((off, flen, start));
+                break;
+            }
+        }
+        let off = if let Some((off, flen, start)) = hit {
+            fl.free.remove(&off);
+            if start > off {
+                fl.free.insert(off, start - off);
+            }
+            if start + len < off + flen {
+                fl.free.insert(start + len, off + flen - start - len);
+            }
+            start
+        } else {
+            let start = fl.top.next_multiple_of(align);
+            if start + len > fl.cap {
+                return Err(format!(
+                    "shared-memory arena of rank {} is full ({} MiB): cannot allocate {bytes} bytes (raise the `shm_arena_gib` option)",
+                    self.global_rank,
+                    fl.cap >> 20
+                ));
+            }
+            self.arenas[self.global_rank]
+                .reserve(fl.top, start + len - fl.top)
+                .map_err(|e| format!("cannot back {bytes} bytes of shared memory in /dev/shm: {e}"))?;
+            if start > fl.top {
+                let t = fl.top;
+                fl.free.insert(t, start - t);
+            }
+            fl.top = start + len;
+            start
+        };
+        Ok(Block { world: self.clone(), off, len })
+    }
+
+    fn free(&self, off: usize, len: usize) {
+        let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut off, mut len) = (off, len);
+        if let Some((&poff, &plen)) = fl.free.range(..off).next_back() {
+            if poff + plen == off {
+                fl.free.remove(&poff);
+                off = poff;
+                len += plen;
+            }
+        }
+        if let Some(&nlen) = fl.free.get(&(off + len)) {
+            fl.free.remove(&(off + len));
+            len += nlen;
+        }
+        if off + len == fl.top {
+            fl.top = off;
+        } else {
+            fl.free.insert(off, len);
+        }
+    }
+
+    /// Bytes `[off, off + len)` of rank `global`'s arena.
+    pub fn region(&self, global: usize, off: usize, len: usize) -> Region {
+        self.arenas[global].region(off, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_reused_and_coalesced() {
+        let name = format!("concord-unit-arena-{}", std::process::id());
+        let m = Mapping::create(&name, 1 << 20, true).unwrap();
+        crate::sys::unlink(&name).unwrap();
+        let w = Arc::new(World::new("unit".into(), 0, vec![m]));
+        let a = w.alloc(100).unwrap();
+        let b = w.alloc(100).unwrap();
+        assert_eq!((a.off, a.len, b.off), (0, 128, 128));
+        let a_off = a.off;
+        drop(a);
+        let c = w.alloc(64).unwrap();
+        assert_eq!(c.off, a_off, "freed block reused");
+        drop(c);
+        drop(b);
+        let big = w.alloc(70000).unwrap();
+        assert_eq!(big.off, 0, "everything coalesced back to the start");
+        assert!(w.alloc(2 << 20).err().unwrap().contains("arena of rank 0 is full"));
+    }
+}

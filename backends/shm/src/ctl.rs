@@ -1,0 +1,248 @@
+//! The control segment of one communicator (world or subgroup) and the waits built on it.
+//!
+//! Layout (all offsets in bytes):
+//! * header (256): magic `u64` @0, world size `u64` @8, `abort_by` `u32` @16 (0, or 1 + the
+//!   rank that poisoned the communicator after a timeout or a dead peer).
+//! * one 128-byte slot per rank: `counter` @0 (the rank's barrier step, a futex word),
+//!   `waiters` @4, `pid` @8, `gone` @12 (set when the rank's backend is dropped),
+//!   `post_off` `u64` @16 and `post_len` `u64` @24 (where in the rank's arena its current post
+//!   lies).
+//! * one point-to-point channel per ordered pair (src, dst): `posted` @0 (sends posted, a futex
+//!   word), `posted_waiters` @4, `consumed` @8 (receives done), `consumed_waiters` @12, then a
+//!   ring of [`RING`] 32-byte entries: sender buffer offset `u64` @0, byte length `u64` @8,
+//!   dtype code `u32` @16, verdict `u32` @20 (written by the receiver), element count `u64` @24.
+//!
+//! A barrier at step `s`: every rank stores `s` into its counter (waking sleepers), then waits
+//! until every other rank's counter has reached `s`. Waits spin briefly only when the ranks fit
+//! on the CPUs, then sleep on the futex in slices of at most 20 ms, checking between slices the
+//! deadline, the peer's liveness (pid and `gone`) and the communicator's `abort_by`.
+
+use crate::sys::{self, Mapping};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+pub const MAGIC: u64 = 0x434f_4e43_4f52_4431;
+const HDR: usize = 256;
+const SLOT: usize = 128;
+pub const RING: u32 = 16;
+const ENTRY: usize = 32;
+const PAIR: usize = 64 + RING as usize * ENTRY;
+const SLICE: Duration = Duration::from_millis(20);
+
+pub fn ctl_size(n: usize) -> usize {
+    HDR + n * SLOT + n * n * PAIR
+}
+
+/// Why a wait ended without its condition.
+#[derive(Debug)]
+pub enum WaitErr {
+    Timeout { peer: usize },
+    Dead { peer: usize, detail: String },
+    Aborted(String),
+}
+
+pub struct Ctl {
+    map: Mapping,
+    pub n: usize,
+    pub me: usize,
+    spin: u32,
+}
+
+/// One entry of a point-to-point ring.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Entry {
+    pub off: u64,
+    pub nbytes: u64,
+    pub dtype: u32,
+    pub numel: u64,
+}
+
+impl Ctl {
+    /// Writes a fresh header into a new control segment.
+    pub fn init(map: &Mapping, n: usize) {
+        map.u64_at(8).store(n as u64, SeqCst);
+        map.u64_at(0).store(MAGIC, SeqCst);
+    }
+
+    pub fn attach(map: Mapping, n: usize, me: usize) -> Result<Ctl, String> {
+        if map.len() < ctl_size(n) || map.u64_at(0).load(SeqCst) != MAGIC || map.u64_at(8).load(SeqCst) != n as u64 {
+            return Err(format!("control segment is not a Concord control segment for {n} ranks"));
+        }
+        let spin = if n <= sys::ncpus() { 2000 } else { 0 };
+        Ok(Ctl { map, n, me, spin })
+    }
+
+    fn slot(&self, r: usize) -> usize {
+        HDR + r * SLOT
+    }
+    pub fn counter(&self, r: usize) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r))
+    }
+    fn waiters(&self, r: usize) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r) + 4)
+    }
+    pub fn pid(&self, r: usize) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r) + 8)
+    }
+    pub fn gone(&self, r: usize) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r) + 12)
+    }
+    pub fn post_off(&self, r: usize) -> &AtomicU64 {
+        self.map.u64_at(self.slot(r) + 16)
+    }
+    pub fn post_len(&self, r: usize) -> &AtomicU64 {
+        self.map.u64_at(self.slot(r) + 24)
+    }
+    pub fn abort_by(&self) -> &AtomicU32 {
+        self.map.u32_at(16)
+    }
+    fn pair(&self, src: usize, dst: usize) -> usize {
+        HDR + self.n * SLOT + (src * self.n + dst) * PAIR
+    }
+    pub fn consumed(&self, src: usize, dst: usize) -> &AtomicU32 {
+        self.map.u32_at(self.pair(src, dst) + 8)
+    }
+    fn entry_off(&self, src: usize, dst: usize, k: u32) -> usize {
+        self.pair(src, dst) + 64 + (k % RING) as usize * ENTRY
+    }
+    pub fn write_entry(&self, src: usize, dst: usize, k: u32, e: Entry) {
+        let o = self.entry_off(src, dst, k);
+        self.map.u64_at(o).store(e.off, SeqCst);
+        self.map.u64_at(o + 8).store(e.nbytes, SeqCst);
+        self.map.u32_at(o + 16).store(e.dtype, SeqCst);
+        self.map.u32_at(o + 20).store(0, SeqCst);
+        self.map.u64_at(o + 24).store(e.numel, SeqCst);
+    }
+    pub fn read_entry(&self, src: usize, dst: usize, k: u32) -> Entry {
+        let o = self.entry_off(src, dst, k);
+        Entry {
+            off: self.map.u64_at(o).load(SeqCst),
+            nbytes: self.map.u64_at(o + 8).load(SeqCst),
+            dtype: self.map.u32_at(o + 16).load(SeqCst),
+            numel: self.map.u64_at(o + 24).load(SeqCst),
+        }
+    }
+    pub fn verdict(&self, src: usize, dst: usize, k: u32) -> &AtomicU32 {
+        self.map.u32_at(self.entry_off(src, dst, k) + 20)
+    }
+
+    /// Stores `v` into `word` and wakes its sleepers (if any registered in `waiters`).
+    fn publish(word: &AtomicU32, waiters: &AtomicU32, v: u32) {
+        word.store(v, SeqCst);
+        if waiters.load(SeqCst) > 0 {
+            sys::futex_wake_all(word);
+        }
+    }
+
+    pub fn set_counter(&self, v: u32) {
+        Self::publish(self.counter(self.me), self.waiters(self.me), v);
+    }
+    pub fn set_posted(&self, dst: usize, k: u32) {
+        let p = self.pair(self.me, dst);
+        Self::publish(self.map.u32_at(p), self.map.u32_at(p + 4), k);
+    }
+    pub fn set_consumed(&self, src: usize, k: u32) {
+        let p = self.pair(src, self.me);
+        Self::publish(self.map.u32_at(p + 8), self.map.u32_at(p + 12), k);
+    }
+
+    /// Marks this rank as gone and wakes everyone who may wait on it.
+    pub fn leave(&self) {
+        self.gone(self.me).store(1, SeqCst);
+        sys::futex_wake_all(self.counter(self.me));
+        for p in 0..self.n {
+            sys::futex_wake_all(self.map.u32_at(self.pair(self.me, p)));
+            sys::futex_wake_all(self.map.u32_at(self.pair(p, self.me) + 8));
+        }
+    }
+
+    /// Marks the communicator poisoned by this rank (first poisoner wins).
+    pub fn poison(&self) {
+        let _ = self.abort_by().compare_exchange(0, self.me as u32 + 1, SeqCst, SeqCst);
+        for p in 0..self.n {
+            sys::futex_wake_all(self.counter(p));
+        }
+    }
+
+    /// Waits until `reached(word)` holds, `word` being published by `peer`.
+    fn wait_word(
+        &self,
+        word: &AtomicU32,
+        waiters: &AtomicU32,
+        reached: impl Fn(u32) -> bool,
+        peer: usize,
+        deadline: Instant,
+        local_abort: &AtomicBool,
+    ) -> Result<(), WaitErr> {
+        let mut i = 0u32;
+        let mut last_check: Option<Instant> = None;
+        loop {
+            if reached(word.load(SeqCst)) {
+                return Ok(());
+            }
+            if i < self.spin {
+                i += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            if i < self.spin + 3 {
+                i += 1;
+                std::thread::yield_now();
+                continue;
+            }
+            if local_abort.load(SeqCst) {
+                return Err(WaitErr::Aborted("this rank's backend is being dropped".into()));
+            }
+            let ab = self.abort_by().load(SeqCst);
+            if ab != 0 && ab != self.me as u32 + 1 {
+                return Err(WaitErr::Aborted(format!(
+                    "rank {} poisoned the communicator after a timeout or a dead peer",
+                    ab - 1
+                )));
+            }
+            let now = Instant::now();
+            if last_check.is_none_or(|t| now.duration_since(t) >= SLICE) {
+                last_check = Some(now);
+                if self.gone(peer).load(SeqCst) != 0 && !reached(word.load(SeqCst)) {
+                    return Err(WaitErr::Dead { peer, detail: "its backend was dropped (it left the communicator)".into() });
+                }
+                let pid = self.pid(peer).load(SeqCst);
+                if !sys::pid_alive(pid) && !reached(word.load(SeqCst)) {
+                    return Err(WaitErr::Dead { peer, detail: format!("process {pid} exited") });
+                }
+            }
+            if now >= deadline {
+                return Err(WaitErr::Timeout { peer });
+            }
+            waiters.fetch_add(1, SeqCst);
+            let v = word.load(SeqCst);
+            if !reached(v) {
+                sys::futex_wait(word, v, SLICE.min(deadline - now));
+            }
+            waiters.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Barrier at step `step`: publish, then wait for every other rank to reach it.
+    pub fn barrier(&self, step: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
+        self.set_counter(step);
+        for p in 0..self.n {
+            if p != self.me {
+                self.wait_word(self.counter(p), self.waiters(p), |v| v.wrapping_sub(step) as i32 >= 0, p, deadline, local_abort)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `src` has posted its `k`-th send to me.
+    pub fn wait_posted(&self, src: usize, k: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
+        let p = self.pair(src, self.me);
+        self.wait_word(self.map.u32_at(p), self.map.u32_at(p + 4), |v| v.wrapping_sub(k) as i32 >= 0, src, deadline, local_abort)
+    }
+
+    /// Waits until `dst` has consumed my `k`-th send to it.
+    pub fn wait_consumed(&self, dst: usize, k: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
+        let p = self.pair(self.me, dst);
+        self.wait_word(self.map.u32_at(p + 8), self.map.u32_at(p + 12), |v| v.wrapping_sub(k) as i32 >= 0, dst, deadline, local_abort)
+    }
+}

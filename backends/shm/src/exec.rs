@@ -1,0 +1,451 @@
+//! The communicator and its progress thread, which runs the collectives of one backend instance
+//! in issue order. Each collective: post (in the rank's arena) → barrier → every rank decodes
+//! every post and validates them all ([`crate::post::validate`]) → on a verdict of bad input one
+//! more barrier and the same named error on every rank; otherwise the data movement (ranks read
+//! peers' buffers directly in shared memory) and a final barrier, after which no peer touches
+//! this rank's buffers any more.
+
+use crate::arena::World;
+use crate::ctl::{Ctl, Entry, WaitErr};
+use crate::kernels::{reduce_into, reduce_into_many};
+use crate::post::{self, validate, Desc, OpCode, Post};
+use crate::sys::{self, Mapping, Region};
+use crate::ShmBuffer;
+use concord_core::{progress, BadInputKind, CollectiveError, Completion, Flag, ReduceOp, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One communicator (the world or a subgroup) as seen by one rank.
+pub struct Comm {
+    pub world: Arc<World>,
+    pub ctl: Ctl,
+    pub n: usize,
+    pub me: usize,
+    /// Communicator rank → global (world) rank, for arena lookup.
+    pub globals: Vec<usize>,
+    /// "" for the world, "g1", "g1g2", ... for subgroups (part of segment names).
+    pub tag: String,
+    /// Name recorded in [`progress`] (unique per communicator and rank).
+    pub label: String,
+    pub op_timeout: Duration,
+    /// Set when the backend is dropped: every wait gives up at once.
+    pub abort: AtomicBool,
+}
+
+impl Comm {
+    pub fn region(&self, r: usize, d: &Desc) -> Region {
+        self.world.region(self.globals[r], d.off as usize, d.nbytes())
+    }
+
+    fn wait_error(&self, e: WaitErr, op: &str, seq: u64, started: Instant) -> CollectiveError {
+        match e {
+            WaitErr::Timeout { peer } => CollectiveError::Timeout {
+                op: op.to_string(),
+                seq,
+                rank: self.me,
+                waited_ms: started.elapsed().as_millis() as u64,
+                detail: format!("shm backend: rank {peer} did not arrive within the op deadline of {:?}", self.op_timeout),
+            },
+            WaitErr::Dead { peer, detail } => {
+                CollectiveError::PeerDied { op: op.to_string(), seq, rank: self.me, peer, detail: format!("shm backend: {detail}") }
+            }
+            WaitErr::Aborted(msg) => CollectiveError::Aborted(format!("{op} #{seq} on rank {}: {msg}", self.me)),
+        }
+    }
+}
+
+/// What the progress thread hands back from a `new_group` op: the group's tag and, for members,
+/// the group's control segment.
+pub type GroupReply = mpsc::Sender<(String, Option<Mapping>)>;
+
+pub enum Job {
+    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply> },
+    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion> },
+    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag> },
+}
+
+/// Completion of a send: posted by the progress thread, complete once the receiver consumed it;
+/// the receiver's verdict (a named bad input) is reported on the sender too.
+pub struct SendCompletion {
+    pub comm: Arc<Comm>,
+    pub dst: usize,
+    pub k: u32,
+    pub posted: Arc<Flag>,
+    /// The sent buffer, kept alive until the receiver has consumed it.
+    pub keep: Mutex<Option<ShmBuffer>>,
+    outcome: Mutex<Option<Result<()>>>,
+}
+
+impl SendCompletion {
+    pub fn new(comm: Arc<Comm>, dst: usize, k: u32, keep: ShmBuffer) -> Arc<SendCompletion> {
+        Arc::new(SendCompletion { comm, dst, k, posted: Flag::new(), keep: Mutex::new(Some(keep)), outcome: Mutex::new(None) })
+    }
+
+    fn consumed(&self) -> bool {
+        self.comm.ctl.consumed(self.comm.me, self.dst).load(SeqCst).wrapping_sub(self.k) as i32 >= 0
+    }
+
+    /// Caches the receiver's verdict (call only once consumed).
+    fn resolve(&self) -> Result<()> {
+        let mut o = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = &*o {
+            return r.clone();
+        }
+        let v = self.comm.ctl.verdict(self.comm.me, self.dst, self.k).load(SeqCst);
+        let r = match v {
+            1 => Ok(()),
+            c => Err(CollectiveError::bad_input(
+                post::kind_from(c as u64 - 2).unwrap_or(BadInputKind::OutBufferSize),
+                "send",
+                self.k as u64,
+                self.comm.me,
+                format!("the receiver (rank {}) rejected message #{} to it", self.dst, self.k),
+            )),
+        };
+        *o = Some(r.clone());
+        self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        r
+    }
+}
+
+impl Completion for SendCompletion {
+    fn is_completed(&self) -> bool {
+        if self.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return true;
+        }
+        match self.posted.wait_for(Duration::ZERO) {
+            Ok(true) => self.consumed(),
+            Ok(false) => false,
+            Err(_) => true,
+        }
+    }
+
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let start = Instant::now();
+        if let Some(r) = &*self.outcome.lock().unwrap_or_else(|e| e.into_inner()) {
+            return r.clone().map(|_| true);
+        }
+        if !self.posted.wait_for(timeout)? {
+            return Ok(false);
+        }
+        if !self.consumed() {
+            let deadline = start + timeout;
+            let c = &self.comm;
+            match c.ctl.wait_consumed(self.dst, self.k, deadline, &c.abort) {
+                Ok(()) => {}
+                Err(WaitErr::Timeout { .. }) => return Ok(false),
+                Err(e) => {
+                    let err = c.wait_error(e, "send", self.k as u64, start);
+                    self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
+                    return Err(err);
+                }
+            }
+        }
+        self.resolve().map(|_| true)
+    }
+}
+
+/// The progress thread's state.
+pub struct Progress {
+    comm: Arc<Comm>,
+    /// This rank's barrier step on the control segment (1 was the init barrier).
+    step: u32,
+    poisoned: Option<String>,
+    groups: u64,
+    pending_sends: Vec<VecDeque<Arc<SendCompletion>>>,
+}
+
+impl Progress {
+    pub fn new(comm: Arc<Comm>) -> Progress {
+        let n = comm.n;
+        Progress { comm, step: 1, poisoned: None, groups: 0, pending_sends: (0..n).map(|_| VecDeque::new()).collect() }
+    }
+
+    pub fn run(mut self, rx: mpsc::Receiver<Job>) {
+        for job in rx {
+            match job {
+                Job::Coll { name, post, keep, flag, reply } => {
+                    let seq = post.seq;
+                    let r = self.guard(&name, seq, |s| s.collective(&name, post, reply));
+                    drop(keep);
+                    progress::end(&self.comm.label, seq);
+                    flag.set(r);
+                }
+                Job::Send { k, dst, entry, comp } => {
+                    let r = self.guard("send", k as u64, |s| s.send(k, dst, entry, &comp));
+                    progress::end(&self.comm.label, send_key(dst, k));
+                    if r.is_err() {
+                        comp.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    }
+                    comp.posted.set(r);
+                }
+                Job::Recv { k, src, out, flag } => {
+                    let r = self.guard("recv", k as u64, |s| s.recv(k, src, &out));
+                    progress::end(&self.comm.label, recv_key(src, k));
+                    flag.set(r);
+                }
+            }
+        }
+    }
+
+    /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer.
+    fn guard(&mut self, op: &str, seq: u64, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        if self.comm.abort.load(SeqCst) {
+            return Err(CollectiveError::Aborted(format!("{op} #{seq} on rank {}: the backend was dropped", self.comm.me)));
+        }
+        if let Some(why) = &self.poisoned {
+            return Err(CollectiveError::Aborted(format!(
+                "{op} #{seq} on rank {}: communicator unusable after an earlier failure: {why}",
+                self.comm.me
+            )));
+        }
+        let r = f(self);
+        if let Err(e) = &r {
+            if matches!(e, CollectiveError::Timeout { .. } | CollectiveError::PeerDied { .. } | CollectiveError::Aborted(_)) {
+                self.poisoned = Some(e.to_string());
+                self.comm.ctl.poison();
+            }
+        }
+        r
+    }
+
+    fn barrier(&mut self, op: &str, seq: u64, deadline: Instant, started: Instant) -> Result<()> {
+        self.step = self.step.wrapping_add(1);
+        let c = &self.comm;
+        c.ctl.barrier(self.step, deadline, &c.abort).map_err(|e| c.wait_error(e, op, seq, started))
+    }
+
+    fn collective(&mut self, name: &str, post: Post, reply: Option<GroupReply>) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + self.comm.op_timeout;
+        let seq = post.seq;
+        let comm = self.comm.clone();
+        let (n, me) = (comm.n, comm.me);
+        if post.op == OpCode::NewGroup {
+            self.groups += 1;
+        }
+        // 1. Post.
+        let bytes = post.encode();
+        let blk = comm.world.alloc(bytes.len()).map_err(CollectiveError::Backend)?;
+        comm.world.region(comm.world.global_rank, blk.off, bytes.len()).copy_from_bytes(&bytes);
+        comm.ctl.post_off(me).store(blk.off as u64, SeqCst);
+        comm.ctl.post_len(me).store(bytes.len() as u64, SeqCst);
+        self.barrier(name, seq, deadline, started)?;
+        // 2. Read and validate every rank's post.
+        let mut posts = Vec::with_capacity(n);
+        for r in 0..n {
+            let off = comm.ctl.post_off(r).load(SeqCst) as usize;
+            let len = comm.ctl.post_len(r).load(SeqCst) as usize;
+            let mut b = vec![0u8; len];
+            comm.world.region(comm.globals[r], off, len).copy_to_bytes(&mut b);
+            let p = Post::decode(&b)
+                .ok_or_else(|| CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))?;
+            posts.push(p);
+        }
+        if let Err((kind, detail)) = validate(&posts) {
+            self.barrier(name, seq, deadline, started)?;
+            return Err(CollectiveError::bad_input(kind, name, seq, me, detail));
+        }
+        // 3. Move the data.
+        let group = self.execute(&posts)?;
+        // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
+        let group = match group {
+            Some(g) => Some(self.finish_group(g, name, seq, deadline, started)?),
+            None => {
+                self.barrier(name, seq, deadline, started)?;
+                None
+            }
+        };
+        drop(blk);
+        if let (Some(tx), Some(g)) = (reply, group) {
+            let _ = tx.send(g);
+        }
+        Ok(())
+    }
+
+    /// The data movement of a validated op. Returns group-creation state for `new_group`.
+    fn execute(&mut self, posts: &[Post]) -> Result<Option<NewGroup>> {
+        let comm = self.comm.clone();
+        let (n, me) = (comm.n, comm.me);
+        let p0 = &posts[0];
+        let inp = |r: usize, i: usize| comm.region(r, &posts[r].inputs[i]);
+        let out = |r: usize, i: usize| comm.region(r, &posts[r].outputs[i]);
+        let chunk = |len: usize, j: usize, esz: usize| {
+            let el = len / esz;
+            let (a, b) = (el * j / n, el * (j + 1) / n);
+            (a * esz, (b - a) * esz)
+        };
+        let op = p0.reduce.unwrap_or(ReduceOp::Sum);
+        match p0.op {
+            OpCode::Barrier => {}
+            OpCode::AllReduce => {
+                // Each rank reduces its 1/n chunk of every tensor and writes it straight into
+                // every rank's output: one pass, no second barrier. Only this rank touches
+                // its chunk in any buffer, so in-place (output = input) is safe.
+                for (i, d) in p0.inputs.iter().enumerate() {
+                    let (off, len) = chunk(d.nbytes(), me, d.dtype.size());
+                    let ins: Vec<Region> = (0..n).map(|r| inp(r, i).sub(off, len)).collect();
+                    let outs: Vec<Region> = (0..n).map(|r| out(r, i).sub(off, len)).collect();
+                    reduce_into_many(d.dtype, op, n, &outs, &ins);
+                }
+            }
+            OpCode::AllGather => {
+                for (i, d) in p0.inputs.iter().enumerate() {
+                    let nb = d.nbytes();
+                    for r in 0..n {
+                        out(me, i).sub(r * nb, nb).copy_from(inp(r, i));
+                    }
+                }
+            }
+            OpCode::ReduceScatter => {
+                for (i, d) in p0.inputs.iter().enumerate() {
+                    let nb = d.nbytes() / n;
+                    let ins: Vec<Region> = (0..n).map(|r| inp(r, i).sub(me * nb, nb)).collect();
+                    reduce_into(d.dtype, op, n, out(me, i), &ins);
+                }
+            }
+            OpCode::AllToAll => {
+                let d = &posts[me].inputs[0];
+                let row = d.shape[1..].iter().product::<usize>() * d.dtype.size();
+                let outs = post::output_splits(&posts[me], n);
+                let mut at = 0;
+                for (j, &rows) in outs.iter().enumerate() {
+                    let from = post::input_splits(&posts[j], n)[..me].iter().sum::<usize>();
+                    out(me, 0).sub(at * row, rows * row).copy_from(inp(j, 0).sub(from * row, rows * row));
+                    at += rows;
+                }
+            }
+            OpCode::Broadcast => {
+                let root = p0.root.expect("validated");
+                out(me, 0).copy_from(inp(root, 0));
+            }
+            OpCode::Permute => {
+                let list = p0.list.as_ref().expect("validated");
+                let src = list.iter().position(|&d| d == me).expect("validated permutation");
+                out(me, 0).copy_from(inp(src, 0));
+            }
+            OpCode::Reduce => {
+                let root = p0.root.expect("validated");
+                let d = &p0.inputs[0];
+                let (off, len) = chunk(d.nbytes(), me, d.dtype.size());
+                let ins: Vec<Region> = (0..n).map(|r| inp(r, 0).sub(off, len)).collect();
+                reduce_into(d.dtype, op, n, out(root, 0).sub(off, len), &ins);
+            }
+            OpCode::Gather => {
+                let root = p0.root.expect("validated");
+                let nb = posts[me].inputs[0].nbytes();
+                out(root, 0).sub(me * nb, nb).copy_from(inp(me, 0));
+            }
+            OpCode::Scatter => {
+                let root = p0.root.expect("validated");
+                let nb = posts[me].inputs[0].nbytes() / n;
+                out(me, 0).copy_from(inp(root, 0).sub(me * nb, nb));
+            }
+            OpCode::NewGroup => {
+                let list = p0.list.clone().expect("validated");
+                let tag = format!("{}g{}", comm.tag, self.groups);
+                let seg = format!("{}{}-ctl", concord_harness::platform::shm_prefix(&comm.world.world_id), tag);
+                let pos = list.iter().position(|&x| x == me);
+                let mut created = None;
+                let mut err = None;
+                if pos == Some(0) {
+                    match Mapping::create(&seg, crate::ctl::ctl_size(list.len()), false) {
+                        Ok(m) => {
+                            sys::register_cleanup(&seg);
+                            Ctl::init(&m, list.len());
+                            created = Some(m);
+                        }
+                        Err(e) => err = Some(format!("cannot create group control segment {seg}: {e}")),
+                    }
+                }
+                return Ok(Some(NewGroup { tag, seg, pos, created, err }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// new_group, after validation: the creator made the segment; members open it between two
+    /// barriers; then the creator unlinks its name (mappings stay).
+    fn finish_group(&mut self, mut g: NewGroup, name: &str, seq: u64, deadline: Instant, started: Instant) -> Result<(String, Option<Mapping>)> {
+        self.barrier(name, seq, deadline, started)?;
+        let mut mapping = g.created.take();
+        if g.pos.is_some_and(|p| p > 0) {
+            match Mapping::open(&g.seg) {
+                Ok(m) => mapping = Some(m),
+                Err(e) => g.err = Some(format!("cannot open group control segment {}: {e}", g.seg)),
+            }
+        }
+        self.barrier(name, seq, deadline, started)?;
+        if g.pos == Some(0) {
+            let _ = sys::unlink(&g.seg);
+            sys::unregister_cleanup(&g.seg);
+        }
+        if let Some(e) = g.err {
+            return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)));
+        }
+        Ok((g.tag, mapping))
+    }
+
+    fn send(&mut self, k: u32, dst: usize, entry: Entry, comp: &Arc<SendCompletion>) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + self.comm.op_timeout;
+        let comm = self.comm.clone();
+        if k > crate::ctl::RING {
+            comm.ctl.wait_consumed(dst, k - crate::ctl::RING, deadline, &comm.abort).map_err(|e| comm.wait_error(e, "send", k as u64, started))?;
+        }
+        // Cache the verdicts of messages whose ring entries are about to be reused.
+        let q = &mut self.pending_sends[dst];
+        while q.front().is_some_and(|c| c.k.wrapping_add(crate::ctl::RING) <= k) {
+            let c = q.pop_front().expect("front exists");
+            let _ = c.resolve();
+        }
+        q.push_back(comp.clone());
+        comm.ctl.write_entry(comm.me, dst, k, entry);
+        comm.ctl.set_posted(dst, k);
+        Ok(())
+    }
+
+    fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + self.comm.op_timeout;
+        let comm = self.comm.clone();
+        comm.ctl.wait_posted(src, k, deadline, &comm.abort).map_err(|e| comm.wait_error(e, "recv", k as u64, started))?;
+        let e = comm.ctl.read_entry(src, comm.me, k);
+        let d = out.desc();
+        let verdict = if post::dtype_from(e.dtype as u64) != Some(d.dtype) {
+            Err((BadInputKind::DTypeMismatch, format!("rank {src} sends {:?} but the receive buffer is {}", post::dtype_from(e.dtype as u64), d.dtype)))
+        } else if e.numel as usize != d.numel() {
+            Err((BadInputKind::OutBufferSize, format!("rank {src} sends {} elements but the receive buffer holds {}", e.numel, d.numel())))
+        } else {
+            out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
+            Ok(())
+        };
+        let code = match &verdict {
+            Ok(()) => 1,
+            Err((k, _)) => post::kind_code(*k) as u32 + 2,
+        };
+        comm.ctl.verdict(src, comm.me, k).store(code, SeqCst);
+        comm.ctl.set_consumed(src, k);
+        verdict.map_err(|(kind, detail)| CollectiveError::bad_input(kind, "recv", k as u64, comm.me, detail))
+    }
+}
+
+pub struct NewGroup {
+    tag: String,
+    seg: String,
+    pos: Option<usize>,
+    created: Option<Mapping>,
+    err: Option<String>,
+}
+
+/// Keys for [`progress`] of point-to-point ops (disjoint from collective sequence numbers).
+pub fn send_key(dst: usize, k: u32) -> u64 {
+    (1 << 63) | ((dst as u64) << 32) | k as u64
+}
+pub fn recv_key(src: usize, k: u32) -> u64 {
+    (1 << 62) | ((src as u64) << 32) | k as u64
+}

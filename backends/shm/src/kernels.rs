@@ -1,0 +1,214 @@
+//! Element-wise reductions over regions of shared memory, for every dtype and reduce op.
+//!
+//! Semantics (declared in the backend's capabilities):
+//! * integers wrap in their own width; `avg` is the wrapped sum divided by the rank count,
+//!   truncated toward zero;
+//! * f16 / bf16 accumulate in f32 and round once at the end; f32 / f64 accumulate in their own
+//!   type; `avg` divides the sum by the rank count; `premul_sum(s)` is `sum(s * x_r)`;
+//! * `min` / `max` propagate NaN, and order `-0.0 < +0.0`;
+//! * inputs are combined in rank order, so a result is the same whichever rank computes it.
+//!
+//! Work proceeds in blocks of [`BLOCK`] elements through a local accumulator, so an output may
+//! alias an input (in-place all_reduce) without two live views of the same bytes.
+
+use crate::sys::Region;
+use concord_core::{dispatch_dtype, DType, ReduceOp};
+use half::{bf16, f16};
+
+const BLOCK: usize = 2048;
+
+pub trait Red: bytemuck::Pod {
+    type A: Copy + Default;
+    fn load(self) -> Self::A;
+    fn store(a: Self::A) -> Self;
+    fn add(a: Self::A, b: Self::A) -> Self::A;
+    fn mul(a: Self::A, b: Self::A) -> Self::A;
+    fn min(a: Self::A, b: Self::A) -> Self::A;
+    fn max(a: Self::A, b: Self::A) -> Self::A;
+    fn and(a: Self::A, b: Self::A) -> Self::A;
+    fn or(a: Self::A, b: Self::A) -> Self::A;
+    fn xor(a: Self::A, b: Self::A) -> Self::A;
+    fn div_n(a: Self::A, n: usize) -> Self::A;
+    fn scale(a: Self::A, f: f64) -> Self::A;
+}
+
+macro_rules! int_red {
+    ($($t:ty),*) => {$(
+        impl Red for $t {
+            type A = $t;
+            #[inline(always)] fn load(self) -> $t { self }
+            #[inline(always)] fn store(a: $t) -> $t { a }
+            #[inline(always)] fn add(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+            #[inline(always)] fn mul(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+            #[inline(always)] fn min(a: $t, b: $t) -> $t { Ord::min(a, b) }
+            #[inline(always)] fn max(a: $t, b: $t) -> $t { Ord::max(a, b) }
+            #[inline(always)] fn and(a: $t, b: $t) -> $t { a & b }
+            #[inline(always)] fn or(a: $t, b: $t) -> $t { a | b }
+            #[inline(always)] fn xor(a: $t, b: $t) -> $t { a ^ b }
+            #[inline(always)] fn div_n(a: $t, n: usize) -> $t { a.wrapping_div(n as $t) }
+            #[inline(always)] fn scale(a: $t, f: f64) -> $t { a.wrapping_mul(f as $t) }
+        }
+    )*};
+}
+int_red!(i8, u8, i16, u16, i32, u32, i64, u64);
+
+macro_rules! float_red {
+    ($t:ty, $a:ty, $bits:ty, $load:expr, $store:expr) => {
+        impl Red for $t {
+            type A = $a;
+            #[inline(always)] fn load(self) -> $a { ($load)(self) }
+            #[inline(always)] fn store(a: $a) -> $t { ($store)(a) }
+            #[inline(always)] fn add(a: $a, b: $a) -> $a { a + b }
+            #[inline(always)] fn mul(a: $a, b: $a) -> $a { a * b }
+            #[inline(always)] fn min(a: $a, b: $a) -> $a {
+                if a.is_nan() || b.is_nan() { <$a>::NAN } else if a < b { a } else if b < a { b } else if a.is_sign_negative() { a } else { b }
+            }
+            #[inline(always)] fn max(a: $a, b: $a) -> $a {
+                if a.is_nan() || b.is_nan() { <$a>::NAN } else if a > b { a } else if b > a { b } else if a.is_sign_positive() { a } else { b }
+            }
+            #[inline(always)] fn and(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() & b.to_bits()) }
+            #[inline(always)] fn or(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() | b.to_bits()) }
+            #[inline(always)] fn xor(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() ^ b.to_bits()) }
+            #[inline(always)] fn div_n(a: $a, n: usize) -> $a { a / n as $a }
+            #[inline(always)] fn scale(a: $a, f: f64) -> $a { a * f as $a }
+        }
+    };
+}
+float_red!(f32, f32, u32, |x| x, |a| a);
+float_red!(f64, f64, u64, |x| x, |a| a);
+float_red!(f16, f32, u32, |x: f16| x.to_f32(), f16::from_f32);
+float_red!(bf16, f32, u32, |x: bf16| x.to_f32(), bf16::from_f32);
+
+#[inline(always)]
+fn combine<T: Red>(acc: &mut [T::A], src: &[T], f: impl Fn(T::A, T::A) -> T::A) {
+    for (a, x) in acc.iter_mut().zip(src) {
+        *a = f(*a, x.load());
+    }
+}
+
+fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stream: bool) {
+    let sz = std::mem::size_of::<T>();
+    let len = ins[0].len() / sz;
+    let mut acc_store = [T::A::default(); BLOCK];
+    let mut tmp_store = [T::zeroed(); BLOCK];
+    let mut start = 0;
+    while start < len {
+        let m = BLOCK.min(len - start);
+        let acc = &mut acc_store[..m];
+        let sub = |r: &Region| r.sub(start * sz, m * sz);
+        sub(&ins[0]).with::<T, _>(|s| {
+            for (a, x) in acc.iter_mut().zip(s) {
+                *a = x.load();
+            }
+        });
+        if let ReduceOp::PremulSum(f) = op {
+            acc.iter_mut().for_each(|a| *a = T::scale(*a, f));
+        }
+        for r in &ins[1..] {
+            sub(r).with::<T, _>(|s| match op {
+                ReduceOp::Sum | ReduceOp::Avg => combine::<T>(acc, s, T::add),
+                ReduceOp::Product => combine::<T>(acc, s, T::mul),
+                ReduceOp::Min => combine::<T>(acc, s, T::min),
+                ReduceOp::Max => combine::<T>(acc, s, T::max),
+                ReduceOp::BAnd => combine::<T>(acc, s, T::and),
+                ReduceOp::BOr => combine::<T>(acc, s, T::or),
+                ReduceOp::BXor => combine::<T>(acc, s, T::xor),
+                ReduceOp::PremulSum(f) => combine::<T>(acc, s, |a, x| T::add(a, T::scale(x, f))),
+            });
+        }
+        if let ReduceOp::Avg = op {
+            acc.iter_mut().for_each(|a| *a = T::div_n(*a, n_avg));
+        }
+        let tmp = &mut tmp_store[..m];
+        for (t, a) in tmp.iter_mut().zip(acc.iter()) {
+            *t = T::store(*a);
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(tmp);
+        for o in outs {
+            if stream {
+                sub(o).stream_from_bytes(bytes);
+            } else {
+                sub(o).copy_from_bytes(bytes);
+            }
+        }
+        start += m;
+    }
+    if stream {
+        crate::sys::store_fence();
+    }
+}
+
+/// Outputs from this size on are written with non-temporal stores.
+const STREAM_BYTES: usize = 1 << 20;
+
+/// `out = reduce(op, ins)` element-wise; `avg` divides by `n_avg`. All regions have the same
+/// length; `out` may be one of `ins`.
+pub fn reduce_into(dtype: DType, op: ReduceOp, n_avg: usize, out: Region, ins: &[Region]) {
+    reduce_into_many(dtype, op, n_avg, &[out], ins)
+}
+
+/// Like [`reduce_into`], writing the result into every region of `outs`. An output may be
+/// one of the inputs: each block is read from every input before it is written anywhere.
+pub fn reduce_into_many(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region]) {
+    assert!(!ins.is_empty(), "reduction of no inputs");
+    for r in ins.iter().chain(outs) {
+        assert_eq!(r.len(), ins[0].len(), "reduction over regions of different sizes");
+    }
+    let stream = ins[0].len() * outs.len() >= STREAM_BYTES;
+    dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::Mapping;
+
+    fn with_regions(f: impl FnOnce(&Mapping)) {
+        let name = format!("concord-unit-kernels-{}-{:?}", std::process::id(), std::thread::current().id());
+        let m = Mapping::create(&name, 1 << 16, false).unwrap();
+        crate::sys::unlink(&name).unwrap();
+        f(&m)
+    }
+
+    #[test]
+    fn float_min_max_propagate_nan_and_order_signed_zeros() {
+        assert!(<f32 as Red>::max(f32::NAN, 1.0).is_nan());
+        assert!(<f32 as Red>::min(1.0, f32::NAN).is_nan());
+        assert!(<f64 as Red>::min(0.0, -0.0).is_sign_negative());
+        assert!(<f64 as Red>::max(-0.0, 0.0).is_sign_positive());
+    }
+
+    #[test]
+    fn int_avg_truncates_and_sums_wrap() {
+        with_regions(|m| {
+            let (a, b, o) = (m.region(0, 4), m.region(64, 4), m.region(128, 4));
+            a.copy_from_bytes(&[3, 250, 0x81, 7]);
+            b.copy_from_bytes(&[4, 10, 0x81, 7]);
+            reduce_into(DType::U8, ReduceOp::Sum, 2, o, &[a, b]);
+            let mut got = [0u8; 4];
+            o.copy_to_bytes(&mut got);
+            assert_eq!(got, [7, 4, 2, 14]);
+            reduce_into(DType::I8, ReduceOp::Avg, 2, o, &[a, b]);
+            o.copy_to_bytes(&mut got);
+            assert_eq!(got.map(|x| x as i8), [3, 2, 1, 7], "-127 + -127 wraps to 2");
+        });
+    }
+
+    #[test]
+    fn bf16_sum_accumulates_in_f32_and_works_in_place_over_blocks() {
+        with_regions(|m| {
+            let n = 5000;
+            let a = m.region(0, n * 2);
+            let b = m.region(16384, n * 2);
+            let av: Vec<bf16> = (0..n).map(|i| bf16::from_f32((i % 100) as f32)).collect();
+            a.copy_from_bytes(bytemuck::cast_slice(&av));
+            b.copy_from_bytes(bytemuck::cast_slice(&vec![bf16::from_f32(0.5); n]));
+            reduce_into(DType::BF16, ReduceOp::PremulSum(2.0), 2, a, &[a, b]);
+            a.with::<bf16, _>(|s| {
+                for (i, x) in s.iter().enumerate() {
+                    assert_eq!(x.to_f32(), bf16::from_f32(2.0 * (i % 100) as f32 + 1.0).to_f32(), "element {i}");
+                }
+            });
+        });
+    }
+}

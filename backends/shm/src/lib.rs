@@ -1,0 +1,573 @@
+//! # concord-shm
+//!
+//! **One job:** the embedded default [`Backend`]: a real multi-process collective backend for
+//! ranks on one machine, over POSIX shared memory.
+//!
+//! ## Design
+//! * **Arenas.** Each rank owns one large sparse segment (`concord-<world_id>-r<rank>`, size
+//!   from the `shm_arena_gib` option, default 16 GiB of address space; pages are only backed
+//!   when used). Every [`ShmBuffer`] (and every view) is a block of its owner's arena, and every
+//!   rank maps every arena once at init, so peers read and write each other's buffers directly:
+//!   all_reduce = each rank reduces its 1/n chunk straight from all peers' inputs into its
+//!   output, a barrier, then copies the other chunks from the peers' outputs.
+//! * **Control segment** per communicator: per-rank slots (barrier counter used as a futex word,
+//!   pid, the location of the rank's current *post*) and per-pair point-to-point rings.
+//! * **Posts and validation.** For each collective a rank posts op, dtype, shapes, reduce op,
+//!   root, splits, permutation and buffer locations; after a barrier every rank validates every
+//!   rank's post with the same pure function, so bad input across ranks ends in the *same*
+//!   named [`CollectiveError::BadInput`] on every rank, and the communicator stays usable.
+//! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
+//!   order; [`Work`] completes through a [`concord_core::Flag`].
+//! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]); expiry gives
+//!   [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was dropped)
+//!   gives [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast
+//!   with [`CollectiveError::Aborted`], and peers stop waiting).
+//! * **Cleanup.** Segment names start with `concord_harness::platform::shm_prefix(world_id)`.
+//!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
+//!   and until then a SIGTERM handler and an atexit hook unlink them.
+//!
+//! ## Contract
+//! Declared in [`ShmBackend::capabilities`]: all 12 dtypes, every op and reduce op, world sizes
+//! 1..=64, NaN propagates through min/max, integer avg truncates (of the wrapped sum), aliasing
+//! of an output with an input (other than in-place ops) is rejected with `bad_input:aliasing`.
+//! Point-to-point: the k-th `send(x, dst)` of a rank matches the k-th `recv(out, src)` of `dst`
+//! from it; a send completes once the receiver has copied the data; a size or dtype mismatch is
+//! reported on both sides. The send buffer MUST not be modified until the send completes.
+//! Results of `reduce` / `gather` are defined on the root only (other ranks' outputs keep their
+//! unspecified contents).
+
+mod arena;
+mod ctl;
+mod exec;
+mod kernels;
+mod post;
+mod sys;
+
+use arena::{Block, World};
+use concord_core::{
+    progress, Backend, BadInputKind, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
+    Tensor, Work, WorkMeta, WorldInfo,
+};
+use concord_harness::store::FileStore;
+use exec::{Comm, Job, Progress, SendCompletion};
+use post::{Desc, OpCode, Post};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use sys::{Mapping, Region};
+
+/// Largest world (and subgroup) the backend runs.
+pub const MAX_WORLD_SIZE: usize = 64;
+
+/// A buffer in shared memory: a block of its owner's arena, or a view into one.
+#[derive(Clone)]
+pub struct ShmBuffer {
+    block: Arc<Block>,
+    byte_off: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl ShmBuffer {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    fn desc(&self) -> Desc {
+        Desc { off: (self.block.off + self.byte_off) as u64, dtype: self.dtype, shape: self.shape.clone() }
+    }
+    fn region(&self) -> Region {
+        self.block.world.region(self.block.world.global_rank, self.block.off + self.byte_off, self.nbytes())
+    }
+}
+
+impl std::fmt::Debug for ShmBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShmBuffer<{}>{:?}@{:#x}", self.dtype, self.shape, self.region().addr())
+    }
+}
+
+/// The shared-memory backend (one instance per rank and per subgroup).
+pub struct ShmBackend {
+    comm: Arc<Comm>,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    seq: Mutex<u64>,
+    send_k: Mutex<Vec<u32>>,
+    recv_k: Mutex<Vec<u32>>,
+    counter: OutstandingCounter,
+}
+
+fn io_err(what: &str) -> impl Fn(std::io::Error) -> CollectiveError + '_ {
+    move |e| CollectiveError::Backend(format!("shm backend: {what}: {e}"))
+}
+
+/// Unlinks the named segments on drop unless disarmed (error paths of init).
+struct UnlinkGuard(Vec<String>);
+impl Drop for UnlinkGuard {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = sys::unlink(n);
+            sys::unregister_cleanup(n);
+        }
+    }
+}
+
+impl ShmBackend {
+    fn start(comm: Comm) -> Result<ShmBackend> {
+        let comm = Arc::new(comm);
+        let (tx, rx) = mpsc::channel();
+        let p = Progress::new(comm.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("concord-shm-{}", comm.label))
+            .spawn(move || p.run(rx))
+            .map_err(io_err("cannot start the progress thread"))?;
+        let n = comm.n;
+        Ok(ShmBackend {
+            comm,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            seq: Mutex::new(0),
+            send_k: Mutex::new(vec![0; n]),
+            recv_k: Mutex::new(vec![0; n]),
+            counter: OutstandingCounter::default(),
+        })
+    }
+
+    /// Publishes this rank's pid in the control segment, then the init barrier (step 1).
+    fn join_ctl(ctl: &ctl::Ctl, op_timeout: std::time::Duration, rank: usize) -> Result<()> {
+        ctl.pid(rank).store(sys::getpid(), SeqCst);
+        let started = Instant::now();
+        let no_abort = AtomicBool::new(false);
+        ctl.barrier(1, started + op_timeout, &no_abort).map_err(|e| match e {
+            ctl::WaitErr::Timeout { peer } => CollectiveError::Timeout {
+                op: "init".into(),
+                seq: 0,
+                rank,
+                waited_ms: started.elapsed().as_millis() as u64,
+                detail: format!("shm backend: rank {peer} did not join the control segment"),
+            },
+            ctl::WaitErr::Dead { peer, detail } => {
+                CollectiveError::PeerDied { op: "init".into(), seq: 0, rank, peer, detail }
+            }
+            ctl::WaitErr::Aborted(m) => CollectiveError::Aborted(format!("init on rank {rank}: {m}")),
+        })
+    }
+
+    fn check_buf(&self, b: &ShmBuffer) -> Result<()> {
+        if Arc::ptr_eq(&b.block.world, &self.comm.world) {
+            Ok(())
+        } else {
+            Err(CollectiveError::Backend(format!(
+                "shm backend rank {}: buffer {b:?} belongs to another world (world {})",
+                self.comm.me, b.block.world.world_id
+            )))
+        }
+    }
+
+    fn meta(&self, op: &str, seq: u64) -> WorkMeta {
+        WorkMeta { backend: "shm".into(), op: op.to_string(), seq, rank: self.comm.me }
+    }
+
+    fn submit(&self, job: Job) -> Result<()> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.as_ref()
+            .ok_or_else(|| CollectiveError::Aborted("shm backend is shutting down".into()))?
+            .send(job)
+            .map_err(|_| CollectiveError::Aborted("shm backend progress thread is gone".into()))
+    }
+
+    /// Issues a collective: assigns the sequence number and queues it, atomically in issue order.
+    fn issue<T>(&self, name: &str, mut post: Post, keep: Vec<ShmBuffer>, value: T) -> Result<Work<T>> {
+        for b in &keep {
+            self.check_buf(b)?;
+        }
+        let flag = Flag::new();
+        let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        *seq += 1;
+        post.seq = *seq;
+        progress::begin(&self.comm.label, name, *seq);
+        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None })?;
+        Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
+    }
+
+    fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let block = self.comm.world.alloc(bytes).map_err(CollectiveError::Backend)?;
+        Ok(ShmBuffer { block: Arc::new(block), byte_off: 0, dtype, shape: shape.to_vec() })
+    }
+
+    fn post_of(&self, op: OpCode, ins: &[&ShmBuffer], outs: &[&ShmBuffer]) -> Post {
+        let mut p = Post::new(op, 0);
+        p.inputs = ins.iter().map(|b| b.desc()).collect();
+        p.outputs = outs.iter().map(|b| b.desc()).collect();
+        p
+    }
+
+    fn gathered_shape(&self, x: &ShmBuffer) -> Vec<usize> {
+        let n = self.comm.n;
+        match x.shape.split_first() {
+            None => vec![n],
+            Some((d0, rest)) => std::iter::once(d0 * n).chain(rest.iter().copied()).collect(),
+        }
+    }
+    fn scattered_shape(&self, x: &ShmBuffer) -> Vec<usize> {
+        match x.shape.split_first() {
+            None => vec![],
+            Some((d0, rest)) => std::iter::once(d0 / self.comm.n).chain(rest.iter().copied()).collect(),
+        }
+    }
+
+    fn all_reduce_impl(&self, name: &str, xs: &[ShmBuffer], op: ReduceOp, in_place: bool) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
+        let outs: Vec<ShmBuffer> =
+            if in_place { xs.to_vec() } else { xs.iter().map(|x| self.new_buf(x.dtype, &x.shape)).collect::<Result<_>>()? };
+        let mut p = self.post_of(OpCode::AllReduce, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        p.reduce = Some(op);
+        let _ = name;
+        let keep = xs.iter().chain(outs.iter()).cloned().collect();
+        Ok((outs, p, keep))
+    }
+}
+
+impl Drop for ShmBackend {
+    fn drop(&mut self) {
+        self.comm.abort.store(true, SeqCst);
+        self.comm.ctl.leave();
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Backend for ShmBackend {
+    type Buffer = ShmBuffer;
+
+    /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16).
+    fn init(world: &WorldInfo) -> Result<Self> {
+        let (rank, n) = (world.rank, world.world_size);
+        if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
+            return Err(CollectiveError::Unsupported(format!(
+                "shm backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}"
+            )));
+        }
+        sys::install_cleanup_handlers();
+        let gib: f64 = match world.option("shm_arena_gib") {
+            None => 16.0,
+            Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
+        };
+        let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
+        let prefix = concord_harness::platform::shm_prefix(&world.world_id);
+        let arena_name = |r: usize| format!("{prefix}r{r}");
+        let ctl_name = format!("{prefix}ctl");
+        let store_err = |e: concord_harness::store::StoreError| match e {
+            concord_harness::store::StoreError::Timeout { waited_ms, .. } => CollectiveError::Timeout {
+                op: "init".into(),
+                seq: 0,
+                rank,
+                waited_ms,
+                detail: format!("shm backend rendezvous through the store: {e}"),
+            },
+            e => CollectiveError::Backend(format!("shm backend rendezvous through the store: {e}")),
+        };
+
+        let mut guard = UnlinkGuard(vec![]);
+        let own = arena_name(rank);
+        sys::register_cleanup(&own);
+        guard.0.push(own.clone());
+        let own_map = Mapping::create(&own, arena_bytes, true).map_err(io_err(&format!("cannot create arena {own}")))?;
+        let mut ctl_map = None;
+        if rank == 0 {
+            sys::register_cleanup(&ctl_name);
+            guard.0.push(ctl_name.clone());
+            let m = Mapping::create(&ctl_name, ctl::ctl_size(n), false)
+                .map_err(io_err(&format!("cannot create control segment {ctl_name}")))?;
+            ctl::Ctl::init(&m, n);
+            ctl_map = Some(m);
+        }
+        let store = FileStore::open(&world.store_path, n, world.op_timeout).map_err(store_err)?;
+        store.barrier(&format!("concord-shm/{}/segments", world.world_id), n, world.op_timeout).map_err(store_err)?;
+        let mut own_map = Some(own_map);
+        let mut arenas = Vec::with_capacity(n);
+        for r in 0..n {
+            if r == rank {
+                arenas.push(own_map.take().expect("own arena"));
+            } else {
+                arenas.push(Mapping::open(&arena_name(r)).map_err(io_err(&format!("cannot open arena {}", arena_name(r))))?);
+            }
+        }
+        let ctl_map = match ctl_map {
+            Some(m) => m,
+            None => Mapping::open(&ctl_name).map_err(io_err(&format!("cannot open control segment {ctl_name}")))?,
+        };
+        let ctl = ctl::Ctl::attach(ctl_map, n, rank).map_err(CollectiveError::Backend)?;
+        Self::join_ctl(&ctl, world.op_timeout, rank)?;
+        drop(guard); // every rank has mapped everything: unlink our names now
+        drop(store);
+        let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas));
+        Self::start(Comm {
+            world: world_arc,
+            ctl,
+            n,
+            me: rank,
+            globals: (0..n).collect(),
+            tag: String::new(),
+            label: format!("shm r{rank}"),
+            op_timeout: world.op_timeout,
+            abort: AtomicBool::new(false),
+        })
+    }
+
+    fn name(&self) -> &str {
+        "shm"
+    }
+    fn rank(&self) -> usize {
+        self.comm.me
+    }
+    fn world_size(&self) -> usize {
+        self.comm.n
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::full(MAX_WORLD_SIZE)
+    }
+    fn outstanding(&self) -> usize {
+        self.counter.get()
+    }
+
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        let flag = Flag::new();
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let seq = {
+            let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+            *seq += 1;
+            let mut p = Post::new(OpCode::NewGroup, *seq);
+            p.list = Some(ranks.to_vec());
+            progress::begin(&self.comm.label, "new_group", *seq);
+            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx) })?;
+            *seq
+        };
+        let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
+        work.wait(self.comm.op_timeout + std::time::Duration::from_secs(1))?;
+        let (tag, mapping) = reply_rx
+            .recv()
+            .map_err(|_| CollectiveError::Backend(format!("new_group #{seq}: progress thread gave no group")))?;
+        let Some(pos) = ranks.iter().position(|&r| r == self.comm.me) else { return Ok(None) };
+        let mapping = mapping.ok_or_else(|| CollectiveError::Backend(format!("new_group #{seq}: no control segment")))?;
+        let m = ranks.len();
+        let ctl = ctl::Ctl::attach(mapping, m, pos).map_err(CollectiveError::Backend)?;
+        Self::join_ctl(&ctl, self.comm.op_timeout, pos)?;
+        let global = self.comm.world.global_rank;
+        Self::start(Comm {
+            world: self.comm.world.clone(),
+            ctl,
+            n: m,
+            me: pos,
+            globals: ranks.iter().map(|&r| self.comm.globals[r]).collect(),
+            label: format!("shm[{tag}] r{global}"),
+            tag,
+            op_timeout: self.comm.op_timeout,
+            abort: AtomicBool::new(false),
+        })
+        .map(Some)
+    }
+
+    fn upload(&self, t: &Tensor) -> Result<ShmBuffer> {
+        let b = self.new_buf(t.dtype(), t.shape())?;
+        b.region().copy_from_bytes(t.bytes());
+        Ok(b)
+    }
+    fn download(&self, b: &ShmBuffer) -> Result<Tensor> {
+        let mut t = Tensor::zeros(b.dtype, &b.shape);
+        b.region().copy_to_bytes(t.bytes_mut());
+        Ok(t)
+    }
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
+        self.new_buf(dtype, shape)
+    }
+    fn write(&self, b: &ShmBuffer, t: &Tensor) -> Result<()> {
+        if t.dtype() != b.dtype || t.numel() != b.numel() {
+            return Err(CollectiveError::Backend(format!(
+                "write of a {}{:?} tensor into a {}{:?} buffer",
+                t.dtype(),
+                t.shape(),
+                b.dtype,
+                b.shape
+            )));
+        }
+        b.region().copy_from_bytes(t.bytes());
+        Ok(())
+    }
+    fn view(&self, b: &ShmBuffer, offset: usize, shape: &[usize]) -> Result<ShmBuffer> {
+        let numel: usize = shape.iter().product();
+        if offset + numel > b.numel() {
+            return Err(CollectiveError::Backend(format!(
+                "view of {numel} elements from element {offset} exceeds a buffer of {}",
+                b.numel()
+            )));
+        }
+        Ok(ShmBuffer { block: b.block.clone(), byte_off: b.byte_off + offset * b.dtype.size(), dtype: b.dtype, shape: shape.to_vec() })
+    }
+    fn buffer_addr(&self, b: &ShmBuffer) -> usize {
+        b.region().addr()
+    }
+    fn buffer_dtype(&self, b: &ShmBuffer) -> DType {
+        b.dtype
+    }
+    fn buffer_shape(&self, b: &ShmBuffer) -> Vec<usize> {
+        b.shape.clone()
+    }
+
+    fn all_reduce(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
+        let (mut outs, p, keep) = self.all_reduce_impl("all_reduce", std::slice::from_ref(x), op, false)?;
+        self.issue("all_reduce", p, keep, outs.remove(0))
+    }
+    fn all_reduce_(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
+        let (mut outs, p, keep) = self.all_reduce_impl("all_reduce_", std::slice::from_ref(x), op, true)?;
+        self.issue("all_reduce_", p, keep, outs.remove(0))
+    }
+    fn all_reduce_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
+        let (outs, p, keep) = self.all_reduce_impl("all_reduce_coalesced", xs, op, false)?;
+        self.issue("all_reduce_coalesced", p, keep, outs)
+    }
+    fn all_reduce_coalesced_(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
+        let (outs, p, keep) = self.all_reduce_impl("all_reduce_coalesced_", xs, op, true)?;
+        self.issue("all_reduce_coalesced_", p, keep, outs)
+    }
+
+    fn all_gather_into_tensor(&self, x: &ShmBuffer) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
+        let p = self.post_of(OpCode::AllGather, &[x], &[&out]);
+        self.issue("all_gather_into_tensor", p, vec![x.clone(), out.clone()], out)
+    }
+    fn all_gather_into_tensor_out(&self, x: &ShmBuffer, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
+        let p = self.post_of(OpCode::AllGather, &[x], &[out]);
+        self.issue("all_gather_into_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
+    }
+    fn all_gather_into_tensor_coalesced(&self, xs: &[ShmBuffer]) -> Result<Work<Vec<ShmBuffer>>> {
+        let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.gathered_shape(x))).collect::<Result<_>>()?;
+        let p = self.post_of(OpCode::AllGather, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        self.issue("all_gather_into_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
+    }
+
+    fn reduce_scatter_tensor(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
+        let mut p = self.post_of(OpCode::ReduceScatter, &[x], &[&out]);
+        p.reduce = Some(op);
+        self.issue("reduce_scatter_tensor", p, vec![x.clone(), out.clone()], out)
+    }
+    fn reduce_scatter_tensor_out(&self, x: &ShmBuffer, op: ReduceOp, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
+        let mut p = self.post_of(OpCode::ReduceScatter, &[x], &[out]);
+        p.reduce = Some(op);
+        self.issue("reduce_scatter_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
+    }
+    fn reduce_scatter_tensor_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
+        let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
+        let mut p = self.post_of(OpCode::ReduceScatter, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        p.reduce = Some(op);
+        self.issue("reduce_scatter_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
+    }
+
+    fn all_to_all_single(&self, x: &ShmBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<ShmBuffer>> {
+        let n = self.comm.n;
+        let rows = match (output_splits, x.shape.first()) {
+            (Some(s), _) => s.iter().sum(),
+            (None, Some(&d0)) => d0 / n * n,
+            (None, None) => 0,
+        };
+        let shape: Vec<usize> = if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
+        let out = self.new_buf(x.dtype, &shape)?;
+        let mut p = self.post_of(OpCode::AllToAll, &[x], &[&out]);
+        p.in_splits = input_splits.map(|s| s.to_vec());
+        p.out_splits = output_splits.map(|s| s.to_vec());
+        self.issue("all_to_all_single", p, vec![x.clone(), out.clone()], out)
+    }
+
+    fn broadcast(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &x.shape)?;
+        let mut p = self.post_of(OpCode::Broadcast, &[x], &[&out]);
+        p.root = Some(src);
+        self.issue("broadcast", p, vec![x.clone(), out.clone()], out)
+    }
+    fn broadcast_(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
+        let mut p = self.post_of(OpCode::Broadcast, &[x], &[x]);
+        p.root = Some(src);
+        self.issue("broadcast_", p, vec![x.clone()], x.clone())
+    }
+    fn permute_tensor(&self, x: &ShmBuffer, src_dst: &[usize]) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &x.shape)?;
+        let mut p = self.post_of(OpCode::Permute, &[x], &[&out]);
+        p.list = Some(src_dst.to_vec());
+        self.issue("permute_tensor", p, vec![x.clone(), out.clone()], out)
+    }
+    fn reduce(&self, x: &ShmBuffer, op: ReduceOp, root: usize) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &x.shape)?;
+        let mut p = self.post_of(OpCode::Reduce, &[x], &[&out]);
+        p.reduce = Some(op);
+        p.root = Some(root);
+        self.issue("reduce", p, vec![x.clone(), out.clone()], out)
+    }
+    fn gather(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
+        let mut p = self.post_of(OpCode::Gather, &[x], &[&out]);
+        p.root = Some(root);
+        self.issue("gather", p, vec![x.clone(), out.clone()], out)
+    }
+    fn scatter(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
+        let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
+        let mut p = self.post_of(OpCode::Scatter, &[x], &[&out]);
+        p.root = Some(root);
+        self.issue("scatter", p, vec![x.clone(), out.clone()], out)
+    }
+
+    fn send(&self, x: &ShmBuffer, dst: usize) -> Result<Work<()>> {
+        self.check_buf(x)?;
+        let me = self.comm.me;
+        if dst >= self.comm.n || dst == me {
+            return Err(CollectiveError::bad_input(
+                BadInputKind::BadPeer,
+                "send",
+                0,
+                me,
+                format!("destination {dst} is not another rank of this {}-rank communicator", self.comm.n),
+            ));
+        }
+        let mut ks = self.send_k.lock().unwrap_or_else(|e| e.into_inner());
+        ks[dst] = ks[dst].wrapping_add(1);
+        let k = ks[dst];
+        let d = x.desc();
+        let entry = ctl::Entry { off: d.off, nbytes: d.nbytes() as u64, dtype: post::dtype_code(d.dtype) as u32, numel: d.numel() as u64 };
+        let comp = SendCompletion::new(self.comm.clone(), dst, k, x.clone());
+        progress::begin(&self.comm.label, "send", exec::send_key(dst, k));
+        self.submit(Job::Send { k, dst, entry, comp: comp.clone() })?;
+        Ok(Work::new((), comp, self.meta(&format!("send to {dst}"), k as u64), &self.counter))
+    }
+
+    fn recv(&self, out: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
+        self.check_buf(out)?;
+        let me = self.comm.me;
+        if src >= self.comm.n || src == me {
+            return Err(CollectiveError::bad_input(
+                BadInputKind::BadPeer,
+                "recv",
+                0,
+                me,
+                format!("source {src} is not another rank of this {}-rank communicator", self.comm.n),
+            ));
+        }
+        let mut ks = self.recv_k.lock().unwrap_or_else(|e| e.into_inner());
+        ks[src] = ks[src].wrapping_add(1);
+        let k = ks[src];
+        let flag = Flag::new();
+        progress::begin(&self.comm.label, "recv", exec::recv_key(src, k));
+        self.submit(Job::Recv { k, src, out: out.clone(), flag: flag.clone() })?;
+        Ok(Work::new(out.clone(), flag, self.meta(&format!("recv from {src}"), k as u64), &self.counter))
+    }
+
+    fn barrier(&self) -> Result<Work<()>> {
+        let p = Post::new(OpCode::Barrier, 0);
+        self.issue("barrier", p, vec![], ())
+    }
+}

@@ -1,0 +1,443 @@
+//! Runner tests. This binary (`harness = false`) is its own worker: when the runner re-executes
+//! it with `CONCORD_WORKER=1`, `main` serves scripted cases whose behaviour is chosen by the case
+//! id (`panic1`: rank 1 panics, `hang1`: rank 1 hangs in a fake all_reduce #12, ...). Otherwise
+//! `main` runs the tests through libtest-mimic.
+//!
+//! Every test checks, after its cases, that no process of the run is alive and that nothing of
+//! the run is left in the temp dir or /dev/shm.
+
+use concord_harness::outcome::Outcome;
+use concord_harness::platform::{list_prefixed, pid_alive, pid_running, shm_prefix};
+use concord_harness::runner::{CaseReport, CaseRequest, Pool, PoolConfig, WorldKey};
+use concord_harness::store::FileStore;
+use concord_harness::worker::{serve, WorkerEnv};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+// ------------------------------------------------------------------------------------------
+// Worker side
+
+struct WState {
+    env: WorkerEnv,
+}
+
+fn worker_setup(env: &WorkerEnv) -> Result<WState, String> {
+    // A shared-memory name the worker never removes: the runner's sweep must.
+    let shm = Path::new("/dev/shm").join(format!("{}rank{}", shm_prefix(&env.world_id), env.rank));
+    std::fs::write(&shm, b"x").map_err(|e| format!("cannot create {}: {e}", shm.display()))?;
+    match env.option("setup") {
+        Some("fail") if env.rank == 1 => return Err("told to fail setup".into()),
+        Some("abort") if env.rank == 0 => std::process::abort(),
+        _ => {}
+    }
+    Ok(WState { env: env.clone() })
+}
+
+fn worker_case(s: &mut WState, case: &str) -> Outcome {
+    let rank = s.env.rank;
+    // `<name><r>` targets rank r only.
+    let target = case.chars().last().and_then(|c| c.to_digit(10)).map(|d| d as usize);
+    let me = target == Some(rank);
+    let name = case.trim_end_matches(|c: char| c.is_ascii_digit());
+    match name {
+        "pass" | "pids" => Outcome::Passed,
+        "fail" if me => Outcome::Failed("wrong value at index 3".into()),
+        "panic" if me => panic!("boom from rank {rank}"),
+        "abort" if me => std::process::abort(),
+        "sigkill" if me => {
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            unreachable!("SIGKILL cannot be survived")
+        }
+        "exit" if me => std::process::exit(3),
+        "hang" | "hangterm" if me => {
+            if name == "hangterm" {
+                // SAFETY: setting a signal disposition to ignore.
+                unsafe { nix::sys::signal::signal(nix::sys::signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn) }.unwrap();
+            }
+            concord_core::progress::begin("test", "all_reduce", 12);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        "skip" if me => Outcome::Skipped("needs 2 GPUs, found 0".into()),
+        "unsupported" => Outcome::Unsupported("bitwise ops on f32".into()),
+        "println" => {
+            println!("{{ not json, printed by rank {rank}");
+            Outcome::Passed
+        }
+        "noisy" if me => {
+            for i in 0..2000 {
+                eprintln!("noise line {i:05} ..........................................");
+            }
+            Outcome::Failed("noisy rank failed".into())
+        }
+        "adds" => adds(&s.env),
+        _ => Outcome::Passed,
+    }
+}
+
+/// Every rank adds 1 to one counter 1,000 times; rank 0 checks that the values handed out are
+/// exactly 1..=1000·ws (no lost or duplicated update).
+fn adds(env: &WorkerEnv) -> Outcome {
+    let t = Duration::from_secs(20);
+    let store = match FileStore::open(&env.store_path, env.world_size, t) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let mut got = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        match store.add("adds/ctr", 1) {
+            Ok(v) => got.push(v),
+            Err(e) => return Outcome::Failed(e.to_string()),
+        }
+    }
+    if got.windows(2).any(|w| w[0] >= w[1]) {
+        return Outcome::Failed("add results not increasing".into());
+    }
+    let list = got.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",");
+    if let Err(e) = store.set(&format!("adds/vals/{}", env.rank), list.as_bytes()) {
+        return Outcome::Failed(e.to_string());
+    }
+    if let Err(e) = store.barrier("adds", env.world_size, t) {
+        return Outcome::Failed(e.to_string());
+    }
+    if env.rank != 0 {
+        return Outcome::Passed;
+    }
+    let mut all = Vec::new();
+    for r in 0..env.world_size {
+        let v = match store.get(&format!("adds/vals/{r}")) {
+            Ok(v) => v,
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        all.extend(String::from_utf8_lossy(&v).split(',').map(|x| x.parse::<i64>().unwrap_or(-1)));
+    }
+    all.sort();
+    let want: Vec<i64> = (1..=(1000 * env.world_size) as i64).collect();
+    if all != want {
+        return Outcome::Failed(format!("lost or duplicated updates: {} values, first bad at {:?}", all.len(), all.iter().zip(&want).position(|(a, b)| a != b)));
+    }
+    match store.get("adds/ctr") {
+        Ok(v) if v == want.len().to_string().as_bytes() => Outcome::Passed,
+        Ok(v) => Outcome::Failed(format!("final counter {}", String::from_utf8_lossy(&v))),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Parent side helpers
+
+fn pool(max_idle: usize) -> Pool {
+    let mut cfg = PoolConfig::from_env();
+    cfg.grace = Duration::from_millis(300);
+    cfg.setup_timeout = Duration::from_secs(20);
+    cfg.max_idle_worlds = max_idle;
+    Pool::new(cfg)
+}
+
+fn key(ws: usize) -> WorldKey {
+    WorldKey { backend: "script".into(), world_size: ws, options: vec![] }
+}
+
+fn run(p: &Pool, k: &WorldKey, case: &str) -> CaseReport {
+    run_with(p, k, case, Duration::from_secs(20), false)
+}
+
+fn run_with(p: &Pool, k: &WorldKey, case: &str, deadline: Duration, isolated: bool) -> CaseReport {
+    p.run_case(CaseRequest { key: k, case_id: case, deadline, isolated })
+}
+
+fn pids(r: &CaseReport) -> Vec<u32> {
+    r.ranks.iter().map(|r| r.pid).collect()
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(Failed::from(format!("{} (at line {}): {}", stringify!($cond), line!(), format!($($fmt)+))));
+        }
+    };
+}
+
+/// No process of these reports is alive; nothing of their worlds is left on disk or in shm.
+fn assert_clean(reports: &[&CaseReport]) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for r in reports {
+        for rank in &r.ranks {
+            while pid_alive(rank.pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            check!(!pid_alive(rank.pid), "rank {} (pid {}) of world {} still alive", rank.rank, rank.pid, r.world_id);
+        }
+        if r.world_id.is_empty() {
+            continue;
+        }
+        let prefix = shm_prefix(&r.world_id);
+        let tmp = list_prefixed(&std::env::temp_dir(), &prefix);
+        check!(tmp.is_empty(), "left in temp dir: {tmp:?}");
+        let shm = list_prefixed(Path::new("/dev/shm"), &prefix);
+        check!(shm.is_empty(), "left in /dev/shm: {shm:?}");
+    }
+    Ok(())
+}
+
+fn expect_failed<'a>(r: &'a CaseReport, needles: &[&str]) -> Result<&'a str, Failed> {
+    let Outcome::Failed(msg) = &r.verdict else {
+        return Err(format!("expected a failure, got {:?}\n{}", r.verdict, r.failure_message()).into());
+    };
+    for n in needles {
+        check!(msg.contains(n), "verdict lacks {n:?}:\n{}", r.failure_message());
+    }
+    Ok(msg)
+}
+
+// ------------------------------------------------------------------------------------------
+// Tests
+
+fn t_pass(ws: usize) -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(ws), "pass");
+    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.ranks.len() == ws, "{} rank reports", r.ranks.len());
+    check!(r.ranks.iter().all(|x| x.outcome == Some(Outcome::Passed) && x.exit.is_none()), "{:?}", r.ranks);
+    check!(p.idle_worlds() == 1, "world kept for reuse");
+    p.shutdown();
+    assert_clean(&[&r])
+}
+
+fn t_failed_outcome() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(3), "fail1");
+    let msg = expect_failed(&r, &["rank 1: wrong value at index 3"])?;
+    check!(!msg.contains("rank 0") && !msg.contains("rank 2"), "only rank 1 is blamed: {msg}");
+    check!(p.idle_worlds() == 0, "world torn down after failure");
+    assert_clean(&[&r])
+}
+
+fn t_panic() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "panic1");
+    expect_failed(&r, &["rank 1 panicked: boom from rank 1", "exit code 101"])?;
+    check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
+    check!(r.ranks[1].stderr_tail.contains("boom from rank 1"), "panic message in stderr tail: {:?}", r.ranks[1].stderr_tail);
+    check!(r.failure_message().contains("--- rank 1"), "{}", r.failure_message());
+    assert_clean(&[&r])
+}
+
+fn t_crash(case: &str, cause: &str) -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), case);
+    expect_failed(&r, &[&format!("rank 1 crashed: {cause}")])?;
+    check!(r.ranks[1].outcome.is_none(), "{:?}", r.ranks[1]);
+    check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(cause), "{:?}", r.ranks[1].exit);
+    check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
+    check!(p.idle_worlds() == 0, "world torn down");
+    assert_clean(&[&r])
+}
+
+fn t_hang(case: &str, exit: &str) -> Result<(), Failed> {
+    let p = pool(2);
+    let deadline = Duration::from_millis(700);
+    let r = run_with(&p, &key(2), case, deadline, false);
+    expect_failed(&r, &["rank 1: no outcome within the 700 ms deadline", "state: in all_reduce #12 (test"])?;
+    let st = r.ranks[1].state_at_deadline.clone().unwrap_or_default();
+    check!(st.starts_with("in all_reduce #12 (test,"), "state {st:?}");
+    check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(exit), "exit {:?}", r.ranks[1].exit);
+    check!(r.ranks[0].state_at_deadline.is_none(), "rank 0 finished: {:?}", r.ranks[0]);
+    let limit = deadline + Duration::from_millis(200) + 2 * p.config().grace + Duration::from_millis(800);
+    check!(r.elapsed < limit, "took {:?} (limit {limit:?})", r.elapsed);
+    assert_clean(&[&r])
+}
+
+fn t_skip_propagates_and_keeps_world() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = key(3);
+    let a = run(&p, &k, "skip0");
+    check!(a.verdict == Outcome::Skipped("needs 2 GPUs, found 0".into()), "{:?}", a.verdict);
+    let b = run(&p, &k, "pass");
+    check!(b.verdict == Outcome::Passed, "{}", b.failure_message());
+    check!(pids(&a) == pids(&b), "skip keeps the world: {:?} vs {:?}", pids(&a), pids(&b));
+    p.shutdown();
+    assert_clean(&[&a, &b])
+}
+
+fn t_unsupported() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "unsupported");
+    check!(r.verdict == Outcome::Unsupported("bitwise ops on f32".into()), "{:?}", r.verdict);
+    p.shutdown();
+    assert_clean(&[&r])
+}
+
+fn t_reuse_and_isolation() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = key(3);
+    let a = run(&p, &k, "pids");
+    let b = run(&p, &k, "pids");
+    check!(a.verdict == Outcome::Passed && b.verdict == Outcome::Passed, "{:?} {:?}", a.verdict, b.verdict);
+    check!(pids(&a) == pids(&b) && a.world_id == b.world_id, "same world reused");
+    let c = run_with(&p, &k, "pids", Duration::from_secs(20), true);
+    check!(c.verdict == Outcome::Passed, "{}", c.failure_message());
+    check!(c.world_id != a.world_id && pids(&c).iter().all(|x| !pids(&a).contains(x)), "isolated case gets a fresh world");
+    assert_clean(&[&c])?;
+    check!(pids(&a).iter().all(|&x| pid_alive(x)), "the shared world is untouched by the isolated case");
+    p.shutdown();
+    assert_clean(&[&a])
+}
+
+fn t_rebuild_after_failure() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = key(2);
+    let a = run(&p, &k, "pass");
+    let f = run(&p, &k, "fail0");
+    check!(pids(&a) == pids(&f), "failure ran in the reused world");
+    expect_failed(&f, &["rank 0: wrong value"])?;
+    assert_clean(&[&a])?;
+    let b = run(&p, &k, "pass");
+    check!(b.verdict == Outcome::Passed, "{}", b.failure_message());
+    check!(b.world_id != a.world_id && pids(&b) != pids(&a), "rebuilt after failure");
+    p.shutdown();
+    assert_clean(&[&b])
+}
+
+fn t_setup_failure() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = WorldKey { backend: "script".into(), world_size: 3, options: vec![("setup".into(), "fail".into())] };
+    let r = run(&p, &k, "pass");
+    expect_failed(&r, &["world setup failed", "rank 1: setup failed: told to fail setup"])?;
+    let k2 = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "abort".into())] };
+    let r2 = run(&p, &k2, "pass");
+    expect_failed(&r2, &["world setup failed", "rank 0: died during setup: killed by signal SIGABRT"])?;
+    check!(p.idle_worlds() == 0, "nothing kept");
+    assert_clean(&[&r, &r2])
+}
+
+fn t_stdout_cannot_corrupt_protocol() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = key(2);
+    let r = run(&p, &k, "println");
+    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    let again = run(&p, &k, "pass");
+    check!(again.verdict == Outcome::Passed && pids(&again) == pids(&r), "protocol still in sync in the kept world");
+    // Isolated: the report is built after teardown, so the whole stderr is in.
+    let r = run_with(&p, &k, "println", Duration::from_secs(20), true);
+    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.ranks[1].stderr_tail.contains("not json, printed by rank 1"), "println went to stderr: {:?}", r.ranks[1].stderr_tail);
+    p.shutdown();
+    assert_clean(&[&r, &again])
+}
+
+fn t_stderr_tail_bounded() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "noisy1");
+    expect_failed(&r, &["rank 1: noisy rank failed"])?;
+    let tail = &r.ranks[1].stderr_tail;
+    check!(tail.len() <= 4096 && tail.len() > 3000, "tail of {} bytes", tail.len());
+    check!(tail.contains("noise line 01999"), "tail keeps the end");
+    assert_clean(&[&r])
+}
+
+fn t_eight_ranks_thousand_adds() -> Result<(), Failed> {
+    let p = pool(0);
+    let r = run_with(&p, &key(8), "adds", Duration::from_secs(60), true);
+    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    assert_clean(&[&r])
+}
+
+fn t_lru_eviction() -> Result<(), Failed> {
+    let p = pool(1);
+    let a = run(&p, &key(2), "pass");
+    let b = run(&p, &key(3), "pass");
+    check!(a.verdict == Outcome::Passed && b.verdict == Outcome::Passed, "{:?} {:?}", a.verdict, b.verdict);
+    check!(p.idle_worlds() == 1, "bounded to 1 idle world");
+    assert_clean(&[&a])?; // evicted
+    p.shutdown();
+    assert_clean(&[&b])
+}
+
+fn t_concurrent_callers() -> Result<(), Failed> {
+    let p = pool(4);
+    let reports: Vec<CaseReport> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|i| {
+                let p = &p;
+                s.spawn(move || (0..3).map(|_| run(p, &key(2 + i % 2), "pass")).collect::<Vec<_>>())
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    for r in &reports {
+        check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    }
+    p.shutdown();
+    assert_clean(&reports.iter().collect::<Vec<_>>())
+}
+
+/// A parent that dies (SIGKILL, no cleanup) takes its workers with it.
+fn t_parent_death_kills_workers() -> Result<(), Failed> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .env("CONCORD_TEST_ROLE", "doomed_parent")
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text.lines().find(|l| l.starts_with("WORLD ")).ok_or_else(|| format!("no WORLD line: {text:?} {:?}", out.status))?;
+    let mut words = line.split_whitespace().skip(1);
+    let world_id = words.next().unwrap_or_default().to_string();
+    let worker_pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
+    check!(worker_pids.len() == 2, "{line}");
+    // Orphans are reaped by init, which may take its time here: a zombie counts as dead.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while worker_pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The dead parent could not remove its world's files; clean them up for it.
+    concord_harness::platform::sweep_dir(&std::env::temp_dir(), &shm_prefix(&world_id));
+    concord_harness::platform::sweep_shm(&world_id);
+    check!(worker_pids.iter().all(|&x| !pid_running(x)), "workers {worker_pids:?} outlived their parent");
+    Ok(())
+}
+
+fn doomed_parent() -> ! {
+    let p = pool(2);
+    let r = run(&p, &key(2), "pass");
+    println!("WORLD {} {}", r.world_id, pids(&r).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+    unreachable!()
+}
+
+fn main() {
+    if let Some(env) = WorkerEnv::from_env() {
+        serve(env, worker_setup, worker_case);
+    }
+    if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("doomed_parent") {
+        doomed_parent();
+    }
+    let args = Arguments::from_args();
+    let mut trials = vec![
+        Trial::test("runner::failed_outcome_names_rank", t_failed_outcome),
+        Trial::test("runner::panic_names_rank_and_message", t_panic),
+        Trial::test("runner::abort_names_sigabrt", || t_crash("abort1", "killed by signal SIGABRT")),
+        Trial::test("runner::self_sigkill_names_signal", || t_crash("sigkill1", "killed by signal SIGKILL")),
+        Trial::test("runner::nonzero_exit_names_code", || t_crash("exit1", "exit code 3")),
+        Trial::test("runner::hang_past_deadline_reports_state_then_sigterm", || t_hang("hang1", "terminated by the runner (SIGTERM)")),
+        Trial::test("runner::hang_ignoring_sigterm_gets_sigkill", || t_hang("hangterm1", "killed by the runner (SIGKILL")),
+        Trial::test("runner::skip_propagates_and_keeps_world", t_skip_propagates_and_keeps_world),
+        Trial::test("runner::all_unsupported_is_unsupported", t_unsupported),
+        Trial::test("runner::world_reuse_and_isolation", t_reuse_and_isolation),
+        Trial::test("runner::rebuild_after_failure", t_rebuild_after_failure),
+        Trial::test("runner::setup_failure_fails_case", t_setup_failure),
+        Trial::test("runner::stdout_cannot_corrupt_protocol", t_stdout_cannot_corrupt_protocol),
+        Trial::test("runner::stderr_tail_bounded", t_stderr_tail_bounded),
+        Trial::test("runner::lru_eviction", t_lru_eviction),
+        Trial::test("runner::concurrent_callers", t_concurrent_callers),
+        Trial::test("runner::parent_death_kills_workers", t_parent_death_kills_workers),
+        Trial::test("store::eight_processes_thousand_adds_each", t_eight_ranks_thousand_adds),
+    ];
+    for ws in [1usize, 2, 4] {
+        trials.push(Trial::test(format!("runner::pass::ws{ws}"), move || t_pass(ws)));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}

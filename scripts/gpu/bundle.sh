@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the x86-64 release binaries that must run on the GPU machine (which has no Rust
+# toolchain) and copies them into dist/ with an entry script, dist/run-gpu.sh.
+#
+#   scripts/gpu/bundle.sh                 # the NCCL smoke binary
+#   BUNDLE_TEST_PACKAGES="concord-suites" scripts/gpu/bundle.sh
+#                                         # + the test executables (harness = false runners) of
+#                                         #   those packages, copied under their target names
+#
+# Then, on the GPU machine:  dist/run-gpu.sh smoke   or   dist/run-gpu.sh <binary> [args...]
+# dist/ is git-ignored; name it in the device tool's `carry`.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+dist=${DIST:-$root/dist}
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+cd "$root"
+
+if [ "$(uname -m)" != x86_64 ]; then
+    echo "bundle.sh: this machine is $(uname -m); the GPU machine is x86-64. Build there or cross-compile." >&2
+    exit 2
+fi
+
+cargo build --release -p concord-nccl --bins
+rm -rf "$dist/bin"
+mkdir -p "$dist/bin"
+cp "$target_dir/release/concord-nccl-smoke" "$dist/bin/"
+
+for pkg in ${BUNDLE_TEST_PACKAGES:-}; do
+    # Each test executable's path comes from cargo's JSON messages (names carry a hash).
+    cargo test --release -p "$pkg" --no-run --message-format=json \
+        | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"].get("test"):
+        print(m["target"]["name"] + " " + m["executable"])
+' | while read -r name exe; do
+        cp "$exe" "$dist/bin/$name"
+        echo "bundled test executable $name"
+    done
+done
+
+cp "$root/scripts/gpu/run-gpu.sh" "$dist/run-gpu.sh"
+chmod +x "$dist/run-gpu.sh" "$dist"/bin/*
+
+# The GPU machine's glibc may be older than this one's: say what the binaries need.
+need=$(objdump -T "$dist"/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -t. -k2,2n -k3,3n -u | tail -1 || true)
+echo "bundled into $dist ($(du -sh "$dist" | cut -f1)); newest glibc symbol needed: ${need:-unknown}"
+ls -l "$dist/bin"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Entry point on the GPU machine (no Rust there), copied into dist/ by scripts/gpu/bundle.sh.
+#   dist/run-gpu.sh smoke [phase]        the 2-GPU NCCL smoke/conformance run
+#   dist/run-gpu.sh <binary> [args...]   any other bundled binary in dist/bin
+# NVLink multicast stays off: it can take a shared host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# cudarc loads "libnccl.so" (or a few versioned names, not ".so.2"): when only libnccl.so.2 is
+# installed (e.g. PyTorch's nvidia-nccl wheel), point a private folder's libnccl.so at it.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+    lib=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+    if [ -z "$lib" ]; then
+        lib=$(python3 -c 'import nvidia.nccl, os; d = os.path.join(list(nvidia.nccl.__path__)[0], "lib"); print(os.path.join(d, "libnccl.so.2"))' 2>/dev/null || true)
+    fi
+    if [ -n "$lib" ] && [ -e "$lib" ]; then
+        libdir=$(mktemp -d /tmp/concord-nccl-lib.XXXXXX)
+        ln -s "$lib" "$libdir/libnccl.so"
+        export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "run-gpu.sh: using $lib" >&2
+    fi
+fi
+
+cmd=${1:-smoke}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    smoke) exec "$here/bin/concord-nccl-smoke" "$@" ;;
+    *) exec "$here/bin/$cmd" "$@" ;;
+esac

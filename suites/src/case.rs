@@ -1,0 +1,125 @@
+//! The case model: a named body every rank of a world runs, and what it may end in.
+
+use concord_core::{Backend, CollectiveError, WorldInfo};
+use concord_harness::outcome::Outcome;
+use concord_harness::store::FileStore;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the report's matrix needs to know about a case.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CaseMeta {
+    /// `matrix`, `seed`, `async`, `reuse`, `bad_input`, `subgroup`.
+    pub suite: String,
+    pub op: String,
+    pub variant: String,
+    pub dtype: String,
+    pub reduce: String,
+}
+
+/// How a case body ends early.
+#[derive(Debug)]
+pub enum CaseEnd {
+    Fail(String),
+    Unsupported(String),
+    Skip(String),
+}
+
+impl From<CollectiveError> for CaseEnd {
+    fn from(e: CollectiveError) -> Self {
+        CaseEnd::Fail(format!("collective failed: {e} [{}]", e.name()))
+    }
+}
+
+pub type CaseResult = Result<(), CaseEnd>;
+
+pub type Body<B> = Arc<dyn Fn(&mut Ctx<'_, B>) -> CaseResult + Send + Sync>;
+
+/// One conformance case, generic over the backend.
+pub struct Case<B: Backend> {
+    /// Name without the backend prefix, e.g. `all_reduce::out::f32::sum::ws4`.
+    pub name: String,
+    pub meta: CaseMeta,
+    pub world_size: usize,
+    pub deadline: Duration,
+    /// A fresh world for this case alone.
+    pub isolated: bool,
+    pub body: Body<B>,
+}
+
+impl<B: Backend> Clone for Case<B> {
+    fn clone(&self) -> Self {
+        Case {
+            name: self.name.clone(),
+            meta: self.meta.clone(),
+            world_size: self.world_size,
+            deadline: self.deadline,
+            isolated: self.isolated,
+            body: self.body.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Case<B> {
+    pub fn new(
+        name: impl Into<String>,
+        meta: CaseMeta,
+        world_size: usize,
+        body: impl Fn(&mut Ctx<'_, B>) -> CaseResult + Send + Sync + 'static,
+    ) -> Self {
+        Case { name: name.into(), meta, world_size, deadline: default_deadline(), isolated: false, body: Arc::new(body) }
+    }
+    pub fn isolated(mut self) -> Self {
+        self.isolated = true;
+        self
+    }
+}
+
+/// Per-case deadline: `CONCORD_CASE_TIMEOUT_MS`, else 20 s (a conformance case that needs longer
+/// is itself a finding).
+pub fn default_deadline() -> Duration {
+    match std::env::var("CONCORD_CASE_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
+        Some(ms) => Duration::from_millis(ms),
+        None => Duration::from_secs(20),
+    }
+}
+
+/// What a case body sees on one rank.
+pub struct Ctx<'a, B: Backend> {
+    pub b: &'a B,
+    pub world: &'a WorldInfo,
+    /// Full case name with backend prefix (for rerun hints).
+    pub case: &'a str,
+    /// Deadline for one wait inside the case.
+    pub timeout: Duration,
+    pub groups: &'a mut HashMap<Vec<usize>, Option<B>>,
+    pub store: &'a FileStore,
+}
+
+impl<'a, B: Backend> Ctx<'a, B> {
+    pub fn rank(&self) -> usize {
+        self.b.rank()
+    }
+    pub fn world_size(&self) -> usize {
+        self.b.world_size()
+    }
+    /// The communicator over `ranks` (created once per world, cached). `None` on non-members.
+    pub fn group(&mut self, ranks: &[usize]) -> Result<Option<&B>, CaseEnd> {
+        if !self.groups.contains_key(ranks) {
+            let g = self.b.new_group(ranks)?;
+            self.groups.insert(ranks.to_vec(), g);
+        }
+        Ok(self.groups.get(ranks).and_then(|g| g.as_ref()))
+    }
+}
+
+pub(crate) fn to_outcome(r: CaseResult, rerun: &str) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Passed,
+        Err(CaseEnd::Fail(m)) => Outcome::Failed(format!("{m}\n  rerun: {rerun}")),
+        Err(CaseEnd::Unsupported(m)) => Outcome::Unsupported(m),
+        Err(CaseEnd::Skip(m)) => Outcome::Skipped(m),
+    }
+}

@@ -1,0 +1,96 @@
+//! # concord-suites
+//!
+//! **One job:** the conformance suites, and the machinery that runs them on any
+//! [`concord_core::Backend`] — the case catalogue, the checks, the libtest-mimic / conformance-mode
+//! runner, the report, and the [`harness!`] macro that is the whole downstream API.
+//!
+//! ```ignore
+//! // tests/conformance.rs of your backend crate, with `harness = false` in Cargo.toml:
+//! concord_suites::harness!(MyBackend, name = "mine");
+//! ```
+
+pub mod case;
+pub mod exec;
+pub mod report;
+pub mod run;
+pub mod suites;
+pub mod values;
+
+pub use case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+pub use run::{main_with, BackendEntry};
+
+use concord_core::Backend;
+
+/// Every suite, for a backend that moves data.
+pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
+    let mut v = suites::matrix::cases::<B>();
+    v.extend(suites::subgroup::cases::<B>());
+    v.extend(suites::seed::cases::<B>());
+    v.extend(suites::async_wait::cases::<B>());
+    v.extend(suites::reuse::cases::<B>());
+    v.extend(suites::bad_input::cases::<B>());
+    v
+}
+
+/// The value-independent subset (shapes, identity, async), for backends that move no data
+/// (`Capabilities::moves_data == false`), like the fake backend.
+pub fn shape_catalogue<B: Backend>() -> Vec<Case<B>> {
+    let mut v = suites::matrix::shape_cases::<B>();
+    v.extend(suites::async_wait::cases::<B>().into_iter().filter(|c| {
+        // Cases that need peers to really meet cannot pass without communication.
+        !c.name.contains("pending_until_peers") && !c.name.contains("peer_never_joins")
+    }));
+    v
+}
+
+/// Compile-time check used by [`harness!`]: names the fix when the type is not a backend.
+#[doc(hidden)]
+pub const fn assert_backend<B: Backend>() {}
+
+/// The whole downstream API: expands to a `main` that runs every Concord suite on your backend.
+///
+/// ```ignore
+/// concord_suites::harness!(MyBackend, name = "mine");
+/// concord_suites::harness!(MyGpuBackend, name = "mygpu", gpus_per_rank = 1);
+/// ```
+///
+/// Put it in a test target with `harness = false`; then `cargo test` / `cargo nextest run` list
+/// and run every case as `mine::all_reduce::out::f32::sum::ws4`, and
+/// `cargo test --test <target> -- --report DIR` writes the conformance report.
+#[macro_export]
+macro_rules! harness {
+    ($backend:ty, name = $name:literal $(,)?) => {
+        $crate::harness!($backend, name = $name, gpus_per_rank = 0);
+    };
+    ($backend:ty, name = $name:literal, gpus_per_rank = $gpus:literal $(,)?) => {
+        const _: () = $crate::assert_backend::<$backend>();
+        fn main() {
+            $crate::main_with(vec![$crate::BackendEntry::new::<$backend>(
+                $name,
+                $gpus,
+                $crate::catalogue::<$backend>,
+            )])
+        }
+    };
+    ($backend:ty $(,)?) => {
+        compile_error!(
+            "concord_suites::harness! needs a name for your backend: write `concord_suites::harness!(MyBackend, name = \"mine\");` (the name prefixes every case id, e.g. `mine::all_reduce::out::f32::sum::ws4`)"
+        );
+    };
+    ($($other:tt)*) => {
+        compile_error!(
+            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");` or `concord_suites::harness!(MyBackend, name = \"mine\", gpus_per_rank = 1);` where MyBackend implements concord_core::Backend"
+        );
+    };
+}
+
+/// The backends built into Concord: `shm` (the embedded CPU default), `fake` (no communication,
+/// value-independent subset), `fake_fail` (every collective fails: the suites must say so) and
+/// `nccl` (one GPU per rank; gated on the GPU count).
+pub fn builtin_entries() -> Vec<BackendEntry> {
+    vec![
+        BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),
+        BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
+        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
+    ]
+}

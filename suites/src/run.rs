@@ -1,0 +1,343 @@
+//! Runs a catalogue: the worker side (serve cases on one rank) and the parent side, either as a
+//! libtest-mimic test binary (`cargo test`, `cargo nextest run`: one trial per case) or in
+//! conformance mode (`--report DIR`: every case, a progress bar, a report, a closing line).
+
+use crate::case::{to_outcome, Case, CaseMeta, Ctx};
+use crate::report::{CaseRecord, Report};
+use concord_core::Backend;
+use concord_harness::outcome::Outcome;
+use concord_harness::runner::{CaseRequest, Pool, WorldKey};
+use concord_harness::store::FileStore;
+use concord_harness::worker::{self, WorkerEnv};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A case as the parent sees it (no body: bodies only run in workers).
+#[derive(Clone, Debug)]
+pub struct CaseInfo {
+    /// Full name, `<backend>::<case>`.
+    pub id: String,
+    pub meta: CaseMeta,
+    pub world_size: usize,
+    pub deadline: Duration,
+    pub isolated: bool,
+}
+
+type ServeFn = dyn Fn(WorkerEnv) + Send + Sync;
+type ListFn = dyn Fn() -> Vec<CaseInfo> + Send + Sync;
+type ChildFn = dyn Fn() + Send + Sync;
+
+/// One backend in a conformance binary: its name (the case-id prefix), its catalogue, and how a
+/// worker process serves it.
+#[derive(Clone)]
+pub struct BackendEntry {
+    pub name: String,
+    /// GPUs each rank needs (0 for host backends). Cases needing more than the machine has are
+    /// listed as ignored, with the reason, so nextest shows them as SKIP.
+    pub gpus_per_rank: usize,
+    /// Options handed to every worker (`WorldInfo::options`).
+    pub options: Vec<(String, String)>,
+    list: Arc<ListFn>,
+    serve: Arc<ServeFn>,
+    child: Arc<ChildFn>,
+}
+
+impl BackendEntry {
+    /// Registers backend `B` under `name` with catalogue `cases`.
+    pub fn new<B: Backend>(name: &str, gpus_per_rank: usize, cases: fn() -> Vec<Case<B>>) -> BackendEntry {
+        let prefix = name.to_string();
+        let p2 = prefix.clone();
+        BackendEntry {
+            name: name.to_string(),
+            gpus_per_rank,
+            options: Vec::new(),
+            list: Arc::new(move || {
+                cases()
+                    .into_iter()
+                    .map(|c| CaseInfo {
+                        id: format!("{prefix}::{}", c.name),
+                        meta: c.meta,
+                        world_size: c.world_size,
+                        deadline: c.deadline,
+                        isolated: c.isolated,
+                    })
+                    .collect()
+            }),
+            serve: Arc::new(move |env| serve_worker::<B>(env, &p2, cases)),
+            child: Arc::new(|| crate::suites::async_wait::unwaited_child::<B>()),
+        }
+    }
+
+    pub fn with_option(mut self, key: &str, value: &str) -> Self {
+        self.options.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn cases(&self) -> Vec<CaseInfo> {
+        (self.list)()
+    }
+}
+
+struct WorkerState<B: Backend> {
+    backend: B,
+    world: concord_core::WorldInfo,
+    store: FileStore,
+    groups: HashMap<Vec<usize>, Option<B>>,
+    cases: HashMap<String, Case<B>>,
+}
+
+fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Case<B>>) -> ! {
+    let prefix = prefix.to_string();
+    worker::serve(
+        env,
+        move |env| {
+            let world = env.world_info();
+            let store = FileStore::open(&world.store_path, world.world_size, world.op_timeout)
+                .map_err(|e| format!("rank {}: cannot open the world's store: {e}", world.rank))?;
+            let backend = B::init(&world).map_err(|e| format!("rank {}: backend init failed: {e}", world.rank))?;
+            let cases = cases().into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
+            Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
+        },
+        |st: &mut WorkerState<B>, case_id: &str| {
+            let Some(case) = st.cases.get(case_id) else {
+                return Outcome::Failed(format!("unknown case `{case_id}` (the parent and the worker disagree on the catalogue)"));
+            };
+            let body = case.body.clone();
+            let mut ctx = Ctx {
+                b: &st.backend,
+                world: &st.world,
+                case: case_id,
+                timeout: case.deadline.mul_f32(0.8),
+                groups: &mut st.groups,
+                store: &st.store,
+            };
+            to_outcome(body(&mut ctx), &rerun_hint(case_id))
+        },
+    )
+}
+
+/// How to rerun exactly one case.
+pub fn rerun_hint(case_id: &str) -> String {
+    let backend = case_id.split("::").next().unwrap_or("shm");
+    format!("cargo xtask conformance --backend {backend} --exact {case_id}")
+}
+
+/// Runs one case in a world of the pool; maps the verdict.
+pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Outcome, String, Duration) {
+    let needed = entry.gpus_per_rank * case.world_size;
+    if needed > 0 {
+        let have = concord_harness::gpu::count();
+        if have < needed {
+            return (
+                Outcome::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
+                String::new(),
+                Duration::ZERO,
+            );
+        }
+    }
+    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options: entry.options.clone() };
+    let report = Pool::global().run_case(CaseRequest {
+        key: &key,
+        case_id: &case.id,
+        deadline: case.deadline,
+        isolated: case.isolated,
+    });
+    let msg = match &report.verdict {
+        Outcome::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(&case.id)),
+        _ => String::new(),
+    };
+    (report.verdict.clone(), msg, report.elapsed)
+}
+
+/// Command-line options of a conformance binary beyond libtest's.
+#[derive(Default, Debug)]
+struct Opts {
+    backends: Vec<String>,
+    report: Option<std::path::PathBuf>,
+    exact: Vec<String>,
+    filter: Vec<String>,
+    jobs: Option<usize>,
+}
+
+/// If this process is a worker (or the un-waited-exit child) of one of `entries`, serves it and
+/// never returns; otherwise returns at once. Every binary that runs cases calls this first.
+pub fn dispatch_child(entries: &[BackendEntry]) {
+    if let Some(env) = WorkerEnv::from_env() {
+        match entries.iter().find(|e| e.name == env.backend) {
+            Some(e) => {
+                (e.serve)(env);
+                std::process::exit(0)
+            }
+            None => {
+                eprintln!("concord worker: unknown backend `{}`", env.backend);
+                std::process::exit(3)
+            }
+        }
+    }
+    if let Ok(name) = std::env::var(crate::suites::async_wait::CHILD_ENV) {
+        match entries.iter().find(|e| e.name == name) {
+            Some(e) => {
+                (e.child)();
+                std::process::exit(0)
+            }
+            None => std::process::exit(3),
+        }
+    }
+}
+
+/// The whole `main` of a conformance binary over `entries`.
+pub fn main_with(entries: Vec<BackendEntry>) -> ! {
+    dispatch_child(&entries);
+    default_op_timeout();
+    let (opts, rest) = parse_opts(std::env::args().collect());
+    let entries: Vec<BackendEntry> = if opts.backends.is_empty() {
+        entries
+    } else {
+        for b in &opts.backends {
+            if !entries.iter().any(|e| &e.name == b) {
+                let names: Vec<_> = entries.iter().map(|e| e.name.as_str()).collect();
+                eprintln!("unknown backend `{b}`; this binary has: {}", names.join(", "));
+                std::process::exit(2);
+            }
+        }
+        entries.into_iter().filter(|e| opts.backends.contains(&e.name)).collect()
+    };
+    let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, rest) };
+    Pool::global().shutdown();
+    std::process::exit(code)
+}
+
+/// A backend's own op timeout must end before a case body's waits (0.8 × the case deadline), so
+/// a stuck collective is reported by the backend with its op and sequence number.
+pub fn default_op_timeout() {
+    if std::env::var_os("CONCORD_OP_TIMEOUT_MS").is_none() {
+        let ms = (crate::case::default_deadline().as_millis() * 3 / 4).max(1) as u64;
+        // Single-threaded here: before any trial or world exists.
+        std::env::set_var("CONCORD_OP_TIMEOUT_MS", ms.to_string());
+    }
+}
+
+fn parse_opts(args: Vec<String>) -> (Opts, Vec<String>) {
+    let mut o = Opts::default();
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    let mut report_mode_exact = false;
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--backend" => o.backends.extend(it.next()),
+            "--report" => o.report = it.next().map(Into::into),
+            "--jobs" => o.jobs = it.next().and_then(|j| j.parse().ok()),
+            "--exact" => {
+                report_mode_exact = true;
+                rest.push(a);
+            }
+            _ => rest.push(a),
+        }
+    }
+    if o.report.is_some() {
+        // In conformance mode positional arguments are filters (exact with --exact).
+        for a in rest.iter().skip(1).filter(|a| !a.starts_with("--")) {
+            if report_mode_exact {
+                o.exact.push(a.clone());
+            } else {
+                o.filter.push(a.clone());
+            }
+        }
+    }
+    (o, rest)
+}
+
+fn libtest_mode(entries: &[BackendEntry], args: Vec<String>) -> i32 {
+    let args = libtest_mimic::Arguments::from_iter(args);
+    let gpus = if entries.iter().any(|e| e.gpus_per_rank > 0) { concord_harness::gpu::count() } else { 0 };
+    let mut trials = Vec::new();
+    for e in entries {
+        for c in e.cases() {
+            let needed = e.gpus_per_rank * c.world_size;
+            let gated = needed > gpus;
+            let entry = e.clone();
+            let kind = if gated { format!("needs {needed} GPUs, have {gpus}") } else { String::new() };
+            let name = c.id.clone();
+            trials.push(
+                libtest_mimic::Trial::ignorable_test(name, move || {
+                    let (verdict, msg, _) = run_case(&entry, &c);
+                    match verdict {
+                        Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
+                        Outcome::Skipped(r) => Ok(libtest_mimic::Completion::ignored_with(r)),
+                        Outcome::Unsupported(r) => Ok(libtest_mimic::Completion::ignored_with(format!("UNSUPPORTED: {r}"))),
+                        Outcome::Failed(_) => Err(msg.into()),
+                    }
+                })
+                .with_ignored_flag(gated)
+                .with_kind(kind),
+            );
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if conclusion.has_failed() {
+        101
+    } else {
+        0
+    }
+}
+
+fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
+    let started = Instant::now();
+    let mut work: Vec<(BackendEntry, CaseInfo)> = Vec::new();
+    for e in entries {
+        for c in e.cases() {
+            let keep = (opts.exact.is_empty() || opts.exact.contains(&c.id))
+                && (opts.filter.is_empty() || opts.filter.iter().any(|f| c.id.contains(f.as_str())));
+            if keep {
+                work.push((e.clone(), c));
+            }
+        }
+    }
+    // Group by world so persistent worlds are reused back to back.
+    work.sort_by(|a, b| (&a.0.name, a.1.world_size).cmp(&(&b.0.name, b.1.world_size)));
+    let total = work.len();
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let pb = indicatif::ProgressBar::new(total as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let jobs = opts.jobs.unwrap_or(1).max(1);
+    let queue = Mutex::new(work.into_iter());
+    let records: Mutex<Vec<CaseRecord>> = Mutex::new(Vec::with_capacity(total));
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let next = queue.lock().unwrap().next();
+                let Some((entry, case)) = next else { break };
+                let (verdict, msg, elapsed) = run_case(&entry, &case);
+                if let Outcome::Failed(_) = verdict {
+                    bar.suspend(|| eprintln!("FAIL {}\n{msg}\n", case.id));
+                }
+                bar.set_message(case.id.clone());
+                bar.inc(1);
+                records.lock().unwrap().push(CaseRecord::new(&entry.name, &case, &verdict, &msg, elapsed));
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let mut records = records.into_inner().unwrap();
+    records.sort_by(|a, b| a.id.cmp(&b.id));
+    let report = Report::new(records, started.elapsed());
+    let dir = opts.report.clone().expect("conformance mode");
+    match report.write(&dir) {
+        Ok((md, json)) => println!("report: {} and {}", md.display(), json.display()),
+        Err(e) => eprintln!("could not write the report to {}: {e}", dir.display()),
+    }
+    print!("{}", report.summary_text());
+    if report.failed() > 0 {
+        1
+    } else {
+        0
+    }
+}

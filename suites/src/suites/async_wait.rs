@@ -1,0 +1,277 @@
+//! Async-wait semantics: pending before the peers arrive, completed after wait, waiting twice,
+//! the outstanding-work registry, many outstanding works waited out of order, waiting from another
+//! thread, a peer that never joins (named timeout, then recovery), a lag test that catches a
+//! backend reporting completion before the data is final, and a process that exits with an
+//! un-waited collective (must exit within 1 s).
+
+use super::util::{expect_eq, fail, full, here};
+use crate::case::{Case, CaseMeta};
+use concord_core::{AsyncResult, Backend, DType, ReduceOp, Tensor, WorldInfo};
+use std::time::{Duration, Instant};
+
+/// Environment variable that turns a conformance binary into the un-waited-exit child.
+pub const CHILD_ENV: &str = "CONCORD_UNWAITED_CHILD";
+
+fn meta(op: &str, variant: &str) -> CaseMeta {
+    CaseMeta { suite: "async".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
+}
+
+/// rank r holds r+1 everywhere: the sum over ws ranks is ws(ws+1)/2.
+fn rank_tensor<B: Backend>(b: &B, n: usize) -> Tensor {
+    full(&[n], (b.rank() + 1) as f32)
+}
+fn rank_sum(ws: usize) -> f32 {
+    (ws * (ws + 1) / 2) as f32
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    for ws in [2, 4] {
+        v.push(Case::<B>::new(format!("async::pending_until_peers_arrive::ws{ws}"), meta("all_reduce", "out"), ws, |ctx| {
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let x = b.upload(&rank_tensor(b, 1024))?;
+            if b.rank() == 0 {
+                std::thread::sleep(Duration::from_millis(300));
+                let work = b.all_reduce(&x, ReduceOp::Sum)?;
+                let out = work.wait(ctx.timeout)?;
+                return expect_eq(b, out, &full(&[1024], rank_sum(b.world_size())), &w);
+            }
+            let t0 = Instant::now();
+            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            let issue = t0.elapsed();
+            if issue > Duration::from_millis(150) {
+                return Err(fail(&w, format!("issuing the collective blocked the caller for {issue:?} while rank 0 was absent (collectives must return at once)")));
+            }
+            if work.is_completed() {
+                return Err(fail(&w, "is_completed() was true before rank 0 had joined the collective"));
+            }
+            let out = work.wait(ctx.timeout)?;
+            if !work.is_completed() {
+                return Err(fail(&w, "is_completed() was false after a successful wait"));
+            }
+            expect_eq(b, out, &full(&[1024], rank_sum(b.world_size())), &w)
+        }));
+        v.push(Case::<B>::new(format!("async::many_outstanding_waited_out_of_order::ws{ws}"), meta("all_reduce", "out"), ws, |ctx| {
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let n = 16;
+            let mut works = Vec::new();
+            for i in 0..n {
+                let x = b.upload(&full(&[64 + i], (b.rank() + 1) as f32 * (i + 1) as f32))?;
+                works.push(b.all_reduce(&x, ReduceOp::Sum)?);
+            }
+            if b.outstanding() < n {
+                return Err(fail(&w, format!("outstanding() = {} with {n} un-waited collectives", b.outstanding())));
+            }
+            for (i, work) in works.iter().enumerate().rev() {
+                let out = work.wait(ctx.timeout)?;
+                expect_eq(b, out, &full(&[64 + i], rank_sum(b.world_size()) * (i + 1) as f32), &format!("{w} work #{i} (waited in reverse order)"))?;
+            }
+            drop(works);
+            if b.outstanding() != 0 {
+                return Err(fail(&w, format!("outstanding() = {} after every work was waited", b.outstanding())));
+            }
+            Ok(())
+        }));
+    }
+    v.push(Case::<B>::new("async::wait_twice::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let work = b.all_reduce(&b.upload(&rank_tensor(b, 10))?, ReduceOp::Sum)?;
+        let a = b.buffer_addr(work.wait(ctx.timeout)?);
+        let second = work.wait(Duration::from_millis(1)).map_err(|e| fail(&w, format!("second wait failed: {e}")))?;
+        if b.buffer_addr(second) != a {
+            return Err(fail(&w, "the second wait returned a different buffer"));
+        }
+        expect_eq(b, second, &full(&[10], 3.0f32), &w)
+    }));
+    v.push(Case::<B>::new("async::registry_counts_unwaited_work::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let base = b.outstanding();
+        if base != 0 {
+            return Err(fail(&w, format!("outstanding() = {base} at the start of a case")));
+        }
+        let x = b.upload(&rank_tensor(b, 8))?;
+        let works: Vec<_> = (0..3).map(|_| b.all_reduce(&x, ReduceOp::Sum)).collect::<Result<_, _>>()?;
+        if b.outstanding() != 3 {
+            return Err(fail(&w, format!("outstanding() = {} after issuing 3", b.outstanding())));
+        }
+        works[0].wait(ctx.timeout)?;
+        if b.outstanding() != 2 {
+            return Err(fail(&w, format!("outstanding() = {} after waiting 1 of 3", b.outstanding())));
+        }
+        for wk in &works {
+            wk.wait(ctx.timeout)?;
+        }
+        if b.outstanding() != 0 {
+            return Err(fail(&w, format!("outstanding() = {} after waiting all", b.outstanding())));
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let work = b.all_reduce(&b.upload(&rank_tensor(b, 100))?, ReduceOp::Sum)?;
+        let timeout = ctx.timeout;
+        let out = std::thread::scope(|s| s.spawn(move || work.into_value(timeout)).join())
+            .map_err(|_| fail(&w, "the waiting thread panicked"))??;
+        expect_eq(b, &out, &full(&[100], 3.0f32), &w)
+    }));
+    v.push(Case::<B>::new("async::issue_on_one_thread_run_on_another::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // The communicator created on the worker's main thread is used from a new thread.
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let timeout = ctx.timeout;
+        let got = std::thread::scope(|s| {
+            s.spawn(move || -> Result<Tensor, concord_core::CollectiveError> {
+                let x = b.upload(&rank_tensor(b, 16))?;
+                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(timeout)?;
+                b.download(&out)
+            })
+            .join()
+        })
+        .map_err(|_| fail(&w, "the thread panicked"))??;
+        concord_oracle::compare(&got, &full(&[16], 3.0f32), concord_oracle::Tolerance::Exact).map_err(|m| fail(&w, m))
+    }));
+    v.push(Case::<B>::new("async::peer_never_joins_then_recovers::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 32))?;
+        if b.rank() == 0 {
+            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            match work.wait(Duration::from_millis(300)) {
+                Ok(_) => return Err(fail(&w, "wait returned Ok although rank 1 had not issued the collective")),
+                Err(e) if e.name() == "timeout" => {
+                    let msg = e.to_string();
+                    if !msg.contains("all_reduce") {
+                        return Err(fail(&w, format!("the timeout error does not name the collective: {msg}")));
+                    }
+                }
+                Err(e) => return Err(fail(&w, format!("expected a named timeout, got {e} [{}]", e.name()))),
+            }
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined late: {e}")))?;
+            expect_eq(b, out, &full(&[32], 3.0f32), &w)
+        } else {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            expect_eq(b, &out, &full(&[32], 3.0f32), &w)?;
+            let _ = ctx.store.delete_key(&key);
+            Ok(())
+        }
+    }));
+    v.push(Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // A large buffer, read at once after wait: a backend that reports completion before the
+        // data is final is caught here.
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let n = 4 << 20;
+        for it in 0..3 {
+            let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
+            let x = b.upload(&Tensor::from_vec(&[n], vals))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            let ws = b.world_size();
+            let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
+            expect_eq(b, &out, &Tensor::from_vec(&[n], exp), &format!("{w} shape=[{n}] iteration {it}"))?;
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("async::async_result_waits_on_first_read::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let r = AsyncResult::new(b.all_reduce(&b.upload(&rank_tensor(b, 4))?, ReduceOp::Avg)?, ctx.timeout);
+        if r.completed() {
+            return Err(fail(&w, "AsyncResult.completed() true before the first read"));
+        }
+        let out = r.get()?;
+        if !r.completed() {
+            return Err(fail(&w, "AsyncResult.completed() false after a read"));
+        }
+        expect_eq(b, out, &full(&[4], 1.5f32), &w)
+    }));
+    v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let backend = ctx.case.split("::").next().unwrap_or_default().to_string();
+        let exe = std::env::current_exe().map_err(|e| fail(&w, e))?;
+        let mut cmd = std::process::Command::new(exe);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("CONCORD_")) {
+            cmd.env_remove(k);
+        }
+        cmd.env(CHILD_ENV, &backend).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+        cmd.stderr(std::process::Stdio::piped());
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| fail(&w, format!("spawn child: {e}")))?;
+        // Bounded wait: poll for exit up to 5 s, then kill.
+        let status = loop {
+            if let Some(s) = child.try_wait().map_err(|e| fail(&w, e))? {
+                break Some(s);
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let took = t0.elapsed();
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        match status {
+            None => Err(fail(&w, format!("a process with an un-waited collective did not exit within 5 s (killed); stderr: {err}"))),
+            Some(s) if !s.success() => Err(fail(&w, format!("the child exited with {s}; stderr: {err}"))),
+            Some(_) if took > Duration::from_secs(1) => Err(fail(&w, format!("the child took {took:?} to exit (limit 1 s)"))),
+            Some(_) => Ok(()),
+        }
+    }));
+    v
+}
+
+/// Body of the un-waited-exit child: a one-rank world, a large all_reduce issued, never waited,
+/// then return from main.
+pub fn unwaited_child<B: Backend>() -> ! {
+    let dir = match tempfile::Builder::new().prefix("concord-unwaited-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("unwaited child: tempdir: {e}");
+            std::process::exit(3)
+        }
+    };
+    let world = WorldInfo {
+        rank: 0,
+        world_size: 1,
+        store_path: dir.path().join("store"),
+        world_id: format!("unwaited{}", std::process::id()),
+        op_timeout: Duration::from_secs(5),
+        options: Vec::new(),
+    };
+    let code = match B::init(&world) {
+        Ok(b) => {
+            let issued = b
+                .upload(&full(&[4 << 20], 1.0f32))
+                .and_then(|x| b.all_reduce(&x, ReduceOp::Sum));
+            match issued {
+                Ok(work) => {
+                    drop(work); // never waited
+                    0
+                }
+                Err(e) => {
+                    eprintln!("unwaited child: issue failed: {e}");
+                    4
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("unwaited child: init failed: {e}");
+            5
+        }
+    };
+    drop(dir);
+    std::process::exit(code)
+}

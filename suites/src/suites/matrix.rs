@@ -1,0 +1,121 @@
+//! The functional matrix: every (op, variant) of the trait × every dtype × every reduce op defined
+//! for it × world sizes 1, 2, 3, 4, 5, 8, over the whole shape catalogue, with exact-by-construction
+//! inputs; plus seeded random inputs (checked with a bound) and NaN / inf / ±0 inputs for floats.
+
+use super::WORLD_SIZES;
+use crate::case::{Case, CaseMeta};
+use crate::exec::PAIRS;
+use crate::values::{self, ValueSpec};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Variant};
+use concord_fixtures::InputKind;
+
+/// Name of a value case (without backend prefix).
+pub fn case_name(spec: &ValueSpec, ws: usize) -> String {
+    let mut n = format!("{}::{}::{}", spec.op, spec.variant, spec.dtype);
+    if let Some(r) = spec.reduce {
+        n.push_str("::");
+        n.push_str(r.name());
+    }
+    n.push_str(&format!("::ws{ws}"));
+    match spec.kind {
+        InputKind::Exact => {}
+        InputKind::Random => n.push_str("::random"),
+        InputKind::Special => n.push_str("::special"),
+    }
+    n
+}
+
+pub fn meta(suite: &str, spec: &ValueSpec) -> CaseMeta {
+    CaseMeta {
+        suite: suite.into(),
+        op: spec.op.name().into(),
+        variant: spec.variant.name().into(),
+        dtype: spec.dtype.name().into(),
+        reduce: spec.reduce.map(|r| r.name().to_string()).unwrap_or_default(),
+    }
+}
+
+/// The value case for `spec` at world size `ws`.
+pub fn value_case<B: Backend>(spec: ValueSpec, ws: usize) -> Case<B> {
+    let name = case_name(&spec, ws);
+    let m = meta("matrix", &spec);
+    let seed = concord_fixtures::seed_for(&name);
+    Case::new(name, m, ws, move |ctx| values::run(ctx.b, &spec, seed, ctx.timeout, ""))
+}
+
+/// Shapes per case: the whole catalogue for the main dtypes, the first few for the rest.
+fn max_shapes(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 | DType::I32 | DType::BF16 | DType::F16 => None,
+        _ => Some(5),
+    }
+}
+
+/// Every exact-input spec: (op, variant) × dtype × reduce op defined for it.
+pub fn exact_specs() -> Vec<ValueSpec> {
+    let mut out = Vec::new();
+    for &(op, variant) in PAIRS {
+        let dtypes: &[DType] = if op == OpKind::Barrier { &[DType::U8] } else { &DType::ALL };
+        for &dtype in dtypes {
+            let reduces: Vec<Option<ReduceOp>> = if op.reduces() {
+                ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)).map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for reduce in reduces {
+                out.push(ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: max_shapes(dtype) });
+            }
+        }
+    }
+    out
+}
+
+/// Random and special-value specs for floats.
+pub fn float_extra_specs() -> Vec<ValueSpec> {
+    let floats = [DType::F16, DType::BF16, DType::F32, DType::F64];
+    let mut out = Vec::new();
+    for dtype in floats {
+        for (op, variant) in [(OpKind::AllReduce, Variant::Out), (OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out)] {
+            for r in [ReduceOp::Sum, ReduceOp::Avg] {
+                out.push(ValueSpec { op, variant, dtype, reduce: Some(r), kind: InputKind::Random, max_shapes: None });
+            }
+        }
+        for r in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max] {
+            out.push(ValueSpec {
+                op: OpKind::AllReduce,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(r),
+                kind: InputKind::Special,
+                max_shapes: None,
+            });
+        }
+    }
+    out
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for spec in exact_specs().into_iter().chain(float_extra_specs()) {
+        for ws in WORLD_SIZES {
+            out.push(value_case(spec.clone(), ws));
+        }
+    }
+    out
+}
+
+/// The value-independent subset (shapes, identity, aliasing) for backends that move no data:
+/// every (op, variant) in f32 and i32 with `sum`, all world sizes.
+pub fn shape_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for &(op, variant) in PAIRS {
+        for dtype in [DType::F32, DType::I32] {
+            let reduce = op.reduces().then_some(ReduceOp::Sum);
+            let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: None };
+            for ws in WORLD_SIZES {
+                out.push(value_case(spec.clone(), ws));
+            }
+        }
+    }
+    out
+}

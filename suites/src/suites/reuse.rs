@@ -1,0 +1,142 @@
+//! Buffer reuse: one persistent buffer across 100 iterations with new contents each time,
+//! late-write detection (after wait, nothing may still write the result), and input/output
+//! aliasing (rejected with a named error, or correct, as the backend declares).
+//! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
+
+use super::util::{expect_eq, fail, full, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::{AliasPolicy, Backend, DType, ReduceOp, Tensor};
+use std::time::Duration;
+
+fn meta(op: &str, variant: &str) -> CaseMeta {
+    CaseMeta { suite: "reuse".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: String::new() }
+}
+
+const LATE_PATTERN: u8 = 0x5A;
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    for ws in [2, 4] {
+        v.push(Case::<B>::new(format!("reuse::persistent_buffer_100_iterations::inplace::ws{ws}"), meta("all_reduce", "inplace"), ws, |ctx| {
+            let b = ctx.b;
+            let ws = b.world_size();
+            let w = here(b, "all_reduce_", "inplace", DType::F32);
+            let n = 257;
+            let buf = b.alloc(DType::F32, &[n])?;
+            for it in 0..100 {
+                let mine: Vec<f32> = (0..n).map(|i| ((i + it) % 11) as f32 + b.rank() as f32).collect();
+                b.write(&buf, &Tensor::from_vec(&[n], mine))?;
+                let out = b.all_reduce_(&buf, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                if b.buffer_addr(&out) != b.buffer_addr(&buf) {
+                    return Err(fail(&w, format!("iteration {it}: in-place op returned a different buffer")));
+                }
+                let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i + it) % 11) as f32 + r as f32).sum()).collect();
+                expect_eq(b, &buf, &Tensor::from_vec(&[n], exp), &format!("{w} iteration {it}"))?;
+            }
+            Ok(())
+        }));
+        v.push(Case::<B>::new(format!("reuse::persistent_input_100_iterations::out::ws{ws}"), meta("all_gather_into_tensor", "out"), ws, |ctx| {
+            let b = ctx.b;
+            let ws = b.world_size();
+            let w = here(b, "all_gather_into_tensor", "out", DType::F32);
+            let n = 33;
+            let buf = b.alloc(DType::F32, &[n])?;
+            for it in 0..100 {
+                let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (i * 7 + it * 13 + r * 1000) as f32).collect());
+                b.write(&buf, &of(b.rank()))?;
+                let out = b.all_gather_into_tensor(&buf)?.into_value(ctx.timeout)?;
+                let parts: Vec<Tensor> = (0..ws).map(of).collect();
+                expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &format!("{w} iteration {it}"))?;
+            }
+            Ok(())
+        }));
+    }
+    for (op, variant) in [
+        ("all_reduce", "out"),
+        ("all_reduce", "inplace"),
+        ("all_gather_into_tensor", "out"),
+        ("reduce_scatter_tensor", "out"),
+        ("all_to_all_single", "out"),
+        ("broadcast", "inplace"),
+    ] {
+        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| late_write(ctx, op)));
+    }
+    v.push(Case::<B>::new("reuse::aliasing::all_gather_out_contains_input::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
+        aliasing(ctx, "all_gather_into_tensor", false)
+    }));
+    v.push(Case::<B>::new("reuse::aliasing::reduce_scatter_out_inside_input::ws2", meta("reduce_scatter_tensor", "outbuf"), 2, |ctx| {
+        aliasing(ctx, "reduce_scatter_tensor", false)
+    }));
+    v.push(Case::<B>::new("reuse::aliasing::all_gather_out_overlaps_input_misaligned::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
+        aliasing(ctx, "all_gather_into_tensor", true)
+    }));
+    v
+}
+
+/// After wait, overwrite the result with a pattern, give the backend time, check nothing wrote it.
+fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str) -> CaseResult {
+    let b = ctx.b;
+    let ws = b.world_size();
+    let w = here(b, op, "-", DType::F32);
+    let n = 1 << 16;
+    let x = b.upload(&Tensor::from_vec(&[n * ws], (0..n * ws).map(|i| (i % 5) as f32).collect()))?;
+    let out = match op {
+        "all_reduce" if ctx.case.contains("::inplace::") => b.all_reduce_(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
+        "all_reduce" => b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
+        "all_gather_into_tensor" => b.all_gather_into_tensor(&x)?.into_value(ctx.timeout)?,
+        "reduce_scatter_tensor" => b.reduce_scatter_tensor(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
+        "all_to_all_single" => b.all_to_all_single(&x, None, None)?.into_value(ctx.timeout)?,
+        "broadcast" => b.broadcast_(&x, ws - 1)?.into_value(ctx.timeout)?,
+        other => return Err(fail(&w, format!("suite bug: no late-write check for {other}"))),
+    };
+    let shape = b.buffer_shape(&out);
+    let pattern = Tensor::filled_bytes(DType::F32, &shape, LATE_PATTERN);
+    b.write(&out, &pattern)?;
+    // Peers finish their side, then everyone gives a straggling write time to land.
+    b.barrier()?.wait(ctx.timeout)?;
+    std::thread::sleep(Duration::from_millis(50));
+    let got = b.download(&out)?;
+    if let Some(i) = got.bytes().iter().position(|&x| x != LATE_PATTERN) {
+        return Err(fail(
+            &w,
+            format!("the result buffer was written after wait returned: byte {i} (element {}) is 0x{:02x}, expected the 0x{LATE_PATTERN:02x} written after wait", i / 4, got.bytes()[i]),
+        ));
+    }
+    Ok(())
+}
+
+/// `_out` ops whose output aliases the input: NCCL's in-place layouts (input = this rank's chunk
+/// of the output) or a misaligned overlap. Either a named `aliasing` error or the right result.
+fn aliasing<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, misaligned: bool) -> CaseResult {
+    let b = ctx.b;
+    let ws = b.world_size();
+    let me = b.rank();
+    let w = here(b, op, "outbuf", DType::F32);
+    let policy = b.capabilities().aliasing;
+    let n = 6;
+    let chunk_of = |r: usize| full(&[n], (r + 1) as f32 * 10.0);
+    let (result, expected, out) = if op == "all_gather_into_tensor" {
+        let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[ws * n + 1], 0))?;
+        let start = if misaligned { me * n + 1 } else { me * n };
+        let input = b.view(&parent, start, &[n])?;
+        b.write(&input, &chunk_of(me))?;
+        let out = b.view(&parent, 0, &[ws * n])?;
+        let parts: Vec<Tensor> = (0..ws).map(chunk_of).collect();
+        (b.all_gather_into_tensor_out(&input, &out).and_then(|wk| wk.into_value(ctx.timeout)), Tensor::cat_rows(DType::F32, &[], &parts), out)
+    } else {
+        let parts: Vec<Tensor> = (0..ws).map(|j| full(&[n], (j + 1) as f32)).collect();
+        let input = b.upload(&Tensor::cat_rows(DType::F32, &[], &parts))?;
+        let out = b.view(&input, me * n, &[n])?;
+        (b.reduce_scatter_tensor_out(&input, ReduceOp::Sum, &out).and_then(|wk| wk.into_value(ctx.timeout)), full(&[n], ((me + 1) * ws) as f32), out)
+    };
+    match (result, policy) {
+        (Err(e), AliasPolicy::Reject) if e.bad_input_kind() == Some(concord_core::BadInputKind::Aliasing) => Ok(()),
+        (Err(e), _) => Err(CaseEnd::Fail(format!(
+            "{w}: aliased output: expected {} , got {e} [{}]",
+            if policy == AliasPolicy::Reject { "a named bad_input:aliasing error (the backend declares AliasPolicy::Reject)" } else { "a correct result (the backend declares AliasPolicy::Correct)" },
+            e.name()
+        ))),
+        (Ok(_), AliasPolicy::Reject) => Err(fail(&w, "aliased output accepted although the backend declares AliasPolicy::Reject")),
+        (Ok(_), AliasPolicy::Correct) => expect_eq(b, &out, &expected, &format!("{w} (aliased output)")),
+    }
+}

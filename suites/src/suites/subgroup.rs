@@ -1,0 +1,110 @@
+//! Subgroups: the core ops on communicators over a subset of ranks, created with
+//! `Backend::new_group` by every rank of the world. Layouts: reversed (all ranks, reverse order),
+//! halves (two disjoint groups running at once), odd/even (two interleaved groups), and a partial
+//! group (ranks {0, ws-1}; the others sit out and must not be involved).
+
+use super::WORLD_SIZES;
+use crate::case::{Case, CaseEnd, CaseMeta};
+use crate::values::{self, ValueSpec};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Variant};
+use concord_fixtures::InputKind;
+
+/// The groups of a layout at world size `ws` (every rank is in at most one group).
+pub fn layout(name: &str, ws: usize) -> Vec<Vec<usize>> {
+    match name {
+        "reversed" => vec![(0..ws).rev().collect()],
+        "halves" => {
+            let h = ws / 2;
+            vec![(0..h).collect(), (h..ws).collect()].into_iter().filter(|g: &Vec<usize>| !g.is_empty()).collect()
+        }
+        "odd_even" => {
+            vec![(0..ws).step_by(2).collect(), (1..ws).step_by(2).collect()].into_iter().filter(|g: &Vec<usize>| !g.is_empty()).collect()
+        }
+        "partial" => {
+            if ws == 1 {
+                vec![vec![0]]
+            } else {
+                vec![vec![0, ws - 1]]
+            }
+        }
+        other => panic!("unknown subgroup layout {other}"),
+    }
+}
+
+pub const LAYOUTS: [&str; 4] = ["reversed", "halves", "odd_even", "partial"];
+
+const OPS: [(OpKind, Variant, Option<ReduceOp>); 7] = [
+    (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Sum)),
+    (OpKind::AllReduce, Variant::InPlace, Some(ReduceOp::Max)),
+    (OpKind::AllGatherIntoTensor, Variant::Out, None),
+    (OpKind::ReduceScatterTensor, Variant::Out, Some(ReduceOp::Sum)),
+    (OpKind::AllToAllSingle, Variant::Out, None),
+    (OpKind::Broadcast, Variant::Out, None),
+    (OpKind::Barrier, Variant::Out, None),
+];
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for lay in LAYOUTS {
+        for (op, variant, reduce) in OPS {
+            for dtype in [DType::F32, DType::I64] {
+                if op == OpKind::Barrier && dtype != DType::F32 {
+                    continue;
+                }
+                for ws in WORLD_SIZES.into_iter().filter(|&w| w >= 2) {
+                    let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
+                    let name = format!("subgroup::{lay}::{}", crate::suites::matrix::case_name(&spec, ws));
+                    let meta = CaseMeta { suite: format!("subgroup_{lay}"), ..crate::suites::matrix::meta("subgroup", &spec) };
+                    let seed = concord_fixtures::seed_for(&name);
+                    out.push(Case::<B>::new(name, meta, ws, move |ctx| {
+                        let caps = ctx.b.capabilities();
+                        if !caps.subgroups {
+                            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+                        }
+                        let groups = layout(lay, ctx.world_size());
+                        let me = ctx.rank();
+                        let mut mine = None;
+                        // Every rank creates every group, in the same order (new_group is collective).
+                        for g in &groups {
+                            let handle = ctx.group(g)?;
+                            let is_member = g.contains(&me);
+                            match (handle, is_member) {
+                                (Some(_), true) => mine = Some(g.clone()),
+                                (None, false) => {}
+                                (Some(_), false) => {
+                                    return Err(CaseEnd::Fail(format!(
+                                        "backend={} rank={me} world_size={}: new_group({g:?}) returned a communicator to a non-member",
+                                        ctx.b.name(),
+                                        ctx.world_size()
+                                    )))
+                                }
+                                (None, true) => {
+                                    return Err(CaseEnd::Fail(format!(
+                                        "backend={} rank={me} world_size={}: new_group({g:?}) returned nothing to a member",
+                                        ctx.b.name(),
+                                        ctx.world_size()
+                                    )))
+                                }
+                            }
+                        }
+                        let Some(g) = mine else { return Ok(()) };
+                        let (wname, world_ws, timeout) = (ctx.b.name().to_string(), ctx.world_size(), ctx.timeout);
+                        let sub = ctx.group(&g)?.expect("member");
+                        let want_rank = g.iter().position(|&r| r == me).expect("member");
+                        if sub.rank() != want_rank || sub.world_size() != g.len() {
+                            return Err(CaseEnd::Fail(format!(
+                                "backend={wname} world rank {me}: group {g:?} gave rank {} of {}, expected rank {want_rank} of {}",
+                                sub.rank(),
+                                sub.world_size(),
+                                g.len()
+                            )));
+                        }
+                        let label = format!("group={lay}{g:?} world_size_of_world={world_ws}");
+                        values::run(sub, &spec, seed, timeout, &label)
+                    }));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,31 @@
+//! Small helpers the hand-written suites share.
+
+use crate::case::CaseEnd;
+use concord_core::{Backend, DType, Element, Tensor};
+use concord_oracle::{compare, Tolerance};
+
+/// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
+pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
+    format!(
+        "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
+        b.name(),
+        b.world_size(),
+        b.rank()
+    )
+}
+
+/// A tensor of `shape` filled with `v`.
+pub fn full<T: Element + Copy>(shape: &[usize], v: T) -> Tensor {
+    Tensor::from_vec(shape, vec![v; shape.iter().product()])
+}
+
+/// Downloads `buf` and compares it bit-exactly with `expected`, failing with `where_`.
+pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: &str) -> Result<(), CaseEnd> {
+    let got = b.download(buf).map_err(|e| CaseEnd::Fail(format!("{where_}: download: {e}")))?;
+    compare(&got, expected, Tolerance::Exact).map_err(|m| CaseEnd::Fail(format!("{where_}: {m}")))
+}
+
+pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
+    CaseEnd::Fail(format!("{where_}: {what}"))
+}
+

@@ -1,0 +1,264 @@
+//! The value check: run one (op, variant, dtype, reduce op) on every shape of the catalogue and
+//! compare every rank's result with the oracle's, bit-exactly for exact-by-construction inputs.
+//! Also checks, on the way, what every functional op promises about buffers: in-place identity,
+//! out-of-place non-aliasing, inputs left untouched, and no write outside an `_out` buffer.
+
+use crate::case::{CaseEnd, CaseResult};
+use crate::exec::{self, Params};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_fixtures::InputKind;
+use concord_oracle::{compare, tolerance_for, Collective, Semantics, Tolerance};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Elements of guard on each side of every `_out` buffer.
+pub const GUARD_ELEMS: usize = 8;
+pub const GUARD_BYTE: u8 = 0xA5;
+
+#[derive(Clone, Debug)]
+pub struct ValueSpec {
+    pub op: OpKind,
+    pub variant: Variant,
+    pub dtype: DType,
+    pub reduce: Option<ReduceOp>,
+    pub kind: InputKind,
+    /// Run only the first N catalogue shapes (None: all).
+    pub max_shapes: Option<usize>,
+}
+
+impl ValueSpec {
+    pub fn input_name(&self) -> &'static str {
+        match self.kind {
+            InputKind::Exact => "exact",
+            InputKind::Random => "random",
+            InputKind::Special => "special",
+        }
+    }
+}
+
+/// Where a check happened: everything a reader needs to find and rerun the failing case.
+pub(crate) fn where_str<B: Backend>(b: &B, spec: &ValueSpec, label: &str, shapes: &[Vec<usize>]) -> String {
+    let mut s = format!(
+        "backend={} op={} variant={} dtype={} reduce={} world_size={} rank={}",
+        b.name(),
+        spec.op,
+        spec.variant,
+        spec.dtype,
+        spec.reduce.map(|r| r.name()).unwrap_or("-"),
+        b.world_size(),
+        b.rank()
+    );
+    if !label.is_empty() {
+        let _ = write!(s, " {label}");
+    }
+    let _ = write!(s, " shape={}", if shapes.len() == 1 { format!("{:?}", shapes[0]) } else { format!("{shapes:?}") });
+    let _ = write!(s, " input={}", spec.input_name());
+    s
+}
+
+/// Rank `r`'s send/recv partner: pairs (0,1), (2,3), ...; the last rank of an odd world sits out.
+pub fn partner(r: usize, ws: usize) -> Option<usize> {
+    let p = r ^ 1;
+    (p < ws).then_some(p)
+}
+
+/// The shape lists one case runs: one entry per run; an entry has one shape per tensor
+/// (several for coalesced variants). Shapes are adjusted so that ops needing `d0 % ws == 0` get it.
+pub fn shape_runs(spec: &ValueSpec, ws: usize) -> Vec<Vec<Vec<usize>>> {
+    let catalogue = concord_fixtures::shapes();
+    let take = spec.max_shapes.unwrap_or(catalogue.len());
+    let needs_div = matches!(spec.op, OpKind::ReduceScatterTensor | OpKind::Scatter);
+    let needs_dim = matches!(spec.op, OpKind::ReduceScatterTensor | OpKind::Scatter | OpKind::AllToAllSingle);
+    let adjust = |s: &Vec<usize>| -> Option<Vec<usize>> {
+        if needs_div {
+            Some(concord_fixtures::divisible_by(s, ws))
+        } else if needs_dim && s.is_empty() {
+            None
+        } else {
+            Some(s.clone())
+        }
+    };
+    let shapes: Vec<Vec<usize>> = catalogue.iter().filter_map(|(_, s)| adjust(s)).collect();
+    match spec.variant {
+        Variant::Coalesced | Variant::CoalescedInPlace => {
+            // One call with every shape of the catalogue (the seed uses (i, i) for i in 0..10,
+            // so empty tensors are part of the list), then a call with a single tensor.
+            vec![shapes.clone(), vec![shapes[shapes.len() / 2].clone()]]
+        }
+        _ if spec.op == OpKind::Barrier => vec![vec![]],
+        _ => shapes.into_iter().take(take.max(1)).map(|s| vec![s]).collect(),
+    }
+}
+
+/// Runs the value check for `spec` on backend `b` (a world or a subgroup).
+pub fn run<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, label: &str) -> CaseResult {
+    let ws = b.world_size();
+    let caps = b.capabilities();
+    if let Err(reason) = caps.check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
+        return Err(CaseEnd::Unsupported(reason));
+    }
+    for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
+        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label)?;
+    }
+    Ok(())
+}
+
+fn run_shapes<B: Backend>(
+    b: &B,
+    spec: &ValueSpec,
+    seed: u64,
+    shapes: &[Vec<usize>],
+    timeout: Duration,
+    label: &str,
+) -> CaseResult {
+    let ws = b.world_size();
+    let rank = b.rank();
+    let caps = b.capabilities();
+    let sem = Semantics::of(&caps);
+    let here = || where_str(b, spec, label, shapes);
+    let fail = |what: String| CaseEnd::Fail(format!("{}: {what}", here()));
+
+    let mut p = Params { reduce: spec.reduce, root: ws - 1, ..Default::default() };
+    p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
+    p.peer = partner(rank, ws);
+    let split_m = (spec.op == OpKind::AllToAllSingle).then(|| concord_fixtures::split_matrix(seed, ws, 5));
+    if let Some(m) = &split_m {
+        p.in_splits = Some(m[rank].clone());
+        p.out_splits = Some((0..ws).map(|i| m[i][rank]).collect());
+    }
+
+    // Every rank's inputs and the oracle's answer, tensor by tensor.
+    let mut my_inputs = Vec::new();
+    let mut expected = Vec::new();
+    for (t, shape) in shapes.iter().enumerate() {
+        let tseed = seed.wrapping_add(t as u64 * 7919);
+        let inputs: Vec<Tensor> = (0..ws)
+            .map(|r| {
+                let s = match &split_m {
+                    Some(m) => {
+                        let mut s = shape.clone();
+                        s[0] = m[r].iter().sum();
+                        s
+                    }
+                    None => shape.clone(),
+                };
+                concord_fixtures::input(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind)
+            })
+            .collect();
+        let coll = collective_for(spec, &p, ws, split_m.as_ref());
+        let exp = concord_oracle::expected(&coll, &inputs, &sem)
+            .map_err(|e| fail(format!("suite bug: the oracle rejected the case's own input: {e}")))?;
+        my_inputs.push(inputs[rank].clone());
+        expected.push((exp.outputs[rank].clone(), exp.defined[rank]));
+    }
+
+    if spec.op == OpKind::Barrier {
+        exec::call(b, spec.op, spec.variant, &[], None, &p, timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
+        return Ok(());
+    }
+
+    let ins: Vec<B::Buffer> =
+        my_inputs.iter().map(|t| b.upload(t)).collect::<Result<_, _>>().map_err(|e| fail(format!("upload: {e}")))?;
+
+    // `_out` variants and recv write into a view framed by guard elements.
+    let mut guarded = None;
+    if spec.variant == Variant::OutBuf {
+        let out_shape = expected[0].0.shape().to_vec();
+        let n: usize = out_shape.iter().product();
+        let parent_shape = [n + 2 * GUARD_ELEMS];
+        let parent = b
+            .upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, GUARD_BYTE))
+            .map_err(|e| fail(format!("alloc guarded output: {e}")))?;
+        let view = b.view(&parent, GUARD_ELEMS, &out_shape).map_err(|e| fail(format!("view: {e}")))?;
+        guarded = Some((parent, view));
+    }
+
+    let outs = exec::call(b, spec.op, spec.variant, &ins, guarded.as_ref().map(|g| &g.1), &p, timeout)
+        .map_err(|e| fail(format!("{e} [{}]", e.name())))?;
+
+    if outs.len() != ins.len() {
+        return Err(fail(format!("returned {} results for {} inputs", outs.len(), ins.len())));
+    }
+    for (t, out) in outs.iter().enumerate() {
+        let tag = if outs.len() > 1 { format!("tensor {t} of {}: ", outs.len()) } else { String::new() };
+        let (exp, defined) = &expected[t];
+        // Identity and aliasing.
+        let (a_out, a_in) = (b.buffer_addr(out), b.buffer_addr(&ins[t]));
+        let in_numel = my_inputs[t].numel();
+        if exec::is_in_place(spec.variant) {
+            if a_out != a_in {
+                return Err(fail(format!("{tag}in-place op returned a different buffer (0x{a_out:x}, input 0x{a_in:x})")));
+            }
+        } else if let Some((_, view)) = &guarded {
+            if a_out != b.buffer_addr(view) {
+                return Err(fail(format!("{tag}_out op returned a buffer other than the output it was given")));
+            }
+        } else if a_out == a_in && in_numel > 0 && spec.op != OpKind::SendRecv {
+            return Err(fail(format!("{tag}out-of-place op returned its input buffer (0x{a_in:x})")));
+        }
+        // Shape and values.
+        if b.buffer_dtype(out) != exp.dtype() {
+            return Err(fail(format!("{tag}result dtype {} , expected {}", b.buffer_dtype(out), exp.dtype())));
+        }
+        if b.buffer_shape(out) != exp.shape() {
+            return Err(fail(format!("{tag}result shape {:?}, expected {:?}", b.buffer_shape(out), exp.shape())));
+        }
+        if *defined && caps.moves_data && !(spec.op == OpKind::SendRecv && p.peer.is_none()) {
+            let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
+            let tol = match spec.kind {
+                InputKind::Special => Tolerance::Exact,
+                k => tolerance_for(spec.dtype, spec.reduce, ws, k == InputKind::Exact),
+            };
+            if let Err(m) = compare(&got, exp, tol) {
+                return Err(fail(format!("{tag}{m}")));
+            }
+        }
+        // Out-of-place ops leave their input untouched.
+        if !exec::is_in_place(spec.variant) && caps.moves_data {
+            let after = b.download(&ins[t]).map_err(|e| fail(format!("download input: {e}")))?;
+            if let Err(m) = compare(&after, &my_inputs[t], Tolerance::Exact) {
+                return Err(fail(format!("{tag}the op modified its input: {m}")));
+            }
+        }
+    }
+    if let Some((parent, _)) = &guarded {
+        let all = b.download(parent).map_err(|e| fail(format!("download guarded output: {e}")))?;
+        let gb = GUARD_ELEMS * spec.dtype.size();
+        let bytes = all.bytes();
+        let tail_start = bytes.len() - gb;
+        if let Some(i) = bytes[..gb].iter().position(|&x| x != GUARD_BYTE) {
+            return Err(fail(format!("wrote before its output buffer: guard byte {} (of {gb}) is 0x{:02x}", gb - i, bytes[i])));
+        }
+        if let Some(i) = bytes[tail_start..].iter().position(|&x| x != GUARD_BYTE) {
+            return Err(fail(format!(
+                "wrote past the end of its output buffer: guard byte {i} after the end is 0x{:02x}",
+                bytes[tail_start + i]
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
+    let red = spec.reduce.unwrap_or(ReduceOp::Sum);
+    match spec.op {
+        OpKind::AllReduce => Collective::AllReduce { op: red },
+        OpKind::AllGatherIntoTensor => Collective::AllGather,
+        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: red },
+        OpKind::AllToAllSingle => {
+            let m = split_m.expect("split matrix");
+            Collective::AllToAll {
+                input_splits: (0..ws).map(|r| Some(m[r].clone())).collect(),
+                output_splits: (0..ws).map(|r| Some((0..ws).map(|i| m[i][r]).collect())).collect(),
+            }
+        }
+        OpKind::Broadcast => Collective::Broadcast { src: p.root },
+        OpKind::PermuteTensor => Collective::Permute { src_dst: p.src_dst.clone() },
+        OpKind::Reduce => Collective::Reduce { op: red, root: p.root },
+        OpKind::Gather => Collective::Gather { root: p.root },
+        OpKind::Scatter => Collective::Scatter { root: p.root },
+        OpKind::SendRecv => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
+        // The barrier moves no data; the oracle's all_reduce of nothing stands in.
+        OpKind::Barrier => Collective::AllReduce { op: ReduceOp::Sum },
+    }
+}

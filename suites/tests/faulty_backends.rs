@@ -1,0 +1,313 @@
+//! Self-test: deliberately broken backends (the shared-memory backend with one bug each) must
+//! FAIL the suites, with a message that names backend, op, variant, dtype, world size, rank and,
+//! for wrong values, the first bad index with got / expected. The correct backend must pass the
+//! very same cases (control).
+
+use concord_core::{
+    Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
+};
+use concord_harness::outcome::Outcome;
+use concord_shm::ShmBackend;
+use concord_suites::run::{run_case, BackendEntry};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Buf = <ShmBackend as Backend>::Buffer;
+
+const WRONG_REDUCTION: u8 = 1;
+const OFF_BY_ONE_SPLIT: u8 = 2;
+const EARLY_COMPLETION: u8 = 3;
+const WRITES_PAST_OUTPUT: u8 = 4;
+const MUTATES_INPUT: u8 = 5;
+const WRONG_RANK_ORDER: u8 = 6;
+const IGNORES_ROOT: u8 = 7;
+const TRUNCATES_SILENTLY: u8 = 8;
+const INPLACE_RETURNS_COPY: u8 = 9;
+
+/// The shm backend with bug `BUG`.
+struct Faulty<const BUG: u8> {
+    inner: Arc<ShmBackend>,
+    /// view address -> (parent, element offset), so a bug can write just past a view.
+    views: Mutex<HashMap<usize, (Buf, usize)>>,
+    counter: concord_core::OutstandingCounter,
+}
+
+impl<const BUG: u8> Faulty<BUG> {
+    const T: Duration = Duration::from_secs(15);
+
+    fn meta(&self, op: &str) -> WorkMeta {
+        WorkMeta { backend: self.name().to_string(), op: op.into(), seq: 0, rank: self.rank() }
+    }
+    /// Waits for the real result, applies `tamper`, returns it as completed work.
+    fn tampered(&self, op: &str, w: Work<Buf>, tamper: impl FnOnce(&Buf) -> Result<()>) -> Result<Work<Buf>> {
+        let out = w.into_value(Self::T)?;
+        tamper(&out)?;
+        Ok(Work::done(out, self.meta(op), &self.counter))
+    }
+    fn edit(&self, b: &Buf, f: impl FnOnce(&mut Tensor)) -> Result<()> {
+        let mut t = self.inner.download(b)?;
+        f(&mut t);
+        self.inner.write(b, &t)
+    }
+}
+
+impl<const BUG: u8> Backend for Faulty<BUG> {
+    type Buffer = Buf;
+    fn init(world: &WorldInfo) -> Result<Self> {
+        Ok(Faulty { inner: Arc::new(ShmBackend::init(world)?), views: Mutex::new(HashMap::new()), counter: Default::default() })
+    }
+    fn name(&self) -> &str {
+        "faulty"
+    }
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding() + self.counter.get()
+    }
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        Ok(self.inner.new_group(ranks)?.map(|g| Faulty { inner: Arc::new(g), views: Mutex::new(HashMap::new()), counter: Default::default() }))
+    }
+    fn upload(&self, t: &Tensor) -> Result<Buf> {
+        self.inner.upload(t)
+    }
+    fn download(&self, b: &Buf) -> Result<Tensor> {
+        self.inner.download(b)
+    }
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
+        self.inner.alloc(dtype, shape)
+    }
+    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
+        self.inner.write(b, t)
+    }
+    fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
+        let v = self.inner.view(b, offset, shape)?;
+        self.views.lock().unwrap().insert(self.inner.buffer_addr(&v), (b.clone(), offset));
+        Ok(v)
+    }
+    fn buffer_addr(&self, b: &Buf) -> usize {
+        self.inner.buffer_addr(b)
+    }
+    fn buffer_dtype(&self, b: &Buf) -> DType {
+        self.inner.buffer_dtype(b)
+    }
+    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
+        self.inner.buffer_shape(b)
+    }
+
+    fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        match BUG {
+            WRONG_REDUCTION if op == ReduceOp::Sum => self.inner.all_reduce(x, ReduceOp::Max),
+            MUTATES_INPUT => {
+                let w = self.inner.all_reduce(x, op)?;
+                self.tampered("all_reduce", w, |_| self.edit(x, |t| t.bytes_mut().iter_mut().take(1).for_each(|b| *b ^= 0x40)))
+            }
+            EARLY_COMPLETION => {
+                // Reports completion at once; the data lands 50 ms later.
+                let w = self.inner.all_reduce(x, op)?;
+                let early = self.inner.upload(&Tensor::zeros(self.inner.buffer_dtype(x), &self.inner.buffer_shape(x)))?;
+                let (late, inner) = (early.clone(), Arc::clone(&self.inner));
+                std::thread::spawn(move || {
+                    if let Ok(v) = w.into_value(Self::T) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        if let Ok(t) = inner.download(&v) {
+                            let _ = inner.write(&late, &t);
+                        }
+                    }
+                });
+                Ok(Work::done(early, self.meta("all_reduce"), &self.counter))
+            }
+            _ => self.inner.all_reduce(x, op),
+        }
+    }
+    fn all_reduce_(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if BUG == INPLACE_RETURNS_COPY {
+            return self.inner.all_reduce(x, op);
+        }
+        self.inner.all_reduce_(x, op)
+    }
+    fn all_reduce_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.inner.all_reduce_coalesced(xs, op)
+    }
+    fn all_reduce_coalesced_(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.inner.all_reduce_coalesced_(xs, op)
+    }
+    fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
+        let w = self.inner.all_gather_into_tensor(x)?;
+        if BUG != WRONG_RANK_ORDER {
+            return Ok(w);
+        }
+        let ws = self.world_size();
+        self.tampered("all_gather_into_tensor", w, |out| {
+            self.edit(out, |t| {
+                let chunk = t.len_bytes() / ws;
+                let bytes = t.bytes().to_vec();
+                for r in 0..ws {
+                    let src = &bytes[(ws - 1 - r) * chunk..(ws - r) * chunk];
+                    t.bytes_mut()[r * chunk..(r + 1) * chunk].copy_from_slice(src);
+                }
+            })
+        })
+    }
+    fn all_gather_into_tensor_out(&self, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        let w = self.inner.all_gather_into_tensor_out(x, out)?;
+        if BUG != WRITES_PAST_OUTPUT {
+            return Ok(w);
+        }
+        self.tampered("all_gather_into_tensor_out", w, |o| {
+            let numel: usize = self.inner.buffer_shape(o).iter().product();
+            let parent = self.views.lock().unwrap().get(&self.inner.buffer_addr(o)).cloned();
+            if let Some((parent, off)) = parent {
+                let past = self.inner.view(&parent, off + numel, &[1])?;
+                let dtype = self.inner.buffer_dtype(o);
+                self.inner.write(&past, &Tensor::filled_bytes(dtype, &[1], 0x11))?;
+            }
+            Ok(())
+        })
+    }
+    fn all_gather_into_tensor_coalesced(&self, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        self.inner.all_gather_into_tensor_coalesced(xs)
+    }
+    fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let ws = self.world_size();
+        let shape = self.inner.buffer_shape(x);
+        if BUG == TRUNCATES_SILENTLY && !shape.is_empty() && shape[0] % ws != 0 {
+            let mut keep = shape.clone();
+            keep[0] -= shape[0] % ws;
+            let head = self.inner.view(x, 0, &keep)?;
+            return self.inner.reduce_scatter_tensor(&head, op);
+        }
+        self.inner.reduce_scatter_tensor(x, op)
+    }
+    fn reduce_scatter_tensor_out(&self, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        self.inner.reduce_scatter_tensor_out(x, op, out)
+    }
+    fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.inner.reduce_scatter_tensor_coalesced(xs, op)
+    }
+    fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let w = self.inner.all_to_all_single(x, o, i)?;
+        if BUG != OFF_BY_ONE_SPLIT {
+            return Ok(w);
+        }
+        let first = o.map(|s| s[0]).unwrap_or(0);
+        self.tampered("all_to_all_single", w, |out| {
+            // The boundary after the first source's rows is off by one element.
+            self.edit(out, |t| {
+                let row = t.row_numel() * t.dtype().size();
+                let at = first * row;
+                let es = t.dtype().size();
+                if at >= es && at + es <= t.len_bytes() {
+                    let prev = t.bytes()[at - es..at].to_vec();
+                    t.bytes_mut()[at..at + es].copy_from_slice(&prev);
+                }
+            })
+        })
+    }
+    fn broadcast(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.inner.broadcast(x, if BUG == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
+    }
+    fn broadcast_(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.inner.broadcast_(x, if BUG == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
+    }
+    fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        self.inner.permute_tensor(x, src_dst)
+    }
+    fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        self.inner.reduce(x, op, root)
+    }
+    fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.inner.gather(x, root)
+    }
+    fn scatter(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.inner.scatter(x, root)
+    }
+    fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
+        self.inner.send(x, dst)
+    }
+    fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.inner.recv(out, src)
+    }
+    fn barrier(&self) -> Result<Work<()>> {
+        self.inner.barrier()
+    }
+}
+
+/// (bug, entry name, case ids that must fail, words the failure message must contain)
+fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'static str])> {
+    fn e<const B: u8>(name: &str) -> BackendEntry {
+        BackendEntry::new::<Faulty<B>>(name, 0, concord_suites::catalogue::<Faulty<B>>)
+    }
+    const VALUE: &[&str] = &["first bad index", "got", "expected", "rank=", "world_size=", "dtype=", "variant=", "op="];
+    vec![
+        (e::<WRONG_REDUCTION>("wrong_reduction"), &["all_reduce::out::f32::sum::ws2", "all_reduce::out::i64::sum::ws3"], VALUE),
+        (e::<OFF_BY_ONE_SPLIT>("off_by_one_split"), &["all_to_all_single::out::f32::ws2"], VALUE),
+        (e::<EARLY_COMPLETION>("early_completion"), &["async::lag_read_right_after_wait::ws2", "all_reduce::out::f32::sum::ws2"], &["first bad index", "got", "expected", "rank="]),
+        (e::<WRITES_PAST_OUTPUT>("writes_past_output"), &["all_gather_into_tensor::outbuf::f32::ws2", "all_gather_into_tensor::outbuf::u8::ws3"], &["past the end", "op=all_gather_into_tensor", "variant=outbuf", "rank=", "world_size="]),
+        (e::<MUTATES_INPUT>("mutates_input"), &["all_reduce::out::f32::sum::ws2"], &["modified its input", "first bad index", "got", "expected", "op=all_reduce", "variant=out", "dtype=f32", "rank="]),
+        (e::<WRONG_RANK_ORDER>("wrong_rank_order"), &["all_gather_into_tensor::out::f32::ws2", "all_gather_into_tensor::out::i32::ws4"], VALUE),
+        (e::<IGNORES_ROOT>("ignores_root"), &["broadcast::out::f32::ws2", "broadcast::inplace::i32::ws3", "seed::c10d::test_broadcast"], &["first bad index", "got", "expected", "op=broadcast", "rank="]),
+        (e::<TRUNCATES_SILENTLY>("truncates_silently"), &["bad_input::reduce_scatter_indivisible_ws2::ws2", "bad_input::reduce_scatter_indivisible_ws3::ws3"], &["accepted", "bad_input=reduce_scatter_indivisible", "rank=", "world_size="]),
+        (e::<INPLACE_RETURNS_COPY>("inplace_returns_copy"), &["all_reduce::inplace::f32::sum::ws2"], &["in-place op returned a different buffer", "op=all_reduce", "variant=inplace", "rank="]),
+    ]
+}
+
+fn case_info(entry: &BackendEntry, id: &str) -> concord_suites::run::CaseInfo {
+    let full = format!("{}::{id}", entry.name);
+    entry.cases().into_iter().find(|c| c.id == full).unwrap_or_else(|| panic!("no case {full}"))
+}
+
+fn main() {
+    let control = BackendEntry::new::<ShmBackend>("control_shm", 0, concord_suites::catalogue::<ShmBackend>);
+    let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
+    entries.push(control.clone());
+    concord_suites::run::dispatch_child(&entries);
+    concord_suites::run::default_op_timeout();
+
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = Vec::new();
+    for (entry, ids, words) in expectations() {
+        let name = format!("faulty::{}_is_caught", entry.name);
+        trials.push(libtest_mimic::Trial::test(name, move || {
+            for id in ids {
+                let case = case_info(&entry, id);
+                let (verdict, msg, _) = run_case(&entry, &case);
+                let Outcome::Failed(_) = verdict else {
+                    return Err(format!("{}: the broken backend was not caught by {id}: verdict {verdict:?}", entry.name).into());
+                };
+                for w in words {
+                    if !msg.contains(w) {
+                        return Err(format!("{}: the failure of {id} does not mention `{w}`:\n{msg}", entry.name).into());
+                    }
+                }
+                if !msg.contains("rerun: cargo xtask conformance") {
+                    return Err(format!("{}: no rerun hint in:\n{msg}", entry.name).into());
+                }
+            }
+            Ok(())
+        }));
+    }
+    // Control: the correct backend passes every case used above.
+    let all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
+    trials.push(libtest_mimic::Trial::test("faulty::control_backend_passes_the_same_cases", move || {
+        for id in &all_ids {
+            let case = case_info(&control, id);
+            let (verdict, msg, _) = run_case(&control, &case);
+            if verdict != Outcome::Passed {
+                return Err(format!("the correct backend did not pass {id}: {verdict:?}\n{msg}").into());
+            }
+        }
+        Ok(())
+    }));
+    let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
+    concord_harness::runner::Pool::global().shutdown();
+    std::process::exit(code);
+}
+
