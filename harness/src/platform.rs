@@ -235,3 +235,63 @@ mod tests {
         assert!(pid_running(std::process::id()));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Termination cleanup (parent side)
+
+static TERM_PIPE_WRITE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn on_termination_signal(sig: libc::c_int) {
+    let fd = TERM_PIPE_WRITE.load(std::sync::atomic::Ordering::SeqCst);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: write(2) is async-signal-safe; `b` lives for the call.
+        unsafe {
+            libc::write(fd, &b as *const u8 as *const libc::c_void, 1);
+        }
+    }
+}
+
+/// Installs (once per process) handlers for SIGTERM, SIGINT and SIGHUP that run `cleanup` on a
+/// normal thread (self-pipe; nothing but `write` runs in the handler) and then exit with
+/// `128 + signal`. The runner uses it so that a parent killed by nextest's timeout or by ^C
+/// still kills its worlds and removes their files.
+pub fn install_termination_cleanup(cleanup: fn()) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return;
+        }
+        // SAFETY: fds[0] is a fresh pipe read end owned by nobody else.
+        let mut read_end = unsafe { File::from_raw_fd(fds[0]) };
+        TERM_PIPE_WRITE.store(fds[1], std::sync::atomic::Ordering::SeqCst);
+        let spawned = std::thread::Builder::new().name("concord-term".into()).spawn(move || {
+            use std::io::Read;
+            let mut b = [0u8; 1];
+            if read_end.read_exact(&mut b).is_ok() {
+                cleanup();
+                exit_now(128 + b[0] as i32);
+            }
+        });
+        if spawned.is_err() {
+            return;
+        }
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            // SAFETY: installing a handler that only calls write(2).
+            unsafe {
+                libc::signal(sig, on_termination_signal as *const () as libc::sighandler_t);
+            }
+        }
+    });
+}
+
+/// A short random-enough suffix (time and address entropy) so that world ids stay unique even
+/// when a pid is reused by a later process and an earlier one left files behind.
+pub fn nonce() -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let local = 0u8;
+    let addr = &local as *const u8 as usize as u32;
+    (t ^ addr.rotate_left(13) ^ std::process::id().rotate_left(7)) & 0xff_ffff
+}

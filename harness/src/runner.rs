@@ -344,6 +344,23 @@ struct World {
 
 static WORLD_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Every world not yet torn down: id -> (process group, temp dir). Read by the termination
+/// handler, so that a parent killed by SIGTERM / SIGINT still leaves nothing behind.
+fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<String, (i32, PathBuf)>> {
+    static LIVE: Mutex<std::collections::BTreeMap<String, (i32, PathBuf)>> = Mutex::new(std::collections::BTreeMap::new());
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Kills every live world's processes and removes their files (termination handler).
+fn cleanup_live_worlds() {
+    let worlds = std::mem::take(&mut *live_worlds());
+    for (id, (pgid, dir)) in worlds {
+        let _ = platform::kill_group(pgid, Signal::SIGKILL);
+        let _ = std::fs::remove_dir_all(&dir);
+        platform::sweep_shm(&id);
+    }
+}
+
 fn spawn_readers(rank: usize, child: &mut Child, tx: Sender<Event>, tail: Arc<Tail>) {
     let stdout = child.stdout.take().expect("stdout piped");
     let stderr = child.stderr.take().expect("stderr piped");
@@ -392,7 +409,13 @@ impl World {
         if key.world_size == 0 {
             return Err("world size 0".into());
         }
-        let id = format!("p{}w{}", std::process::id(), WORLD_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "p{}w{}x{:06x}",
+            std::process::id(),
+            WORLD_COUNTER.fetch_add(1, Ordering::Relaxed),
+            platform::nonce()
+        );
+        platform::install_termination_cleanup(cleanup_live_worlds);
         let dir = tempfile::Builder::new()
             .prefix(&platform::shm_prefix(&id))
             .tempdir()
@@ -450,6 +473,7 @@ impl World {
             }
         };
         let pgid = children[0].id() as i32;
+        live_worlds().insert(id.clone(), (pgid, dir.path().to_path_buf()));
         trace(&format!("world {id}: {} ranks spawned in {:?}", children.len(), t_spawn.elapsed()));
         let (tx, rx) = mpsc::channel();
         let ranks = children
@@ -589,6 +613,7 @@ impl World {
             let _ = d.close();
         }
         platform::sweep_shm(&self.id);
+        live_worlds().remove(&self.id);
     }
 
     fn teardown_polite(mut self, grace: Duration) {

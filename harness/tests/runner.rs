@@ -398,6 +398,47 @@ fn t_parent_death_kills_workers() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A parent terminated by SIGTERM (nextest's timeout, ^C) kills its worlds and removes their
+/// files itself before exiting.
+fn t_parent_sigterm_cleans_up() -> Result<(), Failed> {
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .env("CONCORD_TEST_ROLE", "terminated_parent")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+    let mut words = line.split_whitespace().skip(1);
+    let world_id = words.next().unwrap_or_default().to_string();
+    let worker_pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
+    check!(worker_pids.len() == 2, "{line}");
+    check!(!concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the live world has no temp dir");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+    let status = child.wait()?;
+    check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while worker_pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check!(worker_pids.iter().all(|&x| !pid_running(x)), "workers {worker_pids:?} outlived their SIGTERMed parent");
+    let left_tmp = concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id));
+    let left_shm = concord_harness::platform::list_prefixed(std::path::Path::new("/dev/shm"), &shm_prefix(&world_id));
+    check!(left_tmp.is_empty() && left_shm.is_empty(), "left behind: {left_tmp:?} {left_shm:?}");
+    Ok(())
+}
+
+fn terminated_parent() -> ! {
+    let p = pool(2);
+    let r = run(&p, &key(2), "pass");
+    println!("WORLD {} {}", r.world_id, pids(&r).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn doomed_parent() -> ! {
     let p = pool(2);
     let r = run(&p, &key(2), "pass");
@@ -414,6 +455,9 @@ fn main() {
     }
     if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("doomed_parent") {
         doomed_parent();
+    }
+    if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("terminated_parent") {
+        terminated_parent();
     }
     let args = Arguments::from_args();
     let mut trials = vec![
@@ -434,6 +478,7 @@ fn main() {
         Trial::test("runner::lru_eviction", t_lru_eviction),
         Trial::test("runner::concurrent_callers", t_concurrent_callers),
         Trial::test("runner::parent_death_kills_workers", t_parent_death_kills_workers),
+        Trial::test("runner::parent_sigterm_kills_worlds_and_removes_files", t_parent_sigterm_cleans_up),
         Trial::test("store::eight_processes_thousand_adds_each", t_eight_ranks_thousand_adds),
     ];
     for ws in [1usize, 2, 4] {

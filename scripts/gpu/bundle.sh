@@ -2,8 +2,9 @@
 # Builds the x86-64 release binaries that must run on the GPU machine (which has no Rust
 # toolchain) and copies them into dist/ with an entry script, dist/run-gpu.sh.
 #
-#   scripts/gpu/bundle.sh                 # the NCCL smoke binary
-#   BUNDLE_TEST_PACKAGES="concord-suites" scripts/gpu/bundle.sh
+#   scripts/gpu/bundle.sh                 # (cargo xtask gpu-bundle) the conformance binary, the
+#                                         # NCCL smoke binary, the store CLI + FileStore interop script
+#   BUNDLE_TEST_PACKAGES="pkg ..." scripts/gpu/bundle.sh
 #                                         # + the test executables (harness = false runners) of
 #                                         #   those packages, copied under their target names
 #
@@ -21,9 +22,12 @@ if [ "$(uname -m)" != x86_64 ]; then
 fi
 
 cargo build --release -p concord-nccl --bins
-rm -rf "$dist/bin"
-mkdir -p "$dist/bin"
-cp "$target_dir/release/concord-nccl-smoke" "$dist/bin/"
+cargo build --release -p concord-harness --bin concord-store
+rm -rf "$dist/bin" "$dist/scripts"
+mkdir -p "$dist/bin" "$dist/scripts"
+cp "$target_dir/release/concord-nccl-smoke" "$target_dir/release/concord-store" "$dist/bin/"
+cp "$root/harness/scripts/filestore_interop.py" "$dist/scripts/"
+BUNDLE_TEST_PACKAGES="concord-suites ${BUNDLE_TEST_PACKAGES:-}"
 
 for pkg in ${BUNDLE_TEST_PACKAGES:-}; do
     # Each test executable's path comes from cargo's JSON messages (names carry a hash).
@@ -45,6 +49,8 @@ done
 
 cp "$root/scripts/gpu/run-gpu.sh" "$dist/run-gpu.sh"
 chmod +x "$dist/run-gpu.sh" "$dist"/bin/*
+# Debug info is for this machine; what travels must stay well under 64 MiB.
+strip "$dist"/bin/* 2>/dev/null || true
 
 # The GPU machine's glibc may be older than this one's: say what the binaries need.
 need=$(objdump -T "$dist"/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -t. -k2,2n -k3,3n -u | tail -1 || true)

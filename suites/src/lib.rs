@@ -85,8 +85,7 @@ macro_rules! harness {
 }
 
 /// The backends built into Concord: `shm` (the embedded CPU default), `fake` (no communication,
-/// value-independent subset), `fake_fail` (every collective fails: the suites must say so) and
-/// `nccl` (one GPU per rank; gated on the GPU count).
+/// value-independent subset) and `nccl` (one GPU per rank; gated on the GPU count).
 pub fn builtin_entries() -> Vec<BackendEntry> {
     vec![
         BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),

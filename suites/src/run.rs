@@ -252,8 +252,13 @@ fn libtest_mode(entries: &[BackendEntry], args: Vec<String>) -> i32 {
     let args = libtest_mimic::Arguments::from_iter(args);
     let gpus = if entries.iter().any(|e| e.gpus_per_rank > 0) { concord_harness::gpu::count() } else { 0 };
     let mut trials = Vec::new();
+    // `--exact NAME` (how nextest runs one test): build only that trial.
+    let only = args.exact.then(|| args.filter.clone()).flatten();
     for e in entries {
         for c in e.cases() {
+            if only.as_ref().is_some_and(|n| n != &c.id) {
+                continue;
+            }
             let needed = e.gpus_per_rank * c.world_size;
             let gated = needed > gpus;
             let entry = e.clone();

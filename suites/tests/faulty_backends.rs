@@ -268,6 +268,7 @@ fn main() {
     let control = BackendEntry::new::<ShmBackend>("control_shm", 0, concord_suites::catalogue::<ShmBackend>);
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
+    entries.push(BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>));
     concord_suites::run::dispatch_child(&entries);
     concord_suites::run::default_op_timeout();
 
@@ -294,6 +295,19 @@ fn main() {
             Ok(())
         }));
     }
+    // The fake backend's fail_all option: every collective fails with a named error.
+    let fake_fail = BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>)
+        .with_option("fail_all", "1");
+    let ff = fake_fail.clone();
+    trials.push(libtest_mimic::Trial::test("faulty::fake_fail_all_fails_every_collective", move || {
+        for id in ["all_reduce::out::f32::sum::ws2", "broadcast::inplace::i32::ws3", "barrier::out::f32::ws4"] {
+            let (verdict, msg, _) = run_case(&ff, &case_info(&ff, id));
+            if !matches!(verdict, Outcome::Failed(_)) || !msg.contains("injected") {
+                return Err(format!("fake fail_all: {id} gave {verdict:?}, expected a failure naming the injected error:\n{msg}").into());
+            }
+        }
+        Ok(())
+    }));
     // Control: the correct backend passes every case used above.
     let all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
     trials.push(libtest_mimic::Trial::test("faulty::control_backend_passes_the_same_cases", move || {

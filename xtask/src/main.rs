@@ -91,8 +91,9 @@ fn main() -> Result<()> {
                     "xtask: gated: NCCL cases need one GPU per rank; with {gpus} GPU(s) every nccl case of world size > {gpus} is listed as ignored and shows as SKIP"
                 );
             }
-            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]).args(&args))?;
-            run(cargo().args(["test", "--workspace", "--doc", "--quiet"]))
+            // The `ci` cargo profile (optimised): conformance cases run a world of processes each.
+            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci"]).args(&args))?;
+            run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, report, exact, jobs, filters } => {
             let mut c = cargo();

@@ -215,6 +215,8 @@ pub(crate) struct Comm {
     pub blocking: bool,
     pub lib_version: i32,
     inner: Mutex<Inner>,
+    /// The abort reason, readable without waiting for a launch that holds `inner`.
+    reason: Mutex<Option<String>>,
 }
 
 fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
@@ -316,6 +318,7 @@ impl Comm {
                 raw: RawComm(raw),
                 aborted: None,
             }),
+            reason: Mutex::new(None),
         })
     }
 
@@ -386,6 +389,7 @@ impl Comm {
                 raw: RawComm(raw),
                 aborted: None,
             }),
+            reason: Mutex::new(None),
         }))
     }
 
@@ -501,8 +505,13 @@ impl Comm {
     }
 
     /// The communicator's asynchronous error, if any (a remote peer gone, a failed kernel...).
+    /// Never waits: `None` while another thread is inside an NCCL call on the communicator.
     pub fn async_error(&self) -> Option<String> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         if inner.raw.0.is_null() {
             return None;
         }
@@ -517,16 +526,20 @@ impl Comm {
         }
     }
 
+    /// Why the communicator was aborted, if it was (never waits for a launch in progress).
     pub fn aborted(&self) -> Option<String> {
-        self.inner
+        self.reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .aborted
             .clone()
     }
 
     /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
     pub fn abort(&self, reason: String) {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| reason.clone());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.aborted.is_some() {
             return;
@@ -551,6 +564,10 @@ impl Comm {
             .aborted
             .get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| "the communicator was destroyed".into());
         if self.dev.bind().is_err() {
             return;
         }

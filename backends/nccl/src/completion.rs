@@ -1,8 +1,10 @@
-//! Pending NCCL collectives: a CUDA event recorded on the communicator's stream after the op.
+//! Pending NCCL collectives: first a job on the progress thread (header exchange, validation,
+//! launch), then a CUDA event recorded on the communicator's stream after the op.
 //!
 //! Contracts:
-//! * `is_completed` never blocks for long (an event query plus, after 10 ms pending, a check of
-//!   NCCL's asynchronous error state).
+//! * `is_completed` never blocks for long (a look at the job's [`Ticket`], an event query plus,
+//!   after 10 ms pending, a check of NCCL's asynchronous error state). It is false while the job
+//!   waits for the peers' headers.
 //! * `wait_for` returns within its timeout. An op pending longer than the world's op deadline
 //!   (counted from issue) is declared dead: the communicator is aborted and the wait ends with
 //!   [`CollectiveError::Timeout`] naming the op and its sequence number. Shorter waits that run
@@ -11,7 +13,8 @@
 //!   [`CollectiveError::Aborted`] after aborting the communicator.
 
 use crate::comm::Comm;
-use crate::cuda::{poll_until, Event};
+use crate::cuda::poll_until;
+use crate::worker::{Stage, Ticket};
 use concord_core::{progress, CollectiveError, Completion, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) struct NcclCompletion {
     pub comm: Arc<Comm>,
-    pub event: Event,
+    pub ticket: Arc<Ticket>,
     pub label: String,
     pub op: String,
     pub seq: u64,
@@ -47,14 +50,30 @@ impl NcclCompletion {
         if let Some(done) = self.state.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Some(done);
         }
-        match self.event.query() {
-            Ok(true) => return Some(self.finish(Ok(()))),
-            Ok(false) => {}
-            Err(e) => {
-                return Some(self.finish(Err(CollectiveError::Backend(format!(
-                    "{} #{} on rank {}: {e}",
-                    self.op, self.seq, self.rank
-                )))))
+        {
+            let stage = self.ticket.lock();
+            match &*stage {
+                // The progress thread finishes or launches it (or the op deadline ends the wait).
+                Stage::Queued => return None,
+                Stage::Finished(outcome) => {
+                    let outcome = outcome.clone();
+                    drop(stage);
+                    return Some(self.finish(outcome));
+                }
+                Stage::Launched(event) => match event.query() {
+                    Ok(true) => {
+                        drop(stage);
+                        return Some(self.finish(Ok(())));
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        drop(stage);
+                        return Some(self.finish(Err(CollectiveError::Backend(format!(
+                            "{} #{} on rank {}: {e}",
+                            self.op, self.seq, self.rank
+                        )))));
+                    }
+                },
             }
         }
         if let Some(why) = self.comm.aborted() {
@@ -94,10 +113,16 @@ impl Completion for NcclCompletion {
         }
         if Instant::now() >= op_deadline {
             let waited_ms = self.issued.elapsed().as_millis() as u64;
+            let launched = !matches!(&*self.ticket.lock(), Stage::Queued);
             let detail = format!(
-                "pending longer than the op deadline of {} ms (a peer died or never issued it); \
+                "pending longer than the op deadline of {} ms ({}); \
                  NCCL communicator aborted; this process is {}",
                 self.op_timeout.as_millis(),
+                if launched {
+                    "launched, but a peer died or never issued it"
+                } else {
+                    "never launched: still waiting for the peers' validation headers or for an earlier op"
+                },
                 progress::describe()
             );
             self.comm.abort(format!(

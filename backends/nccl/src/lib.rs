@@ -13,17 +13,33 @@
 //!   non-blocking (`ncclConfig_t.blocking = 0`) and created once per world, in `init`.
 //! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset), allocated and
 //!   freed stream-ordered on the rank's one stream, which every NCCL call and copy also uses.
-//! * **Validation.** Before every collective the ranks all-gather a small header (op, sequence
-//!   number, dtype, shape, reduce op, root, splits, local errors) on a side buffer and run the
-//!   same pure check (see `header`), so mismatched inputs end on *every* rank in the same named
-//!   [`CollectiveError::BadInput`] instead of an NCCL hang or silent truncation. Send/recv pairs
-//!   exchange headers between the two peers. Option `validate=0` turns this off (then
-//!   `capabilities().validates_across_ranks` is false).
-//! * **Completion.** A [`Work`] completes when a CUDA event recorded after the op completes. A
-//!   collective pending longer than the world's op deadline aborts the communicator
-//!   (`ncclCommAbort`) and ends in [`CollectiveError::Timeout`] with op and sequence number; later
-//!   ops on that communicator fail with [`CollectiveError::Aborted`]. No call waits without a
-//!   deadline.
+//! * **Issue is asynchronous.** Every collective MUST return its [`Work`] at once, even while
+//!   its peers are absent. The calling thread does the local checks (a bad root, indivisible
+//!   shapes, a wrong-size `_out` buffer... are returned at issue as a named
+//!   [`CollectiveError::BadInput`]), allocates the output and queues a job. One progress thread
+//!   per rank (see `worker`), shared by the world and its subgroups, runs the jobs in issue
+//!   order: it is the only thread making NCCL calls, so every rank launches in the same order.
+//!   A job keeps the buffers it uses alive until its NCCL calls are enqueued.
+//! * **Validation.** Before every collective the progress thread all-gathers a small header (op,
+//!   sequence number, dtype, shape, reduce op, root, splits, local errors) on a side buffer and
+//!   runs the same pure check (see `header`), so mismatched inputs end on *every* rank in the same
+//!   named [`CollectiveError::BadInput`] (at wait) instead of an NCCL hang or silent truncation.
+//!   A rank that rejected its input at issue still sends its header, marked with the error, so
+//!   its peers fail too and the sequence stays in step. Send/recv pairs exchange headers between
+//!   the two peers. Option `validate=0` turns this off (then
+//!   `capabilities().validates_across_ranks` is false). With validation on, op k+1 is launched
+//!   only after op k's headers have been exchanged.
+//! * **Completion.** A [`Work`] completes once its job has launched and a CUDA event recorded
+//!   after the op has completed; `is_completed()` is false while the job waits for its peers. A
+//!   wait that runs out of its own timeout leaves the op (and the communicator) alone. A
+//!   collective pending longer than the world's op deadline (counted from issue) aborts the
+//!   communicator (`ncclCommAbort`) and ends in [`CollectiveError::Timeout`] with op and
+//!   sequence number; later ops on that communicator fail at issue with
+//!   [`CollectiveError::Aborted`]. No call waits without a deadline.
+//! * **Ordering of copies.** `upload` and `write` are finished (in stream order) before they
+//!   return, so an op issued after them sees the data; `write` first waits (bounded) until every
+//!   op issued before it has been launched, so it lands after them. `download` after a
+//!   successful wait sees the final result.
 //! * **Semantics.** Declared in [`NcclBackend::capabilities`]: no bitwise reductions (NCCL has
 //!   none), no reductions on i16/u16 (NCCL has no 16-bit integer type; they move as bytes),
 //!   min/max ignore NaN (NaN only when every rank has NaN; min(-0, +0) = -0, max = +0), integer
@@ -35,10 +51,12 @@
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
 //! `init_timeout_ms=N` (default: the larger of the op deadline and 30 s).
 //!
-//! Cost of the defaults (2 × H200, 1 KiB all_reduce issue + wait): non-blocking communicator
-//! ~73 us unvalidated / ~160 us validated; `blocking=1` ~20 us / ~50 us. A blocking
+//! Cost of the defaults (2 × H200, NCCL 2.28.3, 1 KiB all_reduce issue + wait, through the
+//! progress thread): non-blocking communicator ~76 us unvalidated / ~163 us validated;
+//! `blocking=1` ~21 us / ~49 us (the same as when issue ran on the caller's thread). A blocking
 //! communicator still aborts a collective whose GPU kernels hang, but a peer lost while NCCL
-//! is connecting (first use of a peer or algorithm) can then block the issuing thread.
+//! is connecting (first use of a peer or algorithm) can then block the progress thread inside
+//! NCCL (waits still end at the op deadline; the abort itself may then wait for that call).
 
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
@@ -46,21 +64,23 @@ mod comm;
 mod completion;
 mod cuda;
 pub mod header;
+mod worker;
 
-use comm::{nccl_present, red_fns, version_string, Comm, LaunchError};
+use comm::{nccl_present, red_fns, version_string, Comm};
 use completion::NcclCompletion;
 use concord_core::caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 use concord_core::{
     progress, Backend, BadInputKind, CollectiveError, DType, OpKind, OutstandingCounter, ReduceOp,
     Result, Tensor, Work, WorkMeta, WorldInfo,
 };
-use cuda::{DevMem, Device, Pinned};
+use cuda::{DevMem, Device};
 use cudarc::nccl::sys as nccl;
-use header::{hash_words, header_len, parse_all, validate, validate_pair, Header};
+use header::{hash_words, Header};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use worker::{check, Channel, Check, Job, Launch, OpId, Progress, Ticket};
 
 /// Why NCCL cannot run here, or what it would run on.
 #[derive(Clone, Debug, PartialEq)]
@@ -210,10 +230,6 @@ fn premul_scalar(d: DType, s: f64) -> [u8; 8] {
     b
 }
 
-fn first_err(checks: impl IntoIterator<Item = Local>) -> Local {
-    checks.into_iter().find(|c| c.is_err()).unwrap_or(Ok(()))
-}
-
 /// Shape of an all-gather / gather result: `[ws * d0, rest..]`, `[ws]` for a 0-dim input.
 fn gathered_shape(shape: &[usize], ws: usize) -> Vec<usize> {
     match shape.split_first() {
@@ -243,33 +259,39 @@ struct Op {
     name: &'static str,
     seq: u64,
     cseq: u64,
+    issued: Instant,
     flight: InFlight,
 }
 
-struct SideBufs {
-    dev_send: DevMem,
-    dev_recv: DevMem,
-    host_send: Pinned,
-    host_recv: Pinned,
+impl Op {
+    fn id(&self) -> OpId {
+        OpId {
+            name: self.name,
+            seq: self.seq,
+            issued: self.issued,
+        }
+    }
 }
 
 static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// The NCCL backend: one instance per rank (and per subgroup). See the crate docs.
 pub struct NcclBackend {
+    // Dropped first: the progress thread (shared with subgroups) drains its queue before the
+    // communicator below is torn down.
+    progress: Arc<Progress>,
     rank: usize,
     ws: usize,
     /// `nccl` for the world, `nccl:gN` for subgroups (progress records are keyed by it).
     label: String,
-    comm: Arc<Comm>,
+    chan: Arc<Channel>,
     dev: Arc<Device>,
     seq: AtomicU64,
     coll_seq: AtomicU64,
     counter: OutstandingCounter,
     op_timeout: Duration,
     validate: AtomicBool,
-    side: Mutex<SideBufs>,
-    barrier_buf: DevMem,
+    barrier_buf: NcclBuffer,
     init_time: Duration,
     gpus: usize,
     _store: Option<concord_harness::store::FileStore>,
@@ -282,7 +304,7 @@ impl NcclBackend {
     }
     /// The loaded NCCL's version, e.g. `2.28.9`.
     pub fn nccl_version(&self) -> String {
-        version_string(self.comm.lib_version)
+        version_string(self.chan.comm.lib_version)
     }
     /// The CUDA device (visible ordinal) this rank drives.
     pub fn device_ordinal(&self) -> usize {
@@ -298,6 +320,7 @@ impl NcclBackend {
         self.validate.store(on, Ordering::SeqCst);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn from_comm(
         comm: Comm,
         label: String,
@@ -306,34 +329,42 @@ impl NcclBackend {
         init_time: Duration,
         gpus: usize,
         store: Option<concord_harness::store::FileStore>,
+        progress: Option<Arc<Progress>>,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
-        let ws = comm.nranks;
-        let hbytes = header_len(ws) * 8;
-        let side = SideBufs {
-            dev_send: dev.alloc(hbytes)?,
-            dev_recv: dev.alloc(hbytes * ws.max(2))?,
-            host_send: Pinned::new(&dev, hbytes)?,
-            host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
+        let comm = Arc::new(comm);
+        let chan = Channel::new(comm.clone(), op_timeout)?;
+        let barrier_buf = NcclBuffer {
+            mem: Arc::new(dev.alloc(4)?),
+            offset: 0,
+            dtype: DType::I32,
+            shape: vec![1],
         };
-        let barrier_buf = dev.alloc(4)?;
+        let progress = match progress {
+            Some(p) => p,
+            None => Progress::start(dev.clone())?,
+        };
         Ok(NcclBackend {
+            progress,
             rank: comm.rank,
-            ws,
+            ws: comm.nranks,
             label,
-            comm: Arc::new(comm),
+            chan: Arc::new(chan),
             dev,
             seq: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
             counter: OutstandingCounter::default(),
             op_timeout,
             validate: AtomicBool::new(validate),
-            side: Mutex::new(side),
             barrier_buf,
             init_time,
             gpus,
             _store: store,
         })
+    }
+
+    fn comm(&self) -> &Arc<Comm> {
+        &self.chan.comm
     }
 
     fn backend_err(&self, op: &str, seq: u64, msg: impl std::fmt::Display) -> CollectiveError {
@@ -360,6 +391,7 @@ impl NcclBackend {
             name,
             seq,
             cseq,
+            issued: Instant::now(),
             flight: InFlight {
                 label: self.label.clone(),
                 seq,
@@ -372,137 +404,68 @@ impl NcclBackend {
         CollectiveError::bad_input(kind, op.name, op.seq, self.rank, detail)
     }
 
-    fn launch_err(&self, op: &Op, e: LaunchError, started: Instant) -> CollectiveError {
-        match e {
-            LaunchError::Aborted(why) => CollectiveError::Aborted(format!(
-                "nccl {} #{} on rank {}: the communicator was aborted earlier ({why})",
-                op.name, op.seq, self.rank
-            )),
-            LaunchError::Nccl(msg) => self.backend_err(op.name, op.seq, msg),
-            LaunchError::Timeout => CollectiveError::Timeout {
-                op: op.name.to_string(),
-                seq: op.seq,
-                rank: self.rank,
-                waited_ms: started.elapsed().as_millis() as u64,
-                detail: "NCCL did not accept the op before the op deadline (a peer is missing?); communicator aborted"
-                    .into(),
-            },
+    /// `Err(Aborted)` once the communicator has been aborted: later ops fail at issue.
+    fn alive(&self, op: &Op) -> Result<()> {
+        match self.comm().aborted() {
+            Some(why) => Err(self.chan.aborted_err(&op.id(), &why)),
+            None => Ok(()),
         }
     }
 
-    /// Waits (bounded) for everything queued on the stream; aborts and names `op` on deadline.
-    fn drain(&self, op: &Op, started: Instant) -> Result<()> {
-        match self.dev.sync_until(started + self.op_timeout) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let waited_ms = started.elapsed().as_millis() as u64;
-                self.comm.abort(format!(
-                    "{} #{} timed out after {waited_ms} ms",
-                    op.name, op.seq
-                ));
-                Err(CollectiveError::Timeout {
-                    op: op.name.to_string(),
-                    seq: op.seq,
-                    rank: self.rank,
-                    waited_ms,
-                    detail: format!(
-                        "the GPU stream did not drain before the op deadline (an earlier collective is stuck); \
-                         NCCL communicator aborted; this process is {}",
-                        progress::describe()
-                    ),
-                })
-            }
-            Err(e) => Err(self.backend_err(op.name, op.seq, e)),
-        }
+    /// Waits (bounded by the op deadline) for everything queued on the stream.
+    fn drain(&self, op: &Op) -> Result<()> {
+        self.chan.drain(&op.id(), op.issued + self.op_timeout)
     }
 
-    /// Exchanges headers with every rank (all-gather on the side buffers); returns all headers.
-    fn exchange_all(&self, op: &Op, hdr: &Header) -> Result<Vec<Vec<u64>>> {
-        let started = Instant::now();
-        let bytes = hdr.to_bytes();
-        let n = bytes.len();
-        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
-        let side = &mut *side;
-        side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
-        let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
-        self.dev
-            .htod(send, &side.host_send.as_slice()[..n])
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
-        self.comm
-            .launch(started + self.op_timeout, &[], |c, s, _| unsafe {
-                let r = nccl::ncclAllGather(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    n,
-                    nccl::ncclDataType_t::ncclUint8,
-                    c,
-                    s,
-                );
-                check(r, "ncclAllGather (validation header)")
-            })
-            .map_err(|e| self.launch_err(op, e, started))?;
-        self.dev
-            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv)
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
-        self.drain(op, started)?;
-        Ok(parse_all(
-            &side.host_recv.as_slice()[..n * self.ws],
-            self.ws,
-        ))
+    /// Waits (bounded by the op deadline) until the progress thread has launched (or failed)
+    /// every op issued before `op`, so that `op` is ordered after them on the stream.
+    fn flush(&self, op: &Op) -> Result<()> {
+        if self.progress.flush(op.issued + self.op_timeout) {
+            return Ok(());
+        }
+        Err(CollectiveError::Timeout {
+            op: op.name.to_string(),
+            seq: op.seq,
+            rank: self.rank,
+            waited_ms: op.issued.elapsed().as_millis() as u64,
+            detail: format!(
+                "collectives issued before it were still waiting for their peers at the op deadline \
+                 of {} ms; this process is {}",
+                self.op_timeout.as_millis(),
+                progress::describe()
+            ),
+        })
     }
 
-    /// Exchanges headers with one peer (send/recv); returns the peer's header.
-    fn exchange_pair(&self, op: &Op, hdr: &Header, peer: usize) -> Result<Vec<u64>> {
-        let started = Instant::now();
-        let bytes = hdr.to_bytes();
-        let n = bytes.len();
-        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
-        let side = &mut *side;
-        side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
-        let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
-        self.dev
-            .htod(send, &side.host_send.as_slice()[..n])
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
-        self.comm
-            .launch(started + self.op_timeout, &[], |c, s, _| unsafe {
-                let u8t = nccl::ncclDataType_t::ncclUint8;
-                check(
-                    nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s),
-                    "ncclSend (validation header)",
-                )?;
-                check(
-                    nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s),
-                    "ncclRecv (validation header)",
-                )
-            })
-            .map_err(|e| self.launch_err(op, e, started))?;
-        self.dev
-            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv)
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
-        self.drain(op, started)?;
-        Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
+    /// A local input error: returned at issue. With validation on, the peers still need this
+    /// rank's header for this collective, so an exchange carrying the error is queued: every
+    /// rank then ends the collective in the same named error, and the sequence stays in step.
+    fn reject(
+        &self,
+        op: &Op,
+        hdr: &Header,
+        (kind, detail): (BadInputKind, String),
+    ) -> CollectiveError {
+        if self.validating() && self.comm().aborted().is_none() {
+            self.progress.submit(Job::Op {
+                chan: self.chan.clone(),
+                id: op.id(),
+                check: Check::All(hdr.clone().error(kind)),
+                launch: None,
+                ticket: None,
+            });
+        }
+        self.bad(op, kind, detail)
     }
 
-    /// Cross-rank agreement on a collective: every rank gets the same verdict.
-    fn agree(&self, op: &Op, hdr: Header, local: Local) -> Result<()> {
-        let hdr = match &local {
-            Err((kind, _)) => hdr.error(*kind),
-            Ok(()) => hdr,
-        };
-        if !self.validating() {
-            return local.map_err(|(k, d)| self.bad(op, k, d));
-        }
-        let all = self.exchange_all(op, &hdr)?;
-        match validate(&all) {
-            Ok(()) => Ok(()),
-            Err((kind, detail)) => {
-                let detail = match local {
-                    Err((k, mine)) if k == kind => mine,
-                    _ => detail,
-                };
-                Err(self.bad(op, kind, detail))
-            }
-        }
+    /// `local`'s value, or [`Self::reject`]'s error.
+    fn local_ok<T>(
+        &self,
+        op: &Op,
+        hdr: &Header,
+        local: std::result::Result<T, (BadInputKind, String)>,
+    ) -> Result<T> {
+        local.map_err(|e| self.reject(op, hdr, e))
     }
 
     fn new_header(&self, op: &Op) -> Header {
@@ -536,35 +499,41 @@ impl NcclBackend {
         Work::done(value, self.meta(&op), &self.counter)
     }
 
-    /// Launches `calls` as one NCCL group and returns a pending [`Work`] for `value`.
-    fn run<T>(
+    /// Queues `op` for the progress thread (cross-rank `check` when validating, then `launch`)
+    /// and returns its pending [`Work`] at once.
+    fn submit<T>(
         &self,
         mut op: Op,
         value: T,
-        premul: &[(nccl::ncclDataType_t, [u8; 8])],
-        calls: impl FnOnce(
-            nccl::ncclComm_t,
-            nccl::cudaStream_t,
-            &[u32],
-        ) -> std::result::Result<(), (String, nccl::ncclResult_t)>,
+        check: Check,
+        launch: Option<Launch>,
     ) -> Result<Work<T>> {
-        let started = Instant::now();
-        self.comm
-            .launch(started + self.op_timeout, premul, calls)
-            .map_err(|e| self.launch_err(&op, e, started))?;
-        let event = self
-            .dev
-            .record()
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
+        let check = if self.validating() {
+            check
+        } else {
+            Check::None
+        };
+        if matches!(check, Check::None) && launch.is_none() {
+            return Ok(self.done(op, value));
+        }
+        self.alive(&op)?;
+        let ticket = Ticket::new();
+        self.progress.submit(Job::Op {
+            chan: self.chan.clone(),
+            id: op.id(),
+            check,
+            launch,
+            ticket: Some(ticket.clone()),
+        });
         op.flight.armed = false;
         let completion = NcclCompletion {
-            comm: self.comm.clone(),
-            event,
+            comm: self.comm().clone(),
+            ticket,
             label: self.label.clone(),
             op: op.name.to_string(),
             seq: op.seq,
             rank: self.rank,
-            issued: started,
+            issued: op.issued,
             op_timeout: self.op_timeout,
             state: Mutex::new(None),
             progress_open: AtomicBool::new(true),
@@ -577,7 +546,7 @@ impl NcclBackend {
         ))
     }
 
-    /// The reduce op for NCCL calls, given the premul ops `run` created (one per premul dtype).
+    /// The premul-sum ops a launch must create (one per distinct dtype and scalar).
     fn premul_list(reds: &[(Red, DType)]) -> Vec<(nccl::ncclDataType_t, [u8; 8])> {
         let mut v: Vec<(nccl::ncclDataType_t, [u8; 8])> = Vec::new();
         for (r, d) in reds {
@@ -591,6 +560,7 @@ impl NcclBackend {
         v
     }
 
+    /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
     fn op_code(red: Red, d: DType, premul: &[(nccl::ncclDataType_t, [u8; 8])], ops: &[u32]) -> u32 {
         match red {
             Red::Builtin(c) => c,
@@ -615,37 +585,41 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let red = red_check(op, x.dtype);
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        self.agree(&o, hdr, red.clone().map(|_| ()))?;
-        let red = red.expect("agreed");
+        let red = self.local_ok(&o, &hdr, red_check(op, x.dtype))?;
         let out = if in_place {
             x.clone()
         } else {
             self.alloc_buf(&o, x.dtype, &x.shape)?
         };
-        if x.numel() == 0 {
-            return Ok(self.done(o, out));
-        }
-        let premul = Self::premul_list(&[(red, x.dtype)]);
-        let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
-        let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
-        let p2 = premul.clone();
-        self.run(o, out, &premul, move |c, s, ops| unsafe {
-            let t = nccl_dtype(d).expect("checked");
-            check(
-                (f.all_reduce)(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    n,
-                    t,
-                    Self::op_code(red, d, &p2, ops),
-                    c,
-                    s,
-                ),
-                "ncclAllReduce",
-            )
-        })
+        let launch = if x.numel() == 0 {
+            None
+        } else {
+            let premul = Self::premul_list(&[(red, x.dtype)]);
+            let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
+            let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
+            let p2 = premul.clone();
+            Some(Launch {
+                premul,
+                keep: keep(&[x, &out]),
+                calls: Box::new(move |c, s, ops| unsafe {
+                    let t = nccl_dtype(d).expect("checked");
+                    check(
+                        (f.all_reduce)(
+                            src as *const c_void,
+                            dst as *mut c_void,
+                            n,
+                            t,
+                            Self::op_code(red, d, &p2, ops),
+                            c,
+                            s,
+                        ),
+                        "ncclAllReduce",
+                    )
+                }),
+            })
+        };
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn all_reduce_coalesced_impl(
@@ -656,19 +630,13 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin(name, true)?;
-        let reds: Vec<_> = xs.iter().map(|x| red_check(op, x.dtype)).collect();
         let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
         let hdr = self.new_header(&o).list(&items).reduce(op);
-        self.agree(
-            &o,
-            hdr,
-            first_err(reds.iter().map(|r| r.clone().map(|_| ()))),
-        )?;
-        let reds: Vec<(Red, DType)> = reds
-            .into_iter()
-            .zip(xs)
-            .map(|(r, x)| (r.expect("agreed"), x.dtype))
-            .collect();
+        let reds = xs
+            .iter()
+            .map(|x| red_check(op, x.dtype).map(|r| (r, x.dtype)))
+            .collect::<std::result::Result<Vec<(Red, DType)>, _>>();
+        let reds = self.local_ok(&o, &hdr, reds)?;
         let outs: Vec<NcclBuffer> = if in_place {
             xs.to_vec()
         } else {
@@ -683,32 +651,38 @@ impl NcclBackend {
             .filter(|((x, _), _)| x.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), x.numel(), *d, *r))
             .collect();
-        if jobs.is_empty() {
-            return Ok(self.done(o, outs));
-        }
-        let premul = Self::premul_list(&reds);
-        let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
-        let p2 = premul.clone();
-        self.run(o, outs, &premul, move |c, s, ops| {
-            for (src, dst, n, d, red) in jobs {
-                let t = nccl_dtype(d).expect("checked");
-                check(
-                    unsafe {
-                        (f.all_reduce)(
-                            src as *const c_void,
-                            dst as *mut c_void,
-                            n,
-                            t,
-                            Self::op_code(red, d, &p2, ops),
-                            c,
-                            s,
-                        )
-                    },
-                    "ncclAllReduce (coalesced)",
-                )?;
-            }
-            Ok(())
-        })
+        let launch = if jobs.is_empty() {
+            None
+        } else {
+            let premul = Self::premul_list(&reds);
+            let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
+            let p2 = premul.clone();
+            Some(Launch {
+                premul,
+                keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
+                calls: Box::new(move |c, s, ops| {
+                    for (src, dst, n, d, red) in jobs {
+                        let t = nccl_dtype(d).expect("checked");
+                        check(
+                            unsafe {
+                                (f.all_reduce)(
+                                    src as *const c_void,
+                                    dst as *mut c_void,
+                                    n,
+                                    t,
+                                    Self::op_code(red, d, &p2, ops),
+                                    c,
+                                    s,
+                                )
+                            },
+                            "ncclAllReduce (coalesced)",
+                        )?;
+                    }
+                    Ok(())
+                }),
+            })
+        };
+        self.submit(o, outs, Check::All(hdr), launch)
     }
 
     fn reduce_scatter_local(
@@ -782,15 +756,9 @@ impl NcclBackend {
     }
 }
 
-/// `Ok` for success / in progress, else the call's name and NCCL result.
-fn check(
-    r: nccl::ncclResult_t,
-    what: &str,
-) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
-    match r {
-        nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress => Ok(()),
-        e => Err((what.to_string(), e)),
-    }
+/// The device memory behind `bufs`, for a [`Launch`] to keep alive until it is enqueued.
+fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
+    bufs.iter().map(|b| b.mem.clone()).collect()
 }
 
 fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
@@ -799,7 +767,6 @@ fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
         None => default,
     }
 }
-
 impl Backend for NcclBackend {
     type Buffer = NcclBuffer;
 
@@ -877,6 +844,7 @@ impl Backend for NcclBackend {
             init_time,
             info.gpus,
             Some(store),
+            None,
         )
         .map_err(|e| fail("side buffers", e))
     }
@@ -956,28 +924,52 @@ impl Backend for NcclBackend {
         }
         let hdr = self
             .new_header(&o)
-            .aux(hash_words(ranks.iter().map(|&r| r as u64)));
-        // The split itself needs every rank, so a subgroup is always agreed on, even with
-        // validation off.
-        let all = self.exchange_all(&o, &hdr.error_if(&local))?;
-        if let Err((kind, detail)) = validate(&all) {
-            let detail = match local {
-                Err((k, mine)) if k == kind => mine,
-                _ => detail,
-            };
-            return Err(self.bad(&o, kind, detail));
-        }
-        let pos = ranks.iter().position(|&r| r == self.rank);
+            .aux(hash_words(ranks.iter().map(|&r| r as u64)))
+            .error_if(&local);
+        self.alive(&o)?;
+        // The split needs every rank, so a subgroup is always agreed on, even with validation
+        // off. It runs on the progress thread, ordered after every op issued before it.
         let started = Instant::now();
-        let sub = self
-            .comm
-            .split(
-                pos.is_some(),
-                pos.unwrap_or(0),
-                ranks.len(),
-                started + self.op_timeout.max(Duration::from_secs(30)),
-            )
-            .map_err(|e| self.launch_err(&o, e, started))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.progress.submit(Job::Split {
+            chan: self.chan.clone(),
+            id: o.id(),
+            hdr,
+            local: local.err(),
+            member: ranks.iter().position(|&r| r == self.rank),
+            nranks: ranks.len(),
+            reply: tx,
+        });
+        // Bounded by the jobs' own deadlines (earlier ops, this header exchange, the split).
+        let limit =
+            self.op_timeout + self.op_timeout.max(Duration::from_secs(30)) + 2 * comm::ABORT_WAIT;
+        let sub = match rx.recv_timeout(limit) {
+            Ok(r) => r?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                self.comm().abort(format!(
+                    "new_group #{} timed out after {waited_ms} ms",
+                    o.seq
+                ));
+                return Err(CollectiveError::Timeout {
+                    op: "new_group".into(),
+                    seq: o.seq,
+                    rank: self.rank,
+                    waited_ms,
+                    detail: format!(
+                        "the progress thread did not finish the split; NCCL communicator aborted; this process is {}",
+                        progress::describe()
+                    ),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.backend_err(
+                    "new_group",
+                    o.seq,
+                    "the NCCL progress thread ended without splitting the communicator",
+                ))
+            }
+        };
         let Some(sub) = sub else { return Ok(None) };
         let label = format!("nccl:g{}", GROUP_IDS.fetch_add(1, Ordering::SeqCst));
         NcclBackend::from_comm(
@@ -988,6 +980,7 @@ impl Backend for NcclBackend {
             started.elapsed(),
             self.gpus,
             None,
+            Some(self.progress.clone()),
         )
         .map(Some)
         .map_err(|e| self.backend_err("new_group", o.seq, e))
@@ -998,13 +991,14 @@ impl Backend for NcclBackend {
     fn upload(&self, t: &Tensor) -> Result<NcclBuffer> {
         let o = self.begin("upload", false)?;
         let b = self.alloc_buf(&o, t.dtype(), t.shape())?;
-        self.write_impl(&o, &b, t)?;
+        // A new buffer: no queued collective can use it, so no flush.
+        self.copy_in(&o, &b, t)?;
         Ok(b)
     }
 
     fn download(&self, b: &NcclBuffer) -> Result<Tensor> {
         let o = self.begin("download", false)?;
-        self.drain(&o, Instant::now())?;
+        self.drain(&o)?;
         let mut t = Tensor::zeros(b.dtype, &b.shape);
         if b.nbytes() > 0 {
             unsafe { cudarc::driver::result::memcpy_dtoh_sync(t.bytes_mut(), b.ptr()) }
@@ -1020,7 +1014,10 @@ impl Backend for NcclBackend {
 
     fn write(&self, b: &NcclBuffer, t: &Tensor) -> Result<()> {
         let o = self.begin("write", false)?;
-        self.write_impl(&o, b, t)
+        self.write_checks(&o, b, t)?;
+        // Ordered after every collective issued before it, as on a single stream.
+        self.flush(&o)?;
+        self.copy_in(&o, b, t)
     }
 
     fn view(&self, b: &NcclBuffer, offset: usize, shape: &[usize]) -> Result<NcclBuffer> {
@@ -1084,9 +1081,8 @@ impl Backend for NcclBackend {
     fn all_gather_into_tensor(&self, x: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_gather_into_tensor", true)?;
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape);
-        self.agree(&o, hdr, Ok(()))?;
         let out = self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))?;
-        self.gather_all(o, x, out)
+        self.gather_all(o, hdr, x, out)
     }
 
     fn all_gather_into_tensor_out(
@@ -1095,16 +1091,16 @@ impl Backend for NcclBackend {
         out: &NcclBuffer,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_gather_into_tensor_out", true)?;
-        let local = self.out_checks(x, out, x.numel() * self.ws, "all_gather_into_tensor_out");
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape);
-        self.agree(&o, hdr, local)?;
-        self.gather_all(o, x, out.clone())
+        let local = self.out_checks(x, out, x.numel() * self.ws, "all_gather_into_tensor_out");
+        self.local_ok(&o, &hdr, local)?;
+        self.gather_all(o, hdr, x, out.clone())
     }
 
     fn all_gather_into_tensor_coalesced(&self, xs: &[NcclBuffer]) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("all_gather_into_tensor_coalesced", true)?;
         let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
-        self.agree(&o, self.new_header(&o).list(&items), Ok(()))?;
+        let hdr = self.new_header(&o).list(&items);
         let outs: Vec<NcclBuffer> = xs
             .iter()
             .map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws)))
@@ -1115,30 +1111,38 @@ impl Backend for NcclBackend {
             .filter(|(x, _)| x.numel() > 0)
             .map(|(x, y)| (x.ptr(), y.ptr(), x.numel(), x.dtype))
             .collect();
-        if jobs.is_empty() {
-            return Ok(self.done(o, outs));
-        }
-        self.run(o, outs, &[], move |c, s, _| {
-            for (src, dst, n, d) in jobs {
-                let (t, n) = move_type(d, n);
-                check(
-                    unsafe {
-                        nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s)
-                    },
-                    "ncclAllGather (coalesced)",
-                )?;
-            }
-            Ok(())
-        })
+        let launch = (!jobs.is_empty()).then(|| Launch {
+            premul: vec![],
+            keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
+            calls: Box::new(move |c, s, _| {
+                for (src, dst, n, d) in jobs {
+                    let (t, n) = move_type(d, n);
+                    check(
+                        unsafe {
+                            nccl::ncclAllGather(
+                                src as *const c_void,
+                                dst as *mut c_void,
+                                n,
+                                t,
+                                c,
+                                s,
+                            )
+                        },
+                        "ncclAllGather (coalesced)",
+                    )?;
+                }
+                Ok(())
+            }),
+        });
+        self.submit(o, outs, Check::All(hdr), launch)
     }
 
     fn reduce_scatter_tensor(&self, x: &NcclBuffer, op: ReduceOp) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor", true)?;
-        let red = self.reduce_scatter_local(x, op);
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        self.agree(&o, hdr, red.clone().map(|_| ()))?;
+        let red = self.local_ok(&o, &hdr, self.reduce_scatter_local(x, op))?;
         let out = self.alloc_buf(&o, x.dtype, &self.scattered_shape(x))?;
-        self.scatter_reduce(o, x, out, red.expect("agreed"))
+        self.scatter_reduce(o, hdr, x, out, red)
     }
 
     fn reduce_scatter_tensor_out(
@@ -1148,14 +1152,11 @@ impl Backend for NcclBackend {
         out: &NcclBuffer,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor_out", true)?;
-        let red = self.reduce_scatter_local(x, op);
-        let local = match &red {
-            Err(e) => Err(e.clone()),
-            Ok(_) => self.out_checks(x, out, x.numel() / self.ws, "reduce_scatter_tensor_out"),
-        };
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        self.agree(&o, hdr, local)?;
-        self.scatter_reduce(o, x, out.clone(), red.expect("agreed"))
+        let red = self.local_ok(&o, &hdr, self.reduce_scatter_local(x, op))?;
+        let local = self.out_checks(x, out, x.numel() / self.ws, "reduce_scatter_tensor_out");
+        self.local_ok(&o, &hdr, local)?;
+        self.scatter_reduce(o, hdr, x, out.clone(), red)
     }
 
     fn reduce_scatter_tensor_coalesced(
@@ -1164,22 +1165,13 @@ impl Backend for NcclBackend {
         op: ReduceOp,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("reduce_scatter_tensor_coalesced", true)?;
-        let reds: Vec<_> = xs
-            .iter()
-            .map(|x| self.reduce_scatter_local(x, op))
-            .collect();
         let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
         let hdr = self.new_header(&o).list(&items).reduce(op);
-        self.agree(
-            &o,
-            hdr,
-            first_err(reds.iter().map(|r| r.clone().map(|_| ()))),
-        )?;
-        let reds: Vec<(Red, DType)> = reds
-            .into_iter()
-            .zip(xs)
-            .map(|(r, x)| (r.expect("agreed"), x.dtype))
-            .collect();
+        let reds = xs
+            .iter()
+            .map(|x| self.reduce_scatter_local(x, op).map(|r| (r, x.dtype)))
+            .collect::<std::result::Result<Vec<(Red, DType)>, _>>();
+        let reds = self.local_ok(&o, &hdr, reds)?;
         let outs: Vec<NcclBuffer> = xs
             .iter()
             .map(|x| self.alloc_buf(&o, x.dtype, &self.scattered_shape(x)))
@@ -1188,35 +1180,41 @@ impl Backend for NcclBackend {
             .iter()
             .zip(&outs)
             .zip(&reds)
-            .filter(|((y, _), _)| y.numel() > 0)
+            .filter(|((_, y), _)| y.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), y.numel(), *d, *r))
             .collect();
-        if jobs.is_empty() {
-            return Ok(self.done(o, outs));
-        }
-        let premul = Self::premul_list(&reds);
-        let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-        let p2 = premul.clone();
-        self.run(o, outs, &premul, move |c, s, ops| {
-            for (src, dst, n, d, red) in jobs {
-                let t = nccl_dtype(d).expect("checked");
-                check(
-                    unsafe {
-                        (f.reduce_scatter)(
-                            src as *const c_void,
-                            dst as *mut c_void,
-                            n,
-                            t,
-                            Self::op_code(red, d, &p2, ops),
-                            c,
-                            s,
-                        )
-                    },
-                    "ncclReduceScatter (coalesced)",
-                )?;
-            }
-            Ok(())
-        })
+        let launch = if jobs.is_empty() {
+            None
+        } else {
+            let premul = Self::premul_list(&reds);
+            let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
+            let p2 = premul.clone();
+            Some(Launch {
+                premul,
+                keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
+                calls: Box::new(move |c, s, ops| {
+                    for (src, dst, n, d, red) in jobs {
+                        let t = nccl_dtype(d).expect("checked");
+                        check(
+                            unsafe {
+                                (f.reduce_scatter)(
+                                    src as *const c_void,
+                                    dst as *mut c_void,
+                                    n,
+                                    t,
+                                    Self::op_code(red, d, &p2, ops),
+                                    c,
+                                    s,
+                                )
+                            },
+                            "ncclReduceScatter (coalesced)",
+                        )?;
+                    }
+                    Ok(())
+                }),
+            })
+        };
+        self.submit(o, outs, Check::All(hdr), launch)
     }
 
     fn all_to_all_single(
@@ -1239,14 +1237,11 @@ impl Backend for NcclBackend {
             }
             Ok(vec![d0 / ws; ws])
         };
-        let mut local: Local = Ok(());
-        let mut ins = vec![0usize; ws];
-        let mut outs = vec![0usize; ws];
-        if x.shape.is_empty() {
-            local = Err((
+        let splits = if x.shape.is_empty() {
+            Err((
                 BadInputKind::ZeroDim,
                 "all_to_all_single needs at least one dimension".into(),
-            ));
+            ))
         } else {
             let input = match input_splits {
                 Some(s) if s.len() != ws => Err((
@@ -1272,29 +1267,35 @@ impl Backend for NcclBackend {
                 None => equal("output"),
             };
             match (input, output) {
-                (Ok(i), Ok(out)) => {
-                    ins = i;
-                    outs = out;
-                }
-                (Err(e), _) | (_, Err(e)) => local = Err(e),
+                (Ok(i), Ok(out)) => Ok((i, out)),
+                (Err(e), _) | (_, Err(e)) => Err(e),
             }
-        }
+        };
         let (_, row) = x.rows();
         let row_shape: Vec<u64> = x.shape.iter().skip(1).map(|&d| d as u64).collect();
-        let hdr = self
-            .new_header(&o)
-            .tensor(x.dtype, &x.shape)
-            .aux(hash_words(
-                std::iter::once(row_shape.len() as u64).chain(row_shape),
-            ))
-            .splits(&ins, &outs);
-        self.agree(&o, hdr, local)?;
+        let hdr_of = |ins: &[usize], outs: &[usize]| {
+            self.new_header(&o)
+                .tensor(x.dtype, &x.shape)
+                .aux(hash_words(
+                    std::iter::once(row_shape.len() as u64).chain(row_shape.iter().copied()),
+                ))
+                .splits(ins, outs)
+        };
+        let (ins, outs) = match splits {
+            Ok(s) => s,
+            Err(e) => {
+                let zeros = vec![0usize; ws];
+                let hdr = hdr_of(&zeros, &zeros);
+                return Err(self.reject(&o, &hdr, e));
+            }
+        };
+        let hdr = hdr_of(&ins, &outs);
         let mut out_shape = x.shape.clone();
         out_shape[0] = outs.iter().sum();
         let out = self.alloc_buf(&o, x.dtype, &out_shape)?;
         let esz = x.dtype.size();
-        let (src, dst, d, me) = (x.ptr(), out.ptr(), x.dtype, self.rank);
-        let mut jobs: Vec<(bool, u64, usize, usize)> = Vec::new(); // (is_send, ptr, rows, peer)
+        let (src, dst, d) = (x.ptr(), out.ptr(), x.dtype);
+        let mut jobs: Vec<(bool, u64, usize, usize)> = Vec::new(); // (is_send, ptr, elements, peer)
         let (mut ioff, mut ooff) = (0usize, 0usize);
         for j in 0..ws {
             if ins[j] > 0 {
@@ -1306,11 +1307,9 @@ impl Backend for NcclBackend {
             ioff += ins[j];
             ooff += outs[j];
         }
-        if jobs.iter().all(|j| j.2 == 0) {
-            return Ok(self.done(o, out));
-        }
-        let _ = me;
-        self.run(o, out, &[], move |c, s, _| p2p(&jobs, d, c, s))
+        let launch =
+            (!jobs.iter().all(|j| j.2 == 0)).then(|| p2p_launch(jobs, d, keep(&[x, &out])));
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn broadcast(&self, x: &NcclBuffer, src: usize) -> Result<Work<NcclBuffer>> {
@@ -1329,91 +1328,94 @@ impl Backend for NcclBackend {
             && src_dst
                 .iter()
                 .all(|&d| d < ws && !std::mem::replace(&mut seen[d], true));
-        let local: Local = if valid {
-            Ok(())
-        } else {
-            Err((
-                BadInputKind::BadPermutation,
-                format!("{src_dst:?} is not a permutation of 0..{ws}"),
-            ))
-        };
         let hdr = self
             .new_header(&o)
             .tensor(x.dtype, &x.shape)
             .aux(hash_words(src_dst.iter().map(|&d| d as u64)));
-        self.agree(&o, hdr, local)?;
-        let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
-        if x.numel() == 0 {
-            return Ok(self.done(o, out));
+        if !valid {
+            return Err(self.reject(
+                &o,
+                &hdr,
+                (
+                    BadInputKind::BadPermutation,
+                    format!("{src_dst:?} is not a permutation of 0..{ws}"),
+                ),
+            ));
         }
-        let dst_rank = src_dst[self.rank];
-        let src_rank = src_dst
-            .iter()
-            .position(|&d| d == self.rank)
-            .expect("a permutation");
-        let jobs = vec![
-            (true, x.ptr(), x.numel(), dst_rank),
-            (false, out.ptr(), x.numel(), src_rank),
-        ];
-        let d = x.dtype;
-        self.run(o, out, &[], move |c, s, _| p2p(&jobs, d, c, s))
+        let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
+        let launch = (x.numel() > 0).then(|| {
+            let dst_rank = src_dst[self.rank];
+            let src_rank = src_dst
+                .iter()
+                .position(|&d| d == self.rank)
+                .expect("a permutation");
+            let jobs = vec![
+                (true, x.ptr(), x.numel(), dst_rank),
+                (false, out.ptr(), x.numel(), src_rank),
+            ];
+            p2p_launch(jobs, x.dtype, keep(&[x, &out]))
+        });
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn reduce(&self, x: &NcclBuffer, op: ReduceOp, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce", true)?;
-        let red = red_check(op, x.dtype);
-        let local = first_err([self.root_check(root), red.clone().map(|_| ())]);
         let hdr = self
             .new_header(&o)
             .tensor(x.dtype, &x.shape)
             .reduce(op)
             .root(root);
-        self.agree(&o, hdr, local)?;
-        let red = red.expect("agreed");
+        self.local_ok(&o, &hdr, self.root_check(root))?;
+        let red = self.local_ok(&o, &hdr, red_check(op, x.dtype))?;
         let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
-        if x.numel() == 0 {
-            return Ok(self.done(o, out));
-        }
-        let premul = Self::premul_list(&[(red, x.dtype)]);
-        let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-        let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
-        let p2 = premul.clone();
-        self.run(o, out, &premul, move |c, s, ops| unsafe {
-            let t = nccl_dtype(d).expect("checked");
-            check(
-                (f.reduce)(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    n,
-                    t,
-                    Self::op_code(red, d, &p2, ops),
-                    root as i32,
-                    c,
-                    s,
-                ),
-                "ncclReduce",
-            )
-        })
+        let launch = if x.numel() == 0 {
+            None
+        } else {
+            let premul = Self::premul_list(&[(red, x.dtype)]);
+            let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
+            let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
+            let p2 = premul.clone();
+            Some(Launch {
+                premul,
+                keep: keep(&[x, &out]),
+                calls: Box::new(move |c, s, ops| unsafe {
+                    let t = nccl_dtype(d).expect("checked");
+                    check(
+                        (f.reduce)(
+                            src as *const c_void,
+                            dst as *mut c_void,
+                            n,
+                            t,
+                            Self::op_code(red, d, &p2, ops),
+                            root as i32,
+                            c,
+                            s,
+                        ),
+                        "ncclReduce",
+                    )
+                }),
+            })
+        };
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn gather(&self, x: &NcclBuffer, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("gather", true)?;
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(root);
-        self.agree(&o, hdr, self.root_check(root))?;
+        self.local_ok(&o, &hdr, self.root_check(root))?;
         let out = self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))?;
         let n = x.numel();
-        if n == 0 {
-            return Ok(self.done(o, out));
-        }
-        let esz = x.dtype.size();
-        let mut jobs = vec![(true, x.ptr(), n, root)];
-        if self.rank == root {
-            for j in 0..self.ws {
-                jobs.push((false, out.ptr() + (j * n * esz) as u64, n, j));
+        let launch = (n > 0).then(|| {
+            let esz = x.dtype.size();
+            let mut jobs = vec![(true, x.ptr(), n, root)];
+            if self.rank == root {
+                for j in 0..self.ws {
+                    jobs.push((false, out.ptr() + (j * n * esz) as u64, n, j));
+                }
             }
-        }
-        let d = x.dtype;
-        self.run(o, out, &[], move |c, s, _| p2p(&jobs, d, c, s))
+            p2p_launch(jobs, x.dtype, keep(&[x, &out]))
+        });
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn scatter(&self, x: &NcclBuffer, root: usize) -> Result<Work<NcclBuffer>> {
@@ -1435,22 +1437,21 @@ impl Backend for NcclBackend {
             self.root_check(root)
         };
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(root);
-        self.agree(&o, hdr, local)?;
+        self.local_ok(&o, &hdr, local)?;
         let out = self.alloc_buf(&o, x.dtype, &self.scattered_shape(x))?;
         let n = out.numel();
-        if n == 0 {
-            return Ok(self.done(o, out));
-        }
-        let esz = x.dtype.size();
-        let mut jobs = Vec::new();
-        if self.rank == root {
-            for j in 0..self.ws {
-                jobs.push((true, x.ptr() + (j * n * esz) as u64, n, j));
+        let launch = (n > 0).then(|| {
+            let esz = x.dtype.size();
+            let mut jobs = Vec::new();
+            if self.rank == root {
+                for j in 0..self.ws {
+                    jobs.push((true, x.ptr() + (j * n * esz) as u64, n, j));
+                }
             }
-        }
-        jobs.push((false, out.ptr(), n, root));
-        let d = x.dtype;
-        self.run(o, out, &[], move |c, s, _| p2p(&jobs, d, c, s))
+            jobs.push((false, out.ptr(), n, root));
+            p2p_launch(jobs, x.dtype, keep(&[x, &out]))
+        });
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn send(&self, x: &NcclBuffer, dst: usize) -> Result<Work<()>> {
@@ -1465,20 +1466,12 @@ impl Backend for NcclBackend {
                 ),
             ));
         }
-        if self.validating() {
-            let mine = Header::new(self.ws, "send", 0)
-                .tensor(x.dtype, &x.shape)
-                .peer(dst);
-            let theirs = self.exchange_pair(&o, &mine, dst)?;
-            validate_pair(&mine.words, &theirs, self.rank, dst)
-                .map_err(|(k, d)| self.bad(&o, k, d))?;
-        }
-        if x.numel() == 0 {
-            return Ok(self.done(o, ()));
-        }
-        let jobs = vec![(true, x.ptr(), x.numel(), dst)];
-        let d = x.dtype;
-        self.run(o, (), &[], move |c, s, _| p2p(&jobs, d, c, s))
+        let mine = Header::new(self.ws, "send", 0)
+            .tensor(x.dtype, &x.shape)
+            .peer(dst);
+        let launch = (x.numel() > 0)
+            .then(|| p2p_launch(vec![(true, x.ptr(), x.numel(), dst)], x.dtype, keep(&[x])));
+        self.submit(o, (), Check::Pair(mine, dst), launch)
     }
 
     fn recv(&self, out: &NcclBuffer, src: usize) -> Result<Work<NcclBuffer>> {
@@ -1493,44 +1486,54 @@ impl Backend for NcclBackend {
                 ),
             ));
         }
-        if self.validating() {
-            let mine = Header::new(self.ws, "recv", 0)
-                .tensor(out.dtype, &out.shape)
-                .peer(src);
-            let theirs = self.exchange_pair(&o, &mine, src)?;
-            validate_pair(&mine.words, &theirs, self.rank, src)
-                .map_err(|(k, d)| self.bad(&o, k, d))?;
-        }
-        if out.numel() == 0 {
-            return Ok(self.done(o, out.clone()));
-        }
-        let jobs = vec![(false, out.ptr(), out.numel(), src)];
-        let d = out.dtype;
-        self.run(o, out.clone(), &[], move |c, s, _| p2p(&jobs, d, c, s))
+        let mine = Header::new(self.ws, "recv", 0)
+            .tensor(out.dtype, &out.shape)
+            .peer(src);
+        let launch = (out.numel() > 0).then(|| {
+            p2p_launch(
+                vec![(false, out.ptr(), out.numel(), src)],
+                out.dtype,
+                keep(&[out]),
+            )
+        });
+        self.submit(o, out.clone(), Check::Pair(mine, src), launch)
     }
 
     fn barrier(&self) -> Result<Work<()>> {
         let o = self.begin("barrier", true)?;
-        self.agree(&o, self.new_header(&o), Ok(()))?;
-        let p = self.barrier_buf.ptr;
-        self.run(o, (), &[], move |c, s, _| unsafe {
-            check(
-                nccl::ncclAllReduce(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    1,
-                    nccl::ncclDataType_t::ncclInt32,
-                    nccl::ncclRedOp_t::ncclSum,
-                    c,
-                    s,
-                ),
-                "ncclAllReduce (barrier)",
-            )
-        })
+        let hdr = self.new_header(&o);
+        let p = self.barrier_buf.ptr();
+        let launch = Launch {
+            premul: vec![],
+            keep: keep(&[&self.barrier_buf]),
+            calls: Box::new(move |c, s, _| unsafe {
+                check(
+                    nccl::ncclAllReduce(
+                        p as *const c_void,
+                        p as *mut c_void,
+                        1,
+                        nccl::ncclDataType_t::ncclInt32,
+                        nccl::ncclRedOp_t::ncclSum,
+                        c,
+                        s,
+                    ),
+                    "ncclAllReduce (barrier)",
+                )
+            }),
+        };
+        self.submit(o, (), Check::All(hdr), Some(launch))
     }
 }
 
-/// Grouped point-to-point jobs: `(is_send, device pointer, elements, peer)`.
+/// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
+fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
+    Launch {
+        premul: vec![],
+        keep,
+        calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)),
+    }
+}
+
 fn p2p(
     jobs: &[(bool, u64, usize, usize)],
     d: DType,
@@ -1555,7 +1558,7 @@ fn p2p(
 }
 
 impl NcclBackend {
-    fn write_impl(&self, o: &Op, b: &NcclBuffer, t: &Tensor) -> Result<()> {
+    fn write_checks(&self, o: &Op, b: &NcclBuffer, t: &Tensor) -> Result<()> {
         if t.dtype() != b.dtype {
             return Err(self.bad(
                 o,
@@ -1574,56 +1577,78 @@ impl NcclBackend {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    fn copy_in(&self, o: &Op, b: &NcclBuffer, t: &Tensor) -> Result<()> {
+        self.write_checks(o, b, t)?;
         // A pageable host-to-device copy waits for the stream: drain it first, with a deadline.
-        self.drain(o, Instant::now())?;
+        self.drain(o)?;
         self.dev
             .htod(b.ptr(), t.bytes())
             .map_err(|e| self.backend_err(o.name, o.seq, e))
     }
 
-    fn gather_all(&self, o: Op, x: &NcclBuffer, out: NcclBuffer) -> Result<Work<NcclBuffer>> {
-        if x.numel() == 0 {
-            return Ok(self.done(o, out));
-        }
-        let (t, n) = move_type(x.dtype, x.numel());
-        let (src, dst) = (x.ptr(), out.ptr());
-        self.run(o, out, &[], move |c, s, _| unsafe {
-            check(
-                nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s),
-                "ncclAllGather",
-            )
-        })
+    fn gather_all(
+        &self,
+        o: Op,
+        hdr: Header,
+        x: &NcclBuffer,
+        out: NcclBuffer,
+    ) -> Result<Work<NcclBuffer>> {
+        let launch = (x.numel() > 0).then(|| {
+            let (t, n) = move_type(x.dtype, x.numel());
+            let (src, dst) = (x.ptr(), out.ptr());
+            Launch {
+                premul: vec![],
+                keep: keep(&[x, &out]),
+                calls: Box::new(move |c, s, _| unsafe {
+                    check(
+                        nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s),
+                        "ncclAllGather",
+                    )
+                }),
+            }
+        });
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn scatter_reduce(
         &self,
         o: Op,
+        hdr: Header,
         x: &NcclBuffer,
         out: NcclBuffer,
         red: Red,
     ) -> Result<Work<NcclBuffer>> {
-        if out.numel() == 0 {
-            return Ok(self.done(o, out));
-        }
-        let premul = Self::premul_list(&[(red, x.dtype)]);
-        let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-        let (src, dst, n, d) = (x.ptr(), out.ptr(), out.numel(), x.dtype);
-        let p2 = premul.clone();
-        self.run(o, out, &premul, move |c, s, ops| unsafe {
-            let t = nccl_dtype(d).expect("checked");
-            check(
-                (f.reduce_scatter)(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    n,
-                    t,
-                    Self::op_code(red, d, &p2, ops),
-                    c,
-                    s,
-                ),
-                "ncclReduceScatter",
-            )
-        })
+        let launch = if out.numel() == 0 {
+            None
+        } else {
+            let premul = Self::premul_list(&[(red, x.dtype)]);
+            let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
+            let (src, dst, n, d) = (x.ptr(), out.ptr(), out.numel(), x.dtype);
+            let p2 = premul.clone();
+            Some(Launch {
+                premul,
+                keep: keep(&[x, &out]),
+                calls: Box::new(move |c, s, ops| unsafe {
+                    let t = nccl_dtype(d).expect("checked");
+                    check(
+                        (f.reduce_scatter)(
+                            src as *const c_void,
+                            dst as *mut c_void,
+                            n,
+                            t,
+                            Self::op_code(red, d, &p2, ops),
+                            c,
+                            s,
+                        ),
+                        "ncclReduceScatter",
+                    )
+                }),
+            })
+        };
+        self.submit(o, out, Check::All(hdr), launch)
     }
 
     fn broadcast_impl(
@@ -1635,31 +1660,35 @@ impl NcclBackend {
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
         let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(src);
-        self.agree(&o, hdr, self.root_check(src))?;
+        self.local_ok(&o, &hdr, self.root_check(src))?;
         let out = if in_place {
             x.clone()
         } else {
             self.alloc_buf(&o, x.dtype, &x.shape)?
         };
-        if x.numel() == 0 {
-            return Ok(self.done(o, out));
-        }
-        let (t, n) = move_type(x.dtype, x.numel());
-        let (sp, dp) = (x.ptr(), out.ptr());
-        self.run(o, out, &[], move |c, s, _| unsafe {
-            check(
-                nccl::ncclBroadcast(
-                    sp as *const c_void,
-                    dp as *mut c_void,
-                    n,
-                    t,
-                    src as i32,
-                    c,
-                    s,
-                ),
-                "ncclBroadcast",
-            )
-        })
+        let launch = (x.numel() > 0).then(|| {
+            let (t, n) = move_type(x.dtype, x.numel());
+            let (sp, dp) = (x.ptr(), out.ptr());
+            Launch {
+                premul: vec![],
+                keep: keep(&[x, &out]),
+                calls: Box::new(move |c, s, _| unsafe {
+                    check(
+                        nccl::ncclBroadcast(
+                            sp as *const c_void,
+                            dp as *mut c_void,
+                            n,
+                            t,
+                            src as i32,
+                            c,
+                            s,
+                        ),
+                        "ncclBroadcast",
+                    )
+                }),
+            }
+        });
+        self.submit(o, out, Check::All(hdr), launch)
     }
 }
 

@@ -47,8 +47,8 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, &'static [K], bool, Issue<B>
             let xs = vec![f32s(b, &[3])?, f32s(b, &[3 + r])?];
             wait(b.all_reduce_coalesced(&xs, ReduceOp::Sum)?, T)
         }),
-        ("all_reduce_bitwise_on_float", 2, &[K::UnsupportedDType], false, |b, _, _| wait(b.all_reduce(&f32s(b, &[4])?, ReduceOp::BAnd)?, T)),
-        ("all_reduce_premul_sum_on_int", 2, &[K::UnsupportedDType], false, |b, _, _| {
+        ("all_reduce_bitwise_on_float", 2, &[K::UnsupportedDType, K::UnsupportedOp], false, |b, _, _| wait(b.all_reduce(&f32s(b, &[4])?, ReduceOp::BAnd)?, T)),
+        ("all_reduce_premul_sum_on_int", 2, &[K::UnsupportedDType, K::UnsupportedOp], false, |b, _, _| {
             wait(b.all_reduce(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0))?, T)
         }),
         ("all_gather_shape_mismatch", 2, &[K::ShapeMismatch], true, |b, r, _| wait(b.all_gather_into_tensor(&f32s(b, &[4 + r])?)?, T)),

@@ -159,16 +159,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let w = here(b, "all_reduce", "out", DType::F32);
             let timeout = ctx.timeout;
             let got = std::thread::scope(|s| {
-                s.spawn(move || -> Result<Tensor, concord_core::CollectiveError> {
+                s.spawn(move || -> Result<B::Buffer, concord_core::CollectiveError> {
                     let x = b.upload(&full(&[4, 4], b.rank() as f32))?;
-                    let out = b.all_reduce(&x, ReduceOp::Avg)?.into_value(timeout)?;
-                    b.download(&out)
+                    b.all_reduce(&x, ReduceOp::Avg)?.into_value(timeout)
                 })
                 .join()
             })
             .map_err(|_| fail(&w, "the thread running the collective panicked"))??;
-            concord_oracle::compare(&got, &full(&[4, 4], avg_of_ranks(b.world_size())), concord_oracle::Tolerance::Exact)
-                .map_err(|m| fail(&w, m))
+            expect_eq(b, &got, &full(&[4, 4], avg_of_ranks(b.world_size())), &w)
         }),
         // ---- eager semantics of test_inductor_collectives.py ----
         Case::<B>::new("seed::eager::permute_tensor", meta("permute_tensor", "out", ""), 2, |ctx| {

@@ -1,0 +1,607 @@
+//! The progress thread: every NCCL call on a rank's communicators is made here, in issue order.
+//!
+//! Issuing a collective MUST return at once (the [`concord_core::Backend`] contract), but with
+//! cross-rank validation a collective can only be launched once every peer's header has arrived.
+//! So the issuing thread does the local checks, allocates the output, and queues a [`Job`]; one
+//! thread per rank (shared by the world communicator and all of its subgroups, which use the
+//! same stream) takes jobs in FIFO order and, for each, exchanges and validates the headers,
+//! launches the NCCL group and records a CUDA event. The job's [`Ticket`] tells the op's
+//! completion where it stands: queued, launched (with its event) or finished (failed, or nothing
+//! to launch).
+//!
+//! Contracts:
+//! * Jobs run one at a time in submission order, so every rank launches in issue order, on
+//!   every communicator (a subgroup's op queued after a world op is launched after it).
+//! * Every step of a job is bounded by the op's deadline (issue time + the world's op timeout);
+//!   a step that runs past it aborts the communicator and ends the job with a named
+//!   [`CollectiveError::Timeout`] naming the op and its sequence number.
+//! * A job keeps the device memory its NCCL calls touch alive until those calls are enqueued
+//!   (a buffer dropped by the caller right after issue is freed stream-ordered *after* the op).
+//! * [`Progress`] is dropped when the last backend sharing it goes: it lets the queue drain,
+//!   aborts a communicator whose job still waits for its peers after [`DROP_GRACE`], and never
+//!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
+
+use crate::comm::{Comm, LaunchError, ABORT_WAIT};
+use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
+use crate::header::{header_len, parse_all, validate, validate_pair, Header};
+use concord_core::{progress, BadInputKind, CollectiveError, Result};
+use cudarc::nccl::sys as nccl;
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a dropped backend's queue may keep waiting for peers before its communicator is
+/// aborted (the same grace the communicator's own teardown gives a busy stream).
+pub const DROP_GRACE: Duration = Duration::from_millis(200);
+
+/// How long the progress thread spins for the next job before sleeping (latency of short ops).
+const SPIN: Duration = Duration::from_micros(50);
+
+/// The NCCL calls of one launch: `(communicator, stream, premul-sum op handles)`.
+pub(crate) type Calls = Box<
+    dyn FnOnce(
+            nccl::ncclComm_t,
+            nccl::cudaStream_t,
+            &[u32],
+        ) -> std::result::Result<(), (String, nccl::ncclResult_t)>
+        + Send,
+>;
+
+/// What a job launches once its headers agree.
+pub(crate) struct Launch {
+    /// Premul-sum ops to create first (NCCL type, scalar bytes).
+    pub premul: Vec<(nccl::ncclDataType_t, [u8; 8])>,
+    pub calls: Calls,
+    /// Device memory the calls read or write, kept alive until they are enqueued.
+    pub keep: Vec<Arc<DevMem>>,
+}
+
+/// Names and numbers of an issued op, for messages and headers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpId {
+    pub name: &'static str,
+    pub seq: u64,
+    pub issued: Instant,
+}
+
+/// The cross-rank check a job runs before launching.
+pub(crate) enum Check {
+    None,
+    /// All-gather of every rank's header, then [`validate`].
+    All(Header),
+    /// Header swap with one peer (send / recv), then [`validate_pair`].
+    Pair(Header, usize),
+}
+
+/// Where a queued op stands.
+pub(crate) enum Stage {
+    Queued,
+    Launched(Event),
+    Finished(Result<()>),
+}
+
+/// Shared between a job (which sets it) and the op's completion (which reads it).
+pub(crate) struct Ticket(Mutex<Stage>);
+
+impl Ticket {
+    pub fn new() -> Arc<Ticket> {
+        Arc::new(Ticket(Mutex::new(Stage::Queued)))
+    }
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Stage> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn set(&self, s: Stage) {
+        *self.lock() = s;
+    }
+}
+
+/// Header staging buffers of one communicator (used by the progress thread only).
+struct SideBufs {
+    dev_send: DevMem,
+    dev_recv: DevMem,
+    host_send: Pinned,
+    host_recv: Pinned,
+}
+
+/// One communicator as the progress thread sees it.
+pub(crate) struct Channel {
+    pub comm: Arc<Comm>,
+    pub rank: usize,
+    pub ws: usize,
+    pub op_timeout: Duration,
+    side: Mutex<SideBufs>,
+}
+
+/// One unit of work for the progress thread.
+pub(crate) enum Job {
+    /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
+    /// purpose is to tell the peers about an error this rank already returned at issue.
+    Op {
+        chan: Arc<Channel>,
+        id: OpId,
+        check: Check,
+        launch: Option<Launch>,
+        ticket: Option<Arc<Ticket>>,
+    },
+    /// `new_group`: header agreement (always), then `ncclCommSplit`.
+    Split {
+        chan: Arc<Channel>,
+        id: OpId,
+        hdr: Header,
+        local: Option<(BadInputKind, String)>,
+        member: Option<usize>,
+        nranks: usize,
+        reply: mpsc::Sender<Result<Option<Comm>>>,
+    },
+}
+
+impl Job {
+    fn chan(&self) -> &Arc<Channel> {
+        match self {
+            Job::Op { chan, .. } | Job::Split { chan, .. } => chan,
+        }
+    }
+    fn id(&self) -> OpId {
+        match self {
+            Job::Op { id, .. } | Job::Split { id, .. } => *id,
+        }
+    }
+
+    fn run(self) {
+        match self {
+            Job::Op {
+                chan,
+                id,
+                check,
+                launch,
+                ticket,
+            } => {
+                let stage = match chan.run_op(&id, check, launch) {
+                    Ok(Some(ev)) => Stage::Launched(ev),
+                    Ok(None) => Stage::Finished(Ok(())),
+                    Err(e) => Stage::Finished(Err(e)),
+                };
+                if let Some(t) = ticket {
+                    t.set(stage);
+                }
+            }
+            Job::Split {
+                chan,
+                id,
+                hdr,
+                local,
+                member,
+                nranks,
+                reply,
+            } => {
+                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks));
+            }
+        }
+    }
+}
+
+impl Channel {
+    pub fn new(comm: Arc<Comm>, op_timeout: Duration) -> std::result::Result<Channel, String> {
+        let dev = comm.dev.clone();
+        let ws = comm.nranks;
+        let hbytes = header_len(ws) * 8;
+        let side = SideBufs {
+            dev_send: dev.alloc(hbytes)?,
+            dev_recv: dev.alloc(hbytes * ws.max(2))?,
+            host_send: Pinned::new(&dev, hbytes)?,
+            host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
+        };
+        Ok(Channel {
+            rank: comm.rank,
+            ws,
+            comm,
+            op_timeout,
+            side: Mutex::new(side),
+        })
+    }
+
+    fn dev(&self) -> &Device {
+        &self.comm.dev
+    }
+
+    pub fn deadline(&self, id: &OpId) -> Instant {
+        id.issued + self.op_timeout
+    }
+
+    pub fn backend_err(&self, id: &OpId, msg: impl std::fmt::Display) -> CollectiveError {
+        CollectiveError::Backend(format!(
+            "nccl {} #{} on rank {}: {msg}",
+            id.name, id.seq, self.rank
+        ))
+    }
+
+    pub fn bad(&self, id: &OpId, kind: BadInputKind, detail: impl Into<String>) -> CollectiveError {
+        CollectiveError::bad_input(kind, id.name, id.seq, self.rank, detail)
+    }
+
+    pub fn aborted_err(&self, id: &OpId, why: &str) -> CollectiveError {
+        CollectiveError::Aborted(format!(
+            "nccl {} #{} on rank {}: the communicator was aborted earlier ({why})",
+            id.name, id.seq, self.rank
+        ))
+    }
+
+    pub fn launch_err(&self, id: &OpId, e: LaunchError) -> CollectiveError {
+        match e {
+            LaunchError::Aborted(why) => self.aborted_err(id, &why),
+            LaunchError::Nccl(msg) => self.backend_err(id, msg),
+            LaunchError::Timeout => CollectiveError::Timeout {
+                op: id.name.to_string(),
+                seq: id.seq,
+                rank: self.rank,
+                waited_ms: id.issued.elapsed().as_millis() as u64,
+                detail: format!(
+                    "NCCL did not accept the op before the op deadline of {} ms (a peer is missing?); \
+                     communicator aborted; this process is {}",
+                    self.op_timeout.as_millis(),
+                    progress::describe()
+                ),
+            },
+        }
+    }
+
+    /// Waits (until `deadline`) for everything queued on the stream. On deadline the
+    /// communicator is aborted and the error names `id`; an NCCL error reported meanwhile (a
+    /// peer gone) aborts it too and ends the wait early. An already aborted communicator is
+    /// waited out (its kernels end), so copies after an abort still work.
+    pub fn drain(&self, id: &OpId, deadline: Instant) -> Result<()> {
+        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        let started = Instant::now();
+        let mut next_check = started + Duration::from_millis(10);
+        let outcome = poll_until(deadline, || match ev.query() {
+            Ok(true) => Some(Ok(())),
+            Err(e) => Some(Err(self.backend_err(id, e))),
+            Ok(false) => {
+                let now = Instant::now();
+                if now < next_check {
+                    return None;
+                }
+                next_check = now + Duration::from_millis(10);
+                let err = self.comm.async_error()?;
+                let why = format!(
+                    "nccl {} #{} on rank {}: NCCL reported {err}",
+                    id.name, id.seq, self.rank
+                );
+                self.comm.abort(why.clone());
+                Some(Err(CollectiveError::Aborted(format!(
+                    "{why}; communicator aborted"
+                ))))
+            }
+        });
+        match outcome {
+            Some(r) => r,
+            None => {
+                let waited_ms = id.issued.elapsed().as_millis() as u64;
+                self.comm.abort(format!(
+                    "{} #{} timed out after {waited_ms} ms",
+                    id.name, id.seq
+                ));
+                Err(CollectiveError::Timeout {
+                    op: id.name.to_string(),
+                    seq: id.seq,
+                    rank: self.rank,
+                    waited_ms,
+                    detail: format!(
+                        "the GPU stream did not drain before the op deadline of {} ms (a peer never \
+                         issued this or an earlier collective?); NCCL communicator aborted; this process is {}",
+                        self.op_timeout.as_millis(),
+                        progress::describe()
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Exchanges headers with every rank (all-gather on the side buffers); returns all headers.
+    fn exchange_all(&self, id: &OpId, hdr: &Header) -> Result<Vec<Vec<u64>>> {
+        let deadline = self.deadline(id);
+        let bytes = hdr.to_bytes();
+        let n = bytes.len();
+        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        let side = &mut *side;
+        side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
+        let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        self.dev()
+            .htod(send, &side.host_send.as_slice()[..n])
+            .map_err(|e| self.backend_err(id, e))?;
+        self.comm
+            .launch(deadline, &[], |c, s, _| unsafe {
+                check(
+                    nccl::ncclAllGather(
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        n,
+                        nccl::ncclDataType_t::ncclUint8,
+                        c,
+                        s,
+                    ),
+                    "ncclAllGather (validation header)",
+                )
+            })
+            .map_err(|e| self.launch_err(id, e))?;
+        self.dev()
+            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv)
+            .map_err(|e| self.backend_err(id, e))?;
+        self.drain(id, deadline)?;
+        self.not_aborted(id)?;
+        Ok(parse_all(
+            &side.host_recv.as_slice()[..n * self.ws],
+            self.ws,
+        ))
+    }
+
+    /// Exchanges headers with one peer (send/recv); returns the peer's header.
+    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize) -> Result<Vec<u64>> {
+        let deadline = self.deadline(id);
+        let bytes = hdr.to_bytes();
+        let n = bytes.len();
+        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        let side = &mut *side;
+        side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
+        let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        self.dev()
+            .htod(send, &side.host_send.as_slice()[..n])
+            .map_err(|e| self.backend_err(id, e))?;
+        self.comm
+            .launch(deadline, &[], |c, s, _| unsafe {
+                let u8t = nccl::ncclDataType_t::ncclUint8;
+                check(
+                    nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s),
+                    "ncclSend (validation header)",
+                )?;
+                check(
+                    nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s),
+                    "ncclRecv (validation header)",
+                )
+            })
+            .map_err(|e| self.launch_err(id, e))?;
+        self.dev()
+            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv)
+            .map_err(|e| self.backend_err(id, e))?;
+        self.drain(id, deadline)?;
+        self.not_aborted(id)?;
+        Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
+    }
+
+    /// `Err(Aborted)` once the communicator has been aborted (e.g. by a wait at the op deadline
+    /// while this job's headers were in flight: what arrived then is not to be trusted).
+    fn not_aborted(&self, id: &OpId) -> Result<()> {
+        match self.comm.aborted() {
+            Some(why) => Err(self.aborted_err(id, &why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
+    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>) -> Result<Option<Event>> {
+        self.not_aborted(id)?;
+        match check {
+            Check::None => {}
+            Check::All(hdr) => {
+                let all = self.exchange_all(id, &hdr)?;
+                validate(&all).map_err(|(k, d)| self.bad(id, k, d))?;
+            }
+            Check::Pair(hdr, peer) => {
+                let theirs = self.exchange_pair(id, &hdr, peer)?;
+                validate_pair(&hdr.words, &theirs, self.rank, peer)
+                    .map_err(|(k, d)| self.bad(id, k, d))?;
+            }
+        }
+        let Some(Launch {
+            premul,
+            calls,
+            keep,
+        }) = launch
+        else {
+            return Ok(None);
+        };
+        self.comm
+            .launch(self.deadline(id), &premul, calls)
+            .map_err(|e| self.launch_err(id, e))?;
+        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        drop(keep); // enqueued: a free from here on is ordered after the op
+        Ok(Some(ev))
+    }
+
+    fn run_split(
+        &self,
+        id: &OpId,
+        hdr: &Header,
+        local: Option<(BadInputKind, String)>,
+        member: Option<usize>,
+        nranks: usize,
+    ) -> Result<Option<Comm>> {
+        self.not_aborted(id)?;
+        let all = self.exchange_all(id, hdr)?;
+        if let Err((kind, detail)) = validate(&all) {
+            let detail = match local {
+                Some((k, mine)) if k == kind => mine,
+                _ => detail,
+            };
+            return Err(self.bad(id, kind, detail));
+        }
+        let started = Instant::now();
+        self.comm
+            .split(
+                member.is_some(),
+                member.unwrap_or(0),
+                nranks,
+                started + self.op_timeout.max(Duration::from_secs(30)),
+            )
+            .map_err(|e| self.launch_err(id, e))
+    }
+}
+
+/// `Ok` for success / in progress, else the call's name and NCCL result.
+pub(crate) fn check(
+    r: nccl::ncclResult_t,
+    what: &str,
+) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
+    match r {
+        nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress => Ok(()),
+        e => Err((what.to_string(), e)),
+    }
+}
+
+struct QState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+/// What the running job is: its communicator, op and start, for a bounded teardown.
+type Current = Option<(Arc<Comm>, OpId, Instant)>;
+
+struct Shared {
+    q: Mutex<QState>,
+    cv: Condvar,
+    /// Jobs submitted / finished so far.
+    queued: AtomicU64,
+    finished: AtomicU64,
+    current: Mutex<Current>,
+    exited: AtomicBool,
+}
+
+/// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
+pub(crate) struct Progress {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Progress {
+    pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
+        let shared = Arc::new(Shared {
+            q: Mutex::new(QState {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            cv: Condvar::new(),
+            queued: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            current: Mutex::new(None),
+            exited: AtomicBool::new(false),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nccl-progress-gpu{}", dev.ordinal))
+            .spawn(move || worker(sh, dev))
+            .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
+        Ok(Arc::new(Progress {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// Queues `job` behind every job submitted before it.
+    pub fn submit(&self, job: Job) {
+        let mut q = self.shared.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.jobs.push_back(job);
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        drop(q);
+        self.shared.cv.notify_one();
+    }
+
+    /// Waits until every job submitted so far has finished (launched or failed), or until
+    /// `deadline`: `true` when they have.
+    pub fn flush(&self, deadline: Instant) -> bool {
+        let target = self.shared.queued.load(Ordering::SeqCst);
+        poll_until(deadline, || {
+            (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())
+        })
+        .is_some()
+    }
+}
+
+fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
+    let _ = dev.bind();
+    let mut taken = 0u64;
+    loop {
+        let spin_until = Instant::now() + SPIN;
+        while sh.queued.load(Ordering::SeqCst) == taken && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        let job = {
+            let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break Some(j);
+                }
+                if q.closed {
+                    break None;
+                }
+                q = sh.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let Some(job) = job else { break };
+        taken += 1;
+        let id = job.id();
+        let chan = job.chan().clone();
+        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((chan.comm.clone(), id, Instant::now()));
+        // A panic must not leave the op's completion waiting for a launch that never comes: the
+        // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
+        let ticket = match &job {
+            Job::Op { ticket, .. } => ticket.clone(),
+            Job::Split { .. } => None,
+        };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run()));
+        if run.is_err() {
+            if let Some(t) = ticket {
+                t.set(Stage::Finished(Err(chan.backend_err(
+                    &id,
+                    "the NCCL progress thread panicked while launching this op",
+                ))));
+            }
+        }
+        drop(chan);
+        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        sh.finished.fetch_add(1, Ordering::SeqCst);
+    }
+    sh.exited.store(true, Ordering::SeqCst);
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        {
+            let mut q = self.shared.q.lock().unwrap_or_else(|e| e.into_inner());
+            q.closed = true;
+        }
+        self.shared.cv.notify_all();
+        let closed_at = Instant::now();
+        let hard = closed_at + ABORT_WAIT + Duration::from_secs(5);
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        loop {
+            if self.shared.exited.load(Ordering::SeqCst) {
+                if let Some(h) = handle {
+                    let _ = h.join();
+                }
+                return;
+            }
+            if Instant::now() >= hard {
+                return; // detached: it ends at its jobs' deadlines
+            }
+            let stuck = self
+                .shared
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some((comm, id, since)) = stuck {
+                if since.max(closed_at).elapsed() > DROP_GRACE && comm.aborted().is_none() {
+                    comm.abort(format!(
+                        "the backend was dropped while {} #{} still waited for its peers",
+                        id.name, id.seq
+                    ));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
