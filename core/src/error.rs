@@ -46,6 +46,36 @@ pub enum BadInputKind {
 }
 
 impl BadInputKind {
+    /// Every kind, in a fixed order: position = [`BadInputKind::code`].
+    pub const ALL: [BadInputKind; 17] = [
+        BadInputKind::ShapeMismatch,
+        BadInputKind::DTypeMismatch,
+        BadInputKind::Indivisible,
+        BadInputKind::BadSplits,
+        BadInputKind::SplitMismatch,
+        BadInputKind::BadRoot,
+        BadInputKind::BadPeer,
+        BadInputKind::UnsupportedDType,
+        BadInputKind::UnsupportedOp,
+        BadInputKind::OutBufferSize,
+        BadInputKind::BadPermutation,
+        BadInputKind::Aliasing,
+        BadInputKind::CountMismatch,
+        BadInputKind::ZeroDim,
+        BadInputKind::OpMismatch,
+        BadInputKind::ReduceOpMismatch,
+        BadInputKind::BadGroup,
+    ];
+
+    /// A stable small integer for wire formats (backends post it to their peers).
+    pub fn code(self) -> u64 {
+        BadInputKind::ALL.iter().position(|k| *k == self).expect("ALL lists every kind") as u64
+    }
+
+    pub fn from_code(code: u64) -> Option<BadInputKind> {
+        BadInputKind::ALL.get(code as usize).copied()
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             BadInputKind::ShapeMismatch => "shape_mismatch",

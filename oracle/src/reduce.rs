@@ -141,60 +141,24 @@ pub(crate) fn float_at(t: &Tensor, i: usize) -> f64 {
     dispatch_dtype!(t.dtype(), T => <T as Element>::to_f64(t.as_slice::<T>()[i]))
 }
 
+/// The NaN rule shared by min and max: `Some(result)` when either side is NaN.
+fn nan_pick(a: f64, b: f64, policy: NanPolicy) -> Option<f64> {
+    match (a.is_nan(), b.is_nan(), policy) {
+        (true, true, _) => Some(a),
+        (true, false, NanPolicy::Propagate) | (false, true, NanPolicy::Ignore) => Some(a),
+        (true, false, NanPolicy::Ignore) | (false, true, NanPolicy::Propagate) => Some(b),
+        (false, false, _) => None,
+    }
+}
+
 /// `min` of two floats: `-0 < +0`; NaN per `policy`.
 pub fn fmin(a: f64, b: f64, policy: NanPolicy) -> f64 {
-    match (a.is_nan(), b.is_nan()) {
-        (true, true) => a,
-        (true, false) => {
-            if policy == NanPolicy::Propagate {
-                a
-            } else {
-                b
-            }
-        }
-        (false, true) => {
-            if policy == NanPolicy::Propagate {
-                b
-            } else {
-                a
-            }
-        }
-        (false, false) => {
-            if a < b || (a == b && a.is_sign_negative()) {
-                a
-            } else {
-                b
-            }
-        }
-    }
+    nan_pick(a, b, policy).unwrap_or(if a < b || (a == b && a.is_sign_negative()) { a } else { b })
 }
 
 /// `max` of two floats: `+0 > -0`; NaN per `policy`.
 pub fn fmax(a: f64, b: f64, policy: NanPolicy) -> f64 {
-    match (a.is_nan(), b.is_nan()) {
-        (true, true) => a,
-        (true, false) => {
-            if policy == NanPolicy::Propagate {
-                a
-            } else {
-                b
-            }
-        }
-        (false, true) => {
-            if policy == NanPolicy::Propagate {
-                b
-            } else {
-                a
-            }
-        }
-        (false, false) => {
-            if a > b || (a == b && a.is_sign_positive()) {
-                a
-            } else {
-                b
-            }
-        }
-    }
+    nan_pick(a, b, policy).unwrap_or(if a > b || (a == b && a.is_sign_positive()) { a } else { b })
 }
 
 /// Reduces one element position over ranks for a float dtype (values exact in f64).

@@ -76,11 +76,13 @@ macro_rules! harness {
         compile_error!(
             "concord_suites::harness! needs a name for your backend: write `concord_suites::harness!(MyBackend, name = \"mine\");` (the name prefixes every case id, e.g. `mine::all_reduce::out::f32::sum::ws4`)"
         );
+        fn main() {}
     };
     ($($other:tt)*) => {
         compile_error!(
             "usage: `concord_suites::harness!(MyBackend, name = \"mine\");` or `concord_suites::harness!(MyBackend, name = \"mine\", gpus_per_rank = 1);` where MyBackend implements concord_core::Backend"
         );
+        fn main() {}
     };
 }
 

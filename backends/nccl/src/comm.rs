@@ -71,28 +71,24 @@ pub fn nccl_present() -> Result<i32, String> {
     Ok(v)
 }
 
+/// `ncclAllReduce` and `ncclReduceScatter` share this signature
+/// (sendbuff, recvbuff, count, datatype, op, comm, stream).
+pub(crate) type ElementwiseRedFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    sys::ncclDataType_t,
+    u32,
+    sys::ncclComm_t,
+    sys::cudaStream_t,
+) -> sys::ncclResult_t;
+
 /// NCCL entry points that take a reduce op, declared with the op as a plain `u32`: a
 /// premul-sum op made by `ncclRedOpCreatePreMulSum` is not one of the values of cudarc's
 /// `ncclRedOp_t` enum, so passing it through that enum would be undefined behaviour.
 pub(crate) struct RedFns {
-    pub all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        sys::ncclDataType_t,
-        u32,
-        sys::ncclComm_t,
-        sys::cudaStream_t,
-    ) -> sys::ncclResult_t,
-    pub reduce_scatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        sys::ncclDataType_t,
-        u32,
-        sys::ncclComm_t,
-        sys::cudaStream_t,
-    ) -> sys::ncclResult_t,
+    pub all_reduce: ElementwiseRedFn,
+    pub reduce_scatter: ElementwiseRedFn,
     pub reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,

@@ -53,26 +53,6 @@ pub const OPS: &[&str] = &[
     "new_group",
 ];
 
-const KINDS: &[BadInputKind] = &[
-    BadInputKind::ShapeMismatch,
-    BadInputKind::DTypeMismatch,
-    BadInputKind::Indivisible,
-    BadInputKind::BadSplits,
-    BadInputKind::SplitMismatch,
-    BadInputKind::BadRoot,
-    BadInputKind::BadPeer,
-    BadInputKind::UnsupportedDType,
-    BadInputKind::UnsupportedOp,
-    BadInputKind::OutBufferSize,
-    BadInputKind::BadPermutation,
-    BadInputKind::Aliasing,
-    BadInputKind::CountMismatch,
-    BadInputKind::ZeroDim,
-    BadInputKind::OpMismatch,
-    BadInputKind::ReduceOpMismatch,
-    BadInputKind::BadGroup,
-];
-
 fn op_code(op: &str) -> u64 {
     OPS.iter()
         .position(|o| *o == op)
@@ -97,12 +77,9 @@ fn dtype_name(code: u64) -> String {
         .map(|d| d.name().to_string())
         .unwrap_or_else(|| format!("#{code:x}"))
 }
+/// 0 means "no error" in the header word, so kinds are stored as code + 1.
 fn kind_code(k: BadInputKind) -> u64 {
-    KINDS
-        .iter()
-        .position(|x| *x == k)
-        .map(|i| i as u64 + 1)
-        .unwrap_or(0)
+    k.code() + 1
 }
 fn reduce_code(op: ReduceOp) -> u64 {
     ReduceOp::ALL
@@ -336,10 +313,7 @@ pub fn validate(all: &[Vec<u64>]) -> Result<(), (BadInputKind, String)> {
         ));
     }
     if let Some((r, h)) = all.iter().enumerate().find(|(_, h)| h[W_ERR] != 0) {
-        let kind = KINDS
-            .get(h[W_ERR] as usize - 1)
-            .copied()
-            .unwrap_or(UnsupportedOp);
+        let kind = BadInputKind::from_code(h[W_ERR] - 1).unwrap_or(UnsupportedOp);
         return Err((
             kind,
             format!("rank {r} rejected its own input ({})", kind.name()),
@@ -453,10 +427,7 @@ pub fn validate_pair(
         } else {
             (peer, theirs)
         };
-        let kind = KINDS
-            .get(h[W_ERR] as usize - 1)
-            .copied()
-            .unwrap_or(UnsupportedOp);
+        let kind = BadInputKind::from_code(h[W_ERR] - 1).unwrap_or(UnsupportedOp);
         return Err((
             kind,
             format!("rank {r} rejected its own input ({})", kind.name()),

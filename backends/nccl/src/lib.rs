@@ -561,6 +561,43 @@ impl NcclBackend {
     }
 
     /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
+    /// The launch of one elementwise NCCL reduction (`ncclAllReduce` or `ncclReduceScatter`,
+    /// chosen by `pick`) per job `(src, dst, count, dtype, op)`; empty jobs are skipped, and no
+    /// launch at all when nothing is left. `keep_alive` buffers live until the calls are enqueued.
+    fn reduction_launch(
+        &self,
+        o: &Op,
+        jobs: Vec<(u64, u64, usize, DType, Red)>,
+        keep_alive: &[&NcclBuffer],
+        pick: fn(&comm::RedFns) -> comm::ElementwiseRedFn,
+        label: &'static str,
+    ) -> Result<Option<Launch>> {
+        let jobs: Vec<_> = jobs.into_iter().filter(|j| j.2 > 0).collect();
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let reds: Vec<(Red, DType)> = jobs.iter().map(|j| (j.4, j.3)).collect();
+        let premul = Self::premul_list(&reds);
+        let call = pick(red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?);
+        let p2 = premul.clone();
+        Ok(Some(Launch {
+            premul,
+            keep: keep(keep_alive),
+            calls: Box::new(move |c, s, ops| {
+                for (src, dst, n, d, red) in jobs {
+                    let t = nccl_dtype(d).expect("checked");
+                    // SAFETY: src/dst are live device buffers of at least n elements of d (kept
+                    // alive by `keep`), and c/s are this communicator's handle and stream.
+                    check(
+                        unsafe { call(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), c, s) },
+                        label,
+                    )?;
+                }
+                Ok(())
+            }),
+        }))
+    }
+
     fn op_code(red: Red, d: DType, premul: &[(nccl::ncclDataType_t, [u8; 8])], ops: &[u32]) -> u32 {
         match red {
             Red::Builtin(c) => c,
@@ -592,33 +629,8 @@ impl NcclBackend {
         } else {
             self.alloc_buf(&o, x.dtype, &x.shape)?
         };
-        let launch = if x.numel() == 0 {
-            None
-        } else {
-            let premul = Self::premul_list(&[(red, x.dtype)]);
-            let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
-            let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
-            let p2 = premul.clone();
-            Some(Launch {
-                premul,
-                keep: keep(&[x, &out]),
-                calls: Box::new(move |c, s, ops| unsafe {
-                    let t = nccl_dtype(d).expect("checked");
-                    check(
-                        (f.all_reduce)(
-                            src as *const c_void,
-                            dst as *mut c_void,
-                            n,
-                            t,
-                            Self::op_code(red, d, &p2, ops),
-                            c,
-                            s,
-                        ),
-                        "ncclAllReduce",
-                    )
-                }),
-            })
-        };
+        let jobs = vec![(x.ptr(), out.ptr(), x.numel(), x.dtype, red)];
+        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.all_reduce, "ncclAllReduce")?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 
@@ -651,37 +663,8 @@ impl NcclBackend {
             .filter(|((x, _), _)| x.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), x.numel(), *d, *r))
             .collect();
-        let launch = if jobs.is_empty() {
-            None
-        } else {
-            let premul = Self::premul_list(&reds);
-            let f = red_fns().map_err(|e| self.backend_err(name, o.seq, e))?;
-            let p2 = premul.clone();
-            Some(Launch {
-                premul,
-                keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
-                calls: Box::new(move |c, s, ops| {
-                    for (src, dst, n, d, red) in jobs {
-                        let t = nccl_dtype(d).expect("checked");
-                        check(
-                            unsafe {
-                                (f.all_reduce)(
-                                    src as *const c_void,
-                                    dst as *mut c_void,
-                                    n,
-                                    t,
-                                    Self::op_code(red, d, &p2, ops),
-                                    c,
-                                    s,
-                                )
-                            },
-                            "ncclAllReduce (coalesced)",
-                        )?;
-                    }
-                    Ok(())
-                }),
-            })
-        };
+        let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
+        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.all_reduce, "ncclAllReduce (coalesced)")?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -1183,37 +1166,8 @@ impl Backend for NcclBackend {
             .filter(|((_, y), _)| y.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), y.numel(), *d, *r))
             .collect();
-        let launch = if jobs.is_empty() {
-            None
-        } else {
-            let premul = Self::premul_list(&reds);
-            let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-            let p2 = premul.clone();
-            Some(Launch {
-                premul,
-                keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
-                calls: Box::new(move |c, s, ops| {
-                    for (src, dst, n, d, red) in jobs {
-                        let t = nccl_dtype(d).expect("checked");
-                        check(
-                            unsafe {
-                                (f.reduce_scatter)(
-                                    src as *const c_void,
-                                    dst as *mut c_void,
-                                    n,
-                                    t,
-                                    Self::op_code(red, d, &p2, ops),
-                                    c,
-                                    s,
-                                )
-                            },
-                            "ncclReduceScatter (coalesced)",
-                        )?;
-                    }
-                    Ok(())
-                }),
-            })
-        };
+        let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
+        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.reduce_scatter, "ncclReduceScatter (coalesced)")?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -1621,33 +1575,8 @@ impl NcclBackend {
         out: NcclBuffer,
         red: Red,
     ) -> Result<Work<NcclBuffer>> {
-        let launch = if out.numel() == 0 {
-            None
-        } else {
-            let premul = Self::premul_list(&[(red, x.dtype)]);
-            let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-            let (src, dst, n, d) = (x.ptr(), out.ptr(), out.numel(), x.dtype);
-            let p2 = premul.clone();
-            Some(Launch {
-                premul,
-                keep: keep(&[x, &out]),
-                calls: Box::new(move |c, s, ops| unsafe {
-                    let t = nccl_dtype(d).expect("checked");
-                    check(
-                        (f.reduce_scatter)(
-                            src as *const c_void,
-                            dst as *mut c_void,
-                            n,
-                            t,
-                            Self::op_code(red, d, &p2, ops),
-                            c,
-                            s,
-                        ),
-                        "ncclReduceScatter",
-                    )
-                }),
-            })
-        };
+        let jobs = vec![(x.ptr(), out.ptr(), out.numel(), x.dtype, red)];
+        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.reduce_scatter, "ncclReduceScatter")?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 

@@ -55,30 +55,11 @@ impl OpCode {
     }
 }
 
-pub const KINDS: [BadInputKind; 17] = [
-    BadInputKind::ShapeMismatch,
-    BadInputKind::DTypeMismatch,
-    BadInputKind::Indivisible,
-    BadInputKind::BadSplits,
-    BadInputKind::SplitMismatch,
-    BadInputKind::BadRoot,
-    BadInputKind::BadPeer,
-    BadInputKind::UnsupportedDType,
-    BadInputKind::UnsupportedOp,
-    BadInputKind::OutBufferSize,
-    BadInputKind::BadPermutation,
-    BadInputKind::Aliasing,
-    BadInputKind::CountMismatch,
-    BadInputKind::ZeroDim,
-    BadInputKind::OpMismatch,
-    BadInputKind::ReduceOpMismatch,
-    BadInputKind::BadGroup,
-];
 pub fn kind_code(k: BadInputKind) -> u64 {
-    KINDS.iter().position(|x| *x == k).expect("listed") as u64
+    k.code()
 }
 pub fn kind_from(c: u64) -> Option<BadInputKind> {
-    KINDS.get(c as usize).copied()
+    BadInputKind::from_code(c)
 }
 pub fn dtype_code(d: DType) -> u64 {
     DType::ALL.iter().position(|x| *x == d).expect("listed") as u64

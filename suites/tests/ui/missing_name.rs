@@ -1,0 +1,2 @@
+// `harness!` without `name = "..."`.
+concord_suites::harness!(concord_shm::ShmBackend);

@@ -1,0 +1,2 @@
+// `harness!` with an argument it does not know.
+concord_suites::harness!(concord_shm::ShmBackend, nom = "mine");
