@@ -48,6 +48,19 @@ impl std::fmt::Display for Outcome {
     }
 }
 
+/// `msg` attributed to rank `rank`: unchanged when it already starts by naming that rank
+/// (`rank 1 panicked: ..`; `rank 10 ..` does not name rank 1), else prefixed with `rank <rank>: `.
+pub fn blame(rank: usize, msg: &str) -> String {
+    let names_rank = msg
+        .strip_prefix(&format!("rank {rank}"))
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()));
+    if names_rank {
+        msg.to_string()
+    } else {
+        format!("rank {rank}: {msg}")
+    }
+}
+
 /// Folds per-rank outcomes (all ranks healthy) into one: any `Failed` → `Failed` (messages of
 /// every failing rank, each prefixed by its rank unless it already names it), else any
 /// `Skipped` → that `Skipped`, else all `Unsupported` → that `Unsupported`, else `Passed`.
@@ -55,8 +68,7 @@ pub fn aggregate(outcomes: &[(usize, Outcome)]) -> Outcome {
     let failures: Vec<String> = outcomes
         .iter()
         .filter_map(|(r, o)| match o {
-            Outcome::Failed(m) if m.starts_with(&format!("rank {r}")) => Some(m.clone()),
-            Outcome::Failed(m) => Some(format!("rank {r}: {m}")),
+            Outcome::Failed(m) => Some(blame(*r, m)),
             _ => None,
         })
         .collect();
@@ -94,6 +106,14 @@ mod tests {
     fn failure_names_rank_once() {
         let o = aggregate(&[(0, Outcome::Failed("bad".into())), (1, Outcome::Failed("rank 1 panicked: x".into()))]);
         assert_eq!(o, Outcome::Failed("rank 0: bad\nrank 1 panicked: x".into()));
+    }
+
+    #[test]
+    fn blame_does_not_confuse_rank_1_with_rank_10() {
+        assert_eq!(blame(1, "rank 1 panicked: x"), "rank 1 panicked: x");
+        assert_eq!(blame(1, "rank 1: bad"), "rank 1: bad");
+        assert_eq!(blame(1, "rank 10 sent nothing"), "rank 1: rank 10 sent nothing");
+        assert_eq!(blame(0, "bad"), "rank 0: bad");
     }
 
     #[test]

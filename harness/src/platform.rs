@@ -191,51 +191,6 @@ pub fn raw_fd<T: AsRawFd>(t: &T) -> RawFd {
     t.as_raw_fd()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shm_prefix_is_delimited() {
-        assert_eq!(shm_prefix("p1w1"), "concord-p1w1-");
-        assert!(!format!("{}x", shm_prefix("p1w10")).starts_with(&shm_prefix("p1w1")));
-    }
-
-    #[test]
-    fn sweep_removes_only_prefixed() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("concord-a-1"), b"x").unwrap();
-        std::fs::create_dir(d.path().join("concord-a-dir")).unwrap();
-        std::fs::write(d.path().join("concord-ab-1"), b"x").unwrap();
-        let removed = sweep_dir(d.path(), "concord-a-");
-        assert_eq!(removed.len(), 2);
-        assert!(d.path().join("concord-ab-1").exists());
-    }
-
-    #[test]
-    fn signal_names() {
-        assert_eq!(signal_name(9), "SIGKILL");
-        assert_eq!(signal_name(11), "SIGSEGV");
-        assert_eq!(signal_name(1000), "signal 1000");
-    }
-
-    #[test]
-    fn liveness() {
-        assert!(pid_alive(std::process::id()));
-        let mut c = Command::new("true").spawn().unwrap();
-        let pid = c.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while pid_running(pid) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(!pid_running(pid), "exited child is a zombie, not running");
-        assert!(pid_alive(pid), "zombie still counts as alive until reaped");
-        c.wait().unwrap();
-        assert!(!pid_alive(pid));
-        assert!(pid_running(std::process::id()));
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Termination cleanup (parent side)
 
@@ -245,9 +200,12 @@ extern "C" fn on_termination_signal(sig: libc::c_int) {
     let fd = TERM_PIPE_WRITE.load(std::sync::atomic::Ordering::SeqCst);
     if fd >= 0 {
         let b = sig as u8;
-        // SAFETY: write(2) is async-signal-safe; `b` lives for the call.
+        // SAFETY: write(2) is async-signal-safe; `b` lives for the call. errno is saved and
+        // restored so that the interrupted code does not see the handler's errno.
         unsafe {
+            let saved = *libc::__errno_location();
             libc::write(fd, &b as *const u8 as *const libc::c_void, 1);
+            *libc::__errno_location() = saved;
         }
     }
 }
@@ -294,4 +252,49 @@ pub fn nonce() -> u32 {
     let local = 0u8;
     let addr = &local as *const u8 as usize as u32;
     (t ^ addr.rotate_left(13) ^ std::process::id().rotate_left(7)) & 0xff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_prefix_is_delimited() {
+        assert_eq!(shm_prefix("p1w1"), "concord-p1w1-");
+        assert!(!format!("{}x", shm_prefix("p1w10")).starts_with(&shm_prefix("p1w1")));
+    }
+
+    #[test]
+    fn sweep_removes_only_prefixed() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("concord-a-1"), b"x").unwrap();
+        std::fs::create_dir(d.path().join("concord-a-dir")).unwrap();
+        std::fs::write(d.path().join("concord-ab-1"), b"x").unwrap();
+        let removed = sweep_dir(d.path(), "concord-a-");
+        assert_eq!(removed.len(), 2);
+        assert!(d.path().join("concord-ab-1").exists());
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(11), "SIGSEGV");
+        assert_eq!(signal_name(1000), "signal 1000");
+    }
+
+    #[test]
+    fn liveness() {
+        assert!(pid_alive(std::process::id()));
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while pid_running(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!pid_running(pid), "exited child is a zombie, not running");
+        assert!(pid_alive(pid), "zombie still counts as alive until reaped");
+        c.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(pid_running(std::process::id()));
+    }
 }

@@ -19,7 +19,7 @@
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
-use crate::outcome::{aggregate, Outcome};
+use crate::outcome::{aggregate, blame, Outcome};
 use crate::platform;
 use crate::worker::{format_options, vars, WorkerMsg};
 use nix::sys::signal::Signal;
@@ -355,7 +355,9 @@ fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<St
 fn cleanup_live_worlds() {
     let worlds = std::mem::take(&mut *live_worlds());
     for (id, (pgid, dir)) in worlds {
-        let _ = platform::kill_group(pgid, Signal::SIGKILL);
+        if pgid > 1 {
+            let _ = platform::kill_group(pgid, Signal::SIGKILL);
+        }
         let _ = std::fs::remove_dir_all(&dir);
         platform::sweep_shm(&id);
     }
@@ -420,6 +422,9 @@ impl World {
             .prefix(&platform::shm_prefix(&id))
             .tempdir()
             .map_err(|e| format!("cannot create the world's temp dir: {e}"))?;
+        // Registered before any process exists (process group 0: nothing to signal yet), so a
+        // termination signal that arrives while the ranks are being spawned still removes the dir.
+        live_worlds().insert(id.clone(), (0, dir.path().to_path_buf()));
         let store = dir.path().join("store");
         let op_ms = default_op_timeout().as_millis().to_string();
         let setup_ms = cfg.setup_timeout.as_millis().to_string();
@@ -469,6 +474,7 @@ impl World {
                     let _ = c.wait();
                 }
                 platform::sweep_shm(&id);
+                live_worlds().remove(&id);
                 return Err(msg);
             }
         };
@@ -909,7 +915,7 @@ impl Pool {
             // The cause, if this rank failed the case.
             let cause: Option<String> = match (&s.outcome, died_on_own) {
                 (Some(Outcome::Failed(m)), _) => {
-                    let m = if m.starts_with(&format!("rank {r}")) { m.clone() } else { format!("rank {r}: {m}") };
+                    let m = blame(r, m);
                     Some(match &exit {
                         Some(e) if died_on_own => format!("{m} ({e})"),
                         _ => m,
@@ -977,8 +983,15 @@ mod tests {
     }
 
     #[test]
-    fn deadline_env() {
-        // Not set in the test environment unless the user set it; either way it is positive.
-        assert!(default_case_deadline() > Duration::ZERO);
+    fn env_ms_parses_milliseconds() {
+        // A variable of this test's own, so no other test reads it meanwhile.
+        const V: &str = "CONCORD_TEST_RUNNER_ENV_MS";
+        std::env::remove_var(V);
+        assert_eq!(env_ms(V), None, "unset");
+        std::env::set_var(V, " 250 ");
+        assert_eq!(env_ms(V), Some(Duration::from_millis(250)));
+        std::env::set_var(V, "1.5s");
+        assert_eq!(env_ms(V), None, "not a whole number of ms");
+        std::env::remove_var(V);
     }
 }

@@ -610,32 +610,24 @@ mod tests {
     }
 
     #[test]
-    fn wait_wakes_quickly_on_write() {
-        // Waits longer than the short phase sleep on inotify; a write must wake them at once
-        // (the fallback backoff alone would take up to 20 ms), and later waits reuse the watch.
+    fn waits_past_the_spin_phase_are_woken_by_writes_and_reuse_one_watch() {
+        // Waits longer than the short spin phase sleep on inotify; each must end because of the
+        // other handle's write (not the store timeout), and later waits reuse the one watch.
+        // Wake-up latency itself is measured by `cargo xtask bench-harness`, not asserted here.
         let (_d, p) = tmp();
         let s = FileStore::open(&p, 2, T).unwrap();
         let w = FileStore::open(&p, 2, T).unwrap();
-        let mut woke = Vec::new();
         std::thread::scope(|sc| {
-            let h = sc.spawn(|| {
-                (0..3)
-                    .map(|i| {
-                        std::thread::sleep(Duration::from_millis(40));
-                        let t = Instant::now();
-                        w.set(&format!("go{i}"), b"").unwrap();
-                        t
-                    })
-                    .collect::<Vec<_>>()
+            sc.spawn(|| {
+                for i in 0..3 {
+                    std::thread::sleep(Duration::from_millis(40));
+                    w.set(&format!("go{i}"), b"").unwrap();
+                }
             });
             for i in 0..3 {
                 s.wait(&[&format!("go{i}")], T).unwrap();
-                woke.push(Instant::now());
+                assert_eq!(s.get(&format!("go{i}")).unwrap(), b"");
             }
-            let sets = h.join().unwrap();
-            let mut d: Vec<Duration> = woke.iter().zip(&sets).map(|(w, s)| w.saturating_duration_since(*s)).collect();
-            d.sort();
-            assert!(d[1] < Duration::from_millis(6), "median wake-up {:?} after the write ({d:?})", d[1]);
         });
         assert_eq!(s.watches.lock().unwrap().len(), 1, "one watch, reused");
     }

@@ -398,24 +398,36 @@ fn t_parent_death_kills_workers() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Kills and reaps a helper process when dropped, so a test that fails early leaves nothing
+/// running (the `terminated_parent` helper otherwise sleeps forever).
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A parent terminated by SIGTERM (nextest's timeout, ^C) kills its worlds and removes their
 /// files itself before exiting.
 fn t_parent_sigterm_cleans_up() -> Result<(), Failed> {
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .env("CONCORD_TEST_ROLE", "terminated_parent")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+    let mut child = KillOnDrop(
+        std::process::Command::new(std::env::current_exe()?)
+            .env("CONCORD_TEST_ROLE", "terminated_parent")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?,
+    );
     use std::io::BufRead;
     let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+    std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line)?;
     let mut words = line.split_whitespace().skip(1);
     let world_id = words.next().unwrap_or_default().to_string();
     let worker_pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
     check!(worker_pids.len() == 2, "{line}");
     check!(!concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the live world has no temp dir");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
-    let status = child.wait()?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+    let status = child.0.wait()?;
     check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");
     let deadline = Instant::now() + Duration::from_secs(3);
     while worker_pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {

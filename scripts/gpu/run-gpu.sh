@@ -15,8 +15,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
         lib=$(python3 -c 'import nvidia.nccl, os; d = os.path.join(list(nvidia.nccl.__path__)[0], "lib"); print(os.path.join(d, "libnccl.so.2"))' 2>/dev/null || true)
     fi
     if [ -n "$lib" ] && [ -e "$lib" ]; then
-        libdir=$(mktemp -d /tmp/concord-nccl-lib.XXXXXX)
-        ln -s "$lib" "$libdir/libnccl.so"
+        # Inside dist/ (reused by every run; `exec` below leaves no shell to clean a temp dir).
+        libdir="$here/nccl-lib"
+        mkdir -p "$libdir" 2>/dev/null || libdir=$(mktemp -d /tmp/concord-nccl-lib.XXXXXX)
+        ln -sfn "$lib" "$libdir/libnccl.so"
         export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         echo "run-gpu.sh: using $lib" >&2
     fi

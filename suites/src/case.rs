@@ -115,10 +115,11 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 }
 
-pub(crate) fn to_outcome(r: CaseResult, rerun: &str) -> Outcome {
+/// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.
+pub(crate) fn to_outcome(r: CaseResult) -> Outcome {
     match r {
         Ok(()) => Outcome::Passed,
-        Err(CaseEnd::Fail(m)) => Outcome::Failed(format!("{m}\n  rerun: {rerun}")),
+        Err(CaseEnd::Fail(m)) => Outcome::Failed(m),
         Err(CaseEnd::Unsupported(m)) => Outcome::Unsupported(m),
         Err(CaseEnd::Skip(m)) => Outcome::Skipped(m),
     }

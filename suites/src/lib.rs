@@ -69,7 +69,14 @@ macro_rules! harness {
                 $name,
                 $gpus,
                 $crate::catalogue::<$backend>,
-            )])
+            )
+            .with_rerun(concat!(
+                "cargo test -p ",
+                env!("CARGO_PKG_NAME"),
+                " --test ",
+                env!("CARGO_CRATE_NAME"),
+                " -- --exact"
+            ))])
         }
     };
     ($backend:ty $(,)?) => {

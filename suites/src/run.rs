@@ -38,6 +38,8 @@ pub struct BackendEntry {
     pub gpus_per_rank: usize,
     /// Options handed to every worker (`WorldInfo::options`).
     pub options: Vec<(String, String)>,
+    /// The command that reruns one case, to which ` <case id>` is appended.
+    pub rerun: String,
     list: Arc<ListFn>,
     serve: Arc<ServeFn>,
     child: Arc<ChildFn>,
@@ -52,6 +54,7 @@ impl BackendEntry {
             name: name.to_string(),
             gpus_per_rank,
             options: Vec::new(),
+            rerun: format!("cargo xtask conformance --backend {name} --exact"),
             list: Arc::new(move || {
                 cases()
                     .into_iter()
@@ -67,6 +70,13 @@ impl BackendEntry {
             serve: Arc::new(move |env| serve_worker::<B>(env, &p2, cases)),
             child: Arc::new(|| crate::suites::async_wait::unwaited_child::<B>()),
         }
+    }
+
+    /// Sets the rerun command (the built-in default is `cargo xtask conformance --backend <name>
+    /// --exact`; `harness!` sets `cargo test -p <crate> --test <target> -- --exact`).
+    pub fn with_rerun(mut self, command: impl Into<String>) -> Self {
+        self.rerun = command.into();
+        self
     }
 
     pub fn with_option(mut self, key: &str, value: &str) -> Self {
@@ -112,15 +122,14 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
                 groups: &mut st.groups,
                 store: &st.store,
             };
-            to_outcome(body(&mut ctx), &rerun_hint(case_id))
+            to_outcome(body(&mut ctx))
         },
     )
 }
 
-/// How to rerun exactly one case.
-pub fn rerun_hint(case_id: &str) -> String {
-    let backend = case_id.split("::").next().unwrap_or("shm");
-    format!("cargo xtask conformance --backend {backend} --exact {case_id}")
+/// How to rerun exactly one case of `entry`.
+pub fn rerun_hint(entry: &BackendEntry, case_id: &str) -> String {
+    format!("{} {case_id}", entry.rerun)
 }
 
 /// Runs one case in a world of the pool; maps the verdict.
@@ -144,7 +153,7 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Outcome, String, Dura
         isolated: case.isolated,
     });
     let msg = match &report.verdict {
-        Outcome::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(&case.id)),
+        Outcome::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
         _ => String::new(),
     };
     (report.verdict.clone(), msg, report.elapsed)

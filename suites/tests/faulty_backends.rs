@@ -244,6 +244,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
 fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'static str])> {
     fn e<const B: u8>(name: &str) -> BackendEntry {
         BackendEntry::new::<Faulty<B>>(name, 0, concord_suites::catalogue::<Faulty<B>>)
+            .with_rerun(format!("cargo test -p concord-suites --test faulty_backends -- --exact faulty::{name}_is_caught # case"))
     }
     const VALUE: &[&str] = &["first bad index", "got", "expected", "rank=", "world_size=", "dtype=", "variant=", "op="];
     vec![
@@ -288,7 +289,7 @@ fn main() {
                         return Err(format!("{}: the failure of {id} does not mention `{w}`:\n{msg}", entry.name).into());
                     }
                 }
-                if !msg.contains("rerun: cargo xtask conformance") {
+                if !msg.contains(&format!("rerun: {} {}::{id}", entry.rerun, entry.name)) {
                     return Err(format!("{}: no rerun hint in:\n{msg}", entry.name).into());
                 }
             }

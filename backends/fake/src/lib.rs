@@ -211,6 +211,9 @@ impl Backend for FakeBackend {
         Ok(Tensor::from_bytes(b.dtype, &b.shape, &b.read()))
     }
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<FakeBuffer> {
+        if shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)).is_none() {
+            return Err(CollectiveError::Backend(format!("a {dtype}{shape:?} buffer does not fit in the address space")));
+        }
         Ok(self.new_buf(dtype, shape))
     }
     fn write(&self, b: &FakeBuffer, t: &Tensor) -> Result<()> {
@@ -221,9 +224,9 @@ impl Backend for FakeBackend {
         Ok(())
     }
     fn view(&self, b: &FakeBuffer, offset: usize, shape: &[usize]) -> Result<FakeBuffer> {
-        let n: usize = shape.iter().product();
-        if offset + n > b.numel() {
-            return Err(CollectiveError::Backend(format!("view of {n} elements at {offset} exceeds {}", b.numel())));
+        let end = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_add(offset));
+        if end.is_none_or(|end| end > b.numel()) {
+            return Err(CollectiveError::Backend(format!("view {shape:?} at element {offset} exceeds {} elements", b.numel())));
         }
         Ok(FakeBuffer { storage: b.storage.clone(), byte_off: b.byte_off + offset * b.dtype.size(), dtype: b.dtype, shape: shape.to_vec() })
     }
@@ -473,6 +476,8 @@ mod tests {
         assert_eq!(kind(b.all_to_all_single(&x, None, Some(&[1, 1]))), Some(BadInputKind::Indivisible));
         let o = b.alloc(DType::F32, &[5]).unwrap();
         assert_eq!(kind(b.all_gather_into_tensor_out(&x, &o)), Some(BadInputKind::OutBufferSize));
+        assert!(b.alloc(DType::F64, &[usize::MAX / 4, 2]).is_err(), "size overflow is an error, not a panic");
+        assert!(b.view(&x, usize::MAX, &[2]).is_err(), "offset overflow is an error, not a panic");
     }
 
     #[test]

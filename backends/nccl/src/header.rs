@@ -362,7 +362,7 @@ pub fn validate(all: &[Vec<u64>]) -> Result<(), (BadInputKind, String)> {
     if ru.reduce && differs(all, W_REDUCE) {
         let name = |h: &[u64]| {
             ReduceOp::ALL
-                .get(h[W_REDUCE] as usize - 1)
+                .get((h[W_REDUCE] as usize).wrapping_sub(1))
                 .map(|o| o.name())
                 .unwrap_or("?")
                 .to_string()
@@ -649,6 +649,18 @@ mod tests {
             validate_pair(&s, &s, 0, 1).unwrap_err().0,
             BadInputKind::OpMismatch
         );
+    }
+
+    #[test]
+    fn a_header_without_a_reduce_op_is_named_not_a_panic() {
+        // A peer's malformed header (reduce word 0) must give ReduceOpMismatch, not an underflow.
+        let ok = ar(2, &[4], DType::F32, ReduceOp::Sum);
+        let none = Header::new(2, "all_reduce", 7)
+            .tensor(DType::F32, &[4])
+            .words;
+        let (kind, detail) = validate(&[ok, none]).unwrap_err();
+        assert_eq!(kind, BadInputKind::ReduceOpMismatch);
+        assert!(detail.contains("rank 1: ?"), "{detail}");
     }
 
     #[test]

@@ -560,7 +560,6 @@ impl NcclBackend {
         v
     }
 
-    /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
     /// The launch of one elementwise NCCL reduction (`ncclAllReduce` or `ncclReduceScatter`,
     /// chosen by `pick`) per job `(src, dst, count, dtype, op)`; empty jobs are skipped, and no
     /// launch at all when nothing is left. `keep_alive` buffers live until the calls are enqueued.
@@ -589,7 +588,17 @@ impl NcclBackend {
                     // SAFETY: src/dst are live device buffers of at least n elements of d (kept
                     // alive by `keep`), and c/s are this communicator's handle and stream.
                     check(
-                        unsafe { call(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), c, s) },
+                        unsafe {
+                            call(
+                                src as *const c_void,
+                                dst as *mut c_void,
+                                n,
+                                t,
+                                Self::op_code(red, d, &p2, ops),
+                                c,
+                                s,
+                            )
+                        },
                         label,
                     )?;
                 }
@@ -598,6 +607,7 @@ impl NcclBackend {
         }))
     }
 
+    /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
     fn op_code(red: Red, d: DType, premul: &[(nccl::ncclDataType_t, [u8; 8])], ops: &[u32]) -> u32 {
         match red {
             Red::Builtin(c) => c,
@@ -630,7 +640,8 @@ impl NcclBackend {
             self.alloc_buf(&o, x.dtype, &x.shape)?
         };
         let jobs = vec![(x.ptr(), out.ptr(), x.numel(), x.dtype, red)];
-        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.all_reduce, "ncclAllReduce")?;
+        let launch =
+            self.reduction_launch(&o, jobs, &[x, &out], |f| f.all_reduce, "ncclAllReduce")?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 
@@ -660,11 +671,16 @@ impl NcclBackend {
             .iter()
             .zip(&outs)
             .zip(&reds)
-            .filter(|((x, _), _)| x.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), x.numel(), *d, *r))
             .collect();
         let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
-        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.all_reduce, "ncclAllReduce (coalesced)")?;
+        let launch = self.reduction_launch(
+            &o,
+            jobs,
+            &bufs,
+            |f| f.all_reduce,
+            "ncclAllReduce (coalesced)",
+        )?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -1163,11 +1179,16 @@ impl Backend for NcclBackend {
             .iter()
             .zip(&outs)
             .zip(&reds)
-            .filter(|((_, y), _)| y.numel() > 0)
             .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), y.numel(), *d, *r))
             .collect();
         let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
-        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.reduce_scatter, "ncclReduceScatter (coalesced)")?;
+        let launch = self.reduction_launch(
+            &o,
+            jobs,
+            &bufs,
+            |f| f.reduce_scatter,
+            "ncclReduceScatter (coalesced)",
+        )?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -1576,7 +1597,13 @@ impl NcclBackend {
         red: Red,
     ) -> Result<Work<NcclBuffer>> {
         let jobs = vec![(x.ptr(), out.ptr(), out.numel(), x.dtype, red)];
-        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.reduce_scatter, "ncclReduceScatter")?;
+        let launch = self.reduction_launch(
+            &o,
+            jobs,
+            &[x, &out],
+            |f| f.reduce_scatter,
+            "ncclReduceScatter",
+        )?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 

@@ -46,13 +46,15 @@ impl World {
         World { world_id, global_rank, arenas, alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, cap }) }
     }
 
-
     /// A block of at least `bytes` bytes (at least 64, so every buffer has its own address),
     /// 64-byte aligned (4096 from 64 KiB on).
     pub fn alloc(self: &Arc<World>, bytes: usize) -> Result<Block, String> {
+        let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        if bytes > fl.cap {
+            return Err(self.full(fl.cap, bytes));
+        }
         let len = bytes.max(64).next_multiple_of(64);
         let align = if len >= 65536 { 4096 } else { 64 };
-        let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         let mut hit = None;
         for (&off, &flen) in fl.free.iter() {
             let start = off.next_multiple_of(align);
@@ -73,11 +75,7 @@ impl World {
         } else {
             let start = fl.top.next_multiple_of(align);
             if start + len > fl.cap {
-                return Err(format!(
-                    "shared-memory arena of rank {} is full ({} MiB): cannot allocate {bytes} bytes (raise the `shm_arena_gib` option)",
-                    self.global_rank,
-                    fl.cap >> 20
-                ));
+                return Err(self.full(fl.cap, bytes));
             }
             self.arenas[self.global_rank]
                 .reserve(fl.top, start + len - fl.top)
@@ -90,6 +88,14 @@ impl World {
             start
         };
         Ok(Block { world: self.clone(), off, len })
+    }
+
+    fn full(&self, cap: usize, bytes: usize) -> String {
+        format!(
+            "shared-memory arena of rank {} is full ({} MiB): cannot allocate {bytes} bytes (raise the `shm_arena_gib` option)",
+            self.global_rank,
+            cap >> 20
+        )
     }
 
     fn free(&self, off: usize, len: usize) {

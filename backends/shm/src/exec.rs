@@ -213,6 +213,14 @@ impl Progress {
         r
     }
 
+    /// For an error that leaves this rank out of step with its peers' barriers: poisons the
+    /// communicator, so that peers fail fast instead of pairing this rank's next op with this one.
+    fn out_of_step(&mut self, e: CollectiveError) -> CollectiveError {
+        self.poisoned = Some(e.to_string());
+        self.comm.ctl.poison();
+        e
+    }
+
     fn barrier(&mut self, op: &str, seq: u64, deadline: Instant, started: Instant) -> Result<()> {
         self.step = self.step.wrapping_add(1);
         let c = &self.comm;
@@ -230,7 +238,10 @@ impl Progress {
         }
         // 1. Post.
         let bytes = post.encode();
-        let blk = comm.world.alloc(bytes.len()).map_err(CollectiveError::Backend)?;
+        let blk = match comm.world.alloc(bytes.len()) {
+            Ok(b) => b,
+            Err(e) => return Err(self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}")))),
+        };
         comm.world.region(comm.world.global_rank, blk.off, bytes.len()).copy_from_bytes(&bytes);
         comm.ctl.post_off(me).store(blk.off as u64, SeqCst);
         comm.ctl.post_len(me).store(bytes.len() as u64, SeqCst);
@@ -242,9 +253,10 @@ impl Progress {
             let len = comm.ctl.post_len(r).load(SeqCst) as usize;
             let mut b = vec![0u8; len];
             comm.world.region(comm.globals[r], off, len).copy_to_bytes(&mut b);
-            let p = Post::decode(&b)
-                .ok_or_else(|| CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))?;
-            posts.push(p);
+            match Post::decode(&b) {
+                Some(p) => posts.push(p),
+                None => return Err(self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))),
+            }
         }
         if let Err((kind, detail)) = validate(&posts) {
             self.barrier(name, seq, deadline, started)?;

@@ -53,7 +53,7 @@ macro_rules! int_red {
 int_red!(i8, u8, i16, u16, i32, u32, i64, u64);
 
 macro_rules! float_red {
-    ($t:ty, $a:ty, $bits:ty, $load:expr, $store:expr) => {
+    ($t:ty, $a:ty, $load:expr, $store:expr) => {
         impl Red for $t {
             type A = $a;
             #[inline(always)] fn load(self) -> $a { ($load)(self) }
@@ -74,10 +74,10 @@ macro_rules! float_red {
         }
     };
 }
-float_red!(f32, f32, u32, |x| x, |a| a);
-float_red!(f64, f64, u64, |x| x, |a| a);
-float_red!(f16, f32, u32, |x: f16| x.to_f32(), f16::from_f32);
-float_red!(bf16, f32, u32, |x: bf16| x.to_f32(), bf16::from_f32);
+float_red!(f32, f32, |x| x, |a| a);
+float_red!(f64, f64, |x| x, |a| a);
+float_red!(f16, f32, |x: f16| x.to_f32(), f16::from_f32);
+float_red!(bf16, f32, |x: bf16| x.to_f32(), bf16::from_f32);
 
 #[inline(always)]
 fn combine<T: Red>(acc: &mut [T::A], src: &[T], f: impl Fn(T::A, T::A) -> T::A) {

@@ -8,8 +8,8 @@
 //!   from the `shm_arena_gib` option, default 16 GiB of address space; pages are only backed
 //!   when used). Every [`ShmBuffer`] (and every view) is a block of its owner's arena, and every
 //!   rank maps every arena once at init, so peers read and write each other's buffers directly:
-//!   all_reduce = each rank reduces its 1/n chunk straight from all peers' inputs into its
-//!   output, a barrier, then copies the other chunks from the peers' outputs.
+//!   all_reduce = each rank reduces its 1/n chunk straight from all peers' inputs and writes
+//!   the result into every rank's output (one pass), then a final barrier.
 //! * **Control segment** per communicator: per-rank slots (barrier counter used as a futex word,
 //!   pid, the location of the rank's current *post*) and per-pair point-to-point rings.
 //! * **Posts and validation.** For each collective a rank posts op, dtype, shapes, reduce op,
@@ -195,7 +195,9 @@ impl ShmBackend {
     }
 
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
-        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)).ok_or_else(|| {
+            CollectiveError::Backend(format!("shm backend: a {dtype}{shape:?} buffer does not fit in the address space"))
+        })?;
         let block = self.comm.world.alloc(bytes).map_err(CollectiveError::Backend)?;
         Ok(ShmBuffer { block: Arc::new(block), byte_off: 0, dtype, shape: shape.to_vec() })
     }
@@ -221,12 +223,11 @@ impl ShmBackend {
         }
     }
 
-    fn all_reduce_impl(&self, name: &str, xs: &[ShmBuffer], op: ReduceOp, in_place: bool) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
+    fn all_reduce_impl(&self, xs: &[ShmBuffer], op: ReduceOp, in_place: bool) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
         let outs: Vec<ShmBuffer> =
             if in_place { xs.to_vec() } else { xs.iter().map(|x| self.new_buf(x.dtype, &x.shape)).collect::<Result<_>>()? };
         let mut p = self.post_of(OpCode::AllReduce, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
         p.reduce = Some(op);
-        let _ = name;
         let keep = xs.iter().chain(outs.iter()).cloned().collect();
         Ok((outs, p, keep))
     }
@@ -401,10 +402,10 @@ impl Backend for ShmBackend {
         Ok(())
     }
     fn view(&self, b: &ShmBuffer, offset: usize, shape: &[usize]) -> Result<ShmBuffer> {
-        let numel: usize = shape.iter().product();
-        if offset + numel > b.numel() {
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if numel.and_then(|n| n.checked_add(offset)).is_none_or(|end| end > b.numel()) {
             return Err(CollectiveError::Backend(format!(
-                "view of {numel} elements from element {offset} exceeds a buffer of {}",
+                "view {shape:?} from element {offset} exceeds a buffer of {} elements",
                 b.numel()
             )));
         }
@@ -421,19 +422,19 @@ impl Backend for ShmBackend {
     }
 
     fn all_reduce(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl("all_reduce", std::slice::from_ref(x), op, false)?;
+        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, false)?;
         self.issue("all_reduce", p, keep, outs.remove(0))
     }
     fn all_reduce_(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl("all_reduce_", std::slice::from_ref(x), op, true)?;
+        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, true)?;
         self.issue("all_reduce_", p, keep, outs.remove(0))
     }
     fn all_reduce_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl("all_reduce_coalesced", xs, op, false)?;
+        let (outs, p, keep) = self.all_reduce_impl(xs, op, false)?;
         self.issue("all_reduce_coalesced", p, keep, outs)
     }
     fn all_reduce_coalesced_(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl("all_reduce_coalesced_", xs, op, true)?;
+        let (outs, p, keep) = self.all_reduce_impl(xs, op, true)?;
         self.issue("all_reduce_coalesced_", p, keep, outs)
     }
 

@@ -1,7 +1,7 @@
 //! Bad input named identically on every rank, deadlines, dead peers, async behaviour, subgroups.
 
 mod common;
-use common::{info, leftovers, run, world_id, T};
+use common::{info, leftovers, run, world_id, Gate, OpenOnDrop, T};
 use concord_core::{Backend, BadInputKind, DType, ReduceOp, Tensor};
 use concord_shm::ShmBackend;
 use std::time::{Duration, Instant};
@@ -96,9 +96,10 @@ fn a_peer_that_never_joins_init_times_out_by_name_and_leaves_nothing() {
 
 #[test]
 fn a_peer_that_never_issues_gives_a_timeout_then_the_communicator_is_poisoned() {
-    let gate = std::sync::Barrier::new(2);
+    let gate = Gate::default();
     let res = run(2, Duration::from_millis(300), |b| {
         if b.rank() == 0 {
+            let _open = OpenOnDrop(&gate);
             let t0 = Instant::now();
             let w = b.all_reduce(&f32s(&b, &[4]), ReduceOp::Sum).unwrap();
             let err = w.wait(Duration::from_secs(5)).err().expect("must time out");
@@ -110,7 +111,9 @@ fn a_peer_that_never_issues_gives_a_timeout_then_the_communicator_is_poisoned() 
         }
         // rank 1 joined the world but issues nothing until rank 0 gave up; then its next
         // collective fails fast because rank 0 poisoned the communicator.
-        gate.wait();
+        if b.rank() == 1 {
+            gate.wait(T);
+        }
         let t0 = Instant::now();
         let failed = b.barrier().map(|w| w.wait(Duration::from_secs(2)).is_err()).unwrap_or(true);
         failed && t0.elapsed() < Duration::from_millis(250)
@@ -120,17 +123,18 @@ fn a_peer_that_never_issues_gives_a_timeout_then_the_communicator_is_poisoned() 
 
 #[test]
 fn collectives_are_asynchronous_and_complete_only_when_every_peer_arrives() {
-    let barrier = std::sync::Barrier::new(2);
+    let gate = Gate::default();
     run(2, T, |b| {
         let x = f32s(&b, &[1 << 16]);
         if b.rank() == 0 {
+            let open = OpenOnDrop(&gate);
             let w = b.all_reduce(&x, ReduceOp::Sum).unwrap();
             assert!(!w.is_completed());
             assert_eq!(b.outstanding(), 1);
             std::thread::sleep(Duration::from_millis(100));
             assert!(!w.is_completed(), "completed before the peer issued");
             assert_eq!(w.wait(Duration::from_millis(10)).err().unwrap().name(), "timeout");
-            barrier.wait();
+            drop(open);
             let out = w.into_value(T).unwrap();
             assert_eq!(b.download(&out).unwrap().get_f64(5), 10.0);
             // many outstanding, waited out of order and from another thread
@@ -141,7 +145,7 @@ fn collectives_are_asynchronous_and_complete_only_when_every_peer_arrives() {
                 }
             });
         } else {
-            barrier.wait();
+            gate.wait(T);
             b.all_reduce(&x, ReduceOp::Sum).unwrap().wait(T).unwrap();
             for _ in 0..5 {
                 b.all_reduce(&x, ReduceOp::Max).unwrap().wait(T).unwrap();
@@ -211,4 +215,43 @@ fn sixty_four_ranks_reduce_correctly() {
         let y = b.all_reduce(&x, ReduceOp::Sum).unwrap().into_value(Duration::from_secs(30)).unwrap();
         assert_eq!(b.download(&y).unwrap(), Tensor::from_vec(&[3], vec![2016u32, 64, 128]));
     });
+}
+
+#[test]
+fn a_rank_that_cannot_post_poisons_the_communicator_instead_of_falling_out_of_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let wid = world_id();
+    let gates = [Gate::default(), Gate::default()];
+    let res: Vec<(String, Duration, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (dir, wid, gates) = (dir.path(), wid.as_str(), &gates);
+                s.spawn(move || {
+                    // Each rank opens its own gate at the meeting point, or when it panics.
+                    let mine = OpenOnDrop(&gates[r]);
+                    let mut w = info(r, 2, dir, wid, T);
+                    w.options = vec![("shm_arena_gib".into(), "0".into())]; // the 1 MiB minimum
+                    let b = ShmBackend::init(&w).unwrap();
+                    // Rank 0 fills its arena, so the barrier's post cannot be allocated. No
+                    // assertion before the gate: a panic there would leave the other rank waiting.
+                    let fill = (r == 0).then(|| b.alloc(DType::U8, &[(1 << 20) - 8]).ok()).flatten();
+                    let t0 = Instant::now();
+                    let first = wait(b.barrier()).err().map_or("ok".into(), |e| e.to_string());
+                    let took = t0.elapsed();
+                    drop(fill);
+                    drop(mine);
+                    gates[1 - r].wait(T);
+                    // Room again on rank 0, but the communicator is poisoned: no silent pairing of
+                    // rank 0's next op with rank 1's first one.
+                    let second = wait(b.barrier()).err().map_or("ok".into(), |e| e.name().to_string());
+                    (first, took, second)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(res[0].0.contains("arena of rank 0 is full"), "{}", res[0].0);
+    assert!(res[1].0.contains("poisoned") && res[1].1 < Duration::from_secs(2), "rank 1: {} after {:?}", res[1].0, res[1].1);
+    assert_eq!((res[0].2.as_str(), res[1].2.as_str()), ("aborted", "aborted"));
+    assert!(leftovers(&wid).is_empty(), "{:?}", leftovers(&wid));
 }

@@ -59,7 +59,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         ("all_to_all_single", "out"),
         ("broadcast", "inplace"),
     ] {
-        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| late_write(ctx, op)));
+        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| late_write(ctx, op, variant)));
     }
     v.push(Case::<B>::new("reuse::aliasing::all_gather_out_contains_input::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
         aliasing(ctx, "all_gather_into_tensor", false)
@@ -74,14 +74,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 }
 
 /// After wait, overwrite the result with a pattern, give the backend time, check nothing wrote it.
-fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str) -> CaseResult {
+fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant: &str) -> CaseResult {
     let b = ctx.b;
     let ws = b.world_size();
-    let w = here(b, op, "-", DType::F32);
+    let w = here(b, op, variant, DType::F32);
     let n = 1 << 16;
     let x = b.upload(&Tensor::from_vec(&[n * ws], (0..n * ws).map(|i| (i % 5) as f32).collect()))?;
     let out = match op {
-        "all_reduce" if ctx.case.contains("::inplace::") => b.all_reduce_(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
+        "all_reduce" if variant == "inplace" => b.all_reduce_(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
         "all_reduce" => b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
         "all_gather_into_tensor" => b.all_gather_into_tensor(&x)?.into_value(ctx.timeout)?,
         "reduce_scatter_tensor" => b.reduce_scatter_tensor(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,

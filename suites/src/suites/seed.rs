@@ -19,6 +19,14 @@ fn c10d<B: Backend>(name: &str, op: &str, variant: &str, reduce: &str, f: fn(&mu
     Case::<B>::new(format!("seed::c10d::{name}"), meta(op, variant, reduce), 2, f)
 }
 
+/// A coalesced op MUST return one result per input (`zip` alone would pass a truncated list).
+fn check_count<T>(outs: &[T], n_in: usize, w: &str) -> Result<(), CaseEnd> {
+    if outs.len() != n_in {
+        return Err(fail(w, format!("returned {} results for {n_in} inputs", outs.len())));
+    }
+    Ok(())
+}
+
 fn check_async<B: Backend, T>(r: &AsyncResult<T>, w: &str) -> Result<(), CaseEnd> {
     if r.completed() {
         return Err(fail(w, "AsyncCollectiveTensor-like result reported completed before first use"));
@@ -80,6 +88,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let w = here(b, "all_gather_into_tensor_coalesced", "coalesced", DType::F32);
             let xs: Vec<_> = (0..10).map(|i| b.upload(&full(&[10, 10], (b.rank() * i) as f32))).collect::<Result<_, _>>()?;
             let outs = b.all_gather_into_tensor_coalesced(&xs)?.into_value(ctx.timeout)?;
+            check_count(&outs, xs.len(), &w)?;
             for (i, out) in outs.iter().enumerate() {
                 let parts: Vec<Tensor> = (0..ws).map(|r| full(&[10, 10], (r * i) as f32)).collect();
                 expect_eq(b, out, &Tensor::cat_rows(DType::F32, &[10], &parts), &format!("{w} tensor {i}"))?;
@@ -108,6 +117,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 })
                 .collect::<Result<_, _>>()?;
             let outs = b.reduce_scatter_tensor_coalesced(&xs, ReduceOp::Avg)?.into_value(ctx.timeout)?;
+            check_count(&outs, xs.len(), &w)?;
             for (i, out) in outs.iter().enumerate() {
                 expect_eq(b, out, &full(&[10], (b.rank() * i) as f32), &format!("{w} tensor {i}"))?;
             }
@@ -278,6 +288,7 @@ fn coalesced_all_reduce<B: Backend>(ctx: &mut Ctx<'_, B>, in_place: bool) -> Cas
     } else {
         b.all_reduce_coalesced(&xs, ReduceOp::Avg)?.into_value(ctx.timeout)?
     };
+    check_count(&outs, xs.len(), &w)?;
     for (i, (out, x)) in outs.iter().zip(&xs).enumerate() {
         let same = b.buffer_addr(out) == b.buffer_addr(x);
         if in_place && !same {

@@ -50,3 +50,29 @@ pub fn run<R: Send>(n: usize, timeout: Duration, f: impl Fn(ShmBackend) -> R + S
 }
 
 pub const T: Duration = Duration::from_secs(10);
+
+/// A two-party rendezvous for test threads that cannot hang: the opening side opens it when its
+/// guard drops (also when an assertion panics), and the waiting side waits at most a deadline.
+#[derive(Default)]
+pub struct Gate {
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+pub struct OpenOnDrop<'a>(pub &'a Gate);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        *self.0.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0.cv.notify_all();
+    }
+}
+
+impl Gate {
+    /// Waits until the gate is open; panics (never hangs) after `timeout`.
+    pub fn wait(&self, timeout: Duration) {
+        let g = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (g, _) = self.cv.wait_timeout_while(g, timeout, |open| !*open).unwrap_or_else(|e| e.into_inner());
+        assert!(*g, "the other rank never opened the gate within {timeout:?}");
+    }
+}
