@@ -560,6 +560,37 @@ impl NcclBackend {
         v
     }
 
+    /// The shared part of `send` / `recv` (`name`): the peer check, the header paired with the
+    /// peer's, and one ncclSend / ncclRecv of the whole buffer (none when it is empty).
+    fn point_to_point(
+        &self,
+        name: &'static str,
+        buf: &NcclBuffer,
+        peer: usize,
+    ) -> Result<(Op, Check, Option<Launch>)> {
+        let o = self.begin(name, false)?;
+        if peer >= self.ws || peer == self.rank {
+            let dir = if name == "send" { "to" } else { "from" };
+            let detail = format!(
+                "{name} {dir} rank {peer} on rank {} in a world of {}",
+                self.rank, self.ws
+            );
+            return Err(self.bad(&o, BadInputKind::BadPeer, detail));
+        }
+        let mine = Header::new(self.ws, name, 0)
+            .tensor(buf.dtype, &buf.shape)
+            .peer(peer);
+        let is_send = name == "send";
+        let launch = (buf.numel() > 0).then(|| {
+            p2p_launch(
+                vec![(is_send, buf.ptr(), buf.numel(), peer)],
+                buf.dtype,
+                keep(&[buf]),
+            )
+        });
+        Ok((o, Check::Pair(mine, peer), launch))
+    }
+
     /// The launch of one elementwise NCCL reduction (`ncclAllReduce` or `ncclReduceScatter`,
     /// chosen by `pick`) per job `(src, dst, count, dtype, op)`; empty jobs are skipped, and no
     /// launch at all when nothing is left. `keep_alive` buffers live until the calls are enqueued.
@@ -1430,48 +1461,13 @@ impl Backend for NcclBackend {
     }
 
     fn send(&self, x: &NcclBuffer, dst: usize) -> Result<Work<()>> {
-        let o = self.begin("send", false)?;
-        if dst >= self.ws || dst == self.rank {
-            return Err(self.bad(
-                &o,
-                BadInputKind::BadPeer,
-                format!(
-                    "send to rank {dst} from rank {} in a world of {}",
-                    self.rank, self.ws
-                ),
-            ));
-        }
-        let mine = Header::new(self.ws, "send", 0)
-            .tensor(x.dtype, &x.shape)
-            .peer(dst);
-        let launch = (x.numel() > 0)
-            .then(|| p2p_launch(vec![(true, x.ptr(), x.numel(), dst)], x.dtype, keep(&[x])));
-        self.submit(o, (), Check::Pair(mine, dst), launch)
+        let (o, check, launch) = self.point_to_point("send", x, dst)?;
+        self.submit(o, (), check, launch)
     }
 
     fn recv(&self, out: &NcclBuffer, src: usize) -> Result<Work<NcclBuffer>> {
-        let o = self.begin("recv", false)?;
-        if src >= self.ws || src == self.rank {
-            return Err(self.bad(
-                &o,
-                BadInputKind::BadPeer,
-                format!(
-                    "recv from rank {src} on rank {} in a world of {}",
-                    self.rank, self.ws
-                ),
-            ));
-        }
-        let mine = Header::new(self.ws, "recv", 0)
-            .tensor(out.dtype, &out.shape)
-            .peer(src);
-        let launch = (out.numel() > 0).then(|| {
-            p2p_launch(
-                vec![(false, out.ptr(), out.numel(), src)],
-                out.dtype,
-                keep(&[out]),
-            )
-        });
-        self.submit(o, out.clone(), Check::Pair(mine, src), launch)
+        let (o, check, launch) = self.point_to_point("recv", out, src)?;
+        self.submit(o, out.clone(), check, launch)
     }
 
     fn barrier(&self) -> Result<Work<()>> {
