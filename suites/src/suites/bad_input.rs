@@ -7,15 +7,11 @@ use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{BadInputKind as K, Backend, CollectiveError, DType, ReduceOp, Tensor, Work};
 use std::time::Duration;
 
-type Issue<B> = fn(&B, usize, usize) -> Result<Outcome, CollectiveError>;
+/// Issues the bad call (given the backend, its rank and world size) and waits for it.
+type Issue<B> = fn(&B, usize, usize) -> Result<(), CollectiveError>;
 
-/// What a bad call came back with, after waiting.
-pub enum Outcome {
-    Completed,
-}
-
-fn wait<T>(w: Work<T>, t: Duration) -> Result<Outcome, CollectiveError> {
-    w.wait(t).map(|_| Outcome::Completed)
+fn wait<T>(w: Work<T>, t: Duration) -> Result<(), CollectiveError> {
+    w.wait(t).map(|_| ())
 }
 
 fn f32s<B: Backend>(b: &B, shape: &[usize]) -> Result<B::Buffer, CollectiveError> {
@@ -119,9 +115,9 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, &'static [K], bool, Issue<B>
         }),
         ("permute_not_a_permutation", 2, &[K::BadPermutation], false, |b, _, _| wait(b.permute_tensor(&f32s(b, &[4])?, &[0, 0])?, T)),
         ("permute_wrong_length", 2, &[K::BadPermutation], false, |b, _, _| wait(b.permute_tensor(&f32s(b, &[4])?, &[1, 0, 2])?, T)),
-        ("new_group_duplicate_ranks", 2, &[K::BadGroup], false, |b, _, _| b.new_group(&[0, 0]).map(|_| Outcome::Completed)),
-        ("new_group_rank_out_of_range", 2, &[K::BadGroup], false, |b, _, ws| b.new_group(&[0, ws]).map(|_| Outcome::Completed)),
-        ("new_group_empty", 2, &[K::BadGroup], false, |b, _, _| b.new_group(&[]).map(|_| Outcome::Completed)),
+        ("new_group_duplicate_ranks", 2, &[K::BadGroup], false, |b, _, _| b.new_group(&[0, 0]).map(|_| ())),
+        ("new_group_rank_out_of_range", 2, &[K::BadGroup], false, |b, _, ws| b.new_group(&[0, ws]).map(|_| ())),
+        ("new_group_empty", 2, &[K::BadGroup], false, |b, _, _| b.new_group(&[]).map(|_| ())),
     ]
 }
 
@@ -144,7 +140,7 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kinds: &[K], cross_rank
     let w = format!("backend={} bad_input={name} world_size={} rank={}", b.name(), b.world_size(), b.rank());
     let want: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     match issue(b, b.rank(), b.world_size()) {
-        Ok(Outcome::Completed) => {
+        Ok(()) => {
             return Err(fail(&w, format!("the bad input was accepted and the op completed; expected a named bad_input:{} error", want.join("|"))))
         }
         Err(e) => match e.bad_input_kind() {

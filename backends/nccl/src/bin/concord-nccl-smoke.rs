@@ -439,18 +439,10 @@ fn same(got: &Tensor, want: &Tensor) -> R {
     ))
 }
 
-const NCCL_DTYPES: [DType; 10] = [
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::U32,
-    DType::I64,
-    DType::U64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
+/// The dtypes NCCL moves: every Concord dtype but the 16-bit integers.
+fn nccl_dtypes() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|d| !matches!(d, DType::I16 | DType::U16))
+}
 const REDUCE_OPS: [ReduceOp; 6] = [
     ReduceOp::Sum,
     ReduceOp::Product,
@@ -522,7 +514,7 @@ impl Smoke {
         });
 
         // ---- reductions: every NCCL dtype × reduce op × variant ----
-        for d in NCCL_DTYPES {
+        for d in nccl_dtypes() {
             for op in REDUCE_OPS {
                 let tag = format!("{}/{d}", op.name());
                 if !op.defined_for(d) {
