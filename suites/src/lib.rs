@@ -54,24 +54,35 @@ pub const fn assert_backend<B: Backend>() {}
 /// concord_suites::harness!(MyGpuBackend, name = "mygpu", gpus_per_rank = 1);
 /// ```
 ///
-/// Put it in a test target with `harness = false`; then `cargo test` / `cargo nextest run` list
-/// and run every case as `mine::all_reduce::out::f32::sum::ws4`, and
+/// Put it in a test target with `harness = false`; then `cargo nextest run` / `cargo test` run
+/// every case, one test per suite and world size (`mine::suite::matrix::ws4`, one persistent
+/// world each), `cargo test --test <target> -- --exact mine::all_reduce::out::f32::sum::ws4`
+/// reruns one case (`CONCORD_LIST=cases` lists one test per case, for nextest filters), and
 /// `cargo test --test <target> -- --report DIR` writes the conformance report.
+///
+/// `catalogue = f` (a `fn() -> Vec<Case<MyBackend>>`) runs your own selection: a slice of
+/// [`catalogue`], or [`catalogue`] plus cases of your own.
 #[macro_export]
 macro_rules! harness {
     ($backend:ty, name = $name:literal $(,)?) => {
-        $crate::harness!($backend, name = $name, gpus_per_rank = 0);
+        $crate::harness!($backend, name = $name, gpus_per_rank = 0, catalogue = $crate::catalogue::<$backend>);
     };
     ($backend:ty, name = $name:literal, gpus_per_rank = $gpus:literal $(,)?) => {
+        $crate::harness!($backend, name = $name, gpus_per_rank = $gpus, catalogue = $crate::catalogue::<$backend>);
+    };
+    ($backend:ty, name = $name:literal, catalogue = $cases:expr $(,)?) => {
+        $crate::harness!($backend, name = $name, gpus_per_rank = 0, catalogue = $cases);
+    };
+    ($backend:ty, name = $name:literal, gpus_per_rank = $gpus:literal, catalogue = $cases:expr $(,)?) => {
         const _: () = $crate::assert_backend::<$backend>();
         fn main() {
             $crate::main_with(vec![$crate::BackendEntry::new::<$backend>(
                 $name,
                 $gpus,
-                $crate::catalogue::<$backend>,
+                $cases,
             )
             .with_rerun(concat!(
-                "cargo test -p ",
+                "cargo test{profile} -p ",
                 env!("CARGO_PKG_NAME"),
                 " --test ",
                 env!("CARGO_CRATE_NAME"),
@@ -87,7 +98,7 @@ macro_rules! harness {
     };
     ($($other:tt)*) => {
         compile_error!(
-            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");` or `concord_suites::harness!(MyBackend, name = \"mine\", gpus_per_rank = 1);` where MyBackend implements concord_core::Backend"
+            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");`, optionally with `gpus_per_rank = 1` and then `catalogue = my_cases` (a `fn() -> Vec<concord_suites::Case<MyBackend>>`), where MyBackend implements concord_core::Backend"
         );
         fn main() {}
     };

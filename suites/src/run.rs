@@ -129,7 +129,25 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
 
 /// How to rerun exactly one case of `entry`.
 pub fn rerun_hint(entry: &BackendEntry, case_id: &str) -> String {
-    format!("{} {case_id}", entry.rerun)
+    format!("{} {case_id}", entry.rerun.replace(PROFILE_SLOT, &profile_flag()))
+}
+
+/// Where a rerun command names the cargo profile the case ran in (`harness!` puts it after
+/// `cargo test`), so a rerun rebuilds nothing and runs the same code.
+pub const PROFILE_SLOT: &str = "{profile}";
+
+/// The cargo flag for the profile this binary was built with, read from its path
+/// (`target/<profile>/deps/<name>-<hash>`): `` for `debug`, ` --release`, ` --profile <name>`.
+pub fn profile_flag() -> String {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut parts = exe.iter().rev().skip(1).map(|p| p.to_string_lossy().into_owned());
+    let dir = parts.next().unwrap_or_default();
+    let profile = if dir == "deps" || dir == "examples" { parts.next().unwrap_or_default() } else { dir };
+    match profile.as_str() {
+        "debug" | "" => String::new(),
+        "release" => " --release".into(),
+        p => format!(" --profile {p}"),
+    }
 }
 
 /// Runs one case in a world of the pool; maps the verdict.
@@ -257,35 +275,120 @@ fn parse_opts(args: Vec<String>) -> (Opts, Vec<String>) {
     (o, rest)
 }
 
+/// The name of the nextest / libtest test that runs every case of one suite at one world size
+/// in one persistent world: `<backend>::suite::<suite>::ws<N>`.
+pub fn group_id(backend: &str, suite: &str, world_size: usize) -> String {
+    format!("{backend}::{GROUP_WORD}::{suite}::ws{world_size}")
+}
+
+/// The word that marks a group test id (no case id uses it as its second part).
+pub const GROUP_WORD: &str = "suite";
+
+/// `CONCORD_LIST=cases`: list one test per case instead of one per (backend, suite, world size),
+/// so `cargo nextest run -- --exact <case id>` (or a nextest filter on case ids) works.
+pub const LIST_ENV: &str = "CONCORD_LIST";
+
+fn list_cases_individually() -> bool {
+    std::env::var(LIST_ENV).as_deref() == Ok("cases")
+}
+
+/// The libtest verdict of one case or group.
+fn trial_result(verdict: Outcome, msg: String) -> Result<libtest_mimic::Completion, libtest_mimic::Failed> {
+    match verdict {
+        Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
+        Outcome::Skipped(r) => Ok(libtest_mimic::Completion::ignored_with(r)),
+        Outcome::Unsupported(r) => Ok(libtest_mimic::Completion::ignored_with(format!("UNSUPPORTED: {r}"))),
+        Outcome::Failed(_) => Err(msg.into()),
+    }
+}
+
+/// Runs every case of a group in order (one persistent world, reused from case to case); fails
+/// with every failing case's message and rerun line.
+fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Outcome, String) {
+    let mut failures: Vec<String> = Vec::new();
+    let (mut passed, mut unsupported, mut skipped) = (0usize, 0usize, 0usize);
+    for c in cases {
+        let (verdict, msg, _) = run_case(entry, c);
+        match verdict {
+            Outcome::Passed => passed += 1,
+            Outcome::Unsupported(_) => unsupported += 1,
+            Outcome::Skipped(_) => skipped += 1,
+            Outcome::Failed(_) => failures.push(format!("FAIL {}\n{msg}", c.id)),
+        }
+    }
+    let counts = format!("{passed} passed, {} failed, {unsupported} unsupported, {skipped} skipped", failures.len());
+    if failures.is_empty() {
+        if passed == 0 && skipped > 0 {
+            return (Outcome::Skipped(format!("{counts} (every case skipped)")), String::new());
+        }
+        return (Outcome::Passed, String::new());
+    }
+    let names: Vec<&str> = failures.iter().map(|f| f.lines().next().unwrap_or("").trim_start_matches("FAIL ")).collect();
+    let head = format!("{} of {} cases failed ({counts}): {}", failures.len(), cases.len(), names.join(", "));
+    let msg = format!("{head}\n\n{}", failures.join("\n\n"));
+    (Outcome::Failed(head), msg)
+}
+
 fn libtest_mode(entries: &[BackendEntry], args: Vec<String>) -> i32 {
     let args = libtest_mimic::Arguments::from_iter(args);
     let gpus = if entries.iter().any(|e| e.gpus_per_rank > 0) { concord_harness::gpu::count() } else { 0 };
     let mut trials = Vec::new();
-    // `--exact NAME` (how nextest runs one test): build only that trial.
+    // `--exact NAME` (how nextest runs one test, and how a rerun line names one case): build
+    // only that trial, be NAME a group or a single case.
     let only = args.exact.then(|| args.filter.clone()).flatten();
+    let per_case = list_cases_individually();
     for e in entries {
-        for c in e.cases() {
-            if only.as_ref().is_some_and(|n| n != &c.id) {
+        let cases = e.cases();
+        // Groups, in catalogue order: (suite, world size) -> cases.
+        let mut groups: Vec<((String, usize), Vec<CaseInfo>)> = Vec::new();
+        for c in cases {
+            let single = match &only {
+                Some(n) => n == &c.id,
+                None => per_case,
+            };
+            if single {
+                let needed = e.gpus_per_rank * c.world_size;
+                let entry = e.clone();
+                trials.push(
+                    libtest_mimic::Trial::ignorable_test(c.id.clone(), move || {
+                        let (verdict, msg, _) = run_case(&entry, &c);
+                        trial_result(verdict, msg)
+                    })
+                    // Gated cases are listed as ignored (nextest: SKIP); the names stay exact, and
+                    // `--include-ignored` runs them into a runtime skip that states the reason.
+                    .with_ignored_flag(needed > gpus),
+                );
                 continue;
             }
-            let needed = e.gpus_per_rank * c.world_size;
-            let gated = needed > gpus;
+            if per_case {
+                continue;
+            }
+            let key = (c.meta.suite.clone(), c.world_size);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(c),
+                None => groups.push((key, vec![c])),
+            }
+        }
+        for ((suite, ws), cases) in groups {
+            let id = group_id(&e.name, &suite, ws);
+            if only.as_ref().is_some_and(|n| n != &id) {
+                continue;
+            }
+            let gated = e.gpus_per_rank * ws > gpus;
             let entry = e.clone();
-            let name = c.id.clone();
             trials.push(
-                libtest_mimic::Trial::ignorable_test(name, move || {
-                    let (verdict, msg, _) = run_case(&entry, &c);
-                    match verdict {
-                        Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
-                        Outcome::Skipped(r) => Ok(libtest_mimic::Completion::ignored_with(r)),
-                        Outcome::Unsupported(r) => Ok(libtest_mimic::Completion::ignored_with(format!("UNSUPPORTED: {r}"))),
-                        Outcome::Failed(_) => Err(msg.into()),
-                    }
+                libtest_mimic::Trial::ignorable_test(id, move || {
+                    let (verdict, msg) = run_group(&entry, &cases);
+                    trial_result(verdict, msg)
                 })
-                // Gated cases are listed as ignored (nextest: SKIP); the names stay exact, and
-                // `--include-ignored` runs them into a runtime skip that states the reason.
                 .with_ignored_flag(gated),
             );
+        }
+    }
+    if let Some(name) = &only {
+        if trials.is_empty() {
+            eprintln!("error: no case or group is named `{name}` (list them with `--list`)");
+            return 2;
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);
@@ -308,6 +411,17 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
             }
         }
     }
+    // A filter or an exact name that selects nothing is a mistake (a typo in CI must not pass).
+    let unknown: Vec<&String> = opts.exact.iter().filter(|x| !work.iter().any(|(_, c)| &c.id == *x)).collect();
+    if !unknown.is_empty() {
+        let names: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
+        eprintln!("error: no case is named {} (case ids look like `shm::all_reduce::out::f32::sum::ws4`; list them with `--list`)", names.join(", "));
+        return 2;
+    }
+    if work.is_empty() {
+        eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; list them with `--list`)", opts.filter);
+        return 2;
+    }
     // Group by world so persistent worlds are reused back to back.
     work.sort_by(|a, b| (&a.0.name, a.1.world_size).cmp(&(&b.0.name, b.1.world_size)));
     let total = work.len();
@@ -321,7 +435,7 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let jobs = opts.jobs.unwrap_or(1).max(1);
+    let jobs = opts.jobs.unwrap_or_else(default_jobs).max(1);
     let queue = Mutex::new(work.into_iter());
     let records: Mutex<Vec<CaseRecord>> = Mutex::new(Vec::with_capacity(total));
     std::thread::scope(|s| {
@@ -348,10 +462,51 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
         Ok((md, json)) => println!("report: {} and {}", md.display(), json.display()),
         Err(e) => eprintln!("could not write the report to {}: {e}", dir.display()),
     }
+    for line in skip_summary(&report) {
+        println!("{line}");
+    }
     print!("{}", report.summary_text());
     if report.failed() > 0 {
         1
     } else {
         0
     }
+}
+
+/// Worlds run side by side in conformance mode when `--jobs` is not given: what the machine can
+/// run (`std::thread::available_parallelism`).
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// One line per backend that had skipped cases: how many, and why (the first reason, with the
+/// number of other reasons), so a run that skipped everything says so without opening the report.
+fn skip_summary(report: &Report) -> Vec<String> {
+    let mut per: Vec<(String, usize, usize, Vec<String>)> = Vec::new();
+    for c in &report.cases {
+        let i = match per.iter().position(|p| p.0 == c.backend) {
+            Some(i) => i,
+            None => {
+                per.push((c.backend.clone(), 0, 0, Vec::new()));
+                per.len() - 1
+            }
+        };
+        per[i].1 += 1;
+        if c.status == "skipped" {
+            per[i].2 += 1;
+            // Reasons differ by their numbers (GPUs needed); keep one per shape of reason.
+            let shape: String = c.detail.chars().filter(|ch| !ch.is_ascii_digit()).collect();
+            if !per[i].3.iter().any(|r| r.chars().filter(|ch| !ch.is_ascii_digit()).collect::<String>() == shape) {
+                per[i].3.push(c.detail.clone());
+            }
+        }
+    }
+    per.into_iter()
+        .filter(|p| p.2 > 0)
+        .map(|(backend, total, skipped, reasons)| {
+            let all = if skipped == total { " (all of them)" } else { "" };
+            let more = if reasons.len() > 1 { format!("; and {} other reason(s), see the report", reasons.len() - 1) } else { String::new() };
+            format!("{backend}: {skipped} of {total} cases skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
+        })
+        .collect()
 }

@@ -40,9 +40,9 @@ enum Cmd {
         /// Run exactly these case ids.
         #[arg(long)]
         exact: Vec<String>,
-        /// Worlds run side by side.
-        #[arg(long, default_value_t = 1)]
-        jobs: usize,
+        /// Worlds run side by side (default: what the machine can run).
+        #[arg(long)]
+        jobs: Option<usize>,
         /// Substring filters on case ids.
         filters: Vec<String>,
     },
@@ -80,6 +80,29 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
+/// Builds test target `target` of `package` in release and returns the executable's path (from
+/// cargo's JSON messages), so the caller runs it directly.
+fn build_test_binary(package: &str, target: &str) -> Result<PathBuf> {
+    let out = cargo()
+        .args(["test", "--release", "--no-run", "--quiet", "--message-format=json-render-diagnostics", "-p", package, "--test", target])
+        .current_dir(root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not start cargo")?;
+    if !out.status.success() {
+        bail!("building {package}'s `{target}` test binary failed");
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == target {
+            if let Some(exe) = msg["executable"].as_str() {
+                return Ok(PathBuf::from(exe));
+            }
+        }
+    }
+    bail!("cargo built no `{target}` executable for {package}")
+}
+
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Test { args } => {
@@ -92,22 +115,28 @@ fn main() -> Result<()> {
                 );
             }
             // The `ci` cargo profile (optimised): conformance cases run a world of processes each.
-            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci"]).args(&args))?;
+            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, report, exact, jobs, filters } => {
-            let mut c = cargo();
-            c.args(["test", "--release", "--quiet", "-p", "concord-suites", "--test", "conformance", "--"]);
+            // Build, then run the binary itself: its exit code and its own lines are the answer,
+            // without `cargo test`'s "test failed, to rerun pass ..." around them.
+            let exe = build_test_binary("concord-suites", "conformance")?;
+            let mut c = Command::new(exe);
             for b in &backend {
                 c.args(["--backend", b]);
             }
             let report = if report.is_absolute() { report } else { root().join(report) };
-            c.arg("--report").arg(&report).args(["--jobs", &jobs.to_string()]);
+            c.arg("--report").arg(&report);
+            if let Some(j) = jobs {
+                c.args(["--jobs", &j.to_string()]);
+            }
             if !exact.is_empty() {
                 c.arg("--exact").args(&exact);
             }
             c.args(&filters);
-            run(&mut c)
+            let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
+            std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench => run(Command::new("bash").arg("bench/run-cpu-bench.sh")),

@@ -1,2 +1,17 @@
-//! The whole Concord suite on `MyBackend`: this one line is the downstream API.
-concord_suites::harness!(concord_example_downstream::MyBackend, name = "mine");
+//! Concord on `MyBackend`: one `harness!` line is the downstream API.
+//!
+//! The built-in binary already runs the whole catalogue on the shm backend this example wraps,
+//! so here the example proves the downstream path on a slice: every suite, with the matrix cut
+//! to f32 at world sizes 1–3. A backend of your own would write
+//! `concord_suites::harness!(MyBackend, name = "mine");` for everything.
+use concord_example_downstream::MyBackend;
+use concord_suites::Case;
+
+fn slice() -> Vec<Case<MyBackend>> {
+    concord_suites::catalogue::<MyBackend>()
+        .into_iter()
+        .filter(|c| c.meta.suite != "matrix" || (c.meta.dtype == "f32" && c.world_size <= 3))
+        .collect()
+}
+
+concord_suites::harness!(MyBackend, name = "mine", catalogue = slice);
