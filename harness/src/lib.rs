@@ -4,7 +4,8 @@
 //! nothing left running or on disk afterwards. Also: the c10d-compatible file store the ranks
 //! rendezvous through, and GPU gating.
 //!
-//! Modules: [`store`] (FileStore), [`outcome`] (what a rank reports), [`worker`] (the child side),
+//! Modules: [`store`] (FileStore), [`outcome`] (what a rank reports), [`verdict`] (the typed
+//! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
 //!
@@ -21,4 +22,5 @@ pub mod outcome;
 pub mod platform;
 pub mod runner;
 pub mod store;
+pub mod verdict;
 pub mod worker;

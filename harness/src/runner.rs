@@ -19,7 +19,8 @@
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
-use crate::outcome::{aggregate, blame, Outcome};
+use crate::outcome::Outcome;
+use crate::verdict::{Failure, RankState, Verdict};
 use crate::platform;
 use crate::worker::{format_options, vars, WorkerMsg};
 use nix::sys::signal::Signal;
@@ -65,6 +66,8 @@ pub struct RankReport {
     pub pid: u32,
     /// What the rank reported; `None` if it crashed or never answered.
     pub outcome: Option<Outcome>,
+    /// Where the rank was when the case was decided (before teardown).
+    pub state: RankState,
     /// How the process ended, when it ended during the case or its teardown: `exit code 3`,
     /// `killed by signal SIGSEGV`, `terminated by the runner (SIGTERM) ...`. `None`: still alive
     /// (the world was kept) or ended politely at teardown.
@@ -81,7 +84,7 @@ pub struct CaseReport {
     pub case_id: String,
     pub backend: String,
     pub world_size: usize,
-    pub verdict: Outcome,
+    pub verdict: Verdict,
     pub ranks: Vec<RankReport>,
     pub elapsed: Duration,
     /// The world the case ran in (its temp dir and shm names start with `concord-<world_id>-`).
@@ -101,10 +104,11 @@ impl CaseReport {
             self.elapsed.as_millis(),
             self.world_id
         );
-        if !self.verdict.detail().is_empty() {
-            for line in self.verdict.detail().lines() {
-                s.push_str(&format!("  {line}\n"));
-            }
+        if self.verdict.failures().iter().any(|f| matches!(f, Failure::Setup { .. })) {
+            s.push_str("  world setup failed:\n");
+        }
+        for line in self.verdict.detail().lines() {
+            s.push_str(&format!("  {line}\n"));
         }
         for r in &self.ranks {
             let bad = matches!(r.outcome, None | Some(Outcome::Failed(_))) || r.exit.is_some();
@@ -648,24 +652,34 @@ pub struct Pool {
     idle: Mutex<Vec<World>>,
 }
 
-#[derive(Default, Clone)]
+/// One rank's progress through one case: the runner's state machine ([`RankState`]) plus what
+/// the rank said on the way.
+#[derive(Clone)]
 struct RankCase {
+    state: RankState,
     outcome: Option<Outcome>,
+    /// It reported a panic and exits right after: settled only once it has exited.
     exiting: bool,
-    eof: bool,
-    garbage: Option<String>,
-    send_error: Option<String>,
-    state: Option<String>,
-    /// Still running when the runner gave up on the case.
-    pending: bool,
+    /// A protocol problem: garbage on the pipe, an unexpected message, a case it could not be sent.
+    protocol: Option<String>,
+    /// Its answer to `status` after the runner gave up waiting.
+    answer: Option<String>,
 }
 
 impl RankCase {
-    fn done(&self) -> bool {
-        self.eof || self.send_error.is_some() || (self.outcome.is_some() && !self.exiting)
+    fn new() -> RankCase {
+        RankCase { state: RankState::Running, outcome: None, exiting: false, protocol: None, answer: None }
     }
+    /// Nothing more is awaited from this rank.
+    fn settled(&self) -> bool {
+        match self.state {
+            RankState::Reported => !self.exiting,
+            s => s.settled(),
+        }
+    }
+    /// The world cannot be kept after this rank's case.
     fn bad(&self) -> bool {
-        self.eof || self.garbage.is_some() || self.send_error.is_some() || matches!(self.outcome, Some(Outcome::Failed(_)))
+        self.state != RankState::Reported || self.protocol.is_some() || matches!(self.outcome, Some(Outcome::Failed(_)))
     }
 }
 
@@ -737,7 +751,7 @@ impl Pool {
     pub fn run_case(&self, req: CaseRequest<'_>) -> CaseReport {
         let start = Instant::now();
         let key = req.key;
-        let mk_report = |verdict: Outcome, ranks: Vec<RankReport>, world_id: String| CaseReport {
+        let mk_report = |verdict: Verdict, ranks: Vec<RankReport>, world_id: String| CaseReport {
             case_id: req.case_id.to_string(),
             backend: key.backend.clone(),
             world_size: key.world_size,
@@ -747,7 +761,8 @@ impl Pool {
             world_id,
         };
         if req.case_id.contains('\n') || req.case_id.is_empty() {
-            return mk_report(Outcome::Failed(format!("invalid case id {:?}", req.case_id)), Vec::new(), String::new());
+            let f = Failure::Protocol { rank: 0, detail: format!("invalid case id {:?}", req.case_id) };
+            return mk_report(Verdict::failed(vec![f]), Vec::new(), String::new());
         }
 
         // 1. A world: reuse an idle healthy one, or spawn and rendezvous a new one.
@@ -757,7 +772,10 @@ impl Pool {
             None => {
                 let mut w = match World::spawn(&self.cfg, key) {
                     Ok(w) => w,
-                    Err(msg) => return mk_report(Outcome::Failed(format!("world setup failed: {msg}")), Vec::new(), String::new()),
+                    Err(msg) => {
+                        let f = Failure::Setup { rank: 0, detail: format!("world setup failed: {msg}") };
+                        return mk_report(Verdict::failed(vec![f]), Vec::new(), String::new());
+                    }
                 };
                 if let Err(problems) = w.await_ready(self.cfg.setup_timeout) {
                     let marks = vec![0u64; w.ranks.len()];
@@ -774,14 +792,14 @@ impl Pool {
                                 rank: r.rank,
                                 pid: r.pid,
                                 outcome: None,
+                                state: if p.is_some() { RankState::Exited } else { RankState::Spawning },
                                 exit: p.and(r.status.as_ref().map(describe_status)),
                                 state_at_deadline: None,
                                 stderr_tail: r.tail.since(marks[r.rank]),
                             }
                         })
                         .collect();
-                    let lines: Vec<String> = problems.iter().map(|(r, m)| format!("rank {r}: {m}")).collect();
-                    let verdict = Outcome::Failed(format!("world setup failed:\n{}", lines.join("\n")));
+                    let verdict = Verdict::failed(problems.into_iter().map(|(rank, detail)| Failure::Setup { rank, detail }).collect());
                     let id = w.id.clone();
                     return mk_report(verdict, ranks, id);
                 }
@@ -793,17 +811,20 @@ impl Pool {
         // 2. Run the case on every rank.
         let n = world.ranks.len();
         let marks: Vec<u64> = world.ranks.iter().map(|r| r.tail.mark()).collect();
-        let mut st = vec![RankCase::default(); n];
+        let mut st = vec![RankCase::new(); n];
         let case_start = Instant::now();
         let deadline_at = case_start + req.deadline;
         let mut settle_at: Option<Instant> = None;
         let grace = self.cfg.grace;
         for (r, rp) in world.ranks.iter_mut().enumerate() {
             if let Err(e) = rp.send(&format!("run {}", req.case_id)) {
-                st[r].send_error = Some(format!("could not send the case: {e}"));
+                st[r].protocol = Some(format!("could not send the case: {e}"));
+                st[r].state = RankState::Exited;
                 settle_at.get_or_insert(Instant::now() + grace);
             }
         }
+        // The transitions: Running -> Reported (outcome) | Exited (EOF); a panic report is
+        // followed by the rank's exit; anything else on the pipe is a protocol failure.
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
             Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting }) if case == req.case_id => {
                 if outcome.is_failed() {
@@ -811,18 +832,21 @@ impl Pool {
                 }
                 st[r].outcome = Some(outcome);
                 st[r].exiting = exiting;
+                if st[r].state == RankState::Running || st[r].state == RankState::Terminating {
+                    st[r].state = RankState::Reported;
+                }
             }
-            Event::Msg(r, WorkerMsg::Status { state }) => st[r].state = Some(state),
+            Event::Msg(r, WorkerMsg::Status { state }) => st[r].answer = Some(state),
             Event::Msg(r, other) => {
-                st[r].garbage = Some(format!("unexpected message {other:?}"));
+                st[r].protocol = Some(format!("unexpected message {other:?}"));
                 settle_at.get_or_insert(Instant::now() + grace);
             }
             Event::Garbage(r, line) => {
-                st[r].garbage = Some(format!("protocol violation: {line:?}"));
+                st[r].protocol = Some(format!("protocol violation: {line:?}"));
                 settle_at.get_or_insert(Instant::now() + grace);
             }
             Event::Eof(r) => {
-                st[r].eof = true;
+                st[r].state = RankState::Exited;
                 world.ranks[r].reap_until(Instant::now() + Duration::from_millis(200));
                 if !(st[r].exiting && st[r].outcome.is_some()) {
                     settle_at.get_or_insert(Instant::now() + grace);
@@ -830,7 +854,7 @@ impl Pool {
             }
         };
         let mut timed_out = false;
-        while !st.iter().all(RankCase::done) {
+        while !st.iter().all(RankCase::settled) {
             let limit = settle_at.map_or(deadline_at, |s| s.min(deadline_at));
             let now = Instant::now();
             if now >= limit {
@@ -844,15 +868,15 @@ impl Pool {
             }
         }
 
-        // 3. Ranks still running: ask what they are doing, briefly.
-        let pending: Vec<usize> = (0..n).filter(|&r| !st[r].done()).collect();
+        // 3. Ranks still running: Terminating. Ask what they are doing, briefly.
+        let pending: Vec<usize> = (0..n).filter(|&r| !st[r].settled()).collect();
         if !pending.is_empty() {
             for &r in &pending {
-                st[r].pending = true;
+                st[r].state = RankState::Terminating;
                 let _ = world.ranks[r].send("status");
             }
             let until = Instant::now() + STATUS_WAIT;
-            while pending.iter().any(|&r| st[r].state.is_none() && !st[r].eof) {
+            while pending.iter().any(|&r| st[r].answer.is_none() && st[r].state != RankState::Exited) {
                 let now = Instant::now();
                 if now >= until {
                     break;
@@ -866,9 +890,8 @@ impl Pool {
 
         trace(&format!("case {} collected after {:?}", req.case_id, start.elapsed()));
         // 4. Keep or tear down.
-        let any_bad = st.iter().any(|s| s.bad() || s.pending);
-        let keep = !any_bad && !req.isolated;
-        let killed_by_runner = !pending.is_empty();
+        let keep = !st.iter().any(RankCase::bad) && !req.isolated;
+        let killed_by_runner = st.iter().any(|s| s.state == RankState::Terminating);
         if !keep {
             if killed_by_runner {
                 // Spec order: SIGTERM the group, grace, SIGKILL (stdin stays open until reaped,
@@ -881,24 +904,20 @@ impl Pool {
         }
 
         trace(&format!("teardown done after {:?}", start.elapsed()));
-        // 5. Reports and verdict.
+        // 5. Reports and verdict: one typed failure per thing that went wrong, blamed on its rank.
         let tail_deadline = Instant::now() + Duration::from_millis(100);
-        let mut failures: Vec<String> = Vec::new();
+        let mut failures: Vec<Failure> = Vec::new();
         let mut ranks = Vec::with_capacity(n);
-        let why_gave_up = if timed_out {
-            format!("no outcome within the {} ms deadline", req.deadline.as_millis())
-        } else {
-            "no outcome; abandoned after another rank failed".to_string()
-        };
+        let deadline_ms = req.deadline.as_millis() as u64;
         for (r, s) in st.iter().enumerate() {
             let rp = &world.ranks[r];
-            let died_on_own = s.eof || s.send_error.is_some();
+            let died_on_own = s.state == RankState::Exited;
             if died_on_own || !keep {
                 rp.tail.wait_closed(tail_deadline);
             }
             let exit = if died_on_own {
                 Some(rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into()))
-            } else if s.pending {
+            } else if s.state == RankState::Terminating {
                 rp.status.as_ref().map(|st| match st.signal() {
                     Some(15) => "terminated by the runner (SIGTERM)".to_string(),
                     Some(9) => format!("killed by the runner (SIGKILL after {} ms of grace)", grace.as_millis()),
@@ -907,48 +926,58 @@ impl Pool {
             } else {
                 None
             };
-            let state_at_deadline = if s.pending {
-                Some(s.state.clone().unwrap_or_else(|| "no answer to the status request".into()))
-            } else {
-                None
-            };
-            // The cause, if this rank failed the case.
-            let cause: Option<String> = match (&s.outcome, died_on_own) {
-                (Some(Outcome::Failed(m)), _) => {
-                    let m = blame(r, m);
-                    Some(match &exit {
-                        Some(e) if died_on_own => format!("{m} ({e})"),
-                        _ => m,
-                    })
+            let state_at_deadline = (s.state == RankState::Terminating)
+                .then(|| s.answer.clone().unwrap_or_else(|| "no answer to the status request".into()));
+            let exit_text = exit.clone().unwrap_or_default();
+            match (&s.outcome, s.state) {
+                (Some(Outcome::Failed(m)), RankState::Exited) if s.exiting => {
+                    failures.push(Failure::Panicked { rank: r, message: m.clone(), exit: exit_text })
                 }
-                (None, true) => Some(format!(
-                    "rank {r} crashed: {} before reporting an outcome{}",
-                    exit.clone().unwrap_or_default(),
-                    s.send_error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
-                )),
-                (Some(o), true) if !(s.exiting) => Some(format!("rank {r} reported {} but then died: {}", o.label(), exit.clone().unwrap_or_default())),
-                (None, false) if s.pending => Some(format!("rank {r}: {why_gave_up}; state: {}", state_at_deadline.clone().unwrap_or_default())),
-                _ => s.garbage.as_ref().map(|g| format!("rank {r}: {g}")),
-            };
-            if let Some(c) = cause {
-                failures.push(c);
-            } else if let Some(g) = &s.garbage {
-                failures.push(format!("rank {r}: {g}"));
+                (Some(Outcome::Failed(m)), st) => {
+                    failures.push(Failure::Reported { rank: r, message: m.clone() });
+                    if st == RankState::Exited {
+                        failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some("failed".into()) });
+                    }
+                }
+                (Some(o), RankState::Exited) => {
+                    failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
+                }
+                (None, RankState::Exited) if s.protocol.is_none() => {
+                    failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: None })
+                }
+                (None, RankState::Exited) => failures.push(Failure::Crashed {
+                    rank: r,
+                    exit: format!("{exit_text} ({})", s.protocol.clone().unwrap_or_default()),
+                    reported: None,
+                }),
+                (None, RankState::Terminating) => failures.push(Failure::TimedOut {
+                    rank: r,
+                    deadline_ms,
+                    abandoned: !timed_out,
+                    state: state_at_deadline.clone().unwrap_or_default(),
+                }),
+                _ => {}
+            }
+            if let Some(p) = &s.protocol {
+                if s.state != RankState::Exited {
+                    failures.push(Failure::Protocol { rank: r, detail: p.clone() });
+                }
             }
             ranks.push(RankReport {
                 rank: r,
                 pid: rp.pid,
                 outcome: s.outcome.clone(),
+                state: s.state,
                 exit,
                 state_at_deadline,
                 stderr_tail: rp.tail.since(marks[r]),
             });
         }
         let verdict = if !failures.is_empty() {
-            Outcome::Failed(failures.join("\n"))
+            Verdict::failed(failures)
         } else {
             let outs: Vec<(usize, Outcome)> = st.iter().enumerate().filter_map(|(r, s)| s.outcome.clone().map(|o| (r, o))).collect();
-            aggregate(&outs)
+            Verdict::fold(&outs)
         };
         let id = world.id.clone();
         if keep {

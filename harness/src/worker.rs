@@ -241,7 +241,7 @@ pub fn serve<S>(
                 match r {
                     Ok(outcome) => send(&out, &WorkerMsg::Outcome { case, outcome, exiting: false }),
                     Err(p) => {
-                        let msg = format!("rank {} panicked: {}", env.rank, panic_message(&*p));
+                        let msg = panic_message(&*p);
                         send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true });
                         std::process::exit(101);
                     }

@@ -7,6 +7,7 @@
 //! the run is left in the temp dir or /dev/shm.
 
 use concord_harness::outcome::Outcome;
+use concord_harness::verdict::{Failure, Verdict};
 use concord_harness::platform::{list_prefixed, pid_alive, pid_running, shm_prefix};
 use concord_harness::runner::{CaseReport, CaseRequest, Pool, PoolConfig, WorldKey};
 use concord_harness::store::FileStore;
@@ -182,15 +183,22 @@ fn assert_clean(reports: &[&CaseReport]) -> Result<(), Failed> {
     Ok(())
 }
 
-fn expect_failed<'a>(r: &'a CaseReport, needles: &[&str]) -> Result<&'a str, Failed> {
-    let Outcome::Failed(msg) = &r.verdict else {
+fn expect_failed(r: &CaseReport, needles: &[&str]) -> Result<String, Failed> {
+    let Verdict::Failed(_) = &r.verdict else {
         return Err(format!("expected a failure, got {:?}\n{}", r.verdict, r.failure_message()).into());
     };
+    let msg = r.failure_message();
     for n in needles {
-        check!(msg.contains(n), "verdict lacks {n:?}:\n{}", r.failure_message());
+        check!(msg.contains(n), "verdict lacks {n:?}:\n{msg}");
     }
     Ok(msg)
 }
+
+/// The verdict's typed failures, as (rank, kind) pairs in the verdict's order.
+fn blamed(r: &CaseReport) -> Vec<(usize, &'static str)> {
+    r.verdict.failures().iter().map(|f| (f.rank(), f.kind())).collect()
+}
+
 
 // ------------------------------------------------------------------------------------------
 // Tests
@@ -198,7 +206,7 @@ fn expect_failed<'a>(r: &'a CaseReport, needles: &[&str]) -> Result<&'a str, Fai
 fn t_pass(ws: usize) -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(ws), "pass");
-    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
     check!(r.ranks.len() == ws, "{} rank reports", r.ranks.len());
     check!(r.ranks.iter().all(|x| x.outcome == Some(Outcome::Passed) && x.exit.is_none()), "{:?}", r.ranks);
     check!(p.idle_worlds() == 1, "world kept for reuse");
@@ -209,8 +217,8 @@ fn t_pass(ws: usize) -> Result<(), Failed> {
 fn t_failed_outcome() -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(3), "fail1");
-    let msg = expect_failed(&r, &["rank 1: wrong value at index 3"])?;
-    check!(!msg.contains("rank 0") && !msg.contains("rank 2"), "only rank 1 is blamed: {msg}");
+    expect_failed(&r, &["rank 1: wrong value at index 3"])?;
+    check!(blamed(&r) == vec![(1, "reported")], "only rank 1 is blamed: {:?}", r.verdict);
     check!(p.idle_worlds() == 0, "world torn down after failure");
     assert_clean(&[&r])
 }
@@ -219,6 +227,7 @@ fn t_panic() -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(2), "panic1");
     expect_failed(&r, &["rank 1 panicked: boom from rank 1", "exit code 101"])?;
+    check!(blamed(&r) == vec![(1, "panicked")], "{:?}", r.verdict);
     check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
     check!(r.ranks[1].stderr_tail.contains("boom from rank 1"), "panic message in stderr tail: {:?}", r.ranks[1].stderr_tail);
     check!(r.failure_message().contains("--- rank 1"), "{}", r.failure_message());
@@ -229,6 +238,7 @@ fn t_crash(case: &str, cause: &str) -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(2), case);
     expect_failed(&r, &[&format!("rank 1 crashed: {cause}")])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
     check!(r.ranks[1].outcome.is_none(), "{:?}", r.ranks[1]);
     check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(cause), "{:?}", r.ranks[1].exit);
     check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
@@ -241,6 +251,7 @@ fn t_hang(case: &str, exit: &str) -> Result<(), Failed> {
     let deadline = Duration::from_millis(700);
     let r = run_with(&p, &key(2), case, deadline, false);
     expect_failed(&r, &["rank 1: no outcome within the 700 ms deadline", "state: in all_reduce #12 (test"])?;
+    check!(matches!(r.verdict.failures(), [Failure::TimedOut { rank: 1, abandoned: false, .. }]), "{:?}", r.verdict);
     let st = r.ranks[1].state_at_deadline.clone().unwrap_or_default();
     check!(st.starts_with("in all_reduce #12 (test,"), "state {st:?}");
     check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(exit), "exit {:?}", r.ranks[1].exit);
@@ -254,9 +265,9 @@ fn t_skip_propagates_and_keeps_world() -> Result<(), Failed> {
     let p = pool(2);
     let k = key(3);
     let a = run(&p, &k, "skip0");
-    check!(a.verdict == Outcome::Skipped("needs 2 GPUs, found 0".into()), "{:?}", a.verdict);
+    check!(a.verdict == Verdict::Skipped("needs 2 GPUs, found 0".into()), "{:?}", a.verdict);
     let b = run(&p, &k, "pass");
-    check!(b.verdict == Outcome::Passed, "{}", b.failure_message());
+    check!(b.verdict == Verdict::Passed, "{}", b.failure_message());
     check!(pids(&a) == pids(&b), "skip keeps the world: {:?} vs {:?}", pids(&a), pids(&b));
     p.shutdown();
     assert_clean(&[&a, &b])
@@ -265,7 +276,7 @@ fn t_skip_propagates_and_keeps_world() -> Result<(), Failed> {
 fn t_unsupported() -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(2), "unsupported");
-    check!(r.verdict == Outcome::Unsupported("bitwise ops on f32".into()), "{:?}", r.verdict);
+    check!(r.verdict == Verdict::Unsupported("bitwise ops on f32".into()), "{:?}", r.verdict);
     p.shutdown();
     assert_clean(&[&r])
 }
@@ -275,10 +286,10 @@ fn t_reuse_and_isolation() -> Result<(), Failed> {
     let k = key(3);
     let a = run(&p, &k, "pids");
     let b = run(&p, &k, "pids");
-    check!(a.verdict == Outcome::Passed && b.verdict == Outcome::Passed, "{:?} {:?}", a.verdict, b.verdict);
+    check!(a.verdict == Verdict::Passed && b.verdict == Verdict::Passed, "{:?} {:?}", a.verdict, b.verdict);
     check!(pids(&a) == pids(&b) && a.world_id == b.world_id, "same world reused");
     let c = run_with(&p, &k, "pids", Duration::from_secs(20), true);
-    check!(c.verdict == Outcome::Passed, "{}", c.failure_message());
+    check!(c.verdict == Verdict::Passed, "{}", c.failure_message());
     check!(c.world_id != a.world_id && pids(&c).iter().all(|x| !pids(&a).contains(x)), "isolated case gets a fresh world");
     assert_clean(&[&c])?;
     check!(pids(&a).iter().all(|&x| pid_alive(x)), "the shared world is untouched by the isolated case");
@@ -295,7 +306,7 @@ fn t_rebuild_after_failure() -> Result<(), Failed> {
     expect_failed(&f, &["rank 0: wrong value"])?;
     assert_clean(&[&a])?;
     let b = run(&p, &k, "pass");
-    check!(b.verdict == Outcome::Passed, "{}", b.failure_message());
+    check!(b.verdict == Verdict::Passed, "{}", b.failure_message());
     check!(b.world_id != a.world_id && pids(&b) != pids(&a), "rebuilt after failure");
     p.shutdown();
     assert_clean(&[&b])
@@ -306,6 +317,7 @@ fn t_setup_failure() -> Result<(), Failed> {
     let k = WorldKey { backend: "script".into(), world_size: 3, options: vec![("setup".into(), "fail".into())] };
     let r = run(&p, &k, "pass");
     expect_failed(&r, &["world setup failed", "rank 1: setup failed: told to fail setup"])?;
+    check!(r.verdict.failures().iter().all(|f| f.kind() == "setup") && r.verdict.failing_ranks().contains(&1), "{:?}", r.verdict);
     let k2 = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "abort".into())] };
     let r2 = run(&p, &k2, "pass");
     expect_failed(&r2, &["world setup failed", "rank 0: died during setup: killed by signal SIGABRT"])?;
@@ -317,12 +329,12 @@ fn t_stdout_cannot_corrupt_protocol() -> Result<(), Failed> {
     let p = pool(2);
     let k = key(2);
     let r = run(&p, &k, "println");
-    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
     let again = run(&p, &k, "pass");
-    check!(again.verdict == Outcome::Passed && pids(&again) == pids(&r), "protocol still in sync in the kept world");
+    check!(again.verdict == Verdict::Passed && pids(&again) == pids(&r), "protocol still in sync in the kept world");
     // Isolated: the report is built after teardown, so the whole stderr is in.
     let r = run_with(&p, &k, "println", Duration::from_secs(20), true);
-    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
     check!(r.ranks[1].stderr_tail.contains("not json, printed by rank 1"), "println went to stderr: {:?}", r.ranks[1].stderr_tail);
     p.shutdown();
     assert_clean(&[&r, &again])
@@ -341,7 +353,7 @@ fn t_stderr_tail_bounded() -> Result<(), Failed> {
 fn t_eight_ranks_thousand_adds() -> Result<(), Failed> {
     let p = pool(0);
     let r = run_with(&p, &key(8), "adds", Duration::from_secs(60), true);
-    check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+    check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
     assert_clean(&[&r])
 }
 
@@ -349,7 +361,7 @@ fn t_lru_eviction() -> Result<(), Failed> {
     let p = pool(1);
     let a = run(&p, &key(2), "pass");
     let b = run(&p, &key(3), "pass");
-    check!(a.verdict == Outcome::Passed && b.verdict == Outcome::Passed, "{:?} {:?}", a.verdict, b.verdict);
+    check!(a.verdict == Verdict::Passed && b.verdict == Verdict::Passed, "{:?} {:?}", a.verdict, b.verdict);
     check!(p.idle_worlds() == 1, "bounded to 1 idle world");
     assert_clean(&[&a])?; // evicted
     p.shutdown();
@@ -368,7 +380,7 @@ fn t_concurrent_callers() -> Result<(), Failed> {
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     for r in &reports {
-        check!(r.verdict == Outcome::Passed, "{}", r.failure_message());
+        check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
     }
     p.shutdown();
     assert_clean(&reports.iter().collect::<Vec<_>>())

@@ -3,43 +3,54 @@
 
 use crate::case::CaseMeta;
 use crate::run::CaseInfo;
-use concord_harness::outcome::Outcome;
+use concord_harness::verdict::{Status, Verdict};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// One case in the report (a stable part of the JSON schema, see [`SCHEMA_VERSION`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseRecord {
     pub id: String,
     pub backend: String,
     pub world_size: usize,
     pub meta: CaseMeta,
-    /// `passed`, `failed`, `unsupported`, `skipped`.
-    pub status: &'static str,
+    pub status: Status,
+    /// The ranks a failure blames, culprits first (empty unless failed).
+    pub failing_ranks: Vec<usize>,
+    /// The kind of each failure (`reported`, `panicked`, `crashed`, `timed_out`, `protocol`,
+    /// `setup`), in the order of `failing_ranks`' first appearance.
+    pub failure_kinds: Vec<&'static str>,
+    /// The whole failure message (with its rerun line), or the skip / unsupported reason.
     pub detail: String,
     pub seconds: f64,
 }
 
 impl CaseRecord {
-    pub fn new(backend: &str, case: &CaseInfo, verdict: &Outcome, failure: &str, elapsed: Duration) -> CaseRecord {
-        let (status, detail) = match verdict {
-            Outcome::Passed => ("passed", String::new()),
-            Outcome::Failed(_) => ("failed", failure.to_string()),
-            Outcome::Unsupported(r) => ("unsupported", r.clone()),
-            Outcome::Skipped(r) => ("skipped", r.clone()),
+    pub fn new(backend: &str, case: &CaseInfo, verdict: &Verdict, failure: &str, elapsed: Duration) -> CaseRecord {
+        let detail = match verdict {
+            Verdict::Passed => String::new(),
+            Verdict::Failed(_) => failure.to_string(),
+            Verdict::Unsupported(r) | Verdict::Skipped(r) => r.clone(),
         };
         CaseRecord {
             id: case.id.clone(),
             backend: backend.to_string(),
             world_size: case.world_size,
             meta: case.meta.clone(),
-            status,
+            status: verdict.status(),
+            failing_ranks: verdict.failing_ranks(),
+            failure_kinds: verdict.failures().iter().map(|f| f.kind()).collect(),
             detail,
             seconds: elapsed.as_secs_f64(),
         }
     }
 }
+
+/// Version of the JSON report's schema (`conformance.json`'s `schema_version`): bumped on any
+/// change that renames or removes a field; adding a field keeps it.
+pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Serialize)]
 pub struct Report {
@@ -56,12 +67,12 @@ struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, status: &str) {
+    fn add(&mut self, status: Status) {
         match status {
-            "passed" => self.passed += 1,
-            "failed" => self.failed += 1,
-            "unsupported" => self.unsupported += 1,
-            _ => self.skipped += 1,
+            Status::Passed => self.passed += 1,
+            Status::Failed => self.failed += 1,
+            Status::Unsupported => self.unsupported += 1,
+            Status::Skipped => self.skipped += 1,
         }
     }
     fn cell(&self) -> String {
@@ -104,7 +115,7 @@ impl Report {
     pub fn summary_text(&self) -> String {
         let t = self.totals();
         let mut s = String::new();
-        for r in self.cases.iter().filter(|r| r.status == "failed") {
+        for r in self.cases.iter().filter(|r| r.status == Status::Failed) {
             s.push_str(&format!("failed: {}\n", r.id));
         }
         s.push_str(&format!(
@@ -148,14 +159,14 @@ impl Report {
             let line: Vec<String> = cols.iter().map(|d| cells.get(d).map(|c| c.cell()).unwrap_or_default()).collect();
             md.push_str(&format!("| {b} | {suite} | {op} | {variant} | {} |\n", line.join(" | ")));
         }
-        let failed: Vec<_> = self.cases.iter().filter(|c| c.status == "failed").collect();
+        let failed: Vec<_> = self.cases.iter().filter(|c| c.status == Status::Failed).collect();
         if !failed.is_empty() {
             md.push_str("\n## Failures\n\n");
             for c in failed {
                 md.push_str(&format!("### `{}`\n\n```text\n{}\n```\n\n", c.id, c.detail));
             }
         }
-        let unsupported: BTreeMap<&str, usize> = self.cases.iter().filter(|c| c.status == "unsupported").fold(
+        let unsupported: BTreeMap<&str, usize> = self.cases.iter().filter(|c| c.status == Status::Unsupported).fold(
             BTreeMap::new(),
             |mut m, c| {
                 *m.entry(c.detail.as_str()).or_default() += 1;
@@ -178,6 +189,7 @@ impl Report {
         let json = dir.join("conformance.json");
         std::fs::write(&md, self.markdown())?;
         let value = serde_json::json!({
+            "schema_version": SCHEMA_VERSION,
             "wall_seconds": self.wall_seconds,
             "totals": self.totals(),
             "cases": self.cases,

@@ -6,6 +6,7 @@ use crate::case::{to_outcome, Case, CaseMeta, Ctx};
 use crate::report::{CaseRecord, Report};
 use concord_core::Backend;
 use concord_harness::outcome::Outcome;
+use concord_harness::verdict::Verdict;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
 use concord_harness::store::FileStore;
 use concord_harness::worker::{self, WorkerEnv};
@@ -151,13 +152,13 @@ pub fn profile_flag() -> String {
 }
 
 /// Runs one case in a world of the pool; maps the verdict.
-pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Outcome, String, Duration) {
+pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration) {
     let needed = entry.gpus_per_rank * case.world_size;
     if needed > 0 {
         let have = concord_harness::gpu::count();
         if have < needed {
             return (
-                Outcome::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
+                Verdict::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
                 String::new(),
                 Duration::ZERO,
             );
@@ -171,7 +172,7 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Outcome, String, Dura
         isolated: case.isolated,
     });
     let msg = match &report.verdict {
-        Outcome::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
+        Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
         _ => String::new(),
     };
     (report.verdict.clone(), msg, report.elapsed)
@@ -293,40 +294,45 @@ fn list_cases_individually() -> bool {
 }
 
 /// The libtest verdict of one case or group.
-fn trial_result(verdict: Outcome, msg: String) -> Result<libtest_mimic::Completion, libtest_mimic::Failed> {
+fn trial_result(verdict: Verdict, msg: String) -> Result<libtest_mimic::Completion, libtest_mimic::Failed> {
     match verdict {
-        Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
-        Outcome::Skipped(r) => Ok(libtest_mimic::Completion::ignored_with(r)),
-        Outcome::Unsupported(r) => Ok(libtest_mimic::Completion::ignored_with(format!("UNSUPPORTED: {r}"))),
-        Outcome::Failed(_) => Err(msg.into()),
+        Verdict::Passed => Ok(libtest_mimic::Completion::Completed),
+        Verdict::Skipped(r) => Ok(libtest_mimic::Completion::ignored_with(r)),
+        Verdict::Unsupported(r) => Ok(libtest_mimic::Completion::ignored_with(format!("UNSUPPORTED: {r}"))),
+        Verdict::Failed(_) => Err(msg.into()),
     }
 }
 
 /// Runs every case of a group in order (one persistent world, reused from case to case); fails
 /// with every failing case's message and rerun line.
-fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Outcome, String) {
-    let mut failures: Vec<String> = Vec::new();
+fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Verdict, String) {
+    let mut failures: Vec<(String, String)> = Vec::new();
+    let mut typed = Vec::new();
     let (mut passed, mut unsupported, mut skipped) = (0usize, 0usize, 0usize);
     for c in cases {
         let (verdict, msg, _) = run_case(entry, c);
         match verdict {
-            Outcome::Passed => passed += 1,
-            Outcome::Unsupported(_) => unsupported += 1,
-            Outcome::Skipped(_) => skipped += 1,
-            Outcome::Failed(_) => failures.push(format!("FAIL {}\n{msg}", c.id)),
+            Verdict::Passed => passed += 1,
+            Verdict::Unsupported(_) => unsupported += 1,
+            Verdict::Skipped(_) => skipped += 1,
+            Verdict::Failed(f) => {
+                typed.extend(f);
+                failures.push((c.id.clone(), msg));
+            }
         }
     }
     let counts = format!("{passed} passed, {} failed, {unsupported} unsupported, {skipped} skipped", failures.len());
     if failures.is_empty() {
         if passed == 0 && skipped > 0 {
-            return (Outcome::Skipped(format!("{counts} (every case skipped)")), String::new());
+            return (Verdict::Skipped(format!("{counts} (every case skipped)")), String::new());
         }
-        return (Outcome::Passed, String::new());
+        return (Verdict::Passed, String::new());
     }
-    let names: Vec<&str> = failures.iter().map(|f| f.lines().next().unwrap_or("").trim_start_matches("FAIL ")).collect();
+    let names: Vec<&str> = failures.iter().map(|(id, _)| id.as_str()).collect();
     let head = format!("{} of {} cases failed ({counts}): {}", failures.len(), cases.len(), names.join(", "));
-    let msg = format!("{head}\n\n{}", failures.join("\n\n"));
-    (Outcome::Failed(head), msg)
+    let bodies: Vec<String> = failures.iter().map(|(id, m)| format!("FAIL {id}\n{m}")).collect();
+    let msg = format!("{head}\n\n{}", bodies.join("\n\n"));
+    (Verdict::Failed(typed), msg)
 }
 
 fn libtest_mode(entries: &[BackendEntry], args: Vec<String>) -> i32 {
@@ -444,7 +450,7 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
                 let next = queue.lock().unwrap().next();
                 let Some((entry, case)) = next else { break };
                 let (verdict, msg, elapsed) = run_case(&entry, &case);
-                if let Outcome::Failed(_) = verdict {
+                if verdict.is_failed() {
                     bar.suspend(|| eprintln!("FAIL {}\n{msg}\n", case.id));
                 }
                 bar.set_message(case.id.clone());
@@ -492,7 +498,7 @@ fn skip_summary(report: &Report) -> Vec<String> {
             }
         };
         per[i].1 += 1;
-        if c.status == "skipped" {
+        if c.status == concord_harness::verdict::Status::Skipped {
             per[i].2 += 1;
             // Reasons differ by their numbers (GPUs needed); keep one per shape of reason.
             let shape: String = c.detail.chars().filter(|ch| !ch.is_ascii_digit()).collect();

@@ -6,7 +6,7 @@
 use concord_core::{
     Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
 };
-use concord_harness::outcome::Outcome;
+use concord_harness::verdict::Verdict;
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
 use std::collections::HashMap;
@@ -281,9 +281,14 @@ fn main() {
             for id in ids {
                 let case = case_info(&entry, id);
                 let (verdict, msg, _) = run_case(&entry, &case);
-                let Outcome::Failed(_) = verdict else {
+                let Verdict::Failed(failures) = &verdict else {
                     return Err(format!("{}: the broken backend was not caught by {id}: verdict {verdict:?}", entry.name).into());
                 };
+                // A wrong backend is caught by a rank's own check (a typed `reported` failure
+                // naming its rank), never by a crash or a hang of the harness.
+                if failures.is_empty() || failures.iter().any(|f| f.kind() != "reported") {
+                    return Err(format!("{}: {id} failed, but not by a reported check: {failures:?}", entry.name).into());
+                }
                 for w in words {
                     if !msg.contains(w) {
                         return Err(format!("{}: the failure of {id} does not mention `{w}`:\n{msg}", entry.name).into());
@@ -303,7 +308,7 @@ fn main() {
     trials.push(libtest_mimic::Trial::test("faulty::fake_fail_all_fails_every_collective", move || {
         for id in ["all_reduce::out::f32::sum::ws2", "broadcast::inplace::i32::ws3", "barrier::out::f32::ws4"] {
             let (verdict, msg, _) = run_case(&ff, &case_info(&ff, id));
-            if !matches!(verdict, Outcome::Failed(_)) || !msg.contains("injected") {
+            if !verdict.is_failed() || !msg.contains("injected") {
                 return Err(format!("fake fail_all: {id} gave {verdict:?}, expected a failure naming the injected error:\n{msg}").into());
             }
         }
@@ -315,7 +320,7 @@ fn main() {
         for id in &all_ids {
             let case = case_info(&control, id);
             let (verdict, msg, _) = run_case(&control, &case);
-            if verdict != Outcome::Passed {
+            if verdict != Verdict::Passed {
                 return Err(format!("the correct backend did not pass {id}: {verdict:?}\n{msg}").into());
             }
         }

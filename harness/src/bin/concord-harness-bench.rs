@@ -72,7 +72,7 @@ fn bench_cases() -> anyhow::Result<f64> {
         let t0 = Instant::now();
         let rep = pool.run_case(CaseRequest { key: &key, case_id: "noop", deadline: Duration::from_secs(10), isolated: true });
         let dt = t0.elapsed();
-        anyhow::ensure!(rep.verdict == Outcome::Passed, "bench case failed:\n{}", rep.failure_message());
+        anyhow::ensure!(rep.verdict == concord_harness::verdict::Verdict::Passed, "bench case failed:\n{}", rep.failure_message());
         if i >= CASE_WARMUP {
             samples.push(dt.as_secs_f64() * 1000.0);
         }
