@@ -194,6 +194,20 @@ fn expect_failed(r: &CaseReport, needles: &[&str]) -> Result<String, Failed> {
     Ok(msg)
 }
 
+/// Snapshots a failure message (insta), with what changes from run to run (pids, world ids,
+/// milliseconds, stderr tails of panics) redacted, so a change of wording is reviewed.
+fn snapshot(name: &str, r: &CaseReport) {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"pid \d+", "pid [PID]");
+    settings.add_filter(r"world p\d+w\d+x[0-9a-f]+", "world [WORLD]");
+    settings.add_filter(r"after \d+ ms", "after [N] ms");
+    settings.add_filter(r"\(test, \d+ ms\)", "(test, [N] ms)");
+    settings.add_filter(r"(?m)^    \| .*\n", "");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_snapshot_path("snapshots");
+    settings.bind(|| insta::assert_snapshot!(name, r.failure_message()));
+}
+
 /// The verdict's typed failures, as (rank, kind) pairs in the verdict's order.
 fn blamed(r: &CaseReport) -> Vec<(usize, &'static str)> {
     r.verdict.failures().iter().map(|f| (f.rank(), f.kind())).collect()
@@ -219,6 +233,7 @@ fn t_failed_outcome() -> Result<(), Failed> {
     let r = run(&p, &key(3), "fail1");
     expect_failed(&r, &["rank 1: wrong value at index 3"])?;
     check!(blamed(&r) == vec![(1, "reported")], "only rank 1 is blamed: {:?}", r.verdict);
+    snapshot("failed_outcome", &r);
     check!(p.idle_worlds() == 0, "world torn down after failure");
     assert_clean(&[&r])
 }
@@ -228,6 +243,7 @@ fn t_panic() -> Result<(), Failed> {
     let r = run(&p, &key(2), "panic1");
     expect_failed(&r, &["rank 1 panicked: boom from rank 1", "exit code 101"])?;
     check!(blamed(&r) == vec![(1, "panicked")], "{:?}", r.verdict);
+    snapshot("panic", &r);
     check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
     check!(r.ranks[1].stderr_tail.contains("boom from rank 1"), "panic message in stderr tail: {:?}", r.ranks[1].stderr_tail);
     check!(r.failure_message().contains("--- rank 1"), "{}", r.failure_message());
@@ -239,6 +255,7 @@ fn t_crash(case: &str, cause: &str) -> Result<(), Failed> {
     let r = run(&p, &key(2), case);
     expect_failed(&r, &[&format!("rank 1 crashed: {cause}")])?;
     check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    snapshot(&format!("crash_{case}"), &r);
     check!(r.ranks[1].outcome.is_none(), "{:?}", r.ranks[1]);
     check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(cause), "{:?}", r.ranks[1].exit);
     check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
@@ -252,6 +269,7 @@ fn t_hang(case: &str, exit: &str) -> Result<(), Failed> {
     let r = run_with(&p, &key(2), case, deadline, false);
     expect_failed(&r, &["rank 1: no outcome within the 700 ms deadline", "state: in all_reduce #12 (test"])?;
     check!(matches!(r.verdict.failures(), [Failure::TimedOut { rank: 1, abandoned: false, .. }]), "{:?}", r.verdict);
+    snapshot(&format!("hang_{case}"), &r);
     let st = r.ranks[1].state_at_deadline.clone().unwrap_or_default();
     check!(st.starts_with("in all_reduce #12 (test,"), "state {st:?}");
     check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(exit), "exit {:?}", r.ranks[1].exit);
@@ -318,6 +336,7 @@ fn t_setup_failure() -> Result<(), Failed> {
     let r = run(&p, &k, "pass");
     expect_failed(&r, &["world setup failed", "rank 1: setup failed: told to fail setup"])?;
     check!(r.verdict.failures().iter().all(|f| f.kind() == "setup") && r.verdict.failing_ranks().contains(&1), "{:?}", r.verdict);
+    snapshot("setup_failure", &r);
     let k2 = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "abort".into())] };
     let r2 = run(&p, &k2, "pass");
     expect_failed(&r2, &["world setup failed", "rank 0: died during setup: killed by signal SIGABRT"])?;
