@@ -11,8 +11,8 @@
 
 use std::sync::OnceLock;
 
-/// Environment override of the GPU count.
-pub const GPU_COUNT_ENV: &str = "CONCORD_GPU_COUNT";
+/// Environment override of the GPU count (read through [`crate::config::Config`]).
+pub const GPU_COUNT_ENV: &str = crate::config::GPU_COUNT;
 
 #[derive(Clone, Debug)]
 struct Probe {
@@ -22,11 +22,8 @@ struct Probe {
 }
 
 fn env_override() -> Option<Probe> {
-    let v = std::env::var(GPU_COUNT_ENV).ok()?;
-    Some(match v.trim().parse::<usize>() {
-        Ok(n) => Probe { count: n, why: GPU_COUNT_ENV.to_string() },
-        Err(_) => Probe { count: 0, why: format!("{GPU_COUNT_ENV}={v:?} is not a number") },
-    })
+    let n = crate::config::Config::global().gpu_count?;
+    Some(Probe { count: n, why: GPU_COUNT_ENV.to_string() })
 }
 
 fn probe_driver() -> Probe {
@@ -80,7 +77,10 @@ pub fn count() -> usize {
 
 /// `2 GPUs (CUDA driver)`, `0 GPUs: libcuda.so.1 not found (...)`, `3 GPUs (CONCORD_GPU_COUNT)`.
 pub fn describe() -> String {
-    let p = probe();
+    describe_probe(&probe())
+}
+
+fn describe_probe(p: &Probe) -> String {
     let noun = if p.count == 1 { "GPU" } else { "GPUs" };
     if p.count == 0 && p.why != GPU_COUNT_ENV && p.why != "CUDA driver" {
         format!("0 GPUs: {}", p.why)
@@ -92,40 +92,37 @@ pub fn describe() -> String {
 /// `Ok(())` if at least `n` GPUs are present, else the reason to skip:
 /// `needs 2 GPUs, found 0 GPUs: libcuda.so.1 not found (...)`.
 pub fn require(n: usize) -> Result<(), String> {
-    if count() >= n {
+    require_of(&probe(), n)
+}
+
+fn require_of(p: &Probe, n: usize) -> Result<(), String> {
+    if p.count >= n {
         Ok(())
     } else {
-        Err(format!("needs {n} GPU{}, found {}", if n == 1 { "" } else { "s" }, describe()))
+        Err(format!("needs {n} GPU{}, found {}", if n == 1 { "" } else { "s" }, describe_probe(p)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serial_test::serial;
 
     #[test]
-    #[serial(gpu_env)]
-    fn env_override_wins() {
-        std::env::set_var(GPU_COUNT_ENV, "3");
-        assert_eq!(count(), 3);
-        assert_eq!(describe(), "3 GPUs (CONCORD_GPU_COUNT)");
-        assert!(require(2).is_ok());
-        assert_eq!(require(4).unwrap_err(), "needs 4 GPUs, found 3 GPUs (CONCORD_GPU_COUNT)");
-        std::env::set_var(GPU_COUNT_ENV, "lots");
-        assert_eq!(count(), 0);
-        assert!(describe().starts_with("0 GPUs: CONCORD_GPU_COUNT=\"lots\" is not a number"), "{}", describe());
-        std::env::remove_var(GPU_COUNT_ENV);
+    fn override_is_described_and_gates() {
+        let p = Probe { count: 3, why: GPU_COUNT_ENV.to_string() };
+        assert_eq!(describe_probe(&p), "3 GPUs (CONCORD_GPU_COUNT)");
+        assert!(require_of(&p, 2).is_ok());
+        assert_eq!(require_of(&p, 4).unwrap_err(), "needs 4 GPUs, found 3 GPUs (CONCORD_GPU_COUNT)");
+        let one = Probe { count: 1, why: "CUDA driver".into() };
+        assert_eq!(describe_probe(&one), "1 GPU (CUDA driver)");
     }
 
     #[test]
-    #[serial(gpu_env)]
     fn driver_probe_never_crashes() {
-        std::env::remove_var(GPU_COUNT_ENV);
-        let n = count();
-        let d = describe();
-        assert!(d.starts_with(&format!("{n} GPU")), "{d}");
-        if n == 0 {
+        let p = probe_driver();
+        let d = describe_probe(&p);
+        assert!(d.starts_with(&format!("{} GPU", p.count)), "{d}");
+        if p.count == 0 {
             assert!(d.starts_with("0 GPUs: "), "a zero count says why: {d}");
         }
     }

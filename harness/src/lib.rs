@@ -4,7 +4,7 @@
 //! nothing left running or on disk afterwards. Also: the c10d-compatible file store the ranks
 //! rendezvous through, and GPU gating.
 //!
-//! Modules: [`store`] (FileStore), [`outcome`] (what a rank reports), [`verdict`] (the typed
+//! Modules: [`config`] (every setting, read once; the deadline rule), [`store`] (FileStore), [`outcome`] (what a rank reports), [`verdict`] (the typed
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
@@ -17,6 +17,7 @@
 //! Backends MUST name shared-memory objects with [`platform::shm_prefix`] so the runner can sweep
 //! them after a world ends.
 
+pub mod config;
 pub mod gpu;
 pub mod outcome;
 pub mod platform;

@@ -153,43 +153,31 @@ pub struct PoolConfig {
     pub grace: Duration,
     /// Limit for spawn + rendezvous + `setup` of a world.
     pub setup_timeout: Duration,
+    /// Per-collective deadline handed to every worker (`WorldInfo::op_timeout`).
+    pub op_timeout: Duration,
     pub max_idle_worlds: usize,
 }
 
-fn env_ms(name: &str) -> Option<Duration> {
-    std::env::var(name).ok()?.trim().parse::<u64>().ok().map(Duration::from_millis)
-}
-
 impl PoolConfig {
-    /// `exe` = the current executable, no args; `CONCORD_GRACE_MS` (default 1000),
-    /// `CONCORD_SETUP_TIMEOUT_MS` (default 60000), `CONCORD_MAX_IDLE_WORLDS` (default 4).
+    /// `exe` = the current executable, no args; deadlines and limits from
+    /// [`Config::global`](crate::config::Config::global).
     pub fn from_env() -> PoolConfig {
+        let c = crate::config::Config::global();
         PoolConfig {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             args: Vec::new(),
             env: Vec::new(),
-            grace: env_ms("CONCORD_GRACE_MS").unwrap_or(Duration::from_secs(1)),
-            setup_timeout: env_ms(vars::SETUP_TIMEOUT_MS).unwrap_or(Duration::from_secs(60)),
-            max_idle_worlds: std::env::var("CONCORD_MAX_IDLE_WORLDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4),
+            grace: c.grace,
+            setup_timeout: c.setup_timeout,
+            op_timeout: c.op_timeout(),
+            max_idle_worlds: c.max_idle_worlds,
         }
     }
 }
 
-/// `CONCORD_CASE_TIMEOUT_MS`, else 60 s.
-pub fn default_case_deadline() -> Duration {
-    env_ms("CONCORD_CASE_TIMEOUT_MS").unwrap_or(Duration::from_secs(60))
-}
-
-/// Per-collective deadline handed to workers: `CONCORD_OP_TIMEOUT_MS`, else half the default
-/// case deadline (so backends report a named timeout before the runner kills them).
-pub fn default_op_timeout() -> Duration {
-    env_ms(vars::OP_TIMEOUT_MS).unwrap_or(default_case_deadline() / 2)
-}
-
 /// `CONCORD_RUNNER_TRACE=1`: print the runner's phase timings to stderr.
 fn trace(msg: &str) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var("CONCORD_RUNNER_TRACE").as_deref() == Ok("1")) {
+    if crate::config::Config::global().trace {
         eprintln!("concord-runner: {msg}");
     }
 }
@@ -430,7 +418,7 @@ impl World {
         // termination signal that arrives while the ranks are being spawned still removes the dir.
         live_worlds().insert(id.clone(), (0, dir.path().to_path_buf()));
         let store = dir.path().join("store");
-        let op_ms = default_op_timeout().as_millis().to_string();
+        let op_ms = cfg.op_timeout.as_millis().to_string();
         let setup_ms = cfg.setup_timeout.as_millis().to_string();
         let mut cmds = Vec::new();
         for r in 0..key.world_size {
@@ -1009,18 +997,5 @@ mod tests {
     fn status_descriptions() {
         assert_eq!(describe_status(&ExitStatus::from_raw(3 << 8)), "exit code 3");
         assert_eq!(describe_status(&ExitStatus::from_raw(11)), "killed by signal SIGSEGV");
-    }
-
-    #[test]
-    fn env_ms_parses_milliseconds() {
-        // A variable of this test's own, so no other test reads it meanwhile.
-        const V: &str = "CONCORD_TEST_RUNNER_ENV_MS";
-        std::env::remove_var(V);
-        assert_eq!(env_ms(V), None, "unset");
-        std::env::set_var(V, " 250 ");
-        assert_eq!(env_ms(V), Some(Duration::from_millis(250)));
-        std::env::set_var(V, "1.5s");
-        assert_eq!(env_ms(V), None, "not a whole number of ms");
-        std::env::remove_var(V);
     }
 }

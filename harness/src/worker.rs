@@ -30,11 +30,12 @@ pub mod vars {
     pub const STORE: &str = "CONCORD_STORE";
     pub const WORLD_ID: &str = "CONCORD_WORLD_ID";
     pub const BACKEND: &str = "CONCORD_BACKEND";
-    pub const OP_TIMEOUT_MS: &str = "CONCORD_OP_TIMEOUT_MS";
+    /// The backend's op timeout (the same name as the setting: a worker inherits it).
+    pub const OP_TIMEOUT_MS: &str = crate::config::OP_TIMEOUT_MS;
     /// `k=v,k=v` (keys and values MUST NOT contain `,`; keys MUST NOT contain `=`).
     pub const BACKEND_OPTS: &str = "CONCORD_BACKEND_OPTS";
     /// Deadline of the rendezvous barrier (the runner's setup timeout).
-    pub const SETUP_TIMEOUT_MS: &str = "CONCORD_SETUP_TIMEOUT_MS";
+    pub const SETUP_TIMEOUT_MS: &str = crate::config::SETUP_TIMEOUT_MS;
 }
 
 /// Name of the store barrier every world's workers pass before `setup`.

@@ -78,12 +78,9 @@ impl<B: Backend> Case<B> {
 }
 
 /// Per-case deadline: `CONCORD_CASE_TIMEOUT_MS`, else 20 s (a conformance case that needs longer
-/// is itself a finding).
+/// is itself a finding). See [`concord_harness::config`] for the deadline rule.
 pub fn default_deadline() -> Duration {
-    match std::env::var("CONCORD_CASE_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
-        Some(ms) => Duration::from_millis(ms),
-        None => Duration::from_secs(20),
-    }
+    concord_harness::config::Config::global().case_deadline
 }
 
 /// What a case body sees on one rank.

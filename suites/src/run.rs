@@ -119,7 +119,7 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
                 b: &st.backend,
                 world: &st.world,
                 case: case_id,
-                timeout: case.deadline.mul_f32(0.8),
+                timeout: concord_harness::config::Config::wait_timeout(case.deadline),
                 groups: &mut st.groups,
                 store: &st.store,
             };
@@ -217,7 +217,6 @@ pub fn dispatch_child(entries: &[BackendEntry]) {
 /// The whole `main` of a conformance binary over `entries`.
 pub fn main_with(entries: Vec<BackendEntry>) -> ! {
     dispatch_child(&entries);
-    default_op_timeout();
     let (opts, rest) = parse_opts(std::env::args().collect());
     let entries: Vec<BackendEntry> = if opts.backends.is_empty() {
         entries
@@ -234,16 +233,6 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
     let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, rest) };
     Pool::global().shutdown();
     std::process::exit(code)
-}
-
-/// A backend's own op timeout must end before a case body's waits (0.8 × the case deadline), so
-/// a stuck collective is reported by the backend with its op and sequence number.
-pub fn default_op_timeout() {
-    if std::env::var_os("CONCORD_OP_TIMEOUT_MS").is_none() {
-        let ms = (crate::case::default_deadline().as_millis() * 3 / 4).max(1) as u64;
-        // Single-threaded here: before any trial or world exists.
-        std::env::set_var("CONCORD_OP_TIMEOUT_MS", ms.to_string());
-    }
 }
 
 fn parse_opts(args: Vec<String>) -> (Opts, Vec<String>) {
@@ -287,10 +276,8 @@ pub const GROUP_WORD: &str = "suite";
 
 /// `CONCORD_LIST=cases`: list one test per case instead of one per (backend, suite, world size),
 /// so `cargo nextest run -- --exact <case id>` (or a nextest filter on case ids) works.
-pub const LIST_ENV: &str = "CONCORD_LIST";
-
 fn list_cases_individually() -> bool {
-    std::env::var(LIST_ENV).as_deref() == Ok("cases")
+    concord_harness::config::Config::global().list == concord_harness::config::ListMode::Cases
 }
 
 /// The libtest verdict of one case or group.

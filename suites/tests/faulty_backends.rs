@@ -271,7 +271,6 @@ fn main() {
     entries.push(control.clone());
     entries.push(BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>));
     concord_suites::run::dispatch_child(&entries);
-    concord_suites::run::default_op_timeout();
 
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = Vec::new();
