@@ -354,6 +354,10 @@ impl CallDesc {
     }
 }
 
+fn show(x: Option<usize>) -> String {
+    x.map_or_else(|| "(none)".into(), |x| x.to_string())
+}
+
 /// Is `l` a set of distinct ranks of `0..ws` (and, with `all`, every one of them)?
 fn distinct_ranks(l: &[usize], ws: usize) -> bool {
     let mut seen = vec![false; ws];
@@ -381,7 +385,7 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
         match d.peer {
             Some(p) if p < ws && p != d.rank => {}
             p => {
-                return bad(BadPeer, format!("{name} peer {p:?} of rank {} is not another rank of 0..{ws}", d.rank));
+                return bad(BadPeer, format!("{name} peer {} of rank {} is not another rank of 0..{ws}", show(p), d.rank));
             }
         }
     }
@@ -391,7 +395,7 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
             Some(r) if r < ws => {}
             r => {
                 let what = if op == CallOp::Broadcast { "src" } else { "root" };
-                return bad(BadRoot, format!("{name} {what} {r:?} out of range for world size {ws}"));
+                return bad(BadRoot, format!("{name} {what} {} out of range for world size {ws}", show(r)));
             }
         }
     }
