@@ -231,6 +231,18 @@ impl CallDesc {
         }
     }
 
+    /// A send (`t` is the tensor sent) or recv (`t` is the receive buffer) with `peer`.
+    pub fn p2p(op: CallOp, rank: usize, t: TensorDesc, peer: usize) -> CallDesc {
+        let mut d = CallDesc::new(op, Variant::Out, rank);
+        if op == CallOp::Recv {
+            d.outputs.push(t);
+        } else {
+            d.inputs.push(t);
+        }
+        d.peer = Some(peer);
+        d
+    }
+
     /// The tensor a send sends / a recv receives into.
     pub fn p2p_tensor(&self) -> Option<&TensorDesc> {
         match self.op {

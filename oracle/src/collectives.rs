@@ -53,13 +53,7 @@ fn validate_send_recv(src_dst: &[Option<usize>], inputs: &[Tensor], caps: &Capab
     if src_dst.len() != ws {
         return err(K::BadPeer, format!("src_dst has {} entries, world size is {ws}", src_dst.len()));
     }
-    let p2p = |op, r: usize, peer: usize| {
-        let mut d = CallDesc::new(op, Variant::Out, r);
-        let t = TensorDesc::new(inputs[r].dtype(), inputs[r].shape());
-        if op == CallOp::Send { d.inputs.push(t) } else { d.outputs.push(t) }
-        d.peer = Some(peer);
-        d
-    };
+    let p2p = |op, r: usize, peer: usize| CallDesc::p2p(op, r, TensorDesc::new(inputs[r].dtype(), inputs[r].shape()), peer);
     let sends: Vec<(usize, usize)> = src_dst.iter().enumerate().filter_map(|(r, d)| d.map(|d| (r, d))).collect();
     for &(r, d) in &sends {
         validate_local(&p2p(CallOp::Send, r, d), ws, caps)?;

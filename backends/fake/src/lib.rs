@@ -370,17 +370,12 @@ impl Backend for FakeBackend {
     }
     fn send(&self, x: &FakeBuffer, dst: usize) -> Result<Work<()>> {
         let seq = self.start("send")?;
-        let mut d = self.desc(CallOp::Send, Variant::Out, std::slice::from_ref(x));
-        d.peer = Some(dst);
-        self.check("send", seq, &d)?;
+        self.check("send", seq, &CallDesc::p2p(CallOp::Send, self.rank, TensorDesc::new(x.dtype, &x.shape), dst))?;
         self.done("send", seq, ())
     }
     fn recv(&self, out: &FakeBuffer, src: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("recv")?;
-        let mut d = self.desc(CallOp::Recv, Variant::Out, &[]);
-        d.outputs.push(TensorDesc::new(out.dtype, &out.shape));
-        d.peer = Some(src);
-        self.check("recv", seq, &d)?;
+        self.check("recv", seq, &CallDesc::p2p(CallOp::Recv, self.rank, TensorDesc::new(out.dtype, &out.shape), src))?;
         self.done("recv", seq, out.clone())
     }
     fn barrier(&self) -> Result<Work<()>> {

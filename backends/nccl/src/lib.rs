@@ -20,9 +20,11 @@
 //!   per rank (see `worker`), shared by the world and its subgroups, runs the jobs in issue
 //!   order: it is the only thread making NCCL calls, so every rank launches in the same order.
 //!   A job keeps the buffers it uses alive until its NCCL calls are enqueued.
-//! * **Validation.** Before every collective the progress thread all-gathers a small header (op,
-//!   sequence number, dtype, shape, reduce op, root, splits, local errors) on a side buffer and
-//!   runs the same pure check (see `header`), so mismatched inputs end on *every* rank in the same
+//! * **Validation.** Issue checks the call's [`concord_core::CallDesc`] with the core rule
+//!   table's local rules ([`concord_core::validate_local`]). Before every collective the
+//!   progress thread all-gathers a small header (the encoded `CallDesc` and any local error) on
+//!   a side buffer and runs the core rule table over all of them (see `header`), so mismatched
+//!   inputs end on *every* rank in the same
 //!   named [`CollectiveError::BadInput`] (at wait) instead of an NCCL hang or silent truncation.
 //!   A rank that rejected its input at issue still sends its header, marked with the error, so
 //!   its peers fail too and the sequence stays in step. Send/recv pairs exchange headers between
@@ -443,7 +445,10 @@ impl NcclBackend {
     fn call(&self, o: &Op, op: CallOp, variant: Variant, xs: &[&NcclBuffer]) -> CallDesc {
         let mut d = CallDesc::new(op, variant, self.rank);
         d.seq = o.cseq;
-        d.inputs = xs.iter().map(|x| TensorDesc::new(x.dtype, &x.shape)).collect();
+        d.inputs = xs
+            .iter()
+            .map(|x| TensorDesc::new(x.dtype, &x.shape))
+            .collect();
         d
     }
 
@@ -567,14 +572,7 @@ impl NcclBackend {
         let o = self.begin(name, false)?;
         let is_send = name == "send";
         let op = if is_send { CallOp::Send } else { CallOp::Recv };
-        let mut d = self.call(&o, op, Variant::Out, &[]);
-        let t = TensorDesc::new(buf.dtype, &buf.shape);
-        if is_send {
-            d.inputs.push(t);
-        } else {
-            d.outputs.push(t);
-        }
-        (d.seq, d.peer) = (0, Some(peer));
+        let d = CallDesc::p2p(op, self.rank, TensorDesc::new(buf.dtype, &buf.shape), peer);
         // No exchange for a local error: the pair's peer may not even be a rank.
         let local = validate_local(&d, self.ws, &self.capabilities())
             .and_then(|()| Header::new(self.ws, &d));
@@ -661,7 +659,11 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place { Variant::InPlace } else { Variant::Out };
+        let variant = if in_place {
+            Variant::InPlace
+        } else {
+            Variant::Out
+        };
         let mut d = self.call(&o, CallOp::AllReduce, variant, &[x]);
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
@@ -685,8 +687,17 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place { Variant::CoalescedInPlace } else { Variant::Coalesced };
-        let mut d = self.call(&o, CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>());
+        let variant = if in_place {
+            Variant::CoalescedInPlace
+        } else {
+            Variant::Coalesced
+        };
+        let mut d = self.call(
+            &o,
+            CallOp::AllReduce,
+            variant,
+            &xs.iter().collect::<Vec<_>>(),
+        );
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
         let reds: Vec<(Red, DType)> = xs.iter().map(|x| (red_of(op), x.dtype)).collect();
@@ -1047,7 +1058,10 @@ impl Backend for NcclBackend {
     fn all_gather_into_tensor_coalesced(&self, xs: &[NcclBuffer]) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("all_gather_into_tensor_coalesced", true)?;
         let xr: Vec<&NcclBuffer> = xs.iter().collect();
-        let hdr = self.admit(&o, &self.call(&o, CallOp::AllGather, Variant::Coalesced, &xr))?;
+        let hdr = self.admit(
+            &o,
+            &self.call(&o, CallOp::AllGather, Variant::Coalesced, &xr),
+        )?;
         let outs: Vec<NcclBuffer> = xs
             .iter()
             .map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws)))
@@ -1435,7 +1449,11 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place { Variant::InPlace } else { Variant::Out };
+        let variant = if in_place {
+            Variant::InPlace
+        } else {
+            Variant::Out
+        };
         let mut d = self.call(&o, CallOp::Broadcast, variant, &[x]);
         d.root = Some(src);
         let hdr = self.admit(&o, &d)?;

@@ -12,7 +12,7 @@ use crate::kernels::{reduce_into, reduce_into_many};
 use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
-use concord_core::{progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc, Variant};
+use concord_core::{progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
@@ -431,15 +431,11 @@ impl Progress {
         let e = comm.ctl.read_entry(src, comm.me, k);
         // The pair's calls as the rule table sees them: the ring entry carries the sender's
         // dtype and element count.
-        let mut recv = CallDesc::new(CallOp::Recv, Variant::Out, comm.me);
-        recv.outputs.push(TensorDesc::new(out.dtype, &out.shape));
-        recv.peer = Some(src);
+        let recv = CallDesc::p2p(CallOp::Recv, comm.me, TensorDesc::new(out.dtype, &out.shape), src);
         let verdict = match post::dtype_from(e.dtype as u64) {
             None => Err((BadInputKind::DTypeMismatch, format!("rank {src} sends an unknown dtype (code {})", e.dtype))),
             Some(dtype) => {
-                let mut send = CallDesc::new(CallOp::Send, Variant::Out, src);
-                send.inputs.push(TensorDesc::new(dtype, &[e.numel as usize]));
-                send.peer = Some(comm.me);
+                let send = CallDesc::p2p(CallOp::Send, src, TensorDesc::new(dtype, &[e.numel as usize]), comm.me);
                 validate_pair(&recv, &send, comm.n, &crate::caps()).map_err(|b| (b.kind, b.detail))
             }
         };

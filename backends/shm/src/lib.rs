@@ -175,6 +175,13 @@ impl ShmBackend {
         }
     }
 
+    /// Issue-time checks of a send / recv: the buffer's world, then the rule table's local rules.
+    fn check_p2p(&self, op: CallOp, b: &ShmBuffer, peer: usize) -> Result<()> {
+        self.check_buf(b)?;
+        let d = CallDesc::p2p(op, self.comm.me, TensorDesc::new(b.dtype, &b.shape), peer);
+        validate_local(&d, self.comm.n, &caps()).map_err(|e| e.into_error(op.name(), 0, self.comm.me))
+    }
+
     fn meta(&self, op: &str, seq: u64) -> WorkMeta {
         WorkMeta { backend: "shm".into(), op: op.to_string(), seq, rank: self.comm.me }
     }
@@ -530,11 +537,7 @@ impl Backend for ShmBackend {
     }
 
     fn send(&self, x: &ShmBuffer, dst: usize) -> Result<Work<()>> {
-        self.check_buf(x)?;
-        let mut d = CallDesc::new(CallOp::Send, Variant::Out, self.comm.me);
-        d.inputs.push(TensorDesc::new(x.dtype, &x.shape));
-        d.peer = Some(dst);
-        validate_local(&d, self.comm.n, &caps()).map_err(|e| e.into_error("send", 0, self.comm.me))?;
+        self.check_p2p(CallOp::Send, x, dst)?;
         let mut ks = self.send_k.lock().unwrap_or_else(|e| e.into_inner());
         ks[dst] = ks[dst].wrapping_add(1);
         let k = ks[dst];
@@ -547,11 +550,7 @@ impl Backend for ShmBackend {
     }
 
     fn recv(&self, out: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
-        self.check_buf(out)?;
-        let mut d = CallDesc::new(CallOp::Recv, Variant::Out, self.comm.me);
-        d.outputs.push(TensorDesc::new(out.dtype, &out.shape));
-        d.peer = Some(src);
-        validate_local(&d, self.comm.n, &caps()).map_err(|e| e.into_error("recv", 0, self.comm.me))?;
+        self.check_p2p(CallOp::Recv, out, src)?;
         let mut ks = self.recv_k.lock().unwrap_or_else(|e| e.into_inner());
         ks[src] = ks[src].wrapping_add(1);
         let k = ks[src];
