@@ -447,6 +447,17 @@ mod tests {
         assert_eq!(kind(b.all_to_all_single(&x, None, Some(&[1, 1]))), Some(BadInputKind::Indivisible));
         let o = b.alloc(DType::F32, &[5]).unwrap();
         assert_eq!(kind(b.all_gather_into_tensor_out(&x, &o)), Some(BadInputKind::OutBufferSize));
+        // The rule table's precedence: output dtype before size, size before aliasing.
+        let o64 = b.alloc(DType::F64, &[5]).unwrap();
+        assert_eq!(kind(b.all_gather_into_tensor_out(&x, &o64)), Some(BadInputKind::DTypeMismatch));
+        let big = b.alloc(DType::F32, &[6]).unwrap();
+        let view = b.view(&big, 0, &[3]).unwrap();
+        assert_eq!(kind(b.all_gather_into_tensor_out(&view, &big)), Some(BadInputKind::Aliasing));
+        let z = b.upload(&Tensor::zeros(DType::F32, &[])).unwrap();
+        assert_eq!(kind(b.scatter(&z, 0)), Some(BadInputKind::ZeroDim));
+        assert_eq!(kind(b.scatter(&z, 5)), Some(BadInputKind::BadRoot));
+        assert_eq!(kind(b.recv(&x, 0)), Some(BadInputKind::BadPeer));
+        assert_eq!(b.new_group(&[1, 1]).err().and_then(|e| e.bad_input_kind()), Some(BadInputKind::BadGroup));
         assert!(b.alloc(DType::F64, &[usize::MAX / 4, 2]).is_err(), "size overflow is an error, not a panic");
         assert!(b.view(&x, usize::MAX, &[2]).is_err(), "offset overflow is an error, not a panic");
     }
