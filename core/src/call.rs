@@ -206,8 +206,13 @@ fn bad(kind: BadInputKind, detail: impl Into<String>) -> V {
     Err(BadInput::new(kind, detail))
 }
 
-fn reduce_key(r: &Option<ReduceOp>) -> Option<(&'static str, u64)> {
-    r.map(|x| (x.name(), if let ReduceOp::PremulSum(f) = x { f.to_bits() } else { 0 }))
+/// A cross-rank rule: `key` of every rank's call must equal rank 0's.
+fn agree<T: PartialEq + std::fmt::Debug>(all: &[CallDesc], kind: BadInputKind, what: &str, key: impl Fn(&CallDesc) -> T) -> V {
+    let k0 = key(&all[0]);
+    match all.iter().position(|d| key(d) != k0) {
+        Some(r) => bad(kind, format!("{what} differ across ranks: rank 0 has {k0:?} but rank {r} has {:?}", key(&all[r]))),
+        None => Ok(()),
+    }
 }
 
 impl CallDesc {
@@ -514,71 +519,20 @@ pub fn validate_all(all: &[CallDesc], caps: &Capabilities) -> V {
     for (r, d) in all.iter().enumerate() {
         validate_local(d, n, caps).map_err(|e| BadInput::new(e.kind, format!("rank {r}: {}", e.detail)))?;
     }
+    // 14.–20.: each a field every rank must pass alike.
+    agree(all, OpMismatch, "ops (and sequence numbers)", |d| (d.op.name(), d.seq))?;
+    agree(all, CountMismatch, "coalesced list lengths", |d| d.inputs.len())?;
+    agree(all, ReduceOpMismatch, "reduce ops", |d| d.reduce.map(|r| format!("{r:?}")))?;
+    agree(all, BadRoot, "roots", |d| d.root)?;
+    agree(all, BadPermutation, "permutations (src_dst)", |d| d.perm.clone())?;
+    agree(all, BadGroup, "subgroup member lists", |d| d.group.clone())?;
+    agree(all, DTypeMismatch, "input dtypes", |d| d.inputs.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
     let p0 = &all[0];
-    let each = |f: &dyn Fn(usize, &CallDesc) -> V| all.iter().enumerate().try_for_each(|(r, d)| f(r, d));
-    // 14. Op.
-    each(&|r, d| {
-        if d.op != p0.op || d.seq != p0.seq {
-            return bad(
-                OpMismatch,
-                format!("rank 0 issued {} #{} but rank {r} issued {} #{} at the same point", p0.op.name(), p0.seq, d.op.name(), d.seq),
-            );
-        }
-        Ok(())
-    })?;
-    // 15. Count.
-    each(&|r, d| {
-        if d.inputs.len() != p0.inputs.len() {
-            return bad(CountMismatch, format!("rank 0 passed {} tensors but rank {r} passed {}", p0.inputs.len(), d.inputs.len()));
-        }
-        Ok(())
-    })?;
-    // 16. Reduce op; 17. root; 18. permutation / group.
-    each(&|r, d| {
-        if reduce_key(&d.reduce) != reduce_key(&p0.reduce) {
-            return bad(ReduceOpMismatch, format!("rank 0 reduces with {:?} but rank {r} with {:?}", p0.reduce, d.reduce));
-        }
-        Ok(())
-    })?;
-    each(&|r, d| {
-        if d.root != p0.root {
-            return bad(BadRoot, format!("roots differ across ranks: rank 0 passed {:?} but rank {r} passed {:?}", p0.root, d.root));
-        }
-        Ok(())
-    })?;
-    each(&|r, d| {
-        if d.perm != p0.perm {
-            return bad(BadPermutation, format!("src_dst differs across ranks: rank 0 passed {:?} but rank {r} passed {:?}", p0.perm, d.perm));
-        }
-        if d.group != p0.group {
-            return bad(BadGroup, format!("member lists differ: rank 0 passed {:?} but rank {r} passed {:?}", p0.group, d.group));
-        }
-        Ok(())
-    })?;
-    // 19. Dtypes; 20. shapes.
-    each(&|r, d| {
-        for (i, (a, b)) in p0.inputs.iter().zip(&d.inputs).enumerate() {
-            if a.dtype != b.dtype {
-                return bad(DTypeMismatch, format!("tensor {i}: rank 0 has dtype {} but rank {r} has {}", a.dtype, b.dtype));
-            }
-        }
-        Ok(())
-    })?;
-    each(&|r, d| {
-        for (i, (a, b)) in p0.inputs.iter().zip(&d.inputs).enumerate() {
-            if p0.op == CallOp::AllToAll {
-                if a.shape.get(1..) != b.shape.get(1..) {
-                    return bad(
-                        ShapeMismatch,
-                        format!("rank 0 has shape {:?} but rank {r} has {:?}: all dims but the first must match", a.shape, b.shape),
-                    );
-                }
-            } else if a.shape != b.shape {
-                return bad(ShapeMismatch, format!("tensor {i}: rank 0 has shape {:?} but rank {r} has {:?}", a.shape, b.shape));
-            }
-        }
-        Ok(())
-    })?;
+    if p0.op == CallOp::AllToAll {
+        agree(all, ShapeMismatch, "row shapes (all dims but the first)", |d| d.inputs.iter().map(|t| t.shape.get(1..).map(<[usize]>::to_vec)).collect::<Vec<_>>())?;
+    } else {
+        agree(all, ShapeMismatch, "input shapes", |d| d.inputs.iter().map(|t| t.shape.clone()).collect::<Vec<_>>())?;
+    }
     // 21. Splits.
     if p0.op == CallOp::AllToAll {
         let ins: Vec<Vec<usize>> = all.iter().map(|d| d.input_splits(n)).collect();

@@ -659,11 +659,7 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place {
-            Variant::InPlace
-        } else {
-            Variant::Out
-        };
+        let variant = [Variant::Out, Variant::InPlace][in_place as usize];
         let mut d = self.call(&o, CallOp::AllReduce, variant, &[x]);
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
@@ -687,11 +683,7 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place {
-            Variant::CoalescedInPlace
-        } else {
-            Variant::Coalesced
-        };
+        let variant = [Variant::Coalesced, Variant::CoalescedInPlace][in_place as usize];
         let mut d = self.call(
             &o,
             CallOp::AllReduce,
@@ -1449,11 +1441,7 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let variant = if in_place {
-            Variant::InPlace
-        } else {
-            Variant::Out
-        };
+        let variant = [Variant::Out, Variant::InPlace][in_place as usize];
         let mut d = self.call(&o, CallOp::Broadcast, variant, &[x]);
         d.root = Some(src);
         let hdr = self.admit(&o, &d)?;
