@@ -8,6 +8,7 @@
 //! the oracle computes expected values from [`Tensor`]s; the suites drive any `B: Backend`.
 
 pub mod backend;
+pub mod call;
 pub mod caps;
 pub mod dtype;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod tensor;
 pub mod work;
 
 pub use backend::{Backend, WorldInfo};
+pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, CallOp, TensorDesc};
 pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 pub use dtype::{DType, Element};
 pub use error::{BadInputKind, CollectiveError, Result};

@@ -2,73 +2,70 @@
 
 use crate::reduce::reduce_tensors;
 use crate::{Collective, Expected, OracleError, Semantics};
-use concord_core::{BadInputKind as K, DType, ReduceOp, Tensor};
+use concord_core::{
+    validate_all, validate_local, validate_pair, BadInputKind as K, CallDesc, CallOp, Capabilities, DType, TensorDesc, Variant,
+};
+use concord_core::Tensor;
 
 type R<T> = Result<T, OracleError>;
 
 fn err<T>(kind: K, detail: impl Into<String>) -> R<T> {
-    Err(OracleError::new(kind, detail))
+    Err(concord_core::BadInput::new(kind, detail))
 }
 
-fn check_root(what: &str, root: usize, ws: usize) -> R<()> {
-    if root >= ws {
-        return err(K::BadRoot, format!("{what} {root} out of range for world size {ws}"));
-    }
-    Ok(())
-}
-
-fn check_split_len(which: &str, splits: &[Option<Vec<usize>>], ws: usize) -> R<()> {
-    if splits.len() != ws {
-        return err(K::BadSplits, format!("{which} given for {} ranks, world size is {ws}", splits.len()));
-    }
-    for (r, s) in splits.iter().enumerate() {
-        if let Some(s) = s {
-            if s.len() != ws {
-                return err(K::BadSplits, format!("rank {r}'s {which} have {} entries, world size is {ws}", s.len()));
+/// Every rank's call of `c` as the rule table sees it (index = rank).
+fn descs(c: &Collective, inputs: &[Tensor]) -> Vec<CallDesc> {
+    let (op, reduce, root) = match c {
+        Collective::AllReduce { op } => (CallOp::AllReduce, Some(*op), None),
+        Collective::AllGather => (CallOp::AllGather, None, None),
+        Collective::ReduceScatter { op } => (CallOp::ReduceScatter, Some(*op), None),
+        Collective::AllToAll { .. } => (CallOp::AllToAll, None, None),
+        Collective::Broadcast { src } => (CallOp::Broadcast, None, Some(*src)),
+        Collective::Permute { .. } => (CallOp::Permute, None, None),
+        Collective::Reduce { op, root } => (CallOp::Reduce, Some(*op), Some(*root)),
+        Collective::Gather { root } => (CallOp::Gather, None, Some(*root)),
+        Collective::Scatter { root } => (CallOp::Scatter, None, Some(*root)),
+        Collective::SendRecv { .. } => unreachable!("send/recv are checked in pairs"),
+    };
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(r, t)| {
+            let mut d = CallDesc::new(op, Variant::Out, r);
+            d.inputs.push(TensorDesc::new(t.dtype(), t.shape()));
+            (d.reduce, d.root) = (reduce, root);
+            match c {
+                Collective::Permute { src_dst } => d.perm = Some(src_dst.clone()),
+                Collective::AllToAll { input_splits, output_splits } => {
+                    d.in_splits = input_splits[r].clone();
+                    d.out_splits = output_splits[r].clone();
+                }
+                _ => {}
             }
+            d
+        })
+        .collect()
+}
+
+/// The send / recv calls of a send/recv pattern, checked pair by pair in sender order.
+fn validate_send_recv(src_dst: &[Option<usize>], inputs: &[Tensor], caps: &Capabilities) -> R<()> {
+    let ws = inputs.len();
+    if src_dst.len() != ws {
+        return err(K::BadPeer, format!("src_dst has {} entries, world size is {ws}", src_dst.len()));
+    }
+    let p2p = |op, r: usize, peer: usize| CallDesc::p2p(op, r, TensorDesc::new(inputs[r].dtype(), inputs[r].shape()), peer);
+    let sends: Vec<(usize, usize)> = src_dst.iter().enumerate().filter_map(|(r, d)| d.map(|d| (r, d))).collect();
+    for &(r, d) in &sends {
+        validate_local(&p2p(CallOp::Send, r, d), ws, caps)?;
+    }
+    let mut sender_of = vec![None; ws];
+    for &(r, d) in &sends {
+        if let Some(s) = sender_of[d].replace(r) {
+            return err(K::BadPeer, format!("rank {d} would receive from both rank {s} and rank {r}"));
         }
     }
-    Ok(())
-}
-
-fn same_dtype(inputs: &[Tensor]) -> R<DType> {
-    let d = inputs[0].dtype();
-    if let Some((r, t)) = inputs.iter().enumerate().find(|(_, t)| t.dtype() != d) {
-        return err(K::DTypeMismatch, format!("rank {r} has dtype {}, rank 0 has {d}", t.dtype()));
-    }
-    Ok(d)
-}
-
-fn op_defined(op: ReduceOp, dtype: DType) -> R<()> {
-    if !op.defined_for(dtype) {
-        let why = if op.is_bitwise() {
-            "bitwise ops need an integer dtype"
-        } else {
-            "premul_sum needs a floating-point dtype"
-        };
-        return err(K::UnsupportedDType, format!("reduce op {op} is not defined for {dtype}: {why}"));
-    }
-    Ok(())
-}
-
-fn not_zero_dim(op: &str, inputs: &[Tensor]) -> R<()> {
-    if let Some(r) = inputs.iter().position(|t| t.shape().is_empty()) {
-        return err(K::ZeroDim, format!("{op} splits dim 0, but rank {r}'s input is 0-dim"));
-    }
-    Ok(())
-}
-
-fn same_shape(inputs: &[Tensor]) -> R<()> {
-    let s = inputs[0].shape();
-    if let Some((r, t)) = inputs.iter().enumerate().find(|(_, t)| t.shape() != s) {
-        return err(K::ShapeMismatch, format!("rank {r} has shape {:?}, rank 0 has {s:?}", t.shape()));
-    }
-    Ok(())
-}
-
-fn divisible(op: &str, d0: usize, ws: usize) -> R<()> {
-    if d0 % ws != 0 {
-        return err(K::Indivisible, format!("{op}: dim 0 ({d0}) is not divisible by the world size ({ws})"));
+    for &(r, d) in &sends {
+        validate_pair(&p2p(CallOp::Send, r, d), &p2p(CallOp::Recv, d, r), ws, caps)?;
     }
     Ok(())
 }
@@ -91,85 +88,38 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
         return err(K::BadGroup, "no ranks: a collective needs at least one input");
     }
     let all_defined = |outputs: Vec<Tensor>| Expected { defined: vec![true; outputs.len()], outputs };
-    let name = c.name();
 
-    // 1. Arguments.
+    // The rule table (concord_core::call), for every rank's call; the oracle's own checks are
+    // only those of its `Collective` encoding (one entry per rank).
+    let caps = Capabilities::full(usize::MAX);
     match c {
-        Collective::Broadcast { src } => check_root("broadcast src", *src, ws)?,
-        Collective::Reduce { root, .. } | Collective::Gather { root } | Collective::Scatter { root } => {
-            check_root(&format!("{name} root"), *root, ws)?
-        }
-        Collective::Permute { src_dst } => {
-            if src_dst.len() != ws {
-                return err(K::BadPermutation, format!("src_dst has {} entries, world size is {ws}", src_dst.len()));
-            }
-            let mut seen = vec![false; ws];
-            for (r, &d) in src_dst.iter().enumerate() {
-                if d >= ws {
-                    return err(K::BadPermutation, format!("src_dst[{r}] = {d} is out of range for world size {ws}"));
-                }
-                if std::mem::replace(&mut seen[d], true) {
-                    return err(
-                        K::BadPermutation,
-                        format!("rank {d} is the destination of more than one rank ({src_dst:?})"),
-                    );
-                }
-            }
-        }
-        Collective::SendRecv { src_dst } => {
-            if src_dst.len() != ws {
-                return err(K::BadPeer, format!("src_dst has {} entries, world size is {ws}", src_dst.len()));
-            }
-            let mut sender_of = vec![None; ws];
-            for (r, d) in src_dst.iter().enumerate() {
-                let Some(d) = *d else { continue };
-                if d >= ws {
-                    return err(K::BadPeer, format!("rank {r} sends to rank {d}, out of range for world size {ws}"));
-                }
-                if d == r {
-                    return err(K::BadPeer, format!("rank {r} sends to itself"));
-                }
-                if let Some(s) = sender_of[d].replace(r) {
-                    return err(K::BadPeer, format!("rank {d} would receive from both rank {s} and rank {r}"));
-                }
-            }
-        }
+        Collective::SendRecv { src_dst } => validate_send_recv(src_dst, inputs, &caps)?,
         Collective::AllToAll { input_splits, output_splits } => {
-            check_split_len("input splits", input_splits, ws)?;
-            check_split_len("output splits", output_splits, ws)?;
+            for (which, s) in [("input splits", input_splits), ("output splits", output_splits)] {
+                if s.len() != ws {
+                    return err(K::BadSplits, format!("{which} given for {} ranks, world size is {ws}", s.len()));
+                }
+            }
+            validate_all(&descs(c, inputs), &caps)?
         }
-        Collective::AllReduce { .. } | Collective::AllGather | Collective::ReduceScatter { .. } => {}
+        _ => validate_all(&descs(c, inputs), &caps)?,
     }
+    let dtype = inputs[0].dtype();
 
-    // 2. Dtypes; 3. op for dtype.
-    let dtype = match c {
-        // Only the pairs that talk need to agree.
-        Collective::SendRecv { .. } => inputs[0].dtype(),
-        _ => same_dtype(inputs)?,
-    };
-    if let Some(op) = c.reduce_op() {
-        op_defined(op, dtype)?;
-    }
-
-    // 4. Zero-dim; 5. shapes; 6. divisibility and splits; then the outputs.
+    // The outputs.
     match c {
         Collective::AllReduce { op } => {
-            same_shape(inputs)?;
             let refs: Vec<&Tensor> = inputs.iter().collect();
             let out = reduce_tensors(*op, &refs, sem);
             Ok(all_defined(vec![out; ws]))
         }
         Collective::AllGather => {
-            same_shape(inputs)?;
             let row_shape = inputs[0].shape().get(1..).unwrap_or(&[]).to_vec();
             let out = cat(dtype, &row_shape, inputs);
             Ok(all_defined(vec![out; ws]))
         }
         Collective::ReduceScatter { op } => {
-            not_zero_dim(name, inputs)?;
-            same_shape(inputs)?;
             let d0 = rows(&inputs[0]);
-            divisible(name, d0, ws)?;
             let chunk = d0 / ws;
             let outputs = (0..ws)
                 .map(|r| {
@@ -180,70 +130,10 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
                 .collect();
             Ok(all_defined(outputs))
         }
-        Collective::AllToAll { input_splits, output_splits } => {
-            not_zero_dim(name, inputs)?;
+        Collective::AllToAll { .. } => {
             let row_shape = inputs[0].shape()[1..].to_vec();
-            if let Some((r, t)) = inputs.iter().enumerate().find(|(_, t)| t.shape()[1..] != row_shape[..]) {
-                return err(
-                    K::ShapeMismatch,
-                    format!(
-                        "rank {r} has shape {:?}, rank 0 has {:?}: all dims but the first must match",
-                        t.shape(),
-                        inputs[0].shape()
-                    ),
-                );
-            }
-            // Resolve each rank's input splits (equal split when None).
-            let mut ins = Vec::with_capacity(ws);
-            for (r, t) in inputs.iter().enumerate() {
-                let d0 = rows(t);
-                let s = match &input_splits[r] {
-                    Some(s) => {
-                        let sum: usize = s.iter().sum();
-                        if sum != d0 {
-                            return err(
-                                K::BadSplits,
-                                format!("rank {r}'s input splits {s:?} sum to {sum}, its dim 0 is {d0}"),
-                            );
-                        }
-                        s.clone()
-                    }
-                    None => {
-                        if d0 % ws != 0 {
-                            return err(
-                                K::Indivisible,
-                                format!("rank {r}: equal input split of dim 0 ({d0}) needs it divisible by the world size ({ws})"),
-                            );
-                        }
-                        vec![d0 / ws; ws]
-                    }
-                };
-                ins.push(s);
-            }
-            // Output splits: given, or an equal split of the rank's own dim 0 (PyTorch allocates
-            // the output like the input when output splits are None).
-            for (j, t) in inputs.iter().enumerate() {
-                let column: Vec<usize> = (0..ws).map(|i| ins[i][j]).collect();
-                let outs = match &output_splits[j] {
-                    Some(s) => s.clone(),
-                    None => {
-                        let d0 = rows(t);
-                        if d0 % ws != 0 {
-                            return err(
-                                K::Indivisible,
-                                format!("rank {j}: equal output split of dim 0 ({d0}) needs it divisible by the world size ({ws})"),
-                            );
-                        }
-                        vec![d0 / ws; ws]
-                    }
-                };
-                if let Some(i) = (0..ws).find(|&i| outs[i] != column[i]) {
-                    return err(
-                        K::SplitMismatch,
-                        format!("rank {j} expects {} rows from rank {i}, which sends it {}", outs[i], column[i]),
-                    );
-                }
-            }
+            let descs = descs(c, inputs);
+            let ins: Vec<Vec<usize>> = descs.iter().map(|d| d.input_splits(ws)).collect();
             let outputs = (0..ws)
                 .map(|j| {
                     let parts: Vec<Tensor> = (0..ws)
@@ -258,11 +148,9 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
             Ok(all_defined(outputs))
         }
         Collective::Broadcast { src } => {
-            same_shape(inputs)?;
             Ok(all_defined(vec![inputs[*src].clone(); ws]))
         }
         Collective::Permute { src_dst } => {
-            same_shape(inputs)?;
             let mut outputs = inputs.to_vec();
             for (r, &d) in src_dst.iter().enumerate() {
                 outputs[d] = inputs[r].clone();
@@ -270,14 +158,12 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
             Ok(all_defined(outputs))
         }
         Collective::Reduce { op, root } => {
-            same_shape(inputs)?;
             let refs: Vec<&Tensor> = inputs.iter().collect();
             let mut outputs = inputs.to_vec();
             outputs[*root] = reduce_tensors(*op, &refs, sem);
             Ok(Expected { outputs, defined: (0..ws).map(|r| r == *root).collect() })
         }
         Collective::Gather { root } => {
-            same_shape(inputs)?;
             let row_shape = inputs[0].shape().get(1..).unwrap_or(&[]).to_vec();
             let out = cat(dtype, &row_shape, inputs);
             let mut outputs = vec![Tensor::zeros(dtype, out.shape()); ws];
@@ -285,10 +171,7 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
             Ok(Expected { outputs, defined: (0..ws).map(|r| r == *root).collect() })
         }
         Collective::Scatter { root } => {
-            not_zero_dim(name, inputs)?;
-            same_shape(inputs)?;
             let d0 = rows(&inputs[0]);
-            divisible(name, d0, ws)?;
             let chunk = d0 / ws;
             Ok(all_defined((0..ws).map(|r| inputs[*root].slice_rows(r * chunk, chunk)).collect()))
         }
@@ -297,23 +180,8 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
             for (r, d) in src_dst.iter().enumerate() {
                 let Some(d) = *d else { continue };
                 let (x, buf) = (&inputs[r], &inputs[d]);
-                if x.dtype() != buf.dtype() {
-                    return err(
-                        K::DTypeMismatch,
-                        format!("rank {r} sends {} to rank {d}, whose buffer is {}", x.dtype(), buf.dtype()),
-                    );
-                }
-                if x.shape() != buf.shape() {
-                    return err(
-                        K::OutBufferSize,
-                        format!(
-                            "rank {r} sends shape {:?} to rank {d}, whose receive buffer has shape {:?}",
-                            x.shape(),
-                            buf.shape()
-                        ),
-                    );
-                }
-                outputs[d] = x.clone();
+                // Validated: same dtype and element count; the data lands in the receive buffer.
+                outputs[d] = Tensor::from_bytes(buf.dtype(), buf.shape(), x.bytes());
             }
             Ok(all_defined(outputs))
         }
@@ -323,7 +191,7 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
 #[cfg(test)]
 mod tests {
     use super::*;
-    use concord_core::{IntAvg, NanPolicy};
+    use concord_core::{IntAvg, NanPolicy, ReduceOp};
 
     fn i32s(shape: &[usize], v: &[i32]) -> Tensor {
         Tensor::from_vec(shape, v.to_vec())
@@ -425,8 +293,11 @@ mod tests {
         let scalar = [i32s(&[], &[1]), i32s(&[], &[2])];
         let c = Collective::AllToAll { input_splits: vec![None, None], output_splits: vec![None, None] };
         assert_eq!(kind(&c, &scalar), K::ZeroDim);
-        let rows_differ = [i32s(&[2, 1], &[1, 2]), i32s(&[1, 2], &[3, 4])];
+        let rows_differ = [i32s(&[2, 1], &[1, 2]), i32s(&[2, 2], &[3, 4, 5, 6])];
         assert_eq!(kind(&c, &rows_differ), K::ShapeMismatch);
+        // A local rule (rank 1 cannot split its 1 row equally) comes before a cross-rank one.
+        let both = [i32s(&[2, 1], &[1, 2]), i32s(&[1, 2], &[3, 4])];
+        assert_eq!(kind(&c, &both), K::Indivisible);
     }
 
     #[test]
@@ -481,7 +352,11 @@ mod tests {
         assert_eq!(kind(&Collective::SendRecv { src_dst: vec![None] }, &two), K::BadPeer);
         let three_ranks = [i32s(&[1], &[1]), i32s(&[1], &[2]), i32s(&[1], &[3])];
         assert_eq!(kind(&Collective::SendRecv { src_dst: vec![Some(2), Some(2), None] }, &three_ranks), K::BadPeer);
-        assert_eq!(kind(&Collective::SendRecv { src_dst: vec![Some(1), None] }, &shapes), K::OutBufferSize);
+        let sizes = [i32s(&[2], &[1, 2]), i32s(&[3], &[3, 4, 5])];
+        assert_eq!(kind(&Collective::SendRecv { src_dst: vec![Some(1), None] }, &sizes), K::OutBufferSize);
+        // Same element count, other shape: the data lands in the receive buffer's shape.
+        let e = expected(&Collective::SendRecv { src_dst: vec![Some(1), None] }, &shapes, &sem()).unwrap();
+        assert_eq!(e.outputs[1], i32s(&[1, 2], &[1, 2]));
         assert_eq!(kind(&Collective::SendRecv { src_dst: vec![None, Some(0)] }, &mixed), K::DTypeMismatch);
         // A rank that takes no part may hold anything.
         assert!(expected(&Collective::SendRecv { src_dst: vec![None, None] }, &mixed, &sem()).is_ok());
@@ -491,6 +366,6 @@ mod tests {
         assert_eq!(kind(&Collective::AllReduce { op: sum }, &both), K::DTypeMismatch);
         // The error message says what and where.
         let e = expected(&Collective::Gather { root: 2 }, &two, &sem()).unwrap_err();
-        assert_eq!(e.to_string(), "BadRoot: gather root 2 out of range for world size 2");
+        assert_eq!(e.to_string(), "BadRoot: rank 0: gather root 2 out of range for world size 2");
     }
 }

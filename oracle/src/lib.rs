@@ -16,20 +16,12 @@
 //!   are defined on integers only, `premul_sum` on floats only.
 //! * **Shapes**: as [`concord_core::Backend`] documents (all_gather of a 0-dim input → `[ws]`,
 //!   reduce_scatter and scatter need `d0 % ws == 0`, ...).
-//! * **Bad input** ([`OracleError`]): checked in a fixed precedence, so every rank names the same
-//!   rule when several are broken at once:
-//!   1. the arguments — root / src out of range ([`BadInputKind::BadRoot`]), send/recv peers
-//!      ([`BadInputKind::BadPeer`]), permutation ([`BadInputKind::BadPermutation`]), split lists
-//!      of the wrong length ([`BadInputKind::BadSplits`]);
-//!   2. dtypes equal across ranks ([`BadInputKind::DTypeMismatch`]);
-//!   3. the reduce op defined for the dtype ([`BadInputKind::UnsupportedDType`]);
-//!   4. at least one dimension where the op splits dim 0 ([`BadInputKind::ZeroDim`]);
-//!   5. shapes equal across ranks (all_to_all: equal trailing dims)
-//!      ([`BadInputKind::ShapeMismatch`]; a send/recv pair of different shapes is
-//!      [`BadInputKind::OutBufferSize`], the receive buffer being the wrong size);
-//!   6. divisibility ([`BadInputKind::Indivisible`]), split sums ([`BadInputKind::BadSplits`]),
-//!      and agreement of my output splits with my peers' input splits
-//!      ([`BadInputKind::SplitMismatch`]).
+//! * **Bad input** ([`OracleError`]): every rank's call is described as a
+//!   [`concord_core::CallDesc`] and checked by the one rule table of `concord_core::call`
+//!   ([`concord_core::validate_all`], send/recv pairs by [`concord_core::validate_pair`]),
+//!   in its documented precedence — the same verdict every backend reaches. Only the shape of
+//!   a [`Collective`] itself (one split list or send target per rank, one sender per receiver)
+//!   is checked here.
 //! * **Checking** ([`check`]): [`Tolerance::Exact`] is bit equality (any NaN equals any NaN, and
 //!   nothing else); NaN never passes against a number under any tolerance; infinities must match
 //!   exactly.
@@ -44,7 +36,7 @@ pub use check::{compare, compare_outputs, tolerance_for, Mismatch, Tolerance};
 pub use collectives::expected;
 pub use reduce::{reduce_tensors, round_f64_bits};
 
-use concord_core::{BadInputKind, Capabilities, IntAvg, NanPolicy, ReduceOp, Tensor};
+use concord_core::{Capabilities, IntAvg, NanPolicy, ReduceOp, Tensor};
 
 /// The semantic choices a backend declares that change expected values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,16 +148,6 @@ pub struct Expected {
     pub defined: Vec<bool>,
 }
 
-/// The bad-input error every rank of the collective must report.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{kind:?}: {detail}")]
-pub struct OracleError {
-    pub kind: BadInputKind,
-    pub detail: String,
-}
-
-impl OracleError {
-    pub(crate) fn new(kind: BadInputKind, detail: impl Into<String>) -> OracleError {
-        OracleError { kind, detail: detail.into() }
-    }
-}
+/// The bad-input error every rank of the collective must report: the rule table's
+/// [`concord_core::BadInput`] (kind and detail).
+pub type OracleError = concord_core::BadInput;

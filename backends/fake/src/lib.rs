@@ -12,16 +12,15 @@
 //!   input into every chunk; reduce_scatter / scatter return the local input's chunk `rank`;
 //!   all_to_all_single copies the local input's piece for this rank into the rows from this
 //!   rank and zero-fills the rows from other ranks; recv leaves its buffer unchanged.
-//! * Only local bad input is caught (at issue time): indivisible dim 0, splits of the wrong
-//!   length or sum, roots/peers out of range, a non-permutation, `_out` buffers of the wrong
-//!   size or dtype, aliasing, reduce ops undefined for the dtype (`validates_across_ranks:
+//! * Only local bad input is caught (at issue time), by the core rule table's
+//!   [`concord_core::validate_local`] over the rank's [`CallDesc`] (`validates_across_ranks:
 //!   false`).
 //! * Option `fail_all=1` ([`WorldInfo::option`]): every collective fails at issue time with
 //!   [`CollectiveError::Injected`].
 
 use concord_core::{
-    Backend, BadInputKind, Capabilities, CollectiveError, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work,
-    WorkMeta, WorldInfo,
+    validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, OutstandingCounter, ReduceOp,
+    Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,8 +84,33 @@ impl FakeBackend {
     fn done<T>(&self, op: &str, seq: u64, v: T) -> Result<Work<T>> {
         Ok(Work::done(v, self.meta(op, seq), &self.counter))
     }
-    fn bad(&self, kind: BadInputKind, op: &str, seq: u64, detail: String) -> CollectiveError {
-        CollectiveError::bad_input(kind, op, seq, self.rank, detail)
+    /// The rank's call of `op` over `xs` (fill in the arguments that apply).
+    fn desc(&self, op: CallOp, variant: Variant, xs: &[FakeBuffer]) -> CallDesc {
+        let mut d = CallDesc::new(op, variant, self.rank);
+        d.inputs = xs.iter().map(|x| TensorDesc::new(x.dtype, &x.shape)).collect();
+        d
+    }
+    /// The rank's call with a caller's output buffer (aliasing from the addresses).
+    fn desc_out(&self, op: CallOp, x: &FakeBuffer, out: &FakeBuffer) -> CallDesc {
+        let mut d = self.desc(op, Variant::OutBuf, std::slice::from_ref(x));
+        d.outputs.push(TensorDesc::new(out.dtype, &out.shape));
+        let ((a, la), (b, lb)) = (x.range(), out.range());
+        d.aliased = la > 0 && lb > 0 && a < b + lb && b < a + la;
+        d
+    }
+    /// The local rules of the core rule table.
+    fn check(&self, name: &str, seq: u64, d: &CallDesc) -> Result<()> {
+        validate_local(d, self.world_size, &self.capabilities()).map_err(|e| e.into_error(name, seq, self.rank))
+    }
+    fn reduce_desc(&self, op: CallOp, variant: Variant, xs: &[FakeBuffer], r: ReduceOp) -> CallDesc {
+        let mut d = self.desc(op, variant, xs);
+        d.reduce = Some(r);
+        d
+    }
+    fn rooted(&self, op: CallOp, x: &FakeBuffer, root: usize) -> CallDesc {
+        let mut d = self.desc(op, Variant::Out, std::slice::from_ref(x));
+        d.root = Some(root);
+        d
     }
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> FakeBuffer {
         let n = shape.iter().product::<usize>() * dtype.size();
@@ -98,36 +122,6 @@ impl FakeBackend {
         let b = self.new_buf(x.dtype, &x.shape);
         b.write_at(0, &x.read());
         b
-    }
-    fn check_reduce(&self, op_name: &str, seq: u64, x: &FakeBuffer, op: ReduceOp) -> Result<()> {
-        if op.defined_for(x.dtype) {
-            Ok(())
-        } else {
-            Err(self.bad(BadInputKind::UnsupportedDType, op_name, seq, format!("{} is not defined for {}", op.name(), x.dtype)))
-        }
-    }
-    fn check_root(&self, op: &str, seq: u64, root: usize) -> Result<()> {
-        if root < self.world_size {
-            Ok(())
-        } else {
-            Err(self.bad(BadInputKind::BadRoot, op, seq, format!("root {root} outside 0..{}", self.world_size)))
-        }
-    }
-    fn dim0(&self, op: &str, seq: u64, x: &FakeBuffer) -> Result<usize> {
-        x.shape.first().copied().ok_or_else(|| self.bad(BadInputKind::ZeroDim, op, seq, "0-dim input".into()))
-    }
-    fn check_out(&self, op: &str, seq: u64, x: &FakeBuffer, out: &FakeBuffer, numel: usize) -> Result<()> {
-        if out.dtype != x.dtype {
-            return Err(self.bad(BadInputKind::DTypeMismatch, op, seq, format!("output is {}, input is {}", out.dtype, x.dtype)));
-        }
-        if out.numel() != numel {
-            return Err(self.bad(BadInputKind::OutBufferSize, op, seq, format!("output holds {} elements, the op needs {numel}", out.numel())));
-        }
-        let ((a, la), (b, lb)) = (x.range(), out.range());
-        if la > 0 && lb > 0 && a < b + lb && b < a + la {
-            return Err(self.bad(BadInputKind::Aliasing, op, seq, "output overlaps input".into()));
-        }
-        Ok(())
     }
     fn gathered_shape(&self, x: &FakeBuffer) -> Vec<usize> {
         match x.shape.split_first() {
@@ -141,16 +135,12 @@ impl FakeBackend {
             out.write_at(r * data.len(), &data);
         }
     }
-    /// Chunk `rank` of dim 0, after the divisibility check.
-    fn my_chunk(&self, op: &str, seq: u64, x: &FakeBuffer) -> Result<(Vec<usize>, Vec<u8>)> {
-        let d0 = self.dim0(op, seq, x)?;
-        if d0 % self.world_size != 0 {
-            return Err(self.bad(BadInputKind::Indivisible, op, seq, format!("dim 0 = {d0} over {} ranks", self.world_size)));
-        }
+    /// Chunk `rank` of dim 0 (after validation: at least one dim, divisible).
+    fn my_chunk(&self, x: &FakeBuffer) -> (Vec<usize>, Vec<u8>) {
         let mut shape = x.shape.clone();
-        shape[0] = d0 / self.world_size;
+        shape[0] /= self.world_size;
         let nb = x.nbytes() / self.world_size;
-        Ok((shape, x.read()[self.rank * nb..(self.rank + 1) * nb].to_vec()))
+        (shape, x.read()[self.rank * nb..(self.rank + 1) * nb].to_vec())
     }
 }
 
@@ -189,10 +179,9 @@ impl Backend for FakeBackend {
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         let seq = self.start("new_group")?;
-        let mut seen = vec![false; self.world_size];
-        if ranks.is_empty() || ranks.iter().any(|&r| r >= self.world_size || std::mem::replace(&mut seen[r], true)) {
-            return Err(self.bad(BadInputKind::BadGroup, "new_group", seq, format!("{ranks:?} is not a set of ranks of 0..{}", self.world_size)));
-        }
+        let mut d = self.desc(CallOp::NewGroup, Variant::Out, &[]);
+        d.group = Some(ranks.to_vec());
+        self.check("new_group", seq, &d)?;
         Ok(ranks.iter().position(|&r| r == self.rank).map(|pos| FakeBackend {
             rank: pos,
             world_size: ranks.len(),
@@ -242,30 +231,27 @@ impl Backend for FakeBackend {
 
     fn all_reduce(&self, x: &FakeBuffer, op: ReduceOp) -> Result<Work<FakeBuffer>> {
         let seq = self.start("all_reduce")?;
-        self.check_reduce("all_reduce", seq, x, op)?;
+        self.check("all_reduce", seq, &self.reduce_desc(CallOp::AllReduce, Variant::Out, std::slice::from_ref(x), op))?;
         self.done("all_reduce", seq, self.copy_of(x))
     }
     fn all_reduce_(&self, x: &FakeBuffer, op: ReduceOp) -> Result<Work<FakeBuffer>> {
         let seq = self.start("all_reduce_")?;
-        self.check_reduce("all_reduce_", seq, x, op)?;
+        self.check("all_reduce_", seq, &self.reduce_desc(CallOp::AllReduce, Variant::InPlace, std::slice::from_ref(x), op))?;
         self.done("all_reduce_", seq, x.clone())
     }
     fn all_reduce_coalesced(&self, xs: &[FakeBuffer], op: ReduceOp) -> Result<Work<Vec<FakeBuffer>>> {
         let seq = self.start("all_reduce_coalesced")?;
-        for x in xs {
-            self.check_reduce("all_reduce_coalesced", seq, x, op)?;
-        }
+        self.check("all_reduce_coalesced", seq, &self.reduce_desc(CallOp::AllReduce, Variant::Coalesced, xs, op))?;
         self.done("all_reduce_coalesced", seq, xs.iter().map(|x| self.copy_of(x)).collect())
     }
     fn all_reduce_coalesced_(&self, xs: &[FakeBuffer], op: ReduceOp) -> Result<Work<Vec<FakeBuffer>>> {
         let seq = self.start("all_reduce_coalesced_")?;
-        for x in xs {
-            self.check_reduce("all_reduce_coalesced_", seq, x, op)?;
-        }
+        self.check("all_reduce_coalesced_", seq, &self.reduce_desc(CallOp::AllReduce, Variant::CoalescedInPlace, xs, op))?;
         self.done("all_reduce_coalesced_", seq, xs.to_vec())
     }
     fn all_gather_into_tensor(&self, x: &FakeBuffer) -> Result<Work<FakeBuffer>> {
         let seq = self.start("all_gather_into_tensor")?;
+        self.check("all_gather_into_tensor", seq, &self.desc(CallOp::AllGather, Variant::Out, std::slice::from_ref(x)))?;
         let out = self.new_buf(x.dtype, &self.gathered_shape(x));
         self.fill_gather(x, &out);
         self.done("all_gather_into_tensor", seq, out)
@@ -273,12 +259,13 @@ impl Backend for FakeBackend {
     fn all_gather_into_tensor_out(&self, x: &FakeBuffer, out: &FakeBuffer) -> Result<Work<FakeBuffer>> {
         let op = "all_gather_into_tensor_out";
         let seq = self.start(op)?;
-        self.check_out(op, seq, x, out, x.numel() * self.world_size)?;
+        self.check(op, seq, &self.desc_out(CallOp::AllGather, x, out))?;
         self.fill_gather(x, out);
         self.done(op, seq, out.clone())
     }
     fn all_gather_into_tensor_coalesced(&self, xs: &[FakeBuffer]) -> Result<Work<Vec<FakeBuffer>>> {
         let seq = self.start("all_gather_into_tensor_coalesced")?;
+        self.check("all_gather_into_tensor_coalesced", seq, &self.desc(CallOp::AllGather, Variant::Coalesced, xs))?;
         let outs = xs
             .iter()
             .map(|x| {
@@ -292,8 +279,8 @@ impl Backend for FakeBackend {
     fn reduce_scatter_tensor(&self, x: &FakeBuffer, op: ReduceOp) -> Result<Work<FakeBuffer>> {
         let name = "reduce_scatter_tensor";
         let seq = self.start(name)?;
-        self.check_reduce(name, seq, x, op)?;
-        let (shape, bytes) = self.my_chunk(name, seq, x)?;
+        self.check(name, seq, &self.reduce_desc(CallOp::ReduceScatter, Variant::Out, std::slice::from_ref(x), op))?;
+        let (shape, bytes) = self.my_chunk(x);
         let out = self.new_buf(x.dtype, &shape);
         out.write_at(0, &bytes);
         self.done(name, seq, out)
@@ -301,19 +288,19 @@ impl Backend for FakeBackend {
     fn reduce_scatter_tensor_out(&self, x: &FakeBuffer, op: ReduceOp, out: &FakeBuffer) -> Result<Work<FakeBuffer>> {
         let name = "reduce_scatter_tensor_out";
         let seq = self.start(name)?;
-        self.check_reduce(name, seq, x, op)?;
-        let (_, bytes) = self.my_chunk(name, seq, x)?;
-        self.check_out(name, seq, x, out, x.numel() / self.world_size)?;
-        out.write_at(0, &bytes);
+        let mut d = self.desc_out(CallOp::ReduceScatter, x, out);
+        d.reduce = Some(op);
+        self.check(name, seq, &d)?;
+        out.write_at(0, &self.my_chunk(x).1);
         self.done(name, seq, out.clone())
     }
     fn reduce_scatter_tensor_coalesced(&self, xs: &[FakeBuffer], op: ReduceOp) -> Result<Work<Vec<FakeBuffer>>> {
         let name = "reduce_scatter_tensor_coalesced";
         let seq = self.start(name)?;
+        self.check(name, seq, &self.reduce_desc(CallOp::ReduceScatter, Variant::Coalesced, xs, op))?;
         let mut outs = Vec::new();
         for x in xs {
-            self.check_reduce(name, seq, x, op)?;
-            let (shape, bytes) = self.my_chunk(name, seq, x)?;
+            let (shape, bytes) = self.my_chunk(x);
             let o = self.new_buf(x.dtype, &shape);
             o.write_at(0, &bytes);
             outs.push(o);
@@ -323,89 +310,72 @@ impl Backend for FakeBackend {
     fn all_to_all_single(&self, x: &FakeBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<FakeBuffer>> {
         let name = "all_to_all_single";
         let seq = self.start(name)?;
-        let n = self.world_size;
-        let d0 = self.dim0(name, seq, x)?;
-        let equal = || -> Result<Vec<usize>> {
-            if d0 % n == 0 {
-                Ok(vec![d0 / n; n])
-            } else {
-                Err(self.bad(BadInputKind::Indivisible, name, seq, format!("equal split of dim 0 = {d0} over {n} ranks")))
-            }
-        };
-        let ins = match input_splits {
-            Some(s) => s.to_vec(),
-            None => equal()?,
-        };
-        let outs = match output_splits {
-            Some(s) => s.to_vec(),
-            None => equal()?,
-        };
-        if ins.len() != n || outs.len() != n || ins.iter().sum::<usize>() != d0 {
-            return Err(self.bad(BadInputKind::BadSplits, name, seq, format!("splits in {ins:?} out {outs:?} for dim 0 = {d0} over {n} ranks")));
-        }
-        if ins[self.rank] != outs[self.rank] {
-            return Err(self.bad(BadInputKind::SplitMismatch, name, seq, format!("sends itself {} rows but expects {}", ins[self.rank], outs[self.rank])));
-        }
+        let mut d = self.desc(CallOp::AllToAll, Variant::Out, std::slice::from_ref(x));
+        d.in_splits = input_splits.map(<[usize]>::to_vec);
+        d.out_splits = output_splits.map(<[usize]>::to_vec);
+        self.check(name, seq, &d)?;
+        let (ins, outs) = (d.input_splits(self.world_size), d.output_splits(self.world_size));
         let row = x.shape[1..].iter().product::<usize>() * x.dtype.size();
         let mut shape = x.shape.clone();
         shape[0] = outs.iter().sum();
         let out = self.new_buf(x.dtype, &shape);
         let from: usize = ins[..self.rank].iter().sum();
         let to: usize = outs[..self.rank].iter().sum();
-        out.write_at(to * row, &x.read()[from * row..(from + ins[self.rank]) * row]);
+        // What this rank sends itself, as far as its output has room (only peers can tell a
+        // mismatch, and this backend has none).
+        let rows = ins[self.rank].min(outs[self.rank]);
+        out.write_at(to * row, &x.read()[from * row..(from + rows) * row]);
         self.done(name, seq, out)
     }
     fn broadcast(&self, x: &FakeBuffer, src: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("broadcast")?;
-        self.check_root("broadcast", seq, src)?;
+        self.check("broadcast", seq, &self.rooted(CallOp::Broadcast, x, src))?;
         self.done("broadcast", seq, self.copy_of(x))
     }
     fn broadcast_(&self, x: &FakeBuffer, src: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("broadcast_")?;
-        self.check_root("broadcast_", seq, src)?;
+        let mut d = self.rooted(CallOp::Broadcast, x, src);
+        d.variant = Variant::InPlace;
+        self.check("broadcast_", seq, &d)?;
         self.done("broadcast_", seq, x.clone())
     }
     fn permute_tensor(&self, x: &FakeBuffer, src_dst: &[usize]) -> Result<Work<FakeBuffer>> {
         let seq = self.start("permute_tensor")?;
-        let mut seen = vec![false; self.world_size];
-        if src_dst.len() != self.world_size || src_dst.iter().any(|&d| d >= self.world_size || std::mem::replace(&mut seen[d], true)) {
-            return Err(self.bad(BadInputKind::BadPermutation, "permute_tensor", seq, format!("{src_dst:?} is not a permutation of 0..{}", self.world_size)));
-        }
+        let mut d = self.desc(CallOp::Permute, Variant::Out, std::slice::from_ref(x));
+        d.perm = Some(src_dst.to_vec());
+        self.check("permute_tensor", seq, &d)?;
         self.done("permute_tensor", seq, self.copy_of(x))
     }
     fn reduce(&self, x: &FakeBuffer, op: ReduceOp, root: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("reduce")?;
-        self.check_reduce("reduce", seq, x, op)?;
-        self.check_root("reduce", seq, root)?;
+        let mut d = self.rooted(CallOp::Reduce, x, root);
+        d.reduce = Some(op);
+        self.check("reduce", seq, &d)?;
         self.done("reduce", seq, self.copy_of(x))
     }
     fn gather(&self, x: &FakeBuffer, root: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("gather")?;
-        self.check_root("gather", seq, root)?;
+        self.check("gather", seq, &self.rooted(CallOp::Gather, x, root))?;
         let out = self.new_buf(x.dtype, &self.gathered_shape(x));
         self.fill_gather(x, &out);
         self.done("gather", seq, out)
     }
     fn scatter(&self, x: &FakeBuffer, root: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("scatter")?;
-        self.check_root("scatter", seq, root)?;
-        let (shape, bytes) = self.my_chunk("scatter", seq, x)?;
+        self.check("scatter", seq, &self.rooted(CallOp::Scatter, x, root))?;
+        let (shape, bytes) = self.my_chunk(x);
         let out = self.new_buf(x.dtype, &shape);
         out.write_at(0, &bytes);
         self.done("scatter", seq, out)
     }
-    fn send(&self, _x: &FakeBuffer, dst: usize) -> Result<Work<()>> {
+    fn send(&self, x: &FakeBuffer, dst: usize) -> Result<Work<()>> {
         let seq = self.start("send")?;
-        if dst >= self.world_size || dst == self.rank {
-            return Err(self.bad(BadInputKind::BadPeer, "send", seq, format!("destination {dst}")));
-        }
+        self.check("send", seq, &CallDesc::p2p(CallOp::Send, self.rank, TensorDesc::new(x.dtype, &x.shape), dst))?;
         self.done("send", seq, ())
     }
     fn recv(&self, out: &FakeBuffer, src: usize) -> Result<Work<FakeBuffer>> {
         let seq = self.start("recv")?;
-        if src >= self.world_size || src == self.rank {
-            return Err(self.bad(BadInputKind::BadPeer, "recv", seq, format!("source {src}")));
-        }
+        self.check("recv", seq, &CallDesc::p2p(CallOp::Recv, self.rank, TensorDesc::new(out.dtype, &out.shape), src))?;
         self.done("recv", seq, out.clone())
     }
     fn barrier(&self) -> Result<Work<()>> {
@@ -417,6 +387,7 @@ impl Backend for FakeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use concord_core::BadInputKind;
     use std::time::Duration;
 
     fn fake(rank: usize, ws: usize, opts: &[(&str, &str)]) -> FakeBackend {
@@ -476,6 +447,17 @@ mod tests {
         assert_eq!(kind(b.all_to_all_single(&x, None, Some(&[1, 1]))), Some(BadInputKind::Indivisible));
         let o = b.alloc(DType::F32, &[5]).unwrap();
         assert_eq!(kind(b.all_gather_into_tensor_out(&x, &o)), Some(BadInputKind::OutBufferSize));
+        // The rule table's precedence: output dtype before size, size before aliasing.
+        let o64 = b.alloc(DType::F64, &[5]).unwrap();
+        assert_eq!(kind(b.all_gather_into_tensor_out(&x, &o64)), Some(BadInputKind::DTypeMismatch));
+        let big = b.alloc(DType::F32, &[6]).unwrap();
+        let view = b.view(&big, 0, &[3]).unwrap();
+        assert_eq!(kind(b.all_gather_into_tensor_out(&view, &big)), Some(BadInputKind::Aliasing));
+        let z = b.upload(&Tensor::zeros(DType::F32, &[])).unwrap();
+        assert_eq!(kind(b.scatter(&z, 0)), Some(BadInputKind::ZeroDim));
+        assert_eq!(kind(b.scatter(&z, 5)), Some(BadInputKind::BadRoot));
+        assert_eq!(kind(b.recv(&x, 0)), Some(BadInputKind::BadPeer));
+        assert_eq!(b.new_group(&[1, 1]).err().and_then(|e| e.bad_input_kind()), Some(BadInputKind::BadGroup));
         assert!(b.alloc(DType::F64, &[usize::MAX / 4, 2]).is_err(), "size overflow is an error, not a panic");
         assert!(b.view(&x, usize::MAX, &[2]).is_err(), "offset overflow is an error, not a panic");
     }

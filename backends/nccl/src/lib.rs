@@ -20,9 +20,11 @@
 //!   per rank (see `worker`), shared by the world and its subgroups, runs the jobs in issue
 //!   order: it is the only thread making NCCL calls, so every rank launches in the same order.
 //!   A job keeps the buffers it uses alive until its NCCL calls are enqueued.
-//! * **Validation.** Before every collective the progress thread all-gathers a small header (op,
-//!   sequence number, dtype, shape, reduce op, root, splits, local errors) on a side buffer and
-//!   runs the same pure check (see `header`), so mismatched inputs end on *every* rank in the same
+//! * **Validation.** Issue checks the call's [`concord_core::CallDesc`] with the core rule
+//!   table's local rules ([`concord_core::validate_local`]). Before every collective the
+//!   progress thread all-gathers a small header (the encoded `CallDesc` and any local error) on
+//!   a side buffer and runs the core rule table over all of them (see `header`), so mismatched
+//!   inputs end on *every* rank in the same
 //!   named [`CollectiveError::BadInput`] (at wait) instead of an NCCL hang or silent truncation.
 //!   A rank that rejected its input at issue still sends its header, marked with the error, so
 //!   its peers fail too and the sequence stays in step. Send/recv pairs exchange headers between
@@ -70,12 +72,13 @@ use comm::{nccl_present, red_fns, version_string, Comm};
 use completion::NcclCompletion;
 use concord_core::caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 use concord_core::{
-    progress, Backend, BadInputKind, CollectiveError, DType, OpKind, OutstandingCounter, ReduceOp,
-    Result, Tensor, Work, WorkMeta, WorldInfo,
+    progress, validate_local, Backend, BadInput, BadInputKind, CallDesc, CallOp, CollectiveError,
+    DType, OpKind, OutstandingCounter, ReduceOp, Result, Tensor, TensorDesc, Variant, Work,
+    WorkMeta, WorldInfo,
 };
 use cuda::{DevMem, Device};
 use cudarc::nccl::sys as nccl;
-use header::{hash_words, Header};
+use header::Header;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -188,34 +191,19 @@ enum Red {
 
 type Local = std::result::Result<(), (BadInputKind, String)>;
 
-fn red_check(op: ReduceOp, d: DType) -> std::result::Result<Red, (BadInputKind, String)> {
-    if op.is_bitwise() {
-        return Err((
-            BadInputKind::UnsupportedOp,
-            format!("NCCL has no bitwise reductions ({})", op.name()),
-        ));
-    }
-    if !op.defined_for(d) {
-        return Err((
-            BadInputKind::UnsupportedDType,
-            format!("{} is not defined for {d}", op.name()),
-        ));
-    }
-    if nccl_dtype(d).is_none() {
-        return Err((
-            BadInputKind::UnsupportedDType,
-            format!("NCCL has no {d} type, so it cannot reduce {d}"),
-        ));
-    }
-    Ok(match op {
+/// NCCL's reduce op for `op` (after the rule table: bitwise ops are a declared gap).
+fn red_of(op: ReduceOp) -> Red {
+    match op {
         ReduceOp::Sum => Red::Builtin(0),
         ReduceOp::Product => Red::Builtin(1),
         ReduceOp::Max => Red::Builtin(2),
         ReduceOp::Min => Red::Builtin(3),
         ReduceOp::Avg => Red::Builtin(4),
         ReduceOp::PremulSum(s) => Red::PreMul(s),
-        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => unreachable!("rejected above"),
-    })
+        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+            unreachable!("rejected by validate_local: a declared gap")
+        }
+    }
 }
 
 /// The scalar of a premul-sum op in `d`'s representation (little-endian, padded to 8 bytes).
@@ -440,36 +428,49 @@ impl NcclBackend {
     /// A local input error: returned at issue. With validation on, the peers still need this
     /// rank's header for this collective, so an exchange carrying the error is queued: every
     /// rank then ends the collective in the same named error, and the sequence stays in step.
-    fn reject(
-        &self,
-        op: &Op,
-        hdr: &Header,
-        (kind, detail): (BadInputKind, String),
-    ) -> CollectiveError {
+    fn reject(&self, op: &Op, hdr: &Header, e: BadInput) -> CollectiveError {
         if self.validating() && self.comm().aborted().is_none() {
             self.progress.submit(Job::Op {
                 chan: self.chan.clone(),
                 id: op.id(),
-                check: Check::All(hdr.clone().error(kind)),
+                check: Check::All(hdr.clone().error(e.kind)),
                 launch: None,
                 ticket: None,
             });
         }
-        self.bad(op, kind, detail)
+        self.bad(op, e.kind, e.detail)
     }
 
-    /// `local`'s value, or [`Self::reject`]'s error.
-    fn local_ok<T>(
-        &self,
-        op: &Op,
-        hdr: &Header,
-        local: std::result::Result<T, (BadInputKind, String)>,
-    ) -> Result<T> {
-        local.map_err(|e| self.reject(op, hdr, e))
+    /// This rank's call of `op` over `xs`, as the rule table sees it (fill in the arguments).
+    fn call(&self, o: &Op, op: CallOp, variant: Variant, xs: &[&NcclBuffer]) -> CallDesc {
+        let mut d = CallDesc::new(op, variant, self.rank);
+        d.seq = o.cseq;
+        d.inputs = xs
+            .iter()
+            .map(|x| TensorDesc::new(x.dtype, &x.shape))
+            .collect();
+        d
     }
 
-    fn new_header(&self, op: &Op) -> Header {
-        Header::new(self.ws, op.name, op.cseq)
+    /// An `_out` call: the caller's output buffer, and whether it overlaps the input.
+    fn call_out(&self, o: &Op, op: CallOp, x: &NcclBuffer, out: &NcclBuffer) -> CallDesc {
+        let mut d = self.call(o, op, Variant::OutBuf, &[x]);
+        d.outputs.push(TensorDesc::new(out.dtype, &out.shape));
+        d.aliased = out.overlaps(x);
+        d
+    }
+
+    /// The local rules of the core rule table for `d`: its validation header, or
+    /// [`Self::reject`]'s error.
+    fn admit(&self, o: &Op, d: &CallDesc) -> Result<Header> {
+        let local = validate_local(d, self.ws, &self.capabilities());
+        match (local, Header::new(self.ws, d)) {
+            (Ok(()), Ok(h)) => Ok(h),
+            (Err(e), Ok(h)) => Err(self.reject(o, &h, e)),
+            (Err(e), Err(_)) | (Ok(()), Err(e)) => {
+                Err(self.reject(o, &Header::summary(self.ws, d), e))
+            }
+        }
     }
 
     fn alloc_buf(&self, op: &Op, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
@@ -569,18 +570,13 @@ impl NcclBackend {
         peer: usize,
     ) -> Result<(Op, Check, Option<Launch>)> {
         let o = self.begin(name, false)?;
-        if peer >= self.ws || peer == self.rank {
-            let dir = if name == "send" { "to" } else { "from" };
-            let detail = format!(
-                "{name} {dir} rank {peer} on rank {} in a world of {}",
-                self.rank, self.ws
-            );
-            return Err(self.bad(&o, BadInputKind::BadPeer, detail));
-        }
-        let mine = Header::new(self.ws, name, 0)
-            .tensor(buf.dtype, &buf.shape)
-            .peer(peer);
         let is_send = name == "send";
+        let op = if is_send { CallOp::Send } else { CallOp::Recv };
+        let d = CallDesc::p2p(op, self.rank, TensorDesc::new(buf.dtype, &buf.shape), peer);
+        // No exchange for a local error: the pair's peer may not even be a rank.
+        let local = validate_local(&d, self.ws, &self.capabilities())
+            .and_then(|()| Header::new(self.ws, &d));
+        let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
         let launch = (buf.numel() > 0).then(|| {
             p2p_launch(
                 vec![(is_send, buf.ptr(), buf.numel(), peer)],
@@ -663,8 +659,11 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        let red = self.local_ok(&o, &hdr, red_check(op, x.dtype))?;
+        let variant = [Variant::Out, Variant::InPlace][in_place as usize];
+        let mut d = self.call(&o, CallOp::AllReduce, variant, &[x]);
+        d.reduce = Some(op);
+        let hdr = self.admit(&o, &d)?;
+        let red = red_of(op);
         let out = if in_place {
             x.clone()
         } else {
@@ -684,13 +683,16 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin(name, true)?;
-        let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
-        let hdr = self.new_header(&o).list(&items).reduce(op);
-        let reds = xs
-            .iter()
-            .map(|x| red_check(op, x.dtype).map(|r| (r, x.dtype)))
-            .collect::<std::result::Result<Vec<(Red, DType)>, _>>();
-        let reds = self.local_ok(&o, &hdr, reds)?;
+        let variant = [Variant::Coalesced, Variant::CoalescedInPlace][in_place as usize];
+        let mut d = self.call(
+            &o,
+            CallOp::AllReduce,
+            variant,
+            &xs.iter().collect::<Vec<_>>(),
+        );
+        d.reduce = Some(op);
+        let hdr = self.admit(&o, &d)?;
+        let reds: Vec<(Red, DType)> = xs.iter().map(|x| (red_of(op), x.dtype)).collect();
         let outs: Vec<NcclBuffer> = if in_place {
             xs.to_vec()
         } else {
@@ -715,74 +717,12 @@ impl NcclBackend {
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
-    fn reduce_scatter_local(
-        &self,
-        x: &NcclBuffer,
-        op: ReduceOp,
-    ) -> std::result::Result<Red, (BadInputKind, String)> {
-        if x.shape.is_empty() {
-            return Err((
-                BadInputKind::ZeroDim,
-                "reduce_scatter needs at least one dimension".into(),
-            ));
-        }
-        if x.shape[0] % self.ws != 0 {
-            return Err((
-                BadInputKind::Indivisible,
-                format!(
-                    "dim 0 ({}) is not divisible by the world size {}",
-                    x.shape[0], self.ws
-                ),
-            ));
-        }
-        red_check(op, x.dtype)
-    }
-
     fn scattered_shape(&self, x: &NcclBuffer) -> Vec<usize> {
         let mut s = x.shape.clone();
         if let Some(d0) = s.first_mut() {
             *d0 /= self.ws;
         }
         s
-    }
-
-    fn out_checks(&self, x: &NcclBuffer, out: &NcclBuffer, numel: usize, what: &str) -> Local {
-        if out.dtype != x.dtype {
-            return Err((
-                BadInputKind::DTypeMismatch,
-                format!(
-                    "{what} output is {} but the input is {}",
-                    out.dtype, x.dtype
-                ),
-            ));
-        }
-        if out.numel() != numel {
-            return Err((
-                BadInputKind::OutBufferSize,
-                format!(
-                    "{what} output holds {} elements ({:?}), needs {numel}",
-                    out.numel(),
-                    out.shape
-                ),
-            ));
-        }
-        if out.overlaps(x) {
-            return Err((
-                BadInputKind::Aliasing,
-                format!("{what} output overlaps its input"),
-            ));
-        }
-        Ok(())
-    }
-
-    fn root_check(&self, root: usize) -> Local {
-        if root >= self.ws {
-            return Err((
-                BadInputKind::BadRoot,
-                format!("root {root} is out of range for a world of {}", self.ws),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -931,30 +871,12 @@ impl Backend for NcclBackend {
 
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         let o = self.begin("new_group", true)?;
-        let mut seen = vec![false; self.ws];
-        let mut local: Local = Ok(());
-        if ranks.is_empty() {
-            local = Err((
-                BadInputKind::BadGroup,
-                "a subgroup needs at least one rank".into(),
-            ));
-        }
-        for &r in ranks {
-            if r >= self.ws {
-                local = Err((
-                    BadInputKind::BadGroup,
-                    format!("rank {r} is out of range for a world of {}", self.ws),
-                ));
-                break;
-            }
-            if std::mem::replace(&mut seen[r], true) {
-                local = Err((BadInputKind::BadGroup, format!("rank {r} is listed twice")));
-                break;
-            }
-        }
-        let hdr = self
-            .new_header(&o)
-            .aux(hash_words(ranks.iter().map(|&r| r as u64)))
+        let mut d = self.call(&o, CallOp::NewGroup, Variant::Out, &[]);
+        d.group = Some(ranks.to_vec());
+        let local: Local =
+            validate_local(&d, self.ws, &self.capabilities()).map_err(|e| (e.kind, e.detail));
+        let hdr = Header::new(self.ws, &d)
+            .unwrap_or_else(|_| Header::summary(self.ws, &d))
             .error_if(&local);
         self.alive(&o)?;
         // The split needs every rank, so a subgroup is always agreed on, even with validation
@@ -1110,7 +1032,7 @@ impl Backend for NcclBackend {
 
     fn all_gather_into_tensor(&self, x: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_gather_into_tensor", true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape);
+        let hdr = self.admit(&o, &self.call(&o, CallOp::AllGather, Variant::Out, &[x]))?;
         let out = self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))?;
         self.gather_all(o, hdr, x, out)
     }
@@ -1121,16 +1043,17 @@ impl Backend for NcclBackend {
         out: &NcclBuffer,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_gather_into_tensor_out", true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape);
-        let local = self.out_checks(x, out, x.numel() * self.ws, "all_gather_into_tensor_out");
-        self.local_ok(&o, &hdr, local)?;
+        let hdr = self.admit(&o, &self.call_out(&o, CallOp::AllGather, x, out))?;
         self.gather_all(o, hdr, x, out.clone())
     }
 
     fn all_gather_into_tensor_coalesced(&self, xs: &[NcclBuffer]) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("all_gather_into_tensor_coalesced", true)?;
-        let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
-        let hdr = self.new_header(&o).list(&items);
+        let xr: Vec<&NcclBuffer> = xs.iter().collect();
+        let hdr = self.admit(
+            &o,
+            &self.call(&o, CallOp::AllGather, Variant::Coalesced, &xr),
+        )?;
         let outs: Vec<NcclBuffer> = xs
             .iter()
             .map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws)))
@@ -1169,8 +1092,10 @@ impl Backend for NcclBackend {
 
     fn reduce_scatter_tensor(&self, x: &NcclBuffer, op: ReduceOp) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor", true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        let red = self.local_ok(&o, &hdr, self.reduce_scatter_local(x, op))?;
+        let mut d = self.call(&o, CallOp::ReduceScatter, Variant::Out, &[x]);
+        d.reduce = Some(op);
+        let hdr = self.admit(&o, &d)?;
+        let red = red_of(op);
         let out = self.alloc_buf(&o, x.dtype, &self.scattered_shape(x))?;
         self.scatter_reduce(o, hdr, x, out, red)
     }
@@ -1182,10 +1107,10 @@ impl Backend for NcclBackend {
         out: &NcclBuffer,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor_out", true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).reduce(op);
-        let red = self.local_ok(&o, &hdr, self.reduce_scatter_local(x, op))?;
-        let local = self.out_checks(x, out, x.numel() / self.ws, "reduce_scatter_tensor_out");
-        self.local_ok(&o, &hdr, local)?;
+        let mut d = self.call_out(&o, CallOp::ReduceScatter, x, out);
+        d.reduce = Some(op);
+        let hdr = self.admit(&o, &d)?;
+        let red = red_of(op);
         self.scatter_reduce(o, hdr, x, out.clone(), red)
     }
 
@@ -1195,13 +1120,11 @@ impl Backend for NcclBackend {
         op: ReduceOp,
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("reduce_scatter_tensor_coalesced", true)?;
-        let items: Vec<_> = xs.iter().map(|x| (x.dtype, x.shape.clone())).collect();
-        let hdr = self.new_header(&o).list(&items).reduce(op);
-        let reds = xs
-            .iter()
-            .map(|x| self.reduce_scatter_local(x, op).map(|r| (r, x.dtype)))
-            .collect::<std::result::Result<Vec<(Red, DType)>, _>>();
-        let reds = self.local_ok(&o, &hdr, reds)?;
+        let xr: Vec<&NcclBuffer> = xs.iter().collect();
+        let mut d = self.call(&o, CallOp::ReduceScatter, Variant::Coalesced, &xr);
+        d.reduce = Some(op);
+        let hdr = self.admit(&o, &d)?;
+        let reds: Vec<(Red, DType)> = xs.iter().map(|x| (red_of(op), x.dtype)).collect();
         let outs: Vec<NcclBuffer> = xs
             .iter()
             .map(|x| self.alloc_buf(&o, x.dtype, &self.scattered_shape(x)))
@@ -1231,71 +1154,12 @@ impl Backend for NcclBackend {
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_to_all_single", true)?;
         let ws = self.ws;
-        let d0 = x.shape.first().copied().unwrap_or(0);
-        let equal = |what: &str| -> std::result::Result<Vec<usize>, (BadInputKind, String)> {
-            if d0 % ws != 0 {
-                return Err((
-                    BadInputKind::Indivisible,
-                    format!(
-                        "{what} splits default to equal, but dim 0 ({d0}) is not divisible by {ws}"
-                    ),
-                ));
-            }
-            Ok(vec![d0 / ws; ws])
-        };
-        let splits = if x.shape.is_empty() {
-            Err((
-                BadInputKind::ZeroDim,
-                "all_to_all_single needs at least one dimension".into(),
-            ))
-        } else {
-            let input = match input_splits {
-                Some(s) if s.len() != ws => Err((
-                    BadInputKind::BadSplits,
-                    format!("{} input splits for a world of {ws}", s.len()),
-                )),
-                Some(s) if s.iter().sum::<usize>() != d0 => Err((
-                    BadInputKind::BadSplits,
-                    format!(
-                        "input splits {s:?} sum to {}, dim 0 is {d0}",
-                        s.iter().sum::<usize>()
-                    ),
-                )),
-                Some(s) => Ok(s.to_vec()),
-                None => equal("input"),
-            };
-            let output = match output_splits {
-                Some(s) if s.len() != ws => Err((
-                    BadInputKind::BadSplits,
-                    format!("{} output splits for a world of {ws}", s.len()),
-                )),
-                Some(s) => Ok(s.to_vec()),
-                None => equal("output"),
-            };
-            match (input, output) {
-                (Ok(i), Ok(out)) => Ok((i, out)),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            }
-        };
+        let mut d = self.call(&o, CallOp::AllToAll, Variant::Out, &[x]);
+        d.in_splits = input_splits.map(<[usize]>::to_vec);
+        d.out_splits = output_splits.map(<[usize]>::to_vec);
+        let hdr = self.admit(&o, &d)?;
+        let (ins, outs) = (d.input_splits(ws), d.output_splits(ws));
         let (_, row) = x.rows();
-        let row_shape: Vec<u64> = x.shape.iter().skip(1).map(|&d| d as u64).collect();
-        let hdr_of = |ins: &[usize], outs: &[usize]| {
-            self.new_header(&o)
-                .tensor(x.dtype, &x.shape)
-                .aux(hash_words(
-                    std::iter::once(row_shape.len() as u64).chain(row_shape.iter().copied()),
-                ))
-                .splits(ins, outs)
-        };
-        let (ins, outs) = match splits {
-            Ok(s) => s,
-            Err(e) => {
-                let zeros = vec![0usize; ws];
-                let hdr = hdr_of(&zeros, &zeros);
-                return Err(self.reject(&o, &hdr, e));
-            }
-        };
-        let hdr = hdr_of(&ins, &outs);
         let mut out_shape = x.shape.clone();
         out_shape[0] = outs.iter().sum();
         let out = self.alloc_buf(&o, x.dtype, &out_shape)?;
@@ -1328,26 +1192,9 @@ impl Backend for NcclBackend {
 
     fn permute_tensor(&self, x: &NcclBuffer, src_dst: &[usize]) -> Result<Work<NcclBuffer>> {
         let o = self.begin("permute_tensor", true)?;
-        let ws = self.ws;
-        let mut seen = vec![false; ws];
-        let valid = src_dst.len() == ws
-            && src_dst
-                .iter()
-                .all(|&d| d < ws && !std::mem::replace(&mut seen[d], true));
-        let hdr = self
-            .new_header(&o)
-            .tensor(x.dtype, &x.shape)
-            .aux(hash_words(src_dst.iter().map(|&d| d as u64)));
-        if !valid {
-            return Err(self.reject(
-                &o,
-                &hdr,
-                (
-                    BadInputKind::BadPermutation,
-                    format!("{src_dst:?} is not a permutation of 0..{ws}"),
-                ),
-            ));
-        }
+        let mut d = self.call(&o, CallOp::Permute, Variant::Out, &[x]);
+        d.perm = Some(src_dst.to_vec());
+        let hdr = self.admit(&o, &d)?;
         let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
         let launch = (x.numel() > 0).then(|| {
             let dst_rank = src_dst[self.rank];
@@ -1366,13 +1213,10 @@ impl Backend for NcclBackend {
 
     fn reduce(&self, x: &NcclBuffer, op: ReduceOp, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce", true)?;
-        let hdr = self
-            .new_header(&o)
-            .tensor(x.dtype, &x.shape)
-            .reduce(op)
-            .root(root);
-        self.local_ok(&o, &hdr, self.root_check(root))?;
-        let red = self.local_ok(&o, &hdr, red_check(op, x.dtype))?;
+        let mut d = self.call(&o, CallOp::Reduce, Variant::Out, &[x]);
+        (d.reduce, d.root) = (Some(op), Some(root));
+        let hdr = self.admit(&o, &d)?;
+        let red = red_of(op);
         let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
         let launch = if x.numel() == 0 {
             None
@@ -1407,8 +1251,9 @@ impl Backend for NcclBackend {
 
     fn gather(&self, x: &NcclBuffer, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("gather", true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(root);
-        self.local_ok(&o, &hdr, self.root_check(root))?;
+        let mut d = self.call(&o, CallOp::Gather, Variant::Out, &[x]);
+        d.root = Some(root);
+        let hdr = self.admit(&o, &d)?;
         let out = self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))?;
         let n = x.numel();
         let launch = (n > 0).then(|| {
@@ -1426,24 +1271,9 @@ impl Backend for NcclBackend {
 
     fn scatter(&self, x: &NcclBuffer, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("scatter", true)?;
-        let local = if x.shape.is_empty() {
-            Err((
-                BadInputKind::ZeroDim,
-                "scatter needs at least one dimension".into(),
-            ))
-        } else if x.shape[0] % self.ws != 0 {
-            Err((
-                BadInputKind::Indivisible,
-                format!(
-                    "dim 0 ({}) is not divisible by the world size {}",
-                    x.shape[0], self.ws
-                ),
-            ))
-        } else {
-            self.root_check(root)
-        };
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(root);
-        self.local_ok(&o, &hdr, local)?;
+        let mut d = self.call(&o, CallOp::Scatter, Variant::Out, &[x]);
+        d.root = Some(root);
+        let hdr = self.admit(&o, &d)?;
         let out = self.alloc_buf(&o, x.dtype, &self.scattered_shape(x))?;
         let n = out.numel();
         let launch = (n > 0).then(|| {
@@ -1472,7 +1302,7 @@ impl Backend for NcclBackend {
 
     fn barrier(&self) -> Result<Work<()>> {
         let o = self.begin("barrier", true)?;
-        let hdr = self.new_header(&o);
+        let hdr = self.admit(&o, &self.call(&o, CallOp::Barrier, Variant::Out, &[]))?;
         let p = self.barrier_buf.ptr();
         let launch = Launch {
             premul: vec![],
@@ -1611,8 +1441,10 @@ impl NcclBackend {
         in_place: bool,
     ) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
-        let hdr = self.new_header(&o).tensor(x.dtype, &x.shape).root(src);
-        self.local_ok(&o, &hdr, self.root_check(src))?;
+        let variant = [Variant::Out, Variant::InPlace][in_place as usize];
+        let mut d = self.call(&o, CallOp::Broadcast, variant, &[x]);
+        d.root = Some(src);
+        let hdr = self.admit(&o, &d)?;
         let out = if in_place {
             x.clone()
         } else {

@@ -1,6 +1,7 @@
 //! The communicator and its progress thread, which runs the collectives of one backend instance
 //! in issue order. Each collective: post (in the rank's arena) → barrier → every rank decodes
-//! every post and validates them all ([`crate::post::validate`]) → on a verdict of bad input one
+//! every post and validates every rank's call with the core rule table
+//! ([`concord_core::validate_all`]) → on a verdict of bad input one
 //! more barrier and the same named error on every rank; otherwise the data movement (ranks read
 //! peers' buffers directly in shared memory) and a final barrier, after which no peer touches
 //! this rank's buffers any more.
@@ -8,10 +9,10 @@
 use crate::arena::World;
 use crate::ctl::{Ctl, Entry, WaitErr};
 use crate::kernels::{reduce_into, reduce_into_many};
-use crate::post::{self, validate, Desc, OpCode, Post};
+use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
-use concord_core::{progress, BadInputKind, CollectiveError, Completion, Flag, ReduceOp, Result};
+use concord_core::{progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
@@ -169,7 +170,7 @@ impl Progress {
         for job in rx {
             match job {
                 Job::Coll { name, post, keep, flag, reply } => {
-                    let seq = post.seq;
+                    let seq = post.call.seq;
                     let r = self.guard(&name, seq, |s| s.collective(&name, post, reply));
                     drop(keep);
                     progress::end(&self.comm.label, seq);
@@ -230,10 +231,10 @@ impl Progress {
     fn collective(&mut self, name: &str, post: Post, reply: Option<GroupReply>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
-        let seq = post.seq;
+        let seq = post.call.seq;
         let comm = self.comm.clone();
         let (n, me) = (comm.n, comm.me);
-        if post.op == OpCode::NewGroup {
+        if post.call.op == CallOp::NewGroup {
             self.groups += 1;
         }
         // 1. Post.
@@ -258,9 +259,10 @@ impl Progress {
                 None => return Err(self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))),
             }
         }
-        if let Err((kind, detail)) = validate(&posts) {
+        let calls: Vec<CallDesc> = posts.iter().map(|p| p.call.clone()).collect();
+        if let Err(e) = validate_all(&calls, &crate::caps()) {
             self.barrier(name, seq, deadline, started)?;
-            return Err(CollectiveError::bad_input(kind, name, seq, me, detail));
+            return Err(e.into_error(name, seq, me));
         }
         // 3. Move the data.
         let group = self.execute(&posts)?;
@@ -291,10 +293,10 @@ impl Progress {
             let (a, b) = (el * j / n, el * (j + 1) / n);
             (a * esz, (b - a) * esz)
         };
-        let op = p0.reduce.unwrap_or(ReduceOp::Sum);
-        match p0.op {
-            OpCode::Barrier => {}
-            OpCode::AllReduce => {
+        let op = p0.call.reduce.unwrap_or(ReduceOp::Sum);
+        match p0.call.op {
+            CallOp::Barrier | CallOp::Send | CallOp::Recv => {}
+            CallOp::AllReduce => {
                 // Each rank reduces its 1/n chunk of every tensor and writes it straight into
                 // every rank's output: one pass, no second barrier. Only this rank touches
                 // its chunk in any buffer, so in-place (output = input) is safe.
@@ -305,7 +307,7 @@ impl Progress {
                     reduce_into_many(d.dtype, op, n, &outs, &ins);
                 }
             }
-            OpCode::AllGather => {
+            CallOp::AllGather => {
                 for (i, d) in p0.inputs.iter().enumerate() {
                     let nb = d.nbytes();
                     for r in 0..n {
@@ -313,52 +315,52 @@ impl Progress {
                     }
                 }
             }
-            OpCode::ReduceScatter => {
+            CallOp::ReduceScatter => {
                 for (i, d) in p0.inputs.iter().enumerate() {
                     let nb = d.nbytes() / n;
                     let ins: Vec<Region> = (0..n).map(|r| inp(r, i).sub(me * nb, nb)).collect();
                     reduce_into(d.dtype, op, n, out(me, i), &ins);
                 }
             }
-            OpCode::AllToAll => {
+            CallOp::AllToAll => {
                 let d = &posts[me].inputs[0];
                 let row = d.shape[1..].iter().product::<usize>() * d.dtype.size();
-                let outs = post::output_splits(&posts[me], n);
+                let outs = posts[me].call.output_splits(n);
                 let mut at = 0;
                 for (j, &rows) in outs.iter().enumerate() {
-                    let from = post::input_splits(&posts[j], n)[..me].iter().sum::<usize>();
+                    let from = posts[j].call.input_splits(n)[..me].iter().sum::<usize>();
                     out(me, 0).sub(at * row, rows * row).copy_from(inp(j, 0).sub(from * row, rows * row));
                     at += rows;
                 }
             }
-            OpCode::Broadcast => {
-                let root = p0.root.expect("validated");
+            CallOp::Broadcast => {
+                let root = p0.call.root.expect("validated");
                 out(me, 0).copy_from(inp(root, 0));
             }
-            OpCode::Permute => {
-                let list = p0.list.as_ref().expect("validated");
+            CallOp::Permute => {
+                let list = p0.call.perm.as_ref().expect("validated");
                 let src = list.iter().position(|&d| d == me).expect("validated permutation");
                 out(me, 0).copy_from(inp(src, 0));
             }
-            OpCode::Reduce => {
-                let root = p0.root.expect("validated");
+            CallOp::Reduce => {
+                let root = p0.call.root.expect("validated");
                 let d = &p0.inputs[0];
                 let (off, len) = chunk(d.nbytes(), me, d.dtype.size());
                 let ins: Vec<Region> = (0..n).map(|r| inp(r, 0).sub(off, len)).collect();
                 reduce_into(d.dtype, op, n, out(root, 0).sub(off, len), &ins);
             }
-            OpCode::Gather => {
-                let root = p0.root.expect("validated");
+            CallOp::Gather => {
+                let root = p0.call.root.expect("validated");
                 let nb = posts[me].inputs[0].nbytes();
                 out(root, 0).sub(me * nb, nb).copy_from(inp(me, 0));
             }
-            OpCode::Scatter => {
-                let root = p0.root.expect("validated");
+            CallOp::Scatter => {
+                let root = p0.call.root.expect("validated");
                 let nb = posts[me].inputs[0].nbytes() / n;
                 out(me, 0).copy_from(inp(root, 0).sub(me * nb, nb));
             }
-            OpCode::NewGroup => {
-                let list = p0.list.clone().expect("validated");
+            CallOp::NewGroup => {
+                let list = p0.call.group.clone().expect("validated");
                 let tag = format!("{}g{}", comm.tag, self.groups);
                 let seg = format!("{}{}-ctl", concord_harness::platform::shm_prefix(&comm.world.world_id), tag);
                 let pos = list.iter().position(|&x| x == me);
@@ -427,15 +429,19 @@ impl Progress {
         let comm = self.comm.clone();
         comm.ctl.wait_posted(src, k, deadline, &comm.abort).map_err(|e| comm.wait_error(e, "recv", k as u64, started))?;
         let e = comm.ctl.read_entry(src, comm.me, k);
-        let d = out.desc();
-        let verdict = if post::dtype_from(e.dtype as u64) != Some(d.dtype) {
-            Err((BadInputKind::DTypeMismatch, format!("rank {src} sends {:?} but the receive buffer is {}", post::dtype_from(e.dtype as u64), d.dtype)))
-        } else if e.numel as usize != d.numel() {
-            Err((BadInputKind::OutBufferSize, format!("rank {src} sends {} elements but the receive buffer holds {}", e.numel, d.numel())))
-        } else {
-            out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
-            Ok(())
+        // The pair's calls as the rule table sees them: the ring entry carries the sender's
+        // dtype and element count.
+        let recv = CallDesc::p2p(CallOp::Recv, comm.me, TensorDesc::new(out.dtype, &out.shape), src);
+        let verdict = match post::dtype_from(e.dtype as u64) {
+            None => Err((BadInputKind::DTypeMismatch, format!("rank {src} sends an unknown dtype (code {})", e.dtype))),
+            Some(dtype) => {
+                let send = CallDesc::p2p(CallOp::Send, src, TensorDesc::new(dtype, &[e.numel as usize]), comm.me);
+                validate_pair(&recv, &send, comm.n, &crate::caps()).map_err(|b| (b.kind, b.detail))
+            }
         };
+        if verdict.is_ok() {
+            out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
+        }
         let code = match &verdict {
             Ok(()) => 1,
             Err((k, _)) => post::kind_code(*k) as u32 + 2,

@@ -12,10 +12,12 @@
 //!   the result into every rank's output (one pass), then a final barrier.
 //! * **Control segment** per communicator: per-rank slots (barrier counter used as a futex word,
 //!   pid, the location of the rank's current *post*) and per-pair point-to-point rings.
-//! * **Posts and validation.** For each collective a rank posts op, dtype, shapes, reduce op,
-//!   root, splits, permutation and buffer locations; after a barrier every rank validates every
-//!   rank's post with the same pure function, so bad input across ranks ends in the *same*
-//!   named [`CollectiveError::BadInput`] on every rank, and the communicator stays usable.
+//! * **Posts and validation.** For each collective a rank posts its call's
+//!   [`concord_core::CallDesc`] and its buffer locations; after a barrier every rank validates
+//!   every rank's call with the core rule table ([`concord_core::validate_all`]), so bad input
+//!   ends in the *same* named [`CollectiveError::BadInput`] on every rank (in the table's
+//!   precedence), and the communicator stays usable. Send / recv: the receiver checks the pair
+//!   with [`concord_core::validate_pair`] and posts the verdict back to the sender.
 //! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
 //!   order; [`Work`] completes through a [`concord_core::Flag`].
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]); expiry gives
@@ -45,12 +47,12 @@ mod sys;
 
 use arena::{Block, World};
 use concord_core::{
-    progress, Backend, BadInputKind, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
-    Tensor, Work, WorkMeta, WorldInfo,
+    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter,
+    ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_harness::store::FileStore;
 use exec::{Comm, Job, Progress, SendCompletion};
-use post::{Desc, OpCode, Post};
+use post::Post;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -59,6 +61,11 @@ use sys::{Mapping, Region};
 
 /// Largest world (and subgroup) the backend runs.
 pub const MAX_WORLD_SIZE: usize = 64;
+
+/// What the backend declares (and validates calls against).
+fn caps() -> Capabilities {
+    Capabilities::full(MAX_WORLD_SIZE)
+}
 
 /// A buffer in shared memory: a block of its owner's arena, or a view into one.
 #[derive(Clone)]
@@ -76,8 +83,8 @@ impl ShmBuffer {
     fn nbytes(&self) -> usize {
         self.numel() * self.dtype.size()
     }
-    fn desc(&self) -> Desc {
-        Desc { off: (self.block.off + self.byte_off) as u64, dtype: self.dtype, shape: self.shape.clone() }
+    fn desc(&self) -> post::Desc {
+        post::Desc { off: (self.block.off + self.byte_off) as u64, dtype: self.dtype, shape: self.shape.clone() }
     }
     fn region(&self) -> Region {
         self.block.world.region(self.block.world.global_rank, self.block.off + self.byte_off, self.nbytes())
@@ -168,6 +175,13 @@ impl ShmBackend {
         }
     }
 
+    /// Issue-time checks of a send / recv: the buffer's world, then the rule table's local rules.
+    fn check_p2p(&self, op: CallOp, b: &ShmBuffer, peer: usize) -> Result<()> {
+        self.check_buf(b)?;
+        let d = CallDesc::p2p(op, self.comm.me, TensorDesc::new(b.dtype, &b.shape), peer);
+        validate_local(&d, self.comm.n, &caps()).map_err(|e| e.into_error(op.name(), 0, self.comm.me))
+    }
+
     fn meta(&self, op: &str, seq: u64) -> WorkMeta {
         WorkMeta { backend: "shm".into(), op: op.to_string(), seq, rank: self.comm.me }
     }
@@ -188,7 +202,7 @@ impl ShmBackend {
         let flag = Flag::new();
         let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
         *seq += 1;
-        post.seq = *seq;
+        post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
         self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None })?;
         Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
@@ -202,11 +216,8 @@ impl ShmBackend {
         Ok(ShmBuffer { block: Arc::new(block), byte_off: 0, dtype, shape: shape.to_vec() })
     }
 
-    fn post_of(&self, op: OpCode, ins: &[&ShmBuffer], outs: &[&ShmBuffer]) -> Post {
-        let mut p = Post::new(op, 0);
-        p.inputs = ins.iter().map(|b| b.desc()).collect();
-        p.outputs = outs.iter().map(|b| b.desc()).collect();
-        p
+    fn post_of(&self, op: CallOp, variant: Variant, ins: &[&ShmBuffer], outs: &[&ShmBuffer]) -> Post {
+        Post::new(op, variant, self.comm.me, ins.iter().map(|b| b.desc()).collect(), outs.iter().map(|b| b.desc()).collect())
     }
 
     fn gathered_shape(&self, x: &ShmBuffer) -> Vec<usize> {
@@ -223,11 +234,12 @@ impl ShmBackend {
         }
     }
 
-    fn all_reduce_impl(&self, xs: &[ShmBuffer], op: ReduceOp, in_place: bool) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
+    fn all_reduce_impl(&self, xs: &[ShmBuffer], op: ReduceOp, variant: Variant) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
+        let in_place = matches!(variant, Variant::InPlace | Variant::CoalescedInPlace);
         let outs: Vec<ShmBuffer> =
             if in_place { xs.to_vec() } else { xs.iter().map(|x| self.new_buf(x.dtype, &x.shape)).collect::<Result<_>>()? };
-        let mut p = self.post_of(OpCode::AllReduce, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
-        p.reduce = Some(op);
+        let mut p = self.post_of(CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        p.call.reduce = Some(op);
         let keep = xs.iter().chain(outs.iter()).cloned().collect();
         Ok((outs, p, keep))
     }
@@ -332,7 +344,7 @@ impl Backend for ShmBackend {
         self.comm.n
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::full(MAX_WORLD_SIZE)
+        caps()
     }
     fn outstanding(&self) -> usize {
         self.counter.get()
@@ -344,8 +356,9 @@ impl Backend for ShmBackend {
         let seq = {
             let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
             *seq += 1;
-            let mut p = Post::new(OpCode::NewGroup, *seq);
-            p.list = Some(ranks.to_vec());
+            let mut p = Post::new(CallOp::NewGroup, Variant::Out, self.comm.me, vec![], vec![]);
+            p.call.seq = *seq;
+            p.call.group = Some(ranks.to_vec());
             progress::begin(&self.comm.label, "new_group", *seq);
             self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx) })?;
             *seq
@@ -422,52 +435,52 @@ impl Backend for ShmBackend {
     }
 
     fn all_reduce(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, false)?;
+        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, Variant::Out)?;
         self.issue("all_reduce", p, keep, outs.remove(0))
     }
     fn all_reduce_(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, true)?;
+        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, Variant::InPlace)?;
         self.issue("all_reduce_", p, keep, outs.remove(0))
     }
     fn all_reduce_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl(xs, op, false)?;
+        let (outs, p, keep) = self.all_reduce_impl(xs, op, Variant::Coalesced)?;
         self.issue("all_reduce_coalesced", p, keep, outs)
     }
     fn all_reduce_coalesced_(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl(xs, op, true)?;
+        let (outs, p, keep) = self.all_reduce_impl(xs, op, Variant::CoalescedInPlace)?;
         self.issue("all_reduce_coalesced_", p, keep, outs)
     }
 
     fn all_gather_into_tensor(&self, x: &ShmBuffer) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
-        let p = self.post_of(OpCode::AllGather, &[x], &[&out]);
+        let p = self.post_of(CallOp::AllGather, Variant::Out, &[x], &[&out]);
         self.issue("all_gather_into_tensor", p, vec![x.clone(), out.clone()], out)
     }
     fn all_gather_into_tensor_out(&self, x: &ShmBuffer, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
-        let p = self.post_of(OpCode::AllGather, &[x], &[out]);
+        let p = self.post_of(CallOp::AllGather, Variant::OutBuf, &[x], &[out]);
         self.issue("all_gather_into_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
     }
     fn all_gather_into_tensor_coalesced(&self, xs: &[ShmBuffer]) -> Result<Work<Vec<ShmBuffer>>> {
         let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.gathered_shape(x))).collect::<Result<_>>()?;
-        let p = self.post_of(OpCode::AllGather, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        let p = self.post_of(CallOp::AllGather, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
         self.issue("all_gather_into_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
     }
 
     fn reduce_scatter_tensor(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
-        let mut p = self.post_of(OpCode::ReduceScatter, &[x], &[&out]);
-        p.reduce = Some(op);
+        let mut p = self.post_of(CallOp::ReduceScatter, Variant::Out, &[x], &[&out]);
+        p.call.reduce = Some(op);
         self.issue("reduce_scatter_tensor", p, vec![x.clone(), out.clone()], out)
     }
     fn reduce_scatter_tensor_out(&self, x: &ShmBuffer, op: ReduceOp, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
-        let mut p = self.post_of(OpCode::ReduceScatter, &[x], &[out]);
-        p.reduce = Some(op);
+        let mut p = self.post_of(CallOp::ReduceScatter, Variant::OutBuf, &[x], &[out]);
+        p.call.reduce = Some(op);
         self.issue("reduce_scatter_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
     }
     fn reduce_scatter_tensor_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
         let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
-        let mut p = self.post_of(OpCode::ReduceScatter, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
-        p.reduce = Some(op);
+        let mut p = self.post_of(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        p.call.reduce = Some(op);
         self.issue("reduce_scatter_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
     }
 
@@ -480,61 +493,51 @@ impl Backend for ShmBackend {
         };
         let shape: Vec<usize> = if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
         let out = self.new_buf(x.dtype, &shape)?;
-        let mut p = self.post_of(OpCode::AllToAll, &[x], &[&out]);
-        p.in_splits = input_splits.map(|s| s.to_vec());
-        p.out_splits = output_splits.map(|s| s.to_vec());
+        let mut p = self.post_of(CallOp::AllToAll, Variant::Out, &[x], &[&out]);
+        p.call.in_splits = input_splits.map(|s| s.to_vec());
+        p.call.out_splits = output_splits.map(|s| s.to_vec());
         self.issue("all_to_all_single", p, vec![x.clone(), out.clone()], out)
     }
 
     fn broadcast(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(OpCode::Broadcast, &[x], &[&out]);
-        p.root = Some(src);
+        let mut p = self.post_of(CallOp::Broadcast, Variant::Out, &[x], &[&out]);
+        p.call.root = Some(src);
         self.issue("broadcast", p, vec![x.clone(), out.clone()], out)
     }
     fn broadcast_(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
-        let mut p = self.post_of(OpCode::Broadcast, &[x], &[x]);
-        p.root = Some(src);
+        let mut p = self.post_of(CallOp::Broadcast, Variant::InPlace, &[x], &[x]);
+        p.call.root = Some(src);
         self.issue("broadcast_", p, vec![x.clone()], x.clone())
     }
     fn permute_tensor(&self, x: &ShmBuffer, src_dst: &[usize]) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(OpCode::Permute, &[x], &[&out]);
-        p.list = Some(src_dst.to_vec());
+        let mut p = self.post_of(CallOp::Permute, Variant::Out, &[x], &[&out]);
+        p.call.perm = Some(src_dst.to_vec());
         self.issue("permute_tensor", p, vec![x.clone(), out.clone()], out)
     }
     fn reduce(&self, x: &ShmBuffer, op: ReduceOp, root: usize) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(OpCode::Reduce, &[x], &[&out]);
-        p.reduce = Some(op);
-        p.root = Some(root);
+        let mut p = self.post_of(CallOp::Reduce, Variant::Out, &[x], &[&out]);
+        p.call.reduce = Some(op);
+        p.call.root = Some(root);
         self.issue("reduce", p, vec![x.clone(), out.clone()], out)
     }
     fn gather(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
-        let mut p = self.post_of(OpCode::Gather, &[x], &[&out]);
-        p.root = Some(root);
+        let mut p = self.post_of(CallOp::Gather, Variant::Out, &[x], &[&out]);
+        p.call.root = Some(root);
         self.issue("gather", p, vec![x.clone(), out.clone()], out)
     }
     fn scatter(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
         let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
-        let mut p = self.post_of(OpCode::Scatter, &[x], &[&out]);
-        p.root = Some(root);
+        let mut p = self.post_of(CallOp::Scatter, Variant::Out, &[x], &[&out]);
+        p.call.root = Some(root);
         self.issue("scatter", p, vec![x.clone(), out.clone()], out)
     }
 
     fn send(&self, x: &ShmBuffer, dst: usize) -> Result<Work<()>> {
-        self.check_buf(x)?;
-        let me = self.comm.me;
-        if dst >= self.comm.n || dst == me {
-            return Err(CollectiveError::bad_input(
-                BadInputKind::BadPeer,
-                "send",
-                0,
-                me,
-                format!("destination {dst} is not another rank of this {}-rank communicator", self.comm.n),
-            ));
-        }
+        self.check_p2p(CallOp::Send, x, dst)?;
         let mut ks = self.send_k.lock().unwrap_or_else(|e| e.into_inner());
         ks[dst] = ks[dst].wrapping_add(1);
         let k = ks[dst];
@@ -547,17 +550,7 @@ impl Backend for ShmBackend {
     }
 
     fn recv(&self, out: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
-        self.check_buf(out)?;
-        let me = self.comm.me;
-        if src >= self.comm.n || src == me {
-            return Err(CollectiveError::bad_input(
-                BadInputKind::BadPeer,
-                "recv",
-                0,
-                me,
-                format!("source {src} is not another rank of this {}-rank communicator", self.comm.n),
-            ));
-        }
+        self.check_p2p(CallOp::Recv, out, src)?;
         let mut ks = self.recv_k.lock().unwrap_or_else(|e| e.into_inner());
         ks[src] = ks[src].wrapping_add(1);
         let k = ks[src];
@@ -568,7 +561,7 @@ impl Backend for ShmBackend {
     }
 
     fn barrier(&self) -> Result<Work<()>> {
-        let p = Post::new(OpCode::Barrier, 0);
+        let p = Post::new(CallOp::Barrier, Variant::Out, self.comm.me, vec![], vec![]);
         self.issue("barrier", p, vec![], ())
     }
 }
