@@ -15,7 +15,7 @@ fi
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 mpicc -O2 -o "$OUT/mpi_allreduce" bench/mpi_allreduce.c
-cargo build --release -q -p concord-shm --bin concord-shm-bench
+cargo build --release -q -p concord-bench --bin concord-shm-bench
 BIN="${CARGO_TARGET_DIR:-target}/release/concord-shm-bench"
 "$BIN" --ranks "$RANKS" --iters "$ITERS" | tee "$OUT/shm.txt"
 mpirun --allow-run-as-root --oversubscribe -np "$RANKS" "$OUT/mpi_allreduce" | tee "$OUT/mpi.txt"

@@ -32,6 +32,13 @@ use crate::work::Work;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The prefix every shared-memory object and temp file of world `world_id` MUST start with:
+/// `concord-<world_id>-` (the trailing `-` keeps world `w1` from matching world `w10`), so the
+/// runner can sweep whatever a world left behind.
+pub fn world_prefix(world_id: &str) -> String {
+    format!("concord-{world_id}-")
+}
+
 /// What a worker process knows about the world it is part of.
 #[derive(Clone, Debug)]
 pub struct WorldInfo {

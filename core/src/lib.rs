@@ -6,6 +6,7 @@
 //!
 //! This crate has no I/O, no processes and no communication. Backends implement [`Backend`];
 //! the oracle computes expected values from [`Tensor`]s; the suites drive any `B: Backend`.
+#![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod call;
@@ -17,7 +18,7 @@ pub mod progress;
 pub mod tensor;
 pub mod work;
 
-pub use backend::{Backend, WorldInfo};
+pub use backend::{world_prefix, Backend, WorldInfo};
 pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, CallOp, TensorDesc};
 pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 pub use dtype::{DType, Element};

@@ -1,10 +1,10 @@
 //! # concord-harness
 //!
 //! **One job:** run one worker process per rank and bring every rank's outcome back, with
-//! nothing left running or on disk afterwards. Also: the c10d-compatible file store the ranks
-//! rendezvous through, and GPU gating.
+//! nothing left running or on disk afterwards. Also: GPU gating, and the settings. (The store the
+//! ranks rendezvous through is its own crate, `concord-store`.)
 //!
-//! Modules: [`config`] (every setting, read once; the deadline rule), [`store`] (FileStore), [`outcome`] (what a rank reports), [`verdict`] (the typed
+//! Modules: [`config`] (every setting, read once; the deadline rule), [`outcome`] (what a rank reports), [`verdict`] (the typed
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
@@ -22,6 +22,5 @@ pub mod gpu;
 pub mod outcome;
 pub mod platform;
 pub mod runner;
-pub mod store;
 pub mod verdict;
 pub mod worker;

@@ -11,15 +11,15 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::FromRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The prefix every shared-memory name of world `world_id` MUST start with:
-/// `concord-<world_id>-`. The trailing `-` keeps world `w1` from matching world `w10`.
+/// The prefix every shared-memory name of world `world_id` MUST start with (the rule lives in
+/// [`concord_core::world_prefix`], so backends need not depend on the runner).
 pub fn shm_prefix(world_id: &str) -> String {
-    format!("concord-{world_id}-")
+    concord_core::world_prefix(world_id)
 }
 
 /// Where POSIX shared memory lives on Linux.
@@ -134,31 +134,6 @@ pub fn signal_name(sig: i32) -> String {
     }
 }
 
-/// `flock(fd, LOCK_SH)` / `LOCK_EX`, retried on EINTR.
-pub fn flock(fd: RawFd, exclusive: bool) -> io::Result<()> {
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
-    loop {
-        // SAFETY: plain syscall on a caller-owned fd.
-        if unsafe { libc::flock(fd, op) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// `flock(fd, LOCK_UN)`.
-pub fn funlock(fd: RawFd) -> io::Result<()> {
-    // SAFETY: plain syscall on a caller-owned fd.
-    if unsafe { libc::flock(fd, libc::LOCK_UN) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Worker side: returns a private duplicate of the original stdout (the protocol channel to the
 /// parent) and points fd 1 at stderr, so stray `println!` from user code lands in the captured
 /// stderr instead of corrupting the protocol.
@@ -184,11 +159,6 @@ pub fn take_protocol_stdout() -> io::Result<File> {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is async-signal-safe.
     unsafe { libc::_exit(code) }
-}
-
-/// The raw fd of anything that has one (kept here so callers need not import fd traits).
-pub fn raw_fd<T: AsRawFd>(t: &T) -> RawFd {
-    t.as_raw_fd()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 
 use crate::outcome::Outcome;
 use crate::platform;
-use crate::store::FileStore;
+use concord_store::FileStore;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufRead, Write};

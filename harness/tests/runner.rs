@@ -10,7 +10,7 @@ use concord_harness::outcome::Outcome;
 use concord_harness::verdict::{Failure, Verdict};
 use concord_harness::platform::{list_prefixed, pid_alive, pid_running, shm_prefix};
 use concord_harness::runner::{CaseReport, CaseRequest, Pool, PoolConfig, WorldKey};
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use concord_harness::worker::{serve, WorkerEnv};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::Path;

@@ -25,6 +25,7 @@
 //! * **Checking** ([`check`]): [`Tolerance::Exact`] is bit equality (any NaN equals any NaN, and
 //!   nothing else); NaN never passes against a number under any tolerance; infinities must match
 //!   exactly.
+#![forbid(unsafe_code)]
 
 #![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 

@@ -2,7 +2,7 @@
 
 use concord_core::{Backend, CollectiveError, WorldInfo};
 use concord_harness::outcome::Outcome;
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -77,7 +77,7 @@ pub fn call<B: Backend>(
             let out = need_out()?;
             let Some(peer) = p.peer else { return Ok(vec![out.clone()]) };
             // Even ranks send first, odd ranks receive first: no pairing deadlock on any backend.
-            if b.rank() % 2 == 0 {
+            if b.rank().is_multiple_of(2) {
                 let s = b.send(&ins[0], peer)?;
                 let r = b.recv(out, peer)?;
                 s.wait(timeout)?;

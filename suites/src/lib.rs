@@ -8,6 +8,7 @@
 //! // tests/conformance.rs of your backend crate, with `harness = false` in Cargo.toml:
 //! concord_suites::harness!(MyBackend, name = "mine");
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod case;
 pub mod exec;
@@ -102,14 +103,4 @@ macro_rules! harness {
         );
         fn main() {}
     };
-}
-
-/// The backends built into Concord: `shm` (the embedded CPU default), `fake` (no communication,
-/// value-independent subset) and `nccl` (one GPU per rank; gated on the GPU count).
-pub fn builtin_entries() -> Vec<BackendEntry> {
-    vec![
-        BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),
-        BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
-        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
-    ]
 }

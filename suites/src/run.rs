@@ -8,7 +8,7 @@ use concord_core::Backend;
 use concord_harness::outcome::Outcome;
 use concord_harness::verdict::Verdict;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use concord_harness::worker::{self, WorkerEnv};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

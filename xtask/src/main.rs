@@ -8,6 +8,7 @@
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
 //! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -121,7 +122,7 @@ fn main() -> Result<()> {
         Cmd::Conformance { backend, report, exact, jobs, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
-            let exe = build_test_binary("concord-suites", "conformance")?;
+            let exe = build_test_binary("concord-cli", "conformance")?;
             let mut c = Command::new(exe);
             for b in &backend {
                 c.args(["--backend", b]);

@@ -17,6 +17,7 @@
 //!   false`).
 //! * Option `fail_all=1` ([`WorldInfo::option`]): every collective fails at issue time with
 //!   [`CollectiveError::Injected`].
+#![forbid(unsafe_code)]
 
 use concord_core::{
     validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, OutstandingCounter, ReduceOp,

@@ -62,6 +62,8 @@ impl Comm {
 /// the group's control segment.
 pub type GroupReply = mpsc::Sender<(String, Option<Mapping>)>;
 
+// A job is built once per op and moved once into the channel: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply> },
     Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion> },
@@ -362,7 +364,7 @@ impl Progress {
             CallOp::NewGroup => {
                 let list = p0.call.group.clone().expect("validated");
                 let tag = format!("{}g{}", comm.tag, self.groups);
-                let seg = format!("{}{}-ctl", concord_harness::platform::shm_prefix(&comm.world.world_id), tag);
+                let seg = format!("{}{}-ctl", concord_core::world_prefix(&comm.world.world_id), tag);
                 let pos = list.iter().position(|&x| x == me);
                 let mut created = None;
                 let mut err = None;

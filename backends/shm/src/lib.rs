@@ -24,7 +24,7 @@
 //!   [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was dropped)
 //!   gives [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast
 //!   with [`CollectiveError::Aborted`], and peers stop waiting).
-//! * **Cleanup.** Segment names start with `concord_harness::platform::shm_prefix(world_id)`.
+//! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
 //!   and until then a SIGTERM handler and an atexit hook unlink them.
 //!
@@ -50,7 +50,7 @@ use concord_core::{
     progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter,
     ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use exec::{Comm, Job, Progress, SendCompletion};
 use post::Post;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -273,11 +273,11 @@ impl Backend for ShmBackend {
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
         };
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
-        let prefix = concord_harness::platform::shm_prefix(&world.world_id);
+        let prefix = concord_core::world_prefix(&world.world_id);
         let arena_name = |r: usize| format!("{prefix}r{r}");
         let ctl_name = format!("{prefix}ctl");
-        let store_err = |e: concord_harness::store::StoreError| match e {
-            concord_harness::store::StoreError::Timeout { waited_ms, .. } => CollectiveError::Timeout {
+        let store_err = |e: concord_store::StoreError| match e {
+            concord_store::StoreError::Timeout { waited_ms, .. } => CollectiveError::Timeout {
                 op: "init".into(),
                 seq: 0,
                 rank,

@@ -118,14 +118,14 @@ impl Mapping {
 
     /// The `AtomicU32` at byte offset `off` (4-aligned, in bounds).
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len, "u32 at {off} outside mapping of {} bytes", self.len);
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len, "u32 at {off} outside mapping of {} bytes", self.len);
         // SAFETY: in bounds, aligned (the mapping is page-aligned), lives as long as &self.
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
 
     /// The `AtomicU64` at byte offset `off` (8-aligned, in bounds).
     pub fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len, "u64 at {off} outside mapping of {} bytes", self.len);
+        assert!(off.is_multiple_of(8) && off + 8 <= self.len, "u64 at {off} outside mapping of {} bytes", self.len);
         // SAFETY: as above.
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
     }
@@ -240,8 +240,8 @@ impl Region {
     }
     fn typed<T>(&self) -> (*mut T, usize) {
         let sz = std::mem::size_of::<T>();
-        assert!(self.len % sz == 0, "{}-byte region is not a whole number of {sz}-byte elements", self.len);
-        assert!(self.ptr as usize % std::mem::align_of::<T>() == 0, "misaligned region for a {sz}-byte element");
+        assert!(self.len.is_multiple_of(sz), "{}-byte region is not a whole number of {sz}-byte elements", self.len);
+        assert!((self.ptr as usize).is_multiple_of(std::mem::align_of::<T>()), "misaligned region for a {sz}-byte element");
         (self.ptr as *mut T, self.len / sz)
     }
 }

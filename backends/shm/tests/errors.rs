@@ -102,11 +102,11 @@ fn a_peer_that_never_issues_gives_a_timeout_then_the_communicator_is_poisoned() 
             let _open = OpenOnDrop(&gate);
             let t0 = Instant::now();
             let w = b.all_reduce(&f32s(&b, &[4]), ReduceOp::Sum).unwrap();
-            let err = w.wait(Duration::from_secs(5)).err().expect("must time out");
+            let err = w.wait(Duration::from_secs(5)).expect_err("must time out");
             assert_eq!(err.name(), "timeout", "{err}");
             assert!(err.to_string().contains("all_reduce #1"), "{err}");
             assert!(t0.elapsed() < Duration::from_secs(2));
-            let again = b.barrier().unwrap().wait(Duration::from_secs(1)).err().expect("poisoned");
+            let again = b.barrier().unwrap().wait(Duration::from_secs(1)).expect_err("poisoned");
             assert_eq!(again.name(), "aborted", "{again}");
         }
         // rank 1 joined the world but issues nothing until rank 0 gave up; then its next

@@ -112,7 +112,7 @@ fn child_rank() {
         return;
     }
     let t0 = Instant::now();
-    let err = b.all_reduce(&x, ReduceOp::Sum).unwrap().wait(Duration::from_secs(10)).err().expect("peer was killed");
+    let err = b.all_reduce(&x, ReduceOp::Sum).unwrap().wait(Duration::from_secs(10)).expect_err("peer was killed");
     assert_eq!(err.name(), "peer_died", "{err}");
     assert!(matches!(err, concord_core::CollectiveError::PeerDied { peer: 1, .. }), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());

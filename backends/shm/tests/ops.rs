@@ -11,7 +11,7 @@ const SIZES: [usize; 5] = [1, 2, 3, 4, 8];
 fn val(op: ReduceOp, r: usize, i: usize) -> f64 {
     match op {
         ReduceOp::Product => {
-            if (r + i) % 4 == 0 {
+            if (r + i).is_multiple_of(4) {
                 2.0
             } else {
                 1.0
@@ -143,7 +143,7 @@ fn gather_scatter_family_moves_the_right_rows() {
                 let o = b.alloc(dtype, &[2, 2]).unwrap();
                 b.reduce_scatter_tensor_out(&xs, ReduceOp::Sum, &o).unwrap().into_value(T).unwrap();
                 assert_eq!(b.download(&o).unwrap(), want);
-                let rc = b.reduce_scatter_tensor_coalesced(&[xs.clone()], ReduceOp::Sum).unwrap().into_value(T).unwrap();
+                let rc = b.reduce_scatter_tensor_coalesced(std::slice::from_ref(&xs), ReduceOp::Sum).unwrap().into_value(T).unwrap();
                 assert_eq!(b.download(&rc[0]).unwrap(), want);
                 // scatter from rank 0: rank r gets rows 2r, 2r+1 of rank 0's input
                 let sc = b.scatter(&xs, 0).unwrap().into_value(T).unwrap();

@@ -3,6 +3,7 @@
 //! **One job:** show a backend crate that is not part of Concord running the whole Concord suite.
 //! `MyBackend` is a thin newtype over the CPU backend (a real crate would talk to its own
 //! transport here); `tests/conformance.rs` is one line: `concord_suites::harness!(MyBackend, name = "mine");`.
+#![forbid(unsafe_code)]
 
 use concord_core::{Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorldInfo};
 use concord_shm::ShmBackend;

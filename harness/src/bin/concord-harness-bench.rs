@@ -15,7 +15,7 @@
 
 use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, PoolConfig, WorldKey};
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use concord_harness::worker::{serve, WorkerEnv};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

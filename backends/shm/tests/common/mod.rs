@@ -25,7 +25,7 @@ pub fn info(rank: usize, n: usize, dir: &std::path::Path, wid: &str, timeout: Du
 
 /// /dev/shm entries of world `wid`.
 pub fn leftovers(wid: &str) -> Vec<std::path::PathBuf> {
-    concord_harness::platform::list_prefixed(std::path::Path::new("/dev/shm"), &concord_harness::platform::shm_prefix(wid))
+    concord_harness::platform::list_prefixed(std::path::Path::new("/dev/shm"), &concord_core::world_prefix(wid))
 }
 
 /// Runs `f(backend)` on `n` ranks (threads), returns the results by rank, and checks that the

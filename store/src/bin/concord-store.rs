@@ -11,7 +11,7 @@
 //! each (`ok`, a value, `true`/`false`, or `error: ...`), until `quit` or EOF.
 //! Values are printed as UTF-8 (lossy); `get-hex` prints hex.
 
-use concord_harness::store::FileStore;
+use concord_store::FileStore;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,7 +22,7 @@ fn usage() -> ! {
 }
 
 fn run(store: &FileStore, words: &[String]) -> Result<String, String> {
-    let e = |x: concord_harness::store::StoreError| x.to_string();
+    let e = |x: concord_store::StoreError| x.to_string();
     let arg = |i: usize| words.get(i).cloned().ok_or_else(|| format!("{}: missing argument {i}", words[0]));
     match words.first().map(String::as_str) {
         Some("set") => store.set(&arg(1)?, arg(2)?.as_bytes()).map(|_| "ok".into()).map_err(e),

@@ -1,5 +1,8 @@
-//! A key-value store in one file, byte-compatible with PyTorch's c10d `FileStore`, so a Rust
-//! rank and a Python `torch.distributed.FileStore` can share one file.
+//! # concord-store
+//!
+//! **One job:** a key-value store in one file, byte-compatible with PyTorch's c10d `FileStore`,
+//! so a Rust rank and a Python `torch.distributed.FileStore` can share one file. Ranks and
+//! backends rendezvous through it; it knows nothing of processes, runners or backends.
 //!
 //! # File format (c10d's, unchanged)
 //! The file is an append-only sequence of records `[u32 len][key bytes][u32 len][value bytes]`,
@@ -26,17 +29,47 @@
 //! * `num_keys` counts like c10d: every key in the map, including the internal `refcount/` and
 //!   `cleanup/` keys.
 
-use crate::platform;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// The two Linux calls the store needs (advisory whole-file locks), retried on EINTR.
+mod sys {
+    use std::io;
+    use std::os::fd::RawFd;
+
+    /// `flock(fd, LOCK_SH)` / `LOCK_EX`.
+    pub fn flock(fd: RawFd, exclusive: bool) -> io::Result<()> {
+        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+        loop {
+            // SAFETY: plain syscall on a caller-owned fd.
+            if unsafe { libc::flock(fd, op) } == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// `flock(fd, LOCK_UN)`.
+    pub fn funlock(fd: RawFd) -> io::Result<()> {
+        // SAFETY: plain syscall on a caller-owned fd.
+        if unsafe { libc::flock(fd, libc::LOCK_UN) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum StoreError {
@@ -81,7 +114,7 @@ pub struct FileStore {
 struct FileLock<'a>(&'a File);
 impl Drop for FileLock<'_> {
     fn drop(&mut self) {
-        let _ = platform::funlock(platform::raw_fd(self.0));
+        let _ = sys::funlock(self.0.as_raw_fd());
     }
 }
 
@@ -147,7 +180,7 @@ impl FileStore {
     }
 
     fn flock<'a>(&self, inner: &'a Inner, exclusive: bool) -> Result<FileLock<'a>, StoreError> {
-        platform::flock(platform::raw_fd(&inner.file), exclusive).map_err(|e| self.io("flock", e))?;
+        sys::flock(inner.file.as_raw_fd(), exclusive).map_err(|e| self.io("flock", e))?;
         Ok(FileLock(&inner.file))
     }
 
@@ -215,10 +248,10 @@ impl FileStore {
     fn with_locked<T>(&self, exclusive: bool, f: impl FnOnce(&Self, &mut Inner) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut inner = self.lock_inner();
         let inner = &mut *inner;
-        platform::flock(platform::raw_fd(&inner.file), exclusive).map_err(|e| self.io("flock", e))?;
-        let fd = platform::raw_fd(&inner.file);
+        sys::flock(inner.file.as_raw_fd(), exclusive).map_err(|e| self.io("flock", e))?;
+        let fd = inner.file.as_raw_fd();
         let r = self.refresh(inner).and_then(|_| f(self, inner));
-        let _ = platform::funlock(fd);
+        let _ = sys::funlock(fd);
         r
     }
 

@@ -1,0 +1,2 @@
+//! Benchmark binaries live in `src/bin/`.
+#![forbid(unsafe_code)]

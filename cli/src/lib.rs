@@ -1,0 +1,20 @@
+//! # concord-cli
+//!
+//! **One job:** the front end over the built-in backends: their registry ([`builtin_entries`])
+//! and the conformance binary (`tests/conformance.rs`, run by `cargo xtask conformance` and by
+//! nextest). The engine — catalogue, checks, runner modes, report, `harness!` — is
+//! `concord-suites`, which depends on no backend; this crate is the only one that depends on
+//! all of them.
+#![forbid(unsafe_code)]
+
+use concord_suites::{catalogue, shape_catalogue, BackendEntry};
+
+/// The backends built into Concord: `shm` (the embedded CPU default), `fake` (no communication,
+/// value-independent subset) and `nccl` (one GPU per rank; gated on the GPU count).
+pub fn builtin_entries() -> Vec<BackendEntry> {
+    vec![
+        BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),
+        BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
+        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
+    ]
+}
