@@ -178,10 +178,31 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Dura
     (report.verdict.clone(), msg, report.elapsed)
 }
 
-/// Command-line options of a conformance binary beyond libtest's.
+/// The command line of a conformance binary: libtest's arguments (so `cargo test`, nextest and
+/// IDEs drive it like any test binary), plus Concord's own.
+#[derive(clap::Parser, Debug)]
+#[command(about = "Concord conformance suites: a test binary (libtest arguments) or, with --report, conformance mode")]
+struct Cli {
+    /// Run only this backend (repeatable).
+    #[arg(long = "backend", value_name = "NAME")]
+    backends: Vec<String>,
+    /// Conformance mode: run every selected case (persistent worlds, a progress bar), write
+    /// `conformance.md` and `.json` into DIR and end with `N passed, M failed, K skipped`.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
+    /// Conformance mode: worlds run side by side (default: what the machine can run).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Conformance mode: more filters (or exact case ids with --exact) after the first.
+    #[arg(last = true, value_name = "MORE")]
+    more: Vec<String>,
+    #[command(flatten)]
+    libtest: libtest_mimic::Arguments,
+}
+
+/// What conformance mode runs.
 #[derive(Default, Debug)]
 struct Opts {
-    backends: Vec<String>,
     report: Option<std::path::PathBuf>,
     exact: Vec<String>,
     filter: Vec<String>,
@@ -217,52 +238,29 @@ pub fn dispatch_child(entries: &[BackendEntry]) {
 /// The whole `main` of a conformance binary over `entries`.
 pub fn main_with(entries: Vec<BackendEntry>) -> ! {
     dispatch_child(&entries);
-    let (opts, rest) = parse_opts(std::env::args().collect());
-    let entries: Vec<BackendEntry> = if opts.backends.is_empty() {
+    let cli = <Cli as clap::Parser>::parse();
+    let entries: Vec<BackendEntry> = if cli.backends.is_empty() {
         entries
     } else {
-        for b in &opts.backends {
+        for b in &cli.backends {
             if !entries.iter().any(|e| &e.name == b) {
                 let names: Vec<_> = entries.iter().map(|e| e.name.as_str()).collect();
-                eprintln!("unknown backend `{b}`; this binary has: {}", names.join(", "));
+                eprintln!("error: unknown backend `{b}`; this binary has: {}", names.join(", "));
                 std::process::exit(2);
             }
         }
-        entries.into_iter().filter(|e| opts.backends.contains(&e.name)).collect()
+        entries.into_iter().filter(|e| cli.backends.contains(&e.name)).collect()
     };
-    let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, rest) };
+    let mut opts = Opts { report: cli.report.clone(), jobs: cli.jobs, ..Opts::default() };
+    let names: Vec<String> = cli.libtest.filter.iter().cloned().chain(cli.more.iter().cloned()).collect();
+    if cli.libtest.exact {
+        opts.exact = names;
+    } else {
+        opts.filter = names;
+    }
+    let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, cli.libtest) };
     Pool::global().shutdown();
     std::process::exit(code)
-}
-
-fn parse_opts(args: Vec<String>) -> (Opts, Vec<String>) {
-    let mut o = Opts::default();
-    let mut rest = Vec::new();
-    let mut it = args.into_iter();
-    let mut report_mode_exact = false;
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--backend" => o.backends.extend(it.next()),
-            "--report" => o.report = it.next().map(Into::into),
-            "--jobs" => o.jobs = it.next().and_then(|j| j.parse().ok()),
-            "--exact" => {
-                report_mode_exact = true;
-                rest.push(a);
-            }
-            _ => rest.push(a),
-        }
-    }
-    if o.report.is_some() {
-        // In conformance mode positional arguments are filters (exact with --exact).
-        for a in rest.iter().skip(1).filter(|a| !a.starts_with("--")) {
-            if report_mode_exact {
-                o.exact.push(a.clone());
-            } else {
-                o.filter.push(a.clone());
-            }
-        }
-    }
-    (o, rest)
 }
 
 /// The name of the nextest / libtest test that runs every case of one suite at one world size
@@ -322,8 +320,7 @@ fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Verdict, String) {
     (Verdict::Failed(typed), msg)
 }
 
-fn libtest_mode(entries: &[BackendEntry], args: Vec<String>) -> i32 {
-    let args = libtest_mimic::Arguments::from_iter(args);
+fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32 {
     let gpus = if entries.iter().any(|e| e.gpus_per_rank > 0) { concord_harness::gpu::count() } else { 0 };
     let mut trials = Vec::new();
     // `--exact NAME` (how nextest runs one test, and how a rerun line names one case): build

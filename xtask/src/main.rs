@@ -2,8 +2,10 @@
 //!
 //! **One job:** the project's entry points, so that a fresh clone needs nothing but cargo.
 //!
-//! * `cargo xtask test` — every test of the workspace through nextest (installed with
-//!   `cargo install --locked cargo-nextest` when missing), after saying what is gated and why.
+//! * `cargo xtask test` — `cargo fmt --check`, `cargo clippy -D warnings`, then every test of the
+//!   workspace through nextest (installed with `cargo install --locked cargo-nextest` when
+//!   missing; the conformance matrix as one test per backend × suite × world size), after saying
+//!   what is gated and why.
 //! * `cargo xtask conformance --backend shm` — the conformance suites with a report.
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
 //! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
@@ -26,6 +28,9 @@ struct Cli {
 enum Cmd {
     /// Run every test of the workspace through cargo-nextest.
     Test {
+        /// Skip `cargo fmt --check` and `cargo clippy -D warnings` (run by default, first).
+        #[arg(long)]
+        no_lint: bool,
         /// Extra arguments for `cargo nextest run` (e.g. a filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -106,8 +111,13 @@ fn build_test_binary(package: &str, target: &str) -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Test { args } => {
+        Cmd::Test { args, no_lint } => {
             ensure_nextest()?;
+            if !no_lint {
+                // Style and lints first: they are the cheapest to fail.
+                run(cargo().args(["fmt", "--all", "--check"]))?;
+                run(cargo().args(["clippy", "--workspace", "--all-targets", "--profile", "ci", "--quiet", "--", "-D", "warnings"]))?;
+            }
             let gpus = concord_harness::gpu::count();
             println!("xtask: GPUs: {}", concord_harness::gpu::describe());
             if gpus < 2 {
@@ -115,13 +125,18 @@ fn main() -> Result<()> {
                     "xtask: gated: NCCL cases need one GPU per rank; with {gpus} GPU(s) every nccl case of world size > {gpus} is listed as ignored and shows as SKIP"
                 );
             }
-            // The `ci` cargo profile (optimised): conformance cases run a world of processes each.
+            // The `ci` cargo profile (optimised): conformance cases run a world of processes each,
+            // one nextest test per (backend, suite, world size); JUnit in target/nextest/ci/.
             run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, report, exact, jobs, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
+            let exact_given = !exact.is_empty();
+            if exact_given && !filters.is_empty() {
+                bail!("give either --exact case ids or substring filters, not both");
+            }
             let exe = build_test_binary("concord-cli", "conformance")?;
             let mut c = Command::new(exe);
             for b in &backend {
@@ -132,10 +147,17 @@ fn main() -> Result<()> {
             if let Some(j) = jobs {
                 c.args(["--jobs", &j.to_string()]);
             }
-            if !exact.is_empty() {
-                c.arg("--exact").args(&exact);
+            // The binary takes one name as libtest does, and any more after `--`.
+            let names = if exact.is_empty() { filters } else { exact };
+            if !names.is_empty() && !exact_given {
+                c.args(&names[..1]);
             }
-            c.args(&filters);
+            if exact_given {
+                c.arg("--exact").args(&names[..1]);
+            }
+            if names.len() > 1 {
+                c.arg("--").args(&names[1..]);
+            }
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
