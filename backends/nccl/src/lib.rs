@@ -43,8 +43,8 @@
 //! * **Semantics.** Declared in [`NcclBackend::capabilities`]: no bitwise reductions (NCCL has
 //!   none), no reductions on i16/u16 (NCCL has no 16-bit integer type; they move as bytes),
 //!   min/max ignore NaN (NaN only when every rank has NaN; min(-0, +0) = -0, max = +0), integer
-//!   avg truncates toward zero — as observed on NCCL 2.28.3 (2 × H200) by the smoke binary
-//!   `concord-nccl-smoke`, which re-checks the declaration on every run.
+//!   avg truncates toward zero — as observed on NCCL 2.28.3 (2 × H200); the suites' `caps::*`
+//!   probes re-check the declaration on every conformance run.
 //! * **Safety of shared GPUs.** If `NCCL_NVLS_ENABLE` is unset, `init` sets it to `0`: NVLink
 //!   multicast is never used unless the user asks for it explicitly.
 //!
