@@ -2,13 +2,15 @@
 # Builds the x86-64 release binaries that must run on the GPU machine (which has no Rust
 # toolchain) and copies them into dist/ with an entry script, dist/run-gpu.sh.
 #
-#   scripts/gpu/bundle.sh                 # (cargo xtask gpu-bundle) the conformance binary, the
-#                                         # NCCL smoke binary, the store CLI + FileStore interop script
+#   scripts/gpu/bundle.sh                 # (cargo xtask gpu-bundle) the conformance binary (every
+#                                         # suite on every built-in backend, NCCL included), the NCCL
+#                                         # benchmark, the store CLI + FileStore interop script
 #   BUNDLE_TEST_PACKAGES="pkg ..." scripts/gpu/bundle.sh
 #                                         # + the test executables (harness = false runners) of
 #                                         #   those packages, copied under their target names
 #
-# Then, on the GPU machine:  dist/run-gpu.sh smoke   or   dist/run-gpu.sh <binary> [args...]
+# Then, on the GPU machine:  dist/run-gpu.sh nccl [filter]   (the NCCL conformance suites, report
+# in dist/report),  dist/run-gpu.sh bench [args]   (NCCL timings),  or  dist/run-gpu.sh <binary> [args...]
 # dist/ is git-ignored; name it in the device tool's `carry`.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -25,7 +27,7 @@ cargo build --release -p concord-nccl --bins
 cargo build --release -p concord-harness --bin concord-store
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"
-cp "$target_dir/release/concord-nccl-smoke" "$target_dir/release/concord-store" "$dist/bin/"
+cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-store" "$dist/bin/"
 cp "$root/harness/scripts/filestore_interop.py" "$dist/scripts/"
 BUNDLE_TEST_PACKAGES="concord-suites ${BUNDLE_TEST_PACKAGES:-}"
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Entry point on the GPU machine (no Rust there), copied into dist/ by scripts/gpu/bundle.sh.
-#   dist/run-gpu.sh smoke [phase]        the 2-GPU NCCL smoke/conformance run
+#   dist/run-gpu.sh nccl [args...]       the NCCL conformance suites (the bundled `conformance`
+#                                        binary, conformance mode; case-name filters and --jobs N
+#                                        pass through), report in $REPORT (default dist/report)
+#   dist/run-gpu.sh bench [args...]      NCCL timings: init, 1 KiB latency, busbw (concord-nccl-bench)
 #   dist/run-gpu.sh <binary> [args...]   any other bundled binary in dist/bin
 # NVLink multicast stays off: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -24,9 +27,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
     fi
 fi
 
-cmd=${1:-smoke}
+cmd=${1:-nccl}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-    smoke) exec "$here/bin/concord-nccl-smoke" "$@" ;;
+    nccl) exec "$here/bin/conformance" --backend nccl --report "${REPORT:-$here/report}" "$@" ;;
+    bench) exec "$here/bin/concord-nccl-bench" "$@" ;;
     *) exec "$here/bin/$cmd" "$@" ;;
 esac

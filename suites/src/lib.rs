@@ -30,6 +30,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::async_wait::cases::<B>());
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
+    v.extend(suites::caps::cases::<B>());
     v
 }
 

@@ -24,6 +24,9 @@ const WRONG_RANK_ORDER: u8 = 6;
 const IGNORES_ROOT: u8 = 7;
 const TRUNCATES_SILENTLY: u8 = 8;
 const INPLACE_RETURNS_COPY: u8 = 9;
+/// Declares `NanPolicy::Ignore` for min / max while the shm backend underneath propagates NaN:
+/// a declaration the backend does not live up to (what the caps probes exist for).
+const CLAIMS_NAN_IGNORED: u8 = 10;
 
 /// The shm backend with bug `BUG`.
 struct Faulty<const BUG: u8> {
@@ -67,7 +70,11 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.world_size()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if BUG == CLAIMS_NAN_IGNORED {
+            caps.nan_minmax = concord_core::NanPolicy::Ignore;
+        }
+        caps
     }
     fn outstanding(&self) -> usize {
         self.inner.outstanding() + self.counter.get()
@@ -257,6 +264,11 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         (e::<IGNORES_ROOT>("ignores_root"), &["broadcast::out::f32::ws2", "broadcast::inplace::i32::ws3", "seed::c10d::test_broadcast"], &["first bad index", "got", "expected", "op=broadcast", "rank="]),
         (e::<TRUNCATES_SILENTLY>("truncates_silently"), &["bad_input::reduce_scatter_indivisible_ws2::ws2", "bad_input::reduce_scatter_indivisible_ws3::ws3"], &["accepted", "bad_input=reduce_scatter_indivisible", "rank=", "world_size="]),
         (e::<INPLACE_RETURNS_COPY>("inplace_returns_copy"), &["all_reduce::inplace::f32::sum::ws2"], &["in-place op returned a different buffer", "op=all_reduce", "variant=inplace", "rank="]),
+        (
+            e::<CLAIMS_NAN_IGNORED>("claims_nan_ignored"),
+            &["caps::nan_minmax::f32::ws2", "caps::nan_minmax::bf16::ws3"],
+            &["declared nan_minmax=Ignore", "observed Propagate", "backend=faulty", "op=all_reduce", "reduce=min", "dtype=", "world_size=", "rank="],
+        ),
     ]
 }
 

@@ -8,6 +8,10 @@
 //!   `ncclCommGetAsyncError` until the group is enqueued, never past the caller's deadline.
 //! * [`Comm::abort`] is idempotent, bounded in time (it runs `ncclCommAbort` on a helper thread
 //!   and gives up waiting after [`ABORT_WAIT`]), and every later use reports the abort's reason.
+//!
+//! The backend's side of its communicators is here too (end of the file): `init` (unique id
+//! through the world's file store, `ncclCommInitRankConfig`) and `new_group` (agreed list,
+//! `ncclCommSplit` on the progress thread), each building an [`NcclBackend`].
 
 use crate::cuda::{poll_until, Device};
 use cudarc::nccl::sys;
@@ -611,5 +615,221 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         self.shutdown(Instant::now() + Duration::from_secs(5));
+    }
+}
+
+// ---- the backend's communicators: world init (rendezvous through the store) and new_group ----
+
+use crate::comm; // the moved bodies name `comm::…` as they did from lib.rs
+use crate::header::Header;
+use crate::ops::Local;
+use crate::worker::{Channel, Job, Progress};
+use crate::{probe, NcclBackend, NcclBuffer};
+use concord_core::{
+    progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant,
+    WorldInfo,
+};
+use cudarc::nccl::sys as nccl;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub(crate) static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
+    match world.option(key) {
+        Some(v) => matches!(v, "1" | "true" | "yes" | "on"),
+        None => default,
+    }
+}
+
+impl NcclBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_comm(
+        comm: Comm,
+        label: String,
+        op_timeout: Duration,
+        validate: bool,
+        init_time: Duration,
+        gpus: usize,
+        store: Option<concord_harness::store::FileStore>,
+        progress: Option<Arc<Progress>>,
+    ) -> std::result::Result<NcclBackend, String> {
+        let dev = comm.dev.clone();
+        let comm = Arc::new(comm);
+        let chan = Channel::new(comm.clone(), op_timeout)?;
+        let barrier_buf = NcclBuffer {
+            mem: Arc::new(dev.alloc(4)?),
+            offset: 0,
+            dtype: DType::I32,
+            shape: vec![1],
+        };
+        let progress = match progress {
+            Some(p) => p,
+            None => Progress::start(dev.clone())?,
+        };
+        Ok(NcclBackend {
+            progress,
+            rank: comm.rank,
+            ws: comm.nranks,
+            label,
+            chan: Arc::new(chan),
+            dev,
+            seq: AtomicU64::new(0),
+            coll_seq: AtomicU64::new(0),
+            counter: OutstandingCounter::default(),
+            op_timeout,
+            validate: AtomicBool::new(validate),
+            barrier_buf,
+            init_time,
+            gpus,
+            _store: store,
+        })
+    }
+
+    pub(crate) fn init_impl(world: &WorldInfo) -> concord_core::Result<Self> {
+        let started = Instant::now();
+        let (rank, ws) = (world.rank, world.world_size);
+        if ws == 0 || rank >= ws {
+            return Err(CollectiveError::Backend(format!(
+                "nccl init: rank {rank} is not in a world of {ws}"
+            )));
+        }
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+        let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
+        if ws > info.gpus {
+            return Err(CollectiveError::Unsupported(format!(
+                "nccl: needs {ws} GPUs, found {}",
+                info.gpus
+            )));
+        }
+        let lib_version =
+            nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
+        let validate = opt_flag(world, "validate", true);
+        let blocking = opt_flag(world, "blocking", false);
+        let init_timeout = world
+            .option("init_timeout_ms")
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or_else(|| world.op_timeout.max(Duration::from_secs(30)));
+        let deadline = started + init_timeout;
+        let fail = |what: &str, e: String| {
+            CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"))
+        };
+
+        let dev = Device::new(rank).map_err(|e| fail("CUDA device", e))?;
+        let store = concord_harness::store::FileStore::open(&world.store_path, ws, init_timeout)
+            .map_err(|e| fail("opening the file store", e.to_string()))?;
+        let key = format!("concord/nccl/{}/unique_id", world.world_id);
+        let id = if rank == 0 {
+            let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+            let r = unsafe { nccl::ncclGetUniqueId(&mut id) };
+            if r != nccl::ncclResult_t::ncclSuccess {
+                return Err(fail("ncclGetUniqueId", comm::err_string(r)));
+            }
+            let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
+            store
+                .set(&key, &bytes)
+                .map_err(|e| fail("publishing the NCCL unique id", e.to_string()))?;
+            id
+        } else {
+            let bytes = store
+                .get(&key)
+                .map_err(|e| fail("reading rank 0's NCCL unique id", e.to_string()))?;
+            if bytes.len() != 128 {
+                return Err(fail(
+                    "reading rank 0's NCCL unique id",
+                    format!("{} bytes, expected 128", bytes.len()),
+                ));
+            }
+            let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+            for (d, s) in id.internal.iter_mut().zip(&bytes) {
+                *d = *s as _;
+            }
+            id
+        };
+        let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline)
+            .map_err(|e| fail("communicator", e))?;
+        let init_time = started.elapsed();
+        NcclBackend::from_comm(
+            comm,
+            "nccl".into(),
+            world.op_timeout,
+            validate,
+            init_time,
+            info.gpus,
+            Some(store),
+            None,
+        )
+        .map_err(|e| fail("side buffers", e))
+    }
+
+    pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {
+        let o = self.begin("new_group", true)?;
+        let mut d = self.call(&o, CallOp::NewGroup, Variant::Out, &[]);
+        d.group = Some(ranks.to_vec());
+        let local: Local =
+            validate_local(&d, self.ws, &self.capabilities()).map_err(|e| (e.kind, e.detail));
+        let hdr = Header::new(self.ws, &d)
+            .unwrap_or_else(|_| Header::summary(self.ws, &d))
+            .error_if(&local);
+        self.alive(&o)?;
+        // The split needs every rank, so a subgroup is always agreed on, even with validation
+        // off. It runs on the progress thread, ordered after every op issued before it.
+        let started = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.progress.submit(Job::Split {
+            chan: self.chan.clone(),
+            id: o.id(),
+            hdr,
+            local: local.err(),
+            member: ranks.iter().position(|&r| r == self.rank),
+            nranks: ranks.len(),
+            reply: tx,
+        });
+        // Bounded by the jobs' own deadlines (earlier ops, this header exchange, the split).
+        let limit =
+            self.op_timeout + self.op_timeout.max(Duration::from_secs(30)) + 2 * comm::ABORT_WAIT;
+        let sub = match rx.recv_timeout(limit) {
+            Ok(r) => r?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                self.comm().abort(format!(
+                    "new_group #{} timed out after {waited_ms} ms",
+                    o.seq
+                ));
+                return Err(CollectiveError::Timeout {
+                    op: "new_group".into(),
+                    seq: o.seq,
+                    rank: self.rank,
+                    waited_ms,
+                    detail: format!(
+                        "the progress thread did not finish the split; NCCL communicator aborted; this process is {}",
+                        progress::describe()
+                    ),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(self.backend_err(
+                    "new_group",
+                    o.seq,
+                    "the NCCL progress thread ended without splitting the communicator",
+                ))
+            }
+        };
+        let Some(sub) = sub else { return Ok(None) };
+        let label = format!("nccl:g{}", GROUP_IDS.fetch_add(1, Ordering::SeqCst));
+        NcclBackend::from_comm(
+            sub,
+            label,
+            self.op_timeout,
+            self.validating(),
+            started.elapsed(),
+            self.gpus,
+            None,
+            Some(self.progress.clone()),
+        )
+        .map(Some)
+        .map_err(|e| self.backend_err("new_group", o.seq, e))
     }
 }

@@ -66,11 +66,11 @@ fn a_rank_outside_its_world_is_refused() {
 }
 
 #[test]
-fn smoke_binary_exits_cleanly_when_it_cannot_run() {
+fn bench_exits_cleanly_when_it_cannot_run() {
     if probe().map(|i| i.gpus >= 2).unwrap_or(false) {
-        return; // a real 2-GPU machine: the smoke run is the GPU job's business, not this test's
+        return; // a real 2-GPU machine: the benchmark is the GPU job's business, not this test's
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord-nccl-smoke"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord-nccl-bench"))
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -81,5 +81,4 @@ fn smoke_binary_exits_cleanly_when_it_cannot_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("CANNOT RUN"), "{stdout}");
-    assert!(stdout.contains("0 passed, 0 failed"), "{stdout}");
 }

@@ -6,9 +6,11 @@
 //! * [`async_wait`] — completion, wait semantics, registry, lag, un-waited exit, threads.
 //! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.
+//! * [`caps`] — declared capabilities (NaN policy, integer avg, aliasing, gaps) vs observed behaviour.
 
 pub mod async_wait;
 pub mod bad_input;
+pub mod caps;
 pub mod matrix;
 pub mod reuse;
 pub mod seed;

@@ -1,0 +1,197 @@
+//! `concord-nccl-bench [--ranks N] [--iters K] [--sizes-mib 1024] [--opts blocking=1]`: NCCL
+//! timings, one process per GPU (this binary re-executed), nccl-tests-like output. A benchmark,
+//! not a test: correctness is the conformance suites' job (`conformance --backend nccl`).
+//!
+//! Measures, on rank 0: `init` (communicator creation), 1 KiB `all_reduce_` latency (issue +
+//! wait, and back to back) with cross-rank validation on and off, then per size the bus
+//! bandwidth of all_reduce (in and out of place), all_gather_into_tensor,
+//! reduce_scatter_tensor, all_to_all_single and broadcast_ with validation off (busbw factors as
+//! nccl-tests: 2(n-1)/n, (n-1)/n, 1). Exit status: 0 done, 1 a rank failed, 2 cannot run here
+//! (prints `CANNOT RUN: why`).
+
+use concord_core::{Backend, CollectiveError, ReduceOp, Tensor, Work, WorldInfo};
+use concord_nccl::{probe, NcclBackend};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RANK_ENV: &str = "CONCORD_NCCL_BENCH_RANK";
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Args {
+    ranks: usize,
+    iters: usize,
+    sizes: Vec<usize>,
+    opts: Vec<(String, String)>,
+}
+
+fn args() -> Args {
+    let mut a = Args { ranks: 2, iters: 500, sizes: vec![1 << 30], opts: vec![] };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--ranks" => a.ranks = v.parse().expect("--ranks N"),
+            "--iters" => a.iters = v.parse().expect("--iters K"),
+            "--sizes-mib" => a.sizes = v.split(',').map(|s| s.parse::<usize>().expect("MiB") << 20).collect(),
+            "--opts" => {
+                a.opts = v.split(',').filter(|s| !s.is_empty()).map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("--opts k=v,k=v");
+                    (k.to_string(), v.to_string())
+                }).collect()
+            }
+            _ => panic!("unknown argument {k} (use --ranks N --iters K --sizes-mib 1024 --opts blocking=1)"),
+        }
+    }
+    a
+}
+
+/// Mean seconds per op: `f` run `iters` times after `warm` warm-ups and a barrier.
+fn mean(b: &NcclBackend, warm: usize, iters: usize, f: &dyn Fn() -> Result<(), CollectiveError>) -> Result<f64, CollectiveError> {
+    for _ in 0..warm {
+        f()?;
+    }
+    b.barrier()?.wait(WAIT)?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        f()?;
+    }
+    Ok(t.elapsed().as_secs_f64() / iters as f64)
+}
+
+/// Issues `k` ops, then waits for all (the stream orders them): nccl-tests' back-to-back timing.
+fn back_to_back<T>(b: &NcclBackend, k: usize, issue: &dyn Fn() -> Result<Work<T>, CollectiveError>) -> Result<f64, CollectiveError> {
+    b.barrier()?.wait(WAIT)?;
+    let t = Instant::now();
+    let works: Vec<_> = (0..k).map(|_| issue()).collect::<Result<_, _>>()?;
+    for w in &works {
+        w.wait(WAIT)?;
+    }
+    Ok(t.elapsed().as_secs_f64() / k as f64)
+}
+
+fn rank_main(rank: usize, a: &Args) -> Result<(), CollectiveError> {
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    let world = WorldInfo {
+        rank,
+        world_size: a.ranks,
+        store_path: std::env::var("CONCORD_NCCL_BENCH_STORE").expect("store").into(),
+        world_id: std::env::var("CONCORD_NCCL_BENCH_WID").expect("wid"),
+        op_timeout: WAIT,
+        options: a.opts.clone(),
+    };
+    let b = NcclBackend::init(&world)?;
+    let say = |s: String| {
+        if rank == 0 {
+            println!("{s}");
+        }
+    };
+    say(format!("# NCCL {}, {} ranks, options {:?}; init {:.1} ms", b.nccl_version(), a.ranks, a.opts, b.init_time().as_secs_f64() * 1e3));
+    let n = a.ranks as f64;
+    let x = b.upload(&Tensor::from_vec(&[256], vec![1.0f32; 256]))?;
+    for validate in [true, false] {
+        b.set_validation(validate);
+        let rt = mean(&b, 20, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum)?.wait(WAIT).map(|_| ()))?;
+        let bb = back_to_back(&b, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum))?;
+        say(format!("latency all_reduce_ 1KiB f32 validate={validate}: issue+wait {:.1} us/op, back-to-back {:.1} us/op", rt * 1e6, bb * 1e6));
+    }
+    b.set_validation(false);
+    say(format!("# {:>10} {:>26} {:>12} {:>12} {:>8} {:>8}", "size(B)", "op", "mode", "time(us)", "algbw", "busbw"));
+    for &bytes in &a.sizes {
+        let count = bytes / 4;
+        let x = b.upload(&Tensor::from_vec(&[count], vec![1.0f32; count]))?;
+        let part = b.view(&x, 0, &[count / a.ranks])?;
+        let (ar, ag, one) = (2.0 * (n - 1.0) / n, (n - 1.0) / n, 1.0);
+        let report = |name: &str, factor: f64, rt: f64, bb: f64| {
+            for (mode, t) in [("issue+wait", rt), ("back-to-back", bb)] {
+                let algbw = bytes as f64 / t / 1e9;
+                say(format!("{bytes:>12} {name:>26} {mode:>12} {:>12.1} {algbw:>8.1} {:>8.1}", t * 1e6, algbw * factor));
+            }
+        };
+        macro_rules! time_op {
+            ($name:expr, $factor:expr, $issue:expr) => {{
+                let rt = mean(&b, 3, 10, &|| $issue.and_then(|w| w.wait(WAIT).map(|_| ())))?;
+                let bb = back_to_back(&b, 10, &|| $issue)?;
+                report($name, $factor, rt, bb);
+            }};
+        }
+        time_op!("all_reduce_ (in place)", ar, b.all_reduce_(&x, ReduceOp::Sum));
+        time_op!("all_reduce (out of place)", ar, b.all_reduce(&x, ReduceOp::Sum));
+        time_op!("all_gather_into_tensor", ag, b.all_gather_into_tensor(&part));
+        time_op!("reduce_scatter_tensor", ag, b.reduce_scatter_tensor(&x, ReduceOp::Sum));
+        time_op!("all_to_all_single", ag, b.all_to_all_single(&x, None, None));
+        time_op!("broadcast_", one, b.broadcast_(&x, 0));
+    }
+    b.set_validation(true);
+    b.barrier()?.wait(WAIT)?;
+    Ok(())
+}
+
+fn main() {
+    let a = args();
+    if let Ok(r) = std::env::var(RANK_ENV) {
+        let rank: usize = r.parse().expect("rank");
+        if let Err(e) = rank_main(rank, &a) {
+            eprintln!("rank {rank}: {e} [{}]", e.name());
+            std::process::exit(1);
+        }
+        return;
+    }
+    let gpus = match probe() {
+        Ok(i) => i.gpus,
+        Err(why) => {
+            println!("CANNOT RUN: {why}");
+            std::process::exit(2);
+        }
+    };
+    if gpus < a.ranks {
+        println!("CANNOT RUN: needs {} GPUs, found {gpus}", a.ranks);
+        std::process::exit(2);
+    }
+    let dir = tempfile::Builder::new().prefix("concord-nccl-bench-").tempdir().expect("a temporary folder");
+    let wid = format!("ncclbench{}", std::process::id());
+    let me = std::env::current_exe().expect("current exe");
+    let mut children: Vec<_> = (0..a.ranks)
+        .map(|r| {
+            Command::new(&me)
+                .args(std::env::args().skip(1))
+                .env(RANK_ENV, r.to_string())
+                .env("CONCORD_NCCL_BENCH_STORE", dir.path().join("store"))
+                .env("CONCORD_NCCL_BENCH_WID", &wid)
+                .stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() })
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect();
+    // Every rank ends, or all are killed at the deadline / at the first failure.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut ok = true;
+    let mut left: Vec<usize> = (0..a.ranks).collect();
+    while !left.is_empty() {
+        left.retain(|&r| match children[r].try_wait() {
+            Ok(Some(st)) => {
+                if !st.success() {
+                    eprintln!("rank {r} failed: {st}");
+                    ok = false;
+                }
+                false
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        });
+        if !left.is_empty() && (!ok || Instant::now() > deadline) {
+            for &r in &left {
+                eprintln!("rank {r}: killed ({})", if ok { "past the 600 s deadline" } else { "a peer failed" });
+                let _ = children[r].kill();
+                let _ = children[r].wait();
+            }
+            ok = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !ok {
+        std::process::exit(1);
+    }
+}

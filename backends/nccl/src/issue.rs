@@ -1,0 +1,219 @@
+//! Issue bookkeeping shared by every entry point: numbering an op and recording it in flight
+//! ([`concord_core::progress`]), named errors, local rejections (still sent to the peers in a
+//! header, so every rank fails alike), and queueing a job to the progress thread in exchange for
+//! a pending [`Work`].
+
+use crate::comm::Comm;
+use crate::completion::NcclCompletion;
+use crate::header::Header;
+use crate::ops::Local;
+use crate::worker::{Check, Job, Launch, OpId, Ticket};
+use crate::NcclBackend;
+use concord_core::{progress, BadInput, BadInputKind, CollectiveError, Result, Work, WorkMeta};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Marks a collective in flight in [`progress`] until handed to a completion or dropped.
+pub(crate) struct InFlight {
+    label: String,
+    seq: u64,
+    armed: bool,
+}
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.armed {
+            progress::end(&self.label, self.seq);
+        }
+    }
+}
+
+/// One issued op: names and numbers for messages and validation.
+pub(crate) struct Op {
+    pub(crate) name: &'static str,
+    pub(crate) seq: u64,
+    pub(crate) cseq: u64,
+    pub(crate) issued: Instant,
+    pub(crate) flight: InFlight,
+}
+
+impl Op {
+    pub(crate) fn id(&self) -> OpId {
+        OpId {
+            name: self.name,
+            seq: self.seq,
+            issued: self.issued,
+        }
+    }
+}
+
+impl NcclBackend {
+    pub(crate) fn comm(&self) -> &Arc<Comm> {
+        &self.chan.comm
+    }
+
+    pub(crate) fn backend_err(
+        &self,
+        op: &str,
+        seq: u64,
+        msg: impl std::fmt::Display,
+    ) -> CollectiveError {
+        CollectiveError::Backend(format!("nccl {op} #{seq} on rank {}: {msg}", self.rank))
+    }
+
+    pub(crate) fn bind(&self, op: &str) -> Result<()> {
+        self.dev
+            .bind()
+            .map_err(|e| CollectiveError::Backend(format!("nccl {op} on rank {}: {e}", self.rank)))
+    }
+
+    /// Starts an op: binds the device, numbers it, records it in flight.
+    pub(crate) fn begin(&self, name: &'static str, collective: bool) -> Result<Op> {
+        self.bind(name)?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let cseq = if collective {
+            self.coll_seq.fetch_add(1, Ordering::SeqCst)
+        } else {
+            0
+        };
+        progress::begin(&self.label, name, seq);
+        Ok(Op {
+            name,
+            seq,
+            cseq,
+            issued: Instant::now(),
+            flight: InFlight {
+                label: self.label.clone(),
+                seq,
+                armed: true,
+            },
+        })
+    }
+
+    pub(crate) fn bad(
+        &self,
+        op: &Op,
+        kind: BadInputKind,
+        detail: impl Into<String>,
+    ) -> CollectiveError {
+        CollectiveError::bad_input(kind, op.name, op.seq, self.rank, detail)
+    }
+
+    /// `Err(Aborted)` once the communicator has been aborted: later ops fail at issue.
+    pub(crate) fn alive(&self, op: &Op) -> Result<()> {
+        match self.comm().aborted() {
+            Some(why) => Err(self.chan.aborted_err(&op.id(), &why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits (bounded by the op deadline) for everything queued on the stream.
+    pub(crate) fn drain(&self, op: &Op) -> Result<()> {
+        self.chan.drain(&op.id(), op.issued + self.op_timeout)
+    }
+
+    /// Waits (bounded by the op deadline) until the progress thread has launched (or failed)
+    /// every op issued before `op`, so that `op` is ordered after them on the stream.
+    pub(crate) fn flush(&self, op: &Op) -> Result<()> {
+        if self.progress.flush(op.issued + self.op_timeout) {
+            return Ok(());
+        }
+        Err(CollectiveError::Timeout {
+            op: op.name.to_string(),
+            seq: op.seq,
+            rank: self.rank,
+            waited_ms: op.issued.elapsed().as_millis() as u64,
+            detail: format!(
+                "collectives issued before it were still waiting for their peers at the op deadline \
+                 of {} ms; this process is {}",
+                self.op_timeout.as_millis(),
+                progress::describe()
+            ),
+        })
+    }
+
+    /// A local input error: returned at issue. With validation on, the peers still need this
+    /// rank's header for this collective, so an exchange carrying the error is queued: every
+    /// rank then ends the collective in the same named error, and the sequence stays in step.
+    pub(crate) fn reject(&self, op: &Op, hdr: &Header, e: BadInput) -> CollectiveError {
+        if self.validating() && self.comm().aborted().is_none() {
+            self.progress.submit(Job::Op {
+                chan: self.chan.clone(),
+                id: op.id(),
+                check: Check::All(hdr.clone().error(e.kind)),
+                launch: None,
+                ticket: None,
+            });
+        }
+        self.bad(op, e.kind, e.detail)
+    }
+
+    pub(crate) fn meta(&self, op: &Op) -> WorkMeta {
+        WorkMeta {
+            backend: "nccl".into(),
+            op: op.name.to_string(),
+            seq: op.seq,
+            rank: self.rank,
+        }
+    }
+
+    pub(crate) fn done<T>(&self, op: Op, value: T) -> Work<T> {
+        Work::done(value, self.meta(&op), &self.counter)
+    }
+
+    /// Queues `op` for the progress thread (cross-rank `check` when validating, then `launch`)
+    /// and returns its pending [`Work`] at once.
+    pub(crate) fn submit<T>(
+        &self,
+        mut op: Op,
+        value: T,
+        check: Check,
+        launch: Option<Launch>,
+    ) -> Result<Work<T>> {
+        let check = if self.validating() {
+            check
+        } else {
+            Check::None
+        };
+        if matches!(check, Check::None) && launch.is_none() {
+            return Ok(self.done(op, value));
+        }
+        self.alive(&op)?;
+        let ticket = Ticket::new();
+        self.progress.submit(Job::Op {
+            chan: self.chan.clone(),
+            id: op.id(),
+            check,
+            launch,
+            ticket: Some(ticket.clone()),
+        });
+        op.flight.armed = false;
+        let completion = NcclCompletion {
+            comm: self.comm().clone(),
+            ticket,
+            label: self.label.clone(),
+            op: op.name.to_string(),
+            seq: op.seq,
+            rank: self.rank,
+            issued: op.issued,
+            op_timeout: self.op_timeout,
+            state: Mutex::new(None),
+            progress_open: AtomicBool::new(true),
+        };
+        Ok(Work::new(
+            value,
+            Arc::new(completion),
+            self.meta(&op),
+            &self.counter,
+        ))
+    }
+}
+
+impl Header {
+    pub(crate) fn error_if(self, local: &Local) -> Header {
+        match local {
+            Err((k, _)) => self.error(*k),
+            Ok(()) => self,
+        }
+    }
+}

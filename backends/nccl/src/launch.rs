@@ -1,0 +1,138 @@
+//! The NCCL launch builders: the closures the progress thread runs to enqueue an op's NCCL calls
+//! (elementwise reductions with their premul-sum ops, grouped point-to-point), and the device
+//! memory each launch keeps alive until its calls are enqueued.
+
+use crate::comm::{self, red_fns};
+use crate::cuda::DevMem;
+use crate::dtype::{move_type, nccl_dtype, premul_scalar, Red};
+use crate::issue::Op;
+use crate::worker::{check, Launch};
+use crate::{NcclBackend, NcclBuffer};
+use concord_core::{DType, Result};
+use cudarc::nccl::sys as nccl;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// The device memory behind `bufs`, for a [`Launch`] to keep alive until it is enqueued.
+pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
+    bufs.iter().map(|b| b.mem.clone()).collect()
+}
+
+/// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
+pub(crate) fn p2p_launch(
+    jobs: Vec<(bool, u64, usize, usize)>,
+    d: DType,
+    keep: Vec<Arc<DevMem>>,
+) -> Launch {
+    Launch {
+        premul: vec![],
+        keep,
+        calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)),
+    }
+}
+
+pub(crate) fn p2p(
+    jobs: &[(bool, u64, usize, usize)],
+    d: DType,
+    c: nccl::ncclComm_t,
+    s: nccl::cudaStream_t,
+) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
+    for &(is_send, ptr, n, peer) in jobs {
+        let (t, n) = move_type(d, n);
+        if is_send {
+            check(
+                unsafe { nccl::ncclSend(ptr as *const c_void, n, t, peer as i32, c, s) },
+                "ncclSend",
+            )?;
+        } else {
+            check(
+                unsafe { nccl::ncclRecv(ptr as *mut c_void, n, t, peer as i32, c, s) },
+                "ncclRecv",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+impl NcclBackend {
+    /// The premul-sum ops a launch must create (one per distinct dtype and scalar).
+    pub(crate) fn premul_list(reds: &[(Red, DType)]) -> Vec<(nccl::ncclDataType_t, [u8; 8])> {
+        let mut v: Vec<(nccl::ncclDataType_t, [u8; 8])> = Vec::new();
+        for (r, d) in reds {
+            if let (Red::PreMul(s), Some(t)) = (r, nccl_dtype(*d)) {
+                let item = (t, premul_scalar(*d, *s));
+                if !v.iter().any(|(t2, b2)| *t2 == item.0 && *b2 == item.1) {
+                    v.push(item);
+                }
+            }
+        }
+        v
+    }
+
+    /// The launch of one elementwise NCCL reduction (`ncclAllReduce` or `ncclReduceScatter`,
+    /// chosen by `pick`) per job `(src, dst, count, dtype, op)`; empty jobs are skipped, and no
+    /// launch at all when nothing is left. `keep_alive` buffers live until the calls are enqueued.
+    pub(crate) fn reduction_launch(
+        &self,
+        o: &Op,
+        jobs: Vec<(u64, u64, usize, DType, Red)>,
+        keep_alive: &[&NcclBuffer],
+        pick: fn(&comm::RedFns) -> comm::ElementwiseRedFn,
+        label: &'static str,
+    ) -> Result<Option<Launch>> {
+        let jobs: Vec<_> = jobs.into_iter().filter(|j| j.2 > 0).collect();
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let reds: Vec<(Red, DType)> = jobs.iter().map(|j| (j.4, j.3)).collect();
+        let premul = Self::premul_list(&reds);
+        let call = pick(red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?);
+        let p2 = premul.clone();
+        Ok(Some(Launch {
+            premul,
+            keep: keep(keep_alive),
+            calls: Box::new(move |c, s, ops| {
+                for (src, dst, n, d, red) in jobs {
+                    let t = nccl_dtype(d).expect("checked");
+                    // SAFETY: src/dst are live device buffers of at least n elements of d (kept
+                    // alive by `keep`), and c/s are this communicator's handle and stream.
+                    check(
+                        unsafe {
+                            call(
+                                src as *const c_void,
+                                dst as *mut c_void,
+                                n,
+                                t,
+                                Self::op_code(red, d, &p2, ops),
+                                c,
+                                s,
+                            )
+                        },
+                        label,
+                    )?;
+                }
+                Ok(())
+            }),
+        }))
+    }
+
+    /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
+    pub(crate) fn op_code(
+        red: Red,
+        d: DType,
+        premul: &[(nccl::ncclDataType_t, [u8; 8])],
+        ops: &[u32],
+    ) -> u32 {
+        match red {
+            Red::Builtin(c) => c,
+            Red::PreMul(s) => {
+                let key = (nccl_dtype(d).expect("checked"), premul_scalar(d, s));
+                let i = premul
+                    .iter()
+                    .position(|p| *p == key)
+                    .expect("premul op created for every premul dtype");
+                ops[i]
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Capability probes: what a backend *declares* in its [`Capabilities`] (and the semantics the
+//! oracle fixes for every backend) is observed through the [`Backend`] trait and compared, so a
+//! wrong declaration fails by name — "declared X, observed Y" — instead of surfacing as a wrong
+//! value somewhere in the matrix, or as a declared gap that silently computes something.
+//!
+//! | probe | observes | declared in |
+//! |---|---|---|
+//! | `nan_minmax` | min / max with NaN on one rank: NaN, or the other ranks' value; NaN on every rank is NaN | [`Capabilities::nan_minmax`] |
+//! | `nan_sum` | sum with NaN on one rank is NaN, whatever the min/max policy | the oracle (IEEE) |
+//! | `signed_zero_minmax` | `min(-0, +0) = -0`, `max(-0, +0) = +0` | the oracle's order `-0 < +0` |
+//! | `int_avg` | integer avg of sums that do not divide: toward zero or toward -inf | [`Capabilities::int_avg`] |
+//! | `aliasing` | `all_gather_into_tensor_out` whose input is this rank's chunk of the output | [`Capabilities::aliasing`] |
+//! | `gaps_refused` | every reduction declared unsupported for the dtype ends in a named error on every rank | [`Capabilities::gaps`], [`Capabilities::dtypes`] |
+//!
+//! Case names: `caps::<probe>::<dtype>::ws<N>`. A probe of a combination the backend declares
+//! unsupported is UNSUPPORTED; a backend that moves no data has nothing to observe (UNSUPPORTED).
+//! These probes replace the "declared vs observed" checks of the former `concord-nccl-smoke`
+//! binary, and now run on every backend that moves data.
+
+use super::util::{expect_eq, fail, full};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use crate::exec::{self, Params};
+use concord_core::{AliasPolicy, Backend, BadInputKind, Capabilities, DType, IntAvg, NanPolicy, OpKind, ReduceOp, Tensor, Variant};
+
+const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+const INTS: [DType; 8] = [DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
+const WS: [usize; 2] = [2, 3];
+
+type Probe<B> = fn(&mut Ctx<'_, B>, DType) -> CaseResult;
+
+fn case<B: Backend>(probe: &'static str, op: OpKind, variant: Variant, reduce: &str, dtype: DType, ws: usize, f: Probe<B>) -> Case<B> {
+    let meta = CaseMeta { suite: "caps".into(), op: op.name().into(), variant: variant.name().into(), dtype: dtype.name().into(), reduce: reduce.into() };
+    Case::new(format!("caps::{probe}::{dtype}::ws{ws}"), meta, ws, move |ctx| f(ctx, dtype))
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let (ar, out) = (OpKind::AllReduce, Variant::Out);
+    let mut v = Vec::new();
+    for ws in WS {
+        for d in FLOATS {
+            v.push(case::<B>("nan_minmax", ar, out, "min,max", d, ws, nan_minmax));
+            v.push(case::<B>("nan_sum", ar, out, "sum", d, ws, nan_sum));
+            v.push(case::<B>("signed_zero_minmax", ar, out, "min,max", d, ws, signed_zero_minmax));
+        }
+        for d in INTS {
+            v.push(case::<B>("int_avg", ar, out, "avg", d, ws, int_avg));
+        }
+        v.push(case::<B>("aliasing", OpKind::AllGatherIntoTensor, Variant::OutBuf, "", DType::F32, ws, aliasing));
+    }
+    for d in DType::ALL {
+        v.push(case::<B>("gaps_refused", ar, out, "", d, 2, gaps_refused));
+    }
+    v
+}
+
+/// Where a probe ran: backend, op, reduce op, dtype, world size, rank.
+fn at<B: Backend>(b: &B, op: &str, reduce: &str, dtype: DType) -> String {
+    format!("backend={} op={op} reduce={reduce} dtype={dtype} world_size={} rank={}", b.name(), b.world_size(), b.rank())
+}
+
+/// The capabilities, or UNSUPPORTED when there is nothing to observe or the backend declares
+/// one of `reduces` on `dtype` unsupported.
+fn gate<B: Backend>(b: &B, op: OpKind, variant: Variant, dtype: DType, reduces: &[ReduceOp]) -> Result<Capabilities, CaseEnd> {
+    let caps = b.capabilities();
+    if !caps.moves_data {
+        return Err(CaseEnd::Unsupported("the backend moves no data (Capabilities::moves_data = false): nothing to observe".into()));
+    }
+    let reduces: Vec<Option<ReduceOp>> = if reduces.is_empty() { vec![None] } else { reduces.iter().copied().map(Some).collect() };
+    for r in reduces {
+        caps.check(op, Some(variant), Some(dtype), r, b.world_size()).map_err(CaseEnd::Unsupported)?;
+    }
+    Ok(caps)
+}
+
+/// all_reduce (out of place) of this rank's `mine`; the downloaded result.
+fn reduce_values<B: Backend>(ctx: &Ctx<'_, B>, dtype: DType, mine: &[f64], op: ReduceOp, w: &str) -> Result<Tensor, CaseEnd> {
+    let b = ctx.b;
+    let x = b.upload(&Tensor::from_f64(dtype, &[mine.len()], mine)).map_err(|e| fail(w, format!("upload: {e}")))?;
+    let y = b.all_reduce(&x, op).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(w, format!("{e} [{}]", e.name())))?;
+    b.download(&y).map_err(|e| fail(w, format!("download: {e}")))
+}
+
+fn fold(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
+    match op {
+        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+        _ => vals.fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// min / max with NaN on rank 0 only (element 0), on the last rank only (element 1) and on
+/// every rank (element 2); every other rank r holds r + 1.
+fn nan_minmax<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    let caps = gate(b, OpKind::AllReduce, Variant::Out, dtype, &[ReduceOp::Min, ReduceOp::Max])?;
+    let (ws, me) = (b.world_size(), b.rank());
+    let v = |r: usize| (r + 1) as f64;
+    let mine = [if me == 0 { f64::NAN } else { v(me) }, if me == ws - 1 { f64::NAN } else { v(me) }, f64::NAN];
+    for op in [ReduceOp::Min, ReduceOp::Max] {
+        let w = at(b, "all_reduce", op.name(), dtype);
+        let got = reduce_values(ctx, dtype, &mine, op, &w)?;
+        let nan = |i: usize| got.get_f64(i).is_nan();
+        let ignore = [fold(op, (1..ws).map(v)), fold(op, (0..ws - 1).map(v))];
+        let seen = format!(
+            "{op}(NaN on rank 0, numbers elsewhere) = {}, {op}(NaN on rank {}, numbers elsewhere) = {}",
+            got.fmt_element(0),
+            ws - 1,
+            got.fmt_element(1)
+        );
+        if !nan(2) {
+            return Err(fail(&w, format!("{op}(NaN on every rank) = {}, expected NaN under either NaN policy", got.fmt_element(2))));
+        }
+        let observed = match (nan(0), nan(1)) {
+            (true, true) => NanPolicy::Propagate,
+            (false, false) if got.get_f64(0) == ignore[0] && got.get_f64(1) == ignore[1] => NanPolicy::Ignore,
+            _ => {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "declared nan_minmax={:?}, observed neither policy: {seen} (Propagate gives NaN, NaN; Ignore gives {}, {})",
+                        caps.nan_minmax, ignore[0], ignore[1]
+                    ),
+                ))
+            }
+        };
+        if observed != caps.nan_minmax {
+            return Err(fail(&w, format!("declared nan_minmax={:?}, observed {observed:?}: {seen}", caps.nan_minmax)));
+        }
+    }
+    Ok(())
+}
+
+/// sum with NaN on rank 0 only: NaN, whatever the backend declares for min / max.
+fn nan_sum<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    gate(b, OpKind::AllReduce, Variant::Out, dtype, &[ReduceOp::Sum])?;
+    let me = b.rank();
+    let w = at(b, "all_reduce", "sum", dtype);
+    let mine = [if me == 0 { f64::NAN } else { 1.0 }];
+    let got = reduce_values(ctx, dtype, &mine, ReduceOp::Sum, &w)?;
+    if !got.get_f64(0).is_nan() {
+        return Err(fail(&w, format!("contract: sum(NaN on rank 0, 1 elsewhere) = NaN (NaN propagates through sum under either NaN policy); observed {}", got.fmt_element(0))));
+    }
+    Ok(())
+}
+
+/// min / max of -0 and +0: element 0 has -0 on rank 0 and +0 elsewhere, element 1 the reverse.
+fn signed_zero_minmax<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    gate(b, OpKind::AllReduce, Variant::Out, dtype, &[ReduceOp::Min, ReduceOp::Max])?;
+    let me = b.rank();
+    let mine = if me == 0 { [-0.0, 0.0] } else { [0.0, -0.0] };
+    for (op, negative) in [(ReduceOp::Min, true), (ReduceOp::Max, false)] {
+        let w = at(b, "all_reduce", op.name(), dtype);
+        let got = reduce_values(ctx, dtype, &mine, op, &w)?;
+        for i in 0..2 {
+            let x = got.get_f64(i);
+            if x != 0.0 || x.is_sign_negative() != negative {
+                let (first, rest) = if i == 0 { ("-0", "+0") } else { ("+0", "-0") };
+                return Err(fail(
+                    &w,
+                    format!(
+                        "contract (the oracle orders -0 < +0): {op}({first} on rank 0, {rest} elsewhere) = {}; observed {}",
+                        if negative { "-0" } else { "+0" },
+                        got.fmt_element(i)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Integer avg of sums that do not divide by the world size. Rank 0 holds a, rank 1 holds b,
+/// every other rank 0: signed (3, 4), (-3, -4), (1, -2); unsigned (3, 4), (5, 8), (0, 1).
+/// For unsigned dtypes both policies agree; the probe then only checks the rounding is one of them.
+fn int_avg<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    let caps = gate(b, OpKind::AllReduce, Variant::Out, dtype, &[ReduceOp::Avg])?;
+    let (ws, me) = (b.world_size(), b.rank());
+    let (a, c): ([i64; 3], [i64; 3]) = if dtype.is_signed_int() { ([3, -3, 1], [4, -4, -2]) } else { ([3, 5, 0], [4, 8, 1]) };
+    let mine: Vec<f64> = match me {
+        0 => a.iter().map(|&x| x as f64).collect(),
+        1 => c.iter().map(|&x| x as f64).collect(),
+        _ => vec![0.0; 3],
+    };
+    let w = at(b, "all_reduce", "avg", dtype);
+    let got = reduce_values(ctx, dtype, &mine, ReduceOp::Avg, &w)?;
+    let got: Vec<i64> = (0..3).map(|i| got.get_f64(i) as i64).collect();
+    let sums: Vec<i64> = a.iter().zip(&c).map(|(x, y)| x + y).collect();
+    let trunc: Vec<i64> = sums.iter().map(|s| s / ws as i64).collect();
+    let floor: Vec<i64> = sums.iter().map(|s| s.div_euclid(ws as i64)).collect();
+    let pairs: Vec<String> = a.iter().zip(&c).map(|(x, y)| format!("({x}, {y})")).collect();
+    let seen = format!("avg of {} over {ws} ranks (0 on the others) = {got:?}", pairs.join(" "));
+    let observed = if got == trunc {
+        IntAvg::Truncate
+    } else if got == floor {
+        IntAvg::Floor
+    } else {
+        return Err(fail(
+            &w,
+            format!("declared int_avg={:?}, observed neither policy: {seen} (Truncate gives {trunc:?}, Floor gives {floor:?})", caps.int_avg),
+        ));
+    };
+    // Unsigned sums are non-negative: truncation and floor give the same result.
+    if observed != caps.int_avg && trunc != floor {
+        return Err(fail(&w, format!("declared int_avg={:?}, observed {observed:?}: {seen}", caps.int_avg)));
+    }
+    Ok(())
+}
+
+/// `all_gather_into_tensor_out` whose input is this rank's chunk of the output (NCCL's in-place
+/// layout): a named `bad_input:aliasing` is [`AliasPolicy::Reject`], the right result
+/// [`AliasPolicy::Correct`]; anything else is neither.
+fn aliasing<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    let caps = gate(b, OpKind::AllGatherIntoTensor, Variant::OutBuf, dtype, &[])?;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = at(b, "all_gather_into_tensor_out", "-", dtype);
+    let n = 6;
+    let chunk = |r: usize| Tensor::from_f64(dtype, &[n], &vec![(r + 1) as f64 * 10.0; n]);
+    let out = b.upload(&Tensor::zeros(dtype, &[ws * n]))?;
+    let input = b.view(&out, me * n, &[n])?;
+    b.write(&input, &chunk(me))?;
+    let result = b.all_gather_into_tensor_out(&input, &out).and_then(|wk| wk.into_value(ctx.timeout));
+    let observed = match result {
+        Err(e) if e.bad_input_kind() == Some(BadInputKind::Aliasing) => AliasPolicy::Reject,
+        Err(e) => {
+            return Err(fail(
+                &w,
+                format!("declared aliasing={:?}, observed neither policy: the aliased call ended in {e} [{}] (Reject is a named bad_input:aliasing error)", caps.aliasing, e.name()),
+            ))
+        }
+        Ok(_) => {
+            let parts: Vec<Tensor> = (0..ws).map(chunk).collect();
+            let want = Tensor::cat_rows(dtype, &[], &parts);
+            expect_eq(b, &out, &want, &format!("{w}: declared aliasing={:?}, observed neither policy: the aliased call was accepted but its result is wrong", caps.aliasing))?;
+            AliasPolicy::Correct
+        }
+    };
+    if observed != caps.aliasing {
+        let how = match observed {
+            AliasPolicy::Reject => "the aliased call was refused with bad_input:aliasing",
+            AliasPolicy::Correct => "the aliased call was accepted and computed the right result",
+        };
+        return Err(fail(&w, format!("declared aliasing={:?}, observed {observed:?}: {how}", caps.aliasing)));
+    }
+    Ok(())
+}
+
+/// Every reduction (all_reduce, reduce_scatter_tensor, reduce; every reduce op defined for the
+/// dtype) the backend declares unsupported on `dtype` must end in a named error on every rank —
+/// not a result, not a hang — and the world stays usable. Nothing declared: nothing to refuse.
+fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    let caps = b.capabilities();
+    if !caps.moves_data {
+        return Err(CaseEnd::Unsupported("the backend moves no data (Capabilities::moves_data = false): nothing to observe".into()));
+    }
+    let ws = b.world_size();
+    if ws > caps.max_world_size {
+        return Err(CaseEnd::Unsupported(format!("world size {ws} > declared max {}", caps.max_world_size)));
+    }
+    const REFUSALS: [&str; 3] = ["bad_input:unsupported_dtype", "bad_input:unsupported_op", "unsupported"];
+    let mut probed = 0;
+    for op in [OpKind::AllReduce, OpKind::ReduceScatterTensor, OpKind::Reduce] {
+        for r in ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)) {
+            let Err(reason) = caps.check(op, Some(Variant::Out), Some(dtype), Some(r), ws) else { continue };
+            probed += 1;
+            let w = at(b, op.name(), r.name(), dtype);
+            let declared = format!("declared unsupported ({reason})");
+            let x = match b.upload(&Tensor::zeros(dtype, &[2 * ws])) {
+                Ok(x) => x,
+                // A dtype the backend does not move at all may be refused at upload already.
+                Err(_) if !caps.dtypes.contains(&dtype) => continue,
+                Err(e) => return Err(fail(&w, format!("upload: {e}"))),
+            };
+            let p = Params { reduce: Some(r), root: 0, ..Default::default() };
+            match exec::call(b, op, Variant::Out, &[x], None, &p, ctx.timeout) {
+                Ok(_) => {
+                    return Err(fail(
+                        &w,
+                        format!("{declared}, observed a completed {op} {r}: a declared gap must end in a named error ({}) on every rank", REFUSALS.join(" | ")),
+                    ))
+                }
+                Err(e) if REFUSALS.contains(&e.name().as_str()) => {}
+                Err(e) => {
+                    return Err(fail(&w, format!("{declared}, observed {e} [{}]; expected a named refusal ({})", e.name(), REFUSALS.join(" | "))))
+                }
+            }
+        }
+    }
+    if probed == 0 {
+        return Ok(());
+    }
+    // The world is still usable.
+    let w = at(b, "all_reduce", "sum", DType::F32);
+    let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
+    let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the world is not usable after the refused calls: {e}")))?;
+    expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the refused calls)"))
+}
