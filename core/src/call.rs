@@ -529,7 +529,9 @@ pub fn validate_all(all: &[CallDesc], caps: &Capabilities) -> V {
     agree(all, DTypeMismatch, "input dtypes", |d| d.inputs.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
     let p0 = &all[0];
     if p0.op == CallOp::AllToAll {
-        agree(all, ShapeMismatch, "row shapes (all dims but the first)", |d| d.inputs.iter().map(|t| t.shape.get(1..).map(<[usize]>::to_vec)).collect::<Vec<_>>())?;
+        agree(all, ShapeMismatch, "row shapes (all dims but the first)", |d| {
+            d.inputs.iter().map(|t| t.shape.get(1..).map(<[usize]>::to_vec)).collect::<Vec<_>>()
+        })?;
     } else {
         agree(all, ShapeMismatch, "input shapes", |d| d.inputs.iter().map(|t| t.shape.clone()).collect::<Vec<_>>())?;
     }

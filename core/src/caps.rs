@@ -130,10 +130,7 @@ mod tests {
         c.gaps.push(Gap::reduce("band", "no bitwise"));
         c.dtypes.retain(|d| *d != DType::U16);
         assert!(c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::Sum), 2).is_ok());
-        assert_eq!(
-            c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::BAnd), 2),
-            Err("no bitwise".into())
-        );
+        assert_eq!(c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::BAnd), 2), Err("no bitwise".into()));
         assert!(c.check(OpKind::Broadcast, None, Some(DType::U16), None, 2).is_err());
         assert!(c.check(OpKind::Broadcast, None, Some(DType::F32), None, 9).is_err());
     }

@@ -23,8 +23,8 @@ pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, 
 pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 pub use dtype::{DType, Element};
 pub use error::{BadInputKind, CollectiveError, Result};
-pub use op::{OpKind, ReduceOp, Variant};
-pub use tensor::Tensor;
 #[doc(hidden)]
 pub use half;
+pub use op::{OpKind, ReduceOp, Variant};
+pub use tensor::Tensor;
 pub use work::{AsyncResult, Completion, Done, Failed, Flag, OutstandingCounter, Work, WorkMeta};

@@ -80,8 +80,7 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] =
-        [Variant::Out, Variant::InPlace, Variant::OutBuf, Variant::Coalesced, Variant::CoalescedInPlace];
+    pub const ALL: [Variant; 5] = [Variant::Out, Variant::InPlace, Variant::OutBuf, Variant::Coalesced, Variant::CoalescedInPlace];
     pub const fn name(self) -> &'static str {
         match self {
             Variant::Out => "out",

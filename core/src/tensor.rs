@@ -1,7 +1,7 @@
 //! Host tensors: a dtype, a shape and contiguous, 8-byte-aligned element storage.
 
-use crate::dtype::{DType, Element};
 use crate::dispatch_dtype;
+use crate::dtype::{DType, Element};
 use std::fmt;
 
 /// A contiguous host tensor. A 0-dim tensor has `shape == []` and one element; a tensor with a

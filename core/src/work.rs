@@ -116,14 +116,7 @@ pub struct Work<T> {
 impl<T> Work<T> {
     pub fn new(value: T, completion: Arc<dyn Completion>, meta: WorkMeta, counter: &OutstandingCounter) -> Work<T> {
         counter.0.fetch_add(1, Ordering::SeqCst);
-        Work {
-            value: Some(value),
-            completion,
-            meta,
-            counter: counter.clone(),
-            counted: AtomicBool::new(true),
-            outcome: Mutex::new(None),
-        }
+        Work { value: Some(value), completion, meta, counter: counter.clone(), counted: AtomicBool::new(true), outcome: Mutex::new(None) }
     }
 
     /// A work that is complete at once.

@@ -20,8 +20,8 @@
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
 use crate::outcome::Outcome;
-use crate::verdict::{Failure, RankState, Verdict};
 use crate::platform;
+use crate::verdict::{Failure, RankState, Verdict};
 use crate::worker::{format_options, vars, WorkerMsg};
 use nix::sys::signal::Signal;
 use std::collections::VecDeque;
@@ -403,12 +403,7 @@ impl World {
         if key.world_size == 0 {
             return Err("world size 0".into());
         }
-        let id = format!(
-            "p{}w{}x{:06x}",
-            std::process::id(),
-            WORLD_COUNTER.fetch_add(1, Ordering::Relaxed),
-            platform::nonce()
-        );
+        let id = format!("p{}w{}x{:06x}", std::process::id(), WORLD_COUNTER.fetch_add(1, Ordering::Relaxed), platform::nonce());
         platform::install_termination_cleanup(cleanup_live_worlds);
         let dir = tempfile::Builder::new()
             .prefix(&platform::shm_prefix(&id))
@@ -914,8 +909,8 @@ impl Pool {
             } else {
                 None
             };
-            let state_at_deadline = (s.state == RankState::Terminating)
-                .then(|| s.answer.clone().unwrap_or_else(|| "no answer to the status request".into()));
+            let state_at_deadline =
+                (s.state == RankState::Terminating).then(|| s.answer.clone().unwrap_or_else(|| "no answer to the status request".into()));
             let exit_text = exit.clone().unwrap_or_default();
             match (&s.outcome, s.state) {
                 (Some(Outcome::Failed(m)), RankState::Exited) if s.exiting => {

@@ -261,9 +261,7 @@ pub fn serve<S>(
 /// rendezvous barrier.
 fn rendezvous(env: &WorkerEnv, timeout: Duration) -> Result<FileStore, String> {
     let store = FileStore::open(&env.store_path, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
-    store
-        .set(&format!("pid/{}", env.rank), std::process::id().to_string().as_bytes())
-        .map_err(|e| format!("rendezvous: {e}"))?;
+    store.set(&format!("pid/{}", env.rank), std::process::id().to_string().as_bytes()).map_err(|e| format!("rendezvous: {e}"))?;
     store.barrier(RENDEZVOUS_BARRIER, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
     Ok(store)
 }

@@ -7,11 +7,11 @@
 //! the run is left in the temp dir or /dev/shm.
 
 use concord_harness::outcome::Outcome;
-use concord_harness::verdict::{Failure, Verdict};
 use concord_harness::platform::{list_prefixed, pid_alive, pid_running, shm_prefix};
 use concord_harness::runner::{CaseReport, CaseRequest, Pool, PoolConfig, WorldKey};
-use concord_store::FileStore;
+use concord_harness::verdict::{Failure, Verdict};
 use concord_harness::worker::{serve, WorkerEnv};
+use concord_store::FileStore;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -117,7 +117,11 @@ fn adds(env: &WorkerEnv) -> Outcome {
     all.sort();
     let want: Vec<i64> = (1..=(1000 * env.world_size) as i64).collect();
     if all != want {
-        return Outcome::Failed(format!("lost or duplicated updates: {} values, first bad at {:?}", all.len(), all.iter().zip(&want).position(|(a, b)| a != b)));
+        return Outcome::Failed(format!(
+            "lost or duplicated updates: {} values, first bad at {:?}",
+            all.len(),
+            all.iter().zip(&want).position(|(a, b)| a != b)
+        ));
     }
     match store.get("adds/ctr") {
         Ok(v) if v == want.len().to_string().as_bytes() => Outcome::Passed,
@@ -212,7 +216,6 @@ fn snapshot(name: &str, r: &CaseReport) {
 fn blamed(r: &CaseReport) -> Vec<(usize, &'static str)> {
     r.verdict.failures().iter().map(|f| (f.rank(), f.kind())).collect()
 }
-
 
 // ------------------------------------------------------------------------------------------
 // Tests
@@ -456,7 +459,10 @@ fn t_parent_sigterm_cleans_up() -> Result<(), Failed> {
     let world_id = words.next().unwrap_or_default().to_string();
     let worker_pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
     check!(worker_pids.len() == 2, "{line}");
-    check!(!concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the live world has no temp dir");
+    check!(
+        !concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(),
+        "the live world has no temp dir"
+    );
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
     let status = child.0.wait()?;
     check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");

@@ -169,13 +169,7 @@ pub fn compare(got: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<(), Mi
 /// Compares every rank's result with the oracle's where it is defined; the first failing rank
 /// and its mismatch otherwise. `got` and `expected.outputs` MUST be indexed by rank.
 pub fn compare_outputs(got: &[Tensor], expected: &crate::Expected, tol: Tolerance) -> Result<(), (usize, Mismatch)> {
-    assert_eq!(
-        got.len(),
-        expected.outputs.len(),
-        "compare_outputs: {} results for {} ranks",
-        got.len(),
-        expected.outputs.len()
-    );
+    assert_eq!(got.len(), expected.outputs.len(), "compare_outputs: {} results for {} ranks", got.len(), expected.outputs.len());
     for (r, (g, e)) in got.iter().zip(&expected.outputs).enumerate() {
         if expected.defined[r] {
             compare(g, e, tol).map_err(|m| (r, m))?;
@@ -268,12 +262,8 @@ mod tests {
         let m = compare(&Tensor::zeros(DType::BF16, &[2, 3]), &a, Tolerance::Ulps(2)).unwrap_err();
         assert_eq!(m.to_string(), "dtype mismatch: got bf16[2, 3], expected f32[2, 3]");
         // Empty tensors of the same shape match; of different shapes do not.
-        assert!(
-            compare(&Tensor::zeros(DType::F32, &[0, 3]), &Tensor::zeros(DType::F32, &[0, 3]), Tolerance::Exact).is_ok()
-        );
-        assert!(
-            compare(&Tensor::zeros(DType::F32, &[0]), &Tensor::zeros(DType::F32, &[0, 3]), Tolerance::Exact).is_err()
-        );
+        assert!(compare(&Tensor::zeros(DType::F32, &[0, 3]), &Tensor::zeros(DType::F32, &[0, 3]), Tolerance::Exact).is_ok());
+        assert!(compare(&Tensor::zeros(DType::F32, &[0]), &Tensor::zeros(DType::F32, &[0, 3]), Tolerance::Exact).is_err());
     }
 
     #[test]

@@ -2,10 +2,10 @@
 
 use crate::reduce::reduce_tensors;
 use crate::{Collective, Expected, OracleError, Semantics};
+use concord_core::Tensor;
 use concord_core::{
     validate_all, validate_local, validate_pair, BadInputKind as K, CallDesc, CallOp, Capabilities, DType, TensorDesc, Variant,
 };
-use concord_core::Tensor;
 
 type R<T> = Result<T, OracleError>;
 
@@ -147,9 +147,7 @@ pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Ex
                 .collect();
             Ok(all_defined(outputs))
         }
-        Collective::Broadcast { src } => {
-            Ok(all_defined(vec![inputs[*src].clone(); ws]))
-        }
+        Collective::Broadcast { src } => Ok(all_defined(vec![inputs[*src].clone(); ws])),
         Collective::Permute { src_dst } => {
             let mut outputs = inputs.to_vec();
             for (r, &d) in src_dst.iter().enumerate() {
@@ -276,10 +274,7 @@ mod tests {
         assert_eq!((vals(&e.outputs[0]), vals(&e.outputs[1])), (vec![1, 3], vec![2, 4]));
         assert_eq!(e.outputs[1].shape(), &[2, 1]);
         // Mismatch: rank 1 expects 2 rows from rank 0, which sends 1.
-        let c = Collective::AllToAll {
-            input_splits: vec![Some(vec![1, 1]), None],
-            output_splits: vec![None, Some(vec![2, 1])],
-        };
+        let c = Collective::AllToAll { input_splits: vec![Some(vec![1, 1]), None], output_splits: vec![None, Some(vec![2, 1])] };
         assert_eq!(kind(&c, &eq), K::SplitMismatch);
         let c = Collective::AllToAll { input_splits: vec![Some(vec![1, 2]), None], output_splits: vec![None, None] };
         assert_eq!(kind(&c, &eq), K::BadSplits);

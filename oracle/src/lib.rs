@@ -26,7 +26,6 @@
 //!   nothing else); NaN never passes against a number under any tolerance; infinities must match
 //!   exactly.
 #![forbid(unsafe_code)]
-
 #![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod check;
@@ -114,9 +113,7 @@ impl Collective {
     /// The reduce op, for the reducing collectives.
     pub fn reduce_op(&self) -> Option<ReduceOp> {
         match self {
-            Collective::AllReduce { op } | Collective::ReduceScatter { op } | Collective::Reduce { op, .. } => {
-                Some(*op)
-            }
+            Collective::AllReduce { op } | Collective::ReduceScatter { op } | Collective::Reduce { op, .. } => Some(*op),
             _ => None,
         }
     }

@@ -373,9 +373,7 @@ mod tests {
         let b = t(vec![1.0, nan, 0.0, -0.0, nan, 1.0, -0.0]);
         let prop = sem(NanPolicy::Propagate, IntAvg::Truncate);
         let ign = sem(NanPolicy::Ignore, IntAvg::Truncate);
-        let bits = |t: Tensor| {
-            t.as_slice::<f32>().iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>()
-        };
+        let bits = |t: Tensor| t.as_slice::<f32>().iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
         let n = u32::MAX;
         let (z, nz, one, inf) = (0f32.to_bits(), (-0f32).to_bits(), 1f32.to_bits(), f32::INFINITY.to_bits());
         assert_eq!(bits(reduce_tensors(ReduceOp::Max, &[&a, &b], &prop)), vec![n, n, z, z, n, inf, nz]);

@@ -33,8 +33,7 @@ fn all_gather_chunks_sum_to_the_all_reduce_sum() {
                 let xs = inputs(seed_for(name), ws, dtype, &shape, Some(ReduceOp::Sum), InputKind::Exact);
                 let gathered = &ex(&Collective::AllGather, &xs)[0];
                 let rows = shape.first().copied().unwrap_or(1);
-                let chunks: Vec<Tensor> =
-                    (0..ws).map(|r| gathered.slice_rows(r * rows, rows).reshaped(&shape)).collect();
+                let chunks: Vec<Tensor> = (0..ws).map(|r| gathered.slice_rows(r * rows, rows).reshaped(&shape)).collect();
                 same(&chunks, &xs, "all_gather chunk r is rank r's input");
                 let refs: Vec<&Tensor> = chunks.iter().collect();
                 let sum = reduce_tensors(ReduceOp::Sum, &refs, &Semantics::default());
@@ -197,10 +196,7 @@ fn special_inputs_follow_the_declared_policies() {
                 assert!(get(op, &ign, 0).is_nan(), "{op} propagates NaN whatever the min/max policy");
                 let inf = get(op, &ign, 2);
                 // A product's sign depends on the other ranks' signs.
-                assert!(
-                    inf == f64::INFINITY || (op == ReduceOp::Product && inf == f64::NEG_INFINITY),
-                    "{dtype} {op}: {inf}"
-                );
+                assert!(inf == f64::INFINITY || (op == ReduceOp::Product && inf == f64::NEG_INFINITY), "{dtype} {op}: {inf}");
                 assert!(get(op, &prop, 4).is_nan() || op == ReduceOp::Product);
             }
             assert_eq!(get(ReduceOp::Max, &prop, 2), f64::INFINITY);

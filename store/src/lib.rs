@@ -129,11 +129,8 @@ fn encode_record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 /// then digits; anything after the digits is ignored).
 fn parse_counter(v: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(v).ok()?.trim_start();
-    let end = s
-        .char_indices()
-        .find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+'))))
-        .map(|(i, _)| i)
-        .unwrap_or(s.len());
+    let end =
+        s.char_indices().find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+')))).map(|(i, _)| i).unwrap_or(s.len());
     s[..end].parse().ok()
 }
 

@@ -166,13 +166,11 @@ impl Report {
                 md.push_str(&format!("### `{}`\n\n```text\n{}\n```\n\n", c.id, c.detail));
             }
         }
-        let unsupported: BTreeMap<&str, usize> = self.cases.iter().filter(|c| c.status == Status::Unsupported).fold(
-            BTreeMap::new(),
-            |mut m, c| {
+        let unsupported: BTreeMap<&str, usize> =
+            self.cases.iter().filter(|c| c.status == Status::Unsupported).fold(BTreeMap::new(), |mut m, c| {
                 *m.entry(c.detail.as_str()).or_default() += 1;
                 m
-            },
-        );
+            });
         if !unsupported.is_empty() {
             md.push_str("\n## Declared gaps (unsupported)\n\n| reason | cases |\n|---|---|\n");
             for (r, n) in unsupported {

@@ -6,10 +6,10 @@ use crate::case::{to_outcome, Case, CaseMeta, Ctx};
 use crate::report::{CaseRecord, Report};
 use concord_core::Backend;
 use concord_harness::outcome::Outcome;
-use concord_harness::verdict::Verdict;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
-use concord_store::FileStore;
+use concord_harness::verdict::Verdict;
 use concord_harness::worker::{self, WorkerEnv};
+use concord_store::FileStore;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -165,12 +165,7 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Dura
         }
     }
     let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options: entry.options.clone() };
-    let report = Pool::global().run_case(CaseRequest {
-        key: &key,
-        case_id: &case.id,
-        deadline: case.deadline,
-        isolated: case.isolated,
-    });
+    let report = Pool::global().run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
         _ => String::new(),
@@ -405,7 +400,10 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     let unknown: Vec<&String> = opts.exact.iter().filter(|x| !work.iter().any(|(_, c)| &c.id == *x)).collect();
     if !unknown.is_empty() {
         let names: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
-        eprintln!("error: no case is named {} (case ids look like `shm::all_reduce::out::f32::sum::ws4`; list them with `--list`)", names.join(", "));
+        eprintln!(
+            "error: no case is named {} (case ids look like `shm::all_reduce::out::f32::sum::ws4`; list them with `--list`)",
+            names.join(", ")
+        );
         return 2;
     }
     if work.is_empty() {
@@ -495,7 +493,8 @@ fn skip_summary(report: &Report) -> Vec<String> {
         .filter(|p| p.2 > 0)
         .map(|(backend, total, skipped, reasons)| {
             let all = if skipped == total { " (all of them)" } else { "" };
-            let more = if reasons.len() > 1 { format!("; and {} other reason(s), see the report", reasons.len() - 1) } else { String::new() };
+            let more =
+                if reasons.len() > 1 { format!("; and {} other reason(s), see the report", reasons.len() - 1) } else { String::new() };
             format!("{backend}: {skipped} of {total} cases skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
         })
         .collect()

@@ -103,14 +103,7 @@ pub fn run<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, la
     Ok(())
 }
 
-fn run_shapes<B: Backend>(
-    b: &B,
-    spec: &ValueSpec,
-    seed: u64,
-    shapes: &[Vec<usize>],
-    timeout: Duration,
-    label: &str,
-) -> CaseResult {
+fn run_shapes<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, shapes: &[Vec<usize>], timeout: Duration, label: &str) -> CaseResult {
     let ws = b.world_size();
     let rank = b.rank();
     let caps = b.capabilities();
@@ -157,8 +150,7 @@ fn run_shapes<B: Backend>(
         return Ok(());
     }
 
-    let ins: Vec<B::Buffer> =
-        my_inputs.iter().map(|t| b.upload(t)).collect::<Result<_, _>>().map_err(|e| fail(format!("upload: {e}")))?;
+    let ins: Vec<B::Buffer> = my_inputs.iter().map(|t| b.upload(t)).collect::<Result<_, _>>().map_err(|e| fail(format!("upload: {e}")))?;
 
     // `_out` variants and recv write into a view framed by guard elements.
     let mut guarded = None;

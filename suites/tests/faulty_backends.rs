@@ -3,9 +3,7 @@
 //! for wrong values, the first bad index with got / expected. The correct backend must pass the
 //! very same cases (control).
 
-use concord_core::{
-    Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
-};
+use concord_core::{Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_harness::verdict::Verdict;
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
@@ -80,7 +78,11 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.outstanding() + self.counter.get()
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
-        Ok(self.inner.new_group(ranks)?.map(|g| Faulty { inner: Arc::new(g), views: Mutex::new(HashMap::new()), counter: Default::default() }))
+        Ok(self.inner.new_group(ranks)?.map(|g| Faulty {
+            inner: Arc::new(g),
+            views: Mutex::new(HashMap::new()),
+            counter: Default::default(),
+        }))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.inner.upload(t)
@@ -257,17 +259,54 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
     vec![
         (e::<WRONG_REDUCTION>("wrong_reduction"), &["all_reduce::out::f32::sum::ws2", "all_reduce::out::i64::sum::ws3"], VALUE),
         (e::<OFF_BY_ONE_SPLIT>("off_by_one_split"), &["all_to_all_single::out::f32::ws2"], VALUE),
-        (e::<EARLY_COMPLETION>("early_completion"), &["async::lag_read_right_after_wait::ws2", "all_reduce::out::f32::sum::ws2"], &["first bad index", "got", "expected", "rank="]),
-        (e::<WRITES_PAST_OUTPUT>("writes_past_output"), &["all_gather_into_tensor::outbuf::f32::ws2", "all_gather_into_tensor::outbuf::u8::ws3"], &["past the end", "op=all_gather_into_tensor", "variant=outbuf", "rank=", "world_size="]),
-        (e::<MUTATES_INPUT>("mutates_input"), &["all_reduce::out::f32::sum::ws2"], &["modified its input", "first bad index", "got", "expected", "op=all_reduce", "variant=out", "dtype=f32", "rank="]),
-        (e::<WRONG_RANK_ORDER>("wrong_rank_order"), &["all_gather_into_tensor::out::f32::ws2", "all_gather_into_tensor::out::i32::ws4"], VALUE),
-        (e::<IGNORES_ROOT>("ignores_root"), &["broadcast::out::f32::ws2", "broadcast::inplace::i32::ws3", "seed::c10d::test_broadcast"], &["first bad index", "got", "expected", "op=broadcast", "rank="]),
-        (e::<TRUNCATES_SILENTLY>("truncates_silently"), &["bad_input::reduce_scatter_indivisible_ws2::ws2", "bad_input::reduce_scatter_indivisible_ws3::ws3"], &["accepted", "bad_input=reduce_scatter_indivisible", "rank=", "world_size="]),
-        (e::<INPLACE_RETURNS_COPY>("inplace_returns_copy"), &["all_reduce::inplace::f32::sum::ws2"], &["in-place op returned a different buffer", "op=all_reduce", "variant=inplace", "rank="]),
+        (
+            e::<EARLY_COMPLETION>("early_completion"),
+            &["async::lag_read_right_after_wait::ws2", "all_reduce::out::f32::sum::ws2"],
+            &["first bad index", "got", "expected", "rank="],
+        ),
+        (
+            e::<WRITES_PAST_OUTPUT>("writes_past_output"),
+            &["all_gather_into_tensor::outbuf::f32::ws2", "all_gather_into_tensor::outbuf::u8::ws3"],
+            &["past the end", "op=all_gather_into_tensor", "variant=outbuf", "rank=", "world_size="],
+        ),
+        (
+            e::<MUTATES_INPUT>("mutates_input"),
+            &["all_reduce::out::f32::sum::ws2"],
+            &["modified its input", "first bad index", "got", "expected", "op=all_reduce", "variant=out", "dtype=f32", "rank="],
+        ),
+        (
+            e::<WRONG_RANK_ORDER>("wrong_rank_order"),
+            &["all_gather_into_tensor::out::f32::ws2", "all_gather_into_tensor::out::i32::ws4"],
+            VALUE,
+        ),
+        (
+            e::<IGNORES_ROOT>("ignores_root"),
+            &["broadcast::out::f32::ws2", "broadcast::inplace::i32::ws3", "seed::c10d::test_broadcast"],
+            &["first bad index", "got", "expected", "op=broadcast", "rank="],
+        ),
+        (
+            e::<TRUNCATES_SILENTLY>("truncates_silently"),
+            &["bad_input::reduce_scatter_indivisible_ws2::ws2", "bad_input::reduce_scatter_indivisible_ws3::ws3"],
+            &["accepted", "bad_input=reduce_scatter_indivisible", "rank=", "world_size="],
+        ),
+        (
+            e::<INPLACE_RETURNS_COPY>("inplace_returns_copy"),
+            &["all_reduce::inplace::f32::sum::ws2"],
+            &["in-place op returned a different buffer", "op=all_reduce", "variant=inplace", "rank="],
+        ),
         (
             e::<CLAIMS_NAN_IGNORED>("claims_nan_ignored"),
             &["caps::nan_minmax::f32::ws2", "caps::nan_minmax::bf16::ws3"],
-            &["declared nan_minmax=Ignore", "observed Propagate", "backend=faulty", "op=all_reduce", "reduce=min", "dtype=", "world_size=", "rank="],
+            &[
+                "declared nan_minmax=Ignore",
+                "observed Propagate",
+                "backend=faulty",
+                "op=all_reduce",
+                "reduce=min",
+                "dtype=",
+                "world_size=",
+                "rank=",
+            ],
         ),
     ]
 }
@@ -281,7 +320,11 @@ fn main() {
     let control = BackendEntry::new::<ShmBackend>("control_shm", 0, concord_suites::catalogue::<ShmBackend>);
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
-    entries.push(BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>));
+    entries.push(BackendEntry::new::<concord_fake::FakeBackend>(
+        "fake_fail_all",
+        0,
+        concord_suites::shape_catalogue::<concord_fake::FakeBackend>,
+    ));
     concord_suites::run::dispatch_child(&entries);
 
     let args = libtest_mimic::Arguments::from_args();
@@ -313,8 +356,9 @@ fn main() {
         }));
     }
     // The fake backend's fail_all option: every collective fails with a named error.
-    let fake_fail = BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>)
-        .with_option("fail_all", "1");
+    let fake_fail =
+        BackendEntry::new::<concord_fake::FakeBackend>("fake_fail_all", 0, concord_suites::shape_catalogue::<concord_fake::FakeBackend>)
+            .with_option("fail_all", "1");
     let ff = fake_fail.clone();
     trials.push(libtest_mimic::Trial::test("faulty::fake_fail_all_fails_every_collective", move || {
         for id in ["all_reduce::out::f32::sum::ws2", "broadcast::inplace::i32::ws3", "barrier::out::f32::ws4"] {
@@ -341,4 +385,3 @@ fn main() {
     concord_harness::runner::Pool::global().shutdown();
     std::process::exit(code);
 }
-

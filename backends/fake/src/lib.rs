@@ -20,8 +20,8 @@
 #![forbid(unsafe_code)]
 
 use concord_core::{
-    validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, OutstandingCounter, ReduceOp,
-    Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, OutstandingCounter, ReduceOp, Result, Tensor,
+    TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -308,7 +308,12 @@ impl Backend for FakeBackend {
         }
         self.done(name, seq, outs)
     }
-    fn all_to_all_single(&self, x: &FakeBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<FakeBuffer>> {
+    fn all_to_all_single(
+        &self,
+        x: &FakeBuffer,
+        output_splits: Option<&[usize]>,
+        input_splits: Option<&[usize]>,
+    ) -> Result<Work<FakeBuffer>> {
         let name = "all_to_all_single";
         let seq = self.start(name)?;
         let mut d = self.desc(CallOp::AllToAll, Variant::Out, std::slice::from_ref(x));

@@ -44,50 +44,23 @@ impl NcclBuffer {
 
 impl std::fmt::Debug for NcclBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "NcclBuffer<{}>{:?}@{:#x} (GPU {})",
-            self.dtype,
-            self.shape,
-            self.ptr(),
-            self.mem.dev.ordinal
-        )
+        write!(f, "NcclBuffer<{}>{:?}@{:#x} (GPU {})", self.dtype, self.shape, self.ptr(), self.mem.dev.ordinal)
     }
 }
 
 impl NcclBackend {
     pub(crate) fn alloc_buf(&self, op: &Op, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
         let bytes = shape.iter().product::<usize>() * dtype.size();
-        let mem = self
-            .dev
-            .alloc(bytes)
-            .map_err(|e| self.backend_err(op.name, op.seq, e))?;
-        Ok(NcclBuffer {
-            mem: Arc::new(mem),
-            offset: 0,
-            dtype,
-            shape: shape.to_vec(),
-        })
+        let mem = self.dev.alloc(bytes).map_err(|e| self.backend_err(op.name, op.seq, e))?;
+        Ok(NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() })
     }
 
     pub(crate) fn write_checks(&self, o: &Op, b: &NcclBuffer, t: &Tensor) -> Result<()> {
         if t.dtype() != b.dtype {
-            return Err(self.bad(
-                o,
-                BadInputKind::DTypeMismatch,
-                format!("writing a {} tensor into a {} buffer", t.dtype(), b.dtype),
-            ));
+            return Err(self.bad(o, BadInputKind::DTypeMismatch, format!("writing a {} tensor into a {} buffer", t.dtype(), b.dtype)));
         }
         if t.numel() != b.numel() {
-            return Err(self.bad(
-                o,
-                BadInputKind::OutBufferSize,
-                format!(
-                    "writing {} elements into a buffer of {}",
-                    t.numel(),
-                    b.numel()
-                ),
-            ));
+            return Err(self.bad(o, BadInputKind::OutBufferSize, format!("writing {} elements into a buffer of {}", t.numel(), b.numel())));
         }
         Ok(())
     }
@@ -96,9 +69,7 @@ impl NcclBackend {
         self.write_checks(o, b, t)?;
         // A pageable host-to-device copy waits for the stream: drain it first, with a deadline.
         self.drain(o)?;
-        self.dev
-            .htod(b.ptr(), t.bytes())
-            .map_err(|e| self.backend_err(o.name, o.seq, e))
+        self.dev.htod(b.ptr(), t.bytes()).map_err(|e| self.backend_err(o.name, o.seq, e))
     }
 
     pub(crate) fn upload_impl(&self, t: &Tensor) -> Result<NcclBuffer> {
@@ -133,12 +104,7 @@ impl NcclBackend {
         self.copy_in(&o, b, t)
     }
 
-    pub(crate) fn view_impl(
-        &self,
-        b: &NcclBuffer,
-        offset: usize,
-        shape: &[usize],
-    ) -> Result<NcclBuffer> {
+    pub(crate) fn view_impl(&self, b: &NcclBuffer, offset: usize, shape: &[usize]) -> Result<NcclBuffer> {
         let numel: usize = shape.iter().product();
         if offset.checked_add(numel).is_none_or(|end| end > b.numel()) {
             return Err(CollectiveError::bad_input(
@@ -146,17 +112,9 @@ impl NcclBackend {
                 "view",
                 0,
                 self.rank,
-                format!(
-                    "a view of {numel} elements at offset {offset} does not fit in a buffer of {}",
-                    b.numel()
-                ),
+                format!("a view of {numel} elements at offset {offset} does not fit in a buffer of {}", b.numel()),
             ));
         }
-        Ok(NcclBuffer {
-            mem: b.mem.clone(),
-            offset: b.offset + offset * b.dtype.size(),
-            dtype: b.dtype,
-            shape: shape.to_vec(),
-        })
+        Ok(NcclBuffer { mem: b.mem.clone(), offset: b.offset + offset * b.dtype.size(), dtype: b.dtype, shape: shape.to_vec() })
     }
 }

@@ -52,19 +52,14 @@ const SYMBOLS: &[&str] = &[
 pub fn nccl_present() -> Result<i32, String> {
     let found = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
     if !found {
-        return Err(
-            "libnccl could not be loaded (looked for libnccl.so and its versioned names on the \
+        return Err("libnccl could not be loaded (looked for libnccl.so and its versioned names on the \
                     library path; set LD_LIBRARY_PATH to the folder holding libnccl.so)"
-                .into(),
-        );
+            .into());
     }
-    let lib = std::panic::catch_unwind(|| unsafe { sys::culib() })
-        .map_err(|_| "libnccl could not be loaded".to_string())?;
+    let lib = std::panic::catch_unwind(|| unsafe { sys::culib() }).map_err(|_| "libnccl could not be loaded".to_string())?;
     for s in SYMBOLS {
         if unsafe { lib.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err() {
-            return Err(format!(
-                "libnccl lacks the symbol {s}: NCCL 2.19 or newer is needed"
-            ));
+            return Err(format!("libnccl lacks the symbol {s}: NCCL 2.19 or newer is needed"));
         }
     }
     let mut v = 0;
@@ -103,13 +98,8 @@ pub(crate) struct RedFns {
         sys::ncclComm_t,
         sys::cudaStream_t,
     ) -> sys::ncclResult_t,
-    pub premul_create: unsafe extern "C" fn(
-        *mut u32,
-        *mut c_void,
-        sys::ncclDataType_t,
-        sys::ncclScalarResidence_t,
-        sys::ncclComm_t,
-    ) -> sys::ncclResult_t,
+    pub premul_create:
+        unsafe extern "C" fn(*mut u32, *mut c_void, sys::ncclDataType_t, sys::ncclScalarResidence_t, sys::ncclComm_t) -> sys::ncclResult_t,
     pub op_destroy: unsafe extern "C" fn(u32, sys::ncclComm_t) -> sys::ncclResult_t,
 }
 
@@ -119,12 +109,10 @@ static RED_FNS: OnceLock<Result<RedFns, String>> = OnceLock::new();
 pub(crate) fn red_fns() -> Result<&'static RedFns, String> {
     RED_FNS
         .get_or_init(|| {
-            let lib = std::panic::catch_unwind(|| unsafe { sys::culib() })
-                .map_err(|_| "libnccl could not be loaded".to_string())?;
+            let lib = std::panic::catch_unwind(|| unsafe { sys::culib() }).map_err(|_| "libnccl could not be loaded".to_string())?;
             macro_rules! sym {
                 ($name:literal) => {
-                    *unsafe { lib.get($name.as_bytes()) }
-                        .map_err(|e| format!("libnccl symbol {}: {e}", $name))?
+                    *unsafe { lib.get($name.as_bytes()) }.map_err(|e| format!("libnccl symbol {}: {e}", $name))?
                 };
             }
             Ok(RedFns {
@@ -146,11 +134,7 @@ pub fn version_string(v: i32) -> String {
 
 pub(crate) fn err_string(r: sys::ncclResult_t) -> String {
     let p = unsafe { sys::ncclGetErrorString(r) };
-    let s = if p.is_null() {
-        String::new()
-    } else {
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    };
+    let s = if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
     format!("{r:?} ({s})")
 }
 
@@ -229,10 +213,7 @@ fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
 
 /// Polls a non-blocking communicator until its pending operation is done: `Ok(Ok(()))` done,
 /// `Ok(Err(e))` NCCL error, `Err(())` deadline passed.
-fn wait_ready(
-    comm: sys::ncclComm_t,
-    deadline: Instant,
-) -> Result<Result<(), sys::ncclResult_t>, ()> {
+fn wait_ready(comm: sys::ncclComm_t, deadline: Instant) -> Result<Result<(), sys::ncclResult_t>, ()> {
     poll_until(deadline, || {
         let mut state = sys::ncclResult_t::ncclInProgress;
         let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
@@ -252,15 +233,13 @@ fn wait_ready(
 fn abort_raw(raw: sys::ncclComm_t) {
     let raw = RawComm(raw);
     let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("nccl-abort".into())
-        .spawn(move || {
-            let raw = raw;
-            unsafe {
-                let _ = sys::ncclCommAbort(raw.0);
-            }
-            let _ = tx.send(());
-        });
+    let spawned = std::thread::Builder::new().name("nccl-abort".into()).spawn(move || {
+        let raw = raw;
+        unsafe {
+            let _ = sys::ncclCommAbort(raw.0);
+        }
+        let _ = tx.send(());
+    });
     if spawned.is_ok() {
         let _ = rx.recv_timeout(ABORT_WAIT);
     }
@@ -280,11 +259,8 @@ impl Comm {
         dev.bind()?;
         let mut cfg = config(blocking, lib_version);
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
-        let r = unsafe {
-            sys::ncclCommInitRankConfig(&mut raw, nranks as i32, id, rank as i32, &mut cfg)
-        };
-        let pending =
-            ok_or_progress(r).map_err(|e| format!("ncclCommInitRankConfig: {}", err_string(e)))?;
+        let r = unsafe { sys::ncclCommInitRankConfig(&mut raw, nranks as i32, id, rank as i32, &mut cfg) };
+        let pending = ok_or_progress(r).map_err(|e| format!("ncclCommInitRankConfig: {}", err_string(e)))?;
         if pending || !blocking {
             if raw.is_null() {
                 return Err("ncclCommInitRankConfig returned no communicator".into());
@@ -292,19 +268,13 @@ impl Comm {
             match wait_ready(raw, deadline) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    let msg = format!(
-                        "ncclCommInitRankConfig: {}: {}",
-                        err_string(e),
-                        last_error(raw)
-                    );
+                    let msg = format!("ncclCommInitRankConfig: {}: {}", err_string(e), last_error(raw));
                     abort_raw(raw);
                     return Err(msg);
                 }
                 Err(()) => {
                     abort_raw(raw);
-                    return Err(format!(
-                        "ncclCommInitRankConfig did not finish in time (rank {rank} of {nranks}): a peer did not join"
-                    ));
+                    return Err(format!("ncclCommInitRankConfig did not finish in time (rank {rank} of {nranks}): a peer did not join"));
                 }
             }
         }
@@ -314,22 +284,13 @@ impl Comm {
             rank,
             blocking,
             lib_version,
-            inner: Mutex::new(Inner {
-                raw: RawComm(raw),
-                aborted: None,
-            }),
+            inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
         })
     }
 
     /// `ncclCommSplit` (collective over this communicator). `None` for ranks not in the new group.
-    pub fn split(
-        &self,
-        member: bool,
-        key: usize,
-        new_nranks: usize,
-        deadline: Instant,
-    ) -> Result<Option<Comm>, LaunchError> {
+    pub fn split(&self, member: bool, key: usize, new_nranks: usize, deadline: Instant) -> Result<Option<Comm>, LaunchError> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
             return Err(LaunchError::Aborted(why.clone()));
@@ -339,23 +300,11 @@ impl Comm {
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         let color = if member { 0 } else { -1 }; // NCCL_SPLIT_NOCOLOR
         let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, &mut raw, &mut cfg) };
-        ok_or_progress(r).map_err(|e| {
-            LaunchError::Nccl(format!(
-                "ncclCommSplit: {}: {}",
-                err_string(e),
-                last_error(parent)
-            ))
-        })?;
+        ok_or_progress(r).map_err(|e| LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent))))?;
         // The split is done when the parent (and the child, for members) are ready.
         match wait_ready(parent, deadline) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(LaunchError::Nccl(format!(
-                    "ncclCommSplit: {}: {}",
-                    err_string(e),
-                    last_error(parent)
-                )))
-            }
+            Ok(Err(e)) => return Err(LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent)))),
             Err(()) => {
                 drop(inner);
                 self.abort("ncclCommSplit did not finish before the deadline".into());
@@ -369,10 +318,7 @@ impl Comm {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 abort_raw(raw);
-                return Err(LaunchError::Nccl(format!(
-                    "ncclCommSplit (new communicator): {}",
-                    err_string(e)
-                )));
+                return Err(LaunchError::Nccl(format!("ncclCommSplit (new communicator): {}", err_string(e))));
             }
             Err(()) => {
                 abort_raw(raw);
@@ -385,10 +331,7 @@ impl Comm {
             rank: key,
             blocking: self.blocking,
             lib_version: self.lib_version,
-            inner: Mutex::new(Inner {
-                raw: RawComm(raw),
-                aborted: None,
-            }),
+            inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
         }))
     }
@@ -401,11 +344,7 @@ impl Comm {
         &self,
         deadline: Instant,
         premul: &[(sys::ncclDataType_t, [u8; 8])],
-        calls: impl FnOnce(
-            sys::ncclComm_t,
-            sys::cudaStream_t,
-            &[u32],
-        ) -> Result<(), (String, sys::ncclResult_t)>,
+        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
@@ -432,11 +371,7 @@ impl Comm {
                     for op in &ops {
                         unsafe { (f.op_destroy)(*op, comm) };
                     }
-                    return Err(LaunchError::Nccl(format!(
-                        "ncclRedOpCreatePreMulSum: {}: {}",
-                        err_string(e),
-                        last_error(comm)
-                    )));
+                    return Err(LaunchError::Nccl(format!("ncclRedOpCreatePreMulSum: {}: {}", err_string(e), last_error(comm))));
                 }
                 ops.push(op);
             }
@@ -451,24 +386,13 @@ impl Comm {
         let start = unsafe { sys::ncclGroupStart() };
         if let Err(e) = ok_or_progress(start) {
             destroy_ops(&ops);
-            return Err(LaunchError::Nccl(format!(
-                "ncclGroupStart: {}",
-                err_string(e)
-            )));
+            return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
         }
         let body = calls(comm, stream, &ops);
         let end = unsafe { sys::ncclGroupEnd() };
         let mut result = match (body, ok_or_progress(end)) {
-            (Err((what, e)), _) => Err(LaunchError::Nccl(format!(
-                "{what}: {}: {}",
-                err_string(e),
-                last_error(comm)
-            ))),
-            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!(
-                "ncclGroupEnd: {}: {}",
-                err_string(e),
-                last_error(comm)
-            ))),
+            (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
+            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
             (Ok(()), Ok(pending)) => Ok(pending),
         };
         if let Ok(pending) = result {
@@ -476,13 +400,7 @@ impl Comm {
             if pending || !self.blocking {
                 match wait_ready(comm, deadline) {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        result = Err(LaunchError::Nccl(format!(
-                            "NCCL async error: {}: {}",
-                            err_string(e),
-                            last_error(comm)
-                        )))
-                    }
+                    Ok(Err(e)) => result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm)))),
                     Err(()) => result = Err(LaunchError::Timeout),
                 }
             }
@@ -528,18 +446,12 @@ impl Comm {
 
     /// Why the communicator was aborted, if it was (never waits for a launch in progress).
     pub fn aborted(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
     pub fn abort(&self, reason: String) {
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| reason.clone());
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.aborted.is_some() {
             return;
@@ -560,23 +472,14 @@ impl Comm {
         if raw.0.is_null() {
             return;
         }
-        inner
-            .aborted
-            .get_or_insert_with(|| "the communicator was destroyed".into());
+        inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| "the communicator was destroyed".into());
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
         if self.dev.bind().is_err() {
             return;
         }
         // Work still queued (an un-waited collective whose peer never came) → abort at once.
-        let idle = matches!(
-            self.dev
-                .sync_until(Instant::now() + Duration::from_millis(200)),
-            Ok(true)
-        );
+        let idle = matches!(self.dev.sync_until(Instant::now() + Duration::from_millis(200)), Ok(true));
         if !idle {
             abort_raw(raw.0);
             return;
@@ -593,21 +496,15 @@ impl Comm {
         }
         let raw = RawComm(raw.0);
         let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("nccl-destroy".into())
-            .spawn(move || {
-                let raw = raw;
-                unsafe {
-                    let _ = sys::ncclCommDestroy(raw.0);
-                }
-                let _ = tx.send(());
-            });
+        let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
+            let raw = raw;
+            unsafe {
+                let _ = sys::ncclCommDestroy(raw.0);
+            }
+            let _ = tx.send(());
+        });
         if spawned.is_ok() {
-            let _ = rx.recv_timeout(
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(100)),
-            );
+            let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
         }
     }
 }
@@ -625,10 +522,7 @@ use crate::header::Header;
 use crate::ops::Local;
 use crate::worker::{Channel, Job, Progress};
 use crate::{probe, NcclBackend, NcclBuffer};
-use concord_core::{
-    progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant,
-    WorldInfo,
-};
+use concord_core::{progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant, WorldInfo};
 use cudarc::nccl::sys as nccl;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -650,18 +544,13 @@ impl NcclBackend {
         validate: bool,
         init_time: Duration,
         gpus: usize,
-        store: Option<concord_harness::store::FileStore>,
+        store: Option<concord_store::FileStore>,
         progress: Option<Arc<Progress>>,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
         let comm = Arc::new(comm);
         let chan = Channel::new(comm.clone(), op_timeout)?;
-        let barrier_buf = NcclBuffer {
-            mem: Arc::new(dev.alloc(4)?),
-            offset: 0,
-            dtype: DType::I32,
-            shape: vec![1],
-        };
+        let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         let progress = match progress {
             Some(p) => p,
             None => Progress::start(dev.clone())?,
@@ -689,22 +578,16 @@ impl NcclBackend {
         let started = Instant::now();
         let (rank, ws) = (world.rank, world.world_size);
         if ws == 0 || rank >= ws {
-            return Err(CollectiveError::Backend(format!(
-                "nccl init: rank {rank} is not in a world of {ws}"
-            )));
+            return Err(CollectiveError::Backend(format!("nccl init: rank {rank} is not in a world of {ws}")));
         }
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
             std::env::set_var("NCCL_NVLS_ENABLE", "0");
         }
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         if ws > info.gpus {
-            return Err(CollectiveError::Unsupported(format!(
-                "nccl: needs {ws} GPUs, found {}",
-                info.gpus
-            )));
+            return Err(CollectiveError::Unsupported(format!("nccl: needs {ws} GPUs, found {}", info.gpus)));
         }
-        let lib_version =
-            nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
+        let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         let validate = opt_flag(world, "validate", true);
         let blocking = opt_flag(world, "blocking", false);
         let init_timeout = world
@@ -713,12 +596,10 @@ impl NcclBackend {
             .map(Duration::from_millis)
             .unwrap_or_else(|| world.op_timeout.max(Duration::from_secs(30)));
         let deadline = started + init_timeout;
-        let fail = |what: &str, e: String| {
-            CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"))
-        };
+        let fail = |what: &str, e: String| CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"));
 
         let dev = Device::new(rank).map_err(|e| fail("CUDA device", e))?;
-        let store = concord_harness::store::FileStore::open(&world.store_path, ws, init_timeout)
+        let store = concord_store::FileStore::open(&world.store_path, ws, init_timeout)
             .map_err(|e| fail("opening the file store", e.to_string()))?;
         let key = format!("concord/nccl/{}/unique_id", world.world_id);
         let id = if rank == 0 {
@@ -728,19 +609,12 @@ impl NcclBackend {
                 return Err(fail("ncclGetUniqueId", comm::err_string(r)));
             }
             let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
-            store
-                .set(&key, &bytes)
-                .map_err(|e| fail("publishing the NCCL unique id", e.to_string()))?;
+            store.set(&key, &bytes).map_err(|e| fail("publishing the NCCL unique id", e.to_string()))?;
             id
         } else {
-            let bytes = store
-                .get(&key)
-                .map_err(|e| fail("reading rank 0's NCCL unique id", e.to_string()))?;
+            let bytes = store.get(&key).map_err(|e| fail("reading rank 0's NCCL unique id", e.to_string()))?;
             if bytes.len() != 128 {
-                return Err(fail(
-                    "reading rank 0's NCCL unique id",
-                    format!("{} bytes, expected 128", bytes.len()),
-                ));
+                return Err(fail("reading rank 0's NCCL unique id", format!("{} bytes, expected 128", bytes.len())));
             }
             let mut id = nccl::ncclUniqueId { internal: [0; 128] };
             for (d, s) in id.internal.iter_mut().zip(&bytes) {
@@ -748,31 +622,18 @@ impl NcclBackend {
             }
             id
         };
-        let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline)
-            .map_err(|e| fail("communicator", e))?;
+        let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline).map_err(|e| fail("communicator", e))?;
         let init_time = started.elapsed();
-        NcclBackend::from_comm(
-            comm,
-            "nccl".into(),
-            world.op_timeout,
-            validate,
-            init_time,
-            info.gpus,
-            Some(store),
-            None,
-        )
-        .map_err(|e| fail("side buffers", e))
+        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None)
+            .map_err(|e| fail("side buffers", e))
     }
 
     pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {
         let o = self.begin("new_group", true)?;
         let mut d = self.call(&o, CallOp::NewGroup, Variant::Out, &[]);
         d.group = Some(ranks.to_vec());
-        let local: Local =
-            validate_local(&d, self.ws, &self.capabilities()).map_err(|e| (e.kind, e.detail));
-        let hdr = Header::new(self.ws, &d)
-            .unwrap_or_else(|_| Header::summary(self.ws, &d))
-            .error_if(&local);
+        let local: Local = validate_local(&d, self.ws, &self.capabilities()).map_err(|e| (e.kind, e.detail));
+        let hdr = Header::new(self.ws, &d).unwrap_or_else(|_| Header::summary(self.ws, &d)).error_if(&local);
         self.alive(&o)?;
         // The split needs every rank, so a subgroup is always agreed on, even with validation
         // off. It runs on the progress thread, ordered after every op issued before it.
@@ -788,16 +649,12 @@ impl NcclBackend {
             reply: tx,
         });
         // Bounded by the jobs' own deadlines (earlier ops, this header exchange, the split).
-        let limit =
-            self.op_timeout + self.op_timeout.max(Duration::from_secs(30)) + 2 * comm::ABORT_WAIT;
+        let limit = self.op_timeout + self.op_timeout.max(Duration::from_secs(30)) + 2 * comm::ABORT_WAIT;
         let sub = match rx.recv_timeout(limit) {
             Ok(r) => r?,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let waited_ms = started.elapsed().as_millis() as u64;
-                self.comm().abort(format!(
-                    "new_group #{} timed out after {waited_ms} ms",
-                    o.seq
-                ));
+                self.comm().abort(format!("new_group #{} timed out after {waited_ms} ms", o.seq));
                 return Err(CollectiveError::Timeout {
                     op: "new_group".into(),
                     seq: o.seq,
@@ -810,11 +667,7 @@ impl NcclBackend {
                 });
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(self.backend_err(
-                    "new_group",
-                    o.seq,
-                    "the NCCL progress thread ended without splitting the communicator",
-                ))
+                return Err(self.backend_err("new_group", o.seq, "the NCCL progress thread ended without splitting the communicator"))
             }
         };
         let Some(sub) = sub else { return Ok(None) };

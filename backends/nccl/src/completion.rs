@@ -68,30 +68,26 @@ impl NcclCompletion {
                     Ok(false) => {}
                     Err(e) => {
                         drop(stage);
-                        return Some(self.finish(Err(CollectiveError::Backend(format!(
-                            "{} #{} on rank {}: {e}",
-                            self.op, self.seq, self.rank
-                        )))));
+                        return Some(
+                            self.finish(Err(CollectiveError::Backend(format!("{} #{} on rank {}: {e}", self.op, self.seq, self.rank)))),
+                        );
                     }
                 },
             }
         }
         if let Some(why) = self.comm.aborted() {
-            return Some(self.finish(Err(CollectiveError::Aborted(format!(
-                "{} #{} on rank {} cannot complete: {why}",
-                self.op, self.seq, self.rank
-            )))));
+            return Some(
+                self.finish(Err(CollectiveError::Aborted(format!(
+                    "{} #{} on rank {} cannot complete: {why}",
+                    self.op, self.seq, self.rank
+                )))),
+            );
         }
         if self.issued.elapsed() > Duration::from_millis(10) {
             if let Some(err) = self.comm.async_error() {
-                let why = format!(
-                    "{} #{} on rank {}: NCCL reported {err}",
-                    self.op, self.seq, self.rank
-                );
+                let why = format!("{} #{} on rank {}: NCCL reported {err}", self.op, self.seq, self.rank);
                 self.comm.abort(why.clone());
-                return Some(self.finish(Err(CollectiveError::Aborted(format!(
-                    "{why}; communicator aborted"
-                )))));
+                return Some(self.finish(Err(CollectiveError::Aborted(format!("{why}; communicator aborted")))));
             }
         }
         None
@@ -125,17 +121,8 @@ impl Completion for NcclCompletion {
                 },
                 progress::describe()
             );
-            self.comm.abort(format!(
-                "{} #{} timed out after {waited_ms} ms",
-                self.op, self.seq
-            ));
-            let err = CollectiveError::Timeout {
-                op: self.op.clone(),
-                seq: self.seq,
-                rank: self.rank,
-                waited_ms,
-                detail,
-            };
+            self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", self.op, self.seq));
+            let err = CollectiveError::Timeout { op: self.op.clone(), seq: self.seq, rank: self.rank, waited_ms, detail };
             return self.finish(Err(err)).map(|_| true);
         }
         Ok(false)

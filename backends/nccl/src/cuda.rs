@@ -19,10 +19,7 @@ pub fn driver_present() -> bool {
 
 /// Formats a driver error with its name.
 pub(crate) fn derr(what: &str, e: cu::DriverError) -> String {
-    let name = e
-        .error_name()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let name = e.error_name().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
     format!("{what}: {name}")
 }
 
@@ -34,9 +31,7 @@ pub fn device_count() -> Result<usize, String> {
         Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
         Err(e) => return Err(derr("cuInit", e)),
     }
-    cu::device::get_count()
-        .map(|n| n.max(0) as usize)
-        .map_err(|e| derr("cuDeviceGetCount", e))
+    cu::device::get_count().map(|n| n.max(0) as usize).map_err(|e| derr("cuDeviceGetCount", e))
 }
 
 /// Polls `f` until it yields `Some`, or until `deadline` (then `None`). Spins briefly first
@@ -81,24 +76,15 @@ unsafe impl Sync for Device {}
 
 impl Device {
     pub fn new(ordinal: usize) -> Result<Arc<Device>, String> {
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
-        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
-            .map_err(|e| derr("cuStreamCreate", e))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
+        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let async_alloc = ctx.has_async_alloc();
-        Ok(Arc::new(Device {
-            ctx,
-            stream,
-            async_alloc,
-            ordinal,
-        }))
+        Ok(Arc::new(Device { ctx, stream, async_alloc, ordinal }))
     }
 
     /// Makes this device's context current on the calling thread (needed on every thread).
     pub fn bind(&self) -> Result<(), String> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| derr("binding the CUDA context to this thread", e))
+        self.ctx.bind_to_thread().map_err(|e| derr("binding the CUDA context to this thread", e))
     }
 
     /// Allocates `bytes` (at least 1, so every buffer has a distinct address), stream-ordered.
@@ -113,16 +99,12 @@ impl Device {
             }
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
-        Ok(DevMem {
-            dev: self.clone(),
-            ptr,
-        })
+        Ok(DevMem { dev: self.clone(), ptr })
     }
 
     /// Records an event on the stream.
     pub fn record(&self) -> Result<Event, String> {
-        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| derr("cuEventCreate", e))?;
+        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
         let ev = Event(ev);
         unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
         Ok(ev)
@@ -142,8 +124,7 @@ impl Device {
         if src.is_empty() {
             return Ok(());
         }
-        unsafe { cu::memcpy_htod_async(dst, src, self.stream) }
-            .map_err(|e| derr("cuMemcpyHtoDAsync", e))
+        unsafe { cu::memcpy_htod_async(dst, src, self.stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))
     }
 
     /// Queues a device-to-host copy into pinned memory (truly asynchronous).
@@ -151,8 +132,7 @@ impl Device {
         if dst.is_empty() {
             return Ok(());
         }
-        unsafe { cu::memcpy_dtoh_async(dst, src, self.stream) }
-            .map_err(|e| derr("cuMemcpyDtoHAsync", e))
+        unsafe { cu::memcpy_dtoh_async(dst, src, self.stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))
     }
 }
 
@@ -210,11 +190,7 @@ impl Drop for DevMem {
     fn drop(&mut self) {
         if self.dev.bind().is_ok() {
             unsafe {
-                let _ = if self.dev.async_alloc {
-                    cu::free_async(self.ptr, self.dev.stream)
-                } else {
-                    cu::free_sync(self.ptr)
-                };
+                let _ = if self.dev.async_alloc { cu::free_async(self.ptr, self.dev.stream) } else { cu::free_sync(self.ptr) };
             }
         }
     }
@@ -231,8 +207,7 @@ unsafe impl Sync for Pinned {}
 impl Pinned {
     pub fn new(dev: &Device, len: usize) -> Result<Pinned, String> {
         dev.bind()?;
-        let ptr = unsafe { cu::malloc_host(len.max(1), 0) }
-            .map_err(|e| derr("cuMemHostAlloc", e))? as *mut u8;
+        let ptr = unsafe { cu::malloc_host(len.max(1), 0) }.map_err(|e| derr("cuMemHostAlloc", e))? as *mut u8;
         Ok(Pinned { ptr, len })
     }
     pub fn as_slice(&self) -> &[u8] {

@@ -99,10 +99,7 @@ fn local_error(r: usize, h: &[u64]) -> Verdict {
     match h.get(W_ERR) {
         Some(&e) if e != 0 => {
             let kind = BadInputKind::from_code(e - 1).unwrap_or(BadInputKind::UnsupportedOp);
-            Err((
-                kind,
-                format!("rank {r} rejected its own input ({})", kind.name()),
-            ))
+            Err((kind, format!("rank {r} rejected its own input ({})", kind.name())))
         }
         _ => Ok(()),
     }
@@ -110,19 +107,13 @@ fn local_error(r: usize, h: &[u64]) -> Verdict {
 
 /// The call a header describes.
 fn decode(r: usize, h: &[u64]) -> Result<CallDesc, (BadInputKind, String)> {
-    let malformed = || {
-        (
-            BadInputKind::OpMismatch,
-            format!("rank {r} sent a malformed validation header (a different collective or backend version?)"),
-        )
-    };
+    let malformed =
+        || (BadInputKind::OpMismatch, format!("rank {r} sent a malformed validation header (a different collective or backend version?)"));
     if h.len() < FIXED || h[W_MAGIC] != MAGIC {
         return Err(malformed());
     }
     let len = usize::try_from(h[W_LEN]).map_err(|_| malformed())?;
-    h.get(FIXED..FIXED.saturating_add(len))
-        .and_then(CallDesc::decode)
-        .ok_or_else(malformed)
+    h.get(FIXED..FIXED.saturating_add(len)).and_then(CallDesc::decode).ok_or_else(malformed)
 }
 
 /// The verdict over every rank's header (the same on every rank). `Err((kind, detail))`.
@@ -130,22 +121,14 @@ pub fn validate(all: &[Vec<u64>]) -> Verdict {
     for (r, h) in all.iter().enumerate() {
         local_error(r, h)?;
     }
-    let calls = all
-        .iter()
-        .enumerate()
-        .map(|(r, h)| decode(r, h))
-        .collect::<Result<Vec<_>, _>>()?;
+    let calls = all.iter().enumerate().map(|(r, h)| decode(r, h)).collect::<Result<Vec<_>, _>>()?;
     validate_all(&calls, &caps()).map_err(|e| (e.kind, e.detail))
 }
 
 /// The verdict for a send/recv pair, from this rank's header and the peer's (the same verdict on
 /// both sides). `me` and `peer` are ranks.
 pub fn validate_pair(mine: &[u64], theirs: &[u64], me: usize, peer: usize) -> Verdict {
-    let ((lo, hl), (hi, hh)) = if me < peer {
-        ((me, mine), (peer, theirs))
-    } else {
-        ((peer, theirs), (me, mine))
-    };
+    let ((lo, hl), (hi, hh)) = if me < peer { ((me, mine), (peer, theirs)) } else { ((peer, theirs), (me, mine)) };
     local_error(lo, hl)?;
     local_error(hi, hh)?;
     let (a, b) = (decode(me, mine)?, decode(peer, theirs)?);
@@ -183,20 +166,14 @@ mod tests {
         assert_eq!(kind, BadInputKind::ShapeMismatch);
         b.inputs[0].shape = vec![4];
         b.seq = 3;
-        assert_eq!(
-            validate(&[words(2, &a), words(2, &b)]).unwrap_err().0,
-            BadInputKind::OpMismatch
-        );
+        assert_eq!(validate(&[words(2, &a), words(2, &b)]).unwrap_err().0, BadInputKind::OpMismatch);
     }
 
     #[test]
     fn a_local_error_on_one_rank_fails_every_rank_with_its_kind() {
         let a = call(CallOp::AllGather, 0, &[3]);
         let b = call(CallOp::AllGather, 1, &[3]);
-        let bad = Header::new(2, &b)
-            .unwrap()
-            .error(BadInputKind::OutBufferSize)
-            .words;
+        let bad = Header::new(2, &b).unwrap().error(BadInputKind::OutBufferSize).words;
         let (kind, detail) = validate(&[words(2, &a), bad]).unwrap_err();
         assert_eq!(kind, BadInputKind::OutBufferSize);
         assert!(detail.contains("rank 1"), "{detail}");
@@ -209,27 +186,16 @@ mod tests {
         let e = Header::new(2, &d).unwrap_err();
         assert_eq!(e.kind, BadInputKind::UnsupportedOp);
         let h = Header::summary(2, &d).error(e.kind).words;
-        assert_eq!(
-            validate(&[h, words(2, &call(CallOp::AllReduce, 1, &[1]))])
-                .unwrap_err()
-                .0,
-            BadInputKind::UnsupportedOp
-        );
+        assert_eq!(validate(&[h, words(2, &call(CallOp::AllReduce, 1, &[1]))]).unwrap_err().0, BadInputKind::UnsupportedOp);
     }
 
     #[test]
     fn malformed_headers_are_named_not_a_panic() {
         let ok = words(2, &call(CallOp::Barrier, 0, &[]));
-        assert_eq!(
-            validate(&[ok.clone(), vec![0; 3]]).unwrap_err().0,
-            BadInputKind::OpMismatch
-        );
+        assert_eq!(validate(&[ok.clone(), vec![0; 3]]).unwrap_err().0, BadInputKind::OpMismatch);
         let mut bad = ok.clone();
         bad[W_LEN] = u64::MAX;
-        assert_eq!(
-            validate(&[ok, bad]).unwrap_err().0,
-            BadInputKind::OpMismatch
-        );
+        assert_eq!(validate(&[ok, bad]).unwrap_err().0, BadInputKind::OpMismatch);
     }
 
     #[test]
@@ -244,20 +210,11 @@ mod tests {
         assert!(validate_pair(&rw, &sw, 1, 0).is_ok());
         r.outputs[0].shape = vec![5];
         let r5 = words(2, &r);
-        assert_eq!(
-            validate_pair(&sw, &r5, 0, 1).unwrap_err().0,
-            BadInputKind::OutBufferSize
-        );
-        assert_eq!(
-            validate_pair(&r5, &sw, 1, 0).unwrap_err().0,
-            BadInputKind::OutBufferSize
-        );
+        assert_eq!(validate_pair(&sw, &r5, 0, 1).unwrap_err().0, BadInputKind::OutBufferSize);
+        assert_eq!(validate_pair(&r5, &sw, 1, 0).unwrap_err().0, BadInputKind::OutBufferSize);
         let mut s1 = s.clone();
         s1.rank = 1;
         s1.peer = Some(0);
-        assert_eq!(
-            validate_pair(&sw, &words(2, &s1), 0, 1).unwrap_err().0,
-            BadInputKind::OpMismatch
-        );
+        assert_eq!(validate_pair(&sw, &words(2, &s1), 0, 1).unwrap_err().0, BadInputKind::OpMismatch);
     }
 }

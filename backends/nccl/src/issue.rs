@@ -39,11 +39,7 @@ pub(crate) struct Op {
 
 impl Op {
     pub(crate) fn id(&self) -> OpId {
-        OpId {
-            name: self.name,
-            seq: self.seq,
-            issued: self.issued,
-        }
+        OpId { name: self.name, seq: self.seq, issued: self.issued }
     }
 }
 
@@ -52,50 +48,24 @@ impl NcclBackend {
         &self.chan.comm
     }
 
-    pub(crate) fn backend_err(
-        &self,
-        op: &str,
-        seq: u64,
-        msg: impl std::fmt::Display,
-    ) -> CollectiveError {
+    pub(crate) fn backend_err(&self, op: &str, seq: u64, msg: impl std::fmt::Display) -> CollectiveError {
         CollectiveError::Backend(format!("nccl {op} #{seq} on rank {}: {msg}", self.rank))
     }
 
     pub(crate) fn bind(&self, op: &str) -> Result<()> {
-        self.dev
-            .bind()
-            .map_err(|e| CollectiveError::Backend(format!("nccl {op} on rank {}: {e}", self.rank)))
+        self.dev.bind().map_err(|e| CollectiveError::Backend(format!("nccl {op} on rank {}: {e}", self.rank)))
     }
 
     /// Starts an op: binds the device, numbers it, records it in flight.
     pub(crate) fn begin(&self, name: &'static str, collective: bool) -> Result<Op> {
         self.bind(name)?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        let cseq = if collective {
-            self.coll_seq.fetch_add(1, Ordering::SeqCst)
-        } else {
-            0
-        };
+        let cseq = if collective { self.coll_seq.fetch_add(1, Ordering::SeqCst) } else { 0 };
         progress::begin(&self.label, name, seq);
-        Ok(Op {
-            name,
-            seq,
-            cseq,
-            issued: Instant::now(),
-            flight: InFlight {
-                label: self.label.clone(),
-                seq,
-                armed: true,
-            },
-        })
+        Ok(Op { name, seq, cseq, issued: Instant::now(), flight: InFlight { label: self.label.clone(), seq, armed: true } })
     }
 
-    pub(crate) fn bad(
-        &self,
-        op: &Op,
-        kind: BadInputKind,
-        detail: impl Into<String>,
-    ) -> CollectiveError {
+    pub(crate) fn bad(&self, op: &Op, kind: BadInputKind, detail: impl Into<String>) -> CollectiveError {
         CollectiveError::bad_input(kind, op.name, op.seq, self.rank, detail)
     }
 
@@ -149,12 +119,7 @@ impl NcclBackend {
     }
 
     pub(crate) fn meta(&self, op: &Op) -> WorkMeta {
-        WorkMeta {
-            backend: "nccl".into(),
-            op: op.name.to_string(),
-            seq: op.seq,
-            rank: self.rank,
-        }
+        WorkMeta { backend: "nccl".into(), op: op.name.to_string(), seq: op.seq, rank: self.rank }
     }
 
     pub(crate) fn done<T>(&self, op: Op, value: T) -> Work<T> {
@@ -163,30 +128,14 @@ impl NcclBackend {
 
     /// Queues `op` for the progress thread (cross-rank `check` when validating, then `launch`)
     /// and returns its pending [`Work`] at once.
-    pub(crate) fn submit<T>(
-        &self,
-        mut op: Op,
-        value: T,
-        check: Check,
-        launch: Option<Launch>,
-    ) -> Result<Work<T>> {
-        let check = if self.validating() {
-            check
-        } else {
-            Check::None
-        };
+    pub(crate) fn submit<T>(&self, mut op: Op, value: T, check: Check, launch: Option<Launch>) -> Result<Work<T>> {
+        let check = if self.validating() { check } else { Check::None };
         if matches!(check, Check::None) && launch.is_none() {
             return Ok(self.done(op, value));
         }
         self.alive(&op)?;
         let ticket = Ticket::new();
-        self.progress.submit(Job::Op {
-            chan: self.chan.clone(),
-            id: op.id(),
-            check,
-            launch,
-            ticket: Some(ticket.clone()),
-        });
+        self.progress.submit(Job::Op { chan: self.chan.clone(), id: op.id(), check, launch, ticket: Some(ticket.clone()) });
         op.flight.armed = false;
         let completion = NcclCompletion {
             comm: self.comm().clone(),
@@ -200,12 +149,7 @@ impl NcclBackend {
             state: Mutex::new(None),
             progress_open: AtomicBool::new(true),
         };
-        Ok(Work::new(
-            value,
-            Arc::new(completion),
-            self.meta(&op),
-            &self.counter,
-        ))
+        Ok(Work::new(value, Arc::new(completion), self.meta(&op), &self.counter))
     }
 }
 

@@ -19,16 +19,8 @@ pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
 }
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
-pub(crate) fn p2p_launch(
-    jobs: Vec<(bool, u64, usize, usize)>,
-    d: DType,
-    keep: Vec<Arc<DevMem>>,
-) -> Launch {
-    Launch {
-        premul: vec![],
-        keep,
-        calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)),
-    }
+pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
+    Launch { premul: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)) }
 }
 
 pub(crate) fn p2p(
@@ -40,15 +32,9 @@ pub(crate) fn p2p(
     for &(is_send, ptr, n, peer) in jobs {
         let (t, n) = move_type(d, n);
         if is_send {
-            check(
-                unsafe { nccl::ncclSend(ptr as *const c_void, n, t, peer as i32, c, s) },
-                "ncclSend",
-            )?;
+            check(unsafe { nccl::ncclSend(ptr as *const c_void, n, t, peer as i32, c, s) }, "ncclSend")?;
         } else {
-            check(
-                unsafe { nccl::ncclRecv(ptr as *mut c_void, n, t, peer as i32, c, s) },
-                "ncclRecv",
-            )?;
+            check(unsafe { nccl::ncclRecv(ptr as *mut c_void, n, t, peer as i32, c, s) }, "ncclRecv")?;
         }
     }
     Ok(())
@@ -96,20 +82,7 @@ impl NcclBackend {
                     let t = nccl_dtype(d).expect("checked");
                     // SAFETY: src/dst are live device buffers of at least n elements of d (kept
                     // alive by `keep`), and c/s are this communicator's handle and stream.
-                    check(
-                        unsafe {
-                            call(
-                                src as *const c_void,
-                                dst as *mut c_void,
-                                n,
-                                t,
-                                Self::op_code(red, d, &p2, ops),
-                                c,
-                                s,
-                            )
-                        },
-                        label,
-                    )?;
+                    check(unsafe { call(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), c, s) }, label)?;
                 }
                 Ok(())
             }),
@@ -117,20 +90,12 @@ impl NcclBackend {
     }
 
     /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
-    pub(crate) fn op_code(
-        red: Red,
-        d: DType,
-        premul: &[(nccl::ncclDataType_t, [u8; 8])],
-        ops: &[u32],
-    ) -> u32 {
+    pub(crate) fn op_code(red: Red, d: DType, premul: &[(nccl::ncclDataType_t, [u8; 8])], ops: &[u32]) -> u32 {
         match red {
             Red::Builtin(c) => c,
             Red::PreMul(s) => {
                 let key = (nccl_dtype(d).expect("checked"), premul_scalar(d, s));
-                let i = premul
-                    .iter()
-                    .position(|p| *p == key)
-                    .expect("premul op created for every premul dtype");
+                let i = premul.iter().position(|p| *p == key).expect("premul op created for every premul dtype");
                 ops[i]
             }
         }

@@ -101,9 +101,7 @@ use comm::{nccl_present, version_string};
 use concord_core::caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
 #[cfg(doc)]
 use concord_core::CollectiveError; // named by the crate docs
-use concord_core::{
-    Backend, DType, OpKind, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorldInfo,
-};
+use concord_core::{Backend, DType, OpKind, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorldInfo};
 use cuda::Device;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -125,13 +123,9 @@ pub fn probe() -> std::result::Result<ProbeInfo, String> {
     if !cuda::driver_present() {
         return Err("the CUDA driver library (libcuda) could not be loaded: no NVIDIA driver on this machine".into());
     }
-    let gpus = std::panic::catch_unwind(cuda::device_count)
-        .map_err(|_| "the CUDA driver panicked in cuInit".to_string())??;
+    let gpus = std::panic::catch_unwind(cuda::device_count).map_err(|_| "the CUDA driver panicked in cuInit".to_string())??;
     let v = nccl_present()?;
-    Ok(ProbeInfo {
-        nccl_version: version_string(v),
-        gpus,
-    })
+    Ok(ProbeInfo { nccl_version: version_string(v), gpus })
 }
 
 /// The NCCL backend: one instance per rank (and per subgroup). See the crate docs.
@@ -153,7 +147,7 @@ pub struct NcclBackend {
     barrier_buf: NcclBuffer,
     init_time: Duration,
     gpus: usize,
-    _store: Option<concord_harness::store::FileStore>,
+    _store: Option<concord_store::FileStore>,
 }
 
 impl NcclBackend {
@@ -204,19 +198,13 @@ impl Backend for NcclBackend {
             Gap::reduce("bxor", "NCCL has no bitwise reductions"),
         ];
         for d in [DType::I16, DType::U16] {
-            for op in [
-                OpKind::AllReduce,
-                OpKind::ReduceScatterTensor,
-                OpKind::Reduce,
-            ] {
+            for op in [OpKind::AllReduce, OpKind::ReduceScatterTensor, OpKind::Reduce] {
                 gaps.push(Gap {
                     op: Some(op),
                     variant: None,
                     dtype: Some(d),
                     reduce: None,
-                    reason: format!(
-                        "NCCL has no {d} type: it moves {d} as bytes but cannot reduce it"
-                    ),
+                    reason: format!("NCCL has no {d} type: it moves {d} as bytes but cannot reduce it"),
                 });
             }
         }
@@ -283,19 +271,11 @@ impl Backend for NcclBackend {
         self.all_reduce_impl("all_reduce_", x, op, true)
     }
 
-    fn all_reduce_coalesced(
-        &self,
-        xs: &[NcclBuffer],
-        op: ReduceOp,
-    ) -> Result<Work<Vec<NcclBuffer>>> {
+    fn all_reduce_coalesced(&self, xs: &[NcclBuffer], op: ReduceOp) -> Result<Work<Vec<NcclBuffer>>> {
         self.all_reduce_coalesced_impl("all_reduce_coalesced", xs, op, false)
     }
 
-    fn all_reduce_coalesced_(
-        &self,
-        xs: &[NcclBuffer],
-        op: ReduceOp,
-    ) -> Result<Work<Vec<NcclBuffer>>> {
+    fn all_reduce_coalesced_(&self, xs: &[NcclBuffer], op: ReduceOp) -> Result<Work<Vec<NcclBuffer>>> {
         self.all_reduce_coalesced_impl("all_reduce_coalesced_", xs, op, true)
     }
 
@@ -303,11 +283,7 @@ impl Backend for NcclBackend {
         self.all_gather_into_tensor_impl(x)
     }
 
-    fn all_gather_into_tensor_out(
-        &self,
-        x: &NcclBuffer,
-        out: &NcclBuffer,
-    ) -> Result<Work<NcclBuffer>> {
+    fn all_gather_into_tensor_out(&self, x: &NcclBuffer, out: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         self.all_gather_into_tensor_out_impl(x, out)
     }
 
@@ -319,20 +295,11 @@ impl Backend for NcclBackend {
         self.reduce_scatter_tensor_impl(x, op)
     }
 
-    fn reduce_scatter_tensor_out(
-        &self,
-        x: &NcclBuffer,
-        op: ReduceOp,
-        out: &NcclBuffer,
-    ) -> Result<Work<NcclBuffer>> {
+    fn reduce_scatter_tensor_out(&self, x: &NcclBuffer, op: ReduceOp, out: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         self.reduce_scatter_tensor_out_impl(x, op, out)
     }
 
-    fn reduce_scatter_tensor_coalesced(
-        &self,
-        xs: &[NcclBuffer],
-        op: ReduceOp,
-    ) -> Result<Work<Vec<NcclBuffer>>> {
+    fn reduce_scatter_tensor_coalesced(&self, xs: &[NcclBuffer], op: ReduceOp) -> Result<Work<Vec<NcclBuffer>>> {
         self.reduce_scatter_tensor_coalesced_impl(xs, op)
     }
 

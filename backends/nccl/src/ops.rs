@@ -10,10 +10,7 @@ use crate::issue::Op;
 use crate::launch::{keep, p2p_launch};
 use crate::worker::{check, Check, Launch};
 use crate::{comm::red_fns, NcclBackend, NcclBuffer};
-use concord_core::{
-    validate_local, Backend, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc,
-    Variant, Work,
-};
+use concord_core::{validate_local, Backend, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc, Variant, Work};
 use cudarc::nccl::sys as nccl;
 use std::ffi::c_void;
 
@@ -23,38 +20,21 @@ pub(crate) type Local = std::result::Result<(), (BadInputKind, String)>;
 pub(crate) fn gathered_shape(shape: &[usize], ws: usize) -> Vec<usize> {
     match shape.split_first() {
         None => vec![ws],
-        Some((d0, rest)) => std::iter::once(d0 * ws)
-            .chain(rest.iter().copied())
-            .collect(),
+        Some((d0, rest)) => std::iter::once(d0 * ws).chain(rest.iter().copied()).collect(),
     }
 }
 
 impl NcclBackend {
     /// This rank's call of `op` over `xs`, as the rule table sees it (fill in the arguments).
-    pub(crate) fn call(
-        &self,
-        o: &Op,
-        op: CallOp,
-        variant: Variant,
-        xs: &[&NcclBuffer],
-    ) -> CallDesc {
+    pub(crate) fn call(&self, o: &Op, op: CallOp, variant: Variant, xs: &[&NcclBuffer]) -> CallDesc {
         let mut d = CallDesc::new(op, variant, self.rank);
         d.seq = o.cseq;
-        d.inputs = xs
-            .iter()
-            .map(|x| TensorDesc::new(x.dtype, &x.shape))
-            .collect();
+        d.inputs = xs.iter().map(|x| TensorDesc::new(x.dtype, &x.shape)).collect();
         d
     }
 
     /// An `_out` call: the caller's output buffer, and whether it overlaps the input.
-    pub(crate) fn call_out(
-        &self,
-        o: &Op,
-        op: CallOp,
-        x: &NcclBuffer,
-        out: &NcclBuffer,
-    ) -> CallDesc {
+    pub(crate) fn call_out(&self, o: &Op, op: CallOp, x: &NcclBuffer, out: &NcclBuffer) -> CallDesc {
         let mut d = self.call(o, op, Variant::OutBuf, &[x]);
         d.outputs.push(TensorDesc::new(out.dtype, &out.shape));
         d.aliased = out.overlaps(x);
@@ -68,59 +48,34 @@ impl NcclBackend {
         match (local, Header::new(self.ws, d)) {
             (Ok(()), Ok(h)) => Ok(h),
             (Err(e), Ok(h)) => Err(self.reject(o, &h, e)),
-            (Err(e), Err(_)) | (Ok(()), Err(e)) => {
-                Err(self.reject(o, &Header::summary(self.ws, d), e))
-            }
+            (Err(e), Err(_)) | (Ok(()), Err(e)) => Err(self.reject(o, &Header::summary(self.ws, d), e)),
         }
     }
 
     /// The shared part of `send` / `recv` (`name`): the peer check, the header paired with the
     /// peer's, and one ncclSend / ncclRecv of the whole buffer (none when it is empty).
-    pub(crate) fn point_to_point(
-        &self,
-        name: &'static str,
-        buf: &NcclBuffer,
-        peer: usize,
-    ) -> Result<(Op, Check, Option<Launch>)> {
+    pub(crate) fn point_to_point(&self, name: &'static str, buf: &NcclBuffer, peer: usize) -> Result<(Op, Check, Option<Launch>)> {
         let o = self.begin(name, false)?;
         let is_send = name == "send";
         let op = if is_send { CallOp::Send } else { CallOp::Recv };
         let d = CallDesc::p2p(op, self.rank, TensorDesc::new(buf.dtype, &buf.shape), peer);
         // No exchange for a local error: the pair's peer may not even be a rank.
-        let local = validate_local(&d, self.ws, &self.capabilities())
-            .and_then(|()| Header::new(self.ws, &d));
+        let local = validate_local(&d, self.ws, &self.capabilities()).and_then(|()| Header::new(self.ws, &d));
         let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
-        let launch = (buf.numel() > 0).then(|| {
-            p2p_launch(
-                vec![(is_send, buf.ptr(), buf.numel(), peer)],
-                buf.dtype,
-                keep(&[buf]),
-            )
-        });
+        let launch = (buf.numel() > 0).then(|| p2p_launch(vec![(is_send, buf.ptr(), buf.numel(), peer)], buf.dtype, keep(&[buf])));
         Ok((o, Check::Pair(mine, peer), launch))
     }
 
-    pub(crate) fn all_reduce_impl(
-        &self,
-        name: &'static str,
-        x: &NcclBuffer,
-        op: ReduceOp,
-        in_place: bool,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn all_reduce_impl(&self, name: &'static str, x: &NcclBuffer, op: ReduceOp, in_place: bool) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
         let variant = [Variant::Out, Variant::InPlace][in_place as usize];
         let mut d = self.call(&o, CallOp::AllReduce, variant, &[x]);
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
         let red = red_of(op);
-        let out = if in_place {
-            x.clone()
-        } else {
-            self.alloc_buf(&o, x.dtype, &x.shape)?
-        };
+        let out = if in_place { x.clone() } else { self.alloc_buf(&o, x.dtype, &x.shape)? };
         let jobs = vec![(x.ptr(), out.ptr(), x.numel(), x.dtype, red)];
-        let launch =
-            self.reduction_launch(&o, jobs, &[x, &out], |f| f.all_reduce, "ncclAllReduce")?;
+        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.all_reduce, "ncclAllReduce")?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 
@@ -133,36 +88,16 @@ impl NcclBackend {
     ) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin(name, true)?;
         let variant = [Variant::Coalesced, Variant::CoalescedInPlace][in_place as usize];
-        let mut d = self.call(
-            &o,
-            CallOp::AllReduce,
-            variant,
-            &xs.iter().collect::<Vec<_>>(),
-        );
+        let mut d = self.call(&o, CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>());
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
         let reds: Vec<(Red, DType)> = xs.iter().map(|x| (red_of(op), x.dtype)).collect();
-        let outs: Vec<NcclBuffer> = if in_place {
-            xs.to_vec()
-        } else {
-            xs.iter()
-                .map(|x| self.alloc_buf(&o, x.dtype, &x.shape))
-                .collect::<Result<_>>()?
-        };
-        let jobs: Vec<(u64, u64, usize, DType, Red)> = xs
-            .iter()
-            .zip(&outs)
-            .zip(&reds)
-            .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), x.numel(), *d, *r))
-            .collect();
+        let outs: Vec<NcclBuffer> =
+            if in_place { xs.to_vec() } else { xs.iter().map(|x| self.alloc_buf(&o, x.dtype, &x.shape)).collect::<Result<_>>()? };
+        let jobs: Vec<(u64, u64, usize, DType, Red)> =
+            xs.iter().zip(&outs).zip(&reds).map(|((x, y), (r, d))| (x.ptr(), y.ptr(), x.numel(), *d, *r)).collect();
         let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
-        let launch = self.reduction_launch(
-            &o,
-            jobs,
-            &bufs,
-            |f| f.all_reduce,
-            "ncclAllReduce (coalesced)",
-        )?;
+        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.all_reduce, "ncclAllReduce (coalesced)")?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -174,13 +109,7 @@ impl NcclBackend {
         s
     }
 
-    pub(crate) fn gather_all(
-        &self,
-        o: Op,
-        hdr: Header,
-        x: &NcclBuffer,
-        out: NcclBuffer,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn gather_all(&self, o: Op, hdr: Header, x: &NcclBuffer, out: NcclBuffer) -> Result<Work<NcclBuffer>> {
         let launch = (x.numel() > 0).then(|| {
             let (t, n) = move_type(x.dtype, x.numel());
             let (src, dst) = (x.ptr(), out.ptr());
@@ -188,52 +117,26 @@ impl NcclBackend {
                 premul: vec![],
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
-                    check(
-                        nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s),
-                        "ncclAllGather",
-                    )
+                    check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
                 }),
             }
         });
         self.submit(o, out, Check::All(hdr), launch)
     }
 
-    pub(crate) fn scatter_reduce(
-        &self,
-        o: Op,
-        hdr: Header,
-        x: &NcclBuffer,
-        out: NcclBuffer,
-        red: Red,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn scatter_reduce(&self, o: Op, hdr: Header, x: &NcclBuffer, out: NcclBuffer, red: Red) -> Result<Work<NcclBuffer>> {
         let jobs = vec![(x.ptr(), out.ptr(), out.numel(), x.dtype, red)];
-        let launch = self.reduction_launch(
-            &o,
-            jobs,
-            &[x, &out],
-            |f| f.reduce_scatter,
-            "ncclReduceScatter",
-        )?;
+        let launch = self.reduction_launch(&o, jobs, &[x, &out], |f| f.reduce_scatter, "ncclReduceScatter")?;
         self.submit(o, out, Check::All(hdr), launch)
     }
 
-    pub(crate) fn broadcast_impl(
-        &self,
-        name: &'static str,
-        x: &NcclBuffer,
-        src: usize,
-        in_place: bool,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn broadcast_impl(&self, name: &'static str, x: &NcclBuffer, src: usize, in_place: bool) -> Result<Work<NcclBuffer>> {
         let o = self.begin(name, true)?;
         let variant = [Variant::Out, Variant::InPlace][in_place as usize];
         let mut d = self.call(&o, CallOp::Broadcast, variant, &[x]);
         d.root = Some(src);
         let hdr = self.admit(&o, &d)?;
-        let out = if in_place {
-            x.clone()
-        } else {
-            self.alloc_buf(&o, x.dtype, &x.shape)?
-        };
+        let out = if in_place { x.clone() } else { self.alloc_buf(&o, x.dtype, &x.shape)? };
         let launch = (x.numel() > 0).then(|| {
             let (t, n) = move_type(x.dtype, x.numel());
             let (sp, dp) = (x.ptr(), out.ptr());
@@ -241,18 +144,7 @@ impl NcclBackend {
                 premul: vec![],
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
-                    check(
-                        nccl::ncclBroadcast(
-                            sp as *const c_void,
-                            dp as *mut c_void,
-                            n,
-                            t,
-                            src as i32,
-                            c,
-                            s,
-                        ),
-                        "ncclBroadcast",
-                    )
+                    check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
                 }),
             }
         });
@@ -266,36 +158,20 @@ impl NcclBackend {
         self.gather_all(o, hdr, x, out)
     }
 
-    pub(crate) fn all_gather_into_tensor_out_impl(
-        &self,
-        x: &NcclBuffer,
-        out: &NcclBuffer,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn all_gather_into_tensor_out_impl(&self, x: &NcclBuffer, out: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         let o = self.begin("all_gather_into_tensor_out", true)?;
         let hdr = self.admit(&o, &self.call_out(&o, CallOp::AllGather, x, out))?;
         self.gather_all(o, hdr, x, out.clone())
     }
 
-    pub(crate) fn all_gather_into_tensor_coalesced_impl(
-        &self,
-        xs: &[NcclBuffer],
-    ) -> Result<Work<Vec<NcclBuffer>>> {
+    pub(crate) fn all_gather_into_tensor_coalesced_impl(&self, xs: &[NcclBuffer]) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("all_gather_into_tensor_coalesced", true)?;
         let xr: Vec<&NcclBuffer> = xs.iter().collect();
-        let hdr = self.admit(
-            &o,
-            &self.call(&o, CallOp::AllGather, Variant::Coalesced, &xr),
-        )?;
-        let outs: Vec<NcclBuffer> = xs
-            .iter()
-            .map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws)))
-            .collect::<Result<_>>()?;
-        let jobs: Vec<(u64, u64, usize, DType)> = xs
-            .iter()
-            .zip(&outs)
-            .filter(|(x, _)| x.numel() > 0)
-            .map(|(x, y)| (x.ptr(), y.ptr(), x.numel(), x.dtype))
-            .collect();
+        let hdr = self.admit(&o, &self.call(&o, CallOp::AllGather, Variant::Coalesced, &xr))?;
+        let outs: Vec<NcclBuffer> =
+            xs.iter().map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))).collect::<Result<_>>()?;
+        let jobs: Vec<(u64, u64, usize, DType)> =
+            xs.iter().zip(&outs).filter(|(x, _)| x.numel() > 0).map(|(x, y)| (x.ptr(), y.ptr(), x.numel(), x.dtype)).collect();
         let launch = (!jobs.is_empty()).then(|| Launch {
             premul: vec![],
             keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
@@ -303,16 +179,7 @@ impl NcclBackend {
                 for (src, dst, n, d) in jobs {
                     let (t, n) = move_type(d, n);
                     check(
-                        unsafe {
-                            nccl::ncclAllGather(
-                                src as *const c_void,
-                                dst as *mut c_void,
-                                n,
-                                t,
-                                c,
-                                s,
-                            )
-                        },
+                        unsafe { nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s) },
                         "ncclAllGather (coalesced)",
                     )?;
                 }
@@ -322,11 +189,7 @@ impl NcclBackend {
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
-    pub(crate) fn reduce_scatter_tensor_impl(
-        &self,
-        x: &NcclBuffer,
-        op: ReduceOp,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn reduce_scatter_tensor_impl(&self, x: &NcclBuffer, op: ReduceOp) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor", true)?;
         let mut d = self.call(&o, CallOp::ReduceScatter, Variant::Out, &[x]);
         d.reduce = Some(op);
@@ -336,12 +199,7 @@ impl NcclBackend {
         self.scatter_reduce(o, hdr, x, out, red)
     }
 
-    pub(crate) fn reduce_scatter_tensor_out_impl(
-        &self,
-        x: &NcclBuffer,
-        op: ReduceOp,
-        out: &NcclBuffer,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn reduce_scatter_tensor_out_impl(&self, x: &NcclBuffer, op: ReduceOp, out: &NcclBuffer) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce_scatter_tensor_out", true)?;
         let mut d = self.call_out(&o, CallOp::ReduceScatter, x, out);
         d.reduce = Some(op);
@@ -350,35 +208,18 @@ impl NcclBackend {
         self.scatter_reduce(o, hdr, x, out.clone(), red)
     }
 
-    pub(crate) fn reduce_scatter_tensor_coalesced_impl(
-        &self,
-        xs: &[NcclBuffer],
-        op: ReduceOp,
-    ) -> Result<Work<Vec<NcclBuffer>>> {
+    pub(crate) fn reduce_scatter_tensor_coalesced_impl(&self, xs: &[NcclBuffer], op: ReduceOp) -> Result<Work<Vec<NcclBuffer>>> {
         let o = self.begin("reduce_scatter_tensor_coalesced", true)?;
         let xr: Vec<&NcclBuffer> = xs.iter().collect();
         let mut d = self.call(&o, CallOp::ReduceScatter, Variant::Coalesced, &xr);
         d.reduce = Some(op);
         let hdr = self.admit(&o, &d)?;
         let reds: Vec<(Red, DType)> = xs.iter().map(|x| (red_of(op), x.dtype)).collect();
-        let outs: Vec<NcclBuffer> = xs
-            .iter()
-            .map(|x| self.alloc_buf(&o, x.dtype, &self.scattered_shape(x)))
-            .collect::<Result<_>>()?;
-        let jobs: Vec<(u64, u64, usize, DType, Red)> = xs
-            .iter()
-            .zip(&outs)
-            .zip(&reds)
-            .map(|((x, y), (r, d))| (x.ptr(), y.ptr(), y.numel(), *d, *r))
-            .collect();
+        let outs: Vec<NcclBuffer> = xs.iter().map(|x| self.alloc_buf(&o, x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
+        let jobs: Vec<(u64, u64, usize, DType, Red)> =
+            xs.iter().zip(&outs).zip(&reds).map(|((x, y), (r, d))| (x.ptr(), y.ptr(), y.numel(), *d, *r)).collect();
         let bufs: Vec<&NcclBuffer> = xs.iter().chain(&outs).collect();
-        let launch = self.reduction_launch(
-            &o,
-            jobs,
-            &bufs,
-            |f| f.reduce_scatter,
-            "ncclReduceScatter (coalesced)",
-        )?;
+        let launch = self.reduction_launch(&o, jobs, &bufs, |f| f.reduce_scatter, "ncclReduceScatter (coalesced)")?;
         self.submit(o, outs, Check::All(hdr), launch)
     }
 
@@ -413,16 +254,11 @@ impl NcclBackend {
             ioff += ins[j];
             ooff += outs[j];
         }
-        let launch =
-            (!jobs.iter().all(|j| j.2 == 0)).then(|| p2p_launch(jobs, d, keep(&[x, &out])));
+        let launch = (!jobs.iter().all(|j| j.2 == 0)).then(|| p2p_launch(jobs, d, keep(&[x, &out])));
         self.submit(o, out, Check::All(hdr), launch)
     }
 
-    pub(crate) fn permute_tensor_impl(
-        &self,
-        x: &NcclBuffer,
-        src_dst: &[usize],
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn permute_tensor_impl(&self, x: &NcclBuffer, src_dst: &[usize]) -> Result<Work<NcclBuffer>> {
         let o = self.begin("permute_tensor", true)?;
         let mut d = self.call(&o, CallOp::Permute, Variant::Out, &[x]);
         d.perm = Some(src_dst.to_vec());
@@ -430,25 +266,14 @@ impl NcclBackend {
         let out = self.alloc_buf(&o, x.dtype, &x.shape)?;
         let launch = (x.numel() > 0).then(|| {
             let dst_rank = src_dst[self.rank];
-            let src_rank = src_dst
-                .iter()
-                .position(|&d| d == self.rank)
-                .expect("a permutation");
-            let jobs = vec![
-                (true, x.ptr(), x.numel(), dst_rank),
-                (false, out.ptr(), x.numel(), src_rank),
-            ];
+            let src_rank = src_dst.iter().position(|&d| d == self.rank).expect("a permutation");
+            let jobs = vec![(true, x.ptr(), x.numel(), dst_rank), (false, out.ptr(), x.numel(), src_rank)];
             p2p_launch(jobs, x.dtype, keep(&[x, &out]))
         });
         self.submit(o, out, Check::All(hdr), launch)
     }
 
-    pub(crate) fn reduce_impl(
-        &self,
-        x: &NcclBuffer,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn reduce_impl(&self, x: &NcclBuffer, op: ReduceOp, root: usize) -> Result<Work<NcclBuffer>> {
         let o = self.begin("reduce", true)?;
         let mut d = self.call(&o, CallOp::Reduce, Variant::Out, &[x]);
         (d.reduce, d.root) = (Some(op), Some(root));
@@ -468,16 +293,7 @@ impl NcclBackend {
                 calls: Box::new(move |c, s, ops| unsafe {
                     let t = nccl_dtype(d).expect("checked");
                     check(
-                        (f.reduce)(
-                            src as *const c_void,
-                            dst as *mut c_void,
-                            n,
-                            t,
-                            Self::op_code(red, d, &p2, ops),
-                            root as i32,
-                            c,
-                            s,
-                        ),
+                        (f.reduce)(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), root as i32, c, s),
                         "ncclReduce",
                     )
                 }),

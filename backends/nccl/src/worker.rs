@@ -41,14 +41,8 @@ pub const DROP_GRACE: Duration = Duration::from_millis(200);
 const SPIN: Duration = Duration::from_micros(50);
 
 /// The NCCL calls of one launch: `(communicator, stream, premul-sum op handles)`.
-pub(crate) type Calls = Box<
-    dyn FnOnce(
-            nccl::ncclComm_t,
-            nccl::cudaStream_t,
-            &[u32],
-        ) -> std::result::Result<(), (String, nccl::ncclResult_t)>
-        + Send,
->;
+pub(crate) type Calls =
+    Box<dyn FnOnce(nccl::ncclComm_t, nccl::cudaStream_t, &[u32]) -> std::result::Result<(), (String, nccl::ncclResult_t)> + Send>;
 
 /// What a job launches once its headers agree.
 pub(crate) struct Launch {
@@ -119,13 +113,7 @@ pub(crate) struct Channel {
 pub(crate) enum Job {
     /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
     /// purpose is to tell the peers about an error this rank already returned at issue.
-    Op {
-        chan: Arc<Channel>,
-        id: OpId,
-        check: Check,
-        launch: Option<Launch>,
-        ticket: Option<Arc<Ticket>>,
-    },
+    Op { chan: Arc<Channel>, id: OpId, check: Check, launch: Option<Launch>, ticket: Option<Arc<Ticket>> },
     /// `new_group`: header agreement (always), then `ncclCommSplit`.
     Split {
         chan: Arc<Channel>,
@@ -152,13 +140,7 @@ impl Job {
 
     fn run(self) {
         match self {
-            Job::Op {
-                chan,
-                id,
-                check,
-                launch,
-                ticket,
-            } => {
+            Job::Op { chan, id, check, launch, ticket } => {
                 let stage = match chan.run_op(&id, check, launch) {
                     Ok(Some(ev)) => Stage::Launched(ev),
                     Ok(None) => Stage::Finished(Ok(())),
@@ -168,15 +150,7 @@ impl Job {
                     t.set(stage);
                 }
             }
-            Job::Split {
-                chan,
-                id,
-                hdr,
-                local,
-                member,
-                nranks,
-                reply,
-            } => {
+            Job::Split { chan, id, hdr, local, member, nranks, reply } => {
                 let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks));
             }
         }
@@ -194,13 +168,7 @@ impl Channel {
             host_send: Pinned::new(&dev, hbytes)?,
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
-        Ok(Channel {
-            rank: comm.rank,
-            ws,
-            comm,
-            op_timeout,
-            side: Mutex::new(side),
-        })
+        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, side: Mutex::new(side) })
     }
 
     fn dev(&self) -> &Device {
@@ -212,10 +180,7 @@ impl Channel {
     }
 
     pub fn backend_err(&self, id: &OpId, msg: impl std::fmt::Display) -> CollectiveError {
-        CollectiveError::Backend(format!(
-            "nccl {} #{} on rank {}: {msg}",
-            id.name, id.seq, self.rank
-        ))
+        CollectiveError::Backend(format!("nccl {} #{} on rank {}: {msg}", id.name, id.seq, self.rank))
     }
 
     pub fn bad(&self, id: &OpId, kind: BadInputKind, detail: impl Into<String>) -> CollectiveError {
@@ -266,24 +231,16 @@ impl Channel {
                 }
                 next_check = now + Duration::from_millis(10);
                 let err = self.comm.async_error()?;
-                let why = format!(
-                    "nccl {} #{} on rank {}: NCCL reported {err}",
-                    id.name, id.seq, self.rank
-                );
+                let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
                 self.comm.abort(why.clone());
-                Some(Err(CollectiveError::Aborted(format!(
-                    "{why}; communicator aborted"
-                ))))
+                Some(Err(CollectiveError::Aborted(format!("{why}; communicator aborted"))))
             }
         });
         match outcome {
             Some(r) => r,
             None => {
                 let waited_ms = id.issued.elapsed().as_millis() as u64;
-                self.comm.abort(format!(
-                    "{} #{} timed out after {waited_ms} ms",
-                    id.name, id.seq
-                ));
+                self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", id.name, id.seq));
                 Err(CollectiveError::Timeout {
                     op: id.name.to_string(),
                     seq: id.seq,
@@ -309,33 +266,19 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
-        self.dev()
-            .htod(send, &side.host_send.as_slice()[..n])
-            .map_err(|e| self.backend_err(id, e))?;
+        self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
         self.comm
             .launch(deadline, &[], |c, s, _| unsafe {
                 check(
-                    nccl::ncclAllGather(
-                        send as *const c_void,
-                        recv as *mut c_void,
-                        n,
-                        nccl::ncclDataType_t::ncclUint8,
-                        c,
-                        s,
-                    ),
+                    nccl::ncclAllGather(send as *const c_void, recv as *mut c_void, n, nccl::ncclDataType_t::ncclUint8, c, s),
                     "ncclAllGather (validation header)",
                 )
             })
             .map_err(|e| self.launch_err(id, e))?;
-        self.dev()
-            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv)
-            .map_err(|e| self.backend_err(id, e))?;
+        self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv).map_err(|e| self.backend_err(id, e))?;
         self.drain(id, deadline)?;
         self.not_aborted(id)?;
-        Ok(parse_all(
-            &side.host_recv.as_slice()[..n * self.ws],
-            self.ws,
-        ))
+        Ok(parse_all(&side.host_recv.as_slice()[..n * self.ws], self.ws))
     }
 
     /// Exchanges headers with one peer (send/recv); returns the peer's header.
@@ -347,25 +290,15 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
-        self.dev()
-            .htod(send, &side.host_send.as_slice()[..n])
-            .map_err(|e| self.backend_err(id, e))?;
+        self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
         self.comm
             .launch(deadline, &[], |c, s, _| unsafe {
                 let u8t = nccl::ncclDataType_t::ncclUint8;
-                check(
-                    nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s),
-                    "ncclSend (validation header)",
-                )?;
-                check(
-                    nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s),
-                    "ncclRecv (validation header)",
-                )
+                check(nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s), "ncclSend (validation header)")?;
+                check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s), "ncclRecv (validation header)")
             })
             .map_err(|e| self.launch_err(id, e))?;
-        self.dev()
-            .dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv)
-            .map_err(|e| self.backend_err(id, e))?;
+        self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv).map_err(|e| self.backend_err(id, e))?;
         self.drain(id, deadline)?;
         self.not_aborted(id)?;
         Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
@@ -391,21 +324,13 @@ impl Channel {
             }
             Check::Pair(hdr, peer) => {
                 let theirs = self.exchange_pair(id, &hdr, peer)?;
-                validate_pair(&hdr.words, &theirs, self.rank, peer)
-                    .map_err(|(k, d)| self.bad(id, k, d))?;
+                validate_pair(&hdr.words, &theirs, self.rank, peer).map_err(|(k, d)| self.bad(id, k, d))?;
             }
         }
-        let Some(Launch {
-            premul,
-            calls,
-            keep,
-        }) = launch
-        else {
+        let Some(Launch { premul, calls, keep }) = launch else {
             return Ok(None);
         };
-        self.comm
-            .launch(self.deadline(id), &premul, calls)
-            .map_err(|e| self.launch_err(id, e))?;
+        self.comm.launch(self.deadline(id), &premul, calls).map_err(|e| self.launch_err(id, e))?;
         let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(ev))
@@ -430,21 +355,13 @@ impl Channel {
         }
         let started = Instant::now();
         self.comm
-            .split(
-                member.is_some(),
-                member.unwrap_or(0),
-                nranks,
-                started + self.op_timeout.max(Duration::from_secs(30)),
-            )
+            .split(member.is_some(), member.unwrap_or(0), nranks, started + self.op_timeout.max(Duration::from_secs(30)))
             .map_err(|e| self.launch_err(id, e))
     }
 }
 
 /// `Ok` for success / in progress, else the call's name and NCCL result.
-pub(crate) fn check(
-    r: nccl::ncclResult_t,
-    what: &str,
-) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
+pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
     match r {
         nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress => Ok(()),
         e => Err((what.to_string(), e)),
@@ -478,10 +395,7 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
-            q: Mutex::new(QState {
-                jobs: VecDeque::new(),
-                closed: false,
-            }),
+            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false }),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
             finished: AtomicU64::new(0),
@@ -493,10 +407,7 @@ impl Progress {
             .name(format!("nccl-progress-gpu{}", dev.ordinal))
             .spawn(move || worker(sh, dev))
             .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
-        Ok(Arc::new(Progress {
-            shared,
-            thread: Mutex::new(Some(thread)),
-        }))
+        Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
     }
 
     /// Queues `job` behind every job submitted before it.
@@ -512,10 +423,7 @@ impl Progress {
     /// `deadline`: `true` when they have.
     pub fn flush(&self, deadline: Instant) -> bool {
         let target = self.shared.queued.load(Ordering::SeqCst);
-        poll_until(deadline, || {
-            (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())
-        })
-        .is_some()
+        poll_until(deadline, || (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())).is_some()
     }
 }
 
@@ -543,8 +451,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         taken += 1;
         let id = job.id();
         let chan = job.chan().clone();
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((chan.comm.clone(), id, Instant::now()));
+        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, Instant::now()));
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
@@ -554,10 +461,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run()));
         if run.is_err() {
             if let Some(t) = ticket {
-                t.set(Stage::Finished(Err(chan.backend_err(
-                    &id,
-                    "the NCCL progress thread panicked while launching this op",
-                ))));
+                t.set(Stage::Finished(Err(chan.backend_err(&id, "the NCCL progress thread panicked while launching this op"))));
             }
         }
         drop(chan);
@@ -587,18 +491,10 @@ impl Drop for Progress {
             if Instant::now() >= hard {
                 return; // detached: it ends at its jobs' deadlines
             }
-            let stuck = self
-                .shared
-                .current
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
+            let stuck = self.shared.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
             if let Some((comm, id, since)) = stuck {
                 if since.max(closed_at).elapsed() > DROP_GRACE && comm.aborted().is_none() {
-                    comm.abort(format!(
-                        "the backend was dropped while {} #{} still waited for its peers",
-                        id.name, id.seq
-                    ));
+                    comm.abort(format!("the backend was dropped while {} #{} still waited for its peers", id.name, id.seq));
                 }
             }
             std::thread::sleep(Duration::from_millis(1));

@@ -35,18 +35,11 @@ fn init_without_enough_gpus_is_a_named_unsupported_error() {
         Err(e) => e,
         Ok(_) => panic!("init of a world of {} succeeded with {gpus} GPUs", gpus + 1),
     };
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "refusal took {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(5), "refusal took {:?}", t.elapsed());
     assert_eq!(err.name(), "unsupported", "{err}");
     let msg = err.to_string();
     match probe() {
-        Ok(_) => assert!(
-            msg.contains(&format!("needs {} GPUs, found {gpus}", gpus + 1)),
-            "{msg}"
-        ),
+        Ok(_) => assert!(msg.contains(&format!("needs {} GPUs, found {gpus}", gpus + 1)), "{msg}"),
         Err(_) => assert!(msg.contains("libcuda") || msg.contains("libnccl"), "{msg}"),
     }
     assert!(!store.exists(), "a refused init must not create the store");
@@ -55,14 +48,9 @@ fn init_without_enough_gpus_is_a_named_unsupported_error() {
 #[test]
 fn a_rank_outside_its_world_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let err = NcclBackend::init(&world(3, 2, &dir.path().join("s")))
-        .err()
-        .expect("refused");
+    let err = NcclBackend::init(&world(3, 2, &dir.path().join("s"))).err().expect("refused");
     assert_eq!(err.name(), "backend", "{err}");
-    assert!(
-        err.to_string().contains("rank 3 is not in a world of 2"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("rank 3 is not in a world of 2"), "{err}");
 }
 
 #[test]
@@ -70,15 +58,8 @@ fn bench_exits_cleanly_when_it_cannot_run() {
     if probe().map(|i| i.gpus >= 2).unwrap_or(false) {
         return; // a real 2-GPU machine: the benchmark is the GPU job's business, not this test's
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord-nccl-bench"))
-        .output()
-        .expect("runs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_concord-nccl-bench")).output().expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(2), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("CANNOT RUN"), "{stdout}");
 }

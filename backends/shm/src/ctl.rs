@@ -195,10 +195,7 @@ impl Ctl {
             }
             let ab = self.abort_by().load(SeqCst);
             if ab != 0 && ab != self.me as u32 + 1 {
-                return Err(WaitErr::Aborted(format!(
-                    "rank {} poisoned the communicator after a timeout or a dead peer",
-                    ab - 1
-                )));
+                return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
             }
             let now = Instant::now();
             if last_check.is_none_or(|t| now.duration_since(t) >= SLICE) {

@@ -12,7 +12,9 @@ use crate::kernels::{reduce_into, reduce_into_many};
 use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
-use concord_core::{progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc};
+use concord_core::{
+    progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc,
+};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
@@ -258,7 +260,11 @@ impl Progress {
             comm.world.region(comm.globals[r], off, len).copy_to_bytes(&mut b);
             match Post::decode(&b) {
                 Some(p) => posts.push(p),
-                None => return Err(self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))),
+                None => {
+                    return Err(
+                        self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))
+                    )
+                }
             }
         }
         let calls: Vec<CallDesc> = posts.iter().map(|p| p.call.clone()).collect();
@@ -386,7 +392,14 @@ impl Progress {
 
     /// new_group, after validation: the creator made the segment; members open it between two
     /// barriers; then the creator unlinks its name (mappings stay).
-    fn finish_group(&mut self, mut g: NewGroup, name: &str, seq: u64, deadline: Instant, started: Instant) -> Result<(String, Option<Mapping>)> {
+    fn finish_group(
+        &mut self,
+        mut g: NewGroup,
+        name: &str,
+        seq: u64,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(String, Option<Mapping>)> {
         self.barrier(name, seq, deadline, started)?;
         let mut mapping = g.created.take();
         if g.pos.is_some_and(|p| p > 0) {
@@ -411,7 +424,9 @@ impl Progress {
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
         if k > crate::ctl::RING {
-            comm.ctl.wait_consumed(dst, k - crate::ctl::RING, deadline, &comm.abort).map_err(|e| comm.wait_error(e, "send", k as u64, started))?;
+            comm.ctl
+                .wait_consumed(dst, k - crate::ctl::RING, deadline, &comm.abort)
+                .map_err(|e| comm.wait_error(e, "send", k as u64, started))?;
         }
         // Cache the verdicts of messages whose ring entries are about to be reused.
         let q = &mut self.pending_sends[dst];

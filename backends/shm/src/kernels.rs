@@ -56,21 +56,70 @@ macro_rules! float_red {
     ($t:ty, $a:ty, $load:expr, $store:expr) => {
         impl Red for $t {
             type A = $a;
-            #[inline(always)] fn load(self) -> $a { ($load)(self) }
-            #[inline(always)] fn store(a: $a) -> $t { ($store)(a) }
-            #[inline(always)] fn add(a: $a, b: $a) -> $a { a + b }
-            #[inline(always)] fn mul(a: $a, b: $a) -> $a { a * b }
-            #[inline(always)] fn min(a: $a, b: $a) -> $a {
-                if a.is_nan() || b.is_nan() { <$a>::NAN } else if a < b { a } else if b < a { b } else if a.is_sign_negative() { a } else { b }
+            #[inline(always)]
+            fn load(self) -> $a {
+                ($load)(self)
             }
-            #[inline(always)] fn max(a: $a, b: $a) -> $a {
-                if a.is_nan() || b.is_nan() { <$a>::NAN } else if a > b { a } else if b > a { b } else if a.is_sign_positive() { a } else { b }
+            #[inline(always)]
+            fn store(a: $a) -> $t {
+                ($store)(a)
             }
-            #[inline(always)] fn and(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() & b.to_bits()) }
-            #[inline(always)] fn or(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() | b.to_bits()) }
-            #[inline(always)] fn xor(a: $a, b: $a) -> $a { <$a>::from_bits(a.to_bits() ^ b.to_bits()) }
-            #[inline(always)] fn div_n(a: $a, n: usize) -> $a { a / n as $a }
-            #[inline(always)] fn scale(a: $a, f: f64) -> $a { a * f as $a }
+            #[inline(always)]
+            fn add(a: $a, b: $a) -> $a {
+                a + b
+            }
+            #[inline(always)]
+            fn mul(a: $a, b: $a) -> $a {
+                a * b
+            }
+            #[inline(always)]
+            fn min(a: $a, b: $a) -> $a {
+                if a.is_nan() || b.is_nan() {
+                    <$a>::NAN
+                } else if a < b {
+                    a
+                } else if b < a {
+                    b
+                } else if a.is_sign_negative() {
+                    a
+                } else {
+                    b
+                }
+            }
+            #[inline(always)]
+            fn max(a: $a, b: $a) -> $a {
+                if a.is_nan() || b.is_nan() {
+                    <$a>::NAN
+                } else if a > b {
+                    a
+                } else if b > a {
+                    b
+                } else if a.is_sign_positive() {
+                    a
+                } else {
+                    b
+                }
+            }
+            #[inline(always)]
+            fn and(a: $a, b: $a) -> $a {
+                <$a>::from_bits(a.to_bits() & b.to_bits())
+            }
+            #[inline(always)]
+            fn or(a: $a, b: $a) -> $a {
+                <$a>::from_bits(a.to_bits() | b.to_bits())
+            }
+            #[inline(always)]
+            fn xor(a: $a, b: $a) -> $a {
+                <$a>::from_bits(a.to_bits() ^ b.to_bits())
+            }
+            #[inline(always)]
+            fn div_n(a: $a, n: usize) -> $a {
+                a / n as $a
+            }
+            #[inline(always)]
+            fn scale(a: $a, f: f64) -> $a {
+                a * f as $a
+            }
         }
     };
 }

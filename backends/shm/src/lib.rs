@@ -47,8 +47,8 @@ mod sys;
 
 use arena::{Block, World};
 use concord_core::{
-    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter,
-    ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
+    Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_store::FileStore;
 use exec::{Comm, Job, Progress, SendCompletion};
@@ -157,9 +157,7 @@ impl ShmBackend {
                 waited_ms: started.elapsed().as_millis() as u64,
                 detail: format!("shm backend: rank {peer} did not join the control segment"),
             },
-            ctl::WaitErr::Dead { peer, detail } => {
-                CollectiveError::PeerDied { op: "init".into(), seq: 0, rank, peer, detail }
-            }
+            ctl::WaitErr::Dead { peer, detail } => CollectiveError::PeerDied { op: "init".into(), seq: 0, rank, peer, detail },
             ctl::WaitErr::Aborted(m) => CollectiveError::Aborted(format!("init on rank {rank}: {m}")),
         })
     }
@@ -209,9 +207,10 @@ impl ShmBackend {
     }
 
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
-        let bytes = shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)).ok_or_else(|| {
-            CollectiveError::Backend(format!("shm backend: a {dtype}{shape:?} buffer does not fit in the address space"))
-        })?;
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+            .ok_or_else(|| CollectiveError::Backend(format!("shm backend: a {dtype}{shape:?} buffer does not fit in the address space")))?;
         let block = self.comm.world.alloc(bytes).map_err(CollectiveError::Backend)?;
         Ok(ShmBuffer { block: Arc::new(block), byte_off: 0, dtype, shape: shape.to_vec() })
     }
@@ -365,9 +364,8 @@ impl Backend for ShmBackend {
         };
         let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
         work.wait(self.comm.op_timeout + std::time::Duration::from_secs(1))?;
-        let (tag, mapping) = reply_rx
-            .recv()
-            .map_err(|_| CollectiveError::Backend(format!("new_group #{seq}: progress thread gave no group")))?;
+        let (tag, mapping) =
+            reply_rx.recv().map_err(|_| CollectiveError::Backend(format!("new_group #{seq}: progress thread gave no group")))?;
         let Some(pos) = ranks.iter().position(|&r| r == self.comm.me) else { return Ok(None) };
         let mapping = mapping.ok_or_else(|| CollectiveError::Backend(format!("new_group #{seq}: no control segment")))?;
         let m = ranks.len();
@@ -479,7 +477,8 @@ impl Backend for ShmBackend {
     }
     fn reduce_scatter_tensor_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
         let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
-        let mut p = self.post_of(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        let mut p =
+            self.post_of(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
         p.call.reduce = Some(op);
         self.issue("reduce_scatter_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
     }
@@ -491,7 +490,8 @@ impl Backend for ShmBackend {
             (None, Some(&d0)) => d0 / n * n,
             (None, None) => 0,
         };
-        let shape: Vec<usize> = if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
+        let shape: Vec<usize> =
+            if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
         let out = self.new_buf(x.dtype, &shape)?;
         let mut p = self.post_of(CallOp::AllToAll, Variant::Out, &[x], &[&out]);
         p.call.in_splits = input_splits.map(|s| s.to_vec());

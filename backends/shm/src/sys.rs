@@ -75,14 +75,8 @@ impl Mapping {
     }
 
     unsafe fn map(fd: i32, len: usize, keep_fd: bool) -> io::Result<Mapping> {
-        let ptr = libc::mmap(
-            std::ptr::null_mut(),
-            len.max(1),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
-            fd,
-            0,
-        );
+        let ptr =
+            libc::mmap(std::ptr::null_mut(), len.max(1), libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_NORESERVE, fd, 0);
         if ptr == libc::MAP_FAILED {
             let e = io::Error::last_os_error();
             libc::close(fd);
@@ -356,7 +350,8 @@ pub fn unregister_cleanup(name: &str) {
     let Some(buf) = shm_path(name) else { return };
     for s in REGISTRY.iter() {
         // SAFETY: read only in state 2 (set after the write completed).
-        if s.state.load(Ordering::Acquire) == 2 && unsafe { *s.path.get() } == buf
+        if s.state.load(Ordering::Acquire) == 2
+            && unsafe { *s.path.get() } == buf
             && s.state.compare_exchange(2, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         {
             s.state.store(0, Ordering::Release);

@@ -22,12 +22,24 @@ fn cases() -> Vec<(&'static str, Bad, BadInputKind)> {
     use BadInputKind::*;
     vec![
         ("shape differs", |b| wait(b.all_reduce(&f32s(b, &[2 + b.rank()]), ReduceOp::Sum)), ShapeMismatch),
-        ("dtype differs", |b| {
-            let x = if b.rank() == 0 { f32s(b, &[4]) } else { b.upload(&Tensor::zeros(DType::F64, &[4])).unwrap() };
-            wait(b.all_reduce(&x, ReduceOp::Sum))
-        }, DTypeMismatch),
-        ("reduce op differs", |b| wait(b.all_reduce(&f32s(b, &[4]), if b.rank() == 0 { ReduceOp::Sum } else { ReduceOp::Max })), ReduceOpMismatch),
-        ("op differs", |b| if b.rank() == 0 { wait(b.all_reduce(&f32s(b, &[4]), ReduceOp::Sum)) } else { wait(b.broadcast(&f32s(b, &[4]), 0)) }, OpMismatch),
+        (
+            "dtype differs",
+            |b| {
+                let x = if b.rank() == 0 { f32s(b, &[4]) } else { b.upload(&Tensor::zeros(DType::F64, &[4])).unwrap() };
+                wait(b.all_reduce(&x, ReduceOp::Sum))
+            },
+            DTypeMismatch,
+        ),
+        (
+            "reduce op differs",
+            |b| wait(b.all_reduce(&f32s(b, &[4]), if b.rank() == 0 { ReduceOp::Sum } else { ReduceOp::Max })),
+            ReduceOpMismatch,
+        ),
+        (
+            "op differs",
+            |b| if b.rank() == 0 { wait(b.all_reduce(&f32s(b, &[4]), ReduceOp::Sum)) } else { wait(b.broadcast(&f32s(b, &[4]), 0)) },
+            OpMismatch,
+        ),
         ("indivisible reduce_scatter", |b| wait(b.reduce_scatter_tensor(&f32s(b, &[5]), ReduceOp::Sum)), Indivisible),
         ("0-dim reduce_scatter", |b| wait(b.reduce_scatter_tensor(&f32s(b, &[]), ReduceOp::Sum)), ZeroDim),
         ("splits do not sum to dim 0", |b| wait(b.all_to_all_single(&f32s(b, &[4]), Some(&[2, 2]), Some(&[1, 2]))), BadSplits),
@@ -37,32 +49,56 @@ fn cases() -> Vec<(&'static str, Bad, BadInputKind)> {
         ("root differs", |b| wait(b.reduce(&f32s(b, &[4]), ReduceOp::Sum, b.rank())), BadRoot),
         ("not a permutation", |b| wait(b.permute_tensor(&f32s(b, &[4]), &[0, 0])), BadPermutation),
         ("permutation differs", |b| wait(b.permute_tensor(&f32s(b, &[4]), if b.rank() == 0 { &[0, 1] } else { &[1, 0] })), BadPermutation),
-        ("out buffer too small", |b| {
-            let o = b.alloc(DType::F32, &[7]).unwrap();
-            wait(b.all_gather_into_tensor_out(&f32s(b, &[4]), &o))
-        }, OutBufferSize),
-        ("out buffer of other dtype", |b| {
-            let o = b.alloc(DType::I32, &[2]).unwrap();
-            wait(b.reduce_scatter_tensor_out(&f32s(b, &[4]), ReduceOp::Sum, &o))
-        }, DTypeMismatch),
-        ("out aliases input", |b| {
-            let big = f32s(b, &[4]);
-            let x = b.view(&big, 0, &[2]).unwrap();
-            wait(b.all_gather_into_tensor_out(&x, &big.clone()))
-        }, Aliasing),
+        (
+            "out buffer too small",
+            |b| {
+                let o = b.alloc(DType::F32, &[7]).unwrap();
+                wait(b.all_gather_into_tensor_out(&f32s(b, &[4]), &o))
+            },
+            OutBufferSize,
+        ),
+        (
+            "out buffer of other dtype",
+            |b| {
+                let o = b.alloc(DType::I32, &[2]).unwrap();
+                wait(b.reduce_scatter_tensor_out(&f32s(b, &[4]), ReduceOp::Sum, &o))
+            },
+            DTypeMismatch,
+        ),
+        (
+            "out aliases input",
+            |b| {
+                let big = f32s(b, &[4]);
+                let x = b.view(&big, 0, &[2]).unwrap();
+                wait(b.all_gather_into_tensor_out(&x, &big.clone()))
+            },
+            Aliasing,
+        ),
         ("bitwise on floats", |b| wait(b.all_reduce(&f32s(b, &[4]), ReduceOp::BAnd)), UnsupportedDType),
-        ("premul_sum on ints", |b| wait(b.all_reduce(&b.upload(&Tensor::zeros(DType::I32, &[4])).unwrap(), ReduceOp::PremulSum(2.0))), UnsupportedDType),
-        ("coalesced count differs", |b| {
-            let xs: Vec<_> = (0..=b.rank()).map(|_| f32s(b, &[2])).collect();
-            wait(b.all_reduce_coalesced(&xs, ReduceOp::Sum))
-        }, CountMismatch),
-        ("recv buffer too small", |b| {
-            if b.rank() == 0 {
-                wait(b.send(&f32s(b, &[4]), 1))
-            } else {
-                wait(b.recv(&b.alloc(DType::F32, &[3]).unwrap(), 0))
-            }
-        }, OutBufferSize),
+        (
+            "premul_sum on ints",
+            |b| wait(b.all_reduce(&b.upload(&Tensor::zeros(DType::I32, &[4])).unwrap(), ReduceOp::PremulSum(2.0))),
+            UnsupportedDType,
+        ),
+        (
+            "coalesced count differs",
+            |b| {
+                let xs: Vec<_> = (0..=b.rank()).map(|_| f32s(b, &[2])).collect();
+                wait(b.all_reduce_coalesced(&xs, ReduceOp::Sum))
+            },
+            CountMismatch,
+        ),
+        (
+            "recv buffer too small",
+            |b| {
+                if b.rank() == 0 {
+                    wait(b.send(&f32s(b, &[4]), 1))
+                } else {
+                    wait(b.recv(&b.alloc(DType::F32, &[3]).unwrap(), 0))
+                }
+            },
+            OutBufferSize,
+        ),
         ("send to self", |b| wait(b.send(&f32s(b, &[4]), b.rank())), BadPeer),
         ("bad group", |b| b.new_group(&[0, 0]).map(|_| ()), BadGroup),
     ]

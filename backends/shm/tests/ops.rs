@@ -77,7 +77,11 @@ fn all_reduce_every_dtype_and_reduce_op_in_every_variant() {
                     ] {
                         for i in 0..l {
                             let want = expected(op, dtype, n, i);
-                            assert!(close(dtype, t.get_f64(i), want), "ws{n} {dtype} {op} {what} rank {r} [{i}]: got {} want {want}", t.get_f64(i));
+                            assert!(
+                                close(dtype, t.get_f64(i), want),
+                                "ws{n} {dtype} {op} {what} rank {r} [{i}]: got {} want {want}",
+                                t.get_f64(i)
+                            );
                         }
                     }
                     // co[1] reduced the already-reduced x: check it is the reduction of n copies
@@ -182,7 +186,8 @@ fn all_to_all_with_uneven_zero_and_default_splits() {
             let ins: Vec<usize> = (0..n).map(|q| split(r, q)).collect();
             let outs: Vec<usize> = (0..n).map(|p| split(p, r)).collect();
             let d0: usize = ins.iter().sum();
-            let x = b.upload(&Tensor::from_f64(DType::I32, &[d0, 2], &(0..2 * d0).map(|i| (r * 1000 + i) as f64).collect::<Vec<_>>())).unwrap();
+            let x =
+                b.upload(&Tensor::from_f64(DType::I32, &[d0, 2], &(0..2 * d0).map(|i| (r * 1000 + i) as f64).collect::<Vec<_>>())).unwrap();
             let y = b.all_to_all_single(&x, Some(&outs), Some(&ins)).unwrap().into_value(T).unwrap();
             let mut want = Vec::new();
             for p in 0..n {

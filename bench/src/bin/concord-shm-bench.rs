@@ -75,7 +75,16 @@ fn rank_main(rank: usize, a: &Args) {
         assert_eq!(got.get_f64(count - 1), n, "wrong all_reduce result");
         if rank == 0 {
             let algbw = bytes as f64 / us / 1e3;
-            println!("{:>12} {:>12} {:>8} {:>6} {:>10.1} {:>8.2} {:>8.2}", bytes, count, "float", "sum", us, algbw, algbw * 2.0 * (n - 1.0) / n);
+            println!(
+                "{:>12} {:>12} {:>8} {:>6} {:>10.1} {:>8.2} {:>8.2}",
+                bytes,
+                count,
+                "float",
+                "sum",
+                us,
+                algbw,
+                algbw * 2.0 * (n - 1.0) / n
+            );
         }
     }
 }

@@ -130,10 +130,22 @@ fn each_local_rule_broken_once_names_its_kind() {
 #[test]
 fn each_cross_rank_rule_broken_once_names_its_kind() {
     let b = ar();
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.op = CallOp::Broadcast; d.root = Some(0); d.reduce = None })), K::OpMismatch);
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.op = CallOp::Broadcast;
+            d.root = Some(0);
+            d.reduce = None
+        })),
+        K::OpMismatch
+    );
     assert_eq!(kind_all(&world(2, &b, |r, d| d.seq = r as u64)), K::OpMismatch);
     assert_eq!(kind_all(&world(2, &b, |r, d| d.inputs.extend((0..r).map(|_| f32(&[4]))))), K::CountMismatch);
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.reduce = Some(ReduceOp::Max) })), K::ReduceOpMismatch);
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.reduce = Some(ReduceOp::Max)
+        })),
+        K::ReduceOpMismatch
+    );
     let pm = |f: f64| Some(ReduceOp::PremulSum(f));
     assert_eq!(kind_all(&world(2, &b, |r, d| d.reduce = pm(1.0 + r as f64))), K::ReduceOpMismatch);
     for op in [CallOp::Broadcast, CallOp::Reduce, CallOp::Gather, CallOp::Scatter] {
@@ -145,7 +157,12 @@ fn each_cross_rank_rule_broken_once_names_its_kind() {
     assert_eq!(kind_all(&world(2, &p, |r, d| d.perm = Some(if r == 0 { vec![0, 1] } else { vec![1, 0] }))), K::BadPermutation);
     let g = CallDesc::new(CallOp::NewGroup, Variant::Out, 0);
     assert_eq!(kind_all(&world(2, &g, |r, d| d.group = Some(vec![r]))), K::BadGroup);
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.inputs[0].dtype = DType::F64 })), K::DTypeMismatch);
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.inputs[0].dtype = DType::F64
+        })),
+        K::DTypeMismatch
+    );
     assert_eq!(kind_all(&world(2, &b, |r, d| d.inputs[0].shape = vec![4 + r])), K::ShapeMismatch);
     let a = call(CallOp::AllToAll, 0, f32(&[4, 2]));
     assert_eq!(kind_all(&world(2, &a, |r, d| d.inputs[0].shape = vec![4, 2 + r])), K::ShapeMismatch);
@@ -227,13 +244,42 @@ fn precedence_when_two_rules_are_broken() {
     });
     assert_eq!(kind_all(&all), K::BadRoot);
     // Cross order: op, count, reduce op, root, permutation, dtype, shape, splits.
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.op = CallOp::AllGather; d.inputs.push(f32(&[1])) })), K::OpMismatch);
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.reduce = Some(ReduceOp::Max); d.inputs.push(f32(&[1])) })), K::CountMismatch);
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.reduce = Some(ReduceOp::Max); d.inputs[0] = t(DType::F64, &[5]) })), K::ReduceOpMismatch);
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.op = CallOp::AllGather;
+            d.inputs.push(f32(&[1]))
+        })),
+        K::OpMismatch
+    );
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.reduce = Some(ReduceOp::Max);
+            d.inputs.push(f32(&[1]))
+        })),
+        K::CountMismatch
+    );
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.reduce = Some(ReduceOp::Max);
+            d.inputs[0] = t(DType::F64, &[5])
+        })),
+        K::ReduceOpMismatch
+    );
     let mut red = call(CallOp::Reduce, 0, f32(&[4]));
     red.reduce = Some(ReduceOp::Sum);
-    assert_eq!(kind_all(&world(2, &red, |r, d| { d.root = Some(r); d.inputs[0] = t(DType::F64, &[4 + r]) })), K::BadRoot);
-    assert_eq!(kind_all(&world(2, &b, |r, d| if r == 1 { d.inputs[0] = t(DType::F64, &[5]) })), K::DTypeMismatch);
+    assert_eq!(
+        kind_all(&world(2, &red, |r, d| {
+            d.root = Some(r);
+            d.inputs[0] = t(DType::F64, &[4 + r])
+        })),
+        K::BadRoot
+    );
+    assert_eq!(
+        kind_all(&world(2, &b, |r, d| if r == 1 {
+            d.inputs[0] = t(DType::F64, &[5])
+        })),
+        K::DTypeMismatch
+    );
     let a = call(CallOp::AllToAll, 0, f32(&[4, 2]));
     let all = world(2, &a, |r, d| {
         d.inputs[0].shape = vec![4, 2 + r];

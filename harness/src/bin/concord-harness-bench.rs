@@ -15,8 +15,8 @@
 
 use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, PoolConfig, WorldKey};
-use concord_store::FileStore;
 use concord_harness::worker::{serve, WorkerEnv};
+use concord_store::FileStore;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -112,10 +112,14 @@ fn bench_barrier() -> anyhow::Result<f64> {
 
 fn main() -> anyhow::Result<()> {
     if let Some(env) = WorkerEnv::from_env() {
-        serve(env, |_| Ok(()), |_, case| match case {
-            "noop" => Outcome::Passed,
-            other => Outcome::Failed(format!("unknown bench case {other}")),
-        });
+        serve(
+            env,
+            |_| Ok(()),
+            |_, case| match case {
+                "noop" => Outcome::Passed,
+                other => Outcome::Failed(format!("unknown bench case {other}")),
+            },
+        );
     }
     if let Ok(r) = std::env::var(BARRIER_ROLE) {
         let path = std::env::var("CONCORD_BENCH_STORE")?;

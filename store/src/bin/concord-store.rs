@@ -32,10 +32,9 @@ fn run(store: &FileStore, words: &[String]) -> Result<String, String> {
             let d: i64 = arg(2)?.parse().map_err(|_| "add: DELTA must be an integer".to_string())?;
             store.add(&arg(1)?, d).map(|v| v.to_string()).map_err(e)
         }
-        Some("compare-set") => store
-            .compare_set(&arg(1)?, arg(2)?.as_bytes(), arg(3)?.as_bytes())
-            .map(|v| String::from_utf8_lossy(&v).into_owned())
-            .map_err(e),
+        Some("compare-set") => {
+            store.compare_set(&arg(1)?, arg(2)?.as_bytes(), arg(3)?.as_bytes()).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(e)
+        }
         Some("wait") => {
             let keys: Vec<&str> = words[1..].iter().map(String::as_str).collect();
             store.wait(&keys, store.timeout()).map(|_| "ok".into()).map_err(e)

@@ -79,7 +79,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             for (i, work) in works.iter().enumerate().rev() {
                 let out = work.wait(ctx.timeout)?;
-                expect_eq(b, out, &full(&[64 + i], rank_sum(b.world_size()) * (i + 1) as f32), &format!("{w} work #{i} (waited in reverse order)"))?;
+                expect_eq(
+                    b,
+                    out,
+                    &full(&[64 + i], rank_sum(b.world_size()) * (i + 1) as f32),
+                    &format!("{w} work #{i} (waited in reverse order)"),
+                )?;
             }
             drop(works);
             if b.outstanding() != 0 {
@@ -282,9 +287,7 @@ pub fn unwaited_child<B: Backend>() -> ! {
     };
     let code = match B::init(&world) {
         Ok(b) => {
-            let issued = b
-                .upload(&full(&[4 << 20], 1.0f32))
-                .and_then(|x| b.all_reduce(&x, ReduceOp::Sum));
+            let issued = b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum));
             match issued {
                 Ok(work) => {
                     use std::io::Write;

@@ -5,7 +5,7 @@
 
 use super::util::{expect_eq, fail, full};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
-use concord_core::{BadInputKind as K, Backend, CollectiveError, DType, ReduceOp, Tensor, Work};
+use concord_core::{Backend, BadInputKind as K, CollectiveError, DType, ReduceOp, Tensor, Work};
 use std::time::Duration;
 
 /// Issues the bad call (given the backend, its rank and world size) and waits for it.
@@ -34,7 +34,11 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         }),
         ("op_mismatch_all_reduce_vs_broadcast", 2, K::OpMismatch, true, |b, r, _| {
             let x = f32s(b, &[4])?;
-            if r == 0 { wait(b.all_reduce(&x, ReduceOp::Sum)?, T) } else { wait(b.broadcast(&x, 0)?, T) }
+            if r == 0 {
+                wait(b.all_reduce(&x, ReduceOp::Sum)?, T)
+            } else {
+                wait(b.broadcast(&x, 0)?, T)
+            }
         }),
         ("all_reduce_coalesced_count_mismatch", 2, K::CountMismatch, true, |b, r, _| {
             let xs: Vec<_> = (0..2 + r).map(|_| f32s(b, &[3])).collect::<Result<_, _>>()?;
@@ -57,14 +61,20 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             let out = b.alloc(DType::F64, &[ws * 4])?;
             wait(b.all_gather_into_tensor_out(&f32s(b, &[4])?, &out)?, T)
         }),
-        ("reduce_scatter_indivisible_ws2", 2, K::Indivisible, false, |b, _, _| wait(b.reduce_scatter_tensor(&f32s(b, &[5])?, ReduceOp::Sum)?, T)),
-        ("reduce_scatter_indivisible_ws3", 3, K::Indivisible, false, |b, _, _| wait(b.reduce_scatter_tensor(&f32s(b, &[4, 2])?, ReduceOp::Sum)?, T)),
+        ("reduce_scatter_indivisible_ws2", 2, K::Indivisible, false, |b, _, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[5])?, ReduceOp::Sum)?, T)
+        }),
+        ("reduce_scatter_indivisible_ws3", 3, K::Indivisible, false, |b, _, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[4, 2])?, ReduceOp::Sum)?, T)
+        }),
         ("reduce_scatter_zero_dim", 2, K::ZeroDim, false, |b, _, _| wait(b.reduce_scatter_tensor(&f32s(b, &[])?, ReduceOp::Sum)?, T)),
         ("reduce_scatter_out_wrong_size", 2, K::OutBufferSize, false, |b, _, _| {
             let out = b.alloc(DType::F32, &[3])?;
             wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
         }),
-        ("reduce_scatter_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.reduce_scatter_tensor(&f32s(b, &[4, 1 + r])?, ReduceOp::Sum)?, T)),
+        ("reduce_scatter_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[4, 1 + r])?, ReduceOp::Sum)?, T)
+        }),
         ("reduce_scatter_coalesced_indivisible", 2, K::Indivisible, false, |b, _, _| {
             let xs = vec![f32s(b, &[4])?, f32s(b, &[3])?];
             wait(b.reduce_scatter_tensor_coalesced(&xs, ReduceOp::Sum)?, T)
@@ -86,9 +96,7 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_to_all_equal_split_indivisible", 2, K::Indivisible, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[5])?, None, None)?, T)
         }),
-        ("all_to_all_zero_dim", 2, K::ZeroDim, false, |b, _, _| {
-            wait(b.all_to_all_single(&f32s(b, &[])?, None, None)?, T)
-        }),
+        ("all_to_all_zero_dim", 2, K::ZeroDim, false, |b, _, _| wait(b.all_to_all_single(&f32s(b, &[])?, None, None)?, T)),
         ("all_to_all_row_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| {
             wait(b.all_to_all_single(&f32s(b, &[4, 2 + r])?, None, None)?, T)
         }),
@@ -129,7 +137,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     table::<B>()
         .into_iter()
         .map(|(name, ws, kind, cross_rank, issue)| {
-            let meta = CaseMeta { suite: "bad_input".into(), op: name.into(), variant: "-".into(), dtype: String::new(), reduce: String::new() };
+            let meta =
+                CaseMeta { suite: "bad_input".into(), op: name.into(), variant: "-".into(), dtype: String::new(), reduce: String::new() };
             Case::<B>::new(format!("bad_input::{name}::ws{ws}"), meta, ws, move |ctx| run_bad(ctx, name, kind, cross_rank, issue))
         })
         .collect()
@@ -155,6 +164,9 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
     // The world is still usable.
     let ws = b.world_size();
     let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
-    let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e}")))?;
+    let out = b
+        .all_reduce(&x, ReduceOp::Sum)?
+        .into_value(ctx.timeout)
+        .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e}")))?;
     expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))
 }

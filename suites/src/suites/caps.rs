@@ -29,7 +29,13 @@ const WS: [usize; 2] = [2, 3];
 type Probe<B> = fn(&mut Ctx<'_, B>, DType) -> CaseResult;
 
 fn case<B: Backend>(probe: &'static str, op: OpKind, variant: Variant, reduce: &str, dtype: DType, ws: usize, f: Probe<B>) -> Case<B> {
-    let meta = CaseMeta { suite: "caps".into(), op: op.name().into(), variant: variant.name().into(), dtype: dtype.name().into(), reduce: reduce.into() };
+    let meta = CaseMeta {
+        suite: "caps".into(),
+        op: op.name().into(),
+        variant: variant.name().into(),
+        dtype: dtype.name().into(),
+        reduce: reduce.into(),
+    };
     Case::new(format!("caps::{probe}::{dtype}::ws{ws}"), meta, ws, move |ctx| f(ctx, dtype))
 }
 
@@ -138,7 +144,13 @@ fn nan_sum<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     let mine = [if me == 0 { f64::NAN } else { 1.0 }];
     let got = reduce_values(ctx, dtype, &mine, ReduceOp::Sum, &w)?;
     if !got.get_f64(0).is_nan() {
-        return Err(fail(&w, format!("contract: sum(NaN on rank 0, 1 elsewhere) = NaN (NaN propagates through sum under either NaN policy); observed {}", got.fmt_element(0))));
+        return Err(fail(
+            &w,
+            format!(
+                "contract: sum(NaN on rank 0, 1 elsewhere) = NaN (NaN propagates through sum under either NaN policy); observed {}",
+                got.fmt_element(0)
+            ),
+        ));
     }
     Ok(())
 }
@@ -198,7 +210,10 @@ fn int_avg<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     } else {
         return Err(fail(
             &w,
-            format!("declared int_avg={:?}, observed neither policy: {seen} (Truncate gives {trunc:?}, Floor gives {floor:?})", caps.int_avg),
+            format!(
+                "declared int_avg={:?}, observed neither policy: {seen} (Truncate gives {trunc:?}, Floor gives {floor:?})",
+                caps.int_avg
+            ),
         ));
     };
     // Unsigned sums are non-negative: truncation and floor give the same result.
@@ -279,12 +294,18 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
                 Ok(_) => {
                     return Err(fail(
                         &w,
-                        format!("{declared}, observed a completed {op} {r}: a declared gap must end in a named error ({}) on every rank", REFUSALS.join(" | ")),
+                        format!(
+                            "{declared}, observed a completed {op} {r}: a declared gap must end in a named error ({}) on every rank",
+                            REFUSALS.join(" | ")
+                        ),
                     ))
                 }
                 Err(e) if REFUSALS.contains(&e.name().as_str()) => {}
                 Err(e) => {
-                    return Err(fail(&w, format!("{declared}, observed {e} [{}]; expected a named refusal ({})", e.name(), REFUSALS.join(" | "))))
+                    return Err(fail(
+                        &w,
+                        format!("{declared}, observed {e} [{}]; expected a named refusal ({})", e.name(), REFUSALS.join(" | ")),
+                    ))
                 }
             }
         }
@@ -295,6 +316,9 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     // The world is still usable.
     let w = at(b, "all_reduce", "sum", DType::F32);
     let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
-    let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the world is not usable after the refused calls: {e}")))?;
+    let out = b
+        .all_reduce(&x, ReduceOp::Sum)?
+        .into_value(ctx.timeout)
+        .map_err(|e| fail(&w, format!("the world is not usable after the refused calls: {e}")))?;
     expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the refused calls)"))
 }

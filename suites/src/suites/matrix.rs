@@ -57,11 +57,8 @@ pub fn exact_specs() -> Vec<ValueSpec> {
     for &(op, variant) in PAIRS {
         let dtypes: &[DType] = if op == OpKind::Barrier { &[DType::U8] } else { &DType::ALL };
         for &dtype in dtypes {
-            let reduces: Vec<Option<ReduceOp>> = if op.reduces() {
-                ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)).map(Some).collect()
-            } else {
-                vec![None]
-            };
+            let reduces: Vec<Option<ReduceOp>> =
+                if op.reduces() { ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)).map(Some).collect() } else { vec![None] };
             for reduce in reduces {
                 out.push(ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: max_shapes(dtype) });
             }
@@ -75,7 +72,9 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
     let floats = [DType::F16, DType::BF16, DType::F32, DType::F64];
     let mut out = Vec::new();
     for dtype in floats {
-        for (op, variant) in [(OpKind::AllReduce, Variant::Out), (OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out)] {
+        for (op, variant) in
+            [(OpKind::AllReduce, Variant::Out), (OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out)]
+        {
             for r in [ReduceOp::Sum, ReduceOp::Avg] {
                 out.push(ValueSpec { op, variant, dtype, reduce: Some(r), kind: InputKind::Random, max_shapes: None });
             }

@@ -17,39 +17,49 @@ const LATE_PATTERN: u8 = 0x5A;
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for ws in [2, 4] {
-        v.push(Case::<B>::new(format!("reuse::persistent_buffer_100_iterations::inplace::ws{ws}"), meta("all_reduce", "inplace"), ws, |ctx| {
-            let b = ctx.b;
-            let ws = b.world_size();
-            let w = here(b, "all_reduce_", "inplace", DType::F32);
-            let n = 257;
-            let buf = b.alloc(DType::F32, &[n])?;
-            for it in 0..100 {
-                let mine: Vec<f32> = (0..n).map(|i| ((i + it) % 11) as f32 + b.rank() as f32).collect();
-                b.write(&buf, &Tensor::from_vec(&[n], mine))?;
-                let out = b.all_reduce_(&buf, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-                if b.buffer_addr(&out) != b.buffer_addr(&buf) {
-                    return Err(fail(&w, format!("iteration {it}: in-place op returned a different buffer")));
+        v.push(Case::<B>::new(
+            format!("reuse::persistent_buffer_100_iterations::inplace::ws{ws}"),
+            meta("all_reduce", "inplace"),
+            ws,
+            |ctx| {
+                let b = ctx.b;
+                let ws = b.world_size();
+                let w = here(b, "all_reduce_", "inplace", DType::F32);
+                let n = 257;
+                let buf = b.alloc(DType::F32, &[n])?;
+                for it in 0..100 {
+                    let mine: Vec<f32> = (0..n).map(|i| ((i + it) % 11) as f32 + b.rank() as f32).collect();
+                    b.write(&buf, &Tensor::from_vec(&[n], mine))?;
+                    let out = b.all_reduce_(&buf, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                    if b.buffer_addr(&out) != b.buffer_addr(&buf) {
+                        return Err(fail(&w, format!("iteration {it}: in-place op returned a different buffer")));
+                    }
+                    let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i + it) % 11) as f32 + r as f32).sum()).collect();
+                    expect_eq(b, &buf, &Tensor::from_vec(&[n], exp), &format!("{w} iteration {it}"))?;
                 }
-                let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i + it) % 11) as f32 + r as f32).sum()).collect();
-                expect_eq(b, &buf, &Tensor::from_vec(&[n], exp), &format!("{w} iteration {it}"))?;
-            }
-            Ok(())
-        }));
-        v.push(Case::<B>::new(format!("reuse::persistent_input_100_iterations::out::ws{ws}"), meta("all_gather_into_tensor", "out"), ws, |ctx| {
-            let b = ctx.b;
-            let ws = b.world_size();
-            let w = here(b, "all_gather_into_tensor", "out", DType::F32);
-            let n = 33;
-            let buf = b.alloc(DType::F32, &[n])?;
-            for it in 0..100 {
-                let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (i * 7 + it * 13 + r * 1000) as f32).collect());
-                b.write(&buf, &of(b.rank()))?;
-                let out = b.all_gather_into_tensor(&buf)?.into_value(ctx.timeout)?;
-                let parts: Vec<Tensor> = (0..ws).map(of).collect();
-                expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &format!("{w} iteration {it}"))?;
-            }
-            Ok(())
-        }));
+                Ok(())
+            },
+        ));
+        v.push(Case::<B>::new(
+            format!("reuse::persistent_input_100_iterations::out::ws{ws}"),
+            meta("all_gather_into_tensor", "out"),
+            ws,
+            |ctx| {
+                let b = ctx.b;
+                let ws = b.world_size();
+                let w = here(b, "all_gather_into_tensor", "out", DType::F32);
+                let n = 33;
+                let buf = b.alloc(DType::F32, &[n])?;
+                for it in 0..100 {
+                    let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (i * 7 + it * 13 + r * 1000) as f32).collect());
+                    b.write(&buf, &of(b.rank()))?;
+                    let out = b.all_gather_into_tensor(&buf)?.into_value(ctx.timeout)?;
+                    let parts: Vec<Tensor> = (0..ws).map(of).collect();
+                    expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &format!("{w} iteration {it}"))?;
+                }
+                Ok(())
+            },
+        ));
     }
     for (op, variant) in [
         ("all_reduce", "out"),
@@ -59,7 +69,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         ("all_to_all_single", "out"),
         ("broadcast", "inplace"),
     ] {
-        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| late_write(ctx, op, variant)));
+        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| {
+            late_write(ctx, op, variant)
+        }));
     }
     v.push(Case::<B>::new("reuse::aliasing::all_gather_out_contains_input::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
         aliasing(ctx, "all_gather_into_tensor", false)
@@ -67,9 +79,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("reuse::aliasing::reduce_scatter_out_inside_input::ws2", meta("reduce_scatter_tensor", "outbuf"), 2, |ctx| {
         aliasing(ctx, "reduce_scatter_tensor", false)
     }));
-    v.push(Case::<B>::new("reuse::aliasing::all_gather_out_overlaps_input_misaligned::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
-        aliasing(ctx, "all_gather_into_tensor", true)
-    }));
+    v.push(Case::<B>::new(
+        "reuse::aliasing::all_gather_out_overlaps_input_misaligned::ws2",
+        meta("all_gather_into_tensor", "outbuf"),
+        2,
+        |ctx| aliasing(ctx, "all_gather_into_tensor", true),
+    ));
     v
 }
 
@@ -122,18 +137,30 @@ fn aliasing<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, misaligned: bool) -> Cas
         b.write(&input, &chunk_of(me))?;
         let out = b.view(&parent, 0, &[ws * n])?;
         let parts: Vec<Tensor> = (0..ws).map(chunk_of).collect();
-        (b.all_gather_into_tensor_out(&input, &out).and_then(|wk| wk.into_value(ctx.timeout)), Tensor::cat_rows(DType::F32, &[], &parts), out)
+        (
+            b.all_gather_into_tensor_out(&input, &out).and_then(|wk| wk.into_value(ctx.timeout)),
+            Tensor::cat_rows(DType::F32, &[], &parts),
+            out,
+        )
     } else {
         let parts: Vec<Tensor> = (0..ws).map(|j| full(&[n], (j + 1) as f32)).collect();
         let input = b.upload(&Tensor::cat_rows(DType::F32, &[], &parts))?;
         let out = b.view(&input, me * n, &[n])?;
-        (b.reduce_scatter_tensor_out(&input, ReduceOp::Sum, &out).and_then(|wk| wk.into_value(ctx.timeout)), full(&[n], ((me + 1) * ws) as f32), out)
+        (
+            b.reduce_scatter_tensor_out(&input, ReduceOp::Sum, &out).and_then(|wk| wk.into_value(ctx.timeout)),
+            full(&[n], ((me + 1) * ws) as f32),
+            out,
+        )
     };
     match (result, policy) {
         (Err(e), AliasPolicy::Reject) if e.bad_input_kind() == Some(concord_core::BadInputKind::Aliasing) => Ok(()),
         (Err(e), _) => Err(CaseEnd::Fail(format!(
             "{w}: aliased output: expected {} , got {e} [{}]",
-            if policy == AliasPolicy::Reject { "a named bad_input:aliasing error (the backend declares AliasPolicy::Reject)" } else { "a correct result (the backend declares AliasPolicy::Correct)" },
+            if policy == AliasPolicy::Reject {
+                "a named bad_input:aliasing error (the backend declares AliasPolicy::Reject)"
+            } else {
+                "a correct result (the backend declares AliasPolicy::Correct)"
+            },
             e.name()
         ))),
         (Ok(_), AliasPolicy::Reject) => Err(fail(&w, "aliased output accepted although the backend declares AliasPolicy::Reject")),

@@ -6,12 +6,7 @@ use concord_oracle::{compare, Tolerance};
 
 /// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
-    format!(
-        "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
-        b.name(),
-        b.world_size(),
-        b.rank()
-    )
+    format!("backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}", b.name(), b.world_size(), b.rank())
 }
 
 /// A tensor of `shape` filled with `v`.
@@ -26,11 +21,7 @@ pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: 
     if !b.capabilities().moves_data {
         let (dt, shape) = (b.buffer_dtype(buf), b.buffer_shape(buf));
         if dt != expected.dtype() || shape != expected.shape() {
-            return Err(CaseEnd::Fail(format!(
-                "{where_}: result is {dt}{shape:?}, expected {}{:?}",
-                expected.dtype(),
-                expected.shape()
-            )));
+            return Err(CaseEnd::Fail(format!("{where_}: result is {dt}{shape:?}, expected {}{:?}", expected.dtype(), expected.shape())));
         }
         return Ok(());
     }
@@ -41,4 +32,3 @@ pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: 
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
-

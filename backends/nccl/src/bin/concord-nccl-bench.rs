@@ -34,10 +34,14 @@ fn args() -> Args {
             "--iters" => a.iters = v.parse().expect("--iters K"),
             "--sizes-mib" => a.sizes = v.split(',').map(|s| s.parse::<usize>().expect("MiB") << 20).collect(),
             "--opts" => {
-                a.opts = v.split(',').filter(|s| !s.is_empty()).map(|kv| {
-                    let (k, v) = kv.split_once('=').expect("--opts k=v,k=v");
-                    (k.to_string(), v.to_string())
-                }).collect()
+                a.opts = v
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').expect("--opts k=v,k=v");
+                        (k.to_string(), v.to_string())
+                    })
+                    .collect()
             }
             _ => panic!("unknown argument {k} (use --ranks N --iters K --sizes-mib 1024 --opts blocking=1)"),
         }
@@ -94,7 +98,11 @@ fn rank_main(rank: usize, a: &Args) -> Result<(), CollectiveError> {
         b.set_validation(validate);
         let rt = mean(&b, 20, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum)?.wait(WAIT).map(|_| ()))?;
         let bb = back_to_back(&b, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum))?;
-        say(format!("latency all_reduce_ 1KiB f32 validate={validate}: issue+wait {:.1} us/op, back-to-back {:.1} us/op", rt * 1e6, bb * 1e6));
+        say(format!(
+            "latency all_reduce_ 1KiB f32 validate={validate}: issue+wait {:.1} us/op, back-to-back {:.1} us/op",
+            rt * 1e6,
+            bb * 1e6
+        ));
     }
     b.set_validation(false);
     say(format!("# {:>10} {:>26} {:>12} {:>12} {:>8} {:>8}", "size(B)", "op", "mode", "time(us)", "algbw", "busbw"));
