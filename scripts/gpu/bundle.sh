@@ -24,12 +24,12 @@ if [ "$(uname -m)" != x86_64 ]; then
 fi
 
 cargo build --release -p concord-nccl --bins
-cargo build --release -p concord-harness --bin concord-store
+cargo build --release -p concord-store --bin concord-store
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"
 cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-store" "$dist/bin/"
-cp "$root/harness/scripts/filestore_interop.py" "$dist/scripts/"
-BUNDLE_TEST_PACKAGES="concord-suites ${BUNDLE_TEST_PACKAGES:-}"
+cp "$root/store/scripts/filestore_interop.py" "$dist/scripts/"
+BUNDLE_TEST_PACKAGES="concord-cli ${BUNDLE_TEST_PACKAGES:-}"
 
 for pkg in ${BUNDLE_TEST_PACKAGES:-}; do
     # Each test executable's path comes from cargo's JSON messages (names carry a hash).

@@ -9,7 +9,7 @@ Both directions, on real files:
   5. The same operations produce byte-identical files from Rust and from torch.
 
 Usage:
-  python3 harness/scripts/filestore_interop.py [--store-bin PATH]
+  python3 store/scripts/filestore_interop.py [--store-bin PATH]
 Without --store-bin the script builds `concord-store` with cargo (release) and uses that.
 Exits 0 with "PASS" only if every check passed; otherwise prints each failure and exits 1.
 
@@ -45,7 +45,7 @@ def check(name, ok, detail=""):
 def find_store_bin(explicit):
     if explicit:
         return explicit
-    cmd = ["cargo", "build", "--release", "-p", "concord-harness", "--bin", "concord-store",
+    cmd = ["cargo", "build", "--release", "-p", "concord-store", "--bin", "concord-store",
            "--message-format=json"]
     out = subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.PIPE, text=True).stdout
     for line in out.splitlines():

@@ -1,5 +1,5 @@
 //! `concord-store`: drive a c10d-compatible FileStore from the command line (used by
-//! `harness/scripts/filestore_interop.py` to prove byte compatibility with PyTorch).
+//! `store/scripts/filestore_interop.py` to prove byte compatibility with PyTorch).
 //!
 //! ```text
 //! concord-store [--workers N] [--timeout-ms MS] FILE COMMAND [ARGS...]
