@@ -1,2 +1,62 @@
-//! Benchmark binaries live in `src/bin/`.
+//! # concord-bench
+//!
+//! **One job:** benchmark binaries (`src/bin/`), their ranks started by the harness launcher
+//! ([`concord_harness::launch`]); this library holds what they share: the command line.
 #![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+/// The arguments every benchmark takes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Common {
+    /// Rank processes.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Timed iterations per size.
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Message sizes in MiB, comma-separated.
+    #[arg(long = "sizes-mib", value_delimiter = ',')]
+    pub sizes_mib: Vec<usize>,
+    /// Backend options, `k=v,k=v` (as `WorldInfo::options`).
+    #[arg(long, default_value = "")]
+    pub opts: String,
+    /// Deadline for the whole run; ranks still running then are ended.
+    #[arg(long, default_value_t = 600)]
+    pub deadline_s: u64,
+}
+
+impl Common {
+    /// Sizes in bytes (`default_mib` when none were given).
+    pub fn sizes(&self, default_mib: &[usize]) -> Vec<usize> {
+        let mib = if self.sizes_mib.is_empty() { default_mib } else { &self.sizes_mib };
+        mib.iter().map(|m| m << 20).collect()
+    }
+
+    pub fn deadline(&self) -> Duration {
+        Duration::from_secs(self.deadline_s)
+    }
+
+    /// Launches `ranks` copies of this binary (same arguments) with the backend options, waits
+    /// up to the deadline and exits 1 naming the ranks that failed. Call from `main` after the
+    /// rank check (`launch::rank_world()`).
+    pub fn launch_and_wait(&self, backend: &str) {
+        let spec = concord_harness::launch::LaunchSpec::current_exe(self.ranks, backend).and_then(|mut s| {
+            s.options = concord_harness::worker::parse_options(&self.opts).map_err(std::io::Error::other)?;
+            Ok(s)
+        });
+        let launched = spec.and_then(|s| concord_harness::launch::launch(&s));
+        match launched.map(|l| l.wait(self.deadline())) {
+            Ok(report) => {
+                if let Err(e) = report.check() {
+                    eprintln!("{backend} bench failed: {e}");
+                    std::process::exit(1);
+                }
+            }
+            Err(e) => {
+                eprintln!("{backend} bench: cannot launch the ranks: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}

@@ -4,7 +4,8 @@
 //! nothing left running or on disk afterwards. Also: GPU gating, and the settings. (The store the
 //! ranks rendezvous through is its own crate, `concord-store`.)
 //!
-//! Modules: [`config`] (every setting, read once; the deadline rule), [`outcome`] (what a rank reports), [`verdict`] (the typed
+//! Modules: [`config`] (every setting, read once; the deadline rule), [`outcome`] (what a rank reports), [`launch`] (the public launcher: a program once per rank, for benches and
+//! multi-process tests), [`verdict`] (the typed
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
@@ -19,6 +20,7 @@
 
 pub mod config;
 pub mod gpu;
+pub mod launch;
 pub mod outcome;
 pub mod platform;
 pub mod runner;

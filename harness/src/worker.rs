@@ -101,7 +101,7 @@ impl WorkerEnv {
         }
     }
 
-    fn parse_env() -> Result<WorkerEnv, String> {
+    pub(crate) fn parse_env() -> Result<WorkerEnv, String> {
         fn var(k: &str) -> Result<String, String> {
             std::env::var(k).map_err(|_| format!("{k} is not set"))
         }

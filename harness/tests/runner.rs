@@ -498,9 +498,79 @@ fn doomed_parent() -> ! {
     unreachable!()
 }
 
+/// A launched rank (`concord_harness::launch`): its behaviour is `LAUNCH_ROLE`, rank 1 only.
+fn launched_rank(world: &concord_core::WorldInfo) -> ! {
+    let role = std::env::var("CONCORD_TEST_LAUNCH_ROLE").unwrap_or_default();
+    let store = FileStore::open(&world.store_path, world.world_size, Duration::from_secs(10)).unwrap_or_else(|e| {
+        eprintln!("rank {}: {e}", world.rank);
+        std::process::exit(1)
+    });
+    if world.rank == 1 {
+        match role.as_str() {
+            "fail" => std::process::exit(3),
+            "hang" => std::thread::sleep(Duration::from_secs(600)),
+            _ => {}
+        }
+    }
+    // Everyone else waits for every peer: a failed or hung rank 1 leaves them waiting.
+    match store.barrier("launched/done", world.world_size, Duration::from_secs(30)) {
+        Ok(()) => std::process::exit(0),
+        Err(_) => std::process::exit(4),
+    }
+}
+
+fn launch_world(role: &str, ranks: usize) -> concord_harness::launch::Launched {
+    let mut spec = concord_harness::launch::LaunchSpec::current_exe(ranks, "test").unwrap();
+    spec.args.clear();
+    spec.rank0_stdout = false;
+    spec.grace = Duration::from_millis(300);
+    spec.env = vec![("CONCORD_TEST_LAUNCH_ROLE".into(), role.into())];
+    concord_harness::launch::launch(&spec).unwrap()
+}
+
+fn launch_leaves_nothing(world_id: &str, pids: &[u32]) -> Result<(), Failed> {
+    check!(pids.iter().all(|p| !pid_alive(*p)), "a launched rank outlived its world");
+    let left_tmp = list_prefixed(&std::env::temp_dir(), &shm_prefix(world_id));
+    check!(left_tmp.is_empty(), "left in the temp dir: {left_tmp:?}");
+    Ok(())
+}
+
+fn t_launch_ok() -> Result<(), Failed> {
+    let w = launch_world("ok", 3);
+    let (id, pids) = (w.world_id.clone(), w.pids());
+    let r = w.wait(Duration::from_secs(20));
+    check!(r.check().is_ok(), "{:?}", r.check());
+    launch_leaves_nothing(&id, &pids)
+}
+
+fn t_launch_failed_rank_is_named_and_ends_the_world() -> Result<(), Failed> {
+    let w = launch_world("fail", 3);
+    let (id, pids) = (w.world_id.clone(), w.pids());
+    let r = w.wait(Duration::from_secs(20));
+    let msg = r.check().expect_err("rank 1 exited 3");
+    check!(msg.contains("rank 1 (pid") && msg.contains("exit code 3"), "{msg}");
+    // Its peers were ended soon after, not left to their 30 s barrier.
+    check!(r.elapsed < Duration::from_secs(5), "took {:?}", r.elapsed);
+    check!(r.ranks[0].ended_by_launcher && r.ranks[2].ended_by_launcher, "{:?}", r.ranks);
+    launch_leaves_nothing(&id, &pids)
+}
+
+fn t_launch_deadline_ends_a_hung_rank() -> Result<(), Failed> {
+    let w = launch_world("hang", 2);
+    let (id, pids) = (w.world_id.clone(), w.pids());
+    let r = w.wait(Duration::from_millis(800));
+    let msg = r.check().expect_err("rank 1 hangs");
+    check!(msg.contains("rank 1") && msg.contains("still running at the deadline"), "{msg}");
+    check!(r.elapsed < Duration::from_secs(3), "took {:?}", r.elapsed);
+    launch_leaves_nothing(&id, &pids)
+}
+
 fn main() {
     if let Some(env) = WorkerEnv::from_env() {
         serve(env, worker_setup, worker_case);
+    }
+    if let Some(world) = concord_harness::launch::rank_world() {
+        launched_rank(&world);
     }
     if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("doomed_parent") {
         doomed_parent();
@@ -510,6 +580,9 @@ fn main() {
     }
     let args = Arguments::from_args();
     let mut trials = vec![
+        Trial::test("launch::every_rank_exits_zero", t_launch_ok),
+        Trial::test("launch::failed_rank_is_named_and_ends_the_world", t_launch_failed_rank_is_named_and_ends_the_world),
+        Trial::test("launch::deadline_ends_a_hung_rank", t_launch_deadline_ends_a_hung_rank),
         Trial::test("runner::failed_outcome_names_rank", t_failed_outcome),
         Trial::test("runner::panic_names_rank_and_message", t_panic),
         Trial::test("runner::abort_names_sigabrt", || t_crash("abort1", "killed by signal SIGABRT")),

@@ -23,7 +23,7 @@ if [ "$(uname -m)" != x86_64 ]; then
     exit 2
 fi
 
-cargo build --release -p concord-nccl --bins
+cargo build --release -p concord-bench --bin concord-nccl-bench
 cargo build --release -p concord-store --bin concord-store
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"

@@ -1,35 +1,34 @@
 //! Real multi-process runs: this test binary re-executes itself (the `child_rank` test, ignored
-//! in normal runs) as rank processes.
+//! in normal runs) as rank processes, started by the harness launcher.
 
 mod common;
-use common::{leftovers, world_id};
-use concord_core::{Backend, ReduceOp, Tensor, WorldInfo};
+use common::leftovers;
+use concord_core::{Backend, ReduceOp, Tensor};
+use concord_harness::launch::{self, LaunchSpec, Launched};
 use concord_shm::ShmBackend;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "CONCORD_SHM_TEST_ROLE";
 
-fn spawn(role: &str, rank: usize, store: &std::path::Path, wid: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_rank", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env("CONCORD_SHM_TEST_RANK", rank.to_string())
-        .env("CONCORD_SHM_TEST_STORE", store)
-        .env("CONCORD_SHM_TEST_WID", wid)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
+/// Ranks `0..ranks` of a 2-rank world, each running `child_rank` in `role`, stdout piped.
+fn start(role: &str, ranks: usize) -> Launched {
+    let mut spec = LaunchSpec::current_exe(ranks, "shm").unwrap();
+    spec.args = ["--ignored", "--exact", "child_rank", "--nocapture", "--test-threads=1"].map(String::from).to_vec();
+    spec.world_size = Some(2);
+    spec.pipe_stdout = true;
+    spec.env = vec![(ROLE.into(), role.into())];
+    spec.options = vec![("shm_arena_gib".into(), "0.25".into())];
+    spec.op_timeout = Duration::from_secs(if role == "term" { 60 } else { 5 });
+    launch::launch(&spec).unwrap()
 }
 
-fn wait_line(c: &mut Child, want: &str) -> BufReader<std::process::ChildStdout> {
-    let mut r = BufReader::new(c.stdout.take().unwrap());
+fn wait_line(w: &mut Launched, rank: usize, want: &str) -> BufReader<std::process::ChildStdout> {
+    let mut r = BufReader::new(w.take_stdout(rank).unwrap());
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(r.read_line(&mut line).unwrap() > 0, "child ended before printing {want}");
+        assert!(r.read_line(&mut line).unwrap() > 0, "rank {rank} ended before printing {want}");
         // libtest may print `test child_rank ... ` on the same line first.
         if line.trim_end().ends_with(want) {
             return r;
@@ -37,54 +36,38 @@ fn wait_line(c: &mut Child, want: &str) -> BufReader<std::process::ChildStdout> 
     }
 }
 
-fn wait_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = c.try_wait().unwrap() {
-            return st;
-        }
-        if t0.elapsed() > within {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("child did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn two_processes_reduce_then_a_killed_peer_is_reported_as_dead() {
-    let dir = tempfile::tempdir().unwrap();
-    let wid = world_id();
-    let store = dir.path().join("store");
-    let mut r0 = spawn("kill", 0, &store, &wid);
-    let mut r1 = spawn("kill", 1, &store, &wid);
-    let _out1 = wait_line(&mut r1, "READY");
-    r1.kill().unwrap();
-    r1.wait().unwrap();
+    let mut w = start("kill", 2);
+    let wid = w.world_id.clone();
+    let _out1 = wait_line(&mut w, 1, "READY");
+    w.signal(1, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(w.wait_rank(1, Duration::from_secs(10)).is_some(), "rank 1 survived SIGKILL");
     let t0 = Instant::now();
-    let mut out0 = wait_line(&mut r0, "PEER_DIED");
+    let mut out0 = wait_line(&mut w, 0, "PEER_DIED");
     assert!(t0.elapsed() < Duration::from_secs(4), "PeerDied took {:?}", t0.elapsed());
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out0, &mut rest).unwrap();
-    assert!(wait_exit(&mut r0, Duration::from_secs(10)).success(), "rank 0 failed: {rest}");
+    let st = w.wait_rank(0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "rank 0 failed ({st:?}): {rest}");
+    drop(w);
     assert!(leftovers(&wid).is_empty(), "{:?}", leftovers(&wid));
 }
 
 #[test]
 fn sigterm_during_rendezvous_unlinks_the_segments() {
-    let dir = tempfile::tempdir().unwrap();
-    let wid = world_id();
-    let mut r0 = spawn("term", 0, &dir.path().join("store"), &wid);
+    // Rank 0 alone of a world of 2: it waits in the rendezvous for a peer that never comes.
+    let mut w = start("term", 1);
+    let wid = w.world_id.clone();
     let t0 = Instant::now();
     while leftovers(&wid).len() < 2 {
         assert!(t0.elapsed() < Duration::from_secs(10), "segments never appeared");
         std::thread::sleep(Duration::from_millis(5));
     }
-    // SAFETY-free: kill(2) through the harness helper.
-    concord_harness::platform::kill_pid(r0.id(), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let st = wait_exit(&mut r0, Duration::from_secs(10));
+    w.signal(0, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let st = w.wait_rank(0, Duration::from_secs(10)).expect("rank 0 exits on SIGTERM");
     assert!(!st.success());
+    // Before the launcher's own sweep: the backend's SIGTERM hook must have unlinked them.
     assert!(leftovers(&wid).is_empty(), "SIGTERM left {:?}", leftovers(&wid));
 }
 
@@ -92,16 +75,9 @@ fn sigterm_during_rendezvous_unlinks_the_segments() {
 #[test]
 #[ignore = "a rank process for the multi-process tests, not a test by itself"]
 fn child_rank() {
-    let role = std::env::var(ROLE).expect("run by the multi-process tests");
-    let rank: usize = std::env::var("CONCORD_SHM_TEST_RANK").unwrap().parse().unwrap();
-    let world = WorldInfo {
-        rank,
-        world_size: 2,
-        store_path: std::env::var("CONCORD_SHM_TEST_STORE").unwrap().into(),
-        world_id: std::env::var("CONCORD_SHM_TEST_WID").unwrap(),
-        op_timeout: Duration::from_secs(if role == "term" { 60 } else { 5 }),
-        options: vec![("shm_arena_gib".into(), "0.25".into())],
-    };
+    std::env::var(ROLE).expect("run by the multi-process tests");
+    let world = launch::rank_world().expect("started by the harness launcher");
+    let rank = world.rank;
     let b = ShmBackend::init(&world).unwrap();
     let x = b.upload(&Tensor::from_vec(&[1000], vec![rank as f32 + 1.0; 1000])).unwrap();
     let y = b.all_reduce(&x, ReduceOp::Sum).unwrap().into_value(Duration::from_secs(5)).unwrap();

@@ -1,33 +1,18 @@
 //! `concord-shm-bench [--ranks N] [--iters K] [--sizes-mib 1,16,64]`: all_reduce f32 sum on the
-//! shm backend, N rank processes (this binary re-executed), nccl-tests-like output, next to a
+//! shm backend, N rank processes (this binary re-executed by the harness launcher), nccl-tests-like output, next to a
 //! single-core memcpy bandwidth of 64 MiB measured in the same run. A benchmark, not a test.
 
+use clap::Parser;
 use concord_core::{Backend, ReduceOp, Tensor, WorldInfo};
+use concord_harness::launch;
 use concord_shm::ShmBackend;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const RANK_ENV: &str = "CONCORD_SHM_BENCH_RANK";
-
+#[derive(Parser)]
+#[command(about = "all_reduce f32 sum on the shm backend, nccl-tests-like output, next to memcpy")]
 struct Args {
-    ranks: usize,
-    iters: usize,
-    sizes: Vec<usize>,
-}
-
-fn args() -> Args {
-    let mut a = Args { ranks: 2, iters: 20, sizes: vec![1 << 20, 16 << 20, 64 << 20] };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
-        match k.as_str() {
-            "--ranks" => a.ranks = v.parse().expect("--ranks N"),
-            "--iters" => a.iters = v.parse().expect("--iters K"),
-            "--sizes-mib" => a.sizes = v.split(',').map(|s| s.parse::<usize>().expect("MiB") << 20).collect(),
-            _ => panic!("unknown argument {k} (use --ranks N --iters K --sizes-mib 1,16,64)"),
-        }
-    }
-    a
+    #[command(flatten)]
+    common: concord_bench::Common,
 }
 
 /// Single-core memcpy bandwidth of 64 MiB (bytes copied per second), best of 7 after warm-up.
@@ -46,19 +31,13 @@ fn memcpy_bw() -> f64 {
     n as f64 / best
 }
 
-fn rank_main(rank: usize, a: &Args) {
-    let world = WorldInfo {
-        rank,
-        world_size: a.ranks,
-        store_path: std::env::var("CONCORD_SHM_BENCH_STORE").expect("store").into(),
-        world_id: std::env::var("CONCORD_SHM_BENCH_WID").expect("wid"),
-        op_timeout: Duration::from_secs(60),
-        options: vec![],
-    };
-    let b = ShmBackend::init(&world).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-    let n = a.ranks as f64;
+fn rank_main(world: &WorldInfo, a: &concord_bench::Common) {
+    let rank = world.rank;
+    let b = ShmBackend::init(world).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let n = world.world_size as f64;
     let t = Duration::from_secs(60);
-    for &bytes in &a.sizes {
+    let iters = a.iters.unwrap_or(20);
+    for bytes in a.sizes(&[1, 16, 64]) {
         let count = bytes / 4;
         let x = b.upload(&Tensor::from_vec(&[count], vec![1.0f32; count])).unwrap();
         for _ in 0..3 {
@@ -67,10 +46,10 @@ fn rank_main(rank: usize, a: &Args) {
         b.barrier().unwrap().wait(t).unwrap();
         let start = Instant::now();
         let mut last = None;
-        for _ in 0..a.iters {
+        for _ in 0..iters {
             last = Some(b.all_reduce(&x, ReduceOp::Sum).unwrap().into_value(t).unwrap());
         }
-        let us = start.elapsed().as_secs_f64() * 1e6 / a.iters as f64;
+        let us = start.elapsed().as_secs_f64() * 1e6 / iters as f64;
         let got = b.download(&last.unwrap()).unwrap();
         assert_eq!(got.get_f64(count - 1), n, "wrong all_reduce result");
         if rank == 0 {
@@ -90,43 +69,15 @@ fn rank_main(rank: usize, a: &Args) {
 }
 
 fn main() {
-    let a = args();
-    if let Ok(r) = std::env::var(RANK_ENV) {
-        rank_main(r.parse().expect("rank"), &a);
+    let a = Args::parse().common;
+    if let Some(world) = launch::rank_world() {
+        rank_main(&world, &a);
         return;
     }
     let mem = memcpy_bw();
-    let dir = std::env::temp_dir().join(format!("concord-shm-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let wid = format!("bench{}", std::process::id());
-    println!("# concord-shm-bench: all_reduce, {} ranks (processes), {} iterations, out of place", a.ranks, a.iters);
+    println!("# concord-shm-bench: all_reduce, {} ranks (processes), {} iterations, out of place", a.ranks, a.iters.unwrap_or(20));
     println!("# {:>10} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8}", "size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw");
-    let me = std::env::current_exe().expect("current exe");
-    let children: Vec<_> = (0..a.ranks)
-        .map(|r| {
-            Command::new(&me)
-                .args(std::env::args().skip(1))
-                .env(RANK_ENV, r.to_string())
-                .env("CONCORD_SHM_BENCH_STORE", dir.join("store"))
-                .env("CONCORD_SHM_BENCH_WID", &wid)
-                .stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() })
-                .spawn()
-                .expect("spawn rank")
-        })
-        .collect();
-    let mut ok = true;
-    for (r, mut c) in children.into_iter().enumerate() {
-        let st = c.wait().expect("wait rank");
-        if !st.success() {
-            eprintln!("rank {r} failed: {st}");
-            ok = false;
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    concord_harness::platform::sweep_shm(&wid);
+    a.launch_and_wait("shm");
     println!("# memcpy (single core, 64 MiB): {:.2} GB/s", mem / 1e9);
     println!("# busbw / memcpy is printed by run-cpu-bench.sh; goal at 64 MiB: >= 0.5");
-    if !ok {
-        std::process::exit(1);
-    }
 }

@@ -8,16 +8,17 @@
 //!
 //! * per-case overhead: an isolated world of 4 ranks (spawn + rendezvous + one trivial case +
 //!   teardown), timed end to end from the parent, 40 samples after 3 warm-ups.
-//! * store barrier: 8 processes (this binary re-executed) share one FileStore and pass 20 + 300
-//!   barriers; rank 0 times each of the last 300 and reports the median.
+//! * store barrier: 8 processes (this binary re-executed through [`concord_harness::launch`])
+//!   share one FileStore and pass 20 + 300 barriers; rank 0 times each of the last 300 and
+//!   prints the median.
 //!
 //! The binary is its own worker: when spawned by the runner it serves trivial cases.
 
+use concord_harness::launch::{self, LaunchSpec};
 use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, PoolConfig, WorldKey};
 use concord_harness::worker::{serve, WorkerEnv};
 use concord_store::FileStore;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CASE_SAMPLES: usize = 40;
@@ -25,7 +26,6 @@ const CASE_WARMUP: usize = 3;
 const BARRIER_RANKS: usize = 8;
 const BARRIER_WARMUP: usize = 20;
 const BARRIERS: usize = 300;
-const BARRIER_ROLE: &str = "CONCORD_BENCH_BARRIER_RANK";
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
@@ -37,10 +37,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Child role for the barrier bench: pass the barriers; rank 0 prints one timing per line.
-fn barrier_child(rank: usize, path: &str) -> ! {
+/// A launched rank of the barrier bench: pass the barriers; rank 0 prints the median.
+fn barrier_child(world: &concord_core::WorldInfo) -> ! {
+    let rank = world.rank;
     let t = Duration::from_secs(30);
-    let store = FileStore::open(std::path::Path::new(path), BARRIER_RANKS, t).unwrap_or_else(|e| {
+    let store = FileStore::open(&world.store_path, BARRIER_RANKS, t).unwrap_or_else(|e| {
         eprintln!("barrier bench rank {rank}: {e}");
         std::process::exit(1)
     });
@@ -56,7 +57,7 @@ fn barrier_child(rank: usize, path: &str) -> ! {
         }
     }
     if rank == 0 {
-        println!("{}", median(times));
+        println!("store barrier ({BARRIER_RANKS} ranks): median {:.0} us", median(times));
     }
     drop(store);
     std::process::exit(0);
@@ -81,33 +82,12 @@ fn bench_cases() -> anyhow::Result<f64> {
     Ok(median(samples))
 }
 
-fn bench_barrier() -> anyhow::Result<f64> {
-    let dir = tempfile::Builder::new().prefix("concord-bench-").tempdir()?;
-    let path = dir.path().join("store");
-    let exe = std::env::current_exe()?;
-    let children: Vec<_> = (0..BARRIER_RANKS)
-        .map(|r| {
-            Command::new(&exe)
-                .env(BARRIER_ROLE, r.to_string())
-                .env("CONCORD_BENCH_STORE", &path)
-                .stdin(Stdio::null())
-                .stdout(if r == 0 { Stdio::piped() } else { Stdio::null() })
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    let mut median_us = None;
-    let mut failed = Vec::new();
-    for (r, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output()?;
-        if !out.status.success() {
-            failed.push(format!("rank {r}: {}", out.status));
-        }
-        if r == 0 {
-            median_us = String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().ok();
-        }
-    }
-    anyhow::ensure!(failed.is_empty(), "barrier bench failed: {failed:?}");
-    median_us.ok_or_else(|| anyhow::anyhow!("rank 0 printed no timing"))
+/// Launches the barrier world; rank 0 prints its line.
+fn bench_barrier() -> anyhow::Result<()> {
+    let mut spec = LaunchSpec::current_exe(BARRIER_RANKS, "store")?;
+    spec.args.clear();
+    let report = launch::launch(&spec)?.wait(Duration::from_secs(120));
+    report.check().map_err(|e| anyhow::anyhow!("barrier bench failed: {e}"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,13 +101,10 @@ fn main() -> anyhow::Result<()> {
             },
         );
     }
-    if let Ok(r) = std::env::var(BARRIER_ROLE) {
-        let path = std::env::var("CONCORD_BENCH_STORE")?;
-        barrier_child(r.parse()?, &path);
+    if let Some(world) = launch::rank_world() {
+        barrier_child(&world);
     }
     let case_ms = bench_cases()?;
     println!("per-case overhead (4 ranks): median {case_ms:.2} ms");
-    let barrier_us = bench_barrier()?;
-    println!("store barrier (8 ranks): median {barrier_us:.0} us");
-    Ok(())
+    bench_barrier()
 }

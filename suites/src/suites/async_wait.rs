@@ -6,7 +6,7 @@
 
 use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseMeta};
-use concord_core::{AsyncResult, Backend, DType, ReduceOp, Tensor, WorldInfo};
+use concord_core::{AsyncResult, Backend, DType, ReduceOp, Tensor};
 use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
@@ -213,19 +213,17 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
         let backend = ctx.case.split("::").next().unwrap_or_default().to_string();
-        let exe = std::env::current_exe().map_err(|e| fail(&w, e))?;
-        let mut cmd = std::process::Command::new(exe);
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("CONCORD_")) {
-            cmd.env_remove(k);
-        }
-        cmd.env(CHILD_ENV, &backend).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
-        cmd.stderr(std::process::Stdio::piped());
-        let t0 = Instant::now();
-        let mut child = cmd.spawn().map_err(|e| fail(&w, format!("spawn child: {e}")))?;
+        // A world of one rank, started by the harness launcher (which removes its files).
+        let mut spec = concord_harness::launch::LaunchSpec::current_exe(1, &backend).map_err(|e| fail(&w, e))?;
+        spec.args.clear();
+        spec.pipe_stdout = true;
+        spec.op_timeout = Duration::from_secs(5);
+        spec.env = vec![(CHILD_ENV.to_string(), backend.clone())];
+        let mut child = concord_harness::launch::launch(&spec).map_err(|e| fail(&w, format!("launch the child: {e}")))?;
         // The clock starts when the child says it has issued the collective (backend start-up,
         // e.g. a CUDA context and an NCCL communicator, is not part of the 1 s).
         let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().expect("piped");
+        let stdout = child.take_stdout(0).expect("piped");
         std::thread::spawn(move || {
             use std::io::BufRead;
             for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -235,24 +233,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         });
         let limit = Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = child.try_wait().map_err(|e| fail(&w, e))? {
-                break Some(s);
-            }
-            if t0.elapsed() > limit {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let report = child.wait(limit);
         let exited = Instant::now();
         let issued = rx.recv_timeout(Duration::from_millis(500)).ok();
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut err);
-        }
+        let rank = &report.ranks[0];
+        let status = (!rank.ended_by_launcher).then_some(rank.status).flatten();
+        let err = "in this rank's stderr tail below";
         match (status, issued) {
             (None, _) => Err(fail(&w, format!("the child did not exit within {limit:?} (killed); stderr: {err}"))),
             (Some(s), _) if !s.success() => Err(fail(&w, format!("the child exited with {s}; stderr: {err}"))),
@@ -270,20 +256,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 /// Body of the un-waited-exit child: a one-rank world, a large all_reduce issued, never waited,
 /// then return from main.
 pub fn unwaited_child<B: Backend>() -> ! {
-    let dir = match tempfile::Builder::new().prefix("concord-unwaited-").tempdir() {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("unwaited child: tempdir: {e}");
-            std::process::exit(3)
-        }
-    };
-    let world = WorldInfo {
-        rank: 0,
-        world_size: 1,
-        store_path: dir.path().join("store"),
-        world_id: format!("unwaited{}", std::process::id()),
-        op_timeout: Duration::from_secs(5),
-        options: Vec::new(),
+    let Some(world) = concord_harness::launch::rank_world() else {
+        eprintln!("unwaited child: not started by the harness launcher");
+        std::process::exit(3)
     };
     let code = match B::init(&world) {
         Ok(b) => {
@@ -307,6 +282,5 @@ pub fn unwaited_child<B: Backend>() -> ! {
             5
         }
     };
-    drop(dir);
     std::process::exit(code)
 }

@@ -1,5 +1,5 @@
 //! `concord-nccl-bench [--ranks N] [--iters K] [--sizes-mib 1024] [--opts blocking=1]`: NCCL
-//! timings, one process per GPU (this binary re-executed), nccl-tests-like output. A benchmark,
+//! timings, one process per GPU (this binary re-executed by the harness launcher), nccl-tests-like output. A benchmark,
 //! not a test: correctness is the conformance suites' job (`conformance --backend nccl`).
 //!
 //! Measures, on rank 0: `init` (communicator creation), 1 KiB `all_reduce_` latency (issue +
@@ -9,44 +9,19 @@
 //! nccl-tests: 2(n-1)/n, (n-1)/n, 1). Exit status: 0 done, 1 a rank failed, 2 cannot run here
 //! (prints `CANNOT RUN: why`).
 
+use clap::Parser;
 use concord_core::{Backend, CollectiveError, ReduceOp, Tensor, Work, WorldInfo};
+use concord_harness::launch;
 use concord_nccl::{probe, NcclBackend};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const RANK_ENV: &str = "CONCORD_NCCL_BENCH_RANK";
 const WAIT: Duration = Duration::from_secs(60);
 
+#[derive(Parser)]
+#[command(about = "NCCL timings: init, 1 KiB latency, busbw per op (one process per GPU)")]
 struct Args {
-    ranks: usize,
-    iters: usize,
-    sizes: Vec<usize>,
-    opts: Vec<(String, String)>,
-}
-
-fn args() -> Args {
-    let mut a = Args { ranks: 2, iters: 500, sizes: vec![1 << 30], opts: vec![] };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
-        match k.as_str() {
-            "--ranks" => a.ranks = v.parse().expect("--ranks N"),
-            "--iters" => a.iters = v.parse().expect("--iters K"),
-            "--sizes-mib" => a.sizes = v.split(',').map(|s| s.parse::<usize>().expect("MiB") << 20).collect(),
-            "--opts" => {
-                a.opts = v
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|kv| {
-                        let (k, v) = kv.split_once('=').expect("--opts k=v,k=v");
-                        (k.to_string(), v.to_string())
-                    })
-                    .collect()
-            }
-            _ => panic!("unknown argument {k} (use --ranks N --iters K --sizes-mib 1024 --opts blocking=1)"),
-        }
-    }
-    a
+    #[command(flatten)]
+    common: concord_bench::Common,
 }
 
 /// Mean seconds per op: `f` run `iters` times after `warm` warm-ups and a barrier.
@@ -73,31 +48,28 @@ fn back_to_back<T>(b: &NcclBackend, k: usize, issue: &dyn Fn() -> Result<Work<T>
     Ok(t.elapsed().as_secs_f64() / k as f64)
 }
 
-fn rank_main(rank: usize, a: &Args) -> Result<(), CollectiveError> {
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-    }
-    let world = WorldInfo {
-        rank,
-        world_size: a.ranks,
-        store_path: std::env::var("CONCORD_NCCL_BENCH_STORE").expect("store").into(),
-        world_id: std::env::var("CONCORD_NCCL_BENCH_WID").expect("wid"),
-        op_timeout: WAIT,
-        options: a.opts.clone(),
-    };
-    let b = NcclBackend::init(&world)?;
+fn rank_main(world: &WorldInfo, a: &concord_bench::Common) -> Result<(), CollectiveError> {
+    let rank = world.rank;
+    let b = NcclBackend::init(world)?;
+    let iters = a.iters.unwrap_or(500);
     let say = |s: String| {
         if rank == 0 {
             println!("{s}");
         }
     };
-    say(format!("# NCCL {}, {} ranks, options {:?}; init {:.1} ms", b.nccl_version(), a.ranks, a.opts, b.init_time().as_secs_f64() * 1e3));
+    say(format!(
+        "# NCCL {}, {} ranks, options {:?}; init {:.1} ms",
+        b.nccl_version(),
+        a.ranks,
+        world.options,
+        b.init_time().as_secs_f64() * 1e3
+    ));
     let n = a.ranks as f64;
     let x = b.upload(&Tensor::from_vec(&[256], vec![1.0f32; 256]))?;
     for validate in [true, false] {
         b.set_validation(validate);
-        let rt = mean(&b, 20, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum)?.wait(WAIT).map(|_| ()))?;
-        let bb = back_to_back(&b, a.iters, &|| b.all_reduce_(&x, ReduceOp::Sum))?;
+        let rt = mean(&b, 20, iters, &|| b.all_reduce_(&x, ReduceOp::Sum)?.wait(WAIT).map(|_| ()))?;
+        let bb = back_to_back(&b, iters, &|| b.all_reduce_(&x, ReduceOp::Sum))?;
         say(format!(
             "latency all_reduce_ 1KiB f32 validate={validate}: issue+wait {:.1} us/op, back-to-back {:.1} us/op",
             rt * 1e6,
@@ -106,7 +78,7 @@ fn rank_main(rank: usize, a: &Args) -> Result<(), CollectiveError> {
     }
     b.set_validation(false);
     say(format!("# {:>10} {:>26} {:>12} {:>12} {:>8} {:>8}", "size(B)", "op", "mode", "time(us)", "algbw", "busbw"));
-    for &bytes in &a.sizes {
+    for bytes in a.sizes(&[1024]) {
         let count = bytes / 4;
         let x = b.upload(&Tensor::from_vec(&[count], vec![1.0f32; count]))?;
         let part = b.view(&x, 0, &[count / a.ranks])?;
@@ -137,11 +109,10 @@ fn rank_main(rank: usize, a: &Args) -> Result<(), CollectiveError> {
 }
 
 fn main() {
-    let a = args();
-    if let Ok(r) = std::env::var(RANK_ENV) {
-        let rank: usize = r.parse().expect("rank");
-        if let Err(e) = rank_main(rank, &a) {
-            eprintln!("rank {rank}: {e} [{}]", e.name());
+    let a = Args::parse().common;
+    if let Some(world) = launch::rank_world() {
+        if let Err(e) = rank_main(&world, &a) {
+            eprintln!("rank {}: {e} [{}]", world.rank, e.name());
             std::process::exit(1);
         }
         return;
@@ -157,49 +128,6 @@ fn main() {
         println!("CANNOT RUN: needs {} GPUs, found {gpus}", a.ranks);
         std::process::exit(2);
     }
-    let dir = tempfile::Builder::new().prefix("concord-nccl-bench-").tempdir().expect("a temporary folder");
-    let wid = format!("ncclbench{}", std::process::id());
-    let me = std::env::current_exe().expect("current exe");
-    let mut children: Vec<_> = (0..a.ranks)
-        .map(|r| {
-            Command::new(&me)
-                .args(std::env::args().skip(1))
-                .env(RANK_ENV, r.to_string())
-                .env("CONCORD_NCCL_BENCH_STORE", dir.path().join("store"))
-                .env("CONCORD_NCCL_BENCH_WID", &wid)
-                .stdout(if r == 0 { Stdio::inherit() } else { Stdio::null() })
-                .spawn()
-                .expect("spawn rank")
-        })
-        .collect();
-    // Every rank ends, or all are killed at the deadline / at the first failure.
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut ok = true;
-    let mut left: Vec<usize> = (0..a.ranks).collect();
-    while !left.is_empty() {
-        left.retain(|&r| match children[r].try_wait() {
-            Ok(Some(st)) => {
-                if !st.success() {
-                    eprintln!("rank {r} failed: {st}");
-                    ok = false;
-                }
-                false
-            }
-            Ok(None) => true,
-            Err(_) => false,
-        });
-        if !left.is_empty() && (!ok || Instant::now() > deadline) {
-            for &r in &left {
-                eprintln!("rank {r}: killed ({})", if ok { "past the 600 s deadline" } else { "a peer failed" });
-                let _ = children[r].kill();
-                let _ = children[r].wait();
-            }
-            ok = false;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if !ok {
-        std::process::exit(1);
-    }
+    // Every rank ends, or all are ended at the deadline, or soon after the first failure.
+    a.launch_and_wait("nccl");
 }

@@ -1,0 +1,315 @@
+//! The public launcher: start one process per rank of a *program* (a bench, a multi-process
+//! test), each running to completion, with the same guarantees as the runner's worlds.
+//!
+//! The runner ([`crate::runner`]) keeps worlds alive and feeds them cases; a launched world
+//! instead runs `main` once per rank and exits. Both share the environment a rank reads
+//! ([`crate::worker::vars`]), the world naming ([`crate::platform::shm_prefix`]) and the teardown
+//! rules.
+//!
+//! # Contracts
+//! * Parent: [`launch`] spawns `ranks` re-executions of `exe` in one new process group, each with
+//!   `CONCORD_WORKER=launched`, its rank, the world size, a fresh store file in a temp directory
+//!   named after the world, the world id, the op timeout and the backend options.
+//!   [`Launched::wait`] waits for every rank up to a deadline, then SIGTERMs the group, waits
+//!   `grace`, SIGKILLs it, reaps every rank, removes the temp directory and sweeps `/dev/shm`.
+//!   Dropping a [`Launched`] does the same at once. Nothing outlives it. Call [`launch`] from a
+//!   thread that outlives the world (ranks get SIGKILL when the spawning *thread* ends).
+//! * Child: [`rank_world`] returns the rank's [`WorldInfo`] when the process was launched, so a
+//!   binary's `main` starts with `if let Some(world) = launch::rank_world() { ... }`.
+//! * [`LaunchReport::check`] names every rank that did not exit 0, with how it ended.
+
+use crate::platform;
+use crate::worker::{format_options, vars, WorkerEnv};
+use concord_core::WorldInfo;
+use nix::sys::signal::Signal;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The value of `CONCORD_WORKER` for a launched rank (a runner worker has `1`).
+pub const LAUNCHED: &str = "launched";
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    /// The program each rank runs (usually `std::env::current_exe()`).
+    pub exe: PathBuf,
+    pub args: Vec<String>,
+    /// Ranks started: 0..ranks.
+    pub ranks: usize,
+    /// The world size the ranks are told (default `ranks`); larger leaves ranks `ranks..` absent,
+    /// for tests of a peer that never joins.
+    pub world_size: Option<usize>,
+    /// The backend name handed to ranks (`WorldInfo` has none; it is for messages).
+    pub backend: String,
+    pub options: Vec<(String, String)>,
+    pub op_timeout: Duration,
+    /// Extra environment for every rank.
+    pub env: Vec<(String, String)>,
+    /// Rank 0's stdout goes to this process's stdout; every other rank's is discarded.
+    /// (`false`: every rank's stdout is discarded.) stderr is always inherited.
+    pub rank0_stdout: bool,
+    /// Every rank's stdout is a pipe instead, for [`Launched::take_stdout`] (overrides
+    /// `rank0_stdout`).
+    pub pipe_stdout: bool,
+    pub grace: Duration,
+}
+
+impl LaunchSpec {
+    /// `ranks` copies of the current executable with its own arguments; settings from
+    /// [`crate::config::Config::global`].
+    pub fn current_exe(ranks: usize, backend: &str) -> std::io::Result<LaunchSpec> {
+        let c = crate::config::Config::global();
+        Ok(LaunchSpec {
+            exe: std::env::current_exe()?,
+            args: std::env::args().skip(1).collect(),
+            ranks,
+            world_size: None,
+            backend: backend.to_string(),
+            options: Vec::new(),
+            op_timeout: c.op_timeout(),
+            env: Vec::new(),
+            rank0_stdout: true,
+            pipe_stdout: false,
+            grace: c.grace,
+        })
+    }
+}
+
+/// A launched world, running.
+pub struct Launched {
+    pub world_id: String,
+    pgid: i32,
+    children: Vec<Child>,
+    status: Vec<Option<ExitStatus>>,
+    dir: Option<tempfile::TempDir>,
+    grace: Duration,
+}
+
+/// How one launched rank ended.
+#[derive(Clone, Debug)]
+pub struct RankExit {
+    pub rank: usize,
+    pub pid: u32,
+    /// `None`: could not be reaped (should not happen after SIGKILL).
+    pub status: Option<ExitStatus>,
+    /// The launcher ended it at the deadline.
+    pub ended_by_launcher: bool,
+}
+
+impl RankExit {
+    pub fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success()) && !self.ended_by_launcher
+    }
+    /// `exit code 3`, `killed by signal SIGSEGV`, `ended at the deadline (SIGTERM)`.
+    pub fn describe(&self) -> String {
+        let how = match self.status {
+            None => "could not be reaped".to_string(),
+            Some(s) => match s.signal() {
+                Some(sig) => format!("killed by signal {}", platform::signal_name(sig)),
+                None => format!("exit code {}", s.code().unwrap_or(-1)),
+            },
+        };
+        if self.ended_by_launcher {
+            format!("still running at the deadline; {how}")
+        } else {
+            how
+        }
+    }
+}
+
+/// Every rank's end.
+#[derive(Clone, Debug)]
+pub struct LaunchReport {
+    pub world_id: String,
+    pub ranks: Vec<RankExit>,
+    pub elapsed: Duration,
+}
+
+impl LaunchReport {
+    /// `Ok` iff every rank exited 0 by itself; else one line per other rank.
+    pub fn check(&self) -> Result<(), String> {
+        let bad: Vec<String> =
+            self.ranks.iter().filter(|r| !r.success()).map(|r| format!("rank {} (pid {}): {}", r.rank, r.pid, r.describe())).collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("world {}: {}", self.world_id, bad.join("; ")))
+        }
+    }
+}
+
+/// Spawns the world (see the module's contracts).
+pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
+    let world_size = spec.world_size.unwrap_or(spec.ranks);
+    if spec.ranks == 0 || world_size < spec.ranks {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("cannot start {} ranks of a world of {world_size}", spec.ranks),
+        ));
+    }
+    let world_id = format!("l{}x{:06x}", std::process::id(), platform::nonce());
+    let dir = tempfile::Builder::new().prefix(&platform::shm_prefix(&world_id)).tempdir()?;
+    let store = dir.path().join("store");
+    let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace };
+    for r in 0..spec.ranks {
+        let mut cmd = Command::new(&spec.exe);
+        cmd.args(&spec.args)
+            .env(vars::WORKER, LAUNCHED)
+            .env(vars::RANK, r.to_string())
+            .env(vars::WORLD_SIZE, world_size.to_string())
+            .env(vars::STORE, &store)
+            .env(vars::WORLD_ID, &launched.world_id)
+            .env(vars::BACKEND, &spec.backend)
+            .env(vars::OP_TIMEOUT_MS, spec.op_timeout.as_millis().to_string())
+            .env(vars::BACKEND_OPTS, format_options(&spec.options))
+            .stdin(Stdio::null())
+            .stdout(if spec.pipe_stdout {
+                Stdio::piped()
+            } else if r == 0 && spec.rank0_stdout {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        platform::configure_child(&mut cmd, launched.pgid);
+        // On error, `launched` is dropped: the ranks already spawned are ended and reaped.
+        let child = cmd.spawn()?;
+        if r == 0 {
+            launched.pgid = child.id() as i32;
+        }
+        launched.children.push(child);
+        launched.status.push(None);
+    }
+    Ok(launched)
+}
+
+impl Launched {
+    /// The ranks' pids, in rank order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|c| c.id()).collect()
+    }
+
+    /// Rank `rank`'s stdout, once, when launched with `pipe_stdout`.
+    pub fn take_stdout(&mut self, rank: usize) -> Option<std::process::ChildStdout> {
+        self.children.get_mut(rank)?.stdout.take()
+    }
+
+    /// Sends `sig` to rank `rank` alone (fault injection in tests); a rank already reaped is
+    /// left alone, so a reused pid is never signalled.
+    pub fn signal(&mut self, rank: usize, sig: Signal) -> std::io::Result<()> {
+        let _ = self.reap_until(Instant::now());
+        match self.status.get(rank) {
+            Some(None) => platform::kill_pid(self.children[rank].id(), sig),
+            Some(Some(_)) => Ok(()),
+            None => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no rank {rank}"))),
+        }
+    }
+
+    /// Waits for rank `rank` alone, up to `within`; `None` if it is still running then.
+    pub fn wait_rank(&mut self, rank: usize, within: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + within;
+        loop {
+            if let Ok(Some(st)) = self.children[rank].try_wait() {
+                self.status[rank] = Some(st);
+            }
+            if self.status[rank].is_some() || Instant::now() >= until {
+                return self.status[rank];
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for every rank up to `deadline` from now — or, once a rank has failed, up to
+    /// `grace` more (its peers would only wait for it) — then ends the rest (SIGTERM, grace,
+    /// SIGKILL), reaps them all and removes the world's files.
+    pub fn wait(mut self, deadline: Duration) -> LaunchReport {
+        let start = Instant::now();
+        let all_done = self.reap_until(start + deadline);
+        let mut ended = vec![false; self.children.len()];
+        if !all_done {
+            for (r, s) in self.status.iter().enumerate() {
+                ended[r] = s.is_none();
+            }
+        }
+        self.finish();
+        let ranks = self
+            .children
+            .iter()
+            .enumerate()
+            .map(|(rank, c)| RankExit { rank, pid: c.id(), status: self.status[rank], ended_by_launcher: ended[rank] })
+            .collect();
+        LaunchReport { world_id: self.world_id.clone(), ranks, elapsed: start.elapsed() }
+    }
+
+    /// Reaps what has ended, polling until `until` (brought forward to `grace` after the first
+    /// failed rank); `true` once every rank has ended.
+    fn reap_until(&mut self, mut until: Instant) -> bool {
+        let mut nap = Duration::from_micros(100);
+        let mut failure_seen = false;
+        loop {
+            if !failure_seen && self.status.iter().flatten().any(|s| !s.success()) {
+                failure_seen = true;
+                until = until.min(Instant::now() + self.grace);
+            }
+            for (c, s) in self.children.iter_mut().zip(self.status.iter_mut()) {
+                if s.is_none() {
+                    if let Ok(Some(st)) = c.try_wait() {
+                        *s = Some(st);
+                    }
+                }
+            }
+            if self.status.iter().all(Option::is_some) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            std::thread::sleep(nap.min(until - now));
+            nap = (nap * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, grace, SIGKILL for whatever still runs; then the files.
+    fn finish(&mut self) {
+        if self.status.iter().any(Option::is_none) && self.pgid > 1 {
+            let _ = platform::kill_group(self.pgid, Signal::SIGTERM);
+            if !self.reap_until(Instant::now() + self.grace) {
+                let _ = platform::kill_group(self.pgid, Signal::SIGKILL);
+                self.reap_until(Instant::now() + Duration::from_secs(10));
+            }
+        }
+        if let Some(d) = self.dir.take() {
+            let _ = d.close();
+        }
+        platform::sweep_shm(&self.world_id);
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if self.dir.is_some() {
+            self.grace = self.grace.min(Duration::from_millis(200));
+            self.finish();
+        }
+    }
+}
+
+/// In a launched rank: its world. `None` in any other process. A launched rank whose
+/// environment is malformed exits with status 2 and a message.
+pub fn rank_world() -> Option<WorldInfo> {
+    if std::env::var(vars::WORKER).ok().as_deref() != Some(LAUNCHED) {
+        return None;
+    }
+    match WorkerEnv::parse_env() {
+        Ok(e) => Some(e.world_info()),
+        Err(msg) => {
+            eprintln!("concord launched rank: bad environment: {msg}");
+            std::process::exit(2);
+        }
+    }
+}
