@@ -20,7 +20,7 @@ pub struct CaseRecord {
     /// The ranks a failure blames, culprits first (empty unless failed).
     pub failing_ranks: Vec<usize>,
     /// The kind of each failure (`reported`, `panicked`, `crashed`, `timed_out`, `protocol`,
-    /// `setup`), in the order of `failing_ranks`' first appearance.
+    /// `setup`), one per failure, culprits first (as the verdict lists them).
     pub failure_kinds: Vec<&'static str>,
     /// The whole failure message (with its rerun line), or the skip / unsupported reason.
     pub detail: String,
