@@ -170,6 +170,31 @@ impl<T> Work<T> {
         Ok(self.value.take().expect("value present"))
     }
 
+    /// The same pending collective with its value transformed by `f` (at once, not at
+    /// completion): for wrappers whose buffer type differs from the inner backend's. Completion,
+    /// deadline behaviour, metadata and the outstanding count carry over — the count is moved,
+    /// never counted twice.
+    pub fn map<U>(mut self, f: impl FnOnce(T) -> U) -> Work<U> {
+        let value = self.value.take().map(f);
+        let counted = self.counted.swap(false, Ordering::SeqCst);
+        let outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Work {
+            value,
+            completion: self.completion.clone(),
+            meta: self.meta.clone(),
+            counter: self.counter.clone(),
+            counted: AtomicBool::new(counted),
+            outcome: Mutex::new(outcome),
+        }
+    }
+
+    /// The same pending collective under another name in messages (a wrapper reporting its own
+    /// backend name).
+    pub fn with_backend_name(mut self, name: &str) -> Work<T> {
+        self.meta.backend = name.to_string();
+        self
+    }
+
     /// The value *without* waiting: its contents are not final. For identity checks only.
     pub fn peek(&self) -> &T {
         self.value.as_ref().expect("value present")
@@ -239,6 +264,24 @@ mod tests {
         assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7);
         assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7, "waiting twice is harmless");
         assert_eq!(counter.get(), 0);
+    }
+
+    #[test]
+    fn map_keeps_completion_and_moves_the_count() {
+        let counter = OutstandingCounter::default();
+        let flag = Flag::new();
+        let w = Work::new(7u32, flag.clone(), meta(), &counter).map(|v| format!("v{v}")).with_backend_name("wrapped");
+        assert_eq!(counter.get(), 1, "mapping does not count twice");
+        assert!(!w.is_completed(), "the mapped work is as pending as the original");
+        let err = w.wait(Duration::from_millis(10)).unwrap_err();
+        assert!(err.to_string().contains("wrapped backend"), "{err}");
+        flag.set(Ok(()));
+        assert_eq!(w.wait(Duration::from_secs(1)).unwrap(), "v7");
+        assert_eq!(counter.get(), 0);
+        let unwaited = Work::new(1u8, Flag::new(), meta(), &counter).map(|v| v + 1);
+        assert_eq!(counter.get(), 1);
+        drop(unwaited);
+        assert_eq!(counter.get(), 0, "dropping the mapped work uncounts once");
     }
 
     #[test]

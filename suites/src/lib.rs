@@ -62,34 +62,45 @@ pub const fn assert_backend<B: Backend>() {}
 /// reruns one case (`CONCORD_LIST=cases` lists one test per case, for nextest filters), and
 /// `cargo test --test <target> -- --report DIR` writes the conformance report.
 ///
-/// `catalogue = f` (a `fn() -> Vec<Case<MyBackend>>`) runs your own selection: a slice of
-/// [`catalogue`], or [`catalogue`] plus cases of your own.
+/// Settings, in any order after `name`: `gpus_per_rank = 1` (GPU backends: cases needing more
+/// GPUs than the machine has are skipped with the reason); `catalogue = f` (a
+/// `fn() -> Vec<Case<MyBackend>>`) runs your own selection: a slice of [`catalogue`], or
+/// [`catalogue`] plus cases of your own; `options = [("key", "value")]` reaches every rank's
+/// `WorldInfo::options` (and so your `Backend::init`).
 #[macro_export]
 macro_rules! harness {
-    ($backend:ty, name = $name:literal $(,)?) => {
-        $crate::harness!($backend, name = $name, gpus_per_rank = 0, catalogue = $crate::catalogue::<$backend>);
+    // One setting, in any order after `name` (listed first: `@set` must not reach `$backend:ty`).
+    (@set $entry:ident, gpus_per_rank, $v:expr) => {
+        $entry.gpus_per_rank = $v;
     };
-    ($backend:ty, name = $name:literal, gpus_per_rank = $gpus:literal $(,)?) => {
-        $crate::harness!($backend, name = $name, gpus_per_rank = $gpus, catalogue = $crate::catalogue::<$backend>);
+    (@set $entry:ident, catalogue, $v:expr) => {
+        $entry = $entry.with_catalogue::<_>($v);
     };
-    ($backend:ty, name = $name:literal, catalogue = $cases:expr $(,)?) => {
-        $crate::harness!($backend, name = $name, gpus_per_rank = 0, catalogue = $cases);
+    (@set $entry:ident, options, $v:expr) => {
+        for (k, v) in $v {
+            $entry = $entry.with_option(k, v);
+        }
     };
-    ($backend:ty, name = $name:literal, gpus_per_rank = $gpus:literal, catalogue = $cases:expr $(,)?) => {
+    (@set $entry:ident, $other:ident, $v:expr) => {
+        compile_error!(concat!(
+            "concord_suites::harness!: unknown setting `",
+            stringify!($other),
+            "`; the settings are `gpus_per_rank = 1`, `catalogue = my_cases` and `options = [(\"key\", \"value\")]`"
+        ));
+    };
+    ($backend:ty, name = $name:literal $(, $key:ident = $val:expr)* $(,)?) => {
         const _: () = $crate::assert_backend::<$backend>();
         fn main() {
-            $crate::main_with(vec![$crate::BackendEntry::new::<$backend>(
-                $name,
-                $gpus,
-                $cases,
-            )
-            .with_rerun(concat!(
+            #[allow(unused_mut)]
+            let mut entry = $crate::BackendEntry::new::<$backend>($name, 0, $crate::catalogue::<$backend>).with_rerun(concat!(
                 "cargo test{profile} -p ",
                 env!("CARGO_PKG_NAME"),
                 " --test ",
                 env!("CARGO_CRATE_NAME"),
                 " -- --exact"
-            ))])
+            ));
+            $( $crate::harness!(@set entry, $key, $val); )*
+            $crate::main_with(vec![entry])
         }
     };
     ($backend:ty $(,)?) => {
@@ -100,7 +111,7 @@ macro_rules! harness {
     };
     ($($other:tt)*) => {
         compile_error!(
-            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");`, optionally with `gpus_per_rank = 1` and then `catalogue = my_cases` (a `fn() -> Vec<concord_suites::Case<MyBackend>>`), where MyBackend implements concord_core::Backend"
+            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");`, optionally followed by `gpus_per_rank = 1`, `catalogue = my_cases` (a `fn() -> Vec<concord_suites::Case<MyBackend>>`) and `options = [(\"key\", \"value\")]` (handed to every rank's `WorldInfo::options`), where MyBackend implements concord_core::Backend"
         );
         fn main() {}
     };

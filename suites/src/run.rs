@@ -73,6 +73,12 @@ impl BackendEntry {
         }
     }
 
+    /// The same backend with another catalogue (name, GPUs, options and rerun command kept).
+    pub fn with_catalogue<B: Backend>(self, cases: fn() -> Vec<Case<B>>) -> Self {
+        let fresh = BackendEntry::new::<B>(&self.name, self.gpus_per_rank, cases);
+        BackendEntry { list: fresh.list, serve: fresh.serve, child: fresh.child, ..self }
+    }
+
     /// Sets the rerun command (the built-in default is `cargo xtask conformance --backend <name>
     /// --exact`; `harness!` sets `cargo test -p <crate> --test <target> -- --exact`).
     pub fn with_rerun(mut self, command: impl Into<String>) -> Self {

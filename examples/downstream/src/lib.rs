@@ -16,6 +16,13 @@ type Buf = <ShmBackend as Backend>::Buffer;
 impl Backend for MyBackend {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
+        // An option of this backend's own, set through `harness!(…, options = [...])`: its
+        // absence means the options did not reach the ranks.
+        if world.option("example_greeting") != Some("hello") {
+            return Err(concord_core::CollectiveError::Unsupported(
+                "MyBackend needs the option example_greeting=hello (tests/conformance.rs sets it)".into(),
+            ));
+        }
         ShmBackend::init(world).map(MyBackend)
     }
     fn name(&self) -> &str {

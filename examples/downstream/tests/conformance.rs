@@ -2,8 +2,9 @@
 //!
 //! The built-in binary already runs the whole catalogue on the shm backend this example wraps,
 //! so here the example proves the downstream path on a slice: every suite, with the matrix cut
-//! to f32 at world sizes 1–3. A backend of your own would write
-//! `concord_suites::harness!(MyBackend, name = "mine");` for everything.
+//! to f32 at world sizes 1–3. It also hands a backend option to every rank (`MyBackend::init`
+//! refuses to start without it, so the option's path is proven too). A backend of your own
+//! would write `concord_suites::harness!(MyBackend, name = "mine");` for everything.
 use concord_example_downstream::MyBackend;
 use concord_suites::Case;
 
@@ -14,4 +15,4 @@ fn slice() -> Vec<Case<MyBackend>> {
         .collect()
 }
 
-concord_suites::harness!(MyBackend, name = "mine", catalogue = slice);
+concord_suites::harness!(MyBackend, name = "mine", catalogue = slice, options = [("example_greeting", "hello")]);

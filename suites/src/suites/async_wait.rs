@@ -218,6 +218,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         spec.args.clear();
         spec.pipe_stdout = true;
         spec.op_timeout = Duration::from_secs(5);
+        spec.options = ctx.world.options.clone();
         spec.env = vec![(CHILD_ENV.to_string(), backend.clone())];
         let mut child = concord_harness::launch::launch(&spec).map_err(|e| fail(&w, format!("launch the child: {e}")))?;
         // The clock starts when the child says it has issued the collective (backend start-up,
