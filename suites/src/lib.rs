@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod case;
+pub mod contract;
 pub mod exec;
 pub mod report;
 pub mod run;

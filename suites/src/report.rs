@@ -186,6 +186,7 @@ impl Report {
         let md = dir.join("conformance.md");
         let json = dir.join("conformance.json");
         std::fs::write(&md, self.markdown())?;
+        std::fs::write(dir.join("contract.md"), crate::contract::markdown(&self.cases))?;
         let value = serde_json::json!({
             "schema_version": SCHEMA_VERSION,
             "wall_seconds": self.wall_seconds,

@@ -194,6 +194,9 @@ struct Cli {
     /// Conformance mode: worlds run side by side (default: what the machine can run).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Print the contract map (every MUST clause and the cases that check it) and exit.
+    #[arg(long)]
+    contract: bool,
     /// Conformance mode: more filters (or exact case ids with --exact) after the first.
     #[arg(last = true, value_name = "MORE")]
     more: Vec<String>,
@@ -252,6 +255,12 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
         }
         entries.into_iter().filter(|e| cli.backends.contains(&e.name)).collect()
     };
+    if cli.contract {
+        let ids: Vec<String> = entries.iter().flat_map(|e| e.cases()).map(|c| c.id).collect();
+        print!("{}", crate::contract::render(&ids));
+        let holes = crate::contract::coverage(&ids).iter().filter(|(_, _, h)| !h.is_empty()).count();
+        std::process::exit(if holes == 0 { 0 } else { 1 });
+    }
     let mut opts = Opts { report: cli.report.clone(), jobs: cli.jobs, ..Opts::default() };
     let names: Vec<String> = cli.libtest.filter.iter().cloned().chain(cli.more.iter().cloned()).collect();
     if cli.libtest.exact {

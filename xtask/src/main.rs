@@ -49,6 +49,9 @@ enum Cmd {
         /// Worlds run side by side (default: what the machine can run).
         #[arg(long)]
         jobs: Option<usize>,
+        /// Print the contract map (clause -> cases) instead of running.
+        #[arg(long)]
+        contract: bool,
         /// Substring filters on case ids.
         filters: Vec<String>,
     },
@@ -130,7 +133,7 @@ fn main() -> Result<()> {
             run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
-        Cmd::Conformance { backend, report, exact, jobs, filters } => {
+        Cmd::Conformance { backend, report, exact, jobs, contract, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
             let exact_given = !exact.is_empty();
@@ -141,6 +144,10 @@ fn main() -> Result<()> {
             let mut c = Command::new(exe);
             for b in &backend {
                 c.args(["--backend", b]);
+            }
+            if contract {
+                let status = c.arg("--contract").current_dir(root()).status().context("could not start the conformance binary")?;
+                std::process::exit(status.code().unwrap_or(1));
             }
             let report = if report.is_absolute() { report } else { root().join(report) };
             c.arg("--report").arg(&report);

@@ -1,0 +1,265 @@
+//! The contract map: every clause a backend MUST keep (the MUST lists of
+//! `core/src/backend.rs`, `core/src/caps.rs` and `core/src/call.rs`), each with the cases that
+//! check it. A clause is checked by the cases whose name (without the backend prefix) contains
+//! one of its patterns; a clause whose patterns match no case of the catalogue is a hole, and
+//! the self-test (`tests/contract.rs`) fails on it.
+//!
+//! `conformance --contract` prints the map for a binary's backends; conformance mode writes it,
+//! with every clause's passed / failed counts, as `contract.md` beside the report.
+
+use crate::report::CaseRecord;
+use concord_harness::verdict::Status;
+
+/// One MUST of the contract.
+#[derive(Clone, Copy, Debug)]
+pub struct Clause {
+    /// Stable id (`async.issue_returns`, `values.reduce`, ...).
+    pub id: &'static str,
+    /// Where the clause is written.
+    pub source: &'static str,
+    /// The clause, in one sentence.
+    pub text: &'static str,
+    /// Case-name substrings; EVERY pattern must match at least one case (a clause listing two
+    /// patterns needs both kinds of case).
+    pub cases: &'static [&'static str],
+}
+
+const BACKEND: &str = "core/src/backend.rs";
+const CAPS: &str = "core/src/caps.rs";
+const CALL: &str = "core/src/call.rs";
+const WORK: &str = "core/src/work.rs";
+
+/// Every clause, in the order of the contract's text.
+pub const CLAUSES: &[Clause] = &[
+    Clause {
+        id: "async.issue_returns",
+        source: BACKEND,
+        text: "Every collective returns at once with a Work; it is not complete before every peer has issued it.",
+        cases: &["async::pending_until_peers_arrive", "seed::c10d::test_unwaited"],
+    },
+    Clause {
+        id: "async.result_final_after_wait",
+        source: BACKEND,
+        text: "The result is final once wait returns, and stays so (no late write into a waited buffer).",
+        cases: &["async::lag_read_right_after_wait", "reuse::no_late_write::"],
+    },
+    Clause {
+        id: "async.wait_semantics",
+        source: WORK,
+        text: "wait is idempotent, may come from another thread and in any order, and outstanding() counts issued-but-unwaited works.",
+        cases: &[
+            "async::wait_twice",
+            "async::wait_from_another_thread",
+            "async::many_outstanding_waited_out_of_order",
+            "async::registry_counts_unwaited_work",
+            "seed::eager::work_registry_zero_after_wait",
+        ],
+    },
+    Clause {
+        id: "async.deadline",
+        source: BACKEND,
+        text: "No wait blocks longer than asked; a peer that never comes is a named timeout, and the world is usable after.",
+        cases: &["async::peer_never_joins_then_recovers"],
+    },
+    Clause {
+        id: "async.unwaited_exit",
+        source: BACKEND,
+        text: "A process that drops an un-waited collective still exits promptly.",
+        cases: &["async::unwaited_collective_exits_within_1s"],
+    },
+    Clause {
+        id: "values.reduce",
+        source: BACKEND,
+        text: "Reductions return the oracle's value for every dtype and reduce op defined for it (exact inputs bit-exact; random inputs within the bound).",
+        cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special"],
+    },
+    Clause {
+        id: "values.move",
+        source: BACKEND,
+        text: "Data-moving ops (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv) deliver exactly the oracle's bytes, in rank order.",
+        cases: &[
+            "all_gather_into_tensor::out::",
+            "all_to_all_single::out::",
+            "broadcast::out::",
+            "gather::out::",
+            "scatter::out::",
+            "permute_tensor::out::",
+            "send_recv::",
+        ],
+    },
+    Clause {
+        id: "values.coalesced",
+        source: BACKEND,
+        text: "Coalesced ops return one result per input, each as the single op would.",
+        cases: &["all_reduce::coalesced::", "all_gather_into_tensor::coalesced::", "reduce_scatter_tensor::coalesced::"],
+    },
+    Clause {
+        id: "placement.out_of_place",
+        source: BACKEND,
+        text: "Out-of-place ops return a new buffer that never aliases the input, and leave the input unchanged.",
+        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations"],
+    },
+    Clause {
+        id: "placement.in_place",
+        source: BACKEND,
+        text: "In-place ops return the very buffer(s) given (same address).",
+        cases: &["all_reduce::inplace::", "broadcast::inplace::", "all_reduce::coalesced_inplace::"],
+    },
+    Clause {
+        id: "placement.out_buffer",
+        source: BACKEND,
+        text: "_out ops write only the caller's output buffer, never a byte outside it.",
+        cases: &["all_gather_into_tensor::outbuf::", "reduce_scatter_tensor::outbuf::"],
+    },
+    Clause {
+        id: "placement.aliasing",
+        source: CAPS,
+        text: "Inputs and outputs that overlap are handled as the declared aliasing policy says.",
+        cases: &["reuse::aliasing::", "caps::aliasing"],
+    },
+    Clause {
+        id: "placement.reuse",
+        source: BACKEND,
+        text: "One buffer reused across many collectives gives the right result every time.",
+        cases: &["reuse::persistent_buffer_100_iterations"],
+    },
+    Clause {
+        id: "shapes",
+        source: BACKEND,
+        text: "Output shapes follow the documented rules (all_gather [ws*d0,..], 0-dim gathers to [ws], reduce_scatter [d0/ws,..], all_to_all splits, rooted ops same shape everywhere).",
+        cases: &["seed::eager::all_gather_0dim", "seed::eager::all_to_all_equal_split_default", "all_gather_into_tensor::out::"],
+    },
+    Clause {
+        id: "bad_input.named_everywhere",
+        source: CALL,
+        text: "Bad input is one named BadInputKind on every rank (local rules at issue, cross-rank rules on every rank), never a hang or a silent truncation; the world stays usable.",
+        cases: &["bad_input::"],
+    },
+    Clause {
+        id: "bad_input.root_agreement",
+        source: CALL,
+        text: "A root / src out of range or not equal on every rank is BadRoot (broadcast, reduce, gather, scatter).",
+        cases: &[
+            "bad_input::broadcast_src_differs_across_ranks",
+            "bad_input::reduce_root_differs_across_ranks",
+            "bad_input::gather_root_differs_across_ranks",
+            "bad_input::scatter_root_differs_across_ranks",
+        ],
+    },
+    Clause {
+        id: "bad_input.indivisible",
+        source: CALL,
+        text: "reduce_scatter / scatter / equal-split all_to_all on a dim 0 the world size does not divide is Indivisible, never truncated.",
+        cases: &["bad_input::reduce_scatter_indivisible", "bad_input::scatter_indivisible", "bad_input::all_to_all_equal_split_indivisible"],
+    },
+    Clause {
+        id: "bad_input.peer_and_group",
+        source: CALL,
+        text: "send/recv peers and new_group member lists are checked (BadPeer, BadGroup); a recv buffer smaller than the message is OutBufferSize.",
+        cases: &["bad_input::send_to_self", "bad_input::new_group_", "bad_input::recv_buffer_smaller_than_message"],
+    },
+    Clause {
+        id: "subgroups",
+        source: BACKEND,
+        text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
+        cases: &["subgroup::"],
+    },
+    Clause {
+        id: "caps.declared_semantics",
+        source: CAPS,
+        text: "What a backend declares (NaN policy of min/max, NaN through sum, signed zeros, integer avg rounding) is what it does.",
+        cases: &["caps::nan_minmax", "caps::nan_sum", "caps::signed_zero_minmax", "caps::int_avg"],
+    },
+    Clause {
+        id: "caps.gaps_refused",
+        source: CAPS,
+        text: "Every declared gap is refused with a named error on every rank, and the world stays usable.",
+        cases: &["caps::gaps_refused"],
+    },
+    Clause {
+        id: "barrier",
+        source: BACKEND,
+        text: "barrier completes on every rank.",
+        cases: &["barrier::"],
+    },
+    Clause {
+        id: "seeds.pytorch",
+        source: BACKEND,
+        text: "PyTorch's functional-collective tests (test_c10d_functional_native.py) and eager inductor semantics hold.",
+        cases: &["seed::c10d::", "seed::eager::"],
+    },
+];
+
+/// For each clause: the case ids (among `ids`, names with or without a backend prefix) that
+/// check it, and the patterns that match none.
+pub fn coverage(ids: &[String]) -> Vec<(&'static Clause, Vec<&str>, Vec<&'static str>)> {
+    CLAUSES
+        .iter()
+        .map(|c| {
+            let hits: Vec<&str> = ids.iter().map(String::as_str).filter(|id| c.cases.iter().any(|p| id.contains(p))).collect();
+            let holes: Vec<&str> = c.cases.iter().copied().filter(|p| !ids.iter().any(|id| id.contains(p))).collect();
+            (c, hits, holes)
+        })
+        .collect()
+}
+
+/// The map as text: one block per clause with its case count (and holes).
+pub fn render(ids: &[String]) -> String {
+    let mut s = String::from("Concord contract map: clause -> the cases that check it\n\n");
+    for (c, hits, holes) in coverage(ids) {
+        s.push_str(&format!("{:<30} {:>5} cases  [{}]\n    {}\n", c.id, hits.len(), c.source, c.text));
+        s.push_str(&format!("    patterns: {}\n", c.cases.join(", ")));
+        if !holes.is_empty() {
+            s.push_str(&format!("    HOLE: no case matches {}\n", holes.join(", ")));
+        }
+    }
+    s
+}
+
+/// The map with each clause's verdicts in a run, as Markdown (`contract.md` of the report).
+pub fn markdown(records: &[CaseRecord]) -> String {
+    let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+    let mut md = String::from(
+        "# Contract map\n\n| clause | cases | passed | failed | unsupported | skipped | holes |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (c, hits, holes) in coverage(&ids) {
+        let count = |st: Status| records.iter().filter(|r| hits.contains(&r.id.as_str()) && r.status == st).count();
+        md.push_str(&format!(
+            "| `{}` — {} | {} | {} | {} | {} | {} | {} |\n",
+            c.id,
+            c.text,
+            hits.len(),
+            count(Status::Passed),
+            count(Status::Failed),
+            count(Status::Unsupported),
+            count(Status::Skipped),
+            if holes.is_empty() { String::new() } else { holes.join(", ") }
+        ));
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clause_ids_are_unique_and_every_clause_has_patterns() {
+        let mut ids: Vec<&str> = CLAUSES.iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        let n = ids.len();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "duplicate clause id");
+        assert!(CLAUSES.iter().all(|c| !c.cases.is_empty()));
+    }
+
+    #[test]
+    fn a_pattern_without_a_case_is_a_hole() {
+        let ids = vec!["shm::async::wait_twice::ws2".to_string()];
+        let cov = coverage(&ids);
+        let wait = cov.iter().find(|(c, _, _)| c.id == "async.wait_semantics").unwrap();
+        assert_eq!(wait.1, vec!["shm::async::wait_twice::ws2"]);
+        assert!(wait.2.contains(&"async::wait_from_another_thread"));
+        assert!(render(&ids).contains("HOLE: no case matches"));
+    }
+}
