@@ -31,6 +31,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
     v.extend(suites::caps::cases::<B>());
+    v.extend(suites::views::cases::<B>());
     v
 }
 
