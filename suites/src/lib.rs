@@ -33,6 +33,8 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::caps::cases::<B>());
     v.extend(suites::views::cases::<B>());
     v.extend(suites::sizes::cases::<B>());
+    v.extend(suites::all_to_all_equal::cases::<B>());
+    v.extend(suites::realloc::cases::<B>());
     v
 }
 
