@@ -17,7 +17,7 @@ use concord_fixtures::InputKind;
 
 /// The layout of run `i`: input and output offsets alternate between small and page-crossing.
 pub fn layout(i: usize) -> Layout {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         Layout { in_offset: 3, out_offset: 1031 }
     } else {
         Layout { in_offset: 1029, out_offset: 5 }
