@@ -32,6 +32,10 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
     v.extend(suites::caps::cases::<B>());
+    v.extend(suites::views::cases::<B>());
+    v.extend(suites::sizes::cases::<B>());
+    v.extend(suites::all_to_all_equal::cases::<B>());
+    v.extend(suites::realloc::cases::<B>());
     v
 }
 

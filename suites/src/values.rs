@@ -90,20 +90,75 @@ pub fn shape_runs(spec: &ValueSpec, ws: usize) -> Vec<Vec<Vec<usize>>> {
     }
 }
 
+/// Where the buffers of one run live. The default (the matrix's): inputs are buffers of their
+/// own, `_out` / recv outputs are views [`GUARD_ELEMS`] elements into a guarded parent.
+/// With offsets set, every input (and the `_out` / recv output) is a `Backend::view` that many
+/// elements into a larger parent filled with [`GUARD_BYTE`]s, with [`GUARD_ELEMS`] guard
+/// elements after it too; the bytes of each parent outside its view are checked untouched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Element offset of each input view in its parent (0: inputs are plain buffers).
+    pub in_offset: usize,
+    /// Element offset of the `_out` / recv view in its parent (0: [`GUARD_ELEMS`]).
+    pub out_offset: usize,
+}
+
 /// Runs the value check for `spec` on backend `b` (a world or a subgroup).
 pub fn run<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, label: &str) -> CaseResult {
+    run_in(b, spec, seed, timeout, label, |_| Layout::default())
+}
+
+/// [`run`] with the buffers of run `i` (one per shape list) laid out as `layout(i)` says.
+pub fn run_in<B: Backend>(
+    b: &B,
+    spec: &ValueSpec,
+    seed: u64,
+    timeout: Duration,
+    label: &str,
+    layout: impl Fn(usize) -> Layout,
+) -> CaseResult {
     let ws = b.world_size();
     let caps = b.capabilities();
     if let Err(reason) = caps.check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
         return Err(CaseEnd::Unsupported(reason));
     }
     for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
-        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label)?;
+        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx))?;
     }
     Ok(())
 }
 
-fn run_shapes<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, shapes: &[Vec<usize>], timeout: Duration, label: &str) -> CaseResult {
+/// Checks that every byte of `parent` outside elements `[off, off + numel)` is still [`GUARD_BYTE`].
+fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, what: &str) -> Result<(), String> {
+    let all = b.download(parent).map_err(|e| format!("download {what} parent: {e}"))?;
+    let es = all.dtype().size();
+    let bytes = all.bytes();
+    let (start, end) = (off * es, (off + numel) * es);
+    if let Some(i) = bytes[..start].iter().rposition(|&x| x != GUARD_BYTE) {
+        return Err(format!(
+            "wrote before its {what} buffer (a view {off} elements into its parent): guard byte {} before the start is 0x{:02x}",
+            start - i,
+            bytes[i]
+        ));
+    }
+    if let Some(i) = bytes[end..].iter().position(|&x| x != GUARD_BYTE) {
+        return Err(format!(
+            "wrote past the end of its {what} buffer (a view {off} elements into its parent): guard byte {i} after the end is 0x{:02x}",
+            bytes[end + i]
+        ));
+    }
+    Ok(())
+}
+
+fn run_shapes<B: Backend>(
+    b: &B,
+    spec: &ValueSpec,
+    seed: u64,
+    shapes: &[Vec<usize>],
+    timeout: Duration,
+    label: &str,
+    layout: Layout,
+) -> CaseResult {
     let ws = b.world_size();
     let rank = b.rank();
     let caps = b.capabilities();
@@ -150,18 +205,34 @@ fn run_shapes<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, shapes: &[Vec<usiz
         return Ok(());
     }
 
-    let ins: Vec<B::Buffer> = my_inputs.iter().map(|t| b.upload(t)).collect::<Result<_, _>>().map_err(|e| fail(format!("upload: {e}")))?;
+    // Inputs: plain buffers, or views `in_offset` elements into guarded parents.
+    let mut in_parents = Vec::new();
+    let mut ins: Vec<B::Buffer> = Vec::new();
+    for t in &my_inputs {
+        if layout.in_offset == 0 {
+            ins.push(b.upload(t).map_err(|e| fail(format!("upload: {e}")))?);
+            continue;
+        }
+        let parent_shape = [layout.in_offset + t.numel() + GUARD_ELEMS];
+        let parent =
+            b.upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, GUARD_BYTE)).map_err(|e| fail(format!("alloc input parent: {e}")))?;
+        let view = b.view(&parent, layout.in_offset, t.shape()).map_err(|e| fail(format!("view: {e}")))?;
+        b.write(&view, t).map_err(|e| fail(format!("write input view: {e}")))?;
+        ins.push(view);
+        in_parents.push(parent);
+    }
 
     // `_out` variants and recv write into a view framed by guard elements.
     let mut guarded = None;
     if spec.variant == Variant::OutBuf {
         let out_shape = expected[0].0.shape().to_vec();
         let n: usize = out_shape.iter().product();
-        let parent_shape = [n + 2 * GUARD_ELEMS];
+        let off = if layout.out_offset == 0 { GUARD_ELEMS } else { layout.out_offset };
+        let parent_shape = [off + n + GUARD_ELEMS];
         let parent = b
             .upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, GUARD_BYTE))
             .map_err(|e| fail(format!("alloc guarded output: {e}")))?;
-        let view = b.view(&parent, GUARD_ELEMS, &out_shape).map_err(|e| fail(format!("view: {e}")))?;
+        let view = b.view(&parent, off, &out_shape).map_err(|e| fail(format!("view: {e}")))?;
         guarded = Some((parent, view));
     }
 
@@ -213,7 +284,16 @@ fn run_shapes<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, shapes: &[Vec<usiz
             }
         }
     }
-    if let Some((parent, _)) = &guarded {
+    for (parent, t) in in_parents.iter().zip(&my_inputs) {
+        if caps.moves_data {
+            check_frame(b, parent, layout.in_offset, t.numel(), "input").map_err(fail)?;
+        }
+    }
+    if let Some((parent, _)) = guarded.as_ref().filter(|_| layout.out_offset != 0) {
+        if caps.moves_data {
+            check_frame(b, parent, layout.out_offset, expected[0].0.numel(), "output").map_err(fail)?;
+        }
+    } else if let Some((parent, _)) = &guarded {
         let all = b.download(parent).map_err(|e| fail(format!("download guarded output: {e}")))?;
         let gb = GUARD_ELEMS * spec.dtype.size();
         let bytes = all.bytes();

@@ -25,6 +25,19 @@ const INPLACE_RETURNS_COPY: u8 = 9;
 /// Declares `NanPolicy::Ignore` for min / max while the shm backend underneath propagates NaN:
 /// a declaration the backend does not live up to (what the caps probes exist for).
 const CLAIMS_NAN_IGNORED: u8 = 10;
+/// Right everywhere but at world size 6 (sum reduces with max there).
+const WRONG_AT_WS6: u8 = 11;
+/// all_reduce of more than 64 K elements leaves everything past the first 64 K chunk unreduced.
+const UNREDUCED_PAST_64K: u8 = 12;
+/// avg in a subgroup divides by the WORLD size instead of the group's.
+const SUBGROUP_AVG_BY_WORLD_SIZE: u8 = 13;
+/// all_reduce of a view at a non-zero offset reads from its parent's start.
+const IGNORES_VIEW_OFFSET: u8 = 14;
+/// all_reduce_ caches the element count it registered for an address and reuses it when the
+/// address comes back (freed and re-allocated with another size).
+const CACHES_SIZE_BY_ADDRESS: u8 = 15;
+/// Equal-split all_to_all of a multi-dimensional tensor cuts dim 0's count in ELEMENTS, not rows.
+const A2A_EQUAL_SPLIT_IN_ELEMENTS: u8 = 16;
 
 /// The shm backend with bug `BUG`.
 struct Faulty<const BUG: u8> {
@@ -32,6 +45,10 @@ struct Faulty<const BUG: u8> {
     /// view address -> (parent, element offset), so a bug can write just past a view.
     views: Mutex<HashMap<usize, (Buf, usize)>>,
     counter: concord_core::OutstandingCounter,
+    /// Size of the whole world (a subgroup's own world size is its group's).
+    world_ws: usize,
+    /// address -> element count registered there (CACHES_SIZE_BY_ADDRESS).
+    regs: Mutex<HashMap<usize, usize>>,
 }
 
 impl<const BUG: u8> Faulty<BUG> {
@@ -56,7 +73,13 @@ impl<const BUG: u8> Faulty<BUG> {
 impl<const BUG: u8> Backend for Faulty<BUG> {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
-        Ok(Faulty { inner: Arc::new(ShmBackend::init(world)?), views: Mutex::new(HashMap::new()), counter: Default::default() })
+        Ok(Faulty {
+            inner: Arc::new(ShmBackend::init(world)?),
+            views: Mutex::new(HashMap::new()),
+            counter: Default::default(),
+            world_ws: world.world_size,
+            regs: Mutex::new(HashMap::new()),
+        })
     }
     fn name(&self) -> &str {
         "faulty"
@@ -82,6 +105,8 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
             inner: Arc::new(g),
             views: Mutex::new(HashMap::new()),
             counter: Default::default(),
+            world_ws: self.world_ws,
+            regs: Mutex::new(HashMap::new()),
         }))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
@@ -112,8 +137,26 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     }
 
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let numel: usize = self.inner.buffer_shape(x).iter().product();
         match BUG {
             WRONG_REDUCTION if op == ReduceOp::Sum => self.inner.all_reduce(x, ReduceOp::Max),
+            WRONG_AT_WS6 if op == ReduceOp::Sum && self.world_size() == 6 => self.inner.all_reduce(x, ReduceOp::Max),
+            SUBGROUP_AVG_BY_WORLD_SIZE if op == ReduceOp::Avg && self.world_ws != self.world_size() && self.buffer_dtype(x).is_float() => {
+                self.inner.all_reduce(x, ReduceOp::PremulSum(1.0 / self.world_ws as f64))
+            }
+            IGNORES_VIEW_OFFSET => match self.views.lock().unwrap().get(&self.inner.buffer_addr(x)).cloned() {
+                Some((parent, off)) if off > 0 => self.inner.all_reduce(&self.inner.view(&parent, 0, &self.inner.buffer_shape(x))?, op),
+                _ => self.inner.all_reduce(x, op),
+            },
+            UNREDUCED_PAST_64K if numel > 65536 => {
+                let w = self.inner.all_reduce(x, op)?;
+                let mine = self.inner.download(x)?;
+                self.tampered("all_reduce", w, |out| {
+                    self.edit(out, |t| {
+                        t.bytes_mut()[65536 * mine.dtype().size()..].copy_from_slice(&mine.bytes()[65536 * mine.dtype().size()..])
+                    })
+                })
+            }
             MUTATES_INPUT => {
                 let w = self.inner.all_reduce(x, op)?;
                 self.tampered("all_reduce", w, |_| self.edit(x, |t| t.bytes_mut().iter_mut().take(1).for_each(|b| *b ^= 0x40)))
@@ -139,6 +182,12 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     fn all_reduce_(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         if BUG == INPLACE_RETURNS_COPY {
             return self.inner.all_reduce(x, op);
+        }
+        if BUG == CACHES_SIZE_BY_ADDRESS {
+            let numel: usize = self.inner.buffer_shape(x).iter().product();
+            let reg = *self.regs.lock().unwrap().entry(self.inner.buffer_addr(x)).or_insert(numel);
+            self.inner.all_reduce_(&self.inner.view(x, 0, &[reg.min(numel)])?, op)?.wait(Self::T)?;
+            return Ok(Work::done(x.clone(), self.meta("all_reduce_"), &self.counter));
         }
         self.inner.all_reduce_(x, op)
     }
@@ -202,6 +251,13 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.reduce_scatter_tensor_coalesced(xs, op)
     }
     fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let shape = self.inner.buffer_shape(x);
+        if BUG == A2A_EQUAL_SPLIT_IN_ELEMENTS && o.is_none() && shape.len() > 1 {
+            let got = self.inner.all_to_all_single(&self.inner.view(x, 0, &[shape[0]])?, None, None)?.into_value(Self::T)?;
+            let out = self.inner.upload(&Tensor::zeros(self.inner.buffer_dtype(x), &shape))?;
+            self.inner.write(&self.inner.view(&out, 0, &[shape[0]])?, &self.inner.download(&got)?)?;
+            return Ok(Work::done(out, self.meta("all_to_all_single"), &self.counter));
+        }
         let w = self.inner.all_to_all_single(x, o, i)?;
         if BUG != OFF_BY_ONE_SPLIT {
             return Ok(w);
@@ -307,6 +363,32 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
                 "world_size=",
                 "rank=",
             ],
+        ),
+        (e::<WRONG_AT_WS6>("wrong_at_ws6"), &["all_reduce::out::f32::sum::ws6", "all_reduce::out::bf16::sum::ws6"], VALUE),
+        (
+            e::<UNREDUCED_PAST_64K>("unreduced_past_64k"),
+            &["sizes::all_reduce::f32::n65537::ws2", "sizes::all_reduce::i32::n65537::ws3", "sizes::all_reduce::f32::n16777217::ws2"],
+            &["first bad index 65536", "got", "expected", "op=all_reduce", "dtype=", "world_size=", "rank=", "n="],
+        ),
+        (
+            e::<SUBGROUP_AVG_BY_WORLD_SIZE>("subgroup_avg_by_world_size"),
+            &["subgroup::halves::all_reduce::out::f32::avg::ws4", "subgroup::partial::all_reduce::out::f32::avg::ws5"],
+            &["first bad index", "got", "expected", "reduce=avg", "group=", "rank=", "world_size="],
+        ),
+        (
+            e::<IGNORES_VIEW_OFFSET>("ignores_view_offset"),
+            &["views::all_reduce::out::f32::sum::ws2", "views::all_reduce::out::bf16::sum::ws3"],
+            VALUE,
+        ),
+        (
+            e::<CACHES_SIZE_BY_ADDRESS>("caches_size_by_address"),
+            &["realloc::all_reduce::inplace::ws2", "realloc::all_reduce::inplace::ws3"],
+            &["first bad index", "got", "expected", "op=all_reduce", "variant=inplace", "step=", "reused from step", "rank="],
+        ),
+        (
+            e::<A2A_EQUAL_SPLIT_IN_ELEMENTS>("a2a_equal_split_in_elements"),
+            &["all_to_all_equal::f32::ws2", "all_to_all_equal::i64::ws3"],
+            VALUE,
         ),
     ]
 }

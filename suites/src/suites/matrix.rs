@@ -1,8 +1,14 @@
 //! The functional matrix: every (op, variant) of the trait × every dtype × every reduce op defined
 //! for it × world sizes 1, 2, 3, 4, 5, 8, over the whole shape catalogue, with exact-by-construction
 //! inputs; plus seeded random inputs (checked with a bound) and NaN / inf / ±0 inputs for floats.
+//!
+//! World sizes 6, 7 and 16 ([`super::SPARSE_WORLD_SIZES`]) run a sparser slice, to keep the run
+//! time in check (a world of 16 processes per case group): exact inputs only, dtypes f32, i32 and
+//! bf16 (f32 alone at 16), every (op, variant) and every reduce op defined for the dtype, the
+//! first [`SPARSE_SHAPES`] shapes of the catalogue ([`sparse_specs`]). Same case names as the full
+//! matrix (`all_reduce::out::f32::sum::ws6`).
 
-use super::WORLD_SIZES;
+use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
 use crate::case::{Case, CaseMeta};
 use crate::exec::PAIRS;
 use crate::values::{self, ValueSpec};
@@ -93,10 +99,31 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
     out
 }
 
+/// Shapes per case at the sparse world sizes: one element, a prime, 0-dim, empty, 2x3x5, 3.
+pub const SPARSE_SHAPES: usize = 6;
+
+/// The slice of [`exact_specs`] run at [`SPARSE_WORLD_SIZES`].
+pub fn sparse_specs() -> Vec<ValueSpec> {
+    exact_specs()
+        .into_iter()
+        .filter(|s| matches!(s.dtype, DType::F32 | DType::I32 | DType::BF16) || s.op == OpKind::Barrier)
+        .map(|s| ValueSpec { max_shapes: Some(SPARSE_SHAPES), ..s })
+        .collect()
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for spec in exact_specs().into_iter().chain(float_extra_specs()) {
         for ws in WORLD_SIZES {
+            out.push(value_case(spec.clone(), ws));
+        }
+    }
+    for spec in sparse_specs() {
+        for ws in SPARSE_WORLD_SIZES {
+            // The largest world runs f32 only (and the barrier).
+            if ws > 8 && !matches!(spec.dtype, DType::F32) && spec.op != OpKind::Barrier {
+                continue;
+            }
             out.push(value_case(spec.clone(), ws));
         }
     }

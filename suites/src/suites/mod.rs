@@ -1,21 +1,38 @@
 //! The suites. Each module is one concern and exposes `cases::<B>()`.
 //!
 //! * [`matrix`] — every op × variant × dtype × reduce op × world size, exact and random inputs.
-//! * [`subgroup`] — the matrix's core ops on reversed / halves / odd-even / partial subgroups.
+//! * [`subgroup`] — the matrix's core ops and every reduce op on reversed / halves / odd-even / partial subgroups.
 //! * [`seed`] — PyTorch's `test_c10d_functional_native.py` and eager `test_inductor_collectives.py`.
 //! * [`async_wait`] — completion, wait semantics, registry, lag, un-waited exit, threads.
 //! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.
 //! * [`caps`] — declared capabilities (NaN policy, integer avg, aliasing, gaps) vs observed behaviour.
+//! * [`views`] — inputs and `_out` / recv outputs as views at non-zero offsets; parents untouched.
+//! * [`sizes`] — a size ladder per op up to 64 MiB, every element checked.
+//! * [`all_to_all_equal`] — equal-split (`None`) all_to_all on multi-dimensional tensors.
+//! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
+//!
+//! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
+//! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
 
+pub mod all_to_all_equal;
 pub mod async_wait;
 pub mod bad_input;
 pub mod caps;
 pub mod matrix;
+pub mod realloc;
 pub mod reuse;
 pub mod seed;
+pub mod sizes;
 pub mod subgroup;
 pub mod util;
+pub mod views;
 
-/// World sizes of the matrix.
+/// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
+
+/// World sizes the matrix runs on a sparser slice (see [`matrix::sparse_specs`]): f32, i32 and
+/// bf16 (f32 alone at 16), every (op, variant) and reduce op, the first [`matrix::SPARSE_SHAPES`] shapes of the
+/// catalogue. 6 and 7 (not a power of two, even and prime) and 16, the larger world; a case above
+/// the backend's declared `max_world_size` is UNSUPPORTED with the reason.
+pub const SPARSE_WORLD_SIZES: [usize; 3] = [6, 7, 16];

@@ -1,4 +1,5 @@
-//! Subgroups: the core ops on communicators over a subset of ranks, created with
+//! Subgroups: the core ops, and every reduce op defined for f32 / i32 ([`reduce_op_specs`]: `avg`
+//! divides by the GROUP size), on communicators over a subset of ranks, created with
 //! `Backend::new_group` by every rank of the world. Layouts: reversed (all ranks, reverse order),
 //! halves (two disjoint groups running at once), odd/even (two interleaved groups), and a partial
 //! group (ranks {0, ws-1}; the others sit out and must not be involved).
@@ -43,6 +44,39 @@ const OPS: [(OpKind, Variant, Option<ReduceOp>); 7] = [
     (OpKind::Barrier, Variant::Out, None),
 ];
 
+/// Every reduce op defined for the dtype, in the subgroup layouts: all_reduce with each, and
+/// reduce_scatter / reduce with `avg` (whose divisor is the GROUP size, not the world's).
+/// f32 and i32, world sizes 4 and 5 (the f32 all_reduce `sum` case is in [`OPS`] already).
+pub fn reduce_op_specs() -> Vec<ValueSpec> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::I32] {
+        for r in ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)) {
+            if dtype == DType::F32 && r == ReduceOp::Sum {
+                continue;
+            }
+            out.push(ValueSpec {
+                op: OpKind::AllReduce,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(r),
+                kind: InputKind::Exact,
+                max_shapes: Some(4),
+            });
+        }
+        for op in [OpKind::ReduceScatterTensor, OpKind::Reduce] {
+            out.push(ValueSpec {
+                op,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(ReduceOp::Avg),
+                kind: InputKind::Exact,
+                max_shapes: Some(4),
+            });
+        }
+    }
+    out
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for lay in LAYOUTS {
@@ -53,58 +87,68 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 }
                 for ws in WORLD_SIZES.into_iter().filter(|&w| w >= 2) {
                     let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
-                    let name = format!("subgroup::{lay}::{}", crate::suites::matrix::case_name(&spec, ws));
-                    let meta = CaseMeta { suite: format!("subgroup_{lay}"), ..crate::suites::matrix::meta("subgroup", &spec) };
-                    let seed = concord_fixtures::seed_for(&name);
-                    out.push(Case::<B>::new(name, meta, ws, move |ctx| {
-                        let caps = ctx.b.capabilities();
-                        if !caps.subgroups {
-                            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
-                        }
-                        let groups = layout(lay, ctx.world_size());
-                        let me = ctx.rank();
-                        let mut mine = None;
-                        // Every rank creates every group, in the same order (new_group is collective).
-                        for g in &groups {
-                            let handle = ctx.group(g)?;
-                            let is_member = g.contains(&me);
-                            match (handle, is_member) {
-                                (Some(_), true) => mine = Some(g.clone()),
-                                (None, false) => {}
-                                (Some(_), false) => {
-                                    return Err(CaseEnd::Fail(format!(
-                                        "backend={} rank={me} world_size={}: new_group({g:?}) returned a communicator to a non-member",
-                                        ctx.b.name(),
-                                        ctx.world_size()
-                                    )))
-                                }
-                                (None, true) => {
-                                    return Err(CaseEnd::Fail(format!(
-                                        "backend={} rank={me} world_size={}: new_group({g:?}) returned nothing to a member",
-                                        ctx.b.name(),
-                                        ctx.world_size()
-                                    )))
-                                }
-                            }
-                        }
-                        let Some(g) = mine else { return Ok(()) };
-                        let (wname, world_ws, timeout) = (ctx.b.name().to_string(), ctx.world_size(), ctx.timeout);
-                        let sub = ctx.group(&g)?.expect("member");
-                        let want_rank = g.iter().position(|&r| r == me).expect("member");
-                        if sub.rank() != want_rank || sub.world_size() != g.len() {
-                            return Err(CaseEnd::Fail(format!(
-                                "backend={wname} world rank {me}: group {g:?} gave rank {} of {}, expected rank {want_rank} of {}",
-                                sub.rank(),
-                                sub.world_size(),
-                                g.len()
-                            )));
-                        }
-                        let label = format!("group={lay}{g:?} world_size_of_world={world_ws}");
-                        values::run(sub, &spec, seed, timeout, &label)
-                    }));
+                    out.push(subgroup_case(lay, spec, ws));
                 }
+            }
+        }
+        for spec in reduce_op_specs() {
+            for ws in [4, 5] {
+                out.push(subgroup_case(lay, spec.clone(), ws));
             }
         }
     }
     out
+}
+
+/// The value case for `spec` in layout `lay` at world size `ws`.
+pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) -> Case<B> {
+    let name = format!("subgroup::{lay}::{}", crate::suites::matrix::case_name(&spec, ws));
+    let meta = CaseMeta { suite: format!("subgroup_{lay}"), ..crate::suites::matrix::meta("subgroup", &spec) };
+    let seed = concord_fixtures::seed_for(&name);
+    Case::<B>::new(name, meta, ws, move |ctx| {
+        let caps = ctx.b.capabilities();
+        if !caps.subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let groups = layout(lay, ctx.world_size());
+        let me = ctx.rank();
+        let mut mine = None;
+        // Every rank creates every group, in the same order (new_group is collective).
+        for g in &groups {
+            let handle = ctx.group(g)?;
+            let is_member = g.contains(&me);
+            match (handle, is_member) {
+                (Some(_), true) => mine = Some(g.clone()),
+                (None, false) => {}
+                (Some(_), false) => {
+                    return Err(CaseEnd::Fail(format!(
+                        "backend={} rank={me} world_size={}: new_group({g:?}) returned a communicator to a non-member",
+                        ctx.b.name(),
+                        ctx.world_size()
+                    )))
+                }
+                (None, true) => {
+                    return Err(CaseEnd::Fail(format!(
+                        "backend={} rank={me} world_size={}: new_group({g:?}) returned nothing to a member",
+                        ctx.b.name(),
+                        ctx.world_size()
+                    )))
+                }
+            }
+        }
+        let Some(g) = mine else { return Ok(()) };
+        let (wname, world_ws, timeout) = (ctx.b.name().to_string(), ctx.world_size(), ctx.timeout);
+        let sub = ctx.group(&g)?.expect("member");
+        let want_rank = g.iter().position(|&r| r == me).expect("member");
+        if sub.rank() != want_rank || sub.world_size() != g.len() {
+            return Err(CaseEnd::Fail(format!(
+                "backend={wname} world rank {me}: group {g:?} gave rank {} of {}, expected rank {want_rank} of {}",
+                sub.rank(),
+                sub.world_size(),
+                g.len()
+            )));
+        }
+        let label = format!("group={lay}{g:?} world_size_of_world={world_ws}");
+        values::run(sub, &spec, seed, timeout, &label)
+    })
 }

@@ -32,3 +32,22 @@ pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: 
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
+
+/// Compares this rank's result `got` with the oracle's answer for `coll` over every rank's
+/// `inputs` (index = rank), bit-exactly; nothing to compare where the oracle leaves it undefined.
+pub fn expect_oracle<B: Backend>(
+    b: &B,
+    coll: &concord_oracle::Collective,
+    inputs: &[Tensor],
+    got: &B::Buffer,
+    where_: &str,
+) -> Result<(), CaseEnd> {
+    let sem = concord_oracle::Semantics::of(&b.capabilities());
+    let exp = concord_oracle::expected(coll, inputs, &sem)
+        .map_err(|e| fail(where_, format!("suite bug: the oracle rejected the case's own input: {e}")))?;
+    let r = b.rank();
+    if !exp.defined[r] {
+        return Ok(());
+    }
+    expect_eq(b, got, &exp.outputs[r], where_)
+}

@@ -1,0 +1,126 @@
+//! Freed-and-reallocated buffers (PyTorch FSDP's `_test_storage_resize_zero/nonzero`): every
+//! buffer of a collective is dropped before the next one allocates, so the same address tends to
+//! come back with another size, shape or dtype (the shm arena reuses freed blocks first-fit).
+//! A backend that caches registrations, mappings or sizes by address goes wrong here. Each case
+//! runs one (op, variant) over [`STEPS`] twice over, checking every result against the oracle;
+//! a failure names the step, its dtype and shape, and whether its address was seen before.
+
+use super::util::{expect_oracle, fail, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use crate::exec::{self, Params};
+use crate::values::partner;
+use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_fixtures::InputKind;
+use concord_oracle::Collective;
+use std::collections::HashMap;
+
+/// The buffers' (dtype, shape) in allocation order; dim 0 is multiplied by the world size for
+/// the ops that split it. Sizes shrink, grow past the first, go to zero and back.
+pub const STEPS: [(DType, &[usize]); 9] = [
+    (DType::F32, &[4096]),
+    (DType::F32, &[1000]),
+    (DType::I32, &[16, 64]),
+    (DType::BF16, &[4096]),
+    (DType::F32, &[0]),
+    (DType::F32, &[70000]),
+    (DType::F64, &[300]),
+    (DType::U8, &[4097]),
+    (DType::F32, &[4096]),
+];
+
+pub const OPS: [(OpKind, Variant); 7] = [
+    (OpKind::AllReduce, Variant::Out),
+    (OpKind::AllReduce, Variant::InPlace),
+    (OpKind::AllGatherIntoTensor, Variant::OutBuf),
+    (OpKind::ReduceScatterTensor, Variant::OutBuf),
+    (OpKind::AllToAllSingle, Variant::Out),
+    (OpKind::Broadcast, Variant::InPlace),
+    (OpKind::SendRecv, Variant::OutBuf),
+];
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for (op, variant) in OPS {
+        for ws in [2, 3] {
+            let name = format!("realloc::{op}::{variant}::ws{ws}");
+            let meta = CaseMeta {
+                suite: "realloc".into(),
+                op: op.name().into(),
+                variant: variant.name().into(),
+                dtype: "mixed".into(),
+                reduce: if op.reduces() { "sum".into() } else { String::new() },
+            };
+            let seed = concord_fixtures::seed_for(&name);
+            out.push(Case::<B>::new(name, meta, ws, move |ctx| run(ctx, op, variant, seed)));
+        }
+    }
+    out
+}
+
+fn collective(op: OpKind, ws: usize) -> Collective {
+    match op {
+        OpKind::AllReduce => Collective::AllReduce { op: ReduceOp::Sum },
+        OpKind::AllGatherIntoTensor => Collective::AllGather,
+        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: ReduceOp::Sum },
+        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
+        OpKind::Broadcast => Collective::Broadcast { src: ws - 1 },
+        _ => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
+    }
+}
+
+fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, seed: u64) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let reduce = op.reduces().then_some(ReduceOp::Sum);
+    let p = Params { reduce, root: ws - 1, peer: partner(me, ws), ..Default::default() };
+    let coll = collective(op, ws);
+    // Address of each input seen so far -> the step that had it.
+    let mut seen: HashMap<usize, usize> = HashMap::new();
+    for (i, &(dtype, shape)) in STEPS.iter().chain(STEPS.iter()).enumerate() {
+        let w0 = here(b, op.name(), variant.name(), dtype);
+        if let Err(reason) = b.capabilities().check(op, Some(variant), Some(dtype), reduce, ws) {
+            return Err(CaseEnd::Unsupported(reason));
+        }
+        let shape = if matches!(op, OpKind::ReduceScatterTensor | OpKind::AllToAllSingle) {
+            concord_fixtures::divisible_by(shape, ws)
+        } else {
+            shape.to_vec()
+        };
+        let s = seed.wrapping_add(i as u64);
+        let inputs = concord_fixtures::inputs(s, ws, dtype, &shape, reduce, InputKind::Exact);
+        let x = b.upload(&inputs[me]).map_err(|e| fail(&w0, format!("step {i}: upload: {e}")))?;
+        let addr = b.buffer_addr(&x);
+        let again = match seen.insert(addr, i) {
+            Some(j) => format!(" (address 0x{addr:x} reused from step {j})"),
+            None => String::new(),
+        };
+        let w = format!("{w0} reduce={} step={i} shape={shape:?}{again}", if reduce.is_some() { "sum" } else { "-" });
+        let out = match (op, variant) {
+            (_, Variant::OutBuf) => {
+                let out_shape = match op {
+                    OpKind::AllGatherIntoTensor => concord_fixtures::divisible_by(&shape, ws),
+                    OpKind::ReduceScatterTensor => {
+                        let mut o = shape.clone();
+                        o[0] /= ws;
+                        o
+                    }
+                    _ => shape.clone(),
+                };
+                let o = b.alloc(dtype, &out_shape).map_err(|e| fail(&w, format!("alloc: {e}")))?;
+                // A receiver without partner keeps its buffer: make it this rank's input.
+                b.write(&o, &Tensor::zeros(dtype, &out_shape)).map_err(|e| fail(&w, format!("write: {e}")))?;
+                Some(o)
+            }
+            _ => None,
+        };
+        let res = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout)
+            .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        let Some(res) = res.first() else { return Err(fail(&w, "returned no result")) };
+        if op == OpKind::SendRecv && p.peer.is_none() {
+            continue;
+        }
+        expect_oracle(b, &coll, &inputs, res, &w)?;
+        // Everything of this step is dropped here, before the next step allocates.
+    }
+    Ok(())
+}

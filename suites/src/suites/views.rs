@@ -1,0 +1,46 @@
+//! Views at non-zero offsets: every op that takes an input or an `_out` / recv buffer, run with
+//! each input (and the `_out` / recv output) a `Backend::view` at a non-zero element offset into
+//! a larger parent filled with guard bytes. The result is checked against the oracle as in the
+//! matrix (identity, values, untouched input), and every byte of every parent outside its view
+//! must be untouched: a backend that ignores a view's offset reads or writes the parent's start.
+//!
+//! Offsets alternate from one shape to the next between a small misaligned one (3 / 5 elements:
+//! not a multiple of 16 bytes) and one past a 4 KiB page (1029 / 1031 elements). Every
+//! (op, variant) of the trait but barrier, f32 and bf16 (sum for reducing ops), world sizes 2 and 3.
+
+use crate::case::Case;
+use crate::exec::PAIRS;
+use crate::suites::matrix;
+use crate::values::{self, Layout, ValueSpec};
+use concord_core::{Backend, DType, OpKind, ReduceOp};
+use concord_fixtures::InputKind;
+
+/// The layout of run `i`: input and output offsets alternate between small and page-crossing.
+pub fn layout(i: usize) -> Layout {
+    if i.is_multiple_of(2) {
+        Layout { in_offset: 3, out_offset: 1031 }
+    } else {
+        Layout { in_offset: 1029, out_offset: 5 }
+    }
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for &(op, variant) in PAIRS {
+        if op == OpKind::Barrier {
+            continue;
+        }
+        for dtype in [DType::F32, DType::BF16] {
+            let reduce = op.reduces().then_some(ReduceOp::Sum);
+            let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: None };
+            for ws in [2, 3] {
+                let name = format!("views::{}", matrix::case_name(&spec, ws));
+                let meta = matrix::meta("views", &spec);
+                let seed = concord_fixtures::seed_for(&name);
+                let spec = spec.clone();
+                out.push(Case::new(name, meta, ws, move |ctx| values::run_in(ctx.b, &spec, seed, ctx.timeout, "views_at_offset", layout)));
+            }
+        }
+    }
+    out
+}
