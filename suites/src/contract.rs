@@ -159,6 +159,42 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["bad_input::send_to_self", "bad_input::new_group_", "bad_input::recv_buffer_smaller_than_message"],
     },
     Clause {
+        id: "values.sizes",
+        source: BACKEND,
+        text: "Values are right at every size, across chunk and protocol boundaries (±1 element around powers of two, 64 K elements, up to 64 MiB), every element checked.",
+        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::"],
+    },
+    Clause {
+        id: "values.world_sizes",
+        source: BACKEND,
+        text: "Values are right at every world size the backend declares (1–8 and a larger one), not only powers of two.",
+        cases: &["::ws6", "::ws7", "::ws16"],
+    },
+    Clause {
+        id: "views",
+        source: BACKEND,
+        text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
+        cases: &["views::"],
+    },
+    Clause {
+        id: "placement.realloc",
+        source: BACKEND,
+        text: "Buffers freed and re-allocated between collectives (the same address with another size, shape or dtype) give the right result: nothing is cached by address.",
+        cases: &["realloc::"],
+    },
+    Clause {
+        id: "shapes.equal_split_all_to_all",
+        source: BACKEND,
+        text: "all_to_all_single with no splits splits dim 0 (rows, not elements) equally, on tensors of any rank.",
+        cases: &["all_to_all_equal::"],
+    },
+    Clause {
+        id: "subgroups.reduce_ops",
+        source: BACKEND,
+        text: "Every reduce op works in a subgroup; avg divides by the group's size.",
+        cases: &["subgroup::halves::all_reduce::out::f32::avg", "subgroup::partial::all_reduce::out::i32::"],
+    },
+    Clause {
         id: "subgroups",
         source: BACKEND,
         text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
