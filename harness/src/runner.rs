@@ -324,6 +324,20 @@ fn describe_status(s: &ExitStatus) -> String {
     }
 }
 
+/// Why a world did not get ready: faults (rank, what), or only a declared gap (rank, reason).
+enum SetupProblems {
+    Failed(Vec<(usize, String)>),
+    Unsupported(Vec<(usize, String)>),
+}
+
+impl SetupProblems {
+    fn ranks(&self) -> Vec<usize> {
+        match self {
+            SetupProblems::Failed(v) | SetupProblems::Unsupported(v) => v.iter().map(|(r, _)| *r).collect(),
+        }
+    }
+}
+
 struct World {
     id: String,
     key: WorldKey,
@@ -483,11 +497,12 @@ impl World {
 
     /// Waits until every rank reported `Ready`. On failure returns one line per rank that did
     /// not get ready (the world must then be torn down).
-    fn await_ready(&mut self, timeout: Duration) -> Result<(), Vec<(usize, String)>> {
+    fn await_ready(&mut self, timeout: Duration) -> Result<(), SetupProblems> {
         let until = Instant::now() + timeout;
         let n = self.ranks.len();
         let mut ready = vec![false; n];
         let mut problems: Vec<(usize, String)> = Vec::new();
+        let mut unsupported: Vec<(usize, String)> = Vec::new();
         let mut settle: Option<Instant> = None;
         while ready.iter().any(|r| !r) {
             let limit = settle.map_or(until, |s| s.min(until));
@@ -500,6 +515,11 @@ impl World {
                 Ok(Event::Msg(r, WorkerMsg::SetupFailed { message })) => {
                     problems.push((r, format!("setup failed: {message}")));
                     ready[r] = true; // accounted for
+                    settle.get_or_insert(Instant::now() + Duration::from_millis(100));
+                }
+                Ok(Event::Msg(r, WorkerMsg::SetupUnsupported { reason })) => {
+                    unsupported.push((r, reason));
+                    ready[r] = true;
                     settle.get_or_insert(Instant::now() + Duration::from_millis(100));
                 }
                 Ok(Event::Msg(_, _)) => {}
@@ -515,7 +535,7 @@ impl World {
                         problems.push((r, format!("died during setup: {how}")));
                         ready[r] = true;
                         settle.get_or_insert(Instant::now() + Duration::from_millis(100));
-                    } else if !problems.iter().any(|(p, _)| *p == r) {
+                    } else if !problems.iter().chain(&unsupported).any(|(p, _)| *p == r) {
                         problems.push((r, "exited right after reporting ready".into()));
                     }
                 }
@@ -523,21 +543,30 @@ impl World {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        if problems.is_empty() && ready.iter().all(|r| *r) {
+        if problems.is_empty() && unsupported.is_empty() && ready.iter().all(|r| *r) {
             return Ok(());
         }
+        // Ranks that were still setting up when another rank's problem ended the setup are
+        // bystanders: they do not turn a declared gap into a failure.
+        let cut_short = !problems.is_empty() || !unsupported.is_empty();
+        let mut bystanders = Vec::new();
         for (r, ok) in ready.iter().enumerate() {
             if !ok {
-                let why = if problems.is_empty() {
-                    format!("not ready after {} ms (spawn + rendezvous + setup)", timeout.as_millis())
+                if cut_short {
+                    bystanders.push(r);
                 } else {
-                    "not ready when the world was torn down".into()
-                };
-                problems.push((r, why));
+                    problems.push((r, format!("not ready after {} ms (spawn + rendezvous + setup)", timeout.as_millis())));
+                }
             }
         }
+        if problems.is_empty() {
+            unsupported.sort_by_key(|(r, _)| *r);
+            return Err(SetupProblems::Unsupported(unsupported));
+        }
+        problems.extend(bystanders.into_iter().map(|r| (r, "not ready when the world was torn down".to_string())));
+        problems.extend(unsupported.into_iter().map(|(r, why)| (r, format!("setup refused the world as unsupported: {why}"))));
         problems.sort_by_key(|(r, _)| *r);
-        Err(problems)
+        Err(SetupProblems::Failed(problems))
     }
 
     /// A world that sat idle is reusable only if no rank has exited or spoken out of turn.
@@ -770,7 +799,7 @@ impl Pool {
                         .iter()
                         .map(|r| {
                             r.tail.wait_closed(deadline);
-                            let p = problems.iter().find(|(pr, _)| *pr == r.rank);
+                            let p = problems.ranks().into_iter().find(|pr| *pr == r.rank);
                             RankReport {
                                 rank: r.rank,
                                 pid: r.pid,
@@ -782,7 +811,12 @@ impl Pool {
                             }
                         })
                         .collect();
-                    let verdict = Verdict::failed(problems.into_iter().map(|(rank, detail)| Failure::Setup { rank, detail }).collect());
+                    let verdict = match problems {
+                        SetupProblems::Failed(v) => {
+                            Verdict::failed(v.into_iter().map(|(rank, detail)| Failure::Setup { rank, detail }).collect())
+                        }
+                        SetupProblems::Unsupported(v) => Verdict::Unsupported(v.into_iter().next().map(|(_, why)| why).unwrap_or_default()),
+                    };
                     let id = w.id.clone();
                     return mk_report(verdict, ranks, id);
                 }

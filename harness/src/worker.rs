@@ -50,6 +50,9 @@ pub enum WorkerMsg {
     Ready { pid: u32 },
     /// Rendezvous or setup failed; the worker exits after sending this.
     SetupFailed { message: String },
+    /// Setup refused a world the backend declares it does not support (e.g. larger than its
+    /// maximum world size); the worker exits after sending this.
+    SetupUnsupported { reason: String },
     /// The outcome of `run <case>`. `exiting`: the worker exits right after (it panicked).
     Outcome { case: String, outcome: Outcome, exiting: bool },
     /// Answer to `status`: what the rank is doing (`in all_reduce #12 (shm, 503 ms)`).
@@ -167,13 +170,28 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Why a worker's `setup` did not give a usable state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SetupError {
+    /// A fault: the case fails, naming the rank.
+    Failed(String),
+    /// A declared gap (the backend does not support this world): the case is UNSUPPORTED.
+    Unsupported(String),
+}
+
+impl From<String> for SetupError {
+    fn from(m: String) -> Self {
+        SetupError::Failed(m)
+    }
+}
+
 /// Worker main loop; never returns. Runs `setup` once (after store rendezvous), then serves case
 /// requests from the parent, calling `run_case(&mut state, case_id)` for each; a panic in
 /// run_case is caught and reported as Failed("rank R panicked: msg") (then the worker exits
 /// non-zero, status 101).
-pub fn serve<S>(
+pub fn serve<S, E: Into<SetupError>>(
     env: WorkerEnv,
-    setup: impl FnOnce(&WorkerEnv) -> Result<S, String>,
+    setup: impl FnOnce(&WorkerEnv) -> Result<S, E>,
     mut run_case: impl FnMut(&mut S, &str) -> Outcome,
 ) -> ! {
     let proto = match platform::take_protocol_stdout() {
@@ -227,8 +245,12 @@ pub fn serve<S>(
     };
     let mut state = match setup(&env) {
         Ok(s) => s,
-        Err(message) => {
-            send(&out, &WorkerMsg::SetupFailed { message });
+        Err(e) => {
+            let msg = match e.into() {
+                SetupError::Failed(message) => WorkerMsg::SetupFailed { message },
+                SetupError::Unsupported(reason) => WorkerMsg::SetupUnsupported { reason },
+            };
+            send(&out, &msg);
             drop(store);
             std::process::exit(1);
         }

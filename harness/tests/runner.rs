@@ -10,7 +10,7 @@ use concord_harness::outcome::Outcome;
 use concord_harness::platform::{list_prefixed, pid_alive, pid_running, shm_prefix};
 use concord_harness::runner::{CaseReport, CaseRequest, Pool, PoolConfig, WorldKey};
 use concord_harness::verdict::{Failure, Verdict};
-use concord_harness::worker::{serve, WorkerEnv};
+use concord_harness::worker::{serve, SetupError, WorkerEnv};
 use concord_store::FileStore;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::Path;
@@ -23,12 +23,13 @@ struct WState {
     env: WorkerEnv,
 }
 
-fn worker_setup(env: &WorkerEnv) -> Result<WState, String> {
+fn worker_setup(env: &WorkerEnv) -> Result<WState, SetupError> {
     // A shared-memory name the worker never removes: the runner's sweep must.
     let shm = Path::new("/dev/shm").join(format!("{}rank{}", shm_prefix(&env.world_id), env.rank));
     std::fs::write(&shm, b"x").map_err(|e| format!("cannot create {}: {e}", shm.display()))?;
     match env.option("setup") {
-        Some("fail") if env.rank == 1 => return Err("told to fail setup".into()),
+        Some("fail") if env.rank == 1 => return Err(SetupError::Failed("told to fail setup".into())),
+        Some("unsupported") if env.rank == 1 => return Err(SetupError::Unsupported("worlds of 3 are not supported".into())),
         Some("abort") if env.rank == 0 => std::process::abort(),
         _ => {}
     }
@@ -343,8 +344,15 @@ fn t_setup_failure() -> Result<(), Failed> {
     let k2 = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "abort".into())] };
     let r2 = run(&p, &k2, "pass");
     expect_failed(&r2, &["world setup failed", "rank 0: died during setup: killed by signal SIGABRT"])?;
+    let k3 = WorldKey { backend: "script".into(), world_size: 3, options: vec![("setup".into(), "unsupported".into())] };
+    let r3 = run(&p, &k3, "pass");
+    check!(
+        r3.verdict == Verdict::Unsupported("worlds of 3 are not supported".into()),
+        "a declared gap at setup is UNSUPPORTED: {:?}",
+        r3.verdict
+    );
     check!(p.idle_worlds() == 0, "nothing kept");
-    assert_clean(&[&r, &r2])
+    assert_clean(&[&r, &r2, &r3])
 }
 
 fn t_stdout_cannot_corrupt_protocol() -> Result<(), Failed> {

@@ -4,11 +4,11 @@
 
 use crate::case::{to_outcome, Case, CaseMeta, Ctx};
 use crate::report::{CaseRecord, Report};
-use concord_core::Backend;
+use concord_core::{Backend, CollectiveError};
 use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
 use concord_harness::verdict::Verdict;
-use concord_harness::worker::{self, WorkerEnv};
+use concord_harness::worker::{self, SetupError, WorkerEnv};
 use concord_store::FileStore;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -111,10 +111,14 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
         move |env| {
             let world = env.world_info();
             let store = FileStore::open(&world.store_path, world.world_size, world.op_timeout)
-                .map_err(|e| format!("rank {}: cannot open the world's store: {e}", world.rank))?;
-            let backend = B::init(&world).map_err(|e| format!("rank {}: backend init failed: {e}", world.rank))?;
+                .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
+            let backend = B::init(&world).map_err(|e| match e {
+                // A declared gap (say, a world larger than the backend supports): UNSUPPORTED.
+                CollectiveError::Unsupported(why) => SetupError::Unsupported(format!("backend init: {why}")),
+                e => SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank)),
+            })?;
             let cases = cases().into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
-            Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
+            Ok::<_, SetupError>(WorkerState { backend, world, store, groups: HashMap::new(), cases })
         },
         |st: &mut WorkerState<B>, case_id: &str| {
             let Some(case) = st.cases.get(case_id) else {

@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(env) = WorkerEnv::from_env() {
         serve(
             env,
-            |_| Ok(()),
+            |_| Ok::<(), String>(()),
             |_, case| match case {
                 "noop" => Outcome::Passed,
                 other => Outcome::Failed(format!("unknown bench case {other}")),
