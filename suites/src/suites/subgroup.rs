@@ -148,7 +148,8 @@ pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) 
                 g.len()
             )));
         }
-        let label = format!("group={lay}{g:?} world_size_of_world={world_ws}");
+        // `rank=` and `world_size=` in the message are the group's; say so, with the world's.
+        let label = format!("(group {lay}{g:?}: rank and world_size above are in the group) world_rank={me} world_world_size={world_ws}");
         values::run(sub, &spec, seed, timeout, &label)
     })
 }
