@@ -13,6 +13,49 @@
 //!   *every* rank, never by hanging and never by silent truncation.
 //! * Honour deadlines: no wait blocks longer than asked; a dead peer is reported as such.
 //! * Record every collective in [`crate::progress`] while it is in flight.
+//! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
+//!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
+//!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued
+//!   its side; the same work then completes once the peers arrive.
+//! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
+//!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
+//!   suites check it after every case, on the world and on every subgroup).
+//!
+//! # Roots
+//! * `broadcast` `src` and the `root` of `reduce`, `gather` and `scatter` MUST be the same on
+//!   every rank and `< world_size`; otherwise every rank gets `BadInput` of kind `bad_root`
+//!   (the rule table in [`crate::call`]), never a hang and never a result from another root.
+//!
+//! # Point to point
+//! * `send(x, dst)` completes once `dst` has received the message (or failed); `x` is read, never
+//!   written, and may be reused after the send's `wait`. `recv(out, src)` writes the message into
+//!   `out` (exactly there, as for views below) and returns `out` itself.
+//! * Matching: the `k`-th `send` from `a` to `b` is received by the `k`-th `recv` on `b` from
+//!   `a`. A pair whose dtypes or element counts differ is `BadInput` on *both* ranks (the
+//!   receiver's `recv` and the sender's `send`), never a truncated or padded copy.
+//! * Per-pair order: two messages in flight from `a` to `b` are received in issue order, whatever
+//!   their sizes, and traffic between other pairs never reorders them.
+//! * No deadlock of legal programs: the backend MUST complete every program in which each rank
+//!   issues its sends and receives in any order and only then waits, in particular
+//!   `irecv(p); isend(p)` on both ranks of a pair, `isend(p); irecv(p)` on both, and at least
+//!   16 sends in flight to one peer before that peer posts its receives (more may block at issue
+//!   only until the receiver posts; see the known-failing list in the suites for shm).
+//!
+//! # Barrier
+//! * `barrier()` completes on a rank only after *every* rank has entered it: anything a rank did
+//!   before entering (e.g. a store write) is visible to every rank whose barrier has completed.
+//!
+//! # Views
+//! * A view at element offset `k` of a buffer reads and writes exactly elements `k..k + numel`
+//!   of it: a collective given a view as input reads only those, as output writes only those.
+//!
+//! # Rounding
+//! * Integer reductions wrap in the dtype's width; float `min` / `max` order `-0 < +0` and treat
+//!   NaN per [`crate::NanPolicy`]; subnormal inputs and results are kept (no flush to zero).
+//! * f16 / bf16 `sum`, `avg` and `premul_sum` round as declared in
+//!   [`Capabilities::rounding`]; a backend that declares [`crate::Rounding::ExactThenRound`]
+//!   MUST produce the exact result rounded once to nearest-even, bit for bit.
+//! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two).
 //!
 //! # Shapes
 //! * `all_gather_into_tensor`: `[ws * d0, rest..]`; a 0-dim input gathers to `[ws]`.
