@@ -25,6 +25,34 @@ const INPLACE_RETURNS_COPY: u8 = 9;
 /// Declares `NanPolicy::Ignore` for min / max while the shm backend underneath propagates NaN:
 /// a declaration the backend does not live up to (what the caps probes exist for).
 const CLAIMS_NAN_IGNORED: u8 = 10;
+/// `reduce`'s work says `is_completed()` at once, before the peers arrive (its `wait` and its
+/// values are right): only the every-op async cases look at `is_completed` of a reduce.
+const REDUCE_COMPLETED_AT_ONCE: u8 = 11;
+/// `barrier` returns a completed work at once, without synchronising.
+const BARRIER_AT_ONCE: u8 = 12;
+/// Swaps each pair of consecutive sends to one peer (the 2nd is sent before the 1st).
+const SWAPPED_P2P_ORDER: u8 = 13;
+/// Each barrier leaks one work: `outstanding()` never goes back to 0.
+const LEAKS_WORK: u8 = 14;
+/// f16 / bf16 sums accumulated in f32 and rounded twice (shm issue 15 item 11, reintroduced).
+const DOUBLE_ROUNDING: u8 = 15;
+/// premul_sum uses the factor 2.0 whatever the factor asked (the matrix only uses 2.0).
+const PREMUL_FACTOR_TWO: u8 = 16;
+
+/// A completion that claims to be done at once; `wait` still waits for the real work.
+struct ClaimsDone(Mutex<Work<Buf>>);
+impl concord_core::Completion for ClaimsDone {
+    fn is_completed(&self) -> bool {
+        true
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        match self.0.lock().unwrap().wait(timeout) {
+            Ok(_) => Ok(true),
+            Err(e) if e.name() == "timeout" => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// The shm backend with bug `BUG`.
 struct Faulty<const BUG: u8> {
@@ -32,9 +60,42 @@ struct Faulty<const BUG: u8> {
     /// view address -> (parent, element offset), so a bug can write just past a view.
     views: Mutex<HashMap<usize, (Buf, usize)>>,
     counter: concord_core::OutstandingCounter,
+    /// SWAPPED_P2P_ORDER: per destination, a held send (its buffer and the flag of its work).
+    held: Mutex<HashMap<usize, (Buf, Arc<concord_core::Flag>)>>,
+    /// LEAKS_WORK: works never uncounted.
+    leaked: std::sync::atomic::AtomicUsize,
 }
 
 impl<const BUG: u8> Faulty<BUG> {
+    fn wrap(inner: ShmBackend) -> Self {
+        Faulty {
+            inner: Arc::new(inner),
+            views: Mutex::new(HashMap::new()),
+            counter: Default::default(),
+            held: Mutex::new(HashMap::new()),
+            leaked: Default::default(),
+        }
+    }
+    /// DOUBLE_ROUNDING: every rank's input gathered, summed in f32 in rank order, rounded to the
+    /// dtype (an f32 accumulator rounds once per add, then once more at the end).
+    fn f32_sum(&self, x: &Buf) -> Result<Work<Buf>> {
+        let ws = self.world_size();
+        let dtype = self.inner.buffer_dtype(x);
+        let shape = self.inner.buffer_shape(x);
+        let flat = self.inner.view(x, 0, &[shape.iter().product()])?;
+        let all = self.inner.download(&self.inner.all_gather_into_tensor(&flat)?.into_value(Self::T)?)?;
+        let n = all.numel() / ws;
+        let mut out = Tensor::zeros(dtype, &shape);
+        for i in 0..n {
+            let mut acc = 0f32;
+            for r in 0..ws {
+                acc += all.get_f64(r * n + i) as f32;
+            }
+            let bits = if dtype == DType::F16 { concord_core::half::f16::from_f32(acc).to_bits() } else { concord_core::half::bf16::from_f32(acc).to_bits() };
+            out.bytes_mut()[2 * i..2 * i + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        Ok(Work::done(self.inner.upload(&out)?, self.meta("all_reduce"), &self.counter))
+    }
     const T: Duration = Duration::from_secs(15);
 
     fn meta(&self, op: &str) -> WorkMeta {
@@ -56,7 +117,7 @@ impl<const BUG: u8> Faulty<BUG> {
 impl<const BUG: u8> Backend for Faulty<BUG> {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
-        Ok(Faulty { inner: Arc::new(ShmBackend::init(world)?), views: Mutex::new(HashMap::new()), counter: Default::default() })
+        Ok(Faulty::wrap(ShmBackend::init(world)?))
     }
     fn name(&self) -> &str {
         "faulty"
@@ -75,14 +136,10 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         caps
     }
     fn outstanding(&self) -> usize {
-        self.inner.outstanding() + self.counter.get()
+        self.inner.outstanding() + self.counter.get() + self.leaked.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
-        Ok(self.inner.new_group(ranks)?.map(|g| Faulty {
-            inner: Arc::new(g),
-            views: Mutex::new(HashMap::new()),
-            counter: Default::default(),
-        }))
+        Ok(self.inner.new_group(ranks)?.map(Faulty::wrap))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.inner.upload(t)
@@ -133,6 +190,8 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
                 });
                 Ok(Work::done(early, self.meta("all_reduce"), &self.counter))
             }
+            DOUBLE_ROUNDING if op == ReduceOp::Sum && matches!(self.inner.buffer_dtype(x), DType::F16 | DType::BF16) => self.f32_sum(x),
+            PREMUL_FACTOR_TWO if matches!(op, ReduceOp::PremulSum(_)) => self.inner.all_reduce(x, ReduceOp::PremulSum(2.0)),
             _ => self.inner.all_reduce(x, op),
         }
     }
@@ -230,7 +289,12 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.permute_tensor(x, src_dst)
     }
     fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        self.inner.reduce(x, op, root)
+        let w = self.inner.reduce(x, op, root)?;
+        if BUG != REDUCE_COMPLETED_AT_ONCE {
+            return Ok(w);
+        }
+        let value = w.peek().clone();
+        Ok(Work::new(value, Arc::new(ClaimsDone(Mutex::new(w))), self.meta("reduce"), &self.counter))
     }
     fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
         self.inner.gather(x, root)
@@ -239,13 +303,38 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.scatter(x, root)
     }
     fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.inner.send(x, dst)
+        if BUG != SWAPPED_P2P_ORDER {
+            return self.inner.send(x, dst);
+        }
+        let held = self.held.lock().unwrap().remove(&dst);
+        match held {
+            None => {
+                // Hold this one (a copy: the caller may reuse x) until the next send to dst.
+                let copy = self.inner.upload(&self.inner.download(x)?)?;
+                let flag = concord_core::Flag::new();
+                self.held.lock().unwrap().insert(dst, (copy, flag.clone()));
+                Ok(Work::new((), flag, self.meta("send"), &self.counter))
+            }
+            Some((first, flag)) => {
+                let second = self.inner.send(x, dst)?;
+                let w = self.inner.send(&first, dst)?;
+                std::thread::spawn(move || flag.set(w.wait(Self::T).map(|_| ())));
+                Ok(second)
+            }
+        }
     }
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         self.inner.recv(out, src)
     }
     fn barrier(&self) -> Result<Work<()>> {
-        self.inner.barrier()
+        match BUG {
+            BARRIER_AT_ONCE => Ok(Work::done((), self.meta("barrier"), &self.counter)),
+            LEAKS_WORK => {
+                self.leaked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                self.inner.barrier()
+            }
+            _ => self.inner.barrier(),
+        }
     }
 }
 
@@ -307,6 +396,36 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
                 "world_size=",
                 "rank=",
             ],
+        ),
+        (
+            e::<REDUCE_COMPLETED_AT_ONCE>("reduce_completed_at_once"),
+            &["async::pending_until_peers_arrive::reduce::out::ws2", "async::pending_until_peers_arrive::reduce::out::ws3"],
+            &["is_completed() was true before rank", "op=reduce", "variant=out", "dtype=f32", "world_size=", "rank=", "late_rank="],
+        ),
+        (
+            e::<BARRIER_AT_ONCE>("barrier_at_once"),
+            &["async::barrier_synchronises::ws2", "async::barrier_synchronises::ws3", "async::pending_until_peers_arrive::barrier::out::ws2"],
+            &["op=barrier", "world_size=", "rank=", "late_rank="],
+        ),
+        (
+            e::<SWAPPED_P2P_ORDER>("swapped_p2p_order"),
+            &["p2p::in_flight_in_order::same_size::n4::ws2", "p2p::in_flight_in_order::same_size::n4::ws4", "p2p::in_flight_in_order::sizes::n4::ws2"],
+            &["op=send_recv", "receive #", "world_size=", "rank="],
+        ),
+        (
+            e::<LEAKS_WORK>("leaks_work"),
+            &["barrier::out::u8::ws2", "async::barrier_synchronises::ws3"],
+            &["quiescence", "outstanding() > 0", "leaked works", "backend=faulty", "world_size=", "rank="],
+        ),
+        (
+            e::<DOUBLE_ROUNDING>("double_rounding"),
+            &["numerics::round_once::f16::ws3", "numerics::round_once::bf16::ws3"],
+            &["first bad index", "got", "expected", "op=all_reduce", "dtype=", "reduce=sum", "world_size=3", "rank="],
+        ),
+        (
+            e::<PREMUL_FACTOR_TWO>("premul_factor_two"),
+            &["numerics::premul_sum::f32::ws3", "numerics::premul_sum::f16::ws3", "numerics::premul_sum::f64::ws3"],
+            &["first bad index", "got", "expected", "op=all_reduce", "reduce=premul_sum", "factor=", "rank="],
         ),
     ]
 }
