@@ -91,7 +91,11 @@ impl<const BUG: u8> Faulty<BUG> {
             for r in 0..ws {
                 acc += all.get_f64(r * n + i) as f32;
             }
-            let bits = if dtype == DType::F16 { concord_core::half::f16::from_f32(acc).to_bits() } else { concord_core::half::bf16::from_f32(acc).to_bits() };
+            let bits = if dtype == DType::F16 {
+                concord_core::half::f16::from_f32(acc).to_bits()
+            } else {
+                concord_core::half::bf16::from_f32(acc).to_bits()
+            };
             out.bytes_mut()[2 * i..2 * i + 2].copy_from_slice(&bits.to_le_bytes());
         }
         Ok(Work::done(self.inner.upload(&out)?, self.meta("all_reduce"), &self.counter))
@@ -404,12 +408,20 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         ),
         (
             e::<BARRIER_AT_ONCE>("barrier_at_once"),
-            &["async::barrier_synchronises::ws2", "async::barrier_synchronises::ws3", "async::pending_until_peers_arrive::barrier::out::ws2"],
+            &[
+                "async::barrier_synchronises::ws2",
+                "async::barrier_synchronises::ws3",
+                "async::pending_until_peers_arrive::barrier::out::ws2",
+            ],
             &["op=barrier", "world_size=", "rank=", "late_rank="],
         ),
         (
             e::<SWAPPED_P2P_ORDER>("swapped_p2p_order"),
-            &["p2p::in_flight_in_order::same_size::n4::ws2", "p2p::in_flight_in_order::same_size::n4::ws4", "p2p::in_flight_in_order::sizes::n4::ws2"],
+            &[
+                "p2p::in_flight_in_order::same_size::n4::ws2",
+                "p2p::in_flight_in_order::same_size::n4::ws4",
+                "p2p::in_flight_in_order::sizes::n4::ws2",
+            ],
             &["op=send_recv", "receive #", "world_size=", "rank="],
         ),
         (

@@ -89,7 +89,14 @@ struct Args {
     peer: Option<usize>,
 }
 
-fn issue<B: Backend>(b: &B, op: OpKind, v: Variant, ins: &[B::Buffer], out: Option<&B::Buffer>, a: &Args) -> Result<Pending<B>, CollectiveError> {
+fn issue<B: Backend>(
+    b: &B,
+    op: OpKind,
+    v: Variant,
+    ins: &[B::Buffer],
+    out: Option<&B::Buffer>,
+    a: &Args,
+) -> Result<Pending<B>, CollectiveError> {
     let s = ReduceOp::Sum;
     let o = || out.expect("an _out variant has an output buffer");
     Ok(match (op, v) {
@@ -185,24 +192,47 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
         _ => None,
     };
     let key = |r: usize| format!("{}/{}/late{late}/issued{r}", ctx.case, ctx.world.world_id);
+    // A check that fails on an early rank is reported after the round, once every rank has
+    // issued and waited (so the world stays in step); only an early rank whose issue itself
+    // failed tells the late rank not to issue (store value "x").
+    let mut early_failure: Option<crate::case::CaseEnd> = None;
     let pending = if me == late {
         let keys: Vec<String> = (0..ws).filter(|&r| r != late).map(key).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         ctx.store.wait(&refs, ctx.timeout).map_err(|e| {
             fail(&w, format!("the other ranks never returned from issuing while rank {late} was absent (ops must return at once): {e}"))
         })?;
+        let mut failed = Vec::new();
         for k in &refs {
+            if ctx.store.get(k).map_err(|e| fail(&w, e))? != b"1" {
+                failed.push(k.rsplit("issued").next().unwrap_or("?").to_string());
+            }
             let _ = ctx.store.delete_key(k);
+        }
+        if !failed.is_empty() {
+            return Err(fail(&w, format!("rank(s) {} could not issue the op (see their messages); not issuing", failed.join(", "))));
         }
         issue(b, op, v, &ins, out.as_ref(), &a)?
     } else {
         let t0 = Instant::now();
-        let p = issue(b, op, v, &ins, out.as_ref(), &a)?;
+        let p = match issue(b, op, v, &ins, out.as_ref(), &a) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = ctx.store.set(&key(me), b"x");
+                return Err(fail(&w, format!("issue failed: {e} [{}]", e.name())));
+            }
+        };
         let took = t0.elapsed();
-        if took > SLACK {
-            return Err(fail(&w, format!("issuing blocked the caller for {took:?} while rank {late} was absent (ops must return at once)")));
-        }
-        if needs_late(op, me, late, &a) {
+        let check = || -> CaseResult {
+            if took > SLACK {
+                return Err(fail(
+                    &w,
+                    format!("issuing blocked the caller for {took:?} while rank {late} was absent (ops must return at once)"),
+                ));
+            }
+            if !needs_late(op, me, late, &a) {
+                return Ok(());
+            }
             if p.is_completed() {
                 return Err(fail(&w, format!("is_completed() was true before rank {late} had issued its side")));
             }
@@ -210,7 +240,12 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
             match p.wait(SHORT_WAIT) {
                 Ok(()) => return Err(fail(&w, format!("wait returned Ok before rank {late} had issued its side"))),
                 Err(e) if e.name() == "timeout" => {}
-                Err(e) => return Err(fail(&w, format!("wait({SHORT_WAIT:?}) before rank {late} issued: expected a named timeout, got {e} [{}]", e.name()))),
+                Err(e) => {
+                    return Err(fail(
+                        &w,
+                        format!("wait({SHORT_WAIT:?}) before rank {late} issued: expected a named timeout, got {e} [{}]", e.name()),
+                    ))
+                }
             }
             let took = t0.elapsed();
             if took > SHORT_WAIT + SLACK {
@@ -219,11 +254,17 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
             if p.is_completed() {
                 return Err(fail(&w, format!("is_completed() was true after a timed-out wait, before rank {late} had issued")));
             }
-        }
+            Ok(())
+        };
+        early_failure = check().err();
         ctx.store.set(&key(me), b"1").map_err(|e| fail(&w, e))?;
         p
     };
-    let outs = pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    let outs = pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())));
+    if let Some(f) = early_failure {
+        return Err(f);
+    }
+    let outs = outs?;
     if outs.len() != expected.len() {
         return Err(fail(&w, format!("returned {} results, expected {}", outs.len(), expected.len())));
     }
@@ -238,7 +279,16 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     // Every (op, variant) at ws2; the ops with roots, permutations and all-to-all again at ws3.
-    let ws3 = [OpKind::AllReduce, OpKind::AllToAllSingle, OpKind::Broadcast, OpKind::PermuteTensor, OpKind::Reduce, OpKind::Gather, OpKind::Scatter, OpKind::Barrier];
+    let ws3 = [
+        OpKind::AllReduce,
+        OpKind::AllToAllSingle,
+        OpKind::Broadcast,
+        OpKind::PermuteTensor,
+        OpKind::Reduce,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::Barrier,
+    ];
     for &(op, variant) in PAIRS {
         for ws in [2, 3] {
             if ws == 3 && (!ws3.contains(&op) || variant != Variant::Out) {
@@ -246,10 +296,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             let name = format!("async::pending_until_peers_arrive::{}::{variant}::ws{ws}", op.name());
             v.push(Case::<B>::new(name, meta(op, variant), ws, move |ctx| {
+                // Every round runs even after a failed one (its peers run it too); the first
+                // failure is the verdict.
+                let mut first = Ok(());
                 for late in 0..ctx.world_size() {
-                    round(ctx, op, variant, late)?;
+                    let r = round(ctx, op, variant, late);
+                    if first.is_ok() {
+                        first = r;
+                    }
                 }
-                Ok(())
+                first
             }));
         }
     }

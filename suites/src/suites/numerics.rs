@@ -67,15 +67,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let ulp = p2(-m); // ulp of [1, 2)
             let half = ulp / 2.0;
             let low = p2(-24); // far below half an ulp, lost by a second rounding
-            // Columns: one element each; rows: ranks.
+                               // Columns: one element each; rows: ranks.
             let cols: [[f64; 3]; 8] = [
-                [1.0, half, low],             // above the tie: 1 + ulp (f16: 0x3C01)
-                [1.0, half, 0.0],             // on the tie, even below: 1.0
-                [1.0 + ulp, half, 0.0],       // on the tie, even above: 1 + 2 ulp
-                [1.0, half, -low],            // below the tie: 1.0
-                [-1.0, -half, -low],          // negative, above the tie in magnitude
-                [1.0 + ulp, half, -low],      // just below a tie that would go up
-                [2.0, half, half],            // two halves of the ulp of 1 at 2: a tie at 2
+                [1.0, half, low],              // above the tie: 1 + ulp (f16: 0x3C01)
+                [1.0, half, 0.0],              // on the tie, even below: 1.0
+                [1.0 + ulp, half, 0.0],        // on the tie, even above: 1 + 2 ulp
+                [1.0, half, -low],             // below the tie: 1.0
+                [-1.0, -half, -low],           // negative, above the tie in magnitude
+                [1.0 + ulp, half, -low],       // just below a tie that would go up
+                [2.0, half, half],             // two halves of the ulp of 1 at 2: a tie at 2
                 [1.0, half * 0.5, half * 0.5], // quarter + quarter = a tie
             ];
             let per_rank: Vec<Vec<f64>> = (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect();
@@ -89,7 +89,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let bits = u16::from_le_bytes([first.outputs[0].bytes()[0], first.outputs[0].bytes()[1]]);
             let want = if dtype == DType::F16 { 0x3C01 } else { 0x3F81 };
             if bits != want {
-                return Err(CaseEnd::Fail(format!("suite bug: the oracle gives {bits:#06x} for 1 + half ulp + 2^-24, expected {want:#06x}")));
+                return Err(CaseEnd::Fail(format!(
+                    "suite bug: the oracle gives {bits:#06x} for 1 + half ulp + 2^-24, expected {want:#06x}"
+                )));
             }
             check(ctx, dtype, ReduceOp::Sum, &per_rank, "input=round_to_nearest_even_ties")
         }));
@@ -98,18 +100,18 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         v.push(Case::<B>::new(format!("numerics::subnormal::{dtype}::ws2"), meta(dtype, "sum"), 2, move |ctx| {
             let (_, t, mn) = layout(dtype);
             let pairs: [[f64; 2]; 12] = [
-                [t, t],           // subnormal + subnormal
-                [3.0 * t, -t],    // subnormal difference
-                [mn - t, t],      // largest subnormal + smallest: the smallest normal
-                [mn, -t],         // normal - subnormal: largest subnormal
-                [1.5 * mn, -mn],  // normal - normal: a subnormal result
-                [-t, t],          // +0
-                [-t, -t],         // negative subnormal
-                [t, 0.0],         // subnormal + zero
-                [-0.0, t],        // -0 and a subnormal
-                [t, 2.0 * t],     // min / max among subnormals
-                [-t, -2.0 * t],   // negative ones
-                [mn - t, mn],     // min / max across the subnormal / normal boundary
+                [t, t],          // subnormal + subnormal
+                [3.0 * t, -t],   // subnormal difference
+                [mn - t, t],     // largest subnormal + smallest: the smallest normal
+                [mn, -t],        // normal - subnormal: largest subnormal
+                [1.5 * mn, -mn], // normal - normal: a subnormal result
+                [-t, t],         // +0
+                [-t, -t],        // negative subnormal
+                [t, 0.0],        // subnormal + zero
+                [-0.0, t],       // -0 and a subnormal
+                [t, 2.0 * t],    // min / max among subnormals
+                [-t, -2.0 * t],  // negative ones
+                [mn - t, mn],    // min / max across the subnormal / normal boundary
             ];
             let per_rank: Vec<Vec<f64>> = (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect();
             for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
@@ -127,7 +129,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let third = 1.0 / 3.0;
             match dtype {
                 DType::F64 => {
-                    let same: Vec<Vec<f64>> = (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i as i32 - 8)).collect()).collect();
+                    let same: Vec<Vec<f64>> =
+                        (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i as i32 - 8)).collect()).collect();
                     check(ctx, dtype, ReduceOp::PremulSum(third), &same, "factor=1/3 input=equal_across_ranks")
                 }
                 DType::F16 | DType::BF16 if ctx.b.capabilities().rounding == Rounding::ExactThenRound => {

@@ -98,7 +98,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 pub fn known_failing<B: Backend>() -> Vec<Case<B>> {
     vec![
         Case::<B>::new("p2p::recv_first_both::ws2", meta(), 2, |ctx| exchange(ctx, 1, false, Order::RecvsFirst)).isolated(),
-        Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| exchange(ctx, 17, false, Order::SendsFirst))
-            .isolated(),
+        Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| exchange(ctx, 17, false, Order::SendsFirst)).isolated(),
     ]
 }
