@@ -130,7 +130,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             match dtype {
                 DType::F64 => {
                     let same: Vec<Vec<f64>> =
-                        (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i as i32 - 8)).collect()).collect();
+                        (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i - 8)).collect()).collect();
                     check(ctx, dtype, ReduceOp::PremulSum(third), &same, "factor=1/3 input=equal_across_ranks")
                 }
                 DType::F16 | DType::BF16 if ctx.b.capabilities().rounding == Rounding::ExactThenRound => {
