@@ -37,9 +37,9 @@
 //!   their sizes, and traffic between other pairs never reorders them.
 //! * No deadlock of legal programs: the backend MUST complete every program in which each rank
 //!   issues its sends and receives in any order and only then waits, in particular
-//!   `irecv(p); isend(p)` on both ranks of a pair, `isend(p); irecv(p)` on both, and at least
-//!   16 sends in flight to one peer before that peer posts its receives (more may block at issue
-//!   only until the receiver posts; see the known-failing list in the suites for shm).
+//!   `irecv(p); isend(p)` on both ranks of a pair, `isend(p); irecv(p)` on both, and any
+//!   number of sends in flight to one peer (both ways at once) before that peer posts its
+//!   receives. Issuing never blocks on the peer; a backend with bounded buffers queues.
 //!
 //! # Barrier
 //! * `barrier()` completes on a rank only after *every* rank has entered it: anything a rank did

@@ -37,14 +37,6 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
-/// [`catalogue`] plus the legal programs the shm backend is known to fail
-/// ([`suites::p2p::known_failing`], shm issue 15 item 9): for a backend that passes them.
-pub fn with_known_failing<B: Backend>() -> Vec<Case<B>> {
-    let mut v = catalogue::<B>();
-    v.extend(suites::p2p::known_failing::<B>());
-    v
-}
-
 /// The value-independent subset (shapes, identity, async), for backends that move no data
 /// (`Capabilities::moves_data == false`), like the fake backend.
 pub fn shape_catalogue<B: Backend>() -> Vec<Case<B>> {

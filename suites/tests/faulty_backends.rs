@@ -451,8 +451,6 @@ fn main() {
     let control = BackendEntry::new::<ShmBackend>("control_shm", 0, concord_suites::catalogue::<ShmBackend>);
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
-    let known_failing = BackendEntry::new::<ShmBackend>("shm_known_failing", 0, concord_suites::suites::p2p::known_failing::<ShmBackend>);
-    entries.push(known_failing.clone());
     entries.push(BackendEntry::new::<concord_fake::FakeBackend>(
         "fake_fail_all",
         0,
@@ -514,24 +512,6 @@ fn main() {
         }
         Ok(())
     }));
-    // Ignored (each case waits out the op deadline): the legal p2p programs shm deadlocks on
-    // (issue 15 item 9) still fail on it; when this test fails, shm is fixed and the cases move
-    // from `p2p::known_failing` into the default catalogue.
-    let kf = known_failing.clone();
-    trials.push(
-        libtest_mimic::Trial::test("faulty::shm_known_failing_p2p_still_fail", move || {
-            for case in kf.cases() {
-                let (verdict, msg, _) = run_case(&kf, &case);
-                if !verdict.is_failed() {
-                    return Err(
-                        format!("{} no longer fails on shm ({verdict:?}): move it into the default catalogue\n{msg}", case.id).into()
-                    );
-                }
-            }
-            Ok(())
-        })
-        .with_ignored_flag(true),
-    );
     let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
     concord_harness::runner::Pool::global().shutdown();
     std::process::exit(code);

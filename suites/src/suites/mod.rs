@@ -6,7 +6,7 @@
 //! * [`async_wait`] — completion, wait semantics, registry, lag, un-waited exit, threads.
 //! * [`async_ops`] — issue at once / pending / wait deadline on every op, each rank late in turn;
 //!   the barrier synchronises.
-//! * [`p2p`] — messages in flight in order, receive before send (and [`p2p::known_failing`]).
+//! * [`p2p`] — messages in flight in order, beyond a ring's size, receive before send.
 //! * [`numerics`] — exact rounding: nearest-even ties, subnormals, premul_sum factors.
 //! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.

@@ -1,25 +1,20 @@
 //! Point to point (issue 10): several messages in flight between one pair, received in issue
-//! order; `irecv` before `isend`; many sends before the peer receives.
+//! order; `irecv` before `isend`; more sends in flight than a backend's ring holds.
 //!
-//! In the default catalogue ([`cases`]):
 //! * `p2p::in_flight_in_order::{sizes,same_size}::n4::ws{2,4}` — every rank issues 4 sends to its
 //!   partner, then 4 receives, then waits: message `k` lands in receive `k` (different sizes:
 //!   a reordering is a size mismatch; equal sizes: wrong values). At ws4 two pairs run at once.
+//! * `p2p::in_flight_in_order::sizes::n17::ws2`, `...::same_size::n40::ws4` — more sends in
+//!   flight both ways than shm's 16-slot ring, before any receive.
 //! * `p2p::recv_first_one_side::ws2` — rank 0 `irecv; isend`, rank 1 `isend; irecv`.
-//! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages (more than shm's 16-slot
-//!   ring) before it receives; rank 1 receives all 17 first, then sends 17 back.
+//! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
+//! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
+//!   receives all 17 first, then sends 17 back.
 //!
-//! KNOWN FAILING on shm ([`known_failing`], NOT in the default catalogue): shm issue 15, item 9 —
-//! sends beyond its 16-slot ring and receives are served by one in-order progress thread per
-//! rank, so a receive (or a 17th send) that must wait for the peer blocks every op queued behind
-//! it, the peer's too:
-//! * `p2p::recv_first_both::ws2` — `irecv(p); isend(p)` on both ranks: each progress thread
-//!   waits in its receive, neither send is ever posted (deadlock until the op deadline).
-//! * `p2p::in_flight_in_order::sizes::n17::ws2` — 17 sends then 17 receives on both ranks: each
-//!   17th send waits for the peer to consume the first, whose receive is queued behind it.
-//!
-//! Both programs are legal (the contract in `concord_core::backend` requires them to complete);
-//! a backend that passes them runs them with `catalogue = concord_suites::with_known_failing`.
+//! shm issue 15 item 9 (one in-order progress thread that blocked in a receive, or in a send
+//! beyond its ring, so `irecv; isend` on both ranks and 17 sends then 17 receives on both ranks
+//! deadlocked) is fixed in `backends/shm/src/exec.rs`: queued point-to-point ops no longer block
+//! the progress thread. Every legal pattern here is in the default catalogue.
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
@@ -83,21 +78,20 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
     }
+    v.push(Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| exchange(ctx, 17, false, Order::SendsFirst)));
+    v.push(Case::<B>::new("p2p::in_flight_in_order::same_size::n40::ws4", meta(), 4, |ctx| exchange(ctx, 40, true, Order::SendsFirst)));
     v.push(Case::<B>::new("p2p::recv_first_one_side::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::RecvsFirst } else { Order::SendsFirst };
         exchange(ctx, 1, false, order)
     }));
+    for n in [1, 20] {
+        v.push(Case::<B>::new(format!("p2p::recv_first_both::n{n}::ws2"), meta(), 2, move |ctx| {
+            exchange(ctx, n, false, Order::RecvsFirst)
+        }));
+    }
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, false, order)
     }));
     v
-}
-
-/// Legal programs the shm backend deadlocks on (issue 15, item 9); see the module docs.
-pub fn known_failing<B: Backend>() -> Vec<Case<B>> {
-    vec![
-        Case::<B>::new("p2p::recv_first_both::ws2", meta(), 2, |ctx| exchange(ctx, 1, false, Order::RecvsFirst)).isolated(),
-        Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| exchange(ctx, 17, false, Order::SendsFirst)).isolated(),
-    ]
 }
