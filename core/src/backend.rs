@@ -2,17 +2,104 @@
 //! send / recv / barrier, over a backend-owned buffer type.
 //!
 //! # Contract (every backend MUST)
+//! Each clause carries its id in the contract map (a `clause:` tag, `concord_suites::contract`),
+//! which lists the cases that check it; a clause without a case fails the self-test.
+//!
 //! * Return from every collective at once with a [`Work`]; the result is final after `wait`.
+//!   [clause: async.issue_returns] [clause: async.result_final_after_wait]
 //! * Out-of-place ops (`all_reduce`, `all_gather_into_tensor`, ...) return a *new* buffer that
-//!   never aliases the input, and leave the input unchanged.
+//!   never aliases the input, and leave the input unchanged. [clause: placement.out_of_place]
 //! * In-place ops (`all_reduce_`, `broadcast_`, `*_coalesced_`) return the very buffer(s) given
-//!   (same [`Backend::buffer_addr`]).
+//!   (same [`Backend::buffer_addr`]). [clause: placement.in_place]
 //! * `_out` ops write only the caller's output buffer, never a byte outside it.
+//!   [clause: placement.out_buffer]
 //! * Catch bad input with a named [`CollectiveError::BadInput`]: locally at issue time where the
 //!   rank alone can tell, and across ranks (at issue or at wait) where only peers can tell, on
 //!   *every* rank, never by hanging and never by silent truncation.
+//!   [clause: bad_input.named_everywhere]
 //! * Honour deadlines: no wait blocks longer than asked; a dead peer is reported as such.
-//! * Record every collective in [`crate::progress`] while it is in flight.
+//!   [clause: async.deadline]
+//! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
+//!   collective and its sequence number). [clause: progress.recorded]
+//! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
+//!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
+//!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued
+//!   its side; the same work then completes once the peers arrive.
+//!   [clause: async.every_op_every_rank]
+//! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
+//!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
+//!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]
+//!
+//! * A process that drops an un-waited collective still exits promptly (no hang in teardown).
+//!   [clause: async.unwaited_exit]
+//!
+//! # Values
+//! * Reductions return what the oracle (`concord-oracle`) computes from every rank's input, for
+//!   every dtype and every reduce op defined for it: bit-exact on exact-by-construction inputs,
+//!   within the dtype's bound on random ones, NaN / ±inf / ±0 as declared.
+//!   [clause: values.reduce]
+//! * Ops that move data (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv)
+//!   deliver exactly the oracle's bytes, in rank order. [clause: values.move]
+//! * Coalesced ops return one result per input, each as the single op would.
+//!   [clause: values.coalesced]
+//! * Values are right at every size (across any chunking or protocol switch, up to at least
+//!   64 MiB) and at every world size up to the declared maximum, powers of two or not.
+//!   [clause: values.sizes] [clause: values.world_sizes]
+//! * One buffer reused by many collectives, and buffers freed and re-allocated between
+//!   collectives (the same address with another size, shape or dtype), give the right result:
+//!   nothing may be cached by address. [clause: placement.reuse] [clause: placement.realloc]
+//! * PyTorch's functional-collective semantics (`test_c10d_functional_native.py`, eager
+//!   inductor collectives) hold. [clause: seeds.pytorch]
+//!
+//! # Subgroups
+//! * `new_group(ranks)` gives each member a communicator whose rank is its position in `ranks`
+//!   and non-members `None`; collectives on it involve its members only, and every reduce op
+//!   works there (`avg` divides by the group's size). [clause: subgroups]
+//!   [clause: subgroups.reduce_ops]
+//!
+//! # Roots
+//! * `broadcast` `src` and the `root` of `reduce`, `gather` and `scatter` MUST be the same on
+//!   every rank and `< world_size`; otherwise every rank gets `BadInput` of kind `bad_root`
+//!   (the rule table in [`crate::call`]), never a hang and never a result from another root.
+//!   [clause: bad_input.root_agreement]
+//!
+//! # Point to point
+//! * `send(x, dst)` completes once `dst` has received the message (or failed); `x` is read, never
+//!   written, and may be reused after the send's `wait`. `recv(out, src)` writes the message into
+//!   `out` (exactly there, as for views below) and returns `out` itself.
+//! * Matching: the `k`-th `send` from `a` to `b` is received by the `k`-th `recv` on `b` from
+//!   `a`. A pair whose dtypes or element counts differ is `BadInput` on *both* ranks (the
+//!   receiver's `recv` and the sender's `send`), never a truncated or padded copy.
+//!   [clause: p2p.matching]
+//! * Per-pair order: two messages in flight from `a` to `b` are received in issue order, whatever
+//!   their sizes, and traffic between other pairs never reorders them. [clause: p2p.order]
+//! * No deadlock of legal programs: the backend MUST complete every program in which each rank
+//!   issues its sends and receives in any order and only then waits, in particular
+//!   `irecv(p); isend(p)` on both ranks of a pair, `isend(p); irecv(p)` on both, and any
+//!   number of sends in flight to one peer (both ways at once) before that peer posts its
+//!   receives. Issuing never blocks on the peer; a backend with bounded buffers queues.
+//!   [clause: p2p.no_deadlock]
+//!
+//! # Barrier
+//! * `barrier()` completes on a rank only after *every* rank has entered it: anything a rank did
+//!   before entering (e.g. a store write) is visible to every rank whose barrier has completed.
+//!   [clause: barrier]
+//!
+//! # Views
+//! * A view at element offset `k` of a buffer reads and writes exactly elements `k..k + numel`
+//!   of it: a collective given a view as input reads only those, as output writes only those.
+//!   [clause: views]
+//!
+//! # Rounding
+//! * Integer reductions wrap in the dtype's width; float `min` / `max` order `-0 < +0` and treat
+//!   NaN per [`crate::NanPolicy`]; subnormal inputs and results are kept (no flush to zero).
+//!   [clause: numerics.subnormal]
+//! * f16 / bf16 `sum`, `avg` and `premul_sum` round as declared in
+//!   [`Capabilities::rounding`]; a backend that declares [`crate::Rounding::ExactThenRound`]
+//!   MUST produce the exact result rounded once to nearest-even, bit for bit.
+//!   [clause: numerics.round_once]
+//! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two).
+//!   [clause: numerics.premul_sum]
 //!
 //! # Shapes
 //! * `all_gather_into_tensor`: `[ws * d0, rest..]`; a 0-dim input gathers to `[ws]`.
@@ -21,7 +108,8 @@
 //!   `d0 % ws == 0`); output rows by `output_splits` in source-rank order.
 //! * `reduce` / `gather`: the result has the same shape on every rank; its contents are defined
 //!   on the root only. `scatter`: every rank passes a same-shaped input; only the root's counts.
-//! * `permute_tensor(x, src_dst)`: rank `r`'s data goes to rank `src_dst[r]`.
+//! * `permute_tensor(x, src_dst)`: rank `r`'s data goes to rank `src_dst[r]`. [clause: shapes]
+//!   [clause: shapes.equal_split_all_to_all]
 
 use crate::caps::Capabilities;
 use crate::dtype::DType;

@@ -33,6 +33,23 @@ pub enum AliasPolicy {
     Correct,
 }
 
+/// How a backend rounds f16 / bf16 `sum`, `avg` and `premul_sum` reductions (the results of
+/// f32 / f64 reductions of exact-by-construction inputs are exact whatever the order; every
+/// dtype keeps subnormals: no flush to zero, on inputs or results).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Rounding {
+    /// The exact result (the f64 result, for the factors and world sizes the suites use), rounded
+    /// *once* to the dtype, to nearest, ties to even: three ranks of f16 `[1.0, 2^-11, 2^-24]`
+    /// sum to `0x3C01`. The suites check this bit-exactly.
+    ExactThenRound,
+    /// Accumulated in the dtype or a wider type and rounded more than once: a result is within
+    /// `ulps` units in the last place of the exact-then-round result. The exact-rounding cases
+    /// are UNSUPPORTED.
+    Accumulate { ulps: u32 },
+    /// No promise (the exact-rounding cases are UNSUPPORTED).
+    Unspecified,
+}
+
 /// One declared gap: every field that is `Some` must match for the gap to apply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gap {
@@ -71,6 +88,8 @@ pub struct Capabilities {
     /// Whether the values the backend moves are real (false for the fake backend).
     pub moves_data: bool,
     pub subgroups: bool,
+    /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).
+    pub rounding: Rounding,
     pub gaps: Vec<Gap>,
 }
 
@@ -86,6 +105,7 @@ impl Capabilities {
             validates_across_ranks: true,
             moves_data: true,
             subgroups: true,
+            rounding: Rounding::ExactThenRound,
             gaps: Vec::new(),
         }
     }

@@ -20,7 +20,7 @@ pub mod work;
 
 pub use backend::{world_prefix, Backend, WorldInfo};
 pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, CallOp, TensorDesc};
-pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
+pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy, Rounding};
 pub use dtype::{DType, Element};
 pub use error::{BadInputKind, CollectiveError, Result};
 #[doc(hidden)]

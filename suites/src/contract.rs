@@ -62,6 +62,30 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["async::peer_never_joins_then_recovers"],
     },
     Clause {
+        id: "async.every_op_every_rank",
+        source: BACKEND,
+        text: "Every op, with each rank in turn the late one, is pending (and its wait a named timeout) until every peer has issued, then completes right.",
+        cases: &[
+            "async::pending_until_peers_arrive::all_reduce::",
+            "async::pending_until_peers_arrive::reduce::",
+            "async::pending_until_peers_arrive::broadcast::",
+            "async::pending_until_peers_arrive::send_recv::",
+            "async::pending_until_peers_arrive::barrier::",
+        ],
+    },
+    Clause {
+        id: "progress.recorded",
+        source: BACKEND,
+        text: "A collective in flight is recorded, so a timeout names the collective.",
+        cases: &["async::peer_never_joins_then_recovers"],
+    },
+    Clause {
+        id: "quiescence",
+        source: BACKEND,
+        text: "After every case, outstanding() is 0 on the world and every subgroup (checked by the runner after each case body).",
+        cases: &["::ws"],
+    },
+    Clause {
         id: "async.unwaited_exit",
         source: BACKEND,
         text: "A process that drops an un-waited collective still exits promptly.",
@@ -84,7 +108,7 @@ pub const CLAUSES: &[Clause] = &[
             "gather::out::",
             "scatter::out::",
             "permute_tensor::out::",
-            "send_recv::",
+            "send_recv::outbuf::",
         ],
     },
     Clause {
@@ -215,8 +239,44 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "barrier",
         source: BACKEND,
-        text: "barrier completes on every rank.",
-        cases: &["barrier::"],
+        text: "No rank's barrier completes before every rank has entered it.",
+        cases: &["async::barrier_synchronises", "barrier::"],
+    },
+    Clause {
+        id: "p2p.matching",
+        source: BACKEND,
+        text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks.",
+        cases: &["send_recv::outbuf::", "bad_input::recv_buffer_smaller_than_message"],
+    },
+    Clause {
+        id: "p2p.order",
+        source: BACKEND,
+        text: "Messages in flight from one rank to another are received in issue order, whatever their sizes.",
+        cases: &["p2p::in_flight_in_order::sizes", "p2p::in_flight_in_order::same_size"],
+    },
+    Clause {
+        id: "p2p.no_deadlock",
+        source: BACKEND,
+        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives.",
+        cases: &["p2p::recv_first_both", "p2p::recv_first_one_side", "p2p::many_sends_one_way"],
+    },
+    Clause {
+        id: "numerics.subnormal",
+        source: BACKEND,
+        text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max.",
+        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32"],
+    },
+    Clause {
+        id: "numerics.round_once",
+        source: BACKEND,
+        text: "f16 / bf16 sums of a backend declaring ExactThenRound are the exact result rounded once to nearest-even (ties to even).",
+        cases: &["numerics::round_once::f16", "numerics::round_once::bf16"],
+    },
+    Clause {
+        id: "numerics.premul_sum",
+        source: BACKEND,
+        text: "premul_sum(s) is sum(s * x) for any factor, not only 2.0.",
+        cases: &["numerics::premul_sum::"],
     },
     Clause {
         id: "seeds.pytorch",

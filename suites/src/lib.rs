@@ -29,6 +29,9 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::subgroup::cases::<B>());
     v.extend(suites::seed::cases::<B>());
     v.extend(suites::async_wait::cases::<B>());
+    v.extend(suites::async_ops::cases::<B>());
+    v.extend(suites::p2p::cases::<B>());
+    v.extend(suites::numerics::cases::<B>());
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
     v.extend(suites::caps::cases::<B>());

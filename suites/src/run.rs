@@ -133,9 +133,51 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
                 groups: &mut st.groups,
                 store: &st.store,
             };
-            to_outcome(body(&mut ctx))
+            let result = body(&mut ctx);
+            if result.is_ok() {
+                // Quiescence: a case that returns Ok has waited (or dropped) every work it issued,
+                // on the world and on every subgroup; a backend whose count stays up leaks works.
+                if let Some(m) = leaked_works(&st.backend, &st.groups, case_id) {
+                    return Outcome::Failed(m);
+                }
+            }
+            to_outcome(result)
         },
     )
+}
+
+/// `Some(message)` when the world or a cached subgroup backend still counts outstanding works
+/// after a case body returned Ok. Works of a peer rank are completed by now (every rank waited
+/// its own), so a short grace covers only a backend that uncounts asynchronously.
+fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case_id: &str) -> Option<String> {
+    let count = || {
+        let mut v = vec![(String::from("world"), b.outstanding())];
+        for (ranks, g) in groups {
+            if let Some(g) = g {
+                v.push((format!("subgroup {ranks:?}"), g.outstanding()));
+            }
+        }
+        v.retain(|(_, n)| *n > 0);
+        v
+    };
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let mut leaked = count();
+    while !leaked.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        leaked = count();
+    }
+    if leaked.is_empty() {
+        return None;
+    }
+    let what: Vec<String> = leaked.iter().map(|(c, n)| format!("{n} on the {c}")).collect();
+    Some(format!(
+        "backend={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
+         count as outstanding only until it is waited or dropped (leaked works)",
+        b.name(),
+        b.world_size(),
+        b.rank(),
+        what.join(", ")
+    ))
 }
 
 /// How to rerun exactly one case of `entry`.

@@ -38,6 +38,34 @@ const IGNORES_VIEW_OFFSET: u8 = 14;
 const CACHES_SIZE_BY_ADDRESS: u8 = 15;
 /// Equal-split all_to_all of a multi-dimensional tensor cuts dim 0's count in ELEMENTS, not rows.
 const A2A_EQUAL_SPLIT_IN_ELEMENTS: u8 = 16;
+/// `reduce`'s work says `is_completed()` at once, before the peers arrive (its `wait` and its
+/// values are right): only the every-op async cases look at `is_completed` of a reduce.
+const REDUCE_COMPLETED_AT_ONCE: u8 = 17;
+/// `barrier` returns a completed work at once, without synchronising.
+const BARRIER_AT_ONCE: u8 = 18;
+/// Swaps each pair of consecutive sends to one peer (the 2nd is sent before the 1st).
+const SWAPPED_P2P_ORDER: u8 = 19;
+/// Each barrier leaks one work: `outstanding()` never goes back to 0.
+const LEAKS_WORK: u8 = 20;
+/// f16 / bf16 sums accumulated in f32 and rounded twice (shm issue 15 item 11, reintroduced).
+const DOUBLE_ROUNDING: u8 = 21;
+/// premul_sum uses the factor 2.0 whatever the factor asked (the matrix only uses 2.0).
+const PREMUL_FACTOR_TWO: u8 = 22;
+
+/// A completion that claims to be done at once; `wait` still waits for the real work.
+struct ClaimsDone(Mutex<Work<Buf>>);
+impl concord_core::Completion for ClaimsDone {
+    fn is_completed(&self) -> bool {
+        true
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        match self.0.lock().unwrap().wait(timeout) {
+            Ok(_) => Ok(true),
+            Err(e) if e.name() == "timeout" => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// The shm backend with bug `BUG`.
 struct Faulty<const BUG: u8> {
@@ -49,9 +77,48 @@ struct Faulty<const BUG: u8> {
     world_ws: usize,
     /// address -> element count registered there (CACHES_SIZE_BY_ADDRESS).
     regs: Mutex<HashMap<usize, usize>>,
+    /// SWAPPED_P2P_ORDER: per destination, a held send (its buffer and the flag of its work).
+    held: Mutex<HashMap<usize, (Buf, Arc<concord_core::Flag>)>>,
+    /// LEAKS_WORK: works never uncounted.
+    leaked: std::sync::atomic::AtomicUsize,
 }
 
 impl<const BUG: u8> Faulty<BUG> {
+    fn wrap(inner: ShmBackend, world_ws: usize) -> Self {
+        Faulty {
+            inner: Arc::new(inner),
+            views: Mutex::new(HashMap::new()),
+            counter: Default::default(),
+            world_ws,
+            regs: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            leaked: Default::default(),
+        }
+    }
+    /// DOUBLE_ROUNDING: every rank's input gathered, summed in f32 in rank order, rounded to the
+    /// dtype (an f32 accumulator rounds once per add, then once more at the end).
+    fn f32_sum(&self, x: &Buf) -> Result<Work<Buf>> {
+        let ws = self.world_size();
+        let dtype = self.inner.buffer_dtype(x);
+        let shape = self.inner.buffer_shape(x);
+        let flat = self.inner.view(x, 0, &[shape.iter().product()])?;
+        let all = self.inner.download(&self.inner.all_gather_into_tensor(&flat)?.into_value(Self::T)?)?;
+        let n = all.numel() / ws;
+        let mut out = Tensor::zeros(dtype, &shape);
+        for i in 0..n {
+            let mut acc = 0f32;
+            for r in 0..ws {
+                acc += all.get_f64(r * n + i) as f32;
+            }
+            let bits = if dtype == DType::F16 {
+                concord_core::half::f16::from_f32(acc).to_bits()
+            } else {
+                concord_core::half::bf16::from_f32(acc).to_bits()
+            };
+            out.bytes_mut()[2 * i..2 * i + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        Ok(Work::done(self.inner.upload(&out)?, self.meta("all_reduce"), &self.counter))
+    }
     const T: Duration = Duration::from_secs(15);
 
     fn meta(&self, op: &str) -> WorkMeta {
@@ -73,13 +140,7 @@ impl<const BUG: u8> Faulty<BUG> {
 impl<const BUG: u8> Backend for Faulty<BUG> {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
-        Ok(Faulty {
-            inner: Arc::new(ShmBackend::init(world)?),
-            views: Mutex::new(HashMap::new()),
-            counter: Default::default(),
-            world_ws: world.world_size,
-            regs: Mutex::new(HashMap::new()),
-        })
+        Ok(Faulty::wrap(ShmBackend::init(world)?, world.world_size))
     }
     fn name(&self) -> &str {
         "faulty"
@@ -98,16 +159,10 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         caps
     }
     fn outstanding(&self) -> usize {
-        self.inner.outstanding() + self.counter.get()
+        self.inner.outstanding() + self.counter.get() + self.leaked.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
-        Ok(self.inner.new_group(ranks)?.map(|g| Faulty {
-            inner: Arc::new(g),
-            views: Mutex::new(HashMap::new()),
-            counter: Default::default(),
-            world_ws: self.world_ws,
-            regs: Mutex::new(HashMap::new()),
-        }))
+        Ok(self.inner.new_group(ranks)?.map(|g| Faulty::wrap(g, self.world_ws)))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.inner.upload(t)
@@ -176,6 +231,8 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
                 });
                 Ok(Work::done(early, self.meta("all_reduce"), &self.counter))
             }
+            DOUBLE_ROUNDING if op == ReduceOp::Sum && matches!(self.inner.buffer_dtype(x), DType::F16 | DType::BF16) => self.f32_sum(x),
+            PREMUL_FACTOR_TWO if matches!(op, ReduceOp::PremulSum(_)) => self.inner.all_reduce(x, ReduceOp::PremulSum(2.0)),
             _ => self.inner.all_reduce(x, op),
         }
     }
@@ -286,7 +343,12 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.permute_tensor(x, src_dst)
     }
     fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        self.inner.reduce(x, op, root)
+        let w = self.inner.reduce(x, op, root)?;
+        if BUG != REDUCE_COMPLETED_AT_ONCE {
+            return Ok(w);
+        }
+        let value = w.peek().clone();
+        Ok(Work::new(value, Arc::new(ClaimsDone(Mutex::new(w))), self.meta("reduce"), &self.counter))
     }
     fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
         self.inner.gather(x, root)
@@ -295,13 +357,38 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.scatter(x, root)
     }
     fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.inner.send(x, dst)
+        if BUG != SWAPPED_P2P_ORDER {
+            return self.inner.send(x, dst);
+        }
+        let held = self.held.lock().unwrap().remove(&dst);
+        match held {
+            None => {
+                // Hold this one (a copy: the caller may reuse x) until the next send to dst.
+                let copy = self.inner.upload(&self.inner.download(x)?)?;
+                let flag = concord_core::Flag::new();
+                self.held.lock().unwrap().insert(dst, (copy, flag.clone()));
+                Ok(Work::new((), flag, self.meta("send"), &self.counter))
+            }
+            Some((first, flag)) => {
+                let second = self.inner.send(x, dst)?;
+                let w = self.inner.send(&first, dst)?;
+                std::thread::spawn(move || flag.set(w.wait(Self::T).map(|_| ())));
+                Ok(second)
+            }
+        }
     }
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         self.inner.recv(out, src)
     }
     fn barrier(&self) -> Result<Work<()>> {
-        self.inner.barrier()
+        match BUG {
+            BARRIER_AT_ONCE => Ok(Work::done((), self.meta("barrier"), &self.counter)),
+            LEAKS_WORK => {
+                self.leaked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                self.inner.barrier()
+            }
+            _ => self.inner.barrier(),
+        }
     }
 }
 
@@ -373,7 +460,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         (
             e::<SUBGROUP_AVG_BY_WORLD_SIZE>("subgroup_avg_by_world_size"),
             &["subgroup::halves::all_reduce::out::f32::avg::ws4", "subgroup::partial::all_reduce::out::f32::avg::ws5"],
-            &["first bad index", "got", "expected", "reduce=avg", "group=", "rank=", "world_size="],
+            &["first bad index", "got", "expected", "reduce=avg", "(group ", "world_rank=", "rank=", "world_size="],
         ),
         (
             e::<IGNORES_VIEW_OFFSET>("ignores_view_offset"),
@@ -389,6 +476,44 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             e::<A2A_EQUAL_SPLIT_IN_ELEMENTS>("a2a_equal_split_in_elements"),
             &["all_to_all_equal::f32::ws2", "all_to_all_equal::i64::ws3"],
             VALUE,
+        ),
+        (
+            e::<REDUCE_COMPLETED_AT_ONCE>("reduce_completed_at_once"),
+            &["async::pending_until_peers_arrive::reduce::out::ws2", "async::pending_until_peers_arrive::reduce::out::ws3"],
+            &["is_completed() was true before rank", "op=reduce", "variant=out", "dtype=f32", "world_size=", "rank=", "late_rank="],
+        ),
+        (
+            e::<BARRIER_AT_ONCE>("barrier_at_once"),
+            &[
+                "async::barrier_synchronises::ws2",
+                "async::barrier_synchronises::ws3",
+                "async::pending_until_peers_arrive::barrier::out::ws2",
+            ],
+            &["op=barrier", "world_size=", "rank=", "late_rank="],
+        ),
+        (
+            e::<SWAPPED_P2P_ORDER>("swapped_p2p_order"),
+            &[
+                "p2p::in_flight_in_order::same_size::n4::ws2",
+                "p2p::in_flight_in_order::same_size::n4::ws4",
+                "p2p::in_flight_in_order::sizes::n4::ws2",
+            ],
+            &["op=send_recv", "receive #", "world_size=", "rank="],
+        ),
+        (
+            e::<LEAKS_WORK>("leaks_work"),
+            &["barrier::out::u8::ws2", "async::barrier_synchronises::ws3"],
+            &["quiescence", "outstanding() > 0", "leaked works", "backend=faulty", "world_size=", "rank="],
+        ),
+        (
+            e::<DOUBLE_ROUNDING>("double_rounding"),
+            &["numerics::round_once::f16::ws3", "numerics::round_once::bf16::ws3"],
+            &["first bad index", "got", "expected", "op=all_reduce", "dtype=", "reduce=sum", "world_size=3", "rank="],
+        ),
+        (
+            e::<PREMUL_FACTOR_TWO>("premul_factor_two"),
+            &["numerics::premul_sum::f32::ws3", "numerics::premul_sum::f16::ws3", "numerics::premul_sum::f64::ws3"],
+            &["first bad index", "got", "expected", "op=all_reduce", "reduce=premul_sum", "factor=", "rank="],
         ),
     ]
 }

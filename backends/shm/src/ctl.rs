@@ -99,6 +99,28 @@ impl Ctl {
     fn pair(&self, src: usize, dst: usize) -> usize {
         HDR + self.n * SLOT + (src * self.n + dst) * PAIR
     }
+    /// Sends posted from `src` to `dst` (the point-to-point channel's `posted` word).
+    pub fn posted(&self, src: usize, dst: usize) -> &AtomicU32 {
+        self.map.u32_at(self.pair(src, dst))
+    }
+
+    /// `Err` if `peer` can no longer take part: the communicator was poisoned by another rank,
+    /// or the peer left or exited.
+    pub fn peer_state(&self, peer: usize) -> Result<(), WaitErr> {
+        let ab = self.abort_by().load(SeqCst);
+        if ab != 0 && ab != self.me as u32 + 1 {
+            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
+        }
+        if self.gone(peer).load(SeqCst) != 0 {
+            return Err(WaitErr::Dead { peer, detail: "its backend was dropped (it left the communicator)".into() });
+        }
+        let pid = self.pid(peer).load(SeqCst);
+        if !sys::pid_alive(pid) {
+            return Err(WaitErr::Dead { peer, detail: format!("process {pid} exited") });
+        }
+        Ok(())
+    }
+
     pub fn consumed(&self, src: usize, dst: usize) -> &AtomicU32 {
         self.map.u32_at(self.pair(src, dst) + 8)
     }

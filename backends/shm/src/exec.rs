@@ -1,5 +1,6 @@
 //! The communicator and its progress thread, which runs the collectives of one backend instance
-//! in issue order. Each collective: post (in the rank's arena) → barrier → every rank decodes
+//! in issue order; point-to-point ops wait in per-peer queues (in issue order per peer) and are
+//! served in between, never blocking the thread (so legal send/recv programs cannot deadlock). Each collective: post (in the rank's arena) → barrier → every rank decodes
 //! every post and validates every rank's call with the core rule table
 //! ([`concord_core::validate_all`]) → on a verdict of bad input one
 //! more barrier and the same named error on every rank; otherwise the data movement (ranks read
@@ -154,6 +155,22 @@ impl Completion for SendCompletion {
     }
 }
 
+/// A send the progress thread has not posted yet (its ring slot is still in use).
+struct QueuedSend {
+    k: u32,
+    entry: Entry,
+    comp: Arc<SendCompletion>,
+    started: Instant,
+}
+
+/// A receive whose message has not been posted yet.
+struct QueuedRecv {
+    k: u32,
+    out: ShmBuffer,
+    flag: Arc<Flag>,
+    started: Instant,
+}
+
 /// The progress thread's state.
 pub struct Progress {
     comm: Arc<Comm>,
@@ -162,16 +179,62 @@ pub struct Progress {
     poisoned: Option<String>,
     groups: u64,
     pending_sends: Vec<VecDeque<Arc<SendCompletion>>>,
+    /// Point-to-point ops not yet possible, per peer, in issue order. The progress thread never
+    /// blocks on one (issue 15 item 9): it posts a send once its ring slot is free and serves a
+    /// receive once its message is posted, in between other jobs, so `irecv(p); isend(p)` on both
+    /// ranks and more than [`crate::ctl::RING`] sends in flight both ways complete.
+    send_q: Vec<VecDeque<QueuedSend>>,
+    recv_q: Vec<VecDeque<QueuedRecv>>,
+    /// When peers' liveness was last checked for the queued ops.
+    last_check: Instant,
 }
 
 impl Progress {
     pub fn new(comm: Arc<Comm>) -> Progress {
         let n = comm.n;
-        Progress { comm, step: 1, poisoned: None, groups: 0, pending_sends: (0..n).map(|_| VecDeque::new()).collect() }
+        let q = || (0..n).map(|_| VecDeque::new()).collect();
+        Progress {
+            comm,
+            step: 1,
+            poisoned: None,
+            groups: 0,
+            pending_sends: q(),
+            send_q: (0..n).map(|_| VecDeque::new()).collect(),
+            recv_q: (0..n).map(|_| VecDeque::new()).collect(),
+            last_check: Instant::now(),
+        }
+    }
+
+    fn queued(&self) -> bool {
+        self.send_q.iter().any(|q| !q.is_empty()) || self.recv_q.iter().any(|q| !q.is_empty())
     }
 
     pub fn run(mut self, rx: mpsc::Receiver<Job>) {
-        for job in rx {
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let progressed = self.progress_p2p();
+            if progressed {
+                nap = Duration::from_micros(20);
+            }
+            let next = if !self.queued() {
+                rx.recv().ok()
+            } else if progressed {
+                match rx.try_recv() {
+                    Ok(j) => Some(j),
+                    Err(mpsc::TryRecvError::Empty) => continue,
+                    Err(mpsc::TryRecvError::Disconnected) => None,
+                }
+            } else {
+                match rx.recv_timeout(nap) {
+                    Ok(j) => Some(j),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        nap = (nap * 2).min(Duration::from_millis(1));
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                }
+            };
+            let Some(job) = next else { break };
             match job {
                 Job::Coll { name, post, keep, flag, reply } => {
                     let seq = post.call.seq;
@@ -180,21 +243,88 @@ impl Progress {
                     progress::end(&self.comm.label, seq);
                     flag.set(r);
                 }
-                Job::Send { k, dst, entry, comp } => {
-                    let r = self.guard("send", k as u64, |s| s.send(k, dst, entry, &comp));
-                    progress::end(&self.comm.label, send_key(dst, k));
-                    if r.is_err() {
-                        comp.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
-                    }
-                    comp.posted.set(r);
-                }
-                Job::Recv { k, src, out, flag } => {
-                    let r = self.guard("recv", k as u64, |s| s.recv(k, src, &out));
-                    progress::end(&self.comm.label, recv_key(src, k));
-                    flag.set(r);
-                }
+                Job::Send { k, dst, entry, comp } => self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now() }),
+                Job::Recv { k, src, out, flag } => self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now() }),
             }
         }
+        // The backend is being dropped: whatever is still queued fails.
+        self.comm.abort.store(true, SeqCst);
+        while self.queued() {
+            self.progress_p2p();
+        }
+    }
+
+    /// Serves every queued point-to-point op that can go now (the front of each peer's queue
+    /// first, so per-pair order holds), and fails those past their deadline or whose peer died.
+    /// True if any op was completed or failed.
+    fn progress_p2p(&mut self) -> bool {
+        let mut any = false;
+        let check_peers = self.last_check.elapsed() >= Duration::from_millis(20);
+        if check_peers {
+            self.last_check = Instant::now();
+        }
+        let me = self.comm.me;
+        for peer in 0..self.comm.n {
+            while let Some(q) = self.send_q[peer].front() {
+                let (k, started) = (q.k, q.started);
+                let ring = crate::ctl::RING;
+                let ready = k <= ring || self.comm.ctl.consumed(me, peer).load(SeqCst).wrapping_sub(k - ring) as i32 >= 0;
+                let stuck = if ready { None } else { self.stuck("send", k, peer, started, check_peers) };
+                if !ready && stuck.is_none() {
+                    break;
+                }
+                let q = self.send_q[peer].pop_front().expect("front exists");
+                let r = match stuck {
+                    Some(e) => self.guard("send", k as u64, |_| Err(e)),
+                    None => self.guard("send", k as u64, |s| s.send(k, peer, q.entry, &q.comp)),
+                };
+                progress::end(&self.comm.label, send_key(peer, k));
+                if r.is_err() {
+                    q.comp.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+                }
+                q.comp.posted.set(r);
+                any = true;
+            }
+            while let Some(q) = self.recv_q[peer].front() {
+                let (k, started) = (q.k, q.started);
+                let ready = self.comm.ctl.posted(peer, me).load(SeqCst).wrapping_sub(k) as i32 >= 0;
+                let stuck = if ready { None } else { self.stuck("recv", k, peer, started, check_peers) };
+                if !ready && stuck.is_none() {
+                    break;
+                }
+                let q = self.recv_q[peer].pop_front().expect("front exists");
+                let r = match stuck {
+                    Some(e) => self.guard("recv", k as u64, |_| Err(e)),
+                    None => self.guard("recv", k as u64, |s| s.recv(k, peer, &q.out)),
+                };
+                progress::end(&self.comm.label, recv_key(peer, k));
+                q.flag.set(r);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Why a queued op waiting on `peer` since `started` can never go (`None`: keep waiting).
+    fn stuck(&self, op: &str, k: u32, peer: usize, started: Instant, check_peers: bool) -> Option<CollectiveError> {
+        let c = &self.comm;
+        let err = |e: WaitErr| Some(c.wait_error(e, op, k as u64, started));
+        if self.poisoned.is_some() {
+            // guard() names the earlier failure.
+            return Some(CollectiveError::Aborted("poisoned".into()));
+        }
+        if c.abort.load(SeqCst) {
+            return err(WaitErr::Aborted("this rank's backend is being dropped".into()));
+        }
+        if started.elapsed() >= c.op_timeout {
+            return err(WaitErr::Timeout { peer });
+        }
+        if check_peers {
+            if let Err(e) = c.ctl.peer_state(peer) {
+                return err(e);
+            }
+        }
+        None
     }
 
     /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer.
@@ -423,6 +553,7 @@ impl Progress {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
+        // Called only once the ring slot is free (see `progress_p2p`); this wait returns at once.
         if k > crate::ctl::RING {
             comm.ctl
                 .wait_consumed(dst, k - crate::ctl::RING, deadline, &comm.abort)

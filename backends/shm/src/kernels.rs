@@ -3,8 +3,12 @@
 //! Semantics (declared in the backend's capabilities):
 //! * integers wrap in their own width; `avg` is the wrapped sum divided by the rank count,
 //!   truncated toward zero;
-//! * f16 / bf16 accumulate in f32 and round once at the end; f32 / f64 accumulate in their own
-//!   type; `avg` divides the sum by the rank count; `premul_sum(s)` is `sum(s * x_r)`;
+//! * f16 / bf16 accumulate in f64 (exact for f16 sums of up to 8 ranks: every f16 value is a
+//!   multiple of 2^-24 below 2^16) and round *once* at the end, to nearest even, straight from f64
+//!   (`Rounding::ExactThenRound`; issue 15 item 11 was an f32 accumulator rounded twice);
+//!   f32 / f64 accumulate in their own type; `avg` divides the sum by the rank count;
+//!   `premul_sum(s)` is `sum(s * x_r)` (f16 / bf16: `s` as f64, the same operations in the same
+//!   order as the oracle);
 //! * `min` / `max` propagate NaN, and order `-0.0 < +0.0`;
 //! * inputs are combined in rank order, so a result is the same whichever rank computes it.
 //!
@@ -125,8 +129,62 @@ macro_rules! float_red {
 }
 float_red!(f32, f32, |x| x, |a| a);
 float_red!(f64, f64, |x| x, |a| a);
-float_red!(f16, f32, |x: f16| x.to_f32(), f16::from_f32);
-float_red!(bf16, f32, |x: bf16| x.to_f32(), bf16::from_f32);
+float_red!(f16, f64, |x: f16| x.to_f64(), |a: f64| f16::from_bits(round_f64_bits(a, 5, 10) as u16));
+float_red!(bf16, f64, |x: bf16| x.to_f64(), |a: f64| bf16::from_bits(round_f64_bits(a, 8, 7) as u16));
+
+/// Rounds `v` once to the binary format with `e_bits` exponent and `m_bits` explicit mantissa
+/// bits (f16: 5, 10; bf16: 8, 7): to nearest, ties to even, overflow to ±inf, gradual underflow,
+/// NaN to a quiet NaN of the same sign. Straight from f64: going through f32 (or `half`'s
+/// `from_f64`, which truncates low bits first) would round twice and misround near ties.
+pub fn round_f64_bits(v: f64, e_bits: u32, m_bits: u32) -> u64 {
+    let width = 1 + e_bits + m_bits;
+    let sign = (v.to_bits() >> 63) << (width - 1);
+    let exp_all = ((1u64 << e_bits) - 1) << m_bits;
+    if v.is_nan() {
+        return sign | exp_all | (1u64 << (m_bits - 1));
+    }
+    if v.is_infinite() {
+        return sign | exp_all;
+    }
+    if v == 0.0 {
+        return sign;
+    }
+    let bias = (1i64 << (e_bits - 1)) - 1;
+    let bits = v.abs().to_bits();
+    let raw_exp = (bits >> 52) as i64;
+    let (mut e, sig) = if raw_exp == 0 {
+        let m = bits & ((1u64 << 52) - 1);
+        let lz = m.leading_zeros() as i64 - 11;
+        (1 - 1023 - lz, m << lz)
+    } else {
+        (raw_exp - 1023, (bits & ((1u64 << 52) - 1)) | (1u64 << 52))
+    };
+    let min_normal_exp = 1 - bias;
+    let subnormal = e < min_normal_exp;
+    let shift = 52 - m_bits as i64 + if subnormal { min_normal_exp - e } else { 0 };
+    if shift >= 64 {
+        return sign;
+    }
+    let shift = shift as u32;
+    let mut q = sig >> shift;
+    let rem = sig & ((1u64 << shift) - 1);
+    let half = 1u64 << (shift - 1);
+    if rem > half || (rem == half && q & 1 == 1) {
+        q += 1;
+    }
+    if subnormal {
+        return sign | q;
+    }
+    if q == 1u64 << (m_bits + 1) {
+        q >>= 1;
+        e += 1;
+    }
+    let biased = e + bias;
+    if biased >= (1i64 << e_bits) - 1 {
+        return sign | exp_all;
+    }
+    sign | ((biased as u64) << m_bits) | (q & ((1u64 << m_bits) - 1))
+}
 
 #[inline(always)]
 fn combine<T: Red>(acc: &mut [T::A], src: &[T], f: impl Fn(T::A, T::A) -> T::A) {
@@ -244,7 +302,49 @@ mod tests {
     }
 
     #[test]
-    fn bf16_sum_accumulates_in_f32_and_works_in_place_over_blocks() {
+    fn half_sums_round_once_from_the_exact_result() {
+        with_regions(|m| {
+            // Issue 15 item 11: three ranks of f16 [1.0, 2^-11, 2^-24] sum to 0x3C01 (just above
+            // the tie between 1.0 and 1 + 2^-10); an f32 accumulator rounds the 2^-24 away.
+            let ins: Vec<Region> = (0..3).map(|r| m.region(r * 64, 2)).collect();
+            for (r, v) in [1.0f64, 2f64.powi(-11), 2f64.powi(-24)].iter().enumerate() {
+                ins[r].copy_from_bytes(&f16::from_f64(*v).to_bits().to_le_bytes());
+            }
+            let o = m.region(512, 2);
+            reduce_into(DType::F16, ReduceOp::Sum, 3, o, &ins);
+            let mut got = [0u8; 2];
+            o.copy_to_bytes(&mut got);
+            assert_eq!(u16::from_le_bytes(got), 0x3C01);
+            // bf16: [1.0, 2^-8, 2^-24] -> 1 + 2^-7.
+            for (r, v) in [1.0f64, 2f64.powi(-8), 2f64.powi(-24)].iter().enumerate() {
+                ins[r].copy_from_bytes(&bf16::from_f64(*v).to_bits().to_le_bytes());
+            }
+            reduce_into(DType::BF16, ReduceOp::Sum, 3, o, &ins);
+            o.copy_to_bytes(&mut got);
+            assert_eq!(u16::from_le_bytes(got), 0x3F81);
+        });
+    }
+
+    #[test]
+    fn rounding_from_f64_matches_the_f32_cast_and_ties_to_even() {
+        for b in 0u16..0x7bff {
+            let (lo, hi) = (f16::from_bits(b).to_f64(), f16::from_bits(b + 1).to_f64());
+            let mid = (lo + hi) / 2.0;
+            let even = if b & 1 == 0 { b } else { b + 1 };
+            assert_eq!(round_f64_bits(mid, 5, 10), even as u64, "tie between {lo} and {hi}");
+            assert_eq!(round_f64_bits(mid + (hi - lo) * 1e-6, 5, 10), (b + 1) as u64);
+            assert_eq!(round_f64_bits(mid - (hi - lo) * 1e-6, 5, 10), b as u64);
+            assert_eq!(round_f64_bits(lo, 5, 10), b as u64);
+        }
+        for x in [0.1f32, -3.75, 1e-40, 65504.0, 1e30, f32::MIN_POSITIVE] {
+            assert_eq!(round_f64_bits(x as f64, 8, 7), bf16::from_f32(x).to_bits() as u64, "{x}");
+        }
+        assert_eq!(round_f64_bits(65520.0, 5, 10), 0x7c00);
+        assert_eq!(round_f64_bits(-0.0, 5, 10), 0x8000);
+    }
+
+    #[test]
+    fn bf16_sum_accumulates_in_f64_and_works_in_place_over_blocks() {
         with_regions(|m| {
             let n = 5000;
             let a = m.region(0, n * 2);

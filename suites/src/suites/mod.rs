@@ -4,6 +4,10 @@
 //! * [`subgroup`] — the matrix's core ops and every reduce op on reversed / halves / odd-even / partial subgroups.
 //! * [`seed`] — PyTorch's `test_c10d_functional_native.py` and eager `test_inductor_collectives.py`.
 //! * [`async_wait`] — completion, wait semantics, registry, lag, un-waited exit, threads.
+//! * [`async_ops`] — issue at once / pending / wait deadline on every op, each rank late in turn;
+//!   the barrier synchronises.
+//! * [`p2p`] — messages in flight in order, beyond a ring's size, receive before send.
+//! * [`numerics`] — exact rounding: nearest-even ties, subnormals, premul_sum factors.
 //! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.
 //! * [`caps`] — declared capabilities (NaN policy, integer avg, aliasing, gaps) vs observed behaviour.
@@ -16,10 +20,13 @@
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
 
 pub mod all_to_all_equal;
+pub mod async_ops;
 pub mod async_wait;
 pub mod bad_input;
 pub mod caps;
 pub mod matrix;
+pub mod numerics;
+pub mod p2p;
 pub mod realloc;
 pub mod reuse;
 pub mod seed;

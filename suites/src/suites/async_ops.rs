@@ -1,0 +1,341 @@
+//! Asynchrony on every op of the trait and on every rank (issue 10): for each (op, variant) of
+//! [`crate::exec::PAIRS`] and each rank `L` in turn as the *late* rank, every other rank issues
+//! first and checks that
+//! * issuing returned at once (the late rank has not issued),
+//! * `is_completed()` is false while its result still needs the late rank,
+//! * `wait(30 ms)` ends in a named timeout, within its deadline (not `Ok`, not a hang),
+//!
+//! then tells the late rank through the store (a rendezvous, not a sleep), which issues; every
+//! rank then waits and checks its value against the oracle.
+//!
+//! Whether a rank's result "needs" the late rank: every rank for all_reduce / all_gather /
+//! reduce_scatter / all_to_all / barrier; non-roots when the late rank is the root of broadcast /
+//! scatter (root = late rank); the root of reduce / gather (root = the rank after the late one);
+//! the receiver of permute and of recv. A send, and a rank whose result is defined without the
+//! late rank, is only checked for returning at once.
+//!
+//! Also here: `async::barrier_synchronises` — the late rank sets a store key right before
+//! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
+//! completes, with a non-waiting `check`, that the key is set.
+
+use super::util::{expect_eq, fail, here};
+use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use crate::exec::PAIRS;
+use crate::values::partner;
+use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
+use concord_oracle::{Collective, Semantics};
+use std::time::{Duration, Instant};
+
+/// How long an early rank waits for a result that cannot be there yet.
+const SHORT_WAIT: Duration = Duration::from_millis(30);
+/// Slack on "returned at once" and "honoured its deadline" (a loaded 2-core machine stalls).
+const SLACK: Duration = Duration::from_secs(2);
+
+fn meta(op: OpKind, variant: Variant) -> CaseMeta {
+    CaseMeta {
+        suite: "async".into(),
+        op: op.name().into(),
+        variant: variant.to_string(),
+        dtype: "f32".into(),
+        reduce: if op.reduces() { "sum".into() } else { "-".into() },
+    }
+}
+
+/// A work of any result type, as issued (not waited).
+enum Pending<B: Backend> {
+    One(Work<B::Buffer>),
+    Many(Work<Vec<B::Buffer>>),
+    Unit(Work<()>),
+    /// (send, recv)
+    Pair(Work<()>, Work<B::Buffer>),
+}
+
+impl<B: Backend> Pending<B> {
+    /// The completion state of the part that needs the peers (the recv of a pair).
+    fn is_completed(&self) -> bool {
+        match self {
+            Pending::One(w) => w.is_completed(),
+            Pending::Many(w) => w.is_completed(),
+            Pending::Unit(w) => w.is_completed(),
+            Pending::Pair(_, r) => r.is_completed(),
+        }
+    }
+    fn wait(&self, t: Duration) -> Result<(), CollectiveError> {
+        match self {
+            Pending::One(w) => w.wait(t).map(|_| ()),
+            Pending::Many(w) => w.wait(t).map(|_| ()),
+            Pending::Unit(w) => w.wait(t).map(|_| ()),
+            Pending::Pair(_, r) => r.wait(t).map(|_| ()),
+        }
+    }
+    fn into_values(self, t: Duration) -> Result<Vec<B::Buffer>, CollectiveError> {
+        match self {
+            Pending::One(w) => Ok(vec![w.into_value(t)?]),
+            Pending::Many(w) => w.into_value(t),
+            Pending::Unit(w) => w.into_value(t).map(|_| vec![]),
+            Pending::Pair(s, r) => {
+                let got = r.into_value(t)?;
+                s.wait(t)?;
+                Ok(vec![got])
+            }
+        }
+    }
+}
+
+/// The arguments of one issue: root, permutation, peer.
+struct Args {
+    root: usize,
+    src_dst: Vec<usize>,
+    peer: Option<usize>,
+}
+
+fn issue<B: Backend>(
+    b: &B,
+    op: OpKind,
+    v: Variant,
+    ins: &[B::Buffer],
+    out: Option<&B::Buffer>,
+    a: &Args,
+) -> Result<Pending<B>, CollectiveError> {
+    let s = ReduceOp::Sum;
+    let o = || out.expect("an _out variant has an output buffer");
+    Ok(match (op, v) {
+        (OpKind::AllReduce, Variant::Out) => Pending::One(b.all_reduce(&ins[0], s)?),
+        (OpKind::AllReduce, Variant::InPlace) => Pending::One(b.all_reduce_(&ins[0], s)?),
+        (OpKind::AllReduce, Variant::Coalesced) => Pending::Many(b.all_reduce_coalesced(ins, s)?),
+        (OpKind::AllReduce, Variant::CoalescedInPlace) => Pending::Many(b.all_reduce_coalesced_(ins, s)?),
+        (OpKind::AllGatherIntoTensor, Variant::Out) => Pending::One(b.all_gather_into_tensor(&ins[0])?),
+        (OpKind::AllGatherIntoTensor, Variant::OutBuf) => Pending::One(b.all_gather_into_tensor_out(&ins[0], o())?),
+        (OpKind::AllGatherIntoTensor, Variant::Coalesced) => Pending::Many(b.all_gather_into_tensor_coalesced(ins)?),
+        (OpKind::ReduceScatterTensor, Variant::Out) => Pending::One(b.reduce_scatter_tensor(&ins[0], s)?),
+        (OpKind::ReduceScatterTensor, Variant::OutBuf) => Pending::One(b.reduce_scatter_tensor_out(&ins[0], s, o())?),
+        (OpKind::ReduceScatterTensor, Variant::Coalesced) => Pending::Many(b.reduce_scatter_tensor_coalesced(ins, s)?),
+        (OpKind::AllToAllSingle, Variant::Out) => Pending::One(b.all_to_all_single(&ins[0], None, None)?),
+        (OpKind::Broadcast, Variant::Out) => Pending::One(b.broadcast(&ins[0], a.root)?),
+        (OpKind::Broadcast, Variant::InPlace) => Pending::One(b.broadcast_(&ins[0], a.root)?),
+        (OpKind::PermuteTensor, Variant::Out) => Pending::One(b.permute_tensor(&ins[0], &a.src_dst)?),
+        (OpKind::Reduce, Variant::Out) => Pending::One(b.reduce(&ins[0], s, a.root)?),
+        (OpKind::Gather, Variant::Out) => Pending::One(b.gather(&ins[0], a.root)?),
+        (OpKind::Scatter, Variant::Out) => Pending::One(b.scatter(&ins[0], a.root)?),
+        (OpKind::SendRecv, Variant::OutBuf) => {
+            let peer = a.peer.expect("send/recv cases run on paired ranks only");
+            let sw = b.send(&ins[0], peer)?;
+            Pending::Pair(sw, b.recv(o(), peer)?)
+        }
+        (OpKind::Barrier, Variant::Out) => Pending::Unit(b.barrier()?),
+        (op, v) => return Err(CollectiveError::Backend(format!("suite bug: {op} has no {v} variant"))),
+    })
+}
+
+/// Whether rank `me`'s result needs rank `late` to have issued (see the module docs).
+fn needs_late(op: OpKind, me: usize, late: usize, a: &Args) -> bool {
+    match op {
+        OpKind::Broadcast | OpKind::Scatter => me != a.root && late == a.root,
+        OpKind::Reduce | OpKind::Gather => me == a.root,
+        OpKind::PermuteTensor => a.src_dst[late] == me,
+        OpKind::SendRecv => a.peer == Some(late),
+        _ => true,
+    }
+}
+
+/// Rank r's input number t: distinct per rank, tensor and element (exact in f32).
+fn input(r: usize, t: usize, n: usize) -> Tensor {
+    Tensor::from_vec(&[n], (0..n).map(|i| (r * 100 + t * 10 + i) as f32).collect())
+}
+
+fn collective(op: OpKind, a: &Args, ws: usize) -> Option<Collective> {
+    let s = ReduceOp::Sum;
+    Some(match op {
+        OpKind::AllReduce => Collective::AllReduce { op: s },
+        OpKind::AllGatherIntoTensor => Collective::AllGather,
+        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: s },
+        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
+        OpKind::Broadcast => Collective::Broadcast { src: a.root },
+        OpKind::PermuteTensor => Collective::Permute { src_dst: a.src_dst.clone() },
+        OpKind::Reduce => Collective::Reduce { op: s, root: a.root },
+        OpKind::Gather => Collective::Gather { root: a.root },
+        OpKind::Scatter => Collective::Scatter { root: a.root },
+        OpKind::SendRecv => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
+        OpKind::Barrier => return None,
+    })
+}
+
+/// One round with rank `late` as the late rank.
+fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = format!("{} late_rank={late}", here(b, op.name(), &v.to_string(), DType::F32));
+    let a = Args {
+        root: if matches!(op, OpKind::Reduce | OpKind::Gather) { (late + 1) % ws } else { late },
+        src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
+        peer: partner(me, ws),
+    };
+    let n = 2 * ws;
+    let tensors = if matches!(v, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
+    let mine: Vec<Tensor> = (0..tensors).map(|t| input(me, t, n)).collect();
+    let ins: Vec<B::Buffer> = mine.iter().map(|t| b.upload(t)).collect::<Result<_, _>>()?;
+    // Expected results, tensor by tensor, from the oracle.
+    let sem = Semantics::of(&b.capabilities());
+    let mut expected = Vec::new();
+    if let Some(c) = collective(op, &a, ws) {
+        for t in 0..tensors {
+            let all: Vec<Tensor> = (0..ws).map(|r| input(r, t, n)).collect();
+            let e = concord_oracle::expected(&c, &all, &sem).map_err(|e| fail(&w, format!("suite bug: oracle: {e}")))?;
+            expected.push((e.outputs[me].clone(), e.defined[me]));
+        }
+    }
+    let out = match v {
+        Variant::OutBuf => {
+            let shape = expected[0].0.shape().to_vec();
+            Some(b.alloc(DType::F32, &shape)?)
+        }
+        _ => None,
+    };
+    let key = |r: usize| format!("{}/{}/late{late}/issued{r}", ctx.case, ctx.world.world_id);
+    // A check that fails on an early rank is reported after the round, once every rank has
+    // issued and waited (so the world stays in step); only an early rank whose issue itself
+    // failed tells the late rank not to issue (store value "x").
+    let mut early_failure: Option<crate::case::CaseEnd> = None;
+    let pending = if me == late {
+        let keys: Vec<String> = (0..ws).filter(|&r| r != late).map(key).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        ctx.store.wait(&refs, ctx.timeout).map_err(|e| {
+            fail(&w, format!("the other ranks never returned from issuing while rank {late} was absent (ops must return at once): {e}"))
+        })?;
+        let mut failed = Vec::new();
+        for k in &refs {
+            if ctx.store.get(k).map_err(|e| fail(&w, e))? != b"1" {
+                failed.push(k.rsplit("issued").next().unwrap_or("?").to_string());
+            }
+            let _ = ctx.store.delete_key(k);
+        }
+        if !failed.is_empty() {
+            return Err(fail(&w, format!("rank(s) {} could not issue the op (see their messages); not issuing", failed.join(", "))));
+        }
+        issue(b, op, v, &ins, out.as_ref(), &a)?
+    } else {
+        let t0 = Instant::now();
+        let p = match issue(b, op, v, &ins, out.as_ref(), &a) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = ctx.store.set(&key(me), b"x");
+                return Err(fail(&w, format!("issue failed: {e} [{}]", e.name())));
+            }
+        };
+        let took = t0.elapsed();
+        let check = || -> CaseResult {
+            if took > SLACK {
+                return Err(fail(
+                    &w,
+                    format!("issuing blocked the caller for {took:?} while rank {late} was absent (ops must return at once)"),
+                ));
+            }
+            if !needs_late(op, me, late, &a) {
+                return Ok(());
+            }
+            if p.is_completed() {
+                return Err(fail(&w, format!("is_completed() was true before rank {late} had issued its side")));
+            }
+            let t0 = Instant::now();
+            match p.wait(SHORT_WAIT) {
+                Ok(()) => return Err(fail(&w, format!("wait returned Ok before rank {late} had issued its side"))),
+                Err(e) if e.name() == "timeout" => {}
+                Err(e) => {
+                    return Err(fail(
+                        &w,
+                        format!("wait({SHORT_WAIT:?}) before rank {late} issued: expected a named timeout, got {e} [{}]", e.name()),
+                    ))
+                }
+            }
+            let took = t0.elapsed();
+            if took > SHORT_WAIT + SLACK {
+                return Err(fail(&w, format!("wait({SHORT_WAIT:?}) returned after {took:?}: waits must honour their deadline")));
+            }
+            if p.is_completed() {
+                return Err(fail(&w, format!("is_completed() was true after a timed-out wait, before rank {late} had issued")));
+            }
+            Ok(())
+        };
+        early_failure = check().err();
+        ctx.store.set(&key(me), b"1").map_err(|e| fail(&w, e))?;
+        p
+    };
+    let outs = pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())));
+    if let Some(f) = early_failure {
+        return Err(f);
+    }
+    let outs = outs?;
+    if outs.len() != expected.len() {
+        return Err(fail(&w, format!("returned {} results, expected {}", outs.len(), expected.len())));
+    }
+    for (t, (o, (exp, defined))) in outs.iter().zip(&expected).enumerate() {
+        if *defined {
+            expect_eq(b, o, exp, &format!("{w} tensor {t}"))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    // Every (op, variant) at ws2; the ops with roots, permutations and all-to-all again at ws3.
+    let ws3 = [
+        OpKind::AllReduce,
+        OpKind::AllToAllSingle,
+        OpKind::Broadcast,
+        OpKind::PermuteTensor,
+        OpKind::Reduce,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::Barrier,
+    ];
+    for &(op, variant) in PAIRS {
+        for ws in [2, 3] {
+            if ws == 3 && (!ws3.contains(&op) || variant != Variant::Out) {
+                continue;
+            }
+            let name = format!("async::pending_until_peers_arrive::{}::{variant}::ws{ws}", op.name());
+            v.push(Case::<B>::new(name, meta(op, variant), ws, move |ctx| {
+                // Every round runs even after a failed one (its peers run it too); the first
+                // failure is the verdict.
+                let mut first = Ok(());
+                for late in 0..ctx.world_size() {
+                    let r = round(ctx, op, variant, late);
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }));
+        }
+    }
+    for ws in [2, 3] {
+        v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {
+            let b = ctx.b;
+            for late in 0..b.world_size() {
+                let w = format!("{} late_rank={late}", here(b, "barrier", "out", DType::F32));
+                let key = format!("{}/{}/late{late}/entering", ctx.case, ctx.world.world_id);
+                if b.rank() == late {
+                    // A deliberate delay, so that the other ranks are inside their barrier.
+                    std::thread::sleep(Duration::from_millis(50));
+                    ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+                }
+                b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                let set = ctx.store.check(&[&key]).map_err(|e| fail(&w, e))?;
+                if !set {
+                    return Err(fail(
+                        &w,
+                        format!("the barrier completed before rank {late} had entered it (its store key, set right before entering, was not there)"),
+                    ));
+                }
+                // Everyone has checked before the key goes away.
+                b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("second barrier: {e} [{}]", e.name())))?;
+                if b.rank() == late {
+                    let _ = ctx.store.delete_key(&key);
+                }
+            }
+            Ok(())
+        }));
+    }
+    v
+}

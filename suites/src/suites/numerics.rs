@@ -1,0 +1,144 @@
+//! Rounding with exact expectations (issue 10): every expectation is the oracle's (f64, rounded
+//! once, ties to even), compared bit for bit.
+//!
+//! * `numerics::round_once::{f16,bf16}::ws3` — sums whose exact value lies on, just above or just
+//!   below a tie of the dtype: three ranks of f16 `[1.0, 2^-11, 2^-24]` give `0x3C01`, which an
+//!   accumulator that rounds twice (f32, then f16) gets wrong (`0x3C00`; shm issue 15 item 11).
+//!   Run only for a backend that declares [`Rounding::ExactThenRound`].
+//! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
+//!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
+//!   flush to zero; exact in every dtype, whatever the declared rounding).
+//! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
+//!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
+//!   every order of the sum gives the same bits).
+
+use super::util::{expect_eq, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Rounding, Tensor, Variant};
+use concord_oracle::{Collective, Semantics};
+
+fn meta(dtype: DType, reduce: &str) -> CaseMeta {
+    CaseMeta { suite: "numerics".into(), op: "all_reduce".into(), variant: "out".into(), dtype: dtype.to_string(), reduce: reduce.into() }
+}
+
+/// all_reduce(op) of `per_rank[r]` (f64 values, exact in `dtype`), checked bit-exactly against
+/// the oracle. `label` goes into the failure message.
+fn check<B: Backend>(ctx: &Ctx<'_, B>, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
+    let b = ctx.b;
+    let ws = b.world_size();
+    b.capabilities().check(OpKind::AllReduce, Some(Variant::Out), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
+    let n = per_rank[0].len();
+    let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], v)).collect();
+    let w = format!("{} reduce={op} {label}", here(b, "all_reduce", "out", dtype));
+    let exp = concord_oracle::expected(&Collective::AllReduce { op }, &inputs, &Semantics::of(&b.capabilities()))
+        .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
+    let x = b.upload(&inputs[b.rank()])?;
+    let out = b.all_reduce(&x, op)?.into_value(ctx.timeout)?;
+    expect_eq(b, &out, &exp.outputs[b.rank()], &w)
+}
+
+fn exact_rounding<B: Backend>(b: &B) -> Result<(), CaseEnd> {
+    match b.capabilities().rounding {
+        Rounding::ExactThenRound => Ok(()),
+        r => Err(CaseEnd::Unsupported(format!("declared rounding {r:?}: exact expectations need Rounding::ExactThenRound"))),
+    }
+}
+
+fn p2(e: i32) -> f64 {
+    2f64.powi(e)
+}
+
+/// (explicit mantissa bits, smallest subnormal, smallest normal)
+fn layout(d: DType) -> (i32, f64, f64) {
+    match d {
+        DType::F16 => (10, p2(-24), p2(-14)),
+        DType::BF16 => (7, p2(-133), p2(-126)),
+        DType::F32 => (23, p2(-149), p2(-126)),
+        _ => (52, f64::from_bits(1), f64::MIN_POSITIVE),
+    }
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        v.push(Case::<B>::new(format!("numerics::round_once::{dtype}::ws3"), meta(dtype, "sum"), 3, move |ctx| {
+            exact_rounding(ctx.b)?;
+            let (m, _, _) = layout(dtype);
+            let ulp = p2(-m); // ulp of [1, 2)
+            let half = ulp / 2.0;
+            let low = p2(-24); // far below half an ulp, lost by a second rounding
+                               // Columns: one element each; rows: ranks.
+            let cols: [[f64; 3]; 8] = [
+                [1.0, half, low],              // above the tie: 1 + ulp (f16: 0x3C01)
+                [1.0, half, 0.0],              // on the tie, even below: 1.0
+                [1.0 + ulp, half, 0.0],        // on the tie, even above: 1 + 2 ulp
+                [1.0, half, -low],             // below the tie: 1.0
+                [-1.0, -half, -low],           // negative, above the tie in magnitude
+                [1.0 + ulp, half, -low],       // just below a tie that would go up
+                [2.0, half, half],             // two halves of the ulp of 1 at 2: a tie at 2
+                [1.0, half * 0.5, half * 0.5], // quarter + quarter = a tie
+            ];
+            let per_rank: Vec<Vec<f64>> = (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect();
+            // Self-check of the suite: the oracle's first element is the documented one.
+            let first = concord_oracle::expected(
+                &Collective::AllReduce { op: ReduceOp::Sum },
+                &per_rank.iter().map(|v| Tensor::from_f64(dtype, &[v.len()], v)).collect::<Vec<_>>(),
+                &Semantics::of(&ctx.b.capabilities()),
+            )
+            .map_err(|e| CaseEnd::Fail(format!("suite bug: {e}")))?;
+            let bits = u16::from_le_bytes([first.outputs[0].bytes()[0], first.outputs[0].bytes()[1]]);
+            let want = if dtype == DType::F16 { 0x3C01 } else { 0x3F81 };
+            if bits != want {
+                return Err(CaseEnd::Fail(format!(
+                    "suite bug: the oracle gives {bits:#06x} for 1 + half ulp + 2^-24, expected {want:#06x}"
+                )));
+            }
+            check(ctx, dtype, ReduceOp::Sum, &per_rank, "input=round_to_nearest_even_ties")
+        }));
+    }
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        v.push(Case::<B>::new(format!("numerics::subnormal::{dtype}::ws2"), meta(dtype, "sum"), 2, move |ctx| {
+            let (_, t, mn) = layout(dtype);
+            let pairs: [[f64; 2]; 12] = [
+                [t, t],          // subnormal + subnormal
+                [3.0 * t, -t],   // subnormal difference
+                [mn - t, t],     // largest subnormal + smallest: the smallest normal
+                [mn, -t],        // normal - subnormal: largest subnormal
+                [1.5 * mn, -mn], // normal - normal: a subnormal result
+                [-t, t],         // +0
+                [-t, -t],        // negative subnormal
+                [t, 0.0],        // subnormal + zero
+                [-0.0, t],       // -0 and a subnormal
+                [t, 2.0 * t],    // min / max among subnormals
+                [-t, -2.0 * t],  // negative ones
+                [mn - t, mn],    // min / max across the subnormal / normal boundary
+            ];
+            let per_rank: Vec<Vec<f64>> = (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                check(ctx, dtype, op, &per_rank, "input=subnormal")?;
+            }
+            Ok(())
+        }));
+    }
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        v.push(Case::<B>::new(format!("numerics::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {
+            let ints: Vec<Vec<f64>> = (0..3).map(|r| (0..16).map(|i| ((r * 5 + i * 3) % 17) as f64 - 8.0).collect()).collect();
+            for f in [0.5, 3.0] {
+                check(ctx, dtype, ReduceOp::PremulSum(f), &ints, &format!("factor={f} input=integers"))?;
+            }
+            let third = 1.0 / 3.0;
+            match dtype {
+                DType::F64 => {
+                    let same: Vec<Vec<f64>> =
+                        (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i - 8)).collect()).collect();
+                    check(ctx, dtype, ReduceOp::PremulSum(third), &same, "factor=1/3 input=equal_across_ranks")
+                }
+                DType::F16 | DType::BF16 if ctx.b.capabilities().rounding == Rounding::ExactThenRound => {
+                    check(ctx, dtype, ReduceOp::PremulSum(third), &ints, "factor=1/3 input=integers")
+                }
+                _ => Ok(()),
+            }
+        }));
+    }
+    v
+}
