@@ -3,7 +3,7 @@
 //! catch them (run first).
 
 use crate::campaign::Spec;
-use crate::{bump, copy_bytes, edit, set_f64, Bug, Buf, Shm, Twist, BUG_WAIT};
+use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
 use concord_core::{Backend, CollectiveError, Completion, DType, ReduceOp, Result, Tensor, Work};
 use concord_shm::ShmBackend;
 use std::collections::HashMap;
@@ -846,7 +846,12 @@ pub fn catalogue() -> Vec<Spec> {
             "premul_sum ignores its factor",
             &["all_reduce::out::f32::premul_sum::ws2"],
         ),
-        spec::<FlushesSubnormals>("flushes_subnormals", "rounding", "all_reduce flushes subnormal results to zero", &["all_reduce::out::f"]),
+        spec::<FlushesSubnormals>(
+            "flushes_subnormals",
+            "rounding",
+            "all_reduce flushes subnormal results to zero",
+            &["all_reduce::out::f"],
+        ),
         // ordering
         spec::<P2pSwappedInFlight>(
             "p2p_swapped_in_flight",
@@ -854,9 +859,24 @@ pub fn catalogue() -> Vec<Spec> {
             "two in-flight recvs from one peer get each other's message",
             &["send_recv::"],
         ),
-        spec::<AllGatherRotated>("all_gather_rotated", "ordering", "all_gather rank order rotated by one", &["all_gather_into_tensor::out::f32::ws3"]),
-        spec::<ScatterChunksRotated>("scatter_chunks_rotated", "ordering", "scatter sends chunk r + 1 to rank r", &["scatter::out::f32::ws2"]),
-        spec::<PermuteInverted>("permute_inverted", "ordering", "permute_tensor applies the inverse permutation", &["permute_tensor::out::f32::ws3"]),
+        spec::<AllGatherRotated>(
+            "all_gather_rotated",
+            "ordering",
+            "all_gather rank order rotated by one",
+            &["all_gather_into_tensor::out::f32::ws3"],
+        ),
+        spec::<ScatterChunksRotated>(
+            "scatter_chunks_rotated",
+            "ordering",
+            "scatter sends chunk r + 1 to rank r",
+            &["scatter::out::f32::ws2"],
+        ),
+        spec::<PermuteInverted>(
+            "permute_inverted",
+            "ordering",
+            "permute_tensor applies the inverse permutation",
+            &["permute_tensor::out::f32::ws3"],
+        ),
         // barrier
         spec::<BarrierReturnsAtOnce>("barrier_returns_at_once", "barrier", "barrier completes at once, without the peers", &["barrier::"]),
         // leaks

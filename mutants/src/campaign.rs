@@ -131,15 +131,8 @@ pub fn render(found: &[Finding], wall: Duration) -> String {
             Some(c) => ("caught", c.case.clone()),
             None => ("SURVIVED", "SURVIVED".to_string()),
         };
-        out += &format!(
-            "{:<w$}  {:<cw$}  {:<8}  {:>6}  {:>7.1}s  {}\n",
-            f.name,
-            f.clause,
-            caught,
-            f.cases_run,
-            f.elapsed.as_secs_f64(),
-            case
-        );
+        out +=
+            &format!("{:<w$}  {:<cw$}  {:<8}  {:>6}  {:>7.1}s  {}\n", f.name, f.clause, caught, f.cases_run, f.elapsed.as_secs_f64(), case);
     }
     out += "\nfirst failure of each caught mutant:\n";
     for f in found {
