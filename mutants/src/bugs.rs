@@ -162,7 +162,7 @@ bug!(TruncatesLastChunk {
         const CHUNK: usize = 1024;
         let w = s.inner.all_reduce(x, op)?;
         let n = s.numel(x);
-        if n <= CHUNK || n % CHUNK == 0 {
+        if n <= CHUNK || n.is_multiple_of(CHUNK) {
             return Ok(w);
         }
         // The last, partial chunk is never reduced: it keeps this rank's input.
@@ -634,7 +634,7 @@ bug!(LeakedSubgroupBarrier {
 bug!(TruncatesIndivisibleReduceScatter {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let (ws, shape) = (s.ws(), s.inner.buffer_shape(x));
-        if shape.is_empty() || shape[0] % ws == 0 {
+        if shape.is_empty() || shape[0].is_multiple_of(ws) {
             return s.inner.reduce_scatter_tensor(x, op);
         }
         let mut keep = shape.clone();
