@@ -890,7 +890,7 @@ pub fn catalogue() -> Vec<Spec> {
             "leaks_one_count_per_all_gather",
             "leaks",
             "each all_gather leaves one work counted in outstanding()",
-            &["async::registry_counts_unwaited_work", "all_gather_into_tensor::out"],
+            &["seed::c10d::test_unwaited", "async::registry_counts_unwaited_work"],
         ),
         spec::<LeakedSubgroupBarrier>(
             "leaked_subgroup_barrier",
