@@ -890,7 +890,8 @@ pub fn catalogue() -> Vec<Spec> {
             "leaks_one_count_per_all_gather",
             "leaks",
             "each all_gather leaves one work counted in outstanding()",
-            &["seed::c10d::test_unwaited", "async::registry_counts_unwaited_work"],
+            // Caught only once an all_gather ran earlier in the same world (the leak persists).
+            &["all_gather_into_tensor::out::f32::ws2", "seed::eager::work_registry_zero_after_wait"],
         ),
         spec::<LeakedSubgroupBarrier>(
             "leaked_subgroup_barrier",
