@@ -7,6 +7,8 @@
 //!   missing; the conformance matrix as one test per backend × suite × world size), after saying
 //!   what is gated and why.
 //! * `cargo xtask conformance --backend shm` — the conformance suites with a report.
+//! * `cargo xtask mutants` — the mutation campaign: the suites against the shm backend with one
+//!   bug each (`concord-mutants`); catch rate, survivors; exits non-zero if any survives.
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
 //! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
@@ -54,6 +56,22 @@ enum Cmd {
         contract: bool,
         /// Substring filters on case ids.
         filters: Vec<String>,
+    },
+    /// The mutation campaign: every mutant of `concord-mutants` against the catalogue (slow;
+    /// not part of `test`, whose fast subset runs five caught mutants).
+    Mutants {
+        /// Run only this mutant (repeatable); `--list` shows them.
+        #[arg(long)]
+        mutant: Vec<String>,
+        /// Run only these case ids (`<mutant>::<case>`, as a failure's rerun line gives them).
+        #[arg(long, num_args = 1..)]
+        case: Vec<String>,
+        /// Mutants run side by side (default: the machine's parallelism).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// List the mutants and exit.
+        #[arg(long)]
+        list: bool,
     },
     /// Per-case overhead (4 ranks) and store barrier (8 ranks).
     BenchHarness,
@@ -166,6 +184,26 @@ fn main() -> Result<()> {
                 c.arg("--").args(&names[1..]);
             }
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Mutants { mutant, case, jobs, list } => {
+            // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
+            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-mutants", "--bin", "concord-mutants"]))?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+            let mut c = Command::new(target.join("ci/concord-mutants"));
+            for m in &mutant {
+                c.args(["--mutant", m]);
+            }
+            if !case.is_empty() {
+                c.arg("--case").args(&case);
+            }
+            if let Some(j) = jobs {
+                c.args(["--jobs", &j.to_string()]);
+            }
+            if list {
+                c.arg("--list");
+            }
+            let status = c.current_dir(root()).status().context("could not start concord-mutants")?;
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),

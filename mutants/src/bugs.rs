@@ -1,0 +1,955 @@
+//! The mutants: one bug each, by contract clause. Each is a [`Bug`] overriding one hook of the
+//! correct shm backend; [`catalogue`] lists them with their clause and the cases most likely to
+//! catch them (run first).
+
+use crate::campaign::Spec;
+use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
+use concord_core::{Backend, CollectiveError, Completion, DType, ReduceOp, Result, Tensor, Work};
+use concord_shm::ShmBackend;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// A stateless bug: `bug!(Name { hooks })`.
+macro_rules! bug {
+    ($(#[$m:meta])* $name:ident { $($hooks:tt)* }) => {
+        $(#[$m])*
+        #[derive(Default)]
+        pub struct $name;
+        impl Bug for $name {
+            $($hooks)*
+        }
+    };
+}
+
+/// `all_reduce` (out-of-place) with `op` replaced where `swap` says so.
+fn swapped_op(s: &Shm, x: &Buf, op: ReduceOp, swap: impl Fn(DType, ReduceOp) -> Option<ReduceOp>) -> Result<Work<Buf>> {
+    s.inner.all_reduce(x, swap(s.inner.buffer_dtype(x), op).unwrap_or(op))
+}
+
+/// `w` with element `at(numel)` of its result made wrong when `when(numel, bytes)` holds.
+fn corrupt_if(s: &Shm, w: Work<Buf>, when: bool, at: fn(usize) -> usize) -> Work<Buf> {
+    if !when {
+        return w;
+    }
+    s.then(w, move |be, out| {
+        edit(be, out, |t| {
+            let n = t.numel();
+            if n > 0 {
+                bump(t, at(n).min(n - 1))
+            }
+        })
+    })
+}
+
+/// `b` itself, or the same shape at offset 0 of its parent if it is a view at an offset.
+fn at_offset_zero(s: &Shm, b: &Buf) -> Result<Buf> {
+    match s.view_of(b) {
+        Some((parent, off)) if off > 0 => s.inner.view(&parent, 0, &s.inner.buffer_shape(b)),
+        _ => Ok(b.clone()),
+    }
+}
+
+/// Writes one element of junk just past `out` when `out` is a view (where the guard bytes are).
+fn write_past(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+    let (Some((parent, off)), numel) = (s.view_of(w.peek()), s.numel(w.peek())) else { return w };
+    s.then(w, move |be, out| {
+        let past = be.view(&parent, off + numel, &[1])?;
+        be.write(&past, &Tensor::filled_bytes(be.buffer_dtype(out), &[1], 0x11))
+    })
+}
+
+// ---------------------------------------------------------------- values
+
+bug!(SumIsMaxF32 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        swapped_op(s, x, op, |d, op| (d == DType::F32 && op == ReduceOp::Sum).then_some(ReduceOp::Max))
+    }
+});
+
+bug!(MaxIsMinBf16 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        swapped_op(s, x, op, |d, op| (d == DType::BF16 && op == ReduceOp::Max).then_some(ReduceOp::Min))
+    }
+});
+
+bug!(ProductIsSum {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        swapped_op(s, x, op, |_, op| (op == ReduceOp::Product).then_some(ReduceOp::Sum))
+    }
+});
+
+bug!(BxorIsBor {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        swapped_op(s, x, op, |_, op| (op == ReduceOp::BXor).then_some(ReduceOp::BOr))
+    }
+});
+
+bug!(LastElementNotReduced {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let x = x.clone();
+        Ok(s.then(w, move |be, out| {
+            let input = be.download(&x)?;
+            edit(be, out, |t| {
+                let (n, es) = (t.numel(), t.dtype().size());
+                if n > 0 {
+                    copy_bytes(t, (n - 1) * es, &input, (n - 1) * es, es)
+                }
+            })
+        }))
+    }
+});
+
+bug!(U64SumWrapsAt32Bits {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != DType::U64 {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| edit(be, out, |t| t.bytes_mut().chunks_mut(8).for_each(|e| e[4..].fill(0)))))
+    }
+});
+
+bug!(IntAvgFloors {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if op != ReduceOp::Avg || !s.inner.buffer_dtype(x).is_signed_int() {
+            return s.inner.all_reduce(x, op);
+        }
+        // The sum says whether the quotient was negative and inexact; then round it down.
+        let sum = s.inner.all_reduce(x, ReduceOp::Sum)?;
+        let w = s.inner.all_reduce(x, op)?;
+        let ws = s.ws() as f64;
+        Ok(s.then(w, move |be, out| {
+            let sum = be.download(sum.wait(BUG_WAIT)?)?;
+            edit(be, out, |t| {
+                for i in 0..t.numel() {
+                    let v = sum.get_f64(i);
+                    if v < 0.0 && v % ws != 0.0 {
+                        let r = t.get_f64(i);
+                        set_f64(t, i, r - 1.0);
+                    }
+                }
+            })
+        }))
+    }
+});
+
+// ---------------------------------------------------------------- sizes
+
+bug!(WrongAbove64KElements {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        Ok(corrupt_if(s, w, s.numel(x) > 64 * 1024, |n| n / 2))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce_(x, op)?;
+        Ok(corrupt_if(s, w, s.numel(x) > 64 * 1024, |n| n / 2))
+    }
+});
+
+bug!(WrongAbove1MiB {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        let bytes = s.numel(w.peek()) * s.inner.buffer_dtype(x).size();
+        Ok(corrupt_if(s, w, bytes > 1 << 20, |n| n - 1))
+    }
+});
+
+bug!(TruncatesLastChunk {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        const CHUNK: usize = 1024;
+        let w = s.inner.all_reduce(x, op)?;
+        let n = s.numel(x);
+        if n <= CHUNK || n.is_multiple_of(CHUNK) {
+            return Ok(w);
+        }
+        // The last, partial chunk is never reduced: it keeps this rank's input.
+        let x = x.clone();
+        Ok(s.then(w, move |be, out| {
+            let input = be.download(&x)?;
+            edit(be, out, |t| {
+                let es = t.dtype().size();
+                let from = (n - n % CHUNK) * es;
+                copy_bytes(t, from, &input, from, n % CHUNK * es)
+            })
+        }))
+    }
+});
+
+// ---------------------------------------------------------------- world sizes
+
+bug!(WrongAtWs6Or7 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        Ok(corrupt_if(s, w, matches!(s.ws(), 6 | 7), |_| 0))
+    }
+});
+
+bug!(WrongAboveWs8 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        Ok(corrupt_if(s, w, s.ws() > 8, |_| 0))
+    }
+});
+
+bug!(WrongAtWs1 {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        Ok(corrupt_if(s, w, s.ws() == 1, |_| 0))
+    }
+});
+
+// ---------------------------------------------------------------- subgroups
+
+bug!(AvgDividesByWorldSize {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if op != ReduceOp::Avg || !s.in_subgroup() {
+            return s.inner.all_reduce(x, op);
+        }
+        let world = s.world_size as f64;
+        if s.inner.buffer_dtype(x).is_float() {
+            return s.inner.all_reduce(x, ReduceOp::PremulSum(1.0 / world));
+        }
+        let w = s.inner.all_reduce(x, ReduceOp::Sum)?;
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                for i in 0..t.numel() {
+                    let v = t.get_f64(i);
+                    set_f64(t, i, (v / world).trunc());
+                }
+            })
+        }))
+    }
+});
+
+bug!(GroupRankIsWorldRank {
+    fn rank(&self, s: &Shm) -> usize {
+        s.world_rank
+    }
+});
+
+bug!(GroupRootIsWorldRank {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.broadcast(x, world_root(s, src))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.broadcast_(x, world_root(s, src))
+    }
+});
+
+/// The root's world rank, read as a group rank (what a backend that forgot to translate does).
+fn world_root(s: &Shm, src: usize) -> usize {
+    match s.members.get(src) {
+        Some(&w) if s.in_subgroup() => w % s.ws(),
+        _ => src,
+    }
+}
+
+// ---------------------------------------------------------------- async
+
+bug!(CompletesEarlyBroadcast {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast(x, src)?;
+        let v = w.peek().clone();
+        Ok(s.twisted(w, v, Twist { completed_at_once: true, ..Twist::default() }, |_, _| Ok(())))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast_(x, src)?;
+        let v = w.peek().clone();
+        Ok(s.twisted(w, v, Twist { completed_at_once: true, ..Twist::default() }, |_, _| Ok(())))
+    }
+});
+
+bug!(IssueBlocksAllToAll {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let v = s.inner.all_to_all_single(x, o, i)?.into_value(BUG_WAIT)?;
+        Ok(s.done(v, "all_to_all_single"))
+    }
+});
+
+bug!(IssueBlocksAllReduce {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let v = s.inner.all_reduce(x, op)?.into_value(BUG_WAIT)?;
+        Ok(s.done(v, "all_reduce"))
+    }
+});
+
+bug!(WaitIgnoresDeadline {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let v = w.peek().clone();
+        let twist = Twist { wait_instead: Some(|t| t.max(Duration::from_secs(3600))), ..Twist::default() };
+        Ok(s.twisted(w, v, twist, |_, _| Ok(())))
+    }
+});
+
+// ---------------------------------------------------------------- deadlines
+
+bug!(TimeoutNotNamed {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let v = w.peek().clone();
+        let twist = Twist {
+            map_err: Some(|e| match e {
+                CollectiveError::Timeout { .. } => CollectiveError::Backend("still waiting".into()),
+                e => e,
+            }),
+            ..Twist::default()
+        };
+        Ok(s.twisted(w, v, twist, |_, _| Ok(())))
+    }
+});
+
+bug!(WaitOvershootsDeadline {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let v = w.peek().clone();
+        let twist = Twist { wait_instead: Some(|t| t * 2 + Duration::from_millis(500)), ..Twist::default() };
+        Ok(s.twisted(w, v, twist, |_, _| Ok(())))
+    }
+});
+
+bug!(PeerDeathUnnamed {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let v = w.peek().clone();
+        let twist = Twist {
+            map_err: Some(|e| match e {
+                CollectiveError::PeerDied { .. } => CollectiveError::Backend("lost contact".into()),
+                e => e,
+            }),
+            ..Twist::default()
+        };
+        Ok(s.twisted(w, v, twist, |_, _| Ok(())))
+    }
+});
+
+// ---------------------------------------------------------------- roots
+
+/// Root 0 for any root in range (out of range still goes through, for the named error).
+fn root_zero(s: &Shm, root: usize) -> usize {
+    if root < s.ws() {
+        0
+    } else {
+        root
+    }
+}
+
+bug!(ReduceIgnoresRoot {
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        s.inner.reduce(x, op, root_zero(s, root))
+    }
+});
+
+bug!(GatherIgnoresRoot {
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        s.inner.gather(x, root_zero(s, root))
+    }
+});
+
+bug!(ScatterIgnoresRoot {
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        s.inner.scatter(x, root_zero(s, root))
+    }
+});
+
+bug!(ReduceAcceptsMismatchedRoots {
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        // Right on the root (every rank gets the result), but no rank checks the others' root.
+        if root < s.ws() {
+            s.inner.all_reduce(x, op)
+        } else {
+            s.inner.reduce(x, op, root)
+        }
+    }
+});
+
+bug!(GatherAcceptsMismatchedRoots {
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        if root < s.ws() {
+            s.inner.all_gather_into_tensor(x)
+        } else {
+            s.inner.gather(x, root)
+        }
+    }
+});
+
+// ---------------------------------------------------------------- views
+
+bug!(IgnoresInputViewOffset {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce(&at_offset_zero(s, x)?, op)
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        s.inner.all_gather_into_tensor(&at_offset_zero(s, x)?)
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        s.inner.all_gather_into_tensor_out(&at_offset_zero(s, x)?, out)
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor(&at_offset_zero(s, x)?, op)
+    }
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        s.inner.send(&at_offset_zero(s, x)?, dst)
+    }
+});
+
+bug!(WritesOutAtOffset0 {
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor_out(x, &at_offset_zero(s, out)?)?;
+        Ok(s.then_as(w, out.clone(), |_, _| Ok(())))
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.reduce_scatter_tensor_out(x, op, &at_offset_zero(s, out)?)?;
+        Ok(s.then_as(w, out.clone(), |_, _| Ok(())))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.recv(&at_offset_zero(s, out)?, src)?;
+        Ok(s.then_as(w, out.clone(), |_, _| Ok(())))
+    }
+});
+
+// ---------------------------------------------------------------- rounding
+
+/// `v` rounded to `dtype`.
+fn round_to(dtype: DType, v: f64) -> f64 {
+    Tensor::from_f64(dtype, &[1], &[v]).get_f64(0)
+}
+
+bug!(F16SumDoubleRounded {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != DType::F16 || s.ws() < 3 {
+            return s.inner.all_reduce(x, op);
+        }
+        // Gathers every rank's input and sums in rank order, rounding to f16 after every add
+        // (instead of accumulating wide and rounding once).
+        let n = s.numel(x);
+        let out = s.inner.alloc(DType::F16, &s.inner.buffer_shape(x))?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let ws = s.ws();
+        Ok(s.then_as(g, out.clone(), move |be, gathered| {
+            let all = be.download(gathered)?;
+            edit(be, &out, |t| {
+                for i in 0..n {
+                    // Starts from rank 0's value (not +0.0), so only the rounding differs.
+                    let acc = (1..ws).fold(all.get_f64(i), |acc, r| round_to(DType::F16, acc + all.get_f64(r * n + i)));
+                    set_f64(t, i, acc);
+                }
+            })
+        }))
+    }
+});
+
+bug!(PremulSumIgnoresFactor {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        swapped_op(s, x, op, |_, op| matches!(op, ReduceOp::PremulSum(_)).then_some(ReduceOp::Sum))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce_(x, if matches!(op, ReduceOp::PremulSum(_)) { ReduceOp::Sum } else { op })
+    }
+});
+
+/// The smallest positive normal value of a float dtype.
+fn min_normal(d: DType) -> f64 {
+    match d {
+        DType::F16 => 6.103515625e-5,
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => f32::MIN_POSITIVE as f64,
+    }
+}
+
+bug!(FlushesSubnormals {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        if !s.inner.buffer_dtype(x).is_float() {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| {
+            edit(be, out, |t| {
+                let tiny = min_normal(t.dtype());
+                for i in 0..t.numel() {
+                    let v = t.get_f64(i);
+                    if v != 0.0 && v.abs() < tiny {
+                        set_f64(t, i, 0.0f64.copysign(v));
+                    }
+                }
+            })
+        }))
+    }
+});
+
+// ---------------------------------------------------------------- ordering
+
+bug!(AllGatherRotated {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        let ws = s.ws();
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                let chunk = t.len_bytes() / ws;
+                let all = t.clone();
+                for r in 0..ws {
+                    copy_bytes(t, r * chunk, &all, (r + 1) % ws * chunk, chunk);
+                }
+            })
+        }))
+    }
+});
+
+bug!(ScatterChunksRotated {
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let ws = s.ws();
+        if root != s.rank() || ws < 2 {
+            return s.inner.scatter(x, root);
+        }
+        // The root sends chunk r + 1 to rank r (host-side shuffle at issue; nothing waits).
+        let mut t = s.inner.download(x)?;
+        let all = t.clone();
+        let chunk = t.len_bytes() / ws;
+        for r in 0..ws {
+            copy_bytes(&mut t, r * chunk, &all, (r + 1) % ws * chunk, chunk);
+        }
+        s.inner.scatter(&s.inner.upload(&t)?, root)
+    }
+});
+
+bug!(PermuteInverted {
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        let n = src_dst.len();
+        let mut inv = vec![usize::MAX; n];
+        for (r, &d) in src_dst.iter().enumerate() {
+            if d < n {
+                inv[d] = r;
+            }
+        }
+        if inv.contains(&usize::MAX) {
+            return s.inner.permute_tensor(x, src_dst);
+        }
+        s.inner.permute_tensor(x, &inv)
+    }
+});
+
+/// Two receives from one source in flight at once (the second issued before the first is
+/// waited, same dtype and shape) get each other's message.
+#[derive(Default)]
+pub struct P2pSwappedInFlight {
+    last: Mutex<HashMap<usize, Weak<RecvSlot>>>,
+}
+
+struct RecvSlot {
+    temp: Buf,
+    work: Work<Buf>,
+    waited: AtomicBool,
+    partner: Mutex<Weak<RecvSlot>>,
+}
+
+struct SwappedRecv {
+    me: Arc<RecvSlot>,
+    out: Buf,
+    be: Arc<ShmBackend>,
+    copied: Mutex<bool>,
+}
+
+impl Completion for SwappedRecv {
+    fn is_completed(&self) -> bool {
+        self.me.work.is_completed()
+    }
+    fn wait_for(&self, t: Duration) -> Result<bool> {
+        self.me.waited.store(true, Ordering::SeqCst);
+        let mut copied = self.copied.lock().unwrap_or_else(|e| e.into_inner());
+        if *copied {
+            return Ok(true);
+        }
+        let from = self.me.partner.lock().unwrap_or_else(|e| e.into_inner()).upgrade().unwrap_or_else(|| self.me.clone());
+        for slot in [&self.me, &from] {
+            match slot.work.wait(t) {
+                Ok(_) => {}
+                Err(CollectiveError::Timeout { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.be.write(&self.out, &self.be.download(&from.temp)?)?;
+        *copied = true;
+        Ok(true)
+    }
+}
+
+impl Bug for P2pSwappedInFlight {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let shape = s.inner.buffer_shape(out);
+        let temp = s.inner.alloc(s.inner.buffer_dtype(out), &shape)?;
+        let work = s.inner.recv(&temp, src)?;
+        let meta = work.meta().clone();
+        let me = Arc::new(RecvSlot { temp, work, waited: AtomicBool::new(false), partner: Mutex::new(Weak::new()) });
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match last.get(&src).and_then(Weak::upgrade) {
+            Some(prev)
+                if !prev.waited.load(Ordering::SeqCst)
+                    && s.inner.buffer_shape(&prev.temp) == shape
+                    && s.inner.buffer_dtype(&prev.temp) == s.inner.buffer_dtype(out) =>
+            {
+                *prev.partner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&me);
+                *me.partner.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&prev);
+                last.remove(&src);
+            }
+            _ => {
+                last.insert(src, Arc::downgrade(&me));
+            }
+        }
+        let done = SwappedRecv { me, out: out.clone(), be: s.inner.clone(), copied: Mutex::new(false) };
+        Ok(Work::new(out.clone(), Arc::new(done), meta, &s.shadow))
+    }
+}
+
+// ---------------------------------------------------------------- barrier
+
+bug!(BarrierReturnsAtOnce {
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        Ok(s.done((), "barrier"))
+    }
+});
+
+// ---------------------------------------------------------------- leaks
+
+bug!(LeaksOneCountPerAllGather {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        std::mem::forget(s.done((), "all_gather_into_tensor"));
+        s.inner.all_gather_into_tensor(x)
+    }
+});
+
+bug!(LeakedSubgroupBarrier {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if s.in_subgroup() {
+            // An internal barrier issued and never waited: it stays outstanding forever.
+            std::mem::forget(s.inner.barrier()?);
+        }
+        s.inner.all_reduce(x, op)
+    }
+});
+
+// ---------------------------------------------------------------- bad input
+
+bug!(TruncatesIndivisibleReduceScatter {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let (ws, shape) = (s.ws(), s.inner.buffer_shape(x));
+        if shape.is_empty() || shape[0].is_multiple_of(ws) {
+            return s.inner.reduce_scatter_tensor(x, op);
+        }
+        let mut keep = shape.clone();
+        keep[0] -= shape[0] % ws;
+        s.inner.reduce_scatter_tensor(&s.inner.view(x, 0, &keep)?, op)
+    }
+});
+
+bug!(AcceptsWrongOutSize {
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        let mut shape = s.inner.buffer_shape(x);
+        match shape.first_mut() {
+            Some(d0) => *d0 *= s.ws(),
+            None => shape = vec![s.ws()],
+        }
+        let (want, have) = (shape.iter().product::<usize>(), s.numel(out));
+        if want == have || s.inner.buffer_dtype(x) != s.inner.buffer_dtype(out) {
+            return s.inner.all_gather_into_tensor_out(x, out);
+        }
+        if have > want {
+            // Fills a prefix of the larger buffer.
+            let w = s.inner.all_gather_into_tensor_out(x, &s.inner.view(out, 0, &shape)?)?;
+            return Ok(s.then_as(w, out.clone(), |_, _| Ok(())));
+        }
+        // Gathers into a temporary and keeps what fits.
+        let w = s.inner.all_gather_into_tensor(x)?;
+        let o = out.clone();
+        Ok(s.then_as(w, out.clone(), move |be, full| {
+            let full = be.download(full)?;
+            edit(be, &o, |t| {
+                let n = t.len_bytes();
+                copy_bytes(t, 0, &full, 0, n)
+            })
+        }))
+    }
+});
+
+// ---------------------------------------------------------------- aliasing / in-place
+
+bug!(InplaceBroadcastReturnsCopy {
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.broadcast(x, src)
+    }
+});
+
+bug!(CoalescedInplaceReturnsCopies {
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        s.inner.all_reduce_coalesced(xs, op)
+    }
+});
+
+bug!(OutOfPlaceReturnsInput {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce_(x, op)
+    }
+});
+
+bug!(ReduceScatterMutatesInput {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.reduce_scatter_tensor(x, op)?;
+        let x = x.clone();
+        Ok(s.then(w, move |be, _| edit(be, &x, |t| t.bytes_mut().iter_mut().take(1).for_each(|b| *b ^= 0x40))))
+    }
+});
+
+// ---------------------------------------------------------------- guard bytes
+
+bug!(WritesPastReduceScatterOut {
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        Ok(write_past(s, s.inner.reduce_scatter_tensor_out(x, op, out)?))
+    }
+});
+
+// ---------------------------------------------------------------- coalesced
+
+bug!(AllReduceCoalescedDropsLast {
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        let w = s.inner.all_reduce_coalesced(xs, op)?;
+        let Some(last) = xs.last().cloned() else { return Ok(w) };
+        Ok(s.then(w, move |be, outs| match outs.last() {
+            Some(out) => be.write(out, &be.download(&last)?),
+            None => Ok(()),
+        }))
+    }
+});
+
+/// Every mutant: name, clause, what the bug is, and the case-id substrings to run first.
+pub fn catalogue() -> Vec<Spec> {
+    use crate::campaign::spec;
+    vec![
+        // values
+        spec::<SumIsMaxF32>("sum_is_max_f32", "values", "f32 sum computes max", &["all_reduce::out::f32::sum::ws2"]),
+        spec::<MaxIsMinBf16>("max_is_min_bf16", "values", "bf16 max computes min", &["all_reduce::out::bf16::max::ws2"]),
+        spec::<ProductIsSum>("product_is_sum", "values", "product computes sum (every dtype)", &["all_reduce::out::f32::product::ws3"]),
+        spec::<BxorIsBor>("bxor_is_bor", "values", "bxor computes bor", &["all_reduce::out::i32::bxor::ws2"]),
+        spec::<LastElementNotReduced>(
+            "last_element_not_reduced",
+            "values",
+            "the last element keeps this rank's input (off by one at the end)",
+            &["all_reduce::out::f32::sum::ws2"],
+        ),
+        spec::<U64SumWrapsAt32Bits>("u64_sum_wraps_at_32_bits", "values", "u64 sum keeps the low 32 bits", &["all_reduce::out::u64::sum"]),
+        spec::<IntAvgFloors>("int_avg_floors", "values", "signed-int avg rounds down, declares Truncate", &["caps::int_avg", "::avg::"]),
+        // sizes
+        spec::<WrongAbove64KElements>(
+            "wrong_above_64k_elements",
+            "sizes",
+            "all_reduce wrong above 65,536 elements",
+            &["async::lag_read_right_after_wait"],
+        ),
+        spec::<WrongAbove1MiB>("wrong_above_1mib", "sizes", "all_gather result wrong above 1 MiB", &["all_gather_into_tensor::out"]),
+        spec::<TruncatesLastChunk>(
+            "truncates_last_chunk",
+            "sizes",
+            "all_reduce leaves the last partial 1024-element chunk unreduced",
+            &["all_reduce::out::i32::sum::ws2", "all_reduce::out"],
+        ),
+        // world sizes
+        spec::<WrongAtWs6Or7>("wrong_at_ws6_or_7", "world sizes", "all_reduce wrong at world size 6 or 7", &["::ws6", "::ws7"]),
+        spec::<WrongAboveWs8>("wrong_above_ws8", "world sizes", "all_reduce wrong above world size 8", &["::ws12", "::ws16"]),
+        spec::<WrongAtWs1>("wrong_at_ws1", "world sizes", "all_gather wrong at world size 1", &["all_gather_into_tensor::out::f32::ws1"]),
+        // subgroups
+        spec::<AvgDividesByWorldSize>(
+            "avg_divides_by_world_size",
+            "subgroups",
+            "subgroup avg divides by the world size",
+            &["subgroup::", "::avg::"],
+        ),
+        spec::<GroupRankIsWorldRank>("group_rank_is_world_rank", "subgroups", "rank() of a subgroup is the world rank", &["subgroup::"]),
+        spec::<GroupRootIsWorldRank>(
+            "group_root_is_world_rank",
+            "subgroups",
+            "subgroup broadcast reads src as a world rank",
+            &["subgroup::halves::broadcast", "subgroup::"],
+        ),
+        // async
+        spec::<CompletesEarlyBroadcast>(
+            "completes_early_broadcast",
+            "async",
+            "broadcast's is_completed() is true before the peers arrive",
+            &["async::", "broadcast"],
+        ),
+        spec::<IssueBlocksAllToAll>(
+            "issue_blocks_all_to_all",
+            "async",
+            "all_to_all_single blocks at issue until the peers arrive",
+            &["async::", "all_to_all"],
+        ),
+        spec::<IssueBlocksAllReduce>(
+            "issue_blocks_all_reduce",
+            "async",
+            "all_reduce blocks at issue until the peers arrive",
+            &["async::pending_until_peers_arrive", "async::"],
+        ),
+        spec::<WaitIgnoresDeadline>(
+            "wait_ignores_deadline",
+            "async",
+            "all_reduce's wait ignores its timeout",
+            &["async::peer_never_joins_then_recovers", "async::"],
+        ),
+        // deadlines
+        spec::<TimeoutNotNamed>(
+            "timeout_not_named",
+            "deadlines",
+            "a timed-out wait is a generic backend error, and final",
+            &["async::peer_never_joins_then_recovers"],
+        ),
+        spec::<WaitOvershootsDeadline>(
+            "wait_overshoots_deadline",
+            "deadlines",
+            "wait(t) blocks 2t + 0.5 s",
+            &["async::peer_never_joins_then_recovers"],
+        ),
+        spec::<PeerDeathUnnamed>("peer_death_unnamed", "deadlines", "a dead peer is reported as a generic error", &["async::"]),
+        // roots
+        spec::<ReduceIgnoresRoot>("reduce_ignores_root", "roots", "reduce always to rank 0", &["reduce::out::f32::sum::ws2"]),
+        spec::<GatherIgnoresRoot>("gather_ignores_root", "roots", "gather always to rank 0", &["gather::out::f32::ws2"]),
+        spec::<ScatterIgnoresRoot>("scatter_ignores_root", "roots", "scatter always from rank 0", &["scatter::out::f32::ws2"]),
+        spec::<ReduceAcceptsMismatchedRoots>(
+            "reduce_accepts_mismatched_roots",
+            "roots",
+            "reduce runs as all_reduce: mismatched roots accepted",
+            &["bad_input::reduce_root_differs_across_ranks"],
+        ),
+        spec::<GatherAcceptsMismatchedRoots>(
+            "gather_accepts_mismatched_roots",
+            "roots",
+            "gather runs as all_gather: mismatched roots accepted",
+            &["bad_input::gather_root_differs_across_ranks"],
+        ),
+        // views
+        spec::<IgnoresInputViewOffset>(
+            "ignores_input_view_offset",
+            "views",
+            "inputs that are views at an offset are read from offset 0",
+            &["reuse::", "caps::aliasing"],
+        ),
+        spec::<WritesOutAtOffset0>(
+            "writes_out_at_offset_0",
+            "views",
+            "_out buffers that are views at an offset are written at offset 0",
+            &["all_gather_into_tensor::outbuf::f32::ws2"],
+        ),
+        // rounding
+        spec::<F16SumDoubleRounded>(
+            "f16_sum_double_rounded",
+            "rounding",
+            "f16 sum rounded to f16 after every partial sum",
+            &["all_reduce::out::f16::sum"],
+        ),
+        spec::<PremulSumIgnoresFactor>(
+            "premul_sum_ignores_factor",
+            "rounding",
+            "premul_sum ignores its factor",
+            &["all_reduce::out::f32::premul_sum::ws2"],
+        ),
+        spec::<FlushesSubnormals>(
+            "flushes_subnormals",
+            "rounding",
+            "all_reduce flushes subnormal results to zero",
+            &["all_reduce::out::f"],
+        ),
+        // ordering
+        spec::<P2pSwappedInFlight>(
+            "p2p_swapped_in_flight",
+            "ordering",
+            "two in-flight recvs from one peer get each other's message",
+            &["send_recv::"],
+        ),
+        spec::<AllGatherRotated>(
+            "all_gather_rotated",
+            "ordering",
+            "all_gather rank order rotated by one",
+            &["all_gather_into_tensor::out::f32::ws3"],
+        ),
+        spec::<ScatterChunksRotated>(
+            "scatter_chunks_rotated",
+            "ordering",
+            "scatter sends chunk r + 1 to rank r",
+            &["scatter::out::f32::ws2"],
+        ),
+        spec::<PermuteInverted>(
+            "permute_inverted",
+            "ordering",
+            "permute_tensor applies the inverse permutation",
+            &["permute_tensor::out::f32::ws3"],
+        ),
+        // barrier
+        spec::<BarrierReturnsAtOnce>("barrier_returns_at_once", "barrier", "barrier completes at once, without the peers", &["barrier::"]),
+        // leaks
+        spec::<LeaksOneCountPerAllGather>(
+            "leaks_one_count_per_all_gather",
+            "leaks",
+            "each all_gather leaves one work counted in outstanding()",
+            // Caught only once an all_gather ran earlier in the same world (the leak persists).
+            &["all_gather_into_tensor::out::f32::ws2", "seed::eager::work_registry_zero_after_wait"],
+        ),
+        spec::<LeakedSubgroupBarrier>(
+            "leaked_subgroup_barrier",
+            "leaks",
+            "subgroup all_reduce leaks an internal barrier (outstanding() > 0 forever)",
+            &["subgroup::"],
+        ),
+        // bad input
+        spec::<TruncatesIndivisibleReduceScatter>(
+            "truncates_indivisible_reduce_scatter",
+            "bad input",
+            "reduce_scatter drops the rows of an indivisible dim 0",
+            &["bad_input::reduce_scatter_indivisible_ws2"],
+        ),
+        spec::<AcceptsWrongOutSize>(
+            "accepts_wrong_out_size",
+            "bad input",
+            "all_gather _out of the wrong size is filled as far as it goes",
+            &["bad_input::all_gather_out_wrong_size"],
+        ),
+        // aliasing / in-place
+        spec::<InplaceBroadcastReturnsCopy>(
+            "inplace_broadcast_returns_copy",
+            "aliasing",
+            "broadcast_ returns a new buffer",
+            &["broadcast::inplace::f32::ws2"],
+        ),
+        spec::<CoalescedInplaceReturnsCopies>(
+            "coalesced_inplace_returns_copies",
+            "aliasing",
+            "all_reduce_coalesced_ returns new buffers",
+            &["all_reduce::coalesced_inplace::f32::sum::ws2"],
+        ),
+        spec::<OutOfPlaceReturnsInput>(
+            "out_of_place_returns_input",
+            "aliasing",
+            "all_reduce (out-of-place) reduces into its input and returns it",
+            &["all_reduce::out::f32::sum::ws2"],
+        ),
+        spec::<ReduceScatterMutatesInput>(
+            "reduce_scatter_mutates_input",
+            "aliasing",
+            "reduce_scatter flips a bit of its input",
+            &["reduce_scatter_tensor::out::f32::sum::ws2"],
+        ),
+        // guard bytes
+        spec::<WritesPastReduceScatterOut>(
+            "writes_past_reduce_scatter_out",
+            "guard bytes",
+            "reduce_scatter _out writes one element past the buffer",
+            &["reduce_scatter_tensor::outbuf::f32::sum::ws2"],
+        ),
+        // coalesced
+        spec::<AllReduceCoalescedDropsLast>(
+            "all_reduce_coalesced_drops_last",
+            "values",
+            "all_reduce_coalesced leaves the last tensor unreduced",
+            &["all_reduce::coalesced::f32::sum::ws2"],
+        ),
+    ]
+}

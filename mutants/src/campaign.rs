@@ -1,0 +1,222 @@
+//! The campaign runner: every mutant against the conformance catalogue, in persistent worlds,
+//! each stopping at its FIRST failing case (a mutant is caught once any case fails), mutants side
+//! by side (`--jobs`, default: the machine's parallelism). Prints one row per mutant, the first
+//! lines of each catching message, which catching messages do not name op / variant / dtype /
+//! world size / rank, then `catch rate: N/M (P %)` and the wall time; exits 1 if any survives.
+
+use crate::{Bug, Mutant};
+use concord_harness::runner::Pool;
+use concord_harness::verdict::Verdict;
+use concord_suites::run::{run_case, BackendEntry, CaseInfo};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One mutant of the catalogue.
+#[derive(Clone)]
+pub struct Spec {
+    pub name: &'static str,
+    /// The contract clause its bug breaks.
+    pub clause: &'static str,
+    pub what: &'static str,
+    /// Case-id substrings (without the `<mutant>::` prefix) of the cases most likely to catch
+    /// it, run first, in this order; then the rest of the catalogue by world size.
+    pub catchers: &'static [&'static str],
+    pub entry: BackendEntry,
+}
+
+/// The spec of bug `B` under `name`.
+pub fn spec<B: Bug>(name: &'static str, clause: &'static str, what: &'static str, catchers: &'static [&'static str]) -> Spec {
+    let entry = BackendEntry::new::<Mutant<B>>(name, 0, concord_suites::catalogue::<Mutant<B>>)
+        .with_rerun(format!("cargo xtask mutants --mutant {name} --case"));
+    Spec { name, clause, what, catchers, entry }
+}
+
+/// What a catching message should name (`key=` fields of the suites' messages).
+pub const FIELDS: [&str; 5] = ["op=", "variant=", "dtype=", "world_size=", "rank="];
+
+/// The first failing case of a mutant.
+#[derive(Clone, Debug)]
+pub struct Catch {
+    /// Case id without the mutant prefix.
+    pub case: String,
+    pub message: String,
+    /// Failure kinds (`reported`, `timed_out`, ...).
+    pub kinds: Vec<&'static str>,
+    /// [`FIELDS`] the message does not contain.
+    pub missing: Vec<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub name: &'static str,
+    pub clause: &'static str,
+    pub caught: Option<Catch>,
+    pub cases_run: usize,
+    pub elapsed: Duration,
+}
+
+/// `spec`'s cases in the order the campaign runs them (or just `only`, by full id, if given).
+pub fn ordered_cases(spec: &Spec, only: &[String]) -> Vec<CaseInfo> {
+    let mut rest = spec.entry.cases();
+    if !only.is_empty() {
+        return only.iter().filter_map(|id| rest.iter().find(|c| &c.id == id).cloned()).collect();
+    }
+    let prefix = format!("{}::", spec.name);
+    let mut first = Vec::new();
+    for pat in spec.catchers {
+        let (hit, miss): (Vec<CaseInfo>, Vec<CaseInfo>) =
+            rest.into_iter().partition(|c| c.id.strip_prefix(&prefix).is_some_and(|id| id.contains(pat)));
+        first.extend(hit);
+        rest = miss;
+    }
+    // The rest by world size, so each persistent world serves a long run of cases.
+    rest.sort_by_key(|c| c.world_size);
+    first.extend(rest);
+    first
+}
+
+/// Runs `spec` until its first failing case.
+pub fn run_mutant(spec: &Spec, only: &[String]) -> Finding {
+    let started = Instant::now();
+    let prefix = format!("{}::", spec.name);
+    let mut cases_run = 0;
+    for case in ordered_cases(spec, only) {
+        cases_run += 1;
+        let (verdict, message, _) = run_case(&spec.entry, &case);
+        if let Verdict::Failed(failures) = verdict {
+            let missing = FIELDS.iter().copied().filter(|f| !message.contains(f)).collect();
+            let kinds = failures.iter().map(|f| f.kind()).collect();
+            let case = case.id.strip_prefix(&prefix).unwrap_or(&case.id).to_string();
+            return Finding {
+                name: spec.name,
+                clause: spec.clause,
+                caught: Some(Catch { case, message, kinds, missing }),
+                cases_run,
+                elapsed: started.elapsed(),
+            };
+        }
+    }
+    Finding { name: spec.name, clause: spec.clause, caught: None, cases_run, elapsed: started.elapsed() }
+}
+
+/// Runs every spec (up to `jobs` side by side); `report` is called as each one finishes.
+pub fn run_all(specs: &[Spec], only: &[String], jobs: usize, report: impl Fn(&Finding) + Sync) -> Vec<Finding> {
+    let queue = Mutex::new(specs.iter());
+    let found = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some(spec) = next else { break };
+                let f = run_mutant(spec, only);
+                report(&f);
+                found.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+            });
+        }
+    });
+    let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    let pos = |n: &str| specs.iter().position(|s| s.name == n);
+    found.sort_by_key(|f| pos(f.name));
+    found
+}
+
+/// The table, the message heads, the field check and the closing lines.
+pub fn render(found: &[Finding], wall: Duration) -> String {
+    let mut out = String::new();
+    let w = found.iter().map(|f| f.name.len()).max().unwrap_or(6).max(6);
+    let cw = found.iter().map(|f| f.clause.len()).max().unwrap_or(6).max(6);
+    out += &format!("{:<w$}  {:<cw$}  {:<8}  {:>6}  {:>8}  first failing case\n", "mutant", "clause", "caught?", "cases", "time");
+    for f in found {
+        let (caught, case) = match &f.caught {
+            Some(c) => ("caught", c.case.clone()),
+            None => ("SURVIVED", "SURVIVED".to_string()),
+        };
+        out +=
+            &format!("{:<w$}  {:<cw$}  {:<8}  {:>6}  {:>7.1}s  {}\n", f.name, f.clause, caught, f.cases_run, f.elapsed.as_secs_f64(), case);
+    }
+    out += "\nfirst failure of each caught mutant:\n";
+    for f in found {
+        if let Some(c) = &f.caught {
+            out += &format!("* {} — {} [{}]\n", f.name, c.case, c.kinds.join(", "));
+            for line in c.message.lines().filter(|l| !l.trim().is_empty()).take(3) {
+                let line: String = line.chars().take(220).collect();
+                out += &format!("    {line}\n");
+            }
+        }
+    }
+    let incomplete: Vec<String> = found
+        .iter()
+        .filter_map(|f| f.caught.as_ref().filter(|c| !c.missing.is_empty()).map(|c| (f.name, c)))
+        .map(|(n, c)| format!("  {n} ({}): lacks {}", c.case, c.missing.join(" ")))
+        .collect();
+    if incomplete.is_empty() {
+        out += "\nevery catching message names op, variant, dtype, world size and rank\n";
+    } else {
+        out += &format!("\ncatching messages that do not name all of {}:\n{}\n", FIELDS.join(" "), incomplete.join("\n"));
+    }
+    let caught = found.iter().filter(|f| f.caught.is_some()).count();
+    let total = found.len();
+    let pct = if total == 0 { 0.0 } else { 100.0 * caught as f64 / total as f64 };
+    out += &format!("\ncatch rate: {caught}/{total} ({pct:.1} %)\nwall time: {:.1} s\n", wall.as_secs_f64());
+    out
+}
+
+#[derive(clap::Parser, Debug)]
+#[command(name = "concord-mutants", about = "Mutation campaign: the conformance catalogue against the shm backend with one bug each")]
+struct Cli {
+    /// Run only this mutant (repeatable).
+    #[arg(long = "mutant", value_name = "NAME")]
+    mutants: Vec<String>,
+    /// Run only these case ids (`<mutant>::<case>`, as in a failure's rerun line).
+    #[arg(long = "case", value_name = "ID", num_args = 1..)]
+    cases: Vec<String>,
+    /// Mutants run side by side (default: the machine's parallelism).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// List the mutants (name, clause, bug) and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+/// The whole `main` of the campaign binary.
+pub fn main() -> ! {
+    let specs = crate::bugs::catalogue();
+    let entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
+    concord_suites::run::dispatch_child(&entries);
+    let cli = <Cli as clap::Parser>::parse();
+    if cli.list {
+        for s in &specs {
+            println!("{:<38} {:<12} {}", s.name, s.clause, s.what);
+        }
+        std::process::exit(0);
+    }
+    let mut wanted = cli.mutants.clone();
+    // A case id names its mutant.
+    for id in &cli.cases {
+        match specs.iter().find(|s| id.starts_with(&format!("{}::", s.name))) {
+            Some(s) if !wanted.iter().any(|w| w == s.name) => wanted.push(s.name.to_string()),
+            Some(_) => {}
+            None => {
+                eprintln!("error: `{id}` names no mutant (case ids look like `sum_is_max_f32::all_reduce::out::f32::sum::ws2`)");
+                std::process::exit(2);
+            }
+        }
+    }
+    for w in &wanted {
+        if !specs.iter().any(|s| s.name == w) {
+            eprintln!("error: no mutant `{w}` (list them with --list)");
+            std::process::exit(2);
+        }
+    }
+    let chosen: Vec<Spec> = specs.into_iter().filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name)).collect();
+    let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    eprintln!("concord-mutants: {} mutant(s), {jobs} side by side; each stops at its first failing case", chosen.len());
+    let started = Instant::now();
+    let found = run_all(&chosen, &cli.cases, jobs, |f| {
+        let what = f.caught.as_ref().map_or("SURVIVED".to_string(), |c| format!("caught by {}", c.case));
+        eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
+    });
+    print!("{}", render(&found, started.elapsed()));
+    Pool::global().shutdown();
+    std::process::exit(if found.iter().all(|f| f.caught.is_some()) { 0 } else { 1 })
+}

@@ -1,0 +1,403 @@
+//! # concord-mutants
+//!
+//! **One job:** measure what the conformance suites catch. Each mutant is the shm backend with
+//! ONE bug, written the way a downstream author writes a backend: a type implementing
+//! [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`]. `cargo xtask mutants` runs
+//! the catalogue against every mutant (see [`campaign`]) and prints the catch rate.
+//!
+//! The delegation boilerplate lives here once: [`Mutant<B>`] implements `Backend` for any
+//! [`Bug`] `B`, whose hooks default to the correct shm call, so a mutant overrides one hook.
+//! Issue stays asynchronous: a hook returns the inner [`Work`] or maps it with [`Shm::then`]
+//! (the bug runs when the result is waited), and waits at issue time only when that IS the bug.
+#![forbid(unsafe_code)]
+
+pub mod bugs;
+pub mod campaign;
+
+use concord_core::{
+    Backend, Capabilities, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
+};
+use concord_shm::ShmBackend;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The buffer type every mutant moves (the shm backend's).
+pub type Buf = <ShmBackend as Backend>::Buffer;
+
+/// The correct backend underneath a mutant, plus what bugs need to know about it.
+pub struct Shm {
+    pub inner: Arc<ShmBackend>,
+    /// view address -> (parent, element offset), so a bug can misplace a view.
+    views: Mutex<HashMap<usize, (Buf, usize)>>,
+    /// Counts the wrapper's mapped works (never reported: the inner work they wrap is).
+    shadow: OutstandingCounter,
+    /// Counts works the wrapper creates itself (reported by `outstanding`).
+    pub own: OutstandingCounter,
+    /// This process's rank and size in the whole world (differs from `inner`'s in subgroups).
+    pub world_rank: usize,
+    pub world_size: usize,
+    /// World ranks of this communicator's members, by communicator rank.
+    pub members: Vec<usize>,
+}
+
+/// How long a bug's own waits may block (beyond the case's wait, which bounds everything else).
+pub const BUG_WAIT: Duration = Duration::from_secs(15);
+
+impl Shm {
+    fn new(inner: ShmBackend, world_rank: usize, world_size: usize, members: Vec<usize>) -> Shm {
+        Shm {
+            inner: Arc::new(inner),
+            views: Mutex::new(HashMap::new()),
+            shadow: OutstandingCounter::default(),
+            own: OutstandingCounter::default(),
+            world_rank,
+            world_size,
+            members,
+        }
+    }
+    pub fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    pub fn ws(&self) -> usize {
+        self.inner.world_size()
+    }
+    /// True in a subgroup smaller than the world.
+    pub fn in_subgroup(&self) -> bool {
+        self.ws() != self.world_size
+    }
+    pub fn meta(&self, op: &str) -> WorkMeta {
+        WorkMeta { backend: "shm".into(), op: op.into(), seq: 0, rank: self.rank() }
+    }
+    pub fn numel(&self, b: &Buf) -> usize {
+        self.inner.buffer_shape(b).iter().product()
+    }
+    /// `(parent, element offset)` if `b` was made by [`Backend::view`].
+    pub fn view_of(&self, b: &Buf) -> Option<(Buf, usize)> {
+        self.views.lock().unwrap_or_else(|e| e.into_inner()).get(&self.inner.buffer_addr(b)).cloned()
+    }
+
+    /// `w`, whose result `hook` edits once the collective has completed (when it is waited).
+    pub fn then<T>(&self, w: Work<T>, hook: impl FnOnce(&ShmBackend, &T) -> Result<()> + Send + 'static) -> Work<T>
+    where
+        T: Clone + Send + Sync + 'static,
+    {
+        let value = w.peek().clone();
+        self.then_as(w, value, hook)
+    }
+
+    /// `w` mapped to a work that yields `value`; `hook` runs on `w`'s result once it completed.
+    pub fn then_as<T, U>(&self, w: Work<T>, value: U, hook: impl FnOnce(&ShmBackend, &T) -> Result<()> + Send + 'static) -> Work<U>
+    where
+        T: Send + Sync + 'static,
+    {
+        self.twisted(w, value, Twist::default(), hook)
+    }
+
+    /// The general form: `w` mapped to `value`, with a [`Twist`] on how completion is reported.
+    pub fn twisted<T, U>(
+        &self,
+        w: Work<T>,
+        value: U,
+        twist: Twist,
+        hook: impl FnOnce(&ShmBackend, &T) -> Result<()> + Send + 'static,
+    ) -> Work<U>
+    where
+        T: Send + Sync + 'static,
+    {
+        let meta = w.meta().clone();
+        let then = Then { inner: w, be: self.inner.clone(), hook: Mutex::new(Some(Box::new(hook))), failed: Mutex::new(None), twist };
+        Work::new(value, Arc::new(then), meta, &self.shadow)
+    }
+
+    /// A work that is complete at once, counted in `outstanding` until waited.
+    pub fn done<T>(&self, value: T, op: &str) -> Work<T> {
+        Work::done(value, self.meta(op), &self.own)
+    }
+}
+
+/// Downloads `b`, lets `f` edit it, writes it back.
+pub fn edit(be: &ShmBackend, b: &Buf, f: impl FnOnce(&mut Tensor)) -> Result<()> {
+    let mut t = be.download(b)?;
+    f(&mut t);
+    be.write(b, &t)
+}
+
+/// Sets element `i` of `t` to `v` (rounded / converted as `Tensor::from_f64` does).
+pub fn set_f64(t: &mut Tensor, i: usize, v: f64) {
+    let es = t.dtype().size();
+    let one = Tensor::from_f64(t.dtype(), &[1], &[v]);
+    t.bytes_mut()[i * es..(i + 1) * es].copy_from_slice(one.bytes());
+}
+
+/// Makes element `i` clearly wrong in any dtype (not within any tolerance).
+pub fn bump(t: &mut Tensor, i: usize) {
+    if i >= t.numel() {
+        return;
+    }
+    let v = t.get_f64(i);
+    let w = if v.is_nan() || v.is_infinite() {
+        0.0
+    } else if v.abs() >= 1024.0 {
+        v / 2.0
+    } else if v >= 1.0 {
+        v - 1.0
+    } else {
+        v + 1.0
+    };
+    set_f64(t, i, w);
+}
+
+/// Copies `n` bytes from `src` at `from` to `dst` at `to`.
+pub fn copy_bytes(dst: &mut Tensor, to: usize, src: &Tensor, from: usize, n: usize) {
+    dst.bytes_mut()[to..to + n].copy_from_slice(&src.bytes()[from..from + n]);
+}
+
+/// How a mapped work reports completion (every field off: truthfully).
+#[derive(Clone, Copy, Default)]
+pub struct Twist {
+    /// `is_completed()` is true at once.
+    pub completed_at_once: bool,
+    /// `wait(t)` waits this long instead (`None`: `t`).
+    pub wait_instead: Option<fn(Duration) -> Duration>,
+    /// Errors from the inner work are replaced by this.
+    pub map_err: Option<fn(CollectiveError) -> CollectiveError>,
+}
+
+type Hook<T> = Box<dyn FnOnce(&ShmBackend, &T) -> Result<()> + Send>;
+
+/// The completion of a mapped work: the inner work, then the hook, once.
+struct Then<T> {
+    inner: Work<T>,
+    be: Arc<ShmBackend>,
+    hook: Mutex<Option<Hook<T>>>,
+    failed: Mutex<Option<CollectiveError>>,
+    twist: Twist,
+}
+
+impl<T: Send + Sync> Completion for Then<T> {
+    fn is_completed(&self) -> bool {
+        self.twist.completed_at_once || self.inner.is_completed()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let timeout = self.twist.wait_instead.map_or(timeout, |f| f(timeout));
+        match self.inner.wait(timeout) {
+            Ok(v) => {
+                if let Some(hook) = self.hook.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    if let Err(e) = hook(&self.be, v) {
+                        *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    }
+                }
+                match &*self.failed.lock().unwrap_or_else(|e| e.into_inner()) {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(true),
+                }
+            }
+            Err(e) => match self.twist.map_err.map_or(e.clone(), |f| f(e)) {
+                CollectiveError::Timeout { .. } => Ok(false),
+                e => Err(e),
+            },
+        }
+    }
+}
+
+/// One bug: every hook defaults to the correct shm call; a mutant overrides one (or a few that
+/// together make one bug). `Default` builds the bug's state for each communicator.
+#[allow(unused_variables)]
+pub trait Bug: Default + Send + Sync + 'static {
+    fn capabilities(&self, s: &Shm) -> Capabilities {
+        s.inner.capabilities()
+    }
+    fn rank(&self, s: &Shm) -> usize {
+        s.inner.rank()
+    }
+    fn outstanding(&self, s: &Shm) -> usize {
+        s.inner.outstanding() + s.own.get()
+    }
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce(x, op)
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce_(x, op)
+    }
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        s.inner.all_reduce_coalesced(xs, op)
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        s.inner.all_reduce_coalesced_(xs, op)
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        s.inner.all_gather_into_tensor(x)
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        s.inner.all_gather_into_tensor_out(x, out)
+    }
+    fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        s.inner.all_gather_into_tensor_coalesced(xs)
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor(x, op)
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor_out(x, op, out)
+    }
+    fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        s.inner.reduce_scatter_tensor_coalesced(xs, op)
+    }
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        s.inner.all_to_all_single(x, o, i)
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.broadcast(x, src)
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.broadcast_(x, src)
+    }
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        s.inner.permute_tensor(x, src_dst)
+    }
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        s.inner.reduce(x, op, root)
+    }
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        s.inner.gather(x, root)
+    }
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        s.inner.scatter(x, root)
+    }
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        s.inner.send(x, dst)
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.recv(out, src)
+    }
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        s.inner.barrier()
+    }
+}
+
+/// The shm backend with bug `B`.
+pub struct Mutant<B: Bug> {
+    pub s: Shm,
+    pub bug: B,
+}
+
+impl<B: Bug> Backend for Mutant<B> {
+    type Buffer = Buf;
+
+    fn init(world: &WorldInfo) -> Result<Self> {
+        let inner = ShmBackend::init(world)?;
+        Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: B::default() })
+    }
+    fn name(&self) -> &str {
+        "mutant"
+    }
+    fn rank(&self) -> usize {
+        self.bug.rank(&self.s)
+    }
+    fn world_size(&self) -> usize {
+        self.s.ws()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.bug.capabilities(&self.s)
+    }
+    fn outstanding(&self) -> usize {
+        self.bug.outstanding(&self.s)
+    }
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
+        Ok(self
+            .s
+            .inner
+            .new_group(ranks)?
+            .map(|g| Mutant { s: Shm::new(g, self.s.world_rank, self.s.world_size, members), bug: B::default() }))
+    }
+    fn upload(&self, t: &Tensor) -> Result<Buf> {
+        self.s.inner.upload(t)
+    }
+    fn download(&self, b: &Buf) -> Result<Tensor> {
+        self.s.inner.download(b)
+    }
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
+        self.s.inner.alloc(dtype, shape)
+    }
+    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
+        self.s.inner.write(b, t)
+    }
+    fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
+        let v = self.s.inner.view(b, offset, shape)?;
+        let (parent, base) = self.s.view_of(b).unwrap_or((b.clone(), 0));
+        self.s.views.lock().unwrap_or_else(|e| e.into_inner()).insert(self.s.inner.buffer_addr(&v), (parent, base + offset));
+        Ok(v)
+    }
+    fn buffer_addr(&self, b: &Buf) -> usize {
+        self.s.inner.buffer_addr(b)
+    }
+    fn buffer_dtype(&self, b: &Buf) -> DType {
+        self.s.inner.buffer_dtype(b)
+    }
+    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
+        self.s.inner.buffer_shape(b)
+    }
+
+    fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.bug.all_reduce(&self.s, x, op)
+    }
+    fn all_reduce_(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.bug.all_reduce_(&self.s, x, op)
+    }
+    fn all_reduce_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.bug.all_reduce_coalesced(&self.s, xs, op)
+    }
+    fn all_reduce_coalesced_(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.bug.all_reduce_coalesced_(&self.s, xs, op)
+    }
+    fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
+        self.bug.all_gather_into_tensor(&self.s, x)
+    }
+    fn all_gather_into_tensor_out(&self, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        self.bug.all_gather_into_tensor_out(&self.s, x, out)
+    }
+    fn all_gather_into_tensor_coalesced(&self, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        self.bug.all_gather_into_tensor_coalesced(&self.s, xs)
+    }
+    fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.bug.reduce_scatter_tensor(&self.s, x, op)
+    }
+    fn reduce_scatter_tensor_out(&self, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        self.bug.reduce_scatter_tensor_out(&self.s, x, op, out)
+    }
+    fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        self.bug.reduce_scatter_tensor_coalesced(&self.s, xs, op)
+    }
+    fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        self.bug.all_to_all_single(&self.s, x, o, i)
+    }
+    fn broadcast(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.bug.broadcast(&self.s, x, src)
+    }
+    fn broadcast_(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.bug.broadcast_(&self.s, x, src)
+    }
+    fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        self.bug.permute_tensor(&self.s, x, src_dst)
+    }
+    fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        self.bug.reduce(&self.s, x, op, root)
+    }
+    fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.bug.gather(&self.s, x, root)
+    }
+    fn scatter(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.bug.scatter(&self.s, x, root)
+    }
+    fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
+        self.bug.send(&self.s, x, dst)
+    }
+    fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.bug.recv(&self.s, out, src)
+    }
+    fn barrier(&self) -> Result<Work<()>> {
+        self.bug.barrier(&self.s)
+    }
+}
