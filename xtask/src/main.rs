@@ -188,7 +188,7 @@ fn main() -> Result<()> {
         }
         Cmd::Mutants { mutant, case, jobs, list } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
-            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-mutants", "--bin", "concord-mutants"]))?;
+            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-mutants", "--features", "campaign", "--bin", "concord-mutants"]))?;
             let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
             let mut c = Command::new(target.join("ci/concord-mutants"));
             for m in &mutant {
