@@ -78,6 +78,6 @@ mod tests {
         assert_eq!(r.len(), header(true).lines().nth(1).unwrap().len());
         assert!(r.ends_with(" 2.00"), "{r}");
         assert_eq!(avg_line(&[1.0, 2.0]), "# Avg bus bandwidth    : 1.5000 ");
-        assert_eq!(time_str(123456.0), "  123456");
+        assert_eq!(time_str(123456.0), " 123456");
     }
 }

@@ -192,9 +192,9 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
     }
     let recs = concord_bench::record::read_jsonl(&json)?;
     let shm: Vec<_> = recs.iter().filter(|r| r.backend == "shm").collect();
-    // 7 ops × sizes 8, 64, 512, 4096 (all_gather, reduce_scatter, all_to_all skip 8 B: 1 f32
-    // per 2 ranks), + in-place for all_reduce and broadcast.
-    let want = 4 * 4 + 3 * 3 + 2 * 4;
+    // 7 ops × sizes 8, 64, 512, 4096 (8 B is one f32 per rank chunk for the chunked ops), plus
+    // the in-place placement of all_reduce and broadcast.
+    let want = 7 * 4 + 2 * 4;
     if shm.len() != want {
         return Err(format!("{} shm records, want {want}", shm.len()).into());
     }

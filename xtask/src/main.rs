@@ -8,7 +8,9 @@
 //!   what is gated and why.
 //! * `cargo xtask conformance --backend shm` — the conformance suites with a report.
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
-//! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
+//! * `cargo xtask bench --backend shm [--op all] -b 8 -e 64M -f 2 -n 20 -w 5 [--ranks N] [--mpi]` —
+//!   nccl-tests' table with every timed iteration checked (`concord-bench`, built in release);
+//!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
 #![forbid(unsafe_code)]
 
@@ -57,8 +59,13 @@ enum Cmd {
     },
     /// Per-case overhead (4 ranks) and store barrier (8 ranks).
     BenchHarness,
-    /// all_reduce on the CPU backend vs memcpy vs OpenMPI (installs OpenMPI with apt-get).
-    Bench,
+    /// The benchmark (`concord-bench`, release build): nccl-tests' table, every timed iteration
+    /// checked; `--mpi` adds OpenMPI (installed with apt-get when missing). `-- --help` for all flags.
+    Bench {
+        /// Arguments for concord-bench (e.g. `--backend shm --op all_reduce -b 8 -e 64M --mpi`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
 }
@@ -169,7 +176,14 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
-        Cmd::Bench => run(Command::new("bash").arg("bench/run-cpu-bench.sh")),
+        Cmd::Bench { args } => {
+            run(cargo().args(["build", "--release", "--quiet", "-p", "concord-bench", "--bin", "concord-bench"]))?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+            let target = if target.is_absolute() { target } else { root().join(target) };
+            // Run in the caller's directory, so relative --json / --plot paths mean what they say.
+            let status = Command::new(target.join("release").join("concord-bench")).args(&args).status().context("could not start concord-bench")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
     }
 }
