@@ -12,6 +12,7 @@
 //!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table.
 //! * [`Common`] is the older shared command line of `concord-nccl-bench`.
 #![forbid(unsafe_code)]
+#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod args;
 pub mod compare;

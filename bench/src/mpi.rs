@@ -32,7 +32,9 @@ pub fn ensure_mpicc() -> Result<(), String> {
     eprintln!("# mpicc is missing: installing openmpi-bin libopenmpi-dev with apt-get");
     let ok = |c: &mut Command| c.status().map(|s| s.success()).unwrap_or(false);
     if !ok(Command::new("apt-get").args(["update", "-qq"]))
-        || !ok(Command::new("apt-get").args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"]).env("DEBIAN_FRONTEND", "noninteractive"))
+        || !ok(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
     {
         return Err("mpicc is missing and `apt-get install openmpi-bin libopenmpi-dev` failed (run as root, or install OpenMPI)".into());
     }
@@ -70,7 +72,17 @@ pub fn type_supported(t: &str) -> bool {
 
 /// Runs `op` at every size; rows by size.
 #[allow(clippy::too_many_arguments)]
-pub fn run_op(exe: &Path, ranks: usize, op: BenchOp, dtype: &str, redop: &str, root: usize, iters: usize, warmup: usize, sizes: &[usize]) -> Result<BTreeMap<usize, MpiRow>, String> {
+pub fn run_op(
+    exe: &Path,
+    ranks: usize,
+    op: BenchOp,
+    dtype: &str,
+    redop: &str,
+    root: usize,
+    iters: usize,
+    warmup: usize,
+    sizes: &[usize],
+) -> Result<BTreeMap<usize, MpiRow>, String> {
     let mut c = Command::new("mpirun");
     c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", &ranks.to_string()])
         .arg(exe)
@@ -80,7 +92,15 @@ pub fn run_op(exe: &Path, ranks: usize, op: BenchOp, dtype: &str, redop: &str, r
     if !out.status.success() {
         return Err(format!("mpirun {} failed ({}): {}", op.name(), out.status, String::from_utf8_lossy(&out.stderr).trim()));
     }
-    Ok(parse_rows(&String::from_utf8_lossy(&out.stdout)))
+    let mut rows = parse_rows(&String::from_utf8_lossy(&out.stdout));
+    // The program prints GB/s with 2 decimals; recompute from the time for small sizes.
+    for r in rows.values_mut() {
+        if r.time_us > 0.0 {
+            r.algbw = r.size as f64 / r.time_us / 1e3;
+            r.busbw = r.algbw * op.busbw_factor(ranks);
+        }
+    }
+    Ok(rows)
 }
 
 /// The program's rows (lines not starting with `#`), by size.

@@ -26,6 +26,9 @@ pub fn series_of(files: &[(String, Vec<Record>)]) -> Series {
     out.into_iter().collect()
 }
 
+/// (colour index, label, points) of one line.
+type Line = (usize, String, Vec<(f64, f64)>);
+
 const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -55,7 +58,7 @@ pub fn write_svg(series: &Series, path: &Path) -> Result<(), String> {
     for (i, op) in ops.iter().enumerate() {
         for (j, latency) in [(0, false), (1, true)] {
             let area = &rows[i * 2 + j];
-            let pts: Vec<(usize, String, Vec<(f64, f64)>)> = series
+            let pts: Vec<Line> = series
                 .iter()
                 .enumerate()
                 .map(|(k, (label, rs))| {

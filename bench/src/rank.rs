@@ -351,7 +351,20 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         for (j, p) in pending.iter().enumerate() {
             let i = cx.warmup + done + j;
             let got = b.download(p.main.wait(cx.timeout)?)?;
-            let bad = check(cx, &sets[i % nsets], nsets, i, &got, tol, l, &what, op, step.size, placement, format!("timed iteration {}", done + j));
+            let bad = check(
+                cx,
+                &sets[i % nsets],
+                nsets,
+                i,
+                &got,
+                tol,
+                l,
+                &what,
+                op,
+                step.size,
+                placement,
+                format!("timed iteration {}", done + j),
+            );
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);
             cx.beat.tick();

@@ -18,7 +18,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// How a CPU backend's time is taken (the default).
-pub const WALL_CLOCK: &str = "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
+pub const WALL_CLOCK: &str =
+    "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
 
 /// What a backend adds to the generic benchmark.
 pub struct Hooks<B> {
@@ -277,7 +278,8 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             let version = crate::mpi::version();
             for &op in &ops {
                 eprintln!("# OpenMPI: {} ...", op.name());
-                for (size, m) in crate::mpi::run_op(&exe, args.ranks, op, type_name, mpi_redop, args.root, args.iters, args.warmup, &sizes)? {
+                for (size, m) in crate::mpi::run_op(&exe, args.ranks, op, type_name, mpi_redop, args.root, args.iters, args.warmup, &sizes)?
+                {
                     let mut rec = base("openmpi", args.ranks, "MPI_Wtime around ITERS back-to-back blocking calls; mean over ranks");
                     rec.versions.insert("openmpi".into(), version.clone());
                     rec.op = op.name().into();
@@ -401,7 +403,10 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         match msg {
             Msg::Hello { backend, version, timing, .. } => {
                 if hello.is_none() {
-                    out.say(format!("# backend {backend}{}; timing: {timing}", if version.is_empty() { String::new() } else { format!(" {version}") }));
+                    out.say(format!(
+                        "# backend {backend}{}; timing: {timing}",
+                        if version.is_empty() { String::new() } else { format!(" {version}") }
+                    ));
                     hello = Some((version, timing));
                 }
             }
@@ -474,7 +479,11 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     if cur_op.is_some() {
         out.say(table::avg_line(&busbws));
     }
-    let report = launched.wait(if timed_out { Duration::ZERO } else { deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)) });
+    let report = launched.wait(if timed_out {
+        Duration::ZERO
+    } else {
+        deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))
+    });
     if let Some(b) = &out.bar {
         b.finish_and_clear();
     }
@@ -497,11 +506,16 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
 
     // Footer: the goals' inputs.
     let ar = |size: usize, backend: &str| {
-        outcome.records.iter().find(|r| r.backend == backend && r.op == "all_reduce" && r.size as usize == size && r.placement == "out-of-place").map(|r| r.busbw)
+        outcome
+            .records
+            .iter()
+            .find(|r| r.backend == backend && r.op == "all_reduce" && r.size as usize == size && r.placement == "out-of-place")
+            .map(|r| r.busbw)
     };
     if let Some(s) = steps.iter().filter(|s| s.op == BenchOp::AllReduce).map(|s| s.size).max() {
         if let Some(bw) = ar(s, name) {
-            let mut line = format!("# all_reduce out-of-place busbw at {}: {bw:.2} GB/s = {:.2} x memcpy", spec::human(s as u64), bw / (mem / 1e9));
+            let mut line =
+                format!("# all_reduce out-of-place busbw at {}: {bw:.2} GB/s = {:.2} x memcpy", spec::human(s as u64), bw / (mem / 1e9));
             if let Some(m) = ar(s, "openmpi") {
                 line.push_str(&format!(", {:.2} x OpenMPI ({m:.2} GB/s)", bw / m));
             }

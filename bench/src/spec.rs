@@ -63,8 +63,15 @@ pub enum BenchOp {
 }
 
 impl BenchOp {
-    pub const ALL: [BenchOp; 7] =
-        [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter, BenchOp::AllToAll, BenchOp::Broadcast, BenchOp::Reduce, BenchOp::SendRecv];
+    pub const ALL: [BenchOp; 7] = [
+        BenchOp::AllReduce,
+        BenchOp::AllGather,
+        BenchOp::ReduceScatter,
+        BenchOp::AllToAll,
+        BenchOp::Broadcast,
+        BenchOp::Reduce,
+        BenchOp::SendRecv,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -99,9 +106,8 @@ impl BenchOp {
         }
         s.split(',')
             .map(|n| {
-                BenchOp::from_name(n.trim()).ok_or_else(|| {
-                    format!("unknown op `{n}` (one of: all, {})", BenchOp::ALL.map(|o| o.name()).join(", "))
-                })
+                BenchOp::from_name(n.trim())
+                    .ok_or_else(|| format!("unknown op `{n}` (one of: all, {})", BenchOp::ALL.map(|o| o.name()).join(", ")))
             })
             .collect()
     }

@@ -40,7 +40,16 @@ fn cells(c: Option<Cells>) -> String {
 /// One row. `mpi`: OpenMPI's (time, busbw) at this size; the ratio is the out-of-place busbw
 /// over OpenMPI's.
 #[allow(clippy::too_many_arguments)]
-pub fn row(size: usize, count: usize, dtype: &str, redop: &str, root: i64, out: Option<Cells>, inp: Option<Cells>, mpi: Option<Option<(f64, f64)>>) -> String {
+pub fn row(
+    size: usize,
+    count: usize,
+    dtype: &str,
+    redop: &str,
+    root: i64,
+    out: Option<Cells>,
+    inp: Option<Cells>,
+    mpi: Option<Option<(f64, f64)>>,
+) -> String {
     let mut s = format!("{size:12}  {count:12}  {dtype:>8}  {redop:>6}  {root:6}{}{}", cells(out), cells(inp));
     match mpi {
         None => {}

@@ -73,7 +73,7 @@ impl Backend for Wrong7 {
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         let w = self.inner.all_reduce(x, op)?;
-        if n % 7 != 0 || self.rank() != 1 {
+        if n.rem_euclid(7) != 0 || self.rank() != 1 {
             return Ok(w);
         }
         let out = w.into_value(Duration::from_secs(30))?;
@@ -154,14 +154,34 @@ fn wrong_in_timed_iterations_fails_the_run() -> std::result::Result<(), Failed> 
     let json = dir.path().join("w.jsonl");
     let json_s = json.to_string_lossy().into_owned();
     // Warm-up: calls 1-2 (right); timed: calls 3-12, of which 7 is wrong (timed iteration 4).
-    let (args, argv) = parse(&["--backend", "wrong7", "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "10", "-w", "2", "--no-plot", "--json", &json_s]);
+    let (args, argv) = parse(&[
+        "--backend",
+        "wrong7",
+        "--op",
+        "all_reduce",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "10",
+        "-w",
+        "2",
+        "--no-plot",
+        "--json",
+        &json_s,
+    ]);
     let o = concord_bench::run_parent::<Wrong7>("wrong7", &Hooks::default(), &args, argv);
     if o.code != 1 {
         return Err(format!("exit code {} (want 1); failures {:?}", o.code, o.failures).into());
     }
     let out = o.records.iter().find(|r| r.op == "all_reduce" && r.placement == "out-of-place").ok_or("no out-of-place record")?;
     if out.wrong == 0 || out.wrong_iterations != 1 || out.wrong_warmup != 0 {
-        return Err(format!("#wrong {} in {} timed iterations (warm-up {}): want > 0 in 1, 0", out.wrong, out.wrong_iterations, out.wrong_warmup).into());
+        return Err(format!(
+            "#wrong {} in {} timed iterations (warm-up {}): want > 0 in 1, 0",
+            out.wrong, out.wrong_iterations, out.wrong_warmup
+        )
+        .into());
     }
     let msg = o.failures.iter().find(|f| f.starts_with("WRONG")).ok_or_else(|| format!("no WRONG line: {:?}", o.failures))?;
     for want in ["all_reduce out-of-place 1024 B", "timed iteration 4", "rank 1", "first bad index 3", "got ", "expected "] {
@@ -185,7 +205,28 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
     let json = dir.path().join("shm.jsonl");
     let svg = dir.path().join("shm.svg");
     let (js, ss) = (json.to_string_lossy().into_owned(), svg.to_string_lossy().into_owned());
-    let (args, argv) = parse(&["--backend", "shm", "--op", "all", "-b", "8", "-e", "4K", "-f", "8", "-n", "4", "-w", "1", "--ranks", "2", "--json", &js, "--svg", &ss]);
+    let (args, argv) = parse(&[
+        "--backend",
+        "shm",
+        "--op",
+        "all",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "8",
+        "-n",
+        "4",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--json",
+        &js,
+        "--svg",
+        &ss,
+    ]);
     let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
     if o.code != 0 || !o.failures.is_empty() {
         return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
@@ -199,7 +240,7 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
         return Err(format!("{} shm records, want {want}", shm.len()).into());
     }
     for r in &shm {
-        if r.wrong != 0 || r.wrong_warmup != 0 || !(r.time_us > 0.0) || r.busbw <= 0.0 || r.iters != 4 || r.ranks != 2 {
+        if r.wrong != 0 || r.wrong_warmup != 0 || r.time_us.is_nan() || r.time_us <= 0.0 || r.busbw <= 0.0 || r.iters != 4 || r.ranks != 2 {
             return Err(format!("bad record {r:?}").into());
         }
     }

@@ -181,7 +181,8 @@ fn main() -> Result<()> {
             let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
             let target = if target.is_absolute() { target } else { root().join(target) };
             // Run in the caller's directory, so relative --json / --plot paths mean what they say.
-            let status = Command::new(target.join("release").join("concord-bench")).args(&args).status().context("could not start concord-bench")?;
+            let status =
+                Command::new(target.join("release").join("concord-bench")).args(&args).status().context("could not start concord-bench")?;
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),

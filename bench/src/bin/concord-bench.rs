@@ -36,7 +36,9 @@ fn main() {
         Some("shm") => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         Some("nccl") => main_with::<NcclBackend>("nccl", &nccl_hooks(), &args, argv),
         Some(other) => {
-            eprintln!("concord-bench: unknown backend `{other}` (built-in: shm, nccl; a downstream backend calls concord_bench::bench_main)");
+            eprintln!(
+                "concord-bench: unknown backend `{other}` (built-in: shm, nccl; a downstream backend calls concord_bench::bench_main)"
+            );
             2
         }
         None => {
