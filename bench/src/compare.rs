@@ -5,7 +5,8 @@ use crate::record::Record;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-type Key = (String, String, usize, u64);
+/// (op, placement, size): rank counts may differ between the files (shown in the table).
+type Key = (String, String, u64);
 
 /// The backend a file is about: the most frequent one other than the references (openmpi,
 /// memcpy), or the most frequent one at all.
@@ -22,7 +23,7 @@ fn primary(recs: &[Record]) -> Option<String> {
 
 fn index(recs: &[Record]) -> BTreeMap<Key, &Record> {
     let p = primary(recs);
-    recs.iter().filter(|r| Some(&r.backend) == p.as_ref()).map(|r| ((r.op.clone(), r.placement.clone(), r.ranks, r.size), r)).collect()
+    recs.iter().filter(|r| Some(&r.backend) == p.as_ref()).map(|r| ((r.op.clone(), r.placement.clone(), r.size), r)).collect()
 }
 
 /// The table, and how many rows are below the threshold.
@@ -51,8 +52,8 @@ pub fn compare(base: &[Record], cand: &[Record], threshold: f64) -> (String, usi
             "  {:>14} {:>12} {:>5} {:>12} {:>10.3} {:>10.3} {:>7.3}  {}",
             k.0,
             k.1,
+            if ra.ranks == rb.ranks { ra.ranks.to_string() } else { format!("{}/{}", ra.ranks, rb.ranks) },
             k.2,
-            k.3,
             ra.busbw,
             rb.busbw,
             ratio,

@@ -40,6 +40,27 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
+/// `1k`, `10M`, `1G`: decimal, as the log axis puts its ticks at powers of ten.
+fn si(x: f64) -> String {
+    for (d, u) in [(1e9, "G"), (1e6, "M"), (1e3, "k")] {
+        if x >= d {
+            return format!("{}{u}", (x / d * 100.0).round() / 100.0);
+        }
+    }
+    format!("{}", x.round())
+}
+
+/// A tick value readable over many decades.
+fn num(y: f64) -> String {
+    if y >= 100.0 {
+        format!("{y:.0}")
+    } else if y >= 0.1 {
+        format!("{}", (y * 100.0).round() / 100.0)
+    } else {
+        format!("{y:.0e}")
+    }
+}
+
 /// Writes the SVG: one row per op, busbw on the left, time on the right.
 pub fn write_svg(series: &Series, path: &Path) -> Result<(), String> {
     let mut ops: Vec<String> = series.iter().flat_map(|(_, rs)| rs.iter().map(|r| r.op.clone())).collect();
@@ -95,9 +116,9 @@ pub fn write_svg(series: &Series, path: &Path) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             chart
                 .configure_mesh()
-                .x_desc("size (B)")
-                .x_label_formatter(&|x| crate::spec::human(x.round() as u64))
-                .y_label_formatter(&|y| format!("{y:.3}"))
+                .x_desc("size (bytes)")
+                .x_label_formatter(&|x| si(*x))
+                .y_label_formatter(&|y| num(*y))
                 .draw()
                 .map_err(|e| e.to_string())?;
             for (k, label, v) in pts {
