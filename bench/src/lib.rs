@@ -1,12 +1,35 @@
 //! # concord-bench
 //!
-//! **One job:** benchmark binaries (`src/bin/`), their ranks started by the harness launcher
-//! ([`concord_harness::launch`]); this library holds what they share: the command line.
+//! **One job:** the benchmark users trust — nccl-tests' table for any [`Backend`], with every
+//! timed iteration's output checked against the oracle — and the tools around it (JSON lines,
+//! SVG plots, regression comparison, OpenMPI side by side).
+//!
+//! * [`bench_main`]: a downstream backend's whole benchmark binary in one line,
+//!   `fn main() { concord_bench::bench_main::<MyBackend>("mine") }`. The built-in binary
+//!   (`src/bin/concord-bench.rs`, what `cargo xtask bench` runs) registers shm and nccl.
+//! * Ranks are started by the harness launcher ([`concord_harness::launch`]) once per run
+//!   (persistent world: set-up is paid once); each runs [`rank::rank_main`] and reports JSON
+//!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table.
+//! * [`Common`] is the older shared command line of `concord-nccl-bench`.
 #![forbid(unsafe_code)]
+#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
+
+pub mod args;
+pub mod compare;
+pub mod mpi;
+pub mod plot;
+pub mod rank;
+pub mod record;
+pub mod run;
+pub mod spec;
+pub mod table;
+
+pub use args::Args;
+pub use run::{bench_main, bench_main_with, main_with, run_parent, Hooks, Outcome};
 
 use std::time::Duration;
 
-/// The arguments every benchmark takes.
+/// The arguments of `concord-nccl-bench` (init and latency timings).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Common {
     /// Rank processes.

@@ -23,11 +23,11 @@ if [ "$(uname -m)" != x86_64 ]; then
     exit 2
 fi
 
-cargo build --release -p concord-bench --bin concord-nccl-bench
+cargo build --release -p concord-bench --bin concord-nccl-bench --bin concord-bench
 cargo build --release -p concord-store --bin concord-store
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"
-cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-store" "$dist/bin/"
+cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-bench" "$target_dir/release/concord-store" "$dist/bin/"
 cp "$root/store/scripts/filestore_interop.py" "$dist/scripts/"
 BUNDLE_TEST_PACKAGES="concord-cli ${BUNDLE_TEST_PACKAGES:-}"
 

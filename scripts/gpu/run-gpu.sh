@@ -4,6 +4,8 @@
 #                                        binary, conformance mode; case-name filters and --jobs N
 #                                        pass through), report in $REPORT (default dist/report)
 #   dist/run-gpu.sh bench [args...]      NCCL timings: init, 1 KiB latency, busbw (concord-nccl-bench)
+#   dist/run-gpu.sh table [args...]      nccl-tests' table, every output checked (concord-bench
+#                                        --backend nccl --ranks <GPUs>; e.g. --op all_reduce -e 1G)
 #   dist/run-gpu.sh <binary> [args...]   any other bundled binary in dist/bin
 # NVLink multicast stays off: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,5 +34,6 @@ cmd=${1:-nccl}
 case "$cmd" in
     nccl) exec "$here/bin/conformance" --backend nccl --report "${REPORT:-$here/report}" "$@" ;;
     bench) exec "$here/bin/concord-nccl-bench" "$@" ;;
+    table) exec "$here/bin/concord-bench" --backend nccl --ranks "$(nvidia-smi -L 2>/dev/null | wc -l)" "$@" ;;
     *) exec "$here/bin/$cmd" "$@" ;;
 esac

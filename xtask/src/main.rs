@@ -10,7 +10,9 @@
 //! * `cargo xtask mutants` — the mutation campaign: the suites against the shm backend with one
 //!   bug each (`concord-mutants`); catch rate, survivors; exits non-zero if any survives.
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
-//! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
+//! * `cargo xtask bench --backend shm [--op all] -b 8 -e 64M -f 2 -n 20 -w 5 [--ranks N] [--mpi]` —
+//!   nccl-tests' table with every timed iteration checked (`concord-bench`, built in release);
+//!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
 #![forbid(unsafe_code)]
 
@@ -75,8 +77,13 @@ enum Cmd {
     },
     /// Per-case overhead (4 ranks) and store barrier (8 ranks).
     BenchHarness,
-    /// all_reduce on the CPU backend vs memcpy vs OpenMPI (installs OpenMPI with apt-get).
-    Bench,
+    /// The benchmark (`concord-bench`, release build): nccl-tests' table, every timed iteration
+    /// checked; `--mpi` adds OpenMPI (installed with apt-get when missing). `-- --help` for all flags.
+    Bench {
+        /// Arguments for concord-bench (e.g. `--backend shm --op all_reduce -b 8 -e 64M --mpi`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
 }
@@ -188,7 +195,18 @@ fn main() -> Result<()> {
         }
         Cmd::Mutants { mutant, case, jobs, list } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
-            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-mutants", "--features", "campaign", "--bin", "concord-mutants"]))?;
+            run(cargo().args([
+                "build",
+                "--profile",
+                "ci",
+                "--quiet",
+                "-p",
+                "concord-mutants",
+                "--features",
+                "campaign",
+                "--bin",
+                "concord-mutants",
+            ]))?;
             let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
             let mut c = Command::new(target.join("ci/concord-mutants"));
             for m in &mutant {
@@ -207,7 +225,15 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
-        Cmd::Bench => run(Command::new("bash").arg("bench/run-cpu-bench.sh")),
+        Cmd::Bench { args } => {
+            run(cargo().args(["build", "--release", "--quiet", "-p", "concord-bench", "--bin", "concord-bench"]))?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+            let target = if target.is_absolute() { target } else { root().join(target) };
+            // Run in the caller's directory, so relative --json / --plot paths mean what they say.
+            let status =
+                Command::new(target.join("release").join("concord-bench")).args(&args).status().context("could not start concord-bench")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
     }
 }

@@ -1,0 +1,575 @@
+//! The parent side: checks the command line, measures the memcpy reference, runs OpenMPI when
+//! asked, launches the ranks (one persistent world for the whole run), merges their JSON lines
+//! into nccl-tests' table, writes the JSON lines and the plot, and decides the exit status:
+//! 0 done, 1 a wrong result, a failed rank or a hang, 2 cannot run here or bad arguments.
+
+use crate::args::Args;
+use crate::rank::{Msg, RankResult};
+use crate::record::{now_unix, Machine, Record, SCHEMA};
+use crate::spec::{self, BenchOp, Placement, Step};
+use crate::table::{self, Cells};
+use clap::Parser;
+use concord_core::Backend;
+use concord_harness::launch;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, IsTerminal};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How a CPU backend's time is taken (the default).
+pub const WALL_CLOCK: &str =
+    "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
+
+/// What a backend adds to the generic benchmark.
+pub struct Hooks<B> {
+    /// Whether a world of `ranks` can run here; `Err(why)` prints `CANNOT RUN: why`, exit 2.
+    pub available: fn(ranks: usize) -> Result<(), String>,
+    /// Called on every rank after `init` (e.g. turn off a backend's own cross-rank validation:
+    /// the bench checks every output itself).
+    pub prepare: fn(&B),
+    /// The backend's version, for the JSON records.
+    pub version: fn(&B) -> String,
+    /// How the time is taken, for the JSON records and the header.
+    pub timing: &'static str,
+}
+
+fn always(_: usize) -> Result<(), String> {
+    Ok(())
+}
+fn nothing<B>(_: &B) {}
+fn no_version<B>(_: &B) -> String {
+    String::new()
+}
+
+impl<B> Default for Hooks<B> {
+    fn default() -> Self {
+        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK }
+    }
+}
+
+/// A downstream backend's benchmark binary: `fn main() { concord_bench::bench_main::<MyBackend>("mine") }`.
+pub fn bench_main<B: Backend>(name: &str) -> ! {
+    bench_main_with::<B>(name, &Hooks::default())
+}
+
+/// [`bench_main`] with [`Hooks`].
+pub fn bench_main_with<B: Backend>(name: &str, hooks: &Hooks<B>) -> ! {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = Args::parse();
+    std::process::exit(main_with::<B>(name, hooks, &args, argv))
+}
+
+/// The whole program for one backend: a launched rank runs its steps; otherwise `--plot` /
+/// `--compare` run alone, or the benchmark runs. `argv`: the arguments the ranks get.
+pub fn main_with<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: Vec<String>) -> i32 {
+    if let Some(world) = launch::rank_world() {
+        return crate::rank::rank_main::<B>(&world, args, hooks);
+    }
+    if let Some(code) = tools(args) {
+        return code;
+    }
+    if let Some(b) = args.backend.as_deref().filter(|b| *b != name) {
+        eprintln!("concord-bench: this binary benchmarks `{name}`, not `{b}`");
+        return 2;
+    }
+    run_parent::<B>(name, hooks, args, argv).code
+}
+
+/// `--plot` and `--compare`, which need no backend; `None` when neither was given.
+pub fn tools(args: &Args) -> Option<i32> {
+    if !args.plot.is_empty() {
+        let out = PathBuf::from(args.o.clone().unwrap_or_else(|| "bench.svg".into()));
+        return Some(match crate::plot::plot_files(&args.plot, &out) {
+            Ok(()) => {
+                println!("# plot: {}", out.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("concord-bench --plot: {e}");
+                2
+            }
+        });
+    }
+    if !args.compare.is_empty() {
+        let load = |p: &PathBuf| crate::record::read_jsonl(p);
+        return Some(match (load(&args.compare[0]), load(&args.compare[1])) {
+            (Ok(a), Ok(b)) => {
+                let (t, flagged) = crate::compare::compare(&a, &b, args.threshold);
+                print!("{t}");
+                i32::from(flagged > 0)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("concord-bench --compare: {e}");
+                2
+            }
+        });
+    }
+    None
+}
+
+/// What a run produced.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub code: i32,
+    pub records: Vec<Record>,
+    /// Every wrong result, failed rank and hang, one line each.
+    pub failures: Vec<String>,
+    pub json: Option<PathBuf>,
+    pub svg: Option<PathBuf>,
+}
+
+/// Single-core memcpy bandwidth of `bytes` (bytes per second), best of 7 after a warm-up.
+pub fn memcpy_bw(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src);
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best
+}
+
+/// `target/concord-bench` when this executable lives in a cargo target directory, else
+/// `./concord-bench`.
+fn default_dir() -> PathBuf {
+    let exe = std::env::current_exe().ok();
+    for dir in exe.iter().flat_map(|e| e.ancestors().skip(1).take(4)) {
+        if dir.join("CACHEDIR.TAG").exists() {
+            return dir.join("concord-bench");
+        }
+    }
+    PathBuf::from("concord-bench")
+}
+
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Prints above the progress bar.
+struct Out {
+    bar: Option<indicatif::ProgressBar>,
+    lines: Vec<String>,
+}
+
+impl Out {
+    fn say(&mut self, s: String) {
+        match &self.bar {
+            Some(b) => b.suspend(|| println!("{s}")),
+            None => println!("{s}"),
+        }
+        self.lines.push(s);
+    }
+    fn warn(&mut self, s: String) {
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("{s}")),
+            None => eprintln!("{s}"),
+        }
+    }
+}
+
+/// Runs the benchmark of backend `name` (see the module docs).
+pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: Vec<String>) -> Outcome {
+    let mut outcome = Outcome::default();
+    let bad = |e: String| {
+        eprintln!("concord-bench: {e}");
+        Outcome { code: 2, ..Outcome::default() }
+    };
+    let parsed = (|| -> Result<_, String> {
+        let dtype = spec::parse_dtype(&args.dtype)?;
+        let redop = spec::parse_redop(args.redop_name())?;
+        let ops = BenchOp::parse_list(&args.op)?;
+        let sizes = spec::sizes(args.min_bytes, args.max_bytes, args.factor)?;
+        if args.ranks == 0 {
+            return Err("--ranks must be at least 1".into());
+        }
+        if args.root >= args.ranks {
+            return Err(format!("--root {} is not a rank of {}", args.root, args.ranks));
+        }
+        if ops.iter().any(|o| o.is_reduction()) && !redop.defined_for(dtype) {
+            return Err(format!("-o {} is not defined for {}", redop.name(), dtype.name()));
+        }
+        if args.iters == 0 {
+            return Err("-n must be at least 1".into());
+        }
+        Ok((dtype, redop, ops, sizes))
+    })();
+    let (dtype, redop, ops, sizes) = match parsed {
+        Ok(p) => p,
+        Err(e) => return bad(e),
+    };
+    let ops: Vec<BenchOp> = ops.into_iter().filter(|o| *o != BenchOp::SendRecv || args.ranks > 1).collect();
+    if let Err(why) = (hooks.available)(args.ranks) {
+        println!("CANNOT RUN: {name} benchmark: {why}");
+        return Outcome { code: 2, ..Outcome::default() };
+    }
+    let (steps, skipped) = spec::plan(&ops, &sizes, dtype.size(), args.ranks);
+    let machine = Machine::this();
+    let started = now_unix();
+    let exe_name = std::env::args().next().unwrap_or_else(|| "concord-bench".into());
+    let command: Vec<String> = std::iter::once(exe_name).chain(argv.iter().cloned()).collect();
+    let type_name = spec::nccl_type_name(dtype);
+    let json = args.json.clone().unwrap_or_else(|| default_dir().join(format!("{name}-{}r-{started}.jsonl", args.ranks)));
+    let mut versions = BTreeMap::new();
+    versions.insert("concord".to_string(), env!("CARGO_PKG_VERSION").to_string());
+    if let Some(c) = git_commit() {
+        versions.insert("git".to_string(), c);
+    }
+    let base = |backend: &str, ranks: usize, timing: &str| Record {
+        schema: SCHEMA,
+        backend: backend.into(),
+        op: String::new(),
+        placement: String::new(),
+        size: 0,
+        count: 0,
+        dtype: type_name.into(),
+        redop: String::new(),
+        root: -1,
+        ranks,
+        iters: args.iters,
+        warmup: args.warmup,
+        window: 0,
+        time_us: 0.0,
+        time_us_per_rank: vec![],
+        algbw: 0.0,
+        busbw: 0.0,
+        wrong: 0,
+        wrong_iterations: 0,
+        wrong_warmup: 0,
+        timing: timing.into(),
+        machine: machine.clone(),
+        versions: versions.clone(),
+        command: command.clone(),
+        started,
+    };
+
+    // The references first, so that they print in the same table.
+    let max = steps.iter().map(|s| s.size).max().unwrap_or(args.max_bytes);
+    let mem = memcpy_bw(max);
+    let mut memrec = base("memcpy", 1, "best of 7 single-core copies (slice copy_from_slice)");
+    memrec.op = "memcpy".into();
+    memrec.placement = "out-of-place".into();
+    memrec.size = max as u64;
+    memrec.count = max as u64;
+    memrec.dtype = "uint8".into();
+    memrec.redop = "none".into();
+    memrec.time_us = max as f64 / mem * 1e6;
+    memrec.algbw = mem / 1e9;
+    memrec.busbw = mem / 1e9;
+    outcome.records.push(memrec);
+    let mut mpi: Option<BTreeMap<(BenchOp, usize), crate::mpi::MpiRow>> = None;
+    let mut mpi_failed = false;
+    if args.mpi {
+        let mut rows = BTreeMap::new();
+        let r = (|| -> Result<(), String> {
+            if !crate::mpi::type_supported(type_name) {
+                return Err(format!("bench/mpi_collectives.c has no {type_name}"));
+            }
+            if !matches!(redop.name(), "sum" | "product" | "min" | "max") {
+                return Err(format!("bench/mpi_collectives.c has no {}", redop.name()));
+            }
+            let exe = crate::mpi::build(&default_dir().join("mpi"))?;
+            let mpi_redop = if redop.name() == "product" { "prod" } else { redop.name() };
+            let version = crate::mpi::version();
+            for &op in &ops {
+                eprintln!("# OpenMPI: {} ...", op.name());
+                for (size, m) in crate::mpi::run_op(&exe, args.ranks, op, type_name, mpi_redop, args.root, args.iters, args.warmup, &sizes)?
+                {
+                    let mut rec = base("openmpi", args.ranks, "MPI_Wtime around ITERS back-to-back blocking calls; mean over ranks");
+                    rec.versions.insert("openmpi".into(), version.clone());
+                    rec.op = op.name().into();
+                    rec.placement = Placement::OutOfPlace.name().into();
+                    rec.size = size as u64;
+                    rec.count = m.count as u64;
+                    rec.redop = if op.is_reduction() { redop.name().into() } else { "none".into() };
+                    rec.root = if op.has_root() { args.root as i64 } else { -1 };
+                    rec.window = args.iters;
+                    rec.time_us = m.time_us;
+                    rec.algbw = m.algbw;
+                    rec.busbw = m.busbw;
+                    rec.wrong = m.wrong;
+                    outcome.records.push(rec);
+                    rows.insert((op, size), m);
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => mpi = Some(rows),
+            Err(e) => {
+                eprintln!("concord-bench --mpi: OpenMPI not run: {e}");
+                mpi_failed = true;
+            }
+        }
+    }
+
+    let bar = if std::io::stderr().is_terminal() {
+        let total = steps.iter().map(|s| if s.op.has_in_place() { 2 } else { 1 }).sum::<usize>() as u64;
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let mut out = Out { bar, lines: Vec::new() };
+    out.say(format!(
+        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up, every output checked; {}",
+        args.ranks,
+        redop.name(),
+        args.iters,
+        args.warmup,
+        machine.hostname
+    ));
+    out.say(format!("# command: {}", command.join(" ")));
+    out.say(format!("# memcpy (single core, {}): {:.2} GB/s", spec::human(max as u64), mem / 1e9));
+    for (op, bytes) in &skipped {
+        out.say(format!("# {}: {bytes} B is less than one element per rank chunk: skipped", op.name()));
+    }
+
+    // Launch the world.
+    let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
+        s.args = argv.clone();
+        s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
+        s.pipe_stdout = true;
+        Ok(s)
+    });
+    let op_timeout = spec.as_ref().map(|s| s.op_timeout).unwrap_or(Duration::from_secs(15));
+    let mut launched = match spec.and_then(|s| launch::launch(&s)) {
+        Ok(l) => l,
+        Err(e) => return bad(format!("cannot launch the ranks: {e}")),
+    };
+    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
+    for r in 0..args.ranks {
+        let Some(stdout) = launched.take_stdout(r) else { continue };
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((r, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((r, None));
+        });
+    }
+    drop(tx);
+
+    let start = Instant::now();
+    let mut deadline = start + Duration::from_secs(args.deadline_s);
+    let mut eof = 0;
+    let mut phase: Vec<String> = vec!["starting (backend init)".into(); args.ranks];
+    let mut results: HashMap<(BenchOp, usize, Placement), Vec<Option<RankResult>>> = HashMap::new();
+    let mut hello: Option<(String, String)> = None;
+    let mut next = 0usize; // index of the next step to print
+    let mut cur_op: Option<BenchOp> = None;
+    let mut busbws: Vec<f64> = Vec::new();
+    let mut total_wrong = 0u64;
+    let mut timed_out = false;
+    let mpi_cols = mpi.is_some();
+    while eof < args.ranks {
+        let now = Instant::now();
+        if now >= deadline {
+            timed_out = true;
+            break;
+        }
+        let (r, line) = match rx.recv_timeout(deadline - now) {
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                timed_out = true;
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let Some(line) = line else {
+            eof += 1;
+            continue;
+        };
+        let msg: Msg = match serde_json::from_str(&line) {
+            Ok(m) => m,
+            Err(_) => {
+                out.warn(format!("rank {r}: {line}"));
+                continue;
+            }
+        };
+        match msg {
+            Msg::Hello { backend, version, timing, .. } => {
+                if hello.is_none() {
+                    out.say(format!(
+                        "# backend {backend}{}; timing: {timing}",
+                        if version.is_empty() { String::new() } else { format!(" {version}") }
+                    ));
+                    hello = Some((version, timing));
+                }
+            }
+            Msg::Start { rank, op, size, placement } => {
+                phase[rank] = format!("{op} {} {size} B", placement.name());
+                if let Some(b) = &out.bar {
+                    b.set_message(phase[rank].clone());
+                }
+            }
+            Msg::Wrong(w) => {
+                let s = w.to_string();
+                out.warn(s.clone());
+                outcome.failures.push(s);
+            }
+            Msg::Fatal { message, .. } => {
+                out.warn(format!("FAILED: {message}"));
+                outcome.failures.push(message);
+                // Peers blocked on the failed rank report their own timeouts within the op timeout.
+                deadline = deadline.min(Instant::now() + op_timeout + Duration::from_secs(10));
+            }
+            Msg::Result(res) => {
+                let Some(op) = BenchOp::from_name(&res.op) else { continue };
+                let key = (op, res.size, res.placement);
+                let slot = results.entry(key).or_insert_with(|| vec![None; args.ranks]);
+                let rank = res.rank;
+                if rank < slot.len() {
+                    slot[rank] = Some(res);
+                }
+                if let Some(b) = &out.bar {
+                    if slot.iter().all(Option::is_some) {
+                        b.inc(1);
+                    }
+                }
+                // Print every step now complete, in order.
+                while let Some(step) = steps.get(next) {
+                    let complete = |p: Placement| results.get(&(step.op, step.size, p)).is_some_and(|v| v.iter().all(Option::is_some));
+                    if !complete(Placement::OutOfPlace) || (step.op.has_in_place() && !complete(Placement::InPlace)) {
+                        break;
+                    }
+                    if cur_op != Some(step.op) {
+                        if cur_op.is_some() {
+                            out.say(table::avg_line(&busbws));
+                            busbws.clear();
+                        }
+                        out.say(format!("#\n# {}", step.op.name()));
+                        out.say(table::header(mpi_cols));
+                        cur_op = Some(step.op);
+                    }
+                    let timing = hello.as_ref().map(|h| h.1.clone()).unwrap_or_else(|| WALL_CLOCK.into());
+                    let version = hello.as_ref().map(|h| h.0.clone()).unwrap_or_default();
+                    let mut cells = [None, None];
+                    for (i, p) in [Placement::OutOfPlace, Placement::InPlace].into_iter().enumerate() {
+                        let Some(rs) = results.get(&(step.op, step.size, p)) else { continue };
+                        let rs: Vec<&RankResult> = rs.iter().flatten().collect();
+                        let rec = merge(&base(name, args.ranks, &timing), &version, *step, p, redop.name(), args.root, &rs);
+                        total_wrong += rec.wrong + rec.wrong_warmup;
+                        busbws.push(rec.busbw);
+                        cells[i] = Some(Cells { time_us: rec.time_us, algbw: rec.algbw, busbw: rec.busbw, wrong: rec.wrong });
+                        outcome.records.push(rec);
+                    }
+                    let m = mpi.as_ref().map(|m| m.get(&(step.op, step.size)).map(|r| (r.time_us, r.busbw)));
+                    let redop_col = if step.op.is_reduction() { redop.name() } else { "none" };
+                    let root_col = if step.op.has_root() { args.root as i64 } else { -1 };
+                    out.say(table::row(step.size, step.count, type_name, redop_col, root_col, cells[0], cells[1], m));
+                    next += 1;
+                }
+            }
+        }
+    }
+    if cur_op.is_some() {
+        out.say(table::avg_line(&busbws));
+    }
+    let report = launched.wait(if timed_out {
+        Duration::ZERO
+    } else {
+        deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))
+    });
+    if let Some(b) = &out.bar {
+        b.finish_and_clear();
+    }
+    for r in &report.ranks {
+        if r.ended_by_launcher {
+            let s = format!("HANG: rank {} was still in {} at the deadline; ended ({})", r.rank, phase[r.rank], r.describe());
+            eprintln!("{s}");
+            outcome.failures.push(s);
+        }
+    }
+    if let Err(e) = report.check() {
+        if outcome.failures.is_empty() {
+            outcome.failures.push(e.clone());
+        }
+        eprintln!("FAILED: {e}");
+    }
+    if next < steps.len() && outcome.failures.is_empty() {
+        outcome.failures.push(format!("the ranks ended after {next} of {} steps", steps.len()));
+    }
+
+    // Footer: the goals' inputs.
+    let ar = |size: usize, backend: &str| {
+        outcome
+            .records
+            .iter()
+            .find(|r| r.backend == backend && r.op == "all_reduce" && r.size as usize == size && r.placement == "out-of-place")
+            .map(|r| r.busbw)
+    };
+    if let Some(s) = steps.iter().filter(|s| s.op == BenchOp::AllReduce).map(|s| s.size).max() {
+        if let Some(bw) = ar(s, name) {
+            let mut line =
+                format!("# all_reduce out-of-place busbw at {}: {bw:.2} GB/s = {:.2} x memcpy", spec::human(s as u64), bw / (mem / 1e9));
+            if let Some(m) = ar(s, "openmpi") {
+                line.push_str(&format!(", {:.2} x OpenMPI ({m:.2} GB/s)", bw / m));
+            }
+            out.say(line);
+        }
+    }
+    out.say(format!("# Wrong results: {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
+    match crate::record::write_jsonl(&json, &outcome.records) {
+        Ok(()) => {
+            out.say(format!("# JSON: {}", json.display()));
+            outcome.json = Some(json.clone());
+        }
+        Err(e) => eprintln!("concord-bench: cannot write {}: {e}", json.display()),
+    }
+    if !args.no_plot {
+        let svg = args.svg.clone().unwrap_or_else(|| json.with_extension("svg"));
+        let series = crate::plot::series_of(&[(String::new(), outcome.records.clone())]);
+        match crate::plot::write_svg(&series, &svg) {
+            Ok(()) => {
+                out.say(format!("# plot: {}", svg.display()));
+                outcome.svg = Some(svg);
+            }
+            Err(e) => eprintln!("concord-bench: no plot: {e}"),
+        }
+    }
+    outcome.code = if !outcome.failures.is_empty() || total_wrong > 0 {
+        1
+    } else if mpi_failed {
+        2
+    } else {
+        0
+    };
+    outcome
+}
+
+/// One table cell's record from every rank's result: time = mean over ranks (nccl-tests' `-a 1`).
+fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, root: usize, rs: &[&RankResult]) -> Record {
+    let mut rec = base.clone();
+    if !version.is_empty() {
+        rec.versions.insert(rec.backend.clone(), version.to_string());
+    }
+    rec.op = step.op.name().into();
+    rec.placement = p.name().into();
+    rec.size = step.size as u64;
+    rec.count = step.count as u64;
+    rec.redop = if step.op.is_reduction() { redop.into() } else { "none".into() };
+    rec.root = if step.op.has_root() { root as i64 } else { -1 };
+    rec.time_us_per_rank = rs.iter().map(|r| r.time_us).collect();
+    rec.time_us = rec.time_us_per_rank.iter().sum::<f64>() / rs.len().max(1) as f64;
+    rec.window = rs.iter().map(|r| r.window).min().unwrap_or(0);
+    rec.wrong = rs.iter().map(|r| r.wrong).sum();
+    rec.wrong_iterations = rs.iter().map(|r| r.wrong_iterations).sum();
+    rec.wrong_warmup = rs.iter().map(|r| r.wrong_warmup).sum();
+    rec.algbw = if rec.time_us > 0.0 { step.size as f64 / rec.time_us / 1e3 } else { 0.0 };
+    rec.busbw = rec.algbw * step.op.busbw_factor(base.ranks);
+    rec
+}
