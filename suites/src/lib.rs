@@ -10,6 +10,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod autotune;
 pub mod case;
 pub mod contract;
 pub mod exec;
@@ -32,6 +33,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
     v.extend(suites::caps::cases::<B>());
+    v.extend(autotune::cases::<B, concord_autotune::Tuner>());
     v
 }
 
