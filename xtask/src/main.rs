@@ -10,6 +10,7 @@
 //! * `cargo xtask bench-harness` — per-case overhead and store-barrier latency.
 //! * `cargo xtask bench` — shared-memory all_reduce vs memcpy vs OpenMPI.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
+//! * `cargo xtask autotune --backend shm [--ranks N]` — tune the built-in collective choice sets.
 #![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
@@ -171,5 +172,14 @@ fn main() -> Result<()> {
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench => run(Command::new("bash").arg("bench/run-cpu-bench.sh")),
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
+        Cmd::Autotune { backend, ranks, args } => {
+            if backend != "shm" {
+                bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");
+            }
+            let r = ranks.to_string();
+            run(cargo()
+                .args(["run", "--profile", "ci", "--quiet", "-p", "concord-autotune", "--example", "tune", "--", "--backend", "shm", "--ranks", &r])
+                .args(&args))
+        }
     }
 }
