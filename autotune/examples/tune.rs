@@ -157,8 +157,18 @@ fn measure(b: &ShmBackend, store: &FileStore, world: &WorldInfo, a: &Args, tuner
         per_choice.push(oh / n.max(1) as f64);
     }
     if r0 {
-        println!("\npre-sync, medians of {}: 1 op {:.3} ms, 5 ops in one call {:.3} ms ({:.2}x); raw 1 op {one:.3?}, 5 ops {five:.3?}", a.repeat, med(&mut one.clone()), med(&mut five.clone()), med(&mut five.clone()) / med(&mut one.clone()));
-        println!("overhead beyond the timed runs per choice per op (5 small ops), median of {}: {:.3} ms; raw {per_choice:.3?}", a.repeat, med(&mut per_choice.clone()));
+        println!(
+            "\npre-sync, medians of {}: 1 op {:.3} ms, 5 ops in one call {:.3} ms ({:.2}x); raw 1 op {one:.3?}, 5 ops {five:.3?}",
+            a.repeat,
+            med(&mut one.clone()),
+            med(&mut five.clone()),
+            med(&mut five.clone()) / med(&mut one.clone())
+        );
+        println!(
+            "overhead beyond the timed runs per choice per op (5 small ops), median of {}: {:.3} ms; raw {per_choice:.3?}",
+            a.repeat,
+            med(&mut per_choice.clone())
+        );
         println!("\nall_reduce f32 sum busbw (GB/s), medians of {} (tune, then time every choice and the winner):", a.repeat);
         println!("  {:>9}  {:<20} {:>8} {:<20} {:>8} {:>6}", "KiB", "tuned winner", "busbw", "best fixed", "busbw", "ratio");
     }

@@ -97,10 +97,7 @@ fn sem<B: Backend>(c: &ChoiceCtx<'_, B>) -> Semantics {
 
 /// Ops whose pairwise reduction in any grouping gives the oracle's bits on exact inputs.
 fn associative(op: Option<ReduceOp>) -> bool {
-    matches!(
-        op,
-        Some(ReduceOp::Sum | ReduceOp::Product | ReduceOp::Min | ReduceOp::Max | ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor)
-    )
+    matches!(op, Some(ReduceOp::Sum | ReduceOp::Product | ReduceOp::Min | ReduceOp::Max | ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor))
 }
 
 /// The output shape of reduce_scatter / one all_to_all chunk, and its element count.

@@ -8,7 +8,14 @@ use std::time::Instant;
 /// and proposes that view at `<prefix>/decision` with `compare_set`; returns the stored view
 /// (index = rank, `None` = not there by the deadline of the rank that decided). A rank that
 /// arrives after the decision adopts it without waiting.
-pub(crate) fn exchange(store: &FileStore, prefix: &str, rank: usize, ws: usize, mine: &str, deadline: Instant) -> Result<Vec<Option<String>>, StoreError> {
+pub(crate) fn exchange(
+    store: &FileStore,
+    prefix: &str,
+    rank: usize,
+    ws: usize,
+    mine: &str,
+    deadline: Instant,
+) -> Result<Vec<Option<String>>, StoreError> {
     let dkey = format!("{prefix}/decision");
     store.set(&format!("{prefix}/{rank}"), mine.as_bytes())?;
     if !store.check(&[&dkey])? {

@@ -324,20 +324,15 @@ pub trait Autotuner<B: Backend>: Send + Sync + 'static {
 
 /// FNV-1a of the candidate names in order (the pre-sync's and the cache key's hash).
 pub fn names_hash(names: &[String]) -> String {
-    let h = names.iter().flat_map(|n| n.bytes().chain(std::iter::once(0u8))).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let h = names
+        .iter()
+        .flat_map(|n| n.bytes().chain(std::iter::once(0u8)))
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3));
     format!("{h:016x}")
 }
 
 /// Runs the choice named `winner` of `request` once on `input` (the tuned op).
-pub fn run_choice<B: Backend>(
-    b: &B,
-    request: &Request<B>,
-    winner: &str,
-    input: &B::Buffer,
-    timeout: Duration,
-) -> CResult<B::Buffer> {
+pub fn run_choice<B: Backend>(b: &B, request: &Request<B>, winner: &str, input: &B::Buffer, timeout: Duration) -> CResult<B::Buffer> {
     let c = request
         .choices
         .iter()

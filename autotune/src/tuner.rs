@@ -58,7 +58,10 @@ fn store_err(e: concord_store::StoreError) -> TuneError {
 }
 
 fn panic_msg(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "non-string panic".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
 }
 
 /// Runs one choice, turning an error or a panic into a status.
@@ -116,9 +119,8 @@ impl Tuner {
         let mut agreed_hit: Vec<Option<String>> = vec![None; requests.len()];
         let mut unusable: Option<String> = None;
         match env.store {
-            None => warnings.push(format!(
-                "rank {rank}: no store (outside a world): local benchmarking only, nothing is agreed with other ranks"
-            )),
+            None => warnings
+                .push(format!("rank {rank}: no store (outside a world): local benchmarking only, nothing is agreed with other ranks")),
             Some(store) => {
                 let t = Instant::now();
                 let mine: Vec<PresyncOp> = requests
@@ -145,9 +147,9 @@ impl Tuner {
                     let all: Vec<&Vec<PresyncOp>> = parsed.iter().map(|p| p.as_ref().expect("none missing")).collect();
                     for (i, r) in requests.iter().enumerate() {
                         let lists: Vec<Option<&PresyncOp>> = all.iter().map(|ops| ops.get(i)).collect();
-                        let same = lists.iter().all(|o| {
-                            o.is_some_and(|o| o.op == r.inst.key() && o.cands == plans[i].names && o.hash == plans[i].hash)
-                        });
+                        let same = lists
+                            .iter()
+                            .all(|o| o.is_some_and(|o| o.op == r.inst.key() && o.cands == plans[i].names && o.hash == plans[i].hash));
                         if !same {
                             let detail = lists
                                 .iter()
@@ -212,7 +214,12 @@ impl Tuner {
                     continue;
                 }
                 if let Some(why) = &unusable {
-                    rows.push(Row { choice: c.name.clone(), per_rank_ns: vec![None; ws], reduced_ns: None, status: RowStatus::NotRun(why.clone()) });
+                    rows.push(Row {
+                        choice: c.name.clone(),
+                        per_rank_ns: vec![None; ws],
+                        reduced_ns: None,
+                        status: RowStatus::NotRun(why.clone()),
+                    });
                     continue;
                 }
                 let (x, exp) = prepared.as_ref().expect("prepared while usable");
@@ -294,7 +301,10 @@ impl Tuner {
             }
             if let (Some(c), false) = (cache.as_mut(), defaulted) {
                 let reduced = rows.iter().find(|r| r.choice == winner).and_then(|r| r.reduced_ns);
-                c.put(plan.cache_key.clone(), cache::Entry { winner: winner.clone(), policy: cfg.policy.name().into(), reduced_ns: reduced });
+                c.put(
+                    plan.cache_key.clone(),
+                    cache::Entry { winner: winner.clone(), policy: cfg.policy.name().into(), reduced_ns: reduced },
+                );
             }
             tables.push(Table {
                 inst: inst.clone(),
@@ -377,10 +387,7 @@ impl Tuner {
         };
         match compare(&got, exp, Tolerance::Exact) {
             Ok(()) => RankStatus::Ok(0),
-            Err(m) => RankStatus::Fail(format!(
-                "wrong: first bad index {} got {} expected {} ({})",
-                m.index, m.got, m.expected, m.detail
-            )),
+            Err(m) => RankStatus::Fail(format!("wrong: first bad index {} got {} expected {} ({})", m.index, m.got, m.expected, m.detail)),
         }
     }
 
@@ -423,7 +430,13 @@ impl Tuner {
     }
 
     /// Every rank's status for one step, agreed (see [`exchange`]).
-    fn decide<B: Backend>(&self, env: &Env<'_, B>, prefix: &str, mine: RankStatus, deadline: Instant) -> Result<Vec<RankStatus>, TuneError> {
+    fn decide<B: Backend>(
+        &self,
+        env: &Env<'_, B>,
+        prefix: &str,
+        mine: RankStatus,
+        deadline: Instant,
+    ) -> Result<Vec<RankStatus>, TuneError> {
         let (b, rank, ws) = (env.b, env.b.rank(), env.b.world_size());
         if self.cfg.hazards.local_fallback {
             return Ok(vec![mine; ws]);
@@ -435,7 +448,11 @@ impl Tuner {
                 _ => (1, 0),
             };
             let flag = Tensor::from_vec(&[2], vec![code, ns]);
-            let got = b.upload(&flag).and_then(|x| b.all_gather_into_tensor(&x)).and_then(|w| w.into_value(env.op_timeout)).and_then(|o| b.download(&o));
+            let got = b
+                .upload(&flag)
+                .and_then(|x| b.all_gather_into_tensor(&x))
+                .and_then(|w| w.into_value(env.op_timeout))
+                .and_then(|o| b.download(&o));
             return Ok(match got {
                 Ok(t) => (0..ws)
                     .map(|r| {

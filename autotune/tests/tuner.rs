@@ -160,7 +160,8 @@ fn the_cache_is_reused_by_a_new_tuner_only_when_every_rank_hits() {
     let p = |r: usize| dir.path().join(format!("c{r}.json"));
     let cfg = |r: usize| Config { timeout: Duration::from_secs(10), runs: 2, cache: Some(p(r)), ..Config::default() };
     let first = world(2, |r, b, s| tune(&<Tuner as Autotuner<ShmBackend>>::new(cfg(r)), b, s, "c1", &[Request::builtin(ar(512))]).unwrap());
-    let second = world(2, |r, b, s| tune(&<Tuner as Autotuner<ShmBackend>>::new(cfg(r)), b, s, "c2", &[Request::builtin(ar(512))]).unwrap());
+    let second =
+        world(2, |r, b, s| tune(&<Tuner as Autotuner<ShmBackend>>::new(cfg(r)), b, s, "c2", &[Request::builtin(ar(512))]).unwrap());
     for (a, b) in first.iter().zip(&second) {
         assert!(b.tables[0].from_cache && b.tables[0].ran() == 0, "{b}");
         assert_eq!(a.winner(0), b.winner(0));

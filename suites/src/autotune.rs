@@ -89,7 +89,7 @@ pub mod reference {
             }
             let bad: Vec<usize> = c.ranks.iter().enumerate().filter(|(_, o)| !matches!(o, Obs::Time(_))).map(|(r, _)| r).collect();
             if !bad.is_empty() {
-                stopped |= c.ranks.iter().any(|o| *o == Obs::Timeout);
+                stopped |= c.ranks.contains(&Obs::Timeout);
                 d.inf.push((c.name.clone(), bad));
                 continue;
             }
@@ -128,7 +128,11 @@ pub mod reference {
         }
         #[test]
         fn a_timeout_stops_every_later_choice() {
-            let set = [c("a", vec![Obs::Time(9), Obs::Time(9)]), c("h", vec![Obs::Timeout, Obs::Timeout]), c("z", vec![Obs::Time(1), Obs::Time(1)])];
+            let set = [
+                c("a", vec![Obs::Time(9), Obs::Time(9)]),
+                c("h", vec![Obs::Timeout, Obs::Timeout]),
+                c("z", vec![Obs::Time(1), Obs::Time(1)]),
+            ];
             let d = decide(&set, Policy::Max, "z");
             assert_eq!((d.winner.as_str(), d.not_run.clone()), ("a", vec!["z".to_string()]));
         }
@@ -251,9 +255,11 @@ fn check_outputs<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>])
         let i = &r.inst;
         let seed = concord_fixtures::seed_for(&format!("{}/{}", ctx.case, i.key()));
         let all = concord_fixtures::inputs(seed, ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
-        let exp = concord_oracle::expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities())).map_err(|e| fail(ctx, format!("{e:?}")))?;
+        let exp = concord_oracle::expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
+            .map_err(|e| fail(ctx, format!("{e:?}")))?;
         let x = b.upload(&all[rank])?;
-        let out = run_choice(b, r, &t.winner, &x, ctx.timeout).map_err(|e| fail(ctx, format!("tuned op {i} (winner `{}`) failed: {e}", t.winner)))?;
+        let out = run_choice(b, r, &t.winner, &x, ctx.timeout)
+            .map_err(|e| fail(ctx, format!("tuned op {i} (winner `{}`) failed: {e}", t.winner)))?;
         let got = b.download(&out)?;
         compare(&got, &exp.outputs[rank], Tolerance::Exact).map_err(|m| {
             fail(
@@ -352,7 +358,8 @@ fn req<B: Backend>(inst: OpInstance, choices: Vec<Choice<B>>, default: &str) -> 
 /// `row` of `choice` is failed on every rank, naming `rank` and `cause`, and a warning says so.
 fn expect_inf<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, choice: &str, rank: usize, cause: &str, hint: &str) -> CaseResult {
     let t = &o.tables[0];
-    let ok = t.row(choice).is_some_and(|r| matches!(&r.status, RowStatus::Failed(c) if c.iter().any(|(q, w)| *q == rank && w.contains(cause))));
+    let ok =
+        t.row(choice).is_some_and(|r| matches!(&r.status, RowStatus::Failed(c) if c.iter().any(|(q, w)| *q == rank && w.contains(cause))));
     let warned = o.all_warnings().iter().any(|w| w.contains(choice) && w.contains(&format!("rank {rank}")) && w.contains(cause));
     let summary = format!("{}", ok && warned);
     let all = gather(ctx, &format!("inf-{choice}"), &summary)?;
@@ -398,11 +405,7 @@ fn builtin_reqs<B: Backend>(ws: usize) -> Vec<Request<B>> {
 }
 
 fn cache_path<B: Backend>(ctx: &Ctx<'_, B>, rank: usize) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "concord-{}-at-cache-{:x}-r{rank}.json",
-        ctx.world.world_id,
-        concord_fixtures::seed_for(ctx.case)
-    ))
+    std::env::temp_dir().join(format!("concord-{}-at-cache-{:x}-r{rank}.json", ctx.world.world_id, concord_fixtures::seed_for(ctx.case)))
 }
 
 /// The autotune suite for autotuner `A` on backend `B`.
@@ -470,25 +473,36 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
 
     // ---- the built-in choice sets ----
     for ws in [1, 2, 3, 4, 8] {
-        v.push(Case::<B>::new(format!("autotune::builtin::ws{ws}"), meta("all_reduce,all_gather,reduce_scatter,all_to_all"), ws, move |ctx| {
-            let reqs = builtin_reqs::<B>(ctx.world_size());
-            let mut c = cfg(Duration::from_secs(14), Policy::Max);
-            c.runs = 2;
-            let o = tune(ctx, &A::new(c), 0, &reqs)?;
-            for t in &o.tables {
-                if let Some(r) = t.rows.iter().find(|r| matches!(r.status, RowStatus::Failed(_) | RowStatus::NotRun(_))) {
-                    return Err(fail(ctx, format!("built-in choice `{}` of {} did not pass on a correct backend: {:?}\n{o}", r.choice, t.inst, r.status)));
+        v.push(Case::<B>::new(
+            format!("autotune::builtin::ws{ws}"),
+            meta("all_reduce,all_gather,reduce_scatter,all_to_all"),
+            ws,
+            move |ctx| {
+                let reqs = builtin_reqs::<B>(ctx.world_size());
+                let mut c = cfg(Duration::from_secs(14), Policy::Max);
+                c.runs = 2;
+                let o = tune(ctx, &A::new(c), 0, &reqs)?;
+                for t in &o.tables {
+                    if let Some(r) = t.rows.iter().find(|r| matches!(r.status, RowStatus::Failed(_) | RowStatus::NotRun(_))) {
+                        return Err(fail(
+                            ctx,
+                            format!("built-in choice `{}` of {} did not pass on a correct backend: {:?}\n{o}", r.choice, t.inst, r.status),
+                        ));
+                    }
                 }
-            }
-            check_all(ctx, &o, &reqs, Policy::Max, "builtin")
-        }));
+                check_all(ctx, &o, &reqs, Policy::Max, "builtin")
+            },
+        ));
     }
     v.push(Case::<B>::new("autotune::no_store::ws1", meta("all_reduce"), 1, move |ctx| {
         let reqs = vec![Request::builtin(ar(256))];
         let e = Env::new(ctx.b, None, "no-store", ctx.world.op_timeout);
         let o = A::new(cfg(t10, Policy::Max)).tune(&e, &reqs).map_err(|e| fail(ctx, e))?;
         if o.presyncs != 0 || !o.all_warnings().iter().any(|w| w.contains("no store")) {
-            return Err(fail(ctx, format!("outside a world: expected local benchmarking (no pre-sync) and a warning saying `no store`\n{o}")));
+            return Err(fail(
+                ctx,
+                format!("outside a world: expected local benchmarking (no pre-sync) and a warning saying `no store`\n{o}"),
+            ));
         }
         check_reference(ctx, &o, &reqs, Policy::Max)?;
         check_outputs(ctx, &o, &reqs)
@@ -496,22 +510,44 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
 
     // ---- one case per hazard ----
     v.push(Case::<B>::new("autotune::hazard::error_on_one_rank::ws3", meta("all_reduce"), 3, move |ctx| {
-        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), errors_on::<B>("errors_on_rank2", 2, false), delayed::<B>("later", &[], Duration::ZERO)], "native")];
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                Choice::new("native", native::<B>),
+                errors_on::<B>("errors_on_rank2", 2, false),
+                delayed::<B>("later", &[], Duration::ZERO),
+            ],
+            "native",
+        )];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         expect_inf(ctx, &o, "errors_on_rank2", 2, "injected error", " (a failure on one rank must be inf on every rank)")?;
         if !matches!(o.tables[0].row("later").map(|r| &r.status), Some(RowStatus::Ok)) {
-            return Err(fail(ctx, format!("an error (not a timeout) leaves the communicator usable: the next choice must still be timed\n{o}")));
+            return Err(fail(
+                ctx,
+                format!("an error (not a timeout) leaves the communicator usable: the next choice must still be timed\n{o}"),
+            ));
         }
         check_all(ctx, &o, &reqs, Policy::Max, "err")
     }));
     v.push(Case::<B>::new("autotune::hazard::panic_on_one_rank::ws2", meta("all_reduce"), 2, move |ctx| {
         let reqs = vec![req(
             ar(1024),
-            vec![delayed::<B>("native_plus_2ms", &[], Duration::from_millis(2)), panics_on::<B>("panics_on_rank1", 1), delayed::<B>("ring_plus_3ms", &[], Duration::from_millis(3))],
+            vec![
+                delayed::<B>("native_plus_2ms", &[], Duration::from_millis(2)),
+                panics_on::<B>("panics_on_rank1", 1),
+                delayed::<B>("ring_plus_3ms", &[], Duration::from_millis(3)),
+            ],
             "native_plus_2ms",
         )];
         let o = tune(ctx, &A::new(cfg(Duration::from_secs(3), Policy::Max)), 0, &reqs)?;
-        expect_inf(ctx, &o, "panics_on_rank1", 1, "panicked", " — a rank-local fallback: a choice that failed on one rank was not made inf on every rank")?;
+        expect_inf(
+            ctx,
+            &o,
+            "panics_on_rank1",
+            1,
+            "panicked",
+            " — a rank-local fallback: a choice that failed on one rank was not made inf on every rank",
+        )?;
         check_same_winners(ctx, &o, "panic", " — a rank-local fallback: ranks that fall back alone pick differently")?;
         check_reference(ctx, &o, &reqs, Policy::Max)?;
         check_outputs(ctx, &o, &reqs)
@@ -529,7 +565,10 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let mk = || {
             vec![req(
                 ar(256),
-                vec![delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(40)), delayed::<B>("uniform", &[], Duration::from_millis(28))],
+                vec![
+                    delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(40)),
+                    delayed::<B>("uniform", &[], Duration::from_millis(28)),
+                ],
                 "uniform",
             )]
         };
@@ -546,7 +585,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
                 return Err(fail(
                     ctx,
-                    format!("declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint}\n{o}", declared.name(), o.winner(0)),
+                    format!(
+                        "declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint}\n{o}",
+                        declared.name(),
+                        o.winner(0)
+                    ),
                 ));
             }
             check_same_winners(ctx, &o, &format!("policy{n}"), "")?;
@@ -591,12 +634,19 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         Ok(())
     }));
     v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
-        let reqs = vec![req(ar(512), vec![fast_wrong::<B>("wrong"), errors_on::<B>("fails_screening_on_rank0", 0, true)], "fails_screening_on_rank0")];
+        let reqs = vec![req(
+            ar(512),
+            vec![fast_wrong::<B>("wrong"), errors_on::<B>("fails_screening_on_rank0", 0, true)],
+            "fails_screening_on_rank0",
+        )];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         let ok = o.winner(0) == "fails_screening_on_rank0" && o.all_warnings().iter().any(|w| w.contains("default"));
         let all = gather(ctx, "default", &ok.to_string())?;
         if let Some(bad) = all.iter().position(|s| s != "true") {
-            return Err(fail(ctx, format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}")));
+            return Err(fail(
+                ctx,
+                format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}"),
+            ));
         }
         check_outputs(ctx, &o, &reqs)
     }));
@@ -605,7 +655,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let timeout = Duration::from_millis(1500);
         let reqs = vec![req(
             ar(1024),
-            vec![Choice::new("native", native::<B>), sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_secs(3), |p| p == Phase::Timed(1)), Choice::new("after", native::<B>)],
+            vec![
+                Choice::new("native", native::<B>),
+                sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_secs(3), |p| p == Phase::Timed(1)),
+                Choice::new("after", native::<B>),
+            ],
             "native",
         )];
         let t0 = Instant::now();

@@ -62,6 +62,16 @@ enum Cmd {
     Bench,
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
+    /// Tune the built-in collective choice sets (4 KiB – 64 MiB) and print the tables and winners.
+    Autotune {
+        #[arg(long, default_value = "shm")]
+        backend: String,
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        /// More arguments for the tuning program (`--measure`, `--timeout-phase`, `--sizes-kib`, ...).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -177,9 +187,8 @@ fn main() -> Result<()> {
                 bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");
             }
             let r = ranks.to_string();
-            run(cargo()
-                .args(["run", "--profile", "ci", "--quiet", "-p", "concord-autotune", "--example", "tune", "--", "--backend", "shm", "--ranks", &r])
-                .args(&args))
+            let example = ["run", "--profile", "ci", "--quiet", "-p", "concord-autotune", "--example", "tune", "--"];
+            run(cargo().args(example).args(["--backend", "shm", "--ranks", &r]).args(&args))
         }
     }
 }
