@@ -22,13 +22,15 @@ pub(crate) fn exchange(
         let keys: Vec<String> = (0..ws).map(|r| format!("{prefix}/{r}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let left = deadline.saturating_duration_since(Instant::now());
-        match store.wait(&refs, left) {
-            Ok(()) | Err(StoreError::Timeout { .. }) => {}
+        let all_there = match store.wait(&refs, left) {
+            Ok(()) => true,
+            Err(StoreError::Timeout { .. }) => false,
             Err(e) => return Err(e),
-        }
+        };
         let mut view = Vec::with_capacity(ws);
         for k in &refs {
-            view.push(if store.check(&[k])? { Some(String::from_utf8_lossy(&store.get(k)?).into_owned()) } else { None });
+            // Every key is there after a successful wait: one read each; else check first.
+            view.push(if all_there || store.check(&[k])? { Some(String::from_utf8_lossy(&store.get(k)?).into_owned()) } else { None });
         }
         let proposal = serde_json::to_vec(&view).expect("a list of strings serialises");
         let stored = store.compare_set(&dkey, b"", &proposal)?;

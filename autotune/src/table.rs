@@ -82,6 +82,8 @@ pub struct Table {
     pub timed: Duration,
     /// Wall time of this op's tuning on this rank (pre-sync excluded).
     pub elapsed: Duration,
+    /// Of `elapsed`, the time spent agreeing through the store (status exchanges, winner).
+    pub sync: Duration,
     pub warnings: Vec<String>,
 }
 
@@ -111,7 +113,7 @@ impl fmt::Display for Table {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{} on {} ranks, policy {}: winner `{}`{}{}  (overhead {:.2} ms beyond {:.2} ms of timed runs)",
+            "{} on {} ranks, policy {}: winner `{}`{}{}  (overhead {:.2} ms beyond {:.2} ms of timed runs, {:.2} ms of it agreeing)",
             self.inst,
             self.world_size,
             self.policy.name(),
@@ -119,7 +121,8 @@ impl fmt::Display for Table {
             if self.defaulted { " (default)" } else { "" },
             if self.from_cache { " (cache)" } else { "" },
             self.overhead().as_secs_f64() * 1e3,
-            self.timed.as_secs_f64() * 1e3
+            self.timed.as_secs_f64() * 1e3,
+            self.sync.as_secs_f64() * 1e3
         )?;
         write!(f, "  {:<22} {:>10}", "choice", self.policy.name())?;
         for r in 0..self.world_size {

@@ -191,6 +191,7 @@ impl Tuner {
             let t_op = Instant::now();
             let inst = &req.inst;
             let mut timed = Duration::ZERO;
+            let mut sync = Duration::ZERO;
             let mut table_warnings = Vec::new();
             let mut rows = Vec::with_capacity(req.choices.len());
             // Inputs every rank regenerates, and this rank's expected output.
@@ -226,14 +227,18 @@ impl Tuner {
                 let prefix = format!("{}/op{i}/{}", env.tag, c.name);
                 // (b) screening, agreed before any timing.
                 let mine = self.screen(b, c, inst, x, exp, deadline, env.op_timeout);
+                let ts = Instant::now();
                 let view = self.decide(env, &format!("{prefix}/screen"), mine, deadline)?;
+                sync += ts.elapsed();
                 let mut view_ok = view.iter().all(|s| matches!(s, RankStatus::Ok(_)));
                 let mut final_view = view;
                 if view_ok {
                     // (c) warm-up, timed runs between barriers, each under the deadline.
                     let (mine, t) = self.time_runs(b, c, inst, x, deadline, env.op_timeout);
                     timed += t;
+                    let ts = Instant::now();
                     final_view = self.decide(env, &format!("{prefix}/timed"), mine, deadline)?;
+                    sync += ts.elapsed();
                     view_ok = final_view.iter().all(|s| matches!(s, RankStatus::Ok(_)));
                 }
                 if view_ok {
@@ -293,7 +298,9 @@ impl Tuner {
                 table_warnings.push(format!("every choice of {inst} is inf: every rank uses the declared default `{}`", req.default));
             }
             if let (Some(store), false) = (env.store, cfg.hazards.local_fallback) {
+                let ts = Instant::now();
                 let stored = agree(store, &format!("{}/op{i}/winner", env.tag), &winner).map_err(store_err)?;
+                sync += ts.elapsed();
                 if stored != winner {
                     table_warnings.push(format!("rank {rank} computed winner `{winner}` but the agreed winner is `{stored}`: adopted"));
                     winner = stored;
@@ -316,6 +323,7 @@ impl Tuner {
                 from_cache: false,
                 timed,
                 elapsed: t_op.elapsed(),
+                sync,
                 warnings: table_warnings,
             });
         }
@@ -355,6 +363,7 @@ impl Tuner {
             from_cache: true,
             timed: Duration::ZERO,
             elapsed: Duration::ZERO,
+            sync: Duration::ZERO,
             warnings: vec![],
         }
     }
