@@ -30,8 +30,8 @@ struct Args {
     ops: Vec<String>,
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// Autotune timeout per call, seconds.
-    #[arg(long, default_value_t = 120)]
+    /// Autotune timeout per call (one call per op covers every size), seconds.
+    #[arg(long, default_value_t = 600)]
     timeout_s: u64,
     /// Also time each all_reduce choice on its own, and the pre-sync of 1 vs 5 ops.
     #[arg(long)]
@@ -148,39 +148,54 @@ fn measure(b: &ShmBackend, store: &FileStore, world: &WorldInfo, a: &Args, tuner
         ]
     };
     let (mut one, mut five, mut per_choice) = (Vec::new(), Vec::new(), Vec::new());
+    let t = Duration::from_secs(60);
     for _ in 0..a.repeat {
-        let o1 = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &small()[..1]).unwrap();
-        let o5 = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &small()).unwrap();
-        one.push(o1.presync_time.as_secs_f64() * 1e3);
-        five.push(o5.presync_time.as_secs_f64() * 1e3);
-        let (oh, n): (f64, usize) = o5.tables.iter().fold((0.0, 0), |(s, n), t| (s + t.overhead().as_secs_f64() * 1e3, n + t.ran()));
-        per_choice.push(oh / n.max(1) as f64);
+        // Each repetition: the median of 9 calls, every call started right after a barrier so
+        // that the pre-sync measures the exchange, not how late the last rank arrived.
+        let (mut o1s, mut o5s, mut ohs, mut sys) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..9 {
+            b.barrier().unwrap().wait(t).unwrap();
+            let o1 = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &small()[..1]).unwrap();
+            b.barrier().unwrap().wait(t).unwrap();
+            let o5 = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &small()).unwrap();
+            o1s.push(o1.presync_time.as_secs_f64() * 1e3);
+            o5s.push(o5.presync_time.as_secs_f64() * 1e3);
+            let n = o5.tables.iter().map(|t| t.ran()).sum::<usize>().max(1) as f64;
+            ohs.push(o5.tables.iter().map(|t| t.overhead().as_secs_f64() * 1e3).sum::<f64>() / n);
+            sys.push(o5.tables.iter().map(|t| t.sync.as_secs_f64() * 1e3).sum::<f64>() / n);
+        }
+        one.push(med(&mut o1s));
+        five.push(med(&mut o5s));
+        per_choice.push((med(&mut ohs), med(&mut sys)));
     }
     if r0 {
         println!(
-            "\npre-sync, medians of {}: 1 op {:.3} ms, 5 ops in one call {:.3} ms ({:.2}x); raw 1 op {one:.3?}, 5 ops {five:.3?}",
+            "\npre-sync (each repetition the median of 9 calls after a barrier), medians of {}: 1 op {:.3} ms, 5 ops in one call {:.3} ms ({:.2}x); raw 1 op {one:.3?}, 5 ops {five:.3?}",
             a.repeat,
             med(&mut one.clone()),
             med(&mut five.clone()),
             med(&mut five.clone()) / med(&mut one.clone())
         );
+        let mut oh: Vec<f64> = per_choice.iter().map(|p| p.0).collect();
+        let mut sy: Vec<f64> = per_choice.iter().map(|p| p.1).collect();
         println!(
-            "overhead beyond the timed runs per choice per op (5 small ops), median of {}: {:.3} ms; raw {per_choice:.3?}",
+            "overhead beyond the timed runs per choice per op (5 small ops), median of {}: {:.3} ms, of which agreeing through the store {:.3} ms; raw (overhead, agreeing) {per_choice:.3?}",
             a.repeat,
-            med(&mut per_choice.clone())
+            med(&mut oh),
+            med(&mut sy)
         );
         println!("\nall_reduce f32 sum busbw (GB/s), medians of {} (tune, then time every choice and the winner):", a.repeat);
-        println!("  {:>9}  {:<20} {:>8} {:<20} {:>8} {:>6}", "KiB", "tuned winner", "busbw", "best fixed", "busbw", "ratio");
+        println!("  {:>9}  {:>8} {:>8} {:>6}", "KiB", "tuned", "best", "ratio");
     }
     for s in sizes(a) {
         let i = inst("all_reduce", s, ws);
         let iters = (64usize << 20).div_ceil(s).clamp(3, 50);
         let (mut ratios, mut tuned_bw, mut best_bw) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut winner, mut best_name) = (String::new(), String::new());
+        let (mut winners, mut bests) = (Vec::new(), Vec::new());
         for _ in 0..a.repeat {
             let req = Request::<ShmBackend>::builtin(i.clone());
             let o = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), std::slice::from_ref(&req)).unwrap();
-            winner = o.winner(0).to_string();
+            let winner = o.winner(0).to_string();
             let x = b.upload(&concord_core::Tensor::from_vec(&i.shape, vec![1.0f32; i.numel()])).unwrap();
             let mut best = (String::new(), 0.0f64);
             let mut tuned = 0.0;
@@ -193,18 +208,17 @@ fn measure(b: &ShmBackend, store: &FileStore, world: &WorldInfo, a: &Args, tuner
                     tuned = bw;
                 }
             }
-            best_name = best.0.clone();
+            winners.push(winner);
+            bests.push(best.0.clone());
             ratios.push(tuned / best.1);
             tuned_bw.push(tuned);
             best_bw.push(best.1);
         }
         if r0 {
             println!(
-                "  {:>9}  {:<20} {:>8.3} {:<20} {:>8.3} {:>6.2}   (ratios {ratios:.2?})",
+                "  {:>9}  {:>8.3} {:>8.3} {:>6.2}   ratios {ratios:.2?}, tuned winners {winners:?}, best fixed {bests:?}",
                 s >> 10,
-                winner,
                 med(&mut tuned_bw),
-                best_name,
                 med(&mut best_bw),
                 med(&mut ratios.clone())
             );
@@ -227,7 +241,8 @@ fn timeout_phase(b: &ShmBackend, store: &FileStore, world: &WorldInfo, tag: &mut
     let t0 = Instant::now();
     let o = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &[req]).unwrap();
     let el = t0.elapsed();
-    println!(
+    // stderr: every rank's line shows (only rank 0's stdout is kept by the launcher).
+    eprintln!(
         "timeout phase: rank {} decided `{}` after {:.1} ms (autotune timeout {} ms){}",
         world.rank,
         o.winner(0),

@@ -68,7 +68,10 @@ fn panic_msg(p: &(dyn std::any::Any + Send)) -> String {
 fn guarded<B: Backend>(c: &Choice<B>, ctx: &ChoiceCtx<'_, B>, x: &B::Buffer) -> Result<B::Buffer, RankStatus> {
     match catch_unwind(AssertUnwindSafe(|| (c.run)(ctx, x))) {
         Err(p) => Err(RankStatus::Fail(format!("panicked: {}", panic_msg(p.as_ref())))),
-        Ok(Err(e @ CollectiveError::Timeout { .. })) => Err(RankStatus::Fail(format!("timeout: {e}"))),
+        Ok(Err(e @ CollectiveError::Timeout { .. })) => {
+            let s = e.to_string();
+            Err(RankStatus::Fail(if s.starts_with("timeout") { s } else { format!("timeout: {s}") }))
+        }
         Ok(Err(e)) => Err(RankStatus::Fail(format!("error: {e} [{}]", e.name()))),
         Ok(Ok(out)) => Ok(out),
     }
