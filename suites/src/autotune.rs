@@ -53,6 +53,10 @@ pub mod reference {
         pub not_run: Vec<String>,
         /// Reduced time of each timed choice (ns, as f64).
         pub times: Vec<(String, f64)>,
+        /// Warnings that MUST come out: each a set of fragments one warning contains together
+        /// (an inf choice: its name in backticks and every rank it failed on; the default used:
+        /// `default` and its name in backticks).
+        pub warnings: Vec<Vec<String>>,
     }
 
     /// The policy's reduction, in f64.
@@ -79,7 +83,7 @@ pub mod reference {
     /// on all; after one that timed out on any rank, every later choice is not run; the winner
     /// is the smallest reduced time, ties to the earlier choice; no timed choice → `default`.
     pub fn decide(choices: &[ChoiceObs], policy: Policy, default: &str) -> Decision {
-        let mut d = Decision { winner: default.into(), defaulted: true, inf: vec![], not_run: vec![], times: vec![] };
+        let mut d = Decision { winner: default.into(), defaulted: true, inf: vec![], not_run: vec![], times: vec![], warnings: vec![] };
         let mut stopped = false;
         let mut best: Option<f64> = None;
         for c in choices.iter().filter(|c| c.applicable) {
@@ -90,6 +94,9 @@ pub mod reference {
             let bad: Vec<usize> = c.ranks.iter().enumerate().filter(|(_, o)| !matches!(o, Obs::Time(_))).map(|(r, _)| r).collect();
             if !bad.is_empty() {
                 stopped |= c.ranks.contains(&Obs::Timeout);
+                let mut w = vec![format!("`{}`", c.name)];
+                w.extend(bad.iter().map(|r| format!("rank {r}")));
+                d.warnings.push(w);
                 d.inf.push((c.name.clone(), bad));
                 continue;
             }
@@ -101,6 +108,9 @@ pub mod reference {
                 d.winner = c.name.clone();
                 d.defaulted = false;
             }
+        }
+        if d.defaulted {
+            d.warnings.push(vec!["default".into(), format!("`{default}`")]);
         }
         d
     }
@@ -125,6 +135,7 @@ pub mod reference {
             let bad = [c("a", vec![Obs::Fail, Obs::Time(1)]), c("b", vec![Obs::Time(1), Obs::Fail])];
             let d = decide(&bad, Policy::Max, "b");
             assert!(d.defaulted && d.winner == "b" && d.inf.len() == 2);
+            assert!(d.warnings.contains(&vec!["`a`".to_string(), "rank 0".to_string()]) && d.warnings.len() == 3, "{:?}", d.warnings);
         }
         #[test]
         fn a_timeout_stops_every_later_choice() {
@@ -218,6 +229,15 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
         let obs: Vec<reference::ChoiceObs> =
             obs.into_iter().zip(&t.rows).filter(|(_, row)| !matches!(row.status, RowStatus::NotRun(_))).map(|(o, _)| o).collect();
         let d = reference::decide(&obs, declared, &r.default);
+        let warnings: Vec<&String> = o.warnings.iter().chain(&t.warnings).collect();
+        for must in &d.warnings {
+            if !warnings.iter().any(|w| must.iter().all(|f| w.contains(f.as_str()))) {
+                return Err(fail(
+                    ctx,
+                    format!("{}: no warning mentions {} together, as the reference model requires\n{t}", t.inst, must.join(" and ")),
+                ));
+            }
+        }
         if d.winner != t.winner {
             let got = d.times.iter().find(|(n, _)| *n == t.winner).map(|(_, x)| *x);
             let exp = d.times.iter().find(|(n, _)| *n == d.winner).map(|(_, x)| *x).unwrap_or(0.0);
@@ -648,6 +668,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}"),
             ));
         }
+        check_reference(ctx, &o, &reqs, Policy::Max)?;
         check_outputs(ctx, &o, &reqs)
     }));
     let mut hang_timed = Case::<B>::new("autotune::hazard::hang_in_timed_runs::ws2", meta("all_reduce"), 2, move |ctx| {
