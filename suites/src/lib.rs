@@ -10,6 +10,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod autotune;
 pub mod case;
 pub mod contract;
 pub mod exec;
@@ -39,6 +40,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::sizes::cases::<B>());
     v.extend(suites::all_to_all_equal::cases::<B>());
     v.extend(suites::realloc::cases::<B>());
+    v.extend(autotune::cases::<B, concord_autotune::Tuner>());
     v
 }
 

@@ -14,6 +14,7 @@
 //!   nccl-tests' table with every timed iteration checked (`concord-bench`, built in release);
 //!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
+//! * `cargo xtask autotune --backend shm [--ranks N]` — tune the built-in collective choice sets.
 #![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
@@ -86,6 +87,16 @@ enum Cmd {
     },
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
+    /// Tune the built-in collective choice sets (4 KiB – 64 MiB) and print the tables and winners.
+    Autotune {
+        #[arg(long, default_value = "shm")]
+        backend: String,
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        /// More arguments for the tuning program (`--measure`, `--timeout-phase`, `--sizes-kib`, ...).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -235,5 +246,13 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
+        Cmd::Autotune { backend, ranks, args } => {
+            if backend != "shm" {
+                bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");
+            }
+            let r = ranks.to_string();
+            let example = ["run", "--profile", "ci", "--quiet", "-p", "concord-autotune", "--example", "tune", "--"];
+            run(cargo().args(example).args(["--backend", "shm", "--ranks", &r]).args(&args))
+        }
     }
 }

@@ -1,0 +1,47 @@
+//! The decision cache: winners keyed by (backend, op, dtype, shape, reduce op, group ranks,
+//! choice-set hash), one JSON file per rank, reused by a later process. A hit is only used when
+//! every rank hit with the same winner (agreed in the pre-sync); otherwise every rank re-tunes.
+
+use crate::OpInstance;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    pub winner: String,
+    pub policy: String,
+    pub reduced_ns: Option<u64>,
+}
+
+/// The file's contents.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Cache {
+    pub version: u32,
+    pub entries: BTreeMap<String, Entry>,
+}
+
+/// The key of one decision.
+pub fn key(backend: &str, inst: &OpInstance, group_ranks: &[usize], choice_hash: &str) -> String {
+    format!("{backend}|{}|{group_ranks:?}|{choice_hash}", inst.key())
+}
+
+impl Cache {
+    /// Reads `path` (absent or unreadable: empty, never an error — a bad file only costs a re-tune).
+    pub fn load(path: &Path) -> Cache {
+        std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Cache { version: 1, entries: BTreeMap::new() })
+    }
+    /// Writes atomically (temp file + rename).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = PathBuf::from(format!("{}.tmp{}", path.display(), std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        std::fs::rename(&tmp, path)
+    }
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+    pub fn put(&mut self, key: String, e: Entry) {
+        self.version = 1;
+        self.entries.insert(key, e);
+    }
+}

@@ -1,0 +1,749 @@
+//! The autotuner conformance suite (`autotune::*`): any [`Autotuner`] held to a reference — the
+//! oracle for values, and [`reference`], a pure model of the decisions (given the per-rank times
+//! a choice takes and its failures: which winner, which choices inf or not run, which warnings,
+//! under each policy).
+//!
+//! Behaviour is injected through the choice set (a known delay on one rank, a hang on one rank, a
+//! panic on one rank, fast-but-wrong output, slower only on one rank so `Max` and `Avg`
+//! disagree), never by sleeping in the harness. Every case compares what every rank ended with
+//! through the world's store, so "every rank ends the same way" is checked, not assumed.
+//!
+//! Cases: the seed's four phases (`autotune::seed::*`), the built-in choice sets at 1, 2, 3, 4
+//! and 8 ranks (`autotune::builtin::*`), one case per hazard (`autotune::hazard::*`), the cache
+//! (`autotune::cache::*`) and tuning outside a world (`autotune::no_store::ws1`). Every tuned
+//! op's output is checked against the oracle where the communicator is still usable.
+
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_autotune::{
+    cache, names_hash, run_choice, Autotuner, Choice, ChoiceCtx, Config, Env, OpInstance, Outcome, Phase, Policy, Request, RowStatus,
+};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp};
+use concord_fixtures::InputKind;
+use concord_oracle::{compare, Semantics, Tolerance};
+use std::time::{Duration, Instant};
+
+/// The pure reference model of an autotuner's decisions.
+pub mod reference {
+    use concord_autotune::Policy;
+
+    /// What one rank did with one choice.
+    #[derive(Clone, Debug, PartialEq)]
+    pub enum Obs {
+        /// Took this long (ns) and was right.
+        Time(u64),
+        /// Failed: error, panic or wrong output (the communicator stays usable).
+        Fail,
+        /// Timed out, hung or never reported (the communicator may be unusable).
+        Timeout,
+    }
+
+    pub struct ChoiceObs {
+        pub name: String,
+        pub applicable: bool,
+        /// Per rank.
+        pub ranks: Vec<Obs>,
+    }
+
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Decision {
+        pub winner: String,
+        pub defaulted: bool,
+        /// Inf on every rank, with the ranks it failed on.
+        pub inf: Vec<(String, Vec<usize>)>,
+        pub not_run: Vec<String>,
+        /// Reduced time of each timed choice (ns, as f64).
+        pub times: Vec<(String, f64)>,
+        /// Warnings that MUST come out: each a set of fragments one warning contains together
+        /// (an inf choice: its name in backticks and every rank it failed on; the default used:
+        /// `default` and its name in backticks).
+        pub warnings: Vec<Vec<String>>,
+    }
+
+    /// The policy's reduction, in f64.
+    pub fn reduce(policy: Policy, t: &[u64]) -> f64 {
+        let mut v: Vec<f64> = t.iter().map(|&x| x as f64).collect();
+        v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+        match policy {
+            Policy::Max => *v.last().unwrap_or(&0.0),
+            Policy::Avg => v.iter().sum::<f64>() / v.len().max(1) as f64,
+            Policy::Median => {
+                let n = v.len();
+                if n == 0 {
+                    0.0
+                } else if n % 2 == 1 {
+                    v[n / 2]
+                } else {
+                    (v[n / 2 - 1] + v[n / 2]) / 2.0
+                }
+            }
+        }
+    }
+
+    /// The decision every rank MUST reach: choices in order; one that fails on any rank is inf
+    /// on all; after one that timed out on any rank, every later choice is not run; the winner
+    /// is the smallest reduced time, ties to the earlier choice; no timed choice → `default`.
+    pub fn decide(choices: &[ChoiceObs], policy: Policy, default: &str) -> Decision {
+        let mut d = Decision { winner: default.into(), defaulted: true, inf: vec![], not_run: vec![], times: vec![], warnings: vec![] };
+        let mut stopped = false;
+        let mut best: Option<f64> = None;
+        for c in choices.iter().filter(|c| c.applicable) {
+            if stopped {
+                d.not_run.push(c.name.clone());
+                continue;
+            }
+            let bad: Vec<usize> = c.ranks.iter().enumerate().filter(|(_, o)| !matches!(o, Obs::Time(_))).map(|(r, _)| r).collect();
+            if !bad.is_empty() {
+                stopped |= c.ranks.contains(&Obs::Timeout);
+                let mut w = vec![format!("`{}`", c.name)];
+                w.extend(bad.iter().map(|r| format!("rank {r}")));
+                d.warnings.push(w);
+                d.inf.push((c.name.clone(), bad));
+                continue;
+            }
+            let t: Vec<u64> = c.ranks.iter().map(|o| if let Obs::Time(t) = o { *t } else { 0 }).collect();
+            let r = reduce(policy, &t);
+            d.times.push((c.name.clone(), r));
+            if best.is_none_or(|b| r < b) {
+                best = Some(r);
+                d.winner = c.name.clone();
+                d.defaulted = false;
+            }
+        }
+        if d.defaulted {
+            d.warnings.push(vec!["default".into(), format!("`{default}`")]);
+        }
+        d
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        fn c(name: &str, ranks: Vec<Obs>) -> ChoiceObs {
+            ChoiceObs { name: name.into(), applicable: true, ranks }
+        }
+        #[test]
+        fn max_sees_the_slow_rank_avg_does_not() {
+            let set = [c("slow_on_1", vec![Obs::Time(10), Obs::Time(50)]), c("uniform", vec![Obs::Time(38), Obs::Time(38)])];
+            assert_eq!(decide(&set, Policy::Max, "uniform").winner, "uniform");
+            assert_eq!(decide(&set, Policy::Avg, "uniform").winner, "slow_on_1");
+            assert_eq!(decide(&set, Policy::Median, "uniform").winner, "slow_on_1");
+        }
+        #[test]
+        fn ties_go_to_the_earlier_choice_and_all_inf_to_the_default() {
+            let set = [c("a", vec![Obs::Time(5), Obs::Time(5)]), c("b", vec![Obs::Time(5), Obs::Time(5)])];
+            assert_eq!(decide(&set, Policy::Max, "b").winner, "a");
+            let bad = [c("a", vec![Obs::Fail, Obs::Time(1)]), c("b", vec![Obs::Time(1), Obs::Fail])];
+            let d = decide(&bad, Policy::Max, "b");
+            assert!(d.defaulted && d.winner == "b" && d.inf.len() == 2);
+            assert!(d.warnings.contains(&vec!["`a`".to_string(), "rank 0".to_string()]) && d.warnings.len() == 3, "{:?}", d.warnings);
+        }
+        #[test]
+        fn a_timeout_stops_every_later_choice() {
+            let set = [
+                c("a", vec![Obs::Time(9), Obs::Time(9)]),
+                c("h", vec![Obs::Timeout, Obs::Timeout]),
+                c("z", vec![Obs::Time(1), Obs::Time(1)]),
+            ];
+            let d = decide(&set, Policy::Max, "z");
+            assert_eq!((d.winner.as_str(), d.not_run.clone()), ("a", vec!["z".to_string()]));
+        }
+    }
+}
+
+fn meta(op: &str) -> CaseMeta {
+    CaseMeta { suite: "autotune".into(), op: op.into(), variant: "tuned".into(), dtype: String::new(), reduce: String::new() }
+}
+
+fn here<B: Backend>(ctx: &Ctx<'_, B>) -> String {
+    format!("backend={} world_size={} rank={} case={}", ctx.b.name(), ctx.world_size(), ctx.rank(), ctx.case)
+}
+
+fn fail<B: Backend>(ctx: &Ctx<'_, B>, what: impl std::fmt::Display) -> CaseEnd {
+    CaseEnd::Fail(format!("{}: {what}", here(ctx)))
+}
+
+fn cfg(timeout: Duration, policy: Policy) -> Config {
+    Config { timeout, warmup: 1, runs: 3, policy, ..Config::default() }
+}
+
+fn env<'a, B: Backend>(ctx: &'a Ctx<'_, B>, n: usize) -> Env<'a, B> {
+    Env::new(ctx.b, Some(ctx.store), format!("{}/{}/at{n}", ctx.case, ctx.world.world_id), ctx.world.op_timeout)
+}
+
+/// Every rank's `mine` for `label` (index = rank), through the world's store.
+fn gather<B: Backend>(ctx: &Ctx<'_, B>, label: &str, mine: &str) -> Result<Vec<String>, CaseEnd> {
+    let key = |r: usize| format!("{}/{}/check/{label}/{r}", ctx.case, ctx.world.world_id);
+    ctx.store.set(&key(ctx.rank()), mine.as_bytes()).map_err(|e| fail(ctx, e))?;
+    let keys: Vec<String> = (0..ctx.world_size()).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ctx.store.wait(&refs, ctx.timeout).map_err(|e| fail(ctx, format!("a rank never published its `{label}`: {e}")))?;
+    refs.iter().map(|k| ctx.store.get(k).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(|e| fail(ctx, e))).collect()
+}
+
+fn tune<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, a: &A, n: usize, reqs: &[Request<B>]) -> Result<Outcome, CaseEnd> {
+    let o = a.tune(&env(ctx, n), reqs).map_err(|e| fail(ctx, format!("tune failed: {e} [{}]", e.name())))?;
+    if o.tables.len() != reqs.len() {
+        return Err(fail(ctx, format!("tune returned {} tables for {} requests", o.tables.len(), reqs.len())));
+    }
+    Ok(o)
+}
+
+/// Every rank ended with the same winners.
+fn check_same_winners<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, label: &str, hint: &str) -> CaseResult {
+    let mine: Vec<&str> = o.tables.iter().map(|t| t.winner.as_str()).collect();
+    let all = gather(ctx, &format!("winners-{label}"), &mine.join(","))?;
+    if all.iter().any(|w| *w != all[0]) {
+        let per = all.iter().enumerate().map(|(r, w)| format!("rank {r}: [{w}]")).collect::<Vec<_>>().join("; ");
+        return Err(fail(ctx, format!("ranks ended with different winners ({per}){hint}\n{o}")));
+    }
+    Ok(())
+}
+
+/// The table's winner is what the reference model picks from the table's own per-rank times
+/// and statuses under the declared policy.
+fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>], declared: Policy) -> CaseResult {
+    for (t, r) in o.tables.iter().zip(reqs) {
+        if t.from_cache {
+            continue;
+        }
+        let obs: Vec<reference::ChoiceObs> = t
+            .rows
+            .iter()
+            .map(|row| reference::ChoiceObs {
+                name: row.choice.clone(),
+                applicable: !matches!(row.status, RowStatus::Skipped(_)),
+                ranks: match &row.status {
+                    RowStatus::Ok => row.per_rank_ns.iter().map(|n| n.map(reference::Obs::Time).unwrap_or(reference::Obs::Fail)).collect(),
+                    RowStatus::Failed(c) => (0..t.world_size)
+                        .map(|q| match c.iter().find(|(r, _)| *r == q) {
+                            None => reference::Obs::Time(1),
+                            Some((_, why)) if why.starts_with("timeout") || why.contains("never reported") => reference::Obs::Timeout,
+                            Some(_) => reference::Obs::Fail,
+                        })
+                        .collect(),
+                    _ => vec![reference::Obs::Timeout; t.world_size],
+                },
+            })
+            .collect();
+        // Rows not run are inputs to the model only through what stopped them.
+        let obs: Vec<reference::ChoiceObs> =
+            obs.into_iter().zip(&t.rows).filter(|(_, row)| !matches!(row.status, RowStatus::NotRun(_))).map(|(o, _)| o).collect();
+        let d = reference::decide(&obs, declared, &r.default);
+        let warnings: Vec<&String> = o.warnings.iter().chain(&t.warnings).collect();
+        for must in &d.warnings {
+            if !warnings.iter().any(|w| must.iter().all(|f| w.contains(f.as_str()))) {
+                return Err(fail(
+                    ctx,
+                    format!("{}: no warning mentions {} together, as the reference model requires\n{t}", t.inst, must.join(" and ")),
+                ));
+            }
+        }
+        if d.winner != t.winner {
+            let got = d.times.iter().find(|(n, _)| *n == t.winner).map(|(_, x)| *x);
+            let exp = d.times.iter().find(|(n, _)| *n == d.winner).map(|(_, x)| *x).unwrap_or(0.0);
+            // A difference of a nanosecond is rounding, not a decision.
+            if got.is_none_or(|g| g - exp > 1.0) {
+                let hint = if declared == Policy::Max && {
+                    let avg = reference::decide(&obs, Policy::Avg, &r.default);
+                    avg.winner == t.winner
+                } {
+                    " — it is what Avg picks: averaging per-rank times hides the slow rank, while the declared policy is Max"
+                } else {
+                    ""
+                };
+                return Err(fail(
+                    ctx,
+                    format!(
+                        "{}: winner `{}`, but under the declared policy {} the reference model picks `{}` from the same per-rank times ({}){hint}\n{t}",
+                        t.inst,
+                        t.winner,
+                        declared.name(),
+                        d.winner,
+                        d.times.iter().map(|(n, x)| format!("{n} {:.0} ns", x)).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs each winner once on fresh inputs and compares with the oracle.
+fn check_outputs<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>]) -> CaseResult {
+    let (b, ws, rank) = (ctx.b, ctx.world_size(), ctx.rank());
+    for (t, r) in o.tables.iter().zip(reqs) {
+        let i = &r.inst;
+        let seed = concord_fixtures::seed_for(&format!("{}/{}", ctx.case, i.key()));
+        let all = concord_fixtures::inputs(seed, ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        let exp = concord_oracle::expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
+            .map_err(|e| fail(ctx, format!("{e:?}")))?;
+        let x = b.upload(&all[rank])?;
+        let out = run_choice(b, r, &t.winner, &x, ctx.timeout)
+            .map_err(|e| fail(ctx, format!("tuned op {i} (winner `{}`) failed: {e}", t.winner)))?;
+        let got = b.download(&out)?;
+        compare(&got, &exp.outputs[rank], Tolerance::Exact).map_err(|m| {
+            fail(
+                ctx,
+                format!(
+                    "tuned op {i} (winner `{}`) is wrong: first bad index {} got {} expected {} ({}) — a wrong choice was not rejected before timing\n{t}",
+                    t.winner, m.index, m.got, m.expected, m.detail
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn check_presyncs<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, want: usize) -> CaseResult {
+    if o.presyncs != want {
+        return Err(fail(ctx, format!("{} op(s) tuned with {} pre-sync(s); one call pays exactly {want}", o.tables.len(), o.presyncs)));
+    }
+    Ok(())
+}
+
+/// The checks of a healthy tuning: same winners everywhere, reference decision, oracle outputs.
+fn check_all<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>], declared: Policy, label: &str) -> CaseResult {
+    check_same_winners(ctx, o, label, "")?;
+    check_reference(ctx, o, reqs, declared)?;
+    check_outputs(ctx, o, reqs)
+}
+
+// ---- injected choices ----
+
+fn native<B: Backend>(c: &ChoiceCtx<'_, B>, x: &B::Buffer) -> concord_core::Result<B::Buffer> {
+    let op = c.inst.reduce.unwrap_or(ReduceOp::Sum);
+    match c.inst.op {
+        concord_core::OpKind::AllReduce => c.wait(c.b.all_reduce(x, op)?),
+        concord_core::OpKind::AllGatherIntoTensor => c.wait(c.b.all_gather_into_tensor(x)?),
+        concord_core::OpKind::ReduceScatterTensor => c.wait(c.b.reduce_scatter_tensor(x, op)?),
+        _ => c.wait(c.b.all_to_all_single(x, None, None)?),
+    }
+}
+
+/// The native op, then `delay` on `ranks` (all when empty) in timed runs only: the collective's
+/// own time is shared, the delay is this rank's alone.
+fn delayed<B: Backend>(name: &str, ranks: &'static [usize], delay: Duration) -> Choice<B> {
+    Choice::new(name, move |c: &ChoiceCtx<'_, B>, x| {
+        let out = native(c, x)?;
+        if matches!(c.phase, Phase::Timed(_)) && (ranks.is_empty() || ranks.contains(&c.b.rank())) {
+            std::thread::sleep(delay);
+        }
+        Ok(out)
+    })
+}
+
+/// On `rank`, in the phase `when` selects, sleeps `d` before the collective (a hang).
+fn sleeps_on<B: Backend>(name: &str, rank: usize, d: Duration, when: fn(Phase) -> bool) -> Choice<B> {
+    Choice::new(name, move |c: &ChoiceCtx<'_, B>, x| {
+        if c.b.rank() == rank && when(c.phase) {
+            std::thread::sleep(d);
+        }
+        native(c, x)
+    })
+}
+
+fn panics_on<B: Backend>(name: &str, rank: usize) -> Choice<B> {
+    Choice::new(name, move |c: &ChoiceCtx<'_, B>, x| {
+        let out = native(c, x)?;
+        if c.b.rank() == rank && c.phase != Phase::Use {
+            panic!("injected panic on rank {rank}");
+        }
+        Ok(out)
+    })
+}
+
+fn errors_on<B: Backend>(name: &str, rank: usize, screen_only: bool) -> Choice<B> {
+    Choice::new(name, move |c: &ChoiceCtx<'_, B>, x| {
+        let out = native(c, x)?;
+        if c.b.rank() == rank && c.phase != Phase::Use && (!screen_only || c.phase == Phase::Screen) {
+            return Err(CollectiveError::Backend(format!("injected error on rank {rank}")));
+        }
+        Ok(out)
+    })
+}
+
+/// No communication at all: fast, and wrong on every rank of a world of 2 or more.
+fn fast_wrong<B: Backend>(name: &str) -> Choice<B> {
+    Choice::new(name, |c: &ChoiceCtx<'_, B>, x| c.b.upload(&c.b.download(x)?))
+}
+
+fn ar(n: usize) -> OpInstance {
+    OpInstance::all_reduce(DType::F32, &[n], ReduceOp::Sum)
+}
+
+fn req<B: Backend>(inst: OpInstance, choices: Vec<Choice<B>>, default: &str) -> Request<B> {
+    Request::new(inst, choices, default)
+}
+
+/// `row` of `choice` is failed on every rank, naming `rank` and `cause`, and a warning says so.
+fn expect_inf<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, choice: &str, rank: usize, cause: &str, hint: &str) -> CaseResult {
+    let t = &o.tables[0];
+    let ok =
+        t.row(choice).is_some_and(|r| matches!(&r.status, RowStatus::Failed(c) if c.iter().any(|(q, w)| *q == rank && w.contains(cause))));
+    let warned = o.all_warnings().iter().any(|w| w.contains(choice) && w.contains(&format!("rank {rank}")) && w.contains(cause));
+    let summary = format!("{}", ok && warned);
+    let all = gather(ctx, &format!("inf-{choice}"), &summary)?;
+    if let Some(bad) = all.iter().position(|s| s != "true") {
+        return Err(fail(
+            ctx,
+            format!(
+                "rank {bad} does not hold choice `{choice}` inf with a warning naming rank {rank} and `{cause}` (this rank: {}){hint}\n{o}",
+                if ok && warned { "yes" } else { "no" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every rank but `slow` returned within `timeout + 100 ms`.
+fn check_live_ranks_in_time<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, slow: usize, timeout: Duration, elapsed: Duration) -> CaseResult {
+    let all = gather(ctx, "elapsed-ms", &format!("{:.1}", elapsed.as_secs_f64() * 1e3))?;
+    let budget = timeout + Duration::from_millis(100);
+    for (r, ms) in all.iter().enumerate() {
+        let ms: f64 = ms.parse().unwrap_or(f64::MAX);
+        if r != slow && ms > budget.as_secs_f64() * 1e3 {
+            return Err(fail(
+                ctx,
+                format!(
+                    "rank {r} ended {ms:.0} ms after it started tuning, beyond the autotune timeout {} ms + 100 ms while rank {slow} was slow: its decision waited on the slow peer (a timeout decided by a collective, or a wait without the deadline)\n{o}",
+                    timeout.as_millis()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn builtin_reqs<B: Backend>(ws: usize) -> Vec<Request<B>> {
+    let d0 = 16 * ws;
+    vec![
+        Request::builtin(OpInstance::all_reduce(DType::F32, &[d0, 8], ReduceOp::Sum)),
+        Request::builtin(OpInstance::all_gather(DType::I32, &[d0, 4])),
+        Request::builtin(OpInstance::reduce_scatter(DType::F32, &[d0, 8], ReduceOp::Sum)),
+        Request::builtin(OpInstance::all_to_all(DType::F32, &[d0, 4])),
+    ]
+}
+
+fn cache_path<B: Backend>(ctx: &Ctx<'_, B>, rank: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("concord-{}-at-cache-{:x}-r{rank}.json", ctx.world.world_id, concord_fixtures::seed_for(ctx.case)))
+}
+
+/// The autotune suite for autotuner `A` on backend `B`.
+pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    let t10 = Duration::from_secs(10);
+
+    // ---- the seed's four phases ----
+    v.push(Case::<B>::new("autotune::seed::one_op::ws2", meta("all_reduce"), 2, move |ctx| {
+        let reqs = vec![Request::builtin(ar(4096))];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        check_presyncs(ctx, &o, 1)?;
+        check_all(ctx, &o, &reqs, Policy::Max, "one")
+    }));
+    v.push(Case::<B>::new("autotune::seed::three_ops::ws2", meta("all_reduce,all_gather,reduce_scatter"), 2, move |ctx| {
+        let reqs = vec![
+            Request::builtin(ar(2048)),
+            Request::builtin(OpInstance::all_gather(DType::F32, &[512])),
+            Request::builtin(OpInstance::reduce_scatter(DType::F32, &[1024], ReduceOp::Sum)),
+        ];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        check_presyncs(ctx, &o, 1)?;
+        check_all(ctx, &o, &reqs, Policy::Max, "three")
+    }));
+    v.push(Case::<B>::new("autotune::seed::five_ops::ws4", meta("all_reduce,all_gather,reduce_scatter,all_to_all"), 4, move |ctx| {
+        let reqs = vec![
+            Request::builtin(ar(1024)),
+            Request::builtin(OpInstance::all_reduce(DType::I32, &[4096], ReduceOp::Max)),
+            Request::builtin(OpInstance::all_gather(DType::BF16, &[256])),
+            Request::builtin(OpInstance::reduce_scatter(DType::F32, &[1024], ReduceOp::Sum)),
+            Request::builtin(OpInstance::all_to_all(DType::I64, &[64])),
+        ];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        check_presyncs(ctx, &o, 1)?;
+        check_all(ctx, &o, &reqs, Policy::Max, "five")
+    }));
+    let mut sleep = Case::<B>::new("autotune::seed::timeout_rank1_sleeps_10s::ws2", meta("all_reduce"), 2, move |ctx| {
+        // Rank 1 sleeps 10 s inside the second choice; the autotune timeout is 1 s.
+        let timeout = Duration::from_secs(1);
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                Choice::new("native", native::<B>),
+                sleeps_on::<B>("sleeps_10s_on_rank1", 1, Duration::from_secs(10), |p| p == Phase::Screen),
+                Choice::new("after", native::<B>),
+            ],
+            "native",
+        )];
+        let t0 = Instant::now();
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        let elapsed = t0.elapsed();
+        check_live_ranks_in_time(ctx, &o, 1, timeout, elapsed)?;
+        check_same_winners(ctx, &o, "sleep", " after a timeout: not every rank ended the same way")?;
+        expect_inf(ctx, &o, "sleeps_10s_on_rank1", 1, "never reported", "")?;
+        let after_not_run = matches!(o.tables[0].row("after").map(|r| &r.status), Some(RowStatus::NotRun(_)));
+        let all = gather(ctx, "after-not-run", &after_not_run.to_string())?;
+        if let Some(bad) = all.iter().position(|s| s != "true") {
+            return Err(fail(ctx, format!("rank {bad} ran or timed a choice after one timed out (the communicator may be unusable: every later choice must be not run on every rank)\n{o}")));
+        }
+        Ok(())
+    })
+    .isolated();
+    sleep.deadline = Duration::from_secs(40);
+    v.push(sleep);
+
+    // ---- the built-in choice sets ----
+    for ws in [1, 2, 3, 4, 8] {
+        v.push(Case::<B>::new(
+            format!("autotune::builtin::ws{ws}"),
+            meta("all_reduce,all_gather,reduce_scatter,all_to_all"),
+            ws,
+            move |ctx| {
+                let reqs = builtin_reqs::<B>(ctx.world_size());
+                let mut c = cfg(Duration::from_secs(14), Policy::Max);
+                c.runs = 2;
+                let o = tune(ctx, &A::new(c), 0, &reqs)?;
+                for t in &o.tables {
+                    if let Some(r) = t.rows.iter().find(|r| matches!(r.status, RowStatus::Failed(_) | RowStatus::NotRun(_))) {
+                        return Err(fail(
+                            ctx,
+                            format!("built-in choice `{}` of {} did not pass on a correct backend: {:?}\n{o}", r.choice, t.inst, r.status),
+                        ));
+                    }
+                }
+                check_all(ctx, &o, &reqs, Policy::Max, "builtin")
+            },
+        ));
+    }
+    v.push(Case::<B>::new("autotune::no_store::ws1", meta("all_reduce"), 1, move |ctx| {
+        let reqs = vec![Request::builtin(ar(256))];
+        let e = Env::new(ctx.b, None, "no-store", ctx.world.op_timeout);
+        let o = A::new(cfg(t10, Policy::Max)).tune(&e, &reqs).map_err(|e| fail(ctx, e))?;
+        if o.presyncs != 0 || !o.all_warnings().iter().any(|w| w.contains("no store")) {
+            return Err(fail(
+                ctx,
+                format!("outside a world: expected local benchmarking (no pre-sync) and a warning saying `no store`\n{o}"),
+            ));
+        }
+        check_reference(ctx, &o, &reqs, Policy::Max)?;
+        check_outputs(ctx, &o, &reqs)
+    }));
+
+    // ---- one case per hazard ----
+    v.push(Case::<B>::new("autotune::hazard::error_on_one_rank::ws3", meta("all_reduce"), 3, move |ctx| {
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                Choice::new("native", native::<B>),
+                errors_on::<B>("errors_on_rank2", 2, false),
+                delayed::<B>("later", &[], Duration::ZERO),
+            ],
+            "native",
+        )];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        expect_inf(ctx, &o, "errors_on_rank2", 2, "injected error", " (a failure on one rank must be inf on every rank)")?;
+        if !matches!(o.tables[0].row("later").map(|r| &r.status), Some(RowStatus::Ok)) {
+            return Err(fail(
+                ctx,
+                format!("an error (not a timeout) leaves the communicator usable: the next choice must still be timed\n{o}"),
+            ));
+        }
+        check_all(ctx, &o, &reqs, Policy::Max, "err")
+    }));
+    v.push(Case::<B>::new("autotune::hazard::panic_on_one_rank::ws2", meta("all_reduce"), 2, move |ctx| {
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                delayed::<B>("native_plus_2ms", &[], Duration::from_millis(2)),
+                panics_on::<B>("panics_on_rank1", 1),
+                delayed::<B>("ring_plus_3ms", &[], Duration::from_millis(3)),
+            ],
+            "native_plus_2ms",
+        )];
+        let o = tune(ctx, &A::new(cfg(Duration::from_secs(3), Policy::Max)), 0, &reqs)?;
+        expect_inf(
+            ctx,
+            &o,
+            "panics_on_rank1",
+            1,
+            "panicked",
+            " — a rank-local fallback: a choice that failed on one rank was not made inf on every rank",
+        )?;
+        check_same_winners(ctx, &o, "panic", " — a rank-local fallback: ranks that fall back alone pick differently")?;
+        check_reference(ctx, &o, &reqs, Policy::Max)?;
+        check_outputs(ctx, &o, &reqs)
+    }));
+    v.push(Case::<B>::new("autotune::hazard::fast_but_wrong::ws2", meta("all_reduce"), 2, move |ctx| {
+        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), fast_wrong::<B>("fast_but_wrong")], "native")];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        check_outputs(ctx, &o, &reqs)?;
+        expect_inf(ctx, &o, "fast_but_wrong", 0, "first bad index", " — the wrong choice was not rejected before timing (no screening)")?;
+        check_all(ctx, &o, &reqs, Policy::Max, "wrong")
+    }));
+    v.push(Case::<B>::new("autotune::hazard::max_vs_avg::ws2", meta("all_reduce"), 2, move |ctx| {
+        // Rank 1 alone spends 40 ms after the collective in `slow_on_rank1`; every rank spends
+        // 28 ms in `uniform`. Max: uniform (28 < 40); Avg and Median: slow_on_rank1 (20 < 28).
+        let mk = || {
+            vec![req(
+                ar(256),
+                vec![
+                    delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(40)),
+                    delayed::<B>("uniform", &[], Duration::from_millis(28)),
+                ],
+                "uniform",
+            )]
+        };
+        for (n, policy, want) in [(0, Policy::Max, "uniform"), (1, Policy::Avg, "slow_on_rank1")] {
+            let reqs = mk();
+            let a = A::new(cfg(t10, policy));
+            let declared = a.policy();
+            if declared != policy {
+                return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
+            }
+            let o = tune(ctx, &a, n, &reqs)?;
+            check_reference(ctx, &o, &reqs, declared)?;
+            if o.winner(0) != want {
+                let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
+                return Err(fail(
+                    ctx,
+                    format!(
+                        "declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint}\n{o}",
+                        declared.name(),
+                        o.winner(0)
+                    ),
+                ));
+            }
+            check_same_winners(ctx, &o, &format!("policy{n}"), "")?;
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("autotune::hazard::different_candidate_lists::ws2", meta("all_reduce"), 2, move |ctx| {
+        let mut choices = vec![Choice::new("native", native::<B>), Choice::new("copy_of_native", native::<B>)];
+        if ctx.rank() == 1 {
+            choices.push(Choice::new("only_on_rank1", native::<B>));
+        }
+        let reqs = vec![req(ar(256), choices, "native")];
+        let got = A::new(cfg(Duration::from_secs(3), Policy::Max)).tune(&env(ctx, 0), &reqs);
+        let mine = match &got {
+            Err(e) if e.name() == "candidate_mismatch" && e.to_string().contains("only_on_rank1") => "named".to_string(),
+            Err(e) => format!("error {e}"),
+            Ok(o) => format!("tuned, winner `{}`", o.winner(0)),
+        };
+        let all = gather(ctx, "mismatch", &mine)?;
+        if let Some(bad) = all.iter().position(|s| s != "named") {
+            return Err(fail(ctx, format!("ranks with different candidate lists: rank {bad} ended with {} instead of the named error candidate_mismatch naming the lists", all[bad])));
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("autotune::hazard::rank_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+        // Rank 2 comes 1.5 s late to a tuning with a 0.5 s timeout: the others decide without it
+        // (default choice, naming rank 2), and rank 2 adopts that decision when it arrives.
+        let timeout = Duration::from_millis(500);
+        if ctx.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        let reqs = vec![Request::builtin(ar(256))];
+        let t0 = Instant::now();
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        check_live_ranks_in_time(ctx, &o, 2, timeout, t0.elapsed())?;
+        check_same_winners(ctx, &o, "late", " — a rank that arrives after the decision must adopt it")?;
+        let ok = o.missing == [2] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 2") || w.contains("rank 2"));
+        let all = gather(ctx, "missing", &ok.to_string())?;
+        if let Some(bad) = all.iter().position(|s| s != "true") {
+            return Err(fail(ctx, format!("rank {bad}: a rank missing at the pre-sync must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
+        let reqs = vec![req(
+            ar(512),
+            vec![fast_wrong::<B>("wrong"), errors_on::<B>("fails_screening_on_rank0", 0, true)],
+            "fails_screening_on_rank0",
+        )];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        let ok = o.winner(0) == "fails_screening_on_rank0" && o.all_warnings().iter().any(|w| w.contains("default"));
+        let all = gather(ctx, "default", &ok.to_string())?;
+        if let Some(bad) = all.iter().position(|s| s != "true") {
+            return Err(fail(
+                ctx,
+                format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}"),
+            ));
+        }
+        check_reference(ctx, &o, &reqs, Policy::Max)?;
+        check_outputs(ctx, &o, &reqs)
+    }));
+    let mut hang_timed = Case::<B>::new("autotune::hazard::hang_in_timed_runs::ws2", meta("all_reduce"), 2, move |ctx| {
+        // The timed runs have a deadline too: rank 1 sleeps 3 s in the second timed run.
+        let timeout = Duration::from_millis(1500);
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                Choice::new("native", native::<B>),
+                sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_secs(3), |p| p == Phase::Timed(1)),
+                Choice::new("after", native::<B>),
+            ],
+            "native",
+        )];
+        let t0 = Instant::now();
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        check_live_ranks_in_time(ctx, &o, 1, timeout, t0.elapsed())?;
+        check_same_winners(ctx, &o, "hang", "")?;
+        expect_inf(ctx, &o, "hangs_in_timed_run_on_rank1", 1, "never reported", " — the timed runs need a deadline too")
+    })
+    .isolated();
+    hang_timed.deadline = Duration::from_secs(30);
+    v.push(hang_timed);
+
+    // ---- the cache ----
+    v.push(Case::<B>::new("autotune::cache::reused_by_a_later_process::ws2", meta("all_reduce,all_gather"), 2, move |ctx| {
+        let path = cache_path(ctx, ctx.rank());
+        let _ = std::fs::remove_file(&path);
+        let mut c = cfg(t10, Policy::Max);
+        c.cache = Some(path.clone());
+        let reqs = vec![Request::builtin(ar(1024)), Request::builtin(OpInstance::all_gather(DType::F32, &[256]))];
+        let first = tune(ctx, &A::new(c.clone()), 0, &reqs)?;
+        check_same_winners(ctx, &first, "first", "")?;
+        // A new autotuner with the same file: all it knows comes from the file (a later process).
+        let second = tune(ctx, &A::new(c), 1, &reqs);
+        let _ = std::fs::remove_file(&path);
+        let second = second?;
+        let same: Vec<bool> = first.tables.iter().zip(&second.tables).map(|(a, b)| a.winner == b.winner && b.from_cache && b.ran() == 0).collect();
+        if same.iter().any(|s| !s) || second.presyncs != 1 {
+            return Err(fail(ctx, format!("a second tuning with every rank's cache file must reuse the cached winners through one pre-sync, running no choice\nfirst:\n{first}second:\n{second}")));
+        }
+        check_same_winners(ctx, &second, "second", "")?;
+        check_outputs(ctx, &second, &reqs)
+    }));
+    v.push(Case::<B>::new("autotune::cache::partial_hit_retunes::ws2", meta("all_reduce"), 2, move |ctx| {
+        // Rank 1 alone holds a (stale) cached winner; then both hold different ones. Either way
+        // every rank must re-tune: no rank may use a hit the others do not share.
+        let reqs = vec![req(
+            ar(512),
+            vec![Choice::new("native", native::<B>), delayed::<B>("slower", &[], Duration::from_millis(5)), delayed::<B>("slowest", &[], Duration::from_millis(10))],
+            "native",
+        )];
+        let names: Vec<String> = reqs[0].choices.iter().map(|c| c.name.clone()).collect();
+        let key = cache::key(ctx.b.name(), &reqs[0].inst, &(0..ctx.world_size()).collect::<Vec<_>>(), &names_hash(&names));
+        let path = cache_path(ctx, ctx.rank());
+        for (n, stale) in [(0, [None, Some("slowest")]), (1, [Some("slower"), Some("slowest")])] {
+            let _ = std::fs::remove_file(&path);
+            if let Some(w) = stale[ctx.rank().min(1)] {
+                let mut cf = cache::Cache::default();
+                cf.put(key.clone(), cache::Entry { winner: w.into(), policy: "max".into(), reduced_ns: Some(1) });
+                cf.save(&path).map_err(|e| fail(ctx, e))?;
+            }
+            let mut c = cfg(Duration::from_secs(2), Policy::Max);
+            c.cache = Some(path.clone());
+            let o = tune(ctx, &A::new(c), n, &reqs);
+            let _ = std::fs::remove_file(&path);
+            let o = o?;
+            let all = gather(ctx, &format!("cache{n}"), &format!("{} {}", o.tables[0].from_cache, o.winner(0)))?;
+            if all.iter().any(|s| s != &all[0]) || o.tables[0].from_cache {
+                let per = all.iter().enumerate().map(|(r, s)| format!("rank {r}: from_cache/winner {s}")).collect::<Vec<_>>().join("; ");
+                return Err(fail(ctx, format!("a cache not agreed across ranks: with cached winners {stale:?} (rank 0, rank 1) every rank must re-tune and end the same way ({per})\n{o}")));
+            }
+            check_reference(ctx, &o, &reqs, Policy::Max)?;
+        }
+        Ok(())
+    }));
+    v
+}
