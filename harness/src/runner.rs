@@ -956,6 +956,8 @@ impl Pool {
                         failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some("failed".into()) });
                     }
                 }
+                // Reported a pass, announced its exit, and exited 0: a deliberate death.
+                (Some(_), RankState::Exited) if s.exiting && rp.status.is_some_and(|st| st.success()) => {}
                 (Some(o), RankState::Exited) => {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
                 }

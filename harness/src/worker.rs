@@ -170,6 +170,16 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+static EXIT_AFTER_CASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called from a case body: once this case's (passing) outcome is reported, this rank's process
+/// ends at once (exit status 0, nothing torn down politely) — for cases about a peer that dies
+/// mid-collective. The runner counts such a rank as healthy (it reported, then exited as
+/// announced) and tears the world down after the case.
+pub fn exit_after_this_case() {
+    EXIT_AFTER_CASE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Why a worker's `setup` did not give a usable state.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SetupError {
@@ -262,7 +272,14 @@ pub fn serve<S, E: Into<SetupError>>(
             Ok(Cmd::Run(case)) => {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&mut state, &case)));
                 match r {
-                    Ok(outcome) => send(&out, &WorkerMsg::Outcome { case, outcome, exiting: false }),
+                    Ok(outcome) => {
+                        let exiting = EXIT_AFTER_CASE.load(std::sync::atomic::Ordering::SeqCst) && !outcome.is_failed();
+                        send(&out, &WorkerMsg::Outcome { case, outcome, exiting });
+                        if exiting {
+                            // A deliberate death (see `exit_after_this_case`): no goodbye to peers.
+                            platform::exit_now(0);
+                        }
+                    }
                     Err(p) => {
                         let msg = panic_message(&*p);
                         send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true });

@@ -59,7 +59,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "async.deadline",
         source: BACKEND,
         text: "No wait blocks longer than asked; a peer that never comes is a named timeout, and the world is usable after.",
-        cases: &["async::peer_never_joins_then_recovers"],
+        cases: &["async::peer_never_joins_then_recovers", "async::peer_dies_mid_collective"],
     },
     Clause {
         id: "async.every_op_every_rank",

@@ -152,6 +152,39 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         .map_err(|_| fail(&w, "the thread panicked"))??;
         expect_eq(b, &got, &full(&[16], 3.0f32), &w)
     }));
+    v.push(
+        Case::<B>::new("async::peer_dies_mid_collective::ws2", meta("all_reduce", "out"), 2, |ctx| {
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
+            let x = b.upload(&rank_tensor(b, 32))?;
+            if b.rank() == 1 {
+                // Rank 0 has issued its side; this rank dies without ever issuing its own.
+                ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+                concord_harness::worker::exit_after_this_case();
+                return Ok(());
+            }
+            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let t0 = Instant::now();
+            match work.wait(ctx.timeout) {
+                Ok(_) => Err(fail(&w, "wait returned Ok although rank 1 died without issuing the collective")),
+                // Named: a dead peer (best), or a timeout / abort for a backend that cannot tell
+                // death from slowness; never a generic error, never past the deadline.
+                Err(e) if matches!(e.name().as_str(), "peer_died" | "timeout" | "aborted") => {
+                    if t0.elapsed() > ctx.timeout + Duration::from_millis(500) {
+                        return Err(fail(&w, format!("the dead peer was reported after {:?} (deadline {:?})", t0.elapsed(), ctx.timeout)));
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(fail(
+                    &w,
+                    format!("rank 1 died mid-collective; expected a named peer_died (or timeout / aborted), got {e} [{}]", e.name()),
+                )),
+            }
+        })
+        .isolated(),
+    );
     v.push(Case::<B>::new("async::peer_never_joins_then_recovers::ws2", meta("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
@@ -159,7 +192,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let x = b.upload(&rank_tensor(b, 32))?;
         if b.rank() == 0 {
             let work = b.all_reduce(&x, ReduceOp::Sum)?;
-            match work.wait(Duration::from_millis(300)) {
+            let asked = Duration::from_millis(300);
+            let t0 = Instant::now();
+            let waited = work.wait(asked);
+            // The deadline is honoured: generous slack for a loaded machine, far below 2x.
+            let took = t0.elapsed();
+            if took > asked + Duration::from_millis(500) {
+                return Err(fail(&w, format!("wait({asked:?}) on a pending collective returned after {took:?}")));
+            }
+            match waited {
                 Ok(_) => return Err(fail(&w, "wait returned Ok although rank 1 had not issued the collective")),
                 Err(e) if e.name() == "timeout" => {
                     let msg = e.to_string();
