@@ -22,7 +22,6 @@ use crate::platform;
 use crate::worker::{format_options, vars, WorkerEnv};
 use concord_core::WorldInfo;
 use nix::sys::signal::Signal;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -106,10 +105,7 @@ impl RankExit {
     pub fn describe(&self) -> String {
         let how = match self.status {
             None => "could not be reaped".to_string(),
-            Some(s) => match s.signal() {
-                Some(sig) => format!("killed by signal {}", platform::signal_name(sig)),
-                None => format!("exit code {}", s.code().unwrap_or(-1)),
-            },
+            Some(s) => platform::describe_exit(&s),
         };
         if self.ended_by_launcher {
             format!("still running at the deadline; {how}")

@@ -134,6 +134,17 @@ pub fn signal_name(sig: i32) -> String {
     }
 }
 
+/// How a process ended: `exit code 3`, `killed by signal SIGSEGV (core dumped)`.
+pub fn describe_exit(s: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = s.signal() {
+        let core = if s.core_dumped() { " (core dumped)" } else { "" };
+        format!("killed by signal {}{core}", signal_name(sig))
+    } else {
+        format!("exit code {}", s.code().unwrap_or(-1))
+    }
+}
+
 /// Worker side: returns a private duplicate of the original stdout (the protocol channel to the
 /// parent) and points fd 1 at stderr, so stray `println!` from user code lands in the captured
 /// stderr instead of corrupting the protocol.

@@ -316,12 +316,7 @@ impl RankProc {
 }
 
 fn describe_status(s: &ExitStatus) -> String {
-    if let Some(sig) = s.signal() {
-        let core = if s.core_dumped() { " (core dumped)" } else { "" };
-        format!("killed by signal {}{core}", platform::signal_name(sig))
-    } else {
-        format!("exit code {}", s.code().unwrap_or(-1))
-    }
+    platform::describe_exit(s)
 }
 
 /// Why a world did not get ready: faults (rank, what), or only a declared gap (rank, reason).
