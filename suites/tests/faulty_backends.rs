@@ -68,7 +68,10 @@ impl concord_core::Completion for ClaimsDone {
 }
 
 /// The shm backend with bug `BUG`.
-struct Faulty<const BUG: u8> {
+struct Faulty {
+    /// Which bug (one of the constants above), from the `bug` backend option: one type, so the
+    /// catalogue is compiled once, not once per bug.
+    bug: u8,
     inner: Arc<ShmBackend>,
     /// view address -> (parent, element offset), so a bug can write just past a view.
     views: Mutex<HashMap<usize, (Buf, usize)>>,
@@ -83,9 +86,10 @@ struct Faulty<const BUG: u8> {
     leaked: std::sync::atomic::AtomicUsize,
 }
 
-impl<const BUG: u8> Faulty<BUG> {
-    fn wrap(inner: ShmBackend, world_ws: usize) -> Self {
+impl Faulty {
+    fn wrap(inner: ShmBackend, world_ws: usize, bug: u8) -> Self {
         Faulty {
+            bug,
             inner: Arc::new(inner),
             views: Mutex::new(HashMap::new()),
             counter: Default::default(),
@@ -137,10 +141,11 @@ impl<const BUG: u8> Faulty<BUG> {
     }
 }
 
-impl<const BUG: u8> Backend for Faulty<BUG> {
+impl Backend for Faulty {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
-        Ok(Faulty::wrap(ShmBackend::init(world)?, world.world_size))
+        let bug = world.option("bug").and_then(|b| b.parse().ok()).unwrap_or(0);
+        Ok(Faulty::wrap(ShmBackend::init(world)?, world.world_size, bug))
     }
     fn name(&self) -> &str {
         "faulty"
@@ -153,7 +158,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     }
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
-        if BUG == CLAIMS_NAN_IGNORED {
+        if self.bug == CLAIMS_NAN_IGNORED {
             caps.nan_minmax = concord_core::NanPolicy::Ignore;
         }
         caps
@@ -162,7 +167,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.outstanding() + self.counter.get() + self.leaked.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
-        Ok(self.inner.new_group(ranks)?.map(|g| Faulty::wrap(g, self.world_ws)))
+        Ok(self.inner.new_group(ranks)?.map(|g| Faulty::wrap(g, self.world_ws, self.bug)))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.inner.upload(t)
@@ -193,7 +198,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
 
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let numel: usize = self.inner.buffer_shape(x).iter().product();
-        match BUG {
+        match self.bug {
             WRONG_REDUCTION if op == ReduceOp::Sum => self.inner.all_reduce(x, ReduceOp::Max),
             WRONG_AT_WS6 if op == ReduceOp::Sum && self.world_size() == 6 => self.inner.all_reduce(x, ReduceOp::Max),
             SUBGROUP_AVG_BY_WORLD_SIZE if op == ReduceOp::Avg && self.world_ws != self.world_size() && self.buffer_dtype(x).is_float() => {
@@ -237,10 +242,10 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         }
     }
     fn all_reduce_(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if BUG == INPLACE_RETURNS_COPY {
+        if self.bug == INPLACE_RETURNS_COPY {
             return self.inner.all_reduce(x, op);
         }
-        if BUG == CACHES_SIZE_BY_ADDRESS {
+        if self.bug == CACHES_SIZE_BY_ADDRESS {
             let numel: usize = self.inner.buffer_shape(x).iter().product();
             let reg = *self.regs.lock().unwrap().entry(self.inner.buffer_addr(x)).or_insert(numel);
             self.inner.all_reduce_(&self.inner.view(x, 0, &[reg.min(numel)])?, op)?.wait(Self::T)?;
@@ -256,7 +261,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     }
     fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
         let w = self.inner.all_gather_into_tensor(x)?;
-        if BUG != WRONG_RANK_ORDER {
+        if self.bug != WRONG_RANK_ORDER {
             return Ok(w);
         }
         let ws = self.world_size();
@@ -273,7 +278,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     }
     fn all_gather_into_tensor_out(&self, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
         let w = self.inner.all_gather_into_tensor_out(x, out)?;
-        if BUG != WRITES_PAST_OUTPUT {
+        if self.bug != WRITES_PAST_OUTPUT {
             return Ok(w);
         }
         self.tampered("all_gather_into_tensor_out", w, |o| {
@@ -293,7 +298,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let ws = self.world_size();
         let shape = self.inner.buffer_shape(x);
-        if BUG == TRUNCATES_SILENTLY && !shape.is_empty() && !shape[0].is_multiple_of(ws) {
+        if self.bug == TRUNCATES_SILENTLY && !shape.is_empty() && !shape[0].is_multiple_of(ws) {
             let mut keep = shape.clone();
             keep[0] -= shape[0] % ws;
             let head = self.inner.view(x, 0, &keep)?;
@@ -309,14 +314,14 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
     }
     fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
         let shape = self.inner.buffer_shape(x);
-        if BUG == A2A_EQUAL_SPLIT_IN_ELEMENTS && o.is_none() && shape.len() > 1 {
+        if self.bug == A2A_EQUAL_SPLIT_IN_ELEMENTS && o.is_none() && shape.len() > 1 {
             let got = self.inner.all_to_all_single(&self.inner.view(x, 0, &[shape[0]])?, None, None)?.into_value(Self::T)?;
             let out = self.inner.upload(&Tensor::zeros(self.inner.buffer_dtype(x), &shape))?;
             self.inner.write(&self.inner.view(&out, 0, &[shape[0]])?, &self.inner.download(&got)?)?;
             return Ok(Work::done(out, self.meta("all_to_all_single"), &self.counter));
         }
         let w = self.inner.all_to_all_single(x, o, i)?;
-        if BUG != OFF_BY_ONE_SPLIT {
+        if self.bug != OFF_BY_ONE_SPLIT {
             return Ok(w);
         }
         let first = o.map(|s| s[0]).unwrap_or(0);
@@ -334,17 +339,17 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         })
     }
     fn broadcast(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.broadcast(x, if BUG == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
+        self.inner.broadcast(x, if self.bug == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
     }
     fn broadcast_(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.broadcast_(x, if BUG == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
+        self.inner.broadcast_(x, if self.bug == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
     }
     fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
         self.inner.permute_tensor(x, src_dst)
     }
     fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
         let w = self.inner.reduce(x, op, root)?;
-        if BUG != REDUCE_COMPLETED_AT_ONCE {
+        if self.bug != REDUCE_COMPLETED_AT_ONCE {
             return Ok(w);
         }
         let value = w.peek().clone();
@@ -357,7 +362,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.scatter(x, root)
     }
     fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
-        if BUG != SWAPPED_P2P_ORDER {
+        if self.bug != SWAPPED_P2P_ORDER {
             return self.inner.send(x, dst);
         }
         let held = self.held.lock().unwrap().remove(&dst);
@@ -381,7 +386,7 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
         self.inner.recv(out, src)
     }
     fn barrier(&self) -> Result<Work<()>> {
-        match BUG {
+        match self.bug {
             BARRIER_AT_ONCE => Ok(Work::done((), self.meta("barrier"), &self.counter)),
             LEAKS_WORK => {
                 self.leaked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -394,51 +399,52 @@ impl<const BUG: u8> Backend for Faulty<BUG> {
 
 /// (bug, entry name, case ids that must fail, words the failure message must contain)
 fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'static str])> {
-    fn e<const B: u8>(name: &str) -> BackendEntry {
-        BackendEntry::new::<Faulty<B>>(name, 0, concord_suites::catalogue::<Faulty<B>>)
+    fn e(bug: u8, name: &str) -> BackendEntry {
+        BackendEntry::new::<Faulty>(name, 0, concord_suites::catalogue::<Faulty>)
+            .with_option("bug", &bug.to_string())
             .with_rerun(format!("cargo test -p concord-suites --test faulty_backends -- --exact faulty::{name}_is_caught # case"))
     }
     const VALUE: &[&str] = &["first bad index", "got", "expected", "rank=", "world_size=", "dtype=", "variant=", "op="];
     vec![
-        (e::<WRONG_REDUCTION>("wrong_reduction"), &["all_reduce::out::f32::sum::ws2", "all_reduce::out::i64::sum::ws3"], VALUE),
-        (e::<OFF_BY_ONE_SPLIT>("off_by_one_split"), &["all_to_all_single::out::f32::ws2"], VALUE),
+        (e(WRONG_REDUCTION, "wrong_reduction"), &["all_reduce::out::f32::sum::ws2", "all_reduce::out::i64::sum::ws3"], VALUE),
+        (e(OFF_BY_ONE_SPLIT, "off_by_one_split"), &["all_to_all_single::out::f32::ws2"], VALUE),
         (
-            e::<EARLY_COMPLETION>("early_completion"),
+            e(EARLY_COMPLETION, "early_completion"),
             &["async::lag_read_right_after_wait::ws2", "all_reduce::out::f32::sum::ws2"],
             &["first bad index", "got", "expected", "rank="],
         ),
         (
-            e::<WRITES_PAST_OUTPUT>("writes_past_output"),
+            e(WRITES_PAST_OUTPUT, "writes_past_output"),
             &["all_gather_into_tensor::outbuf::f32::ws2", "all_gather_into_tensor::outbuf::u8::ws3"],
             &["past the end", "op=all_gather_into_tensor", "variant=outbuf", "rank=", "world_size="],
         ),
         (
-            e::<MUTATES_INPUT>("mutates_input"),
+            e(MUTATES_INPUT, "mutates_input"),
             &["all_reduce::out::f32::sum::ws2"],
             &["modified its input", "first bad index", "got", "expected", "op=all_reduce", "variant=out", "dtype=f32", "rank="],
         ),
         (
-            e::<WRONG_RANK_ORDER>("wrong_rank_order"),
+            e(WRONG_RANK_ORDER, "wrong_rank_order"),
             &["all_gather_into_tensor::out::f32::ws2", "all_gather_into_tensor::out::i32::ws4"],
             VALUE,
         ),
         (
-            e::<IGNORES_ROOT>("ignores_root"),
+            e(IGNORES_ROOT, "ignores_root"),
             &["broadcast::out::f32::ws2", "broadcast::inplace::i32::ws3", "seed::c10d::test_broadcast"],
             &["first bad index", "got", "expected", "op=broadcast", "rank="],
         ),
         (
-            e::<TRUNCATES_SILENTLY>("truncates_silently"),
+            e(TRUNCATES_SILENTLY, "truncates_silently"),
             &["bad_input::reduce_scatter_indivisible_ws2::ws2", "bad_input::reduce_scatter_indivisible_ws3::ws3"],
             &["accepted", "bad_input=reduce_scatter_indivisible", "rank=", "world_size="],
         ),
         (
-            e::<INPLACE_RETURNS_COPY>("inplace_returns_copy"),
+            e(INPLACE_RETURNS_COPY, "inplace_returns_copy"),
             &["all_reduce::inplace::f32::sum::ws2"],
             &["in-place op returned a different buffer", "op=all_reduce", "variant=inplace", "rank="],
         ),
         (
-            e::<CLAIMS_NAN_IGNORED>("claims_nan_ignored"),
+            e(CLAIMS_NAN_IGNORED, "claims_nan_ignored"),
             &["caps::nan_minmax::f32::ws2", "caps::nan_minmax::bf16::ws3"],
             &[
                 "declared nan_minmax=Ignore",
@@ -451,39 +457,39 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
                 "rank=",
             ],
         ),
-        (e::<WRONG_AT_WS6>("wrong_at_ws6"), &["all_reduce::out::f32::sum::ws6", "all_reduce::out::bf16::sum::ws6"], VALUE),
+        (e(WRONG_AT_WS6, "wrong_at_ws6"), &["all_reduce::out::f32::sum::ws6", "all_reduce::out::bf16::sum::ws6"], VALUE),
         (
-            e::<UNREDUCED_PAST_64K>("unreduced_past_64k"),
+            e(UNREDUCED_PAST_64K, "unreduced_past_64k"),
             &["sizes::all_reduce::f32::n65537::ws2", "sizes::all_reduce::i32::n65537::ws3", "sizes::all_reduce::f32::n16777217::ws2"],
             &["first bad index 65536", "got", "expected", "op=all_reduce", "dtype=", "world_size=", "rank=", "n="],
         ),
         (
-            e::<SUBGROUP_AVG_BY_WORLD_SIZE>("subgroup_avg_by_world_size"),
+            e(SUBGROUP_AVG_BY_WORLD_SIZE, "subgroup_avg_by_world_size"),
             &["subgroup::halves::all_reduce::out::f32::avg::ws4", "subgroup::partial::all_reduce::out::f32::avg::ws5"],
             &["first bad index", "got", "expected", "reduce=avg", "(group ", "world_rank=", "rank=", "world_size="],
         ),
         (
-            e::<IGNORES_VIEW_OFFSET>("ignores_view_offset"),
+            e(IGNORES_VIEW_OFFSET, "ignores_view_offset"),
             &["views::all_reduce::out::f32::sum::ws2", "views::all_reduce::out::bf16::sum::ws3"],
             VALUE,
         ),
         (
-            e::<CACHES_SIZE_BY_ADDRESS>("caches_size_by_address"),
+            e(CACHES_SIZE_BY_ADDRESS, "caches_size_by_address"),
             &["realloc::all_reduce::inplace::ws2", "realloc::all_reduce::inplace::ws3"],
             &["first bad index", "got", "expected", "op=all_reduce", "variant=inplace", "step=", "reused from step", "rank="],
         ),
         (
-            e::<A2A_EQUAL_SPLIT_IN_ELEMENTS>("a2a_equal_split_in_elements"),
+            e(A2A_EQUAL_SPLIT_IN_ELEMENTS, "a2a_equal_split_in_elements"),
             &["all_to_all_equal::f32::ws2", "all_to_all_equal::i64::ws3"],
             VALUE,
         ),
         (
-            e::<REDUCE_COMPLETED_AT_ONCE>("reduce_completed_at_once"),
+            e(REDUCE_COMPLETED_AT_ONCE, "reduce_completed_at_once"),
             &["async::pending_until_peers_arrive::reduce::out::ws2", "async::pending_until_peers_arrive::reduce::out::ws3"],
             &["is_completed() was true before rank", "op=reduce", "variant=out", "dtype=f32", "world_size=", "rank=", "late_rank="],
         ),
         (
-            e::<BARRIER_AT_ONCE>("barrier_at_once"),
+            e(BARRIER_AT_ONCE, "barrier_at_once"),
             &[
                 "async::barrier_synchronises::ws2",
                 "async::barrier_synchronises::ws3",
@@ -492,7 +498,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["op=barrier", "world_size=", "rank=", "late_rank="],
         ),
         (
-            e::<SWAPPED_P2P_ORDER>("swapped_p2p_order"),
+            e(SWAPPED_P2P_ORDER, "swapped_p2p_order"),
             &[
                 "p2p::in_flight_in_order::same_size::n4::ws2",
                 "p2p::in_flight_in_order::same_size::n4::ws4",
@@ -501,17 +507,17 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["op=send_recv", "receive #", "world_size=", "rank="],
         ),
         (
-            e::<LEAKS_WORK>("leaks_work"),
+            e(LEAKS_WORK, "leaks_work"),
             &["barrier::out::u8::ws2", "async::barrier_synchronises::ws3"],
             &["quiescence", "outstanding() > 0", "leaked works", "backend=faulty", "world_size=", "rank="],
         ),
         (
-            e::<DOUBLE_ROUNDING>("double_rounding"),
+            e(DOUBLE_ROUNDING, "double_rounding"),
             &["numerics::round_once::f16::ws3", "numerics::round_once::bf16::ws3"],
             &["first bad index", "got", "expected", "op=all_reduce", "dtype=", "reduce=sum", "world_size=3", "rank="],
         ),
         (
-            e::<PREMUL_FACTOR_TWO>("premul_factor_two"),
+            e(PREMUL_FACTOR_TWO, "premul_factor_two"),
             &["numerics::premul_sum::f32::ws3", "numerics::premul_sum::f16::ws3", "numerics::premul_sum::f64::ws3"],
             &["first bad index", "got", "expected", "op=all_reduce", "reduce=premul_sum", "factor=", "rank="],
         ),
