@@ -155,7 +155,7 @@ fn meta(op: &str) -> CaseMeta {
 }
 
 fn here<B: Backend>(ctx: &Ctx<'_, B>) -> String {
-    format!("backend={} world_size={} rank={} case={}", ctx.b.name(), ctx.world_size(), ctx.rank(), ctx.case)
+    format!("backend={} world_size={} rank={} case={}", crate::case::backend_label(ctx.b), ctx.world_size(), ctx.rank(), ctx.case)
 }
 
 fn fail<B: Backend>(ctx: &Ctx<'_, B>, what: impl std::fmt::Display) -> CaseEnd {

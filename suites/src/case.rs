@@ -83,6 +83,21 @@ pub fn default_deadline() -> Duration {
     concord_harness::config::Config::global().case_deadline
 }
 
+static REGISTERED_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Called once by the worker: the name the backend is registered under (the case-id prefix).
+pub(crate) fn set_registered_name(name: &str) {
+    let _ = REGISTERED_NAME.set(name.to_string());
+}
+
+/// The backend's name as failure messages write it (`backend=<name>`): the name it is registered
+/// under — the prefix of every case id and the name in the report — so messages, ids and report
+/// agree even when `Backend::name()` says something else (a wrapper reporting its inner
+/// backend's name); outside a worker, `Backend::name()`.
+pub fn backend_label<B: Backend>(b: &B) -> String {
+    REGISTERED_NAME.get().cloned().unwrap_or_else(|| b.name().to_string())
+}
+
 /// What a case body sees on one rank.
 pub struct Ctx<'a, B: Backend> {
     pub b: &'a B,

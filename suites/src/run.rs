@@ -106,6 +106,7 @@ struct WorkerState<B: Backend> {
 
 fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Case<B>>) -> ! {
     let prefix = prefix.to_string();
+    crate::case::set_registered_name(&prefix);
     worker::serve(
         env,
         move |env| {
@@ -173,7 +174,7 @@ fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case
     Some(format!(
         "backend={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
          count as outstanding only until it is waited or dropped (leaked works)",
-        b.name(),
+        crate::case::backend_label(b),
         b.world_size(),
         b.rank(),
         what.join(", ")

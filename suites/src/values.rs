@@ -40,7 +40,7 @@ impl ValueSpec {
 pub(crate) fn where_str<B: Backend>(b: &B, spec: &ValueSpec, label: &str, shapes: &[Vec<usize>]) -> String {
     let mut s = format!(
         "backend={} op={} variant={} dtype={} reduce={} world_size={} rank={}",
-        b.name(),
+        crate::case::backend_label(b),
         spec.op,
         spec.variant,
         spec.dtype,

@@ -449,7 +449,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &[
                 "declared nan_minmax=Ignore",
                 "observed Propagate",
-                "backend=faulty",
+                "backend=claims_nan_ignored",
                 "op=all_reduce",
                 "reduce=min",
                 "dtype=",
@@ -509,7 +509,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         (
             e(LEAKS_WORK, "leaks_work"),
             &["barrier::out::u8::ws2", "async::barrier_synchronises::ws3"],
-            &["quiescence", "outstanding() > 0", "leaked works", "backend=faulty", "world_size=", "rank="],
+            &["quiescence", "outstanding() > 0", "leaked works", "backend=leaks_work", "world_size=", "rank="],
         ),
         (
             e(DOUBLE_ROUNDING, "double_rounding"),

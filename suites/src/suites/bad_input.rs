@@ -150,7 +150,7 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
     if cross_rank && !caps.validates_across_ranks {
         return Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
     }
-    let w = format!("backend={} bad_input={name} world_size={} rank={}", b.name(), b.world_size(), b.rank());
+    let w = format!("backend={} bad_input={name} world_size={} rank={}", crate::case::backend_label(b), b.world_size(), b.rank());
     let want = kind.name();
     match issue(b, b.rank(), b.world_size()) {
         Ok(()) => {

@@ -61,7 +61,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 
 /// Where a probe ran: backend, op, reduce op, dtype, world size, rank.
 fn at<B: Backend>(b: &B, op: &str, reduce: &str, dtype: DType) -> String {
-    format!("backend={} op={op} reduce={reduce} dtype={dtype} world_size={} rank={}", b.name(), b.world_size(), b.rank())
+    format!(
+        "backend={} op={op} reduce={reduce} dtype={dtype} world_size={} rank={}",
+        crate::case::backend_label(b),
+        b.world_size(),
+        b.rank()
+    )
 }
 
 /// The capabilities, or UNSUPPORTED when there is nothing to observe or the backend declares

@@ -123,21 +123,21 @@ pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) 
                 (Some(_), false) => {
                     return Err(CaseEnd::Fail(format!(
                         "backend={} rank={me} world_size={}: new_group({g:?}) returned a communicator to a non-member",
-                        ctx.b.name(),
+                        crate::case::backend_label(ctx.b),
                         ctx.world_size()
                     )))
                 }
                 (None, true) => {
                     return Err(CaseEnd::Fail(format!(
                         "backend={} rank={me} world_size={}: new_group({g:?}) returned nothing to a member",
-                        ctx.b.name(),
+                        crate::case::backend_label(ctx.b),
                         ctx.world_size()
                     )))
                 }
             }
         }
         let Some(g) = mine else { return Ok(()) };
-        let (wname, world_ws, timeout) = (ctx.b.name().to_string(), ctx.world_size(), ctx.timeout);
+        let (wname, world_ws, timeout) = (crate::case::backend_label(ctx.b), ctx.world_size(), ctx.timeout);
         let sub = ctx.group(&g)?.expect("member");
         let want_rank = g.iter().position(|&r| r == me).expect("member");
         if sub.rank() != want_rank || sub.world_size() != g.len() {

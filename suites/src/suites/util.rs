@@ -6,7 +6,12 @@ use concord_oracle::{compare, Tolerance};
 
 /// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
-    format!("backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}", b.name(), b.world_size(), b.rank())
+    format!(
+        "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
+        crate::case::backend_label(b),
+        b.world_size(),
+        b.rank()
+    )
 }
 
 /// A tensor of `shape` filled with `v`.
