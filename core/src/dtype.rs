@@ -213,3 +213,59 @@ macro_rules! dispatch_dtype {
         }
     };
 }
+
+/// Rounds `v` once to the binary float format with `e_bits` exponent and `m_bits` explicit
+/// mantissa bits (f16: 5, 10; bf16: 8, 7; f32: 8, 23) and returns its bit pattern in the low
+/// bits: to nearest, ties to even, overflow to ±inf, gradual underflow to subnormals, NaN to a
+/// quiet NaN of the same sign. Straight from f64 — going through f32 (or `half`'s `from_f64`,
+/// which truncates low bits first) would round twice and misround near ties. The one rounding
+/// rule the oracle and the shm kernels share.
+pub fn round_f64_to_bits(v: f64, e_bits: u32, m_bits: u32) -> u64 {
+    let width = 1 + e_bits + m_bits;
+    let sign = (v.to_bits() >> 63) << (width - 1);
+    let exp_all = ((1u64 << e_bits) - 1) << m_bits;
+    if v.is_nan() {
+        return sign | exp_all | (1u64 << (m_bits - 1));
+    }
+    if v.is_infinite() {
+        return sign | exp_all;
+    }
+    if v == 0.0 {
+        return sign;
+    }
+    let bias = (1i64 << (e_bits - 1)) - 1;
+    let bits = v.abs().to_bits();
+    let raw_exp = (bits >> 52) as i64;
+    let (mut e, sig) = if raw_exp == 0 {
+        let m = bits & ((1u64 << 52) - 1);
+        let lz = m.leading_zeros() as i64 - 11;
+        (1 - 1023 - lz, m << lz)
+    } else {
+        (raw_exp - 1023, (bits & ((1u64 << 52) - 1)) | (1u64 << 52))
+    };
+    let min_normal_exp = 1 - bias;
+    let subnormal = e < min_normal_exp;
+    let shift = 52 - m_bits as i64 + if subnormal { min_normal_exp - e } else { 0 };
+    if shift >= 64 {
+        return sign;
+    }
+    let shift = shift as u32;
+    let mut q = sig >> shift;
+    let rem = sig & ((1u64 << shift) - 1);
+    let half = 1u64 << (shift - 1);
+    if rem > half || (rem == half && q & 1 == 1) {
+        q += 1;
+    }
+    if subnormal {
+        return sign | q;
+    }
+    if q == 1u64 << (m_bits + 1) {
+        q >>= 1;
+        e += 1;
+    }
+    let biased = e + bias;
+    if biased >= (1i64 << e_bits) - 1 {
+        return sign | exp_all;
+    }
+    sign | ((biased as u64) << m_bits) | (q & ((1u64 << m_bits) - 1))
+}
