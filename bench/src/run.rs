@@ -7,7 +7,7 @@ use crate::args::Args;
 use crate::rank::{Msg, RankResult};
 use crate::record::{now_unix, Machine, Record, SCHEMA};
 use crate::spec::{self, BenchOp, Placement, Step};
-use crate::table::{self, Cells};
+use crate::table::{self, Cells, PeerCols, PeerRow};
 use clap::Parser;
 use concord_core::Backend;
 use concord_harness::launch;
@@ -30,8 +30,12 @@ pub struct Hooks<B> {
     pub prepare: fn(&B),
     /// The backend's version, for the JSON records.
     pub version: fn(&B) -> String,
-    /// How the time is taken, for the JSON records and the header.
+    /// How the time is taken, for the JSON records and the header (without a `clock`).
     pub timing: &'static str,
+    /// A device-side clock (CUDA events for NCCL); `None`: host wall-clock ([`WALL_CLOCK`]).
+    pub clock: Option<crate::ext::Clock<B>>,
+    /// A reference timed in the same run and printed next to the backend (NCCL: raw NCCL calls).
+    pub reference: Option<crate::ext::MakeReference<B>>,
 }
 
 fn always(_: usize) -> Result<(), String> {
@@ -44,7 +48,7 @@ fn no_version<B>(_: &B) -> String {
 
 impl<B> Default for Hooks<B> {
     fn default() -> Self {
-        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK }
+        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK, clock: None, reference: None }
     }
 }
 
@@ -242,6 +246,7 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         wrong_iterations: 0,
         wrong_warmup: 0,
         timing: timing.into(),
+        wall_time_us: None,
         machine: machine.clone(),
         versions: versions.clone(),
         command: command.clone(),
@@ -369,6 +374,10 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     let mut phase: Vec<String> = vec!["starting (backend init)".into(); args.ranks];
     let mut results: HashMap<(BenchOp, usize, Placement), Vec<Option<RankResult>>> = HashMap::new();
     let mut hello: Option<(String, String)> = None;
+    // The reference's (label, description), from the ranks' hello.
+    let mut reference: Option<(String, String)> = None;
+    // (op, size, placement) -> (backend time, reference time), for the goals at the end.
+    let mut vs_ref: BTreeMap<(BenchOp, usize, Placement), (f64, f64)> = BTreeMap::new();
     let mut next = 0usize; // index of the next step to print
     let mut cur_op: Option<BenchOp> = None;
     let mut busbws: Vec<f64> = Vec::new();
@@ -401,15 +410,20 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             }
         };
         match msg {
-            Msg::Hello { backend, version, timing, .. } => {
+            Msg::Hello { backend, version, timing, reference: r, .. } => {
                 if hello.is_none() {
                     out.say(format!(
                         "# backend {backend}{}; timing: {timing}",
                         if version.is_empty() { String::new() } else { format!(" {version}") }
                     ));
+                    if let Some((label, what)) = &r {
+                        out.say(format!("# reference `{label}` (columns on the right; ratio = its time / the backend's, above 1: the backend is faster): {what}"));
+                    }
                     hello = Some((version, timing));
+                    reference = r;
                 }
             }
+            Msg::Note { message, .. } => out.say(format!("# note: {message}")),
             Msg::Start { rank, op, size, placement } => {
                 phase[rank] = format!("{op} {} {size} B", placement.name());
                 if let Some(b) = &out.bar {
@@ -452,12 +466,18 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
                             busbws.clear();
                         }
                         out.say(format!("#\n# {}", step.op.name()));
-                        out.say(table::header(mpi_cols));
+                        let peer = if mpi_cols {
+                            Some(PeerCols { label: "openmpi", in_place: false })
+                        } else {
+                            reference.as_ref().map(|(label, _)| PeerCols { label, in_place: step.op.has_in_place() })
+                        };
+                        out.say(table::header(peer));
                         cur_op = Some(step.op);
                     }
                     let timing = hello.as_ref().map(|h| h.1.clone()).unwrap_or_else(|| WALL_CLOCK.into());
                     let version = hello.as_ref().map(|h| h.0.clone()).unwrap_or_default();
                     let mut cells = [None, None];
+                    let mut refs: [Option<(f64, f64)>; 2] = [None, None];
                     for (i, p) in [Placement::OutOfPlace, Placement::InPlace].into_iter().enumerate() {
                         let Some(rs) = results.get(&(step.op, step.size, p)) else { continue };
                         let rs: Vec<&RankResult> = rs.iter().flatten().collect();
@@ -465,9 +485,33 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
                         total_wrong += rec.wrong + rec.wrong_warmup;
                         busbws.push(rec.busbw);
                         cells[i] = Some(Cells { time_us: rec.time_us, algbw: rec.algbw, busbw: rec.busbw, wrong: rec.wrong });
-                        outcome.records.push(rec);
+                        // The reference's row: every rank timed it (mean over ranks, as the backend's).
+                        let ref_times: Option<Vec<f64>> = rs.iter().map(|r| r.ref_us).collect();
+                        if let (Some((label, what)), Some(ts)) = (&reference, ref_times.filter(|t| !t.is_empty())) {
+                            let mut rr = rec.clone();
+                            rr.backend = label.clone();
+                            rr.timing = what.clone();
+                            rr.wall_time_us = None;
+                            rr.time_us_per_rank = ts.clone();
+                            rr.time_us = ts.iter().sum::<f64>() / ts.len() as f64;
+                            rr.algbw = if rr.time_us > 0.0 { step.size as f64 / rr.time_us / 1e3 } else { 0.0 };
+                            rr.busbw = rr.algbw * step.op.busbw_factor(args.ranks);
+                            (rr.wrong, rr.wrong_iterations, rr.wrong_warmup) = (0, 0, 0);
+                            refs[i] = Some((rr.time_us, rr.busbw));
+                            vs_ref.insert((step.op, step.size, p), (rec.time_us, rr.time_us));
+                            outcome.records.push(rec);
+                            outcome.records.push(rr);
+                        } else {
+                            outcome.records.push(rec);
+                        }
                     }
-                    let m = mpi.as_ref().map(|m| m.get(&(step.op, step.size)).map(|r| (r.time_us, r.busbw)));
+                    let m = match &mpi {
+                        Some(m) => Some(PeerRow { out: m.get(&(step.op, step.size)).map(|r| (r.time_us, r.busbw)), inp: None }),
+                        None if reference.is_some() => {
+                            Some(PeerRow { out: refs[0], inp: step.op.has_in_place().then_some(refs[1].map(|r| r.0)) })
+                        }
+                        None => None,
+                    };
                     let redop_col = if step.op.is_reduction() { redop.name() } else { "none" };
                     let root_col = if step.op.has_root() { args.root as i64 } else { -1 };
                     out.say(table::row(step.size, step.count, type_name, redop_col, root_col, cells[0], cells[1], m));
@@ -522,6 +566,11 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             out.say(line);
         }
     }
+    if let Some((label, _)) = &reference {
+        for line in goals_vs_reference(name, label, &vs_ref) {
+            out.say(line);
+        }
+    }
     out.say(format!("# Wrong results: {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
     match crate::record::write_jsonl(&json, &outcome.records) {
         Ok(()) => {
@@ -551,6 +600,58 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     outcome
 }
 
+/// Latency goal: at sizes up to this, the backend's time within [`LATENCY_GOAL`] × the reference's.
+pub const SMALL_MAX: usize = 64 << 10;
+pub const LATENCY_GOAL: f64 = 1.2;
+/// Bandwidth goal: at sizes from this, at least [`BANDWIDTH_GOAL`] × the reference's busbw.
+pub const LARGE_MIN: usize = 64 << 20;
+pub const BANDWIDTH_GOAL: f64 = 0.97;
+
+/// The summary against a reference, one line per op and placement measured: the worst time
+/// ratio at small sizes (goal: at most [`LATENCY_GOAL`]) and the worst bandwidth ratio at large
+/// ones (goal: at least [`BANDWIDTH_GOAL`]), each with `met` / `MISSED`.
+pub fn goals_vs_reference(name: &str, label: &str, vs: &BTreeMap<(BenchOp, usize, Placement), (f64, f64)>) -> Vec<String> {
+    let mut lines = vec![format!(
+        "# {name} vs {label}: latency = {name} time / {label} time at <= {} (goal <= {LATENCY_GOAL:.2}); \
+         bandwidth = {label} time / {name} time (= busbw ratio) at >= {} (goal >= {BANDWIDTH_GOAL:.2})",
+        spec::human(SMALL_MAX as u64),
+        spec::human(LARGE_MIN as u64)
+    )];
+    let mut keys: Vec<(BenchOp, Placement)> = vs.keys().map(|(o, _, p)| (*o, *p)).collect();
+    keys.dedup();
+    for (op, p) in keys {
+        let rows: Vec<(usize, f64, f64)> = vs.iter().filter(|((o, _, q), _)| *o == op && *q == p).map(|((_, s, _), (b, r))| (*s, *b, *r)).collect();
+        let worst = |f: &dyn Fn(usize) -> bool, v: &dyn Fn(f64, f64) -> f64, max: bool| {
+            rows.iter()
+                .filter(|(s, b, r)| f(*s) && *b > 0.0 && *r > 0.0)
+                .map(|(s, b, r)| (v(*b, *r), *s))
+                .fold(None, |acc: Option<(f64, usize)>, x| match acc {
+                    Some(a) if (max && a.0 >= x.0) || (!max && a.0 <= x.0) => Some(a),
+                    _ => Some(x),
+                })
+        };
+        let mut parts = Vec::new();
+        match worst(&|s| s <= SMALL_MAX, &|b, r| b / r, true) {
+            Some((x, s)) => parts.push(format!(
+                "latency worst {x:.2} x at {} ({})",
+                spec::human(s as u64),
+                if x <= LATENCY_GOAL { "met" } else { "MISSED" }
+            )),
+            None => parts.push("latency: no size <= 64 KiB".into()),
+        }
+        match worst(&|s| s >= LARGE_MIN, &|b, r| r / b, false) {
+            Some((x, s)) => parts.push(format!(
+                "bandwidth worst {x:.2} x at {} ({})",
+                spec::human(s as u64),
+                if x >= BANDWIDTH_GOAL { "met" } else { "MISSED" }
+            )),
+            None => parts.push("bandwidth: no size >= 64 MiB".into()),
+        }
+        lines.push(format!("#   {} {}: {}", op.name(), p.name(), parts.join("; ")));
+    }
+    lines
+}
+
 /// One table cell's record from every rank's result: time = mean over ranks (nccl-tests' `-a 1`).
 fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, root: usize, rs: &[&RankResult]) -> Record {
     let mut rec = base.clone();
@@ -566,6 +667,9 @@ fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, ro
     rec.time_us_per_rank = rs.iter().map(|r| r.time_us).collect();
     rec.time_us = rec.time_us_per_rank.iter().sum::<f64>() / rs.len().max(1) as f64;
     rec.window = rs.iter().map(|r| r.window).min().unwrap_or(0);
+    if rs.iter().all(|r| r.wall_us > 0.0) && base.timing != WALL_CLOCK {
+        rec.wall_time_us = Some(rs.iter().map(|r| r.wall_us).sum::<f64>() / rs.len().max(1) as f64);
+    }
     rec.wrong = rs.iter().map(|r| r.wrong).sum();
     rec.wrong_iterations = rs.iter().map(|r| r.wrong_iterations).sum();
     rec.wrong_warmup = rs.iter().map(|r| r.wrong_warmup).sum();

@@ -69,7 +69,9 @@
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
-//! (device, stream, memory). This file: the [`NcclBackend`] type and the [`Backend`] impl,
+//! (device, stream, memory); for benchmarks, `timing` (CUDA events on the rank's stream, the memory
+//! pool's release threshold) and `reference` (the raw NCCL loop the bench prints next to the
+//! backend). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
@@ -93,6 +95,8 @@ pub mod header;
 mod issue;
 mod launch;
 mod ops;
+pub mod reference;
+pub mod timing;
 mod worker;
 
 pub use buffer::NcclBuffer;
