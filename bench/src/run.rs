@@ -617,8 +617,7 @@ pub fn goals_vs_reference(name: &str, label: &str, vs: &BTreeMap<(BenchOp, usize
         spec::human(SMALL_MAX as u64),
         spec::human(LARGE_MIN as u64)
     )];
-    let mut keys: Vec<(BenchOp, Placement)> = vs.keys().map(|(o, _, p)| (*o, *p)).collect();
-    keys.dedup();
+    let keys: std::collections::BTreeSet<(BenchOp, Placement)> = vs.keys().map(|(o, _, p)| (*o, *p)).collect();
     for (op, p) in keys {
         let rows: Vec<(usize, f64, f64)> = vs.iter().filter(|((o, _, q), _)| *o == op && *q == p).map(|((_, s, _), (b, r))| (*s, *b, *r)).collect();
         let worst = |f: &dyn Fn(usize) -> bool, v: &dyn Fn(f64, f64) -> f64, max: bool| {

@@ -6,6 +6,9 @@
 //!   bench counts #wrong > 0, names op, size, iteration, rank and first bad index, exits 1.
 //! * `shm_every_op_end_to_end`: 2 ranks, a few small sizes, every op: 0 wrong, one parseable
 //!   JSON line per op × size × placement, a plot.
+//! * `device_clock_and_reference_are_used`: a backend's device clock (here a fake one: 1 ms
+//!   per window) gives the times, the wall-clock is recorded beside, and its reference's times
+//!   become their own records (the NCCL hooks' plumbing, without a GPU).
 
 use concord_bench::{main_with, Args, Hooks};
 use concord_core::{Backend, Capabilities, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
@@ -254,6 +257,86 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// A device clock that says every timed window took exactly 1 ms, and a reference that says
+/// every all_reduce took 100 us (and has no other op): the bench must use them as they are.
+fn clocked_hooks() -> Hooks<ShmBackend> {
+    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
+        Ok(Box::new(()))
+    }
+    fn elapsed(_: &ShmBackend, a: &concord_bench::ext::Mark, b: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
+        assert!(a.is::<()>() && b.is::<()>(), "the clock got marks it did not make");
+        Ok(Duration::from_millis(1))
+    }
+    struct FakeRef;
+    impl concord_bench::Reference for FakeRef {
+        fn label(&self) -> String {
+            "fake-ref".into()
+        }
+        fn describe(&self) -> String {
+            "a fixed 100 us for all_reduce".into()
+        }
+        fn time_us(&mut self, s: &concord_bench::RefStep) -> std::result::Result<Option<f64>, String> {
+            Ok((s.op == concord_bench::spec::BenchOp::AllReduce).then_some(100.0))
+        }
+    }
+    fn make(_: &ShmBackend, _: &WorldInfo) -> std::result::Result<Box<dyn concord_bench::Reference>, String> {
+        Ok(Box::new(FakeRef))
+    }
+    Hooks {
+        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1 ms per window" }),
+        reference: Some(make),
+        ..Hooks::default()
+    }
+}
+
+fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("c.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shmclock",
+        "--op",
+        "all_reduce,all_gather",
+        "-b",
+        "64",
+        "-e",
+        "1K",
+        "-f",
+        "4",
+        "-n",
+        "4",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let recs = concord_bench::record::read_jsonl(&json)?;
+    let own: Vec<_> = recs.iter().filter(|r| r.backend == "shmclock").collect();
+    // all_reduce 64, 256, 1K in both placements, all_gather out-of-place.
+    if own.len() != 9 {
+        return Err(format!("{} shmclock records, want 9", own.len()).into());
+    }
+    for r in &own {
+        // One window of 4 iterations, 1 ms by the clock: 250 us, whatever the wall-clock said.
+        if r.window != 4 || r.time_us != 250.0 || r.timing != "fake device clock: 1 ms per window" || !r.wall_time_us.is_some_and(|w| w > 0.0) {
+            return Err(format!("the device clock was not used: {r:?}").into());
+        }
+    }
+    let refs: Vec<_> = recs.iter().filter(|r| r.backend == "fake-ref").collect();
+    if refs.len() != 6 || refs.iter().any(|r| r.op != "all_reduce" || r.time_us != 100.0 || r.ranks != 2) {
+        return Err(format!("reference records: {refs:?}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Some(_world) = concord_harness::launch::rank_world() {
         use clap::Parser;
@@ -261,6 +344,7 @@ fn main() {
         let args = Args::parse();
         let code = match args.backend.as_deref() {
             Some("wrong7") => main_with::<Wrong7>("wrong7", &Hooks::default(), &args, argv),
+            Some("shmclock") => main_with::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv),
             _ => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         };
         std::process::exit(code);
@@ -268,6 +352,7 @@ fn main() {
     let trials = vec![
         Trial::test("wrong_in_timed_iterations_fails_the_run", wrong_in_timed_iterations_fails_the_run),
         Trial::test("shm_every_op_end_to_end", shm_every_op_end_to_end),
+        Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
