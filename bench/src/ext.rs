@@ -12,9 +12,13 @@
 //!   through NCCL in a tight loop on preallocated buffers). It is printed next to the backend's
 //!   row, written as its own series in the JSON lines and the plot, and summarised against the
 //!   goals at the end of the run.
+//! * [`DeviceData`]: per-iteration inputs made on the device from a base input uploaded once
+//!   (rotated copies) and outputs read through the backend's own staging, so that checking every
+//!   timed iteration stays cheap at 1 GiB (NCCL: device-to-device copies, pinned host memory).
+//!   The inputs and the comparison are the same as without it.
 
 use crate::spec::{BenchOp, Placement};
-use concord_core::{DType, ReduceOp};
+use concord_core::{Backend, DType, ReduceOp};
 use std::any::Any;
 use std::time::Duration;
 
@@ -61,3 +65,12 @@ pub trait Reference {
 
 /// Builds a rank's reference after the backend's init (collective: every rank calls it).
 pub type MakeReference<B> = fn(&B, &concord_core::WorldInfo) -> Result<Box<dyn Reference>, String>;
+
+/// A backend's device-side data movement for the bench (see the module docs).
+pub struct DeviceData<B: Backend> {
+    /// `dst` = `src` with every chunk of `l` elements rotated right by `s` elements, ordered
+    /// after every op issued before the call and before every op issued after it returns.
+    pub copy_rotated: fn(&B, dst: &B::Buffer, src: &B::Buffer, l: usize, s: usize) -> concord_core::Result<()>,
+    /// Calls the closure with the buffer's bytes, read after every op issued before the call.
+    pub read: fn(&B, &B::Buffer, &mut dyn FnMut(&[u8])) -> concord_core::Result<()>,
+}

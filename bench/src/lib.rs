@@ -30,7 +30,7 @@ pub mod spec;
 pub mod table;
 
 pub use args::Args;
-pub use ext::{Clock, MakeReference, RefStep, Reference};
+pub use ext::{Clock, DeviceData, MakeReference, RefStep, Reference};
 pub use run::{bench_main, bench_main_with, main_with, run_parent, Hooks, Outcome};
 
 use std::time::Duration;

@@ -1,15 +1,16 @@
 //! The NCCL backend's [`Hooks`]: one GPU per rank, the backend's own cross-rank validation off
 //! (the bench checks every output itself), the GPU's memory pool keeping freed memory (out-of-place
 //! outputs are allocated per call, stream-ordered, as a caching allocator would serve them),
-//! CUDA-event timing ([`concord_nccl::timing`]) and the raw NCCL reference
-//! ([`concord_nccl::reference`]) in the same run.
+//! CUDA-event timing ([`concord_nccl::timing`]), the raw NCCL reference
+//! ([`concord_nccl::reference`]) in the same run, and inputs rotated on the GPU with outputs read
+//! through pinned memory ([`concord_nccl::bench_io`]).
 
-use crate::ext::{Clock, Mark, RefStep, Reference};
+use crate::ext::{Clock, DeviceData, Mark, RefStep, Reference};
 use crate::spec::Placement;
 use crate::Hooks;
 use concord_core::{Backend, CollectiveError, DType, Tensor, WorldInfo};
 use concord_nccl::reference::{self, RawNccl, RawOp, RawStep};
-use concord_nccl::NcclBackend;
+use concord_nccl::{NcclBackend, NcclBuffer};
 use std::time::Duration;
 
 /// How the NCCL rows are timed (the table's header and the JSON lines).
@@ -27,6 +28,14 @@ fn elapsed(b: &NcclBackend, start: &Mark, end: &Mark, timeout: Duration) -> conc
         (Some(s), Some(e)) => b.elapsed(s, e, timeout),
         _ => Err(CollectiveError::Backend("nccl bench clock: marks that are not CUDA events of this backend".into())),
     }
+}
+
+fn copy_rotated(b: &NcclBackend, dst: &NcclBuffer, src: &NcclBuffer, l: usize, s: usize) -> concord_core::Result<()> {
+    b.copy_rotated(dst, src, l, s)
+}
+
+fn read(b: &NcclBackend, x: &NcclBuffer, f: &mut dyn FnMut(&[u8])) -> concord_core::Result<()> {
+    b.read_with(x, f)
 }
 
 fn prepare(b: &NcclBackend) {
@@ -136,5 +145,6 @@ pub fn hooks() -> Hooks<NcclBackend> {
         timing: EVENT_TIMING,
         clock: Some(Clock { mark, elapsed, describe: EVENT_TIMING }),
         reference: Some(make_reference),
+        data: Some(DeviceData { copy_rotated, read }),
     }
 }

@@ -26,7 +26,7 @@
 //! * Waits use the world's op timeout; a watchdog thread ends the rank with the collective it is
 //!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s.
 
-use crate::ext::{Clock, RefStep, Reference};
+use crate::ext::{Clock, DeviceData, RefStep, Reference};
 use crate::spec::{BenchOp, Placement, Step};
 use crate::Hooks;
 use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
@@ -155,6 +155,7 @@ struct Ctx<'a, B: Backend> {
     sem: Semantics,
     beat: Beat,
     clock: Option<&'a Clock<B>>,
+    data: Option<&'a DeviceData<B>>,
     /// First wrong messages already sent for this step (at most a few per step).
     reported: std::cell::Cell<usize>,
 }
@@ -233,6 +234,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         sem: Semantics::of(&b.capabilities()),
         beat,
         clock: hooks.clock.as_ref(),
+        data: hooks.data.as_ref(),
         reported: std::cell::Cell::new(0),
     };
     let (steps, _) = crate::spec::plan(&ops, &sizes, dtype.size(), world.world_size);
@@ -447,6 +449,31 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         rotate_into(t.bytes_mut(), set.input.bytes(), elt, l, (i / nsets) * ROT_STRIDE);
         t
     };
+    // With device data: the base inputs live on the device, each iteration's is a rotated copy.
+    let dev_inputs: Vec<B::Buffer> =
+        if cx.data.is_some() { sets.iter().map(|s| cx.b.upload(&s.input)).collect::<Result<_, _>>()? } else { Vec::new() };
+    let put = |x: &B::Buffer, i: usize| -> Result<(), CollectiveError> {
+        match cx.data {
+            Some(d) => (d.copy_rotated)(cx.b, x, &dev_inputs[i % nsets], l, (i / nsets) * ROT_STRIDE),
+            None => cx.b.write(x, &input_of(i)),
+        }
+    };
+    let check_out = |out: &B::Buffer, i: usize, iteration: String| -> Result<u64, CollectiveError> {
+        let set = &sets[i % nsets];
+        let args = (tol, l, what.as_str(), op, step.size, placement);
+        match cx.data {
+            Some(d) => {
+                let (shape, dtype) = (cx.b.buffer_shape(out), cx.b.buffer_dtype(out));
+                let mut bad = 0;
+                (d.read)(cx.b, out, &mut |bytes| bad = check(cx, set, nsets, i, (bytes, &shape, dtype), args, iteration.clone()))?;
+                Ok(bad)
+            }
+            None => {
+                let got = cx.b.download(out)?;
+                Ok(check(cx, set, nsets, i, (got.bytes(), got.shape(), got.dtype()), args, iteration))
+            }
+        }
+    };
     let per_iter = (in_n + if placement == Placement::InPlace { 0 } else { out_n }) * elt;
     let window = (cx.budget / per_iter.max(1)).clamp(1, cx.iters.max(1));
     let b = cx.b;
@@ -496,12 +523,10 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     // Warm-up: issue, wait, check, one at a time.
     for i in 0..cx.warmup {
         cx.beat.phase(format!("{what}: warm-up iteration {i}"));
-        b.write(&ins[0], &input_of(i))?;
+        put(&ins[0], i)?;
         let p = issue(0)?;
         wait(&p)?;
-        let got = b.download(p.main.wait(cx.timeout)?)?;
-        let bad = check(cx, &sets[i % nsets], nsets, i, &got, tol, l, &what, op, step.size, placement, format!("warm-up iteration {i}"));
-        counts.wrong_warmup += bad;
+        counts.wrong_warmup += check_out(p.main.wait(cx.timeout)?, i, format!("warm-up iteration {i}"))?;
     }
     // Timed windows.
     let mut elapsed = Duration::ZERO;
@@ -511,7 +536,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         let k = window.min(cx.iters - done);
         cx.beat.phase(format!("{what}: writing inputs of timed iterations {done}..{}", done + k));
         for (j, x) in ins.iter().take(k).enumerate() {
-            b.write(x, &input_of(cx.warmup + done + j))?;
+            put(x, cx.warmup + done + j)?;
         }
         b.barrier()?.wait(cx.timeout)?;
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
@@ -533,21 +558,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
             let i = cx.warmup + done + j;
-            let got = b.download(p.main.wait(cx.timeout)?)?;
-            let bad = check(
-                cx,
-                &sets[i % nsets],
-                nsets,
-                i,
-                &got,
-                tol,
-                l,
-                &what,
-                op,
-                step.size,
-                placement,
-                format!("timed iteration {}", done + j),
-            );
+            let bad = check_out(p.main.wait(cx.timeout)?, i, format!("timed iteration {}", done + j))?;
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);
             cx.beat.tick();
@@ -559,30 +570,31 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     Ok(counts)
 }
 
-/// Checks one output; returns its wrong elements (reporting the first of a few per step).
-#[allow(clippy::too_many_arguments)]
+/// What a check needs to name a wrong result: tolerance, chunk length, step name, op, size,
+/// placement.
+type CheckArgs<'s> = (Tolerance, usize, &'s str, BenchOp, usize, Placement);
+
+/// Checks one output (`got`: bytes, shape, dtype); returns its wrong elements (reporting the
+/// first of a few per step).
 fn check<B: Backend>(
     cx: &Ctx<'_, B>,
     set: &BaseSet,
     nsets: usize,
     i: usize,
-    got: &Tensor,
-    tol: Tolerance,
-    l: usize,
-    what: &str,
-    op: BenchOp,
-    size: usize,
-    placement: Placement,
+    got: (&[u8], &[usize], DType),
+    (tol, l, what, op, size, placement): CheckArgs<'_>,
     iteration: String,
 ) -> u64 {
     let Some(exp) = &set.expected else { return 0 };
+    let (bytes, shape, dtype) = got;
     let shift = (i / nsets) * ROT_STRIDE;
-    if got.shape() == exp.shape() && got.dtype() == exp.dtype() && rotated_eq(got.bytes(), exp.bytes(), cx.dtype.size(), l, shift) {
+    if shape == exp.shape() && dtype == exp.dtype() && rotated_eq(bytes, exp.bytes(), cx.dtype.size(), l, shift) {
         return 0;
     }
+    let got = Tensor::from_bytes(dtype, shape, bytes);
     let want = rotate_chunks(exp.bytes(), cx.dtype.size(), l, shift);
     let want = Tensor::from_bytes(exp.dtype(), exp.shape(), &want);
-    match concord_oracle::compare(got, &want, tol) {
+    match concord_oracle::compare(&got, &want, tol) {
         Ok(()) => 0,
         Err(m) => {
             if cx.reported.get() < 3 {

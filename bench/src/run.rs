@@ -22,7 +22,7 @@ pub const WALL_CLOCK: &str =
     "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
 
 /// What a backend adds to the generic benchmark.
-pub struct Hooks<B> {
+pub struct Hooks<B: Backend> {
     /// Whether a world of `ranks` can run here; `Err(why)` prints `CANNOT RUN: why`, exit 2.
     pub available: fn(ranks: usize) -> Result<(), String>,
     /// Called on every rank after `init` (e.g. turn off a backend's own cross-rank validation:
@@ -36,6 +36,8 @@ pub struct Hooks<B> {
     pub clock: Option<crate::ext::Clock<B>>,
     /// A reference timed in the same run and printed next to the backend (NCCL: raw NCCL calls).
     pub reference: Option<crate::ext::MakeReference<B>>,
+    /// Device-side inputs and output reads, for cheap checking at large sizes.
+    pub data: Option<crate::ext::DeviceData<B>>,
 }
 
 fn always(_: usize) -> Result<(), String> {
@@ -46,9 +48,9 @@ fn no_version<B>(_: &B) -> String {
     String::new()
 }
 
-impl<B> Default for Hooks<B> {
+impl<B: Backend> Default for Hooks<B> {
     fn default() -> Self {
-        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK, clock: None, reference: None }
+        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK, clock: None, reference: None, data: None }
     }
 }
 

@@ -70,8 +70,8 @@
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
 //! (device, stream, memory); for benchmarks, `timing` (CUDA events on the rank's stream, the memory
-//! pool's release threshold) and `reference` (the raw NCCL loop the bench prints next to the
-//! backend). This file: the [`NcclBackend`] type and the [`Backend`] impl,
+//! pool's release threshold) `reference` (the raw NCCL loop the bench prints next to the
+//! backend) and `bench_io` (device-side rotated copies, reads through pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
@@ -86,6 +86,7 @@
 
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
+pub mod bench_io;
 mod buffer;
 mod comm;
 mod completion;
