@@ -90,9 +90,14 @@ impl Reference for Raw {
     }
 }
 
-/// Rank 0's NCCL unique id reaches every rank through the backend itself (one broadcast of a
-/// flag byte and the id), then every rank joins the reference communicator (bounded wait).
 fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Reference>, String> {
+    Ok(Box::new(Raw { raw: make_raw(b, world)? }))
+}
+
+/// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the
+/// backend itself (one broadcast of a flag byte and the id), then every rank joins the
+/// reference communicator (bounded wait). Collective: every rank calls it.
+pub fn make_raw(b: &NcclBackend, world: &WorldInfo) -> Result<RawNccl, String> {
     let mut bytes = vec![0u8; 129];
     let mut why = String::new();
     if b.rank() == 0 {
@@ -124,7 +129,7 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         .map_err(|e| format!("starting the reference's init thread: {e}"))?;
     let limit = timeout + Duration::from_secs(30);
     match rx.recv_timeout(limit) {
-        Ok(Ok(raw)) => Ok(Box::new(Raw { raw })),
+        Ok(Ok(raw)) => Ok(raw),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(format!("ncclCommInitRank of the reference did not return within {} s (a peer missing?)", limit.as_secs())),
     }
