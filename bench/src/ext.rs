@@ -69,7 +69,7 @@ pub type MakeReference<B> = fn(&B, &concord_core::WorldInfo) -> Result<Box<dyn R
 /// A backend's device-side data movement for the bench (see the module docs).
 pub struct DeviceData<B: Backend> {
     /// `dst` = `src` with every chunk of `l` elements rotated right by `s` elements, ordered
-    /// after every op issued before the call and before every op issued after it returns.
+    /// after every op issued before the call and finished before it returns (as `write`).
     pub copy_rotated: fn(&B, dst: &B::Buffer, src: &B::Buffer, l: usize, s: usize) -> concord_core::Result<()>,
     /// Calls the closure with the buffer's bytes, read after every op issued before the call.
     pub read: fn(&B, &B::Buffer, &mut dyn FnMut(&[u8])) -> concord_core::Result<()>,

@@ -3,7 +3,8 @@
 //!
 //! * [`NcclBackend::copy_rotated`]: `dst` = `src` with every chunk of `l` elements rotated right
 //!   by `s`, as device-to-device copies on the rank's stream (two per chunk), ordered after
-//!   every op issued before the call — a per-iteration input made on the GPU from a base input
+//!   every op issued before the call and finished (waited for, with the op deadline) before it
+//!   returns, as `write` is — a per-iteration input made on the GPU from a base input
 //!   uploaded once, instead of a host-to-device copy of the whole input each iteration.
 //! * [`NcclBackend::read_with`]: a buffer's bytes through one pinned staging buffer per process
 //!   (grown as needed, reused): a truly asynchronous device-to-host copy at full link speed,
@@ -59,16 +60,22 @@ impl NcclBackend {
                 .map_err(|e| self.io_err("copy_rotated", derr("cuMemcpyDtoDAsync", e)))
         };
         if s == 0 || l == 0 {
-            return copy(0, 0, n * elt);
+            copy(0, 0, n * elt)?;
+        } else {
+            let (cb, sb) = (l * elt, s * elt);
+            let mut o = 0;
+            while o < n * elt {
+                copy(o, o + cb - sb, sb)?;
+                copy(o + sb, o, cb - sb)?;
+                o += cb;
+            }
         }
-        let (cb, sb) = (l * elt, s * elt);
-        let mut o = 0;
-        while o < n * elt {
-            copy(o, o + cb - sb, sb)?;
-            copy(o + sb, o, cb - sb)?;
-            o += cb;
+        let deadline = Instant::now() + self.op_timeout.max(Duration::from_secs(1));
+        match self.dev.sync_until(deadline) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.io_timeout("copy_rotated", started, "the GPU did not finish the copies")),
+            Err(e) => Err(self.io_err("copy_rotated", e)),
         }
-        Ok(())
     }
 
     /// Runs `f` on `b`'s bytes, copied through the pinned staging buffer after every op issued

@@ -177,6 +177,22 @@ impl NcclBackend {
     pub fn set_validation(&self, on: bool) {
         self.validate.store(on, Ordering::SeqCst);
     }
+
+    /// [`Backend::capabilities`] for the issue path's call checks, built once per process and
+    /// (GPUs, world size, validation) — what it depends on — instead of once per call (it
+    /// allocates a few dozen strings: about a microsecond on every issue).
+    pub(crate) fn issue_caps(&self) -> Arc<Capabilities> {
+        type Key = (usize, usize, bool);
+        static CACHE: std::sync::Mutex<Vec<(Key, Arc<Capabilities>)>> = std::sync::Mutex::new(Vec::new());
+        let key = (self.gpus, self.ws, self.validating());
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
+            return c.clone();
+        }
+        let c = Arc::new(self.capabilities());
+        cache.push((key, c.clone()));
+        c
+    }
 }
 
 impl Backend for NcclBackend {
@@ -196,6 +212,7 @@ impl Backend for NcclBackend {
         self.ws
     }
 
+    // MUST depend only on (gpus, ws, validating()): `issue_caps` caches it by those.
     fn capabilities(&self) -> Capabilities {
         let mut gaps = vec![
             Gap::reduce("band", "NCCL has no bitwise reductions"),
