@@ -420,6 +420,12 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
     let fixture_op = if op.is_reduction() { Some(cx.redop) } else { None };
     let collective = op.collective(cx.redop, ws, cx.root);
     let what = format!("{} {} B", op.name(), step.size);
+    let threads = threads_for(ws * in_n * cx.dtype.size());
+    if nsets == 1 && threads > 1 && l >= threads {
+        cx.beat.phase(format!("{what}: inputs and expected outputs, {threads} pieces in parallel"));
+        let g = Gen { step, ws, rank, dtype: cx.dtype, redop: cx.redop, root: cx.root, sem: &cx.sem };
+        return Ok(Sets { sets: vec![pieced_set(&g, threads)?] });
+    }
     let mut sets = Vec::with_capacity(nsets);
     for s in 0..nsets {
         cx.beat.phase(format!("{what}: inputs and expected outputs, set {s}"));
@@ -432,6 +438,74 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
         sets.push(BaseSet { input, expected });
     }
     Ok(Sets { sets })
+}
+
+/// What generating a rank's base set of a step depends on.
+struct Gen<'a> {
+    step: Step,
+    ws: usize,
+    rank: usize,
+    dtype: DType,
+    redop: ReduceOp,
+    root: usize,
+    sem: &'a Semantics,
+}
+
+/// One base set of a large step, generated in `p` pieces in parallel: every op of the bench
+/// works chunk by chunk (chunks of `count` elements, position by position), so each piece is
+/// an ordinary fixture with chunks of `count / p` (its own seed) whose oracle output is exact,
+/// and the set is the pieces side by side within every chunk of input and output.
+fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
+    let (step, ws, rank) = (g.step, g.ws, g.rank);
+    let (op, l) = (step.op, step.count);
+    let fixture_op = if op.is_reduction() { Some(g.redop) } else { None };
+    let collective = op.collective(g.redop, ws, g.root);
+    let (dtype, redop, sem) = (g.dtype, g.redop, g.sem);
+    let lens: Vec<usize> = (0..p).map(|i| l / p + usize::from(i < l % p)).collect();
+    let pieces: Vec<Result<(Tensor, Option<Tensor>), CollectiveError>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &lp)| {
+                let collective = &collective;
+                sc.spawn(move || {
+                    let key = format!("bench:{}:{}:{}:{}:0:piece{i}/{p}", op.name(), dtype.name(), redop.name(), step.size);
+                    let (in_p, _) = op.numels(lp, ws);
+                    let inputs = concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
+                    let mut exp = concord_oracle::expected(collective, &inputs, sem)
+                        .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size)))?;
+                    let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
+                    Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CollectiveError::Backend("a fixture thread panicked".into())))).collect()
+    });
+    let pieces: Vec<(Tensor, Option<Tensor>)> = pieces.into_iter().collect::<Result<_, _>>()?;
+    let elt = dtype.size();
+    // Chunk c of the whole = piece 0's chunk c, then piece 1's, ... (each piece's chunk is lens[i]).
+    let interleave = |parts: Vec<&Tensor>| -> Tensor {
+        let total: usize = parts.iter().map(|t| t.bytes().len()).sum();
+        let chunks = total / (l * elt);
+        let mut out = Tensor::zeros(dtype, &[total / elt]);
+        let dst = out.bytes_mut();
+        let mut o = 0;
+        for c in 0..chunks {
+            for (t, &lp) in parts.iter().zip(&lens) {
+                let n = lp * elt;
+                dst[o..o + n].copy_from_slice(&t.bytes()[c * n..(c + 1) * n]);
+                o += n;
+            }
+        }
+        out
+    };
+    let input = interleave(pieces.iter().map(|(i, _)| i).collect());
+    let expected = if pieces.iter().all(|(_, e)| e.is_some()) {
+        Some(interleave(pieces.iter().filter_map(|(_, e)| e.as_ref()).collect()))
+    } else {
+        None
+    };
+    Ok(BaseSet { input, expected })
 }
 
 fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets: &Sets) -> Result<RankResult, CollectiveError> {
@@ -618,7 +692,35 @@ fn check<B: Backend>(
 
 #[cfg(test)]
 mod tests {
-    use super::{rotate_chunks, rotate_into, rotated_eq};
+    use super::{pieced_set, rotate_chunks, rotate_into, rotated_eq, Gen};
+    use crate::spec::{BenchOp, Step};
+    use concord_core::{DType, ReduceOp};
+    use concord_oracle::Semantics;
+
+    #[test]
+    fn a_set_generated_in_pieces_is_what_the_oracle_says_of_its_inputs() {
+        let sem = Semantics::default();
+        for ws in [1, 2, 3] {
+            // sendrecv needs 2 ranks (the bench leaves it out at 1).
+            for op in BenchOp::ALL.into_iter().filter(|o| ws > 1 || *o != BenchOp::SendRecv) {
+                for (dtype, redop) in [(DType::F32, ReduceOp::Sum), (DType::I32, ReduceOp::Max), (DType::F64, ReduceOp::Product)] {
+                    let step = Step { op, size: 0, count: 11 };
+                    let sets: Vec<_> = (0..ws)
+                        .map(|rank| pieced_set(&Gen { step, ws, rank, dtype, redop, root: ws - 1, sem: &sem }, 3).unwrap())
+                        .collect();
+                    let inputs: Vec<_> = sets.iter().map(|s| s.input.clone()).collect();
+                    let want = concord_oracle::expected(&op.collective(redop, ws, ws - 1), &inputs, &sem).unwrap();
+                    for (rank, s) in sets.iter().enumerate() {
+                        assert_eq!(s.input.numel(), op.numels(11, ws).0, "{op:?} ws {ws}: input size");
+                        assert_eq!(s.expected.is_some(), want.defined[rank], "{op:?} ws {ws} rank {rank}: defined");
+                        if let Some(e) = &s.expected {
+                            assert_eq!(e.bytes(), want.outputs[rank].bytes(), "{op:?} {dtype} {redop:?} ws {ws} rank {rank}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Element by element: chunk `c`'s element `j` goes to `(j + s) % l`.
     fn naive(src: &[u8], elt: usize, l: usize, s: usize) -> Vec<u8> {
