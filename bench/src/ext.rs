@@ -66,11 +66,17 @@ pub trait Reference {
 /// Builds a rank's reference after the backend's init (collective: every rank calls it).
 pub type MakeReference<B> = fn(&B, &concord_core::WorldInfo) -> Result<Box<dyn Reference>, String>;
 
+/// `dst` = `src` with every chunk of `l` elements rotated right by `s` elements.
+pub type CopyRotated<B> = fn(&B, &<B as Backend>::Buffer, &<B as Backend>::Buffer, usize, usize) -> concord_core::Result<()>;
+/// Calls the closure with a buffer's bytes.
+pub type ReadWith<B> = fn(&B, &<B as Backend>::Buffer, &mut dyn FnMut(&[u8])) -> concord_core::Result<()>;
+
 /// A backend's device-side data movement for the bench (see the module docs).
 pub struct DeviceData<B: Backend> {
-    /// `dst` = `src` with every chunk of `l` elements rotated right by `s` elements, ordered
-    /// after every op issued before the call and finished before it returns (as `write`).
-    pub copy_rotated: fn(&B, dst: &B::Buffer, src: &B::Buffer, l: usize, s: usize) -> concord_core::Result<()>,
+    /// `(b, dst, src, l, s)`: `dst` = `src` with every chunk of `l` elements rotated right by `s`
+    /// elements, ordered after every op issued before the call and finished before it returns
+    /// (as `write`).
+    pub copy_rotated: CopyRotated<B>,
     /// Calls the closure with the buffer's bytes, read after every op issued before the call.
-    pub read: fn(&B, &B::Buffer, &mut dyn FnMut(&[u8])) -> concord_core::Result<()>,
+    pub read: ReadWith<B>,
 }

@@ -56,11 +56,22 @@ pub enum Msg {
         reference: Option<(String, String)>,
     },
     /// Something the parent prints (e.g. the reference was dropped and why).
-    Note { rank: usize, message: String },
-    Start { rank: usize, op: String, size: usize, placement: Placement },
+    Note {
+        rank: usize,
+        message: String,
+    },
+    Start {
+        rank: usize,
+        op: String,
+        size: usize,
+        placement: Placement,
+    },
     Result(RankResult),
     Wrong(Wrong),
-    Fatal { rank: usize, message: String },
+    Fatal {
+        rank: usize,
+        message: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -471,15 +482,20 @@ fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
                 sc.spawn(move || {
                     let key = format!("bench:{}:{}:{}:{}:0:piece{i}/{p}", op.name(), dtype.name(), redop.name(), step.size);
                     let (in_p, _) = op.numels(lp, ws);
-                    let inputs = concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
-                    let mut exp = concord_oracle::expected(collective, &inputs, sem)
-                        .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size)))?;
+                    let inputs =
+                        concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
+                    let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| {
+                        CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size))
+                    })?;
                     let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
                     Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CollectiveError::Backend("a fixture thread panicked".into())))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(CollectiveError::Backend("a fixture thread panicked".into()))))
+            .collect()
     });
     let pieces: Vec<(Tensor, Option<Tensor>)> = pieces.into_iter().collect::<Result<_, _>>()?;
     let elt = dtype.size();

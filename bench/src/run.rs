@@ -50,7 +50,15 @@ fn no_version<B>(_: &B) -> String {
 
 impl<B: Backend> Default for Hooks<B> {
     fn default() -> Self {
-        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK, clock: None, reference: None, data: None }
+        Hooks {
+            available: always,
+            prepare: nothing::<B>,
+            version: no_version::<B>,
+            timing: WALL_CLOCK,
+            clock: None,
+            reference: None,
+            data: None,
+        }
     }
 }
 
@@ -621,15 +629,16 @@ pub fn goals_vs_reference(name: &str, label: &str, vs: &BTreeMap<(BenchOp, usize
     )];
     let keys: std::collections::BTreeSet<(BenchOp, Placement)> = vs.keys().map(|(o, _, p)| (*o, *p)).collect();
     for (op, p) in keys {
-        let rows: Vec<(usize, f64, f64)> = vs.iter().filter(|((o, _, q), _)| *o == op && *q == p).map(|((_, s, _), (b, r))| (*s, *b, *r)).collect();
+        let rows: Vec<(usize, f64, f64)> =
+            vs.iter().filter(|((o, _, q), _)| *o == op && *q == p).map(|((_, s, _), (b, r))| (*s, *b, *r)).collect();
         let worst = |f: &dyn Fn(usize) -> bool, v: &dyn Fn(f64, f64) -> f64, max: bool| {
-            rows.iter()
-                .filter(|(s, b, r)| f(*s) && *b > 0.0 && *r > 0.0)
-                .map(|(s, b, r)| (v(*b, *r), *s))
-                .fold(None, |acc: Option<(f64, usize)>, x| match acc {
+            rows.iter().filter(|(s, b, r)| f(*s) && *b > 0.0 && *r > 0.0).map(|(s, b, r)| (v(*b, *r), *s)).fold(
+                None,
+                |acc: Option<(f64, usize)>, x| match acc {
                     Some(a) if (max && a.0 >= x.0) || (!max && a.0 <= x.0) => Some(a),
                     _ => Some(x),
-                })
+                },
+            )
         };
         let mut parts = Vec::new();
         match worst(&|s| s <= SMALL_MAX, &|b, r| b / r, true) {

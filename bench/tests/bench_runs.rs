@@ -187,23 +187,8 @@ fn wrong_in_timed_iterations(name: &str, hooks: &Hooks<Wrong7>) -> std::result::
     let json = dir.path().join("w.jsonl");
     let json_s = json.to_string_lossy().into_owned();
     // Warm-up: calls 1-2 (right); timed: calls 3-12, of which 7 is wrong (timed iteration 4).
-    let (args, argv) = parse(&[
-        "--backend",
-        name,
-        "--op",
-        "all_reduce",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "-n",
-        "10",
-        "-w",
-        "2",
-        "--no-plot",
-        "--json",
-        &json_s,
-    ]);
+    let (args, argv) =
+        parse(&["--backend", name, "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "10", "-w", "2", "--no-plot", "--json", &json_s]);
     let o = concord_bench::run_parent::<Wrong7>(name, hooks, &args, argv);
     if o.code != 1 {
         return Err(format!("exit code {} (want 1); failures {:?}", o.code, o.failures).into());
@@ -358,7 +343,11 @@ fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
     }
     for r in &own {
         // One window of 4 iterations, 1 ms by the clock: 250 us, whatever the wall-clock said.
-        if r.window != 4 || r.time_us != 250.0 || r.timing != "fake device clock: 1 ms per window" || !r.wall_time_us.is_some_and(|w| w > 0.0) {
+        if r.window != 4
+            || r.time_us != 250.0
+            || r.timing != "fake device clock: 1 ms per window"
+            || !r.wall_time_us.is_some_and(|w| w > 0.0)
+        {
             return Err(format!("the device clock was not used: {r:?}").into());
         }
     }

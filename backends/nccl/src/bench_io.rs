@@ -31,7 +31,11 @@ impl NcclBackend {
             seq: self.seq.load(std::sync::atomic::Ordering::SeqCst),
             rank: self.rank,
             waited_ms: started.elapsed().as_millis() as u64,
-            detail: format!("{detail} within the op deadline of {} ms; this process is {}", self.op_timeout.as_millis(), progress::describe()),
+            detail: format!(
+                "{detail} within the op deadline of {} ms; this process is {}",
+                self.op_timeout.as_millis(),
+                progress::describe()
+            ),
         }
     }
 

@@ -226,12 +226,24 @@ impl RawNccl {
             launch()?;
         }
         self.sync("the warm-up launches")?;
+        // Before each window the ranks meet (a one-element all-reduce, waited for), as the
+        // bench's barrier before each of the backend's windows.
+        let flag = alloc(1)?;
+        let meet = || -> Result<(), String> {
+            let f = flag.ptr as *mut c_void;
+            ok(
+                unsafe { nccl::ncclAllReduce(f, f, 1, nccl::ncclDataType_t::ncclUint8, nccl::ncclRedOp_t::ncclMax, comm, stream) },
+                "ncclAllReduce (barrier)",
+            )?;
+            self.sync("the barrier before a window")
+        };
         let mut gpu = Duration::ZERO;
         let mut wall = Duration::ZERO;
         let mut done = 0;
         let window = s.window.max(1);
         while done < s.iters {
             let k = window.min(s.iters - done);
+            meet()?;
             let t0 = Instant::now();
             let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
             for _ in 0..k {
@@ -246,7 +258,7 @@ impl RawNccl {
             gpu += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
             done += k;
         }
-        drop((a, b)); // stream-ordered frees after the last launch
+        drop((a, b, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;
         Ok(RawTime { per_op: gpu / iters, wall_per_op: wall / iters })
     }

@@ -63,7 +63,8 @@ impl NcclBackend {
                 ),
             });
         }
-        let ev = Event(cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?);
+        let ev =
+            Event(cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?);
         unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| self.timing_err("mark", derr("cuEventRecord", e)))?;
         Ok(Mark { ev, recorded: Instant::now() })
     }
@@ -92,7 +93,8 @@ impl NcclBackend {
         }
         // The start event is before `end` on the same stream: complete too.
         let _ = poll_until(deadline, || start.ev.query().ok().filter(|d| *d));
-        let ms = unsafe { cu::event::elapsed(start.ev.0, end.ev.0) }.map_err(|e| self.timing_err("elapsed", derr("cuEventElapsedTime", e)))?;
+        let ms =
+            unsafe { cu::event::elapsed(start.ev.0, end.ev.0) }.map_err(|e| self.timing_err("elapsed", derr("cuEventElapsedTime", e)))?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
@@ -123,8 +125,7 @@ impl NcclBackend {
         let pool = unsafe { cu::device::get_default_mem_pool(dev) }.map_err(|e| derr("cuDeviceGetDefaultMemPool", e))?;
         let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
         let mut old: u64 = 0;
-        unsafe { cu::mem_pool::get_attribute(pool, attr, &mut old as *mut u64 as *mut _) }
-            .map_err(|e| derr("cuMemPoolGetAttribute", e))?;
+        unsafe { cu::mem_pool::get_attribute(pool, attr, &mut old as *mut u64 as *mut _) }.map_err(|e| derr("cuMemPoolGetAttribute", e))?;
         if let Some(mut new) = set {
             unsafe { cu::mem_pool::set_attribute(pool, attr, &mut new as *mut u64 as *mut _) }
                 .map_err(|e| derr("cuMemPoolSetAttribute", e))?;

@@ -92,15 +92,14 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     say("#   launched: first issue -> every op launched by the progress thread (its per-op throughput when it is the bottleneck)".into());
     say("#   gpu: CUDA events around the window (what the table reports); done: first issue -> every wait returned".into());
     say(format!("#   {:<14} {:>9} {:>9} {:>9} {:>9}", "placement", "issue", "launched", "gpu", "done"));
-    for (name, in_place, keep) in
-        [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)]
-    {
+    for (name, in_place, keep) in [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)] {
         let _ = b.keep_pool_memory(if keep { u64::MAX } else { pool_default });
         let _ = phase_window(b, &x, in_place, n.min(50))?; // warm-up
         let [i, l, g, d] = phase_window(b, &x, in_place, n)?;
         say(format!("#   {name:<14} {i:9.2} {l:9.2} {g:9.2} {d:9.2}"));
     }
-    say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)".into());
+    say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)"
+        .into());
     // The raw loop on the same GPU.
     match concord_bench::nccl::make_raw(b, world) {
         Ok(mut raw) => {
