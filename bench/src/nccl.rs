@@ -52,7 +52,7 @@ fn version(b: &NcclBackend) -> String {
     format!(
         "NCCL {} ({} communicator, validation off, {pool})",
         b.nccl_version(),
-        if b.blocking_comm() { "blocking" } else { "non-blocking" }
+        if b.blocking_comm() { "blocking" } else { "non-blocking (--opts blocking=1 for a blocking one)" }
     )
 }
 
