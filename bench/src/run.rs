@@ -687,3 +687,32 @@ fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, ro
     rec.busbw = rec.algbw * step.op.busbw_factor(base.ranks);
     rec
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goals_against_a_reference_use_the_worst_size_and_the_thresholds() {
+        let mut vs = BTreeMap::new();
+        let ar = BenchOp::AllReduce;
+        // (backend time, reference time) in us.
+        vs.insert((ar, 8, Placement::OutOfPlace), (6.0, 5.0)); // 1.20: met (at the limit)
+        vs.insert((ar, 64 << 10, Placement::OutOfPlace), (13.0, 10.0)); // 1.30: the worst small one
+        vs.insert((ar, 128 << 10, Placement::OutOfPlace), (100.0, 10.0)); // neither small nor large
+        vs.insert((ar, 64 << 20, Placement::OutOfPlace), (100.0, 98.0)); // 0.98: met
+        vs.insert((ar, 1 << 30, Placement::OutOfPlace), (100.0, 96.0)); // 0.96: missed
+        vs.insert((ar, 8, Placement::InPlace), (5.5, 5.0)); // 1.10: met
+        let lines = goals_vs_reference("nccl", "nccl-raw", &vs);
+        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert_eq!(
+            lines[1],
+            "#   all_reduce out-of-place: latency worst 1.30 x at 64 KiB (MISSED); bandwidth worst 0.96 x at 1 GiB (MISSED)"
+        );
+        assert_eq!(lines[2], "#   all_reduce in-place: latency worst 1.10 x at 8 B (met); bandwidth: no size >= 64 MiB");
+        vs.remove(&(ar, 64 << 10, Placement::OutOfPlace));
+        vs.remove(&(ar, 1 << 30, Placement::OutOfPlace));
+        let lines = goals_vs_reference("nccl", "nccl-raw", &vs);
+        assert_eq!(lines[1], "#   all_reduce out-of-place: latency worst 1.20 x at 8 B (met); bandwidth worst 0.98 x at 64 MiB (met)");
+    }
+}
