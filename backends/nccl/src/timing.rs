@@ -4,7 +4,8 @@
 //!   every op issued before the call and before every op issued after it returns. Issue is
 //!   asynchronous (the progress thread launches), so `mark` first waits, up to the op timeout,
 //!   until the progress thread has *launched* every earlier op — a host-side wait on launches,
-//!   never on the GPU: the ops may still be running when the event is recorded behind them.
+//!   never on the GPU: the ops may still be running when the event is recorded behind them. It
+//!   spins (no sleep) for that, so the event lands right behind the last launch.
 //! * [`NcclBackend::elapsed`] is the GPU time between two marks (`cuEventElapsedTime`), waiting
 //!   for the later one with a deadline (never without one).
 //! * [`NcclBackend::wait_launched`] is that host-side wait alone (for per-phase breakdowns).
@@ -21,6 +22,9 @@ use crate::NcclBackend;
 use concord_core::{progress, CollectiveError, Result};
 use cudarc::driver::{result as cu, sys};
 use std::time::{Duration, Instant};
+
+/// How long [`NcclBackend::mark`] spins for earlier launches before it sleeps between looks.
+const SPIN_MARK: Duration = Duration::from_millis(20);
 
 /// A timing CUDA event recorded on a rank's stream (see [`NcclBackend::mark`]).
 pub struct Mark {
@@ -50,7 +54,19 @@ impl NcclBackend {
     pub fn mark(&self) -> Result<Mark> {
         let started = Instant::now();
         self.dev.bind().map_err(|e| self.timing_err("mark", e))?;
-        if !self.wait_launched(self.op_timeout) {
+        // Spin (no sleep) for the last launch, so that the event follows it on the stream as
+        // closely as nccl-tests' does (a late event would count GPU idle time); past SPIN_MARK
+        // the host is the bottleneck anyway and the wait sleeps between looks.
+        let spin_until = started + SPIN_MARK;
+        let mut launched = false;
+        while Instant::now() < spin_until {
+            if self.progress.flush(Instant::now()) {
+                launched = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if !launched && !self.wait_launched(self.op_timeout) {
             return Err(CollectiveError::Timeout {
                 op: "mark".into(),
                 seq: self.seq.load(std::sync::atomic::Ordering::SeqCst),
