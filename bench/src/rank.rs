@@ -289,7 +289,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
                                         step.size
                                     ),
                                 });
-                                reference = None;
+                                reference = None; // dropped: its communicator is destroyed (aborted if stuck)
                             }
                         }
                     }

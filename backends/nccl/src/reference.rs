@@ -266,14 +266,16 @@ impl RawNccl {
 
 impl Drop for RawNccl {
     fn drop(&mut self) {
-        let _ = self.sync("the reference's last launches");
-        // Bounded: ncclCommDestroy runs on a helper thread.
+        // A stream that does not drain (a peer gone mid-step) is aborted: ncclCommAbort ends
+        // the waiting kernels, which would otherwise keep the GPU's SMs for the backend's ops.
+        let drained = self.sync("the reference's last launches").is_ok();
+        // Bounded: ncclCommDestroy / ncclCommAbort runs on a helper thread.
         let raw = RawCommHandle(self.comm);
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-ref-destroy".into()).spawn(move || {
             let raw = raw;
             unsafe {
-                let _ = nccl::ncclCommDestroy(raw.0);
+                let _ = if drained { nccl::ncclCommDestroy(raw.0) } else { nccl::ncclCommAbort(raw.0) };
             }
             let _ = tx.send(());
         });
