@@ -576,6 +576,18 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             out.say(line);
         }
     }
+    // Device-clock runs: the host wall-clock of the same windows at the smallest size, for
+    // comparison with wall-clock runs.
+    let walls: Vec<String> = outcome
+        .records
+        .iter()
+        .filter(|r| r.backend == name && r.wall_time_us.is_some())
+        .filter(|r| steps.iter().find(|s| s.op.name() == r.op).is_some_and(|s| s.size as u64 == r.size))
+        .map(|r| format!("{} {} {} {:.2}", r.op, r.placement, spec::human(r.size), r.wall_time_us.unwrap_or(0.0)))
+        .collect();
+    if !walls.is_empty() {
+        out.say(format!("# host wall-clock per op (issues + waits; what wall-clock runs report), us: {}", walls.join(", ")));
+    }
     if let Some((label, _)) = &reference {
         for line in goals_vs_reference(name, label, &vs_ref) {
             out.say(line);
