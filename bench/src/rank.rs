@@ -183,7 +183,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         let redop = crate::spec::parse_redop(a.redop_name())?;
         let ops = BenchOp::parse_list(&a.op)?;
         let sizes = crate::spec::sizes(a.min_bytes, a.max_bytes, a.factor)?;
-        Ok((dtype, redop, ops, sizes))
+        Ok((dtype, redop, crate::spec::runnable(ops, world.world_size), sizes))
     })();
     let (dtype, redop, ops, sizes) = match parsed {
         Ok(p) => p,

@@ -217,7 +217,7 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         Ok(p) => p,
         Err(e) => return bad(e),
     };
-    let ops: Vec<BenchOp> = ops.into_iter().filter(|o| *o != BenchOp::SendRecv || args.ranks > 1).collect();
+    let ops = spec::runnable(ops, args.ranks);
     if let Err(why) = (hooks.available)(args.ranks) {
         println!("CANNOT RUN: {name} benchmark: {why}");
         return Outcome { code: 2, ..Outcome::default() };

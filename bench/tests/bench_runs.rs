@@ -8,6 +8,8 @@
 //!   base input on the backend, outputs read by closure), which the NCCL hooks use.
 //! * `shm_every_op_end_to_end`: 2 ranks, a few small sizes, every op: 0 wrong, one parseable
 //!   JSON line per op × size × placement, a plot.
+//! * `one_rank_runs_every_op_but_sendrecv`: `--op all` at 1 rank (the one-GPU table) ends
+//!   with exit 0: sendrecv is left out on the ranks too.
 //! * `device_clock_and_reference_are_used`: a backend's device clock (here a fake one: 1 ms
 //!   per window) gives the times, the wall-clock is recorded beside, and its reference's times
 //!   become their own records, with device data on (the NCCL hooks' plumbing, without a GPU).
@@ -358,6 +360,44 @@ fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// One rank, every op: sendrecv (which needs a peer) is left out on the ranks as in the table,
+/// instead of failing the run at its end.
+fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("one.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shm",
+        "--op",
+        "all",
+        "-b",
+        "8",
+        "-e",
+        "64",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "1",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let ops: std::collections::BTreeSet<String> = o.records.iter().filter(|r| r.backend == "shm").map(|r| r.op.clone()).collect();
+    if ops.len() != 6 || ops.contains("sendrecv") {
+        return Err(format!("ops run at 1 rank: {ops:?}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Some(_world) = concord_harness::launch::rank_world() {
         use clap::Parser;
@@ -376,6 +416,7 @@ fn main() {
         Trial::test("wrong_in_timed_iterations_fails_the_run_with_device_data", wrong_in_timed_iterations_fails_the_run_with_device_data),
         Trial::test("shm_every_op_end_to_end", shm_every_op_end_to_end),
         Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
+        Trial::test("one_rank_runs_every_op_but_sendrecv", one_rank_runs_every_op_but_sendrecv),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
