@@ -70,15 +70,22 @@ struct Ops {
 static OPS: OnceLock<Ops> = OnceLock::new();
 static INIT: OnceLock<Result<(usize, usize), String>> = OnceLock::new();
 
+/// Set once MPI is finalised; communicators are freed under this lock (a progress thread
+/// freeing its communicators while the exiting main thread finalises crashed 1 run in 7).
+static FINALIZED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
 extern "C" fn finalize_at_exit() {
+    let mut fin = FINALIZED.lock().unwrap_or_else(|e| e.into_inner());
     let mut done: c_int = 0;
     // SAFETY: plain MPI state queries and finalize, at process exit.
     unsafe {
         ffi::MPI_Finalized(&mut done);
+        // A call stuck on a peer would make MPI_Finalize hang: skip it then (mpirun reports it).
         if done == 0 && BUSY.load(SeqCst) == 0 {
             ffi::MPI_Finalize();
         }
     }
+    *fin = true;
 }
 
 /// `a` combined into `b` elementwise over f64 with `f` (MPI user op shape).
@@ -238,9 +245,12 @@ pub fn split(c: Comm, pos: Option<usize>) -> Result<Option<(Comm, Comm)>, String
 }
 
 pub fn free(c: Comm) {
-    let mut h = c.0;
-    // SAFETY: freeing a communicator this backend created and no longer uses.
-    unsafe { ffi::MPI_Comm_free(&mut h) };
+    let fin = FINALIZED.lock().unwrap_or_else(|e| e.into_inner());
+    if !*fin {
+        let mut h = c.0;
+        // SAFETY: freeing a communicator this backend created and no longer uses.
+        unsafe { ffi::MPI_Comm_free(&mut h) };
+    }
 }
 
 pub fn bytes() -> Dt {
