@@ -1,15 +1,20 @@
-//! Differential test: the shm backend and the MPI backend must agree on random inputs.
+//! Differential test: the shm backend, the MPI backend and the oracle must agree on random inputs.
 //!
 //! `cargo test --profile ci -p concord-mpi --features mpi --test differential -- [--ranks 4]
 //! [--seed 1] [--trials 300]` starts itself under `mpirun -np <ranks> --oversubscribe`; each rank
 //! process joins *both* backends (shm rendezvouses through a FileStore whose path the launcher
 //! passes in `CONCORD_DIFF_STORE`), runs the same op on both with inputs drawn from
-//! `(seed, trial, rank)`, and compares the outputs: bitwise where both must be exact (integers,
+//! `(seed, trial, rank)`, and compares both outputs with each other and with the oracle's (every
+//! rank draws every rank's input again to compute it): bitwise where both must be exact (integers,
 //! data movement, min / max, f16 / bf16 sums and averages: both round the f64 result once),
 //! within a relative bound otherwise (f32 / f64 sums, which shm accumulates in the dtype; products;
 //! premul_sum by a non-power-of-two). Every
 //! mismatch names op, dtype, shape, world size, rank, first bad index, both values and the rerun
 //! command; any mismatch or error makes the run fail.
+//!
+//! `--hosts` (the two-namespace test, `scripts/netns/two-hosts.sh`): the ranks sit on different
+//! hosts, so shm init MUST fail on every rank with the named "spans hosts" error, and MPI is
+//! checked against the oracle alone.
 use concord_core::{Backend, DType, ReduceOp, Tensor, WorldInfo};
 use concord_mpi::MpiBackend;
 use concord_shm::ShmBackend;
@@ -238,19 +243,40 @@ fn compare(s: &Spec, a: &Tensor, b: &Tensor) -> Option<(usize, String, String)> 
     })
 }
 
-/// For a reduction, the oracle's value at output index `i` of this rank (every rank's input is
-/// drawn again here from its seed), to say which backend is wrong.
-fn oracle_at(seed: u64, trial: u64, n: usize, rank: usize, s: &Spec, i: usize) -> String {
-    let off = match s.op {
-        Op::AllReduce | Op::AllReduceInPlace | Op::Reduce => 0,
-        Op::ReduceScatter => rank * s.shape.iter().product::<usize>() / n,
-        _ => return String::new(),
+/// Rank `me`'s expected output, from every rank's input drawn again here (the oracle's reduction
+/// for reduce ops; the inputs' rows for data movement); `None` where undefined on this rank.
+fn expected(seed: u64, trial: u64, n: usize, me: usize, s: &Spec) -> Option<Tensor> {
+    let shape_of = |r: usize| match s.op {
+        Op::AllToAllSplits => vec![s.splits[r].iter().sum(), s.shape[1]],
+        _ => s.shape.clone(),
     };
-    let xs: Vec<Tensor> = (0..n).map(|r| input(seed, trial, r, s, &s.shape)).collect();
-    let refs: Vec<&Tensor> = xs.iter().collect();
+    let xs: Vec<Tensor> = (0..n).map(|r| input(seed, trial, r, s, &shape_of(r))).collect();
+    let rows = s.shape[0];
+    let row = &s.shape[1..];
     let sem = concord_oracle::Semantics::of(&concord_core::Capabilities::full(64));
-    let e = concord_oracle::reduce_tensors(s.reduce, &refs, &sem);
-    format!("; oracle={}", e.fmt_element(off + i))
+    let reduced = || concord_oracle::reduce_tensors(s.reduce, &xs.iter().collect::<Vec<_>>(), &sem);
+    Some(match s.op {
+        Op::AllReduce | Op::AllReduceInPlace => reduced(),
+        Op::Reduce if me == s.root => reduced(),
+        Op::Gather if me == s.root => Tensor::cat_rows(s.dtype, row, &xs),
+        Op::Reduce | Op::Gather => return None,
+        Op::ReduceScatter => reduced().slice_rows(me * rows / n, rows / n),
+        Op::AllGather => Tensor::cat_rows(s.dtype, row, &xs),
+        Op::AllToAll => Tensor::cat_rows(s.dtype, row, &xs.iter().map(|x| x.slice_rows(me * rows / n, rows / n)).collect::<Vec<_>>()),
+        Op::AllToAllSplits => Tensor::cat_rows(
+            s.dtype,
+            row,
+            &(0..n).map(|i| xs[i].slice_rows(s.splits[i][..me].iter().sum(), s.splits[i][me])).collect::<Vec<_>>(),
+        ),
+        Op::Broadcast => xs[s.root].clone(),
+        Op::Scatter => xs[s.root].slice_rows(me * rows / n, rows / n),
+        Op::Permute => xs[s.perm.iter().position(|&d| d == me).expect("a permutation")].clone(),
+        Op::SendRecvRing => xs[(me + n - 1) % n].clone(),
+    })
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
 }
 
 fn rank_main() -> i32 {
@@ -274,14 +300,27 @@ fn rank_main() -> i32 {
             return 1;
         }
     };
-    let shm = match ShmBackend::init(&world("s")) {
-        Ok(b) => b,
-        Err(e) => {
+    let shm = ShmBackend::init(&world("s"));
+    // `--hosts`: ranks on different hosts: shm MUST refuse the world (on every rank, named), and
+    // MPI is checked against the oracle alone.
+    let hosts = std::env::args().any(|a| a == "--hosts");
+    let mut bad = 0u64;
+    let shm = match (shm, hosts) {
+        (Ok(b), false) => Some(b),
+        (Err(e), true) if e.to_string().contains("spans hosts") => {
+            println!("rank {rank} on {}: shm refused the world as expected: {e}", host());
+            None
+        }
+        (Ok(_), true) => {
+            eprintln!("rank {rank}: shm init succeeded although the ranks sit on different hosts");
+            return 1;
+        }
+        (Err(e), _) => {
             eprintln!("rank {rank}: shm init failed: {e}");
             return 1;
         }
     };
-    let (mut bad, mut exact_n, mut tol_n, mut elems) = (0u64, 0u64, 0u64, 0u64);
+    let (mut exact_n, mut tol_n, mut elems) = (0u64, 0u64, 0u64);
     for trial in 0..trials {
         let s = spec(seed, trial, n);
         let shape = match s.op {
@@ -290,41 +329,45 @@ fn rank_main() -> i32 {
         };
         let x = input(seed, trial, rank, &s, &shape);
         let rerun = format!("rerun: cargo xtask mpi-diff --ranks {n} --seed {seed} --trials {}", trial + 1);
-        let (a, b) = (run(&shm, &s, &x), run(&mpi, &s, &x));
-        match (a, b) {
-            (Ok(Some(a)), Ok(Some(b))) => {
-                elems += a.numel() as u64;
-                if exact(&s) {
-                    exact_n += 1
-                } else {
-                    tol_n += 1
-                }
-                if let Some((i, ga, gb)) = compare(&s, &a, &b) {
-                    bad += 1;
-                    eprintln!(
-                        "DIFF trial {trial}: op={:?} reduce={} dtype={} shape={:?} root={} world_size={n} rank={rank}: first bad index {i}: shm={ga} mpi={gb} ({}){}\n  {rerun}",
-                        s.op,
-                        s.reduce,
-                        s.dtype,
-                        s.shape,
-                        s.root,
-                        if exact(&s) { "bitwise" } else { "within tolerance" },
-                        oracle_at(seed, trial, n, rank, &s, i)
-                    );
-                }
-            }
-            (Ok(None), Ok(None)) => {}
-            (a, b) => {
+        let want = expected(seed, trial, n, rank, &s);
+        let mut legs: Vec<(&str, Result<Option<Tensor>, String>)> = vec![("mpi", run(&mpi, &s, &x))];
+        if let Some(shm) = &shm {
+            legs.push(("shm", run(shm, &s, &x)));
+        }
+        if let [(_, Ok(Some(m))), (_, Ok(Some(sh)))] = &legs[..] {
+            if let Some((i, gs, gm)) = compare(&s, sh, m) {
                 bad += 1;
                 eprintln!(
-                    "DIFF trial {trial}: op={:?} reduce={} dtype={} shape={:?} world_size={n} rank={rank}: shm {} / mpi {}\n  {rerun}",
-                    s.op,
-                    s.reduce,
-                    s.dtype,
-                    s.shape,
-                    a.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| format!("failed: {e}")),
-                    b.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| format!("failed: {e}"))
+                    "DIFF trial {trial}: op={:?} reduce={} dtype={} shape={:?} world_size={n} rank={rank}: shm and mpi disagree at index {i}: shm={gs} mpi={gm}\n  {rerun}",
+                    s.op, s.reduce, s.dtype, s.shape
                 );
+            }
+        }
+        for (name, got) in legs {
+            let what = format!("op={:?} reduce={} dtype={} shape={:?} root={} world_size={n} rank={rank}", s.op, s.reduce, s.dtype, s.shape, s.root);
+            match (got, &want) {
+                (Ok(Some(got)), Some(want)) => {
+                    elems += got.numel() as u64;
+                    if exact(&s) {
+                        exact_n += 1
+                    } else {
+                        tol_n += 1
+                    }
+                    if let Some((i, ge, gw)) = compare(&s, want, &got) {
+                        bad += 1;
+                        let how = if exact(&s) { "bitwise" } else { "within tolerance" };
+                        eprintln!("DIFF trial {trial}: {what}: {name} vs oracle ({how}): first bad index {i}: got {gw}, expected {ge}\n  {rerun}");
+                    }
+                }
+                (Ok(None), None) => {}
+                (Ok(_), _) => {
+                    bad += 1;
+                    eprintln!("DIFF trial {trial}: {what}: {name} returned a result where the oracle has none, or none where it has one\n  {rerun}");
+                }
+                (Err(e), _) => {
+                    bad += 1;
+                    eprintln!("DIFF trial {trial}: {what}: {name} failed: {e}\n  {rerun}");
+                }
             }
         }
     }
@@ -341,7 +384,8 @@ fn rank_main() -> i32 {
     };
     if rank == 0 {
         println!(
-            "differential shm vs mpi: {trials} trials x {n} ranks (seed {seed}): {} comparisons bitwise, {} within tolerance, {} elements compared, {} mismatches, {:.1} s",
+            "differential {}: {trials} trials x {n} ranks (seed {seed}): {} comparisons bitwise, {} within tolerance, {} elements compared, {} mismatches, {:.1} s",
+            if hosts { "mpi vs oracle across hosts (shm refused)" } else { "shm vs mpi vs oracle" },
             total[1],
             total[2],
             total[3],
