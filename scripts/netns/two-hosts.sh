@@ -35,9 +35,15 @@ addr_a=10.231.$(( $$ % 250 )).1; addr_b=10.231.$(( $$ % 250 )).2
 subnet=10.231.$(( $$ % 250 )).0/24
 tmp=$(mktemp -d "/tmp/concord-${tag}-XXXX")
 
+child=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    # mpirun first (it forwards the signal to every rank and daemon), then whatever is left.
+    if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
+        kill -TERM "$child" 2>/dev/null || true
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 0.3; done
+    fi
     for ns in "$ns_a" "$ns_b"; do
         if ip netns list 2>/dev/null | grep -qw "$ns"; then
             # Every process still in the namespace: TERM, a grace period, then KILL.
@@ -98,7 +104,10 @@ ip netns exec "$ns_a" unshare --uts --mount sh -c "hostname $host_a; mount --bin
     --mca plm_rsh_agent "$tmp/agent" \
     --mca btl tcp,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
     "${xs[@]}" \
-    "$@"
+    "$@" &
+child=$!
+# `wait` (not a foreground command) so that a TERM / INT reaches the trap at once.
+wait "$child"
 rc=$?
 set -e
 echo "two-hosts: mpirun exited $rc"
