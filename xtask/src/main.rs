@@ -15,6 +15,13 @@
 //!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
 //! * `cargo xtask autotune --backend shm [--ranks N]` — tune the built-in collective choice sets.
+//! * `cargo xtask mpi-diff [--ranks 4] [--seed 1] [--trials 300]` — the differential test: shm,
+//!   MPI and the oracle on random inputs, under `mpirun`.
+//! * `cargo xtask two-hosts` — ranks in two network namespaces ("hosts") joined by a veth pair:
+//!   MPI across them, shm refusing the world (`scripts/netns/two-hosts.sh`; needs root).
+//!
+//! Commands that use MPI (`--backend mpi`, `mpi-diff`, `two-hosts`) build with the `mpi` feature
+//! and install Debian's `openmpi-bin libopenmpi-dev libclang-dev` with apt-get when missing.
 #![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
@@ -87,6 +94,23 @@ enum Cmd {
     },
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
+    /// The differential test under mpirun: shm, MPI and the oracle must agree on random inputs.
+    MpiDiff {
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 300)]
+        trials: u64,
+    },
+    /// Ranks in two network namespaces joined by a veth pair (two "hosts" in one box, root only):
+    /// the MPI backend across them (checked against the oracle) and shm refusing the world.
+    TwoHosts {
+        #[arg(long, default_value_t = 2)]
+        ranks_per_host: usize,
+        #[arg(long, default_value_t = 200)]
+        trials: u64,
+    },
     /// Tune the built-in collective choice sets (4 KiB – 64 MiB) and print the tables and winners.
     Autotune {
         #[arg(long, default_value = "shm")]
@@ -125,11 +149,31 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
+/// Open MPI (`mpirun`, `mpicc`, headers) and libclang (rsmpi's bindgen) for the `mpi` feature,
+/// installed with apt-get when missing (needs root).
+fn ensure_mpi() -> Result<()> {
+    let sh = |c: &str| Command::new("sh").args(["-c", c]).output().map(|o| o.status.success()).unwrap_or(false);
+    let libclang = "ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang*.so* /usr/lib64/libclang*.so* 2>/dev/null | grep -q .";
+    if sh("command -v mpicc && command -v mpirun") && sh(libclang) {
+        return Ok(());
+    }
+    eprintln!("xtask: the mpi feature needs Open MPI and libclang: installing openmpi-bin libopenmpi-dev libclang-dev with apt-get");
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get").args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev", "libclang-dev"]))
+        .context("installing Open MPI failed (run as root, or install openmpi-bin libopenmpi-dev libclang-dev)")
+}
+
 /// Builds test target `target` of `package` in release and returns the executable's path (from
 /// cargo's JSON messages), so the caller runs it directly.
 fn build_test_binary(package: &str, target: &str) -> Result<PathBuf> {
+    build_test_binary_with(package, target, &["--release"])
+}
+
+/// [`build_test_binary`] with other cargo flags (a profile, features) instead of `--release`.
+fn build_test_binary_with(package: &str, target: &str, flags: &[&str]) -> Result<PathBuf> {
     let out = cargo()
-        .args(["test", "--release", "--no-run", "--quiet", "--message-format=json-render-diagnostics", "-p", package, "--test", target])
+        .args(["test", "--no-run", "--quiet", "--message-format=json-render-diagnostics", "-p", package, "--test", target])
+        .args(flags)
         .current_dir(root())
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -246,6 +290,38 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
+        Cmd::MpiDiff { ranks, seed, trials } => {
+            ensure_mpi()?;
+            let exe = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            // The binary starts itself under mpirun (with a fresh store for shm) and cleans up.
+            let status = Command::new(exe)
+                .args(["--ranks", &ranks.to_string(), "--seed", &seed.to_string(), "--trials", &trials.to_string()])
+                .status()
+                .context("could not start the differential test")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::TwoHosts { ranks_per_host, trials } => {
+            ensure_mpi()?;
+            let exe = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            let dir = tempfile::tempdir().context("a temp dir")?;
+            let status = Command::new("bash")
+                .arg(root().join("scripts/netns/two-hosts.sh"))
+                .args(["--ranks-per-host", &ranks_per_host.to_string(), "--"])
+                .arg(exe)
+                .args(["--hosts", "--trials", &trials.to_string()])
+                .env("CONCORD_DIFF_STORE", dir.path().join("store"))
+                .env("CONCORD_DIFF_WORLD", format!("hosts{}", std::process::id()))
+                .status()
+                .context("could not start scripts/netns/two-hosts.sh")?;
+            match status.code() {
+                Some(77) => {
+                    println!("xtask two-hosts: skipped (the reason is above)");
+                    Ok(())
+                }
+                Some(0) => Ok(()),
+                c => bail!("two-hosts failed: {c:?}"),
+            }
+        }
         Cmd::Autotune { backend, ranks, args } => {
             if backend != "shm" {
                 bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");
