@@ -24,7 +24,8 @@ impl StoreAddr {
         let Some(rest) = text.strip_prefix(TCP_SCHEME) else {
             return Ok(StoreAddr::File(PathBuf::from(text)));
         };
-        let bad = |msg: &str| StoreError::Io { path: text.to_string(), msg: format!("not a store address (tcp://HOST:PORT[/PREFIX]): {msg}") };
+        let bad =
+            |msg: &str| StoreError::Io { path: text.to_string(), msg: format!("not a store address (tcp://HOST:PORT[/PREFIX]): {msg}") };
         let (hostport, prefix) = match rest.split_once('/') {
             Some((hp, p)) => (hp, p.trim_matches('/').to_string()),
             None => (rest, String::new()),
@@ -156,10 +157,7 @@ mod tests {
         for text in ["/tmp/x/store", "tcp://127.0.0.1:29500", "tcp://node01:1234/run7/shm", "tcp://[::1]:80"] {
             assert_eq!(StoreAddr::parse(text).unwrap().to_string(), text);
         }
-        assert_eq!(
-            StoreAddr::parse("tcp://h:1/a/").unwrap(),
-            StoreAddr::Tcp { host: "h".into(), port: 1, prefix: "a".into() }
-        );
+        assert_eq!(StoreAddr::parse("tcp://h:1/a/").unwrap(), StoreAddr::Tcp { host: "h".into(), port: 1, prefix: "a".into() });
         assert_eq!(StoreAddr::parse("tcp://h:1").unwrap().with_prefix("w/0").to_string(), "tcp://h:1/w/0");
         assert_eq!(StoreAddr::parse("tcp://h:1/a").unwrap().with_prefix("b").to_string(), "tcp://h:1/a/b");
         for bad in ["tcp://h", "tcp://:1", "tcp://h:99999", "tcp://h:x"] {

@@ -456,7 +456,8 @@ impl TcpServer {
         let listener = TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| StoreError::Io { path: format!("tcp://0.0.0.0:{port}"), msg: format!("bind the store server: {e}") })?;
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
-        let (stop_tx, stop_rx) = UnixStream::pair().map_err(|e| StoreError::Io { path: format!("tcp://0.0.0.0:{port}"), msg: format!("socketpair: {e}") })?;
+        let (stop_tx, stop_rx) =
+            UnixStream::pair().map_err(|e| StoreError::Io { path: format!("tcp://0.0.0.0:{port}"), msg: format!("socketpair: {e}") })?;
         let shared = Arc::new(Shared { state: Mutex::new(State::default()) });
         let sh = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -664,7 +665,9 @@ fn serve_conn(id: u64, mut s: TcpStream, shared: &Shared) -> ConnResult {
                 let new = {
                     let mut st = shared.lock();
                     let cur = match st.map.get(&k) {
-                        Some(v) => parse_i64(v).ok_or_else(|| format!("ADD on a non-integer value under {:?}", String::from_utf8_lossy(&k)))?,
+                        Some(v) => {
+                            parse_i64(v).ok_or_else(|| format!("ADD on a non-integer value under {:?}", String::from_utf8_lossy(&k)))?
+                        }
                         None => 0,
                     };
                     let new = cur.wrapping_add(delta);
@@ -706,7 +709,14 @@ fn serve_conn(id: u64, mut s: TcpStream, shared: &Shared) -> ConnResult {
 
 /// Serves one WAIT: answers STOP_WAITING once every key exists, or WAIT_CANCELED when the client
 /// gives up first (CANCEL_WAIT). Sleeps on poll over the socket and the wake-up socket.
-fn serve_wait(id: u64, s: &mut TcpStream, shared: &Shared, keys: Vec<Vec<u8>>, wake_rx: &UnixStream, wake_tx: &Arc<UnixStream>) -> ConnResult {
+fn serve_wait(
+    id: u64,
+    s: &mut TcpStream,
+    shared: &Shared,
+    keys: Vec<Vec<u8>>,
+    wake_rx: &UnixStream,
+    wake_tx: &Arc<UnixStream>,
+) -> ConnResult {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     {
         let mut st = shared.lock();
