@@ -19,6 +19,7 @@
 //! them after a world ends.
 
 pub mod config;
+pub mod external;
 pub mod gpu;
 pub mod launch;
 pub mod outcome;

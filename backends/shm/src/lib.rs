@@ -50,7 +50,7 @@ use concord_core::{
     progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
     Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
-use concord_store::FileStore;
+use concord_store::Store;
 use exec::{Comm, Job, Progress, SendCompletion};
 use post::Post;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -308,7 +308,7 @@ impl Backend for ShmBackend {
             ctl::Ctl::init(&m, n);
             ctl_map = Some(m);
         }
-        let store = FileStore::open(&world.store_path, n, world.op_timeout).map_err(store_err)?;
+        let store = Store::open(&world.store_path, n, world.op_timeout).map_err(store_err)?;
         let host_key = |r: usize| format!("concord-shm/{}/host/{r}", world.world_id);
         store.set(&host_key(rank), host_identity().as_bytes()).map_err(store_err)?;
         store.barrier(&format!("concord-shm/{}/segments", world.world_id), n, world.op_timeout).map_err(store_err)?;
