@@ -49,9 +49,12 @@ enum Cmd {
     },
     /// Run the conformance suites on a backend and write the report.
     Conformance {
-        /// Backend name: shm (default), fake, nccl.
+        /// Backend name: shm (default), fake, nccl, mpi (alone: runs under mpirun).
         #[arg(long, default_value = "shm")]
         backend: Vec<String>,
+        /// `--backend mpi`: the ranks mpirun starts (the world size of the cases run).
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
         /// Where the report goes.
         #[arg(long, default_value = "target/concord-report")]
         report: PathBuf,
@@ -163,6 +166,31 @@ fn ensure_mpi() -> Result<()> {
         .context("installing Open MPI failed (run as root, or install openmpi-bin libopenmpi-dev libclang-dev)")
 }
 
+/// Runs the conformance binary under mpirun, passing its stdout through, and returns the exit
+/// code: mpirun's when non-zero, else 1 unless rank 0's closing line says nothing failed (with
+/// `--enable-recovery`, Open MPI 4.1's mpirun exits 0 even when every rank exited non-zero).
+fn run_mpirun_conformance(mut c: Command) -> Result<i32> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = c.current_dir(root()).stdout(std::process::Stdio::piped()).spawn().context("could not start mpirun")?;
+    let mut clean = false;
+    let mut aborted = false;
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.unwrap_or_default();
+        let _ = writeln!(std::io::stdout(), "{line}");
+        aborted |= line.starts_with("ABORTED:");
+        // rank 0's closing line: `N passed, M failed, K skipped`.
+        if let Some(rest) = line.split_once(" passed, ").map(|(_, r)| r) {
+            clean = rest.starts_with("0 failed");
+        }
+    }
+    let status = child.wait().context("waiting for mpirun")?;
+    Ok(match status.code() {
+        Some(0) if clean && !aborted => 0,
+        Some(0) | None => 1,
+        Some(c) => c,
+    })
+}
+
 /// Builds test target `target` of `package` in release and returns the executable's path (from
 /// cargo's JSON messages), so the caller runs it directly.
 fn build_test_binary(package: &str, target: &str) -> Result<PathBuf> {
@@ -213,15 +241,31 @@ fn main() -> Result<()> {
             run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
-        Cmd::Conformance { backend, report, exact, jobs, contract, filters } => {
+        Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
             let exact_given = !exact.is_empty();
             if exact_given && !filters.is_empty() {
                 bail!("give either --exact case ids or substring filters, not both");
             }
-            let exe = build_test_binary("concord-cli", "conformance")?;
-            let mut c = Command::new(exe);
+            let mpi = backend.iter().any(|b| b == "mpi");
+            if mpi && backend.len() > 1 {
+                bail!("--backend mpi runs alone (its ranks are started by mpirun)");
+            }
+            let mut c = if mpi && !contract {
+                ensure_mpi()?;
+                run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-cli", "--features", "mpi", "--bin", "concord-conformance"]))?;
+                let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+                let target = if target.is_absolute() { target } else { root().join(target) };
+                // --enable-recovery: a rank that dies does not take the others down with it, so
+                // rank 0 names it (its heartbeat stops) and every rank exits non-zero itself.
+                let mut c = Command::new("mpirun");
+                c.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &ranks.to_string()]);
+                c.arg(target.join("ci/concord-conformance"));
+                c
+            } else {
+                Command::new(build_test_binary("concord-cli", "conformance")?)
+            };
             for b in &backend {
                 c.args(["--backend", b]);
             }
@@ -244,6 +288,9 @@ fn main() -> Result<()> {
             }
             if names.len() > 1 {
                 c.arg("--").args(&names[1..]);
+            }
+            if mpi {
+                std::process::exit(run_mpirun_conformance(c)?);
             }
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));

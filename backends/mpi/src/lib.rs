@@ -610,6 +610,13 @@ mod imp {
             if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
                 return Err(CollectiveError::Unsupported(format!("mpi backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}")));
             }
+            if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() {
+                // A process Concord forked itself would be an MPI singleton (a world of one).
+                return Err(CollectiveError::Unsupported(format!(
+                    "the mpi backend runs on ranks started by Open MPI's mpirun, and this process was not \
+                     (run `cargo xtask conformance --backend mpi --ranks {n}`)"
+                )));
+            }
             let (wr, wn) = sys::init().map_err(backend_err)?;
             if wr != rank || n > wn {
                 return Err(backend_err(format!(
