@@ -6,8 +6,11 @@
 #
 #   scripts/netns/two-hosts.sh [--ranks-per-host N] -- PROGRAM [ARGS...]
 #
-# PROGRAM runs as every rank, with every CONCORD_* variable of the caller and CONCORD_HOSTS_ADDR_A
-# (the first host's address, for a store server there). Exit status: PROGRAM's under mpirun; 77 with "SKIP: <reason>" where the machine
+# Every rank's traffic goes over TCP (`--mca btl tcp,self`, the veth subnet only); ranks yield
+# when idle (both "hosts" share this box's cores: busy-polling made the differential test 30x
+# slower). PROGRAM runs as every rank, with every CONCORD_* variable of the caller, CONCORD_HOSTS_ADDR_A
+# (the first host's address) and CONCORD_STORE_ADDR (a TCP store address on the first host, for
+# the conformance binary's external-launch mode, unless the caller set one). Exit status: PROGRAM's under mpirun; 77 with "SKIP: <reason>" where the machine
 # does not allow namespaces (not root, no `ip netns`, no `unshare --uts`). Nothing is left behind
 # (namespaces, veths, processes, temp files), even on failure or Ctrl-C.
 set -euo pipefail
@@ -94,7 +97,10 @@ EOF
 chmod +x "$tmp/agent"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CONCORD_HOSTS_ADDR_A="$addr_a"
-echo "two-hosts: $host_a ($addr_a, netns $ns_a) and $host_b ($addr_b, netns $ns_b), $per_host ranks each"
+# The TCP store of an externally launched world (the conformance binary): on the first host,
+# where rank 0 runs, reached by the second over the veth pair.
+export CONCORD_STORE_ADDR="${CONCORD_STORE_ADDR:-$addr_a:$(( 20000 + $$ % 20000 ))}"
+echo "two-hosts: $host_a ($addr_a, netns $ns_a) and $host_b ($addr_b, netns $ns_b), $per_host ranks each; store $CONCORD_STORE_ADDR"
 xs=(-x CONCORD_HOSTS_ADDR_A -x PATH)
 for v in $(compgen -e | grep '^CONCORD_' || true); do xs+=(-x "$v"); done
 set +e
@@ -103,6 +109,7 @@ ip netns exec "$ns_a" unshare --uts --mount sh -c "hostname $host_a; mount --bin
     --host "$host_a:$per_host,$host_b:$per_host" -np $(( 2 * per_host )) \
     --mca plm_rsh_agent "$tmp/agent" \
     --mca btl tcp,self --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
+    --mca mpi_yield_when_idle 1 \
     "${xs[@]}" \
     "$@" &
 child=$!
