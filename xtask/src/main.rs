@@ -18,7 +18,8 @@
 //! * `cargo xtask mpi-diff [--ranks 4] [--seed 1] [--trials 300]` — the differential test: shm,
 //!   MPI and the oracle on random inputs, under `mpirun`.
 //! * `cargo xtask two-hosts` — ranks in two network namespaces ("hosts") joined by a veth pair:
-//!   MPI across them, shm refusing the world (`scripts/netns/two-hosts.sh`; needs root).
+//!   the mpi matrix and the differential test across them, shm refusing the world
+//!   (`scripts/netns/two-hosts.sh`; needs root; skipped with the reason otherwise).
 //!
 //! Commands that use MPI (`--backend mpi`, `mpi-diff`, `two-hosts`) build with the `mpi` feature
 //! and install Debian's `openmpi-bin libopenmpi-dev libclang-dev` with apt-get when missing.
@@ -107,7 +108,8 @@ enum Cmd {
         trials: u64,
     },
     /// Ranks in two network namespaces joined by a veth pair (two "hosts" in one box, root only):
-    /// the MPI backend across them (checked against the oracle) and shm refusing the world.
+    /// the mpi conformance matrix across them (TCP store, Open MPI over TCP), shm refusing the
+    /// world by name, and the differential test (MPI against the oracle) across them.
     TwoHosts {
         #[arg(long, default_value_t = 2)]
         ranks_per_host: usize,
@@ -349,25 +351,62 @@ fn main() -> Result<()> {
         }
         Cmd::TwoHosts { ranks_per_host, trials } => {
             ensure_mpi()?;
-            let exe = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-cli", "--features", "mpi", "--bin", "concord-conformance"]))?;
+            let diff = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+            let conf = if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance");
             let dir = tempfile::tempdir().context("a temp dir")?;
-            let status = Command::new("bash")
-                .arg(root().join("scripts/netns/two-hosts.sh"))
-                .args(["--ranks-per-host", &ranks_per_host.to_string(), "--"])
-                .arg(exe)
-                .args(["--hosts", "--trials", &trials.to_string()])
+            let script = |args: &[&std::ffi::OsStr]| {
+                let mut c = Command::new("bash");
+                c.arg(root().join("scripts/netns/two-hosts.sh")).args(["--ranks-per-host", &ranks_per_host.to_string(), "--"]).args(args);
+                c
+            };
+            // 1. The MPI backend's matrix across the hosts (rendezvous on the TCP store on host A).
+            println!("xtask two-hosts: 1/3 the mpi conformance matrix across the two hosts");
+            let mpi_report = dir.path().join("mpi");
+            let code = run_mpirun_conformance(script(&[
+                "--enable-recovery".as_ref(),
+                conf.as_os_str(),
+                "--backend".as_ref(),
+                "mpi".as_ref(),
+                "--report".as_ref(),
+                mpi_report.as_os_str(),
+            ]))?;
+            if code == 77 {
+                println!("xtask two-hosts: skipped (the reason is above)");
+                return Ok(());
+            }
+            if code != 0 {
+                bail!("two-hosts: the mpi matrix across hosts failed (exit {code})");
+            }
+            // 2. shm across the hosts: every case UNSUPPORTED by the named refusal, at once.
+            println!("xtask two-hosts: 2/3 shm across the two hosts must refuse the world");
+            let shm_report = dir.path().join("shm");
+            let st = script(&[conf.as_os_str(), "--backend".as_ref(), "shm".as_ref(), "--report".as_ref(), shm_report.as_os_str()])
+                .status()
+                .context("could not start scripts/netns/two-hosts.sh")?;
+            let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
+                .context("two-hosts: shm wrote no report")?;
+            let cases = json["cases"].as_array().cloned().unwrap_or_default();
+            let refused = cases
+                .iter()
+                .filter(|c| c["status"] == "unsupported" && c["detail"].as_str().is_some_and(|d| d.contains("the world spans hosts")))
+                .count();
+            if !st.success() || cases.is_empty() || refused != cases.len() {
+                bail!("two-hosts: shm did not refuse the world on every case ({refused} of {} refused by name; exit {st})", cases.len());
+            }
+            println!("xtask two-hosts: shm refused all {refused} cases: the world spans hosts");
+            // 3. The differential test across the hosts: MPI against the oracle, shm refusing.
+            println!("xtask two-hosts: 3/3 the differential test across the two hosts");
+            let st = script(&[diff.as_os_str(), "--hosts".as_ref(), "--trials".as_ref(), trials.to_string().as_ref()])
                 .env("CONCORD_DIFF_STORE", dir.path().join("store"))
                 .env("CONCORD_DIFF_WORLD", format!("hosts{}", std::process::id()))
                 .status()
                 .context("could not start scripts/netns/two-hosts.sh")?;
-            match status.code() {
-                Some(77) => {
-                    println!("xtask two-hosts: skipped (the reason is above)");
-                    Ok(())
-                }
-                Some(0) => Ok(()),
-                c => bail!("two-hosts failed: {c:?}"),
+            if !st.success() {
+                bail!("two-hosts: the differential test across hosts failed ({st})");
             }
+            Ok(())
         }
         Cmd::Autotune { backend, ranks, args } => {
             if backend != "shm" {
