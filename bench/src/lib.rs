@@ -16,6 +16,7 @@
 
 pub mod args;
 pub mod compare;
+mod external;
 pub mod mpi;
 pub mod plot;
 pub mod rank;

@@ -44,7 +44,11 @@ fn run(store: &Store, words: &[String]) -> Result<String, String> {
         }
         Some("multi-set") => {
             let vals: Vec<String> = words[1..].iter().map(|v| if v == "-" { String::new() } else { v.clone() }).collect();
-            let pairs: Vec<(&str, &[u8])> = words[1..].chunks(2).zip(vals.chunks(2)).map(|(k, v)| (k[0].as_str(), v.get(1).map(|x| x.as_bytes()).unwrap_or(b""))).collect();
+            let pairs: Vec<(&str, &[u8])> = words[1..]
+                .chunks(2)
+                .zip(vals.chunks(2))
+                .map(|(k, v)| (k[0].as_str(), v.get(1).map(|x| x.as_bytes()).unwrap_or(b"")))
+                .collect();
             tcp()?.multi_set(&pairs).map(|_| "ok".into()).map_err(e)
         }
         Some("ping") => tcp()?.ping().map(|_| "ok".into()).map_err(e),
