@@ -20,16 +20,29 @@ fn mpirun(tag: &str, args: &[&str]) -> Command {
         c.env_remove(k);
     }
     c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("CONCORD_TEST_RUN", tag);
-    c.args(["-np", "4", "--oversubscribe", "--enable-recovery", "-x", "CONCORD_TEST_RUN", "-x", "CONCORD_CASE_TIMEOUT_MS", BIN, "--backend", "mpi"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args([
+        "-np",
+        "4",
+        "--oversubscribe",
+        "--enable-recovery",
+        "-x",
+        "CONCORD_TEST_RUN",
+        "-x",
+        "CONCORD_CASE_TIMEOUT_MS",
+        BIN,
+        "--backend",
+        "mpi",
+    ])
+    .args(args)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     c
 }
 
 fn have_mpirun() -> bool {
-    let ok = Command::new("mpirun").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI")).unwrap_or(false);
+    let ok =
+        Command::new("mpirun").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI")).unwrap_or(false);
     if !ok {
         eprintln!("SKIPPED: Open MPI's mpirun is not installed (cargo xtask conformance --backend mpi installs it)");
     }
@@ -103,7 +116,9 @@ fn under_mpirun_a_killed_rank_is_named_on_rank_0_and_nothing_is_left() {
     });
     // Once rank 0 announced the run, let it get into the cases (past init), then SIGKILL rank 2.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("rank 0 never announced the run").contains("running ") {}
+    while !rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("rank 0 never announced the run").contains("running ")
+    {
+    }
     std::thread::sleep(Duration::from_secs(3));
     let victim = run_processes(&tag).into_iter().find(|(_, r)| r.as_deref() == Some("2")).expect("rank 2's process").0;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), nix::sys::signal::Signal::SIGKILL).unwrap();

@@ -256,7 +256,18 @@ fn main() -> Result<()> {
             }
             let mut c = if mpi && !contract {
                 ensure_mpi()?;
-                run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-cli", "--features", "mpi", "--bin", "concord-conformance"]))?;
+                run(cargo().args([
+                    "build",
+                    "--profile",
+                    "ci",
+                    "--quiet",
+                    "-p",
+                    "concord-cli",
+                    "--features",
+                    "mpi",
+                    "--bin",
+                    "concord-conformance",
+                ]))?;
                 let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
                 let target = if target.is_absolute() { target } else { root().join(target) };
                 // --enable-recovery: a rank that dies does not take the others down with it, so
@@ -351,7 +362,18 @@ fn main() -> Result<()> {
         }
         Cmd::TwoHosts { ranks_per_host, trials } => {
             ensure_mpi()?;
-            run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-cli", "--features", "mpi", "--bin", "concord-conformance"]))?;
+            run(cargo().args([
+                "build",
+                "--profile",
+                "ci",
+                "--quiet",
+                "-p",
+                "concord-cli",
+                "--features",
+                "mpi",
+                "--bin",
+                "concord-conformance",
+            ]))?;
             let diff = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
             let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
             let conf = if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance");
@@ -385,8 +407,9 @@ fn main() -> Result<()> {
             let st = script(&[conf.as_os_str(), "--backend".as_ref(), "shm".as_ref(), "--report".as_ref(), shm_report.as_os_str()])
                 .status()
                 .context("could not start scripts/netns/two-hosts.sh")?;
-            let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
-                .context("two-hosts: shm wrote no report")?;
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
+                    .context("two-hosts: shm wrote no report")?;
             let cases = json["cases"].as_array().cloned().unwrap_or_default();
             let refused = cases
                 .iter()

@@ -226,7 +226,8 @@ mod imp {
             let in_place = matches!(variant, Variant::InPlace | Variant::CoalescedInPlace);
             let same = |a: &MpiBuffer, b: &MpiBuffer| a.addr() == b.addr() && a.nbytes() == b.nbytes();
             d.aliased = outs.iter().enumerate().any(|(i, o)| {
-                ins.iter().enumerate().any(|(j, x)| o.overlaps(x) && !(in_place && i == j && same(o, x))) || outs[i + 1..].iter().any(|p| o.overlaps(p))
+                ins.iter().enumerate().any(|(j, x)| o.overlaps(x) && !(in_place && i == j && same(o, x)))
+                    || outs[i + 1..].iter().any(|p| o.overlaps(p))
             });
             d
         }
@@ -282,7 +283,14 @@ mod imp {
             self.issue(name, c, xs.to_vec(), outs.clone(), outs)
         }
 
-        fn reduce_scatter_impl(&self, name: &str, xs: &[MpiBuffer], op: ReduceOp, variant: Variant, outs: Vec<MpiBuffer>) -> Result<Work<Vec<MpiBuffer>>> {
+        fn reduce_scatter_impl(
+            &self,
+            name: &str,
+            xs: &[MpiBuffer],
+            op: ReduceOp,
+            variant: Variant,
+            outs: Vec<MpiBuffer>,
+        ) -> Result<Work<Vec<MpiBuffer>>> {
             let mut c = self.call(CallOp::ReduceScatter, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
             c.reduce = Some(op);
             self.issue(name, c, xs.to_vec(), outs.clone(), outs)
@@ -608,7 +616,9 @@ mod imp {
         fn init(world: &WorldInfo) -> Result<Self> {
             let (rank, n) = (world.rank, world.world_size);
             if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
-                return Err(CollectiveError::Unsupported(format!("mpi backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}")));
+                return Err(CollectiveError::Unsupported(format!(
+                    "mpi backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}"
+                )));
             }
             if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() {
                 // A process Concord forked itself would be an MPI singleton (a world of one).
@@ -745,7 +755,9 @@ mod imp {
 
         fn reduce_scatter_tensor(&self, x: &MpiBuffer, op: ReduceOp) -> Result<Work<MpiBuffer>> {
             let out = MpiBuffer::new(x.dtype, &self.scattered_shape(x))?;
-            Ok(self.reduce_scatter_impl("reduce_scatter_tensor", std::slice::from_ref(x), op, Variant::Out, vec![out])?.map(|mut v| v.remove(0)))
+            Ok(self
+                .reduce_scatter_impl("reduce_scatter_tensor", std::slice::from_ref(x), op, Variant::Out, vec![out])?
+                .map(|mut v| v.remove(0)))
         }
         fn reduce_scatter_tensor_out(&self, x: &MpiBuffer, op: ReduceOp, out: &MpiBuffer) -> Result<Work<MpiBuffer>> {
             Ok(self
@@ -757,14 +769,20 @@ mod imp {
             self.reduce_scatter_impl("reduce_scatter_tensor_coalesced", xs, op, Variant::Coalesced, outs)
         }
 
-        fn all_to_all_single(&self, x: &MpiBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<MpiBuffer>> {
+        fn all_to_all_single(
+            &self,
+            x: &MpiBuffer,
+            output_splits: Option<&[usize]>,
+            input_splits: Option<&[usize]>,
+        ) -> Result<Work<MpiBuffer>> {
             let n = self.g.n;
             let rows = match (output_splits, x.shape.first()) {
                 (Some(s), _) => s.iter().sum(),
                 (None, Some(&d0)) => d0 / n * n,
                 (None, None) => 0,
             };
-            let shape: Vec<usize> = if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
+            let shape: Vec<usize> =
+                if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
             let out = MpiBuffer::new(x.dtype, &shape)?;
             let mut c = self.call(CallOp::AllToAll, Variant::Out, &[x], &[&out]);
             c.in_splits = input_splits.map(|s| s.to_vec());

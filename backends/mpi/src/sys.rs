@@ -164,7 +164,10 @@ pub fn init() -> Result<(usize, usize), String> {
             ffi::MPI_Initialized(&mut inited);
             if inited == 0 {
                 let mut provided: c_int = 0;
-                check("MPI_Init_thread", ffi::MPI_Init_thread(std::ptr::null_mut(), std::ptr::null_mut(), ffi::RSMPI_THREAD_MULTIPLE, &mut provided))?;
+                check(
+                    "MPI_Init_thread",
+                    ffi::MPI_Init_thread(std::ptr::null_mut(), std::ptr::null_mut(), ffi::RSMPI_THREAD_MULTIPLE, &mut provided),
+                )?;
                 if provided < ffi::RSMPI_THREAD_MULTIPLE {
                     return Err(format!(
                         "this MPI library gives thread level {provided}, the backend needs MPI_THREAD_MULTIPLE ({})",
@@ -327,7 +330,15 @@ pub fn allgather_words(c: Comm, n: usize, words: &[u64]) -> Result<Vec<Vec<u64>>
     unsafe {
         check(
             "MPI_Allgather",
-            ffi::MPI_Allgather(cv((&mine as *const u64).cast()), 1, ffi::RSMPI_UINT64_T, mv(lens.as_mut_ptr().cast()), 1, ffi::RSMPI_UINT64_T, c.0),
+            ffi::MPI_Allgather(
+                cv((&mine as *const u64).cast()),
+                1,
+                ffi::RSMPI_UINT64_T,
+                mv(lens.as_mut_ptr().cast()),
+                1,
+                ffi::RSMPI_UINT64_T,
+                c.0,
+            ),
         )?;
         let counts: Vec<c_int> = lens.iter().map(|&l| count(l as usize)).collect::<Result<_, _>>()?;
         let mut displs = Vec::with_capacity(n);
@@ -484,7 +495,10 @@ pub fn recv_words(c: Comm, src: usize, tag: i32) -> Result<Vec<u64>, String> {
         let mut k: c_int = 0;
         check("MPI_Get_count", ffi::MPI_Get_count(&st, ffi::RSMPI_UINT64_T, &mut k))?;
         let mut w = vec![0u64; k.max(0) as usize];
-        check("MPI_Recv", ffi::MPI_Recv(mv(w.as_mut_ptr().cast()), k, ffi::RSMPI_UINT64_T, count(src)?, tag, c.0, ffi::RSMPI_STATUS_IGNORE))?;
+        check(
+            "MPI_Recv",
+            ffi::MPI_Recv(mv(w.as_mut_ptr().cast()), k, ffi::RSMPI_UINT64_T, count(src)?, tag, c.0, ffi::RSMPI_STATUS_IGNORE),
+        )?;
         Ok(w)
     }
 }
@@ -500,7 +514,10 @@ pub fn recv_bytes(c: Comm, data: &mut [u8], src: usize, tag: i32) -> Result<(), 
     let _b = Busy::enter();
     // SAFETY: data is a valid slice of the agreed size.
     unsafe {
-        check("MPI_Recv", ffi::MPI_Recv(mv(data.as_mut_ptr()), count(data.len())?, bytes().0, count(src)?, tag, c.0, ffi::RSMPI_STATUS_IGNORE))
+        check(
+            "MPI_Recv",
+            ffi::MPI_Recv(mv(data.as_mut_ptr()), count(data.len())?, bytes().0, count(src)?, tag, c.0, ffi::RSMPI_STATUS_IGNORE),
+        )
     }
 }
 

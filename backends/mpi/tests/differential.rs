@@ -114,11 +114,12 @@ fn spec(seed: u64, trial: u64, n: usize) -> Spec {
     let mut r = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(trial));
     let op = OPS[r.gen_range(0..OPS.len())];
     let dtype = DType::ALL[r.gen_range(0..DType::ALL.len())];
-    let reduces: Vec<ReduceOp> = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor]
-        .into_iter()
-        .chain([ReduceOp::PremulSum(if r.gen_bool(0.5) { 2.0 } else { 0.3 })])
-        .filter(|o| o.defined_for(dtype))
-        .collect();
+    let reduces: Vec<ReduceOp> =
+        [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor]
+            .into_iter()
+            .chain([ReduceOp::PremulSum(if r.gen_bool(0.5) { 2.0 } else { 0.3 })])
+            .filter(|o| o.defined_for(dtype))
+            .collect();
     let reduce = reduces[r.gen_range(0..reduces.len())];
     let max_rows = if r.gen_bool(0.1) { 4096 } else { 24 };
     let rows = n * r.gen_range(0..=max_rows);
@@ -233,9 +234,7 @@ fn compare(s: &Spec, a: &Tensor, b: &Tensor) -> Option<(usize, String, String)> 
         let (ab, bb) = (&a.bytes()[i * sz..(i + 1) * sz], &b.bytes()[i * sz..(i + 1) * sz]);
         let same = if s.dtype.is_float() {
             let (x, y) = (a.get_f64(i), b.get_f64(i));
-            (x.is_nan() && y.is_nan())
-                || ab == bb
-                || (!exact && (x == y || (x - y).abs() <= rel * x.abs().max(y.abs()) + abs))
+            (x.is_nan() && y.is_nan()) || ab == bb || (!exact && (x == y || (x - y).abs() <= rel * x.abs().max(y.abs()) + abs))
         } else {
             ab == bb
         };
@@ -344,7 +343,10 @@ fn rank_main() -> i32 {
             }
         }
         for (name, got) in legs {
-            let what = format!("op={:?} reduce={} dtype={} shape={:?} root={} world_size={n} rank={rank}", s.op, s.reduce, s.dtype, s.shape, s.root);
+            let what = format!(
+                "op={:?} reduce={} dtype={} shape={:?} root={} world_size={n} rank={rank}",
+                s.op, s.reduce, s.dtype, s.shape, s.root
+            );
             match (got, &want) {
                 (Ok(Some(got)), Some(want)) => {
                     elems += got.numel() as u64;
@@ -356,7 +358,9 @@ fn rank_main() -> i32 {
                     if let Some((i, ge, gw)) = compare(&s, want, &got) {
                         bad += 1;
                         let how = if exact(&s) { "bitwise" } else { "within tolerance" };
-                        eprintln!("DIFF trial {trial}: {what}: {name} vs oracle ({how}): first bad index {i}: got {gw}, expected {ge}\n  {rerun}");
+                        eprintln!(
+                            "DIFF trial {trial}: {what}: {name} vs oracle ({how}): first bad index {i}: got {gw}, expected {ge}\n  {rerun}"
+                        );
                     }
                 }
                 (Ok(None), None) => {}

@@ -314,8 +314,10 @@ impl Backend for ShmBackend {
         store.barrier(&format!("concord-shm/{}/segments", world.world_id), n, world.op_timeout).map_err(store_err)?;
         // One host only: every rank compares every rank's host identity (the same verdict
         // everywhere, before any peer's segment is opened).
-        let hosts: Vec<String> =
-            (0..n).map(|r| store.get(&host_key(r)).map(|v| String::from_utf8_lossy(&v).into_owned())).collect::<std::result::Result<_, _>>().map_err(store_err)?;
+        let hosts: Vec<String> = (0..n)
+            .map(|r| store.get(&host_key(r)).map(|v| String::from_utf8_lossy(&v).into_owned()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(store_err)?;
         if let Some(r) = hosts.iter().position(|h| *h != hosts[0]) {
             return Err(CollectiveError::Unsupported(format!(
                 "shm backend: the world spans hosts: rank 0 is on {} but rank {r} is on {}; shared memory needs every rank on one host (use the mpi backend across hosts)",
