@@ -276,6 +276,10 @@ fn main() -> Result<()> {
                 c.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &ranks.to_string()]);
                 c.arg(target.join("ci/concord-conformance"));
                 c
+            } else if mpi {
+                // The contract map only lists cases: no mpirun, but the registry needs the feature.
+                ensure_mpi()?;
+                Command::new(build_test_binary_with("concord-cli", "conformance", &["--profile", "ci", "--features", "mpi"])?)
             } else {
                 Command::new(build_test_binary("concord-cli", "conformance")?)
             };

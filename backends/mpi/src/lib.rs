@@ -840,4 +840,29 @@ mod imp {
             self.issue("barrier", c, vec![], vec![], ())
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn integers_widen_and_average_in_their_width() {
+            // i8 -3 sign-extends; u8 250 zero-extends.
+            assert_eq!(widen(DType::I8, &[0xfd]), vec![u64::MAX - 2]);
+            assert_eq!(widen(DType::U8, &[250]), vec![250]);
+            // avg of a wrapped sum truncates toward zero: (-7) / 2 = -3.
+            let mut b = (-7i16).to_le_bytes().to_vec();
+            int_div(DType::I16, &mut b, 2);
+            assert_eq!(i16::from_le_bytes([b[0], b[1]]), -3);
+        }
+
+        #[test]
+        fn floats_round_once_and_min_max_order_signed_zeros_and_nan() {
+            // f16: 1 + 2^-11 + 2^-24 rounds once to 0x3C01 (not to 1.0 as two roundings would).
+            assert_eq!(from_f64(DType::F16, &[1.0 + 2f64.powi(-11) + 2f64.powi(-24)]), 0x3C01u16.to_le_bytes().to_vec());
+            assert_eq!(to_f64(DType::BF16, &half::bf16::from_f32(1.5).to_bits().to_le_bytes(), 2.0), vec![3.0]);
+            assert!(crate::sys::fmin(0.0, -0.0).is_sign_negative() && crate::sys::fmax(-0.0, 0.0).is_sign_positive());
+            assert!(crate::sys::fmin(1.0, f64::NAN).is_nan() && crate::sys::fmax(f64::NAN, 1.0).is_nan());
+        }
+    }
 }
