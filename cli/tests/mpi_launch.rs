@@ -114,12 +114,13 @@ fn under_mpirun_a_killed_rank_is_named_on_rank_0_and_nothing_is_left() {
         }
         all.join("\n")
     });
-    // Once rank 0 announced the run, let it get into the cases (past init), then SIGKILL rank 2.
+    // Once rank 0 announced the run, let it go on a little (into init or the cases: both must
+    // name the rank), then SIGKILL rank 2.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("rank 0 never announced the run").contains("running ")
     {
     }
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(1500));
     let victim = run_processes(&tag).into_iter().find(|(_, r)| r.as_deref() == Some("2")).expect("rank 2's process").0;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     let t_kill = Instant::now();

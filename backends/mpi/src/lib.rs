@@ -34,9 +34,11 @@
 //!   [`concord_core::validate_pair`]; the data goes with `MPI_Ssend` (a send completes once
 //!   the receiver takes it).
 //! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
-//! * **Limits.** A peer that dies is not detected by MPI here (Open MPI's `mpirun` ends the job):
-//!   waits time out with a named [`CollectiveError::Timeout`], and the stuck call keeps its
-//!   thread (later ops on that communicator time out too). Messages are at most 2 GiB (MPI's
+//! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
+//!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
+//!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
+//!   `--enable-recovery` (as `cargo xtask conformance --backend mpi` runs it) the others live on
+//!   and the external-launch mode names the dead rank on rank 0. Messages are at most 2 GiB (MPI's
 //!   `int` counts).
 
 #[cfg(feature = "mpi")]
