@@ -254,8 +254,7 @@ impl Config {
             }
             _ => return Err(ConfigError { var: LAUNCHER, value: mode, expected: "`auto`, `off`, `torchrun`, `mpi` or `slurm`" }),
         };
-        // A launcher variable that is missing or not a number is named (leaked "static" names
-        // keep ConfigError's field a &'static str).
+        // A launcher variable that is missing or not a number is named.
         let need = |k: &'static str| -> Result<String, ConfigError> {
             var(k).ok_or(ConfigError { var: k, value: String::new(), expected: "set by the launcher (it is missing)" })
         };
