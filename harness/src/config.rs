@@ -32,7 +32,9 @@
 //!   ids, served by rank 0.
 //!
 //! `CONCORD_STORE_ADDR=HOST:PORT` overrides the store address for every launcher (rank 0 serves,
-//! except under torchrun's agent store). `CONCORD_LAUNCHER=off` ignores launcher variables.
+//! except under torchrun's agent store). `CONCORD_LAUNCHER=off` ignores launcher variables;
+//! `auto` also ignores a launcher world of ONE process (`srun -n1 cargo test` stays a test run;
+//! name the launcher to run a world of one).
 //!
 //! (The runner → worker protocol has variables of its own, [`crate::worker::vars`]; they are
 //! not settings.)
@@ -242,20 +244,25 @@ impl Config {
             "mpi" => Launcher::OpenMpi,
             "slurm" => Launcher::Slurm,
             "auto" => {
-                if ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"].iter().all(|k| has(k)) {
-                    Launcher::Torchrun
+                // A launcher world of one process (`srun -n1 cargo test`) is not a world of ranks.
+                let size_of = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+                let (l, size_var) = if ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"].iter().all(|k| has(k)) {
+                    (Launcher::Torchrun, "WORLD_SIZE")
                 } else if has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE") {
-                    Launcher::OpenMpi
+                    (Launcher::OpenMpi, "OMPI_COMM_WORLD_SIZE")
                 } else if has("SLURM_PROCID") && has("SLURM_NTASKS") && has("SLURM_STEP_ID") {
-                    Launcher::Slurm
+                    (Launcher::Slurm, "SLURM_NTASKS")
                 } else {
                     return Ok(None);
+                };
+                if size_of(size_var) == 1 {
+                    return Ok(None);
                 }
+                l
             }
             _ => return Err(ConfigError { var: LAUNCHER, value: mode, expected: "`auto`, `off`, `torchrun`, `mpi` or `slurm`" }),
         };
-        // A launcher variable that is missing or not a number is named (leaked "static" names
-        // keep ConfigError's field a &'static str).
+        // A launcher variable that is missing or not a number is named.
         let need = |k: &'static str| -> Result<String, ConfigError> {
             var(k).ok_or(ConfigError { var: k, value: String::new(), expected: "set by the launcher (it is missing)" })
         };
@@ -442,6 +449,11 @@ mod tests {
         assert_eq!(with(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")]).unwrap().launch, None);
         assert_eq!(with(&[(LAUNCHER, "off"), ("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap().launch, None);
         assert_eq!(with(&[(LAUNCHER, "pbs")]).unwrap_err().var, LAUNCHER);
+        // `srun -n1 cargo test` stays a test run (unless the launcher is named).
+        let one = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n1")];
+        assert_eq!(with(&one).unwrap().launch, None);
+        assert!(with(&[one.as_slice(), &[(LAUNCHER, "slurm")]].concat()).unwrap().launch.is_some());
+
         assert_eq!(with(&[("RANK", "x"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]).unwrap_err().var, "RANK");
         assert_eq!(with(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]).unwrap_err().var, "RANK");
     }

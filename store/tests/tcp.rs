@@ -45,6 +45,9 @@ fn every_operation_matches_the_file_store_semantics() {
     // Keys travel with c10d's `/` prefix, plus ours: a prefixed client sees only its own keys.
     let p = client(server.port(), "run7");
     p.set("a", b"mine").unwrap();
+    // SET has no reply (as in c10d): one round trip on the same connection orders it before
+    // what another connection asks next.
+    p.ping().unwrap();
     assert!(!s.check(&["a"]).unwrap());
     assert!(s.check(&["run7/a"]).unwrap());
     assert_eq!(s.get("run7/a").unwrap(), b"mine");
@@ -125,7 +128,7 @@ fn a_wait_past_its_deadline_is_a_named_timeout_and_the_connection_stays_usable()
     // The cancelled wait left the protocol in step: the next request gets its own reply.
     s.set("after", b"ok").unwrap();
     assert_eq!(s.get("after").unwrap(), b"ok");
-    let short = TcpStore::connect("127.0.0.1", server.port(), "", Duration::from_millis(80)).unwrap();
+    let short = TcpStore::connect("127.0.0.1", server.port(), "", Duration::from_millis(500)).unwrap();
     assert!(matches!(short.get("missing"), Err(StoreError::Timeout { .. })));
 }
 

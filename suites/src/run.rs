@@ -331,7 +331,8 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
         opts.filter = names;
     }
     // Started by torchrun / mpirun / srun: this process is one rank of the launcher's world.
-    if let Some(launch) = &concord_harness::config::Config::global().launch {
+    // (`--list` still lists: a test runner asking what is there is not a rank.)
+    if let Some(launch) = concord_harness::config::Config::global().launch.as_ref().filter(|_| !cli.libtest.list) {
         std::process::exit(crate::external::main(&entries, launch, &opts));
     }
     let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, cli.libtest) };
