@@ -12,7 +12,7 @@ use concord_autotune::{choices, Autotuner, Choice, ChoiceCtx, Config, Env, OpIns
 use concord_core::{Backend, DType, OpKind, ReduceOp, WorldInfo};
 use concord_harness::launch;
 use concord_shm::ShmBackend;
-use concord_store::FileStore;
+use concord_store::Store;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Clone, Debug)]
@@ -73,7 +73,7 @@ fn med(v: &mut [f64]) -> f64 {
 
 fn rank_main(world: &WorldInfo, a: &Args) {
     let b = ShmBackend::init(world).unwrap_or_else(|e| panic!("rank {}: {e}", world.rank));
-    let store = FileStore::open(&world.store_path, world.world_size, Duration::from_secs(60)).expect("store");
+    let store = Store::open(&world.store_path, world.world_size, Duration::from_secs(60)).expect("store");
     let ws = world.world_size;
     let r0 = world.rank == 0;
     let cfg = Config { timeout: Duration::from_secs(a.timeout_s), runs: a.runs, warmup: 1, policy: Policy::Max, ..Config::default() };
@@ -134,7 +134,7 @@ fn time_choice(b: &ShmBackend, c: &Choice<ShmBackend>, i: &OpInstance, x: &<ShmB
     t0.elapsed().as_secs_f64() / iters as f64
 }
 
-fn measure(b: &ShmBackend, store: &FileStore, world: &WorldInfo, a: &Args, tuner: &Tuner, tag: &mut impl FnMut() -> String) {
+fn measure(b: &ShmBackend, store: &Store, world: &WorldInfo, a: &Args, tuner: &Tuner, tag: &mut impl FnMut() -> String) {
     let ws = world.world_size;
     let r0 = world.rank == 0;
     // Pre-sync of one op vs five ops in one call (small ops, medians of `repeat`).
@@ -226,7 +226,7 @@ fn measure(b: &ShmBackend, store: &FileStore, world: &WorldInfo, a: &Args, tuner
     }
 }
 
-fn timeout_phase(b: &ShmBackend, store: &FileStore, world: &WorldInfo, tag: &mut impl FnMut() -> String) {
+fn timeout_phase(b: &ShmBackend, store: &Store, world: &WorldInfo, tag: &mut impl FnMut() -> String) {
     let timeout = Duration::from_secs(1);
     let sleepy = Choice::<ShmBackend>::new("sleeps_3s_on_rank1", |c: &ChoiceCtx<'_, ShmBackend>, x| {
         if c.b.rank() == 1 && c.phase == Phase::Screen {

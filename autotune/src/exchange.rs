@@ -1,7 +1,7 @@
 //! The one agreement primitive: publish, read every rank's with the deadline, decide by
 //! `compare_set` (first writer wins; everyone adopts the stored value).
 
-use concord_store::{FileStore, StoreError};
+use concord_store::{Store, StoreError};
 use std::time::Instant;
 
 /// Publishes `mine` at `<prefix>/<rank>`, reads every rank's value (waiting up to `deadline`),
@@ -9,7 +9,7 @@ use std::time::Instant;
 /// (index = rank, `None` = not there by the deadline of the rank that decided). A rank that
 /// arrives after the decision adopts it without waiting.
 pub(crate) fn exchange(
-    store: &FileStore,
+    store: &Store,
     prefix: &str,
     rank: usize,
     ws: usize,
@@ -40,13 +40,13 @@ pub(crate) fn exchange(
     decode(&stored, &dkey, store)
 }
 
-fn decode(bytes: &[u8], key: &str, store: &FileStore) -> Result<Vec<Option<String>>, StoreError> {
+fn decode(bytes: &[u8], key: &str, store: &Store) -> Result<Vec<Option<String>>, StoreError> {
     serde_json::from_slice(bytes)
-        .map_err(|e| StoreError::Corrupt { path: store.path().display().to_string(), msg: format!("decision `{key}` is not a view: {e}") })
+        .map_err(|e| StoreError::Corrupt { path: store.location(), msg: format!("decision `{key}` is not a view: {e}") })
 }
 
 /// Agrees on one string (`<prefix>`): the first proposal stored wins.
-pub(crate) fn agree(store: &FileStore, key: &str, mine: &str) -> Result<String, StoreError> {
+pub(crate) fn agree(store: &Store, key: &str, mine: &str) -> Result<String, StoreError> {
     let stored = store.compare_set(key, b"", mine.as_bytes())?;
     Ok(String::from_utf8_lossy(&stored).into_owned())
 }

@@ -43,7 +43,7 @@ pub use tuner::Tuner;
 
 use concord_core::{Backend, DType, OpKind, ReduceOp, Result as CResult, Work};
 use concord_oracle::Collective;
-use concord_store::FileStore;
+use concord_store::Store;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -273,7 +273,7 @@ impl Default for Config {
 pub struct Env<'a, B: Backend> {
     pub b: &'a B,
     /// The world's store; `None` outside a world (local benchmarking, with a warning).
-    pub store: Option<&'a FileStore>,
+    pub store: Option<&'a Store>,
     /// A key prefix unique to this call and the same on every rank.
     pub tag: String,
     /// The group's ranks in the world (part of the cache key).
@@ -283,7 +283,7 @@ pub struct Env<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> Env<'a, B> {
-    pub fn new(b: &'a B, store: Option<&'a FileStore>, tag: impl Into<String>, op_timeout: Duration) -> Self {
+    pub fn new(b: &'a B, store: Option<&'a Store>, tag: impl Into<String>, op_timeout: Duration) -> Self {
         Env { b, store, tag: tag.into(), group_ranks: (0..b.world_size()).collect(), op_timeout }
     }
 }

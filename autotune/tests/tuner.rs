@@ -5,14 +5,14 @@ use concord_autotune::{
 };
 use concord_core::{Backend, DType, ReduceOp, WorldInfo};
 use concord_shm::ShmBackend;
-use concord_store::FileStore;
+use concord_store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 static WORLDS: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f(rank, backend, store)` on `n` rank threads; results by rank.
-fn world<R: Send>(n: usize, f: impl Fn(usize, &ShmBackend, &FileStore) -> R + Sync) -> Vec<R> {
+fn world<R: Send>(n: usize, f: impl Fn(usize, &ShmBackend, &Store) -> R + Sync) -> Vec<R> {
     let dir = tempfile::tempdir().unwrap();
     let wid = format!("at{}-{}", std::process::id(), WORLDS.fetch_add(1, Ordering::SeqCst));
     std::thread::scope(|s| {
@@ -28,7 +28,7 @@ fn world<R: Send>(n: usize, f: impl Fn(usize, &ShmBackend, &FileStore) -> R + Sy
                         op_timeout: Duration::from_secs(10),
                         options: vec![("shm_arena_gib".into(), "0.25".into())],
                     };
-                    let store = FileStore::open(&info.store_path, n, Duration::from_secs(20)).unwrap();
+                    let store = Store::open(&info.store_path, n, Duration::from_secs(20)).unwrap();
                     let b = ShmBackend::init(&info).unwrap_or_else(|e| panic!("rank {r} init: {e}"));
                     f(r, &b, &store)
                 })
@@ -42,7 +42,7 @@ fn tuner(timeout_ms: u64) -> Tuner {
     <Tuner as Autotuner<ShmBackend>>::new(Config { timeout: Duration::from_millis(timeout_ms), runs: 3, ..Config::default() })
 }
 
-fn tune(t: &Tuner, b: &ShmBackend, store: &FileStore, tag: &str, reqs: &[Request<ShmBackend>]) -> Result<Outcome, TuneError> {
+fn tune(t: &Tuner, b: &ShmBackend, store: &Store, tag: &str, reqs: &[Request<ShmBackend>]) -> Result<Outcome, TuneError> {
     t.tune(&Env::new(b, Some(store), tag, Duration::from_secs(10)), reqs)
 }
 

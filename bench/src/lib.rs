@@ -20,6 +20,7 @@
 pub mod args;
 pub mod compare;
 pub mod ext;
+mod external;
 pub mod mpi;
 pub mod nccl;
 pub mod plot;

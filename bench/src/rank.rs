@@ -126,7 +126,18 @@ impl std::fmt::Display for Wrong {
     }
 }
 
+/// Where an externally launched rank's message lines go instead of stdout (set once, by
+/// [`crate::external`]): rank 0 merges them as the parent merges launched ranks' stdout.
+pub(crate) static RELAY: std::sync::OnceLock<RelayFn> = std::sync::OnceLock::new();
+
+/// Sends one message line elsewhere than stdout.
+pub(crate) type RelayFn = Box<dyn Fn(&str) + Send + Sync>;
+
 fn emit(m: &Msg) {
+    if let Some(relay) = RELAY.get() {
+        relay(&serde_json::to_string(m).expect("a message serialises"));
+        return;
+    }
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer(&mut out, m);
     let _ = out.write_all(b"\n");

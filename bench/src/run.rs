@@ -77,6 +77,12 @@ pub fn bench_main_with<B: Backend>(name: &str, hooks: &Hooks<B>) -> ! {
 /// The whole program for one backend: a launched rank runs its steps; otherwise `--plot` /
 /// `--compare` run alone, or the benchmark runs. `argv`: the arguments the ranks get.
 pub fn main_with<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: Vec<String>) -> i32 {
+    // Started by torchrun / mpirun / srun: this process is one rank; rank 0 prints the table.
+    if let Some(l) = &concord_harness::config::Config::global().launch {
+        if tools(args).is_none() {
+            return crate::external::main::<B>(name, hooks, args, argv, l);
+        }
+    }
     if let Some(world) = launch::rank_world() {
         return crate::rank::rank_main::<B>(&world, args, hooks);
     }
@@ -187,8 +193,68 @@ impl Out {
     }
 }
 
+/// The ranks' message lines and how to end the ranks.
+pub(crate) struct Ranks {
+    pub(crate) rx: mpsc::Receiver<(usize, Option<String>)>,
+    pub(crate) op_timeout: Duration,
+    /// Waits up to the duration for the ranks to end; returns one HANG line per rank still
+    /// running (given each rank's phase) and the launcher's check.
+    #[allow(clippy::type_complexity)]
+    pub(crate) finish: Box<dyn FnOnce(Duration, &[String]) -> (Vec<String>, Result<(), String>)>,
+}
+
+/// Launches `args.ranks` processes of this executable (the parent's way to get [`Ranks`]).
+fn launch_ranks(name: &str, args: &Args, argv: &[String]) -> Result<Ranks, String> {
+    let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
+        s.args = argv.to_vec();
+        s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
+        s.pipe_stdout = true;
+        Ok(s)
+    });
+    let op_timeout = spec.as_ref().map(|s| s.op_timeout).unwrap_or(Duration::from_secs(15));
+    let mut launched = spec.and_then(|s| launch::launch(&s)).map_err(|e| format!("cannot launch the ranks: {e}"))?;
+    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
+    for r in 0..args.ranks {
+        let Some(stdout) = launched.take_stdout(r) else { continue };
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((r, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((r, None));
+        });
+    }
+    drop(tx);
+    let finish = Box::new(move |within: Duration, phase: &[String]| {
+        let report = launched.wait(within);
+        let hangs = report
+            .ranks
+            .iter()
+            .filter(|r| r.ended_by_launcher)
+            .map(|r| format!("HANG: rank {} was still in {} at the deadline; ended ({})", r.rank, phase[r.rank], r.describe()))
+            .collect();
+        (hangs, report.check())
+    });
+    Ok(Ranks { rx, op_timeout, finish })
+}
+
 /// Runs the benchmark of backend `name` (see the module docs).
 pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: Vec<String>) -> Outcome {
+    run_parent_with::<B>(name, hooks, args, argv, &mut |a, v| launch_ranks(name, a, v))
+}
+
+/// [`run_parent`] with the ranks from `get_ranks` (called after the header is printed).
+#[allow(clippy::type_complexity)]
+pub(crate) fn run_parent_with<B: Backend>(
+    name: &str,
+    hooks: &Hooks<B>,
+    args: &Args,
+    argv: Vec<String>,
+    get_ranks: &mut dyn FnMut(&Args, &[String]) -> Result<Ranks, String>,
+) -> Outcome {
     let mut outcome = Outcome::default();
     let bad = |e: String| {
         eprintln!("concord-bench: {e}");
@@ -350,33 +416,11 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         out.say(format!("# {}: {bytes} B is less than one element per rank chunk: skipped", op.name()));
     }
 
-    // Launch the world.
-    let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
-        s.args = argv.clone();
-        s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
-        s.pipe_stdout = true;
-        Ok(s)
-    });
-    let op_timeout = spec.as_ref().map(|s| s.op_timeout).unwrap_or(Duration::from_secs(15));
-    let mut launched = match spec.and_then(|s| launch::launch(&s)) {
-        Ok(l) => l,
-        Err(e) => return bad(format!("cannot launch the ranks: {e}")),
+    // Start (or meet) the ranks.
+    let Ranks { rx, op_timeout, finish } = match get_ranks(args, &argv) {
+        Ok(r) => r,
+        Err(e) => return bad(e),
     };
-    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
-    for r in 0..args.ranks {
-        let Some(stdout) = launched.take_stdout(r) else { continue };
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send((r, Some(line))).is_err() {
-                    return;
-                }
-            }
-            let _ = tx.send((r, None));
-        });
-    }
-    drop(tx);
 
     let start = Instant::now();
     let mut deadline = start + Duration::from_secs(args.deadline_s);
@@ -533,22 +577,18 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     if cur_op.is_some() {
         out.say(table::avg_line(&busbws));
     }
-    let report = launched.wait(if timed_out {
-        Duration::ZERO
-    } else {
-        deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))
-    });
+    let (hangs, check) = finish(
+        if timed_out { Duration::ZERO } else { deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)) },
+        &phase,
+    );
     if let Some(b) = &out.bar {
         b.finish_and_clear();
     }
-    for r in &report.ranks {
-        if r.ended_by_launcher {
-            let s = format!("HANG: rank {} was still in {} at the deadline; ended ({})", r.rank, phase[r.rank], r.describe());
-            eprintln!("{s}");
-            outcome.failures.push(s);
-        }
+    for s in hangs {
+        eprintln!("{s}");
+        outcome.failures.push(s);
     }
-    if let Err(e) = report.check() {
+    if let Err(e) = check {
         if outcome.failures.is_empty() {
             outcome.failures.push(e.clone());
         }

@@ -10,11 +10,16 @@
 use concord_suites::{catalogue, shape_catalogue, BackendEntry};
 
 /// The backends built into Concord: `shm` (the embedded CPU default), `fake` (no communication,
-/// value-independent subset) and `nccl` (one GPU per rank; gated on the GPU count).
+/// value-independent subset), `nccl` (one GPU per rank; gated on the GPU count) and, with the
+/// `mpi` feature, `mpi` (ranks started by mpirun).
 pub fn builtin_entries() -> Vec<BackendEntry> {
-    vec![
+    #[allow(unused_mut)]
+    let mut v = vec![
         BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),
         BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
         BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
-    ]
+    ];
+    #[cfg(feature = "mpi")]
+    v.push(BackendEntry::new::<concord_mpi::MpiBackend>("mpi", 0, catalogue::<concord_mpi::MpiBackend>));
+    v
 }

@@ -132,7 +132,9 @@ pub fn world_prefix(world_id: &str) -> String {
 pub struct WorldInfo {
     pub rank: usize,
     pub world_size: usize,
-    /// The world's file store (a c10d-compatible FileStore file).
+    /// The world's store address: a file path (a c10d-compatible FileStore file) or
+    /// `tcp://HOST:PORT[/PREFIX]` (a c10d-compatible TCPStore); open it with
+    /// `concord_store::Store::open`, whatever its kind.
     pub store_path: PathBuf,
     /// Unique per world: prefix for shared-memory names and store keys.
     pub world_id: String,
@@ -142,9 +144,20 @@ pub struct WorldInfo {
     pub options: Vec<(String, String)>,
 }
 
+/// The backend option that carries a rank's index among the ranks of its host, set when ranks
+/// are started by an external launcher (torchrun, mpirun, srun).
+pub const LOCAL_RANK_OPTION: &str = "local_rank";
+
 impl WorldInfo {
     pub fn option(&self, key: &str) -> Option<&str> {
         self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// This rank's index among the ranks of its host: the [`LOCAL_RANK_OPTION`] when a launcher
+    /// gave one, else the rank (a world Concord launched itself lives on one host). GPU
+    /// backends pick their device from it.
+    pub fn local_rank(&self) -> usize {
+        self.option(LOCAL_RANK_OPTION).and_then(|v| v.parse().ok()).unwrap_or(self.rank)
     }
 }
 

@@ -18,7 +18,7 @@ pub mod progress;
 pub mod tensor;
 pub mod work;
 
-pub use backend::{world_prefix, Backend, WorldInfo};
+pub use backend::{world_prefix, Backend, WorldInfo, LOCAL_RANK_OPTION};
 pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, CallOp, TensorDesc};
 pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy, Rounding};
 pub use dtype::{DType, Element};

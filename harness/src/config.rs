@@ -14,6 +14,27 @@
 //! | `CONCORD_GPU_COUNT` | detected | overrides the GPU count (gating) |
 //! | `CONCORD_LIST` | `groups` | `cases`: a conformance binary lists one test per case |
 //! | `CONCORD_RUNNER_TRACE` | off | `1`: the runner prints its phase timings to stderr |
+//! | `CONCORD_LAUNCHER` | `auto` | `off`, `torchrun`, `mpi` or `slurm`: how ranks were started (below) |
+//! | `CONCORD_STORE_ADDR` | see below | `HOST:PORT` of the TCP store externally launched ranks meet on |
+//!
+//! # Externally launched ranks ([`Launch`])
+//! A conformance binary (or a bench) started by a launcher runs as ONE rank of the launcher's
+//! world. `auto` recognises, in this order:
+//! * **torchrun**: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (and `LOCAL_RANK`); the
+//!   store is torchrun's own at `MASTER_ADDR:MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE=True`,
+//!   else rank 0 serves one there (what `init_process_group("env://")` does);
+//! * **Open MPI**: `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`; store at `MASTER_ADDR` (else
+//!   127.0.0.1 when every rank is on this host) : `MASTER_PORT` (else a port derived from the job
+//!   id), served by rank 0;
+//! * **Slurm** (an `srun` step: `SLURM_STEP_ID` set): `SLURM_PROCID`, `SLURM_NTASKS`,
+//!   `SLURM_LOCALID`; store on the first host of `SLURM_STEP_NODELIST` (else
+//!   `SLURM_JOB_NODELIST`) or `MASTER_ADDR`, port `MASTER_PORT` or derived from the job and step
+//!   ids, served by rank 0.
+//!
+//! `CONCORD_STORE_ADDR=HOST:PORT` overrides the store address for every launcher (rank 0 serves,
+//! except under torchrun's agent store). `CONCORD_LAUNCHER=off` ignores launcher variables;
+//! `auto` also ignores a launcher world of ONE process (`srun -n1 cargo test` stays a test run;
+//! name the launcher to run a world of one).
 //!
 //! (The runner → worker protocol has variables of its own, [`crate::worker::vars`]; they are
 //! not settings.)
@@ -39,6 +60,85 @@ pub const MAX_IDLE_WORLDS: &str = "CONCORD_MAX_IDLE_WORLDS";
 pub const GPU_COUNT: &str = "CONCORD_GPU_COUNT";
 pub const LIST: &str = "CONCORD_LIST";
 pub const RUNNER_TRACE: &str = "CONCORD_RUNNER_TRACE";
+pub const LAUNCHER: &str = "CONCORD_LAUNCHER";
+pub const STORE_ADDR: &str = "CONCORD_STORE_ADDR";
+
+/// How often an externally launched rank publishes its heartbeat (state and stderr tail).
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_millis(200);
+/// An externally launched rank whose heartbeat stopped this long ago is dead (rank 0 names it).
+pub const SILENT_RANK_DEAD: Duration = Duration::from_secs(3);
+
+/// The launcher that started this process as one rank of its world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Torchrun,
+    OpenMpi,
+    Slurm,
+}
+
+impl Launcher {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Torchrun => "torchrun",
+            Launcher::OpenMpi => "mpirun (Open MPI)",
+            Launcher::Slurm => "srun (Slurm)",
+        }
+    }
+}
+
+/// This process is one rank of a world a launcher started (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub launcher: Launcher,
+    pub rank: usize,
+    pub world_size: usize,
+    /// Index among the ranks of this host (GPU backends pick their device from it).
+    pub local_rank: usize,
+    /// The TCP store every rank meets on.
+    pub store_host: String,
+    pub store_port: u16,
+    /// This process starts the store server (rank 0, unless torchrun's agent serves it).
+    pub serve_store: bool,
+    /// Common to every rank of this launch (a job id): the prefix of every store key.
+    pub run_id: String,
+}
+
+/// The first host of a Slurm node list (`node[01-04,07],gpu5` -> `node01`).
+pub fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    // The first top-level element (commas inside brackets do not split).
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map(|(i, _)| i)
+        .unwrap_or(list.len());
+    let first = &list[..end];
+    if first.is_empty() {
+        return None;
+    }
+    match first.split_once('[') {
+        None => Some(first.to_string()),
+        Some((prefix, rest)) => {
+            let (ranges, suffix) = rest.split_once(']')?;
+            let lo = ranges.split(',').next()?.split('-').next()?;
+            Some(format!("{prefix}{lo}{suffix}"))
+        }
+    }
+}
+
+/// A port in 20000..40000 derived from a job id, so every rank of the job picks the same one.
+fn derived_port(id: &str) -> u16 {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    20000 + (h % 20000) as u16
+}
 
 /// How a conformance binary lists its tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +161,8 @@ pub struct Config {
     pub gpu_count: Option<usize>,
     pub list: ListMode,
     pub trace: bool,
+    /// `Some` when a launcher started this process as one rank of its world.
+    pub launch: Option<Launch>,
 }
 
 /// A variable that is set but not understood.
@@ -83,6 +185,7 @@ impl Default for Config {
             gpu_count: None,
             list: ListMode::Groups,
             trace: false,
+            launch: None,
         }
     }
 }
@@ -116,7 +219,9 @@ impl Config {
             Some("1") => true,
             Some(v) => return Err(ConfigError { var: RUNNER_TRACE, value: v.into(), expected: "`0` or `1`" }),
         };
+        let launch = Config::launch_from(&get)?;
         Ok(Config {
+            launch,
             case_deadline: positive_ms(CASE_TIMEOUT_MS)?.unwrap_or(d.case_deadline),
             op_timeout_override: positive_ms(OP_TIMEOUT_MS)?,
             setup_timeout: positive_ms(SETUP_TIMEOUT_MS)?.unwrap_or(d.setup_timeout),
@@ -126,6 +231,107 @@ impl Config {
             list,
             trace,
         })
+    }
+
+    /// Reads the launcher variables (see the module docs): `None` when no launcher started us.
+    fn launch_from(get: &impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, ConfigError> {
+        let var = |k: &str| get(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let has = |k: &str| var(k).is_some();
+        let mode = var(LAUNCHER).unwrap_or_else(|| "auto".into());
+        let launcher = match mode.as_str() {
+            "off" => return Ok(None),
+            "torchrun" => Launcher::Torchrun,
+            "mpi" => Launcher::OpenMpi,
+            "slurm" => Launcher::Slurm,
+            "auto" => {
+                // A launcher world of one process (`srun -n1 cargo test`) is not a world of ranks.
+                let size_of = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+                let (l, size_var) = if ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"].iter().all(|k| has(k)) {
+                    (Launcher::Torchrun, "WORLD_SIZE")
+                } else if has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE") {
+                    (Launcher::OpenMpi, "OMPI_COMM_WORLD_SIZE")
+                } else if has("SLURM_PROCID") && has("SLURM_NTASKS") && has("SLURM_STEP_ID") {
+                    (Launcher::Slurm, "SLURM_NTASKS")
+                } else {
+                    return Ok(None);
+                };
+                if size_of(size_var) == 1 {
+                    return Ok(None);
+                }
+                l
+            }
+            _ => return Err(ConfigError { var: LAUNCHER, value: mode, expected: "`auto`, `off`, `torchrun`, `mpi` or `slurm`" }),
+        };
+        // A launcher variable that is missing or not a number is named.
+        let need = |k: &'static str| -> Result<String, ConfigError> {
+            var(k).ok_or(ConfigError { var: k, value: String::new(), expected: "set by the launcher (it is missing)" })
+        };
+        let number = |k: &'static str| -> Result<usize, ConfigError> {
+            let v = need(k)?;
+            v.parse().map_err(|_| ConfigError { var: k, value: v, expected: "a whole number" })
+        };
+        let port_of = |k: &'static str| -> Result<Option<u16>, ConfigError> {
+            match var(k) {
+                None => Ok(None),
+                Some(v) => v.parse().map(Some).map_err(|_| ConfigError { var: k, value: v, expected: "a TCP port (0-65535)" }),
+            }
+        };
+        let (rank, world_size, local_rank, run_id, mut host, mut port) = match launcher {
+            Launcher::Torchrun => {
+                let rank = number("RANK")?;
+                let local = if has("LOCAL_RANK") { number("LOCAL_RANK")? } else { rank };
+                let run = format!(
+                    "{}-r{}",
+                    var("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "torchrun".into()),
+                    var("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into())
+                );
+                (rank, number("WORLD_SIZE")?, local, run, Some(need("MASTER_ADDR")?), port_of("MASTER_PORT")?)
+            }
+            Launcher::OpenMpi => {
+                let rank = number("OMPI_COMM_WORLD_RANK")?;
+                let size = number("OMPI_COMM_WORLD_SIZE")?;
+                let local = if has("OMPI_COMM_WORLD_LOCAL_RANK") { number("OMPI_COMM_WORLD_LOCAL_RANK")? } else { 0 };
+                let one_host = var("OMPI_COMM_WORLD_LOCAL_SIZE").is_some_and(|v| v == size.to_string());
+                let job = var("OMPI_MCA_ess_base_jobid").unwrap_or_else(|| "ompi".into());
+                let host = var("MASTER_ADDR").or_else(|| one_host.then(|| "127.0.0.1".to_string()));
+                let port = port_of("MASTER_PORT")?.or(Some(derived_port(&job)));
+                (rank, size, local, format!("ompi-{job}"), host, port)
+            }
+            Launcher::Slurm => {
+                let job = format!("{}.{}", var("SLURM_JOB_ID").unwrap_or_default(), var("SLURM_STEP_ID").unwrap_or_default());
+                let host = var("MASTER_ADDR")
+                    .or_else(|| var("SLURM_STEP_NODELIST").and_then(|l| first_slurm_host(&l)))
+                    .or_else(|| var("SLURM_JOB_NODELIST").and_then(|l| first_slurm_host(&l)));
+                let port = port_of("MASTER_PORT")?.or(Some(derived_port(&job)));
+                let local = if has("SLURM_LOCALID") { number("SLURM_LOCALID")? } else { 0 };
+                (number("SLURM_PROCID")?, number("SLURM_NTASKS")?, local, format!("slurm-{job}"), host, port)
+            }
+        };
+        if let Some(a) = var(STORE_ADDR) {
+            let bad = || ConfigError { var: STORE_ADDR, value: a.clone(), expected: "HOST:PORT" };
+            let (h, p) = a.rsplit_once(':').ok_or_else(bad)?;
+            host = Some(h.trim_start_matches('[').trim_end_matches(']').to_string()).filter(|h| !h.is_empty());
+            port = Some(p.parse().map_err(|_| bad())?);
+            if host.is_none() {
+                return Err(bad());
+            }
+        }
+        let Some(store_host) = host else {
+            return Err(ConfigError {
+                var: STORE_ADDR,
+                value: String::new(),
+                expected:
+                    "HOST:PORT of rank 0's host: the ranks are on several hosts and neither MASTER_ADDR nor CONCORD_STORE_ADDR is set",
+            });
+        };
+        let store_port = port.unwrap_or(29500);
+        if world_size == 0 || rank >= world_size {
+            return Err(ConfigError { var: "RANK", value: rank.to_string(), expected: "a rank below the world size the launcher gave" });
+        }
+        let agent_store = launcher == Launcher::Torchrun
+            && var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            && !has(STORE_ADDR);
+        Ok(Some(Launch { launcher, rank, world_size, local_rank, store_host, store_port, serve_store: rank == 0 && !agent_store, run_id }))
     }
 
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -186,5 +392,77 @@ mod tests {
         assert_eq!(with(&[(LIST, "each")]).unwrap_err().var, LIST);
         assert_eq!(with(&[(LIST, "cases")]).unwrap().list, ListMode::Cases);
         assert_eq!(with(&[(GPU_COUNT, "two")]).unwrap_err().var, GPU_COUNT);
+    }
+
+    #[test]
+    fn launchers_are_read_from_their_own_variables() {
+        assert_eq!(with(&[]).unwrap().launch, None);
+        let t = with(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "n1"), ("MASTER_PORT", "29400")]).unwrap();
+        let l = t.launch.unwrap();
+        assert_eq!((l.launcher, l.rank, l.world_size, l.local_rank), (Launcher::Torchrun, 3, 4, 1));
+        assert_eq!((l.store_host.as_str(), l.store_port, l.serve_store), ("n1", 29400, false));
+        let r0 = with(&[("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "n1"), ("MASTER_PORT", "29400")]).unwrap().launch.unwrap();
+        assert!(r0.serve_store, "rank 0 serves unless torchrun's agent does");
+        let agent = with(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "n1"),
+            ("MASTER_PORT", "1"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]);
+        assert!(!agent.unwrap().launch.unwrap().serve_store);
+
+        let m = with(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "77"),
+        ]);
+        let m = m.unwrap().launch.unwrap();
+        assert_eq!((m.launcher, m.rank, m.world_size, m.local_rank), (Launcher::OpenMpi, 2, 4, 2));
+        assert_eq!(m.store_host, "127.0.0.1", "one host: loopback");
+        let m2 = with(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "77"),
+        ]);
+        assert_eq!(m2.unwrap().launch.unwrap().store_port, m.store_port, "every rank derives the same port");
+        let hosts = with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]);
+        assert_eq!(hosts.unwrap_err().var, STORE_ADDR, "several hosts, no address: named");
+        let over =
+            with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), (STORE_ADDR, "10.0.0.1:5555")]).unwrap().launch.unwrap();
+        assert_eq!((over.store_host.as_str(), over.store_port), ("10.0.0.1", 5555));
+
+        let s = with(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_JOB_ID", "99"),
+            ("SLURM_JOB_NODELIST", "gpu[07-08,11],cpu1"),
+        ]);
+        let s = s.unwrap().launch.unwrap();
+        assert_eq!((s.launcher, s.rank, s.world_size, s.local_rank, s.store_host.as_str()), (Launcher::Slurm, 5, 8, 1, "gpu07"));
+        // A batch script (no step) is not a rank; `off` ignores every launcher.
+        assert_eq!(with(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")]).unwrap().launch, None);
+        assert_eq!(with(&[(LAUNCHER, "off"), ("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap().launch, None);
+        assert_eq!(with(&[(LAUNCHER, "pbs")]).unwrap_err().var, LAUNCHER);
+        // `srun -n1 cargo test` stays a test run (unless the launcher is named).
+        let one = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n1")];
+        assert_eq!(with(&one).unwrap().launch, None);
+        assert!(with(&[one.as_slice(), &[(LAUNCHER, "slurm")]].concat()).unwrap().launch.is_some());
+
+        assert_eq!(with(&[("RANK", "x"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]).unwrap_err().var, "RANK");
+        assert_eq!(with(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]).unwrap_err().var, "RANK");
+    }
+
+    #[test]
+    fn slurm_node_lists() {
+        for (list, first) in [("n1", "n1"), ("n1,n2", "n1"), ("node[01-04,07]", "node01"), ("a[3,5]-ib,b1", "a3-ib"), ("x[10-12]", "x10")] {
+            assert_eq!(first_slurm_host(list).as_deref(), Some(first), "{list}");
+        }
+        assert_eq!(first_slurm_host(""), None);
     }
 }

@@ -7,7 +7,8 @@
 //! Modules: [`config`] (every setting, read once; the deadline rule), [`outcome`] (what a rank reports), [`launch`] (the public launcher: a program once per rank, for benches and
 //! multi-process tests), [`verdict`] (the typed
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
-//! [`runner`] (the parent side: worlds, deadlines, teardown), [`gpu`] (GPU counting),
+//! [`runner`] (the parent side: worlds, deadlines, teardown), [`external`] (a rank started by
+//! torchrun / mpirun / srun: rendezvous, steps and verdicts over the TCP store), [`gpu`] (GPU counting),
 //! [`platform`] (every Linux-specific call).
 //!
 //! # Using it
@@ -19,6 +20,7 @@
 //! them after a world ends.
 
 pub mod config;
+pub mod external;
 pub mod gpu;
 pub mod launch;
 pub mod outcome;

@@ -279,3 +279,112 @@ mod tests {
         assert!(pid_running(std::process::id()));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Stderr tail (externally launched ranks)
+
+/// The last bytes this process wrote to stderr, kept while they still go to the real stderr.
+#[derive(Clone)]
+pub struct StderrTail {
+    buf: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+    cap: usize,
+    /// The real stderr (a duplicate), and the copier thread's progress counter.
+    real: std::sync::Arc<File>,
+    copied: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl StderrTail {
+    /// The tail as text (lossy UTF-8), starting at a line boundary when there is one.
+    pub fn text(&self) -> String {
+        let b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        let v: Vec<u8> = b.iter().copied().collect();
+        let s = String::from_utf8_lossy(&v).into_owned();
+        match (b.len() >= self.cap, s.find('\n')) {
+            (true, Some(i)) => s[i + 1..].to_string(),
+            _ => s,
+        }
+    }
+
+    /// Writes `text` to the real stderr directly (bypassing the copier), for the last words of
+    /// a process that is about to end at once.
+    pub fn write_direct(&self, text: &str) {
+        let _ = std::io::Write::write_all(&mut &*self.real, text.as_bytes());
+    }
+
+    /// Waits (up to `within`) until the copier has passed everything written so far to the
+    /// real stderr.
+    pub fn flush(&self, within: std::time::Duration) {
+        let _ = std::io::Write::flush(&mut std::io::stderr());
+        let deadline = std::time::Instant::now() + within;
+        let mut pending: libc::c_int = 0;
+        while std::time::Instant::now() < deadline {
+            // SAFETY: FIONREAD on our own pipe's read end, whose fd the copier owns for the
+            // process's lifetime (PIPE_READ).
+            let fd = PIPE_READ.load(std::sync::atomic::Ordering::SeqCst);
+            if fd < 0 || unsafe { libc::ioctl(fd, libc::FIONREAD, &mut pending) } != 0 || pending == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let _ = self.copied.load(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+static PIPE_READ: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Points fd 2 at a pipe whose reader copies everything to the original stderr and keeps the
+/// last `cap` bytes ([`StderrTail`]). Once per process (a second call returns the first tail).
+pub fn tee_stderr(cap: usize) -> io::Result<StderrTail> {
+    static TAIL: std::sync::OnceLock<StderrTail> = std::sync::OnceLock::new();
+    if let Some(t) = TAIL.get() {
+        return Ok(t.clone());
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: plain syscalls on fds this function creates; the originals are duplicated before
+    // fd 2 is replaced, and every fd ends up owned by exactly one File.
+    let (real, read) = unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let real = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
+        if real < 0 {
+            let e = io::Error::last_os_error();
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            return Err(e);
+        }
+        if libc::dup2(fds[1], 2) < 0 {
+            let e = io::Error::last_os_error();
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            libc::close(real);
+            return Err(e);
+        }
+        libc::close(fds[1]);
+        (File::from_raw_fd(real), File::from_raw_fd(fds[0]))
+    };
+    PIPE_READ.store(std::os::fd::AsRawFd::as_raw_fd(&read), std::sync::atomic::Ordering::SeqCst);
+    let tail = StderrTail { buf: Default::default(), cap, real: std::sync::Arc::new(real), copied: Default::default() };
+    let t = tail.clone();
+    std::thread::Builder::new().name("concord-stderr-tee".into()).spawn(move || {
+        let mut read = read;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match std::io::Read::read(&mut read, &mut chunk) {
+                Ok(0) => return,
+                Ok(n) => {
+                    let _ = std::io::Write::write_all(&mut &*t.real, &chunk[..n]);
+                    let mut b = t.buf.lock().unwrap_or_else(|e| e.into_inner());
+                    b.extend(&chunk[..n]);
+                    let over = b.len().saturating_sub(t.cap);
+                    b.drain(..over);
+                    t.copied.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    })?;
+    let _ = TAIL.set(tail.clone());
+    Ok(TAIL.get().cloned().unwrap_or(tail))
+}

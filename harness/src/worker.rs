@@ -14,7 +14,7 @@
 
 use crate::outcome::Outcome;
 use crate::platform;
-use concord_store::FileStore;
+use concord_store::Store;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufRead, Write};
@@ -298,8 +298,8 @@ pub fn serve<S, E: Into<SetupError>>(
 
 /// Opens the world's store, publishes this rank's pid (`pid/<rank>`) and passes the
 /// rendezvous barrier.
-fn rendezvous(env: &WorkerEnv, timeout: Duration) -> Result<FileStore, String> {
-    let store = FileStore::open(&env.store_path, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
+fn rendezvous(env: &WorkerEnv, timeout: Duration) -> Result<Store, String> {
+    let store = Store::open(&env.store_path, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
     store.set(&format!("pid/{}", env.rank), std::process::id().to_string().as_bytes()).map_err(|e| format!("rendezvous: {e}"))?;
     store.barrier(RENDEZVOUS_BARRIER, env.world_size, timeout).map_err(|e| format!("rendezvous: {e}"))?;
     Ok(store)

@@ -4,7 +4,7 @@
 #
 #   scripts/gpu/bundle.sh                 # (cargo xtask gpu-bundle) the conformance binary (every
 #                                         # suite on every built-in backend, NCCL included), the NCCL
-#                                         # benchmark, the store CLI + FileStore interop script
+#                                         # benchmark, the store CLI + FileStore and TCPStore interop scripts
 #   BUNDLE_TEST_PACKAGES="pkg ..." scripts/gpu/bundle.sh
 #                                         # + the test executables (harness = false runners) of
 #                                         #   those packages, copied under their target names
@@ -28,7 +28,7 @@ cargo build --release -p concord-store --bin concord-store
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"
 cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-bench" "$target_dir/release/concord-store" "$dist/bin/"
-cp "$root/store/scripts/filestore_interop.py" "$dist/scripts/"
+cp "$root/store/scripts/filestore_interop.py" "$root/store/scripts/tcpstore_interop.py" "$dist/scripts/"
 BUNDLE_TEST_PACKAGES="concord-cli ${BUNDLE_TEST_PACKAGES:-}"
 
 for pkg in ${BUNDLE_TEST_PACKAGES:-}; do

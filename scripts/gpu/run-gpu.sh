@@ -8,6 +8,11 @@
 #   dist/run-gpu.sh table [args...]      nccl-tests' table, every output checked (concord-bench
 #                                        --backend nccl --ranks <GPUs>; e.g. --op all_reduce -e 1G;
 #                                        CUDA-event times, raw NCCL alongside with the ratio)
+#   dist/run-gpu.sh tcpstore             the Rust TCP store against torch.distributed.TCPStore, both
+#                                        directions, both sides as server (python3 + torch)
+#   dist/run-gpu.sh torchrun BACKEND [args...]
+#                                        the conformance binary under torchrun --standalone, one rank
+#                                        per GPU (NPROC overrides), rendezvous on torchrun's own store
 #   dist/run-gpu.sh <binary> [args...]   any other bundled binary in dist/bin
 # NVLink multicast stays off: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,6 +41,12 @@ cmd=${1:-nccl}
 case "$cmd" in
     nccl) exec "$here/bin/conformance" --backend nccl --report "${REPORT:-$here/report}" "$@" ;;
     bench) exec "$here/bin/concord-nccl-bench" "$@" ;;
+    tcpstore) exec python3 "$here/scripts/tcpstore_interop.py" --store-bin "$here/bin/concord-store" "$@" ;;
+    torchrun)
+        backend=${1:-nccl}
+        [ $# -gt 0 ] && shift
+        exec torchrun --standalone --nproc-per-node "${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}" --no-python \
+            "$here/bin/conformance" --backend "$backend" "$@" ;;
     table) exec "$here/bin/concord-bench" --backend nccl --ranks "$(nvidia-smi -L 2>/dev/null | wc -l)" "$@" ;;
     *) exec "$here/bin/$cmd" "$@" ;;
 esac

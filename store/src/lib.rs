@@ -1,8 +1,11 @@
 //! # concord-store
 //!
-//! **One job:** a key-value store in one file, byte-compatible with PyTorch's c10d `FileStore`,
+//! **One job:** a key-value store in one file (or on a TCP server), byte-compatible with PyTorch's c10d `FileStore`,
 //! so a Rust rank and a Python `torch.distributed.FileStore` can share one file. Ranks and
 //! backends rendezvous through it; it knows nothing of processes, runners or backends.
+//!
+//! [`tcp`] is the same store over TCP, wire-compatible with c10d's `TCPStore`; [`Store`] is
+//! either, opened from a [`StoreAddr`] (a file path or `tcp://host:port[/prefix]`).
 //!
 //! # File format (c10d's, unchanged)
 //! The file is an append-only sequence of records `[u32 len][key bytes][u32 len][value bytes]`,
@@ -28,6 +31,11 @@
 //!   phase: closing an inotify instance that held a watch costs ~10 ms on Linux.)
 //! * `num_keys` counts like c10d: every key in the map, including the internal `refcount/` and
 //!   `cleanup/` keys.
+
+pub mod addr;
+pub mod tcp;
+pub use addr::{Store, StoreAddr};
+pub use tcp::{TcpServer, TcpStore};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -79,6 +87,8 @@ pub enum StoreError {
     Io { path: String, msg: String },
     #[error("store file {path} is corrupt: {msg}")]
     Corrupt { path: String, msg: String },
+    #[error("store server at {addr} unreachable after {waited_ms} ms: {msg}")]
+    Unreachable { addr: String, waited_ms: u64, msg: String },
 }
 
 /// A raw key and its value, as stored.
@@ -127,7 +137,7 @@ fn encode_record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 
 /// Parses a counter value the way c10d does (`std::stoll`: optional leading whitespace and sign,
 /// then digits; anything after the digits is ignored).
-fn parse_counter(v: &[u8]) -> Option<i64> {
+pub(crate) fn parse_counter(v: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(v).ok()?.trim_start();
     let end =
         s.char_indices().find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+')))).map(|(i, _)| i).unwrap_or(s.len());

@@ -2,7 +2,7 @@
 
 use concord_core::{Backend, CollectiveError, WorldInfo};
 use concord_harness::outcome::Outcome;
-use concord_store::FileStore;
+use concord_store::Store;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -107,7 +107,7 @@ pub struct Ctx<'a, B: Backend> {
     /// Deadline for one wait inside the case.
     pub timeout: Duration,
     pub groups: &'a mut HashMap<Vec<usize>, Option<B>>,
-    pub store: &'a FileStore,
+    pub store: &'a Store,
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {

@@ -14,6 +14,7 @@ pub mod autotune;
 pub mod case;
 pub mod contract;
 pub mod exec;
+mod external;
 pub mod report;
 pub mod run;
 pub mod suites;

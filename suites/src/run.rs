@@ -9,7 +9,7 @@ use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
 use concord_harness::verdict::Verdict;
 use concord_harness::worker::{self, SetupError, WorkerEnv};
-use concord_store::FileStore;
+use concord_store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +28,9 @@ pub struct CaseInfo {
 type ServeFn = dyn Fn(WorkerEnv) + Send + Sync;
 type ListFn = dyn Fn() -> Vec<CaseInfo> + Send + Sync;
 type ChildFn = dyn Fn() + Send + Sync;
+type ExternalFn = dyn Fn(&mut concord_harness::external::Rank, &BackendEntry, &[CaseInfo], &mut crate::external::Recorder) -> Result<(), String>
+    + Send
+    + Sync;
 
 /// One backend in a conformance binary: its name (the case-id prefix), its catalogue, and how a
 /// worker process serves it.
@@ -44,6 +47,7 @@ pub struct BackendEntry {
     list: Arc<ListFn>,
     serve: Arc<ServeFn>,
     child: Arc<ChildFn>,
+    pub(crate) external: Arc<ExternalFn>,
 }
 
 impl BackendEntry {
@@ -70,13 +74,14 @@ impl BackendEntry {
             }),
             serve: Arc::new(move |env| serve_worker::<B>(env, &p2, cases)),
             child: Arc::new(|| crate::suites::async_wait::unwaited_child::<B>()),
+            external: Arc::new(move |rank, entry, selected, rec| crate::external::run_backend::<B>(rank, entry, cases, selected, rec)),
         }
     }
 
     /// The same backend with another catalogue (name, GPUs, options and rerun command kept).
     pub fn with_catalogue<B: Backend>(self, cases: fn() -> Vec<Case<B>>) -> Self {
         let fresh = BackendEntry::new::<B>(&self.name, self.gpus_per_rank, cases);
-        BackendEntry { list: fresh.list, serve: fresh.serve, child: fresh.child, ..self }
+        BackendEntry { list: fresh.list, serve: fresh.serve, child: fresh.child, external: fresh.external, ..self }
     }
 
     /// Sets the rerun command (the built-in default is `cargo xtask conformance --backend <name>
@@ -96,12 +101,55 @@ impl BackendEntry {
     }
 }
 
-struct WorkerState<B: Backend> {
-    backend: B,
+pub(crate) struct WorkerState<B: Backend> {
+    pub(crate) backend: B,
+    pub(crate) world: concord_core::WorldInfo,
+    pub(crate) store: Store,
+    pub(crate) groups: HashMap<Vec<usize>, Option<B>>,
+    pub(crate) cases: HashMap<String, Case<B>>,
+}
+
+/// Opens the world's store and initialises the backend on this rank (a worker's setup, and an
+/// externally launched rank's init step).
+pub(crate) fn init_state<B: Backend>(
     world: concord_core::WorldInfo,
-    store: FileStore,
-    groups: HashMap<Vec<usize>, Option<B>>,
-    cases: HashMap<String, Case<B>>,
+    prefix: &str,
+    cases: fn() -> Vec<Case<B>>,
+) -> Result<WorkerState<B>, SetupError> {
+    let store = Store::open(&world.store_path, world.world_size, world.op_timeout)
+        .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
+    let backend = B::init(&world).map_err(|e| match e {
+        // A declared gap (say, a world larger than the backend supports): UNSUPPORTED.
+        CollectiveError::Unsupported(why) => SetupError::Unsupported(format!("backend init: {why}")),
+        e => SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank)),
+    })?;
+    let cases = cases().into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
+    Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
+}
+
+/// Runs one case body on this rank and checks quiescence after it.
+pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Outcome {
+    let Some(case) = st.cases.get(case_id) else {
+        return Outcome::Failed(format!("unknown case `{case_id}` (the parent and the worker disagree on the catalogue)"));
+    };
+    let body = case.body.clone();
+    let mut ctx = Ctx {
+        b: &st.backend,
+        world: &st.world,
+        case: case_id,
+        timeout: concord_harness::config::Config::wait_timeout(case.deadline),
+        groups: &mut st.groups,
+        store: &st.store,
+    };
+    let result = body(&mut ctx);
+    if result.is_ok() {
+        // Quiescence: a case that returns Ok has waited (or dropped) every work it issued,
+        // on the world and on every subgroup; a backend whose count stays up leaks works.
+        if let Some(m) = leaked_works(&st.backend, &st.groups, case_id) {
+            return Outcome::Failed(m);
+        }
+    }
+    to_outcome(result)
 }
 
 fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Case<B>>) -> ! {
@@ -109,41 +157,8 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
     crate::case::set_registered_name(&prefix);
     worker::serve(
         env,
-        move |env| {
-            let world = env.world_info();
-            let store = FileStore::open(&world.store_path, world.world_size, world.op_timeout)
-                .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
-            let backend = B::init(&world).map_err(|e| match e {
-                // A declared gap (say, a world larger than the backend supports): UNSUPPORTED.
-                CollectiveError::Unsupported(why) => SetupError::Unsupported(format!("backend init: {why}")),
-                e => SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank)),
-            })?;
-            let cases = cases().into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
-            Ok::<_, SetupError>(WorkerState { backend, world, store, groups: HashMap::new(), cases })
-        },
-        |st: &mut WorkerState<B>, case_id: &str| {
-            let Some(case) = st.cases.get(case_id) else {
-                return Outcome::Failed(format!("unknown case `{case_id}` (the parent and the worker disagree on the catalogue)"));
-            };
-            let body = case.body.clone();
-            let mut ctx = Ctx {
-                b: &st.backend,
-                world: &st.world,
-                case: case_id,
-                timeout: concord_harness::config::Config::wait_timeout(case.deadline),
-                groups: &mut st.groups,
-                store: &st.store,
-            };
-            let result = body(&mut ctx);
-            if result.is_ok() {
-                // Quiescence: a case that returns Ok has waited (or dropped) every work it issued,
-                // on the world and on every subgroup; a backend whose count stays up leaks works.
-                if let Some(m) = leaked_works(&st.backend, &st.groups, case_id) {
-                    return Outcome::Failed(m);
-                }
-            }
-            to_outcome(result)
-        },
+        move |env| init_state::<B>(env.world_info(), &prefix, cases),
+        |st: &mut WorkerState<B>, case_id: &str| run_body(st, case_id),
     )
 }
 
@@ -253,10 +268,10 @@ struct Cli {
 
 /// What conformance mode runs.
 #[derive(Default, Debug)]
-struct Opts {
-    report: Option<std::path::PathBuf>,
-    exact: Vec<String>,
-    filter: Vec<String>,
+pub(crate) struct Opts {
+    pub(crate) report: Option<std::path::PathBuf>,
+    pub(crate) exact: Vec<String>,
+    pub(crate) filter: Vec<String>,
     jobs: Option<usize>,
 }
 
@@ -314,6 +329,11 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
         opts.exact = names;
     } else {
         opts.filter = names;
+    }
+    // Started by torchrun / mpirun / srun: this process is one rank of the launcher's world.
+    // (`--list` still lists: a test runner asking what is there is not a rank.)
+    if let Some(launch) = concord_harness::config::Config::global().launch.as_ref().filter(|_| !cli.libtest.list) {
+        std::process::exit(crate::external::main(&entries, launch, &opts));
     }
     let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, cli.libtest) };
     Pool::global().shutdown();

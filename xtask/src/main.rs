@@ -15,6 +15,14 @@
 //!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
 //! * `cargo xtask autotune --backend shm [--ranks N]` — tune the built-in collective choice sets.
+//! * `cargo xtask mpi-diff [--ranks 4] [--seed 1] [--trials 300]` — the differential test: shm,
+//!   MPI and the oracle on random inputs, under `mpirun`.
+//! * `cargo xtask two-hosts` — ranks in two network namespaces ("hosts") joined by a veth pair:
+//!   the mpi matrix and the differential test across them, shm refusing the world
+//!   (`scripts/netns/two-hosts.sh`; needs root; skipped with the reason otherwise).
+//!
+//! Commands that use MPI (`--backend mpi`, `mpi-diff`, `two-hosts`) build with the `mpi` feature
+//! and install Debian's `openmpi-bin libopenmpi-dev libclang-dev` with apt-get when missing.
 #![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
@@ -42,9 +50,12 @@ enum Cmd {
     },
     /// Run the conformance suites on a backend and write the report.
     Conformance {
-        /// Backend name: shm (default), fake, nccl.
+        /// Backend name: shm (default), fake, nccl, mpi (alone: runs under mpirun).
         #[arg(long, default_value = "shm")]
         backend: Vec<String>,
+        /// `--backend mpi`: the ranks mpirun starts (the world size of the cases run).
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
         /// Where the report goes.
         #[arg(long, default_value = "target/concord-report")]
         report: PathBuf,
@@ -87,6 +98,24 @@ enum Cmd {
     },
     /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
     GpuBundle,
+    /// The differential test under mpirun: shm, MPI and the oracle must agree on random inputs.
+    MpiDiff {
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 300)]
+        trials: u64,
+    },
+    /// Ranks in two network namespaces joined by a veth pair (two "hosts" in one box, root only):
+    /// the mpi conformance matrix across them (TCP store, Open MPI over TCP), shm refusing the
+    /// world by name, and the differential test (MPI against the oracle) across them.
+    TwoHosts {
+        #[arg(long, default_value_t = 2)]
+        ranks_per_host: usize,
+        #[arg(long, default_value_t = 200)]
+        trials: u64,
+    },
     /// Tune the built-in collective choice sets (4 KiB – 64 MiB) and print the tables and winners.
     Autotune {
         #[arg(long, default_value = "shm")]
@@ -125,11 +154,56 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
+/// Open MPI (`mpirun`, `mpicc`, headers) and libclang (rsmpi's bindgen) for the `mpi` feature,
+/// installed with apt-get when missing (needs root).
+fn ensure_mpi() -> Result<()> {
+    let sh = |c: &str| Command::new("sh").args(["-c", c]).output().map(|o| o.status.success()).unwrap_or(false);
+    let libclang = "ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang*.so* /usr/lib64/libclang*.so* 2>/dev/null | grep -q .";
+    if sh("command -v mpicc && command -v mpirun") && sh(libclang) {
+        return Ok(());
+    }
+    eprintln!("xtask: the mpi feature needs Open MPI and libclang: installing openmpi-bin libopenmpi-dev libclang-dev with apt-get");
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get").args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev", "libclang-dev"]))
+        .context("installing Open MPI failed (run as root, or install openmpi-bin libopenmpi-dev libclang-dev)")
+}
+
+/// Runs the conformance binary under mpirun, passing its stdout through, and returns the exit
+/// code: mpirun's when non-zero, else 1 unless rank 0's closing line says nothing failed (with
+/// `--enable-recovery`, Open MPI 4.1's mpirun exits 0 even when every rank exited non-zero).
+fn run_mpirun_conformance(mut c: Command) -> Result<i32> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = c.current_dir(root()).stdout(std::process::Stdio::piped()).spawn().context("could not start mpirun")?;
+    let mut clean = false;
+    let mut aborted = false;
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.unwrap_or_default();
+        let _ = writeln!(std::io::stdout(), "{line}");
+        aborted |= line.starts_with("ABORTED:");
+        // rank 0's closing line: `N passed, M failed, K skipped`.
+        if let Some(rest) = line.split_once(" passed, ").map(|(_, r)| r) {
+            clean = rest.starts_with("0 failed");
+        }
+    }
+    let status = child.wait().context("waiting for mpirun")?;
+    Ok(match status.code() {
+        Some(0) if clean && !aborted => 0,
+        Some(0) | None => 1,
+        Some(c) => c,
+    })
+}
+
 /// Builds test target `target` of `package` in release and returns the executable's path (from
 /// cargo's JSON messages), so the caller runs it directly.
 fn build_test_binary(package: &str, target: &str) -> Result<PathBuf> {
+    build_test_binary_with(package, target, &["--release"])
+}
+
+/// [`build_test_binary`] with other cargo flags (a profile, features) instead of `--release`.
+fn build_test_binary_with(package: &str, target: &str, flags: &[&str]) -> Result<PathBuf> {
     let out = cargo()
-        .args(["test", "--release", "--no-run", "--quiet", "--message-format=json-render-diagnostics", "-p", package, "--test", target])
+        .args(["test", "--no-run", "--quiet", "--message-format=json-render-diagnostics", "-p", package, "--test", target])
+        .args(flags)
         .current_dir(root())
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -169,15 +243,46 @@ fn main() -> Result<()> {
             run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
-        Cmd::Conformance { backend, report, exact, jobs, contract, filters } => {
+        Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
             let exact_given = !exact.is_empty();
             if exact_given && !filters.is_empty() {
                 bail!("give either --exact case ids or substring filters, not both");
             }
-            let exe = build_test_binary("concord-cli", "conformance")?;
-            let mut c = Command::new(exe);
+            let mpi = backend.iter().any(|b| b == "mpi");
+            if mpi && backend.len() > 1 {
+                bail!("--backend mpi runs alone (its ranks are started by mpirun)");
+            }
+            let mut c = if mpi && !contract {
+                ensure_mpi()?;
+                run(cargo().args([
+                    "build",
+                    "--profile",
+                    "ci",
+                    "--quiet",
+                    "-p",
+                    "concord-cli",
+                    "--features",
+                    "mpi",
+                    "--bin",
+                    "concord-conformance",
+                ]))?;
+                let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+                let target = if target.is_absolute() { target } else { root().join(target) };
+                // --enable-recovery: a rank that dies does not take the others down with it, so
+                // rank 0 names it (its heartbeat stops) and every rank exits non-zero itself.
+                let mut c = Command::new("mpirun");
+                c.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &ranks.to_string()]);
+                c.arg(target.join("ci/concord-conformance"));
+                c
+            } else if mpi {
+                // The contract map only lists cases: no mpirun, but the registry needs the feature.
+                ensure_mpi()?;
+                Command::new(build_test_binary_with("concord-cli", "conformance", &["--profile", "ci", "--features", "mpi"])?)
+            } else {
+                Command::new(build_test_binary("concord-cli", "conformance")?)
+            };
             for b in &backend {
                 c.args(["--backend", b]);
             }
@@ -200,6 +305,9 @@ fn main() -> Result<()> {
             }
             if names.len() > 1 {
                 c.arg("--").args(&names[1..]);
+            }
+            if mpi {
+                std::process::exit(run_mpirun_conformance(c)?);
             }
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
@@ -246,6 +354,87 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
+        Cmd::MpiDiff { ranks, seed, trials } => {
+            ensure_mpi()?;
+            let exe = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            // The binary starts itself under mpirun (with a fresh store for shm) and cleans up.
+            let status = Command::new(exe)
+                .args(["--ranks", &ranks.to_string(), "--seed", &seed.to_string(), "--trials", &trials.to_string()])
+                .status()
+                .context("could not start the differential test")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::TwoHosts { ranks_per_host, trials } => {
+            ensure_mpi()?;
+            run(cargo().args([
+                "build",
+                "--profile",
+                "ci",
+                "--quiet",
+                "-p",
+                "concord-cli",
+                "--features",
+                "mpi",
+                "--bin",
+                "concord-conformance",
+            ]))?;
+            let diff = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
+            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+            let conf = if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance");
+            let dir = tempfile::tempdir().context("a temp dir")?;
+            let script = |args: &[&std::ffi::OsStr]| {
+                let mut c = Command::new("bash");
+                c.arg(root().join("scripts/netns/two-hosts.sh")).args(["--ranks-per-host", &ranks_per_host.to_string(), "--"]).args(args);
+                c
+            };
+            // 1. The MPI backend's matrix across the hosts (rendezvous on the TCP store on host A).
+            println!("xtask two-hosts: 1/3 the mpi conformance matrix across the two hosts");
+            let mpi_report = dir.path().join("mpi");
+            let code = run_mpirun_conformance(script(&[
+                "--enable-recovery".as_ref(),
+                conf.as_os_str(),
+                "--backend".as_ref(),
+                "mpi".as_ref(),
+                "--report".as_ref(),
+                mpi_report.as_os_str(),
+            ]))?;
+            if code == 77 {
+                println!("xtask two-hosts: skipped (the reason is above)");
+                return Ok(());
+            }
+            if code != 0 {
+                bail!("two-hosts: the mpi matrix across hosts failed (exit {code})");
+            }
+            // 2. shm across the hosts: every case UNSUPPORTED by the named refusal, at once.
+            println!("xtask two-hosts: 2/3 shm across the two hosts must refuse the world");
+            let shm_report = dir.path().join("shm");
+            let st = script(&[conf.as_os_str(), "--backend".as_ref(), "shm".as_ref(), "--report".as_ref(), shm_report.as_os_str()])
+                .status()
+                .context("could not start scripts/netns/two-hosts.sh")?;
+            let json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
+                    .context("two-hosts: shm wrote no report")?;
+            let cases = json["cases"].as_array().cloned().unwrap_or_default();
+            let refused = cases
+                .iter()
+                .filter(|c| c["status"] == "unsupported" && c["detail"].as_str().is_some_and(|d| d.contains("the world spans hosts")))
+                .count();
+            if !st.success() || cases.is_empty() || refused != cases.len() {
+                bail!("two-hosts: shm did not refuse the world on every case ({refused} of {} refused by name; exit {st})", cases.len());
+            }
+            println!("xtask two-hosts: shm refused all {refused} cases: the world spans hosts");
+            // 3. The differential test across the hosts: MPI against the oracle, shm refusing.
+            println!("xtask two-hosts: 3/3 the differential test across the two hosts");
+            let st = script(&[diff.as_os_str(), "--hosts".as_ref(), "--trials".as_ref(), trials.to_string().as_ref()])
+                .env("CONCORD_DIFF_STORE", dir.path().join("store"))
+                .env("CONCORD_DIFF_WORLD", format!("hosts{}", std::process::id()))
+                .status()
+                .context("could not start scripts/netns/two-hosts.sh")?;
+            if !st.success() {
+                bail!("two-hosts: the differential test across hosts failed ({st})");
+            }
+            Ok(())
+        }
         Cmd::Autotune { backend, ranks, args } => {
             if backend != "shm" {
                 bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");

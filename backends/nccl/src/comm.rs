@@ -544,7 +544,7 @@ impl NcclBackend {
         validate: bool,
         init_time: Duration,
         gpus: usize,
-        store: Option<concord_store::FileStore>,
+        store: Option<concord_store::Store>,
         progress: Option<Arc<Progress>>,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
@@ -584,7 +584,17 @@ impl NcclBackend {
             std::env::set_var("NCCL_NVLS_ENABLE", "0");
         }
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
-        if ws > info.gpus {
+        // One GPU per rank of this host: a launcher's local rank picks it (a world Concord
+        // launched itself is on one host, so there the local rank is the rank).
+        let local = world.local_rank();
+        if world.option(concord_core::LOCAL_RANK_OPTION).is_some() {
+            if local >= info.gpus {
+                return Err(CollectiveError::Unsupported(format!(
+                    "nccl: local rank {local} needs GPU {local}, this host has {}",
+                    info.gpus
+                )));
+            }
+        } else if ws > info.gpus {
             return Err(CollectiveError::Unsupported(format!("nccl: needs {ws} GPUs, found {}", info.gpus)));
         }
         let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
@@ -598,9 +608,9 @@ impl NcclBackend {
         let deadline = started + init_timeout;
         let fail = |what: &str, e: String| CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"));
 
-        let dev = Device::new(rank).map_err(|e| fail("CUDA device", e))?;
-        let store = concord_store::FileStore::open(&world.store_path, ws, init_timeout)
-            .map_err(|e| fail("opening the file store", e.to_string()))?;
+        let dev = Device::new(world.local_rank()).map_err(|e| fail("CUDA device", e))?;
+        let store = concord_store::Store::open(&world.store_path, ws, init_timeout)
+            .map_err(|e| fail("opening the world's store", e.to_string()))?;
         let key = format!("concord/nccl/{}/unique_id", world.world_id);
         let id = if rank == 0 {
             let mut id = nccl::ncclUniqueId { internal: [0; 128] };

@@ -152,7 +152,7 @@ pub struct NcclBackend {
     barrier_buf: NcclBuffer,
     init_time: Duration,
     gpus: usize,
-    _store: Option<concord_store::FileStore>,
+    _store: Option<concord_store::Store>,
 }
 
 impl NcclBackend {

@@ -50,7 +50,7 @@ use concord_core::{
     progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
     Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
-use concord_store::FileStore;
+use concord_store::Store;
 use exec::{Comm, Job, Progress, SendCompletion};
 use post::Post;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -244,6 +244,14 @@ impl ShmBackend {
     }
 }
 
+/// This machine as the shm backend tells hosts apart: the UTS hostname and the kernel's boot id
+/// (two machines may share a hostname; two UTS namespaces of one machine do not).
+fn host_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{} (boot {})", host.trim(), boot.trim())
+}
+
 impl Drop for ShmBackend {
     fn drop(&mut self) {
         self.comm.abort.store(true, SeqCst);
@@ -300,8 +308,22 @@ impl Backend for ShmBackend {
             ctl::Ctl::init(&m, n);
             ctl_map = Some(m);
         }
-        let store = FileStore::open(&world.store_path, n, world.op_timeout).map_err(store_err)?;
+        let store = Store::open(&world.store_path, n, world.op_timeout).map_err(store_err)?;
+        let host_key = |r: usize| format!("concord-shm/{}/host/{r}", world.world_id);
+        store.set(&host_key(rank), host_identity().as_bytes()).map_err(store_err)?;
         store.barrier(&format!("concord-shm/{}/segments", world.world_id), n, world.op_timeout).map_err(store_err)?;
+        // One host only: every rank compares every rank's host identity (the same verdict
+        // everywhere, before any peer's segment is opened).
+        let hosts: Vec<String> = (0..n)
+            .map(|r| store.get(&host_key(r)).map(|v| String::from_utf8_lossy(&v).into_owned()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(store_err)?;
+        if let Some(r) = hosts.iter().position(|h| *h != hosts[0]) {
+            return Err(CollectiveError::Unsupported(format!(
+                "shm backend: the world spans hosts: rank 0 is on {} but rank {r} is on {}; shared memory needs every rank on one host (use the mpi backend across hosts)",
+                hosts[0], hosts[r]
+            )));
+        }
         let mut own_map = Some(own_map);
         let mut arenas = Vec::with_capacity(n);
         for r in 0..n {

@@ -1,0 +1,870 @@
+//! # concord-mpi
+//!
+//! **One job:** a [`concord_core::Backend`] over MPI (rsmpi's bindings to Open MPI), for ranks
+//! started by `mpirun`: the multi-host CPU backend, and an implementation independent of the
+//! shm backend to check it (and the oracle) against.
+//!
+//! The crate needs MPI only with its `mpi` feature (off by default, so the workspace builds and
+//! tests on a machine without MPI); without it the crate is empty. `cargo xtask conformance
+//! --backend mpi --ranks 4` turns the feature on, installs Open MPI and libclang with apt-get when
+//! missing, and runs the conformance binary under `mpirun`.
+//!
+//! ## Design (with the `mpi` feature)
+//! * **Init.** MPI is initialised once per process with `MPI_THREAD_MULTIPLE` (finalised at exit
+//!   unless a call is stuck). A world of `n` ranks is `MPI_COMM_WORLD` ranks `0..n`
+//!   (`MPI_Comm_create_group`, so ranks outside it need not take part); the world's rank MUST be
+//!   the process's `mpirun` rank, else init names the mismatch. Init runs under the op deadline.
+//! * **Collectives** run on a progress thread per communicator, in issue order; issue returns at
+//!   once with a [`Work`] whose wait has the caller's deadline. Each collective first allgathers
+//!   every rank's [`CallDesc`] and checks them with [`concord_core::validate_all`], so bad input
+//!   is the same named `BadInput` on every rank and the communicator stays usable; then one MPI
+//!   collective moves the data (`MPI_Allreduce`, `_Reduce_scatter_block`, `_Allgather`,
+//!   `_Alltoallv`, `_Bcast`, `_Reduce`, `_Gather`, `_Scatter`, `_Sendrecv` for permute,
+//!   `_Barrier`), through temporary buffers (views, in-place ops and aliasing need no care).
+//! * **Reductions.** Integers travel sign- or zero-extended to 64 bits and reduce with this
+//!   backend's own MPI user ops (Open MPI 4.1's built-in 8/16-bit sums saturate,
+//!   open-mpi/ompi#8045, and 4.1.4's unsigned min is wrong, #10648: the differential test caught
+//!   the first); the result's low bits are the wrapped result, `avg` divides it by the size,
+//!   truncating. Floats (f16, bf16, f32, f64) travel as f64: `premul_sum`
+//!   scales by the factor first, `avg` divides the f64 sum; the f64 result is rounded once to the
+//!   dtype (exact-then-round); min / max are user ops with NaN propagating and `-0 < +0`.
+//! * **Point to point** on a duplicate communicator, one thread per op: the `k`-th message from
+//!   `a` to `b` uses tags `3k`, `3k+1`, `3k+2` (headers both ways, then the data), so pairs
+//!   match by count whatever the threads' order; both sides check the pair with
+//!   [`concord_core::validate_pair`]; the data goes with `MPI_Ssend` (a send completes once
+//!   the receiver takes it).
+//! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
+//! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
+//!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
+//!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
+//!   `--enable-recovery` (as `cargo xtask conformance --backend mpi` runs it) the others live on
+//!   and the external-launch mode names the dead rank on rank 0. Messages are at most 2 GiB (MPI's
+//!   `int` counts).
+
+#[cfg(feature = "mpi")]
+mod sys;
+
+#[cfg(feature = "mpi")]
+pub use imp::*;
+
+#[cfg(feature = "mpi")]
+mod imp {
+    use crate::sys::{self, Comm};
+    use concord_core::{
+        progress, validate_all, validate_local, validate_pair, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag,
+        OutstandingCounter, ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    };
+    use std::alloc::Layout;
+    use std::sync::{mpsc, Arc, Mutex};
+    use std::time::Duration;
+
+    /// Largest world (and subgroup) the backend declares.
+    pub const MAX_WORLD_SIZE: usize = 64;
+
+    fn caps() -> Capabilities {
+        Capabilities::full(MAX_WORLD_SIZE)
+    }
+
+    fn backend_err(m: impl std::fmt::Display) -> CollectiveError {
+        CollectiveError::Backend(format!("mpi backend: {m}"))
+    }
+
+    /// Heap storage of one buffer (64-byte aligned, zeroed).
+    struct Mem {
+        ptr: *mut u8,
+        layout: Layout,
+    }
+    // SAFETY: the storage is plain bytes; collectives read and write it from the progress thread
+    // while the caller holds the buffer, as a device buffer would be.
+    unsafe impl Send for Mem {}
+    unsafe impl Sync for Mem {}
+    impl Drop for Mem {
+        fn drop(&mut self) {
+            // SAFETY: allocated with this layout in `MpiBuffer::new`.
+            unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        }
+    }
+
+    /// A buffer in this process's memory, or a view into one.
+    #[derive(Clone)]
+    pub struct MpiBuffer {
+        mem: Arc<Mem>,
+        off: usize,
+        dtype: DType,
+        shape: Vec<usize>,
+    }
+
+    impl std::fmt::Debug for MpiBuffer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "MpiBuffer<{}>{:?}@{:#x}", self.dtype, self.shape, self.addr())
+        }
+    }
+
+    impl MpiBuffer {
+        fn new(dtype: DType, shape: &[usize]) -> Result<MpiBuffer> {
+            let bytes = shape
+                .iter()
+                .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+                .ok_or_else(|| backend_err(format!("a {dtype}{shape:?} buffer does not fit in the address space")))?;
+            let layout = Layout::from_size_align(bytes.max(1), 64).map_err(backend_err)?;
+            // SAFETY: non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                return Err(backend_err(format!("cannot allocate {bytes} bytes")));
+            }
+            Ok(MpiBuffer { mem: Arc::new(Mem { ptr, layout }), off: 0, dtype, shape: shape.to_vec() })
+        }
+        fn numel(&self) -> usize {
+            self.shape.iter().product()
+        }
+        fn nbytes(&self) -> usize {
+            self.numel() * self.dtype.size()
+        }
+        fn addr(&self) -> usize {
+            self.mem.ptr as usize + self.off
+        }
+        fn desc(&self) -> TensorDesc {
+            TensorDesc::new(self.dtype, &self.shape)
+        }
+        fn read(&self) -> Vec<u8> {
+            let mut v = vec![0u8; self.nbytes()];
+            // SAFETY: off + nbytes lies inside the allocation (checked by `view`).
+            unsafe { std::ptr::copy_nonoverlapping(self.mem.ptr.add(self.off), v.as_mut_ptr(), v.len()) };
+            v
+        }
+        /// Writes `b` (at most `nbytes`) at the start of the buffer.
+        fn write_bytes(&self, b: &[u8]) {
+            let n = b.len().min(self.nbytes());
+            // SAFETY: as `read`.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.mem.ptr.add(self.off), n) };
+        }
+        fn overlaps(&self, o: &MpiBuffer) -> bool {
+            let (a, b) = (self.addr(), o.addr());
+            self.nbytes() > 0 && o.nbytes() > 0 && a < b + o.nbytes() && b < a + self.nbytes()
+        }
+    }
+
+    /// One communicator: its handles and this rank's place in it.
+    struct Group {
+        coll: Comm,
+        p2p: Comm,
+        n: usize,
+        me: usize,
+        label: String,
+    }
+
+    struct Job {
+        name: String,
+        call: CallDesc,
+        ins: Vec<MpiBuffer>,
+        outs: Vec<MpiBuffer>,
+        flag: Arc<Flag>,
+        reply: Option<mpsc::Sender<Option<(Comm, Comm)>>>,
+    }
+
+    /// The MPI backend (one instance per rank and per subgroup).
+    pub struct MpiBackend {
+        g: Arc<Group>,
+        tx: Mutex<Option<mpsc::Sender<Job>>>,
+        seq: Mutex<u64>,
+        send_k: Mutex<Vec<u64>>,
+        recv_k: Mutex<Vec<u64>>,
+        counter: OutstandingCounter,
+        op_timeout: Duration,
+    }
+
+    impl Drop for MpiBackend {
+        fn drop(&mut self) {
+            // Closing the queue ends the progress thread once its current op is done; it frees the
+            // communicators then. Never joined: a call stuck on a dead peer must not hang the drop.
+            self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+
+    fn tag_of(world_id: &str) -> i32 {
+        // FNV-1a of the world id, as a non-negative MPI tag (every rank of the world computes it).
+        let h = world_id.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        (h % 32_000) as i32
+    }
+
+    impl MpiBackend {
+        fn start(g: Group, op_timeout: Duration) -> Result<MpiBackend> {
+            let g = Arc::new(g);
+            let (tx, rx) = mpsc::channel::<Job>();
+            let gt = g.clone();
+            std::thread::Builder::new()
+                .name(format!("concord-mpi-{}", g.label))
+                .spawn(move || {
+                    for job in rx {
+                        run_job(&gt, job);
+                    }
+                    sys::free(gt.coll);
+                    sys::free(gt.p2p);
+                })
+                .map_err(|e| backend_err(format!("cannot start the progress thread: {e}")))?;
+            let n = g.n;
+            Ok(MpiBackend {
+                g,
+                tx: Mutex::new(Some(tx)),
+                seq: Mutex::new(0),
+                send_k: Mutex::new(vec![0; n]),
+                recv_k: Mutex::new(vec![0; n]),
+                counter: OutstandingCounter::default(),
+                op_timeout,
+            })
+        }
+
+        fn meta(&self, op: &str, seq: u64) -> WorkMeta {
+            WorkMeta { backend: "mpi".into(), op: op.to_string(), seq, rank: self.g.me }
+        }
+
+        fn call(&self, op: CallOp, variant: Variant, ins: &[&MpiBuffer], outs: &[&MpiBuffer]) -> CallDesc {
+            let mut d = CallDesc::new(op, variant, self.g.me);
+            d.inputs = ins.iter().map(|b| b.desc()).collect();
+            // `outputs` names the caller's buffers only (`_out` ops); the rule table sizes them.
+            if variant == Variant::OutBuf {
+                d.outputs = outs.iter().map(|b| b.desc()).collect();
+            }
+            let in_place = matches!(variant, Variant::InPlace | Variant::CoalescedInPlace);
+            let same = |a: &MpiBuffer, b: &MpiBuffer| a.addr() == b.addr() && a.nbytes() == b.nbytes();
+            d.aliased = outs.iter().enumerate().any(|(i, o)| {
+                ins.iter().enumerate().any(|(j, x)| o.overlaps(x) && !(in_place && i == j && same(o, x)))
+                    || outs[i + 1..].iter().any(|p| o.overlaps(p))
+            });
+            d
+        }
+
+        /// Queues a collective: sequence number and queue order are taken atomically.
+        fn issue<T>(&self, name: &str, mut call: CallDesc, ins: Vec<MpiBuffer>, outs: Vec<MpiBuffer>, value: T) -> Result<Work<T>> {
+            let (flag, seq) = self.submit(name, &mut call, ins, outs, None)?;
+            Ok(Work::new(value, flag, self.meta(name, seq), &self.counter))
+        }
+
+        fn submit(
+            &self,
+            name: &str,
+            call: &mut CallDesc,
+            ins: Vec<MpiBuffer>,
+            outs: Vec<MpiBuffer>,
+            reply: Option<mpsc::Sender<Option<(Comm, Comm)>>>,
+        ) -> Result<(Arc<Flag>, u64)> {
+            let flag = Flag::new();
+            let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+            *seq += 1;
+            call.seq = *seq;
+            progress::begin(&self.g.label, name, *seq);
+            let job = Job { name: name.to_string(), call: call.clone(), ins, outs, flag: flag.clone(), reply };
+            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let sent = tx.as_ref().map(|t| t.send(job).is_ok()).unwrap_or(false);
+            if !sent {
+                progress::end(&self.g.label, *seq);
+                return Err(CollectiveError::Aborted(format!("mpi backend rank {}: the progress thread is gone", self.g.me)));
+            }
+            Ok((flag, *seq))
+        }
+
+        fn gathered_shape(&self, x: &MpiBuffer) -> Vec<usize> {
+            match x.shape.split_first() {
+                None => vec![self.g.n],
+                Some((d0, rest)) => std::iter::once(d0 * self.g.n).chain(rest.iter().copied()).collect(),
+            }
+        }
+        fn scattered_shape(&self, x: &MpiBuffer) -> Vec<usize> {
+            match x.shape.split_first() {
+                None => vec![],
+                Some((d0, rest)) => std::iter::once(d0 / self.g.n).chain(rest.iter().copied()).collect(),
+            }
+        }
+
+        fn all_reduce_impl(&self, name: &str, xs: &[MpiBuffer], op: ReduceOp, variant: Variant) -> Result<Work<Vec<MpiBuffer>>> {
+            let in_place = matches!(variant, Variant::InPlace | Variant::CoalescedInPlace);
+            let outs: Vec<MpiBuffer> =
+                if in_place { xs.to_vec() } else { xs.iter().map(|x| MpiBuffer::new(x.dtype, &x.shape)).collect::<Result<_>>()? };
+            let mut c = self.call(CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+            c.reduce = Some(op);
+            self.issue(name, c, xs.to_vec(), outs.clone(), outs)
+        }
+
+        fn reduce_scatter_impl(
+            &self,
+            name: &str,
+            xs: &[MpiBuffer],
+            op: ReduceOp,
+            variant: Variant,
+            outs: Vec<MpiBuffer>,
+        ) -> Result<Work<Vec<MpiBuffer>>> {
+            let mut c = self.call(CallOp::ReduceScatter, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+            c.reduce = Some(op);
+            self.issue(name, c, xs.to_vec(), outs.clone(), outs)
+        }
+
+        fn check_p2p(&self, op: CallOp, b: &MpiBuffer, peer: usize) -> Result<CallDesc> {
+            let d = CallDesc::p2p(op, self.g.me, b.desc(), peer);
+            validate_local(&d, self.g.n, &caps()).map_err(|e| e.into_error(op.name(), 0, self.g.me))?;
+            Ok(d)
+        }
+
+        /// A point-to-point op on its own thread (see the crate docs for the protocol).
+        fn p2p<T>(&self, d: CallDesc, buf: MpiBuffer, peer: usize, value: T) -> Result<Work<T>> {
+            let is_send = d.op == CallOp::Send;
+            let k = {
+                let mut ks = if is_send { self.send_k.lock() } else { self.recv_k.lock() }.unwrap_or_else(|e| e.into_inner());
+                ks[peer] += 1;
+                ks[peer]
+            };
+            let name = if is_send { format!("send to {peer}") } else { format!("recv from {peer}") };
+            // Sequence numbers of p2p ops in the progress record: above every collective's.
+            let key = (1u64 << 62) | ((is_send as u64) << 61) | ((peer as u64) << 40) | k;
+            progress::begin(&self.g.label, if is_send { "send" } else { "recv" }, key);
+            let flag = Flag::new();
+            let (g, f) = (self.g.clone(), flag.clone());
+            let base = ((k % 700_000_000) * 3) as i32;
+            std::thread::Builder::new()
+                .name(format!("concord-mpi-p2p-{}", g.me))
+                .spawn(move || {
+                    let op_name = d.op.name();
+                    let r = p2p_run(&g, &d, &buf, peer, base);
+                    progress::end(&g.label, key);
+                    f.set(r.map_err(|e| match e {
+                        P2pErr::Bad(b) => b.into_error(op_name, k, g.me),
+                        P2pErr::Mpi(m) => backend_err(format!("{op_name} #{k} on rank {}: {m}", g.me)),
+                    }));
+                })
+                .map_err(|e| backend_err(format!("cannot start a point-to-point thread: {e}")))?;
+            Ok(Work::new(value, flag, self.meta(&name, k), &self.counter))
+        }
+    }
+
+    enum P2pErr {
+        Bad(concord_core::BadInput),
+        Mpi(String),
+    }
+    impl From<String> for P2pErr {
+        fn from(s: String) -> P2pErr {
+            P2pErr::Mpi(s)
+        }
+    }
+
+    fn p2p_run(g: &Group, d: &CallDesc, buf: &MpiBuffer, peer: usize, base: i32) -> std::result::Result<(), P2pErr> {
+        let c = g.p2p;
+        // Headers: the sender's on tag base (to the receiver), the receiver's on base + 1.
+        let theirs = if d.op == CallOp::Send {
+            sys::send_words(c, &d.encode(), peer, base)?;
+            sys::recv_words(c, peer, base + 1)?
+        } else {
+            let h = sys::recv_words(c, peer, base)?;
+            sys::send_words(c, &d.encode(), peer, base + 1)?;
+            h
+        };
+        let other = CallDesc::decode(&theirs).ok_or_else(|| P2pErr::Mpi(format!("malformed header from rank {peer}")))?;
+        validate_pair(d, &other, g.n, &caps()).map_err(P2pErr::Bad)?;
+        if d.op == CallOp::Send {
+            sys::ssend(c, &buf.read(), peer, base + 2)?;
+        } else {
+            let mut v = vec![0u8; buf.nbytes()];
+            sys::recv_bytes(c, &mut v, peer, base + 2)?;
+            buf.write_bytes(&v);
+        }
+        Ok(())
+    }
+
+    /// Runs one queued collective on the progress thread and completes its flag.
+    fn run_job(g: &Group, job: Job) {
+        let (me, seq) = (g.me, job.call.seq);
+        let r = (|| -> Result<Option<(Comm, Comm)>> {
+            let all = sys::allgather_words(g.coll, g.n, &job.call.encode()).map_err(backend_err)?;
+            let descs: Vec<CallDesc> = all
+                .iter()
+                .enumerate()
+                .map(|(r, w)| CallDesc::decode(w).ok_or_else(|| backend_err(format!("malformed call description from rank {r}"))))
+                .collect::<Result<_>>()?;
+            validate_all(&descs, &caps()).map_err(|e| e.into_error(&job.name, seq, me))?;
+            execute(g, &job, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))
+        })();
+        progress::end(&g.label, seq);
+        match r {
+            Ok(comm) => {
+                if let Some(reply) = &job.reply {
+                    let _ = reply.send(comm);
+                }
+                job.flag.set(Ok(()));
+            }
+            Err(e) => job.flag.set(Err(e)),
+        }
+    }
+
+    /// Float dtype layout for rounding: (exponent bits, mantissa bits).
+    fn layout(d: DType) -> (u32, u32) {
+        match d {
+            DType::F16 => (5, 10),
+            DType::BF16 => (8, 7),
+            DType::F32 => (8, 23),
+            _ => (11, 52),
+        }
+    }
+
+    /// Float elements as f64 (exact), each times `scale`.
+    fn to_f64(d: DType, b: &[u8], scale: f64) -> Vec<f64> {
+        let sz = d.size();
+        b.chunks_exact(sz)
+            .map(|c| {
+                let v = match d {
+                    DType::F16 => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+                    DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+                    DType::F32 => f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64,
+                    _ => f64::from_le_bytes(c.try_into().expect("8 bytes")),
+                };
+                if scale == 1.0 {
+                    v
+                } else {
+                    v * scale
+                }
+            })
+            .collect()
+    }
+
+    /// f64 values rounded once to the float dtype `d`, as bytes.
+    fn from_f64(d: DType, v: &[f64]) -> Vec<u8> {
+        let sz = d.size();
+        let mut out = Vec::with_capacity(v.len() * sz);
+        for &x in v {
+            let bits = if d == DType::F64 {
+                x.to_bits()
+            } else {
+                let (e, m) = layout(d);
+                concord_core::dtype::round_f64_to_bits(x, e, m)
+            };
+            out.extend_from_slice(&bits.to_le_bytes()[..sz]);
+        }
+        out
+    }
+
+    /// Integer elements divided by `n`, truncating toward zero (avg of the wrapped sum).
+    fn int_div(d: DType, b: &mut [u8], n: usize) {
+        let sz = d.size();
+        let signed = matches!(d, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+        for c in b.chunks_exact_mut(sz) {
+            let mut w = [0u8; 16];
+            w[..sz].copy_from_slice(c);
+            if signed && c[sz - 1] & 0x80 != 0 {
+                w[sz..].fill(0xff);
+            }
+            let v = i128::from_le_bytes(w) / n as i128;
+            c.copy_from_slice(&v.to_le_bytes()[..sz]);
+        }
+    }
+
+    enum Red {
+        All,
+        Root(usize),
+        Scatter,
+    }
+
+    /// One reduction of `x`'s bytes over the communicator; `None` on non-roots of a reduce.
+    fn reduce_bytes(g: &Group, x: &[u8], d: DType, op: ReduceOp, how: Red) -> std::result::Result<Option<Vec<u8>>, String> {
+        let n = g.n;
+        let numel = x.len() / d.size();
+        let out_elems = if matches!(how, Red::Scatter) { numel / n } else { numel };
+        let root = match how {
+            Red::Root(r) => Some(r),
+            _ => None,
+        };
+        let mine = root.is_none_or(|r| r == g.me);
+        if d.is_float() {
+            let scale = if let ReduceOp::PremulSum(s) = op { s } else { 1.0 };
+            let send = to_f64(d, x, scale);
+            let mut recv = vec![0f64; out_elems];
+            let (sb, rb) = (bytemuck_f64(&send), bytemuck_f64_mut(&mut recv));
+            match how {
+                Red::Scatter => sys::reduce_scatter(g.coll, sb, rb, out_elems, sys::f64_dt(), sys::op(op, true, true))?,
+                _ => sys::reduce(g.coll, sb, rb, numel, sys::f64_dt(), sys::op(op, true, true), root)?,
+            }
+            if !mine {
+                return Ok(None);
+            }
+            if op == ReduceOp::Avg {
+                recv.iter_mut().for_each(|v| *v /= n as f64);
+            }
+            Ok(Some(from_f64(d, &recv)))
+        } else {
+            let signed = matches!(d, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+            let send = widen(d, x);
+            let mut recv = vec![0u64; out_elems];
+            let (sb, rb) = (bytes_of(&send), bytes_of_mut(&mut recv));
+            let mop = sys::op(op, false, signed);
+            match how {
+                Red::Scatter => sys::reduce_scatter(g.coll, sb, rb, out_elems, sys::u64_dt(), mop)?,
+                _ => sys::reduce(g.coll, sb, rb, numel, sys::u64_dt(), mop, root)?,
+            }
+            if !mine {
+                return Ok(None);
+            }
+            // The low bits of the 64-bit result are the result in the dtype's width (sums and
+            // products wrap alike); avg divides that wrapped sum.
+            let mut out: Vec<u8> = recv.iter().flat_map(|v| v.to_le_bytes()[..d.size()].to_vec()).collect();
+            if op == ReduceOp::Avg {
+                int_div(d, &mut out, n);
+            }
+            Ok(Some(out))
+        }
+    }
+
+    /// Integer elements sign- or zero-extended to 64 bits.
+    fn widen(d: DType, b: &[u8]) -> Vec<u64> {
+        let sz = d.size();
+        let signed = matches!(d, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+        b.chunks_exact(sz)
+            .map(|c| {
+                let fill = if signed && c[sz - 1] & 0x80 != 0 { 0xff } else { 0 };
+                let mut w = [fill; 8];
+                w[..sz].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .collect()
+    }
+
+    fn bytes_of(v: &[u64]) -> &[u8] {
+        // SAFETY: u64 has no padding; u8 has alignment 1.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+    }
+    fn bytes_of_mut(v: &mut [u64]) -> &mut [u8] {
+        // SAFETY: as above; every byte pattern is a valid u64.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+    }
+
+    fn bytemuck_f64(v: &[f64]) -> &[u8] {
+        // SAFETY: f64 has no padding; u8 has alignment 1.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+    }
+    fn bytemuck_f64_mut(v: &mut [f64]) -> &mut [u8] {
+        // SAFETY: as above; every byte pattern is a valid f64.
+        unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+    }
+
+    /// The data movement of a validated collective.
+    fn execute(g: &Group, job: &Job, descs: &[CallDesc]) -> std::result::Result<Option<(Comm, Comm)>, String> {
+        let (n, me) = (g.n, g.me);
+        let c = &job.call;
+        match c.op {
+            CallOp::AllReduce | CallOp::ReduceScatter | CallOp::Reduce => {
+                let op = c.reduce.expect("validated: reduce op present");
+                for (x, out) in job.ins.iter().zip(&job.outs) {
+                    let how = match c.op {
+                        CallOp::AllReduce => Red::All,
+                        CallOp::ReduceScatter => Red::Scatter,
+                        _ => Red::Root(c.root.expect("validated: root")),
+                    };
+                    if let Some(r) = reduce_bytes(g, &x.read(), x.dtype, op, how)? {
+                        out.write_bytes(&r);
+                    }
+                }
+            }
+            CallOp::AllGather | CallOp::Gather => {
+                let root = if c.op == CallOp::Gather { c.root } else { None };
+                for (x, out) in job.ins.iter().zip(&job.outs) {
+                    let mut recv = vec![0u8; if root.is_none_or(|r| r == me) { x.nbytes() * n } else { 0 }];
+                    sys::gather(g.coll, &x.read(), &mut recv, root)?;
+                    out.write_bytes(&recv);
+                }
+            }
+            CallOp::Scatter => {
+                let root = c.root.expect("validated: root");
+                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let send = if me == root { x.read() } else { vec![] };
+                let mut recv = vec![0u8; x.nbytes() / n];
+                sys::scatter(g.coll, &send, &mut recv, root)?;
+                out.write_bytes(&recv);
+            }
+            CallOp::Broadcast => {
+                let root = c.root.expect("validated: root");
+                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let mut buf = if me == root { x.read() } else { vec![0u8; x.nbytes()] };
+                sys::bcast(g.coll, &mut buf, root)?;
+                out.write_bytes(&buf);
+            }
+            CallOp::AllToAll => {
+                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let row = x.shape.get(1..).map_or(1, |r| r.iter().product::<usize>()) * x.dtype.size();
+                let sc: Vec<usize> = c.input_splits(n).iter().map(|k| k * row).collect();
+                // What each peer sends me (validated equal to my output splits).
+                let rc: Vec<usize> = descs.iter().map(|d| d.input_splits(n)[me] * row).collect();
+                let mut recv = vec![0u8; rc.iter().sum()];
+                sys::alltoallv(g.coll, &x.read(), &sc, &mut recv, &rc)?;
+                out.write_bytes(&recv);
+            }
+            CallOp::Permute => {
+                let perm = c.perm.as_ref().expect("validated: permutation");
+                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let src = perm.iter().position(|&d| d == me).expect("validated: a permutation");
+                let mut recv = vec![0u8; x.nbytes()];
+                sys::sendrecv(g.coll, &x.read(), perm[me], &mut recv, src, 7)?;
+                out.write_bytes(&recv);
+            }
+            CallOp::Barrier => sys::barrier(g.coll)?,
+            CallOp::NewGroup => {
+                let ranks = c.group.as_ref().expect("validated: member list");
+                return sys::split(g.coll, ranks.iter().position(|&r| r == me));
+            }
+            CallOp::Send | CallOp::Recv => return Err("send / recv are not queued collectives".into()),
+        }
+        Ok(None)
+    }
+
+    impl Backend for MpiBackend {
+        type Buffer = MpiBuffer;
+
+        /// Joins the world: MPI_COMM_WORLD ranks `0..world_size`; this process's `mpirun` rank
+        /// MUST be `world.rank`.
+        fn init(world: &WorldInfo) -> Result<Self> {
+            let (rank, n) = (world.rank, world.world_size);
+            if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
+                return Err(CollectiveError::Unsupported(format!(
+                    "mpi backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}"
+                )));
+            }
+            if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() {
+                // A process Concord forked itself would be an MPI singleton (a world of one).
+                return Err(CollectiveError::Unsupported(format!(
+                    "the mpi backend runs on ranks started by Open MPI's mpirun, and this process was not \
+                     (run `cargo xtask conformance --backend mpi --ranks {n}`)"
+                )));
+            }
+            let (wr, wn) = sys::init().map_err(backend_err)?;
+            if wr != rank || n > wn {
+                return Err(backend_err(format!(
+                    "this process is rank {wr} of {wn} in MPI_COMM_WORLD, but the world wants rank {rank} of {n}: \
+                     the mpi backend runs only on ranks started by mpirun (e.g. `cargo xtask conformance --backend mpi --ranks {n}`)"
+                )));
+            }
+            // Communicator creation waits for every rank: run it under the op deadline.
+            let (tx, rx) = mpsc::channel();
+            let tag = tag_of(&world.world_id);
+            std::thread::Builder::new()
+                .name("concord-mpi-init".into())
+                .spawn(move || {
+                    let _ = tx.send(sys::world_prefix_comm(n, tag));
+                })
+                .map_err(|e| backend_err(format!("cannot start the init thread: {e}")))?;
+            let (coll, p2p) = match rx.recv_timeout(world.op_timeout) {
+                Ok(r) => r.map_err(backend_err)?,
+                Err(_) => {
+                    return Err(CollectiveError::Timeout {
+                        op: "init".into(),
+                        seq: 0,
+                        rank,
+                        waited_ms: world.op_timeout.as_millis() as u64,
+                        detail: format!("mpi backend: not every rank of 0..{n} created the world's communicator"),
+                    })
+                }
+            };
+            let label = format!("mpi r{rank} ({})", sys::processor_name());
+            MpiBackend::start(Group { coll, p2p, n, me: rank, label }, world.op_timeout)
+        }
+
+        fn name(&self) -> &str {
+            "mpi"
+        }
+        fn rank(&self) -> usize {
+            self.g.me
+        }
+        fn world_size(&self) -> usize {
+            self.g.n
+        }
+        fn capabilities(&self) -> Capabilities {
+            caps()
+        }
+        fn outstanding(&self) -> usize {
+            self.counter.get()
+        }
+
+        fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+            let (reply_tx, reply_rx) = mpsc::channel();
+            let mut c = CallDesc::new(CallOp::NewGroup, Variant::Out, self.g.me);
+            c.group = Some(ranks.to_vec());
+            let (flag, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
+            let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
+            work.wait(self.op_timeout)?;
+            let comms = reply_rx.recv().map_err(|_| backend_err(format!("new_group #{seq}: the progress thread gave no communicator")))?;
+            let (Some((coll, p2p)), Some(pos)) = (comms, ranks.iter().position(|&r| r == self.g.me)) else { return Ok(None) };
+            let label = format!("{}[{ranks:?}]", self.g.label);
+            MpiBackend::start(Group { coll, p2p, n: ranks.len(), me: pos, label }, self.op_timeout).map(Some)
+        }
+
+        fn upload(&self, t: &Tensor) -> Result<MpiBuffer> {
+            let b = MpiBuffer::new(t.dtype(), t.shape())?;
+            b.write_bytes(t.bytes());
+            Ok(b)
+        }
+        fn download(&self, b: &MpiBuffer) -> Result<Tensor> {
+            let mut t = Tensor::zeros(b.dtype, &b.shape);
+            t.bytes_mut().copy_from_slice(&b.read());
+            Ok(t)
+        }
+        fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<MpiBuffer> {
+            MpiBuffer::new(dtype, shape)
+        }
+        fn write(&self, b: &MpiBuffer, t: &Tensor) -> Result<()> {
+            if t.dtype() != b.dtype || t.numel() != b.numel() {
+                return Err(backend_err(format!("write of a {}{:?} tensor into a {}{:?} buffer", t.dtype(), t.shape(), b.dtype, b.shape)));
+            }
+            b.write_bytes(t.bytes());
+            Ok(())
+        }
+        fn view(&self, b: &MpiBuffer, offset: usize, shape: &[usize]) -> Result<MpiBuffer> {
+            let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if numel.and_then(|k| k.checked_add(offset)).is_none_or(|end| end > b.numel()) {
+                return Err(backend_err(format!("view {shape:?} from element {offset} exceeds a buffer of {} elements", b.numel())));
+            }
+            Ok(MpiBuffer { mem: b.mem.clone(), off: b.off + offset * b.dtype.size(), dtype: b.dtype, shape: shape.to_vec() })
+        }
+        fn buffer_addr(&self, b: &MpiBuffer) -> usize {
+            b.addr()
+        }
+        fn buffer_dtype(&self, b: &MpiBuffer) -> DType {
+            b.dtype
+        }
+        fn buffer_shape(&self, b: &MpiBuffer) -> Vec<usize> {
+            b.shape.clone()
+        }
+
+        fn all_reduce(&self, x: &MpiBuffer, op: ReduceOp) -> Result<Work<MpiBuffer>> {
+            Ok(self.all_reduce_impl("all_reduce", std::slice::from_ref(x), op, Variant::Out)?.map(|mut v| v.remove(0)))
+        }
+        fn all_reduce_(&self, x: &MpiBuffer, op: ReduceOp) -> Result<Work<MpiBuffer>> {
+            Ok(self.all_reduce_impl("all_reduce_", std::slice::from_ref(x), op, Variant::InPlace)?.map(|mut v| v.remove(0)))
+        }
+        fn all_reduce_coalesced(&self, xs: &[MpiBuffer], op: ReduceOp) -> Result<Work<Vec<MpiBuffer>>> {
+            self.all_reduce_impl("all_reduce_coalesced", xs, op, Variant::Coalesced)
+        }
+        fn all_reduce_coalesced_(&self, xs: &[MpiBuffer], op: ReduceOp) -> Result<Work<Vec<MpiBuffer>>> {
+            self.all_reduce_impl("all_reduce_coalesced_", xs, op, Variant::CoalescedInPlace)
+        }
+
+        fn all_gather_into_tensor(&self, x: &MpiBuffer) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &self.gathered_shape(x))?;
+            let c = self.call(CallOp::AllGather, Variant::Out, &[x], &[&out]);
+            self.issue("all_gather_into_tensor", c, vec![x.clone()], vec![out.clone()], out)
+        }
+        fn all_gather_into_tensor_out(&self, x: &MpiBuffer, out: &MpiBuffer) -> Result<Work<MpiBuffer>> {
+            let c = self.call(CallOp::AllGather, Variant::OutBuf, &[x], &[out]);
+            self.issue("all_gather_into_tensor_out", c, vec![x.clone()], vec![out.clone()], out.clone())
+        }
+        fn all_gather_into_tensor_coalesced(&self, xs: &[MpiBuffer]) -> Result<Work<Vec<MpiBuffer>>> {
+            let outs: Vec<MpiBuffer> = xs.iter().map(|x| MpiBuffer::new(x.dtype, &self.gathered_shape(x))).collect::<Result<_>>()?;
+            let c = self.call(CallOp::AllGather, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+            self.issue("all_gather_into_tensor_coalesced", c, xs.to_vec(), outs.clone(), outs)
+        }
+
+        fn reduce_scatter_tensor(&self, x: &MpiBuffer, op: ReduceOp) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &self.scattered_shape(x))?;
+            Ok(self
+                .reduce_scatter_impl("reduce_scatter_tensor", std::slice::from_ref(x), op, Variant::Out, vec![out])?
+                .map(|mut v| v.remove(0)))
+        }
+        fn reduce_scatter_tensor_out(&self, x: &MpiBuffer, op: ReduceOp, out: &MpiBuffer) -> Result<Work<MpiBuffer>> {
+            Ok(self
+                .reduce_scatter_impl("reduce_scatter_tensor_out", std::slice::from_ref(x), op, Variant::OutBuf, vec![out.clone()])?
+                .map(|mut v| v.remove(0)))
+        }
+        fn reduce_scatter_tensor_coalesced(&self, xs: &[MpiBuffer], op: ReduceOp) -> Result<Work<Vec<MpiBuffer>>> {
+            let outs: Vec<MpiBuffer> = xs.iter().map(|x| MpiBuffer::new(x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
+            self.reduce_scatter_impl("reduce_scatter_tensor_coalesced", xs, op, Variant::Coalesced, outs)
+        }
+
+        fn all_to_all_single(
+            &self,
+            x: &MpiBuffer,
+            output_splits: Option<&[usize]>,
+            input_splits: Option<&[usize]>,
+        ) -> Result<Work<MpiBuffer>> {
+            let n = self.g.n;
+            let rows = match (output_splits, x.shape.first()) {
+                (Some(s), _) => s.iter().sum(),
+                (None, Some(&d0)) => d0 / n * n,
+                (None, None) => 0,
+            };
+            let shape: Vec<usize> =
+                if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
+            let out = MpiBuffer::new(x.dtype, &shape)?;
+            let mut c = self.call(CallOp::AllToAll, Variant::Out, &[x], &[&out]);
+            c.in_splits = input_splits.map(|s| s.to_vec());
+            c.out_splits = output_splits.map(|s| s.to_vec());
+            self.issue("all_to_all_single", c, vec![x.clone()], vec![out.clone()], out)
+        }
+
+        fn broadcast(&self, x: &MpiBuffer, src: usize) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &x.shape)?;
+            let mut c = self.call(CallOp::Broadcast, Variant::Out, &[x], &[&out]);
+            c.root = Some(src);
+            self.issue("broadcast", c, vec![x.clone()], vec![out.clone()], out)
+        }
+        fn broadcast_(&self, x: &MpiBuffer, src: usize) -> Result<Work<MpiBuffer>> {
+            let mut c = self.call(CallOp::Broadcast, Variant::InPlace, &[x], &[x]);
+            c.root = Some(src);
+            self.issue("broadcast_", c, vec![x.clone()], vec![x.clone()], x.clone())
+        }
+        fn permute_tensor(&self, x: &MpiBuffer, src_dst: &[usize]) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &x.shape)?;
+            let mut c = self.call(CallOp::Permute, Variant::Out, &[x], &[&out]);
+            c.perm = Some(src_dst.to_vec());
+            self.issue("permute_tensor", c, vec![x.clone()], vec![out.clone()], out)
+        }
+        fn reduce(&self, x: &MpiBuffer, op: ReduceOp, root: usize) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &x.shape)?;
+            let mut c = self.call(CallOp::Reduce, Variant::Out, &[x], &[&out]);
+            c.reduce = Some(op);
+            c.root = Some(root);
+            self.issue("reduce", c, vec![x.clone()], vec![out.clone()], out)
+        }
+        fn gather(&self, x: &MpiBuffer, root: usize) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &self.gathered_shape(x))?;
+            let mut c = self.call(CallOp::Gather, Variant::Out, &[x], &[&out]);
+            c.root = Some(root);
+            self.issue("gather", c, vec![x.clone()], vec![out.clone()], out)
+        }
+        fn scatter(&self, x: &MpiBuffer, root: usize) -> Result<Work<MpiBuffer>> {
+            let out = MpiBuffer::new(x.dtype, &self.scattered_shape(x))?;
+            let mut c = self.call(CallOp::Scatter, Variant::Out, &[x], &[&out]);
+            c.root = Some(root);
+            self.issue("scatter", c, vec![x.clone()], vec![out.clone()], out)
+        }
+
+        fn send(&self, x: &MpiBuffer, dst: usize) -> Result<Work<()>> {
+            let d = self.check_p2p(CallOp::Send, x, dst)?;
+            self.p2p(d, x.clone(), dst, ())
+        }
+        fn recv(&self, out: &MpiBuffer, src: usize) -> Result<Work<MpiBuffer>> {
+            let d = self.check_p2p(CallOp::Recv, out, src)?;
+            self.p2p(d, out.clone(), src, out.clone())
+        }
+        fn barrier(&self) -> Result<Work<()>> {
+            let c = CallDesc::new(CallOp::Barrier, Variant::Out, self.g.me);
+            self.issue("barrier", c, vec![], vec![], ())
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn integers_widen_and_average_in_their_width() {
+            // i8 -3 sign-extends; u8 250 zero-extends.
+            assert_eq!(widen(DType::I8, &[0xfd]), vec![u64::MAX - 2]);
+            assert_eq!(widen(DType::U8, &[250]), vec![250]);
+            // avg of a wrapped sum truncates toward zero: (-7) / 2 = -3.
+            let mut b = (-7i16).to_le_bytes().to_vec();
+            int_div(DType::I16, &mut b, 2);
+            assert_eq!(i16::from_le_bytes([b[0], b[1]]), -3);
+        }
+
+        #[test]
+        fn floats_round_once_and_min_max_order_signed_zeros_and_nan() {
+            // f16: 1 + 2^-11 + 2^-24 rounds once to 0x3C01 (not to 1.0 as two roundings would).
+            assert_eq!(from_f64(DType::F16, &[1.0 + 2f64.powi(-11) + 2f64.powi(-24)]), 0x3C01u16.to_le_bytes().to_vec());
+            assert_eq!(to_f64(DType::BF16, &half::bf16::from_f32(1.5).to_bits().to_le_bytes(), 2.0), vec![3.0]);
+            assert!(crate::sys::fmin(0.0, -0.0).is_sign_negative() && crate::sys::fmax(-0.0, 0.0).is_sign_positive());
+            assert!(crate::sys::fmin(1.0, f64::NAN).is_nan() && crate::sys::fmax(f64::NAN, 1.0).is_nan());
+        }
+    }
+}
