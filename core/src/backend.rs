@@ -170,6 +170,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A communicator over `ranks` of this one (collective over *all* ranks of `self`, which
     /// pass the same list). Members get `Some`, with rank = position in `ranks`.
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>>;
+    /// The fault-injection hooks this backend honours, as `(point, action)` pairs (see
+    /// [`crate::fault`]; requested through the `fault` backend option at `init`). Default: none
+    /// (the fault suite's cases are then UNSUPPORTED with the reason).
+    fn fault_hooks(&self) -> Vec<(String, crate::fault::Action)> {
+        Vec::new()
+    }
 
     // ---- buffers ----
     fn upload(&self, t: &Tensor) -> Result<Self::Buffer>;

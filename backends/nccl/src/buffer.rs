@@ -5,6 +5,7 @@
 use crate::cuda::{self, DevMem};
 use crate::issue::Op;
 use crate::NcclBackend;
+use concord_core::fault::{point, Action};
 use concord_core::{BadInputKind, CollectiveError, DType, Result, Tensor};
 use std::sync::Arc;
 
@@ -50,6 +51,9 @@ impl std::fmt::Debug for NcclBuffer {
 
 impl NcclBackend {
     pub(crate) fn alloc_buf(&self, op: &Op, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
+        if self.faults.fires(point::AFTER_BEGIN, Action::Fail, op.nth) {
+            return Err(self.backend_err(op.name, op.seq, "injected fault after_begin:fail (a simulated out-of-memory)"));
+        }
         let bytes = shape.iter().product::<usize>() * dtype.size();
         let mem = self.dev.alloc(bytes).map_err(|e| self.backend_err(op.name, op.seq, e))?;
         Ok(NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() })

@@ -213,8 +213,12 @@ fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
 
 /// Polls a non-blocking communicator until its pending operation is done: `Ok(Ok(()))` done,
 /// `Ok(Err(e))` NCCL error, `Err(())` deadline passed.
-fn wait_ready(comm: sys::ncclComm_t, deadline: Instant) -> Result<Result<(), sys::ncclResult_t>, ()> {
+/// `stalled` (fault injection, `enqueue:stall`) treats the operation as still in progress.
+fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool) -> Result<Result<(), sys::ncclResult_t>, ()> {
     poll_until(deadline, || {
+        if stalled {
+            return None;
+        }
         let mut state = sys::ncclResult_t::ncclInProgress;
         let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
         if r != sys::ncclResult_t::ncclSuccess {
@@ -265,7 +269,7 @@ impl Comm {
             if raw.is_null() {
                 return Err("ncclCommInitRankConfig returned no communicator".into());
             }
-            match wait_ready(raw, deadline) {
+            match wait_ready(raw, deadline, false) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     let msg = format!("ncclCommInitRankConfig: {}: {}", err_string(e), last_error(raw));
@@ -302,7 +306,7 @@ impl Comm {
         let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, &mut raw, &mut cfg) };
         ok_or_progress(r).map_err(|e| LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent))))?;
         // The split is done when the parent (and the child, for members) are ready.
-        match wait_ready(parent, deadline) {
+        match wait_ready(parent, deadline, false) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent)))),
             Err(()) => {
@@ -314,7 +318,7 @@ impl Comm {
         if !member || raw.is_null() {
             return Ok(None);
         }
-        match wait_ready(raw, deadline) {
+        match wait_ready(raw, deadline, false) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 abort_raw(raw);
@@ -343,6 +347,7 @@ impl Comm {
     pub fn launch(
         &self,
         deadline: Instant,
+        stall: bool,
         premul: &[(sys::ncclDataType_t, [u8; 8])],
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
@@ -398,7 +403,7 @@ impl Comm {
         if let Ok(pending) = result {
             result = Ok(false);
             if pending || !self.blocking {
-                match wait_ready(comm, deadline) {
+                match wait_ready(comm, deadline, stall) {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm)))),
                     Err(()) => result = Err(LaunchError::Timeout),
@@ -457,6 +462,7 @@ impl Comm {
             return;
         }
         inner.aborted = Some(reason);
+        self.dev.release_gates();
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
         if !raw.0.is_null() {
             let _ = self.dev.bind();
@@ -475,6 +481,7 @@ impl Comm {
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
+        self.dev.release_gates();
         if self.dev.bind().is_err() {
             return;
         }
@@ -487,7 +494,7 @@ impl Comm {
         let fin = unsafe { sys::ncclCommFinalize(raw.0) };
         let finished = match ok_or_progress(fin) {
             Ok(false) => true,
-            Ok(true) => matches!(wait_ready(raw.0, deadline), Ok(Ok(()))),
+            Ok(true) => matches!(wait_ready(raw.0, deadline, false), Ok(Ok(()))),
             Err(_) => false,
         };
         if !finished {
@@ -546,10 +553,12 @@ impl NcclBackend {
         gpus: usize,
         store: Option<concord_store::FileStore>,
         progress: Option<Arc<Progress>>,
+        faults: crate::fault::Faults,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
         let comm = Arc::new(comm);
-        let chan = Channel::new(comm.clone(), op_timeout)?;
+        let faults = Arc::new(faults);
+        let chan = Channel::new(comm.clone(), op_timeout, faults.clone())?;
         let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         let progress = match progress {
             Some(p) => p,
@@ -564,6 +573,8 @@ impl NcclBackend {
             dev,
             seq: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
+            nth: AtomicU64::new(0),
+            faults,
             counter: OutstandingCounter::default(),
             op_timeout,
             validate: AtomicBool::new(validate),
@@ -589,6 +600,8 @@ impl NcclBackend {
         }
         let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         let validate = opt_flag(world, "validate", true);
+        let faults = crate::fault::Faults::from_world(world)
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
         let blocking = opt_flag(world, "blocking", false);
         let init_timeout = world
             .option("init_timeout_ms")
@@ -624,7 +637,7 @@ impl NcclBackend {
         };
         let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline).map_err(|e| fail("communicator", e))?;
         let init_time = started.elapsed();
-        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None)
+        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None, faults)
             .map_err(|e| fail("side buffers", e))
     }
 
@@ -681,6 +694,7 @@ impl NcclBackend {
             self.gpus,
             None,
             Some(self.progress.clone()),
+            crate::fault::Faults::default(),
         )
         .map(Some)
         .map_err(|e| self.backend_err("new_group", o.seq, e))

@@ -67,6 +67,24 @@ pub(crate) struct Device {
     pub stream: sys::CUstream,
     pub async_alloc: bool,
     pub ordinal: usize,
+    /// Stream gates of injected `stream:stall` faults (see `fault`), opened by an abort or drop.
+    gates: std::sync::Mutex<Vec<Arc<Gate>>>,
+}
+
+/// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
+struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    until: Instant,
+}
+
+/// The host function of a [`Gate`]: holds the stream until the gate opens or its bound passes.
+/// It makes no CUDA call (not allowed in a host function).
+unsafe extern "C" fn gate_fn(p: *mut std::ffi::c_void) {
+    // SAFETY: `p` is the `Arc::into_raw` of `Device::stall`, handed over exactly once.
+    let g = unsafe { Arc::from_raw(p as *const Gate) };
+    while !g.open.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < g.until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 // SAFETY: the stream handle is only used with the context bound (see `bind`), and CUDA streams
@@ -79,7 +97,29 @@ impl Device {
         let ctx = CudaContext::new(ordinal).map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let async_alloc = ctx.has_async_alloc();
-        Ok(Arc::new(Device { ctx, stream, async_alloc, ordinal }))
+        Ok(Arc::new(Device { ctx, stream, async_alloc, ordinal, gates: std::sync::Mutex::new(Vec::new()) }))
+    }
+
+    /// Fault injection: stalls the stream here (work queued after this waits) until
+    /// [`Device::release_gates`] or `max` from now.
+    pub fn stall(&self, max: Duration) -> Result<(), String> {
+        let g = Arc::new(Gate { open: std::sync::atomic::AtomicBool::new(false), until: Instant::now() + max });
+        self.gates.lock().unwrap_or_else(|e| e.into_inner()).push(g.clone());
+        let raw = Arc::into_raw(g) as *mut std::ffi::c_void;
+        let r = unsafe { sys::cuLaunchHostFunc(self.stream, Some(gate_fn), raw) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: not handed to the driver: take the reference back.
+            drop(unsafe { Arc::from_raw(raw as *const Gate) });
+            return Err(format!("cuLaunchHostFunc: {r:?}"));
+        }
+        Ok(())
+    }
+
+    /// Opens every stream gate of injected faults (an abort or teardown ends the stall).
+    pub fn release_gates(&self) {
+        for g in self.gates.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            g.open.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Makes this device's context current on the calling thread (needed on every thread).
@@ -138,6 +178,7 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        self.release_gates();
         if self.bind().is_ok() {
             unsafe {
                 let _ = cu::stream::destroy(self.stream);

@@ -35,13 +35,18 @@ pub(crate) struct Op {
     pub(crate) cseq: u64,
     pub(crate) issued: Instant,
     pub(crate) flight: InFlight,
+    /// Index among the world's collective and point-to-point calls (fault injection only).
+    pub(crate) nth: Option<u64>,
 }
 
 impl Op {
     pub(crate) fn id(&self) -> OpId {
-        OpId { name: self.name, seq: self.seq, issued: self.issued }
+        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth }
     }
 }
+
+/// Entry points that are not counted for fault injection's `#N` (buffer calls and new_group).
+const NOT_COUNTED: &[&str] = &["upload", "download", "alloc", "write", "new_group"];
 
 impl NcclBackend {
     pub(crate) fn comm(&self) -> &Arc<Comm> {
@@ -61,8 +66,9 @@ impl NcclBackend {
         self.bind(name)?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         let cseq = if collective { self.coll_seq.fetch_add(1, Ordering::SeqCst) } else { 0 };
+        let nth = (!NOT_COUNTED.contains(&name)).then(|| self.nth.fetch_add(1, Ordering::SeqCst));
         progress::begin(&self.label, name, seq);
-        Ok(Op { name, seq, cseq, issued: Instant::now(), flight: InFlight { label: self.label.clone(), seq, armed: true } })
+        Ok(Op { name, seq, cseq, issued: Instant::now(), flight: InFlight { label: self.label.clone(), seq, armed: true }, nth })
     }
 
     pub(crate) fn bad(&self, op: &Op, kind: BadInputKind, detail: impl Into<String>) -> CollectiveError {

@@ -89,6 +89,7 @@ mod comm;
 mod completion;
 mod cuda;
 mod dtype;
+mod fault;
 pub mod header;
 mod issue;
 mod launch;
@@ -141,6 +142,10 @@ pub struct NcclBackend {
     dev: Arc<Device>,
     seq: AtomicU64,
     coll_seq: AtomicU64,
+    /// Collective and point-to-point calls issued so far (fault injection's `#N`).
+    nth: AtomicU64,
+    /// Injected faults (`fault` option; empty for subgroups).
+    faults: Arc<fault::Faults>,
     counter: OutstandingCounter,
     op_timeout: Duration,
     validate: AtomicBool,
@@ -229,6 +234,10 @@ impl Backend for NcclBackend {
 
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         self.new_group_impl(ranks)
+    }
+
+    fn fault_hooks(&self) -> Vec<(String, concord_core::fault::Action)> {
+        fault::hooks()
     }
 
     // ---- buffers ----

@@ -23,7 +23,9 @@
 
 use crate::comm::{Comm, LaunchError, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
+use crate::fault::Faults;
 use crate::header::{header_len, parse_all, validate, validate_pair, Header};
+use concord_core::fault::{point, Action};
 use concord_core::{progress, BadInputKind, CollectiveError, Result};
 use cudarc::nccl::sys as nccl;
 use std::collections::VecDeque;
@@ -59,6 +61,8 @@ pub(crate) struct OpId {
     pub name: &'static str,
     pub seq: u64,
     pub issued: Instant,
+    /// Index among the world's collective and point-to-point calls (fault injection only).
+    pub nth: Option<u64>,
 }
 
 /// The cross-rank check a job runs before launching.
@@ -106,6 +110,8 @@ pub(crate) struct Channel {
     pub rank: usize,
     pub ws: usize,
     pub op_timeout: Duration,
+    /// Injected faults (the world's channel only; see `fault`).
+    pub faults: Arc<Faults>,
     side: Mutex<SideBufs>,
 }
 
@@ -158,7 +164,7 @@ impl Job {
 }
 
 impl Channel {
-    pub fn new(comm: Arc<Comm>, op_timeout: Duration) -> std::result::Result<Channel, String> {
+    pub fn new(comm: Arc<Comm>, op_timeout: Duration, faults: Arc<Faults>) -> std::result::Result<Channel, String> {
         let dev = comm.dev.clone();
         let ws = comm.nranks;
         let hbytes = header_len(ws) * 8;
@@ -168,7 +174,7 @@ impl Channel {
             host_send: Pinned::new(&dev, hbytes)?,
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
-        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, side: Mutex::new(side) })
+        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side) })
     }
 
     fn dev(&self) -> &Device {
@@ -267,8 +273,9 @@ impl Channel {
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
-            .launch(deadline, &[], |c, s, _| unsafe {
+            .launch(deadline, stall, &[], |c, s, _| unsafe {
                 check(
                     nccl::ncclAllGather(send as *const c_void, recv as *mut c_void, n, nccl::ncclDataType_t::ncclUint8, c, s),
                     "ncclAllGather (validation header)",
@@ -291,8 +298,9 @@ impl Channel {
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
-            .launch(deadline, &[], |c, s, _| unsafe {
+            .launch(deadline, stall, &[], |c, s, _| unsafe {
                 let u8t = nccl::ncclDataType_t::ncclUint8;
                 check(nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s), "ncclSend (validation header)")?;
                 check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s), "ncclRecv (validation header)")
@@ -316,6 +324,7 @@ impl Channel {
     /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
     fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>) -> Result<Option<Event>> {
         self.not_aborted(id)?;
+        self.fault_point(id, point::BEFORE_HEADER)?;
         match check {
             Check::None => {}
             Check::All(hdr) => {
@@ -327,13 +336,36 @@ impl Channel {
                 validate_pair(&hdr.words, &theirs, self.rank, peer).map_err(|(k, d)| self.bad(id, k, d))?;
             }
         }
+        self.fault_point(id, point::AFTER_HEADER)?;
         let Some(Launch { premul, calls, keep }) = launch else {
             return Ok(None);
         };
-        self.comm.launch(self.deadline(id), &premul, calls).map_err(|e| self.launch_err(id, e))?;
+        if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
+            self.dev().stall(self.op_timeout * 3 + Duration::from_secs(30)).map_err(|e| self.backend_err(id, e))?;
+        }
+        if self.faults.fires(point::NO_LAUNCH, Action::Stall, id.nth) {
+            // This rank's side is never launched, but the op looks launched here.
+            return self.dev().record().map(Some).map_err(|e| self.backend_err(id, e));
+        }
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
+        self.comm.launch(self.deadline(id), stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
         let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(ev))
+    }
+
+    /// Fault injection at `at` (before / after the header): stall until the op's deadline or
+    /// an abort, fail with a named error, or end the process.
+    fn fault_point(&self, id: &OpId, at: &str) -> Result<()> {
+        self.faults.maybe_die(at, id.nth);
+        if self.faults.fires(at, Action::Fail, id.nth) {
+            return Err(self.backend_err(id, format!("injected fault {at}:fail (a simulated local failure)")));
+        }
+        if self.faults.fires(at, Action::Stall, id.nth) {
+            let _ = poll_until(self.deadline(id), || self.comm.aborted().map(|_| ()));
+            return Err(self.backend_err(id, format!("injected fault {at}:stall held the op until its deadline or an abort")));
+        }
+        Ok(())
     }
 
     fn run_split(
