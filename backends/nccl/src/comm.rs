@@ -16,7 +16,8 @@
 use crate::cuda::{poll_until, Device};
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long `abort` waits for `ncclCommAbort` to return before leaving it on its thread.
@@ -201,6 +202,9 @@ pub(crate) struct Comm {
     inner: Mutex<Inner>,
     /// The abort reason, readable without waiting for a launch that holds `inner`.
     reason: Mutex<Option<String>>,
+    /// Set (before anything else) by [`Comm::abort`]: the poll loops of a thread holding
+    /// `inner` (launch, split) check it and let go, so an abort never waits behind a launch.
+    abort_requested: AtomicBool,
 }
 
 fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
@@ -211,26 +215,38 @@ fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
     }
 }
 
-/// Polls a non-blocking communicator until its pending operation is done: `Ok(Ok(()))` done,
-/// `Ok(Err(e))` NCCL error, `Err(())` deadline passed.
-/// `stalled` (fault injection, `enqueue:stall`) treats the operation as still in progress.
-fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool) -> Result<Result<(), sys::ncclResult_t>, ()> {
+/// How [`wait_ready`] ended.
+enum Ready {
+    Done,
+    Failed(sys::ncclResult_t),
+    Deadline,
+    /// An abort was requested meanwhile ([`Comm::abort`] from another thread).
+    AbortRequested,
+}
+
+/// Polls a non-blocking communicator until its pending operation is done, the deadline passes
+/// or (with `abort`) an abort is requested. `stalled` (fault injection, `enqueue:stall`) treats
+/// the operation as still in progress.
+fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool, abort: Option<&AtomicBool>) -> Ready {
     poll_until(deadline, || {
+        if abort.is_some_and(|a| a.load(Ordering::SeqCst)) {
+            return Some(Ready::AbortRequested);
+        }
         if stalled {
             return None;
         }
         let mut state = sys::ncclResult_t::ncclInProgress;
         let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
         if r != sys::ncclResult_t::ncclSuccess {
-            return Some(Err(r));
+            return Some(Ready::Failed(r));
         }
         match state {
             sys::ncclResult_t::ncclInProgress => None,
-            sys::ncclResult_t::ncclSuccess => Some(Ok(())),
-            e => Some(Err(e)),
+            sys::ncclResult_t::ncclSuccess => Some(Ready::Done),
+            e => Some(Ready::Failed(e)),
         }
     })
-    .ok_or(())
+    .unwrap_or(Ready::Deadline)
 }
 
 /// Runs `ncclCommAbort` on a helper thread; waits at most [`ABORT_WAIT`].
@@ -269,14 +285,14 @@ impl Comm {
             if raw.is_null() {
                 return Err("ncclCommInitRankConfig returned no communicator".into());
             }
-            match wait_ready(raw, deadline, false) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+            match wait_ready(raw, deadline, false, None) {
+                Ready::Done => {}
+                Ready::Failed(e) => {
                     let msg = format!("ncclCommInitRankConfig: {}: {}", err_string(e), last_error(raw));
                     abort_raw(raw);
                     return Err(msg);
                 }
-                Err(()) => {
+                Ready::Deadline | Ready::AbortRequested => {
                     abort_raw(raw);
                     return Err(format!("ncclCommInitRankConfig did not finish in time (rank {rank} of {nranks}): a peer did not join"));
                 }
@@ -290,10 +306,16 @@ impl Comm {
             lib_version,
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
+            abort_requested: AtomicBool::new(false),
         })
     }
 
     /// `ncclCommSplit` (collective over this communicator). `None` for ranks not in the new group.
+    ///
+    /// NCCL's asynchronous init may write the new communicator's handle after `ncclCommSplit`
+    /// returned, so the slot lives on the heap and is leaked (8 bytes) unless the split was seen
+    /// to finish. Every failure of the split aborts the parent: it is never left in an error
+    /// state un-aborted.
     pub fn split(&self, member: bool, key: usize, new_nranks: usize, deadline: Instant) -> Result<Option<Comm>, LaunchError> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
@@ -301,30 +323,50 @@ impl Comm {
         }
         let parent = inner.raw.0;
         let mut cfg = config(self.blocking, self.lib_version);
-        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        let slot: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
+        // SAFETY: reclaims the slot once NCCL can no longer write it.
+        let free_slot = || unsafe { *Box::from_raw(slot) };
         let color = if member { 0 } else { -1 }; // NCCL_SPLIT_NOCOLOR
-        let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, &mut raw, &mut cfg) };
-        ok_or_progress(r).map_err(|e| LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent))))?;
+        let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, slot, &mut cfg) };
+        if let Err(e) = ok_or_progress(r) {
+            // Refused before any asynchronous work started: the slot is ours again.
+            let _ = free_slot();
+            let msg = format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent));
+            self.abort_locked(inner, msg.clone());
+            return Err(LaunchError::Nccl(msg));
+        }
         // The split is done when the parent (and the child, for members) are ready.
-        match wait_ready(parent, deadline, false) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent)))),
-            Err(()) => {
-                drop(inner);
-                self.abort("ncclCommSplit did not finish before the deadline".into());
+        match wait_ready(parent, deadline, false, Some(&self.abort_requested)) {
+            Ready::Done => {}
+            Ready::Failed(e) => {
+                // NCCL may still hold the slot: leak it.
+                let msg = format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent));
+                self.abort_locked(inner, msg.clone());
+                return Err(LaunchError::Nccl(msg));
+            }
+            Ready::Deadline => {
+                self.abort_locked(inner, "ncclCommSplit did not finish before the deadline".into());
                 return Err(LaunchError::Timeout);
             }
+            Ready::AbortRequested => {
+                let why = self.aborted().unwrap_or_default();
+                self.abort_locked(inner, why.clone());
+                return Err(LaunchError::Aborted(why));
+            }
         }
+        drop(inner);
+        // The parent is ready: NCCL has written the slot (null for non-members).
+        let raw = free_slot();
         if !member || raw.is_null() {
             return Ok(None);
         }
-        match wait_ready(raw, deadline, false) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+        match wait_ready(raw, deadline, false, None) {
+            Ready::Done => {}
+            Ready::Failed(e) => {
                 abort_raw(raw);
                 return Err(LaunchError::Nccl(format!("ncclCommSplit (new communicator): {}", err_string(e))));
             }
-            Err(()) => {
+            Ready::Deadline | Ready::AbortRequested => {
                 abort_raw(raw);
                 return Err(LaunchError::Timeout);
             }
@@ -337,13 +379,16 @@ impl Comm {
             lib_version: self.lib_version,
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
+            abort_requested: AtomicBool::new(false),
         }))
     }
 
     /// Runs `calls` (NCCL calls on the communicator and stream) as one group and waits, up to
-    /// `deadline`, until the group is enqueued. On deadline the communicator is aborted.
-    /// `premul` lists premul-sum ops to create first (NCCL type, scalar bytes); `calls` gets
-    /// their handles in the same order; they are destroyed once the group is enqueued.
+    /// `deadline`, until the group is enqueued. On deadline the communicator is aborted; an
+    /// abort requested meanwhile ([`Comm::abort`]) ends the wait at once and is carried out
+    /// here. `premul` lists premul-sum ops to create first (NCCL type, scalar bytes); `calls`
+    /// gets their handles in the same order; they are destroyed once the group is enqueued.
+    /// `stall` (fault injection) treats the group as still in progress.
     pub fn launch(
         &self,
         deadline: Instant,
@@ -354,6 +399,11 @@ impl Comm {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
             return Err(LaunchError::Aborted(why.clone()));
+        }
+        if let Some(why) = self.aborted() {
+            // Requested while this thread waited for the lock: carry it out.
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
         }
         let comm = inner.raw.0;
         let stream = self.dev.stream as sys::cudaStream_t;
@@ -400,25 +450,42 @@ impl Comm {
             (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
             (Ok(()), Ok(pending)) => Ok(pending),
         };
+        let mut requested = false;
         if let Ok(pending) = result {
             result = Ok(false);
             if pending || !self.blocking {
-                match wait_ready(comm, deadline, stall) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm)))),
-                    Err(()) => result = Err(LaunchError::Timeout),
+                match wait_ready(comm, deadline, stall, Some(&self.abort_requested)) {
+                    Ready::Done => {}
+                    Ready::Failed(e) => {
+                        result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm))))
+                    }
+                    Ready::Deadline => result = Err(LaunchError::Timeout),
+                    Ready::AbortRequested => {
+                        requested = true;
+                        result = Err(LaunchError::Aborted(self.aborted().unwrap_or_default()));
+                    }
                 }
             }
         }
         match result {
+            Ok(_) if self.abort_requested.load(Ordering::SeqCst) => {
+                // Requested while this thread was inside NCCL (a blocking communicator).
+                let why = self.aborted().unwrap_or_default();
+                self.abort_locked(inner, why.clone());
+                Err(LaunchError::Aborted(why))
+            }
             Ok(_) => {
                 destroy_ops(&ops);
                 Ok(())
             }
             Err(LaunchError::Timeout) => {
-                drop(inner);
-                self.abort("an NCCL group was still being enqueued at its deadline".into());
+                self.abort_locked(inner, "an NCCL group was still being enqueued at its deadline".into());
                 Err(LaunchError::Timeout)
+            }
+            Err(e) if requested => {
+                // The group may still be in progress: leave the premul ops to the abort.
+                self.abort_locked(inner, self.aborted().unwrap_or_default());
+                Err(e)
             }
             Err(e) => {
                 destroy_ops(&ops);
@@ -449,21 +516,47 @@ impl Comm {
         }
     }
 
-    /// Why the communicator was aborted, if it was (never waits for a launch in progress).
+    /// Why the communicator was aborted (or an abort was requested), if it was. Never waits
+    /// for a launch in progress. Set before the abort starts, so an op whose completion is first
+    /// observed after this turned `Some` is not trusted (see `completion`).
     pub fn aborted(&self) -> Option<String> {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
+    ///
+    /// The request itself takes no lock a launch holds: it records the reason, raises
+    /// `abort_requested` (the launch / split poll loops check it and let go, carrying the
+    /// abort out themselves) and opens injected stream gates; then it takes the lock without
+    /// blocking (`try_lock`, polled up to [`ABORT_WAIT`]) to run `ncclCommAbort`. If a thread
+    /// stays inside an NCCL call past that (a blocking communicator), that thread carries the
+    /// abort out when the call returns.
     pub fn abort(&self, reason: String) {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.abort_requested.store(true, Ordering::SeqCst);
+        self.dev.release_gates();
+        let until = Instant::now() + ABORT_WAIT;
+        loop {
+            match self.inner.try_lock() {
+                Ok(g) => return self.abort_locked(g, reason),
+                Err(std::sync::TryLockError::Poisoned(e)) => return self.abort_locked(e.into_inner(), reason),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        }
+    }
+
+    /// The abort itself, with the lock held (released before `ncclCommAbort` runs).
+    fn abort_locked(&self, mut inner: MutexGuard<'_, Inner>, reason: String) {
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
+        self.abort_requested.store(true, Ordering::SeqCst);
+        self.dev.release_gates();
         if inner.aborted.is_some() {
             return;
         }
         inner.aborted = Some(reason);
-        self.dev.release_gates();
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
+        drop(inner);
         if !raw.0.is_null() {
             let _ = self.dev.bind();
             abort_raw(raw.0);
@@ -494,7 +587,7 @@ impl Comm {
         let fin = unsafe { sys::ncclCommFinalize(raw.0) };
         let finished = match ok_or_progress(fin) {
             Ok(false) => true,
-            Ok(true) => matches!(wait_ready(raw.0, deadline, false), Ok(Ok(()))),
+            Ok(true) => matches!(wait_ready(raw.0, deadline, false, None), Ready::Done),
             Err(_) => false,
         };
         if !finished {
@@ -531,7 +624,7 @@ use crate::worker::{Channel, Job, Progress};
 use crate::{probe, NcclBackend, NcclBuffer};
 use concord_core::{progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant, WorldInfo};
 use cudarc::nccl::sys as nccl;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 pub(crate) static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
 

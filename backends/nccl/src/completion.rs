@@ -11,6 +11,10 @@
 //!   out simply report "still pending", leaving the communicator intact.
 //! * A communicator error (a peer gone, a failed kernel) ends the wait with
 //!   [`CollectiveError::Aborted`] after aborting the communicator.
+//! * A completion is trusted only when observed before any abort of its communicator: every
+//!   op launched on a communicator later aborted, whose completion was not observed before the
+//!   abort was requested, fails with [`CollectiveError::Aborted`] (an abort makes NCCL's kernels
+//!   return early, so its event completes although the op did not).
 
 use crate::comm::Comm;
 use crate::cuda::poll_until;
@@ -61,8 +65,20 @@ impl NcclCompletion {
                     return Some(self.finish(outcome));
                 }
                 Stage::Launched(event) => match event.query() {
+                    // Trusted only when observed before any abort of the communicator: an
+                    // abort makes NCCL's kernels return early, so the event of an op that
+                    // never finished completes too. The reason is set before the abort starts
+                    // (`Comm::abort`), and read after the query, so `None` here means the op
+                    // completed on its own.
                     Ok(true) => {
                         drop(stage);
+                        if let Some(why) = self.comm.aborted() {
+                            return Some(self.finish(Err(CollectiveError::Aborted(format!(
+                                "{} #{} on rank {}: the communicator was aborted before this op's completion was \
+                                 observed ({why}); its output is not trusted",
+                                self.op, self.seq, self.rank
+                            )))));
+                        }
                         return Some(self.finish(Ok(())));
                     }
                     Ok(false) => {}
