@@ -24,7 +24,7 @@
 use crate::comm::{Comm, LaunchError, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
 use crate::fault::Faults;
-use crate::header::{header_len, parse_all, validate, validate_pair, Header};
+use crate::header::{failed_rank, header_len, parse_all, validate, validate_pair, Header};
 use concord_core::fault::{point, Action};
 use concord_core::{progress, BadInputKind, CollectiveError, Result};
 use cudarc::nccl::sys as nccl;
@@ -324,19 +324,40 @@ impl Channel {
     /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
     fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>) -> Result<Option<Event>> {
         self.not_aborted(id)?;
-        self.fault_point(id, point::BEFORE_HEADER)?;
+        // A local failure before the header still sends it (marked failed), so the peers end
+        // this op in a named error instead of waiting for it.
+        let local = self.fault_point(id, point::BEFORE_HEADER)?;
         match check {
             Check::None => {}
             Check::All(hdr) => {
+                let hdr = if local.is_some() { hdr.failed() } else { hdr };
                 let all = self.exchange_all(id, &hdr)?;
+                if let Some(e) = local {
+                    return Err(e);
+                }
+                if let Some(r) = failed_rank(&all) {
+                    return Err(self.peer_failed(id, r));
+                }
                 validate(&all).map_err(|(k, d)| self.bad(id, k, d))?;
             }
             Check::Pair(hdr, peer) => {
+                let hdr = if local.is_some() { hdr.failed() } else { hdr };
                 let theirs = self.exchange_pair(id, &hdr, peer)?;
+                if let Some(e) = local {
+                    return Err(e);
+                }
+                if failed_rank(std::slice::from_ref(&theirs)).is_some() {
+                    return Err(self.peer_failed(id, peer));
+                }
                 validate_pair(&hdr.words, &theirs, self.rank, peer).map_err(|(k, d)| self.bad(id, k, d))?;
             }
         }
-        self.fault_point(id, point::AFTER_HEADER)?;
+        if let Some(e) = local {
+            return Err(e);
+        }
+        if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
+            return Err(e);
+        }
         let Some(Launch { premul, calls, keep }) = launch else {
             return Ok(None);
         };
@@ -354,18 +375,27 @@ impl Channel {
         Ok(Some(ev))
     }
 
-    /// Fault injection at `at` (before / after the header): stall until the op's deadline or
-    /// an abort, fail with a named error, or end the process.
-    fn fault_point(&self, id: &OpId, at: &str) -> Result<()> {
+    /// Fault injection at `at` (before / after the header): `die` ends the process; `stall`
+    /// holds the op until its deadline or an abort, then `Err`; `fail` is `Ok(Some(error))`, a
+    /// local failure for the caller to report (after sending its header, when it has one).
+    fn fault_point(&self, id: &OpId, at: &str) -> Result<Option<CollectiveError>> {
         self.faults.maybe_die(at, id.nth);
-        if self.faults.fires(at, Action::Fail, id.nth) {
-            return Err(self.backend_err(id, format!("injected fault {at}:fail (a simulated local failure)")));
-        }
         if self.faults.fires(at, Action::Stall, id.nth) {
             let _ = poll_until(self.deadline(id), || self.comm.aborted().map(|_| ()));
             return Err(self.backend_err(id, format!("injected fault {at}:stall held the op until its deadline or an abort")));
         }
-        Ok(())
+        if self.faults.fires(at, Action::Fail, id.nth) {
+            return Ok(Some(self.backend_err(id, format!("injected fault {at}:fail (a simulated local failure)"))));
+        }
+        Ok(None)
+    }
+
+    /// The error of an op whose peer `r` failed its side locally (its header said so).
+    fn peer_failed(&self, id: &OpId, r: usize) -> CollectiveError {
+        self.backend_err(
+            id,
+            format!("rank {r} failed its side of this op locally after issuing it (see rank {r}'s error); nothing was launched"),
+        )
     }
 
     fn run_split(
