@@ -65,6 +65,12 @@ pub(crate) fn poll_until<T>(deadline: Instant, mut f: impl FnMut() -> Option<T>)
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: sys::CUstream,
+    /// A second stream for host copies (`upload`, `download`, `write`): they synchronise with
+    /// the device, not with the collectives queued on `stream`.
+    pub copy: sys::CUstream,
+    /// Pinned staging for host copies (grown on demand; leaked when a copy times out, since the
+    /// pending copy may still use it).
+    staging: std::sync::Mutex<Option<Pinned>>,
     pub async_alloc: bool,
     pub ordinal: usize,
     /// Stream gates of injected `stream:stall` faults (see `fault`), opened by an abort or drop.
@@ -96,8 +102,102 @@ impl Device {
     pub fn new(ordinal: usize) -> Result<Arc<Device>, String> {
         let ctx = CudaContext::new(ordinal).map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
+        let copy = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let async_alloc = ctx.has_async_alloc();
-        Ok(Arc::new(Device { ctx, stream, async_alloc, ordinal, gates: std::sync::Mutex::new(Vec::new()) }))
+        if async_alloc {
+            // Memory freed on one stream is reused on the other only once that free is done
+            // (never by making the allocating stream wait for the other one): a copy must not
+            // queue behind a collective through the pool.
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) } == sys::CUresult::CUDA_SUCCESS {
+                let mut off: i32 = 0;
+                let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+                let _ = unsafe { sys::cuMemPoolSetAttribute(pool, attr, &mut off as *mut i32 as *mut std::ffi::c_void) };
+            }
+        }
+        Ok(Arc::new(Device {
+            ctx,
+            stream,
+            copy,
+            staging: std::sync::Mutex::new(None),
+            async_alloc,
+            ordinal,
+            gates: std::sync::Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Allocates `bytes` for a host copy, ordered on the copy stream (see [`Device::copy_htod`]).
+    pub fn alloc_for_copy(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
+        self.bind()?;
+        let n = bytes.max(1);
+        let ptr = unsafe {
+            if self.async_alloc {
+                cu::malloc_async(self.copy, n)
+            } else {
+                cu::malloc_sync(n)
+            }
+        }
+        .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
+        Ok(DevMem { dev: self.clone(), ptr })
+    }
+
+    /// Host → device on the copy stream through pinned staging, after `after` (an event on the
+    /// collectives' stream) when given; waits until `deadline`. `Ok(false)`: still pending at
+    /// the deadline (the staging is then leaked to the pending copy; the caller MUST leak `dst`
+    /// too). Never blocks in the driver: the copy is from pinned memory.
+    pub fn copy_htod(&self, dst: u64, src: &[u8], after: Option<&Event>, deadline: Instant) -> Result<bool, String> {
+        // Even with nothing to copy: the wait orders `dst`'s allocation on the copy stream
+        // before any use on the collectives' stream.
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let pinned = self.staging_for(&mut staging, src.len())?;
+        pinned.as_mut_slice()[..src.len()].copy_from_slice(src);
+        if let Some(ev) = after {
+            unsafe { cu::stream::wait_event(self.copy, ev.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+                .map_err(|e| derr("cuStreamWaitEvent", e))?;
+        }
+        if !src.is_empty() {
+            unsafe { cu::memcpy_htod_async(dst, &pinned.as_slice()[..src.len()], self.copy) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+        }
+        self.finish_copy(&mut staging, deadline)
+    }
+
+    /// Device → host on the copy stream through pinned staging; waits until `deadline`.
+    /// `Ok(false)`: still pending at the deadline (see [`Device::copy_htod`]; the caller MUST
+    /// keep the source alive).
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: u64, deadline: Instant) -> Result<bool, String> {
+        if dst.is_empty() {
+            return Ok(true);
+        }
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let pinned = self.staging_for(&mut staging, dst.len())?;
+        unsafe { cu::memcpy_dtoh_async(&mut pinned.as_mut_slice()[..dst.len()], src, self.copy) }
+            .map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+        if !self.finish_copy(&mut staging, deadline)? {
+            return Ok(false);
+        }
+        let pinned = staging.as_ref().expect("kept by finish_copy");
+        dst.copy_from_slice(&pinned.as_slice()[..dst.len()]);
+        Ok(true)
+    }
+
+    fn staging_for<'a>(&self, staging: &'a mut Option<Pinned>, len: usize) -> Result<&'a mut Pinned, String> {
+        if staging.as_ref().is_none_or(|p| p.len < len) {
+            *staging = None;
+            *staging = Some(Pinned::new(self, len.next_power_of_two().max(4096))?);
+        }
+        Ok(staging.as_mut().expect("set above"))
+    }
+
+    /// Waits for the copy stream until `deadline`; on deadline leaks the staging.
+    fn finish_copy(&self, staging: &mut Option<Pinned>, deadline: Instant) -> Result<bool, String> {
+        let ev = Event::record_on(self.copy)?;
+        let done = ev.wait_until(deadline)?;
+        if !done {
+            if let Some(p) = staging.take() {
+                std::mem::forget(p);
+            }
+        }
+        Ok(done)
     }
 
     /// Fault injection: stalls the stream here (work queued after this waits) until
@@ -144,10 +244,7 @@ impl Device {
 
     /// Records an event on the stream.
     pub fn record(&self) -> Result<Event, String> {
-        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
-        let ev = Event(ev);
-        unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
-        Ok(ev)
+        Event::record_on(self.stream)
     }
 
     /// Waits until everything queued on the stream so far is done, or until `deadline`:
@@ -157,9 +254,9 @@ impl Device {
         ev.wait_until(deadline)
     }
 
-    /// Queues a host-to-device copy. `src` may be pageable: the driver stages it before
-    /// returning. Callers MUST have drained the stream first (see `sync_until`), since a
-    /// pageable copy waits for the stream without a deadline.
+    /// Queues a host-to-device copy on the collectives' stream. `src` MUST be pinned (a
+    /// pageable copy may wait for the stream in the driver, without a deadline): the progress
+    /// thread's header staging.
     pub fn htod(&self, dst: u64, src: &[u8]) -> Result<(), String> {
         if src.is_empty() {
             return Ok(());
@@ -182,6 +279,7 @@ impl Drop for Device {
         if self.bind().is_ok() {
             unsafe {
                 let _ = cu::stream::destroy(self.stream);
+                let _ = cu::stream::destroy(self.copy);
             }
         }
     }
@@ -193,6 +291,13 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    fn record_on(stream: sys::CUstream) -> Result<Event, String> {
+        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
+        let ev = Event(ev);
+        unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
     /// `Ok(true)` complete, `Ok(false)` pending.
     pub fn query(&self) -> Result<bool, String> {
         match unsafe { cu::event::query(self.0) } {

@@ -119,11 +119,6 @@ impl NcclBackend {
         }
     }
 
-    /// Waits (bounded by the op deadline) for everything queued on the stream.
-    pub(crate) fn drain(&self, op: &Op) -> Result<()> {
-        self.chan.drain(&op.id(), op.issued + self.op_timeout)
-    }
-
     /// Waits (bounded by the op deadline) until the progress thread has launched (or failed)
     /// every op issued before `op`, so that `op` is ordered after them on the stream.
     pub(crate) fn flush(&self, op: &Op) -> Result<()> {
@@ -150,8 +145,7 @@ impl NcclBackend {
     /// Arms `op`'s drop to send `hdr` marked failed (see [`Op::unsent`]); `submit` disarms it.
     pub(crate) fn arm(&self, op: &Op, hdr: &Header, peer: Option<usize>) {
         if self.validating() {
-            *op.unsent.borrow_mut() =
-                Some(Unsent { progress: self.progress.clone(), chan: self.chan.clone(), hdr: hdr.clone(), peer });
+            *op.unsent.borrow_mut() = Some(Unsent { progress: self.progress.clone(), chan: self.chan.clone(), hdr: hdr.clone(), peer });
         }
     }
 
