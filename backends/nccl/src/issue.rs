@@ -69,7 +69,7 @@ impl Drop for Op {
 
 impl Op {
     pub(crate) fn id(&self) -> OpId {
-        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth }
+        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth, started: None }
     }
 }
 

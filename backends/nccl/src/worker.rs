@@ -63,6 +63,9 @@ pub(crate) struct OpId {
     pub issued: Instant,
     /// Index among the world's collective and point-to-point calls (fault injection only).
     pub nth: Option<u64>,
+    /// When the progress thread started the op's job (set there): its deadlines count from
+    /// here, so time spent queued behind healthy earlier ops does not count against it.
+    pub started: Option<Instant>,
 }
 
 /// The cross-rank check a job runs before launching.
@@ -76,8 +79,13 @@ pub(crate) enum Check {
 
 /// Where a queued op stands.
 pub(crate) enum Stage {
+    /// Not yet taken by the progress thread.
     Queued,
-    Launched(Event),
+    /// Taken by the progress thread at this instant: headers / launch in progress, each step
+    /// bounded by the job's own deadline (the job ends itself, with a named error).
+    Running(Instant),
+    /// Enqueued on the stream (the event follows it); the job started at the instant.
+    Launched(Arc<Event>, Instant),
     Finished(Result<()>),
 }
 
@@ -144,11 +152,24 @@ impl Job {
         }
     }
 
-    fn run(self) {
+    /// Marks the job started now (its deadlines count from here).
+    fn start(&mut self, now: Instant) {
+        match self {
+            Job::Op { id, ticket, .. } => {
+                id.started = Some(now);
+                if let Some(t) = ticket {
+                    t.set(Stage::Running(now));
+                }
+            }
+            Job::Split { id, .. } => id.started = Some(now),
+        }
+    }
+
+    fn run(self, tracker: &Tracker) {
         match self {
             Job::Op { chan, id, check, launch, ticket } => {
-                let stage = match chan.run_op(&id, check, launch) {
-                    Ok(Some(ev)) => Stage::Launched(ev),
+                let stage = match chan.run_op(&id, check, launch, tracker) {
+                    Ok(Some(ev)) => Stage::Launched(ev, id.started.unwrap_or(id.issued)),
                     Ok(None) => Stage::Finished(Ok(())),
                     Err(e) => Stage::Finished(Err(e)),
                 };
@@ -157,7 +178,7 @@ impl Job {
                 }
             }
             Job::Split { chan, id, hdr, local, member, nranks, reply } => {
-                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks));
+                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks, tracker));
             }
         }
     }
@@ -181,8 +202,10 @@ impl Channel {
         &self.comm.dev
     }
 
+    /// The job's deadline: its start on the progress thread (issue, before it started) plus
+    /// the op timeout.
     pub fn deadline(&self, id: &OpId) -> Instant {
-        id.issued + self.op_timeout
+        id.started.unwrap_or(id.issued) + self.op_timeout
     }
 
     pub fn backend_err(&self, id: &OpId, msg: impl std::fmt::Display) -> CollectiveError {
@@ -219,42 +242,62 @@ impl Channel {
         }
     }
 
-    /// Waits (until `deadline`) for everything queued on the stream. On deadline the
-    /// communicator is aborted and the error names `id`; an NCCL error reported meanwhile (a
-    /// peer gone) aborts it too and ends the wait early. An already aborted communicator is
-    /// waited out (its kernels end), so copies after an abort still work.
-    pub fn drain(&self, id: &OpId, deadline: Instant) -> Result<()> {
-        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
-        let started = Instant::now();
-        let mut next_check = started + Duration::from_millis(10);
-        let outcome = poll_until(deadline, || match ev.query() {
-            Ok(true) => Some(Ok(())),
-            Err(e) => Some(Err(self.backend_err(id, e))),
-            Ok(false) => {
-                let now = Instant::now();
-                if now < next_check {
-                    return None;
-                }
-                next_check = now + Duration::from_millis(10);
-                let err = self.comm.async_error()?;
-                let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
-                self.comm.abort(why.clone());
-                Some(Err(CollectiveError::Aborted(format!("{why}; communicator aborted"))))
+    /// Waits for this job's header exchange, enqueued on the stream between `before` and
+    /// `after`. Its deadline counts from when the stream reached the exchange (`before`
+    /// complete), never earlier than the job's deadline: earlier work on the shared stream (a
+    /// subgroup's op, a long healthy queue) does not count against it. Earlier launched ops
+    /// past their own deadlines get *their* communicators aborted meanwhile (`tracker`), so
+    /// the stream moves on; a hard bound of three op timeouts from the job's start ends the
+    /// wait in every case. When this wait gives up it aborts this communicator: an abandoned
+    /// header exchange left enqueued would pair with the peers' next one. An NCCL error on
+    /// this communicator (a peer gone) aborts it and ends the wait early.
+    fn wait_header(&self, id: &OpId, tracker: &Tracker, before: &Event, after: &Event) -> Result<()> {
+        let start = id.started.unwrap_or(id.issued);
+        let cap = start + self.op_timeout * 3;
+        let mut reached: Option<Instant> = None;
+        let mut next_check = Instant::now() + Duration::from_millis(10);
+        let outcome = poll_until(cap, || {
+            match after.query() {
+                Ok(true) => return Some(Ok(())),
+                Err(e) => return Some(Err(Some(self.backend_err(id, e)))),
+                Ok(false) => {}
             }
+            let now = Instant::now();
+            if now < next_check {
+                return None;
+            }
+            next_check = now + Duration::from_millis(10);
+            if reached.is_none() && matches!(before.query(), Ok(true)) {
+                reached = Some(now);
+            }
+            match reached {
+                None => tracker.enforce(),
+                Some(r) if now >= (r + self.op_timeout).max(self.deadline(id)) => return Some(Err(None)),
+                Some(_) => {}
+            }
+            let err = self.comm.async_error()?;
+            let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
+            self.comm.abort(why.clone());
+            Some(Err(Some(CollectiveError::Aborted(format!("{why}; communicator aborted")))))
         });
         match outcome {
-            Some(r) => r,
-            None => {
+            Some(Ok(())) => Ok(()),
+            Some(Err(Some(e))) => Err(e),
+            Some(Err(None)) | None => {
                 let waited_ms = id.issued.elapsed().as_millis() as u64;
                 self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", id.name, id.seq));
+                let behind = if reached.is_some() {
+                    "the peers' validation headers did not arrive (a peer never issued this collective?)"
+                } else {
+                    "earlier work on the GPU stream never finished"
+                };
                 Err(CollectiveError::Timeout {
                     op: id.name.to_string(),
                     seq: id.seq,
                     rank: self.rank,
                     waited_ms,
                     detail: format!(
-                        "the GPU stream did not drain before the op deadline of {} ms (a peer never \
-                         issued this or an earlier collective?); NCCL communicator aborted; this process is {}",
+                        "{behind} before the op deadline of {} ms; NCCL communicator aborted; this process is {}",
                         self.op_timeout.as_millis(),
                         progress::describe()
                     ),
@@ -264,7 +307,7 @@ impl Channel {
     }
 
     /// Exchanges headers with every rank (all-gather on the side buffers); returns all headers.
-    fn exchange_all(&self, id: &OpId, hdr: &Header) -> Result<Vec<Vec<u64>>> {
+    fn exchange_all(&self, id: &OpId, hdr: &Header, tracker: &Tracker) -> Result<Vec<Vec<u64>>> {
         let deadline = self.deadline(id);
         let bytes = hdr.to_bytes();
         let n = bytes.len();
@@ -272,6 +315,7 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        let before = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
@@ -283,13 +327,14 @@ impl Channel {
             })
             .map_err(|e| self.launch_err(id, e))?;
         self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv).map_err(|e| self.backend_err(id, e))?;
-        self.drain(id, deadline)?;
+        let after = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        self.wait_header(id, tracker, &before, &after)?;
         self.not_aborted(id)?;
         Ok(parse_all(&side.host_recv.as_slice()[..n * self.ws], self.ws))
     }
 
     /// Exchanges headers with one peer (send/recv); returns the peer's header.
-    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize) -> Result<Vec<u64>> {
+    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize, tracker: &Tracker) -> Result<Vec<u64>> {
         let deadline = self.deadline(id);
         let bytes = hdr.to_bytes();
         let n = bytes.len();
@@ -297,6 +342,7 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        let before = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
@@ -307,7 +353,8 @@ impl Channel {
             })
             .map_err(|e| self.launch_err(id, e))?;
         self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv).map_err(|e| self.backend_err(id, e))?;
-        self.drain(id, deadline)?;
+        let after = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        self.wait_header(id, tracker, &before, &after)?;
         self.not_aborted(id)?;
         Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
     }
@@ -322,7 +369,7 @@ impl Channel {
     }
 
     /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
-    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>) -> Result<Option<Event>> {
+    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker) -> Result<Option<Arc<Event>>> {
         self.not_aborted(id)?;
         // A local failure before the header still sends it (marked failed), so the peers end
         // this op in a named error instead of waiting for it.
@@ -331,7 +378,7 @@ impl Channel {
             Check::None => {}
             Check::All(hdr) => {
                 let hdr = if local.is_some() { hdr.failed() } else { hdr };
-                let all = self.exchange_all(id, &hdr)?;
+                let all = self.exchange_all(id, &hdr, tracker)?;
                 if let Some(e) = local {
                     return Err(e);
                 }
@@ -342,7 +389,7 @@ impl Channel {
             }
             Check::Pair(hdr, peer) => {
                 let hdr = if local.is_some() { hdr.failed() } else { hdr };
-                let theirs = self.exchange_pair(id, &hdr, peer)?;
+                let theirs = self.exchange_pair(id, &hdr, peer, tracker)?;
                 if let Some(e) = local {
                     return Err(e);
                 }
@@ -366,11 +413,14 @@ impl Channel {
         }
         if self.faults.fires(point::NO_LAUNCH, Action::Stall, id.nth) {
             // This rank's side is never launched, but the op looks launched here.
-            return self.dev().record().map(Some).map_err(|e| self.backend_err(id, e));
+            let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
+            tracker.push(&self.comm, &ev, id, self.deadline(id));
+            return Ok(Some(ev));
         }
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm.launch(self.deadline(id), stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
-        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
+        tracker.push(&self.comm, &ev, id, self.deadline(id));
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(ev))
     }
@@ -405,9 +455,10 @@ impl Channel {
         local: Option<(BadInputKind, String)>,
         member: Option<usize>,
         nranks: usize,
+        tracker: &Tracker,
     ) -> Result<Option<Comm>> {
         self.not_aborted(id)?;
-        let all = self.exchange_all(id, hdr)?;
+        let all = self.exchange_all(id, hdr, tracker)?;
         if let Err((kind, detail)) = validate(&all) {
             let detail = match local {
                 Some((k, mine)) if k == kind => mine,
@@ -416,6 +467,7 @@ impl Channel {
             return Err(self.bad(id, kind, detail));
         }
         let started = Instant::now();
+        // `ncclCommSplit` sets the child communicator up: NCCL's init time, not an op's.
         self.comm
             .split(member.is_some(), member.unwrap_or(0), nranks, started + self.op_timeout.max(Duration::from_secs(30)))
             .map_err(|e| self.launch_err(id, e))
@@ -427,6 +479,63 @@ pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<()
     match r {
         nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress => Ok(()),
         e => Err((what.to_string(), e)),
+    }
+}
+
+/// The ops launched on this rank's stream (every communicator of the rank), oldest first, with
+/// their deadlines: a header wait stuck behind one of them past its deadline aborts *its*
+/// communicator (not the waiting op's), so the stream moves on. Entries go once complete.
+pub(crate) struct Tracker {
+    launched: Mutex<VecDeque<Tracked>>,
+}
+
+struct Tracked {
+    comm: std::sync::Weak<Comm>,
+    ev: Arc<Event>,
+    name: &'static str,
+    seq: u64,
+    deadline: Instant,
+}
+
+impl Tracker {
+    fn new() -> Tracker {
+        Tracker { launched: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Drops the completed ops at the front (the stream completes them in order).
+    fn prune(l: &mut VecDeque<Tracked>) {
+        while l.front().is_some_and(|t| !matches!(t.ev.query(), Ok(false))) {
+            l.pop_front();
+        }
+    }
+
+    fn push(&self, comm: &Arc<Comm>, ev: &Arc<Event>, id: &OpId, deadline: Instant) {
+        let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+        Self::prune(&mut l);
+        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, deadline });
+    }
+
+    /// Aborts the communicator of every launched op still pending past its deadline.
+    pub fn enforce(&self) {
+        let now = Instant::now();
+        let due: Vec<Tracked> = {
+            let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+            Self::prune(&mut l);
+            let (due, keep): (VecDeque<Tracked>, VecDeque<Tracked>) = l.drain(..).partition(|t| now >= t.deadline);
+            *l = keep;
+            due.into()
+        };
+        for t in due {
+            if let Some(c) = t.comm.upgrade() {
+                if c.aborted().is_none() {
+                    c.abort(format!(
+                        "{} #{} was still running on the GPU past its op deadline (found by the progress thread, with later \
+                         work queued behind it)",
+                        t.name, t.seq
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -446,6 +555,7 @@ struct Shared {
     finished: AtomicU64,
     current: Mutex<Current>,
     exited: AtomicBool,
+    tracker: Tracker,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -463,6 +573,7 @@ impl Progress {
             finished: AtomicU64::new(0),
             current: Mutex::new(None),
             exited: AtomicBool::new(false),
+            tracker: Tracker::new(),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -509,8 +620,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                 q = sh.cv.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let Some(job) = job else { break };
+        let Some(mut job) = job else { break };
         taken += 1;
+        job.start(Instant::now());
         let id = job.id();
         let chan = job.chan().clone();
         *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, Instant::now()));
@@ -520,7 +632,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             Job::Op { ticket, .. } => ticket.clone(),
             Job::Split { .. } => None,
         };
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run()));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         if run.is_err() {
             if let Some(t) = ticket {
                 t.set(Stage::Finished(Err(chan.backend_err(&id, "the NCCL progress thread panicked while launching this op"))));
