@@ -205,6 +205,8 @@ pub(crate) struct Comm {
     /// Set (before anything else) by [`Comm::abort`]: the poll loops of a thread holding
     /// `inner` (launch, split) check it and let go, so an abort never waits behind a launch.
     abort_requested: AtomicBool,
+    /// Where the teardown runs (see [`Comm::set_teardown`]); unset: on the dropping thread.
+    teardown_via: OnceLock<TeardownVia>,
 }
 
 fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
@@ -307,6 +309,7 @@ impl Comm {
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
             abort_requested: AtomicBool::new(false),
+            teardown_via: OnceLock::new(),
         })
     }
 
@@ -380,6 +383,7 @@ impl Comm {
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
             abort_requested: AtomicBool::new(false),
+            teardown_via: OnceLock::new(),
         }))
     }
 
@@ -563,17 +567,42 @@ impl Comm {
         }
     }
 
-    /// Tears the communicator down: finalize + destroy when the stream is idle, abort otherwise.
-    /// Bounded by `deadline` (then abort).
-    pub fn shutdown(&self, deadline: Instant) {
+    /// Takes the communicator out for teardown (later uses report it destroyed); `None` when
+    /// it was aborted or torn down already.
+    fn take_for_teardown(&self) -> Option<Teardown> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
         if raw.0.is_null() {
-            return;
+            return None;
         }
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
+        Some(Teardown { raw, dev: self.dev.clone() })
+    }
+
+    /// Where this communicator's teardown runs: the rank's progress thread (set by the
+    /// backend), so that `ncclCommFinalize` never runs beside another NCCL call on this device.
+    pub fn set_teardown(&self, via: TeardownVia) {
+        let _ = self.teardown_via.set(via);
+    }
+}
+
+/// Hands a [`Teardown`] to the progress thread; `Err` gives it back (the thread has stopped)
+/// to be run where it is.
+pub(crate) type TeardownVia = Box<dyn Fn(Teardown) -> Result<(), Teardown> + Send + Sync>;
+
+/// A communicator taken out for teardown.
+pub(crate) struct Teardown {
+    raw: RawComm,
+    dev: Arc<Device>,
+}
+
+impl Teardown {
+    /// Finalize + destroy when the stream is idle, abort otherwise; bounded (5 s, then abort).
+    pub fn run(self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let raw = self.raw;
         self.dev.release_gates();
         if self.dev.bind().is_err() {
             return;
@@ -594,7 +623,8 @@ impl Comm {
             abort_raw(raw.0);
             return;
         }
-        let raw = RawComm(raw.0);
+        // After a finalize, destroy only frees this rank's resources; on a helper thread all
+        // the same, so that the wait stays bounded.
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
             let raw = raw;
@@ -611,7 +641,15 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        self.shutdown(Instant::now() + Duration::from_secs(5));
+        let Some(t) = self.take_for_teardown() else { return };
+        match self.teardown_via.get() {
+            Some(via) => {
+                if let Err(t) = via(t) {
+                    t.run();
+                }
+            }
+            None => t.run(),
+        }
     }
 }
 
@@ -627,6 +665,22 @@ use cudarc::nccl::sys as nccl;
 use std::sync::atomic::AtomicU64;
 
 pub(crate) static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// If `NCCL_NVLS_ENABLE` is unset, sets it to `0`, once per process, before this crate's first
+/// CUDA or NCCL call of the process (the first `init`; NCCL reads it when a communicator is
+/// created). Why this `set_var` is safe in a multi-threaded worker: Rust's own readers
+/// (`std::env`) take the same lock as `set_var`; the C-level readers are CUDA's and NCCL's
+/// threads, and none of ours exists yet at that point (later inits find the variable set and
+/// never write it again). A program that starts CUDA on other threads before the first `init`
+/// should set the variable itself (`dist/run-gpu.sh` does).
+fn nvls_off_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+    });
+}
 
 pub(crate) fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
     match world.option(key) {
@@ -649,14 +703,15 @@ impl NcclBackend {
         faults: crate::fault::Faults,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
-        let comm = Arc::new(comm);
-        let faults = Arc::new(faults);
-        let chan = Channel::new(comm.clone(), op_timeout, faults.clone())?;
-        let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         let progress = match progress {
             Some(p) => p,
             None => Progress::start(dev.clone())?,
         };
+        comm.set_teardown(progress.teardown_via());
+        let comm = Arc::new(comm);
+        let faults = Arc::new(faults);
+        let chan = Channel::new(comm.clone(), op_timeout, faults.clone())?;
+        let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         Ok(NcclBackend {
             progress,
             rank: comm.rank,
@@ -684,9 +739,7 @@ impl NcclBackend {
         if ws == 0 || rank >= ws {
             return Err(CollectiveError::Backend(format!("nccl init: rank {rank} is not in a world of {ws}")));
         }
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            std::env::set_var("NCCL_NVLS_ENABLE", "0");
-        }
+        nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         if ws > info.gpus {
             return Err(CollectiveError::Unsupported(format!("nccl: needs {ws} GPUs, found {}", info.gpus)));

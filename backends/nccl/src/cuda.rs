@@ -75,7 +75,23 @@ pub(crate) struct Device {
     pub ordinal: usize,
     /// Stream gates of injected `stream:stall` faults (see `fault`), opened by an abort or drop.
     gates: std::sync::Mutex<Vec<Arc<Gate>>>,
+    /// The device's default memory pool (with stream-ordered allocation), trimmed as memory is
+    /// freed (see [`TRIM_EVERY`]).
+    pool: sys::CUmemoryPool,
+    freed_since_trim: std::sync::atomic::AtomicUsize,
+    /// Without stream-ordered allocation: frees waiting for an idle device (`cuMemFree` may
+    /// synchronise the device, so it never runs while work is queued: see [`Device::reap`]).
+    deferred: std::sync::Mutex<Vec<u64>>,
 }
+
+/// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`]: the pool's
+/// high-water mark is not held for the life of a persistent world.
+const TRIM_EVERY: usize = 256 << 20;
+/// What a trim leaves reserved in the pool (the working set of ordinary runs).
+const POOL_KEEP: usize = 256 << 20;
+/// Pinned staging allocated with the device, so that small host copies never allocate pinned
+/// memory (an allocation that may wait for the device) while a collective is stuck.
+const STAGING_START: usize = 1 << 20;
 
 /// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
 struct Gate {
@@ -104,18 +120,20 @@ impl Device {
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let copy = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let async_alloc = ctx.has_async_alloc();
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         if async_alloc {
             // Memory freed on one stream is reused on the other only once that free is done
             // (never by making the allocating stream wait for the other one): a copy must not
             // queue behind a collective through the pool.
-            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-            if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) } == sys::CUresult::CUDA_SUCCESS {
+            if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) } != sys::CUresult::CUDA_SUCCESS {
+                pool = std::ptr::null_mut();
+            } else {
                 let mut off: i32 = 0;
                 let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
                 let _ = unsafe { sys::cuMemPoolSetAttribute(pool, attr, &mut off as *mut i32 as *mut std::ffi::c_void) };
             }
         }
-        Ok(Arc::new(Device {
+        let dev = Device {
             ctx,
             stream,
             copy,
@@ -123,7 +141,50 @@ impl Device {
             async_alloc,
             ordinal,
             gates: std::sync::Mutex::new(Vec::new()),
-        }))
+            pool,
+            freed_since_trim: std::sync::atomic::AtomicUsize::new(0),
+            deferred: std::sync::Mutex::new(Vec::new()),
+        };
+        *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
+        Ok(Arc::new(dev))
+    }
+
+    /// Without stream-ordered allocation: frees the deferred allocations if the device is idle
+    /// now (both streams drained), so that `cuMemFree` has nothing to wait for.
+    fn reap(&self) {
+        let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_empty() {
+            return;
+        }
+        let idle = |s| Event::record_on(s).and_then(|e| e.query()).unwrap_or(false);
+        if idle(self.stream) && idle(self.copy) {
+            for p in d.drain(..) {
+                unsafe {
+                    let _ = cu::free_sync(p);
+                }
+            }
+        }
+    }
+
+    /// A free of `bytes` at `ptr` (see [`DevMem`]'s drop).
+    fn free(&self, ptr: u64, bytes: usize) {
+        if self.bind().is_err() {
+            return;
+        }
+        if self.async_alloc {
+            unsafe {
+                let _ = cu::free_async(ptr, self.stream);
+            }
+            let freed = self.freed_since_trim.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+            if freed >= TRIM_EVERY && !self.pool.is_null() {
+                self.freed_since_trim.store(0, std::sync::atomic::Ordering::Relaxed);
+                // Releases reserved memory whose frees are done; never waits.
+                let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, POOL_KEEP) };
+            }
+        } else {
+            self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);
+            self.reap();
+        }
     }
 
     /// Allocates `bytes` for a host copy, ordered on the copy stream (see [`Device::copy_htod`]).
@@ -138,7 +199,10 @@ impl Device {
             }
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
-        Ok(DevMem { dev: self.clone(), ptr })
+        if !self.async_alloc {
+            self.reap();
+        }
+        Ok(DevMem { dev: self.clone(), ptr, bytes: n })
     }
 
     /// Host → device on the copy stream through pinned staging, after `after` (an event on the
@@ -239,7 +303,10 @@ impl Device {
             }
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
-        Ok(DevMem { dev: self.clone(), ptr })
+        if !self.async_alloc {
+            self.reap();
+        }
+        Ok(DevMem { dev: self.clone(), ptr, bytes: n })
     }
 
     /// Records an event on the stream.
@@ -277,6 +344,11 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.release_gates();
         if self.bind().is_ok() {
+            // Deferred frees: only on an idle device (else left to the process's end).
+            let pending = !self.deferred.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
+            if pending && matches!(self.sync_until(Instant::now() + Duration::from_millis(200)), Ok(true)) {
+                self.reap();
+            }
             unsafe {
                 let _ = cu::stream::destroy(self.stream);
                 let _ = cu::stream::destroy(self.copy);
@@ -326,19 +398,18 @@ impl Drop for Event {
     }
 }
 
-/// Device memory, freed (stream-ordered) when the last handle goes.
+/// Device memory, freed when the last handle goes: stream-ordered on the collectives' stream
+/// (after every op enqueued so far, so a job may drop its buffers once its calls are
+/// enqueued); without stream-ordered allocation, deferred until the device is idle.
 pub(crate) struct DevMem {
     pub dev: Arc<Device>,
     pub ptr: u64,
+    bytes: usize,
 }
 
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
-            unsafe {
-                let _ = if self.dev.async_alloc { cu::free_async(self.ptr, self.dev.stream) } else { cu::free_sync(self.ptr) };
-            }
-        }
+        self.dev.free(self.ptr, self.bytes);
     }
 }
 

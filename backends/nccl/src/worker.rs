@@ -21,7 +21,7 @@
 //!   aborts a communicator whose job still waits for its peers after [`DROP_GRACE`], and never
 //!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
 
-use crate::comm::{Comm, LaunchError, ABORT_WAIT};
+use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
 use crate::fault::Faults;
 use crate::header::{failed_rank, header_len, parse_all, validate, validate_pair, Header};
@@ -138,17 +138,21 @@ pub(crate) enum Job {
         nranks: usize,
         reply: mpsc::Sender<Result<Option<Comm>>>,
     },
+    /// A communicator's finalize / destroy (see `Comm::set_teardown`), after every job before it.
+    Teardown(Teardown),
 }
 
 impl Job {
-    fn chan(&self) -> &Arc<Channel> {
+    fn chan(&self) -> Option<&Arc<Channel>> {
         match self {
-            Job::Op { chan, .. } | Job::Split { chan, .. } => chan,
+            Job::Op { chan, .. } | Job::Split { chan, .. } => Some(chan),
+            Job::Teardown(_) => None,
         }
     }
-    fn id(&self) -> OpId {
+    fn id(&self) -> Option<OpId> {
         match self {
-            Job::Op { id, .. } | Job::Split { id, .. } => *id,
+            Job::Op { id, .. } | Job::Split { id, .. } => Some(*id),
+            Job::Teardown(_) => None,
         }
     }
 
@@ -162,6 +166,7 @@ impl Job {
                 }
             }
             Job::Split { id, .. } => id.started = Some(now),
+            Job::Teardown(_) => {}
         }
     }
 
@@ -180,6 +185,7 @@ impl Job {
             Job::Split { chan, id, hdr, local, member, nranks, reply } => {
                 let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks, tracker));
             }
+            Job::Teardown(t) => t.run(),
         }
     }
 }
@@ -542,6 +548,8 @@ impl Tracker {
 struct QState {
     jobs: VecDeque<Job>,
     closed: bool,
+    /// Set by the thread, under the lock, when it stops taking jobs.
+    stopped: bool,
 }
 
 /// What the running job is: its communicator, op and start, for a bounded teardown.
@@ -567,7 +575,7 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
-            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false }),
+            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false, stopped: false }),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
             finished: AtomicU64::new(0),
@@ -590,6 +598,24 @@ impl Progress {
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
         drop(q);
         self.shared.cv.notify_one();
+    }
+
+    /// How a communicator of this rank hands its teardown to this thread (queued behind every
+    /// job submitted before; run where it is once the thread has stopped).
+    pub fn teardown_via(&self) -> TeardownVia {
+        let sh = Arc::downgrade(&self.shared);
+        Box::new(move |t| {
+            let Some(sh) = sh.upgrade() else { return Err(t) };
+            let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+            if q.stopped {
+                return Err(t);
+            }
+            q.jobs.push_back(Job::Teardown(t));
+            sh.queued.fetch_add(1, Ordering::SeqCst);
+            drop(q);
+            sh.cv.notify_one();
+            Ok(())
+        })
     }
 
     /// Waits until every job submitted so far has finished (launched or failed), or until
@@ -615,6 +641,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                     break Some(j);
                 }
                 if q.closed {
+                    q.stopped = true;
                     break None;
                 }
                 q = sh.cv.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -623,14 +650,18 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let Some(mut job) = job else { break };
         taken += 1;
         job.start(Instant::now());
-        let id = job.id();
-        let chan = job.chan().clone();
+        let (Some(id), Some(chan)) = (job.id(), job.chan().cloned()) else {
+            // A teardown: bounded by itself; a panic in it must not end the thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+            sh.finished.fetch_add(1, Ordering::SeqCst);
+            continue;
+        };
         *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, Instant::now()));
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
             Job::Op { ticket, .. } => ticket.clone(),
-            Job::Split { .. } => None,
+            Job::Split { .. } | Job::Teardown(_) => None,
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         if run.is_err() {
