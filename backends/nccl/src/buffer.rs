@@ -123,9 +123,20 @@ impl NcclBackend {
         Ok(t)
     }
 
+    /// A caller's buffer: allocated on the copy stream and waited for (bounded), so that it is
+    /// valid on every stream at once (a `download` right away, a collective) even while the
+    /// collectives' stream is busy.
     pub(crate) fn alloc_impl(&self, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
         let o = self.begin("alloc", false)?;
-        self.alloc_buf(&o, dtype, shape)
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let mem = self.dev.alloc_for_copy(bytes).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        let b = NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() };
+        let done = self.dev.copy_htod(b.ptr(), &[], None, o.issued + self.op_timeout).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        if !done {
+            std::mem::forget(b.mem.clone());
+            return Err(self.copy_timeout(&o, "allocation"));
+        }
+        Ok(b)
     }
 
     pub(crate) fn write_impl(&self, b: &NcclBuffer, t: &Tensor) -> Result<()> {
