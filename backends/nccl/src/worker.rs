@@ -12,9 +12,16 @@
 //! Contracts:
 //! * Jobs run one at a time in submission order, so every rank launches in issue order, on
 //!   every communicator (a subgroup's op queued after a world op is launched after it).
-//! * Every step of a job is bounded by the op's deadline (issue time + the world's op timeout);
-//!   a step that runs past it aborts the communicator and ends the job with a named
-//!   [`CollectiveError::Timeout`] naming the op and its sequence number.
+//! * Every step of a job is bounded by the job's deadline (its start here + the world's op
+//!   timeout; a header wait counts from when the stream reached it, see
+//!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
+//!   the job with a named [`CollectiveError::Timeout`] naming the op and its sequence number.
+//!   A launched op still pending past its deadline, found while later work waits behind it,
+//!   gets its own communicator aborted ([`Tracker`]).
+//! * A job whose op failed locally after issue (see `issue::Op`) still exchanges its header,
+//!   marked failed; a peer's failed header ends the op with a named error naming that rank.
+//! * Communicator teardown (finalize, destroy) is a job too, queued when the communicator's
+//!   last handle goes, so no NCCL call of a teardown runs beside another on this device.
 //! * A job keeps the device memory its NCCL calls touch alive until those calls are enqueued
 //!   (a buffer dropped by the caller right after issue is freed stream-ordered *after* the op).
 //! * [`Progress`] is dropped when the last backend sharing it goes: it lets the queue drain,
