@@ -739,6 +739,9 @@ impl NcclBackend {
         if ws == 0 || rank >= ws {
             return Err(CollectiveError::Backend(format!("nccl init: rank {rank} is not in a world of {ws}")));
         }
+        // Options first: a bad one is named even on a machine without GPUs.
+        let faults = crate::fault::Faults::from_world(world)
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
         nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         if ws > info.gpus {
@@ -746,8 +749,6 @@ impl NcclBackend {
         }
         let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         let validate = opt_flag(world, "validate", true);
-        let faults = crate::fault::Faults::from_world(world)
-            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
         let blocking = opt_flag(world, "blocking", false);
         let init_timeout = world
             .option("init_timeout_ms")

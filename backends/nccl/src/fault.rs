@@ -62,3 +62,41 @@ impl Faults {
 pub(crate) fn hooks() -> Vec<(String, Action)> {
     HOOKS.iter().map(|(p, a)| (p.to_string(), *a)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(fault: &str) -> concord_core::WorldInfo {
+        concord_core::WorldInfo {
+            rank: 1,
+            world_size: 2,
+            store_path: "/nonexistent".into(),
+            world_id: "t".into(),
+            op_timeout: std::time::Duration::from_secs(1),
+            options: vec![("fault".into(), fault.into())],
+        }
+    }
+
+    #[test]
+    fn faults_fire_on_their_rank_and_op_only() {
+        let f = Faults::from_world(&world("stream:stall#2;after_begin:fail@1")).unwrap();
+        assert!(f.fires(point::STREAM, Action::Stall, Some(2)));
+        assert!(!f.fires(point::STREAM, Action::Stall, Some(1)));
+        assert!(!f.fires(point::STREAM, Action::Stall, None), "buffer calls are never counted");
+        assert!(f.fires(point::AFTER_BEGIN, Action::Fail, Some(7)));
+        let other_rank = Faults { rank: 0, ..Faults::from_world(&world("after_begin:fail@1")).unwrap() };
+        assert!(!other_rank.fires(point::AFTER_BEGIN, Action::Fail, Some(7)));
+        assert!(!Faults::default().fires(point::STREAM, Action::Stall, Some(0)));
+    }
+
+    #[test]
+    fn unknown_or_unhonoured_hooks_are_named() {
+        let e = Faults::from_world(&world("after_begin:stall")).unwrap_err();
+        assert!(e.contains("no fault hook after_begin:stall"), "{e}");
+        assert!(Faults::from_world(&world("nonsense")).unwrap_err().contains("nonsense"));
+        for (p, a) in HOOKS {
+            assert!(hooks().contains(&(p.to_string(), *a)));
+        }
+    }
+}
