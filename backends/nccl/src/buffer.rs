@@ -8,6 +8,7 @@ use crate::NcclBackend;
 use concord_core::fault::{point, Action};
 use concord_core::{BadInputKind, CollectiveError, DType, Result, Tensor};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A buffer in one rank's GPU memory: a view (byte offset, dtype, shape) of an Arc-shared
 /// allocation. Cloning clones the handle.
@@ -86,11 +87,14 @@ impl NcclBackend {
     }
 
     /// Copies `t` into `b` on the copy stream, after `after` (an event on the collectives'
-    /// stream) when given; bounded by the op deadline.
+    /// stream) when given; bounded by the op timeout from now (a `write` may have waited for
+    /// earlier ops to launch first).
     pub(crate) fn copy_in(&self, o: &Op, b: &NcclBuffer, t: &Tensor, after: Option<&cuda::Event>) -> Result<()> {
         self.write_checks(o, b, t)?;
-        let done =
-            self.dev.copy_htod(b.ptr(), t.bytes(), after, o.issued + self.op_timeout).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        let done = self
+            .dev
+            .copy_htod(b.ptr(), t.bytes(), after, Instant::now() + self.op_timeout)
+            .map_err(|e| self.backend_err(o.name, o.seq, e))?;
         if !done {
             std::mem::forget(b.mem.clone()); // the pending copy still writes it
             return Err(self.copy_timeout(o, "host-to-device copy"));

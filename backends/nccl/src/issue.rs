@@ -119,10 +119,12 @@ impl NcclBackend {
         }
     }
 
-    /// Waits (bounded by the op deadline) until the progress thread has launched (or failed)
-    /// every op issued before `op`, so that `op` is ordered after them on the stream.
+    /// Waits until the progress thread has launched (or failed) every op issued before `op`,
+    /// so that `op` is ordered after them on the stream. Bounded by progress, not by a count
+    /// from issue: a long queue of healthy jobs is waited out, and the wait fails once no job
+    /// has finished for as long as one job can take (each bounds itself: see `worker`).
     pub(crate) fn flush(&self, op: &Op) -> Result<()> {
-        if self.progress.flush(op.issued + self.op_timeout) {
+        if self.progress.flush(self.op_timeout * 3 + 2 * crate::comm::ABORT_WAIT) {
             return Ok(());
         }
         Err(CollectiveError::Timeout {
@@ -131,17 +133,14 @@ impl NcclBackend {
             rank: self.rank,
             waited_ms: op.issued.elapsed().as_millis() as u64,
             detail: format!(
-                "collectives issued before it were still waiting for their peers at the op deadline \
-                 of {} ms; this process is {}",
+                "collectives issued before it stopped making progress (no job finished within the bound of \
+                 one job, three op deadlines of {} ms plus the abort's); this process is {}",
                 self.op_timeout.as_millis(),
                 progress::describe()
             ),
         })
     }
 
-    /// A local input error: returned at issue. With validation on, the peers still need this
-    /// rank's header for this collective, so an exchange carrying the error is queued: every
-    /// rank then ends the collective in the same named error, and the sequence stays in step.
     /// Arms `op`'s drop to send `hdr` marked failed (see [`Op::unsent`]); `submit` disarms it.
     pub(crate) fn arm(&self, op: &Op, hdr: &Header, peer: Option<usize>) {
         if self.validating() {
@@ -149,6 +148,9 @@ impl NcclBackend {
         }
     }
 
+    /// A local input error: returned at issue. With validation on, the peers still need this
+    /// rank's header for this collective, so an exchange carrying the error is queued: every
+    /// rank then ends the collective in the same named error, and the sequence stays in step.
     pub(crate) fn reject(&self, op: &Op, hdr: &Header, e: BadInput) -> CollectiveError {
         op.unsent.borrow_mut().take();
         if self.validating() && self.comm().aborted().is_none() {

@@ -625,11 +625,23 @@ impl Progress {
         })
     }
 
-    /// Waits until every job submitted so far has finished (launched or failed), or until
-    /// `deadline`: `true` when they have.
-    pub fn flush(&self, deadline: Instant) -> bool {
+    /// Waits until every job submitted so far has finished (launched or failed), or until no
+    /// job has finished for `stalled`: `true` when they have.
+    pub fn flush(&self, stalled: Duration) -> bool {
         let target = self.shared.queued.load(Ordering::SeqCst);
-        poll_until(deadline, || (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())).is_some()
+        let mut last = self.shared.finished.load(Ordering::SeqCst);
+        let mut since = Instant::now();
+        loop {
+            let step = poll_until(since + stalled, || {
+                let f = self.shared.finished.load(Ordering::SeqCst);
+                (f >= target || f != last).then_some(f)
+            });
+            match step {
+                Some(f) if f >= target => return true,
+                Some(f) => (last, since) = (f, Instant::now()),
+                None => return false,
+            }
+        }
     }
 }
 
