@@ -3,7 +3,8 @@
 //! (`suites::device_faults`). A backend opts in: it reads the [`OPTION`] backend option
 //! (`WorldInfo::options`) at `init` and lists the hooks it honours in
 //! [`crate::Backend::fault_hooks`]; a case whose hook a backend does not list ends UNSUPPORTED
-//! with the reason. The vocabulary is deliberately small: a *point* (a plain name, so a backend
+//! with the reason (a backend without hooks MUST ignore the option, or refuse it from `init`
+//! with [`crate::CollectiveError::Unsupported`]). The vocabulary is deliberately small: a *point* (a plain name, so a backend
 //! may add its own points without touching this crate; the shared ones are the constants in
 //! [`point`]) and an [`Action`].
 //!
