@@ -98,8 +98,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Err(e) if is_named_failure(&e.name()) => {}
             Err(e) => return Err(fail(&w, format!("op #1: expected a timeout / abort, got {e} [{}]", e.name()))),
         }
-        // The abort released the stream: op #0's kernel (or what the abort left of it) ends now.
-        std::thread::sleep(Duration::from_millis(200));
+        // The abort released the stream: op #0's kernel (or what the abort left of it) ends now;
+        // let its completion be observed (after the abort) before the wait.
+        let seen = Instant::now() + Duration::from_secs(3);
+        while !first.is_completed() && Instant::now() < seen {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         match first.wait(long) {
             Ok(_) => Err(fail(
                 &w,
