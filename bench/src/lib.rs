@@ -10,13 +10,18 @@
 //! * Ranks are started by the harness launcher ([`concord_harness::launch`]) once per run
 //!   (persistent world: set-up is paid once); each runs [`rank::rank_main`] and reports JSON
 //!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table.
+//! * [`ext`]: what a backend may add through its [`Hooks`] — a device clock (CUDA events for
+//!   NCCL; CPU backends keep wall-clock) and a reference timed in the same run (NCCL: the raw
+//!   NCCL calls in a tight loop), printed next to the backend's rows.
 //! * [`Common`] is the older shared command line of `concord-nccl-bench`.
 #![forbid(unsafe_code)]
 #![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod args;
 pub mod compare;
+pub mod ext;
 pub mod mpi;
+pub mod nccl;
 pub mod plot;
 pub mod rank;
 pub mod record;
@@ -25,6 +30,7 @@ pub mod spec;
 pub mod table;
 
 pub use args::Args;
+pub use ext::{Clock, DeviceData, MakeReference, RefStep, Reference};
 pub use run::{bench_main, bench_main_with, main_with, run_parent, Hooks, Outcome};
 
 use std::time::Duration;

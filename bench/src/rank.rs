@@ -9,12 +9,24 @@
 //!   rotates the expected output's chunks alike, so the expected output of every iteration is
 //!   exact and known without calling the oracle again.
 //! * Timed iterations run in windows of `k` (memory budget): the `k` inputs are written first,
-//!   then a barrier, then the clock runs over `k` back-to-back issues and the waits of all `k`;
-//!   the `k` outputs are kept and checked against the expected ones after the clock stops. Every
-//!   timed iteration is checked; so is every warm-up iteration.
+//!   then a barrier, then the clock runs over `k` back-to-back issues (and, on the wall clock,
+//!   the waits of all `k`); the `k` outputs are kept and checked against the expected ones after
+//!   the clock stops. Every timed iteration is checked; so is every warm-up iteration.
+//! * The clock: with a device clock ([`crate::ext::Clock`], CUDA events for NCCL) a window's
+//!   time is the device time from a mark before its first issue to a mark after its last issue,
+//!   as nccl-tests times (no per-op host synchronisation or check inside); without one, the
+//!   host wall-clock from the first issue to the end of the last wait. The wall-clock is
+//!   reported in both cases (`wall_us`).
+//! * A reference ([`crate::ext::Reference`]), when the backend has one, is timed right after
+//!   each placement of each step, with the same iterations and window.
+//! * Checking is cheap for large sizes: the base sets are generated once per step (both
+//!   placements), inputs are rotated straight into the tensor written, and outputs are compared
+//!   with the rotated expected output in place, in parallel threads; only a mismatch builds the
+//!   rotated tensor for the oracle's element-wise comparison (tolerance, first bad index).
 //! * Waits use the world's op timeout; a watchdog thread ends the rank with the collective it is
 //!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s.
 
+use crate::ext::{Clock, DeviceData, RefStep, Reference};
 use crate::spec::{BenchOp, Placement, Step};
 use crate::Hooks;
 use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
@@ -34,11 +46,32 @@ const ROT_STRIDE: usize = 7919;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum Msg {
-    Hello { rank: usize, backend: String, version: String, timing: String },
-    Start { rank: usize, op: String, size: usize, placement: Placement },
+    Hello {
+        rank: usize,
+        backend: String,
+        version: String,
+        timing: String,
+        /// The reference's (label, description), when the backend has one.
+        #[serde(default)]
+        reference: Option<(String, String)>,
+    },
+    /// Something the parent prints (e.g. the reference was dropped and why).
+    Note {
+        rank: usize,
+        message: String,
+    },
+    Start {
+        rank: usize,
+        op: String,
+        size: usize,
+        placement: Placement,
+    },
     Result(RankResult),
     Wrong(Wrong),
-    Fatal { rank: usize, message: String },
+    Fatal {
+        rank: usize,
+        message: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -52,6 +85,12 @@ pub struct RankResult {
     pub wrong: u64,
     pub wrong_iterations: u64,
     pub wrong_warmup: u64,
+    /// Host wall-clock per timed iteration (issues + waits), whatever the clock.
+    #[serde(default)]
+    pub wall_us: f64,
+    /// The reference's time per op for the same step and placement.
+    #[serde(default)]
+    pub ref_us: Option<f64>,
 }
 
 /// The first wrong element of one checked iteration.
@@ -126,6 +165,8 @@ struct Ctx<'a, B: Backend> {
     timeout: Duration,
     sem: Semantics,
     beat: Beat,
+    clock: Option<&'a Clock<B>>,
+    data: Option<&'a DeviceData<B>>,
     /// First wrong messages already sent for this step (at most a few per step).
     reported: std::cell::Cell<usize>,
 }
@@ -142,7 +183,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         let redop = crate::spec::parse_redop(a.redop_name())?;
         let ops = BenchOp::parse_list(&a.op)?;
         let sizes = crate::spec::sizes(a.min_bytes, a.max_bytes, a.factor)?;
-        Ok((dtype, redop, ops, sizes))
+        Ok((dtype, redop, crate::spec::runnable(ops, world.world_size), sizes))
     })();
     let (dtype, redop, ops, sizes) = match parsed {
         Ok(p) => p,
@@ -153,7 +194,22 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         Err(e) => return fatal(format!("rank {rank}: backend init failed: {e} [{}]", e.name())),
     };
     (hooks.prepare)(&b);
-    emit(&Msg::Hello { rank, backend: b.name().to_string(), version: (hooks.version)(&b), timing: hooks.timing.to_string() });
+    let mut reference: Option<Box<dyn Reference>> = match hooks.reference.map(|make| make(&b, world)) {
+        None => None,
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            emit(&Msg::Note { rank, message: format!("rank {rank}: no reference in this run: {e}") });
+            None
+        }
+    };
+    let timing = hooks.clock.as_ref().map_or(hooks.timing, |c| c.describe).to_string();
+    emit(&Msg::Hello {
+        rank,
+        backend: b.name().to_string(),
+        version: (hooks.version)(&b),
+        timing,
+        reference: reference.as_ref().map(|r| (r.label(), r.describe())),
+    });
     let beat = Beat { last_ms: Arc::new(AtomicU64::new(0)), phase: Arc::new(Mutex::new("starting".into())), start: Instant::now() };
     let limit = world.op_timeout * 2 + Duration::from_secs(30);
     {
@@ -188,19 +244,55 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         timeout: world.op_timeout,
         sem: Semantics::of(&b.capabilities()),
         beat,
+        clock: hooks.clock.as_ref(),
+        data: hooks.data.as_ref(),
         reported: std::cell::Cell::new(0),
     };
     let (steps, _) = crate::spec::plan(&ops, &sizes, dtype.size(), world.world_size);
     let mut any_wrong = false;
     for step in steps {
+        let sets = match base_sets(&cx, step) {
+            Ok(s) => s,
+            Err(e) => return fatal(format!("rank {rank}: {} {} B: {e} [{}]", step.op.name(), step.size, e.name())),
+        };
         for placement in [Placement::OutOfPlace, Placement::InPlace] {
             if placement == Placement::InPlace && !step.op.has_in_place() {
                 continue;
             }
             emit(&Msg::Start { rank, op: step.op.name().into(), size: step.size, placement });
             cx.reported.set(0);
-            match run_step(&cx, step, placement) {
-                Ok(r) => {
+            match run_step(&cx, step, placement, &sets) {
+                Ok(mut r) => {
+                    if let Some(rf) = reference.as_mut() {
+                        cx.beat.phase(format!("{} {} {} B: reference {}", step.op.name(), placement.name(), step.size, rf.label()));
+                        let rs = RefStep {
+                            op: step.op,
+                            count: step.count,
+                            dtype,
+                            redop,
+                            root: a.root,
+                            placement,
+                            warmup: a.warmup,
+                            iters: a.iters,
+                            window: r.window,
+                        };
+                        match rf.time_us(&rs) {
+                            Ok(t) => r.ref_us = t,
+                            Err(e) => {
+                                emit(&Msg::Note {
+                                    rank,
+                                    message: format!(
+                                        "rank {rank}: reference {} failed at {} {} {} B, not used from here on: {e}",
+                                        rf.label(),
+                                        step.op.name(),
+                                        placement.name(),
+                                        step.size
+                                    ),
+                                });
+                                reference = None; // dropped: its communicator is destroyed (aborted if stuck)
+                            }
+                        }
+                    }
                     any_wrong |= r.wrong + r.wrong_warmup > 0;
                     emit(&Msg::Result(r));
                 }
@@ -217,6 +309,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
             }
         }
     }
+    drop(reference);
     // Leave together: a rank that exits while a peer still reads its buffers would look dead.
     if let Err(e) = b.barrier().and_then(|w| w.wait(cx.timeout).map(|_| ())) {
         return fatal(format!("rank {rank}: final barrier failed: {e}"));
@@ -226,17 +319,90 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
 
 /// Rotates every chunk of `l` elements of `elt` bytes right by `s` elements.
 pub fn rotate_chunks(src: &[u8], elt: usize, l: usize, s: usize) -> Vec<u8> {
-    let s = if l == 0 { 0 } else { s % l };
-    if s == 0 {
-        return src.to_vec();
-    }
     let mut dst = vec![0u8; src.len()];
-    let (cb, sb) = (l * elt, s * elt);
-    for (d, c) in dst.chunks_exact_mut(cb).zip(src.chunks_exact(cb)) {
-        d[sb..].copy_from_slice(&c[..cb - sb]);
-        d[..sb].copy_from_slice(&c[cb - sb..]);
-    }
+    rotate_into(&mut dst, src, elt, l, s);
     dst
+}
+
+/// The copies of a chunk rotation as `(dst offset, src offset, bytes)`, ascending in `dst`,
+/// covering `0..len` once, each at most `piece` bytes (so that threads can share them).
+fn rotation_pieces(len: usize, elt: usize, l: usize, s: usize, piece: usize) -> Vec<(usize, usize, usize)> {
+    let s = if l == 0 { 0 } else { s % l };
+    let mut segs = Vec::new();
+    if s == 0 || len == 0 {
+        segs.push((0, 0, len));
+    } else {
+        let (cb, sb) = (l * elt, s * elt);
+        for o in (0..len).step_by(cb) {
+            segs.push((o, o + cb - sb, sb));
+            segs.push((o + sb, o, cb - sb));
+        }
+    }
+    let piece = piece.max(1);
+    let mut out = Vec::with_capacity(segs.len());
+    for (d, s, n) in segs {
+        let mut off = 0;
+        while off < n {
+            let m = piece.min(n - off);
+            out.push((d + off, s + off, m));
+            off += m;
+        }
+    }
+    out
+}
+
+/// Threads for a pass over `len` bytes (1 below 8 MiB).
+fn threads_for(len: usize) -> usize {
+    if len < (8 << 20) {
+        return 1;
+    }
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 16)
+}
+
+/// `dst` = `src` with every chunk of `l` elements rotated right by `s` (parallel when large).
+pub fn rotate_into(dst: &mut [u8], src: &[u8], elt: usize, l: usize, s: usize) {
+    assert_eq!(dst.len(), src.len(), "rotate_into: lengths differ");
+    let threads = threads_for(src.len());
+    let pieces = rotation_pieces(src.len(), elt, l, s, src.len().div_ceil(threads).max(1 << 20));
+    // Disjoint mutable slices of `dst`, in order.
+    let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(pieces.len());
+    let mut rest = dst;
+    for &(_, so, n) in &pieces {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        jobs.push((head, &src[so..so + n]));
+        rest = tail;
+    }
+    if threads == 1 {
+        jobs.into_iter().for_each(|(d, s)| d.copy_from_slice(s));
+        return;
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        let mut jobs = jobs;
+        while !jobs.is_empty() {
+            let batch: Vec<_> = jobs.drain(..per.min(jobs.len())).collect();
+            sc.spawn(move || batch.into_iter().for_each(|(d, s)| d.copy_from_slice(s)));
+        }
+    });
+}
+
+/// Whether `got` is `exp` with every chunk of `l` elements rotated right by `s`, compared in
+/// place (no rotated copy), in parallel threads when large.
+pub fn rotated_eq(got: &[u8], exp: &[u8], elt: usize, l: usize, s: usize) -> bool {
+    if got.len() != exp.len() {
+        return false;
+    }
+    let threads = threads_for(got.len());
+    let pieces = rotation_pieces(got.len(), elt, l, s, got.len().div_ceil(threads).max(1 << 20));
+    let same = |&(d, so, n): &(usize, usize, usize)| got[d..d + n] == exp[so..so + n];
+    if threads == 1 {
+        return pieces.iter().all(same);
+    }
+    let per = pieces.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = pieces.chunks(per).map(|batch| sc.spawn(move || batch.iter().all(same))).collect();
+        handles.into_iter().all(|h| h.join().unwrap_or(false))
+    })
 }
 
 /// One base set: this rank's input and expected output (`None`: not defined on this rank).
@@ -251,16 +417,26 @@ struct Pending<B: Backend> {
     send: Option<Work<()>>,
 }
 
-fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Result<RankResult, CollectiveError> {
+/// The base sets of a step (shared by its placements: the inputs and expected outputs do not
+/// depend on the placement).
+struct Sets {
+    sets: Vec<BaseSet>,
+}
+
+fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, CollectiveError> {
     let (op, l, ws, rank) = (step.op, step.count, cx.ws, cx.rank);
-    let (in_n, out_n) = op.numels(l, ws);
-    let elt = cx.dtype.size();
+    let (in_n, _) = op.numels(l, ws);
     let total = cx.warmup + cx.iters;
     let nsets = (GEN_BUDGET_ELEMS / (ws * in_n).max(1)).clamp(1, total.max(1));
     let fixture_op = if op.is_reduction() { Some(cx.redop) } else { None };
     let collective = op.collective(cx.redop, ws, cx.root);
-    let tol = concord_oracle::tolerance_for(cx.dtype, fixture_op, ws, true);
-    let what = format!("{} {} {} B", op.name(), placement.name(), step.size);
+    let what = format!("{} {} B", op.name(), step.size);
+    let threads = threads_for(ws * in_n * cx.dtype.size());
+    if nsets == 1 && threads > 1 && l >= threads {
+        cx.beat.phase(format!("{what}: inputs and expected outputs, {threads} pieces in parallel"));
+        let g = Gen { step, ws, rank, dtype: cx.dtype, redop: cx.redop, root: cx.root, sem: &cx.sem };
+        return Ok(Sets { sets: vec![pieced_set(&g, threads)?] });
+    }
     let mut sets = Vec::with_capacity(nsets);
     for s in 0..nsets {
         cx.beat.phase(format!("{what}: inputs and expected outputs, set {s}"));
@@ -272,9 +448,121 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         let input = inputs.into_iter().nth(rank).expect("one input per rank");
         sets.push(BaseSet { input, expected });
     }
+    Ok(Sets { sets })
+}
+
+/// What generating a rank's base set of a step depends on.
+struct Gen<'a> {
+    step: Step,
+    ws: usize,
+    rank: usize,
+    dtype: DType,
+    redop: ReduceOp,
+    root: usize,
+    sem: &'a Semantics,
+}
+
+/// One base set of a large step, generated in `p` pieces in parallel: every op of the bench
+/// works chunk by chunk (chunks of `count` elements, position by position), so each piece is
+/// an ordinary fixture with chunks of `count / p` (its own seed) whose oracle output is exact,
+/// and the set is the pieces side by side within every chunk of input and output.
+fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
+    let (step, ws, rank) = (g.step, g.ws, g.rank);
+    let (op, l) = (step.op, step.count);
+    let fixture_op = if op.is_reduction() { Some(g.redop) } else { None };
+    let collective = op.collective(g.redop, ws, g.root);
+    let (dtype, redop, sem) = (g.dtype, g.redop, g.sem);
+    let lens: Vec<usize> = (0..p).map(|i| l / p + usize::from(i < l % p)).collect();
+    let pieces: Vec<Result<(Tensor, Option<Tensor>), CollectiveError>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &lp)| {
+                let collective = &collective;
+                sc.spawn(move || {
+                    let key = format!("bench:{}:{}:{}:{}:0:piece{i}/{p}", op.name(), dtype.name(), redop.name(), step.size);
+                    let (in_p, _) = op.numels(lp, ws);
+                    let inputs =
+                        concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
+                    let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| {
+                        CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size))
+                    })?;
+                    let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
+                    Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(CollectiveError::Backend("a fixture thread panicked".into()))))
+            .collect()
+    });
+    let pieces: Vec<(Tensor, Option<Tensor>)> = pieces.into_iter().collect::<Result<_, _>>()?;
+    let elt = dtype.size();
+    // Chunk c of the whole = piece 0's chunk c, then piece 1's, ... (each piece's chunk is lens[i]).
+    let interleave = |parts: Vec<&Tensor>| -> Tensor {
+        let total: usize = parts.iter().map(|t| t.bytes().len()).sum();
+        let chunks = total / (l * elt);
+        let mut out = Tensor::zeros(dtype, &[total / elt]);
+        let dst = out.bytes_mut();
+        let mut o = 0;
+        for c in 0..chunks {
+            for (t, &lp) in parts.iter().zip(&lens) {
+                let n = lp * elt;
+                dst[o..o + n].copy_from_slice(&t.bytes()[c * n..(c + 1) * n]);
+                o += n;
+            }
+        }
+        out
+    };
+    let input = interleave(pieces.iter().map(|(i, _)| i).collect());
+    let expected = if pieces.iter().all(|(_, e)| e.is_some()) {
+        Some(interleave(pieces.iter().filter_map(|(_, e)| e.as_ref()).collect()))
+    } else {
+        None
+    };
+    Ok(BaseSet { input, expected })
+}
+
+fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets: &Sets) -> Result<RankResult, CollectiveError> {
+    let (op, l, ws, rank) = (step.op, step.count, cx.ws, cx.rank);
+    let (in_n, out_n) = op.numels(l, ws);
+    let elt = cx.dtype.size();
+    let sets = &sets.sets;
+    let nsets = sets.len();
+    let fixture_op = if op.is_reduction() { Some(cx.redop) } else { None };
+    let tol = concord_oracle::tolerance_for(cx.dtype, fixture_op, ws, true);
+    let what = format!("{} {} {} B", op.name(), placement.name(), step.size);
     let input_of = |i: usize| -> Tensor {
         let set = &sets[i % nsets];
-        Tensor::from_bytes(cx.dtype, &[in_n], &rotate_chunks(set.input.bytes(), elt, l, (i / nsets) * ROT_STRIDE))
+        let mut t = Tensor::zeros(cx.dtype, &[in_n]);
+        rotate_into(t.bytes_mut(), set.input.bytes(), elt, l, (i / nsets) * ROT_STRIDE);
+        t
+    };
+    // With device data: the base inputs live on the device, each iteration's is a rotated copy.
+    let dev_inputs: Vec<B::Buffer> =
+        if cx.data.is_some() { sets.iter().map(|s| cx.b.upload(&s.input)).collect::<Result<_, _>>()? } else { Vec::new() };
+    let put = |x: &B::Buffer, i: usize| -> Result<(), CollectiveError> {
+        match cx.data {
+            Some(d) => (d.copy_rotated)(cx.b, x, &dev_inputs[i % nsets], l, (i / nsets) * ROT_STRIDE),
+            None => cx.b.write(x, &input_of(i)),
+        }
+    };
+    let check_out = |out: &B::Buffer, i: usize, iteration: String| -> Result<u64, CollectiveError> {
+        let set = &sets[i % nsets];
+        let args = (tol, l, what.as_str(), op, step.size, placement);
+        match cx.data {
+            Some(d) => {
+                let (shape, dtype) = (cx.b.buffer_shape(out), cx.b.buffer_dtype(out));
+                let mut bad = 0;
+                (d.read)(cx.b, out, &mut |bytes| bad = check(cx, set, nsets, i, (bytes, &shape, dtype), args, iteration.clone()))?;
+                Ok(bad)
+            }
+            None => {
+                let got = cx.b.download(out)?;
+                Ok(check(cx, set, nsets, i, (got.bytes(), got.shape(), got.dtype()), args, iteration))
+            }
+        }
     };
     let per_iter = (in_n + if placement == Placement::InPlace { 0 } else { out_n }) * elt;
     let window = (cx.budget / per_iter.max(1)).clamp(1, cx.iters.max(1));
@@ -319,52 +607,48 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         wrong: 0,
         wrong_iterations: 0,
         wrong_warmup: 0,
+        wall_us: 0.0,
+        ref_us: None,
     };
     // Warm-up: issue, wait, check, one at a time.
     for i in 0..cx.warmup {
         cx.beat.phase(format!("{what}: warm-up iteration {i}"));
-        b.write(&ins[0], &input_of(i))?;
+        put(&ins[0], i)?;
         let p = issue(0)?;
         wait(&p)?;
-        let got = b.download(p.main.wait(cx.timeout)?)?;
-        let bad = check(cx, &sets[i % nsets], nsets, i, &got, tol, l, &what, op, step.size, placement, format!("warm-up iteration {i}"));
-        counts.wrong_warmup += bad;
+        counts.wrong_warmup += check_out(p.main.wait(cx.timeout)?, i, format!("warm-up iteration {i}"))?;
     }
     // Timed windows.
     let mut elapsed = Duration::ZERO;
+    let mut wall = Duration::ZERO;
     let mut done = 0;
     while done < cx.iters {
         let k = window.min(cx.iters - done);
         cx.beat.phase(format!("{what}: writing inputs of timed iterations {done}..{}", done + k));
         for (j, x) in ins.iter().take(k).enumerate() {
-            b.write(x, &input_of(cx.warmup + done + j))?;
+            put(x, cx.warmup + done + j)?;
         }
         b.barrier()?.wait(cx.timeout)?;
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
+        // The timed region: k back-to-back issues between two marks (device clock), or up to the
+        // end of the last wait (wall-clock). No host synchronisation or check inside.
         let t = Instant::now();
+        let start = cx.clock.map(|c| (c.mark)(b)).transpose()?;
         let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
+        let end = cx.clock.map(|c| (c.mark)(b)).transpose()?;
         for p in &pending {
             wait(p)?;
         }
-        elapsed += t.elapsed();
+        let w = t.elapsed();
+        wall += w;
+        elapsed += match (cx.clock, &start, &end) {
+            (Some(c), Some(s), Some(e)) => (c.elapsed)(b, s, e, cx.timeout)?,
+            _ => w,
+        };
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
             let i = cx.warmup + done + j;
-            let got = b.download(p.main.wait(cx.timeout)?)?;
-            let bad = check(
-                cx,
-                &sets[i % nsets],
-                nsets,
-                i,
-                &got,
-                tol,
-                l,
-                &what,
-                op,
-                step.size,
-                placement,
-                format!("timed iteration {}", done + j),
-            );
+            let bad = check_out(p.main.wait(cx.timeout)?, i, format!("timed iteration {}", done + j))?;
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);
             cx.beat.tick();
@@ -372,32 +656,35 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         done += k;
     }
     counts.time_us = elapsed.as_secs_f64() * 1e6 / cx.iters.max(1) as f64;
+    counts.wall_us = wall.as_secs_f64() * 1e6 / cx.iters.max(1) as f64;
     Ok(counts)
 }
 
-/// Checks one output; returns its wrong elements (reporting the first of a few per step).
-#[allow(clippy::too_many_arguments)]
+/// What a check needs to name a wrong result: tolerance, chunk length, step name, op, size,
+/// placement.
+type CheckArgs<'s> = (Tolerance, usize, &'s str, BenchOp, usize, Placement);
+
+/// Checks one output (`got`: bytes, shape, dtype); returns its wrong elements (reporting the
+/// first of a few per step).
 fn check<B: Backend>(
     cx: &Ctx<'_, B>,
     set: &BaseSet,
     nsets: usize,
     i: usize,
-    got: &Tensor,
-    tol: Tolerance,
-    l: usize,
-    what: &str,
-    op: BenchOp,
-    size: usize,
-    placement: Placement,
+    got: (&[u8], &[usize], DType),
+    (tol, l, what, op, size, placement): CheckArgs<'_>,
     iteration: String,
 ) -> u64 {
     let Some(exp) = &set.expected else { return 0 };
-    let want = rotate_chunks(exp.bytes(), cx.dtype.size(), l, (i / nsets) * ROT_STRIDE);
-    if got.bytes() == want.as_slice() && got.shape() == exp.shape() && got.dtype() == exp.dtype() {
+    let (bytes, shape, dtype) = got;
+    let shift = (i / nsets) * ROT_STRIDE;
+    if shape == exp.shape() && dtype == exp.dtype() && rotated_eq(bytes, exp.bytes(), cx.dtype.size(), l, shift) {
         return 0;
     }
+    let got = Tensor::from_bytes(dtype, shape, bytes);
+    let want = rotate_chunks(exp.bytes(), cx.dtype.size(), l, shift);
     let want = Tensor::from_bytes(exp.dtype(), exp.shape(), &want);
-    match concord_oracle::compare(got, &want, tol) {
+    match concord_oracle::compare(&got, &want, tol) {
         Ok(()) => 0,
         Err(m) => {
             if cx.reported.get() < 3 {
@@ -421,7 +708,66 @@ fn check<B: Backend>(
 
 #[cfg(test)]
 mod tests {
-    use super::rotate_chunks;
+    use super::{pieced_set, rotate_chunks, rotate_into, rotated_eq, Gen};
+    use crate::spec::{BenchOp, Step};
+    use concord_core::{DType, ReduceOp};
+    use concord_oracle::Semantics;
+
+    #[test]
+    fn a_set_generated_in_pieces_is_what_the_oracle_says_of_its_inputs() {
+        let sem = Semantics::default();
+        for ws in [1, 2, 3] {
+            // sendrecv needs 2 ranks (the bench leaves it out at 1).
+            for op in BenchOp::ALL.into_iter().filter(|o| ws > 1 || *o != BenchOp::SendRecv) {
+                for (dtype, redop) in [(DType::F32, ReduceOp::Sum), (DType::I32, ReduceOp::Max), (DType::F64, ReduceOp::Product)] {
+                    let step = Step { op, size: 0, count: 11 };
+                    let sets: Vec<_> = (0..ws)
+                        .map(|rank| pieced_set(&Gen { step, ws, rank, dtype, redop, root: ws - 1, sem: &sem }, 3).unwrap())
+                        .collect();
+                    let inputs: Vec<_> = sets.iter().map(|s| s.input.clone()).collect();
+                    let want = concord_oracle::expected(&op.collective(redop, ws, ws - 1), &inputs, &sem).unwrap();
+                    for (rank, s) in sets.iter().enumerate() {
+                        assert_eq!(s.input.numel(), op.numels(11, ws).0, "{op:?} ws {ws}: input size");
+                        assert_eq!(s.expected.is_some(), want.defined[rank], "{op:?} ws {ws} rank {rank}: defined");
+                        if let Some(e) = &s.expected {
+                            assert_eq!(e.bytes(), want.outputs[rank].bytes(), "{op:?} {dtype} {redop:?} ws {ws} rank {rank}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Element by element: chunk `c`'s element `j` goes to `(j + s) % l`.
+    fn naive(src: &[u8], elt: usize, l: usize, s: usize) -> Vec<u8> {
+        let mut dst = vec![0u8; src.len()];
+        for c in 0..src.len() / (l * elt) {
+            for j in 0..l {
+                let d = (c * l + (j + s) % l) * elt;
+                dst[d..d + elt].copy_from_slice(&src[(c * l + j) * elt..(c * l + j + 1) * elt]);
+            }
+        }
+        dst
+    }
+
+    #[test]
+    fn parallel_rotation_and_in_place_comparison_match_the_naive_rotation() {
+        // 24 MiB: large enough for the threaded paths; 3 chunks of 2 Mi 4-byte elements.
+        let (elt, l) = (4, 2 << 20);
+        let src: Vec<u8> = (0..3 * l * elt).map(|i| (i * 7 + i / 4093) as u8).collect();
+        for s in [0, 1, 7919, l - 1, 5 * 7919] {
+            let want = naive(&src, elt, l, s % l);
+            let mut got = vec![0u8; src.len()];
+            rotate_into(&mut got, &src, elt, l, s);
+            assert!(got == want, "rotate_into, shift {s}");
+            assert!(rotated_eq(&want, &src, elt, l, s), "rotated_eq, shift {s}");
+            for bad in [0, 1, l * elt - 1, l * elt, src.len() / 2, src.len() - 1] {
+                let mut w = want.clone();
+                w[bad] ^= 0x40;
+                assert!(!rotated_eq(&w, &src, elt, l, s), "a flipped byte at {bad} (shift {s}) went unseen");
+            }
+        }
+    }
 
     #[test]
     fn rotation_is_per_chunk() {

@@ -59,6 +59,10 @@ pub struct Record {
     pub wrong_warmup: u64,
     /// How the time was taken.
     pub timing: String,
+    /// Host wall-clock per iteration of the same timed windows, when `time_us` is device time
+    /// (CUDA events): issues plus the waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_time_us: Option<f64>,
     pub machine: Machine,
     pub versions: BTreeMap<String, String>,
     pub command: Vec<String>,
@@ -129,6 +133,7 @@ pub(crate) fn sample(backend: &str, op: &str, size: u64, busbw: f64) -> Record {
         wrong_iterations: 0,
         wrong_warmup: 0,
         timing: "test".into(),
+        wall_time_us: None,
         machine: Machine { hostname: "h".into(), cores: 2 },
         versions: BTreeMap::new(),
         command: vec![],

@@ -7,7 +7,7 @@ use crate::args::Args;
 use crate::rank::{Msg, RankResult};
 use crate::record::{now_unix, Machine, Record, SCHEMA};
 use crate::spec::{self, BenchOp, Placement, Step};
-use crate::table::{self, Cells};
+use crate::table::{self, Cells, PeerCols, PeerRow};
 use clap::Parser;
 use concord_core::Backend;
 use concord_harness::launch;
@@ -22,7 +22,7 @@ pub const WALL_CLOCK: &str =
     "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
 
 /// What a backend adds to the generic benchmark.
-pub struct Hooks<B> {
+pub struct Hooks<B: Backend> {
     /// Whether a world of `ranks` can run here; `Err(why)` prints `CANNOT RUN: why`, exit 2.
     pub available: fn(ranks: usize) -> Result<(), String>,
     /// Called on every rank after `init` (e.g. turn off a backend's own cross-rank validation:
@@ -30,8 +30,14 @@ pub struct Hooks<B> {
     pub prepare: fn(&B),
     /// The backend's version, for the JSON records.
     pub version: fn(&B) -> String,
-    /// How the time is taken, for the JSON records and the header.
+    /// How the time is taken, for the JSON records and the header (without a `clock`).
     pub timing: &'static str,
+    /// A device-side clock (CUDA events for NCCL); `None`: host wall-clock ([`WALL_CLOCK`]).
+    pub clock: Option<crate::ext::Clock<B>>,
+    /// A reference timed in the same run and printed next to the backend (NCCL: raw NCCL calls).
+    pub reference: Option<crate::ext::MakeReference<B>>,
+    /// Device-side inputs and output reads, for cheap checking at large sizes.
+    pub data: Option<crate::ext::DeviceData<B>>,
 }
 
 fn always(_: usize) -> Result<(), String> {
@@ -42,9 +48,17 @@ fn no_version<B>(_: &B) -> String {
     String::new()
 }
 
-impl<B> Default for Hooks<B> {
+impl<B: Backend> Default for Hooks<B> {
     fn default() -> Self {
-        Hooks { available: always, prepare: nothing::<B>, version: no_version::<B>, timing: WALL_CLOCK }
+        Hooks {
+            available: always,
+            prepare: nothing::<B>,
+            version: no_version::<B>,
+            timing: WALL_CLOCK,
+            clock: None,
+            reference: None,
+            data: None,
+        }
     }
 }
 
@@ -203,7 +217,7 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         Ok(p) => p,
         Err(e) => return bad(e),
     };
-    let ops: Vec<BenchOp> = ops.into_iter().filter(|o| *o != BenchOp::SendRecv || args.ranks > 1).collect();
+    let ops = spec::runnable(ops, args.ranks);
     if let Err(why) = (hooks.available)(args.ranks) {
         println!("CANNOT RUN: {name} benchmark: {why}");
         return Outcome { code: 2, ..Outcome::default() };
@@ -242,6 +256,7 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
         wrong_iterations: 0,
         wrong_warmup: 0,
         timing: timing.into(),
+        wall_time_us: None,
         machine: machine.clone(),
         versions: versions.clone(),
         command: command.clone(),
@@ -369,6 +384,10 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     let mut phase: Vec<String> = vec!["starting (backend init)".into(); args.ranks];
     let mut results: HashMap<(BenchOp, usize, Placement), Vec<Option<RankResult>>> = HashMap::new();
     let mut hello: Option<(String, String)> = None;
+    // The reference's (label, description), from the ranks' hello.
+    let mut reference: Option<(String, String)> = None;
+    // (op, size, placement) -> (backend time, reference time), for the goals at the end.
+    let mut vs_ref: BTreeMap<(BenchOp, usize, Placement), (f64, f64)> = BTreeMap::new();
     let mut next = 0usize; // index of the next step to print
     let mut cur_op: Option<BenchOp> = None;
     let mut busbws: Vec<f64> = Vec::new();
@@ -401,15 +420,20 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             }
         };
         match msg {
-            Msg::Hello { backend, version, timing, .. } => {
+            Msg::Hello { backend, version, timing, reference: r, .. } => {
                 if hello.is_none() {
                     out.say(format!(
                         "# backend {backend}{}; timing: {timing}",
                         if version.is_empty() { String::new() } else { format!(" {version}") }
                     ));
+                    if let Some((label, what)) = &r {
+                        out.say(format!("# reference `{label}` (columns on the right; ratio = its time / the backend's, above 1: the backend is faster): {what}"));
+                    }
                     hello = Some((version, timing));
+                    reference = r;
                 }
             }
+            Msg::Note { message, .. } => out.say(format!("# note: {message}")),
             Msg::Start { rank, op, size, placement } => {
                 phase[rank] = format!("{op} {} {size} B", placement.name());
                 if let Some(b) = &out.bar {
@@ -452,12 +476,18 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
                             busbws.clear();
                         }
                         out.say(format!("#\n# {}", step.op.name()));
-                        out.say(table::header(mpi_cols));
+                        let peer = if mpi_cols {
+                            Some(PeerCols { label: "openmpi", in_place: false })
+                        } else {
+                            reference.as_ref().map(|(label, _)| PeerCols { label, in_place: step.op.has_in_place() })
+                        };
+                        out.say(table::header(peer));
                         cur_op = Some(step.op);
                     }
                     let timing = hello.as_ref().map(|h| h.1.clone()).unwrap_or_else(|| WALL_CLOCK.into());
                     let version = hello.as_ref().map(|h| h.0.clone()).unwrap_or_default();
                     let mut cells = [None, None];
+                    let mut refs: [Option<(f64, f64)>; 2] = [None, None];
                     for (i, p) in [Placement::OutOfPlace, Placement::InPlace].into_iter().enumerate() {
                         let Some(rs) = results.get(&(step.op, step.size, p)) else { continue };
                         let rs: Vec<&RankResult> = rs.iter().flatten().collect();
@@ -465,9 +495,33 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
                         total_wrong += rec.wrong + rec.wrong_warmup;
                         busbws.push(rec.busbw);
                         cells[i] = Some(Cells { time_us: rec.time_us, algbw: rec.algbw, busbw: rec.busbw, wrong: rec.wrong });
-                        outcome.records.push(rec);
+                        // The reference's row: every rank timed it (mean over ranks, as the backend's).
+                        let ref_times: Option<Vec<f64>> = rs.iter().map(|r| r.ref_us).collect();
+                        if let (Some((label, what)), Some(ts)) = (&reference, ref_times.filter(|t| !t.is_empty())) {
+                            let mut rr = rec.clone();
+                            rr.backend = label.clone();
+                            rr.timing = what.clone();
+                            rr.wall_time_us = None;
+                            rr.time_us_per_rank = ts.clone();
+                            rr.time_us = ts.iter().sum::<f64>() / ts.len() as f64;
+                            rr.algbw = if rr.time_us > 0.0 { step.size as f64 / rr.time_us / 1e3 } else { 0.0 };
+                            rr.busbw = rr.algbw * step.op.busbw_factor(args.ranks);
+                            (rr.wrong, rr.wrong_iterations, rr.wrong_warmup) = (0, 0, 0);
+                            refs[i] = Some((rr.time_us, rr.busbw));
+                            vs_ref.insert((step.op, step.size, p), (rec.time_us, rr.time_us));
+                            outcome.records.push(rec);
+                            outcome.records.push(rr);
+                        } else {
+                            outcome.records.push(rec);
+                        }
                     }
-                    let m = mpi.as_ref().map(|m| m.get(&(step.op, step.size)).map(|r| (r.time_us, r.busbw)));
+                    let m = match &mpi {
+                        Some(m) => Some(PeerRow { out: m.get(&(step.op, step.size)).map(|r| (r.time_us, r.busbw)), inp: None }),
+                        None if reference.is_some() => {
+                            Some(PeerRow { out: refs[0], inp: step.op.has_in_place().then_some(refs[1].map(|r| r.0)) })
+                        }
+                        None => None,
+                    };
                     let redop_col = if step.op.is_reduction() { redop.name() } else { "none" };
                     let root_col = if step.op.has_root() { args.root as i64 } else { -1 };
                     out.say(table::row(step.size, step.count, type_name, redop_col, root_col, cells[0], cells[1], m));
@@ -522,6 +576,23 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
             out.say(line);
         }
     }
+    // Device-clock runs: the host wall-clock of the same windows at the smallest size, for
+    // comparison with wall-clock runs.
+    let walls: Vec<String> = outcome
+        .records
+        .iter()
+        .filter(|r| r.backend == name && r.wall_time_us.is_some())
+        .filter(|r| steps.iter().find(|s| s.op.name() == r.op).is_some_and(|s| s.size as u64 == r.size))
+        .map(|r| format!("{} {} {} {:.2}", r.op, r.placement, spec::human(r.size), r.wall_time_us.unwrap_or(0.0)))
+        .collect();
+    if !walls.is_empty() {
+        out.say(format!("# host wall-clock per op (issues + waits; what wall-clock runs report), us: {}", walls.join(", ")));
+    }
+    if let Some((label, _)) = &reference {
+        for line in goals_vs_reference(name, label, &vs_ref) {
+            out.say(line);
+        }
+    }
     out.say(format!("# Wrong results: {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
     match crate::record::write_jsonl(&json, &outcome.records) {
         Ok(()) => {
@@ -551,6 +622,58 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     outcome
 }
 
+/// Latency goal: at sizes up to this, the backend's time within [`LATENCY_GOAL`] × the reference's.
+pub const SMALL_MAX: usize = 64 << 10;
+pub const LATENCY_GOAL: f64 = 1.2;
+/// Bandwidth goal: at sizes from this, at least [`BANDWIDTH_GOAL`] × the reference's busbw.
+pub const LARGE_MIN: usize = 64 << 20;
+pub const BANDWIDTH_GOAL: f64 = 0.97;
+
+/// The summary against a reference, one line per op and placement measured: the worst time
+/// ratio at small sizes (goal: at most [`LATENCY_GOAL`]) and the worst bandwidth ratio at large
+/// ones (goal: at least [`BANDWIDTH_GOAL`]), each with `met` / `MISSED`.
+pub fn goals_vs_reference(name: &str, label: &str, vs: &BTreeMap<(BenchOp, usize, Placement), (f64, f64)>) -> Vec<String> {
+    let mut lines = vec![format!(
+        "# {name} vs {label}: latency = {name} time / {label} time at <= {} (goal <= {LATENCY_GOAL:.2}); \
+         bandwidth = {label} time / {name} time (= busbw ratio) at >= {} (goal >= {BANDWIDTH_GOAL:.2})",
+        spec::human(SMALL_MAX as u64),
+        spec::human(LARGE_MIN as u64)
+    )];
+    let keys: std::collections::BTreeSet<(BenchOp, Placement)> = vs.keys().map(|(o, _, p)| (*o, *p)).collect();
+    for (op, p) in keys {
+        let rows: Vec<(usize, f64, f64)> =
+            vs.iter().filter(|((o, _, q), _)| *o == op && *q == p).map(|((_, s, _), (b, r))| (*s, *b, *r)).collect();
+        let worst = |f: &dyn Fn(usize) -> bool, v: &dyn Fn(f64, f64) -> f64, max: bool| {
+            rows.iter().filter(|(s, b, r)| f(*s) && *b > 0.0 && *r > 0.0).map(|(s, b, r)| (v(*b, *r), *s)).fold(
+                None,
+                |acc: Option<(f64, usize)>, x| match acc {
+                    Some(a) if (max && a.0 >= x.0) || (!max && a.0 <= x.0) => Some(a),
+                    _ => Some(x),
+                },
+            )
+        };
+        let mut parts = Vec::new();
+        match worst(&|s| s <= SMALL_MAX, &|b, r| b / r, true) {
+            Some((x, s)) => parts.push(format!(
+                "latency worst {x:.2} x at {} ({})",
+                spec::human(s as u64),
+                if x <= LATENCY_GOAL { "met" } else { "MISSED" }
+            )),
+            None => parts.push("latency: no size <= 64 KiB".into()),
+        }
+        match worst(&|s| s >= LARGE_MIN, &|b, r| r / b, false) {
+            Some((x, s)) => parts.push(format!(
+                "bandwidth worst {x:.2} x at {} ({})",
+                spec::human(s as u64),
+                if x >= BANDWIDTH_GOAL { "met" } else { "MISSED" }
+            )),
+            None => parts.push("bandwidth: no size >= 64 MiB".into()),
+        }
+        lines.push(format!("#   {} {}: {}", op.name(), p.name(), parts.join("; ")));
+    }
+    lines
+}
+
 /// One table cell's record from every rank's result: time = mean over ranks (nccl-tests' `-a 1`).
 fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, root: usize, rs: &[&RankResult]) -> Record {
     let mut rec = base.clone();
@@ -566,10 +689,42 @@ fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, ro
     rec.time_us_per_rank = rs.iter().map(|r| r.time_us).collect();
     rec.time_us = rec.time_us_per_rank.iter().sum::<f64>() / rs.len().max(1) as f64;
     rec.window = rs.iter().map(|r| r.window).min().unwrap_or(0);
+    if rs.iter().all(|r| r.wall_us > 0.0) && base.timing != WALL_CLOCK {
+        rec.wall_time_us = Some(rs.iter().map(|r| r.wall_us).sum::<f64>() / rs.len().max(1) as f64);
+    }
     rec.wrong = rs.iter().map(|r| r.wrong).sum();
     rec.wrong_iterations = rs.iter().map(|r| r.wrong_iterations).sum();
     rec.wrong_warmup = rs.iter().map(|r| r.wrong_warmup).sum();
     rec.algbw = if rec.time_us > 0.0 { step.size as f64 / rec.time_us / 1e3 } else { 0.0 };
     rec.busbw = rec.algbw * step.op.busbw_factor(base.ranks);
     rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goals_against_a_reference_use_the_worst_size_and_the_thresholds() {
+        let mut vs = BTreeMap::new();
+        let ar = BenchOp::AllReduce;
+        // (backend time, reference time) in us.
+        vs.insert((ar, 8, Placement::OutOfPlace), (6.0, 5.0)); // 1.20: met (at the limit)
+        vs.insert((ar, 64 << 10, Placement::OutOfPlace), (13.0, 10.0)); // 1.30: the worst small one
+        vs.insert((ar, 128 << 10, Placement::OutOfPlace), (100.0, 10.0)); // neither small nor large
+        vs.insert((ar, 64 << 20, Placement::OutOfPlace), (100.0, 98.0)); // 0.98: met
+        vs.insert((ar, 1 << 30, Placement::OutOfPlace), (100.0, 96.0)); // 0.96: missed
+        vs.insert((ar, 8, Placement::InPlace), (5.5, 5.0)); // 1.10: met
+        let lines = goals_vs_reference("nccl", "nccl-raw", &vs);
+        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert_eq!(
+            lines[1],
+            "#   all_reduce out-of-place: latency worst 1.30 x at 64 KiB (MISSED); bandwidth worst 0.96 x at 1 GiB (MISSED)"
+        );
+        assert_eq!(lines[2], "#   all_reduce in-place: latency worst 1.10 x at 8 B (met); bandwidth: no size >= 64 MiB");
+        vs.remove(&(ar, 64 << 10, Placement::OutOfPlace));
+        vs.remove(&(ar, 1 << 30, Placement::OutOfPlace));
+        let lines = goals_vs_reference("nccl", "nccl-raw", &vs);
+        assert_eq!(lines[1], "#   all_reduce out-of-place: latency worst 1.20 x at 8 B (met); bandwidth worst 0.98 x at 64 MiB (met)");
+    }
 }

@@ -165,6 +165,12 @@ impl BenchOp {
     }
 }
 
+/// The ops of `ops` that run with `ranks` ranks: sendrecv needs a peer, so not at 1 rank (the
+/// parent and the ranks both plan with this).
+pub fn runnable(ops: Vec<BenchOp>, ranks: usize) -> Vec<BenchOp> {
+    ops.into_iter().filter(|o| *o != BenchOp::SendRecv || ranks > 1).collect()
+}
+
 /// `Out` (out-of-place) or `In` (in-place) columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -3,9 +3,16 @@
 //!
 //! * `wrong_in_timed_iterations_fails_the_run`: a backend that is right in its warm-up (check)
 //!   iterations and wrong in every 7th all_reduce — inside the timed windows — on rank 1: the
-//!   bench counts #wrong > 0, names op, size, iteration, rank and first bad index, exits 1.
+//!   bench counts #wrong > 0, names op, size, iteration, rank and first bad index, exits 1;
+//!   also through the device-data path (`..._with_device_data`: inputs as rotated copies of a
+//!   base input on the backend, outputs read by closure), which the NCCL hooks use.
 //! * `shm_every_op_end_to_end`: 2 ranks, a few small sizes, every op: 0 wrong, one parseable
 //!   JSON line per op × size × placement, a plot.
+//! * `one_rank_runs_every_op_but_sendrecv`: `--op all` at 1 rank (the one-GPU table) ends
+//!   with exit 0: sendrecv is left out on the ranks too.
+//! * `device_clock_and_reference_are_used`: a backend's device clock (here a fake one: 1 ms
+//!   per window) gives the times, the wall-clock is recorded beside, and its reference's times
+//!   become their own records, with device data on (the NCCL hooks' plumbing, without a GPU).
 
 use concord_bench::{main_with, Args, Hooks};
 use concord_core::{Backend, Capabilities, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
@@ -149,29 +156,42 @@ fn parse(argv: &[&str]) -> (Args, Vec<String>) {
     (Args::parse_from(std::iter::once("concord-bench".to_string()).chain(argv.clone())), argv)
 }
 
+/// Device data through the host (download, rotate, write): the bench's device-data path
+/// (rotated copies, reads by closure) on a CPU backend.
+fn via_host<B: Backend>() -> concord_bench::DeviceData<B> {
+    fn copy<B: Backend>(b: &B, dst: &B::Buffer, src: &B::Buffer, l: usize, s: usize) -> Result<()> {
+        let t = b.download(src)?;
+        let r = concord_bench::rank::rotate_chunks(t.bytes(), t.dtype().size(), l, s);
+        b.write(dst, &Tensor::from_bytes(t.dtype(), t.shape(), &r))
+    }
+    fn read<B: Backend>(b: &B, x: &B::Buffer, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(b.download(x)?.bytes());
+        Ok(())
+    }
+    concord_bench::DeviceData { copy_rotated: copy::<B>, read: read::<B> }
+}
+
+fn data_hooks<B: Backend>() -> Hooks<B> {
+    Hooks { data: Some(via_host::<B>()), ..Hooks::default() }
+}
+
 fn wrong_in_timed_iterations_fails_the_run() -> std::result::Result<(), Failed> {
+    wrong_in_timed_iterations("wrong7", &Hooks::default())
+}
+
+/// The same through the device-data path (inputs made by rotated copies, outputs read by closure).
+fn wrong_in_timed_iterations_fails_the_run_with_device_data() -> std::result::Result<(), Failed> {
+    wrong_in_timed_iterations("wrong7data", &data_hooks())
+}
+
+fn wrong_in_timed_iterations(name: &str, hooks: &Hooks<Wrong7>) -> std::result::Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let json = dir.path().join("w.jsonl");
     let json_s = json.to_string_lossy().into_owned();
     // Warm-up: calls 1-2 (right); timed: calls 3-12, of which 7 is wrong (timed iteration 4).
-    let (args, argv) = parse(&[
-        "--backend",
-        "wrong7",
-        "--op",
-        "all_reduce",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "-n",
-        "10",
-        "-w",
-        "2",
-        "--no-plot",
-        "--json",
-        &json_s,
-    ]);
-    let o = concord_bench::run_parent::<Wrong7>("wrong7", &Hooks::default(), &args, argv);
+    let (args, argv) =
+        parse(&["--backend", name, "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "10", "-w", "2", "--no-plot", "--json", &json_s]);
+    let o = concord_bench::run_parent::<Wrong7>(name, hooks, &args, argv);
     if o.code != 1 {
         return Err(format!("exit code {} (want 1); failures {:?}", o.code, o.failures).into());
     }
@@ -254,6 +274,130 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// A device clock that says every timed window took exactly 1 ms, and a reference that says
+/// every all_reduce took 100 us (and has no other op): the bench must use them as they are.
+fn clocked_hooks() -> Hooks<ShmBackend> {
+    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
+        Ok(Box::new(()))
+    }
+    fn elapsed(_: &ShmBackend, a: &concord_bench::ext::Mark, b: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
+        assert!(a.is::<()>() && b.is::<()>(), "the clock got marks it did not make");
+        Ok(Duration::from_millis(1))
+    }
+    struct FakeRef;
+    impl concord_bench::Reference for FakeRef {
+        fn label(&self) -> String {
+            "fake-ref".into()
+        }
+        fn describe(&self) -> String {
+            "a fixed 100 us for all_reduce".into()
+        }
+        fn time_us(&mut self, s: &concord_bench::RefStep) -> std::result::Result<Option<f64>, String> {
+            Ok((s.op == concord_bench::spec::BenchOp::AllReduce).then_some(100.0))
+        }
+    }
+    fn make(_: &ShmBackend, _: &WorldInfo) -> std::result::Result<Box<dyn concord_bench::Reference>, String> {
+        Ok(Box::new(FakeRef))
+    }
+    Hooks {
+        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1 ms per window" }),
+        reference: Some(make),
+        data: Some(via_host()),
+        ..Hooks::default()
+    }
+}
+
+fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("c.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shmclock",
+        "--op",
+        "all_reduce,all_gather",
+        "-b",
+        "64",
+        "-e",
+        "4M",
+        "-f",
+        "16",
+        "-n",
+        "4",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let recs = concord_bench::record::read_jsonl(&json)?;
+    let own: Vec<_> = recs.iter().filter(|r| r.backend == "shmclock").collect();
+    // all_reduce 64 B, 1K, 16K, 256K, 4M in both placements, all_gather out-of-place. At 4 MiB
+    // the 5 iterations share 2 base sets, so iterations 2-4 use rotated inputs (device data).
+    if own.len() != 15 {
+        return Err(format!("{} shmclock records, want 15", own.len()).into());
+    }
+    for r in &own {
+        // One window of 4 iterations, 1 ms by the clock: 250 us, whatever the wall-clock said.
+        if r.window != 4
+            || r.time_us != 250.0
+            || r.timing != "fake device clock: 1 ms per window"
+            || !r.wall_time_us.is_some_and(|w| w > 0.0)
+        {
+            return Err(format!("the device clock was not used: {r:?}").into());
+        }
+    }
+    let refs: Vec<_> = recs.iter().filter(|r| r.backend == "fake-ref").collect();
+    if refs.len() != 10 || refs.iter().any(|r| r.op != "all_reduce" || r.time_us != 100.0 || r.ranks != 2) {
+        return Err(format!("reference records: {refs:?}").into());
+    }
+    Ok(())
+}
+
+/// One rank, every op: sendrecv (which needs a peer) is left out on the ranks as in the table,
+/// instead of failing the run at its end.
+fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("one.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shm",
+        "--op",
+        "all",
+        "-b",
+        "8",
+        "-e",
+        "64",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "1",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let ops: std::collections::BTreeSet<String> = o.records.iter().filter(|r| r.backend == "shm").map(|r| r.op.clone()).collect();
+    if ops.len() != 6 || ops.contains("sendrecv") {
+        return Err(format!("ops run at 1 rank: {ops:?}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Some(_world) = concord_harness::launch::rank_world() {
         use clap::Parser;
@@ -261,13 +405,18 @@ fn main() {
         let args = Args::parse();
         let code = match args.backend.as_deref() {
             Some("wrong7") => main_with::<Wrong7>("wrong7", &Hooks::default(), &args, argv),
+            Some("wrong7data") => main_with::<Wrong7>("wrong7data", &data_hooks(), &args, argv),
+            Some("shmclock") => main_with::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv),
             _ => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         };
         std::process::exit(code);
     }
     let trials = vec![
         Trial::test("wrong_in_timed_iterations_fails_the_run", wrong_in_timed_iterations_fails_the_run),
+        Trial::test("wrong_in_timed_iterations_fails_the_run_with_device_data", wrong_in_timed_iterations_fails_the_run_with_device_data),
         Trial::test("shm_every_op_end_to_end", shm_every_op_end_to_end),
+        Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
+        Trial::test("one_rank_runs_every_op_but_sendrecv", one_rank_runs_every_op_but_sendrecv),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }

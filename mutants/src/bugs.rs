@@ -723,6 +723,11 @@ bug!(AllReduceCoalescedDropsLast {
 });
 
 /// Every mutant: name, clause, what the bug is, and the case-id substrings to run first.
+/// The maker of the mutant named `name`.
+pub fn maker(name: &str) -> Option<crate::MakeBug> {
+    catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![

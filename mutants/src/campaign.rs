@@ -4,7 +4,7 @@
 //! lines of each catching message, which catching messages do not name op / variant / dtype /
 //! world size / rank, then `catch rate: N/M (P %)` and the wall time; exits 1 if any survives.
 
-use crate::{Bug, Mutant};
+use crate::{Bug, MakeBug, Mutant};
 use concord_harness::runner::Pool;
 use concord_harness::verdict::Verdict;
 use concord_suites::run::{run_case, BackendEntry, CaseInfo};
@@ -22,13 +22,16 @@ pub struct Spec {
     /// it, run first, in this order; then the rest of the catalogue by world size.
     pub catchers: &'static [&'static str],
     pub entry: BackendEntry,
+    /// Builds the bug (for each communicator; [`Mutant`] finds it by name).
+    pub make: MakeBug,
 }
 
 /// The spec of bug `B` under `name`.
-pub fn spec<B: Bug>(name: &'static str, clause: &'static str, what: &'static str, catchers: &'static [&'static str]) -> Spec {
-    let entry = BackendEntry::new::<Mutant<B>>(name, 0, concord_suites::catalogue::<Mutant<B>>)
+pub fn spec<B: Bug + Default>(name: &'static str, clause: &'static str, what: &'static str, catchers: &'static [&'static str]) -> Spec {
+    let entry = BackendEntry::new::<Mutant>(name, 0, concord_suites::catalogue::<Mutant>)
+        .with_option("mutant", name)
         .with_rerun(format!("cargo xtask mutants --mutant {name} --case"));
-    Spec { name, clause, what, catchers, entry }
+    Spec { name, clause, what, catchers, entry, make: || Box::new(B::default()) }
 }
 
 /// What a catching message should name (`key=` fields of the suites' messages).

@@ -5,8 +5,10 @@
 //! [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`]. `cargo xtask mutants` runs
 //! the catalogue against every mutant (see [`campaign`]) and prints the catch rate.
 //!
-//! The delegation boilerplate lives here once: [`Mutant<B>`] implements `Backend` for any
-//! [`Bug`] `B`, whose hooks default to the correct shm call, so a mutant overrides one hook.
+//! The delegation boilerplate lives here once: [`Mutant`] implements `Backend` around one
+//! [`Bug`] (chosen at init by the backend option `mutant=<name>`), whose hooks default to the
+//! correct shm call, so a mutant overrides one hook. One backend type for all mutants: the
+//! catalogue is compiled once, not once per mutant.
 //! Issue stays asynchronous: a hook returns the inner [`Work`] or maps it with [`Shm::then`]
 //! (the bug runs when the result is waited), and waits at issue time only when that IS the bug.
 #![forbid(unsafe_code)]
@@ -202,9 +204,9 @@ impl<T: Send + Sync> Completion for Then<T> {
 }
 
 /// One bug: every hook defaults to the correct shm call; a mutant overrides one (or a few that
-/// together make one bug). `Default` builds the bug's state for each communicator.
+/// together make one bug). The catalogue's maker builds the bug's state for each communicator.
 #[allow(unused_variables)]
-pub trait Bug: Default + Send + Sync + 'static {
+pub trait Bug: Send + Sync + 'static {
     fn capabilities(&self, s: &Shm) -> Capabilities {
         s.inner.capabilities()
     }
@@ -276,18 +278,26 @@ pub trait Bug: Default + Send + Sync + 'static {
     }
 }
 
-/// The shm backend with bug `B`.
-pub struct Mutant<B: Bug> {
+/// Builds one communicator's state of a bug.
+pub type MakeBug = fn() -> Box<dyn Bug>;
+
+/// The shm backend with the bug named by the backend option `mutant`.
+pub struct Mutant {
     pub s: Shm,
-    pub bug: B,
+    pub bug: Box<dyn Bug>,
+    make: MakeBug,
 }
 
-impl<B: Bug> Backend for Mutant<B> {
+impl Backend for Mutant {
     type Buffer = Buf;
 
     fn init(world: &WorldInfo) -> Result<Self> {
+        let name =
+            world.option("mutant").ok_or_else(|| CollectiveError::Backend("the mutant backend needs the option `mutant=<name>`".into()))?;
+        let make = bugs::maker(name)
+            .ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         let inner = ShmBackend::init(world)?;
-        Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: B::default() })
+        Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
     }
     fn name(&self) -> &str {
         "mutant"
@@ -306,11 +316,11 @@ impl<B: Bug> Backend for Mutant<B> {
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
-        Ok(self
-            .s
-            .inner
-            .new_group(ranks)?
-            .map(|g| Mutant { s: Shm::new(g, self.s.world_rank, self.s.world_size, members), bug: B::default() }))
+        Ok(self.s.inner.new_group(ranks)?.map(|g| Mutant {
+            s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
+            bug: (self.make)(),
+            make: self.make,
+        }))
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.s.inner.upload(t)

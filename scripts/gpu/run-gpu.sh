@@ -3,9 +3,11 @@
 #   dist/run-gpu.sh nccl [args...]       the NCCL conformance suites (the bundled `conformance`
 #                                        binary, conformance mode; case-name filters and --jobs N
 #                                        pass through), report in $REPORT (default dist/report)
-#   dist/run-gpu.sh bench [args...]      NCCL timings: init, 1 KiB latency, busbw (concord-nccl-bench)
+#   dist/run-gpu.sh bench [args...]      NCCL timings: init, 1 KiB latency, busbw (concord-nccl-bench;
+#                                        --phases: where a small all_reduce's time goes)
 #   dist/run-gpu.sh table [args...]      nccl-tests' table, every output checked (concord-bench
-#                                        --backend nccl --ranks <GPUs>; e.g. --op all_reduce -e 1G)
+#                                        --backend nccl --ranks <GPUs>; e.g. --op all_reduce -e 1G;
+#                                        CUDA-event times, raw NCCL alongside with the ratio)
 #   dist/run-gpu.sh <binary> [args...]   any other bundled binary in dist/bin
 # NVLink multicast stays off: it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

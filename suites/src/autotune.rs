@@ -693,6 +693,61 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
     hang_timed.deadline = Duration::from_secs(30);
     v.push(hang_timed);
 
+    // ---- subgroups ----
+    v.push(Case::<B>::new("autotune::subgroup::halves_tune_apart::ws4", meta("all_reduce"), 4, move |ctx| {
+        // Both halves of the world tune at the same time, each on its own communicator: the
+        // pre-sync and the decision count the group's ranks (not the world's), each half agrees
+        // on one winner, and the tuned op computes the half's result.
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (ga, gb) = (ctx.b.new_group(&[0, 1])?, ctx.b.new_group(&[2, 3])?);
+        let (g, members) = match (ga, gb) {
+            (Some(g), None) => (g, vec![0usize, 1]),
+            (None, Some(g)) => (g, vec![2usize, 3]),
+            _ => return Err(fail(ctx, "new_group([0, 1]) / new_group([2, 3]) did not give this rank exactly one communicator")),
+        };
+        let reqs = vec![req(
+            ar(1024),
+            vec![Choice::new("native", native::<B>), delayed::<B>("slower", &[], Duration::from_millis(3))],
+            "native",
+        )];
+        let mut e = Env::new(&g, Some(ctx.store), format!("{}/{}/half{}", ctx.case, ctx.world.world_id, members[0]), ctx.world.op_timeout);
+        e.group_ranks = members.clone();
+        let o = A::new(cfg(t10, Policy::Max))
+            .tune(&e, &reqs)
+            .map_err(|err| fail(ctx, format!("tune on the subgroup {members:?} failed: {err} [{}]", err.name())))?;
+        let all = gather(ctx, "half-winner", o.winner(0))?;
+        let half = |r: usize| if r < 2 { 0 } else { 1 };
+        for (r, w) in all.iter().enumerate() {
+            if half(r) == half(ctx.rank()) && *w != o.winner(0) {
+                return Err(fail(ctx, format!("ranks of the subgroup {members:?} ended with different winners (rank {r}: `{w}`, this rank: `{}`)\n{o}", o.winner(0))));
+            }
+        }
+        check_reference(ctx, &o, &reqs, Policy::Max)?;
+        // The tuned op on the group: the group's sum, not the world's.
+        let (gr, gws) = (g.rank(), g.world_size());
+        let i = &reqs[0].inst;
+        let seed = concord_fixtures::seed_for(&format!("{}/{}", ctx.case, i.key()));
+        let inputs = concord_fixtures::inputs(seed, gws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        let exp = concord_oracle::expected(&i.collective(gws), &inputs, &Semantics::of(&g.capabilities())).map_err(|err| fail(ctx, format!("{err:?}")))?;
+        let out = run_choice(&g, &reqs[0], o.winner(0), &g.upload(&inputs[gr])?, ctx.timeout)
+            .map_err(|err| fail(ctx, format!("tuned op {i} on the subgroup {members:?} (winner `{}`) failed: {err}", o.winner(0))))?;
+        compare(&g.download(&out)?, &exp.outputs[gr], Tolerance::Exact).map_err(|m| {
+            fail(
+                ctx,
+                format!(
+                    "tuned op {i} on the subgroup {members:?} (group rank {gr}, winner `{}`) is wrong: first bad index {} got {} expected {} ({})",
+                    o.winner(0),
+                    m.index,
+                    m.got,
+                    m.expected,
+                    m.detail
+                ),
+            )
+        })
+    }));
+
     // ---- the cache ----
     v.push(Case::<B>::new("autotune::cache::reused_by_a_later_process::ws2", meta("all_reduce,all_gather"), 2, move |ctx| {
         let path = cache_path(ctx, ctx.rank());

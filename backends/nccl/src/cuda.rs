@@ -84,8 +84,9 @@ pub(crate) struct Device {
     deferred: std::sync::Mutex<Vec<u64>>,
 }
 
-/// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`]: the pool's
-/// high-water mark is not held for the life of a persistent world.
+/// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
+/// release threshold, if larger): the pool's high-water mark is not held for the life of a
+/// persistent world.
 const TRIM_EVERY: usize = 256 << 20;
 /// What a trim leaves reserved in the pool (the working set of ordinary runs).
 const POOL_KEEP: usize = 256 << 20;
@@ -178,8 +179,14 @@ impl Device {
             let freed = self.freed_since_trim.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
             if freed >= TRIM_EVERY && !self.pool.is_null() {
                 self.freed_since_trim.store(0, std::sync::atomic::Ordering::Relaxed);
-                // Releases reserved memory whose frees are done; never waits.
-                let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, POOL_KEEP) };
+                // Never below the pool's release threshold (a bench may keep memory mapped on
+                // purpose: `timing::keep_pool_memory`). Releases reserved memory whose frees
+                // are done; never waits.
+                let mut threshold: u64 = 0;
+                let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+                let _ = unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, &mut threshold as *mut u64 as *mut std::ffi::c_void) };
+                let keep = (threshold as usize).max(POOL_KEEP);
+                let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, keep) };
             }
         } else {
             self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);

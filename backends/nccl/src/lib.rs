@@ -105,7 +105,10 @@
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
-//! (device, streams, memory), `fault` (the fault hooks). This file: the [`NcclBackend`] type and the [`Backend`] impl,
+//! (device, streams, memory), `fault` (the fault hooks); for benchmarks, `timing` (CUDA events
+//! on the rank's stream, the memory pool's release threshold) `reference` (the raw NCCL loop the
+//! bench prints next to the backend) and `bench_io` (device-side rotated copies, reads through
+//! pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
@@ -121,6 +124,7 @@
 
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
+pub mod bench_io;
 mod buffer;
 mod comm;
 mod completion;
@@ -131,6 +135,8 @@ pub mod header;
 mod issue;
 mod launch;
 mod ops;
+pub mod reference;
+pub mod timing;
 mod worker;
 
 pub use buffer::NcclBuffer;
@@ -214,6 +220,22 @@ impl NcclBackend {
     pub fn set_validation(&self, on: bool) {
         self.validate.store(on, Ordering::SeqCst);
     }
+
+    /// [`Backend::capabilities`] for the issue path's call checks, built once per process and
+    /// (GPUs, world size, validation) — what it depends on — instead of once per call (it
+    /// allocates a few dozen strings: about a microsecond on every issue).
+    pub(crate) fn issue_caps(&self) -> Arc<Capabilities> {
+        type Key = (usize, usize, bool);
+        static CACHE: std::sync::Mutex<Vec<(Key, Arc<Capabilities>)>> = std::sync::Mutex::new(Vec::new());
+        let key = (self.gpus, self.ws, self.validating());
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
+            return c.clone();
+        }
+        let c = Arc::new(self.capabilities());
+        cache.push((key, c.clone()));
+        c
+    }
 }
 
 impl Backend for NcclBackend {
@@ -233,6 +255,7 @@ impl Backend for NcclBackend {
         self.ws
     }
 
+    // MUST depend only on (gpus, ws, validating()): `issue_caps` caches it by those.
     fn capabilities(&self) -> Capabilities {
         let mut gaps = vec![
             Gap::reduce("band", "NCCL has no bitwise reductions"),

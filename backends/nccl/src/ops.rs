@@ -10,7 +10,7 @@ use crate::issue::Op;
 use crate::launch::{keep, p2p_launch};
 use crate::worker::{check, Check, Launch};
 use crate::{comm::red_fns, NcclBackend, NcclBuffer};
-use concord_core::{validate_local, Backend, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc, Variant, Work};
+use concord_core::{validate_local, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc, Variant, Work};
 use cudarc::nccl::sys as nccl;
 use std::ffi::c_void;
 
@@ -44,7 +44,7 @@ impl NcclBackend {
     /// The local rules of the core rule table for `d`: its validation header, or
     /// [`Self::reject`]'s error.
     pub(crate) fn admit(&self, o: &Op, d: &CallDesc) -> Result<Header> {
-        let local = validate_local(d, self.ws, &self.capabilities());
+        let local = validate_local(d, self.ws, &self.issue_caps());
         match (local, Header::new(self.ws, d)) {
             (Ok(()), Ok(h)) => {
                 self.arm(o, &h, None);
@@ -63,7 +63,7 @@ impl NcclBackend {
         let op = if is_send { CallOp::Send } else { CallOp::Recv };
         let d = CallDesc::p2p(op, self.rank, TensorDesc::new(buf.dtype, &buf.shape), peer);
         // No exchange for a local error: the pair's peer may not even be a rank.
-        let local = validate_local(&d, self.ws, &self.capabilities()).and_then(|()| Header::new(self.ws, &d));
+        let local = validate_local(&d, self.ws, &self.issue_caps()).and_then(|()| Header::new(self.ws, &d));
         let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
         self.arm(&o, &mine, Some(peer));
         let launch = (buf.numel() > 0).then(|| p2p_launch(vec![(is_send, buf.ptr(), buf.numel(), peer)], buf.dtype, keep(&[buf])));

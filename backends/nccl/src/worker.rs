@@ -625,9 +625,16 @@ impl Progress {
         })
     }
 
+    /// Waits until every job submitted so far has finished (launched or failed), or until
+    /// `deadline`: `true` when they have.
+    pub fn flush(&self, deadline: Instant) -> bool {
+        let target = self.shared.queued.load(Ordering::SeqCst);
+        poll_until(deadline, || (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())).is_some()
+    }
+
     /// Waits until every job submitted so far has finished (launched or failed), or until no
     /// job has finished for `stalled`: `true` when they have.
-    pub fn flush(&self, stalled: Duration) -> bool {
+    pub fn flush_while_progressing(&self, stalled: Duration) -> bool {
         let target = self.shared.queued.load(Ordering::SeqCst);
         let mut last = self.shared.finished.load(Ordering::SeqCst);
         let mut since = Instant::now();

@@ -7,25 +7,6 @@ use concord_bench::{main_with, Args, Hooks};
 use concord_nccl::NcclBackend;
 use concord_shm::ShmBackend;
 
-/// NCCL: one GPU per rank; the backend's own metadata exchange off (the bench checks every
-/// output itself). Its CUDA events are internal to concord-nccl, so the time is wall-clock
-/// around back-to-back issues and the waits (the last one synchronising the stream).
-fn nccl_hooks() -> Hooks<NcclBackend> {
-    Hooks {
-        available: |ranks| {
-            let gpus = concord_nccl::probe()?.gpus;
-            if gpus < ranks {
-                return Err(format!("needs {ranks} GPUs (one per rank), found {gpus}"));
-            }
-            Ok(())
-        },
-        prepare: |b| b.set_validation(false),
-        version: |b| format!("NCCL {}", b.nccl_version()),
-        timing: "wall-clock: host Instant around k back-to-back issues (one stream, no per-op host synchronisation) plus the waits; \
-                 CUDA events are not exposed by concord-nccl",
-    }
-}
-
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = Args::parse();
@@ -34,7 +15,7 @@ fn main() {
     }
     let code = match args.backend.as_deref() {
         Some("shm") => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
-        Some("nccl") => main_with::<NcclBackend>("nccl", &nccl_hooks(), &args, argv),
+        Some("nccl") => main_with::<NcclBackend>("nccl", &concord_bench::nccl::hooks(), &args, argv),
         Some(other) => {
             eprintln!(
                 "concord-bench: unknown backend `{other}` (built-in: shm, nccl; a downstream backend calls concord_bench::bench_main)"

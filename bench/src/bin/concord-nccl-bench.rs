@@ -8,9 +8,18 @@
 //! reduce_scatter_tensor, all_to_all_single and broadcast_ with validation off (busbw factors as
 //! nccl-tests: 2(n-1)/n, (n-1)/n, 1). Exit status: 0 done, 1 a rank failed, 2 cannot run here
 //! (prints `CANNOT RUN: why`).
+//!
+//! `--phases` (first, then the rest): where the time of a small all_reduce goes, per op, for
+//! `--iters` back-to-back ops with validation off, out of place and in place — the caller's
+//! issue call (checks, output allocation, queueing), the progress thread's launches (time from
+//! the first issue until every op is launched), the GPU (CUDA events around the window), the
+//! wait for all — next to the raw NCCL loop's GPU and host time on the same GPU, and the costs
+//! of single steps of the issue path (`capabilities()` for the call checks, one stream-ordered
+//! output allocation with the memory pool's default release threshold and with freed memory
+//! kept).
 
 use clap::Parser;
-use concord_core::{Backend, CollectiveError, ReduceOp, Tensor, Work, WorldInfo};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
 use concord_harness::launch;
 use concord_nccl::{probe, NcclBackend};
 use std::time::{Duration, Instant};
@@ -22,6 +31,136 @@ const WAIT: Duration = Duration::from_secs(60);
 struct Args {
     #[command(flatten)]
     common: concord_bench::Common,
+    /// First print the per-phase breakdown of a small all_reduce (see the docs above).
+    #[arg(long)]
+    phases: bool,
+    /// Bytes of the all_reduce of `--phases` (f32).
+    #[arg(long, default_value_t = 8)]
+    phase_bytes: usize,
+}
+
+/// Per-op microseconds of `n` back-to-back all_reduce of `x`: (issue call, all launched, GPU
+/// by events, all done).
+fn phase_window(b: &NcclBackend, x: &concord_nccl::NcclBuffer, in_place: bool, n: usize) -> Result<[f64; 4], CollectiveError> {
+    b.barrier()?.wait(WAIT)?;
+    let start = b.mark()?;
+    let t0 = Instant::now();
+    let mut issue = Duration::ZERO;
+    let mut works = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        works.push(if in_place { b.all_reduce_(x, ReduceOp::Sum)? } else { b.all_reduce(x, ReduceOp::Sum)? });
+        issue += t.elapsed();
+    }
+    let launched_ok = b.wait_launched(WAIT);
+    let launched = t0.elapsed();
+    let end = b.mark()?;
+    for w in &works {
+        w.wait(WAIT)?;
+    }
+    let done = t0.elapsed();
+    if !launched_ok {
+        return Err(CollectiveError::Backend("phases: the ops were not launched within the wait".into()));
+    }
+    let gpu = b.elapsed(&start, &end, WAIT)?;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    Ok([per(issue), per(launched), per(gpu), per(done)])
+}
+
+/// Mean microseconds of `f` over `n` calls.
+fn per_call(n: usize, mut f: impl FnMut() -> Result<(), CollectiveError>) -> Result<f64, CollectiveError> {
+    let t = Instant::now();
+    for _ in 0..n {
+        f()?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn Fn(String)) -> Result<(), CollectiveError> {
+    let count = (bytes / 4).max(1);
+    let was = b.validating();
+    b.set_validation(false);
+    let x = b.upload(&Tensor::from_vec(&[count], vec![1.0f32; count]))?;
+    let pool_default = b.pool_release_threshold().unwrap_or(0);
+    say(format!(
+        "# phases: all_reduce {} B (f32 x {count}), {} ranks, {} communicator, validation off, {n} ops back to back; microseconds per op",
+        count * 4,
+        b.world_size(),
+        if b.blocking_comm() { "blocking" } else { "non-blocking (try --opts blocking=1 too)" }
+    ));
+    say("#   issue: the caller's all_reduce call (checks, output allocation, queueing the job)".into());
+    say("#   launched: first issue -> every op launched by the progress thread (its per-op throughput when it is the bottleneck)".into());
+    say("#   gpu: CUDA events around the window (what the table reports); done: first issue -> every wait returned".into());
+    say(format!("#   {:<14} {:>9} {:>9} {:>9} {:>9}", "placement", "issue", "launched", "gpu", "done"));
+    for (name, in_place, keep) in [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)] {
+        let _ = b.keep_pool_memory(if keep { u64::MAX } else { pool_default });
+        let _ = phase_window(b, &x, in_place, n.min(50))?; // warm-up
+        let [i, l, g, d] = phase_window(b, &x, in_place, n)?;
+        say(format!("#   {name:<14} {i:9.2} {l:9.2} {g:9.2} {d:9.2}"));
+    }
+    say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)"
+        .into());
+    // The raw loop on the same GPU.
+    match concord_bench::nccl::make_raw(b, world) {
+        Ok(mut raw) => {
+            for in_place in [false, true] {
+                let step = concord_nccl::reference::RawStep {
+                    op: concord_nccl::reference::RawOp::AllReduce,
+                    count,
+                    dtype: DType::F32,
+                    redop: ReduceOp::Sum,
+                    root: 0,
+                    in_place,
+                    warmup: 50,
+                    iters: n,
+                    window: n,
+                };
+                match raw.time(&step) {
+                    Ok(t) => say(format!(
+                        "#   raw NCCL {:<5}: gpu {:9.2}, host (launches + wait) {:9.2}   (ncclAllReduce in a tight loop, blocking communicator)",
+                        if in_place { "in" } else { "out" },
+                        t.per_op.as_secs_f64() * 1e6,
+                        t.wall_per_op.as_secs_f64() * 1e6
+                    )),
+                    Err(e) => say(format!("#   raw NCCL: {e}")),
+                }
+            }
+        }
+        Err(e) => say(format!("#   raw NCCL: not run: {e}")),
+    }
+    // Single steps of the issue path.
+    let caps = per_call(n, || {
+        std::hint::black_box(b.capabilities());
+        Ok(())
+    })?;
+    say(format!("#   step costs: capabilities() {caps:.2}"));
+    for keep in [false, true] {
+        let _ = b.keep_pool_memory(if keep { u64::MAX } else { pool_default });
+        let mut held = Vec::with_capacity(n);
+        let alloc = per_call(n, || {
+            held.push(b.alloc(DType::F32, &[count])?);
+            Ok(())
+        })?;
+        let free = per_call(1, || {
+            held.clear();
+            Ok(())
+        })? / n as f64;
+        // A synchronising call (as the bench's downloads are), then allocate again.
+        b.download(&x)?;
+        let again = per_call(n, || {
+            held.push(b.alloc(DType::F32, &[count])?);
+            Ok(())
+        })?;
+        held.clear();
+        say(format!(
+            "#   step costs, pool {}: alloc {alloc:.2}, free {free:.2}, alloc after a synchronising download {again:.2}",
+            if keep { "keeps freed memory" } else { "default release threshold" }
+        ));
+    }
+    let _ = b.keep_pool_memory(pool_default);
+    b.set_validation(was);
+    b.barrier()?.wait(WAIT)?;
+    Ok(())
 }
 
 /// Mean seconds per op: `f` run `iters` times after `warm` warm-ups and a barrier.
@@ -48,7 +187,8 @@ fn back_to_back<T>(b: &NcclBackend, k: usize, issue: &dyn Fn() -> Result<Work<T>
     Ok(t.elapsed().as_secs_f64() / k as f64)
 }
 
-fn rank_main(world: &WorldInfo, a: &concord_bench::Common) -> Result<(), CollectiveError> {
+fn rank_main(world: &WorldInfo, args: &Args) -> Result<(), CollectiveError> {
+    let a = &args.common;
     let rank = world.rank;
     let b = NcclBackend::init(world)?;
     let iters = a.iters.unwrap_or(500);
@@ -64,6 +204,9 @@ fn rank_main(world: &WorldInfo, a: &concord_bench::Common) -> Result<(), Collect
         world.options,
         b.init_time().as_secs_f64() * 1e3
     ));
+    if args.phases {
+        phases(&b, world, args.phase_bytes, iters, &say)?;
+    }
     let n = a.ranks as f64;
     let x = b.upload(&Tensor::from_vec(&[256], vec![1.0f32; 256]))?;
     for validate in [true, false] {
@@ -109,9 +252,10 @@ fn rank_main(world: &WorldInfo, a: &concord_bench::Common) -> Result<(), Collect
 }
 
 fn main() {
-    let a = Args::parse().common;
+    let args = Args::parse();
+    let a = &args.common;
     if let Some(world) = launch::rank_world() {
-        if let Err(e) = rank_main(&world, &a) {
+        if let Err(e) = rank_main(&world, &args) {
             eprintln!("rank {}: {e} [{}]", world.rank, e.name());
             std::process::exit(1);
         }

@@ -133,10 +133,51 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
     ]
 }
 
+/// The (op, variant, dtype) a table row calls, from its name (the rows are named after the call).
+fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
+    const OPS: [(&str, &str); 14] = [
+        ("all_reduce_coalesced", "all_reduce"),
+        ("all_reduce", "all_reduce"),
+        ("op_mismatch_all_reduce", "all_reduce"),
+        ("all_gather", "all_gather_into_tensor"),
+        ("reduce_scatter", "reduce_scatter_tensor"),
+        ("all_to_all", "all_to_all_single"),
+        ("broadcast", "broadcast"),
+        ("reduce_root", "reduce"),
+        ("gather", "gather"),
+        ("scatter", "scatter"),
+        ("send", "send_recv"),
+        ("recv", "send_recv"),
+        ("permute", "permute_tensor"),
+        ("new_group", "new_group"),
+    ];
+    let op = OPS.iter().find(|(p, _)| name.starts_with(p)).map_or("-", |&(_, op)| op);
+    let variant = if name.contains("coalesced") {
+        "coalesced"
+    } else if name.contains("_out_") || name == "recv_buffer_smaller_than_message" {
+        "outbuf"
+    } else if name == "broadcast_shape_mismatch" {
+        "inplace"
+    } else if op == "new_group" {
+        "-"
+    } else {
+        "out"
+    };
+    let dtype = match name {
+        "all_reduce_dtype_mismatch" => "f32/f64",
+        "all_gather_out_wrong_dtype" => "f32 (out f64)",
+        "all_reduce_premul_sum_on_int" => "i32",
+        _ if op == "new_group" => "-",
+        _ => "f32",
+    };
+    (op, variant, dtype)
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     table::<B>()
         .into_iter()
         .map(|(name, ws, kind, cross_rank, issue)| {
+            assert!(call_of(name).0 != "-", "bad_input row `{name}`: name it after its call (see call_of)");
             let meta =
                 CaseMeta { suite: "bad_input".into(), op: name.into(), variant: "-".into(), dtype: String::new(), reduce: String::new() };
             Case::<B>::new(format!("bad_input::{name}::ws{ws}"), meta, ws, move |ctx| run_bad(ctx, name, kind, cross_rank, issue))
@@ -150,7 +191,13 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
     if cross_rank && !caps.validates_across_ranks {
         return Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
     }
-    let w = format!("backend={} bad_input={name} world_size={} rank={}", crate::case::backend_label(b), b.world_size(), b.rank());
+    let (op, variant, dtype) = call_of(name);
+    let w = format!(
+        "backend={} op={op} variant={variant} dtype={dtype} bad_input={name} world_size={} rank={}",
+        crate::case::backend_label(b),
+        b.world_size(),
+        b.rank()
+    );
     let want = kind.name();
     match issue(b, b.rank(), b.world_size()) {
         Ok(()) => {

@@ -59,10 +59,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
-/// Where a probe ran: backend, op, reduce op, dtype, world size, rank.
+/// Where a probe ran: backend, op, variant, reduce op, dtype, world size, rank.
 fn at<B: Backend>(b: &B, op: &str, reduce: &str, dtype: DType) -> String {
+    // Every probe calls the out-of-place form, except the aliasing probe (into a given buffer).
+    let (op, variant) = match op.strip_suffix("_out") {
+        Some(base) => (base, Variant::OutBuf.name()),
+        None => (op, Variant::Out.name()),
+    };
     format!(
-        "backend={} op={op} reduce={reduce} dtype={dtype} world_size={} rank={}",
+        "backend={} op={op} variant={variant} reduce={reduce} dtype={dtype} world_size={} rank={}",
         crate::case::backend_label(b),
         b.world_size(),
         b.rank()

@@ -1,0 +1,286 @@
+//! The raw NCCL reference of the benchmark: each collective called directly through cudarc's
+//! NCCL bindings in a tight loop on preallocated buffers, as nccl-tests does — its own
+//! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default) and its own stream on the
+//! rank's GPU, no progress thread, no validation, nothing checked — timed with CUDA events
+//! around back-to-back launches, window by window, exactly as the bench times the backend.
+//! Not a [`concord_core::Backend`]: a yardstick printed next to the backend's row.
+//!
+//! Every rank of the world makes the same calls in the same order (the bench does). The GPU
+//! waits end at a deadline; `ncclCommInitRank` itself is NCCL's blocking call (the bench's
+//! per-rank watchdog bounds it).
+
+use crate::cuda::{derr, DevMem, Device, Event};
+use crate::dtype::nccl_dtype;
+use concord_core::{DType, ReduceOp};
+use cudarc::driver::{result as cu, sys as cusys};
+use cudarc::nccl::sys as nccl;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The collectives of the reference (nccl-tests' set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    /// nccl-tests' alltoall: one group of ncclSend / ncclRecv of a chunk to and from every rank.
+    AllToAll,
+    Broadcast,
+    Reduce,
+    /// ncclSend to rank + 1 and ncclRecv from rank - 1, one group.
+    SendRecv,
+}
+
+impl RawOp {
+    /// From the bench's op names (`all_reduce`, ...).
+    pub fn from_name(s: &str) -> Option<RawOp> {
+        Some(match s {
+            "all_reduce" => RawOp::AllReduce,
+            "all_gather" => RawOp::AllGather,
+            "reduce_scatter" => RawOp::ReduceScatter,
+            "all_to_all" => RawOp::AllToAll,
+            "broadcast" => RawOp::Broadcast,
+            "reduce" => RawOp::Reduce,
+            "sendrecv" => RawOp::SendRecv,
+            _ => return None,
+        })
+    }
+}
+
+/// One timed step: `count` elements per rank chunk (the bench's `count` column).
+#[derive(Clone, Debug)]
+pub struct RawStep {
+    pub op: RawOp,
+    pub count: usize,
+    pub dtype: DType,
+    pub redop: ReduceOp,
+    pub root: usize,
+    /// In-place as nccl-tests: receive buffer = send buffer (all_gather: send at this rank's
+    /// chunk of the receive buffer; reduce_scatter: receive at this rank's chunk of the send).
+    pub in_place: bool,
+    pub warmup: usize,
+    pub iters: usize,
+    /// Launches between two events (the bench's window).
+    pub window: usize,
+}
+
+/// What a step measured.
+#[derive(Clone, Copy, Debug)]
+pub struct RawTime {
+    /// GPU time per op (sum of the windows' event times / iterations).
+    pub per_op: Duration,
+    /// Host wall-clock per op over the same windows (launches + the wait for the end event).
+    pub wall_per_op: Duration,
+}
+
+/// Whether the reference can time `op` on `dtype` with `redop` (NCCL has no 16-bit integer
+/// type; the reference has only NCCL's built-in reduce ops).
+pub fn supports(op: RawOp, dtype: DType, redop: ReduceOp) -> bool {
+    let reduces = matches!(op, RawOp::AllReduce | RawOp::ReduceScatter | RawOp::Reduce);
+    nccl_dtype(dtype).is_some() && (!reduces || red(redop).is_ok())
+}
+
+struct RawCommHandle(nccl::ncclComm_t);
+unsafe impl Send for RawCommHandle {}
+
+/// A rank's raw NCCL reference (see the module docs).
+pub struct RawNccl {
+    dev: Arc<Device>,
+    comm: nccl::ncclComm_t,
+    rank: usize,
+    nranks: usize,
+    timeout: Duration,
+}
+
+/// `ncclGetUniqueId` (rank 0), as bytes to hand to every rank.
+pub fn unique_id() -> Result<Vec<u8>, String> {
+    crate::comm::nccl_present()?;
+    let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+    let r = unsafe { nccl::ncclGetUniqueId(&mut id) };
+    if r != nccl::ncclResult_t::ncclSuccess {
+        return Err(format!("ncclGetUniqueId: {}", crate::comm::err_string(r)));
+    }
+    Ok(id.internal.iter().map(|c| *c as u8).collect())
+}
+
+fn ok(r: nccl::ncclResult_t, what: &str) -> Result<(), String> {
+    match r {
+        nccl::ncclResult_t::ncclSuccess => Ok(()),
+        e => Err(format!("{what}: {}", crate::comm::err_string(e))),
+    }
+}
+
+fn red(op: ReduceOp) -> Result<nccl::ncclRedOp_t, String> {
+    use nccl::ncclRedOp_t::*;
+    Ok(match op {
+        ReduceOp::Sum => ncclSum,
+        ReduceOp::Product => ncclProd,
+        ReduceOp::Max => ncclMax,
+        ReduceOp::Min => ncclMin,
+        ReduceOp::Avg => ncclAvg,
+        other => return Err(format!("the raw NCCL reference has no {} (only sum, prod, min, max, avg)", other.name())),
+    })
+}
+
+// SAFETY: the communicator and stream are used by one thread at a time (`&mut self`); NCCL
+// communicators and CUDA streams may move between threads.
+unsafe impl Send for RawNccl {}
+
+impl RawNccl {
+    /// Joins the reference communicator: rank `rank` of `nranks` on visible GPU `ordinal`, with
+    /// the id from [`unique_id`] on rank 0. `timeout` bounds every GPU wait.
+    pub fn new(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
+        crate::comm::nccl_present()?;
+        if id.len() != 128 {
+            return Err(format!("an NCCL unique id is 128 bytes, got {}", id.len()));
+        }
+        let dev = Device::new(ordinal)?;
+        dev.bind()?;
+        let mut uid = nccl::ncclUniqueId { internal: [0; 128] };
+        for (d, s) in uid.internal.iter_mut().zip(id) {
+            *d = *s as _;
+        }
+        let mut comm: nccl::ncclComm_t = std::ptr::null_mut();
+        ok(unsafe { nccl::ncclCommInitRank(&mut comm, nranks as i32, uid, rank as i32) }, "ncclCommInitRank")?;
+        Ok(RawNccl { dev, comm, rank, nranks, timeout })
+    }
+
+    fn sync(&self, what: &str) -> Result<(), String> {
+        let ev = self.record(cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+        match ev.wait_until(Instant::now() + self.timeout)? {
+            true => Ok(()),
+            false => Err(format!("raw NCCL reference: the GPU did not finish {what} within {} ms", self.timeout.as_millis())),
+        }
+    }
+
+    fn record(&self, flags: cusys::CUevent_flags) -> Result<Event, String> {
+        let ev = Event(cu::event::create(flags).map_err(|e| derr("cuEventCreate", e))?);
+        unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
+    /// Times `s`: warm-up launches, then windows of back-to-back launches between two CUDA
+    /// events. Buffers are allocated (and zeroed) before, freed after.
+    pub fn time(&mut self, s: &RawStep) -> Result<RawTime, String> {
+        self.dev.bind()?;
+        let t = nccl_dtype(s.dtype).ok_or_else(|| format!("NCCL has no {} type", s.dtype))?;
+        let elt = s.dtype.size();
+        let (n, l, rank) = (self.nranks, s.count, self.rank);
+        let (send_n, recv_n) = match s.op {
+            RawOp::AllGather => (l, l * n),
+            RawOp::ReduceScatter => (l * n, l),
+            RawOp::AllToAll => (l * n, l * n),
+            _ => (l, l),
+        };
+        let redop = match s.op {
+            RawOp::AllReduce | RawOp::ReduceScatter | RawOp::Reduce => red(s.redop)?,
+            _ => nccl::ncclRedOp_t::ncclSum,
+        };
+        let alloc = |elems: usize| -> Result<DevMem, String> {
+            let m = self.dev.alloc(elems * elt)?;
+            unsafe { cu::memset_d8_async(m.ptr, 0, (elems * elt).max(1), self.dev.stream) }.map_err(|e| derr("cuMemsetD8Async", e))?;
+            Ok(m)
+        };
+        // In place: one buffer, as nccl-tests lays it out.
+        let (big, small) = if send_n >= recv_n { (send_n, recv_n) } else { (recv_n, send_n) };
+        let a = alloc(big)?;
+        let b = if s.in_place { None } else { Some(alloc(small)?) };
+        let (send, recv) = match (&b, s.op) {
+            (Some(b), _) if send_n >= recv_n => (a.ptr, b.ptr),
+            (Some(b), _) => (b.ptr, a.ptr),
+            (None, RawOp::AllGather) => (a.ptr + (rank * l * elt) as u64, a.ptr),
+            (None, RawOp::ReduceScatter) => (a.ptr, a.ptr + (rank * l * elt) as u64),
+            (None, _) => (a.ptr, a.ptr),
+        };
+        let (comm, stream) = (self.comm, self.dev.stream as nccl::cudaStream_t);
+        let (sp, rp) = (send as *const c_void, recv as *mut c_void);
+        let root = s.root as i32;
+        let launch = || -> Result<(), String> {
+            unsafe {
+                match s.op {
+                    RawOp::AllReduce => ok(nccl::ncclAllReduce(sp, rp, l, t, redop, comm, stream), "ncclAllReduce"),
+                    RawOp::AllGather => ok(nccl::ncclAllGather(sp, rp, l, t, comm, stream), "ncclAllGather"),
+                    RawOp::ReduceScatter => ok(nccl::ncclReduceScatter(sp, rp, l, t, redop, comm, stream), "ncclReduceScatter"),
+                    RawOp::Broadcast => ok(nccl::ncclBroadcast(sp, rp, l, t, root, comm, stream), "ncclBroadcast"),
+                    RawOp::Reduce => ok(nccl::ncclReduce(sp, rp, l, t, redop, root, comm, stream), "ncclReduce"),
+                    RawOp::AllToAll => {
+                        ok(nccl::ncclGroupStart(), "ncclGroupStart")?;
+                        for p in 0..n {
+                            let off = (p * l * elt) as u64;
+                            ok(nccl::ncclSend((send + off) as *const c_void, l, t, p as i32, comm, stream), "ncclSend")?;
+                            ok(nccl::ncclRecv((recv + off) as *mut c_void, l, t, p as i32, comm, stream), "ncclRecv")?;
+                        }
+                        ok(nccl::ncclGroupEnd(), "ncclGroupEnd")
+                    }
+                    RawOp::SendRecv => {
+                        ok(nccl::ncclGroupStart(), "ncclGroupStart")?;
+                        ok(nccl::ncclSend(sp, l, t, ((rank + 1) % n) as i32, comm, stream), "ncclSend")?;
+                        ok(nccl::ncclRecv(rp, l, t, ((rank + n - 1) % n) as i32, comm, stream), "ncclRecv")?;
+                        ok(nccl::ncclGroupEnd(), "ncclGroupEnd")
+                    }
+                }
+            }
+        };
+        for _ in 0..s.warmup {
+            launch()?;
+        }
+        self.sync("the warm-up launches")?;
+        // Before each window the ranks meet (a one-element all-reduce, waited for), as the
+        // bench's barrier before each of the backend's windows.
+        let flag = alloc(1)?;
+        let meet = || -> Result<(), String> {
+            let f = flag.ptr as *mut c_void;
+            ok(
+                unsafe { nccl::ncclAllReduce(f, f, 1, nccl::ncclDataType_t::ncclUint8, nccl::ncclRedOp_t::ncclMax, comm, stream) },
+                "ncclAllReduce (barrier)",
+            )?;
+            self.sync("the barrier before a window")
+        };
+        let mut gpu = Duration::ZERO;
+        let mut wall = Duration::ZERO;
+        let mut done = 0;
+        let window = s.window.max(1);
+        while done < s.iters {
+            let k = window.min(s.iters - done);
+            meet()?;
+            let t0 = Instant::now();
+            let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+            for _ in 0..k {
+                launch()?;
+            }
+            let end = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+            if !end.wait_until(Instant::now() + self.timeout)? {
+                return Err(format!("raw NCCL reference: the GPU did not finish {k} launches within {} ms", self.timeout.as_millis()));
+            }
+            wall += t0.elapsed();
+            let ms = unsafe { cu::event::elapsed(start.0, end.0) }.map_err(|e| derr("cuEventElapsedTime", e))?;
+            gpu += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            done += k;
+        }
+        drop((a, b, flag)); // stream-ordered frees after the last launch
+        let iters = s.iters.max(1) as u32;
+        Ok(RawTime { per_op: gpu / iters, wall_per_op: wall / iters })
+    }
+}
+
+impl Drop for RawNccl {
+    fn drop(&mut self) {
+        // A stream that does not drain (a peer gone mid-step) is aborted: ncclCommAbort ends
+        // the waiting kernels, which would otherwise keep the GPU's SMs for the backend's ops.
+        let drained = self.sync("the reference's last launches").is_ok();
+        // Bounded: ncclCommDestroy / ncclCommAbort runs on a helper thread.
+        let raw = RawCommHandle(self.comm);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("nccl-ref-destroy".into()).spawn(move || {
+            let raw = raw;
+            unsafe {
+                let _ = if drained { nccl::ncclCommDestroy(raw.0) } else { nccl::ncclCommAbort(raw.0) };
+            }
+            let _ = tx.send(());
+        });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+}

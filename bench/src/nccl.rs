@@ -1,0 +1,155 @@
+//! The NCCL backend's [`Hooks`]: one GPU per rank, the backend's own cross-rank validation off
+//! (the bench checks every output itself), the GPU's memory pool keeping freed memory (out-of-place
+//! outputs are allocated per call, stream-ordered, as a caching allocator would serve them),
+//! CUDA-event timing ([`concord_nccl::timing`]), the raw NCCL reference
+//! ([`concord_nccl::reference`]) in the same run, and inputs rotated on the GPU with outputs read
+//! through pinned memory ([`concord_nccl::bench_io`]).
+
+use crate::ext::{Clock, DeviceData, Mark, RefStep, Reference};
+use crate::spec::Placement;
+use crate::Hooks;
+use concord_core::{Backend, CollectiveError, DType, Tensor, WorldInfo};
+use concord_nccl::reference::{self, RawNccl, RawOp, RawStep};
+use concord_nccl::{NcclBackend, NcclBuffer};
+use std::time::Duration;
+
+/// How the NCCL rows are timed (the table's header and the JSON lines).
+pub const EVENT_TIMING: &str = "CUDA events on the rank's stream: GPU time from an event recorded before a window's first issue \
+to one recorded after its last issue (k back-to-back issues, no per-op host synchronisation; the waits and every output's \
+check come after the end event); mean per iteration, averaged over ranks";
+
+fn mark(b: &NcclBackend) -> concord_core::Result<Mark> {
+    Ok(Box::new(b.mark()?))
+}
+
+fn elapsed(b: &NcclBackend, start: &Mark, end: &Mark, timeout: Duration) -> concord_core::Result<Duration> {
+    use concord_nccl::timing::Mark as M;
+    match (start.downcast_ref::<M>(), end.downcast_ref::<M>()) {
+        (Some(s), Some(e)) => b.elapsed(s, e, timeout),
+        _ => Err(CollectiveError::Backend("nccl bench clock: marks that are not CUDA events of this backend".into())),
+    }
+}
+
+fn copy_rotated(b: &NcclBackend, dst: &NcclBuffer, src: &NcclBuffer, l: usize, s: usize) -> concord_core::Result<()> {
+    b.copy_rotated(dst, src, l, s)
+}
+
+fn read(b: &NcclBackend, x: &NcclBuffer, f: &mut dyn FnMut(&[u8])) -> concord_core::Result<()> {
+    b.read_with(x, f)
+}
+
+fn prepare(b: &NcclBackend) {
+    b.set_validation(false);
+    let _ = b.keep_pool_memory(u64::MAX);
+}
+
+fn version(b: &NcclBackend) -> String {
+    let pool = match b.pool_release_threshold() {
+        Ok(u64::MAX) => "memory pool keeps freed memory".to_string(),
+        Ok(t) => format!("memory pool release threshold {t} B"),
+        Err(e) => format!("no memory pool ({e})"),
+    };
+    format!(
+        "NCCL {} ({} communicator, validation off, {pool})",
+        b.nccl_version(),
+        if b.blocking_comm() { "blocking" } else { "non-blocking (--opts blocking=1 for a blocking one)" }
+    )
+}
+
+/// The raw reference of one rank.
+struct Raw {
+    raw: RawNccl,
+}
+
+impl Reference for Raw {
+    fn label(&self) -> String {
+        "nccl-raw".into()
+    }
+    fn describe(&self) -> String {
+        "the same collective called directly through NCCL (cudarc bindings) on preallocated buffers, its own blocking \
+         communicator and stream, timed with CUDA events around the same back-to-back windows (nccl-tests' loop)"
+            .into()
+    }
+    fn time_us(&mut self, s: &RefStep) -> Result<Option<f64>, String> {
+        let Some(op) = RawOp::from_name(s.op.name()) else { return Ok(None) };
+        if !reference::supports(op, s.dtype, s.redop) {
+            return Ok(None);
+        }
+        let step = RawStep {
+            op,
+            count: s.count,
+            dtype: s.dtype,
+            redop: s.redop,
+            root: s.root,
+            in_place: s.placement == Placement::InPlace,
+            warmup: s.warmup,
+            iters: s.iters,
+            window: s.window,
+        };
+        Ok(Some(self.raw.time(&step)?.per_op.as_secs_f64() * 1e6))
+    }
+}
+
+fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Reference>, String> {
+    Ok(Box::new(Raw { raw: make_raw(b, world)? }))
+}
+
+/// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the
+/// backend itself (one broadcast of a flag byte and the id), then every rank joins the
+/// reference communicator (bounded wait). Collective: every rank calls it.
+pub fn make_raw(b: &NcclBackend, world: &WorldInfo) -> Result<RawNccl, String> {
+    let mut bytes = vec![0u8; 129];
+    let mut why = String::new();
+    if b.rank() == 0 {
+        match reference::unique_id() {
+            Ok(id) => {
+                bytes[0] = 1;
+                bytes[1..].copy_from_slice(&id);
+            }
+            Err(e) => why = e,
+        }
+    }
+    let shared = (|| -> concord_core::Result<Tensor> {
+        let x = b.upload(&Tensor::from_bytes(DType::U8, &[129], &bytes))?;
+        b.broadcast_(&x, 0)?.wait(world.op_timeout)?;
+        b.download(&x)
+    })()
+    .map_err(|e| format!("sharing the reference's NCCL unique id: {e}"))?;
+    if shared.bytes()[0] != 1 {
+        return Err(if why.is_empty() { "rank 0 could not make an NCCL unique id".into() } else { why });
+    }
+    let id = shared.bytes()[1..].to_vec();
+    let (ordinal, rank, n, timeout) = (b.device_ordinal(), b.rank(), b.world_size(), world.op_timeout);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nccl-ref-init".into())
+        .spawn(move || {
+            let _ = tx.send(RawNccl::new(ordinal, rank, n, &id, timeout));
+        })
+        .map_err(|e| format!("starting the reference's init thread: {e}"))?;
+    let limit = timeout + Duration::from_secs(30);
+    match rx.recv_timeout(limit) {
+        Ok(Ok(raw)) => Ok(raw),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("ncclCommInitRank of the reference did not return within {} s (a peer missing?)", limit.as_secs())),
+    }
+}
+
+/// The NCCL backend's hooks (see the module docs).
+pub fn hooks() -> Hooks<NcclBackend> {
+    Hooks {
+        available: |ranks| {
+            let gpus = concord_nccl::probe()?.gpus;
+            if gpus < ranks {
+                return Err(format!("needs {ranks} GPUs (one per rank), found {gpus}"));
+            }
+            Ok(())
+        },
+        prepare,
+        version,
+        timing: EVENT_TIMING,
+        clock: Some(Clock { mark, elapsed, describe: EVENT_TIMING }),
+        reference: Some(make_reference),
+        data: Some(DeviceData { copy_rotated, read }),
+    }
+}
