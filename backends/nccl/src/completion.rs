@@ -6,8 +6,9 @@
 //!   after 10 ms pending, a check of NCCL's asynchronous error state). It is false while the job
 //!   waits for the peers' headers.
 //! * `wait_for` returns within its timeout. A launched op pending longer than the op deadline
-//!   (counted from when the progress thread started its job, so time queued behind healthy
-//!   earlier ops does not count) is declared dead: the communicator is aborted and the wait
+//!   (counted from when the stream reached it, so time queued behind healthy earlier ops does
+//!   not count; while it is queued, the wait lets the tracker abort an overdue earlier op's
+//!   communicator) is declared dead: the communicator is aborted and the wait
 //!   ends with [`CollectiveError::Timeout`] naming the op and its sequence number. Before its
 //!   launch the progress thread ends the job itself at its deadlines (the waiter steps in only
 //!   as a backstop). Shorter waits that run out simply report "still pending", leaving the
@@ -21,7 +22,7 @@
 
 use crate::comm::Comm;
 use crate::cuda::poll_until;
-use crate::worker::{Stage, Ticket};
+use crate::worker::{Stage, Ticket, Tracker};
 use concord_core::{progress, CollectiveError, Completion, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,10 @@ pub(crate) struct NcclCompletion {
     pub issued: Instant,
     pub op_timeout: Duration,
     pub state: Mutex<Option<Result<()>>>,
+    /// When the stream reached this op (the op launched before it completed), once seen.
+    pub reached: Mutex<Option<Instant>>,
+    /// This rank's launched ops (see `worker::Tracker`).
+    pub tracker: Arc<Tracker>,
     pub progress_open: AtomicBool,
 }
 
@@ -51,8 +56,30 @@ impl NcclCompletion {
         match &*self.ticket.lock() {
             Stage::Queued => self.issued + backstop,
             Stage::Running(start) => *start + backstop,
-            Stage::Launched(_, start) => *start + self.op_timeout,
+            Stage::Launched(l) => match *self.reached.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(r) => r.max(l.at) + self.op_timeout,
+                // Queued behind earlier ops on the stream, each with its own deadline (see
+                // `worker::Tracker`); the backstop bounds the wait in every case.
+                None => l.at + backstop,
+            },
             Stage::Finished(_) => self.issued + backstop,
+        }
+    }
+
+    /// While launched behind earlier ops: notes when the stream reached this one (the op
+    /// before it completed), or lets the tracker abort an overdue earlier op's communicator.
+    fn watch_queue(&self) {
+        if self.reached.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        let behind_done = match &*self.ticket.lock() {
+            Stage::Launched(l) => l.behind.as_ref().is_none_or(|b| !matches!(b.query(), Ok(false))),
+            _ => return,
+        };
+        if behind_done {
+            *self.reached.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        } else {
+            self.tracker.enforce();
         }
     }
 
@@ -82,7 +109,7 @@ impl NcclCompletion {
                     drop(stage);
                     return Some(self.finish(outcome));
                 }
-                Stage::Launched(event, _) => match event.query() {
+                Stage::Launched(l) => match l.ev.query() {
                     // Trusted only when observed before any abort of the communicator: an
                     // abort makes NCCL's kernels return early, so the event of an op that
                     // never finished completes too. The reason is set before the abort starts
@@ -135,10 +162,17 @@ impl Completion for NcclCompletion {
 
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
         let wait_deadline = Instant::now() + timeout;
+        let mut next_watch = Instant::now();
         let outcome = poll_until(wait_deadline, || match self.poll() {
             Some(outcome) => Some(Some(outcome)),
-            None if Instant::now() >= self.op_deadline() => Some(None),
-            None => None,
+            None => {
+                let now = Instant::now();
+                if now >= next_watch {
+                    self.watch_queue();
+                    next_watch = now + Duration::from_millis(10);
+                }
+                (Instant::now() >= self.op_deadline()).then_some(None)
+            }
         });
         match outcome {
             Some(Some(outcome)) => return outcome.map(|_| true),

@@ -195,6 +195,8 @@ impl NcclBackend {
             issued: op.issued,
             op_timeout: self.op_timeout,
             state: Mutex::new(None),
+            reached: Mutex::new(None),
+            tracker: self.progress.tracker(),
             progress_open: AtomicBool::new(true),
         };
         Ok(Work::new(value, Arc::new(completion), self.meta(&op), &self.counter))

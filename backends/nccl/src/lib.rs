@@ -53,7 +53,9 @@
 //!   counting against it: its own deadline starts when the stream reaches it, while any
 //!   earlier launched op past *its* deadline gets *its* communicator aborted (a hung subgroup
 //!   op never aborts the world); a hard bound of three op timeouts ends it in every case. A
-//!   launched op pending past its deadline is declared dead by its waiter: the communicator is
+//!   launched op's deadline counts from when the stream reached it (the op launched before it
+//!   completed; the enqueue itself gets a full op timeout); an op pending past it is declared
+//!   dead by its waiter, or by an op waiting behind it (`worker::Tracker`): its communicator is
 //!   aborted and the wait ends in [`CollectiveError::Timeout`] with op and sequence number;
 //!   later ops on that communicator fail at issue with [`CollectiveError::Aborted`]. No call
 //!   waits without a deadline.

@@ -16,8 +16,9 @@
 //!   timeout; a header wait counts from when the stream reached it, see
 //!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
 //!   the job with a named [`CollectiveError::Timeout`] naming the op and its sequence number.
-//!   A launched op still pending past its deadline, found while later work waits behind it,
-//!   gets its own communicator aborted ([`Tracker`]).
+//!   A launched op's deadline counts from when the stream reached it; one still pending past
+//!   it, found while later work waits behind it, gets its own communicator aborted
+//!   ([`Tracker`]).
 //! * A job whose op failed locally after issue (see `issue::Op`) still exchanges its header,
 //!   marked failed; a peer's failed header ends the op with a named error naming that rank.
 //! * Communicator teardown (finalize, destroy) is a job too, queued when the communicator's
@@ -91,9 +92,20 @@ pub(crate) enum Stage {
     /// Taken by the progress thread at this instant: headers / launch in progress, each step
     /// bounded by the job's own deadline (the job ends itself, with a named error).
     Running(Instant),
-    /// Enqueued on the stream (the event follows it); the job started at the instant.
-    Launched(Arc<Event>, Instant),
+    /// Enqueued on the stream.
+    Launched(Launched),
     Finished(Result<()>),
+}
+
+/// An op enqueued on the stream.
+pub(crate) struct Launched {
+    /// Recorded right after the op.
+    pub ev: Arc<Event>,
+    /// When it was enqueued.
+    pub at: Instant,
+    /// The event of the op launched before it on the stream (`None`: nothing was pending):
+    /// once complete, the stream has reached this op, and its deadline starts.
+    pub behind: Option<Arc<Event>>,
 }
 
 /// Shared between a job (which sets it) and the op's completion (which reads it).
@@ -181,7 +193,7 @@ impl Job {
         match self {
             Job::Op { chan, id, check, launch, ticket } => {
                 let stage = match chan.run_op(&id, check, launch, tracker) {
-                    Ok(Some(ev)) => Stage::Launched(ev, id.started.unwrap_or(id.issued)),
+                    Ok(Some(l)) => Stage::Launched(l),
                     Ok(None) => Stage::Finished(Ok(())),
                     Err(e) => Stage::Finished(Err(e)),
                 };
@@ -382,7 +394,7 @@ impl Channel {
     }
 
     /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
-    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker) -> Result<Option<Arc<Event>>> {
+    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker) -> Result<Option<Launched>> {
         self.not_aborted(id)?;
         // A local failure before the header still sends it (marked failed), so the peers end
         // this op in a named error instead of waiting for it.
@@ -427,15 +439,16 @@ impl Channel {
         if self.faults.fires(point::NO_LAUNCH, Action::Stall, id.nth) {
             // This rank's side is never launched, but the op looks launched here.
             let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
-            tracker.push(&self.comm, &ev, id, self.deadline(id));
-            return Ok(Some(ev));
+            return Ok(Some(tracker.push(&self.comm, ev, id, self.op_timeout)));
         }
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
-        self.comm.launch(self.deadline(id), stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
+        // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
+        let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
+        self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
         let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
-        tracker.push(&self.comm, &ev, id, self.deadline(id));
+        let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
         drop(keep); // enqueued: a free from here on is ordered after the op
-        Ok(Some(ev))
+        Ok(Some(launched))
     }
 
     /// Fault injection at `at` (before / after the header): `die` ends the process; `stall`
@@ -495,9 +508,12 @@ pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<()
     }
 }
 
-/// The ops launched on this rank's stream (every communicator of the rank), oldest first, with
-/// their deadlines: a header wait stuck behind one of them past its deadline aborts *its*
-/// communicator (not the waiting op's), so the stream moves on. Entries go once complete.
+/// The ops launched on this rank's stream (every communicator of the rank), oldest first. The
+/// stream runs them in order, so only the oldest pending one is running; its deadline counts
+/// from when it became the oldest (the stream reached it), so a long healthy queue never
+/// times out. Whoever waits behind it (a header wait on the progress thread, a waiter of a
+/// later op) calls [`Tracker::enforce`], which aborts *its* communicator once it is overdue:
+/// the stream moves on, and the waiting op's own communicator is left alone.
 pub(crate) struct Tracker {
     launched: Mutex<VecDeque<Tracked>>,
 }
@@ -507,7 +523,9 @@ struct Tracked {
     ev: Arc<Event>,
     name: &'static str,
     seq: u64,
-    deadline: Instant,
+    timeout: Duration,
+    /// When it was first seen the oldest pending op.
+    reached: Option<Instant>,
 }
 
 impl Tracker {
@@ -515,38 +533,44 @@ impl Tracker {
         Tracker { launched: Mutex::new(VecDeque::new()) }
     }
 
-    /// Drops the completed ops at the front (the stream completes them in order).
+    /// Drops the completed ops at the front and notes when the new front was reached.
     fn prune(l: &mut VecDeque<Tracked>) {
         while l.front().is_some_and(|t| !matches!(t.ev.query(), Ok(false))) {
             l.pop_front();
         }
+        if let Some(t) = l.front_mut() {
+            t.reached.get_or_insert_with(Instant::now);
+        }
     }
 
-    fn push(&self, comm: &Arc<Comm>, ev: &Arc<Event>, id: &OpId, deadline: Instant) {
+    /// Records an op just enqueued (`ev` after it); its [`Launched`] names the op before it.
+    fn push(&self, comm: &Arc<Comm>, ev: Arc<Event>, id: &OpId, timeout: Duration) -> Launched {
         let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
         Self::prune(&mut l);
-        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, deadline });
+        let behind = l.back().map(|t| t.ev.clone());
+        let at = Instant::now();
+        let reached = behind.is_none().then_some(at);
+        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, timeout, reached });
+        Launched { ev, at, behind }
     }
 
-    /// Aborts the communicator of every launched op still pending past its deadline.
+    /// Aborts the communicator of the running (oldest pending) op once it is past its deadline.
     pub fn enforce(&self) {
-        let now = Instant::now();
-        let due: Vec<Tracked> = {
+        let due = {
             let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
             Self::prune(&mut l);
-            let (due, keep): (VecDeque<Tracked>, VecDeque<Tracked>) = l.drain(..).partition(|t| now >= t.deadline);
-            *l = keep;
-            due.into()
+            match l.front() {
+                Some(t) if t.reached.is_some_and(|r| r.elapsed() >= t.timeout) => l.pop_front(),
+                _ => None,
+            }
         };
-        for t in due {
-            if let Some(c) = t.comm.upgrade() {
-                if c.aborted().is_none() {
-                    c.abort(format!(
-                        "{} #{} was still running on the GPU past its op deadline (found by the progress thread, with later \
-                         work queued behind it)",
-                        t.name, t.seq
-                    ));
-                }
+        let Some(t) = due else { return };
+        if let Some(c) = t.comm.upgrade() {
+            if c.aborted().is_none() {
+                c.abort(format!(
+                    "{} #{} was still running on the GPU past its op deadline (found by an op waiting behind it)",
+                    t.name, t.seq
+                ));
             }
         }
     }
@@ -570,7 +594,7 @@ struct Shared {
     finished: AtomicU64,
     current: Mutex<Current>,
     exited: AtomicBool,
-    tracker: Tracker,
+    tracker: Arc<Tracker>,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -588,7 +612,7 @@ impl Progress {
             finished: AtomicU64::new(0),
             current: Mutex::new(None),
             exited: AtomicBool::new(false),
-            tracker: Tracker::new(),
+            tracker: Arc::new(Tracker::new()),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -596,6 +620,11 @@ impl Progress {
             .spawn(move || worker(sh, dev))
             .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
         Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
+    }
+
+    /// The launched-op tracker of this rank's stream (see [`Tracker`]).
+    pub fn tracker(&self) -> Arc<Tracker> {
+        self.shared.tracker.clone()
     }
 
     /// Queues `job` behind every job submitted before it.
