@@ -68,8 +68,8 @@ pub(crate) struct Device {
     /// A second stream for host copies (`upload`, `download`, `write`): they synchronise with
     /// the device, not with the collectives queued on `stream`.
     pub copy: sys::CUstream,
-    /// Pinned staging for host copies (grown on demand; leaked when a copy times out, since the
-    /// pending copy may still use it).
+    /// Pinned staging for host copies (grown on demand up to [`STAGING_MAX`]; leaked when a copy
+    /// times out, since the pending copy may still use it).
     staging: std::sync::Mutex<Option<Pinned>>,
     pub async_alloc: bool,
     pub ordinal: usize,
@@ -93,6 +93,8 @@ const POOL_KEEP: usize = 256 << 20;
 /// Pinned staging allocated with the device, so that small host copies never allocate pinned
 /// memory (an allocation that may wait for the device) while a collective is stuck.
 const STAGING_START: usize = 1 << 20;
+/// The most pinned staging a device keeps: larger host copies go through it in chunks.
+const STAGING_MAX: usize = 64 << 20;
 
 /// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
 struct Gate {
@@ -217,44 +219,58 @@ impl Device {
     /// the deadline (the staging is then leaked to the pending copy; the caller MUST leak `dst`
     /// too). Never blocks in the driver: the copy is from pinned memory.
     pub fn copy_htod(&self, dst: u64, src: &[u8], after: Option<&Event>, deadline: Instant) -> Result<bool, String> {
-        // Even with nothing to copy: the wait orders `dst`'s allocation on the copy stream
-        // before any use on the collectives' stream.
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        let pinned = self.staging_for(&mut staging, src.len())?;
-        pinned.as_mut_slice()[..src.len()].copy_from_slice(src);
         if let Some(ev) = after {
             unsafe { cu::stream::wait_event(self.copy, ev.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
                 .map_err(|e| derr("cuStreamWaitEvent", e))?;
         }
-        if !src.is_empty() {
-            unsafe { cu::memcpy_htod_async(dst, &pinned.as_slice()[..src.len()], self.copy) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+        // In chunks of at most the staging's cap; each is waited for before the staging is
+        // refilled. Even with nothing to copy the wait below runs: it orders `dst`'s
+        // allocation on the copy stream before any use on the collectives' stream.
+        let mut off = 0;
+        loop {
+            let n = (src.len() - off).min(STAGING_MAX);
+            let pinned = self.staging_for(&mut staging, n)?;
+            pinned.as_mut_slice()[..n].copy_from_slice(&src[off..off + n]);
+            if n > 0 {
+                unsafe { cu::memcpy_htod_async(dst + off as u64, &pinned.as_slice()[..n], self.copy) }
+                    .map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+            }
+            if !self.finish_copy(&mut staging, deadline)? {
+                return Ok(false);
+            }
+            off += n;
+            if off >= src.len() {
+                return Ok(true);
+            }
         }
-        self.finish_copy(&mut staging, deadline)
     }
 
-    /// Device → host on the copy stream through pinned staging; waits until `deadline`.
-    /// `Ok(false)`: still pending at the deadline (see [`Device::copy_htod`]; the caller MUST
-    /// keep the source alive).
+    /// Device → host on the copy stream through pinned staging (in chunks, see
+    /// [`Device::copy_htod`]); waits until `deadline`. `Ok(false)`: still pending at the
+    /// deadline (see [`Device::copy_htod`]; the caller MUST keep the source alive).
     pub fn copy_dtoh(&self, dst: &mut [u8], src: u64, deadline: Instant) -> Result<bool, String> {
-        if dst.is_empty() {
-            return Ok(true);
-        }
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        let pinned = self.staging_for(&mut staging, dst.len())?;
-        unsafe { cu::memcpy_dtoh_async(&mut pinned.as_mut_slice()[..dst.len()], src, self.copy) }
-            .map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
-        if !self.finish_copy(&mut staging, deadline)? {
-            return Ok(false);
+        let mut off = 0;
+        while off < dst.len() {
+            let n = (dst.len() - off).min(STAGING_MAX);
+            let pinned = self.staging_for(&mut staging, n)?;
+            unsafe { cu::memcpy_dtoh_async(&mut pinned.as_mut_slice()[..n], src + off as u64, self.copy) }
+                .map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+            if !self.finish_copy(&mut staging, deadline)? {
+                return Ok(false);
+            }
+            let pinned = staging.as_ref().expect("kept by finish_copy");
+            dst[off..off + n].copy_from_slice(&pinned.as_slice()[..n]);
+            off += n;
         }
-        let pinned = staging.as_ref().expect("kept by finish_copy");
-        dst.copy_from_slice(&pinned.as_slice()[..dst.len()]);
         Ok(true)
     }
 
     fn staging_for<'a>(&self, staging: &'a mut Option<Pinned>, len: usize) -> Result<&'a mut Pinned, String> {
         if staging.as_ref().is_none_or(|p| p.len < len) {
             *staging = None;
-            *staging = Some(Pinned::new(self, len.next_power_of_two().max(4096))?);
+            *staging = Some(Pinned::new(self, len.next_power_of_two().clamp(4096, STAGING_MAX.max(len)))?);
         }
         Ok(staging.as_mut().expect("set above"))
     }
