@@ -33,6 +33,17 @@
 //! * A process that drops an un-waited collective still exits promptly (no hang in teardown).
 //!   [clause: async.unwaited_exit]
 //!
+//! # Failure paths (checked under injected faults, [`crate::fault`], on backends declaring the hooks)
+//! * An op whose communicator is aborted before its completion was observed fails with the
+//!   abort, never `Ok` with what the aborted op left; a wait ends at its own deadline even while
+//!   a later op is stuck being handed to the library. [clause: faults.aborted_ops_fail]
+//! * `upload` / `download` synchronise with the device, not with queued collectives: with a
+//!   collective stuck, they return at once and leave the communicator usable.
+//!   [clause: faults.copies_not_behind_collectives]
+//! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
+//!   as one named error (never a timeout), and the world stays usable.
+//!   [clause: faults.local_failure_named_everywhere]
+//!
 //! # Values
 //! * Reductions return what the oracle (`concord-oracle`) computes from every rank's input, for
 //!   every dtype and every reduce op defined for it: bit-exact on exact-by-construction inputs,
@@ -183,6 +194,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A communicator over `ranks` of this one (collective over *all* ranks of `self`, which
     /// pass the same list). Members get `Some`, with rank = position in `ranks`.
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>>;
+    /// The fault-injection hooks this backend honours, as `(point, action)` pairs (see
+    /// [`crate::fault`]; requested through the `fault` backend option at `init`). Default: none
+    /// (the fault suite's cases are then UNSUPPORTED with the reason).
+    fn fault_hooks(&self) -> Vec<(String, crate::fault::Action)> {
+        Vec::new()
+    }
 
     // ---- buffers ----
     fn upload(&self, t: &Tensor) -> Result<Self::Buffer>;

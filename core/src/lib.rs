@@ -13,6 +13,7 @@ pub mod call;
 pub mod caps;
 pub mod dtype;
 pub mod error;
+pub mod fault;
 pub mod op;
 pub mod progress;
 pub mod tensor;

@@ -46,6 +46,9 @@ pub struct Case<B: Backend> {
     pub deadline: Duration,
     /// A fresh world for this case alone.
     pub isolated: bool,
+    /// Backend options of this case's world, after the backend entry's own (e.g. a fault hook,
+    /// [`concord_core::fault`]): a case with options runs in a world of its own.
+    pub options: Vec<(String, String)>,
     pub body: Body<B>,
 }
 
@@ -57,6 +60,7 @@ impl<B: Backend> Clone for Case<B> {
             world_size: self.world_size,
             deadline: self.deadline,
             isolated: self.isolated,
+            options: self.options.clone(),
             body: self.body.clone(),
         }
     }
@@ -69,10 +73,23 @@ impl<B: Backend> Case<B> {
         world_size: usize,
         body: impl Fn(&mut Ctx<'_, B>) -> CaseResult + Send + Sync + 'static,
     ) -> Self {
-        Case { name: name.into(), meta, world_size, deadline: default_deadline(), isolated: false, body: Arc::new(body) }
+        Case {
+            name: name.into(),
+            meta,
+            world_size,
+            deadline: default_deadline(),
+            isolated: false,
+            options: Vec::new(),
+            body: Arc::new(body),
+        }
     }
     pub fn isolated(mut self) -> Self {
         self.isolated = true;
+        self
+    }
+    /// Adds a backend option to this case's world (see [`Case::options`]).
+    pub fn with_option(mut self, key: &str, value: &str) -> Self {
+        self.options.push((key.to_string(), value.to_string()));
         self
     }
 }

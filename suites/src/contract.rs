@@ -92,6 +92,24 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["async::unwaited_collective_exits_within_1s"],
     },
     Clause {
+        id: "faults.aborted_ops_fail",
+        source: BACKEND,
+        text: "An op whose communicator is aborted before its completion was observed fails with the abort; a wait ends at its own deadline even behind a stuck launch.",
+        cases: &["device_faults::abort_fails_ops_in_flight", "device_faults::abort_not_behind_a_launch"],
+    },
+    Clause {
+        id: "faults.copies_not_behind_collectives",
+        source: BACKEND,
+        text: "upload / download synchronise with the device, not with queued collectives, and leave the communicator usable.",
+        cases: &["device_faults::copies_not_behind_collectives"],
+    },
+    Clause {
+        id: "faults.local_failure_named_everywhere",
+        source: BACKEND,
+        text: "A local failure after an op was issued reaches every rank as one named error, never a timeout; the world stays usable.",
+        cases: &["device_faults::local_failure_after_begin", "device_faults::fail_before_header"],
+    },
+    Clause {
         id: "values.reduce",
         source: BACKEND,
         text: "Reductions return the oracle's value for every dtype and reduce op defined for it (exact inputs bit-exact; random inputs within the bound).",

@@ -23,6 +23,8 @@ pub struct CaseInfo {
     pub world_size: usize,
     pub deadline: Duration,
     pub isolated: bool,
+    /// The case's own backend options (added to the entry's).
+    pub options: Vec<(String, String)>,
 }
 
 type ServeFn = dyn Fn(WorkerEnv) + Send + Sync;
@@ -69,6 +71,7 @@ impl BackendEntry {
                         world_size: c.world_size,
                         deadline: c.deadline,
                         isolated: c.isolated,
+                        options: c.options,
                     })
                     .collect()
             }),
@@ -232,7 +235,8 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Dura
             );
         }
     }
-    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options: entry.options.clone() };
+    let options = entry.options.iter().chain(&case.options).cloned().collect();
+    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options };
     let report = Pool::global().run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),

@@ -5,8 +5,10 @@
 use crate::cuda::{self, DevMem};
 use crate::issue::Op;
 use crate::NcclBackend;
+use concord_core::fault::{point, Action};
 use concord_core::{BadInputKind, CollectiveError, DType, Result, Tensor};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A buffer in one rank's GPU memory: a view (byte offset, dtype, shape) of an Arc-shared
 /// allocation. Cloning clones the handle.
@@ -50,6 +52,9 @@ impl std::fmt::Debug for NcclBuffer {
 
 impl NcclBackend {
     pub(crate) fn alloc_buf(&self, op: &Op, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
+        if self.faults.fires(point::AFTER_BEGIN, Action::Fail, op.nth) {
+            return Err(self.backend_err(op.name, op.seq, "injected fault after_begin:fail (a simulated out-of-memory)"));
+        }
         let bytes = shape.iter().product::<usize>() * dtype.size();
         let mem = self.dev.alloc(bytes).map_err(|e| self.backend_err(op.name, op.seq, e))?;
         Ok(NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() })
@@ -65,43 +70,87 @@ impl NcclBackend {
         Ok(())
     }
 
-    pub(crate) fn copy_in(&self, o: &Op, b: &NcclBuffer, t: &Tensor) -> Result<()> {
-        self.write_checks(o, b, t)?;
-        // A pageable host-to-device copy waits for the stream: drain it first, with a deadline.
-        self.drain(o)?;
-        self.dev.htod(b.ptr(), t.bytes()).map_err(|e| self.backend_err(o.name, o.seq, e))
+    /// The error of a host copy still pending at its deadline (nothing aborted: a copy does
+    /// not involve NCCL; its memory is kept for the pending copy).
+    fn copy_timeout(&self, o: &Op, what: &str) -> CollectiveError {
+        CollectiveError::Timeout {
+            op: o.name.to_string(),
+            seq: o.seq,
+            rank: self.rank,
+            waited_ms: o.issued.elapsed().as_millis() as u64,
+            detail: format!(
+                "the {what} did not finish within the op deadline of {} ms (the GPU is stalled?); \
+                 the communicator was left alone",
+                self.op_timeout.as_millis()
+            ),
+        }
     }
 
+    /// Copies `t` into `b` on the copy stream, after `after` (an event on the collectives'
+    /// stream) when given; bounded by the op timeout from now (a `write` may have waited for
+    /// earlier ops to launch first).
+    pub(crate) fn copy_in(&self, o: &Op, b: &NcclBuffer, t: &Tensor, after: Option<&cuda::Event>) -> Result<()> {
+        self.write_checks(o, b, t)?;
+        let done = self
+            .dev
+            .copy_htod(b.ptr(), t.bytes(), after, Instant::now() + self.op_timeout)
+            .map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        if !done {
+            std::mem::forget(b.mem.clone()); // the pending copy still writes it
+            return Err(self.copy_timeout(o, "host-to-device copy"));
+        }
+        Ok(())
+    }
+
+    /// Upload: a new buffer, allocated and filled on the copy stream (pinned staging, polled
+    /// with the op deadline): it waits for no collective, and a stalled GPU is a named timeout.
     pub(crate) fn upload_impl(&self, t: &Tensor) -> Result<NcclBuffer> {
         let o = self.begin("upload", false)?;
-        let b = self.alloc_buf(&o, t.dtype(), t.shape())?;
-        // A new buffer: no queued collective can use it, so no flush.
-        self.copy_in(&o, &b, t)?;
+        let mem = self.dev.alloc_for_copy(t.bytes().len()).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        let b = NcclBuffer { mem: Arc::new(mem), offset: 0, dtype: t.dtype(), shape: t.shape().to_vec() };
+        self.copy_in(&o, &b, t, None)?;
         Ok(b)
     }
 
+    /// Download: the buffer's current contents, copied on the copy stream (it synchronises
+    /// with the device, not with the collectives queued on the NCCL stream), bounded by the op
+    /// deadline; a stalled GPU is a named timeout and the communicator is left alone.
     pub(crate) fn download_impl(&self, b: &NcclBuffer) -> Result<Tensor> {
         let o = self.begin("download", false)?;
-        self.drain(&o)?;
         let mut t = Tensor::zeros(b.dtype, &b.shape);
-        if b.nbytes() > 0 {
-            unsafe { cudarc::driver::result::memcpy_dtoh_sync(t.bytes_mut(), b.ptr()) }
-                .map_err(|e| self.backend_err("download", o.seq, cuda::derr("cuMemcpyDtoH", e)))?;
+        let done =
+            self.dev.copy_dtoh(t.bytes_mut(), b.ptr(), o.issued + self.op_timeout).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        if !done {
+            std::mem::forget(b.mem.clone()); // the pending copy still reads it
+            return Err(self.copy_timeout(&o, "device-to-host copy"));
         }
         Ok(t)
     }
 
+    /// A caller's buffer: allocated on the copy stream and waited for (bounded), so that it is
+    /// valid on every stream at once (a `download` right away, a collective) even while the
+    /// collectives' stream is busy.
     pub(crate) fn alloc_impl(&self, dtype: DType, shape: &[usize]) -> Result<NcclBuffer> {
         let o = self.begin("alloc", false)?;
-        self.alloc_buf(&o, dtype, shape)
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let mem = self.dev.alloc_for_copy(bytes).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        let b = NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() };
+        let done = self.dev.copy_htod(b.ptr(), &[], None, o.issued + self.op_timeout).map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        if !done {
+            std::mem::forget(b.mem.clone());
+            return Err(self.copy_timeout(&o, "allocation"));
+        }
+        Ok(b)
     }
 
     pub(crate) fn write_impl(&self, b: &NcclBuffer, t: &Tensor) -> Result<()> {
         let o = self.begin("write", false)?;
         self.write_checks(&o, b, t)?;
-        // Ordered after every collective issued before it, as on a single stream.
+        // Ordered after every collective issued before it, as on a single stream: each is
+        // launched (flush), then the copy stream waits for an event recorded after them.
         self.flush(&o)?;
-        self.copy_in(&o, b, t)
+        let after = self.dev.record().map_err(|e| self.backend_err(o.name, o.seq, e))?;
+        self.copy_in(&o, b, t, Some(&after))
     }
 
     pub(crate) fn view_impl(&self, b: &NcclBuffer, offset: usize, shape: &[usize]) -> Result<NcclBuffer> {

@@ -16,7 +16,8 @@
 use crate::cuda::{poll_until, Device};
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long `abort` waits for `ncclCommAbort` to return before leaving it on its thread.
@@ -201,6 +202,11 @@ pub(crate) struct Comm {
     inner: Mutex<Inner>,
     /// The abort reason, readable without waiting for a launch that holds `inner`.
     reason: Mutex<Option<String>>,
+    /// Set (before anything else) by [`Comm::abort`]: the poll loops of a thread holding
+    /// `inner` (launch, split) check it and let go, so an abort never waits behind a launch.
+    abort_requested: AtomicBool,
+    /// Where the teardown runs (see [`Comm::set_teardown`]); unset: on the dropping thread.
+    teardown_via: OnceLock<TeardownVia>,
 }
 
 fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
@@ -211,22 +217,38 @@ fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
     }
 }
 
-/// Polls a non-blocking communicator until its pending operation is done: `Ok(Ok(()))` done,
-/// `Ok(Err(e))` NCCL error, `Err(())` deadline passed.
-fn wait_ready(comm: sys::ncclComm_t, deadline: Instant) -> Result<Result<(), sys::ncclResult_t>, ()> {
+/// How [`wait_ready`] ended.
+enum Ready {
+    Done,
+    Failed(sys::ncclResult_t),
+    Deadline,
+    /// An abort was requested meanwhile ([`Comm::abort`] from another thread).
+    AbortRequested,
+}
+
+/// Polls a non-blocking communicator until its pending operation is done, the deadline passes
+/// or (with `abort`) an abort is requested. `stalled` (fault injection, `enqueue:stall`) treats
+/// the operation as still in progress.
+fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool, abort: Option<&AtomicBool>) -> Ready {
     poll_until(deadline, || {
+        if abort.is_some_and(|a| a.load(Ordering::SeqCst)) {
+            return Some(Ready::AbortRequested);
+        }
+        if stalled {
+            return None;
+        }
         let mut state = sys::ncclResult_t::ncclInProgress;
         let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
         if r != sys::ncclResult_t::ncclSuccess {
-            return Some(Err(r));
+            return Some(Ready::Failed(r));
         }
         match state {
             sys::ncclResult_t::ncclInProgress => None,
-            sys::ncclResult_t::ncclSuccess => Some(Ok(())),
-            e => Some(Err(e)),
+            sys::ncclResult_t::ncclSuccess => Some(Ready::Done),
+            e => Some(Ready::Failed(e)),
         }
     })
-    .ok_or(())
+    .unwrap_or(Ready::Deadline)
 }
 
 /// Runs `ncclCommAbort` on a helper thread; waits at most [`ABORT_WAIT`].
@@ -265,14 +287,14 @@ impl Comm {
             if raw.is_null() {
                 return Err("ncclCommInitRankConfig returned no communicator".into());
             }
-            match wait_ready(raw, deadline) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+            match wait_ready(raw, deadline, false, None) {
+                Ready::Done => {}
+                Ready::Failed(e) => {
                     let msg = format!("ncclCommInitRankConfig: {}: {}", err_string(e), last_error(raw));
                     abort_raw(raw);
                     return Err(msg);
                 }
-                Err(()) => {
+                Ready::Deadline | Ready::AbortRequested => {
                     abort_raw(raw);
                     return Err(format!("ncclCommInitRankConfig did not finish in time (rank {rank} of {nranks}): a peer did not join"));
                 }
@@ -286,10 +308,17 @@ impl Comm {
             lib_version,
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
+            abort_requested: AtomicBool::new(false),
+            teardown_via: OnceLock::new(),
         })
     }
 
     /// `ncclCommSplit` (collective over this communicator). `None` for ranks not in the new group.
+    ///
+    /// NCCL's asynchronous init may write the new communicator's handle after `ncclCommSplit`
+    /// returned, so the slot lives on the heap and is leaked (8 bytes) unless the split was seen
+    /// to finish. Every failure of the split aborts the parent: it is never left in an error
+    /// state un-aborted.
     pub fn split(&self, member: bool, key: usize, new_nranks: usize, deadline: Instant) -> Result<Option<Comm>, LaunchError> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
@@ -297,30 +326,50 @@ impl Comm {
         }
         let parent = inner.raw.0;
         let mut cfg = config(self.blocking, self.lib_version);
-        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        let slot: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
+        // SAFETY: reclaims the slot once NCCL can no longer write it.
+        let free_slot = || unsafe { *Box::from_raw(slot) };
         let color = if member { 0 } else { -1 }; // NCCL_SPLIT_NOCOLOR
-        let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, &mut raw, &mut cfg) };
-        ok_or_progress(r).map_err(|e| LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent))))?;
+        let r = unsafe { sys::ncclCommSplit(parent, color, key as i32, slot, &mut cfg) };
+        if let Err(e) = ok_or_progress(r) {
+            // Refused before any asynchronous work started: the slot is ours again.
+            let _ = free_slot();
+            let msg = format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent));
+            self.abort_locked(inner, msg.clone());
+            return Err(LaunchError::Nccl(msg));
+        }
         // The split is done when the parent (and the child, for members) are ready.
-        match wait_ready(parent, deadline) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(LaunchError::Nccl(format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent)))),
-            Err(()) => {
-                drop(inner);
-                self.abort("ncclCommSplit did not finish before the deadline".into());
+        match wait_ready(parent, deadline, false, Some(&self.abort_requested)) {
+            Ready::Done => {}
+            Ready::Failed(e) => {
+                // NCCL may still hold the slot: leak it.
+                let msg = format!("ncclCommSplit: {}: {}", err_string(e), last_error(parent));
+                self.abort_locked(inner, msg.clone());
+                return Err(LaunchError::Nccl(msg));
+            }
+            Ready::Deadline => {
+                self.abort_locked(inner, "ncclCommSplit did not finish before the deadline".into());
                 return Err(LaunchError::Timeout);
             }
+            Ready::AbortRequested => {
+                let why = self.aborted().unwrap_or_default();
+                self.abort_locked(inner, why.clone());
+                return Err(LaunchError::Aborted(why));
+            }
         }
+        drop(inner);
+        // The parent is ready: NCCL has written the slot (null for non-members).
+        let raw = free_slot();
         if !member || raw.is_null() {
             return Ok(None);
         }
-        match wait_ready(raw, deadline) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+        match wait_ready(raw, deadline, false, None) {
+            Ready::Done => {}
+            Ready::Failed(e) => {
                 abort_raw(raw);
                 return Err(LaunchError::Nccl(format!("ncclCommSplit (new communicator): {}", err_string(e))));
             }
-            Err(()) => {
+            Ready::Deadline | Ready::AbortRequested => {
                 abort_raw(raw);
                 return Err(LaunchError::Timeout);
             }
@@ -333,22 +382,32 @@ impl Comm {
             lib_version: self.lib_version,
             inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
             reason: Mutex::new(None),
+            abort_requested: AtomicBool::new(false),
+            teardown_via: OnceLock::new(),
         }))
     }
 
     /// Runs `calls` (NCCL calls on the communicator and stream) as one group and waits, up to
-    /// `deadline`, until the group is enqueued. On deadline the communicator is aborted.
-    /// `premul` lists premul-sum ops to create first (NCCL type, scalar bytes); `calls` gets
-    /// their handles in the same order; they are destroyed once the group is enqueued.
+    /// `deadline`, until the group is enqueued. On deadline the communicator is aborted; an
+    /// abort requested meanwhile ([`Comm::abort`]) ends the wait at once and is carried out
+    /// here. `premul` lists premul-sum ops to create first (NCCL type, scalar bytes); `calls`
+    /// gets their handles in the same order; they are destroyed once the group is enqueued.
+    /// `stall` (fault injection) treats the group as still in progress.
     pub fn launch(
         &self,
         deadline: Instant,
+        stall: bool,
         premul: &[(sys::ncclDataType_t, [u8; 8])],
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
             return Err(LaunchError::Aborted(why.clone()));
+        }
+        if let Some(why) = self.aborted() {
+            // Requested while this thread waited for the lock: carry it out.
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
         }
         let comm = inner.raw.0;
         let stream = self.dev.stream as sys::cudaStream_t;
@@ -395,25 +454,42 @@ impl Comm {
             (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
             (Ok(()), Ok(pending)) => Ok(pending),
         };
+        let mut requested = false;
         if let Ok(pending) = result {
             result = Ok(false);
             if pending || !self.blocking {
-                match wait_ready(comm, deadline) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm)))),
-                    Err(()) => result = Err(LaunchError::Timeout),
+                match wait_ready(comm, deadline, stall, Some(&self.abort_requested)) {
+                    Ready::Done => {}
+                    Ready::Failed(e) => {
+                        result = Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(comm))))
+                    }
+                    Ready::Deadline => result = Err(LaunchError::Timeout),
+                    Ready::AbortRequested => {
+                        requested = true;
+                        result = Err(LaunchError::Aborted(self.aborted().unwrap_or_default()));
+                    }
                 }
             }
         }
         match result {
+            Ok(_) if self.abort_requested.load(Ordering::SeqCst) => {
+                // Requested while this thread was inside NCCL (a blocking communicator).
+                let why = self.aborted().unwrap_or_default();
+                self.abort_locked(inner, why.clone());
+                Err(LaunchError::Aborted(why))
+            }
             Ok(_) => {
                 destroy_ops(&ops);
                 Ok(())
             }
             Err(LaunchError::Timeout) => {
-                drop(inner);
-                self.abort("an NCCL group was still being enqueued at its deadline".into());
+                self.abort_locked(inner, "an NCCL group was still being enqueued at its deadline".into());
                 Err(LaunchError::Timeout)
+            }
+            Err(e) if requested => {
+                // The group may still be in progress: leave the premul ops to the abort.
+                self.abort_locked(inner, self.aborted().unwrap_or_default());
+                Err(e)
             }
             Err(e) => {
                 destroy_ops(&ops);
@@ -444,37 +520,90 @@ impl Comm {
         }
     }
 
-    /// Why the communicator was aborted, if it was (never waits for a launch in progress).
+    /// Why the communicator was aborted (or an abort was requested), if it was. Never waits
+    /// for a launch in progress. Set before the abort starts, so an op whose completion is first
+    /// observed after this turned `Some` is not trusted (see `completion`).
     pub fn aborted(&self) -> Option<String> {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
+    ///
+    /// The request itself takes no lock a launch holds: it records the reason, raises
+    /// `abort_requested` (the launch / split poll loops check it and let go, carrying the
+    /// abort out themselves) and opens injected stream gates; then it takes the lock without
+    /// blocking (`try_lock`, polled up to [`ABORT_WAIT`]) to run `ncclCommAbort`. If a thread
+    /// stays inside an NCCL call past that (a blocking communicator), that thread carries the
+    /// abort out when the call returns.
     pub fn abort(&self, reason: String) {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.abort_requested.store(true, Ordering::SeqCst);
+        self.dev.release_gates();
+        let until = Instant::now() + ABORT_WAIT;
+        loop {
+            match self.inner.try_lock() {
+                Ok(g) => return self.abort_locked(g, reason),
+                Err(std::sync::TryLockError::Poisoned(e)) => return self.abort_locked(e.into_inner(), reason),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        }
+    }
+
+    /// The abort itself, with the lock held (released before `ncclCommAbort` runs).
+    fn abort_locked(&self, mut inner: MutexGuard<'_, Inner>, reason: String) {
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
+        self.abort_requested.store(true, Ordering::SeqCst);
+        self.dev.release_gates();
         if inner.aborted.is_some() {
             return;
         }
         inner.aborted = Some(reason);
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
+        drop(inner);
         if !raw.0.is_null() {
             let _ = self.dev.bind();
             abort_raw(raw.0);
         }
     }
 
-    /// Tears the communicator down: finalize + destroy when the stream is idle, abort otherwise.
-    /// Bounded by `deadline` (then abort).
-    pub fn shutdown(&self, deadline: Instant) {
+    /// Takes the communicator out for teardown (later uses report it destroyed); `None` when
+    /// it was aborted or torn down already.
+    fn take_for_teardown(&self) -> Option<Teardown> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
         if raw.0.is_null() {
-            return;
+            return None;
         }
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
+        Some(Teardown { raw, dev: self.dev.clone() })
+    }
+
+    /// Where this communicator's teardown runs: the rank's progress thread (set by the
+    /// backend), so that `ncclCommFinalize` never runs beside another NCCL call on this device.
+    pub fn set_teardown(&self, via: TeardownVia) {
+        let _ = self.teardown_via.set(via);
+    }
+}
+
+/// Hands a [`Teardown`] to the progress thread; `Err` gives it back (the thread has stopped)
+/// to be run where it is.
+pub(crate) type TeardownVia = Box<dyn Fn(Teardown) -> Result<(), Teardown> + Send + Sync>;
+
+/// A communicator taken out for teardown.
+pub(crate) struct Teardown {
+    raw: RawComm,
+    dev: Arc<Device>,
+}
+
+impl Teardown {
+    /// Finalize + destroy when the stream is idle, abort otherwise; bounded (5 s, then abort).
+    pub fn run(self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let raw = self.raw;
+        self.dev.release_gates();
         if self.dev.bind().is_err() {
             return;
         }
@@ -487,14 +616,15 @@ impl Comm {
         let fin = unsafe { sys::ncclCommFinalize(raw.0) };
         let finished = match ok_or_progress(fin) {
             Ok(false) => true,
-            Ok(true) => matches!(wait_ready(raw.0, deadline), Ok(Ok(()))),
+            Ok(true) => matches!(wait_ready(raw.0, deadline, false, None), Ready::Done),
             Err(_) => false,
         };
         if !finished {
             abort_raw(raw.0);
             return;
         }
-        let raw = RawComm(raw.0);
+        // After a finalize, destroy only frees this rank's resources; on a helper thread all
+        // the same, so that the wait stays bounded.
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
             let raw = raw;
@@ -511,7 +641,15 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        self.shutdown(Instant::now() + Duration::from_secs(5));
+        let Some(t) = self.take_for_teardown() else { return };
+        match self.teardown_via.get() {
+            Some(via) => {
+                if let Err(t) = via(t) {
+                    t.run();
+                }
+            }
+            None => t.run(),
+        }
     }
 }
 
@@ -524,9 +662,25 @@ use crate::worker::{Channel, Job, Progress};
 use crate::{probe, NcclBackend, NcclBuffer};
 use concord_core::{progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant, WorldInfo};
 use cudarc::nccl::sys as nccl;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 pub(crate) static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// If `NCCL_NVLS_ENABLE` is unset, sets it to `0`, once per process, before this crate's first
+/// CUDA or NCCL call of the process (the first `init`; NCCL reads it when a communicator is
+/// created). Why this `set_var` is safe in a multi-threaded worker: Rust's own readers
+/// (`std::env`) take the same lock as `set_var`; the C-level readers are CUDA's and NCCL's
+/// threads, and none of ours exists yet at that point (later inits find the variable set and
+/// never write it again). A program that starts CUDA on other threads before the first `init`
+/// should set the variable itself (`dist/run-gpu.sh` does).
+fn nvls_off_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+    });
+}
 
 pub(crate) fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
     match world.option(key) {
@@ -546,15 +700,18 @@ impl NcclBackend {
         gpus: usize,
         store: Option<concord_store::Store>,
         progress: Option<Arc<Progress>>,
+        faults: crate::fault::Faults,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
-        let comm = Arc::new(comm);
-        let chan = Channel::new(comm.clone(), op_timeout)?;
-        let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         let progress = match progress {
             Some(p) => p,
             None => Progress::start(dev.clone())?,
         };
+        comm.set_teardown(progress.teardown_via());
+        let comm = Arc::new(comm);
+        let faults = Arc::new(faults);
+        let chan = Channel::new(comm.clone(), op_timeout, faults.clone())?;
+        let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         Ok(NcclBackend {
             progress,
             rank: comm.rank,
@@ -564,6 +721,8 @@ impl NcclBackend {
             dev,
             seq: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
+            nth: AtomicU64::new(0),
+            faults,
             counter: OutstandingCounter::default(),
             op_timeout,
             validate: AtomicBool::new(validate),
@@ -580,9 +739,10 @@ impl NcclBackend {
         if ws == 0 || rank >= ws {
             return Err(CollectiveError::Backend(format!("nccl init: rank {rank} is not in a world of {ws}")));
         }
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            std::env::set_var("NCCL_NVLS_ENABLE", "0");
-        }
+        // Options first: a bad one is named even on a machine without GPUs.
+        let faults = crate::fault::Faults::from_world(world)
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
+        nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         // One GPU per rank of this host: a launcher's local rank picks it (a world Concord
         // launched itself is on one host, so there the local rank is the rank).
@@ -634,7 +794,7 @@ impl NcclBackend {
         };
         let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline).map_err(|e| fail("communicator", e))?;
         let init_time = started.elapsed();
-        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None)
+        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None, faults)
             .map_err(|e| fail("side buffers", e))
     }
 
@@ -691,6 +851,7 @@ impl NcclBackend {
             self.gpus,
             None,
             Some(self.progress.clone()),
+            crate::fault::Faults::default(),
         )
         .map(Some)
         .map_err(|e| self.backend_err("new_group", o.seq, e))

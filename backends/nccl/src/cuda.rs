@@ -65,8 +65,51 @@ pub(crate) fn poll_until<T>(deadline: Instant, mut f: impl FnMut() -> Option<T>)
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: sys::CUstream,
+    /// A second stream for host copies (`upload`, `download`, `write`): they synchronise with
+    /// the device, not with the collectives queued on `stream`.
+    pub copy: sys::CUstream,
+    /// Pinned staging for host copies (grown on demand up to [`STAGING_MAX`]; leaked when a copy
+    /// times out, since the pending copy may still use it).
+    staging: std::sync::Mutex<Option<Pinned>>,
     pub async_alloc: bool,
     pub ordinal: usize,
+    /// Stream gates of injected `stream:stall` faults (see `fault`), opened by an abort or drop.
+    gates: std::sync::Mutex<Vec<Arc<Gate>>>,
+    /// The device's default memory pool (with stream-ordered allocation), trimmed as memory is
+    /// freed (see [`TRIM_EVERY`]).
+    pool: sys::CUmemoryPool,
+    freed_since_trim: std::sync::atomic::AtomicUsize,
+    /// Without stream-ordered allocation: frees waiting for an idle device (`cuMemFree` may
+    /// synchronise the device, so it never runs while work is queued: see [`Device::reap`]).
+    deferred: std::sync::Mutex<Vec<u64>>,
+}
+
+/// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
+/// release threshold, if larger): the pool's high-water mark is not held for the life of a
+/// persistent world.
+const TRIM_EVERY: usize = 256 << 20;
+/// What a trim leaves reserved in the pool (the working set of ordinary runs).
+const POOL_KEEP: usize = 256 << 20;
+/// Pinned staging allocated with the device, so that small host copies never allocate pinned
+/// memory (an allocation that may wait for the device) while a collective is stuck.
+const STAGING_START: usize = 1 << 20;
+/// The most pinned staging a device keeps: larger host copies go through it in chunks.
+const STAGING_MAX: usize = 64 << 20;
+
+/// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
+struct Gate {
+    open: std::sync::atomic::AtomicBool,
+    until: Instant,
+}
+
+/// The host function of a [`Gate`]: holds the stream until the gate opens or its bound passes.
+/// It makes no CUDA call (not allowed in a host function).
+unsafe extern "C" fn gate_fn(p: *mut std::ffi::c_void) {
+    // SAFETY: `p` is the `Arc::into_raw` of `Device::stall`, handed over exactly once.
+    let g = unsafe { Arc::from_raw(p as *const Gate) };
+    while !g.open.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < g.until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 // SAFETY: the stream handle is only used with the context bound (see `bind`), and CUDA streams
@@ -78,8 +121,192 @@ impl Device {
     pub fn new(ordinal: usize) -> Result<Arc<Device>, String> {
         let ctx = CudaContext::new(ordinal).map_err(|e| derr(&format!("creating the context of GPU {ordinal}"), e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
+        let copy = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| derr("cuStreamCreate", e))?;
         let async_alloc = ctx.has_async_alloc();
-        Ok(Arc::new(Device { ctx, stream, async_alloc, ordinal }))
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        if async_alloc {
+            // Memory freed on one stream is reused on the other only once that free is done
+            // (never by making the allocating stream wait for the other one): a copy must not
+            // queue behind a collective through the pool.
+            if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) } != sys::CUresult::CUDA_SUCCESS {
+                pool = std::ptr::null_mut();
+            } else {
+                let mut off: i32 = 0;
+                let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+                let _ = unsafe { sys::cuMemPoolSetAttribute(pool, attr, &mut off as *mut i32 as *mut std::ffi::c_void) };
+            }
+        }
+        let dev = Device {
+            ctx,
+            stream,
+            copy,
+            staging: std::sync::Mutex::new(None),
+            async_alloc,
+            ordinal,
+            gates: std::sync::Mutex::new(Vec::new()),
+            pool,
+            freed_since_trim: std::sync::atomic::AtomicUsize::new(0),
+            deferred: std::sync::Mutex::new(Vec::new()),
+        };
+        *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
+        Ok(Arc::new(dev))
+    }
+
+    /// Without stream-ordered allocation: frees the deferred allocations if the device is idle
+    /// now (both streams drained), so that `cuMemFree` has nothing to wait for.
+    fn reap(&self) {
+        let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_empty() {
+            return;
+        }
+        let idle = |s| Event::record_on(s).and_then(|e| e.query()).unwrap_or(false);
+        if idle(self.stream) && idle(self.copy) {
+            for p in d.drain(..) {
+                unsafe {
+                    let _ = cu::free_sync(p);
+                }
+            }
+        }
+    }
+
+    /// A free of `bytes` at `ptr` (see [`DevMem`]'s drop).
+    fn free(&self, ptr: u64, bytes: usize) {
+        if self.bind().is_err() {
+            return;
+        }
+        if self.async_alloc {
+            unsafe {
+                let _ = cu::free_async(ptr, self.stream);
+            }
+            let freed = self.freed_since_trim.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+            if freed >= TRIM_EVERY && !self.pool.is_null() {
+                self.freed_since_trim.store(0, std::sync::atomic::Ordering::Relaxed);
+                // Never below the pool's release threshold (a bench may keep memory mapped on
+                // purpose: `timing::keep_pool_memory`). Releases reserved memory whose frees
+                // are done; never waits.
+                let mut threshold: u64 = 0;
+                let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+                let _ = unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, &mut threshold as *mut u64 as *mut std::ffi::c_void) };
+                let keep = (threshold as usize).max(POOL_KEEP);
+                let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, keep) };
+            }
+        } else {
+            self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);
+            self.reap();
+        }
+    }
+
+    /// Allocates `bytes` for a host copy, ordered on the copy stream (see [`Device::copy_htod`]).
+    pub fn alloc_for_copy(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
+        self.bind()?;
+        let n = bytes.max(1);
+        let ptr = unsafe {
+            if self.async_alloc {
+                cu::malloc_async(self.copy, n)
+            } else {
+                cu::malloc_sync(n)
+            }
+        }
+        .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
+        if !self.async_alloc {
+            self.reap();
+        }
+        Ok(DevMem { dev: self.clone(), ptr, bytes: n })
+    }
+
+    /// Host → device on the copy stream through pinned staging, after `after` (an event on the
+    /// collectives' stream) when given; waits until `deadline`. `Ok(false)`: still pending at
+    /// the deadline (the staging is then leaked to the pending copy; the caller MUST leak `dst`
+    /// too). Never blocks in the driver: the copy is from pinned memory.
+    pub fn copy_htod(&self, dst: u64, src: &[u8], after: Option<&Event>, deadline: Instant) -> Result<bool, String> {
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ev) = after {
+            unsafe { cu::stream::wait_event(self.copy, ev.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+                .map_err(|e| derr("cuStreamWaitEvent", e))?;
+        }
+        // In chunks of at most the staging's cap; each is waited for before the staging is
+        // refilled. Even with nothing to copy the wait below runs: it orders `dst`'s
+        // allocation on the copy stream before any use on the collectives' stream.
+        let mut off = 0;
+        loop {
+            let n = (src.len() - off).min(STAGING_MAX);
+            let pinned = self.staging_for(&mut staging, n)?;
+            pinned.as_mut_slice()[..n].copy_from_slice(&src[off..off + n]);
+            if n > 0 {
+                unsafe { cu::memcpy_htod_async(dst + off as u64, &pinned.as_slice()[..n], self.copy) }
+                    .map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+            }
+            if !self.finish_copy(&mut staging, deadline)? {
+                return Ok(false);
+            }
+            off += n;
+            if off >= src.len() {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Device → host on the copy stream through pinned staging (in chunks, see
+    /// [`Device::copy_htod`]); waits until `deadline`. `Ok(false)`: still pending at the
+    /// deadline (see [`Device::copy_htod`]; the caller MUST keep the source alive).
+    pub fn copy_dtoh(&self, dst: &mut [u8], src: u64, deadline: Instant) -> Result<bool, String> {
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let mut off = 0;
+        while off < dst.len() {
+            let n = (dst.len() - off).min(STAGING_MAX);
+            let pinned = self.staging_for(&mut staging, n)?;
+            unsafe { cu::memcpy_dtoh_async(&mut pinned.as_mut_slice()[..n], src + off as u64, self.copy) }
+                .map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+            if !self.finish_copy(&mut staging, deadline)? {
+                return Ok(false);
+            }
+            let pinned = staging.as_ref().expect("kept by finish_copy");
+            dst[off..off + n].copy_from_slice(&pinned.as_slice()[..n]);
+            off += n;
+        }
+        Ok(true)
+    }
+
+    fn staging_for<'a>(&self, staging: &'a mut Option<Pinned>, len: usize) -> Result<&'a mut Pinned, String> {
+        if staging.as_ref().is_none_or(|p| p.len < len) {
+            *staging = None;
+            *staging = Some(Pinned::new(self, len.next_power_of_two().clamp(4096, STAGING_MAX.max(len)))?);
+        }
+        Ok(staging.as_mut().expect("set above"))
+    }
+
+    /// Waits for the copy stream until `deadline`; on deadline leaks the staging.
+    fn finish_copy(&self, staging: &mut Option<Pinned>, deadline: Instant) -> Result<bool, String> {
+        let ev = Event::record_on(self.copy)?;
+        let done = ev.wait_until(deadline)?;
+        if !done {
+            if let Some(p) = staging.take() {
+                std::mem::forget(p);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Fault injection: stalls the stream here (work queued after this waits) until
+    /// [`Device::release_gates`] or `max` from now.
+    pub fn stall(&self, max: Duration) -> Result<(), String> {
+        let g = Arc::new(Gate { open: std::sync::atomic::AtomicBool::new(false), until: Instant::now() + max });
+        self.gates.lock().unwrap_or_else(|e| e.into_inner()).push(g.clone());
+        let raw = Arc::into_raw(g) as *mut std::ffi::c_void;
+        let r = unsafe { sys::cuLaunchHostFunc(self.stream, Some(gate_fn), raw) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: not handed to the driver: take the reference back.
+            drop(unsafe { Arc::from_raw(raw as *const Gate) });
+            return Err(format!("cuLaunchHostFunc: {r:?}"));
+        }
+        Ok(())
+    }
+
+    /// Opens every stream gate of injected faults (an abort or teardown ends the stall).
+    pub fn release_gates(&self) {
+        for g in self.gates.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            g.open.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Makes this device's context current on the calling thread (needed on every thread).
@@ -99,15 +326,15 @@ impl Device {
             }
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
-        Ok(DevMem { dev: self.clone(), ptr })
+        if !self.async_alloc {
+            self.reap();
+        }
+        Ok(DevMem { dev: self.clone(), ptr, bytes: n })
     }
 
     /// Records an event on the stream.
     pub fn record(&self) -> Result<Event, String> {
-        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
-        let ev = Event(ev);
-        unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
-        Ok(ev)
+        Event::record_on(self.stream)
     }
 
     /// Waits until everything queued on the stream so far is done, or until `deadline`:
@@ -117,9 +344,9 @@ impl Device {
         ev.wait_until(deadline)
     }
 
-    /// Queues a host-to-device copy. `src` may be pageable: the driver stages it before
-    /// returning. Callers MUST have drained the stream first (see `sync_until`), since a
-    /// pageable copy waits for the stream without a deadline.
+    /// Queues a host-to-device copy on the collectives' stream. `src` MUST be pinned (a
+    /// pageable copy may wait for the stream in the driver, without a deadline): the progress
+    /// thread's header staging.
     pub fn htod(&self, dst: u64, src: &[u8]) -> Result<(), String> {
         if src.is_empty() {
             return Ok(());
@@ -138,9 +365,16 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        self.release_gates();
         if self.bind().is_ok() {
+            // Deferred frees: only on an idle device (else left to the process's end).
+            let pending = !self.deferred.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
+            if pending && matches!(self.sync_until(Instant::now() + Duration::from_millis(200)), Ok(true)) {
+                self.reap();
+            }
             unsafe {
                 let _ = cu::stream::destroy(self.stream);
+                let _ = cu::stream::destroy(self.copy);
             }
         }
     }
@@ -152,6 +386,13 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    fn record_on(stream: sys::CUstream) -> Result<Event, String> {
+        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
+        let ev = Event(ev);
+        unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
     /// `Ok(true)` complete, `Ok(false)` pending.
     pub fn query(&self) -> Result<bool, String> {
         match unsafe { cu::event::query(self.0) } {
@@ -180,19 +421,18 @@ impl Drop for Event {
     }
 }
 
-/// Device memory, freed (stream-ordered) when the last handle goes.
+/// Device memory, freed when the last handle goes: stream-ordered on the collectives' stream
+/// (after every op enqueued so far, so a job may drop its buffers once its calls are
+/// enqueued); without stream-ordered allocation, deferred until the device is idle.
 pub(crate) struct DevMem {
     pub dev: Arc<Device>,
     pub ptr: u64,
+    bytes: usize,
 }
 
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
-            unsafe {
-                let _ = if self.dev.async_alloc { cu::free_async(self.ptr, self.dev.stream) } else { cu::free_sync(self.ptr) };
-            }
-        }
+        self.dev.free(self.ptr, self.bytes);
     }
 }
 

@@ -20,6 +20,8 @@ const W_WS: usize = 1;
 const W_ERR: usize = 2;
 const W_LEN: usize = 3;
 const FIXED: usize = 4;
+/// `W_ERR` of a rank that failed locally after issuing the op ([`Header::failed`]).
+const FAILED: u64 = u64::MAX;
 
 /// Number of 64-bit words in a header for a world of `ws` ranks.
 pub fn header_len(ws: usize) -> usize {
@@ -69,6 +71,13 @@ impl Header {
         small.seq = call.seq;
         Header::new(ws, &small).expect("an empty call fits")
     }
+    /// Marks a local failure after the op was issued (an out-of-memory allocating the output, a
+    /// refused reduce op...): not a bad input; every peer fails the op with a named error naming
+    /// this rank ([`failed_rank`]) instead of waiting for a launch that never comes.
+    pub fn failed(mut self) -> Self {
+        self.words[W_ERR] = FAILED;
+        self
+    }
     /// Records an error this rank found on its own; every rank will report its kind.
     pub fn error(mut self, kind: BadInputKind) -> Self {
         self.words[W_ERR] = kind.code() + 1;
@@ -94,9 +103,15 @@ pub fn parse_all(bytes: &[u8], ws: usize) -> Vec<Vec<u64>> {
 
 type Verdict = Result<(), (BadInputKind, String)>;
 
+/// The first rank whose header says it failed locally ([`Header::failed`]), if any.
+pub fn failed_rank(all: &[Vec<u64>]) -> Option<usize> {
+    all.iter().position(|h| h.get(W_ERR) == Some(&FAILED))
+}
+
 /// The local error a header carries, if any.
 fn local_error(r: usize, h: &[u64]) -> Verdict {
     match h.get(W_ERR) {
+        Some(&FAILED) => Err((BadInputKind::UnsupportedOp, format!("rank {r} failed its side of the call locally"))),
         Some(&e) if e != 0 => {
             let kind = BadInputKind::from_code(e - 1).unwrap_or(BadInputKind::UnsupportedOp);
             Err((kind, format!("rank {r} rejected its own input ({})", kind.name())))
@@ -187,6 +202,15 @@ mod tests {
         assert_eq!(e.kind, BadInputKind::UnsupportedOp);
         let h = Header::summary(2, &d).error(e.kind).words;
         assert_eq!(validate(&[h, words(2, &call(CallOp::AllReduce, 1, &[1]))]).unwrap_err().0, BadInputKind::UnsupportedOp);
+    }
+
+    #[test]
+    fn a_local_failure_is_found_on_every_rank() {
+        let a = words(2, &call(CallOp::AllGather, 0, &[3]));
+        let b = Header::new(2, &call(CallOp::AllGather, 1, &[3])).unwrap().failed().words;
+        assert_eq!(failed_rank(&[a.clone(), b.clone()]), Some(1));
+        assert_eq!(failed_rank(&[a.clone(), a.clone()]), None);
+        assert!(validate(&[a, b]).unwrap_err().1.contains("rank 1 failed"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::comm::Comm;
 use crate::completion::NcclCompletion;
 use crate::header::Header;
 use crate::ops::Local;
-use crate::worker::{Check, Job, Launch, OpId, Ticket};
+use crate::worker::{Channel, Check, Job, Launch, OpId, Progress, Ticket};
 use crate::NcclBackend;
 use concord_core::{progress, BadInput, BadInputKind, CollectiveError, Result, Work, WorkMeta};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,13 +35,46 @@ pub(crate) struct Op {
     pub(crate) cseq: u64,
     pub(crate) issued: Instant,
     pub(crate) flight: InFlight,
+    /// Index among the world's collective and point-to-point calls (fault injection only).
+    pub(crate) nth: Option<u64>,
+    /// The op's validation header once admitted, until `submit` queues it: an op dropped with
+    /// it still here failed locally after `begin` (an allocation, a reduce op...), and its drop
+    /// sends the header marked failed, so every peer ends the op in one named error instead of
+    /// a timeout and an abort, and the sequence stays in step.
+    pub(crate) unsent: std::cell::RefCell<Option<Unsent>>,
+}
+
+/// What an op's drop needs to send its header marked failed.
+pub(crate) struct Unsent {
+    progress: Arc<Progress>,
+    chan: Arc<Channel>,
+    hdr: Header,
+    /// `Some(peer)` for a send / recv (a header swap), `None` for a collective.
+    peer: Option<usize>,
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        let Some(u) = self.unsent.get_mut().take() else { return };
+        if u.chan.comm.aborted().is_some() {
+            return;
+        }
+        let check = match u.peer {
+            Some(p) => Check::Pair(u.hdr.failed(), p),
+            None => Check::All(u.hdr.failed()),
+        };
+        u.progress.submit(Job::Op { chan: u.chan.clone(), id: self.id(), check, launch: None, ticket: None });
+    }
 }
 
 impl Op {
     pub(crate) fn id(&self) -> OpId {
-        OpId { name: self.name, seq: self.seq, issued: self.issued }
+        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth, started: None }
     }
 }
+
+/// Entry points that are not counted for fault injection's `#N` (buffer calls and new_group).
+const NOT_COUNTED: &[&str] = &["upload", "download", "alloc", "write", "new_group"];
 
 impl NcclBackend {
     pub(crate) fn comm(&self) -> &Arc<Comm> {
@@ -61,8 +94,17 @@ impl NcclBackend {
         self.bind(name)?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         let cseq = if collective { self.coll_seq.fetch_add(1, Ordering::SeqCst) } else { 0 };
+        let nth = (!NOT_COUNTED.contains(&name)).then(|| self.nth.fetch_add(1, Ordering::SeqCst));
         progress::begin(&self.label, name, seq);
-        Ok(Op { name, seq, cseq, issued: Instant::now(), flight: InFlight { label: self.label.clone(), seq, armed: true } })
+        Ok(Op {
+            name,
+            seq,
+            cseq,
+            issued: Instant::now(),
+            flight: InFlight { label: self.label.clone(), seq, armed: true },
+            nth,
+            unsent: std::cell::RefCell::new(None),
+        })
     }
 
     pub(crate) fn bad(&self, op: &Op, kind: BadInputKind, detail: impl Into<String>) -> CollectiveError {
@@ -77,15 +119,12 @@ impl NcclBackend {
         }
     }
 
-    /// Waits (bounded by the op deadline) for everything queued on the stream.
-    pub(crate) fn drain(&self, op: &Op) -> Result<()> {
-        self.chan.drain(&op.id(), op.issued + self.op_timeout)
-    }
-
-    /// Waits (bounded by the op deadline) until the progress thread has launched (or failed)
-    /// every op issued before `op`, so that `op` is ordered after them on the stream.
+    /// Waits until the progress thread has launched (or failed) every op issued before `op`,
+    /// so that `op` is ordered after them on the stream. Bounded by progress, not by a count
+    /// from issue: a long queue of healthy jobs is waited out, and the wait fails once no job
+    /// has finished for as long as one job can take (each bounds itself: see `worker`).
     pub(crate) fn flush(&self, op: &Op) -> Result<()> {
-        if self.progress.flush(op.issued + self.op_timeout) {
+        if self.progress.flush_while_progressing(self.op_timeout * 3 + 2 * crate::comm::ABORT_WAIT) {
             return Ok(());
         }
         Err(CollectiveError::Timeout {
@@ -94,18 +133,26 @@ impl NcclBackend {
             rank: self.rank,
             waited_ms: op.issued.elapsed().as_millis() as u64,
             detail: format!(
-                "collectives issued before it were still waiting for their peers at the op deadline \
-                 of {} ms; this process is {}",
+                "collectives issued before it stopped making progress (no job finished within the bound of \
+                 one job, three op deadlines of {} ms plus the abort's); this process is {}",
                 self.op_timeout.as_millis(),
                 progress::describe()
             ),
         })
     }
 
+    /// Arms `op`'s drop to send `hdr` marked failed (see [`Op::unsent`]); `submit` disarms it.
+    pub(crate) fn arm(&self, op: &Op, hdr: &Header, peer: Option<usize>) {
+        if self.validating() {
+            *op.unsent.borrow_mut() = Some(Unsent { progress: self.progress.clone(), chan: self.chan.clone(), hdr: hdr.clone(), peer });
+        }
+    }
+
     /// A local input error: returned at issue. With validation on, the peers still need this
     /// rank's header for this collective, so an exchange carrying the error is queued: every
     /// rank then ends the collective in the same named error, and the sequence stays in step.
     pub(crate) fn reject(&self, op: &Op, hdr: &Header, e: BadInput) -> CollectiveError {
+        op.unsent.borrow_mut().take();
         if self.validating() && self.comm().aborted().is_none() {
             self.progress.submit(Job::Op {
                 chan: self.chan.clone(),
@@ -129,6 +176,7 @@ impl NcclBackend {
     /// Queues `op` for the progress thread (cross-rank `check` when validating, then `launch`)
     /// and returns its pending [`Work`] at once.
     pub(crate) fn submit<T>(&self, mut op: Op, value: T, check: Check, launch: Option<Launch>) -> Result<Work<T>> {
+        op.unsent.get_mut().take();
         let check = if self.validating() { check } else { Check::None };
         if matches!(check, Check::None) && launch.is_none() {
             return Ok(self.done(op, value));
@@ -147,6 +195,8 @@ impl NcclBackend {
             issued: op.issued,
             op_timeout: self.op_timeout,
             state: Mutex::new(None),
+            reached: Mutex::new(None),
+            tracker: self.progress.tracker(),
             progress_open: AtomicBool::new(true),
         };
         Ok(Work::new(value, Arc::new(completion), self.meta(&op), &self.counter))

@@ -11,14 +11,17 @@
 //! * **World.** Rank `r` drives visible GPU `r` (`CUDA_VISIBLE_DEVICES` respected). Rank 0's
 //!   `ncclGetUniqueId` travels through the world's file store. The communicator is
 //!   non-blocking (`ncclConfig_t.blocking = 0`) and created once per world, in `init`.
-//! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset), allocated and
-//!   freed stream-ordered on the rank's one stream, which every NCCL call and copy also uses.
+//! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset). An op's output
+//!   is allocated stream-ordered on the rank's NCCL stream (every NCCL call uses it); a
+//!   caller's buffer (`upload`, `alloc`) on the copy stream, waited for before it is returned;
+//!   every free is stream-ordered on the NCCL stream.
 //! * **Issue is asynchronous.** Every collective MUST return its [`Work`] at once, even while
 //!   its peers are absent. The calling thread does the local checks (a bad root, indivisible
 //!   shapes, a wrong-size `_out` buffer... are returned at issue as a named
 //!   [`CollectiveError::BadInput`]), allocates the output and queues a job. One progress thread
 //!   per rank (see `worker`), shared by the world and its subgroups, runs the jobs in issue
-//!   order: it is the only thread making NCCL calls, so every rank launches in the same order.
+//!   order: it is the only thread that enqueues NCCL work, so every rank launches in the same
+//!   order (see **Which thread calls NCCL**).
 //!   A job keeps the buffers it uses alive until its NCCL calls are enqueued.
 //! * **Validation.** Issue checks the call's [`concord_core::CallDesc`] with the core rule
 //!   table's local rules ([`concord_core::validate_local`]). Before every collective the
@@ -30,38 +33,73 @@
 //!   its peers fail too and the sequence stays in step. Send/recv pairs exchange headers between
 //!   the two peers. Option `validate=0` turns this off (then
 //!   `capabilities().validates_across_ranks` is false). With validation on, op k+1 is launched
-//!   only after op k's headers have been exchanged.
+//!   only after op k's headers have been exchanged. Op k+1's header exchange is ordered on the
+//!   NCCL stream after op k's kernels, so validated ops do not overlap (letting headers overlap
+//!   would need a second communicator per group on a stream of its own, with NCCL's rules for
+//!   communicators used concurrently: not done). A rank that fails locally *after* issuing
+//!   an op (an out-of-memory allocating the output, a refused reduce op) still sends the op's
+//!   header, marked failed, so every peer ends that op in one named error naming the rank
+//!   (never a timeout), and the sequence stays in step.
 //! * **Completion.** A [`Work`] completes once its job has launched and a CUDA event recorded
-//!   after the op has completed; `is_completed()` is false while the job waits for its peers. A
-//!   wait that runs out of its own timeout leaves the op (and the communicator) alone. A
-//!   collective pending longer than the world's op deadline (counted from issue) aborts the
-//!   communicator (`ncclCommAbort`) and ends in [`CollectiveError::Timeout`] with op and
-//!   sequence number; later ops on that communicator fail at issue with
-//!   [`CollectiveError::Aborted`]. No call waits without a deadline.
-//! * **Ordering of copies.** `upload` and `write` are finished (in stream order) before they
-//!   return, so an op issued after them sees the data; `write` first waits (bounded) until every
-//!   op issued before it has been launched, so it lands after them. `download` after a
-//!   successful wait sees the final result.
+//!   after the op has completed; `is_completed()` is false while the job waits for its peers.
+//!   A completion is trusted only when it was observed before any abort of its communicator:
+//!   `ncclCommAbort` makes NCCL's kernels return early, so the event of an op that never
+//!   finished completes too; every op whose completion was not observed before the abort was
+//!   requested fails with [`CollectiveError::Aborted`]. A wait that runs out of its own
+//!   timeout leaves the op (and the communicator) alone.
+//! * **Deadlines.** Every step of a job is bounded by its deadline: its start on the progress
+//!   thread plus the world's op timeout (time queued behind healthy earlier jobs does not
+//!   count). A header exchange waits behind earlier work on the shared stream without that
+//!   counting against it: its own deadline starts when the stream reaches it, while any
+//!   earlier launched op past *its* deadline gets *its* communicator aborted (a hung subgroup
+//!   op never aborts the world); a hard bound of three op timeouts ends it in every case. A
+//!   launched op's deadline counts from when the stream reached it (the op launched before it
+//!   completed; the enqueue itself gets a full op timeout); an op pending past it is declared
+//!   dead by its waiter, or by an op waiting behind it (`worker::Tracker`): its communicator is
+//!   aborted and the wait ends in [`CollectiveError::Timeout`] with op and sequence number;
+//!   later ops on that communicator fail at issue with [`CollectiveError::Aborted`]. No call
+//!   waits without a deadline.
+//! * **Abort.** `Comm::abort` is a request: it records the reason (from then on no completion
+//!   is trusted), raises a flag that the poll loops of a launch or split in progress check (they
+//!   let go of the communicator's lock and carry the abort out), and never waits on that lock
+//!   beyond a bound.
+//! * **Ordering of copies.** `upload`, `download`, `write` and `alloc` run on a second stream
+//!   through pinned staging, polled with the op deadline: they synchronise with the device,
+//!   not with collectives queued on the NCCL stream (no pageable copy that could block in the
+//!   driver; a stalled GPU is a named timeout that leaves the communicator alone, and the
+//!   memory of a copy still pending is kept for it). `upload`, `write` and `alloc` are finished
+//!   before they return, so an op issued after them sees the data; `write` first waits
+//!   (bounded) until every op issued before it has been launched, and its copy waits for them
+//!   on the device, so it lands after them. `download` after a successful wait sees the final
+//!   result. Frees are stream-ordered after every op enqueued so far (without memory pools,
+//!   deferred until the device is idle, since `cuMemFree` may wait for it); the pool is trimmed
+//!   back to 256 MiB every 256 MiB freed.
 //! * **Semantics.** Declared in [`NcclBackend::capabilities`]: no bitwise reductions (NCCL has
 //!   none), no reductions on i16/u16 (NCCL has no 16-bit integer type; they move as bytes),
 //!   min/max ignore NaN (NaN only when every rank has NaN; min(-0, +0) = -0, max = +0), integer
 //!   avg truncates toward zero — as observed on NCCL 2.28.3 (2 × H200); the suites' `caps::*`
 //!   probes re-check the declaration on every conformance run.
-//! * **Which thread calls NCCL.** Every NCCL call that enqueues work or talks to the peers —
-//!   header exchanges, collective and point-to-point groups, premul-sum op create / destroy,
-//!   `ncclCommSplit` — is made by the rank's progress thread (`worker`), one job at a time, in
-//!   issue order; issuing threads (any number, any thread) never call NCCL, they only queue
-//!   jobs. The exceptions, all outside the stream of collectives: `init` runs
-//!   `ncclGetUniqueId` (rank 0) and `ncclCommInitRankConfig` on the caller's thread, before the
-//!   progress thread exists; `ncclCommGetAsyncError` is polled by whichever thread waits (a
-//!   waiter, the progress thread), with a `try_lock` on the communicator so it never runs
-//!   during another call on it; `ncclCommAbort` runs on a short-lived `nccl-abort` thread
-//!   (started by whichever thread hits a deadline or an asynchronous error), and teardown runs
-//!   `ncclCommFinalize` on the thread that drops the last handle of the communicator and
-//!   `ncclCommDestroy` on an `nccl-destroy` thread, both bounded in time. Calls on one
-//!   communicator are serialised by its lock (`comm::Comm`).
+//! * **Which thread calls NCCL.** NCCL's rules: one thread at a time per communicator, and no
+//!   NCCL operations issued in parallel to communicators of the same device. So every NCCL
+//!   call that enqueues work or talks to the peers — header exchanges, collective and
+//!   point-to-point groups, premul-sum op create / destroy, `ncclCommSplit`, and the teardown
+//!   (`ncclCommFinalize`, then `ncclCommDestroy`) — is made by the rank's one progress thread
+//!   (`worker`, shared by the world and its subgroups), one job at a time, in issue order;
+//!   issuing threads (any number, any thread) never call NCCL, they only queue jobs. The
+//!   exceptions, none of which enqueues work: `init` runs `ncclGetUniqueId` (rank 0) and
+//!   `ncclCommInitRankConfig` on the caller's thread, before the progress thread exists;
+//!   `ncclCommGetAsyncError`, a state query, is polled by whichever thread waits, with a
+//!   `try_lock` on the communicator so it never runs during another call on it;
+//!   `ncclCommAbort` — whose purpose is to end a hung communicator from another thread — runs
+//!   on a short-lived `nccl-abort` thread, taking the communicator's lock (requested, see
+//!   **Abort**); `ncclCommDestroy` after a successful finalize (it then only frees this
+//!   rank's resources) runs on an `nccl-destroy` thread so that its wait stays bounded; a
+//!   communicator whose progress thread has stopped is torn down on the thread dropping it.
 //! * **Safety of shared GPUs.** If `NCCL_NVLS_ENABLE` is unset, `init` sets it to `0`: NVLink
 //!   multicast is never used unless the user asks for it explicitly.
+//!
+//! * **Fault injection.** The hooks of [`concord_core::fault`] listed in `fault`, through the
+//!   `fault` option (off by default): the `device_faults` suite's cases check the paths above.
 //!
 //! Modules: `buffer` (device buffers; upload / download / alloc / write / view), `dtype` (NCCL
 //! types and reduce ops), `ops` (the collective entry points: each call's `CallDesc`, admitted
@@ -69,13 +107,15 @@
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
-//! (device, stream, memory); for benchmarks, `timing` (CUDA events on the rank's stream, the memory
-//! pool's release threshold) `reference` (the raw NCCL loop the bench prints next to the
-//! backend) and `bench_io` (device-side rotated copies, reads through pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
+//! (device, streams, memory), `fault` (the fault hooks); for benchmarks, `timing` (CUDA events
+//! on the rank's stream, the memory pool's release threshold) `reference` (the raw NCCL loop the
+//! bench prints next to the backend) and `bench_io` (device-side rotated copies, reads through
+//! pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
-//! `init_timeout_ms=N` (default: the larger of the op deadline and 30 s).
+//! `init_timeout_ms=N` (default: the larger of the op deadline and 30 s), `fault=...` (fault
+//! injection, see [`concord_core::fault`]; an unknown hook fails `init` with a named error).
 //!
 //! Cost of the defaults (2 × H200, NCCL 2.28.3, 1 KiB all_reduce issue + wait, through the
 //! progress thread): non-blocking communicator ~76 us unvalidated / ~163 us validated;
@@ -92,6 +132,7 @@ mod comm;
 mod completion;
 mod cuda;
 mod dtype;
+mod fault;
 pub mod header;
 mod issue;
 mod launch;
@@ -146,6 +187,10 @@ pub struct NcclBackend {
     dev: Arc<Device>,
     seq: AtomicU64,
     coll_seq: AtomicU64,
+    /// Collective and point-to-point calls issued so far (fault injection's `#N`).
+    nth: AtomicU64,
+    /// Injected faults (`fault` option; empty for subgroups).
+    faults: Arc<fault::Faults>,
     counter: OutstandingCounter,
     op_timeout: Duration,
     validate: AtomicBool,
@@ -251,6 +296,10 @@ impl Backend for NcclBackend {
 
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         self.new_group_impl(ranks)
+    }
+
+    fn fault_hooks(&self) -> Vec<(String, concord_core::fault::Action)> {
+        fault::hooks()
     }
 
     // ---- buffers ----

@@ -46,7 +46,10 @@ impl NcclBackend {
     pub(crate) fn admit(&self, o: &Op, d: &CallDesc) -> Result<Header> {
         let local = validate_local(d, self.ws, &self.issue_caps());
         match (local, Header::new(self.ws, d)) {
-            (Ok(()), Ok(h)) => Ok(h),
+            (Ok(()), Ok(h)) => {
+                self.arm(o, &h, None);
+                Ok(h)
+            }
             (Err(e), Ok(h)) => Err(self.reject(o, &h, e)),
             (Err(e), Err(_)) | (Ok(()), Err(e)) => Err(self.reject(o, &Header::summary(self.ws, d), e)),
         }
@@ -62,6 +65,7 @@ impl NcclBackend {
         // No exchange for a local error: the pair's peer may not even be a rank.
         let local = validate_local(&d, self.ws, &self.issue_caps()).and_then(|()| Header::new(self.ws, &d));
         let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
+        self.arm(&o, &mine, Some(peer));
         let launch = (buf.numel() > 0).then(|| p2p_launch(vec![(is_send, buf.ptr(), buf.numel(), peer)], buf.dtype, keep(&[buf])));
         Ok((o, Check::Pair(mine, peer), launch))
     }

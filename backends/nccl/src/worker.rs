@@ -12,18 +12,28 @@
 //! Contracts:
 //! * Jobs run one at a time in submission order, so every rank launches in issue order, on
 //!   every communicator (a subgroup's op queued after a world op is launched after it).
-//! * Every step of a job is bounded by the op's deadline (issue time + the world's op timeout);
-//!   a step that runs past it aborts the communicator and ends the job with a named
-//!   [`CollectiveError::Timeout`] naming the op and its sequence number.
+//! * Every step of a job is bounded by the job's deadline (its start here + the world's op
+//!   timeout; a header wait counts from when the stream reached it, see
+//!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
+//!   the job with a named [`CollectiveError::Timeout`] naming the op and its sequence number.
+//!   A launched op's deadline counts from when the stream reached it; one still pending past
+//!   it, found while later work waits behind it, gets its own communicator aborted
+//!   ([`Tracker`]).
+//! * A job whose op failed locally after issue (see `issue::Op`) still exchanges its header,
+//!   marked failed; a peer's failed header ends the op with a named error naming that rank.
+//! * Communicator teardown (finalize, destroy) is a job too, queued when the communicator's
+//!   last handle goes, so no NCCL call of a teardown runs beside another on this device.
 //! * A job keeps the device memory its NCCL calls touch alive until those calls are enqueued
 //!   (a buffer dropped by the caller right after issue is freed stream-ordered *after* the op).
 //! * [`Progress`] is dropped when the last backend sharing it goes: it lets the queue drain,
 //!   aborts a communicator whose job still waits for its peers after [`DROP_GRACE`], and never
 //!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
 
-use crate::comm::{Comm, LaunchError, ABORT_WAIT};
+use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
-use crate::header::{header_len, parse_all, validate, validate_pair, Header};
+use crate::fault::Faults;
+use crate::header::{failed_rank, header_len, parse_all, validate, validate_pair, Header};
+use concord_core::fault::{point, Action};
 use concord_core::{progress, BadInputKind, CollectiveError, Result};
 use cudarc::nccl::sys as nccl;
 use std::collections::VecDeque;
@@ -59,6 +69,11 @@ pub(crate) struct OpId {
     pub name: &'static str,
     pub seq: u64,
     pub issued: Instant,
+    /// Index among the world's collective and point-to-point calls (fault injection only).
+    pub nth: Option<u64>,
+    /// When the progress thread started the op's job (set there): its deadlines count from
+    /// here, so time spent queued behind healthy earlier ops does not count against it.
+    pub started: Option<Instant>,
 }
 
 /// The cross-rank check a job runs before launching.
@@ -72,9 +87,25 @@ pub(crate) enum Check {
 
 /// Where a queued op stands.
 pub(crate) enum Stage {
+    /// Not yet taken by the progress thread.
     Queued,
-    Launched(Event),
+    /// Taken by the progress thread at this instant: headers / launch in progress, each step
+    /// bounded by the job's own deadline (the job ends itself, with a named error).
+    Running(Instant),
+    /// Enqueued on the stream.
+    Launched(Launched),
     Finished(Result<()>),
+}
+
+/// An op enqueued on the stream.
+pub(crate) struct Launched {
+    /// Recorded right after the op.
+    pub ev: Arc<Event>,
+    /// When it was enqueued.
+    pub at: Instant,
+    /// The event of the op launched before it on the stream (`None`: nothing was pending):
+    /// once complete, the stream has reached this op, and its deadline starts.
+    pub behind: Option<Arc<Event>>,
 }
 
 /// Shared between a job (which sets it) and the op's completion (which reads it).
@@ -106,6 +137,8 @@ pub(crate) struct Channel {
     pub rank: usize,
     pub ws: usize,
     pub op_timeout: Duration,
+    /// Injected faults (the world's channel only; see `fault`).
+    pub faults: Arc<Faults>,
     side: Mutex<SideBufs>,
 }
 
@@ -124,25 +157,43 @@ pub(crate) enum Job {
         nranks: usize,
         reply: mpsc::Sender<Result<Option<Comm>>>,
     },
+    /// A communicator's finalize / destroy (see `Comm::set_teardown`), after every job before it.
+    Teardown(Teardown),
 }
 
 impl Job {
-    fn chan(&self) -> &Arc<Channel> {
+    fn chan(&self) -> Option<&Arc<Channel>> {
         match self {
-            Job::Op { chan, .. } | Job::Split { chan, .. } => chan,
+            Job::Op { chan, .. } | Job::Split { chan, .. } => Some(chan),
+            Job::Teardown(_) => None,
         }
     }
-    fn id(&self) -> OpId {
+    fn id(&self) -> Option<OpId> {
         match self {
-            Job::Op { id, .. } | Job::Split { id, .. } => *id,
+            Job::Op { id, .. } | Job::Split { id, .. } => Some(*id),
+            Job::Teardown(_) => None,
         }
     }
 
-    fn run(self) {
+    /// Marks the job started now (its deadlines count from here).
+    fn start(&mut self, now: Instant) {
+        match self {
+            Job::Op { id, ticket, .. } => {
+                id.started = Some(now);
+                if let Some(t) = ticket {
+                    t.set(Stage::Running(now));
+                }
+            }
+            Job::Split { id, .. } => id.started = Some(now),
+            Job::Teardown(_) => {}
+        }
+    }
+
+    fn run(self, tracker: &Tracker) {
         match self {
             Job::Op { chan, id, check, launch, ticket } => {
-                let stage = match chan.run_op(&id, check, launch) {
-                    Ok(Some(ev)) => Stage::Launched(ev),
+                let stage = match chan.run_op(&id, check, launch, tracker) {
+                    Ok(Some(l)) => Stage::Launched(l),
                     Ok(None) => Stage::Finished(Ok(())),
                     Err(e) => Stage::Finished(Err(e)),
                 };
@@ -151,14 +202,15 @@ impl Job {
                 }
             }
             Job::Split { chan, id, hdr, local, member, nranks, reply } => {
-                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks));
+                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks, tracker));
             }
+            Job::Teardown(t) => t.run(),
         }
     }
 }
 
 impl Channel {
-    pub fn new(comm: Arc<Comm>, op_timeout: Duration) -> std::result::Result<Channel, String> {
+    pub fn new(comm: Arc<Comm>, op_timeout: Duration, faults: Arc<Faults>) -> std::result::Result<Channel, String> {
         let dev = comm.dev.clone();
         let ws = comm.nranks;
         let hbytes = header_len(ws) * 8;
@@ -168,15 +220,17 @@ impl Channel {
             host_send: Pinned::new(&dev, hbytes)?,
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
-        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, side: Mutex::new(side) })
+        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side) })
     }
 
     fn dev(&self) -> &Device {
         &self.comm.dev
     }
 
+    /// The job's deadline: its start on the progress thread (issue, before it started) plus
+    /// the op timeout.
     pub fn deadline(&self, id: &OpId) -> Instant {
-        id.issued + self.op_timeout
+        id.started.unwrap_or(id.issued) + self.op_timeout
     }
 
     pub fn backend_err(&self, id: &OpId, msg: impl std::fmt::Display) -> CollectiveError {
@@ -213,42 +267,62 @@ impl Channel {
         }
     }
 
-    /// Waits (until `deadline`) for everything queued on the stream. On deadline the
-    /// communicator is aborted and the error names `id`; an NCCL error reported meanwhile (a
-    /// peer gone) aborts it too and ends the wait early. An already aborted communicator is
-    /// waited out (its kernels end), so copies after an abort still work.
-    pub fn drain(&self, id: &OpId, deadline: Instant) -> Result<()> {
-        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
-        let started = Instant::now();
-        let mut next_check = started + Duration::from_millis(10);
-        let outcome = poll_until(deadline, || match ev.query() {
-            Ok(true) => Some(Ok(())),
-            Err(e) => Some(Err(self.backend_err(id, e))),
-            Ok(false) => {
-                let now = Instant::now();
-                if now < next_check {
-                    return None;
-                }
-                next_check = now + Duration::from_millis(10);
-                let err = self.comm.async_error()?;
-                let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
-                self.comm.abort(why.clone());
-                Some(Err(CollectiveError::Aborted(format!("{why}; communicator aborted"))))
+    /// Waits for this job's header exchange, enqueued on the stream between `before` and
+    /// `after`. Its deadline counts from when the stream reached the exchange (`before`
+    /// complete), never earlier than the job's deadline: earlier work on the shared stream (a
+    /// subgroup's op, a long healthy queue) does not count against it. Earlier launched ops
+    /// past their own deadlines get *their* communicators aborted meanwhile (`tracker`), so
+    /// the stream moves on; a hard bound of three op timeouts from the job's start ends the
+    /// wait in every case. When this wait gives up it aborts this communicator: an abandoned
+    /// header exchange left enqueued would pair with the peers' next one. An NCCL error on
+    /// this communicator (a peer gone) aborts it and ends the wait early.
+    fn wait_header(&self, id: &OpId, tracker: &Tracker, before: &Event, after: &Event) -> Result<()> {
+        let start = id.started.unwrap_or(id.issued);
+        let cap = start + self.op_timeout * 3;
+        let mut reached: Option<Instant> = None;
+        let mut next_check = Instant::now() + Duration::from_millis(10);
+        let outcome = poll_until(cap, || {
+            match after.query() {
+                Ok(true) => return Some(Ok(())),
+                Err(e) => return Some(Err(Some(self.backend_err(id, e)))),
+                Ok(false) => {}
             }
+            let now = Instant::now();
+            if now < next_check {
+                return None;
+            }
+            next_check = now + Duration::from_millis(10);
+            if reached.is_none() && matches!(before.query(), Ok(true)) {
+                reached = Some(now);
+            }
+            match reached {
+                None => tracker.enforce(),
+                Some(r) if now >= (r + self.op_timeout).max(self.deadline(id)) => return Some(Err(None)),
+                Some(_) => {}
+            }
+            let err = self.comm.async_error()?;
+            let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
+            self.comm.abort(why.clone());
+            Some(Err(Some(CollectiveError::Aborted(format!("{why}; communicator aborted")))))
         });
         match outcome {
-            Some(r) => r,
-            None => {
+            Some(Ok(())) => Ok(()),
+            Some(Err(Some(e))) => Err(e),
+            Some(Err(None)) | None => {
                 let waited_ms = id.issued.elapsed().as_millis() as u64;
                 self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", id.name, id.seq));
+                let behind = if reached.is_some() {
+                    "the peers' validation headers did not arrive (a peer never issued this collective?)"
+                } else {
+                    "earlier work on the GPU stream never finished"
+                };
                 Err(CollectiveError::Timeout {
                     op: id.name.to_string(),
                     seq: id.seq,
                     rank: self.rank,
                     waited_ms,
                     detail: format!(
-                        "the GPU stream did not drain before the op deadline of {} ms (a peer never \
-                         issued this or an earlier collective?); NCCL communicator aborted; this process is {}",
+                        "{behind} before the op deadline of {} ms; NCCL communicator aborted; this process is {}",
                         self.op_timeout.as_millis(),
                         progress::describe()
                     ),
@@ -258,7 +332,7 @@ impl Channel {
     }
 
     /// Exchanges headers with every rank (all-gather on the side buffers); returns all headers.
-    fn exchange_all(&self, id: &OpId, hdr: &Header) -> Result<Vec<Vec<u64>>> {
+    fn exchange_all(&self, id: &OpId, hdr: &Header, tracker: &Tracker) -> Result<Vec<Vec<u64>>> {
         let deadline = self.deadline(id);
         let bytes = hdr.to_bytes();
         let n = bytes.len();
@@ -266,9 +340,11 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        let before = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
-            .launch(deadline, &[], |c, s, _| unsafe {
+            .launch(deadline, stall, &[], |c, s, _| unsafe {
                 check(
                     nccl::ncclAllGather(send as *const c_void, recv as *mut c_void, n, nccl::ncclDataType_t::ncclUint8, c, s),
                     "ncclAllGather (validation header)",
@@ -276,13 +352,14 @@ impl Channel {
             })
             .map_err(|e| self.launch_err(id, e))?;
         self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n * self.ws], recv).map_err(|e| self.backend_err(id, e))?;
-        self.drain(id, deadline)?;
+        let after = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        self.wait_header(id, tracker, &before, &after)?;
         self.not_aborted(id)?;
         Ok(parse_all(&side.host_recv.as_slice()[..n * self.ws], self.ws))
     }
 
     /// Exchanges headers with one peer (send/recv); returns the peer's header.
-    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize) -> Result<Vec<u64>> {
+    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize, tracker: &Tracker) -> Result<Vec<u64>> {
         let deadline = self.deadline(id);
         let bytes = hdr.to_bytes();
         let n = bytes.len();
@@ -290,16 +367,19 @@ impl Channel {
         let side = &mut *side;
         side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
         let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
+        let before = self.dev().record().map_err(|e| self.backend_err(id, e))?;
         self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         self.comm
-            .launch(deadline, &[], |c, s, _| unsafe {
+            .launch(deadline, stall, &[], |c, s, _| unsafe {
                 let u8t = nccl::ncclDataType_t::ncclUint8;
                 check(nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s), "ncclSend (validation header)")?;
                 check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s), "ncclRecv (validation header)")
             })
             .map_err(|e| self.launch_err(id, e))?;
         self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv).map_err(|e| self.backend_err(id, e))?;
-        self.drain(id, deadline)?;
+        let after = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        self.wait_header(id, tracker, &before, &after)?;
         self.not_aborted(id)?;
         Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
     }
@@ -314,26 +394,84 @@ impl Channel {
     }
 
     /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
-    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>) -> Result<Option<Event>> {
+    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker) -> Result<Option<Launched>> {
         self.not_aborted(id)?;
+        // A local failure before the header still sends it (marked failed), so the peers end
+        // this op in a named error instead of waiting for it.
+        let local = self.fault_point(id, point::BEFORE_HEADER)?;
         match check {
             Check::None => {}
             Check::All(hdr) => {
-                let all = self.exchange_all(id, &hdr)?;
+                let hdr = if local.is_some() { hdr.failed() } else { hdr };
+                let all = self.exchange_all(id, &hdr, tracker)?;
+                if let Some(e) = local {
+                    return Err(e);
+                }
+                if let Some(r) = failed_rank(&all) {
+                    return Err(self.peer_failed(id, r));
+                }
                 validate(&all).map_err(|(k, d)| self.bad(id, k, d))?;
             }
             Check::Pair(hdr, peer) => {
-                let theirs = self.exchange_pair(id, &hdr, peer)?;
+                let hdr = if local.is_some() { hdr.failed() } else { hdr };
+                let theirs = self.exchange_pair(id, &hdr, peer, tracker)?;
+                if let Some(e) = local {
+                    return Err(e);
+                }
+                if failed_rank(std::slice::from_ref(&theirs)).is_some() {
+                    return Err(self.peer_failed(id, peer));
+                }
                 validate_pair(&hdr.words, &theirs, self.rank, peer).map_err(|(k, d)| self.bad(id, k, d))?;
             }
+        }
+        if let Some(e) = local {
+            return Err(e);
+        }
+        if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
+            return Err(e);
         }
         let Some(Launch { premul, calls, keep }) = launch else {
             return Ok(None);
         };
-        self.comm.launch(self.deadline(id), &premul, calls).map_err(|e| self.launch_err(id, e))?;
-        let ev = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+        if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
+            self.dev().stall(self.op_timeout * 3 + Duration::from_secs(30)).map_err(|e| self.backend_err(id, e))?;
+        }
+        if self.faults.fires(point::NO_LAUNCH, Action::Stall, id.nth) {
+            // This rank's side is never launched, but the op looks launched here.
+            let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
+            return Ok(Some(tracker.push(&self.comm, ev, id, self.op_timeout)));
+        }
+        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
+        // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
+        let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
+        self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
+        let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
+        let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
         drop(keep); // enqueued: a free from here on is ordered after the op
-        Ok(Some(ev))
+        Ok(Some(launched))
+    }
+
+    /// Fault injection at `at` (before / after the header): `die` ends the process; `stall`
+    /// holds the op until its deadline or an abort, then `Err`; `fail` is `Ok(Some(error))`, a
+    /// local failure for the caller to report (after sending its header, when it has one).
+    fn fault_point(&self, id: &OpId, at: &str) -> Result<Option<CollectiveError>> {
+        self.faults.maybe_die(at, id.nth);
+        if self.faults.fires(at, Action::Stall, id.nth) {
+            let _ = poll_until(self.deadline(id), || self.comm.aborted().map(|_| ()));
+            return Err(self.backend_err(id, format!("injected fault {at}:stall held the op until its deadline or an abort")));
+        }
+        if self.faults.fires(at, Action::Fail, id.nth) {
+            return Ok(Some(self.backend_err(id, format!("injected fault {at}:fail (a simulated local failure)"))));
+        }
+        Ok(None)
+    }
+
+    /// The error of an op whose peer `r` failed its side locally (its header said so).
+    fn peer_failed(&self, id: &OpId, r: usize) -> CollectiveError {
+        self.backend_err(
+            id,
+            format!("rank {r} failed its side of this op locally after issuing it (see rank {r}'s error); nothing was launched"),
+        )
     }
 
     fn run_split(
@@ -343,9 +481,10 @@ impl Channel {
         local: Option<(BadInputKind, String)>,
         member: Option<usize>,
         nranks: usize,
+        tracker: &Tracker,
     ) -> Result<Option<Comm>> {
         self.not_aborted(id)?;
-        let all = self.exchange_all(id, hdr)?;
+        let all = self.exchange_all(id, hdr, tracker)?;
         if let Err((kind, detail)) = validate(&all) {
             let detail = match local {
                 Some((k, mine)) if k == kind => mine,
@@ -354,6 +493,7 @@ impl Channel {
             return Err(self.bad(id, kind, detail));
         }
         let started = Instant::now();
+        // `ncclCommSplit` sets the child communicator up: NCCL's init time, not an op's.
         self.comm
             .split(member.is_some(), member.unwrap_or(0), nranks, started + self.op_timeout.max(Duration::from_secs(30)))
             .map_err(|e| self.launch_err(id, e))
@@ -368,9 +508,79 @@ pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<()
     }
 }
 
+/// The ops launched on this rank's stream (every communicator of the rank), oldest first. The
+/// stream runs them in order, so only the oldest pending one is running; its deadline counts
+/// from when it became the oldest (the stream reached it), so a long healthy queue never
+/// times out. Whoever waits behind it (a header wait on the progress thread, a waiter of a
+/// later op) calls [`Tracker::enforce`], which aborts *its* communicator once it is overdue:
+/// the stream moves on, and the waiting op's own communicator is left alone.
+pub(crate) struct Tracker {
+    launched: Mutex<VecDeque<Tracked>>,
+}
+
+struct Tracked {
+    comm: std::sync::Weak<Comm>,
+    ev: Arc<Event>,
+    name: &'static str,
+    seq: u64,
+    timeout: Duration,
+    /// When it was first seen the oldest pending op.
+    reached: Option<Instant>,
+}
+
+impl Tracker {
+    fn new() -> Tracker {
+        Tracker { launched: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Drops the completed ops at the front and notes when the new front was reached.
+    fn prune(l: &mut VecDeque<Tracked>) {
+        while l.front().is_some_and(|t| !matches!(t.ev.query(), Ok(false))) {
+            l.pop_front();
+        }
+        if let Some(t) = l.front_mut() {
+            t.reached.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Records an op just enqueued (`ev` after it); its [`Launched`] names the op before it.
+    fn push(&self, comm: &Arc<Comm>, ev: Arc<Event>, id: &OpId, timeout: Duration) -> Launched {
+        let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+        Self::prune(&mut l);
+        let behind = l.back().map(|t| t.ev.clone());
+        let at = Instant::now();
+        let reached = behind.is_none().then_some(at);
+        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, timeout, reached });
+        Launched { ev, at, behind }
+    }
+
+    /// Aborts the communicator of the running (oldest pending) op once it is past its deadline.
+    pub fn enforce(&self) {
+        let due = {
+            let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+            Self::prune(&mut l);
+            match l.front() {
+                Some(t) if t.reached.is_some_and(|r| r.elapsed() >= t.timeout) => l.pop_front(),
+                _ => None,
+            }
+        };
+        let Some(t) = due else { return };
+        if let Some(c) = t.comm.upgrade() {
+            if c.aborted().is_none() {
+                c.abort(format!(
+                    "{} #{} was still running on the GPU past its op deadline (found by an op waiting behind it)",
+                    t.name, t.seq
+                ));
+            }
+        }
+    }
+}
+
 struct QState {
     jobs: VecDeque<Job>,
     closed: bool,
+    /// Set by the thread, under the lock, when it stops taking jobs.
+    stopped: bool,
 }
 
 /// What the running job is: its communicator, op and start, for a bounded teardown.
@@ -384,6 +594,7 @@ struct Shared {
     finished: AtomicU64,
     current: Mutex<Current>,
     exited: AtomicBool,
+    tracker: Arc<Tracker>,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -395,12 +606,13 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
-            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false }),
+            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false, stopped: false }),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             current: Mutex::new(None),
             exited: AtomicBool::new(false),
+            tracker: Arc::new(Tracker::new()),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -408,6 +620,11 @@ impl Progress {
             .spawn(move || worker(sh, dev))
             .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
         Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
+    }
+
+    /// The launched-op tracker of this rank's stream (see [`Tracker`]).
+    pub fn tracker(&self) -> Arc<Tracker> {
+        self.shared.tracker.clone()
     }
 
     /// Queues `job` behind every job submitted before it.
@@ -419,11 +636,48 @@ impl Progress {
         self.shared.cv.notify_one();
     }
 
+    /// How a communicator of this rank hands its teardown to this thread (queued behind every
+    /// job submitted before; run where it is once the thread has stopped).
+    pub fn teardown_via(&self) -> TeardownVia {
+        let sh = Arc::downgrade(&self.shared);
+        Box::new(move |t| {
+            let Some(sh) = sh.upgrade() else { return Err(t) };
+            let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+            if q.stopped {
+                return Err(t);
+            }
+            q.jobs.push_back(Job::Teardown(t));
+            sh.queued.fetch_add(1, Ordering::SeqCst);
+            drop(q);
+            sh.cv.notify_one();
+            Ok(())
+        })
+    }
+
     /// Waits until every job submitted so far has finished (launched or failed), or until
     /// `deadline`: `true` when they have.
     pub fn flush(&self, deadline: Instant) -> bool {
         let target = self.shared.queued.load(Ordering::SeqCst);
         poll_until(deadline, || (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())).is_some()
+    }
+
+    /// Waits until every job submitted so far has finished (launched or failed), or until no
+    /// job has finished for `stalled`: `true` when they have.
+    pub fn flush_while_progressing(&self, stalled: Duration) -> bool {
+        let target = self.shared.queued.load(Ordering::SeqCst);
+        let mut last = self.shared.finished.load(Ordering::SeqCst);
+        let mut since = Instant::now();
+        loop {
+            let step = poll_until(since + stalled, || {
+                let f = self.shared.finished.load(Ordering::SeqCst);
+                (f >= target || f != last).then_some(f)
+            });
+            match step {
+                Some(f) if f >= target => return true,
+                Some(f) => (last, since) = (f, Instant::now()),
+                None => return false,
+            }
+        }
     }
 }
 
@@ -442,23 +696,29 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                     break Some(j);
                 }
                 if q.closed {
+                    q.stopped = true;
                     break None;
                 }
                 q = sh.cv.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let Some(job) = job else { break };
+        let Some(mut job) = job else { break };
         taken += 1;
-        let id = job.id();
-        let chan = job.chan().clone();
+        job.start(Instant::now());
+        let (Some(id), Some(chan)) = (job.id(), job.chan().cloned()) else {
+            // A teardown: bounded by itself; a panic in it must not end the thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+            sh.finished.fetch_add(1, Ordering::SeqCst);
+            continue;
+        };
         *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, Instant::now()));
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
             Job::Op { ticket, .. } => ticket.clone(),
-            Job::Split { .. } => None,
+            Job::Split { .. } | Job::Teardown(_) => None,
         };
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run()));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         if run.is_err() {
             if let Some(t) = ticket {
                 t.set(Stage::Finished(Err(chan.backend_err(&id, "the NCCL progress thread panicked while launching this op"))));

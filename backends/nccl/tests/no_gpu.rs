@@ -52,3 +52,13 @@ fn a_rank_outside_its_world_is_refused() {
     assert_eq!(err.name(), "backend", "{err}");
     assert!(err.to_string().contains("rank 3 is not in a world of 2"), "{err}");
 }
+
+#[test]
+fn a_bad_fault_option_is_named_before_any_gpu_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = world(0, 1, &dir.path().join("s"));
+    w.options = vec![("fault".into(), "stream:wobble".into())];
+    let err = NcclBackend::init(&w).err().expect("refused");
+    assert_eq!(err.name(), "backend", "{err}");
+    assert!(err.to_string().contains("option `fault`") && err.to_string().contains("stream:wobble"), "{err}");
+}

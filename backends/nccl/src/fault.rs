@@ -1,0 +1,102 @@
+//! Fault injection ([`concord_core::fault`]): the hooks this backend honours, read from the
+//! `fault` option of the world at `init` (subgroups never fault). Hook sites: `after_begin:fail`
+//! in output allocation on the issuing thread (a simulated out-of-memory); `before_header`,
+//! `after_header` (stall / fail / die), `no_launch:stall` (the op's NCCL calls are skipped but its
+//! event is recorded as if launched) and `stream:stall` (a host-function gate on the stream
+//! before the op's NCCL calls, released by an abort, teardown or a bound) on the progress
+//! thread; `enqueue:stall` in `Comm::launch` (NCCL's group is treated as still in progress).
+//! Off by default; each check is a look at an empty list then.
+
+use concord_core::fault::{point, Action, Fault};
+
+/// Every `(point, action)` this backend honours.
+pub(crate) const HOOKS: &[(&str, Action)] = &[
+    (point::BEFORE_HEADER, Action::Stall),
+    (point::BEFORE_HEADER, Action::Fail),
+    (point::BEFORE_HEADER, Action::Die),
+    (point::AFTER_HEADER, Action::Stall),
+    (point::AFTER_HEADER, Action::Fail),
+    (point::AFTER_HEADER, Action::Die),
+    (point::NO_LAUNCH, Action::Stall),
+    (point::ENQUEUE, Action::Stall),
+    (point::AFTER_BEGIN, Action::Fail),
+    (point::STREAM, Action::Stall),
+];
+
+/// The faults of one communicator's rank.
+#[derive(Default, Debug)]
+pub(crate) struct Faults {
+    list: Vec<Fault>,
+    rank: usize,
+}
+
+impl Faults {
+    /// The faults `world` asks for; `Err` names an unknown or unhonoured one.
+    pub fn from_world(world: &concord_core::WorldInfo) -> Result<Faults, String> {
+        let list = concord_core::fault::from_world(world)?;
+        for f in &list {
+            if !HOOKS.iter().any(|(p, a)| *p == f.point && *a == f.action) {
+                return Err(format!("the NCCL backend has no fault hook {}:{}", f.point, f.action.name()));
+            }
+        }
+        Ok(Faults { list, rank: world.rank })
+    }
+
+    /// Whether `action` at `point` fires for the `nth` counted op (`None`: not a counted op).
+    pub fn fires(&self, point: &str, action: Action, nth: Option<u64>) -> bool {
+        match nth {
+            Some(n) => self.list.iter().any(|f| f.fires(point, action, self.rank, n)),
+            None => false,
+        }
+    }
+
+    /// `die` at `point`: the process ends at once, as if killed.
+    pub fn maybe_die(&self, point: &str, nth: Option<u64>) {
+        if self.fires(point, Action::Die, nth) {
+            eprintln!("concord-nccl: injected fault {point}:die on rank {}: aborting the process", self.rank);
+            std::process::abort();
+        }
+    }
+}
+
+pub(crate) fn hooks() -> Vec<(String, Action)> {
+    HOOKS.iter().map(|(p, a)| (p.to_string(), *a)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(fault: &str) -> concord_core::WorldInfo {
+        concord_core::WorldInfo {
+            rank: 1,
+            world_size: 2,
+            store_path: "/nonexistent".into(),
+            world_id: "t".into(),
+            op_timeout: std::time::Duration::from_secs(1),
+            options: vec![("fault".into(), fault.into())],
+        }
+    }
+
+    #[test]
+    fn faults_fire_on_their_rank_and_op_only() {
+        let f = Faults::from_world(&world("stream:stall#2;after_begin:fail@1")).unwrap();
+        assert!(f.fires(point::STREAM, Action::Stall, Some(2)));
+        assert!(!f.fires(point::STREAM, Action::Stall, Some(1)));
+        assert!(!f.fires(point::STREAM, Action::Stall, None), "buffer calls are never counted");
+        assert!(f.fires(point::AFTER_BEGIN, Action::Fail, Some(7)));
+        let other_rank = Faults { rank: 0, ..Faults::from_world(&world("after_begin:fail@1")).unwrap() };
+        assert!(!other_rank.fires(point::AFTER_BEGIN, Action::Fail, Some(7)));
+        assert!(!Faults::default().fires(point::STREAM, Action::Stall, Some(0)));
+    }
+
+    #[test]
+    fn unknown_or_unhonoured_hooks_are_named() {
+        let e = Faults::from_world(&world("after_begin:stall")).unwrap_err();
+        assert!(e.contains("no fault hook after_begin:stall"), "{e}");
+        assert!(Faults::from_world(&world("nonsense")).unwrap_err().contains("nonsense"));
+        for (p, a) in HOOKS {
+            assert!(hooks().contains(&(p.to_string(), *a)));
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Failure paths under injected faults ([`concord_core::fault`], issue 15): a rank's stream
+//! stalls, the communication library stays "in progress", a local failure (a simulated
+//! out-of-memory) hits after the op was numbered, a rank stalls or fails before / after its
+//! validation header or never launches its side. Each case runs in a world of its own with the
+//! `fault` backend option, on every backend that lists the hooks in
+//! [`Backend::fault_hooks`] (others: UNSUPPORTED, with the reason).
+//!
+//! One device (world size 1):
+//! * `device_faults::abort_fails_ops_in_flight::ws1` — op #0 sits behind a stalled stream, op #1
+//!   behind it; op #1's deadline aborts the communicator; op #0, whose completion was never
+//!   observed before the abort, MUST then fail too (not `Ok` with whatever the aborted kernel left).
+//! * `device_faults::abort_not_behind_a_launch::ws1` — op #0 behind a stalled stream, op #1 stuck
+//!   while being enqueued (issued half an op deadline later): op #0's wait MUST end at its own
+//!   deadline, not at op #1's (an abort must not wait for a launch in progress).
+//! * `device_faults::copies_not_behind_collectives::ws1` — with op #0 stuck behind a stalled
+//!   stream, `download` and `upload` MUST return promptly with the right data (they synchronise
+//!   with the device, not with queued collectives) and MUST NOT abort the communicator.
+//! * `device_faults::local_failure_after_begin::ws{1,2}` — op #1 fails locally on the last rank
+//!   (simulated out-of-memory): every rank MUST get a named error for op #1 (never a timeout),
+//!   and op #2 MUST then work on every rank.
+//!
+//! Two ranks (one device each): rank 1 stalls before its header of op #1
+//! (`stall_before_header`), stalls after it (`stall_after_header`), fails before it
+//! (`fail_before_header`), or never launches its side (`no_launch`): rank 0's op #1 MUST end in a
+//! named error within its deadline plus the abort's bound, never `Ok` (for `fail_before_header`:
+//! a named error that is not a timeout, and op #2 then works).
+
+use super::util::{expect_eq, fail, full, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::fault::{self, point, Action, Fault};
+use concord_core::{Backend, DType, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn meta() -> CaseMeta {
+    CaseMeta { suite: "device_faults".into(), op: "all_reduce".into(), variant: "out".into(), dtype: "f32".into(), reduce: "sum".into() }
+}
+
+/// `Unsupported` unless the backend lists every hook of `faults`.
+fn needs<B: Backend>(b: &B, faults: &[Fault]) -> CaseResult {
+    let have = b.fault_hooks();
+    for f in faults {
+        if !have.contains(&f.hook()) {
+            return Err(CaseEnd::Unsupported(format!(
+                "backend={} does not declare the fault hook {}:{} (Backend::fault_hooks)",
+                crate::case::backend_label(b),
+                f.point,
+                f.action.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A case in a fresh world with `faults` injected; deadline long enough for two op deadlines
+/// and an abort (the op deadline is the world's; `CONCORD_CASE_TIMEOUT_MS` scales both).
+fn fault_case<B: Backend>(
+    name: &str,
+    ws: usize,
+    faults: Vec<Fault>,
+    body: impl Fn(&mut Ctx<'_, B>) -> CaseResult + Send + Sync + 'static,
+) -> Case<B> {
+    let value = fault::format(&faults);
+    let mut c = Case::<B>::new(format!("device_faults::{name}::ws{ws}"), meta(), ws, move |ctx| {
+        needs(ctx.b, &faults)?;
+        body(ctx)
+    })
+    .isolated()
+    .with_option(fault::OPTION, &value);
+    let op = concord_harness::config::Config::global().op_timeout();
+    c.deadline = c.deadline.max(op * 3 + Duration::from_secs(25));
+    c
+}
+
+fn op_timeout<B: Backend>(ctx: &Ctx<'_, B>) -> Duration {
+    ctx.world.op_timeout
+}
+
+/// How late past a deadline an error may come (an abort is bounded, not instant).
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn is_named_failure(name: &str) -> bool {
+    matches!(name, "timeout" | "aborted" | "peer_died")
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    let stall0 = Fault::new(point::STREAM, Action::Stall).nth(0);
+
+    v.push(fault_case::<B>("abort_fails_ops_in_flight", 1, vec![stall0.clone()], |ctx| {
+        let b = ctx.b;
+        let w = format!("{} fault=stream:stall#0", here(b, "all_reduce", "out", DType::F32));
+        let x = b.upload(&full(&[64], 1.0f32))?;
+        let first = b.all_reduce(&x, ReduceOp::Sum)?;
+        let second = b.all_reduce(&x, ReduceOp::Sum)?;
+        let long = op_timeout(ctx) * 2 + Duration::from_secs(15);
+        match second.wait(long) {
+            Ok(_) => return Err(fail(&w, "op #1 behind a stalled stream completed Ok")),
+            Err(e) if is_named_failure(&e.name()) => {}
+            Err(e) => return Err(fail(&w, format!("op #1: expected a timeout / abort, got {e} [{}]", e.name()))),
+        }
+        // The abort released the stream: op #0's kernel (or what the abort left of it) ends now;
+        // let its completion be observed (after the abort) before the wait.
+        let seen = Instant::now() + Duration::from_secs(3);
+        while !first.is_completed() && Instant::now() < seen {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match first.wait(long) {
+            Ok(_) => Err(fail(
+                &w,
+                "op #0 reported Ok after its communicator was aborted (its completion was never observed before the abort, \
+                 so its output is not to be trusted): an aborted op must fail with the abort",
+            )),
+            Err(e) if is_named_failure(&e.name()) => Ok(()),
+            Err(e) => Err(fail(&w, format!("op #0: expected aborted / timeout, got {e} [{}]", e.name()))),
+        }
+    }));
+
+    v.push(fault_case::<B>(
+        "abort_not_behind_a_launch",
+        1,
+        vec![stall0.clone(), Fault::new(point::ENQUEUE, Action::Stall).nth(1)],
+        |ctx| {
+            let b = ctx.b;
+            let w = format!("{} fault=stream:stall#0;enqueue:stall#1", here(b, "all_reduce", "out", DType::F32));
+            let t = op_timeout(ctx);
+            let x = b.upload(&full(&[64], 1.0f32))?;
+            let t0 = Instant::now();
+            let first = b.all_reduce(&x, ReduceOp::Sum)?;
+            std::thread::sleep(t / 2);
+            let second = b.all_reduce(&x, ReduceOp::Sum)?;
+            let r = first.wait(t * 3 + Duration::from_secs(15));
+            let took = t0.elapsed();
+            match r {
+                Ok(_) => return Err(fail(&w, "op #0 behind a stalled stream completed Ok")),
+                Err(e) if !is_named_failure(&e.name()) => {
+                    return Err(fail(&w, format!("op #0: expected a timeout / abort, got {e} [{}]", e.name())))
+                }
+                Err(_) => {}
+            }
+            if took > t + SLACK {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "op #0's wait ended {took:?} after its issue, past its op deadline of {t:?} (+{SLACK:?}): the abort \
+                         waited for op #1's launch (issued {:?} later) instead of being requested at once",
+                        t / 2
+                    ),
+                ));
+            }
+            match second.wait(t * 2 + Duration::from_secs(15)) {
+                Ok(_) => Err(fail(&w, "op #1 (stuck while being enqueued, communicator aborted) completed Ok")),
+                Err(_) => Ok(()),
+            }
+        },
+    ));
+
+    v.push(fault_case::<B>("copies_not_behind_collectives", 1, vec![stall0], |ctx| {
+        let b = ctx.b;
+        let w = format!("{} fault=stream:stall#0", here(b, "download", "-", DType::F32));
+        let t = op_timeout(ctx);
+        let quick = (t / 3).min(Duration::from_secs(3));
+        let x = b.upload(&full(&[64], 1.0f32))?;
+        let stuck = b.all_reduce(&x, ReduceOp::Sum)?;
+        let t0 = Instant::now();
+        let got = b.download(&x).map_err(|e| fail(&w, format!("download behind a stalled collective: {e} [{}]", e.name())))?;
+        let y_in = full(&[32], 7.0f32);
+        let y = b.upload(&y_in).map_err(|e| fail(&w, format!("upload behind a stalled collective: {e} [{}]", e.name())))?;
+        let took = t0.elapsed();
+        if took > quick {
+            return Err(fail(&w, format!("download + upload took {took:?} with a collective stuck on the stream (limit {quick:?})")));
+        }
+        concord_oracle::compare(&got, &full(&[64], 1.0f32), concord_oracle::Tolerance::Exact)
+            .map_err(|m| fail(&w, format!("download behind a stalled collective: {m}")))?;
+        expect_eq(b, &y, &y_in, &format!("{w} upload then download"))?;
+        if stuck.is_completed() {
+            return Err(fail(&w, "the collective behind the stalled stream reported completion"));
+        }
+        // The copies must not have aborted the communicator: a new op still issues.
+        let later = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| {
+            fail(&w, format!("issue after download / upload failed ({e} [{}]): the copies aborted the communicator", e.name()))
+        })?;
+        let _ = stuck.wait(t * 2 + Duration::from_secs(15));
+        let _ = later.wait(t * 2 + Duration::from_secs(15));
+        Ok(())
+    }));
+
+    for ws in [1, 2] {
+        let f = Fault::new(point::AFTER_BEGIN, Action::Fail).on_rank(ws - 1).nth(1);
+        v.push(fault_case::<B>("local_failure_after_begin", ws, vec![f], move |ctx| {
+            let b = ctx.b;
+            let last = b.world_size() - 1;
+            let w = format!("{} fault=after_begin:fail@{last}#1", here(b, "all_reduce", "out", DType::F32));
+            let t = op_timeout(ctx);
+            let x = b.upload(&full(&[16], 1.0f32))?;
+            let ws_f = b.world_size() as f32;
+            let ok0 = b.all_reduce(&x, ReduceOp::Sum)?;
+            expect_eq(b, ok0.wait(ctx.timeout)?, &full(&[16], ws_f), &format!("{w} op #0"))?;
+            let t0 = Instant::now();
+            let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(t * 2 + Duration::from_secs(15)).map(|_| ()));
+            match r {
+                Ok(()) => return Err(fail(&w, format!("op #1 succeeded although rank {last} failed locally after begin()"))),
+                Err(e) if e.name() == "timeout" || e.name() == "aborted" => {
+                    return Err(fail(
+                        &w,
+                        format!(
+                            "op #1 ended in {e} [{}] after {:?}: a local failure on rank {last} must reach every rank as one named \
+                             error (the failing rank still sends its header), not a timeout / abort",
+                            e.name(),
+                            t0.elapsed()
+                        ),
+                    ))
+                }
+                Err(_) => {}
+            }
+            let ok2 =
+                b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
+            let got = ok2.wait(ctx.timeout).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
+            expect_eq(b, got, &full(&[16], ws_f), &format!("{w} op #2 after the local failure"))
+        }));
+    }
+
+    for (name, f, recovers) in [
+        ("stall_before_header", Fault::new(point::BEFORE_HEADER, Action::Stall), false),
+        ("stall_after_header", Fault::new(point::AFTER_HEADER, Action::Stall), false),
+        ("no_launch", Fault::new(point::NO_LAUNCH, Action::Stall), false),
+        ("fail_before_header", Fault::new(point::BEFORE_HEADER, Action::Fail), true),
+    ] {
+        let f = f.on_rank(1).nth(1);
+        let tag = f.to_string();
+        v.push(fault_case::<B>(name, 2, vec![f], move |ctx| {
+            let b = ctx.b;
+            let w = format!("{} fault={tag}", here(b, "all_reduce", "out", DType::F32));
+            let t = op_timeout(ctx);
+            let x = b.upload(&full(&[16], 1.0f32))?;
+            let ok0 = b.all_reduce(&x, ReduceOp::Sum)?;
+            expect_eq(b, ok0.wait(ctx.timeout)?, &full(&[16], 2.0f32), &format!("{w} op #0"))?;
+            let t0 = Instant::now();
+            let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(t * 2 + Duration::from_secs(15)).map(|_| ()));
+            let took = t0.elapsed();
+            if b.rank() == 1 && !recovers {
+                return Ok(()); // the faulty rank: what it reports is the fault's, not the contract's
+            }
+            match r {
+                Ok(()) => return Err(fail(&w, "op #1 completed Ok although rank 1 never did its part")),
+                Err(e) if recovers && (e.name() == "timeout" || e.name() == "aborted") => {
+                    return Err(fail(
+                        &w,
+                        format!("op #1: {e} [{}]; rank 1's local failure must arrive as a named error, not a timeout", e.name()),
+                    ))
+                }
+                Err(e) if !recovers && !is_named_failure(&e.name()) => {
+                    return Err(fail(&w, format!("op #1: expected a timeout / abort / peer_died, got {e} [{}]", e.name())))
+                }
+                Err(_) if took > t + Duration::from_secs(12) => {
+                    return Err(fail(&w, format!("op #1 failed only after {took:?} (op deadline {t:?} + the abort's bound)")))
+                }
+                Err(_) => {}
+            }
+            if recovers {
+                let ok2 = b.all_reduce(&x, ReduceOp::Sum)?;
+                let got = ok2.wait(ctx.timeout).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
+                expect_eq(b, got, &full(&[16], 2.0f32), &format!("{w} op #2 after the local failure"))?;
+            }
+            Ok(())
+        }));
+    }
+    v
+}
