@@ -91,6 +91,10 @@ pub struct Capabilities {
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).
     pub rounding: Rounding,
     pub gaps: Vec<Gap>,
+    /// Fault-injection hooks the backend offers through its options ([`crate::fault`]); the
+    /// fault suites run the cases whose points are listed here and are UNSUPPORTED elsewhere.
+    #[serde(default)]
+    pub fault_points: Vec<crate::fault::FaultPoint>,
 }
 
 impl Capabilities {
@@ -107,6 +111,7 @@ impl Capabilities {
             subgroups: true,
             rounding: Rounding::ExactThenRound,
             gaps: Vec::new(),
+            fault_points: Vec::new(),
         }
     }
 

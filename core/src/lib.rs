@@ -13,6 +13,7 @@ pub mod call;
 pub mod caps;
 pub mod dtype;
 pub mod error;
+pub mod fault;
 pub mod op;
 pub mod progress;
 pub mod tensor;
@@ -23,6 +24,7 @@ pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, 
 pub use caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy, Rounding};
 pub use dtype::{DType, Element};
 pub use error::{BadInputKind, CollectiveError, Result};
+pub use fault::{Fault, FaultAction, FaultPoint};
 #[doc(hidden)]
 pub use half;
 pub use op::{OpKind, ReduceOp, Variant};

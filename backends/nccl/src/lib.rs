@@ -220,6 +220,7 @@ impl Backend for NcclBackend {
             // NCCL reduces f16 / bf16 hop by hop (ring / tree order, rounding at each step).
             rounding: concord_core::Rounding::Unspecified,
             gaps,
+            fault_points: Vec::new(),
         }
     }
 

@@ -245,6 +245,11 @@ impl Ctl {
     /// Barrier at step `step`: publish, then wait for every other rank to reach it.
     pub fn barrier(&self, step: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         self.set_counter(step);
+        self.wait_all(step, deadline, local_abort)
+    }
+
+    /// The waiting half of [`Ctl::barrier`] (the counter already published).
+    pub fn wait_all(&self, step: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         for p in 0..self.n {
             if p != self.me {
                 self.wait_word(self.counter(p), self.waiters(p), |v| v.wrapping_sub(step) as i32 >= 0, p, deadline, local_abort)?;
@@ -263,5 +268,34 @@ impl Ctl {
     pub fn wait_consumed(&self, dst: usize, k: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         let p = self.pair(self.me, dst);
         self.wait_word(self.map.u32_at(p + 8), self.map.u32_at(p + 12), |v| v.wrapping_sub(k) as i32 >= 0, dst, deadline, local_abort)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(n: usize) -> Mapping {
+        let name = format!("concord-unit-ctl-{}-{:?}", std::process::id(), std::thread::current().id());
+        let m = Mapping::create(&name, ctl_size(n), true).unwrap();
+        sys::unlink(&name).unwrap();
+        Ctl::init(&m, n);
+        m
+    }
+
+    /// Issue 15 item 12: liveness must not trust a raw pid. Rank 1 published a pid and is gone
+    /// (its process ended) while the pid now names another live process (pid reuse; or a peer
+    /// in another pid namespace whose pid means something else here): the peer is dead.
+    #[test]
+    fn a_peer_whose_pid_was_reused_is_dead() {
+        let m = segment(2);
+        let me = Ctl::attach(m, 2, 0).unwrap();
+        // SAFETY (test): getppid has no preconditions; the parent (cargo / nextest) is alive.
+        let live_other = unsafe { libc::getppid() } as u32;
+        me.pid(1).store(live_other, SeqCst);
+        match me.peer_state(1) {
+            Err(WaitErr::Dead { .. }) => {}
+            other => panic!("rank 1 never joined from a live process, yet peer_state says {other:?}"),
+        }
     }
 }

@@ -14,10 +14,11 @@ use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
 use concord_core::{
-    progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc,
+    progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Fault, FaultAction, FaultPoint,
+    Flag, ReduceOp, Result, TensorDesc,
 };
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,9 +38,34 @@ pub struct Comm {
     pub op_timeout: Duration,
     /// Set when the backend is dropped: every wait gives up at once.
     pub abort: AtomicBool,
+    /// The injected fault of this rank (option `fault`, communicator created by `init` only).
+    pub fault: Option<Fault>,
+    /// Ops issued so far (collectives, sends and receives), to find the fault's op.
+    pub issued: AtomicU64,
 }
 
 impl Comm {
+    /// The fault to inject into the op being issued now (counts the op).
+    pub fn next_fault(&self) -> Option<Fault> {
+        let nth = self.issued.fetch_add(1, SeqCst) + 1;
+        self.fault.filter(|f| f.op == nth)
+    }
+
+    /// Injects `fault` if it strikes at `at`: stall, fail (a named error), panic or die.
+    pub fn strike(&self, fault: Option<Fault>, at: FaultPoint, op: &str, seq: u64) -> Result<()> {
+        let Some(f) = fault.filter(|f| f.point == at) else { return Ok(()) };
+        let what = format!("{op} #{seq} on rank {} at {}", self.me, at.name());
+        match f.action {
+            FaultAction::Stall => {
+                std::thread::sleep(f.stall);
+                Ok(())
+            }
+            FaultAction::Fail => Err(CollectiveError::Backend(format!("shm backend: injected fault: {what} failed"))),
+            FaultAction::Panic => panic!("shm backend: injected fault: panic in {what}"),
+            FaultAction::Die => sys::die_now(concord_core::fault::DIE_EXIT_CODE),
+        }
+    }
+
     pub fn region(&self, r: usize, d: &Desc) -> Region {
         self.world.region(self.globals[r], d.off as usize, d.nbytes())
     }
@@ -68,9 +94,9 @@ pub type GroupReply = mpsc::Sender<(String, Option<Mapping>)>;
 // A job is built once per op and moved once into the channel: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Job {
-    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply> },
-    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion> },
-    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag> },
+    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply>, fault: Option<Fault> },
+    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion>, fault: Option<Fault> },
+    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag>, fault: Option<Fault> },
 }
 
 /// Completion of a send: posted by the progress thread, complete once the receiver consumed it;
@@ -161,6 +187,7 @@ struct QueuedSend {
     entry: Entry,
     comp: Arc<SendCompletion>,
     started: Instant,
+    fault: Option<Fault>,
 }
 
 /// A receive whose message has not been posted yet.
@@ -169,6 +196,7 @@ struct QueuedRecv {
     out: ShmBuffer,
     flag: Arc<Flag>,
     started: Instant,
+    fault: Option<Fault>,
 }
 
 /// The progress thread's state.
@@ -236,15 +264,19 @@ impl Progress {
             };
             let Some(job) = next else { break };
             match job {
-                Job::Coll { name, post, keep, flag, reply } => {
+                Job::Coll { name, post, keep, flag, reply, fault } => {
                     let seq = post.call.seq;
-                    let r = self.guard(&name, seq, |s| s.collective(&name, post, reply));
+                    let r = self.guard(&name, seq, |s| s.collective(&name, post, reply, fault));
                     drop(keep);
                     progress::end(&self.comm.label, seq);
                     flag.set(r);
                 }
-                Job::Send { k, dst, entry, comp } => self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now() }),
-                Job::Recv { k, src, out, flag } => self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now() }),
+                Job::Send { k, dst, entry, comp, fault } => {
+                    self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now(), fault })
+                }
+                Job::Recv { k, src, out, flag, fault } => {
+                    self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now(), fault })
+                }
             }
         }
         // The backend is being dropped: whatever is still queued fails.
@@ -276,7 +308,7 @@ impl Progress {
                 let q = self.send_q[peer].pop_front().expect("front exists");
                 let r = match stuck {
                     Some(e) => self.guard("send", k as u64, |_| Err(e)),
-                    None => self.guard("send", k as u64, |s| s.send(k, peer, q.entry, &q.comp)),
+                    None => self.guard("send", k as u64, |s| s.send(k, peer, q.entry, &q.comp, q.fault)),
                 };
                 progress::end(&self.comm.label, send_key(peer, k));
                 if r.is_err() {
@@ -295,7 +327,7 @@ impl Progress {
                 let q = self.recv_q[peer].pop_front().expect("front exists");
                 let r = match stuck {
                     Some(e) => self.guard("recv", k as u64, |_| Err(e)),
-                    None => self.guard("recv", k as u64, |s| s.recv(k, peer, &q.out)),
+                    None => self.guard("recv", k as u64, |s| s.recv(k, peer, &q.out, q.fault)),
                 };
                 progress::end(&self.comm.label, recv_key(peer, k));
                 q.flag.set(r);
@@ -362,7 +394,7 @@ impl Progress {
         c.ctl.barrier(self.step, deadline, &c.abort).map_err(|e| c.wait_error(e, op, seq, started))
     }
 
-    fn collective(&mut self, name: &str, post: Post, reply: Option<GroupReply>) -> Result<()> {
+    fn collective(&mut self, name: &str, post: Post, reply: Option<GroupReply>, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let seq = post.call.seq;
@@ -380,7 +412,12 @@ impl Progress {
         comm.world.region(comm.world.global_rank, blk.off, bytes.len()).copy_from_bytes(&bytes);
         comm.ctl.post_off(me).store(blk.off as u64, SeqCst);
         comm.ctl.post_len(me).store(bytes.len() as u64, SeqCst);
-        self.barrier(name, seq, deadline, started)?;
+        self.step = self.step.wrapping_add(1);
+        comm.ctl.set_counter(self.step);
+        if let Err(e) = comm.strike(fault, FaultPoint::AfterPost, name, seq) {
+            return Err(self.out_of_step(e));
+        }
+        comm.ctl.wait_all(self.step, deadline, &comm.abort).map_err(|e| comm.wait_error(e, name, seq, started))?;
         // 2. Read and validate every rank's post.
         let mut posts = Vec::with_capacity(n);
         for r in 0..n {
@@ -402,7 +439,13 @@ impl Progress {
             self.barrier(name, seq, deadline, started)?;
             return Err(e.into_error(name, seq, me));
         }
+        if let Err(e) = comm.strike(fault, FaultPoint::BetweenBarriers, name, seq) {
+            return Err(self.out_of_step(e));
+        }
         // 3. Move the data.
+        if let Err(e) = comm.strike(fault, FaultPoint::ProgressThread, name, seq) {
+            return Err(self.out_of_step(e));
+        }
         let group = self.execute(&posts)?;
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
         let group = match group {
@@ -549,7 +592,7 @@ impl Progress {
         Ok((g.tag, mapping))
     }
 
-    fn send(&mut self, k: u32, dst: usize, entry: Entry, comp: &Arc<SendCompletion>) -> Result<()> {
+    fn send(&mut self, k: u32, dst: usize, entry: Entry, comp: &Arc<SendCompletion>, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
@@ -568,10 +611,10 @@ impl Progress {
         q.push_back(comp.clone());
         comm.ctl.write_entry(comm.me, dst, k, entry);
         comm.ctl.set_posted(dst, k);
-        Ok(())
+        comm.strike(fault, FaultPoint::AfterPost, "send", k as u64)
     }
 
-    fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer) -> Result<()> {
+    fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
@@ -587,6 +630,7 @@ impl Progress {
                 validate_pair(&recv, &send, comm.n, &crate::caps()).map_err(|b| (b.kind, b.detail))
             }
         };
+        comm.strike(fault, FaultPoint::ProgressThread, "recv", k as u64)?;
         if verdict.is_ok() {
             out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
         }

@@ -47,13 +47,13 @@ mod sys;
 
 use arena::{Block, World};
 use concord_core::{
-    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
-    Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Fault, FaultPoint, Flag, OutstandingCounter,
+    ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_store::FileStore;
 use exec::{Comm, Job, Progress, SendCompletion};
 use post::Post;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -64,7 +64,9 @@ pub const MAX_WORLD_SIZE: usize = 64;
 
 /// What the backend declares (and validates calls against).
 fn caps() -> Capabilities {
-    Capabilities::full(MAX_WORLD_SIZE)
+    let mut c = Capabilities::full(MAX_WORLD_SIZE);
+    c.fault_points = vec![FaultPoint::AfterPost, FaultPoint::BetweenBarriers, FaultPoint::ProgressThread];
+    c
 }
 
 /// A buffer in shared memory: a block of its owner's arena, or a view into one.
@@ -202,7 +204,8 @@ impl ShmBackend {
         *seq += 1;
         post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
-        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault })?;
         Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
     }
 
@@ -258,7 +261,8 @@ impl Drop for ShmBackend {
 impl Backend for ShmBackend {
     type Buffer = ShmBuffer;
 
-    /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16).
+    /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16);
+    /// `fault` (a [`Fault`] to inject: the points in [`Capabilities::fault_points`]).
     fn init(world: &WorldInfo) -> Result<Self> {
         let (rank, n) = (world.rank, world.world_size);
         if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
@@ -271,6 +275,7 @@ impl Backend for ShmBackend {
             None => 16.0,
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
         };
+        let fault = Fault::from_options(&world.options).map_err(CollectiveError::Backend)?;
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);
         let arena_name = |r: usize| format!("{prefix}r{r}");
@@ -330,6 +335,8 @@ impl Backend for ShmBackend {
             label: format!("shm r{rank}"),
             op_timeout: world.op_timeout,
             abort: AtomicBool::new(false),
+            fault: fault.filter(|f| f.rank == rank),
+            issued: AtomicU64::new(0),
         })
     }
 
@@ -359,7 +366,8 @@ impl Backend for ShmBackend {
             p.call.seq = *seq;
             p.call.group = Some(ranks.to_vec());
             progress::begin(&self.comm.label, "new_group", *seq);
-            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx) })?;
+            let fault = self.comm.next_fault();
+            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault })?;
             *seq
         };
         let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
@@ -382,6 +390,8 @@ impl Backend for ShmBackend {
             tag,
             op_timeout: self.comm.op_timeout,
             abort: AtomicBool::new(false),
+            fault: None,
+            issued: AtomicU64::new(0),
         })
         .map(Some)
     }
@@ -545,7 +555,8 @@ impl Backend for ShmBackend {
         let entry = ctl::Entry { off: d.off, nbytes: d.nbytes() as u64, dtype: post::dtype_code(d.dtype) as u32, numel: d.numel() as u64 };
         let comp = SendCompletion::new(self.comm.clone(), dst, k, x.clone());
         progress::begin(&self.comm.label, "send", exec::send_key(dst, k));
-        self.submit(Job::Send { k, dst, entry, comp: comp.clone() })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Send { k, dst, entry, comp: comp.clone(), fault })?;
         Ok(Work::new((), comp, self.meta(&format!("send to {dst}"), k as u64), &self.counter))
     }
 
@@ -556,7 +567,8 @@ impl Backend for ShmBackend {
         let k = ks[src];
         let flag = Flag::new();
         progress::begin(&self.comm.label, "recv", exec::recv_key(src, k));
-        self.submit(Job::Recv { k, src, out: out.clone(), flag: flag.clone() })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Recv { k, src, out: out.clone(), flag: flag.clone(), fault })?;
         Ok(Work::new(out.clone(), flag, self.meta(&format!("recv from {src}"), k as u64), &self.counter))
     }
 

@@ -272,6 +272,12 @@ pub fn futex_wake_all(word: &AtomicU32) {
 // ---------------------------------------------------------------------------------------------
 // Processes.
 
+/// Ends the process at once with `code` (no destructors, no atexit hooks): an injected death.
+pub fn die_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(code) }
+}
+
 pub fn getpid() -> u32 {
     std::process::id()
 }
@@ -360,13 +366,22 @@ pub fn unregister_cleanup(name: &str) {
     }
 }
 
-fn unlink_all_registered() {
+/// Calls `f` with every registered path (what the SIGTERM handler and the atexit hook unlink).
+/// Async-signal-safe when `f` is.
+fn for_each_registered(mut f: impl FnMut(&[u8; PATH_MAX])) {
     for s in REGISTRY.iter() {
         if s.state.load(Ordering::Acquire) == 2 {
-            // SAFETY: async-signal-safe unlink of a NUL-terminated path.
-            unsafe { libc::unlink((*s.path.get()).as_ptr() as *const libc::c_char) };
+            // SAFETY: read only in state 2.
+            f(unsafe { &*s.path.get() });
         }
     }
+}
+
+fn unlink_all_registered() {
+    for_each_registered(|p| {
+        // SAFETY: async-signal-safe unlink of a NUL-terminated path.
+        unsafe { libc::unlink(p.as_ptr() as *const libc::c_char) };
+    });
 }
 
 extern "C" fn on_sigterm(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -419,4 +434,71 @@ pub fn install_cleanup_handlers() {
             libc::atexit(on_exit);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 15 item 12: the clean-up reader must only read slots it owns. Two threads register
+    /// and unregister their names as fast as they can (reusing the same slots) while a third
+    /// reads the table as the SIGTERM handler does: every path read must be one of the two
+    /// names, never a mix of both.
+    #[test]
+    fn the_cleanup_reader_never_sees_a_torn_path() {
+        let names = ["concord-unit-reg-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "concord-unit-reg-b"];
+        let paths: Vec<[u8; PATH_MAX]> = names.iter().map(|n| shm_path(n).unwrap()).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let (n, stop) = (n.to_string(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        register_cleanup(&n);
+                        unregister_cleanup(&n);
+                    }
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut torn = 0u64;
+        let mut reads = 0u64;
+        while t0.elapsed() < Duration::from_millis(1500) {
+            for_each_registered(|p| {
+                reads += 1;
+                // Read slowly, byte by byte, as a signal handler interrupted mid-read would.
+                let mut copy = [0u8; PATH_MAX];
+                for (c, b) in copy.iter_mut().zip(p.iter()) {
+                    // SAFETY (test): a plain read of the byte (volatile so it is really re-read).
+                    *c = unsafe { std::ptr::read_volatile(b) };
+                    std::hint::spin_loop();
+                }
+                if !paths.contains(&copy) {
+                    torn += 1;
+                }
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(torn, 0, "{torn} of {reads} paths read by the clean-up reader were torn (a slot rewritten while read)");
+    }
+
+    /// Issue 15 item 12: `Region::with` must not hand out a `&[T]` over memory that peers may
+    /// write: the closure sees a snapshot, so a write to the region during the closure does not
+    /// show through the slice.
+    #[test]
+    fn with_gives_a_snapshot_not_a_reference_into_shared_memory() {
+        let name = format!("concord-unit-with-{}", std::process::id());
+        let m = Mapping::create(&name, 4096, false).unwrap();
+        unlink(&name).unwrap();
+        let r = m.region(0, 16);
+        r.copy_from_bytes(&[1u8; 16]);
+        r.with::<u32, _>(|s| {
+            r.copy_from_bytes(&[2u8; 16]); // what a peer would do
+            assert_eq!(s[0], u32::from_le_bytes([1; 4]), "the slice aliases the shared region");
+        });
+    }
 }
