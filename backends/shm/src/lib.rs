@@ -148,7 +148,7 @@ impl ShmBackend {
 
     /// Publishes this rank's pid in the control segment, then the init barrier (step 1).
     fn join_ctl(ctl: &ctl::Ctl, op_timeout: std::time::Duration, rank: usize) -> Result<()> {
-        ctl.pid(rank).store(sys::getpid(), SeqCst);
+        ctl.join().map_err(io_err("cannot take the liveness lock on the control segment"))?;
         let started = Instant::now();
         let no_abort = AtomicBool::new(false);
         ctl.barrier(1, started + op_timeout, &no_abort).map_err(|e| match e {
@@ -248,13 +248,17 @@ impl ShmBackend {
 }
 
 impl Drop for ShmBackend {
+    /// Stops the progress thread (every wait gives up, queued ops fail), joins it — so that
+    /// nothing of this rank touches a peer's memory any more — and only then marks the rank gone
+    /// (issue 15 item 7: marking it gone first let a sender release its buffer while this
+    /// rank's progress thread was still copying from it).
     fn drop(&mut self) {
         self.comm.abort.store(true, SeqCst);
-        self.comm.ctl.leave();
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
+        self.comm.ctl.leave();
     }
 }
 
@@ -262,7 +266,9 @@ impl Backend for ShmBackend {
     type Buffer = ShmBuffer;
 
     /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16);
-    /// `fault` (a [`Fault`] to inject: the points in [`Capabilities::fault_points`]).
+    /// `fault` (a [`Fault`] to inject: the points in [`Capabilities::fault_points`]);
+    /// `shm_canary=1` (fill freed blocks with a canary and check it when they are reused and at
+    /// teardown; a write into freed memory ends the process with status 87).
     fn init(world: &WorldInfo) -> Result<Self> {
         let (rank, n) = (world.rank, world.world_size);
         if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
@@ -300,8 +306,8 @@ impl Backend for ShmBackend {
         if rank == 0 {
             sys::register_cleanup(&ctl_name);
             guard.0.push(ctl_name.clone());
-            let m = Mapping::create(&ctl_name, ctl::ctl_size(n), false)
-                .map_err(io_err(&format!("cannot create control segment {ctl_name}")))?;
+            let m =
+                Mapping::create(&ctl_name, ctl::ctl_size(n), true).map_err(io_err(&format!("cannot create control segment {ctl_name}")))?;
             ctl::Ctl::init(&m, n);
             ctl_map = Some(m);
         }
@@ -313,18 +319,19 @@ impl Backend for ShmBackend {
             if r == rank {
                 arenas.push(own_map.take().expect("own arena"));
             } else {
-                arenas.push(Mapping::open(&arena_name(r)).map_err(io_err(&format!("cannot open arena {}", arena_name(r))))?);
+                arenas.push(Mapping::open(&arena_name(r), false).map_err(io_err(&format!("cannot open arena {}", arena_name(r))))?);
             }
         }
         let ctl_map = match ctl_map {
             Some(m) => m,
-            None => Mapping::open(&ctl_name).map_err(io_err(&format!("cannot open control segment {ctl_name}")))?,
+            None => Mapping::open(&ctl_name, true).map_err(io_err(&format!("cannot open control segment {ctl_name}")))?,
         };
         let ctl = ctl::Ctl::attach(ctl_map, n, rank).map_err(CollectiveError::Backend)?;
         Self::join_ctl(&ctl, world.op_timeout, rank)?;
         drop(guard); // every rank has mapped everything: unlink our names now
         drop(store);
-        let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas));
+        let canary = world.option("shm_canary") == Some("1");
+        let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas, canary));
         Self::start(Comm {
             world: world_arc,
             ctl,
@@ -496,7 +503,9 @@ impl Backend for ShmBackend {
     fn all_to_all_single(&self, x: &ShmBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<ShmBuffer>> {
         let n = self.comm.n;
         let rows = match (output_splits, x.shape.first()) {
-            (Some(s), _) => s.iter().sum(),
+            // A sum that overflows is bad input, named by validation on every rank (issue 15
+            // item 10); the output's shape does not matter then.
+            (Some(s), _) => s.iter().try_fold(0usize, |a, &r| a.checked_add(r)).unwrap_or(0),
             (None, Some(&d0)) => d0 / n * n,
             (None, None) => 0,
         };
