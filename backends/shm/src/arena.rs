@@ -149,6 +149,9 @@ impl World {
                 .map_err(|e| format!("cannot back {bytes} bytes of shared memory in /dev/shm: {e}"))?;
             if start > fl.top {
                 let t = fl.top;
+                if self.canary {
+                    self.region(self.global_rank, t, start - t).fill(CANARY);
+                }
                 fl.free.insert(t, start - t);
             }
             fl.top = start + len;

@@ -154,6 +154,12 @@ impl Ctl {
         }
     }
 
+    /// Whether rank `r` still keeps op `token` open (a claimer re-checks this right before it
+    /// moves data: a peer that closed while this rank was delayed is not written).
+    pub fn is_open(&self, r: usize, token: u32) -> bool {
+        self.open_word(r).load(SeqCst) == token
+    }
+
     pub fn release(&self, r: usize) {
         self.touching(r).fetch_and(!(1u64 << self.me), SeqCst);
     }

@@ -550,6 +550,13 @@ impl Progress {
             ))
         })?;
         comm.strike(fault, FaultPoint::ProgressThread, name, seq)?;
+        // Re-checked right before the first store: a peer that gave up waiting for this rank's
+        // claim (one op deadline after its own failure) has closed by now.
+        claims.still_open(token).map_err(|r| {
+            CollectiveError::Aborted(format!(
+                "{name} #{seq} on rank {me}: rank {r} closed its buffers (its side of the op failed) before this rank moved data"
+            ))
+        })?;
         let group = self.execute(&posts)?;
         drop(claims);
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
@@ -856,6 +863,16 @@ impl<'a> Claims<'a> {
             c.held.push(r);
         }
         Ok(c)
+    }
+}
+
+impl Claims<'_> {
+    /// `Err(r)` if rank `r` closed since it was claimed.
+    fn still_open(&self, token: u32) -> std::result::Result<(), usize> {
+        match self.held.iter().find(|&&r| !self.comm.ctl.is_open(r, token)) {
+            Some(&r) => Err(r),
+            None => Ok(()),
+        }
     }
 }
 

@@ -20,10 +20,35 @@
 //!   with [`concord_core::validate_pair`] and posts the verdict back to the sender.
 //! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
 //!   order; [`Work`] completes through a [`concord_core::Flag`].
-//! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]); expiry gives
-//!   [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was dropped)
-//!   gives [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast
-//!   with [`CollectiveError::Aborted`], and peers stop waiting).
+//! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
+//!   the moment the progress thread starts the op; expiry gives [`CollectiveError::Timeout`], a
+//!   peer whose process is gone (or whose backend was dropped) gives
+//!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with
+//!   [`CollectiveError::Aborted`], and peers stop waiting). A failure after posting may add at
+//!   most one more op deadline, spent waiting for peers that are *inside* their data movement
+//!   (see Failures). Liveness is an open-file-description lock each rank holds on its byte of
+//!   the control segment (released by the kernel however the process ends): no pid is trusted
+//!   (pid reuse, pid namespaces).
+//! * **Failures** (issue 15). *Which thread does what:* the progress thread runs every op of a
+//!   communicator and is the only one to touch peers' memory; a panic in it is caught and
+//!   becomes a named error that poisons the communicator; dropping the backend stops it and
+//!   *joins* it before marking the rank gone. *When memory may be freed:* a rank's post and the
+//!   op's buffers are exposed from the moment its barrier counter is raised; peers *claim* a
+//!   rank's memory (a bit in its slot) before touching it and only while the rank keeps it open
+//!   for that op; a rank whose op fails after posting *closes* (no new claim succeeds) and waits
+//!   for the claims in progress, so once its wait returns nobody touches its buffers — they are
+//!   the caller's again. If a peer still holds a claim one op deadline later (stopped in the
+//!   middle of a copy), the op's blocks are *quarantined* (never reused until the world is torn
+//!   down) and the event is printed. The abort word is checked after the post barrier and before
+//!   the data movement. A send whose wait fails *withdraws* its message unless the receiver has
+//!   claimed it (then the sender waits for the copy). *What a deadline covers:* the arrival of
+//!   every peer at each barrier of the op; not a peer's data movement once started.
+//! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
+//!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
+//!   (after validation, before claiming) or `progress_thread` (claims held, before the first
+//!   copy; a receive: before copying the message) of its n-th op; declared in
+//!   [`Capabilities::fault_points`]. `shm_canary=1` fills freed blocks with a canary and checks
+//!   it when they are reused and at teardown (`backends/shm/tests/campaign.rs`).
 //! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
 //!   and until then a SIGTERM handler and an atexit hook unlink them.
