@@ -8,7 +8,7 @@
 //! The option value is `<point>:<action>:<rank>:<op>[:<stall_ms>]`, e.g.
 //! `between_barriers:stall:1:2:1500` — rank 1 stalls 1.5 s between the barriers of the 2nd op
 //! issued on the communicator created by `init` (ops counted from 1 in issue order: collectives,
-//! sends and receives alike; subgroups created from it carry no fault).
+//! `new_group`, sends and receives alike; subgroups created from it carry no fault).
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
