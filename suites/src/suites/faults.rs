@@ -38,10 +38,11 @@ use concord_core::{Backend, CollectiveError, DType, Fault, FaultAction, FaultPoi
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The op deadline of the communicators the cases start.
-const OP_TIMEOUT: Duration = Duration::from_millis(400);
+/// The op deadline of the communicators the cases start (generous: init is a collective under
+/// it, on a loaded 2-core CI machine).
+const OP_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a stalling rank sleeps: well past its peers' op deadline.
-const STALL: Duration = Duration::from_millis(1500);
+const STALL: Duration = Duration::from_millis(3000);
 /// Elements of the buffers the cases move.
 const N: usize = 4096;
 /// The canary: a value no case ever computes.
@@ -60,6 +61,15 @@ fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> Result<(B, S
     let n = SUB_WORLDS.fetch_add(1, Ordering::SeqCst);
     let mut w: WorldInfo = ctx.world.clone();
     w.world_id = format!("{}-f{n}", ctx.world.world_id);
+    // Start together (the ranks of a case start its body at different times on a loaded
+    // machine; init must not spend its short deadline waiting for that).
+    let key = |r: usize| format!("faults/{}/start{r}", w.world_id);
+    ctx.store.set(&key(ctx.rank()), b"1").map_err(|e| CaseEnd::Fail(format!("store: {e}")))?;
+    let keys: Vec<String> = (0..ctx.world_size()).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ctx.store
+        .wait(&refs, ctx.timeout)
+        .map_err(|e| CaseEnd::Fail(format!("rank {}: the ranks never all started the case: {e}", ctx.rank())))?;
     w.op_timeout = OP_TIMEOUT;
     w.options.retain(|(k, _)| k != concord_core::fault::FAULT_OPTION);
     w.options.extend(fault.map(|f| f.option()));
