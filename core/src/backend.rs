@@ -19,6 +19,14 @@
 //!   [clause: bad_input.named_everywhere]
 //! * Honour deadlines: no wait blocks longer than asked; a dead peer is reported as such.
 //!   [clause: async.deadline]
+//! * Fail cleanly: once a wait returned an op's failure (a timeout, a dead peer, an abort, a
+//!   local error), the op's buffers are the caller's again — no peer reads or writes them any
+//!   more, and memory the backend freed is not written either; every rank of the op ends in a
+//!   named error, never `Ok`; a panic inside the backend is a named error, not a wait that
+//!   times out. [clause: failure.no_touch_after_failed_wait]
+//! * After bad input every rank gets the same named error and the communicator stays usable
+//!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
+//!   [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
 //!   collective and its sequence number). [clause: progress.recorded]
 //! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers

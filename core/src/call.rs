@@ -477,6 +477,15 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
                     return bad(Indivisible, format!("equal {what} split of dim 0 ({d0}) needs it divisible by the world size ({ws})"));
                 }
             }
+            // Checked sums: a sum that overflows is bad input, not a wrapped number that may
+            // match dim 0 in a release build (issue 15 item 10).
+            for (what, s) in [("input", &d.in_splits), ("output", &d.out_splits)] {
+                if let Some(s) = s {
+                    if s.iter().try_fold(0usize, |a, &r| a.checked_add(r)).is_none() {
+                        return bad(BadSplits, format!("{what} splits {s:?} sum to more than usize::MAX"));
+                    }
+                }
+            }
             if let Some(s) = &d.in_splits {
                 let sum: usize = s.iter().sum();
                 if sum != d0 {

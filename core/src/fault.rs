@@ -1,24 +1,39 @@
-//! Fault injection: the small shared vocabulary through which a backend lets the suites make one
-//! rank stall, fail or die at a chosen point of an op, so its failure paths can be checked
-//! (`suites::device_faults`). A backend opts in: it reads the [`OPTION`] backend option
-//! (`WorldInfo::options`) at `init` and lists the hooks it honours in
-//! [`crate::Backend::fault_hooks`]; a case whose hook a backend does not list ends UNSUPPORTED
-//! with the reason (a backend without hooks MUST ignore the option, or refuse it from `init`
-//! with [`crate::CollectiveError::Unsupported`]). The vocabulary is deliberately small: a *point* (a plain name, so a backend
-//! may add its own points without touching this crate; the shared ones are the constants in
-//! [`point`]) and an [`Action`].
+//! Fault injection: the one shared vocabulary through which a backend lets the suites make a rank
+//! stall, fail, panic or die at a chosen point of an op, so its failure paths can be checked
+//! (`suites::faults`, `suites::device_faults`, shm's kill / timeout campaign). A backend opts in:
+//! it reads the [`OPTION`] backend option (`WorldInfo::options`) at `init` and lists the hooks it
+//! honours in [`crate::Backend::fault_hooks`]; a case whose hook a backend does not list ends
+//! UNSUPPORTED with the reason (a backend without hooks MUST ignore the option, or refuse it from
+//! `init` with [`crate::CollectiveError::Unsupported`]). A *point* is a plain name, so a backend
+//! may add its own without touching this crate; the shared ones are the constants in [`point`].
 //!
-//! Option value: one or more faults separated by `;`, each `POINT:ACTION[@RANK][#N]`:
-//! `RANK` limits it to one rank (default: every rank); `N` to the `N`-th (from 0) collective or
-//! point-to-point call issued on the world communicator (buffer calls and `new_group` are not
-//! counted; subgroups never fault; default: every such call). Example:
-//! `fault=stream:stall#0;enqueue:stall#1`.
+//! Option value: one or more faults separated by `;`, each `POINT:ACTION[@RANK][#N][~MS]`:
+//! `RANK` limits it to one rank of the communicator `init` created (default: every rank); `N` to
+//! its `N`-th op, counted from 0 in issue order over collectives, point-to-point calls and
+//! `new_group` on that communicator (buffer calls are not counted; subgroups never fault;
+//! default: every op); `MS` is how long a `stall` lasts before the rank carries on (default: until
+//! the op's deadline, an abort or teardown releases it). Example:
+//! `fault=between_barriers:stall@1#1~1500;stream:stall#0`.
+
+use std::time::Duration;
 
 /// The backend option holding the faults.
 pub const OPTION: &str = "fault";
 
+/// Exit status of a rank that dies through [`Action::Die`].
+pub const DIE_EXIT_CODE: i32 = 86;
+
 /// Points shared by the built-in backends (a backend documents which it honours).
 pub mod point {
+    /// The rank's side of the call is published to its peers and it has not yet waited for
+    /// them (shm: the post written and the barrier counter raised).
+    pub const AFTER_POST: &str = "after_post";
+    /// The peers agreed to run the op (shm: after the validation barrier), before this rank
+    /// moves any data.
+    pub const BETWEEN_BARRIERS: &str = "between_barriers";
+    /// Inside the op's data movement, on the thread that runs it (shm: the progress thread,
+    /// before the first copy; a receive: before copying the message).
+    pub const PROGRESS_THREAD: &str = "progress_thread";
     /// On the rank's progress path, before the rank contributes its part of the op's cross-rank
     /// check (its validation header).
     pub const BEFORE_HEADER: &str = "before_header";
@@ -41,24 +56,29 @@ pub mod point {
 /// What the faulty rank does at the point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// Never proceeds on its own (until the op's deadline, an abort or teardown).
+    /// Does not proceed for the fault's stall time (default: until the op's deadline, an abort
+    /// or teardown).
     Stall,
     /// Fails locally with a named error (a simulated out-of-memory, a refused call...).
     Fail,
-    /// The process ends at once (`abort`), as if killed.
+    /// The code running the op panics.
+    Panic,
+    /// The process ends at once (exit status [`DIE_EXIT_CODE`], no clean-up), as if killed.
     Die,
 }
 
 impl Action {
+    pub const ALL: [Action; 4] = [Action::Stall, Action::Fail, Action::Panic, Action::Die];
     pub fn name(self) -> &'static str {
         match self {
             Action::Stall => "stall",
             Action::Fail => "fail",
+            Action::Panic => "panic",
             Action::Die => "die",
         }
     }
     fn parse(s: &str) -> Option<Action> {
-        [Action::Stall, Action::Fail, Action::Die].into_iter().find(|a| a.name() == s)
+        Action::ALL.into_iter().find(|a| a.name() == s)
     }
 }
 
@@ -69,11 +89,13 @@ pub struct Fault {
     pub action: Action,
     pub rank: Option<usize>,
     pub nth: Option<u64>,
+    /// How long a [`Action::Stall`] lasts (`None`: until released by a deadline, abort or teardown).
+    pub stall: Option<Duration>,
 }
 
 impl Fault {
     pub fn new(point: &str, action: Action) -> Fault {
-        Fault { point: point.to_string(), action, rank: None, nth: None }
+        Fault { point: point.to_string(), action, rank: None, nth: None, stall: None }
     }
     pub fn on_rank(mut self, rank: usize) -> Fault {
         self.rank = Some(rank);
@@ -83,13 +105,25 @@ impl Fault {
         self.nth = Some(n);
         self
     }
-    /// Whether this fault fires at `point` for the `nth` op on `rank`.
+    pub fn stall_for(mut self, d: Duration) -> Fault {
+        self.stall = Some(d);
+        self
+    }
+    /// Whether this fault fires at `point` with `action` for the `nth` op on `rank`.
     pub fn fires(&self, point: &str, action: Action, rank: usize, nth: u64) -> bool {
-        self.point == point && self.action == action && self.rank.is_none_or(|r| r == rank) && self.nth.is_none_or(|n| n == nth)
+        self.action == action && self.applies(point, rank, nth)
+    }
+    /// Whether this fault (any action) applies at `point` for the `nth` op on `rank`.
+    pub fn applies(&self, point: &str, rank: usize, nth: u64) -> bool {
+        self.point == point && self.rank.is_none_or(|r| r == rank) && self.nth.is_none_or(|n| n == nth)
     }
     /// The `(point, action)` pair, as [`crate::Backend::fault_hooks`] lists it.
     pub fn hook(&self) -> (String, Action) {
         (self.point.clone(), self.action)
+    }
+    /// `(OPTION, value)`, for [`crate::WorldInfo::options`].
+    pub fn option(&self) -> (String, String) {
+        (OPTION.to_string(), self.to_string())
     }
 }
 
@@ -101,6 +135,9 @@ impl std::fmt::Display for Fault {
         }
         if let Some(n) = self.nth {
             write!(f, "#{n}")?;
+        }
+        if let Some(d) = self.stall {
+            write!(f, "~{}", d.as_millis())?;
         }
         Ok(())
     }
@@ -115,28 +152,43 @@ pub fn format(faults: &[Fault]) -> String {
 pub fn parse(s: &str) -> Result<Vec<Fault>, String> {
     let mut v = Vec::new();
     for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
-        let bad = |why: &str| format!("fault `{item}`: {why} (expected POINT:ACTION[@RANK][#N], ACTION one of stall, fail, die)");
-        let (item_nth, nth) = match item.split_once('#') {
-            Some((a, n)) => (a, Some(n.parse::<u64>().map_err(|_| bad("N is not a number"))?)),
+        let bad =
+            |why: &str| format!("fault `{item}`: {why} (expected POINT:ACTION[@RANK][#N][~MS], ACTION one of stall, fail, panic, die)");
+        let (rest, stall) = match item.split_once('~') {
+            Some((a, ms)) => (a, Some(Duration::from_millis(ms.parse::<u64>().map_err(|_| bad("MS is not a number"))?))),
             None => (item, None),
         };
-        let (item_rank, rank) = match item_nth.split_once('@') {
-            Some((a, r)) => (a, Some(r.parse::<usize>().map_err(|_| bad("RANK is not a number"))?)),
-            None => (item_nth, None),
+        let (rest, nth) = match rest.split_once('#') {
+            Some((a, n)) => (a, Some(n.parse::<u64>().map_err(|_| bad("N is not a number"))?)),
+            None => (rest, None),
         };
-        let (point, action) = item_rank.split_once(':').ok_or_else(|| bad("no `:`"))?;
+        let (rest, rank) = match rest.split_once('@') {
+            Some((a, r)) => (a, Some(r.parse::<usize>().map_err(|_| bad("RANK is not a number"))?)),
+            None => (rest, None),
+        };
+        let (point, action) = rest.split_once(':').ok_or_else(|| bad("no `:`"))?;
         if point.is_empty() || !point.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
             return Err(bad("POINT must be a lower-case name"));
         }
         let action = Action::parse(action).ok_or_else(|| bad("unknown ACTION"))?;
-        v.push(Fault { point: point.to_string(), action, rank, nth });
+        v.push(Fault { point: point.to_string(), action, rank, nth, stall });
     }
     Ok(v)
 }
 
+/// The faults in `options` (`Ok(empty)` when the option is absent).
+pub fn from_options(options: &[(String, String)]) -> Result<Vec<Fault>, String> {
+    options.iter().find(|(k, _)| k == OPTION).map(|(_, v)| parse(v)).unwrap_or(Ok(Vec::new()))
+}
+
 /// The faults a world asks for (`Ok(empty)` when the option is absent).
 pub fn from_world(world: &crate::WorldInfo) -> Result<Vec<Fault>, String> {
-    world.option(OPTION).map(parse).unwrap_or(Ok(Vec::new()))
+    from_options(&world.options)
+}
+
+/// Every `(point, action)` pair for `points` × every action (a backend honouring all actions).
+pub fn hooks(points: &[&str]) -> Vec<(String, Action)> {
+    points.iter().flat_map(|p| Action::ALL.into_iter().map(move |a| (p.to_string(), a))).collect()
 }
 
 #[cfg(test)]
@@ -145,20 +197,27 @@ mod tests {
 
     #[test]
     fn round_trip_and_matching() {
-        let f = vec![Fault::new(point::STREAM, Action::Stall).nth(0), Fault::new(point::AFTER_HEADER, Action::Die).on_rank(1).nth(3)];
+        let f = vec![
+            Fault::new(point::STREAM, Action::Stall).nth(0),
+            Fault::new(point::AFTER_HEADER, Action::Die).on_rank(1).nth(3),
+            Fault::new(point::BETWEEN_BARRIERS, Action::Stall).on_rank(1).nth(1).stall_for(Duration::from_millis(1500)),
+        ];
         let s = format(&f);
-        assert_eq!(s, "stream:stall#0;after_header:die@1#3");
+        assert_eq!(s, "stream:stall#0;after_header:die@1#3;between_barriers:stall@1#1~1500");
         assert_eq!(parse(&s).unwrap(), f);
         assert!(f[1].fires(point::AFTER_HEADER, Action::Die, 1, 3));
         assert!(!f[1].fires(point::AFTER_HEADER, Action::Die, 0, 3));
         assert!(!f[1].fires(point::AFTER_HEADER, Action::Die, 1, 2));
         assert!(!f[1].fires(point::AFTER_HEADER, Action::Stall, 1, 3));
+        assert!(f[2].applies(point::BETWEEN_BARRIERS, 1, 1));
         assert!(Fault::new("x", Action::Fail).fires("x", Action::Fail, 7, 99));
+        assert_eq!(from_options(&[("x".into(), "1".into())]), Ok(Vec::new()));
+        assert_eq!(hooks(&["a"]).len(), 4);
     }
 
     #[test]
     fn bad_values_are_named() {
-        for bad in ["stream", "stream:wobble", "Stream:stall", "stream:stall@x", "stream:stall#-1"] {
+        for bad in ["stream", "stream:wobble", "Stream:stall", "stream:stall@x", "stream:stall#-1", "stream:stall~x"] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(bad), "{e}");
         }

@@ -74,6 +74,24 @@ pub const CLAUSES: &[Clause] = &[
         ],
     },
     Clause {
+        id: "failure.no_touch_after_failed_wait",
+        source: BACKEND,
+        text: "Once a wait returned an op's failure, no peer reads or writes that rank's buffers any more; every rank ends in a named error (a panic inside the backend too), never Ok, never a hang.",
+        cases: &[
+            "faults::late_peer::",
+            "faults::stall_between_barriers",
+            "faults::fail_after_post::",
+            "faults::panic_in_progress_thread",
+            "faults::drop_during_recv",
+        ],
+    },
+    Clause {
+        id: "failure.usable_after",
+        source: BACKEND,
+        text: "After bad input (a mismatched new_group, splits whose sum overflows) every rank gets a named bad_input and the communicator stays usable; a failed new_group leaves no file behind.",
+        cases: &["faults::split_sum_overflow", "faults::new_group_after_mismatch", "faults::new_group_failure_leaves_no_file"],
+    },
+    Clause {
         id: "progress.recorded",
         source: BACKEND,
         text: "A collective in flight is recorded, so a timeout names the collective.",
@@ -276,7 +294,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "p2p.no_deadlock",
         source: BACKEND,
         text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives.",
-        cases: &["p2p::recv_first_both", "p2p::recv_first_one_side", "p2p::many_sends_one_way"],
+        cases: &["p2p::recv_first_both", "p2p::recv_first_one_side", "p2p::many_sends_one_way", "p2p::recv_before_barrier"],
     },
     Clause {
         id: "numerics.subnormal",

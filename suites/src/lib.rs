@@ -42,6 +42,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::all_to_all_equal::cases::<B>());
     v.extend(suites::realloc::cases::<B>());
     v.extend(suites::device_faults::cases::<B>());
+    v.extend(suites::faults::cases::<B>());
     v.extend(autotune::cases::<B, concord_autotune::Tuner>());
     v
 }

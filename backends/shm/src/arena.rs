@@ -5,10 +5,27 @@
 //! Freed blocks go back to a first-fit free list and are reused (pages stay resident, so a
 //! buffer of the same size allocated again costs no page faults); memory returns to the system
 //! when the world ends.
+//!
+//! **Quarantine** (issue 15 item 7): a block of an op that failed after it was posted, while a
+//! peer may still touch it (see `ctl`'s claims), is marked [`Block::quarantine`]: when its last
+//! handle goes, its bytes are *not* returned to the free list (never handed out again) until the
+//! world — the arena — is torn down.
+//!
+//! **Canary** (option `shm_canary=1`, for the fault campaign): every freed block is filled with
+//! [`CANARY`], every block handed out again from the free list is checked to still hold it, and
+//! so is every free block when the world is torn down. A byte that changed is a write into
+//! memory after its owner let it go: the process prints `shm canary violation` and exits with
+//! [`CANARY_EXIT_CODE`].
 
 use crate::sys::{Mapping, Region};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
+
+/// The byte freed blocks hold in canary mode.
+pub const CANARY: u8 = 0xA5;
+/// Exit status of a process that found a canary violation.
+pub const CANARY_EXIT_CODE: i32 = 87;
 
 /// The process-side view of one world: its own arena (allocator) and every rank's arena mapping.
 pub struct World {
@@ -17,6 +34,10 @@ pub struct World {
     /// Every rank's arena, indexed by global rank (own included).
     pub arenas: Vec<Mapping>,
     alloc: Mutex<FreeList>,
+    /// Canary mode (option `shm_canary=1`).
+    canary: bool,
+    /// Bytes quarantined so far (never reused).
+    pub quarantined: AtomicUsize,
 }
 
 struct FreeList {
@@ -32,18 +53,61 @@ pub struct Block {
     pub world: Arc<World>,
     pub off: usize,
     pub len: usize,
+    quarantined: AtomicBool,
+}
+
+impl Block {
+    /// Never return this block's bytes to the free list (see the module docs).
+    pub fn quarantine(&self) {
+        if !self.quarantined.swap(true, SeqCst) {
+            self.world.quarantined.fetch_add(self.len, SeqCst);
+        }
+    }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        self.world.free(self.off, self.len);
+        if !self.quarantined.load(SeqCst) {
+            self.world.free(self.off, self.len);
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if self.canary {
+            let fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            for (&off, &len) in fl.free.iter() {
+                self.check_canary(off, len, "at teardown");
+            }
+        }
     }
 }
 
 impl World {
-    pub fn new(world_id: String, global_rank: usize, arenas: Vec<Mapping>) -> World {
+    pub fn new(world_id: String, global_rank: usize, arenas: Vec<Mapping>, canary: bool) -> World {
         let cap = arenas[global_rank].len();
-        World { world_id, global_rank, arenas, alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, cap }) }
+        World {
+            world_id,
+            global_rank,
+            arenas,
+            alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, cap }),
+            canary,
+            quarantined: AtomicUsize::new(0),
+        }
+    }
+
+    /// Canary mode: `[off, off + len)` of the own arena must still hold [`CANARY`].
+    fn check_canary(&self, off: usize, len: usize, when: &str) {
+        if let Some(i) = self.region(self.global_rank, off, len).find_not(CANARY) {
+            eprintln!(
+                "shm canary violation: rank {} (world {}): byte {} of the free block [{off:#x}, +{len}) was written after the block was freed ({when})",
+                self.global_rank,
+                self.world_id,
+                off + i
+            );
+            crate::sys::die_now(CANARY_EXIT_CODE);
+        }
     }
 
     /// A block of at least `bytes` bytes (at least 64, so every buffer has its own address),
@@ -64,6 +128,9 @@ impl World {
             }
         }
         let off = if let Some((off, flen, start)) = hit {
+            if self.canary {
+                self.check_canary(start, len, "when handed out again");
+            }
             fl.free.remove(&off);
             if start > off {
                 fl.free.insert(off, start - off);
@@ -82,12 +149,15 @@ impl World {
                 .map_err(|e| format!("cannot back {bytes} bytes of shared memory in /dev/shm: {e}"))?;
             if start > fl.top {
                 let t = fl.top;
+                if self.canary {
+                    self.region(self.global_rank, t, start - t).fill(CANARY);
+                }
                 fl.free.insert(t, start - t);
             }
             fl.top = start + len;
             start
         };
-        Ok(Block { world: self.clone(), off, len })
+        Ok(Block { world: self.clone(), off, len, quarantined: AtomicBool::new(false) })
     }
 
     fn full(&self, cap: usize, bytes: usize) -> String {
@@ -99,6 +169,9 @@ impl World {
     }
 
     fn free(&self, off: usize, len: usize) {
+        if self.canary {
+            self.region(self.global_rank, off, len).fill(CANARY);
+        }
         let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         let (mut off, mut len) = (off, len);
         if let Some((&poff, &plen)) = fl.free.range(..off).next_back() {
@@ -112,7 +185,9 @@ impl World {
             fl.free.remove(&(off + len));
             len += nlen;
         }
-        if off + len == fl.top {
+        // (In canary mode the top never comes down: reused bytes always come from the free list,
+        // where they are checked.)
+        if off + len == fl.top && !self.canary {
             fl.top = off;
         } else {
             fl.free.insert(off, len);
@@ -134,7 +209,7 @@ mod tests {
         let name = format!("concord-unit-arena-{}", std::process::id());
         let m = Mapping::create(&name, 1 << 20, true).unwrap();
         crate::sys::unlink(&name).unwrap();
-        let w = Arc::new(World::new("unit".into(), 0, vec![m]));
+        let w = Arc::new(World::new("unit".into(), 0, vec![m], false));
         let a = w.alloc(100).unwrap();
         let b = w.alloc(100).unwrap();
         assert_eq!((a.off, a.len, b.off), (0, 128, 128));
@@ -147,5 +222,24 @@ mod tests {
         let big = w.alloc(70000).unwrap();
         assert_eq!(big.off, 0, "everything coalesced back to the start");
         assert!(w.alloc(2 << 20).err().unwrap().contains("arena of rank 0 is full"));
+    }
+
+    #[test]
+    fn quarantined_blocks_are_never_handed_out_again() {
+        let name = format!("concord-unit-arena-q-{}", std::process::id());
+        let m = Mapping::create(&name, 1 << 20, true).unwrap();
+        crate::sys::unlink(&name).unwrap();
+        let w = Arc::new(World::new("unit".into(), 0, vec![m], true));
+        let a = w.alloc(4096).unwrap();
+        let _b = w.alloc(64).unwrap();
+        let a_off = a.off;
+        a.quarantine();
+        drop(a);
+        let c = w.alloc(4096).unwrap();
+        assert_ne!(c.off, a_off, "a quarantined block was reused");
+        assert_eq!(w.quarantined.load(SeqCst), 4096);
+        drop(c);
+        let d = w.alloc(4096).unwrap(); // from the free list: canary checked (intact)
+        drop(d);
     }
 }

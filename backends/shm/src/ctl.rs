@@ -4,9 +4,14 @@
 //! * header (256): magic `u64` @0, world size `u64` @8, `abort_by` `u32` @16 (0, or 1 + the
 //!   rank that poisoned the communicator after a timeout or a dead peer).
 //! * one 128-byte slot per rank: `counter` @0 (the rank's barrier step, a futex word),
-//!   `waiters` @4, `pid` @8, `gone` @12 (set when the rank's backend is dropped),
-//!   `post_off` `u64` @16 and `post_len` `u64` @24 (where in the rank's arena its current post
-//!   lies).
+//!   `waiters` @4, `pid` @8 (for messages only), `gone` @12 (set when the rank's backend is
+//!   dropped, after its progress thread was joined), `post_off` `u64` @16 and `post_len` `u64`
+//!   @24 (where in the rank's arena its current post lies), `open` @32 (the token of the op
+//!   whose post and buffers peers may touch, 0 = closed) and `touching` `u64` @40 (bit `p`: rank
+//!   `p` is touching this rank's post or buffers right now).
+//! * liveness: each rank holds an open-file-description lock on byte `rank` of the segment
+//!   (taken before it publishes its pid); a peer that published its pid and holds no lock is
+//!   dead — whatever its pid names now (pid reuse) and whatever pid namespace it ran in.
 //! * one point-to-point channel per ordered pair (src, dst): `posted` @0 (sends posted, a futex
 //!   word), `posted_waiters` @4, `consumed` @8 (receives done), `consumed_waiters` @12, then a
 //!   ring of [`RING`] 32-byte entries: sender buffer offset `u64` @0, byte length `u64` @8,
@@ -15,7 +20,15 @@
 //! A barrier at step `s`: every rank stores `s` into its counter (waking sleepers), then waits
 //! until every other rank's counter has reached `s`. Waits spin briefly only when the ranks fit
 //! on the CPUs, then sleep on the futex in slices of at most 20 ms, checking between slices the
-//! deadline, the peer's liveness (pid and `gone`) and the communicator's `abort_by`.
+//! deadline, the peer's liveness (its lock and `gone`) and the communicator's `abort_by`.
+//!
+//! **Claims** (issue 15 item 7): a rank posts with `open = token` (its op's first barrier
+//! step). Before touching a peer's post memory or buffers, a rank sets its bit in the peer's
+//! `touching` word, *then* reads the peer's `open`: if it is not the op's token it clears the bit
+//! and touches nothing. A rank whose op fails after posting *closes*: stores `open = 0`, then
+//! waits until no live peer's bit is set in its `touching` word. Both sides use SeqCst, so either
+//! the claimer sees the close (and backs off) or the closer sees the claim (and waits for its
+//! release): once `close` returns, no peer touches the op's memory again.
 
 use crate::sys::{self, Mapping};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -25,6 +38,10 @@ pub const MAGIC: u64 = 0x434f_4e43_4f52_4431;
 const HDR: usize = 256;
 const SLOT: usize = 128;
 pub const RING: u32 = 16;
+/// Verdict word of a ring entry: the receiver is copying the message.
+pub const V_CLAIMED: u32 = u32::MAX;
+/// Verdict word of a ring entry: the sender withdrew the message (its send failed).
+pub const V_WITHDRAWN: u32 = u32::MAX - 1;
 const ENTRY: usize = 32;
 const PAIR: usize = 64 + RING as usize * ENTRY;
 const SLICE: Duration = Duration::from_millis(20);
@@ -93,6 +110,79 @@ impl Ctl {
     pub fn post_len(&self, r: usize) -> &AtomicU64 {
         self.map.u64_at(self.slot(r) + 24)
     }
+    fn open_word(&self, r: usize) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r) + 32)
+    }
+    fn touching(&self, r: usize) -> &AtomicU64 {
+        self.map.u64_at(self.slot(r) + 40)
+    }
+
+    /// Joins: takes this rank's liveness lock, then publishes its pid.
+    pub fn join(&self) -> std::io::Result<()> {
+        self.map.lock_byte(self.me as u64)?;
+        self.pid(self.me).store(sys::getpid(), SeqCst);
+        Ok(())
+    }
+
+    /// `Err(Dead)` once `peer` joined and its process is gone (its liveness lock is free).
+    pub fn alive(&self, peer: usize) -> Result<(), WaitErr> {
+        let pid = self.pid(peer).load(SeqCst);
+        if pid == 0 {
+            return Ok(()); // not joined yet
+        }
+        match self.map.byte_locked_elsewhere(peer as u64) {
+            Ok(false) => Err(WaitErr::Dead { peer, detail: format!("process {pid} exited (its liveness lock is free)") }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Opens this rank's post and buffers to peers for the op `token` (before it is posted).
+    pub fn open(&self, token: u32) {
+        self.open_word(self.me).store(token, SeqCst);
+    }
+
+    /// Claims rank `r`'s memory for op `token`: true if `r` is still open for it (release with
+    /// [`Ctl::release`]); false if `r` closed (its op failed): touch nothing of `r`.
+    pub fn claim(&self, r: usize, token: u32) -> bool {
+        let bit = 1u64 << self.me;
+        self.touching(r).fetch_or(bit, SeqCst);
+        if self.open_word(r).load(SeqCst) == token {
+            true
+        } else {
+            self.touching(r).fetch_and(!bit, SeqCst);
+            false
+        }
+    }
+
+    /// Whether rank `r` still keeps op `token` open (a claimer re-checks this right before it
+    /// moves data: a peer that closed while this rank was delayed is not written).
+    pub fn is_open(&self, r: usize, token: u32) -> bool {
+        self.open_word(r).load(SeqCst) == token
+    }
+
+    pub fn release(&self, r: usize) {
+        self.touching(r).fetch_and(!(1u64 << self.me), SeqCst);
+    }
+
+    /// Closes this rank's memory after its op failed: no new claim succeeds, and this waits
+    /// (until `deadline`) for the live peers still touching it. `Err(mask)`: peers (bits) still
+    /// touching at the deadline — the op's memory must then never be reused (quarantine).
+    pub fn close(&self, deadline: Instant) -> Result<(), u64> {
+        self.open_word(self.me).store(0, SeqCst);
+        loop {
+            let t = self.touching(self.me).load(SeqCst);
+            let live = (0..self.n).filter(|&p| t & (1 << p) != 0 && self.gone(p).load(SeqCst) == 0 && self.alive(p).is_ok());
+            let mask = live.fold(0u64, |m, p| m | 1 << p);
+            if mask == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(mask);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     pub fn abort_by(&self) -> &AtomicU32 {
         self.map.u32_at(16)
     }
@@ -114,9 +204,14 @@ impl Ctl {
         if self.gone(peer).load(SeqCst) != 0 {
             return Err(WaitErr::Dead { peer, detail: "its backend was dropped (it left the communicator)".into() });
         }
-        let pid = self.pid(peer).load(SeqCst);
-        if !sys::pid_alive(pid) {
-            return Err(WaitErr::Dead { peer, detail: format!("process {pid} exited") });
+        self.alive(peer)
+    }
+
+    /// `Err(Aborted)` if another rank poisoned the communicator.
+    pub fn check_abort(&self) -> Result<(), WaitErr> {
+        let ab = self.abort_by().load(SeqCst);
+        if ab != 0 && ab != self.me as u32 + 1 {
+            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
         }
         Ok(())
     }
@@ -225,9 +320,10 @@ impl Ctl {
                 if self.gone(peer).load(SeqCst) != 0 && !reached(word.load(SeqCst)) {
                     return Err(WaitErr::Dead { peer, detail: "its backend was dropped (it left the communicator)".into() });
                 }
-                let pid = self.pid(peer).load(SeqCst);
-                if !sys::pid_alive(pid) && !reached(word.load(SeqCst)) {
-                    return Err(WaitErr::Dead { peer, detail: format!("process {pid} exited") });
+                if let Err(e) = self.alive(peer) {
+                    if !reached(word.load(SeqCst)) {
+                        return Err(e);
+                    }
                 }
             }
             if now >= deadline {
@@ -245,6 +341,11 @@ impl Ctl {
     /// Barrier at step `step`: publish, then wait for every other rank to reach it.
     pub fn barrier(&self, step: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         self.set_counter(step);
+        self.wait_all(step, deadline, local_abort)
+    }
+
+    /// The waiting half of [`Ctl::barrier`] (the counter already published).
+    pub fn wait_all(&self, step: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         for p in 0..self.n {
             if p != self.me {
                 self.wait_word(self.counter(p), self.waiters(p), |v| v.wrapping_sub(step) as i32 >= 0, p, deadline, local_abort)?;
@@ -263,5 +364,63 @@ impl Ctl {
     pub fn wait_consumed(&self, dst: usize, k: u32, deadline: Instant, local_abort: &AtomicBool) -> Result<(), WaitErr> {
         let p = self.pair(self.me, dst);
         self.wait_word(self.map.u32_at(p + 8), self.map.u32_at(p + 12), |v| v.wrapping_sub(k) as i32 >= 0, dst, deadline, local_abort)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(n: usize) -> Mapping {
+        let name = format!("concord-unit-ctl-{}-{:?}", std::process::id(), std::thread::current().id());
+        let m = Mapping::create(&name, ctl_size(n), true).unwrap();
+        Ctl::init(&m, n);
+        m
+    }
+
+    /// Issue 15 item 12: liveness must not trust a raw pid. Rank 1 published a pid and is gone
+    /// (its process ended) while the pid now names another live process (pid reuse; or a peer
+    /// in another pid namespace whose pid means something else here): the peer is dead.
+    #[test]
+    fn a_peer_whose_pid_was_reused_is_dead() {
+        let m = segment(2);
+        let name = format!("concord-unit-ctl-{}-{:?}", std::process::id(), std::thread::current().id());
+        let me = Ctl::attach(m, 2, 0).unwrap();
+        me.join().unwrap();
+        // SAFETY (test): getppid has no preconditions; the parent (cargo / nextest) is alive.
+        let live_other = unsafe { libc::getppid() } as u32;
+        me.pid(1).store(live_other, SeqCst);
+        match me.peer_state(1) {
+            Err(WaitErr::Dead { .. }) => {}
+            other => panic!("rank 1 never joined from a live process, yet peer_state says {other:?}"),
+        }
+        // A peer that holds its lock (another mapping of the segment, as another process has)
+        // is alive, and dead once that mapping is gone.
+        let other = Ctl::attach(Mapping::open(&name, true).unwrap(), 2, 1).unwrap();
+        sys::unlink(&name).unwrap();
+        other.join().unwrap();
+        assert!(me.peer_state(1).is_ok(), "a peer holding its liveness lock is alive");
+        drop(other);
+        assert!(matches!(me.peer_state(1), Err(WaitErr::Dead { .. })), "a peer whose mapping is gone is dead");
+    }
+
+    #[test]
+    fn a_closed_rank_refuses_claims_and_waits_for_current_ones() {
+        let m = segment(2);
+        let name = format!("concord-unit-ctl-{}-{:?}", std::process::id(), std::thread::current().id());
+        let a = Ctl::attach(m, 2, 0).unwrap();
+        let b = Ctl::attach(Mapping::open(&name, true).unwrap(), 2, 1).unwrap();
+        sys::unlink(&name).unwrap();
+        a.join().unwrap();
+        b.join().unwrap();
+        a.open(7);
+        assert!(b.claim(0, 7));
+        let soon = Instant::now() + Duration::from_millis(50);
+        assert_eq!(a.close(soon), Err(0b10), "a live claimer holds the close");
+        b.release(0);
+        assert_eq!(a.close(Instant::now()), Ok(()));
+        assert!(!b.claim(0, 7), "claims fail once closed");
+        a.open(9);
+        assert!(!b.claim(0, 7) && b.claim(0, 9), "claims name the op");
     }
 }

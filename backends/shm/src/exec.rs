@@ -8,16 +8,17 @@
 //! this rank's buffers any more.
 
 use crate::arena::World;
-use crate::ctl::{Ctl, Entry, WaitErr};
+use crate::ctl::{Ctl, Entry, WaitErr, V_CLAIMED, V_WITHDRAWN};
 use crate::kernels::{reduce_into, reduce_into_many};
 use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
 use concord_core::{
+    fault::{point, Action, Fault},
     progress, validate_all, validate_pair, BadInputKind, CallDesc, CallOp, CollectiveError, Completion, Flag, ReduceOp, Result, TensorDesc,
 };
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,9 +38,35 @@ pub struct Comm {
     pub op_timeout: Duration,
     /// Set when the backend is dropped: every wait gives up at once.
     pub abort: AtomicBool,
+    /// The injected faults of this rank (option `fault`, communicator created by `init` only).
+    pub fault: Vec<Fault>,
+    /// Ops issued so far (collectives, `new_group`, sends and receives), to find a fault's op.
+    pub issued: AtomicU64,
 }
 
 impl Comm {
+    /// The fault to inject into the op being issued now (counts the op).
+    pub fn next_fault(&self) -> Option<Fault> {
+        let nth = self.issued.fetch_add(1, SeqCst);
+        self.fault.iter().find(|f| f.nth.is_none_or(|n| n == nth)).cloned()
+    }
+
+    /// Injects `fault` if it strikes at `at`: stall, fail (a named error), panic or die.
+    pub fn strike(&self, fault: &Option<Fault>, at: &str, op: &str, seq: u64) -> Result<()> {
+        let Some(f) = fault.as_ref().filter(|f| f.point == at) else { return Ok(()) };
+        let what = format!("{op} #{seq} on rank {} at {at}", self.me);
+        match f.action {
+            Action::Stall => {
+                // Without a stall time: past the op's deadline (the peers' waits end first).
+                std::thread::sleep(f.stall.unwrap_or(self.op_timeout + Duration::from_secs(1)));
+                Ok(())
+            }
+            Action::Fail => Err(CollectiveError::Backend(format!("shm backend: injected fault: {what} failed"))),
+            Action::Panic => panic!("shm backend: injected fault: panic in {what}"),
+            Action::Die => sys::die_now(concord_core::fault::DIE_EXIT_CODE),
+        }
+    }
+
     pub fn region(&self, r: usize, d: &Desc) -> Region {
         self.world.region(self.globals[r], d.off as usize, d.nbytes())
     }
@@ -68,9 +95,9 @@ pub type GroupReply = mpsc::Sender<(String, Option<Mapping>)>;
 // A job is built once per op and moved once into the channel: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Job {
-    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply> },
-    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion> },
-    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag> },
+    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply>, fault: Option<Fault> },
+    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion>, fault: Option<Fault> },
+    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag>, fault: Option<Fault> },
 }
 
 /// Completion of a send: posted by the progress thread, complete once the receiver consumed it;
@@ -117,6 +144,50 @@ impl SendCompletion {
     }
 }
 
+impl SendCompletion {
+    /// After the send failed: withdraws the message so that the receiver never reads the buffer
+    /// again, or — if the receiver is copying it right now — waits (one op deadline at most) until
+    /// it is done or gone. True if the receiver consumed the message (the send succeeded after
+    /// all). Releases the buffer, quarantined if the receiver might still read it.
+    fn give_up(&self) -> bool {
+        let c = &self.comm;
+        let word = c.ctl.verdict(c.me, self.dst, self.k);
+        let until = Instant::now() + c.op_timeout;
+        let consumed = loop {
+            match word.compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+                Ok(_) | Err(V_WITHDRAWN) => break false,
+                Err(V_CLAIMED) => {
+                    let gone = c.ctl.gone(self.dst).load(SeqCst) != 0 || c.ctl.alive(self.dst).is_err();
+                    if gone || Instant::now() >= until {
+                        if !gone {
+                            self.quarantine();
+                        }
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(_) => break true, // a verdict: the receiver consumed it
+            }
+        };
+        self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        consumed
+    }
+
+    fn quarantine(&self) {
+        if let Some(b) = self.keep.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.block.quarantine();
+        }
+    }
+
+    /// A send that fails after posting (on the progress thread): withdraw, else quarantine.
+    fn withdraw_or_quarantine(&self) {
+        let c = &self.comm;
+        if c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst).is_err() {
+            self.quarantine();
+        }
+    }
+}
+
 impl Completion for SendCompletion {
     fn is_completed(&self) -> bool {
         if self.outcome.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
@@ -145,7 +216,10 @@ impl Completion for SendCompletion {
                 Err(WaitErr::Timeout { .. }) => return Ok(false),
                 Err(e) => {
                     let err = c.wait_error(e, "send", self.k as u64, start);
-                    self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if self.give_up() {
+                        // The receiver had the message after all.
+                        return self.resolve().map(|_| true);
+                    }
                     *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
                     return Err(err);
                 }
@@ -161,6 +235,7 @@ struct QueuedSend {
     entry: Entry,
     comp: Arc<SendCompletion>,
     started: Instant,
+    fault: Option<Fault>,
 }
 
 /// A receive whose message has not been posted yet.
@@ -169,6 +244,7 @@ struct QueuedRecv {
     out: ShmBuffer,
     flag: Arc<Flag>,
     started: Instant,
+    fault: Option<Fault>,
 }
 
 /// The progress thread's state.
@@ -236,15 +312,18 @@ impl Progress {
             };
             let Some(job) = next else { break };
             match job {
-                Job::Coll { name, post, keep, flag, reply } => {
+                Job::Coll { name, post, keep, flag, reply, fault } => {
                     let seq = post.call.seq;
-                    let r = self.guard(&name, seq, |s| s.collective(&name, post, reply));
-                    drop(keep);
+                    let r = self.guard(&name, seq, |s| s.collective(&name, post, keep, reply, fault));
                     progress::end(&self.comm.label, seq);
                     flag.set(r);
                 }
-                Job::Send { k, dst, entry, comp } => self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now() }),
-                Job::Recv { k, src, out, flag } => self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now() }),
+                Job::Send { k, dst, entry, comp, fault } => {
+                    self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now(), fault })
+                }
+                Job::Recv { k, src, out, flag, fault } => {
+                    self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now(), fault })
+                }
             }
         }
         // The backend is being dropped: whatever is still queued fails.
@@ -276,7 +355,7 @@ impl Progress {
                 let q = self.send_q[peer].pop_front().expect("front exists");
                 let r = match stuck {
                     Some(e) => self.guard("send", k as u64, |_| Err(e)),
-                    None => self.guard("send", k as u64, |s| s.send(k, peer, q.entry, &q.comp)),
+                    None => self.guard("send", k as u64, |s| s.send(k, peer, q.entry, &q.comp, q.fault)),
                 };
                 progress::end(&self.comm.label, send_key(peer, k));
                 if r.is_err() {
@@ -295,7 +374,7 @@ impl Progress {
                 let q = self.recv_q[peer].pop_front().expect("front exists");
                 let r = match stuck {
                     Some(e) => self.guard("recv", k as u64, |_| Err(e)),
-                    None => self.guard("recv", k as u64, |s| s.recv(k, peer, &q.out)),
+                    None => self.guard("recv", k as u64, |s| s.recv(k, peer, &q.out, q.fault)),
                 };
                 progress::end(&self.comm.label, recv_key(peer, k));
                 q.flag.set(r);
@@ -327,7 +406,10 @@ impl Progress {
         None
     }
 
-    /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer.
+    /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer / abort, and on a
+    /// panic inside `f`, which becomes a named error (issue 15 item 10: a panic used to end the
+    /// thread silently, and every wait timed out). Memory an op had posted is closed and
+    /// quarantined by `Posted` while the panic unwinds.
     fn guard(&mut self, op: &str, seq: u64, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         if self.comm.abort.load(SeqCst) {
             return Err(CollectiveError::Aborted(format!("{op} #{seq} on rank {}: the backend was dropped", self.comm.me)));
@@ -338,7 +420,23 @@ impl Progress {
                 self.comm.me
             )));
         }
-        let r = f(self);
+        let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                let e = CollectiveError::Backend(format!(
+                    "shm backend rank {}: the progress thread panicked in {op} #{seq}: {msg} (the communicator is poisoned)",
+                    self.comm.me
+                ));
+                self.poisoned = Some(e.to_string());
+                self.comm.ctl.poison();
+                return Err(e);
+            }
+        };
         if let Err(e) = &r {
             if matches!(e, CollectiveError::Timeout { .. } | CollectiveError::PeerDied { .. } | CollectiveError::Aborted(_)) {
                 self.poisoned = Some(e.to_string());
@@ -362,16 +460,14 @@ impl Progress {
         c.ctl.barrier(self.step, deadline, &c.abort).map_err(|e| c.wait_error(e, op, seq, started))
     }
 
-    fn collective(&mut self, name: &str, post: Post, reply: Option<GroupReply>) -> Result<()> {
+    fn collective(&mut self, name: &str, post: Post, keep: Vec<ShmBuffer>, reply: Option<GroupReply>, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let seq = post.call.seq;
         let comm = self.comm.clone();
-        let (n, me) = (comm.n, comm.me);
-        if post.call.op == CallOp::NewGroup {
-            self.groups += 1;
-        }
-        // 1. Post.
+        let me = comm.me;
+        // 1. Post. Until the counter is raised, no peer can see this op: a failure here frees
+        // everything at once.
         let bytes = post.encode();
         let blk = match comm.world.alloc(bytes.len()) {
             Ok(b) => b,
@@ -380,21 +476,65 @@ impl Progress {
         comm.world.region(comm.world.global_rank, blk.off, bytes.len()).copy_from_bytes(&bytes);
         comm.ctl.post_off(me).store(blk.off as u64, SeqCst);
         comm.ctl.post_len(me).store(bytes.len() as u64, SeqCst);
-        self.barrier(name, seq, deadline, started)?;
+        self.step = self.step.wrapping_add(1);
+        let token = self.step.max(1);
+        comm.ctl.open(token);
+        comm.ctl.set_counter(self.step);
+        // From here on peers may read the post and touch the buffers: the op's memory is held by
+        // `Posted` until the op ends, and a failure closes it first (see `Posted`).
+        let mut held = Posted { comm: comm.clone(), blk: Some(blk), keep, settled: false, name: name.to_string(), seq };
+        match self.posted(name, seq, token, started, deadline, reply, fault) {
+            Ok(()) => {
+                held.settle();
+                Ok(())
+            }
+            Err(e) if e.bad_input_kind().is_some() => {
+                // Validation failed on every rank, after the second barrier: nobody touches.
+                held.settle();
+                Err(e)
+            }
+            Err(e) => {
+                self.poisoned = Some(e.to_string());
+                comm.ctl.poison();
+                Err(held.fail(e))
+            }
+        }
+    }
+
+    /// The part of a collective after its post is published.
+    #[allow(clippy::too_many_arguments)]
+    fn posted(
+        &mut self,
+        name: &str,
+        seq: u64,
+        token: u32,
+        started: Instant,
+        deadline: Instant,
+        reply: Option<GroupReply>,
+        fault: Option<Fault>,
+    ) -> Result<()> {
+        let comm = self.comm.clone();
+        let (n, me) = (comm.n, comm.me);
+        let werr = |e: WaitErr| comm.wait_error(e, name, seq, started);
+        comm.strike(&fault, point::AFTER_POST, name, seq)?;
+        comm.ctl.wait_all(self.step, deadline, &comm.abort).map_err(werr)?;
+        // A peer that failed after posting (its counter was already raised) poisoned the
+        // communicator before its wait returned: check the abort word after every barrier.
+        comm.ctl.check_abort().map_err(werr)?;
         // 2. Read and validate every rank's post.
         let mut posts = Vec::with_capacity(n);
         for r in 0..n {
             let off = comm.ctl.post_off(r).load(SeqCst) as usize;
             let len = comm.ctl.post_len(r).load(SeqCst) as usize;
-            let mut b = vec![0u8; len];
-            comm.world.region(comm.globals[r], off, len).copy_to_bytes(&mut b);
-            match Post::decode(&b) {
+            let arena = comm.world.arenas[comm.globals[r]].len();
+            let decoded = (len <= MAX_POST && off.checked_add(len).is_some_and(|e| e <= arena)).then(|| {
+                let mut b = vec![0u8; len];
+                comm.world.region(comm.globals[r], off, len).copy_to_bytes(&mut b);
+                Post::decode(&b)
+            });
+            match decoded.flatten() {
                 Some(p) => posts.push(p),
-                None => {
-                    return Err(
-                        self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")))
-                    )
-                }
+                None => return Err(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt"))),
             }
         }
         let calls: Vec<CallDesc> = posts.iter().map(|p| p.call.clone()).collect();
@@ -402,8 +542,24 @@ impl Progress {
             self.barrier(name, seq, deadline, started)?;
             return Err(e.into_error(name, seq, me));
         }
-        // 3. Move the data.
+        comm.strike(&fault, point::BETWEEN_BARRIERS, name, seq)?;
+        comm.ctl.check_abort().map_err(werr)?;
+        // 3. Move the data, holding claims on every peer's memory (see `ctl`).
+        let claims = Claims::take(&comm, token).map_err(|r| {
+            CollectiveError::Aborted(format!(
+                "{name} #{seq} on rank {me}: rank {r}'s side of the op had already failed (it closed its buffers)"
+            ))
+        })?;
+        comm.strike(&fault, point::PROGRESS_THREAD, name, seq)?;
+        // Re-checked right before the first store: a peer that gave up waiting for this rank's
+        // claim (one op deadline after its own failure) has closed by now.
+        claims.still_open(token).map_err(|r| {
+            CollectiveError::Aborted(format!(
+                "{name} #{seq} on rank {me}: rank {r} closed its buffers (its side of the op failed) before this rank moved data"
+            ))
+        })?;
         let group = self.execute(&posts)?;
+        drop(claims);
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
         let group = match group {
             Some(g) => Some(self.finish_group(g, name, seq, deadline, started)?),
@@ -412,7 +568,6 @@ impl Progress {
                 None
             }
         };
-        drop(blk);
         if let (Some(tx), Some(g)) = (reply, group) {
             let _ = tx.send(g);
         }
@@ -498,6 +653,9 @@ impl Progress {
                 out(me, 0).copy_from(inp(root, 0).sub(me * nb, nb));
             }
             CallOp::NewGroup => {
+                // Counted here, after validation, on every rank alike (issue 15 item 8: counted
+                // before validation, a new_group matched against another op bumped one side).
+                self.groups += 1;
                 let list = p0.call.group.clone().expect("validated");
                 let tag = format!("{}g{}", comm.tag, self.groups);
                 let seg = format!("{}{}-ctl", concord_core::world_prefix(&comm.world.world_id), tag);
@@ -505,7 +663,7 @@ impl Progress {
                 let mut created = None;
                 let mut err = None;
                 if pos == Some(0) {
-                    match Mapping::create(&seg, crate::ctl::ctl_size(list.len()), false) {
+                    match Mapping::create(&seg, crate::ctl::ctl_size(list.len()), true) {
                         Ok(m) => {
                             sys::register_cleanup(&seg);
                             Ctl::init(&m, list.len());
@@ -521,7 +679,8 @@ impl Progress {
     }
 
     /// new_group, after validation: the creator made the segment; members open it between two
-    /// barriers; then the creator unlinks its name (mappings stay).
+    /// barriers; then the creator unlinks its name (mappings stay) — on every path, failures
+    /// included (issue 15 item 12).
     fn finish_group(
         &mut self,
         mut g: NewGroup,
@@ -530,26 +689,28 @@ impl Progress {
         deadline: Instant,
         started: Instant,
     ) -> Result<(String, Option<Mapping>)> {
-        self.barrier(name, seq, deadline, started)?;
         let mut mapping = g.created.take();
-        if g.pos.is_some_and(|p| p > 0) {
-            match Mapping::open(&g.seg) {
-                Ok(m) => mapping = Some(m),
-                Err(e) => g.err = Some(format!("cannot open group control segment {}: {e}", g.seg)),
+        let r = self.barrier(name, seq, deadline, started).and_then(|()| {
+            if g.pos.is_some_and(|p| p > 0) {
+                match Mapping::open(&g.seg, true) {
+                    Ok(m) => mapping = Some(m),
+                    Err(e) => g.err = Some(format!("cannot open group control segment {}: {e}", g.seg)),
+                }
             }
-        }
-        self.barrier(name, seq, deadline, started)?;
+            self.barrier(name, seq, deadline, started)
+        });
         if g.pos == Some(0) {
             let _ = sys::unlink(&g.seg);
             sys::unregister_cleanup(&g.seg);
         }
+        r?;
         if let Some(e) = g.err {
             return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)));
         }
         Ok((g.tag, mapping))
     }
 
-    fn send(&mut self, k: u32, dst: usize, entry: Entry, comp: &Arc<SendCompletion>) -> Result<()> {
+    fn send(&mut self, k: u32, dst: usize, entry: Entry, comp: &Arc<SendCompletion>, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
@@ -568,10 +729,14 @@ impl Progress {
         q.push_back(comp.clone());
         comm.ctl.write_entry(comm.me, dst, k, entry);
         comm.ctl.set_posted(dst, k);
+        if let Err(e) = comm.strike(&fault, point::AFTER_POST, "send", k as u64) {
+            comp.withdraw_or_quarantine();
+            return Err(e);
+        }
         Ok(())
     }
 
-    fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer) -> Result<()> {
+    fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer, fault: Option<Fault>) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let comm = self.comm.clone();
@@ -588,6 +753,20 @@ impl Progress {
             }
         };
         if verdict.is_ok() {
+            // Claim the message before reading the sender's buffer; a sender whose send failed
+            // withdrew it (issue 15 item 7), and its buffer may hold new data by now.
+            let word = comm.ctl.verdict(src, comm.me, k);
+            if word.compare_exchange(0, V_CLAIMED, SeqCst, SeqCst).is_err() {
+                comm.ctl.set_consumed(src, k);
+                return Err(CollectiveError::Aborted(format!(
+                    "recv #{k} on rank {}: rank {src} withdrew the message (its send had failed)",
+                    comm.me
+                )));
+            }
+            if let Err(e) = comm.strike(&fault, point::PROGRESS_THREAD, "recv", k as u64) {
+                word.store(0, SeqCst);
+                return Err(e);
+            }
             out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
         }
         let code = match &verdict {
@@ -597,6 +776,112 @@ impl Progress {
         comm.ctl.verdict(src, comm.me, k).store(code, SeqCst);
         comm.ctl.set_consumed(src, k);
         verdict.map_err(|(kind, detail)| CollectiveError::bad_input(kind, "recv", k as u64, comm.me, detail))
+    }
+}
+
+/// Largest post a rank decodes (a larger length is a corrupt post, not an allocation).
+const MAX_POST: usize = 1 << 20;
+
+/// The memory of one posted collective — its post block and every buffer it names — from the
+/// moment peers can see the post until the op ends. `settle` (the op completed or failed on
+/// every rank alike, after its last barrier) frees it normally. `fail` (and `Drop` without
+/// `settle`: a panic unwinding) first *closes* this rank's memory (`Ctl::close`: no new claim
+/// succeeds, and it waits up to one op deadline for the live peers still touching it); if a peer
+/// still holds a claim then, every block is quarantined (never reused) instead of freed.
+struct Posted {
+    comm: Arc<Comm>,
+    blk: Option<crate::arena::Block>,
+    keep: Vec<ShmBuffer>,
+    settled: bool,
+    name: String,
+    seq: u64,
+}
+
+impl Posted {
+    fn settle(&mut self) {
+        self.settled = true;
+    }
+
+    /// Closes; returns `e`, naming the peers that still touched this rank's memory if any.
+    fn fail(mut self, e: CollectiveError) -> CollectiveError {
+        self.settled = true;
+        match self.close() {
+            Ok(()) => e,
+            Err(mask) => {
+                let peers: Vec<usize> = (0..self.comm.n).filter(|p| mask & (1 << p) != 0).collect();
+                eprintln!(
+                    "concord-shm: {} #{} on rank {}: ranks {peers:?} were still moving data of this op one op deadline after it failed; its buffers are quarantined (never reused)",
+                    self.name, self.seq, self.comm.me
+                );
+                e
+            }
+        }
+    }
+
+    fn close(&mut self) -> std::result::Result<(), u64> {
+        let r = self.comm.ctl.close(Instant::now() + self.comm.op_timeout);
+        if r.is_err() {
+            self.quarantine();
+        }
+        r
+    }
+
+    fn quarantine(&self) {
+        if let Some(b) = &self.blk {
+            b.quarantine();
+        }
+        for b in &self.keep {
+            b.block.quarantine();
+        }
+    }
+}
+
+impl Drop for Posted {
+    fn drop(&mut self) {
+        if !self.settled {
+            // A panic is unwinding through the op: close, and quarantine whatever happens.
+            let _ = self.close();
+            self.quarantine();
+        }
+    }
+}
+
+/// Claims on every peer's memory for one op's data movement (see `ctl`), released on drop
+/// (also while a panic unwinds).
+struct Claims<'a> {
+    comm: &'a Comm,
+    held: Vec<usize>,
+}
+
+impl<'a> Claims<'a> {
+    /// Claims every peer for op `token`; `Err(r)`: rank `r` has closed (its op failed).
+    fn take(comm: &'a Comm, token: u32) -> std::result::Result<Claims<'a>, usize> {
+        let mut c = Claims { comm, held: Vec::with_capacity(comm.n) };
+        for r in (0..comm.n).filter(|&r| r != comm.me) {
+            if !comm.ctl.claim(r, token) {
+                return Err(r);
+            }
+            c.held.push(r);
+        }
+        Ok(c)
+    }
+}
+
+impl Claims<'_> {
+    /// `Err(r)` if rank `r` closed since it was claimed.
+    fn still_open(&self, token: u32) -> std::result::Result<(), usize> {
+        match self.held.iter().find(|&&r| !self.comm.ctl.is_open(r, token)) {
+            Some(&r) => Err(r),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        for &r in &self.held {
+            self.comm.ctl.release(r);
+        }
     }
 }
 

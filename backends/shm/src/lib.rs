@@ -20,10 +20,35 @@
 //!   with [`concord_core::validate_pair`] and posts the verdict back to the sender.
 //! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
 //!   order; [`Work`] completes through a [`concord_core::Flag`].
-//! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]); expiry gives
-//!   [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was dropped)
-//!   gives [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast
-//!   with [`CollectiveError::Aborted`], and peers stop waiting).
+//! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
+//!   the moment the progress thread starts the op; expiry gives [`CollectiveError::Timeout`], a
+//!   peer whose process is gone (or whose backend was dropped) gives
+//!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with
+//!   [`CollectiveError::Aborted`], and peers stop waiting). A failure after posting may add at
+//!   most one more op deadline, spent waiting for peers that are *inside* their data movement
+//!   (see Failures). Liveness is an open-file-description lock each rank holds on its byte of
+//!   the control segment (released by the kernel however the process ends): no pid is trusted
+//!   (pid reuse, pid namespaces).
+//! * **Failures** (issue 15). *Which thread does what:* the progress thread runs every op of a
+//!   communicator and is the only one to touch peers' memory; a panic in it is caught and
+//!   becomes a named error that poisons the communicator; dropping the backend stops it and
+//!   *joins* it before marking the rank gone. *When memory may be freed:* a rank's post and the
+//!   op's buffers are exposed from the moment its barrier counter is raised; peers *claim* a
+//!   rank's memory (a bit in its slot) before touching it and only while the rank keeps it open
+//!   for that op; a rank whose op fails after posting *closes* (no new claim succeeds) and waits
+//!   for the claims in progress, so once its wait returns nobody touches its buffers — they are
+//!   the caller's again. If a peer still holds a claim one op deadline later (stopped in the
+//!   middle of a copy), the op's blocks are *quarantined* (never reused until the world is torn
+//!   down) and the event is printed. The abort word is checked after the post barrier and before
+//!   the data movement. A send whose wait fails *withdraws* its message unless the receiver has
+//!   claimed it (then the sender waits for the copy). *What a deadline covers:* the arrival of
+//!   every peer at each barrier of the op; not a peer's data movement once started.
+//! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
+//!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
+//!   (after validation, before claiming) or `progress_thread` (claims held, before the first
+//!   copy; a receive: before copying the message) of its n-th op (collectives, sends, receives
+//!   and `new_group` counted from 0); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
+//!   it when they are reused and at teardown (`backends/shm/tests/campaign.rs`).
 //! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
 //!   and until then a SIGTERM handler and an atexit hook unlink them.
@@ -47,13 +72,13 @@ mod sys;
 
 use arena::{Block, World};
 use concord_core::{
-    progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
-    Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    fault, progress, validate_local, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp,
+    Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_store::Store;
 use exec::{Comm, Job, Progress, SendCompletion};
 use post::Post;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -66,6 +91,9 @@ pub const MAX_WORLD_SIZE: usize = 64;
 fn caps() -> Capabilities {
     Capabilities::full(MAX_WORLD_SIZE)
 }
+
+/// The fault points the backend honours (every action at each).
+const FAULT_POINTS: [&str; 3] = [fault::point::AFTER_POST, fault::point::BETWEEN_BARRIERS, fault::point::PROGRESS_THREAD];
 
 /// A buffer in shared memory: a block of its owner's arena, or a view into one.
 #[derive(Clone)]
@@ -146,7 +174,7 @@ impl ShmBackend {
 
     /// Publishes this rank's pid in the control segment, then the init barrier (step 1).
     fn join_ctl(ctl: &ctl::Ctl, op_timeout: std::time::Duration, rank: usize) -> Result<()> {
-        ctl.pid(rank).store(sys::getpid(), SeqCst);
+        ctl.join().map_err(io_err("cannot take the liveness lock on the control segment"))?;
         let started = Instant::now();
         let no_abort = AtomicBool::new(false);
         ctl.barrier(1, started + op_timeout, &no_abort).map_err(|e| match e {
@@ -202,7 +230,8 @@ impl ShmBackend {
         *seq += 1;
         post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
-        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault })?;
         Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
     }
 
@@ -253,20 +282,27 @@ fn host_identity() -> String {
 }
 
 impl Drop for ShmBackend {
+    /// Stops the progress thread (every wait gives up, queued ops fail), joins it — so that
+    /// nothing of this rank touches a peer's memory any more — and only then marks the rank gone
+    /// (issue 15 item 7: marking it gone first let a sender release its buffer while this
+    /// rank's progress thread was still copying from it).
     fn drop(&mut self) {
         self.comm.abort.store(true, SeqCst);
-        self.comm.ctl.leave();
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
+        self.comm.ctl.leave();
     }
 }
 
 impl Backend for ShmBackend {
     type Buffer = ShmBuffer;
 
-    /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16).
+    /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16);
+    /// `fault` (faults to inject, [`concord_core::fault`]: the points in `FAULT_POINTS`);
+    /// `shm_canary=1` (fill freed blocks with a canary and check it when they are reused and at
+    /// teardown; a write into freed memory ends the process with status 87).
     fn init(world: &WorldInfo) -> Result<Self> {
         let (rank, n) = (world.rank, world.world_size);
         if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
@@ -279,6 +315,7 @@ impl Backend for ShmBackend {
             None => 16.0,
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
         };
+        let fault = fault::from_world(world).map_err(CollectiveError::Backend)?;
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);
         let arena_name = |r: usize| format!("{prefix}r{r}");
@@ -303,8 +340,8 @@ impl Backend for ShmBackend {
         if rank == 0 {
             sys::register_cleanup(&ctl_name);
             guard.0.push(ctl_name.clone());
-            let m = Mapping::create(&ctl_name, ctl::ctl_size(n), false)
-                .map_err(io_err(&format!("cannot create control segment {ctl_name}")))?;
+            let m =
+                Mapping::create(&ctl_name, ctl::ctl_size(n), true).map_err(io_err(&format!("cannot create control segment {ctl_name}")))?;
             ctl::Ctl::init(&m, n);
             ctl_map = Some(m);
         }
@@ -330,18 +367,19 @@ impl Backend for ShmBackend {
             if r == rank {
                 arenas.push(own_map.take().expect("own arena"));
             } else {
-                arenas.push(Mapping::open(&arena_name(r)).map_err(io_err(&format!("cannot open arena {}", arena_name(r))))?);
+                arenas.push(Mapping::open(&arena_name(r), false).map_err(io_err(&format!("cannot open arena {}", arena_name(r))))?);
             }
         }
         let ctl_map = match ctl_map {
             Some(m) => m,
-            None => Mapping::open(&ctl_name).map_err(io_err(&format!("cannot open control segment {ctl_name}")))?,
+            None => Mapping::open(&ctl_name, true).map_err(io_err(&format!("cannot open control segment {ctl_name}")))?,
         };
         let ctl = ctl::Ctl::attach(ctl_map, n, rank).map_err(CollectiveError::Backend)?;
         Self::join_ctl(&ctl, world.op_timeout, rank)?;
         drop(guard); // every rank has mapped everything: unlink our names now
         drop(store);
-        let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas));
+        let canary = world.option("shm_canary") == Some("1");
+        let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas, canary));
         Self::start(Comm {
             world: world_arc,
             ctl,
@@ -352,6 +390,8 @@ impl Backend for ShmBackend {
             label: format!("shm r{rank}"),
             op_timeout: world.op_timeout,
             abort: AtomicBool::new(false),
+            fault: fault.into_iter().filter(|f| f.rank.is_none_or(|r| r == rank)).collect(),
+            issued: AtomicU64::new(0),
         })
     }
 
@@ -367,6 +407,9 @@ impl Backend for ShmBackend {
     fn capabilities(&self) -> Capabilities {
         caps()
     }
+    fn fault_hooks(&self) -> Vec<(String, fault::Action)> {
+        fault::hooks(&FAULT_POINTS)
+    }
     fn outstanding(&self) -> usize {
         self.counter.get()
     }
@@ -381,7 +424,8 @@ impl Backend for ShmBackend {
             p.call.seq = *seq;
             p.call.group = Some(ranks.to_vec());
             progress::begin(&self.comm.label, "new_group", *seq);
-            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx) })?;
+            let fault = self.comm.next_fault();
+            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault })?;
             *seq
         };
         let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
@@ -404,6 +448,8 @@ impl Backend for ShmBackend {
             tag,
             op_timeout: self.comm.op_timeout,
             abort: AtomicBool::new(false),
+            fault: Vec::new(),
+            issued: AtomicU64::new(0),
         })
         .map(Some)
     }
@@ -508,7 +554,9 @@ impl Backend for ShmBackend {
     fn all_to_all_single(&self, x: &ShmBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<ShmBuffer>> {
         let n = self.comm.n;
         let rows = match (output_splits, x.shape.first()) {
-            (Some(s), _) => s.iter().sum(),
+            // A sum that overflows is bad input, named by validation on every rank (issue 15
+            // item 10); the output's shape does not matter then.
+            (Some(s), _) => s.iter().try_fold(0usize, |a, &r| a.checked_add(r)).unwrap_or(0),
             (None, Some(&d0)) => d0 / n * n,
             (None, None) => 0,
         };
@@ -567,7 +615,8 @@ impl Backend for ShmBackend {
         let entry = ctl::Entry { off: d.off, nbytes: d.nbytes() as u64, dtype: post::dtype_code(d.dtype) as u32, numel: d.numel() as u64 };
         let comp = SendCompletion::new(self.comm.clone(), dst, k, x.clone());
         progress::begin(&self.comm.label, "send", exec::send_key(dst, k));
-        self.submit(Job::Send { k, dst, entry, comp: comp.clone() })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Send { k, dst, entry, comp: comp.clone(), fault })?;
         Ok(Work::new((), comp, self.meta(&format!("send to {dst}"), k as u64), &self.counter))
     }
 
@@ -578,7 +627,8 @@ impl Backend for ShmBackend {
         let k = ks[src];
         let flag = Flag::new();
         progress::begin(&self.comm.label, "recv", exec::recv_key(src, k));
-        self.submit(Job::Recv { k, src, out: out.clone(), flag: flag.clone() })?;
+        let fault = self.comm.next_fault();
+        self.submit(Job::Recv { k, src, out: out.clone(), flag: flag.clone(), fault })?;
         Ok(Work::new(out.clone(), flag, self.meta(&format!("recv from {src}"), k as u64), &self.counter))
     }
 

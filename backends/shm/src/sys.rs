@@ -55,8 +55,9 @@ impl Mapping {
         }
     }
 
-    /// Opens and maps the existing segment `name` (its whole current size).
-    pub fn open(name: &str) -> io::Result<Mapping> {
+    /// Opens and maps the existing segment `name` (its whole current size). `keep_fd`: keep the
+    /// descriptor (for [`Mapping::lock_byte`] / [`Mapping::byte_locked_elsewhere`]).
+    pub fn open(name: &str, keep_fd: bool) -> io::Result<Mapping> {
         let c = cname(name)?;
         // SAFETY: plain syscalls; `st` is fully written by a successful fstat.
         unsafe {
@@ -70,8 +71,39 @@ impl Mapping {
                 libc::close(fd);
                 return Err(e);
             }
-            Self::map(fd, st.st_size as usize, false)
+            Self::map(fd, st.st_size as usize, keep_fd)
         }
+    }
+
+    fn ofd_lock(&self, cmd: libc::c_int, ty: libc::c_int, byte: u64) -> io::Result<libc::flock> {
+        if self.fd < 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "segment mapped without its descriptor"));
+        }
+        // SAFETY: a zeroed flock is a valid value; fcntl with F_OFD_* reads / writes it.
+        unsafe {
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = ty as libc::c_short;
+            fl.l_whence = libc::SEEK_SET as libc::c_short;
+            fl.l_start = byte as libc::off_t;
+            fl.l_len = 1;
+            if libc::fcntl(self.fd, cmd, &mut fl as *mut libc::flock) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(fl)
+        }
+    }
+
+    /// Takes a write lock on byte `byte` of the segment, owned by this mapping's open file
+    /// description (`F_OFD_SETLK`): the kernel drops it when the description is closed — when
+    /// the mapping is dropped or the process ends, however it ends. Liveness without pids: no
+    /// pid reuse, no pid namespaces (a lock is on the file, seen by every process that maps it).
+    pub fn lock_byte(&self, byte: u64) -> io::Result<()> {
+        self.ofd_lock(libc::F_OFD_SETLK, libc::F_WRLCK, byte).map(|_| ())
+    }
+
+    /// Whether another open file description (another rank's mapping) holds a lock on `byte`.
+    pub fn byte_locked_elsewhere(&self, byte: u64) -> io::Result<bool> {
+        self.ofd_lock(libc::F_OFD_GETLK, libc::F_WRLCK, byte).map(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
     }
 
     unsafe fn map(fd: i32, len: usize, keep_fd: bool) -> io::Result<Mapping> {
@@ -225,12 +257,55 @@ impl Region {
         // SAFETY: as above.
         unsafe { std::ptr::copy(self.ptr, dst.as_mut_ptr(), self.len) }
     }
-    /// Runs `f` on the region viewed as `[T]` (length must be a multiple of `size_of::<T>()`,
-    /// the pointer aligned). The borrow ends with `f`.
+    /// Runs `f` on a *snapshot* of the region viewed as `[T]` (length must be a multiple of
+    /// `size_of::<T>()`, the pointer aligned): the bytes are copied through raw pointers into
+    /// private memory first (a stack buffer up to 16 KiB), because peers may write the shared
+    /// region at any time and a `&[T]` over it would promise Rust that nobody does (issue 15
+    /// item 12).
     pub fn with<T: bytemuck::Pod, R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
+        const WORDS: usize = 2048;
         let (p, n) = self.typed::<T>();
-        // SAFETY: live, in bounds, aligned (checked), and Pod has no invalid bit patterns.
-        f(unsafe { std::slice::from_raw_parts(p as *const T, n) })
+        assert!(std::mem::align_of::<T>() <= 8, "element alignment above 8");
+        if self.len <= WORDS * 8 {
+            let mut buf = std::mem::MaybeUninit::<[u64; WORDS]>::uninit();
+            let dst = buf.as_mut_ptr() as *mut u8;
+            // SAFETY: the source is live and in bounds (module contract); the destination is a
+            // private 8-aligned buffer of at least `len` bytes; the slice covers exactly the
+            // bytes just written, and Pod has no invalid bit patterns.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p as *const u8, dst, self.len);
+                f(std::slice::from_raw_parts(dst as *const T, n))
+            }
+        } else {
+            let mut v: Vec<T> = Vec::with_capacity(n);
+            // SAFETY: as above; `set_len` after the `len` bytes (`n` elements) are written.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p as *const u8, v.as_mut_ptr() as *mut u8, self.len);
+                v.set_len(n);
+            }
+            f(&v)
+        }
+    }
+
+    /// Fills the region with `byte` (the arena's canary; see `shm_canary`).
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: live and in bounds (module contract).
+        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) }
+    }
+
+    /// The offset of the first byte that is not `byte`, if any.
+    pub fn find_not(&self, byte: u8) -> Option<usize> {
+        let mut chunk = [0u8; 4096];
+        let mut at = 0;
+        while at < self.len {
+            let m = chunk.len().min(self.len - at);
+            self.sub(at, m).copy_to_bytes(&mut chunk[..m]);
+            if let Some(i) = chunk[..m].iter().position(|&b| b != byte) {
+                return Some(at + i);
+            }
+            at += m;
+        }
+        None
     }
     fn typed<T>(&self) -> (*mut T, usize) {
         let sz = std::mem::size_of::<T>();
@@ -272,25 +347,14 @@ pub fn futex_wake_all(word: &AtomicU32) {
 // ---------------------------------------------------------------------------------------------
 // Processes.
 
-pub fn getpid() -> u32 {
-    std::process::id()
+/// Ends the process at once with `code` (no destructors, no atexit hooks): an injected death.
+pub fn die_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(code) }
 }
 
-/// False once process `pid` is gone or is a zombie (it has exited but not been reaped).
-pub fn pid_alive(pid: u32) -> bool {
-    if pid == 0 {
-        return true;
-    }
-    // SAFETY: signal 0 only checks existence.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the last ')' (the command name may contain spaces and parens).
-        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z' | 'X')),
-        Err(_) => true,
-    }
+pub fn getpid() -> u32 {
+    std::process::id()
 }
 
 /// Number of CPUs this process may run on.
@@ -307,11 +371,12 @@ const SLOTS: usize = 512;
 const PATH_MAX: usize = 160;
 
 struct Slot {
-    /// 0 free, 1 being written, 2 holds a path.
+    /// 0 free, 1 being written (or unregistered), 2 holds a path, 3 being read.
     state: AtomicU8,
     path: std::cell::UnsafeCell<[u8; PATH_MAX]>,
 }
-// SAFETY: `path` is written only by the thread that moved `state` 0 -> 1, and read only in state 2.
+// SAFETY: `path` is written only by the thread that moved `state` 0 -> 1, and read only by the
+// thread that moved it 2 -> 1 (unregister) or 2 -> 3 (the clean-up reader).
 unsafe impl Sync for Slot {}
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -345,28 +410,50 @@ pub fn register_cleanup(name: &str) {
     }
 }
 
-/// Forgets `name` (after it was unlinked normally).
+/// Forgets `name` (after it was unlinked normally). A slot is only read by whoever owns it:
+/// this function claims it (2 -> 1) before comparing the path, and gives it back (1 -> 2) if
+/// the path is another one; it waits out a reader (state 3), which holds a slot for a few
+/// hundred bytes' copy.
 pub fn unregister_cleanup(name: &str) {
     let Some(buf) = shm_path(name) else { return };
     for s in REGISTRY.iter() {
-        // SAFETY: read only in state 2 (set after the write completed).
-        if s.state.load(Ordering::Acquire) == 2
-            && unsafe { *s.path.get() } == buf
-            && s.state.compare_exchange(2, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-        {
-            s.state.store(0, Ordering::Release);
-            return;
+        loop {
+            match s.state.compare_exchange(2, 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    // SAFETY: we own the slot in state 1.
+                    if unsafe { *s.path.get() } == buf {
+                        s.state.store(0, Ordering::Release);
+                        return;
+                    }
+                    s.state.store(2, Ordering::Release);
+                    break;
+                }
+                Err(3) => std::hint::spin_loop(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Calls `f` with every registered path (what the SIGTERM handler and the atexit hook unlink).
+/// Each slot is claimed for the read (2 -> 3, back to 2 after), so nobody rewrites it meanwhile;
+/// a slot being written or unregistered (state 1) is skipped. Async-signal-safe when `f` is
+/// (lock-free atomics only).
+fn for_each_registered(mut f: impl FnMut(&[u8; PATH_MAX])) {
+    for s in REGISTRY.iter() {
+        if s.state.compare_exchange(2, 3, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            // SAFETY: we own the slot in state 3.
+            f(unsafe { &*s.path.get() });
+            s.state.store(2, Ordering::Release);
         }
     }
 }
 
 fn unlink_all_registered() {
-    for s in REGISTRY.iter() {
-        if s.state.load(Ordering::Acquire) == 2 {
-            // SAFETY: async-signal-safe unlink of a NUL-terminated path.
-            unsafe { libc::unlink((*s.path.get()).as_ptr() as *const libc::c_char) };
-        }
-    }
+    for_each_registered(|p| {
+        // SAFETY: async-signal-safe unlink of a NUL-terminated path.
+        unsafe { libc::unlink(p.as_ptr() as *const libc::c_char) };
+    });
 }
 
 extern "C" fn on_sigterm(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -419,4 +506,71 @@ pub fn install_cleanup_handlers() {
             libc::atexit(on_exit);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 15 item 12: the clean-up reader must only read slots it owns. Two threads register
+    /// and unregister their names as fast as they can (reusing the same slots) while a third
+    /// reads the table as the SIGTERM handler does: every path read must be one of the two
+    /// names, never a mix of both.
+    #[test]
+    fn the_cleanup_reader_never_sees_a_torn_path() {
+        let names = ["concord-unit-reg-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "concord-unit-reg-b"];
+        let paths: Vec<[u8; PATH_MAX]> = names.iter().map(|n| shm_path(n).unwrap()).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let (n, stop) = (n.to_string(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        register_cleanup(&n);
+                        unregister_cleanup(&n);
+                    }
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut torn = 0u64;
+        let mut reads = 0u64;
+        while t0.elapsed() < Duration::from_millis(1500) {
+            for_each_registered(|p| {
+                reads += 1;
+                // Read slowly, byte by byte, as a signal handler interrupted mid-read would.
+                let mut copy = [0u8; PATH_MAX];
+                for (c, b) in copy.iter_mut().zip(p.iter()) {
+                    // SAFETY (test): a plain read of the byte (volatile so it is really re-read).
+                    *c = unsafe { std::ptr::read_volatile(b) };
+                    std::hint::spin_loop();
+                }
+                if !paths.contains(&copy) {
+                    torn += 1;
+                }
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(torn, 0, "{torn} of {reads} paths read by the clean-up reader were torn (a slot rewritten while read)");
+    }
+
+    /// Issue 15 item 12: `Region::with` must not hand out a `&[T]` over memory that peers may
+    /// write: the closure sees a snapshot, so a write to the region during the closure does not
+    /// show through the slice.
+    #[test]
+    fn with_gives_a_snapshot_not_a_reference_into_shared_memory() {
+        let name = format!("concord-unit-with-{}", std::process::id());
+        let m = Mapping::create(&name, 4096, false).unwrap();
+        unlink(&name).unwrap();
+        let r = m.region(0, 16);
+        r.copy_from_bytes(&[1u8; 16]);
+        r.with::<u32, _>(|s| {
+            r.copy_from_bytes(&[2u8; 16]); // what a peer would do
+            assert_eq!(s[0], u32::from_le_bytes([1; 4]), "the slice aliases the shared region");
+        });
+    }
 }

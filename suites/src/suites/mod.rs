@@ -16,6 +16,8 @@
 //! * [`all_to_all_equal`] — equal-split (`None`) all_to_all on multi-dimensional tensors.
 //! * [`device_faults`] — failure paths under injected faults (stalled stream, stuck enqueue, local
 //!   failure after begin, a rank stalling / failing around its header): backends declaring hooks.
+//! * [`faults`] — failure paths through the backend's fault-injection hooks: no buffer touched
+//!   after a failed wait, named errors, no leaked file, usable after bad input.
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
@@ -27,6 +29,7 @@ pub mod async_wait;
 pub mod bad_input;
 pub mod caps;
 pub mod device_faults;
+pub mod faults;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;

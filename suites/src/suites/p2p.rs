@@ -10,6 +10,8 @@
 //! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
 //!   receives all 17 first, then sends 17 back.
+//! * `p2p::recv_before_barrier::ws2` — rank 0 `irecv(1); barrier; wait`, rank 1
+//!   `barrier; isend(0); wait`: the receive, issued first, must not hold back the barrier.
 //!
 //! shm issue 15 item 9 (one in-order progress thread that blocked in a receive, or in a send
 //! beyond its ring, so `irecv; isend` on both ranks and 17 sends then 17 receives on both ranks
@@ -89,6 +91,24 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             exchange(ctx, n, false, Order::RecvsFirst)
         }));
     }
+    v.push(Case::<B>::new("p2p::recv_before_barrier::ws2", meta(), 2, |ctx| {
+        let b = ctx.b;
+        let w = format!("{} (rank 0: irecv, barrier; rank 1: barrier, isend)", here(b, "send_recv", "outbuf", DType::F32));
+        if b.rank() == 0 {
+            let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
+            let r = b.recv(&out, 1)?;
+            b.barrier()?
+                .wait(ctx.timeout)
+                .map_err(|e| fail(&w, format!("the barrier issued after a pending receive: {e} [{}]", e.name())))?;
+            let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
+            expect_eq(b, got, &message(1, 0, 16), &w)
+        } else {
+            b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+            let x = b.upload(&message(1, 0, 16))?;
+            b.send(&x, 0)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
+            Ok(())
+        }
+    }));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, false, order)

@@ -1,0 +1,404 @@
+//! Failure paths (issue 15): what a backend does when an op fails part-way — a rank stalls,
+//! fails, panics, or its peer issues late — through the fault-injection hooks a backend declares
+//! in `Backend::fault_hooks` ([`concord_core::fault`]). Each case starts a
+//! fresh communicator inside the case's world (`B::init` on every rank with a derived
+//! [`WorldInfo`]: its own world id, a short op deadline, the fault option), so a poisoned
+//! communicator never reaches later cases. A case whose points the backend does not declare is
+//! UNSUPPORTED.
+//!
+//! The property under test everywhere: **once a rank's wait returned an op's failure, no peer
+//! reads or writes that rank's buffers any more** — the rank fills them (and fresh allocations
+//! that may reuse the op's freed blocks) with a canary, lets the peers finish, and checks the
+//! canary; and every rank ends in a *named* error within its deadline, never `Ok`, never a hang.
+//!
+//! * `faults::late_peer::{in_place,out_of_place}::ws2` — rank 0's op times out before rank 1
+//!   issues; rank 1 then issues (shm issue 15 item 7: a barrier counter published before waiting
+//!   let the late peer pass, read rank 0's stale post and write rank 0's output).
+//! * `faults::stall_between_barriers::ws2` — rank 1 stalls after the validation barrier, past
+//!   rank 0's deadline, then would move its data.
+//! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
+//!   it was posted; rank 0 issues after that.
+//! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
+//!   error at once (item 10), not a wait that times out, and the next op fails fast.
+//! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
+//!   `bad_input` on every rank, then a usable communicator (item 10).
+//! * `faults::new_group_after_mismatch::ws2` — a `new_group` matched against another op on the
+//!   peer fails on both, and the next `new_group` works (item 8).
+//! * `faults::new_group_failure_leaves_no_file::ws2` — a `new_group` that fails between its
+//!   barriers leaves nothing named after the world in `/dev/shm` once every rank dropped the
+//!   communicator (item 12).
+//! * `faults::drop_during_recv::ws2` — the receiver drops its communicator while its receive is
+//!   in progress: the sender's buffer is not released (its send does not fail) before the
+//!   receiver has finished copying, so the receive never returns `Ok` with the sender's later
+//!   bytes (item 7: `leave()` before joining the progress thread).
+
+use super::util::{fail, full, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::fault::{self, point, Action, Fault};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, WorldInfo};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The op deadline of the communicators the cases start (generous: init is a collective under
+/// it, on a loaded 2-core CI machine).
+const OP_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How long a stalling rank sleeps: well past its peers' op deadline.
+const STALL: Duration = Duration::from_millis(3000);
+/// Elements of the buffers the cases move.
+const N: usize = 4096;
+/// The canary: a value no case ever computes.
+const CANARY: f32 = -7777.25;
+
+fn meta(op: &str, variant: &str) -> CaseMeta {
+    CaseMeta { suite: "faults".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
+}
+
+static SUB_WORLDS: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh communicator over the case's ranks (collective: every rank calls it in the same
+/// order), with op deadline [`OP_TIMEOUT`] and `fault` in its options. Returns it with its world
+/// id (the prefix of store keys and of its files).
+fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> Result<(B, String), CaseEnd> {
+    let n = SUB_WORLDS.fetch_add(1, Ordering::SeqCst);
+    let mut w: WorldInfo = ctx.world.clone();
+    w.world_id = format!("{}-f{n}", ctx.world.world_id);
+    // Start together (the ranks of a case start its body at different times on a loaded
+    // machine; init must not spend its short deadline waiting for that).
+    let key = |r: usize| format!("faults/{}/start{r}", w.world_id);
+    ctx.store.set(&key(ctx.rank()), b"1").map_err(|e| CaseEnd::Fail(format!("store: {e}")))?;
+    let keys: Vec<String> = (0..ctx.world_size()).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ctx.store
+        .wait(&refs, ctx.timeout)
+        .map_err(|e| CaseEnd::Fail(format!("rank {}: the ranks never all started the case: {e}", ctx.rank())))?;
+    w.op_timeout = OP_TIMEOUT;
+    w.options.retain(|(k, _)| k != fault::OPTION);
+    w.options.extend(fault.map(|f| f.option()));
+    let b = B::init(&w).map_err(|e| CaseEnd::Fail(format!("rank {}: init of the case's communicator: {e}", ctx.rank())))?;
+    Ok((b, w.world_id))
+}
+
+/// UNSUPPORTED unless the backend declares every point of `points` (and moves data when the
+/// case checks values).
+fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
+    if values && !b.capabilities().moves_data {
+        return Err(CaseEnd::Unsupported("the backend moves no data".into()));
+    }
+    let hooks = b.fault_hooks();
+    for p in points {
+        if !hooks.iter().any(|(h, _)| h == p) {
+            return Err(CaseEnd::Unsupported(format!("the backend declares no fault hook `{p}` (Backend::fault_hooks)")));
+        }
+    }
+    Ok(())
+}
+
+/// `action` at `point` on `rank` in its `op`-th op (counted from 1 here; the option counts from
+/// 0), a stall lasting [`STALL`].
+fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
+    Fault::new(point, action).on_rank(rank).nth(op - 1).stall_for(STALL)
+}
+
+/// Store keys of one sub-world.
+struct Keys<'a, B: Backend> {
+    ctx: &'a Ctx<'a, B>,
+    id: String,
+}
+impl<B: Backend> Keys<'_, B> {
+    fn key(&self, what: &str) -> String {
+        format!("faults/{}/{what}", self.id)
+    }
+    fn set(&self, what: &str, w: &str) -> CaseResult {
+        self.ctx.store.set(&self.key(what), b"1").map_err(|e| fail(w, format!("store: {e}")))
+    }
+    fn wait(&self, what: &str, w: &str) -> CaseResult {
+        let k = self.key(what);
+        self.ctx.store.wait(&[k.as_str()], self.ctx.timeout).map_err(|e| fail(w, format!("waiting for `{what}` from the peer: {e}")))
+    }
+}
+
+/// `r` must be a failure with a name (any named error); `Ok` fails the case.
+fn must_fail<T>(r: Result<T, CollectiveError>, w: &str, why: &str) -> Result<CollectiveError, CaseEnd> {
+    match r {
+        Ok(_) => Err(fail(w, format!("the op returned Ok although {why}"))),
+        Err(e) => Ok(e),
+    }
+}
+
+fn canary() -> Tensor {
+    full(&[N], CANARY)
+}
+
+fn check_canary<B: Backend>(b: &B, bufs: &[(&str, &B::Buffer)], w: &str, after: &CollectiveError) -> CaseResult {
+    for (what, buf) in bufs {
+        let got = b.download(buf).map_err(|e| fail(w, format!("download: {e}")))?;
+        let vals: Vec<f64> = (0..got.numel()).map(|i| got.get_f64(i)).collect();
+        if let Some(i) = vals.iter().position(|&v| v != CANARY as f64) {
+            return Err(fail(
+                w,
+                format!(
+                    "{what} was written after this rank's wait had returned the op's failure ({after} [{}]): \
+                     element {i} is {} where this rank had written the canary {CANARY} (a peer still moved data into it)",
+                    after.name(),
+                    vals[i]
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How the victim's op is issued.
+#[derive(Clone, Copy)]
+enum Place {
+    InPlace,
+    OutOfPlace,
+}
+
+/// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
+/// fresh allocations that may reuse the op's freed output — with the canary, waits until the
+/// other rank's op has ended, and checks the canary. The other rank issues after the victim's
+/// failure when `late`, else at once; its op must fail too (named, never `Ok`).
+fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, place: Place, f: Option<Fault>) -> CaseResult {
+    let points: Vec<String> = f.iter().map(|f| f.point.clone()).collect();
+    needs(ctx.b, &points.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
+    let (b, id) = sub_world(ctx, f.clone())?;
+    let keys = Keys { ctx, id };
+    let variant = match place {
+        Place::InPlace => "inplace",
+        Place::OutOfPlace => "out",
+    };
+    let w = format!("{} fault={:?}", here(&b, "all_reduce", variant, DType::F32), f.as_ref().map(|f| f.option().1));
+    let me = b.rank();
+    // Op 1: a healthy op, so that both ranks are in step.
+    let x = b.upload(&full(&[N], (me + 1) as f32))?;
+    b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    // Op 2: the one that fails.
+    let issue = |x: &B::Buffer| match place {
+        Place::InPlace => b.all_reduce_(x, ReduceOp::Sum),
+        Place::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
+    };
+    if me == victim {
+        let t0 = Instant::now();
+        let e = must_fail(issue(&x)?.wait(ctx.timeout).map(|_| ()), &w, "its peer never ran its side in time")?;
+        if t0.elapsed() > ctx.timeout {
+            return Err(fail(&w, format!("the failure came after {:?}", t0.elapsed())));
+        }
+        b.write(&x, &canary())?;
+        // Out of place: one buffer of the output's size, as a caller re-allocating would get
+        // (an allocator may hand back the op's freed output).
+        let n_fresh = match place {
+            Place::InPlace => 0,
+            Place::OutOfPlace => 1,
+        };
+        let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
+        for f in &fresh {
+            b.write(f, &canary())?;
+        }
+        keys.set("victim_failed", &w)?;
+        keys.wait("other_done", &w)?;
+        let mut bufs: Vec<(&str, &B::Buffer)> = vec![("the op's buffer", &x)];
+        bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
+        check_canary(&b, &bufs, &w, &e)?;
+    } else {
+        if late {
+            keys.wait("victim_failed", &w)?;
+        }
+        let r = issue(&x)?.wait(ctx.timeout).map(|_| ());
+        keys.set("other_done", &w)?;
+        must_fail(r, &w, &format!("rank {victim}'s side of it had already failed"))?;
+        if !late {
+            keys.wait("victim_failed", &w)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    v.push(Case::<B>::new("faults::late_peer::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+        victim_case(ctx, 0, true, Place::InPlace, None)
+    }));
+    v.push(Case::<B>::new("faults::late_peer::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        victim_case(ctx, 0, true, Place::OutOfPlace, None)
+    }));
+    v.push(Case::<B>::new("faults::stall_between_barriers::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+        victim_case(ctx, 0, false, Place::InPlace, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+        victim_case(ctx, 1, true, Place::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        victim_case(ctx, 1, true, Place::OutOfPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
+    v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
+    v.push(Case::<B>::new("faults::new_group_after_mismatch::ws2", meta("new_group", "out"), 2, group_mismatch_case));
+    v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case));
+    v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case));
+    v
+}
+
+fn panic_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[point::PROGRESS_THREAD], false)?;
+    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Panic, 1, 2)))?;
+    let keys = Keys { ctx, id };
+    let w = here(&b, "all_reduce", "out", DType::F32);
+    let x = b.upload(&full(&[N], 1.0f32))?;
+    b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    // Named within the op deadline plus slack, on every rank: the panicking rank at once.
+    let limit = OP_TIMEOUT + Duration::from_secs(2);
+    let t0 = Instant::now();
+    let e = must_fail(b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map(|_| ()), &w, "rank 1's op panicked")?;
+    let took = t0.elapsed();
+    if took > limit {
+        return Err(fail(
+            &w,
+            format!("the op failed only after {took:?} ({e} [{}]): a panic must fail it at once, not leave the wait to time out", e.name()),
+        ));
+    }
+    if b.rank() == 1 && e.name() == "timeout" {
+        return Err(fail(&w, format!("the op whose code panicked ended in a timeout ({e}); expected the named failure of the panic")));
+    }
+    // The next op fails fast with a named error on the rank whose code panicked.
+    if b.rank() == 1 {
+        let t1 = Instant::now();
+        let e2 = match b.all_reduce(&x, ReduceOp::Sum) {
+            Err(e) => e,
+            Ok(work) => must_fail(work.wait(ctx.timeout).map(|_| ()), &w, "the communicator's progress had panicked")?,
+        };
+        if t1.elapsed() > limit {
+            return Err(fail(&w, format!("the op after the panic failed only after {:?} ({e2})", t1.elapsed())));
+        }
+    }
+    keys.set(&format!("done{}", b.rank()), &w)?;
+    keys.wait(&format!("done{}", 1 - b.rank()), &w)
+}
+
+fn split_overflow_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    if !ctx.b.capabilities().validates_across_ranks {
+        return Err(CaseEnd::Unsupported("the backend does not validate calls across ranks".into()));
+    }
+    let (b, _id) = sub_world(ctx, None)?;
+    let w = here(&b, "all_to_all_single", "out", DType::F32);
+    let me = b.rank();
+    let x = b.upload(&full(&[1], 1.0f32))?;
+    // Input splits [MAX, 2] sum to 1 (dim 0) in wrapping arithmetic; rank 0 receives MAX rows
+    // from each rank, rank 1 two.
+    let ins = [usize::MAX, 2];
+    let outs: [usize; 2] = if me == 0 { [usize::MAX, usize::MAX] } else { [2, 2] };
+    let r = b.all_to_all_single(&x, Some(&outs), Some(&ins)).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
+    match r {
+        Ok(()) => return Err(fail(&w, "splits [usize::MAX, 2] (a sum that overflows) were accepted")),
+        Err(e) if e.name().starts_with("bad_input") => {}
+        Err(e) => {
+            return Err(fail(&w, format!("splits whose sum overflows must be a named bad_input on every rank; got {e} [{}]", e.name())))
+        }
+    }
+    // Still usable.
+    let y = b
+        .all_reduce(&x, ReduceOp::Sum)?
+        .into_value(ctx.timeout)
+        .map_err(|e| fail(&w, format!("the all_reduce after the bad call: {e}")))?;
+    super::util::expect_eq(&b, &y, &full(&[1], 2.0f32), &format!("{w} (the all_reduce after the bad call)"))
+}
+
+fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let caps = ctx.b.capabilities();
+    if !caps.subgroups || !caps.validates_across_ranks {
+        return Err(CaseEnd::Unsupported("needs subgroups and validation across ranks".into()));
+    }
+    let (b, _id) = sub_world(ctx, None)?;
+    let w = here(&b, "new_group", "out", DType::F32);
+    // Rank 0 creates a group while rank 1 enters a barrier: both must fail with a named error.
+    let r = if b.rank() == 0 { b.new_group(&[0, 1]).map(|_| ()) } else { b.barrier().and_then(|work| work.wait(ctx.timeout).map(|_| ())) };
+    match r {
+        Ok(()) => return Err(fail(&w, "new_group matched against a barrier on the peer returned Ok")),
+        Err(e) if e.name().starts_with("bad_input") => {}
+        Err(e) => return Err(fail(&w, format!("new_group against a barrier: expected a named bad_input, got {e} [{}]", e.name()))),
+    }
+    // The communicator is usable: the next new_group (the same on both ranks) works.
+    let g = b
+        .new_group(&[0, 1])
+        .map_err(|e| fail(&w, format!("the new_group after a mismatched one failed: {e} [{}]", e.name())))?
+        .ok_or_else(|| fail(&w, "new_group([0, 1]) gave no communicator to a member"))?;
+    let x = g.upload(&full(&[8], 1.0f32))?;
+    let y = g.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+    super::util::expect_eq(&g, &y, &full(&[8], 2.0f32), &format!("{w} (all_reduce on the group created after the mismatch)"))
+}
+
+/// Files in /dev/shm named after world `id`.
+fn files_of(id: &str) -> Vec<String> {
+    let prefix = concord_core::world_prefix(id);
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect()
+        })
+        .unwrap_or_default()
+}
+
+fn group_leak_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[point::BETWEEN_BARRIERS], false)?;
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups".into()));
+    }
+    // Op 1 is the new_group: rank 1 stalls between its barriers, past rank 0's deadline.
+    let (b, id) = sub_world(ctx, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 1)))?;
+    let keys = Keys { ctx, id: id.clone() };
+    let w = here(&b, "new_group", "out", DType::F32);
+    let me = b.rank();
+    let r = b.new_group(&[0, 1]);
+    if me == 0 {
+        must_fail(r, &w, "rank 1 stalled inside it past the deadline")?;
+    } else {
+        drop(r);
+    }
+    drop(b);
+    keys.set(&format!("dropped{me}"), &w)?;
+    keys.wait(&format!("dropped{}", 1 - me), &w)?;
+    let left = files_of(&id);
+    if !left.is_empty() {
+        return Err(fail(&w, format!("after a failed new_group and every rank dropped the communicator, /dev/shm still holds {left:?}")));
+    }
+    Ok(())
+}
+
+fn drop_during_recv_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[point::PROGRESS_THREAD], true)?;
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups (the receiver reads its buffer through one)".into()));
+    }
+    // Op 1: new_group (kept, to download after the root communicator is dropped); op 2 on rank 1:
+    // the recv, stalled before it copies.
+    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Stall, 1, 2)))?;
+    let keys = Keys { ctx, id };
+    let w = here(&b, "send_recv", "outbuf", DType::F32);
+    let g = b.new_group(&[0, 1])?.ok_or_else(|| fail(&w, "new_group([0, 1]) gave no communicator to a member"))?;
+    let n = 1 << 20;
+    let msg = Tensor::from_vec(&[n], (0..n).map(|i| (i % 1000) as f32).collect());
+    if b.rank() == 0 {
+        let x = b.upload(&msg)?;
+        let r = b.send(&x, 1)?.wait(ctx.timeout).map(|_| ());
+        if r.is_err() {
+            // The send failed: the buffer is the caller's again.
+            g.write(&x, &full(&[n], CANARY))?;
+        }
+        keys.set("sender_done", &w)?;
+        keys.wait("receiver_done", &w)?;
+        drop(b);
+    } else {
+        let out = b.alloc(DType::F32, &[n])?;
+        let work = b.recv(&out, 0)?;
+        std::thread::sleep(Duration::from_millis(200)); // inside the receiver's stall
+        drop(b);
+        keys.wait("sender_done", &w)?;
+        if work.wait(ctx.timeout).is_ok() {
+            let got = g.download(&out)?;
+            concord_oracle::compare(&got, &msg, concord_oracle::Tolerance::Exact).map_err(|m| {
+                fail(&w, format!("the receive returned Ok after its communicator was dropped mid-receive, with bytes the sender wrote after its send had failed: {m}"))
+            })?;
+        }
+        keys.set("receiver_done", &w)?;
+    }
+    Ok(())
+}
