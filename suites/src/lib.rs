@@ -40,6 +40,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::sizes::cases::<B>());
     v.extend(suites::all_to_all_equal::cases::<B>());
     v.extend(suites::realloc::cases::<B>());
+    v.extend(suites::fused::cases::<B>());
     v.extend(autotune::cases::<B, concord_autotune::Tuner>());
     v
 }

@@ -14,6 +14,8 @@
 //! * [`views`] — inputs and `_out` / recv outputs as views at non-zero offsets; parents untouched.
 //! * [`sizes`] — a size ladder per op up to 64 MiB, every element checked.
 //! * [`all_to_all_equal`] — equal-split (`None`) all_to_all on multi-dimensional tensors.
+//! * [`fused`] — fused communication + compute (seed 004): all-gather-matmul, matmul-reduce-scatter,
+//!   scaled variants, low-contention all-gather / reduce-scatter; values, buffers, bad input.
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
@@ -24,6 +26,7 @@ pub mod async_ops;
 pub mod async_wait;
 pub mod bad_input;
 pub mod caps;
+pub mod fused;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;
