@@ -172,14 +172,33 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec
     let ag = Tensor::from_bytes(inputs[0].a.dtype(), &ag_shape, &ag_bits);
     let ms = moved_shape(&s, g); // shard's moved shape [s_g, .., k]
     let k = ms[nd - 1];
+    // A' = movedim(ag, g, 0) as a dense [rows, k] f64 matrix, with each row's source rank and
+    // its row in that rank's moved shard (for row scales).
+    let mut full = ms.clone();
+    full[0] *= ws;
+    let rows: usize = full[..nd - 1].iter().product();
+    let mut a_mat = vec![0.0f64; rows * k];
+    let mut row_src = vec![(0usize, 0usize); rows];
+    for (idx, slot) in a_mat.iter_mut().enumerate() {
+        let m = coords(idx, &full);
+        let mut c = m[1..].to_vec();
+        c.insert(g, m[0]);
+        let (r, v, _) = ag_val(&c);
+        *slot = v;
+        if m[nd - 1] == 0 {
+            let mut row = vec![m[0] % sg];
+            row.extend_from_slice(&m[1..nd - 1]);
+            row_src[idx / k.max(1)] = (r, flat(&row, &ms[..nd - 1]));
+        }
+    }
     (0..ws)
         .map(|q| {
             let mut outs = vec![ag.clone()];
             for (bi, b) in inputs[q].bs.iter().enumerate() {
                 let n = b.shape()[1];
-                // Moved output shape [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
-                let mut mo = ms.clone();
-                mo[0] *= ws;
+                let bv: Vec<f64> = (0..k * n).map(|i| b.get_f64(i)).collect();
+                // Moved output [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
+                let mut mo = full.clone();
                 mo[nd - 1] = n;
                 let mut fin = mo[1..].to_vec();
                 fin.insert(g, mo[0]);
@@ -187,28 +206,14 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec
                 let v: Vec<f64> = (0..total)
                     .map(|i| {
                         let o = coords(i, &fin);
-                        // moved coords: [o[g], o without g]
                         let mut m = vec![o[g]];
                         m.extend(o.iter().enumerate().filter(|(j, _)| *j != g).map(|(_, x)| *x));
                         let j = m[nd - 1];
-                        let mut acc = 0.0f64;
-                        let mut src_rank = 0;
-                        for kk in 0..k {
-                            // A'[m0, m1.., kk] = ag[unmoved(m0, m1.., kk)]
-                            let mut am = m.clone();
-                            am[nd - 1] = kk;
-                            let mut c = am[1..].to_vec();
-                            c.insert(g, am[0]);
-                            let (r, a, _) = ag_val(&c);
-                            src_rank = r;
-                            acc += a * b.get_f64(kk * n + j);
-                        }
+                        let row = flat(&m[..nd - 1], &mo[..nd - 1]);
+                        let mut acc: f64 = (0..k).map(|kk| a_mat[row * k + kk] * bv[kk * n + j]).sum();
                         if let Some(sc) = scaling {
-                            // Row of rank src_rank's moved shard: (m0 % s_g, m1..m_{nd-2}).
-                            let mut row = vec![m[0] % sg];
-                            row.extend_from_slice(&m[1..nd - 1]);
-                            let ri = flat(&row, &ms[..nd - 1]);
-                            let sa = inputs[src_rank].a_scale.as_ref().unwrap_or(&sc.a);
+                            let (src, ri) = row_src[row];
+                            let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
                             acc *= sa.at(ri) * sc.b[bi].at(j);
                         }
                         acc
@@ -237,12 +242,14 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
         .iter()
         .map(|x| {
             let total: usize = c_shape.iter().product();
+            let av: Vec<f64> = (0..x.a.numel()).map(|i| x.a.get_f64(i)).collect();
+            let bv: Vec<f64> = (0..k * n).map(|i| x.bs[0].get_f64(i)).collect();
             let v: Vec<f64> = (0..total)
                 .map(|i| {
                     let (row, j) = (i / n, i % n);
                     let mut acc = 0.0;
                     for kk in 0..k {
-                        acc += x.a.get_f64(row * k + kk) * x.bs[0].get_f64(kk * n + j);
+                        acc += av[row * k + kk] * bv[kk * n + j];
                     }
                     if let Some(sc) = scaling {
                         acc *= x.a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);

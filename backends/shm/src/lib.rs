@@ -41,6 +41,7 @@
 mod arena;
 mod ctl;
 mod exec;
+mod fused;
 mod kernels;
 mod post;
 mod sys;
@@ -64,7 +65,7 @@ pub const MAX_WORLD_SIZE: usize = 64;
 
 /// What the backend declares (and validates calls against).
 fn caps() -> Capabilities {
-    Capabilities::full(MAX_WORLD_SIZE)
+    Capabilities { fused: concord_core::FusedImpl::Pipelined, ..Capabilities::full(MAX_WORLD_SIZE) }
 }
 
 /// A buffer in shared memory: a block of its owner's arena, or a view into one.
@@ -563,5 +564,19 @@ impl Backend for ShmBackend {
     fn barrier(&self) -> Result<Work<()>> {
         let p = Post::new(CallOp::Barrier, Variant::Out, self.comm.me, vec![], vec![]);
         self.issue("barrier", p, vec![], ())
+    }
+
+    // Fused ops: pipelined shard by shard (fused.rs); the low-contention ops are the defaults.
+    fn fused_all_gather_matmul(&self, a: &ShmBuffer, bs: &[ShmBuffer], dim: usize) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+        self.pipelined_all_gather_matmul(a, bs, dim, None)
+    }
+    fn fused_all_gather_scaled_matmul(&self, a: &ShmBuffer, bs: &[ShmBuffer], dim: usize, s: &concord_core::Scaling) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+        self.pipelined_all_gather_matmul(a, bs, dim, Some(s))
+    }
+    fn fused_matmul_reduce_scatter(&self, a: &ShmBuffer, b: &ShmBuffer, op: ReduceOp, dim: usize) -> Result<Work<ShmBuffer>> {
+        self.pipelined_matmul_reduce_scatter(a, b, op, dim, None)
+    }
+    fn fused_scaled_matmul_reduce_scatter(&self, a: &ShmBuffer, b: &ShmBuffer, op: ReduceOp, dim: usize, s: &concord_core::Scaling) -> Result<Work<ShmBuffer>> {
+        self.pipelined_matmul_reduce_scatter(a, b, op, dim, Some(s))
     }
 }
