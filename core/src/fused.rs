@@ -18,7 +18,8 @@
 //!   `low_contention_reduce_scatter(x, op)` = `reduce_scatter_tensor(x, op)`, `op ∈ {sum, avg}`.
 //! * Values: every product block is accumulated (f32 for f32 / bf16 / f16, f64 for f64 inputs)
 //!   and rounded *once* to the output dtype; a reduce-scatter sums the rounded blocks exactly and
-//!   rounds once (the same rule as [`crate::Rounding::ExactThenRound`]).
+//!   rounds once (the same rule as [`crate::Rounding::ExactThenRound`]). Accumulators start
+//!   from +0 (as in BLAS): an exactly-zero product sum is +0 even when every product is -0.
 //!
 //! Bad input is decided by the rule table of [`crate::call`] on a [`CallDesc`] with
 //! [`crate::call::FusedArgs`]; every rank exchanges its description before any data moves

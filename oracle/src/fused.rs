@@ -2,7 +2,8 @@
 //! rank's outputs from every rank's inputs, by the unfused decomposition written out
 //! coordinate by coordinate (an implementation independent of the one in `concord-core`):
 //! each product element summed in f64 and rounded once to the output dtype; a reduce-scatter
-//! sums every rank's rounded product in f64 and rounds once.
+//! sums every rank's rounded product in f64 and rounds once. Sums start from +0, as BLAS
+//! accumulators do: a product sum that is exactly zero is +0, even when every product is -0.
 //!
 //! # Tolerances ([`fused_tolerance`])
 //! * Exact-by-construction inputs (small integers, power-of-two scales, `|sum| <= 256`, so that
@@ -130,7 +131,7 @@ pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilit
                     let n = x0.numel() / ws;
                     let v: Vec<f64> = (0..n)
                         .map(|i| {
-                            let s: f64 = inputs.iter().map(|x| x.a.get_f64(r * n + i)).sum();
+                            let s: f64 = inputs.iter().fold(0.0, |s, x| s + x.a.get_f64(r * n + i));
                             if *op == ReduceOp::Avg {
                                 s / ws as f64
                             } else {
@@ -210,7 +211,8 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec
                         m.extend(o.iter().enumerate().filter(|(j, _)| *j != g).map(|(_, x)| *x));
                         let j = m[nd - 1];
                         let row = flat(&m[..nd - 1], &mo[..nd - 1]);
-                        let mut acc: f64 = (0..k).map(|kk| a_mat[row * k + kk] * bv[kk * n + j]).sum();
+                        // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
+                        let mut acc: f64 = (0..k).fold(0.0, |acc, kk| acc + a_mat[row * k + kk] * bv[kk * n + j]);
                         if let Some(sc) = scaling {
                             let (src, ri) = row_src[row];
                             let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
@@ -270,7 +272,7 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
                     let mut c = coords(i, &out_shape);
                     c[d] += r * out_shape[d];
                     let fi = flat(&c, &c_shape);
-                    let sum: f64 = cs.iter().map(|t| t.get_f64(fi)).sum();
+                    let sum: f64 = cs.iter().fold(0.0, |s, t| s + t.get_f64(fi));
                     if op == ReduceOp::Avg {
                         sum / ws as f64
                     } else {
