@@ -16,6 +16,7 @@
 
 pub mod args;
 pub mod compare;
+pub mod fused;
 pub mod mpi;
 pub mod plot;
 pub mod rank;

@@ -294,7 +294,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "fused.pipelined_order",
         source: BACKEND,
         text: "A pipelined fused op consumes a peer's shard only once it has landed, and puts it at its rank's place.",
-        cases: &["fused::all_gather_matmul::dim0::f32::exact::ws8", "fused::all_gather_matmul::dim1::f32::seed_shape::ws4"],
+        cases: &["fused::all_gather_matmul::dim2::f32::large::ws8", "fused::matmul_reduce_scatter::dim0::f32::sum::large::ws3"],
     },
     Clause {
         id: "fused.bad_input",

@@ -14,12 +14,22 @@
 //! Values and rules are `concord_core::fused`'s (the same plans and kernel as the unfused
 //! decomposition: `matrixmultiply` through `concord_core::fused::sgemm`); every rank exchanges
 //! its call's description first, so bad input is the same named error on every rank. The
+//! Below [`PIPELINE_MIN_BYTES`] of `a` per rank the ops take the decomposition instead (one
+//! collective has fewer synchronisation points than `2 (ws - 1)` sends and receives, and there
+//! is no transfer worth hiding; measured in docs/RESULTS.md). The
 //! low-contention ops are shm's own all_gather / reduce_scatter (which already pull from the
 //! peers' segments): the trait's defaults.
 
 use crate::{ShmBackend, ShmBuffer};
 use concord_core::fused::{describe, exchange_and_validate, gather_row_scales, input_descs, AgMatmulPlan, MatmulRsPlan, DECOMPOSITION_WAIT};
 use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
+
+/// The smallest `a` (bytes, per rank) that is pipelined.
+pub const PIPELINE_MIN_BYTES: usize = 16 << 10;
+
+fn small(b: &ShmBackend, a: &ShmBuffer) -> bool {
+    b.buffer_dtype(a).size() * b.buffer_shape(a).iter().product::<usize>() < PIPELINE_MIN_BYTES
+}
 
 impl ShmBackend {
     pub(crate) fn pipelined_all_gather_matmul(
@@ -29,6 +39,9 @@ impl ShmBackend {
         dim: usize,
         scaling: Option<&Scaling>,
     ) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+        if small(self, a) {
+            return concord_core::fused::decomposed_all_gather_matmul(self, a, bs, dim, scaling);
+        }
         let (ws, me) = (self.world_size(), self.rank());
         let ins = input_descs(self, a, bs);
         let op = CallOp::FusedAllGatherMatmul;
@@ -73,6 +86,9 @@ impl ShmBackend {
         dim: usize,
         scaling: Option<&Scaling>,
     ) -> Result<Work<ShmBuffer>> {
+        if small(self, a) {
+            return concord_core::fused::decomposed_matmul_reduce_scatter(self, a, b, rop, dim, scaling);
+        }
         let (ws, me) = (self.world_size(), self.rank());
         let ins = input_descs(self, a, std::slice::from_ref(b));
         let op = CallOp::FusedMatmulReduceScatter;

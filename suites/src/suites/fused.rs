@@ -374,6 +374,19 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 push(&mut out, format!("fused::scaled_matmul_reduce_scatter::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
             }
         }
+        // Larger operands (a native backend's pipelined path, above any small-size shortcut):
+        // a_shard [8, 64, 32] f32 on every dim; a [8 ws, 16, 32] for the reduce-scatter.
+        for dim in 0..3 {
+            let a = vec![8, 64, 32];
+            let k = *concord_core::fused::moved_shape(&a, dim).last().expect("3-D");
+            push(&mut out, format!("fused::all_gather_matmul::dim{dim}::f32::large::ws{ws}"), ws, ag_spec(dim, DType::F32, a, vec![vec![k, 16], vec![k, 8]], true), 2);
+        }
+        for dim in [0, 2] {
+            let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true) };
+            push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::f32::sum::large::ws{ws}"), ws, s, 2);
+            let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], dtype: DType::BF16, ..rs_spec(ReduceOp::Avg, dim, DType::BF16, ws, true) };
+            push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::bf16::avg::large::ws{ws}"), ws, s, 2);
+        }
         // Random inputs (tolerance) and the seed's shapes.
         if [2, 4].contains(&ws) || ws == 1 {
             for dt in dts {
