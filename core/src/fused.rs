@@ -148,6 +148,15 @@ pub fn to_f32(t: &Tensor) -> Vec<f32> {
     }
 }
 
+/// The values as f32, borrowed when the tensor is f32 already.
+fn f32_view(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
+    if t.dtype() == DType::F32 {
+        std::borrow::Cow::Borrowed(t.as_slice::<f32>())
+    } else {
+        std::borrow::Cow::Owned(to_f32(t))
+    }
+}
+
 pub fn to_f64(t: &Tensor) -> Vec<f64> {
     (0..t.numel()).map(|i| t.get_f64(i)).collect()
 }
@@ -196,7 +205,7 @@ pub fn block_product(a: &Tensor, m: usize, k: usize, b: &Tensor, sa: Option<(&Sc
         c
     } else {
         let mut c = vec![0.0f32; m * n];
-        sgemm(m, k, n, &to_f32(a), &to_f32(b), &mut c);
+        sgemm(m, k, n, &f32_view(a), &f32_view(b), &mut c);
         c.into_iter().map(f64::from).collect()
     };
     if sa.is_some() || sb.is_some() {
@@ -340,7 +349,7 @@ impl MatmulRsPlan {
 
     /// Chunk `p` of this rank's `a @ b` along `dim` (the part rank `p` reduces), as a tensor of
     /// the output's shape. Computes only that chunk's rows (or columns, for the last dim).
-    pub fn chunk(&self, p: usize, a: &Tensor, b: &Tensor, scaling: Option<&Scaling>) -> Tensor {
+    pub fn chunk(&self, p: usize, a: &Tensor, b: &Tensor, scaling: Option<&Scaling>, src: Option<&RsSource>) -> Tensor {
         let nd = self.c_shape.len();
         let cs = self.c_shape[self.dim] / self.ws;
         let k = *a.shape().last().expect("a matrix");
@@ -358,23 +367,42 @@ impl MatmulRsPlan {
             let v = block_product(a, m, k, &bcols, sa.map(|s| (s, 0)), sbc.as_ref());
             return round_into(self.out_dtype, &self.out_shape(), &v);
         }
-        // Rows of a along `dim` (a and c share every dim but the last).
-        let am = move_to_front(a, self.dim);
-        let part = am.slice_rows(p * cs, cs);
-        let a_chunk = move_from_front(&part, self.dim);
-        let m = a_chunk.numel().checked_div(k).unwrap_or(0);
-        // Row scales follow a's flattened rows: pick the rows of this chunk.
-        let sa_chunk = sa.map(|s| match s {
+        // Rows of a along `dim` (a and c share every dim but the last): chunk p of the moved a
+        // (moved once, in `prepare`), multiplied, moved back.
+        let src = match src {
+            Some(s) => s,
+            None => &self.prepare(a, scaling),
+        };
+        let part = src.am.slice_rows(p * cs, cs);
+        let m = part.numel().checked_div(k).unwrap_or(0);
+        let sa_chunk = src.sa.as_ref().map(|s| match s {
             Scale::Tensor(x) => Scale::Tensor(*x),
             Scale::Rows(v) => {
-                let idx = Tensor::from_vec(&a.shape()[..nd - 1], (0..v.len() as u32).collect::<Vec<u32>>());
-                let im = move_to_front(&idx, self.dim).slice_rows(p * cs, cs);
-                let ib = move_from_front(&im, self.dim);
-                Scale::Rows(ib.as_slice::<u32>().iter().map(|&i| v[i as usize]).collect())
+                let per = v.len() / self.c_shape[self.dim].max(1);
+                Scale::Rows(v[p * cs * per..(p + 1) * cs * per].to_vec())
             }
         });
-        let v = block_product(&a_chunk, m, k, b, sa_chunk.as_ref().map(|s| (s, 0)), sb);
-        round_into(self.out_dtype, &self.out_shape(), &v)
+        let v = block_product(&part, m, k, b, sa_chunk.as_ref().map(|s| (s, 0)), sb);
+        let mut mo = moved_shape(&self.out_shape(), self.dim);
+        *mo.last_mut().expect("a matrix") = n;
+        move_from_front(&round_into(self.out_dtype, &mo, &v), self.dim)
+    }
+
+    /// `a` moved so that the scattered dim is first (and its row scales with it), once for
+    /// every [`MatmulRsPlan::chunk`] of a call.
+    pub fn prepare(&self, a: &Tensor, scaling: Option<&Scaling>) -> RsSource {
+        let nd = a.shape().len();
+        if self.dim + 1 == nd {
+            return RsSource { am: Tensor::zeros(a.dtype(), &[0]), sa: scaling.map(|s| s.a.clone()) };
+        }
+        let sa = scaling.map(|s| match &s.a {
+            Scale::Tensor(x) => Scale::Tensor(*x),
+            Scale::Rows(v) => {
+                let t = Tensor::from_vec(&a.shape()[..nd - 1], v.clone());
+                Scale::Rows(move_to_front(&t, self.dim).as_slice::<f32>().to_vec())
+            }
+        });
+        RsSource { am: move_to_front(a, self.dim), sa }
     }
 
     /// Reduces every rank's chunk for this rank (index = source rank): exact sum in f64, divided
@@ -392,6 +420,12 @@ impl MatmulRsPlan {
         }
         round_into(self.out_dtype, &self.out_shape(), &acc)
     }
+}
+
+/// `a` prepared for [`MatmulRsPlan::chunk`] ([`MatmulRsPlan::prepare`]).
+pub struct RsSource {
+    am: Tensor,
+    sa: Option<Scale>,
 }
 
 /// The description of one fused call (the rule table's input).

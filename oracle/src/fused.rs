@@ -92,6 +92,12 @@ fn round(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
 /// Every rank's outputs (index = rank): all-gather-matmul `[ag, out_0, ..]`, the others
 /// `[out]`; or the named bad-input error every rank MUST report.
 pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilities) -> Result<Vec<Vec<Tensor>>, BadInput> {
+    expected_fused_for(call, inputs, caps, None)
+}
+
+/// [`expected_fused`] computing the outputs of rank `only` alone (the others' are left empty):
+/// what one rank of a case needs.
+pub fn expected_fused_for(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilities, only: Option<usize>) -> Result<Vec<Vec<Tensor>>, BadInput> {
     let ws = inputs.len();
     let (reduce, dim) = match call {
         FusedCall::AllGatherMatmul { dim, .. } => (None, *dim),
@@ -114,8 +120,8 @@ pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilit
         .collect();
     concord_core::validate_all(&descs, caps)?;
     Ok(match call {
-        FusedCall::AllGatherMatmul { dim, scaling } => ag_matmul(inputs, *dim, scaling.as_ref()),
-        FusedCall::MatmulReduceScatter { op, dim, scaling } => matmul_rs(inputs, *op, *dim, scaling.as_ref()),
+        FusedCall::AllGatherMatmul { dim, scaling } => ag_matmul(inputs, *dim, scaling.as_ref(), only),
+        FusedCall::MatmulReduceScatter { op, dim, scaling } => matmul_rs(inputs, *op, *dim, scaling.as_ref(), only),
         FusedCall::LowContentionAllGather => {
             let row: Vec<usize> = inputs[0].a.shape()[1..].to_vec();
             let parts: Vec<Tensor> = inputs.iter().map(|x| x.a.clone()).collect();
@@ -146,7 +152,7 @@ pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilit
     })
 }
 
-fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec<Vec<Tensor>> {
+fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
     let ws = inputs.len();
     let s = inputs[0].a.shape().to_vec();
     let nd = s.len();
@@ -194,6 +200,9 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec
     }
     (0..ws)
         .map(|q| {
+            if only.is_some_and(|o| o != q) {
+                return vec![];
+            }
             let mut outs = vec![ag.clone()];
             for (bi, b) in inputs[q].bs.iter().enumerate() {
                 let n = b.shape()[1];
@@ -229,7 +238,7 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>) -> Vec
         .collect()
 }
 
-fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Scaling>) -> Vec<Vec<Tensor>> {
+fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
     let ws = inputs.len();
     let s = inputs[0].a.shape().to_vec();
     let nd = s.len();
@@ -267,6 +276,9 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
     let total: usize = out_shape.iter().product();
     (0..ws)
         .map(|r| {
+            if only.is_some_and(|o| o != r) {
+                return vec![];
+            }
             let v: Vec<f64> = (0..total)
                 .map(|i| {
                     let mut c = coords(i, &out_shape);

@@ -102,15 +102,16 @@ impl ShmBackend {
             recvs.push((src, self.recv(&buf, src)?));
         }
         let (at, bt) = (self.download(a)?, self.download(b)?);
+        let src = plan.prepare(&at, scaling);
         // Produce each peer's chunk and send it at once; our own chunk last.
         let mut sends = Vec::with_capacity(ws.saturating_sub(1));
         for step in 1..ws {
             let dst = (me + ws - step) % ws;
-            let buf = self.upload(&plan.chunk(dst, &at, &bt, scaling))?;
+            let buf = self.upload(&plan.chunk(dst, &at, &bt, scaling, Some(&src)))?;
             sends.push(self.send(&buf, dst)?);
         }
         let mut chunks: Vec<Option<Tensor>> = vec![None; ws];
-        chunks[me] = Some(plan.chunk(me, &at, &bt, scaling));
+        chunks[me] = Some(plan.chunk(me, &at, &bt, scaling, Some(&src)));
         for (src, w) in recvs {
             chunks[src] = Some(self.download(w.wait(DECOMPOSITION_WAIT)?)?);
         }

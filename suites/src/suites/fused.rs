@@ -20,7 +20,7 @@
 use super::util::fail;
 use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, BadInputKind, Capabilities, CollectiveError, DType, ReduceOp, Scale, Scaling, Tensor};
-use concord_oracle::{compare, expected_fused, fused_tolerance, FusedCall, FusedInputs, Tolerance};
+use concord_oracle::{compare, expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs, Tolerance};
 use std::sync::Arc;
 
 /// What a case feeds the op on every rank.
@@ -189,15 +189,20 @@ fn where_of(backend: &str, spec: &FusedSpec, ws: usize, rank: usize) -> String {
 }
 
 /// Checks one rank's outputs against the oracle's (non-generic).
-fn check(spec: &FusedSpec, caps: &Capabilities, seed: u64, ws: usize, rank: usize, got: Outs, where_: &str) -> CaseResult {
+/// The oracle's answer for this rank (each rank's call: bad-input cases make one rank's differ).
+type Expected = Result<Vec<Vec<Tensor>>, concord_core::BadInput>;
+
+fn expected_for(spec: &FusedSpec, caps: &Capabilities, seed: u64, ws: usize, rank: usize) -> Expected {
     let inputs: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs(r, seed)).collect();
-    // The oracle sees each rank's call (bad-input cases make one rank's differ).
-    let exp = if spec.odd_rank.is_some() {
+    if spec.odd_rank.is_some() {
         odd_expected(spec, &inputs, caps)
     } else {
-        expected_fused(&spec.call, &inputs, caps)
-    };
-    match (exp, got) {
+        expected_fused_for(&spec.call, &inputs, caps, Some(rank))
+    }
+}
+
+fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank: usize, got: Outs, where_: &str) -> CaseResult {
+    match (exp.clone(), got) {
         (Err(bad), Err(e)) => {
             if e.bad_input_kind() == Some(bad.kind) {
                 Ok(())
@@ -272,9 +277,10 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
     let caps = ctx.b.capabilities();
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
     let me = spec.inputs(rank, seed);
+    let exp = expected_for(spec, &caps, seed, ws, rank);
     for rep in 0..repeats {
         let got = issue(ctx.b, spec.call_of(rank), &me, ctx.timeout, &where_)?;
-        check(spec, &caps, seed, ws, rank, got, &format!("{where_} issue={}", rep + 1))?;
+        check(spec, &caps, &exp, ws, rank, got, &format!("{where_} issue={}", rep + 1))?;
     }
     if spec.odd_rank.is_some() || !spec.exact || repeats == 1 {
         // After a bad call: a good one on the same world.
@@ -282,7 +288,8 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
         let w = where_of(&backend_label(ctx.b), &good, ws, rank);
         let me = good.inputs(rank, seed);
         let got = issue(ctx.b, &good.call, &me, ctx.timeout, &w)?;
-        check(&good, &caps, seed, ws, rank, got, &format!("{w} (a good call after the case's)"))?;
+        let exp = expected_for(&good, &caps, seed, ws, rank);
+        check(&good, &caps, &exp, ws, rank, got, &format!("{w} (a good call after the case's)"))?;
     }
     if ctx.b.outstanding() != 0 {
         return Err(fail(&where_, format!("outstanding() is {} after every work was waited", ctx.b.outstanding())));
