@@ -31,7 +31,11 @@ pub fn fused_main<B: Backend>(name: &str, args: &Args) -> i32 {
             }
         };
     }
-    let spec = match launch::LaunchSpec::current_exe(args.ranks, name) {
+    let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
+        s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
+        Ok(s)
+    });
+    let spec = match spec {
         Ok(s) => s,
         Err(e) => {
             eprintln!("concord-bench --fused: cannot launch: {e}");
@@ -71,7 +75,14 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
     let (ws, me) = (b.world_size(), b.rank());
     let dt = DType::F32;
     if me == 0 {
-        println!("# concord-bench --fused: backend {} ({:?}), {ws} ranks, f32, {} timed + {} warm-up iterations", b.name(), b.capabilities().fused, args.iters, args.warmup);
+        println!(
+            "# concord-bench --fused: backend {} ({:?}), {ws} ranks, f32, {} timed + {} warm-up iterations, options `{}`",
+            b.name(),
+            b.capabilities().fused,
+            args.iters,
+            args.warmup,
+            args.opts
+        );
         println!("# time: mean per call of the slowest rank (us); fused = Backend::fused_* as provided; unfused = the seed's decomposition");
         println!("# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}", "op", "a (per rank)", "b", "unfused", "fused", "speedup", "#wrong");
         println!("# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}", "", "", "", "(us)", "(us)", "", "");

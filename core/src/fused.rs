@@ -411,8 +411,11 @@ impl MatmulRsPlan {
         let n = chunks[0].numel();
         let mut acc = vec![0.0f64; n];
         for c in chunks {
-            for (a, i) in acc.iter_mut().zip(0..n) {
-                *a += c.get_f64(i);
+            if c.dtype() == DType::F64 {
+                acc.iter_mut().zip(c.as_slice::<f64>()).for_each(|(a, x)| *a += x);
+            } else {
+                // f32 / bf16 / f16 widen to f32 exactly, then to f64.
+                acc.iter_mut().zip(f32_view(c).iter()).for_each(|(a, x)| *a += *x as f64);
             }
         }
         if self.op == ReduceOp::Avg {

@@ -14,21 +14,49 @@
 //! Values and rules are `concord_core::fused`'s (the same plans and kernel as the unfused
 //! decomposition: `matrixmultiply` through `concord_core::fused::sgemm`); every rank exchanges
 //! its call's description first, so bad input is the same named error on every rank. The
-//! Below [`PIPELINE_MIN_BYTES`] of `a` per rank the ops take the decomposition instead (one
-//! collective has fewer synchronisation points than `2 (ws - 1)` sends and receives, and there
-//! is no transfer worth hiding; measured in docs/RESULTS.md). The
+//! When pipelining cannot win (`a` below [`PIPELINE_MIN_BYTES`] per rank, or fewer than two
+//! cores per rank: option `fused_pipeline`, see [`set_mode`]) the ops take the decomposition. The
 //! low-contention ops are shm's own all_gather / reduce_scatter (which already pull from the
 //! peers' segments): the trait's defaults.
 
 use crate::{ShmBackend, ShmBuffer};
 use concord_core::fused::{describe, exchange_and_validate, gather_row_scales, input_descs, AgMatmulPlan, MatmulRsPlan, DECOMPOSITION_WAIT};
 use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The smallest `a` (bytes, per rank) that is pipelined.
 pub const PIPELINE_MIN_BYTES: usize = 16 << 10;
 
+/// Backend option `fused_pipeline`: `auto` (default: pipeline when `a` has at least
+/// [`PIPELINE_MIN_BYTES`] and the machine has two cores per rank — on shm the "communication"
+/// is a copy by the progress thread, so with fewer cores there is nothing to overlap it with and
+/// the pipeline's extra synchronisation only costs: measured in docs/RESULTS.md), `always`
+/// (the conformance registry: the suite checks the pipelined path), `never`.
+static MODE: AtomicU8 = AtomicU8::new(AUTO);
+const AUTO: u8 = 0;
+const ALWAYS: u8 = 1;
+const NEVER: u8 = 2;
+
+/// Reads the `fused_pipeline` option (called by `init`).
+pub(crate) fn set_mode(v: Option<&str>) -> Result<()> {
+    let m = match v {
+        None | Some("auto") => AUTO,
+        Some("always") => ALWAYS,
+        Some("never") => NEVER,
+        Some(o) => return Err(concord_core::CollectiveError::Backend(format!("option fused_pipeline={o}: expected auto, always or never"))),
+    };
+    MODE.store(m, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Whether this call takes the decomposition instead of the pipeline.
 fn small(b: &ShmBackend, a: &ShmBuffer) -> bool {
-    b.buffer_dtype(a).size() * b.buffer_shape(a).iter().product::<usize>() < PIPELINE_MIN_BYTES
+    let bytes = b.buffer_dtype(a).size() * b.buffer_shape(a).iter().product::<usize>();
+    match MODE.load(Ordering::SeqCst) {
+        ALWAYS => false,
+        NEVER => true,
+        _ => bytes < PIPELINE_MIN_BYTES || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 * b.world_size(),
+    }
 }
 
 impl ShmBackend {

@@ -268,6 +268,7 @@ impl Backend for ShmBackend {
             )));
         }
         sys::install_cleanup_handlers();
+        fused::set_mode(world.option("fused_pipeline"))?;
         let gib: f64 = match world.option("shm_arena_gib") {
             None => 16.0,
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
