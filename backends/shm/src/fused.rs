@@ -24,14 +24,16 @@ use concord_core::fused::{describe, exchange_and_validate, gather_row_scales, in
 use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// The smallest `a` (bytes, per rank) that is pipelined.
-pub const PIPELINE_MIN_BYTES: usize = 16 << 10;
+/// The smallest `a` (bytes, per rank) that `auto` pipelines (below it the pipeline's extra
+/// synchronisation costs more than it hides: docs/RESULTS.md).
+pub const PIPELINE_MIN_BYTES: usize = 256 << 10;
 
 /// Backend option `fused_pipeline`: `auto` (default: pipeline when `a` has at least
-/// [`PIPELINE_MIN_BYTES`] and the machine has two cores per rank — on shm the "communication"
-/// is a copy by the progress thread, so with fewer cores there is nothing to overlap it with and
-/// the pipeline's extra synchronisation only costs: measured in docs/RESULTS.md), `always`
-/// (the conformance registry: the suite checks the pipelined path), `never`.
+/// [`PIPELINE_MIN_BYTES`] per rank, and for the reduce-scatter only with two cores per rank —
+/// its decomposition ends in shm's one-pass reduce-scatter kernel, and with fewer cores the
+/// chunks' copies by the progress thread have no idle core to hide on: measured in
+/// docs/RESULTS.md), `always` (the conformance registry: the suite checks the pipelined path at
+/// every size), `never`.
 static MODE: AtomicU8 = AtomicU8::new(AUTO);
 const AUTO: u8 = 0;
 const ALWAYS: u8 = 1;
@@ -50,12 +52,15 @@ pub(crate) fn set_mode(v: Option<&str>) -> Result<()> {
 }
 
 /// Whether this call takes the decomposition instead of the pipeline.
-fn small(b: &ShmBackend, a: &ShmBuffer) -> bool {
+fn small(b: &ShmBackend, a: &ShmBuffer, reduce_scatter: bool) -> bool {
     let bytes = b.buffer_dtype(a).size() * b.buffer_shape(a).iter().product::<usize>();
+    // available_parallelism reads cgroup files on every call (tens of µs): once per process.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = || *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     match MODE.load(Ordering::SeqCst) {
         ALWAYS => false,
         NEVER => true,
-        _ => bytes < PIPELINE_MIN_BYTES || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 * b.world_size(),
+        _ => bytes < PIPELINE_MIN_BYTES || (reduce_scatter && cores() < 2 * b.world_size()),
     }
 }
 
@@ -67,7 +72,7 @@ impl ShmBackend {
         dim: usize,
         scaling: Option<&Scaling>,
     ) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
-        if small(self, a) {
+        if small(self, a, false) {
             return concord_core::fused::decomposed_all_gather_matmul(self, a, bs, dim, scaling);
         }
         let (ws, me) = (self.world_size(), self.rank());
@@ -114,7 +119,7 @@ impl ShmBackend {
         dim: usize,
         scaling: Option<&Scaling>,
     ) -> Result<Work<ShmBuffer>> {
-        if small(self, a) {
+        if small(self, a, true) {
             return concord_core::fused::decomposed_matmul_reduce_scatter(self, a, b, rop, dim, scaling);
         }
         let (ws, me) = (self.world_size(), self.rank());
