@@ -7,7 +7,7 @@
 //! every timed iteration's outputs are compared with the first unfused result (`#wrong` counts
 //! the iterations that differ). Iterations alternate fused / unfused, each after a barrier, the
 //! pair's order swapped every iteration, so machine load and the first slot's cost hit both alike; each rank times its own calls (issue to completed wait) and
-//! the row shows the slowest rank's mean (an all_reduce max). Rank 0 prints the table.
+//! the row shows the slowest rank's median (an all_reduce max). Rank 0 prints the table.
 
 use crate::Args;
 use concord_core::fused::{decomposed_all_gather_matmul, decomposed_matmul_reduce_scatter};
@@ -63,6 +63,15 @@ fn ints(n: usize, seed: usize, lo: i64, span: i64) -> Vec<f64> {
     (0..n).map(|i| (lo + ((i * 7 + seed * 13 + i / 5) as i64 % span)) as f64).collect()
 }
 
+/// The median (robust to the preemptions of a loaded machine, which a mean is not).
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// The slowest rank's value.
 fn max_over_ranks<B: Backend>(b: &B, v: &[f64]) -> Result<Vec<f64>> {
     let buf = b.upload(&Tensor::from_vec(&[v.len()], v.to_vec()))?;
@@ -83,8 +92,13 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
             args.warmup,
             args.opts
         );
-        println!("# time: mean per call of the slowest rank (us); fused = Backend::fused_* as provided; unfused = the seed's decomposition");
-        println!("# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}", "op", "a (per rank)", "b", "unfused", "fused", "speedup", "#wrong");
+        println!(
+            "# time: median per call of the slowest rank (us); fused = Backend::fused_* as provided; unfused = the seed's decomposition"
+        );
+        println!(
+            "# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}",
+            "op", "a (per rank)", "b", "unfused", "fused", "speedup", "#wrong"
+        );
         println!("# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}", "", "", "", "(us)", "(us)", "", "");
     }
     for &(m, k, n) in SHAPES {
@@ -97,12 +111,17 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
             let run = |fused: bool| -> Result<(Duration, Vec<Tensor>)> {
                 let t0 = Instant::now();
                 let outs = if ag {
-                    let w = if fused { b.fused_all_gather_matmul(&a, &bs, 0)? } else { decomposed_all_gather_matmul(&b, &a, &bs, 0, None)? };
+                    let w =
+                        if fused { b.fused_all_gather_matmul(&a, &bs, 0)? } else { decomposed_all_gather_matmul(&b, &a, &bs, 0, None)? };
                     let (g, o) = w.into_value(WAIT)?;
                     let dt = t0.elapsed();
                     return Ok((dt, vec![b.download(&g)?, b.download(&o[0])?]));
                 } else {
-                    let w = if fused { b.fused_matmul_reduce_scatter(&a, &bm, ReduceOp::Sum, 0)? } else { decomposed_matmul_reduce_scatter(&b, &a, &bm, ReduceOp::Sum, 0, None)? };
+                    let w = if fused {
+                        b.fused_matmul_reduce_scatter(&a, &bm, ReduceOp::Sum, 0)?
+                    } else {
+                        decomposed_matmul_reduce_scatter(&b, &a, &bm, ReduceOp::Sum, 0, None)?
+                    };
                     w.into_value(WAIT)?
                 };
                 let dt = t0.elapsed();
@@ -116,7 +135,7 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                 barrier()?;
                 run(false)?;
             }
-            let (mut tf, mut tu, mut wrong) = (Duration::ZERO, Duration::ZERO, 0u64);
+            let (mut tf, mut tu, mut wrong) = (Vec::new(), Vec::new(), 0u64);
             for i in 0..args.iters {
                 // Alternate which path goes first after the barrier: the first call of a pair
                 // pays for what the previous one left (freed blocks, cold caches), which an A/A
@@ -125,15 +144,14 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                     barrier()?;
                     let (t, o) = run(fused)?;
                     if fused {
-                        tf += t;
+                        tf.push(t.as_secs_f64() * 1e6);
                     } else {
-                        tu += t;
+                        tu.push(t.as_secs_f64() * 1e6);
                     }
                     wrong += (o != reference) as u64;
                 }
             }
-            let it = args.iters.max(1) as f64;
-            let v = max_over_ranks(&b, &[tu.as_secs_f64() * 1e6 / it, tf.as_secs_f64() * 1e6 / it, wrong as f64])?;
+            let v = max_over_ranks(&b, &[median(&mut tu), median(&mut tf), wrong as f64])?;
             if me == 0 {
                 println!(
                     "  {op:>28}  {:>16}  {:>10}  {}  {}  {:7.2}  {:6}",

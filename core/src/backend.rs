@@ -131,7 +131,7 @@
 use crate::caps::Capabilities;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::fused::Scaling;
+use crate::fused::{Gathered, Scaling};
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::work::Work;
@@ -236,7 +236,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     // `Capabilities::fused = FusedImpl::Pipelined`) ----
 
     /// `(all_gather(a_shard, gather_dim), [movedim(ag, g, 0) @ b_i moved back])`.
-    fn fused_all_gather_matmul(&self, a_shard: &Self::Buffer, bs: &[Self::Buffer], gather_dim: usize) -> Result<Work<(Self::Buffer, Vec<Self::Buffer>)>> {
+    fn fused_all_gather_matmul(
+        &self,
+        a_shard: &Self::Buffer,
+        bs: &[Self::Buffer],
+        gather_dim: usize,
+    ) -> Result<Work<Gathered<Self::Buffer>>> {
         crate::fused::decomposed_all_gather_matmul(self, a_shard, bs, gather_dim, None)
     }
     /// The scaled variant: `diag(sa) A B_i diag(sb_i)` in `scaling.out_dtype`.
@@ -246,11 +251,17 @@ pub trait Backend: Sized + Send + Sync + 'static {
         bs: &[Self::Buffer],
         gather_dim: usize,
         scaling: &Scaling,
-    ) -> Result<Work<(Self::Buffer, Vec<Self::Buffer>)>> {
+    ) -> Result<Work<Gathered<Self::Buffer>>> {
         crate::fused::decomposed_all_gather_matmul(self, a_shard, bs, gather_dim, Some(scaling))
     }
     /// `reduce_scatter(a @ b, op, scatter_dim)`, `op` sum or avg.
-    fn fused_matmul_reduce_scatter(&self, a: &Self::Buffer, b: &Self::Buffer, op: ReduceOp, scatter_dim: usize) -> Result<Work<Self::Buffer>> {
+    fn fused_matmul_reduce_scatter(
+        &self,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        op: ReduceOp,
+        scatter_dim: usize,
+    ) -> Result<Work<Self::Buffer>> {
         crate::fused::decomposed_matmul_reduce_scatter(self, a, b, op, scatter_dim, None)
     }
     /// The scaled variant (`scaling.b` has one scale).

@@ -129,7 +129,10 @@ impl CallOp {
     pub const fn is_fused(self) -> bool {
         matches!(
             self,
-            CallOp::FusedAllGatherMatmul | CallOp::FusedMatmulReduceScatter | CallOp::LowContentionAllGather | CallOp::LowContentionReduceScatter
+            CallOp::FusedAllGatherMatmul
+                | CallOp::FusedMatmulReduceScatter
+                | CallOp::LowContentionAllGather
+                | CallOp::LowContentionReduceScatter
         )
     }
 
@@ -638,7 +641,9 @@ fn validate_fused_local(d: &CallDesc, ws: usize) -> V {
         }
     }
     // F4. The reduce op.
-    if matches!(op, CallOp::FusedMatmulReduceScatter | CallOp::LowContentionReduceScatter) && !matches!(d.reduce, Some(ReduceOp::Sum | ReduceOp::Avg)) {
+    if matches!(op, CallOp::FusedMatmulReduceScatter | CallOp::LowContentionReduceScatter)
+        && !matches!(d.reduce, Some(ReduceOp::Sum | ReduceOp::Avg))
+    {
         return bad(BadReduceOp, format!("reduce_op must be sum or avg, got {}", d.reduce.map_or("(none)", |r| r.name())));
     }
     // F5. A 0-dim input to a low-contention op (its dim 0 is gathered / split).

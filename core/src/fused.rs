@@ -36,6 +36,9 @@ use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// What `fused_all_gather_matmul` returns: the all-gathered `a` and one output per `b`.
+pub type Gathered<Buf> = (Buf, Vec<Buf>);
+
 /// How long the unfused decomposition waits for each collective it issues.
 pub const DECOMPOSITION_WAIT: Duration = Duration::from_secs(120);
 
@@ -166,7 +169,9 @@ pub fn round_into(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
     let mut t = Tensor::zeros(dtype, shape);
     match dtype {
         DType::F32 => t.as_mut_slice::<f32>().iter_mut().zip(v).for_each(|(d, x)| *d = f32::from_bits(round_f64_to_bits(*x, 8, 23) as u32)),
-        DType::BF16 => t.as_mut_slice::<bf16>().iter_mut().zip(v).for_each(|(d, x)| *d = bf16::from_bits(round_f64_to_bits(*x, 8, 7) as u16)),
+        DType::BF16 => {
+            t.as_mut_slice::<bf16>().iter_mut().zip(v).for_each(|(d, x)| *d = bf16::from_bits(round_f64_to_bits(*x, 8, 7) as u16))
+        }
         DType::F16 => t.as_mut_slice::<f16>().iter_mut().zip(v).for_each(|(d, x)| *d = f16::from_bits(round_f64_to_bits(*x, 5, 10) as u16)),
         _ => return Tensor::from_f64(dtype, shape, v),
     }
@@ -241,7 +246,7 @@ impl AgMatmulPlan {
     pub fn new(ws: usize, a_shard: &TensorDesc, bs: &[TensorDesc], dim: usize, scaling: Option<&Scaling>) -> AgMatmulPlan {
         let moved = moved_shape(&a_shard.shape, dim);
         let k = *moved.last().expect("a matrix");
-        let rows = if k == 0 { moved[..moved.len() - 1].iter().product() } else { a_shard.numel() / k };
+        let rows = a_shard.numel().checked_div(k).unwrap_or_else(|| moved[..moved.len() - 1].iter().product());
         AgMatmulPlan {
             ws,
             dim,
@@ -278,7 +283,15 @@ impl AgMatmulPlan {
 
     /// Consumes rank `r`'s shard (as that rank holds it, contiguous): copies it into the
     /// gathered tensor and computes its rows of every output. `a_scale_r` is rank `r`'s scale.
-    pub fn consume(&self, parts: &mut AgMatmulParts, r: usize, shard: &Tensor, bs: &[Tensor], a_scale_r: Option<&Scale>, b_scales: Option<&[Scale]>) {
+    pub fn consume(
+        &self,
+        parts: &mut AgMatmulParts,
+        r: usize,
+        shard: &Tensor,
+        bs: &[Tensor],
+        a_scale_r: Option<&Scale>,
+        b_scales: Option<&[Scale]>,
+    ) {
         let moved = move_to_front(shard, self.dim);
         let nb = moved.len_bytes();
         parts.ag[r * nb..(r + 1) * nb].copy_from_slice(moved.bytes());
@@ -359,7 +372,8 @@ impl MatmulRsPlan {
             // Columns p*cs.. of b; every row of a.
             let m = a.numel().checked_div(k).unwrap_or(0);
             let bdt = if b.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-            let bcols = Tensor::from_f64(bdt, &[k, cs], &(0..k * cs).map(|i| b.get_f64((i / cs) * n + p * cs + i % cs)).collect::<Vec<_>>());
+            let bcols =
+                Tensor::from_f64(bdt, &[k, cs], &(0..k * cs).map(|i| b.get_f64((i / cs) * n + p * cs + i % cs)).collect::<Vec<_>>());
             let sbc = sb.map(|s| match s {
                 Scale::Tensor(x) => Scale::Tensor(*x),
                 Scale::Rows(v) => Scale::Rows(v[p * cs..(p + 1) * cs].to_vec()),
@@ -481,7 +495,8 @@ pub fn exchange_and_validate<B: Backend>(b: &B, d: &CallDesc) -> Result<Vec<Call
             ));
         }
         let n = (ws[0] as usize).min(WORDS - 1);
-        let dd = CallDesc::decode(&ws[1..1 + n]).ok_or_else(|| CollectiveError::Backend(format!("{name}: rank {r}'s description does not decode")))?;
+        let dd = CallDesc::decode(&ws[1..1 + n])
+            .ok_or_else(|| CollectiveError::Backend(format!("{name}: rank {r}'s description does not decode")))?;
         descs.push(dd);
     }
     crate::call::validate_all(&descs, &b.capabilities()).map_err(|e| e.into_error(name, 0, b.rank()))?;
@@ -520,7 +535,7 @@ pub fn decomposed_all_gather_matmul<B: Backend>(
     bs: &[B::Buffer],
     dim: usize,
     scaling: Option<&Scaling>,
-) -> Result<Work<(B::Buffer, Vec<B::Buffer>)>> {
+) -> Result<Work<Gathered<B::Buffer>>> {
     let ins = input_descs(b, a, bs);
     let d = describe(CallOp::FusedAllGatherMatmul, b.rank(), ins.clone(), None, dim, scaling);
     exchange_and_validate(b, &d)?;

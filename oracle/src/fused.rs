@@ -18,7 +18,7 @@
 
 use crate::check::Tolerance;
 use concord_core::fused::{describe, moved_shape};
-use concord_core::{BadInput, CallOp, Capabilities, DType, ReduceOp, Scale, Scaling, TensorDesc, Tensor};
+use concord_core::{BadInput, CallOp, Capabilities, DType, ReduceOp, Scale, Scaling, Tensor, TensorDesc};
 
 /// One fused call, as every rank makes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,7 +97,12 @@ pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilit
 
 /// [`expected_fused`] computing the outputs of rank `only` alone (the others' are left empty):
 /// what one rank of a case needs.
-pub fn expected_fused_for(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilities, only: Option<usize>) -> Result<Vec<Vec<Tensor>>, BadInput> {
+pub fn expected_fused_for(
+    call: &FusedCall,
+    inputs: &[FusedInputs],
+    caps: &Capabilities,
+    only: Option<usize>,
+) -> Result<Vec<Vec<Tensor>>, BadInput> {
     let ws = inputs.len();
     let (reduce, dim) = match call {
         FusedCall::AllGatherMatmul { dim, .. } => (None, *dim),
@@ -341,10 +346,13 @@ mod tests {
             FusedInputs { a: t(&[2, 1], vec![1., 2.]), bs: vec![b.clone()], a_scale: None },
             FusedInputs { a: t(&[2, 1], vec![10., 20.]), bs: vec![b], a_scale: None },
         ];
-        let out = expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 0, scaling: None }, &ins, &Capabilities::full(8)).unwrap();
+        let out =
+            expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 0, scaling: None }, &ins, &Capabilities::full(8))
+                .unwrap();
         assert_eq!(out[0][0], t(&[1, 2], vec![11., 11.]));
         assert_eq!(out[1][0], t(&[1, 2], vec![22., 22.]));
-        let bad = expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Max, dim: 0, scaling: None }, &ins, &Capabilities::full(8));
+        let bad =
+            expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Max, dim: 0, scaling: None }, &ins, &Capabilities::full(8));
         assert_eq!(bad.unwrap_err().kind, concord_core::BadInputKind::BadReduceOp);
     }
 }

@@ -392,7 +392,7 @@ impl Backend for Faulty {
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         self.inner.recv(out, src)
     }
-    fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<(Buf, Vec<Buf>)>> {
+    fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<concord_core::fused::Gathered<Buf>>> {
         if self.bug != FUSED_EARLY_CONSUME && self.bug != FUSED_RANK_ORDER {
             return self.inner.fused_all_gather_matmul(a, bs, dim);
         }

@@ -435,7 +435,10 @@ impl Progress {
         match p0.call.op {
             CallOp::Barrier | CallOp::Send | CallOp::Recv => {}
             // The fused ops run over the trait's collectives and p2p (fused.rs), never posted.
-            f @ (CallOp::FusedAllGatherMatmul | CallOp::FusedMatmulReduceScatter | CallOp::LowContentionAllGather | CallOp::LowContentionReduceScatter) => {
+            f @ (CallOp::FusedAllGatherMatmul
+            | CallOp::FusedMatmulReduceScatter
+            | CallOp::LowContentionAllGather
+            | CallOp::LowContentionReduceScatter) => {
                 return Err(CollectiveError::Backend(format!("{} is never posted to the progress engine", f.name())));
             }
             CallOp::AllReduce => {

@@ -20,7 +20,9 @@
 //! peers' segments): the trait's defaults.
 
 use crate::{ShmBackend, ShmBuffer};
-use concord_core::fused::{describe, exchange_and_validate, gather_row_scales, input_descs, AgMatmulPlan, MatmulRsPlan, DECOMPOSITION_WAIT};
+use concord_core::fused::{
+    describe, exchange_and_validate, gather_row_scales, input_descs, AgMatmulPlan, MatmulRsPlan, DECOMPOSITION_WAIT,
+};
 use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -45,7 +47,9 @@ pub(crate) fn set_mode(v: Option<&str>) -> Result<()> {
         None | Some("auto") => AUTO,
         Some("always") => ALWAYS,
         Some("never") => NEVER,
-        Some(o) => return Err(concord_core::CollectiveError::Backend(format!("option fused_pipeline={o}: expected auto, always or never"))),
+        Some(o) => {
+            return Err(concord_core::CollectiveError::Backend(format!("option fused_pipeline={o}: expected auto, always or never")))
+        }
     };
     MODE.store(m, Ordering::SeqCst);
     Ok(())
@@ -71,7 +75,7 @@ impl ShmBackend {
         bs: &[ShmBuffer],
         dim: usize,
         scaling: Option<&Scaling>,
-    ) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+    ) -> Result<Work<concord_core::fused::Gathered<ShmBuffer>>> {
         if small(self, a, false) {
             return concord_core::fused::decomposed_all_gather_matmul(self, a, bs, dim, scaling);
         }

@@ -568,16 +568,34 @@ impl Backend for ShmBackend {
     }
 
     // Fused ops: pipelined shard by shard (fused.rs); the low-contention ops are the defaults.
-    fn fused_all_gather_matmul(&self, a: &ShmBuffer, bs: &[ShmBuffer], dim: usize) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+    fn fused_all_gather_matmul(
+        &self,
+        a: &ShmBuffer,
+        bs: &[ShmBuffer],
+        dim: usize,
+    ) -> Result<Work<concord_core::fused::Gathered<ShmBuffer>>> {
         self.pipelined_all_gather_matmul(a, bs, dim, None)
     }
-    fn fused_all_gather_scaled_matmul(&self, a: &ShmBuffer, bs: &[ShmBuffer], dim: usize, s: &concord_core::Scaling) -> Result<Work<(ShmBuffer, Vec<ShmBuffer>)>> {
+    fn fused_all_gather_scaled_matmul(
+        &self,
+        a: &ShmBuffer,
+        bs: &[ShmBuffer],
+        dim: usize,
+        s: &concord_core::Scaling,
+    ) -> Result<Work<concord_core::fused::Gathered<ShmBuffer>>> {
         self.pipelined_all_gather_matmul(a, bs, dim, Some(s))
     }
     fn fused_matmul_reduce_scatter(&self, a: &ShmBuffer, b: &ShmBuffer, op: ReduceOp, dim: usize) -> Result<Work<ShmBuffer>> {
         self.pipelined_matmul_reduce_scatter(a, b, op, dim, None)
     }
-    fn fused_scaled_matmul_reduce_scatter(&self, a: &ShmBuffer, b: &ShmBuffer, op: ReduceOp, dim: usize, s: &concord_core::Scaling) -> Result<Work<ShmBuffer>> {
+    fn fused_scaled_matmul_reduce_scatter(
+        &self,
+        a: &ShmBuffer,
+        b: &ShmBuffer,
+        op: ReduceOp,
+        dim: usize,
+        s: &concord_core::Scaling,
+    ) -> Result<Work<ShmBuffer>> {
         self.pipelined_matmul_reduce_scatter(a, b, op, dim, Some(s))
     }
 }

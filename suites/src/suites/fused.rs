@@ -70,13 +70,13 @@ impl FusedSpec {
             _ => self.a_shape.clone(),
         };
         let n: usize = a_shape.iter().product();
-        let s = seed ^ (r as u64 + 1) * 7919;
+        let s = seed ^ ((r as u64 + 1) * 7919);
         let a = Tensor::from_f64(self.dtype, &a_shape, &values(s, n, self.exact, -2, 2));
         let bs = self
             .b_shapes
             .iter()
             .enumerate()
-            .map(|(i, sh)| Tensor::from_f64(self.dtype, sh, &values(s ^ (i as u64 + 11) << 20, sh.iter().product(), self.exact, -1, 1)))
+            .map(|(i, sh)| Tensor::from_f64(self.dtype, sh, &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1)))
             .collect();
         let a_scale = self.call.scaling().map(|sc| {
             if self.row_scales {
@@ -165,7 +165,10 @@ fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std
     let moves = b.capabilities().moves_data;
     for (i, (parent, _, host)) in std::iter::once(&a).chain(bs.iter()).enumerate() {
         if moves && b.download(parent)?.bytes() != host.bytes() {
-            return Err(fail(where_, format!("input {i} (or a guard byte around it) changed: the op MUST leave its inputs untouched and write only its outputs")));
+            return Err(fail(
+                where_,
+                format!("input {i} (or a guard byte around it) changed: the op MUST leave its inputs untouched and write only its outputs"),
+            ));
         }
     }
     let got = match got {
@@ -210,7 +213,9 @@ fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank:
                 Err(fail(where_, format!("expected bad_input:{} ({}) on every rank, got {e} [{}]", bad.kind.name(), bad.detail, e.name())))
             }
         }
-        (Err(bad), Ok(_)) => Err(fail(where_, format!("expected bad_input:{} ({}) on every rank, the op succeeded", bad.kind.name(), bad.detail))),
+        (Err(bad), Ok(_)) => {
+            Err(fail(where_, format!("expected bad_input:{} ({}) on every rank, the op succeeded", bad.kind.name(), bad.detail)))
+        }
         (Ok(_), Err(e)) => Err(fail(where_, format!("collective failed: {e} [{}]", e.name()))),
         (Ok(exp), Ok(got)) => {
             let exp = &exp[rank];
@@ -220,7 +225,13 @@ fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank:
             let ag = matches!(spec.call, FusedCall::AllGatherMatmul { .. });
             let rs = matches!(spec.call, FusedCall::MatmulReduceScatter { .. });
             for (i, (g, e)) in got.iter().zip(exp).enumerate() {
-                let what = if ag && i == 0 { "all-gathered a".to_string() } else if ag { format!("output b[{}]", i - 1) } else { "output".into() };
+                let what = if ag && i == 0 {
+                    "all-gathered a".to_string()
+                } else if ag {
+                    format!("output b[{}]", i - 1)
+                } else {
+                    "output".into()
+                };
                 if !caps.moves_data {
                     if g.dtype() != e.dtype() || g.shape() != e.shape() {
                         return Err(fail(where_, format!("{what} is {}{:?}, expected {}{:?}", g.dtype(), g.shape(), e.dtype(), e.shape())));
@@ -230,14 +241,25 @@ fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank:
                 let tol = if ag && i == 0 || matches!(spec.call, FusedCall::LowContentionAllGather) {
                     Tolerance::Exact
                 } else if spec.exact {
-                    let avg = matches!(spec.call, FusedCall::MatmulReduceScatter { op: ReduceOp::Avg, .. } | FusedCall::LowContentionReduceScatter { op: ReduceOp::Avg });
+                    let avg = matches!(
+                        spec.call,
+                        FusedCall::MatmulReduceScatter { op: ReduceOp::Avg, .. }
+                            | FusedCall::LowContentionReduceScatter { op: ReduceOp::Avg }
+                    );
                     if avg {
                         Tolerance::Ulps(2)
                     } else {
                         Tolerance::Exact
                     }
                 } else {
-                    fused_tolerance(spec.out_dtype(), spec.k(), ws, rs || matches!(spec.call, FusedCall::LowContentionReduceScatter { .. }), 4.0, false)
+                    fused_tolerance(
+                        spec.out_dtype(),
+                        spec.k(),
+                        ws,
+                        rs || matches!(spec.call, FusedCall::LowContentionReduceScatter { .. }),
+                        4.0,
+                        false,
+                    )
                 };
                 compare(g, e, tol).map_err(|m| fail(where_, format!("{what}: {m}")))?;
             }
@@ -298,7 +320,15 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
 }
 
 fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, exact: bool) -> FusedSpec {
-    FusedSpec { call: FusedCall::AllGatherMatmul { dim, scaling: None }, dtype, a_shape: a, b_shapes, row_scales: false, exact, odd_rank: None }
+    FusedSpec {
+        call: FusedCall::AllGatherMatmul { dim, scaling: None },
+        dtype,
+        a_shape: a,
+        b_shapes,
+        row_scales: false,
+        exact,
+        odd_rank: None,
+    }
 }
 
 fn rs_spec(op: ReduceOp, dim: usize, dtype: DType, ws: usize, exact: bool) -> FusedSpec {
@@ -351,9 +381,23 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             for dim in 0..3 {
                 let (a, bs) = ag_shapes(dim);
                 push(&mut out, format!("fused::all_gather_matmul::dim{dim}::{dt}::exact::ws{ws}"), ws, ag_spec(dim, dt, a, bs, true), 2);
-                push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::{dt}::sum::exact::ws{ws}"), ws, rs_spec(ReduceOp::Sum, dim, dt, ws, true), 2);
+                push(
+                    &mut out,
+                    format!("fused::matmul_reduce_scatter::dim{dim}::{dt}::sum::exact::ws{ws}"),
+                    ws,
+                    rs_spec(ReduceOp::Sum, dim, dt, ws, true),
+                    2,
+                );
             }
-            let x = FusedSpec { call: FusedCall::LowContentionAllGather, dtype: dt, a_shape: vec![3, 5], b_shapes: vec![], row_scales: false, exact: true, odd_rank: None };
+            let x = FusedSpec {
+                call: FusedCall::LowContentionAllGather,
+                dtype: dt,
+                a_shape: vec![3, 5],
+                b_shapes: vec![],
+                row_scales: false,
+                exact: true,
+                odd_rank: None,
+            };
             push(&mut out, format!("fused::low_contention_all_gather::dim0::{dt}::exact::ws{ws}"), ws, x.clone(), 2);
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 let x = FusedSpec { call: FusedCall::LowContentionReduceScatter { op }, a_shape: vec![2 * ws, 5], ..x.clone() };
@@ -361,7 +405,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
         for dim in 0..3 {
-            push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::f32::avg::exact::ws{ws}"), ws, rs_spec(ReduceOp::Avg, dim, DType::F32, ws, true), 2);
+            push(
+                &mut out,
+                format!("fused::matmul_reduce_scatter::dim{dim}::f32::avg::exact::ws{ws}"),
+                ws,
+                rs_spec(ReduceOp::Avg, dim, DType::F32, ws, true),
+                2,
+            );
         }
         // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out.
         for (rows, tag) in [(false, "tensor"), (true, "rows")] {
@@ -372,12 +422,24 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             };
             for dim in [0, 1] {
                 let (a, bs) = ag_shapes(dim);
-                let s = FusedSpec { call: FusedCall::AllGatherMatmul { dim, scaling: Some(scaling.clone()) }, row_scales: rows, ..ag_spec(dim, DType::F32, a, bs, true) };
+                let s = FusedSpec {
+                    call: FusedCall::AllGatherMatmul { dim, scaling: Some(scaling.clone()) },
+                    row_scales: rows,
+                    ..ag_spec(dim, DType::F32, a, bs, true)
+                };
                 let mut s = s;
                 s.b_shapes[1] = vec![s.b_shapes[1][0], 8];
                 push(&mut out, format!("fused::all_gather_scaled_matmul::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
-                let rs_scaling = Scaling { a: Scale::Tensor(0.5), b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5][j % 2]).collect())], out_dtype: DType::BF16 };
-                let s = FusedSpec { call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim, scaling: Some(rs_scaling) }, row_scales: rows, ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true) };
+                let rs_scaling = Scaling {
+                    a: Scale::Tensor(0.5),
+                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5][j % 2]).collect())],
+                    out_dtype: DType::BF16,
+                };
+                let s = FusedSpec {
+                    call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim, scaling: Some(rs_scaling) },
+                    row_scales: rows,
+                    ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true)
+                };
                 push(&mut out, format!("fused::scaled_matmul_reduce_scatter::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
             }
         }
@@ -386,7 +448,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         for dim in 0..3 {
             let a = vec![8, 64, 32];
             let k = *concord_core::fused::moved_shape(&a, dim).last().expect("3-D");
-            push(&mut out, format!("fused::all_gather_matmul::dim{dim}::f32::large::ws{ws}"), ws, ag_spec(dim, DType::F32, a, vec![vec![k, 16], vec![k, 8]], true), 2);
+            push(
+                &mut out,
+                format!("fused::all_gather_matmul::dim{dim}::f32::large::ws{ws}"),
+                ws,
+                ag_spec(dim, DType::F32, a, vec![vec![k, 16], vec![k, 8]], true),
+                2,
+            );
         }
         for dim in [0, 2] {
             let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true) };
@@ -398,11 +466,23 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         if [2, 4].contains(&ws) || ws == 1 {
             for dt in dts {
                 for dim in [0, 1] {
-                    push(&mut out, format!("fused::all_gather_matmul::dim{dim}::{dt}::seed_shape::ws{ws}"), ws, ag_spec(dim, dt, vec![8, 64, 32], vec![vec![32, 16]; 3], true), 1);
+                    push(
+                        &mut out,
+                        format!("fused::all_gather_matmul::dim{dim}::{dt}::seed_shape::ws{ws}"),
+                        ws,
+                        ag_spec(dim, dt, vec![8, 64, 32], vec![vec![32, 16]; 3], true),
+                        1,
+                    );
                 }
                 let (a, bs) = ag_shapes(1);
                 push(&mut out, format!("fused::all_gather_matmul::dim1::{dt}::random::ws{ws}"), ws, ag_spec(1, dt, a, bs, false), 1);
-                push(&mut out, format!("fused::matmul_reduce_scatter::dim1::{dt}::sum::random::ws{ws}"), ws, rs_spec(ReduceOp::Sum, 1, dt, ws, false), 1);
+                push(
+                    &mut out,
+                    format!("fused::matmul_reduce_scatter::dim1::{dt}::sum::random::ws{ws}"),
+                    ws,
+                    rs_spec(ReduceOp::Sum, 1, dt, ws, false),
+                    1,
+                );
             }
         }
         // Bad input (each a named error on every rank, then a good call).
@@ -425,15 +505,32 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
         ("b_rows_mismatch".into(), f32s(0, vec![4, 8], vec![vec![7, 4]])),
         ("int_dtype".into(), FusedSpec { dtype: DType::I32, ..f32s(0, vec![4, 8], vec![vec![8, 4]]) }),
         ("reduce_op_not_sum_or_avg".into(), rs_spec(ReduceOp::Max, 0, DType::F32, ws, true)),
-        ("invalid_scatter_dim".into(), FusedSpec { call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 3, scaling: None }, ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true) }),
+        (
+            "invalid_scatter_dim".into(),
+            FusedSpec {
+                call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 3, scaling: None },
+                ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true)
+            },
+        ),
         (
             "low_contention_reduce_op".into(),
-            FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Product }, dtype: DType::F32, a_shape: vec![2 * ws, 3], b_shapes: vec![], row_scales: false, exact: true, odd_rank: None },
+            FusedSpec {
+                call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Product },
+                dtype: DType::F32,
+                a_shape: vec![2 * ws, 3],
+                b_shapes: vec![],
+                row_scales: false,
+                exact: true,
+                odd_rank: None,
+            },
         ),
         (
             "bad_row_scale".into(),
             FusedSpec {
-                call: FusedCall::AllGatherMatmul { dim: 0, scaling: Some(Scaling { a: Scale::Rows(vec![1.0; 3]), b: vec![Scale::Tensor(1.0)], out_dtype: DType::F32 }) },
+                call: FusedCall::AllGatherMatmul {
+                    dim: 0,
+                    scaling: Some(Scaling { a: Scale::Rows(vec![1.0; 3]), b: vec![Scale::Tensor(1.0)], out_dtype: DType::F32 }),
+                },
                 ..f32s(0, vec![4, 8], vec![vec![8, 4]])
             },
         ),
@@ -442,13 +539,23 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
         let mut rs = rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true);
         rs.a_shape[0] = 2 * ws + 1;
         v.push(("indivisible_scatter_dim".into(), rs));
-        let lc = FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, dtype: DType::F32, a_shape: vec![2 * ws + 1, 3], b_shapes: vec![], row_scales: false, exact: true, odd_rank: None };
+        let lc = FusedSpec {
+            call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum },
+            dtype: DType::F32,
+            a_shape: vec![2 * ws + 1, 3],
+            b_shapes: vec![],
+            row_scales: false,
+            exact: true,
+            odd_rank: None,
+        };
         v.push(("low_contention_indivisible".into(), lc));
         // One rank alone is wrong: every rank names it.
         let base = f32s(1, vec![2, 4, 8], vec![vec![8, 4]]);
-        let odd = FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 5, scaling: None })), ..base.clone() };
+        let odd =
+            FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 5, scaling: None })), ..base.clone() };
         v.push(("invalid_gather_dim_on_last_rank".into(), odd));
-        let odd = FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 0, scaling: None })), ..base.clone() };
+        let odd =
+            FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 0, scaling: None })), ..base.clone() };
         v.push(("gather_dim_differs".into(), odd));
         let odd = FusedSpec { odd_rank: Some((0, vec![2, 5, 8], base.call.clone())), ..base };
         v.push(("a_shape_differs".into(), odd));
