@@ -58,6 +58,11 @@ pub struct Args {
     /// when mpicc is missing) and print them in the same table with the ratio.
     #[arg(long)]
     pub mpi: bool,
+    /// Fused communication + compute instead of the collectives: each fused op (native, as
+    /// the backend provides it) against the trait's unfused decomposition on the same backend,
+    /// over a range of matmul shapes (`concord_bench::fused`).
+    #[arg(long)]
+    pub fused: bool,
     /// Plot these JSON-lines files (one line per backend and rank count) into -o (default bench.svg), then exit.
     #[arg(long, num_args = 1.., value_name = "JSONL")]
     pub plot: Vec<PathBuf>,

@@ -21,6 +21,7 @@ pub mod args;
 pub mod compare;
 pub mod ext;
 mod external;
+pub mod fused;
 pub mod mpi;
 pub mod nccl;
 pub mod plot;

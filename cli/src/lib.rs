@@ -15,7 +15,10 @@ use concord_suites::{catalogue, shape_catalogue, BackendEntry};
 pub fn builtin_entries() -> Vec<BackendEntry> {
     #[allow(unused_mut)]
     let mut v = vec![
-        BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>),
+        // The fused suite checks shm's pipelined path at every size (not only where `auto`
+        // would choose it on this machine).
+        BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>)
+            .with_option("fused_pipeline", "always"),
         BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
         BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
     ];

@@ -51,6 +51,22 @@
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
 //!   as one named error (never a timeout), and the world stays usable.
 //!   [clause: faults.local_failure_named_everywhere]
+//! # Fused communication + compute (module [`crate::fused`], seed 004)
+//! * `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`, their scaled variants and the
+//!   low-contention all-gather / reduce-scatter return exactly what their unfused decomposition
+//!   returns (the seed's fallbacks: [`crate::fused`] states it), on every rank, for every gather /
+//!   scatter dim of `a`, every number of `b`s and f32 / bf16 / f16 / f64: each product block
+//!   accumulated and rounded once to the output dtype, a reduce-scatter's sum rounded once; the
+//!   all-gathered `a` bit for bit. [clause: fused.values]
+//! * A native implementation gives the same values whatever the order in which peers' shards
+//!   arrive (it consumes a shard only once it has landed, and puts it at its rank's place).
+//!   [clause: fused.pipelined_order]
+//! * Bad input to a fused op is one named error on every rank, with the seed's wording ("A_shard
+//!   must be a matrix", "B must be a matrix", "Invalid gather_dim", "reduce_op must be sum or
+//!   avg", an indivisible scattered dim): rules F1–F9 of [`crate::call`]. [clause: fused.bad_input]
+//! * The fused ops leave their inputs unchanged and write only the buffers they return; they may
+//!   complete before returning (the seed's ops are stream-ordered, not pending works), and their
+//!   [`Work`] counts in `outstanding()` until waited like any other. [clause: fused.buffers]
 //!
 //! # Values
 //! * Reductions return what the oracle (`concord-oracle`) computes from every rank's input, for
@@ -133,6 +149,7 @@
 use crate::caps::Capabilities;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::fused::{Gathered, Scaling};
 use crate::op::ReduceOp;
 use crate::tensor::Tensor;
 use crate::work::Work;
@@ -250,4 +267,57 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn send(&self, x: &Self::Buffer, dst: usize) -> Result<Work<()>>;
     fn recv(&self, out: &Self::Buffer, src: usize) -> Result<Work<Self::Buffer>>;
     fn barrier(&self) -> Result<Work<()>>;
+
+    // ---- fused communication + compute (optional: the defaults are the seed's unfused
+    // decompositions, module `crate::fused`; a backend with its own declares
+    // `Capabilities::fused = FusedImpl::Pipelined`) ----
+
+    /// `(all_gather(a_shard, gather_dim), [movedim(ag, g, 0) @ b_i moved back])`.
+    fn fused_all_gather_matmul(
+        &self,
+        a_shard: &Self::Buffer,
+        bs: &[Self::Buffer],
+        gather_dim: usize,
+    ) -> Result<Work<Gathered<Self::Buffer>>> {
+        crate::fused::decomposed_all_gather_matmul(self, a_shard, bs, gather_dim, None)
+    }
+    /// The scaled variant: `diag(sa) A B_i diag(sb_i)` in `scaling.out_dtype`.
+    fn fused_all_gather_scaled_matmul(
+        &self,
+        a_shard: &Self::Buffer,
+        bs: &[Self::Buffer],
+        gather_dim: usize,
+        scaling: &Scaling,
+    ) -> Result<Work<Gathered<Self::Buffer>>> {
+        crate::fused::decomposed_all_gather_matmul(self, a_shard, bs, gather_dim, Some(scaling))
+    }
+    /// `reduce_scatter(a @ b, op, scatter_dim)`, `op` sum or avg.
+    fn fused_matmul_reduce_scatter(
+        &self,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        op: ReduceOp,
+        scatter_dim: usize,
+    ) -> Result<Work<Self::Buffer>> {
+        crate::fused::decomposed_matmul_reduce_scatter(self, a, b, op, scatter_dim, None)
+    }
+    /// The scaled variant (`scaling.b` has one scale).
+    fn fused_scaled_matmul_reduce_scatter(
+        &self,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        op: ReduceOp,
+        scatter_dim: usize,
+        scaling: &Scaling,
+    ) -> Result<Work<Self::Buffer>> {
+        crate::fused::decomposed_matmul_reduce_scatter(self, a, b, op, scatter_dim, Some(scaling))
+    }
+    /// `all_gather_into_tensor(x)`, pulling each peer's part in turn.
+    fn low_contention_all_gather(&self, x: &Self::Buffer) -> Result<Work<Self::Buffer>> {
+        crate::fused::decomposed_low_contention(self, x, None)
+    }
+    /// `reduce_scatter_tensor(x, op)`, `op` sum or avg, as an all-to-all then a local reduction.
+    fn low_contention_reduce_scatter(&self, x: &Self::Buffer, op: ReduceOp) -> Result<Work<Self::Buffer>> {
+        crate::fused::decomposed_low_contention(self, x, Some(op))
+    }
 }

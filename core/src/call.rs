@@ -36,6 +36,24 @@
 //! 13. [`Aliasing`](BadInputKind::Aliasing): an output that overlaps an input where the op
 //!     forbids it ([`CallDesc::aliased`], computed by the backend from addresses).
 //!
+//! **Fused ops** ([`CallOp::is_fused`], module [`crate::fused`]), checked before rule 6, in the
+//! seed's order and with its wording:
+//! F1. [`NotAMatrix`](BadInputKind::NotAMatrix) "A_shard must be a matrix" (fewer than 2 dims;
+//!     also a wrong number of `b`s: [`CountMismatch`](BadInputKind::CountMismatch));
+//! F2. [`NotAMatrix`](BadInputKind::NotAMatrix) "B must be a matrix" (not exactly 2 dims);
+//! F3. [`BadDim`](BadInputKind::BadDim) "Invalid gather_dim" (the dim is not a dim of `a`; for
+//!     the reduce-scatter before F2, as the seed);
+//! F4. [`BadReduceOp`](BadInputKind::BadReduceOp) "reduce_op must be sum or avg";
+//! F5. [`ZeroDim`](BadInputKind::ZeroDim): a 0-dim input of a low-contention op;
+//! F6. [`UnsupportedDType`](BadInputKind::UnsupportedDType) (a non-float operand or output dtype)
+//!     / [`DTypeMismatch`](BadInputKind::DTypeMismatch) (`b` not of `a`'s dtype);
+//! F7. [`ShapeMismatch`](BadInputKind::ShapeMismatch): `b`'s rows are not the contraction length;
+//! F8. [`BadScale`](BadInputKind::BadScale): a scale list of the wrong length;
+//! F9. [`Indivisible`](BadInputKind::Indivisible): the scattered dim of the result (dim 0 for the
+//!     low-contention reduce-scatter) not divisible by the world size.
+//! Across ranks, after rule 16: [`BadDim`](BadInputKind::BadDim) (dims differ), then
+//! [`BadScale`](BadInputKind::BadScale) (scale kinds or output dtypes differ).
+//!
 //! **Cross-rank rules** ([`validate_all`]), after the local rules of rank 0, 1, ... (so a rank
 //! that rejected its own call at issue and its peers name the same rule):
 //! 14. [`OpMismatch`](BadInputKind::OpMismatch): ranks issued different ops (or sequence
@@ -78,10 +96,16 @@ pub enum CallOp {
     Recv,
     Barrier,
     NewGroup,
+    /// `fused_all_gather_matmul` and its scaled variant (inputs: `a_shard`, then every `b`).
+    FusedAllGatherMatmul,
+    /// `fused_matmul_reduce_scatter` and its scaled variant (inputs: `a`, `b`).
+    FusedMatmulReduceScatter,
+    LowContentionAllGather,
+    LowContentionReduceScatter,
 }
 
 impl CallOp {
-    pub const ALL: [CallOp; 13] = [
+    pub const ALL: [CallOp; 17] = [
         CallOp::AllReduce,
         CallOp::AllGather,
         CallOp::ReduceScatter,
@@ -95,7 +119,22 @@ impl CallOp {
         CallOp::Recv,
         CallOp::Barrier,
         CallOp::NewGroup,
+        CallOp::FusedAllGatherMatmul,
+        CallOp::FusedMatmulReduceScatter,
+        CallOp::LowContentionAllGather,
+        CallOp::LowContentionReduceScatter,
     ];
+
+    /// The fused communication + compute ops (module [`crate::fused`]).
+    pub const fn is_fused(self) -> bool {
+        matches!(
+            self,
+            CallOp::FusedAllGatherMatmul
+                | CallOp::FusedMatmulReduceScatter
+                | CallOp::LowContentionAllGather
+                | CallOp::LowContentionReduceScatter
+        )
+    }
 
     /// The [`OpKind`] (send and recv are both [`OpKind::SendRecv`]); `None` for new_group.
     pub const fn kind(self) -> Option<OpKind> {
@@ -111,7 +150,11 @@ impl CallOp {
             CallOp::Scatter => OpKind::Scatter,
             CallOp::Send | CallOp::Recv => OpKind::SendRecv,
             CallOp::Barrier => OpKind::Barrier,
-            CallOp::NewGroup => return None,
+            CallOp::NewGroup
+            | CallOp::FusedAllGatherMatmul
+            | CallOp::FusedMatmulReduceScatter
+            | CallOp::LowContentionAllGather
+            | CallOp::LowContentionReduceScatter => return None,
         })
     }
 
@@ -120,6 +163,10 @@ impl CallOp {
             CallOp::Send => "send",
             CallOp::Recv => "recv",
             CallOp::NewGroup => "new_group",
+            CallOp::FusedAllGatherMatmul => "fused_all_gather_matmul",
+            CallOp::FusedMatmulReduceScatter => "fused_matmul_reduce_scatter",
+            CallOp::LowContentionAllGather => "low_contention_all_gather",
+            CallOp::LowContentionReduceScatter => "low_contention_reduce_scatter",
             op => match op.kind() {
                 Some(k) => k.name(),
                 None => "?",
@@ -154,6 +201,18 @@ impl std::fmt::Display for TensorDesc {
     }
 }
 
+/// The extra arguments of a fused op ([`CallOp::is_fused`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FusedArgs {
+    /// `gather_dim` / `scatter_dim` (0 for the low-contention ops).
+    pub dim: usize,
+    /// Scaled variants: the number of `a` scale values and of each `b`'s (0 = per-tensor);
+    /// `None` for the unscaled ops.
+    pub scales: Option<(usize, Vec<usize>)>,
+    /// Scaled variants: the output dtype.
+    pub out_dtype: Option<DType>,
+}
+
 /// One rank's call, with everything the rules need and nothing else (no addresses).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CallDesc {
@@ -180,6 +239,8 @@ pub struct CallDesc {
     pub group: Option<Vec<usize>>,
     /// An output overlaps an input (or another output) where the op forbids it.
     pub aliased: bool,
+    /// The fused ops' dim, scales and output dtype.
+    pub fused: Option<FusedArgs>,
 }
 
 /// A broken rule: its kind and what, where.
@@ -233,6 +294,7 @@ impl CallDesc {
             perm: None,
             group: None,
             aliased: false,
+            fused: None,
         }
     }
 
@@ -311,6 +373,22 @@ impl CallDesc {
                 }
             }
         }
+        // Fused arguments last.
+        match &self.fused {
+            None => w.push(NONE),
+            Some(f) => {
+                w.push(f.dim as u64);
+                w.push(f.out_dtype.map_or(NONE, |d| DType::ALL.iter().position(|x| *x == d).expect("listed") as u64));
+                match &f.scales {
+                    None => w.push(NONE),
+                    Some((a, bs)) => {
+                        w.push(*a as u64);
+                        w.push(bs.len() as u64);
+                        w.extend(bs.iter().map(|&x| x as u64));
+                    }
+                }
+            }
+        }
         w
     }
 
@@ -367,6 +445,23 @@ impl CallDesc {
         d.perm = lists.pop()?;
         d.out_splits = lists.pop()?;
         d.in_splits = lists.pop()?;
+        d.fused = match next()? {
+            NONE => None,
+            dim => {
+                let out_dtype = match next()? {
+                    NONE => None,
+                    c => Some(*DType::ALL.get(us(c)?)?),
+                };
+                let scales = match next()? {
+                    NONE => None,
+                    a => {
+                        let n = us(next()?)?.min(words.len());
+                        Some((us(a)?, (0..n).map(|_| next().and_then(us)).collect::<Option<Vec<_>>>()?))
+                    }
+                };
+                Some(FusedArgs { dim: us(dim)?, scales, out_dtype })
+            }
+        };
         Some(d)
     }
 }
@@ -432,6 +527,10 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
                 }
             }
         }
+    }
+    // F1–F9. The fused ops' own rules (module docs), before the generic ones.
+    if op.is_fused() {
+        validate_fused_local(d, ws)?;
     }
     // 6. Dtypes the backend moves; reduce op defined for the dtype.
     for t in d.inputs.iter().chain(&d.outputs) {
@@ -517,6 +616,101 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
     Ok(())
 }
 
+/// Rules F1–F9 of a fused op (module docs), in the seed's order and wording.
+fn validate_fused_local(d: &CallDesc, ws: usize) -> V {
+    use BadInputKind::*;
+    let op = d.op;
+    let name = op.name();
+    let f = d.fused.clone().unwrap_or(FusedArgs { dim: 0, scales: None, out_dtype: None });
+    let Some(a) = d.inputs.first() else {
+        return bad(CountMismatch, format!("{name} needs an input tensor"));
+    };
+    let matmul = matches!(op, CallOp::FusedAllGatherMatmul | CallOp::FusedMatmulReduceScatter);
+    if matmul {
+        // F1. A is a matrix (at least 2 dims).
+        if a.shape.len() < 2 {
+            return bad(NotAMatrix, format!("A_shard must be a matrix: {name} got a {}-dim A {a}", a.shape.len()));
+        }
+        let bs = &d.inputs[1..];
+        if bs.is_empty() || (op == CallOp::FusedMatmulReduceScatter && bs.len() != 1) {
+            let want = if op == CallOp::FusedMatmulReduceScatter { "exactly one B" } else { "at least one B" };
+            return bad(CountMismatch, format!("{name} needs {want}, got {}", bs.len()));
+        }
+        // F2 (all-gather) / F3. The seed checks gather_dim before B for the reduce-scatter.
+        let dim_ok = f.dim < a.shape.len();
+        if op == CallOp::FusedMatmulReduceScatter && !dim_ok {
+            return bad(BadDim, format!("Invalid gather_dim: scatter_dim {} of a {}-dim A", f.dim, a.shape.len()));
+        }
+        // F2. Every B is a matrix (exactly 2 dims).
+        if let Some((i, b)) = bs.iter().enumerate().find(|(_, b)| b.shape.len() != 2) {
+            return bad(NotAMatrix, format!("B must be a matrix: B[{i}] is {b} ({} dims)", b.shape.len()));
+        }
+        if !dim_ok {
+            return bad(BadDim, format!("Invalid gather_dim: gather_dim {} of a {}-dim A_shard", f.dim, a.shape.len()));
+        }
+    }
+    // F4. The reduce op.
+    if matches!(op, CallOp::FusedMatmulReduceScatter | CallOp::LowContentionReduceScatter)
+        && !matches!(d.reduce, Some(ReduceOp::Sum | ReduceOp::Avg))
+    {
+        return bad(BadReduceOp, format!("reduce_op must be sum or avg, got {}", d.reduce.map_or("(none)", |r| r.name())));
+    }
+    // F5. A 0-dim input to a low-contention op (its dim 0 is gathered / split).
+    if !matmul && a.shape.is_empty() {
+        return bad(ZeroDim, format!("{name} gathers or splits dim 0, but the input of rank {} is 0-dim", d.rank));
+    }
+    if matmul {
+        // F6. Floating-point operands of one dtype; a float output dtype.
+        for t in &d.inputs {
+            if !t.dtype.is_float() {
+                return bad(UnsupportedDType, format!("{name} multiplies matrices: {t} is not a floating-point dtype"));
+            }
+            if t.dtype != a.dtype {
+                return bad(DTypeMismatch, format!("{name}: B is {} but A is {}", t.dtype, a.dtype));
+            }
+        }
+        if let Some(o) = f.out_dtype {
+            if !o.is_float() {
+                return bad(UnsupportedDType, format!("{name}: output dtype {o} is not a floating-point dtype"));
+            }
+        }
+        // F7. B's rows match the contraction length.
+        let k = if op == CallOp::FusedAllGatherMatmul {
+            *crate::fused::moved_shape(&a.shape, f.dim).last().expect("2+ dims")
+        } else {
+            *a.shape.last().expect("2+ dims")
+        };
+        if let Some((i, b)) = d.inputs[1..].iter().enumerate().find(|(_, b)| b.shape[0] != k) {
+            return bad(ShapeMismatch, format!("{name}: B[{i}] is {b} but A's contraction dim has {k} elements (A {a}, dim {})", f.dim));
+        }
+        // F8. Scales: one per A row (or per tensor), one per B column (or per tensor).
+        if let Some((sa, sbs)) = &f.scales {
+            let rows = a.numel().checked_div(k).unwrap_or(0);
+            if *sa != 0 && *sa != rows {
+                return bad(BadScale, format!("{name}: A has {rows} rows but {sa} row scales (or give one per-tensor scale)"));
+            }
+            if sbs.len() != d.inputs.len() - 1 {
+                return bad(BadScale, format!("{name}: {} B scales for {} B tensors", sbs.len(), d.inputs.len() - 1));
+            }
+            if let Some((i, (s, b))) = sbs.iter().zip(&d.inputs[1..]).enumerate().find(|(_, (s, b))| **s != 0 && **s != b.shape[1]) {
+                return bad(BadScale, format!("{name}: B[{i}] has {} columns but {s} column scales", b.shape[1]));
+            }
+        }
+    }
+    // F9. The scattered dim divides by the world size.
+    let split = match op {
+        CallOp::FusedMatmulReduceScatter => Some((f.dim, if f.dim + 1 == a.shape.len() { d.inputs[1].shape[1] } else { a.shape[f.dim] })),
+        CallOp::LowContentionReduceScatter => Some((0, a.shape[0])),
+        _ => None,
+    };
+    if let Some((dim, len)) = split {
+        if len % ws != 0 {
+            return bad(Indivisible, format!("{name}: dim {dim} of the result ({len}) is not divisible by the world size ({ws})"));
+        }
+    }
+    Ok(())
+}
+
 /// Every rule (local rules of each rank in rank order, then cross-rank rules 14–21) over every
 /// rank's call (index = rank) of one collective. Send / recv are checked by [`validate_pair`].
 pub fn validate_all(all: &[CallDesc], caps: &Capabilities) -> V {
@@ -532,6 +726,8 @@ pub fn validate_all(all: &[CallDesc], caps: &Capabilities) -> V {
     agree(all, OpMismatch, "ops (and sequence numbers)", |d| (d.op.name(), d.seq))?;
     agree(all, CountMismatch, "coalesced list lengths", |d| d.inputs.len())?;
     agree(all, ReduceOpMismatch, "reduce ops", |d| d.reduce.map(|r| format!("{r:?}")))?;
+    agree(all, BadDim, "gather / scatter dims", |d| d.fused.as_ref().map(|f| f.dim))?;
+    agree(all, BadScale, "scale kinds and output dtypes", |d| d.fused.as_ref().map(|f| (f.scales.clone(), f.out_dtype)))?;
     agree(all, BadRoot, "roots", |d| d.root)?;
     agree(all, BadPermutation, "permutations (src_dst)", |d| d.perm.clone())?;
     agree(all, BadGroup, "subgroup member lists", |d| d.group.clone())?;

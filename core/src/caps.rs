@@ -50,6 +50,18 @@ pub enum Rounding {
     Unspecified,
 }
 
+/// How a backend provides the fused communication + compute ops ([`crate::fused`]). Either
+/// way the ops MUST return the decomposition's values; the suites check both alike, and the
+/// bench's `--fused` mode compares a native implementation with the decomposition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FusedImpl {
+    /// The trait's default methods: the seed's unfused fallbacks (validate, collective, host
+    /// matmul).
+    Decomposed,
+    /// Its own implementation, overlapping the communication with the matmul.
+    Pipelined,
+}
+
 /// One declared gap: every field that is `Some` must match for the gap to apply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gap {
@@ -91,6 +103,8 @@ pub struct Capabilities {
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).
     pub rounding: Rounding,
     pub gaps: Vec<Gap>,
+    /// How the fused ops are implemented (see [`FusedImpl`]).
+    pub fused: FusedImpl,
 }
 
 impl Capabilities {
@@ -107,6 +121,7 @@ impl Capabilities {
             subgroups: true,
             rounding: Rounding::ExactThenRound,
             gaps: Vec::new(),
+            fused: FusedImpl::Decomposed,
         }
     }
 

@@ -43,11 +43,19 @@ pub enum BadInputKind {
     ReduceOpMismatch,
     /// A subgroup rank list that is empty, has duplicates or out-of-range ranks.
     BadGroup,
+    /// A fused op's `A` (fewer than 2 dims) or `B` (not 2 dims) is not a matrix.
+    NotAMatrix,
+    /// A fused op's gather / scatter dim is not a dim of `A`, or differs across ranks.
+    BadDim,
+    /// A fused reduce-scatter's reduce op is not sum or avg.
+    BadReduceOp,
+    /// A scaled fused op's scales have the wrong length, or differ in kind across ranks.
+    BadScale,
 }
 
 impl BadInputKind {
     /// Every kind, in a fixed order: position = [`BadInputKind::code`].
-    pub const ALL: [BadInputKind; 17] = [
+    pub const ALL: [BadInputKind; 21] = [
         BadInputKind::ShapeMismatch,
         BadInputKind::DTypeMismatch,
         BadInputKind::Indivisible,
@@ -65,6 +73,10 @@ impl BadInputKind {
         BadInputKind::OpMismatch,
         BadInputKind::ReduceOpMismatch,
         BadInputKind::BadGroup,
+        BadInputKind::NotAMatrix,
+        BadInputKind::BadDim,
+        BadInputKind::BadReduceOp,
+        BadInputKind::BadScale,
     ];
 
     /// A stable small integer for wire formats (backends post it to their peers).
@@ -95,6 +107,10 @@ impl BadInputKind {
             BadInputKind::OpMismatch => "op_mismatch",
             BadInputKind::ReduceOpMismatch => "reduce_op_mismatch",
             BadInputKind::BadGroup => "bad_group",
+            BadInputKind::NotAMatrix => "not_a_matrix",
+            BadInputKind::BadDim => "bad_dim",
+            BadInputKind::BadReduceOp => "bad_reduce_op",
+            BadInputKind::BadScale => "bad_scale",
         }
     }
 }

@@ -30,10 +30,12 @@
 
 pub mod check;
 mod collectives;
+pub mod fused;
 pub mod reduce;
 
 pub use check::{compare, compare_outputs, tolerance_for, Mismatch, Tolerance};
 pub use collectives::expected;
+pub use fused::{expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs};
 pub use reduce::{reduce_tensors, round_f64_bits};
 
 use concord_core::{Capabilities, IntAvg, NanPolicy, ReduceOp, Tensor};

@@ -320,6 +320,30 @@ pub const CLAUSES: &[Clause] = &[
         text: "PyTorch's functional-collective tests (test_c10d_functional_native.py) and eager inductor semantics hold.",
         cases: &["seed::c10d::", "seed::eager::"],
     },
+    Clause {
+        id: "fused.values",
+        source: BACKEND,
+        text: "The fused ops return their unfused decomposition's values on every rank: every gather / scatter dim, several b, f32 / bf16 / f16, scaled, the all-gathered a bit for bit.",
+        cases: &["fused::all_gather_matmul::dim2::", "fused::matmul_reduce_scatter::dim1::", "fused::all_gather_scaled_matmul::", "fused::low_contention_reduce_scatter::"],
+    },
+    Clause {
+        id: "fused.pipelined_order",
+        source: BACKEND,
+        text: "A pipelined fused op consumes a peer's shard only once it has landed, and puts it at its rank's place.",
+        cases: &["fused::all_gather_matmul::dim2::f32::large::ws8", "fused::matmul_reduce_scatter::dim0::f32::sum::large::ws3"],
+    },
+    Clause {
+        id: "fused.bad_input",
+        source: BACKEND,
+        text: "Bad input to a fused op (the seed's errors, rules F1-F9) is one named error on every rank.",
+        cases: &["fused::bad_input::a_not_matrix", "fused::bad_input::reduce_op_not_sum_or_avg", "fused::bad_input::gather_dim_differs"],
+    },
+    Clause {
+        id: "fused.buffers",
+        source: BACKEND,
+        text: "The fused ops leave their inputs (and guard bytes around them) unchanged, return buffers that alias no input, and are waited like any work.",
+        cases: &["fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3"],
+    },
 ];
 
 /// For each clause: the case ids (among `ids`, names with or without a backend prefix) that

@@ -52,6 +52,13 @@ const DOUBLE_ROUNDING: u8 = 21;
 /// premul_sum uses the factor 2.0 whatever the factor asked (the matrix only uses 2.0).
 const PREMUL_FACTOR_TWO: u8 = 22;
 
+/// fused_all_gather_matmul reads each peer's shard before its receive has completed (the
+/// pipelining race the seed's barrier prevents).
+const FUSED_EARLY_CONSUME: u8 = 23;
+/// fused_all_gather_matmul puts peer shards at the wrong rank's place (rank + step where it
+/// received from rank - step).
+const FUSED_RANK_ORDER: u8 = 24;
+
 /// A completion that claims to be done at once; `wait` still waits for the real work.
 struct ClaimsDone(Mutex<Work<Buf>>);
 impl concord_core::Completion for ClaimsDone {
@@ -385,6 +392,49 @@ impl Backend for Faulty {
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         self.inner.recv(out, src)
     }
+    fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<concord_core::fused::Gathered<Buf>>> {
+        if self.bug != FUSED_EARLY_CONSUME && self.bug != FUSED_RANK_ORDER {
+            return self.inner.fused_all_gather_matmul(a, bs, dim);
+        }
+        // A pipelined all-gather-matmul over the inner p2p, with one bug.
+        use concord_core::fused::{describe, exchange_and_validate, input_descs, AgMatmulPlan};
+        let (ws, me) = (self.world_size(), self.rank());
+        let ins = input_descs(&*self.inner, a, bs);
+        exchange_and_validate(&*self.inner, &describe(concord_core::CallOp::FusedAllGatherMatmul, me, ins.clone(), None, dim, None))?;
+        let plan = AgMatmulPlan::new(ws, &ins[0], &ins[1..], dim, None);
+        let mut recvs = Vec::new();
+        for step in 1..ws {
+            let src = (me + step) % ws;
+            let buf = self.inner.alloc(plan.dtype, &plan.shard_shape)?;
+            self.inner.write(&buf, &concord_core::Tensor::zeros(plan.dtype, &plan.shard_shape))?;
+            let w = self.inner.recv(&buf, src)?;
+            let early = (self.bug == FUSED_EARLY_CONSUME).then(|| self.inner.download(&buf)).transpose()?;
+            recvs.push((src, buf, w, early));
+        }
+        let sends = (1..ws).map(|step| self.inner.send(a, (me + ws - step) % ws)).collect::<Result<Vec<_>>>()?;
+        let bt = bs.iter().map(|x| self.inner.download(x)).collect::<Result<Vec<_>>>()?;
+        let mut parts = plan.start();
+        plan.consume(&mut parts, me, &self.inner.download(a)?, &bt, None, None);
+        for (src, buf, w, early) in recvs {
+            let shard = match early {
+                Some(t) => t,
+                None => {
+                    w.wait(Self::T)?;
+                    self.inner.download(&buf)?
+                }
+            };
+            let at = if self.bug == FUSED_RANK_ORDER { (2 * me + ws - src) % ws } else { src };
+            plan.consume(&mut parts, at, &shard, &bt, None, None);
+            w.wait(Self::T)?;
+        }
+        for s in &sends {
+            s.wait(Self::T)?;
+        }
+        let (ag, outs) = plan.finish(parts);
+        let ag = self.inner.upload(&ag)?;
+        let outs = outs.iter().map(|t| self.inner.upload(t)).collect::<Result<Vec<_>>>()?;
+        Ok(Work::done((ag, outs), self.meta("fused_all_gather_matmul"), &self.counter))
+    }
     fn barrier(&self) -> Result<Work<()>> {
         match self.bug {
             BARRIER_AT_ONCE => Ok(Work::done((), self.meta("barrier"), &self.counter)),
@@ -515,6 +565,16 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             e(DOUBLE_ROUNDING, "double_rounding"),
             &["numerics::round_once::f16::ws3", "numerics::round_once::bf16::ws3"],
             &["first bad index", "got", "expected", "op=all_reduce", "dtype=", "reduce=sum", "world_size=3", "rank="],
+        ),
+        (
+            e(FUSED_EARLY_CONSUME, "fused_early_consume"),
+            &["fused::all_gather_matmul::dim0::f32::exact::ws2", "fused::all_gather_matmul::dim1::bf16::exact::ws3"],
+            &["first bad index", "got", "expected", "op=fused_all_gather_matmul", "dim=", "rank=", "world_size="],
+        ),
+        (
+            e(FUSED_RANK_ORDER, "fused_rank_order"),
+            &["fused::all_gather_matmul::dim1::f32::exact::ws3", "fused::all_gather_matmul::dim2::f16::exact::ws4"],
+            &["first bad index", "got", "expected", "op=fused_all_gather_matmul", "dim=", "rank=", "world_size="],
         ),
         (
             e(PREMUL_FACTOR_TWO, "premul_factor_two"),

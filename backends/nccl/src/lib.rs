@@ -284,6 +284,8 @@ impl Backend for NcclBackend {
             validates_across_ranks: self.validating(),
             moves_data: true,
             subgroups: true,
+            // The fused ops are the trait's unfused decomposition on NCCL (no cuBLAS path yet).
+            fused: concord_core::FusedImpl::Decomposed,
             // NCCL reduces f16 / bf16 hop by hop (ring / tree order, rounding at each step).
             rounding: concord_core::Rounding::Unspecified,
             gaps,

@@ -589,6 +589,13 @@ impl Progress {
         let op = p0.call.reduce.unwrap_or(ReduceOp::Sum);
         match p0.call.op {
             CallOp::Barrier | CallOp::Send | CallOp::Recv => {}
+            // The fused ops run over the trait's collectives and p2p (fused.rs), never posted.
+            f @ (CallOp::FusedAllGatherMatmul
+            | CallOp::FusedMatmulReduceScatter
+            | CallOp::LowContentionAllGather
+            | CallOp::LowContentionReduceScatter) => {
+                return Err(CollectiveError::Backend(format!("{} is never posted to the progress engine", f.name())));
+            }
             CallOp::AllReduce => {
                 // Each rank reduces its 1/n chunk of every tensor and writes it straight into
                 // every rank's output: one pass, no second barrier. Only this rank touches

@@ -66,6 +66,7 @@
 mod arena;
 mod ctl;
 mod exec;
+mod fused;
 mod kernels;
 mod post;
 mod sys;
@@ -89,7 +90,7 @@ pub const MAX_WORLD_SIZE: usize = 64;
 
 /// What the backend declares (and validates calls against).
 fn caps() -> Capabilities {
-    Capabilities::full(MAX_WORLD_SIZE)
+    Capabilities { fused: concord_core::FusedImpl::Pipelined, ..Capabilities::full(MAX_WORLD_SIZE) }
 }
 
 /// The fault points the backend honours (every action at each).
@@ -311,6 +312,7 @@ impl Backend for ShmBackend {
             )));
         }
         sys::install_cleanup_handlers();
+        fused::set_mode(world.option("fused_pipeline"))?;
         let gib: f64 = match world.option("shm_arena_gib") {
             None => 16.0,
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
@@ -635,5 +637,37 @@ impl Backend for ShmBackend {
     fn barrier(&self) -> Result<Work<()>> {
         let p = Post::new(CallOp::Barrier, Variant::Out, self.comm.me, vec![], vec![]);
         self.issue("barrier", p, vec![], ())
+    }
+
+    // Fused ops: pipelined shard by shard (fused.rs); the low-contention ops are the defaults.
+    fn fused_all_gather_matmul(
+        &self,
+        a: &ShmBuffer,
+        bs: &[ShmBuffer],
+        dim: usize,
+    ) -> Result<Work<concord_core::fused::Gathered<ShmBuffer>>> {
+        self.pipelined_all_gather_matmul(a, bs, dim, None)
+    }
+    fn fused_all_gather_scaled_matmul(
+        &self,
+        a: &ShmBuffer,
+        bs: &[ShmBuffer],
+        dim: usize,
+        s: &concord_core::Scaling,
+    ) -> Result<Work<concord_core::fused::Gathered<ShmBuffer>>> {
+        self.pipelined_all_gather_matmul(a, bs, dim, Some(s))
+    }
+    fn fused_matmul_reduce_scatter(&self, a: &ShmBuffer, b: &ShmBuffer, op: ReduceOp, dim: usize) -> Result<Work<ShmBuffer>> {
+        self.pipelined_matmul_reduce_scatter(a, b, op, dim, None)
+    }
+    fn fused_scaled_matmul_reduce_scatter(
+        &self,
+        a: &ShmBuffer,
+        b: &ShmBuffer,
+        op: ReduceOp,
+        dim: usize,
+        s: &concord_core::Scaling,
+    ) -> Result<Work<ShmBuffer>> {
+        self.pipelined_matmul_reduce_scatter(a, b, op, dim, Some(s))
     }
 }

@@ -14,6 +14,8 @@ fn main() {
         std::process::exit(code);
     }
     let code = match args.backend.as_deref() {
+        Some("shm") if args.fused => concord_bench::fused::fused_main::<ShmBackend>("shm", &args),
+        Some("nccl") if args.fused => concord_bench::fused::fused_main::<NcclBackend>("nccl", &args),
         Some("shm") => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         Some("nccl") => main_with::<NcclBackend>("nccl", &concord_bench::nccl::hooks(), &args, argv),
         Some(other) => {

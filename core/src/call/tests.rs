@@ -316,4 +316,42 @@ fn descriptions_round_trip_through_words() {
         let g = CallDesc::new(op, Variant::Out, 0);
         assert_eq!(CallDesc::decode(&g.encode()), Some(g));
     }
+    let mut f = CallDesc::new(CallOp::FusedAllGatherMatmul, Variant::Out, 1);
+    f.fused = Some(crate::call::FusedArgs { dim: 2, scales: Some((0, vec![16, 0])), out_dtype: Some(DType::BF16) });
+    let w = f.encode();
+    assert_eq!(CallDesc::decode(&w), Some(f.clone()));
+    for cut in 0..w.len() {
+        assert_eq!(CallDesc::decode(&w[..cut]), None, "fused, truncated at {cut}");
+    }
+}
+
+#[test]
+fn fused_rules_in_the_seeds_order_and_wording() {
+    use crate::fused::describe;
+    let caps = Capabilities::full(8);
+    let a = |s: &[usize]| t(DType::F32, s);
+    let ag = |ins: Vec<TensorDesc>, dim| describe(CallOp::FusedAllGatherMatmul, 0, ins, None, dim, None);
+    let kind = |d: &CallDesc| validate_local(d, 2, &caps).map_err(|e| (e.kind, e.detail));
+    let e = kind(&ag(vec![a(&[4]), a(&[4, 2])], 0)).unwrap_err();
+    assert_eq!(e.0, BadInputKind::NotAMatrix);
+    assert!(e.1.starts_with("A_shard must be a matrix"), "{}", e.1);
+    let e = kind(&ag(vec![a(&[4, 3]), a(&[3])], 0)).unwrap_err();
+    assert!(e.0 == BadInputKind::NotAMatrix && e.1.starts_with("B must be a matrix"), "{e:?}");
+    let e = kind(&ag(vec![a(&[4, 3]), a(&[3, 2])], 2)).unwrap_err();
+    assert!(e.0 == BadInputKind::BadDim && e.1.starts_with("Invalid gather_dim"), "{e:?}");
+    // gather dim 1 of a 2-dim A contracts over dim 0 (the seed's fallback): b needs 4 rows.
+    assert_eq!(kind(&ag(vec![a(&[4, 3]), a(&[3, 2])], 1)).unwrap_err().0, BadInputKind::ShapeMismatch);
+    assert!(kind(&ag(vec![a(&[4, 3]), a(&[4, 2])], 1)).is_ok());
+    let rs = |op, dim, s: &[usize]| describe(CallOp::FusedMatmulReduceScatter, 0, vec![a(s), a(&[3, 2])], Some(op), dim, None);
+    let e = kind(&rs(ReduceOp::Max, 0, &[4, 3])).unwrap_err();
+    assert!(e.0 == BadInputKind::BadReduceOp && e.1.starts_with("reduce_op must be sum or avg"), "{e:?}");
+    assert_eq!(kind(&rs(ReduceOp::Sum, 0, &[5, 3])).unwrap_err().0, BadInputKind::Indivisible);
+    assert!(kind(&rs(ReduceOp::Avg, 0, &[4, 3])).is_ok());
+    // Cross-rank: dims that differ are bad_dim on every rank.
+    let mut d1 = ag(vec![a(&[4, 3]), a(&[3, 2])], 0);
+    d1.rank = 1;
+    d1.fused.as_mut().unwrap().dim = 1;
+    let d1 = CallDesc { inputs: vec![a(&[4, 3]), a(&[4, 2])], ..d1 };
+    let all = [ag(vec![a(&[4, 3]), a(&[3, 2])], 0), d1];
+    assert_eq!(validate_all(&all, &caps).unwrap_err().kind, BadInputKind::BadDim);
 }

@@ -18,6 +18,8 @@
 //!   failure after begin, a rank stalling / failing around its header): backends declaring hooks.
 //! * [`faults`] — failure paths through the backend's fault-injection hooks: no buffer touched
 //!   after a failed wait, named errors, no leaked file, usable after bad input.
+//! * [`fused`] — fused communication + compute (seed 004): all-gather-matmul, matmul-reduce-scatter,
+//!   scaled variants, low-contention all-gather / reduce-scatter; values, buffers, bad input.
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
@@ -30,6 +32,7 @@ pub mod bad_input;
 pub mod caps;
 pub mod device_faults;
 pub mod faults;
+pub mod fused;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;

@@ -1,0 +1,358 @@
+//! Expected results of the fused communication + compute ops (`concord_core::fused`): every
+//! rank's outputs from every rank's inputs, by the unfused decomposition written out
+//! coordinate by coordinate (an implementation independent of the one in `concord-core`):
+//! each product element summed in f64 and rounded once to the output dtype; a reduce-scatter
+//! sums every rank's rounded product in f64 and rounds once. Sums start from +0, as BLAS
+//! accumulators do: a product sum that is exactly zero is +0, even when every product is -0.
+//!
+//! # Tolerances ([`fused_tolerance`])
+//! * Exact-by-construction inputs (small integers, power-of-two scales, `|sum| <= 256`, so that
+//!   every product, partial sum and result is a small integer exact in bf16, f16 and f32):
+//!   bit-exact, every dtype. Any accumulation order gives the same bits.
+//! * Random inputs in `[-1, 1]` (scales in `[0.5, 2]`, `s` their largest product): a backend may
+//!   accumulate in f32 (`γ_K ≤ K·2^-24` relative to `Σ|a||b| ≤ K`, so `abs = s·K²·2^-24`) and
+//!   then round once, which can land one ulp of the output dtype away from the f64 result's
+//!   rounding (`rel = eps(out)`); a reduce-scatter adds up `ws` such rounded blocks
+//!   (`abs += s·ws·K·eps(out)`). For bf16 at K = 32 that is about `rel 7.8e-3` — below the
+//!   seed's `rtol = atol = 1e-2`, which it justifies: bf16 has 8 significant bits.
+
+use crate::check::Tolerance;
+use concord_core::fused::{describe, moved_shape};
+use concord_core::{BadInput, CallOp, Capabilities, DType, ReduceOp, Scale, Scaling, Tensor, TensorDesc};
+
+/// One fused call, as every rank makes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FusedCall {
+    AllGatherMatmul { dim: usize, scaling: Option<Scaling> },
+    MatmulReduceScatter { op: ReduceOp, dim: usize, scaling: Option<Scaling> },
+    LowContentionAllGather,
+    LowContentionReduceScatter { op: ReduceOp },
+}
+
+impl FusedCall {
+    pub fn op(&self) -> CallOp {
+        match self {
+            FusedCall::AllGatherMatmul { .. } => CallOp::FusedAllGatherMatmul,
+            FusedCall::MatmulReduceScatter { .. } => CallOp::FusedMatmulReduceScatter,
+            FusedCall::LowContentionAllGather => CallOp::LowContentionAllGather,
+            FusedCall::LowContentionReduceScatter { .. } => CallOp::LowContentionReduceScatter,
+        }
+    }
+    /// The op's name, `_scaled` inserted for the scaled variants.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FusedCall::AllGatherMatmul { scaling: Some(_), .. } => "fused_all_gather_scaled_matmul",
+            FusedCall::MatmulReduceScatter { scaling: Some(_), .. } => "fused_scaled_matmul_reduce_scatter",
+            c => c.op().name(),
+        }
+    }
+    pub fn scaling(&self) -> Option<&Scaling> {
+        match self {
+            FusedCall::AllGatherMatmul { scaling, .. } | FusedCall::MatmulReduceScatter { scaling, .. } => scaling.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Rank `r`'s inputs: `a` (or `x`), then every `b`; `a_scale` for the scaled variants (each rank
+/// its own; `b` scales are in the call's [`Scaling`]).
+#[derive(Clone, Debug)]
+pub struct FusedInputs {
+    pub a: Tensor,
+    pub bs: Vec<Tensor>,
+    pub a_scale: Option<Scale>,
+}
+
+fn flat(c: &[usize], shape: &[usize]) -> usize {
+    c.iter().zip(shape).fold(0, |acc, (x, s)| acc * s + x)
+}
+
+fn coords(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut c = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        c[d] = i % shape[d].max(1);
+        i /= shape[d].max(1);
+    }
+    c
+}
+
+fn round(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
+    Tensor::from_bytes(
+        dtype,
+        shape,
+        &v.iter()
+            .flat_map(|x| {
+                let bits = crate::round_f64_bits(dtype, *x);
+                bits.to_le_bytes()[..dtype.size()].to_vec()
+            })
+            .collect::<Vec<u8>>(),
+    )
+}
+
+/// Every rank's outputs (index = rank): all-gather-matmul `[ag, out_0, ..]`, the others
+/// `[out]`; or the named bad-input error every rank MUST report.
+pub fn expected_fused(call: &FusedCall, inputs: &[FusedInputs], caps: &Capabilities) -> Result<Vec<Vec<Tensor>>, BadInput> {
+    expected_fused_for(call, inputs, caps, None)
+}
+
+/// [`expected_fused`] computing the outputs of rank `only` alone (the others' are left empty):
+/// what one rank of a case needs.
+pub fn expected_fused_for(
+    call: &FusedCall,
+    inputs: &[FusedInputs],
+    caps: &Capabilities,
+    only: Option<usize>,
+) -> Result<Vec<Vec<Tensor>>, BadInput> {
+    let ws = inputs.len();
+    let (reduce, dim) = match call {
+        FusedCall::AllGatherMatmul { dim, .. } => (None, *dim),
+        FusedCall::MatmulReduceScatter { op, dim, .. } => (Some(*op), *dim),
+        FusedCall::LowContentionAllGather => (None, 0),
+        FusedCall::LowContentionReduceScatter { op } => (Some(*op), 0),
+    };
+    let descs: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(r, x)| {
+            let mut ins = vec![TensorDesc::new(x.a.dtype(), x.a.shape())];
+            ins.extend(x.bs.iter().map(|b| TensorDesc::new(b.dtype(), b.shape())));
+            let mut sc = call.scaling().cloned();
+            if let (Some(s), Some(a)) = (sc.as_mut(), &x.a_scale) {
+                s.a = a.clone();
+            }
+            describe(call.op(), r, ins, reduce, dim, sc.as_ref())
+        })
+        .collect();
+    concord_core::validate_all(&descs, caps)?;
+    Ok(match call {
+        FusedCall::AllGatherMatmul { dim, scaling } => ag_matmul(inputs, *dim, scaling.as_ref(), only),
+        FusedCall::MatmulReduceScatter { op, dim, scaling } => matmul_rs(inputs, *op, *dim, scaling.as_ref(), only),
+        FusedCall::LowContentionAllGather => {
+            let row: Vec<usize> = inputs[0].a.shape()[1..].to_vec();
+            let parts: Vec<Tensor> = inputs.iter().map(|x| x.a.clone()).collect();
+            vec![vec![Tensor::cat_rows(inputs[0].a.dtype(), &row, &parts)]; ws]
+        }
+        FusedCall::LowContentionReduceScatter { op } => {
+            let x0 = &inputs[0].a;
+            let rows = x0.shape()[0] / ws;
+            (0..ws)
+                .map(|r| {
+                    let mut shape = x0.shape().to_vec();
+                    shape[0] = rows;
+                    let n = x0.numel() / ws;
+                    let v: Vec<f64> = (0..n)
+                        .map(|i| {
+                            let s: f64 = inputs.iter().fold(0.0, |s, x| s + x.a.get_f64(r * n + i));
+                            if *op == ReduceOp::Avg {
+                                s / ws as f64
+                            } else {
+                                s
+                            }
+                        })
+                        .collect();
+                    vec![round(x0.dtype(), &shape, &v)]
+                })
+                .collect()
+        }
+    })
+}
+
+fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
+    let ws = inputs.len();
+    let s = inputs[0].a.shape().to_vec();
+    let nd = s.len();
+    let sg = s[g];
+    let mut ag_shape = s.clone();
+    ag_shape[g] *= ws;
+    // The gathered tensor: element at ag coords c comes from rank c[g] / s_g at c[g] % s_g.
+    let ag_val = |c: &[usize]| {
+        let mut l = c.to_vec();
+        let r = l[g] / sg;
+        l[g] %= sg;
+        (r, inputs[r].a.get_f64(flat(&l, &s)), l)
+    };
+    let ag_n: usize = ag_shape.iter().product();
+    let ag_bits: Vec<u8> = (0..ag_n)
+        .flat_map(|i| {
+            let c = coords(i, &ag_shape);
+            let (r, _, l) = ag_val(&c);
+            let es = inputs[0].a.dtype().size();
+            let off = flat(&l, &s) * es;
+            inputs[r].a.bytes()[off..off + es].to_vec()
+        })
+        .collect();
+    let ag = Tensor::from_bytes(inputs[0].a.dtype(), &ag_shape, &ag_bits);
+    let ms = moved_shape(&s, g); // shard's moved shape [s_g, .., k]
+    let k = ms[nd - 1];
+    // A' = movedim(ag, g, 0) as a dense [rows, k] f64 matrix, with each row's source rank and
+    // its row in that rank's moved shard (for row scales).
+    let mut full = ms.clone();
+    full[0] *= ws;
+    let rows: usize = full[..nd - 1].iter().product();
+    let mut a_mat = vec![0.0f64; rows * k];
+    let mut row_src = vec![(0usize, 0usize); rows];
+    for (idx, slot) in a_mat.iter_mut().enumerate() {
+        let m = coords(idx, &full);
+        let mut c = m[1..].to_vec();
+        c.insert(g, m[0]);
+        let (r, v, _) = ag_val(&c);
+        *slot = v;
+        if m[nd - 1] == 0 {
+            let mut row = vec![m[0] % sg];
+            row.extend_from_slice(&m[1..nd - 1]);
+            row_src[idx / k.max(1)] = (r, flat(&row, &ms[..nd - 1]));
+        }
+    }
+    (0..ws)
+        .map(|q| {
+            if only.is_some_and(|o| o != q) {
+                return vec![];
+            }
+            let mut outs = vec![ag.clone()];
+            for (bi, b) in inputs[q].bs.iter().enumerate() {
+                let n = b.shape()[1];
+                let bv: Vec<f64> = (0..k * n).map(|i| b.get_f64(i)).collect();
+                // Moved output [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
+                let mut mo = full.clone();
+                mo[nd - 1] = n;
+                let mut fin = mo[1..].to_vec();
+                fin.insert(g, mo[0]);
+                let total: usize = fin.iter().product();
+                let v: Vec<f64> = (0..total)
+                    .map(|i| {
+                        let o = coords(i, &fin);
+                        let mut m = vec![o[g]];
+                        m.extend(o.iter().enumerate().filter(|(j, _)| *j != g).map(|(_, x)| *x));
+                        let j = m[nd - 1];
+                        let row = flat(&m[..nd - 1], &mo[..nd - 1]);
+                        // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
+                        let mut acc: f64 = (0..k).fold(0.0, |acc, kk| acc + a_mat[row * k + kk] * bv[kk * n + j]);
+                        if let Some(sc) = scaling {
+                            let (src, ri) = row_src[row];
+                            let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
+                            acc *= sa.at(ri) * sc.b[bi].at(j);
+                        }
+                        acc
+                    })
+                    .collect();
+                let dt = scaling.map_or(b.dtype(), |s| s.out_dtype);
+                outs.push(round(dt, &fin, &v));
+            }
+            outs
+        })
+        .collect()
+}
+
+fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
+    let ws = inputs.len();
+    let s = inputs[0].a.shape().to_vec();
+    let nd = s.len();
+    let k = s[nd - 1];
+    let n = inputs[0].bs[0].shape()[1];
+    let mut c_shape = s.clone();
+    c_shape[nd - 1] = n;
+    let dt = scaling.map_or(inputs[0].a.dtype(), |s| s.out_dtype);
+    // Every rank's product, rounded once to the output dtype (the seed's fallback computes C
+    // in the output dtype before the reduce-scatter).
+    let cs: Vec<Tensor> = inputs
+        .iter()
+        .map(|x| {
+            let total: usize = c_shape.iter().product();
+            let av: Vec<f64> = (0..x.a.numel()).map(|i| x.a.get_f64(i)).collect();
+            let bv: Vec<f64> = (0..k * n).map(|i| x.bs[0].get_f64(i)).collect();
+            let v: Vec<f64> = (0..total)
+                .map(|i| {
+                    let (row, j) = (i / n, i % n);
+                    let mut acc = 0.0;
+                    for kk in 0..k {
+                        acc += av[row * k + kk] * bv[kk * n + j];
+                    }
+                    if let Some(sc) = scaling {
+                        acc *= x.a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
+                    }
+                    acc
+                })
+                .collect();
+            round(dt, &c_shape, &v)
+        })
+        .collect();
+    let mut out_shape = c_shape.clone();
+    out_shape[d] /= ws;
+    let total: usize = out_shape.iter().product();
+    (0..ws)
+        .map(|r| {
+            if only.is_some_and(|o| o != r) {
+                return vec![];
+            }
+            let v: Vec<f64> = (0..total)
+                .map(|i| {
+                    let mut c = coords(i, &out_shape);
+                    c[d] += r * out_shape[d];
+                    let fi = flat(&c, &c_shape);
+                    let sum: f64 = cs.iter().fold(0.0, |s, t| s + t.get_f64(fi));
+                    if op == ReduceOp::Avg {
+                        sum / ws as f64
+                    } else {
+                        sum
+                    }
+                })
+                .collect();
+            vec![round(dt, &out_shape, &v)]
+        })
+        .collect()
+}
+
+/// The tolerance for a fused op's products (module docs): exact on exact-by-construction
+/// inputs; otherwise a bound from the contraction length `k`, the world size, the output dtype
+/// and the largest scale product `scale`. The all-gathered tensor is always exact.
+pub fn fused_tolerance(out: DType, k: usize, ws: usize, reduce_scatter: bool, scale: f64, exact_inputs: bool) -> Tolerance {
+    if exact_inputs {
+        return Tolerance::Exact;
+    }
+    let k = k.max(1) as f64;
+    let eps = out.epsilon();
+    let mut abs = scale * k * k * f32::EPSILON as f64 / 2.0 + eps;
+    if reduce_scatter {
+        abs += scale * ws as f64 * k * eps;
+    }
+    Tolerance::Bound { abs, rel: eps }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_vec(shape, v)
+    }
+
+    #[test]
+    fn ag_matmul_gathers_along_dim_1_and_multiplies() {
+        // two ranks, a_shard [1, 1, 2], gather dim 1: ag [1, 2, 2]; b = identity
+        let b = t(&[2, 2], vec![1., 0., 0., 1.]);
+        let ins = vec![
+            FusedInputs { a: t(&[1, 1, 2], vec![1., 2.]), bs: vec![b.clone()], a_scale: None },
+            FusedInputs { a: t(&[1, 1, 2], vec![3., 4.]), bs: vec![b], a_scale: None },
+        ];
+        let out = expected_fused(&FusedCall::AllGatherMatmul { dim: 1, scaling: None }, &ins, &Capabilities::full(8)).unwrap();
+        assert_eq!(out[0][0], t(&[1, 2, 2], vec![1., 2., 3., 4.]));
+        assert_eq!(out[1][1], t(&[1, 2, 2], vec![1., 2., 3., 4.]));
+    }
+
+    #[test]
+    fn matmul_rs_sums_and_scatters() {
+        let b = t(&[1, 2], vec![1., 1.]);
+        let ins = vec![
+            FusedInputs { a: t(&[2, 1], vec![1., 2.]), bs: vec![b.clone()], a_scale: None },
+            FusedInputs { a: t(&[2, 1], vec![10., 20.]), bs: vec![b], a_scale: None },
+        ];
+        let out =
+            expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 0, scaling: None }, &ins, &Capabilities::full(8))
+                .unwrap();
+        assert_eq!(out[0][0], t(&[1, 2], vec![11., 11.]));
+        assert_eq!(out[1][0], t(&[1, 2], vec![22., 22.]));
+        let bad =
+            expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Max, dim: 0, scaling: None }, &ins, &Capabilities::full(8));
+        assert_eq!(bad.unwrap_err().kind, concord_core::BadInputKind::BadReduceOp);
+    }
+}

@@ -1,0 +1,585 @@
+//! Fused communication + compute (issue 13, seed 004): `fused_all_gather_matmul`,
+//! `fused_matmul_reduce_scatter`, their scaled variants and the low-contention all-gather /
+//! reduce-scatter, on every backend (native or the trait's decomposition alike).
+//!
+//! * Values: gather / scatter dims 0, 1, 2 of a 3-D `a`, two `b`s, f32 / bf16 / f16, sum and avg,
+//!   per-tensor and per-row scales into another output dtype, world sizes 1–8 (the catalogue's),
+//!   the seed's own shapes (`a_shard [8, 64, 32]`, `b [32, 16]`); every output of every rank
+//!   (the all-gathered `a` too) against `concord_oracle::fused`: bit-exact on exact-by-
+//!   construction inputs (small integers, power-of-two scales), within
+//!   [`concord_oracle::fused_tolerance`] on random ones.
+//! * Buffers: inputs are views into parents full of guard bytes; after the op every parent byte
+//!   (the input itself and the guards) is unchanged, no output aliases an input; the op is issued
+//!   twice on the same buffers (buffer reuse) and each result waited twice (idempotent), and
+//!   `outstanding()` is 0 after.
+//! * Bad input: each of the seed's errors (and the rule table's F1–F9), on one rank or all, is
+//!   the oracle's named error on every rank; a good call on the same world then passes.
+//!
+//! Only the body's thin shim is generic over the backend; inputs, oracle and messages are not.
+
+use super::util::fail;
+use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::{Backend, BadInputKind, Capabilities, CollectiveError, DType, ReduceOp, Scale, Scaling, Tensor};
+use concord_oracle::{compare, expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs, Tolerance};
+use std::sync::Arc;
+
+/// What a case feeds the op on every rank.
+#[derive(Clone, Debug)]
+pub struct FusedSpec {
+    pub call: FusedCall,
+    pub dtype: DType,
+    pub a_shape: Vec<usize>,
+    /// One shape per `b` (empty for the low-contention ops).
+    pub b_shapes: Vec<Vec<usize>>,
+    /// Per-row `a` scales (the scaled variants): each rank its own.
+    pub row_scales: bool,
+    pub exact: bool,
+    /// A rank whose call differs (bad-input cases): `(rank, its a shape, its call)`.
+    pub odd_rank: Option<(usize, Vec<usize>, FusedCall)>,
+}
+
+/// A small deterministic generator (inputs must be the same on every rank that builds them).
+fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if exact {
+                (lo + (s % (hi - lo + 1) as u64) as i64) as f64
+            } else {
+                (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            }
+        })
+        .collect()
+}
+
+impl FusedSpec {
+    fn call_of(&self, rank: usize) -> &FusedCall {
+        match &self.odd_rank {
+            Some((r, _, c)) if *r == rank => c,
+            _ => &self.call,
+        }
+    }
+
+    /// Rank `r`'s inputs (every rank can build every rank's).
+    pub fn inputs(&self, r: usize, seed: u64) -> FusedInputs {
+        let a_shape = match &self.odd_rank {
+            Some((o, s, _)) if *o == r => s.clone(),
+            _ => self.a_shape.clone(),
+        };
+        let n: usize = a_shape.iter().product();
+        let s = seed ^ ((r as u64 + 1) * 7919);
+        let a = Tensor::from_f64(self.dtype, &a_shape, &values(s, n, self.exact, -2, 2));
+        let bs = self
+            .b_shapes
+            .iter()
+            .enumerate()
+            .map(|(i, sh)| Tensor::from_f64(self.dtype, sh, &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1)))
+            .collect();
+        let a_scale = self.call.scaling().map(|sc| {
+            if self.row_scales {
+                let k = match self.call {
+                    FusedCall::AllGatherMatmul { dim, .. } => *concord_core::fused::moved_shape(&a_shape, dim).last().unwrap_or(&1),
+                    _ => *a_shape.last().unwrap_or(&1),
+                };
+                let rows = n.checked_div(k).unwrap_or(0);
+                Scale::Rows((0..rows).map(|i| [0.5f32, 1.0, 2.0][(i + r) % 3]).collect())
+            } else {
+                sc.a.clone()
+            }
+        });
+        FusedInputs { a, bs, a_scale }
+    }
+
+    fn k(&self) -> usize {
+        self.b_shapes.first().map_or(1, |b| b[0])
+    }
+
+    fn out_dtype(&self) -> DType {
+        self.call.scaling().map_or(self.dtype, |s| s.out_dtype)
+    }
+
+    fn describe(&self) -> String {
+        let dim = match &self.call {
+            FusedCall::AllGatherMatmul { dim, .. } | FusedCall::MatmulReduceScatter { dim, .. } => format!("dim={dim}"),
+            _ => "dim=0".into(),
+        };
+        format!("op={} {dim} dtype={} a={:?} b={:?}", self.call.name(), self.dtype, self.a_shape, self.b_shapes)
+    }
+}
+
+/// The outputs of one issue, downloaded; or its error.
+type Outs = Result<Vec<Tensor>, CollectiveError>;
+
+/// The one generic shim: issue `call` on `b` with this rank's inputs as views into guarded
+/// parents, wait twice, download, and check the parents and aliasing. `Err(CaseEnd)` for a
+/// broken buffer rule; `Ok(Err(e))` when the op reported `e`.
+fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std::time::Duration, where_: &str) -> Result<Outs, CaseEnd> {
+    const OFF: usize = 3;
+    const GUARD: u8 = 0xA5;
+    let mk = |t: &Tensor| -> Result<(B::Buffer, B::Buffer, Tensor), CaseEnd> {
+        let n = t.numel();
+        let mut p = Tensor::filled_bytes(t.dtype(), &[n + 2 * OFF + 1], GUARD);
+        let es = t.dtype().size();
+        p.bytes_mut()[OFF * es..(OFF + n) * es].copy_from_slice(t.bytes());
+        let parent = b.upload(&p)?;
+        let view = b.view(&parent, OFF, t.shape())?;
+        Ok((parent, view, p))
+    };
+    let a = mk(&me.a)?;
+    let bs = me.bs.iter().map(mk).collect::<Result<Vec<_>, _>>()?;
+    let bviews: Vec<B::Buffer> = bs.iter().map(|x| x.1.clone()).collect();
+    let t = ctx_timeout;
+    let scaling = call.scaling().map(|s| Scaling { a: me.a_scale.clone().unwrap_or(s.a.clone()), ..s.clone() });
+    let got: Result<Vec<B::Buffer>, CollectiveError> = (|| match call {
+        FusedCall::AllGatherMatmul { dim, .. } => {
+            let w = match &scaling {
+                None => b.fused_all_gather_matmul(&a.1, &bviews, *dim)?,
+                Some(s) => b.fused_all_gather_scaled_matmul(&a.1, &bviews, *dim, s)?,
+            };
+            w.wait(t)?;
+            let (ag, outs) = w.into_value(t)?;
+            Ok(std::iter::once(ag).chain(outs).collect())
+        }
+        FusedCall::MatmulReduceScatter { op, dim, .. } => {
+            let w = match &scaling {
+                None => b.fused_matmul_reduce_scatter(&a.1, &bviews[0], *op, *dim)?,
+                Some(s) => b.fused_scaled_matmul_reduce_scatter(&a.1, &bviews[0], *op, *dim, s)?,
+            };
+            w.wait(t)?;
+            Ok(vec![w.into_value(t)?])
+        }
+        FusedCall::LowContentionAllGather => {
+            let w = b.low_contention_all_gather(&a.1)?;
+            w.wait(t)?;
+            Ok(vec![w.into_value(t)?])
+        }
+        FusedCall::LowContentionReduceScatter { op } => {
+            let w = b.low_contention_reduce_scatter(&a.1, *op)?;
+            w.wait(t)?;
+            Ok(vec![w.into_value(t)?])
+        }
+    })();
+    let moves = b.capabilities().moves_data;
+    for (i, (parent, _, host)) in std::iter::once(&a).chain(bs.iter()).enumerate() {
+        if moves && b.download(parent)?.bytes() != host.bytes() {
+            return Err(fail(
+                where_,
+                format!("input {i} (or a guard byte around it) changed: the op MUST leave its inputs untouched and write only its outputs"),
+            ));
+        }
+    }
+    let got = match got {
+        Ok(g) => g,
+        Err(e) => return Ok(Err(e)),
+    };
+    for (i, g) in got.iter().enumerate() {
+        let (lo, hi) = (b.buffer_addr(g), b.buffer_addr(g) + b.buffer_dtype(g).size() * b.buffer_shape(g).iter().product::<usize>());
+        for (j, (p, _, host)) in std::iter::once(&a).chain(bs.iter()).enumerate() {
+            let (plo, phi) = (b.buffer_addr(p), b.buffer_addr(p) + host.len_bytes());
+            if lo < phi && plo < hi {
+                return Err(fail(where_, format!("output {i} overlaps input {j}'s buffer")));
+            }
+        }
+    }
+    Ok(Ok(got.iter().map(|g| b.download(g)).collect::<Result<Vec<_>, _>>()?))
+}
+
+fn where_of(backend: &str, spec: &FusedSpec, ws: usize, rank: usize) -> String {
+    format!("backend={backend} {} world_size={ws} rank={rank}", spec.describe())
+}
+
+/// Checks one rank's outputs against the oracle's (non-generic).
+/// The oracle's answer for this rank (each rank's call: bad-input cases make one rank's differ).
+type Expected = Result<Vec<Vec<Tensor>>, concord_core::BadInput>;
+
+fn expected_for(spec: &FusedSpec, caps: &Capabilities, seed: u64, ws: usize, rank: usize) -> Expected {
+    let inputs: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs(r, seed)).collect();
+    if spec.odd_rank.is_some() {
+        odd_expected(spec, &inputs, caps)
+    } else {
+        expected_fused_for(&spec.call, &inputs, caps, Some(rank))
+    }
+}
+
+fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank: usize, got: Outs, where_: &str) -> CaseResult {
+    match (exp.clone(), got) {
+        (Err(bad), Err(e)) => {
+            if e.bad_input_kind() == Some(bad.kind) {
+                Ok(())
+            } else {
+                Err(fail(where_, format!("expected bad_input:{} ({}) on every rank, got {e} [{}]", bad.kind.name(), bad.detail, e.name())))
+            }
+        }
+        (Err(bad), Ok(_)) => {
+            Err(fail(where_, format!("expected bad_input:{} ({}) on every rank, the op succeeded", bad.kind.name(), bad.detail)))
+        }
+        (Ok(_), Err(e)) => Err(fail(where_, format!("collective failed: {e} [{}]", e.name()))),
+        (Ok(exp), Ok(got)) => {
+            let exp = &exp[rank];
+            if got.len() != exp.len() {
+                return Err(fail(where_, format!("{} outputs, expected {}", got.len(), exp.len())));
+            }
+            let ag = matches!(spec.call, FusedCall::AllGatherMatmul { .. });
+            let rs = matches!(spec.call, FusedCall::MatmulReduceScatter { .. });
+            for (i, (g, e)) in got.iter().zip(exp).enumerate() {
+                let what = if ag && i == 0 {
+                    "all-gathered a".to_string()
+                } else if ag {
+                    format!("output b[{}]", i - 1)
+                } else {
+                    "output".into()
+                };
+                if !caps.moves_data {
+                    if g.dtype() != e.dtype() || g.shape() != e.shape() {
+                        return Err(fail(where_, format!("{what} is {}{:?}, expected {}{:?}", g.dtype(), g.shape(), e.dtype(), e.shape())));
+                    }
+                    continue;
+                }
+                let tol = if ag && i == 0 || matches!(spec.call, FusedCall::LowContentionAllGather) {
+                    Tolerance::Exact
+                } else if spec.exact {
+                    let avg = matches!(
+                        spec.call,
+                        FusedCall::MatmulReduceScatter { op: ReduceOp::Avg, .. }
+                            | FusedCall::LowContentionReduceScatter { op: ReduceOp::Avg }
+                    );
+                    if avg {
+                        Tolerance::Ulps(2)
+                    } else {
+                        Tolerance::Exact
+                    }
+                } else {
+                    fused_tolerance(
+                        spec.out_dtype(),
+                        spec.k(),
+                        ws,
+                        rs || matches!(spec.call, FusedCall::LowContentionReduceScatter { .. }),
+                        4.0,
+                        false,
+                    )
+                };
+                compare(g, e, tol).map_err(|m| fail(where_, format!("{what}: {m}")))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The oracle for a case whose ranks make different calls: the rule table over every rank's
+/// description (the values are never needed: such a call is always bad).
+fn odd_expected(spec: &FusedSpec, inputs: &[FusedInputs], caps: &Capabilities) -> Result<Vec<Vec<Tensor>>, concord_core::BadInput> {
+    use concord_core::fused::describe;
+    use concord_core::TensorDesc;
+    let descs: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(r, x)| {
+            let c = spec.call_of(r);
+            let (reduce, dim) = match c {
+                FusedCall::AllGatherMatmul { dim, .. } => (None, *dim),
+                FusedCall::MatmulReduceScatter { op, dim, .. } => (Some(*op), *dim),
+                FusedCall::LowContentionAllGather => (None, 0),
+                FusedCall::LowContentionReduceScatter { op } => (Some(*op), 0),
+            };
+            let mut ins = vec![TensorDesc::new(x.a.dtype(), x.a.shape())];
+            ins.extend(x.bs.iter().map(|b| TensorDesc::new(b.dtype(), b.shape())));
+            let sc = c.scaling().map(|s| Scaling { a: x.a_scale.clone().unwrap_or(s.a.clone()), ..s.clone() });
+            describe(c.op(), r, ins, reduce, dim, sc.as_ref())
+        })
+        .collect();
+    concord_core::validate_all(&descs, caps)?;
+    expected_fused(&spec.call, inputs, caps)
+}
+
+fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: usize) -> CaseResult {
+    let (ws, rank) = (ctx.world_size(), ctx.rank());
+    let caps = ctx.b.capabilities();
+    let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
+    let me = spec.inputs(rank, seed);
+    let exp = expected_for(spec, &caps, seed, ws, rank);
+    for rep in 0..repeats {
+        let got = issue(ctx.b, spec.call_of(rank), &me, ctx.timeout, &where_)?;
+        check(spec, &caps, &exp, ws, rank, got, &format!("{where_} issue={}", rep + 1))?;
+    }
+    if spec.odd_rank.is_some() || !spec.exact || repeats == 1 {
+        // After a bad call: a good one on the same world.
+        let good = FusedSpec { odd_rank: None, ..ag_spec(0, DType::F32, vec![2, 4, 8], vec![vec![8, 4]], true) };
+        let w = where_of(&backend_label(ctx.b), &good, ws, rank);
+        let me = good.inputs(rank, seed);
+        let got = issue(ctx.b, &good.call, &me, ctx.timeout, &w)?;
+        let exp = expected_for(&good, &caps, seed, ws, rank);
+        check(&good, &caps, &exp, ws, rank, got, &format!("{w} (a good call after the case's)"))?;
+    }
+    if ctx.b.outstanding() != 0 {
+        return Err(fail(&where_, format!("outstanding() is {} after every work was waited", ctx.b.outstanding())));
+    }
+    Ok(())
+}
+
+fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, exact: bool) -> FusedSpec {
+    FusedSpec {
+        call: FusedCall::AllGatherMatmul { dim, scaling: None },
+        dtype,
+        a_shape: a,
+        b_shapes,
+        row_scales: false,
+        exact,
+        odd_rank: None,
+    }
+}
+
+fn rs_spec(op: ReduceOp, dim: usize, dtype: DType, ws: usize, exact: bool) -> FusedSpec {
+    FusedSpec {
+        call: FusedCall::MatmulReduceScatter { op, dim, scaling: None },
+        dtype,
+        a_shape: vec![2 * ws, 4 * ws, 32],
+        b_shapes: vec![vec![32, 2 * ws]],
+        row_scales: false,
+        exact,
+        odd_rank: None,
+    }
+}
+
+/// `a` and `b`s for an all-gather along `dim` of a 3-D `a` (dim 2 contracts over dim 1).
+fn ag_shapes(dim: usize) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let a = vec![4, 8, 32];
+    let k = *concord_core::fused::moved_shape(&a, dim).last().expect("3-D");
+    (a, vec![vec![k, 16], vec![k, 8]])
+}
+
+fn meta(spec: &FusedSpec) -> CaseMeta {
+    CaseMeta {
+        suite: "fused".into(),
+        op: spec.call.name().into(),
+        variant: "out".into(),
+        dtype: spec.dtype.to_string(),
+        reduce: match &spec.call {
+            FusedCall::MatmulReduceScatter { op, .. } | FusedCall::LowContentionReduceScatter { op } => op.name().into(),
+            _ => "-".into(),
+        },
+    }
+}
+
+fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec, repeats: usize) {
+    let seed = concord_fixtures::seed_for(&name);
+    let m = meta(&spec);
+    let spec = Arc::new(spec);
+    out.push(Case::new(name, m, ws, move |ctx| body(ctx, &spec, seed, repeats)));
+}
+
+/// World sizes of the fused suite (the catalogue's).
+pub const FUSED_WORLD_SIZES: [usize; 6] = super::WORLD_SIZES;
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    let dts = [DType::F32, DType::BF16, DType::F16];
+    for ws in FUSED_WORLD_SIZES {
+        for dt in dts {
+            for dim in 0..3 {
+                let (a, bs) = ag_shapes(dim);
+                push(&mut out, format!("fused::all_gather_matmul::dim{dim}::{dt}::exact::ws{ws}"), ws, ag_spec(dim, dt, a, bs, true), 2);
+                push(
+                    &mut out,
+                    format!("fused::matmul_reduce_scatter::dim{dim}::{dt}::sum::exact::ws{ws}"),
+                    ws,
+                    rs_spec(ReduceOp::Sum, dim, dt, ws, true),
+                    2,
+                );
+            }
+            let x = FusedSpec {
+                call: FusedCall::LowContentionAllGather,
+                dtype: dt,
+                a_shape: vec![3, 5],
+                b_shapes: vec![],
+                row_scales: false,
+                exact: true,
+                odd_rank: None,
+            };
+            push(&mut out, format!("fused::low_contention_all_gather::dim0::{dt}::exact::ws{ws}"), ws, x.clone(), 2);
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let x = FusedSpec { call: FusedCall::LowContentionReduceScatter { op }, a_shape: vec![2 * ws, 5], ..x.clone() };
+                push(&mut out, format!("fused::low_contention_reduce_scatter::dim0::{dt}::{op}::exact::ws{ws}"), ws, x, 2);
+            }
+        }
+        for dim in 0..3 {
+            push(
+                &mut out,
+                format!("fused::matmul_reduce_scatter::dim{dim}::f32::avg::exact::ws{ws}"),
+                ws,
+                rs_spec(ReduceOp::Avg, dim, DType::F32, ws, true),
+                2,
+            );
+        }
+        // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out.
+        for (rows, tag) in [(false, "tensor"), (true, "rows")] {
+            let scaling = Scaling {
+                a: Scale::Tensor(0.5),
+                b: vec![Scale::Tensor(2.0), Scale::Rows((0..8).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                out_dtype: DType::BF16,
+            };
+            for dim in [0, 1] {
+                let (a, bs) = ag_shapes(dim);
+                let s = FusedSpec {
+                    call: FusedCall::AllGatherMatmul { dim, scaling: Some(scaling.clone()) },
+                    row_scales: rows,
+                    ..ag_spec(dim, DType::F32, a, bs, true)
+                };
+                let mut s = s;
+                s.b_shapes[1] = vec![s.b_shapes[1][0], 8];
+                push(&mut out, format!("fused::all_gather_scaled_matmul::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
+                let rs_scaling = Scaling {
+                    a: Scale::Tensor(0.5),
+                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5][j % 2]).collect())],
+                    out_dtype: DType::BF16,
+                };
+                let s = FusedSpec {
+                    call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim, scaling: Some(rs_scaling) },
+                    row_scales: rows,
+                    ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true)
+                };
+                push(&mut out, format!("fused::scaled_matmul_reduce_scatter::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
+            }
+        }
+        // Larger operands (a native backend's pipelined path, above any small-size shortcut):
+        // a_shard [8, 64, 32] f32 on every dim; a [8 ws, 16, 32] for the reduce-scatter.
+        for dim in 0..3 {
+            let a = vec![8, 64, 32];
+            let k = *concord_core::fused::moved_shape(&a, dim).last().expect("3-D");
+            push(
+                &mut out,
+                format!("fused::all_gather_matmul::dim{dim}::f32::large::ws{ws}"),
+                ws,
+                ag_spec(dim, DType::F32, a, vec![vec![k, 16], vec![k, 8]], true),
+                2,
+            );
+        }
+        for dim in [0, 2] {
+            let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], ..rs_spec(ReduceOp::Sum, dim, DType::F32, ws, true) };
+            push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::f32::sum::large::ws{ws}"), ws, s, 2);
+            let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], dtype: DType::BF16, ..rs_spec(ReduceOp::Avg, dim, DType::BF16, ws, true) };
+            push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::bf16::avg::large::ws{ws}"), ws, s, 2);
+        }
+        // Random inputs (tolerance) and the seed's shapes.
+        if [2, 4].contains(&ws) || ws == 1 {
+            for dt in dts {
+                for dim in [0, 1] {
+                    push(
+                        &mut out,
+                        format!("fused::all_gather_matmul::dim{dim}::{dt}::seed_shape::ws{ws}"),
+                        ws,
+                        ag_spec(dim, dt, vec![8, 64, 32], vec![vec![32, 16]; 3], true),
+                        1,
+                    );
+                }
+                let (a, bs) = ag_shapes(1);
+                push(&mut out, format!("fused::all_gather_matmul::dim1::{dt}::random::ws{ws}"), ws, ag_spec(1, dt, a, bs, false), 1);
+                push(
+                    &mut out,
+                    format!("fused::matmul_reduce_scatter::dim1::{dt}::sum::random::ws{ws}"),
+                    ws,
+                    rs_spec(ReduceOp::Sum, 1, dt, ws, false),
+                    1,
+                );
+            }
+        }
+        // Bad input (each a named error on every rank, then a good call).
+        if ws <= 4 {
+            for (tag, spec) in bad_specs(ws) {
+                push(&mut out, format!("fused::bad_input::{tag}::ws{ws}"), ws, spec, 1);
+            }
+        }
+    }
+    out
+}
+
+/// The bad-input cases at world size `ws`: the seed's errors and rules F1–F9, named by kind.
+pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
+    let f32s = |dim, a: Vec<usize>, b: Vec<Vec<usize>>| ag_spec(dim, DType::F32, a, b, true);
+    let mut v = vec![
+        ("a_not_matrix".to_string(), f32s(0, vec![8], vec![vec![8, 4]])),
+        ("b_not_matrix".into(), f32s(0, vec![4, 8], vec![vec![8, 4], vec![8]])),
+        ("invalid_gather_dim".into(), f32s(3, vec![2, 4, 8], vec![vec![8, 4]])),
+        ("b_rows_mismatch".into(), f32s(0, vec![4, 8], vec![vec![7, 4]])),
+        ("int_dtype".into(), FusedSpec { dtype: DType::I32, ..f32s(0, vec![4, 8], vec![vec![8, 4]]) }),
+        ("reduce_op_not_sum_or_avg".into(), rs_spec(ReduceOp::Max, 0, DType::F32, ws, true)),
+        (
+            "invalid_scatter_dim".into(),
+            FusedSpec {
+                call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 3, scaling: None },
+                ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true)
+            },
+        ),
+        (
+            "low_contention_reduce_op".into(),
+            FusedSpec {
+                call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Product },
+                dtype: DType::F32,
+                a_shape: vec![2 * ws, 3],
+                b_shapes: vec![],
+                row_scales: false,
+                exact: true,
+                odd_rank: None,
+            },
+        ),
+        (
+            "bad_row_scale".into(),
+            FusedSpec {
+                call: FusedCall::AllGatherMatmul {
+                    dim: 0,
+                    scaling: Some(Scaling { a: Scale::Rows(vec![1.0; 3]), b: vec![Scale::Tensor(1.0)], out_dtype: DType::F32 }),
+                },
+                ..f32s(0, vec![4, 8], vec![vec![8, 4]])
+            },
+        ),
+    ];
+    if ws > 1 {
+        let mut rs = rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true);
+        rs.a_shape[0] = 2 * ws + 1;
+        v.push(("indivisible_scatter_dim".into(), rs));
+        let lc = FusedSpec {
+            call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum },
+            dtype: DType::F32,
+            a_shape: vec![2 * ws + 1, 3],
+            b_shapes: vec![],
+            row_scales: false,
+            exact: true,
+            odd_rank: None,
+        };
+        v.push(("low_contention_indivisible".into(), lc));
+        // One rank alone is wrong: every rank names it.
+        let base = f32s(1, vec![2, 4, 8], vec![vec![8, 4]]);
+        let odd =
+            FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 5, scaling: None })), ..base.clone() };
+        v.push(("invalid_gather_dim_on_last_rank".into(), odd));
+        let odd =
+            FusedSpec { odd_rank: Some((ws - 1, vec![2, 4, 8], FusedCall::AllGatherMatmul { dim: 0, scaling: None })), ..base.clone() };
+        v.push(("gather_dim_differs".into(), odd));
+        let odd = FusedSpec { odd_rank: Some((0, vec![2, 5, 8], base.call.clone())), ..base };
+        v.push(("a_shape_differs".into(), odd));
+    }
+    v
+}
+
+/// The kind a bad-input case expects (for the contract map's text and the self-test).
+pub fn expected_kind(spec: &FusedSpec, ws: usize, caps: &Capabilities) -> Option<BadInputKind> {
+    let inputs: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs(r, 1)).collect();
+    odd_expected(spec, &inputs, caps).err().map(|e| e.kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_spec_is_bad_for_the_oracle() {
+        let caps = Capabilities::full(8);
+        for ws in 1..=4 {
+            for (tag, spec) in bad_specs(ws) {
+                assert!(expected_kind(&spec, ws, &caps).is_some(), "{tag} at ws{ws} is not bad input");
+            }
+        }
+    }
+}
