@@ -12,6 +12,8 @@
 //!   then a barrier, then the clock runs over `k` back-to-back issues and the waits of all `k`;
 //!   the `k` outputs are kept and checked against the expected ones after the clock stops. Every
 //!   timed iteration is checked; so is every warm-up iteration.
+//! * Warm-up runs in the same windows, and at least one whole window (`-w` is raised to the
+//!   window), so the buffers of the timed windows have been touched before the clock runs.
 //! * Waits use the world's op timeout; a watchdog thread ends the rank with the collective it is
 //!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s.
 
@@ -320,15 +322,30 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         wrong_iterations: 0,
         wrong_warmup: 0,
     };
-    // Warm-up: issue, wait, check, one at a time.
-    for i in 0..cx.warmup {
-        cx.beat.phase(format!("{what}: warm-up iteration {i}"));
-        b.write(&ins[0], &input_of(i))?;
-        let p = issue(0)?;
-        wait(&p)?;
-        let got = b.download(p.main.wait(cx.timeout)?)?;
-        let bad = check(cx, &sets[i % nsets], nsets, i, &got, tol, l, &what, op, step.size, placement, format!("warm-up iteration {i}"));
-        counts.wrong_warmup += bad;
+    // Warm-up: in windows like the timed ones, and at least one whole window, so that every
+    // buffer a timed window uses (its inputs, and the outputs out-of-place ops allocate) has
+    // been touched once: first-touch page faults and arena growth are set-up cost, not part
+    // of the op (nccl-tests' buffers, too, are allocated and used before it times).
+    let warm = if cx.warmup == 0 { 0 } else { cx.warmup.max(window) };
+    let mut i0 = 0;
+    while i0 < warm {
+        let k = window.min(warm - i0);
+        cx.beat.phase(format!("{what}: warm-up iterations {i0}..{}", i0 + k));
+        for (j, x) in ins.iter().take(k).enumerate() {
+            b.write(x, &input_of(i0 + j))?;
+        }
+        let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
+        for p in &pending {
+            wait(p)?;
+        }
+        for (j, p) in pending.iter().enumerate() {
+            let i = i0 + j;
+            let got = b.download(p.main.wait(cx.timeout)?)?;
+            let bad =
+                check(cx, &sets[i % nsets], nsets, i, &got, tol, l, &what, op, step.size, placement, format!("warm-up iteration {i}"));
+            counts.wrong_warmup += bad;
+        }
+        i0 += k;
     }
     // Timed windows.
     let mut elapsed = Duration::ZERO;
@@ -337,7 +354,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         let k = window.min(cx.iters - done);
         cx.beat.phase(format!("{what}: writing inputs of timed iterations {done}..{}", done + k));
         for (j, x) in ins.iter().take(k).enumerate() {
-            b.write(x, &input_of(cx.warmup + done + j))?;
+            b.write(x, &input_of(warm + done + j))?;
         }
         b.barrier()?.wait(cx.timeout)?;
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
@@ -349,7 +366,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement) -> Re
         elapsed += t.elapsed();
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
-            let i = cx.warmup + done + j;
+            let i = warm + done + j;
             let got = b.download(p.main.wait(cx.timeout)?)?;
             let bad = check(
                 cx,

@@ -322,7 +322,7 @@ pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: V
     };
     let mut out = Out { bar, lines: Vec::new() };
     out.say(format!(
-        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up, every output checked; {}",
+        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up (at least one window), every output checked; {}",
         args.ranks,
         redop.name(),
         args.iters,

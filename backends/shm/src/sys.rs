@@ -110,6 +110,24 @@ impl Mapping {
         }
     }
 
+    /// Maps the pages of `[off, off + len)` into this process now, writable
+    /// (`MADV_POPULATE_WRITE`): one system call instead of one page fault per 4 KiB page on
+    /// first touch (about 3x cheaper on the 2-core VM). Only for bytes the owner has backed
+    /// ([`Mapping::reserve`]). Best effort: where the kernel lacks it (before Linux 5.14) pages
+    /// fault in on first touch as before.
+    pub fn populate(&self, off: usize, len: usize) {
+        let start = off & !4095;
+        let end = off.saturating_add(len).next_multiple_of(4096).min(self.len);
+        if end <= start {
+            return;
+        }
+        // SAFETY: madvise on a page-aligned range inside our own live mapping; POPULATE_WRITE
+        // only faults pages in (it neither changes contents nor unmaps anything).
+        unsafe {
+            libc::madvise(self.ptr.add(start) as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE);
+        }
+    }
+
     /// The `AtomicU32` at byte offset `off` (4-aligned, in bounds).
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(off.is_multiple_of(4) && off + 4 <= self.len, "u32 at {off} outside mapping of {} bytes", self.len);
