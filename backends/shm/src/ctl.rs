@@ -14,7 +14,7 @@
 //!
 //! A barrier at step `s`: every rank stores `s` into its counter (waking sleepers), then waits
 //! until every other rank's counter has reached `s`. Waits spin briefly (only when the ranks fit
-//! on the CPUs), then yield the CPU between looks for a while ([`SPIN`], [`YIELD`]), then sleep
+//! on the CPUs), then yield the CPU between looks for a while (`SPIN`, `YIELD`), then sleep
 //! on the futex in slices of at most 20 ms, checking between slices the deadline, the peer's
 //! liveness (pid and `gone`) and the communicator's `abort_by`.
 
