@@ -258,6 +258,16 @@ impl Region {
     }
 }
 
+/// CPU time of the calling thread (for timings on a loaded machine: time spent descheduled is
+/// not counted).
+#[cfg(test)]
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Orders earlier non-temporal stores before later stores (a no-op where there are none).
 pub fn store_fence() {
     #[cfg(target_arch = "x86_64")]
