@@ -154,7 +154,11 @@ fn wrong_in_timed_iterations_fails_the_run() -> std::result::Result<(), Failed> 
     let json = dir.path().join("w.jsonl");
     let json_s = json.to_string_lossy().into_owned();
     // Warm-up: calls 1-2 (right); timed: calls 3-12, of which 7 is wrong (timed iteration 4).
+    // A 4 KiB check budget makes the out-of-place window 2 iterations (1 KiB in + 1 KiB out
+    // each), so the warm-up (at least one window) stays at 2.
     let (args, argv) = parse(&[
+        "--check-budget",
+        "4K",
         "--backend",
         "wrong7",
         "--op",
