@@ -23,6 +23,8 @@
 //!   placements), inputs are rotated straight into the tensor written, and outputs are compared
 //!   with the rotated expected output in place, in parallel threads; only a mismatch builds the
 //!   rotated tensor for the oracle's element-wise comparison (tolerance, first bad index).
+//! * Warm-up runs in the same windows, and at least one whole window (`-w` is raised to the
+//!   window), so the buffers of the timed windows have been touched before the clock runs.
 //! * Waits use the world's op timeout; a watchdog thread ends the rank with the collective it is
 //!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s.
 
@@ -621,13 +623,27 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         wall_us: 0.0,
         ref_us: None,
     };
-    // Warm-up: issue, wait, check, one at a time.
-    for i in 0..cx.warmup {
-        cx.beat.phase(format!("{what}: warm-up iteration {i}"));
-        put(&ins[0], i)?;
-        let p = issue(0)?;
-        wait(&p)?;
-        counts.wrong_warmup += check_out(p.main.wait(cx.timeout)?, i, format!("warm-up iteration {i}"))?;
+    // Warm-up: in windows like the timed ones, and at least one whole window, so that every
+    // buffer a timed window uses (its inputs, and the outputs out-of-place ops allocate) has
+    // been touched once: first-touch page faults and arena growth are set-up cost, not part
+    // of the op (nccl-tests' buffers, too, are allocated and used before it times).
+    let warm = if cx.warmup == 0 { 0 } else { cx.warmup.max(window) };
+    let mut i0 = 0;
+    while i0 < warm {
+        let k = window.min(warm - i0);
+        cx.beat.phase(format!("{what}: warm-up iterations {i0}..{}", i0 + k));
+        for (j, x) in ins.iter().take(k).enumerate() {
+            put(x, i0 + j)?;
+        }
+        let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
+        for p in &pending {
+            wait(p)?;
+        }
+        for (j, p) in pending.iter().enumerate() {
+            let i = i0 + j;
+            counts.wrong_warmup += check_out(p.main.wait(cx.timeout)?, i, format!("warm-up iteration {i}"))?;
+        }
+        i0 += k;
     }
     // Timed windows.
     let mut elapsed = Duration::ZERO;
@@ -637,7 +653,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         let k = window.min(cx.iters - done);
         cx.beat.phase(format!("{what}: writing inputs of timed iterations {done}..{}", done + k));
         for (j, x) in ins.iter().take(k).enumerate() {
-            put(x, cx.warmup + done + j)?;
+            put(x, warm + done + j)?;
         }
         b.barrier()?.wait(cx.timeout)?;
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
@@ -658,7 +674,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         };
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
-            let i = cx.warmup + done + j;
+            let i = warm + done + j;
             let bad = check_out(p.main.wait(cx.timeout)?, i, format!("timed iteration {}", done + j))?;
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);

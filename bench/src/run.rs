@@ -403,7 +403,7 @@ pub(crate) fn run_parent_with<B: Backend>(
     };
     let mut out = Out { bar, lines: Vec::new() };
     out.say(format!(
-        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up, every output checked; {}",
+        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up (at least one window), every output checked; {}",
         args.ranks,
         redop.name(),
         args.iters,

@@ -189,8 +189,27 @@ fn wrong_in_timed_iterations(name: &str, hooks: &Hooks<Wrong7>) -> std::result::
     let json = dir.path().join("w.jsonl");
     let json_s = json.to_string_lossy().into_owned();
     // Warm-up: calls 1-2 (right); timed: calls 3-12, of which 7 is wrong (timed iteration 4).
-    let (args, argv) =
-        parse(&["--backend", name, "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "10", "-w", "2", "--no-plot", "--json", &json_s]);
+    // A 4 KiB check budget makes the out-of-place window 2 iterations (1 KiB in + 1 KiB out
+    // each), so the warm-up (at least one window) stays at 2.
+    let (args, argv) = parse(&[
+        "--check-budget",
+        "4K",
+        "--backend",
+        name,
+        "--op",
+        "all_reduce",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "10",
+        "-w",
+        "2",
+        "--no-plot",
+        "--json",
+        &json_s,
+    ]);
     let o = concord_bench::run_parent::<Wrong7>(name, hooks, &args, argv);
     if o.code != 1 {
         return Err(format!("exit code {} (want 1); failures {:?}", o.code, o.failures).into());

@@ -38,6 +38,8 @@ pub struct World {
     canary: bool,
     /// Bytes quarantined so far (never reused).
     pub quarantined: AtomicUsize,
+    /// Per arena: bytes `[0, mapped[r])` are mapped into this process (page tables filled).
+    mapped: Mutex<Vec<usize>>,
 }
 
 struct FreeList {
@@ -45,6 +47,9 @@ struct FreeList {
     free: BTreeMap<usize, usize>,
     /// Everything at and above `top` has never been handed out.
     top: usize,
+    /// Bytes `[0, reserved)` are backed (`top` drops when the last block is freed; growing it
+    /// again must not `fallocate` again: 3.5 ms per 64 MiB even when the pages are there).
+    reserved: usize,
     cap: usize,
 }
 
@@ -87,13 +92,15 @@ impl Drop for World {
 impl World {
     pub fn new(world_id: String, global_rank: usize, arenas: Vec<Mapping>, canary: bool) -> World {
         let cap = arenas[global_rank].len();
+        let mapped = Mutex::new(vec![0; arenas.len()]);
         World {
             world_id,
             global_rank,
             arenas,
-            alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, cap }),
+            alloc: Mutex::new(FreeList { free: BTreeMap::new(), top: 0, reserved: 0, cap }),
             canary,
             quarantined: AtomicUsize::new(0),
+            mapped,
         }
     }
 
@@ -144,9 +151,12 @@ impl World {
             if start + len > fl.cap {
                 return Err(self.full(fl.cap, bytes));
             }
-            self.arenas[self.global_rank]
-                .reserve(fl.top, start + len - fl.top)
-                .map_err(|e| format!("cannot back {bytes} bytes of shared memory in /dev/shm: {e}"))?;
+            if start + len > fl.reserved {
+                self.arenas[self.global_rank]
+                    .reserve(fl.reserved, start + len - fl.reserved)
+                    .map_err(|e| format!("cannot back {bytes} bytes of shared memory in /dev/shm: {e}"))?;
+                fl.reserved = start + len;
+            }
             if start > fl.top {
                 let t = fl.top;
                 if self.canary {
@@ -155,6 +165,8 @@ impl World {
                 fl.free.insert(t, start - t);
             }
             fl.top = start + len;
+            drop(fl);
+            self.map_in(self.global_rank, start, len);
             start
         };
         Ok(Block { world: self.clone(), off, len, quarantined: AtomicBool::new(false) })
@@ -198,6 +210,27 @@ impl World {
     pub fn region(&self, global: usize, off: usize, len: usize) -> Region {
         self.arenas[global].region(off, len)
     }
+
+    /// Like [`World::region`], for bytes the owner has allocated (a posted buffer), first
+    /// mapping them into this process in one call if they are new to it: a fresh 64 MiB block
+    /// costs 16384 page faults (about 50 ms on the loaded 2-core VM) when its pages are first
+    /// touched one by one, and a third of that mapped at once. Blocks are only ever handed out
+    /// below the owner's top, which is backed, and stay mapped until the world ends, so one
+    /// high-water mark per arena says what is mapped.
+    pub fn mapped_region(&self, global: usize, off: usize, len: usize) -> Region {
+        let r = self.region(global, off, len);
+        self.map_in(global, off, len);
+        r
+    }
+
+    fn map_in(&self, global: usize, off: usize, len: usize) {
+        let mut m = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        let end = off + len;
+        if len > 0 && end > m[global] {
+            self.arenas[global].populate(m[global], end - m[global]);
+            m[global] = end;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +254,10 @@ mod tests {
         drop(b);
         let big = w.alloc(70000).unwrap();
         assert_eq!(big.off, 0, "everything coalesced back to the start");
+        drop(big);
+        let fl = w.alloc.lock().unwrap();
+        assert_eq!((fl.top, fl.reserved), (0, 70016), "the top drops, what is backed stays backed");
+        drop(fl);
         assert!(w.alloc(2 << 20).err().unwrap().contains("arena of rank 0 is full"));
     }
 

@@ -18,9 +18,10 @@
 //!   dtype code `u32` @16, verdict `u32` @20 (written by the receiver), element count `u64` @24.
 //!
 //! A barrier at step `s`: every rank stores `s` into its counter (waking sleepers), then waits
-//! until every other rank's counter has reached `s`. Waits spin briefly only when the ranks fit
-//! on the CPUs, then sleep on the futex in slices of at most 20 ms, checking between slices the
-//! deadline, the peer's liveness (its lock and `gone`) and the communicator's `abort_by`.
+//! until every other rank's counter has reached `s`. Waits spin briefly (only when the ranks fit
+//! on the CPUs), then yield the CPU between looks for a while (`SPIN`, `YIELD`), then sleep
+//! on the futex in slices of at most 20 ms, checking between slices the deadline, the peer's
+//! liveness (its lock and `gone`) and the communicator's `abort_by`.
 //!
 //! **Claims** (issue 15 item 7): a rank posts with `open = token` (its op's first barrier
 //! step). Before touching a peer's post memory or buffers, a rank sets its bit in the peer's
@@ -45,6 +46,13 @@ pub const V_WITHDRAWN: u32 = u32::MAX - 1;
 const ENTRY: usize = 32;
 const PAIR: usize = 64 + RING as usize * ENTRY;
 const SLICE: Duration = Duration::from_millis(20);
+/// Spinning on the word (when the ranks fit on the CPUs), then yielding the CPU between looks
+/// (to a peer that shares it, when they do not), before sleeping on the futex. A sleeping peer
+/// takes 50-150 µs to wake on the loaded 2-core VM, and two ranks that each sleep once per
+/// barrier pay that on every op (8 B all_reduce: 150 µs instead of 10 µs); waits shorter than
+/// these windows never sleep.
+const SPIN: Duration = Duration::from_micros(30);
+const YIELD: Duration = Duration::from_micros(300);
 
 pub fn ctl_size(n: usize) -> usize {
     HDR + n * SLOT + n * n * PAIR
@@ -62,7 +70,8 @@ pub struct Ctl {
     map: Mapping,
     pub n: usize,
     pub me: usize,
-    spin: u32,
+    /// How long a wait spins on the word before yielding (zero when the ranks outnumber the CPUs).
+    spin: Duration,
 }
 
 /// One entry of a point-to-point ring.
@@ -85,7 +94,7 @@ impl Ctl {
         if map.len() < ctl_size(n) || map.u64_at(0).load(SeqCst) != MAGIC || map.u64_at(8).load(SeqCst) != n as u64 {
             return Err(format!("control segment is not a Concord control segment for {n} ranks"));
         }
-        let spin = if n <= sys::ncpus() { 2000 } else { 0 };
+        let spin = if n <= sys::ncpus() { SPIN } else { Duration::ZERO };
         Ok(Ctl { map, n, me, spin })
     }
 
@@ -291,19 +300,18 @@ impl Ctl {
         deadline: Instant,
         local_abort: &AtomicBool,
     ) -> Result<(), WaitErr> {
-        let mut i = 0u32;
+        let began = Instant::now();
         let mut last_check: Option<Instant> = None;
         loop {
             if reached(word.load(SeqCst)) {
                 return Ok(());
             }
-            if i < self.spin {
-                i += 1;
+            let busy = began.elapsed();
+            if busy < self.spin {
                 std::hint::spin_loop();
                 continue;
             }
-            if i < self.spin + 3 {
-                i += 1;
+            if busy < self.spin + YIELD {
                 std::thread::yield_now();
                 continue;
             }

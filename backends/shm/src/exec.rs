@@ -68,7 +68,7 @@ impl Comm {
     }
 
     pub fn region(&self, r: usize, d: &Desc) -> Region {
-        self.world.region(self.globals[r], d.off as usize, d.nbytes())
+        self.world.mapped_region(self.globals[r], d.off as usize, d.nbytes())
     }
 
     fn wait_error(&self, e: WaitErr, op: &str, seq: u64, started: Instant) -> CollectiveError {
@@ -774,7 +774,7 @@ impl Progress {
                 word.store(0, SeqCst);
                 return Err(e);
             }
-            out.region().copy_from(comm.world.region(comm.globals[src], e.off as usize, e.nbytes as usize));
+            out.region().copy_from(comm.world.mapped_region(comm.globals[src], e.off as usize, e.nbytes as usize));
         }
         let code = match &verdict {
             Ok(()) => 1,

@@ -17,14 +17,32 @@
 
 use crate::sys::Region;
 use concord_core::{dispatch_dtype, DType, ReduceOp};
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 const BLOCK: usize = 2048;
 
 pub trait Red: bytemuck::Pod {
-    type A: Copy + Default;
+    /// The accumulator lane.
+    type A: bytemuck::Pod + Default;
+    /// `A` is `Self`: blocks are combined straight from the input and written straight from
+    /// the accumulator (no conversion pass).
+    const DIRECT: bool;
     fn load(self) -> Self::A;
     fn store(a: Self::A) -> Self;
+    /// Converts a block to accumulator lanes (element-wise [`Red::load`] unless overridden).
+    #[inline(always)]
+    fn load_block(src: &[Self], acc: &mut [Self::A]) {
+        for (a, x) in acc.iter_mut().zip(src) {
+            *a = x.load();
+        }
+    }
+    /// Rounds a block of accumulators (element-wise [`Red::store`] unless overridden).
+    #[inline(always)]
+    fn store_block(acc: &[Self::A], dst: &mut [Self]) {
+        for (d, a) in dst.iter_mut().zip(acc) {
+            *d = Self::store(*a);
+        }
+    }
     fn add(a: Self::A, b: Self::A) -> Self::A;
     fn mul(a: Self::A, b: Self::A) -> Self::A;
     fn min(a: Self::A, b: Self::A) -> Self::A;
@@ -40,6 +58,7 @@ macro_rules! int_red {
     ($($t:ty),*) => {$(
         impl Red for $t {
             type A = $t;
+            const DIRECT: bool = true;
             #[inline(always)] fn load(self) -> $t { self }
             #[inline(always)] fn store(a: $t) -> $t { a }
             #[inline(always)] fn add(a: $t, b: $t) -> $t { a.wrapping_add(b) }
@@ -57,9 +76,11 @@ macro_rules! int_red {
 int_red!(i8, u8, i16, u16, i32, u32, i64, u64);
 
 macro_rules! float_red {
-    ($t:ty, $a:ty, $load:expr, $store:expr) => {
+    ($t:ty, $a:ty, $direct:expr, $load:expr, $store:expr $(, $blocks:item)*) => {
         impl Red for $t {
             type A = $a;
+            const DIRECT: bool = $direct;
+            $($blocks)*
             #[inline(always)]
             fn load(self) -> $a {
                 ($load)(self)
@@ -127,15 +148,99 @@ macro_rules! float_red {
         }
     };
 }
-float_red!(f32, f32, |x| x, |a| a);
-float_red!(f64, f64, |x| x, |a| a);
-float_red!(f16, f64, |x: f16| x.to_f64(), |a: f64| f16::from_bits(concord_core::dtype::round_f64_to_bits(a, 5, 10) as u16));
-float_red!(bf16, f64, |x: bf16| x.to_f64(), |a: f64| bf16::from_bits(concord_core::dtype::round_f64_to_bits(a, 8, 7) as u16));
+float_red!(f32, f32, true, |x| x, |a| a);
+float_red!(f64, f64, true, |x| x, |a| a);
+float_red!(
+    f16,
+    f64,
+    false,
+    |x: f16| x.to_f64(),
+    |a: f64| f16::from_bits(concord_core::dtype::round_f64_to_bits(a, 5, 10) as u16),
+    #[inline(always)]
+    fn load_block(src: &[f16], acc: &mut [f64]) {
+        // f16 -> f32 is exact (hardware F16C where the CPU has it, `half` checks once per slice).
+        let mut f = [0f32; BLOCK];
+        let f = &mut f[..src.len()];
+        src.convert_to_f32_slice(f);
+        for (a, x) in acc.iter_mut().zip(f.iter()) {
+            *a = *x as f64;
+        }
+    },
+    #[inline(always)]
+    fn store_block(acc: &[f64], dst: &mut [f16]) {
+        let mut f = [0f32; BLOCK];
+        let f = &mut f[..acc.len()];
+        for (o, a) in f.iter_mut().zip(acc) {
+            *o = f64_to_f32_odd(*a);
+        }
+        dst.convert_from_f32_slice(f);
+        for (d, a) in dst.iter_mut().zip(acc) {
+            if a.is_nan() {
+                *d = f16::from_bits(((a.to_bits() >> 48) as u16 & 0x8000) | 0x7e00);
+            }
+        }
+    }
+);
+float_red!(
+    bf16,
+    f64,
+    false,
+    |x: bf16| x.to_f64(),
+    |a: f64| bf16::from_bits(concord_core::dtype::round_f64_to_bits(a, 8, 7) as u16),
+    #[inline(always)]
+    fn load_block(src: &[bf16], acc: &mut [f64]) {
+        for (a, x) in acc.iter_mut().zip(src) {
+            *a = f32::from_bits((x.to_bits() as u32) << 16) as f64;
+        }
+    },
+    #[inline(always)]
+    fn store_block(acc: &[f64], dst: &mut [bf16]) {
+        for (d, a) in dst.iter_mut().zip(acc) {
+            let b = f64_to_f32_odd(*a).to_bits();
+            // f32 -> bf16 to nearest, ties to even (an overflow carries into the exponent: inf).
+            let rne = ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+            let nan = ((a.to_bits() >> 48) as u16 & 0x8000) | 0x7fc0;
+            *d = bf16::from_bits(if a.is_nan() { nan } else { rne });
+        }
+    }
+);
+
+/// `v` rounded to f32 *to odd*: `v` itself when representable, else its truncation toward zero
+/// with the lowest significand bit set. Rounding that to nearest-even in a format of at most
+/// 22 significand bits (f16: 11, bf16: 8; f32 has 24, at least 2 more, also among the
+/// subnormals, where both formats lose bits alike) gives the same bits as rounding `v` itself
+/// once: the odd bit stands for "strictly between", so no tie is made or broken by the first
+/// step. This is `concord_core::dtype::round_f64_to_bits` (the oracle's rule) in two hardware
+/// steps that vectorise; `fast_half_stores_match_the_oracle_rounding` checks them against it.
+#[inline(always)]
+fn f64_to_f32_odd(v: f64) -> f32 {
+    let f = v as f32;
+    let back = f as f64;
+    let b = f.to_bits();
+    // Rounded away from zero (up to f32::MAX's successor, inf, too): one step back toward zero.
+    let t = if back.abs() > v.abs() { b - 1 } else { b };
+    f32::from_bits(if back != v { t | 1 } else { b })
+}
 
 #[inline(always)]
-fn combine<T: Red>(acc: &mut [T::A], src: &[T], f: impl Fn(T::A, T::A) -> T::A) {
+fn fold<A: Copy>(acc: &mut [A], src: &[A], f: impl Fn(A, A) -> A) {
     for (a, x) in acc.iter_mut().zip(src) {
-        *a = f(*a, x.load());
+        *a = f(*a, *x);
+    }
+}
+
+/// `acc = acc op lane`, element-wise, over accumulator lanes (loops LLVM vectorises).
+#[inline(always)]
+fn apply<T: Red>(op: ReduceOp, acc: &mut [T::A], lane: &[T::A]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => fold(acc, lane, T::add),
+        ReduceOp::Product => fold(acc, lane, T::mul),
+        ReduceOp::Min => fold(acc, lane, T::min),
+        ReduceOp::Max => fold(acc, lane, T::max),
+        ReduceOp::BAnd => fold(acc, lane, T::and),
+        ReduceOp::BOr => fold(acc, lane, T::or),
+        ReduceOp::BXor => fold(acc, lane, T::xor),
+        ReduceOp::PremulSum(f) => fold(acc, lane, |a, x| T::add(a, T::scale(x, f))),
     }
 }
 
@@ -143,40 +248,44 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
     let sz = std::mem::size_of::<T>();
     let len = ins[0].len() / sz;
     let mut acc_store = [T::A::default(); BLOCK];
+    let mut lane_store = [T::A::default(); BLOCK];
     let mut tmp_store = [T::zeroed(); BLOCK];
     let mut start = 0;
     while start < len {
         let m = BLOCK.min(len - start);
         let acc = &mut acc_store[..m];
+        let lane = &mut lane_store[..m];
         let sub = |r: &Region| r.sub(start * sz, m * sz);
         sub(&ins[0]).with::<T, _>(|s| {
-            for (a, x) in acc.iter_mut().zip(s) {
-                *a = x.load();
+            if T::DIRECT {
+                acc.copy_from_slice(bytemuck::cast_slice(s));
+            } else {
+                T::load_block(s, acc);
             }
         });
         if let ReduceOp::PremulSum(f) = op {
             acc.iter_mut().for_each(|a| *a = T::scale(*a, f));
         }
         for r in &ins[1..] {
-            sub(r).with::<T, _>(|s| match op {
-                ReduceOp::Sum | ReduceOp::Avg => combine::<T>(acc, s, T::add),
-                ReduceOp::Product => combine::<T>(acc, s, T::mul),
-                ReduceOp::Min => combine::<T>(acc, s, T::min),
-                ReduceOp::Max => combine::<T>(acc, s, T::max),
-                ReduceOp::BAnd => combine::<T>(acc, s, T::and),
-                ReduceOp::BOr => combine::<T>(acc, s, T::or),
-                ReduceOp::BXor => combine::<T>(acc, s, T::xor),
-                ReduceOp::PremulSum(f) => combine::<T>(acc, s, |a, x| T::add(a, T::scale(x, f))),
+            sub(r).with::<T, _>(|s| {
+                if T::DIRECT {
+                    apply::<T>(op, acc, bytemuck::cast_slice(s));
+                } else {
+                    T::load_block(s, lane);
+                    apply::<T>(op, acc, lane);
+                }
             });
         }
         if let ReduceOp::Avg = op {
             acc.iter_mut().for_each(|a| *a = T::div_n(*a, n_avg));
         }
-        let tmp = &mut tmp_store[..m];
-        for (t, a) in tmp.iter_mut().zip(acc.iter()) {
-            *t = T::store(*a);
-        }
-        let bytes: &[u8] = bytemuck::cast_slice(tmp);
+        let bytes: &[u8] = if T::DIRECT {
+            bytemuck::cast_slice(acc)
+        } else {
+            let tmp = &mut tmp_store[..m];
+            T::store_block(acc, tmp);
+            bytemuck::cast_slice(tmp)
+        };
         for o in outs {
             if stream {
                 sub(o).stream_from_bytes(bytes);
@@ -222,6 +331,92 @@ mod tests {
         let m = Mapping::create(&name, 1 << 16, false).unwrap();
         crate::sys::unlink(&name).unwrap();
         f(&m)
+    }
+
+    /// The vectorised f16 / bf16 block conversions give exactly the per-element ones: loads are
+    /// exact, stores round once like `round_f64_to_bits` (ties, subnormals, overflow to inf,
+    /// NaN with its sign, values beyond the f32 range, random doubles of every exponent).
+    #[test]
+    fn fast_half_stores_match_the_oracle_rounding() {
+        let mut vals: Vec<f64> = vec![0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -f64::NAN, f64::MAX, f64::MIN_POSITIVE];
+        vals.extend([f32::MAX as f64, f32::MAX as f64 * (1.0 + 1e-12), -(f32::MAX as f64) * 1.5, 65504.0, 65519.99, 65520.0, 65536.0]);
+        vals.extend([
+            1e-300,
+            -1e-310,
+            2f64.powi(-149),
+            2f64.powi(-150),
+            2f64.powi(-150) * 1.000001,
+            2f64.powi(-25),
+            2f64.powi(-25) * 1.0001,
+        ]);
+        for b in 0u16..=u16::MAX {
+            for (lo, hi) in [
+                (f16::from_bits(b).to_f64(), f16::from_bits(b.wrapping_add(1)).to_f64()),
+                (bf16::from_bits(b).to_f64(), bf16::from_bits(b.wrapping_add(1)).to_f64()),
+            ] {
+                let mid = (lo + hi) / 2.0;
+                vals.extend([lo, mid, mid + (hi - lo) * 1e-9, mid - (hi - lo) * 1e-9]);
+            }
+        }
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..400_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vals.push(f64::from_bits(x));
+            // Also values near the f16 / bf16 ranges: exponents within [-40, 20].
+            vals.push(f64::from_bits((x & 0x800F_FFFF_FFFF_FFFF) | ((1023 - 40 + (x >> 52) % 61) << 52)));
+        }
+        for chunk in vals.chunks(BLOCK) {
+            let mut h = vec![f16::ZERO; chunk.len()];
+            <f16 as Red>::store_block(chunk, &mut h);
+            let mut b = vec![bf16::ZERO; chunk.len()];
+            <bf16 as Red>::store_block(chunk, &mut b);
+            for (i, v) in chunk.iter().enumerate() {
+                assert_eq!(h[i].to_bits() as u64, round_f64_bits(*v, 5, 10), "f16 of {v:e} ({:#x})", v.to_bits());
+                assert_eq!(b[i].to_bits() as u64, round_f64_bits(*v, 8, 7), "bf16 of {v:e} ({:#x})", v.to_bits());
+            }
+        }
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let mut acc = vec![0f64; all.len()];
+        for part in 0..all.len() / BLOCK {
+            let r = part * BLOCK..(part + 1) * BLOCK;
+            let h: &[f16] = bytemuck::cast_slice(&all[r.clone()]);
+            <f16 as Red>::load_block(h, &mut acc[r.clone()]);
+            for (a, x) in acc[r.clone()].iter().zip(h) {
+                assert!(a.to_bits() == x.to_f64().to_bits() || (a.is_nan() && x.is_nan()), "load of f16 {:#x}", x.to_bits());
+            }
+            let bh: &[bf16] = bytemuck::cast_slice(&all[r.clone()]);
+            <bf16 as Red>::load_block(bh, &mut acc[r.clone()]);
+            for (a, x) in acc[r].iter().zip(bh) {
+                assert!(a.to_bits() == x.to_f64().to_bits() || (a.is_nan() && x.is_nan()), "load of bf16 {:#x}", x.to_bits());
+            }
+        }
+    }
+
+    /// Throughput of the sum kernel per dtype, 2 inputs into 2 outputs of 8 MiB (a timing, not
+    /// a check: `cargo test --profile ci -p concord-shm kernel_throughput -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn kernel_throughput() {
+        let name = format!("concord-unit-kthru-{}", std::process::id());
+        let len = 8 << 20;
+        let m = Mapping::create(&name, 4 * len, true).unwrap();
+        crate::sys::unlink(&name).unwrap();
+        m.reserve(0, 4 * len).unwrap();
+        let r: Vec<Region> = (0..4).map(|i| m.region(i * len, len)).collect();
+        for x in &r {
+            x.copy_from_bytes(&vec![0x11u8; len]);
+        }
+        for dt in [DType::F32, DType::F64, DType::I32, DType::F16, DType::BF16, DType::U8] {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = crate::sys::thread_cpu_time();
+                reduce_into_many(dt, ReduceOp::Sum, 2, &r[2..4], &r[0..2]);
+                best = best.min((crate::sys::thread_cpu_time() - t).as_secs_f64());
+            }
+            println!("{dt}: {:.2} GB/s of input (thread CPU time)", (2 * len) as f64 / best / 1e9);
+        }
     }
 
     #[test]

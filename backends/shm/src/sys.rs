@@ -142,6 +142,24 @@ impl Mapping {
         }
     }
 
+    /// Maps the pages of `[off, off + len)` into this process now, writable
+    /// (`MADV_POPULATE_WRITE`): one system call instead of one page fault per 4 KiB page on
+    /// first touch (about 3x cheaper on the 2-core VM). Only for bytes the owner has backed
+    /// ([`Mapping::reserve`]). Best effort: where the kernel lacks it (before Linux 5.14) pages
+    /// fault in on first touch as before.
+    pub fn populate(&self, off: usize, len: usize) {
+        let start = off & !4095;
+        let end = off.saturating_add(len).next_multiple_of(4096).min(self.len);
+        if end <= start {
+            return;
+        }
+        // SAFETY: madvise on a page-aligned range inside our own live mapping; POPULATE_WRITE
+        // only faults pages in (it neither changes contents nor unmaps anything).
+        unsafe {
+            libc::madvise(self.ptr.add(start) as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE);
+        }
+    }
+
     /// The `AtomicU32` at byte offset `off` (4-aligned, in bounds).
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(off.is_multiple_of(4) && off + 4 <= self.len, "u32 at {off} outside mapping of {} bytes", self.len);
@@ -313,6 +331,16 @@ impl Region {
         assert!((self.ptr as usize).is_multiple_of(std::mem::align_of::<T>()), "misaligned region for a {sz}-byte element");
         (self.ptr as *mut T, self.len / sz)
     }
+}
+
+/// CPU time of the calling thread (for timings on a loaded machine: time spent descheduled is
+/// not counted).
+#[cfg(test)]
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Orders earlier non-temporal stores before later stores (a no-op where there are none).
