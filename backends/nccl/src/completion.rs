@@ -58,6 +58,8 @@ impl NcclCompletion {
             Stage::Running(start) => *start + backstop,
             Stage::Launched(l) => match *self.reached.lock().unwrap_or_else(|e| e.into_inner()) {
                 Some(r) => r.max(l.at) + self.op_timeout,
+                // Nothing before it on the stream: it was reached when launched.
+                None if l.behind.is_none() => l.at + self.op_timeout,
                 // Queued behind earlier ops on the stream, each with its own deadline (see
                 // `worker::Tracker`); the backstop bounds the wait in every case.
                 None => l.at + backstop,
@@ -72,12 +74,14 @@ impl NcclCompletion {
         if self.reached.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             return;
         }
-        let behind_done = match &*self.ticket.lock() {
-            Stage::Launched(l) => l.behind.as_ref().is_none_or(|b| !matches!(b.query(), Ok(false))),
+        let (behind_done, first) = match &*self.ticket.lock() {
+            Stage::Launched(l) => (l.behind.as_ref().is_none_or(|b| !matches!(b.query(), Ok(false))), l.behind.is_none().then_some(l.at)),
             _ => return,
         };
         if behind_done {
-            *self.reached.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            // Nothing before it on the stream: reached when launched (not when first watched,
+            // which may be much later); else the earlier op's end was seen only now.
+            *self.reached.lock().unwrap_or_else(|e| e.into_inner()) = Some(first.unwrap_or_else(Instant::now));
         } else {
             self.tracker.enforce();
         }
