@@ -222,6 +222,15 @@ fn build_test_binary_with(package: &str, target: &str, flags: &[&str]) -> Result
     bail!("cargo built no `{target}` executable for {package}")
 }
 
+/// Installs MPI if missing, builds the conformance binary with the `mpi` feature (ci profile)
+/// and returns its path (for mpirun, which starts it once per rank).
+fn build_mpi_conformance() -> Result<PathBuf> {
+    ensure_mpi()?;
+    run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-cli", "--features", "mpi", "--bin", "concord-conformance"]))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    Ok(if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance"))
+}
+
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Test { args, no_lint } => {
@@ -255,26 +264,12 @@ fn main() -> Result<()> {
                 bail!("--backend mpi runs alone (its ranks are started by mpirun)");
             }
             let mut c = if mpi && !contract {
-                ensure_mpi()?;
-                run(cargo().args([
-                    "build",
-                    "--profile",
-                    "ci",
-                    "--quiet",
-                    "-p",
-                    "concord-cli",
-                    "--features",
-                    "mpi",
-                    "--bin",
-                    "concord-conformance",
-                ]))?;
-                let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
-                let target = if target.is_absolute() { target } else { root().join(target) };
+                let conf = build_mpi_conformance()?;
                 // --enable-recovery: a rank that dies does not take the others down with it, so
                 // rank 0 names it (its heartbeat stops) and every rank exits non-zero itself.
                 let mut c = Command::new("mpirun");
                 c.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &ranks.to_string()]);
-                c.arg(target.join("ci/concord-conformance"));
+                c.arg(conf);
                 c
             } else if mpi {
                 // The contract map only lists cases: no mpirun, but the registry needs the feature.
@@ -365,22 +360,8 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::TwoHosts { ranks_per_host, trials } => {
-            ensure_mpi()?;
-            run(cargo().args([
-                "build",
-                "--profile",
-                "ci",
-                "--quiet",
-                "-p",
-                "concord-cli",
-                "--features",
-                "mpi",
-                "--bin",
-                "concord-conformance",
-            ]))?;
+            let conf = build_mpi_conformance()?;
             let diff = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
-            let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
-            let conf = if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance");
             let dir = tempfile::tempdir().context("a temp dir")?;
             let script = |args: &[&std::ffi::OsStr]| {
                 let mut c = Command::new("bash");

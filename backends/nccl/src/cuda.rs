@@ -198,20 +198,7 @@ impl Device {
 
     /// Allocates `bytes` for a host copy, ordered on the copy stream (see [`Device::copy_htod`]).
     pub fn alloc_for_copy(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
-        self.bind()?;
-        let n = bytes.max(1);
-        let ptr = unsafe {
-            if self.async_alloc {
-                cu::malloc_async(self.copy, n)
-            } else {
-                cu::malloc_sync(n)
-            }
-        }
-        .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
-        if !self.async_alloc {
-            self.reap();
-        }
-        Ok(DevMem { dev: self.clone(), ptr, bytes: n })
+        self.alloc_on(self.copy, bytes)
     }
 
     /// Host → device on the copy stream through pinned staging, after `after` (an event on the
@@ -316,11 +303,16 @@ impl Device {
 
     /// Allocates `bytes` (at least 1, so every buffer has a distinct address), stream-ordered.
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
+        self.alloc_on(self.stream, bytes)
+    }
+
+    /// Allocates `bytes` (at least 1) ordered on `stream` (with memory pools; else synchronous).
+    fn alloc_on(self: &Arc<Self>, stream: sys::CUstream, bytes: usize) -> Result<DevMem, String> {
         self.bind()?;
         let n = bytes.max(1);
         let ptr = unsafe {
             if self.async_alloc {
-                cu::malloc_async(self.stream, n)
+                cu::malloc_async(stream, n)
             } else {
                 cu::malloc_sync(n)
             }
