@@ -2,7 +2,8 @@
 //!
 //! The built-in binary already runs the whole catalogue on the shm backend this example wraps,
 //! so here the example proves the downstream path on a slice: every suite, with the matrix cut
-//! to f32 at world sizes 1–3. It also hands a backend option to every rank (`MyBackend::init`
+//! to f32 at world sizes 1–3 and the autotuner's isolated timing cases (a rank asleep 10 s, a
+//! hang in the timed runs) left to the built-in run. It also hands a backend option to every rank (`MyBackend::init`
 //! refuses to start without it, so the option's path is proven too). A backend of your own
 //! would write `concord_suites::harness!(MyBackend, name = "mine");` for everything.
 use concord_example_downstream::MyBackend;
@@ -12,6 +13,7 @@ fn slice() -> Vec<Case<MyBackend>> {
     concord_suites::catalogue::<MyBackend>()
         .into_iter()
         .filter(|c| c.meta.suite != "matrix" || (c.meta.dtype == "f32" && c.world_size <= 3))
+        .filter(|c| !(c.meta.suite == "autotune" && c.isolated))
         .collect()
 }
 
