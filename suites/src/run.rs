@@ -148,7 +148,7 @@ pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Ou
     if result.is_ok() {
         // Quiescence: a case that returns Ok has waited (or dropped) every work it issued,
         // on the world and on every subgroup; a backend whose count stays up leaks works.
-        if let Some(m) = leaked_works(&st.backend, &st.groups, case_id) {
+        if let Some(m) = leaked_works(&st.backend, &st.groups, case_id, &case.meta) {
             return Outcome::Failed(m);
         }
     }
@@ -168,7 +168,7 @@ fn serve_worker<B: Backend>(env: WorkerEnv, prefix: &str, cases: fn() -> Vec<Cas
 /// `Some(message)` when the world or a cached subgroup backend still counts outstanding works
 /// after a case body returned Ok. Works of a peer rank are completed by now (every rank waited
 /// its own), so a short grace covers only a backend that uncounts asynchronously.
-fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case_id: &str) -> Option<String> {
+fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case_id: &str, meta: &crate::case::CaseMeta) -> Option<String> {
     let count = || {
         let mut v = vec![(String::from("world"), b.outstanding())];
         for (ranks, g) in groups {
@@ -190,9 +190,12 @@ fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case
     }
     let what: Vec<String> = leaked.iter().map(|(c, n)| format!("{n} on the {c}")).collect();
     Some(format!(
-        "backend={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
+        "backend={} op={} variant={} dtype={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
          count as outstanding only until it is waited or dropped (leaked works)",
         crate::case::backend_label(b),
+        meta.op,
+        meta.variant,
+        if meta.dtype.is_empty() { "-" } else { &meta.dtype },
         b.world_size(),
         b.rank(),
         what.join(", ")

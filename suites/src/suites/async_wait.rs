@@ -44,12 +44,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 for k in &refs {
                     let _ = ctx.store.delete_key(k);
                 }
-                let work = b.all_reduce(&x, ReduceOp::Sum)?;
-                let out = work.wait(ctx.timeout)?;
+                let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+                let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
                 return expect_eq(b, out, &full(&[1024], rank_sum(b.world_size())), &w);
             }
             let t0 = Instant::now();
-            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
             let issue = t0.elapsed();
             // Generous: a 2-core machine under load can stall any call this long.
             if issue > Duration::from_secs(2) {
@@ -59,7 +59,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 return Err(fail(&w, "is_completed() was true before rank 0 had joined the collective"));
             }
             ctx.store.set(&key(b.rank()), b"1").map_err(|e| fail(&w, e))?;
-            let out = work.wait(ctx.timeout)?;
+            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
             if !work.is_completed() {
                 return Err(fail(&w, "is_completed() was false after a successful wait"));
             }

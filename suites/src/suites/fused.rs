@@ -106,7 +106,8 @@ impl FusedSpec {
             FusedCall::AllGatherMatmul { dim, .. } | FusedCall::MatmulReduceScatter { dim, .. } => format!("dim={dim}"),
             _ => "dim=0".into(),
         };
-        format!("op={} {dim} dtype={} a={:?} b={:?}", self.call.name(), self.dtype, self.a_shape, self.b_shapes)
+        let variant = if self.call.scaling().is_some() { "scaled" } else { "out" };
+        format!("op={} variant={variant} {dim} dtype={} a={:?} b={:?}", self.call.name(), self.dtype, self.a_shape, self.b_shapes)
     }
 }
 

@@ -142,7 +142,7 @@ pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) 
         let want_rank = g.iter().position(|&r| r == me).expect("member");
         if sub.rank() != want_rank || sub.world_size() != g.len() {
             return Err(CaseEnd::Fail(format!(
-                "backend={wname} world rank {me}: group {g:?} gave rank {} of {}, expected rank {want_rank} of {}",
+                "backend={wname} op=new_group variant=- dtype=- world_size={world_ws} rank={me}: group {g:?} gave rank {} of {}, expected rank {want_rank} of {}",
                 sub.rank(),
                 sub.world_size(),
                 g.len()
