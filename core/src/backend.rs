@@ -51,6 +51,7 @@
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
 //!   as one named error (never a timeout), and the world stays usable.
 //!   [clause: faults.local_failure_named_everywhere]
+//!
 //! # Fused communication + compute (module [`crate::fused`], seed 004)
 //! * `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`, their scaled variants and the
 //!   low-contention all-gather / reduce-scatter return exactly what their unfused decomposition
