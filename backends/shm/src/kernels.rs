@@ -397,7 +397,7 @@ mod tests {
     /// Throughput of the sum kernel per dtype, 2 inputs into 2 outputs of 8 MiB (a timing, not
     /// a check: `cargo test --profile ci -p concord-shm kernel_throughput -- --ignored --nocapture`).
     #[test]
-    #[ignore]
+    #[ignore = "a timing measurement, not a check: run it by hand with --ignored --nocapture"]
     fn kernel_throughput() {
         let name = format!("concord-unit-kthru-{}", std::process::id());
         let len = 8 << 20;

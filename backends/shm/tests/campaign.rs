@@ -78,7 +78,7 @@ fn kinds(seed: u64) -> Vec<Kind> {
 
 /// One rank of one campaign world.
 #[test]
-#[ignore]
+#[ignore = "one rank of a campaign world: started by fault_campaign, not on its own"]
 fn campaign_child() {
     let Ok(_) = std::env::var(ROLE) else { return };
     let world = launch::rank_world().expect("started by the harness launcher");
@@ -166,7 +166,7 @@ struct Tally {
 }
 
 #[test]
-#[ignore]
+#[ignore = "the kill / timeout campaign (200 worlds, minutes): run it by hand with --ignored --exact fault_campaign"]
 fn fault_campaign() {
     let runs: u64 = std::env::var("CONCORD_FAULT_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let mut tally = Tally::default();
