@@ -1,5 +1,5 @@
-//! `cargo xtask autotune --backend shm [--ranks N]`: tunes the built-in choice sets on the shm
-//! backend over sizes 4 KiB – 64 MiB and prints every table and the winners; ranks are started by
+//! `cargo xtask autotune --backend shm|nccl [--ranks N]`: tunes the built-in choice sets on a
+//! built-in backend (shm, or NCCL with one GPU per rank) over sizes 4 KiB – 64 MiB and prints every table and the winners; ranks are started by
 //! the harness launcher (this example re-executed once per rank). A benchmark, not a test.
 //!
 //! With `--measure`: per size, every applicable all_reduce choice is also timed on its own
@@ -11,12 +11,13 @@ use clap::Parser;
 use concord_autotune::{choices, Autotuner, Choice, ChoiceCtx, Config, Env, OpInstance, Phase, Policy, Request, Tuner};
 use concord_core::{Backend, DType, OpKind, ReduceOp, WorldInfo};
 use concord_harness::launch;
+use concord_nccl::NcclBackend;
 use concord_shm::ShmBackend;
 use concord_store::Store;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Clone, Debug)]
-#[command(about = "Tune the built-in collective choice sets on the shm backend")]
+#[command(about = "Tune the built-in collective choice sets on a built-in backend (shm, nccl)")]
 struct Args {
     #[arg(long, default_value = "shm")]
     backend: String,
@@ -71,13 +72,13 @@ fn med(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn rank_main(world: &WorldInfo, a: &Args) {
-    let b = ShmBackend::init(world).unwrap_or_else(|e| panic!("rank {}: {e}", world.rank));
+fn rank_main<B: Backend>(world: &WorldInfo, a: &Args) {
+    let b = B::init(world).unwrap_or_else(|e| panic!("rank {}: {e}", world.rank));
     let store = Store::open(&world.store_path, world.world_size, Duration::from_secs(60)).expect("store");
     let ws = world.world_size;
     let r0 = world.rank == 0;
     let cfg = Config { timeout: Duration::from_secs(a.timeout_s), runs: a.runs, warmup: 1, policy: Policy::Max, ..Config::default() };
-    let tuner = <Tuner as Autotuner<ShmBackend>>::new(cfg.clone());
+    let tuner = <Tuner as Autotuner<B>>::new(cfg.clone());
     let mut call = 0usize;
     let mut tag = || {
         call += 1;
@@ -87,7 +88,7 @@ fn rank_main(world: &WorldInfo, a: &Args) {
     let mut winners = Vec::new();
     let mut overheads: Vec<(String, usize, f64, usize)> = Vec::new();
     for op in &a.ops {
-        let reqs: Vec<Request<ShmBackend>> = sizes(a).into_iter().map(|s| Request::builtin(inst(op, s, ws))).collect();
+        let reqs: Vec<Request<B>> = sizes(a).into_iter().map(|s| Request::builtin(inst(op, s, ws))).collect();
         let o = tuner.tune(&Env::new(&b, Some(&store), tag(), world.op_timeout), &reqs).expect("tune");
         if r0 {
             print!("{o}");
@@ -121,7 +122,7 @@ fn busbw(bytes: usize, ws: usize, secs: f64) -> f64 {
 
 /// Times `c` for `iters` calls between barriers: seconds per call (max over ranks via the store
 /// would need another exchange; rank-local, after a barrier on both sides).
-fn time_choice(b: &ShmBackend, c: &Choice<ShmBackend>, i: &OpInstance, x: &<ShmBackend as Backend>::Buffer, iters: usize) -> f64 {
+fn time_choice<B: Backend>(b: &B, c: &Choice<B>, i: &OpInstance, x: &B::Buffer, iters: usize) -> f64 {
     let t = Duration::from_secs(120);
     let ctx = ChoiceCtx { b, inst: i, phase: Phase::Use, deadline: Instant::now() + t, op_timeout: t };
     (c.run)(&ctx, x).expect("warm-up");
@@ -134,11 +135,11 @@ fn time_choice(b: &ShmBackend, c: &Choice<ShmBackend>, i: &OpInstance, x: &<ShmB
     t0.elapsed().as_secs_f64() / iters as f64
 }
 
-fn measure(b: &ShmBackend, store: &Store, world: &WorldInfo, a: &Args, tuner: &Tuner, tag: &mut impl FnMut() -> String) {
+fn measure<B: Backend>(b: &B, store: &Store, world: &WorldInfo, a: &Args, tuner: &Tuner, tag: &mut impl FnMut() -> String) {
     let ws = world.world_size;
     let r0 = world.rank == 0;
     // Pre-sync of one op vs five ops in one call (small ops, medians of `repeat`).
-    let small = || -> Vec<Request<ShmBackend>> {
+    let small = || -> Vec<Request<B>> {
         vec![
             Request::builtin(OpInstance::all_reduce(DType::F32, &[1024], ReduceOp::Sum)),
             Request::builtin(OpInstance::all_reduce(DType::F32, &[4096], ReduceOp::Sum)),
@@ -193,13 +194,13 @@ fn measure(b: &ShmBackend, store: &Store, world: &WorldInfo, a: &Args, tuner: &T
         let (mut ratios, mut tuned_bw, mut best_bw) = (Vec::new(), Vec::new(), Vec::new());
         let (mut winners, mut bests) = (Vec::new(), Vec::new());
         for _ in 0..a.repeat {
-            let req = Request::<ShmBackend>::builtin(i.clone());
+            let req = Request::<B>::builtin(i.clone());
             let o = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), std::slice::from_ref(&req)).unwrap();
             let winner = o.winner(0).to_string();
             let x = b.upload(&concord_core::Tensor::from_vec(&i.shape, vec![1.0f32; i.numel()])).unwrap();
             let mut best = (String::new(), 0.0f64);
             let mut tuned = 0.0;
-            for c in choices::builtin::<ShmBackend>(OpKind::AllReduce).iter().filter(|c| (c.applies)(&i, ws)) {
+            for c in choices::builtin::<B>(OpKind::AllReduce).iter().filter(|c| (c.applies)(&i, ws)) {
                 let bw = busbw(i.bytes(), ws, time_choice(b, c, &i, &x, iters));
                 if bw > best.1 {
                     best = (c.name.clone(), bw);
@@ -226,18 +227,18 @@ fn measure(b: &ShmBackend, store: &Store, world: &WorldInfo, a: &Args, tuner: &T
     }
 }
 
-fn timeout_phase(b: &ShmBackend, store: &Store, world: &WorldInfo, tag: &mut impl FnMut() -> String) {
+fn timeout_phase<B: Backend>(b: &B, store: &Store, world: &WorldInfo, tag: &mut impl FnMut() -> String) {
     let timeout = Duration::from_secs(1);
-    let sleepy = Choice::<ShmBackend>::new("sleeps_3s_on_rank1", |c: &ChoiceCtx<'_, ShmBackend>, x| {
+    let sleepy = Choice::<B>::new("sleeps_3s_on_rank1", |c: &ChoiceCtx<'_, B>, x| {
         if c.b.rank() == 1 && c.phase == Phase::Screen {
             std::thread::sleep(Duration::from_secs(3));
         }
         c.wait(c.b.all_reduce(x, ReduceOp::Sum)?)
     });
-    let mut set = choices::builtin::<ShmBackend>(OpKind::AllReduce);
+    let mut set = choices::builtin::<B>(OpKind::AllReduce);
     set.insert(1, sleepy);
     let req = Request::new(OpInstance::all_reduce(DType::F32, &[1024], ReduceOp::Sum), set, "native");
-    let tuner = <Tuner as Autotuner<ShmBackend>>::new(Config { timeout, runs: 3, ..Config::default() });
+    let tuner = <Tuner as Autotuner<B>>::new(Config { timeout, runs: 3, ..Config::default() });
     let t0 = Instant::now();
     let o = tuner.tune(&Env::new(b, Some(store), tag(), world.op_timeout), &[req]).unwrap();
     let el = t0.elapsed();
@@ -255,14 +256,17 @@ fn timeout_phase(b: &ShmBackend, store: &Store, world: &WorldInfo, tag: &mut imp
 fn main() {
     let a = Args::parse();
     if let Some(world) = launch::rank_world() {
-        rank_main(&world, &a);
+        match a.backend.as_str() {
+            "nccl" => rank_main::<NcclBackend>(&world, &a),
+            _ => rank_main::<ShmBackend>(&world, &a),
+        }
         return;
     }
-    if a.backend != "shm" {
-        eprintln!("concord autotune: only the shm backend can be tuned from here (got `{}`)", a.backend);
+    if a.backend != "shm" && a.backend != "nccl" {
+        eprintln!("concord autotune: the built-in backends that can be tuned from here are shm and nccl (got `{}`)", a.backend);
         std::process::exit(2);
     }
-    let spec = launch::LaunchSpec::current_exe(a.ranks, "shm").expect("current exe");
+    let spec = launch::LaunchSpec::current_exe(a.ranks, &a.backend).expect("current exe");
     let report = launch::launch(&spec).expect("launch").wait(Duration::from_secs(a.deadline_s));
     if let Err(e) = report.check() {
         eprintln!("concord autotune failed: {e}");

@@ -72,10 +72,12 @@ pub struct Args {
     /// With --compare: flag a ratio below this (exit 1).
     #[arg(long, default_value_t = 0.9)]
     pub threshold: f64,
-    /// Memory per rank for the outputs of one timed window (K/M/G); the window is
-    /// min(iters, budget / bytes per iteration), at least 1.
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
-    pub check_budget: usize,
+    /// Memory per rank for the buffers of one timed window (K/M/G); the window is
+    /// min(iters, budget / bytes per iteration), at least 1. Default: 512M on host memory;
+    /// 8G with a device clock (GPU backends), so that a window holds nccl-tests' whole timed
+    /// loop up to large sizes and the first launch of a window is not paid every few ops.
+    #[arg(long, value_parser = parse_size)]
+    pub check_budget: Option<usize>,
     /// Backend options, `k=v,k=v` (as `WorldInfo::options`).
     #[arg(long, default_value = "")]
     pub opts: String,

@@ -164,6 +164,12 @@ impl Beat {
     }
 }
 
+/// Default memory per rank for one timed window's buffers (`--check-budget`): host memory.
+pub const HOST_BUDGET: usize = 512 << 20;
+/// The same with a device clock (GPU memory): nccl-tests' whole timed loop in one window up to
+/// 64 MiB at its default 20 iterations.
+pub const DEVICE_BUDGET: usize = 8 << 30;
+
 /// The settings every step of a rank shares.
 struct Ctx<'a, B: Backend> {
     b: &'a B,
@@ -253,7 +259,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         root: a.root,
         iters: a.iters,
         warmup: a.warmup,
-        budget: a.check_budget,
+        budget: a.check_budget.unwrap_or(if hooks.clock.is_some() { DEVICE_BUDGET } else { HOST_BUDGET }),
         timeout: world.op_timeout,
         sem: Semantics::of(&b.capabilities()),
         beat,

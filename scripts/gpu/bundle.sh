@@ -25,9 +25,11 @@ fi
 
 cargo build --release -p concord-bench --bin concord-nccl-bench --bin concord-bench
 cargo build --release -p concord-store --bin concord-store
+cargo build --release -p concord-autotune --example tune
 rm -rf "$dist/bin" "$dist/scripts"
 mkdir -p "$dist/bin" "$dist/scripts"
 cp "$target_dir/release/concord-nccl-bench" "$target_dir/release/concord-bench" "$target_dir/release/concord-store" "$dist/bin/"
+cp "$target_dir/release/examples/tune" "$dist/bin/tune"
 cp "$root/store/scripts/filestore_interop.py" "$root/store/scripts/tcpstore_interop.py" "$dist/scripts/"
 BUNDLE_TEST_PACKAGES="concord-cli ${BUNDLE_TEST_PACKAGES:-}"
 
@@ -50,7 +52,8 @@ for line in sys.stdin:
 done
 
 cp "$root/scripts/gpu/run-gpu.sh" "$dist/run-gpu.sh"
-chmod +x "$dist/run-gpu.sh" "$dist"/bin/*
+cp "$root/scripts/gpu/two-gpu.sh" "$dist/two-gpu.sh"
+chmod +x "$dist/run-gpu.sh" "$dist/two-gpu.sh" "$dist"/bin/*
 # Debug info is for this machine; what travels must stay well under 64 MiB.
 strip "$dist"/bin/* 2>/dev/null || true
 

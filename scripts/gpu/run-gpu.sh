@@ -8,6 +8,8 @@
 #   dist/run-gpu.sh table [args...]      nccl-tests' table, every output checked (concord-bench
 #                                        --backend nccl --ranks <GPUs>; e.g. --op all_reduce -e 1G;
 #                                        CUDA-event times, raw NCCL alongside with the ratio)
+#   dist/run-gpu.sh tune [args...]       the autotuner on NCCL, one rank per GPU (winners per size,
+#                                        overhead; --measure, --timeout-phase)
 #   dist/run-gpu.sh tcpstore             the Rust TCP store against torch.distributed.TCPStore, both
 #                                        directions, both sides as server (python3 + torch)
 #   dist/run-gpu.sh torchrun BACKEND [args...]
@@ -47,6 +49,7 @@ case "$cmd" in
         [ $# -gt 0 ] && shift
         exec torchrun --standalone --nproc-per-node "${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}" --no-python \
             "$here/bin/conformance" --backend "$backend" "$@" ;;
+    tune) exec "$here/bin/tune" --backend nccl --ranks "$(nvidia-smi -L 2>/dev/null | wc -l)" "$@" ;;
     table) exec "$here/bin/concord-bench" --backend nccl --ranks "$(nvidia-smi -L 2>/dev/null | wc -l)" "$@" ;;
     *) exec "$here/bin/$cmd" "$@" ;;
 esac

@@ -520,7 +520,12 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
             s.spawn(|| loop {
                 let next = queue.lock().unwrap().next();
                 let Some((entry, case)) = next else { break };
+                // Worlds of a GPU backend run one at a time: rank r drives GPU r, so two worlds
+                // side by side would share devices (measured on 2 GPUs: 32 NCCL worlds at once
+                // ran their groups past the enqueue deadline). CPU backends keep every lane.
+                let gpu_turn = (entry.gpus_per_rank > 0).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
                 let (verdict, msg, elapsed) = run_case(&entry, &case);
+                drop(gpu_turn);
                 if verdict.is_failed() {
                     bar.suspend(|| eprintln!("FAIL {}\n{msg}\n", case.id));
                 }
@@ -549,6 +554,9 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
         0
     }
 }
+
+/// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time).
+static GPU_TURN: Mutex<()> = Mutex::new(());
 
 /// Worlds run side by side in conformance mode when `--jobs` is not given: what the machine can
 /// run (`std::thread::available_parallelism`).

@@ -14,7 +14,7 @@
 //!   nccl-tests' table with every timed iteration checked (`concord-bench`, built in release);
 //!   also `--plot a.jsonl b.jsonl -o out.svg` and `--compare a.jsonl b.jsonl [--threshold 0.9]`.
 //! * `cargo xtask gpu-bundle` — release binaries + run script for a GPU machine with no Rust.
-//! * `cargo xtask autotune --backend shm [--ranks N]` — tune the built-in collective choice sets.
+//! * `cargo xtask autotune --backend shm|nccl [--ranks N]` — tune the built-in collective choice sets.
 //! * `cargo xtask mpi-diff [--ranks 4] [--seed 1] [--trials 300]` — the differential test: shm,
 //!   MPI and the oracle on random inputs, under `mpirun`.
 //! * `cargo xtask two-hosts` — ranks in two network namespaces ("hosts") joined by a veth pair:
@@ -417,12 +417,12 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Autotune { backend, ranks, args } => {
-            if backend != "shm" {
-                bail!("cargo xtask autotune: only `--backend shm` can be tuned here (got `{backend}`)");
+            if backend != "shm" && backend != "nccl" {
+                bail!("cargo xtask autotune: the built-in backends that can be tuned are `shm` and `nccl` (got `{backend}`)");
             }
             let r = ranks.to_string();
             let example = ["run", "--profile", "ci", "--quiet", "-p", "concord-autotune", "--example", "tune", "--"];
-            run(cargo().args(example).args(["--backend", "shm", "--ranks", &r]).args(&args))
+            run(cargo().args(example).args(["--backend", &backend, "--ranks", &r]).args(&args))
         }
     }
 }

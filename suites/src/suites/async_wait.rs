@@ -230,10 +230,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         for it in 0..3 {
             let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
             let x = b.upload(&Tensor::from_vec(&[n], vals))?;
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            // The expected values first: the read MUST follow the wait at once (computing 4 M
+            // expected elements in between gave a late write time to land on a loaded machine).
             let ws = b.world_size();
-            let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
-            expect_eq(b, &out, &Tensor::from_vec(&[n], exp), &format!("{w} shape=[{n}] iteration {it}"))?;
+            let exp = Tensor::from_vec(
+                &[n],
+                (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum::<f32>()).collect::<Vec<f32>>(),
+            );
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
         }
         Ok(())
     }));
