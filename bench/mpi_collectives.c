@@ -1,12 +1,13 @@
 /* OpenMPI's collectives timed like nccl-tests, the reference that `concord-bench --mpi` prints
  * next to a Concord backend (it compiles this file with mpicc and runs it under mpirun).
  *
- * usage: mpi_collectives OP TYPE REDOP ROOT ITERS WARMUP SIZE...
+ * usage: mpi_collectives OP TYPE REDOP ROOT ITERS WARMUP BUDGET SIZE...
  *   OP: all_reduce all_gather reduce_scatter all_to_all broadcast reduce sendrecv
  *       (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Bcast,
  *        MPI_Reduce, MPI_Sendrecv to rank+1 from rank-1)
  *   TYPE: float double int32 int64;  REDOP: sum prod min max;  SIZE: bytes, as concord-bench
- *   (count = SIZE / sizeof(TYPE), per-rank chunk count / ranks for the chunked ops).
+ *   (count = SIZE / sizeof(TYPE), per-rank chunk count / ranks for the chunked ops); BUDGET: bytes
+ *   of buffers the calls cycle through (concord-bench's --check-budget window rule).
  * Prints nccl-tests' columns (size count type redop root time algbw busbw #wrong), out of place
  * only (the in-place columns print N/A). Time: mean over ranks of the mean over ITERS
  * back-to-back blocking calls after WARMUP calls and a barrier. #wrong: wrong elements of the
@@ -60,12 +61,16 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    if (argc < 8) {
-        if (rank == 0) fprintf(stderr, "usage: %s OP TYPE REDOP ROOT ITERS WARMUP SIZE...\n", argv[0]);
+    if (argc < 9) {
+        if (rank == 0) fprintf(stderr, "usage: %s OP TYPE REDOP ROOT ITERS WARMUP BUDGET SIZE...\n", argv[0]);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     const char *op = argv[1], *type = argv[2], *redop = argv[3];
     int root = atoi(argv[4]), iters = atoi(argv[5]), warmup = atoi(argv[6]);
+    /* Bytes of buffers one timed window may use, as concord-bench's --check-budget: the calls
+     * cycle through min(iters, BUDGET / bytes per call) buffer pairs, so both sides of the table
+     * see the same cache state (one pair reused would stay in cache at small sizes). */
+    size_t budget = (size_t)atoll(argv[7]);
     if (!strcmp(type, "float")) { mtype = MPI_FLOAT; esize = 4; tcode = 0; }
     else if (!strcmp(type, "double")) { mtype = MPI_DOUBLE; esize = 8; tcode = 1; }
     else if (!strcmp(type, "int32")) { mtype = MPI_INT32_T; esize = 4; tcode = 2; }
@@ -82,7 +87,7 @@ int main(int argc, char **argv) {
     double factor = 1.0;
     if (!strcmp(op, "all_reduce")) factor = 2.0 * (n - 1) / n;
     else if (chunked) factor = (double)(n - 1) / n;
-    for (int s = 7; s < argc; s++) {
+    for (int s = 8; s < argc; s++) {
         size_t bytes = (size_t)atoll(argv[s]);
         size_t count = bytes / esize / (chunked ? n : 1); /* per-rank chunk for the chunked ops */
         if (count == 0) continue;
@@ -91,9 +96,17 @@ int main(int argc, char **argv) {
         if (!strcmp(op, "reduce_scatter")) in_n = count * n;
         if (!strcmp(op, "all_to_all")) in_n = out_n = count * n;
         size_t size = (chunked ? count * n : count) * esize;
-        void *in = malloc(in_n * esize), *out = malloc(out_n * esize);
-        for (size_t i = 0; i < in_n; i++) put(in, i, val(rank, i));
-        for (size_t i = 0; i < out_n; i++) put(out, i, -1);
+        size_t per_call = (in_n + out_n) * esize, nbuf = per_call ? budget / per_call : 1;
+        if (nbuf > (size_t)iters) nbuf = (size_t)iters;
+        if (nbuf < 1) nbuf = 1;
+        void **ins = malloc(nbuf * sizeof(void *)), **outs = malloc(nbuf * sizeof(void *));
+        for (size_t b = 0; b < nbuf; b++) {
+            ins[b] = malloc(in_n * esize);
+            outs[b] = malloc(out_n * esize);
+            for (size_t i = 0; i < in_n; i++) put(ins[b], i, val(rank, i));
+            for (size_t i = 0; i < out_n; i++) put(outs[b], i, -1);
+        }
+        void *in = ins[0], *out = outs[0];
         int prev = (rank + n - 1) % n, next = (rank + 1) % n;
 #define CALL()                                                                                                   \
     do {                                                                                                         \
@@ -107,10 +120,20 @@ int main(int argc, char **argv) {
             MPI_Sendrecv(in, (int)count, mtype, next, 0, out, (int)count, mtype, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE); \
         else { if (rank == 0) fprintf(stderr, "unknown op %s\n", op); MPI_Abort(MPI_COMM_WORLD, 2); }             \
     } while (0)
-        for (int w = 0; w < warmup; w++) CALL();
+        /* Warm-up touches every buffer pair at least once, as concord-bench's does. */
+        int warm = warmup > (int)nbuf ? warmup : (int)nbuf;
+        for (int w = 0; w < warm; w++) {
+            in = ins[w % nbuf];
+            out = outs[w % nbuf];
+            CALL();
+        }
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        for (int i = 0; i < iters; i++) CALL();
+        for (int i = 0; i < iters; i++) {
+            in = ins[i % nbuf];
+            out = outs[i % nbuf];
+            CALL();
+        }
         double mine = (MPI_Wtime() - t0) / (iters > 0 ? iters : 1), sum = 0;
         MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         double us = sum / n * 1e6;
@@ -139,8 +162,12 @@ int main(int argc, char **argv) {
                    reduction ? redop : "none", rooted ? root : -1, us, algbw, algbw * factor, wrong_all);
             fflush(stdout);
         }
-        free(in);
-        free(out);
+        for (size_t b = 0; b < nbuf; b++) {
+            free(ins[b]);
+            free(outs[b]);
+        }
+        free(ins);
+        free(outs);
     }
     MPI_Finalize();
     return 0;

@@ -70,7 +70,8 @@ pub fn type_supported(t: &str) -> bool {
     matches!(t, "float" | "double" | "int32" | "int64")
 }
 
-/// Runs `op` at every size; rows by size.
+/// Runs `op` at every size, cycling through as many buffer pairs as `budget` bytes hold (the
+/// window rule of the backend's side, so both sides see the same cache state); rows by size.
 #[allow(clippy::too_many_arguments)]
 pub fn run_op(
     exe: &Path,
@@ -81,12 +82,13 @@ pub fn run_op(
     root: usize,
     iters: usize,
     warmup: usize,
+    budget: usize,
     sizes: &[usize],
 ) -> Result<BTreeMap<usize, MpiRow>, String> {
     let mut c = Command::new("mpirun");
     c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", &ranks.to_string()])
         .arg(exe)
-        .args([op.name(), dtype, redop, &root.to_string(), &iters.to_string(), &warmup.to_string()])
+        .args([op.name(), dtype, redop, &root.to_string(), &iters.to_string(), &warmup.to_string(), &budget.to_string()])
         .args(sizes.iter().map(|s| s.to_string()));
     let out = c.output().map_err(|e| format!("mpirun: {e}"))?;
     if !out.status.success() {

@@ -359,8 +359,18 @@ pub(crate) fn run_parent_with<B: Backend>(
             let version = crate::mpi::version();
             for &op in &ops {
                 eprintln!("# OpenMPI: {} ...", op.name());
-                for (size, m) in crate::mpi::run_op(&exe, args.ranks, op, type_name, mpi_redop, args.root, args.iters, args.warmup, &sizes)?
-                {
+                for (size, m) in crate::mpi::run_op(
+                    &exe,
+                    args.ranks,
+                    op,
+                    type_name,
+                    mpi_redop,
+                    args.root,
+                    args.iters,
+                    args.warmup,
+                    args.check_budget.unwrap_or(crate::rank::HOST_BUDGET),
+                    &sizes,
+                )? {
                     let mut rec = base("openmpi", args.ranks, "MPI_Wtime around ITERS back-to-back blocking calls; mean over ranks");
                     rec.versions.insert("openmpi".into(), version.clone());
                     rec.op = op.name().into();
