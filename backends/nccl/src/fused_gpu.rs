@@ -133,12 +133,10 @@ fn order(from: dsys::CUstream, to: dsys::CUstream) -> std::result::Result<(), St
         return Ok(());
     }
     let ev = cu::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| crate::cuda::derr("cuEventCreate", e))?;
-    let r = unsafe { cu::event::record(ev, from) }
-        .map_err(|e| crate::cuda::derr("cuEventRecord", e))
-        .and_then(|()| {
-            unsafe { cu::stream::wait_event(to, ev, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-                .map_err(|e| crate::cuda::derr("cuStreamWaitEvent", e))
-        });
+    let r = unsafe { cu::event::record(ev, from) }.map_err(|e| crate::cuda::derr("cuEventRecord", e)).and_then(|()| {
+        unsafe { cu::stream::wait_event(to, ev, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| crate::cuda::derr("cuStreamWaitEvent", e))
+    });
     // Released by the driver once recorded work completes.
     unsafe {
         let _ = cu::event::destroy(ev);
@@ -292,7 +290,8 @@ impl NcclBackend {
         let dt = a.dtype;
         let es = dt.size();
         let ag = self.alloc_buf(&o, dt, &plan.ag_shape())?;
-        let outs: Vec<NcclBuffer> = (0..bs.len()).map(|i| self.alloc_buf(&o, plan.out_dtypes[i], &plan.out_shape(i))).collect::<Result<_>>()?;
+        let outs: Vec<NcclBuffer> =
+            (0..bs.len()).map(|i| self.alloc_buf(&o, plan.out_dtypes[i], &plan.out_shape(i))).collect::<Result<_>>()?;
         let staging = if geo.direct() || geo.elems == 0 { None } else { Some(self.alloc_buf(&o, dt, &[ws * geo.elems])?) };
         let mut kept: Vec<&NcclBuffer> = vec![a, &ag];
         kept.extend(bs.iter().chain(&outs).chain(staging.iter()));
@@ -365,7 +364,13 @@ impl NcclBackend {
         self.submit(o, (ag, outs), Check::All(hdr), Some(launch))
     }
 
-    pub(crate) fn fused_matmul_reduce_scatter_impl(&self, a: &NcclBuffer, b: &NcclBuffer, op: ReduceOp, dim: usize) -> Result<Work<NcclBuffer>> {
+    pub(crate) fn fused_matmul_reduce_scatter_impl(
+        &self,
+        a: &NcclBuffer,
+        b: &NcclBuffer,
+        op: ReduceOp,
+        dim: usize,
+    ) -> Result<Work<NcclBuffer>> {
         if !native() {
             return concord_core::fused::decomposed_matmul_reduce_scatter(self, a, b, op, dim, None);
         }

@@ -150,9 +150,9 @@ pub use buffer::NcclBuffer;
 
 use comm::{nccl_present, version_string};
 use concord_core::caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
+use concord_core::fused::Gathered;
 #[cfg(doc)]
 use concord_core::CollectiveError; // named by the crate docs
-use concord_core::fused::Gathered;
 use concord_core::{Backend, DType, OpKind, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorldInfo};
 use cuda::Device;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
