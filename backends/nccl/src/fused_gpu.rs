@@ -160,9 +160,8 @@ fn gemm(h: &Blas, stream: dsys::CUstream, g: &Gemm, dt: DType, a: u64, b: u64, c
         return Ok(());
     }
     let es = dt.size() as u64;
-    // Row-major C = X · Y is column-major Cᵀ = Yᵀ · Xᵀ: a row-major operand's memory is its
-    // column-major transpose, so each keeps its own `trans`, and X / Y swap places.
-    let (x, xp, y, yp) = if g.b_first { (g.b, b, g.a, a) } else { (g.a, a, g.b, b) };
+    let call = g.blas();
+    let (p1, p2) = if call.first_is_b { (b, a) } else { (a, b) };
     let op = |t: bool| if t { blas::cublasOperation_t::CUBLAS_OP_T } else { blas::cublasOperation_t::CUBLAS_OP_N };
     let t = cuda_type(dt);
     let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
@@ -173,32 +172,32 @@ fn gemm(h: &Blas, stream: dsys::CUstream, g: &Gemm, dt: DType, a: u64, b: u64, c
     };
     // SAFETY: the pointers are live device buffers (kept by the launch until enqueued, and
     // freed stream-ordered after the op) that hold every element the descriptor addresses
-    // (`fused_plan`'s tests check the descriptors against the host plans); the scalars live
-    // until the call returns (host pointer mode: read at enqueue).
+    // (`fused_plan`'s tests check the descriptors and this call against the host plans); the
+    // scalars live until the call returns (host pointer mode: read at enqueue).
     let st = unsafe {
         blas::cublasSetStream_v2(h.handle, stream as blas::cudaStream_t);
         blas::cublasGemmStridedBatchedEx(
             h.handle,
-            op(y.trans),
-            op(x.trans),
-            g.n as i32,
-            g.m as i32,
-            g.k as i32,
+            op(call.trans_first),
+            op(call.trans_second),
+            call.m as i32,
+            call.n as i32,
+            call.k as i32,
             alpha,
-            (yp + y.off as u64 * es) as *const c_void,
+            (p1 + call.first.off as u64 * es) as *const c_void,
             t,
-            y.ld as i32,
-            y.stride as i64,
-            (xp + x.off as u64 * es) as *const c_void,
+            call.first.ld as i32,
+            call.first.stride as i64,
+            (p2 + call.second.off as u64 * es) as *const c_void,
             t,
-            x.ld as i32,
-            x.stride as i64,
+            call.second.ld as i32,
+            call.second.stride as i64,
             beta,
-            (c + g.c.off as u64 * es) as *mut c_void,
+            (c + call.c.off as u64 * es) as *mut c_void,
             t,
-            g.c.ld as i32,
-            g.c.stride as i64,
-            g.batch as i32,
+            call.c.ld as i32,
+            call.c.stride as i64,
+            call.batch as i32,
             compute,
             blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
         )

@@ -282,6 +282,74 @@ impl RsGeom {
     }
 }
 
+/// One `cublasGemmStridedBatchedEx` call (column-major) for a [`Gemm`]: row-major `C = X · Y`
+/// is column-major `Cᵀ = Yᵀ · Xᵀ`, and a row-major operand's memory is its column-major
+/// transpose, so each operand keeps its own `trans` and X / Y swap places. `first_is_b`: the
+/// call's first operand is the `b` matrix (else the `a` side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlasCall {
+    pub trans_first: bool,
+    pub trans_second: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub first: Operand,
+    pub second: Operand,
+    pub first_is_b: bool,
+    pub c: Operand,
+    pub batch: usize,
+}
+
+impl Gemm {
+    pub fn blas(&self) -> BlasCall {
+        let (x, y, y_is_b) = if self.b_first { (self.b, self.a, false) } else { (self.a, self.b, true) };
+        BlasCall {
+            trans_first: y.trans,
+            trans_second: x.trans,
+            m: self.n,
+            n: self.m,
+            k: self.k,
+            first: y,
+            second: x,
+            first_is_b: y_is_b,
+            c: self.c,
+            batch: self.batch,
+        }
+    }
+}
+
+impl BlasCall {
+    /// cuBLAS's argument rules (`CUBLAS_STATUS_INVALID_VALUE` otherwise).
+    pub fn valid(&self) -> bool {
+        let rows_first = if self.trans_first { self.k } else { self.m };
+        let rows_second = if self.trans_second { self.n } else { self.k };
+        self.first.ld >= rows_first.max(1) && self.second.ld >= rows_second.max(1) && self.c.ld >= self.m.max(1)
+    }
+
+    /// What cuBLAS computes (column-major, `alpha = 1`, `beta = 0`), on the host.
+    pub fn run_host(&self, a: &[f64], b: &[f64], c: &mut [f64]) {
+        let (fa, sa) = if self.first_is_b { (b, a) } else { (a, b) };
+        let el = |op: &Operand, t: bool, buf: &[f64], bi: usize, i: usize, j: usize| {
+            let base = op.off + bi * op.stride;
+            if t {
+                buf[base + j + i * op.ld]
+            } else {
+                buf[base + i + j * op.ld]
+            }
+        };
+        for bi in 0..self.batch {
+            for i in 0..self.m {
+                for j in 0..self.n {
+                    let acc: f64 = (0..self.k)
+                        .map(|l| el(&self.first, self.trans_first, fa, bi, i, l) * el(&self.second, self.trans_second, sa, bi, l, j))
+                        .sum();
+                    c[self.c.off + bi * self.c.stride + i + j * self.c.ld] = acc;
+                }
+            }
+        }
+    }
+}
+
 /// Runs `g` on the host (f64): the tests' model of what cuBLAS is asked to compute.
 pub fn host_gemm(g: &Gemm, a: &[f64], b: &[f64], c: &mut [f64]) {
     let at = |op: &Operand, buf: &[f64], bi: usize, i: usize, j: usize| {
@@ -323,6 +391,17 @@ mod tests {
     use concord_core::fused::{AgMatmulPlan, MatmulRsPlan};
     use concord_core::{DType, ReduceOp, Tensor, TensorDesc};
 
+    /// The cuBLAS call made for `g` is valid and computes what `g` describes (same bits:
+    /// small integers), writing nothing else.
+    fn check_blas(g: &Gemm, a: &[f64], b: &[f64], c_len: usize) {
+        let call = g.blas();
+        assert!(call.valid(), "{g:?} -> {call:?}");
+        let (mut want, mut got) = (vec![f64::NAN; c_len], vec![f64::NAN; c_len]);
+        host_gemm(g, a, b, &mut want);
+        call.run_host(a, b, &mut got);
+        assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), "{g:?} -> {call:?}");
+    }
+
     fn vals(n: usize, seed: usize) -> Vec<f64> {
         (0..n).map(|i| ((i * 7 + seed * 13 + i / 3) % 9) as f64 - 4.0).collect()
     }
@@ -359,7 +438,9 @@ mod tests {
                     let mut only = vec![f64::NAN; geo.elems];
                     only[p.0 * per..p.1 * per].copy_from_slice(&shards[r][p.0 * per..p.1 * per]);
                     for (i, n) in ns.iter().enumerate() {
-                        host_gemm(&geo.gemm(r, *n, p), &only, &bs[i], &mut outs[i]);
+                        let g = geo.gemm(r, *n, p);
+                        host_gemm(&g, &only, &bs[i], &mut outs[i]);
+                        check_blas(&g, &only, &bs[i], outs[i].len());
                     }
                 }
             }
@@ -405,7 +486,9 @@ mod tests {
         assert_eq!(units * per, geo.chunk());
         for p in 0..ws {
             for pc in pieces(units, per * 8, target, 8) {
-                host_gemm(&geo.gemm(p, pc), &av, &bv, &mut staging);
+                let g = geo.gemm(p, pc);
+                host_gemm(&g, &av, &bv, &mut staging);
+                check_blas(&g, &av, &bv, staging.len());
             }
             let want = plan.chunk(p, &at, &bt, None, None);
             assert_eq!(want.numel(), geo.chunk());
