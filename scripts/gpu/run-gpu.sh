@@ -38,6 +38,32 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
     fi
 fi
 
+# cudarc loads libcublas.so / libcublas.so.13 for the NCCL backend's fused ops (without it they
+# fall back to the host decomposition): when the loader does not know it, add the folder of
+# PyTorch's pip wheel (nvidia/cu13/lib or nvidia/cublas/lib) or of a system CUDA.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so'; then
+    cublas_dir=$(python3 -c '
+import os, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib"):
+        d = os.path.join(r, sub)
+        if any(f.startswith("libcublas.so") for f in (os.listdir(d) if os.path.isdir(d) else [])):
+            print(d); sys.exit(0)
+' 2>/dev/null || true)
+    if [ -z "$cublas_dir" ]; then
+        for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 /usr/lib/x86_64-linux-gnu; do
+            if ls "$d"/libcublas.so* >/dev/null 2>&1; then cublas_dir=$d; break; fi
+        done
+    fi
+    if [ -n "$cublas_dir" ]; then
+        export LD_LIBRARY_PATH="$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "run-gpu.sh: libcublas from $cublas_dir" >&2
+    else
+        echo "run-gpu.sh: no libcublas found: the NCCL fused ops run as the host decomposition" >&2
+    fi
+fi
+
 cmd=${1:-nccl}
 [ $# -gt 0 ] && shift
 case "$cmd" in

@@ -742,6 +742,8 @@ impl NcclBackend {
         // Options first: a bad one is named even on a machine without GPUs.
         let faults = crate::fault::Faults::from_world(world)
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
+        crate::fused_gpu::set_mode(world.option("fused_overlap"))
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         // One GPU per rank of this host: a launcher's local rank picks it (a world Concord

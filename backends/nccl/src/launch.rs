@@ -20,7 +20,7 @@ pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
 pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
-    Launch { premul: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)) }
+    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)) }
 }
 
 pub(crate) fn p2p(
@@ -76,6 +76,7 @@ impl NcclBackend {
         let p2 = premul.clone();
         Ok(Some(Launch {
             premul,
+            then: vec![],
             keep: keep(keep_alive),
             calls: Box::new(move |c, s, ops| {
                 for (src, dst, n, d, red) in jobs {

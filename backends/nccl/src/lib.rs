@@ -107,13 +107,16 @@
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
-//! (device, streams, memory), `fault` (the fault hooks); for benchmarks, `timing` (CUDA events
+//! (device, streams, memory), `fault` (the fault hooks), `fused_plan` (the fused ops' pure
+//! geometry: steps, pieces, GEMM descriptors; unit-tested without a GPU) and `fused_gpu` (those
+//! ops on cuBLAS + NCCL, matmuls on a second stream overlapping the transfers); for benchmarks, `timing` (CUDA events
 //! on the rank's stream, the memory pool's release threshold) `reference` (the raw NCCL loop the
 //! bench prints next to the backend) and `bench_io` (device-side rotated copies, reads through
 //! pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
+//! `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see `fused_gpu`),
 //! `init_timeout_ms=N` (default: the larger of the op deadline and 30 s), `fault=...` (fault
 //! injection, see [`concord_core::fault`]; an unknown hook fails `init` with a named error).
 //!
@@ -133,6 +136,8 @@ mod completion;
 mod cuda;
 mod dtype;
 mod fault;
+mod fused_gpu;
+pub mod fused_plan;
 pub mod header;
 mod issue;
 mod launch;
@@ -145,6 +150,7 @@ pub use buffer::NcclBuffer;
 
 use comm::{nccl_present, version_string};
 use concord_core::caps::{AliasPolicy, Capabilities, Gap, IntAvg, NanPolicy};
+use concord_core::fused::Gathered;
 #[cfg(doc)]
 use concord_core::CollectiveError; // named by the crate docs
 use concord_core::{Backend, DType, OpKind, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorldInfo};
@@ -284,8 +290,9 @@ impl Backend for NcclBackend {
             validates_across_ranks: self.validating(),
             moves_data: true,
             subgroups: true,
-            // The fused ops are the trait's unfused decomposition on NCCL (no cuBLAS path yet).
-            fused: concord_core::FusedImpl::Decomposed,
+            // cuBLAS + NCCL, overlapped (`fused_gpu`; the scaled variants stay decomposed) when
+            // libcublas loads and `fused_overlap` is not 0; else the trait's decomposition.
+            fused: if fused_gpu::native() { concord_core::FusedImpl::Pipelined } else { concord_core::FusedImpl::Decomposed },
             // NCCL reduces f16 / bf16 hop by hop (ring / tree order, rounding at each step).
             rounding: concord_core::Rounding::Unspecified,
             gaps,
@@ -421,5 +428,23 @@ impl Backend for NcclBackend {
 
     fn barrier(&self) -> Result<Work<()>> {
         self.barrier_impl()
+    }
+
+    // ---- fused communication + compute (`fused_gpu`; the scaled variants: the trait's) ----
+
+    fn fused_all_gather_matmul(&self, a_shard: &NcclBuffer, bs: &[NcclBuffer], gather_dim: usize) -> Result<Work<Gathered<NcclBuffer>>> {
+        self.fused_all_gather_matmul_impl(a_shard, bs, gather_dim)
+    }
+
+    fn fused_matmul_reduce_scatter(&self, a: &NcclBuffer, b: &NcclBuffer, op: ReduceOp, scatter_dim: usize) -> Result<Work<NcclBuffer>> {
+        self.fused_matmul_reduce_scatter_impl(a, b, op, scatter_dim)
+    }
+
+    fn low_contention_all_gather(&self, x: &NcclBuffer) -> Result<Work<NcclBuffer>> {
+        self.low_contention_impl(x, None)
+    }
+
+    fn low_contention_reduce_scatter(&self, x: &NcclBuffer, op: ReduceOp) -> Result<Work<NcclBuffer>> {
+        self.low_contention_impl(x, Some(op))
     }
 }

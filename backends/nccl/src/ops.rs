@@ -119,6 +119,7 @@ impl NcclBackend {
             let (src, dst) = (x.ptr(), out.ptr());
             Launch {
                 premul: vec![],
+                then: vec![],
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
@@ -146,6 +147,7 @@ impl NcclBackend {
             let (sp, dp) = (x.ptr(), out.ptr());
             Launch {
                 premul: vec![],
+                then: vec![],
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
@@ -178,6 +180,7 @@ impl NcclBackend {
             xs.iter().zip(&outs).filter(|(x, _)| x.numel() > 0).map(|(x, y)| (x.ptr(), y.ptr(), x.numel(), x.dtype)).collect();
         let launch = (!jobs.is_empty()).then(|| Launch {
             premul: vec![],
+            then: vec![],
             keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
             calls: Box::new(move |c, s, _| {
                 for (src, dst, n, d) in jobs {
@@ -293,6 +296,7 @@ impl NcclBackend {
             let p2 = premul.clone();
             Some(Launch {
                 premul,
+                then: vec![],
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, ops| unsafe {
                     let t = nccl_dtype(d).expect("checked");
@@ -363,6 +367,7 @@ impl NcclBackend {
         let p = self.barrier_buf.ptr();
         let launch = Launch {
             premul: vec![],
+            then: vec![],
             keep: keep(&[&self.barrier_buf]),
             calls: Box::new(move |c, s, _| unsafe {
                 check(

@@ -61,6 +61,17 @@ pub(crate) struct Launch {
     pub calls: Calls,
     /// Device memory the calls read or write, kept alive until they are enqueued.
     pub keep: Vec<Arc<DevMem>>,
+    /// What follows `calls`, in order (empty but for the fused ops: `fused_gpu`).
+    pub then: Vec<Step>,
+}
+
+/// One more part of a launch after its first NCCL group.
+pub(crate) enum Step {
+    /// Another NCCL group (the launch's premul ops, a fresh enqueue deadline).
+    Nccl(Calls),
+    /// Device work enqueued between groups (matmuls, copies, events on any stream of the
+    /// rank's GPU), given the NCCL stream; it never waits for the device.
+    Device(Box<dyn FnOnce(cudarc::driver::sys::CUstream) -> std::result::Result<(), String> + Send>),
 }
 
 /// Names and numbers of an issued op, for messages and headers.
@@ -430,7 +441,7 @@ impl Channel {
         if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
             return Err(e);
         }
-        let Some(Launch { premul, calls, keep }) = launch else {
+        let Some(Launch { premul, calls, keep, then }) = launch else {
             return Ok(None);
         };
         if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
@@ -445,10 +456,32 @@ impl Channel {
         // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
+        self.run_steps(id, &premul, then)?;
         let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
         let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(launched))
+    }
+
+    /// The steps after a launch's first group, in order. A failure part-way aborts the
+    /// communicator: the peers may already be inside groups enqueued here, so this rank's
+    /// sequence cannot go on (they end the op at its deadline).
+    fn run_steps(&self, id: &OpId, premul: &[(nccl::ncclDataType_t, [u8; 8])], steps: Vec<Step>) -> Result<()> {
+        for step in steps {
+            let r = match step {
+                Step::Nccl(calls) => {
+                    self.comm.launch(Instant::now() + self.op_timeout, false, premul, calls).map_err(|e| self.launch_err(id, e))
+                }
+                Step::Device(f) => f(self.dev().stream).map_err(|e| self.backend_err(id, e)),
+            };
+            if let Err(e) = r {
+                if self.comm.aborted().is_none() {
+                    self.comm.abort(format!("{} #{} failed part-way through its launch: {e}", id.name, id.seq));
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Fault injection at `at` (before / after the header): `die` ends the process; `stall`

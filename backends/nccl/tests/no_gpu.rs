@@ -62,3 +62,13 @@ fn a_bad_fault_option_is_named_before_any_gpu_is_touched() {
     assert_eq!(err.name(), "backend", "{err}");
     assert!(err.to_string().contains("option `fault`") && err.to_string().contains("stream:wobble"), "{err}");
 }
+
+#[test]
+fn a_bad_fused_overlap_option_is_named_before_any_gpu_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = world(0, 1, &dir.path().join("s"));
+    w.options = vec![("fused_overlap".into(), "sometimes".into())];
+    let err = NcclBackend::init(&w).err().expect("refused");
+    assert_eq!(err.name(), "backend", "{err}");
+    assert!(err.to_string().contains("fused_overlap=sometimes") && err.to_string().contains("serial"), "{err}");
+}
