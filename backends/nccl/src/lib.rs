@@ -137,6 +137,7 @@ pub mod header;
 mod issue;
 mod launch;
 mod ops;
+mod p2p;
 pub mod reference;
 pub mod timing;
 mod worker;
