@@ -131,12 +131,14 @@ mod buffer;
 mod comm;
 mod completion;
 mod cuda;
+mod direction;
 mod dtype;
 mod fault;
 pub mod header;
 mod issue;
 mod launch;
 mod ops;
+
 mod p2p;
 pub mod reference;
 pub mod timing;
@@ -198,7 +200,8 @@ pub struct NcclBackend {
     barrier_buf: NcclBuffer,
     init_time: Duration,
     gpus: usize,
-    _store: Option<concord_store::Store>,
+    /// The world's store (shared with subgroups): point-to-point directions meet through it.
+    store: Option<Arc<concord_store::Store>>,
 }
 
 impl NcclBackend {

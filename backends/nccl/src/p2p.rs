@@ -173,6 +173,7 @@ impl<W: Wire, T> Scheduler<W, T> {
     }
 
     /// Ops parked and not settled yet.
+    #[cfg(test)]
     pub fn parked(&self) -> usize {
         self.dirs.iter().map(|d| d.queue.len()).sum()
     }

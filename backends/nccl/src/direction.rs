@@ -1,0 +1,303 @@
+//! The NCCL side of point-to-point ([`crate::p2p`]'s [`Wire`]): one two-rank NCCL communicator
+//! per direction `src -> dst` of a communicator (world or subgroup), each on a CUDA stream of its
+//! own, as PyTorch's ProcessGroupNCCL does for its point-to-point ops.
+//!
+//! Contracts:
+//! * A direction is set up lazily, when its first op becomes the head of its queue, by both of
+//!   its ranks: `src` publishes a fresh `ncclGetUniqueId` in the world's store under
+//!   `<communicator key>/<src>-<dst>` (the key names the parent communicator: the world's
+//!   unique id, then `/g<seq>` per split), `dst` polls the store for it; both then run a
+//!   non-blocking `ncclCommInitRankConfig` (`src` is rank 0), polled, never waited for.
+//! * A direction communicator is a child of its parent ([`Comm::adopt`]): an abort of the
+//!   parent (a timeout, a fault, a drop) aborts it, so its ops in flight end and fail; its
+//!   teardown (finalize / destroy) is a job of the progress thread like the parent's.
+//! * Only the progress thread calls this module (every NCCL call here enqueues work or looks).
+//!   A launch waits (bounded by the op deadline) only for NCCL to accept the group, which on
+//!   the first use of the direction includes its connection to the peer.
+//! * An op's data waits on the device for every op the progress thread had launched on the
+//!   shared stream before it was parked (a recv into, or a send of, a buffer that a collective
+//!   issued earlier writes), never for anything issued after it, so nothing queued later is
+//!   held back by a pending send or receive, nor a pending send or receive by it. The device
+//!   memory of a launched op is kept until its event has completed (its frees are ordered on
+//!   the shared stream, which does not wait for this one).
+
+use crate::comm::{Comm, LaunchError, PendingInit, TeardownVia};
+use crate::cuda::{derr, DevMem, Device, Event, Pinned};
+use crate::dtype::move_type;
+use crate::p2p::{Dir, Poll, Wire};
+use crate::worker::{check, Launched};
+use concord_core::DType;
+use concord_store::Store;
+use cudarc::driver::result as cu;
+use cudarc::driver::sys as cusys;
+use cudarc::nccl::sys as nccl;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a rank waiting for its peer's unique id looks at the store.
+const STORE_POLL: Duration = Duration::from_millis(2);
+
+/// The data half of a send or receive.
+pub(crate) struct Data {
+    pub send: bool,
+    pub ptr: u64,
+    pub n: usize,
+    pub dtype: DType,
+    /// Device memory the op reads or writes, kept until its data has moved.
+    pub keep: Vec<Arc<DevMem>>,
+    /// Recorded on the shared stream when the op was parked (see the module docs).
+    pub after: Option<Event>,
+}
+
+/// A direction being set up.
+pub(crate) enum Connecting {
+    /// `dst`: waiting for `src`'s unique id in the store.
+    WaitId { key: String, next: Instant },
+    Init(PendingInit),
+}
+
+/// A ready direction: its communicator, stream, header staging and the memory of launched ops.
+pub(crate) struct Link {
+    comm: Arc<Comm>,
+    /// The peer's rank in the two-rank communicator.
+    peer: usize,
+    dev_send: Option<DevMem>,
+    dev_recv: Option<DevMem>,
+    host_send: Pinned,
+    host_recv: Pinned,
+    /// Launched ops' events and memory, released once complete.
+    retiring: Vec<(Arc<Event>, Vec<Arc<DevMem>>)>,
+    next_check: Instant,
+}
+
+impl Link {
+    fn stream(&self) -> cusys::CUstream {
+        self.comm.stream as cusys::CUstream
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Memory the direction's stream may still use is never freed (the frees would be
+        // ordered on the shared stream, not on this one): left to the process's end.
+        let idle = Event::record_on(self.stream()).and_then(|e| e.query()).unwrap_or(false);
+        for (ev, keep) in self.retiring.drain(..) {
+            if !idle && !matches!(ev.query(), Ok(true)) {
+                std::mem::forget(keep);
+            }
+        }
+        if !idle {
+            std::mem::forget(self.dev_send.take());
+            std::mem::forget(self.dev_recv.take());
+        }
+    }
+}
+
+/// A header swap in flight: the event after its copy back to the host.
+pub(crate) struct Swap {
+    ev: Event,
+    bytes: usize,
+}
+
+/// The point-to-point transport of one communicator of this rank.
+pub(crate) struct NcclWire {
+    pub parent: Arc<Comm>,
+    pub store: Option<Arc<Store>>,
+    /// Store key prefix naming the parent communicator.
+    pub key: String,
+    pub me: usize,
+    /// Bytes of a validation header of the parent's size.
+    pub hdr_bytes: usize,
+    pub op_timeout: Duration,
+    pub via: Arc<TeardownVia>,
+}
+
+impl NcclWire {
+    fn dev(&self) -> &Arc<Device> {
+        &self.parent.dev
+    }
+
+    fn key_of(&self, dir: Dir) -> String {
+        format!("{}/{}-{}", self.key, dir.src, dir.dst)
+    }
+
+    /// Starts this rank's `ncclCommInitRankConfig` of a direction (`rank` 0: its source) with
+    /// the unique id `bytes`.
+    fn init(&self, rank: usize, bytes: &[u8]) -> Result<PendingInit, String> {
+        if bytes.len() != 128 {
+            return Err(format!("a direction's unique id in the store has {} bytes, expected 128", bytes.len()));
+        }
+        let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+        for (d, s) in id.internal.iter_mut().zip(bytes) {
+            *d = *s as _;
+        }
+        Comm::start_init(self.dev().clone(), rank, id, self.parent.lib_version)
+    }
+
+    fn link(&self, comm: Comm) -> Result<Link, String> {
+        let via = self.via.clone();
+        comm.set_teardown(Box::new(move |t| via(t)));
+        let comm = Arc::new(comm);
+        self.parent.adopt(&comm);
+        let dev = self.dev();
+        let stream = comm.stream as cusys::CUstream;
+        Ok(Link {
+            peer: 1 - comm.rank,
+            dev_send: Some(dev.alloc_on(stream, self.hdr_bytes)?),
+            dev_recv: Some(dev.alloc_on(stream, self.hdr_bytes)?),
+            host_send: Pinned::new(dev, self.hdr_bytes)?,
+            host_recv: Pinned::new(dev, self.hdr_bytes)?,
+            retiring: Vec::new(),
+            next_check: Instant::now(),
+            comm,
+        })
+    }
+
+    fn launch_err(e: LaunchError) -> String {
+        match e {
+            LaunchError::Aborted(why) => format!("the direction's communicator was aborted ({why})"),
+            LaunchError::Nccl(m) => m,
+            LaunchError::Timeout => "NCCL did not accept the op before the op deadline (the peer never connected?)".into(),
+        }
+    }
+
+    /// A look at the link's health: `Some(reason)` once it was aborted or NCCL reports an
+    /// error (checked every 10 ms).
+    fn broken(link: &mut Link) -> Option<String> {
+        if let Some(why) = link.comm.aborted() {
+            return Some(format!("the direction's communicator was aborted ({why})"));
+        }
+        let now = Instant::now();
+        if now < link.next_check {
+            return None;
+        }
+        link.next_check = now + Duration::from_millis(10);
+        link.comm.async_error().map(|e| format!("NCCL reported {e} on the direction's communicator"))
+    }
+}
+
+impl Wire for NcclWire {
+    type Connecting = Connecting;
+    type Link = Link;
+    type Swap = Swap;
+    type Payload = Data;
+    type Launched = Launched;
+
+    fn connect(&mut self, dir: Dir) -> Result<Connecting, String> {
+        let store = self.store.as_ref().ok_or("this communicator has no store to set up point-to-point directions through")?;
+        let key = self.key_of(dir);
+        if self.me != dir.src {
+            return Ok(Connecting::WaitId { key, next: Instant::now() });
+        }
+        let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+        let r = unsafe { nccl::ncclGetUniqueId(&mut id) };
+        if r != nccl::ncclResult_t::ncclSuccess {
+            return Err(format!("ncclGetUniqueId: {}", crate::comm::err_string(r)));
+        }
+        let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
+        store.set(&key, &bytes).map_err(|e| format!("publishing the unique id of direction {} -> {}: {e}", dir.src, dir.dst))?;
+        Ok(Connecting::Init(self.init(0, &bytes)?))
+    }
+
+    fn poll_connect(&mut self, c: &mut Connecting) -> Poll<Result<Link, String>> {
+        if let Connecting::WaitId { key, next } = c {
+            if Instant::now() < *next {
+                return Poll::Pending;
+            }
+            *next = Instant::now() + STORE_POLL;
+            let store = self.store.as_ref().expect("checked by connect");
+            match store.check(&[key.as_str()]) {
+                Ok(false) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(format!("reading the store: {e}"))),
+                Ok(true) => {}
+            }
+            let bytes = match store.get(key) {
+                Ok(b) => b,
+                Err(e) => return Poll::Ready(Err(format!("reading the store: {e}"))),
+            };
+            match self.init(1, &bytes) {
+                Ok(p) => *c = Connecting::Init(p),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        let Connecting::Init(p) = c else { unreachable!("set above") };
+        match p.poll() {
+            None => Poll::Pending,
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            Some(Ok(comm)) => Poll::Ready(self.link(comm)),
+        }
+    }
+
+    fn swap(&mut self, link: &mut Link, mine: &[u64]) -> Result<Swap, String> {
+        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let n = bytes.len();
+        if n > self.hdr_bytes {
+            return Err(format!("a header of {n} bytes does not fit the staging of {}", self.hdr_bytes));
+        }
+        self.dev().bind()?;
+        link.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
+        let (send, recv) = (link.dev_send.as_ref().expect("live").ptr, link.dev_recv.as_ref().expect("live").ptr);
+        let stream = link.stream();
+        unsafe { cu::memcpy_htod_async(send, &link.host_send.as_slice()[..n], stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+        let peer = link.peer as i32;
+        link.comm
+            .launch(Instant::now() + self.op_timeout, false, &[], |c, s, _| unsafe {
+                let u8t = nccl::ncclDataType_t::ncclUint8;
+                check(nccl::ncclSend(send as *const c_void, n, u8t, peer, c, s), "ncclSend (validation header)")?;
+                check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer, c, s), "ncclRecv (validation header)")
+            })
+            .map_err(Self::launch_err)?;
+        unsafe { cu::memcpy_dtoh_async(&mut link.host_recv.as_mut_slice()[..n], recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+        Ok(Swap { ev: Event::record_on(stream)?, bytes: n })
+    }
+
+    fn poll_swap(&mut self, link: &mut Link, s: &mut Swap) -> Poll<Result<Vec<u64>, String>> {
+        match s.ev.query() {
+            Ok(true) => {
+                if let Some(why) = link.comm.aborted() {
+                    return Poll::Ready(Err(format!("the direction's communicator was aborted ({why})")));
+                }
+                let words = link.host_recv.as_slice()[..s.bytes]
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                Poll::Ready(Ok(words))
+            }
+            Ok(false) => match Self::broken(link) {
+                Some(why) => Poll::Ready(Err(why)),
+                None => Poll::Pending,
+            },
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn launch(&mut self, link: &mut Link, d: Data) -> Result<Launched, String> {
+        self.dev().bind()?;
+        let stream = link.stream();
+        if let Some(ev) = &d.after {
+            unsafe { cu::stream::wait_event(stream, ev.0, cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+                .map_err(|e| derr("cuStreamWaitEvent", e))?;
+        }
+        let (t, n) = move_type(d.dtype, d.n);
+        let (send, ptr, peer) = (d.send, d.ptr, link.peer as i32);
+        link.comm
+            .launch(Instant::now() + self.op_timeout, false, &[], |c, s, _| unsafe {
+                if send {
+                    check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
+                } else {
+                    check(nccl::ncclRecv(ptr as *mut c_void, n, t, peer, c, s), "ncclRecv")
+                }
+            })
+            .map_err(Self::launch_err)?;
+        let ev = Arc::new(Event::record_on(stream)?);
+        link.retiring.push((ev.clone(), d.keep));
+        // The stream reached it: the header swap before it (this op's own) has completed.
+        Ok(Launched { ev, at: Instant::now(), behind: None, side: Some(link.comm.clone()) })
+    }
+
+    fn idle(&mut self, link: &mut Link) -> bool {
+        link.retiring.retain(|(ev, _)| matches!(ev.query(), Ok(false)));
+        link.retiring.is_empty()
+    }
+}
