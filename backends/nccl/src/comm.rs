@@ -995,7 +995,8 @@ impl NcclBackend {
             started.elapsed(),
             self.gpus,
             self.store.clone(),
-            format!("{}/g{}", self.chan.p2p_key, o.seq),
+            // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls).
+            format!("{}/g{}", self.chan.p2p_key, o.cseq),
             Some(self.progress.clone()),
             crate::fault::Faults::default(),
         )

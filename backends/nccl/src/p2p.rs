@@ -260,6 +260,10 @@ impl<W: Wire, T> Scheduler<W, T> {
                         let Some(mine) = &head.hdr else {
                             // Validation off: launch in issue order, nothing to agree on.
                             let op = d.queue.pop_front().expect("a head");
+                            if let Some(e) = op.local {
+                                out.push((op.token, Outcome::Failed(Failure::Local(e))));
+                                continue;
+                            }
                             match op.payload.map(|pl| wire.launch(link, pl)) {
                                 None => out.push((op.token, Outcome::Agreed)),
                                 Some(Ok(l)) => out.push((op.token, Outcome::Launched(l))),

@@ -12,6 +12,12 @@
 //! Contracts:
 //! * Jobs run one at a time in submission order, so every rank launches in issue order, on
 //!   every communicator (a subgroup's op queued after a world op is launched after it).
+//! * A send / recv job only parks its op on its direction (`p2p`, `direction`): the thread
+//!   never waits for a peer's send / recv. Parked ops are serviced ([`Tracker::service`])
+//!   between jobs, while the queue is empty (polling every 100 us) and inside every wait of
+//!   the thread for peers (a collective's header exchange), so a pending send / recv and a
+//!   collective never hold each other back. When the queue is closed with ops still parked,
+//!   they get [`DROP_GRACE`], then their communicators are aborted and they fail.
 //! * Every step of a job is bounded by the job's deadline (its start here + the world's op
 //!   timeout; a header wait counts from when the stream reached it, see
 //!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
