@@ -612,6 +612,57 @@ impl Comm {
         }
     }
 
+    /// Enqueues `calls` as one group without waiting for NCCL to accept it (a non-blocking
+    /// communicator may finish it in the background, e.g. while it connects to the peer, which
+    /// needs the peer's side): `Ok(true)` still in progress — poll [`Comm::group_ready`] before
+    /// anything else is enqueued on this communicator or its stream. For the direction
+    /// communicators of point to point, whose first group MUST NOT hold the progress thread
+    /// while the peer is busy elsewhere.
+    pub fn launch_nowait(
+        &self,
+        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), (String, sys::ncclResult_t)>,
+    ) -> Result<bool, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        if let Some(why) = self.aborted() {
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        let comm = inner.raw.0;
+        let start = unsafe { sys::ncclGroupStart() };
+        if let Err(e) = ok_or_progress(start) {
+            return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
+        }
+        let body = calls(comm, self.stream);
+        let end = unsafe { sys::ncclGroupEnd() };
+        match (body, ok_or_progress(end)) {
+            (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
+            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
+            (Ok(()), Ok(pending)) => Ok(pending || !self.blocking),
+        }
+    }
+
+    /// Whether the group [`Comm::launch_nowait`] started has been accepted (`Ok(true)`); an
+    /// error or an abort is `Err`.
+    pub fn group_ready(&self) -> Result<bool, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        let mut state = sys::ncclResult_t::ncclInProgress;
+        let r = unsafe { sys::ncclCommGetAsyncError(inner.raw.0, &mut state) };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Err(LaunchError::Nccl(format!("ncclCommGetAsyncError: {}", err_string(r))));
+        }
+        match state {
+            sys::ncclResult_t::ncclInProgress => Ok(false),
+            sys::ncclResult_t::ncclSuccess => Ok(true),
+            e => Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(inner.raw.0)))),
+        }
+    }
+
     /// The communicator's asynchronous error, if any (a remote peer gone, a failed kernel...).
     /// Never waits: `None` while another thread is inside an NCCL call on the communicator.
     pub fn async_error(&self) -> Option<String> {

@@ -94,9 +94,10 @@ impl Drop for Link {
     }
 }
 
-/// A header swap in flight: the event after its copy back to the host.
+/// A header swap in flight: NCCL still accepting its group (the first one of a direction
+/// connects to the peer), then the event after its copy back to the host.
 pub(crate) struct Swap {
-    ev: Event,
+    ev: Option<Event>,
     bytes: usize,
 }
 
@@ -152,6 +153,14 @@ impl NcclWire {
             next_check: Instant::now(),
             comm,
         })
+    }
+
+    /// Queues the copy of the peer's header back to the host, after the swap; its event.
+    fn copy_back(link: &mut Link, n: usize) -> Result<Event, String> {
+        let stream = link.stream();
+        let recv = link.dev_recv.as_ref().expect("live").ptr;
+        unsafe { cu::memcpy_dtoh_async(&mut link.host_recv.as_mut_slice()[..n], recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+        Event::record_on(stream)
     }
 
     fn launch_err(e: LaunchError) -> String {
@@ -241,19 +250,35 @@ impl Wire for NcclWire {
         let stream = link.stream();
         unsafe { cu::memcpy_htod_async(send, &link.host_send.as_slice()[..n], stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
         let peer = link.peer as i32;
-        link.comm
-            .launch(Instant::now() + self.op_timeout, false, &[], |c, s, _| unsafe {
+        let pending = link
+            .comm
+            .launch_nowait(|c, s| unsafe {
                 let u8t = nccl::ncclDataType_t::ncclUint8;
                 check(nccl::ncclSend(send as *const c_void, n, u8t, peer, c, s), "ncclSend (validation header)")?;
                 check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer, c, s), "ncclRecv (validation header)")
             })
             .map_err(Self::launch_err)?;
-        unsafe { cu::memcpy_dtoh_async(&mut link.host_recv.as_mut_slice()[..n], recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
-        Ok(Swap { ev: Event::record_on(stream)?, bytes: n })
+        let mut sw = Swap { ev: None, bytes: n };
+        if !pending {
+            sw.ev = Some(Self::copy_back(link, n)?);
+        }
+        Ok(sw)
     }
 
     fn poll_swap(&mut self, link: &mut Link, s: &mut Swap) -> Poll<Result<Vec<u64>, String>> {
-        match s.ev.query() {
+        if s.ev.is_none() {
+            // NCCL still accepting the group: look (never wait), then queue the copy back.
+            match link.comm.group_ready() {
+                Ok(false) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(Self::launch_err(e))),
+                Ok(true) => match Self::copy_back(link, s.bytes) {
+                    Ok(ev) => s.ev = Some(ev),
+                    Err(e) => return Poll::Ready(Err(e)),
+                },
+            }
+        }
+        let ev = s.ev.as_ref().expect("set above");
+        match ev.query() {
             Ok(true) => {
                 if let Some(why) = link.comm.aborted() {
                     return Poll::Ready(Err(format!("the direction's communicator was aborted ({why})")));
