@@ -51,7 +51,12 @@ pub(crate) struct Data {
 }
 
 /// A direction being set up.
-pub(crate) enum Connecting {
+pub(crate) struct Connecting {
+    dir: Dir,
+    state: ConnState,
+}
+
+enum ConnState {
     /// `dst`: waiting for `src`'s unique id in the store.
     WaitId { key: String, next: Instant },
     Init(PendingInit),
@@ -64,8 +69,8 @@ pub(crate) struct Link {
     peer: usize,
     dev_send: Option<DevMem>,
     dev_recv: Option<DevMem>,
-    host_send: Pinned,
-    host_recv: Pinned,
+    /// Its slot in the wire's pinned header staging ([`NcclWire::staging`]).
+    slot: usize,
     /// Launched ops' events and memory, released once complete.
     retiring: Vec<(Arc<Event>, Vec<Arc<DevMem>>)>,
     next_check: Instant,
@@ -112,11 +117,37 @@ pub(crate) struct NcclWire {
     pub hdr_bytes: usize,
     pub op_timeout: Duration,
     pub via: Arc<TeardownVia>,
+    /// Pinned header staging for every direction this rank may have (send + receive halves
+    /// of [`NcclWire::hdr_bytes`] per slot, [`NcclWire::slot`]), allocated with the
+    /// communicator: no pinned allocation (which may wait for the device) while ops run.
+    pub staging: Pinned,
+}
+
+/// Bytes of pinned header staging a communicator of `ws` ranks needs (see [`NcclWire::staging`]).
+pub(crate) fn staging_bytes(ws: usize, hdr_bytes: usize) -> usize {
+    2 * ws * 2 * hdr_bytes
 }
 
 impl NcclWire {
     fn dev(&self) -> &Arc<Device> {
         &self.parent.dev
+    }
+
+    /// The staging slot of `dir` at this rank: its sends by destination, then its receives by
+    /// source.
+    fn slot(&self, dir: Dir) -> usize {
+        if dir.src == self.me {
+            dir.dst
+        } else {
+            self.parent.nranks + dir.src
+        }
+    }
+
+    /// The send and receive halves of `link`'s staging.
+    fn halves(&mut self, link: &Link) -> (&mut [u8], &mut [u8]) {
+        let hb = self.hdr_bytes;
+        let at = link.slot * 2 * hb;
+        self.staging.as_mut_slice()[at..at + 2 * hb].split_at_mut(hb)
     }
 
     fn key_of(&self, dir: Dir) -> String {
@@ -136,7 +167,7 @@ impl NcclWire {
         Comm::start_init(self.dev().clone(), rank, id, self.parent.lib_version)
     }
 
-    fn link(&self, comm: Comm) -> Result<Link, String> {
+    fn link(&self, dir: Dir, comm: Comm) -> Result<Link, String> {
         let via = self.via.clone();
         comm.set_teardown(Box::new(move |t| via(t)));
         let comm = Arc::new(comm);
@@ -147,8 +178,7 @@ impl NcclWire {
             peer: 1 - comm.rank,
             dev_send: Some(dev.alloc_on(stream, self.hdr_bytes)?),
             dev_recv: Some(dev.alloc_on(stream, self.hdr_bytes)?),
-            host_send: Pinned::new(dev, self.hdr_bytes)?,
-            host_recv: Pinned::new(dev, self.hdr_bytes)?,
+            slot: self.slot(dir),
             retiring: Vec::new(),
             next_check: Instant::now(),
             comm,
@@ -156,10 +186,11 @@ impl NcclWire {
     }
 
     /// Queues the copy of the peer's header back to the host, after the swap; its event.
-    fn copy_back(link: &mut Link, n: usize) -> Result<Event, String> {
+    fn copy_back(&mut self, link: &Link, n: usize) -> Result<Event, String> {
         let stream = link.stream();
         let recv = link.dev_recv.as_ref().expect("live").ptr;
-        unsafe { cu::memcpy_dtoh_async(&mut link.host_recv.as_mut_slice()[..n], recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
+        let host = &mut self.halves(link).1[..n];
+        unsafe { cu::memcpy_dtoh_async(host, recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
         Event::record_on(stream)
     }
 
@@ -197,7 +228,7 @@ impl Wire for NcclWire {
         let store = self.store.as_ref().ok_or("this communicator has no store to set up point-to-point directions through")?;
         let key = self.key_of(dir);
         if self.me != dir.src {
-            return Ok(Connecting::WaitId { key, next: Instant::now() });
+            return Ok(Connecting { dir, state: ConnState::WaitId { key, next: Instant::now() } });
         }
         let mut id = nccl::ncclUniqueId { internal: [0; 128] };
         let r = unsafe { nccl::ncclGetUniqueId(&mut id) };
@@ -206,11 +237,11 @@ impl Wire for NcclWire {
         }
         let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
         store.set(&key, &bytes).map_err(|e| format!("publishing the unique id of direction {} -> {}: {e}", dir.src, dir.dst))?;
-        Ok(Connecting::Init(self.init(0, &bytes)?))
+        Ok(Connecting { dir, state: ConnState::Init(self.init(0, &bytes)?) })
     }
 
     fn poll_connect(&mut self, c: &mut Connecting) -> Poll<Result<Link, String>> {
-        if let Connecting::WaitId { key, next } = c {
+        if let ConnState::WaitId { key, next } = &mut c.state {
             if Instant::now() < *next {
                 return Poll::Pending;
             }
@@ -226,15 +257,16 @@ impl Wire for NcclWire {
                 Err(e) => return Poll::Ready(Err(format!("reading the store: {e}"))),
             };
             match self.init(1, &bytes) {
-                Ok(p) => *c = Connecting::Init(p),
+                Ok(p) => c.state = ConnState::Init(p),
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        let Connecting::Init(p) = c else { unreachable!("set above") };
+        let dir = c.dir;
+        let ConnState::Init(p) = &mut c.state else { unreachable!("set above") };
         match p.poll() {
             None => Poll::Pending,
             Some(Err(e)) => Poll::Ready(Err(e)),
-            Some(Ok(comm)) => Poll::Ready(self.link(comm)),
+            Some(Ok(comm)) => Poll::Ready(self.link(dir, comm)),
         }
     }
 
@@ -245,10 +277,14 @@ impl Wire for NcclWire {
             return Err(format!("a header of {n} bytes does not fit the staging of {}", self.hdr_bytes));
         }
         self.dev().bind()?;
-        link.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
+        let host_send = {
+            let h = &mut self.halves(link).0[..n];
+            h.copy_from_slice(&bytes);
+            &*h
+        };
         let (send, recv) = (link.dev_send.as_ref().expect("live").ptr, link.dev_recv.as_ref().expect("live").ptr);
         let stream = link.stream();
-        unsafe { cu::memcpy_htod_async(send, &link.host_send.as_slice()[..n], stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
+        unsafe { cu::memcpy_htod_async(send, host_send, stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
         let peer = link.peer as i32;
         let pending = link
             .comm
@@ -260,7 +296,7 @@ impl Wire for NcclWire {
             .map_err(Self::launch_err)?;
         let mut sw = Swap { ev: None, bytes: n };
         if !pending {
-            sw.ev = Some(Self::copy_back(link, n)?);
+            sw.ev = Some(self.copy_back(link, n)?);
         }
         Ok(sw)
     }
@@ -271,7 +307,7 @@ impl Wire for NcclWire {
             match link.comm.group_ready() {
                 Ok(false) => return Poll::Pending,
                 Err(e) => return Poll::Ready(Err(Self::launch_err(e))),
-                Ok(true) => match Self::copy_back(link, s.bytes) {
+                Ok(true) => match self.copy_back(link, s.bytes) {
                     Ok(ev) => s.ev = Some(ev),
                     Err(e) => return Poll::Ready(Err(e)),
                 },
@@ -283,7 +319,7 @@ impl Wire for NcclWire {
                 if let Some(why) = link.comm.aborted() {
                     return Poll::Ready(Err(format!("the direction's communicator was aborted ({why})")));
                 }
-                let words = link.host_recv.as_slice()[..s.bytes]
+                let words = self.halves(link).1[..s.bytes]
                     .chunks_exact(8)
                     .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                     .collect();

@@ -278,6 +278,7 @@ impl Channel {
             host_send: Pinned::new(&dev, hbytes)?,
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
+        let staging = Pinned::new(&dev, crate::direction::staging_bytes(ws, hbytes))?;
         let wire = NcclWire {
             parent: comm.clone(),
             store,
@@ -286,6 +287,7 @@ impl Channel {
             hdr_bytes: hbytes,
             op_timeout,
             via: Arc::new(via),
+            staging,
         };
         let sched = Scheduler::new(comm.rank, op_timeout);
         Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side), p2p: Mutex::new((sched, wire)), p2p_key })
