@@ -226,7 +226,7 @@ impl<W: Wire, T> Scheduler<W, T> {
         out: &mut Vec<(T, Outcome<W::Launched>)>,
     ) -> Option<String> {
         loop {
-            let Some(head) = d.queue.front() else { return None };
+            let head = d.queue.front()?;
             let started = head.started;
             let fail = match &mut d.conn {
                 Conn::Dead(why) => {

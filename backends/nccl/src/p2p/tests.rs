@@ -41,9 +41,9 @@ impl Net {
     fn done(&self, dir: Dir, me: usize, i: usize) -> bool {
         let mine = &self.streams[&(dir, me)];
         let Some(theirs) = self.streams.get(&(dir, Self::peer(dir, me))) else { return false };
-        for j in 0..=i {
+        for (j, m) in mine.iter().enumerate().take(i + 1) {
             let Some(t) = theirs.get(j) else { return false };
-            match (mine[j], *t) {
+            match (*m, *t) {
                 (Item::Swap, Item::Swap) => {}
                 (Item::Data { send: a, .. }, Item::Data { send: b, .. }) if a != b => {}
                 (a, b) => panic!("stream desync on {dir:?} at item {j}: rank {me} has {a:?}, its peer {b:?}"),
