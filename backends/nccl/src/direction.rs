@@ -106,6 +106,20 @@ pub(crate) struct Swap {
     bytes: usize,
 }
 
+/// A data send / receive NCCL is still accepting; its memory, kept (leaked if it is
+/// abandoned: the group may still be enqueued).
+pub(crate) struct Launching {
+    keep: Option<Vec<Arc<DevMem>>>,
+}
+
+impl Drop for Launching {
+    fn drop(&mut self) {
+        if let Some(k) = self.keep.take() {
+            std::mem::forget(k);
+        }
+    }
+}
+
 /// The point-to-point transport of one communicator of this rank.
 pub(crate) struct NcclWire {
     pub parent: Arc<Comm>,
@@ -115,7 +129,6 @@ pub(crate) struct NcclWire {
     pub me: usize,
     /// Bytes of a validation header of the parent's size.
     pub hdr_bytes: usize,
-    pub op_timeout: Duration,
     pub via: Arc<TeardownVia>,
     /// Pinned header staging for every direction this rank may have (send + receive halves
     /// of [`NcclWire::hdr_bytes`] per slot, [`NcclWire::slot`]), allocated with the
@@ -222,6 +235,7 @@ impl Wire for NcclWire {
     type Link = Link;
     type Swap = Swap;
     type Payload = Data;
+    type Launching = Launching;
     type Launched = Launched;
 
     fn connect(&mut self, dir: Dir) -> Result<Connecting, String> {
@@ -333,7 +347,7 @@ impl Wire for NcclWire {
         }
     }
 
-    fn launch(&mut self, link: &mut Link, d: Data) -> Result<Launched, String> {
+    fn launch(&mut self, link: &mut Link, d: Data) -> Result<Launching, String> {
         self.dev().bind()?;
         let stream = link.stream();
         if let Some(ev) = &d.after {
@@ -342,8 +356,9 @@ impl Wire for NcclWire {
         }
         let (t, n) = move_type(d.dtype, d.n);
         let (send, ptr, peer) = (d.send, d.ptr, link.peer as i32);
+        let launching = Launching { keep: Some(d.keep) };
         link.comm
-            .launch(Instant::now() + self.op_timeout, false, &[], |c, s, _| unsafe {
+            .launch_nowait(|c, s| unsafe {
                 if send {
                     check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
                 } else {
@@ -351,10 +366,22 @@ impl Wire for NcclWire {
                 }
             })
             .map_err(Self::launch_err)?;
-        let ev = Arc::new(Event::record_on(stream)?);
-        link.retiring.push((ev.clone(), d.keep));
+        Ok(launching)
+    }
+
+    fn poll_launch(&mut self, link: &mut Link, l: &mut Launching) -> Poll<Result<Launched, String>> {
+        match link.comm.group_ready() {
+            Ok(false) => return Poll::Pending,
+            Err(e) => return Poll::Ready(Err(Self::launch_err(e))),
+            Ok(true) => {}
+        }
+        let ev = match Event::record_on(link.stream()) {
+            Ok(ev) => Arc::new(ev),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        link.retiring.push((ev.clone(), l.keep.take().unwrap_or_default()));
         // The stream reached it: the header swap before it (this op's own) has completed.
-        Ok(Launched { ev, at: Instant::now(), behind: None, side: Some(link.comm.clone()) })
+        Poll::Ready(Ok(Launched { ev, at: Instant::now(), behind: None, side: Some(link.comm.clone()) }))
     }
 
     fn idle(&mut self, link: &mut Link) -> bool {

@@ -58,6 +58,8 @@ pub(crate) trait Wire {
     type Swap;
     /// What an agreed op launches (its data send or receive).
     type Payload;
+    /// A launch NCCL is still accepting (it may need the peer: a first connection).
+    type Launching;
     /// A launched op (for its completion).
     type Launched;
 
@@ -68,8 +70,10 @@ pub(crate) trait Wire {
     fn swap(&mut self, link: &mut Self::Link, mine: &[u64]) -> Result<Self::Swap, String>;
     /// The peer's header once the swap is done.
     fn poll_swap(&mut self, link: &mut Self::Link, s: &mut Self::Swap) -> Poll<Result<Vec<u64>, String>>;
-    /// Enqueues an agreed op's data on `link` (after everything enqueued on it before).
-    fn launch(&mut self, link: &mut Self::Link, p: Self::Payload) -> Result<Self::Launched, String>;
+    /// Starts enqueuing an agreed op's data on `link` (after everything enqueued on it before).
+    fn launch(&mut self, link: &mut Self::Link, p: Self::Payload) -> Result<Self::Launching, String>;
+    /// The launched op once NCCL has accepted it.
+    fn poll_launch(&mut self, link: &mut Self::Link, l: &mut Self::Launching) -> Poll<Result<Self::Launched, String>>;
     /// Releases what finished ops of `link` kept alive; `true` when it holds nothing more.
     fn idle(&mut self, link: &mut Self::Link) -> bool;
 }
@@ -130,12 +134,18 @@ enum Conn<W: Wire> {
     Dead(String),
 }
 
+/// Where the head op of a ready direction stands (each step with when it started).
+enum Head<W: Wire> {
+    Idle,
+    Swapping(W::Swap, Instant),
+    Launching(W::Launching, Instant),
+}
+
 struct DirState<W: Wire, T> {
     dir: Dir,
     conn: Conn<W>,
     queue: VecDeque<Parked<W::Payload, T>>,
-    /// The head op's swap in flight, and when it was enqueued.
-    swap: Option<(W::Swap, Instant)>,
+    head: Head<W>,
 }
 
 /// The parked point-to-point ops of one rank in one communicator, by direction.
@@ -165,7 +175,7 @@ impl<W: Wire, T> Scheduler<W, T> {
         let i = match self.dirs.iter().position(|d| d.dir == dir) {
             Some(i) => i,
             None => {
-                self.dirs.push(DirState { dir, conn: Conn::Idle, queue: VecDeque::new(), swap: None });
+                self.dirs.push(DirState { dir, conn: Conn::Idle, queue: VecDeque::new(), head: Head::Idle });
                 self.dirs.len() - 1
             }
         };
@@ -195,7 +205,7 @@ impl<W: Wire, T> Scheduler<W, T> {
     pub fn fail_all(&mut self, why: &str) -> Vec<(T, Outcome<W::Launched>)> {
         let mut out = Vec::new();
         for d in &mut self.dirs {
-            d.swap = None;
+            d.head = Head::Idle;
             if !d.queue.is_empty() {
                 d.conn = Conn::Dead(why.to_string());
             }
@@ -256,62 +266,81 @@ impl<W: Wire, T> Scheduler<W, T> {
                     }
                 }
                 Conn::Ready(link) => {
-                    if d.swap.is_none() {
-                        let Some(mine) = &head.hdr else {
+                    let head = d.queue.front_mut().expect("a head");
+                    let step = match &mut d.head {
+                        Head::Idle => match (&head.hdr, &head.local) {
+                            (Some(mine), _) => match wire.swap(link, mine) {
+                                Ok(s) => {
+                                    d.head = Head::Swapping(s, now);
+                                    continue;
+                                }
+                                Err(e) => Err(Failure::Wire(e)),
+                            },
                             // Validation off: launch in issue order, nothing to agree on.
-                            let op = d.queue.pop_front().expect("a head");
-                            if let Some(e) = op.local {
-                                out.push((op.token, Outcome::Failed(Failure::Local(e))));
-                                continue;
-                            }
-                            match op.payload.map(|pl| wire.launch(link, pl)) {
-                                None => out.push((op.token, Outcome::Agreed)),
-                                Some(Ok(l)) => out.push((op.token, Outcome::Launched(l))),
-                                Some(Err(e)) => {
-                                    out.push((op.token, Outcome::Failed(Failure::Wire(e.clone()))));
-                                    return Some(Self::kill(d, e, out));
+                            (None, Some(e)) => Ok(Outcome::Failed(Failure::Local(e.clone()))),
+                            (None, None) => Ok(Outcome::Agreed),
+                        },
+                        Head::Swapping(s, at) => {
+                            let at = *at;
+                            match wire.poll_swap(link, s) {
+                                Poll::Pending if now >= at.max(started) + timeout => Err(Failure::Timeout {
+                                    what: "the peer's header (its matching send / receive)",
+                                    waited: now - started,
+                                }),
+                                Poll::Pending => return None,
+                                Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
+                                Poll::Ready(Ok(theirs)) => {
+                                    d.head = Head::Idle;
+                                    let mine = head.hdr.as_deref().expect("swapped");
+                                    Ok(match (&head.local, pair_verdict(mine, &theirs, me, head.peer)) {
+                                        (Some(e), _) => Outcome::Failed(Failure::Local(e.clone())),
+                                        (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
+                                        (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
+                                        (None, PairVerdict::Agree) => Outcome::Agreed,
+                                    })
                                 }
                             }
-                            continue;
-                        };
-                        match wire.swap(link, mine) {
-                            Ok(s) => d.swap = Some((s, now)),
-                            Err(e) => {
-                                let op = d.queue.pop_front().expect("a head");
-                                out.push((op.token, Outcome::Failed(Failure::Wire(e.clone()))));
-                                return Some(Self::kill(d, e, out));
+                        }
+                        Head::Launching(l, at) => {
+                            let at = *at;
+                            match wire.poll_launch(link, l) {
+                                Poll::Pending if now >= at + timeout => Err(Failure::Timeout {
+                                    what: "NCCL's acceptance of the data (its connection to the peer)",
+                                    waited: now - started,
+                                }),
+                                Poll::Pending => return None,
+                                Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
+                                Poll::Ready(Ok(l)) => {
+                                    d.head = Head::Idle;
+                                    let op = d.queue.pop_front().expect("a head");
+                                    out.push((op.token, Outcome::Launched(l)));
+                                    continue;
+                                }
                             }
                         }
-                    }
-                    let (s, at) = d.swap.as_mut().expect("set above");
-                    let at = *at;
-                    match wire.poll_swap(link, s) {
-                        Poll::Pending if now >= at.max(started) + timeout => {
-                            Failure::Timeout { what: "the peer's header (its matching send / receive)", waited: now - started }
-                        }
-                        Poll::Pending => return None,
-                        Poll::Ready(Err(e)) => Failure::Wire(e),
-                        Poll::Ready(Ok(theirs)) => {
-                            d.swap = None;
+                    };
+                    match step {
+                        // Agreed: launch its data, if any (the head stays until NCCL took it).
+                        Ok(Outcome::Agreed) => match head.payload.take() {
+                            None => {
+                                let op = d.queue.pop_front().expect("a head");
+                                out.push((op.token, Outcome::Agreed));
+                                continue;
+                            }
+                            Some(pl) => match wire.launch(link, pl) {
+                                Ok(l) => {
+                                    d.head = Head::Launching(l, now);
+                                    continue;
+                                }
+                                Err(e) => Failure::Wire(e),
+                            },
+                        },
+                        Ok(outcome) => {
                             let op = d.queue.pop_front().expect("a head");
-                            let mine = op.hdr.as_deref().expect("swapped");
-                            let verdict = pair_verdict(mine, &theirs, me, op.peer);
-                            let outcome = match (op.local, verdict) {
-                                (Some(e), _) => Outcome::Failed(Failure::Local(e)),
-                                (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
-                                (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
-                                (None, PairVerdict::Agree) => match op.payload.map(|pl| wire.launch(link, pl)) {
-                                    None => Outcome::Agreed,
-                                    Some(Ok(l)) => Outcome::Launched(l),
-                                    Some(Err(e)) => {
-                                        out.push((op.token, Outcome::Failed(Failure::Wire(e.clone()))));
-                                        return Some(Self::kill(d, e, out));
-                                    }
-                                },
-                            };
                             out.push((op.token, outcome));
                             continue;
                         }
+                        Err(f) => f,
                     }
                 }
             };
@@ -334,7 +363,7 @@ impl<W: Wire, T> Scheduler<W, T> {
 
     /// Marks `d` dead and fails everything queued in it; returns the reason.
     fn kill(d: &mut DirState<W, T>, why: String, out: &mut Vec<(T, Outcome<W::Launched>)>) -> String {
-        d.swap = None;
+        d.head = Head::Idle;
         let later = format!("an earlier send/recv between ranks {} -> {} failed: {why}", d.dir.src, d.dir.dst);
         out.extend(d.queue.drain(..).map(|op| (op.token, Outcome::Failed(Failure::Aborted(later.clone())))));
         d.conn = Conn::Dead(later);

@@ -285,7 +285,6 @@ impl Channel {
             key: p2p_key.clone(),
             me: comm.rank,
             hdr_bytes: hbytes,
-            op_timeout,
             via: Arc::new(via),
             staging,
         };

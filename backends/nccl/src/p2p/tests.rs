@@ -56,6 +56,8 @@ impl Net {
 struct SimWire {
     net: Rc<RefCell<Net>>,
     me: usize,
+    /// A launch is accepted on the second look (as NCCL may take a while).
+    looked: bool,
 }
 
 impl Wire for SimWire {
@@ -63,6 +65,7 @@ impl Wire for SimWire {
     type Link = Dir;
     type Swap = (usize, usize);
     type Payload = (bool, Option<Msg>);
+    type Launching = Option<(Dir, usize)>;
     type Launched = (Dir, usize);
 
     fn connect(&mut self, dir: Dir) -> Result<Dir, String> {
@@ -94,11 +97,26 @@ impl Wire for SimWire {
         }
         Poll::Ready(Ok(n.hdrs[&(*link, Net::peer(*link, self.me))][s.1].clone()))
     }
-    fn launch(&mut self, link: &mut Dir, p: (bool, Option<Msg>)) -> Result<(Dir, usize), String> {
+    fn launch(&mut self, link: &mut Dir, p: (bool, Option<Msg>)) -> Result<Option<(Dir, usize)>, String> {
         let mut n = self.net.borrow_mut();
         let s = n.streams.entry((*link, self.me)).or_default();
         s.push(Item::Data { send: p.0, msg: p.1 });
-        Ok((*link, s.len() - 1))
+        Ok(Some((*link, s.len() - 1)))
+    }
+    fn poll_launch(&mut self, _link: &mut Dir, l: &mut Option<(Dir, usize)>) -> Poll<Result<(Dir, usize), String>> {
+        // NCCL accepts a launch once it has been looked at (a first look: still pending).
+        match l.take() {
+            Some(x) if self.looked => {
+                self.looked = false;
+                Poll::Ready(Ok(x))
+            }
+            Some(x) => {
+                self.looked = true;
+                *l = Some(x);
+                Poll::Pending
+            }
+            None => Poll::Ready(Err("polled twice".into())),
+        }
     }
     fn idle(&mut self, _link: &mut Dir) -> bool {
         true
@@ -172,7 +190,7 @@ impl Sim {
                 current: None,
                 res: HashMap::new(),
                 sched: Scheduler::new(me, TIMEOUT),
-                wire: SimWire { net: net.clone(), me },
+                wire: SimWire { net: net.clone(), me, looked: false },
                 sent: HashMap::new(),
                 aborts: Vec::new(),
                 validate,
