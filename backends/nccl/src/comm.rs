@@ -430,8 +430,7 @@ impl Comm {
 
     /// Aborts every child communicator (see [`Comm::adopt`]).
     fn abort_children(&self, reason: &str) {
-        let kids: Vec<Arc<Comm>> =
-            self.children.lock().unwrap_or_else(|e| e.into_inner()).drain(..).filter_map(|w| w.upgrade()).collect();
+        let kids: Vec<Arc<Comm>> = self.children.lock().unwrap_or_else(|e| e.into_inner()).drain(..).filter_map(|w| w.upgrade()).collect();
         for k in kids {
             k.abort(format!("its parent communicator was aborted: {reason}"));
         }
@@ -991,7 +990,7 @@ impl NcclBackend {
             None,
             faults,
         )
-            .map_err(|e| fail("side buffers", e))
+        .map_err(|e| fail("side buffers", e))
     }
 
     pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {

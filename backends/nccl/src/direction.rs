@@ -58,7 +58,10 @@ pub(crate) struct Connecting {
 
 enum ConnState {
     /// `dst`: waiting for `src`'s unique id in the store.
-    WaitId { key: String, next: Instant },
+    WaitId {
+        key: String,
+        next: Instant,
+    },
     Init(PendingInit),
 }
 
@@ -333,10 +336,8 @@ impl Wire for NcclWire {
                 if let Some(why) = link.comm.aborted() {
                     return Poll::Ready(Err(format!("the direction's communicator was aborted ({why})")));
                 }
-                let words = self.halves(link).1[..s.bytes]
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect();
+                let words =
+                    self.halves(link).1[..s.bytes].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
                 Poll::Ready(Ok(words))
             }
             Ok(false) => match Self::broken(link) {

@@ -192,7 +192,15 @@ impl NcclBackend {
 
     /// Queues a send / recv for the progress thread, which parks it on its direction (see
     /// `p2p`), and returns its pending [`Work`] at once.
-    pub(crate) fn submit_p2p<T>(&self, mut op: Op, value: T, hdr: Header, peer: usize, send: bool, data: Option<P2pData>) -> Result<Work<T>> {
+    pub(crate) fn submit_p2p<T>(
+        &self,
+        mut op: Op,
+        value: T,
+        hdr: Header,
+        peer: usize,
+        send: bool,
+        data: Option<P2pData>,
+    ) -> Result<Work<T>> {
         op.unsent.get_mut().take();
         let hdr = self.validating().then_some(hdr);
         if hdr.is_none() && data.is_none() {
@@ -200,7 +208,15 @@ impl NcclBackend {
         }
         self.alive(&op)?;
         let ticket = Ticket::new();
-        self.progress.submit(Job::P2p(P2pJob { chan: self.chan.clone(), id: op.id(), hdr, peer, send, data, ticket: Some(ticket.clone()) }));
+        self.progress.submit(Job::P2p(P2pJob {
+            chan: self.chan.clone(),
+            id: op.id(),
+            hdr,
+            peer,
+            send,
+            data,
+            ticket: Some(ticket.clone()),
+        }));
         Ok(self.pending(op, value, ticket))
     }
 

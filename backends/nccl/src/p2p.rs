@@ -283,10 +283,9 @@ impl<W: Wire, T> Scheduler<W, T> {
                         Head::Swapping(s, at) => {
                             let at = *at;
                             match wire.poll_swap(link, s) {
-                                Poll::Pending if now >= at.max(started) + timeout => Err(Failure::Timeout {
-                                    what: "the peer's header (its matching send / receive)",
-                                    waited: now - started,
-                                }),
+                                Poll::Pending if now >= at.max(started) + timeout => {
+                                    Err(Failure::Timeout { what: "the peer's header (its matching send / receive)", waited: now - started })
+                                }
                                 Poll::Pending => return None,
                                 Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
                                 Poll::Ready(Ok(theirs)) => {

@@ -36,11 +36,11 @@
 //!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
 
 use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
-use crate::direction::{Data, NcclWire};
-use crate::p2p::{Failure, Outcome, Parked, Scheduler};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
+use crate::direction::{Data, NcclWire};
 use crate::fault::Faults;
 use crate::header::{failed_rank, header_len, parse_all, validate, Header};
+use crate::p2p::{Failure, Outcome, Parked, Scheduler};
 use concord_core::fault::{point, Action};
 use concord_core::{progress, BadInputKind, CollectiveError, Result};
 use cudarc::nccl::sys as nccl;
@@ -279,15 +279,8 @@ impl Channel {
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
         let staging = Pinned::new(&dev, crate::direction::staging_bytes(ws, hbytes))?;
-        let wire = NcclWire {
-            parent: comm.clone(),
-            store,
-            key: p2p_key.clone(),
-            me: comm.rank,
-            hdr_bytes: hbytes,
-            via: Arc::new(via),
-            staging,
-        };
+        let wire =
+            NcclWire { parent: comm.clone(), store, key: p2p_key.clone(), me: comm.rank, hdr_bytes: hbytes, via: Arc::new(via), staging };
         let sched = Scheduler::new(comm.rank, op_timeout);
         Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side), p2p: Mutex::new((sched, wire)), p2p_key })
     }
@@ -593,10 +586,9 @@ impl Channel {
                         progress::describe()
                     ),
                 },
-                Failure::Wire(m) => CollectiveError::Aborted(format!(
-                    "nccl {} #{} on rank {}: {m}; NCCL communicator aborted",
-                    id.name, id.seq, self.rank
-                )),
+                Failure::Wire(m) => {
+                    CollectiveError::Aborted(format!("nccl {} #{} on rank {}: {m}; NCCL communicator aborted", id.name, id.seq, self.rank))
+                }
                 Failure::Aborted(why) => self.aborted_err(&id, &why),
             })),
         };

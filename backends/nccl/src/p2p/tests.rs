@@ -125,10 +125,19 @@ impl Wire for SimWire {
 
 #[derive(Clone, Copy, Debug)]
 enum Step {
-    Send { peer: usize, len: usize },
-    Recv { peer: usize, len: usize },
+    Send {
+        peer: usize,
+        len: usize,
+    },
+    Recv {
+        peer: usize,
+        len: usize,
+    },
     /// A send whose rank failed locally after issuing it.
-    SendFailing { peer: usize, len: usize },
+    SendFailing {
+        peer: usize,
+        len: usize,
+    },
     Coll,
     /// Waits for the op issued at that step.
     Wait(usize),
@@ -498,15 +507,7 @@ fn a_missing_peer_times_out_kills_the_direction_and_asks_for_an_abort() {
     // A send parked after that fails at once.
     let now = sim.now;
     let r0 = &mut sim.ranks[0];
-    r0.sched.park(Parked {
-        token: 99,
-        hdr: None,
-        peer: 1,
-        send: true,
-        local: None,
-        payload: None,
-        started: now,
-    });
+    r0.sched.park(Parked { token: 99, hdr: None, peer: 1, send: true, local: None, payload: None, started: now });
     let p = r0.sched.poll(&mut r0.wire, now);
     assert!(matches!(&p.settled[..], [(99, Outcome::Failed(Failure::Aborted(_)))]));
 }
