@@ -14,12 +14,14 @@
 //! * Only the progress thread calls this module (every NCCL call here enqueues work or looks).
 //!   A launch waits (bounded by the op deadline) only for NCCL to accept the group, which on
 //!   the first use of the direction includes its connection to the peer.
-//! * An op's data waits on the device for every op the progress thread had launched on the
-//!   shared stream before it was parked (a recv into, or a send of, a buffer that a collective
-//!   issued earlier writes), never for anything issued after it, so nothing queued later is
-//!   held back by a pending send or receive, nor a pending send or receive by it. The device
-//!   memory of a launched op is kept until its event has completed (its frees are ordered on
-//!   the shared stream, which does not wait for this one).
+//! * An op's data does not wait on the device for anything on the shared stream (MPI's rule:
+//!   the buffers of a pending op are not the caller's, and an op's result is final only after
+//!   its wait, so a send of a collective's output comes after that collective's wait). Making
+//!   it wait would deadlock legal programs: `all_reduce; isend(1)` on rank 0 against
+//!   `irecv(0); wait; all_reduce` on rank 1 (rank 0's all_reduce needs rank 1's, which comes
+//!   after the receive). Nothing on the shared stream waits for a direction's stream either.
+//!   The device memory of a launched op is kept until its event has completed (its frees are
+//!   ordered on the shared stream, which does not wait for this one).
 
 use crate::comm::{Comm, LaunchError, PendingInit, TeardownVia};
 use crate::cuda::{derr, DevMem, Device, Event, Pinned};
@@ -46,8 +48,6 @@ pub(crate) struct Data {
     pub dtype: DType,
     /// Device memory the op reads or writes, kept until its data has moved.
     pub keep: Vec<Arc<DevMem>>,
-    /// Recorded on the shared stream when the op was parked (see the module docs).
-    pub after: Option<Event>,
 }
 
 /// A direction being set up.
@@ -350,11 +350,6 @@ impl Wire for NcclWire {
 
     fn launch(&mut self, link: &mut Link, d: Data) -> Result<Launching, String> {
         self.dev().bind()?;
-        let stream = link.stream();
-        if let Some(ev) = &d.after {
-            unsafe { cu::stream::wait_event(stream, ev.0, cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-                .map_err(|e| derr("cuStreamWaitEvent", e))?;
-        }
         let (t, n) = move_type(d.dtype, d.n);
         let (send, ptr, peer) = (d.send, d.ptr, link.peer as i32);
         let launching = Launching { keep: Some(d.keep) };

@@ -53,8 +53,9 @@
 //!   the other way round (see `p2p`, `direction`). A size or dtype mismatch is the same
 //!   [`CollectiveError::BadInput`] on both ranks. An abort of a communicator aborts its
 //!   directions; a send / recv that times out (its peer never posted the matching op) aborts
-//!   its communicator, as a collective's does. A send / recv's data waits on the device for the
-//!   ops launched on the shared stream before it was parked, never for later ones.
+//!   its communicator, as a collective's does. A send / recv's data waits for nothing on the
+//!   shared stream (MPI's rule: an op's buffers are the caller's again only after its wait), and
+//!   a send / recv queued behind a collective that waits for its peers is parked at once.
 //! * **Completion.** A [`Work`] completes once its job has launched and a CUDA event recorded
 //!   after the op has completed; `is_completed()` is false while the job waits for its peers.
 //!   A completion is trusted only when it was observed before any abort of its communicator:

@@ -344,9 +344,9 @@ impl Channel {
         let mut reached: Option<Instant> = None;
         let mut next_check = Instant::now() + Duration::from_millis(10);
         let outcome = poll_until(cap, || {
-            // Parked sends / receives move on while this collective waits (a peer may need
-            // one of them to complete before it issues this collective).
-            tracker.service();
+            // Parked sends / receives (and those queued behind this job) move on while this
+            // collective waits: a peer may need one of them before it issues this collective.
+            tracker.service_waiting();
             match after.query() {
                 Ok(true) => return Some(Ok(())),
                 Err(e) => return Some(Err(Some(self.backend_err(id, e)))),
@@ -502,8 +502,8 @@ impl Channel {
         )
     }
 
-    /// Parks a send / recv on its direction (see `p2p`): checks, the fault hook before the
-    /// header, and the event its data will wait for on the device; never waits for the peer.
+    /// Parks a send / recv on its direction (see `p2p`): checks and the fault hook before the
+    /// header; never waits for the peer.
     fn park(&self, j: P2pJob) {
         let P2pJob { id, hdr, peer, send, data, ticket, .. } = j;
         let fail = |e: CollectiveError| {
@@ -521,13 +521,7 @@ impl Channel {
         // The header of an op that failed locally after issue (no ticket) says so.
         let failed = local.is_some() || ticket.is_none();
         let hdr = hdr.map(|h| if failed { h.failed().words } else { h.words });
-        let data = match data {
-            Some(d) if !failed => match self.dev().record() {
-                Ok(ev) => Some(Data { send, ptr: d.ptr, n: d.n, dtype: d.dtype, keep: d.keep, after: Some(ev) }),
-                Err(e) => return fail(self.backend_err(&id, e)),
-            },
-            _ => None,
-        };
+        let data = data.filter(|_| !failed).map(|d| Data { send, ptr: d.ptr, n: d.n, dtype: d.dtype, keep: d.keep });
         let op = Parked {
             hdr,
             peer,
@@ -641,6 +635,8 @@ pub(crate) struct Tracker {
     /// between jobs, while idle and inside its waits ([`Tracker::service`]).
     active: Mutex<Vec<Arc<Channel>>>,
     any_active: AtomicBool,
+    /// The progress thread's queue, for [`Tracker::service_waiting`]'s look-ahead.
+    queue: std::sync::OnceLock<std::sync::Weak<Shared>>,
 }
 
 struct Tracked {
@@ -655,7 +651,40 @@ struct Tracked {
 
 impl Tracker {
     fn new() -> Tracker {
-        Tracker { launched: Mutex::new(VecDeque::new()), active: Mutex::new(Vec::new()), any_active: AtomicBool::new(false) }
+        Tracker {
+            launched: Mutex::new(VecDeque::new()),
+            active: Mutex::new(Vec::new()),
+            any_active: AtomicBool::new(false),
+            queue: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// [`Tracker::service`] for a wait of the progress thread (a collective's header exchange):
+    /// first parks every send / recv queued behind the waiting job (in queue order, so each
+    /// direction keeps its issue order; nothing else is taken), so that `all_reduce; isend(1)`
+    /// on rank 0 against `irecv(0); wait; all_reduce` on rank 1 completes: rank 1 issues its
+    /// all_reduce only once rank 0's send, queued behind rank 0's all_reduce, has moved.
+    fn service_waiting(&self) -> bool {
+        if let Some(sh) = self.queue.get().and_then(|w| w.upgrade()) {
+            let is_p2p = |j: &Job| matches!(j, Job::P2p(_));
+            let ahead: Vec<Job> = {
+                let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+                if q.jobs.iter().any(is_p2p) {
+                    let (p2p, rest): (VecDeque<Job>, VecDeque<Job>) = q.jobs.drain(..).partition(is_p2p);
+                    q.jobs = rest;
+                    p2p.into()
+                } else {
+                    Vec::new()
+                }
+            };
+            sh.taken_ahead.fetch_add(ahead.len() as u64, Ordering::SeqCst);
+            for mut j in ahead {
+                j.start(Instant::now());
+                j.run(self); // parks it (counted as finished, like any parked send / recv)
+                sh.finished.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.service()
     }
 
     /// Marks `chan` as having parked sends / receives.
@@ -759,6 +788,8 @@ struct Shared {
     current: Mutex<Current>,
     exited: AtomicBool,
     tracker: Arc<Tracker>,
+    /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
+    taken_ahead: AtomicU64,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -777,7 +808,9 @@ impl Progress {
             current: Mutex::new(None),
             exited: AtomicBool::new(false),
             tracker: Arc::new(Tracker::new()),
+            taken_ahead: AtomicU64::new(0),
         });
+        let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nccl-progress-gpu{}", dev.ordinal))
@@ -860,7 +893,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
     loop {
         let mut busy = service(&sh);
         let spin_until = Instant::now() + SPIN;
-        while sh.queued.load(Ordering::SeqCst) == taken && Instant::now() < spin_until {
+        while sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) && Instant::now() < spin_until {
             std::hint::spin_loop();
         }
         let job = {
