@@ -15,8 +15,9 @@
 //! * A send / recv job only parks its op on its direction (`p2p`, `direction`): the thread
 //!   never waits for a peer's send / recv. Parked ops are serviced ([`Tracker::service`])
 //!   between jobs, while the queue is empty (polling every 100 us) and inside every wait of
-//!   the thread for peers (a collective's header exchange), so a pending send / recv and a
-//!   collective never hold each other back. When the queue is closed with ops still parked,
+//!   the thread for peers (a collective's header exchange, which first parks the sends /
+//!   recvs queued behind its job: [`Tracker::service_waiting`]), so a pending send / recv and
+//!   a collective never hold each other back. When the queue is closed with ops still parked,
 //!   they get [`DROP_GRACE`], then their communicators are aborted and they fail.
 //! * Every step of a job is bounded by the job's deadline (its start here + the world's op
 //!   timeout; a header wait counts from when the stream reached it, see
