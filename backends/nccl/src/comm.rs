@@ -207,6 +207,85 @@ pub(crate) struct Comm {
     abort_requested: AtomicBool,
     /// Where the teardown runs (see [`Comm::set_teardown`]); unset: on the dropping thread.
     teardown_via: OnceLock<TeardownVia>,
+    /// The stream its NCCL calls are enqueued on: the device's shared stream, or (a direction
+    /// communicator of point-to-point, see `direction`) a stream of its own, `own_stream`.
+    pub stream: sys::cudaStream_t,
+    own_stream: Option<Arc<OwnedStream>>,
+    /// Communicators that live and die with this one (its point-to-point directions): an
+    /// abort of this one aborts them too.
+    children: Mutex<Vec<std::sync::Weak<Comm>>>,
+}
+
+// SAFETY: the raw handles (communicator under its mutex, stream) may be used from any thread
+// of the process; NCCL's one-thread-per-communicator rule is kept by the progress thread.
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+/// A CUDA stream of a direction communicator, destroyed when its communicator and teardown are
+/// done with it (the driver frees it once its pending work has finished).
+pub(crate) struct OwnedStream(pub cudarc::driver::sys::CUstream);
+unsafe impl Send for OwnedStream {}
+unsafe impl Sync for OwnedStream {}
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = cudarc::driver::result::stream::destroy(self.0);
+        }
+    }
+}
+
+/// A direction communicator whose `ncclCommInitRankConfig` (non-blocking) is in progress;
+/// aborted if dropped before it is ready.
+pub(crate) struct PendingInit {
+    raw: RawComm,
+    dev: Arc<Device>,
+    rank: usize,
+    lib_version: i32,
+}
+
+impl PendingInit {
+    /// One look: `Some(Ok(comm))` ready (on a new stream of its own), `Some(Err)` failed (and
+    /// aborted), `None` still in progress.
+    pub fn poll(&mut self) -> Option<Result<Comm, String>> {
+        let mut state = sys::ncclResult_t::ncclInProgress;
+        let r = unsafe { sys::ncclCommGetAsyncError(self.raw.0, &mut state) };
+        let failed = |e: sys::ncclResult_t| format!("ncclCommInitRankConfig (direction): {}: {}", err_string(e), last_error(self.raw.0));
+        let err = if r != sys::ncclResult_t::ncclSuccess {
+            failed(r)
+        } else {
+            match state {
+                sys::ncclResult_t::ncclInProgress => return None,
+                sys::ncclResult_t::ncclSuccess => {
+                    let stream = match cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let raw = std::mem::replace(&mut self.raw, RawComm(std::ptr::null_mut()));
+                            abort_raw(raw.0);
+                            return Some(Err(crate::cuda::derr("cuStreamCreate (direction)", e)));
+                        }
+                    };
+                    let raw = std::mem::replace(&mut self.raw, RawComm(std::ptr::null_mut()));
+                    let mut c = Comm::from_raw(self.dev.clone(), 2, self.rank, false, self.lib_version, raw);
+                    c.stream = stream as sys::cudaStream_t;
+                    c.own_stream = Some(Arc::new(OwnedStream(stream)));
+                    return Some(Ok(c));
+                }
+                e => failed(e),
+            }
+        };
+        let raw = std::mem::replace(&mut self.raw, RawComm(std::ptr::null_mut()));
+        abort_raw(raw.0);
+        Some(Err(err))
+    }
+}
+
+impl Drop for PendingInit {
+    fn drop(&mut self) {
+        if !self.raw.0.is_null() {
+            let raw = std::mem::replace(&mut self.raw, RawComm(std::ptr::null_mut()));
+            abort_raw(raw.0);
+        }
+    }
 }
 
 fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
@@ -300,17 +379,61 @@ impl Comm {
                 }
             }
         }
-        Ok(Comm {
+        Ok(Comm::from_raw(dev, nranks, rank, blocking, lib_version, RawComm(raw)))
+    }
+
+    fn from_raw(dev: Arc<Device>, nranks: usize, rank: usize, blocking: bool, lib_version: i32, raw: RawComm) -> Comm {
+        let stream = dev.stream as sys::cudaStream_t;
+        Comm {
             dev,
             nranks,
             rank,
             blocking,
             lib_version,
-            inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
+            inner: Mutex::new(Inner { raw, aborted: None }),
             reason: Mutex::new(None),
             abort_requested: AtomicBool::new(false),
             teardown_via: OnceLock::new(),
-        })
+            stream,
+            own_stream: None,
+            children: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts a non-blocking `ncclCommInitRankConfig` of a two-rank direction communicator
+    /// (see `direction`); [`PendingInit::poll`] finishes it. Never waits for the peer.
+    pub fn start_init(dev: Arc<Device>, rank: usize, id: sys::ncclUniqueId, lib_version: i32) -> Result<PendingInit, String> {
+        dev.bind()?;
+        let mut cfg = config(false, lib_version);
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        let r = unsafe { sys::ncclCommInitRankConfig(&mut raw, 2, id, rank as i32, &mut cfg) };
+        if let Err(e) = ok_or_progress(r) {
+            if !raw.is_null() {
+                abort_raw(raw);
+            }
+            return Err(format!("ncclCommInitRankConfig (direction): {}", err_string(e)));
+        }
+        if raw.is_null() {
+            return Err("ncclCommInitRankConfig (direction) returned no communicator".into());
+        }
+        Ok(PendingInit { raw: RawComm(raw), dev, rank, lib_version })
+    }
+
+    /// Makes `child` live and die with this communicator: an abort of this one aborts it too
+    /// (at once, if this one is aborted already).
+    pub fn adopt(&self, child: &Arc<Comm>) {
+        self.children.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(child));
+        if let Some(why) = self.aborted() {
+            child.abort(format!("its parent communicator was aborted: {why}"));
+        }
+    }
+
+    /// Aborts every child communicator (see [`Comm::adopt`]).
+    fn abort_children(&self, reason: &str) {
+        let kids: Vec<Arc<Comm>> = self.children.lock().unwrap_or_else(|e| e.into_inner()).drain(..).filter_map(|w| w.upgrade()).collect();
+        for k in kids {
+            k.abort(format!("its parent communicator was aborted: {reason}"));
+        }
     }
 
     /// `ncclCommSplit` (collective over this communicator). `None` for ranks not in the new group.
@@ -374,17 +497,7 @@ impl Comm {
                 return Err(LaunchError::Timeout);
             }
         }
-        Ok(Some(Comm {
-            dev: self.dev.clone(),
-            nranks: new_nranks,
-            rank: key,
-            blocking: self.blocking,
-            lib_version: self.lib_version,
-            inner: Mutex::new(Inner { raw: RawComm(raw), aborted: None }),
-            reason: Mutex::new(None),
-            abort_requested: AtomicBool::new(false),
-            teardown_via: OnceLock::new(),
-        }))
+        Ok(Some(Comm::from_raw(self.dev.clone(), new_nranks, key, self.blocking, self.lib_version, RawComm(raw))))
     }
 
     /// Runs `calls` (NCCL calls on the communicator and stream) as one group and waits, up to
@@ -410,7 +523,7 @@ impl Comm {
             return Err(LaunchError::Aborted(why));
         }
         let comm = inner.raw.0;
-        let stream = self.dev.stream as sys::cudaStream_t;
+        let stream = self.stream;
         let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
         if !premul.is_empty() {
             let f = red_fns().map_err(LaunchError::Nccl)?;
@@ -498,6 +611,57 @@ impl Comm {
         }
     }
 
+    /// Enqueues `calls` as one group without waiting for NCCL to accept it (a non-blocking
+    /// communicator may finish it in the background, e.g. while it connects to the peer, which
+    /// needs the peer's side): `Ok(true)` still in progress — poll [`Comm::group_ready`] before
+    /// anything else is enqueued on this communicator or its stream. For the direction
+    /// communicators of point to point, whose first group MUST NOT hold the progress thread
+    /// while the peer is busy elsewhere.
+    pub fn launch_nowait(
+        &self,
+        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), (String, sys::ncclResult_t)>,
+    ) -> Result<bool, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        if let Some(why) = self.aborted() {
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        let comm = inner.raw.0;
+        let start = unsafe { sys::ncclGroupStart() };
+        if let Err(e) = ok_or_progress(start) {
+            return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
+        }
+        let body = calls(comm, self.stream);
+        let end = unsafe { sys::ncclGroupEnd() };
+        match (body, ok_or_progress(end)) {
+            (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
+            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
+            (Ok(()), Ok(pending)) => Ok(pending || !self.blocking),
+        }
+    }
+
+    /// Whether the group [`Comm::launch_nowait`] started has been accepted (`Ok(true)`); an
+    /// error or an abort is `Err`.
+    pub fn group_ready(&self) -> Result<bool, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        let mut state = sys::ncclResult_t::ncclInProgress;
+        let r = unsafe { sys::ncclCommGetAsyncError(inner.raw.0, &mut state) };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Err(LaunchError::Nccl(format!("ncclCommGetAsyncError: {}", err_string(r))));
+        }
+        match state {
+            sys::ncclResult_t::ncclInProgress => Ok(false),
+            sys::ncclResult_t::ncclSuccess => Ok(true),
+            e => Err(LaunchError::Nccl(format!("NCCL async error: {}: {}", err_string(e), last_error(inner.raw.0)))),
+        }
+    }
+
     /// The communicator's asynchronous error, if any (a remote peer gone, a failed kernel...).
     /// Never waits: `None` while another thread is inside an NCCL call on the communicator.
     pub fn async_error(&self) -> Option<String> {
@@ -545,7 +709,7 @@ impl Comm {
                 Ok(g) => return self.abort_locked(g, reason),
                 Err(std::sync::TryLockError::Poisoned(e)) => return self.abort_locked(e.into_inner(), reason),
                 Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
-                Err(std::sync::TryLockError::WouldBlock) => return,
+                Err(std::sync::TryLockError::WouldBlock) => return self.abort_children(&reason),
             }
         }
     }
@@ -558,13 +722,14 @@ impl Comm {
         if inner.aborted.is_some() {
             return;
         }
-        inner.aborted = Some(reason);
+        inner.aborted = Some(reason.clone());
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
         drop(inner);
         if !raw.0.is_null() {
             let _ = self.dev.bind();
             abort_raw(raw.0);
         }
+        self.abort_children(&reason);
     }
 
     /// Takes the communicator out for teardown (later uses report it destroyed); `None` when
@@ -578,7 +743,7 @@ impl Comm {
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         drop(inner);
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
-        Some(Teardown { raw, dev: self.dev.clone() })
+        Some(Teardown { raw, dev: self.dev.clone(), stream: self.stream, _own_stream: self.own_stream.clone() })
     }
 
     /// Where this communicator's teardown runs: the rank's progress thread (set by the
@@ -596,7 +761,12 @@ pub(crate) type TeardownVia = Box<dyn Fn(Teardown) -> Result<(), Teardown> + Sen
 pub(crate) struct Teardown {
     raw: RawComm,
     dev: Arc<Device>,
+    /// The communicator's stream (checked idle first), kept alive until the teardown is done.
+    stream: sys::cudaStream_t,
+    _own_stream: Option<Arc<OwnedStream>>,
 }
+// SAFETY: raw handles, usable from any thread (run on the progress thread or the dropping one).
+unsafe impl Send for Teardown {}
 
 impl Teardown {
     /// Finalize + destroy when the stream is idle, abort otherwise; bounded (5 s, then abort).
@@ -608,7 +778,11 @@ impl Teardown {
             return;
         }
         // Work still queued (an un-waited collective whose peer never came) → abort at once.
-        let idle = matches!(self.dev.sync_until(Instant::now() + Duration::from_millis(200)), Ok(true));
+        let idle = matches!(
+            crate::cuda::Event::record_on(self.stream as cudarc::driver::sys::CUstream)
+                .and_then(|e| e.wait_until(Instant::now() + Duration::from_millis(200))),
+            Ok(true)
+        );
         if !idle {
             abort_raw(raw.0);
             return;
@@ -698,7 +872,8 @@ impl NcclBackend {
         validate: bool,
         init_time: Duration,
         gpus: usize,
-        store: Option<concord_store::Store>,
+        store: Option<Arc<concord_store::Store>>,
+        p2p_key: String,
         progress: Option<Arc<Progress>>,
         faults: crate::fault::Faults,
     ) -> std::result::Result<NcclBackend, String> {
@@ -710,7 +885,7 @@ impl NcclBackend {
         comm.set_teardown(progress.teardown_via());
         let comm = Arc::new(comm);
         let faults = Arc::new(faults);
-        let chan = Channel::new(comm.clone(), op_timeout, faults.clone())?;
+        let chan = Channel::new(comm.clone(), op_timeout, faults.clone(), store.clone(), p2p_key, progress.teardown_via())?;
         let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         Ok(NcclBackend {
             progress,
@@ -729,7 +904,7 @@ impl NcclBackend {
             barrier_buf,
             init_time,
             gpus,
-            _store: store,
+            store,
         })
     }
 
@@ -796,8 +971,28 @@ impl NcclBackend {
         };
         let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline).map_err(|e| fail("communicator", e))?;
         let init_time = started.elapsed();
-        NcclBackend::from_comm(comm, "nccl".into(), world.op_timeout, validate, init_time, info.gpus, Some(store), None, faults)
-            .map_err(|e| fail("side buffers", e))
+        // Names this communicator in the store (its point-to-point directions meet under it):
+        // the world's id and this init's unique id, so a re-init in the same world never meets
+        // an earlier one's keys.
+        let p2p_key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            id.internal.hash(&mut h);
+            format!("concord/nccl/{}/p2p/{:016x}", world.world_id, h.finish())
+        };
+        NcclBackend::from_comm(
+            comm,
+            "nccl".into(),
+            world.op_timeout,
+            validate,
+            init_time,
+            info.gpus,
+            Some(Arc::new(store)),
+            p2p_key,
+            None,
+            faults,
+        )
+        .map_err(|e| fail("side buffers", e))
     }
 
     pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {
@@ -851,7 +1046,9 @@ impl NcclBackend {
             self.validating(),
             started.elapsed(),
             self.gpus,
-            None,
+            self.store.clone(),
+            // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls).
+            format!("{}/g{}", self.chan.p2p_key, o.cseq),
             Some(self.progress.clone()),
             crate::fault::Faults::default(),
         )

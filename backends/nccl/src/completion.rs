@@ -120,8 +120,11 @@ impl NcclCompletion {
                     // (`Comm::abort`), and read after the query, so `None` here means the op
                     // completed on its own.
                     Ok(true) => {
+                        // A send / recv also trusts its direction's communicator (a child of
+                        // `comm`, aborted with it).
+                        let side = l.side.as_ref().and_then(|c| c.aborted());
                         drop(stage);
-                        if let Some(why) = self.comm.aborted() {
+                        if let Some(why) = self.comm.aborted().or(side) {
                             return Some(self.finish(Err(CollectiveError::Aborted(format!(
                                 "{} #{} on rank {}: the communicator was aborted before this op's completion was \
                                  observed ({why}); its output is not trusted",
@@ -149,7 +152,18 @@ impl NcclCompletion {
             );
         }
         if self.issued.elapsed() > Duration::from_millis(10) {
-            if let Some(err) = self.comm.async_error() {
+            let side = match &*self.ticket.lock() {
+                Stage::Launched(l) => l.side.clone(),
+                _ => None,
+            };
+            if let Some(why) = side.as_ref().and_then(|c| c.aborted()) {
+                self.comm.abort(format!("{} #{} on rank {}: its direction communicator was aborted ({why})", self.op, self.seq, self.rank));
+                return Some(self.finish(Err(CollectiveError::Aborted(format!(
+                    "{} #{} on rank {} cannot complete: {why}",
+                    self.op, self.seq, self.rank
+                )))));
+            }
+            if let Some(err) = self.comm.async_error().or_else(|| side.and_then(|c| c.async_error())) {
                 let why = format!("{} #{} on rank {}: NCCL reported {err}", self.op, self.seq, self.rank);
                 self.comm.abort(why.clone());
                 return Some(self.finish(Err(CollectiveError::Aborted(format!("{why}; communicator aborted")))));

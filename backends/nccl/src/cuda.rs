@@ -307,7 +307,7 @@ impl Device {
     }
 
     /// Allocates `bytes` (at least 1) ordered on `stream` (with memory pools; else synchronous).
-    fn alloc_on(self: &Arc<Self>, stream: sys::CUstream, bytes: usize) -> Result<DevMem, String> {
+    pub(crate) fn alloc_on(self: &Arc<Self>, stream: sys::CUstream, bytes: usize) -> Result<DevMem, String> {
         self.bind()?;
         let n = bytes.max(1);
         let ptr = unsafe {
@@ -378,7 +378,7 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    fn record_on(stream: sys::CUstream) -> Result<Event, String> {
+    pub(crate) fn record_on(stream: sys::CUstream) -> Result<Event, String> {
         let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
         let ev = Event(ev);
         unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;

@@ -151,6 +151,31 @@ pub fn validate_pair(mine: &[u64], theirs: &[u64], me: usize, peer: usize) -> Ve
     concord_core::validate_pair(&a, &b, ws, &caps()).map_err(|e| (e.kind, e.detail))
 }
 
+/// How a send / recv pair stands once both headers are known (the same on both ranks).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PairVerdict {
+    Agree,
+    /// The peer (this rank) failed its side locally after issuing it ([`Header::failed`]).
+    PeerFailed(usize),
+    /// The pair rule's named error ([`validate_pair`]).
+    Bad(BadInputKind, String),
+}
+
+/// The one decision for a send / recv pair: a side that failed locally first (the other side
+/// names it), then [`validate_pair`]. `me` / `peer` are ranks.
+pub fn pair_verdict(mine: &[u64], theirs: &[u64], me: usize, peer: usize) -> PairVerdict {
+    if theirs.get(W_ERR) == Some(&FAILED) {
+        return PairVerdict::PeerFailed(peer);
+    }
+    if mine.get(W_ERR) == Some(&FAILED) {
+        return PairVerdict::PeerFailed(me);
+    }
+    match validate_pair(mine, theirs, me, peer) {
+        Ok(()) => PairVerdict::Agree,
+        Err((k, d)) => PairVerdict::Bad(k, d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

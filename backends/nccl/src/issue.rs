@@ -7,7 +7,7 @@ use crate::comm::Comm;
 use crate::completion::NcclCompletion;
 use crate::header::Header;
 use crate::ops::Local;
-use crate::worker::{Channel, Check, Job, Launch, OpId, Progress, Ticket};
+use crate::worker::{Channel, Check, Job, Launch, OpId, P2pData, P2pJob, Progress, Ticket};
 use crate::NcclBackend;
 use concord_core::{progress, BadInput, BadInputKind, CollectiveError, Result, Work, WorkMeta};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,8 +49,8 @@ pub(crate) struct Unsent {
     progress: Arc<Progress>,
     chan: Arc<Channel>,
     hdr: Header,
-    /// `Some(peer)` for a send / recv (a header swap), `None` for a collective.
-    peer: Option<usize>,
+    /// `Some((peer, is_send))` for a send / recv (a header swap), `None` for a collective.
+    peer: Option<(usize, bool)>,
 }
 
 impl Drop for Op {
@@ -59,11 +59,14 @@ impl Drop for Op {
         if u.chan.comm.aborted().is_some() {
             return;
         }
-        let check = match u.peer {
-            Some(p) => Check::Pair(u.hdr.failed(), p),
-            None => Check::All(u.hdr.failed()),
+        let job = match u.peer {
+            // Parked without a ticket: its header goes marked failed.
+            Some((peer, send)) => {
+                Job::P2p(P2pJob { chan: u.chan.clone(), id: self.id(), hdr: Some(u.hdr), peer, send, data: None, ticket: None })
+            }
+            None => Job::Op { chan: u.chan.clone(), id: self.id(), check: Check::All(u.hdr.failed()), launch: None, ticket: None },
         };
-        u.progress.submit(Job::Op { chan: u.chan.clone(), id: self.id(), check, launch: None, ticket: None });
+        u.progress.submit(job);
     }
 }
 
@@ -142,7 +145,7 @@ impl NcclBackend {
     }
 
     /// Arms `op`'s drop to send `hdr` marked failed (see [`Op::unsent`]); `submit` disarms it.
-    pub(crate) fn arm(&self, op: &Op, hdr: &Header, peer: Option<usize>) {
+    pub(crate) fn arm(&self, op: &Op, hdr: &Header, peer: Option<(usize, bool)>) {
         if self.validating() {
             *op.unsent.borrow_mut() = Some(Unsent { progress: self.progress.clone(), chan: self.chan.clone(), hdr: hdr.clone(), peer });
         }
@@ -184,6 +187,41 @@ impl NcclBackend {
         self.alive(&op)?;
         let ticket = Ticket::new();
         self.progress.submit(Job::Op { chan: self.chan.clone(), id: op.id(), check, launch, ticket: Some(ticket.clone()) });
+        Ok(self.pending(op, value, ticket))
+    }
+
+    /// Queues a send / recv for the progress thread, which parks it on its direction (see
+    /// `p2p`), and returns its pending [`Work`] at once.
+    pub(crate) fn submit_p2p<T>(
+        &self,
+        mut op: Op,
+        value: T,
+        hdr: Header,
+        peer: usize,
+        send: bool,
+        data: Option<P2pData>,
+    ) -> Result<Work<T>> {
+        op.unsent.get_mut().take();
+        let hdr = self.validating().then_some(hdr);
+        if hdr.is_none() && data.is_none() {
+            return Ok(self.done(op, value));
+        }
+        self.alive(&op)?;
+        let ticket = Ticket::new();
+        self.progress.submit(Job::P2p(P2pJob {
+            chan: self.chan.clone(),
+            id: op.id(),
+            hdr,
+            peer,
+            send,
+            data,
+            ticket: Some(ticket.clone()),
+        }));
+        Ok(self.pending(op, value, ticket))
+    }
+
+    /// The pending [`Work`] of `op`, whose job holds `ticket`.
+    fn pending<T>(&self, mut op: Op, value: T, ticket: Arc<Ticket>) -> Work<T> {
         op.flight.armed = false;
         let completion = NcclCompletion {
             comm: self.comm().clone(),
@@ -199,7 +237,7 @@ impl NcclBackend {
             tracker: self.progress.tracker(),
             progress_open: AtomicBool::new(true),
         };
-        Ok(Work::new(value, Arc::new(completion), self.meta(&op), &self.counter))
+        Work::new(value, Arc::new(completion), self.meta(&op), &self.counter)
     }
 }
 

@@ -30,16 +30,32 @@
 //!   inputs end on *every* rank in the same
 //!   named [`CollectiveError::BadInput`] (at wait) instead of an NCCL hang or silent truncation.
 //!   A rank that rejected its input at issue still sends its header, marked with the error, so
-//!   its peers fail too and the sequence stays in step. Send/recv pairs exchange headers between
-//!   the two peers. Option `validate=0` turns this off (then
-//!   `capabilities().validates_across_ranks` is false). With validation on, op k+1 is launched
-//!   only after op k's headers have been exchanged. Op k+1's header exchange is ordered on the
-//!   NCCL stream after op k's kernels, so validated ops do not overlap (letting headers overlap
+//!   its peers fail too and the sequence stays in step. Option `validate=0` turns this off (then
+//!   `capabilities().validates_across_ranks` is false). With validation on, collective k+1 is
+//!   launched only after collective k's headers have been exchanged. Its header exchange is
+//!   ordered on the NCCL stream after collective k's kernels, so validated collectives do not
+//!   overlap (send / recv are the exception, below: their headers go on their directions' own
+//!   communicators; letting collectives' headers overlap
 //!   would need a second communicator per group on a stream of its own, with NCCL's rules for
 //!   communicators used concurrently: not done). A rank that fails locally *after* issuing
 //!   an op (an out-of-memory allocating the output, a refused reduce op) still sends the op's
 //!   header, marked failed, so every peer ends that op in one named error naming the rank
 //!   (never a timeout), and the sequence stays in step.
+//! * **Point to point.** `send` / `recv` do not use the shared stream: every ordered pair
+//!   `src -> dst` of a communicator (world or subgroup) gets a two-rank NCCL communicator of its
+//!   own, on a stream of its own, created lazily by both ranks on first use (unique id through
+//!   the world's store under a key naming the parent communicator, src and dst; non-blocking
+//!   init, polled). The progress thread parks a send / recv on its direction and goes on with
+//!   the next job; parked ops move (header swap with the peer on the direction, the pair rule
+//!   of the core rule table, then the data) between jobs, while idle and inside every wait of
+//!   the thread, so the `k`-th send from `a` to `b` meets the `k`-th recv on `b` from `a`, in
+//!   order, and a pending send / recv never holds back a collective or another direction, nor
+//!   the other way round (see `p2p`, `direction`). A size or dtype mismatch is the same
+//!   [`CollectiveError::BadInput`] on both ranks. An abort of a communicator aborts its
+//!   directions; a send / recv that times out (its peer never posted the matching op) aborts
+//!   its communicator, as a collective's does. A send / recv's data waits for nothing on the
+//!   shared stream (MPI's rule: an op's buffers are the caller's again only after its wait), and
+//!   a send / recv queued behind a collective that waits for its peers is parked at once.
 //! * **Completion.** A [`Work`] completes once its job has launched and a CUDA event recorded
 //!   after the op has completed; `is_completed()` is false while the job waits for its peers.
 //!   A completion is trusted only when it was observed before any abort of its communicator:
@@ -90,6 +106,8 @@
 //!   `ncclCommInitRankConfig` on the caller's thread, before the progress thread exists;
 //!   `ncclCommGetAsyncError`, a state query, is polled by whichever thread waits, with a
 //!   `try_lock` on the communicator so it never runs during another call on it;
+//!   The direction communicators of point to point are created (`ncclGetUniqueId`,
+//!   non-blocking `ncclCommInitRankConfig`) and used by the progress thread too.
 //!   `ncclCommAbort` — whose purpose is to end a hung communicator from another thread — runs
 //!   on a short-lived `nccl-abort` thread, taking the communicator's lock (requested, see
 //!   **Abort**); `ncclCommDestroy` after a successful finalize (it then only frees this
@@ -106,6 +124,8 @@
 //! by the core rule table's local rules), `launch` (the NCCL launch builders), `issue` (op
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
 //! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
+//! `p2p` (send / recv matching and scheduling per direction, pure, tested with simulated ranks),
+//! `direction` (the direction communicators of point to point),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
 //! (device, streams, memory), `fault` (the fault hooks), `fused_plan` (the fused ops' pure
 //! geometry: steps, pieces, GEMM descriptors; unit-tested without a GPU) and `fused_gpu` (those
@@ -134,6 +154,7 @@ mod buffer;
 mod comm;
 mod completion;
 mod cuda;
+mod direction;
 mod dtype;
 mod fault;
 mod fused_gpu;
@@ -142,6 +163,8 @@ pub mod header;
 mod issue;
 mod launch;
 mod ops;
+
+mod p2p;
 pub mod reference;
 pub mod timing;
 mod worker;
@@ -203,7 +226,8 @@ pub struct NcclBackend {
     barrier_buf: NcclBuffer,
     init_time: Duration,
     gpus: usize,
-    _store: Option<concord_store::Store>,
+    /// The world's store (shared with subgroups): point-to-point directions meet through it.
+    store: Option<Arc<concord_store::Store>>,
 }
 
 impl NcclBackend {

@@ -8,7 +8,7 @@ use crate::dtype::{move_type, nccl_dtype, red_of, Red};
 use crate::header::Header;
 use crate::issue::Op;
 use crate::launch::{keep, p2p_launch};
-use crate::worker::{check, Check, Launch};
+use crate::worker::{check, Check, Launch, P2pData};
 use crate::{comm::red_fns, NcclBackend, NcclBuffer};
 use concord_core::{validate_local, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc, Variant, Work};
 use cudarc::nccl::sys as nccl;
@@ -56,8 +56,8 @@ impl NcclBackend {
     }
 
     /// The shared part of `send` / `recv` (`name`): the peer check, the header paired with the
-    /// peer's, and one ncclSend / ncclRecv of the whole buffer (none when it is empty).
-    pub(crate) fn point_to_point(&self, name: &'static str, buf: &NcclBuffer, peer: usize) -> Result<(Op, Check, Option<Launch>)> {
+    /// peer's on their direction (see `p2p`), and the whole buffer to move (none when empty).
+    pub(crate) fn point_to_point(&self, name: &'static str, buf: &NcclBuffer, peer: usize) -> Result<(Op, Header, Option<P2pData>)> {
         let o = self.begin(name, false)?;
         let is_send = name == "send";
         let op = if is_send { CallOp::Send } else { CallOp::Recv };
@@ -65,9 +65,9 @@ impl NcclBackend {
         // No exchange for a local error: the pair's peer may not even be a rank.
         let local = validate_local(&d, self.ws, &self.issue_caps()).and_then(|()| Header::new(self.ws, &d));
         let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
-        self.arm(&o, &mine, Some(peer));
-        let launch = (buf.numel() > 0).then(|| p2p_launch(vec![(is_send, buf.ptr(), buf.numel(), peer)], buf.dtype, keep(&[buf])));
-        Ok((o, Check::Pair(mine, peer), launch))
+        self.arm(&o, &mine, Some((peer, is_send)));
+        let data = (buf.numel() > 0).then(|| P2pData { ptr: buf.ptr(), n: buf.numel(), dtype: buf.dtype, keep: keep(&[buf]) });
+        Ok((o, mine, data))
     }
 
     pub(crate) fn all_reduce_impl(&self, name: &'static str, x: &NcclBuffer, op: ReduceOp, in_place: bool) -> Result<Work<NcclBuffer>> {
@@ -352,13 +352,13 @@ impl NcclBackend {
     }
 
     pub(crate) fn send_impl(&self, x: &NcclBuffer, dst: usize) -> Result<Work<()>> {
-        let (o, check, launch) = self.point_to_point("send", x, dst)?;
-        self.submit(o, (), check, launch)
+        let (o, hdr, data) = self.point_to_point("send", x, dst)?;
+        self.submit_p2p(o, (), hdr, dst, true, data)
     }
 
     pub(crate) fn recv_impl(&self, out: &NcclBuffer, src: usize) -> Result<Work<NcclBuffer>> {
-        let (o, check, launch) = self.point_to_point("recv", out, src)?;
-        self.submit(o, out.clone(), check, launch)
+        let (o, hdr, data) = self.point_to_point("recv", out, src)?;
+        self.submit_p2p(o, out.clone(), hdr, src, false, data)
     }
 
     pub(crate) fn barrier_impl(&self) -> Result<Work<()>> {

@@ -12,6 +12,13 @@
 //! Contracts:
 //! * Jobs run one at a time in submission order, so every rank launches in issue order, on
 //!   every communicator (a subgroup's op queued after a world op is launched after it).
+//! * A send / recv job only parks its op on its direction (`p2p`, `direction`): the thread
+//!   never waits for a peer's send / recv. Parked ops are serviced ([`Tracker::service`])
+//!   between jobs, while the queue is empty (polling every 100 us) and inside every wait of
+//!   the thread for peers (a collective's header exchange, which first parks the sends /
+//!   recvs queued behind its job: [`Tracker::service_waiting`]), so a pending send / recv and
+//!   a collective never hold each other back. When the queue is closed with ops still parked,
+//!   they get [`DROP_GRACE`], then their communicators are aborted and they fail.
 //! * Every step of a job is bounded by the job's deadline (its start here + the world's op
 //!   timeout; a header wait counts from when the stream reached it, see
 //!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
@@ -31,8 +38,10 @@
 
 use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
+use crate::direction::{Data, NcclWire};
 use crate::fault::Faults;
-use crate::header::{failed_rank, header_len, parse_all, validate, validate_pair, Header};
+use crate::header::{failed_rank, header_len, parse_all, validate, Header};
+use crate::p2p::{Failure, Outcome, Parked, Scheduler};
 use concord_core::fault::{point, Action};
 use concord_core::{progress, BadInputKind, CollectiveError, Result};
 use cudarc::nccl::sys as nccl;
@@ -92,8 +101,6 @@ pub(crate) enum Check {
     None,
     /// All-gather of every rank's header, then [`validate`].
     All(Header),
-    /// Header swap with one peer (send / recv), then [`validate_pair`].
-    Pair(Header, usize),
 }
 
 /// Where a queued op stands.
@@ -117,6 +124,9 @@ pub(crate) struct Launched {
     /// The event of the op launched before it on the stream (`None`: nothing was pending):
     /// once complete, the stream has reached this op, and its deadline starts.
     pub behind: Option<Arc<Event>>,
+    /// A send / recv: the direction communicator it runs on (a child of the op's
+    /// communicator, see `direction`), also watched for errors and aborts.
+    pub side: Option<Arc<Comm>>,
 }
 
 /// Shared between a job (which sets it) and the op's completion (which reads it).
@@ -151,6 +161,41 @@ pub(crate) struct Channel {
     /// Injected faults (the world's channel only; see `fault`).
     pub faults: Arc<Faults>,
     side: Mutex<SideBufs>,
+    /// Point-to-point: the parked sends / receives by direction and the direction
+    /// communicators (see `p2p`, `direction`). Used by the progress thread only.
+    p2p: Mutex<(Scheduler<NcclWire, P2pToken>, NcclWire)>,
+    /// The store key naming this communicator (its directions' unique ids live under it).
+    pub p2p_key: String,
+}
+
+/// What a parked send / recv hands back with its outcome.
+pub(crate) struct P2pToken {
+    id: OpId,
+    ticket: Option<Arc<Ticket>>,
+    /// This rank's own failure (injected before the header), reported after the swap.
+    local: Option<CollectiveError>,
+}
+
+/// A send or receive handed to the progress thread (see `Job::P2p`).
+pub(crate) struct P2pJob {
+    pub chan: Arc<Channel>,
+    pub id: OpId,
+    /// The validation header (`None`: validation is off).
+    pub hdr: Option<Header>,
+    pub peer: usize,
+    pub send: bool,
+    /// What moves (`None`: an empty buffer, or the header of a failed op).
+    pub data: Option<P2pData>,
+    /// `None` for an op that failed locally after issue: only its header (marked failed) goes.
+    pub ticket: Option<Arc<Ticket>>,
+}
+
+/// The buffer of a send or receive.
+pub(crate) struct P2pData {
+    pub ptr: u64,
+    pub n: usize,
+    pub dtype: concord_core::DType,
+    pub keep: Vec<Arc<DevMem>>,
 }
 
 /// One unit of work for the progress thread.
@@ -158,6 +203,8 @@ pub(crate) enum Job {
     /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
     /// purpose is to tell the peers about an error this rank already returned at issue.
     Op { chan: Arc<Channel>, id: OpId, check: Check, launch: Option<Launch>, ticket: Option<Arc<Ticket>> },
+    /// A send or receive: parked on its direction (see `p2p`); the progress thread goes on.
+    P2p(P2pJob),
     /// `new_group`: header agreement (always), then `ncclCommSplit`.
     Split {
         chan: Arc<Channel>,
@@ -175,13 +222,13 @@ pub(crate) enum Job {
 impl Job {
     fn chan(&self) -> Option<&Arc<Channel>> {
         match self {
-            Job::Op { chan, .. } | Job::Split { chan, .. } => Some(chan),
+            Job::Op { chan, .. } | Job::Split { chan, .. } | Job::P2p(P2pJob { chan, .. }) => Some(chan),
             Job::Teardown(_) => None,
         }
     }
     fn id(&self) -> Option<OpId> {
         match self {
-            Job::Op { id, .. } | Job::Split { id, .. } => Some(*id),
+            Job::Op { id, .. } | Job::Split { id, .. } | Job::P2p(P2pJob { id, .. }) => Some(*id),
             Job::Teardown(_) => None,
         }
     }
@@ -189,7 +236,7 @@ impl Job {
     /// Marks the job started now (its deadlines count from here).
     fn start(&mut self, now: Instant) {
         match self {
-            Job::Op { id, ticket, .. } => {
+            Job::Op { id, ticket, .. } | Job::P2p(P2pJob { id, ticket, .. }) => {
                 id.started = Some(now);
                 if let Some(t) = ticket {
                     t.set(Stage::Running(now));
@@ -215,13 +262,25 @@ impl Job {
             Job::Split { chan, id, hdr, local, member, nranks, reply } => {
                 let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks, tracker));
             }
+            Job::P2p(j) => {
+                let chan = j.chan.clone();
+                chan.park(j);
+                tracker.activate(&chan);
+            }
             Job::Teardown(t) => t.run(),
         }
     }
 }
 
 impl Channel {
-    pub fn new(comm: Arc<Comm>, op_timeout: Duration, faults: Arc<Faults>) -> std::result::Result<Channel, String> {
+    pub fn new(
+        comm: Arc<Comm>,
+        op_timeout: Duration,
+        faults: Arc<Faults>,
+        store: Option<Arc<concord_store::Store>>,
+        p2p_key: String,
+        via: TeardownVia,
+    ) -> std::result::Result<Channel, String> {
         let dev = comm.dev.clone();
         let ws = comm.nranks;
         let hbytes = header_len(ws) * 8;
@@ -231,7 +290,11 @@ impl Channel {
             host_send: Pinned::new(&dev, hbytes)?,
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
-        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side) })
+        let staging = Pinned::new(&dev, crate::direction::staging_bytes(ws, hbytes))?;
+        let wire =
+            NcclWire { parent: comm.clone(), store, key: p2p_key.clone(), me: comm.rank, hdr_bytes: hbytes, via: Arc::new(via), staging };
+        let sched = Scheduler::new(comm.rank, op_timeout);
+        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side), p2p: Mutex::new((sched, wire)), p2p_key })
     }
 
     fn dev(&self) -> &Device {
@@ -293,6 +356,9 @@ impl Channel {
         let mut reached: Option<Instant> = None;
         let mut next_check = Instant::now() + Duration::from_millis(10);
         let outcome = poll_until(cap, || {
+            // Parked sends / receives (and those queued behind this job) move on while this
+            // collective waits: a peer may need one of them before it issues this collective.
+            tracker.service_waiting();
             match after.query() {
                 Ok(true) => return Some(Ok(())),
                 Err(e) => return Some(Err(Some(self.backend_err(id, e)))),
@@ -369,32 +435,6 @@ impl Channel {
         Ok(parse_all(&side.host_recv.as_slice()[..n * self.ws], self.ws))
     }
 
-    /// Exchanges headers with one peer (send/recv); returns the peer's header.
-    fn exchange_pair(&self, id: &OpId, hdr: &Header, peer: usize, tracker: &Tracker) -> Result<Vec<u64>> {
-        let deadline = self.deadline(id);
-        let bytes = hdr.to_bytes();
-        let n = bytes.len();
-        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
-        let side = &mut *side;
-        side.host_send.as_mut_slice()[..n].copy_from_slice(&bytes);
-        let (send, recv) = (side.dev_send.ptr, side.dev_recv.ptr);
-        let before = self.dev().record().map_err(|e| self.backend_err(id, e))?;
-        self.dev().htod(send, &side.host_send.as_slice()[..n]).map_err(|e| self.backend_err(id, e))?;
-        let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
-        self.comm
-            .launch(deadline, stall, &[], |c, s, _| unsafe {
-                let u8t = nccl::ncclDataType_t::ncclUint8;
-                check(nccl::ncclSend(send as *const c_void, n, u8t, peer as i32, c, s), "ncclSend (validation header)")?;
-                check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer as i32, c, s), "ncclRecv (validation header)")
-            })
-            .map_err(|e| self.launch_err(id, e))?;
-        self.dev().dtoh_pinned(&mut side.host_recv.as_mut_slice()[..n], recv).map_err(|e| self.backend_err(id, e))?;
-        let after = self.dev().record().map_err(|e| self.backend_err(id, e))?;
-        self.wait_header(id, tracker, &before, &after)?;
-        self.not_aborted(id)?;
-        Ok(parse_all(&side.host_recv.as_slice()[..n], 1).remove(0))
-    }
-
     /// `Err(Aborted)` once the communicator has been aborted (e.g. by a wait at the op deadline
     /// while this job's headers were in flight: what arrived then is not to be trusted).
     fn not_aborted(&self, id: &OpId) -> Result<()> {
@@ -422,17 +462,6 @@ impl Channel {
                     return Err(self.peer_failed(id, r));
                 }
                 validate(&all).map_err(|(k, d)| self.bad(id, k, d))?;
-            }
-            Check::Pair(hdr, peer) => {
-                let hdr = if local.is_some() { hdr.failed() } else { hdr };
-                let theirs = self.exchange_pair(id, &hdr, peer, tracker)?;
-                if let Some(e) = local {
-                    return Err(e);
-                }
-                if failed_rank(std::slice::from_ref(&theirs)).is_some() {
-                    return Err(self.peer_failed(id, peer));
-                }
-                validate_pair(&hdr.words, &theirs, self.rank, peer).map_err(|(k, d)| self.bad(id, k, d))?;
             }
         }
         if let Some(e) = local {
@@ -507,6 +536,93 @@ impl Channel {
         )
     }
 
+    /// Parks a send / recv on its direction (see `p2p`): checks and the fault hook before the
+    /// header; never waits for the peer.
+    fn park(&self, j: P2pJob) {
+        let P2pJob { id, hdr, peer, send, data, ticket, .. } = j;
+        let fail = |e: CollectiveError| {
+            if let Some(t) = &ticket {
+                t.set(Stage::Finished(Err(e)));
+            }
+        };
+        if let Err(e) = self.not_aborted(&id) {
+            return fail(e);
+        }
+        let local = match self.fault_point(&id, point::BEFORE_HEADER) {
+            Ok(l) => l,
+            Err(e) => return fail(e),
+        };
+        // The header of an op that failed locally after issue (no ticket) says so.
+        let failed = local.is_some() || ticket.is_none();
+        let hdr = hdr.map(|h| if failed { h.failed().words } else { h.words });
+        let data = data.filter(|_| !failed).map(|d| Data { send, ptr: d.ptr, n: d.n, dtype: d.dtype, keep: d.keep });
+        let op = Parked {
+            hdr,
+            peer,
+            send,
+            local: failed.then(|| local.as_ref().map_or_else(|| "failed locally after issue".to_string(), |e| e.to_string())),
+            payload: data,
+            started: id.started.unwrap_or(id.issued),
+            token: P2pToken { id, ticket, local },
+        };
+        self.p2p.lock().unwrap_or_else(|e| e.into_inner()).0.park(op);
+    }
+
+    /// Advances this communicator's parked sends / receives without waiting (see `p2p`) and
+    /// reports what settled to their tickets; `true` while something is left to do.
+    fn service_p2p(&self) -> bool {
+        let mut g = self.p2p.lock().unwrap_or_else(|e| e.into_inner());
+        let (sched, wire) = &mut *g;
+        let mut settled = Vec::new();
+        if let Some(why) = self.comm.aborted() {
+            settled = sched.fail_all(&why);
+        }
+        let polled = sched.poll(wire, Instant::now());
+        settled.extend(polled.settled);
+        if let Some(why) = &polled.abort {
+            // An abandoned header swap would pair with the peer's next one: end the
+            // communicator (its directions with it), as a collective's header timeout does.
+            self.comm.abort(format!("send/recv: {why}"));
+        }
+        let busy = sched.busy(wire);
+        drop(g);
+        for (tok, outcome) in settled {
+            self.settle(tok, outcome, polled.abort.is_some());
+        }
+        busy
+    }
+
+    fn settle(&self, tok: P2pToken, outcome: Outcome<Launched>, aborted_now: bool) {
+        let P2pToken { id, ticket, local } = tok;
+        let Some(ticket) = ticket else { return };
+        let stage = match outcome {
+            Outcome::Launched(l) => Stage::Launched(l),
+            Outcome::Agreed => Stage::Finished(Ok(())),
+            Outcome::Failed(f) => Stage::Finished(Err(match f {
+                Failure::Bad(k, d) => self.bad(&id, k, d),
+                Failure::PeerFailed(r) => self.peer_failed(&id, r),
+                Failure::Local(m) => local.unwrap_or_else(|| self.backend_err(&id, m)),
+                Failure::Timeout { what, waited } => CollectiveError::Timeout {
+                    op: id.name.to_string(),
+                    seq: id.seq,
+                    rank: self.rank,
+                    waited_ms: waited.as_millis() as u64,
+                    detail: format!(
+                        "{what} did not arrive before the op deadline of {} ms{}; this process is {}",
+                        self.op_timeout.as_millis(),
+                        if aborted_now { "; NCCL communicator aborted" } else { "" },
+                        progress::describe()
+                    ),
+                },
+                Failure::Wire(m) => {
+                    CollectiveError::Aborted(format!("nccl {} #{} on rank {}: {m}; NCCL communicator aborted", id.name, id.seq, self.rank))
+                }
+                Failure::Aborted(why) => self.aborted_err(&id, &why),
+            })),
+        };
+        ticket.set(stage);
+    }
+
     fn run_split(
         &self,
         id: &OpId,
@@ -549,6 +665,12 @@ pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<()
 /// the stream moves on, and the waiting op's own communicator is left alone.
 pub(crate) struct Tracker {
     launched: Mutex<VecDeque<Tracked>>,
+    /// Communicators with parked sends / receives (see `p2p`), serviced by the progress thread
+    /// between jobs, while idle and inside its waits ([`Tracker::service`]).
+    active: Mutex<Vec<Arc<Channel>>>,
+    any_active: AtomicBool,
+    /// The progress thread's queue, for [`Tracker::service_waiting`]'s look-ahead.
+    queue: std::sync::OnceLock<std::sync::Weak<Shared>>,
 }
 
 struct Tracked {
@@ -563,7 +685,79 @@ struct Tracked {
 
 impl Tracker {
     fn new() -> Tracker {
-        Tracker { launched: Mutex::new(VecDeque::new()) }
+        Tracker {
+            launched: Mutex::new(VecDeque::new()),
+            active: Mutex::new(Vec::new()),
+            any_active: AtomicBool::new(false),
+            queue: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// [`Tracker::service`] for a wait of the progress thread (a collective's header exchange):
+    /// first parks every send / recv queued behind the waiting job (in queue order, so each
+    /// direction keeps its issue order; nothing else is taken), so that `all_reduce; isend(1)`
+    /// on rank 0 against `irecv(0); wait; all_reduce` on rank 1 completes: rank 1 issues its
+    /// all_reduce only once rank 0's send, queued behind rank 0's all_reduce, has moved.
+    fn service_waiting(&self) -> bool {
+        if let Some(sh) = self.queue.get().and_then(|w| w.upgrade()) {
+            let is_p2p = |j: &Job| matches!(j, Job::P2p(_));
+            let ahead: Vec<Job> = {
+                let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+                if q.jobs.iter().any(is_p2p) {
+                    let (p2p, rest): (VecDeque<Job>, VecDeque<Job>) = q.jobs.drain(..).partition(is_p2p);
+                    q.jobs = rest;
+                    p2p.into()
+                } else {
+                    Vec::new()
+                }
+            };
+            sh.taken_ahead.fetch_add(ahead.len() as u64, Ordering::SeqCst);
+            for mut j in ahead {
+                j.start(Instant::now());
+                j.run(self); // parks it (counted as finished, like any parked send / recv)
+                sh.finished.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.service()
+    }
+
+    /// Marks `chan` as having parked sends / receives.
+    fn activate(&self, chan: &Arc<Channel>) {
+        let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if !a.iter().any(|c| Arc::ptr_eq(c, chan)) {
+            a.push(chan.clone());
+        }
+        self.any_active.store(true, Ordering::SeqCst);
+        drop(a);
+        self.service();
+    }
+
+    /// Advances every parked send / receive (progress thread only: it makes NCCL calls);
+    /// `true` while some are left.
+    pub fn service(&self) -> bool {
+        if !self.any_active.load(Ordering::SeqCst) {
+            return false;
+        }
+        let chans = self.active.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let idle: Vec<Arc<Channel>> = chans.into_iter().filter(|c| !c.service_p2p()).collect();
+        let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        a.retain(|c| !idle.iter().any(|i| Arc::ptr_eq(c, i)));
+        let any = !a.is_empty();
+        self.any_active.store(any, Ordering::SeqCst);
+        any
+    }
+
+    /// The backend is gone and parked sends / receives still wait for their peers: aborts
+    /// their communicators (they fail with the abort) and forgets them.
+    fn give_up(&self, why: &str) {
+        let chans = std::mem::take(&mut *self.active.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in &chans {
+            if c.comm.aborted().is_none() {
+                c.comm.abort(why.to_string());
+            }
+            c.service_p2p();
+        }
+        self.any_active.store(false, Ordering::SeqCst);
     }
 
     /// Drops the completed ops at the front and notes when the new front was reached.
@@ -584,7 +778,7 @@ impl Tracker {
         let at = Instant::now();
         let reached = behind.is_none().then_some(at);
         l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, timeout, reached });
-        Launched { ev, at, behind }
+        Launched { ev, at, behind, side: None }
     }
 
     /// Aborts the communicator of the running (oldest pending) op once it is past its deadline.
@@ -628,6 +822,8 @@ struct Shared {
     current: Mutex<Current>,
     exited: AtomicBool,
     tracker: Arc<Tracker>,
+    /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
+    taken_ahead: AtomicU64,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -646,7 +842,9 @@ impl Progress {
             current: Mutex::new(None),
             exited: AtomicBool::new(false),
             tracker: Arc::new(Tracker::new()),
+            taken_ahead: AtomicU64::new(0),
         });
+        let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nccl-progress-gpu{}", dev.ordinal))
@@ -717,9 +915,19 @@ impl Progress {
 fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
     let _ = dev.bind();
     let mut taken = 0u64;
+    // When the queue was first seen closed with sends / receives still parked.
+    let mut closed_at: Option<Instant> = None;
+    // Parked sends / receives move between jobs and while idle (and inside a job's waits).
+    let service = |sh: &Shared| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.tracker.service())).unwrap_or_else(|_| {
+            sh.tracker.give_up("the NCCL progress thread panicked while moving a send / recv");
+            false
+        })
+    };
     loop {
+        let mut busy = service(&sh);
         let spin_until = Instant::now() + SPIN;
-        while sh.queued.load(Ordering::SeqCst) == taken && Instant::now() < spin_until {
+        while sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) && Instant::now() < spin_until {
             std::hint::spin_loop();
         }
         let job = {
@@ -727,6 +935,22 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             loop {
                 if let Some(j) = q.jobs.pop_front() {
                     break Some(j);
+                }
+                if busy {
+                    if q.closed && closed_at.get_or_insert_with(Instant::now).elapsed() > DROP_GRACE {
+                        drop(q);
+                        sh.tracker.give_up("the backend was dropped while a send / recv still waited for its peer");
+                        busy = false;
+                        q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
+                    q = sh.cv.wait_timeout(q, Duration::from_micros(100)).unwrap_or_else(|e| e.into_inner()).0;
+                    if q.jobs.is_empty() {
+                        drop(q);
+                        busy = service(&sh);
+                        q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+                    }
+                    continue;
                 }
                 if q.closed {
                     q.stopped = true;
@@ -748,7 +972,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
-            Job::Op { ticket, .. } => ticket.clone(),
+            Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
             Job::Split { .. } | Job::Teardown(_) => None,
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
