@@ -35,15 +35,16 @@ PLAN=${PLAN:-full seed faults old table fused phases tune}
 for p in $PLAN; do case $p in
   full)     REPORT=$OUT/full CONCORD_CASE_TIMEOUT_MS=8000 step full 200 "$d/run-gpu.sh" nccl ;;
   seed)     for i in 1 2 3; do REPORT=$OUT/seed$i step seed$i 30 "$d/run-gpu.sh" nccl seed::c10d ; done ;;
-  p2p)      REPORT=$OUT/p2p CONCORD_CASE_TIMEOUT_MS=8000 step p2p 90 "$d/run-gpu.sh" nccl p2p:: send_recv recv_buffer autotune::builtin ;;
+  p2p)      REPORT=$OUT/p2p CONCORD_CASE_TIMEOUT_MS=8000 step p2p 90 "$d/run-gpu.sh" nccl -- p2p:: send_recv recv_buffer autotune::builtin ;;
   autotune) REPORT=$OUT/autotune step autotune 90 "$d/run-gpu.sh" nccl autotune ;;
-  fusedsuite) REPORT=$OUT/fusedsuite step fusedsuite 90 "$d/run-gpu.sh" nccl fused ;;
+  fusedsuite) REPORT=$OUT/fusedsuite step fusedsuite 90 "$d/run-gpu.sh" nccl ::fused:: ;;
   faults)   REPORT=$OUT/faults CONCORD_CASE_TIMEOUT_MS=8000 step faults 90 "$d/run-gpu.sh" nccl device_faults ;;
   old)      [ -x "$d/old/run-gpu.sh" ] && REPORT=$OUT/old-faults CONCORD_CASE_TIMEOUT_MS=8000 step old-faults 90 "$d/old/run-gpu.sh" nccl device_faults ;;
   table)    step table 200 "$d/run-gpu.sh" table --op all -b 8 -e 1G --json "$OUT/table.jsonl" --svg "$OUT/table.svg" ;;
   latency)  step latency 90 "$d/run-gpu.sh" table --op all_reduce -b 8 -e 64M -n 100 --no-plot
             step latency-blocking 90 "$d/run-gpu.sh" table --op all_reduce -b 8 -e 64M -n 100 --no-plot --opts blocking=1 ;;
-  fused)    step fused 90 "$d/run-gpu.sh" table --fused --json "$OUT/fused.jsonl" --no-plot ;;
+  fused)    step fused 90 "$d/run-gpu.sh" table --fused --json "$OUT/fused.jsonl" --no-plot
+            step fused-serial 60 "$d/run-gpu.sh" table --fused --no-plot --opts fused_overlap=serial ;;
   phases)   step phases 40 "$d/run-gpu.sh" bench --ranks 2 --phases
             step phases-blocking 40 "$d/run-gpu.sh" bench --ranks 2 --phases --opts blocking=1 ;;
   tune)     step tune 120 "$d/run-gpu.sh" tune --measure --timeout-phase ;;
