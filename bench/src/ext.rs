@@ -34,6 +34,11 @@ pub struct Clock<B> {
     pub elapsed: fn(&B, &Mark, &Mark, Duration) -> concord_core::Result<Duration>,
     /// How the time is taken, for the table's header and the JSON lines.
     pub describe: &'static str,
+    /// Whether marks also order the backend's send / recv. `false` (e.g. NCCL, whose send /
+    /// recv run on per-direction streams the marks are not recorded on): `sendrecv` is timed by
+    /// the host clock around the window's issues and waits instead, never by marks that would
+    /// not cover it.
+    pub covers_p2p: bool,
 }
 
 /// One step as a reference times it: the backend's step, placement, iterations and window.

@@ -319,7 +319,7 @@ fn clocked_hooks() -> Hooks<ShmBackend> {
         Ok(Box::new(FakeRef))
     }
     Hooks {
-        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1 ms per window" }),
+        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1 ms per window", covers_p2p: true }),
         reference: Some(make),
         data: Some(via_host()),
         ..Hooks::default()

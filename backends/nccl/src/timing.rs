@@ -1,7 +1,9 @@
 //! Device-side timing for benchmarks (additive: nothing here changes how a collective runs).
 //!
-//! * [`NcclBackend::mark`] records a timing CUDA event on the rank's one stream, ordered after
-//!   every op issued before the call and before every op issued after it returns. Issue is
+//! * [`NcclBackend::mark`] records a timing CUDA event on the rank's shared stream, ordered
+//!   after every collective issued before the call and before every collective issued after it
+//!   returns. Send / recv run on per-direction streams (`direction`) that marks do not order:
+//!   benchmarks time them by the host clock (`concord_bench::Clock::covers_p2p`). Issue is
 //!   asynchronous (the progress thread launches), so `mark` first waits, up to the op timeout,
 //!   until the progress thread has *launched* every earlier op — a host-side wait on launches,
 //!   never on the GPU: the ops may still be running when the event is recorded behind them. It
