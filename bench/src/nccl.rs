@@ -92,13 +92,13 @@ impl Reference for Raw {
 }
 
 fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Reference>, String> {
-    Ok(Box::new(Raw { raw: make_raw(b, world)? }))
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)? }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the
 /// backend itself (one broadcast of a flag byte and the id), then every rank joins the
 /// reference communicator (bounded wait). Collective: every rank calls it.
-pub fn make_raw(b: &NcclBackend, world: &WorldInfo) -> Result<RawNccl, String> {
+pub fn make_raw(b: &NcclBackend, world: &WorldInfo, blocking: bool) -> Result<RawNccl, String> {
     let mut bytes = vec![0u8; 129];
     let mut why = String::new();
     if b.rank() == 0 {
@@ -125,7 +125,12 @@ pub fn make_raw(b: &NcclBackend, world: &WorldInfo) -> Result<RawNccl, String> {
     std::thread::Builder::new()
         .name("nccl-ref-init".into())
         .spawn(move || {
-            let _ = tx.send(RawNccl::new(ordinal, rank, n, &id, timeout));
+            let raw = if blocking {
+                RawNccl::new(ordinal, rank, n, &id, timeout)
+            } else {
+                RawNccl::new_nonblocking(ordinal, rank, n, &id, timeout)
+            };
+            let _ = tx.send(raw);
         })
         .map_err(|e| format!("starting the reference's init thread: {e}"))?;
     let limit = timeout + Duration::from_secs(30);

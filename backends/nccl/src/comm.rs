@@ -148,7 +148,7 @@ fn last_error(comm: sys::ncclComm_t) -> String {
 }
 
 /// A config for `ncclCommInitRankConfig` / `ncclCommSplit` (NCCL_CONFIG_INITIALIZER + blocking).
-fn config(blocking: bool, lib_version: i32) -> sys::ncclConfig_t {
+pub(crate) fn config(blocking: bool, lib_version: i32) -> sys::ncclConfig_t {
     const UNDEF: i32 = i32::MIN;
     // SAFETY: a plain C struct of ints and pointers; every field is set below.
     let mut c: sys::ncclConfig_t = unsafe { std::mem::zeroed() };
@@ -297,7 +297,7 @@ fn ok_or_progress(r: sys::ncclResult_t) -> Result<bool, sys::ncclResult_t> {
 }
 
 /// How [`wait_ready`] ended.
-enum Ready {
+pub(crate) enum Ready {
     Done,
     Failed(sys::ncclResult_t),
     Deadline,
@@ -308,7 +308,7 @@ enum Ready {
 /// Polls a non-blocking communicator until its pending operation is done, the deadline passes
 /// or (with `abort`) an abort is requested. `stalled` (fault injection, `enqueue:stall`) treats
 /// the operation as still in progress.
-fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool, abort: Option<&AtomicBool>) -> Ready {
+pub(crate) fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool, abort: Option<&AtomicBool>) -> Ready {
     poll_until(deadline, || {
         if abort.is_some_and(|a| a.load(Ordering::SeqCst)) {
             return Some(Ready::AbortRequested);

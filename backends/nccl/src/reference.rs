@@ -1,6 +1,7 @@
 //! The raw NCCL reference of the benchmark: each collective called directly through cudarc's
 //! NCCL bindings in a tight loop on preallocated buffers, as nccl-tests does — its own
-//! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default) and its own stream on the
+//! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default; [`RawNccl::new_nonblocking`]
+//! for one configured as the backend's, polled after every call as NCCL requires) and its own stream on the
 //! rank's GPU, no progress thread, no validation, nothing checked — timed with CUDA events
 //! around back-to-back launches, window by window, exactly as the bench times the backend.
 //! Not a [`concord_core::Backend`]: a yardstick printed next to the backend's row.
@@ -91,6 +92,8 @@ pub struct RawNccl {
     rank: usize,
     nranks: usize,
     timeout: Duration,
+    /// `false`: a non-blocking communicator, polled after every call ([`RawNccl::ready`]).
+    blocking: bool,
 }
 
 /// `ncclGetUniqueId` (rank 0), as bytes to hand to every rank.
@@ -104,9 +107,11 @@ pub fn unique_id() -> Result<Vec<u8>, String> {
     Ok(id.internal.iter().map(|c| *c as u8).collect())
 }
 
+/// `Ok` for success, and for `ncclInProgress` (only a non-blocking communicator returns it; the
+/// caller then polls, [`RawNccl::ready`]).
 fn ok(r: nccl::ncclResult_t, what: &str) -> Result<(), String> {
     match r {
-        nccl::ncclResult_t::ncclSuccess => Ok(()),
+        nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress => Ok(()),
         e => Err(format!("{what}: {}", crate::comm::err_string(e))),
     }
 }
@@ -131,7 +136,19 @@ impl RawNccl {
     /// Joins the reference communicator: rank `rank` of `nranks` on visible GPU `ordinal`, with
     /// the id from [`unique_id`] on rank 0. `timeout` bounds every GPU wait.
     pub fn new(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        crate::comm::nccl_present()?;
+        Self::with_mode(ordinal, rank, nranks, id, timeout, true)
+    }
+
+    /// As [`RawNccl::new`], with a *non-blocking* communicator (`ncclConfig_t.blocking = 0`, the
+    /// backend's default): every call's `ncclInProgress` is polled with
+    /// `ncclCommGetAsyncError` until done before the next call, as NCCL requires. What NCCL's
+    /// non-blocking mode costs per launch, measured without the backend.
+    pub fn new_nonblocking(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
+        Self::with_mode(ordinal, rank, nranks, id, timeout, false)
+    }
+
+    fn with_mode(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration, blocking: bool) -> Result<RawNccl, String> {
+        let lib_version = crate::comm::nccl_present()?;
         if id.len() != 128 {
             return Err(format!("an NCCL unique id is 128 bytes, got {}", id.len()));
         }
@@ -142,8 +159,34 @@ impl RawNccl {
             *d = *s as _;
         }
         let mut comm: nccl::ncclComm_t = std::ptr::null_mut();
-        ok(unsafe { nccl::ncclCommInitRank(&mut comm, nranks as i32, uid, rank as i32) }, "ncclCommInitRank")?;
-        Ok(RawNccl { dev, comm, rank, nranks, timeout })
+        if blocking {
+            ok(unsafe { nccl::ncclCommInitRank(&mut comm, nranks as i32, uid, rank as i32) }, "ncclCommInitRank")?;
+        } else {
+            let mut cfg = crate::comm::config(false, lib_version);
+            let r = unsafe { nccl::ncclCommInitRankConfig(&mut comm, nranks as i32, uid, rank as i32, &mut cfg) };
+            if r != nccl::ncclResult_t::ncclInProgress {
+                ok(r, "ncclCommInitRankConfig (non-blocking)")?;
+            }
+            let raw = RawNccl { dev, comm, rank, nranks, timeout, blocking };
+            raw.ready("ncclCommInitRankConfig (non-blocking)")?;
+            return Ok(raw);
+        }
+        Ok(RawNccl { dev, comm, rank, nranks, timeout, blocking })
+    }
+
+    /// With a non-blocking communicator: polls until the last call is done (NCCL requires it
+    /// before the next call), up to the timeout. Nothing to do with a blocking one.
+    fn ready(&self, what: &str) -> Result<(), String> {
+        if self.blocking || self.comm.is_null() {
+            return Ok(());
+        }
+        match crate::comm::wait_ready(self.comm, Instant::now() + self.timeout, false, None) {
+            crate::comm::Ready::Done => Ok(()),
+            crate::comm::Ready::Failed(e) => Err(format!("{what}: {}", crate::comm::err_string(e))),
+            crate::comm::Ready::Deadline | crate::comm::Ready::AbortRequested => {
+                Err(format!("{what}: still in progress after {} ms", self.timeout.as_millis()))
+            }
+        }
     }
 
     fn sync(&self, what: &str) -> Result<(), String> {
@@ -196,7 +239,7 @@ impl RawNccl {
         let (comm, stream) = (self.comm, self.dev.stream as nccl::cudaStream_t);
         let (sp, rp) = (send as *const c_void, recv as *mut c_void);
         let root = s.root as i32;
-        let launch = || -> Result<(), String> {
+        let launch_raw = || -> Result<(), String> {
             unsafe {
                 match s.op {
                     RawOp::AllReduce => ok(nccl::ncclAllReduce(sp, rp, l, t, redop, comm, stream), "ncclAllReduce"),
@@ -222,6 +265,10 @@ impl RawNccl {
                 }
             }
         };
+        let launch = || -> Result<(), String> {
+            launch_raw()?;
+            self.ready("the raw NCCL launch")
+        };
         for _ in 0..s.warmup {
             launch()?;
         }
@@ -235,6 +282,7 @@ impl RawNccl {
                 unsafe { nccl::ncclAllReduce(f, f, 1, nccl::ncclDataType_t::ncclUint8, nccl::ncclRedOp_t::ncclMax, comm, stream) },
                 "ncclAllReduce (barrier)",
             )?;
+            self.ready("ncclAllReduce (barrier)")?;
             self.sync("the barrier before a window")
         };
         let mut gpu = Duration::ZERO;
@@ -271,6 +319,8 @@ impl Drop for RawNccl {
         let drained = self.sync("the reference's last launches").is_ok();
         // Bounded: ncclCommDestroy / ncclCommAbort runs on a helper thread.
         let raw = RawCommHandle(self.comm);
+        // A non-blocking communicator is aborted: its destroy would itself be in progress.
+        let drained = drained && self.blocking;
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-ref-destroy".into()).spawn(move || {
             let raw = raw;

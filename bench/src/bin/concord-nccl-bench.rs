@@ -100,33 +100,38 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     }
     say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)"
         .into());
-    // The raw loop on the same GPU.
-    match concord_bench::nccl::make_raw(b, world) {
-        Ok(mut raw) => {
-            for in_place in [false, true] {
-                let step = concord_nccl::reference::RawStep {
-                    op: concord_nccl::reference::RawOp::AllReduce,
-                    count,
-                    dtype: DType::F32,
-                    redop: ReduceOp::Sum,
-                    root: 0,
-                    in_place,
-                    warmup: 50,
-                    iters: n,
-                    window: n,
-                };
-                match raw.time(&step) {
+    // The raw loop on the same GPU: nccl-tests' blocking communicator, then one configured as
+    // the backend's (non-blocking, polled after every call): what NCCL's mode costs by itself.
+    for blocking in [true, false] {
+        match concord_bench::nccl::make_raw(b, world, blocking) {
+            Ok(mut raw) => {
+                for in_place in [false, true] {
+                    let step = concord_nccl::reference::RawStep {
+                        op: concord_nccl::reference::RawOp::AllReduce,
+                        count,
+                        dtype: DType::F32,
+                        redop: ReduceOp::Sum,
+                        root: 0,
+                        in_place,
+                        warmup: 50,
+                        iters: n,
+                        window: n,
+                    };
+                    match raw.time(&step) {
                     Ok(t) => say(format!(
-                        "#   raw NCCL {:<5}: gpu {:9.2}, host (launches + wait) {:9.2}   (ncclAllReduce in a tight loop, blocking communicator)",
+                        "#   raw NCCL {:<5}{}: gpu {:9.2}, host (launches + wait) {:9.2}   (ncclAllReduce in a tight loop, {} communicator)",
                         if in_place { "in" } else { "out" },
+                        if blocking { "" } else { " nb" },
                         t.per_op.as_secs_f64() * 1e6,
-                        t.wall_per_op.as_secs_f64() * 1e6
+                        t.wall_per_op.as_secs_f64() * 1e6,
+                        if blocking { "blocking" } else { "non-blocking" }
                     )),
                     Err(e) => say(format!("#   raw NCCL: {e}")),
                 }
+                }
             }
+            Err(e) => say(format!("#   raw NCCL: not run: {e}")),
         }
-        Err(e) => say(format!("#   raw NCCL: not run: {e}")),
     }
     // Single steps of the issue path.
     let caps = per_call(n, || {
