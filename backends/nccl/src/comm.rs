@@ -428,11 +428,30 @@ impl Comm {
         }
     }
 
-    /// Aborts every child communicator (see [`Comm::adopt`]).
+    /// Aborts every child communicator (see [`Comm::adopt`]), all at once: each abort is
+    /// bounded by [`ABORT_WAIT`] (twice: its lock, then `ncclCommAbort`), and the children (a
+    /// subgroup, the point-to-point directions) are aborted side by side so that the whole
+    /// cascade stays within that bound instead of adding one bound per child.
     fn abort_children(&self, reason: &str) {
         let kids: Vec<Arc<Comm>> = self.children.lock().unwrap_or_else(|e| e.into_inner()).drain(..).filter_map(|w| w.upgrade()).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut started = 0;
         for k in kids {
-            k.abort(format!("its parent communicator was aborted: {reason}"));
+            let why = format!("its parent communicator was aborted: {reason}");
+            let (kid, tx) = (k.clone(), tx.clone());
+            match std::thread::Builder::new().name("nccl-abort-child".into()).spawn(move || {
+                kid.abort(why);
+                let _ = tx.send(());
+            }) {
+                Ok(_) => started += 1,
+                Err(_) => k.abort(format!("its parent communicator was aborted: {reason}")),
+            }
+        }
+        let until = Instant::now() + ABORT_WAIT * 2 + Duration::from_secs(1);
+        for _ in 0..started {
+            if rx.recv_timeout(until.saturating_duration_since(Instant::now())).is_err() {
+                return; // detached: each ends at its own bound
+            }
         }
     }
 

@@ -90,6 +90,12 @@ impl Drop for Link {
         // Memory the direction's stream may still use is never freed (the frees would be
         // ordered on the shared stream, not on this one): left to the process's end.
         let idle = Event::record_on(self.stream()).and_then(|e| e.query()).unwrap_or(false);
+        // Work still on the stream (a timed-out or killed op): the communicator is aborted
+        // now, before the queued teardown job, so a group NCCL was still accepting cannot land
+        // later in a buffer its caller got back with a failed wait.
+        if !idle && self.comm.aborted().is_none() {
+            self.comm.abort("its direction was dropped with work in flight".into());
+        }
         for (ev, keep) in self.retiring.drain(..) {
             if !idle && !matches!(ev.query(), Ok(true)) {
                 std::mem::forget(keep);

@@ -86,11 +86,14 @@ pub(crate) fn native() -> bool {
 }
 
 /// The cuBLAS handle and compute stream of one GPU, created on first use and kept for the
-/// process (with a reference to the primary context, which must outlive them). Used only by
-/// the progress thread once created (cuBLAS handles are not for concurrent use).
+/// process (with a reference to the primary context, which must outlive them). Used by the
+/// progress threads of the worlds on this GPU; cuBLAS handles are not for concurrent use, so
+/// every set-stream + GEMM pair holds `lock` (a process may hold two worlds on one GPU: the
+/// fault cases `init` a second one inside a case).
 struct Blas {
     handle: blas::cublasHandle_t,
     compute: dsys::CUstream,
+    lock: Mutex<()>,
     _ctx: Arc<CudaContext>,
 }
 // SAFETY: the handle and stream are plain driver / cuBLAS handles, usable from any thread with
@@ -98,8 +101,22 @@ struct Blas {
 unsafe impl Send for Blas {}
 unsafe impl Sync for Blas {}
 
+/// Every GPU's [`Blas`] of this process, by device ordinal.
+static ALL: Mutex<Vec<(usize, Arc<Blas>)>> = Mutex::new(Vec::new());
+
+/// After a fused launch failed part-way: makes `dev`'s stream wait for everything enqueued on
+/// its compute stream so far, so that the frees the failure leads to (the launch's staging,
+/// then the caller's buffers after its failed wait), ordered on `dev`'s stream, come after the
+/// matmuls that may still read or write them. Nothing when this GPU never ran a fused op.
+pub(crate) fn join_compute(dev: &Device) -> std::result::Result<(), String> {
+    let b = ALL.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(o, _)| *o == dev.ordinal).map(|(_, b)| b.clone());
+    match b {
+        Some(b) => order(b.compute, dev.stream),
+        None => Ok(()),
+    }
+}
+
 fn blas_for(dev: &Device) -> std::result::Result<Arc<Blas>, String> {
-    static ALL: Mutex<Vec<(usize, Arc<Blas>)>> = Mutex::new(Vec::new());
     let mut all = ALL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, b)) = all.iter().find(|(o, _)| *o == dev.ordinal) {
         return Ok(b.clone());
@@ -122,7 +139,7 @@ fn blas_for(dev: &Device) -> std::result::Result<Arc<Blas>, String> {
             return Err(crate::cuda::derr("cuStreamCreate (compute stream)", e));
         }
     };
-    let b = Arc::new(Blas { handle, compute, _ctx: dev.ctx.clone() });
+    let b = Arc::new(Blas { handle, compute, lock: Mutex::new(()), _ctx: dev.ctx.clone() });
     all.push((dev.ordinal, b.clone()));
     Ok(b)
 }
@@ -174,8 +191,12 @@ fn gemm(h: &Blas, stream: dsys::CUstream, g: &Gemm, dt: DType, a: u64, b: u64, c
     // freed stream-ordered after the op) that hold every element the descriptor addresses
     // (`fused_plan`'s tests check the descriptors and this call against the host plans); the
     // scalars live until the call returns (host pointer mode: read at enqueue).
+    let _one_at_a_time = h.lock.lock().unwrap_or_else(|e| e.into_inner());
+    let st = unsafe { blas::cublasSetStream_v2(h.handle, stream as blas::cudaStream_t) };
+    if st != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(format!("cublasSetStream: {st:?}"));
+    }
     let st = unsafe {
-        blas::cublasSetStream_v2(h.handle, stream as blas::cudaStream_t);
         blas::cublasGemmStridedBatchedEx(
             h.handle,
             op(call.trans_first),

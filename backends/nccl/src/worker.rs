@@ -485,7 +485,7 @@ impl Channel {
         // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
-        self.run_steps(id, &premul, then)?;
+        let keep = self.run_steps(id, &premul, then, keep)?;
         let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
         let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
         drop(keep); // enqueued: a free from here on is ordered after the op
@@ -495,7 +495,13 @@ impl Channel {
     /// The steps after a launch's first group, in order. A failure part-way aborts the
     /// communicator: the peers may already be inside groups enqueued here, so this rank's
     /// sequence cannot go on (they end the op at its deadline).
-    fn run_steps(&self, id: &OpId, premul: &[(nccl::ncclDataType_t, [u8; 8])], steps: Vec<Step>) -> Result<()> {
+    fn run_steps(
+        &self,
+        id: &OpId,
+        premul: &[(nccl::ncclDataType_t, [u8; 8])],
+        steps: Vec<Step>,
+        keep: Vec<Arc<DevMem>>,
+    ) -> Result<Vec<Arc<DevMem>>> {
         for step in steps {
             let r = match step {
                 Step::Nccl(calls) => {
@@ -507,10 +513,17 @@ impl Channel {
                 if self.comm.aborted().is_none() {
                     self.comm.abort(format!("{} #{} failed part-way through its launch: {e}", id.name, id.seq));
                 }
+                // Device steps may have left matmuls on the compute stream that read or write
+                // the launch's memory: the frees that follow (ordered on this stream) wait for
+                // them. If even that fails, the memory is kept for the process's life.
+                if let Err(j) = crate::fused_gpu::join_compute(self.dev()) {
+                    eprintln!("concord: warning: {} #{}: {j}; its buffers are never freed", id.name, id.seq);
+                    std::mem::forget(keep);
+                }
                 return Err(e);
             }
         }
-        Ok(())
+        Ok(keep)
     }
 
     /// Fault injection at `at` (before / after the header): `die` ends the process; `stall`
