@@ -49,6 +49,8 @@ for p in $PLAN; do case $p in
             step phases-blocking 40 "$d/run-gpu.sh" bench --ranks 2 --phases --opts blocking=1 ;;
   tune)     step tune 120 "$d/run-gpu.sh" tune --measure --timeout-phase ;;
   torchrun) NPROC=2 step torchrun 60 "$d/run-gpu.sh" torchrun nccl seed:: ;;
+  tunequick) step tunequick 90 "$d/run-gpu.sh" tune --sizes-kib 4,1024 --ops all_reduce --timeout-phase ;;
+  sendrecv) step sendrecv 90 "$d/run-gpu.sh" table --op sendrecv -b 8 -e 1G --no-plot ;;
 esac; done
 echo "plan done after $(ms_since "$t0") ms" >> "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$OUT/logs/"
