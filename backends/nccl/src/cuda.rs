@@ -450,8 +450,21 @@ impl Pinned {
     }
 }
 
+impl Pinned {
+    /// Never frees this memory (`cuMemFreeHost` synchronises with the device, so freeing while
+    /// a kernel that never ends is queued would block without a deadline; a copy into it may
+    /// also still be queued): left to the process's end.
+    pub fn leak(&mut self) {
+        self.ptr = std::ptr::null_mut();
+        self.len = 0;
+    }
+}
+
 impl Drop for Pinned {
     fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
         unsafe {
             let _ = cu::free_host(self.ptr as *mut _);
         }

@@ -272,6 +272,30 @@ impl Job {
     }
 }
 
+impl Drop for Channel {
+    /// A channel dropped while its stream still has work (a header exchange or an op waiting
+    /// for a peer that is gone): the communicator is aborted (NCCL's kernels then return), and
+    /// the pinned staging is left to the process's end, since `cuMemFreeHost` synchronises with
+    /// the device and blocked without a deadline behind such a kernel (seen on 2 x H100: the
+    /// autotuner's timeout phase, a rank exiting after its peer had gone, hung in this drop).
+    /// Device memory needs nothing: its frees are stream-ordered.
+    fn drop(&mut self) {
+        let idle = self.comm.dev.record().ok().and_then(|e| e.query().ok()).unwrap_or(false);
+        let (sched, wire) = &mut *self.p2p.get_mut().unwrap_or_else(|e| e.into_inner());
+        // A direction's stream counts too: `cuMemFreeHost` waits for the whole device.
+        if idle && !sched.busy(wire) {
+            return;
+        }
+        if self.comm.aborted().is_none() {
+            self.comm.abort("the backend was dropped while its GPU streams still had work (a peer gone?)".into());
+        }
+        wire.staging.leak();
+        let side = self.side.get_mut().unwrap_or_else(|e| e.into_inner());
+        side.host_send.leak();
+        side.host_recv.leak();
+    }
+}
+
 impl Channel {
     pub fn new(
         comm: Arc<Comm>,
