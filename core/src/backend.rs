@@ -113,7 +113,9 @@
 //!   issues its sends and receives in any order and only then waits, in particular
 //!   `irecv(p); isend(p)` on both ranks of a pair, `isend(p); irecv(p)` on both, and any
 //!   number of sends in flight to one peer (both ways at once) before that peer posts its
-//!   receives. Issuing never blocks on the peer; a backend with bounded buffers queues.
+//!   receives. Issuing never blocks on the peer; a backend with bounded buffers queues. A
+//!   collective still waiting for its peers MUST NOT hold back a send / recv issued after it
+//!   (rank 0 `all_reduce; isend(1)` against rank 1 `irecv(0); wait; all_reduce` completes).
 //!   [clause: p2p.no_deadlock]
 //!
 //! # Barrier

@@ -293,8 +293,14 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "p2p.no_deadlock",
         source: BACKEND,
-        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives.",
-        cases: &["p2p::recv_first_both", "p2p::recv_first_one_side", "p2p::many_sends_one_way", "p2p::recv_before_barrier"],
+        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives, a send issued behind a collective that waits for its peer.",
+        cases: &[
+            "p2p::recv_first_both",
+            "p2p::recv_first_one_side",
+            "p2p::many_sends_one_way",
+            "p2p::recv_before_barrier",
+            "p2p::send_behind_pending_collective",
+        ],
     },
     Clause {
         id: "numerics.subnormal",

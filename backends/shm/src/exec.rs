@@ -263,6 +263,12 @@ pub struct Progress {
     recv_q: Vec<VecDeque<QueuedRecv>>,
     /// When peers' liveness was last checked for the queued ops.
     last_check: Instant,
+    /// The job channel (set by [`Progress::run`]); read also while a collective waits for its
+    /// peers to arrive, so that point-to-point ops issued after it are not held back (see
+    /// [`Progress::arrive`]).
+    rx: Option<mpsc::Receiver<Job>>,
+    /// Collectives taken from the channel during such a wait, run next, in issue order.
+    stash: VecDeque<Job>,
 }
 
 impl Progress {
@@ -278,6 +284,47 @@ impl Progress {
             send_q: (0..n).map(|_| VecDeque::new()).collect(),
             recv_q: (0..n).map(|_| VecDeque::new()).collect(),
             last_check: Instant::now(),
+            rx: None,
+            stash: VecDeque::new(),
+        }
+    }
+
+    /// Queues a point-to-point job (it goes when it can: [`Progress::progress_p2p`]); any other
+    /// job is handed back.
+    fn enqueue_p2p(&mut self, job: Job) -> Option<Job> {
+        match job {
+            Job::Send { k, dst, entry, comp, fault } => {
+                self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now(), fault });
+                None
+            }
+            Job::Recv { k, src, out, flag, fault } => {
+                self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now(), fault });
+                None
+            }
+            other => Some(other),
+        }
+    }
+
+    /// Waits, up to `deadline`, for every peer to arrive at this collective (its counter is
+    /// published), serving point-to-point ops meanwhile, also those issued after it: a send
+    /// issued behind a collective that waits for a peer which itself waits in a receive of that
+    /// send (rank 0 `all_reduce; isend(1)`, rank 1 `irecv(0); wait; all_reduce`) must go, or
+    /// both ranks time out. Collectives issued meanwhile wait in `stash`, in order.
+    fn arrive(&mut self, deadline: Instant) -> std::result::Result<(), WaitErr> {
+        let comm = self.comm.clone();
+        loop {
+            let slice = (Instant::now() + ARRIVE_SLICE).min(deadline);
+            match comm.ctl.wait_all(self.step, slice, &comm.abort) {
+                Err(WaitErr::Timeout { .. }) if Instant::now() < deadline => {
+                    while let Some(Ok(job)) = self.rx.as_ref().map(|rx| rx.try_recv()) {
+                        if let Some(coll) = self.enqueue_p2p(job) {
+                            self.stash.push_back(coll);
+                        }
+                    }
+                    self.progress_p2p();
+                }
+                r => return r,
+            }
         }
     }
 
@@ -286,13 +333,17 @@ impl Progress {
     }
 
     pub fn run(mut self, rx: mpsc::Receiver<Job>) {
+        self.rx = Some(rx);
         let mut nap = Duration::from_micros(20);
         loop {
             let progressed = self.progress_p2p();
             if progressed {
                 nap = Duration::from_micros(20);
             }
-            let next = if !self.queued() {
+            let Some(rx) = self.rx.as_ref() else { break };
+            let next = if let Some(j) = self.stash.pop_front() {
+                Some(j)
+            } else if !self.queued() {
                 rx.recv().ok()
             } else if progressed {
                 match rx.try_recv() {
@@ -318,11 +369,8 @@ impl Progress {
                     progress::end(&self.comm.label, seq);
                     flag.set(r);
                 }
-                Job::Send { k, dst, entry, comp, fault } => {
-                    self.send_q[dst].push_back(QueuedSend { k, entry, comp, started: Instant::now(), fault })
-                }
-                Job::Recv { k, src, out, flag, fault } => {
-                    self.recv_q[src].push_back(QueuedRecv { k, out, flag, started: Instant::now(), fault })
+                p2p => {
+                    let _ = self.enqueue_p2p(p2p);
                 }
             }
         }
@@ -517,7 +565,7 @@ impl Progress {
         let (n, me) = (comm.n, comm.me);
         let werr = |e: WaitErr| comm.wait_error(e, name, seq, started);
         comm.strike(&fault, point::AFTER_POST, name, seq)?;
-        comm.ctl.wait_all(self.step, deadline, &comm.abort).map_err(werr)?;
+        self.arrive(deadline).map_err(werr)?;
         // A peer that failed after posting (its counter was already raised) poisoned the
         // communicator before its wait returned: check the abort word after every barrier.
         comm.ctl.check_abort().map_err(werr)?;
@@ -788,6 +836,10 @@ impl Progress {
 
 /// Largest post a rank decodes (a larger length is a corrupt post, not an allocation).
 const MAX_POST: usize = 1 << 20;
+
+/// How long a collective waits for its peers between two looks at the point-to-point ops
+/// ([`Progress::arrive`]).
+const ARRIVE_SLICE: Duration = Duration::from_millis(2);
 
 /// The memory of one posted collective — its post block and every buffer it names — from the
 /// moment peers can see the post until the op ends. `settle` (the op completed or failed on

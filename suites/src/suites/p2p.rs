@@ -12,6 +12,10 @@
 //!   receives all 17 first, then sends 17 back.
 //! * `p2p::recv_before_barrier::ws2` — rank 0 `irecv(1); barrier; wait`, rank 1
 //!   `barrier; isend(0); wait`: the receive, issued first, must not hold back the barrier.
+//! * `p2p::send_behind_pending_collective::ws2` — rank 0 `all_reduce; isend(1)`, rank 1
+//!   `irecv(0); wait; all_reduce`: a collective still waiting for its peer must not hold back a
+//!   send issued after it (shm's progress thread used to wait for the collective's peers first;
+//!   both ranks timed out).
 //!
 //! shm issue 15 item 9 (one in-order progress thread that blocked in a receive, or in a send
 //! beyond its ring, so `irecv; isend` on both ranks and 17 sends then 17 receives on both ranks
@@ -21,7 +25,7 @@
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::values::partner;
-use concord_core::{Backend, DType, Tensor};
+use concord_core::{Backend, DType, ReduceOp, Tensor};
 
 fn meta() -> CaseMeta {
     CaseMeta { suite: "p2p".into(), op: "send_recv".into(), variant: "outbuf".into(), dtype: "f32".into(), reduce: "-".into() }
@@ -107,6 +111,33 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let x = b.upload(&message(1, 0, 16))?;
             b.send(&x, 0)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
             Ok(())
+        }
+    }));
+    v.push(Case::<B>::new("p2p::send_behind_pending_collective::ws2", meta(), 2, |ctx| {
+        // Rank 0 `all_reduce; isend(1)`, then waits for both; rank 1 `irecv(0); wait;
+        // all_reduce`. Legal (MPI runs it): the all_reduce pending on rank 0 (its peer is in a
+        // receive) must not hold back the send issued after it. A barrier first, so that a
+        // backend that connects lazily has run a collective on this communicator.
+        let b = ctx.b;
+        let w = format!("{} (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
+        b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
+        let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+        if b.rank() == 0 {
+            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+            let y = b.upload(&message(0, 0, 16))?;
+            let s = b.send(&y, 1)?;
+            s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
+            let out = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
+            expect_eq(b, out, &sum, &w)
+        } else {
+            let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
+            let r = b.recv(&out, 0)?;
+            let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
+            expect_eq(b, got, &message(0, 0, 16), &w)?;
+            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+            let res = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
+            expect_eq(b, res, &sum, &w)
         }
     }));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
