@@ -221,22 +221,25 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }
     }));
-    v.push(Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
-        // A large buffer, read at once after wait: a backend that reports completion before the
-        // data is final is caught here.
-        let b = ctx.b;
-        let w = here(b, "all_reduce", "out", DType::F32);
-        let n = 4 << 20;
-        for it in 0..3 {
-            let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
-            let x = b.upload(&Tensor::from_vec(&[n], vals))?;
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-            let ws = b.world_size();
-            let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
-            expect_eq(b, &out, &Tensor::from_vec(&[n], exp), &format!("{w} shape=[{n}] iteration {it}"))?;
-        }
-        Ok(())
-    }));
+    v.push(
+        Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+            // A large buffer, read at once after wait: a backend that reports completion before the
+            // data is final is caught here.
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let n = 4 << 20;
+            for it in 0..3 {
+                let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
+                let x = b.upload(&Tensor::from_vec(&[n], vals))?;
+                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                let ws = b.world_size();
+                let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
+                expect_eq(b, &out, &Tensor::from_vec(&[n], exp), &format!("{w} shape=[{n}] iteration {it}"))?;
+            }
+            Ok(())
+        })
+        .heavy(),
+    );
     v.push(Case::<B>::new("async::async_result_waits_on_first_read::ws2", meta("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);

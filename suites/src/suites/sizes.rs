@@ -164,7 +164,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                     reduce: if op.reduces() { "sum".into() } else { String::new() },
                 };
                 let seed = concord_fixtures::seed_for(&name);
-                out.push(Case::new(name, meta, ws, move |ctx| run(ctx, op, variant, dtype, n, seed)));
+                let c = Case::new(name, meta, ws, move |ctx| run(ctx, op, variant, dtype, n, seed));
+                // The MiB steps take most of the suite's time: started first.
+                out.push(if n >= 1 << 20 { c.heavy() } else { c });
             }
         }
     }
