@@ -352,13 +352,18 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
 }
 
 /// The name of the nextest / libtest test that runs every case of one suite at one world size
-/// in one persistent world: `<backend>::suite::<suite>::ws<N>`.
+/// in one persistent world: `<backend>::suite::<suite>::ws<N>`; the suite's stall-bound cases
+/// ([`Load::Stall`]) are a group of their own, `<backend>::suite::<suite>::stall::ws<N>`
+/// (`.config/nextest.toml` runs those beside the CPU-bound groups).
 pub fn group_id(backend: &str, suite: &str, world_size: usize) -> String {
     format!("{backend}::{GROUP_WORD}::{suite}::ws{world_size}")
 }
 
 /// The word that marks a group test id (no case id uses it as its second part).
 pub const GROUP_WORD: &str = "suite";
+
+/// The word after the suite in the id of a group of stall-bound cases.
+pub const STALL_WORD: &str = "stall";
 
 /// `CONCORD_LIST=cases`: list one test per case instead of one per (backend, suite, world size),
 /// so `cargo nextest run -- --exact <case id>` (or a nextest filter on case ids) works.
@@ -441,7 +446,10 @@ fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32
             if per_case {
                 continue;
             }
-            let key = (c.meta.suite.clone(), c.world_size);
+            // Stall-bound cases form groups of their own (`<suite>::stall`), which a test runner
+            // can run beside CPU-bound groups (a group that sleeps costs no core).
+            let suite = if c.load == Load::Stall { format!("{}::{STALL_WORD}", c.meta.suite) } else { c.meta.suite.clone() };
+            let key = (suite, c.world_size);
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, v)) => v.push(c),
                 None => groups.push((key, vec![c])),

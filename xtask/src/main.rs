@@ -240,16 +240,14 @@ fn main() -> Result<()> {
                 run(cargo().args(["fmt", "--all", "--check"]))?;
                 run(cargo().args(["clippy", "--workspace", "--all-targets", "--profile", "ci", "--quiet", "--", "-D", "warnings"]))?;
             }
-            let gpus = concord_harness::gpu::count();
-            println!("xtask: GPUs: {}", concord_harness::gpu::describe());
-            if gpus < 2 {
-                println!(
-                    "xtask: gated: NCCL cases need one GPU per rank; with {gpus} GPU(s) every nccl case of world size > {gpus} is listed as ignored and shows as SKIP"
-                );
-            }
             // The `ci` cargo profile (optimised): conformance cases run a world of processes each,
             // one nextest test per (backend, suite, world size); JUnit in target/nextest/ci/.
-            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
+            let nextest = ["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"];
+            // Build first, so the GPU line (from `concord-gpus`, built with the tests) comes before
+            // the tests run without the xtask itself depending on a workspace crate.
+            run(cargo().args(nextest).arg("--no-run").args(&args))?;
+            run(cargo().args(["run", "--profile", "ci", "--quiet", "-p", "concord-harness", "--bin", "concord-gpus"]))?;
+            run(cargo().args(nextest).args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
