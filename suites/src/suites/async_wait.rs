@@ -230,11 +230,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let n = 4 << 20;
             for it in 0..3 {
                 let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
-                let x = b.upload(&Tensor::from_vec(&[n], vals))?;
-                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                // The expected result is made before the op, so the read really comes right after the
+                // wait (not after milliseconds of arithmetic a late write could land in).
                 let ws = b.world_size();
                 let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
-                expect_eq(b, &out, &Tensor::from_vec(&[n], exp), &format!("{w} shape=[{n}] iteration {it}"))?;
+                let exp = Tensor::from_vec(&[n], exp);
+                let x = b.upload(&Tensor::from_vec(&[n], vals))?;
+                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
             }
             Ok(())
         })
