@@ -567,6 +567,9 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     }
 }
 
+/// One case of a conformance run, with its backend.
+type Work = (BackendEntry, CaseInfo);
+
 /// The order conformance mode runs `work` in: `(stall-bound, the rest)`. With more than one job,
 /// stall-bound cases ([`Load::Stall`]: sleeps, stalls, deadlines that must pass) run on lanes
 /// of their own, all started at once beside the `jobs` CPU lanes (a lane that sleeps costs no
@@ -574,9 +577,9 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
 /// then the rest by backend and world size, largest first: cases of one world run back to back
 /// (persistent worlds are reused) and the run ends on the cheapest ones, not on one lane's long
 /// case.
-fn schedule(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize) -> (Vec<(BackendEntry, CaseInfo)>, Vec<(BackendEntry, CaseInfo)>) {
+fn schedule(work: Vec<Work>, jobs: usize) -> (Vec<Work>, Vec<Work>) {
     let (mut stall, mut cpu): (Vec<_>, Vec<_>) = work.into_iter().partition(|(_, c)| c.load == Load::Stall);
-    let key = |(e, c): &(BackendEntry, CaseInfo)| (c.load, e.name.clone(), std::cmp::Reverse(c.world_size));
+    let key = |(e, c): &Work| (c.load, e.name.clone(), std::cmp::Reverse(c.world_size));
     cpu.sort_by_cached_key(key);
     // Longest waits first (the deadline is the best static bound on a stall-bound case's time).
     stall.sort_by_key(|(_, c)| std::cmp::Reverse(c.deadline));
