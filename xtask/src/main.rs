@@ -194,12 +194,12 @@ fn real_main() -> Result<()> {
             }
             // The `ci` cargo profile (optimised): conformance cases run a world of processes each,
             // one nextest test per (backend, suite, world size); JUnit in target/nextest/ci/.
-            let nextest = ["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"];
+            let nextest = ["nextest", "run", "--workspace", "--cargo-profile", "ci", "--profile", "ci"];
             // Build first, so the GPU line (from `concord-gpus`, built with the tests) comes before
             // the tests run without the xtask itself depending on a workspace crate.
             run(cargo().args(nextest).arg("--no-run").args(&args))?;
             run(cargo().args(["run", "--profile", "ci", "--quiet", "-p", "concord-harness", "--bin", "concord-gpus"]))?;
-            run(cargo().args(nextest).args(&args))?;
+            run(cargo().args(nextest).arg("--no-fail-fast").args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
