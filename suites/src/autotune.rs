@@ -487,7 +487,8 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         Ok(())
     })
-    .isolated();
+    .isolated()
+    .stall_bound();
     sleep.deadline = Duration::from_secs(40);
     v.push(sleep);
 
@@ -652,7 +653,8 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             return Err(fail(ctx, format!("rank {bad}: a rank missing at the pre-sync must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
         }
         Ok(())
-    }));
+    })
+    .stall_bound());
     v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
         let reqs = vec![req(
             ar(512),
@@ -689,7 +691,8 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_same_winners(ctx, &o, "hang", "")?;
         expect_inf(ctx, &o, "hangs_in_timed_run_on_rank1", 1, "never reported", " — the timed runs need a deadline too")
     })
-    .isolated();
+    .isolated()
+    .stall_bound();
     hang_timed.deadline = Duration::from_secs(30);
     v.push(hang_timed);
 

@@ -37,6 +37,22 @@ pub type CaseResult = Result<(), CaseEnd>;
 
 pub type Body<B> = Arc<dyn Fn(&mut Ctx<'_, B>) -> CaseResult + Send + Sync>;
 
+/// What a case spends its time on, for scheduling only (conformance mode and nextest groups run
+/// the same cases either way): stall-bound cases start first, on lanes of their own beside the
+/// CPU-bound ones (a lane that sleeps costs no core); heavy cases start first on the CPU lanes,
+/// so the run does not end on one long case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Load {
+    /// Mostly waiting: a deliberate sleep, a stall, a deadline that must pass (seconds of wall
+    /// time, little CPU).
+    Stall,
+    /// Long and CPU- or memory-bound (a 64 MiB buffer, a large fused op at 8 ranks).
+    Heavy,
+    /// Everything else (milliseconds).
+    #[default]
+    Light,
+}
+
 /// One conformance case, generic over the backend.
 pub struct Case<B: Backend> {
     /// Name without the backend prefix, e.g. `all_reduce::out::f32::sum::ws4`.
@@ -49,6 +65,8 @@ pub struct Case<B: Backend> {
     /// Backend options of this case's world, after the backend entry's own (e.g. a fault hook,
     /// [`concord_core::fault`]): a case with options runs in a world of its own.
     pub options: Vec<(String, String)>,
+    /// What the case spends its time on (scheduling only, see [`Load`]).
+    pub load: Load,
     pub body: Body<B>,
 }
 
@@ -61,6 +79,7 @@ impl<B: Backend> Clone for Case<B> {
             deadline: self.deadline,
             isolated: self.isolated,
             options: self.options.clone(),
+            load: self.load,
             body: self.body.clone(),
         }
     }
@@ -80,11 +99,22 @@ impl<B: Backend> Case<B> {
             deadline: default_deadline(),
             isolated: false,
             options: Vec::new(),
+            load: Load::Light,
             body: Arc::new(body),
         }
     }
     pub fn isolated(mut self) -> Self {
         self.isolated = true;
+        self
+    }
+    /// Marks the case as mostly waiting (see [`Load::Stall`]).
+    pub fn stall_bound(mut self) -> Self {
+        self.load = Load::Stall;
+        self
+    }
+    /// Marks the case as long and CPU- or memory-bound (see [`Load::Heavy`]).
+    pub fn heavy(mut self) -> Self {
+        self.load = Load::Heavy;
         self
     }
     /// Adds a backend option to this case's world (see [`Case::options`]).

@@ -2,7 +2,7 @@
 //! libtest-mimic test binary (`cargo test`, `cargo nextest run`: one trial per case) or in
 //! conformance mode (`--report DIR`: every case, a progress bar, a report, a closing line).
 
-use crate::case::{to_outcome, Case, CaseMeta, Ctx};
+use crate::case::{to_outcome, Case, CaseMeta, Ctx, Load};
 use crate::report::{CaseRecord, Report};
 use concord_core::{Backend, CollectiveError};
 use concord_harness::outcome::Outcome;
@@ -25,6 +25,8 @@ pub struct CaseInfo {
     pub isolated: bool,
     /// The case's own backend options (added to the entry's).
     pub options: Vec<(String, String)>,
+    /// What the case spends its time on (scheduling only).
+    pub load: crate::case::Load,
 }
 
 type ServeFn = dyn Fn(WorkerEnv) + Send + Sync;
@@ -72,6 +74,7 @@ impl BackendEntry {
                         deadline: c.deadline,
                         isolated: c.isolated,
                         options: c.options,
+                        load: c.load,
                     })
                     .collect()
             }),
@@ -260,7 +263,8 @@ struct Cli {
     /// `conformance.md` and `.json` into DIR and end with `N passed, M failed, K skipped`.
     #[arg(long, value_name = "DIR")]
     report: Option<std::path::PathBuf>,
-    /// Conformance mode: worlds run side by side (default: what the machine can run).
+    /// Conformance mode: worlds run side by side (default: what the machine can run); with more
+    /// than one, stall-bound cases (sleeps, deadlines) also run on lanes of their own beside them.
     #[arg(long)]
     jobs: Option<usize>,
     /// Print the contract map (every MUST clause and the cases that check it) and exit.
@@ -348,13 +352,18 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
 }
 
 /// The name of the nextest / libtest test that runs every case of one suite at one world size
-/// in one persistent world: `<backend>::suite::<suite>::ws<N>`.
+/// in one persistent world: `<backend>::suite::<suite>::ws<N>`; the suite's stall-bound cases
+/// ([`Load::Stall`]) are a group of their own, `<backend>::suite::<suite>::stall::ws<N>`
+/// (`.config/nextest.toml` runs those beside the CPU-bound groups).
 pub fn group_id(backend: &str, suite: &str, world_size: usize) -> String {
     format!("{backend}::{GROUP_WORD}::{suite}::ws{world_size}")
 }
 
 /// The word that marks a group test id (no case id uses it as its second part).
 pub const GROUP_WORD: &str = "suite";
+
+/// The word after the suite in the id of a group of stall-bound cases.
+pub const STALL_WORD: &str = "stall";
 
 /// `CONCORD_LIST=cases`: list one test per case instead of one per (backend, suite, world size),
 /// so `cargo nextest run -- --exact <case id>` (or a nextest filter on case ids) works.
@@ -437,7 +446,10 @@ fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32
             if per_case {
                 continue;
             }
-            let key = (c.meta.suite.clone(), c.world_size);
+            // Stall-bound cases form groups of their own (`<suite>::stall`), which a test runner
+            // can run beside CPU-bound groups (a group that sleeps costs no core).
+            let suite = if c.load == Load::Stall { format!("{}::{STALL_WORD}", c.meta.suite) } else { c.meta.suite.clone() };
+            let key = (suite, c.world_size);
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, v)) => v.push(c),
                 None => groups.push((key, vec![c])),
@@ -499,9 +511,9 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
         eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; list them with `--list`)", opts.filter);
         return 2;
     }
-    // Group by world so persistent worlds are reused back to back.
-    work.sort_by(|a, b| (&a.0.name, a.1.world_size).cmp(&(&b.0.name, b.1.world_size)));
     let total = work.len();
+    let jobs = opts.jobs.unwrap_or_else(default_jobs).max(1);
+    let (stall, cpu) = schedule(work, jobs);
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let pb = indicatif::ProgressBar::new(total as u64);
         pb.set_style(
@@ -512,14 +524,19 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let jobs = opts.jobs.unwrap_or_else(default_jobs).max(1);
-    let queue = Mutex::new(work.into_iter());
+    let stall_lanes = stall.len();
+    let stall = Mutex::new(stall.into_iter());
+    let cpu = Mutex::new(cpu.into_iter());
     let records: Mutex<Vec<CaseRecord>> = Mutex::new(Vec::with_capacity(total));
     std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let next = queue.lock().unwrap().next();
-                let Some((entry, case)) = next else { break };
+        // `jobs` lanes take the CPU queue, then help with stall-bound cases left; one lane per
+        // stall-bound case takes only those.
+        let lanes = (0..jobs).map(|_| true).chain((0..stall_lanes).map(|_| false));
+        for cpu_lane in lanes {
+            let (stall, cpu, records, bar) = (&stall, &cpu, &records, &bar);
+            s.spawn(move || loop {
+                let next = if cpu_lane { cpu.lock().unwrap().next() } else { None };
+                let Some((entry, case)) = next.or_else(|| stall.lock().unwrap().next()) else { break };
                 // Worlds of a GPU backend run one at a time: rank r drives GPU r, so two worlds
                 // side by side would share devices (measured on 2 GPUs: 32 NCCL worlds at once
                 // ran their groups past the enqueue deadline). CPU backends keep every lane.
@@ -557,6 +574,30 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
 
 /// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time).
 static GPU_TURN: Mutex<()> = Mutex::new(());
+
+/// One case of a conformance run, with its backend.
+type Work = (BackendEntry, CaseInfo);
+
+/// The order conformance mode runs `work` in: `(stall-bound, the rest)`. With more than one job,
+/// stall-bound cases ([`Load::Stall`]: sleeps, stalls, deadlines that must pass) run on lanes
+/// of their own, all started at once beside the `jobs` CPU lanes (a lane that sleeps costs no
+/// core); with one job they come first in the one queue. The CPU queue holds heavy cases first,
+/// then the rest by backend and world size, largest first: cases of one world run back to back
+/// (persistent worlds are reused) and the run ends on the cheapest ones, not on one lane's long
+/// case.
+fn schedule(work: Vec<Work>, jobs: usize) -> (Vec<Work>, Vec<Work>) {
+    let (mut stall, mut cpu): (Vec<_>, Vec<_>) = work.into_iter().partition(|(_, c)| c.load == Load::Stall);
+    let key = |(e, c): &Work| (c.load, e.name.clone(), std::cmp::Reverse(c.world_size));
+    cpu.sort_by_cached_key(key);
+    // Longest waits first (the deadline is the best static bound on a stall-bound case's time).
+    stall.sort_by_key(|(_, c)| std::cmp::Reverse(c.deadline));
+    if jobs > 1 {
+        (stall, cpu)
+    } else {
+        stall.extend(cpu);
+        (Vec::new(), stall)
+    }
+}
 
 /// Worlds run side by side in conformance mode when `--jobs` is not given: what the machine can
 /// run (`std::thread::available_parallelism`).

@@ -1,7 +1,7 @@
 //! Self-test: deliberately broken backends (the shared-memory backend with one bug each) must
 //! FAIL the suites, with a message that names backend, op, variant, dtype, world size, rank and,
 //! for wrong values, the first bad index with got / expected. The correct backend must pass the
-//! very same cases (control).
+//! very same cases (control). Also the contract map's self-test (`contract::*`).
 
 use concord_core::{Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_harness::verdict::Verdict;
@@ -652,6 +652,39 @@ fn main() {
             if verdict != Verdict::Passed {
                 return Err(format!("the correct backend did not pass {id}: {verdict:?}\n{msg}").into());
             }
+        }
+        Ok(())
+    }));
+    // The contract map's self-test (here rather than in a test binary of its own, which would
+    // compile the shm catalogue a second time).
+    trials.push(libtest_mimic::Trial::test("contract::every_clause_has_a_case", || {
+        // Every clause of the contract has at least one case of the catalogue for each of its
+        // patterns (on the embedded backend, which runs the whole catalogue).
+        let ids: Vec<String> = concord_suites::catalogue::<ShmBackend>().into_iter().map(|c| c.name).collect();
+        let holes: Vec<String> = concord_suites::contract::coverage(&ids)
+            .into_iter()
+            .filter(|(_, _, holes)| !holes.is_empty())
+            .map(|(c, _, holes)| format!("{}: no case matches {}", c.id, holes.join(", ")))
+            .collect();
+        if !holes.is_empty() {
+            return Err(format!("clauses without a case:\n{}", holes.join("\n")).into());
+        }
+        Ok(())
+    }));
+    trials.push(libtest_mimic::Trial::test("contract::the_contract_text_and_the_map_name_the_same_clauses", || {
+        // Every `[clause: id]` tag of `core/src/backend.rs` is a clause of the map, and every
+        // clause the map sources from that file is tagged there.
+        let text = include_str!("../../core/src/backend.rs");
+        let tagged: Vec<&str> = text.split("[clause: ").skip(1).filter_map(|t| t.split(']').next()).collect();
+        let map = concord_suites::contract::CLAUSES;
+        let unknown: Vec<&&str> = tagged.iter().filter(|t| !map.iter().any(|c| c.id == **t)).collect();
+        if !unknown.is_empty() {
+            return Err(format!("tags in core/src/backend.rs with no clause in the map: {unknown:?}").into());
+        }
+        let untagged: Vec<&str> =
+            map.iter().filter(|c| c.source == "core/src/backend.rs" && !tagged.contains(&c.id)).map(|c| c.id).collect();
+        if !untagged.is_empty() {
+            return Err(format!("clauses sourced from core/src/backend.rs but not tagged there: {untagged:?}").into());
         }
         Ok(())
     }));

@@ -25,111 +25,47 @@
 //! and install Debian's `openmpi-bin libopenmpi-dev libclang-dev` with apt-get when missing.
 #![forbid(unsafe_code)]
 
-use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[derive(Parser)]
-#[command(name = "cargo xtask", about = "Concord's project automation")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
+mod args;
+mod json;
+
+use args::Cmd;
+
+/// The xtask's errors: one line that says what failed (printed as `Error: ...`, exit 1).
+type Result<T> = std::result::Result<T, String>;
+
+macro_rules! bail {
+    ($($t:tt)*) => { return Err(format!($($t)*)) };
 }
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run every test of the workspace through cargo-nextest.
-    Test {
-        /// Skip `cargo fmt --check` and `cargo clippy -D warnings` (run by default, first).
-        #[arg(long)]
-        no_lint: bool,
-        /// Extra arguments for `cargo nextest run` (e.g. a filter).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Run the conformance suites on a backend and write the report.
-    Conformance {
-        /// Backend name: shm (default), fake, nccl, mpi (alone: runs under mpirun).
-        #[arg(long, default_value = "shm")]
-        backend: Vec<String>,
-        /// `--backend mpi`: the ranks mpirun starts (the world size of the cases run).
-        #[arg(long, default_value_t = 4)]
-        ranks: usize,
-        /// Where the report goes.
-        #[arg(long, default_value = "target/concord-report")]
-        report: PathBuf,
-        /// Run exactly these case ids.
-        #[arg(long)]
-        exact: Vec<String>,
-        /// Worlds run side by side (default: what the machine can run).
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// Print the contract map (clause -> cases) instead of running.
-        #[arg(long)]
-        contract: bool,
-        /// Substring filters on case ids.
-        filters: Vec<String>,
-    },
-    /// The mutation campaign: every mutant of `concord-mutants` against the catalogue (slow;
-    /// not part of `test`, whose fast subset runs five caught mutants).
-    Mutants {
-        /// Run only this mutant (repeatable); `--list` shows them.
-        #[arg(long)]
-        mutant: Vec<String>,
-        /// Run only these case ids (`<mutant>::<case>`, as a failure's rerun line gives them).
-        #[arg(long, num_args = 1..)]
-        case: Vec<String>,
-        /// Mutants run side by side (default: the machine's parallelism).
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// List the mutants and exit.
-        #[arg(long)]
-        list: bool,
-    },
-    /// Per-case overhead (4 ranks) and store barrier (8 ranks).
-    BenchHarness,
-    /// The benchmark (`concord-bench`, release build): nccl-tests' table, every timed iteration
-    /// checked; `--mpi` adds OpenMPI (installed with apt-get when missing). `-- --help` for all flags.
-    Bench {
-        /// Arguments for concord-bench (e.g. `--backend shm --op all_reduce -b 8 -e 64M --mpi`).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Build the GPU bundle (dist/) for a machine with no Rust toolchain.
-    GpuBundle,
-    /// The differential test under mpirun: shm, MPI and the oracle must agree on random inputs.
-    MpiDiff {
-        #[arg(long, default_value_t = 4)]
-        ranks: usize,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[arg(long, default_value_t = 300)]
-        trials: u64,
-    },
-    /// Ranks in two network namespaces joined by a veth pair (two "hosts" in one box, root only):
-    /// the mpi conformance matrix across them (TCP store, Open MPI over TCP), shm refusing the
-    /// world by name, and the differential test (MPI against the oracle) across them.
-    TwoHosts {
-        #[arg(long, default_value_t = 2)]
-        ranks_per_host: usize,
-        #[arg(long, default_value_t = 200)]
-        trials: u64,
-    },
-    /// Tune the built-in collective choice sets (4 KiB – 64 MiB) and print the tables and winners.
-    Autotune {
-        #[arg(long, default_value = "shm")]
-        backend: String,
-        #[arg(long, default_value_t = 4)]
-        ranks: usize,
-        /// More arguments for the tuning program (`--measure`, `--timeout-phase`, `--sizes-kib`, ...).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+/// `.context(..)` for any displayable error.
+trait Context<T> {
+    fn context(self, what: &str) -> Result<T>;
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+impl<T, E: std::fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: &str) -> Result<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| format!("{}: {e}", what()))
+    }
 }
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` in the workspace), absolute.
+fn target_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    if target.is_absolute() {
+        target
+    } else {
+        root().join(target)
+    }
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -212,9 +148,9 @@ fn build_test_binary_with(package: &str, target: &str, flags: &[&str]) -> Result
         bail!("building {package}'s `{target}` test binary failed");
     }
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == target {
-            if let Some(exe) = msg["executable"].as_str() {
+        let Ok(msg) = json::parse(line) else { continue };
+        if msg.get("reason").as_str() == Some("compiler-artifact") && msg.get("target").get("name").as_str() == Some(target) {
+            if let Some(exe) = msg.get("executable").as_str() {
                 return Ok(PathBuf::from(exe));
             }
         }
@@ -231,8 +167,34 @@ fn build_mpi_conformance() -> Result<PathBuf> {
     Ok(if target.is_absolute() { target } else { root().join(target) }.join("ci/concord-conformance"))
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().cmd {
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("Error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// A directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(prefix: &str) -> std::io::Result<TempDir> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{nanos:x}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        Ok(TempDir(dir))
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn real_main() -> Result<()> {
+    match args::parse(std::env::args().skip(1).collect())? {
         Cmd::Test { args, no_lint } => {
             ensure_nextest()?;
             if !no_lint {
@@ -240,16 +202,20 @@ fn main() -> Result<()> {
                 run(cargo().args(["fmt", "--all", "--check"]))?;
                 run(cargo().args(["clippy", "--workspace", "--all-targets", "--profile", "ci", "--quiet", "--", "-D", "warnings"]))?;
             }
-            let gpus = concord_harness::gpu::count();
-            println!("xtask: GPUs: {}", concord_harness::gpu::describe());
-            if gpus < 2 {
-                println!(
-                    "xtask: gated: NCCL cases need one GPU per rank; with {gpus} GPU(s) every nccl case of world size > {gpus} is listed as ignored and shows as SKIP"
-                );
-            }
             // The `ci` cargo profile (optimised): conformance cases run a world of processes each,
             // one nextest test per (backend, suite, world size); JUnit in target/nextest/ci/.
-            run(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast", "--cargo-profile", "ci", "--profile", "ci"]).args(&args))?;
+            let nextest = ["nextest", "run", "--workspace", "--cargo-profile", "ci", "--profile", "ci"];
+            // Build first, so the GPU line (from `concord-gpus`, built with the tests) comes before
+            // the tests run without the xtask itself depending on a workspace crate.
+            run(cargo().args(nextest).arg("--no-run").args(&args))?;
+            // Run from the target dir: `cargo run -p concord-harness` would resolve features for
+            // that package alone and rebuild it and its dependencies (20 s on the 2-core machine).
+            let gpus = target_dir().join("ci").join("concord-gpus");
+            if !gpus.exists() {
+                run(cargo().args(["build", "--profile", "ci", "--quiet", "-p", "concord-harness", "--bin", "concord-gpus"]))?;
+            }
+            run(&mut Command::new(&gpus))?;
+            run(cargo().args(nextest).arg("--no-fail-fast").args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
         Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
@@ -362,7 +328,7 @@ fn main() -> Result<()> {
         Cmd::TwoHosts { ranks_per_host, trials } => {
             let conf = build_mpi_conformance()?;
             let diff = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
-            let dir = tempfile::tempdir().context("a temp dir")?;
+            let dir = TempDir::new("concord-two-hosts").context("a temp dir")?;
             let script = |args: &[&std::ffi::OsStr]| {
                 let mut c = Command::new("bash");
                 c.arg(root().join("scripts/netns/two-hosts.sh")).args(["--ranks-per-host", &ranks_per_host.to_string(), "--"]).args(args);
@@ -392,13 +358,15 @@ fn main() -> Result<()> {
             let st = script(&[conf.as_os_str(), "--backend".as_ref(), "shm".as_ref(), "--report".as_ref(), shm_report.as_os_str()])
                 .status()
                 .context("could not start scripts/netns/two-hosts.sh")?;
-            let json: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
-                    .context("two-hosts: shm wrote no report")?;
-            let cases = json["cases"].as_array().cloned().unwrap_or_default();
+            let json = json::parse(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
+                .context("two-hosts: shm wrote no report")?;
+            let cases = json.get("cases").as_array().to_vec();
             let refused = cases
                 .iter()
-                .filter(|c| c["status"] == "unsupported" && c["detail"].as_str().is_some_and(|d| d.contains("the world spans hosts")))
+                .filter(|c| {
+                    c.get("status").as_str() == Some("unsupported")
+                        && c.get("detail").as_str().is_some_and(|d| d.contains("the world spans hosts"))
+                })
                 .count();
             if !st.success() || cases.is_empty() || refused != cases.len() {
                 bail!("two-hosts: shm did not refuse the world on every case ({refused} of {} refused by name; exit {st})", cases.len());

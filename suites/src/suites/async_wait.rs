@@ -221,27 +221,28 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }
     }));
-    v.push(Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
-        // A large buffer, read at once after wait: a backend that reports completion before the
-        // data is final is caught here.
-        let b = ctx.b;
-        let w = here(b, "all_reduce", "out", DType::F32);
-        let n = 4 << 20;
-        for it in 0..3 {
-            let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
-            let x = b.upload(&Tensor::from_vec(&[n], vals))?;
-            // The expected values first: the read MUST follow the wait at once (computing 4 M
-            // expected elements in between gave a late write time to land on a loaded machine).
-            let ws = b.world_size();
-            let exp = Tensor::from_vec(
-                &[n],
-                (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum::<f32>()).collect::<Vec<f32>>(),
-            );
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-            expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
-        }
-        Ok(())
-    }));
+    v.push(
+        Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+            // A large buffer, read at once after wait: a backend that reports completion before the
+            // data is final is caught here.
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let n = 4 << 20;
+            for it in 0..3 {
+                let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
+                // The expected result is made before the op, so the read really comes right after the
+                // wait (not after milliseconds of arithmetic a late write could land in).
+                let ws = b.world_size();
+                let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
+                let exp = Tensor::from_vec(&[n], exp);
+                let x = b.upload(&Tensor::from_vec(&[n], vals))?;
+                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
+            }
+            Ok(())
+        })
+        .heavy(),
+    );
     v.push(Case::<B>::new("async::async_result_waits_on_first_read::ws2", meta("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);

@@ -216,15 +216,24 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
-    v.push(Case::<B>::new("faults::late_peer::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
-        victim_case(ctx, 0, true, Place::InPlace, None)
-    }));
-    v.push(Case::<B>::new("faults::late_peer::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
-        victim_case(ctx, 0, true, Place::OutOfPlace, None)
-    }));
-    v.push(Case::<B>::new("faults::stall_between_barriers::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
-        victim_case(ctx, 0, false, Place::InPlace, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))
-    }));
+    v.push(
+        Case::<B>::new("faults::late_peer::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+            victim_case(ctx, 0, true, Place::InPlace, None)
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("faults::late_peer::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
+            victim_case(ctx, 0, true, Place::OutOfPlace, None)
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("faults::stall_between_barriers::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+            victim_case(ctx, 0, false, Place::InPlace, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))
+        })
+        .stall_bound(),
+    );
     v.push(Case::<B>::new("faults::fail_after_post::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
         victim_case(ctx, 1, true, Place::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
@@ -234,8 +243,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
     v.push(Case::<B>::new("faults::new_group_after_mismatch::ws2", meta("new_group", "out"), 2, group_mismatch_case));
-    v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case));
-    v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case));
+    v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case).stall_bound());
+    v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case).stall_bound());
     v
 }
 

@@ -368,7 +368,10 @@ fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: Fused
     let seed = concord_fixtures::seed_for(&name);
     let m = meta(&spec);
     let spec = Arc::new(spec);
-    out.push(Case::new(name, m, ws, move |ctx| body(ctx, &spec, seed, repeats)));
+    // The large operands at 5 and 8 ranks take a second or more each: started first.
+    let heavy = name.contains("::large::") && ws >= 5;
+    let c = Case::new(name, m, ws, move |ctx| body(ctx, &spec, seed, repeats));
+    out.push(if heavy { c.heavy() } else { c });
 }
 
 /// World sizes of the fused suite (the catalogue's).
