@@ -532,15 +532,7 @@ impl Comm {
         premul: &[(sys::ncclDataType_t, [u8; 8])],
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = &inner.aborted {
-            return Err(LaunchError::Aborted(why.clone()));
-        }
-        if let Some(why) = self.aborted() {
-            // Requested while this thread waited for the lock: carry it out.
-            self.abort_locked(inner, why.clone());
-            return Err(LaunchError::Aborted(why));
-        }
+        let inner = self.lock_live()?;
         let comm = inner.raw.0;
         let stream = self.stream;
         let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
@@ -630,6 +622,20 @@ impl Comm {
         }
     }
 
+    /// The communicator's lock, unless it is aborted: an abort requested while this thread
+    /// waited for the lock is carried out here.
+    fn lock_live(&self) -> Result<MutexGuard<'_, Inner>, LaunchError> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(LaunchError::Aborted(why.clone()));
+        }
+        if let Some(why) = self.aborted() {
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        Ok(inner)
+    }
+
     /// Enqueues `calls` as one group without waiting for NCCL to accept it (a non-blocking
     /// communicator may finish it in the background, e.g. while it connects to the peer, which
     /// needs the peer's side): `Ok(true)` still in progress — poll [`Comm::group_ready`] before
@@ -640,14 +646,7 @@ impl Comm {
         &self,
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<bool, LaunchError> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = &inner.aborted {
-            return Err(LaunchError::Aborted(why.clone()));
-        }
-        if let Some(why) = self.aborted() {
-            self.abort_locked(inner, why.clone());
-            return Err(LaunchError::Aborted(why));
-        }
+        let inner = self.lock_live()?;
         let comm = inner.raw.0;
         let start = unsafe { sys::ncclGroupStart() };
         if let Err(e) = ok_or_progress(start) {
