@@ -280,7 +280,11 @@ impl Drop for Channel {
     /// autotuner's timeout phase, a rank exiting after its peer had gone, hung in this drop).
     /// Device memory needs nothing: its frees are stream-ordered.
     fn drop(&mut self) {
-        let idle = self.comm.dev.record().ok().and_then(|e| e.query().ok()).unwrap_or(false);
+        // Healthy work still running is given the same grace as a dropped backend's queue.
+        let idle = match self.comm.dev.record() {
+            Ok(ev) => poll_until(Instant::now() + DROP_GRACE, || matches!(ev.query(), Ok(true)).then_some(())).is_some(),
+            Err(_) => false,
+        };
         let (sched, wire) = &mut *self.p2p.get_mut().unwrap_or_else(|e| e.into_inner());
         // A direction's stream counts too: `cuMemFreeHost` waits for the whole device.
         if idle && !sched.busy(wire) {

@@ -322,6 +322,11 @@ impl Progress {
                         }
                     }
                     self.progress_p2p();
+                    // A point-to-point op that failed just now poisoned the communicator (its
+                    // own poison word does not end this rank's waits): this collective fails too.
+                    if let Some(why) = &self.poisoned {
+                        return Err(WaitErr::Aborted(format!("the communicator was poisoned while waiting for the peers: {why}")));
+                    }
                 }
                 r => return r,
             }
