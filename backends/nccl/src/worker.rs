@@ -543,9 +543,13 @@ impl Channel {
                 }
                 // Device steps may have left matmuls on the compute stream that read or write
                 // the launch's memory: the frees that follow (ordered on this stream) wait for
-                // them. If even that fails, the memory is kept for the process's life.
+                // them. If even that fails, the launch's own memory is kept for the process's
+                // life (the caller's buffers are its own: the warning says so).
                 if let Err(j) = crate::fused_gpu::join_compute(self.dev()) {
-                    eprintln!("concord: warning: {} #{}: {j}; its buffers are never freed", id.name, id.seq);
+                    eprintln!(
+                        "concord: warning: {} #{}: {j}; its staging is never freed, and its matmuls may still touch the caller's buffers",
+                        id.name, id.seq
+                    );
                     std::mem::forget(keep);
                 }
                 return Err(e);
