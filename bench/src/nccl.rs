@@ -50,11 +50,7 @@ fn version(b: &NcclBackend) -> String {
         Ok(t) => format!("memory pool release threshold {t} B"),
         Err(e) => format!("no memory pool ({e})"),
     };
-    format!(
-        "NCCL {} ({} communicator, validation off, {pool})",
-        b.nccl_version(),
-        if b.blocking_comm() { "blocking" } else { "non-blocking (--opts blocking=1 for a blocking one)" }
-    )
+    format!("NCCL {} ({}, validation off, {pool})", b.nccl_version(), b.launch_mode())
 }
 
 /// The raw reference of one rank.

@@ -45,6 +45,10 @@
 //! * An op whose communicator is aborted before its completion was observed fails with the
 //!   abort, never `Ok` with what the aborted op left; a wait ends at its own deadline even while
 //!   a later op is stuck being handed to the library. [clause: faults.aborted_ops_fail]
+//! * An op whose peer never does its part (stalls before or after its header, never launches,
+//!   or is absent at the communicator's very first op, where a lazily connecting library waits
+//!   inside the launch) MUST end in a named error within its deadline plus the abort's bound,
+//!   never `Ok`. [clause: faults.absent_peer_bounded]
 //! * `upload` / `download` synchronise with the device, not with queued collectives: with a
 //!   collective stuck, they return at once and leave the communicator usable.
 //!   [clause: faults.copies_not_behind_collectives]

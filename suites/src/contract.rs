@@ -116,6 +116,17 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["device_faults::abort_fails_ops_in_flight", "device_faults::abort_not_behind_a_launch"],
     },
     Clause {
+        id: "faults.absent_peer_bounded",
+        source: BACKEND,
+        text: "An op whose peer never does its part (stalls before or after its header, never launches, or is absent at the communicator's very first op) ends in a named error within its deadline plus the abort's bound, never Ok.",
+        cases: &[
+            "device_faults::stall_before_first_header",
+            "device_faults::stall_before_header",
+            "device_faults::stall_after_header",
+            "device_faults::no_launch",
+        ],
+    },
+    Clause {
         id: "faults.copies_not_behind_collectives",
         source: BACKEND,
         text: "upload / download synchronise with the device, not with queued collectives, and leave the communicator usable.",

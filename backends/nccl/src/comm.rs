@@ -16,7 +16,8 @@
 use crate::cuda::{poll_until, Device};
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -214,6 +215,34 @@ pub(crate) struct Comm {
     /// Communicators that live and die with this one (its point-to-point directions): an
     /// abort of this one aborts them too.
     children: Mutex<Vec<std::sync::Weak<Comm>>>,
+    /// The blocking twin (see [`Comm::make_twin`]) that runs this communicator's groups; null
+    /// when there is none (then groups run on the non-blocking communicator itself, polled).
+    twin: AtomicPtr<sys::ncclComm>,
+    /// Where a launch stands with the twin: [`TWIN_IDLE`], [`TWIN_INSIDE`] a blocking NCCL call
+    /// (ended from another thread by [`Comm::abort`] or the progress thread's watchdog),
+    /// [`TWIN_ABORTING`], [`TWIN_GONE`].
+    twin_state: AtomicU8,
+    /// The deadline of the blocking call in progress on the twin (nanoseconds since [`epoch`]).
+    twin_deadline: AtomicU64,
+}
+
+/// No NCCL call in progress on the twin.
+const TWIN_IDLE: u8 = 0;
+/// The progress thread is inside a blocking NCCL call on the twin (it holds `inner`).
+const TWIN_INSIDE: u8 = 1;
+/// Another thread is running `ncclCommAbort` on the twin, to end that call.
+const TWIN_ABORTING: u8 = 2;
+/// The twin is aborted or torn down (or there is none).
+const TWIN_GONE: u8 = 3;
+
+/// The zero of [`Comm::twin_deadline`]'s clock.
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+fn since_epoch(t: Instant) -> u64 {
+    t.saturating_duration_since(epoch()).as_nanos() as u64
 }
 
 // SAFETY: the raw handles (communicator under its mutex, stream) may be used from any thread
@@ -397,6 +426,106 @@ impl Comm {
             stream,
             own_stream: None,
             children: Mutex::new(Vec::new()),
+            twin: AtomicPtr::new(std::ptr::null_mut()),
+            twin_state: AtomicU8::new(TWIN_GONE),
+            twin_deadline: AtomicU64::new(0),
+        }
+    }
+
+    /// Splits a *blocking* twin off this (non-blocking) communicator, with all of its ranks
+    /// (collective: every rank calls it at the same point), and runs every later group on it
+    /// (see **Fast launch** in the crate docs). The split itself is asynchronous (a non-blocking
+    /// parent), polled up to `deadline`; any failure aborts this communicator.
+    ///
+    /// Why: a non-blocking communicator hands every group to a thread NCCL starts for it, which
+    /// must be polled to completion before the next call (about 50 us per launch on 2 x H200,
+    /// against about 6 us on a blocking one). A blocking call cannot be polled against its
+    /// deadline; instead the progress thread's watchdog (or any [`Comm::abort`]) ends a call
+    /// that overruns it with `ncclCommAbort` on the twin from another thread, which makes the
+    /// call return (measured on NCCL 2.28.3: a first launch waiting for an absent peer's
+    /// connection returned an error right after the abort).
+    pub fn make_twin(&self, deadline: Instant) -> Result<(), String> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &inner.aborted {
+            return Err(format!("the communicator was aborted: {why}"));
+        }
+        let parent = inner.raw.0;
+        let mut cfg = config(true, self.lib_version);
+        let slot: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
+        // SAFETY: reclaims the slot once NCCL can no longer write it.
+        let free_slot = || unsafe { *Box::from_raw(slot) };
+        let r = unsafe { sys::ncclCommSplit(parent, 0, self.rank as i32, slot, &mut cfg) };
+        if let Err(e) = ok_or_progress(r) {
+            let _ = free_slot();
+            let msg = format!("ncclCommSplit (blocking twin): {}: {}", err_string(e), last_error(parent));
+            self.abort_locked(inner, msg.clone());
+            return Err(msg);
+        }
+        match wait_ready(parent, deadline, false, Some(&self.abort_requested)) {
+            Ready::Done => {}
+            other => {
+                // NCCL may still hold the slot: leak it.
+                let msg = match other {
+                    Ready::Failed(e) => format!("ncclCommSplit (blocking twin): {}: {}", err_string(e), last_error(parent)),
+                    _ => "ncclCommSplit (blocking twin) did not finish before the deadline (a peer did not join)".to_string(),
+                };
+                self.abort_locked(inner, msg.clone());
+                return Err(msg);
+            }
+        }
+        let raw = free_slot();
+        if raw.is_null() {
+            let msg = "ncclCommSplit (blocking twin) returned no communicator".to_string();
+            self.abort_locked(inner, msg.clone());
+            return Err(msg);
+        }
+        match wait_ready(raw, deadline, false, None) {
+            Ready::Done => {}
+            other => {
+                abort_raw(raw);
+                let msg = match other {
+                    Ready::Failed(e) => format!("ncclCommSplit (blocking twin, new communicator): {}", err_string(e)),
+                    _ => "ncclCommSplit (blocking twin) did not finish before the deadline".to_string(),
+                };
+                self.abort_locked(inner, msg.clone());
+                return Err(msg);
+            }
+        }
+        self.twin.store(raw, Ordering::SeqCst);
+        self.twin_state.store(TWIN_IDLE, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether groups run on a blocking twin (see [`Comm::make_twin`]).
+    pub fn has_twin(&self) -> bool {
+        !self.twin.load(Ordering::SeqCst).is_null()
+    }
+
+    /// The progress thread's watchdog: `true` while a blocking call on the twin runs past the
+    /// deadline it was given.
+    pub fn twin_overdue(&self) -> bool {
+        self.twin_state.load(Ordering::SeqCst) == TWIN_INSIDE && since_epoch(Instant::now()) > self.twin_deadline.load(Ordering::SeqCst)
+    }
+
+    /// Ends a blocking call in progress on the twin from this thread (`ncclCommAbort`, NCCL's
+    /// way to end a hung call from another thread; bounded by [`ABORT_WAIT`]). The thread
+    /// inside returns and carries out the rest of the abort.
+    fn abort_twin_inside(&self) {
+        if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_ABORTING, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            let raw = self.twin.swap(std::ptr::null_mut(), Ordering::SeqCst);
+            if !raw.is_null() {
+                let _ = self.dev.bind();
+                abort_raw(raw);
+            }
+            self.twin_state.store(TWIN_GONE, Ordering::SeqCst);
+        }
+    }
+
+    /// Takes the twin out (for an abort or a teardown) unless a call is inside it; null if none.
+    fn take_twin(&self) -> sys::ncclComm_t {
+        match self.twin_state.compare_exchange(TWIN_IDLE, TWIN_GONE, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => self.twin.swap(std::ptr::null_mut(), Ordering::SeqCst),
+            Err(_) => std::ptr::null_mut(),
         }
     }
 
@@ -516,7 +645,12 @@ impl Comm {
                 return Err(LaunchError::Timeout);
             }
         }
-        Ok(Some(Comm::from_raw(self.dev.clone(), new_nranks, key, self.blocking, self.lib_version, RawComm(raw))))
+        let child = Comm::from_raw(self.dev.clone(), new_nranks, key, self.blocking, self.lib_version, RawComm(raw));
+        // A subgroup launches the way its parent does (every member decides alike).
+        if self.has_twin() {
+            child.make_twin(deadline).map_err(LaunchError::Nccl)?;
+        }
+        Ok(Some(child))
     }
 
     /// Runs `calls` (NCCL calls on the communicator and stream) as one group and waits, up to
@@ -533,6 +667,10 @@ impl Comm {
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
         let inner = self.lock_live()?;
+        let twin = self.twin.load(Ordering::SeqCst);
+        if !twin.is_null() {
+            return self.launch_twin(inner, twin, deadline, stall, premul, calls);
+        }
         let comm = inner.raw.0;
         let stream = self.stream;
         let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
@@ -622,6 +760,101 @@ impl Comm {
         }
     }
 
+    /// [`Comm::launch`] on the blocking twin: the group is enqueued when `ncclGroupEnd`
+    /// returns. The call is marked inside the twin with its deadline, so that the watchdog (at
+    /// the deadline) or an abort request ends it from another thread; the abort is then carried
+    /// out here, and the launch fails with [`LaunchError::Timeout`] (past the deadline) or
+    /// [`LaunchError::Aborted`].
+    fn launch_twin(
+        &self,
+        inner: MutexGuard<'_, Inner>,
+        comm: sys::ncclComm_t,
+        deadline: Instant,
+        stall: bool,
+        premul: &[(sys::ncclDataType_t, [u8; 8])],
+        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
+    ) -> Result<(), LaunchError> {
+        self.twin_deadline.store(since_epoch(deadline), Ordering::SeqCst);
+        if self.twin_state.compare_exchange(TWIN_IDLE, TWIN_INSIDE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            let why = self.aborted().unwrap_or_else(|| "the communicator's blocking twin is gone".into());
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
+        let mut result = Ok(());
+        if !premul.is_empty() {
+            match red_fns() {
+                Err(e) => result = Err(LaunchError::Nccl(e)),
+                Ok(f) => {
+                    for (t, scalar) in premul {
+                        let mut scalar = *scalar;
+                        let mut op = 0u32;
+                        let r = unsafe {
+                            (f.premul_create)(
+                                &mut op,
+                                scalar.as_mut_ptr() as *mut c_void,
+                                *t,
+                                sys::ncclScalarResidence_t::ncclScalarHostImmediate,
+                                comm,
+                            )
+                        };
+                        if let Err(e) = ok_or_progress(r) {
+                            result = Err(LaunchError::Nccl(format!("ncclRedOpCreatePreMulSum: {}: {}", err_string(e), last_error(comm))));
+                            break;
+                        }
+                        ops.push(op);
+                    }
+                }
+            }
+        }
+        if result.is_ok() {
+            let start = unsafe { sys::ncclGroupStart() };
+            result = match ok_or_progress(start) {
+                Err(e) => Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e)))),
+                Ok(_) => {
+                    let body = calls(comm, self.stream, &ops);
+                    let end = unsafe { sys::ncclGroupEnd() };
+                    match (body, ok_or_progress(end)) {
+                        (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
+                        (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
+                        (Ok(()), Ok(_)) => Ok(()),
+                    }
+                }
+            };
+        }
+        if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            // Ended from another thread (the watchdog at the deadline, or an abort request):
+            // wait for that abort (bounded), then abort the rest here. The premul ops went
+            // with the twin.
+            let _ = poll_until(Instant::now() + ABORT_WAIT, || (self.twin_state.load(Ordering::SeqCst) == TWIN_GONE).then_some(()));
+            let overdue = Instant::now() >= deadline;
+            let why = self.aborted().unwrap_or_else(|| "NCCL's blocking call was ended from another thread".into());
+            self.abort_locked(inner, why.clone());
+            return Err(if overdue { LaunchError::Timeout } else { LaunchError::Aborted(why) });
+        }
+        let destroy_ops = |ops: &[u32]| {
+            if let Ok(f) = red_fns() {
+                for op in ops {
+                    unsafe { (f.op_destroy)(*op, comm) };
+                }
+            }
+        };
+        if result.is_ok() && stall {
+            // Fault injection (`enqueue:stall`): the group counts as still being enqueued.
+            if poll_until(deadline, || self.abort_requested.load(Ordering::SeqCst).then_some(())).is_none() {
+                self.abort_locked(inner, "an NCCL group was still being enqueued at its deadline".into());
+                return Err(LaunchError::Timeout);
+            }
+        }
+        if self.abort_requested.load(Ordering::SeqCst) {
+            let why = self.aborted().unwrap_or_default();
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        destroy_ops(&ops);
+        result
+    }
+
     /// The communicator's lock, unless it is aborted: an abort requested while this thread
     /// waited for the lock is carried out here.
     fn lock_live(&self) -> Result<MutexGuard<'_, Inner>, LaunchError> {
@@ -691,6 +924,20 @@ impl Comm {
         if inner.raw.0.is_null() {
             return None;
         }
+        // The twin runs the groups: a peer gone shows there. Not while a call is inside it
+        // (`inner` is held then, so this cannot happen here; checked all the same).
+        let twin = self.twin.load(Ordering::SeqCst);
+        if !twin.is_null() && self.twin_state.load(Ordering::SeqCst) == TWIN_IDLE {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            let r = unsafe { sys::ncclCommGetAsyncError(twin, &mut state) };
+            if r != sys::ncclResult_t::ncclSuccess {
+                return Some(err_string(r));
+            }
+            match state {
+                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => {}
+                e => return Some(format!("{}: {}", err_string(e), last_error(twin))),
+            }
+        }
         let mut state = sys::ncclResult_t::ncclSuccess;
         let r = unsafe { sys::ncclCommGetAsyncError(inner.raw.0, &mut state) };
         if r != sys::ncclResult_t::ncclSuccess {
@@ -721,6 +968,8 @@ impl Comm {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
         self.abort_requested.store(true, Ordering::SeqCst);
         self.dev.release_gates();
+        // A launch inside a blocking call on the twin cannot look at the flag: end the call.
+        self.abort_twin_inside();
         let until = Instant::now() + ABORT_WAIT;
         loop {
             match self.inner.try_lock() {
@@ -742,9 +991,13 @@ impl Comm {
         }
         inner.aborted = Some(reason.clone());
         let raw = std::mem::replace(&mut inner.raw, RawComm(std::ptr::null_mut()));
+        let twin = self.take_twin();
         drop(inner);
+        let _ = self.dev.bind();
+        if !twin.is_null() {
+            abort_raw(twin);
+        }
         if !raw.0.is_null() {
-            let _ = self.dev.bind();
             abort_raw(raw.0);
         }
         self.abort_children(&reason);
@@ -759,9 +1012,10 @@ impl Comm {
             return None;
         }
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
+        let twin = RawComm(self.take_twin());
         drop(inner);
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
-        Some(Teardown { raw, dev: self.dev.clone(), stream: self.stream, _own_stream: self.own_stream.clone() })
+        Some(Teardown { raw, twin, dev: self.dev.clone(), stream: self.stream, _own_stream: self.own_stream.clone() })
     }
 
     /// Where this communicator's teardown runs: the rank's progress thread (set by the
@@ -778,6 +1032,8 @@ pub(crate) type TeardownVia = Box<dyn Fn(Teardown) -> Result<(), Teardown> + Sen
 /// A communicator taken out for teardown.
 pub(crate) struct Teardown {
     raw: RawComm,
+    /// The blocking twin (null if none): finalized and destroyed first, on a helper thread.
+    twin: RawComm,
     dev: Arc<Device>,
     /// The communicator's stream (checked idle first), kept alive until the teardown is done.
     stream: sys::cudaStream_t,
@@ -791,6 +1047,7 @@ impl Teardown {
     pub fn run(self) {
         let deadline = Instant::now() + Duration::from_secs(5);
         let raw = self.raw;
+        let twin = self.twin;
         self.dev.release_gates();
         if self.dev.bind().is_err() {
             return;
@@ -802,9 +1059,43 @@ impl Teardown {
             Ok(true)
         );
         if !idle {
+            if !twin.0.is_null() {
+                abort_raw(twin.0);
+            }
             abort_raw(raw.0);
             return;
         }
+        let t0 = Instant::now();
+        // The twin (blocking: its finalize returns once its finished work is flushed, an abort
+        // if that fails) is torn down on a helper thread *beside* the parent: each destroy
+        // takes about half a second (2 x H200), and one after the other pushed a process that
+        // drops an un-waited collective past the 1 s it has to exit. Independent communicators
+        // (the twin shares nothing with its parent), both idle.
+        let twin_done = (!twin.0.is_null()).then(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dev = self.dev.clone();
+            let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
+                let twin = twin;
+                let _ = dev.bind();
+                if unsafe { sys::ncclCommFinalize(twin.0) } == sys::ncclResult_t::ncclSuccess {
+                    unsafe {
+                        let _ = sys::ncclCommDestroy(twin.0);
+                    }
+                } else {
+                    unsafe {
+                        let _ = sys::ncclCommAbort(twin.0);
+                    }
+                }
+                let _ = tx.send(());
+            });
+            (spawned, rx)
+        });
+        let wait_twin = |twin_done: Option<(std::io::Result<std::thread::JoinHandle<()>>, std::sync::mpsc::Receiver<()>)>| {
+            if let Some((Ok(_), rx)) = twin_done {
+                let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
+            }
+        };
+        let t1 = Instant::now();
         let fin = unsafe { sys::ncclCommFinalize(raw.0) };
         let finished = match ok_or_progress(fin) {
             Ok(false) => true,
@@ -813,6 +1104,7 @@ impl Teardown {
         };
         if !finished {
             abort_raw(raw.0);
+            wait_twin(twin_done);
             return;
         }
         // After a finalize, destroy only frees this rank's resources; on a helper thread all
@@ -825,8 +1117,21 @@ impl Teardown {
             }
             let _ = tx.send(());
         });
+        let t2 = Instant::now();
         if spawned.is_ok() {
             let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
+        }
+        let t3 = Instant::now();
+        wait_twin(twin_done);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        if t0.elapsed() > Duration::from_millis(700) {
+            eprintln!(
+                "concord: note: an NCCL communicator's teardown took {:.0} ms (finalize {:.0} ms, destroy {:.0} ms, then the blocking twin's {:.0} ms more)",
+                ms(t0.elapsed()),
+                ms(t2 - t1),
+                ms(t3 - t2),
+                ms(t3.elapsed())
+            );
         }
     }
 }
@@ -854,7 +1159,6 @@ use crate::worker::{Channel, Job, Progress};
 use crate::{probe, NcclBackend, NcclBuffer};
 use concord_core::{progress, validate_local, Backend, CallOp, CollectiveError, DType, OutstandingCounter, Variant, WorldInfo};
 use cudarc::nccl::sys as nccl;
-use std::sync::atomic::AtomicU64;
 
 pub(crate) static GROUP_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -955,6 +1259,7 @@ impl NcclBackend {
         let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         let validate = opt_flag(world, "validate", true);
         let blocking = opt_flag(world, "blocking", false);
+        let fast_launch = opt_flag(world, "fast_launch", true);
         let init_timeout = world
             .option("init_timeout_ms")
             .and_then(|v| v.parse().ok())
@@ -988,6 +1293,9 @@ impl NcclBackend {
             id
         };
         let comm = Comm::init(dev, ws, rank, id, blocking, lib_version, deadline).map_err(|e| fail("communicator", e))?;
+        if fast_launch && !blocking {
+            comm.make_twin(deadline).map_err(|e| fail("communicator", e))?;
+        }
         let init_time = started.elapsed();
         // Names this communicator in the store (its point-to-point directions meet under it):
         // the world's id and this init's unique id, so a re-init in the same world never meets

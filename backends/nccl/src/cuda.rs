@@ -82,6 +82,8 @@ pub(crate) struct Device {
     /// Without stream-ordered allocation: frees waiting for an idle device (`cuMemFree` may
     /// synchronise the device, so it never runs while work is queued: see [`Device::reap`]).
     deferred: std::sync::Mutex<Vec<u64>>,
+    /// Free completion events for reuse (see [`Device::record`]), destroyed with the device.
+    events: std::sync::Mutex<Vec<usize>>,
 }
 
 /// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
@@ -147,6 +149,7 @@ impl Device {
             pool,
             freed_since_trim: std::sync::atomic::AtomicUsize::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
+            events: std::sync::Mutex::new(Vec::new()),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
         Ok(Arc::new(dev))
@@ -325,14 +328,24 @@ impl Device {
     }
 
     /// Records an event on the stream.
-    pub fn record(&self) -> Result<Event, String> {
-        Event::record_on(self.stream)
+    /// A completion event recorded on the collectives' stream now; reuses a free one of this
+    /// device (creating and destroying one per launched op cost about a microsecond of the
+    /// progress thread's time per op).
+    pub fn record(self: &Arc<Self>) -> Result<Event, String> {
+        let free = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let raw = match free {
+            Some(e) => e as sys::CUevent,
+            None => cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?,
+        };
+        let ev = Event(raw, Some(Arc::downgrade(self)));
+        unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        Ok(ev)
     }
 
     /// Waits until everything queued on the stream so far is done, or until `deadline`:
     /// `Ok(true)` done, `Ok(false)` deadline passed.
     pub fn sync_until(&self, deadline: Instant) -> Result<bool, String> {
-        let ev = self.record()?;
+        let ev = Event::record_on(self.stream)?;
         ev.wait_until(deadline)
     }
 
@@ -368,19 +381,33 @@ impl Drop for Device {
                 let _ = cu::stream::destroy(self.stream);
                 let _ = cu::stream::destroy(self.copy);
             }
+            for e in self.events.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                unsafe {
+                    let _ = cu::event::destroy(e as sys::CUevent);
+                }
+            }
         }
     }
 }
 
-/// A CUDA event; destroyed on drop (the driver releases it once complete).
-pub(crate) struct Event(pub sys::CUevent);
+/// A CUDA event; destroyed on drop (the driver releases it once complete), or, for the
+/// completion events of [`Device::record`], given back to its device's pool for reuse.
+pub(crate) struct Event(pub sys::CUevent, Option<std::sync::Weak<Device>>);
 unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
+/// The most free completion events a [`Device`] keeps for reuse.
+const EVENT_POOL_MAX: usize = 4096;
+
 impl Event {
+    /// An event of the caller's own (never pooled).
+    pub(crate) fn owned(ev: sys::CUevent) -> Event {
+        Event(ev, None)
+    }
+
+    /// A completion event (no timing) created and recorded on `stream` now.
     pub(crate) fn record_on(stream: sys::CUstream) -> Result<Event, String> {
-        let ev = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?;
-        let ev = Event(ev);
+        let ev = Event(cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?, None);
         unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;
         Ok(ev)
     }
@@ -407,6 +434,13 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if let Some(dev) = self.1.as_ref().and_then(|w| w.upgrade()) {
+            let mut pool = dev.events.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < EVENT_POOL_MAX {
+                pool.push(self.0 as usize);
+                return;
+            }
+        }
         unsafe {
             let _ = cu::event::destroy(self.0);
         }

@@ -11,6 +11,23 @@
 //! * **World.** Rank `r` drives visible GPU `r` (`CUDA_VISIBLE_DEVICES` respected). Rank 0's
 //!   `ncclGetUniqueId` travels through the world's file store. The communicator is
 //!   non-blocking (`ncclConfig_t.blocking = 0`) and created once per world, in `init`.
+//! * **Fast launch.** A non-blocking communicator hands every group to a thread NCCL starts for
+//!   it, to be polled to completion before the next call: about 50 us per launch (2 x H200),
+//!   against about 6 us on a blocking one. So right after `init` (and after every `new_group`)
+//!   every rank splits a *blocking twin* off the communicator (`ncclCommSplit` with
+//!   `blocking = 1`, `splitShare = 1`: asynchronous, since the parent is non-blocking, and polled
+//!   against the init deadline), and every group of that communicator (header exchanges,
+//!   collectives, fused ops' NCCL steps, premul-sum ops) runs on the twin; the parent keeps
+//!   what must stay non-blocking: splits (subgroups, the twin itself) and its state. A blocking
+//!   call cannot be polled against its deadline, so each is marked inside the twin with its
+//!   deadline, and the progress thread's watchdog (`worker`, a look every 2 ms) aborts the
+//!   communicator of a call still inside NCCL past it; `Comm::abort` from any thread
+//!   does the same at once. `ncclCommAbort` on the twin from that other thread makes the call
+//!   return (measured on NCCL 2.28.3: a first launch waiting for an absent peer's connection
+//!   returned an error right after the abort); the launch then carries out the rest of the
+//!   abort and fails with a named timeout. Option `fast_launch=0` keeps every group on the
+//!   non-blocking communicator (each polled); `blocking=1` makes the communicator itself
+//!   blocking (its `init` then has no deadline: for comparisons only).
 //! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset). An op's output
 //!   is allocated stream-ordered on the rank's NCCL stream (every NCCL call uses it); a
 //!   caller's buffer (`upload`, `alloc`) on the copy stream, waited for before it is returned;
@@ -110,7 +127,9 @@
 //!   non-blocking `ncclCommInitRankConfig`) and used by the progress thread too.
 //!   `ncclCommAbort` — whose purpose is to end a hung communicator from another thread — runs
 //!   on a short-lived `nccl-abort` thread, taking the communicator's lock (requested, see
-//!   **Abort**); `ncclCommDestroy` after a successful finalize (it then only frees this
+//!   **Abort**), except on a blocking twin whose call is in progress: that one is aborted
+//!   without the lock, from the aborting thread (the watchdog, a waiter), which is the only
+//!   way to end the call (see **Fast launch**); `ncclCommDestroy` after a successful finalize (it then only frees this
 //!   rank's resources) runs on an `nccl-destroy` thread so that its wait stays bounded; a
 //!   communicator whose progress thread has stopped is torn down on the thread dropping it.
 //! * **Safety of shared GPUs.** If `NCCL_NVLS_ENABLE` is unset, `init` sets it to `0`: NVLink

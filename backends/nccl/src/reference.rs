@@ -198,7 +198,7 @@ impl RawNccl {
     }
 
     fn record(&self, flags: cusys::CUevent_flags) -> Result<Event, String> {
-        let ev = Event(cu::event::create(flags).map_err(|e| derr("cuEventCreate", e))?);
+        let ev = Event::owned(cu::event::create(flags).map_err(|e| derr("cuEventCreate", e))?);
         unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| derr("cuEventRecord", e))?;
         Ok(ev)
     }

@@ -59,14 +59,25 @@ impl NcclBackend {
         // Spin (no sleep) for the last launch, so that the event follows it on the stream as
         // closely as nccl-tests' does (a late event would count GPU idle time); past SPIN_MARK
         // the host is the bottleneck anyway and the wait sleeps between looks.
+        // The spin is gentle (a burst of pause hints between two looks at one counter that
+        // only the progress thread writes): a waiter spinning hard competes with the thread it
+        // waits for (a hyperthread sibling, a contended cache line).
         let spin_until = started + SPIN_MARK;
+        let target = self.progress.submitted();
         let mut launched = false;
-        while Instant::now() < spin_until {
-            if self.progress.flush(Instant::now()) {
-                launched = true;
+        'spin: loop {
+            for _ in 0..64 {
+                if self.progress.launched_up_to(target) {
+                    launched = true;
+                    break 'spin;
+                }
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            }
+            if Instant::now() >= spin_until {
                 break;
             }
-            std::hint::spin_loop();
         }
         if !launched && !self.wait_launched(self.op_timeout) {
             return Err(CollectiveError::Timeout {
@@ -81,8 +92,9 @@ impl NcclBackend {
                 ),
             });
         }
-        let ev =
-            Event(cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?);
+        let ev = Event::owned(
+            cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?,
+        );
         unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| self.timing_err("mark", derr("cuEventRecord", e)))?;
         Ok(Mark { ev, recorded: Instant::now() })
     }
@@ -116,9 +128,28 @@ impl NcclBackend {
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
-    /// Whether the communicator is blocking (option `blocking=1`) or non-blocking (the default).
-    pub fn blocking_comm(&self) -> bool {
-        self.chan.comm.blocking
+    /// Turns the progress thread's per-job time breakdown on (`true`) or off and returns what
+    /// it measured since the last call: mean microseconds per job of each section (see
+    /// `worker::Profile`: the whole job, its NCCL calls, its CUDA event, its bookkeeping).
+    pub fn profile_progress(&self, on: bool) -> Vec<(&'static str, f64)> {
+        let t = self.progress.tracker();
+        let out = t.profile.take();
+        t.profile.on.store(on, std::sync::atomic::Ordering::SeqCst);
+        out
+    }
+
+    /// How this backend's collectives are launched, in words: on a blocking twin of the
+    /// non-blocking communicator (the default; see **Fast launch** in the crate docs), on the
+    /// non-blocking communicator itself (`fast_launch=0`), or on a blocking communicator
+    /// (`blocking=1`, no watchdog for its init).
+    pub fn launch_mode(&self) -> &'static str {
+        if self.chan.comm.blocking {
+            "blocking communicator (blocking=1)"
+        } else if self.chan.comm.has_twin() {
+            "non-blocking communicator, groups on its blocking twin (the default)"
+        } else {
+            "non-blocking communicator (fast_launch=0)"
+        }
     }
 
     /// The release threshold of this GPU's default memory pool (see [`Self::keep_pool_memory`]).

@@ -325,7 +325,7 @@ impl Channel {
         Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side), p2p: Mutex::new((sched, wire)), p2p_key })
     }
 
-    fn dev(&self) -> &Device {
+    fn dev(&self) -> &Arc<Device> {
         &self.comm.dev
     }
 
@@ -512,10 +512,17 @@ impl Channel {
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
+        let prof = &tracker.profile;
+        let t = prof.start();
         self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
         let keep = self.run_steps(id, &premul, then, keep)?;
+        prof.add(1, t);
+        let t = prof.start();
         let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
+        prof.add(2, t);
+        let t = prof.start();
         let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
+        prof.add(3, t);
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(launched))
     }
@@ -716,7 +723,44 @@ pub(crate) struct Tracker {
     any_active: AtomicBool,
     /// The progress thread's queue, for [`Tracker::service_waiting`]'s look-ahead.
     queue: std::sync::OnceLock<std::sync::Weak<Shared>>,
+    pub profile: Profile,
+    /// When [`Tracker::push`] last pruned.
+    last_prune: Mutex<Instant>,
 }
+
+/// Where the progress thread's time goes, per job (off unless a benchmark turns it on:
+/// [`crate::NcclBackend::profile_progress`]). Sections: `nccl` inside the launch's NCCL group
+/// calls, `event` recording the op's CUDA event, `track` the launched-op bookkeeping; `job` is
+/// the whole job from taking it off the queue to counting it finished.
+#[derive(Default)]
+pub(crate) struct Profile {
+    pub on: AtomicBool,
+    /// Nanoseconds: job, nccl, event, track.
+    ns: [AtomicU64; 4],
+    jobs: AtomicU64,
+}
+
+/// The sections of [`Profile`], in its order.
+pub const PROFILE_SECTIONS: [&str; 4] = ["job", "nccl", "event", "track"];
+
+impl Profile {
+    fn start(&self) -> Option<Instant> {
+        self.on.load(Ordering::Relaxed).then(Instant::now)
+    }
+    fn add(&self, section: usize, since: Option<Instant>) {
+        if let Some(t) = since {
+            self.ns[section].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+    /// Mean microseconds per job of each section since the last call, then zeroes.
+    pub fn take(&self) -> Vec<(&'static str, f64)> {
+        let jobs = self.jobs.swap(0, Ordering::Relaxed).max(1) as f64;
+        PROFILE_SECTIONS.iter().zip(&self.ns).map(|(n, a)| (*n, a.swap(0, Ordering::Relaxed) as f64 / 1e3 / jobs)).collect()
+    }
+}
+
+/// How long [`Tracker::push`] goes at most without dropping the completed ones.
+const PRUNE_EVERY: Duration = Duration::from_micros(500);
 
 struct Tracked {
     comm: std::sync::Weak<Comm>,
@@ -735,6 +779,8 @@ impl Tracker {
             active: Mutex::new(Vec::new()),
             any_active: AtomicBool::new(false),
             queue: std::sync::OnceLock::new(),
+            profile: Profile::default(),
+            last_prune: Mutex::new(Instant::now()),
         }
     }
 
@@ -807,8 +853,24 @@ impl Tracker {
 
     /// Drops the completed ops at the front and notes when the new front was reached.
     fn prune(l: &mut VecDeque<Tracked>) {
-        while l.front().is_some_and(|t| !matches!(t.ev.query(), Ok(false))) {
-            l.pop_front();
+        // Every tracked event is on the rank's one stream, so they complete in order: the
+        // first pending one is found by bisection (a few event queries instead of one per op).
+        let done = |t: &Tracked| !matches!(t.ev.query(), Ok(false));
+        match l.back() {
+            None => return,
+            Some(t) if done(t) => l.clear(),
+            Some(_) => {
+                let (mut lo, mut hi) = (0, l.len() - 1); // `hi` is pending
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if done(&l[mid]) {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                l.drain(..lo);
+            }
         }
         if let Some(t) = l.front_mut() {
             t.reached.get_or_insert_with(Instant::now);
@@ -818,9 +880,21 @@ impl Tracker {
     /// Records an op just enqueued (`ev` after it); its [`Launched`] names the op before it.
     fn push(&self, comm: &Arc<Comm>, ev: Arc<Event>, id: &OpId, timeout: Duration) -> Launched {
         let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
-        Self::prune(&mut l);
+        // Pruning queries events (about a microsecond each, and one at least whenever the GPU
+        // is behind): on a long backlog of small ops it was a sixth of a launch. Every
+        // [`Tracker::enforce`] prunes (that is where a front op's deadline is looked at); here
+        // at most every `PRUNE_EVERY` (the list only holds what launched meanwhile), so
+        // `behind` may name an op that has just completed (its waiter then finds the stream
+        // reached when it first looks).
+        let now = Instant::now();
+        let mut last = self.last_prune.lock().unwrap_or_else(|e| e.into_inner());
+        if now.duration_since(*last) >= PRUNE_EVERY {
+            *last = now;
+            Self::prune(&mut l);
+        }
+        drop(last);
         let behind = l.back().map(|t| t.ev.clone());
-        let at = Instant::now();
+        let at = now;
         let reached = behind.is_none().then_some(at);
         l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, timeout, reached });
         Launched { ev, at, behind, side: None }
@@ -891,10 +965,16 @@ impl Progress {
         });
         let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
         let sh = shared.clone();
+        let ordinal = dev.ordinal;
         let thread = std::thread::Builder::new()
-            .name(format!("nccl-progress-gpu{}", dev.ordinal))
+            .name(format!("nccl-progress-gpu{ordinal}"))
             .spawn(move || worker(sh, dev))
             .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("nccl-watchdog-gpu{ordinal}"))
+            .spawn(move || watchdog(sh))
+            .map_err(|e| format!("starting the NCCL watchdog thread: {e}"))?;
         Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
     }
 
@@ -930,6 +1010,17 @@ impl Progress {
         })
     }
 
+    /// The number of jobs submitted so far (for [`Progress::launched_up_to`]).
+    pub fn submitted(&self) -> u64 {
+        self.shared.queued.load(Ordering::SeqCst)
+    }
+
+    /// Whether the first `n` jobs submitted have finished (launched or failed). One atomic load:
+    /// for a caller that spins.
+    pub fn launched_up_to(&self, n: u64) -> bool {
+        self.shared.finished.load(Ordering::Acquire) >= n
+    }
+
     /// Waits until every job submitted so far has finished (launched or failed), or until
     /// `deadline`: `true` when they have.
     pub fn flush(&self, deadline: Instant) -> bool {
@@ -952,6 +1043,29 @@ impl Progress {
                 Some(f) if f >= target => return true,
                 Some(f) => (last, since) = (f, Instant::now()),
                 None => return false,
+            }
+        }
+    }
+}
+
+/// How often the watchdog looks at the progress thread.
+const WATCH_EVERY: Duration = Duration::from_millis(2);
+
+/// The progress thread's watchdog (one per progress thread; ends when it does): a job whose
+/// launch is inside a blocking NCCL call on its communicator's twin past the call's deadline
+/// (`Comm::twin_overdue`: a first launch waiting for an absent peer's connection, or a launch
+/// waiting for room in a queue behind a kernel that never ends) gets its communicator aborted
+/// from here, which ends the call; the launch then fails with a named timeout.
+fn watchdog(sh: Arc<Shared>) {
+    while !sh.exited.load(Ordering::SeqCst) {
+        std::thread::sleep(WATCH_EVERY);
+        let cur = sh.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some((comm, id, _)) = cur {
+            if comm.twin_overdue() {
+                comm.abort(format!(
+                    "{} #{}: its launch was still inside NCCL at its deadline (a peer that never joined?); ended by the watchdog",
+                    id.name, id.seq
+                ));
             }
         }
     }
@@ -1005,6 +1119,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             }
         };
         let Some(mut job) = job else { break };
+        let job_started = sh.tracker.profile.start();
         taken += 1;
         job.start(Instant::now());
         let (Some(id), Some(chan)) = (job.id(), job.chan().cloned()) else {
@@ -1029,6 +1144,10 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         drop(chan);
         *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         sh.finished.fetch_add(1, Ordering::SeqCst);
+        if job_started.is_some() {
+            sh.tracker.profile.add(0, job_started);
+            sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
+        }
     }
     sh.exited.store(true, Ordering::SeqCst);
 }

@@ -83,10 +83,10 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     let x = b.upload(&Tensor::from_vec(&[count], vec![1.0f32; count]))?;
     let pool_default = b.pool_release_threshold().unwrap_or(0);
     say(format!(
-        "# phases: all_reduce {} B (f32 x {count}), {} ranks, {} communicator, validation off, {n} ops back to back; microseconds per op",
+        "# phases: all_reduce {} B (f32 x {count}), {} ranks, {}, validation off, {n} ops back to back; microseconds per op",
         count * 4,
         b.world_size(),
-        if b.blocking_comm() { "blocking" } else { "non-blocking (try --opts blocking=1 too)" }
+        b.launch_mode()
     ));
     say("#   issue: the caller's all_reduce call (checks, output allocation, queueing the job)".into());
     say("#   launched: first issue -> every op launched by the progress thread (its per-op throughput when it is the bottleneck)".into());
@@ -95,8 +95,15 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     for (name, in_place, keep) in [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)] {
         let _ = b.keep_pool_memory(if keep { u64::MAX } else { pool_default });
         let _ = phase_window(b, &x, in_place, n.min(50))?; // warm-up
+        let _ = b.profile_progress(true);
         let [i, l, g, d] = phase_window(b, &x, in_place, n)?;
+        let prof = b.profile_progress(false);
         say(format!("#   {name:<14} {i:9.2} {l:9.2} {g:9.2} {d:9.2}"));
+        say(format!(
+            "#   {:<14} progress thread per job (us): {}",
+            "",
+            prof.iter().map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join(", ")
+        ));
     }
     say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)"
         .into());
@@ -138,7 +145,11 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
         std::hint::black_box(b.capabilities());
         Ok(())
     })?;
-    say(format!("#   step costs: capabilities() {caps:.2}"));
+    let clock = per_call(n * 20, || {
+        std::hint::black_box(Instant::now());
+        Ok(())
+    })?;
+    say(format!("#   step costs: capabilities() {caps:.2}, Instant::now() {clock:.3}"));
     for keep in [false, true] {
         let _ = b.keep_pool_memory(if keep { u64::MAX } else { pool_default });
         let mut held = Vec::with_capacity(n);

@@ -19,7 +19,10 @@
 //!   (simulated out-of-memory): every rank MUST get a named error for op #1 (never a timeout),
 //!   and op #2 MUST then work on every rank.
 //!
-//! Two ranks (one device each): rank 1 stalls before its header of op #1
+//! Two ranks (one device each): `stall_before_first_header` — rank 1 stalls before its header of
+//! op #0, the communicator's first op (a lazily connecting backend waits for the peer inside that
+//! launch): rank 0's op #0 MUST end in a named error within its deadline plus the abort's bound.
+//! Then rank 1 stalls before its header of op #1
 //! (`stall_before_header`), stalls after it (`stall_after_header`), fails before it
 //! (`fail_before_header`), or never launches its side (`no_launch`): rank 0's op #1 MUST end in a
 //! named error within its deadline plus the abort's bound, never `Ok` (for `fail_before_header`:
@@ -216,6 +219,37 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
             let got = ok2.wait(ctx.timeout).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
             expect_eq(b, got, &full(&[16], ws_f), &format!("{w} op #2 after the local failure"))
+        }));
+    }
+
+    // The communicator's very first op (a fresh world, nothing run on it yet): a backend that
+    // connects lazily (NCCL) waits for the absent peer inside its first launch, which its
+    // deadline MUST still bound.
+    {
+        let f = Fault::new(point::BEFORE_HEADER, Action::Stall).on_rank(1).nth(0);
+        let tag = f.to_string();
+        v.push(fault_case::<B>("stall_before_first_header", 2, vec![f], move |ctx| {
+            let b = ctx.b;
+            let w = format!("{} fault={tag}", here(b, "all_reduce", "out", DType::F32));
+            let t = op_timeout(ctx);
+            let x = b.upload(&full(&[16], 1.0f32))?;
+            let t0 = Instant::now();
+            let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(t * 2 + Duration::from_secs(15)).map(|_| ()));
+            let took = t0.elapsed();
+            if b.rank() == 1 {
+                return Ok(()); // the faulty rank
+            }
+            match r {
+                Ok(()) => Err(fail(&w, "op #0 completed Ok although rank 1 never did its part")),
+                Err(e) if !is_named_failure(&e.name()) => {
+                    Err(fail(&w, format!("op #0: expected a timeout / abort / peer_died, got {e} [{}]", e.name())))
+                }
+                Err(_) if took > t + Duration::from_secs(12) => Err(fail(
+                    &w,
+                    format!("op #0, the communicator's first, failed only after {took:?} (op deadline {t:?} + the abort's bound)"),
+                )),
+                Err(_) => Ok(()),
+            }
         }));
     }
 
