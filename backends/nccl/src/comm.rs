@@ -493,7 +493,68 @@ impl Comm {
         }
         self.twin.store(raw, Ordering::SeqCst);
         self.twin_state.store(TWIN_IDLE, Ordering::SeqCst);
-        Ok(())
+        drop(inner);
+        self.connect_twin(deadline)
+    }
+
+    /// Runs the twin's first collective (a one-element all-reduce) now, while every rank is
+    /// here (creating the twin is collective): NCCL connects a communicator lazily, inside its
+    /// first launch, which waits for the peers there. Left to a program's first collective on a
+    /// new group, that wait would hold the progress thread while a peer waits for a send queued
+    /// behind it (rank 0 `all_reduce; isend(1)` against rank 1 `irecv(0); wait; all_reduce`).
+    /// Bounded by `deadline`: a scoped watchdog aborts the twin if the launch is still inside
+    /// NCCL then (a peer gone right after the split), and the device wait has the same deadline.
+    fn connect_twin(&self, deadline: Instant) -> Result<(), String> {
+        let buf = self.dev.alloc(4)?;
+        let p = buf.ptr;
+        let done = AtomicBool::new(false);
+        let r = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(2));
+                    if self.twin_overdue() {
+                        self.abort("the blocking twin's first collective (its connection) was still inside NCCL at the deadline: a peer did not join".into());
+                        return;
+                    }
+                }
+            });
+            let r = self
+                .launch(deadline, false, &[], |c, st, _| unsafe {
+                    crate::worker::check(
+                        sys::ncclAllReduce(
+                            p as *const c_void,
+                            p as *mut c_void,
+                            1,
+                            sys::ncclDataType_t::ncclInt32,
+                            sys::ncclRedOp_t::ncclSum,
+                            c,
+                            st,
+                        ),
+                        "ncclAllReduce (connecting the blocking twin)",
+                    )
+                })
+                .map_err(|e| match e {
+                    LaunchError::Aborted(why) => format!("connecting the blocking twin: the communicator was aborted ({why})"),
+                    LaunchError::Nccl(m) => format!("connecting the blocking twin: {m}"),
+                    LaunchError::Timeout => {
+                        "connecting the blocking twin: its first collective was not enqueued before the deadline".into()
+                    }
+                })
+                .and_then(|()| match self.dev.sync_until(deadline) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("connecting the blocking twin: its first collective did not finish before the deadline".to_string()),
+                    Err(e) => Err(format!("connecting the blocking twin: {e}")),
+                });
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        drop(buf);
+        if let Err(e) = &r {
+            if self.aborted().is_none() {
+                self.abort(e.clone());
+            }
+        }
+        r
     }
 
     /// Whether groups run on a blocking twin (see [`Comm::make_twin`]).

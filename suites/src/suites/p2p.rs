@@ -16,6 +16,9 @@
 //!   `irecv(0); wait; all_reduce`: a collective still waiting for its peer must not hold back a
 //!   send issued after it (shm's progress thread used to wait for the collective's peers first;
 //!   both ranks timed out).
+//! * `p2p::send_behind_pending_collective::fresh_group::ws2` — the same on a new group that has
+//!   run nothing yet: a lazily connecting backend's first collective waits for the peer inside
+//!   its launch (NCCL: the connection), which must not hold the send back.
 //!
 //! shm issue 15 item 9 (one in-order progress thread that blocked in a receive, or in a send
 //! beyond its ring, so `irecv; isend` on both ranks and 17 sends then 17 receives on both ranks
@@ -121,6 +124,39 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = format!("{} (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
+        let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+        if b.rank() == 0 {
+            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+            let y = b.upload(&message(0, 0, 16))?;
+            let s = b.send(&y, 1)?;
+            s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
+            let out = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
+            expect_eq(b, out, &sum, &w)
+        } else {
+            let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
+            let r = b.recv(&out, 0)?;
+            let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
+            expect_eq(b, got, &message(0, 0, 16), &w)?;
+            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+            let res = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
+            expect_eq(b, res, &sum, &w)
+        }
+    }));
+    v.push(Case::<B>::new("p2p::send_behind_pending_collective::fresh_group::ws2", meta(), 2, |ctx| {
+        // The same program on a communicator that has run nothing yet (a new group of both
+        // ranks): a backend that connects lazily must not hold the send back behind its first
+        // collective's connection, which waits for the peer (in its receive).
+        let b0 = ctx.b;
+        if !b0.capabilities().subgroups {
+            return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let w = format!(
+            "{} on a fresh new_group([0, 1]) (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)",
+            here(b0, "send_recv", "outbuf", DType::F32)
+        );
+        let g = b0.new_group(&[0, 1]).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
+        let b = g.as_ref().ok_or_else(|| fail(&w, "new_group([0, 1]) returned nothing to a member"))?;
         let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
         let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
         if b.rank() == 0 {
