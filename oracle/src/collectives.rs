@@ -83,106 +83,151 @@ fn cat(dtype: DType, row_shape: &[usize], parts: &[Tensor]) -> Tensor {
 /// The exact output of every rank of `c` given every rank's input (index = rank), or the named
 /// bad-input error every rank MUST report. See the crate docs for the precedence of checks.
 pub fn expected(c: &Collective, inputs: &[Tensor], sem: &Semantics) -> Result<Expected, OracleError> {
+    validate(c, inputs)?;
+    let ws = inputs.len();
+    let mut out = Expected { outputs: Vec::with_capacity(ws), defined: Vec::with_capacity(ws) };
+    for rank in 0..ws {
+        // all_reduce, all_gather and broadcast give every rank one tensor: computed once.
+        let (t, defined) = match c {
+            Collective::AllReduce { .. } | Collective::AllGather | Collective::Broadcast { .. } if rank > 0 => {
+                (out.outputs[0].clone(), out.defined[0])
+            }
+            _ => output_of(c, inputs, sem, rank),
+        };
+        out.outputs.push(t);
+        out.defined.push(defined);
+    }
+    Ok(out)
+}
+
+/// Rank `rank`'s part of [`expected`] (its output, and whether it is defined), computing no other
+/// rank's output: `expected_for(c, inputs, sem, rank)` is
+/// `(expected(c, inputs, sem)?.outputs[rank], expected(c, inputs, sem)?.defined[rank])`, with the
+/// same validation of every rank's call. Of the inputs of the ranks that [`reads`] leaves out,
+/// only the dtype and shape are used (a caller may pass placeholders of the right shape).
+pub fn expected_for(c: &Collective, inputs: &[Tensor], sem: &Semantics, rank: usize) -> Result<(Tensor, bool), OracleError> {
+    validate(c, inputs)?;
+    assert!(rank < inputs.len(), "rank {rank} of a world of {}", inputs.len());
+    Ok(output_of(c, inputs, sem, rank))
+}
+
+/// Whose input data rank `rank`'s output of `c` is made of, in a world of `ws` (index = rank):
+/// every rank for the reductions, all_gather, all_to_all and the root of reduce / gather; the
+/// source for broadcast, scatter, permute and a receiving rank of send/recv; the rank itself where
+/// it keeps its own input (a non-root rank of reduce, a rank of send/recv or permute that
+/// receives nothing); nobody for a non-root rank of gather (zeros of the right shape). `c` MUST
+/// be valid for `ws` ranks (see [`expected`]).
+pub fn reads(c: &Collective, ws: usize, rank: usize) -> Vec<bool> {
+    let only = |r: usize| (0..ws).map(|i| i == r).collect();
+    let all = || vec![true; ws];
+    match c {
+        Collective::AllReduce { .. } | Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll { .. } => all(),
+        Collective::Broadcast { src } => only(*src),
+        Collective::Scatter { root } => only(*root),
+        Collective::Reduce { root, .. } => {
+            if rank == *root {
+                all()
+            } else {
+                only(rank)
+            }
+        }
+        Collective::Gather { root } => {
+            if rank == *root {
+                all()
+            } else {
+                vec![false; ws]
+            }
+        }
+        Collective::Permute { src_dst } => only(src_dst.iter().position(|&d| d == rank).unwrap_or(rank)),
+        Collective::SendRecv { src_dst } => only(src_dst.iter().position(|&d| d == Some(rank)).unwrap_or(rank)),
+    }
+}
+
+/// Checks every rank's call of `c` with the rule table (concord_core::call); the oracle's own
+/// checks are only those of its `Collective` encoding (one entry per rank).
+fn validate(c: &Collective, inputs: &[Tensor]) -> R<()> {
     let ws = inputs.len();
     if ws == 0 {
         return err(K::BadGroup, "no ranks: a collective needs at least one input");
     }
-    let all_defined = |outputs: Vec<Tensor>| Expected { defined: vec![true; outputs.len()], outputs };
-
-    // The rule table (concord_core::call), for every rank's call; the oracle's own checks are
-    // only those of its `Collective` encoding (one entry per rank).
     let caps = Capabilities::full(usize::MAX);
     match c {
-        Collective::SendRecv { src_dst } => validate_send_recv(src_dst, inputs, &caps)?,
+        Collective::SendRecv { src_dst } => validate_send_recv(src_dst, inputs, &caps),
         Collective::AllToAll { input_splits, output_splits } => {
             for (which, s) in [("input splits", input_splits), ("output splits", output_splits)] {
                 if s.len() != ws {
                     return err(K::BadSplits, format!("{which} given for {} ranks, world size is {ws}", s.len()));
                 }
             }
-            validate_all(&descs(c, inputs), &caps)?
+            validate_all(&descs(c, inputs), &caps)
         }
-        _ => validate_all(&descs(c, inputs), &caps)?,
+        _ => validate_all(&descs(c, inputs), &caps),
     }
-    let dtype = inputs[0].dtype();
+}
 
-    // The outputs.
+/// Rank `rank`'s output of a validated `c` and whether it is defined; reads only the data of the
+/// inputs [`reads`] names.
+fn output_of(c: &Collective, inputs: &[Tensor], sem: &Semantics, rank: usize) -> (Tensor, bool) {
+    let ws = inputs.len();
+    let dtype = inputs[0].dtype();
+    let row_shape = || inputs[0].shape().get(1..).unwrap_or(&[]).to_vec();
+    let reduce_all = |op: &concord_core::ReduceOp| {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        reduce_tensors(*op, &refs, sem)
+    };
     match c {
-        Collective::AllReduce { op } => {
-            let refs: Vec<&Tensor> = inputs.iter().collect();
-            let out = reduce_tensors(*op, &refs, sem);
-            Ok(all_defined(vec![out; ws]))
-        }
-        Collective::AllGather => {
-            let row_shape = inputs[0].shape().get(1..).unwrap_or(&[]).to_vec();
-            let out = cat(dtype, &row_shape, inputs);
-            Ok(all_defined(vec![out; ws]))
-        }
+        Collective::AllReduce { op } => (reduce_all(op), true),
+        Collective::AllGather => (cat(dtype, &row_shape(), inputs), true),
         Collective::ReduceScatter { op } => {
-            let d0 = rows(&inputs[0]);
-            let chunk = d0 / ws;
-            let outputs = (0..ws)
-                .map(|r| {
-                    let parts: Vec<Tensor> = inputs.iter().map(|t| t.slice_rows(r * chunk, chunk)).collect();
-                    let refs: Vec<&Tensor> = parts.iter().collect();
-                    reduce_tensors(*op, &refs, sem)
-                })
-                .collect();
-            Ok(all_defined(outputs))
+            let chunk = rows(&inputs[0]) / ws;
+            let parts: Vec<Tensor> = inputs.iter().map(|t| t.slice_rows(rank * chunk, chunk)).collect();
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            (reduce_tensors(*op, &refs, sem), true)
         }
         Collective::AllToAll { .. } => {
-            let row_shape = inputs[0].shape()[1..].to_vec();
-            let descs = descs(c, inputs);
-            let ins: Vec<Vec<usize>> = descs.iter().map(|d| d.input_splits(ws)).collect();
-            let outputs = (0..ws)
-                .map(|j| {
-                    let parts: Vec<Tensor> = (0..ws)
-                        .map(|i| {
-                            let start: usize = ins[i][..j].iter().sum();
-                            inputs[i].slice_rows(start, ins[i][j])
-                        })
-                        .collect();
-                    cat(dtype, &row_shape, &parts)
+            let ins: Vec<Vec<usize>> = descs(c, inputs).iter().map(|d| d.input_splits(ws)).collect();
+            let parts: Vec<Tensor> = (0..ws)
+                .map(|i| {
+                    let start: usize = ins[i][..rank].iter().sum();
+                    inputs[i].slice_rows(start, ins[i][rank])
                 })
                 .collect();
-            Ok(all_defined(outputs))
+            (cat(dtype, &inputs[0].shape()[1..], &parts), true)
         }
-        Collective::Broadcast { src } => Ok(all_defined(vec![inputs[*src].clone(); ws])),
+        Collective::Broadcast { src } => (inputs[*src].clone(), true),
+        // Validated: a permutation, so exactly one rank sends to `rank`.
         Collective::Permute { src_dst } => {
-            let mut outputs = inputs.to_vec();
-            for (r, &d) in src_dst.iter().enumerate() {
-                outputs[d] = inputs[r].clone();
-            }
-            Ok(all_defined(outputs))
+            let from = src_dst.iter().position(|&d| d == rank).unwrap_or(rank);
+            (inputs[from].clone(), true)
         }
         Collective::Reduce { op, root } => {
-            let refs: Vec<&Tensor> = inputs.iter().collect();
-            let mut outputs = inputs.to_vec();
-            outputs[*root] = reduce_tensors(*op, &refs, sem);
-            Ok(Expected { outputs, defined: (0..ws).map(|r| r == *root).collect() })
+            if rank == *root {
+                (reduce_all(op), true)
+            } else {
+                (inputs[rank].clone(), false)
+            }
         }
         Collective::Gather { root } => {
-            let row_shape = inputs[0].shape().get(1..).unwrap_or(&[]).to_vec();
-            let out = cat(dtype, &row_shape, inputs);
-            let mut outputs = vec![Tensor::zeros(dtype, out.shape()); ws];
-            outputs[*root] = out;
-            Ok(Expected { outputs, defined: (0..ws).map(|r| r == *root).collect() })
+            if rank == *root {
+                (cat(dtype, &row_shape(), inputs), true)
+            } else {
+                let mut shape = vec![inputs.iter().map(rows).sum()];
+                shape.extend(row_shape());
+                (Tensor::zeros(dtype, &shape), false)
+            }
         }
         Collective::Scatter { root } => {
-            let d0 = rows(&inputs[0]);
-            let chunk = d0 / ws;
-            Ok(all_defined((0..ws).map(|r| inputs[*root].slice_rows(r * chunk, chunk)).collect()))
+            let chunk = rows(&inputs[0]) / ws;
+            (inputs[*root].slice_rows(rank * chunk, chunk), true)
         }
-        Collective::SendRecv { src_dst } => {
-            let mut outputs = inputs.to_vec();
-            for (r, d) in src_dst.iter().enumerate() {
-                let Some(d) = *d else { continue };
-                let (x, buf) = (&inputs[r], &inputs[d]);
-                // Validated: same dtype and element count; the data lands in the receive buffer.
-                outputs[d] = Tensor::from_bytes(buf.dtype(), buf.shape(), x.bytes());
+        Collective::SendRecv { src_dst } => match src_dst.iter().position(|&d| d == Some(rank)) {
+            // Validated: one sender, same dtype and element count; the data lands in the receive buffer.
+            Some(from) => {
+                let buf = &inputs[rank];
+                (Tensor::from_bytes(buf.dtype(), buf.shape(), inputs[from].bytes()), true)
             }
-            Ok(all_defined(outputs))
-        }
+            None => (inputs[rank].clone(), true),
+        },
     }
 }
 

@@ -67,26 +67,32 @@ fn flat(c: &[usize], shape: &[usize]) -> usize {
     c.iter().zip(shape).fold(0, |acc, (x, s)| acc * s + x)
 }
 
-fn coords(mut i: usize, shape: &[usize]) -> Vec<usize> {
-    let mut c = vec![0; shape.len()];
+/// The coordinates of flat index `i` in `shape`, into `c` (`shape.len()` long).
+fn coords_into(mut i: usize, shape: &[usize], c: &mut [usize]) {
     for d in (0..shape.len()).rev() {
         c[d] = i % shape[d].max(1);
         i /= shape[d].max(1);
     }
-    c
 }
 
 fn round(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
-    Tensor::from_bytes(
-        dtype,
-        shape,
-        &v.iter()
-            .flat_map(|x| {
-                let bits = crate::round_f64_bits(dtype, *x);
-                bits.to_le_bytes()[..dtype.size()].to_vec()
-            })
-            .collect::<Vec<u8>>(),
-    )
+    let size = dtype.size();
+    let mut bytes = Vec::with_capacity(v.len() * size);
+    for x in v {
+        bytes.extend_from_slice(&crate::round_f64_bits(dtype, *x).to_le_bytes()[..size]);
+    }
+    Tensor::from_bytes(dtype, shape, &bytes)
+}
+
+/// `x` rounded once to the float `dtype`, as f64 (what [`round`] stores, read back).
+fn rounded(dtype: DType, x: f64) -> f64 {
+    let bits = crate::round_f64_bits(dtype, x);
+    match dtype {
+        DType::F32 => f32::from_bits(bits as u32) as f64,
+        DType::F16 => concord_core::half::f16::from_bits(bits as u16).to_f64(),
+        DType::BF16 => concord_core::half::bf16::from_bits(bits as u16).to_f64(),
+        _ => f64::from_bits(bits),
+    }
 }
 
 /// Every rank's outputs (index = rank): all-gather-matmul `[ag, out_0, ..]`, the others
@@ -164,23 +170,24 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
     let sg = s[g];
     let mut ag_shape = s.clone();
     ag_shape[g] *= ws;
-    // The gathered tensor: element at ag coords c comes from rank c[g] / s_g at c[g] % s_g.
-    let ag_val = |c: &[usize]| {
-        let mut l = c.to_vec();
+    // The gathered tensor: element at ag coords c comes from rank c[g] / s_g at c[g] % s_g;
+    // `l` receives the coords in that rank's shard.
+    let ag_val = |c: &[usize], l: &mut [usize]| {
+        l.copy_from_slice(c);
         let r = l[g] / sg;
         l[g] %= sg;
-        (r, inputs[r].a.get_f64(flat(&l, &s)), l)
+        (r, inputs[r].a.get_f64(flat(l, &s)))
     };
     let ag_n: usize = ag_shape.iter().product();
-    let ag_bits: Vec<u8> = (0..ag_n)
-        .flat_map(|i| {
-            let c = coords(i, &ag_shape);
-            let (r, _, l) = ag_val(&c);
-            let es = inputs[0].a.dtype().size();
-            let off = flat(&l, &s) * es;
-            inputs[r].a.bytes()[off..off + es].to_vec()
-        })
-        .collect();
+    let es = inputs[0].a.dtype().size();
+    let (mut c, mut l) = (vec![0; nd], vec![0; nd]);
+    let mut ag_bits: Vec<u8> = Vec::with_capacity(ag_n * es);
+    for i in 0..ag_n {
+        coords_into(i, &ag_shape, &mut c);
+        let (r, _) = ag_val(&c, &mut l);
+        let off = flat(&l, &s) * es;
+        ag_bits.extend_from_slice(&inputs[r].a.bytes()[off..off + es]);
+    }
     let ag = Tensor::from_bytes(inputs[0].a.dtype(), &ag_shape, &ag_bits);
     let ms = moved_shape(&s, g); // shard's moved shape [s_g, .., k]
     let k = ms[nd - 1];
@@ -191,15 +198,19 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
     let rows: usize = full[..nd - 1].iter().product();
     let mut a_mat = vec![0.0f64; rows * k];
     let mut row_src = vec![(0usize, 0usize); rows];
+    let mut m = vec![0; nd];
+    let mut row = vec![0; nd - 1];
     for (idx, slot) in a_mat.iter_mut().enumerate() {
-        let m = coords(idx, &full);
-        let mut c = m[1..].to_vec();
-        c.insert(g, m[0]);
-        let (r, v, _) = ag_val(&c);
+        coords_into(idx, &full, &mut m);
+        // c = m[1..] with m[0] inserted at g
+        c[..g].copy_from_slice(&m[1..=g]);
+        c[g] = m[0];
+        c[g + 1..].copy_from_slice(&m[g + 1..]);
+        let (r, v) = ag_val(&c, &mut l);
         *slot = v;
         if m[nd - 1] == 0 {
-            let mut row = vec![m[0] % sg];
-            row.extend_from_slice(&m[1..nd - 1]);
+            row[0] = m[0] % sg;
+            row[1..].copy_from_slice(&m[1..nd - 1]);
             row_src[idx / k.max(1)] = (r, flat(&row, &ms[..nd - 1]));
         }
     }
@@ -218,23 +229,25 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
                 let mut fin = mo[1..].to_vec();
                 fin.insert(g, mo[0]);
                 let total: usize = fin.iter().product();
-                let v: Vec<f64> = (0..total)
-                    .map(|i| {
-                        let o = coords(i, &fin);
-                        let mut m = vec![o[g]];
-                        m.extend(o.iter().enumerate().filter(|(j, _)| *j != g).map(|(_, x)| *x));
-                        let j = m[nd - 1];
-                        let row = flat(&m[..nd - 1], &mo[..nd - 1]);
-                        // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
-                        let mut acc: f64 = (0..k).fold(0.0, |acc, kk| acc + a_mat[row * k + kk] * bv[kk * n + j]);
-                        if let Some(sc) = scaling {
-                            let (src, ri) = row_src[row];
-                            let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
-                            acc *= sa.at(ri) * sc.b[bi].at(j);
-                        }
-                        acc
-                    })
-                    .collect();
+                let (mut o, mut m) = (vec![0; nd], vec![0; nd]);
+                let mut v: Vec<f64> = Vec::with_capacity(total);
+                for i in 0..total {
+                    coords_into(i, &fin, &mut o);
+                    // m = o[g], then o without its g-th coordinate
+                    m[0] = o[g];
+                    m[1..=g].copy_from_slice(&o[..g]);
+                    m[g + 1..].copy_from_slice(&o[g + 1..]);
+                    let j = m[nd - 1];
+                    let row = flat(&m[..nd - 1], &mo[..nd - 1]);
+                    // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
+                    let mut acc: f64 = (0..k).fold(0.0, |acc, kk| acc + a_mat[row * k + kk] * bv[kk * n + j]);
+                    if let Some(sc) = scaling {
+                        let (src, ri) = row_src[row];
+                        let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
+                        acc *= sa.at(ri) * sc.b[bi].at(j);
+                    }
+                    v.push(acc);
+                }
                 let dt = scaling.map_or(b.dtype(), |s| s.out_dtype);
                 outs.push(round(dt, &fin, &v));
             }
@@ -252,30 +265,26 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
     let mut c_shape = s.clone();
     c_shape[nd - 1] = n;
     let dt = scaling.map_or(inputs[0].a.dtype(), |s| s.out_dtype);
-    // Every rank's product, rounded once to the output dtype (the seed's fallback computes C
-    // in the output dtype before the reduce-scatter).
-    let cs: Vec<Tensor> = inputs
+    // Every rank's product, each element rounded once to the output dtype (the seed's fallback
+    // computes C in the output dtype before the reduce-scatter); an element of C belongs to one
+    // rank's chunk, so each is computed when that chunk is (once in all, only the chunk of rank
+    // `only` when given).
+    let mats: Vec<(Vec<f64>, Vec<f64>)> = inputs
         .iter()
-        .map(|x| {
-            let total: usize = c_shape.iter().product();
-            let av: Vec<f64> = (0..x.a.numel()).map(|i| x.a.get_f64(i)).collect();
-            let bv: Vec<f64> = (0..k * n).map(|i| x.bs[0].get_f64(i)).collect();
-            let v: Vec<f64> = (0..total)
-                .map(|i| {
-                    let (row, j) = (i / n, i % n);
-                    let mut acc = 0.0;
-                    for kk in 0..k {
-                        acc += av[row * k + kk] * bv[kk * n + j];
-                    }
-                    if let Some(sc) = scaling {
-                        acc *= x.a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
-                    }
-                    acc
-                })
-                .collect();
-            round(dt, &c_shape, &v)
-        })
+        .map(|x| ((0..x.a.numel()).map(|i| x.a.get_f64(i)).collect(), (0..k * n).map(|i| x.bs[0].get_f64(i)).collect()))
         .collect();
+    let c_at = |x: usize, fi: usize| {
+        let (av, bv) = &mats[x];
+        let (row, j) = (fi / n, fi % n);
+        let mut acc = 0.0;
+        for kk in 0..k {
+            acc += av[row * k + kk] * bv[kk * n + j];
+        }
+        if let Some(sc) = scaling {
+            acc *= inputs[x].a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
+        }
+        rounded(dt, acc)
+    };
     let mut out_shape = c_shape.clone();
     out_shape[d] /= ws;
     let total: usize = out_shape.iter().product();
@@ -284,19 +293,15 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
             if only.is_some_and(|o| o != r) {
                 return vec![];
             }
-            let v: Vec<f64> = (0..total)
-                .map(|i| {
-                    let mut c = coords(i, &out_shape);
-                    c[d] += r * out_shape[d];
-                    let fi = flat(&c, &c_shape);
-                    let sum: f64 = cs.iter().fold(0.0, |s, t| s + t.get_f64(fi));
-                    if op == ReduceOp::Avg {
-                        sum / ws as f64
-                    } else {
-                        sum
-                    }
-                })
-                .collect();
+            let mut c = vec![0; nd];
+            let mut v: Vec<f64> = Vec::with_capacity(total);
+            for i in 0..total {
+                coords_into(i, &out_shape, &mut c);
+                c[d] += r * out_shape[d];
+                let fi = flat(&c, &c_shape);
+                let sum: f64 = (0..ws).fold(0.0, |s, x| s + c_at(x, fi));
+                v.push(if op == ReduceOp::Avg { sum / ws as f64 } else { sum });
+            }
             vec![round(dt, &out_shape, &v)]
         })
         .collect()

@@ -5,7 +5,9 @@
 //! backend's result with that answer, bit-exactly or within a stated tolerance.
 //!
 //! The oracle is pure: no I/O, no processes, no communication. Every rank can regenerate every
-//! rank's input (see `concord-fixtures`) and call [`expected`] alone.
+//! rank's input (see `concord-fixtures`) and call [`expected`] alone; a rank that checks only its
+//! own result calls [`expected_for`], which computes that rank's output alone and reads the data
+//! of the inputs [`reads`] names only (the others' dtypes and shapes still go through validation).
 //!
 //! ## The contract it encodes
 //! * **Reductions** ([`reduce_tensors`], module [`reduce`]): integers use wrapping arithmetic in
@@ -34,7 +36,7 @@ pub mod fused;
 pub mod reduce;
 
 pub use check::{compare, compare_outputs, tolerance_for, Mismatch, Tolerance};
-pub use collectives::expected;
+pub use collectives::{expected, expected_for, reads};
 pub use fused::{expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs};
 pub use reduce::{reduce_tensors, round_f64_bits};
 

@@ -173,24 +173,67 @@ pub fn reduce_tensors(op: ReduceOp, inputs: &[&Tensor], sem: &Semantics) -> Tens
     assert!(op.defined_for(dtype), "reduce op {op} is not defined for {dtype}");
     let mut out = Tensor::zeros(dtype, &shape);
     let n = out.numel();
+    // Block by block: each rank's elements of a block are read with one dtype dispatch.
+    const BLOCK: usize = 256;
+    let ws = inputs.len();
     if dtype.is_float() {
-        let mut vals = vec![0.0f64; inputs.len()];
-        for i in 0..n {
-            for (v, t) in vals.iter_mut().zip(inputs) {
-                *v = float_at(t, i);
+        let mut cols = vec![0.0f64; ws * BLOCK];
+        let mut vals = vec![0.0f64; ws];
+        for start in (0..n).step_by(BLOCK) {
+            let len = BLOCK.min(n - start);
+            for (r, t) in inputs.iter().enumerate() {
+                let col = &mut cols[r * BLOCK..r * BLOCK + len];
+                dispatch_dtype!(dtype, T => {
+                    for (d, x) in col.iter_mut().zip(&t.as_slice::<T>()[start..start + len]) {
+                        *d = <T as Element>::to_f64(*x);
+                    }
+                });
             }
-            set_float(&mut out, i, reduce_floats(op, &vals, sem));
+            for j in 0..len {
+                for (r, v) in vals.iter_mut().enumerate() {
+                    *v = cols[r * BLOCK + j];
+                }
+                set_float(&mut out, start + j, reduce_floats(op, &vals, sem));
+            }
         }
     } else {
-        let mut vals = vec![0i128; inputs.len()];
-        for i in 0..n {
-            for (v, t) in vals.iter_mut().zip(inputs) {
-                *v = int_at(t, i);
+        let mut cols = vec![0i128; ws * BLOCK];
+        let mut vals = vec![0i128; ws];
+        for start in (0..n).step_by(BLOCK) {
+            let len = BLOCK.min(n - start);
+            for (r, t) in inputs.iter().enumerate() {
+                ints_into(t, start, &mut cols[r * BLOCK..r * BLOCK + len]);
             }
-            set_int(&mut out, i, reduce_ints(dtype, op, &vals, sem));
+            for j in 0..len {
+                for (r, v) in vals.iter_mut().enumerate() {
+                    *v = cols[r * BLOCK + j];
+                }
+                set_int(&mut out, start + j, reduce_ints(dtype, op, &vals, sem));
+            }
         }
     }
     out
+}
+
+/// Elements `start..start + dst.len()` of an integer tensor as [`int_at`] reads them.
+fn ints_into(t: &Tensor, start: usize, dst: &mut [i128]) {
+    fn copy<T: Copy + Into<i128>>(src: &[T], dst: &mut [i128]) {
+        for (d, x) in dst.iter_mut().zip(src) {
+            *d = (*x).into();
+        }
+    }
+    let end = start + dst.len();
+    match t.dtype() {
+        DType::I8 => copy(&t.as_slice::<i8>()[start..end], dst),
+        DType::U8 => copy(&t.as_slice::<u8>()[start..end], dst),
+        DType::I16 => copy(&t.as_slice::<i16>()[start..end], dst),
+        DType::U16 => copy(&t.as_slice::<u16>()[start..end], dst),
+        DType::I32 => copy(&t.as_slice::<i32>()[start..end], dst),
+        DType::U32 => copy(&t.as_slice::<u32>()[start..end], dst),
+        DType::I64 => copy(&t.as_slice::<i64>()[start..end], dst),
+        DType::U64 => copy(&t.as_slice::<u64>()[start..end], dst),
+        d => panic!("ints_into on float dtype {d}"),
+    }
 }
 
 #[cfg(test)]

@@ -226,3 +226,72 @@ fn avg_of_exact_inputs_and_int_wrap_over_the_matrix() {
         }
     }
 }
+
+/// `expected_for` is `expected` restricted to one rank, and reads the data of the inputs `reads`
+/// names only: every other input replaced by a placeholder of its shape gives the same answer.
+#[test]
+fn expected_for_one_rank_is_expected_and_reads_only_what_it_says() {
+    use concord_oracle::{expected_for, reads};
+    for ws in WORLD_SIZES {
+        for dtype in [DType::I8, DType::BF16, DType::F32] {
+            let mut colls = vec![
+                (Collective::AllReduce { op: ReduceOp::Sum }, false),
+                (Collective::AllGather, false),
+                (Collective::ReduceScatter { op: ReduceOp::Max }, true),
+                (Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] }, true),
+                (Collective::Broadcast { src: ws - 1 }, false),
+                (Collective::Permute { src_dst: (0..ws).map(|r| (r + 1) % ws).collect() }, false),
+                (Collective::Reduce { op: ReduceOp::Sum, root: ws / 2 }, false),
+                (Collective::Gather { root: ws - 1 }, false),
+                (Collective::Scatter { root: 0 }, true),
+                (Collective::SendRecv { src_dst: (0..ws).map(|r| Some(r ^ 1).filter(|&p| p < ws)).collect() }, false),
+                (Collective::SendRecv { src_dst: (0..ws).map(|r| (r == 0 && ws > 1).then_some(ws - 1)).collect() }, false),
+            ];
+            let m = split_matrix(seed_for("splits"), ws, 4);
+            let t = transpose(&m);
+            colls.push((
+                Collective::AllToAll {
+                    input_splits: m.iter().cloned().map(Some).collect(),
+                    output_splits: t.iter().cloned().map(Some).collect(),
+                },
+                false,
+            ));
+            for (c, div) in colls {
+                for (name, shape) in shapes() {
+                    let shape = if div { divisible_by(&shape, ws) } else { shape };
+                    let xs: Vec<Tensor> = match &c {
+                        Collective::AllToAll { input_splits, .. } if input_splits[0].is_some() => (0..ws)
+                            .map(|r| {
+                                let mut s = vec![m[r].iter().sum::<usize>()];
+                                s.extend(shape.iter().skip(1));
+                                concord_fixtures::input(seed_for(name), r, ws, dtype, &s, None, InputKind::Exact)
+                            })
+                            .collect(),
+                        _ => inputs(seed_for(name), ws, dtype, &shape, c.reduce_op(), InputKind::Exact),
+                    };
+                    let Ok(all) = expected(&c, &xs, &Semantics::default()) else { continue };
+                    for rank in 0..ws {
+                        let read = reads(&c, ws, rank);
+                        let masked: Vec<Tensor> = xs
+                            .iter()
+                            .enumerate()
+                            .map(|(r, x)| if read[r] { x.clone() } else { Tensor::filled_bytes(dtype, x.shape(), 0x5A) })
+                            .collect();
+                        let (out, defined) = expected_for(&c, &masked, &Semantics::default(), rank).unwrap();
+                        let what = format!("{c:?} {dtype} ws={ws} {name} rank {rank}");
+                        assert_eq!(defined, all.defined[rank], "{what}: defined");
+                        if defined {
+                            same(&[out], &all.outputs[rank..rank + 1], &what);
+                        } else {
+                            assert_eq!(out.shape(), all.outputs[rank].shape(), "{what}: shape");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Bad input: the same named error as `expected`.
+    let xs = inputs(1, 3, DType::F32, &[4], None, InputKind::Exact);
+    let c = Collective::Broadcast { src: 3 };
+    assert_eq!(expected_for(&c, &xs, &Semantics::default(), 0).unwrap_err(), expected(&c, &xs, &Semantics::default()).unwrap_err());
+}
