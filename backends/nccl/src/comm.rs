@@ -224,6 +224,9 @@ pub(crate) struct Comm {
     twin_state: AtomicU8,
     /// The deadline of the blocking call in progress on the twin (nanoseconds since [`epoch`]).
     twin_deadline: AtomicU64,
+    /// Set when this communicator was given a twin at creation (every rank alike): its
+    /// subgroups get one too, whatever has happened to this one's since.
+    wants_twin: AtomicBool,
 }
 
 /// No NCCL call in progress on the twin.
@@ -234,6 +237,10 @@ const TWIN_INSIDE: u8 = 1;
 const TWIN_ABORTING: u8 = 2;
 /// The twin is aborted or torn down (or there is none).
 const TWIN_GONE: u8 = 3;
+
+/// How long [`Comm::abort`] lets a call inside the twin return by itself before it ends the
+/// call with `ncclCommAbort` (a healthy enqueue takes microseconds).
+const TWIN_GRACE: Duration = Duration::from_millis(20);
 
 /// The zero of [`Comm::twin_deadline`]'s clock.
 fn epoch() -> Instant {
@@ -429,6 +436,7 @@ impl Comm {
             twin: AtomicPtr::new(std::ptr::null_mut()),
             twin_state: AtomicU8::new(TWIN_GONE),
             twin_deadline: AtomicU64::new(0),
+            wants_twin: AtomicBool::new(false),
         }
     }
 
@@ -449,8 +457,12 @@ impl Comm {
         if let Some(why) = &inner.aborted {
             return Err(format!("the communicator was aborted: {why}"));
         }
+        self.wants_twin.store(true, Ordering::SeqCst);
         let parent = inner.raw.0;
         let mut cfg = config(true, self.lib_version);
+        // Nothing shared with the parent (not even through NCCL_COMM_SPLIT_SHARE_RESOURCES):
+        // the twin is aborted on its own, from another thread, and released beside it.
+        cfg.splitShare = 0;
         let slot: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
         // SAFETY: reclaims the slot once NCCL can no longer write it.
         let free_slot = || unsafe { *Box::from_raw(slot) };
@@ -505,11 +517,16 @@ impl Comm {
     /// Bounded by `deadline`: a scoped watchdog aborts the twin if the launch is still inside
     /// NCCL then (a peer gone right after the split), and the device wait has the same deadline.
     fn connect_twin(&self, deadline: Instant) -> Result<(), String> {
-        let buf = self.dev.alloc(4)?;
-        let p = buf.ptr;
+        // An all-gather of 8 bytes per rank (what a validation header exchange is) and a
+        // one-element all-reduce, in one group: the algorithms the header exchange and small
+        // collectives use. Send / recv-based collectives (all_to_all, gather, scatter) connect
+        // their peers on first use (see **Fast launch**).
+        let n = self.nranks as u64;
+        let buf = self.dev.alloc(8 * n as usize + 16)?;
+        let (recv, send, red) = (buf.ptr, buf.ptr + 8 * n, buf.ptr + 8 * n + 8);
         let done = AtomicBool::new(false);
         let r = std::thread::scope(|s| {
-            s.spawn(|| {
+            let guard = std::thread::Builder::new().name("nccl-connect-watchdog".into()).spawn_scoped(s, || {
                 while !done.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(2));
                     if self.twin_overdue() {
@@ -518,12 +535,19 @@ impl Comm {
                     }
                 }
             });
+            if let Err(e) = guard {
+                return Err(format!("connecting the blocking twin: starting its watchdog: {e}"));
+            }
             let r = self
                 .launch(deadline, false, &[], |c, st, _| unsafe {
                     crate::worker::check(
+                        sys::ncclAllGather(send as *const c_void, recv as *mut c_void, 8, sys::ncclDataType_t::ncclUint8, c, st),
+                        "ncclAllGather (connecting the blocking twin)",
+                    )?;
+                    crate::worker::check(
                         sys::ncclAllReduce(
-                            p as *const c_void,
-                            p as *mut c_void,
+                            red as *const c_void,
+                            red as *mut c_void,
                             1,
                             sys::ncclDataType_t::ncclInt32,
                             sys::ncclRedOp_t::ncclSum,
@@ -708,7 +732,7 @@ impl Comm {
         }
         let child = Comm::from_raw(self.dev.clone(), new_nranks, key, self.blocking, self.lib_version, RawComm(raw));
         // A subgroup launches the way its parent does (every member decides alike).
-        if self.has_twin() {
+        if self.wants_twin.load(Ordering::SeqCst) {
             child.make_twin(deadline).map_err(LaunchError::Nccl)?;
         }
         Ok(Some(child))
@@ -841,6 +865,31 @@ impl Comm {
             self.abort_locked(inner, why.clone());
             return Err(LaunchError::Aborted(why));
         }
+        // An abort requested just before the state changed: back out before entering NCCL
+        // (`abort` sets the flag before it looks at the state, both sequentially consistent,
+        // so one of the two sides sees the other).
+        if self.abort_requested.load(Ordering::SeqCst) {
+            if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                let _ = poll_until(Instant::now() + ABORT_WAIT, || (self.twin_state.load(Ordering::SeqCst) == TWIN_GONE).then_some(()));
+            }
+            let why = self.aborted().unwrap_or_default();
+            self.abort_locked(inner, why.clone());
+            return Err(LaunchError::Aborted(why));
+        }
+        // A panic inside the calls must not leave the twin marked busy (every later launch
+        // would fail and nothing would tear it down): it becomes an abort request.
+        struct Unwind<'a>(&'a Comm);
+        impl Drop for Unwind<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking()
+                    && self.0.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                {
+                    self.0.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "a panic inside an NCCL launch".into());
+                    self.0.abort_requested.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        let _unwind = Unwind(self);
         let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
         let mut result = Ok(());
         if !premul.is_empty() {
@@ -1029,14 +1078,26 @@ impl Comm {
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
         self.abort_requested.store(true, Ordering::SeqCst);
         self.dev.release_gates();
-        // A launch inside a blocking call on the twin cannot look at the flag: end the call.
-        self.abort_twin_inside();
         let until = Instant::now() + ABORT_WAIT;
+        // A launch inside a blocking call on the twin cannot look at the flag. A healthy one
+        // returns within microseconds and then carries the abort out itself (it re-checks the
+        // flag before it enters NCCL); one still inside after `TWIN_GRACE` is ended from here
+        // (`ncclCommAbort` frees the communicator, so never under a call that is merely busy).
+        let mut inside_since: Option<Instant> = None;
         loop {
             match self.inner.try_lock() {
                 Ok(g) => return self.abort_locked(g, reason),
                 Err(std::sync::TryLockError::Poisoned(e)) => return self.abort_locked(e.into_inner(), reason),
-                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    if self.twin_state.load(Ordering::SeqCst) == TWIN_INSIDE {
+                        if inside_since.get_or_insert_with(Instant::now).elapsed() >= TWIN_GRACE {
+                            self.abort_twin_inside();
+                        }
+                    } else {
+                        inside_since = None;
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
                 Err(std::sync::TryLockError::WouldBlock) => return self.abort_children(&reason),
             }
         }
@@ -1093,7 +1154,7 @@ pub(crate) type TeardownVia = Box<dyn Fn(Teardown) -> Result<(), Teardown> + Sen
 /// A communicator taken out for teardown.
 pub(crate) struct Teardown {
     raw: RawComm,
-    /// The blocking twin (null if none): finalized and destroyed first, on a helper thread.
+    /// The blocking twin (null if none): released beside the parent, on a helper thread.
     twin: RawComm,
     dev: Arc<Device>,
     /// The communicator's stream (checked idle first), kept alive until the teardown is done.
@@ -1127,25 +1188,21 @@ impl Teardown {
             return;
         }
         let t0 = Instant::now();
-        // The twin (blocking: its finalize returns once its finished work is flushed, an abort
-        // if that fails) is torn down on a helper thread *beside* the parent: each destroy
-        // takes about half a second (2 x H200), and one after the other pushed a process that
-        // drops an un-waited collective past the 1 s it has to exit. Independent communicators
-        // (the twin shares nothing with its parent), both idle.
+        // The twin is released with `ncclCommAbort` (its stream is idle: nothing is lost; a
+        // blocking finalize would wait in a barrier for the peers, without a deadline, when they
+        // drop the communicator at different times or are gone), on a helper thread *beside*
+        // the parent's finalize and destroy: each takes about half a second (2 x H200), and
+        // one after the other pushed a process that drops an un-waited collective past the 1 s
+        // it has to exit. Independent communicators (the twin shares nothing with its parent),
+        // each used by one thread.
         let twin_done = (!twin.0.is_null()).then(|| {
             let (tx, rx) = std::sync::mpsc::channel();
             let dev = self.dev.clone();
             let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
                 let twin = twin;
                 let _ = dev.bind();
-                if unsafe { sys::ncclCommFinalize(twin.0) } == sys::ncclResult_t::ncclSuccess {
-                    unsafe {
-                        let _ = sys::ncclCommDestroy(twin.0);
-                    }
-                } else {
-                    unsafe {
-                        let _ = sys::ncclCommAbort(twin.0);
-                    }
+                unsafe {
+                    let _ = sys::ncclCommAbort(twin.0);
                 }
                 let _ = tx.send(());
             });

@@ -15,19 +15,26 @@
 //!   it, to be polled to completion before the next call: about 50 us per launch (2 x H200),
 //!   against about 6 us on a blocking one. So right after `init` (and after every `new_group`)
 //!   every rank splits a *blocking twin* off the communicator (`ncclCommSplit` with
-//!   `blocking = 1`, `splitShare = 1`: asynchronous, since the parent is non-blocking, and polled
-//!   against the init deadline), and every group of that communicator (header exchanges,
-//!   collectives, fused ops' NCCL steps, premul-sum ops) runs on the twin; the parent keeps
-//!   what must stay non-blocking: splits (subgroups, the twin itself) and its state. A blocking
-//!   call cannot be polled against its deadline, so each is marked inside the twin with its
-//!   deadline, and the progress thread's watchdog (`worker`, a look every 2 ms) aborts the
-//!   communicator of a call still inside NCCL past it; `Comm::abort` from any thread
-//!   does the same at once. `ncclCommAbort` on the twin from that other thread makes the call
-//!   return (measured on NCCL 2.28.3: a first launch waiting for an absent peer's connection
-//!   returned an error right after the abort); the launch then carries out the rest of the
-//!   abort and fails with a named timeout. Option `fast_launch=0` keeps every group on the
-//!   non-blocking communicator (each polled); `blocking=1` makes the communicator itself
-//!   blocking (its `init` then has no deadline: for comparisons only).
+//!   `blocking = 1`, `splitShare = 0`: asynchronous, since the parent is non-blocking, and polled
+//!   against the init deadline) and runs the twin's first collective at once (an 8-byte-per-rank
+//!   all-gather and a one-element all-reduce in one group: NCCL connects lazily, inside a first
+//!   launch, which would otherwise wait for the peers in the middle of a program). Every group
+//!   of that communicator (header exchanges, collectives, fused ops' NCCL steps, premul-sum ops)
+//!   then runs on the twin; the parent keeps what must stay non-blocking: splits (subgroups,
+//!   the twin itself) and its state. A blocking call cannot be polled against its deadline, so
+//!   each is marked inside the twin with its deadline, and the progress thread's watchdog
+//!   (`worker`, a look every 2 ms) aborts the communicator of a call still inside NCCL past it;
+//!   `Comm::abort` from any thread does the same once the call has stayed inside 20 ms (a
+//!   healthy enqueue takes microseconds and then carries the abort out itself: it checks the
+//!   request right after marking itself inside, so `ncclCommAbort`, which frees the
+//!   communicator, never runs under a call that is merely busy). `ncclCommAbort` on the twin
+//!   from that other thread makes the call return (measured on NCCL 2.28.3: a first launch
+//!   waiting for an absent peer's connection returned an error right after the abort); the
+//!   launch then carries out the rest of the abort and fails with a named timeout. Send /
+//!   recv-based collectives (all_to_all, gather, scatter) still connect their peers inside
+//!   their first launch. Option `fast_launch=0` keeps every group on the non-blocking
+//!   communicator (each polled); `blocking=1` makes the communicator itself blocking (its
+//!   `init` then has no deadline: for comparisons only).
 //! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset). An op's output
 //!   is allocated stream-ordered on the rank's NCCL stream (every NCCL call uses it); a
 //!   caller's buffer (`upload`, `alloc`) on the copy stream, waited for before it is returned;

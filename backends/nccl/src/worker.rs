@@ -964,17 +964,19 @@ impl Progress {
             taken_ahead: AtomicU64::new(0),
         });
         let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
-        let sh = shared.clone();
         let ordinal = dev.ordinal;
-        let thread = std::thread::Builder::new()
-            .name(format!("nccl-progress-gpu{ordinal}"))
-            .spawn(move || worker(sh, dev))
-            .map_err(|e| format!("starting the NCCL progress thread: {e}"))?;
+        // The watchdog first: it ends once the progress thread has (or, here, never started).
         let sh = shared.clone();
         std::thread::Builder::new()
             .name(format!("nccl-watchdog-gpu{ordinal}"))
             .spawn(move || watchdog(sh))
             .map_err(|e| format!("starting the NCCL watchdog thread: {e}"))?;
+        let sh = shared.clone();
+        let thread =
+            std::thread::Builder::new().name(format!("nccl-progress-gpu{ordinal}")).spawn(move || worker(sh, dev)).map_err(|e| {
+                shared.exited.store(true, Ordering::SeqCst);
+                format!("starting the NCCL progress thread: {e}")
+            })?;
         Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
     }
 
