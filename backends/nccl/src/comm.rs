@@ -366,6 +366,38 @@ pub(crate) fn wait_ready(comm: sys::ncclComm_t, deadline: Instant, stalled: bool
     .unwrap_or(Ready::Deadline)
 }
 
+/// Creates a launch's premul-sum ops on `comm` (their handles in `premul`'s order); on a failure
+/// the ones already created are destroyed again.
+fn create_premul(comm: sys::ncclComm_t, premul: &[(sys::ncclDataType_t, [u8; 8])]) -> Result<Vec<u32>, LaunchError> {
+    let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
+    if premul.is_empty() {
+        return Ok(ops);
+    }
+    let f = red_fns().map_err(LaunchError::Nccl)?;
+    for (t, scalar) in premul {
+        let mut scalar = *scalar;
+        let mut op = 0u32;
+        let r = unsafe {
+            (f.premul_create)(&mut op, scalar.as_mut_ptr() as *mut c_void, *t, sys::ncclScalarResidence_t::ncclScalarHostImmediate, comm)
+        };
+        if let Err(e) = ok_or_progress(r) {
+            destroy_premul(comm, &ops);
+            return Err(LaunchError::Nccl(format!("ncclRedOpCreatePreMulSum: {}: {}", err_string(e), last_error(comm))));
+        }
+        ops.push(op);
+    }
+    Ok(ops)
+}
+
+/// Destroys premul-sum ops made by [`create_premul`].
+fn destroy_premul(comm: sys::ncclComm_t, ops: &[u32]) {
+    if let Ok(f) = red_fns() {
+        for op in ops {
+            unsafe { (f.op_destroy)(*op, comm) };
+        }
+    }
+}
+
 /// Runs `ncclCommAbort` on a helper thread; waits at most [`ABORT_WAIT`].
 fn abort_raw(raw: sys::ncclComm_t) {
     let raw = RawComm(raw);
@@ -758,37 +790,8 @@ impl Comm {
         }
         let comm = inner.raw.0;
         let stream = self.stream;
-        let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
-        if !premul.is_empty() {
-            let f = red_fns().map_err(LaunchError::Nccl)?;
-            for (t, scalar) in premul {
-                let mut scalar = *scalar;
-                let mut op = 0u32;
-                let r = unsafe {
-                    (f.premul_create)(
-                        &mut op,
-                        scalar.as_mut_ptr() as *mut c_void,
-                        *t,
-                        sys::ncclScalarResidence_t::ncclScalarHostImmediate,
-                        comm,
-                    )
-                };
-                if let Err(e) = ok_or_progress(r) {
-                    for op in &ops {
-                        unsafe { (f.op_destroy)(*op, comm) };
-                    }
-                    return Err(LaunchError::Nccl(format!("ncclRedOpCreatePreMulSum: {}: {}", err_string(e), last_error(comm))));
-                }
-                ops.push(op);
-            }
-        }
-        let destroy_ops = |ops: &[u32]| {
-            if let Ok(f) = red_fns() {
-                for op in ops {
-                    unsafe { (f.op_destroy)(*op, comm) };
-                }
-            }
-        };
+        let ops = create_premul(comm, premul)?;
+        let destroy_ops = |ops: &[u32]| destroy_premul(comm, ops);
         let start = unsafe { sys::ncclGroupStart() };
         if let Err(e) = ok_or_progress(start) {
             destroy_ops(&ops);
@@ -890,33 +893,10 @@ impl Comm {
             }
         }
         let _unwind = Unwind(self);
-        let mut ops: Vec<u32> = Vec::with_capacity(premul.len());
-        let mut result = Ok(());
-        if !premul.is_empty() {
-            match red_fns() {
-                Err(e) => result = Err(LaunchError::Nccl(e)),
-                Ok(f) => {
-                    for (t, scalar) in premul {
-                        let mut scalar = *scalar;
-                        let mut op = 0u32;
-                        let r = unsafe {
-                            (f.premul_create)(
-                                &mut op,
-                                scalar.as_mut_ptr() as *mut c_void,
-                                *t,
-                                sys::ncclScalarResidence_t::ncclScalarHostImmediate,
-                                comm,
-                            )
-                        };
-                        if let Err(e) = ok_or_progress(r) {
-                            result = Err(LaunchError::Nccl(format!("ncclRedOpCreatePreMulSum: {}: {}", err_string(e), last_error(comm))));
-                            break;
-                        }
-                        ops.push(op);
-                    }
-                }
-            }
-        }
+        let (ops, mut result) = match create_premul(comm, premul) {
+            Ok(ops) => (ops, Ok(())),
+            Err(e) => (Vec::new(), Err(e)),
+        };
         if result.is_ok() {
             let start = unsafe { sys::ncclGroupStart() };
             result = match ok_or_progress(start) {
@@ -942,13 +922,7 @@ impl Comm {
             self.abort_locked(inner, why.clone());
             return Err(if overdue { LaunchError::Timeout } else { LaunchError::Aborted(why) });
         }
-        let destroy_ops = |ops: &[u32]| {
-            if let Ok(f) = red_fns() {
-                for op in ops {
-                    unsafe { (f.op_destroy)(*op, comm) };
-                }
-            }
-        };
+        let destroy_ops = |ops: &[u32]| destroy_premul(comm, ops);
         if result.is_ok() && stall {
             // Fault injection (`enqueue:stall`): the group counts as still being enqueued.
             if poll_until(deadline, || self.abort_requested.load(Ordering::SeqCst).then_some(())).is_none() {

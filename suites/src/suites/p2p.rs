@@ -39,6 +39,29 @@ fn message(src: usize, k: usize, len: usize) -> Tensor {
     Tensor::from_vec(&[len], (0..len).map(|i| (src * 10_000 + k * 100 + i % 100) as f32).collect())
 }
 
+/// Rank 0 `all_reduce; isend(1)`, then waits for both; rank 1 `irecv(0); wait; all_reduce`, on
+/// `b` (the world or a group of ranks 0 and 1).
+fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+    let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
+    let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+    if b.rank() == 0 {
+        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let y = b.upload(&message(0, 0, 16))?;
+        let s = b.send(&y, 1)?;
+        s.wait(timeout).map_err(|e| fail(w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
+        let out = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
+        expect_eq(b, out, &sum, w)
+    } else {
+        let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
+        let r = b.recv(&out, 0)?;
+        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive: {e} [{}]", e.name())))?;
+        expect_eq(b, got, &message(0, 0, 16), w)?;
+        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
+        expect_eq(b, res, &sum, w)
+    }
+}
+
 /// Order of issue on one rank.
 #[derive(Clone, Copy)]
 enum Order {
@@ -124,24 +147,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = format!("{} (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
-        let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
-        let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
-        if b.rank() == 0 {
-            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
-            let y = b.upload(&message(0, 0, 16))?;
-            let s = b.send(&y, 1)?;
-            s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
-            let out = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
-            expect_eq(b, out, &sum, &w)
-        } else {
-            let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
-            let r = b.recv(&out, 0)?;
-            let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
-            expect_eq(b, got, &message(0, 0, 16), &w)?;
-            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
-            let res = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
-            expect_eq(b, res, &sum, &w)
-        }
+        send_behind_collective(b, ctx.timeout, &w)
     }));
     v.push(Case::<B>::new("p2p::send_behind_pending_collective::fresh_group::ws2", meta(), 2, |ctx| {
         // The same program on a communicator that has run nothing yet (a new group of both
@@ -157,24 +163,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         );
         let g = b0.new_group(&[0, 1]).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
         let b = g.as_ref().ok_or_else(|| fail(&w, "new_group([0, 1]) returned nothing to a member"))?;
-        let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
-        let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
-        if b.rank() == 0 {
-            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
-            let y = b.upload(&message(0, 0, 16))?;
-            let s = b.send(&y, 1)?;
-            s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
-            let out = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
-            expect_eq(b, out, &sum, &w)
-        } else {
-            let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
-            let r = b.recv(&out, 0)?;
-            let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
-            expect_eq(b, got, &message(0, 0, 16), &w)?;
-            let ar = b.all_reduce(&x, ReduceOp::Sum)?;
-            let res = ar.wait(ctx.timeout).map_err(|e| fail(&w, format!("all_reduce: {e} [{}]", e.name())))?;
-            expect_eq(b, res, &sum, &w)
-        }
+        send_behind_collective(b, ctx.timeout, &w)
     }));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
