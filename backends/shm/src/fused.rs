@@ -26,9 +26,11 @@ use concord_core::fused::{
 use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// The smallest `a` (bytes, per rank) that `auto` pipelines (below it the pipeline's extra
-/// synchronisation costs more than it hides: docs/RESULTS.md).
-pub const PIPELINE_MIN_BYTES: usize = 256 << 10;
+/// The smallest `a` (bytes, per rank) that `auto` pipelines: below it the pipeline's extra
+/// synchronisation costs about what it hides (256 KiB per rank measured 0.91 to 1.45 against the
+/// decomposition over four runs, 1 MiB and up 1.04 to 1.18 in every run: docs/RESULTS.md), and
+/// `auto` must never be slower than the decomposition it replaces.
+pub const PIPELINE_MIN_BYTES: usize = 1 << 20;
 
 /// Backend option `fused_pipeline`: `auto` (default: pipeline when `a` has at least
 /// [`PIPELINE_MIN_BYTES`] per rank, and for the reduce-scatter only with two cores per rank —
