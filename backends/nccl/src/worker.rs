@@ -32,6 +32,11 @@
 //!   last handle goes, so no NCCL call of a teardown runs beside another on this device.
 //! * A job keeps the device memory its NCCL calls touch alive until those calls are enqueued
 //!   (a buffer dropped by the caller right after issue is freed stream-ordered *after* the op).
+//! * A launch runs on its communicator's blocking twin (see **Fast launch** in the crate docs),
+//!   so it cannot poll its own deadline: the watchdog thread ([`watchdog`], one per progress
+//!   thread, a look every 2 ms) aborts the communicator of the running job whose NCCL call is
+//!   still inside NCCL past its deadline, which ends the call; the job then fails with a named
+//!   timeout.
 //! * [`Progress`] is dropped when the last backend sharing it goes: it lets the queue drain,
 //!   aborts a communicator whose job still waits for its peers after [`DROP_GRACE`], and never
 //!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
