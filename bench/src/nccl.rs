@@ -56,16 +56,25 @@ fn version(b: &NcclBackend) -> String {
 /// The raw reference of one rank.
 struct Raw {
     raw: RawNccl,
+    /// Option `raw_buffers=window`: the raw loop cycles through a window's worth of buffer sets,
+    /// as the backend's side does; default `pair`: one pair, nccl-tests' loop.
+    per_window: bool,
 }
 
 impl Reference for Raw {
     fn label(&self) -> String {
-        "nccl-raw".into()
+        if self.per_window { "nccl-raw-window" } else { "nccl-raw" }.into()
     }
     fn describe(&self) -> String {
-        "the same collective called directly through NCCL (cudarc bindings) on preallocated buffers, its own blocking \
-         communicator and stream, timed with CUDA events around the same back-to-back windows (nccl-tests' loop)"
-            .into()
+        let buffers = if self.per_window {
+            "a buffer set of its own for every launch of a window, as the backend's side (option raw_buffers=window)"
+        } else {
+            "one preallocated buffer pair (nccl-tests' loop; --opts raw_buffers=window gives every launch of a window its own, as the backend's side)"
+        };
+        format!(
+            "the same collective called directly through NCCL (cudarc bindings) on {buffers}, its own blocking communicator and \
+             stream, timed with CUDA events around the same back-to-back windows"
+        )
     }
     fn time_us(&mut self, s: &RefStep) -> Result<Option<f64>, String> {
         let Some(op) = RawOp::from_name(s.op.name()) else { return Ok(None) };
@@ -82,13 +91,19 @@ impl Reference for Raw {
             warmup: s.warmup,
             iters: s.iters,
             window: s.window,
+            buffers: if self.per_window { s.window } else { 1 },
         };
         Ok(Some(self.raw.time(&step)?.per_op.as_secs_f64() * 1e6))
     }
 }
 
 fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Reference>, String> {
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)? }))
+    let per_window = match world.option("raw_buffers") {
+        None | Some("pair") => false,
+        Some("window") => true,
+        Some(o) => return Err(format!("option raw_buffers={o}: expected pair or window")),
+    };
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

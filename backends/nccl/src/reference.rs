@@ -64,6 +64,10 @@ pub struct RawStep {
     pub iters: usize,
     /// Launches between two events (the bench's window).
     pub window: usize,
+    /// Distinct buffer sets the launches cycle through: 1 is nccl-tests' loop (one pair reused
+    /// by every launch); the bench's window makes every launch of a window use buffers of its
+    /// own, as the backend's side does (each timed iteration's output is checked there).
+    pub buffers: usize,
 }
 
 /// What a step measured.
@@ -225,21 +229,30 @@ impl RawNccl {
             unsafe { cu::memset_d8_async(m.ptr, 0, (elems * elt).max(1), self.dev.stream) }.map_err(|e| derr("cuMemsetD8Async", e))?;
             Ok(m)
         };
-        // In place: one buffer, as nccl-tests lays it out.
+        // In place: one buffer, as nccl-tests lays it out. `s.buffers` sets of them.
         let (big, small) = if send_n >= recv_n { (send_n, recv_n) } else { (recv_n, send_n) };
-        let a = alloc(big)?;
-        let b = if s.in_place { None } else { Some(alloc(small)?) };
-        let (send, recv) = match (&b, s.op) {
-            (Some(b), _) if send_n >= recv_n => (a.ptr, b.ptr),
-            (Some(b), _) => (b.ptr, a.ptr),
-            (None, RawOp::AllGather) => (a.ptr + (rank * l * elt) as u64, a.ptr),
-            (None, RawOp::ReduceScatter) => (a.ptr, a.ptr + (rank * l * elt) as u64),
-            (None, _) => (a.ptr, a.ptr),
-        };
+        let mut keep: Vec<DevMem> = Vec::new();
+        let mut sets: Vec<(u64, u64)> = Vec::new();
+        for _ in 0..s.buffers.max(1) {
+            let a = alloc(big)?;
+            let b = if s.in_place { None } else { Some(alloc(small)?) };
+            sets.push(match (&b, s.op) {
+                (Some(b), _) if send_n >= recv_n => (a.ptr, b.ptr),
+                (Some(b), _) => (b.ptr, a.ptr),
+                (None, RawOp::AllGather) => (a.ptr + (rank * l * elt) as u64, a.ptr),
+                (None, RawOp::ReduceScatter) => (a.ptr, a.ptr + (rank * l * elt) as u64),
+                (None, _) => (a.ptr, a.ptr),
+            });
+            keep.push(a);
+            keep.extend(b);
+        }
         let (comm, stream) = (self.comm, self.dev.stream as nccl::cudaStream_t);
-        let (sp, rp) = (send as *const c_void, recv as *mut c_void);
         let root = s.root as i32;
+        let next = std::cell::Cell::new(0usize);
         let launch_raw = || -> Result<(), String> {
+            let (send, recv) = sets[next.get() % sets.len()];
+            next.set(next.get() + 1);
+            let (sp, rp) = (send as *const c_void, recv as *mut c_void);
             unsafe {
                 match s.op {
                     RawOp::AllReduce => ok(nccl::ncclAllReduce(sp, rp, l, t, redop, comm, stream), "ncclAllReduce"),
@@ -306,7 +319,7 @@ impl RawNccl {
             gpu += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
             done += k;
         }
-        drop((a, b, flag)); // stream-ordered frees after the last launch
+        drop((keep, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;
         Ok(RawTime { per_op: gpu / iters, wall_per_op: wall / iters })
     }

@@ -123,6 +123,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         warmup: 50,
                         iters: n,
                         window: n,
+                        buffers: 1,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
