@@ -389,6 +389,22 @@ fn create_premul(comm: sys::ncclComm_t, premul: &[(sys::ncclDataType_t, [u8; 8])
     Ok(ops)
 }
 
+/// `calls` (NCCL calls on `comm`) as one group: `Ok(true)` when NCCL returned in progress (a
+/// non-blocking communicator); a refused call or group end is named with NCCL's last error.
+fn group(comm: sys::ncclComm_t, calls: impl FnOnce() -> Result<(), (String, sys::ncclResult_t)>) -> Result<bool, LaunchError> {
+    let start = unsafe { sys::ncclGroupStart() };
+    if let Err(e) = ok_or_progress(start) {
+        return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
+    }
+    let body = calls();
+    let end = unsafe { sys::ncclGroupEnd() };
+    match (body, ok_or_progress(end)) {
+        (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
+        (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
+        (Ok(()), Ok(pending)) => Ok(pending),
+    }
+}
+
 /// Destroys premul-sum ops made by [`create_premul`].
 fn destroy_premul(comm: sys::ncclComm_t, ops: &[u32]) {
     if let Ok(f) = red_fns() {
@@ -792,18 +808,7 @@ impl Comm {
         let stream = self.stream;
         let ops = create_premul(comm, premul)?;
         let destroy_ops = |ops: &[u32]| destroy_premul(comm, ops);
-        let start = unsafe { sys::ncclGroupStart() };
-        if let Err(e) = ok_or_progress(start) {
-            destroy_ops(&ops);
-            return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
-        }
-        let body = calls(comm, stream, &ops);
-        let end = unsafe { sys::ncclGroupEnd() };
-        let mut result = match (body, ok_or_progress(end)) {
-            (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
-            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
-            (Ok(()), Ok(pending)) => Ok(pending),
-        };
+        let mut result = group(comm, || calls(comm, stream, &ops));
         let mut requested = false;
         if let Ok(pending) = result {
             result = Ok(false);
@@ -898,19 +903,7 @@ impl Comm {
             Err(e) => (Vec::new(), Err(e)),
         };
         if result.is_ok() {
-            let start = unsafe { sys::ncclGroupStart() };
-            result = match ok_or_progress(start) {
-                Err(e) => Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e)))),
-                Ok(_) => {
-                    let body = calls(comm, self.stream, &ops);
-                    let end = unsafe { sys::ncclGroupEnd() };
-                    match (body, ok_or_progress(end)) {
-                        (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
-                        (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
-                        (Ok(()), Ok(_)) => Ok(()),
-                    }
-                }
-            };
+            result = group(comm, || calls(comm, self.stream, &ops)).map(|_| ());
         }
         if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             // Ended from another thread (the watchdog at the deadline, or an abort request):
@@ -965,17 +958,7 @@ impl Comm {
     ) -> Result<bool, LaunchError> {
         let inner = self.lock_live()?;
         let comm = inner.raw.0;
-        let start = unsafe { sys::ncclGroupStart() };
-        if let Err(e) = ok_or_progress(start) {
-            return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
-        }
-        let body = calls(comm, self.stream);
-        let end = unsafe { sys::ncclGroupEnd() };
-        match (body, ok_or_progress(end)) {
-            (Err((what, e)), _) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
-            (Ok(()), Err(e)) => Err(LaunchError::Nccl(format!("ncclGroupEnd: {}: {}", err_string(e), last_error(comm)))),
-            (Ok(()), Ok(pending)) => Ok(pending || !self.blocking),
-        }
+        group(comm, || calls(comm, self.stream)).map(|pending| pending || !self.blocking)
     }
 
     /// Whether the group [`Comm::launch_nowait`] started has been accepted (`Ok(true)`); an
@@ -1161,7 +1144,6 @@ impl Teardown {
             abort_raw(raw.0);
             return;
         }
-        let t0 = Instant::now();
         // The twin is released with `ncclCommAbort` (its stream is idle: nothing is lost; a
         // blocking finalize would wait in a barrier for the peers, without a deadline, when they
         // drop the communicator at different times or are gone), on a helper thread *beside*
@@ -1187,7 +1169,6 @@ impl Teardown {
                 let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
             }
         };
-        let t1 = Instant::now();
         let fin = unsafe { sys::ncclCommFinalize(raw.0) };
         let finished = match ok_or_progress(fin) {
             Ok(false) => true,
@@ -1209,22 +1190,10 @@ impl Teardown {
             }
             let _ = tx.send(());
         });
-        let t2 = Instant::now();
         if spawned.is_ok() {
             let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
         }
-        let t3 = Instant::now();
         wait_twin(twin_done);
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        if t0.elapsed() > Duration::from_millis(700) {
-            eprintln!(
-                "concord: note: an NCCL communicator's teardown took {:.0} ms (finalize {:.0} ms, destroy {:.0} ms, then the blocking twin's {:.0} ms more)",
-                ms(t0.elapsed()),
-                ms(t2 - t1),
-                ms(t3 - t2),
-                ms(t3.elapsed())
-            );
-        }
     }
 }
 

@@ -53,22 +53,24 @@ fn a_rank_outside_its_world_is_refused() {
     assert!(err.to_string().contains("rank 3 is not in a world of 2"), "{err}");
 }
 
-#[test]
-fn a_bad_fault_option_is_named_before_any_gpu_is_touched() {
+/// `init` of a one-rank world with option `key=value`: refused, with a `backend` error.
+fn refused_with_option(key: &str, value: &str) -> concord_core::CollectiveError {
     let dir = tempfile::tempdir().unwrap();
     let mut w = world(0, 1, &dir.path().join("s"));
-    w.options = vec![("fault".into(), "stream:wobble".into())];
+    w.options = vec![(key.into(), value.into())];
     let err = NcclBackend::init(&w).err().expect("refused");
     assert_eq!(err.name(), "backend", "{err}");
+    err
+}
+
+#[test]
+fn a_bad_fault_option_is_named_before_any_gpu_is_touched() {
+    let err = refused_with_option("fault", "stream:wobble");
     assert!(err.to_string().contains("option `fault`") && err.to_string().contains("stream:wobble"), "{err}");
 }
 
 #[test]
 fn a_bad_fused_overlap_option_is_named_before_any_gpu_is_touched() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut w = world(0, 1, &dir.path().join("s"));
-    w.options = vec![("fused_overlap".into(), "sometimes".into())];
-    let err = NcclBackend::init(&w).err().expect("refused");
-    assert_eq!(err.name(), "backend", "{err}");
+    let err = refused_with_option("fused_overlap", "sometimes");
     assert!(err.to_string().contains("fused_overlap=sometimes") && err.to_string().contains("serial"), "{err}");
 }
