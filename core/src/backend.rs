@@ -196,6 +196,18 @@ impl WorldInfo {
         self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
+    /// A yes/no backend option: `1` / `true` / `yes` / `on` or `0` / `false` / `no` / `off`;
+    /// `default` when it is absent. Any other value is an error naming the option (a typo
+    /// such as `validate=flase` must not silently pick one side).
+    pub fn flag(&self, key: &str, default: bool) -> std::result::Result<bool, String> {
+        match self.option(key) {
+            None => Ok(default),
+            Some("1" | "true" | "yes" | "on") => Ok(true),
+            Some("0" | "false" | "no" | "off") => Ok(false),
+            Some(v) => Err(format!("backend option {key}={v}: expected 1/0, true/false, yes/no or on/off")),
+        }
+    }
+
     /// This rank's index among the ranks of its host: the [`LOCAL_RANK_OPTION`] when a launcher
     /// gave one, else the rank (a world Concord launched itself lives on one host). GPU
     /// backends pick their device from it.
@@ -326,5 +338,35 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// `reduce_scatter_tensor(x, op)`, `op` sum or avg, as an all-to-all then a local reduction.
     fn low_contention_reduce_scatter(&self, x: &Self::Buffer, op: ReduceOp) -> Result<Work<Self::Buffer>> {
         crate::fused::decomposed_low_contention(self, x, Some(op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorldInfo;
+
+    fn with(options: &[(&str, &str)]) -> WorldInfo {
+        WorldInfo {
+            rank: 0,
+            world_size: 1,
+            store_path: "unused".into(),
+            world_id: "w".into(),
+            op_timeout: std::time::Duration::from_secs(1),
+            options: options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn flag_reads_yes_and_no_spellings_and_names_anything_else() {
+        for v in ["1", "true", "yes", "on"] {
+            assert_eq!(with(&[("x", v)]).flag("x", false), Ok(true), "{v}");
+        }
+        for v in ["0", "false", "no", "off"] {
+            assert_eq!(with(&[("x", v)]).flag("x", true), Ok(false), "{v}");
+        }
+        assert_eq!(with(&[]).flag("x", true), Ok(true));
+        assert_eq!(with(&[("y", "1")]).flag("x", false), Ok(false));
+        let e = with(&[("x", "True ")]).flag("x", false).unwrap_err();
+        assert!(e.contains("x=True ") && e.contains("on/off"), "{e}");
     }
 }

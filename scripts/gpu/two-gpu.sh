@@ -50,6 +50,13 @@ for p in $PLAN; do case $p in
   tune)     step tune 120 "$d/run-gpu.sh" tune --measure --timeout-phase ;;
   torchrun) NPROC=2 step torchrun 60 "$d/run-gpu.sh" torchrun nccl seed:: ;;
   tunequick) step tunequick 90 "$d/run-gpu.sh" tune --sizes-kib 4,1024 --ops all_reduce --timeout-phase ;;
+  window)   step latency-pair 60 "$d/run-gpu.sh" table --op all_reduce -b 8 -e 64K -n 100 --no-plot
+            step latency-window 60 "$d/run-gpu.sh" table --op all_reduce -b 8 -e 64K -n 100 --no-plot --opts raw_buffers=window ;;
+  ws1)      step ws1-pair 60 "$d/run-gpu.sh" concord-bench --backend nccl --ranks 1 --op all_reduce -b 8 -e 64K -n 100 --no-plot
+            step ws1-window 60 "$d/run-gpu.sh" concord-bench --backend nccl --ranks 1 --op all_reduce -b 8 -e 64K -n 100 --no-plot --opts raw_buffers=window ;;
+  bw64)     step bw64-pair 90 "$d/run-gpu.sh" table --op all -b 64M -e 256M --no-plot --json "$OUT/bw64-pair.jsonl"
+            step bw64-window 90 "$d/run-gpu.sh" table --op all -b 64M -e 256M --no-plot --opts raw_buffers=window --json "$OUT/bw64-window.jsonl" ;;
+  unwaited) for i in 1 2 3 4 5; do REPORT=$OUT/unwaited$i step unwaited$i 30 "$d/run-gpu.sh" nccl async::unwaited ; done ;;
   sendrecv) step sendrecv 90 "$d/run-gpu.sh" table --op sendrecv -b 8 -e 1G --no-plot ;;
 esac; done
 echo "plan done after $(ms_since "$t0") ms" >> "$OUT/summary.txt"

@@ -155,7 +155,7 @@ impl Backend for FakeBackend {
         Ok(FakeBackend {
             rank: world.rank,
             world_size: world.world_size,
-            fail_all: matches!(world.option("fail_all"), Some("1" | "true")),
+            fail_all: world.flag("fail_all", false).map_err(CollectiveError::Backend)?,
             seq: AtomicU64::new(0),
             counter: OutstandingCounter::default(),
         })

@@ -1144,13 +1144,15 @@ impl Teardown {
             abort_raw(raw.0);
             return;
         }
-        // The twin is released with `ncclCommAbort` (its stream is idle: nothing is lost; a
-        // blocking finalize would wait in a barrier for the peers, without a deadline, when they
-        // drop the communicator at different times or are gone), on a helper thread *beside*
-        // the parent's finalize and destroy: each takes about half a second (2 x H200), and
-        // one after the other pushed a process that drops an un-waited collective past the 1 s
-        // it has to exit. Independent communicators (the twin shares nothing with its parent),
-        // each used by one thread.
+        // The twin (blocking, its stream idle) is finalized and destroyed on a helper thread
+        // *beside* the parent's finalize and destroy: each takes about half a second (2 x
+        // H200), and one after the other pushed a process that drops an un-waited collective
+        // past the 1 s it has to exit. Independent communicators (the twin shares nothing with
+        // its parent), each used by one thread. Not `ncclCommAbort`: on 2 x H200 it made that
+        // exit 1.01-1.07 s in 4 runs out of 4 (NCCL's proxy thread notices an abort only at its
+        // next poll), against 2 / 2 under 1 s with finalize + destroy. A finalize that NCCL
+        // fails is followed by an abort; one that never returns (a peer gone mid-teardown) is
+        // left on its thread: this wait ends at `deadline` all the same.
         let twin_done = (!twin.0.is_null()).then(|| {
             let (tx, rx) = std::sync::mpsc::channel();
             let dev = self.dev.clone();
@@ -1158,7 +1160,11 @@ impl Teardown {
                 let twin = twin;
                 let _ = dev.bind();
                 unsafe {
-                    let _ = sys::ncclCommAbort(twin.0);
+                    if sys::ncclCommFinalize(twin.0) == sys::ncclResult_t::ncclSuccess {
+                        let _ = sys::ncclCommDestroy(twin.0);
+                    } else {
+                        let _ = sys::ncclCommAbort(twin.0);
+                    }
                 }
                 let _ = tx.send(());
             });
@@ -1239,12 +1245,6 @@ fn nvls_off_once() {
     });
 }
 
-pub(crate) fn opt_flag(world: &WorldInfo, key: &str, default: bool) -> bool {
-    match world.option(key) {
-        Some(v) => matches!(v, "1" | "true" | "yes" | "on"),
-        None => default,
-    }
-}
 
 impl NcclBackend {
     #[allow(clippy::too_many_arguments)]
@@ -1302,6 +1302,16 @@ impl NcclBackend {
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
         crate::fused_gpu::set_mode(world.option("fused_overlap"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
+        let flag = |key: &str, default: bool| world.flag(key, default).map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")));
+        let validate = flag("validate", true)?;
+        let blocking = flag("blocking", false)?;
+        let fast_launch = flag("fast_launch", true)?;
+        let init_timeout = match world.option("init_timeout_ms") {
+            None => world.op_timeout.max(Duration::from_secs(30)),
+            Some(v) => Duration::from_millis(v.parse().map_err(|_| {
+                CollectiveError::Backend(format!("nccl init on rank {rank}: backend option init_timeout_ms={v}: expected a whole number of milliseconds"))
+            })?),
+        };
         nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         // One GPU per rank of this host: a launcher's local rank picks it (a world Concord
@@ -1318,14 +1328,6 @@ impl NcclBackend {
             return Err(CollectiveError::Unsupported(format!("nccl: needs {ws} GPUs, found {}", info.gpus)));
         }
         let lib_version = nccl_present().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
-        let validate = opt_flag(world, "validate", true);
-        let blocking = opt_flag(world, "blocking", false);
-        let fast_launch = opt_flag(world, "fast_launch", true);
-        let init_timeout = world
-            .option("init_timeout_ms")
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis)
-            .unwrap_or_else(|| world.op_timeout.max(Duration::from_secs(30)));
         let deadline = started + init_timeout;
         let fail = |what: &str, e: String| CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"));
 

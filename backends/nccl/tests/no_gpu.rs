@@ -74,3 +74,13 @@ fn a_bad_fused_overlap_option_is_named_before_any_gpu_is_touched() {
     let err = refused_with_option("fused_overlap", "sometimes");
     assert!(err.to_string().contains("fused_overlap=sometimes") && err.to_string().contains("serial"), "{err}");
 }
+
+#[test]
+fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
+    for key in ["validate", "blocking", "fast_launch"] {
+        let err = refused_with_option(key, "flase");
+        assert!(err.to_string().contains(&format!("{key}=flase")) && err.to_string().contains("true/false"), "{err}");
+    }
+    let err = refused_with_option("init_timeout_ms", "5s");
+    assert!(err.to_string().contains("init_timeout_ms=5s") && err.to_string().contains("milliseconds"), "{err}");
+}

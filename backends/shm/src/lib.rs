@@ -335,6 +335,7 @@ impl Backend for ShmBackend {
             Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
         };
         let fault = fault::from_world(world).map_err(CollectiveError::Backend)?;
+        let canary = world.flag("shm_canary", false).map_err(CollectiveError::Backend)?;
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);
         let arena_name = |r: usize| format!("{prefix}r{r}");
@@ -397,7 +398,6 @@ impl Backend for ShmBackend {
         Self::join_ctl(&ctl, world.op_timeout, rank)?;
         drop(guard); // every rank has mapped everything: unlink our names now
         drop(store);
-        let canary = world.option("shm_canary") == Some("1");
         let world_arc = Arc::new(World::new(world.world_id.clone(), rank, arenas, canary));
         Self::start(Comm {
             world: world_arc,
