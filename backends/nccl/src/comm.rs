@@ -1245,7 +1245,6 @@ fn nvls_off_once() {
     });
 }
 
-
 impl NcclBackend {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_comm(
@@ -1302,14 +1301,18 @@ impl NcclBackend {
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
         crate::fused_gpu::set_mode(world.option("fused_overlap"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
-        let flag = |key: &str, default: bool| world.flag(key, default).map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")));
+        let flag = |key: &str, default: bool| {
+            world.flag(key, default).map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))
+        };
         let validate = flag("validate", true)?;
         let blocking = flag("blocking", false)?;
         let fast_launch = flag("fast_launch", true)?;
         let init_timeout = match world.option("init_timeout_ms") {
             None => world.op_timeout.max(Duration::from_secs(30)),
             Some(v) => Duration::from_millis(v.parse().map_err(|_| {
-                CollectiveError::Backend(format!("nccl init on rank {rank}: backend option init_timeout_ms={v}: expected a whole number of milliseconds"))
+                CollectiveError::Backend(format!(
+                    "nccl init on rank {rank}: backend option init_timeout_ms={v}: expected a whole number of milliseconds"
+                ))
             })?),
         };
         nvls_off_once();

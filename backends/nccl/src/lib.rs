@@ -162,16 +162,21 @@
 //! which delegates to them.
 //!
 //! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
-//! `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see `fused_gpu`),
-//! `init_timeout_ms=N` (default: the larger of the op deadline and 30 s), `fault=...` (fault
-//! injection, see [`concord_core::fault`]; an unknown hook fails `init` with a named error).
+//! `fast_launch=0|1` (default 1: groups run on the communicator's blocking twin, see **Fast
+//! launch**), `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see
+//! `fused_gpu`), `init_timeout_ms=N` (default: the larger of the op deadline and 30 s),
+//! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
+//! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
+//! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named
+//! error on every rank.
 //!
 //! Cost of the defaults (2 × H200, NCCL 2.28.3, 1 KiB all_reduce issue + wait, through the
-//! progress thread): non-blocking communicator ~76 us unvalidated / ~163 us validated;
-//! `blocking=1` ~21 us / ~49 us (the same as when issue ran on the caller's thread). A blocking
-//! communicator still aborts a collective whose GPU kernels hang, but a peer lost while NCCL
-//! is connecting (first use of a peer or algorithm) can then block the progress thread inside
-//! NCCL (waits still end at the op deadline; the abort itself may then wait for that call).
+//! progress thread, before the blocking twin): non-blocking communicator ~76 us unvalidated /
+//! ~163 us validated; `blocking=1` ~21 us / ~49 us. With the twin (default since 2026-11-26):
+//! 27 us unvalidated, 64 us validated (issue + wait), 15.3 / 53 us back to back. With
+//! `blocking=1` (the communicator itself blocking, no twin) a collective whose GPU kernels
+//! hang is still aborted, but a peer lost while NCCL is connecting can block the progress
+//! thread inside NCCL; the twin's watchdog (default) ends exactly that case.
 
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
