@@ -17,19 +17,54 @@ fn layout() -> (PathBuf, String) {
     (root, manifest.file_name().expect("a crate directory").to_string_lossy().into_owned())
 }
 
-/// The newest `lib<name>-*.rlib` beside this test's executable (what it was linked with).
-fn rlib(deps: &Path, name: &str) -> PathBuf {
+/// Every `lib<name>-*.rlib` beside this test's executable, newest first.
+fn rlibs(deps: &Path, name: &str) -> Vec<PathBuf> {
     let prefix = format!("lib{name}-");
-    std::fs::read_dir(deps)
+    let mut found: Vec<(Option<std::time::SystemTime>, PathBuf)> = std::fs::read_dir(deps)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", deps.display()))
         .filter_map(|e| e.ok())
         .filter(|e| {
             let f = e.file_name().to_string_lossy().into_owned();
             f.starts_with(&prefix) && f.ends_with(".rlib")
         })
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
-        .unwrap_or_else(|| panic!("no lib{name}-*.rlib in {} (built with this test?)", deps.display()))
+        .map(|e| (e.metadata().and_then(|m| m.modified()).ok(), e.path()))
+        .collect();
+    assert!(!found.is_empty(), "no lib{name}-*.rlib in {} (built with this test?)", deps.display());
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The `concord-suites` and `concord-shm` libraries this test was linked with: the newest pair
+/// that a crate naming both type-checks against. A `deps` directory can hold several builds of
+/// each (one crate built alone resolves other features, so another hash), and a stale one
+/// fails with "found possibly newer version of crate", not with the errors under test.
+fn linked_libs(deps: &Path, out_dir: &Path) -> (PathBuf, PathBuf) {
+    let probe = out_dir.join("probe.rs");
+    std::fs::write(&probe, "extern crate concord_suites;\nextern crate concord_shm;\nfn main() {}\n").expect("write the probe");
+    let (suites, shm) = (rlibs(deps, "concord_suites"), rlibs(deps, "concord_shm"));
+    let mut tried = Vec::new();
+    for a in &suites {
+        for b in &shm {
+            let out = Command::new(rustc())
+                .args(["--edition", "2021", "--crate-type", "bin", "--crate-name", "probe", "--emit=metadata"])
+                .arg("-o")
+                .arg(out_dir.join("probe.rmeta"))
+                .arg("-L")
+                .arg(format!("dependency={}", deps.display()))
+                .arg("--extern")
+                .arg(format!("concord_suites={}", a.display()))
+                .arg("--extern")
+                .arg(format!("concord_shm={}", b.display()))
+                .arg(&probe)
+                .output()
+                .expect("rustc runs");
+            if out.status.success() {
+                return (a.clone(), b.clone());
+            }
+            tried.push(format!("{} + {}: {}", a.display(), b.display(), String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    panic!("no pair of concord_suites / concord_shm libraries in {} type-checks together:\n{}", deps.display(), tried.join("\n"))
 }
 
 /// The rustc of the toolchain that runs the tests (`RUSTC`, else the one beside `CARGO`).
@@ -110,10 +145,9 @@ fn harness_macro_misuse_explains_the_fix() {
     let (root, krate) = layout();
     let exe = std::env::current_exe().expect("the test's own path");
     let deps = exe.parent().expect("the test sits in a deps directory").to_path_buf();
-    let suites = rlib(&deps, "concord_suites");
-    let shm = rlib(&deps, "concord_shm");
     let out_dir = deps.parent().unwrap_or(&deps).join("concord-ui-tests");
     std::fs::create_dir_all(&out_dir).expect("an output directory in the target dir");
+    let (suites, shm) = linked_libs(&deps, &out_dir);
     let overwrite = std::env::var("TRYBUILD").is_ok_and(|v| v == "overwrite");
     let ui = root.join(&krate).join("tests/ui");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&ui)
