@@ -30,7 +30,7 @@ fn rlibs(deps: &Path, name: &str) -> Vec<PathBuf> {
         .map(|e| (e.metadata().and_then(|m| m.modified()).ok(), e.path()))
         .collect();
     assert!(!found.is_empty(), "no lib{name}-*.rlib in {} (built with this test?)", deps.display());
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     found.into_iter().map(|(_, p)| p).collect()
 }
 
