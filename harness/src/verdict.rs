@@ -239,19 +239,22 @@ impl fmt::Display for Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
 
-    #[rstest]
-    #[case(vec![Outcome::Passed, Outcome::Passed], "passed")]
-    #[case(vec![Outcome::Passed, Outcome::Failed("x".into())], "failed")]
-    #[case(vec![Outcome::Skipped("s".into()), Outcome::Failed("x".into())], "failed")]
-    #[case(vec![Outcome::Passed, Outcome::Skipped("s".into())], "skipped")]
-    #[case(vec![Outcome::Unsupported("u".into()), Outcome::Unsupported("u".into())], "unsupported")]
-    #[case(vec![Outcome::Unsupported("u".into()), Outcome::Passed], "passed")]
-    #[case(vec![Outcome::Unsupported("u".into()), Outcome::Skipped("s".into())], "skipped")]
-    fn folding(#[case] v: Vec<Outcome>, #[case] want: &str) {
-        let ranked: Vec<_> = v.into_iter().enumerate().collect();
-        assert_eq!(Verdict::fold(&ranked).label(), want);
+    #[test]
+    fn folding() {
+        let table: [(Vec<Outcome>, &str); 7] = [
+            (vec![Outcome::Passed, Outcome::Passed], "passed"),
+            (vec![Outcome::Passed, Outcome::Failed("x".into())], "failed"),
+            (vec![Outcome::Skipped("s".into()), Outcome::Failed("x".into())], "failed"),
+            (vec![Outcome::Passed, Outcome::Skipped("s".into())], "skipped"),
+            (vec![Outcome::Unsupported("u".into()), Outcome::Unsupported("u".into())], "unsupported"),
+            (vec![Outcome::Unsupported("u".into()), Outcome::Passed], "passed"),
+            (vec![Outcome::Unsupported("u".into()), Outcome::Skipped("s".into())], "skipped"),
+        ];
+        for (v, want) in table {
+            let ranked: Vec<_> = v.clone().into_iter().enumerate().collect();
+            assert_eq!(Verdict::fold(&ranked).label(), want, "{v:?}");
+        }
     }
 
     #[test]

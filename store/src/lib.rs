@@ -488,7 +488,6 @@ impl Drop for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
     use std::sync::Arc;
 
     const T: Duration = Duration::from_secs(5);
@@ -564,20 +563,19 @@ mod tests {
         assert!(e.to_string().contains("missing"), "{e}");
     }
 
-    #[rstest]
-    #[case(&[1], 1)]
-    #[case(&[5, -2], 3)]
-    #[case(&[0], 0)]
-    #[case(&[-7, 7, 100], 100)]
-    fn add_accumulates(#[case] deltas: &[i64], #[case] want: i64) {
-        let (_d, p) = tmp();
-        let s = FileStore::open(&p, 1, T).unwrap();
-        let mut last = 0;
-        for d in deltas {
-            last = s.add("c", *d).unwrap();
+    #[test]
+    fn add_accumulates() {
+        let table: [(&[i64], i64); 4] = [(&[1], 1), (&[5, -2], 3), (&[0], 0), (&[-7, 7, 100], 100)];
+        for (deltas, want) in table {
+            let (_d, p) = tmp();
+            let s = FileStore::open(&p, 1, T).unwrap();
+            let mut last = 0;
+            for d in deltas {
+                last = s.add("c", *d).unwrap();
+            }
+            assert_eq!(last, want, "adds {deltas:?}");
+            assert_eq!(s.get("c").unwrap(), want.to_string().as_bytes(), "adds {deltas:?}");
         }
-        assert_eq!(last, want);
-        assert_eq!(s.get("c").unwrap(), want.to_string().as_bytes());
     }
 
     #[test]
@@ -588,31 +586,32 @@ mod tests {
         assert!(matches!(s.add("c", 1), Err(StoreError::Corrupt { .. })));
     }
 
-    #[rstest]
-    // absent key, empty expected: sets
-    #[case(None, b"", b"new", b"new", Some(b"new" as &[u8]))]
-    // absent key, non-empty expected: returns expected, leaves absent
-    #[case(None, b"x", b"new", b"x", None)]
-    // present and matching: sets
-    #[case(Some(b"old" as &[u8]), b"old", b"new", b"new", Some(b"new" as &[u8]))]
-    // present, not matching: returns current, unchanged
-    #[case(Some(b"old" as &[u8]), b"nope", b"new", b"old", Some(b"old" as &[u8]))]
-    fn compare_set_follows_c10d(
-        #[case] initial: Option<&[u8]>,
-        #[case] expected: &[u8],
-        #[case] desired: &[u8],
-        #[case] ret: &[u8],
-        #[case] after: Option<&[u8]>,
-    ) {
-        let (_d, p) = tmp();
-        let s = FileStore::open(&p, 1, T).unwrap();
-        if let Some(v) = initial {
-            s.set("k", v).unwrap();
-        }
-        assert_eq!(s.compare_set("k", expected, desired).unwrap(), ret);
-        match after {
-            Some(v) => assert_eq!(s.get("k").unwrap(), v),
-            None => assert!(!s.check(&["k"]).unwrap()),
+    #[test]
+    fn compare_set_follows_c10d() {
+        type Row = (Option<&'static [u8]>, &'static [u8], &'static [u8], &'static [u8], Option<&'static [u8]>);
+        // (initial, expected, desired, returned, value after)
+        let table: [Row; 4] = [
+            // absent key, empty expected: sets
+            (None, b"", b"new", b"new", Some(b"new")),
+            // absent key, non-empty expected: returns expected, leaves absent
+            (None, b"x", b"new", b"x", None),
+            // present and matching: sets
+            (Some(b"old"), b"old", b"new", b"new", Some(b"new")),
+            // present, not matching: returns current, unchanged
+            (Some(b"old"), b"nope", b"new", b"old", Some(b"old")),
+        ];
+        for (initial, expected, desired, ret, after) in table {
+            let row = format!("initial {initial:?}, expected {expected:?}");
+            let (_d, p) = tmp();
+            let s = FileStore::open(&p, 1, T).unwrap();
+            if let Some(v) = initial {
+                s.set("k", v).unwrap();
+            }
+            assert_eq!(s.compare_set("k", expected, desired).unwrap(), ret, "{row}");
+            match after {
+                Some(v) => assert_eq!(s.get("k").unwrap(), v, "{row}"),
+                None => assert!(!s.check(&["k"]).unwrap(), "{row}"),
+            }
         }
     }
 
@@ -633,19 +632,19 @@ mod tests {
         h.join().unwrap();
     }
 
-    #[rstest]
-    #[case(&["never"])]
-    #[case(&["present", "never"])]
-    fn wait_times_out_naming_keys(#[case] keys: &[&str]) {
-        let (_d, p) = tmp();
-        let s = FileStore::open(&p, 1, T).unwrap();
-        s.set("present", b"").unwrap();
-        let t0 = Instant::now();
-        let e = s.wait(keys, Duration::from_millis(30)).unwrap_err();
-        assert!(t0.elapsed() < Duration::from_secs(2));
-        match e {
-            StoreError::Timeout { keys: k, .. } => assert_eq!(k, keys.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
-            other => panic!("{other:?}"),
+    #[test]
+    fn wait_times_out_naming_keys() {
+        for keys in [&["never"][..], &["present", "never"]] {
+            let (_d, p) = tmp();
+            let s = FileStore::open(&p, 1, T).unwrap();
+            s.set("present", b"").unwrap();
+            let t0 = Instant::now();
+            let e = s.wait(keys, Duration::from_millis(30)).unwrap_err();
+            assert!(t0.elapsed() < Duration::from_secs(2), "{keys:?}");
+            match e {
+                StoreError::Timeout { keys: k, .. } => assert_eq!(k, keys.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+                other => panic!("{keys:?}: {other:?}"),
+            }
         }
     }
 
