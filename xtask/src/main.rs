@@ -204,7 +204,9 @@ fn real_main() -> Result<()> {
             }
             // The `ci` cargo profile (optimised): conformance cases run a world of processes each,
             // one nextest test per (backend, suite, world size); JUnit in target/nextest/ci/.
-            let nextest = ["nextest", "run", "--workspace", "--cargo-profile", "ci", "--profile", "ci"];
+            // `--tests`: the default targets but the examples (which have no tests; clippy
+            // --all-targets above still checks that they compile).
+            let nextest = ["nextest", "run", "--workspace", "--tests", "--cargo-profile", "ci", "--profile", "ci"];
             // Build first, so the GPU line (from `concord-gpus`, built with the tests) comes before
             // the tests run without the xtask itself depending on a workspace crate.
             run(cargo().args(nextest).arg("--no-run").args(&args))?;
