@@ -45,19 +45,7 @@ fn linked_libs(deps: &Path, out_dir: &Path) -> (PathBuf, PathBuf) {
     let mut tried = Vec::new();
     for a in &suites {
         for b in &shm {
-            let out = Command::new(rustc())
-                .args(["--edition", "2021", "--crate-type", "bin", "--crate-name", "probe", "--emit=metadata"])
-                .arg("-o")
-                .arg(out_dir.join("probe.rmeta"))
-                .arg("-L")
-                .arg(format!("dependency={}", deps.display()))
-                .arg("--extern")
-                .arg(format!("concord_suites={}", a.display()))
-                .arg("--extern")
-                .arg(format!("concord_shm={}", b.display()))
-                .arg(&probe)
-                .output()
-                .expect("rustc runs");
+            let out = check_crate("probe", &probe, out_dir, deps, (a, b)).output().expect("rustc runs");
             if out.status.success() {
                 return (a.clone(), b.clone());
             }
@@ -65,6 +53,23 @@ fn linked_libs(deps: &Path, out_dir: &Path) -> (PathBuf, PathBuf) {
         }
     }
     panic!("no pair of concord_suites / concord_shm libraries in {} type-checks together:\n{}", deps.display(), tried.join("\n"))
+}
+
+/// A rustc command that type-checks the binary crate `src` (named `name`) against the given
+/// `concord-suites` and `concord-shm` libraries, its metadata written under `out_dir`.
+fn check_crate(name: &str, src: &Path, out_dir: &Path, deps: &Path, (suites, shm): (&Path, &Path)) -> Command {
+    let mut c = Command::new(rustc());
+    c.args(["--edition", "2021", "--crate-type", "bin", "--crate-name", name, "--emit=metadata"])
+        .arg("-o")
+        .arg(out_dir.join(format!("{name}.rmeta")))
+        .arg("-L")
+        .arg(format!("dependency={}", deps.display()))
+        .arg("--extern")
+        .arg(format!("concord_suites={}", suites.display()))
+        .arg("--extern")
+        .arg(format!("concord_shm={}", shm.display()))
+        .arg(src);
+    c
 }
 
 /// The rustc of the toolchain that runs the tests (`RUSTC`, else the one beside `CARGO`).
@@ -162,21 +167,11 @@ fn harness_macro_misuse_explains_the_fix() {
     for file in &files {
         let stem = file.file_stem().expect("a file name").to_string_lossy().into_owned();
         let rel = format!("{krate}/tests/ui/{stem}.rs");
-        let output = Command::new(rustc())
+        let output = check_crate(&stem, Path::new(&rel), &out_dir, &deps, (&suites, &shm))
             .current_dir(&root)
             .env("CARGO_PKG_NAME", "concord-suites-tests")
             .env("CARGO_CRATE_NAME", &stem)
-            .args(["--edition", "2021", "--crate-type", "bin", "--crate-name", &stem, "--emit=metadata", "--color", "never"])
-            .arg("--diagnostic-width=140")
-            .arg("-o")
-            .arg(out_dir.join(format!("{stem}.rmeta")))
-            .arg("-L")
-            .arg(format!("dependency={}", deps.display()))
-            .arg("--extern")
-            .arg(format!("concord_suites={}", suites.display()))
-            .arg("--extern")
-            .arg(format!("concord_shm={}", shm.display()))
-            .arg(&rel)
+            .args(["--color", "never", "--diagnostic-width=140"])
             .output()
             .expect("rustc runs");
         let got = normalize(&String::from_utf8_lossy(&output.stderr), &krate);
