@@ -854,10 +854,11 @@ bug!(
     SubgroupGatherWorldOrder {
     fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
         let w = s.inner.gather(x, root)?;
-        if !s.in_subgroup() || s.rank() != root || s.ws() < 2 {
+        let members = s.members.clone();
+        // The world itself (members in order) gathers right; any other communicator does not.
+        if members.iter().enumerate().all(|(g, &m)| g == m) || s.rank() != root {
             return Ok(w);
         }
-        let members = s.members.clone();
         Ok(s.then(w, move |be, out| {
             edit(be, out, |t| {
                 let chunk = t.len_bytes() / members.len();

@@ -123,7 +123,22 @@ pub fn run_in<B: Backend>(
         return Err(CaseEnd::Unsupported(reason));
     }
     for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
-        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx))?;
+        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx), None)?;
+    }
+    Ok(())
+}
+
+/// [`run`] for `permute_tensor` with the permutation `src_dst` (instead of the matrix's
+/// rotation `r -> r + 1`), on every shape of the catalogue.
+pub fn run_permutation<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, src_dst: &[usize]) -> CaseResult {
+    let ws = b.world_size();
+    if let Err(reason) = b.capabilities().check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
+        return Err(CaseEnd::Unsupported(reason));
+    }
+    let label = format!("src_dst={src_dst:?}");
+    for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
+        let s = seed.wrapping_add(run_idx as u64 * 0x9E37_79B9);
+        run_shapes(b, spec, s, &shapes, timeout, &label, Layout::default(), Some(src_dst))?;
     }
     Ok(())
 }
@@ -150,6 +165,7 @@ fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, 
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_shapes<B: Backend>(
     b: &B,
     spec: &ValueSpec,
@@ -158,6 +174,7 @@ fn run_shapes<B: Backend>(
     timeout: Duration,
     label: &str,
     layout: Layout,
+    src_dst: Option<&[usize]>,
 ) -> CaseResult {
     let ws = b.world_size();
     let rank = b.rank();
@@ -167,7 +184,7 @@ fn run_shapes<B: Backend>(
     let fail = |what: String| CaseEnd::Fail(format!("{}: {what}", here()));
 
     let mut p = Params { reduce: spec.reduce, root: ws - 1, ..Default::default() };
-    p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
+    p.src_dst = src_dst.map_or_else(|| (0..ws).map(|r| (r + 1) % ws).collect(), <[usize]>::to_vec);
     p.peer = partner(rank, ws);
     let split_m = (spec.op == OpKind::AllToAllSingle).then(|| concord_fixtures::split_matrix(seed, ws, 5));
     if let Some(m) = &split_m {

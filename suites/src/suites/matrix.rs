@@ -127,6 +127,43 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             out.push(value_case(spec.clone(), ws));
         }
     }
+    out.extend(permutation_cases());
+    out
+}
+
+/// Permutations other than the matrix's rotation `r -> r + 1`, by name: `reversed` (at odd
+/// world sizes the middle rank maps to itself), `swap01` (ranks 0 and 1 trade, every other rank
+/// maps to itself) and `pairs` (`r -> r ^ 1`; at odd world sizes the last rank maps to itself).
+/// None of them is a cyclic shift at world size 3 and above, and each has fixed points somewhere.
+pub fn permutations(ws: usize) -> Vec<(&'static str, Vec<usize>)> {
+    let swap01 = (0..ws).map(|r| if r < 2 { 1 - r } else { r }).collect();
+    let pairs = (0..ws).map(|r| if (r ^ 1) < ws { r ^ 1 } else { r }).collect();
+    vec![("reversed", (0..ws).rev().collect()), ("swap01", swap01), ("pairs", pairs)]
+}
+
+/// permute_tensor with [`permutations`] at world sizes 3, 4 and 5, f32, every shape of the
+/// catalogue (`permute_tensor::out::f32::ws4::perm_reversed`): a backend that runs every
+/// permutation as a cyclic shift, or skips a rank's send to itself, fails here.
+pub fn permutation_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    let spec = ValueSpec {
+        op: OpKind::PermuteTensor,
+        variant: Variant::Out,
+        dtype: DType::F32,
+        reduce: None,
+        kind: InputKind::Exact,
+        max_shapes: None,
+    };
+    for ws in [3, 4, 5] {
+        for (perm, src_dst) in permutations(ws) {
+            let name = format!("{}::perm_{perm}", case_name(&spec, ws));
+            let seed = concord_fixtures::seed_for(&name);
+            let spec = spec.clone();
+            out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
+                values::run_permutation(ctx.b, &spec, seed, ctx.timeout, &src_dst)
+            }));
+        }
+    }
     out
 }
 
