@@ -157,6 +157,7 @@ pub const CLAUSES: &[Clause] = &[
             "permute_tensor::out::",
             "send_recv::outbuf::",
             "::perm_",
+            "::bits",
         ],
     },
     Clause {
@@ -234,7 +235,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.sizes",
         source: BACKEND,
         text: "Values are right at every size, across chunk and protocol boundaries (±1 element around powers of two, 64 K elements, up to 64 MiB), every element checked.",
-        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::"],
+        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::", "::long"],
     },
     Clause {
         id: "values.world_sizes",
