@@ -1,8 +1,9 @@
 //! Async-wait semantics: pending before the peers arrive, completed after wait, waiting twice,
 //! the outstanding-work registry, many outstanding works waited out of order, waiting from another
 //! thread, a peer that never joins (named timeout, then recovery), a lag test that catches a
-//! backend reporting completion before the data is final, and a process that exits with an
-//! un-waited collective (must exit within 1 s).
+//! backend reporting completion before the data is final, a process that exits with an
+//! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking) and a work
+//! that completes without any wait (`is_completed()` polled).
 
 use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseMeta};

@@ -1,6 +1,7 @@
 //! Buffer reuse: one persistent buffer across 100 iterations with new contents each time,
-//! late-write detection (after wait, nothing may still write the result), and input/output
-//! aliasing (rejected with a named error, or correct, as the backend declares).
+//! late-write detection (after wait, nothing may still write the result), results of same-shaped
+//! out-of-place calls kept at once (none overwrites another), and input/output aliasing (rejected
+//! with a named error, or correct, as the backend declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
 use super::util::{expect_eq, expect_oracle, fail, full, here};
