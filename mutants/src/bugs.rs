@@ -722,6 +722,280 @@ bug!(AllReduceCoalescedDropsLast {
     }
 });
 
+// ---------------------------------------------------------------- second campaign (fresh eyes)
+// Bugs as a downstream author writes them, each aimed at a corner the first 48 did not reach.
+
+/// True when `src_dst` is a permutation of `0..n` (anything else goes through unchanged, for the
+/// named bad-input error).
+fn is_permutation(src_dst: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    src_dst.len() == n && src_dst.iter().all(|&d| d < n && !std::mem::replace(&mut seen[d], true))
+}
+
+bug!(
+    /// A SWAR kernel for 8-bit sums: from 64 elements on, four bytes are added as one 32-bit
+    /// word, so a carry out of one byte lane spills into the next (the trailing `n % 4` bytes
+    /// take the scalar path and are right).
+    U8SumSwarCarries {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let (dtype, n) = (s.inner.buffer_dtype(x), s.numel(x));
+        if op != ReduceOp::Sum || !matches!(dtype, DType::U8 | DType::I8) || n < 64 || s.ws() < 2 {
+            return s.inner.all_reduce(x, op);
+        }
+        let out = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let ws = s.ws();
+        Ok(s.then_as(g, out.clone(), move |be, gathered| {
+            let all = be.download(gathered)?;
+            edit(be, &out, |t| {
+                let b = all.bytes();
+                let words = n / 4;
+                for w in 0..words {
+                    let sum = (0..ws).fold(0u32, |acc, r| {
+                        let at = r * n + 4 * w;
+                        acc.wrapping_add(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]))
+                    });
+                    t.bytes_mut()[4 * w..4 * w + 4].copy_from_slice(&sum.to_le_bytes());
+                }
+                for i in 4 * words..n {
+                    t.bytes_mut()[i] = (0..ws).fold(0u8, |acc, r| acc.wrapping_add(b[r * n + i]));
+                }
+            })
+        }))
+    }
+});
+
+/// `wait(0)` read as "no timeout" (c10d's `kNoTimeout` is 0 ms): a zero-timeout poll blocks
+/// until the op completes.
+fn zero_means_forever<T: Clone + Send + Sync + 'static>(s: &Shm, w: Work<T>) -> Work<T> {
+    let v = w.peek().clone();
+    let twist = Twist { wait_instead: Some(|t| if t.is_zero() { Duration::from_secs(3600) } else { t }), ..Twist::default() };
+    s.twisted(w, v, twist, |_, _| Ok(()))
+}
+
+bug!(ZeroTimeoutWaitsForever {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(zero_means_forever(s, s.inner.all_reduce(x, op)?))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(zero_means_forever(s, s.inner.all_reduce_(x, op)?))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        Ok(zero_means_forever(s, s.inner.all_gather_into_tensor(x)?))
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(zero_means_forever(s, s.inner.broadcast(x, src)?))
+    }
+});
+
+bug!(
+    /// permute_tensor lowered to a cyclic shift by `src_dst[0]` (a "collective permute is a
+    /// rotation" fast path taken for every permutation).
+    PermuteAsCyclicShift {
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        let n = s.ws();
+        if !is_permutation(src_dst, n) {
+            return s.inner.permute_tensor(x, src_dst);
+        }
+        let shift = src_dst[0];
+        let shifted: Vec<usize> = (0..n).map(|r| (r + shift) % n).collect();
+        s.inner.permute_tensor(x, &shifted)
+    }
+});
+
+bug!(
+    /// A rank the permutation maps to itself skips its "send to self": its output stays as
+    /// allocated (zeros here). World size 1 takes an early `clone()` path and is right.
+    PermuteSkipsSelf {
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        let w = s.inner.permute_tensor(x, src_dst)?;
+        let me = s.rank();
+        if s.ws() < 2 || !is_permutation(src_dst, s.ws()) || src_dst[me] != me {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| edit(be, out, |t| t.bytes_mut().fill(0))))
+    }
+});
+
+/// Out-of-place all_reduce into one persistent output per (dtype, shape) (a CUDA-graph style
+/// static output, or an allocator that recycles it without tracking the caller's use): the next
+/// same-shaped all_reduce overwrites a result the caller still holds.
+#[derive(Default)]
+pub struct StaticOutputPerShape {
+    outputs: Mutex<HashMap<(DType, Vec<usize>), Buf>>,
+}
+
+impl Bug for StaticOutputPerShape {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let key = (s.inner.buffer_dtype(x), s.inner.buffer_shape(x));
+        let w = s.inner.all_reduce(x, op)?;
+        if s.numel(x) == 0 {
+            return Ok(w);
+        }
+        let out = {
+            let mut outputs = self.outputs.lock().unwrap_or_else(|e| e.into_inner());
+            match outputs.get(&key) {
+                Some(o) => o.clone(),
+                None => {
+                    let o = s.inner.alloc(key.0, &key.1)?;
+                    outputs.insert(key, o.clone());
+                    o
+                }
+            }
+        };
+        let o = out.clone();
+        Ok(s.then_as(w, out, move |be, res| be.write(&o, &be.download(res)?)))
+    }
+}
+
+bug!(
+    /// Subgroup gather puts the members' chunks in ascending WORLD-rank order (as a world-level
+    /// gather filtered to the members would), not in group-rank order.
+    SubgroupGatherWorldOrder {
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.gather(x, root)?;
+        let members = s.members.clone();
+        // The world itself (members in order) gathers right; any other communicator does not.
+        if members.iter().enumerate().all(|(g, &m)| g == m) || s.rank() != root {
+            return Ok(w);
+        }
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                let chunk = t.len_bytes() / members.len();
+                let all = t.clone();
+                let mut by_world: Vec<usize> = (0..members.len()).collect();
+                by_world.sort_by_key(|&g| members[g]);
+                for (k, &g) in by_world.iter().enumerate() {
+                    copy_bytes(t, k * chunk, &all, g * chunk, chunk);
+                }
+            })
+        }))
+    }
+});
+
+/// Round-trips every element of a bf16 result through f16 (a "16-bit float" compression path
+/// written for fp16): exact for small integers, wrong outside f16's range.
+fn bf16_through_f16(s: &Shm, w: Work<Buf>, dtype: DType) -> Work<Buf> {
+    if dtype != DType::BF16 {
+        return w;
+    }
+    s.then(w, |be, out| {
+        edit(be, out, |t| {
+            for i in 0..t.numel() {
+                let v = t.get_f64(i);
+                set_f64(t, i, concord_core::half::f16::from_f64(v).to_f64());
+            }
+        })
+    })
+}
+
+bug!(
+    /// Data-moving ops send bf16 as fp16 (a compression hook written for fp16 applied to every
+    /// 16-bit float): broadcast and all_gather lose bf16 values outside fp16's range.
+    Bf16MovedAsF16 {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(bf16_through_f16(s, s.inner.broadcast(x, src)?, s.inner.buffer_dtype(x)))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(bf16_through_f16(s, s.inner.broadcast_(x, src)?, s.inner.buffer_dtype(x)))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        Ok(bf16_through_f16(s, s.inner.all_gather_into_tensor(x)?, s.inner.buffer_dtype(x)))
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        Ok(bf16_through_f16(s, s.inner.all_gather_into_tensor_out(x, out)?, s.inner.buffer_dtype(x)))
+    }
+});
+
+/// Progress only inside `wait` (no progress thread): `is_completed()` stays false until the
+/// work has been waited, however long ago the op finished.
+struct CompletedOnlyOnceWaited<T> {
+    inner: Work<T>,
+    waited: AtomicBool,
+}
+
+impl<T: Send + Sync> Completion for CompletedOnlyOnceWaited<T> {
+    fn is_completed(&self) -> bool {
+        self.waited.load(Ordering::SeqCst) && self.inner.is_completed()
+    }
+    fn wait_for(&self, t: Duration) -> Result<bool> {
+        match self.inner.wait(t) {
+            Ok(_) => {
+                self.waited.store(true, Ordering::SeqCst);
+                Ok(true)
+            }
+            Err(CollectiveError::Timeout { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn completes_only_in_wait(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+    let (value, meta) = (w.peek().clone(), w.meta().clone());
+    Work::new(value, Arc::new(CompletedOnlyOnceWaited { inner: w, waited: AtomicBool::new(false) }), meta, &s.shadow)
+}
+
+bug!(CompletesOnlyInWait {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(completes_only_in_wait(s, s.inner.all_reduce(x, op)?))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(completes_only_in_wait(s, s.inner.all_reduce_(x, op)?))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        Ok(completes_only_in_wait(s, s.inner.all_gather_into_tensor(x)?))
+    }
+});
+
+bug!(
+    /// Unsigned min / max run the signed kernel (u32 / u64 mapped to the library's int32 /
+    /// int64): values with the top bit set compare as negative.
+    UnsignedMinMaxAsSigned {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        if !matches!(op, ReduceOp::Min | ReduceOp::Max) || !matches!(dtype, DType::U32 | DType::U64) {
+            return s.inner.all_reduce(x, op);
+        }
+        // Flipping the top bit turns the signed order into the unsigned one (and back).
+        let es = dtype.size();
+        let flip = move |t: &mut Tensor| t.bytes_mut().chunks_mut(es).for_each(|e| e[es - 1] ^= 0x80);
+        let mut t = s.inner.download(x)?;
+        flip(&mut t);
+        let w = s.inner.all_reduce(&s.inner.upload(&t)?, op)?;
+        Ok(s.then(w, move |be, out| edit(be, out, flip)))
+    }
+});
+
+bug!(
+    /// all_to_all_single on a rank with nothing to send returns at once with an empty-handed
+    /// (zero) output, although its peers send it rows (it still takes part, so none hangs).
+    AllToAllEmptyInputReturnsZeros {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let w = s.inner.all_to_all_single(x, o, i)?;
+        if s.numel(x) != 0 || s.ws() < 2 {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| edit(be, out, |t| t.bytes_mut().fill(0))))
+    }
+});
+
+bug!(
+    /// all_reduce_coalesced hands results back through a map keyed by (dtype, shape): of two
+    /// inputs of the same shape, both get the later one's result.
+    CoalescedSameShapeCollide {
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        let w = s.inner.all_reduce_coalesced(xs, op)?;
+        let keys: Vec<(DType, Vec<usize>)> = xs.iter().map(|x| (s.inner.buffer_dtype(x), s.inner.buffer_shape(x))).collect();
+        let mut by_key: HashMap<&(DType, Vec<usize>), usize> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_key.insert(k, i);
+        }
+        let outs = w.peek().clone();
+        let mapped: Vec<Buf> = keys.iter().map(|k| outs[by_key[k]].clone()).collect();
+        Ok(s.then_as(w, mapped, |_, _| Ok(())))
+    }
+});
+
 /// Every mutant: name, clause, what the bug is, and the case-id substrings to run first.
 /// The maker of the mutant named `name`.
 pub fn maker(name: &str) -> Option<crate::MakeBug> {
@@ -955,6 +1229,74 @@ pub fn catalogue() -> Vec<Spec> {
             "values",
             "all_reduce_coalesced leaves the last tensor unreduced",
             &["all_reduce::coalesced::f32::sum::ws2"],
+        ),
+        // second campaign: clause ids of core/src/backend.rs
+        spec::<U8SumSwarCarries>(
+            "u8_sum_swar_carries",
+            "values.sizes",
+            "i8/u8 sum of >= 64 elements adds 4 bytes per 32-bit word: carries cross byte lanes",
+            &["all_reduce::out::u8::sum::ws2::long", "::long"],
+        ),
+        spec::<ZeroTimeoutWaitsForever>(
+            "zero_timeout_waits_forever",
+            "async.deadline",
+            "wait(0) means no timeout (c10d's kNoTimeout): a zero-timeout poll blocks until done",
+            &["async::wait_zero_polls"],
+        ),
+        spec::<PermuteAsCyclicShift>(
+            "permute_as_cyclic_shift",
+            "values.move",
+            "permute_tensor runs every permutation as the cyclic shift by src_dst[0]",
+            &["permute_tensor::out::f32::ws3::perm_", "::perm_"],
+        ),
+        spec::<PermuteSkipsSelf>(
+            "permute_skips_self",
+            "values.move",
+            "permute_tensor: a rank mapped to itself (ws > 1) skips its self-copy, output zeros",
+            &["permute_tensor::out::f32::ws3::perm_", "::perm_"],
+        ),
+        spec::<StaticOutputPerShape>(
+            "static_output_per_shape",
+            "placement.out_of_place",
+            "out-of-place all_reduce returns one persistent output per (dtype, shape): the next call overwrites it",
+            &["reuse::outputs_kept"],
+        ),
+        spec::<SubgroupGatherWorldOrder>(
+            "subgroup_gather_world_order",
+            "subgroups",
+            "subgroup gather orders the chunks by world rank, not group rank",
+            &["subgroup::reversed::gather", "subgroup::"],
+        ),
+        spec::<Bf16MovedAsF16>(
+            "bf16_moved_as_f16",
+            "values.move",
+            "broadcast / all_gather send bf16 through f16 (an fp16 compression path)",
+            &["::bf16::ws2::bits", "::bits"],
+        ),
+        spec::<CompletesOnlyInWait>(
+            "completes_only_in_wait",
+            "async.result_final_after_wait",
+            "progress only inside wait: is_completed() stays false until the work is waited",
+            &["async::completes_without_wait"],
+        ),
+        spec::<UnsignedMinMaxAsSigned>(
+            "unsigned_min_max_as_signed",
+            "values.reduce",
+            "u32 / u64 min and max compare as signed (int32 / int64 kernel)",
+            &["all_reduce::out::u32::max::ws2"],
+        ),
+        spec::<AllToAllEmptyInputReturnsZeros>(
+            "all_to_all_empty_input_returns_zeros",
+            "values.move",
+            "all_to_all_single on a rank with nothing to send returns zeros for what it receives",
+            &["all_to_all_single::out"],
+        ),
+        spec::<CoalescedSameShapeCollide>(
+            "coalesced_same_shape_collide",
+            "values.coalesced",
+            "all_reduce_coalesced maps results back by (dtype, shape): same-shape inputs collide",
+            // The matrix's coalesced lists hold distinct shapes; the async round's two tensors share one.
+            &["async::pending_until_peers_arrive::all_reduce::coalesced::", "all_reduce::coalesced::"],
         ),
     ]
 }

@@ -41,7 +41,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "async.result_final_after_wait",
         source: BACKEND,
         text: "The result is final once wait returns, and stays so (no late write into a waited buffer).",
-        cases: &["async::lag_read_right_after_wait", "reuse::no_late_write::"],
+        cases: &["async::lag_read_right_after_wait", "reuse::no_late_write::", "async::completes_without_wait"],
     },
     Clause {
         id: "async.wait_semantics",
@@ -59,7 +59,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "async.deadline",
         source: BACKEND,
         text: "No wait blocks longer than asked; a peer that never comes is a named timeout, and the world is usable after.",
-        cases: &["async::peer_never_joins_then_recovers", "async::peer_dies_mid_collective"],
+        cases: &["async::peer_never_joins_then_recovers", "async::peer_dies_mid_collective", "async::wait_zero_polls"],
     },
     Clause {
         id: "async.every_op_every_rank",
@@ -156,6 +156,8 @@ pub const CLAUSES: &[Clause] = &[
             "scatter::out::",
             "permute_tensor::out::",
             "send_recv::outbuf::",
+            "::perm_",
+            "::bits",
         ],
     },
     Clause {
@@ -168,7 +170,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "placement.out_of_place",
         source: BACKEND,
         text: "Out-of-place ops return a new buffer that never aliases the input, and leave the input unchanged.",
-        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations"],
+        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations", "reuse::outputs_kept::"],
     },
     Clause {
         id: "placement.in_place",
@@ -233,7 +235,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.sizes",
         source: BACKEND,
         text: "Values are right at every size, across chunk and protocol boundaries (±1 element around powers of two, 64 K elements, up to 64 MiB), every element checked.",
-        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::"],
+        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::", "::long"],
     },
     Clause {
         id: "values.world_sizes",

@@ -123,9 +123,47 @@ pub fn run_in<B: Backend>(
         return Err(CaseEnd::Unsupported(reason));
     }
     for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
-        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx))?;
+        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx), &Extra::default())?;
     }
     Ok(())
+}
+
+/// What a hand-made value case changes from the matrix's runs.
+#[derive(Clone, Debug, Default)]
+pub struct Extra {
+    /// The shape lists to run (default: the catalogue's, as [`shape_runs`] makes them).
+    pub runs: Option<Vec<Vec<Vec<usize>>>>,
+    /// permute_tensor's permutation (default: the matrix's rotation `r -> r + 1`).
+    pub src_dst: Option<Vec<usize>>,
+    /// Inputs are arbitrary bit patterns of the dtype's width (NaN payloads, subnormals, values
+    /// outside a narrower format's range): for data-moving ops, whose result is the inputs' bytes.
+    pub bits: bool,
+}
+
+/// [`run`] with what `extra` changes; `label` goes into every failure message.
+pub fn run_extra<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, label: &str, extra: &Extra) -> CaseResult {
+    let ws = b.world_size();
+    if let Err(reason) = b.capabilities().check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
+        return Err(CaseEnd::Unsupported(reason));
+    }
+    let runs = extra.runs.clone().unwrap_or_else(|| shape_runs(spec, ws));
+    for (run_idx, shapes) in runs.into_iter().enumerate() {
+        let s = seed.wrapping_add(run_idx as u64 * 0x9E37_79B9);
+        run_shapes(b, spec, s, &shapes, timeout, label, Layout::default(), extra)?;
+    }
+    Ok(())
+}
+
+/// Rank `r`'s input of arbitrary bit patterns (see [`Extra::bits`]).
+fn bits_input(seed: u64, r: usize, ws: usize, dtype: DType, shape: &[usize]) -> Tensor {
+    let carrier = match dtype.size() {
+        1 => DType::U8,
+        2 => DType::U16,
+        4 => DType::U32,
+        _ => DType::U64,
+    };
+    let t = concord_fixtures::input(seed, r, ws, carrier, shape, None, InputKind::Random);
+    Tensor::from_bytes(dtype, shape, t.bytes())
 }
 
 /// Checks that every byte of `parent` outside elements `[off, off + numel)` is still [`GUARD_BYTE`].
@@ -150,6 +188,7 @@ fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, 
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_shapes<B: Backend>(
     b: &B,
     spec: &ValueSpec,
@@ -158,6 +197,7 @@ fn run_shapes<B: Backend>(
     timeout: Duration,
     label: &str,
     layout: Layout,
+    extra: &Extra,
 ) -> CaseResult {
     let ws = b.world_size();
     let rank = b.rank();
@@ -167,7 +207,7 @@ fn run_shapes<B: Backend>(
     let fail = |what: String| CaseEnd::Fail(format!("{}: {what}", here()));
 
     let mut p = Params { reduce: spec.reduce, root: ws - 1, ..Default::default() };
-    p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
+    p.src_dst = extra.src_dst.clone().unwrap_or_else(|| (0..ws).map(|r| (r + 1) % ws).collect());
     p.peer = partner(rank, ws);
     let split_m = (spec.op == OpKind::AllToAllSingle).then(|| concord_fixtures::split_matrix(seed, ws, 5));
     if let Some(m) = &split_m {
@@ -194,7 +234,9 @@ fn run_shapes<B: Backend>(
                     }
                     None => shape.clone(),
                 };
-                if read[r] || r == rank {
+                if (read[r] || r == rank) && extra.bits {
+                    bits_input(tseed, r, ws, spec.dtype, &s)
+                } else if read[r] || r == rank {
                     concord_fixtures::input(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind)
                 } else {
                     Tensor::zeros(spec.dtype, &s)

@@ -1,8 +1,9 @@
 //! Async-wait semantics: pending before the peers arrive, completed after wait, waiting twice,
 //! the outstanding-work registry, many outstanding works waited out of order, waiting from another
 //! thread, a peer that never joins (named timeout, then recovery), a lag test that catches a
-//! backend reporting completion before the data is final, and a process that exits with an
-//! un-waited collective (must exit within 1 s).
+//! backend reporting completion before the data is final, a process that exits with an
+//! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking) and a work
+//! that completes without any wait (`is_completed()` polled).
 
 use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseMeta};
@@ -23,6 +24,9 @@ fn rank_tensor<B: Backend>(b: &B, n: usize) -> Tensor {
 fn rank_sum(ws: usize) -> f32 {
     (ws * (ws + 1) / 2) as f32
 }
+
+/// How long a zero-timeout wait may take to return (generous: a loaded 2-core machine stalls).
+const POLL_SLACK: Duration = Duration::from_secs(2);
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
@@ -93,6 +97,74 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }));
     }
+    v.push(Case::<B>::new("async::wait_zero_polls::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // `wait(0)` is a poll: before rank 1 has issued it MUST return a named timeout at once
+        // (c10d's `kNoTimeout` is 0 ms, so a port may read 0 as "no timeout" and block). The
+        // poll runs on a thread, so a blocking one is reported, not a hang: rank 1 issues once
+        // rank 0 has looked (store handshake), which ends a blocked poll too.
+        let b = ctx.b;
+        let w = format!("{} wait=0", here(b, "all_reduce", "out", DType::F32));
+        let key = format!("{}/{}/polled", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 64))?;
+        if b.rank() != 0 {
+            ctx.store.wait(&[&key], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never finished its poll: {e}")))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+            return expect_eq(b, &out, &full(&[64], rank_sum(b.world_size())), &w);
+        }
+        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        let verdict = std::thread::scope(|s| {
+            let poll = s.spawn(|| {
+                let t0 = Instant::now();
+                let r = work.wait(Duration::ZERO).map(|_| ());
+                (r, t0.elapsed())
+            });
+            let t0 = Instant::now();
+            while !poll.is_finished() && t0.elapsed() < POLL_SLACK {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let returned = poll.is_finished();
+            let set = ctx.store.set(&key, b"1");
+            let (r, took) = poll.join().map_err(|_| fail(&w, "the polling thread panicked"))?;
+            set.map_err(|e| fail(&w, e))?;
+            if !returned {
+                return Err(fail(
+                    &w,
+                    format!("wait(0) before rank 1 had issued did not return within {POLL_SLACK:?} (it returned after {took:?}, once rank 1 issued): a zero timeout polls, it never blocks"),
+                ));
+            }
+            match r {
+                Ok(()) => Err(fail(&w, "wait(0) returned Ok before rank 1 had issued its side")),
+                Err(e) if e.name() == "timeout" => Ok(()),
+                Err(e) => Err(fail(&w, format!("wait(0) before rank 1 issued: expected a named timeout, got {e} [{}]", e.name()))),
+            }
+        });
+        let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait after the poll: {e}")))?;
+        verdict?;
+        expect_eq(b, out, &full(&[64], rank_sum(b.world_size())), &w)
+    }));
+    v.push(Case::<B>::new("async::completes_without_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // A work completes on its own once every rank has issued: polling `is_completed()`
+        // (PyTorch's `while not work.is_completed(): ...`) MUST see it turn true without any
+        // `wait` (a backend that makes progress only inside `wait` spins such a caller forever).
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let x = b.upload(&rank_tensor(b, 64))?;
+        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        let limit = (ctx.timeout / 2).min(Duration::from_secs(5));
+        let t0 = Instant::now();
+        while !work.is_completed() && t0.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let completed = work.is_completed();
+        let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+        if !completed {
+            return Err(fail(
+                &w,
+                format!("is_completed() stayed false for {limit:?} after every rank had issued, with no wait called (it turned true only inside wait)"),
+            ));
+        }
+        expect_eq(b, out, &full(&[64], rank_sum(b.world_size())), &w)
+    }));
     v.push(Case::<B>::new("async::wait_twice::ws2", meta("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);

@@ -11,7 +11,7 @@
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
 use crate::case::{Case, CaseMeta};
 use crate::exec::PAIRS;
-use crate::values::{self, ValueSpec};
+use crate::values::{self, Extra, ValueSpec};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Variant};
 use concord_fixtures::InputKind;
 
@@ -125,6 +125,100 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 continue;
             }
             out.push(value_case(spec.clone(), ws));
+        }
+    }
+    out.extend(permutation_cases());
+    out.extend(long_cases());
+    out.extend(bits_cases());
+    out
+}
+
+/// Permutations other than the matrix's rotation `r -> r + 1`, by name: `reversed` (at odd
+/// world sizes the middle rank maps to itself), `swap01` (ranks 0 and 1 trade, every other rank
+/// maps to itself) and `pairs` (`r -> r ^ 1`; at odd world sizes the last rank maps to itself).
+/// None of them is a cyclic shift at world size 3 and above, and each has fixed points somewhere.
+pub fn permutations(ws: usize) -> Vec<(&'static str, Vec<usize>)> {
+    let swap01 = (0..ws).map(|r| if r < 2 { 1 - r } else { r }).collect();
+    let pairs = (0..ws).map(|r| if (r ^ 1) < ws { r ^ 1 } else { r }).collect();
+    vec![("reversed", (0..ws).rev().collect()), ("swap01", swap01), ("pairs", pairs)]
+}
+
+/// permute_tensor with [`permutations`] at world sizes 3, 4 and 5, f32, every shape of the
+/// catalogue (`permute_tensor::out::f32::ws4::perm_reversed`): a backend that runs every
+/// permutation as a cyclic shift, or skips a rank's send to itself, fails here.
+pub fn permutation_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    let spec = ValueSpec {
+        op: OpKind::PermuteTensor,
+        variant: Variant::Out,
+        dtype: DType::F32,
+        reduce: None,
+        kind: InputKind::Exact,
+        max_shapes: None,
+    };
+    for ws in [3, 4, 5] {
+        for (perm, src_dst) in permutations(ws) {
+            let name = format!("{}::perm_{perm}", case_name(&spec, ws));
+            let seed = concord_fixtures::seed_for(&name);
+            let spec = spec.clone();
+            let label = format!("src_dst={src_dst:?}");
+            let extra = Extra { src_dst: Some(src_dst), ..Extra::default() };
+            out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
+                values::run_extra(ctx.b, &spec, seed, ctx.timeout, &label, &extra)
+            }));
+        }
+    }
+    out
+}
+
+/// Dtypes whose matrix cases run only the first five shapes (30 elements at most).
+const NARROW_SHAPES: [DType; 8] = [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32, DType::I64, DType::U64, DType::F64];
+
+/// all_reduce `sum` of 64 and 1031 elements in the dtypes whose matrix cases stop at 30
+/// elements (`all_reduce::out::u8::sum::ws2::long`), world sizes 2 and 3: a dtype-specific
+/// vector path (several elements per word or register, a remainder loop) is taken only there.
+pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for dtype in NARROW_SHAPES {
+        let spec = ValueSpec {
+            op: OpKind::AllReduce,
+            variant: Variant::Out,
+            dtype,
+            reduce: Some(ReduceOp::Sum),
+            kind: InputKind::Exact,
+            max_shapes: None,
+        };
+        for ws in [2, 3] {
+            let name = format!("{}::long", case_name(&spec, ws));
+            let seed = concord_fixtures::seed_for(&name);
+            let extra = Extra { runs: Some(vec![vec![vec![64]], vec![vec![1031]]]), ..Extra::default() };
+            let spec = spec.clone();
+            out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
+                values::run_extra(ctx.b, &spec, seed, ctx.timeout, "long", &extra)
+            }));
+        }
+    }
+    out
+}
+
+/// The data-moving ops on inputs of arbitrary bit patterns (`broadcast::out::bf16::ws2::bits`):
+/// every float dtype, world size 2, the first five shapes. The matrix's exact inputs are small
+/// integers, which survive a detour through a narrower format (bf16 sent as f16, f64 as f32);
+/// these do not, and every byte must arrive as sent.
+pub fn bits_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for &(op, variant) in PAIRS {
+        if op.reduces() || op == OpKind::Barrier || matches!(variant, Variant::Coalesced) {
+            continue;
+        }
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+            let spec = ValueSpec { op, variant, dtype, reduce: None, kind: InputKind::Exact, max_shapes: Some(5) };
+            let name = format!("{}::bits", case_name(&spec, 2));
+            let seed = concord_fixtures::seed_for(&name);
+            let extra = Extra { bits: true, ..Extra::default() };
+            out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| {
+                values::run_extra(ctx.b, &spec, seed, ctx.timeout, "input=bits", &extra)
+            }));
         }
     }
     out

@@ -1,14 +1,18 @@
 //! The suites. Each module is one concern and exposes `cases::<B>()`.
 //!
-//! * [`matrix`] — every op × variant × dtype × reduce op × world size, exact and random inputs.
-//! * [`subgroup`] — the matrix's core ops and every reduce op on reversed / halves / odd-even / partial subgroups.
+//! * [`matrix`] — every op × variant × dtype × reduce op × world size, exact and random inputs;
+//!   permutations other than the rotation, longer all_reduces in the narrow-shape dtypes, moves
+//!   of arbitrary bit patterns.
+//! * [`subgroup`] — the matrix's core ops, the rooted and p2p ops and every reduce op on reversed /
+//!   halves / odd-even / partial subgroups.
 //! * [`seed`] — PyTorch's `test_c10d_functional_native.py` and eager `test_inductor_collectives.py`.
-//! * [`async_wait`] — completion, wait semantics, registry, lag, un-waited exit, threads.
+//! * [`async_wait`] — completion (also without wait), wait semantics (`wait(0)` polls), registry,
+//!   lag, un-waited exit, threads.
 //! * [`async_ops`] — issue at once / pending / wait deadline on every op, each rank late in turn;
 //!   the barrier synchronises.
 //! * [`p2p`] — messages in flight in order, beyond a ring's size, receive before send.
 //! * [`numerics`] — exact rounding: nearest-even ties, subnormals, premul_sum factors.
-//! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing.
+//! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing, results kept across calls.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.
 //! * [`caps`] — declared capabilities (NaN policy, integer avg, aliasing, gaps) vs observed behaviour.
 //! * [`views`] — inputs and `_out` / recv outputs as views at non-zero offsets; parents untouched.

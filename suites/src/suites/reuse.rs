@@ -1,11 +1,15 @@
 //! Buffer reuse: one persistent buffer across 100 iterations with new contents each time,
-//! late-write detection (after wait, nothing may still write the result), and input/output
-//! aliasing (rejected with a named error, or correct, as the backend declares).
+//! late-write detection (after wait, nothing may still write the result), results of same-shaped
+//! out-of-place calls kept at once (none overwrites another), and input/output aliasing (rejected
+//! with a named error, or correct, as the backend declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
-use super::util::{expect_eq, fail, full, here};
+use super::util::{expect_eq, expect_oracle, fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
-use concord_core::{AliasPolicy, Backend, DType, ReduceOp, Tensor};
+use crate::exec::{self, Params};
+use concord_core::{AliasPolicy, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_fixtures::InputKind;
+use concord_oracle::Collective;
 use std::time::Duration;
 
 fn meta(op: &str, variant: &str) -> CaseMeta {
@@ -73,6 +77,25 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             late_write(ctx, op, variant)
         }));
     }
+    for (op, variant) in [
+        (OpKind::AllReduce, Variant::Out),
+        (OpKind::AllGatherIntoTensor, Variant::Out),
+        (OpKind::ReduceScatterTensor, Variant::Out),
+        (OpKind::AllToAllSingle, Variant::Out),
+        (OpKind::Broadcast, Variant::Out),
+        (OpKind::PermuteTensor, Variant::Out),
+    ] {
+        let m = CaseMeta {
+            suite: "reuse".into(),
+            op: op.name().into(),
+            variant: variant.to_string(),
+            dtype: "f32".into(),
+            reduce: String::new(),
+        };
+        v.push(Case::<B>::new(format!("reuse::outputs_kept::{}::{variant}::ws2", op.name()), m, 2, move |ctx| {
+            outputs_kept(ctx, op, variant)
+        }));
+    }
     v.push(Case::<B>::new("reuse::aliasing::all_gather_out_contains_input::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
         aliasing(ctx, "all_gather_into_tensor", false)
     }));
@@ -87,6 +110,54 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     ));
     v
 }
+
+/// Results of out-of-place ops are the caller's: [`KEPT`] ops of one shape and dtype, each
+/// with other inputs, are issued and waited one after the other while the caller keeps every
+/// result; then every result is checked (against the oracle) and every address must differ. A
+/// backend that recycles one output per shape (a static output, an allocator that reuses it)
+/// has the later calls overwrite the earlier results.
+fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = here(b, op.name(), &variant.to_string(), DType::F32);
+    let reduce = op.reduces().then_some(ReduceOp::Sum);
+    let p = Params { reduce, root: ws - 1, src_dst: (0..ws).map(|r| (r + 1) % ws).collect(), ..Default::default() };
+    let coll = match op {
+        OpKind::AllReduce => Collective::AllReduce { op: ReduceOp::Sum },
+        OpKind::AllGatherIntoTensor => Collective::AllGather,
+        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: ReduceOp::Sum },
+        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
+        OpKind::Broadcast => Collective::Broadcast { src: p.root },
+        OpKind::PermuteTensor => Collective::Permute { src_dst: p.src_dst.clone() },
+        other => return Err(fail(&w, format!("suite bug: no outputs_kept check for {other}"))),
+    };
+    let shape = [4 * ws, 3];
+    let seed = concord_fixtures::seed_for(&format!("reuse::outputs_kept::{op}"));
+    let mut kept = Vec::new();
+    for k in 0..KEPT {
+        let inputs = concord_fixtures::inputs(seed + k as u64, ws, DType::F32, &shape, reduce, InputKind::Exact);
+        let x = b.upload(&inputs[me])?;
+        let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)
+            .map_err(|e| fail(&w, format!("call {k}: {e} [{}]", e.name())))?;
+        kept.push((out[0].clone(), inputs, x));
+    }
+    for (k, (out, inputs, _)) in kept.iter().enumerate() {
+        let addr = b.buffer_addr(out);
+        if let Some(j) = kept[..k].iter().position(|(o, _, _)| b.buffer_addr(o) == addr) {
+            return Err(fail(
+                &w,
+                format!(
+                    "call {k} of {KEPT} (same shape {shape:?}) returned the buffer of call {j} (0x{addr:x}), which the caller still holds"
+                ),
+            ));
+        }
+        expect_oracle(b, &coll, inputs, out, &format!("{w} shape={shape:?} call {k} of {KEPT}, checked after all {KEPT} (results kept)"))?;
+    }
+    Ok(())
+}
+
+/// Same-shaped out-of-place calls whose results [`outputs_kept`] holds at once.
+const KEPT: usize = 3;
 
 /// After wait, overwrite the result with a pattern, give the backend time, check nothing wrote it.
 fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant: &str) -> CaseResult {

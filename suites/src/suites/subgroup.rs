@@ -1,5 +1,5 @@
-//! Subgroups: the core ops, and every reduce op defined for f32 / i32 ([`reduce_op_specs`]: `avg`
-//! divides by the GROUP size), on communicators over a subset of ranks, created with
+//! Subgroups: the core ops, the rooted and point-to-point ops ([`MORE_OPS`]), and every reduce op
+//! defined for f32 / i32 ([`reduce_op_specs`]: `avg` divides by the GROUP size), on communicators over a subset of ranks, created with
 //! `Backend::new_group` by every rank of the world. Layouts: reversed (all ranks, reverse order),
 //! halves (two disjoint groups running at once), odd/even (two interleaved groups), and a partial
 //! group (ranks {0, ws-1}; the others sit out and must not be involved).
@@ -42,6 +42,19 @@ const OPS: [(OpKind, Variant, Option<ReduceOp>); 7] = [
     (OpKind::AllToAllSingle, Variant::Out, None),
     (OpKind::Broadcast, Variant::Out, None),
     (OpKind::Barrier, Variant::Out, None),
+];
+
+/// The rooted and point-to-point ops (and in-place broadcast) in the subgroup layouts: group
+/// rank order is not world rank order in `reversed`, so a backend that places gathered chunks,
+/// scatters chunks, picks roots or addresses peers by WORLD rank fails there. f32, world sizes 4
+/// and 5; roots are the group's last rank, permute the group's rotation.
+pub const MORE_OPS: [(OpKind, Variant, Option<ReduceOp>); 6] = [
+    (OpKind::Gather, Variant::Out, None),
+    (OpKind::Scatter, Variant::Out, None),
+    (OpKind::Reduce, Variant::Out, Some(ReduceOp::Sum)),
+    (OpKind::PermuteTensor, Variant::Out, None),
+    (OpKind::SendRecv, Variant::OutBuf, None),
+    (OpKind::Broadcast, Variant::InPlace, None),
 ];
 
 /// Every reduce op defined for the dtype, in the subgroup layouts: all_reduce with each, and
@@ -94,6 +107,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         for spec in reduce_op_specs() {
             for ws in [4, 5] {
                 out.push(subgroup_case(lay, spec.clone(), ws));
+            }
+        }
+        for (op, variant, reduce) in MORE_OPS {
+            for ws in [4, 5] {
+                let spec = ValueSpec { op, variant, dtype: DType::F32, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
+                out.push(subgroup_case(lay, spec, ws));
             }
         }
     }
