@@ -270,11 +270,13 @@ struct Cli {
     /// Print the contract map (every MUST clause and the cases that check it) and exit.
     #[arg(long)]
     contract: bool,
-    /// Conformance mode: more filters (or exact case ids with --exact) after the first.
-    #[arg(last = true, value_name = "MORE")]
-    more: Vec<String>,
     #[command(flatten)]
     libtest: libtest_mimic::Arguments,
+    /// Conformance mode: more filters (or exact case ids with --exact) after the first, after
+    /// `--` (`FILTER -- MORE...`). Declared after libtest's FILTER: a `last` positional must
+    /// come after every other one, or clap rejects the first filter.
+    #[arg(last = true, value_name = "MORE")]
+    more: Vec<String>,
 }
 
 /// What conformance mode runs.
@@ -660,4 +662,20 @@ fn skip_summary(report: &Report) -> Vec<String> {
             format!("{backend}: {skipped} of {total} cases skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::Parser;
+
+    #[test]
+    fn a_filter_then_more_after_the_double_dash_parse() {
+        // What `cargo xtask conformance --backend shm A B` passes to the binary.
+        let cli = Cli::try_parse_from(["conformance", "--backend", "shm", "--report", "r", "A", "--", "B", "C"]).expect("parses");
+        assert_eq!(cli.libtest.filter.as_deref(), Some("A"));
+        assert_eq!(cli.more, ["B", "C"]);
+        let cli = Cli::try_parse_from(["conformance", "--exact", "A"]).expect("parses");
+        assert!(cli.libtest.exact && cli.more.is_empty());
+    }
 }
