@@ -348,6 +348,11 @@ pub fn main_with(entries: Vec<BackendEntry>) -> ! {
     if let Some(launch) = concord_harness::config::Config::global().launch.as_ref().filter(|_| !cli.libtest.list) {
         std::process::exit(crate::external::main(&entries, launch, &opts));
     }
+    if opts.report.is_none() && !cli.more.is_empty() {
+        // libtest takes one filter; silently dropping the rest would run the wrong tests.
+        eprintln!("error: more than one filter (`FILTER -- MORE...`) needs conformance mode (--report DIR)");
+        std::process::exit(2);
+    }
     let code = if opts.report.is_some() { conformance_mode(&entries, &opts) } else { libtest_mode(&entries, cli.libtest) };
     Pool::global().shutdown();
     std::process::exit(code)

@@ -35,12 +35,15 @@ fn rlibs(deps: &Path, name: &str) -> Vec<PathBuf> {
 }
 
 /// The `concord-suites` and `concord-shm` libraries this test was linked with: the newest pair
-/// that a crate naming both type-checks against. A `deps` directory can hold several builds of
+/// that a crate using both together (`catalogue::<ShmBackend>`) type-checks against. A `deps` directory can hold several builds of
 /// each (one crate built alone resolves other features, so another hash), and a stale one
 /// fails with "found possibly newer version of crate", not with the errors under test.
 fn linked_libs(deps: &Path, out_dir: &Path) -> (PathBuf, PathBuf) {
     let probe = out_dir.join("probe.rs");
-    std::fs::write(&probe, "extern crate concord_suites;\nextern crate concord_shm;\nfn main() {}\n").expect("write the probe");
+    // Naming a type of one crate in a generic of the other makes rustc unify their dependencies
+    // (a pair built against different `concord-core` builds fails here, not in the UI files).
+    let src = "fn main() {\n    let _ = concord_suites::catalogue::<concord_shm::ShmBackend>;\n}\n";
+    std::fs::write(&probe, src).expect("write the probe");
     let (suites, shm) = (rlibs(deps, "concord_suites"), rlibs(deps, "concord_shm"));
     let mut tried = Vec::new();
     for a in &suites {

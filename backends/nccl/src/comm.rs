@@ -1122,7 +1122,10 @@ pub(crate) struct Teardown {
 unsafe impl Send for Teardown {}
 
 impl Teardown {
-    /// Finalize + destroy when the stream is idle, abort otherwise; bounded (5 s, then abort).
+    /// Finalize + destroy when the stream is idle, abort otherwise. This thread waits at most
+    /// about 5 s for the finalize / destroy (then aborts the parent: up to [`ABORT_WAIT`] more),
+    /// or two [`ABORT_WAIT`]s when the stream was busy; a helper thread still inside NCCL after
+    /// that is left there, holding what its communicator needs (the device, the stream).
     pub fn run(self) {
         let deadline = Instant::now() + Duration::from_secs(5);
         let raw = self.raw;
@@ -1144,29 +1147,37 @@ impl Teardown {
             abort_raw(raw.0);
             return;
         }
+        // What a helper thread's NCCL call may still use after this thread stops waiting for it:
+        // moved into the helper, so it goes only when NCCL has returned.
+        let keep = (self.dev.clone(), self._own_stream.clone());
         // The twin (blocking, its stream idle) is finalized and destroyed on a helper thread
         // *beside* the parent's finalize and destroy: each takes about half a second (2 x
         // H200), and one after the other pushed a process that drops an un-waited collective
         // past the 1 s it has to exit. Independent communicators (the twin shares nothing with
         // its parent), each used by one thread. Not `ncclCommAbort`: on 2 x H200 it made that
-        // exit 1.01-1.07 s in 4 runs out of 4 (NCCL's proxy thread notices an abort only at its
-        // next poll), against 2 / 2 under 1 s with finalize + destroy. A finalize that NCCL
-        // fails is followed by an abort; one that never returns (a peer gone mid-teardown) is
-        // left on its thread: this wait ends at `deadline` all the same.
+        // exit take 1.01-1.07 s in 4 runs out of 4 (NCCL's proxy thread notices an abort only at
+        // its next poll), against 5 / 5 passing with finalize + destroy. A twin with an
+        // asynchronous error (a peer gone) is aborted instead, as is one whose finalize NCCL
+        // fails; a finalize that never returns (a peer stalled mid-teardown) is left on its
+        // thread, and this thread's wait still ends at `deadline`.
         let twin_done = (!twin.0.is_null()).then(|| {
             let (tx, rx) = std::sync::mpsc::channel();
-            let dev = self.dev.clone();
+            let keep = keep.clone();
             let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
-                let twin = twin;
-                let _ = dev.bind();
+                let (twin, keep) = (twin, keep);
+                let _ = keep.0.bind();
                 unsafe {
-                    if sys::ncclCommFinalize(twin.0) == sys::ncclResult_t::ncclSuccess {
+                    let mut state = sys::ncclResult_t::ncclSuccess;
+                    let healthy = sys::ncclCommGetAsyncError(twin.0, &mut state) == sys::ncclResult_t::ncclSuccess
+                        && state == sys::ncclResult_t::ncclSuccess;
+                    if healthy && sys::ncclCommFinalize(twin.0) == sys::ncclResult_t::ncclSuccess {
                         let _ = sys::ncclCommDestroy(twin.0);
                     } else {
                         let _ = sys::ncclCommAbort(twin.0);
                     }
                 }
                 let _ = tx.send(());
+                drop(keep);
             });
             (spawned, rx)
         });
@@ -1190,11 +1201,13 @@ impl Teardown {
         // the same, so that the wait stays bounded.
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-destroy".into()).spawn(move || {
-            let raw = raw;
+            let (raw, keep) = (raw, keep);
+            let _ = keep.0.bind();
             unsafe {
                 let _ = sys::ncclCommDestroy(raw.0);
             }
             let _ = tx.send(());
+            drop(keep);
         });
         if spawned.is_ok() {
             let _ = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100)));
@@ -1299,8 +1312,6 @@ impl NcclBackend {
         // Options first: a bad one is named even on a machine without GPUs.
         let faults = crate::fault::Faults::from_world(world)
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: option `fault`: {e}")))?;
-        crate::fused_gpu::set_mode(world.option("fused_overlap"))
-            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let flag = |key: &str, default: bool| {
             world.flag(key, default).map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))
         };
@@ -1315,6 +1326,17 @@ impl NcclBackend {
                 ))
             })?),
         };
+        if let Some(v) = world.option(concord_core::LOCAL_RANK_OPTION) {
+            v.parse::<usize>().map_err(|_| {
+                CollectiveError::Backend(format!(
+                    "nccl init on rank {rank}: backend option {}={v}: expected a GPU index",
+                    concord_core::LOCAL_RANK_OPTION
+                ))
+            })?;
+        }
+        // Last: it sets the process's fused mode, so only once every option is valid.
+        crate::fused_gpu::set_mode(world.option("fused_overlap"))
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         nvls_off_once();
         let info = probe().map_err(|e| CollectiveError::Unsupported(format!("nccl: {e}")))?;
         // One GPU per rank of this host: a launcher's local rank picks it (a world Concord

@@ -328,14 +328,17 @@ impl Backend for ShmBackend {
                 "shm backend runs worlds of 1..={MAX_WORLD_SIZE} ranks; got rank {rank} of {n}"
             )));
         }
-        sys::install_cleanup_handlers();
-        fused::set_mode(world.option("fused_pipeline"))?;
+        // Options first, all of them, before anything process-wide changes.
         let gib: f64 = match world.option("shm_arena_gib") {
             None => 16.0,
-            Some(v) => v.parse().map_err(|_| CollectiveError::Backend(format!("option shm_arena_gib={v} is not a number")))?,
+            Some(v) => v.parse().ok().filter(|g: &f64| g.is_finite() && (0.0..=1024.0).contains(g)).ok_or_else(|| {
+                CollectiveError::Backend(format!("option shm_arena_gib={v}: expected GiB from 0 (the 1 MiB minimum) to 1024"))
+            })?,
         };
         let fault = fault::from_world(world).map_err(CollectiveError::Backend)?;
         let canary = world.flag("shm_canary", false).map_err(CollectiveError::Backend)?;
+        fused::set_mode(world.option("fused_pipeline"))?;
+        sys::install_cleanup_handlers();
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);
         let arena_name = |r: usize| format!("{prefix}r{r}");

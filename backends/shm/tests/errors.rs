@@ -120,6 +120,29 @@ fn bad_input_is_named_identically_on_every_rank_and_the_world_stays_usable() {
 }
 
 #[test]
+fn a_bad_option_value_is_a_named_init_error_before_any_segment_or_store() {
+    for (key, value, says) in [
+        ("shm_canary", "maybe", "shm_canary=maybe"),
+        ("shm_arena_gib", "nan", "shm_arena_gib=nan"),
+        ("shm_arena_gib", "-1", "shm_arena_gib=-1"),
+        ("shm_arena_gib", "inf", "shm_arena_gib=inf"),
+        ("shm_arena_gib", "lots", "shm_arena_gib=lots"),
+        ("fused_pipeline", "sometimes", "fused_pipeline=sometimes"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let wid = world_id();
+        let mut w = info(0, 2, dir.path(), &wid, T);
+        w.options = vec![(key.into(), value.into())];
+        let t0 = Instant::now();
+        let err = ShmBackend::init(&w).err().unwrap_or_else(|| panic!("{key}={value} accepted"));
+        assert_eq!(err.name(), "backend", "{key}={value}: {err}");
+        assert!(err.to_string().contains(says), "{key}={value}: {err}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{key}={value}: refused only after {:?} (a rendezvous?)", t0.elapsed());
+        assert!(leftovers(&wid).is_empty() && !dir.path().join("store").exists(), "{key}={value} left files");
+    }
+}
+
+#[test]
 fn a_peer_that_never_joins_init_times_out_by_name_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let wid = world_id();

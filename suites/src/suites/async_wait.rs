@@ -150,6 +150,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let w = here(b, "all_reduce", "out", DType::F32);
         let x = b.upload(&rank_tensor(b, 64))?;
         let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        // The clock starts once every rank has issued (a store handshake), so a rank that is
+        // descheduled before issuing is not counted against the others' polls.
+        let key = |r: usize| format!("{}/{}/issued/{r}", ctx.case, ctx.world.world_id);
+        ctx.store.set(&key(b.rank()), b"1").map_err(|e| fail(&w, e))?;
+        let all: Vec<String> = (0..b.world_size()).map(key).collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        ctx.store.wait(&all, ctx.timeout).map_err(|e| fail(&w, format!("the other ranks never issued: {e}")))?;
         let limit = (ctx.timeout / 2).min(Duration::from_secs(5));
         let t0 = Instant::now();
         while !work.is_completed() && t0.elapsed() < limit {
