@@ -166,7 +166,13 @@ fn default_dir() -> PathBuf {
     PathBuf::from("concord-bench")
 }
 
+/// The source commit of this run: `CONCORD_GIT_COMMIT` when set (the GPU bundle's entry script
+/// sets it from `dist/COMMIT`: on the GPU machine the working directory's `.git` need not be the
+/// bundle's), else `git rev-parse` here.
 fn git_commit() -> Option<String> {
+    if let Some(c) = &concord_harness::config::Config::global().git_commit {
+        return Some(c.clone());
+    }
     let out = std::process::Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -16,6 +16,7 @@
 //! | `CONCORD_RUNNER_TRACE` | off | `1`: the runner prints its phase timings to stderr |
 //! | `CONCORD_LAUNCHER` | `auto` | `off`, `torchrun`, `mpi` or `slurm`: how ranks were started (below) |
 //! | `CONCORD_STORE_ADDR` | see below | `HOST:PORT` of the TCP store externally launched ranks meet on |
+//! | `CONCORD_GIT_COMMIT` | `git rev-parse` | the source commit a bench records (the GPU bundle sets it) |
 //!
 //! # Externally launched ranks ([`Launch`])
 //! A conformance binary (or a bench) started by a launcher runs as ONE rank of the launcher's
@@ -62,6 +63,7 @@ pub const LIST: &str = "CONCORD_LIST";
 pub const RUNNER_TRACE: &str = "CONCORD_RUNNER_TRACE";
 pub const LAUNCHER: &str = "CONCORD_LAUNCHER";
 pub const STORE_ADDR: &str = "CONCORD_STORE_ADDR";
+pub const GIT_COMMIT: &str = "CONCORD_GIT_COMMIT";
 
 /// How often an externally launched rank publishes its heartbeat (state and stderr tail).
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_millis(200);
@@ -163,6 +165,9 @@ pub struct Config {
     pub trace: bool,
     /// `Some` when a launcher started this process as one rank of its world.
     pub launch: Option<Launch>,
+    /// `CONCORD_GIT_COMMIT`: the commit the binaries were built from, when the caller knows it
+    /// better than the working directory's `.git` (the GPU bundle's entry script sets it).
+    pub git_commit: Option<String>,
 }
 
 /// A variable that is set but not understood.
@@ -186,6 +191,7 @@ impl Default for Config {
             list: ListMode::Groups,
             trace: false,
             launch: None,
+            git_commit: None,
         }
     }
 }
@@ -230,6 +236,7 @@ impl Config {
             gpu_count: num(GPU_COUNT, "a whole number of GPUs")?.map(|n| n as usize),
             list,
             trace,
+            git_commit: get(GIT_COMMIT).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()),
         })
     }
 
@@ -375,6 +382,8 @@ mod tests {
     fn defaults_and_the_deadline_rule() {
         let c = with(&[]).unwrap();
         assert_eq!(c, Config::default());
+        assert_eq!(with(&[(GIT_COMMIT, " 073d42e+dirty\n")]).unwrap().git_commit.as_deref(), Some("073d42e+dirty"));
+        assert_eq!(with(&[(GIT_COMMIT, "")]).unwrap().git_commit, None);
         assert_eq!(c.op_timeout(), Duration::from_secs(15));
         assert_eq!(Config::wait_timeout(c.case_deadline), Duration::from_secs(16));
         let c = with(&[(CASE_TIMEOUT_MS, "4000")]).unwrap();

@@ -51,6 +51,11 @@ for line in sys.stdin:
     done
 done
 
+# The commit the binaries were built from (a `+dirty` mark when the tree had changes): the
+# bench reports it (CONCORD_GIT_COMMIT, set by run-gpu.sh), not the GPU machine's `.git`.
+commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+git -C "$root" diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
+echo "$commit" > "$dist/COMMIT"
 cp "$root/scripts/gpu/run-gpu.sh" "$dist/run-gpu.sh"
 cp "$root/scripts/gpu/two-gpu.sh" "$dist/two-gpu.sh"
 chmod +x "$dist/run-gpu.sh" "$dist/two-gpu.sh" "$dist"/bin/*

@@ -20,6 +20,8 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The bundle's source commit, for the bench's records (see bundle.sh).
+[ -f "$here/COMMIT" ] && export CONCORD_GIT_COMMIT="${CONCORD_GIT_COMMIT:-$(cat "$here/COMMIT")}"
 
 # cudarc loads "libnccl.so" (or a few versioned names, not ".so.2"): when only libnccl.so.2 is
 # installed (e.g. PyTorch's nvidia-nccl wheel), point a private folder's libnccl.so at it.
