@@ -41,6 +41,28 @@ pub struct Params {
     pub peer: Option<usize>,
 }
 
+/// The oracle's [`concord_oracle::Collective`] for `op` called with `p` on `ws` ranks: `p`'s
+/// reduce op (sum when none), root and permutation, equal all_to_all splits, send / recv between
+/// [`crate::values::partner`]s; `None` for the barrier, which moves no data. The one mapping from
+/// a call to what the oracle computes for it.
+pub fn collective(op: OpKind, p: &Params, ws: usize) -> Option<concord_oracle::Collective> {
+    use concord_oracle::Collective as C;
+    let red = p.reduce.unwrap_or(ReduceOp::Sum);
+    Some(match op {
+        OpKind::AllReduce => C::AllReduce { op: red },
+        OpKind::AllGatherIntoTensor => C::AllGather,
+        OpKind::ReduceScatterTensor => C::ReduceScatter { op: red },
+        OpKind::AllToAllSingle => C::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
+        OpKind::Broadcast => C::Broadcast { src: p.root },
+        OpKind::PermuteTensor => C::Permute { src_dst: p.src_dst.clone() },
+        OpKind::Reduce => C::Reduce { op: red, root: p.root },
+        OpKind::Gather => C::Gather { root: p.root },
+        OpKind::Scatter => C::Scatter { root: p.root },
+        OpKind::SendRecv => C::SendRecv { src_dst: (0..ws).map(|r| crate::values::partner(r, ws)).collect() },
+        OpKind::Barrier => return None,
+    })
+}
+
 /// Issues `(op, variant)` on `ins` (and `out` for `_out` variants / recv), waits up to `timeout`,
 /// and returns the result buffers (one per input; `[]` for barrier).
 pub fn call<B: Backend>(

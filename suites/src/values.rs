@@ -105,27 +105,7 @@ pub struct Layout {
 
 /// Runs the value check for `spec` on backend `b` (a world or a subgroup).
 pub fn run<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, label: &str) -> CaseResult {
-    run_in(b, spec, seed, timeout, label, |_| Layout::default())
-}
-
-/// [`run`] with the buffers of run `i` (one per shape list) laid out as `layout(i)` says.
-pub fn run_in<B: Backend>(
-    b: &B,
-    spec: &ValueSpec,
-    seed: u64,
-    timeout: Duration,
-    label: &str,
-    layout: impl Fn(usize) -> Layout,
-) -> CaseResult {
-    let ws = b.world_size();
-    let caps = b.capabilities();
-    if let Err(reason) = caps.check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
-        return Err(CaseEnd::Unsupported(reason));
-    }
-    for (run_idx, shapes) in shape_runs(spec, ws).into_iter().enumerate() {
-        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx), &Extra::default())?;
-    }
-    Ok(())
+    run_in(b, spec, seed, timeout, label, |_| Layout::default(), &Extra::default())
 }
 
 /// What a hand-made value case changes from the matrix's runs.
@@ -142,14 +122,27 @@ pub struct Extra {
 
 /// [`run`] with what `extra` changes; `label` goes into every failure message.
 pub fn run_extra<B: Backend>(b: &B, spec: &ValueSpec, seed: u64, timeout: Duration, label: &str, extra: &Extra) -> CaseResult {
+    run_in(b, spec, seed, timeout, label, |_| Layout::default(), extra)
+}
+
+/// [`run`] over every shape list (`extra.runs`, else the catalogue's) with what `extra` changes,
+/// the buffers of run `i` laid out as `layout(i)` says.
+pub fn run_in<B: Backend>(
+    b: &B,
+    spec: &ValueSpec,
+    seed: u64,
+    timeout: Duration,
+    label: &str,
+    layout: impl Fn(usize) -> Layout,
+    extra: &Extra,
+) -> CaseResult {
     let ws = b.world_size();
     if let Err(reason) = b.capabilities().check(spec.op, Some(spec.variant), Some(spec.dtype), spec.reduce, ws) {
         return Err(CaseEnd::Unsupported(reason));
     }
     let runs = extra.runs.clone().unwrap_or_else(|| shape_runs(spec, ws));
     for (run_idx, shapes) in runs.into_iter().enumerate() {
-        let s = seed.wrapping_add(run_idx as u64 * 0x9E37_79B9);
-        run_shapes(b, spec, s, &shapes, timeout, label, Layout::default(), extra)?;
+        run_shapes(b, spec, seed.wrapping_add(run_idx as u64 * 0x9E37_79B9), &shapes, timeout, label, layout(run_idx), extra)?;
     }
     Ok(())
 }
@@ -360,12 +353,9 @@ fn run_shapes<B: Backend>(
     Ok(())
 }
 
+/// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
 fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
-    let red = spec.reduce.unwrap_or(ReduceOp::Sum);
     match spec.op {
-        OpKind::AllReduce => Collective::AllReduce { op: red },
-        OpKind::AllGatherIntoTensor => Collective::AllGather,
-        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: red },
         OpKind::AllToAllSingle => {
             let m = split_m.expect("split matrix");
             Collective::AllToAll {
@@ -373,13 +363,7 @@ fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<
                 output_splits: (0..ws).map(|r| Some((0..ws).map(|i| m[i][r]).collect())).collect(),
             }
         }
-        OpKind::Broadcast => Collective::Broadcast { src: p.root },
-        OpKind::PermuteTensor => Collective::Permute { src_dst: p.src_dst.clone() },
-        OpKind::Reduce => Collective::Reduce { op: red, root: p.root },
-        OpKind::Gather => Collective::Gather { root: p.root },
-        OpKind::Scatter => Collective::Scatter { root: p.root },
-        OpKind::SendRecv => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
         // The barrier moves no data; the oracle's all_reduce of nothing stands in.
-        OpKind::Barrier => Collective::AllReduce { op: ReduceOp::Sum },
+        op => crate::exec::collective(op, p, ws).unwrap_or(Collective::AllReduce { op: ReduceOp::Sum }),
     }
 }

@@ -20,10 +20,10 @@
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
-use crate::exec::PAIRS;
+use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
 use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
-use concord_oracle::{Collective, Semantics};
+use concord_oracle::Semantics;
 use std::time::{Duration, Instant};
 
 /// How long an early rank waits for a result that cannot be there yet.
@@ -143,23 +143,6 @@ fn input(r: usize, t: usize, n: usize) -> Tensor {
     Tensor::from_vec(&[n], (0..n).map(|i| (r * 100 + t * 10 + i) as f32).collect())
 }
 
-fn collective(op: OpKind, a: &Args, ws: usize) -> Option<Collective> {
-    let s = ReduceOp::Sum;
-    Some(match op {
-        OpKind::AllReduce => Collective::AllReduce { op: s },
-        OpKind::AllGatherIntoTensor => Collective::AllGather,
-        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: s },
-        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
-        OpKind::Broadcast => Collective::Broadcast { src: a.root },
-        OpKind::PermuteTensor => Collective::Permute { src_dst: a.src_dst.clone() },
-        OpKind::Reduce => Collective::Reduce { op: s, root: a.root },
-        OpKind::Gather => Collective::Gather { root: a.root },
-        OpKind::Scatter => Collective::Scatter { root: a.root },
-        OpKind::SendRecv => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
-        OpKind::Barrier => return None,
-    })
-}
-
 /// One round with rank `late` as the late rank.
 fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> CaseResult {
     let b = ctx.b;
@@ -177,7 +160,8 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
     // Expected results, tensor by tensor, from the oracle.
     let sem = Semantics::of(&b.capabilities());
     let mut expected = Vec::new();
-    if let Some(c) = collective(op, &a, ws) {
+    let p = Params { root: a.root, src_dst: a.src_dst.clone(), ..Default::default() };
+    if let Some(c) = exec::collective(op, &p, ws) {
         for t in 0..tensors {
             let all: Vec<Tensor> = (0..ws).map(|r| input(r, t, n)).collect();
             let e = concord_oracle::expected(&c, &all, &sem).map_err(|e| fail(&w, format!("suite bug: oracle: {e}")))?;

@@ -11,7 +11,6 @@ use crate::exec::{self, Params};
 use crate::values::partner;
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::InputKind;
-use concord_oracle::Collective;
 use std::collections::HashMap;
 
 /// The buffers' (dtype, shape) in allocation order; dim 0 is multiplied by the world size for
@@ -57,23 +56,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     out
 }
 
-fn collective(op: OpKind, ws: usize) -> Collective {
-    match op {
-        OpKind::AllReduce => Collective::AllReduce { op: ReduceOp::Sum },
-        OpKind::AllGatherIntoTensor => Collective::AllGather,
-        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: ReduceOp::Sum },
-        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
-        OpKind::Broadcast => Collective::Broadcast { src: ws - 1 },
-        _ => Collective::SendRecv { src_dst: (0..ws).map(|r| partner(r, ws)).collect() },
-    }
-}
-
 fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, seed: u64) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let reduce = op.reduces().then_some(ReduceOp::Sum);
     let p = Params { reduce, root: ws - 1, peer: partner(me, ws), ..Default::default() };
-    let coll = collective(op, ws);
+    let coll = exec::collective(op, &p, ws).expect("every op of this suite moves data");
     // Address of each input seen so far -> the step that had it.
     let mut seen: HashMap<usize, usize> = HashMap::new();
     for (i, &(dtype, shape)) in STEPS.iter().chain(STEPS.iter()).enumerate() {

@@ -9,7 +9,6 @@ use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
 use concord_core::{AliasPolicy, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::InputKind;
-use concord_oracle::Collective;
 use std::time::Duration;
 
 fn meta(op: &str, variant: &str) -> CaseMeta {
@@ -122,14 +121,8 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) 
     let w = here(b, op.name(), &variant.to_string(), DType::F32);
     let reduce = op.reduces().then_some(ReduceOp::Sum);
     let p = Params { reduce, root: ws - 1, src_dst: (0..ws).map(|r| (r + 1) % ws).collect(), ..Default::default() };
-    let coll = match op {
-        OpKind::AllReduce => Collective::AllReduce { op: ReduceOp::Sum },
-        OpKind::AllGatherIntoTensor => Collective::AllGather,
-        OpKind::ReduceScatterTensor => Collective::ReduceScatter { op: ReduceOp::Sum },
-        OpKind::AllToAllSingle => Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] },
-        OpKind::Broadcast => Collective::Broadcast { src: p.root },
-        OpKind::PermuteTensor => Collective::Permute { src_dst: p.src_dst.clone() },
-        other => return Err(fail(&w, format!("suite bug: no outputs_kept check for {other}"))),
+    let Some(coll) = exec::collective(op, &p, ws) else {
+        return Err(fail(&w, format!("suite bug: {op} moves no data to keep")));
     };
     let shape = [4 * ws, 3];
     let seed = concord_fixtures::seed_for(&format!("reuse::outputs_kept::{op}"));

@@ -38,7 +38,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 let meta = matrix::meta("views", &spec);
                 let seed = concord_fixtures::seed_for(&name);
                 let spec = spec.clone();
-                out.push(Case::new(name, meta, ws, move |ctx| values::run_in(ctx.b, &spec, seed, ctx.timeout, "views_at_offset", layout)));
+                out.push(Case::new(name, meta, ws, move |ctx| {
+                    values::run_in(ctx.b, &spec, seed, ctx.timeout, "views_at_offset", layout, &values::Extra::default())
+                }));
             }
         }
     }
