@@ -57,6 +57,10 @@ for p in $PLAN; do case $p in
   bw64)     step bw64-pair 90 "$d/run-gpu.sh" table --op all -b 64M -e 256M --no-plot --json "$OUT/bw64-pair.jsonl"
             step bw64-window 90 "$d/run-gpu.sh" table --op all -b 64M -e 256M --no-plot --opts raw_buffers=window --json "$OUT/bw64-window.jsonl" ;;
   unwaited) for i in 1 2 3 4 5; do REPORT=$OUT/unwaited$i step unwaited$i 30 "$d/run-gpu.sh" nccl async::unwaited ; done ;;
+  board)    step board-bench 60 "$d/run-gpu.sh" bench --ranks 2 --sizes-mib 1
+            step board-bench-off 60 "$d/run-gpu.sh" bench --ranks 2 --sizes-mib 1 --opts header_board=0
+            CONCORD_BACKEND_OPTS=header_board=0 REPORT=$OUT/device-headers CONCORD_CASE_TIMEOUT_MS=8000 \
+              step device-headers 150 "$d/run-gpu.sh" nccl -- device_faults subgroup bad_input seed:: faults:: ;;
   sendrecv) step sendrecv 90 "$d/run-gpu.sh" table --op sendrecv -b 8 -e 1G --no-plot ;;
 esac; done
 echo "plan done after $(ms_since "$t0") ms" >> "$OUT/summary.txt"

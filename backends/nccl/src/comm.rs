@@ -1232,6 +1232,7 @@ impl Drop for Comm {
 
 // ---- the backend's communicators: world init (rendezvous through the store) and new_group ----
 
+use crate::board::Board;
 use crate::comm; // the moved bodies name `comm::…` as they did from lib.rs
 use crate::header::Header;
 use crate::ops::Local;
@@ -1258,6 +1259,46 @@ fn nvls_off_once() {
     });
 }
 
+/// The world's validation-header board (see `board`), or `None` when some rank cannot map it
+/// (another host, another /dev/shm): rank 0 makes it and publishes its nonce through the store,
+/// every other rank reports whether it opened it, and every rank reads every report, so all
+/// ranks use it or none does. Rank 0 unlinks the name once every rank has reported.
+fn world_board(store: &concord_store::Store, world: &WorldInfo, uid: u64) -> std::result::Result<Option<Board>, String> {
+    let (rank, ws) = (world.rank, world.world_size);
+    let hlen = crate::header::header_len(ws);
+    let key = format!("concord/nccl/{}/board/{uid:016x}", world.world_id);
+    let name = format!("{}nccl-hdr-{uid:016x}", concord_core::world_prefix(&world.world_id));
+    let store_err = |e: concord_store::StoreError| format!("the store: {e}");
+    let mine = if rank == 0 {
+        let nonce = crate::board::nonce();
+        let b = Board::create(&name, ws, 0, hlen, nonce);
+        let v = match &b {
+            Ok(_) => nonce.to_string(),
+            Err(e) => format!("none: {e}"),
+        };
+        store.set(&key, v.as_bytes()).map_err(store_err)?;
+        b
+    } else {
+        let v = store.get(&key).map_err(store_err)?;
+        let b = match String::from_utf8_lossy(&v).parse::<u64>() {
+            Ok(nonce) => Board::open(&name, ws, rank, hlen, nonce),
+            Err(_) => Err(format!("rank 0 has no board ({})", String::from_utf8_lossy(&v))),
+        };
+        store.set(&format!("{key}/{rank}"), if b.is_ok() { b"1" } else { b"0" }).map_err(store_err)?;
+        b
+    };
+    let mut everyone = true;
+    for r in 1..ws {
+        everyone &= store.get(&format!("{key}/{r}")).map_err(store_err)? == b"1";
+    }
+    if let Ok(b) = &mine {
+        if rank == 0 {
+            b.unlink();
+        }
+    }
+    Ok(if everyone { mine.ok() } else { None })
+}
+
 impl NcclBackend {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_comm(
@@ -1271,6 +1312,7 @@ impl NcclBackend {
         p2p_key: String,
         progress: Option<Arc<Progress>>,
         faults: crate::fault::Faults,
+        board: Option<Board>,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
         let progress = match progress {
@@ -1280,7 +1322,7 @@ impl NcclBackend {
         comm.set_teardown(progress.teardown_via());
         let comm = Arc::new(comm);
         let faults = Arc::new(faults);
-        let chan = Channel::new(comm.clone(), op_timeout, faults.clone(), store.clone(), p2p_key, progress.teardown_via())?;
+        let chan = Channel::new(comm.clone(), op_timeout, faults.clone(), store.clone(), p2p_key, progress.teardown_via(), board)?;
         let barrier_buf = NcclBuffer { mem: Arc::new(dev.alloc(4)?), offset: 0, dtype: DType::I32, shape: vec![1] };
         Ok(NcclBackend {
             progress,
@@ -1316,6 +1358,7 @@ impl NcclBackend {
             world.flag(key, default).map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))
         };
         let validate = flag("validate", true)?;
+        let header_board = flag("header_board", true)?;
         let blocking = flag("blocking", false)?;
         let fast_launch = flag("fast_launch", true)?;
         let init_timeout = match world.option("init_timeout_ms") {
@@ -1384,16 +1427,22 @@ impl NcclBackend {
         if fast_launch && !blocking {
             comm.make_twin(deadline).map_err(|e| fail("communicator", e))?;
         }
-        let init_time = started.elapsed();
-        // Names this communicator in the store (its point-to-point directions meet under it):
-        // the world's id and this init's unique id, so a re-init in the same world never meets
-        // an earlier one's keys.
-        let p2p_key = {
+        // Names this communicator in the store (its point-to-point directions meet under it)
+        // and in /dev/shm (its header board): the world's id and this init's unique id, so a
+        // re-init in the same world never meets an earlier one's keys.
+        let uid = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             id.internal.hash(&mut h);
-            format!("concord/nccl/{}/p2p/{:016x}", world.world_id, h.finish())
+            h.finish()
         };
+        let p2p_key = format!("concord/nccl/{}/p2p/{uid:016x}", world.world_id);
+        let board = if header_board {
+            world_board(&store, world, uid).map_err(|e| fail("agreeing on a validation-header board", e))?
+        } else {
+            None
+        };
+        let init_time = started.elapsed();
         NcclBackend::from_comm(
             comm,
             "nccl".into(),
@@ -1405,6 +1454,7 @@ impl NcclBackend {
             p2p_key,
             None,
             faults,
+            board,
         )
         .map_err(|e| fail("side buffers", e))
     }
@@ -1427,6 +1477,8 @@ impl NcclBackend {
             local: local.err(),
             member: ranks.iter().position(|&r| r == self.rank),
             nranks: ranks.len(),
+            // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls).
+            board: self.chan.board.as_ref().map(|b| format!("{}g{}", b.name(), o.cseq)),
             reply: tx,
         });
         // Bounded by the jobs' own deadlines (earlier ops, this header exchange, the split).
@@ -1451,7 +1503,7 @@ impl NcclBackend {
                 return Err(self.backend_err("new_group", o.seq, "the NCCL progress thread ended without splitting the communicator"))
             }
         };
-        let Some(sub) = sub else { return Ok(None) };
+        let Some((sub, board)) = sub else { return Ok(None) };
         let label = format!("nccl:g{}", GROUP_IDS.fetch_add(1, Ordering::SeqCst));
         NcclBackend::from_comm(
             sub,
@@ -1465,8 +1517,71 @@ impl NcclBackend {
             format!("{}/g{}", self.chan.p2p_key, o.cseq),
             Some(self.progress.clone()),
             crate::fault::Faults::default(),
+            board,
         )
         .map(Some)
         .map_err(|e| self.backend_err("new_group", o.seq, e))
+    }
+}
+
+#[cfg(test)]
+mod board_agreement_tests {
+    use super::*;
+
+    fn world(dir: &std::path::Path, rank: usize, ws: usize, id: &str) -> WorldInfo {
+        WorldInfo {
+            rank,
+            world_size: ws,
+            store_path: dir.join("store"),
+            world_id: id.into(),
+            op_timeout: Duration::from_secs(5),
+            options: vec![],
+        }
+    }
+
+    /// Runs `world_board` on `ws` ranks (threads), each with its own store handle.
+    fn agree(dir: &std::path::Path, ws: usize, id: &str) -> Vec<Option<Board>> {
+        let hs: Vec<_> = (0..ws)
+            .map(|r| {
+                let w = world(dir, r, ws, id);
+                std::thread::spawn(move || {
+                    let store = concord_store::Store::open(&w.store_path, ws, Duration::from_secs(10)).unwrap();
+                    world_board(&store, &w, 0xabc).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    fn name(id: &str) -> String {
+        format!("{}nccl-hdr-{:016x}", concord_core::world_prefix(id), 0xabc)
+    }
+
+    #[test]
+    fn ranks_of_one_host_all_get_the_board_and_its_name_is_gone() {
+        let d = tempfile::tempdir().unwrap();
+        let id = format!("bt{}a", std::process::id());
+        let boards = agree(d.path(), 3, &id);
+        assert!(boards.iter().all(Option::is_some), "every rank of one host uses the board");
+        assert!(!std::path::Path::new("/dev/shm").join(name(&id)).exists(), "unlinked once every rank mapped it");
+        // They are one board: what rank 2 posts, rank 0 reads.
+        let b: Vec<Board> = boards.into_iter().map(Option::unwrap).collect();
+        for x in &b {
+            x.post(&[x.rank_for_test() as u64 + 40]);
+        }
+        assert!(b[0].ready(0));
+        assert_eq!(b[0].read(0).iter().map(|h| h[0]).collect::<Vec<_>>(), vec![40, 41, 42]);
+    }
+
+    #[test]
+    fn when_one_rank_cannot_have_it_no_rank_uses_it() {
+        let d = tempfile::tempdir().unwrap();
+        let id = format!("bt{}b", std::process::id());
+        // A stale segment under the name: rank 0's exclusive create fails.
+        let stale = Board::create(&name(&id), 1, 0, 1, 1).unwrap();
+        let boards = agree(d.path(), 3, &id);
+        assert!(boards.iter().all(Option::is_none), "all fall back to the device path together");
+        drop(stale);
+        assert!(!std::path::Path::new("/dev/shm").join(name(&id)).exists());
     }
 }

@@ -49,19 +49,22 @@
 //!   A job keeps the buffers it uses alive until its NCCL calls are enqueued.
 //! * **Validation.** Issue checks the call's [`concord_core::CallDesc`] with the core rule
 //!   table's local rules ([`concord_core::validate_local`]). Before every collective the
-//!   progress thread all-gathers a small header (the encoded `CallDesc` and any local error) on
-//!   a side buffer and runs the core rule table over all of them (see `header`), so mismatched
+//!   progress thread exchanges a small header (the encoded `CallDesc` and any local error) with
+//!   every rank and runs the core rule table over all of them (see `header`), so mismatched
 //!   inputs end on *every* rank in the same
 //!   named [`CollectiveError::BadInput`] (at wait) instead of an NCCL hang or silent truncation.
 //!   A rank that rejected its input at issue still sends its header, marked with the error, so
 //!   its peers fail too and the sequence stays in step. Option `validate=0` turns this off (then
-//!   `capabilities().validates_across_ranks` is false). With validation on, collective k+1 is
-//!   launched only after collective k's headers have been exchanged. Its header exchange is
-//!   ordered on the NCCL stream after collective k's kernels, so validated collectives do not
-//!   overlap (send / recv are the exception, below: their headers go on their directions' own
-//!   communicators; letting collectives' headers overlap
-//!   would need a second communicator per group on a stream of its own, with NCCL's rules for
-//!   communicators used concurrently: not done). A rank that fails locally *after* issuing
+//!   `capabilities().validates_across_ranks` is false). The headers travel through host shared
+//!   memory when every rank of the world is on this host (`board`: the ranks agree at `init`
+//!   through the store; subgroups follow their parent), so collective k+1 is validated while
+//!   collective k still runs on the GPU and validated collectives overlap as unvalidated ones
+//!   do; otherwise (ranks on several hosts, or option `header_board=0`) they are all-gathered by
+//!   NCCL on a side buffer, ordered on the stream after collective k's kernels, and validated
+//!   collectives do not overlap. `new_group`'s headers take the same path (a `new_group` facing
+//!   another collective is one named error on every rank); its split follows every earlier op
+//!   on the GPU. Send / recv headers go on their directions'
+//!   own communicators (below). A rank that fails locally *after* issuing
 //!   an op (an out-of-memory allocating the output, a refused reduce op) still sends the op's
 //!   header, marked failed, so every peer ends that op in one named error naming the rank
 //!   (never a timeout), and the sequence stays in step.
@@ -149,7 +152,8 @@
 //! types and reduce ops), `ops` (the collective entry points: each call's `CallDesc`, admitted
 //! by the core rule table's local rules), `launch` (the NCCL launch builders), `issue` (op
 //! numbering, in-flight records, rejections, queueing, [`Work`]), `header` (the encoded
-//! `CallDesc` and the cross-rank check through the rule table), `worker` (the progress thread),
+//! `CallDesc` and the cross-rank check through the rule table), `board` (the headers through
+//! host shared memory), `worker` (the progress thread),
 //! `p2p` (send / recv matching and scheduling per direction, pure, tested with simulated ranks),
 //! `direction` (the direction communicators of point to point),
 //! `completion` (pending results), `comm` (the communicator; `init` and `new_group`), `cuda`
@@ -161,7 +165,9 @@
 //! pinned staging). This file: the [`NcclBackend`] type and the [`Backend`] impl,
 //! which delegates to them.
 //!
-//! Options (`WorldInfo::options`): `validate=0|1` (default 1), `blocking=0|1` (default 0),
+//! Options (`WorldInfo::options`): `validate=0|1` (default 1), `header_board=0|1` (default 1:
+//! validation headers through host shared memory when every rank is on this host, see
+//! **Validation**), `blocking=0|1` (default 0),
 //! `fast_launch=0|1` (default 1: groups run on the communicator's blocking twin, see **Fast
 //! launch**), `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see
 //! `fused_gpu`), `init_timeout_ms=N` (default: the larger of the op deadline and 30 s),
@@ -181,6 +187,7 @@
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
 pub mod bench_io;
+mod board;
 mod buffer;
 mod comm;
 mod completion;

@@ -28,12 +28,14 @@
 //!   ([`Tracker`]).
 //! * A job whose op failed locally after issue (see `issue::Op`) still exchanges its header,
 //!   marked failed; a peer's failed header ends the op with a named error naming that rank.
-//! * Known cost (issue 15, item 3, open): the header all-gather runs on the op's own
-//!   communicator and stream, so on the device it follows the previous op, and the progress
-//!   thread waits for it before launching: validated ops do not overlap (2 x H200, 1 KiB
-//!   all_reduce back to back: 49-53 us per op validated, 13-15 us with `validate=0`). Taking
-//!   headers off the GPU stream needs another channel (host shared memory between the ranks of
-//!   one host, or a third communicator per group); not built.
+//! * Headers go through the communicator's host board when it has one
+//!   ([`Channel::exchange_board`], see `board`): the wait depends on the peers only, never on
+//!   the GPU, so op k+1 is validated and launched while op k runs. Without a board (ranks on
+//!   several hosts, `header_board=0`), the header all-gather runs on the
+//!   op's own communicator and stream ([`Channel::exchange_all`]): on the device it follows
+//!   the previous op, and the progress thread waits for it before launching, so validated ops
+//!   do not overlap (2 x H200, 1 KiB all_reduce back to back: 49-53 us per op validated that
+//!   way, 13-15 us with `validate=0`).
 //! * Communicator teardown (finalize, destroy) is a job too, queued when the communicator's
 //!   last handle goes, so no NCCL call of a teardown runs beside another on this device.
 //! * A job keeps the device memory its NCCL calls touch alive until those calls are enqueued
@@ -47,6 +49,7 @@
 //!   aborts a communicator whose job still waits for its peers after [`DROP_GRACE`], and never
 //!   waits for the thread longer than [`crate::comm::ABORT_WAIT`] plus a few seconds.
 
+use crate::board::Board;
 use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
 use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
 use crate::direction::{Data, NcclWire};
@@ -177,6 +180,9 @@ pub(crate) struct Channel {
     p2p: Mutex<(Scheduler<NcclWire, P2pToken>, NcclWire)>,
     /// The store key naming this communicator (its directions' unique ids live under it).
     pub p2p_key: String,
+    /// Host shared memory for the validation headers when every rank is on this host (see
+    /// `board`); `None`: headers go through NCCL on the stream (`exchange_all`).
+    pub board: Option<Board>,
 }
 
 /// What a parked send / recv hands back with its outcome.
@@ -209,6 +215,10 @@ pub(crate) struct P2pData {
     pub keep: Vec<Arc<DevMem>>,
 }
 
+/// What a split hands a member: its subgroup communicator and, when the parent has one, the
+/// subgroup's header board.
+pub(crate) type SplitOff = (Comm, Option<Board>);
+
 /// One unit of work for the progress thread.
 pub(crate) enum Job {
     /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
@@ -224,7 +234,9 @@ pub(crate) enum Job {
         local: Option<(BadInputKind, String)>,
         member: Option<usize>,
         nranks: usize,
-        reply: mpsc::Sender<Result<Option<Comm>>>,
+        /// The subgroup's header board, when the parent has one (see `board`).
+        board: Option<String>,
+        reply: mpsc::Sender<Result<Option<SplitOff>>>,
     },
     /// A communicator's finalize / destroy (see `Comm::set_teardown`), after every job before it.
     Teardown(Teardown),
@@ -270,8 +282,8 @@ impl Job {
                     t.set(stage);
                 }
             }
-            Job::Split { chan, id, hdr, local, member, nranks, reply } => {
-                let _ = reply.send(chan.run_split(&id, &hdr, local, member, nranks, tracker));
+            Job::Split { chan, id, hdr, local, member, nranks, board, reply } => {
+                let _ = reply.send(chan.run_split(&id, hdr, local, member, nranks, board, tracker));
             }
             Job::P2p(j) => {
                 let chan = j.chan.clone();
@@ -319,6 +331,7 @@ impl Channel {
         store: Option<Arc<concord_store::Store>>,
         p2p_key: String,
         via: TeardownVia,
+        board: Option<Board>,
     ) -> std::result::Result<Channel, String> {
         let dev = comm.dev.clone();
         let ws = comm.nranks;
@@ -333,7 +346,17 @@ impl Channel {
         let wire =
             NcclWire { parent: comm.clone(), store, key: p2p_key.clone(), me: comm.rank, hdr_bytes: hbytes, via: Arc::new(via), staging };
         let sched = Scheduler::new(comm.rank, op_timeout);
-        Ok(Channel { rank: comm.rank, ws, comm, op_timeout, faults, side: Mutex::new(side), p2p: Mutex::new((sched, wire)), p2p_key })
+        Ok(Channel {
+            rank: comm.rank,
+            ws,
+            comm,
+            op_timeout,
+            faults,
+            side: Mutex::new(side),
+            p2p: Mutex::new((sched, wire)),
+            p2p_key,
+            board,
+        })
     }
 
     fn dev(&self) -> &Arc<Device> {
@@ -474,6 +497,60 @@ impl Channel {
         Ok(parse_all(&side.host_recv.as_slice()[..n * self.ws], self.ws))
     }
 
+    /// Exchanges headers through the host board (see `board`): posts this rank's header, then
+    /// waits for every rank's, with the job's deadline (the wait does not depend on the GPU, so
+    /// this op is validated while earlier ops still run). Meanwhile parked sends / receives move,
+    /// earlier launched ops past their deadlines get their communicators aborted, and an NCCL
+    /// error or an abort of this communicator ends the wait. Giving up aborts this
+    /// communicator (the peers that posted may already be launching the op) and names the
+    /// ranks whose headers never came.
+    fn exchange_board(&self, b: &Board, id: &OpId, hdr: &Header, tracker: &Tracker) -> Result<Vec<Vec<u64>>> {
+        let n = b.post(&hdr.words);
+        let mut next_check = Instant::now() + Duration::from_millis(10);
+        let outcome = poll_until(self.deadline(id), || {
+            if b.ready(n) {
+                return Some(Ok(()));
+            }
+            tracker.service_waiting();
+            let now = Instant::now();
+            if now < next_check {
+                return None;
+            }
+            next_check = now + Duration::from_millis(10);
+            tracker.enforce();
+            if let Some(why) = self.comm.aborted() {
+                return Some(Err(self.aborted_err(id, &why)));
+            }
+            let err = self.comm.async_error()?;
+            let why = format!("nccl {} #{} on rank {}: NCCL reported {err}", id.name, id.seq, self.rank);
+            self.comm.abort(why.clone());
+            Some(Err(CollectiveError::Aborted(format!("{why}; communicator aborted"))))
+        });
+        match outcome {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(e),
+            None => {
+                let waited_ms = id.issued.elapsed().as_millis() as u64;
+                let missing = b.missing(n);
+                self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", id.name, id.seq));
+                return Err(CollectiveError::Timeout {
+                    op: id.name.to_string(),
+                    seq: id.seq,
+                    rank: self.rank,
+                    waited_ms,
+                    detail: format!(
+                        "the validation headers of rank(s) {missing:?} did not arrive (never issued this collective?) \
+                         before the op deadline of {} ms; NCCL communicator aborted; this process is {}",
+                        self.op_timeout.as_millis(),
+                        progress::describe()
+                    ),
+                });
+            }
+        }
+        self.not_aborted(id)?;
+        Ok(b.read(n))
+    }
+
     /// `Err(Aborted)` once the communicator has been aborted (e.g. by a wait at the op deadline
     /// while this job's headers were in flight: what arrived then is not to be trusted).
     fn not_aborted(&self, id: &OpId) -> Result<()> {
@@ -493,7 +570,10 @@ impl Channel {
             Check::None => {}
             Check::All(hdr) => {
                 let hdr = if local.is_some() { hdr.failed() } else { hdr };
-                let all = self.exchange_all(id, &hdr, tracker)?;
+                let all = match &self.board {
+                    Some(b) => self.exchange_board(b, id, &hdr, tracker)?,
+                    None => self.exchange_all(id, &hdr, tracker)?,
+                };
                 if let Some(e) = local {
                     return Err(e);
                 }
@@ -686,17 +766,45 @@ impl Channel {
         ticket.set(stage);
     }
 
+    /// `new_group`: the headers take the ops' path (board or NCCL), so a `new_group` facing
+    /// another collective is one named error on every rank. The split runs after every earlier
+    /// op of this rank has finished on the GPU (as with headers through NCCL on the stream;
+    /// with a board, a bounded wait for the stream first). A member whose subgroup board
+    /// (`board`: its name) cannot be opened sends its header marked failed, so every rank fails
+    /// the split, naming it; the board is unlinked once the exchange shows every member has
+    /// mapped it.
+    #[allow(clippy::too_many_arguments)]
     fn run_split(
         &self,
         id: &OpId,
-        hdr: &Header,
+        hdr: Header,
         local: Option<(BadInputKind, String)>,
         member: Option<usize>,
         nranks: usize,
+        board: Option<String>,
         tracker: &Tracker,
-    ) -> Result<Option<Comm>> {
+    ) -> Result<Option<SplitOff>> {
         self.not_aborted(id)?;
-        let all = self.exchange_all(id, hdr, tracker)?;
+        let sub_board = match (&board, member) {
+            (Some(name), Some(m)) => Some(Board::open_or_create(name, nranks, m, header_len(nranks))),
+            _ => None,
+        };
+        let hdr = if matches!(sub_board, Some(Err(_))) { hdr.failed() } else { hdr };
+        let all = match &self.board {
+            Some(b) => self.exchange_board(b, id, &hdr, tracker)?,
+            None => self.exchange_all(id, &hdr, tracker)?,
+        };
+        let sub_board = match sub_board {
+            Some(Err(e)) => return Err(self.backend_err(id, format!("the subgroup's validation board: {e}"))),
+            Some(Ok(b)) => {
+                b.unlink();
+                Some(b)
+            }
+            None => None,
+        };
+        if let Some(r) = failed_rank(&all) {
+            return Err(self.peer_failed(id, r));
+        }
         if let Err((kind, detail)) = validate(&all) {
             let detail = match local {
                 Some((k, mine)) if k == kind => mine,
@@ -704,11 +812,19 @@ impl Channel {
             };
             return Err(self.bad(id, kind, detail));
         }
+        if self.board.is_some() {
+            // Earlier ops first, bounded as a header wait behind the stream is.
+            let drained = self.dev().record().map_err(|e| self.backend_err(id, e))?;
+            self.wait_header(id, tracker, &drained, &drained)?;
+            self.not_aborted(id)?;
+        }
         let started = Instant::now();
         // `ncclCommSplit` sets the child communicator up: NCCL's init time, not an op's.
-        self.comm
+        let sub = self
+            .comm
             .split(member.is_some(), member.unwrap_or(0), nranks, started + self.op_timeout.max(Duration::from_secs(30)))
-            .map_err(|e| self.launch_err(id, e))
+            .map_err(|e| self.launch_err(id, e))?;
+        Ok(sub.map(|c| (c, sub_board)))
     }
 }
 
