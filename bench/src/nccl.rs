@@ -59,11 +59,17 @@ struct Raw {
     /// Option `raw_buffers=window`: the raw loop cycles through a window's worth of buffer sets,
     /// as the backend's side does; default `pair`: one pair, nccl-tests' loop.
     per_window: bool,
+    /// Option `raw_events=1`: a completion event recorded after every raw launch, as the
+    /// backend records one after every op.
+    events: bool,
+    /// Option `raw_fill=zero`: the raw loop's buffers hold zeros (default `data`: a non-zero
+    /// pattern, as nccl-tests' buffers hold data).
+    zeros: bool,
 }
 
 impl Reference for Raw {
     fn label(&self) -> String {
-        if self.per_window { "nccl-raw-window" } else { "nccl-raw" }.into()
+        format!("{}{}", if self.per_window { "nccl-raw-window" } else { "nccl-raw" }, if self.events { "+events" } else { "" })
     }
     fn describe(&self) -> String {
         let buffers = if self.per_window {
@@ -71,9 +77,16 @@ impl Reference for Raw {
         } else {
             "one preallocated buffer pair (nccl-tests' loop; --opts raw_buffers=window gives every launch of a window its own, as the backend's side)"
         };
+        let events =
+            if self.events { ", a completion event recorded after every launch as the backend does (option raw_events=1)" } else { "" };
+        let fill = if self.zeros {
+            "zeros (option raw_fill=zero)"
+        } else {
+            "a non-zero pattern (as nccl-tests' data; --opts raw_fill=zero: zeros)"
+        };
         format!(
-            "the same collective called directly through NCCL (cudarc bindings) on {buffers}, its own blocking communicator and \
-             stream, timed with CUDA events around the same back-to-back windows"
+            "the same collective called directly through NCCL (cudarc bindings) on {buffers} holding {fill}, its own blocking \
+             communicator and stream{events}, timed with CUDA events around the same back-to-back windows"
         )
     }
     fn time_us(&mut self, s: &RefStep) -> Result<Option<f64>, String> {
@@ -92,6 +105,8 @@ impl Reference for Raw {
             iters: s.iters,
             window: s.window,
             buffers: if self.per_window { s.window } else { 1 },
+            events: self.events,
+            zeros: self.zeros,
         };
         Ok(Some(self.raw.time(&step)?.per_op.as_secs_f64() * 1e6))
     }
@@ -103,7 +118,13 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("window") => true,
         Some(o) => return Err(format!("option raw_buffers={o}: expected pair or window")),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window }))
+    let events = world.flag("raw_events", false)?;
+    let zeros = match world.option("raw_fill") {
+        None | Some("data") => false,
+        Some("zero") => true,
+        Some(o) => return Err(format!("option raw_fill={o}: expected data or zero")),
+    };
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

@@ -14,7 +14,11 @@
 //!   the clock stops. Every timed iteration is checked; so is every warm-up iteration.
 //! * The clock: with a device clock ([`crate::ext::Clock`], CUDA events for NCCL) a window's
 //!   time is the device time from a mark before its first issue to a mark after its last issue,
-//!   as nccl-tests times (no per-op host synchronisation or check inside); without one, the
+//!   as nccl-tests times (no per-op host synchronisation or check inside), and the window
+//!   starts behind one untimed launch of the same op on scratch buffers (a GPU idle through
+//!   the last window's checks runs its first kernels slower: at 64 MiB, 20-op windows read
+//!   0.93-0.94 x raw NCCL's busbw without it; nccl-tests times right after its warm-up, never
+//!   after an idle gap); without one, the
 //!   host wall-clock from the first issue to the end of the last wait. The wall-clock is
 //!   reported in both cases (`wall_us`).
 //! * A reference ([`crate::ext::Reference`]), when the backend has one, is timed right after
@@ -590,8 +594,17 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     let recv_outs: Vec<B::Buffer> =
         if op == BenchOp::SendRecv { (0..window).map(|_| b.alloc(cx.dtype, &[out_n])).collect::<Result<_, _>>()? } else { Vec::new() };
     let (peer_to, peer_from) = ((rank + 1) % ws, (rank + ws - 1) % ws);
-    let issue = |j: usize| -> Result<Pending<B>, CollectiveError> {
-        let x = &ins[j];
+    // With a device clock, every timed window starts behind one untimed launch of the same op
+    // on scratch buffers (never checked): a GPU idle since the last window's checks runs its
+    // first kernels slower, which nccl-tests' loop (timed right after its warm-up) never sees.
+    // An op the device clock does not cover (send / recv on NCCL) is timed on the host clock
+    // behind a pre-window launch too, waited for before the clock starts.
+    let clock = cx.clock.filter(|c| c.covers_p2p || op != BenchOp::SendRecv);
+    let scratch: Option<(B::Buffer, Option<B::Buffer>)> = match cx.clock {
+        Some(_) => Some((b.alloc(cx.dtype, &[in_n])?, if op == BenchOp::SendRecv { Some(b.alloc(cx.dtype, &[out_n])?) } else { None })),
+        None => None,
+    };
+    let issue_on = |x: &B::Buffer, recv_out: Option<&B::Buffer>| -> Result<Pending<B>, CollectiveError> {
         let in_place = placement == Placement::InPlace;
         let main = match op {
             BenchOp::AllReduce if in_place => b.all_reduce_(x, cx.redop)?,
@@ -604,12 +617,13 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
             BenchOp::Reduce => b.reduce(x, cx.redop, cx.root)?,
             BenchOp::SendRecv => {
                 let send = b.send(x, peer_to)?;
-                let main = b.recv(&recv_outs[j], peer_from)?;
+                let main = b.recv(recv_out.expect("sendrecv has receive buffers"), peer_from)?;
                 return Ok(Pending { main, send: Some(send) });
             }
         };
         Ok(Pending { main, send: None })
     };
+    let issue = |j: usize| issue_on(&ins[j], recv_outs.get(j));
     let wait = |p: &Pending<B>| -> Result<(), CollectiveError> {
         if let Some(s) = &p.send {
             s.wait(cx.timeout)?;
@@ -652,8 +666,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         i0 += k;
     }
     // Timed windows. A device clock that does not order send / recv leaves sendrecv to the
-    // host clock (see `Clock::covers_p2p`).
-    let clock = cx.clock.filter(|c| c.covers_p2p || op != BenchOp::SendRecv);
+    // host clock (see `Clock::covers_p2p`; `clock` above).
     let mut elapsed = Duration::ZERO;
     let mut wall = Duration::ZERO;
     let mut done = 0;
@@ -667,11 +680,19 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
         // The timed region: k back-to-back issues between two marks (device clock), or up to the
         // end of the last wait (wall-clock). No host synchronisation or check inside.
+        let pre = scratch.as_ref().map(|(x, r)| issue_on(x, r.as_ref())).transpose()?;
+        let pre = match (pre, clock) {
+            (Some(p), None) => {
+                wait(&p)?;
+                None
+            }
+            (p, _) => p,
+        };
         let t = Instant::now();
         let start = clock.map(|c| (c.mark)(b)).transpose()?;
         let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
         let end = clock.map(|c| (c.mark)(b)).transpose()?;
-        for p in &pending {
+        for p in pre.iter().chain(&pending) {
             wait(p)?;
         }
         let w = t.elapsed();

@@ -21,8 +21,12 @@
 //!   their parent does, and a member that cannot open its subgroup's board fails the split on
 //!   every rank with a named error.
 //! * The segment is named with the world's prefix ([`concord_core::world_prefix`]), so the
-//!   runner sweeps it after a crash; it is unlinked as soon as every rank has mapped it (and
-//!   again, harmlessly, when a board is dropped).
+//!   runner sweeps it after a crash; the rank that made it unlinks its name as soon as every
+//!   rank has mapped it (or when its board is dropped before that). A subgroup's name carries
+//!   the split's number and the member list's length and hash, so ranks that disagree on the
+//!   list never share a segment (the header check names the mismatch).
+//! * Its pages are reserved when it is made (`posix_fallocate`): a full /dev/shm is a named
+//!   error at `init` or at the split, never a SIGBUS on the progress thread.
 //!
 //! This module has the crate's only `libc` calls; it needs no GPU and is unit-tested on any
 //! machine.
@@ -51,8 +55,8 @@ pub(crate) struct Board {
     /// The number of the next exchange (used by the progress thread only).
     next: AtomicU64,
     name: String,
-    /// Whether dropping this board unlinks its name (not for a segment refused by [`Board::open`]:
-    /// it is someone else's).
+    /// Whether this rank made the segment and has not unlinked its name yet: only the maker
+    /// unlinks (a later segment under the same name, or someone else's, is never touched).
     unlink_on_drop: std::sync::atomic::AtomicBool,
 }
 
@@ -75,8 +79,11 @@ impl Board {
         FIXED + SLOTS * ws * (1 + hlen)
     }
 
-    /// Creates (`create`: exclusively; otherwise opening it if a peer created it first) and
-    /// maps segment `name` sized for `ws` ranks with headers of `hlen` words.
+    /// Opens and maps segment `name` sized for `ws` ranks with headers of `hlen` words.
+    /// `flags`: `O_CREAT | O_EXCL` (make it), `O_CREAT` (make it unless a peer did first) or 0
+    /// (it must exist, sized). Whoever may create it reserves its pages (`posix_fallocate`: a
+    /// full /dev/shm is a named error here, never a SIGBUS at a later write). Only the rank
+    /// that made the segment unlinks its name ([`Board::unlink`]).
     fn map(name: &str, ws: usize, rank: usize, hlen: usize, flags: libc::c_int) -> Result<Board, String> {
         if ws == 0 || rank >= ws || hlen == 0 {
             return Err(format!("board {name}: rank {rank} of {ws}, headers of {hlen} words"));
@@ -86,35 +93,52 @@ impl Board {
         // SAFETY: plain syscalls on a descriptor this function owns; every result is checked,
         // and the descriptor is closed on every path (the mapping keeps the segment).
         unsafe {
-            let fd = libc::shm_open(c.as_ptr(), flags | libc::O_RDWR | libc::O_CLOEXEC, 0o600);
-            if fd < 0 {
-                return Err(os_err("cannot open", name));
+            let mut made = false;
+            let mut fd = -1;
+            if flags & libc::O_CREAT != 0 {
+                fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600);
+                made = fd >= 0;
+                if fd < 0 && (flags & libc::O_EXCL != 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)) {
+                    return Err(os_err("cannot create", name));
+                }
             }
+            if fd < 0 {
+                fd = libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0);
+                if fd < 0 {
+                    return Err(os_err("cannot open", name));
+                }
+            }
+            let fail = |e: String| {
+                libc::close(fd);
+                if made {
+                    libc::shm_unlink(c.as_ptr());
+                }
+                Err(e)
+            };
             let mut st: libc::stat = std::mem::zeroed();
             if libc::fstat(fd, &mut st) != 0 {
-                let e = os_err("cannot stat", name);
-                libc::close(fd);
-                return Err(e);
+                return fail(os_err("cannot stat", name));
             }
-            let size = st.st_size as usize;
-            // Every rank that may have created it sizes it the same: a second `ftruncate` to
-            // the same length changes nothing, and new pages read as zero.
-            if size != bytes {
-                if size != 0 || flags & libc::O_CREAT == 0 {
-                    libc::close(fd);
-                    return Err(format!("/dev/shm/{name} holds {size} bytes, a board of {ws} ranks needs {bytes}"));
+            // A segment someone else made is taken as it is, unless its maker has not sized it
+            // yet (then every member sizes it the same: reserving pages already reserved
+            // changes nothing); a segment of another shape is refused, never resized.
+            if flags & libc::O_CREAT != 0 && (made || st.st_size == 0) {
+                let r = libc::posix_fallocate(fd, 0, bytes as libc::off_t);
+                if r != 0 {
+                    return fail(format!("cannot reserve {bytes} bytes for /dev/shm/{name}: {}", std::io::Error::from_raw_os_error(r)));
                 }
-                if libc::ftruncate(fd, bytes as libc::off_t) != 0 {
-                    let e = os_err("cannot size", name);
-                    libc::close(fd);
-                    return Err(e);
+                if libc::fstat(fd, &mut st) != 0 {
+                    return fail(os_err("cannot stat", name));
                 }
+            }
+            if st.st_size as usize != bytes {
+                return fail(format!("/dev/shm/{name} holds {} bytes, a board of {ws} ranks needs {bytes}", st.st_size));
             }
             let p = libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
-            libc::close(fd);
             if p == libc::MAP_FAILED {
-                return Err(os_err("cannot map", name));
+                return fail(os_err("cannot map", name));
             }
+            libc::close(fd);
             Ok(Board {
                 base: p as *mut u64,
                 bytes,
@@ -123,7 +147,7 @@ impl Board {
                 hlen,
                 next: AtomicU64::new(0),
                 name: name.to_string(),
-                unlink_on_drop: true.into(),
+                unlink_on_drop: made.into(),
             })
         }
     }
@@ -159,7 +183,6 @@ impl Board {
             b.word(W_HLEN).load(Ordering::Relaxed),
         );
         if got != (MAGIC, nonce, ws as u64, hlen as u64) {
-            b.unlink_on_drop.store(false, Ordering::Relaxed);
             return Err(format!(
                 "/dev/shm/{name} is not this communicator's board (magic, nonce, ranks, header words: {got:x?}; \
                  expected {:x?})",
@@ -189,9 +212,9 @@ impl Board {
         self.rank
     }
 
-    /// Removes the segment's name (every rank has mapped it, or it is no longer wanted); the
-    /// mappings stay valid. A name already gone is fine; a board unlinks at most once (a later
-    /// segment under the same name is never touched).
+    /// Removes the segment's name (every rank has mapped it, or it is no longer wanted) if this
+    /// rank made it; the mappings stay valid. A board unlinks at most once (a later segment
+    /// under the same name is never touched); on the other ranks this does nothing.
     pub fn unlink(&self) {
         if !self.unlink_on_drop.swap(false, Ordering::Relaxed) {
             return;
@@ -354,6 +377,24 @@ mod tests {
         assert_eq!(b.read(0), vec![vec![5, 6, 7], vec![8, 0, 0]]);
         a.unlink();
         assert!(!exists(&n));
+    }
+
+    #[test]
+    fn only_the_rank_that_made_a_segment_unlinks_it() {
+        let n = name("maker");
+        let a = Board::open_or_create(&n, 2, 0, 3).unwrap();
+        let b = Board::open_or_create(&n, 2, 1, 3).unwrap();
+        b.unlink();
+        drop(b);
+        assert!(exists(&n), "a member that did not make the segment leaves its name alone");
+        drop(a);
+        assert!(!exists(&n), "its maker unlinks it when dropped");
+        // A member list of another length is another shape: refused, and the maker's segment stays.
+        let a = Board::open_or_create(&n, 2, 0, 3).unwrap();
+        let e = Board::open_or_create(&n, 3, 1, 3).err().expect("another shape is refused");
+        assert!(e.contains("needs"), "{e}");
+        assert!(exists(&n));
+        drop(a);
     }
 
     #[test]

@@ -1263,15 +1263,27 @@ fn nvls_off_once() {
 /// (another host, another /dev/shm): rank 0 makes it and publishes its nonce through the store,
 /// every other rank reports whether it opened it, and every rank reads every report, so all
 /// ranks use it or none does. Rank 0 unlinks the name once every rank has reported.
-fn world_board(store: &concord_store::Store, world: &WorldInfo, uid: u64) -> std::result::Result<Option<Board>, String> {
+fn world_board(
+    store: &concord_store::Store,
+    world: &WorldInfo,
+    uid: u64,
+    wanted: bool,
+    deadline: Instant,
+) -> std::result::Result<Option<Board>, String> {
     let (rank, ws) = (world.rank, world.world_size);
     let hlen = crate::header::header_len(ws);
     let key = format!("concord/nccl/{}/board/{uid:016x}", world.world_id);
     let name = format!("{}nccl-hdr-{uid:016x}", concord_core::world_prefix(&world.world_id));
     let store_err = |e: concord_store::StoreError| format!("the store: {e}");
+    // Every read waits within the init deadline.
+    let get = |k: &str| -> std::result::Result<Vec<u8>, String> {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        store.wait(&[k], left).map_err(store_err)?;
+        store.get(k).map_err(store_err)
+    };
     let mine = if rank == 0 {
         let nonce = crate::board::nonce();
-        let b = Board::create(&name, ws, 0, hlen, nonce);
+        let b = if wanted { Board::create(&name, ws, 0, hlen, nonce) } else { Err("option header_board=0".into()) };
         let v = match &b {
             Ok(_) => nonce.to_string(),
             Err(e) => format!("none: {e}"),
@@ -1279,8 +1291,9 @@ fn world_board(store: &concord_store::Store, world: &WorldInfo, uid: u64) -> std
         store.set(&key, v.as_bytes()).map_err(store_err)?;
         b
     } else {
-        let v = store.get(&key).map_err(store_err)?;
+        let v = get(&key)?;
         let b = match String::from_utf8_lossy(&v).parse::<u64>() {
+            Ok(_) if !wanted => Err("option header_board=0".into()),
             Ok(nonce) => Board::open(&name, ws, rank, hlen, nonce),
             Err(_) => Err(format!("rank 0 has no board ({})", String::from_utf8_lossy(&v))),
         };
@@ -1289,7 +1302,7 @@ fn world_board(store: &concord_store::Store, world: &WorldInfo, uid: u64) -> std
     };
     let mut everyone = true;
     for r in 1..ws {
-        everyone &= store.get(&format!("{key}/{r}")).map_err(store_err)? == b"1";
+        everyone &= get(&format!("{key}/{r}"))? == b"1";
     }
     if let Ok(b) = &mine {
         if rank == 0 {
@@ -1437,11 +1450,10 @@ impl NcclBackend {
             h.finish()
         };
         let p2p_key = format!("concord/nccl/{}/p2p/{uid:016x}", world.world_id);
-        let board = if header_board {
-            world_board(&store, world, uid).map_err(|e| fail("agreeing on a validation-header board", e))?
-        } else {
-            None
-        };
+        // Always agreed, so that a rank started with `header_board=0` makes every rank go
+        // without (rather than leaving them waiting for its report).
+        let board =
+            world_board(&store, world, uid, header_board, deadline).map_err(|e| fail("agreeing on a validation-header board", e))?;
         let init_time = started.elapsed();
         NcclBackend::from_comm(
             comm,
@@ -1477,8 +1489,15 @@ impl NcclBackend {
             local: local.err(),
             member: ranks.iter().position(|&r| r == self.rank),
             nranks: ranks.len(),
-            // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls).
-            board: self.chan.board.as_ref().map(|b| format!("{}g{}", b.name(), o.cseq)),
+            // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls);
+            // the member list's length and hash: ranks that disagree on it never share a segment
+            // (the header check then names the mismatch).
+            board: self.chan.board.as_ref().map(|b| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                ranks.hash(&mut h);
+                format!("{}g{}n{}-{:08x}", b.name(), o.cseq, ranks.len(), h.finish() as u32)
+            }),
             reply: tx,
         });
         // Bounded by the jobs' own deadlines (earlier ops, this header exchange, the split).
@@ -1539,18 +1558,36 @@ mod board_agreement_tests {
         }
     }
 
-    /// Runs `world_board` on `ws` ranks (threads), each with its own store handle.
-    fn agree(dir: &std::path::Path, ws: usize, id: &str) -> Vec<Option<Board>> {
+    /// Runs `world_board` on `ws` ranks (threads), each with its own store handle; rank
+    /// `unwilling` (if any) was started with `header_board=0`.
+    fn agree_with(dir: &std::path::Path, ws: usize, id: &str, unwilling: Option<usize>) -> Vec<Option<Board>> {
         let hs: Vec<_> = (0..ws)
             .map(|r| {
                 let w = world(dir, r, ws, id);
                 std::thread::spawn(move || {
                     let store = concord_store::Store::open(&w.store_path, ws, Duration::from_secs(10)).unwrap();
-                    world_board(&store, &w, 0xabc).unwrap()
+                    world_board(&store, &w, 0xabc, unwilling != Some(r), Instant::now() + Duration::from_secs(10)).unwrap()
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    fn agree(dir: &std::path::Path, ws: usize, id: &str) -> Vec<Option<Board>> {
+        agree_with(dir, ws, id, None)
+    }
+
+    #[test]
+    fn one_rank_started_without_boards_means_none_for_all_and_no_wait() {
+        for unwilling in [0, 2] {
+            let d = tempfile::tempdir().unwrap();
+            let id = format!("bt{}c{unwilling}", std::process::id());
+            let t = Instant::now();
+            let boards = agree_with(d.path(), 3, &id, Some(unwilling));
+            assert!(boards.iter().all(Option::is_none), "rank {unwilling} with header_board=0: every rank goes without");
+            assert!(t.elapsed() < Duration::from_secs(5), "nobody waited for a report that never comes");
+            assert!(!std::path::Path::new("/dev/shm").join(name(&id)).exists());
+        }
     }
 
     fn name(id: &str) -> String {

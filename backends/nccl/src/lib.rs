@@ -62,8 +62,8 @@
 //!   do; otherwise (ranks on several hosts, or option `header_board=0`) they are all-gathered by
 //!   NCCL on a side buffer, ordered on the stream after collective k's kernels, and validated
 //!   collectives do not overlap. `new_group`'s headers take the same path (a `new_group` facing
-//!   another collective is one named error on every rank); its split follows every earlier op
-//!   on the GPU. Send / recv headers go on their directions'
+//!   another collective is one named error on every rank); its split follows every earlier
+//!   collective on the GPU. Send / recv headers go on their directions'
 //!   own communicators (below). A rank that fails locally *after* issuing
 //!   an op (an out-of-memory allocating the output, a refused reduce op) still sends the op's
 //!   header, marked failed, so every peer ends that op in one named error naming the rank
@@ -92,10 +92,12 @@
 //!   timeout leaves the op (and the communicator) alone.
 //! * **Deadlines.** Every step of a job is bounded by its deadline: its start on the progress
 //!   thread plus the world's op timeout (time queued behind healthy earlier jobs does not
-//!   count). A header exchange waits behind earlier work on the shared stream without that
-//!   counting against it: its own deadline starts when the stream reaches it, while any
-//!   earlier launched op past *its* deadline gets *its* communicator aborted (a hung subgroup
-//!   op never aborts the world); a hard bound of three op timeouts ends it in every case. A
+//!   count). A header exchange through the board waits for the peers only, within the job's
+//!   deadline, naming the ranks whose headers never came; one through NCCL waits behind
+//!   earlier work on the shared stream without that counting against it: its own deadline
+//!   starts when the stream reaches it, and a hard bound of three op timeouts ends it in every
+//!   case. Meanwhile any earlier launched op past *its* deadline gets *its* communicator
+//!   aborted (a hung subgroup op never aborts the world). A
 //!   launched op's deadline counts from when the stream reached it (the op launched before it
 //!   completed; the enqueue itself gets a full op timeout); an op pending past it is declared
 //!   dead by its waiter, or by an op waiting behind it (`worker::Tracker`): its communicator is

@@ -68,7 +68,18 @@ pub struct RawStep {
     /// by every launch); the bench's window makes every launch of a window use buffers of its
     /// own, as the backend's side does (each timed iteration's output is checked there).
     pub buffers: usize,
+    /// Records a completion event after every launch, as the backend does for every op (an
+    /// experiment on what the backend's events cost on the GPU: option `raw_events=1`).
+    pub events: bool,
+    /// Buffers filled with zeros (option `raw_fill=zero`) instead of a non-zero pattern (the
+    /// default: nccl-tests, too, times its loop on buffers holding data, and the backend's side
+    /// always moves data).
+    pub zeros: bool,
 }
+
+/// The raw loop's fill (four bytes, repeated): 1.1 as an f32; every other type reads a non-zero
+/// value of its own.
+pub const RAW_FILL: u32 = 0x3F8C_CCCD;
 
 /// What a step measured.
 #[derive(Clone, Copy, Debug)]
@@ -208,7 +219,8 @@ impl RawNccl {
     }
 
     /// Times `s`: warm-up launches, then windows of back-to-back launches between two CUDA
-    /// events. Buffers are allocated (and zeroed) before, freed after.
+    /// events, each behind one untimed launch. Buffers are allocated (and filled) before, freed
+    /// after.
     pub fn time(&mut self, s: &RawStep) -> Result<RawTime, String> {
         self.dev.bind()?;
         let t = nccl_dtype(s.dtype).ok_or_else(|| format!("NCCL has no {} type", s.dtype))?;
@@ -227,6 +239,12 @@ impl RawNccl {
         let alloc = |elems: usize| -> Result<DevMem, String> {
             let m = self.dev.alloc(elems * elt)?;
             unsafe { cu::memset_d8_async(m.ptr, 0, (elems * elt).max(1), self.dev.stream) }.map_err(|e| derr("cuMemsetD8Async", e))?;
+            if !s.zeros {
+                let r = unsafe { cusys::cuMemsetD32Async(m.ptr, RAW_FILL, elems * elt / 4, self.dev.stream) };
+                if r != cusys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuMemsetD32Async: {r:?}"));
+                }
+            }
             Ok(m)
         };
         // In place: one buffer, as nccl-tests lays it out. `s.buffers` sets of them.
@@ -278,8 +296,22 @@ impl RawNccl {
                 }
             }
         };
+        // Completion events as the backend's, reused round robin (`s.events`).
+        let events: Vec<Event> = if s.events {
+            (0..s.window.max(1))
+                .map(|_| {
+                    cu::event::create(cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(Event::owned).map_err(|e| derr("cuEventCreate", e))
+                })
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
         let launch = || -> Result<(), String> {
             launch_raw()?;
+            if !events.is_empty() {
+                let ev = &events[next.get() % events.len()];
+                unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| derr("cuEventRecord", e))?;
+            }
             self.ready("the raw NCCL launch")
         };
         for _ in 0..s.warmup {
@@ -305,6 +337,9 @@ impl RawNccl {
         while done < s.iters {
             let k = window.min(s.iters - done);
             meet()?;
+            // One untimed launch first, as the bench does before each of the backend's windows
+            // (the GPU is busy when the clock starts, as in nccl-tests' loop after its warm-up).
+            launch()?;
             let t0 = Instant::now();
             let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
             for _ in 0..k {

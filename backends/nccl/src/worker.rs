@@ -20,8 +20,9 @@
 //!   a collective never hold each other back. When the queue is closed with ops still parked,
 //!   they get [`DROP_GRACE`], then their communicators are aborted and they fail.
 //! * Every step of a job is bounded by the job's deadline (its start here + the world's op
-//!   timeout; a header wait counts from when the stream reached it, see
-//!   `Channel::wait_header`); a step that runs past it aborts the job's communicator and ends
+//!   timeout; a header wait through the board ends there too; one through NCCL on the stream
+//!   counts from when the stream reached it, see `Channel::wait_header`); a step that runs past
+//!   it aborts the job's communicator and ends
 //!   the job with a named [`CollectiveError::Timeout`] naming the op and its sequence number.
 //!   A launched op's deadline counts from when the stream reached it; one still pending past
 //!   it, found while later work waits behind it, gets its own communicator aborted
@@ -423,7 +424,12 @@ impl Channel {
             tracker.service_waiting();
             match after.query() {
                 Ok(true) => return Some(Ok(())),
-                Err(e) => return Some(Err(Some(self.backend_err(id, e)))),
+                Err(e) => {
+                    // The peers may be past this point: end the communicator rather than leave
+                    // them waiting for this rank.
+                    self.comm.abort(format!("{} #{}: {e}", id.name, id.seq));
+                    return Some(Err(Some(self.backend_err(id, e))));
+                }
                 Ok(false) => {}
             }
             let now = Instant::now();
@@ -663,6 +669,11 @@ impl Channel {
         self.faults.maybe_die(at, id.nth);
         if self.faults.fires(at, Action::Stall, id.nth) {
             let _ = poll_until(self.deadline(id), || self.comm.aborted().map(|_| ()));
+            // A rank that gave up here never made this op's exchange (or launch): its sequence
+            // is out of step with its peers', so the communicator ends with it.
+            if self.comm.aborted().is_none() {
+                self.comm.abort(format!("{} #{}: injected fault {at}:stall", id.name, id.seq));
+            }
             return Err(self.backend_err(id, format!("injected fault {at}:stall held the op until its deadline or an abort")));
         }
         if self.faults.fires(at, Action::Fail, id.nth) {
@@ -768,8 +779,9 @@ impl Channel {
 
     /// `new_group`: the headers take the ops' path (board or NCCL), so a `new_group` facing
     /// another collective is one named error on every rank. The split runs after every earlier
-    /// op of this rank has finished on the GPU (as with headers through NCCL on the stream;
-    /// with a board, a bounded wait for the stream first). A member whose subgroup board
+    /// collective of this rank has finished on the GPU (as with headers through NCCL on the
+    /// stream; with a board, a bounded wait for the stream first; sends / receives run on
+    /// their directions' streams and are not waited for). A member whose subgroup board
     /// (`board`: its name) cannot be opened sends its header marked failed, so every rank fails
     /// the split, naming it; the board is unlinked once the exchange shows every member has
     /// mapped it.
@@ -785,8 +797,9 @@ impl Channel {
         tracker: &Tracker,
     ) -> Result<Option<SplitOff>> {
         self.not_aborted(id)?;
-        let sub_board = match (&board, member) {
-            (Some(name), Some(m)) => Some(Board::open_or_create(name, nranks, m, header_len(nranks))),
+        // Not for a call already refused at issue (its member list may be anything).
+        let sub_board = match (&board, member, &local) {
+            (Some(name), Some(m), None) => Some(Board::open_or_create(name, nranks, m, header_len(nranks))),
             _ => None,
         };
         let hdr = if matches!(sub_board, Some(Err(_))) { hdr.failed() } else { hdr };

@@ -124,6 +124,8 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         iters: n,
                         window: n,
                         buffers: 1,
+                        events: false,
+                        zeros: false,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
