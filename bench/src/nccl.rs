@@ -16,7 +16,8 @@ use std::time::Duration;
 /// How the NCCL rows are timed (the table's header and the JSON lines).
 pub const EVENT_TIMING: &str = "CUDA events on the rank's stream: GPU time from an event recorded before a window's first issue \
 to one recorded after its last issue (k back-to-back issues, no per-op host synchronisation; the waits and every output's \
-check come after the end event); mean per iteration, averaged over ranks; sendrecv: host wall-clock around the window's issues \
+check come after the end event; each window, on both sides, behind one untimed launch of the same op, so the GPU is busy \
+when the clock starts, as in nccl-tests' loop after its warm-up); mean per iteration, averaged over ranks; sendrecv: host wall-clock around the window's issues \
 and waits (send / recv run on per-direction streams the events are not recorded on)";
 
 fn mark(b: &NcclBackend) -> concord_core::Result<Mark> {
