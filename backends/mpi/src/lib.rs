@@ -606,6 +606,13 @@ mod imp {
                 return sys::split(g.coll, ranks.iter().position(|&r| r == me));
             }
             CallOp::Send | CallOp::Recv => return Err("send / recv are not queued collectives".into()),
+            // The trait's default decompositions run them as the collectives above.
+            CallOp::FusedAllGatherMatmul
+            | CallOp::FusedMatmulReduceScatter
+            | CallOp::LowContentionAllGather
+            | CallOp::LowContentionReduceScatter => {
+                return Err(format!("{} is decomposed by the trait's defaults, never queued", c.op.name()))
+            }
         }
         Ok(None)
     }
