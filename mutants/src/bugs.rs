@@ -1124,7 +1124,7 @@ bug!(
     fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
         let shape = s.inner.buffer_shape(x);
         let (n, ws) = (s.numel(x), s.ws());
-        if o.is_some() || i.is_some() || shape.len() < 2 || shape[0] % ws == 0 || n % ws != 0 {
+        if o.is_some() || i.is_some() || shape.len() < 2 || shape[0].is_multiple_of(ws) || !n.is_multiple_of(ws) {
             return s.inner.all_to_all_single(x, o, i);
         }
         let flat = s.inner.view(x, 0, &[n])?;

@@ -180,7 +180,13 @@ pub fn mixed_dtype_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for variant in [Variant::Coalesced, Variant::CoalescedInPlace] {
         let name = format!("all_reduce::{variant}::mixed_dtypes::ws2");
-        let m = CaseMeta { suite: "matrix".into(), op: "all_reduce".into(), variant: variant.to_string(), dtype: "mixed".into(), reduce: "sum".into() };
+        let m = CaseMeta {
+            suite: "matrix".into(),
+            op: "all_reduce".into(),
+            variant: variant.to_string(),
+            dtype: "mixed".into(),
+            reduce: "sum".into(),
+        };
         out.push(Case::<B>::new(name, m, 2, move |ctx| {
             let b = ctx.b;
             let (lists, sums) = mixed_lists(b.world_size());

@@ -73,7 +73,10 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(20);
 /// the caller's buffer later (zero-copy) delivers the zeros.
 fn send_buffer_reused_once_completed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let w = format!("{} (rank 0: isend, poll is_completed, reuse the buffer if done; rank 1: then irecv)", here(b, "send_recv", "outbuf", DType::F32));
+    let w = format!(
+        "{} (rank 0: isend, poll is_completed, reuse the buffer if done; rank 1: then irecv)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
     let key = format!("{}/{}/send_polled", ctx.case, ctx.world.world_id);
     let sent = message(0, 0, 64);
     if b.rank() == 0 {
