@@ -996,6 +996,348 @@ bug!(
     }
 });
 
+// ---------------------------------------------------------------- third campaign (fresh eyes)
+// Bug classes from public reports on NCCL / Gloo / MPI / torch.distributed backends, aimed at the
+// clauses the first two campaigns reached least (p2p matching, cross-rank dtype checks, mixed
+// coalesced lists, realloc, quiescence on drop, non-power-of-two algorithms).
+
+/// `b`'s bytes as a fresh `u8` buffer (a transport that moves bytes, not typed elements).
+fn as_bytes(be: &ShmBackend, b: &Buf) -> Result<Buf> {
+    let t = be.download(b)?;
+    be.upload(&Tensor::from_bytes(DType::U8, &[t.len_bytes()], t.bytes()))
+}
+
+/// Writes the bytes of `u8` buffer `raw` into `out`, read as `out`'s dtype and shape.
+fn write_bytes(be: &ShmBackend, raw: &Buf, out: &Buf) -> Result<()> {
+    let t = be.download(raw)?;
+    be.write(out, &Tensor::from_bytes(be.buffer_dtype(out), &be.buffer_shape(out), t.bytes()))
+}
+
+/// Byte size of `b`.
+fn nbytes(s: &Shm, b: &Buf) -> usize {
+    s.numel(b) * s.inner.buffer_dtype(b).size()
+}
+
+bug!(
+    /// send / recv move raw bytes (as NCCL's ncclSend / ncclRecv and Gloo's unbound buffers do):
+    /// a pair whose dtypes differ but whose byte sizes agree (f32[4] sent into i32[4]) is
+    /// accepted and the bytes reinterpreted, instead of `DTypeMismatch` on both ranks. Modelled
+    /// on pytorch/pytorch#81545 and NVIDIA/nccl#703 (dist.send / dist.recv of different dtypes
+    /// silently give wrong values). Count mismatches of another byte size are still refused.
+    P2pMatchesBytesNotDtype {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        let raw = as_bytes(&s.inner, x)?;
+        let w = s.inner.send(&raw, dst)?;
+        Ok(s.then_as(w, (), move |_, _| {
+            drop(raw);
+            Ok(())
+        }))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let raw = s.inner.alloc(DType::U8, &[nbytes(s, out)])?;
+        let w = s.inner.recv(&raw, src)?;
+        let o = out.clone();
+        Ok(s.then_as(w, out.clone(), move |be, raw| write_bytes(be, raw, &o)))
+    }
+});
+
+bug!(
+    /// broadcast moves raw bytes: a non-root whose buffer has another dtype of the same byte size
+    /// (f32[4] on the root, i32[4] elsewhere) gets the root's bytes reinterpreted, no error.
+    /// Modelled on pytorch/pytorch#91535 ("When dist.broadcast float32 to int64, it will
+    /// silently generate wrong results").
+    BroadcastMovesBytes {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let raw = as_bytes(&s.inner, x)?;
+        let w = s.inner.broadcast(&raw, src)?;
+        let out = s.inner.alloc(s.inner.buffer_dtype(x), &s.inner.buffer_shape(x))?;
+        let o = out.clone();
+        Ok(s.then_as(w, out, move |be, raw| write_bytes(be, raw, &o)))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let raw = as_bytes(&s.inner, x)?;
+        let w = s.inner.broadcast(&raw, src)?;
+        let o = x.clone();
+        Ok(s.then_as(w, x.clone(), move |be, raw| write_bytes(be, raw, &o)))
+    }
+});
+
+/// `t` converted (value by value, as `Tensor::from_f64` rounds) to `dtype`.
+fn converted(t: &Tensor, dtype: DType) -> Tensor {
+    let vals: Vec<f64> = (0..t.numel()).map(|i| t.get_f64(i)).collect();
+    Tensor::from_f64(dtype, t.shape(), &vals)
+}
+
+/// The coalesced list flattened into one buffer of the first tensor's dtype (every tensor
+/// converted to it), reduced, and converted back: `in_place` writes the results into `xs`.
+fn coalesced_as_first(s: &Shm, xs: &[Buf], op: ReduceOp, in_place: bool) -> Result<Work<Vec<Buf>>> {
+    let d0 = s.inner.buffer_dtype(&xs[0]);
+    let mut flat = Vec::new();
+    for x in xs {
+        flat.push(s.inner.upload(&converted(&s.inner.download(x)?, d0))?);
+    }
+    let w = s.inner.all_reduce_coalesced(&flat, op)?;
+    let outs: Vec<Buf> = if in_place {
+        xs.to_vec()
+    } else {
+        xs.iter().map(|x| s.inner.alloc(s.inner.buffer_dtype(x), &s.inner.buffer_shape(x))).collect::<Result<_>>()?
+    };
+    let o = outs.clone();
+    Ok(s.then_as(w, outs, move |be, res| {
+        for (r, out) in res.iter().zip(&o) {
+            be.write(out, &converted(&be.download(r)?, be.buffer_dtype(out)))?;
+        }
+        Ok(())
+    }))
+}
+
+fn mixed_dtypes(s: &Shm, xs: &[Buf]) -> bool {
+    xs.iter().any(|x| s.inner.buffer_dtype(x) != s.inner.buffer_dtype(&xs[0]))
+}
+
+bug!(
+    /// all_reduce_coalesced flattens the list into one buffer of the FIRST tensor's dtype (the
+    /// flatten-then-reduce path of torch's `_flatten_dense_tensors`): a list mixing dtypes
+    /// comes back converted through that dtype (i64 and f64 values through f32). Modelled on
+    /// pytorch/pytorch#1179 ("Tensor flattening on broadcast doesn't handle heterogeneous
+    /// types") and #35671 (allgather_coalesced assumes one dtype).
+    CoalescedMixedDtypesAsFirst {
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if xs.len() < 2 || !mixed_dtypes(s, xs) {
+            return s.inner.all_reduce_coalesced(xs, op);
+        }
+        coalesced_as_first(s, xs, op, false)
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if xs.len() < 2 || !mixed_dtypes(s, xs) {
+            return s.inner.all_reduce_coalesced_(xs, op);
+        }
+        coalesced_as_first(s, xs, op, true)
+    }
+});
+
+bug!(
+    /// Equal-split all_to_all_single checks `numel % ws` (a flat element count, as a backend
+    /// built on ncclAllToAll's per-peer count would) instead of `d0 % ws`: a [3, 2] input at
+    /// world size 2 is split as 3 elements per peer (rows cut in half) instead of `Indivisible`.
+    AllToAllEqualSplitByElements {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let shape = s.inner.buffer_shape(x);
+        let (n, ws) = (s.numel(x), s.ws());
+        if o.is_some() || i.is_some() || shape.len() < 2 || shape[0].is_multiple_of(ws) || !n.is_multiple_of(ws) {
+            return s.inner.all_to_all_single(x, o, i);
+        }
+        let flat = s.inner.view(x, 0, &[n])?;
+        let w = s.inner.all_to_all_single(&flat, None, None)?;
+        let out = s.inner.view(w.peek(), 0, &shape)?;
+        Ok(s.then_as(w, out, |_, _| Ok(())))
+    }
+});
+
+bug!(
+    /// Integer avg through f32 (the float kernel reused for ints, then truncated back): exact
+    /// for small values, wrong once the sum needs more than f32's 24 significant bits.
+    IntAvgThroughF32 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        if op != ReduceOp::Avg || dtype.is_float() {
+            return s.inner.all_reduce(x, op);
+        }
+        let f = s.inner.upload(&converted(&s.inner.download(x)?, DType::F32))?;
+        let w = s.inner.all_reduce(&f, ReduceOp::Avg)?;
+        let out = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+        let o = out.clone();
+        Ok(s.then_as(w, out, move |be, avg| {
+            let a = be.download(avg)?;
+            let vals: Vec<f64> = (0..a.numel()).map(|i| a.get_f64(i).trunc()).collect();
+            be.write(&o, &Tensor::from_f64(dtype, a.shape(), &vals))
+        }))
+    }
+});
+
+bug!(
+    /// In-place premul_sum pre-scales the input by the factor (a "pre-divide" step, as FSDP's
+    /// gradient pre-divide) and then runs the premul_sum kernel, which scales again: s² Σ x.
+    PremulSumTwiceInPlace {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if let ReduceOp::PremulSum(f) = op {
+            let t = s.inner.download(x)?;
+            let vals: Vec<f64> = (0..t.numel()).map(|i| t.get_f64(i) * f).collect();
+            s.inner.write(x, &Tensor::from_f64(t.dtype(), t.shape(), &vals))?;
+        }
+        s.inner.all_reduce_(x, op)
+    }
+});
+
+/// Out-of-place all_reduce with a registration cache keyed by address (as NCCL user-buffer
+/// registration or an RDMA memory-region cache): the element count registered the first time
+/// an address was seen is reused for a later buffer at that address, so a larger buffer
+/// re-allocated there is reduced only over its first (stale) count; the rest keeps this rank's
+/// input.
+#[derive(Default)]
+pub struct RegistrationCachedByAddress {
+    seen: Mutex<HashMap<usize, usize>>,
+}
+
+impl Bug for RegistrationCachedByAddress {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let n = s.numel(x);
+        let n0 = *self.seen.lock().unwrap_or_else(|e| e.into_inner()).entry(s.inner.buffer_addr(x)).or_insert(n);
+        let w = s.inner.all_reduce(x, op)?;
+        if n0 >= n {
+            return Ok(w);
+        }
+        let x = x.clone();
+        Ok(s.then(w, move |be, out| {
+            let input = be.download(&x)?;
+            edit(be, out, |t| {
+                let es = t.dtype().size();
+                copy_bytes(t, n0 * es, &input, n0 * es, (n - n0) * es)
+            })
+        }))
+    }
+}
+
+/// A send / recv peer in a subgroup read as a WORLD rank and mapped to the group rank of that
+/// world rank (the torch.distributed `dst` / `group_dst` confusion); the peer given unchanged
+/// where that world rank is not a member.
+fn peer_as_world_rank(s: &Shm, peer: usize) -> usize {
+    s.members.iter().position(|&m| m == peer).unwrap_or(peer)
+}
+
+bug!(
+    /// In a subgroup, send's dst and recv's src are taken as world ranks and translated to
+    /// group ranks (pytorch/pytorch send / recv on a group take a global rank; a backend that
+    /// translates twice, or not at all, talks to the wrong peer).
+    SubgroupPeerAsWorldRank {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        s.inner.send(x, peer_as_world_rank(s, dst))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.recv(out, peer_as_world_rank(s, src))
+    }
+});
+
+bug!(
+    /// Recursive-halving reduce_scatter at a world size that is not a power of two: the ranks
+    /// past the largest power of two p are folded onto rank r - p first and then receive their
+    /// partner's chunk instead of their own (the classic non-power-of-two fix-up bug of
+    /// recursive halving / doubling, as in MPICH's and Gloo's reduce_scatter).
+    ReduceScatterNonPow2ExtraRank {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let (ws, shape) = (s.ws(), s.inner.buffer_shape(x));
+        if ws.is_power_of_two() || shape.is_empty() || !shape[0].is_multiple_of(ws) {
+            return s.inner.reduce_scatter_tensor(x, op);
+        }
+        let p = 1usize << (usize::BITS - 1 - ws.leading_zeros());
+        let me = s.rank();
+        let chunk_of = if me >= p { me - p } else { me };
+        let mut out_shape = shape.clone();
+        out_shape[0] /= ws;
+        let dtype = s.inner.buffer_dtype(x);
+        let out = s.inner.alloc(dtype, &out_shape)?;
+        let w = s.inner.all_reduce(x, op)?;
+        let o = out.clone();
+        let chunk = out_shape.iter().product::<usize>() * dtype.size();
+        Ok(s.then_as(w, out, move |be, full| {
+            let all = be.download(full)?;
+            edit(be, &o, |t| copy_bytes(t, 0, &all, chunk_of * chunk, chunk))
+        }))
+    }
+});
+
+bug!(
+    /// i64 sum accumulated in one f64 (a generic "reduce in double" kernel used for every
+    /// dtype): exact for small values, wrong above 2^53.
+    I64SumThroughF64 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        if op != ReduceOp::Sum || dtype != DType::I64 || s.ws() < 2 {
+            return s.inner.all_reduce(x, op);
+        }
+        let (n, ws) = (s.numel(x), s.ws());
+        let out = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let o = out.clone();
+        Ok(s.then_as(g, out, move |be, gathered| {
+            let all = be.download(gathered)?;
+            edit(be, &o, |t| {
+                for i in 0..n {
+                    let acc: f64 = (0..ws).map(|r| all.get_f64(r * n + i)).sum();
+                    // Back to i64 as a C cast would (saturating at the ends).
+                    t.bytes_mut()[i * 8..i * 8 + 8].copy_from_slice(&(acc as i64).to_le_bytes());
+                }
+            })
+        }))
+    }
+});
+
+/// A work that stays counted in `outstanding()` when dropped without a wait (a registry that
+/// unregisters a work only in `wait`).
+struct CountedUntilWaited<T> {
+    inner: Work<T>,
+    waited: AtomicBool,
+    leaked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<T: Send + Sync> Completion for CountedUntilWaited<T> {
+    fn is_completed(&self) -> bool {
+        self.inner.is_completed()
+    }
+    fn wait_for(&self, t: Duration) -> Result<bool> {
+        match self.inner.wait(t) {
+            Ok(_) => {
+                self.waited.store(true, Ordering::SeqCst);
+                Ok(true)
+            }
+            Err(CollectiveError::Timeout { .. }) => Ok(false),
+            Err(e) => {
+                self.waited.store(true, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<T> Drop for CountedUntilWaited<T> {
+    fn drop(&mut self) {
+        if !self.waited.load(Ordering::SeqCst) {
+            self.leaked.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A work registry that forgets a work only when it is waited: an all_reduce dropped without
+/// its wait stays in `outstanding()` for ever (PyTorch's functional-collective registry keeps
+/// un-waited works alive until waited).
+#[derive(Default)]
+pub struct DroppedWorkStaysCounted {
+    leaked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Bug for DroppedWorkStaysCounted {
+    fn outstanding(&self, s: &Shm) -> usize {
+        s.inner.outstanding() + s.own.get() + self.leaked.load(Ordering::SeqCst)
+    }
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let (value, meta) = (w.peek().clone(), w.meta().clone());
+        let c = CountedUntilWaited { inner: w, waited: AtomicBool::new(false), leaked: self.leaked.clone() };
+        Ok(Work::new(value, Arc::new(c), meta, &s.shadow))
+    }
+}
+
+bug!(
+    /// An eager send: the message is staged and the send's work reports `is_completed()` at
+    /// once, before the receiver has posted its recv (MPI's eager protocol below a size limit;
+    /// the contract's send completes once the peer has received).
+    SendCompletesAtIssue {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        let w = s.inner.send(x, dst)?;
+        Ok(s.twisted(w, (), Twist { completed_at_once: true, ..Twist::default() }, |_, _| Ok(())))
+    }
+});
+
 /// Every mutant: name, clause, what the bug is, and the case-id substrings to run first.
 /// The maker of the mutant named `name`.
 pub fn maker(name: &str) -> Option<crate::MakeBug> {
@@ -1297,6 +1639,81 @@ pub fn catalogue() -> Vec<Spec> {
             "all_reduce_coalesced maps results back by (dtype, shape): same-shape inputs collide",
             // The matrix's coalesced lists hold distinct shapes; the async round's two tensors share one.
             &["async::pending_until_peers_arrive::all_reduce::coalesced::", "all_reduce::coalesced::"],
+        ),
+        // third campaign
+        spec::<P2pMatchesBytesNotDtype>(
+            "p2p_matches_bytes_not_dtype",
+            "p2p.matching",
+            "send / recv match by byte size: f32[4] sent into i32[4] is accepted and reinterpreted",
+            &["bad_input::send_recv_dtype_mismatch", "send_recv::"],
+        ),
+        spec::<BroadcastMovesBytes>(
+            "broadcast_moves_bytes",
+            "bad_input.named_everywhere",
+            "broadcast moves bytes: a non-root buffer of another dtype of the same size is filled, no error",
+            &["bad_input::broadcast_dtype_mismatch", "bad_input::broadcast"],
+        ),
+        spec::<CoalescedMixedDtypesAsFirst>(
+            "coalesced_mixed_dtypes_as_first",
+            "values.coalesced",
+            "all_reduce_coalesced of mixed dtypes reduces every tensor in the first tensor's dtype",
+            &["all_reduce::coalesced::mixed_dtypes", "all_reduce::coalesced"],
+        ),
+        spec::<AllToAllEqualSplitByElements>(
+            "all_to_all_equal_split_by_elements",
+            "bad_input.indivisible",
+            "equal-split all_to_all checks numel % ws, not d0 % ws: [3, 2] at ws 2 is split mid-row",
+            &["bad_input::all_to_all_equal_split_indivisible", "all_to_all_equal::"],
+        ),
+        spec::<IntAvgThroughF32>(
+            "int_avg_through_f32",
+            "values.reduce",
+            "integer avg computed in f32 and truncated back: wrong beyond 24 significant bits",
+            &["all_reduce::out::i32::avg::ws2", "::avg::"],
+        ),
+        spec::<PremulSumTwiceInPlace>(
+            "premul_sum_twice_in_place",
+            "numerics.premul_sum",
+            "in-place premul_sum pre-scales the input and scales again in the kernel",
+            &["all_reduce::inplace::f32::premul_sum::ws2", "premul_sum"],
+        ),
+        spec::<RegistrationCachedByAddress>(
+            "registration_cached_by_address",
+            "placement.realloc",
+            "all_reduce reuses the element count first registered for an address",
+            &["realloc::all_reduce", "realloc::"],
+        ),
+        spec::<SubgroupPeerAsWorldRank>(
+            "subgroup_peer_as_world_rank",
+            "subgroups",
+            "subgroup send / recv read the peer as a world rank",
+            // The reversed layout's group has every rank, in another order: no world rank
+            // equals its group rank but a middle one's.
+            &["subgroup::reversed::send_recv", "subgroup::"],
+        ),
+        spec::<ReduceScatterNonPow2ExtraRank>(
+            "reduce_scatter_non_pow2_extra_rank",
+            "values.world_sizes",
+            "reduce_scatter at a non-power-of-two ws: ranks past the largest power of two get their partner's chunk",
+            &["reduce_scatter_tensor::out::f32::sum::ws3", "reduce_scatter_tensor::out"],
+        ),
+        spec::<I64SumThroughF64>(
+            "i64_sum_through_f64",
+            "values.reduce",
+            "i64 sum accumulated in f64: wrong above 2^53",
+            &["all_reduce::out::i64::sum::ws2"],
+        ),
+        spec::<DroppedWorkStaysCounted>(
+            "dropped_work_stays_counted",
+            "quiescence",
+            "an all_reduce dropped without wait stays counted in outstanding()",
+            &["seed::c10d::test_unwaited", "async::"],
+        ),
+        spec::<SendCompletesAtIssue>(
+            "send_completes_at_issue",
+            "async.every_op_every_rank",
+            "send's is_completed() is true at issue, before the receiver posted its recv",
+            &["p2p::send_buffer_reused_once_completed", "async::pending_until_peers_arrive::send_recv"],
         ),
     ]
 }

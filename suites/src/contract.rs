@@ -71,6 +71,7 @@ pub const CLAUSES: &[Clause] = &[
             "async::pending_until_peers_arrive::broadcast::",
             "async::pending_until_peers_arrive::send_recv::",
             "async::pending_until_peers_arrive::barrier::",
+            "p2p::send_buffer_reused_once_completed",
         ],
     },
     Clause {
@@ -164,7 +165,12 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.coalesced",
         source: BACKEND,
         text: "Coalesced ops return one result per input, each as the single op would.",
-        cases: &["all_reduce::coalesced::", "all_gather_into_tensor::coalesced::", "reduce_scatter_tensor::coalesced::"],
+        cases: &[
+            "all_reduce::coalesced::",
+            "all_gather_into_tensor::coalesced::",
+            "reduce_scatter_tensor::coalesced::",
+            "all_reduce::coalesced::mixed_dtypes",
+        ],
     },
     Clause {
         id: "placement.out_of_place",
@@ -206,7 +212,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "bad_input.named_everywhere",
         source: CALL,
         text: "Bad input is one named BadInputKind on every rank (local rules at issue, cross-rank rules on every rank), never a hang or a silent truncation; the world stays usable.",
-        cases: &["bad_input::"],
+        cases: &["bad_input::", "bad_input::broadcast_dtype_mismatch"],
     },
     Clause {
         id: "bad_input.root_agreement",
@@ -223,7 +229,12 @@ pub const CLAUSES: &[Clause] = &[
         id: "bad_input.indivisible",
         source: CALL,
         text: "reduce_scatter / scatter / equal-split all_to_all on a dim 0 the world size does not divide is Indivisible, never truncated.",
-        cases: &["bad_input::reduce_scatter_indivisible", "bad_input::scatter_indivisible", "bad_input::all_to_all_equal_split_indivisible"],
+        cases: &[
+            "bad_input::reduce_scatter_indivisible",
+            "bad_input::scatter_indivisible",
+            "bad_input::all_to_all_equal_split_indivisible",
+            "bad_input::all_to_all_equal_split_indivisible_rows",
+        ],
     },
     Clause {
         id: "bad_input.peer_and_group",
@@ -295,7 +306,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "p2p.matching",
         source: BACKEND,
         text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks.",
-        cases: &["send_recv::outbuf::", "bad_input::recv_buffer_smaller_than_message"],
+        cases: &["send_recv::outbuf::", "bad_input::recv_buffer_smaller_than_message", "bad_input::send_recv_dtype_mismatch"],
     },
     Clause {
         id: "p2p.order",

@@ -96,12 +96,23 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_to_all_equal_split_indivisible", 2, K::Indivisible, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[5])?, None, None)?, T)
         }),
+        ("all_to_all_equal_split_indivisible_rows", 2, K::Indivisible, false, |b, _, _| {
+            // 6 elements split 3 per rank, but dim 0 (3 rows of 2) does not divide: rows, not
+            // elements, are what an equal split splits.
+            wait(b.all_to_all_single(&f32s(b, &[3, 2])?, None, None)?, T)
+        }),
         ("all_to_all_zero_dim", 2, K::ZeroDim, false, |b, _, _| wait(b.all_to_all_single(&f32s(b, &[])?, None, None)?, T)),
         ("all_to_all_row_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| {
             wait(b.all_to_all_single(&f32s(b, &[4, 2 + r])?, None, None)?, T)
         }),
         ("broadcast_src_out_of_range", 2, K::BadRoot, false, |b, _, ws| wait(b.broadcast(&f32s(b, &[4])?, ws)?, T)),
         ("broadcast_src_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.broadcast(&f32s(b, &[4])?, r)?, T)),
+        ("broadcast_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
+            // Same byte size on both ranks (f32[4] / i32[4]): a backend that moves bytes fills
+            // the i32 buffer with the root's f32 bits (pytorch/pytorch#91535).
+            let x = if r == 0 { f32s(b, &[4])? } else { b.upload(&full(&[4], 1i32))? };
+            wait(b.broadcast(&x, 0)?, T)
+        }),
         ("broadcast_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.broadcast_(&f32s(b, &[4 + r])?, 0)?, T)),
         ("reduce_root_out_of_range", 2, K::BadRoot, false, |b, _, ws| wait(b.reduce(&f32s(b, &[4])?, ReduceOp::Sum, ws + 3)?, T)),
         ("gather_root_out_of_range", 2, K::BadRoot, false, |b, _, ws| wait(b.gather(&f32s(b, &[4])?, ws)?, T)),
@@ -122,6 +133,16 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
                 wait(b.send(&f32s(b, &[6])?, 1)?, T)
             } else {
                 let out = b.alloc(DType::F32, &[4])?;
+                wait(b.recv(&out, 0)?, T)
+            }
+        }),
+        ("send_recv_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
+            // f32[4] sent into an i32[4] buffer: same byte size, so only a dtype check tells
+            // (NVIDIA/nccl#703, pytorch/pytorch#81545).
+            if r == 0 {
+                wait(b.send(&f32s(b, &[4])?, 1)?, T)
+            } else {
+                let out = b.alloc(DType::I32, &[4])?;
                 wait(b.recv(&out, 0)?, T)
             }
         }),
@@ -154,7 +175,7 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
     let op = OPS.iter().find(|(p, _)| name.starts_with(p)).map_or("-", |&(_, op)| op);
     let variant = if name.contains("coalesced") {
         "coalesced"
-    } else if name.contains("_out_") || name == "recv_buffer_smaller_than_message" {
+    } else if name.contains("_out_") || name == "recv_buffer_smaller_than_message" || name == "send_recv_dtype_mismatch" {
         "outbuf"
     } else if name == "broadcast_shape_mismatch" {
         "inplace"
@@ -167,6 +188,8 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
         "all_reduce_dtype_mismatch" => "f32/f64",
         "all_gather_out_wrong_dtype" => "f32 (out f64)",
         "all_reduce_premul_sum_on_int" => "i32",
+        "broadcast_dtype_mismatch" => "f32/i32",
+        "send_recv_dtype_mismatch" => "f32 (recv i32)",
         _ if op == "new_group" => "-",
         _ => "f32",
     };

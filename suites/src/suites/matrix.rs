@@ -9,10 +9,10 @@
 //! matrix (`all_reduce::out::f32::sum::ws6`).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
-use crate::case::{Case, CaseMeta};
+use crate::case::{Case, CaseEnd, CaseMeta};
 use crate::exec::PAIRS;
 use crate::values::{self, Extra, ValueSpec};
-use concord_core::{Backend, DType, OpKind, ReduceOp, Variant};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::InputKind;
 
 /// Name of a value case (without backend prefix).
@@ -130,6 +130,95 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     out.extend(permutation_cases());
     out.extend(long_cases());
     out.extend(bits_cases());
+    out.extend(mixed_dtype_cases());
+    out
+}
+
+/// Rank `r`'s coalesced list of five dtypes for [`mixed_dtype_cases`], and the sum of every
+/// rank's list: values that survive only in their own dtype (i64 and i32 beyond f32's 24
+/// significant bits, f64 fractions below f32's resolution), each sum exact in its dtype.
+fn mixed_lists(ws: usize) -> (Vec<Vec<Tensor>>, Vec<Tensor>) {
+    let list = |r: usize| -> Vec<Tensor> {
+        vec![
+            Tensor::from_vec(&[5], (0..5).map(|i| (r * 10 + i) as f32).collect()),
+            Tensor::from_vec(&[4], (0..4).map(|i| (1i64 << 40) + 1 + (3 * r + i) as i64).collect()),
+            Tensor::from_vec(&[3], (0..3).map(|i| 1.0 + (r + 1 + i) as f64 * (-40f64).exp2()).collect()),
+            Tensor::from_f64(DType::BF16, &[2], &[(r + 1) as f64, (r + 2) as f64]),
+            Tensor::from_vec(&[3], (0..3).map(|i| (1i32 << 28) + 1 + (7 * r + i) as i32).collect()),
+        ]
+    };
+    let lists: Vec<Vec<Tensor>> = (0..ws).map(list).collect();
+    let sums = (0..lists[0].len())
+        .map(|t| {
+            let (dtype, shape) = (lists[0][t].dtype(), lists[0][t].shape().to_vec());
+            match dtype {
+                DType::I64 => Tensor::from_vec(
+                    &shape,
+                    (0..lists[0][t].numel()).map(|i| lists.iter().fold(0i64, |a, l| a.wrapping_add(l[t].as_slice::<i64>()[i]))).collect(),
+                ),
+                DType::I32 => Tensor::from_vec(
+                    &shape,
+                    (0..lists[0][t].numel()).map(|i| lists.iter().fold(0i32, |a, l| a.wrapping_add(l[t].as_slice::<i32>()[i]))).collect(),
+                ),
+                // Float sums of these inputs are exact in f64 and in the dtype.
+                _ => Tensor::from_f64(
+                    dtype,
+                    &shape,
+                    &(0..lists[0][t].numel()).map(|i| lists.iter().map(|l| l[t].get_f64(i)).sum::<f64>()).collect::<Vec<_>>(),
+                ),
+            }
+        })
+        .collect();
+    (lists, sums)
+}
+
+/// all_reduce_coalesced (and `_`) of one list mixing f32, i64, f64, bf16 and i32
+/// (`all_reduce::coalesced::mixed_dtypes::ws2`): each tensor is summed in its own dtype, as the
+/// single op would. The matrix's lists hold one dtype each; a backend that flattens the list
+/// into one buffer of the first tensor's dtype (pytorch/pytorch#1179, #35671) passes there.
+pub fn mixed_dtype_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for variant in [Variant::Coalesced, Variant::CoalescedInPlace] {
+        let name = format!("all_reduce::{variant}::mixed_dtypes::ws2");
+        let m = CaseMeta {
+            suite: "matrix".into(),
+            op: "all_reduce".into(),
+            variant: variant.to_string(),
+            dtype: "mixed".into(),
+            reduce: "sum".into(),
+        };
+        out.push(Case::<B>::new(name, m, 2, move |ctx| {
+            let b = ctx.b;
+            let (lists, sums) = mixed_lists(b.world_size());
+            let caps = b.capabilities();
+            for t in &sums {
+                caps.check(OpKind::AllReduce, Some(variant), Some(t.dtype()), Some(ReduceOp::Sum), b.world_size())
+                    .map_err(CaseEnd::Unsupported)?;
+            }
+            let w = format!(
+                "{} reduce=sum dtypes=[f32, i64, f64, bf16, i32]",
+                super::util::here(b, "all_reduce", &variant.to_string(), DType::F32).replace("dtype=f32", "dtype=mixed")
+            );
+            let ins: Vec<B::Buffer> = lists[b.rank()].iter().map(|t| b.upload(t)).collect::<Result<_, _>>()?;
+            let work = if variant == Variant::Coalesced {
+                b.all_reduce_coalesced(&ins, ReduceOp::Sum)?
+            } else {
+                b.all_reduce_coalesced_(&ins, ReduceOp::Sum)?
+            };
+            let outs = work.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+            if outs.len() != sums.len() {
+                return Err(super::util::fail(&w, format!("returned {} results for {} inputs", outs.len(), sums.len())));
+            }
+            for (t, (o, exp)) in outs.iter().zip(&sums).enumerate() {
+                let tag = format!("{w} tensor {t} of {} ({})", sums.len(), exp.dtype());
+                if variant == Variant::CoalescedInPlace && b.buffer_addr(o) != b.buffer_addr(&ins[t]) {
+                    return Err(super::util::fail(&tag, "in-place op returned a different buffer"));
+                }
+                super::util::expect_eq(b, o, exp, &tag)?;
+            }
+            Ok(())
+        }));
+    }
     out
 }
 

@@ -62,6 +62,57 @@ fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &s
     }
 }
 
+/// How long rank 0 polls its send's `is_completed()` before the receiver posts.
+const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Rank 0 issues a send to rank 1, which has not posted its receive yet, and polls
+/// `is_completed()` for [`POLL`]: if the send says it is done, its buffer is the caller's again,
+/// and rank 0 overwrites it with zeros. Only then (a store key) does rank 1 receive: it must get
+/// what was sent. A backend whose send is still pending (rendezvous), or which staged the data
+/// (a correct eager send), passes; one that reports an eager send complete while it still reads
+/// the caller's buffer later (zero-copy) delivers the zeros.
+fn send_buffer_reused_once_completed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = format!(
+        "{} (rank 0: isend, poll is_completed, reuse the buffer if done; rank 1: then irecv)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let key = format!("{}/{}/send_polled", ctx.case, ctx.world.world_id);
+    let sent = message(0, 0, 64);
+    if b.rank() == 0 {
+        let x = b.upload(&sent)?;
+        let s = b.send(&x, 1)?;
+        let t0 = std::time::Instant::now();
+        let done = loop {
+            if s.is_completed() {
+                break true;
+            }
+            if t0.elapsed() > POLL {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        if done {
+            b.write(&x, &Tensor::zeros(DType::F32, &[64]))?;
+        }
+        ctx.store.set(&key, if done { b"done" } else { b"pending" }).map_err(|e| fail(&w, e))?;
+        s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
+        Ok(())
+    } else {
+        ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never polled its send: {e}")))?;
+        let polled = ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+        let out = b.upload(&Tensor::zeros(DType::F32, &[64]))?;
+        let got = b.recv(&out, 0)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
+        let _ = ctx.store.delete_key(&key);
+        let why = if polled == b"done" {
+            "rank 0's send said is_completed() before this rank posted its receive, and rank 0 then reused its buffer: the send still read it"
+        } else {
+            "the send was still pending when this rank posted its receive"
+        };
+        expect_eq(b, &got, &sent, &format!("{w}: {why}"))
+    }
+}
+
 /// Order of issue on one rank.
 #[derive(Clone, Copy)]
 enum Order {
@@ -165,6 +216,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = g.as_ref().ok_or_else(|| fail(&w, "new_group([0, 1]) returned nothing to a member"))?;
         send_behind_collective(b, ctx.timeout, &w)
     }));
+    v.push(Case::<B>::new("p2p::send_buffer_reused_once_completed::ws2", meta(), 2, send_buffer_reused_once_completed));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, false, order)
