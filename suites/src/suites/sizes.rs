@@ -225,10 +225,7 @@ mod tests {
                                     let last = bad.len_bytes() - 1;
                                     bad.bytes_mut()[last] ^= 0x40;
                                     assert!(!holds(&bad, &shape), "{op} {dtype} n{n} ws{ws} rank {me}: a changed element holds");
-                                    assert!(
-                                        !holds(&t.clone().reshaped(&[1, t.numel()]), &shape),
-                                        "{op} {dtype}: another shape holds"
-                                    );
+                                    assert!(!holds(&t.clone().reshaped(&[1, t.numel()]), &shape), "{op} {dtype}: another shape holds");
                                 }
                                 None => assert!(!exp.defined[me] || op == OpKind::SendRecv, "{op} {dtype} ws{ws} rank {me}"),
                             }
