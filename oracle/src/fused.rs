@@ -222,7 +222,9 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
             let mut outs = vec![ag.clone()];
             for (bi, b) in inputs[q].bs.iter().enumerate() {
                 let n = b.shape()[1];
-                let bv: Vec<f64> = (0..k * n).map(|i| b.get_f64(i)).collect();
+                // b transposed ([n, k]): each dot product below walks both operands contiguously
+                // (the same products, summed in the same order, as down b's column).
+                let bt: Vec<f64> = (0..n * k).map(|t| b.get_f64((t % k) * n + t / k)).collect();
                 // Moved output [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
                 let mut mo = full.clone();
                 mo[nd - 1] = n;
@@ -240,7 +242,8 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
                     let j = m[nd - 1];
                     let row = flat(&m[..nd - 1], &mo[..nd - 1]);
                     // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
-                    let mut acc: f64 = (0..k).fold(0.0, |acc, kk| acc + a_mat[row * k + kk] * bv[kk * n + j]);
+                    let (a_row, b_col) = (&a_mat[row * k..(row + 1) * k], &bt[j * k..(j + 1) * k]);
+                    let mut acc: f64 = a_row.iter().zip(b_col).fold(0.0, |acc, (x, y)| acc + x * y);
                     if let Some(sc) = scaling {
                         let (src, ri) = row_src[row];
                         let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
@@ -271,14 +274,15 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
     // `only` when given).
     let mats: Vec<(Vec<f64>, Vec<f64>)> = inputs
         .iter()
-        .map(|x| ((0..x.a.numel()).map(|i| x.a.get_f64(i)).collect(), (0..k * n).map(|i| x.bs[0].get_f64(i)).collect()))
+        // b transposed ([n, k]), as in `ag_matmul`: contiguous dot products, same order.
+        .map(|x| ((0..x.a.numel()).map(|i| x.a.get_f64(i)).collect(), (0..n * k).map(|t| x.bs[0].get_f64((t % k) * n + t / k)).collect()))
         .collect();
     let c_at = |x: usize, fi: usize| {
-        let (av, bv) = &mats[x];
+        let (av, bt) = &mats[x];
         let (row, j) = (fi / n, fi % n);
         let mut acc = 0.0;
-        for kk in 0..k {
-            acc += av[row * k + kk] * bv[kk * n + j];
+        for (a, b) in av[row * k..(row + 1) * k].iter().zip(&bt[j * k..(j + 1) * k]) {
+            acc += a * b;
         }
         if let Some(sc) = scaling {
             acc *= inputs[x].a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);

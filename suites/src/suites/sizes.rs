@@ -26,8 +26,8 @@ use super::util::here;
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
 use crate::values::partner;
-use concord_core::half::bf16;
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_fixtures::ladder::{self, Closed};
 use concord_oracle::{compare, Tolerance};
 
 /// The (op, variant)s of the ladder.
@@ -74,60 +74,9 @@ pub fn ladder(op: OpKind, dtype: DType) -> Vec<(usize, usize)> {
     v
 }
 
-#[inline(always)] // hot at 16 M elements, and this crate builds at opt-level 1 in the `ci` profile
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The hash every rank's element `i` derives from.
-#[inline(always)]
-fn hash(seed: u64, i: usize) -> u64 {
-    mix(seed ^ (i as u64).wrapping_mul(0x2545_F491_4F6C_DD1D))
-}
-
 /// Rank `r`'s element `i` (see the module docs), as an integer exact in `dtype`.
-#[inline(always)]
 pub fn value(dtype: DType, seed: u64, r: usize, i: usize) -> i64 {
-    value_of(dtype, hash(seed, i), r)
-}
-
-/// Rank `r`'s element whose hash is `h`.
-#[inline(always)]
-fn value_of(dtype: DType, h: u64, r: usize) -> i64 {
-    match dtype {
-        DType::I32 => (h as u32).wrapping_add((r as u32).wrapping_mul(0x9E37_79B1)) as i32 as i64,
-        DType::BF16 => ((h % 127) as i64 + 97 * r as i64) % 127 - 63,
-        _ => ((h % 1_000_003) as i64 + 97 * r as i64) % 1_000_003 - 500_001,
-    }
-}
-
-/// A tensor of `dtype` whose element `i` is `f(i)` (exact; i32 wraps), written in place (the
-/// 64 MiB steps: no intermediate vector, no second copy).
-fn tensor(dtype: DType, shape: &[usize], f: impl Fn(usize) -> i64) -> Tensor {
-    let mut t = Tensor::zeros(dtype, shape);
-    match dtype {
-        DType::I32 => t.as_mut_slice::<i32>().iter_mut().enumerate().for_each(|(i, x)| *x = f(i) as i32),
-        DType::BF16 => t.as_mut_slice::<bf16>().iter_mut().enumerate().for_each(|(i, x)| *x = bf16::from_f32(f(i) as f32)),
-        DType::F32 => t.as_mut_slice::<f32>().iter_mut().enumerate().for_each(|(i, x)| *x = f(i) as f32),
-        other => panic!("sizes: no inputs for {other}"),
-    }
-    t
-}
-
-/// Whether `t` is `tensor(dtype, shape, f)`, bit for bit, without making that tensor.
-fn holds(t: &Tensor, dtype: DType, shape: &[usize], f: impl Fn(usize) -> i64) -> bool {
-    if t.dtype() != dtype || t.shape() != shape {
-        return false;
-    }
-    match dtype {
-        DType::I32 => t.as_slice::<i32>().iter().enumerate().all(|(i, x)| *x == f(i) as i32),
-        DType::BF16 => t.as_slice::<bf16>().iter().enumerate().all(|(i, x)| x.to_bits() == bf16::from_f32(f(i) as f32).to_bits()),
-        DType::F32 => t.as_slice::<f32>().iter().enumerate().all(|(i, x)| x.to_bits() == (f(i) as f32).to_bits()),
-        _ => false,
-    }
+    ladder::value(dtype, seed, r, i)
 }
 
 /// The shape of every rank's input.
@@ -141,7 +90,7 @@ pub fn input_shape(op: OpKind, n: usize, ws: usize) -> Vec<usize> {
 
 /// Rank `r`'s input.
 pub fn input(op: OpKind, dtype: DType, seed: u64, n: usize, ws: usize, r: usize) -> Tensor {
-    tensor(dtype, &input_shape(op, n, ws), |i| value(dtype, seed, r, i))
+    ladder::tensor(dtype, seed, &input_shape(op, n, ws), Closed::From { src: r, off: 0 })
 }
 
 /// The root of rooted ops (as in the matrix) and the permutation.
@@ -152,42 +101,28 @@ fn root(ws: usize) -> usize {
 /// Rank `me`'s expected result in closed form, or `None` where it is undefined (non-root ranks
 /// of reduce and gather, a send/recv rank without partner).
 pub fn expected(op: OpKind, dtype: DType, seed: u64, n: usize, ws: usize, me: usize) -> Option<Tensor> {
-    let (shape, f) = expected_fn(op, dtype, seed, n, ws, me)?;
-    Some(tensor(dtype, &shape, f))
+    let (shape, what) = expected_form(op, n, ws, me)?;
+    Some(ladder::tensor(dtype, seed, &shape, what))
 }
 
-/// [`expected`] as a shape and the function of the element index that fills it.
-fn expected_fn(op: OpKind, dtype: DType, seed: u64, n: usize, ws: usize, me: usize) -> Option<(Vec<usize>, impl Fn(usize) -> i64)> {
+/// [`expected`] as a shape and the closed form of its element `k` (generated and checked by
+/// `concord_fixtures::ladder`, which keeps the loops over 16 M elements optimised).
+fn expected_form(op: OpKind, n: usize, ws: usize, me: usize) -> Option<(Vec<usize>, Closed)> {
     let src = root(ws);
-    let (shape, from) = match op {
-        OpKind::AllReduce => (vec![n], None),
-        OpKind::Reduce if me == src => (vec![n], None),
-        OpKind::AllGatherIntoTensor => (vec![ws * n], None),
-        OpKind::Gather if me == src => (vec![ws * n], None),
-        OpKind::ReduceScatterTensor => (vec![n], None),
-        OpKind::AllToAllSingle => (vec![ws * n], None),
-        OpKind::Broadcast => (vec![n], Some(src)),
-        OpKind::Scatter => (vec![n], Some(src)),
-        OpKind::PermuteTensor => (vec![n], Some((me + ws - 1) % ws)),
-        OpKind::SendRecv => (vec![n], Some(partner(me, ws)?)),
+    Some(match op {
+        OpKind::AllReduce => (vec![n], Closed::Sum { ws, off: 0 }),
+        OpKind::Reduce if me == src => (vec![n], Closed::Sum { ws, off: 0 }),
+        OpKind::AllGatherIntoTensor => (vec![ws * n], Closed::Blocks { n, off: 0 }),
+        OpKind::Gather if me == src => (vec![ws * n], Closed::Blocks { n, off: 0 }),
+        OpKind::ReduceScatterTensor => (vec![n], Closed::Sum { ws, off: me * n }),
+        OpKind::AllToAllSingle => (vec![ws * n], Closed::Blocks { n, off: me * n }),
+        OpKind::Broadcast => (vec![n], Closed::From { src, off: 0 }),
+        OpKind::Scatter => (vec![n], Closed::From { src, off: me * n }),
+        // permute, send/recv: the source's input
+        OpKind::PermuteTensor => (vec![n], Closed::From { src: (me + ws - 1) % ws, off: 0 }),
+        OpKind::SendRecv => (vec![n], Closed::From { src: partner(me, ws)?, off: 0 }),
         _ => return None,
-    };
-    let v = move |r: usize, i: usize| value(dtype, seed, r, i);
-    // One hash per element for all ranks' values (the 64 MiB steps make 16 M of them).
-    let sum = move |i: usize| {
-        let h = hash(seed, i);
-        (0..ws).map(|r| value_of(dtype, h, r)).sum::<i64>()
-    };
-    let f = move |k: usize| match op {
-        OpKind::AllReduce | OpKind::Reduce => sum(k),
-        OpKind::AllGatherIntoTensor | OpKind::Gather => v(k / n, k % n),
-        OpKind::ReduceScatterTensor => sum(me * n + k),
-        OpKind::AllToAllSingle => v(k / n, me * n + k % n),
-        OpKind::Scatter => v(src, me * n + k),
-        // broadcast, permute, send/recv: the source's input
-        _ => v(from.unwrap_or(me), k),
-    };
-    Some((shape, f))
+    })
 }
 
 /// Name of a ladder case (without backend prefix).
@@ -241,15 +176,15 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
     if variant == Variant::InPlace && b.buffer_addr(res) != b.buffer_addr(&x) {
         return Err(fail("in-place op returned a different buffer".into()));
     }
-    let Some((shape, f)) = expected_fn(op, dtype, seed, n, ws, me) else { return Ok(()) };
+    let Some((shape, what)) = expected_form(op, n, ws, me) else { return Ok(()) };
     if !b.capabilities().moves_data {
         return Ok(());
     }
     let got = b.download(res).map_err(|e| fail(format!("download: {e}")))?;
     // Element by element against the closed form (fast at 64 MiB, no expected tensor made); on a
     // difference, the oracle's comparison with the expected tensor names the first bad element.
-    if !holds(&got, dtype, &shape, &f) {
-        let exp = tensor(dtype, &shape, f);
+    if !ladder::holds(&got, dtype, seed, &shape, what) {
+        let exp = ladder::tensor(dtype, seed, &shape, what);
         return Err(match compare(&got, &exp, Tolerance::Exact) {
             Err(m) => fail(m.to_string()),
             Ok(()) => fail("result differs from the expected one in its bytes, though not in value".into()),
@@ -283,16 +218,14 @@ mod tests {
                                     assert!(exp.defined[me], "{op} {dtype} ws{ws} rank {me}: defined");
                                     assert_eq!(t, exp.outputs[me], "{op} {dtype} n{n} ws{ws} rank {me}");
                                     // The in-place check accepts exactly that tensor.
-                                    let (shape, f) = expected_fn(op, dtype, seed, n, ws, me).unwrap();
-                                    assert!(holds(&t, dtype, &shape, &f), "{op} {dtype} n{n} ws{ws} rank {me}: holds");
+                                    let (shape, what) = expected_form(op, n, ws, me).unwrap();
+                                    let holds = |t: &Tensor, shape: &[usize]| ladder::holds(t, dtype, seed, shape, what);
+                                    assert!(holds(&t, &shape), "{op} {dtype} n{n} ws{ws} rank {me}: holds");
                                     let mut bad = t.clone();
                                     let last = bad.len_bytes() - 1;
                                     bad.bytes_mut()[last] ^= 0x40;
-                                    assert!(!holds(&bad, dtype, &shape, &f), "{op} {dtype} n{n} ws{ws} rank {me}: a changed element holds");
-                                    assert!(
-                                        !holds(&t.clone().reshaped(&[1, t.numel()]), dtype, &shape, &f),
-                                        "{op} {dtype}: another shape holds"
-                                    );
+                                    assert!(!holds(&bad, &shape), "{op} {dtype} n{n} ws{ws} rank {me}: a changed element holds");
+                                    assert!(!holds(&t.clone().reshaped(&[1, t.numel()]), &shape), "{op} {dtype}: another shape holds");
                                 }
                                 None => assert!(!exp.defined[me] || op == OpKind::SendRecv, "{op} {dtype} ws{ws} rank {me}"),
                             }
