@@ -172,23 +172,6 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Makes this process's allocator keep the memory it frees for the next allocation instead of
-/// returning it to the kernel: every allocation from the heap (glibc's mmap threshold cannot go
-/// above 32 MiB, so larger blocks would otherwise be fresh mappings each time), none given back
-/// by trimming. A worker runs case after case with buffers of the same sizes (the size ladder's
-/// 64 MiB host tensors on every rank): a fresh mapping costs a page fault per 4 KiB page on first
-/// touch and an munmap when freed, a kept block one memset. Worker processes only (they live for
-/// one world); a no-op where the C library is not glibc.
-pub fn keep_freed_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes allocator parameters; called before the worker's threads
-    // allocate (it is also safe concurrently: glibc takes the arena lock).
-    unsafe {
-        libc::mallopt(libc::M_MMAP_MAX, 0);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Termination cleanup (parent side)
 

@@ -204,7 +204,6 @@ pub fn serve<S, E: Into<SetupError>>(
     setup: impl FnOnce(&WorkerEnv) -> Result<S, E>,
     mut run_case: impl FnMut(&mut S, &str) -> Outcome,
 ) -> ! {
-    platform::keep_freed_heap();
     let proto = match platform::take_protocol_stdout() {
         Ok(f) => f,
         Err(e) => {
