@@ -15,10 +15,12 @@
 //!   (`MPI_Comm_create_group`, so ranks outside it need not take part); the world's rank MUST be
 //!   the process's `mpirun` rank, else init names the mismatch. Init runs under the op deadline.
 //! * **Collectives** run on a progress thread per communicator, in issue order; issue returns at
-//!   once with a [`Work`] whose wait has the caller's deadline. Each collective first allgathers
-//!   every rank's [`CallDesc`] and checks them with [`concord_core::validate_all`], so bad input
-//!   is the same named `BadInput` on every rank and the communicator stays usable; then one MPI
-//!   collective moves the data (`MPI_Allreduce`, `_Reduce_scatter_block`, `_Allgather`,
+//!   once with a [`Work`]. Each collective first allgathers every rank's [`CallDesc`] and checks
+//!   them with [`concord_core::validate_all`], so bad input is the same named `BadInput` on
+//!   every rank and the communicator stays usable; then every rank says (a one-word allgather)
+//!   whether its waiter has given up on the op, and the data moves on every rank or on none
+//!   (a late peer gets a named error, never a rank that has left); then one MPI collective
+//!   moves the data (`MPI_Allreduce`, `_Reduce_scatter_block`, `_Allgather`,
 //!   `_Alltoallv`, `_Bcast`, `_Reduce`, `_Gather`, `_Scatter`, `_Sendrecv` for permute,
 //!   `_Barrier`), through temporary buffers (views, in-place ops and aliasing need no care).
 //! * **Reductions.** Integers travel sign- or zero-extended to 64 bits and reduce with this
@@ -34,6 +36,11 @@
 //!   [`concord_core::validate_pair`]; the data goes with `MPI_Ssend` (a send completes once
 //!   the receiver takes it).
 //! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
+//! * **Deadlines.** A wait still pending at the op deadline (the world's op timeout, counted
+//!   from when the progress thread took the job) ends in a named [`CollectiveError::Timeout`] and
+//!   marks the op abandoned: the data moves through temporaries and reaches the caller's outputs
+//!   only if the op was not abandoned first (one lock orders the two), so no buffer is written
+//!   after its wait returned a failure.
 //! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
 //!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
 //!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
@@ -50,13 +57,14 @@ pub use imp::*;
 #[cfg(feature = "mpi")]
 mod imp {
     use crate::sys::{self, Comm};
+    use concord_core::Completion;
     use concord_core::{
         progress, validate_all, validate_local, validate_pair, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag,
         OutstandingCounter, ReduceOp, Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
     };
     use std::alloc::Layout;
     use std::sync::{mpsc, Arc, Mutex};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     /// Largest world (and subgroup) the backend declares.
     pub const MAX_WORLD_SIZE: usize = 64;
@@ -159,7 +167,74 @@ mod imp {
         ins: Vec<MpiBuffer>,
         outs: Vec<MpiBuffer>,
         flag: Arc<Flag>,
+        ctl: Arc<Mutex<Ctl>>,
         reply: Option<mpsc::Sender<Option<(Comm, Comm)>>>,
+    }
+
+    /// Where a queued collective stands between its waiter and the progress thread.
+    #[derive(Default)]
+    struct Ctl {
+        /// When the progress thread took the job: its op deadline counts from here.
+        started: Option<Instant>,
+        /// The waiter gave up at the op deadline (the op failed with a timeout): the progress
+        /// thread MUST NOT touch the caller's outputs from then on.
+        abandoned: bool,
+        /// The progress thread is writing the outputs: the op is about to complete.
+        committed: bool,
+    }
+
+    /// A collective's completion: its flag, ended at the op deadline (counted from when the
+    /// progress thread took the job) by the first waiter still waiting then, which marks the job
+    /// abandoned (see [`Ctl`]) and fails it with a named timeout.
+    struct Deadlined {
+        flag: Arc<Flag>,
+        ctl: Arc<Mutex<Ctl>>,
+        op_timeout: Duration,
+        what: (String, u64, usize),
+    }
+
+    impl Completion for Deadlined {
+        fn is_completed(&self) -> bool {
+            self.flag.is_completed()
+        }
+        fn wait_for(&self, timeout: Duration) -> Result<bool> {
+            let end = Instant::now() + timeout;
+            loop {
+                let op_end = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).started.map(|s| s + self.op_timeout);
+                let until = op_end.map_or(end, |o| o.min(end));
+                // Short slices: a job started meanwhile brings its op deadline in.
+                let slice = until.saturating_duration_since(Instant::now()).min(Duration::from_millis(10));
+                if self.flag.wait_for(slice)? {
+                    return Ok(true);
+                }
+                let now = Instant::now();
+                if op_end.is_some_and(|o| now >= o) {
+                    let mut c = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+                    if !c.committed && !c.abandoned {
+                        c.abandoned = true;
+                        drop(c);
+                        let (op, seq, rank) = self.what.clone();
+                        self.flag.set(Err(CollectiveError::Timeout {
+                            op,
+                            seq,
+                            rank,
+                            waited_ms: self.op_timeout.as_millis() as u64,
+                            detail: format!(
+                                "not complete at the op deadline of {} ms (a peer late or gone); its outputs are left \
+                                 untouched; this process is {}",
+                                self.op_timeout.as_millis(),
+                                progress::describe()
+                            ),
+                        }));
+                    }
+                    // Abandoned (the flag says so) or committed (the flag follows at once).
+                    return self.flag.wait_for(end.saturating_duration_since(now).max(Duration::from_secs(1)));
+                }
+                if now >= end {
+                    return Ok(false);
+                }
+            }
+        }
     }
 
     /// The MPI backend (one instance per rank and per subgroup).
@@ -236,8 +311,9 @@ mod imp {
 
         /// Queues a collective: sequence number and queue order are taken atomically.
         fn issue<T>(&self, name: &str, mut call: CallDesc, ins: Vec<MpiBuffer>, outs: Vec<MpiBuffer>, value: T) -> Result<Work<T>> {
-            let (flag, seq) = self.submit(name, &mut call, ins, outs, None)?;
-            Ok(Work::new(value, flag, self.meta(name, seq), &self.counter))
+            let (flag, ctl, seq) = self.submit(name, &mut call, ins, outs, None)?;
+            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: (name.to_string(), seq, self.g.me) };
+            Ok(Work::new(value, Arc::new(done), self.meta(name, seq), &self.counter))
         }
 
         fn submit(
@@ -247,20 +323,21 @@ mod imp {
             ins: Vec<MpiBuffer>,
             outs: Vec<MpiBuffer>,
             reply: Option<mpsc::Sender<Option<(Comm, Comm)>>>,
-        ) -> Result<(Arc<Flag>, u64)> {
+        ) -> Result<(Arc<Flag>, Arc<Mutex<Ctl>>, u64)> {
             let flag = Flag::new();
+            let ctl = Arc::new(Mutex::new(Ctl::default()));
             let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
             *seq += 1;
             call.seq = *seq;
             progress::begin(&self.g.label, name, *seq);
-            let job = Job { name: name.to_string(), call: call.clone(), ins, outs, flag: flag.clone(), reply };
+            let job = Job { name: name.to_string(), call: call.clone(), ins, outs, flag: flag.clone(), ctl: ctl.clone(), reply };
             let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             let sent = tx.as_ref().map(|t| t.send(job).is_ok()).unwrap_or(false);
             if !sent {
                 progress::end(&self.g.label, *seq);
                 return Err(CollectiveError::Aborted(format!("mpi backend rank {}: the progress thread is gone", self.g.me)));
             }
-            Ok((flag, *seq))
+            Ok((flag, ctl, *seq))
         }
 
         fn gathered_shape(&self, x: &MpiBuffer) -> Vec<usize> {
@@ -371,6 +448,7 @@ mod imp {
     /// Runs one queued collective on the progress thread and completes its flag.
     fn run_job(g: &Group, job: Job) {
         let (me, seq) = (g.me, job.call.seq);
+        job.ctl.lock().unwrap_or_else(|e| e.into_inner()).started = Some(Instant::now());
         let r = (|| -> Result<Option<(Comm, Comm)>> {
             let all = sys::allgather_words(g.coll, g.n, &job.call.encode()).map_err(backend_err)?;
             let descs: Vec<CallDesc> = all
@@ -379,7 +457,31 @@ mod imp {
                 .map(|(r, w)| CallDesc::decode(w).ok_or_else(|| backend_err(format!("malformed call description from rank {r}"))))
                 .collect::<Result<_>>()?;
             validate_all(&descs, &caps()).map_err(|e| e.into_error(&job.name, seq, me))?;
-            execute(g, &job, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))
+            // Every rank says whether its waiter has given up on the op (at the op deadline,
+            // while the headers waited for a late peer): all move the data or none does, so a
+            // late peer never meets a rank that has left, and the communicator stays in step.
+            let gave_up = job.ctl.lock().unwrap_or_else(|e| e.into_inner()).abandoned;
+            let votes = sys::allgather_words(g.coll, g.n, &[u64::from(gave_up)]).map_err(backend_err)?;
+            if let Some(r) = votes.iter().position(|v| v.first() != Some(&0)) {
+                return Err(CollectiveError::Aborted(format!(
+                    "{} #{seq} on rank {me}: rank {r} had given up this op at its deadline before every rank issued it; \
+                     nothing was moved",
+                    job.name
+                )));
+            }
+            // Into temporaries, then into the caller's outputs unless the waiter gave up
+            // meanwhile (a data step that outlived the op deadline never writes them).
+            let temps: Vec<MpiBuffer> = job.outs.iter().map(|o| MpiBuffer::new(o.dtype, &o.shape)).collect::<Result<_>>()?;
+            let made = execute(g, &job, &temps, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))?;
+            let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
+            if c.abandoned {
+                return Err(backend_err(format!("{} #{seq} on rank {me}: finished after its deadline; outputs left untouched", job.name)));
+            }
+            c.committed = true;
+            for (t, o) in temps.iter().zip(&job.outs) {
+                o.write_bytes(&t.read());
+            }
+            Ok(made)
         })();
         progress::end(&g.label, seq);
         match r {
@@ -542,13 +644,13 @@ mod imp {
     }
 
     /// The data movement of a validated collective.
-    fn execute(g: &Group, job: &Job, descs: &[CallDesc]) -> std::result::Result<Option<(Comm, Comm)>, String> {
+    fn execute(g: &Group, job: &Job, outs: &[MpiBuffer], descs: &[CallDesc]) -> std::result::Result<Option<(Comm, Comm)>, String> {
         let (n, me) = (g.n, g.me);
         let c = &job.call;
         match c.op {
             CallOp::AllReduce | CallOp::ReduceScatter | CallOp::Reduce => {
                 let op = c.reduce.expect("validated: reduce op present");
-                for (x, out) in job.ins.iter().zip(&job.outs) {
+                for (x, out) in job.ins.iter().zip(outs) {
                     let how = match c.op {
                         CallOp::AllReduce => Red::All,
                         CallOp::ReduceScatter => Red::Scatter,
@@ -561,7 +663,7 @@ mod imp {
             }
             CallOp::AllGather | CallOp::Gather => {
                 let root = if c.op == CallOp::Gather { c.root } else { None };
-                for (x, out) in job.ins.iter().zip(&job.outs) {
+                for (x, out) in job.ins.iter().zip(outs) {
                     let mut recv = vec![0u8; if root.is_none_or(|r| r == me) { x.nbytes() * n } else { 0 }];
                     sys::gather(g.coll, &x.read(), &mut recv, root)?;
                     out.write_bytes(&recv);
@@ -569,7 +671,7 @@ mod imp {
             }
             CallOp::Scatter => {
                 let root = c.root.expect("validated: root");
-                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let (x, out) = (&job.ins[0], &outs[0]);
                 let send = if me == root { x.read() } else { vec![] };
                 let mut recv = vec![0u8; x.nbytes() / n];
                 sys::scatter(g.coll, &send, &mut recv, root)?;
@@ -577,13 +679,13 @@ mod imp {
             }
             CallOp::Broadcast => {
                 let root = c.root.expect("validated: root");
-                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let (x, out) = (&job.ins[0], &outs[0]);
                 let mut buf = if me == root { x.read() } else { vec![0u8; x.nbytes()] };
                 sys::bcast(g.coll, &mut buf, root)?;
                 out.write_bytes(&buf);
             }
             CallOp::AllToAll => {
-                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let (x, out) = (&job.ins[0], &outs[0]);
                 let row = x.shape.get(1..).map_or(1, |r| r.iter().product::<usize>()) * x.dtype.size();
                 let sc: Vec<usize> = c.input_splits(n).iter().map(|k| k * row).collect();
                 // What each peer sends me (validated equal to my output splits).
@@ -594,7 +696,7 @@ mod imp {
             }
             CallOp::Permute => {
                 let perm = c.perm.as_ref().expect("validated: permutation");
-                let (x, out) = (&job.ins[0], &job.outs[0]);
+                let (x, out) = (&job.ins[0], &outs[0]);
                 let src = perm.iter().position(|&d| d == me).expect("validated: a permutation");
                 let mut recv = vec![0u8; x.nbytes()];
                 sys::sendrecv(g.coll, &x.read(), perm[me], &mut recv, src, 7)?;
@@ -688,8 +790,9 @@ mod imp {
             let (reply_tx, reply_rx) = mpsc::channel();
             let mut c = CallDesc::new(CallOp::NewGroup, Variant::Out, self.g.me);
             c.group = Some(ranks.to_vec());
-            let (flag, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
-            let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
+            let (flag, ctl, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
+            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: ("new_group".into(), seq, self.g.me) };
+            let work = Work::new((), Arc::new(done), self.meta("new_group", seq), &self.counter);
             work.wait(self.op_timeout)?;
             let comms = reply_rx.recv().map_err(|_| backend_err(format!("new_group #{seq}: the progress thread gave no communicator")))?;
             let (Some((coll, p2p)), Some(pos)) = (comms, ranks.iter().position(|&r| r == self.g.me)) else { return Ok(None) };
@@ -786,7 +889,9 @@ mod imp {
         ) -> Result<Work<MpiBuffer>> {
             let n = self.g.n;
             let rows = match (output_splits, x.shape.first()) {
-                (Some(s), _) => s.iter().sum(),
+                // A sum that overflows is the rule table's to reject (named, on every rank):
+                // the placeholder output is never used.
+                (Some(s), _) => s.iter().try_fold(0usize, |a, &b| a.checked_add(b)).unwrap_or(0),
                 (None, Some(&d0)) => d0 / n * n,
                 (None, None) => 0,
             };
