@@ -196,12 +196,6 @@ impl Drop for TempDir {
 fn real_main() -> Result<()> {
     match args::parse(std::env::args().skip(1).collect())? {
         Cmd::Test { args, no_lint } => {
-            // A first build of the `ci` profile (a fresh clone, as CI runs it) gains nothing
-            // from incremental caches and pays for writing them (2-core machine: 10 m 09 s →
-            // 9 m 52 s of CPU for the whole command): off for this run unless the caller chose.
-            if std::env::var_os("CARGO_INCREMENTAL").is_none() && !target_dir().join("ci").exists() {
-                std::env::set_var("CARGO_INCREMENTAL", "0");
-            }
             ensure_nextest()?;
             if !no_lint {
                 // Style and lints first: they are the cheapest to fail.
