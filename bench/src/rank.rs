@@ -20,7 +20,8 @@
 //!   0.93-0.94 x raw NCCL's busbw without it; nccl-tests times right after its warm-up, never
 //!   after an idle gap); without one, the
 //!   host wall-clock from the first issue to the end of the last wait. The wall-clock is
-//!   reported in both cases (`wall_us`).
+//!   reported in both cases (`wall_us`; with a device clock it also holds what was left of the
+//!   untimed launch when the window's issues began).
 //! * A reference ([`crate::ext::Reference`]), when the backend has one, is timed right after
 //!   each placement of each step, with the same iterations and window.
 //! * Checking is cheap for large sizes: the base sets are generated once per step (both

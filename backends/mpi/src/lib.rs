@@ -36,11 +36,15 @@
 //!   [`concord_core::validate_pair`]; the data goes with `MPI_Ssend` (a send completes once
 //!   the receiver takes it).
 //! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
-//! * **Deadlines.** A wait still pending at the op deadline (the world's op timeout, counted
-//!   from when the progress thread took the job) ends in a named [`CollectiveError::Timeout`] and
-//!   marks the op abandoned: the data moves through temporaries and reaches the caller's outputs
-//!   only if the op was not abandoned first (one lock orders the two), so no buffer is written
-//!   after its wait returned a failure.
+//! * **Deadlines** (collectives; send / recv wait with the caller's timeout). A wait still
+//!   pending at the op deadline (the world's op timeout, counted from when the progress thread
+//!   took the job) ends in a named [`CollectiveError::Timeout`] and marks the op abandoned: the
+//!   data moves through temporaries and reaches the caller's outputs only if the op was not
+//!   abandoned first (one lock orders the two), so no buffer is written after its op failed at
+//!   its deadline. A wait that ends at its own shorter timeout, or before the job started (queued
+//!   behind a stuck one), leaves the op alone, as NCCL's do; `is_completed` never ends an op.
+//!   A `new_group` is committed at the vote: a waiter no longer gives up on a split its peers
+//!   make.
 //! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
 //!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
 //!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
@@ -460,18 +464,38 @@ mod imp {
             // Every rank says whether its waiter has given up on the op (at the op deadline,
             // while the headers waited for a late peer): all move the data or none does, so a
             // late peer never meets a rank that has left, and the communicator stays in step.
-            let gave_up = job.ctl.lock().unwrap_or_else(|e| e.into_inner()).abandoned;
-            let votes = sys::allgather_words(g.coll, g.n, &[u64::from(gave_up)]).map_err(backend_err)?;
+            // The temporaries the data goes through come first: a rank that cannot have them
+            // says so in its vote, so no peer waits in a data step it never joins.
+            let temps: std::result::Result<Vec<MpiBuffer>, CollectiveError> =
+                job.outs.iter().map(|o| MpiBuffer::new(o.dtype, &o.shape)).collect();
+            let vote = {
+                let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
+                // A split is this rank's from here on (its waiter no longer gives up on it), so
+                // no rank leaves a subgroup that its peers create.
+                if job.call.op == CallOp::NewGroup && !c.abandoned && temps.is_ok() {
+                    c.committed = true;
+                }
+                if c.abandoned {
+                    1
+                } else if temps.is_err() {
+                    2
+                } else {
+                    0
+                }
+            };
+            let votes = sys::allgather_words(g.coll, g.n, &[vote]).map_err(backend_err)?;
             if let Some(r) = votes.iter().position(|v| v.first() != Some(&0)) {
-                return Err(CollectiveError::Aborted(format!(
-                    "{} #{seq} on rank {me}: rank {r} had given up this op at its deadline before every rank issued it; \
-                     nothing was moved",
-                    job.name
-                )));
+                let why = if votes[r].first() == Some(&1) {
+                    "had given up this op at its deadline before every rank issued it"
+                } else {
+                    "could not allocate the op's buffers"
+                };
+                temps?;
+                return Err(CollectiveError::Aborted(format!("{} #{seq} on rank {me}: rank {r} {why}; nothing was moved", job.name)));
             }
+            let temps = temps?;
             // Into temporaries, then into the caller's outputs unless the waiter gave up
             // meanwhile (a data step that outlived the op deadline never writes them).
-            let temps: Vec<MpiBuffer> = job.outs.iter().map(|o| MpiBuffer::new(o.dtype, &o.shape)).collect::<Result<_>>()?;
             let made = execute(g, &job, &temps, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))?;
             let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
             if c.abandoned {
@@ -793,7 +817,9 @@ mod imp {
             let (flag, ctl, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
             let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: ("new_group".into(), seq, self.g.me) };
             let work = Work::new((), Arc::new(done), self.meta("new_group", seq), &self.counter);
-            work.wait(self.op_timeout)?;
+            // Past the op deadline, so the completion decides (an abandoned split is one no rank
+            // makes; a committed one is waited for).
+            work.wait(self.op_timeout * 2 + Duration::from_secs(1))?;
             let comms = reply_rx.recv().map_err(|_| backend_err(format!("new_group #{seq}: the progress thread gave no communicator")))?;
             let (Some((coll, p2p)), Some(pos)) = (comms, ranks.iter().position(|&r| r == self.g.me)) else { return Ok(None) };
             let label = format!("{}[{ranks:?}]", self.g.label);
