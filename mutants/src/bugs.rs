@@ -43,6 +43,18 @@ fn corrupt_if(s: &Shm, w: Work<Buf>, when: bool, at: fn(usize) -> usize) -> Work
     })
 }
 
+/// `w` with elements `from..n` of its output replaced by this rank's input `x` (never reduced).
+fn input_kept_from(s: &Shm, w: Work<Buf>, x: &Buf, from: usize, n: usize) -> Work<Buf> {
+    let x = x.clone();
+    s.then(w, move |be, out| {
+        let input = be.download(&x)?;
+        edit(be, out, |t| {
+            let es = t.dtype().size();
+            copy_bytes(t, from * es, &input, from * es, (n - from) * es)
+        })
+    })
+}
+
 /// `b` itself, or the same shape at offset 0 of its parent if it is a view at an offset.
 fn at_offset_zero(s: &Shm, b: &Buf) -> Result<Buf> {
     match s.view_of(b) {
@@ -166,15 +178,7 @@ bug!(TruncatesLastChunk {
             return Ok(w);
         }
         // The last, partial chunk is never reduced: it keeps this rank's input.
-        let x = x.clone();
-        Ok(s.then(w, move |be, out| {
-            let input = be.download(&x)?;
-            edit(be, out, |t| {
-                let es = t.dtype().size();
-                let from = (n - n % CHUNK) * es;
-                copy_bytes(t, from, &input, from, n % CHUNK * es)
-            })
-        }))
+        Ok(input_kept_from(s, w, x, n - n % CHUNK, n))
     }
 });
 
@@ -1187,14 +1191,7 @@ impl Bug for RegistrationCachedByAddress {
         if n0 >= n {
             return Ok(w);
         }
-        let x = x.clone();
-        Ok(s.then(w, move |be, out| {
-            let input = be.download(&x)?;
-            edit(be, out, |t| {
-                let es = t.dtype().size();
-                copy_bytes(t, n0 * es, &input, n0 * es, (n - n0) * es)
-            })
-        }))
+        Ok(input_kept_from(s, w, x, n0, n))
     }
 }
 
