@@ -74,11 +74,6 @@ pub fn ladder(op: OpKind, dtype: DType) -> Vec<(usize, usize)> {
     v
 }
 
-/// Rank `r`'s element `i` (see the module docs), as an integer exact in `dtype`.
-pub fn value(dtype: DType, seed: u64, r: usize, i: usize) -> i64 {
-    ladder::value(dtype, seed, r, i)
-}
-
 /// The shape of every rank's input.
 pub fn input_shape(op: OpKind, n: usize, ws: usize) -> Vec<usize> {
     if matches!(op, OpKind::ReduceScatterTensor | OpKind::Scatter | OpKind::AllToAllSingle) {
@@ -240,7 +235,7 @@ mod tests {
     fn ranks_differ_at_every_index_and_sums_stay_exact() {
         for dtype in [DType::F32, DType::BF16] {
             for i in 0..5000 {
-                let vs: Vec<i64> = (0..MAX_WS).map(|r| value(dtype, 7, r, i)).collect();
+                let vs: Vec<i64> = (0..MAX_WS).map(|r| ladder::value(dtype, 7, r, i)).collect();
                 for a in 0..MAX_WS {
                     for c in a + 1..MAX_WS {
                         assert_ne!(vs[a], vs[c]);
