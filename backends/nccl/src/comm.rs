@@ -1374,6 +1374,7 @@ impl NcclBackend {
         let header_board = flag("header_board", true)?;
         let blocking = flag("blocking", false)?;
         let fast_launch = flag("fast_launch", true)?;
+        let alloc_cache = flag("alloc_cache", true)?;
         let init_timeout = match world.option("init_timeout_ms") {
             None => world.op_timeout.max(Duration::from_secs(30)),
             Some(v) => Duration::from_millis(v.parse().map_err(|_| {
@@ -1413,6 +1414,9 @@ impl NcclBackend {
         let fail = |what: &str, e: String| CollectiveError::Backend(format!("nccl init on rank {rank}: {what}: {e}"));
 
         let dev = Device::new(world.local_rank()).map_err(|e| fail("CUDA device", e))?;
+        if !alloc_cache {
+            dev.disable_cache();
+        }
         let store = concord_store::Store::open(&world.store_path, ws, init_timeout)
             .map_err(|e| fail("opening the world's store", e.to_string()))?;
         let key = format!("concord/nccl/{}/unique_id", world.world_id);

@@ -6,6 +6,7 @@
 //! NCCL kernel must never hang the host), and nothing panics when the driver is missing — callers
 //! MUST check [`driver_present`] before anything else in this module.
 
+use crate::block_cache::BlockCache;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
@@ -84,6 +85,8 @@ pub(crate) struct Device {
     deferred: std::sync::Mutex<Vec<u64>>,
     /// Free completion events for reuse (see [`Device::record`]), destroyed with the device.
     events: std::sync::Mutex<Vec<usize>>,
+    /// Blocks freed on `stream`, for later allocations on `stream` (see `block_cache`).
+    cache: std::sync::Mutex<BlockCache>,
 }
 
 /// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
@@ -97,6 +100,10 @@ const POOL_KEEP: usize = 256 << 20;
 const STAGING_START: usize = 1 << 20;
 /// The most pinned staging a device keeps: larger host copies go through it in chunks.
 const STAGING_MAX: usize = 64 << 20;
+/// The most device memory a [`Device`]'s block cache keeps (see `block_cache`).
+const CACHE_MAX: usize = 256 << 20;
+/// The largest block the cache keeps: above it an allocation's cost is small next to the op.
+const CACHE_BLOCK_MAX: usize = 64 << 20;
 
 /// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
 struct Gate {
@@ -150,6 +157,7 @@ impl Device {
             freed_since_trim: std::sync::atomic::AtomicUsize::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
             events: std::sync::Mutex::new(Vec::new()),
+            cache: std::sync::Mutex::new(BlockCache::new(if async_alloc { CACHE_MAX } else { 0 }, CACHE_BLOCK_MAX)),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
         Ok(Arc::new(dev))
@@ -178,6 +186,19 @@ impl Device {
             return;
         }
         if self.async_alloc {
+            let evicted = self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(ptr, bytes);
+            for (p, n) in evicted {
+                self.free_to_pool(p, n);
+            }
+        } else {
+            self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);
+            self.reap();
+        }
+    }
+
+    /// `cuMemFreeAsync` on the collectives' stream; trims the pool now and then.
+    fn free_to_pool(&self, ptr: u64, bytes: usize) {
+        {
             unsafe {
                 let _ = cu::free_async(ptr, self.stream);
             }
@@ -193,10 +214,28 @@ impl Device {
                 let keep = (threshold as usize).max(POOL_KEEP);
                 let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, keep) };
             }
-        } else {
-            self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);
-            self.reap();
         }
+    }
+
+    /// Stops keeping freed blocks for reuse (backend option `alloc_cache=0`); what was kept goes
+    /// back to the pool.
+    pub fn disable_cache(&self) {
+        let kept = self.cache.lock().unwrap_or_else(|e| e.into_inner()).disable();
+        if self.bind().is_ok() {
+            for (p, n) in kept {
+                self.free_to_pool(p, n);
+            }
+        }
+    }
+
+    /// Gives every cached block back to the pool; `true` when there was one.
+    fn flush_cache(&self) -> bool {
+        let kept = self.cache.lock().unwrap_or_else(|e| e.into_inner()).drain();
+        let any = !kept.is_empty();
+        for (p, n) in kept {
+            self.free_to_pool(p, n);
+        }
+        any
     }
 
     /// Allocates `bytes` for a host copy, ordered on the copy stream (see [`Device::copy_htod`]).
@@ -313,12 +352,23 @@ impl Device {
     pub(crate) fn alloc_on(self: &Arc<Self>, stream: sys::CUstream, bytes: usize) -> Result<DevMem, String> {
         self.bind()?;
         let n = bytes.max(1);
-        let ptr = unsafe {
+        // Only an allocation ordered on the collectives' stream may reuse a block freed there.
+        if self.async_alloc && stream == self.stream {
+            if let Some(ptr) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).take(n) {
+                return Ok(DevMem { dev: self.clone(), ptr, bytes: n });
+            }
+        }
+        let raw = || unsafe {
             if self.async_alloc {
                 cu::malloc_async(stream, n)
             } else {
                 cu::malloc_sync(n)
             }
+        };
+        let ptr = match raw() {
+            // Out of memory with blocks kept: they go back to the pool, and it is tried again.
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY && self.flush_cache() => raw(),
+            r => r,
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
         if !self.async_alloc {
@@ -377,6 +427,7 @@ impl Drop for Device {
             if pending && matches!(self.sync_until(Instant::now() + Duration::from_millis(200)), Ok(true)) {
                 self.reap();
             }
+            self.flush_cache();
             unsafe {
                 let _ = cu::stream::destroy(self.stream);
                 let _ = cu::stream::destroy(self.copy);

@@ -172,7 +172,9 @@
 //! **Validation**), `blocking=0|1` (default 0),
 //! `fast_launch=0|1` (default 1: groups run on the communicator's blocking twin, see **Fast
 //! launch**), `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see
-//! `fused_gpu`), `init_timeout_ms=N` (default: the larger of the op deadline and 30 s),
+//! `fused_gpu`), `alloc_cache=0|1` (default 1: device blocks freed on the rank's stream are
+//! reused by later allocations on it, see `block_cache`), `init_timeout_ms=N` (default: the
+//! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named
@@ -189,6 +191,7 @@
 #![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
 pub mod bench_io;
+mod block_cache;
 mod board;
 mod buffer;
 mod comm;
