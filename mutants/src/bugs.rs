@@ -2013,7 +2013,7 @@ pub fn catalogue() -> Vec<Spec> {
             "ag_matmul_odd_row_dropped",
             "fused.values",
             "all-gather-matmul multiplies each shard in two halves of rows/2: an odd last row is dropped",
-            &["fused::all_gather_matmul", "fused::"],
+            &["fused::all_gather_matmul::dim0::f32::odd_rows::ws2", "::odd_rows::"],
         ),
         spec::<AgMatmulHalfAccumulation>(
             "ag_matmul_half_accumulation",
@@ -2037,7 +2037,7 @@ pub fn catalogue() -> Vec<Spec> {
             "ag_matmul_gathered_in_workspace",
             "fused.buffers",
             "all-gather-matmul returns the gathered A in a per-shape workspace the next call overwrites",
-            &["fused::all_gather_matmul", "fused::"],
+            &["fused::all_gather_matmul::dim0::f32::outputs_kept::ws2", "::outputs_kept::"],
         ),
         spec::<MmRsChunkForOtherDirection>(
             "mm_rs_chunk_for_other_direction",
@@ -2049,7 +2049,7 @@ pub fn catalogue() -> Vec<Spec> {
             "premul_sum_factors_not_compared",
             "bad_input.named_everywhere",
             "premul_sum pre-multiplies each rank's input by its own factor: differing factors accepted",
-            &["bad_input::", "premul_sum"],
+            &["bad_input::all_reduce_premul_sum_factor_mismatch", "bad_input::"],
         ),
     ]
 }
