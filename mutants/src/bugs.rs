@@ -3,8 +3,8 @@
 //! catch them (run first).
 
 use crate::campaign::Spec;
-use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
 use crate::Mutant;
+use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
 use concord_core::fused::{
     describe, exchange_and_validate, gather_row_scales, input_descs, move_to_front, moved_shape, round_into, to_f32, AgMatmulParts,
     AgMatmulPlan, Gathered, MatmulRsPlan,
@@ -1464,7 +1464,15 @@ bug!(
 
 /// [`AgMatmulPlan::consume`] in two halves of `rows / 2` rows each (finer overlap): with an odd
 /// row count the last row of the shard is never multiplied, its output rows stay zero.
-fn consume_in_halves(p: &AgMatmulPlan, parts: &mut AgMatmulParts, r: usize, shard: &Tensor, bs: &[Tensor], sa: Option<&Scale>, sb: Option<&[Scale]>) {
+fn consume_in_halves(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
     p.consume(parts, r, shard, bs, sa, sb);
     if p.rows % 2 == 1 {
         for (i, out) in parts.outs.iter_mut().enumerate() {
@@ -1486,7 +1494,15 @@ bug!(
 
 /// A bf16 / f16 block product accumulated in the input dtype (each multiply-add rounded to it),
 /// as a naive half-precision GEMM does; other dtypes and the scaled variants as the plan does.
-fn consume_low_precision(p: &AgMatmulPlan, parts: &mut AgMatmulParts, r: usize, shard: &Tensor, bs: &[Tensor], sa: Option<&Scale>, sb: Option<&[Scale]>) {
+fn consume_low_precision(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
     use concord_core::half::{bf16, f16};
     p.consume(parts, r, shard, bs, sa, sb);
     let lp: fn(f32) -> f32 = match p.dtype {
@@ -1523,7 +1539,15 @@ bug!(
 
 /// [`AgMatmulPlan::consume`] with `movedim(shard, dim, 0)` written as a reshape to the moved
 /// shape (a view: no data moves), and [`finish_reshaped`] its way back.
-fn consume_reshaped(p: &AgMatmulPlan, parts: &mut AgMatmulParts, r: usize, shard: &Tensor, bs: &[Tensor], sa: Option<&Scale>, sb: Option<&[Scale]>) {
+fn consume_reshaped(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
     let moved = shard.clone().reshaped(&moved_shape(&p.shard_shape, p.dim));
     // The plan's consume moves a tensor whose gather dim is first already when dim is 0.
     let as_dim0 = AgMatmulPlan { dim: 0, shard_shape: moved.shape().to_vec(), ..p.clone() };

@@ -280,7 +280,14 @@ pub trait Bug: Send + Sync + 'static {
     }
     /// `fused_all_gather_matmul` and its scaled variant (`scaling`). Default: the trait's
     /// decomposition over the mutant itself (what a backend without its own fused ops runs).
-    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+    fn fused_all_gather_matmul(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        bs: &[Buf],
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Gathered<Buf>>> {
         concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, scaling)
     }
     /// `fused_matmul_reduce_scatter` and its scaled variant. Default: the decomposition.

@@ -533,7 +533,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // A call's outputs are still its own after a second call on the same shapes.
         if ws == 2 {
             let (a, bs) = ag_shapes(0);
-            push_kept(&mut out, format!("fused::all_gather_matmul::dim0::f32::outputs_kept::ws{ws}"), ws, ag_spec(0, DType::F32, a, bs, true));
+            push_kept(
+                &mut out,
+                format!("fused::all_gather_matmul::dim0::f32::outputs_kept::ws{ws}"),
+                ws,
+                ag_spec(0, DType::F32, a, bs, true),
+            );
             push_kept(
                 &mut out,
                 format!("fused::matmul_reduce_scatter::dim0::f32::sum::outputs_kept::ws{ws}"),
