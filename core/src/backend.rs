@@ -69,7 +69,8 @@
 //! * Bad input to a fused op is one named error on every rank, with the seed's wording ("A_shard
 //!   must be a matrix", "B must be a matrix", "Invalid gather_dim", "reduce_op must be sum or
 //!   avg", an indivisible scattered dim): rules F1–F9 of [`crate::call`]. [clause: fused.bad_input]
-//! * The fused ops leave their inputs unchanged and write only the buffers they return; they may
+//! * The fused ops leave their inputs unchanged and write only the buffers they return (new
+//!   buffers: a later call never writes the buffers an earlier one returned); they may
 //!   complete before returning (the seed's ops are stream-ordered, not pending works), and their
 //!   [`Work`] counts in `outstanding()` until waited like any other. [clause: fused.buffers]
 //!
@@ -140,8 +141,10 @@
 //!   [`Capabilities::rounding`]; a backend that declares [`crate::Rounding::ExactThenRound`]
 //!   MUST produce the exact result rounded once to nearest-even, bit for bit.
 //!   [clause: numerics.round_once]
-//! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two).
-//!   [clause: numerics.premul_sum]
+//! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two). `s` MUST
+//!   be the same on every rank: differing factors are `BadInput` of kind `reduce_op_mismatch`
+//!   on every rank (rule 16 of [`crate::call`]; NCCL's per-rank `Σ s_r x_r` is not the
+//!   contract). [clause: numerics.premul_sum]
 //!
 //! # Shapes
 //! * `all_gather_into_tensor`: `[ws * d0, rest..]`; a 0-dim input gathers to `[ws]`.

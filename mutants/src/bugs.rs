@@ -3,8 +3,13 @@
 //! catch them (run first).
 
 use crate::campaign::Spec;
+use crate::Mutant;
 use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
-use concord_core::{Backend, CollectiveError, Completion, DType, ReduceOp, Result, Tensor, Work};
+use concord_core::fused::{
+    describe, exchange_and_validate, gather_row_scales, input_descs, move_to_front, moved_shape, round_into, to_f32, AgMatmulParts,
+    AgMatmulPlan, Gathered, MatmulRsPlan,
+};
+use concord_core::{Backend, CallOp, CollectiveError, Completion, DType, ReduceOp, Result, Scale, Scaling, Tensor, Work};
 use concord_shm::ShmBackend;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1335,6 +1340,309 @@ bug!(
     }
 });
 
+// ---------------------------------------------------------------- fused (seed 004)
+
+/// How one shard is consumed into the parts (correct: [`AgMatmulPlan::consume`]).
+type Consume = fn(&AgMatmulPlan, &mut AgMatmulParts, usize, &Tensor, &[Tensor], Option<&Scale>, Option<&[Scale]>);
+
+/// The knobs of [`pipelined_ag`]; [`AG_RIGHT`] is shm's own pipeline.
+#[derive(Clone, Copy)]
+struct AgKnobs {
+    /// The rank whose place the shard received from `src` at `step` takes (`me`, `src`, `step`,
+    /// `ws`; the local shard is step 0). Correct: `src`.
+    slot: fn(usize, usize, usize, usize) -> usize,
+    /// Every shard scaled by this rank's own row scales (they are never gathered).
+    local_row_scales: bool,
+    consume: Consume,
+    finish: fn(&AgMatmulPlan, AgMatmulParts) -> (Tensor, Vec<Tensor>),
+}
+
+const AG_RIGHT: AgKnobs = AgKnobs {
+    slot: |_, src, _, _| src,
+    local_row_scales: false,
+    consume: |p, parts, r, shard, bs, sa, sb| p.consume(parts, r, shard, bs, sa, sb),
+    finish: |p, parts| p.finish(parts),
+};
+
+/// A pipelined all-gather-matmul as a backend author writes one over shm's send / recv (the
+/// shape of `backends/shm/src/fused.rs`): validate on every rank, post every receive (from
+/// `rank + step`) and send (to `rank - step`), consume the local shard, then each peer's as it
+/// lands. Completes before returning (the seed's ops are stream-ordered).
+fn pipelined_ag(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: Option<&Scaling>, k: AgKnobs) -> Result<Work<Gathered<Buf>>> {
+    let be = &*m.s.inner;
+    let (ws, me) = (be.world_size(), be.rank());
+    let ins = input_descs(be, a, bs);
+    exchange_and_validate(be, &describe(CallOp::FusedAllGatherMatmul, me, ins.clone(), None, dim, scaling))?;
+    let a_scales = match scaling {
+        Some(s) if k.local_row_scales => Some(vec![s.a.clone(); ws]),
+        Some(s) => Some(gather_row_scales(be, &s.a)?),
+        None => None,
+    };
+    let plan = AgMatmulPlan::new(ws, &ins[0], &ins[1..], dim, scaling);
+    let mut recvs = Vec::new();
+    for step in 1..ws {
+        let src = (me + step) % ws;
+        recvs.push((step, src, be.recv(&be.alloc(plan.dtype, &plan.shard_shape)?, src)?));
+    }
+    let sends = (1..ws).map(|step| be.send(a, (me + ws - step) % ws)).collect::<Result<Vec<_>>>()?;
+    let bts = bs.iter().map(|x| be.download(x)).collect::<Result<Vec<_>>>()?;
+    let b_scales = scaling.map(|s| s.b.as_slice());
+    let mut parts = plan.start();
+    let take = |parts: &mut AgMatmulParts, step: usize, src: usize, shard: &Tensor| {
+        (k.consume)(&plan, parts, (k.slot)(me, src, step, ws), shard, &bts, a_scales.as_ref().map(|s| &s[src]), b_scales)
+    };
+    take(&mut parts, 0, me, &be.download(a)?);
+    for (step, src, w) in recvs {
+        take(&mut parts, step, src, &be.download(w.wait(BUG_WAIT)?)?);
+    }
+    for w in &sends {
+        w.wait(BUG_WAIT)?;
+    }
+    let (ag, outs) = (k.finish)(&plan, parts);
+    let value = (be.upload(&ag)?, outs.iter().map(|t| be.upload(t)).collect::<Result<Vec<_>>>()?);
+    Ok(m.s.done(value, "fused_all_gather_matmul"))
+}
+
+/// A pipelined matmul-reduce-scatter over shm's send / recv: the chunk `produce(me, step, ws)`
+/// of this rank's `a @ b` is computed at `step` and sent to `rank - step` (correct: the chunk of
+/// that destination), this rank's own chunk last, the received chunks reduced (exact, rounded once).
+fn pipelined_mm_rs(
+    m: &Mutant,
+    a: &Buf,
+    b: &Buf,
+    rop: ReduceOp,
+    dim: usize,
+    scaling: Option<&Scaling>,
+    produce: fn(usize, usize, usize) -> usize,
+) -> Result<Work<Buf>> {
+    let be = &*m.s.inner;
+    let (ws, me) = (be.world_size(), be.rank());
+    let ins = input_descs(be, a, std::slice::from_ref(b));
+    exchange_and_validate(be, &describe(CallOp::FusedMatmulReduceScatter, me, ins.clone(), Some(rop), dim, scaling))?;
+    let plan = MatmulRsPlan::new(ws, &ins[0], &ins[1], rop, dim, scaling);
+    let mut recvs = Vec::new();
+    for step in 1..ws {
+        let src = (me + step) % ws;
+        recvs.push((src, be.recv(&be.alloc(plan.out_dtype, &plan.out_shape())?, src)?));
+    }
+    let (at, bt) = (be.download(a)?, be.download(b)?);
+    let prepared = plan.prepare(&at, scaling);
+    let mut sends = Vec::new();
+    for step in 1..ws {
+        let chunk = plan.chunk(produce(me, step, ws), &at, &bt, scaling, Some(&prepared));
+        sends.push(be.send(&be.upload(&chunk)?, (me + ws - step) % ws)?);
+    }
+    let mut chunks: Vec<Option<Tensor>> = vec![None; ws];
+    chunks[me] = Some(plan.chunk(me, &at, &bt, scaling, Some(&prepared)));
+    for (src, w) in recvs {
+        chunks[src] = Some(be.download(w.wait(BUG_WAIT)?)?);
+    }
+    for w in &sends {
+        w.wait(BUG_WAIT)?;
+    }
+    let chunks: Vec<Tensor> = chunks.into_iter().map(|c| c.expect("every rank's chunk")).collect();
+    Ok(m.s.done(be.upload(&plan.reduce(&chunks))?, "fused_matmul_reduce_scatter"))
+}
+
+bug!(
+    /// The pipelined all-gather-matmul puts each shard at its arrival index (the local shard
+    /// first, then `rank + 1`, ...) instead of at its source rank: right on rank 0 only.
+    AgMatmulShardAtArrivalIndex {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { slot: |_, _, step, _| step, ..AG_RIGHT })
+    }
+});
+
+bug!(
+    /// A ring all-gather-matmul that attributes every shard to the neighbour it came from (the
+    /// shard of rank `r + step` arrives through `r + 1` in a ring): right at world size 2 only.
+    AgMatmulShardFromNeighbour {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { slot: |me, src, step, ws| if step == 0 { src } else { (me + 1) % ws }, ..AG_RIGHT })
+    }
+});
+
+/// [`AgMatmulPlan::consume`] in two halves of `rows / 2` rows each (finer overlap): with an odd
+/// row count the last row of the shard is never multiplied, its output rows stay zero.
+fn consume_in_halves(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
+    p.consume(parts, r, shard, bs, sa, sb);
+    if p.rows % 2 == 1 {
+        for (i, out) in parts.outs.iter_mut().enumerate() {
+            let row = p.ns[i] * p.out_dtypes[i].size();
+            let at = (r * p.rows + p.rows - 1) * row;
+            out[at..at + row].fill(0);
+        }
+    }
+}
+
+bug!(
+    /// The pipelined all-gather-matmul multiplies each shard in two halves of `rows / 2` rows:
+    /// an odd row count drops the shard's last row from every output (left zero).
+    AgMatmulOddRowDropped {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { consume: consume_in_halves, ..AG_RIGHT })
+    }
+});
+
+/// A bf16 / f16 block product accumulated in the input dtype (each multiply-add rounded to it),
+/// as a naive half-precision GEMM does; other dtypes and the scaled variants as the plan does.
+fn consume_low_precision(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
+    use concord_core::half::{bf16, f16};
+    p.consume(parts, r, shard, bs, sa, sb);
+    let lp: fn(f32) -> f32 = match p.dtype {
+        DType::BF16 => |x| bf16::from_f32(x).to_f32(),
+        DType::F16 => |x| f16::from_f32(x).to_f32(),
+        _ => return,
+    };
+    if sa.is_some() || sb.is_some() {
+        return;
+    }
+    let av = to_f32(&move_to_front(shard, p.dim));
+    for (i, b) in bs.iter().enumerate() {
+        let (n, bv) = (p.ns[i], to_f32(b));
+        let mut v = vec![0.0f64; p.rows * n];
+        for row in 0..p.rows {
+            for j in 0..n {
+                v[row * n + j] = (0..p.k).fold(0.0f32, |acc, kk| lp(acc + av[row * p.k + kk] * bv[kk * n + j])) as f64;
+            }
+        }
+        let t = round_into(p.out_dtypes[i], &[p.rows, n], &v);
+        let ob = t.len_bytes();
+        parts.outs[i][r * ob..(r + 1) * ob].copy_from_slice(t.bytes());
+    }
+}
+
+bug!(
+    /// bf16 / f16 all-gather-matmul accumulates every dot product in bf16 / f16 (rounded after
+    /// each multiply-add) instead of f32 rounded once.
+    AgMatmulHalfAccumulation {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { consume: consume_low_precision, ..AG_RIGHT })
+    }
+});
+
+/// [`AgMatmulPlan::consume`] with `movedim(shard, dim, 0)` written as a reshape to the moved
+/// shape (a view: no data moves), and [`finish_reshaped`] its way back.
+fn consume_reshaped(
+    p: &AgMatmulPlan,
+    parts: &mut AgMatmulParts,
+    r: usize,
+    shard: &Tensor,
+    bs: &[Tensor],
+    sa: Option<&Scale>,
+    sb: Option<&[Scale]>,
+) {
+    let moved = shard.clone().reshaped(&moved_shape(&p.shard_shape, p.dim));
+    // The plan's consume moves a tensor whose gather dim is first already when dim is 0.
+    let as_dim0 = AgMatmulPlan { dim: 0, shard_shape: moved.shape().to_vec(), ..p.clone() };
+    as_dim0.consume(parts, r, &moved, bs, sa, sb);
+}
+
+fn finish_reshaped(p: &AgMatmulPlan, parts: AgMatmulParts) -> (Tensor, Vec<Tensor>) {
+    let as_dim0 = AgMatmulPlan { dim: 0, shard_shape: moved_shape(&p.shard_shape, p.dim), ..p.clone() };
+    let (ag, outs) = as_dim0.finish(parts);
+    (ag.reshaped(&p.ag_shape()), outs.into_iter().enumerate().map(|(i, t)| t.reshaped(&p.out_shape(i))).collect())
+}
+
+bug!(
+    /// All-gather-matmul moves the gather dim to the front with a reshape (no transpose) and
+    /// back the same way: right for gather dim 0 only.
+    AgMatmulMovedimAsReshape {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { consume: consume_reshaped, finish: finish_reshaped, ..AG_RIGHT })
+    }
+});
+
+bug!(
+    /// The scaled all-gather-matmul never gathers the per-row `A` scales: every shard is scaled
+    /// by this rank's own rows (torch's seed gathers `A_scale` with `A_shard`).
+    AgScaledRowScalesNotGathered {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { local_row_scales: true, ..AG_RIGHT })
+    }
+});
+
+/// The all-gathered `A` returned in a persistent workspace per (dtype, shape) — a symmetric-
+/// memory buffer the next call with that shape gathers into again, overwriting the tensor an
+/// earlier call returned.
+#[derive(Default)]
+pub struct AgMatmulGatheredInWorkspace {
+    workspace: Mutex<HashMap<(DType, Vec<usize>), Buf>>,
+}
+
+impl Bug for AgMatmulGatheredInWorkspace {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        let (ag, outs) = pipelined_ag(m, a, bs, dim, sc, AG_RIGHT)?.into_value(BUG_WAIT)?;
+        let be = &*m.s.inner;
+        let key = (be.buffer_dtype(&ag), be.buffer_shape(&ag));
+        let mut spaces = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let buf = match spaces.get(&key) {
+            Some(b) => b.clone(),
+            None => spaces.entry(key.clone()).or_insert(be.alloc(key.0, &key.1)?).clone(),
+        };
+        be.write(&buf, &be.download(&ag)?)?;
+        Ok(m.s.done((buf, outs), "fused_all_gather_matmul"))
+    }
+}
+
+bug!(
+    /// The pipelined matmul-reduce-scatter computes the chunk of `rank + step` but sends it to
+    /// `rank - step` (the two directions of the ring mixed up): right at world size 2 only.
+    MmRsChunkForOtherDirection {
+    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+        pipelined_mm_rs(m, a, b, op, dim, sc, |me, step, ws| (me + step) % ws)
+    }
+});
+
+/// premul_sum as each rank's own pre-multiplication (in f64), then a sum rounded once: right
+/// values whenever the factors agree, but they are never compared.
+fn premul_locally(s: &Shm, x: &Buf, f: f64, in_place: bool) -> Result<Work<Buf>> {
+    let t = s.inner.download(x)?;
+    let scaled: Vec<f64> = (0..t.numel()).map(|i| t.get_f64(i) * f).collect();
+    let w = s.inner.all_reduce(&s.inner.upload(&Tensor::from_f64(DType::F64, t.shape(), &scaled))?, ReduceOp::Sum)?;
+    let out = if in_place { x.clone() } else { s.inner.alloc(t.dtype(), t.shape())? };
+    let (o, dtype) = (out.clone(), t.dtype());
+    Ok(s.then_as(w, out, move |be, sum| {
+        let v = be.download(sum)?;
+        be.write(&o, &Tensor::from_f64(dtype, v.shape(), &(0..v.numel()).map(|i| v.get_f64(i)).collect::<Vec<_>>()))
+    }))
+}
+
+bug!(
+    /// premul_sum as NCCL's `ncclRedOpCreatePreMulSum` runs it: each rank pre-multiplies its
+    /// own input by its own factor and the ranks sum; the factors are never compared, so ranks
+    /// passing different factors get `Σ f_r x_r` instead of `bad_input:reduce_op_mismatch`.
+    PremulSumFactorsNotCompared {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        match op {
+            ReduceOp::PremulSum(f) if s.inner.buffer_dtype(x).is_float() => premul_locally(s, x, f, false),
+            _ => s.inner.all_reduce(x, op),
+        }
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        match op {
+            ReduceOp::PremulSum(f) if s.inner.buffer_dtype(x).is_float() => premul_locally(s, x, f, true),
+            _ => s.inner.all_reduce_(x, op),
+        }
+    }
+});
+
 /// Every mutant: name, clause, what the bug is, and the case-id substrings to run first.
 /// The maker of the mutant named `name`.
 pub fn maker(name: &str) -> Option<crate::MakeBug> {
@@ -1711,6 +2019,61 @@ pub fn catalogue() -> Vec<Spec> {
             "async.every_op_every_rank",
             "send's is_completed() is true at issue, before the receiver posted its recv",
             &["p2p::send_buffer_reused_once_completed", "async::pending_until_peers_arrive::send_recv"],
+        ),
+        // fourth campaign: fused ops (seed 004) and premul_sum factors
+        spec::<AgMatmulShardAtArrivalIndex>(
+            "ag_matmul_shard_at_arrival_index",
+            "fused.values",
+            "pipelined all-gather-matmul places each shard at its arrival index, not its source rank",
+            &["fused::all_gather_matmul::dim0::f32::exact::ws2", "fused::all_gather_matmul"],
+        ),
+        spec::<AgMatmulShardFromNeighbour>(
+            "ag_matmul_shard_from_neighbour",
+            "fused.values",
+            "ring all-gather-matmul attributes every shard to the neighbour it came from (right at ws 2)",
+            &["fused::all_gather_matmul::dim0::f32::exact::ws3", "fused::all_gather_matmul"],
+        ),
+        spec::<AgMatmulOddRowDropped>(
+            "ag_matmul_odd_row_dropped",
+            "fused.values",
+            "all-gather-matmul multiplies each shard in two halves of rows/2: an odd last row is dropped",
+            &["fused::all_gather_matmul::dim0::f32::odd_rows::ws2", "::odd_rows::"],
+        ),
+        spec::<AgMatmulHalfAccumulation>(
+            "ag_matmul_half_accumulation",
+            "fused.values",
+            "bf16 / f16 all-gather-matmul accumulates in bf16 / f16 instead of f32",
+            &["fused::all_gather_matmul::dim1::bf16", "fused::all_gather_matmul"],
+        ),
+        spec::<AgMatmulMovedimAsReshape>(
+            "ag_matmul_movedim_as_reshape",
+            "fused.values",
+            "all-gather-matmul moves the gather dim with a reshape (no transpose): right for dim 0 only",
+            &["fused::all_gather_matmul::dim1::f32::exact::ws1", "fused::all_gather_matmul"],
+        ),
+        spec::<AgScaledRowScalesNotGathered>(
+            "ag_scaled_row_scales_not_gathered",
+            "fused.values",
+            "scaled all-gather-matmul scales every shard by this rank's own row scales",
+            &["fused::all_gather_scaled_matmul::dim0::f32::rows::exact::ws2", "fused::all_gather_scaled_matmul"],
+        ),
+        spec::<AgMatmulGatheredInWorkspace>(
+            "ag_matmul_gathered_in_workspace",
+            "fused.buffers",
+            "all-gather-matmul returns the gathered A in a per-shape workspace the next call overwrites",
+            &["fused::all_gather_matmul::dim0::f32::outputs_kept::ws2", "::outputs_kept::"],
+        ),
+        spec::<MmRsChunkForOtherDirection>(
+            "mm_rs_chunk_for_other_direction",
+            "fused.values",
+            "pipelined matmul-reduce-scatter sends rank r - step the chunk of r + step (right at ws 2)",
+            &["fused::matmul_reduce_scatter::dim0::f32::sum::exact::ws3", "fused::matmul_reduce_scatter"],
+        ),
+        spec::<PremulSumFactorsNotCompared>(
+            "premul_sum_factors_not_compared",
+            "bad_input.named_everywhere",
+            "premul_sum pre-multiplies each rank's input by its own factor: differing factors accepted",
+            &["bad_input::all_reduce_premul_sum_factor_mismatch", "bad_input::"],
         ),
     ]
 }

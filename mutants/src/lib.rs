@@ -16,8 +16,10 @@
 pub mod bugs;
 pub mod campaign;
 
+use concord_core::fused::Gathered;
 use concord_core::{
-    Backend, Capabilities, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
+    Backend, Capabilities, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work, WorkMeta,
+    WorldInfo,
 };
 use concord_shm::ShmBackend;
 use std::collections::HashMap;
@@ -276,6 +278,30 @@ pub trait Bug: Send + Sync + 'static {
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {
         s.inner.barrier()
     }
+    /// `fused_all_gather_matmul` and its scaled variant (`scaling`). Default: the trait's
+    /// decomposition over the mutant itself (what a backend without its own fused ops runs).
+    fn fused_all_gather_matmul(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        bs: &[Buf],
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Gathered<Buf>>> {
+        concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, scaling)
+    }
+    /// `fused_matmul_reduce_scatter` and its scaled variant. Default: the decomposition.
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
+        concord_core::fused::decomposed_matmul_reduce_scatter(m, a, b, op, dim, scaling)
+    }
 }
 
 /// Builds one communicator's state of a bug.
@@ -409,5 +435,17 @@ impl Backend for Mutant {
     }
     fn barrier(&self) -> Result<Work<()>> {
         self.bug.barrier(&self.s)
+    }
+    fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<Gathered<Buf>>> {
+        self.bug.fused_all_gather_matmul(self, a, bs, dim, None)
+    }
+    fn fused_all_gather_scaled_matmul(&self, a: &Buf, bs: &[Buf], dim: usize, scaling: &Scaling) -> Result<Work<Gathered<Buf>>> {
+        self.bug.fused_all_gather_matmul(self, a, bs, dim, Some(scaling))
+    }
+    fn fused_matmul_reduce_scatter(&self, a: &Buf, b: &Buf, op: ReduceOp, dim: usize) -> Result<Work<Buf>> {
+        self.bug.fused_matmul_reduce_scatter(self, a, b, op, dim, None)
+    }
+    fn fused_scaled_matmul_reduce_scatter(&self, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, scaling: &Scaling) -> Result<Work<Buf>> {
+        self.bug.fused_matmul_reduce_scatter(self, a, b, op, dim, Some(scaling))
     }
 }

@@ -341,8 +341,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "numerics.premul_sum",
         source: BACKEND,
-        text: "premul_sum(s) is sum(s * x) for any factor, not only 2.0.",
-        cases: &["numerics::premul_sum::"],
+        text: "premul_sum(s) is sum(s * x) for any factor, not only 2.0; the factor is the same on every rank (differing factors: bad_input:reduce_op_mismatch).",
+        cases: &["numerics::premul_sum::", "bad_input::all_reduce_premul_sum_factor_mismatch"],
     },
     Clause {
         id: "seeds.pytorch",
@@ -371,8 +371,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "fused.buffers",
         source: BACKEND,
-        text: "The fused ops leave their inputs (and guard bytes around them) unchanged, return buffers that alias no input, and are waited like any work.",
-        cases: &["fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3"],
+        text: "The fused ops leave their inputs (and guard bytes around them) unchanged, return buffers that alias no input, and are waited like any work; a later call never writes the buffers an earlier one returned.",
+        cases: &["fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3", "fused::all_gather_matmul::dim0::f32::outputs_kept::ws2"],
     },
 ];
 

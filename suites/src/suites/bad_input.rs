@@ -32,6 +32,11 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_reduce_reduce_op_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
             wait(b.all_reduce(&f32s(b, &[4])?, if r == 0 { ReduceOp::Sum } else { ReduceOp::Max })?, T)
         }),
+        ("all_reduce_premul_sum_factor_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
+            // Rule 16: premul_sum's factor is part of the op (NCCL would sum each rank's own
+            // f_r * x_r; the contract makes differing factors bad input).
+            wait(b.all_reduce(&f32s(b, &[4])?, ReduceOp::PremulSum(if r == 0 { 2.0 } else { 0.5 }))?, T)
+        }),
         ("op_mismatch_all_reduce_vs_broadcast", 2, K::OpMismatch, true, |b, r, _| {
             let x = f32s(b, &[4])?;
             if r == 0 {

@@ -11,7 +11,10 @@
 //! * Buffers: inputs are views into parents full of guard bytes; after the op every parent byte
 //!   (the input itself and the guards) is unchanged, no output aliases an input; the op is issued
 //!   twice on the same buffers (buffer reuse) and each result waited twice (idempotent), and
-//!   `outstanding()` is 0 after.
+//!   `outstanding()` is 0 after; a first call's outputs still hold its values after a second
+//!   call on other inputs (`::outputs_kept::`).
+//! * Odd shard shapes (`::odd_rows::`, `a_shard [3, 5, 7]`): odd row counts and contraction
+//!   lengths on every gather dim at 2 and 3 ranks.
 //! * Bad input: each of the seed's errors (and the rule table's F1–F9), on one rank or all, is
 //!   the oracle's named error on every rank; a good call on the same world then passes.
 //!
@@ -118,6 +121,19 @@ type Outs = Result<Vec<Tensor>, CollectiveError>;
 /// parents, wait twice, download, and check the parents and aliasing. `Err(CaseEnd)` for a
 /// broken buffer rule; `Ok(Err(e))` when the op reported `e`.
 fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std::time::Duration, where_: &str) -> Result<Outs, CaseEnd> {
+    Ok(issue_keep(b, call, me, ctx_timeout, where_)?.map(|(got, _)| got))
+}
+
+/// [`issue`], also returning the output buffers themselves (to read them again later).
+type Kept<Buf> = Result<(Vec<Tensor>, Vec<Buf>), CollectiveError>;
+
+fn issue_keep<B: Backend>(
+    b: &B,
+    call: &FusedCall,
+    me: &FusedInputs,
+    ctx_timeout: std::time::Duration,
+    where_: &str,
+) -> Result<Kept<B::Buffer>, CaseEnd> {
     const OFF: usize = 3;
     const GUARD: u8 = 0xA5;
     let mk = |t: &Tensor| -> Result<(B::Buffer, B::Buffer, Tensor), CaseEnd> {
@@ -185,7 +201,7 @@ fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std
             }
         }
     }
-    Ok(Ok(got.iter().map(|g| b.download(g)).collect::<Result<Vec<_>, _>>()?))
+    Ok(Ok((got.iter().map(|g| b.download(g)).collect::<Result<Vec<_>, _>>()?, got)))
 }
 
 fn where_of(backend: &str, spec: &FusedSpec, ws: usize, rank: usize) -> String {
@@ -320,6 +336,33 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
     Ok(())
 }
 
+/// Two calls with the same shapes on different inputs: the first call's outputs, read again
+/// after the second, MUST still hold the first call's values (new buffers each call, never a
+/// persistent workspace that the next call gathers or reduces into again).
+fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
+    let (ws, rank) = (ctx.world_size(), ctx.rank());
+    let caps = ctx.b.capabilities();
+    let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
+    let seeds = [seed, seed ^ 0x5EED];
+    let exp: Vec<Expected> = seeds.iter().map(|&s| expected_for(spec, &caps, s, ws, rank)).collect();
+    let first = match issue_keep(ctx.b, &spec.call, &spec.inputs(rank, seeds[0]), ctx.timeout, &where_)? {
+        Ok((got, bufs)) => {
+            check(spec, &caps, &exp[0], ws, rank, Ok(got), &format!("{where_} issue=1"))?;
+            bufs
+        }
+        Err(e) => return check(spec, &caps, &exp[0], ws, rank, Err(e), &format!("{where_} issue=1")),
+    };
+    let got = issue(ctx.b, &spec.call, &spec.inputs(rank, seeds[1]), ctx.timeout, &where_)?;
+    check(spec, &caps, &exp[1], ws, rank, got, &format!("{where_} issue=2 (other inputs)"))?;
+    let again = first.iter().map(|x| ctx.b.download(x)).collect::<Result<Vec<_>, _>>()?;
+    let w = format!("{where_} (issue 1's outputs read after issue 2: each call MUST return new buffers that a later call does not write)");
+    check(spec, &caps, &exp[0], ws, rank, Ok(again), &w)?;
+    if ctx.b.outstanding() != 0 {
+        return Err(fail(&where_, format!("outstanding() is {} after every work was waited", ctx.b.outstanding())));
+    }
+    Ok(())
+}
+
 fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, exact: bool) -> FusedSpec {
     FusedSpec {
         call: FusedCall::AllGatherMatmul { dim, scaling: None },
@@ -372,6 +415,12 @@ fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: Fused
     let heavy = name.contains("::large::") && ws >= 5;
     let c = Case::new(name, m, ws, move |ctx| body(ctx, &spec, seed, repeats));
     out.push(if heavy { c.heavy() } else { c });
+}
+
+fn push_kept<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec) {
+    let seed = concord_fixtures::seed_for(&name);
+    let m = meta(&spec);
+    out.push(Case::new(name, m, ws, move |ctx| body_outputs_kept(ctx, &spec, seed)));
 }
 
 /// World sizes of the fused suite (the catalogue's).
@@ -465,6 +514,37 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::f32::sum::large::ws{ws}"), ws, s, 2);
             let s = FusedSpec { a_shape: vec![8 * ws, 16, 32], dtype: DType::BF16, ..rs_spec(ReduceOp::Avg, dim, DType::BF16, ws, true) };
             push(&mut out, format!("fused::matmul_reduce_scatter::dim{dim}::bf16::avg::large::ws{ws}"), ws, s, 2);
+        }
+        // Odd shard shapes (every moved row count and contraction length odd: no split of a
+        // shard into equal halves or blocks is exact) at 2 and 3 ranks (odd shard offsets).
+        if [2, 3].contains(&ws) {
+            for dim in 0..3 {
+                let a = vec![3, 5, 7];
+                let k = *concord_core::fused::moved_shape(&a, dim).last().expect("3-D");
+                push(
+                    &mut out,
+                    format!("fused::all_gather_matmul::dim{dim}::f32::odd_rows::ws{ws}"),
+                    ws,
+                    ag_spec(dim, DType::F32, a, vec![vec![k, 3]], true),
+                    2,
+                );
+            }
+        }
+        // A call's outputs are still its own after a second call on the same shapes.
+        if ws == 2 {
+            let (a, bs) = ag_shapes(0);
+            push_kept(
+                &mut out,
+                format!("fused::all_gather_matmul::dim0::f32::outputs_kept::ws{ws}"),
+                ws,
+                ag_spec(0, DType::F32, a, bs, true),
+            );
+            push_kept(
+                &mut out,
+                format!("fused::matmul_reduce_scatter::dim0::f32::sum::outputs_kept::ws{ws}"),
+                ws,
+                rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true),
+            );
         }
         // Random inputs (tolerance) and the seed's shapes.
         if [2, 4].contains(&ws) || ws == 1 {
