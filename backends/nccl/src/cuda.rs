@@ -91,7 +91,7 @@ pub(crate) struct Device {
 
 /// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
 /// release threshold, if larger): the pool's high-water mark is not held for the life of a
-/// persistent world.
+/// persistent world (beyond the block cache's [`CACHE_MAX`]).
 const TRIM_EVERY: usize = 256 << 20;
 /// What a trim leaves reserved in the pool (the working set of ordinary runs).
 const POOL_KEEP: usize = 256 << 20;
@@ -101,9 +101,13 @@ const STAGING_START: usize = 1 << 20;
 /// The most pinned staging a device keeps: larger host copies go through it in chunks.
 const STAGING_MAX: usize = 64 << 20;
 /// The most device memory a [`Device`]'s block cache keeps (see `block_cache`).
-const CACHE_MAX: usize = 256 << 20;
-/// The largest block the cache keeps: above it an allocation's cost is small next to the op.
-const CACHE_BLOCK_MAX: usize = 64 << 20;
+const CACHE_MAX: usize = 64 << 20;
+/// The largest block the cache keeps: above it an allocation's cost is small next to the op's.
+const CACHE_BLOCK_MAX: usize = 4 << 20;
+/// How long an allocation off the collectives' stream that ran out of memory waits (polling,
+/// never making its stream wait) for the cache's blocks, just freed on the collectives' stream,
+/// to be free for it.
+const CACHE_FLUSH_WAIT: Duration = Duration::from_millis(100);
 
 /// A host-function gate on the stream: work queued after it waits until `open` (or `until`).
 struct Gate {
@@ -198,23 +202,28 @@ impl Device {
 
     /// `cuMemFreeAsync` on the collectives' stream; trims the pool now and then.
     fn free_to_pool(&self, ptr: u64, bytes: usize) {
-        {
-            unsafe {
-                let _ = cu::free_async(ptr, self.stream);
-            }
-            let freed = self.freed_since_trim.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
-            if freed >= TRIM_EVERY && !self.pool.is_null() {
-                self.freed_since_trim.store(0, std::sync::atomic::Ordering::Relaxed);
-                // Never below the pool's release threshold (a bench may keep memory mapped on
-                // purpose: `timing::keep_pool_memory`). Releases reserved memory whose frees
-                // are done; never waits.
-                let mut threshold: u64 = 0;
-                let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
-                let _ = unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, &mut threshold as *mut u64 as *mut std::ffi::c_void) };
-                let keep = (threshold as usize).max(POOL_KEEP);
-                let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, keep) };
-            }
+        unsafe {
+            let _ = cu::free_async(ptr, self.stream);
         }
+        let freed = self.freed_since_trim.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+        if freed >= TRIM_EVERY && !self.pool.is_null() {
+            self.freed_since_trim.store(0, std::sync::atomic::Ordering::Relaxed);
+            // Never below the pool's release threshold (a bench may keep memory mapped on
+            // purpose: `timing::keep_pool_memory`). Releases reserved memory whose frees
+            // are done; never waits.
+            let mut threshold: u64 = 0;
+            let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+            let _ = unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, &mut threshold as *mut u64 as *mut std::ffi::c_void) };
+            let keep = (threshold as usize).max(POOL_KEEP);
+            let _ = unsafe { sys::cuMemPoolTrimTo(self.pool, keep) };
+        }
+    }
+
+    /// Allocations served by the block cache and those that were not, since the device was
+    /// made (for benchmarks' reports).
+    pub fn cache_stats(&self) -> (u64, u64) {
+        let c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        (c.hits, c.misses)
     }
 
     /// Stops keeping freed blocks for reuse (backend option `alloc_cache=0`); what was kept goes
@@ -367,7 +376,16 @@ impl Device {
         };
         let ptr = match raw() {
             // Out of memory with blocks kept: they go back to the pool, and it is tried again.
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY && self.flush_cache() => raw(),
+            // Freed on the collectives' stream, they serve another stream only once those
+            // frees are done: that is waited for (bounded; the stream itself never waits).
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY && self.flush_cache() => {
+                if stream != self.stream {
+                    if let Ok(ev) = Event::record_on(self.stream) {
+                        let _ = ev.wait_until(Instant::now() + CACHE_FLUSH_WAIT);
+                    }
+                }
+                raw()
+            }
             r => r,
         }
         .map_err(|e| derr(&format!("allocating {n} bytes on GPU {}", self.ordinal), e))?;
@@ -500,7 +518,9 @@ impl Drop for Event {
 
 /// Device memory, freed when the last handle goes: stream-ordered on the collectives' stream
 /// (after every op enqueued so far, so a job may drop its buffers once its calls are
-/// enqueued); without stream-ordered allocation, deferred until the device is idle.
+/// enqueued) — kept in the device's block cache for a later allocation on that stream, or
+/// given back to the pool; without stream-ordered allocation, deferred until the device is
+/// idle.
 pub(crate) struct DevMem {
     pub dev: Arc<Device>,
     pub ptr: u64,

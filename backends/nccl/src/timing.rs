@@ -14,7 +14,9 @@
 //! * [`NcclBackend::keep_pool_memory`] sets the release threshold of the device's default
 //!   memory pool, from which out-of-place outputs are allocated stream-ordered: with the CUDA
 //!   default (0) every synchronising call returns freed memory to the OS and the next
-//!   allocations map it again.
+//!   allocations map it again. Outputs up to 4 MiB mostly come from the device's block cache
+//!   instead (`block_cache`), which the threshold does not touch;
+//!   [`NcclBackend::alloc_cache_stats`] counts its hits and misses.
 //!
 //! A bench times a window as nccl-tests does: `mark`, k back-to-back issues, `mark`, then waits
 //! and checks outside the window; the window's time is `elapsed(start, end)`.
@@ -163,6 +165,12 @@ impl NcclBackend {
     /// stream-ordered allocator.
     pub fn keep_pool_memory(&self, bytes: u64) -> std::result::Result<u64, String> {
         self.pool_threshold(Some(bytes))
+    }
+
+    /// The block cache's hits and misses (allocations on the rank's stream served from it or
+    /// not) since the device was made (see `block_cache`; option `alloc_cache=0`: no hits).
+    pub fn alloc_cache_stats(&self) -> (u64, u64) {
+        self.dev.cache_stats()
     }
 
     fn pool_threshold(&self, set: Option<u64>) -> std::result::Result<u64, String> {

@@ -1291,6 +1291,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
         }
     }
+    // The backend and its subgroups are gone: buffers still alive (leaked to a pending copy,
+    // say) keep the device, but no cache of freed blocks with it (see `block_cache`).
+    dev.disable_cache();
     sh.exited.store(true, Ordering::SeqCst);
 }
 

@@ -107,6 +107,10 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     }
     say("#   (*: the GPU memory pool keeps freed memory, as concord-bench sets it; the rows above use the default release threshold)"
         .into());
+    let (hits, misses) = b.alloc_cache_stats();
+    say(format!(
+        "#   block cache (option alloc_cache): {hits} allocations on the rank's stream served from freed blocks, {misses} from the pool"
+    ));
     // The raw loop on the same GPU: nccl-tests' blocking communicator, then one configured as
     // the backend's (non-blocking, polled after every call): what NCCL's mode costs by itself.
     for blocking in [true, false] {
