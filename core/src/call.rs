@@ -267,12 +267,50 @@ fn bad(kind: BadInputKind, detail: impl Into<String>) -> V {
     Err(BadInput::new(kind, detail))
 }
 
-/// A cross-rank rule: `key` of every rank's call must equal rank 0's.
-fn agree<T: PartialEq + std::fmt::Debug>(all: &[CallDesc], kind: BadInputKind, what: &str, key: impl Fn(&CallDesc) -> T) -> V {
+/// A cross-rank rule: `key` of every rank's call must equal rank 0's. Keys borrow from the
+/// calls (every op of a backend is validated on every rank: no key allocates).
+fn agree<'a, T: PartialEq + std::fmt::Debug>(all: &'a [CallDesc], kind: BadInputKind, what: &str, key: impl Fn(&'a CallDesc) -> T) -> V {
     let k0 = key(&all[0]);
     match all.iter().position(|d| key(d) != k0) {
         Some(r) => bad(kind, format!("{what} differ across ranks: rank 0 has {k0:?} but rank {r} has {:?}", key(&all[r]))),
         None => Ok(()),
+    }
+}
+
+/// A reduce op as a key of [`agree`]: equal, and printed, as its `Debug` text (a string) would
+/// be — so `premul_sum` factors are told apart by value and sign (`0.0` and `-0.0` differ, any
+/// NaN equals any NaN) — without making the text.
+#[derive(Clone, Copy)]
+struct OpText(ReduceOp);
+
+impl PartialEq for OpText {
+    fn eq(&self, other: &OpText) -> bool {
+        match (self.0, other.0) {
+            (ReduceOp::PremulSum(a), ReduceOp::PremulSum(b)) => a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            (a, b) => a == b,
+        }
+    }
+}
+
+impl std::fmt::Debug for OpText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", format!("{:?}", self.0))
+    }
+}
+
+/// One field of every tensor of a list as a key of [`agree`]: equal, and printed, as the `Vec`
+/// of those fields would be, without making it.
+struct Each<'a, T>(&'a [TensorDesc], fn(&'a TensorDesc) -> T);
+
+impl<T: PartialEq> PartialEq for Each<'_, T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(other.0).all(|(a, b)| (self.1)(a) == (other.1)(b))
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Each<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(self.1)).finish()
     }
 }
 
@@ -725,20 +763,18 @@ pub fn validate_all(all: &[CallDesc], caps: &Capabilities) -> V {
     // 14.–20.: each a field every rank must pass alike.
     agree(all, OpMismatch, "ops (and sequence numbers)", |d| (d.op.name(), d.seq))?;
     agree(all, CountMismatch, "coalesced list lengths", |d| d.inputs.len())?;
-    agree(all, ReduceOpMismatch, "reduce ops", |d| d.reduce.map(|r| format!("{r:?}")))?;
+    agree(all, ReduceOpMismatch, "reduce ops", |d| d.reduce.map(OpText))?;
     agree(all, BadDim, "gather / scatter dims", |d| d.fused.as_ref().map(|f| f.dim))?;
-    agree(all, BadScale, "scale kinds and output dtypes", |d| d.fused.as_ref().map(|f| (f.scales.clone(), f.out_dtype)))?;
+    agree(all, BadScale, "scale kinds and output dtypes", |d| d.fused.as_ref().map(|f| (&f.scales, f.out_dtype)))?;
     agree(all, BadRoot, "roots", |d| d.root)?;
-    agree(all, BadPermutation, "permutations (src_dst)", |d| d.perm.clone())?;
-    agree(all, BadGroup, "subgroup member lists", |d| d.group.clone())?;
-    agree(all, DTypeMismatch, "input dtypes", |d| d.inputs.iter().map(|t| t.dtype).collect::<Vec<_>>())?;
+    agree(all, BadPermutation, "permutations (src_dst)", |d| d.perm.as_ref())?;
+    agree(all, BadGroup, "subgroup member lists", |d| d.group.as_ref())?;
+    agree(all, DTypeMismatch, "input dtypes", |d| Each(&d.inputs, |t| t.dtype))?;
     let p0 = &all[0];
     if p0.op == CallOp::AllToAll {
-        agree(all, ShapeMismatch, "row shapes (all dims but the first)", |d| {
-            d.inputs.iter().map(|t| t.shape.get(1..).map(<[usize]>::to_vec)).collect::<Vec<_>>()
-        })?;
+        agree(all, ShapeMismatch, "row shapes (all dims but the first)", |d| Each(&d.inputs, |t| t.shape.get(1..)))?;
     } else {
-        agree(all, ShapeMismatch, "input shapes", |d| d.inputs.iter().map(|t| t.shape.clone()).collect::<Vec<_>>())?;
+        agree(all, ShapeMismatch, "input shapes", |d| Each(&d.inputs, |t| &t.shape))?;
     }
     // 21. Splits.
     if p0.op == CallOp::AllToAll {

@@ -74,6 +74,19 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
             }
             Outcome::Failed("noisy rank failed".into())
         }
+        "use_after_free" if me => {
+            // A backend that reads a host tensor it has freed. A 64 MiB block is above glibc's
+            // largest mmap threshold: it is its own mapping, unmapped when freed, so the read
+            // must crash the worker as it would crash the user's process (the workers' allocator
+            // settings must not turn the bug into a read of reused memory).
+            let v = vec![7u8; 64 << 20];
+            let p = v.as_ptr();
+            drop(v);
+            // SAFETY: none; this is the bug under test (a read of freed memory). The worker is
+            // expected to die of SIGSEGV here.
+            let x = unsafe { std::ptr::read_volatile(p.add(32 << 20)) };
+            Outcome::Failed(format!("read {x} from a freed 64 MiB host tensor without crashing"))
+        }
         "adds" => adds(&s.env),
         _ => Outcome::Passed,
     }
@@ -326,6 +339,15 @@ fn t_crash(case: &str, cause: &str) -> Result<(), Failed> {
     check!(r.ranks[1].exit.as_deref().unwrap_or("").starts_with(cause), "{:?}", r.ranks[1].exit);
     check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
     check!(p.idle_worlds() == 0, "world torn down");
+    assert_clean(&[&r])
+}
+
+fn t_use_after_free_crashes() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "use_after_free1");
+    expect_failed(&r, &["rank 1 crashed: killed by signal SIGSEGV"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    check!(r.ranks[0].outcome == Some(Outcome::Passed), "rank 0 passed: {:?}", r.ranks[0]);
     assert_clean(&[&r])
 }
 
@@ -659,6 +681,7 @@ fn main() {
         Trial::test("runner::abort_names_sigabrt", || t_crash("abort1", "killed by signal SIGABRT")),
         Trial::test("runner::self_sigkill_names_signal", || t_crash("sigkill1", "killed by signal SIGKILL")),
         Trial::test("runner::nonzero_exit_names_code", || t_crash("exit1", "exit code 3")),
+        Trial::test("runner::use_after_free_crashes", t_use_after_free_crashes),
         Trial::test("runner::hang_past_deadline_reports_state_then_sigterm", || t_hang("hang1", "terminated by the runner (SIGTERM)")),
         Trial::test("runner::hang_ignoring_sigterm_gets_sigkill", || t_hang("hangterm1", "killed by the runner (SIGKILL")),
         Trial::test("runner::skip_propagates_and_keeps_world", t_skip_propagates_and_keeps_world),

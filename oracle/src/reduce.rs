@@ -81,13 +81,6 @@ pub fn round_f64_bits(dtype: DType, v: f64) -> u64 {
     concord_core::dtype::round_f64_to_bits(v, e_bits, m_bits)
 }
 
-/// Writes the correctly rounded `v` into element `i` of a float tensor.
-pub(crate) fn set_float(t: &mut Tensor, i: usize, v: f64) {
-    let size = t.dtype().size();
-    let bits = round_f64_bits(t.dtype(), v).to_le_bytes();
-    t.bytes_mut()[i * size..(i + 1) * size].copy_from_slice(&bits[..size]);
-}
-
 /// Element `i` of a float tensor, exactly, as f64 (every f16/bf16/f32 value is an f64 value).
 pub(crate) fn float_at(t: &Tensor, i: usize) -> f64 {
     dispatch_dtype!(t.dtype(), T => <T as Element>::to_f64(t.as_slice::<T>()[i]))
@@ -111,24 +104,6 @@ pub fn fmin(a: f64, b: f64, policy: NanPolicy) -> f64 {
 /// `max` of two floats: `+0 > -0`; NaN per `policy`.
 pub fn fmax(a: f64, b: f64, policy: NanPolicy) -> f64 {
     nan_pick(a, b, policy).unwrap_or(if a > b || (a == b && a.is_sign_positive()) { a } else { b })
-}
-
-/// Reduces one element position over ranks for a float dtype (values exact in f64).
-fn reduce_floats(op: ReduceOp, vals: &[f64], sem: &Semantics) -> f64 {
-    let n = vals.len() as f64;
-    // Start from the first value (not 0.0) so that a sum of all -0.0 stays -0.0.
-    let sum = |scale: f64| vals.iter().skip(1).fold(scale * vals[0], |acc, v| acc + scale * v);
-    match op {
-        ReduceOp::Sum => sum(1.0),
-        ReduceOp::Avg => sum(1.0) / n,
-        ReduceOp::PremulSum(s) => sum(s),
-        ReduceOp::Product => vals.iter().skip(1).fold(vals[0], |acc, v| acc * v),
-        ReduceOp::Min => vals.iter().skip(1).fold(vals[0], |acc, v| fmin(acc, *v, sem.nan_minmax)),
-        ReduceOp::Max => vals.iter().skip(1).fold(vals[0], |acc, v| fmax(acc, *v, sem.nan_minmax)),
-        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
-            panic!("bitwise {op} is not defined for floating-point dtypes")
-        }
-    }
 }
 
 /// Reduces one element position over ranks for an integer dtype (values extended to i128).
@@ -177,23 +152,36 @@ pub fn reduce_tensors(op: ReduceOp, inputs: &[&Tensor], sem: &Semantics) -> Tens
     const BLOCK: usize = 256;
     let ws = inputs.len();
     if dtype.is_float() {
-        let mut cols = vec![0.0f64; ws * BLOCK];
-        let mut vals = vec![0.0f64; ws];
+        // Rank by rank over a block of elements, each element folded in rank order as
+        // the element-wise fold of the tests' `reference` (same operations, same order: same bits).
+        let size = dtype.size();
+        let mut acc = vec![0.0f64; BLOCK];
+        let mut col = vec![0.0f64; BLOCK];
         for start in (0..n).step_by(BLOCK) {
             let len = BLOCK.min(n - start);
-            for (r, t) in inputs.iter().enumerate() {
-                let col = &mut cols[r * BLOCK..r * BLOCK + len];
-                dispatch_dtype!(dtype, T => {
-                    for (d, x) in col.iter_mut().zip(&t.as_slice::<T>()[start..start + len]) {
-                        *d = <T as Element>::to_f64(*x);
-                    }
-                });
+            let (acc, col) = (&mut acc[..len], &mut col[..len]);
+            floats_into(inputs[0], start, acc);
+            if let ReduceOp::PremulSum(f) = op {
+                acc.iter_mut().for_each(|a| *a *= f);
             }
-            for j in 0..len {
-                for (r, v) in vals.iter_mut().enumerate() {
-                    *v = cols[r * BLOCK + j];
+            for t in &inputs[1..] {
+                floats_into(t, start, col);
+                let pairs = acc.iter_mut().zip(col.iter());
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(a, v)| *a += 1.0 * v),
+                    ReduceOp::PremulSum(f) => pairs.for_each(|(a, v)| *a += f * v),
+                    ReduceOp::Product => pairs.for_each(|(a, v)| *a *= v),
+                    ReduceOp::Min => pairs.for_each(|(a, v)| *a = fmin(*a, *v, sem.nan_minmax)),
+                    ReduceOp::Max => pairs.for_each(|(a, v)| *a = fmax(*a, *v, sem.nan_minmax)),
+                    ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => unreachable!("checked: {op} is defined for {dtype}"),
                 }
-                set_float(&mut out, start + j, reduce_floats(op, &vals, sem));
+            }
+            if op == ReduceOp::Avg {
+                acc.iter_mut().for_each(|a| *a /= ws as f64);
+            }
+            let dst = &mut out.bytes_mut()[start * size..(start + len) * size];
+            for (d, v) in dst.chunks_exact_mut(size).zip(acc.iter()) {
+                d.copy_from_slice(&round_f64_bits(dtype, *v).to_le_bytes()[..size]);
             }
         }
     } else {
@@ -213,6 +201,16 @@ pub fn reduce_tensors(op: ReduceOp, inputs: &[&Tensor], sem: &Semantics) -> Tens
         }
     }
     out
+}
+
+/// Elements `start..start + dst.len()` of a float tensor, exactly, as f64.
+fn floats_into(t: &Tensor, start: usize, dst: &mut [f64]) {
+    let end = start + dst.len();
+    dispatch_dtype!(t.dtype(), T => {
+        for (d, x) in dst.iter_mut().zip(&t.as_slice::<T>()[start..end]) {
+            *d = <T as Element>::to_f64(*x);
+        }
+    });
 }
 
 /// Elements `start..start + dst.len()` of an integer tensor as [`int_at`] reads them.
@@ -403,5 +401,93 @@ mod tests {
         // Overflow in the dtype becomes inf, even though f64 holds the sum.
         let m = Tensor::from_f64(DType::F16, &[1], &[65504.0]);
         assert_eq!(reduce_tensors(ReduceOp::Sum, &[&m, &m], &s).get_f64(0), f64::INFINITY);
+    }
+
+    /// The float reduction element by element, as it was written before the rank-by-rank blocks of
+    /// [`reduce_tensors`]: one element position over ranks (values exact in f64).
+    fn reference(op: ReduceOp, vals: &[f64], sem: &Semantics) -> f64 {
+        let n = vals.len() as f64;
+        // Start from the first value (not 0.0) so that a sum of all -0.0 stays -0.0.
+        let sum = |scale: f64| vals.iter().skip(1).fold(scale * vals[0], |acc, v| acc + scale * v);
+        match op {
+            ReduceOp::Sum => sum(1.0),
+            ReduceOp::Avg => sum(1.0) / n,
+            ReduceOp::PremulSum(s) => sum(s),
+            ReduceOp::Product => vals.iter().skip(1).fold(vals[0], |acc, v| acc * v),
+            ReduceOp::Min => vals.iter().skip(1).fold(vals[0], |acc, v| fmin(acc, *v, sem.nan_minmax)),
+            ReduceOp::Max => vals.iter().skip(1).fold(vals[0], |acc, v| fmax(acc, *v, sem.nan_minmax)),
+            ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                panic!("bitwise {op} is not defined for floating-point dtypes")
+            }
+        }
+    }
+
+    #[test]
+    fn float_blocks_equal_the_element_by_element_fold() {
+        // Values of every kind (exact small integers, random bits: NaNs with payloads, ±inf,
+        // ±0, subnormals, huge values), every float dtype, op and NaN policy, 1..=9 ranks,
+        // sizes around the block length.
+        let mut x: u64 = 0x0bad_5eed_1234_5678;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Avg,
+            ReduceOp::Product,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::PremulSum(0.5),
+            ReduceOp::PremulSum(1.0 / 3.0),
+        ];
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            for ws in 1..=9 {
+                for n in [0, 1, 255, 256, 257, 700] {
+                    let inputs: Vec<Tensor> = (0..ws)
+                        .map(|_| {
+                            let mut t = Tensor::zeros(dtype, &[n]);
+                            let size = dtype.size();
+                            for e in t.bytes_mut().chunks_exact_mut(size) {
+                                let r = next();
+                                let v = match r % 4 {
+                                    0 => r,                                         // any bits
+                                    1 => (((r >> 8) % 41) as f64 - 20.0).to_bits(), // small integer
+                                    2 => [0.0f64, -0.0, f64::INFINITY, f64::NEG_INFINITY][(r >> 8) as usize % 4].to_bits(),
+                                    _ => (f64::from_bits(r >> 12) * 1e-300).to_bits(), // tiny
+                                };
+                                let bits = if r % 4 == 0 { v } else { round_f64_bits(dtype, f64::from_bits(v)) };
+                                e.copy_from_slice(&bits.to_le_bytes()[..size]);
+                            }
+                            t
+                        })
+                        .collect();
+                    let refs: Vec<&Tensor> = inputs.iter().collect();
+                    for op in ops {
+                        for nan in [NanPolicy::Propagate, NanPolicy::Ignore] {
+                            let s = sem(nan, IntAvg::Truncate);
+                            let got = reduce_tensors(op, &refs, &s);
+                            for i in 0..n {
+                                let vals: Vec<f64> = inputs.iter().map(|t| float_at(t, i)).collect();
+                                let want = reference(op, &vals, &s);
+                                if want.is_nan() {
+                                    // A NaN's sign and payload are no part of the result (the
+                                    // comparison takes any NaN for any NaN), nor fixed by Rust.
+                                    assert!(float_at(&got, i).is_nan(), "{dtype} {op} ws{ws} n{n} element {i} of {vals:?}: not NaN");
+                                    continue;
+                                }
+                                let size = dtype.size();
+                                let mut b = [0u8; 8];
+                                b[..size].copy_from_slice(&got.bytes()[i * size..(i + 1) * size]);
+                                let want = round_f64_bits(dtype, want);
+                                assert_eq!(u64::from_le_bytes(b), want, "{dtype} {op} ws{ws} n{n} element {i} of {vals:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

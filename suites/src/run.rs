@@ -139,14 +139,23 @@ pub(crate) fn init_state<B: Backend>(
         CollectiveError::Unsupported(why) => SetupError::Unsupported(format!("backend init: {why}")),
         e => SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank)),
     })?;
-    let cases = cases().into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
+    // Only the cases of this world's size: a case always runs in a world of its own size
+    // (runner worlds are keyed by it, externally launched ranks select by it). The others are
+    // not freed, as the kept ones are not at exit (see `WorkerState`'s drop): a worker of the
+    // main job indexed and freed some 6,000 cases it could never be asked for.
+    let (mine, others): (Vec<_>, Vec<_>) = cases().into_iter().partition(|c| c.world_size == world.world_size);
+    std::mem::forget(others);
+    let cases = mine.into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
     Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
 }
 
 /// Runs one case body on this rank and checks quiescence after it.
 pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Outcome {
     let Some(case) = st.cases.get(case_id) else {
-        return Outcome::Failed(format!("unknown case `{case_id}` (the parent and the worker disagree on the catalogue)"));
+        return Outcome::Failed(format!(
+            "unknown case `{case_id}` in a world of {} ranks (the parent and the worker disagree on the catalogue)",
+            st.world.world_size
+        ));
     };
     let body = case.body.clone();
     let mut ctx = Ctx {

@@ -266,7 +266,7 @@ pub struct Progress {
     /// The job channel (set by [`Progress::run`]); read also while a collective waits for its
     /// peers to arrive, so that point-to-point ops issued after it are not held back (see
     /// [`Progress::arrive`]).
-    rx: Option<mpsc::Receiver<Job>>,
+    rx: Option<crate::jobs::Receiver<Job>>,
     /// Collectives taken from the channel during such a wait, run next, in issue order.
     stash: VecDeque<Job>,
 }
@@ -337,7 +337,7 @@ impl Progress {
         self.send_q.iter().any(|q| !q.is_empty()) || self.recv_q.iter().any(|q| !q.is_empty())
     }
 
-    pub fn run(mut self, rx: mpsc::Receiver<Job>) {
+    pub fn run(mut self, rx: crate::jobs::Receiver<Job>) {
         self.rx = Some(rx);
         let mut nap = Duration::from_micros(20);
         loop {
@@ -349,7 +349,7 @@ impl Progress {
             let next = if let Some(j) = self.stash.pop_front() {
                 Some(j)
             } else if !self.queued() {
-                rx.recv().ok()
+                rx.recv()
             } else if progressed {
                 match rx.try_recv() {
                     Ok(j) => Some(j),

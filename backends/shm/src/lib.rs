@@ -84,6 +84,7 @@ mod arena;
 mod ctl;
 mod exec;
 mod fused;
+mod jobs;
 mod kernels;
 mod post;
 mod sys;
@@ -146,7 +147,7 @@ impl std::fmt::Debug for ShmBuffer {
 /// The shared-memory backend (one instance per rank and per subgroup).
 pub struct ShmBackend {
     comm: Arc<Comm>,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    tx: Mutex<Option<jobs::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     seq: Mutex<u64>,
     send_k: Mutex<Vec<u32>>,
@@ -172,7 +173,7 @@ impl Drop for UnlinkGuard {
 impl ShmBackend {
     fn start(comm: Comm) -> Result<ShmBackend> {
         let comm = Arc::new(comm);
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = jobs::channel();
         let p = Progress::new(comm.clone());
         let thread = std::thread::Builder::new()
             .name(format!("concord-shm-{}", comm.label))

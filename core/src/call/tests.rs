@@ -355,3 +355,48 @@ fn fused_rules_in_the_seeds_order_and_wording() {
     let all = [ag(vec![a(&[4, 3]), a(&[3, 2])], 0), d1];
     assert_eq!(validate_all(&all, &caps).unwrap_err().kind, BadInputKind::BadDim);
 }
+
+#[test]
+fn cross_rank_messages_print_the_fields_as_before() {
+    // The keys of `agree` borrow from the calls; a mismatch prints them as the owned values
+    // (a reduce op as its Debug text, lists as `Vec`s) were printed.
+    let detail = |all: &[CallDesc]| validate_all(all, &caps()).expect_err("should be rejected").detail;
+    let premul = |a: f64, b: f64| world(2, &ar(), move |r, d| d.reduce = Some(ReduceOp::PremulSum(if r == 0 { a } else { b })));
+    assert_eq!(
+        detail(&premul(0.0, -0.0)),
+        r#"reduce ops differ across ranks: rank 0 has Some("PremulSum(0.0)") but rank 1 has Some("PremulSum(-0.0)")"#
+    );
+    assert!(validate_all(&premul(f64::NAN, -f64::NAN), &caps()).is_ok(), "any NaN factor is the same text");
+    assert!(validate_all(&premul(0.5, 0.5), &caps()).is_ok());
+    let sum_max = world(2, &ar(), |r, d| d.reduce = Some(if r == 0 { ReduceOp::Sum } else { ReduceOp::Max }));
+    assert_eq!(detail(&sum_max), r#"reduce ops differ across ranks: rank 0 has Some("Sum") but rank 1 has Some("Max")"#);
+    let dtypes = world(2, &ar(), |r, d| {
+        if r == 1 {
+            d.inputs[0].dtype = DType::F64;
+        }
+    });
+    assert_eq!(detail(&dtypes), "input dtypes differ across ranks: rank 0 has [F32] but rank 1 has [F64]");
+    let shapes = world(3, &ar(), |r, d| {
+        if r == 2 {
+            d.inputs[0].shape = vec![2, 2];
+        }
+    });
+    assert_eq!(detail(&shapes), "input shapes differ across ranks: rank 0 has [[4]] but rank 2 has [[2, 2]]");
+    let mut a2a = call(CallOp::AllToAll, 0, f32(&[2, 3]));
+    a2a.in_splits = Some(vec![1, 1]);
+    a2a.out_splits = Some(vec![1, 1]);
+    let rows = world(2, &a2a, |r, d| {
+        if r == 1 {
+            d.inputs[0].shape = vec![2, 4];
+        }
+    });
+    assert_eq!(detail(&rows), "row shapes (all dims but the first) differ across ranks: rank 0 has [Some([3])] but rank 1 has [Some([4])]");
+    let mut perm = call(CallOp::Permute, 0, f32(&[4]));
+    perm.perm = Some(vec![1, 0]);
+    let perms = world(2, &perm, |r, d| {
+        if r == 1 {
+            d.perm = Some(vec![0, 1]);
+        }
+    });
+    assert_eq!(detail(&perms), "permutations (src_dst) differ across ranks: rank 0 has Some([1, 0]) but rank 1 has Some([0, 1])");
+}
