@@ -14,7 +14,22 @@
 #![forbid(unsafe_code)]
 
 pub mod bugs;
+pub mod bugs_clauses;
 pub mod campaign;
+pub mod coverage;
+
+/// Every mutant of the campaign: [`bugs`] and [`bugs_clauses`] (a mutant per contract clause the
+/// first campaigns left without one).
+pub fn catalogue() -> Vec<campaign::Spec> {
+    let mut v = bugs::catalogue();
+    v.extend(bugs_clauses::catalogue());
+    v
+}
+
+/// The maker of the mutant `name`.
+pub fn maker(name: &str) -> Option<MakeBug> {
+    catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
+}
 
 use concord_core::{
     Backend, Capabilities, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
@@ -294,7 +309,7 @@ impl Backend for Mutant {
     fn init(world: &WorldInfo) -> Result<Self> {
         let name =
             world.option("mutant").ok_or_else(|| CollectiveError::Backend("the mutant backend needs the option `mutant=<name>`".into()))?;
-        let make = bugs::maker(name)
+        let make = maker(name)
             .ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })

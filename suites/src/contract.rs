@@ -95,8 +95,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "progress.recorded",
         source: BACKEND,
-        text: "A collective in flight is recorded, so a timeout names the collective.",
-        cases: &["async::peer_never_joins_then_recovers"],
+        text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective.",
+        cases: &["async::peer_never_joins_then_recovers", "async::peer_never_joins_op_recorded_in_flight"],
     },
     Clause {
         id: "quiescence",
@@ -376,6 +376,26 @@ pub const CLAUSES: &[Clause] = &[
     },
 ];
 
+/// The contract's text: `core/src/backend.rs`, whose `[clause: id]` tags name its clauses.
+pub const CONTRACT_TEXT: &str = include_str!("../../core/src/backend.rs");
+
+/// The clause ids tagged `[clause: id]` in `text`, in order of first appearance, each once (the
+/// one parser of the tags: the map's self-test and the mutation campaign both use it).
+pub fn tagged_clauses(text: &str) -> Vec<&str> {
+    let mut ids: Vec<&str> = Vec::new();
+    for id in text.split("[clause: ").skip(1).filter_map(|t| t.split(']').next()) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// The clause ids of the contract ([`CONTRACT_TEXT`]'s tags).
+pub fn contract_clause_ids() -> Vec<&'static str> {
+    tagged_clauses(CONTRACT_TEXT)
+}
+
 /// For each clause: the case ids (among `ids`, names with or without a backend prefix) that
 /// check it, and the patterns that match none.
 pub fn coverage(ids: &[String]) -> Vec<(&'static Clause, Vec<&str>, Vec<&'static str>)> {
@@ -440,6 +460,14 @@ mod tests {
         ids.dedup();
         assert_eq!(ids.len(), n, "duplicate clause id");
         assert!(CLAUSES.iter().all(|c| !c.cases.is_empty()));
+    }
+
+    #[test]
+    fn the_tags_parse_once_each_in_order() {
+        let text = "a [clause: x.y] b [clause: p2p.order]\n c [clause: x.y] [clause: shapes]";
+        assert_eq!(tagged_clauses(text), vec!["x.y", "p2p.order", "shapes"]);
+        let ids = contract_clause_ids();
+        assert!(ids.contains(&"async.issue_returns") && ids.contains(&"shapes.equal_split_all_to_all"), "{ids:?}");
     }
 
     #[test]

@@ -1,0 +1,247 @@
+//! Mutants for the contract clauses the first campaigns left without one (one bug each, written
+//! before the case that catches it; see `coverage` for the per-clause table). Each is a bug a
+//! backend author could ship, over the correct shm backend.
+
+use crate::campaign::Spec;
+use crate::{Buf, Bug, Shm, BUG_WAIT};
+use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Result, Work};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `all_gather_into_tensor` of a tensor of rank >= 2 returns the flat buffer the library call
+/// filled (`[ws * numel]`) instead of `[ws * d0, rest..]`.
+#[derive(Default)]
+pub struct AllGatherReturnsFlat;
+
+impl Bug for AllGatherReturnsFlat {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        if s.inner.buffer_shape(x).len() < 2 {
+            return Ok(w);
+        }
+        let out = w.peek().clone();
+        let flat = s.inner.view(&out, 0, &[s.numel(&out)])?;
+        Ok(s.then_as(w, flat, |_, _| Ok(())))
+    }
+}
+
+/// In-place `all_reduce_` runs on a staging buffer registered per (address, dtype, numel) and
+/// copies the result back; the input is copied in only when the address is first registered, so
+/// a buffer reused with new contents is reduced from the staging buffer's stale contents.
+#[derive(Default)]
+pub struct StagedOncePerAddress {
+    staged: Mutex<HashMap<(usize, DType, usize), Buf>>,
+}
+
+impl Bug for StagedOncePerAddress {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        let key = (s.inner.buffer_addr(x), dtype, s.numel(x));
+        let staged = {
+            let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+            match staged.get(&key) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+                    s.inner.write(&b, &s.inner.download(x)?)?;
+                    staged.insert(key, b.clone());
+                    b
+                }
+            }
+        };
+        let w = s.inner.all_reduce_(&staged, op)?;
+        let back = x.clone();
+        Ok(s.then_as(w, x.clone(), move |be, res| be.write(&back, &be.download(res)?)))
+    }
+}
+
+/// A blocking receive: `recv` returns only once its message has arrived (up to [`BUG_WAIT`]),
+/// so `irecv(p); isend(p)` on both ranks of a pair deadlocks.
+#[derive(Default)]
+pub struct RecvBlocksAtIssue;
+
+impl Bug for RecvBlocksAtIssue {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let v = s.inner.recv(out, src)?.into_value(BUG_WAIT)?;
+        Ok(s.done(v, "recv"))
+    }
+}
+
+/// How long [`DropDrainsUnwaited`]'s drop waits for its works to be waited.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// The communicator's drop waits (up to 5 s) until every `all_reduce` it issued has been waited:
+/// an un-waited work the caller dropped holds the process's teardown.
+#[derive(Default)]
+pub struct DropDrainsUnwaited {
+    issued: AtomicUsize,
+    waited: Arc<AtomicUsize>,
+}
+
+impl Bug for DropDrainsUnwaited {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        self.issued.fetch_add(1, Ordering::SeqCst);
+        let waited = self.waited.clone();
+        Ok(s.then(w, move |_, _| {
+            waited.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }))
+    }
+}
+
+impl Drop for DropDrainsUnwaited {
+    fn drop(&mut self) {
+        let t0 = Instant::now();
+        while self.waited.load(Ordering::SeqCst) < self.issued.load(Ordering::SeqCst) && t0.elapsed() < DRAIN {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A sticky error: after a call refused at issue with `bad_input`, every later call on the
+/// communicator returns that error (as a library whose communicator stays in error would).
+#[derive(Default)]
+pub struct StickyBadInput {
+    error: Mutex<Option<CollectiveError>>,
+}
+
+impl StickyBadInput {
+    fn call<T>(&self, issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
+        let mut error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = &*error {
+            return Err(e.clone());
+        }
+        let r = issue();
+        if let Err(e) = &r {
+            if e.name().starts_with("bad_input") {
+                *error = Some(e.clone());
+            }
+        }
+        r
+    }
+}
+
+impl Bug for StickyBadInput {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.call(|| s.inner.all_reduce(x, op))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.call(|| s.inner.all_reduce_(x, op))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        self.call(|| s.inner.all_gather_into_tensor(x))
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        self.call(|| s.inner.all_gather_into_tensor_out(x, out))
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.call(|| s.inner.reduce_scatter_tensor(x, op))
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        self.call(|| s.inner.reduce_scatter_tensor_out(x, op, out))
+    }
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        self.call(|| s.inner.all_to_all_single(x, o, i))
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.call(|| s.inner.broadcast(x, src))
+    }
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.call(|| s.inner.scatter(x, root))
+    }
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        self.call(|| s.inner.send(x, dst))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.call(|| s.inner.recv(out, src))
+    }
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        self.call(|| s.inner.barrier())
+    }
+}
+
+/// Ends `w`'s record in [`progress`] at once (the record of the op just issued).
+fn unrecord<T>(w: &Work<T>) {
+    let (op, seq) = (w.meta().op.clone(), w.meta().seq);
+    for f in progress::in_flight().into_iter().filter(|f| f.op == op && f.seq == seq) {
+        progress::end(&f.backend, f.seq);
+    }
+}
+
+/// Collectives are recorded in [`progress`] only while their launch runs: the record ends when
+/// issue returns, not when the op completes (a stuck rank's deadline report then says `idle`).
+#[derive(Default)]
+pub struct ProgressEndsAtIssue;
+
+impl Bug for ProgressEndsAtIssue {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        unrecord(&w);
+        Ok(w)
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce_(x, op)?;
+        unrecord(&w);
+        Ok(w)
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast(x, src)?;
+        unrecord(&w);
+        Ok(w)
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        unrecord(&w);
+        Ok(w)
+    }
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        let w = s.inner.barrier()?;
+        unrecord(&w);
+        Ok(w)
+    }
+}
+
+pub fn catalogue() -> Vec<Spec> {
+    use crate::campaign::spec;
+    vec![
+        spec::<AllGatherReturnsFlat>(
+            "all_gather_returns_flat",
+            "shapes",
+            "all_gather_into_tensor of a >= 2-D tensor returns the flat [ws * numel] buffer, not [ws * d0, rest..]",
+            &["all_gather_into_tensor::out::"],
+        ),
+        spec::<StagedOncePerAddress>(
+            "staged_once_per_address",
+            "placement.reuse",
+            "in-place all_reduce_ stages each buffer once per (address, dtype, numel): a reused buffer's new contents are ignored",
+            &["reuse::persistent_buffer_100_iterations"],
+        ),
+        spec::<RecvBlocksAtIssue>(
+            "recv_blocks_at_issue",
+            "p2p.no_deadlock",
+            "recv blocks at issue until its message has arrived: irecv; isend on both ranks deadlocks",
+            &["p2p::recv_first_both", "p2p::"],
+        ),
+        spec::<DropDrainsUnwaited>(
+            "drop_drains_unwaited",
+            "async.unwaited_exit",
+            "the communicator's drop waits (up to 5 s) for every all_reduce it issued to be waited",
+            &["async::unwaited_collective_exits_within_1s"],
+        ),
+        spec::<StickyBadInput>(
+            "sticky_bad_input",
+            "failure.usable_after",
+            "after a call refused with bad_input, every later call on the communicator returns that error",
+            &["faults::split_sum_overflow", "bad_input::"],
+        ),
+        spec::<ProgressEndsAtIssue>(
+            "progress_ends_at_issue",
+            "progress.recorded",
+            "collectives leave the in-flight record (concord_core::progress) when issue returns, not when they complete",
+            &["async::peer_never_joins_op_recorded_in_flight"],
+        ),
+    ]
+}
