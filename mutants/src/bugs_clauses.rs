@@ -3,7 +3,7 @@
 //! backend author could ship, over the correct shm backend.
 
 use crate::campaign::Spec;
-use crate::{Buf, Bug, Shm, BUG_WAIT};
+use crate::{Buf, Bug, Shm, Twist, BUG_WAIT};
 use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Result, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -204,6 +204,26 @@ impl Bug for ProgressEndsAtIssue {
     }
 }
 
+/// A failure inside the backend (a panic or a local error on its progress thread) never reaches
+/// the work: `all_reduce`'s wait reports the op as still pending (a timeout), not the failure.
+#[derive(Default)]
+pub struct FailureReportedAsPending;
+
+impl Bug for FailureReportedAsPending {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let v = w.peek().clone();
+        let twist = Twist {
+            map_err: Some(|e| match e {
+                e @ (CollectiveError::BadInput { .. } | CollectiveError::PeerDied { .. } | CollectiveError::Timeout { .. }) => e,
+                e => CollectiveError::Timeout { op: "all_reduce".into(), seq: 0, rank: 0, waited_ms: 0, detail: format!("pending ({e})") },
+            }),
+            ..Twist::default()
+        };
+        Ok(s.twisted(w, v, twist, |_, _| Ok(())))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -236,6 +256,12 @@ pub fn catalogue() -> Vec<Spec> {
             "failure.usable_after",
             "after a call refused with bad_input, every later call on the communicator returns that error",
             &["faults::split_sum_overflow", "bad_input::"],
+        ),
+        spec::<FailureReportedAsPending>(
+            "failure_reported_as_pending",
+            "failure.no_touch_after_failed_wait",
+            "a failure inside the backend (a panic on its progress thread) is reported as a pending op: the wait times out",
+            &["faults::panic_in_progress_thread", "faults::"],
         ),
         spec::<ProgressEndsAtIssue>(
             "progress_ends_at_issue",

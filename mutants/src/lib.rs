@@ -337,6 +337,11 @@ impl Backend for Mutant {
             make: self.make,
         }))
     }
+    /// shm's hooks: the `fault` option reaches the inner shm backend, so the fault suite's cases
+    /// run on every mutant.
+    fn fault_hooks(&self) -> Vec<(String, concord_core::fault::Action)> {
+        self.s.inner.fault_hooks()
+    }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.s.inner.upload(t)
     }
