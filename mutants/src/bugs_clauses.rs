@@ -3,8 +3,8 @@
 //! backend author could ship, over the correct shm backend.
 
 use crate::campaign::Spec;
-use crate::{Buf, Bug, Shm, Twist, BUG_WAIT};
-use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Result, Work};
+use crate::{copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
+use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Result, Tensor, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -224,6 +224,66 @@ impl Bug for FailureReportedAsPending {
     }
 }
 
+/// bf16 `sum` at world size >= 3 accumulates in bf16: the partial sum is rounded to bf16 after
+/// every rank's add (a ring kernel that stores partials in the wire dtype), not once at the end.
+#[derive(Default)]
+pub struct Bf16PartialSumsRounded;
+
+impl Bug for Bf16PartialSumsRounded {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != DType::BF16 || s.ws() < 3 {
+            return s.inner.all_reduce(x, op);
+        }
+        let n = s.numel(x);
+        let out = s.inner.alloc(DType::BF16, &s.inner.buffer_shape(x))?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let ws = s.ws();
+        let bf16 = |v: f64| Tensor::from_f64(DType::BF16, &[1], &[v]).get_f64(0);
+        Ok(s.then_as(g, out.clone(), move |be, gathered| {
+            let all = be.download(gathered)?;
+            edit(be, &out, |t| {
+                for i in 0..n {
+                    let acc = (1..ws).fold(all.get_f64(i), |acc, r| bf16(acc + all.get_f64(r * n + i)));
+                    set_f64(t, i, acc);
+                }
+            })
+        }))
+    }
+}
+
+/// In a subgroup, `premul_sum` runs as `sum` (the group's op table lacks the pre-multiply; the
+/// world's is right).
+#[derive(Default)]
+pub struct SubgroupPremulSumAsSum;
+
+impl Bug for SubgroupPremulSumAsSum {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let op = if s.in_subgroup() && matches!(op, ReduceOp::PremulSum(_)) { ReduceOp::Sum } else { op };
+        s.inner.all_reduce(x, op)
+    }
+}
+
+/// Out-of-place `broadcast` runs as an all_gather from which each rank keeps chunk `src`: roots
+/// are never compared across ranks, so ranks passing different `src` each get their own's data.
+#[derive(Default)]
+pub struct BroadcastViaAllGather;
+
+impl Bug for BroadcastViaAllGather {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        if src >= s.ws() {
+            return s.inner.broadcast(x, src);
+        }
+        let out = s.inner.alloc(s.inner.buffer_dtype(x), &s.inner.buffer_shape(x))?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let o = out.clone();
+        Ok(s.then_as(g, out, move |be, gathered| {
+            let all = be.download(gathered)?;
+            let n = all.len_bytes() / be.world_size();
+            edit(be, &o, |t| copy_bytes(t, 0, &all, src * n, n))
+        }))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -262,6 +322,24 @@ pub fn catalogue() -> Vec<Spec> {
             "failure.no_touch_after_failed_wait",
             "a failure inside the backend (a panic on its progress thread) is reported as a pending op: the wait times out",
             &["faults::panic_in_progress_thread", "faults::"],
+        ),
+        spec::<Bf16PartialSumsRounded>(
+            "bf16_partial_sums_rounded",
+            "numerics.round_once",
+            "bf16 sum at ws >= 3 rounds the partial sum to bf16 after every rank's add",
+            &["numerics::round_once::bf16", "all_reduce::out::bf16::sum"],
+        ),
+        spec::<SubgroupPremulSumAsSum>(
+            "subgroup_premul_sum_as_sum",
+            "subgroups.reduce_ops",
+            "in a subgroup, premul_sum runs as sum",
+            &["subgroup::halves::all_reduce::out::f32::premul_sum", "subgroup::"],
+        ),
+        spec::<BroadcastViaAllGather>(
+            "broadcast_via_all_gather",
+            "bad_input.root_agreement",
+            "broadcast runs as all_gather + chunk src: roots are never compared, mismatched src accepted",
+            &["bad_input::broadcast_src_differs_across_ranks", "broadcast::out"],
         ),
         spec::<ProgressEndsAtIssue>(
             "progress_ends_at_issue",
