@@ -4,10 +4,10 @@
 
 use crate::campaign::Spec;
 use crate::{copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
-use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Result, Tensor, Work};
+use concord_core::{progress, Backend, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// `all_gather_into_tensor` of a tensor of rank >= 2 returns the flat buffer the library call
@@ -284,6 +284,55 @@ impl Bug for BroadcastViaAllGather {
     }
 }
 
+/// A collective the bug keeps an eye on (the caller's work waits on it; the bug holds a `Weak`).
+struct Tracked {
+    inner: Work<Buf>,
+}
+
+impl Completion for Tracked {
+    fn is_completed(&self) -> bool {
+        self.inner.is_completed()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        match self.inner.wait(timeout) {
+            Ok(_) => Ok(true),
+            Err(CollectiveError::Timeout { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// One queue for collectives and point-to-point (a single stream): a `send` starts only once
+/// every `all_reduce` issued before it on the communicator has completed, so `all_reduce;
+/// isend(1)` against a peer doing `irecv(0); wait; all_reduce` deadlocks until the deadline.
+#[derive(Default)]
+pub struct SendQueuedBehindCollectives {
+    pending: Mutex<Vec<Weak<Tracked>>>,
+    /// Counts the mapped works (never reported: the inner work each holds is).
+    shadow: OutstandingCounter,
+}
+
+impl Bug for SendQueuedBehindCollectives {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let (value, meta) = (w.peek().clone(), w.meta().clone());
+        let t = Arc::new(Tracked { inner: w });
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|p| p.upgrade().is_some_and(|p| !p.is_completed()));
+        pending.push(Arc::downgrade(&t));
+        Ok(Work::new(value, t, meta, &self.shadow))
+    }
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        let ahead: Vec<Arc<Tracked>> =
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        for t in ahead {
+            // Failures are the collective's waiter's to see; the queue just moves on.
+            let _ = t.inner.wait(BUG_WAIT);
+        }
+        s.inner.send(x, dst)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -304,6 +353,12 @@ pub fn catalogue() -> Vec<Spec> {
             "p2p.no_deadlock",
             "recv blocks at issue until its message has arrived: irecv; isend on both ranks deadlocks",
             &["p2p::recv_first_both", "p2p::"],
+        ),
+        spec::<SendQueuedBehindCollectives>(
+            "send_queued_behind_collectives",
+            "p2p.no_deadlock",
+            "one queue for collectives and p2p: a send starts only once the all_reduces issued before it completed",
+            &["p2p::send_behind_pending_collective", "p2p::"],
         ),
         spec::<DropDrainsUnwaited>(
             "drop_drains_unwaited",

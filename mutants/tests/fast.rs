@@ -1,4 +1,4 @@
-//! The fast subset of the mutation campaign (a few seconds, under `cargo xtask test`): five
+//! The fast subset of the mutation campaign (a few seconds, under `cargo xtask test`): six
 //! mutants that today's catalogue catches, each run on its known catching cases, must FAIL there
 //! with a rank's own typed check (`reported`), never a crash or a hang. `cargo xtask mutants`
 //! runs the whole campaign.
@@ -14,6 +14,7 @@ const FAST: &[(&str, &[&str])] = &[
     ("inplace_broadcast_returns_copy", &["broadcast::inplace::f32::ws2"]),
     ("truncates_indivisible_reduce_scatter", &["bad_input::reduce_scatter_indivisible_ws2::ws2"]),
     ("writes_past_reduce_scatter_out", &["reduce_scatter_tensor::outbuf::f32::sum::ws2"]),
+    ("progress_ends_at_issue", &["async::peer_never_joins_op_recorded_in_flight::ws2"]),
 ];
 
 fn spec(name: &str) -> Spec {
