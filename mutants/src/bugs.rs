@@ -1347,7 +1347,12 @@ pub fn catalogue() -> Vec<Spec> {
         // values
         spec::<SumIsMaxF32>("sum_is_max_f32", "values.reduce", "f32 sum computes max", &["all_reduce::out::f32::sum::ws2"]),
         spec::<MaxIsMinBf16>("max_is_min_bf16", "values.reduce", "bf16 max computes min", &["all_reduce::out::bf16::max::ws2"]),
-        spec::<ProductIsSum>("product_is_sum", "values.reduce", "product computes sum (every dtype)", &["all_reduce::out::f32::product::ws3"]),
+        spec::<ProductIsSum>(
+            "product_is_sum",
+            "values.reduce",
+            "product computes sum (every dtype)",
+            &["all_reduce::out::f32::product::ws3"],
+        ),
         spec::<BxorIsBor>("bxor_is_bor", "values.reduce", "bxor computes bor", &["all_reduce::out::i32::bxor::ws2"]),
         spec::<LastElementNotReduced>(
             "last_element_not_reduced",
@@ -1355,8 +1360,18 @@ pub fn catalogue() -> Vec<Spec> {
             "the last element keeps this rank's input (off by one at the end)",
             &["all_reduce::out::f32::sum::ws2"],
         ),
-        spec::<U64SumWrapsAt32Bits>("u64_sum_wraps_at_32_bits", "values.reduce", "u64 sum keeps the low 32 bits", &["all_reduce::out::u64::sum"]),
-        spec::<IntAvgFloors>("int_avg_floors", "values.reduce", "signed-int avg rounds down, declares Truncate", &["caps::int_avg", "::avg::"]),
+        spec::<U64SumWrapsAt32Bits>(
+            "u64_sum_wraps_at_32_bits",
+            "values.reduce",
+            "u64 sum keeps the low 32 bits",
+            &["all_reduce::out::u64::sum"],
+        ),
+        spec::<IntAvgFloors>(
+            "int_avg_floors",
+            "values.reduce",
+            "signed-int avg rounds down, declares Truncate",
+            &["caps::int_avg", "::avg::"],
+        ),
         // sizes
         spec::<WrongAbove64KElements>(
             "wrong_above_64k_elements",
@@ -1374,7 +1389,12 @@ pub fn catalogue() -> Vec<Spec> {
         // world sizes
         spec::<WrongAtWs6Or7>("wrong_at_ws6_or_7", "values.world_sizes", "all_reduce wrong at world size 6 or 7", &["::ws6", "::ws7"]),
         spec::<WrongAboveWs8>("wrong_above_ws8", "values.world_sizes", "all_reduce wrong above world size 8", &["::ws12", "::ws16"]),
-        spec::<WrongAtWs1>("wrong_at_ws1", "values.world_sizes", "all_gather wrong at world size 1", &["all_gather_into_tensor::out::f32::ws1"]),
+        spec::<WrongAtWs1>(
+            "wrong_at_ws1",
+            "values.world_sizes",
+            "all_gather wrong at world size 1",
+            &["all_gather_into_tensor::out::f32::ws1"],
+        ),
         // subgroups
         spec::<AvgDividesByWorldSize>(
             "avg_divides_by_world_size",

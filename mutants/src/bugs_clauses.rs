@@ -323,8 +323,7 @@ impl Bug for SendQueuedBehindCollectives {
         Ok(Work::new(value, t, meta, &self.shadow))
     }
     fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
-        let ahead: Vec<Arc<Tracked>> =
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        let ahead: Vec<Arc<Tracked>> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
         for t in ahead {
             // Failures are the collective's waiter's to see; the queue just moves on.
             let _ = t.inner.wait(BUG_WAIT);

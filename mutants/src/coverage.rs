@@ -33,10 +33,7 @@ pub const EXEMPT: &[(&str, &str)] = &[
          (UNSUPPORTED on any shm wrapper); shm's own local-failure point (`after_post`) poisons the \
          communicator by design (shm exec.rs), so the clause's 'the world stays usable' cannot hold through shm",
     ),
-    (
-        "fused.values",
-        "fused mutants are written on the fused helper branch (drop these four exemptions when it merges)",
-    ),
+    ("fused.values", "fused mutants are written on the fused helper branch (drop these four exemptions when it merges)"),
     ("fused.pipelined_order", "fused mutants are written on the fused helper branch"),
     ("fused.bad_input", "fused mutants are written on the fused helper branch"),
     ("fused.buffers", "fused mutants are written on the fused helper branch"),
@@ -86,7 +83,9 @@ pub fn problems(specs: &[Spec]) -> Vec<String> {
     for r in rows(specs) {
         match (r.mutants.is_empty(), r.exempt.is_some()) {
             (true, false) => out.push(format!("clause {} has no mutant and no exemption", r.clause)),
-            (false, true) => out.push(format!("clause {} is exempt but has mutants ({}): drop the exemption", r.clause, r.mutants.join(", "))),
+            (false, true) => {
+                out.push(format!("clause {} is exempt but has mutants ({}): drop the exemption", r.clause, r.mutants.join(", ")))
+            }
             _ => {}
         }
     }
@@ -98,7 +97,10 @@ pub fn problems(specs: &[Spec]) -> Vec<String> {
 pub fn render(specs: &[Spec], found: &[Finding]) -> String {
     let rows = rows(specs);
     let w = rows.iter().map(|r| r.clause.len()).max().unwrap_or(6);
-    let mut out = format!("\nper-clause coverage (clause ids of core/src/backend.rs):\n{:<w$}  {:>7}  {:>6}  mutants / exemption\n", "clause", "mutants", "caught");
+    let mut out = format!(
+        "\nper-clause coverage (clause ids of core/src/backend.rs):\n{:<w$}  {:>7}  {:>6}  mutants / exemption\n",
+        "clause", "mutants", "caught"
+    );
     for r in &rows {
         let run: Vec<&Finding> = found.iter().filter(|f| r.mutants.contains(&f.name)).collect();
         let caught = run.iter().filter(|f| f.caught.is_some()).count();

@@ -309,8 +309,8 @@ impl Backend for Mutant {
     fn init(world: &WorldInfo) -> Result<Self> {
         let name =
             world.option("mutant").ok_or_else(|| CollectiveError::Backend("the mutant backend needs the option `mutant=<name>`".into()))?;
-        let make = maker(name)
-            .ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
+        let make =
+            maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
     }
