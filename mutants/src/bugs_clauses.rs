@@ -27,33 +27,50 @@ impl Bug for AllGatherReturnsFlat {
     }
 }
 
-/// In-place `all_reduce_` runs on a staging buffer registered per (address, dtype, numel) and
-/// copies the result back; the input is copied in only when the address is first registered, so
-/// a buffer reused with new contents is reduced from the staging buffer's stale contents.
+/// Staging buffers registered per (address, dtype, numel): the caller's buffer is copied in only
+/// when its address is first registered.
 #[derive(Default)]
-pub struct StagedOncePerAddress {
+pub struct Staging {
     staged: Mutex<HashMap<(usize, DType, usize), Buf>>,
 }
 
-impl Bug for StagedOncePerAddress {
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+impl Staging {
+    /// The staging buffer of `x` (filled from `x` only on first registration).
+    fn stage(&self, s: &Shm, x: &Buf) -> Result<Buf> {
         let dtype = s.inner.buffer_dtype(x);
         let key = (s.inner.buffer_addr(x), dtype, s.numel(x));
-        let staged = {
-            let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
-            match staged.get(&key) {
-                Some(b) => b.clone(),
-                None => {
-                    let b = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
-                    s.inner.write(&b, &s.inner.download(x)?)?;
-                    staged.insert(key, b.clone());
-                    b
-                }
-            }
-        };
-        let w = s.inner.all_reduce_(&staged, op)?;
+        let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = staged.get(&key) {
+            return Ok(b.clone());
+        }
+        let b = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+        s.inner.write(&b, &s.inner.download(x)?)?;
+        staged.insert(key, b.clone());
+        Ok(b)
+    }
+}
+
+/// In-place `all_reduce_` runs on a [`Staging`] buffer and copies the result back: a buffer
+/// reused with new contents is reduced from the staging buffer's stale contents.
+#[derive(Default)]
+pub struct StagedOncePerAddress(Staging);
+
+impl Bug for StagedOncePerAddress {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce_(&self.0.stage(s, x)?, op)?;
         let back = x.clone();
         Ok(s.then_as(w, x.clone(), move |be, res| be.write(&back, &be.download(res)?)))
+    }
+}
+
+/// Out-of-place `reduce_scatter_tensor` reads its input from a [`Staging`] buffer: an input
+/// buffer reused with new contents is reduced with the contents of its first use.
+#[derive(Default)]
+pub struct ReduceScatterStagedOnce(Staging);
+
+impl Bug for ReduceScatterStagedOnce {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor(&self.0.stage(s, x)?, op)
     }
 }
 
@@ -346,6 +363,12 @@ pub fn catalogue() -> Vec<Spec> {
             "placement.reuse",
             "in-place all_reduce_ stages each buffer once per (address, dtype, numel): a reused buffer's new contents are ignored",
             &["reuse::persistent_buffer_100_iterations"],
+        ),
+        spec::<ReduceScatterStagedOnce>(
+            "reduce_scatter_staged_once",
+            "placement.reuse",
+            "reduce_scatter_tensor reads its input from a staging copy made once per (address, dtype, numel)",
+            &["reuse::", "reduce_scatter_tensor::out"],
         ),
         spec::<RecvBlocksAtIssue>(
             "recv_blocks_at_issue",
