@@ -90,7 +90,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "failure.usable_after",
         source: BACKEND,
         text: "After bad input (a mismatched new_group, splits whose sum overflows) every rank gets a named bad_input and the communicator stays usable; a failed new_group leaves no file behind.",
-        cases: &["faults::split_sum_overflow", "faults::new_group_after_mismatch", "faults::new_group_failure_leaves_no_file"],
+        // Every bad_input case ends with an all_reduce that must work (the world stays usable).
+        cases: &[
+            "faults::split_sum_overflow",
+            "faults::new_group_after_mismatch",
+            "faults::new_group_failure_leaves_no_file",
+            "bad_input::send_to_self",
+        ],
     },
     Clause {
         id: "progress.recorded",
