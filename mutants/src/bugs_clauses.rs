@@ -349,6 +349,99 @@ impl Bug for SendQueuedBehindCollectives {
     }
 }
 
+/// `reduce_scatter_tensor` of a tensor of rank >= 2 returns a flat `[numel / ws]` buffer, not
+/// `[d0 / ws, rest..]`.
+#[derive(Default)]
+pub struct ReduceScatterReturnsFlat;
+
+impl Bug for ReduceScatterReturnsFlat {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.reduce_scatter_tensor(x, op)?;
+        if s.inner.buffer_shape(x).len() < 2 {
+            return Ok(w);
+        }
+        let out = w.peek().clone();
+        let flat = s.inner.view(&out, 0, &[s.numel(&out)])?;
+        Ok(s.then_as(w, flat, |_, _| Ok(())))
+    }
+}
+
+/// The smallest normal value of float `dtype`.
+fn min_normal(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-14),
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => f32::MIN_POSITIVE as f64,
+    }
+}
+
+/// `reduce_scatter_tensor`'s kernel flushes subnormal results to zero (built with
+/// flush-to-zero, unlike the all_reduce kernel).
+#[derive(Default)]
+pub struct ReduceScatterFlushesSubnormals;
+
+impl Bug for ReduceScatterFlushesSubnormals {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.reduce_scatter_tensor(x, op)?;
+        if !s.inner.buffer_dtype(x).is_float() {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| {
+            edit(be, out, |t| {
+                let tiny = min_normal(t.dtype());
+                for i in 0..t.numel() {
+                    let v = t.get_f64(i);
+                    if v != 0.0 && v.abs() < tiny {
+                        set_f64(t, i, 0.0f64.copysign(v));
+                    }
+                }
+            })
+        }))
+    }
+}
+
+/// f16 / bf16 `reduce_scatter_tensor` sum at world size >= 3 rounds the partial sum to the
+/// dtype after every rank's add (the all_reduce kernel accumulates wide and rounds once).
+#[derive(Default)]
+pub struct ReduceScatterHalfRoundedPerStep;
+
+impl Bug for ReduceScatterHalfRoundedPerStep {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        if op != ReduceOp::Sum || !matches!(dtype, DType::F16 | DType::BF16) || s.ws() < 3 {
+            return s.inner.reduce_scatter_tensor(x, op);
+        }
+        let w = s.inner.reduce_scatter_tensor(x, op)?;
+        let g = s.inner.all_gather_into_tensor(x)?;
+        let (ws, me, n) = (s.ws(), s.rank(), s.numel(x));
+        let round = move |v: f64| Tensor::from_f64(dtype, &[1], &[v]).get_f64(0);
+        Ok(s.then(w, move |be, out| {
+            let all = be.download(g.wait(BUG_WAIT)?)?;
+            let c = n / ws;
+            edit(be, out, |t| {
+                for i in 0..c {
+                    let at = |r: usize| all.get_f64(r * n + me * c + i);
+                    let acc = (1..ws).fold(at(0), |acc, r| round(acc + at(r)));
+                    set_f64(t, i, acc);
+                }
+            })
+        }))
+    }
+}
+
+/// A subgroup's `barrier` completes at once (the world's waits for every rank).
+#[derive(Default)]
+pub struct SubgroupBarrierAtOnce;
+
+impl Bug for SubgroupBarrierAtOnce {
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        if s.in_subgroup() {
+            return Ok(s.done((), "barrier"));
+        }
+        s.inner.barrier()
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -417,6 +510,30 @@ pub fn catalogue() -> Vec<Spec> {
             "bad_input.root_agreement",
             "broadcast runs as all_gather + chunk src: roots are never compared, mismatched src accepted",
             &["bad_input::broadcast_src_differs_across_ranks", "broadcast::out"],
+        ),
+        spec::<ReduceScatterReturnsFlat>(
+            "reduce_scatter_returns_flat",
+            "shapes",
+            "reduce_scatter_tensor of a >= 2-D tensor returns a flat [numel / ws] buffer",
+            &["reduce_scatter_tensor::out::"],
+        ),
+        spec::<ReduceScatterFlushesSubnormals>(
+            "reduce_scatter_flushes_subnormals",
+            "numerics.subnormal",
+            "reduce_scatter_tensor flushes subnormal results to zero (the all_reduce kernel does not)",
+            &["numerics::subnormal::reduce_scatter::", "numerics::subnormal::"],
+        ),
+        spec::<ReduceScatterHalfRoundedPerStep>(
+            "reduce_scatter_half_rounded_per_step",
+            "numerics.round_once",
+            "f16 / bf16 reduce_scatter sum at ws >= 3 rounds the partial sum after every rank's add",
+            &["numerics::round_once::reduce_scatter::", "numerics::round_once::"],
+        ),
+        spec::<SubgroupBarrierAtOnce>(
+            "subgroup_barrier_at_once",
+            "barrier",
+            "a subgroup's barrier completes at once, without the members",
+            &["async::barrier_synchronises::subgroup", "subgroup::"],
         ),
         spec::<ProgressEndsAtIssue>(
             "progress_ends_at_issue",

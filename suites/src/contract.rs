@@ -306,7 +306,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "barrier",
         source: BACKEND,
         text: "No rank's barrier completes before every rank has entered it.",
-        cases: &["async::barrier_synchronises", "barrier::"],
+        cases: &["async::barrier_synchronises", "async::barrier_synchronises::subgroup", "barrier::"],
     },
     Clause {
         id: "p2p.matching",
@@ -336,13 +336,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "numerics.subnormal",
         source: BACKEND,
         text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max.",
-        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32"],
+        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::"],
     },
     Clause {
         id: "numerics.round_once",
         source: BACKEND,
         text: "f16 / bf16 sums of a backend declaring ExactThenRound are the exact result rounded once to nearest-even (ties to even).",
-        cases: &["numerics::round_once::f16", "numerics::round_once::bf16"],
+        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::"],
     },
     Clause {
         id: "numerics.premul_sum",
