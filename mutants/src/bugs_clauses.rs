@@ -386,17 +386,44 @@ impl Bug for ReduceScatterFlushesSubnormals {
         if !s.inner.buffer_dtype(x).is_float() {
             return Ok(w);
         }
-        Ok(s.then(w, |be, out| {
-            edit(be, out, |t| {
-                let tiny = min_normal(t.dtype());
-                for i in 0..t.numel() {
-                    let v = t.get_f64(i);
-                    if v != 0.0 && v.abs() < tiny {
-                        set_f64(t, i, 0.0f64.copysign(v));
-                    }
+        Ok(flushed(s, w))
+    }
+}
+
+/// `w` with the subnormal values of its (float) result flushed to zero.
+fn flushed(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+    s.then(w, |be, out| {
+        edit(be, out, |t| {
+            let tiny = min_normal(t.dtype());
+            for i in 0..t.numel() {
+                let v = t.get_f64(i);
+                if v != 0.0 && v.abs() < tiny {
+                    set_f64(t, i, 0.0f64.copysign(v));
                 }
-            })
-        }))
+            }
+        })
+    })
+}
+
+/// Rooted `reduce`'s kernel flushes subnormal results to zero.
+#[derive(Default)]
+pub struct ReduceFlushesSubnormals;
+
+impl Bug for ReduceFlushesSubnormals {
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.reduce(x, op, root)?;
+        Ok(if s.inner.buffer_dtype(x).is_float() { flushed(s, w) } else { w })
+    }
+}
+
+/// In-place `all_reduce_` flushes subnormal results to zero (the out-of-place one does not).
+#[derive(Default)]
+pub struct InPlaceAllReduceFlushesSubnormals;
+
+impl Bug for InPlaceAllReduceFlushesSubnormals {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce_(x, op)?;
+        Ok(if s.inner.buffer_dtype(x).is_float() { flushed(s, w) } else { w })
     }
 }
 
@@ -522,6 +549,18 @@ pub fn catalogue() -> Vec<Spec> {
             "numerics.subnormal",
             "reduce_scatter_tensor flushes subnormal results to zero (the all_reduce kernel does not)",
             &["numerics::subnormal::reduce_scatter::", "numerics::subnormal::"],
+        ),
+        spec::<ReduceFlushesSubnormals>(
+            "reduce_flushes_subnormals",
+            "numerics.subnormal",
+            "rooted reduce flushes subnormal results to zero",
+            &["numerics::subnormal::reduce::", "numerics::subnormal::"],
+        ),
+        spec::<InPlaceAllReduceFlushesSubnormals>(
+            "inplace_all_reduce_flushes_subnormals",
+            "numerics.subnormal",
+            "in-place all_reduce_ flushes subnormal results to zero",
+            &["numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::"],
         ),
         spec::<ReduceScatterHalfRoundedPerStep>(
             "reduce_scatter_half_rounded_per_step",

@@ -336,13 +336,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "numerics.subnormal",
         source: BACKEND,
         text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max.",
-        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::"],
+        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::"],
     },
     Clause {
         id: "numerics.round_once",
         source: BACKEND,
         text: "f16 / bf16 sums of a backend declaring ExactThenRound are the exact result rounded once to nearest-even (ties to even).",
-        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::"],
+        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::", "numerics::round_once::all_reduce_inplace::", "numerics::round_once::reduce::"],
     },
     Clause {
         id: "numerics.premul_sum",

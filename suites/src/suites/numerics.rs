@@ -8,8 +8,9 @@
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
 //!   flush to zero; exact in every dtype, whatever the declared rounding).
-//! * `numerics::{round_once,subnormal}::reduce_scatter::<dtype>::ws{3,2}` — the same
-//!   expectations through `reduce_scatter_tensor` (each rank's values repeated world-size times).
+//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws{3,2}`
+//!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
+//!   values repeated world-size times) and `reduce` (rooted at the last rank, checked there).
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits).
@@ -29,28 +30,65 @@ fn meta_op(op: &str, dtype: DType, reduce: &str) -> CaseMeta {
 /// all_reduce(op) of `per_rank[r]` (f64 values, exact in `dtype`), checked bit-exactly against
 /// the oracle. `label` goes into the failure message.
 fn check<B: Backend>(ctx: &Ctx<'_, B>, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
-    check_op(ctx, OpKind::AllReduce, dtype, op, per_rank, label)
+    check_op(ctx, Via::AllReduce, dtype, op, per_rank, label)
 }
 
-/// [`check`] for `all_reduce` or `reduce_scatter_tensor` (`kind`); a reduce_scatter's input on
-/// rank `r` is `per_rank[r]` repeated world-size times, so every rank's chunk holds the same
-/// columns as the all_reduce.
-fn check_op<B: Backend>(ctx: &Ctx<'_, B>, kind: OpKind, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
+/// The reducing call a numerics check goes through.
+#[derive(Clone, Copy)]
+enum Via {
+    AllReduce,
+    AllReduceInPlace,
+    /// Each rank's values repeated world-size times, so every rank's chunk holds the same columns.
+    ReduceScatter,
+    /// Rooted at the last rank; checked there.
+    Reduce,
+}
+
+impl Via {
+    /// The name in case ids (`numerics::subnormal::<name>::...`).
+    fn name(self) -> &'static str {
+        match self {
+            Via::AllReduce => "all_reduce",
+            Via::AllReduceInPlace => "all_reduce_inplace",
+            Via::ReduceScatter => "reduce_scatter",
+            Via::Reduce => "reduce",
+        }
+    }
+}
+
+/// The ops besides out-of-place all_reduce (other kernels: flush-to-zero or per-step rounding
+/// there is not seen by the all_reduce cases).
+const OTHER_VIAS: [Via; 3] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::Reduce];
+
+/// [`check`] through `via`.
+fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
     let b = ctx.b;
     let ws = b.world_size();
-    b.capabilities().check(kind, Some(Variant::Out), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
-    let scatter = kind == OpKind::ReduceScatterTensor;
-    let rows = if scatter { ws } else { 1 };
+    let root = ws - 1;
+    let (kind, variant, name, coll) = match via {
+        Via::AllReduce => (OpKind::AllReduce, Variant::Out, "all_reduce", Collective::AllReduce { op }),
+        Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_", Collective::AllReduce { op }),
+        Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor", Collective::ReduceScatter { op }),
+        Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce", Collective::Reduce { op, root }),
+    };
+    b.capabilities().check(kind, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
+    let rows = if matches!(via, Via::ReduceScatter) { ws } else { 1 };
     let n = per_rank[0].len() * rows;
     let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], &v.repeat(rows))).collect();
-    let name = if scatter { "reduce_scatter_tensor" } else { "all_reduce" };
-    let w = format!("{} reduce={op} {label}", here(b, name, "out", dtype));
-    let coll = if scatter { Collective::ReduceScatter { op } } else { Collective::AllReduce { op } };
+    let w = format!("{} reduce={op} {label}", here(b, name, variant.name(), dtype));
     let exp = concord_oracle::expected(&coll, &inputs, &Semantics::of(&b.capabilities()))
         .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
     let x = b.upload(&inputs[b.rank()])?;
-    let work = if scatter { b.reduce_scatter_tensor(&x, op)? } else { b.all_reduce(&x, op)? };
+    let work = match via {
+        Via::AllReduce => b.all_reduce(&x, op)?,
+        Via::AllReduceInPlace => b.all_reduce_(&x, op)?,
+        Via::ReduceScatter => b.reduce_scatter_tensor(&x, op)?,
+        Via::Reduce => b.reduce(&x, op, root)?,
+    };
     let out = work.into_value(ctx.timeout)?;
+    if matches!(via, Via::Reduce) && b.rank() != root {
+        return Ok(());
+    }
     expect_eq(b, &out, &exp.outputs[b.rank()], &w)
 }
 
@@ -149,23 +187,25 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }));
     }
-    // The same expectations through reduce_scatter_tensor (another kernel: flush-to-zero or
-    // per-step rounding there is not seen by the all_reduce cases).
-    for dtype in [DType::F16, DType::BF16] {
-        let m = meta_op("reduce_scatter_tensor", dtype, "sum");
-        v.push(Case::<B>::new(format!("numerics::round_once::reduce_scatter::{dtype}::ws3"), m, 3, move |ctx| {
-            exact_rounding(ctx.b)?;
-            check_op(ctx, OpKind::ReduceScatterTensor, dtype, ReduceOp::Sum, &tie_columns(dtype), "input=round_to_nearest_even_ties")
-        }));
-    }
-    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
-        let m = meta_op("reduce_scatter_tensor", dtype, "sum");
-        v.push(Case::<B>::new(format!("numerics::subnormal::reduce_scatter::{dtype}::ws2"), m, 2, move |ctx| {
-            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
-                check_op(ctx, OpKind::ReduceScatterTensor, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
-            }
-            Ok(())
-        }));
+    // The same expectations through the other reducing calls.
+    for via in OTHER_VIAS {
+        let name = via.name();
+        for dtype in [DType::F16, DType::BF16] {
+            let m = meta_op(name, dtype, "sum");
+            v.push(Case::<B>::new(format!("numerics::round_once::{name}::{dtype}::ws3"), m, 3, move |ctx| {
+                exact_rounding(ctx.b)?;
+                check_op(ctx, via, dtype, ReduceOp::Sum, &tie_columns(dtype), "input=round_to_nearest_even_ties")
+            }));
+        }
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let m = meta_op(name, dtype, "sum");
+            v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| {
+                for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                    check_op(ctx, via, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
+                }
+                Ok(())
+            }));
+        }
     }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {
