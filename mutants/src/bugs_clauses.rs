@@ -469,6 +469,61 @@ impl Bug for SubgroupBarrierAtOnce {
     }
 }
 
+/// `reduce_scatter_tensor` runs `premul_sum` as `sum` (its kernel has no pre-multiply; the
+/// all_reduce one has).
+#[derive(Default)]
+pub struct ReduceScatterPremulAsSum;
+
+impl Bug for ReduceScatterPremulAsSum {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor(x, if matches!(op, ReduceOp::PremulSum(_)) { ReduceOp::Sum } else { op })
+    }
+}
+
+/// `reduce_scatter_tensor` compares u32 / u64 as signed in min / max (an int32 / int64 kernel).
+#[derive(Default)]
+pub struct ReduceScatterUnsignedMinMaxAsSigned;
+
+impl Bug for ReduceScatterUnsignedMinMaxAsSigned {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        if !matches!(op, ReduceOp::Min | ReduceOp::Max) || !matches!(dtype, DType::U32 | DType::U64) {
+            return s.inner.reduce_scatter_tensor(x, op);
+        }
+        // Flipping the top bit turns the signed order into the unsigned one (and back).
+        let es = dtype.size();
+        let flip = move |t: &mut Tensor| t.bytes_mut().chunks_mut(es).for_each(|e| e[es - 1] ^= 0x80);
+        let mut t = s.inner.download(x)?;
+        flip(&mut t);
+        let w = s.inner.reduce_scatter_tensor(&s.inner.upload(&t)?, op)?;
+        Ok(s.then(w, move |be, out| edit(be, out, flip)))
+    }
+}
+
+/// `all_gather_into_tensor`'s `is_completed()` is true at once, before the peers arrive.
+#[derive(Default)]
+pub struct CompletesEarlyAllGather;
+
+impl Bug for CompletesEarlyAllGather {
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        let v = w.peek().clone();
+        Ok(s.twisted(w, v, Twist { completed_at_once: true, ..Twist::default() }, |_, _| Ok(())))
+    }
+}
+
+/// `scatter`'s `is_completed()` is true at once, before the peers arrive.
+#[derive(Default)]
+pub struct CompletesEarlyScatter;
+
+impl Bug for CompletesEarlyScatter {
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.scatter(x, root)?;
+        let v = w.peek().clone();
+        Ok(s.twisted(w, v, Twist { completed_at_once: true, ..Twist::default() }, |_, _| Ok(())))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -573,6 +628,30 @@ pub fn catalogue() -> Vec<Spec> {
             "barrier",
             "a subgroup's barrier completes at once, without the members",
             &["async::barrier_synchronises::subgroup", "subgroup::"],
+        ),
+        spec::<ReduceScatterPremulAsSum>(
+            "reduce_scatter_premul_as_sum",
+            "numerics.premul_sum",
+            "reduce_scatter_tensor runs premul_sum as sum",
+            &["reduce_scatter_tensor::out::f32::premul_sum", "premul_sum"],
+        ),
+        spec::<ReduceScatterUnsignedMinMaxAsSigned>(
+            "reduce_scatter_unsigned_min_max_as_signed",
+            "values.reduce",
+            "reduce_scatter_tensor compares u32 / u64 as signed in min / max",
+            &["reduce_scatter_tensor::out::u32::max", "reduce_scatter_tensor::out::u"],
+        ),
+        spec::<CompletesEarlyAllGather>(
+            "completes_early_all_gather",
+            "async.every_op_every_rank",
+            "all_gather_into_tensor's is_completed() is true before the peers arrive",
+            &["async::pending_until_peers_arrive::all_gather", "async::"],
+        ),
+        spec::<CompletesEarlyScatter>(
+            "completes_early_scatter",
+            "async.every_op_every_rank",
+            "scatter's is_completed() is true before the peers arrive",
+            &["async::pending_until_peers_arrive::scatter", "async::"],
         ),
         spec::<ProgressEndsAtIssue>(
             "progress_ends_at_issue",
