@@ -6,8 +6,8 @@ use crate::campaign::Spec;
 use crate::Mutant;
 use crate::{bump, copy_bytes, edit, set_f64, Buf, Bug, Shm, Twist, BUG_WAIT};
 use concord_core::fused::{
-    describe, exchange_and_validate, gather_row_scales, input_descs, move_to_front, moved_shape, round_into, to_f32, AgMatmulParts,
-    AgMatmulPlan, Gathered, MatmulRsPlan,
+    describe, exchange_and_validate, gather_row_scales, input_descs, move_from_front, move_to_front, moved_shape, round_into, to_f32,
+    AgMatmulParts, AgMatmulPlan, Gathered, MatmulRsPlan,
 };
 use concord_core::{Backend, CallOp, CollectiveError, Completion, DType, ReduceOp, Result, Scale, Scaling, Tensor, Work};
 use concord_shm::ShmBackend;
@@ -1610,6 +1610,25 @@ bug!(
     }
 });
 
+bug!(
+    /// matmul-reduce-scatter hands its reduce op straight to the reduce-scatter it runs (as a
+    /// wrapper over NCCL would: max / min / product all exist there), so `max` returns a max-
+    /// reduced product instead of the seed's "reduce_op must be sum or avg" on every rank: the
+    /// call is validated as if it were a sum.
+    MmRsAnyReduceOp {
+    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+        let be = &*m.s.inner;
+        let checked = if matches!(op, ReduceOp::Avg) { op } else { ReduceOp::Sum };
+        let ins = input_descs(be, a, std::slice::from_ref(b));
+        exchange_and_validate(be, &describe(CallOp::FusedMatmulReduceScatter, be.rank(), ins.clone(), Some(checked), dim, sc))?;
+        let plan = MatmulRsPlan::new(be.world_size(), &ins[0], &ins[1], checked, dim, sc);
+        let c = plan.product(&be.download(a)?, &be.download(b)?, sc);
+        let work = be.reduce_scatter_tensor(&be.upload(&move_to_front(&c, dim))?, op)?;
+        let out = be.upload(&move_from_front(&be.download(work.wait(BUG_WAIT)?)?, dim))?;
+        Ok(m.s.done(out, "fused_matmul_reduce_scatter"))
+    }
+});
+
 /// premul_sum as each rank's own pre-multiplication (in f64), then a sum rounded once: right
 /// values whenever the factors agree, but they are never compared.
 fn premul_locally(s: &Shm, x: &Buf, f: f64, in_place: bool) -> Result<Work<Buf>> {
@@ -1653,40 +1672,60 @@ pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
         // values
-        spec::<SumIsMaxF32>("sum_is_max_f32", "values", "f32 sum computes max", &["all_reduce::out::f32::sum::ws2"]),
-        spec::<MaxIsMinBf16>("max_is_min_bf16", "values", "bf16 max computes min", &["all_reduce::out::bf16::max::ws2"]),
-        spec::<ProductIsSum>("product_is_sum", "values", "product computes sum (every dtype)", &["all_reduce::out::f32::product::ws3"]),
-        spec::<BxorIsBor>("bxor_is_bor", "values", "bxor computes bor", &["all_reduce::out::i32::bxor::ws2"]),
+        spec::<SumIsMaxF32>("sum_is_max_f32", "values.reduce", "f32 sum computes max", &["all_reduce::out::f32::sum::ws2"]),
+        spec::<MaxIsMinBf16>("max_is_min_bf16", "values.reduce", "bf16 max computes min", &["all_reduce::out::bf16::max::ws2"]),
+        spec::<ProductIsSum>(
+            "product_is_sum",
+            "values.reduce",
+            "product computes sum (every dtype)",
+            &["all_reduce::out::f32::product::ws3"],
+        ),
+        spec::<BxorIsBor>("bxor_is_bor", "values.reduce", "bxor computes bor", &["all_reduce::out::i32::bxor::ws2"]),
         spec::<LastElementNotReduced>(
             "last_element_not_reduced",
-            "values",
+            "values.reduce",
             "the last element keeps this rank's input (off by one at the end)",
             &["all_reduce::out::f32::sum::ws2"],
         ),
-        spec::<U64SumWrapsAt32Bits>("u64_sum_wraps_at_32_bits", "values", "u64 sum keeps the low 32 bits", &["all_reduce::out::u64::sum"]),
-        spec::<IntAvgFloors>("int_avg_floors", "values", "signed-int avg rounds down, declares Truncate", &["caps::int_avg", "::avg::"]),
+        spec::<U64SumWrapsAt32Bits>(
+            "u64_sum_wraps_at_32_bits",
+            "values.reduce",
+            "u64 sum keeps the low 32 bits",
+            &["all_reduce::out::u64::sum"],
+        ),
+        spec::<IntAvgFloors>(
+            "int_avg_floors",
+            "values.reduce",
+            "signed-int avg rounds down, declares Truncate",
+            &["caps::int_avg", "::avg::"],
+        ),
         // sizes
         spec::<WrongAbove64KElements>(
             "wrong_above_64k_elements",
-            "sizes",
+            "values.sizes",
             "all_reduce wrong above 65,536 elements",
             &["async::lag_read_right_after_wait"],
         ),
-        spec::<WrongAbove1MiB>("wrong_above_1mib", "sizes", "all_gather result wrong above 1 MiB", &["all_gather_into_tensor::out"]),
+        spec::<WrongAbove1MiB>("wrong_above_1mib", "values.sizes", "all_gather result wrong above 1 MiB", &["all_gather_into_tensor::out"]),
         spec::<TruncatesLastChunk>(
             "truncates_last_chunk",
-            "sizes",
+            "values.sizes",
             "all_reduce leaves the last partial 1024-element chunk unreduced",
             &["all_reduce::out::i32::sum::ws2", "all_reduce::out"],
         ),
         // world sizes
-        spec::<WrongAtWs6Or7>("wrong_at_ws6_or_7", "world sizes", "all_reduce wrong at world size 6 or 7", &["::ws6", "::ws7"]),
-        spec::<WrongAboveWs8>("wrong_above_ws8", "world sizes", "all_reduce wrong above world size 8", &["::ws12", "::ws16"]),
-        spec::<WrongAtWs1>("wrong_at_ws1", "world sizes", "all_gather wrong at world size 1", &["all_gather_into_tensor::out::f32::ws1"]),
+        spec::<WrongAtWs6Or7>("wrong_at_ws6_or_7", "values.world_sizes", "all_reduce wrong at world size 6 or 7", &["::ws6", "::ws7"]),
+        spec::<WrongAboveWs8>("wrong_above_ws8", "values.world_sizes", "all_reduce wrong above world size 8", &["::ws12", "::ws16"]),
+        spec::<WrongAtWs1>(
+            "wrong_at_ws1",
+            "values.world_sizes",
+            "all_gather wrong at world size 1",
+            &["all_gather_into_tensor::out::f32::ws1"],
+        ),
         // subgroups
         spec::<AvgDividesByWorldSize>(
             "avg_divides_by_world_size",
-            "subgroups",
+            "subgroups.reduce_ops",
             "subgroup avg divides by the world size",
             &["subgroup::", "::avg::"],
         ),
@@ -1700,55 +1739,55 @@ pub fn catalogue() -> Vec<Spec> {
         // async
         spec::<CompletesEarlyBroadcast>(
             "completes_early_broadcast",
-            "async",
+            "async.every_op_every_rank",
             "broadcast's is_completed() is true before the peers arrive",
             &["async::", "broadcast"],
         ),
         spec::<IssueBlocksAllToAll>(
             "issue_blocks_all_to_all",
-            "async",
+            "async.every_op_every_rank",
             "all_to_all_single blocks at issue until the peers arrive",
             &["async::", "all_to_all"],
         ),
         spec::<IssueBlocksAllReduce>(
             "issue_blocks_all_reduce",
-            "async",
+            "async.issue_returns",
             "all_reduce blocks at issue until the peers arrive",
             &["async::pending_until_peers_arrive", "async::"],
         ),
         spec::<WaitIgnoresDeadline>(
             "wait_ignores_deadline",
-            "async",
+            "async.deadline",
             "all_reduce's wait ignores its timeout",
             &["async::peer_never_joins_then_recovers", "async::"],
         ),
         // deadlines
         spec::<TimeoutNotNamed>(
             "timeout_not_named",
-            "deadlines",
+            "async.deadline",
             "a timed-out wait is a generic backend error, and final",
             &["async::peer_never_joins_then_recovers"],
         ),
         spec::<WaitOvershootsDeadline>(
             "wait_overshoots_deadline",
-            "deadlines",
+            "async.deadline",
             "wait(t) blocks 2t + 0.5 s",
             &["async::peer_never_joins_then_recovers"],
         ),
-        spec::<PeerDeathUnnamed>("peer_death_unnamed", "deadlines", "a dead peer is reported as a generic error", &["async::"]),
+        spec::<PeerDeathUnnamed>("peer_death_unnamed", "async.deadline", "a dead peer is reported as a generic error", &["async::"]),
         // roots
-        spec::<ReduceIgnoresRoot>("reduce_ignores_root", "roots", "reduce always to rank 0", &["reduce::out::f32::sum::ws2"]),
-        spec::<GatherIgnoresRoot>("gather_ignores_root", "roots", "gather always to rank 0", &["gather::out::f32::ws2"]),
-        spec::<ScatterIgnoresRoot>("scatter_ignores_root", "roots", "scatter always from rank 0", &["scatter::out::f32::ws2"]),
+        spec::<ReduceIgnoresRoot>("reduce_ignores_root", "values.reduce", "reduce always to rank 0", &["reduce::out::f32::sum::ws2"]),
+        spec::<GatherIgnoresRoot>("gather_ignores_root", "values.move", "gather always to rank 0", &["gather::out::f32::ws2"]),
+        spec::<ScatterIgnoresRoot>("scatter_ignores_root", "values.move", "scatter always from rank 0", &["scatter::out::f32::ws2"]),
         spec::<ReduceAcceptsMismatchedRoots>(
             "reduce_accepts_mismatched_roots",
-            "roots",
+            "bad_input.root_agreement",
             "reduce runs as all_reduce: mismatched roots accepted",
             &["bad_input::reduce_root_differs_across_ranks"],
         ),
         spec::<GatherAcceptsMismatchedRoots>(
             "gather_accepts_mismatched_roots",
-            "roots",
+            "bad_input.root_agreement",
             "gather runs as all_gather: mismatched roots accepted",
             &["bad_input::gather_root_differs_across_ranks"],
         ),
@@ -1768,44 +1807,44 @@ pub fn catalogue() -> Vec<Spec> {
         // rounding
         spec::<F16SumDoubleRounded>(
             "f16_sum_double_rounded",
-            "rounding",
+            "numerics.round_once",
             "f16 sum rounded to f16 after every partial sum",
             &["all_reduce::out::f16::sum"],
         ),
         spec::<PremulSumIgnoresFactor>(
             "premul_sum_ignores_factor",
-            "rounding",
+            "numerics.premul_sum",
             "premul_sum ignores its factor",
             &["all_reduce::out::f32::premul_sum::ws2"],
         ),
         spec::<FlushesSubnormals>(
             "flushes_subnormals",
-            "rounding",
+            "numerics.subnormal",
             "all_reduce flushes subnormal results to zero",
             &["all_reduce::out::f"],
         ),
         // ordering
         spec::<P2pSwappedInFlight>(
             "p2p_swapped_in_flight",
-            "ordering",
+            "p2p.order",
             "two in-flight recvs from one peer get each other's message",
             &["send_recv::"],
         ),
         spec::<AllGatherRotated>(
             "all_gather_rotated",
-            "ordering",
+            "values.move",
             "all_gather rank order rotated by one",
             &["all_gather_into_tensor::out::f32::ws3"],
         ),
         spec::<ScatterChunksRotated>(
             "scatter_chunks_rotated",
-            "ordering",
+            "values.move",
             "scatter sends chunk r + 1 to rank r",
             &["scatter::out::f32::ws2"],
         ),
         spec::<PermuteInverted>(
             "permute_inverted",
-            "ordering",
+            "values.move",
             "permute_tensor applies the inverse permutation",
             &["permute_tensor::out::f32::ws3"],
         ),
@@ -1814,66 +1853,66 @@ pub fn catalogue() -> Vec<Spec> {
         // leaks
         spec::<LeaksOneCountPerAllGather>(
             "leaks_one_count_per_all_gather",
-            "leaks",
+            "quiescence",
             "each all_gather leaves one work counted in outstanding()",
             // Caught only once an all_gather ran earlier in the same world (the leak persists).
             &["all_gather_into_tensor::out::f32::ws2", "seed::eager::work_registry_zero_after_wait"],
         ),
         spec::<LeakedSubgroupBarrier>(
             "leaked_subgroup_barrier",
-            "leaks",
+            "quiescence",
             "subgroup all_reduce leaks an internal barrier (outstanding() > 0 forever)",
             &["subgroup::"],
         ),
         // bad input
         spec::<TruncatesIndivisibleReduceScatter>(
             "truncates_indivisible_reduce_scatter",
-            "bad input",
+            "bad_input.named_everywhere",
             "reduce_scatter drops the rows of an indivisible dim 0",
             &["bad_input::reduce_scatter_indivisible_ws2"],
         ),
         spec::<AcceptsWrongOutSize>(
             "accepts_wrong_out_size",
-            "bad input",
+            "bad_input.named_everywhere",
             "all_gather _out of the wrong size is filled as far as it goes",
             &["bad_input::all_gather_out_wrong_size"],
         ),
         // aliasing / in-place
         spec::<InplaceBroadcastReturnsCopy>(
             "inplace_broadcast_returns_copy",
-            "aliasing",
+            "placement.in_place",
             "broadcast_ returns a new buffer",
             &["broadcast::inplace::f32::ws2"],
         ),
         spec::<CoalescedInplaceReturnsCopies>(
             "coalesced_inplace_returns_copies",
-            "aliasing",
+            "placement.in_place",
             "all_reduce_coalesced_ returns new buffers",
             &["all_reduce::coalesced_inplace::f32::sum::ws2"],
         ),
         spec::<OutOfPlaceReturnsInput>(
             "out_of_place_returns_input",
-            "aliasing",
+            "placement.out_of_place",
             "all_reduce (out-of-place) reduces into its input and returns it",
             &["all_reduce::out::f32::sum::ws2"],
         ),
         spec::<ReduceScatterMutatesInput>(
             "reduce_scatter_mutates_input",
-            "aliasing",
+            "placement.out_of_place",
             "reduce_scatter flips a bit of its input",
             &["reduce_scatter_tensor::out::f32::sum::ws2"],
         ),
         // guard bytes
         spec::<WritesPastReduceScatterOut>(
             "writes_past_reduce_scatter_out",
-            "guard bytes",
+            "placement.out_buffer",
             "reduce_scatter _out writes one element past the buffer",
             &["reduce_scatter_tensor::outbuf::f32::sum::ws2"],
         ),
         // coalesced
         spec::<AllReduceCoalescedDropsLast>(
             "all_reduce_coalesced_drops_last",
-            "values",
+            "values.coalesced",
             "all_reduce_coalesced leaves the last tensor unreduced",
             &["all_reduce::coalesced::f32::sum::ws2"],
         ),
@@ -1966,7 +2005,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<AllToAllEqualSplitByElements>(
             "all_to_all_equal_split_by_elements",
-            "bad_input.indivisible",
+            "shapes.equal_split_all_to_all",
             "equal-split all_to_all checks numel % ws, not d0 % ws: [3, 2] at ws 2 is split mid-row",
             &["bad_input::all_to_all_equal_split_indivisible", "all_to_all_equal::"],
         ),
@@ -2023,7 +2062,7 @@ pub fn catalogue() -> Vec<Spec> {
         // fourth campaign: fused ops (seed 004) and premul_sum factors
         spec::<AgMatmulShardAtArrivalIndex>(
             "ag_matmul_shard_at_arrival_index",
-            "fused.values",
+            "fused.pipelined_order",
             "pipelined all-gather-matmul places each shard at its arrival index, not its source rank",
             &["fused::all_gather_matmul::dim0::f32::exact::ws2", "fused::all_gather_matmul"],
         ),
@@ -2068,6 +2107,12 @@ pub fn catalogue() -> Vec<Spec> {
             "fused.values",
             "pipelined matmul-reduce-scatter sends rank r - step the chunk of r + step (right at ws 2)",
             &["fused::matmul_reduce_scatter::dim0::f32::sum::exact::ws3", "fused::matmul_reduce_scatter"],
+        ),
+        spec::<MmRsAnyReduceOp>(
+            "mm_rs_any_reduce_op",
+            "fused.bad_input",
+            "matmul-reduce-scatter passes any reduce op to its reduce-scatter (max accepted, not a named error)",
+            &["fused::bad_input::reduce_op_not_sum_or_avg", "fused::bad_input::"],
         ),
         spec::<PremulSumFactorsNotCompared>(
             "premul_sum_factors_not_compared",

@@ -183,13 +183,13 @@ struct Cli {
 
 /// The whole `main` of the campaign binary.
 pub fn main() -> ! {
-    let specs = crate::bugs::catalogue();
+    let specs = crate::catalogue();
     let entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
     if cli.list {
         for s in &specs {
-            println!("{:<38} {:<12} {}", s.name, s.clause, s.what);
+            println!("{:<38} {:<30} {}", s.name, s.clause, s.what);
         }
         std::process::exit(0);
     }
@@ -220,6 +220,7 @@ pub fn main() -> ! {
         eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
     });
     print!("{}", render(&found, started.elapsed()));
+    print!("{}", crate::coverage::render(&crate::catalogue(), &found));
     Pool::global().shutdown();
     std::process::exit(if found.iter().all(|f| f.caught.is_some()) { 0 } else { 1 })
 }

@@ -14,7 +14,22 @@
 #![forbid(unsafe_code)]
 
 pub mod bugs;
+pub mod bugs_clauses;
 pub mod campaign;
+pub mod coverage;
+
+/// Every mutant of the campaign: [`bugs`] and [`bugs_clauses`] (a mutant per contract clause the
+/// first campaigns left without one).
+pub fn catalogue() -> Vec<campaign::Spec> {
+    let mut v = bugs::catalogue();
+    v.extend(bugs_clauses::catalogue());
+    v
+}
+
+/// The maker of the mutant `name`.
+pub fn maker(name: &str) -> Option<MakeBug> {
+    catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
+}
 
 use concord_core::fused::Gathered;
 use concord_core::{
@@ -320,8 +335,8 @@ impl Backend for Mutant {
     fn init(world: &WorldInfo) -> Result<Self> {
         let name =
             world.option("mutant").ok_or_else(|| CollectiveError::Backend("the mutant backend needs the option `mutant=<name>`".into()))?;
-        let make = bugs::maker(name)
-            .ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
+        let make =
+            maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
     }
@@ -347,6 +362,11 @@ impl Backend for Mutant {
             bug: (self.make)(),
             make: self.make,
         }))
+    }
+    /// shm's hooks: the `fault` option reaches the inner shm backend, so the fault suite's cases
+    /// run on every mutant.
+    fn fault_hooks(&self) -> Vec<(String, concord_core::fault::Action)> {
+        self.s.inner.fault_hooks()
     }
     fn upload(&self, t: &Tensor) -> Result<Buf> {
         self.s.inner.upload(t)

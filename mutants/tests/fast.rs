@@ -1,4 +1,4 @@
-//! The fast subset of the mutation campaign (a few seconds, under `cargo xtask test`): five
+//! The fast subset of the mutation campaign (a few seconds, under `cargo xtask test`): six
 //! mutants that today's catalogue catches, each run on its known catching cases, must FAIL there
 //! with a rank's own typed check (`reported`), never a crash or a hang. `cargo xtask mutants`
 //! runs the whole campaign.
@@ -14,14 +14,15 @@ const FAST: &[(&str, &[&str])] = &[
     ("inplace_broadcast_returns_copy", &["broadcast::inplace::f32::ws2"]),
     ("truncates_indivisible_reduce_scatter", &["bad_input::reduce_scatter_indivisible_ws2::ws2"]),
     ("writes_past_reduce_scatter_out", &["reduce_scatter_tensor::outbuf::f32::sum::ws2"]),
+    ("progress_ends_at_issue", &["async::peer_never_joins_op_recorded_in_flight::ws2"]),
 ];
 
 fn spec(name: &str) -> Spec {
-    concord_mutants::bugs::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
+    concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
 
 fn main() {
-    let specs = concord_mutants::bugs::catalogue();
+    let specs = concord_mutants::catalogue();
     let entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
     concord_suites::run::dispatch_child(&entries);
 
@@ -44,6 +45,31 @@ fn main() {
             Ok(())
         }));
     }
+    // Every mutant names a clause id of the contract (core/src/backend.rs), and every clause id
+    // has a mutant or a reasoned exemption (`concord_mutants::coverage`).
+    trials.push(libtest_mimic::Trial::test("mutants::every_clause_has_a_mutant_or_an_exemption", || {
+        let problems = concord_mutants::coverage::problems(&concord_mutants::catalogue());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n").into())
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::a_label_outside_the_contract_is_a_problem", || {
+        // The rule itself: a free-text label, and a clause with neither mutant nor exemption.
+        let mut specs = concord_mutants::catalogue();
+        specs[0].clause = "values";
+        let p = concord_mutants::coverage::problems(&specs);
+        if !p.iter().any(|m| m.contains("names `values`")) {
+            return Err(format!("a free-text clause label was not reported: {p:?}").into());
+        }
+        let only: Vec<_> = concord_mutants::catalogue().into_iter().filter(|s| s.clause != "barrier").collect();
+        let p = concord_mutants::coverage::problems(&only);
+        if !p.iter().any(|m| m.contains("clause barrier has no mutant and no exemption")) {
+            return Err(format!("a clause without mutant or exemption was not reported: {p:?}").into());
+        }
+        Ok(())
+    }));
     let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
     concord_harness::runner::Pool::global().shutdown();
     std::process::exit(code);

@@ -90,13 +90,19 @@ pub const CLAUSES: &[Clause] = &[
         id: "failure.usable_after",
         source: BACKEND,
         text: "After bad input (a mismatched new_group, splits whose sum overflows) every rank gets a named bad_input and the communicator stays usable; a failed new_group leaves no file behind.",
-        cases: &["faults::split_sum_overflow", "faults::new_group_after_mismatch", "faults::new_group_failure_leaves_no_file"],
+        // Every bad_input case ends with an all_reduce that must work (the world stays usable).
+        cases: &[
+            "faults::split_sum_overflow",
+            "faults::new_group_after_mismatch",
+            "faults::new_group_failure_leaves_no_file",
+            "bad_input::send_to_self",
+        ],
     },
     Clause {
         id: "progress.recorded",
         source: BACKEND,
-        text: "A collective in flight is recorded, so a timeout names the collective.",
-        cases: &["async::peer_never_joins_then_recovers"],
+        text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective.",
+        cases: &["async::peer_never_joins_then_recovers", "async::peer_never_joins_op_recorded_in_flight"],
     },
     Clause {
         id: "quiescence",
@@ -300,7 +306,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "barrier",
         source: BACKEND,
         text: "No rank's barrier completes before every rank has entered it.",
-        cases: &["async::barrier_synchronises", "barrier::"],
+        cases: &["async::barrier_synchronises", "async::barrier_synchronises::subgroup", "barrier::"],
     },
     Clause {
         id: "p2p.matching",
@@ -330,13 +336,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "numerics.subnormal",
         source: BACKEND,
         text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max.",
-        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32"],
+        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::"],
     },
     Clause {
         id: "numerics.round_once",
         source: BACKEND,
         text: "f16 / bf16 sums of a backend declaring ExactThenRound are the exact result rounded once to nearest-even (ties to even).",
-        cases: &["numerics::round_once::f16", "numerics::round_once::bf16"],
+        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::", "numerics::round_once::all_reduce_inplace::", "numerics::round_once::reduce::"],
     },
     Clause {
         id: "numerics.premul_sum",
@@ -375,6 +381,26 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3", "fused::all_gather_matmul::dim0::f32::outputs_kept::ws2"],
     },
 ];
+
+/// The contract's text: `core/src/backend.rs`, whose `[clause: id]` tags name its clauses.
+pub const CONTRACT_TEXT: &str = include_str!("../../core/src/backend.rs");
+
+/// The clause ids tagged `[clause: id]` in `text`, in order of first appearance, each once (the
+/// one parser of the tags: the map's self-test and the mutation campaign both use it).
+pub fn tagged_clauses(text: &str) -> Vec<&str> {
+    let mut ids: Vec<&str> = Vec::new();
+    for id in text.split("[clause: ").skip(1).filter_map(|t| t.split(']').next()) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// The clause ids of the contract ([`CONTRACT_TEXT`]'s tags).
+pub fn contract_clause_ids() -> Vec<&'static str> {
+    tagged_clauses(CONTRACT_TEXT)
+}
 
 /// For each clause: the case ids (among `ids`, names with or without a backend prefix) that
 /// check it, and the patterns that match none.
@@ -440,6 +466,14 @@ mod tests {
         ids.dedup();
         assert_eq!(ids.len(), n, "duplicate clause id");
         assert!(CLAUSES.iter().all(|c| !c.cases.is_empty()));
+    }
+
+    #[test]
+    fn the_tags_parse_once_each_in_order() {
+        let text = "a [clause: x.y] b [clause: p2p.order]\n c [clause: x.y] [clause: shapes]";
+        assert_eq!(tagged_clauses(text), vec!["x.y", "p2p.order", "shapes"]);
+        let ids = contract_clause_ids();
+        assert!(ids.contains(&"async.issue_returns") && ids.contains(&"shapes.equal_split_all_to_all"), "{ids:?}");
     }
 
     #[test]

@@ -14,12 +14,12 @@
 //! the receiver of permute and of recv. A send, and a rank whose result is defined without the
 //! late rank, is only checked for returning at once.
 //!
-//! Also here: `async::barrier_synchronises` — the late rank sets a store key right before
+//! Also here: `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
 //! completes, with a non-waiting `check`, that the key is set.
 
 use super::util::{expect_eq, fail, here};
-use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
 use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
@@ -293,6 +293,36 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
     }
+    v.push(Case::<B>::new("async::barrier_synchronises::subgroup::ws3", meta(OpKind::Barrier, Variant::Out), 3, |ctx| {
+        // The same on a subgroup (world ranks [2, 0]; rank 1 is no member): a group's barrier
+        // completes on a member only after every member has entered it.
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let Some(g) = ctx.b.new_group(&[2, 0])? else { return Ok(()) };
+        let b = &g;
+        for late in 0..b.world_size() {
+            let w = format!("{} group=[2, 0] late_group_rank={late}", here(b, "barrier", "out", DType::F32));
+            let key = format!("{}/{}/group_late{late}/entering", ctx.case, ctx.world.world_id);
+            if b.rank() == late {
+                // A deliberate delay, so that the other member is inside its barrier.
+                std::thread::sleep(Duration::from_millis(50));
+                ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            }
+            b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            if !ctx.store.check(&[&key]).map_err(|e| fail(&w, e))? {
+                return Err(fail(
+                    &w,
+                    format!("the group's barrier completed before group rank {late} had entered it (its store key, set right before entering, was not there)"),
+                ));
+            }
+            b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("second barrier: {e} [{}]", e.name())))?;
+            if b.rank() == late {
+                let _ = ctx.store.delete_key(&key);
+            }
+        }
+        Ok(())
+    }));
     for ws in [2, 3] {
         v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {
             let b = ctx.b;

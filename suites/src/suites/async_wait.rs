@@ -1,13 +1,14 @@
 //! Async-wait semantics: pending before the peers arrive, completed after wait, waiting twice,
 //! the outstanding-work registry, many outstanding works waited out of order, waiting from another
-//! thread, a peer that never joins (named timeout, then recovery), a lag test that catches a
+//! thread, a peer that never joins (named timeout, then recovery; the op pending for it is
+//! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
 //! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking) and a work
 //! that completes without any wait (`is_completed()` polled).
 
 use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseMeta};
-use concord_core::{AsyncResult, Backend, DType, ReduceOp, Tensor};
+use concord_core::{progress, AsyncResult, Backend, DType, ReduceOp, Tensor};
 use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
@@ -296,6 +297,38 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             ctx.store.get(&key).map_err(|e| fail(&w, e))?;
             let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
             expect_eq(b, &out, &full(&[32], 3.0f32), &w)?;
+            let _ = ctx.store.delete_key(&key);
+            Ok(())
+        }
+    }));
+    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // progress.recorded: while rank 0's all_reduce waits for rank 1 (which has not issued
+        // it), `concord_core::progress` lists it in flight, so a deadline report names it.
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 16))?;
+        if b.rank() == 0 {
+            let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+            let before = progress::in_flight();
+            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            let recorded: Vec<progress::InFlight> =
+                progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).collect();
+            let state = progress::describe();
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+            expect_eq(b, out, &full(&[16], 3.0f32), &w)?;
+            if recorded.is_empty() {
+                return Err(fail(
+                    &w,
+                    format!("an all_reduce waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
+                ));
+            }
+            Ok(())
+        } else {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            expect_eq(b, &out, &full(&[16], 3.0f32), &w)?;
             let _ = ctx.store.delete_key(&key);
             Ok(())
         }

@@ -240,8 +240,8 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
     let ws = b.world_size();
     let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
     let out = b
-        .all_reduce(&x, ReduceOp::Sum)?
-        .into_value(ctx.timeout)
-        .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e}")))?;
+        .all_reduce(&x, ReduceOp::Sum)
+        .and_then(|work| work.into_value(ctx.timeout))
+        .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e} [{}]", e.name())))?;
     expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))
 }

@@ -8,6 +8,9 @@
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
 //!   flush to zero; exact in every dtype, whatever the declared rounding).
+//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws{3,2}`
+//!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
+//!   values repeated world-size times) and `reduce` (rooted at the last rank, checked there).
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits).
@@ -18,22 +21,74 @@ use concord_core::{Backend, DType, OpKind, ReduceOp, Rounding, Tensor, Variant};
 use concord_oracle::{Collective, Semantics};
 
 fn meta(dtype: DType, reduce: &str) -> CaseMeta {
-    CaseMeta { suite: "numerics".into(), op: "all_reduce".into(), variant: "out".into(), dtype: dtype.to_string(), reduce: reduce.into() }
+    meta_op("all_reduce", dtype, reduce)
+}
+fn meta_op(op: &str, dtype: DType, reduce: &str) -> CaseMeta {
+    CaseMeta { suite: "numerics".into(), op: op.into(), variant: "out".into(), dtype: dtype.to_string(), reduce: reduce.into() }
 }
 
 /// all_reduce(op) of `per_rank[r]` (f64 values, exact in `dtype`), checked bit-exactly against
 /// the oracle. `label` goes into the failure message.
 fn check<B: Backend>(ctx: &Ctx<'_, B>, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
+    check_op(ctx, Via::AllReduce, dtype, op, per_rank, label)
+}
+
+/// The reducing call a numerics check goes through.
+#[derive(Clone, Copy)]
+enum Via {
+    AllReduce,
+    AllReduceInPlace,
+    /// Each rank's values repeated world-size times, so every rank's chunk holds the same columns.
+    ReduceScatter,
+    /// Rooted at the last rank; checked there.
+    Reduce,
+}
+
+impl Via {
+    /// The name in case ids (`numerics::subnormal::<name>::...`).
+    fn name(self) -> &'static str {
+        match self {
+            Via::AllReduce => "all_reduce",
+            Via::AllReduceInPlace => "all_reduce_inplace",
+            Via::ReduceScatter => "reduce_scatter",
+            Via::Reduce => "reduce",
+        }
+    }
+}
+
+/// The ops besides out-of-place all_reduce (other kernels: flush-to-zero or per-step rounding
+/// there is not seen by the all_reduce cases).
+const OTHER_VIAS: [Via; 3] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::Reduce];
+
+/// [`check`] through `via`.
+fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
     let b = ctx.b;
     let ws = b.world_size();
-    b.capabilities().check(OpKind::AllReduce, Some(Variant::Out), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
-    let n = per_rank[0].len();
-    let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], v)).collect();
-    let w = format!("{} reduce={op} {label}", here(b, "all_reduce", "out", dtype));
-    let exp = concord_oracle::expected(&Collective::AllReduce { op }, &inputs, &Semantics::of(&b.capabilities()))
+    let root = ws - 1;
+    let (kind, variant, name, coll) = match via {
+        Via::AllReduce => (OpKind::AllReduce, Variant::Out, "all_reduce", Collective::AllReduce { op }),
+        Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_", Collective::AllReduce { op }),
+        Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor", Collective::ReduceScatter { op }),
+        Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce", Collective::Reduce { op, root }),
+    };
+    b.capabilities().check(kind, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
+    let rows = if matches!(via, Via::ReduceScatter) { ws } else { 1 };
+    let n = per_rank[0].len() * rows;
+    let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], &v.repeat(rows))).collect();
+    let w = format!("{} reduce={op} {label}", here(b, name, variant.name(), dtype));
+    let exp = concord_oracle::expected(&coll, &inputs, &Semantics::of(&b.capabilities()))
         .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
     let x = b.upload(&inputs[b.rank()])?;
-    let out = b.all_reduce(&x, op)?.into_value(ctx.timeout)?;
+    let work = match via {
+        Via::AllReduce => b.all_reduce(&x, op)?,
+        Via::AllReduceInPlace => b.all_reduce_(&x, op)?,
+        Via::ReduceScatter => b.reduce_scatter_tensor(&x, op)?,
+        Via::Reduce => b.reduce(&x, op, root)?,
+    };
+    let out = work.into_value(ctx.timeout)?;
+    if matches!(via, Via::Reduce) && b.rank() != root {
+        return Ok(());
+    }
     expect_eq(b, &out, &exp.outputs[b.rank()], &w)
 }
 
@@ -58,27 +113,54 @@ fn layout(d: DType) -> (i32, f64, f64) {
     }
 }
 
+/// Three ranks' values (rows: ranks) whose exact sums lie on, just above or just below a tie of
+/// `dtype` (one column per element).
+fn tie_columns(dtype: DType) -> Vec<Vec<f64>> {
+    let (m, _, _) = layout(dtype);
+    let ulp = p2(-m); // ulp of [1, 2)
+    let half = ulp / 2.0;
+    let low = p2(-24); // far below half an ulp, lost by a second rounding
+                       // Columns: one element each; rows: ranks.
+    let cols: [[f64; 3]; 8] = [
+        [1.0, half, low],              // above the tie: 1 + ulp (f16: 0x3C01)
+        [1.0, half, 0.0],              // on the tie, even below: 1.0
+        [1.0 + ulp, half, 0.0],        // on the tie, even above: 1 + 2 ulp
+        [1.0, half, -low],             // below the tie: 1.0
+        [-1.0, -half, -low],           // negative, above the tie in magnitude
+        [1.0 + ulp, half, -low],       // just below a tie that would go up
+        [2.0, half, half],             // two halves of the ulp of 1 at 2: a tie at 2
+        [1.0, half * 0.5, half * 0.5], // quarter + quarter = a tie
+    ];
+    (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect()
+}
+
+/// The subnormal pairs of two ranks (rows: ranks): `t` the smallest subnormal, `mn` the smallest
+/// normal.
+fn subnormal_pairs(dtype: DType) -> Vec<Vec<f64>> {
+    let (_, t, mn) = layout(dtype);
+    let pairs: [[f64; 2]; 12] = [
+        [t, t],          // subnormal + subnormal
+        [3.0 * t, -t],   // subnormal difference
+        [mn - t, t],     // largest subnormal + smallest: the smallest normal
+        [mn, -t],        // normal - subnormal: largest subnormal
+        [1.5 * mn, -mn], // normal - normal: a subnormal result
+        [-t, t],         // +0
+        [-t, -t],        // negative subnormal
+        [t, 0.0],        // subnormal + zero
+        [-0.0, t],       // -0 and a subnormal
+        [t, 2.0 * t],    // min / max among subnormals
+        [-t, -2.0 * t],  // negative ones
+        [mn - t, mn],    // min / max across the subnormal / normal boundary
+    ];
+    (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         v.push(Case::<B>::new(format!("numerics::round_once::{dtype}::ws3"), meta(dtype, "sum"), 3, move |ctx| {
             exact_rounding(ctx.b)?;
-            let (m, _, _) = layout(dtype);
-            let ulp = p2(-m); // ulp of [1, 2)
-            let half = ulp / 2.0;
-            let low = p2(-24); // far below half an ulp, lost by a second rounding
-                               // Columns: one element each; rows: ranks.
-            let cols: [[f64; 3]; 8] = [
-                [1.0, half, low],              // above the tie: 1 + ulp (f16: 0x3C01)
-                [1.0, half, 0.0],              // on the tie, even below: 1.0
-                [1.0 + ulp, half, 0.0],        // on the tie, even above: 1 + 2 ulp
-                [1.0, half, -low],             // below the tie: 1.0
-                [-1.0, -half, -low],           // negative, above the tie in magnitude
-                [1.0 + ulp, half, -low],       // just below a tie that would go up
-                [2.0, half, half],             // two halves of the ulp of 1 at 2: a tie at 2
-                [1.0, half * 0.5, half * 0.5], // quarter + quarter = a tie
-            ];
-            let per_rank: Vec<Vec<f64>> = (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect();
+            let per_rank = tie_columns(dtype);
             // Self-check of the suite: the oracle's first element is the documented one.
             let first = concord_oracle::expected(
                 &Collective::AllReduce { op: ReduceOp::Sum },
@@ -98,27 +180,32 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::subnormal::{dtype}::ws2"), meta(dtype, "sum"), 2, move |ctx| {
-            let (_, t, mn) = layout(dtype);
-            let pairs: [[f64; 2]; 12] = [
-                [t, t],          // subnormal + subnormal
-                [3.0 * t, -t],   // subnormal difference
-                [mn - t, t],     // largest subnormal + smallest: the smallest normal
-                [mn, -t],        // normal - subnormal: largest subnormal
-                [1.5 * mn, -mn], // normal - normal: a subnormal result
-                [-t, t],         // +0
-                [-t, -t],        // negative subnormal
-                [t, 0.0],        // subnormal + zero
-                [-0.0, t],       // -0 and a subnormal
-                [t, 2.0 * t],    // min / max among subnormals
-                [-t, -2.0 * t],  // negative ones
-                [mn - t, mn],    // min / max across the subnormal / normal boundary
-            ];
-            let per_rank: Vec<Vec<f64>> = (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect();
+            let per_rank = subnormal_pairs(dtype);
             for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
                 check(ctx, dtype, op, &per_rank, "input=subnormal")?;
             }
             Ok(())
         }));
+    }
+    // The same expectations through the other reducing calls.
+    for via in OTHER_VIAS {
+        let name = via.name();
+        for dtype in [DType::F16, DType::BF16] {
+            let m = meta_op(name, dtype, "sum");
+            v.push(Case::<B>::new(format!("numerics::round_once::{name}::{dtype}::ws3"), m, 3, move |ctx| {
+                exact_rounding(ctx.b)?;
+                check_op(ctx, via, dtype, ReduceOp::Sum, &tie_columns(dtype), "input=round_to_nearest_even_ties")
+            }));
+        }
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let m = meta_op(name, dtype, "sum");
+            v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| {
+                for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                    check_op(ctx, via, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
+                }
+                Ok(())
+            }));
+        }
     }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {

@@ -130,8 +130,20 @@ fn exchange<B: Backend>(ctx: &Ctx<'_, B>, n: usize, same_size: bool, order: Orde
     let w = format!("{} peer={peer} messages={n}", here(b, "send_recv", "outbuf", DType::F32));
     let sends: Vec<B::Buffer> = (0..n).map(|k| b.upload(&message(me, k, len(k)))).collect::<Result<_, _>>()?;
     let outs: Vec<B::Buffer> = (0..n).map(|k| b.upload(&Tensor::zeros(DType::F32, &[len(k)]))).collect::<Result<_, _>>()?;
-    let issue_sends = || sends.iter().map(|x| b.send(x, peer)).collect::<Result<Vec<_>, _>>();
-    let issue_recvs = || outs.iter().map(|o| b.recv(o, peer)).collect::<Result<Vec<_>, _>>();
+    // Issue errors name the case too (a receive that blocks at issue ends here, in a timeout).
+    let issue_sends = || {
+        sends
+            .iter()
+            .map(|x| b.send(x, peer))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| fail(&w, format!("issuing the sends: {e} [{}]", e.name())))
+    };
+    let issue_recvs = || {
+        outs.iter()
+            .map(|o| b.recv(o, peer))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| fail(&w, format!("issuing the receives: {e} [{}]", e.name())))
+    };
     let (sw, rw) = match order {
         Order::SendsFirst => {
             let s = issue_sends()?;
