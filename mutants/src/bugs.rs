@@ -961,19 +961,30 @@ bug!(
     /// int64): values with the top bit set compare as negative.
     UnsignedMinMaxAsSigned {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let dtype = s.inner.buffer_dtype(x);
-        if !matches!(op, ReduceOp::Min | ReduceOp::Max) || !matches!(dtype, DType::U32 | DType::U64) {
-            return s.inner.all_reduce(x, op);
-        }
-        // Flipping the top bit turns the signed order into the unsigned one (and back).
-        let es = dtype.size();
-        let flip = move |t: &mut Tensor| t.bytes_mut().chunks_mut(es).for_each(|e| e[es - 1] ^= 0x80);
-        let mut t = s.inner.download(x)?;
-        flip(&mut t);
-        let w = s.inner.all_reduce(&s.inner.upload(&t)?, op)?;
-        Ok(s.then(w, move |be, out| edit(be, out, flip)))
+        unsigned_min_max_as_signed(s, x, op, ShmBackend::all_reduce)
     }
 });
+
+/// `run` (a reduction of shm) with u32 / u64 min / max compared as signed (the library's int32
+/// / int64 kernel); every other dtype and op as `run` does.
+pub(crate) fn unsigned_min_max_as_signed(
+    s: &Shm,
+    x: &Buf,
+    op: ReduceOp,
+    run: fn(&ShmBackend, &Buf, ReduceOp) -> Result<Work<Buf>>,
+) -> Result<Work<Buf>> {
+    let dtype = s.inner.buffer_dtype(x);
+    if !matches!(op, ReduceOp::Min | ReduceOp::Max) || !matches!(dtype, DType::U32 | DType::U64) {
+        return run(&s.inner, x, op);
+    }
+    // Flipping the top bit turns the signed order into the unsigned one (and back).
+    let es = dtype.size();
+    let flip = move |t: &mut Tensor| t.bytes_mut().chunks_mut(es).for_each(|e| e[es - 1] ^= 0x80);
+    let mut t = s.inner.download(x)?;
+    flip(&mut t);
+    let w = run(&s.inner, &s.inner.upload(&t)?, op)?;
+    Ok(s.then(w, move |be, out| edit(be, out, flip)))
+}
 
 bug!(
     /// all_to_all_single on a rank with nothing to send returns at once with an empty-handed

@@ -486,17 +486,7 @@ pub struct ReduceScatterUnsignedMinMaxAsSigned;
 
 impl Bug for ReduceScatterUnsignedMinMaxAsSigned {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let dtype = s.inner.buffer_dtype(x);
-        if !matches!(op, ReduceOp::Min | ReduceOp::Max) || !matches!(dtype, DType::U32 | DType::U64) {
-            return s.inner.reduce_scatter_tensor(x, op);
-        }
-        // Flipping the top bit turns the signed order into the unsigned one (and back).
-        let es = dtype.size();
-        let flip = move |t: &mut Tensor| t.bytes_mut().chunks_mut(es).for_each(|e| e[es - 1] ^= 0x80);
-        let mut t = s.inner.download(x)?;
-        flip(&mut t);
-        let w = s.inner.reduce_scatter_tensor(&s.inner.upload(&t)?, op)?;
-        Ok(s.then(w, move |be, out| edit(be, out, flip)))
+        crate::bugs::unsigned_min_max_as_signed(s, x, op, concord_shm::ShmBackend::reduce_scatter_tensor)
     }
 }
 
