@@ -429,27 +429,32 @@ fn round_to(dtype: DType, v: f64) -> f64 {
 
 bug!(F16SumDoubleRounded {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != DType::F16 || s.ws() < 3 {
-            return s.inner.all_reduce(x, op);
-        }
-        // Gathers every rank's input and sums in rank order, rounding to f16 after every add
-        // (instead of accumulating wide and rounding once).
-        let n = s.numel(x);
-        let out = s.inner.alloc(DType::F16, &s.inner.buffer_shape(x))?;
-        let g = s.inner.all_gather_into_tensor(x)?;
-        let ws = s.ws();
-        Ok(s.then_as(g, out.clone(), move |be, gathered| {
-            let all = be.download(gathered)?;
-            edit(be, &out, |t| {
-                for i in 0..n {
-                    // Starts from rank 0's value (not +0.0), so only the rounding differs.
-                    let acc = (1..ws).fold(all.get_f64(i), |acc, r| round_to(DType::F16, acc + all.get_f64(r * n + i)));
-                    set_f64(t, i, acc);
-                }
-            })
-        }))
+        sum_rounded_per_add(s, x, op, DType::F16)
     }
 });
+
+/// A `sum` of `dtype` at world size >= 3 that gathers every rank's input and sums in rank order,
+/// rounding to `dtype` after every add (instead of accumulating wide and rounding once); every
+/// other call as shm does.
+pub(crate) fn sum_rounded_per_add(s: &Shm, x: &Buf, op: ReduceOp, dtype: DType) -> Result<Work<Buf>> {
+    if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != dtype || s.ws() < 3 {
+        return s.inner.all_reduce(x, op);
+    }
+    let n = s.numel(x);
+    let out = s.inner.alloc(dtype, &s.inner.buffer_shape(x))?;
+    let g = s.inner.all_gather_into_tensor(x)?;
+    let ws = s.ws();
+    Ok(s.then_as(g, out.clone(), move |be, gathered| {
+        let all = be.download(gathered)?;
+        edit(be, &out, |t| {
+            for i in 0..n {
+                // Starts from rank 0's value (not +0.0), so only the rounding differs.
+                let acc = (1..ws).fold(all.get_f64(i), |acc, r| round_to(dtype, acc + all.get_f64(r * n + i)));
+                set_f64(t, i, acc);
+            }
+        })
+    }))
+}
 
 bug!(PremulSumIgnoresFactor {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
@@ -1717,7 +1722,12 @@ pub fn catalogue() -> Vec<Spec> {
             "all_reduce wrong above 65,536 elements",
             &["async::lag_read_right_after_wait"],
         ),
-        spec::<WrongAbove1MiB>("wrong_above_1mib", "values.sizes", "all_gather result wrong above 1 MiB", &["all_gather_into_tensor::out"]),
+        spec::<WrongAbove1MiB>(
+            "wrong_above_1mib",
+            "values.sizes",
+            "all_gather result wrong above 1 MiB",
+            &["sizes::all_gather_into_tensor::f32::n262145", "all_gather_into_tensor::out"],
+        ),
         spec::<TruncatesLastChunk>(
             "truncates_last_chunk",
             "values.sizes",
@@ -1738,7 +1748,7 @@ pub fn catalogue() -> Vec<Spec> {
             "avg_divides_by_world_size",
             "subgroups.reduce_ops",
             "subgroup avg divides by the world size",
-            &["subgroup::", "::avg::"],
+            &["subgroup::halves::all_reduce::out::f32::avg", "subgroup::", "::avg::"],
         ),
         spec::<GroupRankIsWorldRank>("group_rank_is_world_rank", "subgroups", "rank() of a subgroup is the world rank", &["subgroup::"]),
         spec::<GroupRootIsWorldRank>(
@@ -1807,7 +1817,7 @@ pub fn catalogue() -> Vec<Spec> {
             "ignores_input_view_offset",
             "views",
             "inputs that are views at an offset are read from offset 0",
-            &["reuse::", "caps::aliasing"],
+            &["fused::all_gather_matmul::dim0::f32::exact::ws1", "reuse::", "caps::aliasing"],
         ),
         spec::<WritesOutAtOffset0>(
             "writes_out_at_offset_0",
@@ -1820,7 +1830,7 @@ pub fn catalogue() -> Vec<Spec> {
             "f16_sum_double_rounded",
             "numerics.round_once",
             "f16 sum rounded to f16 after every partial sum",
-            &["all_reduce::out::f16::sum"],
+            &["numerics::round_once::f16", "all_reduce::out::f16::sum"],
         ),
         spec::<PremulSumIgnoresFactor>(
             "premul_sum_ignores_factor",
@@ -1832,14 +1842,14 @@ pub fn catalogue() -> Vec<Spec> {
             "flushes_subnormals",
             "numerics.subnormal",
             "all_reduce flushes subnormal results to zero",
-            &["all_reduce::out::f"],
+            &["numerics::subnormal::f16::ws2", "all_reduce::out::f"],
         ),
         // ordering
         spec::<P2pSwappedInFlight>(
             "p2p_swapped_in_flight",
             "p2p.order",
             "two in-flight recvs from one peer get each other's message",
-            &["send_recv::"],
+            &["p2p::in_flight_in_order::same_size", "send_recv::"],
         ),
         spec::<AllGatherRotated>(
             "all_gather_rotated",
@@ -1873,7 +1883,7 @@ pub fn catalogue() -> Vec<Spec> {
             "leaked_subgroup_barrier",
             "quiescence",
             "subgroup all_reduce leaks an internal barrier (outstanding() > 0 forever)",
-            &["subgroup::"],
+            &["subgroup::halves::all_reduce::out::f32::sum::ws2", "subgroup::"],
         ),
         // bad input
         spec::<TruncatesIndivisibleReduceScatter>(

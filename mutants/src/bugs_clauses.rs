@@ -248,23 +248,7 @@ pub struct Bf16PartialSumsRounded;
 
 impl Bug for Bf16PartialSumsRounded {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if op != ReduceOp::Sum || s.inner.buffer_dtype(x) != DType::BF16 || s.ws() < 3 {
-            return s.inner.all_reduce(x, op);
-        }
-        let n = s.numel(x);
-        let out = s.inner.alloc(DType::BF16, &s.inner.buffer_shape(x))?;
-        let g = s.inner.all_gather_into_tensor(x)?;
-        let ws = s.ws();
-        let bf16 = |v: f64| Tensor::from_f64(DType::BF16, &[1], &[v]).get_f64(0);
-        Ok(s.then_as(g, out.clone(), move |be, gathered| {
-            let all = be.download(gathered)?;
-            edit(be, &out, |t| {
-                for i in 0..n {
-                    let acc = (1..ws).fold(all.get_f64(i), |acc, r| bf16(acc + all.get_f64(r * n + i)));
-                    set_f64(t, i, acc);
-                }
-            })
-        }))
+        crate::bugs::sum_rounded_per_add(s, x, op, DType::BF16)
     }
 }
 
