@@ -191,9 +191,7 @@ impl Device {
         }
         if self.async_alloc {
             let evicted = self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(ptr, bytes);
-            for (p, n) in evicted {
-                self.free_to_pool(p, n);
-            }
+            self.free_all_to_pool(evicted);
         } else {
             self.deferred.lock().unwrap_or_else(|e| e.into_inner()).push(ptr);
             self.reap();
@@ -231,17 +229,20 @@ impl Device {
     pub fn disable_cache(&self) {
         let kept = self.cache.lock().unwrap_or_else(|e| e.into_inner()).disable();
         if self.bind().is_ok() {
-            for (p, n) in kept {
-                self.free_to_pool(p, n);
-            }
+            self.free_all_to_pool(kept);
         }
     }
 
-    /// Gives every cached block back to the pool; `true` when there was one.
+    /// Gives every cached block back to the pool (the context bound); `true` when there was one.
     fn flush_cache(&self) -> bool {
         let kept = self.cache.lock().unwrap_or_else(|e| e.into_inner()).drain();
-        let any = !kept.is_empty();
-        for (p, n) in kept {
+        self.free_all_to_pool(kept)
+    }
+
+    /// [`Device::free_to_pool`] of each block; `true` when there was one.
+    fn free_all_to_pool(&self, blocks: Vec<(u64, usize)>) -> bool {
+        let any = !blocks.is_empty();
+        for (p, n) in blocks {
             self.free_to_pool(p, n);
         }
         any
