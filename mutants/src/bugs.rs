@@ -477,22 +477,24 @@ fn min_normal(d: DType) -> f64 {
 bug!(FlushesSubnormals {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let w = s.inner.all_reduce(x, op)?;
-        if !s.inner.buffer_dtype(x).is_float() {
-            return Ok(w);
-        }
-        Ok(s.then(w, |be, out| {
-            edit(be, out, |t| {
-                let tiny = min_normal(t.dtype());
-                for i in 0..t.numel() {
-                    let v = t.get_f64(i);
-                    if v != 0.0 && v.abs() < tiny {
-                        set_f64(t, i, 0.0f64.copysign(v));
-                    }
-                }
-            })
-        }))
+        Ok(if s.inner.buffer_dtype(x).is_float() { flushed(s, w) } else { w })
     }
 });
+
+/// `w` with the subnormal values of its (float) result flushed to zero.
+pub(crate) fn flushed(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+    s.then(w, |be, out| {
+        edit(be, out, |t| {
+            let tiny = min_normal(t.dtype());
+            for i in 0..t.numel() {
+                let v = t.get_f64(i);
+                if v != 0.0 && v.abs() < tiny {
+                    set_f64(t, i, 0.0f64.copysign(v));
+                }
+            }
+        })
+    })
+}
 
 // ---------------------------------------------------------------- ordering
 

@@ -17,14 +17,19 @@ pub struct AllGatherReturnsFlat;
 
 impl Bug for AllGatherReturnsFlat {
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
-        let w = s.inner.all_gather_into_tensor(x)?;
-        if s.inner.buffer_shape(x).len() < 2 {
-            return Ok(w);
-        }
-        let out = w.peek().clone();
-        let flat = s.inner.view(&out, 0, &[s.numel(&out)])?;
-        Ok(s.then_as(w, flat, |_, _| Ok(())))
+        flat_when_nd(s, x, s.inner.all_gather_into_tensor(x)?)
     }
+}
+
+/// `w`'s output as a flat view of itself when the input `x` has 2 dims or more (the shape a
+/// backend drops when it handles every call as a 1-D buffer).
+fn flat_when_nd(s: &Shm, x: &Buf, w: Work<Buf>) -> Result<Work<Buf>> {
+    if s.inner.buffer_shape(x).len() < 2 {
+        return Ok(w);
+    }
+    let out = w.peek().clone();
+    let flat = s.inner.view(&out, 0, &[s.numel(&out)])?;
+    Ok(s.then_as(w, flat, |_, _| Ok(())))
 }
 
 /// Staging buffers registered per (address, dtype, numel): the caller's buffer is copied in only
@@ -340,22 +345,7 @@ pub struct ReduceScatterReturnsFlat;
 
 impl Bug for ReduceScatterReturnsFlat {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let w = s.inner.reduce_scatter_tensor(x, op)?;
-        if s.inner.buffer_shape(x).len() < 2 {
-            return Ok(w);
-        }
-        let out = w.peek().clone();
-        let flat = s.inner.view(&out, 0, &[s.numel(&out)])?;
-        Ok(s.then_as(w, flat, |_, _| Ok(())))
-    }
-}
-
-/// The smallest normal value of float `dtype`.
-fn min_normal(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-14),
-        DType::F64 => f64::MIN_POSITIVE,
-        _ => f32::MIN_POSITIVE as f64,
+        flat_when_nd(s, x, s.inner.reduce_scatter_tensor(x, op)?)
     }
 }
 
@@ -370,23 +360,8 @@ impl Bug for ReduceScatterFlushesSubnormals {
         if !s.inner.buffer_dtype(x).is_float() {
             return Ok(w);
         }
-        Ok(flushed(s, w))
+        Ok(crate::bugs::flushed(s, w))
     }
-}
-
-/// `w` with the subnormal values of its (float) result flushed to zero.
-fn flushed(s: &Shm, w: Work<Buf>) -> Work<Buf> {
-    s.then(w, |be, out| {
-        edit(be, out, |t| {
-            let tiny = min_normal(t.dtype());
-            for i in 0..t.numel() {
-                let v = t.get_f64(i);
-                if v != 0.0 && v.abs() < tiny {
-                    set_f64(t, i, 0.0f64.copysign(v));
-                }
-            }
-        })
-    })
 }
 
 /// Rooted `reduce`'s kernel flushes subnormal results to zero.
@@ -396,7 +371,7 @@ pub struct ReduceFlushesSubnormals;
 impl Bug for ReduceFlushesSubnormals {
     fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
         let w = s.inner.reduce(x, op, root)?;
-        Ok(if s.inner.buffer_dtype(x).is_float() { flushed(s, w) } else { w })
+        Ok(if s.inner.buffer_dtype(x).is_float() { crate::bugs::flushed(s, w) } else { w })
     }
 }
 
@@ -407,7 +382,7 @@ pub struct InPlaceAllReduceFlushesSubnormals;
 impl Bug for InPlaceAllReduceFlushesSubnormals {
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let w = s.inner.all_reduce_(x, op)?;
-        Ok(if s.inner.buffer_dtype(x).is_float() { flushed(s, w) } else { w })
+        Ok(if s.inner.buffer_dtype(x).is_float() { crate::bugs::flushed(s, w) } else { w })
     }
 }
 
