@@ -58,20 +58,49 @@ pub struct Finding {
     pub elapsed: Duration,
 }
 
+/// The indices of the case ids `ids` (without the `<mutant>::` prefix) that contain one of
+/// `catchers`, in hint order (all cases of the first hint, then of the second, ...).
+pub fn hinted(catchers: &[&str], ids: &[&str]) -> Vec<usize> {
+    let mut taken = vec![false; ids.len()];
+    let mut order = Vec::new();
+    for pat in catchers {
+        for (i, id) in ids.iter().enumerate() {
+            if !taken[i] && id.contains(pat) {
+                taken[i] = true;
+                order.push(i);
+            }
+        }
+    }
+    order
+}
+
+/// `spec`'s cases matching its catcher hints ([`Spec::catchers`], in hint order), then the rest.
+fn split_hinted(spec: &Spec) -> (Vec<CaseInfo>, Vec<CaseInfo>) {
+    let cases = spec.entry.cases();
+    let prefix = format!("{}::", spec.name);
+    let ids: Vec<&str> = cases.iter().map(|c| c.id.strip_prefix(&prefix).unwrap_or(&c.id)).collect();
+    let first_idx = hinted(spec.catchers, &ids);
+    let mut is_first = vec![false; cases.len()];
+    for &i in &first_idx {
+        is_first[i] = true;
+    }
+    let first = first_idx.iter().map(|&i| cases[i].clone()).collect();
+    let rest = cases.iter().zip(&is_first).filter(|(_, f)| !**f).map(|(c, _)| c.clone()).collect();
+    (first, rest)
+}
+
+/// The ids of `spec`'s cases matching its catcher hints, in hint order.
+pub fn hinted_ids(spec: &Spec) -> Vec<String> {
+    split_hinted(spec).0.into_iter().map(|c| c.id).collect()
+}
+
 /// `spec`'s cases in the order the campaign runs them (or just `only`, by full id, if given).
 pub fn ordered_cases(spec: &Spec, only: &[String]) -> Vec<CaseInfo> {
-    let mut rest = spec.entry.cases();
     if !only.is_empty() {
-        return only.iter().filter_map(|id| rest.iter().find(|c| &c.id == id).cloned()).collect();
+        let all = spec.entry.cases();
+        return only.iter().filter_map(|id| all.iter().find(|c| &c.id == id).cloned()).collect();
     }
-    let prefix = format!("{}::", spec.name);
-    let mut first = Vec::new();
-    for pat in spec.catchers {
-        let (hit, miss): (Vec<CaseInfo>, Vec<CaseInfo>) =
-            rest.into_iter().partition(|c| c.id.strip_prefix(&prefix).is_some_and(|id| id.contains(pat)));
-        first.extend(hit);
-        rest = miss;
-    }
+    let (mut first, mut rest) = split_hinted(spec);
     // The rest by world size, so each persistent world serves a long run of cases.
     rest.sort_by_key(|c| c.world_size);
     first.extend(rest);

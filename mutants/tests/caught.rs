@@ -1,0 +1,106 @@
+//! The mutation campaign's guard under `cargo xtask test`: every mutant of the catalogue must
+//! be caught by the cases its catcher hints name (one test per mutant, `mutants::<name>_is_caught`,
+//! running only those cases and stopping at the first that fails). A change to the suites that
+//! lets a mutant through, or a hint that no longer names a catching case, fails CI, not only the
+//! next `cargo xtask mutants` (which runs the whole catalogue against every mutant). A mutant
+//! whose hinted cases mostly wait (stall-bound cases, or a deadline the bug makes them wait out)
+//! is named `mutants::stall::<name>_is_caught` (nextest runs those beside the CPU-bound tests). A few mutants must moreover fail by a rank's own typed check
+//! (`reported`), never a crash or a hang. Also the clause rules (`concord_mutants::coverage`).
+
+use concord_mutants::campaign::{hinted, run_mutant, Spec};
+use concord_suites::case::Load;
+
+/// Mutants whose catching failure must be a rank's typed check (`reported`).
+const REPORTED: &[&str] = &[
+    "sum_is_max_f32",
+    "premul_sum_ignores_factor",
+    "inplace_broadcast_returns_copy",
+    "truncates_indivisible_reduce_scatter",
+    "writes_past_reduce_scatter_out",
+    "progress_ends_at_issue",
+];
+
+/// Mutants whose hinted cases are light but wait out a deadline under the bug (seconds of wall
+/// time, little CPU): scheduling only, like a stall-bound case.
+const CAUGHT_AT_A_DEADLINE: &[&str] = &[
+    "completes_only_in_wait",
+    "drop_drains_unwaited",
+    "issue_blocks_all_reduce",
+    "issue_blocks_all_to_all",
+    "recv_blocks_at_issue",
+    "send_queued_behind_collectives",
+    "wait_ignores_deadline",
+];
+
+fn spec(name: &str) -> Spec {
+    concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
+}
+
+fn main() {
+    let specs = concord_mutants::catalogue();
+    let entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
+    concord_suites::run::dispatch_child(&entries);
+
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = Vec::new();
+    // Every mutant is the same backend type, so one listing of the catalogue serves them all
+    // (ids without the `<mutant>::` prefix).
+    let cases = specs[0].entry.cases();
+    let prefix = format!("{}::", specs[0].name);
+    let ids: Vec<&str> = cases.iter().map(|c| c.id.strip_prefix(&prefix).unwrap_or(&c.id)).collect();
+    for s in &specs {
+        let idx = hinted(s.catchers, &ids);
+        let stall = CAUGHT_AT_A_DEADLINE.contains(&s.name) || idx.iter().any(|&i| cases[i].load == Load::Stall);
+        let only: Vec<String> = idx.iter().map(|&i| format!("{}::{}", s.name, ids[i])).collect();
+        let name = s.name;
+        let test = if stall { format!("mutants::stall::{name}_is_caught") } else { format!("mutants::{name}_is_caught") };
+        trials.push(libtest_mimic::Trial::test(test, move || {
+            if only.is_empty() {
+                return Err(format!("{name}: no case id contains one of its catcher hints {:?}", spec(name).catchers).into());
+            }
+            let found = run_mutant(&spec(name), &only);
+            let Some(catch) = found.caught else {
+                return Err(format!(
+                    "{name} survived the {} cases its catcher hints name (a suite change let it through, or the hints are stale: \
+                     `cargo xtask mutants --mutant {name}` runs the whole catalogue against it)",
+                    only.len()
+                )
+                .into());
+            };
+            if REPORTED.contains(&name) && (catch.kinds.is_empty() || catch.kinds.iter().any(|k| *k != "reported")) {
+                return Err(
+                    format!("{name}: {} failed, but not by a reported check: {:?}\n{}", catch.case, catch.kinds, catch.message).into()
+                );
+            }
+            Ok(())
+        }));
+    }
+    // Every mutant names a clause id of the contract (core/src/backend.rs), and every clause id
+    // has a mutant or a reasoned exemption (`concord_mutants::coverage`).
+    trials.push(libtest_mimic::Trial::test("mutants::every_clause_has_a_mutant_or_an_exemption", || {
+        let problems = concord_mutants::coverage::problems(&concord_mutants::catalogue());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n").into())
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::a_label_outside_the_contract_is_a_problem", || {
+        // The rule itself: a free-text label, and a clause with neither mutant nor exemption.
+        let mut specs = concord_mutants::catalogue();
+        specs[0].clause = "values";
+        let p = concord_mutants::coverage::problems(&specs);
+        if !p.iter().any(|m| m.contains("names `values`")) {
+            return Err(format!("a free-text clause label was not reported: {p:?}").into());
+        }
+        let only: Vec<_> = concord_mutants::catalogue().into_iter().filter(|s| s.clause != "barrier").collect();
+        let p = concord_mutants::coverage::problems(&only);
+        if !p.iter().any(|m| m.contains("clause barrier has no mutant and no exemption")) {
+            return Err(format!("a clause without mutant or exemption was not reported: {p:?}").into());
+        }
+        Ok(())
+    }));
+    let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
+    concord_harness::runner::Pool::global().shutdown();
+    std::process::exit(code);
+}
