@@ -89,11 +89,6 @@ fn split_hinted(spec: &Spec) -> (Vec<CaseInfo>, Vec<CaseInfo>) {
     (first, rest)
 }
 
-/// The ids of `spec`'s cases matching its catcher hints, in hint order.
-pub fn hinted_ids(spec: &Spec) -> Vec<String> {
-    split_hinted(spec).0.into_iter().map(|c| c.id).collect()
-}
-
 /// `spec`'s cases in the order the campaign runs them (or just `only`, by full id, if given).
 pub fn ordered_cases(spec: &Spec, only: &[String]) -> Vec<CaseInfo> {
     if !only.is_empty() {
