@@ -352,7 +352,7 @@ pub fn catalogue() -> Vec<Spec> {
             "f64_min_max_through_f32",
             "values.reduce",
             "f64 min / max of all_reduce run through the f32 kernel: values not exact in f32 come back rounded",
-            &["all_reduce::out::f64::min", "all_reduce::out::f64::max"],
+            &["numerics::subnormal::f64", "all_reduce::out::f64::min", "all_reduce::out::f64::max"],
         ),
         spec::<PremulFactorInDtype>(
             "premul_factor_in_dtype",
@@ -364,25 +364,25 @@ pub fn catalogue() -> Vec<Spec> {
             "reduce_scatter_min_max_drops_nan",
             "numerics.subnormal",
             "reduce_scatter_tensor float min / max lets NaN lose (declared: NaN propagates)",
-            &["reduce_scatter_tensor::out::f32::max", "reduce_scatter_tensor::out::f32::min"],
+            &["numerics::nan_minmax::reduce_scatter"],
         ),
         spec::<InplaceMinMaxDropsNan>(
             "inplace_min_max_drops_nan",
             "numerics.subnormal",
             "in-place all_reduce_ float min / max lets NaN lose (declared: NaN propagates)",
-            &["all_reduce::inplace::f32::max", "all_reduce::inplace::f32::min"],
+            &["numerics::nan_minmax::all_reduce_inplace"],
         ),
         spec::<AllGatherCoalescedMixedAsFirst>(
             "all_gather_coalesced_mixed_as_first",
             "values.coalesced",
             "all_gather_into_tensor_coalesced of mixed dtypes moves every tensor as the first tensor's dtype",
-            &["all_gather_into_tensor::coalesced"],
+            &["all_gather_into_tensor::coalesced::mixed_dtypes"],
         ),
         spec::<ReduceScatterCoalescedMixedAsFirst>(
             "reduce_scatter_coalesced_mixed_as_first",
             "values.coalesced",
             "reduce_scatter_tensor_coalesced of mixed dtypes reduces every tensor in the first tensor's dtype",
-            &["reduce_scatter_tensor::coalesced"],
+            &["reduce_scatter_tensor::coalesced::mixed_dtypes"],
         ),
         spec::<ReduceScatterCoalescedDropsLast>(
             "reduce_scatter_coalesced_drops_last",
@@ -394,13 +394,13 @@ pub fn catalogue() -> Vec<Spec> {
             "eight_byte_view_read_at_base",
             "views",
             "all_reduce of 8-byte dtypes reads an input view at an offset from its parent's start",
-            &["views::all_reduce::out"],
+            &["views::all_reduce::out::f64"],
         ),
         spec::<EmptyAllReduceSkipsPeers>(
             "empty_all_reduce_skips_peers",
             "bad_input.named_everywhere",
             "all_reduce of zero elements returns at once without the peers: a peer's non-empty shape is never compared",
-            &["bad_input::all_reduce_shape_mismatch"],
+            &["bad_input::all_reduce_shape_mismatch_one_empty"],
         ),
         spec::<GatherRootChunkLast>(
             "gather_root_chunk_last",
@@ -412,7 +412,7 @@ pub fn catalogue() -> Vec<Spec> {
             "broadcast_staged_once",
             "placement.reuse",
             "broadcast's root sends from a staging copy made once per (address, dtype, numel)",
-            &["reuse::", "broadcast::out"],
+            &["broadcast::out::", "reuse::"],
         ),
         spec::<AllToAllPlanCachedByShape>(
             "all_to_all_plan_cached_by_shape",
@@ -424,7 +424,7 @@ pub fn catalogue() -> Vec<Spec> {
             "in_flight_all_gathers_merged",
             "values.move",
             "two same-shaped all_gather_into_tensor in flight at once: the second returns the first's result",
-            &["async::", "reuse::"],
+            &["reuse::outputs_in_flight::all_gather"],
         ),
         spec::<ByteInplaceMaxHeadNotStored>(
             "byte_inplace_min_max_head_not_stored",
