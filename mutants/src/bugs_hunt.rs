@@ -345,6 +345,24 @@ impl Bug for ByteInplaceMaxHeadNotStored {
     }
 }
 
+/// How many ranks the half-precision all_reduce path stages (one slot per rank).
+const HALF_SLOTS: usize = 8;
+
+/// bf16 / f16 `all_reduce` `sum` stages the ranks' inputs in [`HALF_SLOTS`] fixed slots: at a
+/// world above 8 ranks, the ranks past the last slot are left out of the sum.
+#[derive(Default)]
+pub struct HalfSumDropsRanksAbove8;
+
+impl Bug for HalfSumDropsRanksAbove8 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let d = s.inner.buffer_dtype(x);
+        if s.ws() <= HALF_SLOTS || op != ReduceOp::Sum || !matches!(d, DType::F16 | DType::BF16) || s.rank() < HALF_SLOTS {
+            return s.inner.all_reduce(x, op);
+        }
+        s.inner.all_reduce(&s.inner.upload(&Tensor::zeros(d, &s.inner.buffer_shape(x)))?, op)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -431,6 +449,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "i8 / u8 in-place all_reduce_ min / max leaves element 0 as this rank's input",
             &["all_reduce::inplace::u8::max", "all_reduce::inplace::i8::min"],
+        ),
+        spec::<HalfSumDropsRanksAbove8>(
+            "half_sum_drops_ranks_above_8",
+            "values.world_sizes",
+            "bf16 / f16 all_reduce sum above world size 8 leaves ranks 8.. out of the sum (8 staging slots)",
+            &["all_reduce::out::bf16::sum::ws16"],
         ),
     ]
 }
