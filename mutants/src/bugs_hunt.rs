@@ -123,8 +123,7 @@ fn mixed_first(s: &Shm, xs: &[Buf]) -> Option<DType> {
 /// `w` (the results of a coalesced call on converted inputs) mapped to new buffers of the
 /// original dtypes `dtypes`, filled by converting back.
 fn converted_back(s: &Shm, w: Work<Vec<Buf>>, dtypes: Vec<DType>) -> Result<Work<Vec<Buf>>> {
-    let outs: Vec<Buf> =
-        w.peek().iter().zip(&dtypes).map(|(r, &d)| s.inner.alloc(d, &s.inner.buffer_shape(r))).collect::<Result<_>>()?;
+    let outs: Vec<Buf> = w.peek().iter().zip(&dtypes).map(|(r, &d)| s.inner.alloc(d, &s.inner.buffer_shape(r))).collect::<Result<_>>()?;
     let o = outs.clone();
     Ok(s.then_as(w, outs, move |be, rs| rs.iter().zip(&o).try_for_each(|(r, o)| write_converted(be, r, o))))
 }
@@ -269,11 +268,16 @@ impl Bug for BroadcastStagedOnce {
     }
 }
 
+/// A buffer's (dtype, shape): what a shape-keyed cache looks up.
+type ShapeKey = (DType, Vec<usize>);
+/// all_to_all's (output, input) split sizes.
+type Splits = (Option<Vec<usize>>, Option<Vec<usize>>);
+
 /// `all_to_all_single` caches its transfer plan (the split sizes) per (dtype, input shape): a
 /// later call of the same shape with other splits moves rows by the first call's plan.
 #[derive(Default)]
 pub struct AllToAllPlanCachedByShape {
-    plans: Mutex<HashMap<(DType, Vec<usize>), (Option<Vec<usize>>, Option<Vec<usize>>)>>,
+    plans: Mutex<HashMap<ShapeKey, Splits>>,
 }
 
 impl Bug for AllToAllPlanCachedByShape {
@@ -295,7 +299,7 @@ impl Bug for AllToAllPlanCachedByShape {
 /// output (the bucket's demultiplexing keys results by shape).
 #[derive(Default)]
 pub struct InFlightAllGathersMerged {
-    pending: Arc<Mutex<HashMap<(DType, Vec<usize>), Buf>>>,
+    pending: Arc<Mutex<HashMap<ShapeKey, Buf>>>,
 }
 
 impl Bug for InFlightAllGathersMerged {
