@@ -73,7 +73,8 @@ pub fn exact_specs() -> Vec<ValueSpec> {
     out
 }
 
-/// Random and special-value specs for floats.
+/// Random and special-value specs for floats (random: sum and avg through the out-of-place
+/// reducing ops, min and max through all_reduce).
 pub fn float_extra_specs() -> Vec<ValueSpec> {
     let floats = [DType::F16, DType::BF16, DType::F32, DType::F64];
     let mut out = Vec::new();
@@ -84,6 +85,18 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
             for r in [ReduceOp::Sum, ReduceOp::Avg] {
                 out.push(ValueSpec { op, variant, dtype, reduce: Some(r), kind: InputKind::Random, max_shapes: None });
             }
+        }
+        // min / max of random values (exact: a selection): the exact inputs are integers, which
+        // survive a min / max kernel of a narrower float (f64 through f32); these do not.
+        for r in [ReduceOp::Min, ReduceOp::Max] {
+            out.push(ValueSpec {
+                op: OpKind::AllReduce,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(r),
+                kind: InputKind::Random,
+                max_shapes: None,
+            });
         }
         for r in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max] {
             out.push(ValueSpec {
