@@ -51,6 +51,7 @@ pub const CLAUSES: &[Clause] = &[
             "async::wait_twice",
             "async::wait_from_another_thread",
             "async::many_outstanding_waited_out_of_order",
+            "reuse::outputs_in_flight::",
             "async::registry_counts_unwaited_work",
             "seed::eager::work_registry_zero_after_wait",
         ],
@@ -165,6 +166,7 @@ pub const CLAUSES: &[Clause] = &[
             "send_recv::outbuf::",
             "::perm_",
             "::bits",
+            "reuse::outputs_in_flight::all_gather_into_tensor",
         ],
     },
     Clause {
@@ -176,6 +178,8 @@ pub const CLAUSES: &[Clause] = &[
             "all_gather_into_tensor::coalesced::",
             "reduce_scatter_tensor::coalesced::",
             "all_reduce::coalesced::mixed_dtypes",
+            "all_gather_into_tensor::coalesced::mixed_dtypes",
+            "reduce_scatter_tensor::coalesced::mixed_dtypes",
         ],
     },
     Clause {
@@ -335,8 +339,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "numerics.subnormal",
         source: BACKEND,
-        text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max.",
-        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::"],
+        text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max; min / max treat NaN as declared on every reducing call.",
+        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::", "numerics::nan_minmax::"],
     },
     Clause {
         id: "numerics.round_once",

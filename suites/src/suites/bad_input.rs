@@ -25,6 +25,11 @@ const T: Duration = Duration::from_secs(10);
 fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
     vec![
         ("all_reduce_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.all_reduce(&f32s(b, &[4 + r])?, ReduceOp::Sum)?, T)),
+        // An empty tensor against a non-empty one: a backend that returns at once on zero elements
+        // (nothing to reduce) never compares the shapes, and the non-empty rank waits forever.
+        ("all_reduce_shape_mismatch_one_empty", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.all_reduce(&f32s(b, &[4 * r])?, ReduceOp::Sum)?, T)
+        }),
         ("all_reduce_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
             let x = if r == 0 { f32s(b, &[4])? } else { b.upload(&full(&[4], 1.0f64))? };
             wait(b.all_reduce(&x, ReduceOp::Sum)?, T)

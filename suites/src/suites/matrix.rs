@@ -4,9 +4,9 @@
 //!
 //! World sizes 6, 7 and 16 ([`super::SPARSE_WORLD_SIZES`]) run a sparser slice, to keep the run
 //! time in check (a world of 16 processes per case group): exact inputs only, dtypes f32, i32 and
-//! bf16 (f32 alone at 16), every (op, variant) and every reduce op defined for the dtype, the
-//! first [`SPARSE_SHAPES`] shapes of the catalogue ([`sparse_specs`]). Same case names as the full
-//! matrix (`all_reduce::out::f32::sum::ws6`).
+//! bf16 (at 16: f32, and bf16 `sum` through the out-of-place reducing ops), every (op, variant)
+//! and every reduce op defined for the dtype, the first [`SPARSE_SHAPES`] shapes of the catalogue
+//! ([`sparse_specs`]). Same case names as the full matrix (`all_reduce::out::f32::sum::ws6`).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
 use crate::case::{Case, CaseEnd, CaseMeta};
@@ -73,7 +73,8 @@ pub fn exact_specs() -> Vec<ValueSpec> {
     out
 }
 
-/// Random and special-value specs for floats.
+/// Random and special-value specs for floats (random: sum and avg through the out-of-place
+/// reducing ops, min and max through all_reduce).
 pub fn float_extra_specs() -> Vec<ValueSpec> {
     let floats = [DType::F16, DType::BF16, DType::F32, DType::F64];
     let mut out = Vec::new();
@@ -84,6 +85,18 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
             for r in [ReduceOp::Sum, ReduceOp::Avg] {
                 out.push(ValueSpec { op, variant, dtype, reduce: Some(r), kind: InputKind::Random, max_shapes: None });
             }
+        }
+        // min / max of random values (exact: a selection): the exact inputs are integers, which
+        // survive a min / max kernel of a narrower float (f64 through f32); these do not.
+        for r in [ReduceOp::Min, ReduceOp::Max] {
+            out.push(ValueSpec {
+                op: OpKind::AllReduce,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(r),
+                kind: InputKind::Random,
+                max_shapes: None,
+            });
         }
         for r in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max] {
             out.push(ValueSpec {
@@ -120,8 +133,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for spec in sparse_specs() {
         for ws in SPARSE_WORLD_SIZES {
-            // The largest world runs f32 only (and the barrier).
-            if ws > 8 && !matches!(spec.dtype, DType::F32) && spec.op != OpKind::Barrier {
+            // The largest world runs f32 (and the barrier), plus bf16 `sum` through the
+            // out-of-place reducing ops: a half-precision path may stage a fixed number of ranks.
+            let bf16_sum = spec.dtype == DType::BF16 && spec.variant == Variant::Out && spec.reduce == Some(ReduceOp::Sum);
+            if ws > 8 && !matches!(spec.dtype, DType::F32) && spec.op != OpKind::Barrier && !bf16_sum {
                 continue;
             }
             out.push(value_case(spec.clone(), ws));
@@ -134,17 +149,19 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     out
 }
 
-/// Rank `r`'s coalesced list of five dtypes for [`mixed_dtype_cases`], and the sum of every
-/// rank's list: values that survive only in their own dtype (i64 and i32 beyond f32's 24
-/// significant bits, f64 fractions below f32's resolution), each sum exact in its dtype.
-fn mixed_lists(ws: usize) -> (Vec<Vec<Tensor>>, Vec<Tensor>) {
+/// Rank `r`'s coalesced list of five dtypes for [`mixed_dtype_cases`] (tensor `t` of `lens[t]`
+/// elements), and the sum of every rank's list: values that survive only in their own dtype (i64
+/// and i32 beyond f32's 24 significant bits, f64 fractions below f32's resolution), each sum exact
+/// in its dtype.
+fn mixed_lists(ws: usize, lens: [usize; 5]) -> (Vec<Vec<Tensor>>, Vec<Tensor>) {
     let list = |r: usize| -> Vec<Tensor> {
+        let bf16: Vec<f64> = (0..lens[3]).map(|i| (r + 1 + i) as f64).collect();
         vec![
-            Tensor::from_vec(&[5], (0..5).map(|i| (r * 10 + i) as f32).collect()),
-            Tensor::from_vec(&[4], (0..4).map(|i| (1i64 << 40) + 1 + (3 * r + i) as i64).collect()),
-            Tensor::from_vec(&[3], (0..3).map(|i| 1.0 + (r + 1 + i) as f64 * (-40f64).exp2()).collect()),
-            Tensor::from_f64(DType::BF16, &[2], &[(r + 1) as f64, (r + 2) as f64]),
-            Tensor::from_vec(&[3], (0..3).map(|i| (1i32 << 28) + 1 + (7 * r + i) as i32).collect()),
+            Tensor::from_vec(&[lens[0]], (0..lens[0]).map(|i| (r * 10 + i) as f32).collect()),
+            Tensor::from_vec(&[lens[1]], (0..lens[1]).map(|i| (1i64 << 40) + 1 + (3 * r + i) as i64).collect()),
+            Tensor::from_vec(&[lens[2]], (0..lens[2]).map(|i| 1.0 + (r + 1 + i) as f64 * (-40f64).exp2()).collect()),
+            Tensor::from_f64(DType::BF16, &[lens[3]], &bf16),
+            Tensor::from_vec(&[lens[4]], (0..lens[4]).map(|i| (1i32 << 28) + 1 + (7 * r + i) as i32).collect()),
         ]
     };
     let lists: Vec<Vec<Tensor>> = (0..ws).map(list).collect();
@@ -159,45 +176,71 @@ fn mixed_lists(ws: usize) -> (Vec<Vec<Tensor>>, Vec<Tensor>) {
     (lists, sums)
 }
 
-/// all_reduce_coalesced (and `_`) of one list mixing f32, i64, f64, bf16 and i32
-/// (`all_reduce::coalesced::mixed_dtypes::ws2`): each tensor is summed in its own dtype, as the
-/// single op would. The matrix's lists hold one dtype each; a backend that flattens the list
-/// into one buffer of the first tensor's dtype (pytorch/pytorch#1179, #35671) passes there.
+/// The coalesced ops of [`mixed_dtype_cases`]: (op, variant, tensor lengths). reduce_scatter's
+/// lengths are even (world size 2 divides them).
+const MIXED: [(OpKind, Variant, [usize; 5]); 4] = [
+    (OpKind::AllReduce, Variant::Coalesced, [5, 4, 3, 2, 3]),
+    (OpKind::AllReduce, Variant::CoalescedInPlace, [5, 4, 3, 2, 3]),
+    (OpKind::AllGatherIntoTensor, Variant::Coalesced, [5, 4, 3, 2, 3]),
+    (OpKind::ReduceScatterTensor, Variant::Coalesced, [6, 4, 2, 2, 4]),
+];
+
+/// The coalesced ops (all_reduce and `_`, all_gather_into_tensor, reduce_scatter_tensor) on one
+/// list mixing f32, i64, f64, bf16 and i32 (`all_gather_into_tensor::coalesced::mixed_dtypes::ws2`):
+/// each tensor is reduced / moved in its own dtype, as the single op would. The matrix's lists
+/// hold one dtype each; a backend that flattens the list into one buffer of the first tensor's
+/// dtype (pytorch/pytorch#1179, #35671) passes there.
 pub fn mixed_dtype_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
-    for variant in [Variant::Coalesced, Variant::CoalescedInPlace] {
-        let name = format!("all_reduce::{variant}::mixed_dtypes::ws2");
+    for (op, variant, lens) in MIXED {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        let name = format!("{}::{variant}::mixed_dtypes::ws2", op.name());
         let m = CaseMeta {
             suite: "matrix".into(),
-            op: "all_reduce".into(),
+            op: op.name().into(),
             variant: variant.to_string(),
             dtype: "mixed".into(),
-            reduce: "sum".into(),
+            reduce: reduce.map(|r| r.name().to_string()).unwrap_or_default(),
         };
         out.push(Case::<B>::new(name, m, 2, move |ctx| {
             let b = ctx.b;
-            let (lists, sums) = mixed_lists(b.world_size());
+            let (ws, me) = (b.world_size(), b.rank());
+            let (lists, sums) = mixed_lists(ws, lens);
             let caps = b.capabilities();
             for t in &sums {
-                caps.check(OpKind::AllReduce, Some(variant), Some(t.dtype()), Some(ReduceOp::Sum), b.world_size())
-                    .map_err(CaseEnd::Unsupported)?;
+                caps.check(op, Some(variant), Some(t.dtype()), reduce, ws).map_err(CaseEnd::Unsupported)?;
             }
+            let expected: Vec<Tensor> = match op {
+                OpKind::AllGatherIntoTensor => (0..sums.len())
+                    .map(|t| Tensor::cat_rows(sums[t].dtype(), &[], &lists.iter().map(|l| l[t].clone()).collect::<Vec<_>>()))
+                    .collect(),
+                OpKind::ReduceScatterTensor => sums
+                    .iter()
+                    .map(|s| {
+                        let k = s.numel() / ws;
+                        s.slice_rows(me * k, k)
+                    })
+                    .collect(),
+                _ => sums,
+            };
             let w = format!(
-                "{} reduce=sum dtypes=[f32, i64, f64, bf16, i32]",
-                super::util::here(b, "all_reduce", &variant.to_string(), DType::F32).replace("dtype=f32", "dtype=mixed")
+                "{} reduce={} dtypes=[f32, i64, f64, bf16, i32]",
+                super::util::here(b, op.name(), &variant.to_string(), DType::F32).replace("dtype=f32", "dtype=mixed"),
+                reduce.map(|r| r.name()).unwrap_or("-")
             );
-            let ins: Vec<B::Buffer> = lists[b.rank()].iter().map(|t| b.upload(t)).collect::<Result<_, _>>()?;
-            let work = if variant == Variant::Coalesced {
-                b.all_reduce_coalesced(&ins, ReduceOp::Sum)?
-            } else {
-                b.all_reduce_coalesced_(&ins, ReduceOp::Sum)?
+            let ins: Vec<B::Buffer> = lists[me].iter().map(|t| b.upload(t)).collect::<Result<_, _>>()?;
+            let work = match (op, variant) {
+                (OpKind::AllReduce, Variant::Coalesced) => b.all_reduce_coalesced(&ins, ReduceOp::Sum)?,
+                (OpKind::AllReduce, _) => b.all_reduce_coalesced_(&ins, ReduceOp::Sum)?,
+                (OpKind::AllGatherIntoTensor, _) => b.all_gather_into_tensor_coalesced(&ins)?,
+                _ => b.reduce_scatter_tensor_coalesced(&ins, ReduceOp::Sum)?,
             };
             let outs = work.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
-            if outs.len() != sums.len() {
-                return Err(super::util::fail(&w, format!("returned {} results for {} inputs", outs.len(), sums.len())));
+            if outs.len() != expected.len() {
+                return Err(super::util::fail(&w, format!("returned {} results for {} inputs", outs.len(), expected.len())));
             }
-            for (t, (o, exp)) in outs.iter().zip(&sums).enumerate() {
-                let tag = format!("{w} tensor {t} of {} ({})", sums.len(), exp.dtype());
+            for (t, (o, exp)) in outs.iter().zip(&expected).enumerate() {
+                let tag = format!("{w} tensor {t} of {} ({})", expected.len(), exp.dtype());
                 if variant == Variant::CoalescedInPlace && b.buffer_addr(o) != b.buffer_addr(&ins[t]) {
                     return Err(super::util::fail(&tag, "in-place op returned a different buffer"));
                 }

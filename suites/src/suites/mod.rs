@@ -52,7 +52,7 @@ pub mod views;
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 
 /// World sizes the matrix runs on a sparser slice (see [`matrix::sparse_specs`]): f32, i32 and
-/// bf16 (f32 alone at 16), every (op, variant) and reduce op, the first [`matrix::SPARSE_SHAPES`] shapes of the
-/// catalogue. 6 and 7 (not a power of two, even and prime) and 16, the larger world; a case above
+/// bf16 (at 16: f32, and bf16 `sum` out-of-place), every (op, variant) and reduce op, the first
+/// [`matrix::SPARSE_SHAPES`] shapes of the catalogue. 6 and 7 (not a power of two, even and prime) and 16, the larger world; a case above
 /// the backend's declared `max_world_size` is UNSUPPORTED with the reason.
 pub const SPARSE_WORLD_SIZES: [usize; 3] = [6, 7, 16];

@@ -11,6 +11,9 @@
 //! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws{3,2}`
 //!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
 //!   values repeated world-size times) and `reduce` (rooted at the last rank, checked there).
+//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws2` — min / max
+//!   with NaN on one rank or both, through the calls besides the out-of-place all_reduce (whose
+//!   NaN policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits).
@@ -155,6 +158,23 @@ fn subnormal_pairs(dtype: DType) -> Vec<Vec<f64>> {
     (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
 }
 
+/// NaN against numbers, infinities, a signed zero and NaN, then two numbers (rows: two ranks):
+/// min / max through each call must apply the declared [`concord_core::NanPolicy`] (the oracle's
+/// expectation), as the out-of-place all_reduce does (`caps::nan_minmax`).
+fn nan_pairs() -> Vec<Vec<f64>> {
+    let pairs: [[f64; 2]; 8] = [
+        [f64::NAN, 1.0],
+        [1.0, f64::NAN],
+        [f64::NAN, f64::NAN],
+        [f64::NAN, f64::NEG_INFINITY],
+        [f64::INFINITY, f64::NAN],
+        [-0.0, f64::NAN],
+        [f64::NAN, -2.0],
+        [2.0, 3.0],
+    ];
+    (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
@@ -202,6 +222,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| {
                 for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
                     check_op(ctx, via, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
+                }
+                Ok(())
+            }));
+        }
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let m = meta_op(name, dtype, "min,max");
+            v.push(Case::<B>::new(format!("numerics::nan_minmax::{name}::{dtype}::ws2"), m, 2, move |ctx| {
+                for op in [ReduceOp::Min, ReduceOp::Max] {
+                    check_op(ctx, via, dtype, op, &nan_pairs(), "input=nan")?;
                 }
                 Ok(())
             }));

@@ -1,13 +1,14 @@
 //! Buffer reuse: one persistent buffer across 100 iterations with new contents each time,
 //! late-write detection (after wait, nothing may still write the result), results of same-shaped
-//! out-of-place calls kept at once (none overwrites another), and input/output aliasing (rejected
-//! with a named error, or correct, as the backend declares).
+//! out-of-place calls kept at once (none overwrites another; also with the calls in flight
+//! together), and input/output aliasing (rejected with a named error, or correct, as the backend
+//! declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
 use super::util::{expect_eq, expect_oracle, fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
-use concord_core::{AliasPolicy, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_core::{AliasPolicy, Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
 use concord_fixtures::InputKind;
 use std::time::Duration;
 
@@ -91,8 +92,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             dtype: "f32".into(),
             reduce: String::new(),
         };
-        v.push(Case::<B>::new(format!("reuse::outputs_kept::{}::{variant}::ws2", op.name()), m, 2, move |ctx| {
-            outputs_kept(ctx, op, variant)
+        v.push(Case::<B>::new(format!("reuse::outputs_kept::{}::{variant}::ws2", op.name()), m.clone(), 2, move |ctx| {
+            outputs_kept(ctx, op, variant, false)
+        }));
+        v.push(Case::<B>::new(format!("reuse::outputs_in_flight::{}::{variant}::ws2", op.name()), m, 2, move |ctx| {
+            outputs_kept(ctx, op, variant, true)
         }));
     }
     v.push(Case::<B>::new("reuse::aliasing::all_gather_out_contains_input::ws2", meta("all_gather_into_tensor", "outbuf"), 2, |ctx| {
@@ -115,7 +119,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 /// result; then every result is checked (against the oracle) and every address must differ. A
 /// backend that recycles one output per shape (a static output, an allocator that reuses it)
 /// has the later calls overwrite the earlier results.
-fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
+/// With `in_flight` (`reuse::outputs_in_flight::`), the [`KEPT`] calls are all issued before
+/// any is waited, then waited in reverse order: a backend that buckets same-shaped calls in
+/// flight together (and mixes up their results) fails there.
+fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, in_flight: bool) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let w = here(b, op.name(), &variant.to_string(), DType::F32);
@@ -127,13 +134,31 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) 
     let shape = [4 * ws, 3];
     let seed = concord_fixtures::seed_for(&format!("reuse::outputs_kept::{op}"));
     let mut kept = Vec::new();
-    for k in 0..KEPT {
-        let inputs = concord_fixtures::inputs(seed + k as u64, ws, DType::F32, &shape, reduce, InputKind::Exact);
-        let x = b.upload(&inputs[me])?;
-        let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)
-            .map_err(|e| fail(&w, format!("call {k}: {e} [{}]", e.name())))?;
-        kept.push((out[0].clone(), inputs, x));
+    if in_flight {
+        let mut issued = Vec::new();
+        for k in 0..KEPT {
+            let inputs = concord_fixtures::inputs(seed + k as u64, ws, DType::F32, &shape, reduce, InputKind::Exact);
+            let x = b.upload(&inputs[me])?;
+            let work = issue_out(b, op, &x, &p).map_err(|e| fail(&w, format!("issue of call {k}: {e} [{}]", e.name())))?;
+            issued.push((work, inputs, x));
+        }
+        let mut waited = Vec::new();
+        for (k, (work, inputs, x)) in issued.into_iter().enumerate().rev() {
+            let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait of call {k}: {e} [{}]", e.name())))?;
+            waited.push((out, inputs, x));
+        }
+        waited.reverse();
+        kept = waited;
+    } else {
+        for k in 0..KEPT {
+            let inputs = concord_fixtures::inputs(seed + k as u64, ws, DType::F32, &shape, reduce, InputKind::Exact);
+            let x = b.upload(&inputs[me])?;
+            let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)
+                .map_err(|e| fail(&w, format!("call {k}: {e} [{}]", e.name())))?;
+            kept.push((out[0].clone(), inputs, x));
+        }
     }
+    let how = if in_flight { "issued together, waited in reverse order" } else { "results kept" };
     for (k, (out, inputs, _)) in kept.iter().enumerate() {
         let addr = b.buffer_addr(out);
         if let Some(j) = kept[..k].iter().position(|(o, _, _)| b.buffer_addr(o) == addr) {
@@ -144,9 +169,23 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) 
                 ),
             ));
         }
-        expect_oracle(b, &coll, inputs, out, &format!("{w} shape={shape:?} call {k} of {KEPT}, checked after all {KEPT} (results kept)"))?;
+        expect_oracle(b, &coll, inputs, out, &format!("{w} shape={shape:?} call {k} of {KEPT}, checked after all {KEPT} ({how})"))?;
     }
     Ok(())
+}
+
+/// Issues out-of-place `op` on `x` (the ops of [`outputs_kept`]) without waiting.
+fn issue_out<B: Backend>(b: &B, op: OpKind, x: &B::Buffer, p: &Params) -> Result<Work<B::Buffer>, CollectiveError> {
+    let red = p.reduce.unwrap_or(ReduceOp::Sum);
+    match op {
+        OpKind::AllReduce => b.all_reduce(x, red),
+        OpKind::AllGatherIntoTensor => b.all_gather_into_tensor(x),
+        OpKind::ReduceScatterTensor => b.reduce_scatter_tensor(x, red),
+        OpKind::AllToAllSingle => b.all_to_all_single(x, None, None),
+        OpKind::Broadcast => b.broadcast(x, p.root),
+        OpKind::PermuteTensor => b.permute_tensor(x, &p.src_dst),
+        op => Err(CollectiveError::Backend(format!("suite bug: {op} is not an out-of-place op of outputs_kept"))),
+    }
 }
 
 /// Same-shaped out-of-place calls whose results [`outputs_kept`] holds at once.

@@ -6,7 +6,8 @@
 //!
 //! Offsets alternate from one shape to the next between a small misaligned one (3 / 5 elements:
 //! not a multiple of 16 bytes) and one past a 4 KiB page (1029 / 1031 elements). Every
-//! (op, variant) of the trait but barrier, f32 and bf16 (sum for reducing ops), world sizes 2 and 3.
+//! (op, variant) of the trait but barrier, f32 and bf16 (sum for reducing ops), world sizes 2 and 3; f64
+//! (8-byte elements) at world size 2.
 
 use crate::case::Case;
 use crate::exec::PAIRS;
@@ -30,10 +31,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         if op == OpKind::Barrier {
             continue;
         }
-        for dtype in [DType::F32, DType::BF16] {
+        for dtype in [DType::F32, DType::BF16, DType::F64] {
             let reduce = op.reduces().then_some(ReduceOp::Sum);
             let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: None };
-            for ws in [2, 3] {
+            // f64 (8-byte elements: another element size, often another kernel path) at ws 2.
+            let sizes: &[usize] = if dtype == DType::F64 { &[2] } else { &[2, 3] };
+            for &ws in sizes {
                 let name = format!("views::{}", matrix::case_name(&spec, ws));
                 let meta = matrix::meta("views", &spec);
                 let seed = concord_fixtures::seed_for(&name);
