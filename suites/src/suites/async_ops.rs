@@ -22,7 +22,7 @@ use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
-use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
+use concord_core::{Backend, DType, OpKind, Tensor, Variant};
 use concord_oracle::Semantics;
 use std::time::{Duration, Instant};
 
@@ -41,94 +41,8 @@ fn meta(op: OpKind, variant: Variant) -> CaseMeta {
     }
 }
 
-/// A work of any result type, as issued (not waited).
-enum Pending<B: Backend> {
-    One(Work<B::Buffer>),
-    Many(Work<Vec<B::Buffer>>),
-    Unit(Work<()>),
-    /// (send, recv)
-    Pair(Work<()>, Work<B::Buffer>),
-}
-
-impl<B: Backend> Pending<B> {
-    /// The completion state of the part that needs the peers (the recv of a pair).
-    fn is_completed(&self) -> bool {
-        match self {
-            Pending::One(w) => w.is_completed(),
-            Pending::Many(w) => w.is_completed(),
-            Pending::Unit(w) => w.is_completed(),
-            Pending::Pair(_, r) => r.is_completed(),
-        }
-    }
-    fn wait(&self, t: Duration) -> Result<(), CollectiveError> {
-        match self {
-            Pending::One(w) => w.wait(t).map(|_| ()),
-            Pending::Many(w) => w.wait(t).map(|_| ()),
-            Pending::Unit(w) => w.wait(t).map(|_| ()),
-            Pending::Pair(_, r) => r.wait(t).map(|_| ()),
-        }
-    }
-    fn into_values(self, t: Duration) -> Result<Vec<B::Buffer>, CollectiveError> {
-        match self {
-            Pending::One(w) => Ok(vec![w.into_value(t)?]),
-            Pending::Many(w) => w.into_value(t),
-            Pending::Unit(w) => w.into_value(t).map(|_| vec![]),
-            Pending::Pair(s, r) => {
-                let got = r.into_value(t)?;
-                s.wait(t)?;
-                Ok(vec![got])
-            }
-        }
-    }
-}
-
-/// The arguments of one issue: root, permutation, peer.
-struct Args {
-    root: usize,
-    src_dst: Vec<usize>,
-    peer: Option<usize>,
-}
-
-fn issue<B: Backend>(
-    b: &B,
-    op: OpKind,
-    v: Variant,
-    ins: &[B::Buffer],
-    out: Option<&B::Buffer>,
-    a: &Args,
-) -> Result<Pending<B>, CollectiveError> {
-    let s = ReduceOp::Sum;
-    let o = || out.expect("an _out variant has an output buffer");
-    Ok(match (op, v) {
-        (OpKind::AllReduce, Variant::Out) => Pending::One(b.all_reduce(&ins[0], s)?),
-        (OpKind::AllReduce, Variant::InPlace) => Pending::One(b.all_reduce_(&ins[0], s)?),
-        (OpKind::AllReduce, Variant::Coalesced) => Pending::Many(b.all_reduce_coalesced(ins, s)?),
-        (OpKind::AllReduce, Variant::CoalescedInPlace) => Pending::Many(b.all_reduce_coalesced_(ins, s)?),
-        (OpKind::AllGatherIntoTensor, Variant::Out) => Pending::One(b.all_gather_into_tensor(&ins[0])?),
-        (OpKind::AllGatherIntoTensor, Variant::OutBuf) => Pending::One(b.all_gather_into_tensor_out(&ins[0], o())?),
-        (OpKind::AllGatherIntoTensor, Variant::Coalesced) => Pending::Many(b.all_gather_into_tensor_coalesced(ins)?),
-        (OpKind::ReduceScatterTensor, Variant::Out) => Pending::One(b.reduce_scatter_tensor(&ins[0], s)?),
-        (OpKind::ReduceScatterTensor, Variant::OutBuf) => Pending::One(b.reduce_scatter_tensor_out(&ins[0], s, o())?),
-        (OpKind::ReduceScatterTensor, Variant::Coalesced) => Pending::Many(b.reduce_scatter_tensor_coalesced(ins, s)?),
-        (OpKind::AllToAllSingle, Variant::Out) => Pending::One(b.all_to_all_single(&ins[0], None, None)?),
-        (OpKind::Broadcast, Variant::Out) => Pending::One(b.broadcast(&ins[0], a.root)?),
-        (OpKind::Broadcast, Variant::InPlace) => Pending::One(b.broadcast_(&ins[0], a.root)?),
-        (OpKind::PermuteTensor, Variant::Out) => Pending::One(b.permute_tensor(&ins[0], &a.src_dst)?),
-        (OpKind::Reduce, Variant::Out) => Pending::One(b.reduce(&ins[0], s, a.root)?),
-        (OpKind::Gather, Variant::Out) => Pending::One(b.gather(&ins[0], a.root)?),
-        (OpKind::Scatter, Variant::Out) => Pending::One(b.scatter(&ins[0], a.root)?),
-        (OpKind::SendRecv, Variant::OutBuf) => {
-            let peer = a.peer.expect("send/recv cases run on paired ranks only");
-            let sw = b.send(&ins[0], peer)?;
-            Pending::Pair(sw, b.recv(o(), peer)?)
-        }
-        (OpKind::Barrier, Variant::Out) => Pending::Unit(b.barrier()?),
-        (op, v) => return Err(CollectiveError::Backend(format!("suite bug: {op} has no {v} variant"))),
-    })
-}
-
 /// Whether rank `me`'s result needs rank `late` to have issued (see the module docs).
-fn needs_late(op: OpKind, me: usize, late: usize, a: &Args) -> bool {
+fn needs_late(op: OpKind, me: usize, late: usize, a: &Params) -> bool {
     match op {
         OpKind::Broadcast | OpKind::Scatter => me != a.root && late == a.root,
         OpKind::Reduce | OpKind::Gather => me == a.root,
@@ -148,10 +62,11 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let w = format!("{} late_rank={late}", here(b, op.name(), &v.to_string(), DType::F32));
-    let a = Args {
+    let a = Params {
         root: if matches!(op, OpKind::Reduce | OpKind::Gather) { (late + 1) % ws } else { late },
         src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
         peer: partner(me, ws),
+        ..Default::default()
     };
     let n = 2 * ws;
     let tensors = if matches!(v, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
@@ -160,8 +75,7 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
     // Expected results, tensor by tensor, from the oracle.
     let sem = Semantics::of(&b.capabilities());
     let mut expected = Vec::new();
-    let p = Params { root: a.root, src_dst: a.src_dst.clone(), ..Default::default() };
-    if let Some(c) = exec::collective(op, &p, ws) {
+    if let Some(c) = exec::collective(op, &a, ws) {
         for t in 0..tensors {
             let all: Vec<Tensor> = (0..ws).map(|r| input(r, t, n)).collect();
             let e = concord_oracle::expected(&c, &all, &sem).map_err(|e| fail(&w, format!("suite bug: oracle: {e}")))?;
@@ -196,10 +110,10 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
         if !failed.is_empty() {
             return Err(fail(&w, format!("rank(s) {} could not issue the op (see their messages); not issuing", failed.join(", "))));
         }
-        issue(b, op, v, &ins, out.as_ref(), &a)?
+        exec::issue(b, op, v, &ins, out.as_ref(), &a)?
     } else {
         let t0 = Instant::now();
-        let p = match issue(b, op, v, &ins, out.as_ref(), &a) {
+        let p = match exec::issue(b, op, v, &ins, out.as_ref(), &a) {
             Ok(p) => p,
             Err(e) => {
                 let _ = ctx.store.set(&key(me), b"x");

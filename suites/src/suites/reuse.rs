@@ -8,7 +8,7 @@
 use super::util::{expect_eq, expect_oracle, fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
-use concord_core::{AliasPolicy, Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work};
+use concord_core::{AliasPolicy, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::InputKind;
 use std::time::Duration;
 
@@ -139,13 +139,14 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
         for k in 0..KEPT {
             let inputs = concord_fixtures::inputs(seed + k as u64, ws, DType::F32, &shape, reduce, InputKind::Exact);
             let x = b.upload(&inputs[me])?;
-            let work = issue_out(b, op, &x, &p).map_err(|e| fail(&w, format!("issue of call {k}: {e} [{}]", e.name())))?;
+            let work = exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
+                .map_err(|e| fail(&w, format!("issue of call {k}: {e} [{}]", e.name())))?;
             issued.push((work, inputs, x));
         }
         let mut waited = Vec::new();
         for (k, (work, inputs, x)) in issued.into_iter().enumerate().rev() {
-            let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait of call {k}: {e} [{}]", e.name())))?;
-            waited.push((out, inputs, x));
+            let mut out = work.into_values(ctx.timeout).map_err(|e| fail(&w, format!("wait of call {k}: {e} [{}]", e.name())))?;
+            waited.push((out.remove(0), inputs, x));
         }
         waited.reverse();
         kept = waited;
@@ -172,20 +173,6 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
         expect_oracle(b, &coll, inputs, out, &format!("{w} shape={shape:?} call {k} of {KEPT}, checked after all {KEPT} ({how})"))?;
     }
     Ok(())
-}
-
-/// Issues out-of-place `op` on `x` (the ops of [`outputs_kept`]) without waiting.
-fn issue_out<B: Backend>(b: &B, op: OpKind, x: &B::Buffer, p: &Params) -> Result<Work<B::Buffer>, CollectiveError> {
-    let red = p.reduce.unwrap_or(ReduceOp::Sum);
-    match op {
-        OpKind::AllReduce => b.all_reduce(x, red),
-        OpKind::AllGatherIntoTensor => b.all_gather_into_tensor(x),
-        OpKind::ReduceScatterTensor => b.reduce_scatter_tensor(x, red),
-        OpKind::AllToAllSingle => b.all_to_all_single(x, None, None),
-        OpKind::Broadcast => b.broadcast(x, p.root),
-        OpKind::PermuteTensor => b.permute_tensor(x, &p.src_dst),
-        op => Err(CollectiveError::Backend(format!("suite bug: {op} is not an out-of-place op of outputs_kept"))),
-    }
 }
 
 /// Same-shaped out-of-place calls whose results [`outputs_kept`] holds at once.
