@@ -311,7 +311,7 @@ impl Bug for AgMatmulLaterBsLocalRows {
     ) -> Result<Work<concord_core::fused::Gathered<Buf>>> {
         let w = concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, scaling)?;
         let a_shape = m.s.inner.buffer_shape(a);
-        if bs.len() < 2 || dim != 0 || a_shape.len() != 2 {
+        if bs.len() < 2 || dim != 0 || a_shape.is_empty() {
             return Ok(w);
         }
         let (rows, me) = (a_shape[0], m.s.rank());
@@ -348,6 +348,54 @@ impl Bug for MmRsAvgAsSum {
     }
 }
 
+// ---------------------------------------------------------------- sizes off the ladder's path
+
+/// The fusion buffer of `all_reduce_coalesced` (the list packed into one staging buffer) holds
+/// 1 MiB: the tensors that end past it are never reduced and come back as this rank's inputs.
+#[derive(Default)]
+pub struct CoalescedFusionBuffer1Mib;
+
+const FUSION_BYTES: usize = 1 << 20;
+
+impl CoalescedFusionBuffer1Mib {
+    /// Index of the first tensor that ends past the fusion buffer.
+    fn first_past(s: &Shm, xs: &[Buf]) -> Option<usize> {
+        let mut end = 0;
+        xs.iter().position(|x| {
+            end += s.numel(x) * s.inner.buffer_dtype(x).size();
+            end > FUSION_BYTES
+        })
+    }
+    fn fix(s: &Shm, xs: &[Buf], issue: impl FnOnce() -> Result<Work<Vec<Buf>>>) -> Result<Work<Vec<Buf>>> {
+        let Some(p) = Self::first_past(s, xs) else { return issue() };
+        let mine: Vec<Tensor> = xs[p..].iter().map(|x| s.inner.download(x)).collect::<Result<_>>()?;
+        let w = issue()?;
+        Ok(s.then(w, move |be, outs| outs[p..].iter().zip(&mine).try_for_each(|(o, t)| be.write(o, t))))
+    }
+}
+
+impl Bug for CoalescedFusionBuffer1Mib {
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Self::fix(s, xs, || s.inner.all_reduce_coalesced(xs, op))
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Self::fix(s, xs, || s.inner.all_reduce_coalesced_(xs, op))
+    }
+}
+
+/// `all_reduce` of 1 MiB or more switches to a large-message kernel instantiated for `sum`
+/// only: `min` / `max` there dispatch to it and return the sum.
+#[derive(Default)]
+pub struct LargeMinMaxAsSum;
+
+impl Bug for LargeMinMaxAsSum {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let bytes = s.numel(x) * s.inner.buffer_dtype(x).size();
+        let op = if bytes >= FUSION_BYTES && matches!(op, ReduceOp::Min | ReduceOp::Max) { ReduceOp::Sum } else { op };
+        s.inner.all_reduce(x, op)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -355,13 +403,13 @@ pub fn catalogue() -> Vec<Spec> {
             "all_reduce_seq_u8_wraps",
             "placement.reuse",
             "all_reduce keeps its sequence number in a u8: the 256th call of a communicator returns this rank's own input",
-            &["reuse::"],
+            &["reuse::ops_300_world_and_group"],
         ),
         spec::<EmptyP2pSkipsPeer>(
             "empty_p2p_skips_peer",
             "p2p.matching",
             "a zero-element send / recv completes at once without the peer: an empty send against a non-empty recv is no error",
-            &["bad_input::send_recv"],
+            &["bad_input::recv_buffer_larger_than_empty_message"],
         ),
         spec::<CoalescedStopsAtEmpty>(
             "coalesced_stops_at_empty",
@@ -415,13 +463,25 @@ pub fn catalogue() -> Vec<Spec> {
             "ag_matmul_later_bs_local_rows",
             "fused.values",
             "fused_all_gather_matmul with several bs: the products after the first see only this rank's rows",
-            &["fused::all_gather_matmul"],
+            &["fused::all_gather_matmul::dim0"],
         ),
         spec::<MmRsAvgAsSum>(
             "mm_rs_avg_as_sum",
             "fused.values",
             "fused_matmul_reduce_scatter with avg returns the sum",
             &["fused::matmul_reduce_scatter"],
+        ),
+        spec::<CoalescedFusionBuffer1Mib>(
+            "coalesced_fusion_buffer_1mib",
+            "values.coalesced",
+            "all_reduce_coalesced packs the list into a 1 MiB fusion buffer: tensors ending past it come back unreduced",
+            &["all_reduce::coalesced::f32::sum::ws2::large"],
+        ),
+        spec::<LargeMinMaxAsSum>(
+            "large_min_max_as_sum",
+            "values.sizes",
+            "all_reduce of 1 MiB or more runs min / max through the large-message sum kernel",
+            &["all_reduce::out::f32::max::ws2::large"],
         ),
     ]
 }
