@@ -6,7 +6,8 @@
 use crate::campaign::Spec;
 use crate::{edit, Buf, Bug, Mutant, Shm};
 use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Tensor, Work};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Element `i` of integer tensor `t`, widened.
 fn int_at(t: &Tensor, i: usize) -> i128 {
@@ -396,6 +397,44 @@ impl Bug for LargeMinMaxAsSum {
     }
 }
 
+// ---------------------------------------------------------------- point to point, several peers
+
+/// A receive not yet waited: its source, its buffer, and whether it has been waited.
+type PendingRecv = (usize, Buf, Arc<AtomicBool>);
+
+/// Receives are matched to incoming messages by (dtype, count) in the order they were posted,
+/// whatever their source (an any-source match): with receives from two peers in flight, a
+/// later receive swaps contents with an earlier one of another source.
+#[derive(Default)]
+pub struct RecvMatchesAnyPeer {
+    pending: Mutex<Vec<PendingRecv>>,
+}
+
+impl Bug for RecvMatchesAnyPeer {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.recv(out, src)?;
+        let done = Arc::new(AtomicBool::new(false));
+        let (dtype, shape) = (s.inner.buffer_dtype(out), s.inner.buffer_shape(out));
+        let other = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.retain(|(_, _, d)| !d.load(Ordering::SeqCst));
+            let other = p
+                .iter()
+                .find(|(s2, b, _)| *s2 != src && s.inner.buffer_dtype(b) == dtype && s.inner.buffer_shape(b) == shape)
+                .map(|(_, b, _)| b.clone());
+            p.push((src, out.clone(), done.clone()));
+            other
+        };
+        Ok(s.then(w, move |be, mine| {
+            done.store(true, Ordering::SeqCst);
+            let Some(other) = other else { return Ok(()) };
+            let (a, b) = (be.download(mine)?, be.download(&other)?);
+            be.write(mine, &b)?;
+            be.write(&other, &a)
+        }))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -482,6 +521,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.sizes",
             "all_reduce of 1 MiB or more runs min / max through the large-message sum kernel",
             &["all_reduce::out::f32::max::ws2::large"],
+        ),
+        spec::<RecvMatchesAnyPeer>(
+            "recv_matches_any_peer",
+            "p2p.matching",
+            "receives in flight from several peers are matched by (dtype, count) in posting order, whatever the source",
+            &["p2p::recvs_from_every_peer"],
         ),
     ]
 }

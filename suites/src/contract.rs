@@ -318,6 +318,7 @@ pub const CLAUSES: &[Clause] = &[
         text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks.",
         cases: &[
             "send_recv::outbuf::",
+            "p2p::recvs_from_every_peer",
             "bad_input::recv_buffer_smaller_than_message",
             "bad_input::recv_buffer_larger_than_",
             "bad_input::send_recv_dtype_mismatch",
