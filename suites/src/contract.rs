@@ -210,7 +210,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "placement.reuse",
         source: BACKEND,
         text: "One buffer reused across many collectives gives the right result every time.",
-        cases: &["reuse::persistent_buffer_100_iterations"],
+        cases: &["reuse::persistent_buffer_100_iterations", "reuse::ops_300_world_and_group"],
     },
     Clause {
         id: "shapes",
@@ -316,7 +316,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "p2p.matching",
         source: BACKEND,
         text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks.",
-        cases: &["send_recv::outbuf::", "bad_input::recv_buffer_smaller_than_message", "bad_input::send_recv_dtype_mismatch"],
+        cases: &[
+            "send_recv::outbuf::",
+            "p2p::recvs_from_every_peer",
+            "bad_input::recv_buffer_smaller_than_message",
+            "bad_input::recv_buffer_larger_than_",
+            "bad_input::send_recv_dtype_mismatch",
+        ],
     },
     Clause {
         id: "p2p.order",

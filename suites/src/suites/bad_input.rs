@@ -146,6 +146,25 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
                 wait(b.recv(&out, 0)?, T)
             }
         }),
+        // A larger buffer is no padded copy (the contract's "never a truncated or padded copy"),
+        // an empty message included (a zero-element send that skips its peer leaves the
+        // receiver waiting and the sender unaware).
+        ("recv_buffer_larger_than_message", 2, K::OutBufferSize, true, |b, r, _| {
+            if r == 0 {
+                wait(b.send(&f32s(b, &[4])?, 1)?, T)
+            } else {
+                let out = b.alloc(DType::F32, &[6])?;
+                wait(b.recv(&out, 0)?, T)
+            }
+        }),
+        ("recv_buffer_larger_than_empty_message", 2, K::OutBufferSize, true, |b, r, _| {
+            if r == 0 {
+                wait(b.send(&f32s(b, &[0])?, 1)?, T)
+            } else {
+                let out = b.alloc(DType::F32, &[4])?;
+                wait(b.recv(&out, 0)?, T)
+            }
+        }),
         ("send_recv_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
             // f32[4] sent into an i32[4] buffer: same byte size, so only a dtype check tells
             // (NVIDIA/nccl#703, pytorch/pytorch#81545).
@@ -185,7 +204,7 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
     let op = OPS.iter().find(|(p, _)| name.starts_with(p)).map_or("-", |&(_, op)| op);
     let variant = if name.contains("coalesced") {
         "coalesced"
-    } else if name.contains("_out_") || name == "recv_buffer_smaller_than_message" || name == "send_recv_dtype_mismatch" {
+    } else if name.contains("_out_") || name.starts_with("recv_buffer_") || name == "send_recv_dtype_mismatch" {
         "outbuf"
     } else if name == "broadcast_shape_mismatch" {
         "inplace"

@@ -144,6 +144,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     out.extend(permutation_cases());
     out.extend(long_cases());
+    out.extend(large_cases());
     out.extend(bits_cases());
     out.extend(mixed_dtype_cases());
     out
@@ -316,6 +317,30 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
                 values::run_extra(ctx.b, &spec, seed, ctx.timeout, "long", &extra)
             }));
         }
+    }
+    out
+}
+
+/// Past 1 MiB with what the size ladder (`sum` of single tensors) does not run there:
+/// `all_reduce` `max` / `min` of 262145 f32 (a large-message kernel may exist for `sum` only)
+/// and coalesced `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion
+/// buffer), world size 2 (`all_reduce::out::f32::max::ws2::large`).
+pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
+    const N: usize = (1 << 18) + 1;
+    let mut out = Vec::new();
+    let specs = [
+        (Variant::Out, ReduceOp::Max, vec![vec![vec![N]]]),
+        (Variant::Out, ReduceOp::Min, vec![vec![vec![N]]]),
+        (Variant::Coalesced, ReduceOp::Sum, vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
+        (Variant::CoalescedInPlace, ReduceOp::Sum, vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
+    ];
+    for (variant, r, runs) in specs {
+        let spec =
+            ValueSpec { op: OpKind::AllReduce, variant, dtype: DType::F32, reduce: Some(r), kind: InputKind::Exact, max_shapes: None };
+        let name = format!("{}::large", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(runs), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)));
     }
     out
 }

@@ -229,9 +229,46 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         send_behind_collective(b, ctx.timeout, &w)
     }));
     v.push(Case::<B>::new("p2p::send_buffer_reused_once_completed::ws2", meta(), 2, send_buffer_reused_once_completed));
+    for ws in [3, 4] {
+        v.push(Case::<B>::new(format!("p2p::recvs_from_every_peer::ws{ws}"), meta(), ws, recvs_from_every_peer));
+    }
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, false, order)
     }));
     v
+}
+
+/// Every rank posts a receive from every other rank (same dtype and size, peers in rank order),
+/// then sends to every other rank, then waits: the `k`-th recv from `a` takes `a`'s message, not
+/// whichever message of that size arrived first (matching is per source).
+fn recvs_from_every_peer<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = format!("{} (every rank: irecv from every peer, isend to every peer, then wait)", here(b, "send_recv", "outbuf", DType::F32));
+    let n = 6;
+    let peers: Vec<usize> = (0..ws).filter(|&p| p != me).collect();
+    let outs: Vec<B::Buffer> = peers.iter().map(|_| b.alloc(DType::F32, &[n])).collect::<Result<_, _>>()?;
+    let recvs = peers
+        .iter()
+        .zip(&outs)
+        .map(|(&p, o)| b.recv(o, p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(&w, format!("issuing the receives: {e} [{}]", e.name())))?;
+    let x = b.upload(&message(me, 0, n))?;
+    let sends = peers
+        .iter()
+        .map(|&p| b.send(&x, p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(&w, format!("issuing the sends: {e} [{}]", e.name())))?;
+    for (r, &p) in recvs.iter().zip(&peers) {
+        r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive from rank {p}: {e} [{}]", e.name())))?;
+    }
+    for (s, &p) in sends.iter().zip(&peers) {
+        s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send to rank {p}: {e} [{}]", e.name())))?;
+    }
+    for (o, &p) in outs.iter().zip(&peers) {
+        expect_eq(b, o, &message(p, 0, n), &format!("{w}: the message from rank {p}"))?;
+    }
+    Ok(())
 }

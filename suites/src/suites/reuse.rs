@@ -1,4 +1,5 @@
-//! Buffer reuse: one persistent buffer across 100 iterations with new contents each time,
+//! Buffer reuse: one persistent buffer across 100 iterations with new contents each time, 300
+//! ops on one communicator interleaved with a group's,
 //! late-write detection (after wait, nothing may still write the result), results of same-shaped
 //! out-of-place calls kept at once (none overwrites another; also with the calls in flight
 //! together), and input/output aliasing (rejected with a named error, or correct, as the backend
@@ -111,7 +112,45 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         2,
         |ctx| aliasing(ctx, "all_gather_into_tensor", true),
     ));
+    v.push(Case::<B>::new("reuse::ops_300_world_and_group::ws3", meta("all_reduce", "out"), 3, many_ops));
     v
+}
+
+/// 300 rounds of an out-of-place `all_reduce` on the world then (where the backend declares
+/// subgroups) an in-place one on the reversed group: a sequence number kept in a narrow integer
+/// wraps within the case (at 256 calls of a communicator, whatever ran before it), and the
+/// two communicators' ops interleave.
+fn many_ops<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    const ROUNDS: usize = 300;
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let n = 5;
+    let of = |it: usize, r: usize| -> Vec<f32> { (0..n).map(|i| ((i + 3 * it) % 17) as f32 + 100.0 * r as f32).collect() };
+    let sum = |it: usize, ranks: &mut dyn Iterator<Item = usize>| -> Tensor {
+        let mut acc = vec![0.0f32; n];
+        for r in ranks {
+            acc.iter_mut().zip(of(it, r)).for_each(|(a, x)| *a += x);
+        }
+        Tensor::from_vec(&[n], acc)
+    };
+    let timeout = ctx.timeout;
+    let group: Vec<usize> = (0..ws).rev().collect();
+    let sub = if b.capabilities().subgroups { ctx.group(&group)? } else { None };
+    let w = here(b, "all_reduce", "out", DType::F32);
+    let x = b.alloc(DType::F32, &[n])?;
+    for it in 0..ROUNDS {
+        b.write(&x, &Tensor::from_vec(&[n], of(it, me)))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(timeout)?;
+        expect_eq(b, &out, &sum(it, &mut (0..ws)), &format!("{w} world call {it} of {ROUNDS}"))?;
+        if let Some(g) = sub {
+            // Group rank gr is world rank ws-1-gr; its input is the one of group rank gr.
+            let gx = g.upload(&Tensor::from_vec(&[n], of(it, g.rank())))?;
+            g.all_reduce_(&gx, ReduceOp::Sum)?.into_value(timeout)?;
+            let gw = here(g, "all_reduce_", "inplace", DType::F32);
+            expect_eq(g, &gx, &sum(it, &mut (0..ws)), &format!("{gw} (reversed group, world rank {me}) group call {it} of {ROUNDS}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Results of out-of-place ops are the caller's: [`KEPT`] ops of one shape and dtype, each
