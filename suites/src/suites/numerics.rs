@@ -20,6 +20,7 @@
 
 use super::util::{expect_eq, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use crate::exec::{self, Params};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Rounding, Tensor, Variant};
 use concord_oracle::{Collective, Semantics};
 
@@ -68,12 +69,14 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
     let b = ctx.b;
     let ws = b.world_size();
     let root = ws - 1;
-    let (kind, variant, name, coll) = match via {
-        Via::AllReduce => (OpKind::AllReduce, Variant::Out, "all_reduce", Collective::AllReduce { op }),
-        Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_", Collective::AllReduce { op }),
-        Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor", Collective::ReduceScatter { op }),
-        Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce", Collective::Reduce { op, root }),
+    let (kind, variant, name) = match via {
+        Via::AllReduce => (OpKind::AllReduce, Variant::Out, "all_reduce"),
+        Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_"),
+        Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor"),
+        Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce"),
     };
+    let p = Params { reduce: Some(op), root, ..Default::default() };
+    let coll = exec::collective(kind, &p, ws).ok_or_else(|| CaseEnd::Fail(format!("suite bug: {kind} moves no data")))?;
     b.capabilities().check(kind, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
     let rows = if matches!(via, Via::ReduceScatter) { ws } else { 1 };
     let n = per_rank[0].len() * rows;
@@ -82,13 +85,7 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
     let exp = concord_oracle::expected(&coll, &inputs, &Semantics::of(&b.capabilities()))
         .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
     let x = b.upload(&inputs[b.rank()])?;
-    let work = match via {
-        Via::AllReduce => b.all_reduce(&x, op)?,
-        Via::AllReduceInPlace => b.all_reduce_(&x, op)?,
-        Via::ReduceScatter => b.reduce_scatter_tensor(&x, op)?,
-        Via::Reduce => b.reduce(&x, op, root)?,
-    };
-    let out = work.into_value(ctx.timeout)?;
+    let out = exec::call(b, kind, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)?.remove(0);
     if matches!(via, Via::Reduce) && b.rank() != root {
         return Ok(());
     }

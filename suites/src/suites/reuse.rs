@@ -67,16 +67,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         ));
     }
     for (op, variant) in [
-        ("all_reduce", "out"),
-        ("all_reduce", "inplace"),
-        ("all_gather_into_tensor", "out"),
-        ("reduce_scatter_tensor", "out"),
-        ("all_to_all_single", "out"),
-        ("broadcast", "inplace"),
+        (OpKind::AllReduce, Variant::Out),
+        (OpKind::AllReduce, Variant::InPlace),
+        (OpKind::AllGatherIntoTensor, Variant::Out),
+        (OpKind::ReduceScatterTensor, Variant::Out),
+        (OpKind::AllToAllSingle, Variant::Out),
+        (OpKind::Broadcast, Variant::InPlace),
     ] {
-        v.push(Case::<B>::new(format!("reuse::no_late_write::{op}::{variant}::ws2"), meta(op, variant), 2, move |ctx| {
-            late_write(ctx, op, variant)
-        }));
+        let name = format!("reuse::no_late_write::{}::{}::ws2", op.name(), variant.name());
+        v.push(Case::<B>::new(name, meta(op.name(), variant.name()), 2, move |ctx| late_write(ctx, op, variant)));
     }
     for (op, variant) in [
         (OpKind::AllReduce, Variant::Out),
@@ -218,21 +217,14 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
 const KEPT: usize = 3;
 
 /// After wait, overwrite the result with a pattern, give the backend time, check nothing wrote it.
-fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant: &str) -> CaseResult {
+fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
     let b = ctx.b;
     let ws = b.world_size();
-    let w = here(b, op, variant, DType::F32);
+    let w = here(b, op.name(), variant.name(), DType::F32);
     let n = 1 << 16;
     let x = b.upload(&Tensor::from_vec(&[n * ws], (0..n * ws).map(|i| (i % 5) as f32).collect()))?;
-    let out = match op {
-        "all_reduce" if variant == "inplace" => b.all_reduce_(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
-        "all_reduce" => b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
-        "all_gather_into_tensor" => b.all_gather_into_tensor(&x)?.into_value(ctx.timeout)?,
-        "reduce_scatter_tensor" => b.reduce_scatter_tensor(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?,
-        "all_to_all_single" => b.all_to_all_single(&x, None, None)?.into_value(ctx.timeout)?,
-        "broadcast" => b.broadcast_(&x, ws - 1)?.into_value(ctx.timeout)?,
-        other => return Err(fail(&w, format!("suite bug: no late-write check for {other}"))),
-    };
+    let p = Params { reduce: Some(ReduceOp::Sum), root: ws - 1, ..Default::default() };
+    let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)?.remove(0);
     let shape = b.buffer_shape(&out);
     let pattern = Tensor::filled_bytes(DType::F32, &shape, LATE_PATTERN);
     b.write(&out, &pattern)?;
