@@ -150,7 +150,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.reduce",
         source: BACKEND,
         text: "Reductions return the oracle's value for every dtype and reduce op defined for it (exact inputs bit-exact; random inputs within the bound).",
-        cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special"],
+        cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special", "programs::"],
     },
     Clause {
         id: "values.move",
@@ -167,6 +167,7 @@ pub const CLAUSES: &[Clause] = &[
             "::perm_",
             "::bits",
             "reuse::outputs_in_flight::all_gather_into_tensor",
+            "programs::",
         ],
     },
     Clause {
@@ -180,25 +181,26 @@ pub const CLAUSES: &[Clause] = &[
             "all_reduce::coalesced::mixed_dtypes",
             "all_gather_into_tensor::coalesced::mixed_dtypes",
             "reduce_scatter_tensor::coalesced::mixed_dtypes",
+            "programs::",
         ],
     },
     Clause {
         id: "placement.out_of_place",
         source: BACKEND,
         text: "Out-of-place ops return a new buffer that never aliases the input, and leave the input unchanged.",
-        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations", "reuse::outputs_kept::"],
+        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations", "reuse::outputs_kept::", "programs::"],
     },
     Clause {
         id: "placement.in_place",
         source: BACKEND,
         text: "In-place ops return the very buffer(s) given (same address).",
-        cases: &["all_reduce::inplace::", "broadcast::inplace::", "all_reduce::coalesced_inplace::"],
+        cases: &["all_reduce::inplace::", "broadcast::inplace::", "all_reduce::coalesced_inplace::", "programs::"],
     },
     Clause {
         id: "placement.out_buffer",
         source: BACKEND,
         text: "_out ops write only the caller's output buffer, never a byte outside it.",
-        cases: &["all_gather_into_tensor::outbuf::", "reduce_scatter_tensor::outbuf::"],
+        cases: &["all_gather_into_tensor::outbuf::", "reduce_scatter_tensor::outbuf::", "programs::"],
     },
     Clause {
         id: "placement.aliasing",
@@ -268,7 +270,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "views",
         source: BACKEND,
         text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
-        cases: &["views::"],
+        cases: &["views::", "programs::"],
     },
     Clause {
         id: "placement.realloc",
@@ -292,7 +294,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "subgroups",
         source: BACKEND,
         text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
-        cases: &["subgroup::"],
+        cases: &["subgroup::", "programs::"],
     },
     Clause {
         id: "caps.declared_semantics",
@@ -322,6 +324,7 @@ pub const CLAUSES: &[Clause] = &[
             "bad_input::recv_buffer_smaller_than_message",
             "bad_input::recv_buffer_larger_than_",
             "bad_input::send_recv_dtype_mismatch",
+            "programs::",
         ],
     },
     Clause {

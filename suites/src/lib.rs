@@ -44,6 +44,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::device_faults::cases::<B>());
     v.extend(suites::faults::cases::<B>());
     v.extend(suites::fused::cases::<B>());
+    v.extend(suites::programs::cases::<B>());
     v.extend(autotune::cases::<B, concord_autotune::Tuner>());
     v
 }

@@ -118,6 +118,11 @@ pub struct Extra {
     /// Inputs are arbitrary bit patterns of the dtype's width (NaN payloads, subnormals, values
     /// outside a narrower format's range): for data-moving ops, whose result is the inputs' bytes.
     pub bits: bool,
+    /// The root of broadcast / reduce / gather / scatter (default: the last rank).
+    pub root: Option<usize>,
+    /// send / recv: each rank's partner (index = rank; symmetric; `None` sits out). Default:
+    /// [`partner`]'s pairs.
+    pub pairs: Option<Vec<Option<usize>>>,
 }
 
 /// [`run`] with what `extra` changes; `label` goes into every failure message.
@@ -192,6 +197,139 @@ fn run_shapes<B: Backend>(
     layout: Layout,
     extra: &Extra,
 ) -> CaseResult {
+    let call = prepare(b, spec, seed, shapes, label, layout, extra)?;
+    let outs = exec::call(b, spec.op, spec.variant, &call.ins, call.out(), &call.params, timeout)
+        .map_err(|e| call.fail(b, format_args!("{e} [{}]", e.name())))?;
+    call.check(b, &outs)
+}
+
+/// One call of the value check, prepared on one rank: its inputs uploaded (plain buffers, or
+/// views laid out as the run's [`Layout`] says), the `_out` / recv output framed by guards, the
+/// call's parameters, and the oracle's answer for this rank. [`prepare`], then issue it with
+/// [`Prepared::ins`], [`Prepared::out`] and [`Prepared::params`] ([`exec::call`], or
+/// [`exec::issue`] with other calls in flight), then [`Prepared::check`] its results.
+pub struct Prepared<B: Backend> {
+    spec: ValueSpec,
+    label: String,
+    shapes: Vec<Vec<usize>>,
+    layout: Layout,
+    pub params: Params,
+    my_inputs: Vec<Tensor>,
+    /// Per tensor: the oracle's answer and whether its values are defined.
+    expected: Vec<(Tensor, bool)>,
+    in_parents: Vec<B::Buffer>,
+    pub ins: Vec<B::Buffer>,
+    /// `(parent, view)` of the `_out` / recv output.
+    guarded: Option<(B::Buffer, B::Buffer)>,
+}
+
+impl<B: Backend> Prepared<B> {
+    /// The `_out` / recv output buffer, if the variant takes one.
+    pub fn out(&self) -> Option<&B::Buffer> {
+        self.guarded.as_ref().map(|g| &g.1)
+    }
+
+    /// A failure of this call: `what` after every field a reader needs to find and rerun it.
+    pub fn fail(&self, b: &B, what: impl std::fmt::Display) -> CaseEnd {
+        CaseEnd::Fail(format!("{}: {what}", where_str(b, &self.spec, &self.label, &self.shapes)))
+    }
+
+    /// Checks the call's results `outs` (one per input; `[]` for the barrier): identity and
+    /// aliasing, dtype, shape and values against the oracle, inputs untouched by out-of-place
+    /// ops, and no byte written outside the output or the input views.
+    pub fn check(&self, b: &B, outs: &[B::Buffer]) -> CaseResult {
+        let (spec, p, layout) = (&self.spec, &self.params, self.layout);
+        let (ins, my_inputs, expected, guarded) = (&self.ins, &self.my_inputs, &self.expected, &self.guarded);
+        let ws = b.world_size();
+        let caps = b.capabilities();
+        let fail = |what: String| self.fail(b, what);
+        if outs.len() != ins.len() {
+            return Err(fail(format!("returned {} results for {} inputs", outs.len(), ins.len())));
+        }
+        for (t, out) in outs.iter().enumerate() {
+            let tag = if outs.len() > 1 { format!("tensor {t} of {}: ", outs.len()) } else { String::new() };
+            let (exp, defined) = &expected[t];
+            // Identity and aliasing.
+            let (a_out, a_in) = (b.buffer_addr(out), b.buffer_addr(&ins[t]));
+            let in_numel = my_inputs[t].numel();
+            if exec::is_in_place(spec.variant) {
+                if a_out != a_in {
+                    return Err(fail(format!("{tag}in-place op returned a different buffer (0x{a_out:x}, input 0x{a_in:x})")));
+                }
+            } else if let Some((_, view)) = guarded {
+                if a_out != b.buffer_addr(view) {
+                    return Err(fail(format!("{tag}_out op returned a buffer other than the output it was given")));
+                }
+            } else if a_out == a_in && in_numel > 0 && spec.op != OpKind::SendRecv {
+                return Err(fail(format!("{tag}out-of-place op returned its input buffer (0x{a_in:x})")));
+            }
+            // Shape and values.
+            if b.buffer_dtype(out) != exp.dtype() {
+                return Err(fail(format!("{tag}result dtype {} , expected {}", b.buffer_dtype(out), exp.dtype())));
+            }
+            if b.buffer_shape(out) != exp.shape() {
+                return Err(fail(format!("{tag}result shape {:?}, expected {:?}", b.buffer_shape(out), exp.shape())));
+            }
+            if *defined && caps.moves_data && !(spec.op == OpKind::SendRecv && p.peer.is_none()) {
+                let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
+                let tol = match spec.kind {
+                    InputKind::Special => Tolerance::Exact,
+                    k => tolerance_for(spec.dtype, spec.reduce, ws, k == InputKind::Exact),
+                };
+                if let Err(m) = compare(&got, exp, tol) {
+                    return Err(fail(format!("{tag}{m}")));
+                }
+            }
+            // Out-of-place ops leave their input untouched.
+            if !exec::is_in_place(spec.variant) && caps.moves_data {
+                let after = b.download(&ins[t]).map_err(|e| fail(format!("download input: {e}")))?;
+                if let Err(m) = compare(&after, &my_inputs[t], Tolerance::Exact) {
+                    return Err(fail(format!("{tag}the op modified its input: {m}")));
+                }
+            }
+        }
+        for (parent, t) in self.in_parents.iter().zip(my_inputs) {
+            if caps.moves_data {
+                check_frame(b, parent, layout.in_offset, t.numel(), "input").map_err(fail)?;
+            }
+        }
+        if let Some((parent, _)) = guarded.as_ref().filter(|_| layout.out_offset != 0) {
+            if caps.moves_data {
+                check_frame(b, parent, layout.out_offset, expected[0].0.numel(), "output").map_err(fail)?;
+            }
+        } else if let Some((parent, _)) = guarded {
+            let all = b.download(parent).map_err(|e| fail(format!("download guarded output: {e}")))?;
+            let gb = GUARD_ELEMS * spec.dtype.size();
+            let bytes = all.bytes();
+            let tail_start = bytes.len() - gb;
+            if let Some(i) = bytes[..gb].iter().position(|&x| x != GUARD_BYTE) {
+                return Err(fail(format!("wrote before its output buffer: guard byte {} (of {gb}) is 0x{:02x}", gb - i, bytes[i])));
+            }
+            if let Some(i) = bytes[tail_start..].iter().position(|&x| x != GUARD_BYTE) {
+                return Err(fail(format!(
+                    "wrote past the end of its output buffer: guard byte {i} after the end is 0x{:02x}",
+                    bytes[tail_start + i]
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prepares one call of `spec` on `shapes` (one per tensor) on backend `b`: this rank's inputs
+/// (drawn from `seed`), their buffers laid out as `layout` says, the output frame, the call's
+/// parameters (root: `extra.root`, else the last rank; permutation: `extra.src_dst`, else the
+/// rotation; send / recv between `extra.pairs`, else [`partner`]s) and the oracle's answer. `label` goes into every
+/// failure message.
+pub fn prepare<B: Backend>(
+    b: &B,
+    spec: &ValueSpec,
+    seed: u64,
+    shapes: &[Vec<usize>],
+    label: &str,
+    layout: Layout,
+    extra: &Extra,
+) -> Result<Prepared<B>, CaseEnd> {
     let ws = b.world_size();
     let rank = b.rank();
     let caps = b.capabilities();
@@ -199,9 +337,9 @@ fn run_shapes<B: Backend>(
     let here = || where_str(b, spec, label, shapes);
     let fail = |what: String| CaseEnd::Fail(format!("{}: {what}", here()));
 
-    let mut p = Params { reduce: spec.reduce, root: ws - 1, ..Default::default() };
+    let mut p = Params { reduce: spec.reduce, root: extra.root.unwrap_or(ws - 1), ..Default::default() };
     p.src_dst = extra.src_dst.clone().unwrap_or_else(|| (0..ws).map(|r| (r + 1) % ws).collect());
-    p.peer = partner(rank, ws);
+    p.peer = extra.pairs.as_ref().map_or(partner(rank, ws), |v| v[rank]);
     let split_m = (spec.op == OpKind::AllToAllSingle).then(|| concord_fixtures::split_matrix(seed, ws, 5));
     if let Some(m) = &split_m {
         p.in_splits = Some(m[rank].clone());
@@ -211,7 +349,10 @@ fn run_shapes<B: Backend>(
     // This rank's input and the oracle's answer for this rank, tensor by tensor: the inputs of
     // the ranks that answer is made of (`concord_oracle::reads`) are generated, every other
     // rank's is a placeholder of its shape (the oracle validates every rank's call from shapes).
-    let coll = collective_for(spec, &p, ws, split_m.as_ref());
+    let coll = match &extra.pairs {
+        Some(pairs) if spec.op == OpKind::SendRecv => Collective::SendRecv { src_dst: pairs.clone() },
+        _ => collective_for(spec, &p, ws, split_m.as_ref()),
+    };
     let read = concord_oracle::reads(&coll, ws, rank);
     let mut my_inputs = Vec::new();
     let mut expected = Vec::new();
@@ -240,11 +381,6 @@ fn run_shapes<B: Backend>(
             .map_err(|e| fail(format!("suite bug: the oracle rejected the case's own input: {e}")))?;
         my_inputs.push(inputs.swap_remove(rank));
         expected.push(exp);
-    }
-
-    if spec.op == OpKind::Barrier {
-        exec::call(b, spec.op, spec.variant, &[], None, &p, timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
-        return Ok(());
     }
 
     // Inputs: plain buffers, or views `in_offset` elements into guarded parents.
@@ -277,80 +413,18 @@ fn run_shapes<B: Backend>(
         let view = b.view(&parent, off, &out_shape).map_err(|e| fail(format!("view: {e}")))?;
         guarded = Some((parent, view));
     }
-
-    let outs = exec::call(b, spec.op, spec.variant, &ins, guarded.as_ref().map(|g| &g.1), &p, timeout)
-        .map_err(|e| fail(format!("{e} [{}]", e.name())))?;
-
-    if outs.len() != ins.len() {
-        return Err(fail(format!("returned {} results for {} inputs", outs.len(), ins.len())));
-    }
-    for (t, out) in outs.iter().enumerate() {
-        let tag = if outs.len() > 1 { format!("tensor {t} of {}: ", outs.len()) } else { String::new() };
-        let (exp, defined) = &expected[t];
-        // Identity and aliasing.
-        let (a_out, a_in) = (b.buffer_addr(out), b.buffer_addr(&ins[t]));
-        let in_numel = my_inputs[t].numel();
-        if exec::is_in_place(spec.variant) {
-            if a_out != a_in {
-                return Err(fail(format!("{tag}in-place op returned a different buffer (0x{a_out:x}, input 0x{a_in:x})")));
-            }
-        } else if let Some((_, view)) = &guarded {
-            if a_out != b.buffer_addr(view) {
-                return Err(fail(format!("{tag}_out op returned a buffer other than the output it was given")));
-            }
-        } else if a_out == a_in && in_numel > 0 && spec.op != OpKind::SendRecv {
-            return Err(fail(format!("{tag}out-of-place op returned its input buffer (0x{a_in:x})")));
-        }
-        // Shape and values.
-        if b.buffer_dtype(out) != exp.dtype() {
-            return Err(fail(format!("{tag}result dtype {} , expected {}", b.buffer_dtype(out), exp.dtype())));
-        }
-        if b.buffer_shape(out) != exp.shape() {
-            return Err(fail(format!("{tag}result shape {:?}, expected {:?}", b.buffer_shape(out), exp.shape())));
-        }
-        if *defined && caps.moves_data && !(spec.op == OpKind::SendRecv && p.peer.is_none()) {
-            let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
-            let tol = match spec.kind {
-                InputKind::Special => Tolerance::Exact,
-                k => tolerance_for(spec.dtype, spec.reduce, ws, k == InputKind::Exact),
-            };
-            if let Err(m) = compare(&got, exp, tol) {
-                return Err(fail(format!("{tag}{m}")));
-            }
-        }
-        // Out-of-place ops leave their input untouched.
-        if !exec::is_in_place(spec.variant) && caps.moves_data {
-            let after = b.download(&ins[t]).map_err(|e| fail(format!("download input: {e}")))?;
-            if let Err(m) = compare(&after, &my_inputs[t], Tolerance::Exact) {
-                return Err(fail(format!("{tag}the op modified its input: {m}")));
-            }
-        }
-    }
-    for (parent, t) in in_parents.iter().zip(&my_inputs) {
-        if caps.moves_data {
-            check_frame(b, parent, layout.in_offset, t.numel(), "input").map_err(fail)?;
-        }
-    }
-    if let Some((parent, _)) = guarded.as_ref().filter(|_| layout.out_offset != 0) {
-        if caps.moves_data {
-            check_frame(b, parent, layout.out_offset, expected[0].0.numel(), "output").map_err(fail)?;
-        }
-    } else if let Some((parent, _)) = &guarded {
-        let all = b.download(parent).map_err(|e| fail(format!("download guarded output: {e}")))?;
-        let gb = GUARD_ELEMS * spec.dtype.size();
-        let bytes = all.bytes();
-        let tail_start = bytes.len() - gb;
-        if let Some(i) = bytes[..gb].iter().position(|&x| x != GUARD_BYTE) {
-            return Err(fail(format!("wrote before its output buffer: guard byte {} (of {gb}) is 0x{:02x}", gb - i, bytes[i])));
-        }
-        if let Some(i) = bytes[tail_start..].iter().position(|&x| x != GUARD_BYTE) {
-            return Err(fail(format!(
-                "wrote past the end of its output buffer: guard byte {i} after the end is 0x{:02x}",
-                bytes[tail_start + i]
-            )));
-        }
-    }
-    Ok(())
+    Ok(Prepared {
+        spec: spec.clone(),
+        label: label.to_string(),
+        shapes: shapes.to_vec(),
+        layout,
+        params: p,
+        my_inputs,
+        expected,
+        in_parents,
+        ins,
+        guarded,
+    })
 }
 
 /// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.

@@ -24,6 +24,8 @@
 //!   after a failed wait, named errors, no leaked file, usable after bad input.
 //! * [`fused`] — fused communication + compute (seed 004): all-gather-matmul, matmul-reduce-scatter,
 //!   scaled variants, low-contention all-gather / reduce-scatter; values, buffers, bad input.
+//! * [`programs`] — seeded random programs: any declared op / variant / dtype / reduce op, random
+//!   shapes, roots, permutations, views, up to three calls in flight on the world and subgroups.
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
@@ -40,6 +42,7 @@ pub mod fused;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;
+pub mod programs;
 pub mod realloc;
 pub mod reuse;
 pub mod seed;
