@@ -284,13 +284,6 @@ fn label(k: usize, prog: &Program, bi: usize, ci: usize, c: &Call) -> String {
     s
 }
 
-/// A prepared call of this rank and how it was issued.
-enum Issued<B: Backend> {
-    Pending(Pending<B>),
-    /// A send / recv on a rank without partner: its output comes back as it was.
-    SatOut,
-}
-
 /// Runs program `k` on this rank: creates its groups (every rank, in order), then each batch:
 /// prepares and issues the calls of the communicators this rank belongs to, waits for them in
 /// the batch's order, then checks every result.
@@ -311,7 +304,9 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, k: usize) -> CaseResult {
     for (bi, batch) in prog.batches.iter().enumerate() {
         // The calls of the communicators this rank belongs to, prepared and issued in order.
         let mut calls: Vec<Option<(&B, Prepared<B>)>> = Vec::new();
-        let mut issued: Vec<Option<Issued<B>>> = Vec::new();
+        // Per call: `Some(None)` a send / recv on a rank without partner (its output comes back
+        // as it was), `Some(Some(pending))` issued, `None` not this rank's.
+        let mut issued: Vec<Option<Option<Pending<B>>>> = Vec::new();
         for (ci, c) in batch.calls.iter().enumerate() {
             let Some(be) = comm_of(c.comm) else {
                 calls.push(None);
@@ -320,11 +315,11 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, k: usize) -> CaseResult {
             };
             let call = values::prepare(be, &c.spec, c.seed, &c.shapes, &label(k, &prog, bi, ci, c), c.layout, &c.extra)?;
             let how = if c.spec.op == OpKind::SendRecv && call.params.peer.is_none() {
-                Issued::SatOut
+                None
             } else {
                 let p = exec::issue(be, c.spec.op, c.spec.variant, &call.ins, call.out(), &call.params)
                     .map_err(|e| call.fail(be, format_args!("issue: {e} [{}]", e.name())))?;
-                Issued::Pending(p)
+                Some(p)
             };
             calls.push(Some((be, call)));
             issued.push(Some(how));
@@ -333,8 +328,8 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, k: usize) -> CaseResult {
         for &i in &batch.wait_order {
             let (Some((be, call)), Some(how)) = (&calls[i], issued[i].take()) else { continue };
             outs[i] = Some(match how {
-                Issued::SatOut => call.out().into_iter().cloned().collect(),
-                Issued::Pending(p) => p.into_values(timeout).map_err(|e| call.fail(*be, format_args!("wait: {e} [{}]", e.name())))?,
+                None => call.out().into_iter().cloned().collect(),
+                Some(p) => p.into_values(timeout).map_err(|e| call.fail(*be, format_args!("wait: {e} [{}]", e.name())))?,
             });
         }
         for (slot, got) in calls.iter().zip(&outs) {
