@@ -699,7 +699,7 @@ pub fn catalogue() -> Vec<Spec> {
             "timeout_seq_off_by_one",
             "progress.recorded",
             "a work's sequence number is read before the increment: every timeout names the previous op's number",
-            &["SURVIVOR"],
+            &["async::timeout_names_its_sequence_number::ws2"],
         ),
         spec::<FirstCallTuningIgnoresDeadline>(
             "first_call_tuning_ignores_deadline",
@@ -711,13 +711,13 @@ pub fn catalogue() -> Vec<Spec> {
             "dropped_inplace_withdrawn",
             "async.every_op_every_rank",
             "in-place all_reduce_ is posted at the next wait / poll / issue; a work dropped before that is withdrawn and its peers wait",
-            &["SURVIVOR"],
+            &["async::dropped_work_still_runs_for_its_peers::ws2"],
         ),
         spec::<FailedWorkNeverCompleted>(
             "failed_work_never_completed",
             "failure.no_touch_after_failed_wait",
             "is_completed() is true only on success: a caller polling a failed op spins for ever",
-            &["SURVIVOR"],
+            &["async::failed_work_reports_completed::ws2"],
         ),
         spec::<FailedWorksStayCounted>(
             "failed_works_stay_counted",
@@ -729,7 +729,7 @@ pub fn catalogue() -> Vec<Spec> {
             "inplace_copy_back_after_wait",
             "async.result_final_after_wait",
             "all_reduce_'s wait returns before the result is copied back into the caller's buffer (5 ms later)",
-            &["all_reduce::inplace::f32::sum::ws2"],
+            &["all_reduce::inplace::"],
         ),
         spec::<RecvCancelledByTimedOutWait>(
             "recv_cancelled_by_timed_out_wait",
@@ -741,13 +741,13 @@ pub fn catalogue() -> Vec<Spec> {
             "out_size_refused_locally_only",
             "bad_input.named_everywhere",
             "a wrong-sized _out buffer is refused at issue on its rank only: the peers are never told",
-            &["SURVIVOR"],
+            &["bad_input::all_gather_out_wrong_size_on_one_rank::ws2", "bad_input::reduce_scatter_out_wrong_size_on_one_rank::ws2"],
         ),
         spec::<LargeSendBlocksAtIssue>(
             "large_send_blocks_at_issue",
             "p2p.no_deadlock",
             "sends of 256 KiB or more block at issue until received: both ranks sending first deadlock",
-            &["SURVIVOR"],
+            &["p2p::sends_first_both::large::ws2"],
         ),
         spec::<PlanCachedByNumel>(
             "plan_cached_by_numel",
@@ -759,13 +759,13 @@ pub fn catalogue() -> Vec<Spec> {
             "fused_ag_workspace_read_at_wait",
             "fused.buffers",
             "fused_all_gather_matmul copies its results out of a per-shape workspace at wait: two calls in flight, the first gets the second's",
-            &["SURVIVOR"],
+            &["fused::all_gather_matmul::dim0::f32::in_flight_twice::"],
         ),
         spec::<BroadcastFailureOkOnNonRoot>(
             "broadcast_failure_ok_on_non_root",
             "failure.no_touch_after_failed_wait",
             "a non-root's broadcast reports Ok when the op fails (not bad input, not a timeout): a failed root leaves them Ok",
-            &["SURVIVOR"],
+            &["faults::fail_after_post::broadcast::ws2"],
         ),
         spec::<ReduceScatterAliasUnchecked>(
             "reduce_scatter_alias_unchecked",

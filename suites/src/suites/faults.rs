@@ -17,7 +17,8 @@
 //! * `faults::stall_between_barriers::ws2` — rank 1 stalls after the validation barrier, past
 //!   rank 0's deadline, then would move its data.
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
-//!   it was posted; rank 0 issues after that.
+//!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
+//!   of a broadcast (rank 0 only receives).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -153,6 +154,8 @@ fn check_canary<B: Backend>(b: &B, bufs: &[(&str, &B::Buffer)], w: &str, after: 
 enum Place {
     InPlace,
     OutOfPlace,
+    /// An out-of-place broadcast whose root is the victim (the other rank receives).
+    Broadcast,
 }
 
 /// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
@@ -164,11 +167,12 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     needs(ctx.b, &points.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
-    let variant = match place {
-        Place::InPlace => "inplace",
-        Place::OutOfPlace => "out",
+    let (op, variant) = match place {
+        Place::InPlace => ("all_reduce", "inplace"),
+        Place::OutOfPlace => ("all_reduce", "out"),
+        Place::Broadcast => ("broadcast", "out"),
     };
-    let w = format!("{} fault={:?}", here(&b, "all_reduce", variant, DType::F32), f.as_ref().map(|f| f.option().1));
+    let w = format!("{} fault={:?}", here(&b, op, variant, DType::F32), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
     // Op 1: a healthy op, so that both ranks are in step.
     let x = b.upload(&full(&[N], (me + 1) as f32))?;
@@ -177,6 +181,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     let issue = |x: &B::Buffer| match place {
         Place::InPlace => b.all_reduce_(x, ReduceOp::Sum),
         Place::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
+        Place::Broadcast => b.broadcast(x, victim),
     };
     if me == victim {
         let t0 = Instant::now();
@@ -189,7 +194,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         // (an allocator may hand back the op's freed output).
         let n_fresh = match place {
             Place::InPlace => 0,
-            Place::OutOfPlace => 1,
+            Place::OutOfPlace | Place::Broadcast => 1,
         };
         let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
         for f in &fresh {
@@ -239,6 +244,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }));
     v.push(Case::<B>::new("faults::fail_after_post::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
         victim_case(ctx, 1, true, Place::OutOfPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::broadcast::ws2", meta("broadcast", "out"), 2, |ctx| {
+        // The root fails after posting: the receiving rank MUST end in a named error too (a
+        // receive side that reports Ok on any failure hands back whatever its buffer held).
+        victim_case(ctx, 1, true, Place::Broadcast, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
