@@ -232,10 +232,15 @@ fn whole_seconds(t: Duration) -> Duration {
     Duration::from_secs(t.as_secs())
 }
 
-every_op!(SubSecondWaitIsPoll, |me, s| (), |w| {
-    let v = w.peek().clone();
-    s.twisted(w, v, Twist { wait_instead: Some(whole_seconds), ..Twist::default() }, |_, _| Ok(()))
-}, {});
+every_op!(
+    SubSecondWaitIsPoll,
+    |me, s| (),
+    |w| {
+        let v = w.peek().clone();
+        s.twisted(w, v, Twist { wait_instead: Some(whole_seconds), ..Twist::default() }, |_, _| Ok(()))
+    },
+    {}
+);
 
 /// A work's sequence number is read before the communicator's counter is incremented: every
 /// timeout names the previous op's number (the in-flight record, made after the increment,

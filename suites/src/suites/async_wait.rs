@@ -438,9 +438,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 drop(work);
                 continue;
             }
-            let out = work.wait(ctx.timeout).map_err(|e| {
-                fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name()))
-            })?;
+            let out = work
+                .wait(ctx.timeout)
+                .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
             expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
         }
         let w = format!("{} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32));

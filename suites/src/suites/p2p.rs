@@ -297,7 +297,12 @@ fn sends_first_both_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
     // Generous: a loaded 2-core machine stalls any call this long.
     if took > std::time::Duration::from_secs(2) {
-        return Err(fail(&w, format!("issuing a 1 MiB send blocked the caller for {took:?} (the peer was in its own send): issuing never blocks on the peer")));
+        return Err(fail(
+            &w,
+            format!(
+                "issuing a 1 MiB send blocked the caller for {took:?} (the peer was in its own send): issuing never blocks on the peer"
+            ),
+        ));
     }
     expect_eq(b, got, &message(peer, 0, LARGE), &w)
 }
