@@ -26,151 +26,151 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// issued and the issued work `$w` replaced by `$wrap` (the same expression, typed per op);
 /// `$extra` adds or overrides the other hooks.
 macro_rules! every_op {
-    ($t:ty, |$me:ident, $s:ident| $before:expr, |$w:ident| $wrap:expr, { $($extra:tt)* }) => {
+    ($t:ty, |$me:ident, $s:ident| $before:block, |$w:ident| $wrap:expr, { $($extra:tt)* }) => {
         every_op!($t, |$me, $s| $before, |$w| $wrap, except_all_reduce_ {
             $($extra)*
             fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_reduce_(x, op)?;
                 Ok($wrap)
             }
         });
     };
-    ($t:ty, |$me:ident, $s:ident| $before:expr, |$w:ident| $wrap:expr, except_all_reduce_ { $($extra:tt)* }) => {
+    ($t:ty, |$me:ident, $s:ident| $before:block, |$w:ident| $wrap:expr, except_all_reduce_ { $($extra:tt)* }) => {
         impl Bug for $t {
             $($extra)*
             fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_reduce(x, op)?;
                 Ok($wrap)
             }
             fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_reduce_coalesced(xs, op)?;
                 Ok($wrap)
             }
             fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_reduce_coalesced_(xs, op)?;
                 Ok($wrap)
             }
             fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_gather_into_tensor(x)?;
                 Ok($wrap)
             }
             fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_gather_into_tensor_out(x, out)?;
                 Ok($wrap)
             }
             fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_gather_into_tensor_coalesced(xs)?;
                 Ok($wrap)
             }
             fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.reduce_scatter_tensor(x, op)?;
                 Ok($wrap)
             }
             fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.reduce_scatter_tensor_out(x, op, out)?;
                 Ok($wrap)
             }
             fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.reduce_scatter_tensor_coalesced(xs, op)?;
                 Ok($wrap)
             }
             fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.all_to_all_single(x, o, i)?;
                 Ok($wrap)
             }
             fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.broadcast(x, src)?;
                 Ok($wrap)
             }
             fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.broadcast_(x, src)?;
                 Ok($wrap)
             }
             fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.permute_tensor(x, src_dst)?;
                 Ok($wrap)
             }
             fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.reduce(x, op, root)?;
                 Ok($wrap)
             }
             fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.gather(x, root)?;
                 Ok($wrap)
             }
             fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.scatter(x, root)?;
                 Ok($wrap)
             }
             fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.send(x, dst)?;
                 Ok($wrap)
             }
             fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.recv(out, src)?;
                 Ok($wrap)
             }
             fn barrier(&self, s: &Shm) -> Result<Work<()>> {
                 let ($me, $s) = (self, s);
                 let _ = (&$me, &$s);
-                $before;
+                $before
                 let $w = s.inner.barrier()?;
                 Ok($wrap)
             }
@@ -232,15 +232,13 @@ fn whole_seconds(t: Duration) -> Duration {
     Duration::from_secs(t.as_secs())
 }
 
-every_op!(
-    SubSecondWaitIsPoll,
-    |me, s| (),
-    |w| {
-        let v = w.peek().clone();
-        s.twisted(w, v, Twist { wait_instead: Some(whole_seconds), ..Twist::default() }, |_, _| Ok(()))
-    },
-    {}
-);
+/// `w` whose waits wait whole seconds only.
+fn poll_below_a_second<T: Clone + Send + Sync + 'static>(s: &Shm, w: Work<T>) -> Work<T> {
+    let v = w.peek().clone();
+    s.twisted(w, v, Twist { wait_instead: Some(whole_seconds), ..Twist::default() }, |_, _| Ok(()))
+}
+
+every_op!(SubSecondWaitIsPoll, |me, s| {}, |w| poll_below_a_second(s, w), {});
 
 /// A work's sequence number is read before the communicator's counter is incremented: every
 /// timeout names the previous op's number (the in-flight record, made after the increment,
@@ -250,7 +248,7 @@ pub struct TimeoutSeqOffByOne {
     hidden: OutstandingCounter,
 }
 
-every_op!(TimeoutSeqOffByOne, |me, _s| (), |w| relay(w, &me.hidden, |m| m.seq = m.seq.saturating_sub(1), |w| w.is_completed(), None), {});
+every_op!(TimeoutSeqOffByOne, |me, _s| {}, |w| relay(w, &me.hidden, |m| m.seq = m.seq.saturating_sub(1), |w| w.is_completed(), None), {});
 
 /// A first call of each (dtype, shape) of `all_reduce` on a communicator tunes the backend's
 /// algorithm (a tuned backend): its wait runs the tuning to the end under the op timeout, not
@@ -355,7 +353,7 @@ impl Drop for LazyWork {
     }
 }
 
-every_op!(DroppedInPlaceWithdrawn, |me, _s| flush(&me.queue), |w| w, except_all_reduce_ {
+every_op!(DroppedInPlaceWithdrawn, |me, _s| { flush(&me.queue) }, |w| w, except_all_reduce_ {
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let (be, xx) = (s.inner.clone(), x.clone());
         let lazy = Arc::new(Lazy { state: Mutex::new(LazyState::Queued(Box::new(move || be.all_reduce_(&xx, op)))) });
@@ -381,7 +379,7 @@ fn completed_only_on_success<T>(w: &Work<T>) -> bool {
     w.is_completed() && w.wait(Duration::ZERO).is_ok()
 }
 
-every_op!(FailedWorkNeverCompleted, |me, _s| (), |w| relay(w, &me.hidden, |_| (), completed_only_on_success, None), {
+every_op!(FailedWorkNeverCompleted, |me, _s| {}, |w| relay(w, &me.hidden, |_| (), completed_only_on_success, None), {
     fn outstanding(&self, s: &Shm) -> usize {
         // Every work is relayed: the relays' count is the registry (a poll may settle the inner one).
         self.hidden.get() + s.own.get()
@@ -396,7 +394,7 @@ pub struct FailedWorksStayCounted {
     failed: Arc<AtomicUsize>,
 }
 
-every_op!(FailedWorksStayCounted, |me, _s| (), |w| relay(w, &me.hidden, |_| (), |w| w.is_completed(), Some(me.failed.clone())), {
+every_op!(FailedWorksStayCounted, |me, _s| {}, |w| relay(w, &me.hidden, |_| (), |w| w.is_completed(), Some(me.failed.clone())), {
     fn outstanding(&self, s: &Shm) -> usize {
         s.inner.outstanding() + s.own.get() + self.failed.load(Ordering::SeqCst)
     }
