@@ -8,7 +8,7 @@
 //! over the correct shm backend.
 
 use crate::campaign::Spec;
-use crate::{edit, Buf, Bug, Mutant, Shm, Twist, BUG_WAIT};
+use crate::{edit, Buf, Bug, Mutant, Shm, Twist};
 use concord_core::fused::Gathered;
 use concord_core::{
     Backend, BadInputKind, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work,
@@ -251,8 +251,8 @@ pub struct TimeoutSeqOffByOne {
 every_op!(TimeoutSeqOffByOne, |me, _s| {}, |w| relay(w, &me.hidden, |m| m.seq = m.seq.saturating_sub(1), |w| w.is_completed(), None), {});
 
 /// A first call of each (dtype, shape) of `all_reduce` on a communicator tunes the backend's
-/// algorithm (a tuned backend): its wait runs the tuning to the end under the op timeout, not
-/// the caller's deadline.
+/// algorithm (a tuned backend): its wait runs the tuning to the end under the tuner's own budget
+/// (5 s), not the caller's deadline.
 #[derive(Default)]
 pub struct FirstCallTuningIgnoresDeadline {
     seen: Mutex<HashSet<(DType, Vec<usize>)>>,
@@ -266,7 +266,7 @@ impl Bug for FirstCallTuningIgnoresDeadline {
             return Ok(w);
         }
         let v = w.peek().clone();
-        let twist = Twist { wait_instead: Some(|t| t.max(Duration::from_secs(10))), ..Twist::default() };
+        let twist = Twist { wait_instead: Some(|t| t.max(Duration::from_secs(5))), ..Twist::default() };
         Ok(s.twisted(w, v, twist, |_, _| Ok(())))
     }
 }
@@ -495,17 +495,21 @@ impl Bug for OutSizeRefusedLocallyOnly {
 // ---------------------------------------------------------------- point to point
 
 /// Sends of 256 KiB or more use a rendezvous protocol that blocks the caller at issue until the
-/// receiver has taken the message: two ranks that both send a large message before receiving
-/// deadlock (the contract: issuing never blocks on the peer).
+/// receiver has taken the message (or the handshake gives up, after 5 s): two ranks that both
+/// send a large message before receiving deadlock (the contract: issuing never blocks on the
+/// peer).
 #[derive(Default)]
 pub struct LargeSendBlocksAtIssue;
+
+const RENDEZVOUS_GIVES_UP: Duration = Duration::from_secs(5);
 
 impl Bug for LargeSendBlocksAtIssue {
     fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
         let w = s.inner.send(x, dst)?;
         if s.numel(x) * s.inner.buffer_dtype(x).size() >= 256 << 10 {
-            // Blocks until the send settled (received, or failed): the work reports its outcome.
-            let _ = w.wait(BUG_WAIT);
+            // Blocks until the send settled (received, or failed) or the handshake gave up: the
+            // work reports its outcome.
+            let _ = w.wait(RENDEZVOUS_GIVES_UP);
         }
         Ok(w)
     }
@@ -707,7 +711,7 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<FirstCallTuningIgnoresDeadline>(
             "first_call_tuning_ignores_deadline",
             "async.deadline",
-            "a tuned backend's first all_reduce of each (dtype, shape) tunes inside its wait, under the op timeout, not the caller's deadline",
+            "a tuned backend's first all_reduce of each (dtype, shape) tunes inside its wait, under its own 5 s budget, not the caller's deadline",
             &["async::peer_never_joins_then_recovers::ws2"],
         ),
         spec::<DroppedInPlaceWithdrawn>(
@@ -749,7 +753,7 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<LargeSendBlocksAtIssue>(
             "large_send_blocks_at_issue",
             "p2p.no_deadlock",
-            "sends of 256 KiB or more block at issue until received: both ranks sending first deadlock",
+            "sends of 256 KiB or more block at issue until received (the handshake gives up after 5 s): both ranks sending first deadlock",
             &["p2p::sends_first_both::large::ws2"],
         ),
         spec::<PlanCachedByNumel>(
