@@ -700,7 +700,7 @@ pub fn catalogue() -> Vec<Spec> {
             "sub_second_wait_is_poll",
             "async.deadline",
             "wait(t) waits floor(t) whole seconds: a sub-second wait is a poll that times out at once",
-            &["autotune::seed::timeout_rank1_sleeps_10s::ws2"],
+            &["async::sub_second_wait_waits_its_deadline::ws2"],
         ),
         spec::<TimeoutSeqOffByOne>(
             "timeout_seq_off_by_one",

@@ -4,7 +4,8 @@
 //! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
 //! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking), a work
-//! that completes without any wait (`is_completed()` polled), a timeout naming its own
+//! that completes without any wait (`is_completed()` polled), a sub-second wait that waits its
+//! deadline (not a poll), a timeout naming its own
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
 //! runs for its peers, and a failed op whose `is_completed()` turns true.
 
@@ -369,6 +370,43 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             return Err(fail(&w, "AsyncResult.completed() false after a read"));
         }
         expect_eq(b, out, &full(&[4], 1.5f32), &w)
+    }));
+    v.push(Case::<B>::new("async::sub_second_wait_waits_its_deadline::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // A wait with a sub-second deadline waits: it returns Ok once the peer arrives, or a
+        // timeout only once its deadline has passed (never a timeout at once, as a port that
+        // counts deadlines in whole seconds gives). Rank 1 issues ~100 ms after rank 0 began
+        // waiting; a loaded machine that delays it past the deadline is no failure.
+        let b = ctx.b;
+        let asked = Duration::from_millis(950);
+        let w = format!("{} wait={asked:?}", here(b, "all_reduce", "out", DType::F32));
+        let key = format!("{}/{}/waiting", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 16))?;
+        let sum = full(&[16], rank_sum(b.world_size()));
+        if b.rank() != 0 {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            std::thread::sleep(Duration::from_millis(100));
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+            let _ = ctx.store.delete_key(&key);
+            return expect_eq(b, &out, &sum, &w);
+        }
+        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+        let t0 = Instant::now();
+        let verdict = match work.wait(asked) {
+            Ok(_) => Ok(()),
+            Err(e) if e.name() == "timeout" && t0.elapsed() + Duration::from_millis(5) < asked => Err(fail(
+                &w,
+                format!(
+                    "wait({asked:?}) returned a timeout after {:?}, before its deadline, while rank 1 was about to issue: {e}",
+                    t0.elapsed()
+                ),
+            )),
+            Err(e) if e.name() == "timeout" => Ok(()),
+            Err(e) => Err(fail(&w, format!("expected Ok or (past the deadline) a timeout, got {e} [{}]", e.name()))),
+        };
+        let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+        verdict?;
+        expect_eq(b, out, &sum, &w)
     }));
     v.push(Case::<B>::new("async::timeout_names_its_sequence_number::ws2", meta("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: a timeout names the collective and ITS sequence number, the one the
