@@ -362,8 +362,9 @@ every_op!(DroppedInPlaceWithdrawn, |me, _s| { flush(&me.queue) }, |w| w, except_
         Ok(Work::new(x.clone(), Arc::new(LazyWork { lazy, queue: self.queue.clone() }), meta, &self.hidden))
     }
     fn outstanding(&self, s: &Shm) -> usize {
-        // Queued works count too (the registry holds every issued work).
-        s.inner.outstanding() + s.own.get() + lock(&self.queue).len()
+        // Queued works count too (the registry holds every issued work; a withdrawn one is gone).
+        let queued = lock(&self.queue).iter().filter(|l| matches!(*lock(&l.state), LazyState::Queued(_))).count();
+        s.inner.outstanding() + s.own.get() + queued
     }
 });
 
