@@ -17,17 +17,19 @@ pub mod bugs;
 pub mod bugs_clauses;
 pub mod bugs_hunt;
 pub mod bugs_hunt2;
+pub mod bugs_hunt4;
 pub mod campaign;
 pub mod coverage;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
-/// first campaigns left without one), [`bugs_hunt`] and [`bugs_hunt2`] (bugs aimed at the
-/// catalogue's thin spots).
+/// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`] and [`bugs_hunt4`] (bugs
+/// aimed at the catalogue's thin spots).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
     v.extend(bugs_hunt::catalogue());
     v.extend(bugs_hunt2::catalogue());
+    v.extend(bugs_hunt4::catalogue());
     v
 }
 

@@ -25,8 +25,11 @@ const REPORTED: &[&str] = &[
 const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "completes_only_in_wait",
     "drop_drains_unwaited",
+    "failed_work_never_completed",
+    "first_call_tuning_ignores_deadline",
     "issue_blocks_all_reduce",
     "issue_blocks_all_to_all",
+    "large_send_blocks_at_issue",
     "recv_blocks_at_issue",
     "send_queued_behind_collectives",
     "wait_ignores_deadline",

@@ -3,12 +3,15 @@
 //! thread, a peer that never joins (named timeout, then recovery; the op pending for it is
 //! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
-//! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking) and a work
-//! that completes without any wait (`is_completed()` polled).
+//! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking), a work
+//! that completes without any wait (`is_completed()` polled), a sub-second wait that waits its
+//! deadline (not a poll), a timeout naming its own
+//! sequence number (the in-flight record's), a work dropped un-waited whose collective still
+//! runs for its peers, and a failed op whose `is_completed()` turns true.
 
 use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseMeta};
-use concord_core::{progress, AsyncResult, Backend, DType, ReduceOp, Tensor};
+use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor};
 use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
@@ -367,6 +370,154 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             return Err(fail(&w, "AsyncResult.completed() false after a read"));
         }
         expect_eq(b, out, &full(&[4], 1.5f32), &w)
+    }));
+    v.push(Case::<B>::new("async::sub_second_wait_waits_its_deadline::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // A wait with a sub-second deadline waits: it returns Ok once the peer arrives, or a
+        // timeout only once its deadline has passed (never a timeout at once, as a port that
+        // counts deadlines in whole seconds gives). Rank 1 issues ~100 ms after rank 0 began
+        // waiting; a loaded machine that delays it past the deadline is no failure.
+        let b = ctx.b;
+        let asked = Duration::from_millis(950);
+        let w = format!("{} wait={asked:?}", here(b, "all_reduce", "out", DType::F32));
+        let key = format!("{}/{}/waiting", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 16))?;
+        let sum = full(&[16], rank_sum(b.world_size()));
+        if b.rank() != 0 {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            std::thread::sleep(Duration::from_millis(100));
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+            let _ = ctx.store.delete_key(&key);
+            return expect_eq(b, &out, &sum, &w);
+        }
+        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+        let t0 = Instant::now();
+        let verdict = match work.wait(asked) {
+            Ok(_) => Ok(()),
+            Err(e) if e.name() == "timeout" && t0.elapsed() + Duration::from_millis(5) < asked => Err(fail(
+                &w,
+                format!(
+                    "wait({asked:?}) returned a timeout after {:?}, before its deadline, while rank 1 was about to issue: {e}",
+                    t0.elapsed()
+                ),
+            )),
+            Err(e) if e.name() == "timeout" => Ok(()),
+            Err(e) => Err(fail(&w, format!("expected Ok or (past the deadline) a timeout, got {e} [{}]", e.name()))),
+        };
+        let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+        verdict?;
+        expect_eq(b, out, &sum, &w)
+    }));
+    v.push(Case::<B>::new("async::timeout_names_its_sequence_number::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // progress.recorded: a timeout names the collective and ITS sequence number, the one the
+        // in-flight record holds for it. Rank 0 issues two all_reduces rank 1 has not issued
+        // yet; each short wait times out; the two errors name two different numbers, each
+        // recorded in flight for an all_reduce issued here. Rank 1 then joins; both complete.
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "out", DType::F32);
+        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+        let x = b.upload(&rank_tensor(b, 8))?;
+        let sum = full(&[8], rank_sum(b.world_size()));
+        if b.rank() != 0 {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            for _ in 0..2 {
+                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+                expect_eq(b, &out, &sum, &w)?;
+            }
+            let _ = ctx.store.delete_key(&key);
+            return Ok(());
+        }
+        let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+        let before = progress::in_flight();
+        let works = [b.all_reduce(&x, ReduceOp::Sum)?, b.all_reduce(&x, ReduceOp::Sum)?];
+        let recorded: Vec<u64> = progress::in_flight()
+            .into_iter()
+            .filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f)))
+            .map(|f| f.seq)
+            .collect();
+        let mut named = Vec::new();
+        let mut verdict = Ok(());
+        for (i, work) in works.iter().enumerate() {
+            match work.wait(Duration::from_millis(20)) {
+                Err(CollectiveError::Timeout { op, seq, .. }) if op.contains("all_reduce") => named.push(seq),
+                Ok(_) => verdict = Err(fail(&w, format!("all_reduce #{i} of 2: wait returned Ok before rank 1 had issued it"))),
+                Err(e) => verdict = Err(fail(&w, format!("all_reduce #{i} of 2 before rank 1 issued: expected a timeout naming all_reduce, got {e} [{}]", e.name()))),
+            }
+        }
+        ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+        for work in &works {
+            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+            expect_eq(b, out, &sum, &w)?;
+        }
+        verdict?;
+        if named.len() == 2 && (named[0] == named[1] || named.iter().any(|q| !recorded.contains(q))) {
+            return Err(fail(
+                &w,
+                format!(
+                    "the timeouts of two pending all_reduces name sequence numbers {named:?}; the in-flight record holds {recorded:?} for them: \
+                     a timeout must name its own collective's number"
+                ),
+            ));
+        }
+        Ok(())
+    }));
+    v.push(Case::<B>::new("async::dropped_work_still_runs_for_its_peers::ws2", meta("all_reduce", "inplace,out"), 2, |ctx| {
+        // Dropping a work does not withdraw its collective: rank 0 issues an all_reduce_ (then an
+        // all_reduce) and drops the work at once (fire and forget); rank 1 waits for its own
+        // side, which needs rank 0's, and MUST get the sum. A last all_reduce checks both ranks
+        // are still in step.
+        let b = ctx.b;
+        let ws = b.world_size();
+        for (round, variant) in ["inplace", "out"].into_iter().enumerate() {
+            let w = format!("{} (rank 0 drops its work un-waited)", here(b, "all_reduce", variant, DType::F32));
+            let x = b.upload(&full(&[16], ((b.rank() + 1) * (round + 1)) as f32))?;
+            let work = if variant == "inplace" { b.all_reduce_(&x, ReduceOp::Sum)? } else { b.all_reduce(&x, ReduceOp::Sum)? };
+            if b.rank() == 0 {
+                drop(work);
+                continue;
+            }
+            let out = work
+                .wait(ctx.timeout)
+                .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
+            expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
+        }
+        let w = format!("{} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32));
+        let x = b.upload(&full(&[16], 10.0 * (b.rank() + 1) as f32))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        expect_eq(b, &out, &full(&[16], 10.0 * rank_sum(ws)), &w)
+    }));
+    v.push(Case::<B>::new("async::failed_work_reports_completed::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        // is_completed() is true once the op has failed, not only on success: a caller polling
+        // it (`while not work.is_completed()`) sees a failed op end. The ranks' shapes differ
+        // ([4] and [5]); an op that fails at issue has nothing to poll.
+        let b = ctx.b;
+        if !b.capabilities().validates_across_ranks {
+            return Err(crate::case::CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
+        }
+        let w = format!("{} shapes=[4] / [5]", here(b, "all_reduce", "out", DType::F32));
+        let x = b.upload(&full(&[4 + b.rank()], 1.0f32))?;
+        if let Ok(work) = b.all_reduce(&x, ReduceOp::Sum) {
+            let limit = POLL_SLACK;
+            let t0 = Instant::now();
+            while !work.is_completed() && t0.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let completed = work.is_completed();
+            match work.wait(ctx.timeout) {
+                Ok(_) => return Err(fail(&w, "an all_reduce of mismatched shapes returned Ok")),
+                Err(e) if e.name() == "bad_input:shape_mismatch" => {}
+                Err(e) => return Err(fail(&w, format!("expected bad_input:shape_mismatch, got {e} [{}]", e.name()))),
+            }
+            if !completed {
+                return Err(fail(
+                    &w,
+                    format!("is_completed() stayed false for {limit:?} on an op that fails (its wait returns the named error): a failed op is completed"),
+                ));
+            }
+        }
+        let y = b.upload(&rank_tensor(b, 4))?;
+        let out = b.all_reduce(&y, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the all_reduce after the failed one: {e}")))?;
+        expect_eq(b, &out, &full(&[4], rank_sum(b.world_size())), &format!("{w} (the all_reduce after the failed one)"))
     }));
     v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| {
         let b = ctx.b;

@@ -71,6 +71,12 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             let out = b.alloc(DType::F64, &[ws * 4])?;
             wait(b.all_gather_into_tensor_out(&f32s(b, &[4])?, &out)?, T)
         }),
+        // One rank alone holds a wrong-sized output: only it can tell locally; its peers MUST
+        // get the same named error (never a wait for a side that never comes).
+        ("all_gather_out_wrong_size_on_one_rank", 2, K::OutBufferSize, true, |b, r, ws| {
+            let out = b.alloc(DType::F32, &[ws * 4 + r])?;
+            wait(b.all_gather_into_tensor_out(&f32s(b, &[4])?, &out)?, T)
+        }),
         ("reduce_scatter_indivisible_ws2", 2, K::Indivisible, false, |b, _, _| {
             wait(b.reduce_scatter_tensor(&f32s(b, &[5])?, ReduceOp::Sum)?, T)
         }),
@@ -80,6 +86,10 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("reduce_scatter_zero_dim", 2, K::ZeroDim, false, |b, _, _| wait(b.reduce_scatter_tensor(&f32s(b, &[])?, ReduceOp::Sum)?, T)),
         ("reduce_scatter_out_wrong_size", 2, K::OutBufferSize, false, |b, _, _| {
             let out = b.alloc(DType::F32, &[3])?;
+            wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
+        }),
+        ("reduce_scatter_out_wrong_size_on_one_rank", 2, K::OutBufferSize, true, |b, r, _| {
+            let out = b.alloc(DType::F32, &[2 + r])?;
             wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
         }),
         ("reduce_scatter_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| {

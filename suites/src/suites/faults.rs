@@ -17,7 +17,8 @@
 //! * `faults::stall_between_barriers::ws2` — rank 1 stalls after the validation barrier, past
 //!   rank 0's deadline, then would move its data.
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
-//!   it was posted; rank 0 issues after that.
+//!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
+//!   of a broadcast (rank 0 only receives).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -150,33 +151,37 @@ fn check_canary<B: Backend>(b: &B, bufs: &[(&str, &B::Buffer)], w: &str, after: 
 
 /// How the victim's op is issued.
 #[derive(Clone, Copy)]
-enum Place {
+enum VictimOp {
     InPlace,
     OutOfPlace,
+    /// An out-of-place broadcast whose root is the victim (the other rank receives).
+    Broadcast,
 }
 
 /// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
 /// fresh allocations that may reuse the op's freed output — with the canary, waits until the
 /// other rank's op has ended, and checks the canary. The other rank issues after the victim's
 /// failure when `late`, else at once; its op must fail too (named, never `Ok`).
-fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, place: Place, f: Option<Fault>) -> CaseResult {
+fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, place: VictimOp, f: Option<Fault>) -> CaseResult {
     let points: Vec<String> = f.iter().map(|f| f.point.clone()).collect();
     needs(ctx.b, &points.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
-    let variant = match place {
-        Place::InPlace => "inplace",
-        Place::OutOfPlace => "out",
+    let (op, variant) = match place {
+        VictimOp::InPlace => ("all_reduce", "inplace"),
+        VictimOp::OutOfPlace => ("all_reduce", "out"),
+        VictimOp::Broadcast => ("broadcast", "out"),
     };
-    let w = format!("{} fault={:?}", here(&b, "all_reduce", variant, DType::F32), f.as_ref().map(|f| f.option().1));
+    let w = format!("{} fault={:?}", here(&b, op, variant, DType::F32), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
     // Op 1: a healthy op, so that both ranks are in step.
     let x = b.upload(&full(&[N], (me + 1) as f32))?;
     b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
     // Op 2: the one that fails.
     let issue = |x: &B::Buffer| match place {
-        Place::InPlace => b.all_reduce_(x, ReduceOp::Sum),
-        Place::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
+        VictimOp::InPlace => b.all_reduce_(x, ReduceOp::Sum),
+        VictimOp::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
+        VictimOp::Broadcast => b.broadcast(x, victim),
     };
     if me == victim {
         let t0 = Instant::now();
@@ -188,8 +193,8 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         // Out of place: one buffer of the output's size, as a caller re-allocating would get
         // (an allocator may hand back the op's freed output).
         let n_fresh = match place {
-            Place::InPlace => 0,
-            Place::OutOfPlace => 1,
+            VictimOp::InPlace => 0,
+            VictimOp::OutOfPlace | VictimOp::Broadcast => 1,
         };
         let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
         for f in &fresh {
@@ -218,27 +223,32 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     v.push(
         Case::<B>::new("faults::late_peer::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
-            victim_case(ctx, 0, true, Place::InPlace, None)
+            victim_case(ctx, 0, true, VictimOp::InPlace, None)
         })
         .stall_bound(),
     );
     v.push(
         Case::<B>::new("faults::late_peer::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
-            victim_case(ctx, 0, true, Place::OutOfPlace, None)
+            victim_case(ctx, 0, true, VictimOp::OutOfPlace, None)
         })
         .stall_bound(),
     );
     v.push(
         Case::<B>::new("faults::stall_between_barriers::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
-            victim_case(ctx, 0, false, Place::InPlace, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))
+            victim_case(ctx, 0, false, VictimOp::InPlace, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))
         })
         .stall_bound(),
     );
     v.push(Case::<B>::new("faults::fail_after_post::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
-        victim_case(ctx, 1, true, Place::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+        victim_case(ctx, 1, true, VictimOp::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::fail_after_post::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {
-        victim_case(ctx, 1, true, Place::OutOfPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+        victim_case(ctx, 1, true, VictimOp::OutOfPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::broadcast::ws2", meta("broadcast", "out"), 2, |ctx| {
+        // The root fails after posting: the receiving rank MUST end in a named error too (a
+        // receive side that reports Ok on any failure hands back whatever its buffer held).
+        victim_case(ctx, 1, true, VictimOp::Broadcast, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));

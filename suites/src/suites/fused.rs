@@ -12,7 +12,8 @@
 //!   (the input itself and the guards) is unchanged, no output aliases an input; the op is issued
 //!   twice on the same buffers (buffer reuse) and each result waited twice (idempotent), and
 //!   `outstanding()` is 0 after; a first call's outputs still hold its values after a second
-//!   call on other inputs (`::outputs_kept::`).
+//!   call on other inputs (`::outputs_kept::`); two calls issued before either is waited
+//!   each return their own values (`::in_flight_twice::`).
 //! * Odd shard shapes (`::odd_rows::`, `a_shard [3, 5, 7]`): odd row counts and contraction
 //!   lengths on every gather dim at 2 and 3 ranks.
 //! * Bad input: each of the seed's errors (and the rule table's F1–F9), on one rank or all, is
@@ -363,6 +364,58 @@ fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u
     Ok(())
 }
 
+/// Two calls with the same shapes on different inputs, both issued before either is waited
+/// (then waited in reverse order): each MUST return its own call's values (a pipelined op that
+/// stages its results in one workspace per shape and copies them out at wait would give the
+/// first call the second's).
+fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
+    enum Pending<W> {
+        Ag(concord_core::Work<concord_core::fused::Gathered<W>>),
+        Rs(concord_core::Work<W>),
+    }
+    let (b, ws, rank, t) = (ctx.b, ctx.world_size(), ctx.rank(), ctx.timeout);
+    let caps = b.capabilities();
+    let where_ = where_of(&backend_label(b), spec, ws, rank);
+    let named = |e: CollectiveError| fail(&where_, format!("{e} [{}]", e.name()));
+    let seeds = [seed, seed ^ 0x1F1F];
+    let mut works = Vec::new();
+    for &sd in &seeds {
+        let me = spec.inputs(rank, sd);
+        let a = b.upload(&me.a)?;
+        let bs: Vec<B::Buffer> = me.bs.iter().map(|x| b.upload(x)).collect::<Result<_, _>>()?;
+        works.push(match &spec.call {
+            FusedCall::AllGatherMatmul { dim, .. } => Pending::Ag(b.fused_all_gather_matmul(&a, &bs, *dim).map_err(named)?),
+            FusedCall::MatmulReduceScatter { op, dim, .. } => {
+                Pending::Rs(b.fused_matmul_reduce_scatter(&a, &bs[0], *op, *dim).map_err(named)?)
+            }
+            _ => return Err(fail(&where_, "suite bug: the in-flight case runs the fused matmul ops only")),
+        });
+    }
+    for (i, work) in works.into_iter().enumerate().rev() {
+        let bufs = match work {
+            Pending::Ag(w) => {
+                let (ag, outs) = w.into_value(t).map_err(named)?;
+                std::iter::once(ag).chain(outs).collect::<Vec<_>>()
+            }
+            Pending::Rs(w) => vec![w.into_value(t).map_err(named)?],
+        };
+        let got = bufs.iter().map(|x| b.download(x)).collect::<Result<Vec<_>, _>>()?;
+        let exp = expected_for(spec, &caps, seeds[i], ws, rank);
+        let w = format!("{where_} call {} of 2 (both issued before either was waited; waited in reverse order)", i + 1);
+        check(spec, &caps, &exp, ws, rank, Ok(got), &w)?;
+    }
+    if b.outstanding() != 0 {
+        return Err(fail(&where_, format!("outstanding() is {} after every work was waited", b.outstanding())));
+    }
+    Ok(())
+}
+
+fn push_in_flight<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec) {
+    let seed = concord_fixtures::seed_for(&name);
+    let m = meta(&spec);
+    out.push(Case::new(name, m, ws, move |ctx| body_in_flight(ctx, &spec, seed)));
+}
+
 fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, exact: bool) -> FusedSpec {
     FusedSpec {
         call: FusedCall::AllGatherMatmul { dim, scaling: None },
@@ -542,6 +595,22 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             push_kept(
                 &mut out,
                 format!("fused::matmul_reduce_scatter::dim0::f32::sum::outputs_kept::ws{ws}"),
+                ws,
+                rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true),
+            );
+        }
+        // Two calls in flight at once, waited in reverse order.
+        if ws == 2 || ws == 3 {
+            let (a, bs) = ag_shapes(0);
+            push_in_flight(
+                &mut out,
+                format!("fused::all_gather_matmul::dim0::f32::in_flight_twice::ws{ws}"),
+                ws,
+                ag_spec(0, DType::F32, a, bs, true),
+            );
+            push_in_flight(
+                &mut out,
+                format!("fused::matmul_reduce_scatter::dim0::f32::sum::in_flight_twice::ws{ws}"),
                 ws,
                 rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true),
             );

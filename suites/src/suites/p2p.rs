@@ -10,6 +10,8 @@
 //! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
 //!   receives all 17 first, then sends 17 back.
+//! * `p2p::sends_first_both::large::ws2` — `isend(p); irecv(p)` on both ranks with 1 MiB
+//!   messages: a rendezvous protocol for large messages must not block the send at issue.
 //! * `p2p::recv_before_barrier::ws2` — rank 0 `irecv(1); barrier; wait`, rank 1
 //!   `barrier; isend(0); wait`: the receive, issued first, must not hold back the barrier.
 //! * `p2p::send_behind_pending_collective::ws2` — rank 0 `all_reduce; isend(1)`, rank 1
@@ -228,6 +230,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = g.as_ref().ok_or_else(|| fail(&w, "new_group([0, 1]) returned nothing to a member"))?;
         send_behind_collective(b, ctx.timeout, &w)
     }));
+    v.push(Case::<B>::new("p2p::sends_first_both::large::ws2", meta(), 2, sends_first_both_large));
     v.push(Case::<B>::new("p2p::send_buffer_reused_once_completed::ws2", meta(), 2, send_buffer_reused_once_completed));
     for ws in [3, 4] {
         v.push(Case::<B>::new(format!("p2p::recvs_from_every_peer::ws{ws}"), meta(), ws, recvs_from_every_peer));
@@ -271,4 +274,35 @@ fn recvs_from_every_peer<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         expect_eq(b, o, &message(p, 0, n), &format!("{w}: the message from rank {p}"))?;
     }
     Ok(())
+}
+
+/// Elements of the large messages (1 MiB of f32: past the eager limits of common transports).
+const LARGE: usize = 1 << 18;
+
+/// `isend(p); irecv(p)` on both ranks with 1 MiB messages, then wait: a transport that switches
+/// to a rendezvous protocol for large messages must still not block the caller at issue (both
+/// ranks would sit in their sends). Each send's issue is timed.
+fn sends_first_both_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (me, ws) = (b.rank(), b.world_size());
+    let Some(peer) = partner(me, ws) else { return Ok(()) };
+    let w = format!("{} peer={peer} shape=[{LARGE}] (both ranks: isend, irecv, then wait)", here(b, "send_recv", "outbuf", DType::F32));
+    let x = b.upload(&message(me, 0, LARGE))?;
+    let out = b.alloc(DType::F32, &[LARGE])?;
+    let t0 = std::time::Instant::now();
+    let s = b.send(&x, peer).map_err(|e| fail(&w, format!("issuing the send: {e} [{}]", e.name())))?;
+    let took = t0.elapsed();
+    let r = b.recv(&out, peer).map_err(|e| fail(&w, format!("issuing the receive: {e} [{}]", e.name())))?;
+    let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
+    s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
+    // Generous: a loaded 2-core machine stalls any call this long.
+    if took > std::time::Duration::from_secs(2) {
+        return Err(fail(
+            &w,
+            format!(
+                "issuing a 1 MiB send blocked the caller for {took:?} (the peer was in its own send): issuing never blocks on the peer"
+            ),
+        ));
+    }
+    expect_eq(b, got, &message(peer, 0, LARGE), &w)
 }
