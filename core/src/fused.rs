@@ -553,7 +553,7 @@ pub fn decomposed_all_gather_matmul<B: Backend>(
     let (ag, outs) = plan.finish(parts);
     let ag = b.upload(&ag)?;
     let outs = outs.iter().map(|t| b.upload(t)).collect::<Result<Vec<_>>>()?;
-    Ok(work.map(|_| (ag, outs)))
+    Ok(work.counted_again((ag, outs)))
 }
 
 /// The seed's fallback for `fused_matmul_reduce_scatter` (and its scaled variant): validate,
@@ -575,7 +575,7 @@ pub fn decomposed_matmul_reduce_scatter<B: Backend>(
     let work = b.reduce_scatter_tensor(&moved, op)?;
     let res = b.download(work.wait(DECOMPOSITION_WAIT)?)?;
     let out = b.upload(&move_from_front(&res, dim))?;
-    Ok(work.map(|_| out))
+    Ok(work.counted_again(out))
 }
 
 /// `low_contention_all_gather` / `low_contention_reduce_scatter` by default: validate, then the

@@ -188,6 +188,20 @@ impl<T> Work<T> {
         }
     }
 
+    /// `value` as a work that completes with this one, counted in `outstanding()` again until
+    /// its caller waits or drops it, like any work an op returns: for a backend whose op ran to
+    /// completion inside the call (a synchronous decomposition that waited this inner work).
+    pub fn counted_again<U>(self, value: U) -> Work<U> {
+        let w = self.map(|_| ());
+        if !w.counted.swap(true, Ordering::SeqCst) {
+            w.counter.0.fetch_add(1, Ordering::SeqCst);
+        }
+        // Not yet waited by its caller: the first wait looks at the (finished) completion and
+        // then uncounts it.
+        *w.outcome.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        w.map(|()| value)
+    }
+
     /// The same pending collective under another name in messages (a wrapper reporting its own
     /// backend name).
     pub fn with_backend_name(mut self, name: &str) -> Work<T> {
@@ -263,6 +277,25 @@ mod tests {
         flag.set(Ok(()));
         assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7);
         assert_eq!(*w.wait(Duration::from_secs(1)).unwrap(), 7, "waiting twice is harmless");
+        assert_eq!(counter.get(), 0);
+    }
+
+    #[test]
+    fn a_waited_work_counted_again_counts_until_its_own_wait() {
+        let counter = OutstandingCounter::default();
+        let inner = Work::done(1u32, meta(), &counter);
+        assert_eq!(*inner.wait(Duration::from_secs(1)).unwrap(), 1);
+        assert_eq!(counter.get(), 0);
+        let outer = inner.counted_again("result");
+        assert_eq!(counter.get(), 1, "the caller has not waited it yet");
+        assert!(outer.is_completed());
+        assert_eq!(*outer.wait(Duration::from_secs(1)).unwrap(), "result");
+        assert_eq!(counter.get(), 0);
+        drop(outer);
+        assert_eq!(counter.get(), 0, "no double uncount");
+        let never_waited = Work::done(2u32, meta(), &counter).counted_again(());
+        assert_eq!(counter.get(), 1, "an unwaited inner work is not counted twice");
+        drop(never_waited);
         assert_eq!(counter.get(), 0);
     }
 

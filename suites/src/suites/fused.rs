@@ -391,6 +391,17 @@ fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64)
             _ => return Err(fail(&where_, "suite bug: the in-flight case runs the fused matmul ops only")),
         });
     }
+    // Issued and not waited, each counts (clause fused.buffers), however the backend runs it.
+    if b.outstanding() < works.len() {
+        return Err(fail(
+            &where_,
+            format!(
+                "outstanding() is {} with {} fused works issued and not waited: each MUST count until it is waited",
+                b.outstanding(),
+                works.len()
+            ),
+        ));
+    }
     for (i, work) in works.into_iter().enumerate().rev() {
         let bufs = match work {
             Pending::Ag(w) => {
