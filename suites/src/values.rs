@@ -115,6 +115,8 @@ pub struct Extra {
     pub runs: Option<Vec<Vec<Vec<usize>>>>,
     /// permute_tensor's permutation (default: the matrix's rotation `r -> r + 1`).
     pub src_dst: Option<Vec<usize>>,
+    /// The root of broadcast / reduce / gather / scatter (default: the last rank).
+    pub root: Option<usize>,
     /// Inputs are arbitrary bit patterns of the dtype's width (NaN payloads, subnormals, values
     /// outside a narrower format's range): for data-moving ops, whose result is the inputs' bytes.
     pub bits: bool,
@@ -199,7 +201,7 @@ fn run_shapes<B: Backend>(
     let here = || where_str(b, spec, label, shapes);
     let fail = |what: String| CaseEnd::Fail(format!("{}: {what}", here()));
 
-    let mut p = Params { reduce: spec.reduce, root: ws - 1, ..Default::default() };
+    let mut p = Params { reduce: spec.reduce, root: extra.root.unwrap_or(ws - 1), ..Default::default() };
     p.src_dst = extra.src_dst.clone().unwrap_or_else(|| (0..ws).map(|r| (r + 1) % ws).collect());
     p.peer = partner(rank, ws);
     let split_m = (spec.op == OpKind::AllToAllSingle).then(|| concord_fixtures::split_matrix(seed, ws, 5));
