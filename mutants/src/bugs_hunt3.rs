@@ -616,7 +616,7 @@ pub fn catalogue() -> Vec<Spec> {
             "broadcast_seq_u16_wraps",
             "placement.reuse",
             "broadcast keeps its sequence number in a u16: the 65,536th broadcast of a communicator returns a non-root's own data",
-            &["reuse::broadcast_65536"],
+            &["reuse::broadcast_65538_calls"],
         ),
         spec::<CoalescedHalfTruncates>(
             "coalesced_half_truncates",
