@@ -1,6 +1,6 @@
 //! The third outside hunt: data placement and structure. Rooted ops at a middle root of a
 //! subgroup whose members are neither contiguous nor sorted, state shared between communicators
-//! (the world and a group, two groups over the same ranks), a counter that wraps late, rounding
+//! (the world and a group, two groups over the same ranks), rounding
 //! and ordering slips of the half-precision and min / max kernels off the paths the matrix runs,
 //! kernel blocks and message sizes past the thresholds a backend switches at, and the split
 //! lists of all_to_all. Each is a bug a backend author could ship, over the correct shm backend.
@@ -11,13 +11,44 @@ use crate::{edit, Buf, Bug, Group, Shm, BUG_WAIT};
 use concord_core::{Backend, DType, ReduceOp, Result, Tensor, Work};
 use concord_shm::ShmBackend;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Every rank's inputs `xs`, gathered (an extra collective every rank issues alike, before the
-/// op itself, so it reads the inputs before an in-place op overwrites them).
-fn gather_inputs(s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
-    s.inner.all_gather_into_tensor_coalesced(xs)
+/// The extra collectives a bug's emulation issues (gathers of every rank's input, issued alike on
+/// every rank before the op itself, so they read the inputs before an in-place op overwrites
+/// them), left out of `outstanding()`: they are the emulation's, not the bug's. One per
+/// communicator (a field of the bug).
+#[derive(Default)]
+pub struct Hidden(Arc<AtomicUsize>);
+
+/// Held until the extra collective has been waited (or dropped with the work that waits it).
+pub struct HiddenGuard(Arc<AtomicUsize>);
+
+impl Drop for HiddenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Hidden {
+    fn guard(&self) -> HiddenGuard {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        HiddenGuard(self.0.clone())
+    }
+    /// Every rank's `x`, gathered.
+    fn gather(&self, s: &Shm, x: &Buf) -> Result<(Work<Buf>, HiddenGuard)> {
+        let g = self.guard();
+        Ok((s.inner.all_gather_into_tensor(x)?, g))
+    }
+    /// Every rank's `xs`, gathered.
+    fn gather_all(&self, s: &Shm, xs: &[Buf]) -> Result<(Work<Vec<Buf>>, HiddenGuard)> {
+        let g = self.guard();
+        Ok((s.inner.all_gather_into_tensor_coalesced(xs)?, g))
+    }
+    /// `outstanding()` without the extra collectives in flight.
+    fn outstanding(&self, s: &Shm) -> usize {
+        (s.inner.outstanding() + s.own.get()).saturating_sub(self.0.load(Ordering::SeqCst))
+    }
 }
 
 /// Rank `r`'s element `i` of a gathered tensor of `ws` equal parts.
@@ -118,9 +149,14 @@ impl Bug for GroupGatherUpperByWorldRank {
 /// `scatter` in a subgroup hands each member the chunk of its WORLD rank (modulo the group
 /// size) instead of its group rank.
 #[derive(Default)]
-pub struct GroupScatterChunkByWorldRank;
+pub struct GroupScatterChunkByWorldRank {
+    hidden: Hidden,
+}
 
 impl Bug for GroupScatterChunkByWorldRank {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
         let (me, n) = (s.rank(), s.ws());
         // Decided alike on every member (the extra gather below is a collective).
@@ -129,9 +165,10 @@ impl Bug for GroupScatterChunkByWorldRank {
         }
         let wrong = s.members[me] % n;
         // Every rank gathers the root's input (an all_gather, sliced), then takes the wrong chunk.
+        let (all, hid) = self.hidden.gather(s, x)?;
         let w = s.inner.scatter(x, root)?;
-        let all = s.inner.all_gather_into_tensor(x)?;
         Ok(s.then(w, move |be, out| {
+            let _hid = hid;
             let g = be.download(all.wait(BUG_WAIT)?)?;
             let root_part = g.len_bytes() / n;
             let chunk = root_part / n;
@@ -202,41 +239,6 @@ impl Bug for SharedStaging {
     }
 }
 
-// ---------------------------------------------------------------- a counter that wraps late
-
-/// `broadcast` / `broadcast_` keep their sequence number in a `u16`: the 65,536th broadcast of
-/// a communicator (the number wraps to the value the ready flags were reset to) sees the root
-/// "ready" at once, and a non-root rank returns its own buffer's contents.
-#[derive(Default)]
-pub struct BroadcastSeqU16Wraps {
-    seq: AtomicU16,
-}
-
-impl BroadcastSeqU16Wraps {
-    fn wraps(&self) -> bool {
-        self.seq.fetch_add(1, Ordering::SeqCst) == u16::MAX
-    }
-}
-
-impl Bug for BroadcastSeqU16Wraps {
-    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        if !self.wraps() || s.rank() == src {
-            return s.inner.broadcast(x, src);
-        }
-        let mine = s.inner.download(x)?;
-        let w = s.inner.broadcast(x, src)?;
-        Ok(s.then(w, move |be, out| be.write(out, &mine)))
-    }
-    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        if !self.wraps() || s.rank() == src {
-            return s.inner.broadcast_(x, src);
-        }
-        let mine = s.inner.download(x)?;
-        let w = s.inner.broadcast_(x, src)?;
-        Ok(s.then(w, move |be, out| be.write(out, &mine)))
-    }
-}
-
 // ---------------------------------------------------------------- half precision off the matrix's path
 
 /// The exact sums of the f16 / bf16 tensors of `xs` (every rank's, from `g`), rounded toward
@@ -264,32 +266,40 @@ fn truncated_sums(be: &ShmBackend, g: &[Buf], outs: &[Buf], ws: usize) -> Result
 /// bf16 `sum` results back by truncation (dropping the low mantissa bits, the classic bf16
 /// conversion) instead of rounding to nearest even.
 #[derive(Default)]
-pub struct CoalescedHalfTruncates;
+pub struct CoalescedHalfTruncates {
+    hidden: Hidden,
+}
 
 impl CoalescedHalfTruncates {
     fn applies(s: &Shm, xs: &[Buf], op: ReduceOp) -> bool {
         op == ReduceOp::Sum && xs.iter().any(|x| matches!(s.inner.buffer_dtype(x), DType::F16 | DType::BF16))
     }
-    fn run(s: &Shm, xs: &[Buf], issue: impl FnOnce() -> Result<Work<Vec<Buf>>>) -> Result<Work<Vec<Buf>>> {
-        let g = gather_inputs(s, xs)?;
+    fn run(&self, s: &Shm, xs: &[Buf], issue: impl FnOnce() -> Result<Work<Vec<Buf>>>) -> Result<Work<Vec<Buf>>> {
+        let (g, hid) = self.hidden.gather_all(s, xs)?;
         let w = issue()?;
         let ws = s.ws();
-        Ok(s.then(w, move |be, outs| truncated_sums(be, g.wait(BUG_WAIT)?, outs, ws)))
+        Ok(s.then(w, move |be, outs| {
+            let _hid = hid;
+            truncated_sums(be, g.wait(BUG_WAIT)?, outs, ws)
+        }))
     }
 }
 
 impl Bug for CoalescedHalfTruncates {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         if !Self::applies(s, xs, op) {
             return s.inner.all_reduce_coalesced(xs, op);
         }
-        Self::run(s, xs, || s.inner.all_reduce_coalesced(xs, op))
+        self.run(s, xs, || s.inner.all_reduce_coalesced(xs, op))
     }
     fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         if !Self::applies(s, xs, op) {
             return s.inner.all_reduce_coalesced_(xs, op);
         }
-        Self::run(s, xs, || s.inner.all_reduce_coalesced_(xs, op))
+        self.run(s, xs, || s.inner.all_reduce_coalesced_(xs, op))
     }
 }
 
@@ -297,18 +307,24 @@ impl Bug for CoalescedHalfTruncates {
 /// (the avg is the sum kernel followed by a divide kernel), instead of rounding the exact
 /// average once.
 #[derive(Default)]
-pub struct HalfAvgRoundsSumFirst;
+pub struct HalfAvgRoundsSumFirst {
+    hidden: Hidden,
+}
 
 impl Bug for HalfAvgRoundsSumFirst {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let d = s.inner.buffer_dtype(x);
         if op != ReduceOp::Avg || !matches!(d, DType::F16 | DType::BF16) {
             return s.inner.all_reduce(x, op);
         }
-        let g = s.inner.all_gather_into_tensor(x)?;
+        let (g, hid) = self.hidden.gather(s, x)?;
         let w = s.inner.all_reduce(x, op)?;
         let ws = s.ws();
         Ok(s.then(w, move |be, out| {
+            let _hid = hid;
             let g = be.download(g.wait(BUG_WAIT)?)?;
             edit(be, out, |t| {
                 let round = |v: f64| Tensor::from_f64(d, &[1], &[v]).get_f64(0);
@@ -377,7 +393,9 @@ impl Bug for F16BlocksAtChunkStart {
 /// `all_reduce_` compares with IEEE `<` / `>` (NaN still propagated): `-0.0` and `+0.0` compare
 /// equal, so the first rank's zero wins (`max(-0, +0) = -0`), against the declared `-0 < +0`.
 #[derive(Default)]
-pub struct MinMaxSignedZeroFirstRank;
+pub struct MinMaxSignedZeroFirstRank {
+    hidden: Hidden,
+}
 
 impl MinMaxSignedZeroFirstRank {
     fn applies(s: &Shm, x: &Buf, op: ReduceOp) -> bool {
@@ -394,10 +412,10 @@ impl MinMaxSignedZeroFirstRank {
             }
         }
     }
-    fn rs(s: &Shm, x: &Buf, w: Work<Buf>) -> Result<Work<Buf>> {
-        let g = s.inner.all_gather_into_tensor(x)?;
+    fn rs(s: &Shm, (g, hid): (Work<Buf>, HiddenGuard), w: Work<Buf>) -> Result<Work<Buf>> {
         let (ws, me) = (s.ws(), s.rank());
         Ok(s.then(w, move |be, out| {
+            let _hid = hid;
             let g = be.download(g.wait(BUG_WAIT)?)?;
             edit(be, out, |t| {
                 let k = t.numel();
@@ -405,9 +423,10 @@ impl MinMaxSignedZeroFirstRank {
             })
         }))
     }
-    fn whole(s: &Shm, g: Work<Buf>, w: Work<Buf>) -> Result<Work<Buf>> {
+    fn whole(s: &Shm, (g, hid): (Work<Buf>, HiddenGuard), w: Work<Buf>) -> Result<Work<Buf>> {
         let ws = s.ws();
         Ok(s.then(w, move |be, out| {
+            let _hid = hid;
             let g = be.download(g.wait(BUG_WAIT)?)?;
             edit(be, out, |t| Self::first_zero(t, &g, ws, |i| i))
         }))
@@ -415,25 +434,30 @@ impl MinMaxSignedZeroFirstRank {
 }
 
 impl Bug for MinMaxSignedZeroFirstRank {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         if !Self::applies(s, x, op) {
             return s.inner.reduce_scatter_tensor(x, op);
         }
+        let g = self.hidden.gather(s, x)?;
         let w = s.inner.reduce_scatter_tensor(x, op)?;
-        Self::rs(s, x, w)
+        Self::rs(s, g, w)
     }
     fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
         if !Self::applies(s, x, op) {
             return s.inner.reduce_scatter_tensor_out(x, op, out);
         }
+        let g = self.hidden.gather(s, x)?;
         let w = s.inner.reduce_scatter_tensor_out(x, op, out)?;
-        Self::rs(s, x, w)
+        Self::rs(s, g, w)
     }
     fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
         if !Self::applies(s, x, op) {
             return s.inner.reduce(x, op, root);
         }
-        let g = s.inner.all_gather_into_tensor(x)?;
+        let g = self.hidden.gather(s, x)?;
         let w = s.inner.reduce(x, op, root)?;
         Self::whole(s, g, w)
     }
@@ -441,7 +465,7 @@ impl Bug for MinMaxSignedZeroFirstRank {
         if !Self::applies(s, x, op) {
             return s.inner.all_reduce_(x, op);
         }
-        let g = s.inner.all_gather_into_tensor(x)?;
+        let g = self.hidden.gather(s, x)?;
         let w = s.inner.all_reduce_(x, op)?;
         Self::whole(s, g, w)
     }
@@ -479,17 +503,23 @@ impl Bug for PremulFactorTruncatedOffAllReduce {
 /// elements or more, with the UNSIGNED byte compare (`max_epu8` for `max_epi8`): negative values
 /// order above positive ones there.
 #[derive(Default)]
-pub struct I8MinMaxWideUnsigned;
+pub struct I8MinMaxWideUnsigned {
+    hidden: Hidden,
+}
 
 impl Bug for I8MinMaxWideUnsigned {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let n = s.ws();
         if s.inner.buffer_dtype(x) != DType::I8 || !matches!(op, ReduceOp::Min | ReduceOp::Max) || s.numel(x) < 64 {
             return s.inner.all_reduce(x, op);
         }
-        let g = s.inner.all_gather_into_tensor(x)?;
+        let (g, hid) = self.hidden.gather(s, x)?;
         let w = s.inner.all_reduce(x, op)?;
         Ok(s.then(w, move |be, out| {
+            let _hid = hid;
             let g = be.download(g.wait(BUG_WAIT)?)?;
             edit(be, out, |t| {
                 let el = t.numel();
@@ -562,6 +592,32 @@ impl Bug for LargeOutViewOffsetDropped {
     }
 }
 
+/// `gather` of an output of 1 MiB or more takes a pipelined path written with the root last: the
+/// root writes the peers' chunks in rank order from slot 0, then its own chunk last. Right when
+/// the root is the last rank (every large case roots there), shifted for any other root.
+#[derive(Default)]
+pub struct LargeGatherRootLast;
+
+impl Bug for LargeGatherRootLast {
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let (me, n) = (s.rank(), s.ws());
+        let w = s.inner.gather(x, root)?;
+        if me != root || root + 1 >= n || n * s.numel(x) * s.inner.buffer_dtype(x).size() < LARGE {
+            return Ok(w);
+        }
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                let part = t.len_bytes() / n;
+                let right = t.clone();
+                let order = (0..n).filter(|&r| r != root).chain([root]);
+                for (slot, r) in order.enumerate() {
+                    t.bytes_mut()[slot * part..(slot + 1) * part].copy_from_slice(&right.bytes()[r * part..(r + 1) * part]);
+                }
+            })
+        }))
+    }
+}
+
 // ---------------------------------------------------------------- all_to_all split lists
 
 /// `all_to_all_single` given output splits but no input splits takes the output splits for the
@@ -612,12 +668,6 @@ pub fn catalogue() -> Vec<Spec> {
             "all_reduce stages inputs in one buffer per process: world and group all_reduces in flight together overwrite each other",
             &["reuse::world_and_group_in_flight"],
         ),
-        spec::<BroadcastSeqU16Wraps>(
-            "broadcast_seq_u16_wraps",
-            "placement.reuse",
-            "broadcast keeps its sequence number in a u16: the 65,536th broadcast of a communicator returns a non-root's own data",
-            &["reuse::broadcast_65538_calls"],
-        ),
         spec::<CoalescedHalfTruncates>(
             "coalesced_half_truncates",
             "numerics.round_once",
@@ -665,6 +715,12 @@ pub fn catalogue() -> Vec<Spec> {
             "placement.out_buffer",
             "all_gather / reduce_scatter _out of 1 MiB or more write at the output view's parent offset 0",
             &["all_gather_into_tensor::outbuf::f32::ws2::large"],
+        ),
+        spec::<LargeGatherRootLast>(
+            "large_gather_root_last",
+            "values.sizes",
+            "gather of 1 MiB or more writes the peers' chunks from slot 0 and the root's own last (right only for the last rank as root)",
+            &["gather::out::f32::ws2::large_root0"],
         ),
         spec::<AllToAllInSplitsFromOut>(
             "all_to_all_in_splits_from_out",

@@ -335,9 +335,11 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
 /// Past 1 MiB with what the size ladder (`sum` of single tensors, out-of-place) does not run
 /// there: `all_reduce` `max` / `min` of 262145 f32 (a large-message kernel may exist for `sum`
 /// only), coalesced `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion
-/// buffer), in-place `all_reduce_` (a large path written for out-of-place calls), and the `_out`
+/// buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
 /// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
-/// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`).
+/// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
+/// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
+/// ladder roots at the last rank, so a large path that assumes the root is last passes there).
 pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 18) + 1;
     let mut out = Vec::new();
@@ -357,6 +359,21 @@ pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
         let seed = concord_fixtures::seed_for(&name);
         let extra = Extra { runs: Some(runs), ..Extra::default() };
         out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)));
+    }
+    let rooted = [
+        (OpKind::Gather, Variant::Out, None, N / 2 + 1),
+        (OpKind::Scatter, Variant::Out, None, 2 * N),
+        (OpKind::Reduce, Variant::Out, Some(ReduceOp::Sum), N),
+        (OpKind::Broadcast, Variant::InPlace, None, N),
+    ];
+    for (op, variant, r, n) in rooted {
+        let spec = ValueSpec { op, variant, dtype: DType::F32, reduce: r, kind: InputKind::Exact, max_shapes: None };
+        let name = format!("{}::large_root0", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(vec![vec![vec![n]]]), root: Some(0), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| {
+            values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large root=0", &extra)
+        }));
     }
     out
 }

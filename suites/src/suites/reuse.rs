@@ -2,7 +2,7 @@
 //! ops on one communicator interleaved with a group's,
 //! late-write detection (after wait, nothing may still write the result), results of same-shaped
 //! out-of-place calls kept at once (none overwrites another; also with the calls in flight
-//! together), and input/output aliasing (rejected with a named error, or correct, as the backend
+//! together, and a world's and a group's call in flight together), and input/output aliasing (rejected with a named error, or correct, as the backend
 //! declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
@@ -116,35 +116,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let name = format!("reuse::world_and_group_in_flight::{}::{variant}::ws3", op.name());
         v.push(Case::<B>::new(name, meta(op.name(), variant.name()), 3, move |ctx| world_and_group_in_flight(ctx, op, variant)));
     }
-    v.push(Case::<B>::new(format!("reuse::broadcast_{WRAP_CALLS}_calls::inplace::ws2"), meta("broadcast_", "inplace"), 2, many_broadcasts));
     v
-}
-
-/// Calls of [`many_broadcasts`]: past 2^16, so a sequence number kept in a `u16` wraps within
-/// the case whatever ran on the communicator before.
-const WRAP_CALLS: usize = (1 << 16) + 2;
-
-/// [`WRAP_CALLS`] in-place broadcasts of one f32 element, the root alternating, each result
-/// checked: a counter that wraps only at 65,536 calls of a communicator (a `u16` sequence
-/// number, a ready flag compared modulo 2^16) is never reached by the 300 rounds of
-/// `reuse::ops_300_world_and_group`.
-fn many_broadcasts<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    let b = ctx.b;
-    let (ws, me) = (b.world_size(), b.rank());
-    let w = here(b, "broadcast_", "inplace", DType::F32);
-    let x = b.alloc(DType::F32, &[1])?;
-    let value = |it: usize, r: usize| ((it * 7 + r * 3) % 1_000_003) as f32;
-    for it in 0..WRAP_CALLS {
-        let root = it % ws;
-        b.write(&x, &Tensor::from_vec(&[1], vec![value(it, me)]))?;
-        b.broadcast_(&x, root)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("call {it}: {e} [{}]", e.name())))?;
-        let got = b.download(&x)?.get_f64(0);
-        let want = value(it, root) as f64;
-        if got != want {
-            return Err(fail(&w, format!("call {it} of {WRAP_CALLS} (root={root}): index 0: got {got}, expected {want} (rank {me}'s own value was {})", value(it, me))));
-        }
-    }
-    Ok(())
 }
 
 /// An op on the world and the same op on a group (world ranks `[2, 0]`; rank 1 is in the world
