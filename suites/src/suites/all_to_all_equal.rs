@@ -79,8 +79,13 @@ fn in_splits_none<B: Backend>(ws: usize) -> Case<B> {
             return Err(CaseEnd::Unsupported(reason));
         }
         let out_splits: Vec<usize> = (1..=ws).collect();
-        let inputs: Vec<_> = (0..ws).map(|r| concord_fixtures::input(seed, r, ws, dtype, &[ws * (r + 1), 3], None, InputKind::Exact)).collect();
-        let w = format!("{} input_splits=None output_splits={out_splits:?} shape={:?}", here(b, "all_to_all_single", "out", dtype), inputs[me].shape());
+        let inputs: Vec<_> =
+            (0..ws).map(|r| concord_fixtures::input(seed, r, ws, dtype, &[ws * (r + 1), 3], None, InputKind::Exact)).collect();
+        let w = format!(
+            "{} input_splits=None output_splits={out_splits:?} shape={:?}",
+            here(b, "all_to_all_single", "out", dtype),
+            inputs[me].shape()
+        );
         let x = b.upload(&inputs[me]).map_err(|e| fail(&w, format!("upload: {e}")))?;
         let got = b
             .all_to_all_single(&x, Some(&out_splits), None)

@@ -311,14 +311,8 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
         specs.extend([(d, ReduceOp::Min), (d, ReduceOp::Max)]);
     }
     for (dtype, r) in specs {
-        let spec = ValueSpec {
-            op: OpKind::AllReduce,
-            variant: Variant::Out,
-            dtype,
-            reduce: Some(r),
-            kind: InputKind::Exact,
-            max_shapes: None,
-        };
+        let spec =
+            ValueSpec { op: OpKind::AllReduce, variant: Variant::Out, dtype, reduce: Some(r), kind: InputKind::Exact, max_shapes: None };
         for ws in [2, 3] {
             let name = format!("{}::long", case_name(&spec, ws));
             let seed = concord_fixtures::seed_for(&name);

@@ -264,13 +264,18 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }));
     }
     for dtype in [DType::F16, DType::BF16] {
-        v.push(Case::<B>::new(format!("numerics::round_once::all_reduce_coalesced::{dtype}::ws3"), meta_op("all_reduce", dtype, "sum"), 3, move |ctx| {
-            exact_rounding(ctx.b)?;
-            for in_place in [false, true] {
-                check_coalesced(ctx, in_place, dtype, &tie_columns(dtype), "input=round_to_nearest_even_ties")?;
-            }
-            Ok(())
-        }));
+        v.push(Case::<B>::new(
+            format!("numerics::round_once::all_reduce_coalesced::{dtype}::ws3"),
+            meta_op("all_reduce", dtype, "sum"),
+            3,
+            move |ctx| {
+                exact_rounding(ctx.b)?;
+                for in_place in [false, true] {
+                    check_coalesced(ctx, in_place, dtype, &tie_columns(dtype), "input=round_to_nearest_even_ties")?;
+                }
+                Ok(())
+            },
+        ));
         v.push(Case::<B>::new(format!("numerics::round_once::avg::{dtype}::ws3"), meta(dtype, "avg"), 3, move |ctx| {
             exact_rounding(ctx.b)?;
             let cols = avg_columns(dtype);

@@ -140,7 +140,9 @@ fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, varia
     for (round, world_first) in [true, false].into_iter().enumerate() {
         let w_in = concord_fixtures::inputs(seed + 2 * round as u64, ws, DType::F32, &shapes[0], reduce, InputKind::Exact);
         let x = b.upload(&w_in[me])?;
-        let g_in = sub.map(|g| concord_fixtures::inputs(seed + 2 * round as u64 + 1, g.world_size(), DType::F32, &shapes[1], reduce, InputKind::Exact));
+        let g_in = sub.map(|g| {
+            concord_fixtures::inputs(seed + 2 * round as u64 + 1, g.world_size(), DType::F32, &shapes[1], reduce, InputKind::Exact)
+        });
         let gx = match (sub, &g_in) {
             (Some(g), Some(ins)) => Some(g.upload(&ins[g.rank()])?),
             _ => None,
@@ -150,21 +152,28 @@ fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, varia
         let issue_group = || -> Result<Option<exec::Pending<B>>, CaseEnd> {
             match (sub, &gx) {
                 (Some(g), Some(gx)) => Ok(Some(
-                    exec::issue(g, op, variant, std::slice::from_ref(gx), None, &p).map_err(|e| fail(&w, format!("group issue: {e} [{}]", e.name())))?,
+                    exec::issue(g, op, variant, std::slice::from_ref(gx), None, &p)
+                        .map_err(|e| fail(&w, format!("group issue: {e} [{}]", e.name())))?,
                 )),
                 _ => Ok(None),
             }
         };
         let (world, group) = if world_first {
-            let wp = exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p).map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?;
+            let wp = exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
+                .map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?;
             (wp, issue_group()?)
         } else {
             let gp = issue_group()?;
-            (exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p).map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?, gp)
+            (
+                exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
+                    .map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?,
+                gp,
+            )
         };
         // Waited in the other order than issued.
         let (w_out, g_out) = if world_first {
-            let g_out = group.map(|g| g.into_values(timeout)).transpose().map_err(|e| fail(&w, format!("group wait: {e} [{}]", e.name())))?;
+            let g_out =
+                group.map(|g| g.into_values(timeout)).transpose().map_err(|e| fail(&w, format!("group wait: {e} [{}]", e.name())))?;
             (world.into_values(timeout).map_err(|e| fail(&w, format!("world wait: {e} [{}]", e.name())))?, g_out)
         } else {
             let w_out = world.into_values(timeout).map_err(|e| fail(&w, format!("world wait: {e} [{}]", e.name())))?;

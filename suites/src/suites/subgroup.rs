@@ -155,8 +155,14 @@ pub fn shuffled_cases<B: Backend>() -> Vec<Case<B>> {
 /// 3): each is a communicator of its own, whose rank order is its list's; an all_gather on each
 /// shows the order (`subgroup::same_members_two_orders::ws3`).
 pub fn same_members_two_orders<B: Backend>() -> Case<B> {
-    let spec =
-        ValueSpec { op: OpKind::AllGatherIntoTensor, variant: Variant::Out, dtype: DType::F32, reduce: None, kind: InputKind::Exact, max_shapes: Some(2) };
+    let spec = ValueSpec {
+        op: OpKind::AllGatherIntoTensor,
+        variant: Variant::Out,
+        dtype: DType::F32,
+        reduce: None,
+        kind: InputKind::Exact,
+        max_shapes: Some(2),
+    };
     let meta = CaseMeta { suite: "subgroup_same_members".into(), ..crate::suites::matrix::meta("subgroup", &spec) };
     let name = "subgroup::same_members_two_orders::ws3".to_string();
     let seed = concord_fixtures::seed_for(&name);
