@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Element `i` of integer tensor `t`, widened.
-fn int_at(t: &Tensor, i: usize) -> i128 {
+pub(crate) fn int_at(t: &Tensor, i: usize) -> i128 {
     let es = t.dtype().size();
     let b = &t.bytes()[i * es..(i + 1) * es];
     let mut v: u128 = 0;
@@ -26,7 +26,7 @@ fn int_at(t: &Tensor, i: usize) -> i128 {
 }
 
 /// Stores `v` (already in range) into element `i` of integer tensor `t`.
-fn set_int(t: &mut Tensor, i: usize, v: i128) {
+pub(crate) fn set_int(t: &mut Tensor, i: usize, v: i128) {
     let es = t.dtype().size();
     let u = v as u128;
     for k in 0..es {
@@ -35,7 +35,7 @@ fn set_int(t: &mut Tensor, i: usize, v: i128) {
 }
 
 /// The range of integer dtype `d`.
-fn int_range(d: DType) -> (i128, i128) {
+pub(crate) fn int_range(d: DType) -> (i128, i128) {
     let bits = 8 * d.size() as u32;
     if d.is_signed_int() {
         (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)

@@ -17,18 +17,21 @@ pub mod bugs;
 pub mod bugs_clauses;
 pub mod bugs_hunt;
 pub mod bugs_hunt2;
+pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod campaign;
 pub mod coverage;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
-/// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`] and [`bugs_hunt4`] (bugs
+/// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
+/// [`bugs_hunt4`] (bugs
 /// aimed at the catalogue's thin spots).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
     v.extend(bugs_hunt::catalogue());
     v.extend(bugs_hunt2::catalogue());
+    v.extend(bugs_hunt3::catalogue());
     v.extend(bugs_hunt4::catalogue());
     v
 }
@@ -70,10 +73,13 @@ pub struct Shm {
 /// How long a bug's own waits may block (beyond the case's wait, which bounds everything else).
 pub const BUG_WAIT: Duration = Duration::from_secs(15);
 
+/// A communicator of the correct backend and its members (world ranks, by communicator rank).
+pub type Group = (Arc<ShmBackend>, Vec<usize>);
+
 impl Shm {
-    fn new(inner: ShmBackend, world_rank: usize, world_size: usize, members: Vec<usize>) -> Shm {
+    fn new(inner: Arc<ShmBackend>, world_rank: usize, world_size: usize, members: Vec<usize>) -> Shm {
         Shm {
-            inner: Arc::new(inner),
+            inner,
             views: Mutex::new(HashMap::new()),
             shadow: OutstandingCounter::default(),
             own: OutstandingCounter::default(),
@@ -300,6 +306,11 @@ pub trait Bug: Send + Sync + 'static {
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {
         s.inner.barrier()
     }
+    /// The communicator `new_group` returns on this rank, given the one the correct backend made
+    /// (`None` on a non-member). Called on the bug of the communicator `new_group` was called on.
+    fn new_group(&self, s: &Shm, made: Option<Group>) -> Option<Group> {
+        made
+    }
     /// `fused_all_gather_matmul` and its scaled variant (`scaling`). Default: the trait's
     /// decomposition over the mutant itself (what a backend without its own fused ops runs).
     fn fused_all_gather_matmul(
@@ -345,7 +356,7 @@ impl Backend for Mutant {
         let make =
             maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         let inner = ShmBackend::init(world)?;
-        Ok(Mutant { s: Shm::new(inner, world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
+        Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
     }
     fn name(&self) -> &str {
         "mutant"
@@ -364,7 +375,8 @@ impl Backend for Mutant {
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
-        Ok(self.s.inner.new_group(ranks)?.map(|g| Mutant {
+        let made = self.s.inner.new_group(ranks)?.map(|g| (Arc::new(g), members));
+        Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
             bug: (self.make)(),
             make: self.make,

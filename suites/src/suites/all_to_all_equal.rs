@@ -2,6 +2,9 @@
 //! `world_size` equal blocks of whole rows, so a backend that splits elements instead of rows,
 //! or drops the trailing dims, gets it wrong. Shapes `[2ws, 3]`, `[ws, 4, 5]`, `[3ws, 1, 2, 2]`
 //! and the empty `[0, 3]`; f32, bf16 and i64; world sizes 2, 3 and 4; checked with the oracle.
+//! Also one split list given and the other `None` (`all_to_all_equal::in_splits_none::f32::ws3`):
+//! input splits `None` (an equal split of each rank's own dim 0) with output splits given, the
+//! ranks' dim 0 differing, so the two lists differ on every rank.
 
 use super::util::{expect_oracle, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta};
@@ -49,5 +52,46 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
     }
+    for ws in [2, 3] {
+        out.push(in_splits_none(ws));
+    }
     out
+}
+
+/// Rank `r` holds `ws·(r+1)` rows of 3 and sends `r+1` rows to every rank (`input_splits`
+/// `None`); every rank receives `i+1` rows from rank `i` (`output_splits` given). A backend that
+/// takes the one list given for both directions sends the wrong rows, or fails.
+fn in_splits_none<B: Backend>(ws: usize) -> Case<B> {
+    let dtype = DType::F32;
+    let name = format!("all_to_all_equal::in_splits_none::{dtype}::ws{ws}");
+    let meta = CaseMeta {
+        suite: "all_to_all_equal".into(),
+        op: OpKind::AllToAllSingle.name().into(),
+        variant: "out".into(),
+        dtype: dtype.name().into(),
+        reduce: String::new(),
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    Case::<B>::new(name, meta, ws, move |ctx| {
+        let b = ctx.b;
+        let (ws, me) = (b.world_size(), b.rank());
+        if let Err(reason) = b.capabilities().check(OpKind::AllToAllSingle, None, Some(dtype), None, ws) {
+            return Err(CaseEnd::Unsupported(reason));
+        }
+        let out_splits: Vec<usize> = (1..=ws).collect();
+        let inputs: Vec<_> =
+            (0..ws).map(|r| concord_fixtures::input(seed, r, ws, dtype, &[ws * (r + 1), 3], None, InputKind::Exact)).collect();
+        let w = format!(
+            "{} input_splits=None output_splits={out_splits:?} shape={:?}",
+            here(b, "all_to_all_single", "out", dtype),
+            inputs[me].shape()
+        );
+        let x = b.upload(&inputs[me]).map_err(|e| fail(&w, format!("upload: {e}")))?;
+        let got = b
+            .all_to_all_single(&x, Some(&out_splits), None)
+            .and_then(|wk| wk.into_value(ctx.timeout))
+            .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        let coll = Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![Some(out_splits.clone()); ws] };
+        expect_oracle(b, &coll, &inputs, &got, &w)
+    })
 }

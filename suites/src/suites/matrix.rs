@@ -294,24 +294,29 @@ pub fn permutation_cases<B: Backend>() -> Vec<Case<B>> {
 /// Dtypes whose matrix cases run only the first five shapes (30 elements at most).
 const NARROW_SHAPES: [DType; 8] = [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32, DType::I64, DType::U64, DType::F64];
 
-/// all_reduce `sum` of 64 and 1031 elements in the dtypes whose matrix cases stop at 30
-/// elements (`all_reduce::out::u8::sum::ws2::long`), world sizes 2 and 3: a dtype-specific
-/// vector path (several elements per word or register, a remainder loop) is taken only there.
+/// Element counts of the long cases: a word's and a vector's multiple, a prime past the
+/// catalogue's, and 6151 (a prime past 2 x 2048 per rank at world sizes 2 and 3: a second kernel
+/// block of a rank's work chunk, which the matrix's 1031 elements never reach).
+const LONG: [usize; 3] = [64, 1031, 6151];
+
+/// all_reduce `sum` of [`LONG`] elements in the dtypes whose matrix cases stop at 30 elements,
+/// and in f16 (`all_reduce::out::u8::sum::ws2::long`), plus `min` / `max` of the 1- and 2-byte
+/// integers (`all_reduce::out::i8::max::ws2::long`), world sizes 2 and 3: a dtype-specific vector
+/// path (several elements per word or register, a remainder loop, a wide-lane compare) and a
+/// rank's later kernel blocks are taken only there.
 pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
-    for dtype in NARROW_SHAPES {
-        let spec = ValueSpec {
-            op: OpKind::AllReduce,
-            variant: Variant::Out,
-            dtype,
-            reduce: Some(ReduceOp::Sum),
-            kind: InputKind::Exact,
-            max_shapes: None,
-        };
+    let mut specs: Vec<(DType, ReduceOp)> = NARROW_SHAPES.iter().chain([&DType::F16]).map(|&d| (d, ReduceOp::Sum)).collect();
+    for d in [DType::I8, DType::U8, DType::I16, DType::U16] {
+        specs.extend([(d, ReduceOp::Min), (d, ReduceOp::Max)]);
+    }
+    for (dtype, r) in specs {
+        let spec =
+            ValueSpec { op: OpKind::AllReduce, variant: Variant::Out, dtype, reduce: Some(r), kind: InputKind::Exact, max_shapes: None };
         for ws in [2, 3] {
             let name = format!("{}::long", case_name(&spec, ws));
             let seed = concord_fixtures::seed_for(&name);
-            let extra = Extra { runs: Some(vec![vec![vec![64]], vec![vec![1031]]]), ..Extra::default() };
+            let extra = Extra { runs: Some(LONG.iter().map(|&n| vec![vec![n]]).collect()), ..Extra::default() };
             let spec = spec.clone();
             out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
                 values::run_extra(ctx.b, &spec, seed, ctx.timeout, "long", &extra)
@@ -321,26 +326,48 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
     out
 }
 
-/// Past 1 MiB with what the size ladder (`sum` of single tensors) does not run there:
-/// `all_reduce` `max` / `min` of 262145 f32 (a large-message kernel may exist for `sum` only)
-/// and coalesced `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion
-/// buffer), world size 2 (`all_reduce::out::f32::max::ws2::large`).
+/// Past 1 MiB with what the size ladder (`sum` of single tensors, out-of-place) does not run
+/// there: `all_reduce` `max` / `min` of 262145 f32 (a large-message kernel may exist for `sum`
+/// only), coalesced `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion
+/// buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
+/// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
+/// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
+/// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
+/// ladder roots at the last rank, so a large path that assumes the root is last passes there).
 pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 18) + 1;
     let mut out = Vec::new();
     let specs = [
-        (Variant::Out, ReduceOp::Max, vec![vec![vec![N]]]),
-        (Variant::Out, ReduceOp::Min, vec![vec![vec![N]]]),
-        (Variant::Coalesced, ReduceOp::Sum, vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
-        (Variant::CoalescedInPlace, ReduceOp::Sum, vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
+        (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Max), vec![vec![vec![N]]]),
+        (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Min), vec![vec![vec![N]]]),
+        (OpKind::AllReduce, Variant::InPlace, Some(ReduceOp::Sum), vec![vec![vec![N]]]),
+        (OpKind::AllReduce, Variant::Coalesced, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
+        (OpKind::AllReduce, Variant::CoalescedInPlace, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
+        // Outputs of 2 x 131073 and 262145 elements.
+        (OpKind::AllGatherIntoTensor, Variant::OutBuf, None, vec![vec![vec![N / 2 + 1]]]),
+        (OpKind::ReduceScatterTensor, Variant::OutBuf, Some(ReduceOp::Sum), vec![vec![vec![2 * N]]]),
     ];
-    for (variant, r, runs) in specs {
-        let spec =
-            ValueSpec { op: OpKind::AllReduce, variant, dtype: DType::F32, reduce: Some(r), kind: InputKind::Exact, max_shapes: None };
+    for (op, variant, r, runs) in specs {
+        let spec = ValueSpec { op, variant, dtype: DType::F32, reduce: r, kind: InputKind::Exact, max_shapes: None };
         let name = format!("{}::large", case_name(&spec, 2));
         let seed = concord_fixtures::seed_for(&name);
         let extra = Extra { runs: Some(runs), ..Extra::default() };
         out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)));
+    }
+    let rooted = [
+        (OpKind::Gather, Variant::Out, None, N / 2 + 1),
+        (OpKind::Scatter, Variant::Out, None, 2 * N),
+        (OpKind::Reduce, Variant::Out, Some(ReduceOp::Sum), N),
+        (OpKind::Broadcast, Variant::InPlace, None, N),
+    ];
+    for (op, variant, r, n) in rooted {
+        let spec = ValueSpec { op, variant, dtype: DType::F32, reduce: r, kind: InputKind::Exact, max_shapes: None };
+        let name = format!("{}::large_root0", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(vec![vec![vec![n]]]), root: Some(0), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| {
+            values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large root=0", &extra)
+        }));
     }
     out
 }

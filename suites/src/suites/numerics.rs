@@ -16,7 +16,13 @@
 //!   NaN policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
-//!   every order of the sum gives the same bits).
+//!   every order of the sum gives the same bits); factors 0.5 and 3.0 also through the other
+//!   reducing calls (`numerics::premul_sum::reduce_scatter::f32::ws3`).
+//! * `numerics::round_once::all_reduce_coalesced::{f16,bf16}::ws3` — the tie sums through
+//!   `all_reduce_coalesced` and `all_reduce_coalesced_` (a list of two tensors): a fusion buffer
+//!   in another precision must round the same.
+//! * `numerics::round_once::avg::{f16,bf16}::ws3` — `avg` whose exact average rounds differently
+//!   from the rounded sum divided and rounded again.
 
 use super::util::{expect_eq, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -92,11 +98,62 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
     expect_eq(b, &out, &exp.outputs[b.rank()], &w)
 }
 
+/// all_reduce_coalesced (in place with `in_place`) of a list of two tensors, `per_rank[r]` and its
+/// reverse, checked bit-exactly against the oracle.
+fn check_coalesced<B: Backend>(ctx: &Ctx<'_, B>, in_place: bool, dtype: DType, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let variant = if in_place { Variant::CoalescedInPlace } else { Variant::Coalesced };
+    let op = ReduceOp::Sum;
+    b.capabilities().check(OpKind::AllReduce, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
+    let lists: Vec<Vec<Tensor>> = per_rank
+        .iter()
+        .map(|v| {
+            let rev: Vec<f64> = v.iter().rev().copied().collect();
+            vec![Tensor::from_f64(dtype, &[v.len()], v), Tensor::from_f64(dtype, &[rev.len()], &rev)]
+        })
+        .collect();
+    let name = if in_place { "all_reduce_coalesced_" } else { "all_reduce_coalesced" };
+    let w = format!("{} reduce={op} {label}", here(b, name, variant.name(), dtype));
+    let sem = Semantics::of(&b.capabilities());
+    let ins: Vec<B::Buffer> = lists[me].iter().map(|t| b.upload(t)).collect::<Result<_, _>>()?;
+    let p = Params { reduce: Some(op), ..Default::default() };
+    let outs = exec::call(b, OpKind::AllReduce, variant, &ins, None, &p, ctx.timeout)?;
+    for (t, out) in outs.iter().enumerate() {
+        let all: Vec<Tensor> = lists.iter().map(|l| l[t].clone()).collect();
+        let exp = concord_oracle::expected(&Collective::AllReduce { op }, &all, &sem)
+            .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
+        expect_eq(b, out, &exp.outputs[me], &format!("{w} tensor {t} of {}", outs.len()))?;
+    }
+    Ok(())
+}
+
+/// Three ranks' values (rows: ranks) whose exact average rounds differently from the sum rounded
+/// to `dtype`, then divided by 3 and rounded again (most columns; one column per element).
+fn avg_columns(dtype: DType) -> Vec<Vec<f64>> {
+    let (m, _, _) = layout(dtype);
+    let u = p2(-m); // ulp of [1, 2)
+    let cols: [[f64; 3]; 6] = [
+        [1.0, 1.0 + 2.0 * u, 1.0 + 3.0 * u],
+        [1.0, 1.0, 1.5 * u],
+        [1.0, 1.0 + 3.0 * u, 1.5 * u],
+        [1.0, 1.5 * u, 0.75 * u],
+        [-1.0, -1.0, -1.5 * u],
+        [2.0, 1.0 + u, 0.5 * u],
+    ];
+    (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect()
+}
+
 fn exact_rounding<B: Backend>(b: &B) -> Result<(), CaseEnd> {
     match b.capabilities().rounding {
         Rounding::ExactThenRound => Ok(()),
         r => Err(CaseEnd::Unsupported(format!("declared rounding {r:?}: exact expectations need Rounding::ExactThenRound"))),
     }
+}
+
+/// premul_sum's inputs of three ranks: small integers (every product and sum exact).
+fn premul_ints() -> Vec<Vec<f64>> {
+    (0..3).map(|r| (0..16).map(|i| ((r * 5 + i * 3) % 17) as f64 - 8.0).collect()).collect()
 }
 
 fn p2(e: i32) -> f64 {
@@ -138,7 +195,7 @@ fn tie_columns(dtype: DType) -> Vec<Vec<f64>> {
 /// normal.
 fn subnormal_pairs(dtype: DType) -> Vec<Vec<f64>> {
     let (_, t, mn) = layout(dtype);
-    let pairs: [[f64; 2]; 12] = [
+    let pairs: [[f64; 2]; 14] = [
         [t, t],          // subnormal + subnormal
         [3.0 * t, -t],   // subnormal difference
         [mn - t, t],     // largest subnormal + smallest: the smallest normal
@@ -151,6 +208,8 @@ fn subnormal_pairs(dtype: DType) -> Vec<Vec<f64>> {
         [t, 2.0 * t],    // min / max among subnormals
         [-t, -2.0 * t],  // negative ones
         [mn - t, mn],    // min / max across the subnormal / normal boundary
+        [0.0, -0.0],     // signed zeros: min -0, max +0 (the declared -0 < +0), sum +0
+        [-0.0, 0.0],     // ... whichever rank holds which
     ];
     (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
 }
@@ -204,6 +263,34 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }));
     }
+    for dtype in [DType::F16, DType::BF16] {
+        v.push(Case::<B>::new(
+            format!("numerics::round_once::all_reduce_coalesced::{dtype}::ws3"),
+            meta_op("all_reduce", dtype, "sum"),
+            3,
+            move |ctx| {
+                exact_rounding(ctx.b)?;
+                for in_place in [false, true] {
+                    check_coalesced(ctx, in_place, dtype, &tie_columns(dtype), "input=round_to_nearest_even_ties")?;
+                }
+                Ok(())
+            },
+        ));
+        v.push(Case::<B>::new(format!("numerics::round_once::avg::{dtype}::ws3"), meta(dtype, "avg"), 3, move |ctx| {
+            exact_rounding(ctx.b)?;
+            let cols = avg_columns(dtype);
+            // Self-check of the suite: rounding the sum first gives another result somewhere.
+            let round = |v: f64| Tensor::from_f64(dtype, &[1], &[v]).get_f64(0);
+            let differs = (0..cols[0].len()).any(|i| {
+                let s: f64 = cols.iter().map(|c| c[i]).sum();
+                round(s / 3.0) != round(round(s) / 3.0)
+            });
+            if !differs {
+                return Err(CaseEnd::Fail(format!("suite bug: no {dtype} avg column tells one rounding from two")));
+            }
+            check(ctx, dtype, ReduceOp::Avg, &cols, "input=average_off_the_rounded_sum")
+        }));
+    }
     // The same expectations through the other reducing calls.
     for via in OTHER_VIAS {
         let name = via.name();
@@ -224,6 +311,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
         for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let m = meta_op(name, dtype, "premul_sum");
+            v.push(Case::<B>::new(format!("numerics::premul_sum::{name}::{dtype}::ws3"), m, 3, move |ctx| {
+                for f in [0.5, 3.0] {
+                    check_op(ctx, via, dtype, ReduceOp::PremulSum(f), &premul_ints(), &format!("factor={f} input=integers"))?;
+                }
+                Ok(())
+            }));
+        }
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
             let m = meta_op(name, dtype, "min,max");
             v.push(Case::<B>::new(format!("numerics::nan_minmax::{name}::{dtype}::ws2"), m, 2, move |ctx| {
                 for op in [ReduceOp::Min, ReduceOp::Max] {
@@ -235,7 +331,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {
-            let ints: Vec<Vec<f64>> = (0..3).map(|r| (0..16).map(|i| ((r * 5 + i * 3) % 17) as f64 - 8.0).collect()).collect();
+            let ints = premul_ints();
             for f in [0.5, 3.0] {
                 check(ctx, dtype, ReduceOp::PremulSum(f), &ints, &format!("factor={f} input=integers"))?;
             }

@@ -2,7 +2,7 @@
 //! ops on one communicator interleaved with a group's,
 //! late-write detection (after wait, nothing may still write the result), results of same-shaped
 //! out-of-place calls kept at once (none overwrites another; also with the calls in flight
-//! together), and input/output aliasing (rejected with a named error, or correct, as the backend
+//! together, and a world's and a group's call in flight together), and input/output aliasing (rejected with a named error, or correct, as the backend
 //! declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
@@ -112,7 +112,82 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         |ctx| aliasing(ctx, "all_gather_into_tensor", true),
     ));
     v.push(Case::<B>::new("reuse::ops_300_world_and_group::ws3", meta("all_reduce", "out"), 3, many_ops));
+    for (op, variant) in [(OpKind::AllReduce, Variant::Out), (OpKind::AllGatherIntoTensor, Variant::Out)] {
+        let name = format!("reuse::world_and_group_in_flight::{}::{variant}::ws3", op.name());
+        v.push(Case::<B>::new(name, meta(op.name(), variant.name()), 3, move |ctx| world_and_group_in_flight(ctx, op, variant)));
+    }
     v
+}
+
+/// An op on the world and the same op on a group (world ranks `[2, 0]`; rank 1 is in the world
+/// only) in flight together on the ranks in both: issued world first then group first, each time
+/// waited in the other order, then both results checked (against the oracle). State kept per
+/// process instead of per communicator (one staging buffer, one output slot) has the two
+/// communicators' ops overwrite each other; every case before runs one communicator's op at a time.
+fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let (ws, me, timeout) = (ctx.world_size(), ctx.rank(), ctx.timeout);
+    let members = [2, 0];
+    let b = ctx.b;
+    let sub = ctx.group(&members)?;
+    let reduce = op.reduces().then_some(ReduceOp::Sum);
+    let p = Params { reduce, ..Default::default() };
+    let seed = concord_fixtures::seed_for(&format!("reuse::world_and_group_in_flight::{op}"));
+    // Different shapes on the two communicators (a shared buffer sized for one is wrong for both).
+    let shapes = [[4 * ws, 3], [2 * ws, 5]];
+    for (round, world_first) in [true, false].into_iter().enumerate() {
+        let w_in = concord_fixtures::inputs(seed + 2 * round as u64, ws, DType::F32, &shapes[0], reduce, InputKind::Exact);
+        let x = b.upload(&w_in[me])?;
+        let g_in = sub.map(|g| {
+            concord_fixtures::inputs(seed + 2 * round as u64 + 1, g.world_size(), DType::F32, &shapes[1], reduce, InputKind::Exact)
+        });
+        let gx = match (sub, &g_in) {
+            (Some(g), Some(ins)) => Some(g.upload(&ins[g.rank()])?),
+            _ => None,
+        };
+        let order = if world_first { "world op issued first, group op second" } else { "group op issued first, world op second" };
+        let w = format!("{} group={members:?} {order}", here(b, op.name(), &variant.to_string(), DType::F32));
+        let issue_group = || -> Result<Option<exec::Pending<B>>, CaseEnd> {
+            match (sub, &gx) {
+                (Some(g), Some(gx)) => Ok(Some(
+                    exec::issue(g, op, variant, std::slice::from_ref(gx), None, &p)
+                        .map_err(|e| fail(&w, format!("group issue: {e} [{}]", e.name())))?,
+                )),
+                _ => Ok(None),
+            }
+        };
+        let (world, group) = if world_first {
+            let wp = exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
+                .map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?;
+            (wp, issue_group()?)
+        } else {
+            let gp = issue_group()?;
+            (
+                exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
+                    .map_err(|e| fail(&w, format!("world issue: {e} [{}]", e.name())))?,
+                gp,
+            )
+        };
+        // Waited in the other order than issued.
+        let (w_out, g_out) = if world_first {
+            let g_out =
+                group.map(|g| g.into_values(timeout)).transpose().map_err(|e| fail(&w, format!("group wait: {e} [{}]", e.name())))?;
+            (world.into_values(timeout).map_err(|e| fail(&w, format!("world wait: {e} [{}]", e.name())))?, g_out)
+        } else {
+            let w_out = world.into_values(timeout).map_err(|e| fail(&w, format!("world wait: {e} [{}]", e.name())))?;
+            (w_out, group.map(|g| g.into_values(timeout)).transpose().map_err(|e| fail(&w, format!("group wait: {e} [{}]", e.name())))?)
+        };
+        let coll = exec::collective(op, &p, ws).ok_or_else(|| fail(&w, "suite bug: no data moved".to_string()))?;
+        expect_oracle(b, &coll, &w_in, &w_out[0], &format!("{w} world result shape={:?}", shapes[0]))?;
+        if let (Some(g), Some(ins), Some(out)) = (sub, &g_in, g_out) {
+            let coll = exec::collective(op, &p, g.world_size()).ok_or_else(|| fail(&w, "suite bug: no data moved".to_string()))?;
+            let gw = format!("{} (group {members:?}, world rank {me}) {order}", here(g, op.name(), &variant.to_string(), DType::F32));
+            expect_oracle(g, &coll, ins, &out[0], &format!("{gw} group result shape={:?}", shapes[1]))?;
+        }
+    }
+    Ok(())
 }
 
 /// 300 rounds of an out-of-place `all_reduce` on the world then (where the backend declares

@@ -2,7 +2,10 @@
 //! defined for f32 / i32 ([`reduce_op_specs`]: `avg` divides by the GROUP size), on communicators over a subset of ranks, created with
 //! `Backend::new_group` by every rank of the world. Layouts: reversed (all ranks, reverse order),
 //! halves (two disjoint groups running at once), odd/even (two interleaved groups), and a partial
-//! group (ranks {0, ws-1}; the others sit out and must not be involved).
+//! group (ranks {0, ws-1}; the others sit out and must not be involved). Also: the rooted ops at
+//! EVERY root of a `shuffled` group (world ranks `[ws-2, ws-1, 1]`: not contiguous, not sorted,
+//! not starting at 0; [`shuffled_cases`]), and two groups over the same ranks in two orders
+//! ([`same_members_two_orders`]).
 
 use super::WORLD_SIZES;
 use crate::case::{Case, CaseEnd, CaseMeta};
@@ -28,6 +31,9 @@ pub fn layout(name: &str, ws: usize) -> Vec<Vec<usize>> {
                 vec![vec![0, ws - 1]]
             }
         }
+        // At ws >= 5: world ranks 0 and 2.. sit out, the group's order is neither the world's nor
+        // sorted, and its middle rank is the world's last.
+        "shuffled" => vec![vec![ws - 2, ws - 1, 1]],
         other => panic!("unknown subgroup layout {other}"),
     }
 }
@@ -116,11 +122,81 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
     }
+    out.extend(shuffled_cases());
+    out.push(same_members_two_orders());
     out
+}
+
+/// The rooted ops (reduce `sum` in f32 and i32, gather, scatter, broadcast and broadcast_ in
+/// f32) in the `shuffled` layout at world size 5, each at every root of the group in turn
+/// (`subgroup::shuffled::gather::out::f32::ws5`): the layouts above root at the group's last
+/// rank, so a backend that mixes group and world ranks only for a root inside the group (a
+/// chain or tree split at the root by world rank) passes there.
+pub fn shuffled_cases<B: Backend>() -> Vec<Case<B>> {
+    let specs = [
+        (OpKind::Reduce, Variant::Out, DType::F32, Some(ReduceOp::Sum)),
+        (OpKind::Reduce, Variant::Out, DType::I32, Some(ReduceOp::Sum)),
+        (OpKind::Gather, Variant::Out, DType::F32, None),
+        (OpKind::Scatter, Variant::Out, DType::F32, None),
+        (OpKind::Broadcast, Variant::Out, DType::F32, None),
+        (OpKind::Broadcast, Variant::InPlace, DType::F32, None),
+    ];
+    let roots: Vec<Option<usize>> = (0..layout("shuffled", 5)[0].len()).map(Some).collect();
+    specs
+        .into_iter()
+        .map(|(op, variant, dtype, reduce)| {
+            let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
+            subgroup_case_at("shuffled", spec, 5, roots.clone())
+        })
+        .collect()
+}
+
+/// Two groups over the same world ranks in two orders (`[ws-1, 1]` then `[1, ws-1]`, world size
+/// 3): each is a communicator of its own, whose rank order is its list's; an all_gather on each
+/// shows the order (`subgroup::same_members_two_orders::ws3`).
+pub fn same_members_two_orders<B: Backend>() -> Case<B> {
+    let spec = ValueSpec {
+        op: OpKind::AllGatherIntoTensor,
+        variant: Variant::Out,
+        dtype: DType::F32,
+        reduce: None,
+        kind: InputKind::Exact,
+        max_shapes: Some(2),
+    };
+    let meta = CaseMeta { suite: "subgroup_same_members".into(), ..crate::suites::matrix::meta("subgroup", &spec) };
+    let name = "subgroup::same_members_two_orders::ws3".to_string();
+    let seed = concord_fixtures::seed_for(&name);
+    Case::<B>::new(name, meta, 3, move |ctx| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (me, ws, timeout) = (ctx.rank(), ctx.world_size(), ctx.timeout);
+        let wname = crate::case::backend_label(ctx.b);
+        for g in [vec![ws - 1, 1], vec![1, ws - 1]] {
+            let Some(sub) = ctx.group(&g)? else { continue };
+            let want_rank = g.iter().position(|&r| r == me).expect("member");
+            if sub.rank() != want_rank || sub.world_size() != g.len() {
+                return Err(CaseEnd::Fail(format!(
+                    "backend={wname} op=new_group variant=- dtype=- world_size={ws} rank={me}: group {g:?} (the same ranks as another group, in another order) gave rank {} of {}, expected rank {want_rank} of {}",
+                    sub.rank(),
+                    sub.world_size(),
+                    g.len()
+                )));
+            }
+            let label = format!("(group {g:?}, made beside a group of the same ranks in the other order: rank and world_size above are in the group) world_rank={me} world_world_size={ws}");
+            values::run(sub, &spec, seed, timeout, &label)?;
+        }
+        Ok(())
+    })
 }
 
 /// The value case for `spec` in layout `lay` at world size `ws`.
 pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) -> Case<B> {
+    subgroup_case_at(lay, spec, ws, vec![None])
+}
+
+/// [`subgroup_case`] at each of `roots` in turn (`None`: the group's last rank).
+pub fn subgroup_case_at<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize, roots: Vec<Option<usize>>) -> Case<B> {
     let name = format!("subgroup::{lay}::{}", crate::suites::matrix::case_name(&spec, ws));
     let meta = CaseMeta { suite: format!("subgroup_{lay}"), ..crate::suites::matrix::meta("subgroup", &spec) };
     let seed = concord_fixtures::seed_for(&name);
@@ -169,6 +245,15 @@ pub fn subgroup_case<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usize) 
         }
         // `rank=` and `world_size=` in the message are the group's; say so, with the world's.
         let label = format!("(group {lay}{g:?}: rank and world_size above are in the group) world_rank={me} world_world_size={world_ws}");
-        values::run(sub, &spec, seed, timeout, &label)
+        for &root in &roots {
+            let Some(r) = root else {
+                values::run(sub, &spec, seed, timeout, &label)?;
+                continue;
+            };
+            let extra = values::Extra { root: Some(r), ..values::Extra::default() };
+            let label = format!("{label} root={r} (group rank; world rank {})", g[r]);
+            values::run_extra(sub, &spec, seed.wrapping_add(r as u64), timeout, &label, &extra)?;
+        }
+        Ok(())
     })
 }
