@@ -274,6 +274,9 @@ fn label(k: usize, prog: &Program, bi: usize, ci: usize, c: &Call) -> String {
     if c.spec.op == OpKind::PermuteTensor {
         let _ = write!(s, " src_dst={:?}", c.extra.src_dst.as_deref().unwrap_or(&[]));
     }
+    if c.spec.op == OpKind::SendRecv {
+        let _ = write!(s, " partners={:?}", c.extra.pairs.as_deref().unwrap_or(&[]));
+    }
     if c.layout != Layout::default() {
         let _ = write!(s, " views: input at {}, output at {}", c.layout.in_offset, c.layout.out_offset);
     }
