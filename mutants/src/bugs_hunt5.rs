@@ -396,13 +396,13 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<CoalescedMinMaxDropsNan>(
             "coalesced_minmax_drops_nan",
-            "caps.declared_semantics",
+            "values.coalesced",
             "the coalesced all_reduce's min / max never lets NaN win (identity start, strict compare) while the backend declares Propagate",
             &["programs::p3::ws2"],
         ),
         spec::<ReduceIntAvgFloors>(
             "reduce_int_avg_floors",
-            "caps.declared_semantics",
+            "values.reduce",
             "signed-integer rooted reduce avg rounds toward -inf while the backend declares Truncate",
             &["reduce::out::i8::avg::ws2"],
         ),
