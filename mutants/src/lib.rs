@@ -19,12 +19,13 @@ pub mod bugs_hunt;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
+pub mod bugs_hunt5;
 pub mod campaign;
 pub mod coverage;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
-/// [`bugs_hunt4`] (bugs
+/// [`bugs_hunt4`], [`bugs_hunt5`] (bugs
 /// aimed at the catalogue's thin spots).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
@@ -33,6 +34,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt2::catalogue());
     v.extend(bugs_hunt3::catalogue());
     v.extend(bugs_hunt4::catalogue());
+    v.extend(bugs_hunt5::catalogue());
     v
 }
 

@@ -50,6 +50,9 @@ const PROGRAMS_CATCH: &[(&str, &str)] = &[
     ("p2p_swapped_in_flight", "programs::p3::ws3"),
     ("subgroup_peer_as_world_rank", "programs::p0::ws2"),
     ("group_root_is_world_rank", "programs::p0::ws4"),
+    ("byte_gather_view_offset_dropped", "programs::p2::ws2"),
+    ("minmax_view_reads_parent_start", "programs::p0::ws1"),
+    ("coalesced_minmax_drops_nan", "programs::p3::ws2"),
 ];
 
 fn spec(name: &str) -> Spec {

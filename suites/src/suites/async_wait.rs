@@ -336,6 +336,50 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }
     }));
+    // The same for the other ops a rank can hang in: a backend that records only its
+    // all_reduce path leaves a rank stuck in a broadcast or a barrier reporting itself idle.
+    // broadcast_ from rank 1 (rank 0 must receive it), and the barrier.
+    for (op, variant) in [("broadcast", "inplace"), ("barrier", "out")] {
+        v.push(Case::<B>::new(format!("async::peer_never_joins_op_recorded_in_flight::{op}::ws2"), meta(op, variant), 2, move |ctx| {
+            let b = ctx.b;
+            let w = here(b, op, variant, DType::F32);
+            let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+            let x = b.upload(&rank_tensor(b, 16))?;
+            if b.rank() == 0 {
+                let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+                let before = progress::in_flight();
+                let (bcast, bar) = if op == "broadcast" { (Some(b.broadcast_(&x, 1)?), None) } else { (None, Some(b.barrier()?)) };
+                let recorded: Vec<progress::InFlight> =
+                    progress::in_flight().into_iter().filter(|f| f.op.contains(op) && !before.iter().any(|o| same(o, f))).collect();
+                let state = progress::describe();
+                ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+                if let Some(work) = bcast {
+                    let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+                    expect_eq(b, out, &full(&[16], 2.0f32), &w)?;
+                }
+                if let Some(work) = bar {
+                    work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+                }
+                if recorded.is_empty() {
+                    return Err(fail(
+                        &w,
+                        format!("a {op} waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
+                    ));
+                }
+                Ok(())
+            } else {
+                ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+                if op == "broadcast" {
+                    let out = b.broadcast_(&x, 1)?.into_value(ctx.timeout)?;
+                    expect_eq(b, &out, &full(&[16], 2.0f32), &w)?;
+                } else {
+                    b.barrier()?.wait(ctx.timeout)?;
+                }
+                let _ = ctx.store.delete_key(&key);
+                Ok(())
+            }
+        }));
+    }
     v.push(
         Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
             // A large buffer, read at once after wait: a backend that reports completion before the

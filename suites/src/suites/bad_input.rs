@@ -244,7 +244,47 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 CaseMeta { suite: "bad_input".into(), op: name.into(), variant: "-".into(), dtype: String::new(), reduce: String::new() };
             Case::<B>::new(format!("bad_input::{name}::ws{ws}"), meta, ws, move |ctx| run_bad(ctx, name, kind, cross_rank, issue))
         })
+        .chain(std::iter::once(Case::<B>::new(
+            "bad_input::refused_buffer_reused_in_place::ws2",
+            CaseMeta {
+                suite: "bad_input".into(),
+                op: "all_reduce".into(),
+                variant: "inplace".into(),
+                dtype: "f32".into(),
+                reduce: "band,sum".into(),
+            },
+            2,
+            refused_buffer_reused_in_place,
+        )))
         .collect()
+}
+
+/// The buffer of a refused call is the caller's to reuse: `all_reduce(x, band)` on f32 is
+/// refused (bad_input:unsupported_dtype on every rank, no cross-rank validation needed), then an
+/// in-place `all_reduce_(x, sum)` on that same buffer must write the sum into it. A backend
+/// that keeps a refused call's buffer marked busy (registration, staging) computes it elsewhere.
+fn refused_buffer_reused_in_place<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let ws = b.world_size();
+    let w = format!(
+        "backend={} op=all_reduce variant=inplace dtype=f32 reduce=sum after a refused band on the same buffer world_size={ws} rank={}",
+        crate::case::backend_label(b),
+        b.rank()
+    );
+    let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
+    let want = K::UnsupportedDType.name();
+    match b.all_reduce(&x, ReduceOp::BAnd).and_then(|work| work.wait(T).map(|_| ())) {
+        Ok(()) => return Err(fail(&w, format!("all_reduce(f32, band) was accepted; expected bad_input:{want}"))),
+        Err(e) if e.bad_input_kind() == Some(K::UnsupportedDType) => {}
+        Err(e) => return Err(fail(&w, format!("all_reduce(f32, band): expected bad_input:{want}, got {e} [{}]", e.name()))),
+    }
+    let out = b
+        .all_reduce_(&x, ReduceOp::Sum)
+        .and_then(|work| work.into_value(ctx.timeout))
+        .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    let sum = Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]);
+    expect_eq(b, &out, &sum, &format!("{w} (returned buffer)"))?;
+    expect_eq(b, &x, &sum, &format!("{w} (the caller's buffer)"))
 }
 
 fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bool, issue: Issue<B>) -> CaseResult {

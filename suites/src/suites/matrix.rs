@@ -4,7 +4,8 @@
 //!
 //! World sizes 6, 7 and 16 ([`super::SPARSE_WORLD_SIZES`]) run a sparser slice, to keep the run
 //! time in check (a world of 16 processes per case group): exact inputs only, dtypes f32, i32 and
-//! bf16 (at 16: f32, and bf16 `sum` through the out-of-place reducing ops), every (op, variant)
+//! bf16 (at 16: f32, and bf16 `sum` through the out-of-place reducing ops) plus the f64 out-of-place
+//! all_reduce `sum` (at 6 and 7), every (op, variant)
 //! and every reduce op defined for the dtype, the first [`SPARSE_SHAPES`] shapes of the catalogue
 //! ([`sparse_specs`]). Same case names as the full matrix (`all_reduce::out::f32::sum::ws6`).
 
@@ -115,11 +116,17 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
 /// Shapes per case at the sparse world sizes: one element, a prime, 0-dim, empty, 2x3x5, 3.
 pub const SPARSE_SHAPES: usize = 6;
 
+/// The 8-byte probe of the sparse slice: the out-of-place f64 all_reduce `sum` (a reduction
+/// that folds a non-power-of-two world's excess ranks in may be written for 4-byte elements).
+fn wide_sum(s: &ValueSpec) -> bool {
+    s.dtype == DType::F64 && s.op == OpKind::AllReduce && s.variant == Variant::Out && s.reduce == Some(ReduceOp::Sum)
+}
+
 /// The slice of [`exact_specs`] run at [`SPARSE_WORLD_SIZES`].
 pub fn sparse_specs() -> Vec<ValueSpec> {
     exact_specs()
         .into_iter()
-        .filter(|s| matches!(s.dtype, DType::F32 | DType::I32 | DType::BF16) || s.op == OpKind::Barrier)
+        .filter(|s| matches!(s.dtype, DType::F32 | DType::I32 | DType::BF16) || s.op == OpKind::Barrier || wide_sum(s))
         .map(|s| ValueSpec { max_shapes: Some(SPARSE_SHAPES), ..s })
         .collect()
 }
