@@ -237,9 +237,6 @@ fn real_main() -> Result<()> {
                 // rank 0 names it (its heartbeat stops) and every rank exits non-zero itself.
                 let mut c = Command::new("mpirun");
                 c.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &ranks.to_string()]);
-                // mpirun is the launcher even for one process (`auto` reads a launcher world of
-                // one as no launcher, and `-np 1` then ran every case's world as MPI singletons).
-                c.args(["-x", "CONCORD_LAUNCHER=mpi"]);
                 c.arg(conf);
                 c
             } else if mpi {
