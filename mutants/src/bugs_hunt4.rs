@@ -7,6 +7,7 @@
 //! integer avg) on the ops the probes did not look at. Each is a bug a backend author could ship,
 //! over the correct shm backend.
 
+use crate::bugs_hunt2::{int_at, set_int};
 use crate::campaign::Spec;
 use crate::{edit, Buf, Bug, Mutant, Shm, Twist};
 use concord_core::fused::Gathered;
@@ -644,29 +645,6 @@ impl Bug for ReduceScatterAliasUnchecked {
         let w = s.inner.reduce_scatter_tensor_out(x, op, &tmp)?;
         let o = out.clone();
         Ok(s.then_as(w, out.clone(), move |be, t| be.write(&o, &be.download(t)?)))
-    }
-}
-
-/// Element `i` of integer tensor `t`, widened.
-fn int_at(t: &Tensor, i: usize) -> i128 {
-    let es = t.dtype().size();
-    let mut v: u128 = 0;
-    for (k, &byte) in t.bytes()[i * es..(i + 1) * es].iter().enumerate() {
-        v |= (byte as u128) << (8 * k);
-    }
-    let bits = 8 * es as u32;
-    if t.dtype().is_signed_int() && (v >> (bits - 1)) & 1 == 1 {
-        v as i128 - (1i128 << bits)
-    } else {
-        v as i128
-    }
-}
-
-/// Stores `v` (in range) into element `i` of integer tensor `t`.
-fn set_int(t: &mut Tensor, i: usize, v: i128) {
-    let es = t.dtype().size();
-    for k in 0..es {
-        t.bytes_mut()[i * es + k] = ((v as u128) >> (8 * k)) as u8;
     }
 }
 

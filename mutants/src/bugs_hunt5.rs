@@ -5,6 +5,7 @@
 //! size 1's shortcut; the sparse world sizes in a dtype their slice does not run; a buffer reused
 //! after a failed op. Each is a bug a backend author could ship, over the correct shm backend.
 
+use crate::bugs_hunt2::{int_at, set_int};
 use crate::campaign::Spec;
 use crate::{edit, Buf, Bug, Shm};
 use concord_core::{progress, Backend, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Tensor, Work};
@@ -143,29 +144,6 @@ impl Bug for CoalescedMinMaxDropsNan {
             }
         }
         s.inner.all_reduce_coalesced_(xs, op)
-    }
-}
-
-/// Element `i` of integer tensor `t`, widened.
-fn int_at(t: &Tensor, i: usize) -> i128 {
-    let es = t.dtype().size();
-    let mut v: u128 = 0;
-    for (k, &byte) in t.bytes()[i * es..(i + 1) * es].iter().enumerate() {
-        v |= (byte as u128) << (8 * k);
-    }
-    let bits = 8 * es as u32;
-    if t.dtype().is_signed_int() && (v >> (bits - 1)) & 1 == 1 {
-        v as i128 - (1i128 << bits)
-    } else {
-        v as i128
-    }
-}
-
-/// Stores `v` (in range) into element `i` of integer tensor `t`.
-fn set_int(t: &mut Tensor, i: usize, v: i128) {
-    let es = t.dtype().size();
-    for k in 0..es {
-        t.bytes_mut()[i * es + k] = ((v as u128) >> (8 * k)) as u8;
     }
 }
 

@@ -17,18 +17,22 @@ pub fn shapes(ws: usize) -> Vec<Vec<usize>> {
     vec![vec![2 * ws, 3], vec![ws, 4, 5], vec![3 * ws, 1, 2, 2], vec![0, 3]]
 }
 
+fn meta(dtype: DType) -> CaseMeta {
+    CaseMeta {
+        suite: "all_to_all_equal".into(),
+        op: OpKind::AllToAllSingle.name().into(),
+        variant: "out".into(),
+        dtype: dtype.name().into(),
+        reduce: String::new(),
+    }
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::I64] {
         for ws in [2, 3, 4] {
             let name = format!("all_to_all_equal::{dtype}::ws{ws}");
-            let meta = CaseMeta {
-                suite: "all_to_all_equal".into(),
-                op: OpKind::AllToAllSingle.name().into(),
-                variant: "out".into(),
-                dtype: dtype.name().into(),
-                reduce: String::new(),
-            };
+            let meta = meta(dtype);
             let seed = concord_fixtures::seed_for(&name);
             out.push(Case::<B>::new(name, meta, ws, move |ctx| {
                 let b = ctx.b;
@@ -64,13 +68,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 fn in_splits_none<B: Backend>(ws: usize) -> Case<B> {
     let dtype = DType::F32;
     let name = format!("all_to_all_equal::in_splits_none::{dtype}::ws{ws}");
-    let meta = CaseMeta {
-        suite: "all_to_all_equal".into(),
-        op: OpKind::AllToAllSingle.name().into(),
-        variant: "out".into(),
-        dtype: dtype.name().into(),
-        reduce: String::new(),
-    };
+    let meta = meta(dtype);
     let seed = concord_fixtures::seed_for(&name);
     Case::<B>::new(name, meta, ws, move |ctx| {
         let b = ctx.b;
