@@ -149,8 +149,14 @@ pub struct PoolConfig {
     pub args: Vec<String>,
     /// Extra environment for workers (applied after, so overriding, the runner's variables).
     pub env: Vec<(String, String)>,
-    /// Between SIGTERM and SIGKILL, and the settle time after a rank failed.
+    /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// After a rank failed (reported a failure, exited, broke the protocol): how long the other
+    /// ranks still have to report before the runner stops waiting for them (their failures are
+    /// then the bystanders' `abandoned` time-outs). [`PoolConfig::from_env`] sets it to `grace`;
+    /// a caller that only needs the verdict (the mutation guard) may shorten it: the case has
+    /// failed by then whatever it is.
+    pub settle: Duration,
     /// Limit for spawn + rendezvous + `setup` of a world.
     pub setup_timeout: Duration,
     /// Per-collective deadline handed to every worker (`WorldInfo::op_timeout`).
@@ -168,6 +174,7 @@ impl PoolConfig {
             args: Vec::new(),
             env: Vec::new(),
             grace: c.grace,
+            settle: c.grace,
             setup_timeout: c.setup_timeout,
             op_timeout: c.op_timeout(),
             max_idle_worlds: c.max_idle_worlds,
@@ -847,11 +854,12 @@ impl Pool {
         let deadline_at = case_start + req.deadline;
         let mut settle_at: Option<Instant> = None;
         let grace = self.cfg.grace;
+        let settle = self.cfg.settle;
         for (r, rp) in world.ranks.iter_mut().enumerate() {
             if let Err(e) = rp.send(&format!("run {}", req.case_id)) {
                 st[r].protocol = Some(format!("could not send the case: {e}"));
                 st[r].state = RankState::Exited;
-                settle_at.get_or_insert(Instant::now() + grace);
+                settle_at.get_or_insert(Instant::now() + settle);
             }
         }
         // The transitions: Running -> Reported (outcome) | Exited (EOF); a panic report is
@@ -859,7 +867,7 @@ impl Pool {
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
             Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting }) if case == req.case_id => {
                 if outcome.is_failed() {
-                    settle_at.get_or_insert(Instant::now() + grace);
+                    settle_at.get_or_insert(Instant::now() + settle);
                 }
                 st[r].outcome = Some(outcome);
                 st[r].exiting = exiting;
@@ -870,17 +878,17 @@ impl Pool {
             Event::Msg(r, WorkerMsg::Status { state }) => st[r].answer = Some(state),
             Event::Msg(r, other) => {
                 st[r].protocol = Some(format!("unexpected message {other:?}"));
-                settle_at.get_or_insert(Instant::now() + grace);
+                settle_at.get_or_insert(Instant::now() + settle);
             }
             Event::Garbage(r, line) => {
                 st[r].protocol = Some(format!("protocol violation: {line:?}"));
-                settle_at.get_or_insert(Instant::now() + grace);
+                settle_at.get_or_insert(Instant::now() + settle);
             }
             Event::Eof(r) => {
                 st[r].state = RankState::Exited;
                 world.ranks[r].reap_until(Instant::now() + Duration::from_millis(200));
                 if !(st[r].exiting && st[r].outcome.is_some()) {
-                    settle_at.get_or_insert(Instant::now() + grace);
+                    settle_at.get_or_insert(Instant::now() + settle);
                 }
             }
         };

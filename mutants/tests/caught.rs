@@ -7,7 +7,10 @@
 //! is named `mutants::stall::<name>_is_caught` (nextest runs those beside the CPU-bound tests). A few mutants must moreover fail by a rank's own typed check
 //! (`reported`), never a crash or a hang. Also the clause rules (`concord_mutants::coverage`).
 
-use concord_mutants::campaign::{hinted, run_mutant, Spec};
+use concord_harness::runner::{Pool, PoolConfig};
+use concord_mutants::campaign::{run_mutant, run_mutant_in, CaseIds, Spec};
+use std::sync::OnceLock;
+use std::time::Duration;
 use concord_suites::case::Load;
 
 /// Mutants whose catching failure must be a rank's typed check (`reported`).
@@ -55,6 +58,16 @@ const PROGRAMS_CATCH: &[(&str, &str)] = &[
     ("coalesced_minmax_drops_nan", "programs::p3::ws2"),
 ];
 
+/// The worlds of the mutants that only need a verdict: once a rank has failed, the case has
+/// failed; its peers (usually stuck in the next collective of the case, waiting for the failed
+/// rank) get 150 ms to report rather than the default second. A caught mutant's test ended on
+/// that second of waiting (27 of 176 tests, about 1 s each). The `REPORTED` mutants keep the
+/// default: every rank's own check must have reported, so their peers get the full settle time.
+fn verdict_pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() }))
+}
+
 fn spec(name: &str) -> Spec {
     concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
@@ -71,8 +84,9 @@ fn main() {
     let cases = specs[0].entry.cases();
     let prefix = format!("{}::", specs[0].name);
     let ids: Vec<&str> = cases.iter().map(|c| c.id.strip_prefix(&prefix).unwrap_or(&c.id)).collect();
+    let index = CaseIds::new(&ids);
     for s in &specs {
-        let idx = hinted(s.catchers, &ids);
+        let idx = index.hinted(s.catchers);
         let stall = CAUGHT_AT_A_DEADLINE.contains(&s.name) || idx.iter().any(|&i| cases[i].load == Load::Stall);
         let only: Vec<String> = idx.iter().map(|&i| format!("{}::{}", s.name, ids[i])).collect();
         let name = s.name;
@@ -81,7 +95,7 @@ fn main() {
             if only.is_empty() {
                 return Err(format!("{name}: no case id contains one of its catcher hints {:?}", spec(name).catchers).into());
             }
-            let found = run_mutant(&spec(name), &only);
+            let found = if REPORTED.contains(&name) { run_mutant(&spec(name), &only) } else { run_mutant_in(verdict_pool(), &spec(name), &only) };
             let Some(catch) = found.caught else {
                 return Err(format!(
                     "{name} survived the {} cases its catcher hints name (a suite change let it through, or the hints are stale: \
@@ -100,7 +114,7 @@ fn main() {
     }
     for &(name, case) in PROGRAMS_CATCH {
         trials.push(libtest_mimic::Trial::test(format!("mutants::programs_catch::{name}"), move || {
-            let found = run_mutant(&spec(name), &[format!("{name}::{case}")]);
+            let found = run_mutant_in(verdict_pool(), &spec(name), &[format!("{name}::{case}")]);
             if found.cases_run != 1 {
                 return Err(format!("{name}: the catalogue has no case {case}").into());
             }
@@ -110,6 +124,28 @@ fn main() {
             }
         }));
     }
+    // The hint index finds what a plain substring search finds, in the same order.
+    let plain_ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    trials.push(libtest_mimic::Trial::test("mutants::hint_index_matches_a_plain_search", move || {
+        let ids: Vec<&str> = plain_ids.iter().map(String::as_str).collect();
+        let index = CaseIds::new(&ids);
+        for s in concord_mutants::catalogue().iter().map(|s| s.catchers).chain([&["", "::ws2", "no such case"][..]]) {
+            let mut taken = vec![false; ids.len()];
+            let mut plain = Vec::new();
+            for pat in s {
+                for (i, id) in ids.iter().enumerate() {
+                    if !taken[i] && id.contains(pat) {
+                        taken[i] = true;
+                        plain.push(i);
+                    }
+                }
+            }
+            if index.hinted(s) != plain {
+                return Err(format!("hints {s:?}: the index and a plain search disagree").into());
+            }
+        }
+        Ok(())
+    }));
     // Every mutant names a clause id of the contract (core/src/backend.rs), and every clause id
     // has a mutant or a reasoned exemption (`concord_mutants::coverage`).
     trials.push(libtest_mimic::Trial::test("mutants::every_clause_has_a_mutant_or_an_exemption", || {
@@ -136,6 +172,7 @@ fn main() {
         Ok(())
     }));
     let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
-    concord_harness::runner::Pool::global().shutdown();
+    Pool::global().shutdown();
+    verdict_pool().shutdown();
     std::process::exit(code);
 }

@@ -249,6 +249,11 @@ pub fn profile_flag() -> String {
 
 /// Runs one case in a world of the pool; maps the verdict.
 pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration) {
+    run_case_in(Pool::global(), entry, case)
+}
+
+/// [`run_case`] in the worlds of `pool` (a pool configured apart from the process-wide one).
+pub fn run_case_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration) {
     let needed = entry.gpus_per_rank * case.world_size;
     if needed > 0 {
         let have = concord_harness::gpu::count();
@@ -262,7 +267,7 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Dura
     }
     let options = entry.options.iter().chain(&case.options).cloned().collect();
     let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options };
-    let report = Pool::global().run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
+    let report = pool.run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
         _ => String::new(),
