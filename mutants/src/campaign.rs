@@ -244,14 +244,82 @@ struct Cli {
     /// List the mutants (name, clause, bug) and exit.
     #[arg(long)]
     list: bool,
+    /// The corruption sweep instead of the catalogue's mutants (`crate::sweep`): every cell of
+    /// hook × rank position × size class × world size, or only the target `HOOK:POSITION:CLASS`
+    /// (with `--case`: only those case ids, as in a failure's rerun line).
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "")]
+    sweep: Option<String>,
+    /// Sweep: only these hooks (repeatable).
+    #[arg(long, value_name = "HOOK")]
+    hook: Vec<String>,
+    /// Sweep: only these world sizes (repeatable).
+    #[arg(long, value_name = "N")]
+    ws: Vec<usize>,
+}
+
+/// `--sweep`: the grid, or one target's cases.
+fn sweep_main(cli: &Cli) -> ! {
+    use crate::sweep;
+    let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let targets: Vec<sweep::Target> = match cli.sweep.as_deref() {
+        Some("") | None => sweep::all_targets(),
+        Some(t) => match sweep::Target::parse(t) {
+            Some(t) => vec![t],
+            None => {
+                eprintln!(
+                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS, hooks {:?}, positions {:?}, classes {:?}",
+                    sweep::HOOKS,
+                    sweep::POSITIONS,
+                    sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>()
+                );
+                std::process::exit(2);
+            }
+        },
+    };
+    for h in &cli.hook {
+        if !sweep::HOOKS.contains(&h.as_str()) {
+            eprintln!("error: no hook `{h}` (hooks: {:?})", sweep::HOOKS);
+            std::process::exit(2);
+        }
+    }
+    let targets: Vec<_> = targets.into_iter().filter(|t| cli.hook.is_empty() || cli.hook.iter().any(|h| h == t.hook)).collect();
+    if !cli.cases.is_empty() {
+        // A rerun: one target, the given case ids.
+        let [t] = &targets[..] else {
+            eprintln!("error: --case with --sweep needs one target (`--sweep HOOK:POSITION:CLASS`)");
+            std::process::exit(2);
+        };
+        let f = run_mutant(&sweep::spec(t), &cli.cases);
+        match &f.caught {
+            Some(c) => println!("{} caught by {}\n{}", t.label(), c.case, c.message),
+            None => println!("{}: none of the {} case(s) failed", t.label(), f.cases_run),
+        }
+        Pool::global().shutdown();
+        std::process::exit(if f.caught.is_some() { 0 } else { 1 });
+    }
+    let sizes: Vec<usize> = if cli.ws.is_empty() { sweep::WORLD_SIZES.to_vec() } else { cli.ws.clone() };
+    eprintln!("concord-mutants: sweep of {} target(s) x {} world size(s), {jobs} side by side", targets.len(), sizes.len());
+    let started = Instant::now();
+    let cells = sweep::run(&targets, &sizes, jobs, |c| {
+        if c.candidates.is_some() && c.caught.is_none() {
+            eprintln!("  HOLE {} ws{} ({} cases, {:.1} s)", c.target.label(), c.ws, c.cases_run, c.elapsed.as_secs_f64());
+        }
+    });
+    print!("{}", sweep::render(&cells, &sizes));
+    println!("wall time: {:.1} s", started.elapsed().as_secs_f64());
+    std::process::exit(if cells.iter().all(|c| c.candidates.is_none() || c.caught.is_some()) { 0 } else { 1 })
 }
 
 /// The whole `main` of the campaign binary.
 pub fn main() -> ! {
     let specs = crate::catalogue();
-    let entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
+    let mut entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
+    entries.push(crate::sweep::worker_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
+    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() {
+        sweep_main(&cli);
+    }
     if cli.list {
         for s in &specs {
             println!("{:<38} {:<30} {}", s.name, s.clause, s.what);

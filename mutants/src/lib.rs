@@ -22,6 +22,7 @@ pub mod bugs_hunt4;
 pub mod bugs_hunt5;
 pub mod campaign;
 pub mod coverage;
+pub mod sweep;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
@@ -40,6 +41,9 @@ pub fn catalogue() -> Vec<campaign::Spec> {
 
 /// The maker of the mutant `name`.
 pub fn maker(name: &str) -> Option<MakeBug> {
+    if name == "sweep" {
+        return Some(sweep::make);
+    }
     catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
 }
 
@@ -357,6 +361,9 @@ impl Backend for Mutant {
             world.option("mutant").ok_or_else(|| CollectiveError::Backend("the mutant backend needs the option `mutant=<name>`".into()))?;
         let make =
             maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
+        if name == "sweep" {
+            sweep::set_target(world.option("sweep")).map_err(CollectiveError::Backend)?;
+        }
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
     }

@@ -9,9 +9,9 @@
 
 use concord_harness::runner::{Pool, PoolConfig};
 use concord_mutants::campaign::{run_mutant, run_mutant_in, CaseIds, Spec};
+use concord_suites::case::Load;
 use std::sync::OnceLock;
 use std::time::Duration;
-use concord_suites::case::Load;
 
 /// Mutants whose catching failure must be a rank's typed check (`reported`).
 const REPORTED: &[&str] = &[
@@ -68,13 +68,27 @@ fn verdict_pool() -> &'static Pool {
     POOL.get_or_init(|| Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() }))
 }
 
+/// The corruption sweep's grid, pinned where it had holes (`cargo xtask mutants --sweep`): each
+/// sweep target with a world size's case that catches it. Before the size ladder's grid slice
+/// (`sizes::grid`), no case of these world sizes checked an output of that size class.
+const SWEEP_CATCH: &[(&str, &str)] = &[
+    ("all_reduce:middle:large", "sizes::all_reduce::f32::n65537::ws8"),
+    ("all_reduce_:last:medium", "sizes::all_reduce::inplace::f32::n4099::ws4"),
+    ("all_reduce_coalesced:first:large", "sizes::all_reduce::coalesced::f32::n65537::ws16"),
+    ("all_gather_into_tensor_out:last:large", "sizes::all_gather_into_tensor::outbuf::f32::n8193::ws8"),
+    ("reduce_scatter_tensor_coalesced:middle:medium", "sizes::reduce_scatter_tensor::coalesced::f32::n4099::ws6"),
+    ("broadcast:last:large", "sizes::broadcast::out::f32::n65537::ws5"),
+    ("scatter:middle:large", "sizes::scatter::f32::n65537::ws7"),
+];
+
 fn spec(name: &str) -> Spec {
     concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
 
 fn main() {
     let specs = concord_mutants::catalogue();
-    let entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
+    let mut entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
+    entries.push(concord_mutants::sweep::worker_entry());
     concord_suites::run::dispatch_child(&entries);
 
     let args = libtest_mimic::Arguments::from_args();
@@ -95,7 +109,8 @@ fn main() {
             if only.is_empty() {
                 return Err(format!("{name}: no case id contains one of its catcher hints {:?}", spec(name).catchers).into());
             }
-            let found = if REPORTED.contains(&name) { run_mutant(&spec(name), &only) } else { run_mutant_in(verdict_pool(), &spec(name), &only) };
+            let found =
+                if REPORTED.contains(&name) { run_mutant(&spec(name), &only) } else { run_mutant_in(verdict_pool(), &spec(name), &only) };
             let Some(catch) = found.caught else {
                 return Err(format!(
                     "{name} survived the {} cases its catcher hints name (a suite change let it through, or the hints are stale: \
@@ -121,6 +136,19 @@ fn main() {
             match found.caught {
                 Some(_) => Ok(()),
                 None => Err(format!("{name} survived {case}: the random programs lost the power this test pins").into()),
+            }
+        }));
+    }
+    for &(target, case) in SWEEP_CATCH {
+        trials.push(libtest_mimic::Trial::test(format!("mutants::sweep::{target}::{case}"), move || {
+            let t = concord_mutants::sweep::Target::parse(target).ok_or_else(|| format!("bad sweep target {target}"))?;
+            let found = run_mutant_in(verdict_pool(), &concord_mutants::sweep::spec(&t), &[format!("sweep::{case}")]);
+            if found.cases_run != 1 {
+                return Err(format!("the catalogue has no case {case}").into());
+            }
+            match found.caught {
+                Some(_) => Ok(()),
+                None => Err(format!("sweep cell {target} survived {case}: the size grid lost the power this test pins").into()),
             }
         }));
     }

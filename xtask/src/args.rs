@@ -18,7 +18,9 @@ Commands:
         (default 4); --jobs: worlds side by side (default: what the machine can run);
         --contract prints the contract map instead of running
   mutants [--mutant NAME]... [--case ID...] [--jobs N] [--list]
-        the mutation campaign: every mutant of concord-mutants against the catalogue
+          [--sweep [HOOK:POSITION:CLASS]] [--hook HOOK]... [--ws N]...
+        the mutation campaign: every mutant of concord-mutants against the catalogue;
+        --sweep: the corruption grid (hook x rank position x size class x world size)
   bench-harness
         per-case overhead (4 ranks) and store barrier (8 ranks)
   bench [ARGS...]
@@ -54,6 +56,10 @@ pub enum Cmd {
         case: Vec<String>,
         jobs: Option<usize>,
         list: bool,
+        /// `--sweep [TARGET]`: `Some("")` for the whole grid.
+        sweep: Option<String>,
+        hook: Vec<String>,
+        ws: Vec<usize>,
     },
     BenchHarness,
     Bench {
@@ -167,6 +173,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         }
         "mutants" => {
             let (mut mutant, mut case, mut jobs, mut list) = (Vec::new(), Vec::new(), None, false);
+            let (mut sweep, mut hook, mut ws) = (None, Vec::new(), Vec::new());
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--mutant" => mutant.push(t.value(&a)?),
@@ -179,10 +186,20 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     }
                     "--jobs" => jobs = Some(t.number(&a)?),
                     "--list" => list = true,
+                    "--sweep" => {
+                        // An optional target: the next argument unless it is a flag.
+                        let target = t.v.get(t.i).filter(|n| !n.starts_with('-')).cloned();
+                        if target.is_some() {
+                            t.i += 1;
+                        }
+                        sweep = Some(target.unwrap_or_default());
+                    }
+                    "--hook" => hook.push(t.value(&a)?),
+                    "--ws" => ws.push(t.number(&a)?),
                     f => return Err(unknown(&cmd, f)),
                 }
             }
-            Cmd::Mutants { mutant, case, jobs, list }
+            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws }
         }
         "bench-harness" | "gpu-bundle" => {
             if let Some(a) = t.next() {

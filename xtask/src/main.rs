@@ -275,7 +275,7 @@ fn real_main() -> Result<()> {
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Mutants { mutant, case, jobs, list } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -302,6 +302,21 @@ fn real_main() -> Result<()> {
             }
             if list {
                 c.arg("--list");
+            }
+            match sweep.as_deref() {
+                Some("") => {
+                    c.arg("--sweep");
+                }
+                Some(t) => {
+                    c.arg(format!("--sweep={t}"));
+                }
+                None => {}
+            }
+            for h in &hook {
+                c.args(["--hook", h]);
+            }
+            for n in &ws {
+                c.args(["--ws", &n.to_string()]);
             }
             let status = c.current_dir(root()).status().context("could not start concord-mutants")?;
             std::process::exit(status.code().unwrap_or(1));

@@ -15,6 +15,10 @@
 //!   64 MiB + one element per rank (`n` = 16777217, or 8388609 for the ops whose larger buffer is
 //!   `ws·n`). bf16 and i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~300 cases
 //!   and a few seconds on the shm backend, the 64 MiB ones most of it.
+//! * **Grid** ([`grid`]): f32 at the other world sizes (1, 4, 5, 6, 7, 8, 16), each op with its
+//!   output just past 4 Ki and just past 64 Ki elements, in the ladder's variant and in
+//!   [`GRID_VARIANTS`] (in-place, `_out`, coalesced, out-of-place broadcast): 252 cases. The size
+//!   classes a backend switches paths at, at every rank count.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
@@ -44,8 +48,59 @@ pub const OPS: [(OpKind, Variant); 10] = [
     (OpKind::SendRecv, Variant::OutBuf),
 ];
 
-/// The largest world the inputs stay exact for (bf16 sums of 4 values in `[-63, 63]`).
+/// The largest world the bf16 inputs stay exact for (sums of 4 values in `[-63, 63]`).
 pub const MAX_WS: usize = 4;
+
+/// The largest world the inputs of `dtype` stay exact for: bf16 [`MAX_WS`]; f32 16 (a sum of 16
+/// values in `[-500001, 500001]` stays below 2^24); i32 any (wrapping sums).
+pub fn max_ws(dtype: DType) -> usize {
+    match dtype {
+        DType::BF16 => MAX_WS,
+        DType::F32 => 16,
+        _ => usize::MAX,
+    }
+}
+
+/// The world sizes of the grid slice: those the ladder does not run.
+pub const GRID_WORLD_SIZES: [usize; 7] = [1, 4, 5, 6, 7, 8, 16];
+
+/// Output element counts of the grid slice: just past 4 Ki and just past 64 Ki elements.
+pub const GRID_OUTPUTS: [usize; 2] = [4099, 65537];
+
+/// The other variants of the grid slice (same sizes, same closed forms): in-place and coalesced
+/// all_reduce, the `_out` and coalesced all_gather / reduce_scatter, out-of-place broadcast. A
+/// coalesced call's list is a 7-element tensor, then the `n`-element one.
+pub const GRID_VARIANTS: [(OpKind, Variant); 8] = [
+    (OpKind::AllReduce, Variant::InPlace),
+    (OpKind::AllReduce, Variant::Coalesced),
+    (OpKind::AllReduce, Variant::CoalescedInPlace),
+    (OpKind::AllGatherIntoTensor, Variant::OutBuf),
+    (OpKind::AllGatherIntoTensor, Variant::Coalesced),
+    (OpKind::ReduceScatterTensor, Variant::OutBuf),
+    (OpKind::ReduceScatterTensor, Variant::Coalesced),
+    (OpKind::Broadcast, Variant::Out),
+];
+
+/// Whether the op's OUTPUT is `ws·n` elements.
+fn output_folds(op: OpKind) -> bool {
+    matches!(op, OpKind::AllGatherIntoTensor | OpKind::Gather | OpKind::AllToAllSingle)
+}
+
+/// The grid slice of `op` in f32: `(n, world size)` with the output at least each of
+/// [`GRID_OUTPUTS`] elements (`n` = ⌈out / ws⌉ where the output is `ws·n`), at every world size of
+/// [`GRID_WORLD_SIZES`]. The ladder runs its sizes at world sizes 2 and 3 only; a backend picks
+/// its path by message size AND rank count (NCCL's protocol and algorithm tables; a ring at 4
+/// ranks and more, a tree below), and the corruption sweep (`cargo xtask mutants --sweep`) found
+/// every op's output unchecked past 4 Ki elements at 4 ranks and more.
+pub fn grid(op: OpKind) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    for ws in GRID_WORLD_SIZES {
+        for out in GRID_OUTPUTS {
+            v.push((if output_folds(op) { out.div_ceil(ws) } else { out }, ws));
+        }
+    }
+    v
+}
 
 const BIG: usize = 1 << 24;
 
@@ -129,7 +184,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for (op, variant) in OPS {
         for dtype in [DType::F32, DType::BF16, DType::I32] {
-            for (n, ws) in ladder(op, dtype) {
+            let grid = if dtype == DType::F32 { grid(op) } else { Vec::new() };
+            for (n, ws) in ladder(op, dtype).into_iter().chain(grid) {
                 let name = case_name(op, dtype, n, ws);
                 let meta = CaseMeta {
                     suite: "sizes".into(),
@@ -145,6 +201,21 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
     }
+    for (op, variant) in GRID_VARIANTS {
+        let dtype = DType::F32;
+        for (n, ws) in grid(op) {
+            let name = format!("sizes::{op}::{}::{dtype}::n{n}::ws{ws}", variant.name());
+            let meta = CaseMeta {
+                suite: "sizes".into(),
+                op: op.name().into(),
+                variant: variant.name().into(),
+                dtype: dtype.name().into(),
+                reduce: if op.reduces() { "sum".into() } else { String::new() },
+            };
+            let seed = concord_fixtures::seed_for(&name);
+            out.push(Case::new(name, meta, ws, move |ctx| run(ctx, op, variant, dtype, n, seed)));
+        }
+    }
     out
 }
 
@@ -154,8 +225,8 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
     let reduce = op.reduces().then_some(ReduceOp::Sum);
     let w = format!("{} reduce={} n={n}", here(b, op.name(), variant.name(), dtype), if reduce.is_some() { "sum" } else { "-" });
     let fail = |what: String| CaseEnd::Fail(format!("{w}: {what}"));
-    if ws > MAX_WS {
-        return Err(CaseEnd::Skip(format!("the size ladder's inputs are exact up to world size {MAX_WS}")));
+    if ws > max_ws(dtype) {
+        return Err(CaseEnd::Skip(format!("the size ladder's {dtype} inputs are exact up to world size {}", max_ws(dtype))));
     }
     if let Err(reason) = b.capabilities().check(op, Some(variant), Some(dtype), reduce, ws) {
         return Err(CaseEnd::Unsupported(reason));
@@ -163,27 +234,54 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
     let mut p = Params { reduce, root: root(ws), ..Default::default() };
     p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
     p.peer = partner(me, ws);
-    let x = b.upload(&input(op, dtype, seed, n, ws, me)).map_err(|e| fail(format!("upload: {e}")))?;
-    let out = if op == OpKind::SendRecv { Some(b.alloc(dtype, &[n]).map_err(|e| fail(format!("alloc: {e}")))?) } else { None };
-    let res = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout)
-        .map_err(|e| fail(format!("{e} [{}]", e.name())))?;
-    let Some(res) = res.first() else { return Err(fail("returned no result".into())) };
-    if variant == Variant::InPlace && b.buffer_addr(res) != b.buffer_addr(&x) {
-        return Err(fail("in-place op returned a different buffer".into()));
+    // A coalesced call's list: a 7-element tensor (its own seed), then the n-element one.
+    let coalesced = matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace);
+    let tensors: Vec<(u64, usize)> = if coalesced { vec![(seed ^ 0x7, 7), (seed, n)] } else { vec![(seed, n)] };
+    let mut ins = Vec::new();
+    for &(sd, k) in &tensors {
+        ins.push(b.upload(&input(op, dtype, sd, k, ws, me)).map_err(|e| fail(format!("upload: {e}")))?);
     }
-    let Some((shape, what)) = expected_form(op, n, ws, me) else { return Ok(()) };
+    let out = match (op, variant) {
+        (OpKind::SendRecv, _) => Some(b.alloc(dtype, &[n]).map_err(|e| fail(format!("alloc: {e}")))?),
+        (_, Variant::OutBuf) => {
+            let shape = expected_form(op, n, ws, me).map_or_else(|| vec![n], |(s, _)| s);
+            Some(b.alloc(dtype, &shape).map_err(|e| fail(format!("alloc: {e}")))?)
+        }
+        _ => None,
+    };
+    let res = exec::call(b, op, variant, &ins, out.as_ref(), &p, ctx.timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
+    if res.len() != tensors.len() {
+        return Err(fail(format!("returned {} result(s) for {} input(s)", res.len(), tensors.len())));
+    }
+    for (t, (r, x)) in res.iter().zip(&ins).enumerate() {
+        if exec::is_in_place(variant) && b.buffer_addr(r) != b.buffer_addr(x) {
+            return Err(fail(format!("in-place op returned a different buffer (tensor {t})")));
+        }
+    }
+    if variant == Variant::OutBuf && op != OpKind::SendRecv {
+        if let (Some(o), Some(r)) = (&out, res.first()) {
+            if b.buffer_addr(r) != b.buffer_addr(o) {
+                return Err(fail("the `_out` call returned a buffer other than its output".into()));
+            }
+        }
+    }
     if !b.capabilities().moves_data {
         return Ok(());
     }
-    let got = b.download(res).map_err(|e| fail(format!("download: {e}")))?;
-    // Element by element against the closed form (fast at 64 MiB, no expected tensor made); on a
-    // difference, the oracle's comparison with the expected tensor names the first bad element.
-    if !ladder::holds(&got, dtype, seed, &shape, what) {
-        let exp = ladder::tensor(dtype, seed, &shape, what);
-        return Err(match compare(&got, &exp, Tolerance::Exact) {
-            Err(m) => fail(m.to_string()),
-            Ok(()) => fail("result differs from the expected one in its bytes, though not in value".into()),
-        });
+    for (t, (r, &(sd, k))) in res.iter().zip(&tensors).enumerate() {
+        let Some((shape, what)) = expected_form(op, k, ws, me) else { continue };
+        let got = b.download(r).map_err(|e| fail(format!("download: {e}")))?;
+        // Element by element against the closed form (fast at 64 MiB, no expected tensor made);
+        // on a difference, the oracle's comparison with the expected tensor names the first bad
+        // element.
+        if !ladder::holds(&got, dtype, sd, &shape, what) {
+            let exp = ladder::tensor(dtype, sd, &shape, what);
+            let which = if coalesced { format!("tensor {t} of the list (n={k}): ") } else { String::new() };
+            return Err(match compare(&got, &exp, Tolerance::Exact) {
+                Err(m) => fail(format!("{which}{m}")),
+                Ok(()) => fail(format!("{which}result differs from the expected one in its bytes, though not in value")),
+            });
+        }
     }
     Ok(())
 }
@@ -202,7 +300,7 @@ mod tests {
     fn closed_form_matches_the_oracle() {
         for (op, _) in OPS {
             for dtype in [DType::F32, DType::BF16, DType::I32] {
-                for ws in 1..=MAX_WS {
+                for ws in 1..=max_ws(dtype).min(16) {
                     for n in [1, 37, 130] {
                         let seed = 0x5EED ^ n as u64;
                         let ins: Vec<Tensor> = (0..ws).map(|r| input(op, dtype, seed, n, ws, r)).collect();
@@ -234,10 +332,11 @@ mod tests {
     #[test]
     fn ranks_differ_at_every_index_and_sums_stay_exact() {
         for dtype in [DType::F32, DType::BF16] {
+            let ws = max_ws(dtype);
             for i in 0..5000 {
-                let vs: Vec<i64> = (0..MAX_WS).map(|r| ladder::value(dtype, 7, r, i)).collect();
-                for a in 0..MAX_WS {
-                    for c in a + 1..MAX_WS {
+                let vs: Vec<i64> = (0..ws).map(|r| ladder::value(dtype, 7, r, i)).collect();
+                for a in 0..ws {
+                    for c in a + 1..ws {
                         assert_ne!(vs[a], vs[c]);
                     }
                 }

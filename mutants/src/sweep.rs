@@ -1,0 +1,405 @@
+//! The corruption sweep: does the catalogue check every op's output at every world size, on
+//! every rank position and in every size class? Hand-written mutants answer for the bugs someone
+//! imagined; the sweep answers for the grid. One parameterised bug, [`Corrupt`], makes ONE
+//! element wrong (the last) in the output of ONE hook of the trait, on ONE rank position of the
+//! communicator (first, middle, last; for the rooted reduce / gather: the root, when it sits
+//! there), only when that output's element count falls in ONE size class. Each cell of the grid
+//! (hook × position × size class × world size) runs the catalogue's cases of that world size that
+//! use the op, until the first failure: a cell no case fails is a hole, a place where a backend
+//! could be wrong and pass. `cargo xtask mutants --sweep` prints the grid.
+//!
+//! Realistic? Backends choose their code path by exactly these things: NCCL switches protocol and
+//! algorithm by message size and rank count, a root or the last rank often takes a special
+//! branch, and a tail element is where chunking arithmetic goes wrong.
+
+use crate::campaign::{run_mutant_in, Spec};
+use crate::{bump, edit, Buf, Bug, Mutant, Shm};
+use concord_core::fused::Gathered;
+use concord_core::{Backend, ReduceOp, Result, Scaling, Work};
+use concord_harness::runner::{Pool, PoolConfig};
+use concord_shm::ShmBackend;
+use concord_suites::run::{BackendEntry, CaseInfo};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The hooks whose output the sweep corrupts (the trait's data-moving calls; `send` and
+/// `barrier` have none). Names as in case metadata where one exists.
+pub const HOOKS: &[&str] = &[
+    "all_reduce",
+    "all_reduce_",
+    "all_reduce_coalesced",
+    "all_reduce_coalesced_",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_out",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_out",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_",
+    "permute_tensor",
+    "reduce",
+    "gather",
+    "scatter",
+    "recv",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
+];
+
+/// Rank positions in the communicator.
+pub const POSITIONS: &[&str] = &["first", "middle", "last"];
+
+/// Size classes of the corrupted output, by element count: `[lo, hi)`.
+pub const CLASSES: &[(&str, usize, usize)] = &[("tiny", 1, 16), ("small", 16, 4096), ("medium", 4096, 65536), ("large", 65536, usize::MAX)];
+
+/// World sizes of the grid (the catalogue's).
+pub const WORLD_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 16];
+
+/// The communicator rank of `pos` in a communicator of `ws`; `None` where it is the same rank as
+/// an earlier position (one rank has only `first`; two have `first` and `last`).
+pub fn rank_of(pos: &str, ws: usize) -> Option<usize> {
+    let r = match pos {
+        "first" => 0,
+        "middle" => ws / 2,
+        "last" => ws - 1,
+        _ => return None,
+    };
+    let earlier = POSITIONS.iter().take_while(|p| **p != pos).any(|p| rank_of(p, ws) == Some(r));
+    (!earlier).then_some(r)
+}
+
+/// One sweep target: `hook:position:class`, the value of the backend option `sweep`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub hook: &'static str,
+    pub pos: &'static str,
+    pub class: (&'static str, usize, usize),
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Option<Target> {
+        let mut it = s.split(':');
+        let (h, p, c) = (it.next()?, it.next()?, it.next()?);
+        Some(Target {
+            hook: HOOKS.iter().copied().find(|x| *x == h)?,
+            pos: POSITIONS.iter().copied().find(|x| *x == p)?,
+            class: CLASSES.iter().copied().find(|x| x.0 == c)?,
+        })
+    }
+    pub fn label(&self) -> String {
+        format!("{}:{}:{}", self.hook, self.pos, self.class.0)
+    }
+}
+
+/// The target of this worker process (a worker hosts one world, of one mutant).
+static TARGET: OnceLock<Target> = OnceLock::new();
+
+/// Called by [`Mutant`]'s init with the `sweep` option.
+pub fn set_target(option: Option<&str>) -> std::result::Result<(), String> {
+    let s = option.ok_or("the sweep mutant needs the option `sweep=<hook>:<position>:<class>`")?;
+    let t = Target::parse(s).ok_or_else(|| format!("bad sweep target `{s}` (hooks {HOOKS:?}, positions {POSITIONS:?})"))?;
+    let _ = TARGET.set(t);
+    Ok(())
+}
+
+/// The sweep's maker (the catalogue's `MakeBug` for the name `sweep`).
+pub fn make() -> Box<dyn Bug> {
+    Box::new(Corrupt { t: TARGET.get().cloned() })
+}
+
+/// The bug: the last element of `hook`'s output is wrong on the rank at `pos`, for outputs of
+/// the size class. Every other call is the correct shm call.
+pub struct Corrupt {
+    t: Option<Target>,
+}
+
+impl Corrupt {
+    fn on(&self, hook: &str) -> bool {
+        self.t.as_ref().is_some_and(|t| t.hook == hook)
+    }
+    /// Whether this rank's output is corrupted (`root`: the rooted ops corrupt only the root).
+    fn here(&self, s: &Shm, root: Option<usize>) -> bool {
+        let Some(t) = &self.t else { return false };
+        let me = s.rank();
+        rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
+    }
+    fn class(&self) -> (usize, usize) {
+        self.t.as_ref().map_or((0, 0), |t| (t.class.1, t.class.2))
+    }
+    /// `w` with the last element of its output made wrong, when it is in the class.
+    fn one(&self, s: &Shm, hook: &str, root: Option<usize>, w: Work<Buf>) -> Work<Buf> {
+        if !self.on(hook) || !self.here(s, root) {
+            return w;
+        }
+        let (lo, hi) = self.class();
+        s.then(w, move |be, out| corrupt(be, out, lo, hi))
+    }
+    /// The last buffer of a coalesced call's outputs.
+    fn many(&self, s: &Shm, hook: &str, w: Work<Vec<Buf>>) -> Work<Vec<Buf>> {
+        if !self.on(hook) || !self.here(s, None) {
+            return w;
+        }
+        let (lo, hi) = self.class();
+        s.then(w, move |be, outs| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi)))
+    }
+}
+
+fn corrupt(be: &ShmBackend, out: &Buf, lo: usize, hi: usize) -> Result<()> {
+    let n: usize = be.buffer_shape(out).iter().product();
+    if n < lo || n >= hi {
+        return Ok(());
+    }
+    edit(be, out, |t| bump(t, n - 1))
+}
+
+impl Bug for Corrupt {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(self.one(s, "all_reduce", None, s.inner.all_reduce(x, op)?))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(self.one(s, "all_reduce_", None, s.inner.all_reduce_(x, op)?))
+    }
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Ok(self.many(s, "all_reduce_coalesced", s.inner.all_reduce_coalesced(xs, op)?))
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Ok(self.many(s, "all_reduce_coalesced_", s.inner.all_reduce_coalesced_(xs, op)?))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        Ok(self.one(s, "all_gather_into_tensor", None, s.inner.all_gather_into_tensor(x)?))
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        Ok(self.one(s, "all_gather_into_tensor_out", None, s.inner.all_gather_into_tensor_out(x, out)?))
+    }
+    fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        Ok(self.many(s, "all_gather_into_tensor_coalesced", s.inner.all_gather_into_tensor_coalesced(xs)?))
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(self.one(s, "reduce_scatter_tensor", None, s.inner.reduce_scatter_tensor(x, op)?))
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        Ok(self.one(s, "reduce_scatter_tensor_out", None, s.inner.reduce_scatter_tensor_out(x, op, out)?))
+    }
+    fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Ok(self.many(s, "reduce_scatter_tensor_coalesced", s.inner.reduce_scatter_tensor_coalesced(xs, op)?))
+    }
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        Ok(self.one(s, "all_to_all_single", None, s.inner.all_to_all_single(x, o, i)?))
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "broadcast", None, s.inner.broadcast(x, src)?))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "broadcast_", None, s.inner.broadcast_(x, src)?))
+    }
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        Ok(self.one(s, "permute_tensor", None, s.inner.permute_tensor(x, src_dst)?))
+    }
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "reduce", Some(root), s.inner.reduce(x, op, root)?))
+    }
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "gather", Some(root), s.inner.gather(x, root)?))
+    }
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "scatter", None, s.inner.scatter(x, root)?))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(self.one(s, "recv", None, s.inner.recv(out, src)?))
+    }
+    fn fused_all_gather_matmul(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        bs: &[Buf],
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Gathered<Buf>>> {
+        let w = concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, scaling)?;
+        if !self.on("fused_all_gather_matmul") || !self.here(&m.s, None) {
+            return Ok(w);
+        }
+        let (lo, hi) = self.class();
+        Ok(m.s.then(w, move |be, (_, outs)| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi))))
+    }
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
+        let w = concord_core::fused::decomposed_matmul_reduce_scatter(m, a, b, op, dim, scaling)?;
+        Ok(self.one(&m.s, "fused_matmul_reduce_scatter", None, w))
+    }
+}
+
+/// Whether a case calls `hook`, by its metadata op (a superset: a case that does not call it
+/// only costs time). Random programs (`mixed`) call everything; the fused ops' decompositions
+/// call all_gather / reduce_scatter; tuned cases name every op they tune.
+pub fn uses(case: &CaseInfo, hook: &str) -> bool {
+    let op = case.meta.op.as_str();
+    let contains: &[&str] = match hook {
+        "all_reduce" | "all_reduce_" | "all_reduce_coalesced" | "all_reduce_coalesced_" => &["all_reduce"],
+        "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" => &["all_gather"],
+        "reduce_scatter_tensor" | "reduce_scatter_tensor_out" | "reduce_scatter_tensor_coalesced" => &["reduce_scatter"],
+        "all_to_all_single" => &["all_to_all"],
+        "broadcast" | "broadcast_" => &["broadcast"],
+        "permute_tensor" => &["permute"],
+        "recv" => &["recv", "send"],
+        "fused_all_gather_matmul" => &["fused_all_gather"],
+        "fused_matmul_reduce_scatter" => &["matmul_reduce_scatter"],
+        _ => &[],
+    };
+    op == "mixed" || op == hook || contains.iter().any(|c| op.contains(c)) || (hook == "recv" && case.meta.suite == "p2p")
+}
+
+/// One cell's result.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    pub target: Target,
+    pub ws: usize,
+    /// `None`: not applicable (a position that is an earlier one's rank at this world size).
+    pub candidates: Option<usize>,
+    pub cases_run: usize,
+    /// The first failing case (without the `sweep::` prefix); `None` with candidates: a hole.
+    pub caught: Option<String>,
+    pub elapsed: Duration,
+}
+
+/// The spec of `target` (one entry per target: its option keys the worlds apart).
+pub fn spec(target: &Target) -> Spec {
+    let entry = BackendEntry::new::<Mutant>("sweep", 0, concord_suites::catalogue::<Mutant>)
+        .with_option("mutant", "sweep")
+        .with_option("sweep", &target.label())
+        .with_rerun(format!("cargo xtask mutants --sweep {} --case", target.label()));
+    Spec {
+        name: "sweep",
+        clause: "values.sizes",
+        what: "one wrong element, by hook × position × size × world size",
+        catchers: &[],
+        entry,
+        make,
+    }
+}
+
+/// The entry a worker process of any sweep target is served by (the target comes with the
+/// world's options): add it to the entries of `dispatch_child`.
+pub fn worker_entry() -> BackendEntry {
+    spec(&all_targets()[0]).entry
+}
+
+/// The case ids a cell runs: the world size's cases that use the hook, in catalogue order, except
+/// that for the medium and large classes the cases made of larger buffers (the size ladder,
+/// `::large` cases, random programs, fused ops) come first (a cell ends at its first failure;
+/// the matrix's small shapes cannot catch those classes).
+pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<String> {
+    let mut v: Vec<&CaseInfo> = cases.iter().filter(|c| c.world_size == ws && uses(c, target.hook)).collect();
+    if target.class.1 >= 4096 {
+        let big = |c: &CaseInfo| ["::sizes::", "::large", "::programs::", "::fused::"].iter().any(|p| c.id.contains(p));
+        v.sort_by_key(|c| !big(c));
+    }
+    v.into_iter().map(|c| c.id.clone()).collect()
+}
+
+/// Every cell of `targets` × [`WORLD_SIZES`] (or `sizes`), up to `jobs` side by side.
+pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
+    // One listing serves every target (same backend type; the ids differ only by prefix, which
+    // is `sweep::` for all).
+    let cases = spec(&targets[0]).entry.cases();
+    let mut work = Vec::new();
+    for t in targets {
+        for &ws in sizes {
+            work.push((t.clone(), ws));
+        }
+    }
+    let pool = Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() });
+    let queue = Mutex::new(work.into_iter());
+    let out = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..jobs.max(1) {
+            sc.spawn(|| loop {
+                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some((t, ws)) = next else { break };
+                let started = Instant::now();
+                let cell = if rank_of(t.pos, ws).is_none() {
+                    Cell { target: t, ws, candidates: None, cases_run: 0, caught: None, elapsed: Duration::ZERO }
+                } else {
+                    let only = cell_cases(&cases, &t, ws);
+                    let f = run_mutant_in(&pool, &spec(&t), &only);
+                    Cell {
+                        target: t,
+                        ws,
+                        candidates: Some(only.len()),
+                        cases_run: f.cases_run,
+                        caught: f.caught.map(|c| c.case),
+                        elapsed: started.elapsed(),
+                    }
+                };
+                report(&cell);
+                out.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
+            });
+        }
+    });
+    pool.shutdown();
+    out.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every target of the grid.
+pub fn all_targets() -> Vec<Target> {
+    let mut v = Vec::new();
+    for h in HOOKS {
+        for p in POSITIONS {
+            for c in CLASSES {
+                v.push(Target { hook: h, pos: p, class: *c });
+            }
+        }
+    }
+    v
+}
+
+/// The grid: one table per hook, a row per (position, class), a column per world size; `ok`
+/// caught, `HOLE` not, `-` not applicable, `.` not run. Then the holes, and the count.
+pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
+    let mut out = String::new();
+    let mut holes = Vec::new();
+    for h in HOOKS {
+        if !cells.iter().any(|c| c.target.hook == *h) {
+            continue;
+        }
+        out += &format!("\n{h}\n{:<16}", "position:class");
+        for ws in sizes {
+            out += &format!(" {:>5}", format!("ws{ws}"));
+        }
+        out += "\n";
+        for p in POSITIONS {
+            for cl in CLASSES {
+                out += &format!("{:<16}", format!("{p}:{}", cl.0));
+                for &ws in sizes {
+                    let c = cells.iter().find(|c| c.target.hook == *h && c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == ws);
+                    let mark = match c {
+                        None => ".",
+                        Some(c) if c.candidates.is_none() => "-",
+                        Some(c) if c.caught.is_some() => "ok",
+                        Some(c) => {
+                            holes.push(c.clone());
+                            "HOLE"
+                        }
+                    };
+                    out += &format!(" {mark:>5}");
+                }
+                out += "\n";
+            }
+        }
+    }
+    let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();
+    out += &format!("\nholes ({}):\n", holes.len());
+    for c in &holes {
+        out += &format!("  {} ws{} ({} cases use the op)\n", c.target.label(), c.ws, c.candidates.unwrap_or(0));
+    }
+    out += &format!("cells caught: {}/{}\n", run.len() - holes.len(), run.len());
+    out
+}
