@@ -70,15 +70,19 @@ fn verdict_pool() -> &'static Pool {
 
 /// The corruption sweep's grid, pinned where it had holes (`cargo xtask mutants --sweep`): each
 /// sweep target with a world size's case that catches it. Before the size ladder's grid slice
-/// (`sizes::grid`), no case of these world sizes checked an output of that size class.
+/// (`sizes::grid_calls`), no case of that world size checked that op's output of that size class
+/// on that rank (for reduce / gather: rooted there).
 const SWEEP_CATCH: &[(&str, &str)] = &[
-    ("all_reduce:middle:large", "sizes::all_reduce::f32::n65537::ws8"),
-    ("all_reduce_:last:medium", "sizes::all_reduce::inplace::f32::n4099::ws4"),
-    ("all_reduce_coalesced:first:large", "sizes::all_reduce::coalesced::f32::n65537::ws16"),
-    ("all_gather_into_tensor_out:last:large", "sizes::all_gather_into_tensor::outbuf::f32::n8193::ws8"),
-    ("reduce_scatter_tensor_coalesced:middle:medium", "sizes::reduce_scatter_tensor::coalesced::f32::n4099::ws6"),
-    ("broadcast:last:large", "sizes::broadcast::out::f32::n65537::ws5"),
-    ("scatter:middle:large", "sizes::scatter::f32::n65537::ws7"),
+    ("all_reduce:middle:large", "sizes::all_reduce::out::f32::grid::ws8"),
+    ("all_reduce_:first:large", "sizes::all_reduce::inplace::f32::grid::ws4"),
+    ("all_reduce_coalesced:first:large", "sizes::all_reduce::coalesced::f32::grid::ws16"),
+    ("all_gather_into_tensor_out:last:large", "sizes::all_gather_into_tensor::outbuf::f32::grid::ws8"),
+    ("reduce_scatter_tensor_coalesced:middle:medium", "sizes::reduce_scatter_tensor::coalesced::f32::grid::ws6"),
+    ("broadcast:last:large", "sizes::broadcast::out::f32::grid::ws3"),
+    ("scatter:middle:large", "sizes::scatter::out::f32::grid::ws7"),
+    ("reduce:middle:tiny", "sizes::reduce::out::f32::grid::ws6"),
+    ("reduce:first:medium", "sizes::reduce::out::f32::grid::ws2"),
+    ("gather:first:tiny", "sizes::gather::out::f32::grid::ws4"),
 ];
 
 fn spec(name: &str) -> Spec {

@@ -15,10 +15,10 @@
 //!   64 MiB + one element per rank (`n` = 16777217, or 8388609 for the ops whose larger buffer is
 //!   `ws·n`). bf16 and i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~300 cases
 //!   and a few seconds on the shm backend, the 64 MiB ones most of it.
-//! * **Grid** ([`grid`]): f32 at the other world sizes (1, 4, 5, 6, 7, 8, 16), each op with its
-//!   output just past 4 Ki and just past 64 Ki elements, in the ladder's variant and in
-//!   [`GRID_VARIANTS`] (in-place, `_out`, coalesced, out-of-place broadcast): 252 cases. The size
-//!   classes a backend switches paths at, at every rank count.
+//! * **Grid** ([`grid_calls`]): f32 at every world size (1–8, 16), one case per (op, variant) of
+//!   [`GRID_PAIRS`] (the ladder's, in-place, `_out`, coalesced, out-of-place broadcast) and world
+//!   size, calling the op with its output just past 4 Ki and just past 64 Ki elements; the rooted
+//!   ops also at 7 and 1025, each rooted at the last, first and middle rank: 162 cases.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
@@ -61,16 +61,23 @@ pub fn max_ws(dtype: DType) -> usize {
     }
 }
 
-/// The world sizes of the grid slice: those the ladder does not run.
-pub const GRID_WORLD_SIZES: [usize; 7] = [1, 4, 5, 6, 7, 8, 16];
+/// The world sizes of the grid slice: every world size of the catalogue.
+pub const GRID_WORLD_SIZES: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 16];
 
-/// Output element counts of the grid slice: just past 4 Ki and just past 64 Ki elements.
-pub const GRID_OUTPUTS: [usize; 2] = [4099, 65537];
-
-/// The other variants of the grid slice (same sizes, same closed forms): in-place and coalesced
-/// all_reduce, the `_out` and coalesced all_gather / reduce_scatter, out-of-place broadcast. A
-/// coalesced call's list is a 7-element tensor, then the `n`-element one.
-pub const GRID_VARIANTS: [(OpKind, Variant); 8] = [
+/// The (op, variant)s of the grid slice: the ladder's, then in-place and coalesced all_reduce,
+/// the `_out` and coalesced all_gather / reduce_scatter, out-of-place broadcast. A coalesced
+/// call's list is a 7-element tensor, then the `n`-element one.
+pub const GRID_PAIRS: [(OpKind, Variant); 18] = [
+    OPS[0],
+    OPS[1],
+    OPS[2],
+    OPS[3],
+    OPS[4],
+    OPS[5],
+    OPS[6],
+    OPS[7],
+    OPS[8],
+    OPS[9],
     (OpKind::AllReduce, Variant::InPlace),
     (OpKind::AllReduce, Variant::Coalesced),
     (OpKind::AllReduce, Variant::CoalescedInPlace),
@@ -86,17 +93,35 @@ fn output_folds(op: OpKind) -> bool {
     matches!(op, OpKind::AllGatherIntoTensor | OpKind::Gather | OpKind::AllToAllSingle)
 }
 
-/// The grid slice of `op` in f32: `(n, world size)` with the output at least each of
-/// [`GRID_OUTPUTS`] elements (`n` = ⌈out / ws⌉ where the output is `ws·n`), at every world size of
-/// [`GRID_WORLD_SIZES`]. The ladder runs its sizes at world sizes 2 and 3 only; a backend picks
-/// its path by message size AND rank count (NCCL's protocol and algorithm tables; a ring at 4
-/// ranks and more, a tree below), and the corruption sweep (`cargo xtask mutants --sweep`) found
-/// every op's output unchecked past 4 Ki elements at 4 ranks and more.
-pub fn grid(op: OpKind) -> Vec<(usize, usize)> {
+fn rooted(op: OpKind) -> bool {
+    matches!(op, OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter)
+}
+
+/// The calls of a grid case of `op` at world size `ws`, as `(root, n)`: outputs just past 4 Ki and
+/// 64 Ki elements (`n` = ⌈out / ws⌉ where the output is `ws·n`); the rooted ops also at 7 and
+/// 1025 elements, each size rooted at the last, the first and the middle rank.
+///
+/// Why: the ladder runs its sizes at world sizes 2 and 3, rooted at the last rank, and the matrix
+/// its small shapes rooted at the last rank. A backend picks its path by message size AND rank
+/// count (NCCL's protocol and algorithm tables; a ring at 4 ranks and more, a tree below), and a
+/// tree or a rotation by the root is where root arithmetic goes wrong. The corruption sweep
+/// (`cargo xtask mutants --sweep`) found 602 of its 1,620 cells unchecked: outputs past 4 Ki
+/// elements at 4 ranks and more, every variant but the ladder's past 4 Ki at any world size, and
+/// reduce / gather rooted at the first or middle rank.
+pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
+    let outputs: &[usize] = if rooted(op) { &[7, 1025, 4099, 65537] } else { &[4099, 65537] };
+    let mut roots = vec![ws - 1];
+    if rooted(op) {
+        for r in [0, ws / 2] {
+            if !roots.contains(&r) {
+                roots.push(r);
+            }
+        }
+    }
     let mut v = Vec::new();
-    for ws in GRID_WORLD_SIZES {
-        for out in GRID_OUTPUTS {
-            v.push((if output_folds(op) { out.div_ceil(ws) } else { out }, ws));
+    for &root in &roots {
+        for &out in outputs {
+            v.push((root, if output_folds(op) { out.div_ceil(ws) } else { out }));
         }
     }
     v
@@ -151,14 +176,13 @@ fn root(ws: usize) -> usize {
 /// Rank `me`'s expected result in closed form, or `None` where it is undefined (non-root ranks
 /// of reduce and gather, a send/recv rank without partner).
 pub fn expected(op: OpKind, dtype: DType, seed: u64, n: usize, ws: usize, me: usize) -> Option<Tensor> {
-    let (shape, what) = expected_form(op, n, ws, me)?;
+    let (shape, what) = expected_form(op, n, ws, me, root(ws))?;
     Some(ladder::tensor(dtype, seed, &shape, what))
 }
 
 /// [`expected`] as a shape and the closed form of its element `k` (generated and checked by
 /// `concord_fixtures::ladder`, which keeps the loops over 16 M elements optimised).
-fn expected_form(op: OpKind, n: usize, ws: usize, me: usize) -> Option<(Vec<usize>, Closed)> {
-    let src = root(ws);
+fn expected_form(op: OpKind, n: usize, ws: usize, me: usize, src: usize) -> Option<(Vec<usize>, Closed)> {
     Some(match op {
         OpKind::AllReduce => (vec![n], Closed::Sum { ws, off: 0 }),
         OpKind::Reduce if me == src => (vec![n], Closed::Sum { ws, off: 0 }),
@@ -184,8 +208,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for (op, variant) in OPS {
         for dtype in [DType::F32, DType::BF16, DType::I32] {
-            let grid = if dtype == DType::F32 { grid(op) } else { Vec::new() };
-            for (n, ws) in ladder(op, dtype).into_iter().chain(grid) {
+            for (n, ws) in ladder(op, dtype) {
                 let name = case_name(op, dtype, n, ws);
                 let meta = CaseMeta {
                     suite: "sizes".into(),
@@ -201,10 +224,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
     }
-    for (op, variant) in GRID_VARIANTS {
+    for (op, variant) in GRID_PAIRS {
         let dtype = DType::F32;
-        for (n, ws) in grid(op) {
-            let name = format!("sizes::{op}::{}::{dtype}::n{n}::ws{ws}", variant.name());
+        for ws in GRID_WORLD_SIZES {
+            let name = format!("sizes::{op}::{}::{dtype}::grid::ws{ws}", variant.name());
             let meta = CaseMeta {
                 suite: "sizes".into(),
                 op: op.name().into(),
@@ -213,17 +236,29 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 reduce: if op.reduces() { "sum".into() } else { String::new() },
             };
             let seed = concord_fixtures::seed_for(&name);
-            out.push(Case::new(name, meta, ws, move |ctx| run(ctx, op, variant, dtype, n, seed)));
+            out.push(Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
+                for (k, (root, n)) in grid_calls(op, ctx.b.world_size()).into_iter().enumerate() {
+                    call(ctx, op, variant, dtype, n, root, seed.wrapping_add(k as u64))?;
+                }
+                Ok(())
+            }));
         }
     }
     out
 }
 
 fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, seed: u64) -> CaseResult {
+    let ws = ctx.b.world_size();
+    call(ctx, op, variant, dtype, n, root(ws), seed)
+}
+
+/// One call of `op` with `n` (the ladder's meaning) rooted at `root`, every result checked.
+fn call<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, root: usize, seed: u64) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let reduce = op.reduces().then_some(ReduceOp::Sum);
-    let w = format!("{} reduce={} n={n}", here(b, op.name(), variant.name(), dtype), if reduce.is_some() { "sum" } else { "-" });
+    let rooted_at = if rooted(op) { format!(" root={root}") } else { String::new() };
+    let w = format!("{} reduce={}{rooted_at} n={n}", here(b, op.name(), variant.name(), dtype), if reduce.is_some() { "sum" } else { "-" });
     let fail = |what: String| CaseEnd::Fail(format!("{w}: {what}"));
     if ws > max_ws(dtype) {
         return Err(CaseEnd::Skip(format!("the size ladder's {dtype} inputs are exact up to world size {}", max_ws(dtype))));
@@ -231,7 +266,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
     if let Err(reason) = b.capabilities().check(op, Some(variant), Some(dtype), reduce, ws) {
         return Err(CaseEnd::Unsupported(reason));
     }
-    let mut p = Params { reduce, root: root(ws), ..Default::default() };
+    let mut p = Params { reduce, root, ..Default::default() };
     p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
     p.peer = partner(me, ws);
     // A coalesced call's list: a 7-element tensor (its own seed), then the n-element one.
@@ -244,7 +279,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
     let out = match (op, variant) {
         (OpKind::SendRecv, _) => Some(b.alloc(dtype, &[n]).map_err(|e| fail(format!("alloc: {e}")))?),
         (_, Variant::OutBuf) => {
-            let shape = expected_form(op, n, ws, me).map_or_else(|| vec![n], |(s, _)| s);
+            let shape = expected_form(op, n, ws, me, root).map_or_else(|| vec![n], |(s, _)| s);
             Some(b.alloc(dtype, &shape).map_err(|e| fail(format!("alloc: {e}")))?)
         }
         _ => None,
@@ -269,7 +304,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DT
         return Ok(());
     }
     for (t, (r, &(sd, k))) in res.iter().zip(&tensors).enumerate() {
-        let Some((shape, what)) = expected_form(op, k, ws, me) else { continue };
+        let Some((shape, what)) = expected_form(op, k, ws, me, root) else { continue };
         let got = b.download(r).map_err(|e| fail(format!("download: {e}")))?;
         // Element by element against the closed form (fast at 64 MiB, no expected tensor made);
         // on a difference, the oracle's comparison with the expected tensor names the first bad
@@ -291,8 +326,8 @@ mod tests {
     use super::*;
     use concord_oracle::{Collective, Semantics};
 
-    fn collective(op: OpKind, ws: usize) -> Collective {
-        let p = crate::exec::Params { root: root(ws), src_dst: (0..ws).map(|r| (r + 1) % ws).collect(), ..Default::default() };
+    fn collective(op: OpKind, ws: usize, root: usize) -> Collective {
+        let p = crate::exec::Params { root, src_dst: (0..ws).map(|r| (r + 1) % ws).collect(), ..Default::default() };
         crate::exec::collective(op, &p, ws).expect("the ladder's ops move data")
     }
 
@@ -300,18 +335,21 @@ mod tests {
     fn closed_form_matches_the_oracle() {
         for (op, _) in OPS {
             for dtype in [DType::F32, DType::BF16, DType::I32] {
-                for ws in 1..=max_ws(dtype).min(16) {
-                    for n in [1, 37, 130] {
+                for (ws, n, src) in (1..=max_ws(dtype).min(16))
+                    .flat_map(|ws| [1, 37, 130].into_iter().flat_map(move |n| [ws - 1, 0, ws / 2].into_iter().map(move |r| (ws, n, r))))
+                {
+                    {
                         let seed = 0x5EED ^ n as u64;
                         let ins: Vec<Tensor> = (0..ws).map(|r| input(op, dtype, seed, n, ws, r)).collect();
-                        let exp = concord_oracle::expected(&collective(op, ws), &ins, &Semantics::default()).unwrap();
+                        let exp = concord_oracle::expected(&collective(op, ws, src), &ins, &Semantics::default()).unwrap();
                         for me in 0..ws {
-                            match expected(op, dtype, seed, n, ws, me) {
+                            let form = expected_form(op, n, ws, me, src);
+                            match form.map(|(shape, what)| ladder::tensor(dtype, seed, &shape, what)) {
                                 Some(t) => {
                                     assert!(exp.defined[me], "{op} {dtype} ws{ws} rank {me}: defined");
-                                    assert_eq!(t, exp.outputs[me], "{op} {dtype} n{n} ws{ws} rank {me}");
+                                    assert_eq!(t, exp.outputs[me], "{op} {dtype} n{n} ws{ws} root {src} rank {me}");
                                     // The in-place check accepts exactly that tensor.
-                                    let (shape, what) = expected_form(op, n, ws, me).unwrap();
+                                    let (shape, what) = expected_form(op, n, ws, me, src).unwrap();
                                     let holds = |t: &Tensor, shape: &[usize]| ladder::holds(t, dtype, seed, shape, what);
                                     assert!(holds(&t, &shape), "{op} {dtype} n{n} ws{ws} rank {me}: holds");
                                     let mut bad = t.clone();
