@@ -246,7 +246,15 @@ impl Bug for ScaledGatherDimClamped {
 pub struct MmRsValidatedLocally;
 
 impl Bug for MmRsValidatedLocally {
-    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
         let be = &*m.s.inner;
         let ins = input_descs(be, a, std::slice::from_ref(b));
         let d = describe(CallOp::FusedMatmulReduceScatter, be.rank(), ins.clone(), Some(op), dim, sc);
