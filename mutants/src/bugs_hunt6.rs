@@ -591,7 +591,11 @@ pub fn catalogue() -> Vec<Spec> {
             "ag_matmul_trusts_arrival_order",
             "fused.pipelined_order",
             "the pipelined all-gather-matmul waits for the first peer's shard only and multiplies the later peers' before they land",
-            &["fused::all_gather_matmul::dim0::f32::last_rank_late::ws3"],
+            &[
+                "fused::all_gather_matmul::dim1::f32::exact::ws3",
+                "fused::all_gather_matmul::dim0::f32::exact::ws4",
+                "fused::all_gather_matmul::dim2::f32::large::ws8",
+            ],
         ),
         spec::<LowContentionUncounted>(
             "low_contention_uncounted",
