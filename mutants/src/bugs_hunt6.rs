@@ -4,8 +4,8 @@
 //! and not its sibling (reduce_scatter's `_out` dtype, all_to_all's output splits, the scaled
 //! all-gather-matmul's gather dim, a matmul-reduce-scatter checked only locally); the fused ops'
 //! buffers and pipeline (low-contention works outside the registry or in a workspace, shards
-//! taken before they land); a subgroup whose first op connects at issue, and whose ops are not
-//! recorded in flight. Each is a bug a backend author could ship, over the correct shm backend.
+//! taken before they land); a subgroup whose first op connects at issue, whose ops are not
+//! recorded in flight, and whose messages share the world's channel untagged. Each is a bug a backend author could ship, over the correct shm backend.
 
 use crate::bugs::{pipelined_ag, AG_RIGHT};
 use crate::campaign::Spec;
@@ -486,6 +486,57 @@ impl Bug for GroupOpsUnrecorded {
     }
 }
 
+// ---------------------------------------------------------------- p2p.matching
+
+/// The world communicator of this process, as the last `new_group` called on it saw it.
+static WORLD: Mutex<Option<std::sync::Weak<concord_shm::ShmBackend>>> = Mutex::new(None);
+
+/// A group's send / recv ride the world's connection to the same process, with no tag for the
+/// communicator (one channel per pair of processes): a group message and a world message
+/// between the same two ranks match each other's receives, in issue order.
+#[derive(Default)]
+pub struct GroupP2pOnWorldChannel;
+
+impl GroupP2pOnWorldChannel {
+    /// The world communicator and the world rank of group peer `peer`, in a group.
+    fn channel(s: &Shm, peer: usize) -> Option<(Arc<concord_shm::ShmBackend>, usize)> {
+        if !made_by_new_group(s) || peer >= s.ws() || peer == s.rank() {
+            return None;
+        }
+        let world = lock(&WORLD).as_ref().and_then(std::sync::Weak::upgrade)?;
+        Some((world, s.members[peer]))
+    }
+}
+
+impl Bug for GroupP2pOnWorldChannel {
+    fn new_group(&self, s: &Shm, made: Option<crate::Group>) -> Option<crate::Group> {
+        if !made_by_new_group(s) {
+            *lock(&WORLD) = Some(Arc::downgrade(&s.inner));
+        }
+        made
+    }
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        match Self::channel(s, dst) {
+            Some((world, to)) => {
+                let w = Arc::new(world.send(x, to)?);
+                let meta = w.meta().clone();
+                Ok(Work::new((), Arc::new(Relay(w)), meta, &s.own))
+            }
+            None => s.inner.send(x, dst),
+        }
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        match Self::channel(s, src) {
+            Some((world, from)) => {
+                let w = Arc::new(world.recv(out, from)?);
+                let meta = w.meta().clone();
+                Ok(Work::new(out.clone(), Arc::new(Relay(w)), meta, &s.own))
+            }
+            None => s.inner.recv(out, src),
+        }
+    }
+}
+
 // ---------------------------------------------------------------- failure.usable_after
 
 /// A completion that notes a bad-input failure of a send / recv against its peer.
@@ -620,6 +671,12 @@ pub fn catalogue() -> Vec<Spec> {
             "progress.recorded",
             "only the world communicator keeps the in-flight record: a rank hung in a subgroup's op reports itself idle",
             &["async::peer_never_joins_op_recorded_in_flight::subgroup::ws3"],
+        ),
+        spec::<GroupP2pOnWorldChannel>(
+            "group_p2p_on_world_channel",
+            "p2p.matching",
+            "a group's send / recv ride the world's channel to the same process untagged: group and world messages between two ranks match each other's receives",
+            &["p2p::group_and_world_messages_apart::ws2"],
         ),
         spec::<P2pErrorLeftInPeerSlot>(
             "p2p_error_left_in_peer_slot",

@@ -322,6 +322,7 @@ pub const CLAUSES: &[Clause] = &[
         cases: &[
             "send_recv::outbuf::",
             "p2p::recvs_from_every_peer",
+            "p2p::group_and_world_messages_apart",
             "bad_input::recv_buffer_smaller_than_message",
             "bad_input::recv_buffer_larger_than_",
             "bad_input::send_recv_dtype_mismatch",

@@ -12,6 +12,8 @@
 //! * `p2p::in_flight_in_order::mixed_protocols::ws2` — 1 MiB, 4-element, 512 KiB and 1-element
 //!   messages alternate: a large message (rendezvous path) must not be overtaken by the small
 //!   one issued after it (eager path).
+//! * `p2p::group_and_world_messages_apart::ws2` — a group message and a world message between
+//!   the same two ranks, received in the other order: matched per communicator.
 //! * `p2p::recv_first_one_side::ws2` — rank 0 `irecv; isend`, rank 1 `isend; irecv`.
 //! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
@@ -274,11 +276,49 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in [3, 4] {
         v.push(Case::<B>::new(format!("p2p::recvs_from_every_peer::ws{ws}"), meta(), ws, recvs_from_every_peer));
     }
+    v.push(Case::<B>::new("p2p::group_and_world_messages_apart::ws2", meta(), 2, group_and_world_messages_apart));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, Sizes::Varied, order)
     }));
     v
+}
+
+/// Messages between the same two processes on two communicators (the world and the group
+/// `[1, 0]`) are matched per communicator: each rank sends a group message, then a world
+/// message, to the other, then receives the world message first and the group message second
+/// (same dtype and size), then waits. A backend whose group traffic rides the world's channel
+/// without a communicator tag hands the world receive the group message.
+fn group_and_world_messages_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let w = format!(
+        "{} group=[1, 0] (each rank: group isend, world isend, world irecv, group irecv, then wait)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let g = b.new_group(&[1, 0]).map_err(|e| named("new_group", e))?;
+    let g = g.as_ref().ok_or_else(|| fail(&w, "new_group([1, 0]) returned nothing to a member"))?;
+    let (me, peer) = (b.rank(), 1 - b.rank());
+    let (gme, gpeer) = (g.rank(), 1 - g.rank());
+    let n = 16;
+    // Group messages are `k = 1`, world messages `k = 0` of [`message`].
+    let gx = g.upload(&message(me, 1, n))?;
+    let wx = b.upload(&message(me, 0, n))?;
+    let gs = g.send(&gx, gpeer).map_err(|e| named("group send", e))?;
+    let ws_ = b.send(&wx, peer).map_err(|e| named("world send", e))?;
+    let wout = b.alloc(DType::F32, &[n])?;
+    let gout = g.alloc(DType::F32, &[n])?;
+    let wr = b.recv(&wout, peer).map_err(|e| named("world recv", e))?;
+    let gr = g.recv(&gout, gpeer).map_err(|e| named("group recv", e))?;
+    let wgot = wr.into_value(ctx.timeout).map_err(|e| named("world recv", e))?;
+    let ggot = gr.into_value(ctx.timeout).map_err(|e| named("group recv", e))?;
+    ws_.wait(ctx.timeout).map_err(|e| named("world send", e))?;
+    gs.wait(ctx.timeout).map_err(|e| named("group send", e))?;
+    expect_eq(b, &wgot, &message(peer, 0, n), &format!("{w}: the world receive from rank {peer}"))?;
+    expect_eq(g, &ggot, &message(peer, 1, n), &format!("{w}: the group receive from group rank {gpeer} (this rank is group rank {gme})"))
 }
 
 /// Every rank posts a receive from every other rank (same dtype and size, peers in rank order),
