@@ -1361,32 +1361,43 @@ bug!(
 // ---------------------------------------------------------------- fused (seed 004)
 
 /// How one shard is consumed into the parts (correct: [`AgMatmulPlan::consume`]).
-type Consume = fn(&AgMatmulPlan, &mut AgMatmulParts, usize, &Tensor, &[Tensor], Option<&Scale>, Option<&[Scale]>);
+pub(crate) type Consume = fn(&AgMatmulPlan, &mut AgMatmulParts, usize, &Tensor, &[Tensor], Option<&Scale>, Option<&[Scale]>);
 
 /// The knobs of [`pipelined_ag`]; [`AG_RIGHT`] is shm's own pipeline.
 #[derive(Clone, Copy)]
-struct AgKnobs {
+pub(crate) struct AgKnobs {
     /// The rank whose place the shard received from `src` at `step` takes (`me`, `src`, `step`,
     /// `ws`; the local shard is step 0). Correct: `src`.
-    slot: fn(usize, usize, usize, usize) -> usize,
+    pub(crate) slot: fn(usize, usize, usize, usize) -> usize,
     /// Every shard scaled by this rank's own row scales (they are never gathered).
-    local_row_scales: bool,
-    consume: Consume,
-    finish: fn(&AgMatmulPlan, AgMatmulParts) -> (Tensor, Vec<Tensor>),
+    pub(crate) local_row_scales: bool,
+    pub(crate) consume: Consume,
+    pub(crate) finish: fn(&AgMatmulPlan, AgMatmulParts) -> (Tensor, Vec<Tensor>),
+    /// Only the first peer's receive is waited before its shard is consumed; the later ones
+    /// are read where they will land, taken as there already (waited at the end).
+    pub(crate) wait_first_only: bool,
 }
 
-const AG_RIGHT: AgKnobs = AgKnobs {
+pub(crate) const AG_RIGHT: AgKnobs = AgKnobs {
     slot: |_, src, _, _| src,
     local_row_scales: false,
     consume: |p, parts, r, shard, bs, sa, sb| p.consume(parts, r, shard, bs, sa, sb),
     finish: |p, parts| p.finish(parts),
+    wait_first_only: false,
 };
 
 /// A pipelined all-gather-matmul as a backend author writes one over shm's send / recv (the
 /// shape of `backends/shm/src/fused.rs`): validate on every rank, post every receive (from
 /// `rank + step`) and send (to `rank - step`), consume the local shard, then each peer's as it
 /// lands. Completes before returning (the seed's ops are stream-ordered).
-fn pipelined_ag(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: Option<&Scaling>, k: AgKnobs) -> Result<Work<Gathered<Buf>>> {
+pub(crate) fn pipelined_ag(
+    m: &Mutant,
+    a: &Buf,
+    bs: &[Buf],
+    dim: usize,
+    scaling: Option<&Scaling>,
+    k: AgKnobs,
+) -> Result<Work<Gathered<Buf>>> {
     let be = &*m.s.inner;
     let (ws, me) = (be.world_size(), be.rank());
     let ins = input_descs(be, a, bs);
@@ -1410,8 +1421,12 @@ fn pipelined_ag(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: Option<&Sc
         (k.consume)(&plan, parts, (k.slot)(me, src, step, ws), shard, &bts, a_scales.as_ref().map(|s| &s[src]), b_scales)
     };
     take(&mut parts, 0, me, &be.download(a)?);
-    for (step, src, w) in recvs {
-        take(&mut parts, step, src, &be.download(w.wait(BUG_WAIT)?)?);
+    for (i, (step, src, w)) in recvs.iter().enumerate() {
+        let landed = if k.wait_first_only && i > 0 { w.peek() } else { w.wait(BUG_WAIT)? };
+        take(&mut parts, *step, *src, &be.download(landed)?);
+    }
+    for (_, _, w) in &recvs {
+        w.wait(BUG_WAIT)?;
     }
     for w in &sends {
         w.wait(BUG_WAIT)?;

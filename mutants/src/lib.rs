@@ -20,13 +20,14 @@ pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
+pub mod bugs_hunt6;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
-/// [`bugs_hunt4`], [`bugs_hunt5`] (bugs
+/// [`bugs_hunt4`], [`bugs_hunt5`], [`bugs_hunt6`] (bugs
 /// aimed at the catalogue's thin spots).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
@@ -36,6 +37,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt3::catalogue());
     v.extend(bugs_hunt4::catalogue());
     v.extend(bugs_hunt5::catalogue());
+    v.extend(bugs_hunt6::catalogue());
     v
 }
 
@@ -341,6 +343,11 @@ pub trait Bug: Send + Sync + 'static {
     ) -> Result<Work<Buf>> {
         concord_core::fused::decomposed_matmul_reduce_scatter(m, a, b, op, dim, scaling)
     }
+    /// `low_contention_all_gather` (`op` `None`) and `low_contention_reduce_scatter`. Default:
+    /// the decomposition over the mutant itself.
+    fn low_contention(&self, m: &Mutant, x: &Buf, op: Option<ReduceOp>) -> Result<Work<Buf>> {
+        concord_core::fused::decomposed_low_contention(m, x, op)
+    }
 }
 
 /// Builds one communicator's state of a bug.
@@ -495,5 +502,11 @@ impl Backend for Mutant {
     }
     fn fused_scaled_matmul_reduce_scatter(&self, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, scaling: &Scaling) -> Result<Work<Buf>> {
         self.bug.fused_matmul_reduce_scatter(self, a, b, op, dim, Some(scaling))
+    }
+    fn low_contention_all_gather(&self, x: &Buf) -> Result<Work<Buf>> {
+        self.bug.low_contention(self, x, None)
+    }
+    fn low_contention_reduce_scatter(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.bug.low_contention(self, x, Some(op))
     }
 }

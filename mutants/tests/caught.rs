@@ -30,11 +30,13 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "drop_drains_unwaited",
     "failed_work_never_completed",
     "first_call_tuning_ignores_deadline",
+    "group_first_op_connects_at_issue",
     "issue_blocks_all_reduce",
     "issue_blocks_all_to_all",
     "large_send_blocks_at_issue",
     "recv_blocks_at_issue",
     "send_queued_behind_collectives",
+    "send_window_blocks_at_issue",
     "wait_ignores_deadline",
 ];
 

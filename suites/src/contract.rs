@@ -35,7 +35,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "async.issue_returns",
         source: BACKEND,
         text: "Every collective returns at once with a Work; it is not complete before every peer has issued it.",
-        cases: &["async::pending_until_peers_arrive", "seed::c10d::test_unwaited"],
+        cases: &["async::pending_until_peers_arrive", "seed::c10d::test_unwaited", "async::issue_returns_at_once::fresh_group"],
     },
     Clause {
         id: "async.result_final_after_wait",
@@ -97,6 +97,7 @@ pub const CLAUSES: &[Clause] = &[
             "faults::new_group_after_mismatch",
             "faults::new_group_failure_leaves_no_file",
             "bad_input::send_to_self",
+            "bad_input::send_recv_dtype_mismatch",
         ],
     },
     Clause {
@@ -321,6 +322,7 @@ pub const CLAUSES: &[Clause] = &[
         cases: &[
             "send_recv::outbuf::",
             "p2p::recvs_from_every_peer",
+            "p2p::group_and_world_messages_apart",
             "bad_input::recv_buffer_smaller_than_message",
             "bad_input::recv_buffer_larger_than_",
             "bad_input::send_recv_dtype_mismatch",
@@ -331,7 +333,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "p2p.order",
         source: BACKEND,
         text: "Messages in flight from one rank to another are received in issue order, whatever their sizes.",
-        cases: &["p2p::in_flight_in_order::sizes", "p2p::in_flight_in_order::same_size"],
+        cases: &["p2p::in_flight_in_order::sizes", "p2p::in_flight_in_order::same_size", "p2p::in_flight_in_order::mixed_protocols"],
     },
     Clause {
         id: "p2p.no_deadlock",
@@ -343,6 +345,7 @@ pub const CLAUSES: &[Clause] = &[
             "p2p::many_sends_one_way",
             "p2p::recv_before_barrier",
             "p2p::send_behind_pending_collective",
+            "p2p::in_flight_in_order::same_size::n80",
         ],
     },
     Clause {
@@ -385,13 +388,24 @@ pub const CLAUSES: &[Clause] = &[
         id: "fused.bad_input",
         source: BACKEND,
         text: "Bad input to a fused op (the seed's errors, rules F1-F9) is one named error on every rank.",
-        cases: &["fused::bad_input::a_not_matrix", "fused::bad_input::reduce_op_not_sum_or_avg", "fused::bad_input::gather_dim_differs"],
+        cases: &[
+            "fused::bad_input::a_not_matrix",
+            "fused::bad_input::reduce_op_not_sum_or_avg",
+            "fused::bad_input::gather_dim_differs",
+            "fused::bad_input::scaled_invalid_gather_dim",
+            "fused::bad_input::scatter_dim_differs",
+        ],
     },
     Clause {
         id: "fused.buffers",
         source: BACKEND,
         text: "The fused ops leave their inputs (and guard bytes around them) unchanged, return buffers that alias no input, and are waited like any work; a later call never writes the buffers an earlier one returned.",
-        cases: &["fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3", "fused::all_gather_matmul::dim0::f32::outputs_kept::ws2"],
+        cases: &[
+            "fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws3",
+            "fused::all_gather_matmul::dim0::f32::outputs_kept::ws2",
+            "fused::low_contention_all_gather::dim0::f32::outputs_kept::ws2",
+            "fused::low_contention_reduce_scatter::dim0::f32::sum::in_flight_twice::ws2",
+        ],
     },
 ];
 

@@ -14,7 +14,9 @@
 //! the receiver of permute and of recv. A send, and a rank whose result is defined without the
 //! late rank, is only checked for returning at once.
 //!
-//! Also here: `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
+//! Also here: `async::issue_returns_at_once::fresh_group::ws3` (a new group's first op returns
+//! at once while the other member has not issued: no lazy connect at issue), and
+//! `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
 //! completes, with a non-waiting `check`, that the key is set.
 
@@ -22,7 +24,7 @@ use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
-use concord_core::{Backend, DType, OpKind, Tensor, Variant};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_oracle::Semantics;
 use std::time::{Duration, Instant};
 
@@ -236,6 +238,45 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
         Ok(())
+    }));
+    v.push(Case::<B>::new("async::issue_returns_at_once::fresh_group::ws3", meta(OpKind::AllReduce, Variant::Out), 3, |ctx| {
+        // async.issue_returns on a communicator that has run nothing yet (world ranks [0, 1];
+        // rank 2 is no member): group rank 0's first all_reduce returns at once although group
+        // rank 1 issues only after that (a store key): a backend that connects a new group
+        // lazily must not hold the caller at issue until every member has arrived.
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let Some(g) = ctx.b.new_group(&[0, 1])? else { return Ok(()) };
+        let b = &g;
+        let w = format!(
+            "{} group=[0, 1] (fresh; group rank 1 issues only once group rank 0's issue returned)",
+            here(b, "all_reduce", "out", DType::F32)
+        );
+        let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
+        let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
+        let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+        if b.rank() == 0 {
+            let t0 = Instant::now();
+            let issued = b.all_reduce(&x, ReduceOp::Sum);
+            let took = t0.elapsed();
+            // The other member goes on in any case (it must not wait for a key that never comes).
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let work = issued.map_err(|e| fail(&w, format!("issuing the group's first all_reduce (after {took:?}): {e} [{}]", e.name())))?;
+            if took > SLACK {
+                return Err(fail(
+                    &w,
+                    format!("issuing the group's first all_reduce blocked the caller for {took:?} while the other member had not issued: issuing returns at once"),
+                ));
+            }
+            let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &sum, &w)
+        } else {
+            ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("group rank 0 never issued: {e}")))?;
+            let _ = ctx.store.delete_key(&key);
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &sum, &w)
+        }
     }));
     for ws in [2, 3] {
         v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {

@@ -307,34 +307,19 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: while rank 0's all_reduce waits for rank 1 (which has not issued
         // it), `concord_core::progress` lists it in flight, so a deadline report names it.
-        let b = ctx.b;
-        let w = here(b, "all_reduce", "out", DType::F32);
-        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
-        let x = b.upload(&rank_tensor(b, 16))?;
-        if b.rank() == 0 {
-            let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
-            let before = progress::in_flight();
-            let work = b.all_reduce(&x, ReduceOp::Sum)?;
-            let recorded: Vec<progress::InFlight> =
-                progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).collect();
-            let state = progress::describe();
-            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
-            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
-            expect_eq(b, out, &full(&[16], 3.0f32), &w)?;
-            if recorded.is_empty() {
-                return Err(fail(
-                    &w,
-                    format!("an all_reduce waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
-                ));
-            }
-            Ok(())
-        } else {
-            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-            expect_eq(b, &out, &full(&[16], 3.0f32), &w)?;
-            let _ = ctx.store.delete_key(&key);
-            Ok(())
+        let w = here(ctx.b, "all_reduce", "out", DType::F32);
+        all_reduce_recorded_while_peer_absent(ctx, ctx.b, &w)
+    }));
+    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::subgroup::ws3", meta("all_reduce", "out"), 3, |ctx| {
+        // The same on a group (world ranks [0, 1]; rank 2 is no member): a backend that keeps
+        // the record for its world communicator only leaves a rank hung in a group's op
+        // reporting itself idle.
+        if !ctx.b.capabilities().subgroups {
+            return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
+        let Some(g) = ctx.b.new_group(&[0, 1])? else { return Ok(()) };
+        let w = format!("{} group=[0, 1]", here(&g, "all_reduce", "out", DType::F32));
+        all_reduce_recorded_while_peer_absent(ctx, &g, &w)
     }));
     // The same for the other ops a rank can hang in: a backend that records only its
     // all_reduce path leaves a rank stuck in a broadcast or a barrier reporting itself idle.
@@ -606,6 +591,37 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
     }));
     v
+}
+
+/// Rank 0 of `b` issues an all_reduce that rank 1 of `b` issues only once rank 0 has looked at
+/// `concord_core::progress`: the all_reduce must be listed in flight there, and complete.
+fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::case::Ctx<'_, C>, b: &B, w: &str) -> crate::case::CaseResult {
+    let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+    let x = b.upload(&rank_tensor(b, 16))?;
+    if b.rank() == 0 {
+        let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+        let before = progress::in_flight();
+        let work = b.all_reduce(&x, ReduceOp::Sum)?;
+        let recorded: Vec<progress::InFlight> =
+            progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).collect();
+        let state = progress::describe();
+        ctx.store.set(&key, b"1").map_err(|e| fail(w, e))?;
+        let out = work.wait(ctx.timeout).map_err(|e| fail(w, format!("after rank 1 joined: {e}")))?;
+        expect_eq(b, out, &full(&[16], 3.0f32), w)?;
+        if recorded.is_empty() {
+            return Err(fail(
+                w,
+                format!("an all_reduce waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
+            ));
+        }
+        Ok(())
+    } else {
+        ctx.store.get(&key).map_err(|e| fail(w, e))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+        expect_eq(b, &out, &full(&[16], 3.0f32), w)?;
+        let _ = ctx.store.delete_key(&key);
+        Ok(())
+    }
 }
 
 /// Body of the un-waited-exit child: a one-rank world, a large all_reduce issued, never waited,

@@ -1,7 +1,8 @@
 //! Bad input: each case gives the backend one broken collective and requires THE named
 //! `bad_input:<kind>` error that the core rule table (`concord_core::call`, one precedence for
 //! every backend and the oracle) gives it, on EVERY rank within the deadline — no hang, no
-//! silent truncation — then checks the world still computes a correct all_reduce.
+//! silent truncation — then checks the world still computes a correct all_reduce (and, after a
+//! refused send / recv, that the pair still exchanges a message).
 
 use super::util::{expect_eq, fail, full};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -88,6 +89,12 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             let out = b.alloc(DType::F32, &[3])?;
             wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
         }),
+        // all_gather's `_out` dtype check has a sibling here: a backend that checks the size
+        // only casts the result into the caller's buffer.
+        ("reduce_scatter_out_wrong_dtype", 2, K::DTypeMismatch, false, |b, _, _| {
+            let out = b.alloc(DType::F64, &[2])?;
+            wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
+        }),
         ("reduce_scatter_out_wrong_size_on_one_rank", 2, K::OutBufferSize, true, |b, r, _| {
             let out = b.alloc(DType::F32, &[2 + r])?;
             wait(b.reduce_scatter_tensor_out(&f32s(b, &[4])?, ReduceOp::Sum, &out)?, T)
@@ -104,6 +111,11 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         }),
         ("all_to_all_splits_wrong_length", 2, K::BadSplits, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2]), Some(&[2, 1, 1]))?, T)
+        }),
+        // The output list one entry too long (its extra entry 0): a plan that zips the peers
+        // with the list cuts it silently.
+        ("all_to_all_output_splits_wrong_length", 2, K::BadSplits, false, |b, _, _| {
+            wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2, 0]), Some(&[2, 2]))?, T)
         }),
         ("all_to_all_output_split_disagrees_with_peer", 2, K::SplitMismatch, true, |b, r, _| {
             // Rank 0 sends 1 row to rank 1; rank 1 expects 3 rows from rank 0.
@@ -144,6 +156,10 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("scatter_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.scatter(&f32s(b, &[4 + 2 * r])?, 0)?, T)),
         ("send_to_self", 2, K::BadPeer, false, |b, r, _| wait(b.send(&f32s(b, &[4])?, r)?, T)),
         ("send_peer_out_of_range", 2, K::BadPeer, false, |b, _, ws| wait(b.send(&f32s(b, &[4])?, ws)?, T)),
+        ("recv_from_self", 2, K::BadPeer, false, |b, r, _| {
+            let out = b.alloc(DType::F32, &[4])?;
+            wait(b.recv(&out, r)?, T)
+        }),
         ("recv_peer_out_of_range", 2, K::BadPeer, false, |b, _, ws| {
             let out = b.alloc(DType::F32, &[4])?;
             wait(b.recv(&out, ws + 1)?, T)
@@ -225,7 +241,7 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
     };
     let dtype = match name {
         "all_reduce_dtype_mismatch" => "f32/f64",
-        "all_gather_out_wrong_dtype" => "f32 (out f64)",
+        "all_gather_out_wrong_dtype" | "reduce_scatter_out_wrong_dtype" => "f32 (out f64)",
         "all_reduce_premul_sum_on_int" => "i32",
         "broadcast_dtype_mismatch" => "f32/i32",
         "send_recv_dtype_mismatch" => "f32 (recv i32)",
@@ -317,5 +333,22 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
         .all_reduce(&x, ReduceOp::Sum)
         .and_then(|work| work.into_value(ctx.timeout))
         .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e} [{}]", e.name())))?;
-    expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))
+    expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))?;
+    // After a refused send / recv, the pair still exchanges messages (a backend that leaves the
+    // error in the peer's connection fails the next send or recv with it).
+    match crate::values::partner(b.rank(), ws) {
+        Some(peer) if op == "send_recv" => {
+            let w = format!("{w} (a send / recv with rank {peer} after the bad input)");
+            let named = |e: CollectiveError| fail(&w, format!("{e} [{}]", e.name()));
+            let msg = |r: usize| Tensor::from_vec(&[3], vec![(10 * r + 1) as f32, (10 * r + 2) as f32, (10 * r + 3) as f32]);
+            let x = b.upload(&msg(b.rank()))?;
+            let out = b.alloc(DType::F32, &[3])?;
+            let s = b.send(&x, peer).map_err(named)?;
+            let r = b.recv(&out, peer).map_err(named)?;
+            let got = r.into_value(ctx.timeout).map_err(named)?;
+            s.wait(ctx.timeout).map_err(named)?;
+            expect_eq(b, &got, &msg(peer), &w)
+        }
+        _ => Ok(()),
+    }
 }

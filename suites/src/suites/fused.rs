@@ -13,7 +13,7 @@
 //!   twice on the same buffers (buffer reuse) and each result waited twice (idempotent), and
 //!   `outstanding()` is 0 after; a first call's outputs still hold its values after a second
 //!   call on other inputs (`::outputs_kept::`); two calls issued before either is waited
-//!   each return their own values (`::in_flight_twice::`).
+//!   each return their own values (`::in_flight_twice::`; the low-contention ops too, at 2 ranks).
 //! * Odd shard shapes (`::odd_rows::`, `a_shard [3, 5, 7]`): odd row counts and contraction
 //!   lengths on every gather dim at 2 and 3 ranks.
 //! * Bad input: each of the seed's errors (and the rule table's F1–F9), on one rank or all, is
@@ -388,7 +388,8 @@ fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64)
             FusedCall::MatmulReduceScatter { op, dim, .. } => {
                 Pending::Rs(b.fused_matmul_reduce_scatter(&a, &bs[0], *op, *dim).map_err(named)?)
             }
-            _ => return Err(fail(&where_, "suite bug: the in-flight case runs the fused matmul ops only")),
+            FusedCall::LowContentionAllGather => Pending::Rs(b.low_contention_all_gather(&a).map_err(named)?),
+            FusedCall::LowContentionReduceScatter { op } => Pending::Rs(b.low_contention_reduce_scatter(&a, *op).map_err(named)?),
         });
     }
     // Issued and not waited, each counts (clause fused.buffers), however the backend runs it.
@@ -610,6 +611,23 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true),
             );
         }
+        // The same for the low-contention ops (which may complete inside the call, but whose
+        // works count until waited and whose results are new buffers).
+        if ws == 2 {
+            let lc = FusedSpec {
+                call: FusedCall::LowContentionAllGather,
+                dtype: DType::F32,
+                a_shape: vec![3, 5],
+                b_shapes: vec![],
+                row_scales: false,
+                exact: true,
+                odd_rank: None,
+            };
+            push_kept(&mut out, format!("fused::low_contention_all_gather::dim0::f32::outputs_kept::ws{ws}"), ws, lc.clone());
+            push_in_flight(&mut out, format!("fused::low_contention_all_gather::dim0::f32::in_flight_twice::ws{ws}"), ws, lc.clone());
+            let lc = FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, a_shape: vec![2 * ws, 5], ..lc };
+            push_in_flight(&mut out, format!("fused::low_contention_reduce_scatter::dim0::f32::sum::in_flight_twice::ws{ws}"), ws, lc);
+        }
         // Two calls in flight at once, waited in reverse order.
         if ws == 2 || ws == 3 {
             let (a, bs) = ag_shapes(0);
@@ -699,7 +717,27 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
             },
         ),
     ];
+    // The scaled variant validates its gather dim like the unscaled one ("Invalid gather_dim").
+    v.push((
+        "scaled_invalid_gather_dim".into(),
+        FusedSpec {
+            call: FusedCall::AllGatherMatmul {
+                dim: 3,
+                scaling: Some(Scaling { a: Scale::Tensor(0.5), b: vec![Scale::Tensor(2.0)], out_dtype: DType::F32 }),
+            },
+            ..f32s(3, vec![2, 4, 8], vec![vec![8, 4]])
+        },
+    ));
     if ws > 1 {
+        // The last rank scatters dim 1, the others dim 0, of a product whose dims 0 and 1 have
+        // the same length: the moved products agree in shape, only the rule table tells.
+        let base =
+            FusedSpec { a_shape: vec![2 * ws, 2 * ws, 4], b_shapes: vec![vec![4, 3]], ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true) };
+        let odd = FusedSpec {
+            odd_rank: Some((ws - 1, base.a_shape.clone(), FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 1, scaling: None })),
+            ..base
+        };
+        v.push(("scatter_dim_differs".into(), odd));
         let mut rs = rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true);
         rs.a_shape[0] = 2 * ws + 1;
         v.push(("indivisible_scatter_dim".into(), rs));

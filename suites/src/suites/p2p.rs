@@ -6,6 +6,14 @@
 //!   a reordering is a size mismatch; equal sizes: wrong values). At ws4 two pairs run at once.
 //! * `p2p::in_flight_in_order::sizes::n17::ws2`, `...::same_size::n40::ws4` — more sends in
 //!   flight both ways than shm's 16-slot ring, before any receive.
+//! * `p2p::in_flight_in_order::same_size::n80::ws2` — 80 sends in flight both ways before any
+//!   receive: a backend with a bounded credit window per peer (64, say) must queue, not block
+//!   the 65th send at issue.
+//! * `p2p::in_flight_in_order::mixed_protocols::ws2` — 1 MiB, 4-element, 512 KiB and 1-element
+//!   messages alternate: a large message (rendezvous path) must not be overtaken by the small
+//!   one issued after it (eager path).
+//! * `p2p::group_and_world_messages_apart::ws2` — a group message and a world message between
+//!   the same two ranks, received in the other order: matched per communicator.
 //! * `p2p::recv_first_one_side::ws2` — rank 0 `irecv; isend`, rank 1 `isend; irecv`.
 //! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
@@ -122,13 +130,36 @@ enum Order {
     RecvsFirst,
 }
 
+/// The lengths of the messages of an exchange.
+#[derive(Clone, Copy)]
+enum Sizes {
+    /// 1 to 1000 elements (all below any eager limit): a reordering is a size mismatch.
+    Varied,
+    /// 16 elements each: a reordering is wrong values.
+    Same,
+    /// 1 MiB, 4 elements, 512 KiB + 12 bytes, 1 element: large and small messages alternate, so
+    /// a transport with one path for large messages (rendezvous) and one for small (eager) must
+    /// still deliver them in issue order.
+    Mixed,
+}
+
+impl Sizes {
+    fn len(self, k: usize) -> usize {
+        match self {
+            Sizes::Varied => [1, 7, 64, 1000][k % 4] + k,
+            Sizes::Same => 16,
+            Sizes::Mixed => [1 << 18, 4, (1 << 17) + 3, 1][k % 4],
+        }
+    }
+}
+
 /// Issues `n` sends to the partner and `n` receives from it in `order`, then waits for all, and
 /// checks message `k` landed in receive `k`.
-fn exchange<B: Backend>(ctx: &Ctx<'_, B>, n: usize, same_size: bool, order: Order) -> CaseResult {
+fn exchange<B: Backend>(ctx: &Ctx<'_, B>, n: usize, sizes: Sizes, order: Order) -> CaseResult {
     let b = ctx.b;
     let (me, ws) = (b.rank(), b.world_size());
     let Some(peer) = partner(me, ws) else { return Ok(()) };
-    let len = |k: usize| if same_size { 16 } else { [1, 7, 64, 1000][k % 4] + k };
+    let len = |k: usize| sizes.len(k);
     let w = format!("{} peer={peer} messages={n}", here(b, "send_recv", "outbuf", DType::F32));
     let sends: Vec<B::Buffer> = (0..n).map(|k| b.upload(&message(me, k, len(k)))).collect::<Result<_, _>>()?;
     let outs: Vec<B::Buffer> = (0..n).map(|k| b.upload(&Tensor::zeros(DType::F32, &[len(k)]))).collect::<Result<_, _>>()?;
@@ -169,21 +200,31 @@ fn exchange<B: Backend>(ctx: &Ctx<'_, B>, n: usize, same_size: bool, order: Orde
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for ws in [2, 4] {
-        for (tag, same) in [("sizes", false), ("same_size", true)] {
+        for (tag, sizes) in [("sizes", Sizes::Varied), ("same_size", Sizes::Same)] {
             v.push(Case::<B>::new(format!("p2p::in_flight_in_order::{tag}::n4::ws{ws}"), meta(), ws, move |ctx| {
-                exchange(ctx, 4, same, Order::SendsFirst)
+                exchange(ctx, 4, sizes, Order::SendsFirst)
             }));
         }
     }
-    v.push(Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| exchange(ctx, 17, false, Order::SendsFirst)));
-    v.push(Case::<B>::new("p2p::in_flight_in_order::same_size::n40::ws4", meta(), 4, |ctx| exchange(ctx, 40, true, Order::SendsFirst)));
+    v.push(Case::<B>::new("p2p::in_flight_in_order::sizes::n17::ws2", meta(), 2, |ctx| {
+        exchange(ctx, 17, Sizes::Varied, Order::SendsFirst)
+    }));
+    v.push(Case::<B>::new("p2p::in_flight_in_order::same_size::n40::ws4", meta(), 4, |ctx| {
+        exchange(ctx, 40, Sizes::Same, Order::SendsFirst)
+    }));
+    v.push(Case::<B>::new("p2p::in_flight_in_order::same_size::n80::ws2", meta(), 2, |ctx| {
+        exchange(ctx, 80, Sizes::Same, Order::SendsFirst)
+    }));
+    v.push(Case::<B>::new("p2p::in_flight_in_order::mixed_protocols::ws2", meta(), 2, |ctx| {
+        exchange(ctx, 4, Sizes::Mixed, Order::SendsFirst)
+    }));
     v.push(Case::<B>::new("p2p::recv_first_one_side::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::RecvsFirst } else { Order::SendsFirst };
-        exchange(ctx, 1, false, order)
+        exchange(ctx, 1, Sizes::Varied, order)
     }));
     for n in [1, 20] {
         v.push(Case::<B>::new(format!("p2p::recv_first_both::n{n}::ws2"), meta(), 2, move |ctx| {
-            exchange(ctx, n, false, Order::RecvsFirst)
+            exchange(ctx, n, Sizes::Varied, Order::RecvsFirst)
         }));
     }
     v.push(Case::<B>::new("p2p::recv_before_barrier::ws2", meta(), 2, |ctx| {
@@ -235,11 +276,49 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in [3, 4] {
         v.push(Case::<B>::new(format!("p2p::recvs_from_every_peer::ws{ws}"), meta(), ws, recvs_from_every_peer));
     }
+    v.push(Case::<B>::new("p2p::group_and_world_messages_apart::ws2", meta(), 2, group_and_world_messages_apart));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
-        exchange(ctx, 17, false, order)
+        exchange(ctx, 17, Sizes::Varied, order)
     }));
     v
+}
+
+/// Messages between the same two processes on two communicators (the world and the group
+/// `[1, 0]`) are matched per communicator: each rank sends a group message, then a world
+/// message, to the other, then receives the world message first and the group message second
+/// (same dtype and size), then waits. A backend whose group traffic rides the world's channel
+/// without a communicator tag hands the world receive the group message.
+fn group_and_world_messages_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let w = format!(
+        "{} group=[1, 0] (each rank: group isend, world isend, world irecv, group irecv, then wait)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let g = b.new_group(&[1, 0]).map_err(|e| named("new_group", e))?;
+    let g = g.as_ref().ok_or_else(|| fail(&w, "new_group([1, 0]) returned nothing to a member"))?;
+    let (me, peer) = (b.rank(), 1 - b.rank());
+    let (gme, gpeer) = (g.rank(), 1 - g.rank());
+    let n = 16;
+    // Group messages are `k = 1`, world messages `k = 0` of [`message`].
+    let gx = g.upload(&message(me, 1, n))?;
+    let wx = b.upload(&message(me, 0, n))?;
+    let gs = g.send(&gx, gpeer).map_err(|e| named("group send", e))?;
+    let ws_ = b.send(&wx, peer).map_err(|e| named("world send", e))?;
+    let wout = b.alloc(DType::F32, &[n])?;
+    let gout = g.alloc(DType::F32, &[n])?;
+    let wr = b.recv(&wout, peer).map_err(|e| named("world recv", e))?;
+    let gr = g.recv(&gout, gpeer).map_err(|e| named("group recv", e))?;
+    let wgot = wr.into_value(ctx.timeout).map_err(|e| named("world recv", e))?;
+    let ggot = gr.into_value(ctx.timeout).map_err(|e| named("group recv", e))?;
+    ws_.wait(ctx.timeout).map_err(|e| named("world send", e))?;
+    gs.wait(ctx.timeout).map_err(|e| named("group send", e))?;
+    expect_eq(b, &wgot, &message(peer, 0, n), &format!("{w}: the world receive from rank {peer}"))?;
+    expect_eq(g, &ggot, &message(peer, 1, n), &format!("{w}: the group receive from group rank {gpeer} (this rank is group rank {gme})"))
 }
 
 /// Every rank posts a receive from every other rank (same dtype and size, peers in rank order),
