@@ -2,7 +2,9 @@
 //! one known hazard each) must FAIL the autotune suite on the shm backend, with a message naming
 //! the behaviour; the reference autotuner must pass the very same cases (control).
 
-use concord_autotune::{Autotuner, Config, Env, Outcome, Policy, Request, TuneError, Tuner};
+use concord_autotune::{cache, names_hash, Autotuner, Config, Env, Outcome, Policy, Request, RowStatus, Table, TuneError, Tuner};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use concord_core::Backend;
 use concord_harness::verdict::Verdict;
 use concord_shm::ShmBackend;
@@ -53,6 +55,282 @@ fn control_cases() -> Vec<Case<ShmBackend>> {
     concord_suites::autotune::cases::<ShmBackend, Tuner>()
 }
 
+// ---- Broken autotuners written OUTSIDE the reference tuner ----
+//
+// What a user ships: their own `Autotuner`, here each a thin wrapper around `Tuner` that gets one
+// thing wrong the way a hand-written autotuner could (no hazard flag, no access to its
+// internals). Each must fail the suite with a message naming the behaviour.
+
+/// The settings a wrapper keeps, and its inner reference tuner.
+fn inner<B: Backend>(cfg: &Config) -> Tuner {
+    <Tuner as Autotuner<B>>::new(cfg.clone())
+}
+
+/// Recomputes each timed table's reduced times with `reduce` (per row, over the ranks' times) and
+/// picks the smallest (ties to the earlier row), as a hand-written selection loop would.
+fn repick(t: &mut Table, reduce: impl Fn(&[u64]) -> u64) {
+    if t.from_cache {
+        return;
+    }
+    let mut best: Option<(String, u64)> = None;
+    for row in &mut t.rows {
+        if row.status == RowStatus::Ok {
+            let per: Vec<u64> = row.per_rank_ns.iter().map(|n| n.unwrap_or(0)).collect();
+            let r = reduce(&per);
+            row.reduced_ns = Some(r);
+            if best.as_ref().is_none_or(|(_, b)| r < *b) {
+                best = Some((row.choice.clone(), r));
+            }
+        }
+    }
+    if let Some((w, _)) = best {
+        t.winner = w;
+        t.defaulted = false;
+    }
+}
+
+/// Returns the tables sorted by op key (it grouped the requests in a `BTreeMap`), not in the
+/// order of the requests.
+struct SortedTables(Tuner);
+impl<B: Backend> Autotuner<B> for SortedTables {
+    fn new(cfg: Config) -> Self {
+        SortedTables(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        let mut by_key: BTreeMap<String, Table> = BTreeMap::new();
+        for t in o.tables.drain(..) {
+            by_key.insert(t.inst.key(), t);
+        }
+        o.tables = by_key.into_values().collect();
+        Ok(o)
+    }
+}
+
+/// Reduces per-rank times with `min` (the fastest rank) while declaring the configured policy.
+struct MinOverRanks(Tuner);
+impl<B: Backend> Autotuner<B> for MinOverRanks {
+    fn new(cfg: Config) -> Self {
+        MinOverRanks(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for t in &mut o.tables {
+            repick(t, |v| v.iter().copied().min().unwrap_or(0));
+        }
+        Ok(o)
+    }
+}
+
+/// Each rank picks the choice fastest on itself (its own column of the agreed times), no
+/// reduction across ranks.
+struct OwnTimesOnly(Tuner);
+impl<B: Backend> Autotuner<B> for OwnTimesOnly {
+    fn new(cfg: Config) -> Self {
+        OwnTimesOnly(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        let rank = env.b.rank();
+        for t in &mut o.tables {
+            repick(t, |v| v[rank]);
+        }
+        Ok(o)
+    }
+}
+
+/// A choice that failed (error, panic, wrong output, timeout) is recorded as taking 0 s, as in
+/// `except Exception: timings[choice] = 0.0`: it is "ok" and the fastest.
+struct FailureAsZero(Tuner);
+impl<B: Backend> Autotuner<B> for FailureAsZero {
+    fn new(cfg: Config) -> Self {
+        FailureAsZero(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for t in &mut o.tables {
+            let mut zeroed = Vec::new();
+            for row in &mut t.rows {
+                if matches!(row.status, RowStatus::Failed(_)) {
+                    row.status = RowStatus::Ok;
+                    row.per_rank_ns = vec![Some(0); t.world_size];
+                    zeroed.push(format!("`{}`", row.choice));
+                }
+            }
+            t.warnings.retain(|w| !zeroed.iter().any(|c| w.contains(c.as_str())) && !w.contains("every choice"));
+            repick(t, |v| v.iter().copied().max().unwrap_or(0));
+        }
+        Ok(o)
+    }
+}
+
+/// Times one call of each choice, the first one, with no warm-up.
+struct SingleColdRun(Tuner);
+impl<B: Backend> Autotuner<B> for SingleColdRun {
+    fn new(mut cfg: Config) -> Self {
+        cfg.warmup = 0;
+        cfg.runs = 1;
+        SingleColdRun(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// Which part of the decision cache's key a [`LooseCache`] leaves out of its lookup.
+const NO_DTYPE: u8 = 1;
+const NO_REDUCE_OP: u8 = 2;
+const NO_CANDIDATES: u8 = 3;
+
+/// A decision cache looked up without one part of the key (a dict keyed by op and size only):
+/// a cached decision for another dtype / reduce op / candidate list is taken as this one's.
+struct LooseCache<const K: u8>(Tuner);
+impl<const K: u8> LooseCache<K> {
+    /// `backend|op/dtype/shape/reduce|group|hash` without the left-out part.
+    fn loose(key: &str) -> String {
+        let mut parts: Vec<String> = key.split('|').map(str::to_string).collect();
+        if parts.len() != 4 {
+            return key.to_string();
+        }
+        let p1 = parts[1].clone();
+        let mut inst: Vec<&str> = p1.split('/').collect();
+        match K {
+            NO_DTYPE if inst.len() == 4 => inst[1] = "*",
+            NO_REDUCE_OP if inst.len() == 4 => inst[3] = "*",
+            NO_CANDIDATES => parts[3] = "*".into(),
+            _ => {}
+        }
+        parts[1] = inst.join("/");
+        parts.join("|")
+    }
+}
+impl<B: Backend, const K: u8> Autotuner<B> for LooseCache<K> {
+    fn new(cfg: Config) -> Self {
+        LooseCache(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        if let Some(path) = &self.0.config().cache {
+            let mut c = cache::Cache::load(path);
+            let ws = env.b.world_size();
+            for r in requests {
+                let names: Vec<String> = r.choices.iter().filter(|c| (c.applies)(&r.inst, ws)).map(|c| c.name.clone()).collect();
+                let key = cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names));
+                if c.get(&key).is_none() {
+                    let found = c.entries.iter().find(|(k, _)| Self::loose(k) == Self::loose(&key)).map(|(_, e)| e.clone());
+                    if let Some(e) = found {
+                        c.put(key, e);
+                    }
+                }
+            }
+            let _ = c.save(path);
+        }
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// Every wait of a choice (and the pre-sync) uses the backend's op timeout, not the autotune
+/// deadline: a hung choice is waited for up to the op timeout.
+struct OpTimeoutOnly(Config);
+impl<B: Backend> Autotuner<B> for OpTimeoutOnly {
+    fn new(cfg: Config) -> Self {
+        OpTimeoutOnly(cfg)
+    }
+    fn policy(&self) -> Policy {
+        self.0.policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut cfg = self.0.clone();
+        cfg.timeout = cfg.timeout.max(env.op_timeout);
+        <Tuner as Autotuner<B>>::tune(&inner::<B>(&cfg), env, requests)
+    }
+}
+
+/// Runs every candidate, ignoring `Choice::applies` (a choice for a power-of-two world is timed
+/// on 3 ranks).
+struct IgnoresApplicability(Tuner);
+impl<B: Backend> Autotuner<B> for IgnoresApplicability {
+    fn new(cfg: Config) -> Self {
+        IgnoresApplicability(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let all: Vec<Request<B>> = requests
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                for c in &mut r.choices {
+                    c.applies = Arc::new(|_, _| true);
+                }
+                r
+            })
+            .collect();
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &all)
+    }
+}
+
+/// `fn policy(&self) -> Policy { Policy::Max }`: declares Max whatever it was configured with.
+struct DeclaresMaxAlways(Tuner);
+impl<B: Backend> Autotuner<B> for DeclaresMaxAlways {
+    fn new(cfg: Config) -> Self {
+        DeclaresMaxAlways(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        Policy::Max
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// An off-by-one over the candidates (`for j in 0..n - 1`): the last choice is silently never
+/// tuned (when it is not the default, which it keeps).
+struct DropsLastCandidate(Tuner);
+impl<B: Backend> Autotuner<B> for DropsLastCandidate {
+    fn new(cfg: Config) -> Self {
+        DropsLastCandidate(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let fewer: Vec<Request<B>> = requests
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if r.choices.len() > 1 && r.choices.last().is_some_and(|c| c.name != r.default) {
+                    r.choices.pop();
+                }
+                r
+            })
+            .collect();
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &fewer)
+    }
+}
+
+fn outside<A: Autotuner<ShmBackend>>() -> Vec<Case<ShmBackend>> {
+    concord_suites::autotune::cases::<ShmBackend, A>()
+}
+
 fn e(name: &str, cases: fn() -> Vec<Case<ShmBackend>>) -> BackendEntry {
     BackendEntry::new::<ShmBackend>(name, 0, cases)
         .with_rerun(format!("cargo test -p concord-suites --test faulty_autotuners -- --exact faulty::{name}_is_caught # case"))
@@ -88,6 +366,23 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
     ]
 }
 
+fn survey() -> Vec<BackendEntry> {
+    vec![
+        e("sorted_tables", outside::<SortedTables>),
+        e("min_over_ranks", outside::<MinOverRanks>),
+        e("own_times_only", outside::<OwnTimesOnly>),
+        e("failure_as_zero", outside::<FailureAsZero>),
+        e("single_cold_run", outside::<SingleColdRun>),
+        e("cache_ignores_dtype", outside::<LooseCache<NO_DTYPE>>),
+        e("cache_ignores_reduce_op", outside::<LooseCache<NO_REDUCE_OP>>),
+        e("cache_ignores_candidates", outside::<LooseCache<NO_CANDIDATES>>),
+        e("op_timeout_only", outside::<OpTimeoutOnly>),
+        e("ignores_applicability", outside::<IgnoresApplicability>),
+        e("declares_max_always", outside::<DeclaresMaxAlways>),
+        e("drops_last_candidate", outside::<DropsLastCandidate>),
+    ]
+}
+
 fn case_info(entry: &BackendEntry, id: &str) -> concord_suites::run::CaseInfo {
     let full = format!("{}::{id}", entry.name);
     entry.cases().into_iter().find(|c| c.id == full).unwrap_or_else(|| panic!("no case {full}"))
@@ -97,8 +392,27 @@ fn main() {
     let control = e("control_tuner", control_cases);
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
+    entries.extend(survey());
     concord_suites::run::dispatch_child(&entries);
 
+    if std::env::var_os("TUNEHUNT_SURVEY").is_some() {
+        for entry in survey() {
+            let mut caught = Vec::new();
+            for c in entry.cases() {
+                if c.id.contains("::ws8") {
+                    continue;
+                }
+                let (verdict, msg, d) = run_case(&entry, &c);
+                if verdict != Verdict::Passed {
+                    caught.push(c.id.clone());
+                    eprintln!("SURVEY {} FAIL {} ({:.1}s): {}", entry.name, c.id, d.as_secs_f64(), msg.lines().next().unwrap_or(""));
+                }
+            }
+            eprintln!("SURVEY {} => {}", entry.name, if caught.is_empty() { "SURVIVED".to_string() } else { format!("caught by {}", caught.len()) });
+        }
+        concord_harness::runner::Pool::global().shutdown();
+        std::process::exit(0);
+    }
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = Vec::new();
     for (entry, ids, words) in expectations() {
