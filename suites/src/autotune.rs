@@ -185,7 +185,43 @@ fn tune<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, a: &A, n: usize, reqs: &[
     if o.tables.len() != reqs.len() {
         return Err(fail(ctx, format!("tune returned {} tables for {} requests", o.tables.len(), reqs.len())));
     }
+    check_tables_match(ctx, &o, reqs)?;
     Ok(o)
+}
+
+/// Table `i` is request `i`'s: the same instance, one row per candidate in the request's order,
+/// and a winner among the candidates.
+fn check_tables_match<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>]) -> CaseResult {
+    for (i, (t, r)) in o.tables.iter().zip(reqs).enumerate() {
+        if t.inst != r.inst {
+            return Err(fail(
+                ctx,
+                format!(
+                    "table {i} is for {} but request {i} is {}: tables out of order — tune must return one table per request, in the order of the requests\n{o}",
+                    t.inst, r.inst
+                ),
+            ));
+        }
+        let want: Vec<&str> = r.choices.iter().map(|c| c.name.as_str()).collect();
+        let got: Vec<&str> = t.rows.iter().map(|row| row.choice.as_str()).collect();
+        if got != want {
+            let missing: Vec<&str> = want.iter().filter(|n| !got.contains(n)).copied().collect();
+            return Err(fail(
+                ctx,
+                format!(
+                    "{}: rows [{}] but the request's candidates are [{}] (missing: [{}]): a candidate silently dropped — every candidate must have one row, in the request's order\n{t}",
+                    r.inst,
+                    got.join(", "),
+                    want.join(", "),
+                    missing.join(", ")
+                ),
+            ));
+        }
+        if !want.contains(&t.winner.as_str()) {
+            return Err(fail(ctx, format!("{}: winner `{}` is not among the request's candidates [{}]\n{t}", r.inst, t.winner, want.join(", "))));
+        }
+    }
+    Ok(())
 }
 
 /// Every rank ended with the same winners.
@@ -808,5 +844,82 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
+    v.push(Case::<B>::new("autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2", meta("all_reduce"), 2, move |ctx| {
+        // One cache file, one later process per step: a decision cached for f32/sum must not be
+        // taken for the same op and size with another dtype, another reduce op or another
+        // candidate list. `sums_always` computes a sum whatever the reduce op: reused for max it
+        // is a wrong tuned op.
+        let path = cache_path(ctx, ctx.rank());
+        let _ = std::fs::remove_file(&path);
+        let sums_always = || {
+            Choice::new("sums_always", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| c.wait(c.b.all_reduce(x, ReduceOp::Sum)?))
+        };
+        let set = |inst: OpInstance| req(inst, vec![sums_always(), delayed::<B>("native_plus_20ms", &[], Duration::from_millis(20))], "native_plus_20ms");
+        let base = OpInstance::all_reduce(DType::F32, &[512], ReduceOp::Sum);
+        let mut c = cfg(t10, Policy::Max);
+        c.cache = Some(path.clone());
+        let steps: Vec<(&str, Vec<Request<B>>)> = vec![
+            ("the dtype", vec![set(OpInstance::all_reduce(DType::I32, &[512], ReduceOp::Sum))]),
+            ("the reduce op", vec![set(OpInstance::all_reduce(DType::F32, &[512], ReduceOp::Max))]),
+            ("the candidate list", {
+                let mut r = set(base.clone());
+                r.choices.insert(0, Choice::new("native_added_later", native::<B>));
+                vec![r]
+            }),
+        ];
+        let run = || -> CaseResult {
+            let first = tune(ctx, &A::new(c.clone()), 0, &[set(base.clone())])?;
+            check_same_winners(ctx, &first, "key-first", "")?;
+            for (n, (part, reqs)) in steps.iter().enumerate() {
+                let o = tune(ctx, &A::new(c.clone()), n + 1, reqs)?;
+                let all = gather(ctx, &format!("key{n}"), &o.tables[0].from_cache.to_string())?;
+                if let Some(bad) = all.iter().position(|s| s != "false") {
+                    return Err(fail(
+                        ctx,
+                        format!(
+                            "rank {bad}: the decision cached for {base} (winner `{}`) was reused for {} — a cache key without {part}: every part of the instance and the candidate list must be in the key\n{o}",
+                            first.winner(0),
+                            reqs[0].inst
+                        ),
+                    ));
+                }
+                check_all(ctx, &o, reqs, Policy::Max, &format!("key{n}"))?;
+            }
+            Ok(())
+        };
+        let r = run();
+        let _ = std::fs::remove_file(&path);
+        r
+    }));
+    v.push(
+        Case::<B>::new("autotune::hazard::slow_first_call::ws2", meta("all_reduce"), 2, move |ctx| {
+            // `lazy_init` pays 400 ms once, in its first run after screening (a one-off set-up),
+            // then runs at native speed; `native_plus_80ms` pays 80 ms in every timed run. With the
+            // configured warm-up run untimed and the median of the timed runs, `lazy_init` wins by
+            // 80 ms; timing the first call alone picks `native_plus_80ms`.
+            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let lazy = Choice::new("lazy_init", move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                if matches!(c.phase, Phase::Warmup(_) | Phase::Timed(_)) && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    std::thread::sleep(Duration::from_millis(400));
+                }
+                native(c, x)
+            });
+            let reqs = vec![req(ar(1024), vec![lazy, delayed::<B>("native_plus_80ms", &[], Duration::from_millis(80))], "native_plus_80ms")];
+            let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+            check_same_winners(ctx, &o, "lazy", "")?;
+            if o.winner(0) != "lazy_init" {
+                return Err(fail(
+                    ctx,
+                    format!(
+                        "winner `{}`, not `lazy_init`: the one-off cost (400 ms) of lazy_init's first run after screening was timed — the configured warm-up run (1) must be untimed and a rank's time the median of its timed runs (3)\n{o}",
+                        o.winner(0)
+                    ),
+                ));
+            }
+            check_reference(ctx, &o, &reqs, Policy::Max)?;
+            check_outputs(ctx, &o, &reqs)
+        })
+        .stall_bound(),
+    );
     v
 }
