@@ -640,6 +640,12 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                     return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
                 }
                 let o = tune(ctx, &a, n, &reqs)?;
+                check_same_winners(
+                    ctx,
+                    &o,
+                    &format!("policy{n}-first"),
+                    " — each rank must pick from every rank's times reduced by the declared policy, not from its own times",
+                )?;
                 check_reference(ctx, &o, &reqs, declared)?;
                 if o.winner(0) != want {
                     let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
@@ -921,5 +927,27 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         })
         .stall_bound(),
     );
+    v.push(Case::<B>::new("autotune::hazard::not_applicable_is_skipped::ws3", meta("all_reduce"), 3, move |ctx| {
+        // `pow2_only` declares itself applicable to power-of-two worlds only, and errors when run
+        // elsewhere: on 3 ranks it MUST be skipped by name on every rank, never run.
+        let pow2_only = Choice::new("pow2_only", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            if !c.b.world_size().is_power_of_two() {
+                return Err(CollectiveError::Backend(format!("pow2_only run on {} ranks", c.b.world_size())));
+            }
+            native(c, x)
+        })
+        .when(|_, ws| ws.is_power_of_two());
+        let reqs = vec![req(ar(768), vec![pow2_only, Choice::new("native", native::<B>)], "native")];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        let skipped = matches!(o.tables[0].row("pow2_only").map(|r| &r.status), Some(RowStatus::Skipped(_)));
+        let all = gather(ctx, "skipped", &skipped.to_string())?;
+        if let Some(bad) = all.iter().position(|s| s != "true") {
+            return Err(fail(
+                ctx,
+                format!("rank {bad}: choice `pow2_only` (applicable to power-of-two worlds only) was not skipped on 3 ranks — `Choice::applies` was ignored and a choice run where it does not apply\n{o}"),
+            ));
+        }
+        check_all(ctx, &o, &reqs, Policy::Max, "applies")
+    }));
     v
 }

@@ -363,6 +363,63 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::cache::partial_hit_retunes::ws2"],
             &["cache not agreed across ranks", "rank 1"],
         ),
+        // Written outside the reference tuner.
+        (e("sorted_tables", outside::<SortedTables>), &["autotune::seed::three_ops::ws2"], &["tables out of order", "rank="]),
+        (
+            e("min_over_ranks", outside::<MinOverRanks>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["under the declared policy max the reference model picks `uniform`", "rank="],
+        ),
+        (
+            e("own_times_only", outside::<OwnTimesOnly>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["ranks ended with different winners", "not from its own times"],
+        ),
+        (
+            e("failure_as_zero", outside::<FailureAsZero>),
+            &["autotune::hazard::error_on_one_rank::ws3"],
+            &["does not hold choice `errors_on_rank2` inf", "injected error", "rank="],
+        ),
+        (
+            e("single_cold_run", outside::<SingleColdRun>),
+            &["autotune::hazard::slow_first_call::ws2"],
+            &["warm-up run (1) must be untimed", "lazy_init", "rank="],
+        ),
+        (
+            e("cache_ignores_dtype", outside::<LooseCache<NO_DTYPE>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the dtype", "rank="],
+        ),
+        (
+            e("cache_ignores_reduce_op", outside::<LooseCache<NO_REDUCE_OP>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the reduce op", "rank="],
+        ),
+        (
+            e("cache_ignores_candidates", outside::<LooseCache<NO_CANDIDATES>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the candidate list", "rank="],
+        ),
+        (
+            e("op_timeout_only", outside::<OpTimeoutOnly>),
+            &["autotune::hazard::rank_missing_at_presync::ws3"],
+            &["a wait without the deadline", "while rank 2 was slow"],
+        ),
+        (
+            e("ignores_applicability", outside::<IgnoresApplicability>),
+            &["autotune::hazard::not_applicable_is_skipped::ws3"],
+            &["`Choice::applies` was ignored", "rank="],
+        ),
+        (
+            e("declares_max_always", outside::<DeclaresMaxAlways>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["asked for policy avg, the autotuner declares max", "rank="],
+        ),
+        (
+            e("drops_last_candidate", outside::<DropsLastCandidate>),
+            &["autotune::seed::one_op::ws2"],
+            &["a candidate silently dropped", "missing: [", "rank="],
+        ),
     ]
 }
 
