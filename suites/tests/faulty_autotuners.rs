@@ -3,13 +3,13 @@
 //! the behaviour; the reference autotuner must pass the very same cases (control).
 
 use concord_autotune::{cache, names_hash, Autotuner, Config, Env, Outcome, Policy, Request, RowStatus, Table, TuneError, Tuner};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use concord_core::Backend;
 use concord_harness::verdict::Verdict;
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
 use concord_suites::Case;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A choice failing on one rank is dropped on that rank alone.
 const LOCAL_FALLBACK: u8 = 1;
@@ -423,23 +423,6 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
     ]
 }
 
-fn survey() -> Vec<BackendEntry> {
-    vec![
-        e("sorted_tables", outside::<SortedTables>),
-        e("min_over_ranks", outside::<MinOverRanks>),
-        e("own_times_only", outside::<OwnTimesOnly>),
-        e("failure_as_zero", outside::<FailureAsZero>),
-        e("single_cold_run", outside::<SingleColdRun>),
-        e("cache_ignores_dtype", outside::<LooseCache<NO_DTYPE>>),
-        e("cache_ignores_reduce_op", outside::<LooseCache<NO_REDUCE_OP>>),
-        e("cache_ignores_candidates", outside::<LooseCache<NO_CANDIDATES>>),
-        e("op_timeout_only", outside::<OpTimeoutOnly>),
-        e("ignores_applicability", outside::<IgnoresApplicability>),
-        e("declares_max_always", outside::<DeclaresMaxAlways>),
-        e("drops_last_candidate", outside::<DropsLastCandidate>),
-    ]
-}
-
 fn case_info(entry: &BackendEntry, id: &str) -> concord_suites::run::CaseInfo {
     let full = format!("{}::{id}", entry.name);
     entry.cases().into_iter().find(|c| c.id == full).unwrap_or_else(|| panic!("no case {full}"))
@@ -449,27 +432,8 @@ fn main() {
     let control = e("control_tuner", control_cases);
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
-    entries.extend(survey());
     concord_suites::run::dispatch_child(&entries);
 
-    if std::env::var_os("TUNEHUNT_SURVEY").is_some() {
-        for entry in survey() {
-            let mut caught = Vec::new();
-            for c in entry.cases() {
-                if c.id.contains("::ws8") || std::env::var("TUNEHUNT_SURVEY").is_ok_and(|f| !c.id.contains(&f)) {
-                    continue;
-                }
-                let (verdict, msg, d) = run_case(&entry, &c);
-                if verdict != Verdict::Passed {
-                    caught.push(c.id.clone());
-                    eprintln!("SURVEY {} FAIL {} ({:.1}s): {}", entry.name, c.id, d.as_secs_f64(), msg.lines().find(|l| l.contains("rank=")).map(|l| l.chars().take(400).collect::<String>()).unwrap_or_default());
-                }
-            }
-            eprintln!("SURVEY {} => {}", entry.name, if caught.is_empty() { "SURVIVED".to_string() } else { format!("caught by {}", caught.len()) });
-        }
-        concord_harness::runner::Pool::global().shutdown();
-        std::process::exit(0);
-    }
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = Vec::new();
     for (entry, ids, words) in expectations() {
