@@ -956,5 +956,27 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         check_all(ctx, &o, &reqs, Policy::Max, "applies")
     }));
+    v.push(Case::<B>::new("autotune::hazard::wrong_on_one_rank::ws2", meta("all_reduce"), 2, move |ctx| {
+        // `wrong_on_rank1` computes the sum on rank 0 and returns its input unchanged on rank 1:
+        // every rank checks its own output, so it is inf on every rank, naming rank 1.
+        let wrong = Choice::new("wrong_on_rank1", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            let out = native(c, x)?;
+            if c.b.rank() == 1 {
+                return c.b.upload(&c.b.download(x)?);
+            }
+            Ok(out)
+        });
+        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), wrong], "native")];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        expect_inf(
+            ctx,
+            &o,
+            "wrong_on_rank1",
+            1,
+            "first bad index",
+            " — an output checked on some ranks only: a choice wrong on rank 1 was timed",
+        )?;
+        check_all(ctx, &o, &reqs, Policy::Max, "wrong1")
+    }));
     v
 }

@@ -2,9 +2,13 @@
 //! one known hazard each) must FAIL the autotune suite on the shm backend, with a message naming
 //! the behaviour; the reference autotuner must pass the very same cases (control).
 
-use concord_autotune::{cache, names_hash, Autotuner, Config, Env, Outcome, Policy, Request, RowStatus, Table, TuneError, Tuner};
+use concord_autotune::{
+    cache, names_hash, Autotuner, ChoiceCtx, Config, Env, Outcome, Phase, Policy, Request, RowStatus, Table, TuneError, Tuner,
+};
 use concord_core::Backend;
+use concord_fixtures::{inputs, seed_for, InputKind};
 use concord_harness::verdict::Verdict;
+use concord_oracle::{expected, Semantics};
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
 use concord_suites::Case;
@@ -327,6 +331,73 @@ impl<B: Backend> Autotuner<B> for DropsLastCandidate {
     }
 }
 
+/// Rank 0 alone picks the winner and never shares it: the other ranks keep the declared default
+/// (the broadcast of the decision was forgotten).
+struct Rank0DecidesAlone(Tuner);
+impl<B: Backend> Autotuner<B> for Rank0DecidesAlone {
+    fn new(cfg: Config) -> Self {
+        Rank0DecidesAlone(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        if env.b.rank() != 0 {
+            for (t, r) in o.tables.iter_mut().zip(requests) {
+                if !t.from_cache {
+                    t.winner = r.default.clone();
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Only rank 0 compares a choice's screening output with the expected one; the other ranks take
+/// any output as right. (Modelled from outside: on ranks other than 0 the screening run still
+/// runs the choice, then hands the inner tuner the expected output of its fixture inputs.)
+struct ScreensOnRank0Only(Tuner);
+impl<B: Backend> Autotuner<B> for ScreensOnRank0Only {
+    fn new(cfg: Config) -> Self {
+        ScreensOnRank0Only(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let (b, rank, ws) = (env.b, env.b.rank(), env.b.world_size());
+        if rank == 0 {
+            return <Tuner as Autotuner<B>>::tune(&self.0, env, requests);
+        }
+        let unchecked = requests
+            .iter()
+            .map(|r| {
+                let i = &r.inst;
+                let all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+                let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
+                    .map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?
+                    .outputs[rank]
+                    .clone();
+                let mut r = r.clone();
+                for c in &mut r.choices {
+                    let (run, exp) = (c.run.clone(), exp.clone());
+                    c.run = Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                        let out = run(ctx, x)?;
+                        if ctx.phase == Phase::Screen {
+                            ctx.b.upload(&exp)
+                        } else {
+                            Ok(out)
+                        }
+                    });
+                }
+                Ok(r)
+            })
+            .collect::<Result<Vec<Request<B>>, TuneError>>()?;
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &unchecked)
+    }
+}
+
 fn outside<A: Autotuner<ShmBackend>>() -> Vec<Case<ShmBackend>> {
     concord_suites::autotune::cases::<ShmBackend, A>()
 }
@@ -420,6 +491,16 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::seed::one_op::ws2"],
             &["a candidate silently dropped", "missing: [", "rank="],
         ),
+        (
+            e("rank0_decides_alone", outside::<Rank0DecidesAlone>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["ranks ended with different winners", "rank 0: [slow_on_rank1]; rank 1: [uniform]"],
+        ),
+        (
+            e("screens_on_rank0_only", outside::<ScreensOnRank0Only>),
+            &["autotune::hazard::wrong_on_one_rank::ws2"],
+            &["an output checked on some ranks only", "wrong_on_rank1", "rank="],
+        ),
     ]
 }
 
@@ -456,7 +537,9 @@ fn main() {
             Ok(())
         }));
     }
-    let all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
+    let mut all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
+    all_ids.sort_unstable();
+    all_ids.dedup();
     trials.push(libtest_mimic::Trial::test("faulty::control_tuner_passes_the_same_cases", move || {
         for id in &all_ids {
             let (verdict, msg, _) = run_case(&control, &case_info(&control, id));
