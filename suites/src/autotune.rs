@@ -223,6 +223,12 @@ fn check_tables_match<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request
                 format!("{}: winner `{}` is not among the request's candidates [{}]\n{t}", r.inst, t.winner, want.join(", ")),
             ));
         }
+        if !t.defaulted && t.row(&t.winner).is_some_and(|row| matches!(row.status, RowStatus::Skipped(_))) {
+            return Err(fail(
+                ctx,
+                format!("{}: winner `{}` was skipped as not applicable to {} on {} ranks: a winner must be a choice that was timed (or the cached one)\n{t}", r.inst, t.winner, r.inst, t.world_size),
+            ));
+        }
     }
     Ok(())
 }

@@ -356,7 +356,8 @@ impl<B: Backend> Autotuner<B> for Rank0DecidesAlone {
 
 /// Only rank 0 compares a choice's screening output with the expected one; the other ranks take
 /// any output as right. (Modelled from outside: on ranks other than 0 the screening run still
-/// runs the choice, then hands the inner tuner the expected output of its fixture inputs.)
+/// runs the choice, then hands the inner tuner the expected output of its fixture inputs, seeded
+/// as the reference seeds them: `autotune/<instance key>`.)
 struct ScreensOnRank0Only(Tuner);
 impl<B: Backend> Autotuner<B> for ScreensOnRank0Only {
     fn new(cfg: Config) -> Self {
@@ -395,6 +396,29 @@ impl<B: Backend> Autotuner<B> for ScreensOnRank0Only {
             })
             .collect::<Result<Vec<Request<B>>, TuneError>>()?;
         <Tuner as Autotuner<B>>::tune(&self.0, env, &unchecked)
+    }
+}
+
+/// Picks the winner's index among the applicable candidates, then names it from the full list
+/// (`request.choices[best]`): wrong whenever a skipped choice comes before the winner.
+struct IndexIntoFullList(Tuner);
+impl<B: Backend> Autotuner<B> for IndexIntoFullList {
+    fn new(cfg: Config) -> Self {
+        IndexIntoFullList(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for (t, r) in o.tables.iter_mut().zip(requests) {
+            let applicable: Vec<&str> =
+                t.rows.iter().filter(|row| !matches!(row.status, RowStatus::Skipped(_))).map(|row| row.choice.as_str()).collect();
+            if let Some(best) = applicable.iter().position(|n| *n == t.winner) {
+                t.winner = r.choices[best].name.clone();
+            }
+        }
+        Ok(o)
     }
 }
 
@@ -500,6 +524,11 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             e("screens_on_rank0_only", outside::<ScreensOnRank0Only>),
             &["autotune::hazard::wrong_on_one_rank::ws2"],
             &["an output checked on some ranks only", "wrong_on_rank1", "rank="],
+        ),
+        (
+            e("index_into_full_list", outside::<IndexIntoFullList>),
+            &["autotune::hazard::not_applicable_is_skipped::ws3"],
+            &["winner `pow2_only` was skipped as not applicable", "rank="],
         ),
     ]
 }
