@@ -2,12 +2,18 @@
 //! one known hazard each) must FAIL the autotune suite on the shm backend, with a message naming
 //! the behaviour; the reference autotuner must pass the very same cases (control).
 
-use concord_autotune::{Autotuner, Config, Env, Outcome, Policy, Request, TuneError, Tuner};
+use concord_autotune::{
+    cache, names_hash, Autotuner, ChoiceCtx, Config, Env, Outcome, Phase, Policy, Request, RowStatus, Table, TuneError, Tuner,
+};
 use concord_core::Backend;
+use concord_fixtures::{inputs, seed_for, InputKind};
 use concord_harness::verdict::Verdict;
+use concord_oracle::{expected, Semantics};
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
 use concord_suites::Case;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A choice failing on one rank is dropped on that rank alone.
 const LOCAL_FALLBACK: u8 = 1;
@@ -53,6 +59,373 @@ fn control_cases() -> Vec<Case<ShmBackend>> {
     concord_suites::autotune::cases::<ShmBackend, Tuner>()
 }
 
+// ---- Broken autotuners written OUTSIDE the reference tuner ----
+//
+// What a user ships: their own `Autotuner`, here each a thin wrapper around `Tuner` that gets one
+// thing wrong the way a hand-written autotuner could (no hazard flag, no access to its
+// internals). Each must fail the suite with a message naming the behaviour.
+
+/// The settings a wrapper keeps, and its inner reference tuner.
+fn inner<B: Backend>(cfg: &Config) -> Tuner {
+    <Tuner as Autotuner<B>>::new(cfg.clone())
+}
+
+/// Recomputes each timed table's reduced times with `reduce` (per row, over the ranks' times) and
+/// picks the smallest (ties to the earlier row), as a hand-written selection loop would.
+fn repick(t: &mut Table, reduce: impl Fn(&[u64]) -> u64) {
+    if t.from_cache {
+        return;
+    }
+    let mut best: Option<(String, u64)> = None;
+    for row in &mut t.rows {
+        if row.status == RowStatus::Ok {
+            let per: Vec<u64> = row.per_rank_ns.iter().map(|n| n.unwrap_or(0)).collect();
+            let r = reduce(&per);
+            row.reduced_ns = Some(r);
+            if best.as_ref().is_none_or(|(_, b)| r < *b) {
+                best = Some((row.choice.clone(), r));
+            }
+        }
+    }
+    if let Some((w, _)) = best {
+        t.winner = w;
+        t.defaulted = false;
+    }
+}
+
+/// Returns the tables sorted by op key (it grouped the requests in a `BTreeMap`), not in the
+/// order of the requests.
+struct SortedTables(Tuner);
+impl<B: Backend> Autotuner<B> for SortedTables {
+    fn new(cfg: Config) -> Self {
+        SortedTables(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        let mut by_key: BTreeMap<String, Table> = BTreeMap::new();
+        for t in o.tables.drain(..) {
+            by_key.insert(t.inst.key(), t);
+        }
+        o.tables = by_key.into_values().collect();
+        Ok(o)
+    }
+}
+
+/// Reduces per-rank times with `min` (the fastest rank) while declaring the configured policy.
+struct MinOverRanks(Tuner);
+impl<B: Backend> Autotuner<B> for MinOverRanks {
+    fn new(cfg: Config) -> Self {
+        MinOverRanks(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for t in &mut o.tables {
+            repick(t, |v| v.iter().copied().min().unwrap_or(0));
+        }
+        Ok(o)
+    }
+}
+
+/// Each rank picks the choice fastest on itself (its own column of the agreed times), no
+/// reduction across ranks.
+struct OwnTimesOnly(Tuner);
+impl<B: Backend> Autotuner<B> for OwnTimesOnly {
+    fn new(cfg: Config) -> Self {
+        OwnTimesOnly(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        let rank = env.b.rank();
+        for t in &mut o.tables {
+            repick(t, |v| v[rank]);
+        }
+        Ok(o)
+    }
+}
+
+/// A choice that failed (error, panic, wrong output, timeout) is recorded as taking 0 s, as in
+/// `except Exception: timings[choice] = 0.0`: it is "ok" and the fastest.
+struct FailureAsZero(Tuner);
+impl<B: Backend> Autotuner<B> for FailureAsZero {
+    fn new(cfg: Config) -> Self {
+        FailureAsZero(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for t in &mut o.tables {
+            let mut zeroed = Vec::new();
+            for row in &mut t.rows {
+                if matches!(row.status, RowStatus::Failed(_)) {
+                    row.status = RowStatus::Ok;
+                    row.per_rank_ns = vec![Some(0); t.world_size];
+                    zeroed.push(format!("`{}`", row.choice));
+                }
+            }
+            t.warnings.retain(|w| !zeroed.iter().any(|c| w.contains(c.as_str())) && !w.contains("every choice"));
+            repick(t, |v| v.iter().copied().max().unwrap_or(0));
+        }
+        Ok(o)
+    }
+}
+
+/// Times one call of each choice, the first one, with no warm-up.
+struct SingleColdRun(Tuner);
+impl<B: Backend> Autotuner<B> for SingleColdRun {
+    fn new(mut cfg: Config) -> Self {
+        cfg.warmup = 0;
+        cfg.runs = 1;
+        SingleColdRun(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// Which part of the decision cache's key a [`LooseCache`] leaves out of its lookup.
+const NO_DTYPE: u8 = 1;
+const NO_REDUCE_OP: u8 = 2;
+const NO_CANDIDATES: u8 = 3;
+
+/// A decision cache looked up without one part of the key (a dict keyed by op and size only):
+/// a cached decision for another dtype / reduce op / candidate list is taken as this one's.
+struct LooseCache<const K: u8>(Tuner);
+impl<const K: u8> LooseCache<K> {
+    /// `backend|op/dtype/shape/reduce|group|hash` without the left-out part.
+    fn loose(key: &str) -> String {
+        let mut parts: Vec<String> = key.split('|').map(str::to_string).collect();
+        if parts.len() != 4 {
+            return key.to_string();
+        }
+        let p1 = parts[1].clone();
+        let mut inst: Vec<&str> = p1.split('/').collect();
+        match K {
+            NO_DTYPE if inst.len() == 4 => inst[1] = "*",
+            NO_REDUCE_OP if inst.len() == 4 => inst[3] = "*",
+            NO_CANDIDATES => parts[3] = "*".into(),
+            _ => {}
+        }
+        parts[1] = inst.join("/");
+        parts.join("|")
+    }
+}
+impl<B: Backend, const K: u8> Autotuner<B> for LooseCache<K> {
+    fn new(cfg: Config) -> Self {
+        LooseCache(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        if let Some(path) = &self.0.config().cache {
+            let mut c = cache::Cache::load(path);
+            let ws = env.b.world_size();
+            for r in requests {
+                let names: Vec<String> = r.choices.iter().filter(|c| (c.applies)(&r.inst, ws)).map(|c| c.name.clone()).collect();
+                let key = cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names));
+                if c.get(&key).is_none() {
+                    let found = c.entries.iter().find(|(k, _)| Self::loose(k) == Self::loose(&key)).map(|(_, e)| e.clone());
+                    if let Some(e) = found {
+                        c.put(key, e);
+                    }
+                }
+            }
+            let _ = c.save(path);
+        }
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// Every wait of a choice (and the pre-sync) uses the backend's op timeout, not the autotune
+/// deadline: a hung choice is waited for up to the op timeout.
+struct OpTimeoutOnly(Config);
+impl<B: Backend> Autotuner<B> for OpTimeoutOnly {
+    fn new(cfg: Config) -> Self {
+        OpTimeoutOnly(cfg)
+    }
+    fn policy(&self) -> Policy {
+        self.0.policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut cfg = self.0.clone();
+        cfg.timeout = cfg.timeout.max(env.op_timeout);
+        <Tuner as Autotuner<B>>::tune(&inner::<B>(&cfg), env, requests)
+    }
+}
+
+/// Runs every candidate, ignoring `Choice::applies` (a choice for a power-of-two world is timed
+/// on 3 ranks).
+struct IgnoresApplicability(Tuner);
+impl<B: Backend> Autotuner<B> for IgnoresApplicability {
+    fn new(cfg: Config) -> Self {
+        IgnoresApplicability(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let all: Vec<Request<B>> = requests
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                for c in &mut r.choices {
+                    c.applies = Arc::new(|_, _| true);
+                }
+                r
+            })
+            .collect();
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &all)
+    }
+}
+
+/// `fn policy(&self) -> Policy { Policy::Max }`: declares Max whatever it was configured with.
+struct DeclaresMaxAlways(Tuner);
+impl<B: Backend> Autotuner<B> for DeclaresMaxAlways {
+    fn new(cfg: Config) -> Self {
+        DeclaresMaxAlways(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        Policy::Max
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// An off-by-one over the candidates (`for j in 0..n - 1`): the last choice is silently never
+/// tuned (when it is not the default, which it keeps).
+struct DropsLastCandidate(Tuner);
+impl<B: Backend> Autotuner<B> for DropsLastCandidate {
+    fn new(cfg: Config) -> Self {
+        DropsLastCandidate(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let fewer: Vec<Request<B>> = requests
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if r.choices.len() > 1 && r.choices.last().is_some_and(|c| c.name != r.default) {
+                    r.choices.pop();
+                }
+                r
+            })
+            .collect();
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &fewer)
+    }
+}
+
+/// Rank 0 alone picks the winner and never shares it: the other ranks keep the declared default
+/// (the broadcast of the decision was forgotten).
+struct Rank0DecidesAlone(Tuner);
+impl<B: Backend> Autotuner<B> for Rank0DecidesAlone {
+    fn new(cfg: Config) -> Self {
+        Rank0DecidesAlone(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        if env.b.rank() != 0 {
+            for (t, r) in o.tables.iter_mut().zip(requests) {
+                if !t.from_cache {
+                    t.winner = r.default.clone();
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Only rank 0 compares a choice's screening output with the expected one; the other ranks take
+/// any output as right. (Modelled from outside: on ranks other than 0 the screening run still
+/// runs the choice, then hands the inner tuner the expected output of its fixture inputs, seeded
+/// as the reference seeds them: `autotune/<instance key>`.)
+struct ScreensOnRank0Only(Tuner);
+impl<B: Backend> Autotuner<B> for ScreensOnRank0Only {
+    fn new(cfg: Config) -> Self {
+        ScreensOnRank0Only(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let (b, rank, ws) = (env.b, env.b.rank(), env.b.world_size());
+        if rank == 0 {
+            return <Tuner as Autotuner<B>>::tune(&self.0, env, requests);
+        }
+        let unchecked = requests
+            .iter()
+            .map(|r| {
+                let i = &r.inst;
+                let all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+                let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
+                    .map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?
+                    .outputs[rank]
+                    .clone();
+                let mut r = r.clone();
+                for c in &mut r.choices {
+                    let (run, exp) = (c.run.clone(), exp.clone());
+                    c.run = Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                        let out = run(ctx, x)?;
+                        if ctx.phase == Phase::Screen {
+                            ctx.b.upload(&exp)
+                        } else {
+                            Ok(out)
+                        }
+                    });
+                }
+                Ok(r)
+            })
+            .collect::<Result<Vec<Request<B>>, TuneError>>()?;
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &unchecked)
+    }
+}
+
+/// Picks the winner's index among the applicable candidates, then names it from the full list
+/// (`request.choices[best]`): wrong whenever a skipped choice comes before the winner.
+struct IndexIntoFullList(Tuner);
+impl<B: Backend> Autotuner<B> for IndexIntoFullList {
+    fn new(cfg: Config) -> Self {
+        IndexIntoFullList(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        for (t, r) in o.tables.iter_mut().zip(requests) {
+            let applicable: Vec<&str> =
+                t.rows.iter().filter(|row| !matches!(row.status, RowStatus::Skipped(_))).map(|row| row.choice.as_str()).collect();
+            if let Some(best) = applicable.iter().position(|n| *n == t.winner) {
+                t.winner = r.choices[best].name.clone();
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn outside<A: Autotuner<ShmBackend>>() -> Vec<Case<ShmBackend>> {
+    concord_suites::autotune::cases::<ShmBackend, A>()
+}
+
 fn e(name: &str, cases: fn() -> Vec<Case<ShmBackend>>) -> BackendEntry {
     BackendEntry::new::<ShmBackend>(name, 0, cases)
         .with_rerun(format!("cargo test -p concord-suites --test faulty_autotuners -- --exact faulty::{name}_is_caught # case"))
@@ -84,6 +457,78 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             e("unagreed_cache", faulty_cases::<UNAGREED_CACHE>),
             &["autotune::cache::partial_hit_retunes::ws2"],
             &["cache not agreed across ranks", "rank 1"],
+        ),
+        // Written outside the reference tuner.
+        (e("sorted_tables", outside::<SortedTables>), &["autotune::seed::three_ops::ws2"], &["tables out of order", "rank="]),
+        (
+            e("min_over_ranks", outside::<MinOverRanks>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["under the declared policy max the reference model picks `uniform`", "rank="],
+        ),
+        (
+            e("own_times_only", outside::<OwnTimesOnly>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["ranks ended with different winners", "not from its own times"],
+        ),
+        (
+            e("failure_as_zero", outside::<FailureAsZero>),
+            &["autotune::hazard::error_on_one_rank::ws3"],
+            &["does not hold choice `errors_on_rank2` inf", "injected error", "rank="],
+        ),
+        (
+            e("single_cold_run", outside::<SingleColdRun>),
+            &["autotune::hazard::slow_first_call::ws2"],
+            &["warm-up run (1) must be untimed", "lazy_init", "rank="],
+        ),
+        (
+            e("cache_ignores_dtype", outside::<LooseCache<NO_DTYPE>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the dtype", "rank="],
+        ),
+        (
+            e("cache_ignores_reduce_op", outside::<LooseCache<NO_REDUCE_OP>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the reduce op", "rank="],
+        ),
+        (
+            e("cache_ignores_candidates", outside::<LooseCache<NO_CANDIDATES>>),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the candidate list", "rank="],
+        ),
+        (
+            e("op_timeout_only", outside::<OpTimeoutOnly>),
+            &["autotune::hazard::rank_missing_at_presync::ws3"],
+            &["a wait without the deadline", "while rank 2 was slow"],
+        ),
+        (
+            e("ignores_applicability", outside::<IgnoresApplicability>),
+            &["autotune::hazard::not_applicable_is_skipped::ws3"],
+            &["`Choice::applies` was ignored", "rank="],
+        ),
+        (
+            e("declares_max_always", outside::<DeclaresMaxAlways>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["asked for policy avg, the autotuner declares max", "rank="],
+        ),
+        (
+            e("drops_last_candidate", outside::<DropsLastCandidate>),
+            &["autotune::seed::one_op::ws2"],
+            &["a candidate silently dropped", "missing: [", "rank="],
+        ),
+        (
+            e("rank0_decides_alone", outside::<Rank0DecidesAlone>),
+            &["autotune::hazard::max_vs_avg::ws2"],
+            &["ranks ended with different winners", "rank 0: [slow_on_rank1]; rank 1: [uniform]"],
+        ),
+        (
+            e("screens_on_rank0_only", outside::<ScreensOnRank0Only>),
+            &["autotune::hazard::wrong_on_one_rank::ws2"],
+            &["an output checked on some ranks only", "wrong_on_rank1", "rank="],
+        ),
+        (
+            e("index_into_full_list", outside::<IndexIntoFullList>),
+            &["autotune::hazard::not_applicable_is_skipped::ws3"],
+            &["winner `pow2_only` was skipped as not applicable", "rank="],
         ),
     ]
 }
@@ -121,7 +566,9 @@ fn main() {
             Ok(())
         }));
     }
-    let all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
+    let mut all_ids: Vec<&'static str> = expectations().into_iter().flat_map(|(_, ids, _)| ids.iter().copied()).collect();
+    all_ids.sort_unstable();
+    all_ids.dedup();
     trials.push(libtest_mimic::Trial::test("faulty::control_tuner_passes_the_same_cases", move || {
         for id in &all_ids {
             let (verdict, msg, _) = run_case(&control, &case_info(&control, id));
