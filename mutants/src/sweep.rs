@@ -69,6 +69,13 @@ pub fn rank_of(pos: &str, ws: usize) -> Option<usize> {
     (!earlier).then_some(r)
 }
 
+/// Whether no call can put `target` at world size `ws`: all_gather / gather outputs are `ws`
+/// times their input (so at least `ws` elements), and a recv needs a peer other than itself.
+pub fn impossible(target: &Target, ws: usize) -> bool {
+    let times_ws = matches!(target.hook, "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" | "gather");
+    (times_ws && ws >= target.class.2) || (target.hook == "recv" && ws == 1)
+}
+
 /// One sweep target: `hook:position:class`, the value of the backend option `sweep`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -262,7 +269,8 @@ pub fn uses(case: &CaseInfo, hook: &str) -> bool {
 pub struct Cell {
     pub target: Target,
     pub ws: usize,
-    /// `None`: not applicable (a position that is an earlier one's rank at this world size).
+    /// `None`: not applicable (a position that is an earlier one's rank at this world size, or a
+    /// cell no call can reach: [`impossible`]).
     pub candidates: Option<usize>,
     pub cases_run: usize,
     /// The first failing case (without the `sweep::` prefix); `None` with candidates: a hole.
@@ -325,10 +333,18 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Ce
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some((t, ws)) = next else { break };
                 let started = Instant::now();
-                let cell = if rank_of(t.pos, ws).is_none() {
+                let cell = if rank_of(t.pos, ws).is_none() || impossible(&t, ws) {
                     Cell { target: t, ws, candidates: None, cases_run: 0, caught: None, elapsed: Duration::ZERO }
                 } else {
                     let only = cell_cases(&cases, &t, ws);
+                    if only.is_empty() {
+                        // No case of this world size calls the op: a hole without running anything
+                        // (an empty list would mean the whole catalogue to `run_mutant_in`).
+                        let cell = Cell { target: t, ws, candidates: Some(0), cases_run: 0, caught: None, elapsed: started.elapsed() };
+                        report(&cell);
+                        out.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
+                        continue;
+                    }
                     let f = run_mutant_in(&pool, &spec(&t), &only);
                     Cell {
                         target: t,
