@@ -283,6 +283,10 @@ fn sweep_main(cli: &Cli) -> ! {
         }
     }
     let targets: Vec<_> = targets.into_iter().filter(|t| cli.hook.is_empty() || cli.hook.iter().any(|h| h == t.hook)).collect();
+    if targets.is_empty() {
+        eprintln!("error: the sweep target and --hook select no target");
+        std::process::exit(2);
+    }
     if !cli.cases.is_empty() {
         // A rerun: one target, the given case ids.
         let [t] = &targets[..] else {

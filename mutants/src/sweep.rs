@@ -56,23 +56,24 @@ pub const CLASSES: &[(&str, usize, usize)] = &[("tiny", 1, 16), ("small", 16, 40
 /// World sizes of the grid (the catalogue's).
 pub const WORLD_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 16];
 
-/// The communicator rank of `pos` in a communicator of `ws`; `None` where it is the same rank as
-/// an earlier position (one rank has only `first`; two have `first` and `last`).
+/// The rank of `pos` in a world of `ws`; `None` where it is the same rank as another position
+/// (one rank has only `first`; two have `first` and `last`; `middle` is `ws / 2` from 3 up).
 pub fn rank_of(pos: &str, ws: usize) -> Option<usize> {
-    let r = match pos {
-        "first" => 0,
-        "middle" => ws / 2,
-        "last" => ws - 1,
-        _ => return None,
-    };
-    let earlier = POSITIONS.iter().take_while(|p| **p != pos).any(|p| rank_of(p, ws) == Some(r));
-    (!earlier).then_some(r)
+    match pos {
+        "first" => Some(0),
+        "last" => (ws > 1).then(|| ws - 1),
+        "middle" => (ws > 2).then_some(ws / 2),
+        _ => None,
+    }
 }
 
-/// Whether no call can put `target` at world size `ws`: all_gather / gather outputs are `ws`
-/// times their input (so at least `ws` elements), and a recv needs a peer other than itself.
+/// Whether no call can put `target` at world size `ws`: all_gather / gather (and the fused
+/// all_gather_matmul's) outputs are `ws` times their input (so at least `ws` elements), and a recv needs a peer other than itself.
 pub fn impossible(target: &Target, ws: usize) -> bool {
-    let times_ws = matches!(target.hook, "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" | "gather");
+    let times_ws = matches!(
+        target.hook,
+        "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" | "gather" | "fused_all_gather_matmul"
+    );
     (times_ws && ws >= target.class.2) || (target.hook == "recv" && ws == 1)
 }
 
@@ -126,10 +127,12 @@ impl Corrupt {
         self.t.as_ref().is_some_and(|t| t.hook == hook)
     }
     /// Whether this rank's output is corrupted (`root`: the rooted ops corrupt only the root).
+    /// Positions are the world's: a subgroup's calls are never corrupted (its rank 1 of 2 is not
+    /// the world's last rank; a cell is labelled with the world size).
     fn here(&self, s: &Shm, root: Option<usize>) -> bool {
         let Some(t) = &self.t else { return false };
         let me = s.rank();
-        rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
+        !s.in_subgroup() && rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
     }
     fn class(&self) -> (usize, usize) {
         self.t.as_ref().map_or((0, 0), |t| (t.class.1, t.class.2))
@@ -315,6 +318,9 @@ pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<String>
 
 /// Every cell of `targets` × [`WORLD_SIZES`] (or `sizes`), up to `jobs` side by side.
 pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
+    if targets.is_empty() {
+        return Vec::new();
+    }
     // One listing serves every target (same backend type; the ids differ only by prefix, which
     // is `sweep::` for all).
     let cases = spec(&targets[0]).entry.cases();
@@ -414,7 +420,14 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
     let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();
     out += &format!("\nholes ({}):\n", holes.len());
     for c in &holes {
-        out += &format!("  {} ws{} ({} cases use the op)\n", c.target.label(), c.ws, c.candidates.unwrap_or(0));
+        out += &format!(
+            "  {} ws{} ({} cases use the op; rerun: cargo xtask mutants --sweep {} --ws {})\n",
+            c.target.label(),
+            c.ws,
+            c.candidates.unwrap_or(0),
+            c.target.label(),
+            c.ws
+        );
     }
     out += &format!("cells caught: {}/{}\n", run.len() - holes.len(), run.len());
     out

@@ -154,7 +154,10 @@ fn main() {
             }
             match found.caught {
                 Some(_) => Ok(()),
-                None => Err(format!("sweep cell {target} survived {case}: the size grid lost the power this test pins").into()),
+                None => Err(format!(
+                    "sweep cell {target} survived {case}: the size grid lost the power this test pins\n  rerun: cargo xtask mutants --sweep {target} --case sweep::{case}"
+                )
+                .into()),
             }
         }));
     }
@@ -163,7 +166,7 @@ fn main() {
     trials.push(libtest_mimic::Trial::test("mutants::hint_index_matches_a_plain_search", move || {
         let ids: Vec<&str> = plain_ids.iter().map(String::as_str).collect();
         let index = CaseIds::new(&ids);
-        for s in concord_mutants::catalogue().iter().map(|s| s.catchers).chain([&["", "::ws2", "no such case"][..]]) {
+        for s in concord_mutants::catalogue().iter().map(|s| s.catchers).chain([&[""][..], &["::ws2", "ws3"][..], &["no such case"][..]]) {
             let mut taken = vec![false; ids.len()];
             let mut plain = Vec::new();
             for pat in s {

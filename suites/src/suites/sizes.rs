@@ -22,7 +22,7 @@
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
-//!   `[-500001, 500001]` for f32 (a sum of up to 4 ranks is exact), any bit pattern for i32
+//!   `[-500001, 500001]` for f32 (a sum of up to 16 ranks is exact), any bit pattern for i32
 //!   (wrapping sums). The expected result is computed in closed form from the same function
 //!   ([`expected`]), which a unit test checks against the oracle at small sizes.
 
@@ -362,6 +362,35 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Every call of the grid lands in the size class it is there for (the corruption sweep's:
+    /// tiny < 16 <= small < 4 Ki <= medium < 64 Ki <= large), at every world size; the tiny
+    /// call of an op whose output is `ws·n` cannot be tiny at 16 ranks.
+    #[test]
+    fn grid_calls_land_in_their_size_classes() {
+        let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
+        for (op, _) in GRID_PAIRS {
+            for ws in GRID_WORLD_SIZES {
+                let calls = grid_calls(op, ws);
+                let outs: &[usize] = if rooted(op) { &[7, 1025, 4099, 65537] } else { &[4099, 65537] };
+                assert_eq!(calls.len() % outs.len(), 0);
+                for (i, &(root, n)) in calls.iter().enumerate() {
+                    assert!(root < ws);
+                    let got = if output_folds(op) { ws * n } else { n };
+                    let want = class(outs[i % outs.len()]);
+                    if output_folds(op) && ws >= 16 && want == 0 {
+                        assert_eq!(class(got), 1, "{op} ws{ws}: the tiny call is small");
+                    } else {
+                        assert_eq!(class(got), want, "{op} ws{ws} n{n}: output {got} in the wrong class");
+                    }
+                }
+                if rooted(op) {
+                    let roots: std::collections::BTreeSet<usize> = calls.iter().map(|c| c.0).collect();
+                    assert_eq!(roots.len(), [ws - 1, 0, ws / 2].iter().collect::<std::collections::BTreeSet<_>>().len());
                 }
             }
         }
