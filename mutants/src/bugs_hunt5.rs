@@ -198,7 +198,8 @@ impl Bug for GroupBarrierLastMemberEarly {
 #[derive(Default)]
 pub struct ProgressRecordsAllReduceOnly;
 
-fn unrecorded<T>(issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
+/// `issue`, with whatever it added to the in-flight record taken off again at once.
+pub(crate) fn unrecorded<T>(issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
     let before: HashSet<(String, u64)> = progress::in_flight().into_iter().map(|f| (f.backend, f.seq)).collect();
     let w = issue()?;
     for f in progress::in_flight() {

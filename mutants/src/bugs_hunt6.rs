@@ -8,13 +8,12 @@
 //! recorded in flight, and whose messages share the world's channel untagged. Each is a bug a backend author could ship, over the correct shm backend.
 
 use crate::bugs::{pipelined_ag, AG_RIGHT};
+use crate::bugs_hunt5::unrecorded;
 use crate::campaign::Spec;
 use crate::{Buf, Bug, Mutant, Shm, BUG_WAIT};
 use concord_core::fused::{describe, input_descs, move_from_front, move_to_front, Gathered, MatmulRsPlan};
-use concord_core::{
-    progress, Backend, CallOp, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work,
-};
-use std::collections::{HashMap, HashSet};
+use concord_core::{Backend, CallOp, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -433,18 +432,6 @@ impl Bug for GroupFirstOpConnectsAtIssue {
         self.connect(s, "barrier")?;
         s.inner.barrier()
     }
-}
-
-/// `issue`, with whatever it added to the in-flight record taken off again at once.
-fn unrecorded<T>(issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
-    let before: HashSet<(String, u64)> = progress::in_flight().into_iter().map(|f| (f.backend, f.seq)).collect();
-    let w = issue()?;
-    for f in progress::in_flight() {
-        if !before.contains(&(f.backend.clone(), f.seq)) {
-            progress::end(&f.backend, f.seq);
-        }
-    }
-    Ok(w)
 }
 
 /// Only the world communicator keeps the in-flight record: a group made by `new_group` takes
