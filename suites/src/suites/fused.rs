@@ -496,14 +496,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let dts = [DType::F32, DType::BF16, DType::F16];
     // The fused ops' size grid (the corruption sweep found their outputs below 16 and past 64 Ki
     // elements unchecked at every world size, and 6, 7 and 16 ranks without a fused case): f32
-    // along dim 0, K = 2, an output of ws (all_gather_matmul) or 1 element, and one just past
-    // 64 Ki elements, at every world size of the catalogue.
+    // along dim 0, K = 2, an output in each of the sweep's size classes (below 16, 16 to 4 Ki, to
+    // 64 Ki, past 64 Ki; all_gather_matmul's is ws times its shard's), at every world size.
     for ws in super::sizes::GRID_WORLD_SIZES {
-        for (tag, r, n) in [("tiny", 1, 1), ("large", 4096usize.div_ceil(ws), 16)] {
+        for (tag, r, n) in [("tiny", 1, 1), ("small", 1, 16), ("medium", 256usize.div_ceil(ws), 16), ("large", 4096usize.div_ceil(ws), 16)]
+        {
             let s = ag_spec(0, DType::F32, vec![r, 1, 2], vec![vec![2, n]], true);
             push(&mut out, format!("fused::all_gather_matmul::dim0::f32::grid_{tag}::ws{ws}"), ws, s, 1);
         }
-        for (tag, r, n) in [("tiny", 1, 1), ("large", 4097, 16)] {
+        for (tag, r, n) in [("tiny", 1, 1), ("small", 1, 16), ("medium", 257, 16), ("large", 4097, 16)] {
             let s =
                 FusedSpec { a_shape: vec![ws * r, 1, 2], b_shapes: vec![vec![2, n]], ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true) };
             push(&mut out, format!("fused::matmul_reduce_scatter::dim0::f32::sum::grid_{tag}::ws{ws}"), ws, s, 1);

@@ -97,9 +97,10 @@ fn rooted(op: OpKind) -> bool {
     matches!(op, OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter)
 }
 
-/// The calls of a grid case of `op` at world size `ws`, as `(root, n)`: outputs just past 4 Ki and
-/// 64 Ki elements (`n` = ⌈out / ws⌉ where the output is `ws·n`); the rooted ops also at 7 and
-/// 1025 elements, each size rooted at the last, the first and the middle rank.
+/// The calls of a grid case of `op` at world size `ws`, as `(root, n)`: outputs of 7 elements and
+/// just past 4 Ki and 64 Ki (`n` = ⌈out / ws⌉ where the output is `ws·n`); the rooted ops also at
+/// 1025 elements, each size rooted at the last, the first and the middle rank; send/recv under
+/// two pairings, so that at an odd world size the last rank receives too.
 ///
 /// Why: the ladder runs its sizes at world sizes 2 and 3, rooted at the last rank, and the matrix
 /// its small shapes rooted at the last rank. A backend picks its path by message size AND rank
@@ -109,7 +110,6 @@ fn rooted(op: OpKind) -> bool {
 /// elements at 4 ranks and more, every variant but the ladder's past 4 Ki at any world size, and
 /// reduce / gather rooted at the first or middle rank.
 pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
-    let outputs: &[usize] = if rooted(op) { &[7, 1025, 4099, 65537] } else { &[4099, 65537] };
     let mut roots = vec![ws - 1];
     if rooted(op) {
         for r in [0, ws / 2] {
@@ -117,14 +117,33 @@ pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
                 roots.push(r);
             }
         }
+    } else if op == OpKind::SendRecv {
+        // send/recv's "root" is the pairing's rotation ([`peer_of`]): 0 pairs 0-1, 2-3, ... (at an
+        // odd world size the last rank sits out), 1 pairs 1-2, 3-4, ... and the last rank with 0.
+        roots = if ws >= 3 { vec![0, 1] } else { vec![0] };
     }
     let mut v = Vec::new();
     for &root in &roots {
-        for &out in outputs {
+        for &out in grid_outputs(op) {
             v.push((root, if output_folds(op) { out.div_ceil(ws) } else { out }));
         }
     }
     v
+}
+
+/// The output sizes of a grid case's calls (see [`grid_calls`]).
+fn grid_outputs(op: OpKind) -> &'static [usize] {
+    if rooted(op) {
+        &[7, 1025, 4099, 65537]
+    } else {
+        &[7, 4099, 65537]
+    }
+}
+
+/// Rank `me`'s send/recv peer under the pairing rotated by `rot`: [`partner`] of `me + rot`,
+/// rotated back (symmetric: the peer's peer is `me`).
+pub fn peer_of(me: usize, ws: usize, rot: usize) -> Option<usize> {
+    partner((me + rot) % ws, ws).map(|p| (p + ws - rot % ws) % ws)
 }
 
 const BIG: usize = 1 << 24;
@@ -173,10 +192,19 @@ fn root(ws: usize) -> usize {
     ws - 1
 }
 
+/// The ladder's `root` argument of `op`: [`root`], or send/recv's pairing rotation 0.
+fn ladder_root(op: OpKind, ws: usize) -> usize {
+    if op == OpKind::SendRecv {
+        0
+    } else {
+        root(ws)
+    }
+}
+
 /// Rank `me`'s expected result in closed form, or `None` where it is undefined (non-root ranks
 /// of reduce and gather, a send/recv rank without partner).
 pub fn expected(op: OpKind, dtype: DType, seed: u64, n: usize, ws: usize, me: usize) -> Option<Tensor> {
-    let (shape, what) = expected_form(op, n, ws, me, root(ws))?;
+    let (shape, what) = expected_form(op, n, ws, me, ladder_root(op, ws))?;
     Some(ladder::tensor(dtype, seed, &shape, what))
 }
 
@@ -194,7 +222,8 @@ fn expected_form(op: OpKind, n: usize, ws: usize, me: usize, src: usize) -> Opti
         OpKind::Scatter => (vec![n], Closed::From { src, off: me * n }),
         // permute, send/recv: the source's input
         OpKind::PermuteTensor => (vec![n], Closed::From { src: (me + ws - 1) % ws, off: 0 }),
-        OpKind::SendRecv => (vec![n], Closed::From { src: partner(me, ws)?, off: 0 }),
+        // `src` is send/recv's pairing rotation (0 in the ladder).
+        OpKind::SendRecv => (vec![n], Closed::From { src: peer_of(me, ws, src)?, off: 0 }),
         _ => return None,
     })
 }
@@ -249,7 +278,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 
 fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, seed: u64) -> CaseResult {
     let ws = ctx.b.world_size();
-    call(ctx, op, variant, dtype, n, root(ws), seed)
+    call(ctx, op, variant, dtype, n, ladder_root(op, ws), seed)
 }
 
 /// One call of `op` with `n` (the ladder's meaning) rooted at `root`, every result checked.
@@ -257,7 +286,11 @@ fn call<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: D
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let reduce = op.reduces().then_some(ReduceOp::Sum);
-    let rooted_at = if rooted(op) { format!(" root={root}") } else { String::new() };
+    let rooted_at = match op {
+        _ if rooted(op) => format!(" root={root}"),
+        OpKind::SendRecv => format!(" peer={}", peer_of(me, ws, root).map_or("none".to_string(), |p| p.to_string())),
+        _ => String::new(),
+    };
     let w = format!("{} reduce={}{rooted_at} n={n}", here(b, op.name(), variant.name(), dtype), if reduce.is_some() { "sum" } else { "-" });
     let fail = |what: String| CaseEnd::Fail(format!("{w}: {what}"));
     if ws > max_ws(dtype) {
@@ -268,7 +301,7 @@ fn call<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: D
     }
     let mut p = Params { reduce, root, ..Default::default() };
     p.src_dst = (0..ws).map(|r| (r + 1) % ws).collect();
-    p.peer = partner(me, ws);
+    p.peer = if op == OpKind::SendRecv { peer_of(me, ws, root) } else { partner(me, ws) };
     // A coalesced call's list: a 7-element tensor (its own seed), then the n-element one.
     let coalesced = matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace);
     let tensors: Vec<(u64, usize)> = if coalesced { vec![(seed ^ 0x7, 7), (seed, n)] } else { vec![(seed, n)] };
@@ -335,8 +368,10 @@ mod tests {
     fn closed_form_matches_the_oracle() {
         for (op, _) in OPS {
             for dtype in [DType::F32, DType::BF16, DType::I32] {
+                // send/recv's `root` is its pairing rotation: the oracle pairs as rotation 0.
+                let srcs = move |ws: usize| if op == OpKind::SendRecv { vec![0] } else { vec![ws - 1, 0, ws / 2] };
                 for (ws, n, src) in (1..=max_ws(dtype).min(16))
-                    .flat_map(|ws| [1, 37, 130].into_iter().flat_map(move |n| [ws - 1, 0, ws / 2].into_iter().map(move |r| (ws, n, r))))
+                    .flat_map(|ws| [1, 37, 130].into_iter().flat_map(move |n| srcs(ws).into_iter().map(move |r| (ws, n, r))))
                 {
                     {
                         let seed = 0x5EED ^ n as u64;
@@ -369,14 +404,15 @@ mod tests {
 
     /// Every call of the grid lands in the size class it is there for (the corruption sweep's:
     /// tiny < 16 <= small < 4 Ki <= medium < 64 Ki <= large), at every world size; the tiny
-    /// call of an op whose output is `ws·n` cannot be tiny at 16 ranks.
+    /// call of an op whose output is `ws·n` cannot be tiny at 16 ranks. At every world size from
+    /// 2, every rank receives under one of send/recv's pairings.
     #[test]
     fn grid_calls_land_in_their_size_classes() {
         let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
         for (op, _) in GRID_PAIRS {
             for ws in GRID_WORLD_SIZES {
                 let calls = grid_calls(op, ws);
-                let outs: &[usize] = if rooted(op) { &[7, 1025, 4099, 65537] } else { &[4099, 65537] };
+                let outs = grid_outputs(op);
                 assert_eq!(calls.len() % outs.len(), 0);
                 for (i, &(root, n)) in calls.iter().enumerate() {
                     assert!(root < ws);
@@ -391,6 +427,19 @@ mod tests {
                 if rooted(op) {
                     let roots: std::collections::BTreeSet<usize> = calls.iter().map(|c| c.0).collect();
                     assert_eq!(roots.len(), [ws - 1, 0, ws / 2].iter().collect::<std::collections::BTreeSet<_>>().len());
+                }
+                if op == OpKind::SendRecv {
+                    // Every rank receives under one of the pairings, and each pairing is symmetric.
+                    for me in 0..ws {
+                        let peers: Vec<usize> = calls.iter().filter_map(|c| peer_of(me, ws, c.0)).collect();
+                        assert!(ws == 1 || !peers.is_empty(), "ws{ws} rank {me} never receives");
+                        for c in &calls {
+                            if let Some(p) = peer_of(me, ws, c.0) {
+                                assert_ne!(p, me);
+                                assert_eq!(peer_of(p, ws, c.0), Some(me), "ws{ws} rot {}", c.0);
+                            }
+                        }
+                    }
                 }
             }
         }
