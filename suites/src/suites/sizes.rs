@@ -106,9 +106,10 @@ fn rooted(op: OpKind) -> bool {
 /// its small shapes rooted at the last rank. A backend picks its path by message size AND rank
 /// count (NCCL's protocol and algorithm tables; a ring at 4 ranks and more, a tree below), and a
 /// tree or a rotation by the root is where root arithmetic goes wrong. The corruption sweep
-/// (`cargo xtask mutants --sweep`) found 602 of its 1,620 cells unchecked: outputs past 4 Ki
-/// elements at 4 ranks and more, every variant but the ladder's past 4 Ki at any world size, and
-/// reduce / gather rooted at the first or middle rank.
+/// (`cargo xtask mutants --sweep`, docs/RESULTS.md) found about a third of its cells unchecked:
+/// outputs past 4 Ki elements at 4 ranks and more, every variant but the ladder's past 4 Ki at
+/// any world size, reduce / gather rooted at the first or middle rank, and the last rank of an
+/// odd world never receiving.
 pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
     let mut roots = vec![ws - 1];
     if rooted(op) {
