@@ -13,7 +13,7 @@ use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
 use concord_suites::Case;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A choice failing on one rank is dropped on that rank alone.
 const LOCAL_FALLBACK: u8 = 1;
@@ -50,13 +50,6 @@ impl<B: Backend, const H: u8> Autotuner<B> for Faulty<H> {
     fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
         <Tuner as Autotuner<B>>::tune(&self.inner, env, requests)
     }
-}
-
-fn faulty_cases<const H: u8>() -> Vec<Case<ShmBackend>> {
-    concord_suites::autotune::cases::<ShmBackend, Faulty<H>>()
-}
-fn control_cases() -> Vec<Case<ShmBackend>> {
-    concord_suites::autotune::cases::<ShmBackend, Tuner>()
 }
 
 // ---- Broken autotuners written OUTSIDE the reference tuner ----
@@ -422,111 +415,138 @@ impl<B: Backend> Autotuner<B> for IndexIntoFullList {
     }
 }
 
-fn outside<A: Autotuner<ShmBackend>>() -> Vec<Case<ShmBackend>> {
-    concord_suites::autotune::cases::<ShmBackend, A>()
+/// Every autotuner of this test behind one type, so the autotune suite is compiled once, not
+/// once per broken tuner (21 instantiations took 25 s of the CI build, 6 took 6 s): a worker
+/// builds the one its backend entry names (`CHOSEN`, set in `main` from the worker's
+/// environment); `control_tuner` is the reference.
+static CHOSEN: OnceLock<String> = OnceLock::new();
+
+struct Chosen(Box<dyn Autotuner<ShmBackend>>);
+
+fn build<A: Autotuner<ShmBackend>>(cfg: Config) -> Box<dyn Autotuner<ShmBackend>> {
+    Box::new(A::new(cfg))
 }
 
-fn e(name: &str, cases: fn() -> Vec<Case<ShmBackend>>) -> BackendEntry {
-    BackendEntry::new::<ShmBackend>(name, 0, cases)
+/// The maker of each entry's autotuner, by entry name.
+fn maker(name: &str) -> Option<fn(Config) -> Box<dyn Autotuner<ShmBackend>>> {
+    Some(match name {
+        "control_tuner" => build::<Tuner>,
+        "local_fallback" => build::<Faulty<LOCAL_FALLBACK>>,
+        "avg_declared_max" => build::<Faulty<AVG_DECLARED_MAX>>,
+        "collective_timeout" => build::<Faulty<COLLECTIVE_TIMEOUT>>,
+        "no_screening" => build::<Faulty<NO_SCREENING>>,
+        "unagreed_cache" => build::<Faulty<UNAGREED_CACHE>>,
+        "sorted_tables" => build::<SortedTables>,
+        "min_over_ranks" => build::<MinOverRanks>,
+        "own_times_only" => build::<OwnTimesOnly>,
+        "failure_as_zero" => build::<FailureAsZero>,
+        "single_cold_run" => build::<SingleColdRun>,
+        "cache_ignores_dtype" => build::<LooseCache<NO_DTYPE>>,
+        "cache_ignores_reduce_op" => build::<LooseCache<NO_REDUCE_OP>>,
+        "cache_ignores_candidates" => build::<LooseCache<NO_CANDIDATES>>,
+        "op_timeout_only" => build::<OpTimeoutOnly>,
+        "ignores_applicability" => build::<IgnoresApplicability>,
+        "declares_max_always" => build::<DeclaresMaxAlways>,
+        "drops_last_candidate" => build::<DropsLastCandidate>,
+        "rank0_decides_alone" => build::<Rank0DecidesAlone>,
+        "screens_on_rank0_only" => build::<ScreensOnRank0Only>,
+        "index_into_full_list" => build::<IndexIntoFullList>,
+        _ => return None,
+    })
+}
+
+impl Autotuner<ShmBackend> for Chosen {
+    fn new(cfg: Config) -> Self {
+        let name = CHOSEN.get().map(String::as_str).unwrap_or("(not a worker)");
+        let make = maker(name).unwrap_or_else(|| panic!("faulty_autotuners: no autotuner for the entry `{name}`"));
+        Chosen(make(cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.policy()
+    }
+    fn tune(&self, env: &Env<'_, ShmBackend>, requests: &[Request<ShmBackend>]) -> Result<Outcome, TuneError> {
+        self.0.tune(env, requests)
+    }
+}
+
+fn chosen_cases() -> Vec<Case<ShmBackend>> {
+    concord_suites::autotune::cases::<ShmBackend, Chosen>()
+}
+
+fn e(name: &str) -> BackendEntry {
+    assert!(maker(name).is_some(), "no autotuner for the entry `{name}`");
+    BackendEntry::new::<ShmBackend>(name, 0, chosen_cases)
         .with_rerun(format!("cargo test -p concord-suites --test faulty_autotuners -- --exact faulty::{name}_is_caught # case"))
 }
 
 fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'static str])> {
     vec![
+        (e("local_fallback"), &["autotune::hazard::panic_on_one_rank::ws2"], &["rank-local fallback", "panics_on_rank1", "rank="]),
         (
-            e("local_fallback", faulty_cases::<LOCAL_FALLBACK>),
-            &["autotune::hazard::panic_on_one_rank::ws2"],
-            &["rank-local fallback", "panics_on_rank1", "rank="],
-        ),
-        (
-            e("avg_declared_max", faulty_cases::<AVG_DECLARED_MAX>),
+            e("avg_declared_max"),
             &["autotune::hazard::max_vs_avg::ws2"],
             &["declared policy max", "hides the slow rank", "slow_on_rank1", "rank="],
         ),
         (
-            e("collective_timeout", faulty_cases::<COLLECTIVE_TIMEOUT>),
+            e("collective_timeout"),
             &["autotune::seed::timeout_rank1_sleeps_10s::ws2"],
             &["waited on the slow peer", "timeout decided by a collective", "rank 0 ended"],
         ),
         (
-            e("no_screening", faulty_cases::<NO_SCREENING>),
+            e("no_screening"),
             &["autotune::hazard::fast_but_wrong::ws2"],
             &["not rejected before timing", "fast_but_wrong", "first bad index"],
         ),
-        (
-            e("unagreed_cache", faulty_cases::<UNAGREED_CACHE>),
-            &["autotune::cache::partial_hit_retunes::ws2"],
-            &["cache not agreed across ranks", "rank 1"],
-        ),
+        (e("unagreed_cache"), &["autotune::cache::partial_hit_retunes::ws2"], &["cache not agreed across ranks", "rank 1"]),
         // Written outside the reference tuner.
-        (e("sorted_tables", outside::<SortedTables>), &["autotune::seed::three_ops::ws2"], &["tables out of order", "rank="]),
+        (e("sorted_tables"), &["autotune::seed::three_ops::ws2"], &["tables out of order", "rank="]),
         (
-            e("min_over_ranks", outside::<MinOverRanks>),
+            e("min_over_ranks"),
             &["autotune::hazard::max_vs_avg::ws2"],
             &["under the declared policy max the reference model picks `uniform`", "rank="],
         ),
+        (e("own_times_only"), &["autotune::hazard::max_vs_avg::ws2"], &["ranks ended with different winners", "not from its own times"]),
         (
-            e("own_times_only", outside::<OwnTimesOnly>),
-            &["autotune::hazard::max_vs_avg::ws2"],
-            &["ranks ended with different winners", "not from its own times"],
-        ),
-        (
-            e("failure_as_zero", outside::<FailureAsZero>),
+            e("failure_as_zero"),
             &["autotune::hazard::error_on_one_rank::ws3"],
             &["does not hold choice `errors_on_rank2` inf", "injected error", "rank="],
         ),
+        (e("single_cold_run"), &["autotune::hazard::slow_first_call::ws2"], &["warm-up run (1) must be untimed", "lazy_init", "rank="]),
         (
-            e("single_cold_run", outside::<SingleColdRun>),
-            &["autotune::hazard::slow_first_call::ws2"],
-            &["warm-up run (1) must be untimed", "lazy_init", "rank="],
-        ),
-        (
-            e("cache_ignores_dtype", outside::<LooseCache<NO_DTYPE>>),
+            e("cache_ignores_dtype"),
             &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
             &["a cache key without the dtype", "rank="],
         ),
         (
-            e("cache_ignores_reduce_op", outside::<LooseCache<NO_REDUCE_OP>>),
+            e("cache_ignores_reduce_op"),
             &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
             &["a cache key without the reduce op", "rank="],
         ),
         (
-            e("cache_ignores_candidates", outside::<LooseCache<NO_CANDIDATES>>),
+            e("cache_ignores_candidates"),
             &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
             &["a cache key without the candidate list", "rank="],
         ),
         (
-            e("op_timeout_only", outside::<OpTimeoutOnly>),
+            e("op_timeout_only"),
             &["autotune::hazard::rank_missing_at_presync::ws3"],
             &["a wait without the deadline", "while rank 2 was slow"],
         ),
+        (e("ignores_applicability"), &["autotune::hazard::not_applicable_is_skipped::ws3"], &["`Choice::applies` was ignored", "rank="]),
+        (e("declares_max_always"), &["autotune::hazard::max_vs_avg::ws2"], &["asked for policy avg, the autotuner declares max", "rank="]),
+        (e("drops_last_candidate"), &["autotune::seed::one_op::ws2"], &["a candidate silently dropped", "missing: [", "rank="]),
         (
-            e("ignores_applicability", outside::<IgnoresApplicability>),
-            &["autotune::hazard::not_applicable_is_skipped::ws3"],
-            &["`Choice::applies` was ignored", "rank="],
-        ),
-        (
-            e("declares_max_always", outside::<DeclaresMaxAlways>),
-            &["autotune::hazard::max_vs_avg::ws2"],
-            &["asked for policy avg, the autotuner declares max", "rank="],
-        ),
-        (
-            e("drops_last_candidate", outside::<DropsLastCandidate>),
-            &["autotune::seed::one_op::ws2"],
-            &["a candidate silently dropped", "missing: [", "rank="],
-        ),
-        (
-            e("rank0_decides_alone", outside::<Rank0DecidesAlone>),
+            e("rank0_decides_alone"),
             &["autotune::hazard::max_vs_avg::ws2"],
             &["ranks ended with different winners", "rank 0: [slow_on_rank1]; rank 1: [uniform]"],
         ),
         (
-            e("screens_on_rank0_only", outside::<ScreensOnRank0Only>),
+            e("screens_on_rank0_only"),
             &["autotune::hazard::wrong_on_one_rank::ws2"],
             &["an output checked on some ranks only", "wrong_on_rank1", "rank="],
         ),
         (
-            e("index_into_full_list", outside::<IndexIntoFullList>),
+            e("index_into_full_list"),
             &["autotune::hazard::not_applicable_is_skipped::ws3"],
             &["winner `pow2_only` was skipped as not applicable", "rank="],
         ),
@@ -539,7 +559,10 @@ fn case_info(entry: &BackendEntry, id: &str) -> concord_suites::run::CaseInfo {
 }
 
 fn main() {
-    let control = e("control_tuner", control_cases);
+    if let Some(env) = concord_harness::worker::WorkerEnv::from_env() {
+        let _ = CHOSEN.set(env.backend);
+    }
+    let control = e("control_tuner");
     let mut entries: Vec<BackendEntry> = expectations().into_iter().map(|(e, _, _)| e).collect();
     entries.push(control.clone());
     concord_suites::run::dispatch_child(&entries);
