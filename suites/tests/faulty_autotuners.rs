@@ -423,12 +423,15 @@ static CHOSEN: OnceLock<String> = OnceLock::new();
 
 struct Chosen(Box<dyn Autotuner<ShmBackend>>);
 
+/// Builds one autotuner of this test.
+type Make = fn(Config) -> Box<dyn Autotuner<ShmBackend>>;
+
 fn build<A: Autotuner<ShmBackend>>(cfg: Config) -> Box<dyn Autotuner<ShmBackend>> {
     Box::new(A::new(cfg))
 }
 
 /// The maker of each entry's autotuner, by entry name.
-fn maker(name: &str) -> Option<fn(Config) -> Box<dyn Autotuner<ShmBackend>>> {
+fn maker(name: &str) -> Option<Make> {
     Some(match name {
         "control_tuner" => build::<Tuner>,
         "local_fallback" => build::<Faulty<LOCAL_FALLBACK>>,
