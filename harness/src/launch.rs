@@ -146,7 +146,18 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
         ));
     }
     let world_id = format!("l{}x{:06x}", std::process::id(), platform::nonce());
-    let dir = tempfile::Builder::new().prefix(&platform::shm_prefix(&world_id)).tempdir()?;
+    // Inside a rank of a runner's world (a case that launches a world of its own), the dir goes
+    // into that world's dir: the runner's termination cleanup removes the world's dir, and a rank
+    // it SIGKILLs cannot run this world's `Drop` (a SIGTERM to a conformance run left such dirs
+    // in /tmp).
+    let prefix = platform::shm_prefix(&world_id);
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    let enclosing = std::env::var_os(vars::STORE).map(PathBuf::from).and_then(|s| s.parent().map(|p| p.to_path_buf()));
+    let dir = match enclosing.filter(|p| p.is_dir()) {
+        Some(p) => builder.tempdir_in(p)?,
+        None => builder.tempdir()?,
+    };
     let store = dir.path().join("store");
     let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace };
     for r in 0..spec.ranks {

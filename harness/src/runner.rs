@@ -359,9 +359,17 @@ fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<St
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Set (under the `live_worlds` lock) once the termination handler has taken the live worlds: a
+/// world spawned after that would leave its dir behind, so none is.
+static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Kills every live world's processes and removes their files (termination handler).
 fn cleanup_live_worlds() {
-    let worlds = std::mem::take(&mut *live_worlds());
+    let worlds = {
+        let mut live = live_worlds();
+        TERMINATING.store(true, Ordering::SeqCst);
+        std::mem::take(&mut *live)
+    };
     for (id, (pgid, dir)) in worlds {
         if pgid > 1 {
             let _ = platform::kill_group(pgid, Signal::SIGKILL);
@@ -439,13 +447,23 @@ impl World {
         }
         let id = format!("p{}w{}x{:06x}", std::process::id(), WORLD_COUNTER.fetch_add(1, Ordering::Relaxed), platform::nonce());
         platform::install_termination_cleanup(cleanup_live_worlds);
-        let dir = tempfile::Builder::new()
-            .prefix(&platform::shm_prefix(&id))
-            .tempdir()
-            .map_err(|e| format!("cannot create the world's temp dir: {e}"))?;
-        // Registered before any process exists (process group 0: nothing to signal yet), so a
-        // termination signal that arrives while the ranks are being spawned still removes the dir.
-        live_worlds().insert(id.clone(), (0, dir.path().to_path_buf()));
+        // Made and registered under the lock, before any process exists (process group 0: nothing
+        // to signal yet), so a termination signal that arrives at any point of the spawn still
+        // removes the dir: the handler takes the live worlds under the same lock, and after it
+        // has, no dir is made (a dir made between its take and the exit was left behind, under a
+        // SIGTERM to a run with several jobs).
+        let dir = {
+            let mut live = live_worlds();
+            if TERMINATING.load(Ordering::SeqCst) {
+                return Err("the runner is terminating".into());
+            }
+            let dir = tempfile::Builder::new()
+                .prefix(&platform::shm_prefix(&id))
+                .tempdir()
+                .map_err(|e| format!("cannot create the world's temp dir: {e}"))?;
+            live.insert(id.clone(), (0, dir.path().to_path_buf()));
+            dir
+        };
         let store = dir.path().join("store");
         let op_ms = cfg.op_timeout.as_millis().to_string();
         let setup_ms = cfg.setup_timeout.as_millis().to_string();
