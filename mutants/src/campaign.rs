@@ -129,7 +129,8 @@ fn split_hinted(spec: &Spec) -> (Vec<CaseInfo>, Vec<CaseInfo>) {
 pub fn ordered_cases(spec: &Spec, only: &[String]) -> Vec<CaseInfo> {
     if !only.is_empty() {
         let all = spec.entry.cases();
-        return only.iter().filter_map(|id| all.iter().find(|c| &c.id == id).cloned()).collect();
+        let by_id: std::collections::HashMap<&str, &CaseInfo> = all.iter().map(|c| (c.id.as_str(), c)).collect();
+        return only.iter().filter_map(|id| by_id.get(id.as_str()).map(|c| (*c).clone())).collect();
     }
     let (mut first, mut rest) = split_hinted(spec);
     // The rest by world size, so each persistent world serves a long run of cases.
