@@ -5,7 +5,7 @@
 //! world size / rank, then `catch rate: N/M (P %)` and the wall time; exits 1 if any survives.
 
 use crate::{Bug, MakeBug, Mutant};
-use concord_harness::runner::Pool;
+use concord_harness::runner::{Pool, PoolConfig};
 use concord_harness::verdict::Verdict;
 use concord_suites::run::{run_case_in, BackendEntry, CaseInfo};
 use std::sync::Mutex;
@@ -86,11 +86,13 @@ impl CaseIds {
         let mut taken = vec![false; self.starts.len()];
         let mut order = Vec::new();
         for pat in catchers {
-            if pat.is_empty() || pat.contains('\n') {
-                // Every id contains the empty hint; none contains a newline.
-                if pat.is_empty() {
-                    order.extend((0..taken.len()).filter(|&i| !std::mem::replace(&mut taken[i], true)));
-                }
+            if pat.is_empty() {
+                // Every id contains the empty hint.
+                order.extend((0..taken.len()).filter(|&i| !std::mem::replace(&mut taken[i], true)));
+                continue;
+            }
+            if pat.contains('\n') {
+                // No id contains a newline (a match would span two ids).
                 continue;
             }
             for at in memchr::memmem::find_iter(self.text.as_bytes(), pat.as_bytes()) {
@@ -146,10 +148,15 @@ pub fn run_mutant(spec: &Spec, only: &[String]) -> Finding {
 
 /// [`run_mutant`] in the worlds of `pool`.
 pub fn run_mutant_in(pool: &Pool, spec: &Spec, only: &[String]) -> Finding {
+    run_cases_in(pool, spec, ordered_cases(spec, only))
+}
+
+/// Runs `cases` of `spec`, in order, in the worlds of `pool`, until the first that fails.
+pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
     let started = Instant::now();
     let prefix = format!("{}::", spec.name);
     let mut cases_run = 0;
-    for case in ordered_cases(spec, only) {
+    for case in cases {
         cases_run += 1;
         let (verdict, message, _) = run_case_in(pool, &spec.entry, &case);
         if let Verdict::Failed(failures) = verdict {
@@ -168,22 +175,38 @@ pub fn run_mutant_in(pool: &Pool, spec: &Spec, only: &[String]) -> Finding {
     Finding { name: spec.name, clause: spec.clause, caught: None, cases_run, elapsed: started.elapsed() }
 }
 
-/// Runs every spec (up to `jobs` side by side); `report` is called as each one finishes.
-pub fn run_all(specs: &[Spec], only: &[String], jobs: usize, report: impl Fn(&Finding) + Sync) -> Vec<Finding> {
-    let queue = Mutex::new(specs.iter());
-    let found = Mutex::new(Vec::new());
+/// How long the peers of a failed rank get to report in a [`verdict_pool`].
+pub const VERDICT_SETTLE: Duration = Duration::from_millis(150);
+
+/// A pool for runs that only need each case's verdict (the CI guard, the sweep): once a rank has
+/// failed, the case has failed; its peers (usually stuck in the case's next collective, waiting
+/// for the failed rank) get [`VERDICT_SETTLE`] to report, not the default second.
+pub fn verdict_pool() -> Pool {
+    Pool::new(PoolConfig { settle: VERDICT_SETTLE, ..PoolConfig::from_env() })
+}
+
+/// `f` over `items`, up to `jobs` side by side; `report` is called as each one finishes. The
+/// results come in the order they finished.
+pub fn side_by_side<I: Send, O: Send>(items: Vec<I>, jobs: usize, f: impl Fn(I) -> O + Sync, report: impl Fn(&O) + Sync) -> Vec<O> {
+    let queue = Mutex::new(items.into_iter());
+    let out = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
             s.spawn(|| loop {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                let Some(spec) = next else { break };
-                let f = run_mutant(spec, only);
-                report(&f);
-                found.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+                let Some(item) = next else { break };
+                let o = f(item);
+                report(&o);
+                out.lock().unwrap_or_else(|e| e.into_inner()).push(o);
             });
         }
     });
-    let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    out.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs every spec (up to `jobs` side by side); `report` is called as each one finishes.
+pub fn run_all(specs: &[Spec], only: &[String], jobs: usize, report: impl Fn(&Finding) + Sync) -> Vec<Finding> {
+    let mut found = side_by_side(specs.iter().collect(), jobs, |spec| run_mutant(spec, only), report);
     let pos = |n: &str| specs.iter().position(|s| s.name == n);
     found.sort_by_key(|f| pos(f.name));
     found

@@ -12,14 +12,13 @@
 //! algorithm by message size and rank count, a root or the last rank often takes a special
 //! branch, and a tail element is where chunking arithmetic goes wrong.
 
-use crate::campaign::{run_mutant_in, Spec};
+use crate::campaign::{run_cases_in, side_by_side, verdict_pool, Spec};
 use crate::{bump, edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
 use concord_core::{Backend, ReduceOp, Result, Scaling, Work};
-use concord_harness::runner::{Pool, PoolConfig};
 use concord_shm::ShmBackend;
 use concord_suites::run::{BackendEntry, CaseInfo};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The hooks whose output the sweep corrupts (the trait's data-moving calls; `send` and
@@ -303,20 +302,20 @@ pub fn worker_entry() -> BackendEntry {
     spec(&all_targets()[0]).entry
 }
 
-/// The case ids a cell runs: the world size's cases that use the hook, in catalogue order, except
+/// The cases a cell runs: the world size's cases that use the hook, in catalogue order, except
 /// that for the medium and large classes the cases made of larger buffers (the size ladder,
 /// `::large` cases, random programs, fused ops) come first (a cell ends at its first failure;
 /// the matrix's small shapes cannot catch those classes).
-pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<String> {
+pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<CaseInfo> {
     let mut v: Vec<&CaseInfo> = cases.iter().filter(|c| c.world_size == ws && uses(c, target.hook)).collect();
     if target.class.1 >= 4096 {
         let big = |c: &CaseInfo| ["::sizes::", "::large", "::programs::", "::fused::"].iter().any(|p| c.id.contains(p));
         v.sort_by_key(|c| !big(c));
     }
-    v.into_iter().map(|c| c.id.clone()).collect()
+    v.into_iter().cloned().collect()
 }
 
-/// Every cell of `targets` × [`WORLD_SIZES`] (or `sizes`), up to `jobs` side by side.
+/// Every cell of `targets` × `sizes`, up to `jobs` side by side.
 pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
     if targets.is_empty() {
         return Vec::new();
@@ -324,50 +323,32 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Ce
     // One listing serves every target (same backend type; the ids differ only by prefix, which
     // is `sweep::` for all).
     let cases = spec(&targets[0]).entry.cases();
-    let mut work = Vec::new();
-    for t in targets {
-        for &ws in sizes {
-            work.push((t.clone(), ws));
-        }
-    }
-    let pool = Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() });
-    let queue = Mutex::new(work.into_iter());
-    let out = Mutex::new(Vec::new());
-    std::thread::scope(|sc| {
-        for _ in 0..jobs.max(1) {
-            sc.spawn(|| loop {
-                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                let Some((t, ws)) = next else { break };
-                let started = Instant::now();
-                let cell = if rank_of(t.pos, ws).is_none() || impossible(&t, ws) {
-                    Cell { target: t, ws, candidates: None, cases_run: 0, caught: None, elapsed: Duration::ZERO }
-                } else {
-                    let only = cell_cases(&cases, &t, ws);
-                    if only.is_empty() {
-                        // No case of this world size calls the op: a hole without running anything
-                        // (an empty list would mean the whole catalogue to `run_mutant_in`).
-                        let cell = Cell { target: t, ws, candidates: Some(0), cases_run: 0, caught: None, elapsed: started.elapsed() };
-                        report(&cell);
-                        out.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
-                        continue;
+    let work: Vec<(Target, usize)> = targets.iter().flat_map(|t| sizes.iter().map(move |&ws| (t.clone(), ws))).collect();
+    let pool = verdict_pool();
+    let cells = side_by_side(
+        work,
+        jobs,
+        |(t, ws)| {
+            let started = Instant::now();
+            let (candidates, cases_run, caught) = if rank_of(t.pos, ws).is_none() || impossible(&t, ws) {
+                (None, 0, None)
+            } else {
+                match cell_cases(&cases, &t, ws) {
+                    // No case of this world size calls the op: a hole, nothing to run.
+                    run if run.is_empty() => (Some(0), 0, None),
+                    run => {
+                        let n = run.len();
+                        let f = run_cases_in(&pool, &spec(&t), run);
+                        (Some(n), f.cases_run, f.caught.map(|c| c.case))
                     }
-                    let f = run_mutant_in(&pool, &spec(&t), &only);
-                    Cell {
-                        target: t,
-                        ws,
-                        candidates: Some(only.len()),
-                        cases_run: f.cases_run,
-                        caught: f.caught.map(|c| c.case),
-                        elapsed: started.elapsed(),
-                    }
-                };
-                report(&cell);
-                out.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
-            });
-        }
-    });
+                }
+            };
+            Cell { target: t, ws, candidates, cases_run, caught, elapsed: started.elapsed() }
+        },
+        report,
+    );
     pool.shutdown();
-    out.into_inner().unwrap_or_else(|e| e.into_inner())
+    cells
 }
 
 /// Every target of the grid.

@@ -7,11 +7,10 @@
 //! is named `mutants::stall::<name>_is_caught` (nextest runs those beside the CPU-bound tests). A few mutants must moreover fail by a rank's own typed check
 //! (`reported`), never a crash or a hang. Also the clause rules (`concord_mutants::coverage`).
 
-use concord_harness::runner::{Pool, PoolConfig};
-use concord_mutants::campaign::{run_mutant, run_mutant_in, CaseIds, Spec};
+use concord_harness::runner::Pool;
+use concord_mutants::campaign::{self, run_mutant, run_mutant_in, CaseIds, Spec};
 use concord_suites::case::Load;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 /// Mutants whose catching failure must be a rank's typed check (`reported`).
 const REPORTED: &[&str] = &[
@@ -60,14 +59,13 @@ const PROGRAMS_CATCH: &[(&str, &str)] = &[
     ("coalesced_minmax_drops_nan", "programs::p3::ws2"),
 ];
 
-/// The worlds of the mutants that only need a verdict: once a rank has failed, the case has
-/// failed; its peers (usually stuck in the next collective of the case, waiting for the failed
-/// rank) get 150 ms to report rather than the default second. A caught mutant's test ended on
-/// that second of waiting (27 of 176 tests, about 1 s each). The `REPORTED` mutants keep the
-/// default: every rank's own check must have reported, so their peers get the full settle time.
+/// The worlds of the mutants that only need a verdict (`campaign::verdict_pool`): a caught
+/// mutant's test ended on the default second of settling (27 of 176 tests). The `REPORTED`
+/// mutants keep the default: every rank's own check must have reported, so their peers get the
+/// full settle time.
 fn verdict_pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() }))
+    POOL.get_or_init(campaign::verdict_pool)
 }
 
 /// The corruption sweep's grid, pinned where it had holes (`cargo xtask mutants --sweep`): each
