@@ -135,7 +135,14 @@ pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i3
     match agree {
         Ok(r) if r.verdict.is_failed() => {
             if me == 0 {
-                eprintln!("concord: the ranks disagree on the cases:\n{}", r.message);
+                match &r.decision {
+                    // A rank died or hung before the cases were agreed on: named, with its pid.
+                    Decision::Abort(why) => {
+                        eprintln!("concord: {why}:\n{}", r.message);
+                        println!("ABORTED: {why}; {n} of {n} cases not run; every rank exits non-zero", n = ids.len());
+                    }
+                    _ => eprintln!("concord: the ranks disagree on the cases:\n{}", r.message),
+                }
             }
             return rank.finish(1);
         }
@@ -189,6 +196,16 @@ pub(crate) fn run_backend<B: Backend>(
     let local = rank.launch.local_rank;
     let setup = rank.setup_timeout();
     let needed = entry.gpus_per_rank * (local + 1);
+    // A gate or an init that ends the run (a rank died or hung in it) names that rank, its pid
+    // and its stderr tail on rank 0, as a failed case does: no case carries the message.
+    let aborted_by = |r: &StepResult, step: &str, rec: &mut Recorder| -> bool {
+        let Decision::Abort(why) = &r.decision else { return false };
+        if rec.rank0 && !r.message.is_empty() {
+            eprintln!("FAIL {} {step}\n{}\n", entry.name, r.message);
+        }
+        rec.aborted = Some(why.clone());
+        true
+    };
     let gate = rank.step(&format!("{} gate", entry.name), setup, || {
         if entry.gpus_per_rank == 0 {
             return Outcome::Passed;
@@ -202,6 +219,9 @@ pub(crate) fn run_backend<B: Backend>(
         }
         Outcome::Passed
     })?;
+    if aborted_by(&gate, "gate", rec) {
+        return Ok(());
+    }
     if gate.verdict != Verdict::Passed {
         for c in selected {
             rec.record(entry, c, &gate.verdict, &gate.message, Duration::ZERO);
@@ -237,11 +257,10 @@ pub(crate) fn run_backend<B: Backend>(
         Ok(r)
     };
     let mut last_init = init(rank, gen, &mut state, rec)?;
+    if aborted_by(&last_init, &format!("init (generation {gen})"), rec) {
+        return Ok(());
+    }
     for c in selected {
-        if let Decision::Abort(why) = &last_init.decision {
-            rec.aborted = Some(why.clone());
-            return Ok(());
-        }
         if c.isolated {
             let why = "an isolated case (it ends or poisons ranks, so it needs a fresh world); run it without a launcher".to_string();
             rec.record(entry, c, &Verdict::Skipped(why), "", Duration::ZERO);
@@ -276,6 +295,9 @@ pub(crate) fn run_backend<B: Backend>(
                 state = None;
                 gen += 1;
                 last_init = init(rank, gen, &mut state, rec)?;
+                if aborted_by(&last_init, &format!("init (generation {gen})"), rec) {
+                    return Ok(());
+                }
             }
         }
     }
