@@ -279,6 +279,11 @@ struct Cli {
     /// Sweep: only these world sizes (repeatable).
     #[arg(long, value_name = "N")]
     ws: Vec<usize>,
+    /// Sweep: the cells of these communicator shapes (repeatable; `world`, the default, or a
+    /// subgroup shape: `strided`, `no_zero`, `singleton`, `unsorted`; a subgroup cell covers
+    /// every world size).
+    #[arg(long, value_name = "SHAPE")]
+    shape: Vec<String>,
 }
 
 /// `--sweep`: the grid, or one target's cases.
@@ -286,15 +291,27 @@ fn sweep_main(cli: &Cli) -> ! {
     use crate::sweep;
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
     let targets: Vec<sweep::Target> = match cli.sweep.as_deref() {
-        Some("") | None => sweep::all_targets(),
+        Some("") | None if cli.shape.is_empty() => sweep::all_targets(),
+        Some("") | None => {
+            let mut v = Vec::new();
+            for g in &cli.shape {
+                let Some(&shape) = sweep::SHAPES.iter().find(|s| *s == g) else {
+                    eprintln!("error: no shape `{g}` (shapes: {:?})", sweep::SHAPES);
+                    std::process::exit(2);
+                };
+                v.extend(sweep::targets_of(shape));
+            }
+            v
+        }
         Some(t) => match sweep::Target::parse(t) {
             Some(t) => vec![t],
             None => {
                 eprintln!(
-                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS, hooks {:?}, positions {:?}, classes {:?}",
+                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE], hooks {:?}, positions {:?}, classes {:?}, shapes {:?}",
                     sweep::HOOKS,
                     sweep::POSITIONS,
-                    sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>()
+                    sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>(),
+                    sweep::SHAPES
                 );
                 std::process::exit(2);
             }
@@ -330,7 +347,8 @@ fn sweep_main(cli: &Cli) -> ! {
     let started = Instant::now();
     let cells = sweep::run(&targets, &sizes, jobs, |c| {
         if c.candidates.is_some() && c.caught.is_none() {
-            eprintln!("  HOLE {} ws{} ({} cases, {:.1} s)", c.target.label(), c.ws, c.cases_run, c.elapsed.as_secs_f64());
+            let ws = if c.ws == 0 { "any ws".to_string() } else { format!("ws{}", c.ws) };
+            eprintln!("  HOLE {} {ws} ({} cases, {:.1} s)", c.target.label(), c.cases_run, c.elapsed.as_secs_f64());
         }
     });
     print!("{}", sweep::render(&cells, &sizes));
@@ -345,7 +363,7 @@ pub fn main() -> ! {
     entries.push(crate::sweep::worker_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
-    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() {
+    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() {
         sweep_main(&cli);
     }
     if cli.list {
