@@ -112,6 +112,16 @@ fn rooted(op: OpKind) -> bool {
 /// any world size, reduce / gather rooted at the first or middle rank, and the last rank of an
 /// odd world never receiving.
 pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
+    calls_at(op, ws, grid_outputs(op))
+}
+
+/// The calls of a group grid case ([`group_grid_case`]): [`grid_calls`], with every op at 1025
+/// elements too (the world's small outputs are the matrix's; a group's are not).
+pub fn group_grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
+    calls_at(op, ws, &[7, 1025, 4099, 65537])
+}
+
+fn calls_at(op: OpKind, ws: usize, outputs: &[usize]) -> Vec<(usize, usize)> {
     let mut roots = vec![ws - 1];
     if rooted(op) {
         for r in [0, ws / 2] {
@@ -126,7 +136,7 @@ pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
     }
     let mut v = Vec::new();
     for &root in &roots {
-        for &out in grid_outputs(op) {
+        for &out in outputs {
             v.push((root, if output_folds(op) { out.div_ceil(ws) } else { out }));
         }
     }
@@ -296,7 +306,7 @@ pub const GROUP_LAYOUTS: [(&str, &[&[usize]]); 4] = [
     ("overlapping", &[&[0, 1, 2, 3], &[3, 4, 5, 6, 2]]),
 ];
 
-/// The size grid on subgroups: `op` / `variant` at [`grid_calls`]' sizes and roots (the GROUP's
+/// The size grid on subgroups: `op` / `variant` at [`group_grid_calls`]' sizes and roots (the GROUP's
 /// last, first and middle rank), on every group of each of [`GROUP_LAYOUTS`] at world size 7,
 /// the calls of a layout's groups interleaved (call k on each of a rank's groups, then call
 /// k + 1), every result checked in closed form against the GROUP's ranks. The subgroup suite runs
@@ -338,7 +348,7 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
                     )));
                 }
             }
-            let calls: Vec<Vec<(usize, usize)>> = mine.iter().map(|(g, _)| grid_calls(op, g.len())).collect();
+            let calls: Vec<Vec<(usize, usize)>> = mine.iter().map(|(g, _)| group_grid_calls(op, g.len())).collect();
             let most = calls.iter().map(Vec::len).max().unwrap_or(0);
             for k in 0..most {
                 for ((g, sub), calls) in mine.iter().zip(&calls) {
