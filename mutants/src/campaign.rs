@@ -279,6 +279,10 @@ struct Cli {
     /// Sweep: only these world sizes (repeatable).
     #[arg(long, value_name = "N")]
     ws: Vec<usize>,
+    /// Leave out the cases whose id contains this (repeatable): the catalogue as it was before
+    /// a hunt's cases, to count the survivors they catch.
+    #[arg(long, value_name = "SUBSTR")]
+    skip: Vec<String>,
     /// Sweep: the cells of these communicator shapes (repeatable; `world`, the default, or a
     /// subgroup shape: `strided`, `no_zero`, `singleton`, `unsorted`; a subgroup cell covers
     /// every world size).
@@ -392,9 +396,22 @@ pub fn main() -> ! {
     }
     let chosen: Vec<Spec> = specs.into_iter().filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name)).collect();
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let mut only = cli.cases.clone();
+    if !cli.skip.is_empty() && only.is_empty() && !chosen.is_empty() {
+        // Every case but the skipped ones, in the campaign's order, for each chosen mutant.
+        for s in &chosen {
+            let prefix = format!("{}::", s.name);
+            only.extend(
+                ordered_cases(s, &[])
+                    .into_iter()
+                    .filter(|c| !cli.skip.iter().any(|k| c.id.strip_prefix(&prefix).unwrap_or(&c.id).contains(k.as_str())))
+                    .map(|c| c.id),
+            );
+        }
+    }
     eprintln!("concord-mutants: {} mutant(s), {jobs} side by side; each stops at its first failing case", chosen.len());
     let started = Instant::now();
-    let found = run_all(&chosen, &cli.cases, jobs, |f| {
+    let found = run_all(&chosen, &only, jobs, |f| {
         let what = f.caught.as_ref().map_or("SURVIVED".to_string(), |c| format!("caught by {}", c.case));
         eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
     });

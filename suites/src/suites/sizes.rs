@@ -516,6 +516,9 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
         if exec::is_in_place(variant) && b.buffer_addr(r) != b.buffer_addr(x) {
             return Err(fail(format!("in-place op returned a different buffer (tensor {t})")));
         }
+        if !exec::is_in_place(variant) && ins.iter().any(|i| b.buffer_addr(r) == b.buffer_addr(i)) {
+            return Err(fail(format!("out-of-place op returned an input buffer (tensor {t})")));
+        }
     }
     if variant == Variant::OutBuf && op != OpKind::SendRecv {
         if let (Some(o), Some(r)) = (&out, res.first()) {
