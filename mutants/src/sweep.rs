@@ -497,3 +497,36 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
     out += &format!("cells caught: {}/{}\n", run.len() - holes.len(), run.len());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_of_the_group_layouts() {
+        // The world, and a group as large as it in its order, are `world` only.
+        assert!(has_shape("world", &[0, 1, 2], 3));
+        assert!(!SHAPES[1..].iter().any(|g| has_shape(g, &[0, 1, 2], 3)));
+        assert!(has_shape("strided", &[0, 2, 4, 6], 7) && !has_shape("no_zero", &[0, 2, 4, 6], 7));
+        assert!(has_shape("strided", &[1, 3, 5], 7) && has_shape("no_zero", &[1, 3, 5], 7));
+        assert!(has_shape("unsorted", &[6, 1, 4], 7) && has_shape("no_zero", &[6, 1, 4], 7) && !has_shape("strided", &[6, 1, 4], 7));
+        assert!(has_shape("unsorted", &[2, 1, 0], 3), "a reversed world is unsorted");
+        assert!(has_shape("singleton", &[3], 7) && !has_shape("singleton", &[0], 1));
+        assert!(!has_shape("no_zero", &[4], 7), "a singleton is its own shape");
+        assert!(!has_shape("strided", &[0, 1, 2], 7) && !has_shape("unsorted", &[0, 1, 2], 7));
+    }
+
+    #[test]
+    fn targets_parse_with_and_without_a_shape() {
+        let t = Target::parse("all_reduce:middle:small").expect("world target");
+        assert_eq!((t.shape, t.label().as_str()), ("world", "all_reduce:middle:small"));
+        let g = Target::parse("gather:first:tiny:unsorted").expect("group target");
+        assert!(g.in_groups() && g.label() == "gather:first:tiny:unsorted");
+        assert!(Target::parse("gather:first:tiny:ring").is_none());
+        assert!(Target::parse("gather:first:tiny:unsorted:x").is_none());
+        assert_eq!(targets_of("strided").len(), HOOKS.len() * POSITIONS.len() * CLASSES.len());
+        assert!(impossible_in_groups(&Target::parse("all_reduce:middle:tiny:singleton").unwrap()));
+        assert!(impossible_in_groups(&Target::parse("recv:first:tiny:singleton").unwrap()));
+        assert!(!impossible_in_groups(&Target::parse("recv:first:tiny:strided").unwrap()));
+    }
+}

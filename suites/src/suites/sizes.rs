@@ -655,4 +655,68 @@ mod tests {
             }
         }
     }
+
+    /// The uneven all_to_all's closed form is the oracle's, every output lands in its scheme's
+    /// size class (scheme 0 below 16 elements at every world size, none empty), and zero-length
+    /// splits occur from 2 ranks on.
+    #[test]
+    fn uneven_all_to_all_matches_the_oracle_and_its_classes() {
+        let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
+        for ws in GRID_WORLD_SIZES {
+            for scheme in 0..UNEVEN_SCHEMES {
+                let sp = uneven_splits(scheme, ws);
+                let outs: Vec<usize> = (0..ws).map(|d| (0..ws).map(|r| sp[r][d]).sum()).collect();
+                match scheme {
+                    0 => assert!(outs.iter().all(|&o| (1..16).contains(&o)), "ws{ws}: {outs:?}"),
+                    4 => assert!(outs[0] == 0 && sp[0].iter().all(|&n| n == 0), "ws{ws}: rank 0 moves nothing"),
+                    k => {
+                        let want = class([1025, 4099, 65537][k - 1]);
+                        assert!(outs.iter().all(|&o| class(o) == want), "scheme {k} ws{ws}: {outs:?}");
+                    }
+                }
+                if ws >= 2 && scheme < 4 {
+                    assert!(sp.iter().flatten().any(|&n| n == 0), "scheme {scheme} ws{ws}: no empty split");
+                }
+                if scheme == 3 && ws > 4 {
+                    continue; // the oracle at 64 Ki elements per rank: covered by scheme 2's arithmetic
+                }
+                let seed = 0x5EED ^ (scheme * 31 + ws) as u64;
+                let ins: Vec<Tensor> = (0..ws)
+                    .map(|r| ladder::tensor(DType::F32, seed, &[sp[r].iter().sum()], Closed::From { src: r, off: 0 }))
+                    .collect();
+                let c = concord_oracle::Collective::AllToAll {
+                    input_splits: (0..ws).map(|r| Some(sp[r].clone())).collect(),
+                    output_splits: (0..ws).map(|d| Some((0..ws).map(|r| sp[r][d]).collect())).collect(),
+                };
+                let exp = concord_oracle::expected(&c, &ins, &Semantics::default()).unwrap();
+                for me in 0..ws {
+                    assert_eq!(uneven_expected(DType::F32, seed, &sp, me), exp.outputs[me], "scheme {scheme} ws{ws} rank {me}");
+                }
+            }
+        }
+    }
+
+    /// The group grid's calls land in their size classes on groups of 1 to 5 ranks, and its
+    /// layouts are groups of distinct world ranks below its world size.
+    #[test]
+    fn group_grid_calls_land_in_their_size_classes() {
+        let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
+        for (op, _) in GRID_PAIRS {
+            for n in 1..=5 {
+                for (i, &(root, k)) in group_grid_calls(op, n).iter().enumerate() {
+                    assert!(root < n);
+                    let got = if output_folds(op) { n * k } else { k };
+                    assert_eq!(class(got), i % 4, "{op} group of {n}: output {got}");
+                }
+            }
+        }
+        for (lay, groups) in GROUP_LAYOUTS {
+            for g in groups {
+                let mut m = g.to_vec();
+                m.sort();
+                m.dedup();
+                assert!(m.len() == g.len() && m.iter().all(|&r| r < GROUP_GRID_WS), "{lay} {g:?}");
+            }
+        }
+    }
 }
