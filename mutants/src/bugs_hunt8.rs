@@ -134,6 +134,32 @@ impl Bug for GroupLargeRsBlockByWorldRank {
     }
 }
 
+/// all_gather_into_tensor_out in a group writes each member's block at the offset of its WORLD
+/// rank modulo the group size (the `_out` path's offsets copied from the world's code); the
+/// out-of-place path is right. Several members may land on one slot (the later one wins).
+#[derive(Default)]
+pub struct GroupAgOutWorldOffsets;
+
+impl Bug for GroupAgOutWorldOffsets {
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor_out(x, out)?;
+        if !proper_group(s) || s.members.iter().enumerate().all(|(g, &m)| m % s.ws() == g) {
+            return Ok(w);
+        }
+        let members = s.members.clone();
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                let n = members.len();
+                let chunk = t.len_bytes() / n;
+                let src = t.clone();
+                for (g, &m) in members.iter().enumerate() {
+                    crate::copy_bytes(t, (m % n) * chunk, &src, g * chunk, chunk);
+                }
+            })
+        }))
+    }
+}
+
 /// broadcast in a group finds the source's world rank as `members[0] + src` (members assumed
 /// contiguous and sorted), then the group rank of that world rank (the group's first rank when
 /// it is not a member): every member agrees, so the call completes, from the wrong source.
@@ -252,6 +278,28 @@ impl Bug for A2aZeroSplitMovesOneRow {
     }
 }
 
+/// all_to_all_single takes a sparse path when more than half of a rank's output splits are zero
+/// (mixture-of-experts dispatch at many ranks), which walks the non-empty sources and stops one
+/// short: the last non-empty block stays zero.
+#[derive(Default)]
+pub struct A2aSparsePathDropsLast;
+
+impl Bug for A2aSparsePathDropsLast {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let w = s.inner.all_to_all_single(x, o, i)?;
+        let Some(outs) = o.filter(|o| o.len() == s.ws()) else { return Ok(w) };
+        let zeros = outs.iter().filter(|&&n| n == 0).count();
+        let Some(last) = outs.iter().rposition(|&n| n > 0) else { return Ok(w) };
+        if 2 * zeros <= outs.len() {
+            return Ok(w);
+        }
+        let at: usize = outs[..last].iter().sum();
+        let len = outs[last];
+        let row = row_bytes(s, x);
+        Ok(s.then(w, move |be, out| edit(be, out, |t| t.bytes_mut()[at * row..(at + len) * row].fill(0))))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -279,6 +327,12 @@ pub fn catalogue() -> Vec<Spec> {
             "reduce_scatter's ring path (inputs of 4 Ki elements and more) gives a group member the block of its world rank modulo the group size",
             &["sizes::reduce_scatter_tensor::out::f32::group_grid::ws7"],
         ),
+        spec::<GroupAgOutWorldOffsets>(
+            "group_ag_out_world_offsets",
+            "subgroups",
+            "all_gather_into_tensor_out in a group writes each member's block at its world rank modulo the group size",
+            &["sizes::all_gather_into_tensor::outbuf::f32::group_grid::ws7"],
+        ),
         spec::<GroupBroadcastSrcContiguous>(
             "group_broadcast_src_contiguous",
             "subgroups",
@@ -302,6 +356,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.move",
             "a zero-length split still moves one row: the blocks after an empty one shift down a row",
             &["sizes::all_to_all_single::uneven::f32::grid::ws3"],
+        ),
+        spec::<A2aSparsePathDropsLast>(
+            "a2a_sparse_path_drops_last",
+            "values.move",
+            "all_to_all_single's sparse path (more than half the output splits zero) drops the last non-empty block",
+            &["sizes::all_to_all_single::uneven::f32::grid::ws16"],
         ),
     ]
 }
