@@ -465,7 +465,8 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
                 for cl in CLASSES {
                     out += &format!("{:<16}", format!("{p}:{}", cl.0));
                     for (_, ws, shape) in &columns {
-                        let c = mine.iter().find(|c| c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == *ws && c.target.shape == *shape);
+                        let c =
+                            mine.iter().find(|c| c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == *ws && c.target.shape == *shape);
                         let mark = match c {
                             None => ".",
                             Some(c) if c.candidates.is_none() => "-",

@@ -681,9 +681,8 @@ mod tests {
                     continue; // the oracle at 64 Ki elements per rank: covered by scheme 2's arithmetic
                 }
                 let seed = 0x5EED ^ (scheme * 31 + ws) as u64;
-                let ins: Vec<Tensor> = (0..ws)
-                    .map(|r| ladder::tensor(DType::F32, seed, &[sp[r].iter().sum()], Closed::From { src: r, off: 0 }))
-                    .collect();
+                let ins: Vec<Tensor> =
+                    (0..ws).map(|r| ladder::tensor(DType::F32, seed, &[sp[r].iter().sum()], Closed::From { src: r, off: 0 })).collect();
                 let c = concord_oracle::Collective::AllToAll {
                     input_splits: (0..ws).map(|r| Some(sp[r].clone())).collect(),
                     output_splits: (0..ws).map(|d| Some((0..ws).map(|r| sp[r][d]).collect())).collect(),
