@@ -115,7 +115,7 @@ impl Bug for GroupLargeRsBlockByWorldRank {
         let n = s.ws();
         let mut shape = s.inner.buffer_shape(x);
         // Every member takes the same path (the group's facts only), or the call would not match.
-        if !proper_group(s) || s.numel(x) < RING_ELEMS || shape.is_empty() || shape[0] % n != 0 {
+        if !proper_group(s) || s.numel(x) < RING_ELEMS || shape.is_empty() || !shape[0].is_multiple_of(n) {
             return s.inner.reduce_scatter_tensor(x, op);
         }
         let wrong = s.members.get(s.rank()).map_or(s.rank(), |&m| m % n);

@@ -368,7 +368,10 @@ pub fn worker_entry() -> BackendEntry {
 pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<CaseInfo> {
     let mut v: Vec<&CaseInfo> = cases
         .iter()
-        .filter(|c| if target.in_groups() { c.world_size > 1 && makes_groups(c) } else { c.world_size == ws } && uses(c, target.hook))
+        .filter(|c| {
+            let here = if target.in_groups() { c.world_size > 1 && makes_groups(c) } else { c.world_size == ws };
+            here && uses(c, target.hook)
+        })
         .collect();
     if target.in_groups() {
         // The size grid's group slice first (a cell ends at its first failure).

@@ -375,7 +375,7 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
 pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
     let w = |r: usize, d: usize| -> usize {
         match scheme {
-            0 => usize::from((r + 2 * d) % 3 == 0),
+            0 => usize::from((r + 2 * d).is_multiple_of(3)),
             4 if r == 0 || d == 0 => 0,
             4 => (r + d) % 2 + 1,
             _ => (r + 2 * d + 1) % 3,
