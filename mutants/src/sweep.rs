@@ -460,8 +460,9 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
                 sizes.iter().map(|&ws| (format!("ws{ws}"), ws, "world")).collect()
             };
             out += &format!("\n{h}{}\n{:<16}", if grouped { " (subgroups, any world size)" } else { "" }, "position:class");
+            let w = if grouped { 9 } else { 5 };
             for (name, ..) in &columns {
-                out += &format!(" {name:>9}");
+                out += &format!(" {name:>w$}");
             }
             out += "\n";
             for p in POSITIONS {
@@ -479,7 +480,7 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
                                 "HOLE"
                             }
                         };
-                        out += &format!(" {mark:>9}");
+                        out += &format!(" {mark:>w$}");
                     }
                     out += "\n";
                 }

@@ -19,6 +19,12 @@
 //!   [`GRID_PAIRS`] (the ladder's, in-place, `_out`, coalesced, out-of-place broadcast) and world
 //!   size, calling the op with its output just past 4 Ki and just past 64 Ki elements; the rooted
 //!   ops also at 7 and 1025, each rooted at the last, first and middle rank: 162 cases.
+//! * **Group grid** ([`group_grid_case`]): the grid's (op, variant)s on the groups of
+//!   [`GROUP_LAYOUTS`] at world size 7 (every other rank, an order not the world's, every rank
+//!   alone, two overlapping groups used alternately), outputs of 7, 1025, 4099 and 65537
+//!   elements, roots at the group's last, first and middle rank: 18 cases.
+//! * **Uneven all_to_all** ([`uneven_all_to_all_case`]): uneven and zero-length splits at every
+//!   grid world size, outputs below 16 elements at 16 ranks included: 9 cases.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
