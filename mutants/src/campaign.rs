@@ -280,7 +280,7 @@ struct Cli {
     #[arg(long, value_name = "N")]
     ws: Vec<usize>,
     /// Leave out the cases whose id contains this (repeatable): the catalogue as it was before
-    /// a hunt's cases, to count the survivors they catch.
+    /// a hunt's cases, to count the survivors (or, with `--sweep`, the holes) they close.
     #[arg(long, value_name = "SUBSTR")]
     skip: Vec<String>,
     /// Sweep: the cells of these communicator shapes (repeatable; `world`, the default, or a
@@ -349,7 +349,7 @@ fn sweep_main(cli: &Cli) -> ! {
     let sizes: Vec<usize> = if cli.ws.is_empty() { sweep::WORLD_SIZES.to_vec() } else { cli.ws.clone() };
     eprintln!("concord-mutants: sweep of {} target(s) x {} world size(s), {jobs} side by side", targets.len(), sizes.len());
     let started = Instant::now();
-    let cells = sweep::run(&targets, &sizes, jobs, |c| {
+    let cells = sweep::run(&targets, &sizes, jobs, &cli.skip, |c| {
         if c.candidates.is_some() && c.caught.is_none() {
             let ws = if c.ws == 0 { "any ws".to_string() } else { format!("ws{}", c.ws) };
             eprintln!("  HOLE {} {ws} ({} cases, {:.1} s)", c.target.label(), c.cases_run, c.elapsed.as_secs_f64());

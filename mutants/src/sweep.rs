@@ -383,14 +383,16 @@ pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<CaseInf
     v.into_iter().cloned().collect()
 }
 
-/// Every cell of `targets` × `sizes`, up to `jobs` side by side.
-pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
+/// Every cell of `targets` × `sizes`, up to `jobs` side by side, without the cases whose id
+/// contains one of `skip` (the grid as it was before a hunt's cases).
+pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
     if targets.is_empty() {
         return Vec::new();
     }
     // One listing serves every target (same backend type; the ids differ only by prefix, which
     // is `sweep::` for all).
-    let cases = spec(&targets[0]).entry.cases();
+    let mut cases = spec(&targets[0]).entry.cases();
+    cases.retain(|c| !skip.iter().any(|k| c.id.contains(k.as_str())));
     let work: Vec<(Target, usize)> = targets
         .iter()
         .flat_map(|t| if t.in_groups() { vec![(t.clone(), 0)] } else { sizes.iter().map(|&ws| (t.clone(), ws)).collect() })
