@@ -279,6 +279,15 @@ struct Cli {
     /// Sweep: only these world sizes (repeatable).
     #[arg(long, value_name = "N")]
     ws: Vec<usize>,
+    /// Leave out the cases whose id contains this (repeatable): the catalogue as it was before
+    /// a hunt's cases, to count the survivors (or, with `--sweep`, the holes) they close.
+    #[arg(long, value_name = "SUBSTR")]
+    skip: Vec<String>,
+    /// Sweep: the cells of these communicator shapes (repeatable; `world`, the default, or a
+    /// subgroup shape: `strided`, `no_zero`, `singleton`, `unsorted`; a subgroup cell covers
+    /// every world size).
+    #[arg(long, value_name = "SHAPE")]
+    shape: Vec<String>,
 }
 
 /// `--sweep`: the grid, or one target's cases.
@@ -286,15 +295,27 @@ fn sweep_main(cli: &Cli) -> ! {
     use crate::sweep;
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
     let targets: Vec<sweep::Target> = match cli.sweep.as_deref() {
-        Some("") | None => sweep::all_targets(),
+        Some("") | None if cli.shape.is_empty() => sweep::all_targets(),
+        Some("") | None => {
+            let mut v = Vec::new();
+            for g in &cli.shape {
+                let Some(&shape) = sweep::SHAPES.iter().find(|s| *s == g) else {
+                    eprintln!("error: no shape `{g}` (shapes: {:?})", sweep::SHAPES);
+                    std::process::exit(2);
+                };
+                v.extend(sweep::targets_of(shape));
+            }
+            v
+        }
         Some(t) => match sweep::Target::parse(t) {
             Some(t) => vec![t],
             None => {
                 eprintln!(
-                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS, hooks {:?}, positions {:?}, classes {:?}",
+                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE], hooks {:?}, positions {:?}, classes {:?}, shapes {:?}",
                     sweep::HOOKS,
                     sweep::POSITIONS,
-                    sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>()
+                    sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>(),
+                    sweep::SHAPES
                 );
                 std::process::exit(2);
             }
@@ -328,9 +349,10 @@ fn sweep_main(cli: &Cli) -> ! {
     let sizes: Vec<usize> = if cli.ws.is_empty() { sweep::WORLD_SIZES.to_vec() } else { cli.ws.clone() };
     eprintln!("concord-mutants: sweep of {} target(s) x {} world size(s), {jobs} side by side", targets.len(), sizes.len());
     let started = Instant::now();
-    let cells = sweep::run(&targets, &sizes, jobs, |c| {
+    let cells = sweep::run(&targets, &sizes, jobs, &cli.skip, |c| {
         if c.candidates.is_some() && c.caught.is_none() {
-            eprintln!("  HOLE {} ws{} ({} cases, {:.1} s)", c.target.label(), c.ws, c.cases_run, c.elapsed.as_secs_f64());
+            let ws = if c.ws == 0 { "any ws".to_string() } else { format!("ws{}", c.ws) };
+            eprintln!("  HOLE {} {ws} ({} cases, {:.1} s)", c.target.label(), c.cases_run, c.elapsed.as_secs_f64());
         }
     });
     print!("{}", sweep::render(&cells, &sizes));
@@ -345,7 +367,7 @@ pub fn main() -> ! {
     entries.push(crate::sweep::worker_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
-    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() {
+    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() {
         sweep_main(&cli);
     }
     if cli.list {
@@ -374,9 +396,22 @@ pub fn main() -> ! {
     }
     let chosen: Vec<Spec> = specs.into_iter().filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name)).collect();
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let mut only = cli.cases.clone();
+    if !cli.skip.is_empty() && only.is_empty() && !chosen.is_empty() {
+        // Every case but the skipped ones, in the campaign's order, for each chosen mutant.
+        for s in &chosen {
+            let prefix = format!("{}::", s.name);
+            only.extend(
+                ordered_cases(s, &[])
+                    .into_iter()
+                    .filter(|c| !cli.skip.iter().any(|k| c.id.strip_prefix(&prefix).unwrap_or(&c.id).contains(k.as_str())))
+                    .map(|c| c.id),
+            );
+        }
+    }
     eprintln!("concord-mutants: {} mutant(s), {jobs} side by side; each stops at its first failing case", chosen.len());
     let started = Instant::now();
-    let found = run_all(&chosen, &cli.cases, jobs, |f| {
+    let found = run_all(&chosen, &only, jobs, |f| {
         let what = f.caught.as_ref().map_or("SURVIVED".to_string(), |c| format!("caught by {}", c.case));
         eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
     });

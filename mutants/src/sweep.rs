@@ -49,6 +49,31 @@ pub const HOOKS: &[&str] = &[
 /// Rank positions in the communicator.
 pub const POSITIONS: &[&str] = &["first", "middle", "last"];
 
+/// Communicator shapes: `world` (the world's communicator, or a group as large as the world: the
+/// first sweep's cells) and the subgroup shapes, by the group's members (world ranks in group
+/// rank order): `strided` (ascending, every other world rank), `no_zero` (at least two members,
+/// world rank 0 not one of them), `singleton` (one member), `unsorted` (group rank order is not
+/// world rank order). The subgroup shapes may overlap (`[1, 3, 5]` is strided and no_zero); a
+/// subgroup cell corrupts calls on every group of its shape, at its position IN THE GROUP, at
+/// any world size.
+pub const SHAPES: &[&str] = &["world", "strided", "no_zero", "singleton", "unsorted"];
+
+/// Whether a communicator of `members` (world ranks by communicator rank) in a world of
+/// `world_size` ranks has `shape`.
+pub fn has_shape(shape: &str, members: &[usize], world_size: usize) -> bool {
+    let n = members.len();
+    let proper = n < world_size;
+    let ascending = members.windows(2).all(|w| w[0] < w[1]);
+    match shape {
+        "world" => !proper,
+        "strided" => proper && n >= 2 && members.windows(2).all(|w| w[1] == w[0] + 2),
+        "no_zero" => proper && n >= 2 && !members.contains(&0),
+        "singleton" => n == 1 && world_size > 1,
+        "unsorted" => n >= 2 && !ascending,
+        _ => false,
+    }
+}
+
 /// Size classes of the corrupted output, by element count: `[lo, hi)`.
 pub const CLASSES: &[(&str, usize, usize)] = &[("tiny", 1, 16), ("small", 16, 4096), ("medium", 4096, 65536), ("large", 65536, usize::MAX)];
 
@@ -82,20 +107,38 @@ pub struct Target {
     pub hook: &'static str,
     pub pos: &'static str,
     pub class: (&'static str, usize, usize),
+    /// One of [`SHAPES`]; `world` unless the target names another (`HOOK:POSITION:CLASS:SHAPE`).
+    pub shape: &'static str,
 }
 
 impl Target {
     pub fn parse(s: &str) -> Option<Target> {
         let mut it = s.split(':');
         let (h, p, c) = (it.next()?, it.next()?, it.next()?);
+        let shape = match it.next() {
+            None => "world",
+            Some(g) => SHAPES.iter().copied().find(|x| *x == g)?,
+        };
+        if it.next().is_some() {
+            return None;
+        }
         Some(Target {
             hook: HOOKS.iter().copied().find(|x| *x == h)?,
             pos: POSITIONS.iter().copied().find(|x| *x == p)?,
             class: CLASSES.iter().copied().find(|x| x.0 == c)?,
+            shape,
         })
     }
     pub fn label(&self) -> String {
-        format!("{}:{}:{}", self.hook, self.pos, self.class.0)
+        if self.shape == "world" {
+            format!("{}:{}:{}", self.hook, self.pos, self.class.0)
+        } else {
+            format!("{}:{}:{}:{}", self.hook, self.pos, self.class.0, self.shape)
+        }
+    }
+    /// A subgroup cell: one per target, over every world size (its `ws` is 0).
+    pub fn in_groups(&self) -> bool {
+        self.shape != "world"
     }
 }
 
@@ -126,12 +169,14 @@ impl Corrupt {
         self.t.as_ref().is_some_and(|t| t.hook == hook)
     }
     /// Whether this rank's output is corrupted (`root`: the rooted ops corrupt only the root).
-    /// Positions are the world's: a subgroup's calls are never corrupted (its rank 1 of 2 is not
-    /// the world's last rank; a cell is labelled with the world size).
+    /// Positions are the communicator's. A `world` target never corrupts a subgroup's calls (its
+    /// rank 1 of 2 is not the world's last rank; a cell is labelled with the world size); a
+    /// subgroup target corrupts only calls on a group of its shape.
     fn here(&self, s: &Shm, root: Option<usize>) -> bool {
         let Some(t) = &self.t else { return false };
         let me = s.rank();
-        !s.in_subgroup() && rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
+        let shape_ok = if t.in_groups() { has_shape(t.shape, &s.members, s.world_size) } else { !s.in_subgroup() };
+        shape_ok && rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
     }
     fn class(&self) -> (usize, usize) {
         self.t.as_ref().map_or((0, 0), |t| (t.class.1, t.class.2))
@@ -266,10 +311,23 @@ pub fn uses(case: &CaseInfo, hook: &str) -> bool {
     op == "mixed" || op == hook || contains.iter().any(|c| op.contains(c)) || (hook == "recv" && case.meta.suite == "p2p")
 }
 
+/// Whether a case may call ops on a subgroup (a superset, by id: the subgroup suite and the
+/// cases named after groups, the random programs, the size grid's group slice).
+pub fn makes_groups(case: &CaseInfo) -> bool {
+    case.meta.op == "mixed" || case.id.contains("group")
+}
+
+/// Whether a subgroup cell can never be reached: a singleton group has only its first rank and
+/// no peer to receive from.
+pub fn impossible_in_groups(target: &Target) -> bool {
+    target.shape == "singleton" && (target.pos != "first" || target.hook == "recv")
+}
+
 /// One cell's result.
 #[derive(Clone, Debug)]
 pub struct Cell {
     pub target: Target,
+    /// The world size; 0 for a subgroup cell (every world size).
     pub ws: usize,
     /// `None`: not applicable (a position that is an earlier one's rank at this world size, or a
     /// cell no call can reach: [`impossible`]).
@@ -302,35 +360,51 @@ pub fn worker_entry() -> BackendEntry {
     spec(&all_targets()[0]).entry
 }
 
-/// The cases a cell runs: the world size's cases that use the hook, in catalogue order, except
-/// that for the medium and large classes the cases made of larger buffers (the size ladder,
+/// The cases a cell runs: the world size's cases that use the hook (a subgroup cell: the cases of
+/// every world size that may make groups, [`makes_groups`], the group grid's first), in catalogue
+/// order, except that for the medium and large classes the cases made of larger buffers (the size ladder,
 /// `::large` cases, random programs, fused ops) come first (a cell ends at its first failure;
 /// the matrix's small shapes cannot catch those classes).
 pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<CaseInfo> {
-    let mut v: Vec<&CaseInfo> = cases.iter().filter(|c| c.world_size == ws && uses(c, target.hook)).collect();
-    if target.class.1 >= 4096 {
+    let mut v: Vec<&CaseInfo> = cases
+        .iter()
+        .filter(|c| {
+            let here = if target.in_groups() { c.world_size > 1 && makes_groups(c) } else { c.world_size == ws };
+            here && uses(c, target.hook)
+        })
+        .collect();
+    if target.in_groups() {
+        // The size grid's group slice first (a cell ends at its first failure).
+        v.sort_by_key(|c| !c.id.contains("::group_grid::"));
+    } else if target.class.1 >= 4096 {
         let big = |c: &CaseInfo| ["::sizes::", "::large", "::programs::", "::fused::"].iter().any(|p| c.id.contains(p));
         v.sort_by_key(|c| !big(c));
     }
     v.into_iter().cloned().collect()
 }
 
-/// Every cell of `targets` × `sizes`, up to `jobs` side by side.
-pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
+/// Every cell of `targets` × `sizes`, up to `jobs` side by side, without the cases whose id
+/// contains one of `skip` (the grid as it was before a hunt's cases).
+pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], report: impl Fn(&Cell) + Sync) -> Vec<Cell> {
     if targets.is_empty() {
         return Vec::new();
     }
     // One listing serves every target (same backend type; the ids differ only by prefix, which
     // is `sweep::` for all).
-    let cases = spec(&targets[0]).entry.cases();
-    let work: Vec<(Target, usize)> = targets.iter().flat_map(|t| sizes.iter().map(move |&ws| (t.clone(), ws))).collect();
+    let mut cases = spec(&targets[0]).entry.cases();
+    cases.retain(|c| !skip.iter().any(|k| c.id.contains(k.as_str())));
+    let work: Vec<(Target, usize)> = targets
+        .iter()
+        .flat_map(|t| if t.in_groups() { vec![(t.clone(), 0)] } else { sizes.iter().map(|&ws| (t.clone(), ws)).collect() })
+        .collect();
     let pool = verdict_pool();
     let cells = side_by_side(
         work,
         jobs,
         |(t, ws)| {
             let started = Instant::now();
-            let (candidates, cases_run, caught) = if rank_of(t.pos, ws).is_none() || impossible(&t, ws) {
+            let unreachable = if t.in_groups() { impossible_in_groups(&t) } else { rank_of(t.pos, ws).is_none() || impossible(&t, ws) };
+            let (candidates, cases_run, caught) = if unreachable {
                 (None, 0, None)
             } else {
                 match cell_cases(&cases, &t, ws) {
@@ -351,65 +425,115 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, report: impl Fn(&Ce
     cells
 }
 
-/// Every target of the grid.
+/// Every target of the grid (the `world` shape).
 pub fn all_targets() -> Vec<Target> {
+    targets_of("world")
+}
+
+/// Every target of one shape.
+pub fn targets_of(shape: &'static str) -> Vec<Target> {
     let mut v = Vec::new();
     for h in HOOKS {
         for p in POSITIONS {
             for c in CLASSES {
-                v.push(Target { hook: h, pos: p, class: *c });
+                v.push(Target { hook: h, pos: p, class: *c, shape });
             }
         }
     }
     v
 }
 
-/// The grid: one table per hook, a row per (position, class), a column per world size; `ok`
-/// caught, `HOLE` not, `-` not applicable, `.` not run. Then the holes, and the count.
+/// The grid: one table per hook, a row per (position, class), a column per world size (world
+/// cells) or per subgroup shape (subgroup cells, every world size); `ok` caught, `HOLE` not, `-`
+/// not applicable, `.` not run. Then the holes, and the count.
 pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
     let mut out = String::new();
     let mut holes = Vec::new();
+    let shapes: Vec<&str> = SHAPES.iter().copied().filter(|s| *s != "world").collect();
     for h in HOOKS {
-        if !cells.iter().any(|c| c.target.hook == *h) {
-            continue;
-        }
-        out += &format!("\n{h}\n{:<16}", "position:class");
-        for ws in sizes {
-            out += &format!(" {:>5}", format!("ws{ws}"));
-        }
-        out += "\n";
-        for p in POSITIONS {
-            for cl in CLASSES {
-                out += &format!("{:<16}", format!("{p}:{}", cl.0));
-                for &ws in sizes {
-                    let c = cells.iter().find(|c| c.target.hook == *h && c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == ws);
-                    let mark = match c {
-                        None => ".",
-                        Some(c) if c.candidates.is_none() => "-",
-                        Some(c) if c.caught.is_some() => "ok",
-                        Some(c) => {
-                            holes.push(c.clone());
-                            "HOLE"
-                        }
-                    };
-                    out += &format!(" {mark:>5}");
+        for grouped in [false, true] {
+            let mine: Vec<&Cell> = cells.iter().filter(|c| c.target.hook == *h && c.target.in_groups() == grouped).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let columns: Vec<(String, usize, &str)> = if grouped {
+                shapes.iter().map(|s| (s.to_string(), 0, *s)).collect()
+            } else {
+                sizes.iter().map(|&ws| (format!("ws{ws}"), ws, "world")).collect()
+            };
+            out += &format!("\n{h}{}\n{:<16}", if grouped { " (subgroups, any world size)" } else { "" }, "position:class");
+            let w = if grouped { 9 } else { 5 };
+            for (name, ..) in &columns {
+                out += &format!(" {name:>w$}");
+            }
+            out += "\n";
+            for p in POSITIONS {
+                for cl in CLASSES {
+                    out += &format!("{:<16}", format!("{p}:{}", cl.0));
+                    for (_, ws, shape) in &columns {
+                        let c =
+                            mine.iter().find(|c| c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == *ws && c.target.shape == *shape);
+                        let mark = match c {
+                            None => ".",
+                            Some(c) if c.candidates.is_none() => "-",
+                            Some(c) if c.caught.is_some() => "ok",
+                            Some(c) => {
+                                holes.push((*c).clone());
+                                "HOLE"
+                            }
+                        };
+                        out += &format!(" {mark:>w$}");
+                    }
+                    out += "\n";
                 }
-                out += "\n";
             }
         }
     }
     let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();
     out += &format!("\nholes ({}):\n", holes.len());
     for c in &holes {
+        let ws = if c.ws == 0 { String::new() } else { format!(" --ws {}", c.ws) };
         out += &format!(
-            "  {} ws{} ({} cases use the op; rerun: cargo xtask mutants --sweep {} --ws {})\n",
+            "  {}{} ({} cases use the op; rerun: cargo xtask mutants --sweep {}{ws})\n",
             c.target.label(),
-            c.ws,
+            if c.ws == 0 { String::new() } else { format!(" ws{}", c.ws) },
             c.candidates.unwrap_or(0),
             c.target.label(),
-            c.ws
         );
     }
     out += &format!("cells caught: {}/{}\n", run.len() - holes.len(), run.len());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_of_the_group_layouts() {
+        // The world, and a group as large as it in its order, are `world` only.
+        assert!(has_shape("world", &[0, 1, 2], 3));
+        assert!(!SHAPES[1..].iter().any(|g| has_shape(g, &[0, 1, 2], 3)));
+        assert!(has_shape("strided", &[0, 2, 4, 6], 7) && !has_shape("no_zero", &[0, 2, 4, 6], 7));
+        assert!(has_shape("strided", &[1, 3, 5], 7) && has_shape("no_zero", &[1, 3, 5], 7));
+        assert!(has_shape("unsorted", &[6, 1, 4], 7) && has_shape("no_zero", &[6, 1, 4], 7) && !has_shape("strided", &[6, 1, 4], 7));
+        assert!(has_shape("unsorted", &[2, 1, 0], 3), "a reversed world is unsorted");
+        assert!(has_shape("singleton", &[3], 7) && !has_shape("singleton", &[0], 1));
+        assert!(!has_shape("no_zero", &[4], 7), "a singleton is its own shape");
+        assert!(!has_shape("strided", &[0, 1, 2], 7) && !has_shape("unsorted", &[0, 1, 2], 7));
+    }
+
+    #[test]
+    fn targets_parse_with_and_without_a_shape() {
+        let t = Target::parse("all_reduce:middle:small").expect("world target");
+        assert_eq!((t.shape, t.label().as_str()), ("world", "all_reduce:middle:small"));
+        let g = Target::parse("gather:first:tiny:unsorted").expect("group target");
+        assert!(g.in_groups() && g.label() == "gather:first:tiny:unsorted");
+        assert!(Target::parse("gather:first:tiny:ring").is_none());
+        assert!(Target::parse("gather:first:tiny:unsorted:x").is_none());
+        assert_eq!(targets_of("strided").len(), HOOKS.len() * POSITIONS.len() * CLASSES.len());
+        assert!(impossible_in_groups(&Target::parse("all_reduce:middle:tiny:singleton").unwrap()));
+        assert!(impossible_in_groups(&Target::parse("recv:first:tiny:singleton").unwrap()));
+        assert!(!impossible_in_groups(&Target::parse("recv:first:tiny:strided").unwrap()));
+    }
 }

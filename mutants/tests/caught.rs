@@ -71,7 +71,8 @@ fn verdict_pool() -> &'static Pool {
 /// The corruption sweep's grid, pinned where it had holes (`cargo xtask mutants --sweep`): each
 /// sweep target with a world size's case that catches it. Before the size ladder's grid slice
 /// (`sizes::grid_calls`), no case of that world size checked that op's output of that size class
-/// on that rank (for reduce / gather: rooted there).
+/// on that rank (for reduce / gather: rooted there); before the group grid (`sizes::group_grid_case`,
+/// the fused one), no case checked it on a group of that shape.
 const SWEEP_CATCH: &[(&str, &str)] = &[
     ("all_reduce:middle:large", "sizes::all_reduce::out::f32::grid::ws8"),
     ("all_reduce_:first:large", "sizes::all_reduce::inplace::f32::grid::ws4"),
@@ -83,6 +84,16 @@ const SWEEP_CATCH: &[(&str, &str)] = &[
     ("reduce:middle:tiny", "sizes::reduce::out::f32::grid::ws6"),
     ("reduce:first:medium", "sizes::reduce::out::f32::grid::ws2"),
     ("gather:first:tiny", "sizes::gather::out::f32::grid::ws4"),
+    // The last three holes of the world grid (outputs below 16 at 16 ranks need uneven splits).
+    ("all_to_all_single:first:tiny", "sizes::all_to_all_single::uneven::f32::grid::ws16"),
+    ("all_to_all_single:middle:tiny", "sizes::all_to_all_single::uneven::f32::grid::ws16"),
+    ("all_to_all_single:last:tiny", "sizes::all_to_all_single::uneven::f32::grid::ws16"),
+    // Subgroup cells (`HOOK:POSITION:CLASS:SHAPE`, `--shape`), holes before the group grid.
+    ("all_reduce:first:small:strided", "sizes::all_reduce::out::f32::group_grid::ws7"),
+    ("all_reduce:middle:large:no_zero", "sizes::all_reduce::out::f32::group_grid::ws7"),
+    ("all_reduce:first:small:singleton", "sizes::all_reduce::out::f32::group_grid::ws7"),
+    ("fused_all_gather_matmul:middle:large:unsorted", "fused::all_gather_matmul::dim0::f32::group_grid::ws7"),
+    ("fused_matmul_reduce_scatter:first:tiny:singleton", "fused::matmul_reduce_scatter::dim0::f32::sum::group_grid::ws7"),
 ];
 
 fn spec(name: &str) -> Spec {

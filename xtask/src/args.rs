@@ -18,9 +18,10 @@ Commands:
         (default 4); --jobs: worlds side by side (default: what the machine can run);
         --contract prints the contract map instead of running
   mutants [--mutant NAME]... [--case ID...] [--jobs N] [--list]
-          [--sweep [HOOK:POSITION:CLASS]] [--hook HOOK]... [--ws N]...
+          [--sweep [HOOK:POSITION:CLASS[:SHAPE]]] [--hook HOOK]... [--ws N]... [--shape SHAPE]...
         the mutation campaign: every mutant of concord-mutants against the catalogue;
-        --sweep: the corruption grid (hook x rank position x size class x world size)
+        --sweep: the corruption grid (hook x rank position x size class x world size);
+        --shape strided|no_zero|singleton|unsorted: its subgroup cells instead
   bench-harness
         per-case overhead (4 ranks) and store barrier (8 ranks)
   bench [ARGS...]
@@ -60,6 +61,8 @@ pub enum Cmd {
         sweep: Option<String>,
         hook: Vec<String>,
         ws: Vec<usize>,
+        /// `--shape`: the sweep's subgroup shapes.
+        shape: Vec<String>,
     },
     BenchHarness,
     Bench {
@@ -173,7 +176,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         }
         "mutants" => {
             let (mut mutant, mut case, mut jobs, mut list) = (Vec::new(), Vec::new(), None, false);
-            let (mut sweep, mut hook, mut ws) = (None, Vec::new(), Vec::new());
+            let (mut sweep, mut hook, mut ws, mut shape) = (None, Vec::new(), Vec::new(), Vec::new());
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--mutant" => mutant.push(t.value(&a)?),
@@ -196,10 +199,11 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     }
                     "--hook" => hook.push(t.value(&a)?),
                     "--ws" => ws.push(t.number(&a)?),
+                    "--shape" => shape.push(t.value(&a)?),
                     f => return Err(unknown(&cmd, f)),
                 }
             }
-            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws }
+            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape }
         }
         "bench-harness" | "gpu-bundle" => {
             if let Some(a) = t.next() {

@@ -275,7 +275,7 @@ fn real_main() -> Result<()> {
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -317,6 +317,9 @@ fn real_main() -> Result<()> {
             }
             for n in &ws {
                 c.args(["--ws", &n.to_string()]);
+            }
+            for g in &shape {
+                c.args(["--shape", g]);
             }
             let status = c.current_dir(root()).status().context("could not start concord-mutants")?;
             std::process::exit(status.code().unwrap_or(1));

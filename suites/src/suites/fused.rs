@@ -482,6 +482,73 @@ fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: Fused
     out.push(if heavy { c.heavy() } else { c });
 }
 
+/// The fused grid's spec of size class `tag` for a communicator of `n` ranks.
+fn grid_spec(ag: bool, tag: &str, n: usize) -> FusedSpec {
+    if ag {
+        let (r, k) = match tag {
+            "tiny" => (1, 1),
+            "small" => (1, 16),
+            "medium" => (256usize.div_ceil(n), 16),
+            _ => (4096usize.div_ceil(n), 16),
+        };
+        ag_spec(0, DType::F32, vec![r, 1, 2], vec![vec![2, k]], true)
+    } else {
+        let (r, k) = match tag {
+            "tiny" => (1, 1),
+            "small" => (1, 16),
+            "medium" => (257, 16),
+            _ => (4097, 16),
+        };
+        FusedSpec { a_shape: vec![n * r, 1, 2], b_shapes: vec![vec![2, k]], ..rs_spec(ReduceOp::Sum, 0, DType::F32, n, true) }
+    }
+}
+
+/// The fused grid on subgroups (`fused::all_gather_matmul::dim0::f32::group_grid::ws7`): each size
+/// class of the fused grid on every group of `sizes::GROUP_LAYOUTS` at world size 7 (every other
+/// rank, an order not the world's, every rank alone, two groups sharing ranks used alternately),
+/// checked against the oracle for the GROUP's ranks. No fused case ran on a group before (the
+/// corruption sweep's subgroup cells).
+fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
+    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    let ws = GROUP_GRID_WS;
+    let name = if ag {
+        format!("fused::all_gather_matmul::dim0::f32::group_grid::ws{ws}")
+    } else {
+        format!("fused::matmul_reduce_scatter::dim0::f32::sum::group_grid::ws{ws}")
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    let m = meta(&grid_spec(ag, "tiny", 2));
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let me = ctx.rank();
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            for g in groups.iter() {
+                ctx.group(g)?;
+            }
+            let mine: Vec<(&[usize], &B)> =
+                groups.iter().filter_map(|g| ctx.groups.get(*g).and_then(|x| x.as_ref()).map(|b| (*g, b))).collect();
+            for (k, tag) in ["tiny", "small", "medium", "large"].into_iter().enumerate() {
+                for (g, sub) in &mine {
+                    let (n, grank) = (g.len(), sub.rank());
+                    let spec = grid_spec(ag, tag, n);
+                    let caps = sub.capabilities();
+                    let sd = seed.wrapping_add((li * 8 + k) as u64);
+                    let where_ = format!(
+                        "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
+                        where_of(&backend_label(*sub), &spec, n, grank)
+                    );
+                    let exp = expected_for(&spec, &caps, sd, n, grank);
+                    let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), ctx.timeout, &where_)?;
+                    check(&spec, &caps, &exp, n, grank, got, &where_)?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 fn push_kept<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec) {
     let seed = concord_fixtures::seed_for(&name);
     let m = meta(&spec);
@@ -509,6 +576,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 FusedSpec { a_shape: vec![ws * r, 1, 2], b_shapes: vec![vec![2, n]], ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true) };
             push(&mut out, format!("fused::matmul_reduce_scatter::dim0::f32::sum::grid_{tag}::ws{ws}"), ws, s, 1);
         }
+    }
+    for ag in [true, false] {
+        out.push(group_grid_case(ag));
     }
     for ws in FUSED_WORLD_SIZES {
         for dt in dts {

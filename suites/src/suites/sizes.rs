@@ -19,6 +19,12 @@
 //!   [`GRID_PAIRS`] (the ladder's, in-place, `_out`, coalesced, out-of-place broadcast) and world
 //!   size, calling the op with its output just past 4 Ki and just past 64 Ki elements; the rooted
 //!   ops also at 7 and 1025, each rooted at the last, first and middle rank: 162 cases.
+//! * **Group grid** ([`group_grid_case`]): the grid's (op, variant)s on the groups of
+//!   [`GROUP_LAYOUTS`] at world size 7 (every other rank, an order not the world's, every rank
+//!   alone, two overlapping groups used alternately), outputs of 7, 1025, 4099 and 65537
+//!   elements, roots at the group's last, first and middle rank: 18 cases.
+//! * **Uneven all_to_all** ([`uneven_all_to_all_case`]): uneven and zero-length splits at every
+//!   grid world size, outputs below 16 elements at 16 ranks included: 9 cases.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
@@ -33,6 +39,7 @@ use crate::values::partner;
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::ladder::{self, Closed};
 use concord_oracle::{compare, Tolerance};
+use std::time::Duration;
 
 /// The (op, variant)s of the ladder.
 pub const OPS: [(OpKind, Variant); 10] = [
@@ -111,6 +118,16 @@ fn rooted(op: OpKind) -> bool {
 /// any world size, reduce / gather rooted at the first or middle rank, and the last rank of an
 /// odd world never receiving.
 pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
+    calls_at(op, ws, grid_outputs(op))
+}
+
+/// The calls of a group grid case ([`group_grid_case`]): [`grid_calls`], with every op at 1025
+/// elements too (the world's small outputs are the matrix's; a group's are not).
+pub fn group_grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
+    calls_at(op, ws, &[7, 1025, 4099, 65537])
+}
+
+fn calls_at(op: OpKind, ws: usize, outputs: &[usize]) -> Vec<(usize, usize)> {
     let mut roots = vec![ws - 1];
     if rooted(op) {
         for r in [0, ws / 2] {
@@ -125,7 +142,7 @@ pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
     }
     let mut v = Vec::new();
     for &root in &roots {
-        for &out in grid_outputs(op) {
+        for &out in outputs {
             v.push((root, if output_folds(op) { out.div_ceil(ws) } else { out }));
         }
     }
@@ -268,23 +285,202 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let seed = concord_fixtures::seed_for(&name);
             out.push(Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
                 for (k, (root, n)) in grid_calls(op, ctx.b.world_size()).into_iter().enumerate() {
-                    call(ctx, op, variant, dtype, n, root, seed.wrapping_add(k as u64))?;
+                    call(ctx.b, ctx.timeout, op, variant, dtype, n, root, seed.wrapping_add(k as u64))?;
                 }
                 Ok(())
             }));
         }
+        out.push(group_grid_case(op, variant));
+    }
+    for ws in GRID_WORLD_SIZES {
+        out.push(uneven_all_to_all_case(ws));
     }
     out
 }
 
-fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, seed: u64) -> CaseResult {
-    let ws = ctx.b.world_size();
-    call(ctx, op, variant, dtype, n, ladder_root(op, ws), seed)
+/// The world size of the group grid ([`group_grid_case`]).
+pub const GROUP_GRID_WS: usize = 7;
+
+/// The group layouts of the group grid at world size 7, each a list of groups (world ranks in
+/// group rank order): every other rank (`[1, 3, 5]` without rank 0), groups in an order that is
+/// not the world's (`[6, 1, 4]` without rank 0), every rank alone, and two groups sharing ranks 2
+/// and 3, used alternately.
+pub const GROUP_LAYOUTS: [(&str, &[&[usize]]); 4] = [
+    ("strided", &[&[0, 2, 4, 6], &[1, 3, 5]]),
+    ("unsorted", &[&[6, 1, 4], &[3, 5, 0, 2]]),
+    ("singletons", &[&[0], &[1], &[2], &[3], &[4], &[5], &[6]]),
+    ("overlapping", &[&[0, 1, 2, 3], &[3, 4, 5, 6, 2]]),
+];
+
+/// The size grid on subgroups: `op` / `variant` at [`group_grid_calls`]' sizes and roots (the GROUP's
+/// last, first and middle rank), on every group of each of [`GROUP_LAYOUTS`] at world size 7,
+/// the calls of a layout's groups interleaved (call k on each of a rank's groups, then call
+/// k + 1), every result checked in closed form against the GROUP's ranks. The subgroup suite runs
+/// the matrix's small shapes only, and the corruption sweep's subgroup cells (`--shape`) found a
+/// group's outputs of 16 elements and more unchecked, and many variants not at all.
+pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
+    let dtype = DType::F32;
+    let ws = GROUP_GRID_WS;
+    let name = format!("sizes::{op}::{}::{dtype}::group_grid::ws{ws}", variant.name());
+    let meta = CaseMeta {
+        suite: "sizes".into(),
+        op: op.name().into(),
+        variant: variant.name().into(),
+        dtype: dtype.name().into(),
+        reduce: if op.reduces() { "sum".into() } else { String::new() },
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let me = ctx.rank();
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            // new_group is collective: every rank makes every group, in the same order.
+            for g in groups.iter() {
+                ctx.group(g)?;
+            }
+            let mine: Vec<(&[usize], &B)> =
+                groups.iter().filter_map(|g| ctx.groups.get(*g).and_then(|x| x.as_ref()).map(|b| (*g, b))).collect();
+            for (g, sub) in &mine {
+                let want = g.iter().position(|&r| r == me);
+                if want != Some(sub.rank()) || sub.world_size() != g.len() {
+                    return Err(CaseEnd::Fail(format!(
+                        "backend={} op=new_group world_size={ws} rank={me}: group {g:?} gave rank {} of {}, expected {want:?} of {}",
+                        crate::case::backend_label(ctx.b),
+                        sub.rank(),
+                        sub.world_size(),
+                        g.len()
+                    )));
+                }
+            }
+            let calls: Vec<Vec<(usize, usize)>> = mine.iter().map(|(g, _)| group_grid_calls(op, g.len())).collect();
+            let most = calls.iter().map(Vec::len).max().unwrap_or(0);
+            for k in 0..most {
+                for ((g, sub), calls) in mine.iter().zip(&calls) {
+                    let Some(&(root, n)) = calls.get(k) else { continue };
+                    let sd = seed.wrapping_add((li * 64 + k) as u64);
+                    call(*sub, ctx.timeout, op, variant, dtype, n, root, sd).map_err(|e| match e {
+                        CaseEnd::Fail(m) => CaseEnd::Fail(format!(
+                            "{m} (layout {lay}, group {g:?}: rank, world_size and root are the group's; world rank {me} of {ws})"
+                        )),
+                        e => e,
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
-/// One call of `op` with `n` (the ladder's meaning) rooted at `root`, every result checked.
-fn call<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, root: usize, seed: u64) -> CaseResult {
-    let b = ctx.b;
+/// The splits of the uneven all_to_all's call `scheme` at world size `ws`: `s[r][d]`, the elements
+/// rank `r` sends to rank `d`. Scheme 0: 0 or 1 element (every output below 16 elements at every
+/// world size, none empty); 1–3: 0, 1 or 2 units, the unit chosen per receiver so that its output
+/// is just past 1 Ki, 4 Ki, 64 Ki elements; 4: rank 0 sends and receives nothing (empty input and
+/// output), the others 1 or 2 elements.
+pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
+    let w = |r: usize, d: usize| -> usize {
+        match scheme {
+            0 => usize::from((r + 2 * d).is_multiple_of(3)),
+            4 if r == 0 || d == 0 => 0,
+            4 => (r + d) % 2 + 1,
+            _ => (r + 2 * d + 1) % 3,
+        }
+    };
+    let target: usize = match scheme {
+        1 => 1025,
+        2 => 4099,
+        3 => 65537,
+        _ => 0,
+    };
+    let unit: Vec<usize> = (0..ws)
+        .map(|d| {
+            let weight: usize = (0..ws).map(|r| w(r, d)).sum();
+            if target == 0 || weight == 0 {
+                1
+            } else {
+                target.div_ceil(weight)
+            }
+        })
+        .collect();
+    (0..ws).map(|r| (0..ws).map(|d| w(r, d) * unit[d]).collect()).collect()
+}
+
+/// The number of calls of the uneven all_to_all case.
+pub const UNEVEN_SCHEMES: usize = 5;
+
+/// Rank `me`'s expected output of an uneven all_to_all with splits `s` (every rank's input is
+/// the ladder's `From { src: r }`): rank `r`'s elements from `Σ_{d < me} s[r][d]` on, for `s[r][me]`
+/// elements, in source rank order.
+pub fn uneven_expected(dtype: DType, seed: u64, s: &[Vec<usize>], me: usize) -> Tensor {
+    let parts: Vec<Tensor> = (0..s.len())
+        .map(|r| {
+            let off: usize = s[r][..me].iter().sum();
+            ladder::tensor(dtype, seed, &[s[r][me]], Closed::From { src: r, off })
+        })
+        .collect();
+    Tensor::cat_rows(dtype, &[], &parts)
+}
+
+/// all_to_all_single with uneven splits, zero-length ones included, at world size `ws`: the
+/// calls of [`uneven_splits`], every output checked in closed form. The grid's splits are equal,
+/// so at 16 ranks no output was below 16 elements (the corruption sweep's last three holes), and
+/// no grid call sent an empty split.
+pub fn uneven_all_to_all_case<B: Backend>(ws: usize) -> Case<B> {
+    let (op, variant, dtype) = (OpKind::AllToAllSingle, Variant::Out, DType::F32);
+    let name = format!("sizes::{op}::uneven::{dtype}::grid::ws{ws}");
+    let meta = CaseMeta {
+        suite: "sizes".into(),
+        op: op.name().into(),
+        variant: variant.name().into(),
+        dtype: dtype.name().into(),
+        reduce: String::new(),
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
+        let b = ctx.b;
+        let (ws, me) = (b.world_size(), b.rank());
+        if let Err(reason) = b.capabilities().check(op, Some(variant), Some(dtype), None, ws) {
+            return Err(CaseEnd::Unsupported(reason));
+        }
+        for scheme in 0..UNEVEN_SCHEMES {
+            let s = uneven_splits(scheme, ws);
+            let sd = seed.wrapping_add(scheme as u64);
+            let in_splits = s[me].clone();
+            let out_splits: Vec<usize> = (0..ws).map(|r| s[r][me]).collect();
+            let w = format!("{} splits: in={in_splits:?} out={out_splits:?}", here(b, op.name(), "uneven", dtype));
+            let fail = |what: String| CaseEnd::Fail(format!("{w}: {what}"));
+            let x = b
+                .upload(&ladder::tensor(dtype, sd, &[in_splits.iter().sum()], Closed::From { src: me, off: 0 }))
+                .map_err(|e| fail(format!("upload: {e}")))?;
+            let p = Params { in_splits: Some(in_splits.clone()), out_splits: Some(out_splits.clone()), ..Default::default() };
+            let res = exec::call(b, op, variant, &[x], None, &p, ctx.timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
+            let [r] = &res[..] else { return Err(fail(format!("returned {} results for one input", res.len()))) };
+            if !b.capabilities().moves_data {
+                continue;
+            }
+            let got = b.download(r).map_err(|e| fail(format!("download: {e}")))?;
+            let exp = uneven_expected(dtype, sd, &s, me);
+            if got.shape() != exp.shape() {
+                return Err(fail(format!("output shape {:?}, expected {:?}", got.shape(), exp.shape())));
+            }
+            if let Err(m) = compare(&got, &exp, Tolerance::Exact) {
+                return Err(fail(m.to_string()));
+            }
+        }
+        Ok(())
+    })
+}
+
+fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: DType, n: usize, seed: u64) -> CaseResult {
+    let ws = ctx.b.world_size();
+    call(ctx.b, ctx.timeout, op, variant, dtype, n, ladder_root(op, ws), seed)
+}
+
+/// One call of `op` on communicator `b` with `n` (the ladder's meaning) rooted at `root`, every
+/// result checked.
+#[allow(clippy::too_many_arguments)]
+fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtype: DType, n: usize, root: usize, seed: u64) -> CaseResult {
     let (ws, me) = (b.world_size(), b.rank());
     let reduce = op.reduces().then_some(ReduceOp::Sum);
     let rooted_at = match op {
@@ -318,13 +514,16 @@ fn call<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, dtype: D
         }
         _ => None,
     };
-    let res = exec::call(b, op, variant, &ins, out.as_ref(), &p, ctx.timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
+    let res = exec::call(b, op, variant, &ins, out.as_ref(), &p, timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
     if res.len() != tensors.len() {
         return Err(fail(format!("returned {} result(s) for {} input(s)", res.len(), tensors.len())));
     }
     for (t, (r, x)) in res.iter().zip(&ins).enumerate() {
         if exec::is_in_place(variant) && b.buffer_addr(r) != b.buffer_addr(x) {
             return Err(fail(format!("in-place op returned a different buffer (tensor {t})")));
+        }
+        if !exec::is_in_place(variant) && ins.iter().any(|i| b.buffer_addr(r) == b.buffer_addr(i)) {
+            return Err(fail(format!("out-of-place op returned an input buffer (tensor {t})")));
         }
     }
     if variant == Variant::OutBuf && op != OpKind::SendRecv {
@@ -459,6 +658,69 @@ mod tests {
                 }
                 let bound = if dtype == DType::BF16 { 256 } else { 1 << 24 };
                 assert!(vs.iter().map(|v| v.abs()).sum::<i64>() <= bound);
+            }
+        }
+    }
+
+    /// The uneven all_to_all's closed form is the oracle's, every output lands in its scheme's
+    /// size class (scheme 0 below 16 elements at every world size, none empty), and zero-length
+    /// splits occur from 2 ranks on.
+    #[test]
+    fn uneven_all_to_all_matches_the_oracle_and_its_classes() {
+        let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
+        for ws in GRID_WORLD_SIZES {
+            for scheme in 0..UNEVEN_SCHEMES {
+                let sp = uneven_splits(scheme, ws);
+                let outs: Vec<usize> = (0..ws).map(|d| (0..ws).map(|r| sp[r][d]).sum()).collect();
+                match scheme {
+                    0 => assert!(outs.iter().all(|&o| (1..16).contains(&o)), "ws{ws}: {outs:?}"),
+                    4 => assert!(outs[0] == 0 && sp[0].iter().all(|&n| n == 0), "ws{ws}: rank 0 moves nothing"),
+                    k => {
+                        let want = class([1025, 4099, 65537][k - 1]);
+                        assert!(outs.iter().all(|&o| class(o) == want), "scheme {k} ws{ws}: {outs:?}");
+                    }
+                }
+                if ws >= 2 && scheme < 4 {
+                    assert!(sp.iter().flatten().any(|&n| n == 0), "scheme {scheme} ws{ws}: no empty split");
+                }
+                if scheme == 3 && ws > 4 {
+                    continue; // the oracle at 64 Ki elements per rank: covered by scheme 2's arithmetic
+                }
+                let seed = 0x5EED ^ (scheme * 31 + ws) as u64;
+                let ins: Vec<Tensor> =
+                    (0..ws).map(|r| ladder::tensor(DType::F32, seed, &[sp[r].iter().sum()], Closed::From { src: r, off: 0 })).collect();
+                let c = concord_oracle::Collective::AllToAll {
+                    input_splits: (0..ws).map(|r| Some(sp[r].clone())).collect(),
+                    output_splits: (0..ws).map(|d| Some((0..ws).map(|r| sp[r][d]).collect())).collect(),
+                };
+                let exp = concord_oracle::expected(&c, &ins, &Semantics::default()).unwrap();
+                for me in 0..ws {
+                    assert_eq!(uneven_expected(DType::F32, seed, &sp, me), exp.outputs[me], "scheme {scheme} ws{ws} rank {me}");
+                }
+            }
+        }
+    }
+
+    /// The group grid's calls land in their size classes on groups of 1 to 5 ranks, and its
+    /// layouts are groups of distinct world ranks below its world size.
+    #[test]
+    fn group_grid_calls_land_in_their_size_classes() {
+        let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
+        for (op, _) in GRID_PAIRS {
+            for n in 1..=5 {
+                for (i, &(root, k)) in group_grid_calls(op, n).iter().enumerate() {
+                    assert!(root < n);
+                    let got = if output_folds(op) { n * k } else { k };
+                    assert_eq!(class(got), i % 4, "{op} group of {n}: output {got}");
+                }
+            }
+        }
+        for (lay, groups) in GROUP_LAYOUTS {
+            for g in groups {
+                let mut m = g.to_vec();
+                m.sort();
+                m.dedup();
+                assert!(m.len() == g.len() && m.iter().all(|&r| r < GROUP_GRID_WS), "{lay} {g:?}");
             }
         }
     }
