@@ -153,9 +153,7 @@ impl Bug for HalfAvgPow2ScalesRoundedSum {
         if op != ReduceOp::Avg || !is_half(d) || ws < 2 || !ws.is_power_of_two() {
             return s.inner.all_reduce(x, op);
         }
-        all_reduce_as(s, &self.hidden, x, op, move |g, t| {
-            float_map(g, ws, t, |v| round_to(d, v.iter().sum()) * (1.0 / ws as f64))
-        })
+        all_reduce_as(s, &self.hidden, x, op, move |g, t| float_map(g, ws, t, |v| round_to(d, v.iter().sum()) * (1.0 / ws as f64)))
     }
 }
 
