@@ -8,12 +8,24 @@
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
 //!   flush to zero; exact in every dtype, whatever the declared rounding).
-//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws{3,2}`
+//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce}::<dtype>::ws{3,2}`
 //!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
-//!   values repeated world-size times) and `reduce` (rooted at the last rank, checked there).
-//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws2` — min / max
-//!   with NaN on one rank or both, through the calls besides the out-of-place all_reduce (whose
-//!   NaN policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
+//!   values repeated world-size times), `reduce_scatter_tensor_out` (the same, into the caller's
+//!   buffer) and `reduce` (rooted at the last rank, checked there).
+//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce}::<dtype>::ws{2,3}`
+//!   — min / max with NaN on one rank or both (at 3 ranks: each pair on every two rank positions,
+//!   a number on the third), through the calls besides the out-of-place all_reduce (whose NaN
+//!   policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
+//! * `numerics::round_once::spread::{f16,bf16}::ws{4,5,8}` — the tie sums with their three values
+//!   on every ordered triple of the first, second, middle and last rank (zeros elsewhere): a
+//!   reduction that rounds a partial of some ranks (a node group, a tree level) fails there.
+//! * `numerics::round_once::long::{f16,bf16}::ws3` — the tie sums repeated to 4104 elements (a
+//!   vector path taken past a block size).
+//! * `numerics::round_once::avg_near_max::{f16,bf16}::ws{2,4}` — averages of values near the
+//!   largest finite one: finite, though the sum overflows (a power-of-two world that scales the
+//!   rounded sum by `1/ws` gets inf).
+//! * `numerics::round_once::premul_sum::{f16,bf16}::ws3` — premul_sum(3.0) and (0.75) of the tie
+//!   sums: `Σ s·x_r` rounded once, not the rounded sum scaled and rounded again.
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits); factors 0.5 and 3.0 also through the other
