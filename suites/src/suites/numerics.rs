@@ -259,6 +259,7 @@ fn nan_pairs() -> Vec<Vec<f64>> {
 /// triple, whatever its grouping.
 fn spread_tie_columns(dtype: DType, ws: usize) -> Vec<Vec<f64>> {
     let cols = tie_columns(dtype);
+    let triples: Vec<[f64; 3]> = (0..cols[0].len()).map(|i| [cols[0][i], cols[1][i], cols[2][i]]).collect();
     let mut pos = vec![0, 1, ws / 2, ws - 1];
     pos.sort_unstable();
     pos.dedup();
@@ -269,9 +270,9 @@ fn spread_tie_columns(dtype: DType, ws: usize) -> Vec<Vec<f64>> {
                 if a == b || b == c || a == c {
                     continue;
                 }
-                for col in 0..cols[0].len() {
+                for t in &triples {
                     for (r, row) in rows.iter_mut().enumerate() {
-                        let v = [(a, 0), (b, 1), (c, 2)].iter().find(|(p, _)| *p == r).map_or(0.0, |&(_, k)| cols[k][col]);
+                        let v = [(a, 0), (b, 1), (c, 2)].iter().find(|(p, _)| *p == r).map_or(0.0, |&(_, k)| t[k]);
                         row.push(v);
                     }
                 }
@@ -325,12 +326,12 @@ fn nan_triples() -> Vec<Vec<f64>> {
     let pairs = nan_pairs();
     let mut rows = vec![Vec::new(); 3];
     for (a, b) in [(0, 1), (1, 2), (2, 0)] {
-        for c in 0..pairs[0].len() {
+        for (&x, &y) in pairs[0].iter().zip(&pairs[1]) {
             for (r, row) in rows.iter_mut().enumerate() {
                 row.push(if r == a {
-                    pairs[0][c]
+                    x
                 } else if r == b {
-                    pairs[1][c]
+                    y
                 } else {
                     2.5
                 });
