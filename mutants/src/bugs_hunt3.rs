@@ -41,7 +41,7 @@ impl Hidden {
         Ok((s.inner.all_gather_into_tensor(x)?, g))
     }
     /// Every rank's `xs`, gathered.
-    fn gather_all(&self, s: &Shm, xs: &[Buf]) -> Result<(Work<Vec<Buf>>, HiddenGuard)> {
+    pub(crate) fn gather_all(&self, s: &Shm, xs: &[Buf]) -> Result<(Work<Vec<Buf>>, HiddenGuard)> {
         let g = self.guard();
         Ok((s.inner.all_gather_into_tensor_coalesced(xs)?, g))
     }

@@ -214,6 +214,50 @@ impl Bug for ReduceScatterOutHalfViaF32 {
     }
 }
 
+/// `reduce_scatter_tensor_coalesced` of a list holding f16 / bf16 tensors fuses the list into one
+/// f32 buffer (the widest float of the list's dtypes, as a fusion buffer is typed once): the half
+/// tensors are added in f32, then rounded back — twice rounded. The single op is exact.
+#[derive(Default)]
+pub struct ReduceScatterCoalescedHalfViaF32 {
+    hidden: Hidden,
+}
+
+impl Bug for ReduceScatterCoalescedHalfViaF32 {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
+    fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        let (ws, me) = (s.ws(), s.rank());
+        let dtypes: Vec<DType> = xs.iter().map(|x| s.inner.buffer_dtype(x)).collect();
+        if op != ReduceOp::Sum || !dtypes.iter().copied().any(is_half) {
+            return s.inner.reduce_scatter_tensor_coalesced(xs, op);
+        }
+        let (g, hid) = self.hidden.gather_all(s, xs)?;
+        let w = s.inner.reduce_scatter_tensor_coalesced(xs, op)?;
+        Ok(s.then(w, move |be, outs| {
+            let _hid = hid;
+            let gs = g.wait(BUG_WAIT)?;
+            for ((out, gb), d) in outs.iter().zip(gs).zip(dtypes) {
+                if !is_half(d) {
+                    continue;
+                }
+                let g = be.download(gb)?;
+                edit(be, out, |t| {
+                    let k = t.numel();
+                    let mut vals = vec![0.0; ws];
+                    for i in 0..k {
+                        for (r, v) in vals.iter_mut().enumerate() {
+                            *v = part(&g, ws, r, me * k + i);
+                        }
+                        crate::set_f64(t, i, f32_sum(d, &vals));
+                    }
+                })?;
+            }
+            Ok(())
+        }))
+    }
+}
+
 // ---------------------------------------------------------------- integer vector paths
 
 /// Work-chunk length from which the integer kernels take their vector path.
@@ -555,6 +599,12 @@ pub fn catalogue() -> Vec<Spec> {
             "numerics.round_once",
             "f16 / bf16 reduce_scatter_tensor_out adds the ranks' values in an f32 scratch, then rounds to the dtype (twice rounded)",
             &["numerics::round_once::reduce_scatter_out::f16::ws3"],
+        ),
+        spec::<ReduceScatterCoalescedHalfViaF32>(
+            "reduce_scatter_coalesced_half_via_f32",
+            "numerics.round_once",
+            "reduce_scatter_tensor_coalesced fuses a list with f16 / bf16 tensors into one f32 buffer: added in f32, rounded back (twice)",
+            &["numerics::round_once::reduce_scatter_coalesced::f16::ws3"],
         ),
         spec::<WideUnsignedMinMaxSignedLanes>(
             "wide_unsigned_min_max_signed_lanes",
