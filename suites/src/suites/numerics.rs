@@ -8,11 +8,12 @@
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
 //!   flush to zero; exact in every dtype, whatever the declared rounding).
-//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce}::<dtype>::ws{3,2}`
+//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{3,2}`
 //!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
 //!   values repeated world-size times), `reduce_scatter_tensor_out` (the same, into the caller's
-//!   buffer) and `reduce` (rooted at the last rank, checked there).
-//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce}::<dtype>::ws{2,3}`
+//!   buffer), `reduce_scatter_tensor_coalesced` (a list of that one tensor) and `reduce` (rooted
+//!   at the last rank, checked there).
+//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{2,3}`
 //!   — min / max with NaN on one rank or both (at 3 ranks: each pair on every two rank positions,
 //!   a number on the third), through the calls besides the out-of-place all_reduce (whose NaN
 //!   policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
@@ -64,6 +65,8 @@ enum Via {
     ReduceScatter,
     /// [`Via::ReduceScatter`] through `reduce_scatter_tensor_out` (the caller's output buffer).
     ReduceScatterOut,
+    /// [`Via::ReduceScatter`] through `reduce_scatter_tensor_coalesced` (a list of one tensor).
+    ReduceScatterCoalesced,
     /// Rooted at the last rank; checked there.
     Reduce,
 }
@@ -76,6 +79,7 @@ impl Via {
             Via::AllReduceInPlace => "all_reduce_inplace",
             Via::ReduceScatter => "reduce_scatter",
             Via::ReduceScatterOut => "reduce_scatter_out",
+            Via::ReduceScatterCoalesced => "reduce_scatter_coalesced",
             Via::Reduce => "reduce",
         }
     }
@@ -83,8 +87,8 @@ impl Via {
 
 /// The ops besides out-of-place all_reduce (other kernels: flush-to-zero or per-step rounding
 /// there is not seen by the all_reduce cases; a `_out` variant may reduce through a scratch of
-/// its own).
-const OTHER_VIAS: [Via; 4] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::ReduceScatterOut, Via::Reduce];
+/// its own, a coalesced one through a fusion buffer of another dtype).
+const OTHER_VIAS: [Via; 5] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::ReduceScatterOut, Via::ReduceScatterCoalesced, Via::Reduce];
 
 /// [`check`] through `via`.
 fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
@@ -96,12 +100,13 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
         Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_"),
         Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor"),
         Via::ReduceScatterOut => (OpKind::ReduceScatterTensor, Variant::OutBuf, "reduce_scatter_tensor_out"),
+        Via::ReduceScatterCoalesced => (OpKind::ReduceScatterTensor, Variant::Coalesced, "reduce_scatter_tensor_coalesced"),
         Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce"),
     };
     let p = Params { reduce: Some(op), root, ..Default::default() };
     let coll = exec::collective(kind, &p, ws).ok_or_else(|| CaseEnd::Fail(format!("suite bug: {kind} moves no data")))?;
     b.capabilities().check(kind, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
-    let rows = if matches!(via, Via::ReduceScatter | Via::ReduceScatterOut) { ws } else { 1 };
+    let rows = if matches!(via, Via::ReduceScatter | Via::ReduceScatterOut | Via::ReduceScatterCoalesced) { ws } else { 1 };
     let n = per_rank[0].len() * rows;
     let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], &v.repeat(rows))).collect();
     let w = format!("{} reduce={op} {label}", here(b, name, variant.name(), dtype));
