@@ -4,7 +4,7 @@
 //! scale or a factor), integer kernels that take another path past a vector width or a chunk
 //! size (signed lanes for unsigned values, a saturating pack, a rounding byte average, a chunk
 //! counted in 4-byte elements), min / max that lose NaN on the ring path or through a sign-folded
-//! integer compare, a `_out` variant staged in f32, and reduce ops accepted on dtypes they are not
+//! integer compare, a `_out` variant and a coalesced one reduced in f32, and reduce ops accepted on dtypes they are not
 //! defined for off the op the bad-input table checks. Each is a bug a backend author could ship,
 //! over the correct shm backend.
 
