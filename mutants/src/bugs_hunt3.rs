@@ -36,17 +36,17 @@ impl Hidden {
         HiddenGuard(self.0.clone())
     }
     /// Every rank's `x`, gathered.
-    fn gather(&self, s: &Shm, x: &Buf) -> Result<(Work<Buf>, HiddenGuard)> {
+    pub(crate) fn gather(&self, s: &Shm, x: &Buf) -> Result<(Work<Buf>, HiddenGuard)> {
         let g = self.guard();
         Ok((s.inner.all_gather_into_tensor(x)?, g))
     }
     /// Every rank's `xs`, gathered.
-    fn gather_all(&self, s: &Shm, xs: &[Buf]) -> Result<(Work<Vec<Buf>>, HiddenGuard)> {
+    pub(crate) fn gather_all(&self, s: &Shm, xs: &[Buf]) -> Result<(Work<Vec<Buf>>, HiddenGuard)> {
         let g = self.guard();
         Ok((s.inner.all_gather_into_tensor_coalesced(xs)?, g))
     }
     /// `outstanding()` without the extra collectives in flight.
-    fn outstanding(&self, s: &Shm) -> usize {
+    pub(crate) fn outstanding(&self, s: &Shm) -> usize {
         (s.inner.outstanding() + s.own.get()).saturating_sub(self.0.load(Ordering::SeqCst))
     }
 }
@@ -73,7 +73,7 @@ fn set_bits16(t: &mut Tensor, i: usize, bits: u16) {
 }
 
 /// Element range `[a, b)` of the `j`-th of `n` work chunks of `el` elements (shm's split).
-fn chunk(el: usize, j: usize, n: usize) -> (usize, usize) {
+pub(crate) fn chunk(el: usize, j: usize, n: usize) -> (usize, usize) {
     (el * j / n, el * (j + 1) / n)
 }
 

@@ -63,6 +63,23 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_reduce_premul_sum_on_int", 2, K::UnsupportedDType, false, |b, _, _| {
             wait(b.all_reduce(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0))?, T)
         }),
+        // The same two rules off all_reduce: a reduce op is checked against the dtype by every
+        // reducing call (a kernel picked by element width runs a bitwise op on float bits; a
+        // premul_sum lowered to a local scale and a sum takes integers).
+        ("reduce_scatter_bitwise_on_float", 2, K::UnsupportedDType, false, |b, _, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[4])?, ReduceOp::BOr)?, T)
+        }),
+        ("reduce_bitwise_on_float", 2, K::UnsupportedDType, false, |b, _, _| wait(b.reduce(&f32s(b, &[4])?, ReduceOp::BXor, 0)?, T)),
+        ("reduce_scatter_premul_sum_on_int", 2, K::UnsupportedDType, false, |b, _, _| {
+            wait(b.reduce_scatter_tensor(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0))?, T)
+        }),
+        ("all_reduce_coalesced_premul_sum_on_int", 2, K::UnsupportedDType, false, |b, _, _| {
+            let xs = vec![b.upload(&full(&[3], 1i32))?, b.upload(&full(&[3], 2i32))?];
+            wait(b.all_reduce_coalesced(&xs, ReduceOp::PremulSum(2.0))?, T)
+        }),
+        ("reduce_premul_sum_on_int", 2, K::UnsupportedDType, false, |b, _, _| {
+            wait(b.reduce(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0), 0)?, T)
+        }),
         ("all_gather_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.all_gather_into_tensor(&f32s(b, &[4 + r])?)?, T)),
         ("all_gather_out_wrong_size", 2, K::OutBufferSize, false, |b, _, ws| {
             let out = b.alloc(DType::F32, &[ws * 4 + 1])?;
@@ -211,7 +228,7 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
 
 /// The (op, variant, dtype) a table row calls, from its name (the rows are named after the call).
 fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
-    const OPS: [(&str, &str); 14] = [
+    const OPS: [(&str, &str); 15] = [
         ("all_reduce_coalesced", "all_reduce"),
         ("all_reduce", "all_reduce"),
         ("op_mismatch_all_reduce", "all_reduce"),
@@ -220,6 +237,7 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
         ("all_to_all", "all_to_all_single"),
         ("broadcast", "broadcast"),
         ("reduce_root", "reduce"),
+        ("reduce_", "reduce"),
         ("gather", "gather"),
         ("scatter", "scatter"),
         ("send", "send_recv"),
@@ -242,7 +260,10 @@ fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
     let dtype = match name {
         "all_reduce_dtype_mismatch" => "f32/f64",
         "all_gather_out_wrong_dtype" | "reduce_scatter_out_wrong_dtype" => "f32 (out f64)",
-        "all_reduce_premul_sum_on_int" => "i32",
+        "all_reduce_premul_sum_on_int"
+        | "reduce_scatter_premul_sum_on_int"
+        | "all_reduce_coalesced_premul_sum_on_int"
+        | "reduce_premul_sum_on_int" => "i32",
         "broadcast_dtype_mismatch" => "f32/i32",
         "send_recv_dtype_mismatch" => "f32 (recv i32)",
         _ if op == "new_group" => "-",

@@ -306,24 +306,35 @@ const NARROW_SHAPES: [DType; 8] = [DType::I8, DType::U8, DType::I16, DType::U16,
 /// block of a rank's work chunk, which the matrix's 1031 elements never reach).
 const LONG: [usize; 3] = [64, 1031, 6151];
 
+/// The 1- and 2-byte integer dtypes also run [`LONG`] and one size past 64 KiB (65537 elements):
+/// a loop over fixed-size byte passes whose element count is written for another width goes
+/// wrong only past one pass.
+const LONG_NARROW_INT: [usize; 4] = [64, 1031, 6151, 65537];
+
 /// all_reduce `sum` of [`LONG`] elements in the dtypes whose matrix cases stop at 30 elements,
 /// and in f16 (`all_reduce::out::u8::sum::ws2::long`), plus `min` / `max` of the 1- and 2-byte
-/// integers (`all_reduce::out::i8::max::ws2::long`), world sizes 2 and 3: a dtype-specific vector
-/// path (several elements per word or register, a remainder loop, a wide-lane compare) and a
-/// rank's later kernel blocks are taken only there.
+/// integers (`all_reduce::out::i8::max::ws2::long`) and of u32, i64 and u64, and `product` /
+/// `avg` of the 1- and 2-byte integers (`all_reduce::out::u8::avg::ws2::long`), world sizes 2 and
+/// 3: a dtype-specific vector path (several elements per word or register, a remainder loop, a
+/// wide-lane compare, a signed lane compare for unsigned values, a saturating pack, a rounding
+/// average instruction) and a rank's later kernel blocks are taken only there.
 pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     let mut specs: Vec<(DType, ReduceOp)> = NARROW_SHAPES.iter().chain([&DType::F16]).map(|&d| (d, ReduceOp::Sum)).collect();
-    for d in [DType::I8, DType::U8, DType::I16, DType::U16] {
+    for d in [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32, DType::I64, DType::U64] {
         specs.extend([(d, ReduceOp::Min), (d, ReduceOp::Max)]);
+    }
+    for d in [DType::I8, DType::U8, DType::I16, DType::U16] {
+        specs.extend([(d, ReduceOp::Product), (d, ReduceOp::Avg)]);
     }
     for (dtype, r) in specs {
         let spec =
             ValueSpec { op: OpKind::AllReduce, variant: Variant::Out, dtype, reduce: Some(r), kind: InputKind::Exact, max_shapes: None };
+        let lens: &[usize] = if !dtype.is_float() && dtype.size() <= 2 { &LONG_NARROW_INT } else { &LONG };
         for ws in [2, 3] {
             let name = format!("{}::long", case_name(&spec, ws));
             let seed = concord_fixtures::seed_for(&name);
-            let extra = Extra { runs: Some(LONG.iter().map(|&n| vec![vec![n]]).collect()), ..Extra::default() };
+            let extra = Extra { runs: Some(lens.iter().map(|&n| vec![vec![n]]).collect()), ..Extra::default() };
             let spec = spec.clone();
             out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
                 values::run_extra(ctx.b, &spec, seed, ctx.timeout, "long", &extra)

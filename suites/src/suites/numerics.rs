@@ -8,12 +8,25 @@
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
 //!   flush to zero; exact in every dtype, whatever the declared rounding).
-//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws{3,2}`
+//! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{3,2}`
 //!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
-//!   values repeated world-size times) and `reduce` (rooted at the last rank, checked there).
-//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce}::<dtype>::ws2` — min / max
-//!   with NaN on one rank or both, through the calls besides the out-of-place all_reduce (whose
-//!   NaN policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
+//!   values repeated world-size times), `reduce_scatter_tensor_out` (the same, into the caller's
+//!   buffer), `reduce_scatter_tensor_coalesced` (a list of that one tensor) and `reduce` (rooted
+//!   at the last rank, checked there).
+//! * `numerics::nan_minmax::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{2,3}`
+//!   — min / max with NaN on one rank or both (at 3 ranks: each pair on every two rank positions,
+//!   a number on the third), through the calls besides the out-of-place all_reduce (whose NaN
+//!   policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
+//! * `numerics::round_once::spread::{f16,bf16}::ws{4,5,8}` — the tie sums with their three values
+//!   on every ordered triple of the first, second, middle and last rank (zeros elsewhere): a
+//!   reduction that rounds a partial of some ranks (a node group, a tree level) fails there.
+//! * `numerics::round_once::long::{f16,bf16}::ws3` — the tie sums repeated to 4104 elements (a
+//!   vector path taken past a block size).
+//! * `numerics::round_once::avg_near_max::{f16,bf16}::ws{2,4}` — averages of values near the
+//!   largest finite one: finite, though the sum overflows (a power-of-two world that scales the
+//!   rounded sum by `1/ws` gets inf).
+//! * `numerics::round_once::premul_sum::{f16,bf16}::ws3` — premul_sum(3.0) and (0.75) of the tie
+//!   sums: `Σ s·x_r` rounded once, not the rounded sum scaled and rounded again.
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits); factors 0.5 and 3.0 also through the other
@@ -50,6 +63,10 @@ enum Via {
     AllReduceInPlace,
     /// Each rank's values repeated world-size times, so every rank's chunk holds the same columns.
     ReduceScatter,
+    /// [`Via::ReduceScatter`] through `reduce_scatter_tensor_out` (the caller's output buffer).
+    ReduceScatterOut,
+    /// [`Via::ReduceScatter`] through `reduce_scatter_tensor_coalesced` (a list of one tensor).
+    ReduceScatterCoalesced,
     /// Rooted at the last rank; checked there.
     Reduce,
 }
@@ -61,14 +78,17 @@ impl Via {
             Via::AllReduce => "all_reduce",
             Via::AllReduceInPlace => "all_reduce_inplace",
             Via::ReduceScatter => "reduce_scatter",
+            Via::ReduceScatterOut => "reduce_scatter_out",
+            Via::ReduceScatterCoalesced => "reduce_scatter_coalesced",
             Via::Reduce => "reduce",
         }
     }
 }
 
 /// The ops besides out-of-place all_reduce (other kernels: flush-to-zero or per-step rounding
-/// there is not seen by the all_reduce cases).
-const OTHER_VIAS: [Via; 3] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::Reduce];
+/// there is not seen by the all_reduce cases; a `_out` variant may reduce through a scratch of
+/// its own, a coalesced one through a fusion buffer of another dtype).
+const OTHER_VIAS: [Via; 5] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::ReduceScatterOut, Via::ReduceScatterCoalesced, Via::Reduce];
 
 /// [`check`] through `via`.
 fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
@@ -79,19 +99,25 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
         Via::AllReduce => (OpKind::AllReduce, Variant::Out, "all_reduce"),
         Via::AllReduceInPlace => (OpKind::AllReduce, Variant::InPlace, "all_reduce_"),
         Via::ReduceScatter => (OpKind::ReduceScatterTensor, Variant::Out, "reduce_scatter_tensor"),
+        Via::ReduceScatterOut => (OpKind::ReduceScatterTensor, Variant::OutBuf, "reduce_scatter_tensor_out"),
+        Via::ReduceScatterCoalesced => (OpKind::ReduceScatterTensor, Variant::Coalesced, "reduce_scatter_tensor_coalesced"),
         Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce"),
     };
     let p = Params { reduce: Some(op), root, ..Default::default() };
     let coll = exec::collective(kind, &p, ws).ok_or_else(|| CaseEnd::Fail(format!("suite bug: {kind} moves no data")))?;
     b.capabilities().check(kind, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
-    let rows = if matches!(via, Via::ReduceScatter) { ws } else { 1 };
+    let rows = if matches!(via, Via::ReduceScatter | Via::ReduceScatterOut | Via::ReduceScatterCoalesced) { ws } else { 1 };
     let n = per_rank[0].len() * rows;
     let inputs: Vec<Tensor> = per_rank.iter().map(|v| Tensor::from_f64(dtype, &[n], &v.repeat(rows))).collect();
     let w = format!("{} reduce={op} {label}", here(b, name, variant.name(), dtype));
     let exp = concord_oracle::expected(&coll, &inputs, &Semantics::of(&b.capabilities()))
         .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
     let x = b.upload(&inputs[b.rank()])?;
-    let out = exec::call(b, kind, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)?.remove(0);
+    let out_buf = match via {
+        Via::ReduceScatterOut => Some(b.alloc(dtype, &[per_rank[0].len()])?),
+        _ => None,
+    };
+    let out = exec::call(b, kind, variant, std::slice::from_ref(&x), out_buf.as_ref(), &p, ctx.timeout)?.remove(0);
     if matches!(via, Via::Reduce) && b.rank() != root {
         return Ok(());
     }
@@ -231,6 +257,95 @@ fn nan_pairs() -> Vec<Vec<f64>> {
     (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
 }
 
+/// [`tie_columns`] on `ws` ranks: each column's three values on the ranks of every ordered triple
+/// of distinct positions among the first two, the middle and the last rank, every other rank 0
+/// (rows: ranks). A reduction that rounds a partial sum of some ranks (a node group, a tree
+/// level, a ring step) holds two of the values in one partial and the third outside it for some
+/// triple, whatever its grouping.
+fn spread_tie_columns(dtype: DType, ws: usize) -> Vec<Vec<f64>> {
+    let cols = tie_columns(dtype);
+    let triples: Vec<[f64; 3]> = (0..cols[0].len()).map(|i| [cols[0][i], cols[1][i], cols[2][i]]).collect();
+    let mut pos = vec![0, 1, ws / 2, ws - 1];
+    pos.sort_unstable();
+    pos.dedup();
+    let mut rows = vec![Vec::new(); ws];
+    for &a in &pos {
+        for &b in &pos {
+            for &c in &pos {
+                if a == b || b == c || a == c {
+                    continue;
+                }
+                for t in &triples {
+                    for (r, row) in rows.iter_mut().enumerate() {
+                        let v = [(a, 0), (b, 1), (c, 2)].iter().find(|(p, _)| *p == r).map_or(0.0, |&(_, k)| t[k]);
+                        row.push(v);
+                    }
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// Elements of the long tie case: past 4 Ki, the tie columns over and over (a vector path, a
+/// kernel block or a size switch is taken only past the numerics cases' 8 columns).
+const LONG_TIES: usize = 4104;
+
+/// [`tie_columns`] repeated to [`LONG_TIES`] elements (rows: ranks).
+fn long_tie_columns(dtype: DType) -> Vec<Vec<f64>> {
+    tie_columns(dtype).into_iter().map(|row| row.iter().copied().cycle().take(LONG_TIES).collect()).collect()
+}
+
+/// The largest finite value of a half-precision dtype.
+fn max_finite(d: DType) -> f64 {
+    match d {
+        DType::F16 => 65504.0,
+        _ => (2.0 - p2(-7)) * p2(127),
+    }
+}
+
+/// `ws` ranks' values near the largest finite value of `dtype` (rows: ranks): the exact average
+/// is finite, the sum is not (every rank at the max, at minus the max, at half of it).
+fn near_max_columns(dtype: DType, ws: usize) -> Vec<Vec<f64>> {
+    let m = max_finite(dtype);
+    (0..ws).map(|r| vec![m, -m, if r % 2 == 0 { m } else { m / 2.0 }, m / 2.0, if r == 0 { m } else { 0.0 }, 3.0]).collect()
+}
+
+/// Whether rounding the sum to `dtype` before the final step `f` (divide, scale) changes some
+/// column's result: the suite's self-check that a case tells the two roundings apart.
+fn rounding_the_sum_first_shows(dtype: DType, per_rank: &[Vec<f64>], f: impl Fn(f64) -> f64) -> bool {
+    let round = |v: f64| {
+        let bits = concord_oracle::round_f64_bits(dtype, v).to_le_bytes();
+        Tensor::from_bytes(dtype, &[1], &bits[..dtype.size()]).get_f64(0)
+    };
+    (0..per_rank[0].len()).any(|i| {
+        let s: f64 = per_rank.iter().map(|c| c[i]).sum();
+        let (once, twice) = (round(f(s)), round(f(round(s))));
+        once != twice && !(once.is_nan() && twice.is_nan())
+    })
+}
+
+/// [`nan_pairs`] on three ranks (rows: ranks): each pair on ranks (0, 1), (1, 2) and (2, 0), the
+/// third rank 2.5, so that NaN meets a number on every rank position of a ring or a tree.
+fn nan_triples() -> Vec<Vec<f64>> {
+    let pairs = nan_pairs();
+    let mut rows = vec![Vec::new(); 3];
+    for (a, b) in [(0, 1), (1, 2), (2, 0)] {
+        for (&x, &y) in pairs[0].iter().zip(&pairs[1]) {
+            for (r, row) in rows.iter_mut().enumerate() {
+                row.push(if r == a {
+                    x
+                } else if r == b {
+                    y
+                } else {
+                    2.5
+                });
+            }
+        }
+    }
+    rows
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
@@ -291,6 +406,43 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             check(ctx, dtype, ReduceOp::Avg, &cols, "input=average_off_the_rounded_sum")
         }));
     }
+    // Rounded once at world sizes past the 3 of the tie cases, past 4 Ki elements, near the
+    // largest finite value (avg at powers of two), and for premul_sum's factor.
+    for dtype in [DType::F16, DType::BF16] {
+        for ws in [4, 5, 8] {
+            v.push(Case::<B>::new(format!("numerics::round_once::spread::{dtype}::ws{ws}"), meta(dtype, "sum"), ws, move |ctx| {
+                exact_rounding(ctx.b)?;
+                let per_rank = spread_tie_columns(dtype, ctx.b.world_size());
+                check(ctx, dtype, ReduceOp::Sum, &per_rank, "input=ties_spread_over_the_ranks")
+            }));
+        }
+        v.push(Case::<B>::new(format!("numerics::round_once::long::{dtype}::ws3"), meta(dtype, "sum"), 3, move |ctx| {
+            exact_rounding(ctx.b)?;
+            check(ctx, dtype, ReduceOp::Sum, &long_tie_columns(dtype), &format!("input=ties_repeated n={LONG_TIES}"))
+        }));
+        for ws in [2, 4] {
+            v.push(Case::<B>::new(format!("numerics::round_once::avg_near_max::{dtype}::ws{ws}"), meta(dtype, "avg"), ws, move |ctx| {
+                exact_rounding(ctx.b)?;
+                let ws = ctx.b.world_size();
+                let cols = near_max_columns(dtype, ws);
+                if !rounding_the_sum_first_shows(dtype, &cols, |s| s / ws as f64) {
+                    return Err(CaseEnd::Fail(format!("suite bug: no {dtype} column overflows a sum rounded first")));
+                }
+                check(ctx, dtype, ReduceOp::Avg, &cols, "input=near_the_largest_finite")
+            }));
+        }
+        v.push(Case::<B>::new(format!("numerics::round_once::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {
+            exact_rounding(ctx.b)?;
+            let cols = tie_columns(dtype);
+            for f in [3.0, 0.75] {
+                if !rounding_the_sum_first_shows(dtype, &cols, |s| s * f) {
+                    return Err(CaseEnd::Fail(format!("suite bug: no {dtype} column tells premul_sum({f}) from a scaled rounded sum")));
+                }
+                check(ctx, dtype, ReduceOp::PremulSum(f), &cols, &format!("factor={f} input=round_to_nearest_even_ties"))?;
+            }
+            Ok(())
+        }));
+    }
     // The same expectations through the other reducing calls.
     for via in OTHER_VIAS {
         let name = via.name();
@@ -324,6 +476,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             v.push(Case::<B>::new(format!("numerics::nan_minmax::{name}::{dtype}::ws2"), m, 2, move |ctx| {
                 for op in [ReduceOp::Min, ReduceOp::Max] {
                     check_op(ctx, via, dtype, op, &nan_pairs(), "input=nan")?;
+                }
+                Ok(())
+            }));
+            // On three ranks (a ring or a tree, not a pairwise exchange), NaN on every position.
+            let m = meta_op(name, dtype, "min,max");
+            v.push(Case::<B>::new(format!("numerics::nan_minmax::{name}::{dtype}::ws3"), m, 3, move |ctx| {
+                for op in [ReduceOp::Min, ReduceOp::Max] {
+                    check_op(ctx, via, dtype, op, &nan_triples(), "input=nan_on_every_rank_position")?;
                 }
                 Ok(())
             }));
