@@ -141,7 +141,7 @@ pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i3
                         eprintln!("concord: {why}:\n{}", r.message);
                         println!("ABORTED: {why}; {n} of {n} cases not run; every rank exits non-zero", n = ids.len());
                     }
-                    _ => eprintln!("concord: the ranks disagree on the cases:\n{}", r.message),
+                    _ => eprintln!("concord: the ranks could not agree on the cases:\n{}", r.message),
                 }
             }
             return rank.finish(1);

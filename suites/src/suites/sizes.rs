@@ -377,13 +377,17 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
 /// rank `r` sends to rank `d`. Scheme 0: 0 or 1 element (every output below 16 elements at every
 /// world size, none empty); 1–3: 0, 1 or 2 units, the unit chosen per receiver so that its output
 /// is just past 1 Ki, 4 Ki, 64 Ki elements; 4: rank 0 sends and receives nothing (empty input and
-/// output), the others 1 or 2 elements.
+/// output), the others 1 or 2 elements; 5: 0 or 1 element again (outputs 1–11 elements) but
+/// asymmetric (`s[r][d] != s[d][r]` for some pair from 2 ranks on), so that in the tiny class too a
+/// receive layout taken from the send splits, or a transposed split matrix, moves the wrong
+/// elements (scheme 0's matrix is symmetric: `r + 2d ≡ r − d mod 3`).
 pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
     let w = |r: usize, d: usize| -> usize {
         match scheme {
             0 => usize::from((r + 2 * d).is_multiple_of(3)),
             4 if r == 0 || d == 0 => 0,
             4 => (r + d) % 2 + 1,
+            5 => usize::from((r + 3 * ws - d) % 3 != 2),
             _ => (r + 2 * d + 1) % 3,
         }
     };
@@ -407,7 +411,7 @@ pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
 }
 
 /// The number of calls of the uneven all_to_all case.
-pub const UNEVEN_SCHEMES: usize = 5;
+pub const UNEVEN_SCHEMES: usize = 6;
 
 /// Rank `me`'s expected output of an uneven all_to_all with splits `s` (every rank's input is
 /// the ladder's `From { src: r }`): rank `r`'s elements from `Σ_{d < me} s[r][d]` on, for `s[r][me]`
@@ -673,15 +677,20 @@ mod tests {
                 let sp = uneven_splits(scheme, ws);
                 let outs: Vec<usize> = (0..ws).map(|d| (0..ws).map(|r| sp[r][d]).sum()).collect();
                 match scheme {
-                    0 => assert!(outs.iter().all(|&o| (1..16).contains(&o)), "ws{ws}: {outs:?}"),
+                    0 | 5 => assert!(outs.iter().all(|&o| (1..16).contains(&o)), "scheme {scheme} ws{ws}: {outs:?}"),
                     4 => assert!(outs[0] == 0 && sp[0].iter().all(|&n| n == 0), "ws{ws}: rank 0 moves nothing"),
                     k => {
                         let want = class([1025, 4099, 65537][k - 1]);
                         assert!(outs.iter().all(|&o| class(o) == want), "scheme {k} ws{ws}: {outs:?}");
                     }
                 }
-                if ws >= 2 && scheme < 4 {
+                if ws >= 2 && scheme != 4 {
                     assert!(sp.iter().flatten().any(|&n| n == 0), "scheme {scheme} ws{ws}: no empty split");
+                }
+                // Send and receive layouts differ (a transposed matrix moves the wrong elements),
+                // tiny outputs included (scheme 5); scheme 0 is symmetric by construction.
+                if ws >= 2 && scheme != 0 && scheme != 4 {
+                    assert!((0..ws).any(|r| (0..ws).any(|d| sp[r][d] != sp[d][r])), "scheme {scheme} ws{ws}: symmetric splits");
                 }
                 if scheme == 3 && ws > 4 {
                     continue; // the oracle at 64 Ki elements per rank: covered by scheme 2's arithmetic
