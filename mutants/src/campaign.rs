@@ -355,7 +355,7 @@ fn sweep_main(cli: &Cli) -> ! {
             eprintln!("  HOLE {} {ws} ({} cases, {:.1} s)", c.target.label(), c.cases_run, c.elapsed.as_secs_f64());
         }
     });
-    print!("{}", sweep::render(&cells, &sizes));
+    print!("{}", sweep::render(&cells, &sizes, &cli.skip));
     println!("wall time: {:.1} s", started.elapsed().as_secs_f64());
     std::process::exit(if cells.iter().all(|c| c.candidates.is_none() || c.caught.is_some()) { 0 } else { 1 })
 }
@@ -397,7 +397,11 @@ pub fn main() -> ! {
     let chosen: Vec<Spec> = specs.into_iter().filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name)).collect();
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
     let mut only = cli.cases.clone();
-    if !cli.skip.is_empty() && only.is_empty() && !chosen.is_empty() {
+    if !cli.skip.is_empty() && !only.is_empty() {
+        eprintln!("error: --skip leaves cases out of the catalogue; with --case, name only the cases to run");
+        std::process::exit(2);
+    }
+    if !cli.skip.is_empty() && !chosen.is_empty() {
         // Every case but the skipped ones, in the campaign's order, for each chosen mutant.
         for s in &chosen {
             let prefix = format!("{}::", s.name);
@@ -407,6 +411,11 @@ pub fn main() -> ! {
                     .filter(|c| !cli.skip.iter().any(|k| c.id.strip_prefix(&prefix).unwrap_or(&c.id).contains(k.as_str())))
                     .map(|c| c.id),
             );
+        }
+        // An empty list means "every case" to `run_all`: a skip that leaves nothing is an error.
+        if only.is_empty() {
+            eprintln!("error: --skip {:?} leaves no case to run", cli.skip);
+            std::process::exit(2);
         }
     }
     eprintln!("concord-mutants: {} mutant(s), {jobs} side by side; each stops at its first failing case", chosen.len());

@@ -446,7 +446,7 @@ pub fn targets_of(shape: &'static str) -> Vec<Target> {
 /// The grid: one table per hook, a row per (position, class), a column per world size (world
 /// cells) or per subgroup shape (subgroup cells, every world size); `ok` caught, `HOLE` not, `-`
 /// not applicable, `.` not run. Then the holes, and the count.
-pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
+pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
     let mut out = String::new();
     let mut holes = Vec::new();
     let shapes: Vec<&str> = SHAPES.iter().copied().filter(|s| *s != "world").collect();
@@ -493,6 +493,8 @@ pub fn render(cells: &[Cell], sizes: &[usize]) -> String {
     out += &format!("\nholes ({}):\n", holes.len());
     for c in &holes {
         let ws = if c.ws == 0 { String::new() } else { format!(" --ws {}", c.ws) };
+        // A hole found with cases skipped is rerun with the same cases skipped.
+        let ws: String = ws + &skip.iter().map(|k| format!(" --skip {k}")).collect::<String>();
         out += &format!(
             "  {}{} ({} cases use the op; rerun: cargo xtask mutants --sweep {}{ws})\n",
             c.target.label(),
