@@ -21,13 +21,14 @@ pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
 pub mod bugs_hunt6;
+pub mod bugs_hunt9;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
-/// [`bugs_hunt4`], [`bugs_hunt5`], [`bugs_hunt6`] (bugs
+/// [`bugs_hunt4`], [`bugs_hunt5`], [`bugs_hunt6`], [`bugs_hunt9`] (bugs
 /// aimed at the catalogue's thin spots).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
@@ -38,6 +39,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt4::catalogue());
     v.extend(bugs_hunt5::catalogue());
     v.extend(bugs_hunt6::catalogue());
+    v.extend(bugs_hunt9::catalogue());
     v
 }
 
