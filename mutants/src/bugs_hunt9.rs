@@ -408,7 +408,7 @@ pub fn catalogue() -> Vec<Spec> {
             "aligned_view_by_parent",
             "views",
             "all_reduce passes a view at a 16-byte-aligned offset zero-copy by its parent: the kernel reads from the parent's start",
-            &["views::aligned::all_reduce::out::f32::ws2"],
+            &["views::aligned::all_reduce::out::f32::sum::ws2"],
         ),
     ]
 }
