@@ -3,7 +3,8 @@
 //! be released, a word-wise copy past an `_out` view, a registration keyed by (address, bytes)
 //! that remembers the dtype, a gather whose non-roots get an empty result, a barrier that only
 //! meets at rank 0, a plan cache that keeps a refused call's error, works forgotten once
-//! completed, an aligned view passed by its parent. Each is a bug a backend author could ship,
+//! completed, an aligned view passed by its parent, an in-place buffer rolled back after its
+//! failed wait. Each is a bug a backend author could ship,
 //! over the correct shm backend.
 
 use crate::campaign::Spec;
@@ -347,6 +348,63 @@ impl Bug for AlignedViewByParent {
     }
 }
 
+// ---------------------------------------------------------------- failure.no_touch_after_failed_wait
+
+/// How long after a failed wait the rollback of an in-place buffer lands.
+const ROLLBACK_AFTER: Duration = Duration::from_millis(20);
+
+/// An in-place all_reduce_ that rolls its buffer back to its staged input when its wait fails.
+struct Rollback {
+    inner: Work<Buf>,
+    be: Arc<concord_shm::ShmBackend>,
+    x: Buf,
+    saved: Tensor,
+    rolled: AtomicBool,
+}
+
+impl Completion for Rollback {
+    fn is_completed(&self) -> bool {
+        self.inner.is_completed()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        match self.inner.wait(timeout) {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                if !self.rolled.swap(true, Ordering::SeqCst) {
+                    let (be, x, saved) = (self.be.clone(), self.x.clone(), self.saved.clone());
+                    std::thread::spawn(move || {
+                        std::thread::sleep(ROLLBACK_AFTER);
+                        let _ = be.write(&x, &saved);
+                    });
+                }
+                match e {
+                    CollectiveError::Timeout { .. } => Ok(false),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// The in-place all_reduce_ stages its input, and when its wait fails it rolls the caller's
+/// buffer back to that input (so a retry starts from the same values) on its progress thread,
+/// 20 ms after the wait returned the failure: the buffer is written after it was the caller's
+/// again.
+#[derive(Default)]
+pub struct FailedInplaceRolledBackLate {
+    hidden: OutstandingCounter,
+}
+
+impl Bug for FailedInplaceRolledBackLate {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let saved = s.inner.download(x)?;
+        let w = s.inner.all_reduce_(x, op)?;
+        let (v, meta) = (w.peek().clone(), w.meta().clone());
+        let rb = Rollback { inner: w, be: s.inner.clone(), x: x.clone(), saved, rolled: AtomicBool::new(false) };
+        Ok(Work::new(v, Arc::new(rb), meta, &self.hidden))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -409,6 +467,12 @@ pub fn catalogue() -> Vec<Spec> {
             "views",
             "all_reduce passes a view at a 16-byte-aligned offset zero-copy by its parent: the kernel reads from the parent's start",
             &["views::aligned::all_reduce::out::f32::sum::ws2"],
+        ),
+        spec::<FailedInplaceRolledBackLate>(
+            "failed_inplace_rolled_back_late",
+            "failure.no_touch_after_failed_wait",
+            "all_reduce_ rolls the caller's buffer back to its staged input 20 ms after its wait failed (on its progress thread)",
+            &["faults::late_peer::in_place::ws2"],
         ),
     ]
 }
