@@ -472,7 +472,7 @@ pub fn catalogue() -> Vec<Spec> {
             "failed_inplace_rolled_back_late",
             "failure.no_touch_after_failed_wait",
             "all_reduce_ rolls the caller's buffer back to its staged input 20 ms after its wait failed (on its progress thread)",
-            &["faults::late_peer::in_place::ws2"],
+            &["faults::stall_between_barriers::ws2"],
         ),
     ]
 }
