@@ -303,11 +303,14 @@ impl Completion for NoteWaited {
     }
 }
 
+/// An issued all_reduce's inner work and whether it was waited.
+type Issued = (Weak<Work<Buf>>, Arc<AtomicBool>);
+
 /// The work registry drops an all_reduce once it has completed, not once it is waited:
 /// `outstanding()` leaves out a completed all_reduce its caller has not waited yet.
 #[derive(Default)]
 pub struct CompletedWorksUncounted {
-    issued: Mutex<Vec<(Weak<Work<Buf>>, Arc<AtomicBool>)>>,
+    issued: Mutex<Vec<Issued>>,
     hidden: OutstandingCounter,
 }
 
