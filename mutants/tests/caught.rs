@@ -25,8 +25,10 @@ const REPORTED: &[&str] = &[
 /// Mutants whose hinted cases are light but wait out a deadline under the bug (seconds of wall
 /// time, little CPU): scheduling only, like a stall-bound case.
 const CAUGHT_AT_A_DEADLINE: &[&str] = &[
+    "a2a_splits_exchanged_at_issue",
     "completes_only_in_wait",
     "drop_drains_unwaited",
+    "drop_waits_inplace_unpinned",
     "failed_work_never_completed",
     "first_call_tuning_ignores_deadline",
     "group_first_op_connects_at_issue",

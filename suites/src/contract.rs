@@ -35,7 +35,12 @@ pub const CLAUSES: &[Clause] = &[
         id: "async.issue_returns",
         source: BACKEND,
         text: "Every collective returns at once with a Work; it is not complete before every peer has issued it.",
-        cases: &["async::pending_until_peers_arrive", "seed::c10d::test_unwaited", "async::issue_returns_at_once::fresh_group"],
+        cases: &[
+            "async::pending_until_peers_arrive",
+            "seed::c10d::test_unwaited",
+            "async::issue_returns_at_once::fresh_group",
+            "async::issue_returns_at_once::all_to_all_splits",
+        ],
     },
     Clause {
         id: "async.result_final_after_wait",

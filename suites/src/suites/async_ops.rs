@@ -15,7 +15,8 @@
 //! late rank, is only checked for returning at once.
 //!
 //! Also here: `async::issue_returns_at_once::fresh_group::ws3` (a new group's first op returns
-//! at once while the other member has not issued: no lazy connect at issue), and
+//! at once while the other member has not issued: no lazy connect at issue),
+//! `async::issue_returns_at_once::all_to_all_splits::ws2` (explicit, uneven splits), and
 //! `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
 //! completes, with a non-waiting `check`, that the key is set.
@@ -276,6 +277,44 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let _ = ctx.store.delete_key(&key);
             let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &sum, &w)
+        }
+    }));
+    v.push(Case::<B>::new("async::issue_returns_at_once::all_to_all_splits::ws2", meta(OpKind::AllToAllSingle, Variant::Out), 2, |ctx| {
+        // async.issue_returns for all_to_all_single with explicit, uneven splits (the matrix's
+        // rounds use the equal split): rank 0's issue returns at once although rank 1 issues only
+        // after that (a store key): no exchange of split sizes that holds the caller at issue.
+        // Rank r holds [10r, 10r + 1, 10r + 2]; rank 0 splits [1, 2], rank 1 [2, 1], so rank 0
+        // gets [0, 10, 11] and rank 1 [1, 2, 12].
+        let b = ctx.b;
+        if let Err(reason) = b.capabilities().check(OpKind::AllToAllSingle, Some(Variant::Out), Some(DType::F32), None, 2) {
+            return Err(CaseEnd::Unsupported(reason));
+        }
+        let w = format!("{} splits=[1, 2] / [2, 1] (rank 1 issues only once rank 0's issue returned)", here(b, "all_to_all_single", "out", DType::F32));
+        let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
+        let r = b.rank() as f32;
+        let x = b.upload(&Tensor::from_vec(&[3], vec![10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0]))?;
+        let splits: &[usize] = if b.rank() == 0 { &[1, 2] } else { &[2, 1] };
+        let want = Tensor::from_vec(&[3], if b.rank() == 0 { vec![0.0f32, 10.0, 11.0] } else { vec![1.0f32, 2.0, 12.0] });
+        if b.rank() == 0 {
+            let t0 = Instant::now();
+            let issued = b.all_to_all_single(&x, Some(splits), Some(splits));
+            let took = t0.elapsed();
+            // The other rank goes on in any case (it must not wait for a key that never comes).
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let work = issued.map_err(|e| fail(&w, format!("issuing (after {took:?}): {e} [{}]", e.name())))?;
+            if took > SLACK {
+                return Err(fail(
+                    &w,
+                    format!("issuing all_to_all_single with splits blocked the caller for {took:?} while rank 1 had not issued: issuing returns at once"),
+                ));
+            }
+            let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &want, &w)
+        } else {
+            ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never issued: {e}")))?;
+            let _ = ctx.store.delete_key(&key);
+            let out = b.all_to_all_single(&x, Some(splits), Some(splits))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &want, &w)
         }
     }));
     for ws in [2, 3] {

@@ -3,7 +3,7 @@
 //! thread, a peer that never joins (named timeout, then recovery; the op pending for it is
 //! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
-//! un-waited collective (must exit within 1 s), `wait(0)` as a poll (never blocking), a work
+//! un-waited collective, out-of-place and in-place (must exit within 1 s), `wait(0)` as a poll (never blocking), a work
 //! that completes without any wait (`is_completed()` polled), a sub-second wait that waits its
 //! deadline (not a poll), a timeout naming its own
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
@@ -153,6 +153,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
         let x = b.upload(&rank_tensor(b, 64))?;
+        let base = b.outstanding();
         let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
         // The clock starts once every rank has issued (a store handshake), so a rank that is
         // descheduled before issuing is not counted against the others' polls.
@@ -167,7 +168,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             std::thread::sleep(Duration::from_millis(1));
         }
         let completed = work.is_completed();
+        // Quiescence: a completed work still counts until it is waited (or dropped).
+        let counted = b.outstanding();
         let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+        if completed && counted != base + 1 {
+            return Err(fail(
+                &w,
+                format!("outstanding() = {counted} with one completed, un-waited all_reduce ({base} before it was issued): a work counts until it is waited, not until it completes"),
+            ));
+        }
         if !completed {
             return Err(fail(
                 &w,
@@ -633,13 +642,17 @@ pub fn unwaited_child<B: Backend>() -> ! {
     };
     let code = match B::init(&world) {
         Ok(b) => {
-            let issued = b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum));
+            // An out-of-place and an in-place collective (a backend may pin the caller's buffer).
+            let issued = b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).and_then(|out_of_place| {
+                let x = b.upload(&full(&[16], 1.0f32))?;
+                Ok((out_of_place, b.all_reduce_(&x, ReduceOp::Sum)?))
+            });
             match issued {
-                Ok(work) => {
+                Ok(works) => {
                     use std::io::Write;
                     println!("issued");
                     let _ = std::io::stdout().flush();
-                    drop(work); // never waited
+                    drop(works); // never waited
                     0
                 }
                 Err(e) => {

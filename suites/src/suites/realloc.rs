@@ -14,9 +14,12 @@ use concord_fixtures::InputKind;
 use std::collections::HashMap;
 
 /// The buffers' (dtype, shape) in allocation order; dim 0 is multiplied by the world size for
-/// the ops that split it. Sizes shrink, grow past the first, go to zero and back.
-pub const STEPS: [(DType, &[usize]); 9] = [
+/// the ops that split it. Sizes shrink, grow past the first, go to zero and back; the dtype
+/// changes at an unchanged byte size.
+pub const STEPS: [(DType, &[usize]); 10] = [
     (DType::F32, &[4096]),
+    // The same bytes at the same address, another dtype of the same element size.
+    (DType::I32, &[4096]),
     (DType::F32, &[1000]),
     (DType::I32, &[16, 64]),
     (DType::BF16, &[4096]),

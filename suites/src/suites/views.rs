@@ -7,7 +7,8 @@
 //! Offsets alternate from one shape to the next between a small misaligned one (3 / 5 elements:
 //! not a multiple of 16 bytes) and one past a 4 KiB page (1029 / 1031 elements). Every
 //! (op, variant) of the trait but barrier, f32 and bf16 (sum for reducing ops), world sizes 2 and 3; f64
-//! (8-byte elements) at world size 2.
+//! (8-byte elements) at world size 2. `views::aligned::*`: the same at 16-byte and page-aligned
+//! offsets (f32, world size 2, two shapes).
 
 use crate::case::Case;
 use crate::exec::PAIRS;
@@ -22,6 +23,15 @@ pub fn layout(i: usize) -> Layout {
         Layout { in_offset: 3, out_offset: 1031 }
     } else {
         Layout { in_offset: 1029, out_offset: 5 }
+    }
+}
+
+/// The layout of run `i` of the aligned cases: offsets of 16 bytes and of a 4 KiB page (f32).
+pub fn aligned_layout(i: usize) -> Layout {
+    if i.is_multiple_of(2) {
+        Layout { in_offset: 4, out_offset: 1024 }
+    } else {
+        Layout { in_offset: 1024, out_offset: 4 }
     }
 }
 
@@ -46,6 +56,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 }));
             }
         }
+        // Offsets a whole number of 16-byte vectors (and of pages) in: a backend may hand an
+        // aligned view to a vectorised or zero-copy path that the misaligned ones above never take.
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        let spec = ValueSpec { op, variant, dtype: DType::F32, reduce, kind: InputKind::Exact, max_shapes: Some(2) };
+        let name = format!("views::aligned::{}", matrix::case_name(&spec, 2));
+        let meta = matrix::meta("views", &spec);
+        let seed = concord_fixtures::seed_for(&name);
+        out.push(Case::new(name, meta, 2, move |ctx| {
+            values::run_in(ctx.b, &spec, seed, ctx.timeout, "views_at_aligned_offset", aligned_layout, &values::Extra::default())
+        }));
     }
     out
 }
