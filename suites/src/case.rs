@@ -172,6 +172,31 @@ impl<'a, B: Backend> Ctx<'a, B> {
         }
         Ok(self.groups.get(ranks).and_then(|g| g.as_ref()))
     }
+
+    /// Every group of `groups` made (`new_group` is collective: every rank makes every group, in
+    /// the same order), then this rank's groups with their communicators, each checked to give
+    /// this rank its position in the group and the group's size (a named failure otherwise).
+    pub fn layout<'g>(&mut self, groups: &[&'g [usize]]) -> Result<Vec<(&'g [usize], &B)>, CaseEnd> {
+        for g in groups {
+            self.group(g)?;
+        }
+        let (me, ws, b) = (self.rank(), self.world_size(), self.b);
+        let mine: Vec<(&'g [usize], &B)> =
+            groups.iter().filter_map(|g| self.groups.get(*g).and_then(|x| x.as_ref()).map(|sub| (*g, sub))).collect();
+        for (g, sub) in &mine {
+            let want = g.iter().position(|&r| r == me);
+            if want != Some(sub.rank()) || sub.world_size() != g.len() {
+                return Err(CaseEnd::Fail(format!(
+                    "backend={} op=new_group world_size={ws} rank={me}: group {g:?} gave rank {} of {}, expected {want:?} of {}",
+                    backend_label(b),
+                    sub.rank(),
+                    sub.world_size(),
+                    g.len()
+                )));
+            }
+        }
+        Ok(mine)
+    }
 }
 
 /// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.

@@ -633,8 +633,8 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
     }
 }
 
-/// Body of the un-waited-exit child: a one-rank world, a large all_reduce issued, never waited,
-/// then return from main.
+/// Body of the un-waited-exit child: a one-rank world, a large all_reduce and an in-place
+/// `all_reduce_` issued, never waited, then return from main.
 pub fn unwaited_child<B: Backend>() -> ! {
     let Some(world) = concord_harness::launch::rank_world() else {
         eprintln!("unwaited child: not started by the harness launcher");

@@ -522,13 +522,9 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let me = ctx.rank();
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
         for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
-            for g in groups.iter() {
-                ctx.group(g)?;
-            }
-            let mine: Vec<(&[usize], &B)> =
-                groups.iter().filter_map(|g| ctx.groups.get(*g).and_then(|x| x.as_ref()).map(|b| (*g, b))).collect();
+            let mine = ctx.layout(groups)?;
             for (k, tag) in ["tiny", "small", "medium", "large"].into_iter().enumerate() {
                 for (g, sub) in &mine {
                     let (n, grank) = (g.len(), sub.rank());
@@ -540,7 +536,7 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
                         where_of(&backend_label(*sub), &spec, n, grank)
                     );
                     let exp = expected_for(&spec, &caps, sd, n, grank);
-                    let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), ctx.timeout, &where_)?;
+                    let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
                     check(&spec, &caps, &exp, n, grank, got, &where_)?;
                 }
             }

@@ -257,13 +257,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         for dtype in [DType::F32, DType::BF16, DType::I32] {
             for (n, ws) in ladder(op, dtype) {
                 let name = case_name(op, dtype, n, ws);
-                let meta = CaseMeta {
-                    suite: "sizes".into(),
-                    op: op.name().into(),
-                    variant: variant.name().into(),
-                    dtype: dtype.name().into(),
-                    reduce: if op.reduces() { "sum".into() } else { String::new() },
-                };
+                let meta = case_meta(op, variant, dtype);
                 let seed = concord_fixtures::seed_for(&name);
                 let c = Case::new(name, meta, ws, move |ctx| run(ctx, op, variant, dtype, n, seed));
                 // The MiB steps take most of the suite's time: started first.
@@ -275,13 +269,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let dtype = DType::F32;
         for ws in GRID_WORLD_SIZES {
             let name = format!("sizes::{op}::{}::{dtype}::grid::ws{ws}", variant.name());
-            let meta = CaseMeta {
-                suite: "sizes".into(),
-                op: op.name().into(),
-                variant: variant.name().into(),
-                dtype: dtype.name().into(),
-                reduce: if op.reduces() { "sum".into() } else { String::new() },
-            };
+            let meta = case_meta(op, variant, dtype);
             let seed = concord_fixtures::seed_for(&name);
             out.push(Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
                 for (k, (root, n)) in grid_calls(op, ctx.b.world_size()).into_iter().enumerate() {
@@ -296,6 +284,17 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         out.push(uneven_all_to_all_case(ws));
     }
     out
+}
+
+/// A sizes case's metadata: `op` / `variant` / `dtype`, reduced with sum when the op reduces.
+fn case_meta(op: OpKind, variant: Variant, dtype: DType) -> CaseMeta {
+    CaseMeta {
+        suite: "sizes".into(),
+        op: op.name().into(),
+        variant: variant.name().into(),
+        dtype: dtype.name().into(),
+        reduce: if op.reduces() { "sum".into() } else { String::new() },
+    }
 }
 
 /// The world size of the group grid ([`group_grid_case`]).
@@ -322,45 +321,22 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
     let dtype = DType::F32;
     let ws = GROUP_GRID_WS;
     let name = format!("sizes::{op}::{}::{dtype}::group_grid::ws{ws}", variant.name());
-    let meta = CaseMeta {
-        suite: "sizes".into(),
-        op: op.name().into(),
-        variant: variant.name().into(),
-        dtype: dtype.name().into(),
-        reduce: if op.reduces() { "sum".into() } else { String::new() },
-    };
+    let meta = case_meta(op, variant, dtype);
     let seed = concord_fixtures::seed_for(&name);
     Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let me = ctx.rank();
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
         for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
-            // new_group is collective: every rank makes every group, in the same order.
-            for g in groups.iter() {
-                ctx.group(g)?;
-            }
-            let mine: Vec<(&[usize], &B)> =
-                groups.iter().filter_map(|g| ctx.groups.get(*g).and_then(|x| x.as_ref()).map(|b| (*g, b))).collect();
-            for (g, sub) in &mine {
-                let want = g.iter().position(|&r| r == me);
-                if want != Some(sub.rank()) || sub.world_size() != g.len() {
-                    return Err(CaseEnd::Fail(format!(
-                        "backend={} op=new_group world_size={ws} rank={me}: group {g:?} gave rank {} of {}, expected {want:?} of {}",
-                        crate::case::backend_label(ctx.b),
-                        sub.rank(),
-                        sub.world_size(),
-                        g.len()
-                    )));
-                }
-            }
+            let mine = ctx.layout(groups)?;
             let calls: Vec<Vec<(usize, usize)>> = mine.iter().map(|(g, _)| group_grid_calls(op, g.len())).collect();
             let most = calls.iter().map(Vec::len).max().unwrap_or(0);
             for k in 0..most {
                 for ((g, sub), calls) in mine.iter().zip(&calls) {
                     let Some(&(root, n)) = calls.get(k) else { continue };
                     let sd = seed.wrapping_add((li * 64 + k) as u64);
-                    call(*sub, ctx.timeout, op, variant, dtype, n, root, sd).map_err(|e| match e {
+                    call(*sub, timeout, op, variant, dtype, n, root, sd).map_err(|e| match e {
                         CaseEnd::Fail(m) => CaseEnd::Fail(format!(
                             "{m} (layout {lay}, group {g:?}: rank, world_size and root are the group's; world rank {me} of {ws})"
                         )),
@@ -433,13 +409,7 @@ pub fn uneven_expected(dtype: DType, seed: u64, s: &[Vec<usize>], me: usize) -> 
 pub fn uneven_all_to_all_case<B: Backend>(ws: usize) -> Case<B> {
     let (op, variant, dtype) = (OpKind::AllToAllSingle, Variant::Out, DType::F32);
     let name = format!("sizes::{op}::uneven::{dtype}::grid::ws{ws}");
-    let meta = CaseMeta {
-        suite: "sizes".into(),
-        op: op.name().into(),
-        variant: variant.name().into(),
-        dtype: dtype.name().into(),
-        reduce: String::new(),
-    };
+    let meta = case_meta(op, variant, dtype);
     let seed = concord_fixtures::seed_for(&name);
     Case::new(name, meta, ws, move |ctx: &mut Ctx<'_, B>| {
         let b = ctx.b;
