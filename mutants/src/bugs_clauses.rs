@@ -300,11 +300,7 @@ impl Completion for Tracked {
         self.inner.is_completed()
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        crate::relay_wait(&self.inner, timeout, |_| {})
     }
 }
 

@@ -9,6 +9,7 @@
 
 use crate::bugs_hunt2::{int_at, set_int};
 use crate::campaign::Spec;
+use crate::lock;
 use crate::{edit, Buf, Bug, Mutant, Shm, Twist};
 use concord_core::fused::Gathered;
 use concord_core::{
@@ -18,10 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Implements every op hook of [`Bug`] as the correct shm call, with `$before` run before it is
 /// issued and the issued work `$w` replaced by `$wrap` (the same expression, typed per op);
@@ -194,16 +191,11 @@ impl<T: Send + Sync> Completion for Relay<T> {
         (self.completed)(&self.inner)
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => {
-                if let Some(n) = &self.on_failure {
-                    n.fetch_add(1, Ordering::SeqCst);
-                }
-                Err(e)
+        crate::relay_wait(&self.inner, timeout, |_| {
+            if let Some(n) = &self.on_failure {
+                n.fetch_add(1, Ordering::SeqCst);
             }
-        }
+        })
     }
 }
 

@@ -7,15 +7,12 @@
 
 use crate::bugs_hunt2::{int_at, set_int};
 use crate::campaign::Spec;
+use crate::lock;
 use crate::{edit, Buf, Bug, Shm};
-use concord_core::{progress, Backend, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Tensor, Work};
+use concord_core::{progress, Backend, Completion, OutstandingCounter, ReduceOp, Result, Tensor, Work};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A view of `x`'s parent at offset 0 with `x`'s shape, if `x` is a view at a non-zero offset:
 /// what a kernel that takes the parent's base pointer (not the view's) reads.
@@ -303,14 +300,9 @@ impl Completion for NoteFailure {
         self.inner.is_completed()
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => {
-                lock(&self.failed).insert(self.addr);
-                Err(e)
-            }
-        }
+        crate::relay_wait(&self.inner, timeout, |_| {
+            lock(&self.failed).insert(self.addr);
+        })
     }
 }
 

@@ -10,6 +10,7 @@
 use crate::bugs::{pipelined_ag, AG_RIGHT};
 use crate::bugs_hunt5::unrecorded;
 use crate::campaign::Spec;
+use crate::lock;
 use crate::{Buf, Bug, Mutant, Shm, BUG_WAIT};
 use concord_core::fused::{describe, input_descs, move_from_front, move_to_front, Gathered, MatmulRsPlan};
 use concord_core::{Backend, CallOp, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work};
@@ -17,10 +18,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A completion that relays a shared inner work (so a bug can keep watching it too).
 struct Relay<T>(Arc<Work<T>>);
@@ -538,16 +535,11 @@ impl<T: Send + Sync> Completion for NotePeer<T> {
         self.inner.is_completed()
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => {
-                if e.bad_input_kind().is_some() {
-                    lock(&self.failed).insert(self.peer, e.clone());
-                }
-                Err(e)
+        crate::relay_wait(&self.inner, timeout, |e| {
+            if e.bad_input_kind().is_some() {
+                lock(&self.failed).insert(self.peer, e.clone());
             }
-        }
+        })
     }
 }
 

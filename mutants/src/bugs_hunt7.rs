@@ -56,13 +56,18 @@ fn all_reduce_as(
 /// Every element's float result `f(values of every rank)`, stored in `t` (rounded by `from_f64`'s
 /// caller: `f` returns a value of the dtype).
 fn float_map(g: &Tensor, ws: usize, t: &mut Tensor, f: impl Fn(&[f64]) -> f64) {
-    let d = t.dtype();
+    let (d, n) = (t.dtype(), t.numel());
+    columns(g, ws, t, n, 0, |vals| round_to(d, f(vals)));
+}
+
+/// For each output element `i < n`: `f(every rank's value at index base + i)`, stored in `t`.
+fn columns(g: &Tensor, ws: usize, t: &mut Tensor, n: usize, base: usize, f: impl Fn(&[f64]) -> f64) {
     let mut vals = vec![0.0; ws];
-    for i in 0..t.numel() {
+    for i in 0..n {
         for (r, v) in vals.iter_mut().enumerate() {
-            *v = part(g, ws, r, i);
+            *v = part(g, ws, r, base + i);
         }
-        crate::set_f64(t, i, round_to(d, f(&vals)));
+        crate::set_f64(t, i, f(&vals));
     }
 }
 
@@ -124,13 +129,7 @@ impl Bug for HalfSumF32VectorBlocks {
         }
         all_reduce_as(s, &self.hidden, x, op, move |g, t| {
             let full = n - n % VBLOCK;
-            let mut vals = vec![0.0; ws];
-            for i in 0..full {
-                for (r, v) in vals.iter_mut().enumerate() {
-                    *v = part(g, ws, r, i);
-                }
-                crate::set_f64(t, i, f32_sum(d, &vals));
-            }
+            columns(g, ws, t, full, 0, |vals| f32_sum(d, vals));
         })
     }
 }
@@ -202,13 +201,7 @@ impl Bug for ReduceScatterOutHalfViaF32 {
             let g = be.download(g.wait(BUG_WAIT)?)?;
             edit(be, out, |t| {
                 let k = t.numel();
-                let mut vals = vec![0.0; ws];
-                for i in 0..k {
-                    for (r, v) in vals.iter_mut().enumerate() {
-                        *v = part(&g, ws, r, me * k + i);
-                    }
-                    crate::set_f64(t, i, f32_sum(d, &vals));
-                }
+                columns(&g, ws, t, k, me * k, |vals| f32_sum(d, vals));
             })
         }))
     }
@@ -244,13 +237,7 @@ impl Bug for ReduceScatterCoalescedHalfViaF32 {
                 let g = be.download(gb)?;
                 edit(be, out, |t| {
                     let k = t.numel();
-                    let mut vals = vec![0.0; ws];
-                    for i in 0..k {
-                        for (r, v) in vals.iter_mut().enumerate() {
-                            *v = part(&g, ws, r, me * k + i);
-                        }
-                        crate::set_f64(t, i, f32_sum(d, &vals));
-                    }
+                    columns(&g, ws, t, k, me * k, |vals| f32_sum(d, vals));
                 })?;
             }
             Ok(())

@@ -8,16 +8,13 @@
 //! over the correct shm backend.
 
 use crate::campaign::Spec;
+use crate::lock;
 use crate::{bump, edit, Buf, Bug, Shm, BUG_WAIT};
 use concord_core::{Backend, CollectiveError, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn timeout(s: &Shm, op: &str, waited: Duration, detail: &str) -> CollectiveError {
     CollectiveError::Timeout { op: op.into(), seq: 0, rank: s.rank(), waited_ms: waited.as_millis() as u64, detail: detail.into() }
@@ -244,16 +241,11 @@ impl Completion for NotePlan {
         self.inner.is_completed()
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => {
-                if e.bad_input_kind().is_some() {
-                    lock(&self.failed).insert(self.key.clone(), e.clone());
-                }
-                Err(e)
+        crate::relay_wait(&self.inner, timeout, |e| {
+            if e.bad_input_kind().is_some() {
+                lock(&self.failed).insert(self.key.clone(), e.clone());
             }
-        }
+        })
     }
 }
 

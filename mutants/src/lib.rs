@@ -65,6 +65,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// A mutant's bookkeeping lock (a poisoned one still gives its data: a rank thread that panicked
+/// must not hide what it noted).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `Completion::wait_for` of a completion that relays `inner`: `Ok(true)` once it is done,
+/// `Ok(false)` at the timeout, its error after `seen` has looked at it (a mutant noting a failure).
+pub(crate) fn relay_wait<T>(inner: &Work<T>, timeout: Duration, seen: impl FnOnce(&CollectiveError)) -> Result<bool> {
+    match inner.wait(timeout) {
+        Ok(_) => Ok(true),
+        Err(CollectiveError::Timeout { .. }) => Ok(false),
+        Err(e) => {
+            seen(&e);
+            Err(e)
+        }
+    }
+}
+
 /// The buffer type every mutant moves (the shm backend's).
 pub type Buf = <ShmBackend as Backend>::Buffer;
 
