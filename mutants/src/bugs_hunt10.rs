@@ -8,9 +8,12 @@
 //! shape it first registered for an address. Each is a bug a backend author could ship, over
 //! the correct shm backend.
 
+use crate::bugs::{pipelined_ag, AgKnobs, AG_RIGHT};
+use crate::bugs_hunt6::{flush, Parked, Slot};
 use crate::campaign::Spec;
-use crate::{copy_bytes, edit, set_f64, Buf, Bug, Shm, BUG_WAIT};
-use concord_core::{Backend, BadInputKind, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Tensor, Work};
+use crate::{copy_bytes, edit, set_f64, Buf, Bug, Mutant, Shm, BUG_WAIT};
+use concord_core::fused::Gathered;
+use concord_core::{Backend, BadInputKind, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -336,6 +339,62 @@ impl Bug for GatherShapeKeptByAddress {
     }
 }
 
+// ---------------------------------------------------------------- fused.pipelined_order
+
+/// The pipelined all-gather-matmul consumes peers' shards as they land, and puts the `k`-th to
+/// land at the place of the `k`-th peer in step order (`rank + 1`, `rank + 2`, ...): right while
+/// shards land in step order, wrong when a nearer peer is late.
+#[derive(Default)]
+pub struct AgMatmulLatePeerMisplaced;
+
+impl Bug for AgMatmulLatePeerMisplaced {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        pipelined_ag(m, a, bs, dim, sc, AgKnobs { arrival_slots: true, ..AG_RIGHT })
+    }
+}
+
+// ---------------------------------------------------------------- p2p.order
+
+/// How often the send engine retries its parked sends.
+const RETRY_EVERY: Duration = Duration::from_millis(20);
+
+/// A send engine that serves one peer at a time: a send issued while a send to another peer is
+/// in flight is parked in that peer's retry queue (retried every 20 ms); a send issued while
+/// the engine is idle goes out at once, without looking at the retry queue of its peer, so it
+/// overtakes an earlier parked send to the same peer.
+#[derive(Default)]
+pub struct SendRetryOvertaken {
+    in_flight: Mutex<Vec<(usize, Arc<Slot>)>>,
+    retry: Parked,
+    hidden: OutstandingCounter,
+}
+
+impl Bug for SendRetryOvertaken {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        if dst >= s.ws() || dst == s.rank() {
+            return s.inner.send(x, dst);
+        }
+        let busy = {
+            let mut f = lock(&self.in_flight);
+            f.retain(|(_, w)| !w.is_completed());
+            f.iter().any(|(d, _)| *d != dst)
+        };
+        let slot = Arc::new(Slot::default());
+        if busy {
+            lock(&self.retry).entry(dst).or_default().push((x.clone(), slot.clone()));
+            let (be, retry) = (s.inner.clone(), self.retry.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(RETRY_EVERY);
+                flush(&be, &retry, dst);
+            });
+            return Ok(Work::new((), slot, s.meta("send"), &s.own));
+        }
+        slot.fill(s.inner.send(x, dst));
+        lock(&self.in_flight).push((dst, slot.clone()));
+        Ok(Work::new((), slot, s.meta("send"), &self.hidden))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     vec![
@@ -398,6 +457,18 @@ pub fn catalogue() -> Vec<Spec> {
             "placement.realloc",
             "gather sizes its result from the shape first registered for the input's (address, bytes): re-allocated with another shape, the result has the old shape",
             &["gather::"],
+        ),
+        spec::<AgMatmulLatePeerMisplaced>(
+            "ag_matmul_late_peer_misplaced",
+            "fused.pipelined_order",
+            "the pipelined all-gather-matmul puts the k-th shard to land at the k-th peer's place in step order: wrong when a nearer peer is late",
+            &["fused::"],
+        ),
+        spec::<SendRetryOvertaken>(
+            "send_retry_overtaken",
+            "p2p.order",
+            "a send issued while a send to another peer is in flight is parked for a 20 ms retry; a later send to that peer, issued while idle, overtakes it",
+            &["p2p::"],
         ),
     ]
 }
