@@ -16,6 +16,7 @@
 pub mod bugs;
 pub mod bugs_clauses;
 pub mod bugs_hunt;
+pub mod bugs_hunt10;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
@@ -24,7 +25,6 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
-pub mod bugs_hunt10;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
