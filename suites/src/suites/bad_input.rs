@@ -364,6 +364,19 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
         .and_then(|work| work.into_value(ctx.timeout))
         .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e} [{}]", e.name())))?;
     expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))?;
+    // After a refused all_to_all, an all_to_all runs (a backend that leaves the refused call's
+    // error in its split-exchange state fails the next one with it): row `j` of rank `r`'s input
+    // is `10 r + j`, so row `j` of this rank's result is `10 j + rank`.
+    if op == "all_to_all_single" {
+        let me = b.rank();
+        let w = format!("{w} (an equal-split all_to_all after the bad input)");
+        let x = b.upload(&Tensor::from_vec(&[ws], (0..ws).map(|j| (10 * me + j) as f32).collect()))?;
+        let got = b
+            .all_to_all_single(&x, None, None)
+            .and_then(|work| work.into_value(ctx.timeout))
+            .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        expect_eq(b, &got, &Tensor::from_vec(&[ws], (0..ws).map(|j| (10 * j + me) as f32).collect()), &w)?;
+    }
     // After a refused send / recv, the pair still exchanges messages (a backend that leaves the
     // error in the peer's connection fails the next send or recv with it).
     match crate::values::partner(b.rank(), ws) {
