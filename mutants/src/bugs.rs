@@ -1376,6 +1376,9 @@ pub(crate) struct AgKnobs {
     /// Only the first peer's receive is waited before its shard is consumed; the later ones
     /// are read where they will land, taken as there already (waited at the end).
     pub(crate) wait_first_only: bool,
+    /// Peers' shards are consumed as they land, the `k`-th to land put at the place of the
+    /// `k`-th peer in step order (right while they land in step order).
+    pub(crate) arrival_slots: bool,
 }
 
 pub(crate) const AG_RIGHT: AgKnobs = AgKnobs {
@@ -1384,6 +1387,7 @@ pub(crate) const AG_RIGHT: AgKnobs = AgKnobs {
     consume: |p, parts, r, shard, bs, sa, sb| p.consume(parts, r, shard, bs, sa, sb),
     finish: |p, parts| p.finish(parts),
     wait_first_only: false,
+    arrival_slots: false,
 };
 
 /// A pipelined all-gather-matmul as a backend author writes one over shm's send / recv (the
@@ -1421,7 +1425,24 @@ pub(crate) fn pipelined_ag(
         (k.consume)(&plan, parts, (k.slot)(me, src, step, ws), shard, &bts, a_scales.as_ref().map(|s| &s[src]), b_scales)
     };
     take(&mut parts, 0, me, &be.download(a)?);
-    for (i, (step, src, w)) in recvs.iter().enumerate() {
+    if k.arrival_slots {
+        let mut pending: Vec<usize> = (0..recvs.len()).collect();
+        let t0 = std::time::Instant::now();
+        for (step, src, _) in &recvs {
+            let at = loop {
+                if let Some(at) = pending.iter().position(|&j| recvs[j].2.is_completed()) {
+                    break at;
+                }
+                if t0.elapsed() > BUG_WAIT {
+                    break 0;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            };
+            let landed = recvs[pending.remove(at)].2.wait(BUG_WAIT)?;
+            take(&mut parts, *step, *src, &be.download(landed)?);
+        }
+    }
+    for (i, (step, src, w)) in recvs.iter().enumerate().filter(|_| !k.arrival_slots) {
         let landed = if k.wait_first_only && i > 0 { w.peek() } else { w.wait(BUG_WAIT)? };
         take(&mut parts, *step, *src, &be.download(landed)?);
     }

@@ -48,13 +48,13 @@ const PARK_AT_MOST: Duration = Duration::from_millis(50);
 
 /// Where a parked send's inner work lands once it is issued.
 #[derive(Default)]
-struct Slot {
+pub(crate) struct Slot {
     state: Mutex<Option<Result<Arc<Work<()>>>>>,
     cv: Condvar,
 }
 
 impl Slot {
-    fn fill(&self, r: Result<Work<()>>) {
+    pub(crate) fn fill(&self, r: Result<Work<()>>) {
         *lock(&self.state) = Some(r.map(Arc::new));
         self.cv.notify_all();
     }
@@ -88,9 +88,9 @@ impl Completion for Slot {
     }
 }
 
-type Parked = Arc<Mutex<HashMap<usize, Vec<(Buf, Arc<Slot>)>>>>;
+pub(crate) type Parked = Arc<Mutex<HashMap<usize, Vec<(Buf, Arc<Slot>)>>>>;
 
-fn flush(be: &concord_shm::ShmBackend, parked: &Parked, dst: usize) {
+pub(crate) fn flush(be: &concord_shm::ShmBackend, parked: &Parked, dst: usize) {
     let sends = lock(parked).remove(&dst).unwrap_or_default();
     for (x, slot) in sends {
         slot.fill(be.send(&x, dst));

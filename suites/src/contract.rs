@@ -241,6 +241,7 @@ pub const CLAUSES: &[Clause] = &[
             "bad_input::reduce_root_differs_across_ranks",
             "bad_input::gather_root_differs_across_ranks",
             "bad_input::scatter_root_differs_across_ranks",
+            "bad_input::scatter_root_differs_on_one_rank",
         ],
     },
     Clause {
@@ -338,7 +339,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "p2p.order",
         source: BACKEND,
         text: "Messages in flight from one rank to another are received in issue order, whatever their sizes.",
-        cases: &["p2p::in_flight_in_order::sizes", "p2p::in_flight_in_order::same_size", "p2p::in_flight_in_order::mixed_protocols"],
+        cases: &["p2p::in_flight_in_order::sizes", "p2p::in_flight_in_order::same_size", "p2p::in_flight_in_order::mixed_protocols", "p2p::in_order_across_other_traffic"],
     },
     Clause {
         id: "p2p.no_deadlock",
@@ -387,7 +388,11 @@ pub const CLAUSES: &[Clause] = &[
         id: "fused.pipelined_order",
         source: BACKEND,
         text: "A pipelined fused op consumes a peer's shard only once it has landed, and puts it at its rank's place.",
-        cases: &["fused::all_gather_matmul::dim2::f32::large::ws8", "fused::matmul_reduce_scatter::dim0::f32::sum::large::ws3"],
+        cases: &[
+            "fused::all_gather_matmul::dim2::f32::large::ws8",
+            "fused::matmul_reduce_scatter::dim0::f32::sum::large::ws3",
+            "fused::all_gather_matmul::dim0::f32::late_peer::ws3",
+        ],
     },
     Clause {
         id: "fused.bad_input",

@@ -156,6 +156,7 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         }),
         ("broadcast_src_out_of_range", 2, K::BadRoot, false, |b, _, ws| wait(b.broadcast(&f32s(b, &[4])?, ws)?, T)),
         ("broadcast_src_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.broadcast(&f32s(b, &[4])?, r)?, T)),
+        ("broadcast_src_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| wait(b.broadcast(&f32s(b, &[6])?, usize::from(r == 2))?, T)),
         ("broadcast_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
             // Same byte size on both ranks (f32[4] / i32[4]): a backend that moves bytes fills
             // the i32 buffer with the root's f32 bits (pytorch/pytorch#91535).
@@ -169,6 +170,14 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("reduce_root_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.reduce(&f32s(b, &[4])?, ReduceOp::Sum, r)?, T)),
         ("gather_root_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.gather(&f32s(b, &[4])?, r)?, T)),
         ("scatter_root_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.scatter(&f32s(b, &[4])?, r)?, T)),
+        // One rank of three names another root than the other two (which agree), and no rank
+        // names itself but the common root: a backend that compares the roots only on a rank
+        // that names itself root lets the others run.
+        ("reduce_root_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| {
+            wait(b.reduce(&f32s(b, &[6])?, ReduceOp::Sum, usize::from(r == 2))?, T)
+        }),
+        ("gather_root_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| wait(b.gather(&f32s(b, &[6])?, usize::from(r == 2))?, T)),
+        ("scatter_root_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| wait(b.scatter(&f32s(b, &[6])?, usize::from(r == 2))?, T)),
         ("scatter_indivisible", 3, K::Indivisible, false, |b, _, _| wait(b.scatter(&f32s(b, &[4])?, 0)?, T)),
         ("scatter_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.scatter(&f32s(b, &[4 + 2 * r])?, 0)?, T)),
         ("send_to_self", 2, K::BadPeer, false, |b, r, _| wait(b.send(&f32s(b, &[4])?, r)?, T)),
@@ -355,6 +364,19 @@ fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bo
         .and_then(|work| work.into_value(ctx.timeout))
         .map_err(|e| fail(&w, format!("the world is not usable after the bad input: {e} [{}]", e.name())))?;
     expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the bad input)"))?;
+    // After a refused all_to_all, an all_to_all runs (a backend that leaves the refused call's
+    // error in its split-exchange state fails the next one with it): row `j` of rank `r`'s input
+    // is `10 r + j`, so row `j` of this rank's result is `10 j + rank`.
+    if op == "all_to_all_single" {
+        let me = b.rank();
+        let w = format!("{w} (an equal-split all_to_all after the bad input)");
+        let x = b.upload(&Tensor::from_vec(&[ws], (0..ws).map(|j| (10 * me + j) as f32).collect()))?;
+        let got = b
+            .all_to_all_single(&x, None, None)
+            .and_then(|work| work.into_value(ctx.timeout))
+            .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        expect_eq(b, &got, &Tensor::from_vec(&[ws], (0..ws).map(|j| (10 * j + me) as f32).collect()), &w)?;
+    }
     // After a refused send / recv, the pair still exchanges messages (a backend that leaves the
     // error in the peer's connection fails the next send or recv with it).
     match crate::values::partner(b.rank(), ws) {

@@ -545,6 +545,36 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
     })
 }
 
+/// How late the late rank of [`late_peer_case`] issues.
+const LATE_BY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The all-gather-matmul with one peer late (`fused::all_gather_matmul::dim0::f32::late_peer::ws3`):
+/// one call per rank, that rank issuing 20 ms after the others, so its shard lands after the
+/// shard of a peer farther on in every pipeline order; each result checked against the oracle.
+/// A pipelined implementation that puts shards in the order they land, not at their source
+/// ranks' places, is right only when they land in its step order.
+fn late_peer_case<B: Backend>(ws: usize) -> Case<B> {
+    let name = format!("fused::all_gather_matmul::dim0::f32::late_peer::ws{ws}");
+    let seed = concord_fixtures::seed_for(&name);
+    let spec = grid_spec(true, "small", ws);
+    let m = meta(&spec);
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        let me = ctx.rank();
+        let caps = ctx.b.capabilities();
+        for late in 0..ws {
+            let sd = seed.wrapping_add(late as u64);
+            let where_ = format!("{} (rank {late} issued {LATE_BY:?} after the others)", where_of(&backend_label(ctx.b), &spec, ws, me));
+            let exp = expected_for(&spec, &caps, sd, ws, me);
+            if me == late {
+                std::thread::sleep(LATE_BY);
+            }
+            let got = issue(ctx.b, &spec.call, &spec.inputs(me, sd), ctx.timeout, &where_)?;
+            check(&spec, &caps, &exp, ws, me, got, &where_)?;
+        }
+        Ok(())
+    })
+}
+
 fn push_kept<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec) {
     let seed = concord_fixtures::seed_for(&name);
     let m = meta(&spec);
@@ -576,6 +606,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ag in [true, false] {
         out.push(group_grid_case(ag));
     }
+    out.push(late_peer_case(3));
     for ws in FUSED_WORLD_SIZES {
         for dt in dts {
             for dim in 0..3 {

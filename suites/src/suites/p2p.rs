@@ -12,6 +12,9 @@
 //! * `p2p::in_flight_in_order::mixed_protocols::ws2` — 1 MiB, 4-element, 512 KiB and 1-element
 //!   messages alternate: a large message (rendezvous path) must not be overtaken by the small
 //!   one issued after it (eager path).
+//! * `p2p::in_order_across_other_traffic::ws3` — rank 0 sends to rank 2 (received 5 ms late),
+//!   then message 0 to rank 1, waits for the send to 2, then message 1 to rank 1: traffic to
+//!   another peer must not reorder the pair's messages.
 //! * `p2p::group_and_world_messages_apart::ws2` — a group message and a world message between
 //!   the same two ranks, received in the other order: matched per communicator.
 //! * `p2p::recv_first_one_side::ws2` — rank 0 `irecv; isend`, rank 1 `isend; irecv`.
@@ -277,6 +280,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         v.push(Case::<B>::new(format!("p2p::recvs_from_every_peer::ws{ws}"), meta(), ws, recvs_from_every_peer));
     }
     v.push(Case::<B>::new("p2p::group_and_world_messages_apart::ws2", meta(), 2, group_and_world_messages_apart));
+    v.push(Case::<B>::new("p2p::in_order_across_other_traffic::ws3", meta(), 3, in_order_across_other_traffic));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, Sizes::Varied, order)
@@ -319,6 +323,54 @@ fn group_and_world_messages_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResul
     gs.wait(ctx.timeout).map_err(|e| named("group send", e))?;
     expect_eq(b, &wgot, &message(peer, 0, n), &format!("{w}: the world receive from rank {peer}"))?;
     expect_eq(g, &ggot, &message(peer, 1, n), &format!("{w}: the group receive from group rank {gpeer} (this rank is group rank {gme})"))
+}
+
+/// Rank 0 `isend(2); isend(1) [message 0]; wait the send to 2; isend(1) [message 1]`; rank 2
+/// receives 5 ms late (the send to it is still in flight when message 0 is issued, done before
+/// message 1 is); rank 1 `irecv(0); irecv(0)`, then waits: message 0 lands in the first receive.
+/// A send engine that parks a send issued while another peer's is in flight, and sends the next
+/// one straight when idle, delivers message 1 first (same sizes: wrong values).
+fn in_order_across_other_traffic<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let me = b.rank();
+    let w = format!(
+        "{} (rank 0: isend(2); isend(1) #0; wait the send to 2; isend(1) #1; rank 2 receives 5 ms late)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let n = 8;
+    let t = ctx.timeout;
+    fn named<T>(r: Result<T, concord_core::CollectiveError>, w: &str, what: &str) -> Result<T, crate::case::CaseEnd> {
+        r.map_err(|e| fail(w, format!("{what}: {e} [{}]", e.name())))
+    }
+    match me {
+        0 => {
+            let (to2, m0, m1) = (b.upload(&message(0, 9, n))?, b.upload(&message(0, 0, n))?, b.upload(&message(0, 1, n))?);
+            let s2 = named(b.send(&to2, 2), &w, "isend to rank 2")?;
+            let s0 = named(b.send(&m0, 1), &w, "isend #0 to rank 1")?;
+            named(s2.wait(t), &w, "the send to rank 2")?;
+            let s1 = named(b.send(&m1, 1), &w, "isend #1 to rank 1")?;
+            named(s0.wait(t), &w, "send #0 to rank 1")?;
+            named(s1.wait(t), &w, "send #1 to rank 1")?;
+        }
+        1 => {
+            let outs = [b.alloc(DType::F32, &[n])?, b.alloc(DType::F32, &[n])?];
+            let rs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>();
+            for (k, r) in named(rs, &w, "irecv from rank 0")?.iter().enumerate() {
+                named(r.wait(t), &w, &format!("receive #{k} from rank 0"))?;
+            }
+            for (k, o) in outs.iter().enumerate() {
+                expect_eq(b, o, &message(0, k, n), &format!("{w}: receive #{k} from rank 0"))?;
+            }
+        }
+        _ => {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let out = b.alloc(DType::F32, &[n])?;
+            let r = named(b.recv(&out, 0), &w, "irecv from rank 0")?;
+            named(r.wait(t), &w, "receive from rank 0")?;
+            expect_eq(b, &out, &message(0, 9, n), &format!("{w}: the message from rank 0"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Every rank posts a receive from every other rank (same dtype and size, peers in rank order),

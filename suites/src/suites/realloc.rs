@@ -16,10 +16,13 @@ use std::collections::HashMap;
 /// The buffers' (dtype, shape) in allocation order; dim 0 is multiplied by the world size for
 /// the ops that split it. Sizes shrink, grow past the first, go to zero and back; the dtype
 /// changes at an unchanged byte size.
-pub const STEPS: [(DType, &[usize]); 10] = [
+pub const STEPS: [(DType, &[usize]); 11] = [
     (DType::F32, &[4096]),
     // The same bytes at the same address, another dtype of the same element size.
     (DType::I32, &[4096]),
+    // The same bytes at the same address, another shape (a result sized from a shape kept by
+    // address has the old one).
+    (DType::F32, &[64, 64]),
     (DType::F32, &[1000]),
     (DType::I32, &[16, 64]),
     (DType::BF16, &[4096]),
@@ -30,8 +33,9 @@ pub const STEPS: [(DType, &[usize]); 10] = [
     (DType::F32, &[4096]),
 ];
 
-pub const OPS: [(OpKind, Variant); 7] = [
+pub const OPS: [(OpKind, Variant); 8] = [
     (OpKind::AllReduce, Variant::Out),
+    (OpKind::Gather, Variant::Out),
     (OpKind::AllReduce, Variant::InPlace),
     (OpKind::AllGatherIntoTensor, Variant::OutBuf),
     (OpKind::ReduceScatterTensor, Variant::OutBuf),
