@@ -11,17 +11,13 @@
 use crate::bugs::{pipelined_ag, AgKnobs, AG_RIGHT};
 use crate::bugs_hunt6::{flush, Parked, Slot};
 use crate::campaign::Spec;
-use crate::{copy_bytes, edit, set_f64, Buf, Bug, Mutant, Shm, BUG_WAIT};
+use crate::{copy_bytes, edit, lock, set_f64, Buf, Bug, Mutant, Shm, BUG_WAIT};
 use concord_core::fused::Gathered;
 use concord_core::{Backend, BadInputKind, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn bytes_of(s: &Shm, x: &Buf) -> usize {
     s.numel(x) * s.inner.buffer_dtype(x).size()
@@ -198,16 +194,11 @@ impl Completion for Leave {
         self.inner.is_completed()
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        match self.inner.wait(timeout) {
-            Ok(_) => Ok(true),
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => {
-                if e.bad_input_kind().is_some() {
-                    *lock(&self.slot) = Some(e.clone());
-                }
-                Err(e)
+        crate::relay_wait(&self.inner, timeout, |e| {
+            if e.bad_input_kind().is_some() {
+                *lock(&self.slot) = Some(e.clone());
             }
-        }
+        })
     }
 }
 
