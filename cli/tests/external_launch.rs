@@ -190,8 +190,8 @@ fn a_rank_killed_in_init_is_named_with_its_pid() {
 }
 
 /// Starts a shm world of `WS` ranks, kills rank 2 once rank 0 announced the run (`into_cases`:
-/// after the world's shared memory exists and a pause, so the kill lands in the cases; else at
-/// once, in the backend's gate or init), and checks that rank 0 names rank 2 and its pid, every
+/// 1 s later, so the kill lands in the cases unless init is slower than that; else at once, in
+/// the case list, the backend's gate or init), and checks that rank 0 names rank 2 and its pid, every
 /// other rank exits non-zero, and nothing is left. Returns rank 0's stdout and stderr.
 fn kill_rank_2(into_cases: bool) -> String {
     let port = free_port();
