@@ -339,12 +339,22 @@ fn sweep_main(cli: &Cli) -> ! {
             std::process::exit(2);
         };
         let f = run_mutant(&sweep::spec(t), &cli.cases);
-        match &f.caught {
-            Some(c) => println!("{} caught by {}\n{}", t.label(), c.case, c.message),
-            None => println!("{}: none of the {} case(s) failed", t.label(), f.cases_run),
+        // The catch counts only if the failing case passes the control (the edit left out).
+        let control = f.caught.as_ref().and_then(|c| run_mutant(&sweep::control(t), &[format!("sweep::{}", c.case)]).caught);
+        let attributed = f.caught.is_some() && control.is_none();
+        match (&f.caught, control) {
+            (Some(c), None) => println!("{} caught by {} (its control passed)\n{}", t.label(), c.case, c.message),
+            (Some(c), Some(k)) => println!(
+                "{}: {} failed, but its control (the same path with the value left right) failed too, so the wrong element is not \
+                 what it caught:\n{}",
+                t.label(),
+                c.case,
+                k.message
+            ),
+            (None, _) => println!("{}: none of the {} case(s) failed", t.label(), f.cases_run),
         }
         Pool::global().shutdown();
-        std::process::exit(if f.caught.is_some() { 0 } else { 1 });
+        std::process::exit(if attributed { 0 } else { 1 });
     }
     let sizes: Vec<usize> = if cli.ws.is_empty() { sweep::WORLD_SIZES.to_vec() } else { cli.ws.clone() };
     eprintln!("concord-mutants: sweep of {} target(s) x {} world size(s), {jobs} side by side", targets.len(), sizes.len());

@@ -396,7 +396,7 @@ impl Backend for Mutant {
         let make =
             maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         if name == "sweep" {
-            sweep::set_target(world.option("sweep")).map_err(CollectiveError::Backend)?;
+            sweep::set_target(world.option("sweep"), world.option(sweep::DRY_OPTION).is_some()).map_err(CollectiveError::Backend)?;
         }
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })

@@ -13,6 +13,7 @@
 //! branch, and a tail element is where chunking arithmetic goes wrong.
 
 use crate::campaign::{run_cases_in, side_by_side, verdict_pool, Spec};
+use concord_harness::runner::Pool;
 use crate::{bump, edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
 use concord_core::{Backend, ReduceOp, Result, Scaling, Work};
@@ -142,26 +143,35 @@ impl Target {
     }
 }
 
-/// The target of this worker process (a worker hosts one world, of one mutant).
-static TARGET: OnceLock<Target> = OnceLock::new();
+/// The target of this worker process (a worker hosts one world, of one mutant), and whether the
+/// world is a control ([`DRY_OPTION`]).
+static TARGET: OnceLock<(Target, bool)> = OnceLock::new();
 
-/// Called by [`Mutant`]'s init with the `sweep` option.
-pub fn set_target(option: Option<&str>) -> std::result::Result<(), String> {
+/// The backend option of a control world: the same target, every call takes the same path (the
+/// output downloaded, edited and written back), but the edit leaves the value as it was. A case
+/// that fails the target and passes its control failed because of the one wrong element.
+pub const DRY_OPTION: &str = "sweep_dry";
+
+/// Called by [`Mutant`]'s init with the `sweep` option and whether [`DRY_OPTION`] is set.
+pub fn set_target(option: Option<&str>, dry: bool) -> std::result::Result<(), String> {
     let s = option.ok_or("the sweep mutant needs the option `sweep=<hook>:<position>:<class>`")?;
     let t = Target::parse(s).ok_or_else(|| format!("bad sweep target `{s}` (hooks {HOOKS:?}, positions {POSITIONS:?})"))?;
-    let _ = TARGET.set(t);
+    let _ = TARGET.set((t, dry));
     Ok(())
 }
 
 /// The sweep's maker (the catalogue's `MakeBug` for the name `sweep`).
 pub fn make() -> Box<dyn Bug> {
-    Box::new(Corrupt { t: TARGET.get().cloned() })
+    let (t, dry) = TARGET.get().cloned().map_or((None, false), |(t, d)| (Some(t), d));
+    Box::new(Corrupt { t, dry })
 }
 
 /// The bug: the last element of `hook`'s output is wrong on the rank at `pos`, for outputs of
-/// the size class. Every other call is the correct shm call.
+/// the size class. Every other call is the correct shm call. `dry`: the control, the same path
+/// with the value left right.
 pub struct Corrupt {
     t: Option<Target>,
+    dry: bool,
 }
 
 impl Corrupt {
@@ -178,33 +188,38 @@ impl Corrupt {
         let shape_ok = if t.in_groups() { has_shape(t.shape, &s.members, s.world_size) } else { !s.in_subgroup() };
         shape_ok && rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
     }
-    fn class(&self) -> (usize, usize) {
-        self.t.as_ref().map_or((0, 0), |t| (t.class.1, t.class.2))
+    /// The class's bounds, and whether this is the control.
+    fn class(&self) -> (usize, usize, bool) {
+        self.t.as_ref().map_or((0, 0, self.dry), |t| (t.class.1, t.class.2, self.dry))
     }
     /// `w` with the last element of its output made wrong, when it is in the class.
     fn one(&self, s: &Shm, hook: &str, root: Option<usize>, w: Work<Buf>) -> Work<Buf> {
         if !self.on(hook) || !self.here(s, root) {
             return w;
         }
-        let (lo, hi) = self.class();
-        s.then(w, move |be, out| corrupt(be, out, lo, hi))
+        let (lo, hi, dry) = self.class();
+        s.then(w, move |be, out| corrupt(be, out, lo, hi, dry))
     }
     /// The last buffer of a coalesced call's outputs.
     fn many(&self, s: &Shm, hook: &str, w: Work<Vec<Buf>>) -> Work<Vec<Buf>> {
         if !self.on(hook) || !self.here(s, None) {
             return w;
         }
-        let (lo, hi) = self.class();
-        s.then(w, move |be, outs| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi)))
+        let (lo, hi, dry) = self.class();
+        s.then(w, move |be, outs| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi, dry)))
     }
 }
 
-fn corrupt(be: &ShmBackend, out: &Buf, lo: usize, hi: usize) -> Result<()> {
+fn corrupt(be: &ShmBackend, out: &Buf, lo: usize, hi: usize, dry: bool) -> Result<()> {
     let n: usize = be.buffer_shape(out).iter().product();
     if n < lo || n >= hi {
         return Ok(());
     }
-    edit(be, out, |t| bump(t, n - 1))
+    edit(be, out, |t| {
+        if !dry {
+            bump(t, n - 1)
+        }
+    })
 }
 
 impl Bug for Corrupt {
@@ -274,8 +289,8 @@ impl Bug for Corrupt {
         if !self.on("fused_all_gather_matmul") || !self.here(&m.s, None) {
             return Ok(w);
         }
-        let (lo, hi) = self.class();
-        Ok(m.s.then(w, move |be, (_, outs)| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi))))
+        let (lo, hi, dry) = self.class();
+        Ok(m.s.then(w, move |be, (_, outs)| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi, dry))))
     }
     fn fused_matmul_reduce_scatter(
         &self,
@@ -332,10 +347,74 @@ pub struct Cell {
     /// `None`: not applicable (a position that is an earlier one's rank at this world size, or a
     /// cell no call can reach: [`impossible`]).
     pub candidates: Option<usize>,
+    /// Cases run against the target (controls and reruns alone not counted).
     pub cases_run: usize,
-    /// The first failing case (without the `sweep::` prefix); `None` with candidates: a hole.
+    /// The first case (without the `sweep::` prefix) that fails the target alone, in a fresh
+    /// world, and passes its control ([`attribute`]); `None` with candidates: a hole.
     pub caught: Option<String>,
+    /// Failing cases that did not count as the catch, each with the reason.
+    pub set_aside: Vec<(String, SetAside)>,
     pub elapsed: Duration,
+}
+
+/// Why a case that failed a target is not its catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetAside {
+    /// It fails the control too: the wrapper's path, not the wrong element, failed it.
+    FailsWithoutCorruption,
+    /// Alone in a fresh world it passes: it failed only after the cases before it (world
+    /// history), so its rerun line would not reproduce the catch.
+    OnlyAfterEarlierCases,
+}
+
+impl SetAside {
+    pub fn says(self) -> &'static str {
+        match self {
+            SetAside::FailsWithoutCorruption => "fails without the corruption too (its control failed)",
+            SetAside::OnlyAfterEarlierCases => "passes alone in a fresh world (failed only after earlier cases)",
+        }
+    }
+}
+
+/// Whether `case`, which just failed `real` (`alone`: as the first case of a fresh world),
+/// counts as the catch: it must fail alone in a fresh world (so its rerun line reproduces it)
+/// and pass `control` (for a sweep target: the same target with the edit left out,
+/// [`control`]), so it is the wrong element, not the wrapper's path, that it caught. Each check
+/// is one case in a fresh world (a failed case's world is torn down; a control world serves
+/// one cell).
+pub fn attribute(pool: &Pool, real: &Spec, control: &Spec, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
+    if !alone && run_cases_in(pool, real, vec![case.clone()]).caught.is_none() {
+        return Err(SetAside::OnlyAfterEarlierCases);
+    }
+    // The same case in the control's catalogue (its ids carry the control's name).
+    let mut theirs = case.clone();
+    if let Some(rest) = case.id.strip_prefix(&format!("{}::", real.name)) {
+        theirs.id = format!("{}::{rest}", control.name);
+    }
+    match run_cases_in(pool, control, vec![theirs]).caught {
+        Some(_) => Err(SetAside::FailsWithoutCorruption),
+        None => Ok(()),
+    }
+}
+
+/// A cell's cases, in order, against `real` until one is its catch ([`attribute`] with
+/// `control`): the catch (if any), the cases run against `real` (reruns alone not counted), and
+/// the failing cases set aside.
+pub fn catch_in(pool: &Pool, real: &Spec, control: &Spec, cases: Vec<CaseInfo>) -> (Option<String>, usize, Vec<(String, SetAside)>) {
+    let (mut rest, mut cases_run, mut set_aside) = (cases, 0, Vec::new());
+    while !rest.is_empty() {
+        let f = run_cases_in(pool, real, rest.clone());
+        cases_run += f.cases_run;
+        let Some(c) = f.caught else { break };
+        let failed = rest[f.cases_run - 1].clone();
+        // The world of the first call is the cell's own, fresh; after a failure it is rebuilt.
+        match attribute(pool, real, control, &failed, f.cases_run == 1) {
+            Ok(()) => return (Some(c.case), cases_run, set_aside),
+            Err(why) => set_aside.push((c.case, why)),
+        }
+        rest.drain(..f.cases_run);
+    }
+    (None, cases_run, set_aside)
 }
 
 /// The spec of `target` (one entry per target: its option keys the worlds apart).
@@ -352,6 +431,14 @@ pub fn spec(target: &Target) -> Spec {
         entry,
         make,
     }
+}
+
+/// The control of `target`: its spec with [`DRY_OPTION`] (worlds of their own: options key them).
+pub fn control(target: &Target) -> Spec {
+    let mut s = spec(target);
+    s.entry = s.entry.with_option(DRY_OPTION, "1");
+    s.what = "the control: the same target with the value left right";
+    s
 }
 
 /// The entry a worker process of any sweep target is served by (the target comes with the
@@ -404,20 +491,20 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
         |(t, ws)| {
             let started = Instant::now();
             let unreachable = if t.in_groups() { impossible_in_groups(&t) } else { rank_of(t.pos, ws).is_none() || impossible(&t, ws) };
-            let (candidates, cases_run, caught) = if unreachable {
-                (None, 0, None)
+            let (candidates, cases_run, caught, set_aside) = if unreachable {
+                (None, 0, None, Vec::new())
             } else {
                 match cell_cases(&cases, &t, ws) {
                     // No case of this world size calls the op: a hole, nothing to run.
-                    run if run.is_empty() => (Some(0), 0, None),
+                    run if run.is_empty() => (Some(0), 0, None, Vec::new()),
                     run => {
                         let n = run.len();
-                        let f = run_cases_in(&pool, &spec(&t), run);
-                        (Some(n), f.cases_run, f.caught.map(|c| c.case))
+                        let (caught, cases_run, set_aside) = catch_in(&pool, &spec(&t), &control(&t), run);
+                        (Some(n), cases_run, caught, set_aside)
                     }
                 }
             };
-            Cell { target: t, ws, candidates, cases_run, caught, elapsed: started.elapsed() }
+            Cell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
         },
         report,
     );
@@ -490,6 +577,14 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
         }
     }
     let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();
+    let aside: Vec<(&Cell, &String, SetAside)> = run.iter().flat_map(|c| c.set_aside.iter().map(move |(k, w)| (*c, k, *w))).collect();
+    if !aside.is_empty() {
+        out += &format!("\nfailures not counted as catches ({}):\n", aside.len());
+        for (c, case, why) in aside {
+            let ws = if c.ws == 0 { String::new() } else { format!(" ws{}", c.ws) };
+            out += &format!("  {}{ws}: {case} {}\n", c.target.label(), why.says());
+        }
+    }
     out += &format!("\nholes ({}):\n", holes.len());
     for c in &holes {
         let ws = if c.ws == 0 { String::new() } else { format!(" --ws {}", c.ws) };
@@ -505,37 +600,4 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
     }
     out += &format!("cells caught: {}/{}\n", run.len() - holes.len(), run.len());
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shapes_of_the_group_layouts() {
-        // The world, and a group as large as it in its order, are `world` only.
-        assert!(has_shape("world", &[0, 1, 2], 3));
-        assert!(!SHAPES[1..].iter().any(|g| has_shape(g, &[0, 1, 2], 3)));
-        assert!(has_shape("strided", &[0, 2, 4, 6], 7) && !has_shape("no_zero", &[0, 2, 4, 6], 7));
-        assert!(has_shape("strided", &[1, 3, 5], 7) && has_shape("no_zero", &[1, 3, 5], 7));
-        assert!(has_shape("unsorted", &[6, 1, 4], 7) && has_shape("no_zero", &[6, 1, 4], 7) && !has_shape("strided", &[6, 1, 4], 7));
-        assert!(has_shape("unsorted", &[2, 1, 0], 3), "a reversed world is unsorted");
-        assert!(has_shape("singleton", &[3], 7) && !has_shape("singleton", &[0], 1));
-        assert!(!has_shape("no_zero", &[4], 7), "a singleton is its own shape");
-        assert!(!has_shape("strided", &[0, 1, 2], 7) && !has_shape("unsorted", &[0, 1, 2], 7));
-    }
-
-    #[test]
-    fn targets_parse_with_and_without_a_shape() {
-        let t = Target::parse("all_reduce:middle:small").expect("world target");
-        assert_eq!((t.shape, t.label().as_str()), ("world", "all_reduce:middle:small"));
-        let g = Target::parse("gather:first:tiny:unsorted").expect("group target");
-        assert!(g.in_groups() && g.label() == "gather:first:tiny:unsorted");
-        assert!(Target::parse("gather:first:tiny:ring").is_none());
-        assert!(Target::parse("gather:first:tiny:unsorted:x").is_none());
-        assert_eq!(targets_of("strided").len(), HOOKS.len() * POSITIONS.len() * CLASSES.len());
-        assert!(impossible_in_groups(&Target::parse("all_reduce:middle:tiny:singleton").unwrap()));
-        assert!(impossible_in_groups(&Target::parse("recv:first:tiny:singleton").unwrap()));
-        assert!(!impossible_in_groups(&Target::parse("recv:first:tiny:strided").unwrap()));
-    }
 }

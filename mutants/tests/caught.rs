@@ -167,15 +167,21 @@ fn main() {
             if found.cases_run != 1 {
                 return Err(format!("the catalogue has no case {case}").into());
             }
-            match found.caught {
-                Some(_) => Ok(()),
-                None => Err(format!(
+            if found.caught.is_none() {
+                return Err(format!(
                     "sweep cell {target} survived {case}: the size grid lost the power this test pins\n  rerun: cargo xtask mutants --sweep {target} --case sweep::{case}"
                 )
-                .into()),
+                .into());
+            }
+            // The control: the same path with the value left right must pass, so the catch is
+            // the wrong element's.
+            match run_mutant_in(verdict_pool(), &concord_mutants::sweep::control(&t), &[format!("sweep::{case}")]).caught {
+                None => Ok(()),
+                Some(c) => Err(format!("sweep cell {target}: {case} fails its control too (not the wrong element):\n{}", c.message).into()),
             }
         }));
     }
+    sweep_trials(&mut trials);
     // The hint index finds what a plain substring search finds, in the same order.
     let plain_ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     trials.push(libtest_mimic::Trial::test("mutants::hint_index_matches_a_plain_search", move || {
@@ -227,4 +233,83 @@ fn main() {
     Pool::global().shutdown();
     verdict_pool().shutdown();
     std::process::exit(code);
+}
+
+/// The sweep's own rules: shapes, targets, and when a failing case counts as a cell's catch
+/// (`sweep::catch_in`: alone in a fresh world, and its control passes).
+fn sweep_trials(trials: &mut Vec<libtest_mimic::Trial>) {
+    use concord_mutants::sweep::{self, attribute, catch_in, control, has_shape, impossible_in_groups, targets_of, SetAside, Target};
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::shapes_of_the_group_layouts", || {
+        // The world, and a group as large as it in its order, are `world` only.
+        let checks = [
+            has_shape("world", &[0, 1, 2], 3),
+            !sweep::SHAPES[1..].iter().any(|g| has_shape(g, &[0, 1, 2], 3)),
+            has_shape("strided", &[0, 2, 4, 6], 7) && !has_shape("no_zero", &[0, 2, 4, 6], 7),
+            has_shape("strided", &[1, 3, 5], 7) && has_shape("no_zero", &[1, 3, 5], 7),
+            has_shape("unsorted", &[6, 1, 4], 7) && has_shape("no_zero", &[6, 1, 4], 7) && !has_shape("strided", &[6, 1, 4], 7),
+            has_shape("unsorted", &[2, 1, 0], 3), // a reversed world is unsorted
+            has_shape("singleton", &[3], 7) && !has_shape("singleton", &[0], 1),
+            !has_shape("no_zero", &[4], 7), // a singleton is its own shape
+            !has_shape("strided", &[0, 1, 2], 7) && !has_shape("unsorted", &[0, 1, 2], 7),
+        ];
+        match checks.iter().position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(format!("shape check #{i} does not hold").into()),
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::targets_parse_with_and_without_a_shape", || {
+        let t = Target::parse("all_reduce:middle:small").ok_or("world target")?;
+        let g = Target::parse("gather:first:tiny:unsorted").ok_or("group target")?;
+        let singleton = |s: &str| Target::parse(s).is_some_and(|t| impossible_in_groups(&t));
+        let checks = [
+            (t.shape, t.label().as_str()) == ("world", "all_reduce:middle:small"),
+            g.in_groups() && g.label() == "gather:first:tiny:unsorted",
+            Target::parse("gather:first:tiny:ring").is_none(),
+            Target::parse("gather:first:tiny:unsorted:x").is_none(),
+            targets_of("strided").len() == sweep::HOOKS.len() * sweep::POSITIONS.len() * sweep::CLASSES.len(),
+            singleton("all_reduce:middle:tiny:singleton") && singleton("recv:first:tiny:singleton"),
+            !singleton("recv:first:tiny:strided"),
+        ];
+        match checks.iter().position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(format!("target check #{i} does not hold").into()),
+        }
+    }));
+    // A cell's case list by exact ids (without the `sweep::` prefix).
+    fn cases_of(t: &Target, ids: &[&str]) -> Result<Vec<concord_suites::run::CaseInfo>, String> {
+        let all = sweep::spec(t).entry.cases();
+        ids.iter()
+            .map(|id| all.iter().find(|c| c.id == format!("sweep::{id}")).cloned().ok_or_else(|| format!("the catalogue has no case {id}")))
+            .collect()
+    }
+    const F32: &str = "all_reduce::out::f32::sum::ws2";
+    const BF16_MAX: &str = "all_reduce::out::bf16::max::ws2";
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_control::a_catch_passes_its_control", || {
+        let t = Target::parse("all_reduce:first:tiny").ok_or("target")?;
+        let got = catch_in(verdict_pool(), &sweep::spec(&t), &control(&t), cases_of(&t, &[F32])?);
+        if got != (Some(F32.to_string()), 1, vec![]) {
+            return Err(format!("{F32} against all_reduce:first:tiny: {got:?}, not caught at once with its control passing").into());
+        }
+        Ok(())
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_control::a_case_failing_without_the_corruption_is_set_aside", || {
+        // The control here is a mutant that fails the bf16 max case by itself (bf16 max computes
+        // min): that case must be set aside and the next case become the catch.
+        let t = Target::parse("all_reduce:first:tiny").ok_or("target")?;
+        let got = catch_in(verdict_pool(), &sweep::spec(&t), &spec("max_is_min_bf16"), cases_of(&t, &[BF16_MAX, F32])?);
+        let want = (Some(F32.to_string()), 2, vec![(BF16_MAX.to_string(), SetAside::FailsWithoutCorruption)]);
+        if got != want {
+            return Err(format!("got {got:?}, want {want:?}").into());
+        }
+        Ok(())
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_control::a_case_passing_alone_is_set_aside", || {
+        // As the `real` side, the control itself: the case passes when rerun alone.
+        let t = Target::parse("all_reduce:first:tiny").ok_or("target")?;
+        let case = cases_of(&t, &[F32])?.remove(0);
+        match attribute(verdict_pool(), &control(&t), &control(&t), &case, false) {
+            Err(SetAside::OnlyAfterEarlierCases) => Ok(()),
+            other => Err(format!("got {other:?}, want OnlyAfterEarlierCases").into()),
+        }
+    }));
 }
