@@ -276,7 +276,8 @@ struct Cli {
     /// Sweep: only these hooks (repeatable).
     #[arg(long, value_name = "HOOK")]
     hook: Vec<String>,
-    /// Sweep: only these world sizes (repeatable).
+    /// Sweep: only these world sizes (repeatable; a subgroup cell then runs only the cases of
+    /// these world sizes).
     #[arg(long, value_name = "N")]
     ws: Vec<usize>,
     /// Leave out the cases whose id contains this (repeatable): the catalogue as it was before
@@ -308,6 +309,24 @@ fn sweep_main(cli: &Cli) -> ! {
             v
         }
         Some(t) => match sweep::Target::parse(t) {
+            // `--shape` with a target: the target on each of those shapes (its own `:SHAPE`, if
+            // it names one, must be among them).
+            Some(t) if !cli.shape.is_empty() => {
+                let named = t.shape != "world";
+                let mut v = Vec::new();
+                for g in &cli.shape {
+                    let Some(&shape) = sweep::SHAPES.iter().find(|s| *s == g) else {
+                        eprintln!("error: no shape `{g}` (shapes: {:?})", sweep::SHAPES);
+                        std::process::exit(2);
+                    };
+                    if named && shape != t.shape {
+                        eprintln!("error: the target `{}` names the shape `{}`, and --shape asks for `{shape}`", t.label(), t.shape);
+                        std::process::exit(2);
+                    }
+                    v.push(sweep::Target { shape, ..t.clone() });
+                }
+                v
+            }
             Some(t) => vec![t],
             None => {
                 eprintln!(

@@ -448,15 +448,19 @@ pub fn worker_entry() -> BackendEntry {
 }
 
 /// The cases a cell runs: the world size's cases that use the hook (a subgroup cell: the cases of
-/// every world size that may make groups, [`makes_groups`], the group grid's first), in catalogue
+/// every world size of `sizes` that may make groups, [`makes_groups`], the group grid's first), in catalogue
 /// order, except that for the medium and large classes the cases made of larger buffers (the size ladder,
 /// `::large` cases, random programs, fused ops) come first (a cell ends at its first failure;
 /// the matrix's small shapes cannot catch those classes).
-pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize) -> Vec<CaseInfo> {
+pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize, sizes: &[usize]) -> Vec<CaseInfo> {
     let mut v: Vec<&CaseInfo> = cases
         .iter()
         .filter(|c| {
-            let here = if target.in_groups() { c.world_size > 1 && makes_groups(c) } else { c.world_size == ws };
+            let here = if target.in_groups() {
+                c.world_size > 1 && makes_groups(c) && sizes.contains(&c.world_size)
+            } else {
+                c.world_size == ws
+            };
             here && uses(c, target.hook)
         })
         .collect();
@@ -494,7 +498,7 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
             let (candidates, cases_run, caught, set_aside) = if unreachable {
                 (None, 0, None, Vec::new())
             } else {
-                match cell_cases(&cases, &t, ws) {
+                match cell_cases(&cases, &t, ws, sizes) {
                     // No case of this world size calls the op: a hole, nothing to run.
                     run if run.is_empty() => (Some(0), 0, None, Vec::new()),
                     run => {
