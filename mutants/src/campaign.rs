@@ -289,6 +289,11 @@ struct Cli {
     /// every world size).
     #[arg(long, value_name = "SHAPE")]
     shape: Vec<String>,
+    /// Sweep: the dtype grid instead, for these dtypes (repeatable; `all`: every dtype): every hook
+    /// × dtype × world size, one wrong element in every output of the dtype, on every rank
+    /// (`HOOK:every:any@DTYPE`).
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Vec<String>,
 }
 
 /// `--sweep`: the grid, or one target's cases.
@@ -296,6 +301,24 @@ fn sweep_main(cli: &Cli) -> ! {
     use crate::sweep;
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
     let targets: Vec<sweep::Target> = match cli.sweep.as_deref() {
+        Some("") | None if !cli.dtype.is_empty() => {
+            if !cli.shape.is_empty() {
+                eprintln!("error: --dtype and --shape are two grids: run them one at a time");
+                std::process::exit(2);
+            }
+            let mut dtypes = Vec::new();
+            for d in &cli.dtype {
+                match concord_core::DType::ALL.into_iter().find(|x| x.name() == d) {
+                    Some(x) => dtypes.push(x),
+                    None if d == "all" => dtypes.extend(concord_core::DType::ALL),
+                    None => {
+                        eprintln!("error: no dtype `{d}` (dtypes: {:?}, or `all`)", concord_core::DType::ALL.map(|x| x.name()));
+                        std::process::exit(2);
+                    }
+                }
+            }
+            sweep::dtype_targets(&dtypes)
+        }
         Some("") | None if cli.shape.is_empty() => sweep::all_targets(),
         Some("") | None => {
             let mut v = Vec::new();
@@ -330,7 +353,7 @@ fn sweep_main(cli: &Cli) -> ! {
             Some(t) => vec![t],
             None => {
                 eprintln!(
-                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE], hooks {:?}, positions {:?}, classes {:?}, shapes {:?}",
+                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE][@DTYPE], hooks {:?}, positions {:?} (or `every`), classes {:?} (or `any`), shapes {:?}",
                     sweep::HOOKS,
                     sweep::POSITIONS,
                     sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>(),
@@ -396,7 +419,7 @@ pub fn main() -> ! {
     entries.push(crate::sweep::worker_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
-    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() {
+    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() || !cli.dtype.is_empty() {
         sweep_main(&cli);
     }
     if cli.list {

@@ -13,10 +13,10 @@
 //! branch, and a tail element is where chunking arithmetic goes wrong.
 
 use crate::campaign::{run_cases_in, side_by_side, verdict_pool, Spec};
-use concord_harness::runner::Pool;
 use crate::{bump, edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
-use concord_core::{Backend, ReduceOp, Result, Scaling, Work};
+use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Work};
+use concord_harness::runner::Pool;
 use concord_shm::ShmBackend;
 use concord_suites::run::{BackendEntry, CaseInfo};
 use std::sync::OnceLock;
@@ -75,6 +75,13 @@ pub fn has_shape(shape: &str, members: &[usize], world_size: usize) -> bool {
     }
 }
 
+/// The position of the dtype grid's cells: every rank of the communicator (the rooted reduce /
+/// gather: the root).
+pub const EVERY: &str = "every";
+
+/// The size class of the dtype grid's cells: every output size.
+pub const ANY_SIZE: (&str, usize, usize) = ("any", 1, usize::MAX);
+
 /// Size classes of the corrupted output, by element count: `[lo, hi)`.
 pub const CLASSES: &[(&str, usize, usize)] = &[("tiny", 1, 16), ("small", 16, 4096), ("medium", 4096, 65536), ("large", 65536, usize::MAX)];
 
@@ -85,6 +92,8 @@ pub const WORLD_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 16];
 /// (one rank has only `first`; two have `first` and `last`; `middle` is `ws / 2` from 3 up).
 pub fn rank_of(pos: &str, ws: usize) -> Option<usize> {
     match pos {
+        // Every rank; named by the first.
+        EVERY => Some(0),
         "first" => Some(0),
         "last" => (ws > 1).then(|| ws - 1),
         "middle" => (ws > 2).then_some(ws / 2),
@@ -99,7 +108,13 @@ pub fn impossible(target: &Target, ws: usize) -> bool {
         target.hook,
         "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" | "gather" | "fused_all_gather_matmul"
     );
-    (times_ws && ws >= target.class.2) || (target.hook == "recv" && ws == 1)
+    (times_ws && ws >= target.class.2) || (target.hook == "recv" && ws == 1) || refused_dtype(target)
+}
+
+/// Whether the contract refuses every call of `target`'s dtype: the fused ops take float
+/// tensors only (an integer one is a named bad input, `fused.bad_input`).
+pub fn refused_dtype(target: &Target) -> bool {
+    target.hook.starts_with("fused_") && target.dtype.is_some_and(|d| !d.is_float())
 }
 
 /// One sweep target: `hook:position:class`, the value of the backend option `sweep`.
@@ -110,10 +125,17 @@ pub struct Target {
     pub class: (&'static str, usize, usize),
     /// One of [`SHAPES`]; `world` unless the target names another (`HOOK:POSITION:CLASS:SHAPE`).
     pub shape: &'static str,
+    /// Only outputs of this dtype (`HOOK:POSITION:CLASS[:SHAPE]@DTYPE`: the dtype grid,
+    /// [`dtype_targets`]); `None`: every dtype.
+    pub dtype: Option<DType>,
 }
 
 impl Target {
     pub fn parse(s: &str) -> Option<Target> {
+        let (s, dtype) = match s.split_once('@') {
+            None => (s, None),
+            Some((s, d)) => (s, Some(DType::ALL.into_iter().find(|x| x.name() == d)?)),
+        };
         let mut it = s.split(':');
         let (h, p, c) = (it.next()?, it.next()?, it.next()?);
         let shape = match it.next() {
@@ -125,16 +147,18 @@ impl Target {
         }
         Some(Target {
             hook: HOOKS.iter().copied().find(|x| *x == h)?,
-            pos: POSITIONS.iter().copied().find(|x| *x == p)?,
-            class: CLASSES.iter().copied().find(|x| x.0 == c)?,
+            pos: POSITIONS.iter().chain([&EVERY]).copied().find(|x| *x == p)?,
+            class: CLASSES.iter().chain([&ANY_SIZE]).copied().find(|x| x.0 == c)?,
             shape,
+            dtype,
         })
     }
     pub fn label(&self) -> String {
+        let dtype = self.dtype.map_or(String::new(), |d| format!("@{d}"));
         if self.shape == "world" {
-            format!("{}:{}:{}", self.hook, self.pos, self.class.0)
+            format!("{}:{}:{}{dtype}", self.hook, self.pos, self.class.0)
         } else {
-            format!("{}:{}:{}:{}", self.hook, self.pos, self.class.0, self.shape)
+            format!("{}:{}:{}:{}{dtype}", self.hook, self.pos, self.class.0, self.shape)
         }
     }
     /// A subgroup cell: one per target, over every world size (its `ws` is 0).
@@ -186,37 +210,49 @@ impl Corrupt {
         let Some(t) = &self.t else { return false };
         let me = s.rank();
         let shape_ok = if t.in_groups() { has_shape(t.shape, &s.members, s.world_size) } else { !s.in_subgroup() };
-        shape_ok && rank_of(t.pos, s.ws()) == Some(me) && root.is_none_or(|r| r == me)
+        let at = t.pos == EVERY || rank_of(t.pos, s.ws()) == Some(me);
+        shape_ok && at && root.is_none_or(|r| r == me)
     }
-    /// The class's bounds, and whether this is the control.
-    fn class(&self) -> (usize, usize, bool) {
-        self.t.as_ref().map_or((0, 0, self.dry), |t| (t.class.1, t.class.2, self.dry))
+    /// What [`corrupt`] edits: the class's bounds, the dtype, and whether this is the control.
+    fn class(&self) -> Edit {
+        let (lo, hi, dtype) = self.t.as_ref().map_or((0, 0, None), |t| (t.class.1, t.class.2, t.dtype));
+        Edit { lo, hi, dtype, dry: self.dry }
     }
     /// `w` with the last element of its output made wrong, when it is in the class.
     fn one(&self, s: &Shm, hook: &str, root: Option<usize>, w: Work<Buf>) -> Work<Buf> {
         if !self.on(hook) || !self.here(s, root) {
             return w;
         }
-        let (lo, hi, dry) = self.class();
-        s.then(w, move |be, out| corrupt(be, out, lo, hi, dry))
+        let e = self.class();
+        s.then(w, move |be, out| corrupt(be, out, e))
     }
     /// The last buffer of a coalesced call's outputs.
     fn many(&self, s: &Shm, hook: &str, w: Work<Vec<Buf>>) -> Work<Vec<Buf>> {
         if !self.on(hook) || !self.here(s, None) {
             return w;
         }
-        let (lo, hi, dry) = self.class();
-        s.then(w, move |be, outs| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi, dry)))
+        let e = self.class();
+        s.then(w, move |be, outs| outs.last().map_or(Ok(()), |out| corrupt(be, out, e)))
     }
 }
 
-fn corrupt(be: &ShmBackend, out: &Buf, lo: usize, hi: usize, dry: bool) -> Result<()> {
+/// Which outputs [`corrupt`] edits: element counts in `[lo, hi)`, of `dtype` if given; `dry`:
+/// the control (the same download and write-back, the value left right).
+#[derive(Clone, Copy)]
+struct Edit {
+    lo: usize,
+    hi: usize,
+    dtype: Option<DType>,
+    dry: bool,
+}
+
+fn corrupt(be: &ShmBackend, out: &Buf, e: Edit) -> Result<()> {
     let n: usize = be.buffer_shape(out).iter().product();
-    if n < lo || n >= hi {
+    if n < e.lo || n >= e.hi || e.dtype.is_some_and(|d| be.buffer_dtype(out) != d) {
         return Ok(());
     }
     edit(be, out, |t| {
-        if !dry {
+        if !e.dry {
             bump(t, n - 1)
         }
     })
@@ -289,8 +325,8 @@ impl Bug for Corrupt {
         if !self.on("fused_all_gather_matmul") || !self.here(&m.s, None) {
             return Ok(w);
         }
-        let (lo, hi, dry) = self.class();
-        Ok(m.s.then(w, move |be, (_, outs)| outs.last().map_or(Ok(()), |out| corrupt(be, out, lo, hi, dry))))
+        let e = self.class();
+        Ok(m.s.then(w, move |be, (_, outs)| outs.last().map_or(Ok(()), |out| corrupt(be, out, e))))
     }
     fn fused_matmul_reduce_scatter(
         &self,
@@ -456,14 +492,15 @@ pub fn cell_cases(cases: &[CaseInfo], target: &Target, ws: usize, sizes: &[usize
     let mut v: Vec<&CaseInfo> = cases
         .iter()
         .filter(|c| {
-            let here = if target.in_groups() {
-                c.world_size > 1 && makes_groups(c) && sizes.contains(&c.world_size)
-            } else {
-                c.world_size == ws
-            };
-            here && uses(c, target.hook)
+            let here =
+                if target.in_groups() { c.world_size > 1 && makes_groups(c) && sizes.contains(&c.world_size) } else { c.world_size == ws };
+            here && uses(c, target.hook) && target.dtype.is_none_or(|d| uses_dtype(c, d))
         })
         .collect();
+    if let Some(d) = target.dtype {
+        // Cases named by the dtype first (a cell ends at its first failure).
+        v.sort_by_key(|c| c.meta.dtype != d.name());
+    }
     if target.in_groups() {
         // The size grid's group slice first (a cell ends at its first failure).
         v.sort_by_key(|c| !c.id.contains("::group_grid::"));
@@ -494,7 +531,11 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
         jobs,
         |(t, ws)| {
             let started = Instant::now();
-            let unreachable = if t.in_groups() { impossible_in_groups(&t) } else { rank_of(t.pos, ws).is_none() || impossible(&t, ws) };
+            let unreachable = if t.in_groups() {
+                impossible_in_groups(&t) || refused_dtype(&t)
+            } else {
+                rank_of(t.pos, ws).is_none() || impossible(&t, ws)
+            };
             let (candidates, cases_run, caught, set_aside) = if unreachable {
                 (None, 0, None, Vec::new())
             } else {
@@ -527,11 +568,41 @@ pub fn targets_of(shape: &'static str) -> Vec<Target> {
     for h in HOOKS {
         for p in POSITIONS {
             for c in CLASSES {
-                v.push(Target { hook: h, pos: p, class: *c, shape });
+                v.push(Target { hook: h, pos: p, class: *c, shape, dtype: None });
             }
         }
     }
     v
+}
+
+/// The dtype grid's targets: every hook × `dtypes`, on every rank, at every size (one wrong
+/// element in every output of that dtype). Its cells answer: does some case of this world size
+/// check this op's output in this dtype?
+pub fn dtype_targets(dtypes: &[DType]) -> Vec<Target> {
+    HOOKS
+        .iter()
+        .flat_map(|h| dtypes.iter().map(|d| Target { hook: h, pos: EVERY, class: ANY_SIZE, shape: "world", dtype: Some(*d) }))
+        .collect()
+}
+
+/// Whether a case may make calls in `dtype`, by its metadata (a superset: a case whose dtype is
+/// not one dtype's name, e.g. mixed dtypes or random programs, may use any).
+pub fn uses_dtype(case: &CaseInfo, dtype: DType) -> bool {
+    let d = case.meta.dtype.as_str();
+    d == dtype.name() || !DType::ALL.iter().any(|x| x.name() == d)
+}
+
+/// A cell's mark in the grid (`.` not run, `-` not applicable, `ok`, `HOLE`); a hole is noted.
+fn mark(c: Option<&Cell>, holes: &mut Vec<Cell>) -> &'static str {
+    match c {
+        None => ".",
+        Some(c) if c.candidates.is_none() => "-",
+        Some(c) if c.caught.is_some() => "ok",
+        Some(c) => {
+            holes.push(c.clone());
+            "HOLE"
+        }
+    }
 }
 
 /// The grid: one table per hook, a row per (position, class), a column per world size (world
@@ -543,7 +614,8 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
     let shapes: Vec<&str> = SHAPES.iter().copied().filter(|s| *s != "world").collect();
     for h in HOOKS {
         for grouped in [false, true] {
-            let mine: Vec<&Cell> = cells.iter().filter(|c| c.target.hook == *h && c.target.in_groups() == grouped).collect();
+            let mine: Vec<&Cell> =
+                cells.iter().filter(|c| c.target.hook == *h && c.target.in_groups() == grouped && c.target.dtype.is_none()).collect();
             if mine.is_empty() {
                 continue;
             }
@@ -564,20 +636,34 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
                     for (_, ws, shape) in &columns {
                         let c =
                             mine.iter().find(|c| c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == *ws && c.target.shape == *shape);
-                        let mark = match c {
-                            None => ".",
-                            Some(c) if c.candidates.is_none() => "-",
-                            Some(c) if c.caught.is_some() => "ok",
-                            Some(c) => {
-                                holes.push((*c).clone());
-                                "HOLE"
-                            }
-                        };
-                        out += &format!(" {mark:>w$}");
+                        out += &format!(" {:>w$}", mark(c.copied(), &mut holes));
                     }
                     out += "\n";
                 }
             }
+        }
+    }
+    // The dtype grid: a row per dtype, a column per world size.
+    for h in HOOKS {
+        let mine: Vec<&Cell> = cells.iter().filter(|c| c.target.hook == *h && c.target.dtype.is_some()).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        out += &format!("\n{h} (one wrong element in every output of the dtype)\n{:<16}", "dtype");
+        for ws in sizes {
+            out += &format!(" {:>5}", format!("ws{ws}"));
+        }
+        out += "\n";
+        for d in DType::ALL {
+            let row: Vec<&&Cell> = mine.iter().filter(|c| c.target.dtype == Some(d)).collect();
+            if row.is_empty() {
+                continue;
+            }
+            out += &format!("{:<16}", d.name());
+            for ws in sizes {
+                out += &format!(" {:>5}", mark(row.iter().find(|c| c.ws == *ws).map(|c| **c), &mut holes));
+            }
+            out += "\n";
         }
     }
     let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();

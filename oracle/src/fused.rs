@@ -10,7 +10,8 @@
 //!   every product, partial sum and result is a small integer exact in bf16, f16 and f32):
 //!   bit-exact, every dtype. Any accumulation order gives the same bits.
 //! * Random inputs in `[-1, 1]` (scales in `[0.5, 2]`, `s` their largest product): a backend may
-//!   accumulate in f32 (`γ_K ≤ K·2^-24` relative to `Σ|a||b| ≤ K`, so `abs = s·K²·2^-24`) and
+//!   accumulate in f32 (`γ_K ≤ K·2^-24` relative to `Σ|a||b| ≤ K`, so `abs = s·K²·2^-24`; f64
+//!   inputs accumulate in f64, `abs = s·K²·2^-53`: an f64 result through an f32 kernel fails) and
 //!   then round once, which can land one ulp of the output dtype away from the f64 result's
 //!   rounding (`rel = eps(out)`); a reduce-scatter adds up `ws` such rounded blocks
 //!   (`abs += s·ws·K·eps(out)`). For bf16 at K = 32 that is about `rel 7.8e-3` — below the
@@ -312,15 +313,17 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
 }
 
 /// The tolerance for a fused op's products (module docs): exact on exact-by-construction
-/// inputs; otherwise a bound from the contraction length `k`, the world size, the output dtype
-/// and the largest scale product `scale`. The all-gathered tensor is always exact.
-pub fn fused_tolerance(out: DType, k: usize, ws: usize, reduce_scatter: bool, scale: f64, exact_inputs: bool) -> Tolerance {
+/// inputs; otherwise a bound from the input dtype (which sets the accumulator's: f64 for f64,
+/// f32 for the others), the contraction length `k`, the world size, the output dtype and the
+/// largest scale product `scale`. The all-gathered tensor is always exact.
+pub fn fused_tolerance(input: DType, out: DType, k: usize, ws: usize, reduce_scatter: bool, scale: f64, exact_inputs: bool) -> Tolerance {
     if exact_inputs {
         return Tolerance::Exact;
     }
     let k = k.max(1) as f64;
     let eps = out.epsilon();
-    let mut abs = scale * k * k * f32::EPSILON as f64 / 2.0 + eps;
+    let acc = if input == DType::F64 { f64::EPSILON } else { f32::EPSILON as f64 };
+    let mut abs = scale * k * k * acc / 2.0 + eps;
     if reduce_scatter {
         abs += scale * ws as f64 * k * eps;
     }

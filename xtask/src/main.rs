@@ -275,7 +275,7 @@ fn real_main() -> Result<()> {
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, skip } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, skip } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -320,6 +320,9 @@ fn real_main() -> Result<()> {
             }
             for g in &shape {
                 c.args(["--shape", g]);
+            }
+            for d in &dtype {
+                c.args(["--dtype", d]);
             }
             for k in &skip {
                 c.args(["--skip", k]);

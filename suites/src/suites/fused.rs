@@ -271,6 +271,7 @@ fn check(spec: &FusedSpec, caps: &Capabilities, exp: &Expected, ws: usize, rank:
                     }
                 } else {
                     fused_tolerance(
+                        spec.dtype,
                         spec.out_dtype(),
                         spec.k(),
                         ws,
@@ -586,7 +587,9 @@ pub const FUSED_WORLD_SIZES: [usize; 6] = super::WORLD_SIZES;
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
-    let dts = [DType::F32, DType::BF16, DType::F16];
+    // f64 too: the contract accumulates f64 operands in f64 (the dtype grid of the corruption
+    // sweep found no case checking a fused op's f64 output).
+    let dts = [DType::F32, DType::BF16, DType::F16, DType::F64];
     // The fused ops' size grid (the corruption sweep found their outputs below 16 and past 64 Ki
     // elements unchecked at every world size, and 6, 7 and 16 ranks without a fused case): f32
     // along dim 0, K = 2, an output in each of the sweep's size classes (below 16, 16 to 4 Ki, to
