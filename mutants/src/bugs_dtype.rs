@@ -1,9 +1,11 @@
 //! Bugs the sweep's dtype grid (`cargo xtask mutants --dtype all`, [`crate::sweep::dtype_targets`])
-//! pointed at: an op whose output in one dtype no case of a world size checked. Each is a bug a
-//! backend author could ship for that dtype alone, over the correct shm backend.
+//! pointed at: an op whose output in one dtype no case of a world size checked (the fused ops in
+//! f64 at every world size; every op in the dtypes the matrix's sparse slice leaves out at 6, 7
+//! and 16 ranks). Each is a bug a backend author could ship for those dtypes alone, over the
+//! correct shm backend.
 
 use crate::campaign::Spec;
-use crate::{edit, set_f64, Buf, Bug, Mutant};
+use crate::{edit, set_f64, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
 use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Tensor, Work};
 
@@ -47,12 +49,83 @@ impl Bug for FusedF64ThroughF32 {
     }
 }
 
+// ---------------------------------------------------------------- values.world_sizes
+
+/// Whether `ws` takes the fold-in path of a recursive-doubling algorithm that a flat one handles
+/// up to 5 ranks: a world that is not a power of two, of 6 ranks or more.
+fn folds_excess(ws: usize) -> bool {
+    ws >= 6 && !ws.is_power_of_two()
+}
+
+/// all_reduce `sum` of 1- and 2-byte integers in a world that folds its excess ranks in
+/// ([`folds_excess`]): the narrow-integer vector kernel skips the fold-in step, so the ranks
+/// past the largest power of two are left out of the sum (their own result included). The
+/// float and 4- and 8-byte paths fold correctly.
+#[derive(Default)]
+pub struct NarrowIntFoldDropsExcess;
+
+impl Bug for NarrowIntFoldDropsExcess {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        let narrow_int = !dtype.is_float() && dtype.size() <= 2;
+        if op != ReduceOp::Sum || !narrow_int || !folds_excess(s.ws()) {
+            return s.inner.all_reduce(x, op);
+        }
+        let p2 = 1usize << s.ws().ilog2();
+        if s.rank() < p2 {
+            return s.inner.all_reduce(x, op);
+        }
+        // An excess rank's contribution never reaches the sum.
+        let zeros = s.inner.upload(&Tensor::zeros(dtype, &s.inner.buffer_shape(x)))?;
+        s.inner.all_reduce(&zeros, op)
+    }
+}
+
+// ---------------------------------------------------------------- values.move
+
+/// broadcast of 8-byte dtypes in a world that folds its excess ranks in ([`folds_excess`]):
+/// that path counts the payload in 4-byte words but moves 8-byte elements, so the receivers get
+/// the first half of the elements (rounded down) and keep the rest of their fresh output (zero).
+#[derive(Default)]
+pub struct WideBroadcastHalfMoved;
+
+impl Bug for WideBroadcastHalfMoved {
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast(x, src)?;
+        if s.inner.buffer_dtype(x).size() != 8 || !folds_excess(s.ws()) || s.rank() == src {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, out| {
+            edit(be, out, |t| {
+                let n = t.numel();
+                for i in n / 2..n {
+                    set_f64(t, i, 0.0);
+                }
+            })
+        }))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
-    vec![spec::<FusedF64ThroughF32>(
-        "fused_f64_through_f32",
-        "fused.values",
-        "the fused ops run f64 operands through the f32 kernel: results rounded to f32's precision",
-        &["fused::all_gather_matmul::dim1::f64::random", "fused::matmul_reduce_scatter::dim1::f64::sum::random", "::f64::"],
-    )]
+    vec![
+        spec::<FusedF64ThroughF32>(
+            "fused_f64_through_f32",
+            "fused.values",
+            "the fused ops run f64 operands through the f32 kernel: results rounded to f32's precision",
+            &["fused::all_gather_matmul::dim1::f64::random", "fused::matmul_reduce_scatter::dim1::f64::sum::random", "::f64::"],
+        ),
+        spec::<NarrowIntFoldDropsExcess>(
+            "narrow_int_fold_drops_excess",
+            "values.world_sizes",
+            "all_reduce sum of 1- and 2-byte integers at 6, 7, 9.. ranks (not a power of two) leaves the ranks past the largest power of two out",
+            &["all_reduce::out::dtypes::ws6", "all_reduce::out::dtypes::ws7"],
+        ),
+        spec::<WideBroadcastHalfMoved>(
+            "wide_broadcast_half_moved",
+            "values.move",
+            "broadcast of 8-byte dtypes at 6, 7, 9.. ranks (not a power of two) moves half the elements (a count in 4-byte words)",
+            &["broadcast::out::dtypes::ws6", "broadcast::out::dtypes::ws7"],
+        ),
+    ]
 }
