@@ -126,6 +126,66 @@ pub fn pid_running(pid: u32) -> bool {
     }
 }
 
+/// The state letter of process `pid` from `/proc/<pid>/stat` (`R`, `S`, `D`, `T` stopped, `t`
+/// stopped by a tracer, `Z` zombie), or `None` when it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).and_then(|s| s.chars().next())
+}
+
+/// SIGKILLs every process other than this one whose environment holds
+/// `CONCORD_WORLD_ID=<world_id>` (what a world's ranks started: helpers, forked copies, daemons
+/// in a session of their own, which the world's process group does not hold), and returns their
+/// pids. Each match is pinned by a pidfd and its environment read again before the signal, so a
+/// pid reused meanwhile is never signalled. Best effort: a process that cleared its environment,
+/// or whose environment this user cannot read, is not found; without pidfds (Linux < 5.3) none is
+/// signalled.
+pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let var = format!("{}={world_id}", crate::worker::vars::WORLD_ID);
+    let holds = |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()));
+    let me = std::process::id();
+    let mut killed = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return killed };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if pid == me || !holds(pid) {
+            continue;
+        }
+        // SAFETY: plain syscall; a non-negative result is a fresh fd that we own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        if !holds(pid) {
+            continue;
+        }
+        // SAFETY: plain syscall on the pidfd we own; no siginfo.
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+        if rc == 0 {
+            killed.push(pid);
+        }
+    }
+    killed
+}
+
+/// The last step of every world's teardown, once its ranks are reaped (or given up on): SIGKILL
+/// what is left of its process group (processes the ranks started), then its strays outside the
+/// group ([`kill_world_strays`]), then its files: every entry of the temp dir and of `/dev/shm`
+/// named with [`shm_prefix`]`(world_id)` (the world's own temp dir among them). Returns the pids
+/// of the strays killed.
+pub fn end_world_leftovers(pgid: i32, world_id: &str) -> Vec<u32> {
+    if pgid > 1 {
+        let _ = kill_group(pgid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let strays = kill_world_strays(world_id);
+    sweep_dir(&std::env::temp_dir(), &shm_prefix(world_id));
+    sweep_shm(world_id);
+    strays
+}
+
 /// Name of a signal number: `SIGSEGV`, or `signal 77` when unknown.
 pub fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {

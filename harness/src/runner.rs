@@ -7,15 +7,27 @@
 //!   world's ranks share one process group. Workers also exit when their stdin reaches EOF.
 //! * Every rank is checked: a rank that crashes (signal, abort, non-zero exit, EOF without an
 //!   outcome) fails the case with its rank and cause named, whatever the other ranks reported.
-//! * On deadline the runner asks the unfinished ranks for their state (≤ 200 ms), then SIGTERMs
-//!   the world's process group, waits `grace`, SIGKILLs it, and reaps every child.
+//! * On deadline the runner asks the unfinished ranks for their state (≤ 200 ms; a rank that does
+//!   not answer and is stopped is named so), then SIGTERMs the world's process group and every
+//!   unreaped rank (one that left the group too), SIGCONTs them (a stopped process acts on
+//!   SIGTERM only once it runs), waits `grace`, SIGKILLs them, and reaps every child.
+//! * A rank's end is seen by its pipe's EOF or, every [`EXIT_POLL`], by its exit status: a rank
+//!   whose pipes stay open in a process it started (a fork without exec) is still seen to crash,
+//!   [`PIPE_DRAIN`] after its exit, not at the deadline.
+//! * An outcome carries the pid of the process that sent it: one that is not the rank's own (a
+//!   forked copy running the case body) is a protocol failure, never the rank's outcome.
+//! * A rank that reported and then ended on its own with a failure status during a teardown
+//!   after the case (not by the runner's signals) fails the case: `reported passed but then died`.
 //! * A world is reused by later cases with the same [`WorldKey`] while its verdicts are passed,
 //!   skipped or unsupported; after a failure, crash or timeout it is torn down (rebuilt on next
 //!   use). `isolated` cases get a fresh world, torn down after the case. At most
 //!   `max_idle_worlds` idle worlds are kept (least recently used evicted first).
 //! * Each world has a fresh store file in its own temp directory named
 //!   `concord-<world_id>-…`; at teardown that directory is removed and `/dev/shm` is swept of
-//!   names starting with [`platform::shm_prefix`]. Nothing of a world outlives its teardown.
+//!   names starting with [`platform::shm_prefix`]. Nothing of a world outlives its teardown: after
+//!   its ranks are reaped, what is left of its process group and every process whose environment
+//!   names the world (helpers and daemons its ranks started) is SIGKILLed, and every entry of the
+//!   temp dir and `/dev/shm` with the world's prefix removed ([`platform::end_world_leftovers`]).
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
@@ -40,6 +52,12 @@ const STATUS_WAIT: Duration = Duration::from_millis(200);
 const TAIL_CAP: usize = 4096;
 /// After SIGKILL, how long reaping may take before the runner gives up on a child.
 const REAP_LIMIT: Duration = Duration::from_secs(10);
+/// While a case runs, how often the runner checks whether a rank's process has ended (its pipe's
+/// EOF does not come while a process it started holds the pipe).
+const EXIT_POLL: Duration = Duration::from_millis(50);
+/// A rank whose process has ended but whose protocol pipe stays open: how long the runner still
+/// waits for the pipe's last lines (an outcome written just before the exit) before deciding.
+const PIPE_DRAIN: Duration = Duration::from_secs(1);
 
 /// Which world a case needs: same key → same (reusable) world.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -287,6 +305,9 @@ struct RankProc {
     stdin: Option<ChildStdin>,
     tail: Arc<Tail>,
     status: Option<ExitStatus>,
+    /// The runner signalled it (SIGTERM / SIGKILL) in a teardown: an exit status by signal is
+    /// then the runner's doing, not the rank's.
+    signalled: bool,
 }
 
 impl RankProc {
@@ -371,11 +392,8 @@ fn cleanup_live_worlds() {
         std::mem::take(&mut *live)
     };
     for (id, (pgid, dir)) in worlds {
-        if pgid > 1 {
-            let _ = platform::kill_group(pgid, Signal::SIGKILL);
-        }
         let _ = std::fs::remove_dir_all(&dir);
-        platform::sweep_shm(&id);
+        platform::end_world_leftovers(pgid, &id);
     }
 }
 
@@ -528,7 +546,7 @@ impl World {
             .map(|(rank, mut child)| {
                 let tail = Arc::new(Tail::default());
                 spawn_readers(rank, &mut child, tx.clone(), tail.clone());
-                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None }
+                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false }
             })
             .collect();
         Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now() })
@@ -652,20 +670,29 @@ impl World {
     /// temp dir and sweeps /dev/shm. `polite_wait`: time to let ranks exit on their own first.
     fn finish(&mut self, polite_wait: Duration, grace: Duration) {
         self.reap_all_until(Instant::now() + polite_wait);
-        if self.unreaped() {
-            let _ = platform::kill_group(self.pgid, Signal::SIGTERM);
-            self.reap_all_until(Instant::now() + grace);
-        }
-        if self.unreaped() {
-            let _ = platform::kill_group(self.pgid, Signal::SIGKILL);
-            for r in &mut self.ranks {
-                if r.status.is_none() {
-                    // Not reaped, so the pid is still ours: safe to signal directly too
-                    // (covers a worker that left the process group).
-                    let _ = platform::kill_pid(r.pid, Signal::SIGKILL);
+        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+            if !self.unreaped() {
+                break;
+            }
+            // After SIGTERM, SIGCONT: a stopped process keeps SIGTERM pending until it runs again.
+            let sigs: &[Signal] = if sig == Signal::SIGTERM { &[Signal::SIGTERM, Signal::SIGCONT] } else { &[Signal::SIGKILL] };
+            for &s in sigs {
+                let _ = platform::kill_group(self.pgid, s);
+                for r in &mut self.ranks {
+                    if r.status.is_none() {
+                        // Not reaped, so the pid is still ours: safe to signal directly too
+                        // (covers a worker that left the process group).
+                        let _ = platform::kill_pid(r.pid, s);
+                        r.signalled = true;
+                    }
                 }
             }
-            self.reap_all_until(Instant::now() + REAP_LIMIT);
+            self.reap_all_until(Instant::now() + if sig == Signal::SIGTERM { grace } else { REAP_LIMIT });
+        }
+        // What the ranks started and left behind (in the group or not), then the files.
+        let strays = platform::end_world_leftovers(self.pgid, &self.id);
+        if !strays.is_empty() {
+            trace(&format!("world {}: killed {} process(es) its ranks left behind: {strays:?}", self.id, strays.len()));
         }
         for r in &mut self.ranks {
             r.stdin = None;
@@ -673,7 +700,6 @@ impl World {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
-        platform::sweep_shm(&self.id);
         live_worlds().remove(&self.id);
     }
 
@@ -715,11 +741,16 @@ struct RankCase {
     protocol: Option<String>,
     /// Its answer to `status` after the runner gave up waiting.
     answer: Option<String>,
+    /// When the runner saw its process end without its pipe's EOF (a process it started holds
+    /// the pipe open).
+    ended_at: Option<Instant>,
+    /// Decided as exited without the EOF: its pipe stayed open after [`PIPE_DRAIN`].
+    pipe_held: bool,
 }
 
 impl RankCase {
     fn new() -> RankCase {
-        RankCase { state: RankState::Running, outcome: None, exiting: false, protocol: None, answer: None }
+        RankCase { state: RankState::Running, outcome: None, exiting: false, protocol: None, answer: None, ended_at: None, pipe_held: false }
     }
     /// Nothing more is awaited from this rank.
     fn settled(&self) -> bool {
@@ -883,7 +914,16 @@ impl Pool {
         // The transitions: Running -> Reported (outcome) | Exited (EOF); a panic report is
         // followed by the rank's exit; anything else on the pipe is a protocol failure.
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
-            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting }) if case == req.case_id => {
+            // Not the rank's process: a copy of it (fork without exec) ran the case body too.
+            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. }) if pid != 0 && pid != world.ranks[r].pid => {
+                st[r].protocol = Some(format!(
+                    "an outcome ({}) from pid {pid}, not rank {r}'s process (pid {}): a copy of the rank (a fork without exec?) writes to its protocol pipe",
+                    outcome.label(),
+                    world.ranks[r].pid
+                ));
+                settle_at.get_or_insert(Instant::now() + settle);
+            }
+            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting, .. }) if case == req.case_id => {
                 if outcome.is_failed() {
                     settle_at.get_or_insert(Instant::now() + settle);
                 }
@@ -918,10 +958,24 @@ impl Pool {
                 timed_out = now >= deadline_at;
                 break;
             }
-            match world.events.recv_timeout(limit - now) {
+            match world.events.recv_timeout((limit - now).min(EXIT_POLL)) {
                 Ok(ev) => handle(&mut st, &mut world, ev, &mut settle_at),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            // A rank that ended while a process it started holds its pipe sends no EOF: its exit
+            // status says it ended; its pipe gets `PIPE_DRAIN` to bring the last lines in.
+            for r in 0..n {
+                if st[r].settled() || st[r].state == RankState::Exited {
+                    continue;
+                }
+                if st[r].ended_at.is_none() && world.ranks[r].poll_exit().is_some() {
+                    st[r].ended_at = Some(Instant::now());
+                }
+                if st[r].ended_at.is_some_and(|t| t.elapsed() >= PIPE_DRAIN) {
+                    st[r].pipe_held = true;
+                    handle(&mut st, &mut world, Event::Eof(r), &mut settle_at);
+                }
             }
         }
 
@@ -941,6 +995,12 @@ impl Pool {
                 match world.events.recv_timeout(until - now) {
                     Ok(ev) => handle(&mut st, &mut world, ev, &mut settle_at),
                     Err(_) => break,
+                }
+            }
+            // A stopped process answers nothing (and a SIGTERM it handles waits for a SIGCONT).
+            for &r in &pending {
+                if st[r].answer.is_none() && matches!(platform::process_state(world.ranks[r].pid), Some('T' | 't')) {
+                    st[r].answer = Some("no answer to the status request: the process is stopped (SIGSTOP / SIGTSTP, or a tracer)".into());
                 }
             }
         }
@@ -972,8 +1032,13 @@ impl Pool {
             if died_on_own || !keep {
                 rp.tail.wait_closed(tail_deadline);
             }
+            // Reported, then ended on its own with a failure status in the teardown after the case.
+            let died_after_report = s.state == RankState::Reported && !rp.signalled && rp.status.is_some_and(|st| !st.success());
             let exit = if died_on_own {
-                Some(rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into()))
+                let how = rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into());
+                Some(if s.pipe_held { format!("{how}; its pipes stayed open in a process it started") } else { how })
+            } else if died_after_report {
+                rp.status.as_ref().map(|st| format!("{} in the teardown after the case", describe_status(st)))
             } else if s.state == RankState::Terminating {
                 rp.status.as_ref().map(|st| match st.signal() {
                     Some(15) => "terminated by the runner (SIGTERM)".to_string(),
@@ -999,6 +1064,9 @@ impl Pool {
                 // Reported a pass, announced its exit, and exited 0: a deliberate death.
                 (Some(_), RankState::Exited) if s.exiting && rp.status.is_some_and(|st| st.success()) => {}
                 (Some(o), RankState::Exited) => {
+                    failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
+                }
+                (Some(o), RankState::Reported) if died_after_report => {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
                 }
                 (None, RankState::Exited) if s.protocol.is_none() => {

@@ -925,7 +925,7 @@ fn t_closed_protocol_fd_is_explained() -> Result<(), Failed> {
     expect_failed(&r, &["rank 1 crashed"])?;
     check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
     let tail = &r.ranks[1].stderr_tail;
-    check!(tail.contains("protocol channel"), "the rank says why it ended: {tail:?}");
+    check!(tail.contains("cannot write to the runner's protocol channel"), "the rank says why it ended: {tail:?}");
     within(&r, Duration::from_secs(5))?;
     assert_clean(&[&r])
 }
@@ -937,10 +937,11 @@ fn t_replaced_stdin_is_explained() -> Result<(), Failed> {
     check!(a.verdict == Verdict::Passed, "{}", a.failure_message());
     // The next command reaches the rank, whose next read of fd 0 is /dev/null's EOF.
     let r = run(&p, &k, "pass");
-    expect_failed(&r, &["rank 1 crashed"])?;
-    check!(r.verdict.failing_ranks() == vec![1], "{:?}", r.verdict);
+    // Ended before or right after its report, depending on which thread is first: a crash either way.
+    expect_failed(&r, &["rank 1"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
     let tail = &r.ranks[1].stderr_tail;
-    check!(tail.contains("stdin"), "the rank says why it ended: {tail:?}");
+    check!(tail.contains("stdin reached EOF"), "the rank says why it ended: {tail:?}");
     within(&r, Duration::from_secs(5))?;
     assert_clean(&[&r])
 }
