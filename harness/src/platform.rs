@@ -317,6 +317,47 @@ mod tests {
     }
 
     #[test]
+    fn strays_are_found_by_their_world_id_in_any_session() {
+        use std::os::unix::process::CommandExt;
+        let id = format!("strays{:06x}", nonce());
+        let spawn = |world: &str| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("1000").env(crate::worker::vars::WORLD_ID, world).process_group(0);
+            cmd.spawn().unwrap()
+        };
+        let mut mine = spawn(&id);
+        // A world whose id merely starts with this one's is another world.
+        let mut other = spawn(&format!("{id}0"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut killed = Vec::new();
+        // The child's environment is readable once it has exec'd.
+        while killed.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            killed = kill_world_strays(&id);
+        }
+        assert_eq!(killed, vec![mine.id()]);
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&mine.wait().unwrap()), Some(libc::SIGKILL));
+        assert!(other.try_wait().unwrap().is_none(), "another world's process was signalled");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(kill_world_strays(&id).is_empty());
+    }
+
+    #[test]
+    fn process_state_of_a_stopped_child() {
+        let mut c = Command::new("sleep").arg("1000").spawn().unwrap();
+        kill_pid(c.id(), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while process_state(c.id()) != Some('T') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(process_state(c.id()), Some('T'));
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(process_state(c.id()), None);
+    }
+
+    #[test]
     fn signal_names() {
         assert_eq!(signal_name(9), "SIGKILL");
         assert_eq!(signal_name(11), "SIGSEGV");

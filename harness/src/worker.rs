@@ -355,5 +355,11 @@ mod tests {
         let s = serde_json::to_string(&m).unwrap();
         assert!(!s.contains('\n'));
         assert_eq!(serde_json::from_str::<WorkerMsg>(&s).unwrap(), m);
+        // An outcome without its sender's pid (0: not given) still decodes.
+        let old = r#"{"Outcome":{"case":"c","outcome":"Passed","exiting":false}}"#;
+        assert_eq!(
+            serde_json::from_str::<WorkerMsg>(old).unwrap(),
+            WorkerMsg::Outcome { case: "c".into(), outcome: Outcome::Passed, exiting: false, pid: 0 }
+        );
     }
 }
