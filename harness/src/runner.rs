@@ -308,6 +308,9 @@ struct RankProc {
     /// The runner signalled it (SIGTERM / SIGKILL) in a teardown: an exit status by signal is
     /// then the runner's doing, not the rank's.
     signalled: bool,
+    /// The pid the worker announced in `Ready` (its own `getpid`; 0 before): the only process
+    /// whose outcomes are the rank's.
+    worker_pid: u32,
 }
 
 impl RankProc {
@@ -546,7 +549,7 @@ impl World {
             .map(|(rank, mut child)| {
                 let tail = Arc::new(Tail::default());
                 spawn_readers(rank, &mut child, tx.clone(), tail.clone());
-                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false }
+                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false, worker_pid: 0 }
             })
             .collect();
         Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now() })
@@ -568,7 +571,10 @@ impl World {
                 break;
             }
             match self.events.recv_timeout(limit - now) {
-                Ok(Event::Msg(r, WorkerMsg::Ready { .. })) => ready[r] = true,
+                Ok(Event::Msg(r, WorkerMsg::Ready { pid })) => {
+                    self.ranks[r].worker_pid = pid;
+                    ready[r] = true;
+                }
                 Ok(Event::Msg(r, WorkerMsg::SetupFailed { message })) => {
                     problems.push((r, format!("setup failed: {message}")));
                     ready[r] = true; // accounted for
@@ -915,11 +921,11 @@ impl Pool {
         // followed by the rank's exit; anything else on the pipe is a protocol failure.
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
             // Not the rank's process: a copy of it (fork without exec) ran the case body too.
-            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. }) if pid != 0 && pid != world.ranks[r].pid => {
+            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. }) if pid != 0 && world.ranks[r].worker_pid != 0 && pid != world.ranks[r].worker_pid => {
                 st[r].protocol = Some(format!(
                     "an outcome ({}) from pid {pid}, not rank {r}'s process (pid {}): a copy of the rank (a fork without exec?) writes to its protocol pipe",
                     outcome.label(),
-                    world.ranks[r].pid
+                    world.ranks[r].worker_pid
                 ));
                 settle_at.get_or_insert(Instant::now() + settle);
             }
