@@ -17,7 +17,8 @@
 //! * An outcome carries the pid of the process that sent it: one that is not the rank's own (a
 //!   forked copy running the case body) is a protocol failure, never the rank's outcome.
 //! * A rank that reported and then ended on its own with a failure status during a teardown
-//!   after the case (not by the runner's signals) fails the case: `reported passed but then died`.
+//!   after the case (not by the runner's signals) fails a case that nothing else failed:
+//!   `reported passed but then died`; after another failure it is shown on its rank's line only.
 //! * A world is reused by later cases with the same [`WorldKey`] while its verdicts are passed,
 //!   skipped or unsupported; after a failure, crash or timeout it is torn down (rebuilt on next
 //!   use). `isolated` cases get a fresh world, torn down after the case. At most
@@ -1030,6 +1031,8 @@ impl Pool {
         // 5. Reports and verdict: one typed failure per thing that went wrong, blamed on its rank.
         let tail_deadline = Instant::now() + Duration::from_millis(100);
         let mut failures: Vec<Failure> = Vec::new();
+        // Ranks that reported, then crashed in the polite teardown after the case.
+        let mut teardown_crashes: Vec<Failure> = Vec::new();
         let mut ranks = Vec::with_capacity(n);
         let deadline_ms = req.deadline.as_millis() as u64;
         for (r, s) in st.iter().enumerate() {
@@ -1073,7 +1076,7 @@ impl Pool {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
                 }
                 (Some(o), RankState::Reported) if died_after_report => {
-                    failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
+                    teardown_crashes.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
                 }
                 (None, RankState::Exited) if s.protocol.is_none() => {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: None })
@@ -1105,6 +1108,12 @@ impl Pool {
                 state_at_deadline,
                 stderr_tail: rp.tail.since(marks[r]),
             });
+        }
+        // A teardown crash fails a case that nothing else failed (never "passed" over a crash);
+        // after a failure it is only shown on its rank's line (peers of a failed rank may well
+        // crash on their way out: they are not the culprits).
+        if failures.is_empty() {
+            failures = teardown_crashes;
         }
         let verdict = if !failures.is_empty() {
             Verdict::failed(failures)

@@ -190,6 +190,12 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
             ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
             Outcome::Passed
         }
+        // Rank 1 passes, then crashes in its teardown; rank 0 failed the case first.
+        "dropabortpeerfail" if me => {
+            ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
+            Outcome::Passed
+        }
+        "dropabortpeerfail" => Outcome::Failed("rank 0 failed first".into()),
         // Closes every fd above stderr (a library that "daemonises"): the protocol channel too.
         "closefds" if me => {
             for fd in 3..1024 {
@@ -919,6 +925,15 @@ fn t_crash_at_teardown_fails_the_case() -> Result<(), Failed> {
     assert_clean(&[&r])
 }
 
+fn t_crash_at_teardown_after_a_failure_is_shown_not_blamed() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "dropabortpeerfail1");
+    let msg = expect_failed(&r, &["rank 0: rank 0 failed first", "killed by signal SIGABRT in the teardown after the case"])?;
+    check!(blamed(&r) == vec![(0, "reported")], "the culprit alone is blamed: {:?}\n{msg}", r.verdict);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
 fn t_closed_protocol_fd_is_explained() -> Result<(), Failed> {
     let p = pool(2);
     let r = run(&p, &key(2), "closefds1");
@@ -1026,6 +1041,7 @@ fn main() {
             t_stopped_rank("sigstopterm1", "killed by the runner (SIGKILL")
         }),
         Trial::test("misbehave::crash_at_teardown_after_passing_fails_the_case", t_crash_at_teardown_fails_the_case),
+        Trial::test("misbehave::crash_at_teardown_after_a_failure_is_shown_not_blamed", t_crash_at_teardown_after_a_failure_is_shown_not_blamed),
         Trial::test("misbehave::closed_protocol_fd_is_explained", t_closed_protocol_fd_is_explained),
         Trial::test("misbehave::replaced_stdin_is_explained", t_replaced_stdin_is_explained),
         Trial::test("misbehave::files_left_by_a_dead_rank_are_swept", t_files_left_by_a_dead_rank_are_swept),
