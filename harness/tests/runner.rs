@@ -190,6 +190,11 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
             ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
             Outcome::Passed
         }
+        // Takes its time (the runner's next command meanwhile meets a replaced stdin).
+        "slow" if me => {
+            std::thread::sleep(Duration::from_millis(500));
+            Outcome::Passed
+        }
         // Rank 1 passes, then crashes in its teardown; rank 0 failed the case first.
         "dropabortpeerfail" if me => {
             ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -206,8 +211,13 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
         }
         // Points fd 0 at /dev/null: the runner's commands no longer arrive.
         "nullstdin" if me => {
+            // The worker's stdin thread is back in its read of the old pipe by then (it then
+            // reads /dev/null after the runner's next line); if it is not, it reads /dev/null's
+            // EOF at once, while this case still sleeps.
+            std::thread::sleep(Duration::from_millis(200));
             let null = std::fs::File::open("/dev/null").unwrap();
             nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
             Outcome::Passed
         }
         // Leaves files of its world in the temp dir and /dev/shm, then dies.
@@ -949,16 +959,16 @@ fn t_replaced_stdin_is_explained() -> Result<(), Failed> {
     let p = pool(2);
     let k = key(2);
     let a = run(&p, &k, "nullstdin1");
-    check!(a.verdict == Verdict::Passed, "{}", a.failure_message());
-    // The next command reaches the rank, whose next read of fd 0 is /dev/null's EOF.
-    let r = run(&p, &k, "pass");
-    // Ended before or right after its report, depending on which thread is first: a crash either way.
-    expect_failed(&r, &["rank 1"])?;
+    // Usually the next command reaches the rank, whose next read of fd 0 is /dev/null's EOF: it
+    // ends while its case body still sleeps. (Under load the stdin thread may read the EOF
+    // during the first case already.)
+    let r = if a.verdict == Verdict::Passed { run(&p, &k, "slow1") } else { a.clone() };
+    expect_failed(&r, &["rank 1 crashed: exit code 0 before reporting an outcome"])?;
     check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
     let tail = &r.ranks[1].stderr_tail;
     check!(tail.contains("stdin reached EOF"), "the rank says why it ended: {tail:?}");
     within(&r, Duration::from_secs(5))?;
-    assert_clean(&[&r])
+    assert_clean(&[&a, &r])
 }
 
 fn t_files_left_by_a_dead_rank_are_swept() -> Result<(), Failed> {
