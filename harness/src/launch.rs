@@ -294,7 +294,7 @@ impl Launched {
             }
         }
         // What the ranks started and left behind (in the group or not), then the files.
-        platform::end_world_leftovers(self.pgid, &self.world_id);
+        platform::end_world_leftovers(self.pgid, &self.world_id, true);
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }

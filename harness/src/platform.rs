@@ -171,16 +171,24 @@ pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
     killed
 }
 
+/// True while process group `pgid` has a member (signal 0 reaches one).
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    pgid > 1 && (unsafe { libc::killpg(pgid, 0) } == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
 /// The last step of every world's teardown, once its ranks are reaped (or given up on): SIGKILL
-/// what is left of its process group (processes the ranks started), then its strays outside the
-/// group ([`kill_world_strays`]), then its files: every entry of the temp dir and of `/dev/shm`
-/// named with [`shm_prefix`]`(world_id)` (the world's own temp dir among them). Returns the pids
-/// of the strays killed.
-pub fn end_world_leftovers(pgid: i32, world_id: &str) -> Vec<u32> {
-    if pgid > 1 {
+/// what is left of its process group (processes the ranks started), then, when `scan` or when
+/// the group still had members, its strays outside the group ([`kill_world_strays`]: a read of
+/// every process's environment, milliseconds, so only on evidence), then its files: every entry
+/// of the temp dir and of `/dev/shm` named with [`shm_prefix`]`(world_id)` (the world's own temp
+/// dir among them). Returns the pids of the strays killed.
+pub fn end_world_leftovers(pgid: i32, world_id: &str, scan: bool) -> Vec<u32> {
+    let group_left = group_alive(pgid);
+    if group_left {
         let _ = kill_group(pgid, nix::sys::signal::Signal::SIGKILL);
     }
-    let strays = kill_world_strays(world_id);
+    let strays = if scan || group_left { kill_world_strays(world_id) } else { Vec::new() };
     sweep_dir(&std::env::temp_dir(), &shm_prefix(world_id));
     sweep_shm(world_id);
     strays

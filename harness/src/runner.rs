@@ -26,9 +26,11 @@
 //! * Each world has a fresh store file in its own temp directory named
 //!   `concord-<world_id>-…`; at teardown that directory is removed and `/dev/shm` is swept of
 //!   names starting with [`platform::shm_prefix`]. Nothing of a world outlives its teardown: after
-//!   its ranks are reaped, what is left of its process group and every process whose environment
-//!   names the world (helpers and daemons its ranks started) is SIGKILLed, and every entry of the
-//!   temp dir and `/dev/shm` with the world's prefix removed ([`platform::end_world_leftovers`]).
+//!   its ranks are reaped, what is left of its process group is SIGKILLed, and so is every process
+//!   whose environment names the world (helpers and daemons its ranks started, outside the group
+//!   too) when there is a sign of one (the group was not empty, or a rank's stderr pipe is still
+//!   open in another process), and every entry of the temp dir and `/dev/shm` with the world's
+//!   prefix is removed ([`platform::end_world_leftovers`]).
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
@@ -59,6 +61,10 @@ const EXIT_POLL: Duration = Duration::from_millis(50);
 /// A rank whose process has ended but whose protocol pipe stays open: how long the runner still
 /// waits for the pipe's last lines (an outcome written just before the exit) before deciding.
 const PIPE_DRAIN: Duration = Duration::from_secs(1);
+/// At teardown, once every rank is reaped: how long their stderr pipes get to reach EOF before
+/// the runner takes an open one as held by a process a rank started (and looks for such
+/// processes by their environment).
+const PIPE_CHECK: Duration = Duration::from_millis(50);
 
 /// Which world a case needs: same key → same (reusable) world.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -266,6 +272,9 @@ impl Tail {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
         self.cv.notify_all();
     }
+    fn is_closed(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).closed
+    }
     fn mark(&self) -> u64 {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).total
     }
@@ -397,7 +406,7 @@ fn cleanup_live_worlds() {
     };
     for (id, (pgid, dir)) in worlds {
         let _ = std::fs::remove_dir_all(&dir);
-        platform::end_world_leftovers(pgid, &id);
+        platform::end_world_leftovers(pgid, &id, true);
     }
 }
 
@@ -696,8 +705,15 @@ impl World {
             }
             self.reap_all_until(Instant::now() + if sig == Signal::SIGTERM { grace } else { REAP_LIMIT });
         }
-        // What the ranks started and left behind (in the group or not), then the files.
-        let strays = platform::end_world_leftovers(self.pgid, &self.id);
+        // What the ranks started and left behind (in the group or not), then the files. Evidence
+        // of a process outside the group: a rank's stderr still open after the rank has ended
+        // (held by a process it started; the reader sees EOF within moments otherwise).
+        let until = Instant::now() + PIPE_CHECK;
+        let pipes_held = self.ranks.iter().any(|r| {
+            r.tail.wait_closed(until);
+            !r.tail.is_closed()
+        });
+        let strays = platform::end_world_leftovers(self.pgid, &self.id, pipes_held);
         if !strays.is_empty() {
             trace(&format!("world {}: killed {} process(es) its ranks left behind: {strays:?}", self.id, strays.len()));
         }
