@@ -143,7 +143,8 @@ pub fn process_state(pid: u32) -> Option<char> {
 pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
     use std::os::fd::{AsRawFd, OwnedFd};
     let var = format!("{}={world_id}", crate::worker::vars::WORLD_ID);
-    let holds = |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()));
+    let holds =
+        |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()));
     let me = std::process::id();
     let mut killed = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else { return killed };
@@ -163,7 +164,8 @@ pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
             continue;
         }
         // SAFETY: plain syscall on the pidfd we own; no siginfo.
-        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+        let rc =
+            unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
         if rc == 0 {
             killed.push(pid);
         }

@@ -773,7 +773,15 @@ struct RankCase {
 
 impl RankCase {
     fn new() -> RankCase {
-        RankCase { state: RankState::Running, outcome: None, exiting: false, protocol: None, answer: None, ended_at: None, pipe_held: false }
+        RankCase {
+            state: RankState::Running,
+            outcome: None,
+            exiting: false,
+            protocol: None,
+            answer: None,
+            ended_at: None,
+            pipe_held: false,
+        }
     }
     /// Nothing more is awaited from this rank.
     fn settled(&self) -> bool {
@@ -938,7 +946,9 @@ impl Pool {
         // followed by the rank's exit; anything else on the pipe is a protocol failure.
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
             // Not the rank's process: a copy of it (fork without exec) ran the case body too.
-            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. }) if pid != 0 && world.ranks[r].worker_pid != 0 && pid != world.ranks[r].worker_pid => {
+            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. })
+                if pid != 0 && world.ranks[r].worker_pid != 0 && pid != world.ranks[r].worker_pid =>
+            {
                 st[r].protocol = Some(format!(
                     "an outcome ({}) from pid {pid}, not rank {r}'s process (pid {}): a copy of the rank (a fork without exec?) writes to its protocol pipe",
                     outcome.label(),
@@ -1060,7 +1070,8 @@ impl Pool {
             // Reported, then ended on its own with a failure status in the teardown after the case.
             let died_after_report = s.state == RankState::Reported && !rp.signalled && rp.status.is_some_and(|st| !st.success());
             let exit = if died_on_own {
-                let how = rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into());
+                let how =
+                    rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into());
                 Some(if s.pipe_held { format!("{how}; its pipes stayed open in a process it started") } else { how })
             } else if died_after_report {
                 rp.status.as_ref().map(|st| format!("{} in the teardown after the case", describe_status(st)))

@@ -333,8 +333,7 @@ fn world_procs(world_id: &str) -> Vec<u32> {
     rd.flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
         .filter(|&pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
                 && pid_running(pid)
         })
         .collect()
@@ -1051,7 +1050,10 @@ fn main() {
             t_stopped_rank("sigstopterm1", "killed by the runner (SIGKILL")
         }),
         Trial::test("misbehave::crash_at_teardown_after_passing_fails_the_case", t_crash_at_teardown_fails_the_case),
-        Trial::test("misbehave::crash_at_teardown_after_a_failure_is_shown_not_blamed", t_crash_at_teardown_after_a_failure_is_shown_not_blamed),
+        Trial::test(
+            "misbehave::crash_at_teardown_after_a_failure_is_shown_not_blamed",
+            t_crash_at_teardown_after_a_failure_is_shown_not_blamed,
+        ),
         Trial::test("misbehave::closed_protocol_fd_is_explained", t_closed_protocol_fd_is_explained),
         Trial::test("misbehave::replaced_stdin_is_explained", t_replaced_stdin_is_explained),
         Trial::test("misbehave::files_left_by_a_dead_rank_are_swept", t_files_left_by_a_dead_rank_are_swept),
