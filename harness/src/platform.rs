@@ -7,7 +7,10 @@
 //! world teardown. Backends MUST therefore name every POSIX shared-memory object (and any other
 //! file they create under `/dev/shm`) with a name that starts with [`shm_prefix`]`(world_id)`,
 //! e.g. `shm_open("/" + shm_prefix(&info.world_id) + "ring0")`. Anything named that way is
-//! removed by the runner when the world ends; anything else is the backend's own problem.
+//! removed by the runner when the world ends, in `/dev/shm` and in the temp dir
+//! (`std::env::temp_dir()`, e.g. a socket); anything else is the backend's own problem.
+//! Processes a rank starts inherit `CONCORD_WORLD_ID`; the runner kills those left at the world's
+//! teardown ([`end_world_leftovers`]), so a helper must not clear its environment to hide.
 
 use std::fs::File;
 use std::io;
