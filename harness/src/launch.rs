@@ -11,7 +11,8 @@
 //!   `CONCORD_WORKER=launched`, its rank, the world size, a fresh store file in a temp directory
 //!   named after the world, the world id, the op timeout and the backend options.
 //!   [`Launched::wait`] waits for every rank up to a deadline, then SIGTERMs the group, waits
-//!   `grace`, SIGKILLs it, reaps every rank, removes the temp directory and sweeps `/dev/shm`.
+//!   `grace`, SIGKILLs it, reaps every rank, SIGKILLs what the ranks left behind
+//!   ([`platform::end_world_leftovers`]), removes the temp directory and sweeps `/dev/shm`.
 //!   Dropping a [`Launched`] does the same at once. Nothing outlives it. Call [`launch`] from a
 //!   thread that outlives the world (ranks get SIGKILL when the spawning *thread* ends).
 //! * Child: [`rank_world`] returns the rank's [`WorldInfo`] when the process was launched, so a
@@ -285,15 +286,18 @@ impl Launched {
     fn finish(&mut self) {
         if self.status.iter().any(Option::is_none) && self.pgid > 1 {
             let _ = platform::kill_group(self.pgid, Signal::SIGTERM);
+            // A stopped process keeps SIGTERM pending until it runs again.
+            let _ = platform::kill_group(self.pgid, Signal::SIGCONT);
             if !self.reap_until(Instant::now() + self.grace) {
                 let _ = platform::kill_group(self.pgid, Signal::SIGKILL);
                 self.reap_until(Instant::now() + Duration::from_secs(10));
             }
         }
+        // What the ranks started and left behind (in the group or not), then the files.
+        platform::end_world_leftovers(self.pgid, &self.world_id, true);
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
-        platform::sweep_shm(&self.world_id);
     }
 }
 

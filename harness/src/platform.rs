@@ -7,7 +7,10 @@
 //! world teardown. Backends MUST therefore name every POSIX shared-memory object (and any other
 //! file they create under `/dev/shm`) with a name that starts with [`shm_prefix`]`(world_id)`,
 //! e.g. `shm_open("/" + shm_prefix(&info.world_id) + "ring0")`. Anything named that way is
-//! removed by the runner when the world ends; anything else is the backend's own problem.
+//! removed by the runner when the world ends, in `/dev/shm` and in the temp dir
+//! (`std::env::temp_dir()`, e.g. a socket); anything else is the backend's own problem.
+//! Processes a rank starts inherit `CONCORD_WORLD_ID`; the runner kills those left at the world's
+//! teardown ([`end_world_leftovers`]), so a helper must not clear its environment to hide.
 
 use std::fs::File;
 use std::io;
@@ -124,6 +127,76 @@ pub fn pid_running(pid: u32) -> bool {
         Ok(stat) => stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st != "Z" && st != "X"),
         Err(_) => false,
     }
+}
+
+/// The state letter of process `pid` from `/proc/<pid>/stat` (`R`, `S`, `D`, `T` stopped, `t`
+/// stopped by a tracer, `Z` zombie), or `None` when it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).and_then(|s| s.chars().next())
+}
+
+/// SIGKILLs every process other than this one whose environment holds
+/// `CONCORD_WORLD_ID=<world_id>` (what a world's ranks started: helpers, forked copies, daemons
+/// in a session of their own, which the world's process group does not hold), and returns their
+/// pids. Each match is pinned by a pidfd and its environment read again before the signal, so a
+/// pid reused meanwhile is never signalled. Best effort: a process that cleared its environment,
+/// or whose environment this user cannot read, is not found; without pidfds (Linux < 5.3) none is
+/// signalled.
+pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let var = format!("{}={world_id}", crate::worker::vars::WORLD_ID);
+    let holds =
+        |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == var.as_bytes()));
+    let me = std::process::id();
+    let mut killed = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return killed };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if pid == me || !holds(pid) {
+            continue;
+        }
+        // SAFETY: plain syscall; a non-negative result is a fresh fd that we own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        if !holds(pid) {
+            continue;
+        }
+        // SAFETY: plain syscall on the pidfd we own; no siginfo.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+        if rc == 0 {
+            killed.push(pid);
+        }
+    }
+    killed
+}
+
+/// True while process group `pgid` has a member (signal 0 reaches one).
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    pgid > 1 && (unsafe { libc::killpg(pgid, 0) } == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+/// The last step of every world's teardown, once its ranks are reaped (or given up on): SIGKILL
+/// what is left of its process group (processes the ranks started), then, when `scan` or when
+/// the group still had members, its strays outside the group ([`kill_world_strays`]: a read of
+/// every process's environment, milliseconds, so only on evidence), then its files: every entry
+/// of the temp dir and of `/dev/shm` named with [`shm_prefix`]`(world_id)` (the world's own temp
+/// dir among them). Returns the pids of the strays killed.
+pub fn end_world_leftovers(pgid: i32, world_id: &str, scan: bool) -> Vec<u32> {
+    let group_left = group_alive(pgid);
+    if group_left {
+        let _ = kill_group(pgid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let strays = if scan || group_left { kill_world_strays(world_id) } else { Vec::new() };
+    sweep_dir(&std::env::temp_dir(), &shm_prefix(world_id));
+    sweep_shm(world_id);
+    strays
 }
 
 /// Name of a signal number: `SIGSEGV`, or `signal 77` when unknown.
@@ -254,6 +327,47 @@ mod tests {
         let removed = sweep_dir(d.path(), "concord-a-");
         assert_eq!(removed.len(), 2);
         assert!(d.path().join("concord-ab-1").exists());
+    }
+
+    #[test]
+    fn strays_are_found_by_their_world_id_in_any_session() {
+        use std::os::unix::process::CommandExt;
+        let id = format!("strays{:06x}", nonce());
+        let spawn = |world: &str| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("1000").env(crate::worker::vars::WORLD_ID, world).process_group(0);
+            cmd.spawn().unwrap()
+        };
+        let mut mine = spawn(&id);
+        // A world whose id merely starts with this one's is another world.
+        let mut other = spawn(&format!("{id}0"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut killed = Vec::new();
+        // The child's environment is readable once it has exec'd.
+        while killed.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            killed = kill_world_strays(&id);
+        }
+        assert_eq!(killed, vec![mine.id()]);
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&mine.wait().unwrap()), Some(libc::SIGKILL));
+        assert!(other.try_wait().unwrap().is_none(), "another world's process was signalled");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(kill_world_strays(&id).is_empty());
+    }
+
+    #[test]
+    fn process_state_of_a_stopped_child() {
+        let mut c = Command::new("sleep").arg("1000").spawn().unwrap();
+        kill_pid(c.id(), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while process_state(c.id()) != Some('T') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(process_state(c.id()), Some('T'));
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(process_state(c.id()), None);
     }
 
     #[test]

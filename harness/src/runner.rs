@@ -7,15 +7,30 @@
 //!   world's ranks share one process group. Workers also exit when their stdin reaches EOF.
 //! * Every rank is checked: a rank that crashes (signal, abort, non-zero exit, EOF without an
 //!   outcome) fails the case with its rank and cause named, whatever the other ranks reported.
-//! * On deadline the runner asks the unfinished ranks for their state (≤ 200 ms), then SIGTERMs
-//!   the world's process group, waits `grace`, SIGKILLs it, and reaps every child.
+//! * On deadline the runner asks the unfinished ranks for their state (≤ 200 ms; a rank that does
+//!   not answer and is stopped is named so), then SIGTERMs the world's process group and every
+//!   unreaped rank (one that left the group too), SIGCONTs them (a stopped process acts on
+//!   SIGTERM only once it runs), waits `grace`, SIGKILLs them, and reaps every child.
+//! * A rank's end is seen by its pipe's EOF or, every [`EXIT_POLL`], by its exit status: a rank
+//!   whose pipes stay open in a process it started (a fork without exec) is still seen to crash,
+//!   [`PIPE_DRAIN`] after its exit, not at the deadline.
+//! * An outcome carries the pid of the process that sent it: one that is not the rank's own (a
+//!   forked copy running the case body) is a protocol failure, never the rank's outcome.
+//! * A rank that reported and then ended on its own with a failure status during a teardown
+//!   after the case (not by the runner's signals) fails a case that nothing else failed:
+//!   `reported passed but then died`; after another failure it is shown on its rank's line only.
 //! * A world is reused by later cases with the same [`WorldKey`] while its verdicts are passed,
 //!   skipped or unsupported; after a failure, crash or timeout it is torn down (rebuilt on next
 //!   use). `isolated` cases get a fresh world, torn down after the case. At most
 //!   `max_idle_worlds` idle worlds are kept (least recently used evicted first).
 //! * Each world has a fresh store file in its own temp directory named
 //!   `concord-<world_id>-…`; at teardown that directory is removed and `/dev/shm` is swept of
-//!   names starting with [`platform::shm_prefix`]. Nothing of a world outlives its teardown.
+//!   names starting with [`platform::shm_prefix`]. Nothing of a world outlives its teardown: after
+//!   its ranks are reaped, what is left of its process group is SIGKILLed, and so is every process
+//!   whose environment names the world (helpers and daemons its ranks started, outside the group
+//!   too) when there is a sign of one (the group was not empty, or a rank's stderr pipe is still
+//!   open in another process), and every entry of the temp dir and `/dev/shm` with the world's
+//!   prefix is removed ([`platform::end_world_leftovers`]).
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
@@ -40,6 +55,16 @@ const STATUS_WAIT: Duration = Duration::from_millis(200);
 const TAIL_CAP: usize = 4096;
 /// After SIGKILL, how long reaping may take before the runner gives up on a child.
 const REAP_LIMIT: Duration = Duration::from_secs(10);
+/// While a case runs, how often the runner checks whether a rank's process has ended (its pipe's
+/// EOF does not come while a process it started holds the pipe).
+const EXIT_POLL: Duration = Duration::from_millis(50);
+/// A rank whose process has ended but whose protocol pipe stays open: how long the runner still
+/// waits for the pipe's last lines (an outcome written just before the exit) before deciding.
+const PIPE_DRAIN: Duration = Duration::from_secs(1);
+/// At teardown, once every rank is reaped: how long their stderr pipes get to reach EOF before
+/// the runner takes an open one as held by a process a rank started (and looks for such
+/// processes by their environment).
+const PIPE_CHECK: Duration = Duration::from_millis(50);
 
 /// Which world a case needs: same key → same (reusable) world.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -247,6 +272,9 @@ impl Tail {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
         self.cv.notify_all();
     }
+    fn is_closed(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).closed
+    }
     fn mark(&self) -> u64 {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).total
     }
@@ -287,6 +315,12 @@ struct RankProc {
     stdin: Option<ChildStdin>,
     tail: Arc<Tail>,
     status: Option<ExitStatus>,
+    /// The runner signalled it (SIGTERM / SIGKILL) in a teardown: an exit status by signal is
+    /// then the runner's doing, not the rank's.
+    signalled: bool,
+    /// The pid the worker announced in `Ready` (its own `getpid`; 0 before): the only process
+    /// whose outcomes are the rank's.
+    worker_pid: u32,
 }
 
 impl RankProc {
@@ -371,11 +405,8 @@ fn cleanup_live_worlds() {
         std::mem::take(&mut *live)
     };
     for (id, (pgid, dir)) in worlds {
-        if pgid > 1 {
-            let _ = platform::kill_group(pgid, Signal::SIGKILL);
-        }
         let _ = std::fs::remove_dir_all(&dir);
-        platform::sweep_shm(&id);
+        platform::end_world_leftovers(pgid, &id, true);
     }
 }
 
@@ -528,7 +559,7 @@ impl World {
             .map(|(rank, mut child)| {
                 let tail = Arc::new(Tail::default());
                 spawn_readers(rank, &mut child, tx.clone(), tail.clone());
-                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None }
+                RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false, worker_pid: 0 }
             })
             .collect();
         Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now() })
@@ -550,7 +581,10 @@ impl World {
                 break;
             }
             match self.events.recv_timeout(limit - now) {
-                Ok(Event::Msg(r, WorkerMsg::Ready { .. })) => ready[r] = true,
+                Ok(Event::Msg(r, WorkerMsg::Ready { pid })) => {
+                    self.ranks[r].worker_pid = pid;
+                    ready[r] = true;
+                }
                 Ok(Event::Msg(r, WorkerMsg::SetupFailed { message })) => {
                     problems.push((r, format!("setup failed: {message}")));
                     ready[r] = true; // accounted for
@@ -652,20 +686,36 @@ impl World {
     /// temp dir and sweeps /dev/shm. `polite_wait`: time to let ranks exit on their own first.
     fn finish(&mut self, polite_wait: Duration, grace: Duration) {
         self.reap_all_until(Instant::now() + polite_wait);
-        if self.unreaped() {
-            let _ = platform::kill_group(self.pgid, Signal::SIGTERM);
-            self.reap_all_until(Instant::now() + grace);
-        }
-        if self.unreaped() {
-            let _ = platform::kill_group(self.pgid, Signal::SIGKILL);
-            for r in &mut self.ranks {
-                if r.status.is_none() {
-                    // Not reaped, so the pid is still ours: safe to signal directly too
-                    // (covers a worker that left the process group).
-                    let _ = platform::kill_pid(r.pid, Signal::SIGKILL);
+        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+            if !self.unreaped() {
+                break;
+            }
+            // After SIGTERM, SIGCONT: a stopped process keeps SIGTERM pending until it runs again.
+            let sigs: &[Signal] = if sig == Signal::SIGTERM { &[Signal::SIGTERM, Signal::SIGCONT] } else { &[Signal::SIGKILL] };
+            for &s in sigs {
+                let _ = platform::kill_group(self.pgid, s);
+                for r in &mut self.ranks {
+                    if r.status.is_none() {
+                        // Not reaped, so the pid is still ours: safe to signal directly too
+                        // (covers a worker that left the process group).
+                        let _ = platform::kill_pid(r.pid, s);
+                        r.signalled = true;
+                    }
                 }
             }
-            self.reap_all_until(Instant::now() + REAP_LIMIT);
+            self.reap_all_until(Instant::now() + if sig == Signal::SIGTERM { grace } else { REAP_LIMIT });
+        }
+        // What the ranks started and left behind (in the group or not), then the files. Evidence
+        // of a process outside the group: a rank's stderr still open after the rank has ended
+        // (held by a process it started; the reader sees EOF within moments otherwise).
+        let until = Instant::now() + PIPE_CHECK;
+        let pipes_held = self.ranks.iter().any(|r| {
+            r.tail.wait_closed(until);
+            !r.tail.is_closed()
+        });
+        let strays = platform::end_world_leftovers(self.pgid, &self.id, pipes_held);
+        if !strays.is_empty() {
+            trace(&format!("world {}: killed {} process(es) its ranks left behind: {strays:?}", self.id, strays.len()));
         }
         for r in &mut self.ranks {
             r.stdin = None;
@@ -673,7 +723,6 @@ impl World {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
-        platform::sweep_shm(&self.id);
         live_worlds().remove(&self.id);
     }
 
@@ -715,11 +764,24 @@ struct RankCase {
     protocol: Option<String>,
     /// Its answer to `status` after the runner gave up waiting.
     answer: Option<String>,
+    /// When the runner saw its process end without its pipe's EOF (a process it started holds
+    /// the pipe open).
+    ended_at: Option<Instant>,
+    /// Decided as exited without the EOF: its pipe stayed open after [`PIPE_DRAIN`].
+    pipe_held: bool,
 }
 
 impl RankCase {
     fn new() -> RankCase {
-        RankCase { state: RankState::Running, outcome: None, exiting: false, protocol: None, answer: None }
+        RankCase {
+            state: RankState::Running,
+            outcome: None,
+            exiting: false,
+            protocol: None,
+            answer: None,
+            ended_at: None,
+            pipe_held: false,
+        }
     }
     /// Nothing more is awaited from this rank.
     fn settled(&self) -> bool {
@@ -883,7 +945,18 @@ impl Pool {
         // The transitions: Running -> Reported (outcome) | Exited (EOF); a panic report is
         // followed by the rank's exit; anything else on the pipe is a protocol failure.
         let handle = |st: &mut Vec<RankCase>, world: &mut World, ev: Event, settle_at: &mut Option<Instant>| match ev {
-            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting }) if case == req.case_id => {
+            // Not the rank's process: a copy of it (fork without exec) ran the case body too.
+            Event::Msg(r, WorkerMsg::Outcome { pid, outcome, .. })
+                if pid != 0 && world.ranks[r].worker_pid != 0 && pid != world.ranks[r].worker_pid =>
+            {
+                st[r].protocol = Some(format!(
+                    "an outcome ({}) from pid {pid}, not rank {r}'s process (pid {}): a copy of the rank (a fork without exec?) writes to its protocol pipe",
+                    outcome.label(),
+                    world.ranks[r].worker_pid
+                ));
+                settle_at.get_or_insert(Instant::now() + settle);
+            }
+            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting, .. }) if case == req.case_id => {
                 if outcome.is_failed() {
                     settle_at.get_or_insert(Instant::now() + settle);
                 }
@@ -918,10 +991,24 @@ impl Pool {
                 timed_out = now >= deadline_at;
                 break;
             }
-            match world.events.recv_timeout(limit - now) {
+            match world.events.recv_timeout((limit - now).min(EXIT_POLL)) {
                 Ok(ev) => handle(&mut st, &mut world, ev, &mut settle_at),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            // A rank that ended while a process it started holds its pipe sends no EOF: its exit
+            // status says it ended; its pipe gets `PIPE_DRAIN` to bring the last lines in.
+            for r in 0..n {
+                if st[r].settled() || st[r].state == RankState::Exited {
+                    continue;
+                }
+                if st[r].ended_at.is_none() && world.ranks[r].poll_exit().is_some() {
+                    st[r].ended_at = Some(Instant::now());
+                }
+                if st[r].ended_at.is_some_and(|t| t.elapsed() >= PIPE_DRAIN) {
+                    st[r].pipe_held = true;
+                    handle(&mut st, &mut world, Event::Eof(r), &mut settle_at);
+                }
             }
         }
 
@@ -941,6 +1028,12 @@ impl Pool {
                 match world.events.recv_timeout(until - now) {
                     Ok(ev) => handle(&mut st, &mut world, ev, &mut settle_at),
                     Err(_) => break,
+                }
+            }
+            // A stopped process answers nothing (and a SIGTERM it handles waits for a SIGCONT).
+            for &r in &pending {
+                if st[r].answer.is_none() && matches!(platform::process_state(world.ranks[r].pid), Some('T' | 't')) {
+                    st[r].answer = Some("no answer to the status request: the process is stopped (SIGSTOP / SIGTSTP, or a tracer)".into());
                 }
             }
         }
@@ -964,6 +1057,8 @@ impl Pool {
         // 5. Reports and verdict: one typed failure per thing that went wrong, blamed on its rank.
         let tail_deadline = Instant::now() + Duration::from_millis(100);
         let mut failures: Vec<Failure> = Vec::new();
+        // Ranks that reported, then crashed in the polite teardown after the case.
+        let mut teardown_crashes: Vec<Failure> = Vec::new();
         let mut ranks = Vec::with_capacity(n);
         let deadline_ms = req.deadline.as_millis() as u64;
         for (r, s) in st.iter().enumerate() {
@@ -972,8 +1067,14 @@ impl Pool {
             if died_on_own || !keep {
                 rp.tail.wait_closed(tail_deadline);
             }
+            // Reported, then ended on its own with a failure status in the teardown after the case.
+            let died_after_report = s.state == RankState::Reported && !rp.signalled && rp.status.is_some_and(|st| !st.success());
             let exit = if died_on_own {
-                Some(rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into()))
+                let how =
+                    rp.status.as_ref().map(describe_status).unwrap_or_else(|| "closed its protocol pipe (exit status unknown)".into());
+                Some(if s.pipe_held { format!("{how}; its pipes stayed open in a process it started") } else { how })
+            } else if died_after_report {
+                rp.status.as_ref().map(|st| format!("{} in the teardown after the case", describe_status(st)))
             } else if s.state == RankState::Terminating {
                 rp.status.as_ref().map(|st| match st.signal() {
                     Some(15) => "terminated by the runner (SIGTERM)".to_string(),
@@ -1000,6 +1101,9 @@ impl Pool {
                 (Some(_), RankState::Exited) if s.exiting && rp.status.is_some_and(|st| st.success()) => {}
                 (Some(o), RankState::Exited) => {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
+                }
+                (Some(o), RankState::Reported) if died_after_report => {
+                    teardown_crashes.push(Failure::Crashed { rank: r, exit: exit_text, reported: Some(o.label().into()) })
                 }
                 (None, RankState::Exited) if s.protocol.is_none() => {
                     failures.push(Failure::Crashed { rank: r, exit: exit_text, reported: None })
@@ -1031,6 +1135,12 @@ impl Pool {
                 state_at_deadline,
                 stderr_tail: rp.tail.since(marks[r]),
             });
+        }
+        // A teardown crash fails a case that nothing else failed (never "passed" over a crash);
+        // after a failure it is only shown on its rank's line (peers of a failed rank may well
+        // crash on their way out: they are not the culprits).
+        if failures.is_empty() {
+            failures = teardown_crashes;
         }
         let verdict = if !failures.is_empty() {
             Verdict::failed(failures)

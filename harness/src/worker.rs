@@ -54,7 +54,15 @@ pub enum WorkerMsg {
     /// maximum world size); the worker exits after sending this.
     SetupUnsupported { reason: String },
     /// The outcome of `run <case>`. `exiting`: the worker exits right after (it panicked).
-    Outcome { case: String, outcome: Outcome, exiting: bool },
+    /// `pid`: the process that sent it (the runner refuses an outcome from any other process
+    /// than the rank's own, e.g. a copy forked inside the case body; 0: not given).
+    Outcome {
+        case: String,
+        outcome: Outcome,
+        exiting: bool,
+        #[serde(default)]
+        pid: u32,
+    },
     /// Answer to `status`: what the rank is doing (`in all_reduce #12 (shm, 503 ms)`).
     Status { state: String },
 }
@@ -154,9 +162,18 @@ fn send(out: &Mutex<File>, msg: &WorkerMsg) {
     let mut line = serde_json::to_string(msg).expect("WorkerMsg serialises");
     line.push('\n');
     let mut f = out.lock().unwrap_or_else(|e| e.into_inner());
-    if f.write_all(line.as_bytes()).is_err() {
-        // The parent is gone: nobody is left to report to.
-        platform::exit_now(0);
+    if let Err(e) = f.write_all(line.as_bytes()) {
+        if e.raw_os_error() == Some(libc::EPIPE) {
+            // The parent is gone: nobody is left to report to.
+            platform::exit_now(0);
+        }
+        // The fd itself is gone (closed or replaced by the code under test): say so, or the rank
+        // would end with nothing in its stderr to explain it.
+        let _ = writeln!(
+            std::io::stderr(),
+            "concord worker: cannot write to the runner's protocol channel: {e} (did the backend close or replace this process's file descriptors?)"
+        );
+        platform::exit_now(70);
     }
 }
 
@@ -221,7 +238,16 @@ pub fn serve<S, E: Into<SetupError>>(
             .spawn(move || {
                 let stdin = std::io::stdin();
                 for line in stdin.lock().lines() {
-                    let Ok(line) = line else { break };
+                    let line = match line {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "concord worker rank {rank}: cannot read the runner's commands on stdin: {e} (was fd 0 closed?); exiting"
+                            );
+                            platform::exit_now(70);
+                        }
+                    };
                     let line = line.trim_end();
                     if line == "status" {
                         send(&out, &WorkerMsg::Status { state: concord_core::progress::describe() });
@@ -235,7 +261,12 @@ pub fn serve<S, E: Into<SetupError>>(
                         eprintln!("concord worker rank {rank}: unknown command {line:?}");
                     }
                 }
-                // stdin closed without `exit`: the parent died or abandoned this world.
+                // stdin closed without `exit`: the parent died or abandoned this world (or the code
+                // under test replaced fd 0). Said on stderr, which a dead parent no longer reads.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "concord worker rank {rank}: stdin reached EOF without `exit` (the runner went away, or fd 0 was replaced); exiting"
+                );
                 platform::exit_now(0);
             })
             .expect("spawn the worker's stdin thread");
@@ -274,7 +305,7 @@ pub fn serve<S, E: Into<SetupError>>(
                 match r {
                     Ok(outcome) => {
                         let exiting = EXIT_AFTER_CASE.load(std::sync::atomic::Ordering::SeqCst) && !outcome.is_failed();
-                        send(&out, &WorkerMsg::Outcome { case, outcome, exiting });
+                        send(&out, &WorkerMsg::Outcome { case, outcome, exiting, pid: std::process::id() });
                         if exiting {
                             // A deliberate death (see `exit_after_this_case`): no goodbye to peers.
                             platform::exit_now(0);
@@ -282,7 +313,7 @@ pub fn serve<S, E: Into<SetupError>>(
                     }
                     Err(p) => {
                         let msg = panic_message(&*p);
-                        send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true });
+                        send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true, pid: std::process::id() });
                         std::process::exit(101);
                     }
                 }
@@ -320,9 +351,15 @@ mod tests {
 
     #[test]
     fn messages_are_one_json_line() {
-        let m = WorkerMsg::Outcome { case: "a b".into(), outcome: Outcome::Failed("x\ny".into()), exiting: false };
+        let m = WorkerMsg::Outcome { case: "a b".into(), outcome: Outcome::Failed("x\ny".into()), exiting: false, pid: 7 };
         let s = serde_json::to_string(&m).unwrap();
         assert!(!s.contains('\n'));
         assert_eq!(serde_json::from_str::<WorkerMsg>(&s).unwrap(), m);
+        // An outcome without its sender's pid (0: not given) still decodes.
+        let old = r#"{"Outcome":{"case":"c","outcome":"Passed","exiting":false}}"#;
+        assert_eq!(
+            serde_json::from_str::<WorkerMsg>(old).unwrap(),
+            WorkerMsg::Outcome { case: "c".into(), outcome: Outcome::Passed, exiting: false, pid: 0 }
+        );
     }
 }

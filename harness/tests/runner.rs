@@ -23,6 +23,36 @@ struct WState {
     env: WorkerEnv,
 }
 
+/// Set by the `dropabort` case: the rank's state aborts when dropped (a backend whose teardown
+/// crashes after every case passed).
+static ABORT_ON_DROP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Drop for WState {
+    fn drop(&mut self) {
+        if ABORT_ON_DROP.load(std::sync::atomic::Ordering::SeqCst) {
+            std::process::abort();
+        }
+    }
+}
+
+/// A helper process of the backend (`sleep 1000`), inheriting the rank's stdin and stderr and
+/// its environment; `new_session`: it daemonises (setsid), leaving the world's process group.
+fn spawn_helper(new_session: bool) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("1000");
+    if new_session {
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().expect("spawn the helper process")
+}
+
 fn worker_setup(env: &WorkerEnv) -> Result<WState, SetupError> {
     // A shared-memory name the worker never removes: the runner's sweep must.
     let shm = Path::new("/dev/shm").join(format!("{}rank{}", shm_prefix(&env.world_id), env.rank));
@@ -31,6 +61,8 @@ fn worker_setup(env: &WorkerEnv) -> Result<WState, SetupError> {
         Some("fail") if env.rank == 1 => return Err(SetupError::Failed("told to fail setup".into())),
         Some("unsupported") if env.rank == 1 => return Err(SetupError::Unsupported("worlds of 3 are not supported".into())),
         Some("abort") if env.rank == 0 => std::process::abort(),
+        // A rank slow to start: its setup outlasts the setup deadline.
+        Some("hang") if env.rank == 1 => std::thread::sleep(Duration::from_secs(1000)),
         _ => {}
     }
     Ok(WState { env: env.clone() })
@@ -88,6 +120,119 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
             Outcome::Failed(format!("read {x} from a freed 64 MiB host tensor without crashing"))
         }
         "adds" => adds(&s.env),
+        // --- Process-level misbehaviour (hunt 14) ---
+        // A helper process (same process group) outlives the rank.
+        "spawnpass" if me => {
+            std::mem::forget(spawn_helper(false));
+            Outcome::Passed
+        }
+        "spawnfail" if me => {
+            std::mem::forget(spawn_helper(false));
+            Outcome::Failed("failed after starting a helper".into())
+        }
+        // A daemonised helper (its own session): the world's process group does not hold it.
+        "setsidspawn" if me => {
+            std::mem::forget(spawn_helper(true));
+            Outcome::Failed("failed after starting a daemon".into())
+        }
+        // fork() without exec: the copy holds every pipe of the rank; the rank then exits 3.
+        "forkexit" if me => {
+            // SAFETY: the child only calls async-signal-safe functions (sleep, _exit).
+            match unsafe { libc::fork() } {
+                0 => unsafe {
+                    libc::sleep(1000);
+                    libc::_exit(0)
+                },
+                _ => std::process::exit(3),
+            }
+        }
+        // fork() whose child falls through into the rest of the case (a failed exec that does not
+        // _exit): the copy reports a pass first, the real rank then fails.
+        "forkreport" if me => {
+            // SAFETY: this is the bug under test; the child returns into the worker's loop (its
+            // copy then blocks forever on the command channel whose sender has no thread).
+            match unsafe { libc::fork() } {
+                0 => Outcome::Passed,
+                _ => {
+                    std::thread::sleep(Duration::from_millis(200));
+                    Outcome::Failed("the real rank 1 failed".into())
+                }
+            }
+        }
+        // Leaves the world's process group and hangs.
+        "setsidhang" if me => {
+            nix::unistd::setsid().expect("setsid");
+            concord_core::progress::begin("test", "all_reduce", 12);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        // Forges a passing outcome on stdout, then exits 0 mid-case.
+        "forged" if me => {
+            println!(r#"{{"Outcome":{{"case":"forged1","outcome":"Passed","exiting":true}}}}"#);
+            std::process::exit(0)
+        }
+        // Stops itself (SIGSTOP); `sigstopterm`: with a SIGTERM handler that does nothing.
+        "sigstop" | "sigstopterm" if me => {
+            if name == "sigstopterm" {
+                extern "C" fn ignore(_: libc::c_int) {}
+                // SAFETY: installing a handler that does nothing.
+                unsafe { libc::signal(libc::SIGTERM, ignore as *const () as libc::sighandler_t) };
+            }
+            concord_core::progress::begin("test", "all_reduce", 12);
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP).unwrap();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        // Passes, then crashes in its teardown (the state's Drop aborts).
+        "dropabort" if me => {
+            ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
+            Outcome::Passed
+        }
+        // Takes its time (the runner's next command meanwhile meets a replaced stdin).
+        "slow" if me => {
+            std::thread::sleep(Duration::from_millis(500));
+            Outcome::Passed
+        }
+        // Rank 1 passes, then crashes in its teardown; rank 0 failed the case first.
+        "dropabortpeerfail" if me => {
+            ABORT_ON_DROP.store(true, std::sync::atomic::Ordering::SeqCst);
+            Outcome::Passed
+        }
+        "dropabortpeerfail" => Outcome::Failed("rank 0 failed first".into()),
+        // Closes every fd above stderr (a library that "daemonises"): the protocol channel too.
+        "closefds" if me => {
+            for fd in 3..1024 {
+                // SAFETY: closing fds; this is the bug under test.
+                unsafe { libc::close(fd) };
+            }
+            Outcome::Passed
+        }
+        // Points fd 0 at /dev/null: the runner's commands no longer arrive.
+        "nullstdin" if me => {
+            // The worker's stdin thread is back in its read of the old pipe by then (it then
+            // reads /dev/null after the runner's next line); if it is not, it reads /dev/null's
+            // EOF at once, while this case still sleeps.
+            std::thread::sleep(Duration::from_millis(200));
+            let null = std::fs::File::open("/dev/null").unwrap();
+            nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            Outcome::Passed
+        }
+        // Leaves files of its world in the temp dir and /dev/shm, then dies.
+        "tmpfiles" if me => {
+            let prefix = shm_prefix(&s.env.world_id);
+            std::fs::write(std::env::temp_dir().join(format!("{prefix}r{rank}-sock")), b"x").unwrap();
+            std::fs::write(Path::new("/dev/shm").join(format!("{prefix}r{rank}-extra")), b"x").unwrap();
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            unreachable!("SIGKILL cannot be survived")
+        }
+        // One 1 MiB stderr line without a newline.
+        "hugeline" if me => {
+            eprint!("{}", "x".repeat(1 << 20));
+            Outcome::Failed("failed after a 1 MiB stderr line".into())
+        }
         _ => Outcome::Passed,
     }
 }
@@ -179,6 +324,36 @@ macro_rules! check {
     };
 }
 
+/// Every live (not zombie) process whose environment names world `world_id` (the ranks and
+/// whatever they started: helpers, forked copies, daemons in their own session). Read from
+/// /proc here, independently of the runner's own sweep.
+fn world_procs(world_id: &str) -> Vec<u32> {
+    let needle = format!("CONCORD_WORLD_ID={world_id}\0");
+    let Ok(rd) = std::fs::read_dir("/proc") else { return Vec::new() };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                && pid_running(pid)
+        })
+        .collect()
+}
+
+/// No process of world `world_id` is left (within 3 s); leftovers are killed, then named.
+fn assert_no_world_procs(world_id: &str) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut left = world_procs(world_id);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        left = world_procs(world_id);
+    }
+    for &pid in &left {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+    }
+    check!(left.is_empty(), "processes of world {world_id} outlived it (orphans, now killed by the test): {left:?}");
+    Ok(())
+}
+
 /// No process of these reports is alive; nothing of their worlds is left on disk or in shm.
 fn assert_clean(reports: &[&CaseReport]) -> Result<(), Failed> {
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -192,6 +367,7 @@ fn assert_clean(reports: &[&CaseReport]) -> Result<(), Failed> {
         if r.world_id.is_empty() {
             continue;
         }
+        assert_no_world_procs(&r.world_id)?;
         let prefix = shm_prefix(&r.world_id);
         let tmp = list_prefixed(&std::env::temp_dir(), &prefix);
         check!(tmp.is_empty(), "left in temp dir: {tmp:?}");
@@ -657,6 +833,172 @@ fn t_launch_deadline_ends_a_hung_rank() -> Result<(), Failed> {
     launch_leaves_nothing(&id, &pids)
 }
 
+// ------------------------------------------------------------------------------------------
+// Process-level misbehaviour (hunt 14): each case body above misbehaves on rank 1; each test
+// asserts the verdict, the rank named, a time bound and that nothing of the world is left
+// (processes found by their environment, files by prefix).
+
+/// `r` took less than `limit`.
+fn within(r: &CaseReport, limit: Duration) -> Result<(), Failed> {
+    check!(r.elapsed < limit, "took {:?} (limit {limit:?})", r.elapsed);
+    Ok(())
+}
+
+fn t_helper_of_failing_rank_is_killed() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "spawnfail1");
+    expect_failed(&r, &["rank 1: failed after starting a helper"])?;
+    check!(blamed(&r) == vec![(1, "reported")], "{:?}", r.verdict);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_helper_of_kept_world_is_killed_at_shutdown() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "spawnpass1");
+    check!(r.verdict == Verdict::Passed, "{}", r.failure_message());
+    check!(p.idle_worlds() == 1, "world kept");
+    let t = Instant::now();
+    p.shutdown();
+    check!(t.elapsed() < Duration::from_secs(5), "shutdown took {:?}", t.elapsed());
+    assert_clean(&[&r])
+}
+
+fn t_daemonised_helper_is_killed() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "setsidspawn1");
+    expect_failed(&r, &["rank 1: failed after starting a daemon"])?;
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_forked_copy_does_not_hide_a_crash() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run_with(&p, &key(2), "forkexit1", Duration::from_secs(8), false);
+    expect_failed(&r, &["rank 1 crashed: exit code 3"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    within(&r, Duration::from_secs(4))?;
+    assert_clean(&[&r])
+}
+
+fn t_forked_copy_reporting_first_is_a_protocol_failure() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "forkreport1");
+    let msg = expect_failed(&r, &["rank 1: the real rank 1 failed"])?;
+    check!(msg.contains("not rank 1's process"), "the forked copy's report is named:\n{msg}");
+    check!(r.verdict.failing_ranks() == vec![1], "{:?}", r.verdict);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_rank_outside_the_group_gets_sigterm() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run_with(&p, &key(2), "setsidhang1", Duration::from_millis(1000), false);
+    expect_failed(&r, &["rank 1: no outcome within the 1000 ms deadline", "state: in all_reduce #12 (test"])?;
+    check!(blamed(&r) == vec![(1, "timed_out")], "{:?}", r.verdict);
+    let exit = r.ranks[1].exit.clone().unwrap_or_default();
+    check!(exit.starts_with("terminated by the runner (SIGTERM)"), "exit {exit:?}");
+    within(&r, Duration::from_millis(1000 + 200 + 600 + 2000))?;
+    assert_clean(&[&r])
+}
+
+fn t_forged_pass_then_exit_zero_is_a_crash() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "forged1");
+    expect_failed(&r, &["rank 1 crashed: exit code 0 before reporting an outcome"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    check!(r.ranks[1].outcome.is_none(), "the forged line is no outcome: {:?}", r.ranks[1]);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_stopped_rank(case: &str, exit: &str) -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run_with(&p, &key(2), case, Duration::from_millis(1000), false);
+    expect_failed(&r, &["rank 1: no outcome within the 1000 ms deadline"])?;
+    check!(blamed(&r) == vec![(1, "timed_out")], "{:?}", r.verdict);
+    let st = r.ranks[1].state_at_deadline.clone().unwrap_or_default();
+    check!(st.contains("stopped"), "the state says the rank is stopped: {st:?}");
+    let got = r.ranks[1].exit.clone().unwrap_or_default();
+    check!(got.starts_with(exit), "exit {got:?}");
+    within(&r, Duration::from_millis(1000 + 200 + 600 + 2000))?;
+    assert_clean(&[&r])
+}
+
+fn t_crash_at_teardown_fails_the_case() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run_with(&p, &key(2), "dropabort1", Duration::from_secs(20), true);
+    expect_failed(&r, &["rank 1 reported passed but then died: killed by signal SIGABRT"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_crash_at_teardown_after_a_failure_is_shown_not_blamed() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "dropabortpeerfail1");
+    let msg = expect_failed(&r, &["rank 0: rank 0 failed first", "killed by signal SIGABRT in the teardown after the case"])?;
+    check!(blamed(&r) == vec![(0, "reported")], "the culprit alone is blamed: {:?}\n{msg}", r.verdict);
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_closed_protocol_fd_is_explained() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "closefds1");
+    expect_failed(&r, &["rank 1 crashed"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    let tail = &r.ranks[1].stderr_tail;
+    check!(tail.contains("cannot write to the runner's protocol channel"), "the rank says why it ended: {tail:?}");
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&r])
+}
+
+fn t_replaced_stdin_is_explained() -> Result<(), Failed> {
+    let p = pool(2);
+    let k = key(2);
+    let a = run(&p, &k, "nullstdin1");
+    // Usually the next command reaches the rank, whose next read of fd 0 is /dev/null's EOF: it
+    // ends while its case body still sleeps. (Under load the stdin thread may read the EOF
+    // during the first case already.)
+    let r = if a.verdict == Verdict::Passed { run(&p, &k, "slow1") } else { a.clone() };
+    expect_failed(&r, &["rank 1 crashed: exit code 0 before reporting an outcome"])?;
+    check!(blamed(&r) == vec![(1, "crashed")], "{:?}", r.verdict);
+    let tail = &r.ranks[1].stderr_tail;
+    check!(tail.contains("stdin reached EOF"), "the rank says why it ended: {tail:?}");
+    within(&r, Duration::from_secs(5))?;
+    assert_clean(&[&a, &r])
+}
+
+fn t_files_left_by_a_dead_rank_are_swept() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "tmpfiles1");
+    expect_failed(&r, &["rank 1 crashed: killed by signal SIGKILL"])?;
+    assert_clean(&[&r])
+}
+
+fn t_setup_hang_is_bounded_and_named() -> Result<(), Failed> {
+    let mut cfg = PoolConfig::from_env();
+    cfg.grace = Duration::from_millis(300);
+    cfg.setup_timeout = Duration::from_millis(1500);
+    let p = Pool::new(cfg);
+    let k = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "hang".into())] };
+    let r = run(&p, &k, "pass");
+    expect_failed(&r, &["world setup failed", "rank 1: not ready after 1500 ms"])?;
+    check!(blamed(&r) == vec![(1, "setup")], "{:?}", r.verdict);
+    within(&r, Duration::from_millis(1500 + 100 + 600 + 2000))?;
+    assert_clean(&[&r])
+}
+
+fn t_huge_stderr_line_is_bounded() -> Result<(), Failed> {
+    let p = pool(2);
+    let r = run(&p, &key(2), "hugeline1");
+    expect_failed(&r, &["rank 1: failed after a 1 MiB stderr line"])?;
+    check!(r.ranks[1].stderr_tail.len() <= 4096, "tail of {} bytes", r.ranks[1].stderr_tail.len());
+    check!(r.failure_message().len() < 8192, "message of {} bytes", r.failure_message().len());
+    assert_clean(&[&r])
+}
+
 fn main() {
     if let Some(env) = WorkerEnv::from_env() {
         serve(env, worker_setup, worker_case);
@@ -696,6 +1038,27 @@ fn main() {
         Trial::test("runner::parent_death_kills_workers", t_parent_death_kills_workers),
         Trial::test("runner::parent_sigterm_kills_worlds_and_removes_files", t_parent_sigterm_cleans_up),
         Trial::test("store::eight_processes_thousand_adds_each", t_eight_ranks_thousand_adds),
+        Trial::test("misbehave::helper_of_a_failing_rank_is_killed", t_helper_of_failing_rank_is_killed),
+        Trial::test("misbehave::helper_of_a_kept_world_is_killed_at_shutdown", t_helper_of_kept_world_is_killed_at_shutdown),
+        Trial::test("misbehave::daemonised_helper_is_killed", t_daemonised_helper_is_killed),
+        Trial::test("misbehave::forked_copy_holding_the_pipes_does_not_hide_a_crash", t_forked_copy_does_not_hide_a_crash),
+        Trial::test("misbehave::forked_copy_reporting_first_is_a_protocol_failure", t_forked_copy_reporting_first_is_a_protocol_failure),
+        Trial::test("misbehave::rank_outside_the_group_gets_sigterm", t_rank_outside_the_group_gets_sigterm),
+        Trial::test("misbehave::forged_pass_then_exit_zero_is_a_crash", t_forged_pass_then_exit_zero_is_a_crash),
+        Trial::test("misbehave::stopped_rank_is_named_and_ended", || t_stopped_rank("sigstop1", "terminated by the runner (SIGTERM)")),
+        Trial::test("misbehave::stopped_rank_with_sigterm_handler_gets_sigkill", || {
+            t_stopped_rank("sigstopterm1", "killed by the runner (SIGKILL")
+        }),
+        Trial::test("misbehave::crash_at_teardown_after_passing_fails_the_case", t_crash_at_teardown_fails_the_case),
+        Trial::test(
+            "misbehave::crash_at_teardown_after_a_failure_is_shown_not_blamed",
+            t_crash_at_teardown_after_a_failure_is_shown_not_blamed,
+        ),
+        Trial::test("misbehave::closed_protocol_fd_is_explained", t_closed_protocol_fd_is_explained),
+        Trial::test("misbehave::replaced_stdin_is_explained", t_replaced_stdin_is_explained),
+        Trial::test("misbehave::files_left_by_a_dead_rank_are_swept", t_files_left_by_a_dead_rank_are_swept),
+        Trial::test("misbehave::setup_hang_is_bounded_and_named", t_setup_hang_is_bounded_and_named),
+        Trial::test("misbehave::huge_stderr_line_is_bounded", t_huge_stderr_line_is_bounded),
     ];
     for ws in [1usize, 2, 4] {
         trials.push(Trial::test(format!("runner::pass::ws{ws}"), move || t_pass(ws)));
