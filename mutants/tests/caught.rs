@@ -100,6 +100,14 @@ const SWEEP_CATCH: &[(&str, &str)] = &[
     ("all_reduce:first:small:singleton", "sizes::all_reduce::out::f32::group_grid::ws7"),
     ("fused_all_gather_matmul:middle:large:unsorted", "fused::all_gather_matmul::dim0::f32::group_grid::ws7"),
     ("fused_matmul_reduce_scatter:first:tiny:singleton", "fused::matmul_reduce_scatter::dim0::f32::sum::group_grid::ws7"),
+    // Dtype-grid cells (`--dtype`, `HOOK:every:any@DTYPE`), holes before the f64 fused cases and
+    // the matrix's dtype grid at 6, 7 and 16 ranks.
+    ("fused_all_gather_matmul:every:any@f64", "fused::all_gather_matmul::dim0::f64::exact::ws2"),
+    ("fused_matmul_reduce_scatter:every:any@f64", "fused::matmul_reduce_scatter::dim1::f64::sum::exact::ws5"),
+    ("all_reduce:every:any@u16", "all_reduce::out::dtypes::ws6"),
+    ("broadcast:every:any@i64", "broadcast::out::dtypes::ws7"),
+    ("permute_tensor:every:any@u8", "permute_tensor::out::dtypes::ws16"),
+    ("recv:every:any@f16", "send_recv::outbuf::dtypes::ws16"),
 ];
 
 fn spec(name: &str) -> Spec {
@@ -255,6 +263,25 @@ fn sweep_trials(trials: &mut Vec<libtest_mimic::Trial>) {
         match checks.iter().position(|ok| !ok) {
             None => Ok(()),
             Some(i) => Err(format!("shape check #{i} does not hold").into()),
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::dtype_targets", || {
+        use concord_core::DType;
+        let t = Target::parse("broadcast:every:any@i64").ok_or("dtype target")?;
+        let fused_int = Target::parse("fused_all_gather_matmul:every:any@i32").ok_or("fused target")?;
+        let grid = sweep::dtype_targets(&DType::ALL);
+        let checks = [
+            t.dtype == Some(DType::I64) && t.label() == "broadcast:every:any@i64" && t.class == sweep::ANY_SIZE,
+            Target::parse("broadcast:every:any@i65").is_none(),
+            Target::parse("all_reduce:first:tiny:strided@bf16").is_some_and(|g| g.in_groups() && g.dtype == Some(DType::BF16)),
+            sweep::refused_dtype(&fused_int) && sweep::impossible(&fused_int, 2),
+            !sweep::refused_dtype(&Target::parse("fused_all_gather_matmul:every:any@f64").ok_or("f64")?),
+            grid.len() == sweep::HOOKS.len() * DType::ALL.len() && grid.iter().all(|g| g.pos == sweep::EVERY && g.shape == "world"),
+            grid.iter().all(|g| Target::parse(&g.label()).as_ref() == Some(g)),
+        ];
+        match checks.iter().position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(format!("dtype target check #{i} does not hold").into()),
         }
     }));
     trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::targets_parse_with_and_without_a_shape", || {

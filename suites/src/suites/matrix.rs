@@ -8,6 +8,8 @@
 //! all_reduce `sum` (at 6 and 7), every (op, variant)
 //! and every reduce op defined for the dtype, the first [`SPARSE_SHAPES`] shapes of the catalogue
 //! ([`sparse_specs`]). Same case names as the full matrix (`all_reduce::out::f32::sum::ws6`).
+//! The dtypes that slice leaves out run once per (op, variant) at those world sizes
+//! ([`dtype_grid_cases`], `all_reduce::out::dtypes::ws6`).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
 use crate::case::{Case, CaseEnd, CaseMeta};
@@ -149,11 +151,51 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             out.push(value_case(spec.clone(), ws));
         }
     }
+    out.extend(dtype_grid_cases());
     out.extend(permutation_cases());
     out.extend(long_cases());
     out.extend(large_cases());
     out.extend(bits_cases());
     out.extend(mixed_dtype_cases());
+    out
+}
+
+/// Whether the sparse slice runs `dtype` at world size `ws` (see [`cases`]: f32, i32 and bf16 at
+/// 6 and 7; f32 at 16).
+fn in_sparse_slice(dtype: DType, ws: usize) -> bool {
+    matches!(dtype, DType::F32) || (ws <= 8 && matches!(dtype, DType::I32 | DType::BF16))
+}
+
+/// The dtypes the sparse slice leaves out, at the sparse world sizes: one case per (op, variant)
+/// and world size, `{op}::{variant}::dtypes::ws{ws}`, calling the op once in every such dtype
+/// (exact inputs, the catalogue's first two shapes: one element and a prime; `sum` for the
+/// reducing ops). The corruption sweep's dtype grid (`cargo xtask mutants --dtype all`) found
+/// every op's output in those dtypes unchecked at 6, 7 and 16 ranks: a dtype's kernel taken only
+/// on a path those worlds take (a non-power-of-two world's fold-in, a tree above 8 ranks) went
+/// unseen.
+pub fn dtype_grid_cases<B: Backend>() -> Vec<Case<B>> {
+    let mut out = Vec::new();
+    for &(op, variant) in PAIRS.iter().filter(|(op, _)| *op != OpKind::Barrier) {
+        for ws in SPARSE_WORLD_SIZES {
+            let name = format!("{}::{variant}::dtypes::ws{ws}", op.name());
+            let m = CaseMeta {
+                suite: "matrix".into(),
+                op: op.name().into(),
+                variant: variant.name().into(),
+                dtype: "dtypes".into(),
+                reduce: if op.reduces() { "sum".into() } else { String::new() },
+            };
+            let seed = concord_fixtures::seed_for(&name);
+            out.push(Case::new(name, m, ws, move |ctx| {
+                for (i, dtype) in DType::ALL.into_iter().enumerate().filter(|(_, d)| !in_sparse_slice(*d, ws)) {
+                    let reduce = op.reduces().then_some(ReduceOp::Sum);
+                    let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(2) };
+                    values::run(ctx.b, &spec, seed.wrapping_add(i as u64), ctx.timeout, "")?;
+                }
+                Ok(())
+            }));
+        }
+    }
     out
 }
 
