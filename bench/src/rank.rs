@@ -482,8 +482,9 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
 /// narrower float holds exactly: without this, an f32 reduction through an f16 wire, or f64
 /// data through f32, gave the right bytes and passed every check. Exactness is kept: for a
 /// sum, every partial sum in any order is an integer of magnitude at most `a · max Σ_r |x_r|`
-/// <= 2^p (p: significand bits); for min, max and data movement every value is an integer
-/// <= 2^p and `a > 0` keeps the order. Other reduce ops (avg, product, premul_sum, bitwise),
+/// <= 2^p (p: significand bits; a power-of-two `premul_sum` factor only moves the exponent);
+/// for min, max and data movement every value is an integer <= 2^p and `a > 0` keeps the
+/// order. Other reduce ops (avg, product, premul_sum by other factors, bitwise),
 /// non-integer values and the 16-bit floats (whose Exact values already fill the significand)
 /// are left as they are.
 fn widen(inputs: &mut [Tensor], op: Option<ReduceOp>) {
@@ -494,7 +495,9 @@ fn widen(inputs: &mut [Tensor], op: Option<ReduceOp>) {
         _ => return,
     };
     let summed = match op {
+        // A power-of-two pre-multiplier only moves the exponent.
         Some(ReduceOp::Sum) => true,
+        Some(ReduceOp::PremulSum(f)) if f != 0.0 && f.is_finite() && f.abs().log2().fract() == 0.0 => true,
         None | Some(ReduceOp::Min) | Some(ReduceOp::Max) => false,
         _ => return,
     };
@@ -932,7 +935,7 @@ mod tests {
         use concord_core::Tensor;
         for (dtype, narrow) in [(DType::F32, DType::F16), (DType::F64, DType::F32)] {
             for ws in [2, 3, 8] {
-                for op in [Some(ReduceOp::Sum), Some(ReduceOp::Max), None] {
+                for op in [Some(ReduceOp::Sum), Some(ReduceOp::PremulSum(2.0)), Some(ReduceOp::Max), None] {
                     let mut inputs = concord_fixtures::inputs(7, ws, dtype, &[513], op, concord_fixtures::InputKind::Exact);
                     widen(&mut inputs, op);
                     let v = |r: usize, e: usize| inputs[r].get_f64(e);
@@ -944,14 +947,15 @@ mod tests {
                             // Would a narrower float (a lossy wire) hold it exactly?
                             unseen += usize::from(Tensor::from_f64(narrow, &[1], &[x]).get_f64(0) == x);
                         }
-                        if op == Some(ReduceOp::Sum) {
+                        if let Some(ReduceOp::Sum | ReduceOp::PremulSum(_)) = op {
                             // Every partial sum in either order is exact in the dtype.
-                            let exact: f64 = (0..ws).map(|r| v(r, e)).sum();
+                            let f = if let Some(ReduceOp::PremulSum(f)) = op { f } else { 1.0 };
+                            let exact: f64 = (0..ws).map(|r| f * v(r, e)).sum();
                             let round = |x: f64| Tensor::from_f64(dtype, &[1], &[x]).get_f64(0);
                             let (mut fwd, mut bwd) = (0f64, 0f64);
                             for r in 0..ws {
-                                fwd = round(fwd + v(r, e));
-                                bwd = round(bwd + v(ws - 1 - r, e));
+                                fwd = round(fwd + round(f * v(r, e)));
+                                bwd = round(bwd + round(f * v(ws - 1 - r, e)));
                             }
                             assert_eq!((fwd, bwd), (exact, exact), "{dtype} ws {ws} element {e}");
                         }

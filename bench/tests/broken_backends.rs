@@ -16,6 +16,8 @@
 //! | `scribbles-input` | out-of-place `all_reduce` right, but leaves its result in the input too (input as scratch) |
 //! | `f16-wire` | f32 `all_reduce` through an f16 wire (a lossy compression) |
 //! | `f32-wire` | f64 `broadcast` through an f32 wire |
+//! | `a2a-order` | rank 1's `all_to_all` puts the ranks' rows in reverse order |
+//! | `recv-half` | rank 0's `recv` writes the first half of the message; the rest of `out` keeps its old bytes |
 //! | `stale` | rank 0's `all_gather` returns the previous call's result |
 //! | `large-tail` | rank 1's `all_reduce` wrong at the last element only, at 1 Mi elements and more (rotated inputs) |
 //! | `bcast-root1` | in-place `broadcast_` wrong on non-root ranks when the root is not 0 (`-r 1`) |
@@ -239,6 +241,20 @@ impl Backend for Broken {
         self.inner.reduce_scatter_tensor_coalesced(xs, op)
     }
     fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.mode == "a2a-order" && self.rank() == 1 {
+            // The rows from the ranks in reverse rank order.
+            let out = self.inner.all_to_all_single(x, o, i)?.into_value(LONG)?;
+            let t = self.inner.download(&out)?;
+            let ws = self.world_size();
+            let chunk = t.bytes().len() / ws;
+            let mut r = t.clone();
+            for k in 0..ws {
+                r.bytes_mut()[k * chunk..(k + 1) * chunk].copy_from_slice(&t.bytes()[(ws - 1 - k) * chunk..(ws - k) * chunk]);
+            }
+            self.inner.write(&out, &r)?;
+            return Ok(self.done(out, "all_to_all"));
+        }
         self.inner.all_to_all_single(x, o, i)
     }
     fn broadcast(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
@@ -275,6 +291,16 @@ impl Backend for Broken {
         self.inner.send(x, dst)
     }
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        if self.mode == "recv-half" && self.rank() == 0 {
+            // Only the first half of the message lands in `out`; the rest keeps what it held.
+            let mine = self.inner.alloc(self.inner.buffer_dtype(out), &self.inner.buffer_shape(out))?;
+            let got = self.inner.recv(&mine, src)?.into_value(LONG)?;
+            let (new, mut old) = (self.inner.download(&got)?, self.inner.download(out)?);
+            let half = new.bytes().len() / 2;
+            old.bytes_mut()[..half].copy_from_slice(&new.bytes()[..half]);
+            self.inner.write(out, &old)?;
+            return Ok(self.done(out.clone(), "recv"));
+        }
         if self.mode == "recv-elsewhere" {
             let mine = self.inner.alloc(self.inner.buffer_dtype(out), &self.inner.buffer_shape(out))?;
             return self.inner.recv(&mine, src);
@@ -369,6 +395,16 @@ fn cases() -> Vec<Case> {
             mode: "f32-wire",
             args: &["--op", "broadcast", "-d", "double", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["broadcast out-of-place 1024 B"],
+        },
+        Case {
+            mode: "a2a-order",
+            args: &["--op", "all_to_all", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_to_all out-of-place 1024 B", "rank 1", "first bad index 0"],
+        },
+        Case {
+            mode: "recv-half",
+            args: &["--op", "sendrecv", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["sendrecv out-of-place 1024 B", "rank 0", "first bad index 128"],
         },
         Case { mode: "stale", args: &["--op", "all_gather", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"], want: &["all_gather out-of-place 1024 B", "rank 0"] },
         Case {
