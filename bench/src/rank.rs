@@ -12,6 +12,15 @@
 //!   then a barrier, then the clock runs over `k` back-to-back issues (and, on the wall clock,
 //!   the waits of all `k`); the `k` outputs are kept and checked against the expected ones after
 //!   the clock stops. Every timed iteration is checked; so is every warm-up iteration.
+//! * What is checked is what the caller sees: an in-place op's result in the input buffer
+//!   itself (not the buffer its work returns), sendrecv's in the buffer given to `recv`, an
+//!   out-of-place op's in the buffer returned — and an out-of-place op's input buffer must still
+//!   hold that iteration's input (an op that reduces in place and returns its input, or uses it
+//!   as scratch, is wrong). A device-data `read` that returns Ok without handing the bytes over
+//!   counts every element as wrong.
+//! * f32 / f64 Exact inputs are scaled by one odd factor to fill the significand (`widen`):
+//!   the fixtures' small integers pass exactly through a narrower float, so an f32 reduction
+//!   over an f16 wire, or f64 data moved as f32, would otherwise be right to the bit.
 //! * The clock: with a device clock ([`crate::ext::Clock`], CUDA events for NCCL) a window's
 //!   time is the device time from a mark before its first issue to a mark after its last issue,
 //!   as nccl-tests times (no per-op host synchronisation or check inside), and the window
@@ -829,7 +838,13 @@ fn report<B: Backend>(cx: &Ctx<'_, B>, w: Wrong) {
 
 /// A device-data read returned Ok without calling back: nothing was checked; every element
 /// counts as wrong.
-fn unread<B: Backend>(cx: &Ctx<'_, B>, shape: &[usize], (_, _, what, op, size, placement): CheckArgs<'_>, iteration: &str, want: Want) -> u64 {
+fn unread<B: Backend>(
+    cx: &Ctx<'_, B>,
+    shape: &[usize],
+    (_, _, what, op, size, placement): CheckArgs<'_>,
+    iteration: &str,
+    want: Want,
+) -> u64 {
     let n: usize = shape.iter().product();
     report(
         cx,

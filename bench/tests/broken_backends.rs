@@ -28,9 +28,7 @@
 //! | `hang` | rank 1's 5th `all_reduce` never completes and its wait ignores the deadline |
 
 use concord_bench::{main_with, Args, Hooks};
-use concord_core::{
-    Backend, Capabilities, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo,
-};
+use concord_core::{Backend, Capabilities, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_shm::ShmBackend;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,7 +377,11 @@ fn cases() -> Vec<Case> {
             args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["all_reduce in-place 1024 B", "elements differ"],
         },
-        Case { mode: "recv-elsewhere", args: &["--op", "sendrecv", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"], want: &["sendrecv out-of-place 1024 B"] },
+        Case {
+            mode: "recv-elsewhere",
+            args: &["--op", "sendrecv", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["sendrecv out-of-place 1024 B"],
+        },
         Case {
             mode: "out-aliases-input",
             args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
@@ -390,7 +392,11 @@ fn cases() -> Vec<Case> {
             args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["all_reduce out-of-place 1024 B", "the input of an out-of-place op changed"],
         },
-        Case { mode: "f16-wire", args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"], want: &["all_reduce out-of-place 1024 B"] },
+        Case {
+            mode: "f16-wire",
+            args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_reduce out-of-place 1024 B"],
+        },
         Case {
             mode: "f32-wire",
             args: &["--op", "broadcast", "-d", "double", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
@@ -406,7 +412,11 @@ fn cases() -> Vec<Case> {
             args: &["--op", "sendrecv", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["sendrecv out-of-place 1024 B", "rank 0", "first bad index 128"],
         },
-        Case { mode: "stale", args: &["--op", "all_gather", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"], want: &["all_gather out-of-place 1024 B", "rank 0"] },
+        Case {
+            mode: "stale",
+            args: &["--op", "all_gather", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_gather out-of-place 1024 B", "rank 0"],
+        },
         Case {
             mode: "large-tail",
             args: &["--op", "all_reduce", "-b", "4M", "-e", "4M", "-n", "3", "-w", "0"],
@@ -427,7 +437,11 @@ fn cases() -> Vec<Case> {
             args: &["--op", "all_reduce", "-d", "int32", "-o", "max", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["all_reduce out-of-place 1024 B", "rank 0", "first bad index 5"],
         },
-        Case { mode: "late-write", args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"], want: &["all_reduce out-of-place 1024 B", "rank 1"] },
+        Case {
+            mode: "late-write",
+            args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_reduce out-of-place 1024 B", "rank 1"],
+        },
         Case {
             mode: "silent-read",
             args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
@@ -500,10 +514,10 @@ fn main() {
         let _ = MODE.set(mode.clone());
         std::process::exit(main_with::<Broken>(&mode, &hooks_for(&mode), &args, argv));
     }
-    let mut trials: Vec<Trial> = cases()
-        .into_iter()
-        .map(|c| Trial::test(format!("broken::{}", c.mode), move || caught(&c)))
-        .collect();
-    trials.push(Trial::test("broken::hang_ends_at_the_deadline_naming_rank_and_collective", hang_ends_at_the_deadline_naming_rank_and_collective));
+    let mut trials: Vec<Trial> = cases().into_iter().map(|c| Trial::test(format!("broken::{}", c.mode), move || caught(&c))).collect();
+    trials.push(Trial::test(
+        "broken::hang_ends_at_the_deadline_naming_rank_and_collective",
+        hang_ends_at_the_deadline_naming_rank_and_collective,
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
