@@ -25,6 +25,7 @@
 //! | `max-only` | int32 `all_reduce` wrong for `-o max` only |
 //! | `late-write` | rank 1's `all_reduce` returns a completed work whose result lands at its next call |
 //! | `silent-read` | shm with a device-data `read` hook that says Ok without handing the bytes over |
+//! | `inplace-elsewhere+data`, `out-aliases-input+data` | the same through the device-data path (inputs as rotated copies, reads by closure) |
 //! | `hang` | rank 1's 5th `all_reduce` never completes and its wait ignores the deadline |
 
 use concord_bench::{main_with, Args, Hooks};
@@ -99,7 +100,9 @@ impl Broken {
 impl Backend for Broken {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
+        // `<mode>+data`: the same broken backend through the device-data path.
         let mode: &'static str = MODE.get().map(|s| s.as_str()).unwrap_or("shm");
+        let mode = mode.strip_suffix("+data").unwrap_or(mode);
         Ok(Broken {
             inner: ShmBackend::init(world)?,
             mode,
@@ -324,9 +327,25 @@ fn silent_read_hooks() -> Hooks<Broken> {
     Hooks { data: Some(concord_bench::DeviceData { copy_rotated: copy, read }), ..Hooks::default() }
 }
 
+/// Device data through the host (download, rotate, write; reads by closure): the bench's
+/// device-data path on a CPU backend.
+fn via_host_hooks() -> Hooks<Broken> {
+    fn read(b: &Broken, x: &Buf, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(b.download(x)?.bytes());
+        Ok(())
+    }
+    let mut h = silent_read_hooks();
+    if let Some(d) = h.data.as_mut() {
+        d.read = read;
+    }
+    h
+}
+
 fn hooks_for(mode: &str) -> Hooks<Broken> {
     if mode == "silent-read" {
         silent_read_hooks()
+    } else if mode.ends_with("+data") {
+        via_host_hooks()
     } else {
         Hooks::default()
     }
@@ -384,6 +403,16 @@ fn cases() -> Vec<Case> {
         },
         Case {
             mode: "out-aliases-input",
+            args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_reduce out-of-place 1024 B", "the input of an out-of-place op changed"],
+        },
+        Case {
+            mode: "inplace-elsewhere+data",
+            args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
+            want: &["all_reduce in-place 1024 B", "elements differ"],
+        },
+        Case {
+            mode: "out-aliases-input+data",
             args: &["--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "6", "-w", "0"],
             want: &["all_reduce out-of-place 1024 B", "the input of an out-of-place op changed"],
         },
