@@ -12,6 +12,15 @@
 //!   then a barrier, then the clock runs over `k` back-to-back issues (and, on the wall clock,
 //!   the waits of all `k`); the `k` outputs are kept and checked against the expected ones after
 //!   the clock stops. Every timed iteration is checked; so is every warm-up iteration.
+//! * What is checked is what the caller sees: an in-place op's result in the input buffer
+//!   itself (not the buffer its work returns), sendrecv's in the buffer given to `recv`, an
+//!   out-of-place op's in the buffer returned — and an out-of-place op's input buffer must still
+//!   hold that iteration's input (an op that reduces in place and returns its input, or uses it
+//!   as scratch, is wrong). A device-data `read` that returns Ok without handing the bytes over
+//!   counts every element as wrong.
+//! * f32 / f64 Exact inputs are scaled by one odd factor to fill the significand (`widen`):
+//!   the fixtures' small integers pass exactly through a narrower float, so an f32 reduction
+//!   over an f16 wire, or f64 data moved as f32, would otherwise be right to the bit.
 //! * The clock: with a device clock ([`crate::ext::Clock`], CUDA events for NCCL) a window's
 //!   time is the device time from a mark before its first issue to a mark after its last issue,
 //!   as nccl-tests times (no per-op host synchronisation or check inside), and the window
@@ -465,7 +474,8 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
     for s in 0..nsets {
         cx.beat.phase(format!("{what}: inputs and expected outputs, set {s}"));
         let seed = concord_fixtures::seed_for(&format!("bench:{}:{}:{}:{}:{s}", op.name(), cx.dtype.name(), cx.redop.name(), step.size));
-        let inputs = concord_fixtures::inputs(seed, ws, cx.dtype, &[in_n], fixture_op, InputKind::Exact);
+        let mut inputs = concord_fixtures::inputs(seed, ws, cx.dtype, &[in_n], fixture_op, InputKind::Exact);
+        widen(&mut inputs, fixture_op);
         let mut exp = concord_oracle::expected(&collective, &inputs, &cx.sem)
             .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {what}: {e:?}")))?;
         let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
@@ -473,6 +483,65 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
         sets.push(BaseSet { input, expected });
     }
     Ok(Sets { sets })
+}
+
+/// Scales every rank's f32 / f64 Exact input by one odd factor `a` (the largest that keeps the
+/// step exact), so that the values use the dtype's whole significand. The Exact values are
+/// small integers (|x| <= 1000 for sums, about 5·10^5 for data movement, min and max) that a
+/// narrower float holds exactly: without this, an f32 reduction through an f16 wire, or f64
+/// data through f32, gave the right bytes and passed every check. Exactness is kept: for a
+/// sum, every partial sum in any order is an integer of magnitude at most `a · max Σ_r |x_r|`
+/// <= 2^p (p: significand bits; a power-of-two `premul_sum` factor only moves the exponent);
+/// for min, max and data movement every value is an integer <= 2^p and `a > 0` keeps the
+/// order. Other reduce ops (avg, product, premul_sum by other factors, bitwise),
+/// non-integer values and the 16-bit floats (whose Exact values already fill the significand)
+/// are left as they are.
+fn widen(inputs: &mut [Tensor], op: Option<ReduceOp>) {
+    let Some(dtype) = inputs.first().map(|t| t.dtype()) else { return };
+    let bits = match dtype {
+        DType::F32 => 24,
+        DType::F64 => 53,
+        _ => return,
+    };
+    let summed = match op {
+        // A power-of-two pre-multiplier only moves the exponent.
+        Some(ReduceOp::Sum) => true,
+        Some(ReduceOp::PremulSum(f)) if f != 0.0 && f.is_finite() && f.abs().log2().fract() == 0.0 => true,
+        None | Some(ReduceOp::Min) | Some(ReduceOp::Max) => false,
+        _ => return,
+    };
+    let n = inputs[0].numel();
+    let value = |t: &Tensor, e: usize| -> f64 {
+        match dtype {
+            DType::F32 => f64::from(t.as_slice::<f32>()[e]),
+            _ => t.as_slice::<f64>()[e],
+        }
+    };
+    let mut bound = 0f64;
+    for e in 0..n {
+        let mut per = 0f64;
+        for t in inputs.iter() {
+            let v = value(t, e);
+            if v.fract() != 0.0 || !v.is_finite() {
+                return;
+            }
+            per = if summed { per + v.abs() } else { per.max(v.abs()) };
+        }
+        bound = bound.max(per);
+    }
+    let mut a = (2f64.powi(bits) / bound.max(1.0)).floor();
+    if a % 2.0 == 0.0 {
+        a -= 1.0;
+    }
+    if a < 3.0 {
+        return;
+    }
+    for t in inputs.iter_mut() {
+        match dtype {
+            DType::F32 => t.as_mut_slice::<f32>().iter_mut().for_each(|v| *v *= a as f32),
+            _ => t.as_mut_slice::<f64>().iter_mut().for_each(|v| *v *= a),
+        }
+    }
 }
 
 /// What generating a rank's base set of a step depends on.
@@ -506,8 +575,9 @@ fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
                 sc.spawn(move || {
                     let key = format!("bench:{}:{}:{}:{}:0:piece{i}/{p}", op.name(), dtype.name(), redop.name(), step.size);
                     let (in_p, _) = op.numels(lp, ws);
-                    let inputs =
+                    let mut inputs =
                         concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
+                    widen(&mut inputs, fixture_op);
                     let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| {
                         CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size))
                     })?;
@@ -572,19 +642,21 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
             None => cx.b.write(x, &input_of(i)),
         }
     };
-    let check_out = |out: &B::Buffer, i: usize, iteration: String| -> Result<u64, CollectiveError> {
+    let check_buf = |buf: &B::Buffer, i: usize, iteration: &str, want: Want| -> Result<u64, CollectiveError> {
         let set = &sets[i % nsets];
         let args = (tol, l, what.as_str(), op, step.size, placement);
         match cx.data {
             Some(d) => {
-                let (shape, dtype) = (cx.b.buffer_shape(out), cx.b.buffer_dtype(out));
-                let mut bad = 0;
-                (d.read)(cx.b, out, &mut |bytes| bad = check(cx, set, nsets, i, (bytes, &shape, dtype), args, iteration.clone()))?;
-                Ok(bad)
+                let (shape, dtype) = (cx.b.buffer_shape(buf), cx.b.buffer_dtype(buf));
+                let mut bad = None;
+                (d.read)(cx.b, buf, &mut |bytes| bad = Some(check(cx, set, nsets, i, (bytes, &shape, dtype), args, iteration, want)))?;
+                // A read that said Ok without handing the bytes over checked nothing: every
+                // element of this iteration counts as wrong.
+                Ok(bad.unwrap_or_else(|| unread(cx, &shape, args, iteration, want)))
             }
             None => {
-                let got = cx.b.download(out)?;
-                Ok(check(cx, set, nsets, i, (got.bytes(), got.shape(), got.dtype()), args, iteration))
+                let got = cx.b.download(buf)?;
+                Ok(check(cx, set, nsets, i, (got.bytes(), got.shape(), got.dtype()), args, iteration, want))
             }
         }
     };
@@ -625,6 +697,23 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         Ok(Pending { main, send: None })
     };
     let issue = |j: usize| issue_on(&ins[j], recv_outs.get(j));
+    // Iteration `i` ran on slot `j`: its result is checked where the caller sees it (in-place:
+    // the input buffer itself; sendrecv: the receive buffer given to `recv`; otherwise the
+    // buffer returned), and an out-of-place op's input must still hold the iteration's input
+    // (an op that reduces in place and returns its input, or uses it as scratch, is wrong).
+    let check_iter = |p: &Pending<B>, j: usize, i: usize, iteration: String| -> Result<u64, CollectiveError> {
+        let returned = p.main.wait(cx.timeout)?;
+        let result = match (placement, recv_outs.get(j)) {
+            (Placement::InPlace, _) => &ins[j],
+            (_, Some(r)) => r,
+            _ => returned,
+        };
+        let mut bad = check_buf(result, i, &iteration, Want::Output)?;
+        if placement == Placement::OutOfPlace {
+            bad += check_buf(&ins[j], i, &iteration, Want::Input)?;
+        }
+        Ok(bad)
+    };
     let wait = |p: &Pending<B>| -> Result<(), CollectiveError> {
         if let Some(s) = &p.send {
             s.wait(cx.timeout)?;
@@ -662,7 +751,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         }
         for (j, p) in pending.iter().enumerate() {
             let i = i0 + j;
-            counts.wrong_warmup += check_out(p.main.wait(cx.timeout)?, i, format!("warm-up iteration {i}"))?;
+            counts.wrong_warmup += check_iter(p, j, i, format!("warm-up iteration {i}"))?;
         }
         i0 += k;
     }
@@ -705,7 +794,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
             let i = warm + done + j;
-            let bad = check_out(p.main.wait(cx.timeout)?, i, format!("timed iteration {}", done + j))?;
+            let bad = check_iter(p, j, i, format!("timed iteration {}", done + j))?;
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);
             cx.beat.tick();
@@ -721,8 +810,62 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
 /// placement.
 type CheckArgs<'s> = (Tolerance, usize, &'s str, BenchOp, usize, Placement);
 
-/// Checks one output (`got`: bytes, shape, dtype); returns its wrong elements (reporting the
-/// first of a few per step).
+/// What a checked buffer must hold: the iteration's expected output, or (an out-of-place op's
+/// input buffer after the op) its input.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Output,
+    Input,
+}
+
+impl Want {
+    /// Before the oracle's message in a WRONG line.
+    fn note(self) -> &'static str {
+        match self {
+            Want::Output => "",
+            Want::Input => "the input of an out-of-place op changed: ",
+        }
+    }
+}
+
+/// Sends a WRONG message (at most a few per step).
+fn report<B: Backend>(cx: &Ctx<'_, B>, w: Wrong) {
+    if cx.reported.get() < 3 {
+        cx.reported.set(cx.reported.get() + 1);
+        emit(&Msg::Wrong(w));
+    }
+}
+
+/// A device-data read returned Ok without calling back: nothing was checked; every element
+/// counts as wrong.
+fn unread<B: Backend>(
+    cx: &Ctx<'_, B>,
+    shape: &[usize],
+    (_, _, what, op, size, placement): CheckArgs<'_>,
+    iteration: &str,
+    want: Want,
+) -> u64 {
+    let n: usize = shape.iter().product();
+    report(
+        cx,
+        Wrong {
+            rank: cx.rank,
+            op: op.name().into(),
+            size,
+            placement,
+            iteration: iteration.to_string(),
+            index: 0,
+            got: "nothing".into(),
+            expected: "the buffer's bytes".into(),
+            detail: format!("{what}: {}the device-data read returned Ok without the bytes: {n} elements unchecked", want.note()),
+        },
+    );
+    n.max(1) as u64
+}
+
+/// Checks one buffer (`got`: bytes, shape, dtype) against the iteration's expected output or
+/// input; returns its wrong elements (reporting the first of a few per step).
+#[allow(clippy::too_many_arguments)]
 fn check<B: Backend>(
     cx: &Ctx<'_, B>,
     set: &BaseSet,
@@ -730,34 +873,41 @@ fn check<B: Backend>(
     i: usize,
     got: (&[u8], &[usize], DType),
     (tol, l, what, op, size, placement): CheckArgs<'_>,
-    iteration: String,
+    iteration: &str,
+    want: Want,
 ) -> u64 {
-    let Some(exp) = &set.expected else { return 0 };
+    let (exp, tol) = match want {
+        Want::Output => match &set.expected {
+            Some(e) => (e, tol),
+            None => return 0,
+        },
+        Want::Input => (&set.input, Tolerance::Exact),
+    };
     let (bytes, shape, dtype) = got;
     let shift = (i / nsets) * ROT_STRIDE;
     if shape == exp.shape() && dtype == exp.dtype() && rotated_eq(bytes, exp.bytes(), cx.dtype.size(), l, shift) {
         return 0;
     }
     let got = Tensor::from_bytes(dtype, shape, bytes);
-    let want = rotate_chunks(exp.bytes(), cx.dtype.size(), l, shift);
-    let want = Tensor::from_bytes(exp.dtype(), exp.shape(), &want);
-    match concord_oracle::compare(&got, &want, tol) {
+    let rotated = rotate_chunks(exp.bytes(), cx.dtype.size(), l, shift);
+    let rotated = Tensor::from_bytes(exp.dtype(), exp.shape(), &rotated);
+    match concord_oracle::compare(&got, &rotated, tol) {
         Ok(()) => 0,
         Err(m) => {
-            if cx.reported.get() < 3 {
-                cx.reported.set(cx.reported.get() + 1);
-                emit(&Msg::Wrong(Wrong {
+            report(
+                cx,
+                Wrong {
                     rank: cx.rank,
                     op: op.name().into(),
                     size,
                     placement,
-                    iteration,
+                    iteration: iteration.to_string(),
                     index: m.index,
                     got: m.got.clone(),
                     expected: m.expected.clone(),
-                    detail: format!("{what}: {}", m.detail),
-                }));
-            }
+                    detail: format!("{what}: {}{}", want.note(), m.detail),
+                },
+            );
             m.bad_count.max(1) as u64
         }
     }
@@ -765,7 +915,7 @@ fn check<B: Backend>(
 
 #[cfg(test)]
 mod tests {
-    use super::{pieced_set, rotate_chunks, rotate_into, rotated_eq, Gen};
+    use super::{pieced_set, rotate_chunks, rotate_into, rotated_eq, widen, Gen};
     use crate::spec::{BenchOp, Step};
     use concord_core::{DType, ReduceOp};
     use concord_oracle::Semantics;
@@ -790,6 +940,42 @@ mod tests {
                             assert_eq!(e.bytes(), want.outputs[rank].bytes(), "{op:?} {dtype} {redop:?} ws {ws} rank {rank}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn widened_inputs_stay_exact_and_need_the_whole_significand() {
+        use concord_core::Tensor;
+        for (dtype, narrow) in [(DType::F32, DType::F16), (DType::F64, DType::F32)] {
+            for ws in [2, 3, 8] {
+                for op in [Some(ReduceOp::Sum), Some(ReduceOp::PremulSum(2.0)), Some(ReduceOp::Max), None] {
+                    let mut inputs = concord_fixtures::inputs(7, ws, dtype, &[513], op, concord_fixtures::InputKind::Exact);
+                    widen(&mut inputs, op);
+                    let v = |r: usize, e: usize| inputs[r].get_f64(e);
+                    let mut unseen = 0;
+                    for e in 0..513 {
+                        for r in 0..ws {
+                            let x = v(r, e);
+                            assert!(x.fract() == 0.0 && x.abs() <= 2f64.powi(if dtype == DType::F32 { 24 } else { 53 }));
+                            // Would a narrower float (a lossy wire) hold it exactly?
+                            unseen += usize::from(Tensor::from_f64(narrow, &[1], &[x]).get_f64(0) == x);
+                        }
+                        if let Some(ReduceOp::Sum | ReduceOp::PremulSum(_)) = op {
+                            // Every partial sum in either order is exact in the dtype.
+                            let f = if let Some(ReduceOp::PremulSum(f)) = op { f } else { 1.0 };
+                            let exact: f64 = (0..ws).map(|r| f * v(r, e)).sum();
+                            let round = |x: f64| Tensor::from_f64(dtype, &[1], &[x]).get_f64(0);
+                            let (mut fwd, mut bwd) = (0f64, 0f64);
+                            for r in 0..ws {
+                                fwd = round(fwd + round(f * v(r, e)));
+                                bwd = round(bwd + round(f * v(ws - 1 - r, e)));
+                            }
+                            assert_eq!((fwd, bwd), (exact, exact), "{dtype} ws {ws} element {e}");
+                        }
+                    }
+                    assert!(unseen * 20 < 513 * ws, "{dtype} {op:?} ws {ws}: {unseen} values a {narrow} wire keeps");
                 }
             }
         }
