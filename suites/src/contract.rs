@@ -110,7 +110,11 @@ pub const CLAUSES: &[Clause] = &[
         id: "progress.recorded",
         source: BACKEND,
         text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective.",
-        cases: &["async::peer_never_joins_then_recovers", "async::peer_never_joins_op_recorded_in_flight"],
+        cases: &[
+            "async::peer_never_joins_then_recovers",
+            "async::peer_never_joins_op_recorded_in_flight",
+            "async::peer_never_joins_op_recorded_in_flight::all_reduce_coalesced",
+        ],
     },
     Clause {
         id: "quiescence",

@@ -374,6 +374,44 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }));
     }
+    // The same for a coalesced all_reduce (a backend may run its coalesced ops on an engine of
+    // their own): two tensors, each rank's values r + 1 and 2r + 2, sums 3 and 6.
+    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::all_reduce_coalesced::ws2", meta("all_reduce", "coalesced"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "coalesced", DType::F32);
+        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+        let xs = [b.upload(&rank_tensor(b, 16))?, b.upload(&full(&[8], 2.0 * (b.rank() + 1) as f32))?];
+        let want = [full(&[16], 3.0f32), full(&[8], 6.0f32)];
+        let check = |outs: &[B::Buffer]| -> crate::case::CaseResult {
+            for (out, want) in outs.iter().zip(&want) {
+                expect_eq(b, out, want, &w)?;
+            }
+            Ok(())
+        };
+        if b.rank() == 0 {
+            let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+            let before = progress::in_flight();
+            let work = b.all_reduce_coalesced(&xs, ReduceOp::Sum)?;
+            let recorded = progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).count();
+            let state = progress::describe();
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let outs = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+            check(outs)?;
+            if recorded == 0 {
+                return Err(fail(
+                    &w,
+                    format!("a coalesced all_reduce waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
+                ));
+            }
+            Ok(())
+        } else {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            let outs = b.all_reduce_coalesced(&xs, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            check(&outs)?;
+            let _ = ctx.store.delete_key(&key);
+            Ok(())
+        }
+    }));
     v.push(
         Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
             // A large buffer, read at once after wait: a backend that reports completion before the
