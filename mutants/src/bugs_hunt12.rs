@@ -119,8 +119,11 @@ const RING: usize = 4;
 /// into the first call's result, long after that was waited.
 #[derive(Default)]
 pub struct RsOutputRing {
-    pool: Mutex<HashMap<(DType, Vec<usize>), (Vec<Buf>, usize)>>,
+    pool: Mutex<OutputPool>,
 }
+
+/// Pooled outputs per (dtype, shape), and the next one's index.
+type OutputPool = HashMap<(DType, Vec<usize>), (Vec<Buf>, usize)>;
 
 impl Bug for RsOutputRing {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {

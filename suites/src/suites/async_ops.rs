@@ -331,7 +331,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let key = format!("{}/{}/issued{round}", ctx.case, ctx.world.world_id);
             let k = if inplace { 2.0 } else { 1.0 };
             let x = b.upload(&full(&[N], k * (b.rank() + 1) as f32))?;
-            let want = full(&[N], 3.0 * k as f32);
+            let want = full(&[N], 3.0 * k);
             let issue = || if inplace { b.all_reduce_(&x, ReduceOp::Sum) } else { b.all_reduce(&x, ReduceOp::Sum) };
             if b.rank() == 0 {
                 let t0 = Instant::now();

@@ -657,10 +657,16 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
         return Err(fail(&w, format!("the child exited without reporting the issued collective; stderr: {err}")));
     };
     if let Some(d) = dropped.filter(|d| d.duration_since(at) > Duration::from_secs(1)) {
-        return Err(fail(&w, format!("rank 0 took {:?} from issuing an un-waited collective to dropping its backend (limit 1 s)", d.duration_since(at))));
+        return Err(fail(
+            &w,
+            format!("rank 0 took {:?} from issuing an un-waited collective to dropping its backend (limit 1 s)", d.duration_since(at)),
+        ));
     }
     if ranks == 1 && exited.duration_since(at) > Duration::from_secs(1) {
-        return Err(fail(&w, format!("the child took {:?} from issuing an un-waited collective to exiting (limit 1 s)", exited.duration_since(at))));
+        return Err(fail(
+            &w,
+            format!("the child took {:?} from issuing an un-waited collective to exiting (limit 1 s)", exited.duration_since(at)),
+        ));
     }
     if dropped.is_none() {
         return Err(fail(&w, format!("rank 0 exited without reporting its backend dropped; stderr: {err}")));
@@ -713,18 +719,16 @@ pub fn unwaited_child<B: Backend>() -> ! {
     // Opened before init and held to the end (a file store goes away when its last user leaves).
     let store = (world.world_size > 1).then(|| concord_store::Store::open(&world.store_path, world.world_size, Duration::from_secs(20)));
     let code = match B::init(&world) {
-        Ok(b) if world.rank > 0 => {
-            match store.expect("two ranks").and_then(|s| s.wait(&[key.as_str()], Duration::from_secs(20))) {
-                Ok(()) => {
-                    drop(b);
-                    0
-                }
-                Err(e) => {
-                    eprintln!("unwaited child rank {}: rank 0 never said it dropped its backend: {e}", world.rank);
-                    6
-                }
+        Ok(b) if world.rank > 0 => match store.expect("two ranks").and_then(|s| s.wait(&[key.as_str()], Duration::from_secs(20))) {
+            Ok(()) => {
+                drop(b);
+                0
             }
-        }
+            Err(e) => {
+                eprintln!("unwaited child rank {}: rank 0 never said it dropped its backend: {e}", world.rank);
+                6
+            }
+        },
         Ok(b) => {
             let issued = if world.world_size == 1 {
                 // An out-of-place and an in-place collective (a backend may pin the caller's buffer).

@@ -82,7 +82,13 @@ impl FusedSpec {
             .b_shapes
             .iter()
             .enumerate()
-            .map(|(i, sh)| Tensor::from_f64(self.b_dtype.unwrap_or(self.dtype), sh, &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1)))
+            .map(|(i, sh)| {
+                Tensor::from_f64(
+                    self.b_dtype.unwrap_or(self.dtype),
+                    sh,
+                    &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1),
+                )
+            })
             .collect();
         let a_scale = self.call.scaling().map(|sc| {
             if self.row_scales {

@@ -307,7 +307,8 @@ fn matrix_all_gather_case<B: Backend>(ws: usize) -> Case<B> {
         let n: usize = MATRIX.iter().product();
         let of = |r: usize| (0..n).map(move |i| ((r << 18) + i) as f32);
         let x = b.upload(&Tensor::from_vec(&MATRIX, of(me).collect()))?;
-        let out = b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let out =
+            b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
         let want = [ws * MATRIX[0], MATRIX[1]];
         let shape = b.buffer_shape(&out);
         if shape != want {

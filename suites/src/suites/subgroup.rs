@@ -83,15 +83,10 @@ pub fn reduce_op_specs() -> Vec<ValueSpec> {
                 max_shapes: Some(4),
             });
         }
-        for (op, variant) in [(OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out), (OpKind::AllReduce, Variant::InPlace)] {
-            out.push(ValueSpec {
-                op,
-                variant,
-                dtype,
-                reduce: Some(ReduceOp::Avg),
-                kind: InputKind::Exact,
-                max_shapes: Some(4),
-            });
+        for (op, variant) in
+            [(OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out), (OpKind::AllReduce, Variant::InPlace)]
+        {
+            out.push(ValueSpec { op, variant, dtype, reduce: Some(ReduceOp::Avg), kind: InputKind::Exact, max_shapes: Some(4) });
         }
     }
     out
