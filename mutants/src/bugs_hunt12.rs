@@ -399,7 +399,7 @@ pub fn catalogue() -> Vec<Spec> {
             "drop_finishes_pending_ops",
             "async.unwaited_exit",
             "the communicator's drop waits (up to 5 s) until every all_reduce it issued has completed: an un-waited one whose peer never issues holds the exit",
-            &["async::unwaited_collective_exits_within_1s::peer_absent::ws1"],
+            &["async::unwaited_collective_exits_within_1s::peer_absent::ws2"],
         ),
         spec::<LargeAllReduceRendezvousAtIssue>(
             "large_all_reduce_rendezvous_at_issue",
