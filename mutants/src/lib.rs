@@ -18,6 +18,7 @@ pub mod bugs_clauses;
 pub mod bugs_dtype;
 pub mod bugs_hunt;
 pub mod bugs_hunt10;
+pub mod bugs_hunt12;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
@@ -32,7 +33,7 @@ pub mod sweep;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
-/// [`bugs_hunt4`] to [`bugs_hunt10`] (bugs
+/// [`bugs_hunt4`] to [`bugs_hunt10`] and [`bugs_hunt12`] (bugs
 /// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
@@ -47,6 +48,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt8::catalogue());
     v.extend(bugs_hunt9::catalogue());
     v.extend(bugs_hunt10::catalogue());
+    v.extend(bugs_hunt12::catalogue());
     v.extend(bugs_dtype::catalogue());
     v
 }

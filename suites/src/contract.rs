@@ -40,6 +40,7 @@ pub const CLAUSES: &[Clause] = &[
             "seed::c10d::test_unwaited",
             "async::issue_returns_at_once::fresh_group",
             "async::issue_returns_at_once::all_to_all_splits",
+            "async::issue_returns_at_once::large_all_reduce",
         ],
     },
     Clause {
@@ -109,7 +110,11 @@ pub const CLAUSES: &[Clause] = &[
         id: "progress.recorded",
         source: BACKEND,
         text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective.",
-        cases: &["async::peer_never_joins_then_recovers", "async::peer_never_joins_op_recorded_in_flight"],
+        cases: &[
+            "async::peer_never_joins_then_recovers",
+            "async::peer_never_joins_op_recorded_in_flight",
+            "async::peer_never_joins_op_recorded_in_flight::all_reduce_coalesced",
+        ],
     },
     Clause {
         id: "quiescence",
@@ -224,7 +229,12 @@ pub const CLAUSES: &[Clause] = &[
         id: "shapes",
         source: BACKEND,
         text: "Output shapes follow the documented rules (all_gather [ws*d0,..], 0-dim gathers to [ws], reduce_scatter [d0/ws,..], all_to_all splits, rooted ops same shape everywhere).",
-        cases: &["seed::eager::all_gather_0dim", "seed::eager::all_to_all_equal_split_default", "all_gather_into_tensor::out::"],
+        cases: &[
+            "seed::eager::all_gather_0dim",
+            "seed::eager::all_to_all_equal_split_default",
+            "all_gather_into_tensor::out::",
+            "sizes::all_gather_into_tensor::out::f32::matrix",
+        ],
     },
     Clause {
         id: "bad_input.named_everywhere",
@@ -242,6 +252,7 @@ pub const CLAUSES: &[Clause] = &[
             "bad_input::gather_root_differs_across_ranks",
             "bad_input::scatter_root_differs_across_ranks",
             "bad_input::scatter_root_differs_on_one_rank",
+            "bad_input::broadcast_inplace_src_differs_on_one_rank",
         ],
     },
     Clause {
@@ -295,7 +306,11 @@ pub const CLAUSES: &[Clause] = &[
         id: "subgroups.reduce_ops",
         source: BACKEND,
         text: "Every reduce op works in a subgroup; avg divides by the group's size.",
-        cases: &["subgroup::halves::all_reduce::out::f32::avg", "subgroup::partial::all_reduce::out::i32::"],
+        cases: &[
+            "subgroup::halves::all_reduce::out::f32::avg",
+            "subgroup::partial::all_reduce::out::i32::",
+            "subgroup::halves::all_reduce::inplace::f32::avg",
+        ],
     },
     Clause {
         id: "subgroups",
@@ -344,13 +359,14 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "p2p.no_deadlock",
         source: BACKEND,
-        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives, a send issued behind a collective that waits for its peer.",
+        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives, a send or a receive issued behind a collective that waits for its peer.",
         cases: &[
             "p2p::recv_first_both",
             "p2p::recv_first_one_side",
             "p2p::many_sends_one_way",
             "p2p::recv_before_barrier",
             "p2p::send_behind_pending_collective",
+            "p2p::recv_behind_pending_collective",
             "p2p::in_flight_in_order::same_size::n80",
         ],
     },
@@ -392,6 +408,7 @@ pub const CLAUSES: &[Clause] = &[
             "fused::all_gather_matmul::dim2::f32::large::ws8",
             "fused::matmul_reduce_scatter::dim0::f32::sum::large::ws3",
             "fused::all_gather_matmul::dim0::f32::late_peer::ws3",
+            "fused::low_contention_all_gather::dim0::f32::late_peer::ws3",
         ],
     },
     Clause {
@@ -404,6 +421,7 @@ pub const CLAUSES: &[Clause] = &[
             "fused::bad_input::gather_dim_differs",
             "fused::bad_input::scaled_invalid_gather_dim",
             "fused::bad_input::scatter_dim_differs",
+            "fused::bad_input::b_dtype_differs",
         ],
     },
     Clause {

@@ -21,7 +21,7 @@
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
 //! completes, with a non-waiting `check`, that the key is set.
 
-use super::util::{expect_eq, fail, here};
+use super::util::{expect_eq, fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
@@ -316,6 +316,43 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let out = b.all_to_all_single(&x, Some(splits), Some(splits))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &want, &w)
         }
+    }));
+    v.push(Case::<B>::new("async::issue_returns_at_once::large_all_reduce::ws2", meta(OpKind::AllReduce, Variant::Out), 2, |ctx| {
+        // async.issue_returns at 1 MiB (every case above issues a few elements; the sizes
+        // ladder's large steps issue on every rank at once): rank 0's all_reduce, then its
+        // in-place all_reduce_, each of 1 MiB, returns at once although rank 1 issues it only
+        // after that (a store key): no rendezvous protocol for large messages that meets the
+        // peers at issue. Rank r holds r + 1 (out of place) and 2r + 2 (in place): sums 3 and 6.
+        let b = ctx.b;
+        const N: usize = 1 << 18;
+        for (round, inplace) in [(0, false), (1, true)] {
+            let variant = if inplace { "inplace" } else { "out" };
+            let w = format!("{} shape=[{N}] (rank 1 issues only once rank 0's issue returned)", here(b, "all_reduce", variant, DType::F32));
+            let key = format!("{}/{}/issued{round}", ctx.case, ctx.world.world_id);
+            let k = if inplace { 2.0 } else { 1.0 };
+            let x = b.upload(&full(&[N], k * (b.rank() + 1) as f32))?;
+            let want = full(&[N], 3.0 * k);
+            let issue = || if inplace { b.all_reduce_(&x, ReduceOp::Sum) } else { b.all_reduce(&x, ReduceOp::Sum) };
+            if b.rank() == 0 {
+                let t0 = Instant::now();
+                let issued = issue();
+                let took = t0.elapsed();
+                // The other rank goes on in any case (it must not wait for a key that never comes).
+                ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+                let work = issued.map_err(|e| fail(&w, format!("issuing (after {took:?}): {e} [{}]", e.name())))?;
+                if took > SLACK {
+                    return Err(fail(&w, format!("issuing a 1 MiB all_reduce blocked the caller for {took:?} while rank 1 had not issued: issuing returns at once")));
+                }
+                let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                expect_eq(b, &out, &want, &w)?;
+            } else {
+                ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never issued: {e}")))?;
+                let _ = ctx.store.delete_key(&key);
+                let out = issue()?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                expect_eq(b, &out, &want, &w)?;
+            }
+        }
+        Ok(())
     }));
     for ws in [2, 3] {
         v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {

@@ -374,6 +374,44 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }));
     }
+    // The same for a coalesced all_reduce (a backend may run its coalesced ops on an engine of
+    // their own): two tensors, each rank's values r + 1 and 2r + 2, sums 3 and 6.
+    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::all_reduce_coalesced::ws2", meta("all_reduce", "coalesced"), 2, |ctx| {
+        let b = ctx.b;
+        let w = here(b, "all_reduce", "coalesced", DType::F32);
+        let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+        let xs = [b.upload(&rank_tensor(b, 16))?, b.upload(&full(&[8], 2.0 * (b.rank() + 1) as f32))?];
+        let want = [full(&[16], 3.0f32), full(&[8], 6.0f32)];
+        let check = |outs: &[B::Buffer]| -> crate::case::CaseResult {
+            for (out, want) in outs.iter().zip(&want) {
+                expect_eq(b, out, want, &w)?;
+            }
+            Ok(())
+        };
+        if b.rank() == 0 {
+            let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
+            let before = progress::in_flight();
+            let work = b.all_reduce_coalesced(&xs, ReduceOp::Sum)?;
+            let recorded = progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).count();
+            let state = progress::describe();
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+            let outs = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined: {e}")))?;
+            check(outs)?;
+            if recorded == 0 {
+                return Err(fail(
+                    &w,
+                    format!("a coalesced all_reduce waiting for rank 1 is not recorded in flight (concord_core::progress::describe(): {state})"),
+                ));
+            }
+            Ok(())
+        } else {
+            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            let outs = b.all_reduce_coalesced(&xs, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+            check(&outs)?;
+            let _ = ctx.store.delete_key(&key);
+            Ok(())
+        }
+    }));
     v.push(
         Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
             // A large buffer, read at once after wait: a backend that reports completion before the
@@ -557,49 +595,88 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let out = b.all_reduce(&y, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the all_reduce after the failed one: {e}")))?;
         expect_eq(b, &out, &full(&[4], rank_sum(b.world_size())), &format!("{w} (the all_reduce after the failed one)"))
     }));
-    v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| {
-        let b = ctx.b;
-        let w = here(b, "all_reduce", "out", DType::F32);
-        let backend = ctx.case.split("::").next().unwrap_or_default().to_string();
-        // A world of one rank, started by the harness launcher (which removes its files).
-        let mut spec = concord_harness::launch::LaunchSpec::current_exe(1, &backend).map_err(|e| fail(&w, e))?;
-        spec.args.clear();
-        spec.pipe_stdout = true;
-        spec.op_timeout = Duration::from_secs(5);
-        spec.options = ctx.world.options.clone();
-        spec.env = vec![(CHILD_ENV.to_string(), backend.clone())];
-        let mut child = concord_harness::launch::launch(&spec).map_err(|e| fail(&w, format!("launch the child: {e}")))?;
-        // The clock starts when the child says it has issued the collective (backend start-up,
-        // e.g. a CUDA context and an NCCL communicator, is not part of the 1 s).
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.take_stdout(0).expect("piped");
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.trim() == "issued" {
-                    let _ = tx.send(Instant::now());
-                }
-            }
-        });
-        let limit = Duration::from_secs(30);
-        let report = child.wait(limit);
-        let exited = Instant::now();
-        let issued = rx.recv_timeout(Duration::from_millis(500)).ok();
-        let rank = &report.ranks[0];
-        let status = (!rank.ended_by_launcher).then_some(rank.status).flatten();
-        let err = "in this rank's stderr tail below";
-        match (status, issued) {
-            (None, _) => Err(fail(&w, format!("the child did not exit within {limit:?} (killed); stderr: {err}"))),
-            (Some(s), _) if !s.success() => Err(fail(&w, format!("the child exited with {s}; stderr: {err}"))),
-            (Some(_), None) => Err(fail(&w, format!("the child exited without reporting the issued collective; stderr: {err}"))),
-            (Some(_), Some(at)) if exited.duration_since(at) > Duration::from_secs(1) => Err(fail(
-                &w,
-                format!("the child took {:?} from issuing an un-waited collective to exiting (limit 1 s)", exited.duration_since(at)),
-            )),
-            (Some(_), Some(_)) => Ok(()),
+    v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| unwaited_exit(ctx, 1)));
+    // async.unwaited_exit with the peer absent: a child world of 2 ranks in which rank 1 never
+    // issues the all_reduce that rank 0 drops un-waited (rank 1 stays alive until rank 0 has
+    // dropped its backend). Rank 0's backend must drop within 1 s of the issue: a backend whose
+    // drop finishes its pending ops first waits for a peer that never comes (in the one-rank
+    // child every op has completed by the time it is dropped). A case of 2 ranks, so that it
+    // runs where a world of 2 can (one device per rank); rank 0 launches the child world, rank 1
+    // has nothing to do.
+    v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::peer_absent::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        if ctx.rank() != 0 {
+            return Ok(());
         }
+        unwaited_exit(ctx, 2)
     }));
     v
+}
+
+/// The un-waited-exit cases: a child world of `ranks` ranks ([`unwaited_child`]); rank 0 says
+/// when it has issued (`issued`) and when its backend is dropped (`dropped`); both within 1 s,
+/// and the world exits cleanly.
+fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) -> crate::case::CaseResult {
+    let b = ctx.b;
+    let w = format!("{} child world of {ranks}", here(b, "all_reduce", "out", DType::F32));
+    let backend = ctx.case.split("::").next().unwrap_or_default().to_string();
+    // A world started by the harness launcher (which removes its files).
+    let mut spec = concord_harness::launch::LaunchSpec::current_exe(ranks, &backend).map_err(|e| fail(&w, e))?;
+    spec.args.clear();
+    spec.pipe_stdout = true;
+    spec.op_timeout = Duration::from_secs(5);
+    spec.options = ctx.world.options.clone();
+    spec.env = vec![(CHILD_ENV.to_string(), backend.clone())];
+    let mut child = concord_harness::launch::launch(&spec).map_err(|e| fail(&w, format!("launch the child: {e}")))?;
+    // The clock starts when the child says it has issued the collective (backend start-up,
+    // e.g. a CUDA context and an NCCL communicator, is not part of the 1 s).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.take_stdout(0).expect("piped");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let line = line.trim().to_string();
+            if line == "issued" || line == "dropped" {
+                let _ = tx.send((line, Instant::now()));
+            }
+        }
+    });
+    let limit = Duration::from_secs(30);
+    let report = child.wait(limit);
+    let exited = Instant::now();
+    let (mut issued, mut dropped) = (None, None);
+    while let Ok((line, at)) = rx.recv_timeout(Duration::from_millis(500)) {
+        if line == "issued" {
+            issued = Some(at);
+        } else {
+            dropped = Some(at);
+        }
+    }
+    let err = "in the ranks' stderr tails below";
+    if let Some(r) = report.ranks.iter().find(|r| r.ended_by_launcher || r.status.is_none()) {
+        return Err(fail(&w, format!("child rank {} did not exit within {limit:?} (killed); stderr: {err}", r.rank)));
+    }
+    if let Some(r) = report.ranks.iter().find(|r| !r.status.is_some_and(|s| s.success())) {
+        return Err(fail(&w, format!("child rank {} exited with {:?}; stderr: {err}", r.rank, r.status)));
+    }
+    let Some(at) = issued else {
+        return Err(fail(&w, format!("the child exited without reporting the issued collective; stderr: {err}")));
+    };
+    if let Some(d) = dropped.filter(|d| d.duration_since(at) > Duration::from_secs(1)) {
+        return Err(fail(
+            &w,
+            format!("rank 0 took {:?} from issuing an un-waited collective to dropping its backend (limit 1 s)", d.duration_since(at)),
+        ));
+    }
+    if ranks == 1 && exited.duration_since(at) > Duration::from_secs(1) {
+        return Err(fail(
+            &w,
+            format!("the child took {:?} from issuing an un-waited collective to exiting (limit 1 s)", exited.duration_since(at)),
+        ));
+    }
+    if dropped.is_none() {
+        return Err(fail(&w, format!("rank 0 exited without reporting its backend dropped; stderr: {err}")));
+    }
+    Ok(())
 }
 
 /// Rank 0 of `b` issues an all_reduce that rank 1 of `b` issues only once rank 0 has looked at
@@ -633,26 +710,53 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
     }
 }
 
-/// Body of the un-waited-exit child: a one-rank world, a large all_reduce and an in-place
-/// `all_reduce_` issued, never waited, then return from main.
+/// Body of the un-waited-exit child. One rank: a large all_reduce and an in-place `all_reduce_`
+/// issued, never waited, then return from main. Two ranks: rank 0 issues an all_reduce that
+/// rank 1 never issues and drops it un-waited; rank 1 waits (store key, at most 20 s) until rank
+/// 0 has dropped its backend. Rank 0 prints `issued` and, once its backend is dropped, `dropped`.
 pub fn unwaited_child<B: Backend>() -> ! {
+    use std::io::Write;
     let Some(world) = concord_harness::launch::rank_world() else {
         eprintln!("unwaited child: not started by the harness launcher");
         std::process::exit(3)
     };
+    let key = format!("{}/unwaited/dropped", world.world_id);
+    // Opened before init and held to the end (a file store goes away when its last user leaves).
+    let store = (world.world_size > 1).then(|| concord_store::Store::open(&world.store_path, world.world_size, Duration::from_secs(20)));
     let code = match B::init(&world) {
+        Ok(b) if world.rank > 0 => match store.expect("two ranks").and_then(|s| s.wait(&[key.as_str()], Duration::from_secs(20))) {
+            Ok(()) => {
+                drop(b);
+                0
+            }
+            Err(e) => {
+                eprintln!("unwaited child rank {}: rank 0 never said it dropped its backend: {e}", world.rank);
+                6
+            }
+        },
         Ok(b) => {
-            // An out-of-place and an in-place collective (a backend may pin the caller's buffer).
-            let issued = b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).and_then(|out_of_place| {
-                let x = b.upload(&full(&[16], 1.0f32))?;
-                Ok((out_of_place, b.all_reduce_(&x, ReduceOp::Sum)?))
-            });
+            let issued = if world.world_size == 1 {
+                // An out-of-place and an in-place collective (a backend may pin the caller's buffer).
+                b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).and_then(|out_of_place| {
+                    let x = b.upload(&full(&[16], 1.0f32))?;
+                    Ok(vec![out_of_place, b.all_reduce_(&x, ReduceOp::Sum)?])
+                })
+            } else {
+                b.upload(&full(&[16], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).map(|w| vec![w])
+            };
             match issued {
                 Ok(works) => {
-                    use std::io::Write;
                     println!("issued");
                     let _ = std::io::stdout().flush();
                     drop(works); // never waited
+                    drop(b);
+                    println!("dropped");
+                    let _ = std::io::stdout().flush();
+                    if let Some(store) = store {
+                        if let Err(e) = store.and_then(|s| s.set(&key, b"1")) {
+                            eprintln!("unwaited child: could not tell rank 1: {e}");
+                        }
+                    }
                     0
                 }
                 Err(e) => {

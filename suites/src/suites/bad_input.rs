@@ -157,6 +157,10 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("broadcast_src_out_of_range", 2, K::BadRoot, false, |b, _, ws| wait(b.broadcast(&f32s(b, &[4])?, ws)?, T)),
         ("broadcast_src_differs_across_ranks", 2, K::BadRoot, true, |b, r, _| wait(b.broadcast(&f32s(b, &[4])?, r)?, T)),
         ("broadcast_src_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| wait(b.broadcast(&f32s(b, &[6])?, usize::from(r == 2))?, T)),
+        // The in-place broadcast_ too (a backend may route it apart from the out-of-place one).
+        ("broadcast_inplace_src_differs_on_one_rank", 3, K::BadRoot, true, |b, r, _| {
+            wait(b.broadcast_(&f32s(b, &[6])?, usize::from(r == 2))?, T)
+        }),
         ("broadcast_dtype_mismatch", 2, K::DTypeMismatch, true, |b, r, _| {
             // Same byte size on both ranks (f32[4] / i32[4]): a backend that moves bytes fills
             // the i32 buffer with the root's f32 bits (pytorch/pytorch#91535).

@@ -40,6 +40,8 @@ pub struct FusedSpec {
     pub exact: bool,
     /// A rank whose call differs (bad-input cases): `(rank, its a shape, its call)`.
     pub odd_rank: Option<(usize, Vec<usize>, FusedCall)>,
+    /// The `b`s' dtype when it differs from `a`'s (bad-input cases; `None`: `dtype`).
+    pub b_dtype: Option<DType>,
 }
 
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
@@ -80,7 +82,13 @@ impl FusedSpec {
             .b_shapes
             .iter()
             .enumerate()
-            .map(|(i, sh)| Tensor::from_f64(self.dtype, sh, &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1)))
+            .map(|(i, sh)| {
+                Tensor::from_f64(
+                    self.b_dtype.unwrap_or(self.dtype),
+                    sh,
+                    &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, -1, 1),
+                )
+            })
             .collect();
         let a_scale = self.call.scaling().map(|sc| {
             if self.row_scales {
@@ -438,6 +446,7 @@ fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, e
         row_scales: false,
         exact,
         odd_rank: None,
+        b_dtype: None,
     }
 }
 
@@ -450,6 +459,7 @@ fn rs_spec(op: ReduceOp, dim: usize, dtype: DType, ws: usize, exact: bool) -> Fu
         row_scales: false,
         exact,
         odd_rank: None,
+        b_dtype: None,
     }
 }
 
@@ -554,10 +564,11 @@ const LATE_BY: std::time::Duration = std::time::Duration::from_millis(20);
 /// shard of a peer farther on in every pipeline order; each result checked against the oracle.
 /// A pipelined implementation that puts shards in the order they land, not at their source
 /// ranks' places, is right only when they land in its step order.
-fn late_peer_case<B: Backend>(ws: usize) -> Case<B> {
-    let name = format!("fused::all_gather_matmul::dim0::f32::late_peer::ws{ws}");
+///
+/// The same for the low-contention all-gather (`fused::low_contention_all_gather::dim0::f32::late_peer::ws3`),
+/// whose shards a pipelined implementation also places as they land.
+fn late_peer_case<B: Backend>(name: String, spec: FusedSpec, ws: usize) -> Case<B> {
     let seed = concord_fixtures::seed_for(&name);
-    let spec = grid_spec(true, "small", ws);
     let m = meta(&spec);
     Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
         let me = ctx.rank();
@@ -609,7 +620,18 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ag in [true, false] {
         out.push(group_grid_case(ag));
     }
-    out.push(late_peer_case(3));
+    out.push(late_peer_case("fused::all_gather_matmul::dim0::f32::late_peer::ws3".to_string(), grid_spec(true, "small", 3), 3));
+    let lc = FusedSpec {
+        call: FusedCall::LowContentionAllGather,
+        dtype: DType::F32,
+        a_shape: vec![3, 5],
+        b_shapes: vec![],
+        row_scales: false,
+        exact: true,
+        odd_rank: None,
+        b_dtype: None,
+    };
+    out.push(late_peer_case("fused::low_contention_all_gather::dim0::f32::late_peer::ws3".to_string(), lc, 3));
     for ws in FUSED_WORLD_SIZES {
         for dt in dts {
             for dim in 0..3 {
@@ -631,6 +653,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 row_scales: false,
                 exact: true,
                 odd_rank: None,
+                b_dtype: None,
             };
             push(&mut out, format!("fused::low_contention_all_gather::dim0::{dt}::exact::ws{ws}"), ws, x.clone(), 2);
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
@@ -738,6 +761,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 row_scales: false,
                 exact: true,
                 odd_rank: None,
+                b_dtype: None,
             };
             push_kept(&mut out, format!("fused::low_contention_all_gather::dim0::f32::outputs_kept::ws{ws}"), ws, lc.clone());
             push_in_flight(&mut out, format!("fused::low_contention_all_gather::dim0::f32::in_flight_twice::ws{ws}"), ws, lc.clone());
@@ -802,6 +826,8 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
         ("invalid_gather_dim".into(), f32s(3, vec![2, 4, 8], vec![vec![8, 4]])),
         ("b_rows_mismatch".into(), f32s(0, vec![4, 8], vec![vec![7, 4]])),
         ("int_dtype".into(), FusedSpec { dtype: DType::I32, ..f32s(0, vec![4, 8], vec![vec![8, 4]]) }),
+        // B of another float dtype than A (rule F6, dtype_mismatch): bf16 B against f32 A.
+        ("b_dtype_differs".into(), FusedSpec { b_dtype: Some(DType::BF16), ..f32s(0, vec![4, 8], vec![vec![8, 4]]) }),
         ("reduce_op_not_sum_or_avg".into(), rs_spec(ReduceOp::Max, 0, DType::F32, ws, true)),
         (
             "invalid_scatter_dim".into(),
@@ -820,6 +846,7 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
                 row_scales: false,
                 exact: true,
                 odd_rank: None,
+                b_dtype: None,
             },
         ),
         (
@@ -865,6 +892,7 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
             row_scales: false,
             exact: true,
             odd_rank: None,
+            b_dtype: None,
         };
         v.push(("low_contention_indivisible".into(), lc));
         // One rank alone is wrong: every rank names it.

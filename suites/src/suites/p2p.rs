@@ -29,6 +29,8 @@
 //!   `irecv(0); wait; all_reduce`: a collective still waiting for its peer must not hold back a
 //!   send issued after it (shm's progress thread used to wait for the collective's peers first;
 //!   both ranks timed out).
+//! * `p2p::recv_behind_pending_collective::ws2` — the mirror: rank 1 `all_reduce; irecv(0)`,
+//!   rank 0 `isend(1); wait; all_reduce` (a receive queued behind the collectives deadlocks).
 //! * `p2p::send_behind_pending_collective::fresh_group::ws2` — the same on a new group that has
 //!   run nothing yet: a lazily connecting backend's first collective waits for the peer inside
 //!   its launch (NCCL: the connection), which must not hold the send back.
@@ -72,6 +74,28 @@ fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &s
         let ar = b.all_reduce(&x, ReduceOp::Sum)?;
         let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
         expect_eq(b, res, &sum, w)
+    }
+}
+
+/// The mirror of [`send_behind_collective`]: rank 1 `all_reduce; irecv(0)`, then waits for
+/// both; rank 0 `isend(1); wait; all_reduce`. The all_reduce pending on rank 1 (its peer is in a
+/// send) must not hold back the receive issued after it.
+fn recv_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+    let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
+    let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+    if b.rank() == 1 {
+        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
+        let r = b.recv(&out, 0)?;
+        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive issued behind a pending all_reduce: {e} [{}]", e.name())))?;
+        expect_eq(b, got, &message(0, 0, 16), w)?;
+        let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
+        expect_eq(b, res, &sum, w)
+    } else {
+        let y = b.upload(&message(0, 0, 16))?;
+        b.send(&y, 1)?.wait(timeout).map_err(|e| fail(w, format!("send: {e} [{}]", e.name())))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
+        expect_eq(b, &out, &sum, w)
     }
 }
 
@@ -257,6 +281,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let w = format!("{} (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
         send_behind_collective(b, ctx.timeout, &w)
+    }));
+    v.push(Case::<B>::new("p2p::recv_behind_pending_collective::ws2", meta(), 2, |ctx| {
+        // The mirror: rank 1 `all_reduce; irecv(0)`, rank 0 `isend(1); wait; all_reduce`. A
+        // backend that queues receives behind the collectives issued before them (one stream)
+        // deadlocks here until the deadline, while the send case above passes.
+        let b = ctx.b;
+        let w = format!("{} (rank 1: all_reduce, irecv; rank 0: isend, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
+        b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        recv_behind_collective(b, ctx.timeout, &w)
     }));
     v.push(Case::<B>::new("p2p::send_behind_pending_collective::fresh_group::ws2", meta(), 2, |ctx| {
         // The same program on a communicator that has run nothing yet (a new group of both

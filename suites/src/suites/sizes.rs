@@ -283,7 +283,39 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in GRID_WORLD_SIZES {
         out.push(uneven_all_to_all_case(ws));
     }
+    for ws in [2, 3] {
+        out.push(matrix_all_gather_case(ws));
+    }
     out
+}
+
+/// Rows of [`matrix_all_gather_case`]'s input, and their length: 514 KiB per rank (f32).
+const MATRIX: [usize; 2] = [512, 257];
+
+/// all_gather_into_tensor of a matrix whose result passes 1 MiB
+/// (`sizes::all_gather_into_tensor::out::f32::matrix::ws2`): the result MUST be `[ws * 512, 257]`
+/// with every rank's rows in rank order. The ladder above is 1-D (where a flat `[ws * numel]`
+/// result is right), and the matrix's 2-D shapes are small: a bulk path that returns its flat
+/// staging buffer for large outputs passed both. Exact: element `i` of rank `r` is `r * 2^18 + i`.
+fn matrix_all_gather_case<B: Backend>(ws: usize) -> Case<B> {
+    let name = format!("sizes::all_gather_into_tensor::out::f32::matrix::ws{ws}");
+    let meta = case_meta(OpKind::AllGatherIntoTensor, Variant::Out, DType::F32);
+    Case::new(name, meta, ws, |ctx: &mut Ctx<'_, B>| {
+        let b = ctx.b;
+        let (ws, me) = (b.world_size(), b.rank());
+        let w = format!("{} shape={MATRIX:?}", here(b, "all_gather_into_tensor", "out", DType::F32));
+        let n: usize = MATRIX.iter().product();
+        let of = |r: usize| (0..n).map(move |i| ((r << 18) + i) as f32);
+        let x = b.upload(&Tensor::from_vec(&MATRIX, of(me).collect()))?;
+        let out =
+            b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let want = [ws * MATRIX[0], MATRIX[1]];
+        let shape = b.buffer_shape(&out);
+        if shape != want {
+            return Err(super::util::fail(&w, format!("result shape {shape:?}, expected {want:?}")));
+        }
+        super::util::expect_eq(b, &out, &Tensor::from_vec(&want, (0..ws).flat_map(of).collect()), &w)
+    })
 }
 
 /// A sizes case's metadata: `op` / `variant` / `dtype`, reduced with sum when the op reduces.

@@ -64,7 +64,8 @@ pub const MORE_OPS: [(OpKind, Variant, Option<ReduceOp>); 6] = [
 ];
 
 /// Every reduce op defined for the dtype, in the subgroup layouts: all_reduce with each, and
-/// reduce_scatter / reduce with `avg` (whose divisor is the GROUP size, not the world's).
+/// reduce_scatter / reduce / the in-place all_reduce_ with `avg` (whose divisor is the GROUP
+/// size, not the world's).
 /// f32 and i32, world sizes 4 and 5 (the f32 all_reduce `sum` case is in [`OPS`] already).
 pub fn reduce_op_specs() -> Vec<ValueSpec> {
     let mut out = Vec::new();
@@ -82,15 +83,10 @@ pub fn reduce_op_specs() -> Vec<ValueSpec> {
                 max_shapes: Some(4),
             });
         }
-        for op in [OpKind::ReduceScatterTensor, OpKind::Reduce] {
-            out.push(ValueSpec {
-                op,
-                variant: Variant::Out,
-                dtype,
-                reduce: Some(ReduceOp::Avg),
-                kind: InputKind::Exact,
-                max_shapes: Some(4),
-            });
+        for (op, variant) in
+            [(OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out), (OpKind::AllReduce, Variant::InPlace)]
+        {
+            out.push(ValueSpec { op, variant, dtype, reduce: Some(ReduceOp::Avg), kind: InputKind::Exact, max_shapes: Some(4) });
         }
     }
     out
