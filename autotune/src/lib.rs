@@ -246,6 +246,8 @@ pub struct Hazards {
     pub no_screening: bool,
     /// A local cache hit is used at once, without agreement in the pre-sync.
     pub unagreed_cache: bool,
+    /// A rank's time is the mean of its timed runs, not the median (one outlier run decides).
+    pub mean_of_runs: bool,
 }
 
 /// Autotuner settings.
