@@ -234,12 +234,27 @@ fn check_tables_match<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request
 }
 
 /// Every rank ended with the same winners.
+/// Every rank also holds the same reduced column (the policy's reduction of the agreed per-rank
+/// times is the same everywhere; a rank showing its own time differs).
 fn check_same_winners<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, label: &str, hint: &str) -> CaseResult {
     let mine: Vec<&str> = o.tables.iter().map(|t| t.winner.as_str()).collect();
-    let all = gather(ctx, &format!("winners-{label}"), &mine.join(","))?;
-    if all.iter().any(|w| *w != all[0]) {
-        let per = all.iter().enumerate().map(|(r, w)| format!("rank {r}: [{w}]")).collect::<Vec<_>>().join("; ");
+    let reduced: Vec<String> = o
+        .tables
+        .iter()
+        .map(|t| t.rows.iter().map(|r| format!("{} {}", r.choice, r.reduced_ns.map(|x| format!("{x} ns")).unwrap_or_else(|| "inf".into()))).collect::<Vec<_>>().join(", "))
+        .collect();
+    let all = gather(ctx, &format!("winners-{label}"), &format!("{}|{}", mine.join(","), reduced.join("; ")))?;
+    let split: Vec<(&str, &str)> = all.iter().map(|s| s.split_once('|').unwrap_or((s.as_str(), ""))).collect();
+    if split.iter().any(|(w, _)| *w != split[0].0) {
+        let per = split.iter().enumerate().map(|(r, (w, _))| format!("rank {r}: [{w}]")).collect::<Vec<_>>().join("; ");
         return Err(fail(ctx, format!("ranks ended with different winners ({per}){hint}\n{o}")));
+    }
+    if split.iter().any(|(_, x)| *x != split[0].1) {
+        let per = split.iter().enumerate().map(|(r, (_, x))| format!("rank {r}: [{x}]")).collect::<Vec<_>>().join("; ");
+        return Err(fail(
+            ctx,
+            format!("ranks hold different reduced times for the same agreed per-rank times ({per}): the reduced column must be the policy's reduction of every rank's time, the same on every rank\n{o}"),
+        ));
     }
     Ok(())
 }
@@ -250,36 +265,6 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
     for (t, r) in o.tables.iter().zip(reqs) {
         if t.from_cache {
             continue;
-        }
-        // The reduced column is the declared policy's reduction of the per-rank times (what the
-        // table prints and the cache keeps); inf for every row not timed.
-        for row in &t.rows {
-            let per: Option<Vec<u64>> = row.per_rank_ns.iter().copied().collect();
-            let want = match (&row.status, per) {
-                (RowStatus::Ok, Some(per)) => Some(reference::reduce(declared, &per)),
-                (RowStatus::Ok, None) => continue,
-                _ => None,
-            };
-            let bad = match (row.reduced_ns, want) {
-                (Some(x), Some(w)) => (x as f64 - w).abs() > 1.0,
-                (None, None) => false,
-                _ => true,
-            };
-            if bad {
-                let ns = |x: Option<f64>| x.map(|x| format!("{x:.0} ns")).unwrap_or_else(|| "inf".into());
-                return Err(fail(
-                    ctx,
-                    format!(
-                        "{}: choice `{}` shows reduced time {}, but the declared policy {} over its per-rank times {:?} gives {} — the reduced column must be the policy's reduction of every rank's time (inf where not timed)\n{t}",
-                        t.inst,
-                        row.choice,
-                        ns(row.reduced_ns.map(|x| x as f64)),
-                        declared.name(),
-                        row.per_rank_ns,
-                        ns(want)
-                    ),
-                ));
-            }
         }
         let obs: Vec<reference::ChoiceObs> = t
             .rows
@@ -335,6 +320,36 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
                         declared.name(),
                         d.winner,
                         d.times.iter().map(|(n, x)| format!("{n} {:.0} ns", x)).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        // The reduced column is the declared policy's reduction of the per-rank times (what the
+        // table prints and the cache keeps); inf for every row not timed.
+        for row in &t.rows {
+            let per: Option<Vec<u64>> = row.per_rank_ns.iter().copied().collect();
+            let want = match (&row.status, per) {
+                (RowStatus::Ok, Some(per)) => Some(reference::reduce(declared, &per)),
+                (RowStatus::Ok, None) => continue,
+                _ => None,
+            };
+            let bad = match (row.reduced_ns, want) {
+                (Some(x), Some(w)) => (x as f64 - w).abs() > 1.0,
+                (None, None) => false,
+                _ => true,
+            };
+            if bad {
+                let ns = |x: Option<f64>| x.map(|x| format!("{x:.0} ns")).unwrap_or_else(|| "inf".into());
+                return Err(fail(
+                    ctx,
+                    format!(
+                        "{}: choice `{}` shows reduced time {}, but the declared policy {} over its per-rank times {:?} gives {} — the reduced column must be the policy's reduction of every rank's time (inf where not timed)\n{t}",
+                        t.inst,
+                        row.choice,
+                        ns(row.reduced_ns.map(|x| x as f64)),
+                        declared.name(),
+                        row.per_rank_ns,
+                        ns(want)
                     ),
                 ));
             }
