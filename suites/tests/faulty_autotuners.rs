@@ -969,7 +969,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         ),
         (
             e("deadline_per_run"),
-            &["autotune::hazard::late_hang_keeps_the_call_deadline::ws2"],
+            &["autotune::hazard::hang_in_timed_runs::ws2"],
             &["beyond the autotune timeout 2000 ms", "while rank 1 was slow"],
         ),
         (
