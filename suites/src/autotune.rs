@@ -241,7 +241,13 @@ fn check_same_winners<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, label: &str, hi
     let reduced: Vec<String> = o
         .tables
         .iter()
-        .map(|t| t.rows.iter().map(|r| format!("{} {}", r.choice, r.reduced_ns.map(|x| format!("{x} ns")).unwrap_or_else(|| "inf".into()))).collect::<Vec<_>>().join(", "))
+        .map(|t| {
+            t.rows
+                .iter()
+                .map(|r| format!("{} {}", r.choice, r.reduced_ns.map(|x| format!("{x} ns")).unwrap_or_else(|| "inf".into())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
         .collect();
     let all = gather(ctx, &format!("winners-{label}"), &format!("{}|{}", mine.join(","), reduced.join("; ")))?;
     let split: Vec<(&str, &str)> = all.iter().map(|s| s.split_once('|').unwrap_or((s.as_str(), ""))).collect();

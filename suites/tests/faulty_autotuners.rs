@@ -3,8 +3,7 @@
 //! the behaviour; the reference autotuner must pass the very same cases (control).
 
 use concord_autotune::{
-    cache, names_hash, Autotuner, ChoiceCtx, Config, Env, Outcome, Phase, Policy, Request, Row, RowStatus, RunFn, Table, TuneError,
-    Tuner,
+    cache, names_hash, Autotuner, ChoiceCtx, Config, Env, Outcome, Phase, Policy, Request, Row, RowStatus, RunFn, Table, TuneError, Tuner,
 };
 use concord_core::Backend;
 use concord_fixtures::{inputs, seed_for, InputKind};
@@ -512,8 +511,13 @@ impl<B: Backend> Autotuner<B> for DeadlinePerRun {
         let timeout = self.0.config().timeout;
         let w = wrap_choices(requests, |_, run| {
             Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                let fresh =
-                    ChoiceCtx { b: ctx.b, inst: ctx.inst, phase: ctx.phase, deadline: Instant::now() + timeout, op_timeout: ctx.op_timeout };
+                let fresh = ChoiceCtx {
+                    b: ctx.b,
+                    inst: ctx.inst,
+                    phase: ctx.phase,
+                    deadline: Instant::now() + timeout,
+                    op_timeout: ctx.op_timeout,
+                };
                 run(&fresh, x)
             })
         });
@@ -536,9 +540,9 @@ impl<B: Backend> Autotuner<B> for LateRankTakesDefault {
         let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
         let rank = env.b.rank();
         for (t, r) in o.tables.iter_mut().zip(requests) {
-            let late = t.rows.iter().any(|row| {
-                matches!(&row.status, RowStatus::Failed(c) if c.iter().any(|(q, why)| *q == rank && why.contains("never reported")))
-            });
+            let late = t.rows.iter().any(
+                |row| matches!(&row.status, RowStatus::Failed(c) if c.iter().any(|(q, why)| *q == rank && why.contains("never reported"))),
+            );
             if late && !t.from_cache && t.winner != r.default {
                 t.warnings.push(format!("rank {rank}: this rank timed out: using the default `{}`", r.default));
                 t.winner = r.default.clone();
@@ -574,7 +578,12 @@ impl<B: Backend> Autotuner<B> for NoStoreTakesDefault {
                 rows: r
                     .choices
                     .iter()
-                    .map(|c| Row { choice: c.name.clone(), per_rank_ns: vec![None; ws], reduced_ns: None, status: RowStatus::NotRun(why.clone()) })
+                    .map(|c| Row {
+                        choice: c.name.clone(),
+                        per_rank_ns: vec![None; ws],
+                        reduced_ns: None,
+                        status: RowStatus::NotRun(why.clone()),
+                    })
                     .collect(),
                 winner: r.default.clone(),
                 defaulted: true,
@@ -602,7 +611,13 @@ impl<B: Backend> Autotuner<B> for OwnCallCountTag {
     }
     fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
         let n = CALLS.fetch_add(1, Ordering::SeqCst);
-        let e = Env { b: env.b, store: env.store, tag: format!("mytuner/call{n}"), group_ranks: env.group_ranks.clone(), op_timeout: env.op_timeout };
+        let e = Env {
+            b: env.b,
+            store: env.store,
+            tag: format!("mytuner/call{n}"),
+            group_ranks: env.group_ranks.clone(),
+            op_timeout: env.op_timeout,
+        };
         <Tuner as Autotuner<B>>::tune(&self.0, &e, requests)
     }
 }
@@ -624,7 +639,8 @@ impl<B: Backend> Autotuner<B> for ScreensFirstElementOnly {
         for r in requests {
             let i = &r.inst;
             let all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
-            let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities())).map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?;
+            let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
+                .map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?;
             exps.push(exp.outputs[rank].clone());
         }
         let w = wrap_choices(requests, |r, run| {
@@ -711,7 +727,13 @@ impl<B: Backend> Autotuner<B> for TunesEachOpApart {
     fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
         let mut all: Option<Outcome> = None;
         for (i, r) in requests.iter().enumerate() {
-            let e = Env { b: env.b, store: env.store, tag: format!("{}/apart{i}", env.tag), group_ranks: env.group_ranks.clone(), op_timeout: env.op_timeout };
+            let e = Env {
+                b: env.b,
+                store: env.store,
+                tag: format!("{}/apart{i}", env.tag),
+                group_ranks: env.group_ranks.clone(),
+                op_timeout: env.op_timeout,
+            };
             let o = <Tuner as Autotuner<B>>::tune(&self.0, &e, std::slice::from_ref(r))?;
             match &mut all {
                 None => all = Some(o),
@@ -914,7 +936,11 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::error_on_one_rank::ws3"],
             &["does not hold choice `errors_on_rank2` inf", "injected error", "rank="],
         ),
-        (e("single_cold_run"), &["autotune::hazard::slow_first_call::ws2"], &["the configured warm-up runs (2) must be untimed", "lazy_init", "rank="]),
+        (
+            e("single_cold_run"),
+            &["autotune::hazard::slow_first_call::ws2"],
+            &["the configured warm-up runs (2) must be untimed", "lazy_init", "rank="],
+        ),
         (
             e("cache_ignores_dtype"),
             &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
