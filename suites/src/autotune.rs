@@ -334,8 +334,8 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
         // table prints and the cache keeps); inf for every row not timed.
         for row in &t.rows {
             let per: Option<Vec<u64>> = row.per_rank_ns.iter().copied().collect();
-            let want = match (&row.status, per) {
-                (RowStatus::Ok, Some(per)) => Some(reference::reduce(declared, &per)),
+            let want = match (&row.status, &per) {
+                (RowStatus::Ok, Some(per)) => Some(reference::reduce(declared, per)),
                 (RowStatus::Ok, None) => continue,
                 _ => None,
             };
@@ -346,10 +346,17 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
             };
             if bad {
                 let ns = |x: Option<f64>| x.map(|x| format!("{x:.0} ns")).unwrap_or_else(|| "inf".into());
+                let avg = per.as_ref().map(|p| reference::reduce(Policy::Avg, p));
+                let hint = match (declared, row.reduced_ns, avg) {
+                    (Policy::Max, Some(x), Some(a)) if (x as f64 - a).abs() <= 1.0 => {
+                        " — it is their Avg: averaging per-rank times hides the slow rank, while the declared policy is Max"
+                    }
+                    _ => "",
+                };
                 return Err(fail(
                     ctx,
                     format!(
-                        "{}: choice `{}` shows reduced time {}, but the declared policy {} over its per-rank times {:?} gives {} — the reduced column must be the policy's reduction of every rank's time (inf where not timed)\n{t}",
+                        "{}: choice `{}` shows reduced time {}, but the declared policy {} over its per-rank times {:?} gives {} — the reduced column must be the policy's reduction of every rank's time (inf where not timed){hint}\n{t}",
                         t.inst,
                         row.choice,
                         ns(row.reduced_ns.map(|x| x as f64)),
