@@ -1,6 +1,8 @@
 //! The decision cache: winners keyed by (backend, op, dtype, shape, reduce op, group ranks,
 //! choice-set hash), one JSON file per rank, reused by a later process. A hit is only used when
 //! every rank hit with the same winner (agreed in the pre-sync); otherwise every rank re-tunes.
+//! Only a measured winner is cached: a declared default taken because every choice was inf (a
+//! fault that may be transient) is not.
 
 use crate::OpInstance;
 use serde::{Deserialize, Serialize};

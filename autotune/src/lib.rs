@@ -246,6 +246,8 @@ pub struct Hazards {
     pub no_screening: bool,
     /// A local cache hit is used at once, without agreement in the pre-sync.
     pub unagreed_cache: bool,
+    /// A rank's time is the mean of its timed runs, not the median (one outlier run decides).
+    pub mean_of_runs: bool,
 }
 
 /// Autotuner settings.
@@ -310,7 +312,14 @@ impl TuneError {
 }
 
 /// What the conformance suite holds an autotuner to (`concord_suites`' autotune suite): a
-/// downstream autotuner implements it and runs the same cases.
+/// downstream autotuner implements it and runs the same cases. Among what the suite checks: one
+/// deadline per `tune` call (every wait of every run uses what is left of it); a rank's time is
+/// the median of its timed runs after the configured warm-up runs; a row's `reduced_ns` is the
+/// declared policy's reduction of every rank's time, the same on every rank; a choice not
+/// reported by some rank is inf on every rank even where others timed it; the agreements of two
+/// groups tuning at once are kept apart (by [`Env::tag`]); outside a world the choices are still
+/// benchmarked; the cache key holds the group, and a declared default taken because every
+/// choice was inf is never cached.
 pub trait Autotuner<B: Backend>: Send + Sync + 'static {
     /// An autotuner with these settings.
     fn new(cfg: Config) -> Self

@@ -438,7 +438,12 @@ impl Tuner {
             }
             ts.push(el.as_nanos() as u64);
         }
-        (RankStatus::Ok(median(&ts).max(1)), timed)
+        let t = if self.cfg.hazards.mean_of_runs {
+            (ts.iter().map(|&t| t as u128).sum::<u128>() / ts.len().max(1) as u128) as u64
+        } else {
+            median(&ts)
+        };
+        (RankStatus::Ok(t.max(1)), timed)
     }
 
     /// Every rank's status for one step, agreed (see [`exchange`]).

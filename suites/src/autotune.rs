@@ -234,12 +234,33 @@ fn check_tables_match<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request
 }
 
 /// Every rank ended with the same winners.
+/// Every rank also holds the same reduced column (the policy's reduction of the agreed per-rank
+/// times is the same everywhere; a rank showing its own time differs).
 fn check_same_winners<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, label: &str, hint: &str) -> CaseResult {
     let mine: Vec<&str> = o.tables.iter().map(|t| t.winner.as_str()).collect();
-    let all = gather(ctx, &format!("winners-{label}"), &mine.join(","))?;
-    if all.iter().any(|w| *w != all[0]) {
-        let per = all.iter().enumerate().map(|(r, w)| format!("rank {r}: [{w}]")).collect::<Vec<_>>().join("; ");
+    let reduced: Vec<String> = o
+        .tables
+        .iter()
+        .map(|t| {
+            t.rows
+                .iter()
+                .map(|r| format!("{} {}", r.choice, r.reduced_ns.map(|x| format!("{x} ns")).unwrap_or_else(|| "inf".into())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .collect();
+    let all = gather(ctx, &format!("winners-{label}"), &format!("{}|{}", mine.join(","), reduced.join("; ")))?;
+    let split: Vec<(&str, &str)> = all.iter().map(|s| s.split_once('|').unwrap_or((s.as_str(), ""))).collect();
+    if split.iter().any(|(w, _)| *w != split[0].0) {
+        let per = split.iter().enumerate().map(|(r, (w, _))| format!("rank {r}: [{w}]")).collect::<Vec<_>>().join("; ");
         return Err(fail(ctx, format!("ranks ended with different winners ({per}){hint}\n{o}")));
+    }
+    if split.iter().any(|(_, x)| *x != split[0].1) {
+        let per = split.iter().enumerate().map(|(r, (_, x))| format!("rank {r}: [{x}]")).collect::<Vec<_>>().join("; ");
+        return Err(fail(
+            ctx,
+            format!("ranks hold different reduced times for the same agreed per-rank times ({per}): the reduced column must be the policy's reduction of every rank's time, the same on every rank\n{o}"),
+        ));
     }
     Ok(())
 }
@@ -305,6 +326,43 @@ fn check_reference<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>
                         declared.name(),
                         d.winner,
                         d.times.iter().map(|(n, x)| format!("{n} {:.0} ns", x)).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        // The reduced column is the declared policy's reduction of the per-rank times (what the
+        // table prints and the cache keeps); inf for every row not timed.
+        for row in &t.rows {
+            let per: Option<Vec<u64>> = row.per_rank_ns.iter().copied().collect();
+            let want = match (&row.status, &per) {
+                (RowStatus::Ok, Some(per)) => Some(reference::reduce(declared, per)),
+                (RowStatus::Ok, None) => continue,
+                _ => None,
+            };
+            let bad = match (row.reduced_ns, want) {
+                (Some(x), Some(w)) => (x as f64 - w).abs() > 1.0,
+                (None, None) => false,
+                _ => true,
+            };
+            if bad {
+                let ns = |x: Option<f64>| x.map(|x| format!("{x:.0} ns")).unwrap_or_else(|| "inf".into());
+                let avg = per.as_ref().map(|p| reference::reduce(Policy::Avg, p));
+                let hint = match (declared, row.reduced_ns, avg) {
+                    (Policy::Max, Some(x), Some(a)) if (x as f64 - a).abs() <= 1.0 => {
+                        " — it is their Avg: averaging per-rank times hides the slow rank, while the declared policy is Max"
+                    }
+                    _ => "",
+                };
+                return Err(fail(
+                    ctx,
+                    format!(
+                        "{}: choice `{}` shows reduced time {}, but the declared policy {} over its per-rank times {:?} gives {} — the reduced column must be the policy's reduction of every rank's time (inf where not timed){hint}\n{t}",
+                        t.inst,
+                        row.choice,
+                        ns(row.reduced_ns.map(|x| x as f64)),
+                        declared.name(),
+                        row.per_rank_ns,
+                        ns(want)
                     ),
                 ));
             }
@@ -521,7 +579,9 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 sleeps_on::<B>("sleeps_10s_on_rank1", 1, Duration::from_secs(10), |p| p == Phase::Screen),
                 Choice::new("after", native::<B>),
             ],
-            "native",
+            // Not the winner (`native`, timed before the timeout): a rank that falls back alone
+            // to its default after the timeout ends differently.
+            "after",
         )];
         let t0 = Instant::now();
         let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
@@ -574,6 +634,15 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 format!("outside a world: expected local benchmarking (no pre-sync) and a warning saying `no store`\n{o}"),
             ));
         }
+        let t = &o.tables[0];
+        let untimed: Vec<&str> =
+            t.rows.iter().filter(|r| !matches!(r.status, RowStatus::Ok | RowStatus::Skipped(_))).map(|r| r.choice.as_str()).collect();
+        if t.defaulted || !untimed.is_empty() {
+            return Err(fail(
+                ctx,
+                format!("outside a world the choices must still be benchmarked locally (a correct backend: every applicable choice timed), not the default taken untuned: not timed [{}]\n{o}", untimed.join(", ")),
+            ));
+        }
         check_reference(ctx, &o, &reqs, Policy::Max)?;
         check_outputs(ctx, &o, &reqs)
     }));
@@ -623,10 +692,26 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_outputs(ctx, &o, &reqs)
     }));
     v.push(Case::<B>::new("autotune::hazard::fast_but_wrong::ws2", meta("all_reduce"), 2, move |ctx| {
-        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), fast_wrong::<B>("fast_but_wrong")], "native")];
+        // `wrong_in_last_element`: the native op, then its last element replaced by the input's
+        // (a chunked kernel that forgets the remainder): right everywhere but at the end.
+        let wrong_tail = Choice::new("wrong_in_last_element", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            let mut t = c.b.download(&native(c, x)?)?;
+            let last = c.b.download(x)?.as_slice::<f32>()[c.inst.numel() - 1];
+            t.as_mut_slice::<f32>()[c.inst.numel() - 1] = last;
+            c.b.upload(&t)
+        });
+        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), fast_wrong::<B>("fast_but_wrong"), wrong_tail], "native")];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         check_outputs(ctx, &o, &reqs)?;
         expect_inf(ctx, &o, "fast_but_wrong", 0, "first bad index", " — the wrong choice was not rejected before timing (no screening)")?;
+        expect_inf(
+            ctx,
+            &o,
+            "wrong_in_last_element",
+            0,
+            "first bad index 1023",
+            " — a choice wrong in its last element only was timed: screening must compare every element",
+        )?;
         check_all(ctx, &o, &reqs, Policy::Max, "wrong")
     }));
     v.push(
@@ -734,16 +819,26 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_outputs(ctx, &o, &reqs)
     }));
     let mut hang_timed = Case::<B>::new("autotune::hazard::hang_in_timed_runs::ws2", meta("all_reduce"), 2, move |ctx| {
-        // The timed runs have a deadline too: rank 1 sleeps 3 s in the second timed run.
-        let timeout = Duration::from_millis(1500);
+        // The timed runs have a deadline too, and it is the call's, not each run's:
+        // `slow_screen` spends 1.2 s of the 2 s timeout in its screening run on every rank, then
+        // rank 1 sleeps 2.5 s in the second timed run of `hangs_in_timed_run_on_rank1`. Rank 0
+        // ends by the call's deadline (2 s, + slack); a run given the whole timeout from its own
+        // start waits until about 3.2 s.
+        let timeout = Duration::from_secs(2);
+        let slow = Choice::new("slow_screen", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            if c.phase == Phase::Screen {
+                std::thread::sleep(Duration::from_millis(1200));
+            }
+            native(c, x)
+        });
         let reqs = vec![req(
             ar(1024),
             vec![
-                Choice::new("native", native::<B>),
-                sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_secs(3), |p| p == Phase::Timed(1)),
+                slow,
+                sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_millis(2500), |p| p == Phase::Timed(1)),
                 Choice::new("after", native::<B>),
             ],
-            "native",
+            "after",
         )];
         let t0 = Instant::now();
         let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
@@ -770,11 +865,20 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             (None, Some(g)) => (g, vec![2usize, 3]),
             _ => return Err(fail(ctx, "new_group([0, 1]) / new_group([2, 3]) did not give this rank exactly one communicator")),
         };
-        let reqs = vec![req(
-            ar(1024),
-            vec![Choice::new("native", native::<B>), delayed::<B>("slower", &[], Duration::from_millis(3))],
-            "native",
-        )];
+        // `fast_on_0_1` pays 30 ms per timed run on ranks 2 and 3, `fast_on_2_3` on ranks 0 and
+        // 1: each half has its own winner, so a decision shared across the halves (store keys
+        // without the group) is wrong for one of them.
+        let slow_here = |name: &str, slow: bool| {
+            Choice::new(name, move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                let out = native(c, x)?;
+                if slow && matches!(c.phase, Phase::Timed(_)) {
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                Ok(out)
+            })
+        };
+        let low = ctx.rank() < 2;
+        let reqs = vec![req(ar(1024), vec![slow_here("fast_on_0_1", !low), slow_here("fast_on_2_3", low)], "fast_on_0_1")];
         let mut e = Env::new(&g, Some(ctx.store), format!("{}/{}/half{}", ctx.case, ctx.world.world_id, members[0]), ctx.world.op_timeout);
         e.group_ranks = members.clone();
         let o = A::new(cfg(t10, Policy::Max))
@@ -786,6 +890,12 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             if half(r) == half(ctx.rank()) && *w != o.winner(0) {
                 return Err(fail(ctx, format!("ranks of the subgroup {members:?} ended with different winners (rank {r}: `{w}`, this rank: `{}`)\n{o}", o.winner(0))));
             }
+        }
+        if let Some(r) = all.iter().enumerate().position(|(r, w)| w != if r < 2 { "fast_on_0_1" } else { "fast_on_2_3" }) {
+            return Err(fail(
+                ctx,
+                format!("the subgroups ended with winners {all:?} (rank order); each half must pick the choice fast on its own ranks (ranks 0, 1: `fast_on_0_1`; ranks 2, 3: `fast_on_2_3`): rank {r} took the other half's decision — the two groups' agreements were not kept apart (store keys without the group?)\n{o}"),
+            ));
         }
         check_reference(ctx, &o, &reqs, Policy::Max)?;
         // The tuned op on the group: the group's sum, not the world's.
@@ -914,30 +1024,162 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let _ = std::fs::remove_file(&path);
         r
     }));
-    v.push(
-        Case::<B>::new("autotune::hazard::slow_first_call::ws2", meta("all_reduce"), 2, move |ctx| {
-            // `lazy_init` pays 400 ms once, in its first run after screening (a one-off set-up),
-            // then runs at native speed; `native_plus_80ms` pays 80 ms in every timed run. With the
-            // configured warm-up run untimed and the median of the timed runs, `lazy_init` wins by
-            // 80 ms; timing the first call alone picks `native_plus_80ms`.
-            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let lazy = Choice::new("lazy_init", move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                if matches!(c.phase, Phase::Warmup(_) | Phase::Timed(_)) && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                    std::thread::sleep(Duration::from_millis(400));
-                }
-                native(c, x)
-            });
-            let reqs = vec![req(ar(1024), vec![lazy, delayed::<B>("native_plus_80ms", &[], Duration::from_millis(80))], "native_plus_80ms")];
-            let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
-            check_same_winners(ctx, &o, "lazy", "")?;
-            if o.winner(0) != "lazy_init" {
+    v.push(Case::<B>::new("autotune::cache::key_covers_the_group::ws4", meta("all_reduce"), 4, move |ctx| {
+        // Each half of the world tunes on its own communicator with its cache file, then the whole
+        // world tunes the same op with the same files: a decision cached for the group [0, 1] or
+        // [2, 3] must not be taken for the group [0, 1, 2, 3] (another group, another world size).
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (ga, gb) = (ctx.b.new_group(&[0, 1])?, ctx.b.new_group(&[2, 3])?);
+        let (g, members) = match (ga, gb) {
+            (Some(g), None) => (g, vec![0usize, 1]),
+            (None, Some(g)) => (g, vec![2usize, 3]),
+            _ => return Err(fail(ctx, "new_group([0, 1]) / new_group([2, 3]) did not give this rank exactly one communicator")),
+        };
+        let path = cache_path(ctx, ctx.rank());
+        let _ = std::fs::remove_file(&path);
+        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), delayed::<B>("native_plus_20ms", &[], Duration::from_millis(20))], "native_plus_20ms")];
+        let mut c = cfg(t10, Policy::Max);
+        c.cache = Some(path.clone());
+        let run = || -> CaseResult {
+            let mut e = Env::new(&g, Some(ctx.store), format!("{}/{}/half{}", ctx.case, ctx.world.world_id, members[0]), ctx.world.op_timeout);
+            e.group_ranks = members.clone();
+            let half = A::new(c.clone())
+                .tune(&e, &reqs)
+                .map_err(|err| fail(ctx, format!("tune on the subgroup {members:?} failed: {err} [{}]", err.name())))?;
+            let o = tune(ctx, &A::new(c.clone()), 1, &reqs)?;
+            let all = gather(ctx, "group-key", &o.tables[0].from_cache.to_string())?;
+            if let Some(bad) = all.iter().position(|s| s != "false") {
                 return Err(fail(
                     ctx,
                     format!(
-                        "winner `{}`, not `lazy_init`: the one-off cost (400 ms) of lazy_init's first run after screening was timed — the configured warm-up run (1) must be untimed and a rank's time the median of its timed runs (3)\n{o}",
-                        o.winner(0)
+                        "rank {bad}: the decision cached by the subgroup {members:?} (winner `{}`) was reused for the whole world [0, 1, 2, 3] — a cache key without the group: the group's ranks must be in the key\n{o}",
+                        half.winner(0)
                     ),
                 ));
+            }
+            check_all(ctx, &o, &reqs, Policy::Max, "group-key")
+        };
+        let r = run();
+        let _ = std::fs::remove_file(&path);
+        r
+    }));
+    v.push(Case::<B>::new("autotune::cache::default_not_cached::ws2", meta("all_reduce"), 2, move |ctx| {
+        // The first tuning meets a transient fault: both choices fail on every rank, and every
+        // rank takes the declared default. A later process with the same file finds them working:
+        // a default taken because every choice was inf is not a measured winner, so it is not
+        // cached, and the later process tunes.
+        let broken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mk = |name: &str, delay: Duration| {
+            let broken = broken.clone();
+            Choice::new(name, move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                if broken.load(std::sync::atomic::Ordering::SeqCst) && c.phase != Phase::Use {
+                    return Err(CollectiveError::Backend("injected transient fault".into()));
+                }
+                let out = native(c, x)?;
+                if matches!(c.phase, Phase::Timed(_)) {
+                    std::thread::sleep(delay);
+                }
+                Ok(out)
+            })
+        };
+        let reqs = vec![req(ar(512), vec![mk("native", Duration::ZERO), mk("native_plus_20ms", Duration::from_millis(20))], "native_plus_20ms")];
+        let path = cache_path(ctx, ctx.rank());
+        let _ = std::fs::remove_file(&path);
+        let mut c = cfg(t10, Policy::Max);
+        c.cache = Some(path.clone());
+        let run = || -> CaseResult {
+            let first = tune(ctx, &A::new(c.clone()), 0, &reqs)?;
+            if !first.tables[0].defaulted || first.winner(0) != "native_plus_20ms" {
+                return Err(fail(ctx, format!("every choice failed on every rank: the declared default `native_plus_20ms` must be used, marked defaulted\n{first}")));
+            }
+            broken.store(false, std::sync::atomic::Ordering::SeqCst);
+            let o = tune(ctx, &A::new(c.clone()), 1, &reqs)?;
+            let all = gather(ctx, "default-cached", &o.tables[0].from_cache.to_string())?;
+            if let Some(bad) = all.iter().position(|s| s != "false") {
+                return Err(fail(
+                    ctx,
+                    format!("rank {bad}: the declared default of a tuning where every choice was inf was cached and reused by a later tuning — only a measured winner may be cached (a transient fault would never be tuned again)\n{o}"),
+                ));
+            }
+            check_all(ctx, &o, &reqs, Policy::Max, "default-cached")
+        };
+        let r = run();
+        let _ = std::fs::remove_file(&path);
+        r
+    }));
+    v.push(
+        Case::<B>::new("autotune::hazard::hang_after_last_timed_run::ws2", meta("all_reduce"), 2, move |ctx| {
+            // `hangs_after_its_runs_on_rank1` completes every collective on every rank, then rank 1
+            // sleeps 1.5 s after its last timed run, past the 1 s deadline: rank 0 timed it, rank 1
+            // never reports. Its time is unknown and rank 1 may be stuck in it: inf on every rank
+            // (naming rank 1), and no later choice runs.
+            let hang = Choice::new("hangs_after_its_runs_on_rank1", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                let out = native(c, x)?;
+                if c.b.rank() == 1 && c.phase == Phase::Timed(2) {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                Ok(out)
+            });
+            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let o = tune(ctx, &A::new(cfg(Duration::from_secs(1), Policy::Max)), 0, &reqs)?;
+            check_same_winners(ctx, &o, "after-runs", "")?;
+            expect_inf(
+                ctx,
+                &o,
+                "hangs_after_its_runs_on_rank1",
+                1,
+                "never reported",
+                " — a choice timed on the other ranks but never reported by one was kept as timed over the ranks that reported",
+            )?;
+            check_reference(ctx, &o, &reqs, Policy::Max)
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("autotune::hazard::slow_first_call::ws2", meta("all_reduce"), 2, move |ctx| {
+            // With 2 warm-up runs and 3 timed runs: `lazy_init` pays 150 ms in each of its first
+            // 2 runs after screening (a one-off set-up), then runs at native speed; `hiccup` pays
+            // 450 ms in its timed run 1 only (one outlier run: a preempted rank, a page fault).
+            // With the warm-up runs untimed and a rank's time the median of its timed runs, both
+            // take native time, far under 150 ms. Timing a warm-up run makes lazy_init's median
+            // at least 150 ms; the mean of the runs makes hiccup's at least 150 ms. (No bar set by
+            // another choice's time: a native run slow under load must not decide.)
+            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let lazy = Choice::new("lazy_init", move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                if matches!(c.phase, Phase::Warmup(_) | Phase::Timed(_)) && calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+                    std::thread::sleep(Duration::from_millis(150));
+                }
+                native(c, x)
+            });
+            let hiccup = Choice::new("hiccup", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                if c.phase == Phase::Timed(1) {
+                    std::thread::sleep(Duration::from_millis(450));
+                }
+                native(c, x)
+            });
+            let reqs = vec![req(ar(1024), vec![lazy, hiccup], "hiccup")];
+            let mut c = cfg(t10, Policy::Max);
+            c.warmup = 2;
+            let o = tune(ctx, &A::new(c), 0, &reqs)?;
+            check_same_winners(ctx, &o, "lazy", "")?;
+            let t = &o.tables[0];
+            let max_ns = |name: &str| {
+                t.row(name)
+                    .filter(|r| r.status == RowStatus::Ok)
+                    .and_then(|r| r.per_rank_ns.iter().copied().collect::<Option<Vec<u64>>>())
+                    .map(|v| v.into_iter().max().unwrap_or(0))
+            };
+            let bar = Duration::from_millis(150).as_nanos() as u64;
+            for (name, why) in [
+                ("lazy_init", "the one-off cost (150 ms in each of its first 2 runs after screening) of lazy_init was timed — the configured warm-up runs (2) must be untimed"),
+                ("hiccup", "one outlier run (450 ms in timed run 1 of 3) decided hiccup's time — a rank's time must be the median of its timed runs (3), not their mean"),
+            ] {
+                if max_ns(name).is_none_or(|x| x >= bar) {
+                    let ms = max_ns(name).map(|x| format!("{:.1} ms", x as f64 / 1e6)).unwrap_or_else(|| "inf".into());
+                    return Err(fail(ctx, format!("`{name}` took {ms} (slowest rank), not under 150 ms: {why}\n{o}")));
+                }
             }
             check_reference(ctx, &o, &reqs, Policy::Max)?;
             check_outputs(ctx, &o, &reqs)
