@@ -141,8 +141,8 @@ pub fn process_state(pid: u32) -> Option<char> {
 /// in a session of their own, which the world's process group does not hold), and returns their
 /// pids. Each match is pinned by a pidfd and its environment read again before the signal, so a
 /// pid reused meanwhile is never signalled. Best effort: a process that cleared its environment,
-/// or whose environment this user cannot read, is not found; without pidfds (Linux < 5.3) none is
-/// signalled.
+/// whose environment this user cannot read, or that is in uninterruptible sleep when looked at,
+/// is not found; without pidfds (Linux < 5.3) none is signalled.
 pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
     use std::os::fd::{AsRawFd, OwnedFd};
     let var = format!("{}={world_id}", crate::worker::vars::WORLD_ID);
@@ -153,7 +153,9 @@ pub fn kill_world_strays(world_id: &str) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir("/proc") else { return killed };
     for e in rd.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        if pid == me || !holds(pid) {
+        // A process in uninterruptible sleep (`D`, e.g. inside a device driver) is passed over:
+        // reading its environment can block on its memory map's lock, and teardown must not.
+        if pid == me || process_state(pid) == Some('D') || !holds(pid) {
             continue;
         }
         // SAFETY: plain syscall; a non-negative result is a fresh fd that we own.

@@ -308,7 +308,7 @@ fn sweep_main(cli: &Cli) -> ! {
             }
             let mut dtypes = Vec::new();
             for d in &cli.dtype {
-                match concord_core::DType::ALL.into_iter().find(|x| x.name() == d) {
+                match concord_core::DType::from_name(d) {
                     Some(x) => dtypes.push(x),
                     None if d == "all" => dtypes.extend(concord_core::DType::ALL),
                     None => {

@@ -134,7 +134,7 @@ impl Target {
     pub fn parse(s: &str) -> Option<Target> {
         let (s, dtype) = match s.split_once('@') {
             None => (s, None),
-            Some((s, d)) => (s, Some(DType::ALL.into_iter().find(|x| x.name() == d)?)),
+            Some((s, d)) => (s, Some(DType::from_name(d)?)),
         };
         let mut it = s.split(':');
         let (h, p, c) = (it.next()?, it.next()?, it.next()?);
@@ -438,16 +438,20 @@ pub fn attribute(pool: &Pool, real: &Spec, control: &Spec, case: &CaseInfo, alon
 /// the failing cases set aside.
 pub fn catch_in(pool: &Pool, real: &Spec, control: &Spec, cases: Vec<CaseInfo>) -> (Option<String>, usize, Vec<(String, SetAside)>) {
     let (mut rest, mut cases_run, mut set_aside) = (cases, 0, Vec::new());
+    // Whether the next call starts in a fresh world: the cell's own at first; after a failure
+    // (its world torn down) unless a rerun alone then passed, whose world is kept.
+    let mut fresh = true;
     while !rest.is_empty() {
         let f = run_cases_in(pool, real, rest.clone());
         cases_run += f.cases_run;
         let Some(c) = f.caught else { break };
         let failed = rest[f.cases_run - 1].clone();
-        // The world of the first call is the cell's own, fresh; after a failure it is rebuilt.
-        match attribute(pool, real, control, &failed, f.cases_run == 1) {
+        let why = match attribute(pool, real, control, &failed, fresh && f.cases_run == 1) {
             Ok(()) => return (Some(c.case), cases_run, set_aside),
-            Err(why) => set_aside.push((c.case, why)),
-        }
+            Err(why) => why,
+        };
+        fresh = why != SetAside::OnlyAfterEarlierCases;
+        set_aside.push((c.case, why));
         rest.drain(..f.cases_run);
     }
     (None, cases_run, set_aside)
@@ -592,16 +596,13 @@ pub fn uses_dtype(case: &CaseInfo, dtype: DType) -> bool {
     d == dtype.name() || !DType::ALL.iter().any(|x| x.name() == d)
 }
 
-/// A cell's mark in the grid (`.` not run, `-` not applicable, `ok`, `HOLE`); a hole is noted.
-fn mark(c: Option<&Cell>, holes: &mut Vec<Cell>) -> &'static str {
+/// A cell's mark in the grid (`.` not run, `-` not applicable, `ok`, `HOLE`).
+fn mark(c: Option<&Cell>) -> &'static str {
     match c {
         None => ".",
         Some(c) if c.candidates.is_none() => "-",
         Some(c) if c.caught.is_some() => "ok",
-        Some(c) => {
-            holes.push(c.clone());
-            "HOLE"
-        }
+        Some(_) => "HOLE",
     }
 }
 
@@ -610,7 +611,6 @@ fn mark(c: Option<&Cell>, holes: &mut Vec<Cell>) -> &'static str {
 /// not applicable, `.` not run. Then the holes, and the count.
 pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
     let mut out = String::new();
-    let mut holes = Vec::new();
     let shapes: Vec<&str> = SHAPES.iter().copied().filter(|s| *s != "world").collect();
     for h in HOOKS {
         for grouped in [false, true] {
@@ -636,7 +636,7 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
                     for (_, ws, shape) in &columns {
                         let c =
                             mine.iter().find(|c| c.target.pos == *p && c.target.class.0 == cl.0 && c.ws == *ws && c.target.shape == *shape);
-                        out += &format!(" {:>w$}", mark(c.copied(), &mut holes));
+                        out += &format!(" {:>w$}", mark(c.copied()));
                     }
                     out += "\n";
                 }
@@ -661,11 +661,13 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
             }
             out += &format!("{:<16}", d.name());
             for ws in sizes {
-                out += &format!(" {:>5}", mark(row.iter().find(|c| c.ws == *ws).map(|c| **c), &mut holes));
+                out += &format!(" {:>5}", mark(row.iter().find(|c| c.ws == *ws).map(|c| **c)));
             }
             out += "\n";
         }
     }
+    // Every hole, drawn or not (a cell outside the tables' rows still counts).
+    let holes: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some() && c.caught.is_none()).collect();
     let run: Vec<&Cell> = cells.iter().filter(|c| c.candidates.is_some()).collect();
     let aside: Vec<(&Cell, &String, SetAside)> = run.iter().flat_map(|c| c.set_aside.iter().map(move |(k, w)| (*c, k, *w))).collect();
     if !aside.is_empty() {

@@ -598,12 +598,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| unwaited_exit(ctx, 1)));
     // async.unwaited_exit with the peer absent: a child world of 2 ranks in which rank 1 never
     // issues the all_reduce that rank 0 drops un-waited (rank 1 stays alive until rank 0 has
-    // dropped its backend). Rank 0's backend must drop within 1 s of the issue: a backend whose
+    // dropped its backend). Rank 0's backend must drop within 3 s of the issue: a backend whose
     // drop finishes its pending ops first waits for a peer that never comes (in the one-rank
     // child every op has completed by the time it is dropped). A case of 2 ranks, so that it
     // runs where a world of 2 can (one device per rank); rank 0 launches the child world, rank 1
     // has nothing to do.
-    v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::peer_absent::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::unwaited_collective_exits_within_3s::peer_absent::ws2", meta("all_reduce", "out"), 2, |ctx| {
         if ctx.rank() != 0 {
             return Ok(());
         }
@@ -612,9 +612,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
+/// How long rank 0 of a 2-rank child may take to drop its backend with an un-waited
+/// collective its peer never issued: the op must be ended, not finished (a backend that waits
+/// for pending ops waits for a peer that never comes).
+const PEER_ABSENT_DROP: Duration = Duration::from_secs(3);
+
 /// The un-waited-exit cases: a child world of `ranks` ranks ([`unwaited_child`]); rank 0 says
-/// when it has issued (`issued`) and when its backend is dropped (`dropped`); both within 1 s,
-/// and the world exits cleanly.
+/// when it has issued (`issued`) and how long its backend took to drop (`dropped <µs>`, timed in
+/// the child): within 1 s with one rank, [`PEER_ABSENT_DROP`] with two; the world exits cleanly.
 fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) -> crate::case::CaseResult {
     let b = ctx.b;
     let w = format!("{} child world of {ranks}", here(b, "all_reduce", "out", DType::F32));
@@ -635,7 +640,7 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
         use std::io::BufRead;
         for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
             let line = line.trim().to_string();
-            if line == "issued" || line == "dropped" {
+            if line == "issued" || line.starts_with("dropped") {
                 let _ = tx.send((line, Instant::now()));
             }
         }
@@ -643,12 +648,13 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
     let limit = Duration::from_secs(30);
     let report = child.wait(limit);
     let exited = Instant::now();
+    // The drop's time, from the issue's report to the backend's drop, as the child measured it.
     let (mut issued, mut dropped) = (None, None);
     while let Ok((line, at)) = rx.recv_timeout(Duration::from_millis(500)) {
         if line == "issued" {
             issued = Some(at);
         } else {
-            dropped = Some(at);
+            dropped = line.strip_prefix("dropped ").and_then(|us| us.parse::<u64>().ok()).map(Duration::from_micros);
         }
     }
     let err = "in the ranks' stderr tails below";
@@ -661,11 +667,11 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
     let Some(at) = issued else {
         return Err(fail(&w, format!("the child exited without reporting the issued collective; stderr: {err}")));
     };
-    if let Some(d) = dropped.filter(|d| d.duration_since(at) > Duration::from_secs(1)) {
-        return Err(fail(
-            &w,
-            format!("rank 0 took {:?} from issuing an un-waited collective to dropping its backend (limit 1 s)", d.duration_since(at)),
-        ));
+    // With its peer absent, the drop has to end an op that can never complete (abort its
+    // communicator: on NCCL, `ncclCommAbort`, 1.7 s measured on 2 x H200): bounded, not 1 s.
+    let bound = if ranks > 1 { PEER_ABSENT_DROP } else { Duration::from_secs(1) };
+    if let Some(d) = dropped.filter(|d| *d > bound) {
+        return Err(fail(&w, format!("rank 0 took {d:?} from issuing an un-waited collective to dropping its backend (limit {bound:?})")));
     }
     if ranks == 1 && exited.duration_since(at) > Duration::from_secs(1) {
         return Err(fail(
@@ -748,9 +754,11 @@ pub fn unwaited_child<B: Backend>() -> ! {
                 Ok(works) => {
                     println!("issued");
                     let _ = std::io::stdout().flush();
+                    let at = std::time::Instant::now();
                     drop(works); // never waited
                     drop(b);
-                    println!("dropped");
+                    // Timed here, not by the parent's reader (a loaded parent reads late).
+                    println!("dropped {}", at.elapsed().as_micros());
                     let _ = std::io::stdout().flush();
                     if let Some(store) = store {
                         if let Err(e) = store.and_then(|s| s.set(&key, b"1")) {
