@@ -114,6 +114,7 @@ const SWEEP_CATCH: &[(&str, &str)] = &[
     ("broadcast:every:any@i64", "broadcast::out::dtypes::ws7"),
     ("permute_tensor:every:any@u8", "permute_tensor::out::dtypes::ws16"),
     ("recv:every:any@f16", "send_recv::outbuf::dtypes::ws16"),
+    ("fused_matmul_reduce_scatter:every:any@bf16", "fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws16"),
 ];
 
 fn spec(name: &str) -> Spec {
