@@ -429,7 +429,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wide_send_staged",
             "p2p.order",
             "sends of 8-byte dtypes are posted 100 ms later by a staging thread: a later send of another dtype to the same peer overtakes them",
-            &["programs::p3::ws3"],
+            &["p2p::in_order_mixed_dtypes::ws2"],
         ),
         spec::<LargeAllGatherFlat>(
             "large_all_gather_flat",

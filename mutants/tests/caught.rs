@@ -66,9 +66,6 @@ const PROGRAMS_CATCH: &[(&str, &str)] = &[
     // all_reduce; NaN through a 3-rank reduce_scatter or reduce).
     ("narrow_int_pass_counted_as_i32", "programs::p0::ws3"),
     ("ring_min_max_drops_nan", "programs::p1::ws3"),
-    // hunt12: sends of 8-byte dtypes posted late on a staging thread (i64 and other dtypes
-    // to one peer in flight together).
-    ("wide_send_staged", "programs::p3::ws3"),
 ];
 
 /// The worlds of the mutants that only need a verdict (`campaign::verdict_pool`): a caught

@@ -314,6 +314,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     v.push(Case::<B>::new("p2p::group_and_world_messages_apart::ws2", meta(), 2, group_and_world_messages_apart));
     v.push(Case::<B>::new("p2p::in_order_across_other_traffic::ws3", meta(), 3, in_order_across_other_traffic));
+    v.push(Case::<B>::new("p2p::in_order_mixed_dtypes::ws2", CaseMeta { dtype: "mixed".into(), ..meta() }, 2, in_order_mixed_dtypes));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, Sizes::Varied, order)
@@ -401,6 +402,44 @@ fn in_order_across_other_traffic<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult
             let r = named(b.recv(&out, 0), &w, "irecv from rank 0")?;
             named(r.wait(t), &w, "receive from rank 0")?;
             expect_eq(b, &out, &message(0, 9, n), &format!("{w}: the message from rank 0"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The dtypes of [`in_order_mixed_dtypes`]' messages, in sending order: 8-byte ones between
+/// narrower ones (a backend may stage or pack one element width on a path of its own).
+const MIXED: [DType; 6] = [DType::F64, DType::F32, DType::I64, DType::U8, DType::U64, DType::F16];
+
+/// Rank 0 issues one send of each [`MIXED`] dtype to rank 1 back to back, un-waited, then waits
+/// them; rank 1 posts the receives in the same order: each receive gets the message sent in its
+/// place (order is per pair of ranks, whatever the dtypes). The wide_send_staged mutant (8-byte
+/// sends posted late by a staging thread) let a narrower send overtake them; the random
+/// program that caught it did so only when its timing allowed.
+fn in_order_mixed_dtypes<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = format!("{} dtypes={MIXED:?} (rank 0 sends them back to back, un-waited)", here(b, "send_recv", "outbuf", DType::F32))
+        .replace("dtype=f32", "dtype=mixed");
+    let n = 6;
+    let msg = |k: usize, d: DType| Tensor::from_f64(d, &[n], &(0..n).map(|i| (k * 10 + i + 1) as f64).collect::<Vec<_>>());
+    let t = ctx.timeout;
+    match b.rank() {
+        0 => {
+            let bufs = MIXED.iter().enumerate().map(|(k, d)| b.upload(&msg(k, *d))).collect::<Result<Vec<_>, _>>()?;
+            let sends = bufs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
+            for (k, s) in sends.into_iter().enumerate() {
+                s.wait(t).map_err(|e| fail(&w, format!("send #{k} ({}): {e} [{}]", MIXED[k], e.name())))?;
+            }
+        }
+        _ => {
+            let outs = MIXED.iter().map(|d| b.alloc(*d, &[n])).collect::<Result<Vec<_>, _>>()?;
+            let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
+            for (k, r) in recvs.into_iter().enumerate() {
+                r.wait(t).map_err(|e| fail(&w, format!("receive #{k} ({}): {e} [{}]", MIXED[k], e.name())))?;
+            }
+            for (k, o) in outs.iter().enumerate() {
+                expect_eq(b, o, &msg(k, MIXED[k]), &format!("{w}: receive #{k} ({})", MIXED[k]))?;
+            }
         }
     }
     Ok(())
