@@ -32,20 +32,25 @@ pub struct SubgroupRsAvgByWorld;
 
 impl Bug for SubgroupRsAvgByWorld {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let w = s.inner.reduce_scatter_tensor(x, op)?;
-        if op != ReduceOp::Avg || !s.in_subgroup() || !s.inner.buffer_dtype(x).is_float() {
-            return Ok(w);
-        }
-        let scale = s.ws() as f64 / s.world_size as f64;
-        Ok(s.then(w, move |be, r| {
-            edit(be, r, |t| {
-                for i in 0..t.numel() {
-                    let v = t.get_f64(i) * scale;
-                    set_f64(t, i, v);
-                }
-            })
-        }))
+        Ok(avg_by_world(s, x, op, s.inner.reduce_scatter_tensor(x, op)?))
     }
+}
+
+/// `w`, the result of a float `avg` on a subgroup, rescaled as if its sum had been divided by the
+/// world's size instead of the group's (any other call: `w` as it is).
+pub(crate) fn avg_by_world(s: &Shm, x: &Buf, op: ReduceOp, w: Work<Buf>) -> Work<Buf> {
+    if op != ReduceOp::Avg || !s.in_subgroup() || !s.inner.buffer_dtype(x).is_float() {
+        return w;
+    }
+    let scale = s.ws() as f64 / s.world_size as f64;
+    s.then(w, move |be, r| {
+        edit(be, r, |t| {
+            for i in 0..t.numel() {
+                let v = t.get_f64(i) * scale;
+                set_f64(t, i, v);
+            }
+        })
+    })
 }
 
 // ---------------------------------------------------------------- shapes.equal_split_all_to_all

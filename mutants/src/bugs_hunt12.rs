@@ -11,7 +11,7 @@
 use crate::bugs_hunt5::unrecorded;
 use crate::bugs_hunt6::Slot;
 use crate::campaign::Spec;
-use crate::{copy_bytes, edit, lock, set_f64, Buf, Bug, Mutant, Shm, BUG_WAIT};
+use crate::{copy_bytes, edit, lock, Buf, Bug, Mutant, Shm, BUG_WAIT};
 use concord_core::fused::{decomposed_all_gather_matmul, decomposed_low_contention, Gathered};
 use concord_core::{progress, Backend, Completion, DType, OutstandingCounter, ReduceOp, Result, Scaling, Tensor, Work};
 use concord_shm::ShmBackend;
@@ -276,19 +276,7 @@ pub struct SubgroupInplaceAvgByWorld;
 
 impl Bug for SubgroupInplaceAvgByWorld {
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let w = s.inner.all_reduce_(x, op)?;
-        if op != ReduceOp::Avg || !s.in_subgroup() || !s.inner.buffer_dtype(x).is_float() {
-            return Ok(w);
-        }
-        let scale = s.ws() as f64 / s.world_size as f64;
-        Ok(s.then(w, move |be, r| {
-            edit(be, r, |t| {
-                for i in 0..t.numel() {
-                    let v = t.get_f64(i) * scale;
-                    set_f64(t, i, v);
-                }
-            })
-        }))
+        Ok(crate::bugs_hunt10::avg_by_world(s, x, op, s.inner.all_reduce_(x, op)?))
     }
 }
 

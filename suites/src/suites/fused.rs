@@ -450,6 +450,20 @@ fn ag_spec(dim: usize, dtype: DType, a: Vec<usize>, b_shapes: Vec<Vec<usize>>, e
     }
 }
 
+/// The low-contention all_gather of a `[3, 5]` shard of `dtype`, exact inputs.
+fn lc_spec(dtype: DType) -> FusedSpec {
+    FusedSpec {
+        call: FusedCall::LowContentionAllGather,
+        dtype,
+        a_shape: vec![3, 5],
+        b_shapes: vec![],
+        row_scales: false,
+        exact: true,
+        odd_rank: None,
+        b_dtype: None,
+    }
+}
+
 fn rs_spec(op: ReduceOp, dim: usize, dtype: DType, ws: usize, exact: bool) -> FusedSpec {
     FusedSpec {
         call: FusedCall::MatmulReduceScatter { op, dim, scaling: None },
@@ -632,16 +646,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         out.push(group_grid_case(ag));
     }
     out.push(late_peer_case("fused::all_gather_matmul::dim0::f32::late_peer::ws3".to_string(), grid_spec(true, "small", 3), 3));
-    let lc = FusedSpec {
-        call: FusedCall::LowContentionAllGather,
-        dtype: DType::F32,
-        a_shape: vec![3, 5],
-        b_shapes: vec![],
-        row_scales: false,
-        exact: true,
-        odd_rank: None,
-        b_dtype: None,
-    };
+    let lc = lc_spec(DType::F32);
     out.push(late_peer_case("fused::low_contention_all_gather::dim0::f32::late_peer::ws3".to_string(), lc, 3));
     for ws in FUSED_WORLD_SIZES {
         for dt in dts {
@@ -656,16 +661,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                     2,
                 );
             }
-            let x = FusedSpec {
-                call: FusedCall::LowContentionAllGather,
-                dtype: dt,
-                a_shape: vec![3, 5],
-                b_shapes: vec![],
-                row_scales: false,
-                exact: true,
-                odd_rank: None,
-                b_dtype: None,
-            };
+            let x = lc_spec(dt);
             push(&mut out, format!("fused::low_contention_all_gather::dim0::{dt}::exact::ws{ws}"), ws, x.clone(), 2);
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 let x = FusedSpec { call: FusedCall::LowContentionReduceScatter { op }, a_shape: vec![2 * ws, 5], ..x.clone() };
@@ -764,16 +760,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // The same for the low-contention ops (which may complete inside the call, but whose
         // works count until waited and whose results are new buffers).
         if ws == 2 {
-            let lc = FusedSpec {
-                call: FusedCall::LowContentionAllGather,
-                dtype: DType::F32,
-                a_shape: vec![3, 5],
-                b_shapes: vec![],
-                row_scales: false,
-                exact: true,
-                odd_rank: None,
-                b_dtype: None,
-            };
+            let lc = lc_spec(DType::F32);
             push_kept(&mut out, format!("fused::low_contention_all_gather::dim0::f32::outputs_kept::ws{ws}"), ws, lc.clone());
             push_in_flight(&mut out, format!("fused::low_contention_all_gather::dim0::f32::in_flight_twice::ws{ws}"), ws, lc.clone());
             let lc = FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, a_shape: vec![2 * ws, 5], ..lc };
