@@ -327,8 +327,10 @@ impl Bug for SendQueuedBehindCollectives {
     fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
         let ahead: Vec<Arc<Tracked>> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
         for t in ahead {
-            // Failures are the collective's waiter's to see; the queue just moves on.
-            let _ = t.inner.wait(BUG_WAIT);
+            // Failures are the collective's waiter's to see; the queue just moves on. Twice the
+            // bug deadline: longer than the peer's op timeout (15 s by default, as long as
+            // BUG_WAIT), so the peer's wait fails first instead of racing this one.
+            let _ = t.inner.wait(2 * BUG_WAIT);
         }
         s.inner.send(x, dst)
     }

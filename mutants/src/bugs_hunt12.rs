@@ -350,8 +350,10 @@ impl Bug for RecvQueuedBehindCollectives {
     fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
         let ahead: Vec<Arc<Watched>> = lock(&self.pending).iter().filter_map(Weak::upgrade).collect();
         for t in ahead {
-            // Failures are the collective's waiter's to see; the queue just moves on.
-            let _ = t.inner.wait(BUG_WAIT);
+            // Failures are the collective's waiter's to see; the queue just moves on. Twice the
+            // bug deadline: longer than the peer's op timeout (15 s by default, as long as
+            // BUG_WAIT), so the peer's wait fails first instead of racing this one.
+            let _ = t.inner.wait(2 * BUG_WAIT);
         }
         s.inner.recv(out, src)
     }
