@@ -474,15 +474,32 @@ fn base_sets<B: Backend>(cx: &Ctx<'_, B>, step: Step) -> Result<Sets, Collective
     for s in 0..nsets {
         cx.beat.phase(format!("{what}: inputs and expected outputs, set {s}"));
         let seed = concord_fixtures::seed_for(&format!("bench:{}:{}:{}:{}:{s}", op.name(), cx.dtype.name(), cx.redop.name(), step.size));
-        let mut inputs = concord_fixtures::inputs(seed, ws, cx.dtype, &[in_n], fixture_op, InputKind::Exact);
-        widen(&mut inputs, fixture_op);
-        let mut exp = concord_oracle::expected(&collective, &inputs, &cx.sem)
-            .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {what}: {e:?}")))?;
-        let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
-        let input = inputs.into_iter().nth(rank).expect("one input per rank");
+        let (input, expected) = exact_pair(seed, ws, cx.dtype, in_n, fixture_op, &collective, &cx.sem, rank)
+            .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {what}: {e}")))?;
         sets.push(BaseSet { input, expected });
     }
     Ok(Sets { sets })
+}
+
+/// Every rank's exact inputs of `n` elements (seed `seed`), widened ([`widen`]), and the oracle's
+/// answer: this rank's input and expected output (`None`: not defined on this rank). `Err`: the
+/// oracle's refusal, as text.
+#[allow(clippy::too_many_arguments)]
+fn exact_pair(
+    seed: u64,
+    ws: usize,
+    dtype: DType,
+    n: usize,
+    fixture_op: Option<ReduceOp>,
+    collective: &concord_oracle::Collective,
+    sem: &Semantics,
+    rank: usize,
+) -> Result<(Tensor, Option<Tensor>), String> {
+    let mut inputs = concord_fixtures::inputs(seed, ws, dtype, &[n], fixture_op, InputKind::Exact);
+    widen(&mut inputs, fixture_op);
+    let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| format!("{e:?}"))?;
+    let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
+    Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
 }
 
 /// Scales every rank's f32 / f64 Exact input by one odd factor `a` (the largest that keeps the
@@ -575,14 +592,8 @@ fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
                 sc.spawn(move || {
                     let key = format!("bench:{}:{}:{}:{}:0:piece{i}/{p}", op.name(), dtype.name(), redop.name(), step.size);
                     let (in_p, _) = op.numels(lp, ws);
-                    let mut inputs =
-                        concord_fixtures::inputs(concord_fixtures::seed_for(&key), ws, dtype, &[in_p], fixture_op, InputKind::Exact);
-                    widen(&mut inputs, fixture_op);
-                    let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| {
-                        CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e:?}", op.name(), step.size))
-                    })?;
-                    let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
-                    Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
+                    exact_pair(concord_fixtures::seed_for(&key), ws, dtype, in_p, fixture_op, collective, sem, rank)
+                        .map_err(|e| CollectiveError::Backend(format!("the oracle refuses {} {} B (piece {i}): {e}", op.name(), step.size)))
                 })
             })
             .collect();
