@@ -192,6 +192,21 @@ fn denorm_min(dtype: DType) -> f64 {
     }
 }
 
+/// How many ulp a floating `avg` may be off when its inputs share a sign but the average is not
+/// exactly representable (`Σx / ws` with `Σx` not a multiple of `ws`): nccl-tests' bound for a
+/// backend that pre-multiplies every input by `1 / ws` and sums (NCCL's float avg),
+/// `1 + c · ws^p` (f32 / f64: c = 1.25, p = 0.51; f16: 0.75, 0.91; bf16: 0.66, 0.91), and never
+/// under the 2 ulp every avg gets. 2 at 2 ranks, 3 for f32 at 3, 6 for f32 and 10 for f16 at 16.
+/// With mixed signs no ulp bound holds: a partial sum can cancel far below its terms.
+pub fn avg_ulps(dtype: DType, world_size: usize) -> u32 {
+    let (c, p) = match dtype {
+        DType::F16 => (0.75f64, 0.91f64),
+        DType::BF16 => (0.66, 0.91),
+        _ => (1.25, 0.51),
+    };
+    (1 + (c * (world_size.max(1) as f64).powf(p)) as u32).max(2)
+}
+
 /// The tolerance for a result of `op` (`None`: data movement) over `world_size` ranks.
 ///
 /// * Integers, data movement, `min` / `max`, bitwise ops: [`Tolerance::Exact`].
@@ -232,6 +247,17 @@ pub fn tolerance_for(dtype: DType, op: Option<ReduceOp>, world_size: usize, exac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avg_ulps_follow_nccl_tests() {
+        assert_eq!(avg_ulps(DType::F32, 1), 2);
+        assert_eq!(avg_ulps(DType::F32, 2), 2);
+        assert_eq!(avg_ulps(DType::F32, 3), 3);
+        assert_eq!(avg_ulps(DType::BF16, 3), 2);
+        assert_eq!(avg_ulps(DType::F16, 3), 3);
+        assert_eq!(avg_ulps(DType::F32, 16), 6);
+        assert_eq!(avg_ulps(DType::F16, 16), 10);
+    }
 
     #[test]
     fn first_bad_index_coords_and_count() {

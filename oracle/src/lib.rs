@@ -35,7 +35,7 @@ mod collectives;
 pub mod fused;
 pub mod reduce;
 
-pub use check::{compare, compare_outputs, tolerance_for, Mismatch, Tolerance};
+pub use check::{avg_ulps, compare, compare_outputs, tolerance_for, Mismatch, Tolerance};
 pub use collectives::{expected, expected_for, reads};
 pub use fused::{expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs};
 pub use reduce::{reduce_tensors, round_f64_bits};
