@@ -74,6 +74,11 @@ pub const DROP_GRACE: Duration = Duration::from_millis(200);
 /// How long the progress thread spins for the next job before sleeping (latency of short ops).
 const SPIN: Duration = Duration::from_micros(50);
 
+/// While a send / recv waits for its peer, the progress thread looks again after this, then
+/// after twice as long each time, up to [`BUSY_WAIT_MAX`] (a peer that is late costs no CPU).
+const BUSY_WAIT_MIN: Duration = Duration::from_micros(5);
+const BUSY_WAIT_MAX: Duration = Duration::from_micros(100);
+
 /// The NCCL calls of one launch: `(communicator, stream, premul-sum op handles)`.
 pub(crate) type Calls =
     Box<dyn FnOnce(nccl::ncclComm_t, nccl::cudaStream_t, &[u32]) -> std::result::Result<(), (String, nccl::ncclResult_t)> + Send>;
@@ -1229,8 +1234,17 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let mut busy = service(&sh);
         let spin_until = Instant::now() + SPIN;
         while sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) && Instant::now() < spin_until {
-            std::hint::spin_loop();
+            // A parked send / recv is moved on while spinning: its peer's header usually lands
+            // within microseconds, and the timed waits below would add their period to the op
+            // (a send / recv pair took ~210 us against raw NCCL's ~11 before).
+            if busy {
+                busy = service(&sh);
+            } else {
+                std::hint::spin_loop();
+            }
         }
+        // The busy waits' period: short first, doubling up to BUSY_WAIT_MAX.
+        let mut busy_wait = BUSY_WAIT_MIN;
         let job = {
             let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
             loop {
@@ -1245,7 +1259,8 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                         q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
                         continue;
                     }
-                    q = sh.cv.wait_timeout(q, Duration::from_micros(100)).unwrap_or_else(|e| e.into_inner()).0;
+                    q = sh.cv.wait_timeout(q, busy_wait).unwrap_or_else(|e| e.into_inner()).0;
+                    busy_wait = (busy_wait * 2).min(BUSY_WAIT_MAX);
                     if q.jobs.is_empty() {
                         drop(q);
                         busy = service(&sh);
