@@ -15,7 +15,7 @@
 //!   become their own records, with device data on (the NCCL hooks' plumbing, without a GPU).
 
 use concord_bench::{main_with, Args, Hooks};
-use concord_core::{Backend, Capabilities, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
+use concord_core::{Backend, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_shm::ShmBackend;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,44 +38,17 @@ impl Backend for Wrong7 {
     fn name(&self) -> &str {
         "wrong7"
     }
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+    concord_core::forward!(inner =>
+        rank, world_size, capabilities, buffers, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_,
+        all_gather_into_tensor, all_gather_into_tensor_out, all_gather_into_tensor_coalesced,
+        reduce_scatter_tensor, reduce_scatter_tensor_out, reduce_scatter_tensor_coalesced, all_to_all_single,
+        broadcast, broadcast_, permute_tensor, reduce, gather, scatter, barrier, p2p
+    );
     fn outstanding(&self) -> usize {
         self.inner.outstanding() + self.counter.get()
     }
     fn new_group(&self, _: &[usize]) -> Result<Option<Self>> {
         Err(concord_core::CollectiveError::Unsupported("no groups".into()))
-    }
-    fn upload(&self, t: &Tensor) -> Result<Buf> {
-        self.inner.upload(t)
-    }
-    fn download(&self, b: &Buf) -> Result<Tensor> {
-        self.inner.download(b)
-    }
-    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
-        self.inner.alloc(dtype, shape)
-    }
-    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
-        self.inner.write(b, t)
-    }
-    fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
-        self.inner.view(b, offset, shape)
-    }
-    fn buffer_addr(&self, b: &Buf) -> usize {
-        self.inner.buffer_addr(b)
-    }
-    fn buffer_dtype(&self, b: &Buf) -> DType {
-        self.inner.buffer_dtype(b)
-    }
-    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
-        self.inner.buffer_shape(b)
     }
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -90,63 +63,6 @@ impl Backend for Wrong7 {
         self.inner.write(&out, &t)?;
         let meta = WorkMeta { backend: "wrong7".into(), op: "all_reduce".into(), seq: n, rank: 1 };
         Ok(Work::done(out, meta, &self.counter))
-    }
-    fn all_reduce_(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.inner.all_reduce_(x, op)
-    }
-    fn all_reduce_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced(xs, op)
-    }
-    fn all_reduce_coalesced_(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced_(xs, op)
-    }
-    fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
-        self.inner.all_gather_into_tensor(x)
-    }
-    fn all_gather_into_tensor_out(&self, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
-        self.inner.all_gather_into_tensor_out(x, out)
-    }
-    fn all_gather_into_tensor_coalesced(&self, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_gather_into_tensor_coalesced(xs)
-    }
-    fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.inner.reduce_scatter_tensor(x, op)
-    }
-    fn reduce_scatter_tensor_out(&self, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        self.inner.reduce_scatter_tensor_out(x, op, out)
-    }
-    fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.reduce_scatter_tensor_coalesced(xs, op)
-    }
-    fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
-        self.inner.all_to_all_single(x, o, i)
-    }
-    fn broadcast(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.broadcast(x, src)
-    }
-    fn broadcast_(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.broadcast_(x, src)
-    }
-    fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        self.inner.permute_tensor(x, src_dst)
-    }
-    fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        self.inner.reduce(x, op, root)
-    }
-    fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.gather(x, root)
-    }
-    fn scatter(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.scatter(x, root)
-    }
-    fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.inner.send(x, dst)
-    }
-    fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.recv(out, src)
-    }
-    fn barrier(&self) -> Result<Work<()>> {
-        self.inner.barrier()
     }
 }
 

@@ -29,7 +29,7 @@
 //! | `hang` | rank 1's 5th `all_reduce` never completes and its wait ignores the deadline |
 
 use concord_bench::{main_with, Args, Hooks};
-use concord_core::{Backend, Capabilities, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
+use concord_core::{Backend, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_shm::ShmBackend;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,44 +115,16 @@ impl Backend for Broken {
     fn name(&self) -> &str {
         self.mode
     }
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+    concord_core::forward!(inner =>
+        rank, world_size, capabilities, buffers, all_reduce_coalesced, all_reduce_coalesced_,
+        all_gather_into_tensor_out, all_gather_into_tensor_coalesced, reduce_scatter_tensor_out,
+        reduce_scatter_tensor_coalesced, permute_tensor, reduce, gather, scatter, send
+    );
     fn outstanding(&self) -> usize {
         self.inner.outstanding() + self.counter.get()
     }
     fn new_group(&self, _: &[usize]) -> Result<Option<Self>> {
         Err(concord_core::CollectiveError::Unsupported("no groups".into()))
-    }
-    fn upload(&self, t: &Tensor) -> Result<Buf> {
-        self.inner.upload(t)
-    }
-    fn download(&self, b: &Buf) -> Result<Tensor> {
-        self.inner.download(b)
-    }
-    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
-        self.inner.alloc(dtype, shape)
-    }
-    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
-        self.inner.write(b, t)
-    }
-    fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
-        self.inner.view(b, offset, shape)
-    }
-    fn buffer_addr(&self, b: &Buf) -> usize {
-        self.inner.buffer_addr(b)
-    }
-    fn buffer_dtype(&self, b: &Buf) -> DType {
-        self.inner.buffer_dtype(b)
-    }
-    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
-        self.inner.buffer_shape(b)
     }
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -201,12 +173,6 @@ impl Backend for Broken {
         }
         self.inner.all_reduce_(x, op)
     }
-    fn all_reduce_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced(xs, op)
-    }
-    fn all_reduce_coalesced_(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced_(xs, op)
-    }
     fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.mode == "stale" && self.rank() == 0 {
@@ -220,12 +186,6 @@ impl Backend for Broken {
         }
         self.inner.all_gather_into_tensor(x)
     }
-    fn all_gather_into_tensor_out(&self, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
-        self.inner.all_gather_into_tensor_out(x, out)
-    }
-    fn all_gather_into_tensor_coalesced(&self, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_gather_into_tensor_coalesced(xs)
-    }
     fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.mode == "rs-last-rank" && self.rank() + 1 == self.world_size() {
@@ -234,12 +194,6 @@ impl Backend for Broken {
             return Ok(self.done(out, "reduce_scatter"));
         }
         self.inner.reduce_scatter_tensor(x, op)
-    }
-    fn reduce_scatter_tensor_out(&self, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        self.inner.reduce_scatter_tensor_out(x, op, out)
-    }
-    fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.reduce_scatter_tensor_coalesced(xs, op)
     }
     fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -275,21 +229,6 @@ impl Backend for Broken {
             return Ok(self.done(out, "broadcast_"));
         }
         self.inner.broadcast_(x, src)
-    }
-    fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        self.inner.permute_tensor(x, src_dst)
-    }
-    fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        self.inner.reduce(x, op, root)
-    }
-    fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.gather(x, root)
-    }
-    fn scatter(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.scatter(x, root)
-    }
-    fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.inner.send(x, dst)
     }
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         if self.mode == "recv-half" && self.rank() == 0 {

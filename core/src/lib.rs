@@ -14,6 +14,7 @@ pub mod caps;
 pub mod dtype;
 pub mod error;
 pub mod fault;
+pub mod forward;
 pub mod fused;
 pub mod op;
 pub mod progress;

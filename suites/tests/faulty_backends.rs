@@ -157,12 +157,12 @@ impl Backend for Faulty {
     fn name(&self) -> &str {
         "faulty"
     }
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
+    concord_core::forward!(inner =>
+        rank, world_size, fault_hooks, upload, download, alloc, write, buffer_addr, buffer_dtype,
+        buffer_shape, all_reduce_coalesced, all_reduce_coalesced_, all_gather_into_tensor_coalesced,
+        reduce_scatter_tensor_out, reduce_scatter_tensor_coalesced, permute_tensor, gather, scatter, recv,
+        fused_matmul_reduce_scatter, low_contention_all_gather, low_contention_reduce_scatter
+    );
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
         if self.bug == CLAIMS_NAN_IGNORED {
@@ -176,18 +176,6 @@ impl Backend for Faulty {
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
         Ok(self.inner.new_group(ranks)?.map(|g| Faulty::wrap(g, self.world_ws, self.bug)))
     }
-    fn upload(&self, t: &Tensor) -> Result<Buf> {
-        self.inner.upload(t)
-    }
-    fn download(&self, b: &Buf) -> Result<Tensor> {
-        self.inner.download(b)
-    }
-    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
-        self.inner.alloc(dtype, shape)
-    }
-    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
-        self.inner.write(b, t)
-    }
     fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
         let v = self.inner.view(b, offset, shape)?;
         // Only the bugs that look a view's parent up remember it (it keeps the parent alive).
@@ -195,15 +183,6 @@ impl Backend for Faulty {
             self.views.lock().unwrap().insert(self.inner.buffer_addr(&v), (b.clone(), offset));
         }
         Ok(v)
-    }
-    fn buffer_addr(&self, b: &Buf) -> usize {
-        self.inner.buffer_addr(b)
-    }
-    fn buffer_dtype(&self, b: &Buf) -> DType {
-        self.inner.buffer_dtype(b)
-    }
-    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
-        self.inner.buffer_shape(b)
     }
 
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
@@ -263,12 +242,6 @@ impl Backend for Faulty {
         }
         self.inner.all_reduce_(x, op)
     }
-    fn all_reduce_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced(xs, op)
-    }
-    fn all_reduce_coalesced_(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_reduce_coalesced_(xs, op)
-    }
     fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
         let w = self.inner.all_gather_into_tensor(x)?;
         if self.bug != WRONG_RANK_ORDER {
@@ -302,9 +275,6 @@ impl Backend for Faulty {
             Ok(())
         })
     }
-    fn all_gather_into_tensor_coalesced(&self, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
-        self.inner.all_gather_into_tensor_coalesced(xs)
-    }
     fn reduce_scatter_tensor(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let ws = self.world_size();
         let shape = self.inner.buffer_shape(x);
@@ -315,12 +285,6 @@ impl Backend for Faulty {
             return self.inner.reduce_scatter_tensor(&head, op);
         }
         self.inner.reduce_scatter_tensor(x, op)
-    }
-    fn reduce_scatter_tensor_out(&self, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        self.inner.reduce_scatter_tensor_out(x, op, out)
-    }
-    fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.inner.reduce_scatter_tensor_coalesced(xs, op)
     }
     fn all_to_all_single(&self, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
         let shape = self.inner.buffer_shape(x);
@@ -354,9 +318,6 @@ impl Backend for Faulty {
     fn broadcast_(&self, x: &Buf, src: usize) -> Result<Work<Buf>> {
         self.inner.broadcast_(x, if self.bug == IGNORES_ROOT && src < self.world_size() { 0 } else { src })
     }
-    fn permute_tensor(&self, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        self.inner.permute_tensor(x, src_dst)
-    }
     fn reduce(&self, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
         let w = self.inner.reduce(x, op, root)?;
         if self.bug != REDUCE_COMPLETED_AT_ONCE {
@@ -364,12 +325,6 @@ impl Backend for Faulty {
         }
         let value = w.peek().clone();
         Ok(Work::new(value, Arc::new(ClaimsDone(Mutex::new(w))), self.meta("reduce"), &self.counter))
-    }
-    fn gather(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.gather(x, root)
-    }
-    fn scatter(&self, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.inner.scatter(x, root)
     }
     fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
         if self.bug != SWAPPED_P2P_ORDER {
@@ -392,12 +347,6 @@ impl Backend for Faulty {
             }
         }
     }
-    fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.inner.recv(out, src)
-    }
-    fn fault_hooks(&self) -> Vec<(String, concord_core::fault::Action)> {
-        self.inner.fault_hooks()
-    }
     fn fused_all_gather_scaled_matmul(
         &self,
         a: &Buf,
@@ -406,9 +355,6 @@ impl Backend for Faulty {
         scaling: &concord_core::fused::Scaling,
     ) -> Result<Work<concord_core::fused::Gathered<Buf>>> {
         self.inner.fused_all_gather_scaled_matmul(a, bs, dim, scaling)
-    }
-    fn fused_matmul_reduce_scatter(&self, a: &Buf, b: &Buf, op: ReduceOp, dim: usize) -> Result<Work<Buf>> {
-        self.inner.fused_matmul_reduce_scatter(a, b, op, dim)
     }
     fn fused_scaled_matmul_reduce_scatter(
         &self,
@@ -419,12 +365,6 @@ impl Backend for Faulty {
         scaling: &concord_core::fused::Scaling,
     ) -> Result<Work<Buf>> {
         self.inner.fused_scaled_matmul_reduce_scatter(a, b, op, dim, scaling)
-    }
-    fn low_contention_all_gather(&self, x: &Buf) -> Result<Work<Buf>> {
-        self.inner.low_contention_all_gather(x)
-    }
-    fn low_contention_reduce_scatter(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.inner.low_contention_reduce_scatter(x, op)
     }
     fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<concord_core::fused::Gathered<Buf>>> {
         if self.bug != FUSED_EARLY_CONSUME && self.bug != FUSED_RANK_ORDER {
