@@ -167,14 +167,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.reduce",
         source: BACKEND,
         text: "Reductions return the oracle's value for every dtype and reduce op defined for it (exact inputs bit-exact; random inputs within the bound).",
-        cases: &[
-            "all_reduce::out::",
-            "reduce_scatter_tensor::out::",
-            "reduce::out::",
-            "::random",
-            "::special",
-            "programs::",
-        ],
+        cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special", "programs::"],
     },
     Clause {
         id: "values.move",
