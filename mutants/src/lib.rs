@@ -19,6 +19,7 @@ pub mod bugs_dtype;
 pub mod bugs_hunt;
 pub mod bugs_hunt10;
 pub mod bugs_hunt12;
+pub mod bugs_hunt17;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
@@ -49,6 +50,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt9::catalogue());
     v.extend(bugs_hunt10::catalogue());
     v.extend(bugs_hunt12::catalogue());
+    v.extend(bugs_hunt17::catalogue());
     v.extend(bugs_dtype::catalogue());
     v
 }

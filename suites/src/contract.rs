@@ -60,6 +60,8 @@ pub const CLAUSES: &[Clause] = &[
             "reuse::outputs_in_flight::",
             "async::registry_counts_unwaited_work",
             "seed::eager::work_registry_zero_after_wait",
+            // One work held un-waited while 300 others run: still counted.
+            "state::outstanding_across_300_ops",
         ],
     },
     Clause {
@@ -104,6 +106,8 @@ pub const CLAUSES: &[Clause] = &[
             "faults::new_group_failure_leaves_no_file",
             "bad_input::send_to_self",
             "bad_input::send_recv_dtype_mismatch",
+            // A hundred refused ops in one case: usable after their sum, not only after one.
+            "state::bad_input_100_then_usable",
         ],
     },
     Clause {
@@ -120,7 +124,9 @@ pub const CLAUSES: &[Clause] = &[
         id: "quiescence",
         source: BACKEND,
         text: "After every case, outstanding() is 0 on the world and every subgroup (checked by the runner after each case body).",
-        cases: &["::ws"],
+        // `state::dropped_works_100_then_usable`: a hundred works dropped un-waited, then 0 and a
+        // working communicator.
+        cases: &["::ws", "state::dropped_works_100_then_usable"],
     },
     Clause {
         id: "async.unwaited_exit",
@@ -199,7 +205,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "placement.out_of_place",
         source: BACKEND,
         text: "Out-of-place ops return a new buffer that never aliases the input, and leave the input unchanged.",
-        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations", "reuse::outputs_kept::", "programs::"],
+        cases: &["all_reduce::out::", "reuse::persistent_input_100_iterations", "reuse::outputs_kept::", "programs::", "state::results_kept_100_calls"],
     },
     Clause {
         id: "placement.in_place",
@@ -288,7 +294,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "views",
         source: BACKEND,
         text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
-        cases: &["views::", "programs::"],
+        cases: &["views::", "programs::", "state::views_of_one_parent"],
     },
     Clause {
         id: "placement.realloc",
@@ -316,7 +322,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "subgroups",
         source: BACKEND,
         text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
-        cases: &["subgroup::", "programs::"],
+        cases: &["subgroup::", "programs::", "state::group_recreated_same_members"],
     },
     Clause {
         id: "caps.declared_semantics",
@@ -348,6 +354,8 @@ pub const CLAUSES: &[Clause] = &[
             "bad_input::recv_buffer_larger_than_",
             "bad_input::send_recv_dtype_mismatch",
             "programs::",
+            // 300 messages between one pair: a narrow tag that wraps.
+            "state::recv_300_from_one_peer",
         ],
     },
     Clause {

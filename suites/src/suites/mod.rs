@@ -27,6 +27,8 @@
 //! * [`programs`] — seeded random programs: any declared op / variant / dtype / reduce op, random
 //!   shapes, roots, permutations, views, up to three calls in flight on the world and subgroups.
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
+//! * [`state`] — state over time: hundreds of ops on one communicator, refused and dropped
+//!   ops by the hundred, views of one parent, reduce ops on one shape, a group remade.
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -47,6 +49,7 @@ pub mod realloc;
 pub mod reuse;
 pub mod seed;
 pub mod sizes;
+pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;

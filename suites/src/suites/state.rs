@@ -1,0 +1,240 @@
+//! State over time: what a backend keeps across the calls of a communicator (or of a process)
+//! and gets wrong only once it has accumulated. Every other case is short: a tag or slot index
+//! kept in a `u8` that wraps, a pool that leaks a slot per failed or abandoned op, a
+//! cache keyed by a view's parent, and a destroyed group's channel reopened by the next group of
+//! the same members all pass them. Each case here builds that history itself, in one case, so
+//! it fails alone in a fresh world (its rerun line reproduces it), not only after the cases run
+//! before it in a persistent world.
+//!
+//! * `state::recv_300_from_one_peer::ws2` — 300 exchanges between one pair, each message with
+//!   its own values: a per-peer tag of 8 bits matches message 256 with message 0's slot.
+//! * `state::bad_input_100_then_usable::ws2` — 100 all_reduces refused as bad input across ranks
+//!   (each a named `shape_mismatch` on both ranks), then a correct all_reduce: a pool that keeps
+//!   a slot per failed op runs dry.
+//! * `state::dropped_works_100_then_usable::ws2` — 100 all_reduces dropped without a wait, then
+//!   `outstanding()` is 0 and an all_reduce is right: a work table that keeps the slot of a
+//!   dropped work fills up.
+//! * `state::views_of_one_parent::ws2` — all_reduces of eight views of one parent, each at its
+//!   own offset, same length: a table keyed by (parent, length) reads the first view's offset.
+//! * `state::outstanding_across_300_ops::ws2` — one all_reduce held un-waited while 300 others
+//!   run: `outstanding()` is still 1, then its result is right: a registry that tells works
+//!   apart by an 8-bit id loses the held one.
+//! * `state::results_kept_100_calls::ws2` — 100 out-of-place all_reduces of one shape, every
+//!   result kept and checked at the end: a backend that, once warm, replays a captured call
+//!   and returns its static output has each result overwritten by the next.
+//! * `state::group_recreated_same_members::ws3` — a group of ranks `[2, 0]` made, used and
+//!   dropped three times, each time with other inputs: the next group of the same members must
+//!   not see the last one's state.
+
+use super::util::{expect_eq, fail, here};
+use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use concord_core::{Backend, DType, ReduceOp, Tensor};
+
+fn meta(op: &str, variant: &str, dtype: &str) -> CaseMeta {
+    CaseMeta { suite: "state".into(), op: op.into(), variant: variant.into(), dtype: dtype.into(), reduce: String::new() }
+}
+
+/// Exchanges of [`recv_300`] (more than a `u8` tag counts).
+pub const EXCHANGES: usize = 300;
+/// Ops run while one is held un-waited in [`outstanding_across`].
+pub const HELD_ACROSS: usize = 300;
+/// Results kept in [`results_kept`].
+pub const KEPT: usize = 100;
+/// Refused and dropped ops of [`bad_input_then_usable`] / [`dropped_then_usable`].
+pub const REPEATS: usize = 100;
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        Case::<B>::new("state::recv_300_from_one_peer::ws2", meta("send_recv", "outbuf", "i32"), 2, recv_300),
+        Case::<B>::new("state::bad_input_100_then_usable::ws2", meta("all_reduce", "out", "f32"), 2, bad_input_then_usable),
+        Case::<B>::new("state::dropped_works_100_then_usable::ws2", meta("all_reduce", "out", "f32"), 2, dropped_then_usable),
+        Case::<B>::new("state::views_of_one_parent::ws2", meta("all_reduce", "out", "f32"), 2, views_of_one_parent),
+        Case::<B>::new("state::outstanding_across_300_ops::ws2", meta("all_reduce", "out", "f32"), 2, outstanding_across),
+        Case::<B>::new("state::results_kept_100_calls::ws2", meta("all_reduce", "out", "f32"), 2, results_kept),
+        Case::<B>::new("state::group_recreated_same_members::ws3", meta("all_reduce", "out", "f32"), 3, group_recreated),
+    ]
+}
+
+/// Message `k` from `src`: 7 i32, distinct per (src, k, element).
+fn message(src: usize, k: usize) -> Tensor {
+    Tensor::from_vec(&[7], (0..7).map(|i| (src * 1_000_000 + k * 10 + i) as i32).collect::<Vec<_>>())
+}
+
+fn recv_300<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let me = b.rank();
+    let peer = 1 - me;
+    let w = here(b, "send_recv", "outbuf", DType::I32);
+    let out = b.alloc(DType::I32, &[7])?;
+    for k in 0..EXCHANGES {
+        let x = b.upload(&message(me, k))?;
+        let wk = format!("{w} exchange {k} of {EXCHANGES} with rank {peer}");
+        // Rank 0 sends first, rank 1 receives first: both orders every time.
+        let (s, r) = if me == 0 {
+            let s = b.send(&x, peer).map_err(|e| fail(&wk, format!("send: {e}")))?;
+            (s, b.recv(&out, peer).map_err(|e| fail(&wk, format!("recv: {e}")))?)
+        } else {
+            let r = b.recv(&out, peer).map_err(|e| fail(&wk, format!("recv: {e}")))?;
+            (b.send(&x, peer).map_err(|e| fail(&wk, format!("send: {e}")))?, r)
+        };
+        r.wait(ctx.timeout).map_err(|e| fail(&wk, format!("recv wait: {e}")))?;
+        s.wait(ctx.timeout).map_err(|e| fail(&wk, format!("send wait: {e}")))?;
+        expect_eq(b, &out, &message(peer, k), &wk)?;
+    }
+    Ok(())
+}
+
+/// A correct all_reduce of `[5]` f32 after `what`, checked on this rank.
+fn usable_after<B: Backend>(ctx: &Ctx<'_, B>, what: &str) -> CaseResult {
+    let b = ctx.b;
+    let w = format!("{} after {what}", here(b, "all_reduce", "out", DType::F32));
+    let x = b.upload(&Tensor::from_vec(&[5], (0..5).map(|i| (i + 7 * b.rank()) as f32).collect()))?;
+    let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
+    let out = out.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
+    expect_eq(b, out, &Tensor::from_vec(&[5], (0..5).map(|i| (2 * i + 7) as f32).collect()), &w)?;
+    if b.outstanding() != 0 {
+        return Err(fail(&w, format!("outstanding() = {} with every work waited or dropped", b.outstanding())));
+    }
+    Ok(())
+}
+
+fn bad_input_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = here(b, "all_reduce", "out", DType::F32);
+    for k in 0..REPEATS {
+        let wk = format!("{w} bad call {k} of {REPEATS} (shape [{}] on rank {}, another on its peer)", 4 + b.rank(), b.rank());
+        let x = b.upload(&Tensor::from_vec(&[4 + b.rank()], vec![1.0f32; 4 + b.rank()]))?;
+        // Refused at issue or at wait: either way a named bad input, never Ok.
+        let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
+        match r {
+            Ok(()) => return Err(fail(&wk, "returned Ok for a shape that differs across ranks")),
+            Err(e) if e.bad_input_kind().is_some() => {}
+            Err(e) => return Err(fail(&wk, format!("expected a named bad input, got {e} [{}]", e.name()))),
+        }
+    }
+    usable_after(ctx, &format!("{REPEATS} all_reduces refused as bad input"))
+}
+
+fn dropped_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = here(b, "all_reduce", "out", DType::F32);
+    let x = b.upload(&Tensor::from_vec(&[5], vec![1.0f32; 5]))?;
+    for k in 0..REPEATS {
+        let wk = format!("{w} call {k} of {REPEATS}, dropped without a wait");
+        // Every rank issues it, so it completes without its waiter; the work is dropped.
+        drop(b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e} [{}]", e.name())))?);
+    }
+    usable_after(ctx, &format!("{REPEATS} all_reduces dropped without a wait"))
+}
+
+fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = here(b, "all_reduce", "out", DType::F32);
+    const LEN: usize = 8;
+    const VIEWS: usize = 8;
+    // Element i of rank r's parent: i + 1000 r.
+    let of = |r: usize| -> Vec<f32> { (0..LEN * VIEWS + 1).map(|i| (i + 1000 * r) as f32).collect() };
+    let parent = b.upload(&Tensor::from_vec(&[LEN * VIEWS + 1], of(me)))?;
+    for v in 0..VIEWS {
+        let off = 1 + v * LEN;
+        let wv = format!("{w} view {v} of {VIEWS} of one parent (elements {off}..{})", off + LEN);
+        let x = b.view(&parent, off, &[LEN]).map_err(|e| fail(&wv, format!("view: {e}")))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wv, format!("issue: {e}")))?;
+        let out = out.wait(ctx.timeout).map_err(|e| fail(&wv, format!("wait: {e}")))?;
+        let exp: Vec<f32> = (off..off + LEN).map(|i| (0..ws).map(|r| of(r)[i]).sum()).collect();
+        expect_eq(b, out, &Tensor::from_vec(&[LEN], exp), &wv)?;
+    }
+    Ok(())
+}
+
+fn outstanding_across<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = here(b, "all_reduce", "out", DType::F32);
+    let of = |k: usize, r: usize| -> Vec<f32> { (0..5).map(|i| (i + 3 * (k % 50) + 1000 * r) as f32).collect() };
+    let sum =
+        |k: usize| -> Tensor { Tensor::from_vec(&[5], (0..5).map(|i| (0..ws).map(|r| of(k, r)[i]).sum::<f32>()).collect::<Vec<f32>>()) };
+    let before = b.outstanding();
+    let hx = b.upload(&Tensor::from_vec(&[5], of(HELD_ACROSS, me)))?;
+    let held = b.all_reduce(&hx, ReduceOp::Sum).map_err(|e| fail(&w, format!("held call: issue: {e}")))?;
+    let x = b.alloc(DType::F32, &[5])?;
+    for k in 0..HELD_ACROSS {
+        let wk = format!("{w} call {k} of {HELD_ACROSS} with one call held un-waited");
+        b.write(&x, &Tensor::from_vec(&[5], of(k, me)))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e}")))?;
+        expect_eq(b, out.wait(ctx.timeout).map_err(|e| fail(&wk, format!("wait: {e}")))?, &sum(k), &wk)?;
+    }
+    let wh = format!("{w} the call held un-waited across {HELD_ACROSS} others");
+    if b.outstanding() != before + 1 {
+        return Err(fail(&wh, format!("outstanding() = {}, expected {} (the held work)", b.outstanding(), before + 1)));
+    }
+    expect_eq(b, held.wait(ctx.timeout).map_err(|e| fail(&wh, format!("wait: {e}")))?, &sum(HELD_ACROSS), &wh)?;
+    drop(held);
+    if b.outstanding() != before {
+        return Err(fail(&wh, format!("outstanding() = {} after it was waited, expected {before}", b.outstanding())));
+    }
+    Ok(())
+}
+
+fn results_kept<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = here(b, "all_reduce", "out", DType::F32);
+    let of = |k: usize, r: usize| -> Vec<f32> { (0..6).map(|i| (i + 10 * k + 10_000 * r) as f32).collect() };
+    let x = b.alloc(DType::F32, &[6])?;
+    let mut kept = Vec::with_capacity(KEPT);
+    for k in 0..KEPT {
+        let wk = format!("{w} call {k} of {KEPT} of one shape");
+        b.write(&x, &Tensor::from_vec(&[6], of(k, me)))?;
+        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e}")))?;
+        kept.push(out.into_value(ctx.timeout).map_err(|e| fail(&wk, format!("wait: {e}")))?);
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (k, out) in kept.iter().enumerate() {
+        let wk = format!("{w} result {k} of {KEPT} kept while the later calls ran");
+        if let Some(j) = seen.insert(b.buffer_addr(out), k) {
+            return Err(fail(&wk, format!("the same buffer as result {j}: out-of-place results must be new buffers")));
+        }
+        let exp = Tensor::from_vec(&[6], (0..6).map(|i| (0..ws).map(|r| of(k, r)[i]).sum::<f32>()).collect::<Vec<f32>>());
+        expect_eq(b, out, &exp, &wk)?;
+    }
+    Ok(())
+}
+
+fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let me = b.rank();
+    let members = [2usize, 0];
+    let w = here(b, "all_reduce", "out", DType::F32);
+    if !b.capabilities().subgroups {
+        return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
+    }
+    for round in 0..3 {
+        let wr = format!("{w} group {members:?} made for the {} time", ["first", "second", "third"][round]);
+        let g = b.new_group(&members).map_err(|e| fail(&wr, format!("new_group: {e}")))?;
+        if let Some(g) = g {
+            let gw = format!("{wr} (group rank {} of {})", g.rank(), g.world_size());
+            let of = |gr: usize| -> Vec<f32> { (0..6).map(|i| (i + 10 * round + 100 * gr) as f32).collect() };
+            let x = g.upload(&Tensor::from_vec(&[6], of(g.rank())))?;
+            for (k, inplace) in [false, true].into_iter().enumerate() {
+                let wk = format!("{gw} call {k} ({})", if inplace { "all_reduce_" } else { "all_reduce" });
+                let exp = Tensor::from_vec(&[6], (0..6).map(|i| of(0)[i] + of(1)[i]).collect());
+                if inplace {
+                    g.all_reduce_(&x, ReduceOp::Sum).map_err(|e| fail(&wk, e))?.wait(ctx.timeout).map_err(|e| fail(&wk, e))?;
+                    expect_eq(&g, &x, &exp, &wk)?;
+                } else {
+                    let out = g.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, e))?;
+                    expect_eq(&g, out.wait(ctx.timeout).map_err(|e| fail(&wk, e))?, &exp, &wk)?;
+                }
+            }
+            if g.outstanding() != 0 {
+                return Err(fail(&gw, format!("outstanding() = {} on the group with every work waited", g.outstanding())));
+            }
+        } else if members.contains(&me) {
+            return Err(fail(&wr, "new_group gave a member no communicator"));
+        }
+        // The group is dropped here, before the next one of the same members is made.
+    }
+    Ok(())
+}
