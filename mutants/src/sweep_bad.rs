@@ -147,7 +147,9 @@ impl Target {
             mode: MODES.iter().copied().find(|x| *x == m)?,
             kind,
         };
-        kinds(t.hook).contains(&kind).then_some(t)
+        let placed = rooted(t.hook) || !matches!(t.pos, "root" | "nonroot");
+        let moded = (t.pos == "any") == (t.mode == "poisoned");
+        (kinds(t.hook).contains(&kind) && placed && moded).then_some(t)
     }
     pub fn label(&self) -> String {
         format!("{}:{}:{}!{}", self.hook, self.pos, self.mode, self.kind.name())
@@ -191,14 +193,17 @@ pub fn impossible(t: &Target, ws: usize) -> bool {
     // Input dtypes are compared across ranks (a verdict never names rank 0); only an `_out`
     // buffer's dtype, or a send's, is one rank's own.
     let dtype_across = k == K::DTypeMismatch && !t.hook.ends_with("_out") && !matches!(t.hook, "send" | "recv");
-    // One rank is its own root: a root it could name and be is in range.
+    // One rank is its own root: a root it could name and be is in range. And one rank has no
+    // peer for a valid send / recv after a refused one.
     let own_root = ws == 1 && t.pos == "root" && k == K::BadRoot;
-    pos_absent || one_rank || own_root || (t.pos == "first" && (only_across_ranks(k) || dtype_across))
+    let no_peer = ws == 1 && t.mode == "poisoned" && matches!(t.hook, "send" | "recv");
+    pos_absent || one_rank || own_root || no_peer || (t.pos == "first" && (only_across_ranks(k) || dtype_across))
 }
 
 /// The rank the verdict's detail names as the offender: the rank after "but rank " (a cross-rank
 /// rule: the first rank that differs from rank 0), else the first "rank N" it names, else `me`
-/// (a rank's own call refused at issue names no rank prefix only when it is the caller's).
+/// (a rank's own call refused at issue names no rank prefix only when it is the caller's). A
+/// send refused by its receiver names the receiver.
 pub fn offender(detail: &str, me: usize) -> usize {
     fn number_after(s: &str, pat: &str) -> Option<usize> {
         let mut rest = s;

@@ -122,7 +122,7 @@ const BAD_INPUT_CATCH: &[(&str, &str)] = &[
     ("all_reduce:first:missed!unsupported_dtype", "bad_input::grid::all_reduce::ws1"),
     ("broadcast:any:poisoned!bad_root", "bad_input::grid::broadcast::ws2"),
     ("gather:middle:missed!dtype_mismatch", "bad_input::grid::gather::ws3"),
-    ("reduce_scatter_tensor_out:root:missed!out_buffer_size", "bad_input::grid::reduce_scatter_tensor_out::ws2"),
+    ("reduce_scatter_tensor_out:middle:missed!zero_dim", "bad_input::grid::reduce_scatter_tensor_out::ws3"),
     ("scatter:root:missed!shape_mismatch", "bad_input::grid::scatter::ws16"),
 ];
 
@@ -253,6 +253,8 @@ fn main() {
             offender("no rank named", 5) == 5,
             Target::parse("broadcast:root:missed!bad_root").is_some_and(|t| t.label() == "broadcast:root:missed!bad_root"),
             Target::parse("all_reduce:root:missed!bad_root").is_none(), // all_reduce has no root
+            Target::parse("all_reduce:root:missed!shape_mismatch").is_none(),
+            Target::parse("all_reduce:any:missed!shape_mismatch").is_none(), // `any` is `poisoned`'s
             Target::parse("broadcast:root:missed!bad_rot").is_none(),
         ];
         match checks.iter().position(|ok| !ok) {

@@ -166,7 +166,11 @@ fn carriers(how: How, ws: usize) -> Vec<Carrier> {
     if !how.across() && ws > 1 && !matches!(how, How::P2pDType | How::P2pLarger | How::P2pSmaller) {
         v.push(Carrier::Every);
     }
-    for r in [0, ws / 2, ws - 1] {
+    // A send learns a refusal from its receiver (whose verdict names the receiver): one more
+    // sender, the last but one, so that the last rank receives.
+    let p2p = matches!(how, How::P2pDType | How::P2pLarger | How::P2pSmaller);
+    let before_last = if p2p && ws > 2 { ws - 2 } else { 0 };
+    for r in [0, ws / 2, ws - 1, before_last] {
         if !v.contains(&Carrier::One(r)) {
             v.push(Carrier::One(r));
         }
