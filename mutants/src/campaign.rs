@@ -294,6 +294,83 @@ struct Cli {
     /// (`HOOK:every:any@DTYPE`).
     #[arg(long, value_name = "DTYPE")]
     dtype: Vec<String>,
+    /// Sweep: the bad-input grid instead, for these kinds (repeatable; `all`: every kind): every
+    /// hook × kind × offender position × world size (`HOOK:POSITION:MODE!KIND`,
+    /// `crate::sweep_bad`); `--ws` defaults to 1, 2, 3 and 16 there.
+    #[arg(long = "bad-input", value_name = "KIND")]
+    bad_input: Vec<String>,
+}
+
+/// `--bad-input`, or `--sweep HOOK:POSITION:MODE!KIND`: the bad-input grid, or one target's cases.
+fn bad_input_main(cli: &Cli) -> ! {
+    use crate::sweep_bad;
+    let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let mut targets: Vec<sweep_bad::Target> = match cli.sweep.as_deref() {
+        Some(t) if !t.is_empty() => match sweep_bad::Target::parse(t) {
+            Some(t) => vec![t],
+            None => {
+                eprintln!(
+                    "error: bad bad-input target `{t}`: HOOK:POSITION:MODE!KIND, hooks {:?}, positions {:?}, modes {:?}, a kind the hook can get",
+                    sweep_bad::HOOKS,
+                    sweep_bad::POSITIONS,
+                    sweep_bad::MODES
+                );
+                std::process::exit(2);
+            }
+        },
+        _ => {
+            let mut kinds = Vec::new();
+            for k in &cli.bad_input {
+                match concord_core::BadInputKind::ALL.iter().find(|x| x.name() == k) {
+                    Some(x) => kinds.push(*x),
+                    None if k == "all" => {}
+                    None => {
+                        eprintln!(
+                            "error: no bad-input kind `{k}` (kinds: {:?}, or `all`)",
+                            concord_core::BadInputKind::ALL.map(|x| x.name())
+                        );
+                        std::process::exit(2);
+                    }
+                }
+            }
+            sweep_bad::targets(&kinds)
+        }
+    };
+    if !cli.hook.is_empty() {
+        targets.retain(|t| cli.hook.iter().any(|h| h == t.hook));
+    }
+    if targets.is_empty() {
+        eprintln!("error: the target, --bad-input and --hook select no target");
+        std::process::exit(2);
+    }
+    if !cli.cases.is_empty() {
+        let [t] = &targets[..] else {
+            eprintln!("error: --case with --sweep needs one target (`--sweep HOOK:POSITION:MODE!KIND`)");
+            std::process::exit(2);
+        };
+        let f = run_mutant(&sweep_bad::spec(t), &cli.cases);
+        let control =
+            f.caught.as_ref().and_then(|c| run_mutant(&sweep_bad::control(t), &[format!("{}::{}", sweep_bad::NAME, c.case)]).caught);
+        let attributed = f.caught.is_some() && control.is_none();
+        match (&f.caught, control) {
+            (Some(c), None) => println!("{} caught by {} (its control passed)\n{}", t.label(), c.case, c.message),
+            (Some(c), Some(k)) => println!("{}: {} failed, but its control failed too:\n{}", t.label(), c.case, k.message),
+            (None, _) => println!("{}: none of the {} case(s) failed", t.label(), f.cases_run),
+        }
+        Pool::global().shutdown();
+        std::process::exit(if attributed { 0 } else { 1 });
+    }
+    let sizes: Vec<usize> = if cli.ws.is_empty() { sweep_bad::WORLD_SIZES.to_vec() } else { cli.ws.clone() };
+    eprintln!("concord-mutants: bad-input grid of {} target(s) x {} world size(s), {jobs} side by side", targets.len(), sizes.len());
+    let started = Instant::now();
+    let cells = sweep_bad::run(&targets, &sizes, jobs, &cli.skip, |c| {
+        if c.candidates.is_some() && c.caught.is_none() {
+            eprintln!("  HOLE {} ws{} ({} cases, {:.1} s)", c.target.label(), c.ws, c.cases_run, c.elapsed.as_secs_f64());
+        }
+    });
+    print!("{}", sweep_bad::render(&cells, &sizes));
+    println!("wall time: {:.1} s", started.elapsed().as_secs_f64());
+    std::process::exit(if cells.iter().all(|c| c.candidates.is_none() || c.caught.is_some()) { 0 } else { 1 })
 }
 
 /// `--sweep`: the grid, or one target's cases.
@@ -417,8 +494,12 @@ pub fn main() -> ! {
     let specs = crate::catalogue();
     let mut entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
     entries.push(crate::sweep::worker_entry());
+    entries.push(crate::sweep_bad::worker_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
+    if !cli.bad_input.is_empty() || cli.sweep.as_deref().is_some_and(|t| t.contains('!')) {
+        bad_input_main(&cli);
+    }
     if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() || !cli.dtype.is_empty() {
         sweep_main(&cli);
     }

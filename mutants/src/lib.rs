@@ -19,6 +19,7 @@ pub mod bugs_dtype;
 pub mod bugs_hunt;
 pub mod bugs_hunt10;
 pub mod bugs_hunt12;
+pub mod bugs_hunt16;
 pub mod bugs_hunt17;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
@@ -31,6 +32,7 @@ pub mod bugs_hunt9;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
+pub mod sweep_bad;
 
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
@@ -52,6 +54,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt12::catalogue());
     v.extend(bugs_hunt17::catalogue());
     v.extend(bugs_dtype::catalogue());
+    v.extend(bugs_hunt16::catalogue());
     v
 }
 
@@ -59,6 +62,9 @@ pub fn catalogue() -> Vec<campaign::Spec> {
 pub fn maker(name: &str) -> Option<MakeBug> {
     if name == "sweep" {
         return Some(sweep::make);
+    }
+    if name == sweep_bad::NAME {
+        return Some(sweep_bad::make);
     }
     catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
 }
@@ -403,6 +409,10 @@ impl Backend for Mutant {
             maker(name).ok_or_else(|| CollectiveError::Backend(format!("no mutant named `{name}` (see `cargo xtask mutants --list`)")))?;
         if name == "sweep" {
             sweep::set_target(world.option("sweep"), world.option(sweep::DRY_OPTION).is_some()).map_err(CollectiveError::Backend)?;
+        }
+        if name == sweep_bad::NAME {
+            let dry = world.option(sweep::DRY_OPTION).is_some();
+            sweep_bad::set_target(world.option(sweep_bad::NAME), dry).map_err(CollectiveError::Backend)?;
         }
         let inner = ShmBackend::init(world)?;
         Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })

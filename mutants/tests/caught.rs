@@ -114,6 +114,18 @@ const SWEEP_CATCH: &[(&str, &str)] = &[
     ("fused_matmul_reduce_scatter:every:any@bf16", "fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws16"),
 ];
 
+/// The bad-input grid (`cargo xtask mutants --bad-input all`, `sweep_bad`), pinned where it had
+/// holes: each target with a world size's grid case (`bad_input_grid`) that catches it. Before
+/// the grid cases, no case gave the op that kind at one rank or sixteen, with the bad argument on
+/// the root or a middle rank alone, or called the same op again after the refusal.
+const BAD_INPUT_CATCH: &[(&str, &str)] = &[
+    ("all_reduce:first:missed!unsupported_dtype", "bad_input::grid::all_reduce::ws1"),
+    ("broadcast:any:poisoned!bad_root", "bad_input::grid::broadcast::ws2"),
+    ("gather:middle:missed!dtype_mismatch", "bad_input::grid::gather::ws3"),
+    ("reduce_scatter_tensor_out:middle:missed!zero_dim", "bad_input::grid::reduce_scatter_tensor_out::ws3"),
+    ("scatter:root:missed!shape_mismatch", "bad_input::grid::scatter::ws16"),
+];
+
 fn spec(name: &str) -> Spec {
     concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
@@ -122,6 +134,7 @@ fn main() {
     let specs = concord_mutants::catalogue();
     let mut entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
     entries.push(concord_mutants::sweep::worker_entry());
+    entries.push(concord_mutants::sweep_bad::worker_entry());
     concord_suites::run::dispatch_child(&entries);
 
     let args = libtest_mimic::Arguments::from_args();
@@ -193,6 +206,62 @@ fn main() {
             }
         }));
     }
+    for &(target, case) in BAD_INPUT_CATCH {
+        trials.push(libtest_mimic::Trial::test(format!("mutants::bad_input_grid::{target}::{case}"), move || {
+            use concord_mutants::sweep_bad;
+            let t = sweep_bad::Target::parse(target).ok_or_else(|| format!("bad bad-input target {target}"))?;
+            let id = format!("{}::{case}", sweep_bad::NAME);
+            let found = run_mutant_in(verdict_pool(), &sweep_bad::spec(&t), std::slice::from_ref(&id));
+            if found.cases_run != 1 {
+                return Err(format!("the catalogue has no case {case}").into());
+            }
+            if found.caught.is_none() {
+                return Err(format!(
+                    "bad-input cell {target} survived {case}: the bad-input grid lost the power this test pins\n  rerun: cargo xtask mutants --sweep '{target}' --case {id}"
+                )
+                .into());
+            }
+            match run_mutant_in(verdict_pool(), &sweep_bad::control(&t), &[id]).caught {
+                None => Ok(()),
+                Some(c) => Err(format!("bad-input cell {target}: {case} fails its control too:\n{}", c.message).into()),
+            }
+        }));
+    }
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::bad_input_offender_is_the_rule_tables", || {
+        // The grid places a verdict by the rank the core rule table names: pinned against the
+        // table itself, so a change of its wording cannot move every cell silently.
+        use concord_core::{validate_all, CallDesc, CallOp, Capabilities, DType, TensorDesc, Variant};
+        use concord_mutants::sweep_bad::{offender, Target};
+        let caps = Capabilities::full(64);
+        let call = |r: usize, root: usize, cols: usize| {
+            let mut d = CallDesc::new(CallOp::Broadcast, Variant::Out, r);
+            d.inputs.push(TensorDesc::new(DType::F32, &[6, cols]));
+            d.root = Some(root);
+            d
+        };
+        let detail = |calls: Vec<CallDesc>| validate_all(&calls, &caps).map(|_| String::new()).unwrap_or_else(|e| e.detail);
+        let checks = [
+            // Every rank's root out of range: the first rank that breaks it.
+            offender(&detail((0..3).map(|r| call(r, 3, 1)).collect()), 2) == 0,
+            // The middle rank's own root out of range.
+            offender(&detail((0..3).map(|r| call(r, if r == 1 { 3 } else { 0 }, 1)).collect()), 0) == 1,
+            // The last rank's shape differs (a cross-rank rule): the rank that differs from rank 0.
+            offender(&detail((0..3).map(|r| call(r, 0, 1 + usize::from(r == 2))).collect()), 0) == 2,
+            // Rank 0 alone differs: the table names rank 1.
+            offender(&detail((0..3).map(|r| call(r, 0, 1 + usize::from(r == 0))).collect()), 2) == 1,
+            offender("send peer 1 of rank 1 is not another rank of 0..2", 1) == 1,
+            offender("no rank named", 5) == 5,
+            Target::parse("broadcast:root:missed!bad_root").is_some_and(|t| t.label() == "broadcast:root:missed!bad_root"),
+            Target::parse("all_reduce:root:missed!bad_root").is_none(), // all_reduce has no root
+            Target::parse("all_reduce:root:missed!shape_mismatch").is_none(),
+            Target::parse("all_reduce:any:missed!shape_mismatch").is_none(), // `any` is `poisoned`'s
+            Target::parse("broadcast:root:missed!bad_rot").is_none(),
+        ];
+        match checks.iter().position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(format!("bad-input grid rule #{i} does not hold").into()),
+        }
+    }));
     sweep_trials(&mut trials);
     // The hint index finds what a plain substring search finds, in the same order.
     let plain_ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();

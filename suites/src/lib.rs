@@ -36,6 +36,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::numerics::cases::<B>());
     v.extend(suites::reuse::cases::<B>());
     v.extend(suites::bad_input::cases::<B>());
+    v.extend(suites::bad_input_grid::cases::<B>());
     v.extend(suites::caps::cases::<B>());
     v.extend(suites::views::cases::<B>());
     v.extend(suites::sizes::cases::<B>());

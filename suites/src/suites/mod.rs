@@ -14,6 +14,9 @@
 //! * [`numerics`] — exact rounding: nearest-even ties, subnormals, premul_sum factors.
 //! * [`reuse`] — guard bytes, persistent buffers, late writes, aliasing, results kept across calls.
 //! * [`bad_input`] — 30+ bad inputs, each a named error on every rank, then a usable world.
+//! * [`bad_input_grid`] — every (op, variant) × bad-input kind × carrier (every rank, rank 0, a
+//!   middle rank, the last rank; the root first and last) at 1, 2, 3 and 16 ranks, each refusal
+//!   followed by a valid call of the same (op, variant).
 //! * [`caps`] — declared capabilities (NaN policy, integer avg, aliasing, gaps) vs observed behaviour.
 //! * [`views`] — inputs and `_out` / recv outputs as views at non-zero offsets; parents untouched.
 //! * [`sizes`] — a size ladder per op up to 64 MiB, every element checked.
@@ -37,6 +40,7 @@ pub mod all_to_all_equal;
 pub mod async_ops;
 pub mod async_wait;
 pub mod bad_input;
+pub mod bad_input_grid;
 pub mod caps;
 pub mod device_faults;
 pub mod faults;
