@@ -6,14 +6,15 @@
 /// `self` holding another backend with the same `Buffer` type. Inside `impl Backend for W`:
 ///
 /// ```ignore
-/// concord_core::forward!(inner => rank, world_size, capabilities, buffers, collectives, p2p);
+/// concord_core::forward!(inner => rank, world_size, capabilities, outstanding, buffers, collectives, p2p);
 /// ```
 ///
 /// The field is a name or a tuple index (`0`); the rest are the trait's method names, or groups:
 /// `buffers` (`upload` … `buffer_shape`), `collectives` (every collective but `send` / `recv`:
 /// `all_reduce` … `barrier`), `p2p` (`send`, `recv`), `fused` (the four fused ops and the two
 /// low-contention ones; without it the trait's unfused defaults run over the wrapper's own
-/// collectives). A method named here and written by hand too is a compile error ("duplicate
+/// collectives). `init`, `name` and `new_group` build or name the wrapper itself and are always
+/// written by hand. A method named here and written by hand too is a compile error ("duplicate
 /// definitions"): leave the overridden one out of the list.
 #[macro_export]
 macro_rules! forward {

@@ -37,7 +37,9 @@ pub mod sweep_bad;
 /// Every mutant of the campaign: [`bugs`], [`bugs_clauses`] (a mutant per contract clause the
 /// first campaigns left without one), [`bugs_hunt`], [`bugs_hunt2`], [`bugs_hunt3`] and
 /// [`bugs_hunt4`] to [`bugs_hunt10`] and [`bugs_hunt12`] (bugs
-/// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at).
+/// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at),
+/// [`bugs_hunt16`] (bugs the bad-input grid pointed at) and [`bugs_hunt17`] (state that goes
+/// wrong only with time).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());

@@ -6,9 +6,10 @@
 //! One parameterised bug, [`Judged`] with the grid's [`TargetJudge`], wraps every hook of the correct shm backend. The rule
 //! table (`concord_core::call`) still decides every call; the bug changes what ONE hook reports
 //! when the verdict is ONE [`BadInputKind`] whose offender sits at ONE position:
-//! * `missed`: every rank of the communicator completes the call as if it were valid (its
-//!   output left as it lies: silently truncated / padded) — the backend does not detect the kind
-//!   when that rank carries it;
+//! * `missed`: every rank of the communicator completes the call as if it were valid — the
+//!   backend does not detect the kind when that rank carries it (an `_out` hook returns its
+//!   output buffer as it lies, silently truncated / padded; the others return their input
+//!   buffer(s) as the result; for `send` only the sender's hook misreports);
 //! * `poisoned`: the right named error on every rank, but the next call of the same hook on that
 //!   communicator fails with it again (the refused call's error left in the op's state).
 //!
@@ -529,7 +530,7 @@ pub fn spec(t: &Target) -> Spec {
     let entry = BackendEntry::new::<crate::Mutant>(NAME, 0, concord_suites::catalogue::<crate::Mutant>)
         .with_option("mutant", NAME)
         .with_option(NAME, &t.label())
-        .with_rerun(format!("cargo xtask mutants --sweep {} --case", t.label()));
+        .with_rerun(format!("cargo xtask mutants --sweep '{}' --case", t.label())); // quoted: `!` is history expansion in bash
     Spec {
         name: NAME,
         clause: "bad_input.named_everywhere",

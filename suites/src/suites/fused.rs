@@ -44,6 +44,18 @@ pub struct FusedSpec {
     pub b_dtype: Option<DType>,
 }
 
+/// The sign every rank gives element `i` of an avg's inputs (from the case's seed only).
+fn shared_sign(seed: u64, i: usize) -> f64 {
+    let mut z = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    if (z ^ (z >> 31)) & 1 == 0 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
 fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -85,21 +97,33 @@ impl FusedSpec {
         };
         let n: usize = a_shape.iter().product();
         let s = seed ^ ((r as u64 + 1) * 7919);
-        // An avg's partial products share a sign (as nccl-tests' avg inputs): with mixed signs a
-        // backend that pre-multiplies by 1/ws (NCCL) is off by far more than any ulp bound
-        // where a sum cancels (observed at 3 ranks on NCCL 2.28).
-        let lo = |l: i64| if self.is_avg() { 0 } else { l };
-        let a = Tensor::from_f64(self.dtype, &a_shape, &values(s, n, self.exact, lo(-2), 2));
+        // An avg's terms share a sign at each output element (as nccl-tests' avg inputs): with
+        // mixed signs a backend that pre-multiplies by 1/ws (NCCL) is off by far more than any
+        // ulp bound where a sum cancels (observed at 3 ranks on NCCL 2.28). So `a` is
+        // non-negative and `b`'s column j (the low-contention reduce-scatter's element j) takes
+        // a sign every rank draws alike: negative values stay, never mixed within one sum.
+        let avg = self.is_avg();
+        let lo = |l: i64| if avg { 0 } else { l };
+        let signed = |mut v: Vec<f64>, cols: usize| {
+            if avg {
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x *= shared_sign(seed, i % cols.max(1));
+                }
+            }
+            v
+        };
+        let mut av = values(s, n, self.exact, lo(-2), 2);
+        if self.b_shapes.is_empty() {
+            av = signed(av, n);
+        }
+        let a = Tensor::from_f64(self.dtype, &a_shape, &av);
         let bs = self
             .b_shapes
             .iter()
             .enumerate()
             .map(|(i, sh)| {
-                Tensor::from_f64(
-                    self.b_dtype.unwrap_or(self.dtype),
-                    sh,
-                    &values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, lo(-1), 1),
-                )
+                let bv = values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, lo(-1), 1);
+                Tensor::from_f64(self.b_dtype.unwrap_or(self.dtype), sh, &signed(bv, *sh.last().unwrap_or(&1)))
             })
             .collect();
         let a_scale = self.call.scaling().map(|sc| {

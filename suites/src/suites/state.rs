@@ -28,7 +28,7 @@
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
-use concord_core::{Backend, DType, ReduceOp, Tensor};
+use concord_core::{Backend, BadInputKind, DType, ReduceOp, Tensor};
 
 fn meta(op: &str, variant: &str, dtype: &str) -> CaseMeta {
     CaseMeta { suite: "state".into(), op: op.into(), variant: variant.into(), dtype: dtype.into(), reduce: String::new() }
@@ -67,8 +67,8 @@ fn recv_300<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let w = here(b, "send_recv", "outbuf", DType::I32);
     let out = b.alloc(DType::I32, &[7])?;
     for k in 0..EXCHANGES {
-        let x = b.upload(&message(me, k))?;
         let wk = format!("{w} exchange {k} of {EXCHANGES} with rank {peer}");
+        let x = b.upload(&message(me, k)).map_err(|e| fail(&wk, format!("upload: {e}")))?;
         // Rank 0 sends first, rank 1 receives first: both orders every time.
         let (s, r) = if me == 0 {
             let s = b.send(&x, peer).map_err(|e| fail(&wk, format!("send: {e}")))?;
@@ -103,13 +103,13 @@ fn bad_input_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let w = here(b, "all_reduce", "out", DType::F32);
     for k in 0..REPEATS {
         let wk = format!("{w} bad call {k} of {REPEATS} (shape [{}] on rank {}, another on its peer)", 4 + b.rank(), b.rank());
-        let x = b.upload(&Tensor::from_vec(&[4 + b.rank()], vec![1.0f32; 4 + b.rank()]))?;
-        // Refused at issue or at wait: either way a named bad input, never Ok.
+        let x = b.upload(&Tensor::from_vec(&[4 + b.rank()], vec![1.0f32; 4 + b.rank()])).map_err(|e| fail(&wk, format!("upload: {e}")))?;
+        // Refused at issue or at wait: either way the named shape_mismatch, never Ok.
         let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
         match r {
             Ok(()) => return Err(fail(&wk, "returned Ok for a shape that differs across ranks")),
-            Err(e) if e.bad_input_kind().is_some() => {}
-            Err(e) => return Err(fail(&wk, format!("expected a named bad input, got {e} [{}]", e.name()))),
+            Err(e) if e.bad_input_kind() == Some(BadInputKind::ShapeMismatch) => {}
+            Err(e) => return Err(fail(&wk, format!("expected bad_input:shape_mismatch, got {e} [{}]", e.name()))),
         }
     }
     usable_after(ctx, &format!("{REPEATS} all_reduces refused as bad input"))
@@ -152,7 +152,7 @@ fn outstanding_across<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let w = here(b, "all_reduce", "out", DType::F32);
-    let of = |k: usize, r: usize| -> Vec<f32> { (0..5).map(|i| (i + 3 * (k % 50) + 1000 * r) as f32).collect() };
+    let of = |k: usize, r: usize| -> Vec<f32> { (0..5).map(|i| (i + 3 * k + 1000 * r) as f32).collect() };
     let sum =
         |k: usize| -> Tensor { Tensor::from_vec(&[5], (0..5).map(|i| (0..ws).map(|r| of(k, r)[i]).sum::<f32>()).collect::<Vec<f32>>()) };
     let before = b.outstanding();
