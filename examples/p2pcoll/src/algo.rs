@@ -19,6 +19,8 @@ pub const SEGMENT: usize = 8192;
 pub struct Exec {
     /// The internal communicator (its own send / recv channels).
     pub c: Arc<ShmBackend>,
+    /// This communicator's rank `r` is rank `map[r]` of `c`.
+    pub map: Arc<Vec<usize>>,
     pub n: usize,
     pub me: usize,
     pub started: Instant,
@@ -75,12 +77,12 @@ impl Exec {
         let mut sw = Vec::with_capacity(sends.len());
         for (dst, t) in &sends {
             let b = self.c.upload(t)?;
-            sw.push(self.c.send(&b, *dst)?);
+            sw.push(self.c.send(&b, self.map[*dst])?);
         }
         let mut rw = Vec::with_capacity(recvs.len());
         for &(src, d, numel) in recvs {
             let b = self.c.alloc(d, &[numel])?;
-            rw.push(self.c.recv(&b, src)?);
+            rw.push(self.c.recv(&b, self.map[src])?);
         }
         for w in sw {
             self.wait(w)?;
@@ -120,9 +122,18 @@ impl Exec {
         let heads = self.exchange(sends, &recvs)?;
         // Second round only between pairs where a description is longer than the header.
         let their_len = |h: &Tensor| h.as_slice::<u64>()[0] as usize;
-        let tail_sends = if tail.is_empty() { vec![] } else { peers.iter().map(|&p| (p, Tensor::from_vec(&[tail.len()], tail.clone()))).collect() };
-        let tail_recvs: Vec<_> =
-            peers.iter().zip(&heads).filter(|(_, h)| their_len(h) > HEAD - 1).map(|(&p, h)| (p, DType::U64, their_len(h) - (HEAD - 1))).collect();
+        let cut = self.bug == Bug::DescCutAtHeader;
+        let tail_sends = if tail.is_empty() || cut {
+            vec![]
+        } else {
+            peers.iter().map(|&p| (p, Tensor::from_vec(&[tail.len()], tail.clone()))).collect()
+        };
+        let tail_recvs: Vec<_> = peers
+            .iter()
+            .zip(&heads)
+            .filter(|(_, h)| !cut && their_len(h) > HEAD - 1)
+            .map(|(&p, h)| (p, DType::U64, their_len(h) - (HEAD - 1)))
+            .collect();
         let tails = if tail_sends.is_empty() && tail_recvs.is_empty() { vec![] } else { self.exchange(tail_sends, &tail_recvs)? };
         let mut tails = tails.into_iter();
         let mut all = Vec::with_capacity(self.n);
@@ -135,7 +146,7 @@ impl Exec {
             let h = hi.next().expect("one header per peer");
             let len = their_len(h);
             let mut w: Vec<u64> = h.as_slice::<u64>()[1..1 + len.min(HEAD - 1)].to_vec();
-            if len > HEAD - 1 {
+            if len > HEAD - 1 && !cut {
                 w.extend_from_slice(tails.next().expect("a tail per long header").as_slice::<u64>());
             }
             let d = CallDesc::decode(&w).ok_or_else(|| {
@@ -213,8 +224,7 @@ impl Exec {
         put(&mut out, me * m, &x.clone().reshaped(&[m]));
         for s in 0..n.saturating_sub(1) {
             let send_slot = (me + n - s) % n;
-            let recv_slot =
-                if self.bug == Bug::AllGatherRingDirection { (me + s + 1) % n } else { (me + 2 * n - s - 1) % n };
+            let recv_slot = (me + 2 * n - s - 1) % n;
             let got = self.sendrecv(slice(&out, send_slot * m, m), self.right(), self.left(), d, m)?;
             put(&mut out, recv_slot * m, &got);
         }
@@ -227,8 +237,7 @@ impl Exec {
         let d = x.dtype();
         let row = if x.shape().is_empty() { 1 } else { x.shape()[1..].iter().product() };
         let in_off: Vec<usize> = prefix(in_splits);
-        let out_off: Vec<usize> =
-            if self.bug == Bug::AllToAllOutOffsetsFromInput { prefix(in_splits) } else { prefix(out_splits) };
+        let out_off: Vec<usize> = if self.bug == Bug::AllToAllOutOffsetsFromInput { prefix(in_splits) } else { prefix(out_splits) };
         let out_rows: usize = out_splits.iter().sum();
         let flat = x.clone().reshaped(&[x.numel()]);
         let mut out = Tensor::zeros(d, &[out_rows * row]);
@@ -270,10 +279,9 @@ impl Exec {
         };
         // The parent: v minus its lowest set bit; children: v + mask for masks below it.
         let low = if v == 0 { n.next_power_of_two() } else { v & v.wrapping_neg() };
-        let limit = if self.bug == Bug::BcastTreeMaskHalf { (n / 2).max(1) } else { n };
         let mut children = Vec::new();
         let mut mask = 1;
-        while mask < low && mask < limit {
+        while mask < low && mask < n {
             if v + mask < n {
                 children.push(self.real(v + mask, root));
             }
@@ -307,6 +315,11 @@ impl Exec {
         while mask < n {
             if v & mask != 0 {
                 let parent = self.real(v - mask, root);
+                if self.bug == Bug::ReduceTreePartialsInDtype {
+                    // The partial narrowed to the dtype (no avg division yet) and widened back.
+                    let sum_like = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+                    acc = widen(&narrow(&acc, dtype, sum_like, n, Bug::None), ReduceOp::Sum, n, Bug::None);
+                }
                 self.exchange(vec![(parent, acc)], &[])?;
                 return Ok(None);
             }

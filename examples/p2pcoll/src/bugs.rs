@@ -10,15 +10,19 @@ pub enum Bug {
     RingDropsRemainder,
     /// reduce_scatter reuses all_reduce's ring schedule: rank r ends owning chunk r + 1.
     ReduceScatterOwnerShift,
-    /// all_gather's ring stores the chunk received at step s at slot `me + s + 1`, not
-    /// `me - s - 1` (the same at 2 ranks).
-    AllGatherRingDirection,
+    /// The call-description exchange sends only its fixed 256-word header: a description longer
+    /// than that (a coalesced list of ~60 tensors or more) arrives cut, and the call fails.
+    DescCutAtHeader,
+    /// reduce's tree sends each partial in the tensor's own dtype (half the bytes of f16 / bf16
+    /// on the wire): a partial of several ranks is rounded at every tree level.
+    ReduceTreePartialsInDtype,
     /// Tree virtual rank `(rank - root) % ws` in unsigned arithmetic (`wrapping_sub`): right
     /// only when ws is a power of two or rank >= root.
     TreeVrankUnsigned,
-    /// Binomial broadcast tree that stops at `mask < ws / 2`: ranks past the largest power of
-    /// two below ws get nothing at non-power-of-two world sizes.
-    BcastTreeMaskHalf,
+    /// Subgroups send their internal messages over the *world's* internal channel (peers
+    /// translated to world ranks), untagged: a subgroup's op and an op of the world (or of an
+    /// overlapping group) in flight at once can take each other's messages.
+    GroupsShareWorldChannel,
     /// scatter: the root sends chunk `(dst - root) mod ws` (the virtual rank) to rank `dst`.
     ScatterChunkByVrank,
     /// all_to_all: output offsets computed from the *input* splits.
@@ -45,12 +49,13 @@ pub enum Bug {
 }
 
 impl Bug {
-    pub const ALL: [(&'static str, Bug); 16] = [
+    pub const ALL: [(&'static str, Bug); 17] = [
         ("ring_drops_remainder", Bug::RingDropsRemainder),
         ("reduce_scatter_owner_shift", Bug::ReduceScatterOwnerShift),
-        ("all_gather_ring_direction", Bug::AllGatherRingDirection),
+        ("reduce_tree_partials_in_dtype", Bug::ReduceTreePartialsInDtype),
+        ("desc_cut_at_header", Bug::DescCutAtHeader),
         ("tree_vrank_unsigned", Bug::TreeVrankUnsigned),
-        ("bcast_tree_mask_half", Bug::BcastTreeMaskHalf),
+        ("groups_share_world_channel", Bug::GroupsShareWorldChannel),
         ("scatter_chunk_by_vrank", Bug::ScatterChunkByVrank),
         ("a2a_out_offsets_from_input", Bug::AllToAllOutOffsetsFromInput),
         ("permute_inverse", Bug::PermuteInverse),

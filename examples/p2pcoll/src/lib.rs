@@ -59,15 +59,50 @@ fn caps() -> Capabilities {
 }
 
 enum Kind {
-    AllReduce { xs: Vec<Buf>, outs: Vec<Buf>, op: ReduceOp },
-    AllGather { xs: Vec<Buf>, outs: Vec<Buf> },
-    ReduceScatter { xs: Vec<Buf>, outs: Vec<Buf>, op: ReduceOp },
-    AllToAll { x: Buf, out: Buf },
-    Broadcast { x: Buf, out: Buf, root: usize },
-    Permute { x: Buf, out: Buf, perm: Vec<usize> },
-    Reduce { x: Buf, out: Buf, op: ReduceOp, root: usize },
-    Gather { x: Buf, out: Buf, root: usize },
-    Scatter { x: Buf, out: Buf, root: usize },
+    AllReduce {
+        xs: Vec<Buf>,
+        outs: Vec<Buf>,
+        op: ReduceOp,
+    },
+    AllGather {
+        xs: Vec<Buf>,
+        outs: Vec<Buf>,
+    },
+    ReduceScatter {
+        xs: Vec<Buf>,
+        outs: Vec<Buf>,
+        op: ReduceOp,
+    },
+    AllToAll {
+        x: Buf,
+        out: Buf,
+    },
+    Broadcast {
+        x: Buf,
+        out: Buf,
+        root: usize,
+    },
+    Permute {
+        x: Buf,
+        out: Buf,
+        perm: Vec<usize>,
+    },
+    Reduce {
+        x: Buf,
+        out: Buf,
+        op: ReduceOp,
+        root: usize,
+    },
+    Gather {
+        x: Buf,
+        out: Buf,
+        root: usize,
+    },
+    Scatter {
+        x: Buf,
+        out: Buf,
+        root: usize,
+    },
     Barrier,
     /// Only the call's validation: the group itself is made on the user's communicator after.
     NewGroup,
@@ -84,6 +119,7 @@ struct Job {
 /// The communicator's worker: runs its ops in issue order.
 struct Worker {
     internal: Arc<ShmBackend>,
+    map: Arc<Vec<usize>>,
     n: usize,
     me: usize,
     op_timeout: Duration,
@@ -99,8 +135,9 @@ impl Worker {
             let outcome = match &self.poisoned {
                 Some(why) => Err(CollectiveError::Aborted(format!("{} #{} on rank {}: {why}", job.name, job.seq, self.me))),
                 None => {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job)))
-                        .unwrap_or_else(|p| Err(CollectiveError::Backend(format!("p2pcoll worker panicked in {} #{}: {}", job.name, job.seq, panic_text(&p)))));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(&job))).unwrap_or_else(|p| {
+                        Err(CollectiveError::Backend(format!("p2pcoll worker panicked in {} #{}: {}", job.name, job.seq, panic_text(&p))))
+                    });
                     if let Err(e) = &r {
                         if !matches!(e, CollectiveError::BadInput { .. }) {
                             self.poisoned = Some(format!("an earlier op ({} #{}) failed: {e}", job.name, job.seq));
@@ -118,6 +155,7 @@ impl Worker {
         let started = Instant::now();
         let ex = Exec {
             c: self.internal.clone(),
+            map: self.map.clone(),
             n: self.n,
             me: self.me,
             started,
@@ -191,6 +229,10 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 pub struct P2pColl {
     /// Buffers and the user's send / recv.
     user: Arc<ShmBackend>,
+    /// The internal channel and this communicator's ranks in it (identity but under the bug
+    /// `groups_share_world_channel`, where a subgroup uses the world's).
+    internal: Arc<ShmBackend>,
+    map: Arc<Vec<usize>>,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     seq: Mutex<u64>,
@@ -202,19 +244,35 @@ pub struct P2pColl {
 }
 
 impl P2pColl {
-    fn start(user: ShmBackend, bug: Bug, op_timeout: Duration, label: String) -> Result<P2pColl> {
+    /// `parent`: the parent communicator's internal channel and this group's ranks in it (a
+    /// subgroup; used only under the bug `groups_share_world_channel`).
+    fn start(
+        user: ShmBackend,
+        bug: Bug,
+        op_timeout: Duration,
+        label: String,
+        parent: Option<(Arc<ShmBackend>, Vec<usize>)>,
+    ) -> Result<P2pColl> {
         let user = Arc::new(user);
         let n = user.world_size();
-        let internal = if bug == Bug::SharedP2pChannel {
-            user.clone()
-        } else {
-            let all: Vec<usize> = (0..n).collect();
-            Arc::new(user.new_group(&all)?.ok_or_else(|| CollectiveError::Backend("p2pcoll: the internal group left this rank out".into()))?)
+        let all: Vec<usize> = (0..n).collect();
+        let (internal, map) = match parent {
+            Some((world, map)) if bug == Bug::GroupsShareWorldChannel => (world, map),
+            _ if bug == Bug::SharedP2pChannel => (user.clone(), all),
+            _ => (
+                Arc::new(
+                    user.new_group(&all)?
+                        .ok_or_else(|| CollectiveError::Backend("p2pcoll: the internal group left this rank out".into()))?,
+                ),
+                all,
+            ),
         };
+        let map = Arc::new(map);
         let abort = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let worker = Worker {
             internal: internal.clone(),
+            map: map.clone(),
             n,
             me: user.rank(),
             op_timeout,
@@ -229,6 +287,8 @@ impl P2pColl {
             .map_err(|e| CollectiveError::Backend(format!("p2pcoll: cannot start the worker thread: {e}")))?;
         Ok(P2pColl {
             user,
+            internal,
+            map,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             seq: Mutex::new(0),
@@ -337,7 +397,7 @@ impl Backend for P2pColl {
         let mut w = world.clone();
         w.options.retain(|(k, _)| k != BUG_OPTION && k != "fault");
         let user = ShmBackend::init(&w)?;
-        P2pColl::start(user, bug, world.op_timeout, format!("p2pcoll r{}", world.rank))
+        P2pColl::start(user, bug, world.op_timeout, format!("p2pcoll r{}", world.rank), None)
     }
     fn name(&self) -> &str {
         "p2pcoll"
@@ -365,7 +425,8 @@ impl Backend for P2pColl {
         self.issue("new_group", d, Kind::NewGroup, ())?.wait(self.op_timeout + Duration::from_secs(1))?;
         let Some(sub) = self.user.new_group(ranks)? else { return Ok(None) };
         let label = format!("{}[{}]", self.label, ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","));
-        P2pColl::start(sub, self.bug, self.op_timeout, label).map(Some)
+        let in_parent = ranks.iter().map(|&r| self.map[r]).collect();
+        P2pColl::start(sub, self.bug, self.op_timeout, label, Some((self.internal.clone(), in_parent))).map(Some)
     }
 
     fn upload(&self, t: &Tensor) -> Result<Buf> {
@@ -438,8 +499,7 @@ impl Backend for P2pColl {
     }
     fn reduce_scatter_tensor_coalesced(&self, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         let outs: Vec<Buf> = xs.iter().map(|x| self.alloc_like(x, &self.scattered_shape(x))).collect::<Result<_>>()?;
-        let mut d =
-            self.desc(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+        let mut d = self.desc(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
         d.reduce = Some(op);
         self.issue("reduce_scatter_tensor_coalesced", d, Kind::ReduceScatter { xs: xs.to_vec(), outs: outs.clone(), op }, outs)
     }

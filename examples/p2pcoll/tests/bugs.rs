@@ -1,1 +1,98 @@
-fn main() {}
+//! The p2pcoll hunt's guard (hunt15): each bug of [`Bug`] against the case that catches it in
+//! the whole catalogue (`P2PCOLL_BUG=<name> P2PCOLL_FULL=1 cargo test --profile ci -p
+//! concord-example-p2pcoll --test conformance -- --report DIR` runs it against all of them).
+//! Each trial runs that one case on the backend built with the bug, in a fresh world, and
+//! requires it to FAIL with a message naming the op; and the same case on the correct backend
+//! must pass (so the case tells the two apart, and the correct backend stays correct there).
+//! A suite change that lets a bug through, or a catcher renamed, fails here.
+
+use concord_example_p2pcoll::bugs::Bug;
+use concord_example_p2pcoll::P2pColl;
+use concord_harness::runner::{Pool, PoolConfig};
+use concord_harness::verdict::Verdict;
+use concord_suites::run::{dispatch_child, run_case_in};
+use concord_suites::BackendEntry;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Each bug, the case (id without the backend prefix) that catches it, and the op its failure
+/// message must name (`op=...`).
+const CATCHES: &[(&str, &str, &str)] = &[];
+
+const CORRECT: &str = "p2pcoll";
+
+fn entry(name: &str, bug: &str) -> BackendEntry {
+    BackendEntry::new::<P2pColl>(name, 0, concord_suites::catalogue::<P2pColl>).with_option("p2pcoll_bug", bug).with_rerun(format!(
+        "P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test --profile ci -p concord-example-p2pcoll --test conformance -- --exact"
+    ))
+}
+
+fn entries() -> Vec<BackendEntry> {
+    let mut v = vec![entry(CORRECT, "")];
+    v.extend(Bug::ALL.iter().map(|(n, _)| entry(&format!("p2pcoll_{n}"), n)));
+    v
+}
+
+/// Worlds for verdicts only: a failed rank's peers get 150 ms to report.
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() }))
+}
+
+/// Runs case `id` (no prefix) on `e`: its verdict and failure message.
+fn run(e: &BackendEntry, id: &str) -> Result<(Verdict, String), String> {
+    let full = format!("{}::{id}", e.name);
+    let case = e.cases().into_iter().find(|c| c.id == full).ok_or_else(|| format!("no case {full} in the catalogue"))?;
+    let (v, msg, _) = run_case_in(pool(), e, &case);
+    Ok((v, msg))
+}
+
+fn main() {
+    let all = entries();
+    dispatch_child(&all);
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = Vec::new();
+    trials.push(libtest_mimic::Trial::test("p2pcoll::every_bug_is_pinned", || {
+        let missing: Vec<&str> = Bug::ALL.iter().map(|(n, _)| *n).filter(|n| !CATCHES.iter().any(|(b, _, _)| b == n)).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("bugs without a catching case here: {missing:?}").into())
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("p2pcoll::no_gpu_dependency", || {
+        // A host backend written outside must build without the GPU stack (as a downstream
+        // crate would): its normal dependencies never include cudarc.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["tree", "--offline", "-p", "concord-example-p2pcoll", "-e", "normal", "--prefix", "none"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .map_err(|e| format!("cargo tree: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || !text.contains("concord-shm") {
+            return Err(format!("cargo tree failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+        match text.lines().find(|l| l.starts_with("cudarc")) {
+            Some(l) => Err(format!("concord-example-p2pcoll depends on {l}").into()),
+            None => Ok(()),
+        }
+    }));
+    for &(bug, case, op) in CATCHES {
+        trials.push(libtest_mimic::Trial::test(format!("p2pcoll::{bug}_is_caught"), move || {
+            let bugged = entry(&format!("p2pcoll_{bug}"), bug);
+            let (v, msg) = run(&bugged, case)?;
+            match v {
+                Verdict::Failed(_) if msg.contains(&format!("op={op}")) => {}
+                Verdict::Failed(_) => return Err(format!("{bug}: {case} failed, but its message does not name op={op}:\n{msg}").into()),
+                v => return Err(format!("{bug} SURVIVED {case}: {v:?}").into()),
+            }
+            let (v, msg) = run(&entry(CORRECT, ""), case)?;
+            if !matches!(v, Verdict::Passed) {
+                return Err(format!("the correct p2pcoll does not pass {case}: {v:?}\n{msg}").into());
+            }
+            Ok(())
+        }));
+    }
+    libtest_mimic::run(&args, trials).exit()
+}
