@@ -108,7 +108,9 @@ pub fn combine(acc: &mut Tensor, other: &Tensor, op: ReduceOp, dtype: DType, bug
             };
         }
     } else {
-        let unsigned = !dtype.is_signed_int() && !(dtype == DType::U64 && bug == Bug::U64MinMaxSigned);
+        // The bug compares u64 as the signed wide bits.
+        let signed_compare = dtype.is_signed_int() || (dtype == DType::U64 && bug == Bug::U64MinMaxSigned);
+        let unsigned = !signed_compare;
         let o = other.as_slice::<i64>().to_vec();
         for (a, b) in acc.as_mut_slice::<i64>().iter_mut().zip(o) {
             *a = match op {
