@@ -33,7 +33,8 @@ pub enum Bug {
     AvgAsPremulReciprocal,
     /// f16 / bf16 partial sums rounded to the dtype at every ring hop.
     HalfSumRoundedPerStep,
-    /// Float min / max by plain `<` / `>`: `min(+0, -0)` is whichever came first.
+    /// Float min / max by plain `<` / `>`: `min(+0, -0)` is whichever came first, and a NaN
+    /// arriving from a peer is dropped.
     MinMaxIgnoresZeroSign,
     /// Integer avg divides the wide (i64) sum, not the sum wrapped to the dtype.
     IntAvgOfUnwrappedSum,

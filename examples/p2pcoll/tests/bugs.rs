@@ -25,6 +25,8 @@ const CATCHES: &[(&str, &str, &str)] = &[
     ("bcast_segments_drop_tail", "sizes::broadcast::f32::n65537::ws2", "broadcast"),
     ("avg_as_premul_reciprocal", "all_reduce::out::i8::avg::ws2", "all_reduce"),
     ("half_sum_rounded_per_step", "numerics::round_once::f16::ws3", "all_reduce"),
+    ("groups_share_world_channel", "reuse::world_and_group_in_flight::all_reduce::out::ws3", "all_reduce"),
+    ("minmax_ignores_zero_sign", "all_reduce::out::f32::min::ws2::special", "all_reduce"),
     // Survived the 7,939 cases of the catalogue; caught by the cases hunt15 added.
     ("reduce_tree_partials_in_dtype", "numerics::round_once::spread::reduce::f16::ws4", "reduce"),
     ("desc_cut_at_header", "all_reduce::coalesced::f32::sum::ws2::list100", "all_reduce"),
