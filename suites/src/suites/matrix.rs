@@ -157,6 +157,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     out.extend(large_cases());
     out.extend(bits_cases());
     out.extend(mixed_dtype_cases());
+    out.extend(many_tensor_cases());
     out
 }
 
@@ -348,6 +349,49 @@ pub fn permutation_cases<B: Backend>() -> Vec<Case<B>> {
             let extra = Extra { src_dst: Some(src_dst), ..Extra::default() };
             out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
                 values::run_extra(ctx.b, &spec, seed, ctx.timeout, &label, &extra)
+            }));
+        }
+    }
+    out
+}
+
+/// Tensors in a list of [`many_tensor_cases`].
+const MANY: usize = 100;
+
+/// Coalesced calls over a list of [`MANY`] tensors (`all_reduce::coalesced::f32::sum::ws3::list100`),
+/// f32, world sizes 2 and 3: the matrix's lists hold the catalogue's 12 shapes, so a backend whose
+/// call description, fusion table or message header has a fixed size (hunt15's
+/// `desc_cut_at_header`: a 256-word header cuts the description of a 60-tensor list, and the
+/// call fails on every rank) passes there. A DDP gradient bucket is such a list. The shapes cycle
+/// through one element, odd, empty, 2-D and 0-dim tensors (dim 0 times the world size for
+/// reduce_scatter).
+pub fn many_tensor_cases<B: Backend>() -> Vec<Case<B>> {
+    const BASE: [&[usize]; 6] = [&[1], &[3], &[0], &[2, 2], &[5], &[]];
+    let mut out = Vec::new();
+    let calls = [
+        (OpKind::AllReduce, Variant::Coalesced, Some(ReduceOp::Sum)),
+        (OpKind::AllReduce, Variant::CoalescedInPlace, Some(ReduceOp::Sum)),
+        (OpKind::AllGatherIntoTensor, Variant::Coalesced, None),
+        (OpKind::ReduceScatterTensor, Variant::Coalesced, Some(ReduceOp::Sum)),
+    ];
+    for (op, variant, reduce) in calls {
+        for ws in [2, 3] {
+            let spec = ValueSpec { op, variant, dtype: DType::F32, reduce, kind: InputKind::Exact, max_shapes: None };
+            let name = format!("{}::list{MANY}", case_name(&spec, ws));
+            let seed = concord_fixtures::seed_for(&name);
+            let shapes: Vec<Vec<usize>> = (0..MANY)
+                .map(|i| {
+                    let s = BASE[i % BASE.len()];
+                    if op == OpKind::ReduceScatterTensor {
+                        concord_fixtures::divisible_by(s, ws)
+                    } else {
+                        s.to_vec()
+                    }
+                })
+                .collect();
+            let extra = Extra { runs: Some(vec![shapes]), ..Extra::default() };
+            out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
+                values::run_extra(ctx.b, &spec, seed, ctx.timeout, &format!("list of {MANY} tensors"), &extra)
             }));
         }
     }

@@ -20,6 +20,9 @@
 //! * `numerics::round_once::spread::{f16,bf16}::ws{4,5,8}` — the tie sums with their three values
 //!   on every ordered triple of the first, second, middle and last rank (zeros elsewhere): a
 //!   reduction that rounds a partial of some ranks (a node group, a tree level) fails there.
+//! * `numerics::round_once::spread::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{4,5}`
+//!   — the spread ties through the other reducing calls (a rooted reduce's tree level, a
+//!   reduce-scatter's ring step), rooted at the last rank.
 //! * `numerics::round_once::long::{f16,bf16}::ws3` — the tie sums repeated to 4104 elements (a
 //!   vector path taken past a block size).
 //! * `numerics::round_once::avg_near_max::{f16,bf16}::ws{2,4}` — averages of values near the
@@ -446,6 +449,20 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     // The same expectations through the other reducing calls.
     for via in OTHER_VIAS {
         let name = via.name();
+        // The spread ties past 3 ranks (`numerics::round_once::spread::reduce::f16::ws4`): a
+        // rooted reduce's tree that sends a subtree's partial in the dtype (hunt15's
+        // `reduce_tree_partials_in_dtype`) rounds it there, which the out-of-place all_reduce
+        // of the spread cases never reaches.
+        for dtype in [DType::F16, DType::BF16] {
+            for ws in [4, 5] {
+                let m = meta_op(name, dtype, "sum");
+                v.push(Case::<B>::new(format!("numerics::round_once::spread::{name}::{dtype}::ws{ws}"), m, ws, move |ctx| {
+                    exact_rounding(ctx.b)?;
+                    let per_rank = spread_tie_columns(dtype, ctx.b.world_size());
+                    check_op(ctx, via, dtype, ReduceOp::Sum, &per_rank, "input=ties_spread_over_the_ranks")
+                }));
+            }
+        }
         for dtype in [DType::F16, DType::BF16] {
             let m = meta_op(name, dtype, "sum");
             v.push(Case::<B>::new(format!("numerics::round_once::{name}::{dtype}::ws3"), m, 3, move |ctx| {

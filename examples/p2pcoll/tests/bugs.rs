@@ -1,0 +1,119 @@
+//! The p2pcoll hunt's guard (hunt15): each bug of [`Bug`] against the case that catches it in
+//! the whole catalogue (`P2PCOLL_BUG=<name> P2PCOLL_FULL=1 cargo test --profile ci -p
+//! concord-example-p2pcoll --test conformance -- --report DIR` runs it against all of them).
+//! Each trial runs that one case on the backend built with the bug, in a fresh world, and
+//! requires it to FAIL with a message naming the op; and the same case on the correct backend
+//! must pass (so the case tells the two apart, and the correct backend stays correct there).
+//! A suite change that lets a bug through, or a catcher renamed, fails here.
+
+use concord_example_p2pcoll::bugs::Bug;
+use concord_example_p2pcoll::P2pColl;
+use concord_harness::runner::{Pool, PoolConfig};
+use concord_harness::verdict::Verdict;
+use concord_suites::run::{dispatch_child, run_case_in};
+use concord_suites::BackendEntry;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Each bug, the case (id without the backend prefix) that catches it, and the op its failure
+/// message must name (`op=...`). Chosen from the bug's run against the whole catalogue (its
+/// lightest failing case that fails by a rank's own check where there is one; docs/RESULTS.md,
+/// hunt15, has the counts).
+const CATCHES: &[(&str, &str, &str)] = &[
+    ("permute_inverse", "permute_tensor::out::f32::ws3", "permute_tensor"),
+    ("int_avg_of_unwrapped_sum", "all_reduce::inplace::u8::avg::ws2", "all_reduce"),
+    ("u64_minmax_signed", "all_reduce::out::u64::max::ws2", "all_reduce"),
+    ("a2a_out_offsets_from_input", "all_to_all_single::out::u32::ws5", "all_to_all_single"),
+    ("bcast_segments_drop_tail", "sizes::broadcast::f32::n65537::ws2", "broadcast"),
+    ("avg_as_premul_reciprocal", "all_reduce::out::i8::avg::ws2", "all_reduce"),
+    ("half_sum_rounded_per_step", "numerics::round_once::f16::ws3", "all_reduce"),
+    ("groups_share_world_channel", "reuse::world_and_group_in_flight::all_reduce::out::ws3", "all_reduce"),
+    ("minmax_ignores_zero_sign", "all_reduce::out::f32::min::ws2::special", "all_reduce"),
+    ("tree_vrank_unsigned", "broadcast::out::f32::ws3", "broadcast"),
+    ("scatter_chunk_by_vrank", "scatter::out::f32::ws2", "scatter"),
+    ("shared_p2p_channel", "p2p::recv_before_barrier::ws2", "send_recv"),
+    ("gather_slot_by_vrank", "gather::out::f32::ws2", "gather"),
+    ("reduce_scatter_owner_shift", "reduce_scatter_tensor::out::f32::sum::ws2", "reduce_scatter_tensor"),
+    ("ring_drops_remainder", "all_reduce::out::f32::sum::ws2", "all_reduce"),
+    // Survived the 7,939 cases of the catalogue; caught by the cases hunt15 added.
+    ("reduce_tree_partials_in_dtype", "numerics::round_once::spread::reduce::f16::ws4", "reduce"),
+    ("desc_cut_at_header", "all_reduce::coalesced::f32::sum::ws2::list100", "all_reduce"),
+];
+
+const CORRECT: &str = "p2pcoll";
+
+fn entry(name: &str, bug: &str) -> BackendEntry {
+    BackendEntry::new::<P2pColl>(name, 0, concord_suites::catalogue::<P2pColl>).with_option("p2pcoll_bug", bug).with_rerun(format!(
+        "P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test --profile ci -p concord-example-p2pcoll --test conformance -- --exact"
+    ))
+}
+
+fn entries() -> Vec<BackendEntry> {
+    let mut v = vec![entry(CORRECT, "")];
+    v.extend(Bug::ALL.iter().map(|(n, _)| entry(&format!("p2pcoll_{n}"), n)));
+    v
+}
+
+/// Worlds for verdicts only: a failed rank's peers get 150 ms to report.
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool::new(PoolConfig { settle: Duration::from_millis(150), ..PoolConfig::from_env() }))
+}
+
+/// Runs case `id` (no prefix) on `e`: its verdict and failure message.
+fn run(e: &BackendEntry, id: &str) -> Result<(Verdict, String), String> {
+    let full = format!("{}::{id}", e.name);
+    let case = e.cases().into_iter().find(|c| c.id == full).ok_or_else(|| format!("no case {full} in the catalogue"))?;
+    let (v, msg, _) = run_case_in(pool(), e, &case);
+    Ok((v, msg))
+}
+
+fn main() {
+    let all = entries();
+    dispatch_child(&all);
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = Vec::new();
+    trials.push(libtest_mimic::Trial::test("p2pcoll::every_bug_is_pinned", || {
+        let missing: Vec<&str> = Bug::ALL.iter().map(|(n, _)| *n).filter(|n| !CATCHES.iter().any(|(b, _, _)| b == n)).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("bugs without a catching case here: {missing:?}").into())
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("p2pcoll::no_gpu_dependency", || {
+        // A host backend written outside must build without the GPU stack (as a downstream
+        // crate would): its normal dependencies never include cudarc.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["tree", "--offline", "-p", "concord-example-p2pcoll", "-e", "normal", "--prefix", "none"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .map_err(|e| format!("cargo tree: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || !text.contains("concord-shm") {
+            return Err(format!("cargo tree failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+        match text.lines().find(|l| l.starts_with("cudarc")) {
+            Some(l) => Err(format!("concord-example-p2pcoll depends on {l}").into()),
+            None => Ok(()),
+        }
+    }));
+    for &(bug, case, op) in CATCHES {
+        trials.push(libtest_mimic::Trial::test(format!("p2pcoll::{bug}_is_caught"), move || {
+            let bugged = entry(&format!("p2pcoll_{bug}"), bug);
+            let (v, msg) = run(&bugged, case)?;
+            match v {
+                Verdict::Failed(_) if msg.contains(&format!("op={op}")) => {}
+                Verdict::Failed(_) => return Err(format!("{bug}: {case} failed, but its message does not name op={op}:\n{msg}").into()),
+                v => return Err(format!("{bug} SURVIVED {case}: {v:?}").into()),
+            }
+            let (v, msg) = run(&entry(CORRECT, ""), case)?;
+            if !matches!(v, Verdict::Passed) {
+                return Err(format!("the correct p2pcoll does not pass {case}: {v:?}\n{msg}").into());
+            }
+            Ok(())
+        }));
+    }
+    libtest_mimic::run(&args, trials).exit()
+}
