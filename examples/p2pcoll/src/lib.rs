@@ -39,8 +39,8 @@ mod reduce;
 use algo::Exec;
 use bugs::Bug;
 use concord_core::{
-    progress, validate_all, Backend, CallDesc, CallOp, Capabilities, CollectiveError, DType, Flag, OutstandingCounter, ReduceOp, Result,
-    Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
+    progress, validate_all, Backend, CallDesc, CallOp, Capabilities, CollectiveError, Flag, OutstandingCounter, ReduceOp, Result,
+    TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_shm::ShmBackend;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -402,12 +402,7 @@ impl Backend for P2pColl {
     fn name(&self) -> &str {
         "p2pcoll"
     }
-    fn rank(&self) -> usize {
-        self.user.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.user.world_size()
-    }
+    concord_core::forward!(user => rank, world_size, buffers);
     fn capabilities(&self) -> Capabilities {
         caps()
     }
@@ -427,31 +422,6 @@ impl Backend for P2pColl {
         let label = format!("{}[{}]", self.label, ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","));
         let in_parent = ranks.iter().map(|&r| self.map[r]).collect();
         P2pColl::start(sub, self.bug, self.op_timeout, label, Some((self.internal.clone(), in_parent))).map(Some)
-    }
-
-    fn upload(&self, t: &Tensor) -> Result<Buf> {
-        self.user.upload(t)
-    }
-    fn download(&self, b: &Buf) -> Result<Tensor> {
-        self.user.download(b)
-    }
-    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
-        self.user.alloc(dtype, shape)
-    }
-    fn write(&self, b: &Buf, t: &Tensor) -> Result<()> {
-        self.user.write(b, t)
-    }
-    fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
-        self.user.view(b, offset, shape)
-    }
-    fn buffer_addr(&self, b: &Buf) -> usize {
-        self.user.buffer_addr(b)
-    }
-    fn buffer_dtype(&self, b: &Buf) -> DType {
-        self.user.buffer_dtype(b)
-    }
-    fn buffer_shape(&self, b: &Buf) -> Vec<usize> {
-        self.user.buffer_shape(b)
     }
 
     fn all_reduce(&self, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
