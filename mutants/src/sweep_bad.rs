@@ -42,28 +42,7 @@ pub const NAME: &str = "bad_sweep";
 
 /// The hooks of the grid (the trait's calls that take arguments the rule table judges; the fused
 /// ops and new_group are left out: their bad input is judged before any hook of the wrapper).
-pub const HOOKS: &[&str] = &[
-    "all_reduce",
-    "all_reduce_",
-    "all_reduce_coalesced",
-    "all_reduce_coalesced_",
-    "all_gather_into_tensor",
-    "all_gather_into_tensor_out",
-    "all_gather_into_tensor_coalesced",
-    "reduce_scatter_tensor",
-    "reduce_scatter_tensor_out",
-    "reduce_scatter_tensor_coalesced",
-    "all_to_all_single",
-    "broadcast",
-    "broadcast_",
-    "permute_tensor",
-    "reduce",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "barrier",
-];
+pub use concord_suites::suites::bad_input_grid::HOOKS;
 
 /// Positions of the offender.
 pub const POSITIONS: &[&str] = &["first", "middle", "last", "root", "nonroot", "any"];

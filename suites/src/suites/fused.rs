@@ -44,18 +44,6 @@ pub struct FusedSpec {
     pub b_dtype: Option<DType>,
 }
 
-/// The sign every rank gives element `i` of an avg's inputs (from the case's seed only).
-fn shared_sign(seed: u64, i: usize) -> f64 {
-    let mut z = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    if (z ^ (z >> 31)) & 1 == 0 {
-        1.0
-    } else {
-        -1.0
-    }
-}
-
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
 fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -107,7 +95,7 @@ impl FusedSpec {
         let signed = |mut v: Vec<f64>, cols: usize| {
             if avg {
                 for (i, x) in v.iter_mut().enumerate() {
-                    *x *= shared_sign(seed, i % cols.max(1));
+                    *x *= concord_fixtures::shared_sign(seed, i % cols.max(1));
                 }
             }
             v
