@@ -475,9 +475,14 @@ pub fn spec(target: &Target) -> Spec {
 
 /// The control of `target`: its spec with [`DRY_OPTION`] (worlds of their own: options key them).
 pub fn control(target: &Target) -> Spec {
-    let mut s = spec(target);
+    control_of(spec(target), "the control: the same target with the value left right")
+}
+
+/// `s` as a control: the same entry with [`DRY_OPTION`] (the grids' wrappers take the same path
+/// and leave the value right), described as `what`.
+pub fn control_of(mut s: Spec, what: &'static str) -> Spec {
     s.entry = s.entry.with_option(DRY_OPTION, "1");
-    s.what = "the control: the same target with the value left right";
+    s.what = what;
     s
 }
 

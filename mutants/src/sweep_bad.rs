@@ -29,7 +29,7 @@
 //! misreported).
 
 use crate::campaign::{side_by_side, verdict_pool, Spec};
-use crate::sweep::{catch_in, SetAside, DRY_OPTION};
+use crate::sweep::{catch_in, SetAside};
 use crate::{Buf, Bug, Shm};
 use concord_core::{Backend, BadInputKind as K, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Work};
 use concord_suites::run::{BackendEntry, CaseInfo};
@@ -201,7 +201,7 @@ pub fn offender(detail: &str, me: usize) -> usize {
 
 static TARGET: OnceLock<(Target, bool)> = OnceLock::new();
 
-/// Called by [`crate::Mutant`]'s init with the `bad_sweep` option and whether [`DRY_OPTION`] is set.
+/// Called by [`crate::Mutant`]'s init with the `bad_sweep` option and whether [`crate::sweep::DRY_OPTION`] is set.
 pub fn set_target(option: Option<&str>, dry: bool) -> std::result::Result<(), String> {
     let s = option.ok_or("the bad-input grid's mutant needs the option `bad_sweep=HOOK:POSITION:MODE!KIND`")?;
     let t = Target::parse(s)
@@ -522,10 +522,7 @@ pub fn spec(t: &Target) -> Spec {
 
 /// The control of `t`: the same wrapping, nothing misreported.
 pub fn control(t: &Target) -> Spec {
-    let mut s = spec(t);
-    s.entry = s.entry.with_option(DRY_OPTION, "1");
-    s.what = "the control: the same target, nothing misreported";
-    s
+    crate::sweep::control_of(spec(t), "the control: the same target, nothing misreported")
 }
 
 /// The entry a worker process of any target is served by.
