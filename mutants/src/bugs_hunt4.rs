@@ -731,7 +731,7 @@ pub fn catalogue() -> Vec<Spec> {
             "plan_cached_by_numel",
             "values.reduce",
             "a tuned backend caches its all_reduce plan (in bytes) per element count: the same count in a wider dtype is reduced only over the cached bytes",
-            &["all_reduce::out::i8::sum::ws2", "all_reduce::out::f64::sum::ws2"],
+            &["state::dtypes_widening::all_reduce::out::ws2"],
         ),
         spec::<FusedAgWorkspaceReadAtWait>(
             "fused_ag_workspace_read_at_wait",

@@ -1,6 +1,8 @@
 //! The campaign runner: every mutant against the conformance catalogue, in persistent worlds,
-//! each stopping at its FIRST failing case (a mutant is caught once any case fails), mutants side
-//! by side (`--jobs`, default: the machine's parallelism). Prints one row per mutant, the first
+//! each stopping at its first catch (a mutant is caught once a case fails that also fails alone), mutants side
+//! by side (`--jobs`, default: the machine's parallelism). A failing case counts as the catch
+//! only if it also fails alone in a fresh world ([`catch_alone`]): a failure that needs the cases
+//! before it is listed and the search goes on. Prints one row per mutant, the first
 //! lines of each catching message, which catching messages do not name op / variant / dtype /
 //! world size / rank, then `catch rate: N/M (P %)` and the wall time; exits 1 if any survives.
 
@@ -54,8 +56,30 @@ pub struct Finding {
     pub name: &'static str,
     pub clause: &'static str,
     pub caught: Option<Catch>,
+    /// Cases run against the mutant (reruns alone not counted).
     pub cases_run: usize,
+    /// Cases that failed but are not the catch, each with the reason ([`attribute`]).
+    pub set_aside: Vec<(String, SetAside)>,
     pub elapsed: Duration,
+}
+
+/// Why a case that failed a mutant (or a sweep target) is not its catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetAside {
+    /// It fails the control too: the wrapper's path, not the wrong element, failed it.
+    FailsWithoutCorruption,
+    /// Alone in a fresh world it passes: it failed only after the cases before it (world
+    /// history), so its rerun line would not reproduce the catch.
+    OnlyAfterEarlierCases,
+}
+
+impl SetAside {
+    pub fn says(self) -> &'static str {
+        match self {
+            SetAside::FailsWithoutCorruption => "fails without the corruption too (its control failed)",
+            SetAside::OnlyAfterEarlierCases => "passes alone in a fresh world (failed only after earlier cases)",
+        }
+    }
 }
 
 /// Case ids (without the `<mutant>::` prefix) indexed for substring search: one text of every
@@ -141,17 +165,19 @@ pub fn ordered_cases(spec: &Spec, only: &[String]) -> Vec<CaseInfo> {
     first
 }
 
-/// Runs `spec` until its first failing case.
+/// Runs `spec` until its first catch ([`catch_alone`]: a failing case that also fails alone in a
+/// fresh world, so that its rerun line reproduces it).
 pub fn run_mutant(spec: &Spec, only: &[String]) -> Finding {
     run_mutant_in(Pool::global(), spec, only)
 }
 
 /// [`run_mutant`] in the worlds of `pool`.
 pub fn run_mutant_in(pool: &Pool, spec: &Spec, only: &[String]) -> Finding {
-    run_cases_in(pool, spec, ordered_cases(spec, only))
+    catch_alone(pool, spec, None, ordered_cases(spec, only))
 }
 
-/// Runs `cases` of `spec`, in order, in the worlds of `pool`, until the first that fails.
+/// Runs `cases` of `spec`, in order, in the worlds of `pool`, until the first that fails (in
+/// whatever world history the cases before it left: see [`catch_alone`] for the catch).
 pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
     let started = Instant::now();
     let prefix = format!("{}::", spec.name);
@@ -168,11 +194,61 @@ pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
                 clause: spec.clause,
                 caught: Some(Catch { case, message, kinds, missing }),
                 cases_run,
+                set_aside: Vec::new(),
                 elapsed: started.elapsed(),
             };
         }
     }
-    Finding { name: spec.name, clause: spec.clause, caught: None, cases_run, elapsed: started.elapsed() }
+    Finding { name: spec.name, clause: spec.clause, caught: None, cases_run, set_aside: Vec::new(), elapsed: started.elapsed() }
+}
+
+/// Whether `case`, which just failed `real` (`alone`: as the first case of a fresh world),
+/// counts as the catch: it must fail alone in a fresh world (so its rerun line reproduces it)
+/// and, given a `control` (for a sweep target: the same target with the edit left out), pass
+/// it, so that it is the wrong element, not the wrapper's path, that it caught. Each check is
+/// one case in a fresh world (a failed case's world is torn down; a control world serves one
+/// cell).
+pub fn attribute(pool: &Pool, real: &Spec, control: Option<&Spec>, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
+    if !alone && run_cases_in(pool, real, vec![case.clone()]).caught.is_none() {
+        return Err(SetAside::OnlyAfterEarlierCases);
+    }
+    let Some(control) = control else { return Ok(()) };
+    // The same case in the control's catalogue (its ids carry the control's name).
+    let mut theirs = case.clone();
+    if let Some(rest) = case.id.strip_prefix(&format!("{}::", real.name)) {
+        theirs.id = format!("{}::{rest}", control.name);
+    }
+    match run_cases_in(pool, control, vec![theirs]).caught {
+        Some(_) => Err(SetAside::FailsWithoutCorruption),
+        None => Ok(()),
+    }
+}
+
+/// `cases`, in order, against `real` until one is its catch ([`attribute`], with `control` if
+/// given). A case that fails only after the cases before it (a mutant whose bug needs state
+/// that those built up, or a backend path they left behind) is set aside and the search goes on:
+/// the catch rate counts only catches that a rerun reproduces. The finding's `cases_run` counts
+/// the runs against `real`, reruns alone not counted.
+pub fn catch_alone(pool: &Pool, real: &Spec, control: Option<&Spec>, cases: Vec<CaseInfo>) -> Finding {
+    let started = Instant::now();
+    let (mut rest, mut cases_run, mut set_aside) = (cases, 0, Vec::new());
+    // Whether the next call starts in a fresh world: the mutant's own at first; after a failure
+    // (its world torn down) unless a rerun alone then passed, whose world is kept.
+    let mut fresh = true;
+    while !rest.is_empty() {
+        let f = run_cases_in(pool, real, rest.clone());
+        cases_run += f.cases_run;
+        let Some(c) = f.caught else { break };
+        let failed = rest[f.cases_run - 1].clone();
+        let why = match attribute(pool, real, control, &failed, fresh && f.cases_run == 1) {
+            Ok(()) => return Finding { cases_run, set_aside, elapsed: started.elapsed(), caught: Some(c), ..f },
+            Err(why) => why,
+        };
+        fresh = why != SetAside::OnlyAfterEarlierCases;
+        set_aside.push((c.case, why));
+        rest.drain(..f.cases_run);
+    }
+    Finding { name: real.name, clause: real.clause, caught: None, cases_run, set_aside, elapsed: started.elapsed() }
 }
 
 /// How long the peers of a failed rank get to report in a [`verdict_pool`].
@@ -245,6 +321,11 @@ pub fn render(found: &[Finding], wall: Duration) -> String {
         out += "\nevery catching message names op, variant, dtype, world size and rank\n";
     } else {
         out += &format!("\ncatching messages that do not name all of {}:\n{}\n", FIELDS.join(" "), incomplete.join("\n"));
+    }
+    let aside: Vec<String> =
+        found.iter().flat_map(|f| f.set_aside.iter().map(move |(case, why)| format!("  {} ({case}): {}", f.name, why.says()))).collect();
+    if !aside.is_empty() {
+        out += &format!("\nfailing cases not counted as a catch ({}): the search went on past them\n{}\n", aside.len(), aside.join("\n"));
     }
     let caught = found.iter().filter(|f| f.caught.is_some()).count();
     let total = found.len();

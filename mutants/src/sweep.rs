@@ -12,7 +12,7 @@
 //! algorithm by message size and rank count, a root or the last rank often takes a special
 //! branch, and a tail element is where chunking arithmetic goes wrong.
 
-use crate::campaign::{run_cases_in, side_by_side, verdict_pool, Spec};
+use crate::campaign::{side_by_side, verdict_pool, Spec};
 use crate::{bump, edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
 use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Work};
@@ -393,68 +393,21 @@ pub struct Cell {
     pub elapsed: Duration,
 }
 
-/// Why a case that failed a target is not its catch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SetAside {
-    /// It fails the control too: the wrapper's path, not the wrong element, failed it.
-    FailsWithoutCorruption,
-    /// Alone in a fresh world it passes: it failed only after the cases before it (world
-    /// history), so its rerun line would not reproduce the catch.
-    OnlyAfterEarlierCases,
-}
+pub use crate::campaign::SetAside;
 
-impl SetAside {
-    pub fn says(self) -> &'static str {
-        match self {
-            SetAside::FailsWithoutCorruption => "fails without the corruption too (its control failed)",
-            SetAside::OnlyAfterEarlierCases => "passes alone in a fresh world (failed only after earlier cases)",
-        }
-    }
-}
-
-/// Whether `case`, which just failed `real` (`alone`: as the first case of a fresh world),
-/// counts as the catch: it must fail alone in a fresh world (so its rerun line reproduces it)
-/// and pass `control` (for a sweep target: the same target with the edit left out,
-/// [`control`]), so it is the wrong element, not the wrapper's path, that it caught. Each check
-/// is one case in a fresh world (a failed case's world is torn down; a control world serves
-/// one cell).
+/// [`crate::campaign::attribute`] with the target's control: `case`, which just failed `real`
+/// (`alone`: as the first case of a fresh world), counts as the catch only if it fails alone in
+/// a fresh world and passes `control` ([`control`]: the same path with the value left right).
 pub fn attribute(pool: &Pool, real: &Spec, control: &Spec, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
-    if !alone && run_cases_in(pool, real, vec![case.clone()]).caught.is_none() {
-        return Err(SetAside::OnlyAfterEarlierCases);
-    }
-    // The same case in the control's catalogue (its ids carry the control's name).
-    let mut theirs = case.clone();
-    if let Some(rest) = case.id.strip_prefix(&format!("{}::", real.name)) {
-        theirs.id = format!("{}::{rest}", control.name);
-    }
-    match run_cases_in(pool, control, vec![theirs]).caught {
-        Some(_) => Err(SetAside::FailsWithoutCorruption),
-        None => Ok(()),
-    }
+    crate::campaign::attribute(pool, real, Some(control), case, alone)
 }
 
 /// A cell's cases, in order, against `real` until one is its catch ([`attribute`] with
-/// `control`): the catch (if any), the cases run against `real` (reruns alone not counted), and
-/// the failing cases set aside.
+/// `control`, [`crate::campaign::catch_alone`]): the catch (if any), the cases run against
+/// `real` (reruns alone not counted), and the failing cases set aside.
 pub fn catch_in(pool: &Pool, real: &Spec, control: &Spec, cases: Vec<CaseInfo>) -> (Option<String>, usize, Vec<(String, SetAside)>) {
-    let (mut rest, mut cases_run, mut set_aside) = (cases, 0, Vec::new());
-    // Whether the next call starts in a fresh world: the cell's own at first; after a failure
-    // (its world torn down) unless a rerun alone then passed, whose world is kept.
-    let mut fresh = true;
-    while !rest.is_empty() {
-        let f = run_cases_in(pool, real, rest.clone());
-        cases_run += f.cases_run;
-        let Some(c) = f.caught else { break };
-        let failed = rest[f.cases_run - 1].clone();
-        let why = match attribute(pool, real, control, &failed, fresh && f.cases_run == 1) {
-            Ok(()) => return (Some(c.case), cases_run, set_aside),
-            Err(why) => why,
-        };
-        fresh = why != SetAside::OnlyAfterEarlierCases;
-        set_aside.push((c.case, why));
-        rest.drain(..f.cases_run);
-    }
-    (None, cases_run, set_aside)
+    let f = crate::campaign::catch_alone(pool, real, Some(control), cases);
+    (f.caught.map(|c| c.case), f.cases_run, f.set_aside)
 }
 
 /// The spec of `target` (one entry per target: its option keys the worlds apart).

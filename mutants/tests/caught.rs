@@ -1,6 +1,8 @@
 //! The mutation campaign's guard under `cargo xtask test`: every mutant of the catalogue must
 //! be caught by the cases its catcher hints name (one test per mutant, `mutants::<name>_is_caught`,
-//! running only those cases and stopping at the first that fails). A change to the suites that
+//! running only those cases and stopping at the first that fails and also fails alone in a fresh
+//! world: `campaign::catch_alone`, so a hint that catches only after the hints before it does not
+//! count). A change to the suites that
 //! lets a mutant through, or a hint that no longer names a catching case, fails CI, not only the
 //! next `cargo xtask mutants` (which runs the whole catalogue against every mutant). A mutant
 //! whose hinted cases mostly wait (stall-bound cases, or a deadline the bug makes them wait out)
@@ -158,9 +160,10 @@ fn main() {
             let found =
                 if REPORTED.contains(&name) { run_mutant(&spec(name), &only) } else { run_mutant_in(verdict_pool(), &spec(name), &only) };
             let Some(catch) = found.caught else {
+                let aside: String = found.set_aside.iter().map(|(case, why)| format!("\n  {case}: {}", why.says())).collect();
                 return Err(format!(
                     "{name} survived the {} cases its catcher hints name (a suite change let it through, or the hints are stale: \
-                     `cargo xtask mutants --mutant {name}` runs the whole catalogue against it)",
+                     `cargo xtask mutants --mutant {name}` runs the whole catalogue against it){aside}",
                     only.len()
                 )
                 .into());

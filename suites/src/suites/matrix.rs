@@ -12,7 +12,7 @@
 //! ([`dtype_grid_cases`], `all_reduce::out::dtypes::ws6`).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
-use crate::case::{Case, CaseEnd, CaseMeta};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use crate::values::{self, Extra, ValueSpec};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
@@ -189,29 +189,42 @@ pub fn dtype_grid_cases<B: Backend>() -> Vec<Case<B>> {
             };
             let seed = concord_fixtures::seed_for(&name);
             out.push(Case::new(name, m, ws, move |ctx| {
-                // A dtype the backend declares unsupported for the op is passed over; the case is
-                // unsupported only if every one is.
-                let mut unsupported = Vec::new();
-                let mut ran = 0;
-                for (i, dtype) in DType::ALL.into_iter().enumerate().filter(|(_, d)| !in_sparse_slice(*d, ws)) {
-                    let reduce = op.reduces().then_some(ReduceOp::Sum);
-                    let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(2) };
-                    match values::run(ctx.b, &spec, seed.wrapping_add(i as u64), ctx.timeout, "") {
-                        Err(CaseEnd::Unsupported(why)) => unsupported.push(format!("{dtype}: {why}")),
-                        other => {
-                            other?;
-                            ran += 1;
-                        }
-                    }
-                }
-                if ran == 0 {
-                    return Err(CaseEnd::Unsupported(unsupported.join("; ")));
-                }
-                Ok(())
+                let dtypes = DType::ALL.into_iter().enumerate().filter(|(_, d)| !in_sparse_slice(*d, ws));
+                each_dtype(ctx, op, variant, dtypes, seed)
             }));
         }
     }
     out
+}
+
+/// `op` / `variant` once in each of `dtypes`, in that order, on the communicator (exact inputs,
+/// the catalogue's first two shapes: one element and a prime, the same in every dtype; `sum` for
+/// the reducing ops; the inputs of `(i, dtype)` from `seed + i`). A dtype the backend declares
+/// unsupported for the op is passed over; the case is unsupported only if every one is.
+pub(crate) fn each_dtype<B: Backend>(
+    ctx: &mut Ctx<'_, B>,
+    op: OpKind,
+    variant: Variant,
+    dtypes: impl Iterator<Item = (usize, DType)>,
+    seed: u64,
+) -> CaseResult {
+    let mut unsupported = Vec::new();
+    let mut ran = 0;
+    for (i, dtype) in dtypes {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(2) };
+        match values::run(ctx.b, &spec, seed.wrapping_add(i as u64), ctx.timeout, "") {
+            Err(CaseEnd::Unsupported(why)) => unsupported.push(format!("{dtype}: {why}")),
+            other => {
+                other?;
+                ran += 1;
+            }
+        }
+    }
+    if ran == 0 {
+        return Err(CaseEnd::Unsupported(unsupported.join("; ")));
+    }
+    Ok(())
 }
 
 /// Rank `r`'s coalesced list of five dtypes for [`mixed_dtype_cases`] (tensor `t` of `lens[t]`

@@ -25,10 +25,19 @@
 //! * `state::group_recreated_same_members::ws3` — a group of ranks `[2, 0]` made, used and
 //!   dropped three times, each time with other inputs: the next group of the same members must
 //!   not see the last one's state.
+//! * `state::dtypes_widening::{op}::{variant}::ws2` — every (op, variant) but barrier once in
+//!   every dtype, narrowest first (1, 2, 4 then 8 bytes an element), on the same element counts:
+//!   a tuned backend that caches its plan (chunking, in bytes) by element count runs a wider
+//!   dtype's call with the plan of the narrow one and leaves the tail of the result unreduced.
+//!   The catalogue's value cases each call one dtype; the dtype grid runs the sparse world sizes
+//!   only, and the random programs caught this bug alone only at 5 ranks (the mutation campaign
+//!   had counted a catch that needed the cases before it: `plan_cached_by_numel`).
 
+use super::matrix::each_dtype;
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
-use concord_core::{Backend, BadInputKind, DType, ReduceOp, Tensor};
+use crate::exec::PAIRS;
+use concord_core::{Backend, BadInputKind, DType, OpKind, ReduceOp, Tensor};
 
 fn meta(op: &str, variant: &str, dtype: &str) -> CaseMeta {
     CaseMeta { suite: "state".into(), op: op.into(), variant: variant.into(), dtype: dtype.into(), reduce: String::new() }
@@ -53,6 +62,30 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("state::results_kept_100_calls::ws2", meta("all_reduce", "out", "f32"), 2, results_kept),
         Case::<B>::new("state::group_recreated_same_members::ws3", meta("all_reduce", "out", "f32"), 3, group_recreated),
     ]
+    .into_iter()
+    .chain(dtypes_widening())
+    .collect()
+}
+
+/// [`DType::ALL`] by element size, narrowest first (each with its index in `ALL`, for its seed).
+pub fn widening() -> Vec<(usize, DType)> {
+    let mut v: Vec<(usize, DType)> = DType::ALL.into_iter().enumerate().collect();
+    v.sort_by_key(|(_, d)| d.size());
+    v
+}
+
+fn dtypes_widening<B: Backend>() -> Vec<Case<B>> {
+    PAIRS
+        .iter()
+        .filter(|(op, _)| *op != OpKind::Barrier)
+        .map(|&(op, variant)| {
+            let name = format!("state::dtypes_widening::{}::{variant}::ws2", op.name());
+            let mut m = meta(op.name(), variant.name(), "dtypes");
+            m.reduce = if op.reduces() { "sum".into() } else { String::new() };
+            let seed = concord_fixtures::seed_for(&name);
+            Case::<B>::new(name, m, 2, move |ctx| each_dtype(ctx, op, variant, widening().into_iter(), seed))
+        })
+        .collect()
 }
 
 /// Message `k` from `src`: 7 i32, distinct per (src, k, element).
