@@ -87,7 +87,10 @@ pub const fn assert_backend<B: Backend>() {}
 /// GPUs than the machine has are skipped with the reason); `catalogue = f` (a
 /// `fn() -> Vec<Case<MyBackend>>`) runs your own selection: a slice of [`catalogue`], or
 /// [`catalogue`] plus cases of your own; `options = [("key", "value")]` reaches every rank's
-/// `WorldInfo::options` (and so your `Backend::init`).
+/// `WorldInfo::options` (and so your `Backend::init`); `rerun = "..."` replaces the command a
+/// failure's rerun line starts with (the case id is appended; `{profile}` becomes the cargo
+/// profile flag), for a harness whose options come from the environment: put the variables in
+/// it, so that the line reproduces the failure.
 #[macro_export]
 macro_rules! harness {
     // One setting, in any order after `name` (listed first: `@set` must not reach `$backend:ty`).
@@ -102,11 +105,14 @@ macro_rules! harness {
             $entry = $entry.with_option(k, v);
         }
     };
+    (@set $entry:ident, rerun, $v:expr) => {
+        $entry = $entry.with_rerun($v);
+    };
     (@set $entry:ident, $other:ident, $v:expr) => {
         compile_error!(concat!(
             "concord_suites::harness!: unknown setting `",
             stringify!($other),
-            "`; the settings are `gpus_per_rank = 1`, `catalogue = my_cases` and `options = [(\"key\", \"value\")]`"
+            "`; the settings are `gpus_per_rank = 1`, `catalogue = my_cases`, `options = [(\"key\", \"value\")]` and `rerun = \"MY_ENV=1 cargo test{profile} -p my-crate --test my-test -- --exact\"`"
         ));
     };
     ($backend:ty, name = $name:literal $(, $key:ident = $val:expr)* $(,)?) => {
@@ -132,7 +138,7 @@ macro_rules! harness {
     };
     ($($other:tt)*) => {
         compile_error!(
-            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");`, optionally followed by `gpus_per_rank = 1`, `catalogue = my_cases` (a `fn() -> Vec<concord_suites::Case<MyBackend>>`) and `options = [(\"key\", \"value\")]` (handed to every rank's `WorldInfo::options`), where MyBackend implements concord_core::Backend"
+            "usage: `concord_suites::harness!(MyBackend, name = \"mine\");`, optionally followed by `gpus_per_rank = 1`, `catalogue = my_cases` (a `fn() -> Vec<concord_suites::Case<MyBackend>>`), `options = [(\"key\", \"value\")]` (handed to every rank's `WorldInfo::options`) and `rerun = \"...\"` (the start of a failure's rerun line), where MyBackend implements concord_core::Backend"
         );
         fn main() {}
     };

@@ -10,7 +10,7 @@ use concord_example_p2pcoll::bugs::Bug;
 use concord_example_p2pcoll::P2pColl;
 use concord_harness::runner::{Pool, PoolConfig};
 use concord_harness::verdict::{Failure, Verdict};
-use concord_suites::run::{dispatch_child, run_case_in};
+use concord_suites::run::{dispatch_child, rerun_hint, run_case_in, PROFILE_SLOT};
 use concord_suites::BackendEntry;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -40,17 +40,22 @@ const CATCHES: &[(&str, &str, &str)] = &[
     ("desc_cut_at_header", "all_reduce::coalesced::f32::sum::ws2::list100", "all_reduce"),
 ];
 
-const CORRECT: &str = "p2pcoll";
+/// Every entry's name, bugged or not, as in the conformance binary (`tests/conformance.rs`):
+/// the worlds are told apart by the `p2pcoll_bug` option, and a failure's rerun line names a
+/// case that binary has.
+const NAME: &str = "p2pcoll";
 
-fn entry(name: &str, bug: &str) -> BackendEntry {
-    BackendEntry::new::<P2pColl>(name, 0, concord_suites::catalogue::<P2pColl>).with_option("p2pcoll_bug", bug).with_rerun(format!(
-        "P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test --profile ci -p concord-example-p2pcoll --test conformance -- --exact"
+/// The backend with `bug` (empty: the correct one); its rerun line runs the conformance binary
+/// with that bug, in the profile this test ran in.
+fn entry(bug: &str) -> BackendEntry {
+    BackendEntry::new::<P2pColl>(NAME, 0, concord_suites::catalogue::<P2pColl>).with_option("p2pcoll_bug", bug).with_rerun(format!(
+        "P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test{PROFILE_SLOT} -p concord-example-p2pcoll --test conformance -- --exact"
     ))
 }
 
 fn entries() -> Vec<BackendEntry> {
-    let mut v = vec![entry(CORRECT, "")];
-    v.extend(Bug::ALL.iter().map(|(n, _)| entry(&format!("p2pcoll_{n}"), n)));
+    let mut v = vec![entry("")];
+    v.extend(Bug::ALL.iter().map(|(n, _)| entry(n)));
     v
 }
 
@@ -101,7 +106,7 @@ fn main() {
     }));
     for &(bug, case, op) in CATCHES {
         trials.push(libtest_mimic::Trial::test(format!("p2pcoll::{bug}_is_caught"), move || {
-            let bugged = entry(&format!("p2pcoll_{bug}"), bug);
+            let bugged = entry(bug);
             let (v, msg) = run(&bugged, case)?;
             // Caught means a rank REPORTED the wrong result, naming the op (`op=all_reduce ` with
             // its space: not `op=all_reduce_coalesced`); a crash or a timeout of the world is not.
@@ -113,7 +118,12 @@ fn main() {
                 }
                 v => return Err(format!("{bug} SURVIVED {case}: {v:?}").into()),
             }
-            let (v, msg) = run(&entry(CORRECT, ""), case)?;
+            // The rerun line reruns this case with this bug in the conformance binary.
+            let rerun = format!("rerun: {}", rerun_hint(&bugged, &format!("{NAME}::{case}")));
+            if !rerun.starts_with(&format!("rerun: P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test")) || !msg.contains(&rerun) {
+                return Err(format!("{bug}: the failure's rerun line is not `{rerun}`:\n{msg}").into());
+            }
+            let (v, msg) = run(&entry(""), case)?;
             if !matches!(v, Verdict::Passed) {
                 return Err(format!("the correct p2pcoll does not pass {case}: {v:?}\n{msg}").into());
             }
