@@ -18,7 +18,7 @@ use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long `abort` waits for `ncclCommAbort` to return before leaving it on its thread.
@@ -228,6 +228,22 @@ pub(crate) struct Comm {
     /// subgroups get one too, whatever has happened to this one's since.
     wants_twin: AtomicBool,
 }
+
+/// What a new twin's first group connects (see [`Comm::connect_twin`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TwinConnect {
+    /// The collectives' algorithms (a world or subgroup communicator).
+    Collectives,
+    /// The pair's point to point (a two-rank direction communicator).
+    PeerToPeer,
+}
+
+/// The direction communicators whose blocking calls on their twin the twin watchdog looks at
+/// ([`Comm::watch_twin`]); whether that thread runs.
+static WATCHED: Mutex<(Vec<Weak<Comm>>, bool)> = Mutex::new((Vec::new(), false));
+
+/// How often the twin watchdog looks (as the progress thread's watchdog does).
+const TWIN_WATCH_EVERY: Duration = Duration::from_millis(2);
 
 /// No NCCL call in progress on the twin.
 const TWIN_IDLE: u8 = 0;
@@ -501,6 +517,20 @@ impl Comm {
     /// call return (measured on NCCL 2.28.3: a first launch waiting for an absent peer's
     /// connection returned an error right after the abort).
     pub fn make_twin(&self, deadline: Instant) -> Result<(), String> {
+        self.make_twin_then(deadline, TwinConnect::Collectives)
+    }
+
+    /// [`Comm::make_twin`] for a two-rank direction communicator of point to point (see
+    /// `direction`): the twin's first group is a send and a receive of 8 bytes with the peer,
+    /// which connects the pair (NCCL connects point to point lazily too, inside a first launch
+    /// that waits for the peer). Both ranks of the direction call it, on a thread of their own
+    /// (`direction` never lets the progress thread wait for a peer), right after the direction's
+    /// `init`, when both are there.
+    pub fn make_p2p_twin(&self, deadline: Instant) -> Result<(), String> {
+        self.make_twin_then(deadline, TwinConnect::PeerToPeer)
+    }
+
+    fn make_twin_then(&self, deadline: Instant, connect: TwinConnect) -> Result<(), String> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &inner.aborted {
             return Err(format!("the communicator was aborted: {why}"));
@@ -554,7 +584,7 @@ impl Comm {
         self.twin.store(raw, Ordering::SeqCst);
         self.twin_state.store(TWIN_IDLE, Ordering::SeqCst);
         drop(inner);
-        self.connect_twin(deadline)
+        self.connect_twin(deadline, connect)
     }
 
     /// Runs the twin's first collective (a one-element all-reduce) now, while every rank is
@@ -564,11 +594,12 @@ impl Comm {
     /// behind it (rank 0 `all_reduce; isend(1)` against rank 1 `irecv(0); wait; all_reduce`).
     /// Bounded by `deadline`: a scoped watchdog aborts the twin if the launch is still inside
     /// NCCL then (a peer gone right after the split), and the device wait has the same deadline.
-    fn connect_twin(&self, deadline: Instant) -> Result<(), String> {
-        // An all-gather of 8 bytes per rank (what a validation header exchange is) and a
-        // one-element all-reduce, in one group: the algorithms the header exchange and small
-        // collectives use. Send / recv-based collectives (all_to_all, gather, scatter) connect
-        // their peers on first use (see **Fast launch**).
+    fn connect_twin(&self, deadline: Instant, connect: TwinConnect) -> Result<(), String> {
+        // Collectives: an all-gather of 8 bytes per rank (what a validation header exchange
+        // is) and a one-element all-reduce, in one group: the algorithms the header exchange
+        // and small collectives use. Send / recv-based collectives (all_to_all, gather,
+        // scatter) connect their peers on first use (see **Fast launch**). Point to point: a
+        // send and a receive of 8 bytes with the peer, in one group (both ways at once).
         let n = self.nranks as u64;
         let buf = self.dev.alloc(8 * n as usize + 16)?;
         let (recv, send, red) = (buf.ptr, buf.ptr + 8 * n, buf.ptr + 8 * n + 8);
@@ -586,8 +617,20 @@ impl Comm {
             if let Err(e) = guard {
                 return Err(format!("connecting the blocking twin: starting its watchdog: {e}"));
             }
+            let peer = (1 - self.rank.min(1)) as i32;
             let r = self
                 .launch(deadline, false, &[], |c, st, _| unsafe {
+                    if connect == TwinConnect::PeerToPeer {
+                        let u8t = sys::ncclDataType_t::ncclUint8;
+                        crate::worker::check(
+                            sys::ncclSend(send as *const c_void, 8, u8t, peer, c, st),
+                            "ncclSend (connecting the blocking twin)",
+                        )?;
+                        return crate::worker::check(
+                            sys::ncclRecv(recv as *mut c_void, 8, u8t, peer, c, st),
+                            "ncclRecv (connecting the blocking twin)",
+                        );
+                    }
                     crate::worker::check(
                         sys::ncclAllGather(send as *const c_void, recv as *mut c_void, 8, sys::ncclDataType_t::ncclUint8, c, st),
                         "ncclAllGather (connecting the blocking twin)",
@@ -612,10 +655,17 @@ impl Comm {
                         "connecting the blocking twin: its first collective was not enqueued before the deadline".into()
                     }
                 })
-                .and_then(|()| match self.dev.sync_until(deadline) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err("connecting the blocking twin: its first collective did not finish before the deadline".to_string()),
-                    Err(e) => Err(format!("connecting the blocking twin: {e}")),
+                // This communicator's stream (a direction's own, for point to point), not the
+                // device's: a direction connecting never waits for the collectives.
+                .and_then(|()| {
+                    match crate::cuda::Event::record_on(self.stream as cudarc::driver::sys::CUstream).and_then(|ev| ev.wait_until(deadline))
+                    {
+                        Ok(true) => Ok(()),
+                        Ok(false) => {
+                            Err("connecting the blocking twin: its first collective did not finish before the deadline".to_string())
+                        }
+                        Err(e) => Err(format!("connecting the blocking twin: {e}")),
+                    }
                 });
             done.store(true, Ordering::SeqCst);
             r
@@ -627,6 +677,40 @@ impl Comm {
             }
         }
         r
+    }
+
+    /// Puts this communicator under the twin watchdog: a blocking call on its twin still
+    /// inside NCCL past the call's deadline gets the communicator aborted, which ends the call
+    /// (what the progress thread's watchdog does for the running job's communicator; a
+    /// direction's groups are launched outside any job). One watchdog thread per process runs
+    /// while some watched communicator is alive.
+    pub fn watch_twin(self: &Arc<Self>) {
+        let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+        w.0.push(Arc::downgrade(self));
+        if w.1 {
+            return;
+        }
+        let started = std::thread::Builder::new().name("nccl-twin-watchdog".into()).spawn(|| loop {
+            std::thread::sleep(TWIN_WATCH_EVERY);
+            let live: Vec<Arc<Comm>> = {
+                let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+                w.0.retain(|c| c.strong_count() > 0);
+                if w.0.is_empty() {
+                    w.1 = false;
+                    return;
+                }
+                w.0.iter().filter_map(|c| c.upgrade()).collect()
+            };
+            for c in live.iter().filter(|c| c.twin_overdue()) {
+                c.abort(
+                    "a point-to-point launch was still inside NCCL at its deadline (the peer never connected?); ended by the twin watchdog"
+                        .into(),
+                );
+            }
+        });
+        // Without the thread, a stuck call still ends at the next abort of the communicator
+        // (its op's deadline, or the parent's abort).
+        w.1 = started.is_ok();
     }
 
     /// Whether groups run on a blocking twin (see [`Comm::make_twin`]).

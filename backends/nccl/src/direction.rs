@@ -63,6 +63,25 @@ enum ConnState {
         next: Instant,
     },
     Init(PendingInit),
+    /// The direction's blocking twin being made and connected by a thread of its own
+    /// ([`Comm::make_p2p_twin`]), which sets `done`; the progress thread only looks.
+    Twin {
+        comm: Arc<Comm>,
+        done: Arc<std::sync::Mutex<Option<Result<(), String>>>>,
+    },
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        // Given up while the twin connects (the op's deadline, the communicator's abort): the
+        // abort ends the twin thread's blocking call, and the thread ends by itself (detached:
+        // nothing here waits for it).
+        if let ConnState::Twin { comm, done } = &self.state {
+            if done.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                comm.abort(format!("direction {} -> {}: given up while its blocking twin connected", self.dir.src, self.dir.dst));
+            }
+        }
+    }
 }
 
 /// A ready direction: its communicator, stream, header staging and the memory of launched ops.
@@ -139,6 +158,8 @@ pub(crate) struct NcclWire {
     /// Bytes of a validation header of the parent's size.
     pub hdr_bytes: usize,
     pub via: Arc<TeardownVia>,
+    /// The op deadline: bounds a direction's twin connection and every blocking launch on it.
+    pub op_timeout: Duration,
     /// Pinned header staging for every direction this rank may have (send + receive halves
     /// of [`NcclWire::hdr_bytes`] per slot, [`NcclWire::slot`]), allocated with the
     /// communicator: no pinned allocation (which may wait for the device) while ops run.
@@ -189,11 +210,32 @@ impl NcclWire {
         Comm::start_init(self.dev().clone(), rank, id, self.parent.lib_version)
     }
 
-    fn link(&self, dir: Dir, comm: Comm) -> Result<Link, String> {
+    /// A direction communicator just made: torn down through the progress thread, aborted
+    /// with its parent.
+    fn adopt(&self, comm: Comm) -> Arc<Comm> {
         let via = self.via.clone();
         comm.set_teardown(Box::new(move |t| via(t)));
         let comm = Arc::new(comm);
         self.parent.adopt(&comm);
+        comm
+    }
+
+    /// Runs `calls` as one group on `link`'s communicator: on its blocking twin when it has
+    /// one (enqueued when this returns: `Ok(false)`; bounded by the op deadline through the
+    /// twin watchdog), else without waiting (`Ok(true)`: poll [`Comm::group_ready`]).
+    fn enqueue(
+        &self,
+        link: &Link,
+        calls: impl FnOnce(nccl::ncclComm_t, nccl::cudaStream_t) -> Result<(), (String, nccl::ncclResult_t)>,
+    ) -> Result<bool, String> {
+        if link.comm.has_twin() {
+            link.comm.launch(Instant::now() + self.op_timeout, false, &[], |c, st, _| calls(c, st)).map_err(Self::launch_err)?;
+            return Ok(false);
+        }
+        link.comm.launch_nowait(calls).map_err(Self::launch_err)
+    }
+
+    fn link(&self, dir: Dir, comm: Arc<Comm>) -> Result<Link, String> {
         let dev = self.dev();
         let stream = comm.stream as cusys::CUstream;
         Ok(Link {
@@ -285,11 +327,48 @@ impl Wire for NcclWire {
             }
         }
         let dir = c.dir;
+        if let ConnState::Twin { comm, done } = &c.state {
+            let r = done.lock().unwrap_or_else(|e| e.into_inner()).take();
+            return match r {
+                None => Poll::Pending,
+                Some(Err(e)) => Poll::Ready(Err(format!("connecting the direction's blocking twin: {e}"))),
+                Some(Ok(())) => {
+                    comm.watch_twin();
+                    let comm = comm.clone();
+                    // Done: dropping the state must not abort it.
+                    *done.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok(()));
+                    Poll::Ready(self.link(dir, comm))
+                }
+            };
+        }
         let ConnState::Init(p) = &mut c.state else { unreachable!("set above") };
-        match p.poll() {
-            None => Poll::Pending,
-            Some(Err(e)) => Poll::Ready(Err(e)),
-            Some(Ok(comm)) => Poll::Ready(self.link(dir, comm)),
+        let comm = match p.poll() {
+            None => return Poll::Pending,
+            Some(Err(e)) => return Poll::Ready(Err(e)),
+            Some(Ok(comm)) => self.adopt(comm),
+        };
+        // Launches on a non-blocking communicator are handed to a thread NCCL starts for each
+        // group (about 60 us each on 2 x H200, against 6 on a blocking one: see **Fast launch**
+        // in the crate docs). So a direction gets a blocking twin as its parent has one; both of
+        // its ranks are here now (the init is collective), so the twin's split and connection
+        // wait for nobody else. A thread of its own makes it: the progress thread never waits.
+        if !self.parent.has_twin() {
+            return Poll::Ready(self.link(dir, comm));
+        }
+        let done = Arc::new(std::sync::Mutex::new(None));
+        let (twin, set) = (comm.clone(), done.clone());
+        let deadline = Instant::now() + self.op_timeout;
+        let dev = self.dev().clone();
+        let spawned = std::thread::Builder::new().name(format!("nccl-p2p-twin-{}-{}", dir.src, dir.dst)).spawn(move || {
+            let r = dev.bind().and_then(|()| twin.make_p2p_twin(deadline));
+            *set.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        });
+        match spawned {
+            Ok(_) => {
+                c.state = ConnState::Twin { comm, done };
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(format!("starting the thread that connects the direction's blocking twin: {e}"))),
         }
     }
 
@@ -309,14 +388,11 @@ impl Wire for NcclWire {
         let stream = link.stream();
         unsafe { cu::memcpy_htod_async(send, host_send, stream) }.map_err(|e| derr("cuMemcpyHtoDAsync", e))?;
         let peer = link.peer as i32;
-        let pending = link
-            .comm
-            .launch_nowait(|c, s| unsafe {
-                let u8t = nccl::ncclDataType_t::ncclUint8;
-                check(nccl::ncclSend(send as *const c_void, n, u8t, peer, c, s), "ncclSend (validation header)")?;
-                check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer, c, s), "ncclRecv (validation header)")
-            })
-            .map_err(Self::launch_err)?;
+        let pending = self.enqueue(link, |c, s| unsafe {
+            let u8t = nccl::ncclDataType_t::ncclUint8;
+            check(nccl::ncclSend(send as *const c_void, n, u8t, peer, c, s), "ncclSend (validation header)")?;
+            check(nccl::ncclRecv(recv as *mut c_void, n, u8t, peer, c, s), "ncclRecv (validation header)")
+        })?;
         let mut sw = Swap { ev: None, bytes: n };
         if !pending {
             sw.ev = Some(self.copy_back(link, n)?);
@@ -359,15 +435,13 @@ impl Wire for NcclWire {
         let (t, n) = move_type(d.dtype, d.n);
         let (send, ptr, peer) = (d.send, d.ptr, link.peer as i32);
         let launching = Launching { keep: Some(d.keep) };
-        link.comm
-            .launch_nowait(|c, s| unsafe {
-                if send {
-                    check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
-                } else {
-                    check(nccl::ncclRecv(ptr as *mut c_void, n, t, peer, c, s), "ncclRecv")
-                }
-            })
-            .map_err(Self::launch_err)?;
+        self.enqueue(link, |c, s| unsafe {
+            if send {
+                check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
+            } else {
+                check(nccl::ncclRecv(ptr as *mut c_void, n, t, peer, c, s), "ncclRecv")
+            }
+        })?;
         Ok(launching)
     }
 

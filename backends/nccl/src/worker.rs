@@ -353,8 +353,16 @@ impl Channel {
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
         let staging = Pinned::new(&dev, crate::direction::staging_bytes(ws, hbytes))?;
-        let wire =
-            NcclWire { parent: comm.clone(), store, key: p2p_key.clone(), me: comm.rank, hdr_bytes: hbytes, via: Arc::new(via), staging };
+        let wire = NcclWire {
+            parent: comm.clone(),
+            store,
+            key: p2p_key.clone(),
+            me: comm.rank,
+            hdr_bytes: hbytes,
+            via: Arc::new(via),
+            op_timeout,
+            staging,
+        };
         let sched = Scheduler::new(comm.rank, op_timeout);
         Ok(Channel {
             rank: comm.rank,
