@@ -8,6 +8,15 @@
 //!   `<communicator key>/<src>-<dst>` (the key names the parent communicator: the world's
 //!   unique id, then `/g<seq>` per split), `dst` polls the store for it; both then run a
 //!   non-blocking `ncclCommInitRankConfig` (`src` is rank 0), polled, never waited for.
+//! * When the parent launches on a blocking twin (see **Fast launch** in the crate docs), so
+//!   does a direction: right after its init (both ranks are there: the init is collective), a
+//!   thread of its own splits the direction's blocking twin and connects it (a send and a
+//!   receive of 8 bytes each way, `Comm::make_p2p_twin`), bounded by the op deadline; the
+//!   progress thread only looks at its result. Every later group of the direction (header
+//!   swaps, data) runs on the twin: about 6 us a launch instead of about 60 (2 x H200; a
+//!   sendrecv in the bench went from 110–170 to 42–55 us). A launch still inside NCCL past the
+//!   op deadline is ended by the twin watchdog (`Comm::watch_twin`); a direction given up
+//!   while its twin connects is aborted, which ends the thread's call.
 //! * A direction communicator is a child of its parent ([`Comm::adopt`]): an abort of the
 //!   parent (a timeout, a fault, a drop) aborts it, so its ops in flight end and fail; its
 //!   teardown (finalize / destroy) is a job of the progress thread like the parent's.

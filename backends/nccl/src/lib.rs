@@ -32,7 +32,10 @@
 //!   waiting for an absent peer's connection returned an error right after the abort); the
 //!   launch then carries out the rest of the abort and fails with a named timeout. Send /
 //!   recv-based collectives (all_to_all, gather, scatter) still connect their peers inside
-//!   their first launch. Option `fast_launch=0` keeps every group on the non-blocking
+//!   their first launch. The point-to-point directions (two-rank communicators, `direction`)
+//!   get a blocking twin too, made and connected by a thread of their own when the direction
+//!   is set up (both of its ranks are there then), and watched by a per-process twin watchdog
+//!   (their launches run outside any job). Option `fast_launch=0` keeps every group on the non-blocking
 //!   communicator (each polled); `blocking=1` makes the communicator itself blocking (its
 //!   `init` then has no deadline: for comparisons only).
 //! * **Buffers.** [`NcclBuffer`] is device memory (Arc-shared, views by offset). An op's output
