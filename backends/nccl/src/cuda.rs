@@ -401,13 +401,18 @@ impl Device {
     /// device (creating and destroying one per launched op cost about a microsecond of the
     /// progress thread's time per op).
     pub fn record(self: &Arc<Self>) -> Result<Event, String> {
+        self.record_at(self.stream)
+    }
+
+    /// [`Device::record`] on another stream of this device (a direction's).
+    pub fn record_at(self: &Arc<Self>, stream: sys::CUstream) -> Result<Event, String> {
         let free = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let raw = match free {
             Some(e) => e as sys::CUevent,
             None => cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?,
         };
         let ev = Event(raw, Some(Arc::downgrade(self)));
-        unsafe { cu::event::record(ev.0, self.stream) }.map_err(|e| derr("cuEventRecord", e))?;
+        unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;
         Ok(ev)
     }
 

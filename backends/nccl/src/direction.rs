@@ -264,7 +264,7 @@ impl NcclWire {
         let recv = link.dev_recv.as_ref().expect("live").ptr;
         let host = &mut self.halves(link).1[..n];
         unsafe { cu::memcpy_dtoh_async(host, recv, stream) }.map_err(|e| derr("cuMemcpyDtoHAsync", e))?;
-        Event::record_on(stream)
+        self.dev().record_at(stream)
     }
 
     fn launch_err(e: LaunchError) -> String {
@@ -460,7 +460,7 @@ impl Wire for NcclWire {
             Err(e) => return Poll::Ready(Err(Self::launch_err(e))),
             Ok(true) => {}
         }
-        let ev = match Event::record_on(link.stream()) {
+        let ev = match self.dev().record_at(link.stream()) {
             Ok(ev) => Arc::new(ev),
             Err(e) => return Poll::Ready(Err(e)),
         };
