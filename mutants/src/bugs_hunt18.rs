@@ -171,14 +171,14 @@ impl Bug for PmaxIdentityFltMin {
         if !Self::applies(s, std::slice::from_ref(x), op) {
             return Ok(w);
         }
-        Ok(s.then(w, |be, out| Self::fix(be, out)))
+        Ok(s.then(w, Self::fix))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let w = s.inner.all_reduce_(x, op)?;
         if !Self::applies(s, std::slice::from_ref(x), op) {
             return Ok(w);
         }
-        Ok(s.then(w, |be, out| Self::fix(be, out)))
+        Ok(s.then(w, Self::fix))
     }
     fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         let w = s.inner.all_reduce_coalesced(xs, op)?;
@@ -586,6 +586,23 @@ impl Bug for OneShotRankOrder {
     }
 }
 
+// ---------------------------------------------------------------- jax-ml/jax #1703
+
+/// JAX's `ppermute` given its permutation as a one-shot iterator (jax-ml/jax #1703 "ppermute is
+/// returning 0s", fixed by PR #1704): the pairs were consumed by the first pass over them (the
+/// check that sources and destinations are unique), so the collective was built from an empty
+/// list and every device received nothing: its output is all zeros. A backend that walks its
+/// `src_dst` once to check it and then again to move the data, from the same spent cursor.
+#[derive(Default)]
+pub struct PermutePairsConsumed;
+
+impl Bug for PermutePairsConsumed {
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        let w = s.inner.permute_tensor(x, src_dst)?;
+        Ok(s.then(w, |be, out| crate::edit(be, out, |t| t.bytes_mut().fill(0))))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     use crate::campaign::spec;
     // Each hint is the case that caught the mutant first in a whole-catalogue run before the
@@ -662,6 +679,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.identical_on_every_rank",
             "pytorch/pytorch PR #129501: f32 sum all_reduce (<= 256 KiB, 3+ ranks) adds the peers round-robin from each rank's own: the ranks' results differ in their last bits",
             &["wild::all_reduce_identical_on_every_rank::ws3"],
+        ),
+        spec::<PermutePairsConsumed>(
+            "wild_permute_pairs_consumed",
+            "values.move",
+            "jax-ml/jax #1703: permute_tensor's pairs are consumed by the uniqueness check before the transfer is built from them: every output is zeros",
+            &["permute_tensor::out::i8::ws1"],
         ),
     ]
 }
