@@ -170,6 +170,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special", "programs::"],
     },
     Clause {
+        id: "values.identical_on_every_rank",
+        source: BACKEND,
+        text: "An all_reduce leaves identical copies of one result on every rank, bit for bit, also on random inputs (no rank adds its peers in an order of its own).",
+        cases: &["wild::all_reduce_identical_on_every_rank"],
+    },
+    Clause {
         id: "values.move",
         source: BACKEND,
         text: "Data-moving ops (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv) deliver exactly the oracle's bytes, in rank order.",
@@ -282,13 +288,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.sizes",
         source: BACKEND,
         text: "Values are right at every size, across chunk and protocol boundaries (±1 element around powers of two, 64 K elements, up to 64 MiB), every element checked.",
-        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::", "::long"],
+        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::", "::long", "wild::one_rank_block_tails"],
     },
     Clause {
         id: "values.world_sizes",
         source: BACKEND,
         text: "Values are right at every world size the backend declares (1–8 and a larger one), not only powers of two.",
-        cases: &["::ws6", "::ws7", "::ws16"],
+        cases: &["::ws6", "::ws7", "::ws16", "wild::one_rank_block_tails"],
     },
     Clause {
         id: "views",

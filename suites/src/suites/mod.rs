@@ -32,6 +32,8 @@
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //! * [`state`] — state over time: hundreds of ops on one communicator, refused and dropped
 //!   ops by the hundred, views of one parent, reduce ops on one shape, a group remade.
+//! * [`wild_gpu`] — bugs that shipped in GPU collective libraries and passed the rest: a
+//!   one-rank kernel's unwritten tail, all_reduce results that differ between ranks.
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -57,6 +59,7 @@ pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;
+pub mod wild_gpu;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
