@@ -79,6 +79,10 @@
 //!   every dtype and every reduce op defined for it: bit-exact on exact-by-construction inputs,
 //!   within the dtype's bound on random ones, NaN / ±inf / ±0 as declared.
 //!   [clause: values.reduce]
+//! * An all_reduce returns the same bits on every rank, random inputs included: whatever order a
+//!   backend reduces in, it is one order for all ranks (a data-parallel job's replicas must stay
+//!   identical; Open MPI's allgather-reduce summing each rank's own input first broke that,
+//!   open-mpi/ompi#12258). [clause: values.same_on_every_rank]
 //! * Ops that move data (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv)
 //!   deliver exactly the oracle's bytes, in rank order. [clause: values.move]
 //! * Coalesced ops return one result per input, each as the single op would.

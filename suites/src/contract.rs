@@ -170,6 +170,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["all_reduce::out::", "reduce_scatter_tensor::out::", "reduce::out::", "::random", "::special", "programs::"],
     },
     Clause {
+        id: "values.same_on_every_rank",
+        source: BACKEND,
+        text: "An all_reduce returns the same bits on every rank, random inputs included (one order of reduction for all ranks).",
+        cases: &["wild_cpu::all_reduce::same_bits::"],
+    },
+    Clause {
         id: "values.move",
         source: BACKEND,
         text: "Data-moving ops (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv) deliver exactly the oracle's bytes, in rank order.",

@@ -32,6 +32,8 @@
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //! * [`state`] — state over time: hundreds of ops on one communicator, refused and dropped
 //!   ops by the hundred, views of one parent, reduce ops on one shape, a group remade.
+//! * [`wild_cpu`] — cases for bugs shipped by CPU collective libraries that the rest let through
+//!   (every rank's all_reduce result the same bits).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -57,6 +59,7 @@ pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;
+pub mod wild_cpu;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
