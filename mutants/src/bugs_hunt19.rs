@@ -1,6 +1,6 @@
 //! The nineteenth hunt: bugs from the wild. Every earlier hunt ported bugs we imagined; each of
 //! these was shipped by a CPU collective library (Open MPI, MPICH, Gloo and torch.distributed's
-//! Gloo process group, torchcomms' Gloo backend, libfabric's shm provider under oneCCL) and is
+//! Gloo process group, torchcomms' Gloo backend, libfabric's shm provider under oneCCL, Horovod) and is
 //! documented in that project's issue or pull-request thread, named on each type. Each is ported
 //! over the correct shm backend with the original's trigger (world size, size, dtype, op, variant)
 //! as far as the trait has it; where the trait lacks the original's trigger (Concord has no
@@ -561,6 +561,43 @@ impl Bug for OfiShmConcurrentAllreduce {
     }
 }
 
+// ---------------------------------------------------------------- Horovod: allgather offsets
+
+/// horovod/horovod#2204 "Fixed computation of the offset when using allgather_object": "When
+/// running with `np > 2` this becomes an issue as the `size[2]` does not correspond to the
+/// `offset[2]`": the variable-size gather (each rank's part a different length) placed part `i`
+/// at an offset taken from one entry of the sizes instead of the running sum of the sizes before
+/// it, right at two ranks only. Concord's variable-size receive is all_to_all_single with
+/// `output_splits`. Here: at world size >= 3 with explicit output splits, source `j`'s block is
+/// placed at `output_splits[j - 1]` rows (0 for the first), in source order over the result.
+#[derive(Default)]
+pub struct HorovodAllgatherOffset;
+impl Bug for HorovodAllgatherOffset {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let w = s.inner.all_to_all_single(x, o, i)?;
+        let Some(o) = o.map(<[usize]>::to_vec) else { return Ok(w) };
+        if s.ws() < 3 {
+            return Ok(w);
+        }
+        let es = s.inner.buffer_dtype(x).size();
+        let row: usize = s.inner.buffer_shape(x).iter().skip(1).product::<usize>() * es;
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                let right = t.bytes().to_vec();
+                let mut from = 0;
+                for (j, &rows) in o.iter().enumerate() {
+                    let len = rows * row;
+                    let to = if j == 0 { 0 } else { o[j - 1] * row };
+                    if len > 0 && to + len <= right.len() {
+                        t.bytes_mut()[to..to + len].copy_from_slice(&right[from..from + len]);
+                    }
+                    from += len;
+                }
+            })
+        }))
+    }
+}
+
 /// The nineteenth hunt's mutants. Each catcher hint is the case that caught the mutant first in
 /// its whole-catalogue run (docs/RESULTS.md, "A nineteenth hunt"); `wild_allgather_reduce_own_first`'s
 /// is the case written for it.
@@ -643,6 +680,12 @@ pub fn catalogue() -> Vec<Spec> {
             "async.result_final_after_wait",
             "ofiwg/libfabric#5508: an all_reduce issued while another is in flight returns this rank's input",
             &["async::many_outstanding_waited_out_of_order::ws2"],
+        ),
+        spec::<HorovodAllgatherOffset>(
+            "wild_horovod_allgather_offset",
+            "values.move",
+            "horovod/horovod#2204: a variable-size gather places part j at one size entry, not the running sum (ws >= 3)",
+            &["sizes::all_to_all_single::uneven::f32::grid::ws3"],
         ),
     ]
 }
