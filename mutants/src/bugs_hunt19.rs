@@ -661,7 +661,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_mpich_ibcast_nonzero_root",
             "values.sizes",
             "pmodels/mpich#4413: broadcast from a root != 0 on the scatter + ring allgather path fails at wait",
-            &["reuse::no_late_write::broadcast::inplace::ws2"],
+            &["sizes::broadcast::out::f32::grid::ws3", "reuse::no_late_write::broadcast::inplace::ws2"],
         ),
         spec::<GlooFirstOutputOnly>(
             "wild_gloo_first_output_only",
