@@ -80,8 +80,11 @@
 //!   within the dtype's bound on random ones, NaN / ±inf / ±0 as declared.
 //!   [clause: values.reduce]
 //! * An all_reduce leaves identical copies of one result on every rank, bit for bit, also on
-//!   random inputs where the oracle allows a rounding bound: no rank adds its peers in an order
-//!   of its own (pytorch/pytorch PR #129501). [clause: values.identical_on_every_rank]
+//!   random inputs where the oracle allows a rounding bound: whatever order a backend reduces
+//!   in, it is one order for all ranks (a data-parallel job's replicas must stay identical).
+//!   Shipped both ways: each rank adding its peers round-robin from itself
+//!   (pytorch/pytorch PR #129501), each rank adding its own input first in an
+//!   allgather-then-reduce (open-mpi/ompi#12258). [clause: values.identical_on_every_rank]
 //! * Ops that move data (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv)
 //!   deliver exactly the oracle's bytes, in rank order. [clause: values.move]
 //! * Coalesced ops return one result per input, each as the single op would.

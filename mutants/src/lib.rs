@@ -22,6 +22,7 @@ pub mod bugs_hunt12;
 pub mod bugs_hunt16;
 pub mod bugs_hunt17;
 pub mod bugs_hunt18;
+pub mod bugs_hunt19;
 pub mod bugs_hunt2;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
@@ -40,7 +41,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt4`] to [`bugs_hunt10`] and [`bugs_hunt12`] (bugs
 /// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at),
 /// [`bugs_hunt16`] (bugs the bad-input grid pointed at), [`bugs_hunt17`] (state that goes
-/// wrong only with time) and [`bugs_hunt18`] (bugs that shipped in GPU collective libraries).
+/// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries) and
+/// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -59,6 +61,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_dtype::catalogue());
     v.extend(bugs_hunt16::catalogue());
     v.extend(bugs_hunt18::catalogue());
+    v.extend(bugs_hunt19::catalogue());
     v
 }
 

@@ -34,6 +34,8 @@
 //!   ops by the hundred, views of one parent, reduce ops on one shape, a group remade.
 //! * [`wild_gpu`] — bugs that shipped in GPU collective libraries and passed the rest: a
 //!   one-rank kernel's unwritten tail, all_reduce results that differ between ranks.
+//! * [`wild_cpu`] — cases for bugs shipped by CPU collective libraries that the rest let through
+//!   (every rank's all_reduce result the same bits).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -59,6 +61,7 @@ pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;
+pub mod wild_cpu;
 pub mod wild_gpu;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.

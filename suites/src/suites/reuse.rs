@@ -300,12 +300,14 @@ fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) ->
     let n = 1 << 16;
     let x = b.upload(&Tensor::from_vec(&[n * ws], (0..n * ws).map(|i| (i % 5) as f32).collect()))?;
     let p = Params { reduce: Some(ReduceOp::Sum), root: ws - 1, ..Default::default() };
-    let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)?.remove(0);
+    let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)
+        .map_err(|e| fail(&w, format!("root={} n={}: {e} [{}]", p.root, n * ws, e.name())))?
+        .remove(0);
     let shape = b.buffer_shape(&out);
     let pattern = Tensor::filled_bytes(DType::F32, &shape, LATE_PATTERN);
     b.write(&out, &pattern)?;
     // Peers finish their side, then everyone gives a straggling write time to land.
-    b.barrier()?.wait(ctx.timeout)?;
+    b.barrier().and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
     std::thread::sleep(Duration::from_millis(50));
     let got = b.download(&out)?;
     if let Some(i) = got.bytes().iter().position(|&x| x != LATE_PATTERN) {

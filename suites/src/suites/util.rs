@@ -1,6 +1,6 @@
 //! Small helpers the hand-written suites share.
 
-use crate::case::CaseEnd;
+use crate::case::{CaseEnd, Ctx};
 use concord_core::{Backend, DType, Element, Tensor};
 use concord_oracle::{compare, Tolerance};
 
@@ -55,4 +55,41 @@ pub fn expect_oracle<B: Backend>(
         return Ok(());
     }
     expect_eq(b, got, &exp.outputs[r], where_)
+}
+
+/// Every rank's `mine` (this rank's result of one call, `tag` naming it within the case) must be
+/// the same bits as every other rank's: each rank posts its bytes to the world's store and
+/// compares them with every peer's, element by element (clause
+/// `values.identical_on_every_rank`). The store, not the backend under test, carries them, so
+/// a backend that moves them wrongly cannot hide the difference. Fails with the first differing
+/// index, both values and how many elements differ.
+pub fn expect_same_on_every_rank<B: Backend>(ctx: &Ctx<'_, B>, mine: &Tensor, tag: &str, where_: &str) -> Result<(), CaseEnd> {
+    let (ws, me) = (ctx.b.world_size(), ctx.b.rank());
+    let key = |r: usize| format!("{}/{}/same_on_every_rank/{tag}/r{r}", ctx.case, ctx.world.world_id);
+    ctx.store.set(&key(me), mine.bytes()).map_err(|e| fail(where_, format!("store set: {e}")))?;
+    let es = mine.dtype().size();
+    let n = mine.numel();
+    for peer in (0..ws).filter(|&p| p != me) {
+        let k = key(peer);
+        ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(where_, format!("rank {peer} never posted its result: {e}")))?;
+        let theirs = ctx.store.get(&k).map_err(|e| fail(where_, format!("store get: {e}")))?;
+        if theirs.len() != mine.bytes().len() {
+            return Err(fail(where_, format!("rank {peer}'s result has {} bytes, this rank's {}", theirs.len(), mine.bytes().len())));
+        }
+        let theirs = Tensor::from_bytes(mine.dtype(), mine.shape(), &theirs);
+        let differs = |i: usize| mine.bytes()[i * es..(i + 1) * es] != theirs.bytes()[i * es..(i + 1) * es];
+        if let Some(i) = (0..n).find(|&i| differs(i)) {
+            let count = (0..n).filter(|&i| differs(i)).count();
+            return Err(fail(
+                where_,
+                format!(
+                    "first bad index {i}: got {} on rank {me}, rank {peer} got {} ({count} of {n} elements differ): an all_reduce \
+                     leaves identical copies of one result on every rank",
+                    mine.fmt_element(i),
+                    theirs.fmt_element(i)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

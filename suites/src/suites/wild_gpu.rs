@@ -16,7 +16,7 @@
 //!   (pytorch/pytorch PR #129501: each rank added its peers round-robin from itself, so the
 //!   ranks' sums rounded differently; a tolerance against the oracle cannot see that).
 
-use super::util::{expect_oracle, fail, here};
+use super::util::{expect_oracle, expect_same_on_every_rank, fail, here};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, DType, ReduceOp, Tensor};
 use concord_oracle::Collective;
@@ -120,7 +120,7 @@ fn spread_input(r: usize, n: usize) -> Tensor {
 
 fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let (ws, me) = (b.world_size(), b.rank());
+    let me = b.rank();
     for n in IDENTICAL_LENGTHS {
         for in_place in [false, true] {
             let variant = if in_place { "inplace" } else { "out" };
@@ -136,25 +136,7 @@ fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                 continue;
             }
             let mine = b.download(out).map_err(|e| fail(&w, format!("download: {e}")))?;
-            let key = |r: usize| format!("{}/{}/wild_identical/{variant}/n{n}/r{r}", ctx.case, ctx.world.world_id);
-            ctx.store.set(&key(me), mine.bytes()).map_err(|e| fail(&w, format!("store set: {e}")))?;
-            for peer in (0..ws).filter(|&p| p != me) {
-                let k = key(peer);
-                ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(&w, format!("rank {peer} never posted its result: {e}")))?;
-                let theirs = ctx.store.get(&k).map_err(|e| fail(&w, format!("store get: {e}")))?;
-                let theirs = Tensor::from_bytes(DType::F32, &[n], &theirs);
-                if let Some(i) = (0..n).find(|&i| mine.as_slice::<f32>()[i].to_bits() != theirs.as_slice::<f32>()[i].to_bits()) {
-                    let differ = (0..n).filter(|&i| mine.as_slice::<f32>()[i].to_bits() != theirs.as_slice::<f32>()[i].to_bits()).count();
-                    return Err(fail(
-                        &w,
-                        format!(
-                            "first bad index {i} (coords [{i}]): got {:?} on rank {me}, rank {peer} got {:?} ({differ} of {n} elements differ): an all_reduce leaves identical copies of one result on every rank",
-                            mine.as_slice::<f32>()[i],
-                            theirs.as_slice::<f32>()[i]
-                        ),
-                    ));
-                }
-            }
+            expect_same_on_every_rank(ctx, &mine, &format!("{variant}/n{n}"), &w)?;
         }
     }
     Ok(())
