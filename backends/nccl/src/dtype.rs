@@ -38,14 +38,19 @@ pub(crate) enum Red {
     PreMul(f64),
 }
 
+/// NCCL's `ncclSum`.
+pub(crate) const SUM: u32 = 0;
+/// NCCL's `ncclAvg`.
+pub(crate) const AVG: u32 = 4;
+
 /// NCCL's reduce op for `op` (after the rule table: bitwise ops are a declared gap).
 pub(crate) fn red_of(op: ReduceOp) -> Red {
     match op {
-        ReduceOp::Sum => Red::Builtin(0),
+        ReduceOp::Sum => Red::Builtin(SUM),
         ReduceOp::Product => Red::Builtin(1),
         ReduceOp::Max => Red::Builtin(2),
         ReduceOp::Min => Red::Builtin(3),
-        ReduceOp::Avg => Red::Builtin(4),
+        ReduceOp::Avg => Red::Builtin(AVG),
         ReduceOp::PremulSum(s) => Red::PreMul(s),
         ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
             unreachable!("rejected by validate_local: a declared gap")

@@ -4,7 +4,7 @@
 
 use crate::comm::{self, red_fns};
 use crate::cuda::DevMem;
-use crate::dtype::{move_type, nccl_dtype, premul_scalar, Red};
+use crate::dtype::{move_type, nccl_dtype, premul_scalar, Red, AVG, SUM};
 use crate::issue::Op;
 use crate::worker::{check, Launch};
 use crate::{NcclBackend, NcclBuffer};
@@ -66,7 +66,7 @@ impl NcclBackend {
         pick: fn(&comm::RedFns) -> comm::ElementwiseRedFn,
         label: &'static str,
     ) -> Result<Option<Launch>> {
-        let jobs: Vec<_> = jobs.into_iter().filter(|j| j.2 > 0).collect();
+        let jobs: Vec<_> = self.one_rank_jobs(jobs.into_iter().filter(|j| j.2 > 0).collect());
         if jobs.is_empty() {
             return Ok(None);
         }
@@ -88,6 +88,30 @@ impl NcclBackend {
                 Ok(())
             }),
         }))
+    }
+
+    /// Elementwise reduction jobs `(src, dst, count, dtype, op)` as this communicator must
+    /// launch them: on one rank with an NCCL that drops a one-rank reduction's tail
+    /// ([`crate::one_rank`]), `avg` becomes `sum` (a copy: the average of one input is the
+    /// input) and `premul_sum` is cut into segments the kernel covers whole.
+    pub(crate) fn one_rank_jobs(&self, jobs: Vec<(u64, u64, usize, DType, Red)>) -> Vec<(u64, u64, usize, DType, Red)> {
+        if !crate::one_rank::affected(self.ws, self.chan.comm.lib_version) {
+            return jobs;
+        }
+        let mut out = Vec::with_capacity(jobs.len());
+        for (src, dst, n, d, red) in jobs {
+            match red {
+                Red::Builtin(AVG) => out.push((src, dst, n, d, Red::Builtin(SUM))),
+                Red::PreMul(_) => {
+                    let es = d.size() as u64;
+                    for (off, cnt) in crate::one_rank::segments(n, d.size()) {
+                        out.push((src + off as u64 * es, dst + off as u64 * es, cnt, d, red));
+                    }
+                }
+                Red::Builtin(_) => out.push((src, dst, n, d, red)),
+            }
+        }
+        out
     }
 
     /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).

@@ -208,6 +208,7 @@ pub mod fused_plan;
 pub mod header;
 mod issue;
 mod launch;
+mod one_rank;
 mod ops;
 
 mod p2p;

@@ -292,18 +292,35 @@ impl NcclBackend {
         } else {
             let premul = Self::premul_list(&[(red, x.dtype)]);
             let f = red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?;
-            let (src, dst, n, d) = (x.ptr(), out.ptr(), x.numel(), x.dtype);
+            // One rank: NCCL's one-rank kernel may drop the tail (`one_rank`).
+            let jobs = self.one_rank_jobs(vec![(x.ptr(), out.ptr(), x.numel(), x.dtype, red)]);
             let p2 = premul.clone();
             Some(Launch {
                 premul,
                 then: vec![],
                 keep: keep(&[x, &out]),
-                calls: Box::new(move |c, s, ops| unsafe {
-                    let t = nccl_dtype(d).expect("checked");
-                    check(
-                        (f.reduce)(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), root as i32, c, s),
-                        "ncclReduce",
-                    )
+                calls: Box::new(move |c, s, ops| {
+                    for (src, dst, n, d, red) in jobs {
+                        let t = nccl_dtype(d).expect("checked");
+                        // SAFETY: src/dst are live device buffers of at least n elements of d
+                        // (kept alive by `keep`), and c/s are this communicator's handle and stream.
+                        check(
+                            unsafe {
+                                (f.reduce)(
+                                    src as *const c_void,
+                                    dst as *mut c_void,
+                                    n,
+                                    t,
+                                    Self::op_code(red, d, &p2, ops),
+                                    root as i32,
+                                    c,
+                                    s,
+                                )
+                            },
+                            "ncclReduce",
+                        )?;
+                    }
+                    Ok(())
                 }),
             })
         };
