@@ -114,6 +114,8 @@ pub struct CaseReport {
     pub elapsed: Duration,
     /// The world the case ran in (its temp dir and shm names start with `concord-<world_id>-`).
     pub world_id: String,
+    /// Whether that world was spawned for this case (no case ran in it before), not reused.
+    pub fresh_world: bool,
 }
 
 impl CaseReport {
@@ -864,6 +866,7 @@ impl Pool {
     pub fn run_case(&self, req: CaseRequest<'_>) -> CaseReport {
         let start = Instant::now();
         let key = req.key;
+        let fresh = std::cell::Cell::new(true);
         let mk_report = |verdict: Verdict, ranks: Vec<RankReport>, world_id: String| CaseReport {
             case_id: req.case_id.to_string(),
             backend: key.backend.clone(),
@@ -872,6 +875,7 @@ impl Pool {
             ranks,
             elapsed: start.elapsed(),
             world_id,
+            fresh_world: fresh.get(),
         };
         if req.case_id.contains('\n') || req.case_id.is_empty() {
             let f = Failure::Protocol { rank: 0, detail: format!("invalid case id {:?}", req.case_id) };
@@ -880,6 +884,7 @@ impl Pool {
 
         // 1. A world: reuse an idle healthy one, or spawn and rendezvous a new one.
         let reused = if req.isolated { None } else { self.checkout(key) };
+        fresh.set(reused.is_none());
         let mut world = match reused {
             Some(w) => w,
             None => {

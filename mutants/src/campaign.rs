@@ -9,7 +9,7 @@
 use crate::{Bug, MakeBug, Mutant};
 use concord_harness::runner::{Pool, PoolConfig};
 use concord_harness::verdict::Verdict;
-use concord_suites::run::{run_case_in, BackendEntry, CaseInfo};
+use concord_suites::run::{run_case_fresh_in, BackendEntry, CaseInfo};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,8 @@ pub struct Catch {
     pub kinds: Vec<&'static str>,
     /// [`FIELDS`] the message does not contain.
     pub missing: Vec<&'static str>,
+    /// Whether the case failed in a world spawned for it (no case ran there before it).
+    pub fresh_world: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -184,7 +186,7 @@ pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
     let mut cases_run = 0;
     for case in cases {
         cases_run += 1;
-        let (verdict, message, _) = run_case_in(pool, &spec.entry, &case);
+        let (verdict, message, _, fresh_world) = run_case_fresh_in(pool, &spec.entry, &case);
         if let Verdict::Failed(failures) = verdict {
             let missing = FIELDS.iter().copied().filter(|f| !message.contains(f)).collect();
             let kinds = failures.iter().map(|f| f.kind()).collect();
@@ -192,7 +194,7 @@ pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
             return Finding {
                 name: spec.name,
                 clause: spec.clause,
-                caught: Some(Catch { case, message, kinds, missing }),
+                caught: Some(Catch { case, message, kinds, missing, fresh_world }),
                 cases_run,
                 set_aside: Vec::new(),
                 elapsed: started.elapsed(),
@@ -202,15 +204,18 @@ pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
     Finding { name: spec.name, clause: spec.clause, caught: None, cases_run, set_aside: Vec::new(), elapsed: started.elapsed() }
 }
 
-/// Whether `case`, which just failed `real` (`alone`: as the first case of a fresh world),
-/// counts as the catch: it must fail alone in a fresh world (so its rerun line reproduces it)
-/// and, given a `control` (for a sweep target: the same target with the edit left out), pass
-/// it, so that it is the wrong element, not the wrapper's path, that it caught. Each check is
-/// one case in a fresh world (a failed case's world is torn down; a control world serves one
-/// cell).
+/// Whether `case`, which just failed `real` (`alone`: in a world spawned for it), counts as the
+/// catch: it must fail alone in a fresh world (so its rerun line reproduces it; rerun in a world
+/// of its own when it was not alone) and, given a `control` (for a sweep target: the same target
+/// with the edit left out), pass it, so that it is the wrong element, not the wrapper's path,
+/// that it caught. Each check is one case (a control world serves one cell).
 pub fn attribute(pool: &Pool, real: &Spec, control: Option<&Spec>, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
-    if !alone && run_cases_in(pool, real, vec![case.clone()]).caught.is_none() {
-        return Err(SetAside::OnlyAfterEarlierCases);
+    if !alone {
+        let mut own = case.clone();
+        own.isolated = true;
+        if run_cases_in(pool, real, vec![own]).caught.is_none() {
+            return Err(SetAside::OnlyAfterEarlierCases);
+        }
     }
     let Some(control) = control else { return Ok(()) };
     // The same case in the control's catalogue (its ids carry the control's name).
@@ -232,19 +237,17 @@ pub fn attribute(pool: &Pool, real: &Spec, control: Option<&Spec>, case: &CaseIn
 pub fn catch_alone(pool: &Pool, real: &Spec, control: Option<&Spec>, cases: Vec<CaseInfo>) -> Finding {
     let started = Instant::now();
     let (mut rest, mut cases_run, mut set_aside) = (cases, 0, Vec::new());
-    // Whether the next call starts in a fresh world: the mutant's own at first; after a failure
-    // (its world torn down) unless a rerun alone then passed, whose world is kept.
-    let mut fresh = true;
     while !rest.is_empty() {
         let f = run_cases_in(pool, real, rest.clone());
         cases_run += f.cases_run;
         let Some(c) = f.caught else { break };
         let failed = rest[f.cases_run - 1].clone();
-        let why = match attribute(pool, real, control, &failed, fresh && f.cases_run == 1) {
+        // Alone only in a world spawned for it: the pool reports it (a world of this world
+        // size may have served earlier cases, this run's or another's).
+        let why = match attribute(pool, real, control, &failed, c.fresh_world) {
             Ok(()) => return Finding { cases_run, set_aside, elapsed: started.elapsed(), caught: Some(c), ..f },
             Err(why) => why,
         };
-        fresh = why != SetAside::OnlyAfterEarlierCases;
         set_aside.push((c.case, why));
         rest.drain(..f.cases_run);
     }

@@ -254,6 +254,13 @@ pub fn run_case(entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Dura
 
 /// [`run_case`] in the worlds of `pool` (a pool configured apart from the process-wide one).
 pub fn run_case_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration) {
+    let (verdict, msg, elapsed, _) = run_case_fresh_in(pool, entry, case);
+    (verdict, msg, elapsed)
+}
+
+/// [`run_case_in`], and whether the case ran in a world spawned for it (no case ran there
+/// before it: its verdict owes nothing to the world's history).
+pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration, bool) {
     let needed = entry.gpus_per_rank * case.world_size;
     if needed > 0 {
         let have = concord_harness::gpu::count();
@@ -262,6 +269,7 @@ pub fn run_case_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdi
                 Verdict::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
                 String::new(),
                 Duration::ZERO,
+                true,
             );
         }
     }
@@ -272,7 +280,7 @@ pub fn run_case_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdi
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
         _ => String::new(),
     };
-    (report.verdict.clone(), msg, report.elapsed)
+    (report.verdict.clone(), msg, report.elapsed, report.fresh_world)
 }
 
 /// The command line of a conformance binary: libtest's arguments (so `cargo test`, nextest and

@@ -569,12 +569,17 @@ impl Comm {
             self.abort_locked(inner, msg.clone());
             return Err(msg);
         }
-        match wait_ready(raw, deadline, false, None) {
+        // An abort requested meanwhile (from another thread: the twin may be made off the
+        // progress thread) ends this wait too.
+        match wait_ready(raw, deadline, false, Some(&self.abort_requested)) {
             Ready::Done => {}
             other => {
                 abort_raw(raw);
                 let msg = match other {
                     Ready::Failed(e) => format!("ncclCommSplit (blocking twin, new communicator): {}", err_string(e)),
+                    Ready::AbortRequested => {
+                        format!("ncclCommSplit (blocking twin): the communicator was aborted ({})", self.aborted().unwrap_or_default())
+                    }
                     _ => "ncclCommSplit (blocking twin) did not finish before the deadline".to_string(),
                 };
                 self.abort_locked(inner, msg.clone());
@@ -601,7 +606,13 @@ impl Comm {
         // scatter) connect their peers on first use (see **Fast launch**). Point to point: a
         // send and a receive of 8 bytes with the peer, in one group (both ways at once).
         let n = self.nranks as u64;
-        let buf = self.dev.alloc(8 * n as usize + 16)?;
+        // On this communicator's own stream (a direction's, for point to point): a block the
+        // collectives' stream freed may still be in use there.
+        let buf = if connect == TwinConnect::PeerToPeer {
+            self.dev.alloc_on(self.stream as cudarc::driver::sys::CUstream, 8 * n as usize + 16)?
+        } else {
+            self.dev.alloc(8 * n as usize + 16)?
+        };
         let (recv, send, red) = (buf.ptr, buf.ptr + 8 * n, buf.ptr + 8 * n + 8);
         let done = AtomicBool::new(false);
         let r = std::thread::scope(|s| {
@@ -670,7 +681,12 @@ impl Comm {
             done.store(true, Ordering::SeqCst);
             r
         });
-        drop(buf);
+        if r.is_ok() {
+            drop(buf);
+        } else {
+            // The connect group may still be live on the device: its memory is never reused.
+            std::mem::forget(buf);
+        }
         if let Err(e) = &r {
             if self.aborted().is_none() {
                 self.abort(e.clone());
@@ -711,6 +727,12 @@ impl Comm {
         // Without the thread, a stuck call still ends at the next abort of the communicator
         // (its op's deadline, or the parent's abort).
         w.1 = started.is_ok();
+    }
+
+    /// Whether this communicator was made to launch on a blocking twin ([`Comm::make_twin`]):
+    /// the same on every rank (unlike [`Comm::has_twin`], which turns false once it is aborted).
+    pub fn wants_twin(&self) -> bool {
+        self.wants_twin.load(Ordering::SeqCst)
     }
 
     /// Whether groups run on a blocking twin (see [`Comm::make_twin`]).

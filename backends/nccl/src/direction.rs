@@ -11,12 +11,15 @@
 //! * When the parent launches on a blocking twin (see **Fast launch** in the crate docs), so
 //!   does a direction: right after its init (both ranks are there: the init is collective), a
 //!   thread of its own splits the direction's blocking twin and connects it (a send and a
-//!   receive of 8 bytes each way, `Comm::make_p2p_twin`), bounded by the op deadline; the
+//!   receive of 8 bytes each way, `Comm::make_p2p_twin`), bounded by an op timeout; the
 //!   progress thread only looks at its result. Every later group of the direction (header
 //!   swaps, data) runs on the twin: about 6 us a launch instead of about 60 (2 x H200; a
-//!   sendrecv in the bench went from 110–170 to 42–55 us). A launch still inside NCCL past the
-//!   op deadline is ended by the twin watchdog (`Comm::watch_twin`); a direction given up
-//!   while its twin connects is aborted, which ends the thread's call.
+//!   sendrecv in the bench went from 110–170 to 42–55 us). A launch still inside NCCL an op
+//!   timeout after it started is ended by the twin watchdog (`Comm::watch_twin`); a direction
+//!   given up while its twin connects is aborted (from a thread of its own), which ends the
+//!   thread's call. At most [`MAX_IN_FLIGHT`] data ops of a direction are launched on its twin
+//!   and not complete: the next waits, parked, instead of entering a blocking launch that a
+//!   full queue of pending kernels would hold (sends no receive has met yet).
 //! * A direction communicator is a child of its parent ([`Comm::adopt`]): an abort of the
 //!   parent (a timeout, a fault, a drop) aborts it, so its ops in flight end and fail; its
 //!   teardown (finalize / destroy) is a job of the progress thread like the parent's.
@@ -85,9 +88,15 @@ impl Drop for Connecting {
         // Given up while the twin connects (the op's deadline, the communicator's abort): the
         // abort ends the twin thread's blocking call, and the thread ends by itself (detached:
         // nothing here waits for it).
+        // The abort runs on a thread of its own: it may wait (bounded) for the twin thread's
+        // NCCL call to let go of the communicator, and the progress thread never waits.
         if let ConnState::Twin { comm, done } = &self.state {
             if done.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-                comm.abort(format!("direction {} -> {}: given up while its blocking twin connected", self.dir.src, self.dir.dst));
+                let (comm, dir) = (comm.clone(), self.dir);
+                let why = format!("direction {} -> {}: given up while its blocking twin connected", dir.src, dir.dst);
+                if std::thread::Builder::new().name("nccl-p2p-twin-abort".into()).spawn(move || comm.abort(why)).is_err() {
+                    // No thread: the communicator dies with its parent's abort or teardown.
+                }
             }
         }
     }
@@ -143,14 +152,28 @@ pub(crate) struct Swap {
     bytes: usize,
 }
 
-/// A data send / receive NCCL is still accepting; its memory, kept (leaked if it is
-/// abandoned: the group may still be enqueued).
+/// Data sends / receives of one direction launched on its blocking twin and not complete, at
+/// most: past that the next one waits, parked (the progress thread free), instead of entering
+/// NCCL, whose launch blocks once the stream's queue of pending kernels is full (about a
+/// thousand sends that no receive has met yet), holding the progress thread until the peer
+/// drains it, which may need this very thread.
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
+
+/// A data send / receive NCCL is still accepting (or, on a twin with [`MAX_IN_FLIGHT`] ops
+/// pending, not yet launched: `waiting`); its memory, kept (leaked if it is abandoned: the
+/// group may still be enqueued).
 pub(crate) struct Launching {
     keep: Option<Vec<Arc<DevMem>>>,
+    /// `(send, ptr, NCCL type, count)` of an op waiting for room on its direction.
+    waiting: Option<(bool, u64, nccl::ncclDataType_t, usize)>,
 }
 
 impl Drop for Launching {
     fn drop(&mut self) {
+        // Never launched (still waiting for room): nothing on the device uses the memory.
+        if self.waiting.is_some() {
+            return;
+        }
         if let Some(k) = self.keep.take() {
             std::mem::forget(k);
         }
@@ -230,8 +253,9 @@ impl NcclWire {
     }
 
     /// Runs `calls` as one group on `link`'s communicator: on its blocking twin when it has
-    /// one (enqueued when this returns: `Ok(false)`; bounded by the op deadline through the
-    /// twin watchdog), else without waiting (`Ok(true)`: poll [`Comm::group_ready`]).
+    /// one (enqueued when this returns: `Ok(false)`; a call still inside NCCL an op timeout
+    /// after it started is ended by the twin watchdog), else without waiting (`Ok(true)`: poll
+    /// [`Comm::group_ready`]).
     fn enqueue(
         &self,
         link: &Link,
@@ -361,7 +385,7 @@ impl Wire for NcclWire {
         // in the crate docs). So a direction gets a blocking twin as its parent has one; both of
         // its ranks are here now (the init is collective), so the twin's split and connection
         // wait for nobody else. A thread of its own makes it: the progress thread never waits.
-        if !self.parent.has_twin() {
+        if !self.parent.wants_twin() {
             return Poll::Ready(self.link(dir, comm));
         }
         let done = Arc::new(std::sync::Mutex::new(None));
@@ -442,19 +466,24 @@ impl Wire for NcclWire {
     fn launch(&mut self, link: &mut Link, d: Data) -> Result<Launching, String> {
         self.dev().bind()?;
         let (t, n) = move_type(d.dtype, d.n);
-        let (send, ptr, peer) = (d.send, d.ptr, link.peer as i32);
-        let launching = Launching { keep: Some(d.keep) };
-        self.enqueue(link, |c, s| unsafe {
-            if send {
-                check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
-            } else {
-                check(nccl::ncclRecv(ptr as *mut c_void, n, t, peer, c, s), "ncclRecv")
-            }
-        })?;
+        let mut launching = Launching { keep: Some(d.keep), waiting: Some((d.send, d.ptr, t, n)) };
+        self.launch_if_room(link, &mut launching)?;
         Ok(launching)
     }
 
     fn poll_launch(&mut self, link: &mut Link, l: &mut Launching) -> Poll<Result<Launched, String>> {
+        if l.waiting.is_some() {
+            match self.launch_if_room(link, l) {
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(()) if l.waiting.is_some() => {
+                    return match Self::broken(link) {
+                        Some(why) => Poll::Ready(Err(why)),
+                        None => Poll::Pending,
+                    }
+                }
+                Ok(()) => {}
+            }
+        }
         match link.comm.group_ready() {
             Ok(false) => return Poll::Pending,
             Err(e) => return Poll::Ready(Err(Self::launch_err(e))),
@@ -470,7 +499,36 @@ impl Wire for NcclWire {
     }
 
     fn idle(&mut self, link: &mut Link) -> bool {
-        link.retiring.retain(|(ev, _)| matches!(ev.query(), Ok(false)));
+        Self::retire(link);
         link.retiring.is_empty()
+    }
+}
+
+impl NcclWire {
+    /// Releases what the direction's completed ops kept alive.
+    fn retire(link: &mut Link) {
+        link.retiring.retain(|(ev, _)| matches!(ev.query(), Ok(false)));
+    }
+
+    /// Launches `l`'s waiting op unless the direction's twin already has [`MAX_IN_FLIGHT`] ops
+    /// pending (then it stays waiting).
+    fn launch_if_room(&mut self, link: &mut Link, l: &mut Launching) -> Result<(), String> {
+        let Some((send, ptr, t, n)) = l.waiting else { return Ok(()) };
+        if link.comm.has_twin() && link.retiring.len() >= MAX_IN_FLIGHT {
+            Self::retire(link);
+            if link.retiring.len() >= MAX_IN_FLIGHT {
+                return Ok(());
+            }
+        }
+        l.waiting = None;
+        let peer = link.peer as i32;
+        self.enqueue(link, |c, s| unsafe {
+            if send {
+                check(nccl::ncclSend(ptr as *const c_void, n, t, peer, c, s), "ncclSend")
+            } else {
+                check(nccl::ncclRecv(ptr as *mut c_void, n, t, peer, c, s), "ncclRecv")
+            }
+        })?;
+        Ok(())
     }
 }
