@@ -397,6 +397,21 @@ pub struct SecondRecvInFlightZero {
     in_flight: Arc<Mutex<HashMap<usize, usize>>>,
 }
 
+/// One receive from `src` counted in flight until its work is waited or dropped (a recv never
+/// waited must not leave the count up: the original bug has no such history).
+struct RecvInFlight {
+    map: Arc<Mutex<HashMap<usize, usize>>>,
+    src: usize,
+}
+
+impl Drop for RecvInFlight {
+    fn drop(&mut self) {
+        if let Some(n) = lock(&self.map).get_mut(&self.src) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 impl Bug for SecondRecvInFlightZero {
     fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
         let w = s.inner.recv(out, src)?;
@@ -406,11 +421,9 @@ impl Bug for SecondRecvInFlightZero {
             *n += 1;
             *n > 1
         };
-        let in_flight = self.in_flight.clone();
+        let guard = RecvInFlight { map: self.in_flight.clone(), src };
         Ok(s.then(w, move |be, r| {
-            if let Some(n) = lock(&in_flight).get_mut(&src) {
-                *n = n.saturating_sub(1);
-            }
+            drop(guard);
             if lost {
                 crate::edit(be, r, |t| t.bytes_mut().fill(0))?;
             }

@@ -80,3 +80,19 @@ impl Bug {
         }
     }
 }
+
+/// The start of a failure's rerun line for the backend built with `bug` (empty: the correct
+/// one), the whole catalogue if `full` (`P2PCOLL_FULL=1`), or CI's slice: the environment that
+/// rebuilds the same backend and catalogue, then the conformance test binary's one-case rerun
+/// (`{profile}`: the cargo profile flag, filled in by the harness). The case id is appended.
+pub fn rerun_prefix(bug: &str, full: bool) -> String {
+    let mut env = Vec::new();
+    if !bug.is_empty() {
+        env.push(format!("P2PCOLL_BUG={bug}"));
+    }
+    if full {
+        env.push("P2PCOLL_FULL=1".to_string());
+    }
+    env.push("cargo test{profile} -p concord-example-p2pcoll --test conformance -- --exact".to_string());
+    env.join(" ")
+}

@@ -6,11 +6,11 @@
 //! must pass (so the case tells the two apart, and the correct backend stays correct there).
 //! A suite change that lets a bug through, or a catcher renamed, fails here.
 
-use concord_example_p2pcoll::bugs::Bug;
+use concord_example_p2pcoll::bugs::{rerun_prefix, Bug};
 use concord_example_p2pcoll::P2pColl;
 use concord_harness::runner::{Pool, PoolConfig};
 use concord_harness::verdict::{Failure, Verdict};
-use concord_suites::run::{dispatch_child, rerun_hint, run_case_in, PROFILE_SLOT};
+use concord_suites::run::{dispatch_child, profile_flag, run_case_in};
 use concord_suites::BackendEntry;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -48,9 +48,9 @@ const NAME: &str = "p2pcoll";
 /// The backend with `bug` (empty: the correct one); its rerun line runs the conformance binary
 /// with that bug, in the profile this test ran in.
 fn entry(bug: &str) -> BackendEntry {
-    BackendEntry::new::<P2pColl>(NAME, 0, concord_suites::catalogue::<P2pColl>).with_option("p2pcoll_bug", bug).with_rerun(format!(
-        "P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test{PROFILE_SLOT} -p concord-example-p2pcoll --test conformance -- --exact"
-    ))
+    BackendEntry::new::<P2pColl>(NAME, 0, concord_suites::catalogue::<P2pColl>)
+        .with_option("p2pcoll_bug", bug)
+        .with_rerun(rerun_prefix(bug, true))
 }
 
 fn entries() -> Vec<BackendEntry> {
@@ -86,6 +86,19 @@ fn main() {
             Err(format!("bugs without a catching case here: {missing:?}").into())
         }
     }));
+    trials.push(libtest_mimic::Trial::test("p2pcoll::rerun_prefix", || {
+        // What the conformance binary's failures start their rerun line with (tests/conformance.rs).
+        let got = [rerun_prefix("", false), rerun_prefix("ring_drops_remainder", false), rerun_prefix("ring_drops_remainder", true)];
+        let want = [
+            "cargo test{profile} -p concord-example-p2pcoll --test conformance -- --exact",
+            "P2PCOLL_BUG=ring_drops_remainder cargo test{profile} -p concord-example-p2pcoll --test conformance -- --exact",
+            "P2PCOLL_BUG=ring_drops_remainder P2PCOLL_FULL=1 cargo test{profile} -p concord-example-p2pcoll --test conformance -- --exact",
+        ];
+        match got.iter().zip(want).find(|(g, w)| g.as_str() != *w) {
+            None => Ok(()),
+            Some((g, w)) => Err(format!("rerun_prefix gives `{g}`, expected `{w}`").into()),
+        }
+    }));
     trials.push(libtest_mimic::Trial::test("p2pcoll::no_gpu_dependency", || {
         // A host backend written outside must build without the GPU stack (as a downstream
         // crate would): its normal dependencies never include cudarc.
@@ -118,10 +131,15 @@ fn main() {
                 }
                 v => return Err(format!("{bug} SURVIVED {case}: {v:?}").into()),
             }
-            // The rerun line reruns this case with this bug in the conformance binary.
-            let rerun = format!("rerun: {}", rerun_hint(&bugged, &format!("{NAME}::{case}")));
-            if !rerun.starts_with(&format!("rerun: P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test")) || !msg.contains(&rerun) {
-                return Err(format!("{bug}: the failure's rerun line is not `{rerun}`:\n{msg}").into());
+            // The rerun line: this bug, the whole catalogue, the conformance binary (whose harness
+            // names its cases `p2pcoll::...` and builds its line with the same `rerun_prefix`),
+            // this case, in the profile this test ran in.
+            let want = format!(
+                "rerun: P2PCOLL_BUG={bug} P2PCOLL_FULL=1 cargo test{} -p concord-example-p2pcoll --test conformance -- --exact {NAME}::{case}",
+                profile_flag()
+            );
+            if !msg.lines().any(|l| l.trim() == want) {
+                return Err(format!("{bug}: the failure's rerun line is not `{want}`:\n{msg}").into());
             }
             let (v, msg) = run(&entry(""), case)?;
             if !matches!(v, Verdict::Passed) {

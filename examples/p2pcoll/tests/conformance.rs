@@ -39,11 +39,7 @@ fn bug() -> &'static str {
 
 /// The start of a failure's rerun line: the same bug and catalogue, so the line reproduces it.
 fn rerun() -> String {
-    let full = if std::env::var("P2PCOLL_FULL").is_ok_and(|v| v == "1") { " P2PCOLL_FULL=1" } else { "" };
-    let bug = bug();
-    let env = if bug.is_empty() { full.trim_start().to_string() } else { format!("P2PCOLL_BUG={bug}{full}") };
-    let env = if env.is_empty() { env } else { format!("{env} ") };
-    format!("{env}cargo test{{profile}} -p concord-example-p2pcoll --test conformance -- --exact")
+    concord_example_p2pcoll::bugs::rerun_prefix(bug(), std::env::var("P2PCOLL_FULL").is_ok_and(|v| v == "1"))
 }
 
 concord_suites::harness!(P2pColl, name = "p2pcoll", catalogue = slice, options = [("p2pcoll_bug", bug())], rerun = rerun());

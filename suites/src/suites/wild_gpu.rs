@@ -17,8 +17,8 @@
 //!   ranks' sums rounded differently; a tolerance against the oracle cannot see that).
 
 use super::util::{expect_oracle, expect_same_on_every_rank, fail, here};
-use crate::case::{Case, CaseMeta, CaseResult, Ctx};
-use concord_core::{Backend, DType, ReduceOp, Tensor};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_oracle::Collective;
 
 fn meta(op: &str, variant: &str, dtype: &str, reduce: &str) -> CaseMeta {
@@ -74,15 +74,23 @@ fn one_rank_input(dtype: DType, n: usize) -> Tensor {
 
 fn one_rank_block_tails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
+    let caps = b.capabilities();
+    let mut ran = 0;
+    let mut unsupported = Vec::new();
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
-        if !b.capabilities().dtypes.contains(&dtype) {
-            continue;
-        }
         for n in tail_lengths(dtype) {
             let input = one_rank_input(dtype, n);
             for op in [ReduceOp::Avg, ReduceOp::PremulSum(FACTOR)] {
                 for in_place in [false, true] {
                     let variant = if in_place { "inplace" } else { "out" };
+                    // What the backend declares it does not do is passed over (the case is
+                    // unsupported only if that is every combination).
+                    let v = if in_place { Variant::InPlace } else { Variant::Out };
+                    if let Err(why) = caps.check(OpKind::AllReduce, Some(v), Some(dtype), Some(op), 1) {
+                        unsupported.push(why);
+                        continue;
+                    }
+                    ran += 1;
                     let w = format!(
                         "{} reduce={} shape=[{n}] (one rank: the tail past a block split)",
                         here(b, "all_reduce", variant, dtype),
@@ -96,6 +104,9 @@ fn one_rank_block_tails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                 }
             }
         }
+    }
+    if ran == 0 {
+        return Err(CaseEnd::Unsupported(unsupported.join("; ")));
     }
     Ok(())
 }
@@ -121,9 +132,18 @@ fn spread_input(r: usize, n: usize) -> Tensor {
 fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let me = b.rank();
+    let caps = b.capabilities();
+    let mut ran = 0;
+    let mut unsupported = Vec::new();
     for n in IDENTICAL_LENGTHS {
         for in_place in [false, true] {
             let variant = if in_place { "inplace" } else { "out" };
+            let v = if in_place { Variant::InPlace } else { Variant::Out };
+            if let Err(why) = caps.check(OpKind::AllReduce, Some(v), Some(DType::F32), Some(ReduceOp::Sum), b.world_size()) {
+                unsupported.push(why);
+                continue;
+            }
+            ran += 1;
             let w = format!(
                 "{} reduce=sum shape=[{n}] input=random (all ranks' results must be the same bits)",
                 here(b, "all_reduce", variant, DType::F32)
@@ -138,6 +158,9 @@ fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             let mine = b.download(out).map_err(|e| fail(&w, format!("download: {e}")))?;
             expect_same_on_every_rank(ctx, &mine, &format!("{variant}/n{n}"), &w)?;
         }
+    }
+    if ran == 0 {
+        return Err(CaseEnd::Unsupported(unsupported.join("; ")));
     }
     Ok(())
 }
