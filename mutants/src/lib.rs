@@ -24,6 +24,7 @@ pub mod bugs_hunt17;
 pub mod bugs_hunt18;
 pub mod bugs_hunt19;
 pub mod bugs_hunt2;
+pub mod bugs_hunt20;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -41,8 +42,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt4`] to [`bugs_hunt10`] and [`bugs_hunt12`] (bugs
 /// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at),
 /// [`bugs_hunt16`] (bugs the bad-input grid pointed at), [`bugs_hunt17`] (state that goes
-/// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries) and
-/// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers).
+/// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries),
+/// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers) and
+/// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -62,6 +64,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt16::catalogue());
     v.extend(bugs_hunt18::catalogue());
     v.extend(bugs_hunt19::catalogue());
+    v.extend(bugs_hunt20::catalogue());
     v
 }
 

@@ -1209,6 +1209,28 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         check_all(ctx, &o, &reqs, Policy::Max, "applies")
     }));
+    // hunt20 (NVIDIA/nccl #1136: a rank-local term in the decision). Eight identical choices
+    // per op, four ops: their agreed times differ by noise alone (µs), so any rank-local input
+    // to the decision (a per-host cost model, a local bias, a local tie-break) flips some
+    // near-tie on some rank. The decision MUST be the policy's reduction of the agreed table,
+    // argmin with ties to the earlier choice, on every rank; then near-ties are harmless.
+    for ws in [2, 4] {
+        v.push(Case::<B>::new(format!("autotune::hazard::near_ties_decided_from_table::ws{ws}"), meta("all_reduce"), ws, move |ctx| {
+            let twins = |n: usize| {
+                req(ar(n), (0..8).map(|i| Choice::new(&format!("twin{i}"), native::<B>)).collect(), "twin0")
+            };
+            let reqs: Vec<Request<B>> = [64, 96, 128, 160].into_iter().map(twins).collect();
+            let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+            check_same_winners(
+                ctx,
+                &o,
+                "twins",
+                " — eight identical choices whose agreed times differ by noise alone: every rank MUST pick the declared policy's argmin of the agreed table (a rank-local term in the decision, such as a per-host cost model, splits the ranks at near-ties)",
+            )?;
+            check_reference(ctx, &o, &reqs, Policy::Max)?;
+            check_outputs(ctx, &o, &reqs)
+        }));
+    }
     v.push(Case::<B>::new("autotune::hazard::wrong_on_one_rank::ws2", meta("all_reduce"), 2, move |ctx| {
         // `wrong_on_rank1` computes the sum on rank 0 and returns its input unchanged on rank 1:
         // every rank checks its own output, so it is inf on every rank, naming rank 1.

@@ -822,6 +822,97 @@ impl<B: Backend> Autotuner<B> for RetriesFailedChoice {
     }
 }
 
+// ---- The twentieth hunt (helper hunt20): autotuners that shipped, from their issue threads ----
+
+/// NCCL's tuning model with a rank-local term (NVIDIA/nccl #1136 "nccl hangs in clusters with
+/// mixed cpu vendors (Intel/AMD), due to inconsistent ALGO/PROTO selection in tuning"): since
+/// 2.18 the latency of each algorithm includes a network overhead per step that depends on the
+/// *local* CPU vendor (1 µs on Intel, 2 µs on AMD), so ranks on different hosts switch algorithm
+/// at different sizes and issue different collectives. Ported as: each rank takes the agreed
+/// table, adds its own overhead (1 µs on even ranks, 2 µs on odd ranks: two host kinds) per step
+/// of each candidate (candidate `i` takes `2 (ws - 1) i` steps, later candidates being the
+/// longer pipelines), and picks the cheapest by that model, without agreement.
+struct RankLocalCostModel(Tuner);
+impl<B: Backend> Autotuner<B> for RankLocalCostModel {
+    fn new(cfg: Config) -> Self {
+        RankLocalCostModel(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let mut o = <Tuner as Autotuner<B>>::tune(&self.0, env, requests)?;
+        let (rank, ws) = (env.b.rank(), env.b.world_size() as u64);
+        let overhead_ns: u64 = if rank % 2 == 0 { 1_000 } else { 2_000 };
+        for t in &mut o.tables {
+            if t.from_cache {
+                continue;
+            }
+            let mut best: Option<(String, u64)> = None;
+            for (i, row) in t.rows.iter().enumerate() {
+                if let (RowStatus::Ok, Some(x)) = (&row.status, row.reduced_ns) {
+                    let modeled = x + overhead_ns * 2 * ws.saturating_sub(1) * i as u64;
+                    if best.as_ref().is_none_or(|(_, b)| modeled < *b) {
+                        best = Some((row.choice.clone(), modeled));
+                    }
+                }
+            }
+            if let Some((w, _)) = best {
+                t.winner = w;
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Helion's distributed autotuning before its fix (pytorch/helion PR #1532 "helion distributed
+/// kernel autotuning": "Both benchmarking functions will decide the number of times to run the
+/// kernel based on a time budget and an estimation of a single run of the kernel. The estimation
+/// is based on runtime data and can vary across different GPUs. This causes different GPUs to
+/// run the kernel different number of times and causes a stuck job."). Ported as: each rank
+/// times one run of the choice in its last warm-up run (its own estimate) and, in its first
+/// timed run, runs the choice `max(1, 25 ms / estimate)` times (triton's `do_bench` budget
+/// arithmetic), so ranks whose estimates differ issue different numbers of collectives.
+struct BenchCountFromOwnEstimate(Tuner);
+impl<B: Backend> Autotuner<B> for BenchCountFromOwnEstimate {
+    fn new(cfg: Config) -> Self {
+        BenchCountFromOwnEstimate(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        const BUDGET: Duration = Duration::from_millis(25);
+        let warmup = self.0.config().warmup;
+        let w = wrap_choices(requests, |_, run| {
+            let estimate = Arc::new(std::sync::Mutex::new(None::<Duration>));
+            Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                let last_warmup = warmup.saturating_sub(1);
+                let estimating = match ctx.phase {
+                    Phase::Warmup(i) => i == last_warmup,
+                    Phase::Screen => warmup == 0,
+                    _ => false,
+                };
+                if estimating {
+                    let t0 = Instant::now();
+                    let out = run(ctx, x)?;
+                    *estimate.lock().unwrap_or_else(|e| e.into_inner()) = Some(t0.elapsed());
+                    return Ok(out);
+                }
+                if ctx.phase == Phase::Timed(0) {
+                    let est = estimate.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or(BUDGET);
+                    let reps = (BUDGET.as_nanos() / est.as_nanos().max(1)).max(1) as usize;
+                    for _ in 1..reps {
+                        run(ctx, x)?;
+                    }
+                }
+                run(ctx, x)
+            })
+        });
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &w)
+    }
+}
+
 /// Every autotuner of this test behind one type, so the autotune suite is compiled once, not
 /// once per broken tuner (21 instantiations took 25 s of the CI build, 6 took 6 s): a worker
 /// builds the one its backend entry names (`CHOSEN`, set in `main` from the worker's
@@ -876,6 +967,9 @@ fn maker(name: &str) -> Option<Make> {
         "tunes_each_op_apart" => build::<TunesEachOpApart>,
         "timeout_kept_on_others" => build::<TimeoutKeptOnOthers>,
         "retries_failed_choice" => build::<RetriesFailedChoice>,
+        // The twentieth hunt.
+        "rank_local_cost_model" => build::<RankLocalCostModel>,
+        "bench_count_from_own_estimate" => build::<BenchCountFromOwnEstimate>,
         _ => return None,
     })
 }
@@ -1031,6 +1125,15 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::panic_on_one_rank::ws2"],
             &["does not hold choice `panics_on_rank1` inf", "rank="],
         ),
+        // The twentieth hunt (helper hunt20): autotuner bugs that shipped. The survey caught
+        // both before any case was written; rank_local_cost_model only where two built-in
+        // choices happened to be within its µs term (noise), so it got a case of near-ties.
+        (e("rank_local_cost_model"), &["autotune::hazard::near_ties_decided_from_table::ws4"], &["twin", "rank="]),
+        (
+            e("bench_count_from_own_estimate"),
+            &["autotune::builtin::ws2"],
+            &["did not pass on a correct backend", "op_mismatch", "ops (and sequence numbers) differ across ranks"],
+        ),
     ]
 }
 
@@ -1071,6 +1174,8 @@ const ALL: &[&str] = &[
     "tunes_each_op_apart",
     "timeout_kept_on_others",
     "retries_failed_choice",
+    "rank_local_cost_model",
+    "bench_count_from_own_estimate",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a
