@@ -114,7 +114,8 @@ pub struct CaseReport {
     pub elapsed: Duration,
     /// The world the case ran in (its temp dir and shm names start with `concord-<world_id>-`).
     pub world_id: String,
-    /// Whether that world was spawned for this case (no case ran in it before), not reused.
+    /// Whether that world was spawned for this case (no case ran in it before), not reused;
+    /// `false` when it failed to set up (what an earlier world left behind may be why).
     pub fresh_world: bool,
 }
 
@@ -891,11 +892,13 @@ impl Pool {
                 let mut w = match World::spawn(&self.cfg, key) {
                     Ok(w) => w,
                     Err(msg) => {
+                        fresh.set(false);
                         let f = Failure::Setup { rank: 0, detail: format!("world setup failed: {msg}") };
                         return mk_report(Verdict::failed(vec![f]), Vec::new(), String::new());
                     }
                 };
                 if let Err(problems) = w.await_ready(self.cfg.setup_timeout) {
+                    fresh.set(false);
                     let marks = vec![0u64; w.ranks.len()];
                     w.begin_polite();
                     w.finish(Duration::from_millis(100), self.cfg.grace);

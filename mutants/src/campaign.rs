@@ -208,7 +208,7 @@ pub fn run_cases_in(pool: &Pool, spec: &Spec, cases: Vec<CaseInfo>) -> Finding {
 /// catch: it must fail alone in a fresh world (so its rerun line reproduces it; rerun in a world
 /// of its own when it was not alone) and, given a `control` (for a sweep target: the same target
 /// with the edit left out), pass it, so that it is the wrong element, not the wrapper's path,
-/// that it caught. Each check is one case (a control world serves one cell).
+/// that it caught. Each check is one case in a world of its own.
 pub fn attribute(pool: &Pool, real: &Spec, control: Option<&Spec>, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
     if !alone {
         let mut own = case.clone();
@@ -218,8 +218,10 @@ pub fn attribute(pool: &Pool, real: &Spec, control: Option<&Spec>, case: &CaseIn
         }
     }
     let Some(control) = control else { return Ok(()) };
-    // The same case in the control's catalogue (its ids carry the control's name).
+    // The same case in the control's catalogue (its ids carry the control's name), in a world
+    // of its own: an earlier case's history must not fail the control.
     let mut theirs = case.clone();
+    theirs.isolated = true;
     if let Some(rest) = case.id.strip_prefix(&format!("{}::", real.name)) {
         theirs.id = format!("{}::{rest}", control.name);
     }

@@ -396,7 +396,7 @@ pub struct Cell {
 pub use crate::campaign::SetAside;
 
 /// [`crate::campaign::attribute`] with the target's control: `case`, which just failed `real`
-/// (`alone`: as the first case of a fresh world), counts as the catch only if it fails alone in
+/// (`alone`: in a world spawned for it), counts as the catch only if it fails alone in
 /// a fresh world and passes `control` ([`control`]: the same path with the value left right).
 pub fn attribute(pool: &Pool, real: &Spec, control: &Spec, case: &CaseInfo, alone: bool) -> std::result::Result<(), SetAside> {
     crate::campaign::attribute(pool, real, Some(control), case, alone)

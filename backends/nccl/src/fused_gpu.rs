@@ -419,6 +419,10 @@ impl NcclBackend {
             return Err(self.fused_err(o.name, o.seq, "a matmul's sizes exceed cuBLAS's 32-bit arguments"));
         }
         let Red::Builtin(code) = red_of(op) else { unreachable!("sum or avg: rule F4") };
+        // One rank on an NCCL whose one-rank kernel drops a tail (`one_rank`): the average of
+        // one input is the input, NCCL's copy.
+        let code =
+            if code == crate::dtype::AVG && crate::one_rank::affected(ws, self.chan.comm.lib_version) { crate::dtype::SUM } else { code };
         let reduce = crate::comm::red_fns().map_err(|e| self.fused_err(o.name, o.seq, e))?.reduce;
         let t = crate::dtype::nccl_dtype(dt).expect("a float dtype (rule F6)");
         let serial = MODE.load(Ordering::SeqCst) == SERIAL;

@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn segments_tile_the_range_and_each_is_covered_whole() {
-        for es in [2, 4, 8] {
+        for es in [1, 2, 4, 8] {
             for n in lengths(es) {
                 let s = segments(n, es);
                 let mut at = 0;

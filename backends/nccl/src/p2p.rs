@@ -304,7 +304,7 @@ impl<W: Wire, T> Scheduler<W, T> {
                             let at = *at;
                             match wire.poll_launch(link, l) {
                                 Poll::Pending if now >= at + timeout => Err(Failure::Timeout {
-                                    what: "NCCL's acceptance of the data (its connection to the peer)",
+                                    what: "NCCL's acceptance of the data (its connection to the peer, or room among the direction's data ops in flight that the peer has not matched yet)",
                                     waited: now - started,
                                 }),
                                 Poll::Pending => return None,

@@ -3,8 +3,8 @@
 //! the mutation campaign (`concord-mutants`, module `bugs_hunt18`). Each case names the thread
 //! its bug comes from.
 //!
-//! * `wild::one_rank_block_tails::ws1` — one rank, float `avg` and `premul_sum` (out of place and
-//!   in place) on f16 / bf16 / f32 / f64 tensors whose length is one more than, or one pack short
+//! * `wild::one_rank_block_tails::ws1` — one rank, float `avg` and `premul_sum` (all_reduce out of
+//!   place and in place, reduce_scatter, reduce) on f16 / bf16 / f32 / f64 tensors whose length is one more than, or one pack short
 //!   of, a multiple of a kernel's block split (16 KiB + 1 element, 512 KiB + a pack - 1): every
 //!   element, the last ones included, must be the oracle's (NVIDIA/nccl #1950, pytorch/pytorch
 //!   #168092: the one-rank kernel's blocks took `alignUp(⌊n / grid⌋, pack)` elements each and
@@ -76,36 +76,48 @@ fn one_rank_block_tails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let caps = b.capabilities();
     let mut ran = 0;
-    let mut unsupported = Vec::new();
+    let mut unsupported: Vec<String> = Vec::new();
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         for n in tail_lengths(dtype) {
             let input = one_rank_input(dtype, n);
             for op in [ReduceOp::Avg, ReduceOp::PremulSum(FACTOR)] {
-                for in_place in [false, true] {
-                    let variant = if in_place { "inplace" } else { "out" };
+                // all_reduce out of place and in place, then reduce_scatter and reduce: every
+                // reduction that takes NCCL's one-rank kernel.
+                for (kind, v) in [
+                    (OpKind::AllReduce, Variant::Out),
+                    (OpKind::AllReduce, Variant::InPlace),
+                    (OpKind::ReduceScatterTensor, Variant::Out),
+                    (OpKind::Reduce, Variant::Out),
+                ] {
                     // What the backend declares it does not do is passed over (the case is
                     // unsupported only if that is every combination).
-                    let v = if in_place { Variant::InPlace } else { Variant::Out };
-                    if let Err(why) = caps.check(OpKind::AllReduce, Some(v), Some(dtype), Some(op), 1) {
+                    if let Err(why) = caps.check(kind, Some(v), Some(dtype), Some(op), 1) {
                         unsupported.push(why);
                         continue;
                     }
                     ran += 1;
                     let w = format!(
                         "{} reduce={} shape=[{n}] (one rank: the tail past a block split)",
-                        here(b, "all_reduce", variant, dtype),
+                        here(b, kind.name(), v.name(), dtype),
                         op.name()
                     );
                     let x = b.upload(&input).map_err(|e| fail(&w, format!("upload: {e}")))?;
-                    let work = if in_place { b.all_reduce_(&x, op) } else { b.all_reduce(&x, op) };
+                    let (work, coll) = match (kind, v) {
+                        (OpKind::AllReduce, Variant::InPlace) => (b.all_reduce_(&x, op), Collective::AllReduce { op }),
+                        (OpKind::AllReduce, _) => (b.all_reduce(&x, op), Collective::AllReduce { op }),
+                        (OpKind::ReduceScatterTensor, _) => (b.reduce_scatter_tensor(&x, op), Collective::ReduceScatter { op }),
+                        _ => (b.reduce(&x, op, 0), Collective::Reduce { op, root: 0 }),
+                    };
                     let work = work.map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
                     let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
-                    expect_oracle(b, &Collective::AllReduce { op }, std::slice::from_ref(&input), out, &w)?;
+                    expect_oracle(b, &coll, std::slice::from_ref(&input), out, &w)?;
                 }
             }
         }
     }
     if ran == 0 {
+        unsupported.sort();
+        unsupported.dedup();
         return Err(CaseEnd::Unsupported(unsupported.join("; ")));
     }
     Ok(())
@@ -134,7 +146,7 @@ fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let me = b.rank();
     let caps = b.capabilities();
     let mut ran = 0;
-    let mut unsupported = Vec::new();
+    let mut unsupported: Vec<String> = Vec::new();
     for n in IDENTICAL_LENGTHS {
         for in_place in [false, true] {
             let variant = if in_place { "inplace" } else { "out" };
@@ -160,6 +172,8 @@ fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         }
     }
     if ran == 0 {
+        unsupported.sort();
+        unsupported.dedup();
         return Err(CaseEnd::Unsupported(unsupported.join("; ")));
     }
     Ok(())
