@@ -12,7 +12,7 @@
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, set_f64, Buf, Bug, Shm, BUG_WAIT};
-use concord_core::{Backend, CollectiveError, DType, ReduceOp, Result, Tensor, Work};
+use concord_core::{Backend, CollectiveError, DType, Element, ReduceOp, Result, Tensor, Work};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -192,35 +192,43 @@ impl Bug for LibnbcIreduceChainAlias {
 /// all_reduce, in- and out-of-place.
 #[derive(Default)]
 pub struct HcollLongAsUnsigned;
-fn unsigned_minmax(all: &Tensor, t: &mut Tensor, ws: usize, max: bool) {
-    let v: &[i64] = all.as_slice();
-    let n = t.numel();
-    let out: &mut [i64] = t.as_mut_slice();
-    for (i, o) in out.iter_mut().enumerate() {
-        let it = (0..ws).map(|q| v[q * n + i] as u64);
-        *o = if max { it.max() } else { it.min() }.unwrap_or(0) as i64;
-    }
-}
-impl HcollLongAsUnsigned {
-    fn fires(s: &Shm, x: &Buf, op: ReduceOp) -> bool {
-        s.inner.buffer_dtype(x) == DType::I64 && matches!(op, ReduceOp::Min | ReduceOp::Max) && s.numel(x) > 0
-    }
-}
 impl Bug for HcollLongAsUnsigned {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::fires(s, x, op) {
-            return s.inner.all_reduce(x, op);
-        }
-        let ws = s.ws();
-        with_gathered(s, x, || s.inner.all_reduce(x, op), move |all, t| unsigned_minmax(all, t, ws, op == ReduceOp::Max))
+        minmax_other_sign(s, x, op, false, DType::I64, |v: i64| v as u64, |v: u64| v as i64)
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::fires(s, x, op) {
-            return s.inner.all_reduce_(x, op);
-        }
-        let ws = s.ws();
-        with_gathered(s, x, || s.inner.all_reduce_(x, op), move |all, t| unsigned_minmax(all, t, ws, op == ReduceOp::Max))
+        minmax_other_sign(s, x, op, true, DType::I64, |v: i64| v as u64, |v: u64| v as i64)
     }
+}
+
+/// The all_reduce (`in_place`: `all_reduce_`) of `x`, whose `min` / `max` of `dtype` (64-bit, so
+/// no wider type can hold both readings) is taken over every rank's input read in the other
+/// signedness (`as_other`, then `back`): the two bugs that follow. Other calls are left right.
+fn minmax_other_sign<T: Element + Copy, U: Ord + 'static>(
+    s: &Shm,
+    x: &Buf,
+    op: ReduceOp,
+    in_place: bool,
+    dtype: DType,
+    as_other: fn(T) -> U,
+    back: fn(U) -> T,
+) -> Result<Work<Buf>> {
+    let issue = || if in_place { s.inner.all_reduce_(x, op) } else { s.inner.all_reduce(x, op) };
+    if s.inner.buffer_dtype(x) != dtype || !matches!(op, ReduceOp::Min | ReduceOp::Max) || s.numel(x) == 0 {
+        return issue();
+    }
+    let (ws, max) = (s.ws(), op == ReduceOp::Max);
+    with_gathered(s, x, issue, move |all, t| {
+        let v: &[T] = all.as_slice();
+        let n = t.numel();
+        let out: &mut [T] = t.as_mut_slice();
+        for (i, o) in out.iter_mut().enumerate() {
+            let it = (0..ws).map(|q| as_other(v[q * n + i]));
+            if let Some(m) = if max { it.max() } else { it.min() } {
+                *o = back(m);
+            }
+        }
+    })
 }
 
 // ---------------------------------------------------------------- MPICH: unsigned as signed
@@ -231,34 +239,12 @@ impl Bug for HcollLongAsUnsigned {
 /// max compare as i64, in all_reduce, in- and out-of-place.
 #[derive(Default)]
 pub struct UnsignedMinAsSigned;
-fn signed_minmax(all: &Tensor, t: &mut Tensor, ws: usize, max: bool) {
-    let v: &[u64] = all.as_slice();
-    let n = t.numel();
-    let out: &mut [u64] = t.as_mut_slice();
-    for (i, o) in out.iter_mut().enumerate() {
-        let it = (0..ws).map(|q| v[q * n + i] as i64);
-        *o = if max { it.max() } else { it.min() }.unwrap_or(0) as u64;
-    }
-}
-impl UnsignedMinAsSigned {
-    fn fires(s: &Shm, x: &Buf, op: ReduceOp) -> bool {
-        s.inner.buffer_dtype(x) == DType::U64 && matches!(op, ReduceOp::Min | ReduceOp::Max) && s.numel(x) > 0
-    }
-}
 impl Bug for UnsignedMinAsSigned {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::fires(s, x, op) {
-            return s.inner.all_reduce(x, op);
-        }
-        let ws = s.ws();
-        with_gathered(s, x, || s.inner.all_reduce(x, op), move |all, t| signed_minmax(all, t, ws, op == ReduceOp::Max))
+        minmax_other_sign(s, x, op, false, DType::U64, |v: u64| v as i64, |v: i64| v as u64)
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::fires(s, x, op) {
-            return s.inner.all_reduce_(x, op);
-        }
-        let ws = s.ws();
-        with_gathered(s, x, || s.inner.all_reduce_(x, op), move |all, t| signed_minmax(all, t, ws, op == ReduceOp::Max))
+        minmax_other_sign(s, x, op, true, DType::U64, |v: u64| v as i64, |v: i64| v as u64)
     }
 }
 
