@@ -86,17 +86,15 @@ enum ConnState {
 impl Drop for Connecting {
     fn drop(&mut self) {
         // Given up while the twin connects (the op's deadline, the communicator's abort): the
-        // abort ends the twin thread's blocking call, and the thread ends by itself (detached:
-        // nothing here waits for it).
-        // The abort runs on a thread of its own: it may wait (bounded) for the twin thread's
-        // NCCL call to let go of the communicator, and the progress thread never waits.
+        // abort ends the twin thread's blocking call, and that thread ends by itself (detached).
+        // The abort runs on a thread of its own too: it may wait (bounded) for the twin thread's
+        // NCCL call to let go of the communicator, and the progress thread never waits. Without
+        // that thread, the communicator dies with its parent's abort or teardown.
         if let ConnState::Twin { comm, done } = &self.state {
             if done.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
                 let (comm, dir) = (comm.clone(), self.dir);
                 let why = format!("direction {} -> {}: given up while its blocking twin connected", dir.src, dir.dst);
-                if std::thread::Builder::new().name("nccl-p2p-twin-abort".into()).spawn(move || comm.abort(why)).is_err() {
-                    // No thread: the communicator dies with its parent's abort or teardown.
-                }
+                let _ = std::thread::Builder::new().name("nccl-p2p-twin-abort".into()).spawn(move || comm.abort(why));
             }
         }
     }
