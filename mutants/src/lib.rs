@@ -25,6 +25,7 @@ pub mod bugs_hunt18;
 pub mod bugs_hunt19;
 pub mod bugs_hunt2;
 pub mod bugs_hunt20;
+pub mod bugs_hunt21;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -43,8 +44,9 @@ pub mod sweep_bad;
 /// aimed at the catalogue's thin spots), [`bugs_dtype`] (bugs the sweep's dtype grid pointed at),
 /// [`bugs_hunt16`] (bugs the bad-input grid pointed at), [`bugs_hunt17`] (state that goes
 /// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries),
-/// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers) and
-/// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers).
+/// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers),
+/// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers) and [`bugs_hunt21`]
+/// (shipped bugs of communicator splitting, subgroups and point-to-point).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -64,6 +66,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt16::catalogue());
     v.extend(bugs_hunt18::catalogue());
     v.extend(bugs_hunt19::catalogue());
+    v.extend(bugs_hunt21::catalogue());
     v.extend(bugs_hunt20::catalogue());
     v
 }
@@ -368,6 +371,11 @@ pub trait Bug: Send + Sync + 'static {
     fn new_group(&self, s: &Shm, made: Option<Group>) -> Option<Group> {
         made
     }
+    /// The member list the communicator is really built over, given the caller's `ranks` (every
+    /// rank of the parent calls it with the same list). Default: `ranks` as given.
+    fn group_ranks(&self, s: &Shm, ranks: &[usize]) -> Vec<usize> {
+        ranks.to_vec()
+    }
     /// `fused_all_gather_matmul` and its scaled variant (`scaling`). Default: the trait's
     /// decomposition over the mutant itself (what a backend without its own fused ops runs).
     fn fused_all_gather_matmul(
@@ -443,8 +451,9 @@ impl Backend for Mutant {
         self.bug.outstanding(&self.s)
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        let ranks = self.bug.group_ranks(&self.s, ranks);
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
-        let made = self.s.inner.new_group(ranks)?.map(|g| (Arc::new(g), members));
+        let made = self.s.inner.new_group(&ranks)?.map(|g| (Arc::new(g), members));
         Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
             bug: (self.make)(),
