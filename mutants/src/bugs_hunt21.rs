@@ -268,6 +268,32 @@ impl Bug for AmReorderPostedRecvs {
     }
 }
 
+// ---------------------------------------------------------------- pytorch/pytorch #38642
+
+/// A receive that is not ordered after the fill of its fresh buffer (pytorch/pytorch #38642
+/// "Synchronization problem in torch.distributed with MPI on CUDA": `recv_buffer =
+/// torch.zeros_like(x)` is still running on the stream when the CUDA-aware MPI receive writes
+/// the buffer, so the zero fill lands after the message; large messages only, 100000 f32 in the
+/// report). Here a recv of at least 100000 elements into a buffer that is all zeros at issue
+/// completes with the buffer all zeros again (the late fill wins).
+#[derive(Default)]
+pub struct RecvBeforePendingFill;
+
+impl RecvBeforePendingFill {
+    const MIN_ELEMENTS: usize = 100_000;
+}
+
+impl Bug for RecvBeforePendingFill {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let fresh = s.numel(out) >= Self::MIN_ELEMENTS && s.inner.download(out)?.bytes().iter().all(|&b| b == 0);
+        let w = s.inner.recv(out, src)?;
+        if !fresh {
+            return Ok(w);
+        }
+        Ok(s.then(w, |be, r| crate::edit(be, r, |t| t.bytes_mut().fill(0))))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<GroupSortedMembers>(
@@ -305,6 +331,12 @@ pub fn catalogue() -> Vec<Spec> {
             "p2p.order",
             "pmodels/mpich PR #3133: two recvs from one peer posted together (same dtype, shape) complete out of order: each gets the other's message",
             &["p2p::in_flight_in_order::same_size::n4::ws2"],
+        ),
+        spec::<RecvBeforePendingFill>(
+            "wild_recv_before_pending_fill",
+            "values.move",
+            "pytorch/pytorch#38642: a recv of >= 100000 elements into a fresh all-zero buffer ends all zeros (the buffer's pending fill lands after the message)",
+            &["p2p::in_flight_in_order::mixed_protocols::ws2"],
         ),
     ]
 }
