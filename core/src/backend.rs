@@ -101,7 +101,8 @@
 //! # Subgroups
 //! * `new_group(ranks)` gives each member a communicator whose rank is its position in `ranks`
 //!   and non-members `None`; collectives on it involve its members only, and every reduce op
-//!   works there (`avg` divides by the group's size). [clause: subgroups]
+//!   works there (`avg` divides by the group's size). Called on a subgroup, `ranks` are that
+//!   subgroup's ranks, not the world's. [clause: subgroups]
 //!   [clause: subgroups.reduce_ops]
 //!
 //! # Roots

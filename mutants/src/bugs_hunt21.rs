@@ -294,6 +294,29 @@ impl Bug for RecvBeforePendingFill {
     }
 }
 
+// ---------------------------------------------------------------- pytorch/pytorch PR #153798
+
+/// A split of a subgroup in the wrong rank space (pytorch/pytorch PR #153798 "[c10d] Fix
+/// `new_subgroups(group=)` bug", introduced by #152765: splitting a non-world group compared
+/// `get_rank(group)`, a group rank, with the subgroups' lists of global ranks, so a process
+/// joined the subgroup of other members). Here `new_group(ranks)` called on a subgroup reads
+/// `ranks` as world ranks (and translates each to the parent's rank of that world rank, failing
+/// when the parent has no such member); where the parent's ranks are the world's (the world, or
+/// a group `[0, 1, ..]`) the two spaces coincide and nothing changes.
+#[derive(Default)]
+pub struct NestedGroupRanksAsGlobal;
+
+impl Bug for NestedGroupRanksAsGlobal {
+    fn group_ranks(&self, s: &Shm, ranks: &[usize]) -> Vec<usize> {
+        if s.members.iter().enumerate().all(|(i, &m)| i == m) {
+            return ranks.to_vec(); // the world (or a group in world order): the spaces coincide
+        }
+        // A world rank the parent lacks becomes an out-of-range parent rank: the correct
+        // backend's refusal stands in for the original's error.
+        ranks.iter().map(|&r| s.members.iter().position(|&m| m == r).unwrap_or(s.ws() + r)).collect()
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<GroupSortedMembers>(
@@ -337,6 +360,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.move",
             "pytorch/pytorch#38642: a recv of >= 100000 elements into a fresh all-zero buffer ends all zeros (the buffer's pending fill lands after the message)",
             &["p2p::in_flight_in_order::mixed_protocols::ws2"],
+        ),
+        spec::<NestedGroupRanksAsGlobal>(
+            "wild_nested_group_ranks_as_global",
+            "subgroups",
+            "pytorch/pytorch PR #153798: new_group on a subgroup reads its ranks as world ranks (splitting a group in the wrong rank space)",
+            &["wild_groups::nested::ws4"],
         ),
     ]
 }

@@ -328,7 +328,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "subgroups",
         source: BACKEND,
         text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
-        cases: &["subgroup::", "programs::", "state::group_recreated_same_members"],
+        cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "wild_groups::nested::"],
     },
     Clause {
         id: "caps.declared_semantics",

@@ -36,6 +36,8 @@
 //!   one-rank kernel's unwritten tail, all_reduce results that differ between ranks.
 //! * [`wild_cpu`] — cases for bugs shipped by CPU collective libraries that the rest let through
 //!   (every rank's all_reduce result the same bits).
+//! * [`wild_groups`] — cases for shipped bugs of splitting, subgroups and point-to-point that the
+//!   rest let through (a group made from a subgroup).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -63,6 +65,7 @@ pub mod util;
 pub mod views;
 pub mod wild_cpu;
 pub mod wild_gpu;
+pub mod wild_groups;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
