@@ -327,7 +327,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "subgroups",
         source: BACKEND,
-        text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only.",
+        text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only; called on a subgroup, the ranks are that subgroup's.",
         cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "wild_groups::nested::"],
     },
     Clause {

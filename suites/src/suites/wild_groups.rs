@@ -14,7 +14,7 @@
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
-use concord_core::{Backend, DType, Tensor};
+use concord_core::{Backend, DType, OpKind, Tensor, Variant};
 
 fn meta() -> CaseMeta {
     CaseMeta { suite: "wild_groups".into(), op: "new_group".into(), variant: "out".into(), dtype: "f32".into(), reduce: "-".into() }
@@ -32,9 +32,17 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 /// its rank 0.
 fn nested<B: Backend>(ctx: &mut Ctx<'_, B>, outer: &[usize], inner: &[usize]) -> CaseResult {
     let b = ctx.b;
-    if !b.capabilities().subgroups {
+    let caps = b.capabilities();
+    if !caps.subgroups {
         return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
     }
+    // The nested group's all_gather (f32) is the check; its message needs send / recv, passed
+    // over when the backend declares that gap.
+    let gather = caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, inner.len());
+    if let Err(why) = gather {
+        return Err(CaseEnd::Unsupported(why));
+    }
+    let message = caps.check(OpKind::SendRecv, Some(Variant::OutBuf), Some(DType::F32), None, inner.len()).is_ok();
     let me = b.rank();
     let world: Vec<usize> = inner.iter().map(|&r| outer[r]).collect();
     let w0 = format!(
@@ -74,11 +82,11 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>, outer: &[usize], inner: &[usize]) ->
         "{} (nested group {inner:?} of outer {outer:?}: rank and world_size above are in the nested group) world_rank={me}",
         here(&h, "all_gather_into_tensor", "out", DType::F32)
     );
-    let x = h.upload(&Tensor::from_f64(DType::F32, &[1], &[me as f64]))?;
+    let x = h.upload(&Tensor::from_f64(DType::F32, &[1], &[me as f64])).map_err(|e| named(&w, "upload", e))?;
     let got = h.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, "all_gather", e))?;
     let expected = Tensor::from_f64(DType::F32, &[world.len()], &world.iter().map(|&r| r as f64).collect::<Vec<_>>());
     expect_eq(&h, &got, &expected, &format!("{w}: the members' world ranks in nested-group order"))?;
-    if world.len() < 2 {
+    if world.len() < 2 || !message {
         return Ok(());
     }
     let last = world.len() - 1;
@@ -87,10 +95,10 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>, outer: &[usize], inner: &[usize]) ->
         here(&h, "send_recv", "outbuf", DType::F32)
     );
     if h.rank() == last {
-        let x = h.upload(&Tensor::from_f64(DType::F32, &[2], &[me as f64, 100.0 + me as f64]))?;
+        let x = h.upload(&Tensor::from_f64(DType::F32, &[2], &[me as f64, 100.0 + me as f64])).map_err(|e| named(&w, "upload", e))?;
         h.send(&x, 0).and_then(|s| s.wait(ctx.timeout).map(|_| ())).map_err(|e| named(&w, "send", e))?;
     } else if h.rank() == 0 {
-        let out = h.alloc(DType::F32, &[2])?;
+        let out = h.alloc(DType::F32, &[2]).map_err(|e| named(&w, "alloc", e))?;
         let got = h.recv(&out, last).and_then(|r| r.into_value(ctx.timeout)).map_err(|e| named(&w, "recv", e))?;
         let src = world[last] as f64;
         expect_eq(&h, &got, &Tensor::from_f64(DType::F32, &[2], &[src, 100.0 + src]), &format!("{w}: the message from group rank {last}"))?;
