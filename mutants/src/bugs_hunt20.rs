@@ -28,6 +28,12 @@ fn product(m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&S
 }
 
 /// Reduce-scatters `moved` along its dim 0 with shm and waits (the bug's own wait).
+/// `res`'s bytes read in the caller's output shape, uploaded: the op's (already complete) result.
+fn finish(m: &Mutant, plan: &MatmulRsPlan, res: &Tensor, op: &'static str) -> Result<Work<Buf>> {
+    let out = Tensor::from_bytes(res.dtype(), &plan.out_shape(), res.bytes());
+    Ok(m.s.done(m.s.inner.upload(&out)?, op))
+}
+
 fn reduce_scatter_front(m: &Mutant, moved: &Tensor, op: ReduceOp) -> Result<Tensor> {
     let be = &*m.s.inner;
     let work = be.reduce_scatter_tensor(&be.upload(moved)?, op)?;
@@ -66,8 +72,7 @@ impl Bug for RsMovedimReversed {
         let wrong = move_from_front(&c, dim);
         let res = reduce_scatter_front(m, &wrong, op)?;
         let back = move_from_front(&res, dim);
-        let out = Tensor::from_bytes(back.dtype(), &plan.out_shape(), back.bytes());
-        Ok(m.s.done(m.s.inner.upload(&out)?, "fused_matmul_reduce_scatter"))
+        finish(m, &plan, &back, "fused_matmul_reduce_scatter")
     }
 }
 
@@ -99,8 +104,7 @@ impl Bug for ScaledRsDimNotSwappedBack {
         let (plan, c) = product(m, a, b, op, dim, sc)?;
         let res = reduce_scatter_front(m, &move_to_front(&c, dim), op)?;
         // Not swapped back: the moved layout, read in the caller's shape.
-        let out = Tensor::from_bytes(res.dtype(), &plan.out_shape(), res.bytes());
-        Ok(m.s.done(m.s.inner.upload(&out)?, "fused_scaled_matmul_reduce_scatter"))
+        finish(m, &plan, &res, "fused_scaled_matmul_reduce_scatter")
     }
 }
 

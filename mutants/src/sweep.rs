@@ -410,6 +410,25 @@ pub fn catch_in(pool: &Pool, real: &Spec, control: &Spec, cases: Vec<CaseInfo>) 
     (f.caught.map(|c| c.case), f.cases_run, f.set_aside)
 }
 
+/// A grid cell's candidates (`None`: unreachable), cases run, catch and cases set aside.
+pub type CellOutcome = (Option<usize>, usize, Option<String>, Vec<(String, SetAside)>);
+
+/// What a grid cell's candidate cases (`None`: no call can reach the cell) show: how many there
+/// are, how many ran, the catch ([`catch_in`] against the target and its control, built only
+/// when there is something to run) and the cases set aside. No candidate is a hole.
+pub fn cell_outcome(pool: &Pool, run: Option<Vec<CaseInfo>>, specs: impl FnOnce() -> (Spec, Spec)) -> CellOutcome {
+    match run {
+        None => (None, 0, None, Vec::new()),
+        Some(run) if run.is_empty() => (Some(0), 0, None, Vec::new()),
+        Some(run) => {
+            let n = run.len();
+            let (real, control) = specs();
+            let (caught, cases_run, set_aside) = catch_in(pool, &real, &control, run);
+            (Some(n), cases_run, caught, set_aside)
+        }
+    }
+}
+
 /// The spec of `target` (one entry per target: its option keys the worlds apart).
 pub fn spec(target: &Target) -> Spec {
     let entry = BackendEntry::new::<Mutant>("sweep", 0, concord_suites::catalogue::<Mutant>)
@@ -498,19 +517,8 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
             } else {
                 rank_of(t.pos, ws).is_none() || impossible(&t, ws)
             };
-            let (candidates, cases_run, caught, set_aside) = if unreachable {
-                (None, 0, None, Vec::new())
-            } else {
-                match cell_cases(&cases, &t, ws, sizes) {
-                    // No case of this world size calls the op: a hole, nothing to run.
-                    run if run.is_empty() => (Some(0), 0, None, Vec::new()),
-                    run => {
-                        let n = run.len();
-                        let (caught, cases_run, set_aside) = catch_in(&pool, &spec(&t), &control(&t), run);
-                        (Some(n), cases_run, caught, set_aside)
-                    }
-                }
-            };
+            let run = (!unreachable).then(|| cell_cases(&cases, &t, ws, sizes));
+            let (candidates, cases_run, caught, set_aside) = cell_outcome(&pool, run, || (spec(&t), control(&t)));
             Cell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
         },
         report,

@@ -29,7 +29,7 @@
 //! misreported).
 
 use crate::campaign::{side_by_side, verdict_pool, Spec};
-use crate::sweep::{catch_in, SetAside};
+use crate::sweep::{cell_outcome, SetAside};
 use crate::{Buf, Bug, Shm};
 use concord_core::{Backend, BadInputKind as K, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Work};
 use concord_suites::run::{BackendEntry, CaseInfo};
@@ -558,18 +558,8 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
         jobs,
         |(t, ws)| {
             let started = Instant::now();
-            let (candidates, cases_run, caught, set_aside) = if impossible(&t, ws) {
-                (None, 0, None, Vec::new())
-            } else {
-                match cell_cases(&cases, &t, ws) {
-                    run if run.is_empty() => (Some(0), 0, None, Vec::new()),
-                    run => {
-                        let n = run.len();
-                        let (caught, cases_run, set_aside) = catch_in(&pool, &spec(&t), &control(&t), run);
-                        (Some(n), cases_run, caught, set_aside)
-                    }
-                }
-            };
+            let run = (!impossible(&t, ws)).then(|| cell_cases(&cases, &t, ws));
+            let (candidates, cases_run, caught, set_aside) = cell_outcome(&pool, run, || (spec(&t), control(&t)));
             Cell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
         },
         report,
