@@ -458,7 +458,7 @@ pub fn catalogue() -> Vec<Spec> {
             "ag_matmul_late_peer_misplaced",
             "fused.pipelined_order",
             "the pipelined all-gather-matmul puts the k-th shard to land at the k-th peer's place in step order: wrong when a nearer peer is late",
-            &["fused::all_gather_matmul::dim0::f32::late_peer::ws3"],
+            &["fused::all_gather_matmul::dim0::f32::late_peer::ws3", "fused::all_gather_matmul::dim0::f32::grid_tiny::ws3"],
         ),
         spec::<SendRetryOvertaken>(
             "send_retry_overtaken",
