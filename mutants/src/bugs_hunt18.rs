@@ -691,7 +691,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_oneshot_rank_order",
             "values.identical_on_every_rank",
             "pytorch/pytorch PR #129501: f32 sum all_reduce (<= 256 KiB, 3+ ranks) adds the peers round-robin from each rank's own: the ranks' results differ in their last bits",
-            &["wild::all_reduce_identical_on_every_rank::ws3"],
+            &["identical::all_reduce::ws3"],
         ),
         spec::<PermutePairsConsumed>(
             "wild_permute_pairs_consumed",

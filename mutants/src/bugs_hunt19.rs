@@ -641,7 +641,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_allgather_reduce_own_first",
             "values.identical_on_every_rank",
             "open-mpi/ompi#12258: allgather-reduce allreduce sums own input first: float sums differ between ranks",
-            &["wild_cpu::all_reduce::same_bits::"],
+            &["identical::all_reduce::ws3"],
         ),
         spec::<MpichIbcastNonzeroRoot>(
             "wild_mpich_ibcast_nonzero_root",

@@ -385,6 +385,11 @@ struct Cli {
     /// `crate::sweep_bad`); `--ws` defaults to 1, 2, 3 and 16 there.
     #[arg(long = "bad-input", value_name = "KIND")]
     bad_input: Vec<String>,
+    /// Sweep: the order grid instead: every all_reduce hook × position × size class × world size
+    /// (3 or more ranks), the float reduction done in another rank order on that rank
+    /// (`HOOK:POSITION:CLASS+order`, clause `values.identical_on_every_rank`).
+    #[arg(long)]
+    order: bool,
 }
 
 /// `--bad-input`, or `--sweep HOOK:POSITION:MODE!KIND`: the bad-input grid, or one target's cases.
@@ -482,6 +487,13 @@ fn sweep_main(cli: &Cli) -> ! {
             }
             sweep::dtype_targets(&dtypes)
         }
+        Some("") | None if cli.order => {
+            if !cli.shape.is_empty() {
+                eprintln!("error: --order and --shape are two grids: run them one at a time");
+                std::process::exit(2);
+            }
+            sweep::order_targets()
+        }
         Some("") | None if cli.shape.is_empty() => sweep::all_targets(),
         Some("") | None => {
             let mut v = Vec::new();
@@ -516,7 +528,8 @@ fn sweep_main(cli: &Cli) -> ! {
             Some(t) => vec![t],
             None => {
                 eprintln!(
-                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE][@DTYPE], hooks {:?}, positions {:?} (or `every`), classes {:?} (or `any`), shapes {:?}",
+                    "error: bad sweep target `{t}`: HOOK:POSITION:CLASS[:SHAPE][@DTYPE][+EFFECT], effects {:?}, hooks {:?}, positions {:?} (or `every`), classes {:?} (or `any`), shapes {:?}",
+                    sweep::EFFECTS,
                     sweep::HOOKS,
                     sweep::POSITIONS,
                     sweep::CLASSES.iter().map(|c| c.0).collect::<Vec<_>>(),
@@ -586,7 +599,7 @@ pub fn main() -> ! {
     if !cli.bad_input.is_empty() || cli.sweep.as_deref().is_some_and(|t| t.contains('!')) {
         bad_input_main(&cli);
     }
-    if cli.sweep.is_some() || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() || !cli.dtype.is_empty() {
+    if cli.sweep.is_some() || cli.order || !cli.hook.is_empty() || !cli.ws.is_empty() || !cli.shape.is_empty() || !cli.dtype.is_empty() {
         sweep_main(&cli);
     }
     if cli.list {

@@ -15,7 +15,7 @@
 use crate::campaign::{side_by_side, verdict_pool, Spec};
 use crate::{bump, edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::Gathered;
-use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Work};
+use concord_core::{Backend, DType, ReduceOp, Result, Scaling, Tensor, Work};
 use concord_harness::runner::Pool;
 use concord_shm::ShmBackend;
 use concord_suites::run::{BackendEntry, CaseInfo};
@@ -46,6 +46,18 @@ pub const HOOKS: &[&str] = &[
     "fused_all_gather_matmul",
     "fused_matmul_reduce_scatter",
 ];
+
+/// What a target does to the calls it hits. `value`: the last element of the output is wrong
+/// (the corruption sweep). `order`: a float all_reduce (sum, avg, premul_sum, product) on the
+/// target's rank is reduced in another rank order, from every rank's input (gathered beside the
+/// call): each result is within every rounding bound the oracle allows, but not the same bits
+/// as the other ranks' (clause `values.identical_on_every_rank`; shipped as pytorch/pytorch PR
+/// #129501 and open-mpi/ompi#12258). A target names its effect after a `+` (`+order`); none is
+/// `value`.
+pub const EFFECTS: &[&str] = &["value", "order"];
+
+/// The hooks an `order` target can hit: the all_reduce family (every rank returns the result).
+pub const ORDER_HOOKS: &[&str] = &["all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_"];
 
 /// Rank positions in the communicator.
 pub const POSITIONS: &[&str] = &["first", "middle", "last"];
@@ -102,13 +114,18 @@ pub fn rank_of(pos: &str, ws: usize) -> Option<usize> {
 }
 
 /// Whether no call can put `target` at world size `ws`: all_gather / gather (and the fused
-/// all_gather_matmul's) outputs are `ws` times their input (so at least `ws` elements), and a recv needs a peer other than itself.
+/// all_gather_matmul's) outputs are `ws` times their input (so at least `ws` elements), a recv
+/// needs a peer other than itself, and an `order` target needs three ranks (two operands add
+/// alike in either order) and an all_reduce hook.
 pub fn impossible(target: &Target, ws: usize) -> bool {
     let times_ws = matches!(
         target.hook,
         "all_gather_into_tensor" | "all_gather_into_tensor_out" | "all_gather_into_tensor_coalesced" | "gather" | "fused_all_gather_matmul"
     );
-    (times_ws && ws >= target.class.2) || (target.hook == "recv" && ws == 1) || refused_dtype(target)
+    (times_ws && ws >= target.class.2)
+        || (target.hook == "recv" && ws == 1)
+        || refused_dtype(target)
+        || (target.effect == "order" && (ws < 3 || !ORDER_HOOKS.contains(&target.hook)))
 }
 
 /// Whether the contract refuses every call of `target`'s dtype: the fused ops take float
@@ -128,10 +145,16 @@ pub struct Target {
     /// Only outputs of this dtype (`HOOK:POSITION:CLASS[:SHAPE]@DTYPE`: the dtype grid,
     /// [`dtype_targets`]); `None`: every dtype.
     pub dtype: Option<DType>,
+    /// One of [`EFFECTS`]: `value` unless the target names another (`...+order`).
+    pub effect: &'static str,
 }
 
 impl Target {
     pub fn parse(s: &str) -> Option<Target> {
+        let (s, effect) = match s.split_once('+') {
+            None => (s, "value"),
+            Some((s, e)) => (s, EFFECTS.iter().copied().find(|x| *x == e)?),
+        };
         let (s, dtype) = match s.split_once('@') {
             None => (s, None),
             Some((s, d)) => (s, Some(DType::from_name(d)?)),
@@ -151,14 +174,16 @@ impl Target {
             class: CLASSES.iter().chain([&ANY_SIZE]).copied().find(|x| x.0 == c)?,
             shape,
             dtype,
+            effect,
         })
     }
     pub fn label(&self) -> String {
         let dtype = self.dtype.map_or(String::new(), |d| format!("@{d}"));
+        let effect = if self.effect == "value" { String::new() } else { format!("+{}", self.effect) };
         if self.shape == "world" {
-            format!("{}:{}:{}{dtype}", self.hook, self.pos, self.class.0)
+            format!("{}:{}:{}{dtype}{effect}", self.hook, self.pos, self.class.0)
         } else {
-            format!("{}:{}:{}:{}{dtype}", self.hook, self.pos, self.class.0, self.shape)
+            format!("{}:{}:{}:{}{dtype}{effect}", self.hook, self.pos, self.class.0, self.shape)
         }
     }
     /// A subgroup cell: one per target, over every world size (its `ws` is 0).
@@ -200,7 +225,7 @@ pub struct Corrupt {
 
 impl Corrupt {
     fn on(&self, hook: &str) -> bool {
-        self.t.as_ref().is_some_and(|t| t.hook == hook)
+        self.t.as_ref().is_some_and(|t| t.hook == hook && t.effect == "value")
     }
     /// Whether this rank's output is corrupted (`root`: the rooted ops corrupt only the root).
     /// Positions are the communicator's. A `world` target never corrupts a subgroup's calls (its
@@ -226,6 +251,52 @@ impl Corrupt {
         let e = self.class();
         s.then(w, move |be, out| corrupt(be, out, e))
     }
+    /// Whether an `order` target gathers the input `x` of a `hook` call with `op` beside it (see
+    /// [`EFFECTS`]): on the world (not a subgroup) of 3 or more ranks, a float input of the
+    /// target's class (and dtype) and an op whose float result depends on the order. Every rank
+    /// of a valid call agrees on each, so every rank gathers or none does.
+    fn gathers(&self, s: &Shm, hook: &str, x: &Buf, op: ReduceOp) -> bool {
+        let Some(t) = self.t.as_ref().filter(|t| t.effect == "order" && t.hook == hook) else { return false };
+        let d = s.inner.buffer_dtype(x);
+        let n = s.numel(x);
+        let order_matters = matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Product | ReduceOp::PremulSum(_));
+        !s.in_subgroup()
+            && s.ws() >= 3
+            && d.is_float()
+            && order_matters
+            && t.dtype.is_none_or(|w| w == d)
+            && (t.class.1..t.class.2).contains(&n)
+            && !s.inner.buffer_shape(x).is_empty()
+    }
+    /// An `order` target's call: `x` gathered from every rank before `issue` (the call itself),
+    /// then, on the target's rank, the output `pick` names recomputed from the gathered inputs
+    /// in descending rank order ([`reorder`]). The control takes the same path and leaves it.
+    fn reordered<T: Clone + Send + Sync + 'static>(
+        &self,
+        s: &Shm,
+        x: &Buf,
+        op: ReduceOp,
+        issue: impl FnOnce() -> Result<Work<T>>,
+        pick: fn(&T) -> Option<&Buf>,
+    ) -> Result<Work<T>> {
+        let (ws, dry, here) = (s.ws(), self.dry, self.here(s, None));
+        let g = s.inner.all_gather_into_tensor(x)?;
+        // A refused call must not withdraw the gather its peers are in: see it through first.
+        let w = issue().inspect_err(|_| {
+            let _ = g.wait(crate::BUG_WAIT);
+        })?;
+        Ok(s.then(w, move |be, outs| {
+            let all = be.download(g.wait(crate::BUG_WAIT)?)?;
+            match pick(outs) {
+                Some(out) if here => edit(be, out, |t| {
+                    if !dry {
+                        reorder(&all, t, ws, op)
+                    }
+                }),
+                _ => Ok(()),
+            }
+        }))
+    }
     /// The last buffer of a coalesced call's outputs.
     fn many(&self, s: &Shm, hook: &str, w: Work<Vec<Buf>>) -> Work<Vec<Buf>> {
         if !self.on(hook) || !self.here(s, None) {
@@ -246,6 +317,49 @@ struct Edit {
     dry: bool,
 }
 
+/// `t` (this rank's all_reduce result, `n` elements) recomputed from `all` (every rank's input,
+/// rank by rank) in descending rank order (shm adds in ascending order, so from 3 ranks the
+/// last operand differs: `(x2 + x1) + x0` against `(x0 + x1) + x2`): f64 accumulates in f64, the
+/// other floats in f32 (what a GPU kernel does), the result rounded once to the dtype. Within
+/// every bound the oracle allows on random inputs; exact inputs give the exact result in any
+/// order.
+fn reorder(all: &Tensor, t: &mut Tensor, ws: usize, op: ReduceOp) {
+    let n = t.numel();
+    let order: Vec<usize> = (0..ws).rev().collect();
+    let wide = t.dtype() == DType::F64;
+    let vals: Vec<f64> = (0..n)
+        .map(|i| {
+            let term = |q: usize| {
+                let v = all.get_f64(q * n + i);
+                match op {
+                    ReduceOp::PremulSum(f) if wide => f * v,
+                    ReduceOp::PremulSum(f) => ((f as f32) * (v as f32)) as f64,
+                    _ => v,
+                }
+            };
+            if wide {
+                let acc = order[1..].iter().fold(term(order[0]), |a, &q| if op == ReduceOp::Product { a * term(q) } else { a + term(q) });
+                if op == ReduceOp::Avg {
+                    acc / ws as f64
+                } else {
+                    acc
+                }
+            } else {
+                let acc = order[1..].iter().fold(term(order[0]) as f32, |a, &q| {
+                    if op == ReduceOp::Product {
+                        a * term(q) as f32
+                    } else {
+                        a + term(q) as f32
+                    }
+                });
+                (if op == ReduceOp::Avg { acc / ws as f32 } else { acc }) as f64
+            }
+        })
+        .collect();
+    let mine = Tensor::from_f64(t.dtype(), t.shape(), &vals);
+    t.bytes_mut().copy_from_slice(mine.bytes());
+}
+
 fn corrupt(be: &ShmBackend, out: &Buf, e: Edit) -> Result<()> {
     let n: usize = be.buffer_shape(out).iter().product();
     if n < e.lo || n >= e.hi || e.dtype.is_some_and(|d| be.buffer_dtype(out) != d) {
@@ -260,15 +374,27 @@ fn corrupt(be: &ShmBackend, out: &Buf, e: Edit) -> Result<()> {
 
 impl Bug for Corrupt {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if self.gathers(s, "all_reduce", x, op) {
+            return self.reordered(s, x, op, || s.inner.all_reduce(x, op), |b: &Buf| Some(b));
+        }
         Ok(self.one(s, "all_reduce", None, s.inner.all_reduce(x, op)?))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if self.gathers(s, "all_reduce_", x, op) {
+            return self.reordered(s, x, op, || s.inner.all_reduce_(x, op), |b: &Buf| Some(b));
+        }
         Ok(self.one(s, "all_reduce_", None, s.inner.all_reduce_(x, op)?))
     }
     fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if let Some(x) = xs.last().filter(|x| self.gathers(s, "all_reduce_coalesced", x, op)) {
+            return self.reordered(s, x, op, || s.inner.all_reduce_coalesced(xs, op), |v: &Vec<Buf>| v.last());
+        }
         Ok(self.many(s, "all_reduce_coalesced", s.inner.all_reduce_coalesced(xs, op)?))
     }
     fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if let Some(x) = xs.last().filter(|x| self.gathers(s, "all_reduce_coalesced_", x, op)) {
+            return self.reordered(s, x, op, || s.inner.all_reduce_coalesced_(xs, op), |v: &Vec<Buf>| v.last());
+        }
         Ok(self.many(s, "all_reduce_coalesced_", s.inner.all_reduce_coalesced_(xs, op)?))
     }
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
@@ -435,10 +561,15 @@ pub fn spec(target: &Target) -> Spec {
         .with_option("mutant", "sweep")
         .with_option("sweep", &target.label())
         .with_rerun(format!("cargo xtask mutants --sweep {} --case", target.label()));
+    let order = target.effect == "order";
     Spec {
         name: "sweep",
-        clause: "values.sizes",
-        what: "one wrong element, by hook × position × size × world size",
+        clause: if order { "values.identical_on_every_rank" } else { "values.sizes" },
+        what: if order {
+            "a float all_reduce reduced in another rank order on one rank, by hook × position × size × world size"
+        } else {
+            "one wrong element, by hook × position × size × world size"
+        },
         catchers: &[],
         entry,
         make,
@@ -538,11 +669,18 @@ pub fn targets_of(shape: &'static str) -> Vec<Target> {
     for h in HOOKS {
         for p in POSITIONS {
             for c in CLASSES {
-                v.push(Target { hook: h, pos: p, class: *c, shape, dtype: None });
+                v.push(Target { hook: h, pos: p, class: *c, shape, dtype: None, effect: "value" });
             }
         }
     }
     v
+}
+
+/// The order grid's targets: the all_reduce hooks × positions × size classes, each reducing in
+/// another order on its rank ([`EFFECTS`]). Its cells answer: does some case of this world size
+/// compare the ranks' results of this call, bit for bit, on inputs whose sum depends on the order?
+pub fn order_targets() -> Vec<Target> {
+    all_targets().into_iter().filter(|t| ORDER_HOOKS.contains(&t.hook)).map(|t| Target { effect: "order", ..t }).collect()
 }
 
 /// The dtype grid's targets: every hook × `dtypes`, on every rank, at every size (one wrong
@@ -551,7 +689,9 @@ pub fn targets_of(shape: &'static str) -> Vec<Target> {
 pub fn dtype_targets(dtypes: &[DType]) -> Vec<Target> {
     HOOKS
         .iter()
-        .flat_map(|h| dtypes.iter().map(|d| Target { hook: h, pos: EVERY, class: ANY_SIZE, shape: "world", dtype: Some(*d) }))
+        .flat_map(|h| {
+            dtypes.iter().map(|d| Target { hook: h, pos: EVERY, class: ANY_SIZE, shape: "world", dtype: Some(*d), effect: "value" })
+        })
         .collect()
 }
 
@@ -578,10 +718,12 @@ fn mark(c: Option<&Cell>) -> &'static str {
 pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
     let mut out = String::new();
     let shapes: Vec<&str> = SHAPES.iter().copied().filter(|s| *s != "world").collect();
-    for h in HOOKS {
+    for (h, effect) in HOOKS.iter().flat_map(|h| EFFECTS.iter().map(move |e| (h, *e))) {
         for grouped in [false, true] {
-            let mine: Vec<&Cell> =
-                cells.iter().filter(|c| c.target.hook == *h && c.target.in_groups() == grouped && c.target.dtype.is_none()).collect();
+            let mine: Vec<&Cell> = cells
+                .iter()
+                .filter(|c| c.target.hook == *h && c.target.in_groups() == grouped && c.target.dtype.is_none() && c.target.effect == effect)
+                .collect();
             if mine.is_empty() {
                 continue;
             }
@@ -590,7 +732,8 @@ pub fn render(cells: &[Cell], sizes: &[usize], skip: &[String]) -> String {
             } else {
                 sizes.iter().map(|&ws| (format!("ws{ws}"), ws, "world")).collect()
             };
-            out += &format!("\n{h}{}\n{:<16}", if grouped { " (subgroups, any world size)" } else { "" }, "position:class");
+            let what = if effect == "order" { " (reduced in another order on one rank: not the same bits as the others')" } else { "" };
+            out += &format!("\n{h}{what}{}\n{:<16}", if grouped { " (subgroups, any world size)" } else { "" }, "position:class");
             let w = if grouped { 9 } else { 5 };
             for (name, ..) in &columns {
                 out += &format!(" {name:>w$}");

@@ -116,6 +116,13 @@ const SWEEP_CATCH: &[(&str, &str)] = &[
     ("permute_tensor:every:any@u8", "permute_tensor::out::dtypes::ws16"),
     ("recv:every:any@f16", "send_recv::outbuf::dtypes::ws16"),
     ("fused_matmul_reduce_scatter:every:any@bf16", "fused::matmul_reduce_scatter::dim0::bf16::sum::exact::ws16"),
+    // Order-grid cells (`--order`, `HOOK:POSITION:CLASS+order`: a float all_reduce reduced in
+    // another rank order on one rank). Before the identical grid (`identical::`), only two narrow
+    // cases compared the ranks' results (f32 / f64 sum, plain variants, 3 to 5 ranks, up to
+    // 4,099 elements): 27 of 96 cells at 3 and 8 ranks were caught.
+    ("all_reduce_coalesced_:middle:large+order", "identical::all_reduce::ws8"),
+    ("all_reduce:last:tiny+order", "identical::all_reduce::ws6"),
+    ("all_reduce_coalesced:first:medium+order", "identical::all_reduce::ws3"),
 ];
 
 /// The bad-input grid (`cargo xtask mutants --bad-input all`, `sweep_bad`), pinned where it had
@@ -378,6 +385,26 @@ fn sweep_trials(trials: &mut Vec<libtest_mimic::Trial>) {
         match checks.iter().position(|ok| !ok) {
             None => Ok(()),
             Some(i) => Err(format!("target check #{i} does not hold").into()),
+        }
+    }));
+    trials.push(libtest_mimic::Trial::test("mutants::sweep_rules::order_targets", || {
+        let t = Target::parse("all_reduce_coalesced:middle:large+order").ok_or("order target")?;
+        let grid = sweep::order_targets();
+        let checks = [
+            t.effect == "order" && t.label() == "all_reduce_coalesced:middle:large+order",
+            Target::parse("all_reduce:middle:large").is_some_and(|v| v.effect == "value"),
+            Target::parse("all_reduce:middle:large+reorder").is_none(),
+            // Two operands add alike in either order; only the all_reduce family returns one
+            // result on every rank.
+            sweep::impossible(&t, 2) && !sweep::impossible(&t, 3),
+            Target::parse("broadcast:first:tiny+order").is_some_and(|b| sweep::impossible(&b, 8)),
+            grid.len() == sweep::ORDER_HOOKS.len() * sweep::POSITIONS.len() * sweep::CLASSES.len(),
+            grid.iter().all(|g| Target::parse(&g.label()).as_ref() == Some(g) && g.effect == "order"),
+            sweep::spec(&t).clause == "values.identical_on_every_rank",
+        ];
+        match checks.iter().position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(format!("order target check #{i} does not hold").into()),
         }
     }));
     // A cell's case list by exact ids (without the `sweep::` prefix).

@@ -173,7 +173,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.identical_on_every_rank",
         source: BACKEND,
         text: "An all_reduce leaves identical copies of one result on every rank, bit for bit, also on random inputs (one order of reduction for all ranks).",
-        cases: &["wild::all_reduce_identical_on_every_rank", "wild_cpu::all_reduce::same_bits::"],
+        cases: &["identical::all_reduce::"],
     },
     Clause {
         id: "values.move",

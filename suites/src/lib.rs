@@ -44,7 +44,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::realloc::cases::<B>());
     v.extend(suites::state::cases::<B>());
     v.extend(suites::wild_gpu::cases::<B>());
-    v.extend(suites::wild_cpu::cases::<B>());
+    v.extend(suites::identical::cases::<B>());
     v.extend(suites::wild_groups::cases::<B>());
     v.extend(suites::device_faults::cases::<B>());
     v.extend(suites::faults::cases::<B>());

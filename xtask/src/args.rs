@@ -19,11 +19,12 @@ Commands:
         --contract prints the contract map instead of running
   mutants [--mutant NAME]... [--case ID...] [--jobs N] [--list]
           [--sweep [HOOK:POSITION:CLASS[:SHAPE][@DTYPE]]] [--hook HOOK]... [--ws N]... [--shape SHAPE]...
-          [--dtype DTYPE|all]... [--skip PATTERN]...
+          [--dtype DTYPE|all]... [--order] [--skip PATTERN]...
         the mutation campaign: every mutant of concord-mutants against the catalogue;
         --sweep: the corruption grid (hook x rank position x size class x world size);
         --shape strided|no_zero|singleton|unsorted: its subgroup cells instead;
         --dtype: its dtype grid instead (hook x dtype x world size, every rank, every size);
+        --order: its order grid instead (an all_reduce reduced in another order on one rank);
         --skip: leave out the cases whose id contains PATTERN (a hunt's before-run)
   bench-harness
         per-case overhead (4 ranks) and store barrier (8 ranks)
@@ -68,6 +69,8 @@ pub enum Cmd {
         shape: Vec<String>,
         /// `--dtype`: the sweep's dtype grid (a dtype name or `all`).
         dtype: Vec<String>,
+        /// `--order`: the sweep's order grid.
+        order: bool,
         /// `--skip`: case-id substrings left out.
         skip: Vec<String>,
     },
@@ -184,7 +187,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         "mutants" => {
             let (mut mutant, mut case, mut jobs, mut list) = (Vec::new(), Vec::new(), None, false);
             let (mut sweep, mut hook, mut ws, mut shape, mut skip) = (None, Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut dtype = Vec::new();
+            let (mut dtype, mut order) = (Vec::new(), false);
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--mutant" => mutant.push(t.value(&a)?),
@@ -209,11 +212,12 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     "--ws" => ws.push(t.number(&a)?),
                     "--shape" => shape.push(t.value(&a)?),
                     "--dtype" => dtype.push(t.value(&a)?),
+                    "--order" => order = true,
                     "--skip" => skip.push(t.value(&a)?),
                     f => return Err(unknown(&cmd, f)),
                 }
             }
-            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, skip }
+            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip }
         }
         "bench-harness" | "gpu-bundle" => {
             if let Some(a) = t.next() {

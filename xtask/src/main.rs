@@ -275,7 +275,7 @@ fn real_main() -> Result<()> {
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, skip } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -323,6 +323,9 @@ fn real_main() -> Result<()> {
             }
             for d in &dtype {
                 c.args(["--dtype", d]);
+            }
+            if order {
+                c.arg("--order");
             }
             for k in &skip {
                 c.args(["--skip", k]);

@@ -32,10 +32,10 @@
 //! * [`realloc`] — buffers freed and re-allocated between collectives (same address, new size / dtype).
 //! * [`state`] — state over time: hundreds of ops on one communicator, refused and dropped
 //!   ops by the hundred, views of one parent, reduce ops on one shape, a group remade.
+//! * [`identical`] — every all_reduce variant × size class × world size from 3, on inputs whose
+//!   sum depends on the order: every rank's result the same bits (compared through the store).
 //! * [`wild_gpu`] — bugs that shipped in GPU collective libraries and passed the rest: a
-//!   one-rank kernel's unwritten tail, all_reduce results that differ between ranks.
-//! * [`wild_cpu`] — cases for bugs shipped by CPU collective libraries that the rest let through
-//!   (every rank's all_reduce result the same bits).
+//!   one-rank kernel's unwritten tail.
 //! * [`wild_groups`] — cases for shipped bugs of splitting, subgroups and point-to-point that the
 //!   rest let through (a group made from a subgroup).
 //!
@@ -51,6 +51,7 @@ pub mod caps;
 pub mod device_faults;
 pub mod faults;
 pub mod fused;
+pub mod identical;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;
@@ -63,7 +64,6 @@ pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;
-pub mod wild_cpu;
 pub mod wild_gpu;
 pub mod wild_groups;
 

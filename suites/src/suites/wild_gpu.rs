@@ -9,14 +9,11 @@
 //!   element, the last ones included, must be the oracle's (NVIDIA/nccl #1950, pytorch/pytorch
 //!   #168092: the one-rank kernel's blocks took `alignUp(⌊n / grid⌋, pack)` elements each and
 //!   the tail was never written).
-//! * `wild::all_reduce_identical_on_every_rank::ws{3,4}` — f32 `sum` all_reduce (out of place
-//!   and in place) of random inputs whose rounding depends on the order of the additions: every
-//!   rank's result must be the same bits as every other rank's (all_reduce leaves identical
-//!   copies of one result), compared through the store, not through the backend under test
-//!   (pytorch/pytorch PR #129501: each rank added its peers round-robin from itself, so the
-//!   ranks' sums rounded differently; a tolerance against the oracle cannot see that).
+//!
+//! (The eighteenth hunt's `wild::all_reduce_identical_on_every_rank` case grew into the
+//! [`super::identical`] grid.)
 
-use super::util::{expect_oracle, expect_same_on_every_rank, fail, here};
+use super::util::{expect_oracle, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_oracle::Collective;
@@ -36,21 +33,12 @@ pub const PACK_BYTES: usize = 16;
 pub const FACTOR: f64 = 3.0;
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
-    let mut v = vec![Case::<B>::new(
+    vec![Case::<B>::new(
         "wild::one_rank_block_tails::ws1",
         meta("all_reduce", "out/inplace", "f16/bf16/f32/f64", "avg/premul_sum"),
         1,
         one_rank_block_tails,
-    )];
-    for ws in [3, 4] {
-        v.push(Case::<B>::new(
-            format!("wild::all_reduce_identical_on_every_rank::ws{ws}"),
-            meta("all_reduce", "out/inplace", "f32", "sum"),
-            ws,
-            identical_on_every_rank,
-        ));
-    }
-    v
+    )]
 }
 
 /// The lengths of [`one_rank_block_tails`] for `dtype`: a block and one element (two blocks,
@@ -113,62 +101,6 @@ fn one_rank_block_tails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                     expect_oracle(b, &coll, std::slice::from_ref(&input), out, &w)?;
                 }
             }
-        }
-    }
-    if ran == 0 {
-        unsupported.sort();
-        unsupported.dedup();
-        return Err(CaseEnd::Unsupported(unsupported.join("; ")));
-    }
-    Ok(())
-}
-
-/// Lengths of [`identical_on_every_rank`]: a short one and a few pages.
-pub const IDENTICAL_LENGTHS: [usize; 2] = [257, 4099];
-
-/// Rank `r`'s f32 input of `n` elements: magnitudes spread over 2^-12..2^12 and both signs, so
-/// sums of three or more of them round differently in different orders.
-fn spread_input(r: usize, n: usize) -> Tensor {
-    let mut s: u64 = 0x9E37_79B9_7F4A_7C15 ^ ((r as u64 + 1) << 32) ^ n as u64;
-    let vals: Vec<f32> = (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let m = ((s >> 40) as f32) / (1u64 << 24) as f32 - 0.5;
-            let e = ((s >> 16) % 25) as i32 - 12;
-            m * 2f32.powi(e)
-        })
-        .collect();
-    Tensor::from_vec(&[n], vals)
-}
-
-fn identical_on_every_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    let b = ctx.b;
-    let me = b.rank();
-    let caps = b.capabilities();
-    let mut ran = 0;
-    let mut unsupported: Vec<String> = Vec::new();
-    for n in IDENTICAL_LENGTHS {
-        for in_place in [false, true] {
-            let variant = if in_place { "inplace" } else { "out" };
-            let v = if in_place { Variant::InPlace } else { Variant::Out };
-            if let Err(why) = caps.check(OpKind::AllReduce, Some(v), Some(DType::F32), Some(ReduceOp::Sum), b.world_size()) {
-                unsupported.push(why);
-                continue;
-            }
-            ran += 1;
-            let w = format!(
-                "{} reduce=sum shape=[{n}] input=random (all ranks' results must be the same bits)",
-                here(b, "all_reduce", variant, DType::F32)
-            );
-            let x = b.upload(&spread_input(me, n)).map_err(|e| fail(&w, format!("upload: {e}")))?;
-            let work = if in_place { b.all_reduce_(&x, ReduceOp::Sum) } else { b.all_reduce(&x, ReduceOp::Sum) };
-            let work = work.map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
-            let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
-            if !b.capabilities().moves_data {
-                continue;
-            }
-            let mine = b.download(out).map_err(|e| fail(&w, format!("download: {e}")))?;
-            expect_same_on_every_rank(ctx, &mine, &format!("{variant}/n{n}"), &w)?;
         }
     }
     if ran == 0 {
