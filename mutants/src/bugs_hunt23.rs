@@ -428,6 +428,118 @@ impl Bug for ReduceKnAvgLeafUndivided {
     }
 }
 
+// ---------------------------------------------------------------- deepspeedai/DeepSpeed #2071
+
+/// DeepSpeed's gradient all_reduce with bf16 enabled (deepspeedai/DeepSpeed #2071 "FP16 used for
+/// all reduce even if BFLOAT16 is enabled", fixed by PR #2145): unless `communication_data_type`
+/// was set, the engine (and ZeRO's `allreduce_bucket`, whose default was fp16) cast the bf16
+/// tensor to fp16, all-reduced it and copied the result back: bf16 values beyond fp16's range
+/// become infinities, those below its subnormals flush to zero, and each result is rounded to
+/// f16 before bf16. Here a bf16 all_reduce (out of place, in place, coalesced) runs on f16
+/// copies of its inputs and converts the results back.
+#[derive(Default)]
+pub struct Bf16ReducedAsF16;
+
+impl Bf16ReducedAsF16 {
+    fn convert(t: &Tensor, to: DType) -> Tensor {
+        let vals: Vec<f64> = (0..t.numel()).map(|i| t.get_f64(i)).collect();
+        Tensor::from_f64(to, t.shape(), &vals)
+    }
+    /// The f16 copy of `x` the engine all-reduces.
+    fn staged(s: &Shm, x: &Buf) -> Result<Buf> {
+        s.inner.upload(&Self::convert(&s.inner.download(x)?, DType::F16))
+    }
+    /// Copies the f16 result `from` back into the bf16 buffer `to`.
+    fn back(be: &ShmBackend, from: &Buf, to: &Buf) -> Result<()> {
+        be.write(to, &Self::convert(&be.download(from)?, DType::BF16))
+    }
+    fn is_bf16(s: &Shm, x: &Buf) -> bool {
+        s.inner.buffer_dtype(x) == DType::BF16
+    }
+    fn one(s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
+        let out = if in_place { x.clone() } else { s.inner.alloc(DType::BF16, &s.inner.buffer_shape(x))? };
+        let staged = Self::staged(s, x)?;
+        let w = s.inner.all_reduce_(&staged, op)?;
+        let o = out.clone();
+        Ok(s.then_as(w, out, move |be, r| Self::back(be, r, &o)))
+    }
+    fn many(s: &Shm, xs: &[Buf], op: ReduceOp, in_place: bool) -> Result<Work<Vec<Buf>>> {
+        let mut outs = Vec::with_capacity(xs.len());
+        let mut staged = Vec::with_capacity(xs.len());
+        for x in xs {
+            if Self::is_bf16(s, x) {
+                outs.push(if in_place { x.clone() } else { s.inner.alloc(DType::BF16, &s.inner.buffer_shape(x))? });
+                staged.push(Self::staged(s, x)?);
+            } else {
+                outs.push(if in_place { x.clone() } else { s.inner.alloc(s.inner.buffer_dtype(x), &s.inner.buffer_shape(x))? });
+                staged.push(s.inner.upload(&s.inner.download(x)?)?);
+            }
+        }
+        let bf16: Vec<bool> = xs.iter().map(|x| Self::is_bf16(s, x)).collect();
+        let w = s.inner.all_reduce_coalesced_(&staged, op)?;
+        let o = outs.clone();
+        Ok(s.then_as(w, outs, move |be, rs| {
+            for ((r, to), &b) in rs.iter().zip(&o).zip(&bf16) {
+                if b {
+                    Self::back(be, r, to)?;
+                } else {
+                    be.write(to, &be.download(r)?)?;
+                }
+            }
+            Ok(())
+        }))
+    }
+}
+
+impl Bug for Bf16ReducedAsF16 {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if !Self::is_bf16(s, x) {
+            return s.inner.all_reduce(x, op);
+        }
+        Self::one(s, x, op, false)
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if !Self::is_bf16(s, x) {
+            return s.inner.all_reduce_(x, op);
+        }
+        Self::one(s, x, op, true)
+    }
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if !xs.iter().any(|x| Self::is_bf16(s, x)) {
+            return s.inner.all_reduce_coalesced(xs, op);
+        }
+        Self::many(s, xs, op, false)
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        if !xs.iter().any(|x| Self::is_bf16(s, x)) {
+            return s.inner.all_reduce_coalesced_(xs, op);
+        }
+        Self::many(s, xs, op, true)
+    }
+}
+
+// ---------------------------------------------------------------- deepspeedai/DeepSpeed PR #5391
+
+/// DeepSpeed's `TorchBackend.inference_all_reduce` (deepspeedai/DeepSpeed PR #5391 "[CPU] Support
+/// SHM based inference_all_reduce in TorchBackend", whose review notes that "inference_all_reduce
+/// only works for sum" while the PR drops the kernel's `op == SUM` assert): when the SHM op is
+/// built, the call becomes `torch.ops.deepspeed.inference_all_reduce_(tensor)`, the `op`
+/// argument is not passed on, and the kernel sums whatever was asked (only the fallback path
+/// honours `op`). Here an in-place all_reduce of f16, bf16 or f32 (the kernel's dtypes) at
+/// `ws > 1` sums, whatever its reduce op.
+#[derive(Default)]
+pub struct InferenceAllReduceOpDropped;
+
+impl Bug for InferenceAllReduceOpDropped {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let shm_kernel = matches!(s.inner.buffer_dtype(x), DType::F16 | DType::BF16 | DType::F32);
+        if s.ws() > 1 && shm_kernel && op.defined_for(s.inner.buffer_dtype(x)) {
+            return s.inner.all_reduce_(x, ReduceOp::Sum);
+        }
+        s.inner.all_reduce_(x, op)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<IntAvgScaleTruncated>(
@@ -489,6 +601,18 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "openucx/ucc PR #449: knomial reduce with the avg pre-op: the process with no first-iteration children (virtual rank n-1, n % 4 == 1) joins unscaled: root gets sum_{r!=u} x_r / n + x_u (float, ws 5, 9, 13, ...)",
             &["reduce::out::f16::avg::ws5"],
+        ),
+        spec::<Bf16ReducedAsF16>(
+            "wild_bf16_reduced_as_f16",
+            "values.reduce",
+            "deepspeedai/DeepSpeed #2071: bf16 gradients all-reduced as fp16 copies (communication dtype defaulted to fp16): out-of-range values become inf, tiny ones flush, results rounded through f16",
+            &["numerics::subnormal::bf16::ws2", "numerics::round_once::avg_near_max::bf16::ws2"],
+        ),
+        spec::<InferenceAllReduceOpDropped>(
+            "wild_inference_all_reduce_op_dropped",
+            "values.reduce",
+            "deepspeedai/DeepSpeed PR #5391: inference_all_reduce calls the SHM kernel without its op: an in-place f16 / bf16 / f32 all_reduce sums whatever op was asked (ws > 1)",
+            &["all_reduce::inplace::f16::avg::ws2"],
         ),
     ]
 }
