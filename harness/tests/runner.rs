@@ -874,6 +874,56 @@ fn t_launch_parent_sigterm_cleans_up() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A process whose stderr goes through the tee ([`concord_harness::platform::tee_stderr`]) writes
+/// a block that fills its real stderr (a pipe nobody reads yet), then its last line, flushes and
+/// ends at once (`_exit`, as `Rank::fail` does). The last line must come out: the copier thread
+/// may hold it (read from the tee's pipe, not yet written) while the pipe is already empty.
+fn tee_child() -> ! {
+    let tail = concord_harness::platform::tee_stderr(8192).unwrap();
+    let fill = std::env::var("CONCORD_TEST_TEE_FILL").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(65536);
+    let mut block = vec![b'x'; fill];
+    block.push(b'\n');
+    use std::io::Write;
+    std::io::stderr().write_all(&block).unwrap();
+    eprintln!("concord rank 1: THE LAST LINE (failure text and rerun hint)");
+    let t0 = Instant::now();
+    tail.flush(Duration::from_secs(5));
+    // The parent reads only after 150 ms: a flush that returned well before that did not wait
+    // for the copier (said on stdout, which is not the tee).
+    println!("flushed after {} ms", t0.elapsed().as_millis());
+    concord_harness::platform::exit_now(0)
+}
+
+fn t_stderr_tee_flush_keeps_the_last_line() -> Result<(), Failed> {
+    for fill in [65536usize, 65536 + 4096 - 64, 65536 - 30] {
+        let mut child = KillOnDrop(
+            std::process::Command::new(std::env::current_exe()?)
+                .env("CONCORD_TEST_ROLE", "tee_child")
+                .env("CONCORD_TEST_TEE_FILL", fill.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?,
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        let mut err = Vec::new();
+        let mut out = String::new();
+        use std::io::Read;
+        child.0.stderr.take().unwrap().read_to_end(&mut err)?;
+        child.0.stdout.take().unwrap().read_to_string(&mut out)?;
+        let status = child.0.wait()?;
+        check!(status.success(), "tee child: {status:?}");
+        let text = String::from_utf8_lossy(&err);
+        check!(
+            text.ends_with("concord rank 1: THE LAST LINE (failure text and rerun hint)\n"),
+            "fill {fill}: the last line was lost ({} bytes of stderr came out, ending {:?}); {out}",
+            err.len(),
+            &text[text.len().saturating_sub(80)..]
+        );
+    }
+    Ok(())
+}
+
 fn launch_terminated_parent() -> ! {
     let w = launch_world("hang", 2);
     // The world's dir exists once launch returns; the ranks are alive (rank 1 sleeps, rank 0
@@ -1078,6 +1128,9 @@ fn main() {
     if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("launch_terminated_parent") {
         launch_terminated_parent();
     }
+    if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("tee_child") {
+        tee_child();
+    }
     let args = Arguments::from_args();
     let mut trials = vec![
         Trial::test("snapshot::redact_replaces_what_changes_between_runs", t_redact),
@@ -1101,6 +1154,7 @@ fn main() {
         Trial::test("runner::setup_failure_fails_case", t_setup_failure),
         Trial::test("runner::stdout_cannot_corrupt_protocol", t_stdout_cannot_corrupt_protocol),
         Trial::test("runner::stderr_tail_bounded", t_stderr_tail_bounded),
+        Trial::test("platform::stderr_tee_flush_keeps_the_last_line", t_stderr_tee_flush_keeps_the_last_line),
         Trial::test("runner::lru_eviction", t_lru_eviction),
         Trial::test("runner::concurrent_callers", t_concurrent_callers),
         Trial::test("runner::parent_death_kills_workers", t_parent_death_kills_workers),
