@@ -306,7 +306,8 @@ impl Config {
                 let job = var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE")).ok_or(ConfigError {
                     var: "OMPI_MCA_ess_base_jobid",
                     value: String::new(),
-                    expected: "set by mpirun (it is missing, and so is PMIX_NAMESPACE): the job id names the run and derives the store port",
+                    expected:
+                        "set by mpirun (it is missing, and so is PMIX_NAMESPACE): the job id names the run and derives the store port",
                 })?;
                 let host = var("MASTER_ADDR").or_else(|| one_host.then(|| "127.0.0.1".to_string()));
                 let port = port_of("MASTER_PORT")?.or(Some(derived_port(&job)));
@@ -453,10 +454,15 @@ mod tests {
             ("OMPI_MCA_ess_base_jobid", "77"),
         ]);
         assert_eq!(hosts.unwrap_err().var, STORE_ADDR, "several hosts, no address: named");
-        let over = with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("PMIX_NAMESPACE", "prterun-n1-4242@1"), (STORE_ADDR, "10.0.0.1:5555")])
-            .unwrap()
-            .launch
-            .unwrap();
+        let over = with(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("PMIX_NAMESPACE", "prterun-n1-4242@1"),
+            (STORE_ADDR, "10.0.0.1:5555"),
+        ])
+        .unwrap()
+        .launch
+        .unwrap();
         assert_eq!((over.store_host.as_str(), over.store_port), ("10.0.0.1", 5555));
         assert_eq!(over.run_id, "ompi-prterun-n1-4242@1", "Open MPI 5: the PMIx namespace names the job");
         // No job id at all: named, never a constant shared by every job on the host.
@@ -465,7 +471,10 @@ mod tests {
         assert_eq!(e.var, "OMPI_MCA_ess_base_jobid");
         assert!(e.expected.contains("PMIX_NAMESPACE"), "{}", e.expected);
         let n5 = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")];
-        let (a, b) = (with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-a")]].concat()), with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-b")]].concat()));
+        let (a, b) = (
+            with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-a")]].concat()),
+            with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-b")]].concat()),
+        );
         assert_ne!(a.unwrap().launch.unwrap().run_id, b.unwrap().launch.unwrap().run_id, "two jobs, two runs");
 
         let s = with(&[

@@ -574,10 +574,7 @@ mod tests {
         let t0 = Instant::now();
         let e = s.set("b", b"2").unwrap_err();
         let took = t0.elapsed();
-        assert!(
-            matches!(&e, StoreError::Locked { op, waited_ms, .. } if op.contains("set \"b\"") && *waited_ms >= 150),
-            "{e:?}"
-        );
+        assert!(matches!(&e, StoreError::Locked { op, waited_ms, .. } if op.contains("set \"b\"") && *waited_ms >= 150), "{e:?}");
         assert!(e.to_string().contains(&p.display().to_string()), "{e}");
         assert!(took >= limit && took < limit + Duration::from_secs(2), "{took:?}");
         assert!(matches!(s.num_keys().unwrap_err(), StoreError::Locked { .. }));

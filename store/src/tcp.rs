@@ -212,10 +212,9 @@ impl TcpStore {
             }
             let waited = start.elapsed();
             if waited >= within {
-                return Err(self.io(
-                    what,
-                    format!("the connection stayed busy with another thread's request for {} ms", waited.as_millis()),
-                ));
+                return Err(
+                    self.io(what, format!("the connection stayed busy with another thread's request for {} ms", waited.as_millis()))
+                );
             }
             std::thread::sleep(nap.min(within - waited));
             nap = (nap * 2).min(Duration::from_millis(5));
@@ -237,10 +236,9 @@ impl TcpStore {
     ) -> Result<T, StoreError> {
         let mut c = self.lock(what, within)?;
         if let Some(why) = &c.broken {
-            return Err(self.io(
-                what,
-                format!("the connection is out of step since an earlier request failed mid-way ({why}); connect again"),
-            ));
+            return Err(
+                self.io(what, format!("the connection is out of step since an earlier request failed mid-way ({why}); connect again"))
+            );
         }
         let r = f(&mut c.stream);
         if let Err(e) = &r {
