@@ -26,7 +26,8 @@
 //!   else rank 0 serves one there (what `init_process_group("env://")` does);
 //! * **Open MPI**: `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`; store at `MASTER_ADDR` (else
 //!   127.0.0.1 when every rank is on this host) : `MASTER_PORT` (else a port derived from the job
-//!   id), served by rank 0;
+//!   id: `OMPI_MCA_ess_base_jobid`, else `PMIX_NAMESPACE`; neither set is a named error), served
+//!   by rank 0;
 //! * **Slurm** (an `srun` step: `SLURM_STEP_ID` set): `SLURM_PROCID`, `SLURM_NTASKS`,
 //!   `SLURM_LOCALID`; store on the first host of `SLURM_STEP_NODELIST` (else
 //!   `SLURM_JOB_NODELIST`) or `MASTER_ADDR`, port `MASTER_PORT` or derived from the job and step
@@ -299,7 +300,15 @@ impl Config {
                 let size = number("OMPI_COMM_WORLD_SIZE")?;
                 let local = if has("OMPI_COMM_WORLD_LOCAL_RANK") { number("OMPI_COMM_WORLD_LOCAL_RANK")? } else { 0 };
                 let one_host = var("OMPI_COMM_WORLD_LOCAL_SIZE").is_some_and(|v| v == size.to_string());
-                let job = var("OMPI_MCA_ess_base_jobid").unwrap_or_else(|| "ompi".into());
+                // The job id names the run (store keys) and derives the store port: a constant
+                // stand-in would let two jobs on one host share both. Open MPI 5 (PRRTE) sets no
+                // `OMPI_MCA_ess_base_jobid`; its PMIx namespace names the job as well.
+                let job = var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE")).ok_or(ConfigError {
+                    var: "OMPI_MCA_ess_base_jobid",
+                    value: String::new(),
+                    expected:
+                        "set by mpirun (it is missing, and so is PMIX_NAMESPACE): the job id names the run and derives the store port",
+                })?;
                 let host = var("MASTER_ADDR").or_else(|| one_host.then(|| "127.0.0.1".to_string()));
                 let port = port_of("MASTER_PORT")?.or(Some(derived_port(&job)));
                 (rank, size, local, format!("ompi-{job}"), host, port)
@@ -438,11 +447,35 @@ mod tests {
             ("OMPI_MCA_ess_base_jobid", "77"),
         ]);
         assert_eq!(m2.unwrap().launch.unwrap().store_port, m.store_port, "every rank derives the same port");
-        let hosts = with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]);
+        let hosts = with(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", "77"),
+        ]);
         assert_eq!(hosts.unwrap_err().var, STORE_ADDR, "several hosts, no address: named");
-        let over =
-            with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), (STORE_ADDR, "10.0.0.1:5555")]).unwrap().launch.unwrap();
+        let over = with(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("PMIX_NAMESPACE", "prterun-n1-4242@1"),
+            (STORE_ADDR, "10.0.0.1:5555"),
+        ])
+        .unwrap()
+        .launch
+        .unwrap();
         assert_eq!((over.store_host.as_str(), over.store_port), ("10.0.0.1", 5555));
+        assert_eq!(over.run_id, "ompi-prterun-n1-4242@1", "Open MPI 5: the PMIx namespace names the job");
+        // No job id at all: named, never a constant shared by every job on the host.
+        let nojob = with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]);
+        let e = nojob.unwrap_err();
+        assert_eq!(e.var, "OMPI_MCA_ess_base_jobid");
+        assert!(e.expected.contains("PMIX_NAMESPACE"), "{}", e.expected);
+        let n5 = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")];
+        let (a, b) = (
+            with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-a")]].concat()),
+            with(&[n5.as_slice(), &[("PMIX_NAMESPACE", "job-b")]].concat()),
+        );
+        assert_ne!(a.unwrap().launch.unwrap().run_id, b.unwrap().launch.unwrap().run_id, "two jobs, two runs");
 
         let s = with(&[
             ("SLURM_PROCID", "5"),

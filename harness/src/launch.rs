@@ -10,21 +10,27 @@
 //! * Parent: [`launch`] spawns `ranks` re-executions of `exe` in one new process group, each with
 //!   `CONCORD_WORKER=launched`, its rank, the world size, a fresh store file in a temp directory
 //!   named after the world, the world id, the op timeout and the backend options.
-//!   [`Launched::wait`] waits for every rank up to a deadline, then SIGTERMs the group, waits
-//!   `grace`, SIGKILLs it, reaps every rank, SIGKILLs what the ranks left behind
+//!   [`Launched::wait`] waits for every rank up to a deadline, then SIGTERMs the group and every
+//!   rank not yet reaped by its pid (a rank that left the group too), waits `grace`, SIGKILLs
+//!   the same way, reaps every rank, SIGKILLs what the ranks left behind
 //!   ([`platform::end_world_leftovers`]), removes the temp directory and sweeps `/dev/shm`.
 //!   Dropping a [`Launched`] does the same at once. Nothing outlives it. Call [`launch`] from a
 //!   thread that outlives the world (ranks get SIGKILL when the spawning *thread* ends).
+//! * A launched world is one of the runner's live worlds until it is torn down: a parent ended by
+//!   SIGTERM / SIGINT / SIGHUP kills its ranks and removes its files (the runner's termination
+//!   handler, installed by [`launch`] too).
 //! * Child: [`rank_world`] returns the rank's [`WorldInfo`] when the process was launched, so a
 //!   binary's `main` starts with `if let Some(world) = launch::rank_world() { ... }`.
 //! * [`LaunchReport::check`] names every rank that did not exit 0, with how it ended.
 
 use crate::platform;
+use crate::runner;
 use crate::worker::{format_options, vars, WorkerEnv};
 use concord_core::WorldInfo;
 use nix::sys::signal::Signal;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The value of `CONCORD_WORKER` for a launched rank (a runner worker has `1`).
@@ -155,9 +161,20 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
     let mut builder = tempfile::Builder::new();
     builder.prefix(&prefix);
     let enclosing = std::env::var_os(vars::STORE).map(PathBuf::from).and_then(|s| s.parent().map(|p| p.to_path_buf()));
-    let dir = match enclosing.filter(|p| p.is_dir()) {
-        Some(p) => builder.tempdir_in(p)?,
-        None => builder.tempdir()?,
+    // Made and registered under the live-worlds lock, before any process exists (as the runner's
+    // worlds are), so a termination signal at any point still removes the dir.
+    runner::install_cleanup();
+    let dir = {
+        let mut live = runner::live_worlds();
+        if runner::TERMINATING.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("this process is terminating: no new world"));
+        }
+        let dir = match enclosing.filter(|p| p.is_dir()) {
+            Some(p) => builder.tempdir_in(p)?,
+            None => builder.tempdir()?,
+        };
+        live.insert(world_id.clone(), (0, dir.path().to_path_buf()));
+        dir
     };
     let store = dir.path().join("store");
     let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace };
@@ -188,6 +205,9 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
         let child = cmd.spawn()?;
         if r == 0 {
             launched.pgid = child.id() as i32;
+            if let Some(d) = &launched.dir {
+                runner::live_worlds().insert(launched.world_id.clone(), (launched.pgid, d.path().to_path_buf()));
+            }
         }
         launched.children.push(child);
         launched.status.push(None);
@@ -282,14 +302,27 @@ impl Launched {
         }
     }
 
+    /// Sends `sig` to the group and to every rank not yet reaped (its pid is still ours: safe to
+    /// signal directly; covers a rank that left the group), as the runner's teardown does.
+    fn signal_unreaped(&self, sig: Signal) {
+        if self.pgid > 1 {
+            let _ = platform::kill_group(self.pgid, sig);
+        }
+        for (c, s) in self.children.iter().zip(&self.status) {
+            if s.is_none() {
+                let _ = platform::kill_pid(c.id(), sig);
+            }
+        }
+    }
+
     /// SIGTERM, grace, SIGKILL for whatever still runs; then the files.
     fn finish(&mut self) {
-        if self.status.iter().any(Option::is_none) && self.pgid > 1 {
-            let _ = platform::kill_group(self.pgid, Signal::SIGTERM);
+        if self.status.iter().any(Option::is_none) {
+            self.signal_unreaped(Signal::SIGTERM);
             // A stopped process keeps SIGTERM pending until it runs again.
-            let _ = platform::kill_group(self.pgid, Signal::SIGCONT);
+            self.signal_unreaped(Signal::SIGCONT);
             if !self.reap_until(Instant::now() + self.grace) {
-                let _ = platform::kill_group(self.pgid, Signal::SIGKILL);
+                self.signal_unreaped(Signal::SIGKILL);
                 self.reap_until(Instant::now() + Duration::from_secs(10));
             }
         }
@@ -298,6 +331,7 @@ impl Launched {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
+        runner::live_worlds().remove(&self.world_id);
     }
 }
 

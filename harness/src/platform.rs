@@ -404,9 +404,11 @@ mod tests {
 pub struct StderrTail {
     buf: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
     cap: usize,
-    /// The real stderr (a duplicate), and the copier thread's progress counter.
+    /// The real stderr (a duplicate).
     real: std::sync::Arc<File>,
-    copied: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Held by the copier thread from its read of a chunk until the chunk is written out (and
+    /// kept): while it is free and the pipe is empty, everything written so far is out.
+    copying: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl StderrTail {
@@ -428,21 +430,32 @@ impl StderrTail {
     }
 
     /// Waits (up to `within`) until the copier has passed everything written so far to the
-    /// real stderr.
-    pub fn flush(&self, within: std::time::Duration) {
+    /// real stderr: the pipe is empty AND the copier holds no chunk (it reads and writes each
+    /// chunk under `copying`; an empty pipe alone may mean the last chunk, the process's last
+    /// words, is read but not yet written). `true` once all is out; `false` at the deadline
+    /// (the real stderr is not being read, say).
+    pub fn flush(&self, within: std::time::Duration) -> bool {
         let _ = std::io::Write::flush(&mut std::io::stderr());
         let deadline = std::time::Instant::now() + within;
-        let mut pending: libc::c_int = 0;
-        while std::time::Instant::now() < deadline {
-            // SAFETY: FIONREAD on our own pipe's read end, whose fd the copier owns for the
-            // process's lifetime (PIPE_READ).
+        loop {
             let fd = PIPE_READ.load(std::sync::atomic::Ordering::SeqCst);
-            if fd < 0 || unsafe { libc::ioctl(fd, libc::FIONREAD, &mut pending) } != 0 || pending == 0 {
-                break;
+            if fd < 0 {
+                return true;
+            }
+            // Never blocks: a copier stuck writing to the real stderr holds the lock.
+            if let Ok(_idle) = self.copying.try_lock() {
+                let mut pending: libc::c_int = 0;
+                // SAFETY: FIONREAD on our own pipe's read end, whose fd the copier owns for the
+                // process's lifetime (PIPE_READ).
+                if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut pending) } != 0 || pending == 0 {
+                    return true;
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let _ = self.copied.load(std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -480,12 +493,24 @@ pub fn tee_stderr(cap: usize) -> io::Result<StderrTail> {
         (File::from_raw_fd(real), File::from_raw_fd(fds[0]))
     };
     PIPE_READ.store(std::os::fd::AsRawFd::as_raw_fd(&read), std::sync::atomic::Ordering::SeqCst);
-    let tail = StderrTail { buf: Default::default(), cap, real: std::sync::Arc::new(real), copied: Default::default() };
+    let tail = StderrTail { buf: Default::default(), cap, real: std::sync::Arc::new(real), copying: Default::default() };
     let t = tail.clone();
     std::thread::Builder::new().name("concord-stderr-tee".into()).spawn(move || {
         let mut read = read;
         let mut chunk = [0u8; 4096];
         loop {
+            // Sleep until there is something to read, outside the lock; then read and write the
+            // chunk under it (see `StderrTail::flush`). Only this thread reads the pipe, so the
+            // read finds the bytes poll saw.
+            let mut fds = [libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&read), events: libc::POLLIN, revents: 0 }];
+            // SAFETY: poll on one valid pollfd of our own pipe.
+            if unsafe { libc::poll(fds.as_mut_ptr(), 1, -1) } < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            let _copying = t.copying.lock().unwrap_or_else(|e| e.into_inner());
             match std::io::Read::read(&mut read, &mut chunk) {
                 Ok(0) => return,
                 Ok(n) => {
@@ -494,7 +519,6 @@ pub fn tee_stderr(cap: usize) -> io::Result<StderrTail> {
                     b.extend(&chunk[..n]);
                     let over = b.len().saturating_sub(t.cap);
                     b.drain(..over);
-                    t.copied.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return,

@@ -389,27 +389,34 @@ struct World {
 
 static WORLD_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Every world not yet torn down: id -> (process group, temp dir). Read by the termination
-/// handler, so that a parent killed by SIGTERM / SIGINT still leaves nothing behind.
-fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<String, (i32, PathBuf)>> {
+/// Every world not yet torn down, the runner's and the launcher's ([`crate::launch`]): id ->
+/// (process group, temp dir). Read by the termination handler, so that a parent killed by
+/// SIGTERM / SIGINT / SIGHUP still leaves nothing behind.
+pub(crate) fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<String, (i32, PathBuf)>> {
     static LIVE: Mutex<std::collections::BTreeMap<String, (i32, PathBuf)>> = Mutex::new(std::collections::BTreeMap::new());
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Set (under the `live_worlds` lock) once the termination handler has taken the live worlds: a
 /// world spawned after that would leave its dir behind, so none is.
-static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Kills every live world's processes and removes their files (termination handler).
-fn cleanup_live_worlds() {
+/// Installs (once per process) the termination handler that runs [`cleanup_live_worlds`].
+pub(crate) fn install_cleanup() {
+    platform::install_termination_cleanup(cleanup_live_worlds);
+}
+
+/// Kills every live world's processes and removes their files (termination handler): the
+/// processes first, so no rank still running writes into a dir being removed.
+pub(crate) fn cleanup_live_worlds() {
     let worlds = {
         let mut live = live_worlds();
         TERMINATING.store(true, Ordering::SeqCst);
         std::mem::take(&mut *live)
     };
     for (id, (pgid, dir)) in worlds {
-        let _ = std::fs::remove_dir_all(&dir);
         platform::end_world_leftovers(pgid, &id, true);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -480,7 +487,7 @@ impl World {
             return Err("world size 0".into());
         }
         let id = format!("p{}w{}x{:06x}", std::process::id(), WORLD_COUNTER.fetch_add(1, Ordering::Relaxed), platform::nonce());
-        platform::install_termination_cleanup(cleanup_live_worlds);
+        install_cleanup();
         // Made and registered under the lock, before any process exists (process group 0: nothing
         // to signal yet), so a termination signal that arrives at any point of the spawn still
         // removes the dir: the handler takes the live worlds under the same lock, and after it

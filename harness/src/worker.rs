@@ -212,6 +212,18 @@ impl From<String> for SetupError {
     }
 }
 
+/// The worker's setup deadline from `CONCORD_SETUP_TIMEOUT_MS` (60 s when unset): a value that
+/// is not a positive whole number of milliseconds is named, never silently replaced.
+fn setup_timeout_from(v: Option<&str>) -> Result<Duration, String> {
+    match v.map(str::trim) {
+        None => Ok(Duration::from_secs(60)),
+        Some(t) => match t.parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(format!("{}={t:?} is not a positive whole number of milliseconds", vars::SETUP_TIMEOUT_MS)),
+        },
+    }
+}
+
 /// Worker main loop; never returns. Runs `setup` once (after store rendezvous), then serves case
 /// requests from the parent, calling `run_case(&mut state, case_id)` for each; a panic in
 /// run_case is caught and reported as Failed("rank R panicked: msg") (then the worker exits
@@ -272,11 +284,13 @@ pub fn serve<S, E: Into<SetupError>>(
             .expect("spawn the worker's stdin thread");
     }
 
-    let setup_timeout = std::env::var(vars::SETUP_TIMEOUT_MS)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(Duration::from_secs(60));
+    let setup_timeout = match setup_timeout_from(std::env::var(vars::SETUP_TIMEOUT_MS).ok().as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            send(&out, &WorkerMsg::SetupFailed { message: format!("rank {}: {e}", env.rank) });
+            std::process::exit(1);
+        }
+    };
     let store = match rendezvous(&env, setup_timeout) {
         Ok(s) => s,
         Err(message) => {
@@ -339,6 +353,16 @@ fn rendezvous(env: &WorkerEnv, timeout: Duration) -> Result<Store, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_setup_timeout_is_named_not_replaced() {
+        assert_eq!(setup_timeout_from(None), Ok(Duration::from_secs(60)));
+        assert_eq!(setup_timeout_from(Some("1500")), Ok(Duration::from_millis(1500)));
+        for bad in ["", "abc", "1.5", "-3", "0"] {
+            let e = setup_timeout_from(Some(bad)).unwrap_err();
+            assert!(e.contains("CONCORD_SETUP_TIMEOUT_MS") && e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn options_roundtrip() {

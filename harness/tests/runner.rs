@@ -777,6 +777,12 @@ fn launched_rank(world: &concord_core::WorldInfo) -> ! {
         match role.as_str() {
             "fail" => std::process::exit(3),
             "hang" => std::thread::sleep(Duration::from_secs(600)),
+            "leavegroup" => {
+                // Out of the world's process group: only a signal to its pid reaches it.
+                // SAFETY: plain syscall on this process.
+                unsafe { libc::setpgid(0, 0) };
+                std::thread::sleep(Duration::from_secs(600))
+            }
             _ => {}
         }
     }
@@ -821,6 +827,113 @@ fn t_launch_failed_rank_is_named_and_ends_the_world() -> Result<(), Failed> {
     check!(r.elapsed < Duration::from_secs(5), "took {:?}", r.elapsed);
     check!(r.ranks[0].ended_by_launcher && r.ranks[2].ended_by_launcher, "{:?}", r.ranks);
     launch_leaves_nothing(&id, &pids)
+}
+
+/// The launcher's teardown signals every unreaped rank by its pid too, as the runner's does: a
+/// rank that left the group ends at SIGTERM within the grace (it was left to the stray sweep,
+/// after a 10 s reap wait, and reported as never reaped).
+fn t_launch_rank_outside_the_group_gets_sigterm() -> Result<(), Failed> {
+    let w = launch_world("leavegroup", 2);
+    let (id, pids) = (w.world_id.clone(), w.pids());
+    let r = w.wait(Duration::from_millis(800));
+    let msg = r.check().expect_err("rank 1 hangs");
+    check!(msg.contains("rank 1") && msg.contains("still running at the deadline; killed by signal SIGTERM"), "{msg}");
+    check!(r.elapsed < Duration::from_secs(4), "took {:?}", r.elapsed);
+    launch_leaves_nothing(&id, &pids)
+}
+
+/// A parent ended by SIGTERM while a launched world runs kills its ranks and removes its files
+/// (the launched world is one of the runner's live worlds).
+fn t_launch_parent_sigterm_cleans_up() -> Result<(), Failed> {
+    let mut child = KillOnDrop(
+        std::process::Command::new(std::env::current_exe()?)
+            .env("CONCORD_TEST_ROLE", "launch_terminated_parent")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?,
+    );
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line)?;
+    let mut words = line.split_whitespace().skip(1);
+    let world_id = words.next().unwrap_or_default().to_string();
+    let pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
+    check!(pids.len() == 2, "{line}");
+    check!(!list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the launched world has no temp dir");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+    let status = child.0.wait()?;
+    check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check!(pids.iter().all(|&x| !pid_running(x)), "launched ranks {pids:?} outlived their SIGTERMed parent");
+    let left_tmp = list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id));
+    let left_shm = list_prefixed(std::path::Path::new("/dev/shm"), &shm_prefix(&world_id));
+    check!(left_tmp.is_empty() && left_shm.is_empty(), "left behind: {left_tmp:?} {left_shm:?}");
+    Ok(())
+}
+
+/// A process whose stderr goes through the tee ([`concord_harness::platform::tee_stderr`]) writes
+/// a block that fills its real stderr (a pipe nobody reads yet), then its last line, flushes and
+/// ends at once (`_exit`, as `Rank::fail` does). The last line must come out: the copier thread
+/// may hold it (read from the tee's pipe, not yet written) while the pipe is already empty.
+fn tee_child() -> ! {
+    let tail = concord_harness::platform::tee_stderr(8192).unwrap();
+    let fill = std::env::var("CONCORD_TEST_TEE_FILL").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(65536);
+    let mut block = vec![b'x'; fill];
+    block.push(b'\n');
+    use std::io::Write;
+    std::io::stderr().write_all(&block).unwrap();
+    eprintln!("concord rank 1: THE LAST LINE (failure text and rerun hint)");
+    let t0 = Instant::now();
+    tail.flush(Duration::from_secs(5));
+    // The parent reads only after 150 ms: a flush that returned well before that did not wait
+    // for the copier (said on stdout, which is not the tee).
+    println!("flushed after {} ms", t0.elapsed().as_millis());
+    concord_harness::platform::exit_now(0)
+}
+
+fn t_stderr_tee_flush_keeps_the_last_line() -> Result<(), Failed> {
+    for fill in [65536usize, 65536 + 4096 - 64, 65536 - 30] {
+        let mut child = KillOnDrop(
+            std::process::Command::new(std::env::current_exe()?)
+                .env("CONCORD_TEST_ROLE", "tee_child")
+                .env("CONCORD_TEST_TEE_FILL", fill.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?,
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        let mut err = Vec::new();
+        let mut out = String::new();
+        use std::io::Read;
+        child.0.stderr.take().unwrap().read_to_end(&mut err)?;
+        child.0.stdout.take().unwrap().read_to_string(&mut out)?;
+        let status = child.0.wait()?;
+        check!(status.success(), "tee child: {status:?}");
+        let text = String::from_utf8_lossy(&err);
+        check!(
+            text.ends_with("concord rank 1: THE LAST LINE (failure text and rerun hint)\n"),
+            "fill {fill}: the last line was lost ({} bytes of stderr came out, ending {:?}); {out}",
+            err.len(),
+            &text[text.len().saturating_sub(80)..]
+        );
+    }
+    Ok(())
+}
+
+fn launch_terminated_parent() -> ! {
+    let w = launch_world("hang", 2);
+    // The world's dir exists once launch returns; the ranks are alive (rank 1 sleeps, rank 0
+    // waits for it at the barrier).
+    println!("WORLD {} {}", w.world_id, w.pids().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 fn t_launch_deadline_ends_a_hung_rank() -> Result<(), Failed> {
@@ -1012,12 +1125,20 @@ fn main() {
     if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("terminated_parent") {
         terminated_parent();
     }
+    if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("launch_terminated_parent") {
+        launch_terminated_parent();
+    }
+    if std::env::var("CONCORD_TEST_ROLE").as_deref() == Ok("tee_child") {
+        tee_child();
+    }
     let args = Arguments::from_args();
     let mut trials = vec![
         Trial::test("snapshot::redact_replaces_what_changes_between_runs", t_redact),
         Trial::test("launch::every_rank_exits_zero", t_launch_ok),
         Trial::test("launch::failed_rank_is_named_and_ends_the_world", t_launch_failed_rank_is_named_and_ends_the_world),
         Trial::test("launch::deadline_ends_a_hung_rank", t_launch_deadline_ends_a_hung_rank),
+        Trial::test("launch::rank_outside_the_group_gets_sigterm", t_launch_rank_outside_the_group_gets_sigterm),
+        Trial::test("launch::parent_sigterm_kills_the_world_and_removes_files", t_launch_parent_sigterm_cleans_up),
         Trial::test("runner::failed_outcome_names_rank", t_failed_outcome),
         Trial::test("runner::panic_names_rank_and_message", t_panic),
         Trial::test("runner::abort_names_sigabrt", || t_crash("abort1", "killed by signal SIGABRT")),
@@ -1033,6 +1154,7 @@ fn main() {
         Trial::test("runner::setup_failure_fails_case", t_setup_failure),
         Trial::test("runner::stdout_cannot_corrupt_protocol", t_stdout_cannot_corrupt_protocol),
         Trial::test("runner::stderr_tail_bounded", t_stderr_tail_bounded),
+        Trial::test("platform::stderr_tee_flush_keeps_the_last_line", t_stderr_tee_flush_keeps_the_last_line),
         Trial::test("runner::lru_eviction", t_lru_eviction),
         Trial::test("runner::concurrent_callers", t_concurrent_callers),
         Trial::test("runner::parent_death_kills_workers", t_parent_death_kills_workers),

@@ -25,10 +25,16 @@
 //!   serialises the threads that share one `FileStore` (flock does not exclude them).
 //! * Every wait (`get`, `wait`, `barrier`) has a deadline and ends in [`StoreError::Timeout`]
 //!   naming the keys, the time waited and the file.
+//! * Taking the file lock has a deadline too: `flock` is tried without blocking (`LOCK_NB`) and
+//!   retried with a backoff (≤ 20 ms) up to the operation's deadline (a wait's own; the store
+//!   timeout for the others), then fails: a wait with [`StoreError::Timeout`], any other
+//!   operation with [`StoreError::Locked`] naming the file and the operation. A process that
+//!   holds the lock and never lets go (stopped, stuck) stalls no one past a deadline.
 //! * Waiters MUST NOT poll at a fixed period: a wait checks with a short exponential backoff
-//!   (20–200 µs, first 10 ms only), then sleeps on inotify (`IN_MODIFY` of the file), falling back
-//!   to a bounded exponential backoff (≤ 20 ms) only where inotify is unavailable. (Why the short
-//!   phase: closing an inotify instance that held a watch costs ~10 ms on Linux.)
+//!   (20–200 µs, first 10 ms only), then sleeps on inotify (`IN_MODIFY` of the file), re-checking
+//!   at least every 20 ms even so (its backoff doubles from 1 ms to that cap, so a missed event
+//!   costs at most 20 ms); where inotify is unavailable it sleeps the same backoff. (Why the
+//!   short phase: closing an inotify instance that held a watch costs ~10 ms on Linux.)
 //! * `num_keys` counts like c10d: every key in the map, including the internal `refcount/` and
 //!   `cleanup/` keys.
 
@@ -53,17 +59,20 @@ mod sys {
     use std::io;
     use std::os::fd::RawFd;
 
-    /// `flock(fd, LOCK_SH)` / `LOCK_EX`.
-    pub fn flock(fd: RawFd, exclusive: bool) -> io::Result<()> {
+    /// `flock(fd, LOCK_SH | LOCK_NB)` / `LOCK_EX | LOCK_NB`: `Ok(false)` while another open
+    /// file holds a conflicting lock (the caller retries up to its deadline).
+    pub fn try_flock(fd: RawFd, exclusive: bool) -> io::Result<bool> {
         let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
         loop {
             // SAFETY: plain syscall on a caller-owned fd.
-            if unsafe { libc::flock(fd, op) } == 0 {
-                return Ok(());
+            if unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
+                return Ok(true);
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EWOULDBLOCK) => return Ok(false),
+                _ => return Err(e),
             }
         }
     }
@@ -89,6 +98,9 @@ pub enum StoreError {
     Corrupt { path: String, msg: String },
     #[error("store server at {addr} unreachable after {waited_ms} ms: {msg}")]
     Unreachable { addr: String, waited_ms: u64, msg: String },
+    /// The file's lock stayed held by another process up to the operation's deadline.
+    #[error("store file {path}: its lock was still held by another process after {waited_ms} ms, for {op} (a process holding it is stopped or stuck)")]
+    Locked { path: String, op: String, waited_ms: u64 },
 }
 
 /// A raw key and its value, as stored.
@@ -186,8 +198,40 @@ impl FileStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn flock<'a>(&self, inner: &'a Inner, exclusive: bool) -> Result<FileLock<'a>, StoreError> {
-        sys::flock(inner.file.as_raw_fd(), exclusive).map_err(|e| self.io("flock", e))?;
+    /// Takes the file lock, retrying a non-blocking `flock` with a backoff (≤ 20 ms) until
+    /// `deadline`; `Ok(false)` if it is still held by another process then.
+    fn try_lock_until(&self, inner: &Inner, exclusive: bool, deadline: Instant) -> Result<bool, StoreError> {
+        let fd = inner.file.as_raw_fd();
+        let mut nap = Duration::from_micros(50);
+        loop {
+            if sys::try_flock(fd, exclusive).map_err(|e| self.io("flock", e))? {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(nap.min(deadline - now));
+            nap = (nap * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// The file lock within the store timeout, else [`StoreError::Locked`] naming `op`.
+    fn lock_for(&self, inner: &Inner, exclusive: bool, op: &str) -> Result<(), StoreError> {
+        let start = Instant::now();
+        if self.try_lock_until(inner, exclusive, start + self.timeout)? {
+            Ok(())
+        } else {
+            Err(StoreError::Locked {
+                path: self.path.display().to_string(),
+                op: op.to_string(),
+                waited_ms: start.elapsed().as_millis() as u64,
+            })
+        }
+    }
+
+    fn flock<'a>(&self, inner: &'a Inner, exclusive: bool, op: &str) -> Result<FileLock<'a>, StoreError> {
+        self.lock_for(inner, exclusive, op)?;
         Ok(FileLock(&inner.file))
     }
 
@@ -251,11 +295,22 @@ impl FileStore {
         k
     }
 
-    /// Runs `f` on a refreshed cache under an exclusive (or shared) lock.
-    fn with_locked<T>(&self, exclusive: bool, f: impl FnOnce(&Self, &mut Inner) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    /// Runs `f` on a refreshed cache under an exclusive (or shared) lock, taken within the
+    /// store timeout (else [`StoreError::Locked`] naming `op`).
+    fn with_locked<T>(
+        &self,
+        exclusive: bool,
+        op: &str,
+        f: impl FnOnce(&Self, &mut Inner) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut inner = self.lock_inner();
         let inner = &mut *inner;
-        sys::flock(inner.file.as_raw_fd(), exclusive).map_err(|e| self.io("flock", e))?;
+        self.lock_for(inner, exclusive, op)?;
+        self.locked_run(inner, f)
+    }
+
+    /// `f` on a refreshed cache; the caller holds the file lock, released here.
+    fn locked_run<T>(&self, inner: &mut Inner, f: impl FnOnce(&Self, &mut Inner) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let fd = inner.file.as_raw_fd();
         let r = self.refresh(inner).and_then(|_| f(self, inner));
         let _ = sys::funlock(fd);
@@ -265,7 +320,7 @@ impl FileStore {
     /// Adds `delta` to the counter under the raw (unprefixed) key; optionally, when the new
     /// value equals `then_set.0`, also writes `then_set.1 = "1"` in the same locked append.
     fn add_raw_then(&self, key: &[u8], delta: i64, then_set: Option<(i64, &[u8])>) -> Result<i64, StoreError> {
-        self.with_locked(true, |s, inner| {
+        self.with_locked(true, &format!("add to {:?}", String::from_utf8_lossy(key)), |s, inner| {
             let cur = match inner.cache.get(key) {
                 Some(v) if !v.is_empty() => parse_counter(v).ok_or_else(|| {
                     s.corrupt(format!("key {:?} holds {:?}, not an integer", String::from_utf8_lossy(key), String::from_utf8_lossy(v)))
@@ -288,7 +343,7 @@ impl FileStore {
 
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let inner = self.lock_inner();
-        let _l = self.flock(&inner, true)?;
+        let _l = self.flock(&inner, true, &format!("set {key:?}"))?;
         self.append(&inner, &[(&Self::reg(key), value)])
     }
 
@@ -316,7 +371,7 @@ impl FileStore {
     /// `expected`; otherwise returns the current value.
     pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
         let reg = Self::reg(key);
-        self.with_locked(true, |s, inner| match inner.cache.get(&reg) {
+        self.with_locked(true, &format!("compare_set {key:?}"), |s, inner| match inner.cache.get(&reg) {
             None if expected.is_empty() => {
                 s.append(inner, &[(&reg, desired)])?;
                 Ok(desired.to_vec())
@@ -338,14 +393,14 @@ impl FileStore {
 
     /// True iff every key exists now.
     pub fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        self.with_locked(false, |_, inner| Ok(keys.iter().all(|k| inner.cache.contains_key(&Self::reg(k)))))
+        self.with_locked(false, &format!("check {keys:?}"), |_, inner| Ok(keys.iter().all(|k| inner.cache.contains_key(&Self::reg(k)))))
     }
 
     /// Deletes `key` by appending a tombstone (always, as c10d does, so both write the same
     /// bytes). Returns whether the key existed (c10d's FileStore always returns true).
     pub fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
         let reg = Self::reg(key);
-        self.with_locked(true, |s, inner| {
+        self.with_locked(true, &format!("delete_key {key:?}"), |s, inner| {
             let existed = inner.cache.contains_key(&reg);
             let mut tomb = vec![DELETE_PREFIX];
             tomb.extend_from_slice(&reg);
@@ -356,7 +411,7 @@ impl FileStore {
 
     /// Number of keys, counted as c10d does (internal `refcount/` and `cleanup/` included).
     pub fn num_keys(&self) -> Result<i64, StoreError> {
-        self.with_locked(false, |_, inner| Ok(inner.cache.len() as i64))
+        self.with_locked(false, "num_keys", |_, inner| Ok(inner.cache.len() as i64))
     }
 
     /// Barrier of `world_size` participants named `name` (reusable with new names). Uses keys
@@ -380,7 +435,7 @@ impl FileStore {
 
     /// The raw (unprefixed) key → value map as of now, for diagnostics and interop checks.
     pub fn snapshot(&self) -> Result<Vec<KeyValue>, StoreError> {
-        self.with_locked(false, |_, inner| {
+        self.with_locked(false, "snapshot", |_, inner| {
             let mut v: Vec<_> = inner.cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             v.sort();
             Ok(v)
@@ -398,7 +453,16 @@ impl FileStore {
     fn wait_until(&self, keys: &[&str], timeout: Duration, mut pred: impl FnMut(&Inner) -> bool) -> Result<(), StoreError> {
         let start = Instant::now();
         let deadline = start + timeout;
-        let mut check = |s: &Self| s.with_locked(false, |_, inner| Ok(pred(inner)));
+        // The file lock is part of the wait: held past the deadline by another process, the wait
+        // ends in the same named timeout.
+        let mut check = |s: &Self| -> Result<bool, StoreError> {
+            let mut inner = s.lock_inner();
+            let inner = &mut *inner;
+            if !s.try_lock_until(inner, false, deadline)? {
+                return Err(s.timeout_err(keys, start));
+            }
+            s.locked_run(inner, |_, inner| Ok(pred(inner)))
+        };
         if check(self)? {
             return Ok(());
         }
@@ -496,6 +560,33 @@ mod tests {
         let d = tempfile::Builder::new().prefix("concord-storetest-").tempdir().unwrap();
         let p = d.path().join("store");
         (d, p)
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_ends_at_the_deadline_named() {
+        let (_d, p) = tmp();
+        let limit = Duration::from_millis(150);
+        let s = FileStore::open(&p, 1, limit).unwrap();
+        s.set("a", b"1").unwrap();
+        // Another open file of the store holds its lock (as a stopped process would).
+        let holder = File::open(&p).unwrap();
+        assert!(sys::try_flock(holder.as_raw_fd(), true).unwrap());
+        let t0 = Instant::now();
+        let e = s.set("b", b"2").unwrap_err();
+        let took = t0.elapsed();
+        assert!(matches!(&e, StoreError::Locked { op, waited_ms, .. } if op.contains("set \"b\"") && *waited_ms >= 150), "{e:?}");
+        assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+        assert!(took >= limit && took < limit + Duration::from_secs(2), "{took:?}");
+        assert!(matches!(s.num_keys().unwrap_err(), StoreError::Locked { .. }));
+        // A wait ends at its own deadline with the usual timeout naming its keys.
+        let t0 = Instant::now();
+        let e = s.wait(&["a"], Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(&e, StoreError::Timeout { keys, .. } if keys == &["a".to_string()]), "{e:?}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // Let go: everything works again.
+        drop(holder);
+        s.set("b", b"2").unwrap();
+        assert_eq!(s.get("b").unwrap(), b"2");
     }
 
     #[test]

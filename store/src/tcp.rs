@@ -29,12 +29,23 @@
 //! c10d's `PrefixStore("run7", store)`).
 //!
 //! # Contracts
-//! * Every client operation has a deadline: connecting retries until the store timeout and ends in
-//!   [`StoreError::Unreachable`]; a wait ends in [`StoreError::Timeout`] naming the keys (the
-//!   client cancels the wait on the server, as c10d's does); a server that closes the connection
-//!   or stops answering is [`StoreError::Io`] naming the address, never a hang.
+//! * Every client operation has a deadline: connecting (name lookup included) retries until the
+//!   store timeout and ends in [`StoreError::Unreachable`]; a wait ends in [`StoreError::Timeout`]
+//!   naming the keys (the client cancels the wait on the server, as c10d's does; the server's
+//!   answer to the cancel gets at most the wait's own timeout again, at least 250 ms and at most
+//!   the store timeout); a server that closes the connection or stops answering is
+//!   [`StoreError::Io`] naming the address, never a hang. Threads sharing a client take its
+//!   connection in turn, each within its deadline.
+//! * A request that fails mid-way (an I/O error, a reply cut short or late) leaves the byte
+//!   stream out of step, so the client marks the connection broken: every later request on it
+//!   fails at once with a [`StoreError::Io`] naming the first failure, never reads a stale reply.
+//!   A wait that timed out and was cancelled cleanly leaves it usable.
+//! * A key or value over 1 GiB, or more than 2^20 keys in one request (what the server accepts),
+//!   is refused by the client before anything is sent ([`StoreError::Io`] naming the request),
+//!   never sent for the server to drop while `set` returns `Ok`.
 //! * The server serves each connection on its own thread; a waiting connection sleeps on poll(2)
-//!   over its socket and a wake-up socket that writers signal: no fixed-period polling.
+//!   over its socket and a wake-up socket that writers signal (once, when the waiter's last
+//!   missing key appears; the write never blocks): no fixed-period polling.
 
 use crate::StoreError;
 use std::collections::HashMap;
@@ -93,7 +104,38 @@ pub struct TcpStore {
     addr: String,
     prefix: String,
     timeout: Duration,
-    conn: Mutex<TcpStream>,
+    conn: Mutex<Conn>,
+}
+
+/// The connection and, once a request failed mid-way, why it is out of step.
+struct Conn {
+    stream: TcpStream,
+    broken: Option<String>,
+}
+
+/// Least time the server gets to answer a CANCEL_WAIT (when the wait's own timeout is shorter).
+const CANCEL_MIN: Duration = Duration::from_millis(250);
+
+/// `host:port`'s addresses, looked up within `left` (getaddrinfo has no deadline of its own: it
+/// runs on a thread of its own, left behind if it outlives `left`). An IP literal needs no lookup.
+fn resolve(host: &str, port: u16, left: Duration) -> Result<Vec<std::net::SocketAddr>, String> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Ok(vec![std::net::SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = host.to_string();
+    std::thread::Builder::new()
+        .name("concord-tcpstore-resolve".into())
+        .spawn(move || {
+            let _ = tx.send((h.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
+        })
+        .map_err(|e| format!("resolve {host}: cannot start the lookup thread: {e}"))?;
+    match rx.recv_timeout(left) {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(format!("resolve {host}: {e}")),
+        Err(_) => Err(format!("resolve {host}: no answer from the name lookup within {} ms", left.as_millis())),
+    }
 }
 
 impl TcpStore {
@@ -106,7 +148,8 @@ impl TcpStore {
         let mut nap = Duration::from_millis(5);
         let unreachable = |msg: String| StoreError::Unreachable { addr: addr.clone(), waited_ms: start.elapsed().as_millis() as u64, msg };
         let stream = loop {
-            let last = match (host, port).to_socket_addrs() {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let last = match resolve(host, port, left) {
                 Ok(addrs) => {
                     let mut last = String::from("no address");
                     let mut ok = None;
@@ -125,7 +168,7 @@ impl TcpStore {
                         None => last,
                     }
                 }
-                Err(e) => format!("resolve {host}: {e}"),
+                Err(e) => e,
             };
             let now = Instant::now();
             if now >= deadline {
@@ -135,25 +178,89 @@ impl TcpStore {
             nap = (nap * 2).min(Duration::from_millis(200));
         };
         let _ = stream.set_nodelay(true);
-        let store = TcpStore { addr: addr.clone(), prefix: prefix.trim_matches('/').to_string(), timeout, conn: Mutex::new(stream) };
+        let store = TcpStore {
+            addr: addr.clone(),
+            prefix: prefix.trim_matches('/').to_string(),
+            timeout,
+            conn: Mutex::new(Conn { stream, broken: None }),
+        };
         let mut hello = vec![query::VALIDATE];
         hello.extend_from_slice(&VALIDATION_MAGIC.to_le_bytes());
         let nonce = std::process::id() ^ (start.elapsed().subsec_nanos());
         hello.push(query::PING);
         hello.extend_from_slice(&nonce.to_le_bytes());
-        {
-            let mut c = store.lock();
-            store.send(&mut c, &hello)?;
-            let got = store.recv_u32(&mut c, timeout)?;
-            if got != nonce {
-                return Err(unreachable(format!("the server answered ping nonce {nonce} with {got}: not a c10d TCPStore")));
-            }
+        let got = store.request("connect", |c| {
+            store.send(c, &hello)?;
+            store.recv_u32(c, timeout)
+        })?;
+        if got != nonce {
+            return Err(unreachable(format!("the server answered ping nonce {nonce} with {got}: not a c10d TCPStore")));
         }
         Ok(store)
     }
 
-    fn lock(&self) -> MutexGuard<'_, TcpStream> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// The connection, taken within `within` (another thread's request holds it meanwhile, up
+    /// to its own deadline); else a named error.
+    fn lock(&self, what: &str, within: Duration) -> Result<MutexGuard<'_, Conn>, StoreError> {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            match self.conn.try_lock() {
+                Ok(c) => return Ok(c),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            let waited = start.elapsed();
+            if waited >= within {
+                return Err(
+                    self.io(what, format!("the connection stayed busy with another thread's request for {} ms", waited.as_millis()))
+                );
+            }
+            std::thread::sleep(nap.min(within - waited));
+            nap = (nap * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Runs one request on the connection (taken within the store timeout, or `within` for a
+    /// wait). A connection that broke earlier fails at once; a request that fails (anything but
+    /// a cleanly cancelled wait's timeout) breaks it.
+    fn request<T>(&self, what: &str, f: impl FnOnce(&mut TcpStream) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.request_within(what, self.timeout, f)
+    }
+
+    fn request_within<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        f: impl FnOnce(&mut TcpStream) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut c = self.lock(what, within)?;
+        if let Some(why) = &c.broken {
+            return Err(
+                self.io(what, format!("the connection is out of step since an earlier request failed mid-way ({why}); connect again"))
+            );
+        }
+        let r = f(&mut c.stream);
+        if let Err(e) = &r {
+            if !matches!(e, StoreError::Timeout { .. }) {
+                c.broken = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    /// Refuses what the server would drop the connection for (see the module's contracts).
+    fn fits(&self, what: &str, lens: impl IntoIterator<Item = usize>, keys: usize) -> Result<(), StoreError> {
+        if keys as u64 > MAX_KEYS {
+            return Err(self.io(what, format!("{keys} keys in one request; the store server takes at most {MAX_KEYS}")));
+        }
+        if let Some(n) = lens.into_iter().find(|&n| n as u64 > MAX_LEN) {
+            return Err(self.io(
+                what,
+                format!("a key or value of {n} bytes; the store server takes at most {MAX_LEN} (1 GiB) and drops the connection past it"),
+            ));
+        }
+        Ok(())
     }
 
     /// `host:port` of the server.
@@ -246,63 +353,83 @@ impl TcpStore {
         Ok(v)
     }
 
-    fn keys_msg(&self, q: u8, keys: &[&str]) -> Vec<u8> {
+    fn keys_msg(&self, q: u8, keys: &[&str]) -> Result<Vec<u8>, StoreError> {
+        let name = match q {
+            query::WAIT => "wait",
+            query::CHECK => "check",
+            _ => "multi_get",
+        };
+        self.fits(name, keys.iter().map(|k| self.wire_key(k).len()), keys.len())?;
         let mut m = vec![q];
         m.extend_from_slice(&(keys.len() as u64).to_le_bytes());
         for k in keys {
             put_bytes(&mut m, &self.wire_key(k));
         }
-        m
+        Ok(m)
     }
 
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let what = format!("set {key:?}");
+        let wk = self.wire_key(key);
+        self.fits(&what, [wk.len(), value.len()], 1)?;
         let mut m = vec![query::SET];
-        put_bytes(&mut m, &self.wire_key(key));
+        put_bytes(&mut m, &wk);
         put_bytes(&mut m, value);
-        let mut c = self.lock();
-        self.send(&mut c, &m)
+        self.request(&what, |c| self.send(c, &m))
     }
 
     /// Waits (up to the store timeout) for `key`, then returns its value.
     pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let mut c = self.lock();
-        self.wait_locked(&mut c, &[key], self.timeout)?;
+        let wait = self.keys_msg(query::WAIT, &[key])?;
         let mut m = vec![query::GET];
         put_bytes(&mut m, &self.wire_key(key));
-        self.send(&mut c, &m)?;
-        self.recv_vec(&mut c)
+        self.request(&format!("get {key:?}"), |c| {
+            self.wait_locked(c, &wait, &[key], self.timeout)?;
+            self.send(c, &m)?;
+            self.recv_vec(c)
+        })
     }
 
     /// Adds `delta` to the integer under `key` (absent counts as 0) and returns the new value.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        let wk = self.wire_key(key);
+        let what = format!("add {key:?}");
+        self.fits(&what, [wk.len()], 1)?;
         let mut m = vec![query::ADD];
-        put_bytes(&mut m, &self.wire_key(key));
+        put_bytes(&mut m, &wk);
         m.extend_from_slice(&delta.to_le_bytes());
-        let mut c = self.lock();
-        self.send(&mut c, &m)?;
-        self.recv_i64(&mut c)
+        self.request(&what, |c| {
+            self.send(c, &m)?;
+            self.recv_i64(c)
+        })
     }
 
     /// c10d semantics (see [`crate::FileStore::compare_set`]).
     pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let wk = self.wire_key(key);
+        let what = format!("compare_set {key:?}");
+        self.fits(&what, [wk.len(), expected.len(), desired.len()], 1)?;
         let mut m = vec![query::COMPARE_SET];
-        put_bytes(&mut m, &self.wire_key(key));
+        put_bytes(&mut m, &wk);
         put_bytes(&mut m, expected);
         put_bytes(&mut m, desired);
-        let mut c = self.lock();
-        self.send(&mut c, &m)?;
-        self.recv_vec(&mut c)
+        self.request(&what, |c| {
+            self.send(c, &m)?;
+            self.recv_vec(c)
+        })
     }
 
     /// Waits until every key exists, or fails with [`StoreError::Timeout`] after `timeout`.
     pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
-        let mut c = self.lock();
-        self.wait_locked(&mut c, keys, timeout)
+        let msg = self.keys_msg(query::WAIT, keys)?;
+        self.request_within(&format!("wait {keys:?}"), timeout, |c| self.wait_locked(c, &msg, keys, timeout))
     }
 
-    fn wait_locked(&self, c: &mut TcpStream, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+    /// One WAIT (`msg`, for `keys`) up to `timeout`; past it, cancelled on the server, whose
+    /// answer gets at most `timeout` again (≥ [`CANCEL_MIN`], ≤ the store timeout).
+    fn wait_locked(&self, c: &mut TcpStream, msg: &[u8], keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
         let start = Instant::now();
-        self.send(c, &self.keys_msg(query::WAIT, keys))?;
+        self.send(c, msg)?;
         let mut b = [0u8; 1];
         if self.recv_exact(c, &mut b, timeout)? {
             return match b[0] {
@@ -310,11 +437,25 @@ impl TcpStore {
                 x => Err(self.io("wait", format!("unexpected wait reply {x}"))),
             };
         }
-        // Deadline: cancel on the server (it may have answered STOP_WAITING meanwhile).
+        // Deadline: cancel on the server (it may have answered STOP_WAITING meanwhile). Both
+        // replies share one deadline, scaled to the caller's wait, not two store timeouts.
         self.send(c, &[query::CANCEL_WAIT])?;
-        let mut r = self.recv_u8(c)?;
+        let cancel_end = Instant::now() + timeout.max(CANCEL_MIN).min(self.timeout.max(CANCEL_MIN));
+        let mut one = || -> Result<u8, StoreError> {
+            let left = cancel_end.saturating_duration_since(Instant::now());
+            let mut b = [0u8; 1];
+            if self.recv_exact(c, &mut b, left)? {
+                Ok(b[0])
+            } else {
+                Err(self.io(
+                    "wait",
+                    format!("the store server did not answer the cancel of a wait for {keys:?} within {} ms", left.as_millis()),
+                ))
+            }
+        };
+        let mut r = one()?;
         if r == STOP_WAITING {
-            r = self.recv_u8(c)?;
+            r = one()?;
         }
         if r != WAIT_CANCELED {
             return Err(self.io("wait", format!("unexpected cancel-wait reply {r}")));
@@ -328,57 +469,70 @@ impl TcpStore {
 
     /// True iff every key exists now.
     pub fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        let mut c = self.lock();
-        self.send(&mut c, &self.keys_msg(query::CHECK, keys))?;
-        match self.recv_u8(&mut c)? {
-            READY => Ok(true),
-            NOT_READY => Ok(false),
-            x => Err(self.io("check", format!("unexpected check reply {x}"))),
-        }
+        let msg = self.keys_msg(query::CHECK, keys)?;
+        self.request(&format!("check {keys:?}"), |c| {
+            self.send(c, &msg)?;
+            match self.recv_u8(c)? {
+                READY => Ok(true),
+                NOT_READY => Ok(false),
+                x => Err(self.io("check", format!("unexpected check reply {x}"))),
+            }
+        })
     }
 
     /// Deletes `key`; returns whether it existed.
     pub fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
+        let wk = self.wire_key(key);
+        let what = format!("delete_key {key:?}");
+        self.fits(&what, [wk.len()], 1)?;
         let mut m = vec![query::DELETE_KEY];
-        put_bytes(&mut m, &self.wire_key(key));
-        let mut c = self.lock();
-        self.send(&mut c, &m)?;
-        Ok(self.recv_i64(&mut c)? == 1)
+        put_bytes(&mut m, &wk);
+        self.request(&what, |c| {
+            self.send(c, &m)?;
+            Ok(self.recv_i64(c)? == 1)
+        })
     }
 
     /// Number of keys on the server (every key, whatever its prefix, as c10d counts).
     pub fn num_keys(&self) -> Result<i64, StoreError> {
-        let mut c = self.lock();
-        self.send(&mut c, &[query::GETNUMKEYS])?;
-        self.recv_i64(&mut c)
+        self.request("num_keys", |c| {
+            self.send(c, &[query::GETNUMKEYS])?;
+            self.recv_i64(c)
+        })
     }
 
     /// Appends `value` to the bytes under `key` (absent: sets it).
     pub fn append(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let wk = self.wire_key(key);
+        let what = format!("append {key:?}");
+        self.fits(&what, [wk.len(), value.len()], 1)?;
         let mut m = vec![query::APPEND];
-        put_bytes(&mut m, &self.wire_key(key));
+        put_bytes(&mut m, &wk);
         put_bytes(&mut m, value);
-        let mut c = self.lock();
-        self.send(&mut c, &m)
+        self.request(&what, |c| self.send(c, &m))
     }
 
     /// Waits (up to the store timeout) for every key, then returns their values in order.
     pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut c = self.lock();
-        self.wait_locked(&mut c, keys, self.timeout)?;
-        self.send(&mut c, &self.keys_msg(query::MULTI_GET, keys))?;
-        keys.iter().map(|_| self.recv_vec(&mut c)).collect()
+        let wait = self.keys_msg(query::WAIT, keys)?;
+        let get = self.keys_msg(query::MULTI_GET, keys)?;
+        self.request(&format!("multi_get {keys:?}"), |c| {
+            self.wait_locked(c, &wait, keys, self.timeout)?;
+            self.send(c, &get)?;
+            keys.iter().map(|_| self.recv_vec(c)).collect()
+        })
     }
 
     pub fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<(), StoreError> {
+        let what = format!("multi_set of {} key(s)", pairs.len());
+        self.fits(&what, pairs.iter().flat_map(|(k, v)| [self.wire_key(k).len(), v.len()]), pairs.len())?;
         let mut m = vec![query::MULTI_SET];
         m.extend_from_slice(&(pairs.len() as u64).to_le_bytes());
         for (k, v) in pairs {
             put_bytes(&mut m, &self.wire_key(k));
             put_bytes(&mut m, v);
         }
-        let mut c = self.lock();
-        self.send(&mut c, &m)
+        self.request(&what, |c| self.send(c, &m))
     }
 
     /// Round trip to the server; `Err` when it does not echo within the store timeout.
@@ -386,12 +540,13 @@ impl TcpStore {
         let nonce = 0x5eed_u32 ^ std::process::id();
         let mut m = vec![query::PING];
         m.extend_from_slice(&nonce.to_le_bytes());
-        let mut c = self.lock();
-        self.send(&mut c, &m)?;
-        match self.recv_u32(&mut c, self.timeout)? {
-            n if n == nonce => Ok(()),
-            n => Err(self.io("ping", format!("echoed {n}, sent {nonce}"))),
-        }
+        self.request("ping", |c| {
+            self.send(c, &m)?;
+            match self.recv_u32(c, self.timeout)? {
+                n if n == nonce => Ok(()),
+                n => Err(self.io("ping", format!("echoed {n}, sent {nonce}"))),
+            }
+        })
     }
 
     /// Barrier of `world_size` participants named `name`, with the file store's keys
@@ -431,8 +586,14 @@ impl Shared {
 
 impl State {
     /// After `key` was written: wakes every waiter whose keys now all exist.
+    /// Signals a waiter once, when its last missing key appears (not at every later write), and
+    /// never blocks under the lock: the wake-up socket is non-blocking, and a full one already
+    /// holds a wake-up.
     fn written(&mut self, key: &[u8]) {
         for (missing, wake) in self.waiters.values_mut() {
+            if missing.is_empty() {
+                continue;
+            }
             missing.retain(|k| k.as_slice() != key);
             if missing.is_empty() {
                 let _ = (&**wake).write(&[1]);
@@ -578,6 +739,8 @@ fn serve_conn(id: u64, mut s: TcpStream, shared: &Shared) -> ConnResult {
         return Err("the client did not validate".into());
     }
     let (wake_rx, wake_tx) = UnixStream::pair().map_err(|e| e.to_string())?;
+    // Writers signal it under the server's lock: it must never block.
+    wake_tx.set_nonblocking(true).map_err(|e| e.to_string())?;
     let wake_tx = Arc::new(wake_tx);
     loop {
         let [q] = read_n::<1>(&mut s)?;
@@ -763,5 +926,30 @@ fn serve_wait(
             }
             return write_all(s, &[WAIT_CANCELED]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiter_is_signalled_once_when_complete_never_again_and_never_blocking() {
+        let (rx, tx) = UnixStream::pair().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let mut st = State::default();
+        st.waiters.insert(1, (vec![b"/a".to_vec(), b"/b".to_vec()], Arc::new(tx)));
+        st.written(b"/a");
+        let mut buf = [0u8; 16];
+        assert!((&rx).read(&mut buf).is_err(), "one key still missing: no wake-up");
+        st.written(b"/b");
+        assert_eq!((&rx).read(&mut buf).unwrap(), 1, "complete: one wake-up");
+        // Later writes of its keys (the waiter has not run yet) signal nothing more: a waiter
+        // that is slow to run never fills its socket and blocks the writer under the lock.
+        for _ in 0..100_000 {
+            st.written(b"/a");
+        }
+        assert!((&rx).read(&mut buf).is_err(), "no repeated wake-ups");
     }
 }

@@ -217,3 +217,98 @@ fn the_server_speaks_c10d_bytes() {
     let mut b = [0u8; 8];
     assert_eq!(bad.read(&mut b).unwrap_or(0), 0);
 }
+
+/// A hand-written "server": answers the client's handshake (VALIDATE + PING), then runs `then`
+/// on the connection. Returns the port and the thread.
+fn fake_server(then: impl FnOnce(std::net::TcpStream) + Send + 'static) -> (u16, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut hello = [0u8; 10];
+        c.read_exact(&mut hello).unwrap();
+        c.write_all(&hello[6..10]).unwrap();
+        then(c);
+    });
+    (port, h)
+}
+
+#[test]
+fn a_reply_cut_short_breaks_the_connection_instead_of_feeding_the_next_request() {
+    // ADD gets 4 of its 8 reply bytes; the rest (and a whole reply for the next request) come
+    // late. Without the broken mark, the next request would read those stale bytes as its reply.
+    let (port, h) = fake_server(|mut c| {
+        let mut q = [0u8; 64];
+        let _ = c.read(&mut q);
+        c.write_all(&7i64.to_le_bytes()[..4]).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let _ = c.write_all(&[0u8; 4]);
+        let _ = c.write_all(&99i64.to_le_bytes());
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let s = TcpStore::connect("127.0.0.1", port, "", Duration::from_millis(200)).unwrap();
+    let e = s.add("n", 1).unwrap_err();
+    assert!(matches!(&e, StoreError::Io { msg, .. } if msg.contains("mid-reply")), "{e:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let e2 = s.num_keys().unwrap_err();
+    assert!(
+        matches!(&e2, StoreError::Io { msg, .. } if msg.contains("num_keys") && msg.contains("out of step") && msg.contains("mid-reply")),
+        "{e2:?}"
+    );
+    h.join().unwrap();
+}
+
+#[test]
+fn a_timed_out_wait_whose_cancel_is_never_answered_ends_near_its_own_deadline() {
+    // The store timeout is long (5 s); the wait's is 100 ms: the cancel's answer gets at most
+    // max(100 ms, 250 ms), not two store timeouts (10 s).
+    let (port, h) = fake_server(|mut c| {
+        let mut q = [0u8; 256];
+        let _ = c.read(&mut q);
+        std::thread::sleep(Duration::from_millis(800));
+    });
+    let s = TcpStore::connect("127.0.0.1", port, "", T).unwrap();
+    let t0 = Instant::now();
+    let e = s.wait(&["never"], Duration::from_millis(100)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(750), "{took:?}");
+    assert!(matches!(&e, StoreError::Io { msg, .. } if msg.contains("cancel") && msg.contains("never")), "{e:?}");
+    // Out of step now: named at once.
+    let t0 = Instant::now();
+    assert!(matches!(s.check(&["never"]), Err(StoreError::Io { msg, .. }) if msg.contains("out of step")));
+    assert!(t0.elapsed() < Duration::from_millis(100));
+    h.join().unwrap();
+}
+
+#[test]
+fn a_value_over_the_servers_limit_is_refused_not_dropped() {
+    let server = TcpServer::bind(0).unwrap();
+    let s = client(server.port(), "");
+    // Zeroed and never written: the pages are not touched.
+    let big = vec![0u8; (1 << 30) + 1];
+    for e in [s.set("big", &big).unwrap_err(), s.append("big", &big).unwrap_err(), s.multi_set(&[("a", b"1"), ("big", &big)]).unwrap_err()]
+    {
+        assert!(matches!(&e, StoreError::Io { msg, .. } if msg.contains("1073741825 bytes") && msg.contains("1 GiB")), "{e:?}");
+    }
+    drop(big);
+    // Nothing was sent: the connection is in step, and nothing was half-set.
+    s.set("small", b"ok").unwrap();
+    assert_eq!(s.get("small").unwrap(), b"ok");
+    assert!(!s.check(&["a"]).unwrap());
+}
+
+#[test]
+fn the_cli_refuses_a_multi_set_with_an_odd_word_count() {
+    let server = TcpServer::bind(0).unwrap();
+    let addr = format!("tcp://127.0.0.1:{}", server.port());
+    let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_concord-store")).arg(&addr).args(args).output().unwrap();
+    let bad = run(&["multi-set", "a", "1", "b"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("multi-set takes KEY VALUE pairs") && err.contains("3 word(s)"), "{err}");
+    let s = client(server.port(), "");
+    assert!(!s.check(&["a"]).unwrap() && !s.check(&["b"]).unwrap(), "nothing was set");
+    let ok = run(&["multi-set", "a", "1", "b", "-"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!((s.get("a").unwrap(), s.get("b").unwrap()), (b"1".to_vec(), Vec::new()));
+}

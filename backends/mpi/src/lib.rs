@@ -17,9 +17,14 @@
 //! * **Collectives** run on a progress thread per communicator, in issue order; issue returns at
 //!   once with a [`Work`]. Each collective first allgathers every rank's [`CallDesc`] and checks
 //!   them with [`concord_core::validate_all`], so bad input is the same named `BadInput` on
-//!   every rank and the communicator stays usable; then every rank says (a one-word allgather)
-//!   whether its waiter has given up on the op, and the data moves on every rank or on none
-//!   (a late peer gets a named error, never a rank that has left); then one MPI collective
+//!   every rank and the communicator stays usable; then every rank votes (a one-word
+//!   allgather) on whatever could stop it alone from taking part: its waiter has given up on the
+//!   op, it cannot allocate the temporaries, or (all_to_all, whose counts differ per rank) a
+//!   count or offset does not fit MPI's `int`. The data step then runs on every rank or on none
+//!   (a late peer gets a named error, never a rank that has left). It is the MPI calls that
+//!   run everywhere or nowhere, not the writes of the results: a data step can still fail on one
+//!   rank (an MPI error), and a waiter that gives up during it leaves its own outputs untouched
+//!   while its peers' are written. One MPI collective
 //!   moves the data (`MPI_Allreduce`, `_Reduce_scatter_block`, `_Allgather`,
 //!   `_Alltoallv`, `_Bcast`, `_Reduce`, `_Gather`, `_Scatter`, `_Sendrecv` for permute,
 //!   `_Barrier`), through temporary buffers (views, in-place ops and aliasing need no care).
@@ -44,7 +49,13 @@
 //!   its deadline. A wait that ends at its own shorter timeout, or before the job started (queued
 //!   behind a stuck one), leaves the op alone, as NCCL's do; `is_completed` never ends an op.
 //!   A `new_group` is committed at the vote: a waiter no longer gives up on a split its peers
-//!   make.
+//!   make. A wait never outlasts its caller's timeout, also not past the op deadline (a
+//!   committed op still writing its outputs then stays pending).
+//! * **Communicators** are freed when the last user of their group lets go (the backend, its
+//!   progress thread, every point-to-point thread still running), never under a thread that may
+//!   still call MPI on them. Every MPI call runs under a read lock that the exit handler takes
+//!   (within 1 s) before `MPI_Finalize`, and none starts after it (a named error instead of
+//!   Open MPI's abort).
 //! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
 //!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
 //!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
@@ -156,13 +167,22 @@ mod imp {
         }
     }
 
-    /// One communicator: its handles and this rank's place in it.
+    /// One communicator: its handles and this rank's place in it. Shared (`Arc`) by the backend,
+    /// its progress thread and every point-to-point thread still running; the handles are freed
+    /// when the last of them lets go, never while a thread may still call MPI on them.
     struct Group {
         coll: Comm,
         p2p: Comm,
         n: usize,
         me: usize,
         label: String,
+    }
+
+    impl Drop for Group {
+        fn drop(&mut self) {
+            sys::free(self.coll);
+            sys::free(self.p2p);
+        }
     }
 
     struct Job {
@@ -231,8 +251,10 @@ mod imp {
                             ),
                         }));
                     }
-                    // Abandoned (the flag says so) or committed (the flag follows at once).
-                    return self.flag.wait_for(end.saturating_duration_since(now).max(Duration::from_secs(1)));
+                    // Abandoned (the flag says so) or committed (the flag follows once the outputs
+                    // are written): within the caller's own timeout still, never past it (a
+                    // committed op not done by then stays pending, as at any shorter timeout).
+                    return self.flag.wait_for(end.saturating_duration_since(now));
                 }
                 if now >= end {
                     return Ok(false);
@@ -254,8 +276,10 @@ mod imp {
 
     impl Drop for MpiBackend {
         fn drop(&mut self) {
-            // Closing the queue ends the progress thread once its current op is done; it frees the
-            // communicators then. Never joined: a call stuck on a dead peer must not hang the drop.
+            // Closing the queue ends the progress thread once its current op is done. Never joined:
+            // a call stuck on a dead peer must not hang the drop. The communicators are freed with
+            // the last reference to the group (this backend's, the progress thread's, or that of
+            // a point-to-point thread still sending or receiving).
             self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         }
     }
@@ -277,8 +301,6 @@ mod imp {
                     for job in rx {
                         run_job(&gt, job);
                     }
-                    sys::free(gt.coll);
-                    sys::free(gt.p2p);
                 })
                 .map_err(|e| backend_err(format!("cannot start the progress thread: {e}")))?;
             let n = g.n;
@@ -468,6 +490,14 @@ mod imp {
             // says so in its vote, so no peer waits in a data step it never joins.
             let temps: std::result::Result<Vec<MpiBuffer>, CollectiveError> =
                 job.outs.iter().map(|o| MpiBuffer::new(o.dtype, &o.shape)).collect();
+            // So do the MPI `int` limits of all_to_all's counts and offsets, which differ from
+            // rank to rank (the other ops' counts are equal on every rank, validated): a rank
+            // whose counts do not fit says so, so no peer waits in an MPI_Alltoallv it never
+            // joins.
+            let counts = match job.call.op {
+                CallOp::AllToAll => alltoall_counts(&job, &descs, me, g.n).map(|_| ()),
+                _ => Ok(()),
+            };
             let vote = {
                 let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
                 // A split is this rank's from here on (its waiter no longer gives up on it), so
@@ -479,18 +509,21 @@ mod imp {
                     1
                 } else if temps.is_err() {
                     2
+                } else if counts.is_err() {
+                    3
                 } else {
                     0
                 }
             };
             let votes = sys::allgather_words(g.coll, g.n, &[vote]).map_err(backend_err)?;
             if let Some(r) = votes.iter().position(|v| v.first() != Some(&0)) {
-                let why = if votes[r].first() == Some(&1) {
-                    "had given up this op at its deadline before every rank issued it"
-                } else {
-                    "could not allocate the op's buffers"
+                let why = match votes[r].first() {
+                    Some(&1) => "had given up this op at its deadline before every rank issued it",
+                    Some(&3) => "has counts or offsets that do not fit MPI's int",
+                    _ => "could not allocate the op's buffers",
                 };
                 temps?;
+                counts.map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}; nothing was moved", job.name)))?;
                 return Err(CollectiveError::Aborted(format!("{} #{seq} on rank {me}: rank {r} {why}; nothing was moved", job.name)));
             }
             let temps = temps?;
@@ -667,6 +700,27 @@ mod imp {
         unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
     }
 
+    /// An all_to_all's byte counts on this rank: what it sends to each peer and what it receives
+    /// from each (a peer's input split for this rank, validated equal to this rank's output
+    /// split), each count and each running offset checked to fit MPI's `int`.
+    fn alltoall_counts(job: &Job, descs: &[CallDesc], me: usize, n: usize) -> std::result::Result<(Vec<usize>, Vec<usize>), String> {
+        let x = job.ins.first().ok_or("all_to_all without an input")?;
+        let row = x.shape.get(1..).map_or(Some(1usize), |r| r.iter().try_fold(1usize, |a, &d| a.checked_mul(d)));
+        let row = row.and_then(|r| r.checked_mul(x.dtype.size())).ok_or("a row of the input does not fit in the address space")?;
+        let bytes = |k: usize| k.checked_mul(row).ok_or_else(|| format!("{k} rows of {row} bytes do not fit in the address space"));
+        let sc: Vec<usize> = job.call.input_splits(n).iter().map(|&k| bytes(k)).collect::<std::result::Result<_, _>>()?;
+        let rc: Vec<usize> = descs.iter().map(|d| bytes(d.input_splits(n)[me])).collect::<std::result::Result<_, _>>()?;
+        for (what, v) in [("send", &sc), ("receive", &rc)] {
+            let mut at = 0usize;
+            for (peer, &k) in v.iter().enumerate() {
+                sys::count(k).map_err(|e| format!("the {what} count for rank {peer} ({k} bytes): {e}"))?;
+                sys::count(at).map_err(|e| format!("the {what} offset for rank {peer} ({at} bytes): {e}"))?;
+                at = at.checked_add(k).ok_or_else(|| format!("the {what} total does not fit in the address space"))?;
+            }
+        }
+        Ok((sc, rc))
+    }
+
     /// The data movement of a validated collective.
     fn execute(g: &Group, job: &Job, outs: &[MpiBuffer], descs: &[CallDesc]) -> std::result::Result<Option<(Comm, Comm)>, String> {
         let (n, me) = (g.n, g.me);
@@ -710,10 +764,8 @@ mod imp {
             }
             CallOp::AllToAll => {
                 let (x, out) = (&job.ins[0], &outs[0]);
-                let row = x.shape.get(1..).map_or(1, |r| r.iter().product::<usize>()) * x.dtype.size();
-                let sc: Vec<usize> = c.input_splits(n).iter().map(|k| k * row).collect();
-                // What each peer sends me (validated equal to my output splits).
-                let rc: Vec<usize> = descs.iter().map(|d| d.input_splits(n)[me] * row).collect();
+                // Checked before the vote (the same computation): fits here.
+                let (sc, rc) = alltoall_counts(job, descs, me, n)?;
                 let mut recv = vec![0u8; rc.iter().sum()];
                 sys::alltoallv(g.coll, &x.read(), &sc, &mut recv, &rc)?;
                 out.write_bytes(&recv);
@@ -984,6 +1036,64 @@ mod imp {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A job of `op` on rank `me` whose input claims `shape` of `dtype` (its memory is one
+        /// byte: these tests never read it).
+        fn job(op: CallOp, me: usize, dtype: DType, shape: &[usize], in_splits: Option<Vec<usize>>) -> Job {
+            let one = MpiBuffer::new(DType::U8, &[1]).unwrap();
+            let x = MpiBuffer { mem: one.mem.clone(), off: 0, dtype, shape: shape.to_vec() };
+            let mut call = CallDesc::new(op, Variant::Out, me);
+            call.inputs = vec![x.desc()];
+            call.in_splits = in_splits;
+            Job { name: op.name().into(), call, ins: vec![x], outs: vec![], flag: Flag::new(), ctl: Default::default(), reply: None }
+        }
+
+        #[test]
+        fn all_to_all_counts_are_checked_against_mpi_int_before_the_vote() {
+            // 2 ranks, rows of 3 f32 (12 bytes); rank 0 sends 1 row to itself and 3 to rank 1.
+            let (a, b) = (
+                job(CallOp::AllToAll, 0, DType::F32, &[4, 3], Some(vec![1, 3])),
+                job(CallOp::AllToAll, 1, DType::F32, &[2, 3], Some(vec![2, 0])),
+            );
+            let descs = [a.call.clone(), b.call.clone()];
+            assert_eq!(alltoall_counts(&a, &descs, 0, 2).unwrap(), (vec![12, 36], vec![12, 24]));
+            assert_eq!(alltoall_counts(&b, &descs, 1, 2).unwrap(), (vec![24, 0], vec![36, 0]));
+            // Rows of 2^28 f64 = 2^31 bytes: one row to rank 1 does not fit an int count. Only this
+            // rank's side is over the limit (its peer's counts may fit): it must say so in the vote.
+            let big = job(CallOp::AllToAll, 0, DType::F64, &[2, 1 << 28], Some(vec![0, 1]));
+            let small = job(CallOp::AllToAll, 1, DType::F64, &[0, 1 << 28], Some(vec![0, 0]));
+            let descs = [big.call.clone(), small.call.clone()];
+            let e = alltoall_counts(&big, &descs, 0, 2).unwrap_err();
+            assert!(e.contains("send count for rank 1") && e.contains("2147483648 bytes"), "{e}");
+            let e = alltoall_counts(&small, &descs, 1, 2).unwrap_err();
+            assert!(e.contains("receive count for rank 0"), "{e}");
+            // An offset over the limit with every count under it.
+            let offs = job(CallOp::AllToAll, 0, DType::U8, &[3, 1 << 30], Some(vec![1, 1, 1]));
+            let descs = [offs.call.clone(), offs.call.clone(), offs.call.clone()];
+            let e = alltoall_counts(&offs, &descs, 0, 3).unwrap_err();
+            assert!(e.contains("send offset for rank 2") && e.contains("2147483648 bytes"), "{e}");
+        }
+
+        #[test]
+        fn a_wait_past_the_op_deadline_ends_at_the_callers_timeout() {
+            // Committed at the op deadline (the outputs are being written): a waiter with a
+            // 100 ms timeout gets "not complete" at 100 ms, not a second later.
+            let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), abandoned: false, committed: true }));
+            let d = Deadlined { flag: Flag::new(), ctl, op_timeout: Duration::from_millis(20), what: ("all_reduce".into(), 7, 1) };
+            let t0 = Instant::now();
+            assert!(!d.wait_for(Duration::from_millis(100)).unwrap());
+            let took = t0.elapsed();
+            assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(600), "{took:?}");
+            // Not committed: the op deadline ends it with a named timeout (rank, op, seq).
+            let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), abandoned: false, committed: false }));
+            let d =
+                Deadlined { flag: Flag::new(), ctl: ctl.clone(), op_timeout: Duration::from_millis(20), what: ("all_reduce".into(), 8, 1) };
+            match d.wait_for(Duration::from_secs(5)) {
+                Err(CollectiveError::Timeout { op, seq, rank, .. }) => assert_eq!((op.as_str(), seq, rank), ("all_reduce", 8, 1)),
+                other => panic!("{other:?}"),
+            }
+            assert!(ctl.lock().unwrap().abandoned);
+        }
 
         #[test]
         fn integers_widen_and_average_in_their_width() {

@@ -4,8 +4,8 @@
 
 use mpi::ffi;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 /// A communicator handle (a pointer in Open MPI), shared between the threads that use it.
 #[derive(Clone, Copy, Debug)]
@@ -22,19 +22,32 @@ unsafe impl Sync for Op {}
 #[derive(Clone, Copy)]
 pub struct Dt(ffi::MPI_Datatype);
 
-/// MPI calls in progress in this process (no MPI_Finalize at exit while one is stuck).
-pub static BUSY: AtomicUsize = AtomicUsize::new(0);
+/// `true` once MPI is finalised (at process exit). Every MPI call of this module runs under a
+/// read lock of it ([`Busy`]) and refuses to start once it is set; the exit handler takes the
+/// write lock (within [`FINALIZE_WAIT`]) before it finalises. So no call is in progress when
+/// MPI_Finalize runs, and none starts after it: a thread between two calls of one op (a
+/// point-to-point thread between its header and its data, a progress thread between the vote
+/// and the data) gets a named error for its next call instead of Open MPI's abort of the job
+/// ("called after MPI_FINALIZE"). (A count of calls in progress, as before, was 0 between
+/// two calls, and the exit handler finalised under the second.)
+static FINALIZED: RwLock<bool> = RwLock::new(false);
 
-struct Busy;
-impl Busy {
-    fn enter() -> Busy {
-        BUSY.fetch_add(1, SeqCst);
-        Busy
-    }
+/// How long the exit handler waits for MPI calls in progress to end before it skips
+/// MPI_Finalize (a call stuck on a dead peer would make MPI_Finalize hang; mpirun reports it).
+const FINALIZE_WAIT: Duration = Duration::from_secs(1);
+
+/// One MPI call in progress: a read lock of [`FINALIZED`], taken only while MPI is not
+/// finalised.
+struct Busy {
+    _guard: RwLockReadGuard<'static, bool>,
 }
-impl Drop for Busy {
-    fn drop(&mut self) {
-        BUSY.fetch_sub(1, SeqCst);
+impl Busy {
+    fn enter() -> Result<Busy, String> {
+        let g = FINALIZED.read().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err("MPI is already finalised (this process is exiting): the call was not made".into());
+        }
+        Ok(Busy { _guard: g })
     }
 }
 
@@ -70,18 +83,32 @@ struct Ops {
 static OPS: OnceLock<Ops> = OnceLock::new();
 static INIT: OnceLock<Result<(usize, usize), String>> = OnceLock::new();
 
-/// Set once MPI is finalised; communicators are freed under this lock (a progress thread
-/// freeing its communicators while the exiting main thread finalises crashed 1 run in 7).
-static FINALIZED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-
+/// At exit: finalises MPI once no call of this module is in progress (the write lock of
+/// [`FINALIZED`], tried until [`FINALIZE_WAIT`]: a blocking `write()` could hang behind a call
+/// stuck on a dead peer), and marks it finalised so that no call starts afterwards.
+/// Communicators are freed under the read lock (a progress thread freeing its communicators
+/// while the exiting main thread finalised crashed 1 run in 7).
 extern "C" fn finalize_at_exit() {
-    let mut fin = FINALIZED.lock().unwrap_or_else(|e| e.into_inner());
+    let until = Instant::now() + FINALIZE_WAIT;
+    let mut fin = loop {
+        match FINALIZED.try_write() {
+            Ok(g) => break g,
+            Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
+            // A call is stuck (on a peer that is late or gone): MPI_Finalize would hang behind
+            // it. Skip it (mpirun reports the rank).
+            Err(TryLockError::WouldBlock) => return,
+        }
+    };
+    if *fin {
+        return;
+    }
     let mut done: c_int = 0;
-    // SAFETY: plain MPI state queries and finalize, at process exit.
+    // SAFETY: plain MPI state queries and finalize, at process exit, with no call of ours in
+    // progress (the write lock).
     unsafe {
         ffi::MPI_Finalized(&mut done);
-        // A call stuck on a peer would make MPI_Finalize hang: skip it then (mpirun reports it).
-        if done == 0 && BUSY.load(SeqCst) == 0 {
+        if done == 0 {
             ffi::MPI_Finalize();
         }
     }
@@ -201,7 +228,7 @@ pub fn init() -> Result<(usize, usize), String> {
 /// A communicator over world ranks `0..n`, created by those ranks only (MPI_Comm_create_group),
 /// with errors returned; plus a duplicate of it for point-to-point traffic.
 pub fn world_prefix_comm(n: usize, tag: i32) -> Result<(Comm, Comm), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: handles are written by MPI; ranks are in range (checked by the caller).
     unsafe {
         let mut wg = std::mem::zeroed();
@@ -231,7 +258,7 @@ fn finish_comm(c: Comm) -> Result<(Comm, Comm), String> {
 
 /// MPI_Comm_split: members (`key` = position) get `Some`, the others `None`.
 pub fn split(c: Comm, pos: Option<usize>) -> Result<Option<(Comm, Comm)>, String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: c is valid; the new handle is written by MPI.
     unsafe {
         let mut nc = std::mem::zeroed();
@@ -247,9 +274,10 @@ pub fn split(c: Comm, pos: Option<usize>) -> Result<Option<(Comm, Comm)>, String
     }
 }
 
+/// Frees a communicator no thread uses any more (its `Group`'s last reference is gone); a no-op
+/// once MPI is finalised.
 pub fn free(c: Comm) {
-    let fin = FINALIZED.lock().unwrap_or_else(|e| e.into_inner());
-    if !*fin {
+    if let Ok(_b) = Busy::enter() {
         let mut h = c.0;
         // SAFETY: freeing a communicator this backend created and no longer uses.
         unsafe { ffi::MPI_Comm_free(&mut h) };
@@ -317,13 +345,13 @@ fn mv(p: *mut u8) -> *mut c_void {
 }
 
 pub fn barrier(c: Comm) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     check("MPI_Barrier", unsafe { ffi::MPI_Barrier(c.0) })
 }
 
 /// Every rank's `words` (any length), in rank order.
 pub fn allgather_words(c: Comm, n: usize, words: &[u64]) -> Result<Vec<Vec<u64>>, String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     let mine = words.len() as u64;
     let mut lens = vec![0u64; n];
     // SAFETY: buffers sized for n ranks' counts; element type u64 matches MPI_UINT64_T.
@@ -373,7 +401,7 @@ pub fn allgather_words(c: Comm, n: usize, words: &[u64]) -> Result<Vec<Vec<u64>>
 
 /// MPI_Allreduce (`root: None`) or MPI_Reduce to `root` of `count` elements of `dt`.
 pub fn reduce(c: Comm, send: &[u8], recv: &mut [u8], n_elems: usize, dt: Dt, op: Op, root: Option<usize>) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: send and recv hold n_elems elements of dt (checked by the caller).
     unsafe {
         match root {
@@ -387,7 +415,7 @@ pub fn reduce(c: Comm, send: &[u8], recv: &mut [u8], n_elems: usize, dt: Dt, op:
 
 /// MPI_Reduce_scatter_block: `recv_elems` elements of `dt` per rank.
 pub fn reduce_scatter(c: Comm, send: &[u8], recv: &mut [u8], recv_elems: usize, dt: Dt, op: Op) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: send holds n * recv_elems elements, recv recv_elems (checked by the caller).
     unsafe {
         check(
@@ -399,7 +427,7 @@ pub fn reduce_scatter(c: Comm, send: &[u8], recv: &mut [u8], recv_elems: usize, 
 
 /// MPI_Allgather (`root: None`) or MPI_Gather of `send.len()` bytes per rank.
 pub fn gather(c: Comm, send: &[u8], recv: &mut [u8], root: Option<usize>) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     let k = count(send.len())?;
     let u8t = bytes().0;
     // SAFETY: recv holds n * send.len() bytes (checked by the caller).
@@ -413,7 +441,7 @@ pub fn gather(c: Comm, send: &[u8], recv: &mut [u8], root: Option<usize>) -> Res
 
 /// MPI_Scatter of `recv.len()` bytes per rank from `root`'s `send`.
 pub fn scatter(c: Comm, send: &[u8], recv: &mut [u8], root: usize) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     let k = count(recv.len())?;
     let u8t = bytes().0;
     // SAFETY: send holds n * recv.len() bytes on the root (checked by the caller).
@@ -421,14 +449,14 @@ pub fn scatter(c: Comm, send: &[u8], recv: &mut [u8], root: usize) -> Result<(),
 }
 
 pub fn bcast(c: Comm, buf: &mut [u8], root: usize) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: buf is the same size on every rank (validated across ranks first).
     unsafe { check("MPI_Bcast", ffi::MPI_Bcast(mv(buf.as_mut_ptr()), count(buf.len())?, bytes().0, count(root)?, c.0)) }
 }
 
 /// MPI_Alltoallv over bytes; counts and displacements in bytes.
 pub fn alltoallv(c: Comm, send: &[u8], sc: &[usize], recv: &mut [u8], rc: &[usize]) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     let displs = |v: &[usize]| -> Result<Vec<c_int>, String> {
         let mut at = 0;
         v.iter()
@@ -454,7 +482,7 @@ pub fn alltoallv(c: Comm, send: &[u8], sc: &[usize], recv: &mut [u8], rc: &[usiz
 
 /// MPI_Sendrecv of bytes: `send` to `dst`, `recv` from `src`, with `tag`.
 pub fn sendrecv(c: Comm, send: &[u8], dst: usize, recv: &mut [u8], src: usize, tag: i32) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     let u8t = bytes().0;
     // SAFETY: both buffers are as long as the counts passed.
     unsafe {
@@ -480,14 +508,14 @@ pub fn sendrecv(c: Comm, send: &[u8], dst: usize, recv: &mut [u8], src: usize, t
 
 /// Sends `words` to `dst` with `tag` (small control messages).
 pub fn send_words(c: Comm, words: &[u64], dst: usize, tag: i32) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: words is a valid slice.
     unsafe { check("MPI_Send", ffi::MPI_Send(cv(words.as_ptr().cast()), count(words.len())?, ffi::RSMPI_UINT64_T, count(dst)?, tag, c.0)) }
 }
 
 /// Receives one control message (any length) from `src` with `tag`.
 pub fn recv_words(c: Comm, src: usize, tag: i32) -> Result<Vec<u64>, String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: the buffer is sized from the probed message.
     unsafe {
         let mut st: ffi::MPI_Status = std::mem::zeroed();
@@ -505,13 +533,13 @@ pub fn recv_words(c: Comm, src: usize, tag: i32) -> Result<Vec<u64>, String> {
 
 /// Synchronous send of bytes: completes once `dst` has started receiving it.
 pub fn ssend(c: Comm, data: &[u8], dst: usize, tag: i32) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: data is a valid slice.
     unsafe { check("MPI_Ssend", ffi::MPI_Ssend(cv(data.as_ptr()), count(data.len())?, bytes().0, count(dst)?, tag, c.0)) }
 }
 
 pub fn recv_bytes(c: Comm, data: &mut [u8], src: usize, tag: i32) -> Result<(), String> {
-    let _b = Busy::enter();
+    let _b = Busy::enter()?;
     // SAFETY: data is a valid slice of the agreed size.
     unsafe {
         check(
@@ -529,4 +557,25 @@ pub fn processor_name() -> String {
     unsafe { ffi::MPI_Get_processor_name(buf.as_mut_ptr().cast(), &mut len) };
     buf.truncate(len.max(0) as usize);
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_call_starts_once_finalised_and_finalising_waits_for_calls_in_progress() {
+        // A call in progress holds the read lock: the exit handler cannot finalise under it.
+        let b = Busy::enter().unwrap();
+        assert!(matches!(FINALIZED.try_write(), Err(TryLockError::WouldBlock)));
+        drop(b);
+        // Finalised (as the exit handler marks it, under the write lock): a thread between two
+        // calls of an op gets a named error for the next one, which never reaches MPI.
+        *FINALIZED.write().unwrap() = true;
+        let r = barrier(Comm(std::ptr::null_mut()));
+        free(Comm(std::ptr::null_mut()));
+        *FINALIZED.write().unwrap() = false;
+        let e = r.unwrap_err();
+        assert!(e.contains("finalised"), "{e}");
+    }
 }

@@ -43,6 +43,12 @@ fn run(store: &Store, words: &[String]) -> Result<String, String> {
             tcp()?.multi_get(&keys).map(|vs| vs.iter().map(|v| lossy(v)).collect::<Vec<_>>().join(" ")).map_err(e)
         }
         Some("multi-set") => {
+            if words.len() < 3 || !(words.len() - 1).is_multiple_of(2) {
+                return Err(format!(
+                    "multi-set takes KEY VALUE pairs (VALUE `-` for empty); got {} word(s) after it, an odd count or none",
+                    words.len() - 1
+                ));
+            }
             let vals: Vec<String> = words[1..].iter().map(|v| if v == "-" { String::new() } else { v.clone() }).collect();
             let pairs: Vec<(&str, &[u8])> = words[1..]
                 .chunks(2)
