@@ -94,7 +94,10 @@ fn ensure_nextest() -> Result<()> {
 /// installed with apt-get when missing (needs root).
 fn ensure_mpi() -> Result<()> {
     let sh = |c: &str| Command::new("sh").args(["-c", c]).output().map(|o| o.status.success()).unwrap_or(false);
-    let libclang = "ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang*.so* /usr/lib64/libclang*.so* 2>/dev/null | grep -q .";
+    // libclang itself (`libclang.so*`, `libclang-<version>.so*`), not `libclang-cpp.so*`, which
+    // other packages bring and bindgen cannot load.
+    let libclang = "ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* /usr/lib/*/libclang.so* \
+                    /usr/lib/*/libclang-[0-9]*.so* /usr/lib64/libclang.so* /usr/lib64/libclang-[0-9]*.so* 2>/dev/null | grep -q .";
     if sh("command -v mpicc && command -v mpirun") && sh(libclang) {
         return Ok(());
     }
