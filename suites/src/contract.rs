@@ -303,6 +303,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["views::", "programs::", "state::views_of_one_parent"],
     },
     Clause {
+        id: "placement.empty_no_alias",
+        source: BACKEND,
+        text: "A buffer of zero elements overlaps no buffer: an empty `_out` buffer at an empty input's address is a valid call, never refused as aliasing.",
+        cases: &["wild_layout::empty_out_at_input_address::"],
+    },
+    Clause {
         id: "placement.realloc",
         source: BACKEND,
         text: "Buffers freed and re-allocated between collectives (the same address with another size, shape or dtype) give the right result: nothing is cached by address.",
