@@ -481,8 +481,11 @@ impl Bug for GlooEmptyReduceEnforce {
 /// Use allocation base addr for dmabuf-based mem registration": the dmabuf path called
 /// `ibv_reg_dmabuf_mr` with a hard-coded offset 0, so for a buffer inside a larger allocation —
 /// PyTorch's caching allocator packs many tensors into one `cudaMalloc` block — the memory
-/// region pointed at the allocation's first bytes, not the buffer). Here a send from a view
-/// reads, and a recv into a view writes, the view's size of bytes at its parent's start.
+/// region pointed at the allocation's first bytes, not the buffer; the same shape in
+/// pytorch/tensorpipe PR #248 "Fix cuda_ipc channel for off set buffers" and pmodels/mpich PR
+/// #4630 "mpl/gpu: add addr offset in memory handle routines": a CUDA IPC handle names the
+/// allocation's base, and the offset was not sent along). Here a send from a view reads, and a
+/// recv into a view writes, the view's size of bytes at its parent's start.
 #[derive(Default)]
 pub struct DmabufRegAtAllocBase;
 
@@ -511,6 +514,79 @@ impl Bug for DmabufRegAtAllocBase {
                 Ok(s.then_as(w, out.clone(), |_, _| Ok(())))
             }
             None => s.inner.recv(out, src),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- ROCm/rocm-systems PR #10887
+
+/// CE all_reduce shards placed from the window's base (ROCm/rocm-systems PR #10887 "Fix CE
+/// AllReduce receive-window offset for elastic buffers": RCCL's copy-engine all_reduce —
+/// single node, symmetric window registration, messages of 4 MiB to 256 MiB (PR #9898), a count
+/// that divides by the rank count — reduces each rank's shard in place, then in phase 3 copies
+/// it to every peer at `rank * shardBytes` *inside the receive window*, which is right only when
+/// the receive buffer starts at the window's base; a buffer at a non-zero offset in its window
+/// got the shards in the wrong slots). Here the window is the allocation a view was made from:
+/// an in-place all_reduce of a view at a non-zero offset, of 4 MiB to 256 MiB and a count that
+/// divides by the world size, at 2+ ranks, leaves the rank's own shard right, the other shards
+/// of the view as they were (the input), and writes shard `s` of the result at the parent's
+/// byte `s * shardBytes`, over whatever lies there.
+#[derive(Default)]
+pub struct CeAllreduceWindowBaseSlots;
+
+impl CeAllreduceWindowBaseSlots {
+    const MIN_BYTES: usize = 4 << 20;
+    const MAX_BYTES: usize = 256 << 20;
+}
+
+impl Bug for CeAllreduceWindowBaseSlots {
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let (n, es, ws, me) = (s.numel(x), s.inner.buffer_dtype(x).size(), s.ws(), s.rank());
+        let bytes = n * es;
+        let window = match s.view_of(x) {
+            Some((parent, off)) if off > 0 && s.inner.buffer_dtype(&parent) == s.inner.buffer_dtype(x) => Some((parent, off * es)),
+            _ => None,
+        };
+        let Some((parent, at)) = window.filter(|_| ws >= 2 && (Self::MIN_BYTES..=Self::MAX_BYTES).contains(&bytes) && n % ws == 0) else {
+            return s.inner.all_reduce_(x, op);
+        };
+        let input = s.inner.download(x)?;
+        let w = s.inner.all_reduce_(x, op)?;
+        Ok(s.then(w, move |be, view| {
+            let result = be.download(view)?;
+            let shard = bytes / ws;
+            crate::edit(be, &parent, |t| {
+                let b = t.bytes_mut();
+                // Phase 2 wrote this rank's shard in place; the others were never copied in.
+                for sh in (0..ws).filter(|&sh| sh != me) {
+                    b[at + sh * shard..at + (sh + 1) * shard].copy_from_slice(&input.bytes()[sh * shard..(sh + 1) * shard]);
+                }
+                // Phase 3 (the peers' copies) lands at the window's base.
+                for sh in (0..ws).filter(|&sh| sh != me) {
+                    b[sh * shard..(sh + 1) * shard].copy_from_slice(&result.bytes()[sh * shard..(sh + 1) * shard]);
+                }
+            })
+        }))
+    }
+}
+
+// ---------------------------------------------------------------- NVIDIA/nccl #2198
+
+/// A window-relative offset paired with the backing memory's handle (NVIDIA/nccl #2198 "NCCL
+/// RMA proxy path uses window-relative offsets with memory-level RMA handles": with several
+/// symmetric windows carved from one allocation, the proxy's put / get addressed
+/// `memory base + offset in the window`, so XLA's collective permute across nodes received
+/// another rank's data or zeros). Here the window is a view and the memory its parent: a
+/// permute_tensor whose input is a view at a non-zero offset sends the view's size of bytes from
+/// the parent's start.
+#[derive(Default)]
+pub struct RmaWindowOffsetOnMemoryHandle;
+
+impl Bug for RmaWindowOffsetOnMemoryHandle {
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        match DmabufRegAtAllocBase::at_base(s, x)? {
+            Some(b) => s.inner.permute_tensor(&b, src_dst),
+            None => s.inner.permute_tensor(x, src_dst),
         }
     }
 }
@@ -576,6 +652,18 @@ pub fn catalogue() -> Vec<Spec> {
             "views",
             "kvcache-ai/Mooncake PR #2035: send / recv of a view register at the allocation's base: the message is read / written at the parent's start",
             &["send_recv::outbuf::i8::ws2"],
+        ),
+        spec::<CeAllreduceWindowBaseSlots>(
+            "wild_ce_allreduce_window_base_slots",
+            "views",
+            "ROCm/rocm-systems PR #10887: in-place all_reduce of a 4-256 MiB view at a non-zero offset writes the peers' shards at the parent's start (the window base), leaving them out of the view",
+            &["wild_layout::inplace_all_reduce_view_in_window::ws2"],
+        ),
+        spec::<RmaWindowOffsetOnMemoryHandle>(
+            "wild_rma_window_offset_on_memory_handle",
+            "views",
+            "NVIDIA/nccl #2198: permute_tensor of a view sends the bytes at its parent's start (a window offset used with the memory's handle)",
+            &["views::permute_tensor::out::f32::ws2"],
         ),
     ]
 }

@@ -9,6 +9,13 @@
 //!   (pmodels/mpich #2124 for reduce_scatter, #264 for allreduce, open-mpi/ompi #4135 for
 //!   Open MPI's reduce); every other case gives an empty input and output their own allocations,
 //!   at different addresses.
+//! * `wild_layout::inplace_all_reduce_view_in_window::ws2` — an in-place all_reduce of a
+//!   4 MiB view (2^20 f32) at element 1031 of a larger
+//!   parent: the result in the view, every byte of the parent around it untouched. RCCL's
+//!   copy-engine all_reduce (4 MiB to 256 MiB, a count divisible by the ranks, a registered
+//!   window) copied the peers' shards to `rank * shardBytes` from the *window's* base, right only
+//!   for a buffer at the window's start (ROCm/rocm-systems PR #10887); every view case of the
+//!   catalogue is below 4 MiB, and every case of 4 MiB or more uses whole buffers.
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -26,6 +33,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let name = format!("wild_layout::empty_out_at_input_address::{}::ws2", op.name());
             Case::<B>::new(name, meta(op), 2, move |ctx| empty_out_at_input_address(ctx, op))
         })
+        .chain([2].map(|ws| {
+            let m = CaseMeta {
+                suite: "wild_layout".into(),
+                op: "all_reduce".into(),
+                variant: "inplace".into(),
+                dtype: "f32".into(),
+                reduce: "sum".into(),
+            };
+            Case::<B>::new(format!("wild_layout::inplace_all_reduce_view_in_window::ws{ws}"), m, ws, inplace_all_reduce_view_in_window)
+        }))
         .collect()
 }
 
@@ -64,4 +81,69 @@ fn empty_out_at_input_address<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind) -> C
     }
     expect_eq(b, &got, &Tensor::zeros(DType::F32, &[0]), &format!("{w}: the result"))?;
     expect_eq(b, &parent, &guard, &format!("{w}: the parent around the empty views (no byte may change)"))
+}
+
+/// The view's elements: 4 MiB of f32 (RCCL's copy-engine floor), a count divisible by 2.
+const WINDOW_N: usize = 1 << 20;
+/// The view's element offset in its parent (past a 4 KiB page, not a multiple of 16 bytes).
+const WINDOW_AT: usize = 1031;
+/// Guard elements after the view.
+const WINDOW_TAIL: usize = 1029;
+
+/// Rank `r`'s element `i` of the in-place all_reduce: a small integer, so any sum is exact.
+fn window_input(r: usize, i: usize) -> f32 {
+    ((i * 7 + r * 13) % 1000) as f32 - 500.0
+}
+
+/// Parent element `i` outside the view on rank `me`: a value no sum of inputs takes.
+fn window_guard(me: usize, i: usize) -> f32 {
+    -10_000.0 - (i % 97) as f32 - 1000.0 * me as f32
+}
+
+/// An in-place all_reduce (sum) of a 4 MiB view at element [`WINDOW_AT`] of a larger parent:
+/// the view holds the sum, the parent's elements around it keep their guard values. One pass
+/// over the downloaded parent checks both (the case stays well under 0.2 s on shm).
+fn inplace_all_reduce_view_in_window<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    b.capabilities()
+        .check(OpKind::AllReduce, Some(Variant::InPlace), Some(DType::F32), Some(ReduceOp::Sum), ws)
+        .map_err(CaseEnd::Unsupported)?;
+    let total = WINDOW_AT + WINDOW_N + WINDOW_TAIL;
+    let w = format!(
+        "{} reduce=sum (input: a view of {WINDOW_N} elements, 4 MiB, at element {WINDOW_AT} of a {total}-element parent)",
+        here(b, "all_reduce_", "inplace", DType::F32)
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let in_view = |i: usize| (WINDOW_AT..WINDOW_AT + WINDOW_N).contains(&i);
+    let before: Vec<f32> = (0..total).map(|i| if in_view(i) { window_input(me, i - WINDOW_AT) } else { window_guard(me, i) }).collect();
+    let parent = b.upload(&Tensor::from_vec(&[total], before)).map_err(|e| named("upload", e))?;
+    let view = b.view(&parent, WINDOW_AT, &[WINDOW_N]).map_err(|e| named("view", e))?;
+    let got = b.all_reduce_(&view, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named("all_reduce_", e))?;
+    if b.buffer_addr(&got) != b.buffer_addr(&view) {
+        return Err(fail(&w, format!("returned a buffer at {:#x}, not the view at {:#x}", b.buffer_addr(&got), b.buffer_addr(&view))));
+    }
+    if !b.capabilities().moves_data {
+        return Ok(());
+    }
+    let after = b.download(&parent).map_err(|e| named("download of the parent", e))?;
+    let after = after.as_slice::<f32>();
+    let want = |i: usize| if in_view(i) { (0..ws).map(|r| window_input(r, i - WINDOW_AT)).sum() } else { window_guard(me, i) };
+    let (mut first, mut bad_view, mut bad_guard) = (None, 0, 0);
+    for (i, g) in after.iter().enumerate() {
+        if g.to_bits() != want(i).to_bits() {
+            first = first.or(Some(i));
+            *(if in_view(i) { &mut bad_view } else { &mut bad_guard }) += 1;
+        }
+    }
+    let Some(first) = first else { return Ok(()) };
+    let (part, index) = if in_view(first) { ("the view", first - WINDOW_AT) } else { ("a guard element of the parent", first) };
+    Err(fail(
+        &w,
+        format!(
+            "first bad index {index} of {part} (parent element {first}): got {}, expected {} ({bad_view} of {WINDOW_N} view elements and {bad_guard} guard elements differ)",
+            after[first],
+            want(first)
+        ),
+    ))
 }
