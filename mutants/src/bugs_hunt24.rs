@@ -591,6 +591,44 @@ impl Bug for RmaWindowOffsetOnMemoryHandle {
     }
 }
 
+// ---------------------------------------------------------------- aws/aws-ofi-nccl PR #804
+
+/// A zero-byte message through a registration that does not cover its pointer
+/// (aws/aws-ofi-nccl PR #804 "Fix 0 byte sends/receives with user buffer registration": with
+/// NCCL 2.24 and earlier, a 0-byte send / recv from a user-registered buffer came with a memory
+/// handle that was valid but did not cover the buffer's pointer, and the provider refused the
+/// transfer; the fix sends 0-byte messages from a buffer of the plugin's own). Here the
+/// registration of a view is its parent's byte range: a send or recv of zero elements whose
+/// view starts at or past the parent's end (an empty tail slice, `t[n:]`) fails at issue with
+/// the provider's error, on the rank that passed it.
+#[derive(Default)]
+pub struct ZeroByteP2pUncoveredMr;
+
+impl ZeroByteP2pUncoveredMr {
+    fn check(s: &Shm, b: &Buf, call: &str) -> Result<()> {
+        let Some((parent, _)) = s.view_of(b).filter(|_| s.numel(b) == 0) else { return Ok(()) };
+        let (p, a) = (s.inner.buffer_addr(&parent), s.inner.buffer_addr(b));
+        let len = s.numel(&parent) * s.inner.buffer_dtype(&parent).size();
+        if (p..p + len).contains(&a) {
+            return Ok(());
+        }
+        Err(CollectiveError::Backend(format!(
+            "NET/OFI {call} failed: Invalid argument (memory region [{p:#x}, +{len} bytes) does not cover the 0-byte buffer at {a:#x})"
+        )))
+    }
+}
+
+impl Bug for ZeroByteP2pUncoveredMr {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        Self::check(s, x, "fi_send")?;
+        s.inner.send(x, dst)
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        Self::check(s, out, "fi_recv")?;
+        s.inner.recv(out, src)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<ZeroCountAliasRefused>(
@@ -664,6 +702,12 @@ pub fn catalogue() -> Vec<Spec> {
             "views",
             "NVIDIA/nccl #2198: permute_tensor of a view sends the bytes at its parent's start (a window offset used with the memory's handle)",
             &["views::permute_tensor::out::f32::ws2"],
+        ),
+        spec::<ZeroByteP2pUncoveredMr>(
+            "wild_zero_byte_p2p_uncovered_mr",
+            "views",
+            "aws/aws-ofi-nccl PR #804: a zero-element send / recv of a view at its parent's end fails (the registration does not cover the pointer)",
+            &["wild_layout::empty_p2p_at_parent_end::ws2"],
         ),
     ]
 }

@@ -300,7 +300,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "views",
         source: BACKEND,
         text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
-        cases: &["views::", "programs::", "state::views_of_one_parent", "wild_layout::inplace_all_reduce_view_in_window::"],
+        cases: &["views::", "programs::", "state::views_of_one_parent", "wild_layout::inplace_all_reduce_view_in_window::", "wild_layout::empty_p2p_at_parent_end::"],
     },
     Clause {
         id: "placement.empty_no_alias",

@@ -16,6 +16,13 @@
 //!   window) copied the peers' shards to `rank * shardBytes` from the *window's* base, right only
 //!   for a buffer at the window's start (ROCm/rocm-systems PR #10887); every view case of the
 //!   catalogue is below 4 MiB, and every case of 4 MiB or more uses whole buffers.
+//! * `wild_layout::empty_p2p_at_parent_end::ws2` — a zero-element message sent from, and
+//!   received into, an empty view at its parent's *end* (the empty tail slice `t[n:]`, whose
+//!   address is one past the parent's last byte), then a two-element message on the same pair:
+//!   both complete, the second arrives whole, neither parent changes. aws-ofi-nccl handed a
+//!   zero-byte transfer of a user-registered buffer a memory region that did not cover its
+//!   pointer, and the provider refused it (aws/aws-ofi-nccl PR #804); every other empty view of
+//!   the catalogue lies strictly inside its parent, between guard elements.
 
 use super::util::{expect_eq, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -42,6 +49,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 reduce: "sum".into(),
             };
             Case::<B>::new(format!("wild_layout::inplace_all_reduce_view_in_window::ws{ws}"), m, ws, inplace_all_reduce_view_in_window)
+        }))
+        .chain(std::iter::once({
+            let m = CaseMeta {
+                suite: "wild_layout".into(),
+                op: "send_recv".into(),
+                variant: "outbuf".into(),
+                dtype: "f32".into(),
+                reduce: "-".into(),
+            };
+            Case::<B>::new("wild_layout::empty_p2p_at_parent_end::ws2", m, 2, empty_p2p_at_parent_end)
         }))
         .collect()
 }
@@ -146,4 +163,48 @@ fn inplace_all_reduce_view_in_window<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseRe
             want(first)
         ),
     ))
+}
+
+/// Rank 0 sends an empty view at its 4-element parent's end to rank 1, which receives it into an
+/// empty view at its own parent's end; then rank 0 sends two elements, which rank 1 receives
+/// whole. Both calls complete and neither parent changes.
+fn empty_p2p_at_parent_end<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    b.capabilities().check(OpKind::SendRecv, Some(Variant::OutBuf), Some(DType::F32), None, ws).map_err(CaseEnd::Unsupported)?;
+    let w = format!(
+        "{} (rank 0 sends an empty view at element 4 of its 4-element parent, the parent's end, to rank 1, which receives into the same layout; then 2 elements)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let guard = Tensor::from_f64(DType::F32, &[4], &[7.0 + me as f64, 8.0, 9.0, 10.0 + me as f64]);
+    let parent = b.upload(&guard).map_err(|e| named("upload", e))?;
+    let empty = b.view(&parent, 4, &[0]).map_err(|e| named("view (empty, at the parent's end)", e))?;
+    let message = Tensor::from_f64(DType::F32, &[2], &[31.0, -32.0]);
+    match me {
+        0 => {
+            b.send(&empty, 1).and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| named("send of the empty view", e))?;
+            let x = b.upload(&message).map_err(|e| named("upload", e))?;
+            b.send(&x, 1).and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| named("send of the 2-element message", e))?;
+        }
+        1 => {
+            let got = b.recv(&empty, 0).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named("recv into the empty view", e))?;
+            if b.buffer_addr(&got) != b.buffer_addr(&empty) || b.buffer_shape(&got) != [0] {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "recv returned {:?} at {:#x}, not the empty view at {:#x}",
+                        b.buffer_shape(&got),
+                        b.buffer_addr(&got),
+                        b.buffer_addr(&empty)
+                    ),
+                ));
+            }
+            let out = b.alloc(DType::F32, &[2]).map_err(|e| named("alloc", e))?;
+            let got = b.recv(&out, 0).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named("recv of the 2-element message", e))?;
+            expect_eq(b, &got, &message, &format!("{w}: the 2-element message after the empty one"))?;
+        }
+        _ => {}
+    }
+    expect_eq(b, &parent, &guard, &format!("{w}: the parent of the empty view (no byte may change)"))
 }
