@@ -183,7 +183,7 @@ impl LibnbcAllgatherOwnBlockWraps {
     fn wrong(s: &Shm, x: &Buf) -> bool {
         wraps(s.rank() * s.numel(x))
     }
-    /// The output's bytes of this rank's block, as they are before the op (`None`: zeros).
+    /// The byte range `(start, length)` of this rank's block in the gathered output.
     fn own_range(s: &Shm, x: &Buf) -> (usize, usize) {
         let len = s.numel(x) * s.inner.buffer_dtype(x).size();
         (s.rank() * len, len)
