@@ -139,6 +139,11 @@
 //! * A view at element offset `k` of a buffer reads and writes exactly elements `k..k + numel`
 //!   of it: a collective given a view as input reads only those, as output writes only those.
 //!   [clause: views]
+//! * A buffer of zero elements overlaps no buffer, whatever its address: an empty `_out` buffer
+//!   at an empty input's address (two empty views of one parent at one offset, as empty shards
+//!   of one flat buffer are) is a valid call that completes, never `bad_input:aliasing` (MPICH
+//!   refused it by comparing the pointers whatever the count: pmodels/mpich #2124).
+//!   [clause: placement.empty_no_alias]
 //!
 //! # Rounding
 //! * Integer reductions wrap in the dtype's width; float `min` / `max` order `-0 < +0` and treat

@@ -300,7 +300,13 @@ pub const CLAUSES: &[Clause] = &[
         id: "views",
         source: BACKEND,
         text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
-        cases: &["views::", "programs::", "state::views_of_one_parent"],
+        cases: &["views::", "programs::", "state::views_of_one_parent", "wild_layout::inplace_all_reduce_view_in_window::", "wild_layout::empty_p2p_at_parent_end::"],
+    },
+    Clause {
+        id: "placement.empty_no_alias",
+        source: BACKEND,
+        text: "A buffer of zero elements overlaps no buffer: an empty `_out` buffer at an empty input's address is a valid call, never refused as aliasing.",
+        cases: &["wild_layout::empty_out_at_input_address::"],
     },
     Clause {
         id: "placement.realloc",

@@ -38,6 +38,8 @@
 //!   one-rank kernel's unwritten tail.
 //! * [`wild_groups`] — cases for shipped bugs of splitting, subgroups and point-to-point that the
 //!   rest let through (a group made from a subgroup).
+//! * [`wild_layout`] — cases for shipped bugs of memory layout and sizes that the rest let
+//!   through (an empty output at an empty input's address).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -66,6 +68,7 @@ pub mod util;
 pub mod views;
 pub mod wild_gpu;
 pub mod wild_groups;
+pub mod wild_layout;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
