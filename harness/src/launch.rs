@@ -143,6 +143,25 @@ impl LaunchReport {
     }
 }
 
+/// Whether `name` is a variable by which an outer launcher's job names its processes (Open
+/// MPI, PMIx, PMI): the ranks of a world launched here never inherit them.
+pub fn outer_launcher_var(name: &str) -> bool {
+    ["OMPI_", "PMIX_", "PMI_"].iter().any(|p| name.starts_with(p))
+}
+
+/// Removes the outer launcher's variables ([`outer_launcher_var`]) from a rank's command. A world
+/// Concord starts (the runner's pool, [`launch`]) is not part of the launcher job this process
+/// may run in (mpirun): its ranks must not take that job's identity (with an Open MPI rank's
+/// `OMPI_*` / PMIx variables, `MPI_Init` in a child aborts; without them the mpi backend refuses
+/// to start, a named `Unsupported`).
+pub fn without_outer_launcher(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(outer_launcher_var) {
+            cmd.env_remove(&k);
+        }
+    }
+}
+
 /// Spawns the world (see the module's contracts).
 pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
     let world_size = spec.world_size.unwrap_or(spec.ranks);
@@ -197,6 +216,7 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
             } else {
                 Stdio::null()
             });
+        without_outer_launcher(&mut cmd);
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }

@@ -522,6 +522,7 @@ impl World {
                 .env(vars::SETUP_TIMEOUT_MS, &setup_ms)
                 .env(vars::BACKEND_OPTS, format_options(&key.options))
                 .env(GLIBC_TUNABLES, worker_tunables(std::env::var(GLIBC_TUNABLES).ok().as_deref()));
+            crate::launch::without_outer_launcher(&mut cmd);
             for (k, v) in &cfg.env {
                 cmd.env(k, v);
             }

@@ -777,6 +777,15 @@ fn launched_rank(world: &concord_core::WorldInfo) -> ! {
         match role.as_str() {
             "fail" => std::process::exit(3),
             "hang" => std::thread::sleep(Duration::from_secs(600)),
+            "outer" => {
+                // A launched world is not part of the job its launcher runs in.
+                let inherited: Vec<String> =
+                    std::env::vars().map(|(k, _)| k).filter(|k| concord_harness::launch::outer_launcher_var(k)).collect();
+                if !inherited.is_empty() {
+                    eprintln!("rank 1 inherited {inherited:?}");
+                    std::process::exit(5)
+                }
+            }
             "leavegroup" => {
                 // Out of the world's process group: only a signal to its pid reaches it.
                 // SAFETY: plain syscall on this process.
@@ -811,6 +820,18 @@ fn launch_leaves_nothing(world_id: &str, pids: &[u32]) -> Result<(), Failed> {
 
 fn t_launch_ok() -> Result<(), Failed> {
     let w = launch_world("ok", 3);
+    let (id, pids) = (w.world_id.clone(), w.pids());
+    let r = w.wait(Duration::from_secs(20));
+    check!(r.check().is_ok(), "{:?}", r.check());
+    launch_leaves_nothing(&id, &pids)
+}
+
+/// A world launched from a rank of an outer launcher's job (mpirun: `OMPI_*`, PMIx) does not
+/// inherit that job's identity (an Open MPI child would abort in `MPI_Init`).
+fn t_launch_children_drop_the_outer_launchers_identity() -> Result<(), Failed> {
+    // A variable only this test sets (the other tests' ranks never look at it).
+    std::env::set_var("OMPI_CONCORD_TEST_OUTER", "1");
+    let w = launch_world("outer", 2);
     let (id, pids) = (w.world_id.clone(), w.pids());
     let r = w.wait(Duration::from_secs(20));
     check!(r.check().is_ok(), "{:?}", r.check());
@@ -1135,6 +1156,7 @@ fn main() {
     let mut trials = vec![
         Trial::test("snapshot::redact_replaces_what_changes_between_runs", t_redact),
         Trial::test("launch::every_rank_exits_zero", t_launch_ok),
+        Trial::test("launch::children_drop_the_outer_launchers_identity", t_launch_children_drop_the_outer_launchers_identity),
         Trial::test("launch::failed_rank_is_named_and_ends_the_world", t_launch_failed_rank_is_named_and_ends_the_world),
         Trial::test("launch::deadline_ends_a_hung_rank", t_launch_deadline_ends_a_hung_rank),
         Trial::test("launch::rank_outside_the_group_gets_sigterm", t_launch_rank_outside_the_group_gets_sigterm),

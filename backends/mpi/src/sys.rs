@@ -104,6 +104,18 @@ extern "C" fn finalize_at_exit() {
         return;
     }
     let mut done: c_int = 0;
+    // MPI_Finalize is collective: a rank of the job that never finalises (gone, or stuck
+    // outside this module) would hold this one forever. A watchdog ends the process instead,
+    // naming the step.
+    let _ = std::thread::Builder::new().name("concord-mpi-fin".into()).spawn(|| {
+        std::thread::sleep(FINALIZE_DEADLINE);
+        eprintln!(
+            "concord: MPI_Finalize did not return within {FINALIZE_DEADLINE:?} (a rank of the mpirun job never finalised): \
+             exiting without it"
+        );
+        // SAFETY: ends the process at once; nothing of this process runs after it.
+        unsafe { libc::_exit(1) }
+    });
     // SAFETY: plain MPI state queries and finalize, at process exit, with no call of ours in
     // progress (the write lock).
     unsafe {
@@ -114,6 +126,9 @@ extern "C" fn finalize_at_exit() {
     }
     *fin = true;
 }
+
+/// How long [`finalize_at_exit`] lets `MPI_Finalize` take before the process exits without it.
+const FINALIZE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// `a` combined into `b` elementwise over f64 with `f` (MPI user op shape).
 unsafe fn combine(a: *mut c_void, b: *mut c_void, len: *mut c_int, f: fn(f64, f64) -> f64) {

@@ -612,6 +612,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
+/// The exit code of an [`unwaited_child`] rank whose backend refused to start (`Unsupported`).
+const UNSUPPORTED_EXIT: i32 = 7;
+
 /// How long rank 0 of a 2-rank child may take to drop its backend with an un-waited
 /// collective its peer never issued: the op must be ended, not finished (a backend that waits
 /// for pending ops waits for a peer that never comes).
@@ -640,7 +643,7 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
         use std::io::BufRead;
         for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
             let line = line.trim().to_string();
-            if line == "issued" || line.starts_with("dropped") {
+            if line == "issued" || line.starts_with("dropped") || line.starts_with("unsupported ") {
                 let _ = tx.send((line, Instant::now()));
             }
         }
@@ -649,15 +652,20 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
     let report = child.wait(limit);
     let exited = Instant::now();
     // The drop's time, from the report to the backend's drop, as the child measured it.
-    let (mut issued, mut dropped) = (None, None);
+    let (mut issued, mut dropped, mut unsupported) = (None, None, None);
     while let Ok((line, at)) = rx.recv_timeout(Duration::from_millis(500)) {
         if line == "issued" {
             issued = Some(at);
+        } else if let Some(why) = line.strip_prefix("unsupported ") {
+            unsupported = Some(why.to_string());
         } else {
             dropped = line.strip_prefix("dropped ").and_then(|us| us.parse::<u64>().ok()).map(Duration::from_micros);
         }
     }
     let err = "in the ranks' stderr tails below";
+    if let Some(why) = unsupported.filter(|_| report.ranks.iter().any(|r| r.status.and_then(|s| s.code()) == Some(UNSUPPORTED_EXIT))) {
+        return Err(crate::case::CaseEnd::Unsupported(format!("the backend cannot start in a world of {ranks} launched by the case: {why}")));
+    }
     if let Some(r) = report.ranks.iter().find(|r| r.ended_by_launcher || r.status.is_none()) {
         return Err(fail(&w, format!("child rank {} did not exit within {limit:?} (killed); stderr: {err}", r.rank)));
     }
@@ -772,6 +780,13 @@ pub fn unwaited_child<B: Backend>() -> ! {
                     4
                 }
             }
+        }
+        // A backend that cannot start in a world Concord launches itself (the mpi backend
+        // outside mpirun): the case is unsupported there, with the backend's reason.
+        Err(concord_core::CollectiveError::Unsupported(why)) => {
+            println!("unsupported {why}");
+            let _ = std::io::stdout().flush();
+            UNSUPPORTED_EXIT
         }
         Err(e) => {
             eprintln!("unwaited child: init failed: {e}");
