@@ -26,6 +26,7 @@ pub mod bugs_hunt19;
 pub mod bugs_hunt2;
 pub mod bugs_hunt20;
 pub mod bugs_hunt21;
+pub mod bugs_hunt22;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -45,8 +46,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt16`] (bugs the bad-input grid pointed at), [`bugs_hunt17`] (state that goes
 /// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries),
 /// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers),
-/// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers) and [`bugs_hunt21`]
-/// (shipped bugs of communicator splitting, subgroups and point-to-point).
+/// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers), [`bugs_hunt21`]
+/// (shipped bugs of communicator splitting, subgroups and point-to-point) and [`bugs_hunt22`]
+/// (shipped bugs of custom collective kernels and symmetric-memory paths outside NCCL).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -68,6 +70,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt19::catalogue());
     v.extend(bugs_hunt21::catalogue());
     v.extend(bugs_hunt20::catalogue());
+    v.extend(bugs_hunt22::catalogue());
     v
 }
 

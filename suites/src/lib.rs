@@ -46,6 +46,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::wild_gpu::cases::<B>());
     v.extend(suites::wild_cpu::cases::<B>());
     v.extend(suites::wild_groups::cases::<B>());
+    v.extend(suites::wild_custom::cases::<B>());
     v.extend(suites::device_faults::cases::<B>());
     v.extend(suites::faults::cases::<B>());
     v.extend(suites::fused::cases::<B>());

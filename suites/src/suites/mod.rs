@@ -38,6 +38,9 @@
 //!   (every rank's all_reduce result the same bits).
 //! * [`wild_groups`] — cases for shipped bugs of splitting, subgroups and point-to-point that the
 //!   rest let through (a group made from a subgroup).
+//! * [`wild_custom`] — cases for shipped bugs of custom collective kernels and symmetric-memory
+//!   paths outside NCCL that the rest let through (a large message's tail past `16 * ws` bytes,
+//!   one buffer all-reduced again and again as a graph replays it).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -64,6 +67,7 @@ pub mod subgroup;
 pub mod util;
 pub mod views;
 pub mod wild_cpu;
+pub mod wild_custom;
 pub mod wild_gpu;
 pub mod wild_groups;
 
