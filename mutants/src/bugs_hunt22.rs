@@ -101,7 +101,7 @@ impl FtTwoShotGatherWrongPeer {
             && s.ws() >= 2
             && s.rank() != 0
             && nbytes(s, x) > Self::TWO_SHOT_ABOVE_BYTES
-            && s.numel(x) % s.ws() == 0
+            && s.numel(x).is_multiple_of(s.ws())
     }
     fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
         if s.ws() < 2 {
@@ -230,7 +230,7 @@ impl QuickReduceGraphReplayStaleFlag {
             _ => return false,
         };
         let b = nbytes(s, x);
-        op == ReduceOp::Sum && matches!(s.inner.buffer_dtype(x), DType::F16 | DType::BF16) && b >= min && b % 16 == 0
+        op == ReduceOp::Sum && matches!(s.inner.buffer_dtype(x), DType::F16 | DType::BF16) && b >= min && b.is_multiple_of(16)
     }
     fn same(p: &Staged, c: &Staged) -> bool {
         p.addr == c.addr && p.dtype == c.dtype && p.shape == c.shape
@@ -301,7 +301,7 @@ pub struct MscclppAllreduce8Tail;
 impl MscclppAllreduce8Tail {
     fn tail_start(s: &Shm, x: &Buf, op: ReduceOp) -> Option<usize> {
         let (b, unit) = (nbytes(s, x), 16 * s.ws());
-        (op == ReduceOp::Sum && b > MIB && b % 32 == 0 && b % unit != 0).then_some(b / unit * unit)
+        (op == ReduceOp::Sum && b > MIB && b.is_multiple_of(32) && !b.is_multiple_of(unit)).then_some(b / unit * unit)
     }
     fn issue(s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
         let Some(start) = Self::tail_start(s, x, op) else {
@@ -346,7 +346,7 @@ impl A2aLayout {
         let rows_from = match output_splits {
             Some(o) if o.len() == ws => o.to_vec(),
             Some(_) => return None,
-            None if d0 % ws == 0 => vec![d0 / ws; ws],
+            None if d0.is_multiple_of(ws) => vec![d0 / ws; ws],
             None => return None,
         };
         Some(A2aLayout { dtype, row_bytes, rows_from })
@@ -574,7 +574,7 @@ impl SglangSymmMemInplaceDropped {
             _ => return false,
         };
         let b = nbytes(s, x);
-        op == ReduceOp::Sum && s.inner.buffer_dtype(x) == DType::BF16 && b <= cap && b % 4 == 0
+        op == ReduceOp::Sum && s.inner.buffer_dtype(x) == DType::BF16 && b <= cap && b.is_multiple_of(4)
     }
 }
 
@@ -728,7 +728,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_aiter_registered_input_stale",
             "values.sizes",
             "ROCm/aiter PR #4812: back-to-back sum all_reduces > 4 MiB (f16/bf16/f32, same shape) sum the peers' previous inputs",
-            &["async::lag_read_right_after_wait::ws2"],
+            &["wild_custom::all_reduce::back_to_back_large::f32::out::ws2"],
         ),
         spec::<MscclppAllreduce8Tail>(
             "wild_mscclpp_allreduce8_tail",

@@ -296,6 +296,7 @@ pub const CLAUSES: &[Clause] = &[
             "::long",
             "wild::one_rank_block_tails",
             "wild_custom::all_reduce::tail_past_16ws::",
+            "wild_custom::all_reduce::back_to_back_large::",
         ],
     },
     Clause {
