@@ -26,6 +26,7 @@ pub mod bugs_hunt19;
 pub mod bugs_hunt2;
 pub mod bugs_hunt20;
 pub mod bugs_hunt21;
+pub mod bugs_hunt22;
 pub mod bugs_hunt23;
 pub mod bugs_hunt24;
 pub mod bugs_hunt3;
@@ -48,10 +49,11 @@ pub mod sweep_bad;
 /// wrong only with time), [`bugs_hunt18`] (bugs that shipped in GPU collective libraries),
 /// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers),
 /// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers), [`bugs_hunt21`]
-/// (shipped bugs of communicator splitting, subgroups and point-to-point), [`bugs_hunt23`]
-/// (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft, Accelerate, ...) and
-/// [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views, registration caches, zero and
-/// short counts, 32-bit offsets that wrap).
+/// (shipped bugs of communicator splitting, subgroups and point-to-point), [`bugs_hunt22`]
+/// (shipped bugs of custom collective kernels and symmetric-memory paths outside NCCL),
+/// [`bugs_hunt23`] (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft,
+/// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
+/// registration caches, zero and short counts, 32-bit offsets that wrap).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -73,6 +75,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt19::catalogue());
     v.extend(bugs_hunt21::catalogue());
     v.extend(bugs_hunt20::catalogue());
+    v.extend(bugs_hunt22::catalogue());
     v.extend(bugs_hunt23::catalogue());
     v.extend(bugs_hunt24::catalogue());
     v

@@ -235,7 +235,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "placement.reuse",
         source: BACKEND,
         text: "One buffer reused across many collectives gives the right result every time.",
-        cases: &["reuse::persistent_buffer_100_iterations", "reuse::ops_300_world_and_group"],
+        cases: &["reuse::persistent_buffer_100_iterations", "reuse::ops_300_world_and_group", "wild_custom::all_reduce::replayed_buffer::"],
     },
     Clause {
         id: "shapes",
@@ -288,7 +288,16 @@ pub const CLAUSES: &[Clause] = &[
         id: "values.sizes",
         source: BACKEND,
         text: "Values are right at every size, across chunk and protocol boundaries (±1 element around powers of two, 64 K elements, up to 64 MiB), every element checked.",
-        cases: &["sizes::all_reduce::", "sizes::broadcast::", "sizes::all_gather_into_tensor::", "sizes::send_recv::", "::long", "wild::one_rank_block_tails"],
+        cases: &[
+            "sizes::all_reduce::",
+            "sizes::broadcast::",
+            "sizes::all_gather_into_tensor::",
+            "sizes::send_recv::",
+            "::long",
+            "wild::one_rank_block_tails",
+            "wild_custom::all_reduce::tail_past_16ws::",
+            "wild_custom::all_reduce::back_to_back_large::",
+        ],
     },
     Clause {
         id: "values.world_sizes",

@@ -40,6 +40,9 @@
 //!   rest let through (a group made from a subgroup).
 //! * [`wild_layout`] — cases for shipped bugs of memory layout and sizes that the rest let
 //!   through (an empty output at an empty input's address).
+//! * [`wild_custom`] — cases for shipped bugs of custom collective kernels and symmetric-memory
+//!   paths outside NCCL that the rest let through (a large message's tail past `16 * ws` bytes,
+//!   one buffer all-reduced again and again as a graph replays it).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -66,6 +69,7 @@ pub mod state;
 pub mod subgroup;
 pub mod util;
 pub mod views;
+pub mod wild_custom;
 pub mod wild_gpu;
 pub mod wild_groups;
 pub mod wild_layout;
