@@ -34,6 +34,7 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
+pub mod bugs_review;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
@@ -48,7 +49,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers),
 /// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers), [`bugs_hunt21`]
 /// (shipped bugs of communicator splitting, subgroups and point-to-point) and [`bugs_hunt23`]
-/// (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft, Accelerate, ...).
+/// (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft, Accelerate, ...);
+/// [`bugs_review`] (declarations and init a review found the suites trusted).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -71,6 +73,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt21::catalogue());
     v.extend(bugs_hunt20::catalogue());
     v.extend(bugs_hunt23::catalogue());
+    v.extend(bugs_review::catalogue());
     v
 }
 
@@ -300,6 +303,11 @@ impl<T: Send + Sync> Completion for Then<T> {
 /// together make one bug). The catalogue's maker builds the bug's state for each communicator.
 #[allow(unused_variables)]
 pub trait Bug: Send + Sync + 'static {
+    /// The world the inner shm backend joins, given the launcher's (called once per rank, at
+    /// init, on the world communicator's bug); an error refuses `init`. Default: as given.
+    fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
+        Ok(world.clone())
+    }
     fn capabilities(&self, s: &Shm) -> Capabilities {
         s.inner.capabilities()
     }
@@ -435,8 +443,10 @@ impl Backend for Mutant {
             let dry = world.option(sweep::DRY_OPTION).is_some();
             sweep_bad::set_target(world.option(sweep_bad::NAME), dry).map_err(CollectiveError::Backend)?;
         }
-        let inner = ShmBackend::init(world)?;
-        Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
+        let bug = make();
+        let world = bug.init_world(world)?;
+        let inner = ShmBackend::init(&world)?;
+        Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug, make })
     }
     fn name(&self) -> &str {
         "mutant"
