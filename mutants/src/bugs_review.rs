@@ -5,7 +5,7 @@
 //! was UNSUPPORTED, never FAIL).
 
 use crate::campaign::{spec, Spec};
-use crate::{edit, Buf, Bug, Shm};
+use crate::{edit, Buf, Bug, Group, Shm};
 use concord_core::{Backend, Capabilities, CollectiveError, ReduceOp, Result, Work, WorldInfo};
 
 /// A backend that declares `moves_data = false` (as the fake backend does, on purpose) and
@@ -55,6 +55,17 @@ impl Bug for InitRefusesOddWs {
     }
 }
 
+/// A `new_group` that gives its members no communicator (`None`, what only non-members get):
+/// a case that returned `Ok` on `None` (the async group cases) passed on every rank.
+#[derive(Default)]
+pub struct MemberGetsNoGroup;
+
+impl Bug for MemberGetsNoGroup {
+    fn new_group(&self, _s: &Shm, _made: Option<Group>) -> Option<Group> {
+        None
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<DeclaresNoData>(
@@ -74,6 +85,12 @@ pub fn catalogue() -> Vec<Spec> {
             "init.declared_world_sizes",
             "init returns Unsupported at 3, 5, 6 and 7 ranks while declaring max_world_size 16",
             &["barrier::out::u8::ws3"],
+        ),
+        spec::<MemberGetsNoGroup>(
+            "review_member_gets_no_group",
+            "subgroups",
+            "new_group returns None on its members too (the async group cases returned Ok on None)",
+            &["async::barrier_synchronises::subgroup::ws3"],
         ),
     ]
 }

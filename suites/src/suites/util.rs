@@ -13,10 +13,12 @@ pub fn member_group<B: Backend>(b: &B, ranks: &[usize]) -> Result<Option<B>, Cas
     if g.is_some() != member {
         let (got, want) = if member { ("None", "a communicator") } else { ("a communicator", "None") };
         return Err(CaseEnd::Fail(format!(
-            "{}: new_group({ranks:?}) gave {got} on world rank {}, {} of the group: members get {want}",
-            here(b, "new_group", "-", DType::F32),
-            b.rank(),
-            if member { "a member" } else { "not a member" }
+            "backend={} op=new_group variant=- dtype=- world_size={} rank={r}: new_group({ranks:?}) gave {got} on world rank {r}, {} \
+             of the group: members get {want}",
+            crate::case::backend_label(b),
+            b.world_size(),
+            if member { "a member" } else { "not a member" },
+            r = b.rank()
         )));
     }
     Ok(g)
