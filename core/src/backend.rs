@@ -41,6 +41,20 @@
 //! * A process that drops an un-waited collective still exits promptly (no hang in teardown).
 //!   [clause: async.unwaited_exit]
 //!
+//! # Init and declarations
+//! * `init(world)` MUST return a communicator whose `rank()` and `world_size()` are the
+//!   launcher's (`world.rank`, `world.world_size`), never ranks numbered by arrival order or any
+//!   order of the backend's own; the harness fails the rank's setup otherwise.
+//!   [clause: init.rank_is_the_launchers]
+//! * `init` MUST NOT refuse (`Unsupported`) a world whose size is within the declared
+//!   [`Capabilities::max_world_size`]: a refused world within it FAILS, naming the declaration.
+//!   [clause: init.declared_world_sizes]
+//! * A backend whose collectives move real values MUST declare [`Capabilities::moves_data`]
+//!   `= true`. `false` (the fake's local stand-ins) skips every value, untouched-input and guard
+//!   check, so a case that skipped one is UNSUPPORTED, never PASSED; the `caps::moves_data`
+//!   probe fails a backend whose declaration its all_gather contradicts.
+//!   [clause: caps.moves_data_declared]
+//!
 //! # Failure paths (checked under injected faults, [`crate::fault`], on backends declaring the hooks)
 //! * An op whose communicator is aborted before its completion was observed fails with the
 //!   abort, never `Ok` with what the aborted op left; a wait ends at its own deadline even while

@@ -36,6 +36,7 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
+pub mod bugs_review;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
@@ -53,7 +54,8 @@ pub mod sweep_bad;
 /// (shipped bugs of custom collective kernels and symmetric-memory paths outside NCCL),
 /// [`bugs_hunt23`] (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft,
 /// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
-/// registration caches, zero and short counts, 32-bit offsets that wrap).
+/// registration caches, zero and short counts, 32-bit offsets that wrap);
+/// [`bugs_review`] (declarations and init a review found the suites trusted).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -78,6 +80,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt22::catalogue());
     v.extend(bugs_hunt23::catalogue());
     v.extend(bugs_hunt24::catalogue());
+    v.extend(bugs_review::catalogue());
     v
 }
 
@@ -307,6 +310,11 @@ impl<T: Send + Sync> Completion for Then<T> {
 /// together make one bug). The catalogue's maker builds the bug's state for each communicator.
 #[allow(unused_variables)]
 pub trait Bug: Send + Sync + 'static {
+    /// The world the inner shm backend joins, given the launcher's (called once per rank, at
+    /// init, on the world communicator's bug); an error refuses `init`. Default: as given.
+    fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
+        Ok(world.clone())
+    }
     fn capabilities(&self, s: &Shm) -> Capabilities {
         s.inner.capabilities()
     }
@@ -442,8 +450,10 @@ impl Backend for Mutant {
             let dry = world.option(sweep::DRY_OPTION).is_some();
             sweep_bad::set_target(world.option(sweep_bad::NAME), dry).map_err(CollectiveError::Backend)?;
         }
-        let inner = ShmBackend::init(world)?;
-        Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug: make(), make })
+        let bug = make();
+        let world = bug.init_world(world)?;
+        let inner = ShmBackend::init(&world)?;
+        Ok(Mutant { s: Shm::new(Arc::new(inner), world.rank, world.world_size, (0..world.world_size).collect()), bug, make })
     }
     fn name(&self) -> &str {
         "mutant"

@@ -22,7 +22,15 @@ const REPORTED: &[&str] = &[
     "truncates_indivisible_reduce_scatter",
     "writes_past_reduce_scatter_out",
     "progress_ends_at_issue",
+    // review: a false moves_data = false declaration is named by the caps::moves_data probe.
+    "review_declares_no_data",
 ];
+
+/// Mutants caught at the world's setup (a wrong rank, a refused world within the declared
+/// maximum), before any case body: the catching failure must be `setup` on every rank it names,
+/// and its message must name the clause.
+const AT_SETUP: &[(&str, &str)] =
+    &[("review_ranks_reversed", "init.rank_is_the_launchers"), ("review_init_refuses_odd_ws", "init.declared_world_sizes")];
 
 /// Mutants whose hinted cases are light but wait out a deadline under the bug (seconds of wall
 /// time, little CPU): scheduling only, like a stall-bound case.
@@ -181,6 +189,15 @@ fn main() {
                 )
                 .into());
             };
+            if let Some((_, clause)) = AT_SETUP.iter().find(|(m, _)| *m == name) {
+                if catch.kinds.is_empty() || catch.kinds.iter().any(|k| *k != "setup") || !catch.message.contains(clause) {
+                    return Err(format!(
+                        "{name}: {} failed, but not at setup naming {clause}: {:?}\n{}",
+                        catch.case, catch.kinds, catch.message
+                    )
+                    .into());
+                }
+            }
             if REPORTED.contains(&name) && (catch.kinds.is_empty() || catch.kinds.iter().any(|k| *k != "reported")) {
                 return Err(
                     format!("{name}: {} failed, but not by a reported check: {:?}\n{}", catch.case, catch.kinds, catch.message).into()

@@ -200,6 +200,37 @@ impl<'a, B: Backend> Ctx<'a, B> {
 }
 
 /// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.
+/// Value checks this rank skipped during the running case because the backend declares
+/// `Capabilities::moves_data = false` (a worker runs one case at a time; [`run::run_body`] resets
+/// it before each body).
+///
+/// [`run::run_body`]: crate::run::run_body
+static VALUES_UNCHECKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Notes that a value, untouched-input or guard check was skipped because the backend declares
+/// it moves no data: the case then ends UNSUPPORTED, never PASSED (a check that did not run
+/// proved nothing).
+pub fn note_values_unchecked() {
+    VALUES_UNCHECKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The number of skipped value checks noted since the last call (and resets it).
+pub(crate) fn take_values_unchecked() -> usize {
+    VALUES_UNCHECKED.swap(0, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A case body's `Ok` when `skipped` value checks were left out for `moves_data = false`:
+/// UNSUPPORTED with the reason.
+pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseResult {
+    match r {
+        Ok(()) if skipped > 0 => Err(CaseEnd::Unsupported(format!(
+            "the backend declares it moves no data (Capabilities::moves_data = false): {skipped} value check(s) of this case \
+             were skipped on this rank, so it cannot pass"
+        ))),
+        r => r,
+    }
+}
+
 pub(crate) fn to_outcome(r: CaseResult) -> Outcome {
     match r {
         Ok(()) => Outcome::Passed,

@@ -346,6 +346,26 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "wild_groups::nested::"],
     },
     Clause {
+        id: "init.rank_is_the_launchers",
+        source: BACKEND,
+        text: "After init, the communicator's rank and world size are the launcher's (checked at every world's setup, on every rank).",
+        // Checked at setup, before any case: every case of every world size checks it; these
+        // are the cheapest.
+        cases: &["barrier::out::u8::ws2", "barrier::out::u8::ws16"],
+    },
+    Clause {
+        id: "init.declared_world_sizes",
+        source: BACKEND,
+        text: "init does not refuse (Unsupported) a world within the declared max_world_size: such a refusal fails the world's setup.",
+        cases: &["barrier::out::u8::ws3", "barrier::out::u8::ws7", "barrier::out::u8::ws16"],
+    },
+    Clause {
+        id: "caps.moves_data_declared",
+        source: BACKEND,
+        text: "A backend that moves real values declares moves_data = true; a case whose value checks were skipped for moves_data = false is UNSUPPORTED, never PASSED.",
+        cases: &["caps::moves_data"],
+    },
+    Clause {
         id: "caps.declared_semantics",
         source: CAPS,
         text: "What a backend declares (NaN policy of min/max, NaN through sum, signed zeros, integer avg rounding) is what it does.",

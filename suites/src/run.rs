@@ -134,11 +134,27 @@ pub(crate) fn init_state<B: Backend>(
 ) -> Result<WorkerState<B>, SetupError> {
     let store = Store::open(&world.store_path, world.world_size, world.op_timeout)
         .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
-    let backend = B::init(&world).map_err(|e| match e {
-        // A declared gap (say, a world larger than the backend supports): UNSUPPORTED.
-        CollectiveError::Unsupported(why) => SetupError::Unsupported(format!("backend init: {why}")),
-        e => SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank)),
-    })?;
+    let backend = match B::init(&world) {
+        Ok(b) => b,
+        // A declared gap (say, a world larger than the backend supports): UNSUPPORTED, unless
+        // the backend declares it runs worlds of this size.
+        Err(CollectiveError::Unsupported(why)) => return Err(refused_world::<B>(&world, why)),
+        Err(e) => return Err(SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank))),
+    };
+    // [clause: init.rank_is_the_launchers] The communicator's rank and size are the launcher's:
+    // the harness's fixtures, oracle and verdicts are per launcher rank, and so is a job's data.
+    if backend.rank() != world.rank || backend.world_size() != world.world_size {
+        return Err(SetupError::Failed(format!(
+            "rank {r}: backend={} op=init variant=- dtype=- world_size={ws} rank={r}: init.rank_is_the_launchers: after init the \
+             backend reports rank {} of world size {}, but the launcher started this process as rank {r} of {ws}: a backend MUST \
+             take its rank and world size from the WorldInfo it is given (never number the ranks by arrival or any order of its own)",
+            crate::case::backend_label(&backend),
+            backend.rank(),
+            backend.world_size(),
+            r = world.rank,
+            ws = world.world_size,
+        )));
+    }
     // Only the cases of this world's size: a case always runs in a world of its own size
     // (runner worlds are keyed by it, externally launched ranks select by it). The others are
     // not freed, as the kept ones are not at exit (see `WorkerState`'s drop): a worker of the
@@ -147,6 +163,38 @@ pub(crate) fn init_state<B: Backend>(
     std::mem::forget(others);
     let cases = mine.into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
     Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
+}
+
+/// What `init` refusing `world` as unsupported (`why`) means: UNSUPPORTED when the world is
+/// larger than the backend declares it runs, FAIL when it is within the declared
+/// `max_world_size` ([clause: init.declared_world_sizes]). The declaration is read from a
+/// one-rank world of this rank's own (a fresh store file and world id under this world's, so the
+/// runner sweeps whatever it leaves); where none can be made (a one-rank world already, a TCP
+/// store, a backend that refuses that too) the refusal stays UNSUPPORTED.
+fn refused_world<B: Backend>(world: &concord_core::WorldInfo, why: String) -> SetupError {
+    let unsupported = SetupError::Unsupported(format!("backend init: {why}"));
+    let path = world.store_path.to_string_lossy();
+    if world.world_size == 1 || path.starts_with("tcp://") {
+        return unsupported;
+    }
+    let mut probe = world.clone();
+    probe.rank = 0;
+    probe.world_size = 1;
+    probe.world_id = format!("{}-declared{}", world.world_id, world.rank);
+    probe.store_path = std::path::PathBuf::from(format!("{path}.declared{}", world.rank));
+    probe.options.retain(|(k, _)| k != concord_core::fault::OPTION);
+    let declared = B::init(&probe).map(|b| (b.capabilities().max_world_size, crate::case::backend_label(&b)));
+    let _ = std::fs::remove_file(&probe.store_path);
+    match declared {
+        Ok((max, label)) if world.world_size <= max => SetupError::Failed(format!(
+            "rank {r}: backend={label} op=init variant=- dtype=- world_size={ws} rank={r}: init.declared_world_sizes: init refused \
+             a world of {ws} ranks as unsupported ({why}), but the backend declares max_world_size = {max}: every world size up to \
+             the declared maximum MUST initialise (or declare a smaller max_world_size)",
+            r = world.rank,
+            ws = world.world_size,
+        )),
+        _ => unsupported,
+    }
 }
 
 /// Runs one case body on this rank and checks quiescence after it.
@@ -166,7 +214,9 @@ pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Ou
         groups: &mut st.groups,
         store: &st.store,
     };
+    crate::case::take_values_unchecked();
     let result = body(&mut ctx);
+    let result = crate::case::unchecked_is_unsupported(result, crate::case::take_values_unchecked());
     if result.is_ok() {
         // Quiescence: a case that returns Ok has waited (or dropped) every work it issued,
         // on the world and on every subgroup; a backend whose count stays up leaks works.

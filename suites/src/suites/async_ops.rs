@@ -21,7 +21,7 @@
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
 //! completes, with a non-waiting `check`, that the key is set.
 
-use super::util::{expect_eq, fail, full, here};
+use super::util::{expect_eq, fail, full, here, member_group};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
@@ -216,7 +216,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let Some(g) = ctx.b.new_group(&[2, 0])? else { return Ok(()) };
+        let Some(g) = member_group(ctx.b, &[2, 0])? else { return Ok(()) };
         let b = &g;
         for late in 0..b.world_size() {
             let w = format!("{} group=[2, 0] late_group_rank={late}", here(b, "barrier", "out", DType::F32));
@@ -248,7 +248,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let Some(g) = ctx.b.new_group(&[0, 1])? else { return Ok(()) };
+        let Some(g) = member_group(ctx.b, &[0, 1])? else { return Ok(()) };
         let b = &g;
         let w = format!(
             "{} group=[0, 1] (fresh; group rank 1 issues only once group rank 0's issue returned)",

@@ -9,7 +9,7 @@
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
 //! runs for its peers, and a failed op whose `is_completed()` turns true.
 
-use super::util::{expect_eq, fail, full, here};
+use super::util::{expect_eq, fail, full, here, member_group};
 use crate::case::{Case, CaseMeta};
 use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor};
 use std::time::{Duration, Instant};
@@ -326,7 +326,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         if !ctx.b.capabilities().subgroups {
             return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let Some(g) = ctx.b.new_group(&[0, 1])? else { return Ok(()) };
+        let Some(g) = member_group(ctx.b, &[0, 1])? else { return Ok(()) };
         let w = format!("{} group=[0, 1]", here(&g, "all_reduce", "out", DType::F32));
         all_reduce_recorded_while_peer_absent(ctx, &g, &w)
     }));

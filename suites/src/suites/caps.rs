@@ -11,9 +11,12 @@
 //! | `int_avg` | integer avg of sums that do not divide: toward zero or toward -inf | [`Capabilities::int_avg`] |
 //! | `aliasing` | `all_gather_into_tensor_out` whose input is this rank's chunk of the output | [`Capabilities::aliasing`] |
 //! | `gaps_refused` | every reduction declared unsupported for the dtype ends in a named error on every rank | [`Capabilities::gaps`], [`Capabilities::dtypes`] |
+//! | `moves_data` | an all_gather of rank-distinct inputs delivers every peer's input (declared true) or not (declared false: the fake's stand-ins) | [`Capabilities::moves_data`] |
 //!
 //! Case names: `caps::<probe>::<dtype>::ws<N>`. A probe of a combination the backend declares
-//! unsupported is UNSUPPORTED; a backend that moves no data has nothing to observe (UNSUPPORTED).
+//! unsupported is UNSUPPORTED; a backend that moves no data has nothing to observe (UNSUPPORTED),
+//! except `moves_data`, which checks that very declaration (a backend that moves real data but
+//! declares it does not would have every value check skipped).
 //! These probes replace the "declared vs observed" checks of the former `concord-nccl-smoke`
 //! binary, and now run on every backend that moves data.
 
@@ -56,6 +59,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for d in DType::ALL {
         v.push(case::<B>("gaps_refused", ar, out, "", d, 2, gaps_refused));
     }
+    v.push(case::<B>("moves_data", OpKind::AllGatherIntoTensor, out, "", DType::F32, 2, moves_data));
     v
 }
 
@@ -270,6 +274,45 @@ fn aliasing<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
         return Err(fail(&w, format!("declared aliasing={:?}, observed {observed:?}: {how}", caps.aliasing)));
     }
     Ok(())
+}
+
+/// [`Capabilities::moves_data`] as observed: an all_gather of rank-distinct inputs (rank `r`
+/// holds `4r + 1 ..= 4r + 4`) delivers every rank's input in rank order on a backend that
+/// declares it moves data, and does not on one that declares it moves none (the fake's
+/// stand-ins: its own input in every chunk). A backend that moves real data but declares
+/// `moves_data = false` has every value check of the catalogue skipped (its cases UNSUPPORTED):
+/// the declaration is false, and this probe names it.
+fn moves_data<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
+    let b = ctx.b;
+    let caps = b.capabilities();
+    let (ws, me) = (b.world_size(), b.rank());
+    caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(dtype), None, ws).map_err(CaseEnd::Unsupported)?;
+    const N: usize = 4;
+    let w = at(b, "all_gather_into_tensor", "", dtype);
+    let mine: Vec<f64> = (0..N).map(|i| (me * N + i + 1) as f64).collect();
+    let x = b.upload(&Tensor::from_f64(dtype, &[N], &mine)).map_err(|e| fail(&w, format!("upload: {e}")))?;
+    let y = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    let got = b.download(&y).map_err(|e| fail(&w, format!("download: {e}")))?;
+    let every: Vec<f64> = (0..ws * N).map(|i| (i + 1) as f64).collect();
+    let delivered = got.numel() == every.len() && (0..got.numel()).all(|i| got.get_f64(i) == every[i]);
+    let seen: Vec<f64> = (0..got.numel().min(2 * N * ws)).map(|i| got.get_f64(i)).collect();
+    match (caps.moves_data, delivered) {
+        (true, false) => Err(fail(
+            &w,
+            format!(
+                "declared moves_data = true, observed: the all_gather did not deliver the ranks' inputs (got {seen:?}, expected {every:?})"
+            ),
+        )),
+        (false, true) if ws > 1 => Err(fail(
+            &w,
+            format!(
+                "declared moves_data = false (values are stand-ins: every value check of the catalogue is skipped and its cases are \
+                 UNSUPPORTED), observed: the all_gather delivered every peer's input exactly ({seen:?}): the declaration is false; \
+                 a backend that moves real data MUST declare moves_data = true so its values are checked"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Every reduction (all_reduce, reduce_scatter_tensor, reduce; every reduce op defined for the

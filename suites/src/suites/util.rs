@@ -4,6 +4,26 @@ use crate::case::{CaseEnd, Ctx};
 use concord_core::{Backend, DType, Element, Tensor};
 use concord_oracle::{compare, Tolerance};
 
+/// `b.new_group(ranks)` (world ranks): `Some` on a member, `None` on a non-member (a case
+/// then has nothing to do there); FAIL when a member gets no communicator or a non-member gets
+/// one (a backend that hands a member `None` would otherwise pass the case vacuously).
+pub fn member_group<B: Backend>(b: &B, ranks: &[usize]) -> Result<Option<B>, CaseEnd> {
+    let g = b.new_group(ranks)?;
+    let member = ranks.contains(&b.rank());
+    if g.is_some() != member {
+        let (got, want) = if member { ("None", "a communicator") } else { ("a communicator", "None") };
+        return Err(CaseEnd::Fail(format!(
+            "backend={} op=new_group variant=- dtype=- world_size={} rank={r}: new_group({ranks:?}) gave {got} on world rank {r}, {} \
+             of the group: members get {want}",
+            crate::case::backend_label(b),
+            b.world_size(),
+            if member { "a member" } else { "not a member" },
+            r = b.rank()
+        )));
+    }
+    Ok(g)
+}
+
 /// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
     format!(
@@ -21,9 +41,11 @@ pub fn full<T: Element + Copy>(shape: &[usize], v: T) -> Tensor {
 
 /// Downloads `buf` and compares it bit-exactly with `expected`, failing with `where_`.
 /// For a backend that moves no data (`Capabilities::moves_data == false`, the fake backend)
-/// only the dtype and shape are compared: values are not part of its contract.
+/// only the dtype and shape are compared: values are not part of its contract, and the skipped
+/// check is noted ([`crate::case::note_values_unchecked`]: the case cannot pass).
 pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: &str) -> Result<(), CaseEnd> {
     if !b.capabilities().moves_data {
+        crate::case::note_values_unchecked();
         let (dt, shape) = (b.buffer_dtype(buf), b.buffer_shape(buf));
         if dt != expected.dtype() || shape != expected.shape() {
             return Err(CaseEnd::Fail(format!("{where_}: result is {dt}{shape:?}, expected {}{:?}", expected.dtype(), expected.shape())));
