@@ -713,9 +713,16 @@ impl Drop for KillOnDrop {
 /// A parent terminated by SIGTERM (nextest's timeout, ^C) kills its worlds and removes their
 /// files itself before exiting.
 fn t_parent_sigterm_cleans_up() -> Result<(), Failed> {
+    sigterm_parent_cleans_up("terminated_parent", "workers")
+}
+
+/// Starts this test binary as a parent of role `role` (it prints `WORLD <id> <pid>...` for a
+/// world of 2 ranks, then waits), SIGTERMs it, and checks that it exited 143, that the ranks
+/// (`what`) ended within 3 s and that the world's files are gone.
+fn sigterm_parent_cleans_up(role: &str, what: &str) -> Result<(), Failed> {
     let mut child = KillOnDrop(
         std::process::Command::new(std::env::current_exe()?)
-            .env("CONCORD_TEST_ROLE", "terminated_parent")
+            .env("CONCORD_TEST_ROLE", role)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()?,
@@ -725,22 +732,19 @@ fn t_parent_sigterm_cleans_up() -> Result<(), Failed> {
     std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line)?;
     let mut words = line.split_whitespace().skip(1);
     let world_id = words.next().unwrap_or_default().to_string();
-    let worker_pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
-    check!(worker_pids.len() == 2, "{line}");
-    check!(
-        !concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(),
-        "the live world has no temp dir"
-    );
+    let pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
+    check!(pids.len() == 2, "{line}");
+    check!(!list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the live world has no temp dir");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
     let status = child.0.wait()?;
     check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");
     let deadline = Instant::now() + Duration::from_secs(3);
-    while worker_pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
+    while pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    check!(worker_pids.iter().all(|&x| !pid_running(x)), "workers {worker_pids:?} outlived their SIGTERMed parent");
-    let left_tmp = concord_harness::platform::list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id));
-    let left_shm = concord_harness::platform::list_prefixed(std::path::Path::new("/dev/shm"), &shm_prefix(&world_id));
+    check!(pids.iter().all(|&x| !pid_running(x)), "{what} {pids:?} outlived their SIGTERMed parent");
+    let left_tmp = list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id));
+    let left_shm = list_prefixed(std::path::Path::new("/dev/shm"), &shm_prefix(&world_id));
     check!(left_tmp.is_empty() && left_shm.is_empty(), "left behind: {left_tmp:?} {left_shm:?}");
     Ok(())
 }
@@ -866,33 +870,7 @@ fn t_launch_rank_outside_the_group_gets_sigterm() -> Result<(), Failed> {
 /// A parent ended by SIGTERM while a launched world runs kills its ranks and removes its files
 /// (the launched world is one of the runner's live worlds).
 fn t_launch_parent_sigterm_cleans_up() -> Result<(), Failed> {
-    let mut child = KillOnDrop(
-        std::process::Command::new(std::env::current_exe()?)
-            .env("CONCORD_TEST_ROLE", "launch_terminated_parent")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .spawn()?,
-    );
-    use std::io::BufRead;
-    let mut line = String::new();
-    std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line)?;
-    let mut words = line.split_whitespace().skip(1);
-    let world_id = words.next().unwrap_or_default().to_string();
-    let pids: Vec<u32> = words.map(|w| w.parse().unwrap()).collect();
-    check!(pids.len() == 2, "{line}");
-    check!(!list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id)).is_empty(), "the launched world has no temp dir");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.0.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
-    let status = child.0.wait()?;
-    check!(status.code() == Some(128 + 15), "parent exit status {status:?}, expected 143");
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while pids.iter().any(|&x| pid_running(x)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    check!(pids.iter().all(|&x| !pid_running(x)), "launched ranks {pids:?} outlived their SIGTERMed parent");
-    let left_tmp = list_prefixed(&std::env::temp_dir(), &shm_prefix(&world_id));
-    let left_shm = list_prefixed(std::path::Path::new("/dev/shm"), &shm_prefix(&world_id));
-    check!(left_tmp.is_empty() && left_shm.is_empty(), "left behind: {left_tmp:?} {left_shm:?}");
-    Ok(())
+    sigterm_parent_cleans_up("launch_terminated_parent", "launched ranks")
 }
 
 /// A process whose stderr goes through the tee ([`concord_harness::platform::tee_stderr`]) writes

@@ -664,7 +664,9 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
     }
     let err = "in the ranks' stderr tails below";
     if let Some(why) = unsupported.filter(|_| report.ranks.iter().any(|r| r.status.and_then(|s| s.code()) == Some(UNSUPPORTED_EXIT))) {
-        return Err(crate::case::CaseEnd::Unsupported(format!("the backend cannot start in a world of {ranks} launched by the case: {why}")));
+        return Err(crate::case::CaseEnd::Unsupported(format!(
+            "the backend cannot start in a world of {ranks} launched by the case: {why}"
+        )));
     }
     if let Some(r) = report.ranks.iter().find(|r| r.ended_by_launcher || r.status.is_none()) {
         return Err(fail(&w, format!("child rank {} did not exit within {limit:?} (killed); stderr: {err}", r.rank)));
