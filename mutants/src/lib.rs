@@ -34,6 +34,7 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
+pub mod bugs_review2;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
@@ -48,7 +49,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt19`] (bugs shipped by CPU collective libraries, from their issue trackers),
 /// [`bugs_hunt20`] (bugs shipped by fused communication + compute layers), [`bugs_hunt21`]
 /// (shipped bugs of communicator splitting, subgroups and point-to-point) and [`bugs_hunt23`]
-/// (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft, Accelerate, ...).
+/// (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft, Accelerate, ...) and
+/// [`bugs_review2`] (bugs the second review's weak checks let through).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -71,6 +73,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt21::catalogue());
     v.extend(bugs_hunt20::catalogue());
     v.extend(bugs_hunt23::catalogue());
+    v.extend(bugs_review2::catalogue());
     v
 }
 
