@@ -5,7 +5,7 @@
 
 use crate::case::{CaseEnd, CaseResult};
 use crate::exec::{self, Params};
-use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_core::{Backend, DType, OpKind, ReduceOp, Rounding, Tensor, Variant};
 use concord_fixtures::InputKind;
 use concord_oracle::{compare, tolerance_for, Collective, Semantics, Tolerance};
 use std::fmt::Write as _;
@@ -161,7 +161,43 @@ fn bits_input(seed: u64, r: usize, ws: usize, dtype: DType, shape: &[usize]) -> 
         _ => DType::U64,
     };
     let t = concord_fixtures::input(seed, r, ws, carrier, shape, None, InputKind::Random);
-    Tensor::from_bytes(dtype, shape, t.bytes())
+    let mut t = Tensor::from_bytes(dtype, shape, t.bytes());
+    // Planted at every rank's own indices: a signalling NaN, a negative signalling NaN with
+    // another payload, a negative quiet NaN with a payload (a move through a wider float type
+    // quiets the first two; a canonicalising one rewrites all three).
+    let planted: [u64; 3] = match dtype {
+        DType::F16 => [0x7c01, 0xfd55, 0xfe01],
+        DType::BF16 => [0x7f81, 0xff95, 0xffc1],
+        DType::F32 => [0x7f80_0001, 0xffa0_0005, 0xffc0_0003],
+        DType::F64 => [0x7ff0_0000_0000_0001, 0xfff4_0000_0000_0005, 0xfff8_0000_0000_0003],
+        _ => return t,
+    };
+    let (es, n) = (dtype.size(), t.numel());
+    for (j, bits) in planted.into_iter().enumerate() {
+        let i = 3 * r + j;
+        if i < n {
+            t.bytes_mut()[i * es..(i + 1) * es].copy_from_slice(&bits.to_le_bytes()[..es]);
+        }
+    }
+    t
+}
+
+/// The first element whose bytes differ (a NaN for another NaN: `Exact` takes any NaN for any
+/// other), as a failure's detail; `None` when every byte is equal.
+fn byte_mismatch(got: &Tensor, exp: &Tensor) -> Option<String> {
+    if got.bytes() == exp.bytes() {
+        return None;
+    }
+    let es = exp.dtype().size();
+    let i = (0..exp.numel()).find(|&i| got.bytes()[i * es..(i + 1) * es] != exp.bytes()[i * es..(i + 1) * es])?;
+    let hex = |t: &Tensor| t.bytes()[i * es..(i + 1) * es].iter().rev().map(|b| format!("{b:02x}")).collect::<String>();
+    Some(format!(
+        "first bad index {i}: got bits 0x{} ({}), expected bits 0x{} ({}): data movement MUST deliver every byte as sent (a NaN's sign and payload, a signalling NaN unquieted)",
+        hex(got),
+        got.fmt_element(i),
+        hex(exp),
+        exp.fmt_element(i)
+    ))
 }
 
 /// Checks that every byte of `parent` outside elements `[off, off + numel)` is still [`GUARD_BYTE`].
@@ -276,12 +312,14 @@ impl<B: Backend> Prepared<B> {
             }
             if valued && caps.moves_data {
                 let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
-                let tol = match spec.kind {
-                    InputKind::Special => Tolerance::Exact,
-                    k => tolerance_for(spec.dtype, spec.reduce, ws, k == InputKind::Exact),
-                };
+                let tol = value_tolerance(spec, ws, caps.rounding);
                 if let Err(m) = compare(&got, exp, tol) {
                     return Err(fail(format!("{tag}{m}")));
+                }
+                if spec.reduce.is_none() {
+                    if let Some(m) = byte_mismatch(&got, exp) {
+                        return Err(fail(format!("{tag}{m}")));
+                    }
                 }
             }
             // Out-of-place ops leave their input untouched.
@@ -439,6 +477,27 @@ pub fn prepare<B: Backend>(
 }
 
 /// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
+/// The tolerance of `spec`'s results at world size `ws`: the oracle's ([`tolerance_for`]),
+/// except f16 / bf16 `sum`, `avg` and `premul_sum` wherever that is not already exact, which
+/// follow the backend's declared [`Rounding`]: `ExactThenRound` is the exact result rounded
+/// once (`Exact`), `Accumulate { ulps }` within `ulps` of it; only `Unspecified` keeps the
+/// oracle's worst-case bound for any summation order.
+pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Tolerance {
+    if spec.kind == InputKind::Special {
+        return Tolerance::Exact;
+    }
+    let tol = tolerance_for(spec.dtype, spec.reduce, ws, spec.kind == InputKind::Exact);
+    let sum_like = matches!(spec.reduce, Some(ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)));
+    if tol == Tolerance::Exact || !sum_like || !matches!(spec.dtype, DType::F16 | DType::BF16) {
+        return tol;
+    }
+    match rounding {
+        Rounding::ExactThenRound => Tolerance::Exact,
+        Rounding::Accumulate { ulps } => Tolerance::Ulps(ulps),
+        Rounding::Unspecified => tol,
+    }
+}
+
 fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
     match spec.op {
         OpKind::AllToAllSingle => {

@@ -10,7 +10,7 @@
 //! | `signed_zero_minmax` | `min(-0, +0) = -0`, `max(-0, +0) = +0` | the oracle's order `-0 < +0` |
 //! | `int_avg` | integer avg of sums that do not divide: toward zero or toward -inf | [`Capabilities::int_avg`] |
 //! | `aliasing` | `all_gather_into_tensor_out` whose input is this rank's chunk of the output | [`Capabilities::aliasing`] |
-//! | `gaps_refused` | every reduction declared unsupported for the dtype ends in a named error on every rank | [`Capabilities::gaps`], [`Capabilities::dtypes`] |
+//! | `gaps_refused` | every call (op, variant, reduce op) declared unsupported for the dtype ends in a named error on every rank | [`Capabilities::gaps`], [`Capabilities::dtypes`] |
 //! | `moves_data` | an all_gather of rank-distinct inputs delivers every peer's input (declared true) or not (declared false: the fake's stand-ins) | [`Capabilities::moves_data`] |
 //!
 //! Case names: `caps::<probe>::<dtype>::ws<N>`. A probe of a combination the backend declares
@@ -315,8 +315,8 @@ fn moves_data<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     }
 }
 
-/// Every reduction (all_reduce, reduce_scatter_tensor, reduce; every reduce op defined for the
-/// dtype) the backend declares unsupported on `dtype` must end in a named error on every rank —
+/// Every call (every op and variant of the trait; every reduce op defined for the dtype where
+/// the op reduces) the backend declares unsupported on `dtype` must end in a named error on every rank —
 /// not a result, not a hang — and the world stays usable. Nothing declared: nothing to refuse.
 fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     let b = ctx.b;
@@ -330,11 +330,21 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     }
     const REFUSALS: [&str; 3] = ["bad_input:unsupported_dtype", "bad_input:unsupported_op", "unsupported"];
     let mut probed = 0;
-    for op in [OpKind::AllReduce, OpKind::ReduceScatterTensor, OpKind::Reduce] {
-        for r in ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)) {
-            let Err(reason) = caps.check(op, Some(Variant::Out), Some(dtype), Some(r), ws) else { continue };
+    // Every (op, variant) of the trait, each reduce op defined for the dtype where it reduces
+    // (a gap may name any op, variant, dtype or reduce op: each is probed where declared).
+    for &(op, variant) in exec::PAIRS.iter().filter(|(op, _)| *op != OpKind::Barrier) {
+        let reduces: Vec<Option<ReduceOp>> =
+            if op.reduces() { ReduceOp::ALL.into_iter().filter(|r| r.defined_for(dtype)).map(Some).collect() } else { vec![None] };
+        for r in reduces {
+            let Err(reason) = caps.check(op, Some(variant), Some(dtype), r, ws) else { continue };
             probed += 1;
-            let w = at(b, op.name(), r.name(), dtype);
+            let rname = r.map_or("-", |r| r.name());
+            let w = format!(
+                "backend={} op={op} variant={} reduce={rname} dtype={dtype} world_size={ws} rank={}",
+                crate::case::backend_label(b),
+                variant.name(),
+                b.rank()
+            );
             let declared = format!("declared unsupported ({reason})");
             let x = match b.upload(&Tensor::zeros(dtype, &[2 * ws])) {
                 Ok(x) => x,
@@ -342,8 +352,25 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
                 Err(_) if !caps.dtypes.contains(&dtype) => continue,
                 Err(e) => return Err(fail(&w, format!("upload: {e}"))),
             };
-            let p = Params { reduce: Some(r), root: 0, ..Default::default() };
-            match exec::call(b, op, Variant::Out, &[x], None, &p, ctx.timeout) {
+            let out_shape = match op {
+                OpKind::AllGatherIntoTensor => vec![2 * ws * ws],
+                OpKind::ReduceScatterTensor => vec![2],
+                _ => vec![2 * ws],
+            };
+            let out = match variant {
+                Variant::OutBuf => Some(b.alloc(dtype, &out_shape).map_err(|e| fail(&w, format!("alloc: {e}")))?),
+                _ => None,
+            };
+            let p = Params {
+                reduce: r,
+                root: 0,
+                src_dst: (0..ws).map(|k| (k + 1) % ws).collect(),
+                peer: crate::values::partner(b.rank(), ws),
+                ..Default::default()
+            };
+            let called = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout);
+            let r = rname;
+            match called {
                 Ok(_) => {
                     return Err(fail(
                         &w,

@@ -41,7 +41,7 @@
 //! the progress thread. Every legal pattern here is in the default catalogue.
 
 use super::util::{expect_eq, fail, here};
-use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::values::partner;
 use concord_core::{Backend, DType, ReduceOp, Tensor};
 
@@ -216,12 +216,25 @@ fn exchange<B: Backend>(ctx: &Ctx<'_, B>, n: usize, sizes: Sizes, order: Order) 
     };
     for (k, r) in rw.iter().enumerate() {
         let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive #{k}: {e} [{}]", e.name())))?;
-        expect_eq(b, got, &message(peer, k, len(k)), &format!("{w} receive #{k} (messages must arrive in issue order)"))?;
+        expect_recv(b, got, &outs[k], &message(peer, k, len(k)), &format!("{w} receive #{k} (messages must arrive in issue order)"))?;
     }
     for (k, s) in sw.iter().enumerate() {
         s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send #{k}: {e} [{}]", e.name())))?;
     }
     Ok(())
+}
+
+/// A recv's result: the buffer `recv` returned MUST be `out` itself, and `out` holds the
+/// message (checking only the returned buffer would pass a recv that lands in its own staging
+/// buffer and leaves `out` untouched).
+fn expect_recv<B: Backend>(b: &B, got: &B::Buffer, out: &B::Buffer, expected: &Tensor, w: &str) -> Result<(), CaseEnd> {
+    if b.buffer_addr(got) != b.buffer_addr(out) {
+        return Err(fail(
+            w,
+            format!("recv returned a buffer (0x{:x}) other than its out (0x{:x})", b.buffer_addr(got), b.buffer_addr(out)),
+        ));
+    }
+    expect_eq(b, out, expected, w)
 }
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
@@ -507,5 +520,5 @@ fn sends_first_both_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             ),
         ));
     }
-    expect_eq(b, got, &message(peer, 0, LARGE), &w)
+    expect_recv(b, got, &out, &message(peer, 0, LARGE), &w)
 }

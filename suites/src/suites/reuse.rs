@@ -342,12 +342,15 @@ fn aliasing<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, misaligned: bool) -> Cas
             out,
         )
     } else {
-        let parts: Vec<Tensor> = (0..ws).map(|j| full(&[n], (j + 1) as f32)).collect();
+        // Rank-dependent (chunk j of rank r is j + 1 + 2^(r + 4)): with one input on every rank,
+        // `ws` times this rank's own chunk (no peer read) would be the right sum.
+        let part = |j: usize, r: usize| (j + 1 + (16 << r)) as f32;
+        let parts: Vec<Tensor> = (0..ws).map(|j| full(&[n], part(j, me))).collect();
         let input = b.upload(&Tensor::cat_rows(DType::F32, &[], &parts))?;
         let out = b.view(&input, me * n, &[n])?;
         (
             b.reduce_scatter_tensor_out(&input, ReduceOp::Sum, &out).and_then(|wk| wk.into_value(ctx.timeout)),
-            full(&[n], ((me + 1) * ws) as f32),
+            full(&[n], (0..ws).map(|r| part(me, r)).sum::<f32>()),
             out,
         )
     };

@@ -367,7 +367,7 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
             for k in 0..most {
                 for ((g, sub), calls) in mine.iter().zip(&calls) {
                     let Some(&(root, n)) = calls.get(k) else { continue };
-                    let sd = seed.wrapping_add((li * 64 + k) as u64);
+                    let sd = crate::suites::subgroup::group_seed(seed.wrapping_add((li * 64 + k) as u64), g);
                     call(*sub, timeout, op, variant, dtype, n, root, sd).map_err(|e| match e {
                         CaseEnd::Fail(m) => CaseEnd::Fail(format!(
                             "{m} (layout {lay}, group {g:?}: rank, world_size and root are the group's; world rank {me} of {ws})"
@@ -535,10 +535,11 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
             return Err(fail(format!("out-of-place op returned an input buffer (tensor {t})")));
         }
     }
-    if variant == Variant::OutBuf && op != OpKind::SendRecv {
+    // A recv's result too: `recv` MUST return `out`, and `out` is what is checked below.
+    if variant == Variant::OutBuf {
         if let (Some(o), Some(r)) = (&out, res.first()) {
             if b.buffer_addr(r) != b.buffer_addr(o) {
-                return Err(fail("the `_out` call returned a buffer other than its output".into()));
+                return Err(fail("the `_out` call (or recv) returned a buffer other than its output".into()));
             }
         }
     }

@@ -180,10 +180,19 @@ pub fn same_members_two_orders<B: Backend>() -> Case<B> {
                 )));
             }
             let label = format!("(group {g:?}, made beside a group of the same ranks in the other order: rank and world_size above are in the group) world_rank={me} world_world_size={ws}");
-            values::run(sub, &spec, seed, timeout, &label)?;
+            values::run(sub, &spec, group_seed(seed, &g), timeout, &label)?;
         }
         Ok(())
     })
+}
+
+/// The seed of group `g`'s inputs in a case seeded `seed`: the group's first world rank mixed
+/// in, so disjoint groups of one size (halves, odd / even, singletons, one set of ranks in two
+/// orders) get different inputs. Inputs depend only on (seed, group rank, group size): with one
+/// seed, a backend that answered one group's collective with another's result would pass.
+pub fn group_seed(seed: u64, g: &[usize]) -> u64 {
+    let first = g.first().map_or(0, |&r| r as u64 + 1);
+    seed ^ first.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// The value case for `spec` in layout `lay` at world size `ws`.
@@ -241,6 +250,7 @@ pub fn subgroup_case_at<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usiz
         }
         // `rank=` and `world_size=` in the message are the group's; say so, with the world's.
         let label = format!("(group {lay}{g:?}: rank and world_size above are in the group) world_rank={me} world_world_size={world_ws}");
+        let seed = group_seed(seed, &g);
         for &root in &roots {
             let Some(r) = root else {
                 values::run(sub, &spec, seed, timeout, &label)?;
