@@ -179,6 +179,35 @@ impl Bug for AvgApproxReciprocal {
     }
 }
 
+// ---------------------------------------------------------------- avg / premul_sum saturate
+
+/// f16 / bf16 `avg` and `premul_sum` (the scaled reductions) convert their result with a
+/// saturating conversion (`satfinite`, as some GPU kernels round their scaled output): ±inf come
+/// back as the dtype's largest finite value. `sum` / `min` / `max` take the plain conversion.
+#[derive(Default)]
+pub struct ScaledReduceSaturates;
+
+impl Bug for ScaledReduceSaturates {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let dtype = s.inner.buffer_dtype(x);
+        let w = s.inner.all_reduce(x, op)?;
+        if !matches!(op, ReduceOp::Avg | ReduceOp::PremulSum(_)) || !matches!(dtype, DType::F16 | DType::BF16) {
+            return Ok(w);
+        }
+        let max = if dtype == DType::F16 { 65504.0 } else { f64::from(f32::from_bits(0x7F7F_0000)) };
+        Ok(s.then(w, move |be, out| {
+            edit(be, out, |t| {
+                for i in 0..t.numel() {
+                    let v = t.get_f64(i);
+                    if v.is_infinite() {
+                        set_f64(t, i, max.copysign(v));
+                    }
+                }
+            })
+        }))
+    }
+}
+
 // ---------------------------------------------------------------- 16-bit floats through f32
 
 /// Quiets a 16-bit NaN (sets its quiet bit), as a conversion to f32 and back does: f16 / bf16
@@ -315,6 +344,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "f32 / f64 avg as the sum times an approximate 1/ws (1 ulp under), world sizes not powers of two: 1 ulp off exact averages",
             &["all_reduce::out::f32::avg::ws3"],
+        ),
+        spec::<ScaledReduceSaturates>(
+            "review_scaled_reduce_saturates",
+            "values.reduce",
+            "f16 / bf16 avg and premul_sum results converted with saturation: ±inf come back as the largest finite value",
+            &["all_reduce::out::f16::avg::ws2::special"],
         ),
         spec::<HalfMovedThroughF32>(
             "review_half_moved_through_f32",

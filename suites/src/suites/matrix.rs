@@ -101,7 +101,9 @@ pub fn float_extra_specs() -> Vec<ValueSpec> {
                 max_shapes: None,
             });
         }
-        for r in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max] {
+        // The scaled reductions too: a kernel that converts its scaled result with saturation
+        // turns ±inf into the largest finite value (a review found no case fed them NaN / ±inf).
+        for r in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg, ReduceOp::PremulSum(2.0)] {
             out.push(ValueSpec {
                 op: OpKind::AllReduce,
                 variant: Variant::Out,
