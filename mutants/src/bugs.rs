@@ -69,7 +69,7 @@ fn at_offset_zero(s: &Shm, b: &Buf) -> Result<Buf> {
 }
 
 /// Writes one element of junk just past `out` when `out` is a view (where the guard bytes are).
-fn write_past(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+pub(crate) fn write_past(s: &Shm, w: Work<Buf>) -> Work<Buf> {
     let (Some((parent, off)), numel) = (s.view_of(w.peek()), s.numel(w.peek())) else { return w };
     s.then(w, move |be, out| {
         let past = be.view(&parent, off + numel, &[1])?;

@@ -179,6 +179,36 @@ impl Bug for AvgApproxReciprocal {
     }
 }
 
+// ---------------------------------------------------------------- large _out overrun
+
+/// The `_out` all_gather / reduce_scatter and recv write one element past their output when it
+/// holds 4 Ki elements or more at 3 ranks or more (a large-message path whose last chunk is
+/// rounded up: a write past `_out` that only shows in a guarded parent).
+#[derive(Default)]
+pub struct LargeOutOverrun;
+
+impl LargeOutOverrun {
+    fn over(s: &Shm, out: &Buf, w: Work<Buf>) -> Work<Buf> {
+        if s.ws() >= 3 && s.numel(out) >= 4096 {
+            crate::bugs::write_past(s, w)
+        } else {
+            w
+        }
+    }
+}
+
+impl Bug for LargeOutOverrun {
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        Ok(Self::over(s, out, s.inner.all_gather_into_tensor_out(x, out)?))
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        Ok(Self::over(s, out, s.inner.reduce_scatter_tensor_out(x, op, out)?))
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        Ok(Self::over(s, out, s.inner.recv(out, src)?))
+    }
+}
+
 // ---------------------------------------------------------------- avg / premul_sum saturate
 
 /// f16 / bf16 `avg` and `premul_sum` (the scaled reductions) convert their result with a
@@ -344,6 +374,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "f32 / f64 avg as the sum times an approximate 1/ws (1 ulp under), world sizes not powers of two: 1 ulp off exact averages",
             &["all_reduce::out::f32::avg::ws3"],
+        ),
+        spec::<LargeOutOverrun>(
+            "review_large_out_overrun",
+            "placement.out_buffer",
+            "the _out all_gather / reduce_scatter and recv write one element past an output of 4 Ki elements or more, at 3 ranks or more",
+            &["sizes::all_gather_into_tensor::outbuf::f32::grid::ws3"],
         ),
         spec::<ScaledReduceSaturates>(
             "review_scaled_reduce_saturates",

@@ -201,7 +201,7 @@ fn byte_mismatch(got: &Tensor, exp: &Tensor) -> Option<String> {
 }
 
 /// Checks that every byte of `parent` outside elements `[off, off + numel)` is still [`GUARD_BYTE`].
-fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, what: &str) -> Result<(), String> {
+pub(crate) fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, what: &str) -> Result<(), String> {
     let all = b.download(parent).map_err(|e| format!("download {what} parent: {e}"))?;
     let es = all.dtype().size();
     let bytes = all.bytes();

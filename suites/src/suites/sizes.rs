@@ -35,7 +35,7 @@
 use super::util::here;
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
-use crate::values::partner;
+use crate::values::{partner, GUARD_BYTE, GUARD_ELEMS};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::ladder::{self, Closed};
 use concord_oracle::{compare, Tolerance};
@@ -54,6 +54,10 @@ pub const OPS: [(OpKind, Variant); 10] = [
     (OpKind::PermuteTensor, Variant::Out),
     (OpKind::SendRecv, Variant::OutBuf),
 ];
+
+/// The largest `_out` / recv output (elements) [`call`] puts in a guarded parent
+/// (every size of the size grid; the ladder's rungs up to 1 Mi elements).
+pub const GUARDED_OUT_MAX: usize = 1 << 20;
 
 /// The largest world the bf16 inputs stay exact for (sums of 4 values in `[-63, 63]`).
 pub const MAX_WS: usize = 4;
@@ -515,13 +519,26 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
         ins.push(b.upload(&t).map_err(|e| fail(format!("upload: {e}")))?);
         sent.push(t);
     }
-    let out = match (op, variant) {
-        (OpKind::SendRecv, _) => Some(b.alloc(dtype, &[n]).map_err(|e| fail(format!("alloc: {e}")))?),
-        (_, Variant::OutBuf) => {
-            let shape = expected_form(op, n, ws, me, root).map_or_else(|| vec![n], |(s, _)| s);
-            Some(b.alloc(dtype, &shape).map_err(|e| fail(format!("alloc: {e}")))?)
-        }
+    let out_shape = match (op, variant) {
+        (OpKind::SendRecv, _) => Some(vec![n]),
+        (_, Variant::OutBuf) => Some(expected_form(op, n, ws, me, root).map_or_else(|| vec![n], |(s, _)| s)),
         _ => None,
+    };
+    // Outputs up to [`GUARDED_OUT_MAX`] elements are views [`GUARD_ELEMS`] into a parent of guard
+    // bytes, checked after the call (the matrix guards small outputs only; a write past `_out` or
+    // a recv's output on a large-message path shows only here). The ladder's larger rungs take a
+    // plain buffer.
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let (out, frame) = match out_shape {
+        Some(shape) if numel(&shape) <= GUARDED_OUT_MAX => {
+            let parent = b
+                .upload(&Tensor::filled_bytes(dtype, &[numel(&shape) + 2 * GUARD_ELEMS], GUARD_BYTE))
+                .map_err(|e| fail(format!("alloc output parent: {e}")))?;
+            let view = b.view(&parent, GUARD_ELEMS, &shape).map_err(|e| fail(format!("view: {e}")))?;
+            (Some(view), Some((parent, numel(&shape))))
+        }
+        Some(shape) => (Some(b.alloc(dtype, &shape).map_err(|e| fail(format!("alloc: {e}")))?), None),
+        None => (None, None),
     };
     let res = exec::call(b, op, variant, &ins, out.as_ref(), &p, timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
     if res.len() != tensors.len() {
@@ -542,6 +559,9 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
                 return Err(fail("the `_out` call (or recv) returned a buffer other than its output".into()));
             }
         }
+    }
+    if let Some((parent, numel)) = &frame {
+        crate::values::check_frame(b, parent, GUARD_ELEMS, *numel, "output").map_err(fail)?;
     }
     if !b.capabilities().moves_data {
         crate::case::note_values_unchecked();
