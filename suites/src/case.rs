@@ -199,7 +199,6 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 }
 
-/// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.
 /// Value checks this rank skipped during the running case because the backend declares
 /// `Capabilities::moves_data = false` (a worker runs one case at a time; [`run::run_body`] resets
 /// it before each body).
@@ -231,6 +230,7 @@ pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseRes
     }
 }
 
+/// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.
 pub(crate) fn to_outcome(r: CaseResult) -> Outcome {
     match r {
         Ok(()) => Outcome::Passed,
