@@ -11,7 +11,7 @@
 //! gathered inputs when the op is waited, so validation, ordering and completion stay shm's.
 
 use crate::campaign::{spec, Spec};
-use crate::{edit, set_f64, Buf, Bug, Shm, BUG_WAIT};
+use crate::{edit, set_f64, Buf, Bug, Shm};
 use concord_core::{Backend, CollectiveError, DType, Element, ReduceOp, Result, Tensor, Work};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,23 +32,14 @@ fn combine(op: ReduceOp, a: f64, b: f64) -> Option<f64> {
 }
 
 /// Issues a raw all_gather of `x`, then the real op (`issue`); when the op is waited, `f` edits
-/// its result from every rank's input (`all`: rank `q`'s element `i` at `q * n + i`).
+/// its result from every rank's input ([`crate::then_gathered`]).
 fn with_gathered(
     s: &Shm,
     x: &Buf,
     issue: impl FnOnce() -> Result<Work<Buf>>,
     f: impl FnOnce(&Tensor, &mut Tensor) + Send + 'static,
 ) -> Result<Work<Buf>> {
-    let g = s.inner.all_gather_into_tensor(x)?;
-    // A refused op must not withdraw the gather its peers are in (shm withdraws a dropped
-    // op no peer has met yet): see it through first.
-    let w = issue().inspect_err(|_| {
-        let _ = g.wait(BUG_WAIT);
-    })?;
-    Ok(s.then(w, move |be, out| {
-        let all = be.download(g.wait(BUG_WAIT)?)?;
-        edit(be, out, |t| f(&all, t))
-    }))
+    crate::then_gathered(s, s.inner.all_gather_into_tensor(x)?, |g| g, issue, |b: &Buf| Some(b), f)
 }
 
 /// `b` itself, or the same shape at offset 0 of its parent if it is a view at an offset.

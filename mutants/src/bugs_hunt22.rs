@@ -7,7 +7,7 @@
 //! `Backend` trait lets a wrapper over shm reproduce it.
 
 use crate::campaign::{spec, Spec};
-use crate::{copy_bytes, edit, lock, relay_wait, Buf, Bug, Shm, BUG_WAIT};
+use crate::{copy_bytes, edit, lock, relay_wait, Buf, Bug, Shm};
 use concord_core::{Backend, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -55,9 +55,10 @@ impl<T> Drop for Helper<T> {
     }
 }
 
-/// Issues a raw all_gather of `x`, then the real op (`issue`); when the op is waited, `f` edits
-/// its result from every rank's input (`all`: rank `q`'s element `i` at `q * n + i`). The gather
-/// is issued on every call, whatever the bug decides, so every rank issues the same ops.
+/// Issues a raw all_gather of `x` (held, so it is not counted as the caller's), then the real op
+/// (`issue`); when the op is waited, `f` edits its result from every rank's input
+/// ([`crate::then_gathered`]). The gather is issued on every call, whatever the bug decides, so
+/// every rank issues the same ops.
 fn with_gathered(
     s: &Shm,
     helpers: &Helpers,
@@ -65,15 +66,7 @@ fn with_gathered(
     issue: impl FnOnce() -> Result<Work<Buf>>,
     f: impl FnOnce(&Tensor, &mut Tensor) + Send + 'static,
 ) -> Result<Work<Buf>> {
-    let g = helpers.hold(s.inner.all_gather_into_tensor(x)?);
-    // A refused op must not withdraw the gather its peers are in: see it through first.
-    let w = issue().inspect_err(|_| {
-        let _ = g.w.wait(BUG_WAIT);
-    })?;
-    Ok(s.then(w, move |be, out| {
-        let all = be.download(g.w.wait(BUG_WAIT)?)?;
-        edit(be, out, |t| f(&all, t))
-    }))
+    crate::then_gathered(s, helpers.hold(s.inner.all_gather_into_tensor(x)?), |g| &g.w, issue, |b: &Buf| Some(b), f)
 }
 
 // ---------------------------------------------------------------- NVIDIA/FasterTransformer PR #672

@@ -224,6 +224,35 @@ impl Shm {
     }
 }
 
+/// Issues the real op (`issue`) after a raw all_gather already issued (`gather`, reached through
+/// `work_of`: the gather's work itself, or a holder of it); when the op is waited, `f` edits the
+/// result `pick` names from every rank's input (`all`: rank `q`'s element `i` at `q * n + i`).
+/// A refused op must not withdraw the gather its peers are in (shm withdraws a dropped op no peer
+/// has met yet): the gather is seen through first.
+pub(crate) fn then_gathered<T, K>(
+    s: &Shm,
+    gather: K,
+    work_of: fn(&K) -> &Work<Buf>,
+    issue: impl FnOnce() -> Result<Work<T>>,
+    pick: fn(&T) -> Option<&Buf>,
+    f: impl FnOnce(&Tensor, &mut Tensor) + Send + 'static,
+) -> Result<Work<T>>
+where
+    T: Clone + Send + Sync + 'static,
+    K: Send + 'static,
+{
+    let w = issue().inspect_err(|_| {
+        let _ = work_of(&gather).wait(BUG_WAIT);
+    })?;
+    Ok(s.then(w, move |be, outs| {
+        let all = be.download(work_of(&gather).wait(BUG_WAIT)?)?;
+        match pick(outs) {
+            Some(out) => edit(be, out, |t| f(&all, t)),
+            None => Ok(()),
+        }
+    }))
+}
+
 /// Downloads `b`, lets `f` edit it, writes it back.
 pub fn edit(be: &ShmBackend, b: &Buf, f: impl FnOnce(&mut Tensor)) -> Result<()> {
     let mut t = be.download(b)?;

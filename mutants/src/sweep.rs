@@ -280,22 +280,18 @@ impl Corrupt {
         pick: fn(&T) -> Option<&Buf>,
     ) -> Result<Work<T>> {
         let (ws, dry, here) = (s.ws(), self.dry, self.here(s, None));
-        let g = s.inner.all_gather_into_tensor(x)?;
-        // A refused call must not withdraw the gather its peers are in: see it through first.
-        let w = issue().inspect_err(|_| {
-            let _ = g.wait(crate::BUG_WAIT);
-        })?;
-        Ok(s.then(w, move |be, outs| {
-            let all = be.download(g.wait(crate::BUG_WAIT)?)?;
-            match pick(outs) {
-                Some(out) if here => edit(be, out, |t| {
-                    if !dry {
-                        reorder(&all, t, ws, op)
-                    }
-                }),
-                _ => Ok(()),
-            }
-        }))
+        crate::then_gathered(
+            s,
+            s.inner.all_gather_into_tensor(x)?,
+            |g| g,
+            issue,
+            pick,
+            move |all, t| {
+                if here && !dry {
+                    reorder(all, t, ws, op)
+                }
+            },
+        )
     }
     /// The last buffer of a coalesced call's outputs.
     fn many(&self, s: &Shm, hook: &str, w: Work<Vec<Buf>>) -> Work<Vec<Buf>> {

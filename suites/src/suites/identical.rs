@@ -54,21 +54,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         .collect()
 }
 
-/// splitmix64.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Rank `r`'s input of call `call`: random signs, mantissas and exponents (±20 binary orders; f16
 /// ±10), so a sum's bits depend on the order of its additions.
 pub fn input(dtype: DType, call: usize, r: usize, n: usize) -> Tensor {
     let span: u64 = if dtype == DType::F16 { 10 } else { 20 };
     let vals: Vec<f64> = (0..n)
         .map(|i| {
-            let h = mix(((r as u64) << 40) ^ ((call as u64) << 28) ^ i as u64 ^ 0x1DE7_1CA1);
+            let h = concord_fixtures::mix64(
+                (((r as u64) << 40) ^ ((call as u64) << 28) ^ i as u64 ^ 0x1DE7_1CA1).wrapping_add(concord_fixtures::GOLDEN),
+            );
             let mant = 1.0 + (h >> 12) as f64 / (1u64 << 52) as f64;
             let exp = ((h >> 4) % (2 * span + 1)) as i32 - span as i32;
             let sign = if h & 1 == 0 { 1.0 } else { -1.0 };
@@ -95,6 +89,15 @@ impl Call {
     fn tag(&self, i: usize) -> String {
         format!("{i}/{}/{}/{}/n{}", self.variant.name(), self.dtype, self.op, self.n)
     }
+    /// Where a failure of this call is: backend, op, variant, dtype, world size, rank, the call.
+    fn at<B: Backend>(&self, b: &B) -> String {
+        format!(
+            "{} reduce={} shape=[{}] input=random (every rank's result must be the same bits)",
+            here(b, "all_reduce", self.variant.name(), self.dtype),
+            self.op,
+            self.n
+        )
+    }
 }
 
 fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
@@ -118,12 +121,7 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             unsupported.push(why);
             continue;
         }
-        let w = format!(
-            "{} reduce={} shape=[{}] input=random (every rank's result must be the same bits)",
-            here(b, "all_reduce", c.variant.name(), c.dtype),
-            c.op,
-            c.n
-        );
+        let w = c.at(b);
         let x = b.upload(&input(c.dtype, i, me, c.n)).map_err(|e| fail(&w, format!("upload: {e}")))?;
         let out = match c.variant {
             Variant::Out => b.all_reduce(&x, c.op).and_then(|wk| wk.into_value(ctx.timeout)),
@@ -179,13 +177,7 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     // that differs from it): every rank compares the same call's bytes below.
     let Some(j) = first_bad else { return Ok(()) };
     let (i, t) = &results[j];
-    let c = &calls[*i];
-    let w = format!(
-        "{} reduce={} shape=[{}] input=random (every rank's result must be the same bits)",
-        here(b, "all_reduce", c.variant.name(), c.dtype),
-        c.op,
-        c.n
-    );
+    let (c, w) = (&calls[*i], calls[*i].at(b));
     expect_same_on_every_rank(ctx, t, &c.tag(*i), &w)?;
     // Unreachable: a peer's digest of this call differs from this rank's, so its bytes do.
     Err(fail(&w, "results differ between ranks (their digests differ)".to_string()))
