@@ -42,9 +42,12 @@ pub enum Rounding {
     /// *once* to the dtype, to nearest, ties to even: three ranks of f16 `[1.0, 2^-11, 2^-24]`
     /// sum to `0x3C01`. The suites check this bit-exactly.
     ExactThenRound,
-    /// Accumulated in the dtype or a wider type and rounded more than once: a result is within
-    /// `ulps` units in the last place of the exact-then-round result. The exact-rounding cases
-    /// are UNSUPPORTED.
+    /// Accumulated in the dtype or a wider type and rounded more than once (a ring rounding hop
+    /// by hop): a result element is within `ulps` units in the last place of the magnitude of
+    /// its terms (`Σ|x_r|`, scaled like the result) of the exact result — with terms of one sign,
+    /// `ulps` ulp of the result itself; where terms cancel, of the partial sums the rounding
+    /// happened at (a bound relative to the result alone holds for no order of rounded steps).
+    /// The exact-rounding cases are UNSUPPORTED.
     Accumulate { ulps: u32 },
     /// No promise (the exact-rounding cases are UNSUPPORTED).
     Unspecified,

@@ -8,7 +8,7 @@
 
 use crate::{Bug, MakeBug, Mutant};
 use concord_harness::runner::{Pool, PoolConfig};
-use concord_harness::verdict::Verdict;
+use concord_harness::verdict::{Status, Verdict};
 use concord_suites::run::{run_case_fresh_in, BackendEntry, CaseInfo};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -390,6 +390,107 @@ struct Cli {
     /// (`HOOK:POSITION:CLASS+order`, clause `values.identical_on_every_rank`).
     #[arg(long)]
     order: bool,
+    /// The legal variants instead (`crate::legal`; with `--mutant`, only those): each runs the
+    /// whole catalogue (or the `--case` ids) and MUST pass every case it does not declare
+    /// unsupported.
+    #[arg(long)]
+    legal: bool,
+}
+
+/// One legal variant's run of the catalogue.
+pub struct LegalRun {
+    pub name: &'static str,
+    pub clause: &'static str,
+    pub passed: usize,
+    pub unsupported: usize,
+    /// (case id, first line of the failure, whole message).
+    pub failed: Vec<(String, String, String)>,
+    pub elapsed: Duration,
+}
+
+/// Runs `spec` (a legal variant) on `only` (full case ids; empty: the whole catalogue), the way
+/// conformance mode runs a backend.
+pub fn run_legal(spec: &Spec, only: &[String], jobs: usize) -> LegalRun {
+    let started = Instant::now();
+    let cases = spec.entry.cases().into_iter().filter(|c| only.is_empty() || only.contains(&c.id));
+    let work = cases.map(|c| (spec.entry.clone(), c)).collect();
+    let report = concord_suites::run::run_work(work, jobs, true);
+    let count = |st: Status| report.cases.iter().filter(|r| r.status == st).count();
+    let failed = report
+        .cases
+        .iter()
+        .filter(|r| r.status == Status::Failed)
+        .map(|r| (r.id.clone(), r.detail.lines().find(|l| l.contains("rank ")).unwrap_or("").trim().to_string(), r.detail.clone()))
+        .collect();
+    LegalRun {
+        name: spec.name,
+        clause: spec.clause,
+        passed: count(Status::Passed),
+        unsupported: count(Status::Unsupported) + count(Status::Skipped),
+        failed,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// The legal variants' table: each with its passed / unsupported / failed counts, then every
+/// false failure's first line.
+pub fn render_legal(runs: &[LegalRun]) -> String {
+    let w = runs.iter().map(|r| r.name.len()).max().unwrap_or(6).max(6);
+    let mut out = format!(
+        "\nlegal variants (each MUST pass the catalogue):\n{:<w$}  {:<26}  {:>6}  {:>11}  {:>6}  {:>7}\n",
+        "name", "declares", "passed", "unsupported", "failed", "seconds"
+    );
+    for r in runs {
+        out += &format!(
+            "{:<w$}  {:<26}  {:>6}  {:>11}  {:>6}  {:>7.1}\n",
+            r.name,
+            r.clause,
+            r.passed,
+            r.unsupported,
+            r.failed.len(),
+            r.elapsed.as_secs_f64()
+        );
+    }
+    for r in runs {
+        for (id, head, _) in &r.failed {
+            out += &format!("  FALSE FAILURE {id}: {head}\n");
+        }
+    }
+    let bad = runs.iter().filter(|r| !r.failed.is_empty()).count();
+    out += &format!("legal variants passing: {}/{}\n", runs.len() - bad, runs.len());
+    out
+}
+
+/// `--legal`: the legal variants against the catalogue; exits 1 on any false failure.
+fn legal_main(cli: &Cli) -> ! {
+    let all = crate::legal::catalogue();
+    for w in &cli.mutants {
+        if !all.iter().any(|s| s.name == w) {
+            eprintln!("error: no legal variant `{w}` (they are: {})", all.iter().map(|s| s.name).collect::<Vec<_>>().join(", "));
+            std::process::exit(2);
+        }
+    }
+    let chosen: Vec<&Spec> = all
+        .iter()
+        .filter(|s| cli.mutants.iter().any(|w| w == s.name) || cli.cases.iter().any(|c| c.starts_with(&format!("{}::", s.name))))
+        .collect();
+    let chosen = if chosen.is_empty() { all.iter().collect() } else { chosen };
+    let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let runs: Vec<LegalRun> = chosen
+        .iter()
+        .map(|s| {
+            let only: Vec<String> = cli.cases.iter().filter(|c| c.starts_with(&format!("{}::", s.name))).cloned().collect();
+            let r = run_legal(s, &only, jobs);
+            for (_, _, msg) in &r.failed {
+                eprintln!("{msg}\n");
+            }
+            eprintln!("  {:<24} {} passed, {} failed ({:.1} s)", r.name, r.passed, r.failed.len(), r.elapsed.as_secs_f64());
+            r
+        })
+        .collect();
+    print!("{}", render_legal(&runs));
+    Pool::global().shutdown();
+    std::process::exit(if runs.iter().all(|r| r.failed.is_empty()) { 0 } else { 1 })
 }
 
 /// `--bad-input`, or `--sweep HOOK:POSITION:MODE!KIND`: the bad-input grid, or one target's cases.
@@ -594,8 +695,12 @@ pub fn main() -> ! {
     let mut entries: Vec<BackendEntry> = specs.iter().map(|s| s.entry.clone()).collect();
     entries.push(crate::sweep::worker_entry());
     entries.push(crate::sweep_bad::worker_entry());
+    entries.extend(crate::legal::catalogue().into_iter().map(|s| s.entry));
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
+    if cli.legal {
+        legal_main(&cli);
+    }
     if !cli.bad_input.is_empty() || cli.sweep.as_deref().is_some_and(|t| t.contains('!')) {
         bad_input_main(&cli);
     }

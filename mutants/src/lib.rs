@@ -40,6 +40,7 @@ pub mod bugs_review;
 pub mod bugs_review2;
 pub mod campaign;
 pub mod coverage;
+pub mod legal;
 pub mod sweep;
 pub mod sweep_bad;
 
@@ -95,7 +96,7 @@ pub fn maker(name: &str) -> Option<MakeBug> {
     if name == sweep_bad::NAME {
         return Some(sweep_bad::make);
     }
-    catalogue().into_iter().find(|s| s.name == name).map(|s| s.make)
+    catalogue().into_iter().chain(legal::catalogue()).find(|s| s.name == name).map(|s| s.make)
 }
 
 use concord_core::fused::Gathered;

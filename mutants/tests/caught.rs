@@ -149,6 +149,57 @@ const BAD_INPUT_CATCH: &[(&str, &str)] = &[
     ("scatter:root:missed!shape_mismatch", "bad_input::grid::scatter::ws16"),
 ];
 
+/// The legal variants (`concord_mutants::legal`, `cargo xtask mutants --legal`), each pinned on
+/// the cases that read its declaration: every case MUST pass (a failure is a suite failing a
+/// backend that is right), at least `passed` of them must PASS (the pin cannot hold by skipping)
+/// and exactly `unsupported` must be UNSUPPORTED (declared gaps and world sizes, no more).
+const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
+    (
+        "legal_nan_ignore",
+        4,
+        0,
+        &[
+            "caps::nan_minmax::f32::ws3",
+            "caps::nan_minmax::bf16::ws3",
+            "all_reduce::out::f32::max::ws3::special",
+            "reduce_scatter_tensor::out::f16::min::ws3",
+        ],
+    ),
+    (
+        "legal_int_avg_floor",
+        4,
+        0,
+        &["caps::int_avg::i8::ws3", "caps::int_avg::i64::ws3", "all_reduce::out::i32::avg::ws3", "reduce::out::i16::avg::ws3"],
+    ),
+    ("legal_round_every_step", 2, 0, &["all_reduce::out::f16::sum::ws8::random", "reduce_scatter_tensor::out::bf16::avg::ws3::random"]),
+    (
+        "legal_alias_correct",
+        6,
+        0,
+        &[
+            "caps::aliasing::f32::ws3",
+            "reuse::aliasing::all_gather_out_contains_input::ws2",
+            "reuse::aliasing::reduce_scatter_out_inside_input::ws2",
+            "reuse::aliasing::all_gather_out_overlaps_input_misaligned::ws2",
+            "bad_input::grid::all_gather_into_tensor_out::ws3",
+            "bad_input::grid::reduce_scatter_tensor_out::ws3",
+        ],
+    ),
+    ("legal_gaps", 2, 1, &["caps::gaps_refused::u16::ws2", "caps::gaps_refused::f32::ws2", "permute_tensor::out::f32::ws2"]),
+    ("legal_max_ws_8", 1, 1, &["all_reduce::out::f32::sum::ws8", "all_reduce::out::f32::sum::ws16"]),
+    (
+        "legal_slow",
+        4,
+        0,
+        &[
+            "async::pending_until_peers_arrive::ws4",
+            "async::many_outstanding_waited_out_of_order::ws2",
+            "async::completes_without_wait::ws2",
+            "async::registry_counts_unwaited_work::ws2",
+        ],
+    ),
+];
+
 fn spec(name: &str) -> Spec {
     concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
@@ -158,6 +209,7 @@ fn main() {
     let mut entries: Vec<_> = specs.iter().map(|s| s.entry.clone()).collect();
     entries.push(concord_mutants::sweep::worker_entry());
     entries.push(concord_mutants::sweep_bad::worker_entry());
+    entries.extend(concord_mutants::legal::catalogue().into_iter().map(|s| s.entry));
     concord_suites::run::dispatch_child(&entries);
 
     let args = libtest_mimic::Arguments::from_args();
@@ -295,6 +347,29 @@ fn main() {
             Some(i) => Err(format!("bad-input grid rule #{i} does not hold").into()),
         }
     }));
+    for &(name, passed, unsupported, pinned) in LEGAL_PINS {
+        trials.push(libtest_mimic::Trial::test(format!("mutants::legal::{name}_passes"), move || {
+            let legal = concord_mutants::legal::catalogue();
+            let s = legal.iter().find(|s| s.name == name).ok_or_else(|| format!("no legal variant {name}"))?;
+            let only: Vec<String> = pinned.iter().map(|c| format!("{name}::{c}")).collect();
+            let r = campaign::run_legal(s, &only, 2);
+            let ran = r.passed + r.unsupported + r.failed.len();
+            if ran != pinned.len() {
+                return Err(format!("{name}: {ran} of its {} pinned cases exist in the catalogue", pinned.len()).into());
+            }
+            if let Some((_, _, msg)) = r.failed.first() {
+                return Err(format!("{name} is a correct backend, but the catalogue fails it (a false failure):\n{msg}").into());
+            }
+            if r.passed < passed || r.unsupported != unsupported {
+                return Err(format!(
+                    "{name}: {} passed and {} unsupported, expected at least {passed} passed and exactly {unsupported} unsupported",
+                    r.passed, r.unsupported
+                )
+                .into());
+            }
+            Ok(())
+        }));
+    }
     sweep_trials(&mut trials);
     // The hint index finds what a plain substring search finds, in the same order.
     let plain_ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();

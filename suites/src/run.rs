@@ -575,7 +575,6 @@ fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32
 }
 
 fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
-    let started = Instant::now();
     let mut work: Vec<(BackendEntry, CaseInfo)> = Vec::new();
     for e in entries {
         for c in e.cases() {
@@ -600,10 +599,34 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
         eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; list them with `--list`)", opts.filter);
         return 2;
     }
-    let total = work.len();
     let jobs = opts.jobs.unwrap_or_else(default_jobs).max(1);
+    let report = run_work(work, jobs, true);
+    let dir = opts.report.clone().expect("conformance mode");
+    match report.write(&dir) {
+        Ok((md, json)) => println!("report: {} and {}", md.display(), json.display()),
+        Err(e) => eprintln!("could not write the report to {}: {e}", dir.display()),
+    }
+    for line in skip_summary(&report) {
+        println!("{line}");
+    }
+    print!("{}", report.summary_text());
+    if report.failed() > 0 {
+        1
+    } else {
+        0
+    }
+}
+
+/// Runs every case of `work` the way conformance mode does (`jobs` lanes, stall-bound cases on
+/// lanes of their own, worlds larger than the machine taking turns) and returns the report;
+/// `FAIL` lines go to stderr as failures come (with a progress bar on a terminal if `bar`). The
+/// one runner of whole catalogues: conformance mode and the campaign's legal variants.
+pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> Report {
+    let started = Instant::now();
+    let total = work.len();
+    let jobs = jobs.max(1);
     let (stall, cpu) = schedule(work, jobs);
-    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+    let bar = if bar && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let pb = indicatif::ProgressBar::new(total as u64);
         pb.set_style(
             indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -665,21 +688,7 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     bar.finish_and_clear();
     let mut records = records.into_inner().unwrap();
     records.sort_by(|a, b| a.id.cmp(&b.id));
-    let report = Report::new(records, started.elapsed());
-    let dir = opts.report.clone().expect("conformance mode");
-    match report.write(&dir) {
-        Ok((md, json)) => println!("report: {} and {}", md.display(), json.display()),
-        Err(e) => eprintln!("could not write the report to {}: {e}", dir.display()),
-    }
-    for line in skip_summary(&report) {
-        println!("{line}");
-    }
-    print!("{}", report.summary_text());
-    if report.failed() > 0 {
-        1
-    } else {
-        0
-    }
+    Report::new(records, started.elapsed())
 }
 
 /// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time).

@@ -253,6 +253,9 @@ pub struct Prepared<B: Backend> {
     my_inputs: Vec<Tensor>,
     /// Per tensor: the oracle's answer and whether its values are defined.
     expected: Vec<(Tensor, bool)>,
+    /// Per tensor, where the backend declares `Rounding::Accumulate` and the result is a rounded
+    /// f16 / bf16 sum: the magnitude of each result element's terms ([`magnitude_of`]).
+    magnitudes: Vec<Option<Tensor>>,
     in_parents: Vec<B::Buffer>,
     pub ins: Vec<B::Buffer>,
     /// `(parent, view)` of the `_out` / recv output.
@@ -313,7 +316,11 @@ impl<B: Backend> Prepared<B> {
             if valued && caps.moves_data {
                 let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
                 let tol = value_tolerance(spec, ws, caps.rounding);
-                if let Err(m) = compare(&got, exp, tol) {
+                let checked = match (&self.magnitudes[t], tol) {
+                    (Some(mag), Tolerance::Ulps(ulps)) => within_ulps_of_terms(&got, exp, mag, ulps),
+                    _ => compare(&got, exp, tol),
+                };
+                if let Err(m) = checked {
                     return Err(fail(format!("{tag}{m}")));
                 }
                 if spec.reduce.is_none() {
@@ -405,6 +412,10 @@ pub fn prepare<B: Backend>(
     let read = concord_oracle::reads(&coll, ws, rank);
     let mut my_inputs = Vec::new();
     let mut expected = Vec::new();
+    let mut magnitudes = Vec::new();
+    let ulps_of_terms = matches!(caps.rounding, Rounding::Accumulate { .. })
+        && matches!(value_tolerance(spec, ws, caps.rounding), Tolerance::Ulps(_))
+        && spec.kind != InputKind::Exact;
     for (t, shape) in shapes.iter().enumerate() {
         let tseed = seed.wrapping_add(t as u64 * 7919);
         let mut inputs: Vec<Tensor> = (0..ws)
@@ -428,6 +439,7 @@ pub fn prepare<B: Backend>(
             .collect();
         let exp = concord_oracle::expected_for(&coll, &inputs, &sem, rank)
             .map_err(|e| fail(format!("suite bug: the oracle rejected the case's own input: {e}")))?;
+        magnitudes.push(if ulps_of_terms { magnitude_of(&coll, &inputs, &sem, rank) } else { None });
         my_inputs.push(inputs.swap_remove(rank));
         expected.push(exp);
     }
@@ -470,18 +482,69 @@ pub fn prepare<B: Backend>(
         params: p,
         my_inputs,
         expected,
+        magnitudes,
         in_parents,
         ins,
         guarded,
     })
 }
 
-/// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
+/// The magnitude of each result element's terms under `Rounding::Accumulate`: the same
+/// collective summing `|x_r|` (times `|s|` for `premul_sum(s)`, over the ranks for `avg`) in f64,
+/// as an f64 tensor; `None` for a collective that reduces nothing.
+fn magnitude_of(coll: &Collective, inputs: &[Tensor], sem: &concord_oracle::Semantics, rank: usize) -> Option<Tensor> {
+    let op = match coll {
+        Collective::AllReduce { op } | Collective::ReduceScatter { op } | Collective::Reduce { op, .. } => *op,
+        _ => return None,
+    };
+    let (scale, divide) = match op {
+        ReduceOp::PremulSum(s) => (s.abs(), 1.0),
+        ReduceOp::Avg => (1.0, inputs.len() as f64),
+        _ => (1.0, 1.0),
+    };
+    let sum = ReduceOp::Sum;
+    let summed = match coll {
+        Collective::AllReduce { .. } => Collective::AllReduce { op: sum },
+        Collective::ReduceScatter { .. } => Collective::ReduceScatter { op: sum },
+        Collective::Reduce { root, .. } => Collective::Reduce { op: sum, root: *root },
+        _ => return None,
+    };
+    let abs: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| Tensor::from_f64(DType::F64, t.shape(), &(0..t.numel()).map(|i| t.get_f64(i).abs() * scale / divide).collect::<Vec<_>>()))
+        .collect();
+    concord_oracle::expected_for(&summed, &abs, sem, rank).ok().map(|(m, _)| m)
+}
+
+/// `Rounding::Accumulate { ulps }`'s check: every element within `ulps` units in the last place
+/// of the magnitude of its terms (`mag`, [`magnitude_of`]) of the exact result, in the result's
+/// dtype (with terms of one sign, `ulps` ulp of the result itself). A sum rounded at every step
+/// is off by up to half an ulp of its largest partial sum per step, whatever cancels after.
+fn within_ulps_of_terms(got: &Tensor, exp: &Tensor, mag: &Tensor, ulps: u32) -> Result<(), concord_oracle::Mismatch> {
+    let eps = exp.dtype().epsilon();
+    // The ulp of `m` in the dtype: 2^floor(log2 m) * eps (0 for 0: then the result is exact).
+    let ulp = |m: f64| if m > 0.0 && m.is_finite() { 2f64.powi(m.log2().floor() as i32) * eps } else { 0.0 };
+    let mut bounded = Vec::with_capacity(exp.numel());
+    for i in 0..exp.numel() {
+        let (g, e) = (got.get_f64(i), exp.get_f64(i));
+        let bound = ulps as f64 * ulp(mag.get_f64(i).max(e.abs()));
+        bounded.push(if (g - e).abs() <= bound || (g.is_nan() && e.is_nan()) || g == e { e } else { g });
+    }
+    // Elements within their bound compare as equal; the rest go through the exact comparison,
+    // which names the first one with its got / expected.
+    let masked = Tensor::from_f64(exp.dtype(), exp.shape(), &bounded);
+    compare(&masked, exp, Tolerance::Exact).map_err(|mut m| {
+        m.detail = format!("{} (Rounding::Accumulate: within {ulps} ulp of the terms' magnitude)", m.detail);
+        m
+    })
+}
+
 /// The tolerance of `spec`'s results at world size `ws`: the oracle's ([`tolerance_for`]),
 /// except f16 / bf16 `sum`, `avg` and `premul_sum` wherever that is not already exact, which
 /// follow the backend's declared [`Rounding`]: `ExactThenRound` is the exact result rounded
-/// once (`Exact`), `Accumulate { ulps }` within `ulps` of it; only `Unspecified` keeps the
-/// oracle's worst-case bound for any summation order.
+/// once (`Exact`), `Accumulate { ulps }` within `ulps` ulp of its terms' magnitude
+/// ([`within_ulps_of_terms`]; `Ulps(ulps)` here); only `Unspecified` keeps the oracle's
+/// worst-case bound for any summation order.
 pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Tolerance {
     if spec.kind == InputKind::Special {
         return Tolerance::Exact;
@@ -498,6 +561,7 @@ pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Toler
     }
 }
 
+/// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
 fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
     match spec.op {
         OpKind::AllToAllSingle => {
@@ -509,5 +573,27 @@ fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<
         }
         // The barrier moves no data; the oracle's all_reduce of nothing stands in.
         op => crate::exec::collective(op, p, ws).unwrap_or(Collective::AllReduce { op: ReduceOp::Sum }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Rounding::Accumulate`'s bound follows the magnitude of the terms: 0.5 + 0.25 - 0.75 in f16
+    /// (terms' magnitude 1.5, ulp 2^-10) may be off by up to `ulps` * 2^-10 from the exact 0, even
+    /// though that is thousands of ulp of a result near 0; one ulp more fails, naming the element.
+    #[test]
+    fn accumulate_is_bounded_by_the_terms_magnitude() {
+        let f16 = |v: &[f64]| Tensor::from_f64(DType::F16, &[v.len()], v);
+        let mag = Tensor::from_f64(DType::F64, &[2], &[1.5, 3.0]);
+        let exp = f16(&[0.0, 3.0]);
+        let u = 2f64.powi(-10);
+        assert!(within_ulps_of_terms(&f16(&[4.0 * u, 3.0]), &exp, &mag, 4).is_ok());
+        let m = within_ulps_of_terms(&f16(&[5.0 * u, 3.0]), &exp, &mag, 4).unwrap_err();
+        assert_eq!((m.index, m.bad_count), (0, 1), "{m:?}");
+        // The second element's magnitude is 3 (ulp 2^-9): 2 ulp of it is within 2, not within 1.
+        assert!(within_ulps_of_terms(&f16(&[0.0, 3.0 + 2.0 * 2.0 * u]), &exp, &mag, 2).is_ok());
+        assert!(within_ulps_of_terms(&f16(&[0.0, 3.0 + 2.0 * 2.0 * u]), &exp, &mag, 1).is_err());
     }
 }

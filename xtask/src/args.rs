@@ -19,8 +19,10 @@ Commands:
         --contract prints the contract map instead of running
   mutants [--mutant NAME]... [--case ID...] [--jobs N] [--list]
           [--sweep [HOOK:POSITION:CLASS[:SHAPE][@DTYPE]]] [--hook HOOK]... [--ws N]... [--shape SHAPE]...
-          [--dtype DTYPE|all]... [--order] [--skip PATTERN]...
-        the mutation campaign: every mutant of concord-mutants against the catalogue;
+          [--dtype DTYPE|all]... [--order] [--skip PATTERN]... [--legal]
+        the mutation campaign: every mutant of concord-mutants against the catalogue,
+        then (with no mutant or case named) every legal variant, which must pass it;
+        --legal: only the legal variants (--mutant NAME: those named);
         --sweep: the corruption grid (hook x rank position x size class x world size);
         --shape strided|no_zero|singleton|unsorted: its subgroup cells instead;
         --dtype: its dtype grid instead (hook x dtype x world size, every rank, every size);
@@ -73,6 +75,8 @@ pub enum Cmd {
         order: bool,
         /// `--skip`: case-id substrings left out.
         skip: Vec<String>,
+        /// `--legal`: the legal variants only.
+        legal: bool,
     },
     BenchHarness,
     Bench {
@@ -187,7 +191,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         "mutants" => {
             let (mut mutant, mut case, mut jobs, mut list) = (Vec::new(), Vec::new(), None, false);
             let (mut sweep, mut hook, mut ws, mut shape, mut skip) = (None, Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let (mut dtype, mut order) = (Vec::new(), false);
+            let (mut dtype, mut order, mut legal) = (Vec::new(), false, false);
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--mutant" => mutant.push(t.value(&a)?),
@@ -213,11 +217,12 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     "--shape" => shape.push(t.value(&a)?),
                     "--dtype" => dtype.push(t.value(&a)?),
                     "--order" => order = true,
+                    "--legal" => legal = true,
                     "--skip" => skip.push(t.value(&a)?),
                     f => return Err(unknown(&cmd, f)),
                 }
             }
-            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip }
+            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip, legal }
         }
         "bench-harness" | "gpu-bundle" => {
             if let Some(a) = t.next() {

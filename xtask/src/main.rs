@@ -278,7 +278,7 @@ fn real_main() -> Result<()> {
             let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip, legal } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -333,7 +333,23 @@ fn real_main() -> Result<()> {
             for k in &skip {
                 c.args(["--skip", k]);
             }
+            if legal {
+                c.arg("--legal");
+            }
             let status = c.current_dir(root()).status().context("could not start concord-mutants")?;
+            // The whole campaign (nothing named, no grid) goes on with the legal variants: the
+            // catalogue must also pass every backend that is right.
+            let whole = mutant.is_empty() && case.is_empty() && sweep.is_none() && hook.is_empty() && ws.is_empty();
+            let whole = whole && shape.is_empty() && dtype.is_empty() && !order && skip.is_empty() && !list && !legal;
+            if !whole || !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
+            }
+            let mut l = Command::new(target.join("ci/concord-mutants"));
+            l.arg("--legal");
+            if let Some(j) = jobs {
+                l.args(["--jobs", &j.to_string()]);
+            }
+            let status = l.current_dir(root()).status().context("could not start concord-mutants --legal")?;
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),

@@ -14,10 +14,151 @@
 //!
 //! Work proceeds in blocks of [`BLOCK`] elements through a local accumulator, so an output may
 //! alias an input (in-place all_reduce) without two live views of the same bytes.
+//!
+//! Three backend options choose another semantics where the contract leaves the choice to the
+//! backend (each declared in the capabilities, [`declare`]; the campaign's legal variants run the
+//! catalogue with each): `nan_minmax=ignore` (float `min` / `max` skip NaN inputs, IEEE
+//! `maxNum`, as NCCL does), `int_avg=floor` (a signed integer `avg` rounds toward negative
+//! infinity), `rounding=every_step` (f16 / bf16 `sum`, `avg`, `premul_sum` fold the ranks in rank
+//! order in the dtype, rounding at every step, as a ring does hop by hop). Those reductions take
+//! a plain element-wise path ([`run_chosen`]); every other reduction is unchanged.
 
 use crate::sys::Region;
-use concord_core::{dispatch_dtype, DType, ReduceOp};
+use concord_core::caps::{IntAvg, NanPolicy, Rounding};
+use concord_core::{dispatch_dtype, Capabilities, CollectiveError, DType, ReduceOp, Result, Tensor, WorldInfo};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The chosen semantics (bits below; 0: the defaults). Process-wide: a worker joins one world.
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+const NAN_IGNORE: u8 = 1;
+const INT_AVG_FLOOR: u8 = 2;
+const EVERY_STEP: u8 = 4;
+
+/// The ulps `rounding=every_step` declares (`Rounding::Accumulate`): a fold of up to 16 ranks,
+/// rounded at every step.
+pub const EVERY_STEP_ULPS: u32 = 16;
+
+/// Reads the options `nan_minmax`, `int_avg` and `rounding` (called by `init`).
+pub(crate) fn choose(world: &WorldInfo) -> Result<()> {
+    let pick = |key: &str, default: &str, other: &str, bit: u8| -> Result<u8> {
+        match world.option(key) {
+            None => Ok(0),
+            Some(v) if v == default => Ok(0),
+            Some(v) if v == other => Ok(bit),
+            Some(v) => Err(CollectiveError::Backend(format!("option {key}={v}: expected {default} or {other}"))),
+        }
+    };
+    let bits = pick("nan_minmax", "propagate", "ignore", NAN_IGNORE)?
+        | pick("int_avg", "truncate", "floor", INT_AVG_FLOOR)?
+        | pick("rounding", "exact", "every_step", EVERY_STEP)?;
+    CHOSEN.store(bits, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The chosen semantics in the capabilities.
+pub(crate) fn declare(c: &mut Capabilities) {
+    let bits = CHOSEN.load(Ordering::Relaxed);
+    if bits & NAN_IGNORE != 0 {
+        c.nan_minmax = NanPolicy::Ignore;
+    }
+    if bits & INT_AVG_FLOOR != 0 {
+        c.int_avg = IntAvg::Floor;
+    }
+    if bits & EVERY_STEP != 0 {
+        c.rounding = Rounding::Accumulate { ulps: EVERY_STEP_ULPS };
+    }
+}
+
+/// Whether the chosen semantics changes this reduction.
+fn chosen_changes(dtype: DType, op: ReduceOp) -> bool {
+    let bits = CHOSEN.load(Ordering::Relaxed);
+    let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    (bits & NAN_IGNORE != 0 && float && matches!(op, ReduceOp::Min | ReduceOp::Max))
+        || (bits & INT_AVG_FLOOR != 0 && op == ReduceOp::Avg && matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64))
+        || (bits & EVERY_STEP != 0
+            && matches!(dtype, DType::F16 | DType::BF16)
+            && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)))
+}
+
+/// Element `i` of a signed integer tensor, exactly.
+fn int_at(t: &Tensor, i: usize) -> i64 {
+    match t.dtype() {
+        DType::I8 => t.as_slice::<i8>()[i] as i64,
+        DType::I16 => t.as_slice::<i16>()[i] as i64,
+        DType::I32 => t.as_slice::<i32>()[i] as i64,
+        _ => t.as_slice::<i64>()[i],
+    }
+}
+
+/// The wrapped sum of `vals` in `dtype`'s width, floor-divided by `n`.
+fn floor_avg(dtype: DType, vals: impl Iterator<Item = i64>, n: usize) -> Tensor {
+    let sum = vals.fold(0i64, |a, v| a.wrapping_add(v));
+    let n = n as i64;
+    match dtype {
+        DType::I8 => Tensor::from_vec(&[1], vec![(sum as i8).div_euclid(n as i8)]),
+        DType::I16 => Tensor::from_vec(&[1], vec![(sum as i16).div_euclid(n as i16)]),
+        DType::I32 => Tensor::from_vec(&[1], vec![(sum as i32).div_euclid(n as i32)]),
+        _ => Tensor::from_vec(&[1], vec![sum.div_euclid(n)]),
+    }
+}
+
+/// One element of a reduction under the chosen semantics, from every input's element `i` (in
+/// rank order): the element's bytes.
+fn chosen_element(dtype: DType, op: ReduceOp, n_avg: usize, ins: &[Tensor], i: usize) -> Tensor {
+    let one = |v: f64| Tensor::from_f64(dtype, &[1], &[v]);
+    match op {
+        ReduceOp::Min | ReduceOp::Max => {
+            // NaN inputs skipped; all NaN: the first one, bits and all. Ties order -0.0 < +0.0.
+            let max = op == ReduceOp::Max;
+            let kept: Vec<f64> = ins.iter().map(|t| t.get_f64(i)).filter(|v| !v.is_nan()).collect();
+            let Some(&first) = kept.first() else { return ins[0].slice_rows(i, 1) };
+            let v = kept[1..].iter().fold(first, |a, &b| {
+                let b_wins = if a == b { b.is_sign_negative() != max } else { (b > a) == max };
+                if b_wins {
+                    b
+                } else {
+                    a
+                }
+            });
+            one(v)
+        }
+        ReduceOp::Avg if !matches!(dtype, DType::F16 | DType::BF16) => floor_avg(dtype, ins.iter().map(|t| int_at(t, i)), n_avg),
+        _ => {
+            // f16 / bf16, rounded to the dtype at every step.
+            let round = |v: f64| one(v).get_f64(0);
+            let f = if let ReduceOp::PremulSum(f) = op { f } else { 1.0 };
+            let mut acc = round(ins[0].get_f64(i) * f);
+            for t in &ins[1..] {
+                acc = round(acc + round(t.get_f64(i) * f));
+            }
+            if op == ReduceOp::Avg {
+                acc = round(acc / n_avg as f64);
+            }
+            one(acc)
+        }
+    }
+}
+
+/// A reduction under the chosen semantics, element by element: every input is read before any
+/// output is written (an output may be an input).
+fn run_chosen(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region]) {
+    let n = ins[0].len() / dtype.size();
+    let read = |r: &Region| {
+        let mut b = vec![0u8; r.len()];
+        r.copy_to_bytes(&mut b);
+        Tensor::from_bytes(dtype, &[n], &b)
+    };
+    let tensors: Vec<Tensor> = ins.iter().map(read).collect();
+    let mut out = vec![0u8; ins[0].len()];
+    let es = dtype.size();
+    for i in 0..n {
+        out[i * es..(i + 1) * es].copy_from_slice(chosen_element(dtype, op, n_avg, &tensors, i).bytes());
+    }
+    for o in outs {
+        o.copy_from_bytes(&out);
+    }
+}
 
 const BLOCK: usize = 2048;
 
@@ -315,6 +456,9 @@ pub fn reduce_into_many(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region
     assert!(!ins.is_empty(), "reduction of no inputs");
     for r in ins.iter().chain(outs) {
         assert_eq!(r.len(), ins[0].len(), "reduction over regions of different sizes");
+    }
+    if chosen_changes(dtype, op) {
+        return run_chosen(dtype, op, n_avg, outs, ins);
     }
     let stream = ins[0].len() * outs.len() >= STREAM_BYTES;
     dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream))

@@ -108,7 +108,9 @@ pub const MAX_WORLD_SIZE: usize = 64;
 
 /// What the backend declares (and validates calls against).
 fn caps() -> Capabilities {
-    Capabilities { fused: concord_core::FusedImpl::Pipelined, ..Capabilities::full(MAX_WORLD_SIZE) }
+    let mut c = Capabilities { fused: concord_core::FusedImpl::Pipelined, ..Capabilities::full(MAX_WORLD_SIZE) };
+    kernels::declare(&mut c);
+    c
 }
 
 /// The fault points the backend honours (every action at each).
@@ -321,7 +323,9 @@ impl Backend for ShmBackend {
     /// Joins the world. Options: `shm_arena_gib` (address space per rank arena, default 16);
     /// `fault` (faults to inject, [`concord_core::fault`]: the points in `FAULT_POINTS`);
     /// `shm_canary=1` (fill freed blocks with a canary and check it when they are reused and at
-    /// teardown; a write into freed memory ends the process with status 87).
+    /// teardown; a write into freed memory ends the process with status 87); `nan_minmax=ignore`,
+    /// `int_avg=floor`, `rounding=every_step` (another reduction semantics, declared:
+    /// [`kernels`]).
     fn init(world: &WorldInfo) -> Result<Self> {
         let (rank, n) = (world.rank, world.world_size);
         if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
@@ -339,6 +343,7 @@ impl Backend for ShmBackend {
         let fault = fault::from_world(world).map_err(CollectiveError::Backend)?;
         let canary = world.flag("shm_canary", false).map_err(CollectiveError::Backend)?;
         fused::set_mode(world.option("fused_pipeline"))?;
+        kernels::choose(world)?;
         sys::install_cleanup_handlers();
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);

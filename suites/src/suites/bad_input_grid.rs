@@ -9,7 +9,7 @@
 
 use super::util::fail;
 use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
-use concord_core::{Backend, BadInputKind as K, CollectiveError, DType, ReduceOp, Tensor};
+use concord_core::{AliasPolicy, Backend, BadInputKind as K, CollectiveError, DType, ReduceOp, Tensor};
 
 /// The (op, variant)s of the grid: the trait's calls, by name (the hooks of
 /// `concord_mutants::sweep_bad`).
@@ -294,6 +294,9 @@ fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buf
             let out = b.alloc(dt, &[len])?;
             b.write(&out, &Tensor::from_f64(dt, &[len], &vec![(me + 1) as f64; len]))?;
             let x = b.view(&out, 0, &a.shape())?;
+            // The valid call's input values: a backend that computes aliased outputs
+            // (`AliasPolicy::Correct`) must then give the valid call's result.
+            b.write(&x, &input(a, me, 0))?;
             return Ok((x, out));
         }
         Ok((x()?, b.alloc(dt, &[len])?))
@@ -443,9 +446,31 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                 let valid = Args::valid(ws, root);
                 let a = if mine { valid.clone().broken(how, ws) } else { valid.clone() };
                 let want = how.kind();
+                // An overlap the op forbids is bad input only to a backend that declares it
+                // refuses one (`AliasPolicy::Reject`): one that declares it computes aliased
+                // outputs correctly must give the valid call's result, on every rank.
+                let computes_aliased = how == How::Alias && b.capabilities().aliasing == AliasPolicy::Correct;
                 // Every rank calls the op (the carrier of `OtherOp` another one): every rank must
                 // get THE kind.
                 match call(ctx, hook, &a) {
+                    Ok(outs) if computes_aliased => {
+                        check(
+                            b,
+                            hook,
+                            root,
+                            &outs,
+                            &format!(
+                                "{w}: the backend declares AliasPolicy::Correct, so the aliased call must compute the valid call's result"
+                            ),
+                        )?;
+                    }
+                    Err(e) if computes_aliased => return Err(fail(
+                        &w,
+                        format!(
+                            "the backend declares AliasPolicy::Correct (aliased outputs computed), but the aliased call ended in {e} [{}]",
+                            e.name()
+                        ),
+                    )),
                     Ok(_) => {
                         return Err(fail(
                             &w,
