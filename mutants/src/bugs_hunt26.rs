@@ -402,6 +402,51 @@ impl Bug for NcclxNvlBarrierSkipsPeers {
     }
 }
 
+// ---------------------------------------------------------------- Xilinx/ACCL #25, PR #37
+
+/// ACCL's reduce_scatter chunk order (Xilinx/ACCL #25 "Unintuitive result order of
+/// reduce_scatter operation", fixed by PR #37 "Fixed chunk offset in reduce-scatter": "rank _i_
+/// will receive the index (_i_ + 1) % _n_"): the ring reduce-scatter ends with each rank holding
+/// the chunk its ring step finished on, one past its own, and ACCL returned that chunk instead of
+/// scattering chunk `i` to rank `i` as MPI (and every framework above it) expects. Here a
+/// reduce_scatter (either variant) gives rank `i` the reduced chunk `(i + 1) % ws`: each rank
+/// hands the real reduce_scatter its input rotated by one chunk.
+#[derive(Default)]
+pub struct AcclReduceScatterNextChunk;
+
+impl AcclReduceScatterNextChunk {
+    /// `x` rotated by one chunk along dim 0 (chunk `j` holds chunk `j + 1`), `None` where the
+    /// real call refuses it or rotating changes nothing.
+    fn rotated(s: &Shm, x: &Buf) -> Result<Option<Buf>> {
+        let ws = s.ws();
+        let shape = s.inner.buffer_shape(x);
+        let Some(&d0) = shape.first() else { return Ok(None) };
+        if ws < 2 || d0 == 0 || d0 % ws != 0 {
+            return Ok(None);
+        }
+        let t = s.inner.download(x)?;
+        let chunk = t.len_bytes() / ws;
+        let mut r = t.clone();
+        r.bytes_mut().rotate_left(chunk);
+        Ok(Some(s.inner.upload(&r)?))
+    }
+}
+
+impl Bug for AcclReduceScatterNextChunk {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        match Self::rotated(s, x)? {
+            Some(r) => s.inner.reduce_scatter_tensor(&r, op),
+            None => s.inner.reduce_scatter_tensor(x, op),
+        }
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        match Self::rotated(s, x)? {
+            Some(r) => s.inner.reduce_scatter_tensor_out(&r, op, out),
+            None => s.inner.reduce_scatter_tensor_out(x, op, out),
+        }
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<RcclBf16MinMaxBitwise>(
@@ -445,6 +490,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.world_sizes",
             "meta-pytorch/torchcomms PR #3213: at a non-power-of-two world size the butterfly barrier skips peers, and an all_gather reads the blocks of ranks it never synchronised with from their previous all_gather",
             &["reuse::world_and_group_in_flight::all_gather_into_tensor::out::ws3"],
+        ),
+        spec::<AcclReduceScatterNextChunk>(
+            "wild_accl_reduce_scatter_next_chunk",
+            "values.reduce",
+            "Xilinx/ACCL #25, PR #37: reduce_scatter gives rank i the reduced chunk (i + 1) % ws (the ring's last chunk)",
+            &["reduce_scatter_tensor::out::f32::sum::ws2"],
         ),
     ]
 }
