@@ -1,8 +1,9 @@
 //! The twenty-sixth hunt: bugs from the wild in the vendor collective libraries themselves
-//! (RCCL, Meta's NCCLX fork of NCCL, Apple's MLX distributed backends, BAAI's FlagCX). Each
-//! ports a correctness bug that shipped, found in the project's issue or pull-request thread
-//! named on its type, with the original's trigger (dtype, reduce op, collective, rank position,
-//! NaN placement) as far as the `Backend` trait lets a wrapper over shm reproduce it.
+//! (RCCL, Meta's NCCLX fork of NCCL, Apple's MLX distributed backends, BAAI's FlagCX, Xilinx /
+//! AMD ACCL) and in XLA:GPU's lowering of collectives. Each ports a correctness bug that shipped,
+//! found in the project's issue or pull-request thread named on its type, with the original's
+//! trigger (dtype, reduce op, collective, world size, rank position, NaN placement, permutation
+//! shape, call history) as far as the `Backend` trait lets a wrapper over shm reproduce it.
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, lock, set_f64, Buf, Bug, Shm};

@@ -57,7 +57,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt23`] (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft,
 /// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
 /// registration caches, zero and short counts, 32-bit offsets that wrap), [`bugs_hunt26`]
-/// (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX, MLX, FlagCX);
+/// (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX, MLX, FlagCX, ACCL,
+/// XLA:GPU);
 /// [`bugs_review`] (declarations and init a review found the suites trusted) and [`bugs_review2`]
 /// (bugs the second review's weak checks let through).
 pub fn catalogue() -> Vec<campaign::Spec> {
