@@ -448,6 +448,53 @@ impl Bug for AcclReduceScatterNextChunk {
     }
 }
 
+// ---------------------------------------------------------------- meta-pytorch/torchcomms PR #3213 (AllToAllP)
+
+/// The same NCCLX barrier (meta-pytorch/torchcomms PR #3213), on the other collective the PR
+/// names: the skipping butterfly also backs `nvlCeAllToAll` (AllToAllP, the persistent
+/// all-to-all of equal per-peer counts), so a rank could read a peer's send buffer from the wrong
+/// iteration there too. Here, at a non-power-of-two world size, an equal-split
+/// `all_to_all_single` gives rank `r`, in the block from every rank its barrier never learned of
+/// ([`NcclxNvlBarrierSkipsPeers::known`]), the block that rank sent it in its *previous* equal
+/// all_to_all of the same dtype and shape (its current one when there was none). Each call runs
+/// the real op beside the same op on each rank's previous input, so both are refused alike.
+#[derive(Default)]
+pub struct NcclxNvlBarrierAllToAllStale {
+    /// This rank's input to its last equal-split all_to_all on the communicator.
+    last: Mutex<Option<Tensor>>,
+}
+
+impl Bug for NcclxNvlBarrierAllToAllStale {
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let ws = s.ws();
+        if ws < 3 || ws.is_power_of_two() {
+            return s.inner.all_to_all_single(x, o, i);
+        }
+        let equal = o.is_none() && i.is_none();
+        let cur = s.inner.download(x)?;
+        let prev = if equal { lock(&self.last).replace(cur.clone()) } else { None };
+        let staged = prev.filter(|p| p.dtype() == cur.dtype() && p.shape() == cur.shape()).unwrap_or(cur);
+        let known = NcclxNvlBarrierSkipsPeers::known(ws).swap_remove(s.rank());
+        let stale = s.inner.all_to_all_single(&s.inner.upload(&staged)?, o, i)?;
+        crate::then_gathered(
+            s,
+            stale,
+            |g| g,
+            || s.inner.all_to_all_single(x, o, i),
+            |b: &Buf| Some(b),
+            move |old, t| {
+                if !equal || t.len_bytes() % ws != 0 {
+                    return;
+                }
+                let block = t.len_bytes() / ws;
+                for q in (0..ws).filter(|&q| !known[q]) {
+                    crate::copy_bytes(t, q * block, old, q * block, block);
+                }
+            },
+        )
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<RcclBf16MinMaxBitwise>(
@@ -491,6 +538,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.world_sizes",
             "meta-pytorch/torchcomms PR #3213: at a non-power-of-two world size the butterfly barrier skips peers, and an all_gather reads the blocks of ranks it never synchronised with from their previous all_gather",
             &["reuse::world_and_group_in_flight::all_gather_into_tensor::out::ws3"],
+        ),
+        spec::<NcclxNvlBarrierAllToAllStale>(
+            "wild_ncclx_nvl_barrier_alltoall_stale",
+            "values.world_sizes",
+            "meta-pytorch/torchcomms PR #3213 (AllToAllP): at a non-power-of-two world size an equal-split all_to_all reads the blocks of ranks its barrier never synchronised with from their previous all_to_all",
+            &["realloc::all_to_all_single::out::ws3"],
         ),
         spec::<AcclReduceScatterNextChunk>(
             "wild_accl_reduce_scatter_next_chunk",
