@@ -30,6 +30,7 @@ pub mod bugs_hunt22;
 pub mod bugs_hunt23;
 pub mod bugs_hunt24;
 pub mod bugs_hunt25;
+pub mod bugs_hunt26;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -58,7 +59,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt23`] (shipped bugs of the frameworks that issue collectives: DeepSpeed, torchft,
 /// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
 /// registration caches, zero and short counts, 32-bit offsets that wrap), [`bugs_hunt25`]
-/// (shipped bugs of language bindings and thin wrappers over a collective library);
+/// (shipped bugs of language bindings and thin wrappers over a collective library),
+/// [`bugs_hunt26`] (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX,
+/// MLX, FlagCX, ACCL, XLA:GPU);
 /// [`bugs_review`] (declarations and init a review found the suites trusted) and [`bugs_review2`]
 /// (bugs the second review's weak checks let through).
 pub fn catalogue() -> Vec<campaign::Spec> {
@@ -86,6 +89,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt23::catalogue());
     v.extend(bugs_hunt24::catalogue());
     v.extend(bugs_hunt25::catalogue());
+    v.extend(bugs_hunt26::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v

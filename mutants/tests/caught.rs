@@ -370,6 +370,24 @@ fn main() {
             Ok(())
         }));
     }
+    trials.push(libtest_mimic::Trial::test("mutants::hunt26::ported_rules_match_their_sources", || {
+        // hunt26's two ported rules, against the examples their threads give: openxla/xla PR
+        // #46248 (the pass's own test, two 4-cycles: device 0 zeroed) and meta-pytorch/torchcomms
+        // PR #3213 (at 6 ranks, ranks 2 and 3 never synchronise with 4 and 5).
+        use concord_mutants::bugs_hunt26::{NcclxNvlBarrierSkipsPeers, XlaPermuteCycleLastBackEdge};
+        let two_cycles = XlaPermuteCycleLastBackEdge::zeroed(&[2, 3, 4, 5, 6, 7, 0, 1]);
+        let one_cycle = XlaPermuteCycleLastBackEdge::zeroed(&[1, 2, 3, 0]);
+        let known = NcclxNvlBarrierSkipsPeers::known(6);
+        let unknown: Vec<(usize, usize)> = (0..6).flat_map(|r| (0..6).map(move |q| (r, q))).filter(|&(r, q)| !known[r][q]).collect();
+        let pow2 = NcclxNvlBarrierSkipsPeers::known(8).iter().all(|row| row.iter().all(|&k| k));
+        match (two_cycles == [0], one_cycle.is_empty(), unknown == [(2, 4), (2, 5), (3, 4), (3, 5)], pow2) {
+            (true, true, true, true) => Ok(()),
+            got => {
+                Err(format!("two cycles {two_cycles:?}, one cycle {one_cycle:?}, unsynchronised {unknown:?}, 8 ranks all known: {got:?}")
+                    .into())
+            }
+        }
+    }));
     sweep_trials(&mut trials);
     // The hint index finds what a plain substring search finds, in the same order.
     let plain_ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
