@@ -7,6 +7,11 @@
 //!
 //! * Return from every collective at once with a [`Work`]; the result is final after `wait`.
 //!   [clause: async.issue_returns] [clause: async.result_final_after_wait]
+//! * Once `is_completed()` returns true the result is final too, exactly as after `wait`: a
+//!   caller that polls `is_completed()` (PyTorch's `while not work.is_completed()`) may read the
+//!   result without waiting; a completion flag MUST NOT be set before the result is in the
+//!   buffer(s) the op returned (a copy out of a staging buffer done inside `wait` is too late).
+//!   [clause: async.completed_means_final]
 //! * Out-of-place ops (`all_reduce`, `all_gather_into_tensor`, ...) return a *new* buffer that
 //!   never aliases the input, and leave the input unchanged. [clause: placement.out_of_place]
 //! * In-place ops (`all_reduce_`, `broadcast_`, `*_coalesced_`) return the very buffer(s) given

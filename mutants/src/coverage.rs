@@ -28,12 +28,6 @@ pub const EXEMPT: &[(&str, &str)] = &[
          download are not hooks of a mutant (the wrapper always calls shm's, which never queue behind collectives)",
     ),
     (
-        "faults.local_failure_named_everywhere",
-        "its cases inject a local failure at `after_begin` / `before_header`, hooks shm does not declare \
-         (UNSUPPORTED on any shm wrapper); shm's own local-failure point (`after_post`) poisons the \
-         communicator by design (shm exec.rs), so the clause's 'the world stays usable' cannot hold through shm",
-    ),
-    (
         "seeds.pytorch",
         "not a behaviour of its own: it names PyTorch's test file, whose checks are those of other clauses \
          (shapes, quiescence, async, values); a bug that breaks it breaks one of those and is labelled there \

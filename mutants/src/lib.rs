@@ -40,6 +40,7 @@ pub mod bugs_hunt8;
 pub mod bugs_hunt9;
 pub mod bugs_review;
 pub mod bugs_review2;
+pub mod bugs_review3;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
@@ -62,8 +63,9 @@ pub mod sweep_bad;
 /// (shipped bugs of language bindings and thin wrappers over a collective library),
 /// [`bugs_hunt26`] (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX,
 /// MLX, FlagCX, ACCL, XLA:GPU);
-/// [`bugs_review`] (declarations and init a review found the suites trusted) and [`bugs_review2`]
-/// (bugs the second review's weak checks let through).
+/// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
+/// (bugs the second review's weak checks let through) and [`bugs_review3`] (the third review's:
+/// async, point-to-point, subgroups and state).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -92,6 +94,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt26::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
+    v.extend(bugs_review3::catalogue());
     v
 }
 

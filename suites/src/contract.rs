@@ -50,6 +50,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["async::lag_read_right_after_wait", "reuse::no_late_write::", "async::completes_without_wait"],
     },
     Clause {
+        id: "async.completed_means_final",
+        source: BACKEND,
+        text: "Once is_completed() is true the result is final, as after wait: a polling caller may read it without waiting.",
+        cases: &["async::completes_without_wait::every_op"],
+    },
+    Clause {
         id: "async.wait_semantics",
         source: WORK,
         text: "wait is idempotent, may come from another thread and in any order, and outstanding() counts issued-but-unwaited works.",
@@ -81,6 +87,8 @@ pub const CLAUSES: &[Clause] = &[
             "async::pending_until_peers_arrive::send_recv::",
             "async::pending_until_peers_arrive::barrier::",
             "p2p::send_buffer_reused_once_completed",
+            // Every op's work completes on its own once its peers have issued (no wait).
+            "async::completes_without_wait::every_op",
         ],
     },
     Clause {
@@ -161,7 +169,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "faults.local_failure_named_everywhere",
         source: BACKEND,
         text: "A local failure after an op was issued reaches every rank as one named error, never a timeout; the world stays usable.",
-        cases: &["device_faults::local_failure_after_begin", "device_faults::fail_before_header"],
+        cases: &["device_faults::local_failure_after_begin", "device_faults::fail_before_header", "faults::fail_after_post"],
     },
     Clause {
         id: "values.reduce",

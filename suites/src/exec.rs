@@ -82,6 +82,23 @@ impl<B: Backend> Pending<B> {
             Pending::Pair(_, r) => r.is_completed(),
         }
     }
+    /// The completion state of every part (a pair: the send and the recv).
+    pub fn all_completed(&self) -> bool {
+        match self {
+            Pending::Pair(s, r) => s.is_completed() && r.is_completed(),
+            p => p.is_completed(),
+        }
+    }
+    /// The result buffers *without* waiting (one per input; `[]` for barrier; a pair: the
+    /// receive's): their contents are final only once the work completed.
+    pub fn peek_values(&self) -> Vec<B::Buffer> {
+        match self {
+            Pending::One(w) => vec![w.peek().clone()],
+            Pending::Many(w) => w.peek().clone(),
+            Pending::Unit(_) => vec![],
+            Pending::Pair(_, r) => vec![r.peek().clone()],
+        }
+    }
     /// Waits up to `t` for the part that needs the peers (the recv of a pair).
     pub fn wait(&self, t: Duration) -> Result<(), CollectiveError> {
         match self {

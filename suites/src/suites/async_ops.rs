@@ -19,7 +19,8 @@
 //! `async::issue_returns_at_once::all_to_all_splits::ws2` (explicit, uneven splits), and
 //! `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
-//! completes, with a non-waiting `check`, that the key is set.
+//! completes, with a non-waiting `check`, that the key is set; `::every_rank_checks::ws4`:
+//! at 4 ranks, every rank sets its key before entering and checks every rank's.
 
 use super::util::{expect_eq, fail, full, here, member_group};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -354,6 +355,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
+    v.push(Case::<B>::new(
+        "async::barrier_synchronises::every_rank_checks::ws4",
+        meta(OpKind::Barrier, Variant::Out),
+        4,
+        barrier_every_rank_checks,
+    ));
     for ws in [2, 3] {
         v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {
             let b = ctx.b;
@@ -383,4 +390,41 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }));
     }
     v
+}
+
+/// `async::barrier_synchronises::every_rank_checks::ws4`: the barrier at 4 ranks (the cases
+/// above run at 2 and 3, where every rank of a tree barrier is on its first level). Two rounds,
+/// rank 0 and then the last rank the late one: every rank sets its own store key right before it
+/// enters the barrier (the late rank after a 20 ms delay, so that the others are inside), and
+/// every rank checks, right after its barrier completed, that EVERY rank's key is set. No rank's
+/// barrier may complete before every rank has entered it. (The keys are the round's own, so no
+/// second barrier is needed before the next round; the world's store goes with the world.)
+fn barrier_every_rank_checks<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    for (round, late) in [0, ws - 1].into_iter().enumerate() {
+        let w = format!("{} late_rank={late} (every rank sets its key right before entering)", here(b, "barrier", "out", DType::F32));
+        let keys: Vec<String> = (0..ws).map(|r| format!("{}/{}/round{round}/entering{r}", ctx.case, ctx.world.world_id)).collect();
+        if me == late {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ctx.store.set(&keys[me], b"1").map_err(|e| fail(&w, e))?;
+        b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if !ctx.store.check(&refs).map_err(|e| fail(&w, e))? {
+            let mut missing = Vec::new();
+            for (r, k) in keys.iter().enumerate() {
+                if !ctx.store.check(&[k.as_str()]).map_err(|e| fail(&w, e))? {
+                    missing.push(r);
+                }
+            }
+            return Err(fail(
+                &w,
+                format!(
+                    "the barrier completed on this rank before rank(s) {missing:?} had entered it (their store keys, set right before entering, were not there when it completed)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -4,14 +4,16 @@
 //! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
 //! un-waited collective, out-of-place and in-place (must exit within 1 s), `wait(0)` as a poll (never blocking), a work
-//! that completes without any wait (`is_completed()` polled), a sub-second wait that waits its
+//! that completes without any wait (`is_completed()` polled: the all_reduce, and every op of the
+//! trait with its result read before any wait, `::every_op::ws2`), a sub-second wait that waits its
 //! deadline (not a poll), a timeout naming its own
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
 //! runs for its peers, and a failed op whose `is_completed()` turns true.
 
 use super::util::{expect_eq, fail, full, here, member_group};
-use crate::case::{Case, CaseMeta};
-use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor};
+use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use crate::exec;
+use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor, Variant};
 use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
@@ -185,6 +187,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         expect_eq(b, out, &full(&[64], rank_sum(b.world_size())), &w)
     }));
+    v.push(Case::<B>::new("async::completes_without_wait::every_op::ws2", meta("every_op", "every"), 2, completes_without_wait_every_op));
     v.push(Case::<B>::new("async::wait_twice::ws2", meta("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
@@ -796,4 +799,106 @@ pub fn unwaited_child<B: Backend>() -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// `async::completes_without_wait::every_op::ws2`: every (op, variant) of [`exec::PAIRS`] in
+/// turn (f32, `sum` for the reducing ops, root the last rank, a rotation for permute, send / recv
+/// with the partner), issued on both ranks; once both have issued (a store handshake), the
+/// work's `is_completed()` — a pair's send and recv both — MUST turn true without any `wait`
+/// (clause `async.every_op_every_rank`: a backend whose ops progress only inside `wait` spins a
+/// polling caller for ever; `async::completes_without_wait::ws2` checks the all_reduce alone), and
+/// the result read right then, before any wait, MUST already be the oracle's (clause
+/// `async.completed_means_final`: a completion flag set before the result is in the buffer the
+/// op returned hands a polling caller stale bytes). Then the work is waited and its result
+/// checked again. Every op is issued and waited on both ranks even after a failure (the first
+/// failure is the verdict; later ops are not polled). The first op that never completes without a
+/// wait is polled for half the case's wait deadline, at most 5 s, as the all_reduce case does.
+fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let caps = b.capabilities();
+    let sem = concord_oracle::Semantics::of(&caps);
+    let mut first: CaseResult = Ok(());
+    // As `async::completes_without_wait::ws2` (generous: a loaded machine delays a progress thread).
+    let mut limit = (ctx.timeout / 2).min(Duration::from_secs(5));
+    for (i, &(op, variant)) in exec::PAIRS.iter().enumerate() {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        // A declared gap is the same on every rank: both skip the op.
+        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
+            continue;
+        }
+        let w = format!("{} (both ranks issued; is_completed() polled, no wait)", here(b, op.name(), &variant.to_string(), DType::F32));
+        let a = exec::Params {
+            reduce,
+            root: ws - 1,
+            src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
+            peer: crate::values::partner(me, ws),
+            ..Default::default()
+        };
+        let n = 2 * ws;
+        let tensors = if matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
+        // Distinct per op, rank, tensor and element (exact in f32).
+        let input = |r: usize, t: usize| Tensor::from_vec(&[n], (0..n).map(|e| (1000 * (i + 1) + 100 * r + 10 * t + e) as f32).collect());
+        let ins: Vec<B::Buffer> = (0..tensors).map(|t| b.upload(&input(me, t))).collect::<Result<_, _>>()?;
+        let mut expected = Vec::new();
+        if let Some(c) = exec::collective(op, &a, ws) {
+            for t in 0..tensors {
+                let all: Vec<Tensor> = (0..ws).map(|r| input(r, t)).collect();
+                let e = concord_oracle::expected(&c, &all, &sem).map_err(|e| fail(&w, format!("suite bug: oracle: {e}")))?;
+                expected.push((e.outputs[me].clone(), e.defined[me]));
+            }
+        }
+        let out = match variant {
+            Variant::OutBuf => Some(b.alloc(DType::F32, expected[0].0.shape())?),
+            _ => None,
+        };
+        let pending = exec::issue(b, op, variant, &ins, out.as_ref(), &a).map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
+        let key = |r: usize| format!("{}/{}/every_op/{i}/issued{r}", ctx.case, ctx.world.world_id);
+        ctx.store.set(&key(me), b"1").map_err(|e| fail(&w, e))?;
+        let keys: Vec<String> = (0..ws).map(key).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        ctx.store.wait(&refs, ctx.timeout).map_err(|e| fail(&w, format!("the other rank never issued: {e}")))?;
+        let t0 = Instant::now();
+        while !pending.all_completed() && t0.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let polled = t0.elapsed();
+        let mut verdict: CaseResult = Ok(());
+        if !pending.all_completed() {
+            verdict = Err(fail(
+                &w,
+                format!("is_completed() stayed false for {polled:?} after both ranks had issued, with no wait called (a work completes once its peers have issued, not only inside wait)"),
+            ));
+        } else {
+            for (t, (o, (exp, defined))) in pending.peek_values().iter().zip(&expected).enumerate() {
+                if *defined && verdict.is_ok() {
+                    verdict = expect_eq(
+                        b,
+                        o,
+                        exp,
+                        &format!(
+                            "{w} tensor {t}, read once is_completed() was true and before any wait (a completed work's result is final)"
+                        ),
+                    );
+                }
+            }
+        }
+        let outs = pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())));
+        if verdict.is_ok() {
+            verdict = outs.and_then(|outs| {
+                for (t, (o, (exp, defined))) in outs.iter().zip(&expected).enumerate() {
+                    if *defined {
+                        expect_eq(b, o, exp, &format!("{w} tensor {t}, after wait"))?;
+                    }
+                }
+                Ok(())
+            });
+        }
+        if first.is_ok() && verdict.is_err() {
+            first = verdict;
+            // The ranks stay in step (every op is still issued and waited); later ops are not polled.
+            limit = Duration::ZERO;
+        }
+    }
+    first
 }

@@ -18,7 +18,8 @@
 //!   rank 0's deadline, then would move its data.
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
 //!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
-//!   of a broadcast (rank 0 only receives).
+//!   of a broadcast (rank 0 only receives). A local failure is a named error on both ranks,
+//!   never a timeout (`faults.local_failure_named_everywhere`).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -183,12 +184,29 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
         VictimOp::Broadcast => b.broadcast(x, victim),
     };
+    // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
+    // as a named error, never a timeout (clause `faults.local_failure_named_everywhere`): the
+    // peer's failure is known, nothing is late.
+    let local_failure = f.as_ref().is_some_and(|f| f.action == Action::Fail);
+    let not_a_timeout = |e: &CollectiveError, whose: &str| -> CaseResult {
+        if local_failure && e.name() == "timeout" {
+            return Err(fail(
+                &w,
+                format!(
+                    "{whose} op ended in a timeout ({e}); rank {victim}'s op failed locally after it was posted: every rank gets a named \
+                     error of that failure, never a timeout"
+                ),
+            ));
+        }
+        Ok(())
+    };
     if me == victim {
         let t0 = Instant::now();
         let e = must_fail(issue(&x)?.wait(ctx.timeout).map(|_| ()), &w, "its peer never ran its side in time")?;
         if t0.elapsed() > ctx.timeout {
             return Err(fail(&w, format!("the failure came after {:?}", t0.elapsed())));
         }
+        let named = not_a_timeout(&e, "this rank's (the failing rank's)");
         b.write(&x, &canary())?;
         // Out of place: one buffer of the output's size, as a caller re-allocating would get
         // (an allocator may hand back the op's freed output).
@@ -205,16 +223,18 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         let mut bufs: Vec<(&str, &B::Buffer)> = vec![("the op's buffer", &x)];
         bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
         check_canary(&b, &bufs, &w, &e)?;
+        named?;
     } else {
         if late {
             keys.wait("victim_failed", &w)?;
         }
         let r = issue(&x)?.wait(ctx.timeout).map(|_| ());
         keys.set("other_done", &w)?;
-        must_fail(r, &w, &format!("rank {victim}'s side of it had already failed"))?;
+        let e = must_fail(r, &w, &format!("rank {victim}'s side of it had already failed"))?;
         if !late {
             keys.wait("victim_failed", &w)?;
         }
+        not_a_timeout(&e, "this rank's")?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Buffer reuse: one persistent buffer across 100 iterations with new contents each time, 300
 //! ops on one communicator interleaved with a group's,
-//! late-write detection (after wait, nothing may still write the result), results of same-shaped
+//! late-write detection (after wait, nothing may still write the result: also a recv's `out`
+//! and an `_out` op's output), results of same-shaped
 //! out-of-place calls kept at once (none overwrites another; also with the calls in flight
 //! together, and a world's and a group's call in flight together), and input/output aliasing (rejected with a named error, or correct, as the backend
 //! declares).
@@ -9,6 +10,7 @@
 use super::util::{expect_eq, expect_oracle, fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
+use crate::values::partner;
 use concord_core::{AliasPolicy, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::InputKind;
 use std::time::Duration;
@@ -73,6 +75,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         (OpKind::ReduceScatterTensor, Variant::Out),
         (OpKind::AllToAllSingle, Variant::Out),
         (OpKind::Broadcast, Variant::InPlace),
+        // The caller's own output buffers: a receive (every other recv check reads `out` right
+        // after wait, so a message written again later passed) and the `_out` ops.
+        (OpKind::SendRecv, Variant::OutBuf),
+        (OpKind::AllGatherIntoTensor, Variant::OutBuf),
+        (OpKind::ReduceScatterTensor, Variant::OutBuf),
     ] {
         let name = format!("reuse::no_late_write::{}::{}::ws2", op.name(), variant.name());
         v.push(Case::<B>::new(name, meta(op.name(), variant.name()), 2, move |ctx| late_write(ctx, op, variant)));
@@ -293,14 +300,27 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
 const KEPT: usize = 5;
 
 /// After wait, overwrite the result with a pattern, give the backend time, check nothing wrote it.
+/// `_out` variants and recv (send / recv with the partner rank) get an output buffer of their
+/// own, the buffer checked.
 fn late_write<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
     let b = ctx.b;
     let ws = b.world_size();
     let w = here(b, op.name(), variant.name(), DType::F32);
     let n = 1 << 16;
     let x = b.upload(&Tensor::from_vec(&[n * ws], (0..n * ws).map(|i| (i % 5) as f32).collect()))?;
-    let p = Params { reduce: Some(ReduceOp::Sum), root: ws - 1, ..Default::default() };
-    let out = exec::call(b, op, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)
+    let p = Params { reduce: Some(ReduceOp::Sum), root: ws - 1, peer: partner(b.rank(), ws), ..Default::default() };
+    let out_buf = match (op, variant) {
+        (_, Variant::OutBuf) => {
+            let numel = match op {
+                OpKind::AllGatherIntoTensor => n * ws * ws,
+                OpKind::ReduceScatterTensor => n,
+                _ => n * ws,
+            };
+            Some(b.alloc(DType::F32, &[numel])?)
+        }
+        _ => None,
+    };
+    let out = exec::call(b, op, variant, std::slice::from_ref(&x), out_buf.as_ref(), &p, ctx.timeout)
         .map_err(|e| fail(&w, format!("root={} n={}: {e} [{}]", p.root, n * ws, e.name())))?
         .remove(0);
     let shape = b.buffer_shape(&out);

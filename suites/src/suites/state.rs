@@ -24,7 +24,8 @@
 //!   and returns its static output has each result overwritten by the next.
 //! * `state::group_recreated_same_members::ws3` — a group of ranks `[2, 0]` made, used and
 //!   dropped three times, each time with other inputs: the next group of the same members must
-//!   not see the last one's state.
+//!   not see the last one's state, and numbers its members as the list does (rank checked, and
+//!   an all_gather of the members' world ranks in group order).
 //! * `state::dtypes_widening::{op}::{variant}::ws2` — every (op, variant) but barrier once in
 //!   every dtype, narrowest first (1, 2, 4 then 8 bytes an element), on the same element counts:
 //!   a tuned backend that caches its plan (chunking, in bytes) by element count runs a wider
@@ -248,6 +249,30 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let g = b.new_group(&members).map_err(|e| fail(&wr, format!("new_group: {e}")))?;
         if let Some(g) = g {
             let gw = format!("{wr} (group rank {} of {})", g.rank(), g.world_size());
+            // The ranks of the group made again: this rank's position in `members` (a sum of
+            // inputs indexed by group rank cannot tell a renumbered group, so check it, then an
+            // all_gather of the members' world ranks, which shows the order).
+            let want = members.iter().position(|&r| r == me).expect("a member");
+            if want != g.rank() || g.world_size() != members.len() {
+                let nw = format!(
+                    "{} group {members:?} made for the {} time",
+                    here(b, "new_group", "-", DType::F32),
+                    ["first", "second", "third"][round]
+                );
+                return Err(fail(
+                    &nw,
+                    format!(
+                        "gave rank {} of {}, expected rank {want} of {} (a member's rank is its position in {members:?})",
+                        g.rank(),
+                        g.world_size(),
+                        members.len()
+                    ),
+                ));
+            }
+            let mx = g.upload(&Tensor::from_vec(&[1], vec![me as f32]))?;
+            let order = g.all_gather_into_tensor(&mx).map_err(|e| fail(&gw, e))?.into_value(ctx.timeout).map_err(|e| fail(&gw, e))?;
+            let world_order = Tensor::from_vec(&[members.len()], members.iter().map(|&r| r as f32).collect::<Vec<f32>>());
+            expect_eq(&g, &order, &world_order, &format!("{gw} all_gather of the members' world ranks (group order)"))?;
             let of = |gr: usize| -> Vec<f32> { (0..6).map(|i| (i + 10 * round + 100 * gr) as f32).collect() };
             let x = g.upload(&Tensor::from_vec(&[6], of(g.rank())))?;
             for (k, inplace) in [false, true].into_iter().enumerate() {
