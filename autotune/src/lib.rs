@@ -248,6 +248,9 @@ pub struct Hazards {
     pub unagreed_cache: bool,
     /// A rank's time is the mean of its timed runs, not the median (one outlier run decides).
     pub mean_of_runs: bool,
+    /// Choices are screened on the fixtures' small integers as they are (not widened to fill
+    /// the significand): a lossy choice (f32 through an f16 wire) gives them back exactly.
+    pub small_integer_screening: bool,
 }
 
 /// Autotuner settings.

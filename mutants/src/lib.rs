@@ -38,6 +38,7 @@ pub mod bugs_hunt8;
 pub mod bugs_hunt9;
 pub mod bugs_review;
 pub mod bugs_review2;
+pub mod bugs_review4;
 pub mod campaign;
 pub mod coverage;
 pub mod sweep;
@@ -57,7 +58,8 @@ pub mod sweep_bad;
 /// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
 /// registration caches, zero and short counts, 32-bit offsets that wrap);
 /// [`bugs_review`] (declarations and init a review found the suites trusted) and [`bugs_review2`]
-/// (bugs the second review's weak checks let through).
+/// (bugs the second review's weak checks let through), [`bugs_review4`] (fused-op bugs the
+/// fourth review's findings let through).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -84,6 +86,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt24::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
+    v.extend(bugs_review4::catalogue());
     v
 }
 

@@ -3,7 +3,8 @@
 //! reduce-scatter, on every backend (native or the trait's decomposition alike).
 //!
 //! * Values: gather / scatter dims 0, 1, 2 of a 3-D `a`, two `b`s, f32 / bf16 / f16, sum and avg,
-//!   per-tensor and per-row scales into another output dtype, world sizes 1–8 (the catalogue's),
+//!   per-tensor and per-row scales into another output dtype at every dim (and on random inputs
+//!   into f32), world sizes 1–8 (the catalogue's),
 //!   the seed's own shapes (`a_shard [8, 64, 32]`, `b [32, 16]`); every output of every rank
 //!   (the all-gathered `a` too) against `concord_oracle::fused`: bit-exact on exact-by-
 //!   construction inputs (small integers, power-of-two scales), within
@@ -702,14 +703,17 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 2,
             );
         }
-        // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out.
+        // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out,
+        // every gather / scatter dim. The reduce-scatter's column scales repeat every 3 columns,
+        // never with a chunk's width (2 columns at the last dim): a chunk scaled with another
+        // chunk's columns is wrong (review-d, finding 1).
         for (rows, tag) in [(false, "tensor"), (true, "rows")] {
             let scaling = Scaling {
                 a: Scale::Tensor(0.5),
                 b: vec![Scale::Tensor(2.0), Scale::Rows((0..8).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
                 out_dtype: DType::BF16,
             };
-            for dim in [0, 1] {
+            for dim in 0..3 {
                 let (a, bs) = ag_shapes(dim);
                 let s = FusedSpec {
                     call: FusedCall::AllGatherMatmul { dim, scaling: Some(scaling.clone()) },
@@ -721,7 +725,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 push(&mut out, format!("fused::all_gather_scaled_matmul::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
                 let rs_scaling = Scaling {
                     a: Scale::Tensor(0.5),
-                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5][j % 2]).collect())],
+                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
                     out_dtype: DType::BF16,
                 };
                 let s = FusedSpec {
@@ -829,6 +833,27 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                     1,
                 );
             }
+            // The scaled variants on random inputs into f32 (review-d, finding 2): small exact
+            // integers fit bf16 (and FP8), so only values that fill f32's significand see a
+            // scaled path that quantises its operands or rounds through a narrower dtype.
+            let scaling = |ncols: usize, nb: usize| Scaling {
+                a: Scale::Tensor(0.5),
+                b: vec![Scale::Rows((0..ncols).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect()); nb],
+                out_dtype: DType::F32,
+            };
+            let (a, bs) = ag_shapes(1);
+            let s = FusedSpec {
+                call: FusedCall::AllGatherMatmul { dim: 1, scaling: Some(scaling(16, 1)) },
+                row_scales: true,
+                ..ag_spec(1, DType::F32, a, vec![bs[0].clone()], false)
+            };
+            push(&mut out, format!("fused::all_gather_scaled_matmul::dim1::f32::random::ws{ws}"), ws, s, 1);
+            let s = FusedSpec {
+                call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 1, scaling: Some(scaling(2 * ws, 1)) },
+                row_scales: true,
+                ..rs_spec(ReduceOp::Sum, 1, DType::F32, ws, false)
+            };
+            push(&mut out, format!("fused::scaled_matmul_reduce_scatter::dim1::f32::random::ws{ws}"), ws, s, 1);
         }
         // Bad input (each a named error on every rank, then a good call).
         if ws <= 4 {
