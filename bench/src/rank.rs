@@ -502,7 +502,6 @@ fn exact_pair(
     Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
 }
 
-
 /// What generating a rank's base set of a step depends on.
 struct Gen<'a> {
     step: Step,

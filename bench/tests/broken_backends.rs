@@ -55,7 +55,7 @@ struct Broken {
     /// `late-write`: a result not yet written, and where it goes.
     pending: Mutex<Option<(Buf, Tensor)>>,
     /// `fused-memo`: results by (input address, shape, op).
-    memo: Mutex<HashMap<(usize, Vec<usize>, &'static str), Memo>>,
+    memo: Mutex<HashMap<MemoKey, Memo>>,
 }
 
 /// Never completes; its wait sleeps past any deadline (a wait that ignores its timeout).
@@ -289,6 +289,9 @@ impl Backend for Broken {
         Ok(self.done(out, "fused_matmul_reduce_scatter"))
     }
 }
+
+/// `fused-memo`'s key: the input's address and shape, and the op.
+type MemoKey = (usize, Vec<usize>, &'static str);
 
 /// `fused-memo`: a fused op's result, kept by the input's address and shape.
 enum Memo {

@@ -20,7 +20,15 @@ use concord_core::{Backend, DType, ReduceOp, Result, Scale, Scaling, Tensor, Wor
 pub struct ScaledRsColScalesUnshifted;
 
 impl Bug for ScaledRsColScalesUnshifted {
-    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
         let last = m.buffer_shape(a).len().saturating_sub(1);
         let ws = m.world_size();
         let wrong = sc.map(|s| {
@@ -67,7 +75,15 @@ impl Bug for ScaledOperandsBf16 {
         let (_, outs) = decomposed_all_gather_matmul(m, &aq, &bq, dim, sc)?.into_value(BUG_WAIT)?;
         Ok(m.s.done((ag, outs), "fused_all_gather_scaled_matmul"))
     }
-    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
         if sc.is_none() {
             return decomposed_matmul_reduce_scatter(m, a, b, op, dim, sc);
         }
