@@ -1,7 +1,8 @@
 //! The fourth review (helper reviewd, docs/review-d.md): bugs in the fused ops that the fused
 //! suite's checks looked able to catch but were never given the shape or the inputs to: the
 //! scaled ops ran at dims 0 and 1 only, with column scales repeating at the chunk's width, and
-//! on small exact integers only, always into bf16. Each keeps shm's validation (the
+//! on small exact integers only, always into bf16; the low-contention ops never ran on a group.
+//! Each keeps shm's validation (the
 //! decomposition's own exchange), so only the values differ.
 
 use crate::campaign::{spec, Spec};
@@ -91,6 +92,34 @@ impl Bug for ScaledOperandsBf16 {
     }
 }
 
+/// Left out by the review, then written (finding 9, clause `subgroups`): the low-contention
+/// all-gather on a subgroup places each member's shard by the order of the members' WORLD ranks,
+/// not by their group ranks (a symmetric-memory rendezvous that numbers peers by world rank).
+/// Right on the world and on every group whose members ascend in world rank; the fused suite
+/// never ran a low-contention op on a group.
+#[derive(Default)]
+pub struct LcGroupShardsByWorldRank;
+
+impl Bug for LcGroupShardsByWorldRank {
+    fn low_contention(&self, m: &Mutant, x: &Buf, op: Option<ReduceOp>) -> Result<Work<Buf>> {
+        let w = concord_core::fused::decomposed_low_contention(m, x, op)?;
+        if op.is_some() || !m.s.in_subgroup() {
+            return Ok(w);
+        }
+        let out = w.into_value(BUG_WAIT)?;
+        let t = m.download(&out)?;
+        let n = m.s.members.len().max(1);
+        let chunk = t.len_bytes() / n;
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&q| m.s.members[q]);
+        let mut wrong = t.clone();
+        for (i, &q) in order.iter().enumerate() {
+            wrong.bytes_mut()[i * chunk..(i + 1) * chunk].copy_from_slice(&t.bytes()[q * chunk..(q + 1) * chunk]);
+        }
+        Ok(m.s.done(m.upload(&wrong)?, "low_contention_all_gather"))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<ScaledRsColScalesUnshifted>(
@@ -104,6 +133,12 @@ pub fn catalogue() -> Vec<Spec> {
             "fused.values",
             "the scaled fused ops quantise their f32 operands to bf16 before the matmul (exact on small integers)",
             &["fused::all_gather_scaled_matmul::dim1::f32::random::ws2"],
+        ),
+        spec::<LcGroupShardsByWorldRank>(
+            "review4_lc_group_shards_by_world_rank",
+            "subgroups",
+            "low_contention_all_gather on a subgroup places the shards in the order of the members' world ranks, not their group ranks",
+            &["fused::low_contention_all_gather::dim0::f32::group_grid::ws7"],
         ),
     ]
 }

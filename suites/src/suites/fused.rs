@@ -596,6 +596,54 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
     })
 }
 
+/// The low-contention ops on subgroups (`fused::low_contention_all_gather::dim0::f32::group_grid::ws7`,
+/// `fused::low_contention_reduce_scatter::dim0::f32::sum::group_grid::ws7`): each group of
+/// `sizes::GROUP_LAYOUTS` at world size 7, checked against the oracle for the GROUP's ranks
+/// (review-d: no low-contention op ran on a group; one group lists its members out of world
+/// order, so shards placed by world rank are wrong there).
+fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
+    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    let ws = GROUP_GRID_WS;
+    let name = if rs {
+        format!("fused::low_contention_reduce_scatter::dim0::f32::sum::group_grid::ws{ws}")
+    } else {
+        format!("fused::low_contention_all_gather::dim0::f32::group_grid::ws{ws}")
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    let spec_for = move |n: usize| {
+        let lc = lc_spec(DType::F32);
+        if rs {
+            FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, a_shape: vec![2 * n, 5], ..lc }
+        } else {
+            lc
+        }
+    };
+    let m = meta(&spec_for(2));
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            let mine = ctx.layout(groups)?;
+            for (g, sub) in &mine {
+                let (n, grank) = (g.len(), sub.rank());
+                let spec = spec_for(n);
+                let caps = sub.capabilities();
+                let sd = seed.wrapping_add(li as u64);
+                let where_ = format!(
+                    "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
+                    where_of(&backend_label(*sub), &spec, n, grank)
+                );
+                let exp = expected_for(&spec, &caps, sd, n, grank);
+                let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
+                check(&spec, &caps, &exp, n, grank, got, &where_)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// How late the late rank of [`late_peer_case`] issues.
 const LATE_BY: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -670,6 +718,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for ag in [true, false] {
         out.push(group_grid_case(ag));
+    }
+    for rs in [false, true] {
+        out.push(lc_group_grid_case(rs));
     }
     out.push(late_peer_case("fused::all_gather_matmul::dim0::f32::late_peer::ws3".to_string(), grid_spec(true, "small", 3), 3));
     let lc = lc_spec(DType::F32);
