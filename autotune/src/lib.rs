@@ -248,6 +248,9 @@ pub struct Hazards {
     pub unagreed_cache: bool,
     /// A rank's time is the mean of its timed runs, not the median (one outlier run decides).
     pub mean_of_runs: bool,
+    /// Choices are screened on the fixtures' small integers as they are (not widened to fill
+    /// the significand): a lossy choice (f32 through an f16 wire) gives them back exactly.
+    pub small_integer_screening: bool,
 }
 
 /// Autotuner settings.
@@ -319,7 +322,8 @@ impl TuneError {
 /// reported by some rank is inf on every rank even where others timed it; the agreements of two
 /// groups tuning at once are kept apart (by [`Env::tag`]); outside a world the choices are still
 /// benchmarked; the cache key holds the group, and a declared default taken because every
-/// choice was inf is never cached.
+/// choice was inf is never cached; a choice is screened on inputs that fill the significand of
+/// f32 / f64 ([`concord_fixtures::widen`]), so a lossy one (f32 through an f16 wire) is inf.
 pub trait Autotuner<B: Backend>: Send + Sync + 'static {
     /// An autotuner with these settings.
     fn new(cfg: Config) -> Self

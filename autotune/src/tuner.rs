@@ -201,7 +201,12 @@ impl Tuner {
             let mut prepared: Option<(B::Buffer, Tensor)> = None;
             if unusable.is_none() {
                 let seed = concord_fixtures::seed_for(&format!("autotune/{}", inst.key()));
-                let all = concord_fixtures::inputs(seed, ws, inst.dtype, &inst.shape, inst.reduce, InputKind::Exact);
+                let mut all = concord_fixtures::inputs(seed, ws, inst.dtype, &inst.shape, inst.reduce, InputKind::Exact);
+                // Values that need the whole significand (f32 / f64): the fixtures' small
+                // integers cross a narrower wire exactly, so a lossy choice would pass.
+                if !cfg.hazards.small_integer_screening {
+                    concord_fixtures::widen(&mut all, inst.reduce);
+                }
                 let exp = concord_oracle::expected(&inst.collective(ws), &all, &sem)
                     .map_err(|e| TuneError::BadRequest(format!("{inst} is not a valid instance on {ws} ranks: {e:?}")))?;
                 let x = b.upload(&all[rank]).map_err(|e| TuneError::BadRequest(format!("{inst}: upload: {e}")))?;

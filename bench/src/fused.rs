@@ -4,8 +4,13 @@
 //! fallbacks) on the same backend, same inputs, same matmul kernel, over a range of shapes.
 //!
 //! Method: exact-by-construction inputs (small integers), so both paths must give the same bits;
-//! every timed iteration's outputs are compared with the first unfused result (`#wrong` counts
-//! the iterations that differ). Iterations alternate fused / unfused, each after a barrier, the
+//! iterations alternate between two input sets written into the same buffers (a result kept
+//! from an earlier call on those buffers is then wrong), and every iteration's outputs, warm-up
+//! included, are compared with the unfused result of its set (`#wrong`: the iterations that
+//! differ, summed over ranks; each rank prints a `WRONG` line naming op, shape, path, iteration,
+//! rank, first bad index, got and expected for its first three). Any wrong iteration fails the
+//! run (exit 1). `-e` keeps the shapes whose `a` shard is at most that many bytes. Iterations
+//! alternate fused / unfused, each after a barrier, the
 //! pair's order swapped every iteration, so machine load and the first slot's cost hit both alike; each rank times its own calls (issue to completed wait) and
 //! the row shows the slowest rank's median (an all_reduce max). Rank 0 prints the table.
 
@@ -22,6 +27,11 @@ const WAIT: Duration = Duration::from_secs(600);
 
 /// The whole `--fused` program: the parent launches the ranks; a rank runs [`rank`].
 pub fn fused_main<B: Backend>(name: &str, args: &Args) -> i32 {
+    fused_main_with::<B>(name, args, std::env::args().skip(1).collect())
+}
+
+/// [`fused_main`] with the arguments the ranks get (`argv`; a test's own are not the bench's).
+pub fn fused_main_with<B: Backend>(name: &str, args: &Args, argv: Vec<String>) -> i32 {
     if let Some(world) = launch::rank_world() {
         return match rank::<B>(&world, args) {
             Ok(()) => 0,
@@ -32,6 +42,7 @@ pub fn fused_main<B: Backend>(name: &str, args: &Args) -> i32 {
         };
     }
     let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
+        s.args = argv;
         s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
         Ok(s)
     });
@@ -101,13 +112,24 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
         );
         println!("# {:>28}  {:>16}  {:>10}  {:>10}  {:>10}  {:>7}  {:>6}", "", "", "", "(us)", "(us)", "", "");
     }
-    for &(m, k, n) in SHAPES {
+    // `-e`: the shapes whose `a` shard (f32) is at most that many bytes (default 64M: all).
+    let mut total_wrong = 0u64;
+    for &(m, k, n) in SHAPES.iter().filter(|(m, k, _)| m * k * dt.size() <= args.max_bytes) {
         for op in ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"] {
             let ag = op == "fused_all_gather_matmul";
             let (a_shape, m_rs) = if ag { (vec![m, k], m) } else { (vec![m * ws, k], m * ws) };
-            let a = b.upload(&Tensor::from_f64(dt, &a_shape, &ints(m_rs * k, me, -2, 5)))?;
-            let bm = b.upload(&Tensor::from_f64(dt, &[k, n], &ints(k * n, 7, -1, 3)))?;
+            // Two input sets, written into the same buffers alternately (set `i % 2` for
+            // iteration `i`), each with its own reference: a result computed for the other
+            // set (kept by the buffers' addresses, a workspace not rewritten) is wrong.
+            let set_a = |s: usize| Tensor::from_f64(dt, &a_shape, &ints(m_rs * k, me + 17 * s, -2, 5));
+            let set_b = |s: usize| Tensor::from_f64(dt, &[k, n], &ints(k * n, 7 + s, -1, 3));
+            let a = b.upload(&set_a(0))?;
+            let bm = b.upload(&set_b(0))?;
             let bs = [bm.clone()];
+            let put = |s: usize| -> Result<()> {
+                b.write(&a, &set_a(s))?;
+                b.write(&bm, &set_b(s))
+            };
             let run = |fused: bool| -> Result<(Duration, Vec<Tensor>)> {
                 let t0 = Instant::now();
                 let outs = if ag {
@@ -128,15 +150,36 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                 Ok((dt, vec![b.download(&outs)?]))
             };
             let barrier = || -> Result<()> { b.barrier()?.wait(WAIT).map(|_| ()) };
-            let (_, reference) = run(false)?;
-            for _ in 0..args.warmup {
+            let mut references = Vec::with_capacity(SETS);
+            for s in 0..SETS {
+                put(s)?;
                 barrier()?;
-                run(true)?;
-                barrier()?;
-                run(false)?;
+                references.push(run(false)?.1);
             }
-            let (mut tf, mut tu, mut wrong) = (Vec::new(), Vec::new(), 0u64);
+            let (mut wrong, mut reported) = (0u64, 0usize);
+            let mut check = |o: &[Tensor], fused: bool, i: usize, phase: &str| {
+                let Some((out, idx, got, exp, count)) = first_difference(o, &references[i % SETS]) else { return };
+                wrong += 1;
+                if reported < 3 {
+                    reported += 1;
+                    let what = if ag && out == 0 { "the all-gathered a".to_string() } else { "the product".to_string() };
+                    let path = if fused { "fused (as the backend provides it)" } else { "unfused (the decomposition)" };
+                    eprintln!(
+                        "WRONG: {op} a {a_shape:?} b [{k}, {n}] f32, {path}, {phase} iteration {i} (input set {}), rank {me} of {ws}: {what}: first bad index {idx}: got {got} expected {exp} (the decomposition's result for the same inputs); {count} elements differ",
+                        i % SETS
+                    );
+                }
+            };
+            for i in 0..args.warmup {
+                put(i % SETS)?;
+                barrier()?;
+                check(&run(true)?.1, true, i, "warm-up");
+                barrier()?;
+                check(&run(false)?.1, false, i, "warm-up");
+            }
+            let (mut tf, mut tu) = (Vec::new(), Vec::new());
             for i in 0..args.iters {
+                put(i % SETS)?;
                 // Alternate which path goes first after the barrier: the first call of a pair
                 // pays for what the previous one left (freed blocks, cold caches), which an A/A
                 // run showed as a steady 10-15 % bias against the first slot.
@@ -148,10 +191,12 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                     } else {
                         tu.push(t.as_secs_f64() * 1e6);
                     }
-                    wrong += (o != reference) as u64;
+                    check(&o, fused, i, "timed");
                 }
             }
-            let v = max_over_ranks(&b, &[median(&mut tu), median(&mut tf), wrong as f64])?;
+            total_wrong += wrong;
+            let v = max_over_ranks(&b, &[median(&mut tu), median(&mut tf)])?;
+            let wrong_all = sum_over_ranks(&b, wrong as f64)?;
             if me == 0 {
                 println!(
                     "  {op:>28}  {:>16}  {:>10}  {}  {}  {:7.2}  {:6}",
@@ -160,10 +205,52 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                     crate::table::time_str(v[0]),
                     crate::table::time_str(v[1]),
                     v[0] / v[1],
-                    v[2] as u64
+                    wrong_all as u64
                 );
             }
         }
     }
+    let all = sum_over_ranks(&b, total_wrong as f64)? as u64;
+    if me == 0 {
+        println!("# Wrong results: {all} {}", if all == 0 { "OK" } else { "FAILED" });
+    }
+    if total_wrong > 0 {
+        return Err(concord_core::CollectiveError::Backend(format!(
+            "{total_wrong} wrong iteration result(s) on this rank (WRONG lines above): a fused op differs from its unfused decomposition"
+        )));
+    }
     Ok(())
+}
+
+/// The input sets iterations alternate between.
+const SETS: usize = 2;
+
+/// The sum over ranks of one value.
+fn sum_over_ranks<B: Backend>(b: &B, v: f64) -> Result<f64> {
+    let buf = b.upload(&Tensor::from_vec(&[1], vec![v]))?;
+    let w = b.all_reduce(&buf, ReduceOp::Sum)?;
+    Ok(b.download(w.wait(WAIT)?)?.as_slice::<f64>()[0])
+}
+
+/// The first output and element where `got` differs from `want` (bits): (output, index, got,
+/// expected, elements that differ); `None` when equal. A different output count, shape or
+/// dtype is a difference at index 0.
+fn first_difference(got: &[Tensor], want: &[Tensor]) -> Option<(usize, usize, String, String, usize)> {
+    if got.len() != want.len() {
+        return Some((0, 0, format!("{} outputs", got.len()), format!("{} outputs", want.len()), 1));
+    }
+    for (o, (g, w)) in got.iter().zip(want).enumerate() {
+        if g == w {
+            continue;
+        }
+        if g.shape() != w.shape() || g.dtype() != w.dtype() {
+            return Some((o, 0, format!("{}{:?}", g.dtype(), g.shape()), format!("{}{:?}", w.dtype(), w.shape()), g.numel().max(1)));
+        }
+        let es = g.dtype().size();
+        let differs = |i: usize| g.bytes()[i * es..(i + 1) * es] != w.bytes()[i * es..(i + 1) * es];
+        let first = (0..g.numel()).find(|&i| differs(i))?;
+        let count = (0..g.numel()).filter(|&i| differs(i)).count();
+        return Some((o, first, g.get_f64(first).to_string(), w.get_f64(first).to_string(), count));
+    }
+    None
 }

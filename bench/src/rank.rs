@@ -46,7 +46,7 @@ use crate::ext::{Clock, DeviceData, RefStep, Reference};
 use crate::spec::{BenchOp, Placement, Step};
 use crate::Hooks;
 use concord_core::{progress, Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
-use concord_fixtures::InputKind;
+use concord_fixtures::{widen, InputKind};
 use concord_oracle::{Semantics, Tolerance};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -500,65 +500,6 @@ fn exact_pair(
     let mut exp = concord_oracle::expected(collective, &inputs, sem).map_err(|e| format!("{e:?}"))?;
     let expected = if exp.defined[rank] { Some(exp.outputs.swap_remove(rank)) } else { None };
     Ok((inputs.into_iter().nth(rank).expect("one input per rank"), expected))
-}
-
-/// Scales every rank's f32 / f64 Exact input by one odd factor `a` (the largest that keeps the
-/// step exact), so that the values use the dtype's whole significand. The Exact values are
-/// small integers (|x| <= 1000 for sums, about 5·10^5 for data movement, min and max) that a
-/// narrower float holds exactly: without this, an f32 reduction through an f16 wire, or f64
-/// data through f32, gave the right bytes and passed every check. Exactness is kept: for a
-/// sum, every partial sum in any order is an integer of magnitude at most `a · max Σ_r |x_r|`
-/// <= 2^p (p: significand bits; a power-of-two `premul_sum` factor only moves the exponent);
-/// for min, max and data movement every value is an integer <= 2^p and `a > 0` keeps the
-/// order. Other reduce ops (avg, product, premul_sum by other factors, bitwise),
-/// non-integer values and the 16-bit floats (whose Exact values already fill the significand)
-/// are left as they are.
-fn widen(inputs: &mut [Tensor], op: Option<ReduceOp>) {
-    let Some(dtype) = inputs.first().map(|t| t.dtype()) else { return };
-    let bits = match dtype {
-        DType::F32 => 24,
-        DType::F64 => 53,
-        _ => return,
-    };
-    let summed = match op {
-        // A power-of-two pre-multiplier only moves the exponent.
-        Some(ReduceOp::Sum) => true,
-        Some(ReduceOp::PremulSum(f)) if f != 0.0 && f.is_finite() && f.abs().log2().fract() == 0.0 => true,
-        None | Some(ReduceOp::Min) | Some(ReduceOp::Max) => false,
-        _ => return,
-    };
-    let n = inputs[0].numel();
-    let value = |t: &Tensor, e: usize| -> f64 {
-        match dtype {
-            DType::F32 => f64::from(t.as_slice::<f32>()[e]),
-            _ => t.as_slice::<f64>()[e],
-        }
-    };
-    let mut bound = 0f64;
-    for e in 0..n {
-        let mut per = 0f64;
-        for t in inputs.iter() {
-            let v = value(t, e);
-            if v.fract() != 0.0 || !v.is_finite() {
-                return;
-            }
-            per = if summed { per + v.abs() } else { per.max(v.abs()) };
-        }
-        bound = bound.max(per);
-    }
-    let mut a = (2f64.powi(bits) / bound.max(1.0)).floor();
-    if a % 2.0 == 0.0 {
-        a -= 1.0;
-    }
-    if a < 3.0 {
-        return;
-    }
-    for t in inputs.iter_mut() {
-        match dtype {
-            DType::F32 => t.as_mut_slice::<f32>().iter_mut().for_each(|v| *v *= a as f32),
-            _ => t.as_mut_slice::<f64>().iter_mut().for_each(|v| *v *= a),
-        }
-    }
 }
 
 /// What generating a rank's base set of a step depends on.

@@ -29,9 +29,11 @@
 //! | `hang` | rank 1's 5th `all_reduce` never completes and its wait ignores the deadline |
 
 use concord_bench::{main_with, Args, Hooks};
+use concord_core::fused::{decomposed_all_gather_matmul, decomposed_matmul_reduce_scatter, Gathered};
 use concord_core::{Backend, Completion, DType, OutstandingCounter, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
 use concord_shm::ShmBackend;
 use libtest_mimic::{Arguments, Failed, Trial};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -52,6 +54,8 @@ struct Broken {
     last: Mutex<Option<Tensor>>,
     /// `late-write`: a result not yet written, and where it goes.
     pending: Mutex<Option<(Buf, Tensor)>>,
+    /// `fused-memo`: results by (input address, shape, op).
+    memo: Mutex<HashMap<MemoKey, Memo>>,
 }
 
 /// Never completes; its wait sleeps past any deadline (a wait that ignores its timeout).
@@ -110,6 +114,7 @@ impl Backend for Broken {
             counter: OutstandingCounter::default(),
             last: Mutex::new(None),
             pending: Mutex::new(None),
+            memo: Mutex::new(HashMap::new()),
         })
     }
     fn name(&self) -> &str {
@@ -251,6 +256,47 @@ impl Backend for Broken {
         self.flush()?;
         self.inner.barrier()
     }
+    fn fused_all_gather_matmul(&self, a: &Buf, bs: &[Buf], dim: usize) -> Result<Work<Gathered<Buf>>> {
+        let key = (self.inner.buffer_addr(a), self.inner.buffer_shape(a), "ag");
+        if self.mode == "fused-memo" {
+            if let Some(Memo::Ag(g)) = self.memo.lock().unwrap().get(&key) {
+                return Ok(Work::done(g.clone(), self.meta("fused_all_gather_matmul"), &self.counter));
+            }
+        }
+        let (ag, outs) = decomposed_all_gather_matmul(self, a, bs, dim, None)?.into_value(LONG)?;
+        if self.mode == "fused-wrong" && self.rank() == 1 {
+            self.corrupt(&outs[0], 0, true)?;
+        }
+        if self.mode == "fused-memo" {
+            self.memo.lock().unwrap().insert(key, Memo::Ag((ag.clone(), outs.clone())));
+        }
+        Ok(Work::done((ag, outs), self.meta("fused_all_gather_matmul"), &self.counter))
+    }
+    fn fused_matmul_reduce_scatter(&self, a: &Buf, b: &Buf, op: ReduceOp, dim: usize) -> Result<Work<Buf>> {
+        let key = (self.inner.buffer_addr(a), self.inner.buffer_shape(a), "rs");
+        if self.mode == "fused-memo" {
+            if let Some(Memo::Rs(o)) = self.memo.lock().unwrap().get(&key) {
+                return Ok(self.done(o.clone(), "fused_matmul_reduce_scatter"));
+            }
+        }
+        let out = decomposed_matmul_reduce_scatter(self, a, b, op, dim, None)?.into_value(LONG)?;
+        if self.mode == "fused-wrong" && self.rank() == 1 {
+            self.corrupt(&out, 0, true)?;
+        }
+        if self.mode == "fused-memo" {
+            self.memo.lock().unwrap().insert(key, Memo::Rs(out.clone()));
+        }
+        Ok(self.done(out, "fused_matmul_reduce_scatter"))
+    }
+}
+
+/// `fused-memo`'s key: the input's address and shape, and the op.
+type MemoKey = (usize, Vec<usize>, &'static str);
+
+/// `fused-memo`: a fused op's result, kept by the input's address and shape.
+enum Memo {
+    Ag(Gathered<Buf>),
+    Rs(Buf),
 }
 
 /// Device data whose `read` never calls back with the bytes (and says Ok).
@@ -401,6 +447,30 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// The broken fused ops (review-d): `fused-wrong` (rank 1's fused outputs wrong at their last
+/// element, every call), `fused-memo` (each fused op computed once per input address and shape,
+/// that result returned again for every later call on the same buffers).
+const FUSED_MODES: [&str; 2] = ["fused-wrong", "fused-memo"];
+
+/// One broken fused backend through `--fused` (the smallest shape, 4 timed iterations): the run
+/// must exit 1.
+fn fused_caught(mode: &'static str) -> std::result::Result<(), Failed> {
+    let code = fused_run(mode)?;
+    if code != 1 {
+        return Err(format!("{mode}: `--fused` exit code {code} (want 1: a wrong fused result must fail the run)").into());
+    }
+    Ok(())
+}
+
+/// `--fused` on `mode`'s backend: its exit code.
+fn fused_run(mode: &str) -> std::result::Result<i32, Failed> {
+    let argv: Vec<String> =
+        ["--backend", mode, "--fused", "-e", "4K", "-n", "4", "-w", "1", "--deadline-s", "60"].iter().map(|s| s.to_string()).collect();
+    use clap::Parser;
+    let args = Args::parse_from(std::iter::once("concord-bench".to_string()).chain(argv.clone()));
+    Ok(concord_bench::fused::fused_main_with::<Broken>(mode, &args, argv))
+}
+
 /// Entries of `dir` named after a world this process launched (nextest runs each trial in a
 /// process of its own, so these are the hang trial's).
 fn leftovers(dir: &std::path::Path) -> Vec<String> {
@@ -463,9 +533,22 @@ fn main() {
         let args = Args::parse();
         let mode = args.backend.clone().unwrap_or_else(|| "shm".into());
         let _ = MODE.set(mode.clone());
+        if args.fused {
+            std::process::exit(concord_bench::fused::fused_main_with::<Broken>(&mode, &args, argv));
+        }
         std::process::exit(main_with::<Broken>(&mode, &hooks_for(&mode), &args, argv));
     }
     let mut trials: Vec<Trial> = cases().into_iter().map(|c| Trial::test(format!("broken::{}", c.mode), move || caught(&c))).collect();
+    for mode in FUSED_MODES {
+        trials.push(Trial::test(format!("broken::{mode}"), move || fused_caught(mode)));
+    }
+    trials.push(Trial::test("broken::fused_control_shm_passes", || {
+        let code = fused_run("shm")?;
+        if code != 0 {
+            return Err(format!("shm (correct): `--fused` exit code {code} (want 0)").into());
+        }
+        Ok(())
+    }));
     trials.push(Trial::test(
         "broken::hang_ends_at_the_deadline_naming_rank_and_collective",
         hang_ends_at_the_deadline_naming_rank_and_collective,

@@ -41,6 +41,7 @@ pub mod bugs_hunt9;
 pub mod bugs_review;
 pub mod bugs_review2;
 pub mod bugs_review3;
+pub mod bugs_review4;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
@@ -64,8 +65,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt26`] (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX,
 /// MLX, FlagCX, ACCL, XLA:GPU);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
-/// (bugs the second review's weak checks let through) and [`bugs_review3`] (the third review's:
-/// async, point-to-point, subgroups and state).
+/// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
+/// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
+/// review's findings let through).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -95,6 +97,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
+    v.extend(bugs_review4::catalogue());
     v
 }
 

@@ -377,7 +377,9 @@ fn check_outputs<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>])
     for (t, r) in o.tables.iter().zip(reqs) {
         let i = &r.inst;
         let seed = concord_fixtures::seed_for(&format!("{}/{}", ctx.case, i.key()));
-        let all = concord_fixtures::inputs(seed, ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        let mut all = concord_fixtures::inputs(seed, ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        // Widened (f32 / f64): a lossy winner (a narrower wire) gives small integers back exactly.
+        concord_fixtures::widen(&mut all, i.reduce);
         let exp = concord_oracle::expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
             .map_err(|e| fail(ctx, format!("{e:?}")))?;
         let x = b.upload(&all[rank])?;
@@ -714,6 +716,29 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         )?;
         check_all(ctx, &o, &reqs, Policy::Max, "wrong")
     }));
+    v.push(Case::<B>::new("autotune::hazard::lossy_but_exact_on_integers::ws2", meta("all_reduce"), 2, move |ctx| {
+        // `f16_wire` sends f32 through f16 (half the bytes: PyTorch DDP's
+        // `fp16_compress_hook`, a compressed all-reduce): the fixtures' small integers
+        // (|x| <= 1000, within f16's 11 bits) come back exact, values that fill f32's
+        // significand do not. It is the fastest choice, so only screening on inputs that need
+        // the whole significand keeps it out (review-d, finding 7).
+        let wire = Choice::new("f16_wire", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            let t = c.b.download(x)?;
+            let v: Vec<f32> = t.as_slice::<f32>().iter().map(|x| concord_core::half::f16::from_f32(*x).to_f32()).collect();
+            native(c, &c.b.upload(&concord_core::Tensor::from_vec(t.shape(), v))?)
+        });
+        let reqs = vec![req(ar(1024), vec![delayed::<B>("native_plus_20ms", &[], Duration::from_millis(20)), wire], "native_plus_20ms")];
+        let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
+        expect_inf(
+            ctx,
+            &o,
+            "f16_wire",
+            0,
+            "first bad index",
+            " — a lossy choice passed screening: screening inputs must fill the significand (small integers cross an f16 wire exactly)",
+        )?;
+        check_all(ctx, &o, &reqs, Policy::Max, "lossy")
+    }));
     v.push(
         Case::<B>::new("autotune::hazard::max_vs_avg::ws2", meta("all_reduce"), 2, move |ctx| {
             // Rank 1 alone spends 120 ms after the collective in `slow_on_rank1`; every rank spends
@@ -903,7 +928,8 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let (gr, gws) = (g.rank(), g.world_size());
         let i = &reqs[0].inst;
         let seed = concord_fixtures::seed_for(&format!("{}/{}", ctx.case, i.key()));
-        let inputs = concord_fixtures::inputs(seed, gws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        let mut inputs = concord_fixtures::inputs(seed, gws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+        concord_fixtures::widen(&mut inputs, i.reduce);
         let exp = concord_oracle::expected(&i.collective(gws), &inputs, &Semantics::of(&g.capabilities())).map_err(|err| fail(ctx, format!("{err:?}")))?;
         let out = run_choice(&g, &reqs[0], o.winner(0), &g.upload(&inputs[gr])?, ctx.timeout)
             .map_err(|err| fail(ctx, format!("tuned op {i} on the subgroup {members:?} (winner `{}`) failed: {err}", o.winner(0))))?;

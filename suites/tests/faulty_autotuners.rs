@@ -30,6 +30,8 @@ const NO_SCREENING: u8 = 4;
 const UNAGREED_CACHE: u8 = 5;
 /// A rank's time is the mean of its timed runs, not their median.
 const MEAN_OF_RUNS: u8 = 6;
+/// Choices screened on small integers that an f16 wire carries exactly (review-d).
+const SMALL_INTEGERS: u8 = 7;
 
 struct Faulty<const H: u8> {
     inner: Tuner,
@@ -46,6 +48,7 @@ impl<B: Backend, const H: u8> Autotuner<B> for Faulty<H> {
             NO_SCREENING => cfg.hazards.no_screening = true,
             UNAGREED_CACHE => cfg.hazards.unagreed_cache = true,
             MEAN_OF_RUNS => cfg.hazards.mean_of_runs = true,
+            SMALL_INTEGERS => cfg.hazards.small_integer_screening = true,
             _ => {}
         }
         Faulty { inner: <Tuner as Autotuner<B>>::new(cfg), declared }
@@ -376,7 +379,8 @@ impl<B: Backend> Autotuner<B> for ScreensOnRank0Only {
             .iter()
             .map(|r| {
                 let i = &r.inst;
-                let all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+                let mut all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+                concord_fixtures::widen(&mut all, i.reduce); // as the reference tuner screens
                 let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
                     .map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?
                     .outputs[rank]
@@ -638,7 +642,8 @@ impl<B: Backend> Autotuner<B> for ScreensFirstElementOnly {
         let mut exps = Vec::new();
         for r in requests {
             let i = &r.inst;
-            let all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+            let mut all = inputs(seed_for(&format!("autotune/{}", i.key())), ws, i.dtype, &i.shape, i.reduce, InputKind::Exact);
+            concord_fixtures::widen(&mut all, i.reduce); // as the reference tuner screens
             let exp = expected(&i.collective(ws), &all, &Semantics::of(&b.capabilities()))
                 .map_err(|e| TuneError::BadRequest(format!("{i}: {e:?}")))?;
             exps.push(exp.outputs[rank].clone());
@@ -954,6 +959,8 @@ fn maker(name: &str) -> Option<Make> {
         "index_into_full_list" => build::<IndexIntoFullList>,
         // The eleventh hunt.
         "mean_of_runs" => build::<Faulty<MEAN_OF_RUNS>>,
+        // The fourth review (helper reviewd).
+        "screens_small_integers" => build::<Faulty<SMALL_INTEGERS>>,
         "cache_ignores_group" => build::<LooseCache<NO_GROUP>>,
         "caches_the_default" => build::<CachesTheDefault>,
         "reduced_is_own_time" => build::<ReducedIsOwnTime>,
@@ -1129,6 +1136,13 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
         // both before any case was written; rank_local_cost_model only where two built-in
         // choices happened to be within its µs term (noise), so it got a case of near-ties.
         (e("rank_local_cost_model"), &["autotune::hazard::near_ties_decided_from_table::ws4"], &["twin", "rank="]),
+        // The fourth review (helper reviewd): screening on the fixtures' small integers, which
+        // an f16 wire carries exactly (survived the survey before the case was written).
+        (
+            e("screens_small_integers"),
+            &["autotune::hazard::lossy_but_exact_on_integers::ws2"],
+            &["does not hold choice `f16_wire` inf", "screening inputs must fill the significand", "rank="],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
@@ -1176,6 +1190,7 @@ const ALL: &[&str] = &[
     "retries_failed_choice",
     "rank_local_cost_model",
     "bench_count_from_own_estimate",
+    "screens_small_integers",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a

@@ -3,7 +3,8 @@
 //! reduce-scatter, on every backend (native or the trait's decomposition alike).
 //!
 //! * Values: gather / scatter dims 0, 1, 2 of a 3-D `a`, two `b`s, f32 / bf16 / f16, sum and avg,
-//!   per-tensor and per-row scales into another output dtype, world sizes 1–8 (the catalogue's),
+//!   per-tensor and per-row scales into another output dtype at every dim (and on random inputs
+//!   into f32), world sizes 1–8 (the catalogue's),
 //!   the seed's own shapes (`a_shard [8, 64, 32]`, `b [32, 16]`); every output of every rank
 //!   (the all-gathered `a` too) against `concord_oracle::fused`: bit-exact on exact-by-
 //!   construction inputs (small integers, power-of-two scales), within
@@ -595,6 +596,54 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
     })
 }
 
+/// The low-contention ops on subgroups (`fused::low_contention_all_gather::dim0::f32::group_grid::ws7`,
+/// `fused::low_contention_reduce_scatter::dim0::f32::sum::group_grid::ws7`): each group of
+/// `sizes::GROUP_LAYOUTS` at world size 7, checked against the oracle for the GROUP's ranks
+/// (review-d: no low-contention op ran on a group; one group lists its members out of world
+/// order, so shards placed by world rank are wrong there).
+fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
+    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    let ws = GROUP_GRID_WS;
+    let name = if rs {
+        format!("fused::low_contention_reduce_scatter::dim0::f32::sum::group_grid::ws{ws}")
+    } else {
+        format!("fused::low_contention_all_gather::dim0::f32::group_grid::ws{ws}")
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    let spec_for = move |n: usize| {
+        let lc = lc_spec(DType::F32);
+        if rs {
+            FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, a_shape: vec![2 * n, 5], ..lc }
+        } else {
+            lc
+        }
+    };
+    let m = meta(&spec_for(2));
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            let mine = ctx.layout(groups)?;
+            for (g, sub) in &mine {
+                let (n, grank) = (g.len(), sub.rank());
+                let spec = spec_for(n);
+                let caps = sub.capabilities();
+                let sd = seed.wrapping_add(li as u64);
+                let where_ = format!(
+                    "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
+                    where_of(&backend_label(*sub), &spec, n, grank)
+                );
+                let exp = expected_for(&spec, &caps, sd, n, grank);
+                let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
+                check(&spec, &caps, &exp, n, grank, got, &where_)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// How late the late rank of [`late_peer_case`] issues.
 const LATE_BY: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -670,6 +719,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ag in [true, false] {
         out.push(group_grid_case(ag));
     }
+    for rs in [false, true] {
+        out.push(lc_group_grid_case(rs));
+    }
     out.push(late_peer_case("fused::all_gather_matmul::dim0::f32::late_peer::ws3".to_string(), grid_spec(true, "small", 3), 3));
     let lc = lc_spec(DType::F32);
     out.push(late_peer_case("fused::low_contention_all_gather::dim0::f32::late_peer::ws3".to_string(), lc, 3));
@@ -702,14 +754,17 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 2,
             );
         }
-        // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out.
+        // Scaled: per-tensor and per-row `a` scales, per-tensor / per-column `b` scales, bf16 out,
+        // every gather / scatter dim. The reduce-scatter's column scales repeat every 3 columns,
+        // never with a chunk's width (2 columns at the last dim): a chunk scaled with another
+        // chunk's columns is wrong (review-d, finding 1).
         for (rows, tag) in [(false, "tensor"), (true, "rows")] {
             let scaling = Scaling {
                 a: Scale::Tensor(0.5),
                 b: vec![Scale::Tensor(2.0), Scale::Rows((0..8).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
                 out_dtype: DType::BF16,
             };
-            for dim in [0, 1] {
+            for dim in 0..3 {
                 let (a, bs) = ag_shapes(dim);
                 let s = FusedSpec {
                     call: FusedCall::AllGatherMatmul { dim, scaling: Some(scaling.clone()) },
@@ -721,7 +776,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 push(&mut out, format!("fused::all_gather_scaled_matmul::dim{dim}::f32::{tag}::exact::ws{ws}"), ws, s, 2);
                 let rs_scaling = Scaling {
                     a: Scale::Tensor(0.5),
-                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5][j % 2]).collect())],
+                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
                     out_dtype: DType::BF16,
                 };
                 let s = FusedSpec {
@@ -829,6 +884,27 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                     1,
                 );
             }
+            // The scaled variants on random inputs into f32 (review-d, finding 2): small exact
+            // integers fit bf16 (and FP8), so only values that fill f32's significand see a
+            // scaled path that quantises its operands or rounds through a narrower dtype.
+            let scaling = |ncols: usize, nb: usize| Scaling {
+                a: Scale::Tensor(0.5),
+                b: vec![Scale::Rows((0..ncols).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect()); nb],
+                out_dtype: DType::F32,
+            };
+            let (a, bs) = ag_shapes(1);
+            let s = FusedSpec {
+                call: FusedCall::AllGatherMatmul { dim: 1, scaling: Some(scaling(16, 1)) },
+                row_scales: true,
+                ..ag_spec(1, DType::F32, a, vec![bs[0].clone()], false)
+            };
+            push(&mut out, format!("fused::all_gather_scaled_matmul::dim1::f32::random::ws{ws}"), ws, s, 1);
+            let s = FusedSpec {
+                call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 1, scaling: Some(scaling(2 * ws, 1)) },
+                row_scales: true,
+                ..rs_spec(ReduceOp::Sum, 1, DType::F32, ws, false)
+            };
+            push(&mut out, format!("fused::scaled_matmul_reduce_scatter::dim1::f32::random::ws{ws}"), ws, s, 1);
         }
         // Bad input (each a named error on every rank, then a good call).
         if ws <= 4 {
