@@ -38,8 +38,10 @@ pub mod bugs_hunt8;
 pub mod bugs_hunt9;
 pub mod bugs_review;
 pub mod bugs_review2;
+pub mod bugs_stream;
 pub mod campaign;
 pub mod coverage;
+pub mod stream;
 pub mod sweep;
 pub mod sweep_bad;
 
@@ -57,7 +59,8 @@ pub mod sweep_bad;
 /// Accelerate, ...) and [`bugs_hunt24`] (shipped bugs of memory layout and sizes: views,
 /// registration caches, zero and short counts, 32-bit offsets that wrap);
 /// [`bugs_review`] (declarations and init a review found the suites trusted) and [`bugs_review2`]
-/// (bugs the second review's weak checks let through).
+/// (bugs the second review's weak checks let through); [`bugs_stream`] (the failure-path clauses,
+/// on [`stream`], the campaign's reference launch-based backend: another backend type).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -84,6 +87,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt24::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
+    v.extend(bugs_stream::catalogue());
     v
 }
 
