@@ -429,7 +429,10 @@ fn stream_reference_main(cli: &Cli) -> ! {
         match verdict {
             Verdict::Passed => passed += 1,
             Verdict::Skipped(_) => skipped += 1,
-            Verdict::Unsupported(_) => unsupported += 1,
+            Verdict::Unsupported(why) => {
+                unsupported += 1;
+                println!("UNSUPPORTED {id}: {}", why.chars().take(160).collect::<String>());
+            }
             Verdict::Failed(_) => failed.push((id, message, took)),
         }
     }

@@ -151,6 +151,10 @@ struct Host {
     lib: Mutex<()>,
     /// The op the stream runs and when it reached it.
     current: Mutex<Option<(Instant, &'static str, u64)>>,
+    /// Ops launched onto the stream and not yet reached by it.
+    queued: std::sync::atomic::AtomicUsize,
+    /// Ops issued and not yet finished (a split waits for them).
+    unfinished: std::sync::atomic::AtomicUsize,
 }
 
 impl Host {
@@ -216,6 +220,7 @@ enum Stage {
 
 /// What the threads tell a [`Work`] about its op.
 struct Ticket {
+    host: Arc<Host>,
     label: String,
     id: OpId,
     state: Mutex<(Stage, Option<Result<()>>)>,
@@ -223,8 +228,10 @@ struct Ticket {
 }
 
 impl Ticket {
-    fn new(label: &str, id: &OpId) -> Arc<Ticket> {
-        Arc::new(Ticket { label: label.to_string(), id: id.clone(), state: Mutex::new((Stage::Queued, None)), cv: Condvar::new() })
+    fn new(host: &Arc<Host>, label: &str, id: &OpId) -> Arc<Ticket> {
+        host.unfinished.fetch_add(1, Ordering::SeqCst);
+        let state = Mutex::new((Stage::Queued, None));
+        Arc::new(Ticket { host: host.clone(), label: label.to_string(), id: id.clone(), state, cv: Condvar::new() })
     }
     fn stage(&self, s: Stage) {
         lock(&self.state).0 = s;
@@ -235,6 +242,7 @@ impl Ticket {
         if st.1.is_none() {
             st.1 = Some(r);
             progress::end(&self.label, self.id.seq);
+            self.host.unfinished.fetch_sub(1, Ordering::SeqCst);
         }
         self.cv.notify_all();
     }
@@ -268,6 +276,9 @@ struct Launch {
 /// locally after `begin`), then the launch.
 struct Job {
     id: OpId,
+    /// A `new_group` (its header says so: matched against another op, it is `op_mismatch` on
+    /// every rank).
+    group: bool,
     failed: Option<String>,
     launch: Option<Launch>,
     ticket: Arc<Ticket>,
@@ -327,7 +338,7 @@ impl Chan {
 
     /// The progress thread's work on one job.
     fn run_job(&self, job: Job, stream: &mpsc::Sender<Kernel>) {
-        let Job { id, failed, launch, ticket } = job;
+        let Job { id, group, failed, launch, ticket } = job;
         let fail = |e: CollectiveError| ticket.finish(Err(e));
         if let Some(why) = self.host.aborted() {
             return fail(self.aborted_err(&id, &why));
@@ -338,7 +349,7 @@ impl Chan {
             Ok(l) => failed.clone().or(l),
             Err(e) => return fail(e),
         };
-        let all = match self.exchange(&id, local.is_some(), deadline) {
+        let all = match self.exchange(&id, local.is_some(), group, deadline) {
             Ok(all) => all,
             Err(e) => return fail(e),
         };
@@ -348,7 +359,17 @@ impl Chan {
             }
             return fail(self.err(&id, why));
         }
-        if let Some(r) = all.iter().position(|&s| s != 0) {
+        if let Some(r) = all.iter().position(|&(_, g)| g != group) {
+            let (what, other) = if group { ("new_group", "another op") } else { ("this op", "new_group") };
+            return fail(CollectiveError::bad_input(
+                concord_core::BadInputKind::OpMismatch,
+                id.name,
+                id.seq,
+                self.rank(),
+                format!("{what} on rank {} met {other} on rank {r} at the same place in the sequence", self.rank()),
+            ));
+        }
+        if let Some(r) = all.iter().position(|&(s, _)| s != 0) {
             if self.host.bug(StreamBug::PeerFailureAsTimeout) {
                 self.host.abort(format!("{} #{}: rank {r} did not take part", id.name, id.seq));
                 return fail(self.timeout(&id, format!("rank {r} did not complete its side of the op; communicator aborted")));
@@ -377,10 +398,11 @@ impl Chan {
             self.host.abort(format!("{} #{}: the library call stayed in progress past the op deadline", id.name, id.seq));
             return fail(self.timeout(&id, "injected fault enqueue:stall: the library call stayed in progress past the op deadline; communicator aborted".into()));
         }
-        let behind = lock(&self.host.current).is_some();
+        let behind = self.host.queued.fetch_add(1, Ordering::SeqCst) > 0 || lock(&self.host.current).is_some();
         ticket.stage(if behind { Stage::Launched(Instant::now()) } else { Stage::Running(Instant::now()) });
         let tk = ticket.clone();
         if stream.send(Kernel { id: id.clone(), launch, ticket }).is_err() {
+            self.host.queued.fetch_sub(1, Ordering::SeqCst);
             tk.finish(Err(self.aborted_err(&id, "the stream is gone")));
         }
         drop(lib);
@@ -388,19 +410,22 @@ impl Chan {
 
     /// Exchanges this rank's header (status: failed locally or not) with every rank on the
     /// board, until `deadline` (then the communicator is aborted). Every rank's status, by rank.
-    fn exchange(&self, id: &OpId, failed: bool, deadline: Instant) -> Result<Vec<i64>> {
-        let mine = Tensor::from_vec(&[2], vec![i64::from(failed), id.seq as i64]);
+    fn exchange(&self, id: &OpId, failed: bool, group: bool, deadline: Instant) -> Result<Vec<(i64, bool)>> {
+        let mine = Tensor::from_vec(&[2], vec![i64::from(failed), i64::from(group)]);
         let b = self.board.upload(&mine).map_err(|e| self.err(id, format!("header upload: {e}")))?;
         let w = self.board.all_gather_into_tensor(&b).map_err(|e| self.err(id, format!("header exchange: {e}")))?;
         loop {
             match poll(&w, Duration::from_millis(10)) {
                 Some(Ok(out)) => {
                     let t = self.board.download(out).map_err(|e| self.err(id, format!("header download: {e}")))?;
-                    return Ok((0..t.numel() / 2).map(|r| t.get_f64(2 * r) as i64).collect());
+                    return Ok((0..t.numel() / 2).map(|r| (t.get_f64(2 * r) as i64, t.get_f64(2 * r + 1) != 0.0)).collect());
                 }
                 Some(Err(e)) => {
                     self.host.abort(format!("{} #{}: the header exchange failed: {e}", id.name, id.seq));
-                    return Err(self.err(id, format!("the validation header exchange failed ({e}); communicator aborted")));
+                    return Err(match e {
+                        CollectiveError::PeerDied { .. } | CollectiveError::Timeout { .. } | CollectiveError::Aborted(_) => e,
+                        e => self.err(id, format!("the validation header exchange failed ({e}); communicator aborted")),
+                    });
                 }
                 None => {}
             }
@@ -426,6 +451,7 @@ impl Chan {
         let Kernel { id, launch, ticket } = k;
         let started = Instant::now();
         *lock(&self.host.current) = Some((started, id.name, id.seq));
+        self.host.queued.fetch_sub(1, Ordering::SeqCst);
         ticket.stage(Stage::Running(started));
         if self.host.fires(point::STREAM, Action::Stall, id.nth) {
             // A gate on the stream before the op: opened by an abort, teardown or the backstop.
@@ -505,6 +531,21 @@ fn poll<T>(w: &Work<T>, slice: Duration) -> Option<Result<&T>> {
     }
 }
 
+/// The completion of a send / recv: the data communicator's work.
+struct Relay<T>(Work<T>);
+
+impl<T: Send + Sync> Completion for Relay<T> {
+    fn is_completed(&self) -> bool {
+        self.0.is_completed()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        match poll(&self.0, timeout) {
+            None => Ok(false),
+            Some(r) => r.map(|_| true),
+        }
+    }
+}
+
 /// The completion of a [`Stream`] op.
 struct StreamCompletion {
     ticket: Arc<Ticket>,
@@ -523,10 +564,12 @@ impl StreamCompletion {
 
     /// The op (or the one the stream runs before it) passed its deadline: abort, let the
     /// threads fail it (bounded), report the timeout.
-    fn expire(&self, why: String) -> Result<bool> {
+    /// The threads get until `until` (the caller's wait) to fail the op, at most an op deadline
+    /// and 2 s: then the caller's buffers are its own again.
+    fn expire(&self, why: String, until: Instant) -> Result<bool> {
         let id = &self.ticket.id;
         self.host.abort(format!("{} #{}: {why}", id.name, id.seq));
-        let released = self.ticket.wait_until(Instant::now() + self.host.op_timeout + Duration::from_secs(2));
+        let released = self.ticket.wait_until(until.min(Instant::now() + self.host.op_timeout + Duration::from_secs(2)));
         let waited_ms = id.issued.elapsed().as_millis() as u64;
         if let Some(Err(e @ CollectiveError::Timeout { .. })) = released {
             return Err(e);
@@ -558,11 +601,11 @@ impl Completion for StreamCompletion {
             let now = Instant::now();
             let deadline = self.deadline();
             if now >= deadline {
-                return self.expire("pending past its op deadline".into());
+                return self.expire("pending past its op deadline".into(), until);
             }
             if matches!(lock(&self.ticket.state).0, Stage::Launched(_)) {
                 if let Some(why) = self.host.overdue(now) {
-                    return self.expire(format!("queued behind {why}"));
+                    return self.expire(format!("queued behind {why}"), until);
                 }
             }
             if now >= until {
@@ -600,8 +643,6 @@ pub struct Stream {
     counter: OutstandingCounter,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// The last op queued (a copy queued on the stream waits for it: a bug).
-    last: Mutex<Option<Arc<Ticket>>>,
 }
 
 static COMMS: AtomicU64 = AtomicU64::new(0);
@@ -619,6 +660,8 @@ impl Stream {
             closing: AtomicBool::new(false),
             lib: Mutex::new(()),
             current: Mutex::new(None),
+            queued: Default::default(),
+            unfinished: Default::default(),
         });
         let label = format!("stream r{rank} c{}", COMMS.fetch_add(1, Ordering::SeqCst));
         let chan = Arc::new(Chan { host, data: Arc::new(data), board: Arc::new(board), label });
@@ -651,7 +694,6 @@ impl Stream {
             counter: OutstandingCounter::default(),
             jobs: Mutex::new(Some(jtx)),
             threads: Mutex::new(vec![progress, stream]),
-            last: Mutex::new(None),
         }
     }
 
@@ -676,7 +718,6 @@ impl Stream {
 
     fn send_job(&self, job: Job) -> Result<()> {
         let id = job.id.clone();
-        *lock(&self.last) = Some(job.ticket.clone());
         let tx = lock(&self.jobs);
         match tx.as_ref().map(|tx| tx.send(job)) {
             Some(Ok(())) => Ok(()),
@@ -694,9 +735,9 @@ impl Stream {
         }
         let why = "injected fault after_begin:fail (a simulated out-of-memory)".to_string();
         if !self.host().bug(StreamBug::LocalFailureUnsent) {
-            let ticket = Ticket::new(&self.chan.label, &o.id);
+            let ticket = Ticket::new(&self.chan.host, &self.chan.label, &o.id);
             o.handed = true;
-            let _ = self.send_job(Job { id: o.id.clone(), failed: Some(why.clone()), launch: None, ticket });
+            let _ = self.send_job(Job { id: o.id.clone(), group: false, failed: Some(why.clone()), launch: None, ticket });
         }
         Err(self.chan.err(&o.id, why))
     }
@@ -709,10 +750,10 @@ impl Stream {
 
     /// Queues `o` (header, then `launch` on the stream) and returns its pending work.
     fn submit<T>(&self, mut o: Op, value: T, launch: Launch) -> Result<Work<T>> {
-        let ticket = Ticket::new(&self.chan.label, &o.id);
+        let ticket = Ticket::new(&self.chan.host, &self.chan.label, &o.id);
         o.handed = true;
         let meta = WorkMeta { backend: "stream".into(), op: o.id.name.to_string(), seq: o.id.seq, rank: self.rank };
-        self.send_job(Job { id: o.id.clone(), failed: None, launch: Some(launch), ticket: ticket.clone() })?;
+        self.send_job(Job { id: o.id.clone(), group: false, failed: None, launch: Some(launch), ticket: ticket.clone() })?;
         Ok(Work::new(value, Arc::new(StreamCompletion { ticket, host: self.chan.host.clone() }), meta, &self.counter))
     }
 
@@ -757,6 +798,12 @@ impl Stream {
         self.submit(o, value, Launch { call: Box::new(call), outs: targets })
     }
 
+    /// `w` (the data communicator's) as this backend's work, counted in its `outstanding()`.
+    fn relay<T: Send + Sync + 'static, U>(&self, w: Work<T>, value: U) -> Work<U> {
+        let meta = WorkMeta { backend: "stream".into(), ..w.meta().clone() };
+        Work::new(value, Arc::new(Relay(w)), meta, &self.counter)
+    }
+
     fn desc(&self, b: &Buf) -> (DType, Vec<usize>) {
         (self.chan.data.buffer_dtype(b), self.chan.data.buffer_shape(b))
     }
@@ -777,11 +824,18 @@ impl Stream {
         (dt, s)
     }
 
-    /// Waits (until `until`) for every op queued so far to finish; `false` if one is still
+    /// Waits (until `until`) for every op issued so far to finish; `false` if one is still
     /// pending then.
     fn drained(&self, until: Instant) -> bool {
-        let last = lock(&self.last).clone();
-        last.is_none_or(|t| t.wait_until(until).is_some())
+        loop {
+            if self.host().unfinished.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The bug [`StreamBug::CopiesOnTheStream`]: a copy waits for the ops queued before it.
@@ -846,19 +900,29 @@ impl Backend for Stream {
     fn capabilities(&self) -> Capabilities {
         Capabilities { fused: FusedImpl::Decomposed, ..self.chan.data.capabilities() }
     }
+    /// This backend's works (the data communicator's are held by them or by the stream).
     fn outstanding(&self) -> usize {
-        self.counter.get() + self.chan.data.outstanding()
+        self.counter.get()
     }
     fn fault_hooks(&self) -> Vec<(String, Action)> {
         HOOKS.iter().map(|(p, a)| (p.to_string(), *a)).collect()
     }
-    /// Ordered after every op queued before it (the split follows them on the device); both
-    /// the data communicator and the board split.
+    /// Its header goes the ops' way (a `new_group` met by another op is `op_mismatch` on every
+    /// rank, the communicator usable), then it waits for the stream to reach it (the split
+    /// follows every earlier op on the device); then the data communicator and the board split.
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
-        let o = self.begin("new_group");
+        let mut o = self.begin("new_group");
         self.alive(&o)?;
-        if !self.drained(o.id.issued + backstop(self.host().op_timeout)) {
-            return Err(self.chan.timeout(&o.id, "the ops issued before it did not finish".into()));
+        let ticket = Ticket::new(&self.chan.host, &self.chan.label, &o.id);
+        o.handed = true;
+        self.send_job(Job { id: o.id.clone(), group: true, failed: None, launch: None, ticket: ticket.clone() })?;
+        match ticket.wait_until(o.id.issued + backstop(self.host().op_timeout)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(e),
+            None => {
+                self.host().abort(format!("new_group #{} did not reach the stream", o.id.seq));
+                return Err(self.chan.timeout(&o.id, "its header exchange or the ops before it did not finish; communicator aborted".into()));
+            }
         }
         let data = self.chan.data.new_group(ranks)?;
         let board = self.chan.board.new_group(ranks)?;
@@ -977,12 +1041,12 @@ impl Backend for Stream {
     fn send(&self, x: &Buf, dst: usize) -> Result<Work<()>> {
         let o = self.begin("send");
         self.alive(&o)?;
-        self.chan.data.send(x, dst)
+        Ok(self.relay(self.chan.data.send(x, dst)?, ()))
     }
     fn recv(&self, out: &Buf, src: usize) -> Result<Work<Buf>> {
         let o = self.begin("recv");
         self.alive(&o)?;
-        self.chan.data.recv(out, src)
+        Ok(self.relay(self.chan.data.recv(out, src)?, out.clone()))
     }
     fn barrier(&self) -> Result<Work<()>> {
         let mut o = self.begin("barrier");
