@@ -401,8 +401,7 @@ struct Cli {
 fn stream_reference_main(cli: &Cli) -> ! {
     let entry = crate::bugs_stream::reference_entry();
     let all = entry.cases();
-    let cases: Vec<CaseInfo> =
-        if cli.cases.is_empty() { all } else { all.into_iter().filter(|c| cli.cases.iter().any(|id| *id == c.id)).collect() };
+    let cases: Vec<CaseInfo> = if cli.cases.is_empty() { all } else { all.into_iter().filter(|c| cli.cases.contains(&c.id)).collect() };
     let mut by_ws: std::collections::BTreeMap<usize, Vec<CaseInfo>> = std::collections::BTreeMap::new();
     for c in cases {
         by_ws.entry(c.world_size).or_default().push(c);

@@ -12,14 +12,12 @@ use concord_suites::contract::contract_clause_ids;
 
 /// Clauses no mutant covers, each with the reason. A clause that is both exempt and covered is a
 /// problem too (drop the exemption once a mutant exists).
-pub const EXEMPT: &[(&str, &str)] = &[
-    (
-        "seeds.pytorch",
-        "not a behaviour of its own: it names PyTorch's test file, whose checks are those of other clauses \
+pub const EXEMPT: &[(&str, &str)] = &[(
+    "seeds.pytorch",
+    "not a behaviour of its own: it names PyTorch's test file, whose checks are those of other clauses \
          (shapes, quiescence, async, values); a bug that breaks it breaks one of those and is labelled there \
          (the most specific clause), while the seed cases still run against every mutant",
-    ),
-];
+)];
 
 /// One clause of the contract in the campaign.
 #[derive(Clone, Debug)]

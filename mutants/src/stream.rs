@@ -193,8 +193,9 @@ impl Host {
     /// The stream's current op, if it passed its deadline (`now`).
     fn overdue(&self, now: Instant) -> Option<String> {
         let cur = *lock(&self.current);
-        cur.filter(|(at, _, _)| now >= *at + self.op_timeout)
-            .map(|(at, name, seq)| format!("{name} #{seq}, running on the stream for {} ms, passed its op deadline", (now - at).as_millis()))
+        cur.filter(|(at, _, _)| now >= *at + self.op_timeout).map(|(at, name, seq)| {
+            format!("{name} #{seq}, running on the stream for {} ms, passed its op deadline", (now - at).as_millis())
+        })
     }
 }
 
@@ -265,10 +266,13 @@ impl Ticket {
     }
 }
 
+/// Issues an op's shm collective on the data communicator.
+type Call = Box<dyn FnOnce(&ShmBackend) -> Result<Work<Vec<Buf>>> + Send>;
+
 /// The data step of an op: the shm collective, issued on the stream; its results are copied
 /// into `outs` (`None`: the result is the caller's own buffer).
 struct Launch {
-    call: Box<dyn FnOnce(&ShmBackend) -> Result<Work<Vec<Buf>>> + Send>,
+    call: Call,
     outs: Vec<Option<Buf>>,
 }
 
@@ -396,7 +400,10 @@ impl Chan {
                 return fail(self.aborted_err(&id, &self.host.aborted().unwrap_or_default()));
             }
             self.host.abort(format!("{} #{}: the library call stayed in progress past the op deadline", id.name, id.seq));
-            return fail(self.timeout(&id, "injected fault enqueue:stall: the library call stayed in progress past the op deadline; communicator aborted".into()));
+            return fail(self.timeout(
+                &id,
+                "injected fault enqueue:stall: the library call stayed in progress past the op deadline; communicator aborted".into(),
+            ));
         }
         let behind = self.host.queued.fetch_add(1, Ordering::SeqCst) > 0 || lock(&self.host.current).is_some();
         ticket.stage(if behind { Stage::Launched(Instant::now()) } else { Stage::Running(Instant::now()) });
@@ -719,8 +726,8 @@ impl Stream {
     fn send_job(&self, job: Job) -> Result<()> {
         let id = job.id.clone();
         let tx = lock(&self.jobs);
-        match tx.as_ref().map(|tx| tx.send(job)) {
-            Some(Ok(())) => Ok(()),
+        match tx.as_ref().map(|tx| tx.send(job).is_ok()) {
+            Some(true) => Ok(()),
             _ => Err(self.chan.aborted_err(&id, "the progress thread is gone")),
         }
     }
@@ -921,7 +928,9 @@ impl Backend for Stream {
             Some(Err(e)) => return Err(e),
             None => {
                 self.host().abort(format!("new_group #{} did not reach the stream", o.id.seq));
-                return Err(self.chan.timeout(&o.id, "its header exchange or the ops before it did not finish; communicator aborted".into()));
+                return Err(self
+                    .chan
+                    .timeout(&o.id, "its header exchange or the ops before it did not finish; communicator aborted".into()));
             }
         }
         let data = self.chan.data.new_group(ranks)?;

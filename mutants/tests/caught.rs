@@ -213,7 +213,13 @@ fn main() {
                 .into());
             };
             if is_stream(name) && std::env::var_os("CONCORD_SHOW_CATCH").is_some() {
-                eprintln!("{name}: caught by {} [{:?}] in {:.1} s\n{}", catch.case, catch.kinds, found.elapsed.as_secs_f64(), catch.message);
+                eprintln!(
+                    "{name}: caught by {} [{:?}] in {:.1} s\n{}",
+                    catch.case,
+                    catch.kinds,
+                    found.elapsed.as_secs_f64(),
+                    catch.message
+                );
             }
             if let Some((_, clause)) = AT_SETUP.iter().find(|(m, _)| *m == name) {
                 if catch.kinds.is_empty() || catch.kinds.iter().any(|k| *k != "setup") || !catch.message.contains(clause) {
@@ -247,7 +253,7 @@ fn main() {
             let (verdict, message, _, _) = concord_suites::run::run_case_fresh_in(stream_pool(), &entry, c);
             (!matches!(verdict, Verdict::Passed)).then(|| format!("{}: {verdict:?}\n{message}", c.id))
         };
-        for failed in campaign::side_by_side(cases.iter().collect(), 4, |c| run(c), |_| {}).into_iter().flatten() {
+        for failed in campaign::side_by_side(cases.iter().collect(), 4, run, |_| {}).into_iter().flatten() {
             bad.push(failed);
         }
         if bad.is_empty() {
