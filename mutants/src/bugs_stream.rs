@@ -67,6 +67,12 @@ pub fn catalogue() -> Vec<Spec> {
             &["device_faults::stall_before_header::", "device_faults::stall_before_first_header::"],
         ),
         spec(
+            StreamBug::AbortedKernelDone,
+            "faults.absent_peer_bounded",
+            "stream: a kernel waiting for an absent peer, ended by the abort, counts as done (the op reports Ok)",
+            &["device_faults::no_launch::", "device_faults::stall_after_header::"],
+        ),
+        spec(
             StreamBug::CopiesOnTheStream,
             "faults.copies_not_behind_collectives",
             "stream: upload / download are queued on the collectives' stream: they wait for every op issued before them",
