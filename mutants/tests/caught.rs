@@ -212,15 +212,6 @@ fn main() {
                 )
                 .into());
             };
-            if is_stream(name) && std::env::var_os("CONCORD_SHOW_CATCH").is_some() {
-                eprintln!(
-                    "{name}: caught by {} [{:?}] in {:.1} s\n{}",
-                    catch.case,
-                    catch.kinds,
-                    found.elapsed.as_secs_f64(),
-                    catch.message
-                );
-            }
             if let Some((_, clause)) = AT_SETUP.iter().find(|(m, _)| *m == name) {
                 if catch.kinds.is_empty() || catch.kinds.iter().any(|k| *k != "setup") || !catch.message.contains(clause) {
                     return Err(format!(
