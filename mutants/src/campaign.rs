@@ -395,6 +395,11 @@ struct Cli {
     /// unsupported.
     #[arg(long)]
     legal: bool,
+    /// Run the reference launch-based backend (`crate::stream`, no bug) over its catalogue (every
+    /// case under this binary's `campaign` feature, or only the `--case` ids, `stream::...`) and
+    /// print how many cases passed, were skipped, unsupported or failed; exits 1 on a failure.
+    #[arg(long)]
+    stream_reference: bool,
 }
 
 /// One legal variant's run of the catalogue.
@@ -491,6 +496,59 @@ fn legal_main(cli: &Cli) -> ! {
     print!("{}", render_legal(&runs));
     Pool::global().shutdown();
     std::process::exit(if runs.iter().all(|r| r.failed.is_empty()) { 0 } else { 1 })
+}
+
+/// `--stream-reference`: the reference stream backend over its catalogue, world sizes side by side.
+fn stream_reference_main(cli: &Cli) -> ! {
+    let entry = crate::bugs_stream::reference_entry();
+    let all = entry.cases();
+    let cases: Vec<CaseInfo> = if cli.cases.is_empty() { all } else { all.into_iter().filter(|c| cli.cases.contains(&c.id)).collect() };
+    let mut by_ws: std::collections::BTreeMap<usize, Vec<CaseInfo>> = std::collections::BTreeMap::new();
+    for c in cases {
+        by_ws.entry(c.world_size).or_default().push(c);
+    }
+    let started = Instant::now();
+    let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    let done = side_by_side(
+        by_ws.into_values().collect(),
+        jobs,
+        |group| {
+            group
+                .into_iter()
+                .map(|c| {
+                    let t = Instant::now();
+                    let (verdict, message, _, _) = run_case_fresh_in(Pool::global(), &entry, &c);
+                    (c.id, verdict, message, t.elapsed())
+                })
+                .collect::<Vec<_>>()
+        },
+        |_| {},
+    );
+    let (mut passed, mut skipped, mut unsupported, mut failed) = (0, 0, 0, Vec::new());
+    for (id, verdict, message, took) in done.into_iter().flatten() {
+        match verdict {
+            Verdict::Passed => passed += 1,
+            Verdict::Skipped(_) => skipped += 1,
+            Verdict::Unsupported(why) => {
+                unsupported += 1;
+                println!("UNSUPPORTED {id}: {}", why.chars().take(160).collect::<String>());
+            }
+            Verdict::Failed(_) => failed.push((id, message, took)),
+        }
+    }
+    for (id, message, took) in &failed {
+        println!("FAILED {id} ({:.1} s)", took.as_secs_f64());
+        for line in message.lines().filter(|l| !l.trim().is_empty()).take(4) {
+            println!("    {}", line.chars().take(240).collect::<String>());
+        }
+    }
+    println!(
+        "stream reference: {passed} passed, {skipped} skipped, {unsupported} unsupported, {} failed, in {:.1} s",
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Pool::global().shutdown();
+    std::process::exit(i32::from(!failed.is_empty()))
 }
 
 /// `--bad-input`, or `--sweep HOOK:POSITION:MODE!KIND`: the bad-input grid, or one target's cases.
@@ -696,10 +754,14 @@ pub fn main() -> ! {
     entries.push(crate::sweep::worker_entry());
     entries.push(crate::sweep_bad::worker_entry());
     entries.extend(crate::legal::catalogue().into_iter().map(|s| s.entry));
+    entries.push(crate::bugs_stream::reference_entry());
     concord_suites::run::dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
     if cli.legal {
         legal_main(&cli);
+    }
+    if cli.stream_reference {
+        stream_reference_main(&cli);
     }
     if !cli.bad_input.is_empty() || cli.sweep.as_deref().is_some_and(|t| t.contains('!')) {
         bad_input_main(&cli);

@@ -2,7 +2,9 @@
 //! (the most specific one): a `[clause: id]` tag of `core/src/backend.rs`, parsed by
 //! [`concord_suites::contract::contract_clause_ids`] (the one parser, shared with the contract
 //! map's self-test). Every clause id has at least one mutant, or is on [`EXEMPT`] with the reason
-//! a wrapper around the shm backend cannot break it in-process. [`problems`] lists what breaks
+//! no mutant can break it. The failure-path clauses (`faults.*`) have theirs on the reference
+//! launch-based backend ([`crate::stream`], [`crate::bugs_stream`]), since their hooks are not
+//! shm's. [`problems`] lists what breaks
 //! that rule (the `fast` test fails on any); [`render`] is the table `cargo xtask mutants` prints.
 
 use crate::campaign::{Finding, Spec};
@@ -10,30 +12,12 @@ use concord_suites::contract::contract_clause_ids;
 
 /// Clauses no mutant covers, each with the reason. A clause that is both exempt and covered is a
 /// problem too (drop the exemption once a mutant exists).
-pub const EXEMPT: &[(&str, &str)] = &[
-    (
-        "faults.aborted_ops_fail",
-        "needs a device stream and a communicator abort: its cases (device_faults::abort_*) inject faults at the \
-         hooks `stream` / `enqueue`, which shm does not declare, so they are UNSUPPORTED on shm and on every \
-         wrapper of it (checked on NCCL)",
-    ),
-    (
-        "faults.absent_peer_bounded",
-        "its cases (device_faults::stall_*_header, no_launch) inject at `before_header` / `after_header` / \
-         `no_launch`, hooks of a launch-based backend that shm does not declare: UNSUPPORTED on any shm wrapper",
-    ),
-    (
-        "faults.copies_not_behind_collectives",
-        "needs a collective stuck on a device stream (fault hook `stream`, not declared by shm), and upload / \
-         download are not hooks of a mutant (the wrapper always calls shm's, which never queue behind collectives)",
-    ),
-    (
-        "seeds.pytorch",
-        "not a behaviour of its own: it names PyTorch's test file, whose checks are those of other clauses \
+pub const EXEMPT: &[(&str, &str)] = &[(
+    "seeds.pytorch",
+    "not a behaviour of its own: it names PyTorch's test file, whose checks are those of other clauses \
          (shapes, quiescence, async, values); a bug that breaks it breaks one of those and is labelled there \
          (the most specific clause), while the seed cases still run against every mutant",
-    ),
-];
+)];
 
 /// One clause of the contract in the campaign.
 #[derive(Clone, Debug)]

@@ -202,6 +202,23 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
 ];
 
+/// The op deadline of the stream backend's worlds (`concord_mutants::stream`): its mutants are
+/// caught by fault cases that wait out op deadlines, so they run with a short one.
+const STREAM_OP_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// The worlds of the stream backend and its mutants (short op deadline, verdict only).
+fn stream_pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        use concord_harness::runner::PoolConfig;
+        Pool::new(PoolConfig { op_timeout: STREAM_OP_TIMEOUT, settle: campaign::VERDICT_SETTLE, ..PoolConfig::from_env() })
+    })
+}
+
+fn is_stream(name: &str) -> bool {
+    concord_mutants::stream::StreamBug::parse(name).is_some()
+}
+
 fn spec(name: &str) -> Spec {
     concord_mutants::catalogue().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no mutant {name}"))
 }
@@ -212,6 +229,7 @@ fn main() {
     entries.push(concord_mutants::sweep::worker_entry());
     entries.push(concord_mutants::sweep_bad::worker_entry());
     entries.extend(concord_mutants::legal::catalogue().into_iter().map(|s| s.entry));
+    entries.push(concord_mutants::bugs_stream::reference_entry());
     concord_suites::run::dispatch_child(&entries);
 
     let args = libtest_mimic::Arguments::from_args();
@@ -224,7 +242,7 @@ fn main() {
     let index = CaseIds::new(&ids);
     for s in &specs {
         let idx = index.hinted(s.catchers);
-        let stall = CAUGHT_AT_A_DEADLINE.contains(&s.name) || idx.iter().any(|&i| cases[i].load == Load::Stall);
+        let stall = CAUGHT_AT_A_DEADLINE.contains(&s.name) || is_stream(s.name) || idx.iter().any(|&i| cases[i].load == Load::Stall);
         let only: Vec<String> = idx.iter().map(|&i| format!("{}::{}", s.name, ids[i])).collect();
         let name = s.name;
         let test = if stall { format!("mutants::stall::{name}_is_caught") } else { format!("mutants::{name}_is_caught") };
@@ -232,8 +250,13 @@ fn main() {
             if only.is_empty() {
                 return Err(format!("{name}: no case id contains one of its catcher hints {:?}", spec(name).catchers).into());
             }
-            let found =
-                if REPORTED.contains(&name) { run_mutant(&spec(name), &only) } else { run_mutant_in(verdict_pool(), &spec(name), &only) };
+            let found = if REPORTED.contains(&name) {
+                run_mutant(&spec(name), &only)
+            } else if is_stream(name) {
+                run_mutant_in(stream_pool(), &spec(name), &only)
+            } else {
+                run_mutant_in(verdict_pool(), &spec(name), &only)
+            };
             let Some(catch) = found.caught else {
                 let aside: String = found.set_aside.iter().map(|(case, why)| format!("\n  {case}: {}", why.says())).collect();
                 return Err(format!(
@@ -260,6 +283,30 @@ fn main() {
             Ok(())
         }));
     }
+    // The control of the stream mutants: the reference stream backend passes every fault case
+    // (a case that failed it too would catch nothing).
+    trials.push(libtest_mimic::Trial::test("mutants::stall::stream_reference_passes_device_faults", || {
+        use concord_harness::verdict::Verdict;
+        let entry = concord_mutants::bugs_stream::reference_entry();
+        let mut bad = Vec::new();
+        let cases: Vec<_> = entry.cases().into_iter().filter(|c| c.id.starts_with("stream::device_faults::")).collect();
+        if cases.len() < 9 {
+            return Err(format!("the stream backend lists {} device_faults cases, expected 9 or more", cases.len()).into());
+        }
+        // Four worlds side by side: the cases mostly wait out op deadlines.
+        let run = |c: &concord_suites::run::CaseInfo| {
+            let (verdict, message, _, _) = concord_suites::run::run_case_fresh_in(stream_pool(), &entry, c);
+            (!matches!(verdict, Verdict::Passed)).then(|| format!("{}: {verdict:?}\n{message}", c.id))
+        };
+        for failed in campaign::side_by_side(cases.iter().collect(), 4, run, |_| {}).into_iter().flatten() {
+            bad.push(failed);
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(bad.join("\n").into())
+        }
+    }));
     for &(name, case) in PROGRAMS_CATCH {
         trials.push(libtest_mimic::Trial::test(format!("mutants::programs_catch::{name}"), move || {
             let found = run_mutant_in(verdict_pool(), &spec(name), &[format!("{name}::{case}")]);
@@ -441,6 +488,7 @@ fn main() {
     let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
     Pool::global().shutdown();
     verdict_pool().shutdown();
+    stream_pool().shutdown();
     std::process::exit(code);
 }
 

@@ -464,13 +464,15 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                             ),
                         )?;
                     }
-                    Err(e) if computes_aliased => return Err(fail(
-                        &w,
-                        format!(
+                    Err(e) if computes_aliased => {
+                        return Err(fail(
+                            &w,
+                            format!(
                             "the backend declares AliasPolicy::Correct (aliased outputs computed), but the aliased call ended in {e} [{}]",
                             e.name()
                         ),
-                    )),
+                        ))
+                    }
                     Ok(_) => {
                         return Err(fail(
                             &w,
