@@ -43,6 +43,7 @@ pub mod bugs_review2;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
+pub mod legal_review;
 pub mod sweep;
 pub mod sweep_bad;
 
