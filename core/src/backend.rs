@@ -22,8 +22,10 @@
 //!   rank alone can tell, and across ranks (at issue or at wait) where only peers can tell, on
 //!   *every* rank, never by hanging and never by silent truncation.
 //!   [clause: bad_input.named_everywhere]
-//! * Honour deadlines: no wait blocks longer than asked; a dead peer is reported as such.
-//!   [clause: async.deadline]
+//! * Honour deadlines: no wait blocks longer than asked, and none gives up sooner: a `wait(t)`
+//!   MUST return once the op completes or `t` has passed, never a timeout before `t` (a port that
+//!   counts deadlines in whole seconds times a sub-second wait out at once); a dead peer is
+//!   reported as such. [clause: async.deadline]
 //! * Fail cleanly: once a wait returned an op's failure (a timeout, a dead peer, an abort, a
 //!   local error), the op's buffers are the caller's again — no peer reads or writes them any
 //!   more, and memory the backend freed is not written either; every rank of the op ends in a
@@ -96,7 +98,10 @@
 //! # Values
 //! * Reductions return what the oracle (`concord-oracle`) computes from every rank's input, for
 //!   every dtype and every reduce op defined for it: bit-exact on exact-by-construction inputs,
-//!   within the dtype's bound on random ones, NaN / ±inf / ±0 as declared.
+//!   within the dtype's bound on random ones, NaN / ±inf / ±0 as declared. A float `sum`,
+//!   `avg` or `premul_sum` result that IEEE 754 gives as `-0` (a sum of `-0` terms, folding
+//!   from the first term) MAY be `+0` instead (a fold from a `+0` identity, as a BLAS dot or
+//!   PyTorch's `sum`); where IEEE 754 gives `+0` (`x + -x`) it MUST be `+0`.
 //!   [clause: values.reduce]
 //! * An all_reduce leaves identical copies of one result on every rank, bit for bit, also on
 //!   random inputs where the oracle allows a rounding bound: whatever order a backend reduces

@@ -41,7 +41,7 @@ pub struct Legal<const K: u8> {
 
 /// Every legal variant (a [`Spec`] like a mutant's; its rerun line goes through `--legal`).
 pub fn catalogue() -> Vec<Spec> {
-    let v = vec![
+    let mut v = vec![
         spec::<Legal<NAN_IGNORE>>(
             "legal_nan_ignore",
             "nan_minmax = Ignore",
@@ -96,6 +96,7 @@ pub fn catalogue() -> Vec<Spec> {
             &["async", "reuse::", "p2p::"],
         ),
     ];
+    v.extend(crate::legal_review::catalogue());
     v.into_iter()
         .map(|mut s| {
             s.entry = s.entry.with_rerun(format!("cargo xtask mutants --legal --mutant {} --case", s.name));

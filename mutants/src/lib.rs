@@ -46,6 +46,7 @@ pub mod bugs_stream;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
+pub mod legal_review;
 pub mod stream;
 pub mod sweep;
 pub mod sweep_bad;

@@ -200,6 +200,21 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
             "async::registry_counts_unwaited_work::ws2",
         ],
     ),
+    // docs/review-e.md: each pinned on the cases it failed before its check was fixed (the
+    // nonroot one passed from the start: its pins are the rooted ops' value cases).
+    (
+        "legal_review_zero_sum_plus",
+        4,
+        0,
+        &[
+            "all_reduce::out::f32::sum::ws2::special",
+            "all_reduce::out::f16::sum::ws3::special",
+            "all_reduce::out::bf16::avg::ws2::special",
+            "programs::p5::ws2",
+        ],
+    ),
+    ("legal_review_nonroot_garbage", 2, 0, &["reduce::out::f32::sum::ws3", "gather::out::f32::ws3"]),
+    ("legal_review_empty_at_input", 2, 0, &["all_to_all_single::out::f32::ws2", "views::all_to_all_single::out::f64::ws2"]),
 ];
 
 /// The op deadline of the stream backend's worlds (`concord_mutants::stream`): its mutants are

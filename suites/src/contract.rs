@@ -73,8 +73,13 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.deadline",
         source: BACKEND,
-        text: "No wait blocks longer than asked; a peer that never comes is a named timeout, and the world is usable after.",
-        cases: &["async::peer_never_joins_then_recovers", "async::peer_dies_mid_collective", "async::wait_zero_polls"],
+        text: "No wait blocks longer than asked, nor times out before it; a peer that never comes is a named timeout, and the world is usable after.",
+        cases: &[
+            "async::peer_never_joins_then_recovers",
+            "async::peer_dies_mid_collective",
+            "async::wait_zero_polls",
+            "async::sub_second_wait_waits_its_deadline",
+        ],
     },
     Clause {
         id: "async.every_op_every_rank",

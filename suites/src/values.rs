@@ -299,7 +299,10 @@ impl<B: Backend> Prepared<B> {
                 if a_out != b.buffer_addr(view) {
                     return Err(fail(format!("{tag}_out op returned a buffer other than the output it was given")));
                 }
-            } else if a_out == a_in && in_numel > 0 && spec.op != OpKind::SendRecv {
+            } else if a_out == a_in && in_numel > 0 && exp.numel() > 0 && spec.op != OpKind::SendRecv {
+                // An empty result overlaps nothing, whatever its address ([clause:
+                // placement.empty_no_alias]): an all_to_all receiving nothing may return it at
+                // its input's address, as PyTorch's empty tensors share one.
                 return Err(fail(format!("{tag}out-of-place op returned its input buffer (0x{a_in:x})")));
             }
             // Shape and values.
@@ -315,6 +318,8 @@ impl<B: Backend> Prepared<B> {
             }
             if valued && caps.moves_data {
                 let got = b.download(out).map_err(|e| fail(format!("download: {e}")))?;
+                let signed = zero_sum_sign(spec.reduce, &got, exp);
+                let exp = signed.as_ref().unwrap_or(exp);
                 let tol = value_tolerance(spec, ws, caps.rounding);
                 let checked = match (&self.magnitudes[t], tol) {
                     (Some(mag), Tolerance::Ulps(ulps)) => within_ulps_of_terms(&got, exp, mag, ulps),
@@ -539,6 +544,35 @@ fn within_ulps_of_terms(got: &Tensor, exp: &Tensor, mag: &Tensor, ulps: u32) -> 
     })
 }
 
+/// `exp` with each `-0` that `got` holds as `+0` made `+0`, for a float `sum` / `avg` /
+/// `premul_sum` (`None`: nothing to change): the sign of such a zero is the backend's (contract,
+/// [clause: values.reduce]: a fold from the first term gives IEEE 754's `-0` for a sum of `-0`
+/// terms, a fold from a `+0` identity, as a BLAS dot or PyTorch's `sum`, gives `+0`). An expected
+/// `+0` stays `+0` (`x + -x` is `+0` in either fold), and every other element is compared as it is.
+pub fn zero_sum_sign(reduce: Option<ReduceOp>, got: &Tensor, exp: &Tensor) -> Option<Tensor> {
+    let dtype = exp.dtype();
+    if !dtype.is_float() || !matches!(reduce, Some(ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_))) {
+        return None;
+    }
+    if got.dtype() != dtype || got.numel() != exp.numel() {
+        return None;
+    }
+    let es = dtype.size();
+    let neg_zero = |b: &[u8]| b[..es - 1].iter().all(|&x| x == 0) && b[es - 1] == 0x80;
+    let plus_zero = |b: &[u8]| b.iter().all(|&x| x == 0);
+    let flips: Vec<usize> = (0..exp.numel())
+        .filter(|&i| neg_zero(&exp.bytes()[i * es..(i + 1) * es]) && plus_zero(&got.bytes()[i * es..(i + 1) * es]))
+        .collect();
+    if flips.is_empty() {
+        return None;
+    }
+    let mut e = exp.clone();
+    for i in flips {
+        e.bytes_mut()[i * es..(i + 1) * es].fill(0);
+    }
+    Some(e)
+}
+
 /// The tolerance of `spec`'s results at world size `ws`: the oracle's ([`tolerance_for`]),
 /// except f16 / bf16 `sum`, `avg` and `premul_sum` wherever that is not already exact, which
 /// follow the backend's declared [`Rounding`]: `ExactThenRound` is the exact result rounded
@@ -579,6 +613,21 @@ fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A float sum's `-0` may come back `+0` (a fold from a `+0` identity); an expected `+0`
+    /// may not come back `-0`, a min's `-0` may not come back `+0`, and nonzero values are untouched.
+    #[test]
+    fn zero_sum_sign_accepts_plus_zero_for_minus_zero_sums_only() {
+        let f32s = |v: &[f64]| Tensor::from_f64(DType::F32, &[v.len()], v);
+        let exp = f32s(&[-0.0, 0.0, 1.0]);
+        let plus = zero_sum_sign(Some(ReduceOp::Sum), &f32s(&[0.0, 0.0, 1.0]), &exp).expect("the -0 made +0");
+        assert!(compare(&f32s(&[0.0, 0.0, 1.0]), &plus, Tolerance::Exact).is_ok());
+        assert!(zero_sum_sign(Some(ReduceOp::Sum), &f32s(&[-0.0, -0.0, 1.0]), &exp).is_none());
+        assert!(zero_sum_sign(Some(ReduceOp::Min), &f32s(&[0.0, 0.0, 1.0]), &exp).is_none());
+        let f16 = |v: &[f64]| Tensor::from_f64(DType::F16, &[v.len()], v);
+        let e16 = zero_sum_sign(Some(ReduceOp::Avg), &f16(&[0.0, 2.0]), &f16(&[-0.0, 2.0])).expect("f16 -0 made +0");
+        assert_eq!(e16.get_f64(0).to_bits(), 0.0f64.to_bits());
+    }
 
     /// `Rounding::Accumulate`'s bound follows the magnitude of the terms: 0.5 + 0.25 - 0.75 in f16
     /// (terms' magnitude 1.5, ulp 2^-10) may be off by up to `ulps` * 2^-10 from the exact 0, even

@@ -1,0 +1,233 @@
+//! Legal variants from a review of the checks for over-strictness (helper `reviewe`,
+//! docs/review-e.md): each is a backend that keeps the contract where a check might demand more
+//! than the contract does. Like [`crate::legal`]'s, each wraps the shm backend, is run against the
+//! whole catalogue by `concord-mutants --legal`, and MUST pass it.
+//!
+//! * `legal_review_zero_sum_plus`: a float `sum` (and `avg`, `premul_sum`: sums too) folds from a
+//!   `+0` identity (as a BLAS dot, or a `torch.stack(xs).sum(0)`), so a sum whose terms are all
+//!   `-0` is `+0` (IEEE 754's fold from the first term gives `-0`). Every other sum is
+//!   bit-identical: an IEEE addition whose exact result is zero or tiny is exact, so a float sum
+//!   is `-0` only when every term is `-0`, in any order. The contract leaves that sign to the
+//!   backend ([clause: values.reduce]).
+//! * `legal_review_nonroot_garbage`: `reduce` and `gather` return, on a rank other than the root,
+//!   a new buffer of the right shape holding garbage (bytes `0xA5`): their contents are defined on
+//!   the root only ([clause: shapes]).
+//! * `legal_review_empty_at_input`: an out-of-place op whose result has zero elements returns a
+//!   zero-element view at its input's address (as PyTorch's empty tensors, whose `data_ptr()` is
+//!   the same for all of them): a buffer of zero elements overlaps no buffer, whatever its
+//!   address ([clause: placement.empty_no_alias]); the op itself still runs (peers need it).
+
+use crate::campaign::{spec, Spec};
+use crate::{edit, Buf, Bug, Mutant, Shm};
+use concord_core::fused::{self, Gathered, Scaling};
+use concord_core::{Backend, ReduceOp, Result, Tensor, Work};
+
+const ZERO_SUM_PLUS: u8 = 0;
+const NONROOT_GARBAGE: u8 = 1;
+const EMPTY_AT_INPUT: u8 = 2;
+
+/// One reviewed legal variant of the shm backend (`K` picks it).
+#[derive(Default)]
+pub struct Review<const K: u8>;
+
+/// The reviewed legal variants (registered by [`crate::legal::catalogue`]).
+pub fn catalogue() -> Vec<Spec> {
+    vec![
+        spec::<Review<ZERO_SUM_PLUS>>(
+            "legal_review_zero_sum_plus",
+            "(nothing: +0 identity)",
+            "a float sum / avg / premul_sum folds from a +0 identity: a sum of all -0 terms is +0 (every other result \
+             is IEEE's, bit for bit)",
+            &["special", "numerics::"],
+        ),
+        spec::<Review<NONROOT_GARBAGE>>(
+            "legal_review_nonroot_garbage",
+            "(nothing: root only)",
+            "reduce and gather return garbage (bytes 0xA5) of the right shape on every rank but the root: their \
+             contents are defined on the root only",
+            &["reduce::", "gather::"],
+        ),
+        spec::<Review<EMPTY_AT_INPUT>>(
+            "legal_review_empty_at_input",
+            "(nothing: empty at input)",
+            "an out-of-place op whose result has zero elements returns a zero-element view at its input's address \
+             (empty buffers overlap nothing)",
+            &["sizes::", "seed::", "reuse::"],
+        ),
+    ]
+}
+
+/// `-0` elements of a float tensor made `+0` (what folding from a `+0` identity gives).
+fn plus_zero(t: &mut Tensor) {
+    let dtype = t.dtype();
+    if !dtype.is_float() {
+        return;
+    }
+    let es = dtype.size();
+    let sign = 1u64 << (8 * es - 1);
+    for chunk in t.bytes_mut().chunks_exact_mut(es) {
+        let mut bits = 0u64;
+        for (k, byte) in chunk.iter().enumerate() {
+            bits |= (*byte as u64) << (8 * k);
+        }
+        if bits == sign {
+            chunk.fill(0);
+        }
+    }
+}
+
+impl<const K: u8> Review<K> {
+    /// The zero-sum variant's result edit (sum, avg and premul_sum: each a sum folded from +0;
+    /// other ops as given).
+    fn sum_plus<T>(&self, s: &Shm, w: Work<T>, op: ReduceOp, outs: fn(&T) -> Vec<Buf>) -> Work<T>
+    where
+        T: Clone + Send + Sync + 'static,
+    {
+        if K != ZERO_SUM_PLUS || !matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)) {
+            return w;
+        }
+        s.then(w, move |be, v| {
+            for b in outs(v) {
+                edit(be, &b, plus_zero)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The garbage variant's non-root result.
+    fn not_root(&self, s: &Shm, w: Work<Buf>, root: usize) -> Work<Buf> {
+        if K != NONROOT_GARBAGE || s.rank() == root {
+            return w;
+        }
+        s.then(w, |be, out| edit(be, out, |t| t.bytes_mut().fill(0xA5)))
+    }
+
+    /// The empty variant's result: a zero-element view of `x` when the op's result is empty.
+    fn empty_at(&self, s: &Shm, w: Work<Buf>, x: &Buf) -> Result<Work<Buf>> {
+        if K != EMPTY_AT_INPUT {
+            return Ok(w);
+        }
+        let shape = s.inner.buffer_shape(w.peek());
+        if shape.iter().product::<usize>() != 0 {
+            return Ok(w);
+        }
+        let at_input = s.inner.view(x, 0, &shape)?;
+        Ok(s.then_as(w, at_input, |_, _| Ok(())))
+    }
+
+    /// [`Self::empty_at`] for a coalesced op: each empty result at its own input.
+    fn empties_at(&self, s: &Shm, w: Work<Vec<Buf>>, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        if K != EMPTY_AT_INPUT {
+            return Ok(w);
+        }
+        let mut outs = w.peek().clone();
+        let mut any = false;
+        for (o, x) in outs.iter_mut().zip(xs) {
+            let shape = s.inner.buffer_shape(o);
+            if shape.iter().product::<usize>() == 0 {
+                *o = s.inner.view(x, 0, &shape)?;
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(w);
+        }
+        Ok(s.then_as(w, outs, |_, _| Ok(())))
+    }
+}
+
+fn one(b: &Buf) -> Vec<Buf> {
+    vec![b.clone()]
+}
+// `&Vec`: it is a `fn(&T) -> Vec<Buf>` with `T` the coalesced ops' `Vec<Buf>`.
+#[allow(clippy::ptr_arg)]
+fn all(bs: &Vec<Buf>) -> Vec<Buf> {
+    bs.clone()
+}
+
+impl<const K: u8> Bug for Review<K> {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.all_reduce(x, op)?;
+        let w = self.empty_at(s, w, x)?;
+        Ok(self.sum_plus(s, w, op, one))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Ok(self.sum_plus(s, s.inner.all_reduce_(x, op)?, op, one))
+    }
+    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        let w = s.inner.all_reduce_coalesced(xs, op)?;
+        let w = self.empties_at(s, w, xs)?;
+        Ok(self.sum_plus(s, w, op, all))
+    }
+    fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        Ok(self.sum_plus(s, s.inner.all_reduce_coalesced_(xs, op)?, op, all))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        let w = s.inner.all_gather_into_tensor(x)?;
+        self.empty_at(s, w, x)
+    }
+    fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        let w = s.inner.all_gather_into_tensor_coalesced(xs)?;
+        self.empties_at(s, w, xs)
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        let w = s.inner.reduce_scatter_tensor(x, op)?;
+        let w = self.empty_at(s, w, x)?;
+        Ok(self.sum_plus(s, w, op, one))
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        Ok(self.sum_plus(s, s.inner.reduce_scatter_tensor_out(x, op, out)?, op, one))
+    }
+    fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+        let w = s.inner.reduce_scatter_tensor_coalesced(xs, op)?;
+        let w = self.empties_at(s, w, xs)?;
+        Ok(self.sum_plus(s, w, op, all))
+    }
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        let w = s.inner.all_to_all_single(x, o, i)?;
+        self.empty_at(s, w, x)
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast(x, src)?;
+        self.empty_at(s, w, x)
+    }
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        let w = s.inner.permute_tensor(x, src_dst)?;
+        self.empty_at(s, w, x)
+    }
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.reduce(x, op, root)?;
+        let w = self.empty_at(s, w, x)?;
+        let w = self.not_root(s, w, root);
+        Ok(self.sum_plus(s, w, op, one))
+    }
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.gather(x, root)?;
+        let w = self.empty_at(s, w, x)?;
+        Ok(self.not_root(s, w, root))
+    }
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        let w = s.inner.scatter(x, root)?;
+        self.empty_at(s, w, x)
+    }
+    // The fused ops: the seed's decomposition over shm itself (a wrapper's edited works count
+    // in a counter `outstanding` does not report, so a decomposition over the variant would
+    // lose the count its `counted_again` gives back; the fused products fold from +0 anyway).
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        fused::decomposed_all_gather_matmul(&*m.s.inner, a, bs, dim, sc)
+    }
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
+        fused::decomposed_matmul_reduce_scatter(&*m.s.inner, a, b, op, dim, sc)
+    }
+    fn low_contention(&self, m: &Mutant, x: &Buf, op: Option<ReduceOp>) -> Result<Work<Buf>> {
+        fused::decomposed_low_contention(&*m.s.inner, x, op)
+    }
+}
