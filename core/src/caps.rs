@@ -140,6 +140,12 @@ impl Capabilities {
         if world_size > self.max_world_size {
             return Err(format!("world size {world_size} > declared max {}", self.max_world_size));
         }
+        self.check_call(op, variant, dtype, reduce)
+    }
+
+    /// [`Capabilities::check`] of the call alone (its dtype and the declared gaps), in a world of
+    /// any size the backend runs.
+    pub fn check_call(&self, op: OpKind, variant: Option<Variant>, dtype: Option<DType>, reduce: Option<ReduceOp>) -> Result<(), String> {
         if let Some(d) = dtype {
             if !self.dtypes.contains(&d) {
                 return Err(format!("dtype {d} not supported"));
