@@ -177,5 +177,9 @@ mod tests {
         assert_eq!(c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::BAnd), 2), Err("no bitwise".into()));
         assert!(c.check(OpKind::Broadcast, None, Some(DType::U16), None, 2).is_err());
         assert!(c.check(OpKind::Broadcast, None, Some(DType::F32), None, 9).is_err());
+        // The call alone: its dtype and the gaps, whatever the world size.
+        assert!(c.check_call(OpKind::Broadcast, None, Some(DType::F32), None).is_ok());
+        assert!(c.check_call(OpKind::Broadcast, None, Some(DType::U16), None).is_err());
+        assert_eq!(c.check_call(OpKind::Reduce, Some(Variant::Out), None, Some(ReduceOp::BAnd)), Err("no bitwise".into()));
     }
 }
