@@ -103,7 +103,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<Legal<NO_CROSS_RANK>>(
             "legal_no_cross_rank",
-            "validates_across_ranks = false",
+            "no cross-rank validation",
             "declares validates_across_ranks = false (it promises no named error for inputs that disagree across \
              ranks: those cases are UNSUPPORTED); computes like shm",
             &["bad_input::all_reduce_shape_mismatch::", "bad_input::grid::all_reduce::ws2"],
@@ -116,7 +116,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<Legal<NCCL_LIKE>>(
             "legal_nccl_like",
-            "NaN ignored, avg floored, rounded every step",
+            "nan, avg, rounding as NCCL",
             "the three reduction choices NCCL makes, at once: NanPolicy::Ignore, IntAvg::Floor, Rounding::Accumulate \
              (shm's nan_minmax=ignore, int_avg=floor, rounding=every_step)",
             &["caps::nan_minmax", "caps::int_avg", "f16::sum", "i32::avg"],
