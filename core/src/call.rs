@@ -19,7 +19,8 @@
 //!    of `0..world_size`.
 //! 5. [`BadSplits`](BadInputKind::BadSplits): an all_to_all split list whose length is not
 //!    the world size.
-//! 6. [`UnsupportedDType`](BadInputKind::UnsupportedDType): a dtype the backend does not move,
+//! 6. [`UnsupportedDType`](BadInputKind::UnsupportedDType): a dtype the backend does not move (a
+//!    scaled fused op's output dtype too),
 //!    or a reduce op not defined for the dtype (bitwise on floats, premul_sum on integers).
 //! 7. [`UnsupportedOp`](BadInputKind::UnsupportedOp): a combination the backend declares as a
 //!    gap in its [`Capabilities`].
@@ -570,7 +571,13 @@ pub fn validate_local(d: &CallDesc, ws: usize, caps: &Capabilities) -> V {
     if op.is_fused() {
         validate_fused_local(d, ws)?;
     }
-    // 6. Dtypes the backend moves; reduce op defined for the dtype.
+    // 6. Dtypes the backend moves (a scaled fused op's output dtype too: its result is
+    // reduced or gathered in it); reduce op defined for the dtype.
+    if let Some(o) = d.fused.as_ref().and_then(|f| f.out_dtype) {
+        if !caps.dtypes.contains(&o) {
+            return bad(UnsupportedDType, format!("the backend does not support dtype {o} (the output dtype)"));
+        }
+    }
     for t in d.inputs.iter().chain(&d.outputs) {
         if !caps.dtypes.contains(&t.dtype) {
             return bad(UnsupportedDType, format!("the backend does not support dtype {}", t.dtype));

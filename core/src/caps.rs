@@ -140,6 +140,12 @@ impl Capabilities {
         if world_size > self.max_world_size {
             return Err(format!("world size {world_size} > declared max {}", self.max_world_size));
         }
+        self.check_call(op, variant, dtype, reduce)
+    }
+
+    /// [`Capabilities::check`] of the call alone (its dtype and the declared gaps), in a world of
+    /// any size the backend runs.
+    pub fn check_call(&self, op: OpKind, variant: Option<Variant>, dtype: Option<DType>, reduce: Option<ReduceOp>) -> Result<(), String> {
         if let Some(d) = dtype {
             if !self.dtypes.contains(&d) {
                 return Err(format!("dtype {d} not supported"));
@@ -171,5 +177,9 @@ mod tests {
         assert_eq!(c.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::I32), Some(ReduceOp::BAnd), 2), Err("no bitwise".into()));
         assert!(c.check(OpKind::Broadcast, None, Some(DType::U16), None, 2).is_err());
         assert!(c.check(OpKind::Broadcast, None, Some(DType::F32), None, 9).is_err());
+        // The call alone: its dtype and the gaps, whatever the world size.
+        assert!(c.check_call(OpKind::Broadcast, None, Some(DType::F32), None).is_ok());
+        assert!(c.check_call(OpKind::Broadcast, None, Some(DType::U16), None).is_err());
+        assert_eq!(c.check_call(OpKind::Reduce, Some(Variant::Out), None, Some(ReduceOp::BAnd)), Err("no bitwise".into()));
     }
 }

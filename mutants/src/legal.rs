@@ -13,8 +13,9 @@
 //! fails; `mutants/tests/caught.rs` pins each on the cases that read its declaration.
 
 use crate::campaign::{spec, Spec};
-use crate::{Buf, Bug, Shm};
-use concord_core::caps::{AliasPolicy, Gap};
+use crate::{Buf, Bug, Mutant, Shm};
+use concord_core::caps::{AliasPolicy, FusedImpl, Gap};
+use concord_core::fused::{self as fu, Gathered, Scaling};
 use concord_core::{Backend, Capabilities, CollectiveError, DType, OpKind, ReduceOp, Result, Variant, Work, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -28,6 +29,11 @@ const ALIAS_CORRECT: u8 = 3;
 const GAPS: u8 = 4;
 const MAX_WS_8: u8 = 5;
 const SLOW: u8 = 6;
+const NO_CROSS_RANK: u8 = 7;
+const NO_SUBGROUPS: u8 = 8;
+const NCCL_LIKE: u8 = 9;
+const NO_HALF: u8 = 10;
+const FUSED_PIPELINED: u8 = 11;
 
 /// The world size [`MAX_WS_8`] declares and keeps.
 const SMALL_MAX: usize = 8;
@@ -95,6 +101,41 @@ pub fn catalogue() -> Vec<Spec> {
              after (a slow host path)",
             &["async", "reuse::", "p2p::"],
         ),
+        spec::<Legal<NO_CROSS_RANK>>(
+            "legal_no_cross_rank",
+            "no cross-rank validation",
+            "declares validates_across_ranks = false (it promises no named error for inputs that disagree across \
+             ranks: those cases are UNSUPPORTED); computes like shm",
+            &["bad_input::all_reduce_shape_mismatch::", "bad_input::grid::all_reduce::ws2"],
+        ),
+        spec::<Legal<NO_SUBGROUPS>>(
+            "legal_no_subgroups",
+            "subgroups = false",
+            "declares subgroups = false and refuses every new_group with `unsupported` (a backend of one communicator)",
+            &["subgroup::", "bad_input::new_group", "p2p::group_and_world"],
+        ),
+        spec::<Legal<NCCL_LIKE>>(
+            "legal_nccl_like",
+            "nan, avg, rounding as NCCL",
+            "the three reduction choices NCCL makes, at once: NanPolicy::Ignore, IntAvg::Floor, Rounding::Accumulate \
+             (shm's nan_minmax=ignore, int_avg=floor, rounding=every_step)",
+            &["caps::nan_minmax", "caps::int_avg", "f16::sum", "i32::avg"],
+        ),
+        spec::<Legal<NO_HALF>>(
+            "legal_no_half",
+            "no f16 / bf16",
+            "declares no f16 and no bf16 at all (a host backend without half types); refuses every call on them \
+             with `unsupported`",
+            &["f16", "bf16", "caps::gaps_refused"],
+        ),
+        spec::<Legal<FUSED_PIPELINED>>(
+            "legal_fused_pipelined",
+            "fused = Pipelined",
+            "declares FusedImpl::Pipelined: its own fused_all_gather_matmul, a ring of sends and receives whose \
+             shards are multiplied as they land (its own first, then the left neighbour's, ...), not one all_gather \
+             then the product",
+            &["fused::all_gather_matmul"],
+        ),
     ];
     v.extend(crate::legal_review::catalogue());
     v.into_iter()
@@ -120,18 +161,23 @@ fn declared<const K: u8>(s: &Shm) -> Capabilities {
             c.gaps.push(Gap::op(OpKind::PermuteTensor, "legal_gaps: no permute_tensor"));
         }
         MAX_WS_8 => c.max_world_size = c.max_world_size.min(SMALL_MAX),
+        NO_CROSS_RANK => c.validates_across_ranks = false,
+        NO_SUBGROUPS => c.subgroups = false,
+        NO_HALF => c.dtypes.retain(|d| !matches!(d, DType::F16 | DType::BF16)),
+        FUSED_PIPELINED => c.fused = FusedImpl::Pipelined,
         _ => {}
     }
     c
 }
 
-/// The shm option that makes `K`'s reduction semantics (shm computes and declares it).
-const fn option(k: u8) -> Option<(&'static str, &'static str)> {
+/// The shm options that make `K`'s reduction semantics (shm computes and declares them).
+const fn options(k: u8) -> &'static [(&'static str, &'static str)] {
     match k {
-        NAN_IGNORE => Some(("nan_minmax", "ignore")),
-        INT_AVG_FLOOR => Some(("int_avg", "floor")),
-        ROUND_EVERY_STEP => Some(("rounding", "every_step")),
-        _ => None,
+        NAN_IGNORE => &[("nan_minmax", "ignore")],
+        INT_AVG_FLOOR => &[("int_avg", "floor")],
+        ROUND_EVERY_STEP => &[("rounding", "every_step")],
+        NCCL_LIKE => &[("nan_minmax", "ignore"), ("int_avg", "floor"), ("rounding", "every_step")],
+        _ => &[],
     }
 }
 
@@ -158,6 +204,46 @@ fn unaliased(s: &Shm, x: &Buf, out: &Buf) -> Result<Buf> {
     }
 }
 
+/// [`FUSED_PIPELINED`]'s `fused_all_gather_matmul`: validated like the decomposition, then a
+/// ring all-gather of `a` by send / recv (each step: send the shard last landed to the right
+/// neighbour, receive the next from the left one), each shard multiplied as it lands, this
+/// rank's own first. Exact the same: each output block is one shard's product, whatever the order.
+fn ring_all_gather_matmul(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+    let (ws, me) = (m.world_size(), m.rank());
+    if ws == 1 {
+        return fu::decomposed_all_gather_matmul(m, a, bs, dim, scaling);
+    }
+    let ins = fu::input_descs(m, a, bs);
+    let d = fu::describe(concord_core::CallOp::FusedAllGatherMatmul, me, ins.clone(), None, dim, scaling);
+    fu::exchange_and_validate(m, &d)?;
+    let a_scales = scaling.map(|s| fu::gather_row_scales(m, &s.a)).transpose()?;
+    let btensors = bs.iter().map(|x| m.download(x)).collect::<Result<Vec<_>>>()?;
+    let plan = fu::AgMatmulPlan::new(ws, &ins[0], &ins[1..], dim, scaling);
+    let mut parts = plan.start();
+    let consume = |parts: &mut fu::AgMatmulParts, r: usize, shard: &concord_core::Tensor| {
+        plan.consume(parts, r, shard, &btensors, a_scales.as_ref().map(|s| &s[r]), scaling.map(|s| s.b.as_slice()))
+    };
+    consume(&mut parts, me, &m.download(a)?);
+    let (next, prev) = ((me + 1) % ws, (me + ws - 1) % ws);
+    let mut cur = a.clone();
+    let mut last = None;
+    for step in 1..ws {
+        let out = m.alloc(ins[0].dtype, &ins[0].shape)?;
+        let sent = m.send(&cur, next)?;
+        let recvd = m.recv(&out, prev)?;
+        let got = recvd.wait(fu::DECOMPOSITION_WAIT)?.clone();
+        sent.wait(fu::DECOMPOSITION_WAIT)?;
+        consume(&mut parts, (me + ws - step) % ws, &m.download(&got)?);
+        cur = got;
+        last = Some(recvd);
+    }
+    let (ag, outs) = plan.finish(parts);
+    let ag = m.upload(&ag)?;
+    let outs = outs.iter().map(|t| m.upload(t)).collect::<Result<Vec<_>>>()?;
+    let last = last.ok_or_else(|| CollectiveError::Backend("legal_fused_pipelined: no ring step at ws > 1".into()))?;
+    Ok(last.counted_again((ag, outs)))
+}
+
 impl<const K: u8> Legal<K> {
     /// The slow variant's work, handed back late on a fixed schedule of op numbers (the op is
     /// already in flight: only the call returns late).
@@ -178,10 +264,12 @@ impl<const K: u8> Legal<K> {
 
 impl<const K: u8> Bug for Legal<K> {
     fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
-        if let Some((key, value)) = option(K) {
+        if !options(K).is_empty() {
             let mut w = world.clone();
-            w.options.retain(|(k, _)| k != key);
-            w.options.push((key.into(), value.into()));
+            for (key, value) in options(K) {
+                w.options.retain(|(k, _)| k != key);
+                w.options.push(((*key).into(), (*value).into()));
+            }
             return Ok(w);
         }
         if K == MAX_WS_8 && world.world_size > SMALL_MAX {
@@ -283,5 +371,24 @@ impl<const K: u8> Bug for Legal<K> {
     }
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {
         Ok(self.late(s, s.inner.barrier()?))
+    }
+    fn fused_all_gather_matmul(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        bs: &[Buf],
+        dim: usize,
+        scaling: Option<&Scaling>,
+    ) -> Result<Work<Gathered<Buf>>> {
+        if K == FUSED_PIPELINED {
+            return ring_all_gather_matmul(m, a, bs, dim, scaling);
+        }
+        fu::decomposed_all_gather_matmul(m, a, bs, dim, scaling)
+    }
+    fn refuse_group(&self, _s: &Shm, _ranks: &[usize]) -> Result<()> {
+        if K == NO_SUBGROUPS {
+            return Err(CollectiveError::Unsupported("legal_no_subgroups: one communicator only (declares subgroups = false)".into()));
+        }
+        Ok(())
     }
 }

@@ -436,6 +436,11 @@ pub trait Bug: Send + Sync + 'static {
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {
         s.inner.barrier()
     }
+    /// Whether `new_group(ranks)` is refused before any group is made (a backend that declares
+    /// no subgroups). Default: never.
+    fn refuse_group(&self, s: &Shm, ranks: &[usize]) -> Result<()> {
+        Ok(())
+    }
     /// The communicator `new_group` returns on this rank, given the one the correct backend made
     /// (`None` on a non-member). Called on the bug of the communicator `new_group` was called on.
     fn new_group(&self, s: &Shm, made: Option<Group>) -> Option<Group> {
@@ -523,6 +528,7 @@ impl Backend for Mutant {
         self.bug.outstanding(&self.s)
     }
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        self.bug.refuse_group(&self.s, ranks)?;
         let ranks = self.bug.group_ranks(&self.s, ranks);
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
         let made = self.s.inner.new_group(&ranks)?.map(|g| (Arc::new(g), members));

@@ -187,7 +187,72 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
             "bad_input::grid::reduce_scatter_tensor_out::ws3",
         ],
     ),
-    ("legal_gaps", 2, 1, &["caps::gaps_refused::u16::ws2", "caps::gaps_refused::f32::ws2", "permute_tensor::out::f32::ws2"]),
+    (
+        "legal_gaps",
+        5,
+        3,
+        &[
+            "caps::gaps_refused::u16::ws2",
+            "caps::gaps_refused::f32::ws2",
+            "permute_tensor::out::f32::ws2",
+            // Declared gaps read by the case runner (the meta's call), a bad-input row, the
+            // grid's rows, a case mixing dtypes and a refusal of a declared-gap call.
+            "bad_input::grid::permute_tensor::ws2",
+            "bad_input::permute_wrong_length::ws2",
+            "bad_input::grid::all_reduce::ws2",
+            "p2p::in_order_mixed_dtypes::ws2",
+            "bad_input::refused_buffer_reused_in_place::ws2",
+        ],
+    ),
+    (
+        "legal_no_cross_rank",
+        1,
+        2,
+        &["bad_input::all_reduce_shape_mismatch::ws2", "bad_input::grid::all_reduce::ws2", "bad_input::all_reduce_bitwise_on_float::ws2"],
+    ),
+    (
+        "legal_no_subgroups",
+        1,
+        3,
+        &[
+            "programs::p0::ws2",
+            "bad_input::new_group_empty::ws2",
+            "p2p::group_and_world_messages_apart::ws2",
+            "subgroup::halves::all_reduce::out::f32::sum::ws2",
+        ],
+    ),
+    (
+        "legal_nccl_like",
+        4,
+        0,
+        &[
+            "caps::nan_minmax::f32::ws3",
+            "caps::int_avg::i32::ws3",
+            "all_reduce::out::f16::sum::ws8::random",
+            "all_reduce::out::i32::avg::ws3",
+        ],
+    ),
+    (
+        "legal_no_half",
+        2,
+        1,
+        &[
+            "caps::gaps_refused::f16::ws2",
+            "fused::scaled_matmul_reduce_scatter::dim0::f32::tensor::exact::ws2",
+            "all_reduce::out::f16::sum::ws2",
+        ],
+    ),
+    (
+        "legal_fused_pipelined",
+        4,
+        0,
+        &[
+            "fused::all_gather_matmul::dim0::f32::exact::ws3",
+            "fused::all_gather_matmul::dim1::bf16::exact::ws3",
+            "fused::all_gather_matmul::dim0::f32::in_flight_twice::ws3",
+            "fused::all_gather_matmul::dim0::f32::odd_rows::ws3",
+        ],
+    ),
     ("legal_max_ws_8", 1, 1, &["all_reduce::out::f32::sum::ws8", "all_reduce::out::f32::sum::ws16"]),
     (
         "legal_slow",

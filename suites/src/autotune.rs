@@ -17,7 +17,7 @@ use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_autotune::{
     cache, names_hash, run_choice, Autotuner, Choice, ChoiceCtx, Config, Env, OpInstance, Outcome, Phase, Policy, Request, RowStatus,
 };
-use concord_core::{Backend, CollectiveError, DType, ReduceOp};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Variant};
 use concord_fixtures::InputKind;
 use concord_oracle::{compare, Semantics, Tolerance};
 use std::time::{Duration, Instant};
@@ -533,6 +533,28 @@ fn builtin_reqs<B: Backend>(ws: usize) -> Vec<Request<B>> {
     ]
 }
 
+/// The requests whose op instance the backend declares it runs (a tuned op on a declared gap,
+/// say bf16 where no bf16 is declared, may be refused as unsupported); UNSUPPORTED, naming the
+/// declarations, when none is left.
+fn declared_reqs<B: Backend>(ctx: &Ctx<'_, B>, reqs: Vec<Request<B>>) -> Result<Vec<Request<B>>, CaseEnd> {
+    let caps = ctx.b.capabilities();
+    let mut gaps = Vec::new();
+    let kept: Vec<Request<B>> = reqs
+        .into_iter()
+        .filter(|r| match caps.check_call(r.inst.op, Some(Variant::Out), Some(r.inst.dtype), r.inst.reduce) {
+            Ok(()) => true,
+            Err(why) => {
+                gaps.push(format!("{}/{} ({why})", r.inst.op, r.inst.dtype));
+                false
+            }
+        })
+        .collect();
+    if kept.is_empty() {
+        return Err(CaseEnd::Unsupported(format!("declared gap: every tuned op is declared unsupported: {}", gaps.join("; "))));
+    }
+    Ok(kept)
+}
+
 fn cache_path<B: Backend>(ctx: &Ctx<'_, B>, rank: usize) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("concord-{}-at-cache-{:x}-r{rank}.json", ctx.world.world_id, concord_fixtures::seed_for(ctx.case)))
 }
@@ -567,6 +589,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             Request::builtin(OpInstance::reduce_scatter(DType::F32, &[1024], ReduceOp::Sum)),
             Request::builtin(OpInstance::all_to_all(DType::I64, &[64])),
         ];
+        let reqs = declared_reqs(ctx, reqs)?;
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         check_presyncs(ctx, &o, 1)?;
         check_all(ctx, &o, &reqs, Policy::Max, "five")

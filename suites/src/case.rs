@@ -167,6 +167,13 @@ impl<'a, B: Backend> Ctx<'a, B> {
     /// The communicator over `ranks` (created once per world, cached). `None` on non-members.
     pub fn group(&mut self, ranks: &[usize]) -> Result<Option<&B>, CaseEnd> {
         if !self.groups.contains_key(ranks) {
+            // A backend that declares no subgroups may refuse every new_group: a case that needs
+            // one is UNSUPPORTED (whatever it checks besides), on every rank alike.
+            if !self.b.capabilities().subgroups {
+                return Err(CaseEnd::Unsupported(format!(
+                    "declared gap: the case needs the subgroup {ranks:?}, and the backend declares subgroups = false"
+                )));
+            }
             let g = self.b.new_group(ranks)?;
             self.groups.insert(ranks.to_vec(), g);
         }
@@ -228,6 +235,36 @@ pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseRes
         ))),
         r => r,
     }
+}
+
+/// The declaration that makes a case's call unsupported, as its UNSUPPORTED message says it:
+/// `Some` when `meta` names one call (an op, and a variant, dtype and reduce op where it names
+/// one each) that `caps` declares unsupported. A meta that names several dtypes or reduce ops (a
+/// case mixing calls: it skips its declared gaps itself), or an op that is no [`OpKind`], names
+/// no call. The suite `caps` is never gated: its cases read the declarations themselves (and
+/// check that the declared gaps are refused).
+pub fn declared_gap(caps: &concord_core::Capabilities, meta: &CaseMeta) -> Option<String> {
+    use concord_core::{DType, OpKind, ReduceOp, Variant};
+    if meta.suite == "caps" {
+        return None;
+    }
+    let op = OpKind::from_name(&meta.op)?;
+    let variant = Variant::from_name(&meta.variant);
+    let dtype = match meta.dtype.as_str() {
+        "" | "-" => None,
+        d => Some(DType::from_name(d)?),
+    };
+    let reduce = match meta.reduce.as_str() {
+        "" | "-" => None,
+        r => Some(ReduceOp::from_name(r)?),
+    };
+    let why = caps.check_call(op, variant, dtype, reduce).err()?;
+    Some(format!(
+        "declared gap: the backend's capabilities declare {op}{}{}{} unsupported ({why})",
+        variant.map_or(String::new(), |v| format!(" variant={v}")),
+        dtype.map_or(String::new(), |d| format!(" dtype={d}")),
+        reduce.map_or(String::new(), |r| format!(" reduce={r}")),
+    ))
 }
 
 /// A rank's verdict. The rerun line is added once, by the parent (`run::run_case`), not per rank.

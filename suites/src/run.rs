@@ -214,6 +214,12 @@ pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Ou
         groups: &mut st.groups,
         store: &st.store,
     };
+    // A case whose one call the backend declares unsupported is UNSUPPORTED, not run: every
+    // suite alike, whether or not its body reads the declaration ("suites report UNSUPPORTED for
+    // a declared gap"; `caps::gaps_refused` checks the gaps are refused).
+    if let Some(why) = crate::case::declared_gap(&st.backend.capabilities(), &case.meta) {
+        return Outcome::Unsupported(why);
+    }
     crate::case::take_values_unchecked();
     let result = body(&mut ctx);
     let result = crate::case::unchecked_is_unsupported(result, crate::case::take_values_unchecked());

@@ -424,7 +424,16 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
     }
     let (op, variant) = op_variant(hook);
     let roots: Vec<usize> = if rooted(hook) && ws > 1 { vec![0, ws - 1] } else { vec![0] };
+    // A way to break the call that makes it one the backend declares unsupported (band where
+    // band is a declared gap, f64 where f64 is not declared): the backend may refuse it as
+    // unsupported, so that row is skipped; UNSUPPORTED if no row is left.
+    let (mut declared, mut ran) = (Vec::new(), 0);
     for how in hows(hook, ws) {
+        if let Some(why) = row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0).broken(how, ws)) {
+            declared.push(format!("{} ({why})", how.name()));
+            continue;
+        }
+        ran += 1;
         for carrier in carriers(how, ws) {
             for &root in &roots {
                 let carried = match carrier {
@@ -489,7 +498,22 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
             }
         }
     }
+    if ran == 0 && !declared.is_empty() {
+        return Err(CaseEnd::Unsupported(format!(
+            "declared gap: every row of {op} variant={variant} is a call the backend declares unsupported: {}",
+            declared.join("; ")
+        )));
+    }
     Ok(())
+}
+
+/// The declaration that makes a call with arguments `a` (on the ranks that carry them) one the
+/// backend declares unsupported: its input or `_out` dtype, or its reduce op.
+fn row_gap(caps: &concord_core::Capabilities, op: &str, variant: &str, a: &Args) -> Option<String> {
+    let op = concord_core::OpKind::from_name(op)?;
+    let variant = concord_core::Variant::from_name(variant);
+    let reduce = Some(a.reduce).filter(|_| op.reduces());
+    [Some(a.dtype), a.out_dtype].into_iter().flatten().find_map(|d| caps.check_call(op, variant, Some(d), reduce).err())
 }
 
 /// A send / recv scenario: the carrier sends to its partner (the next rank, the last to rank 0),

@@ -431,27 +431,44 @@ const MIXED: [DType; 6] = [DType::F64, DType::F32, DType::I64, DType::U8, DType:
 /// program that caught it did so only when its timing allowed.
 fn in_order_mixed_dtypes<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let w = format!("{} dtypes={MIXED:?} (rank 0 sends them back to back, un-waited)", here(b, "send_recv", "outbuf", DType::F32))
+    // The dtypes the backend declares it moves: a declared gap is skipped (a backend may refuse
+    // its send as unsupported); UNSUPPORTED when fewer than two are left (no order to keep).
+    let caps = b.capabilities();
+    let (mut mixed, mut declared) = (Vec::new(), Vec::new());
+    for (k, d) in MIXED.into_iter().enumerate() {
+        match caps.check_call(concord_core::OpKind::SendRecv, Some(concord_core::Variant::OutBuf), Some(d), None) {
+            Ok(()) => mixed.push((k, d)),
+            Err(why) => declared.push(format!("{d} ({why})")),
+        }
+    }
+    if mixed.len() < 2 {
+        return Err(crate::case::CaseEnd::Unsupported(format!(
+            "declared gap: fewer than two of the dtypes {MIXED:?} are declared for send / recv: {}",
+            declared.join("; ")
+        )));
+    }
+    let dtypes: Vec<DType> = mixed.iter().map(|&(_, d)| d).collect();
+    let w = format!("{} dtypes={dtypes:?} (rank 0 sends them back to back, un-waited)", here(b, "send_recv", "outbuf", DType::F32))
         .replace("dtype=f32", "dtype=mixed");
     let n = 6;
     let msg = |k: usize, d: DType| Tensor::from_f64(d, &[n], &(0..n).map(|i| (k * 10 + i + 1) as f64).collect::<Vec<_>>());
     let t = ctx.timeout;
     match b.rank() {
         0 => {
-            let bufs = MIXED.iter().enumerate().map(|(k, d)| b.upload(&msg(k, *d))).collect::<Result<Vec<_>, _>>()?;
+            let bufs = mixed.iter().map(|&(k, d)| b.upload(&msg(k, d))).collect::<Result<Vec<_>, _>>()?;
             let sends = bufs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
-            for (k, s) in sends.into_iter().enumerate() {
-                s.wait(t).map_err(|e| fail(&w, format!("send #{k} ({}): {e} [{}]", MIXED[k], e.name())))?;
+            for (s, &(k, d)) in sends.into_iter().zip(&mixed) {
+                s.wait(t).map_err(|e| fail(&w, format!("send #{k} ({d}): {e} [{}]", e.name())))?;
             }
         }
         _ => {
-            let outs = MIXED.iter().map(|d| b.alloc(*d, &[n])).collect::<Result<Vec<_>, _>>()?;
+            let outs = mixed.iter().map(|&(_, d)| b.alloc(d, &[n])).collect::<Result<Vec<_>, _>>()?;
             let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
-            for (k, r) in recvs.into_iter().enumerate() {
-                r.wait(t).map_err(|e| fail(&w, format!("receive #{k} ({}): {e} [{}]", MIXED[k], e.name())))?;
+            for (r, &(k, d)) in recvs.into_iter().zip(&mixed) {
+                r.wait(t).map_err(|e| fail(&w, format!("receive #{k} ({d}): {e} [{}]", e.name())))?;
             }
-            for (k, o) in outs.iter().enumerate() {
-                expect_eq(b, o, &msg(k, MIXED[k]), &format!("{w}: receive #{k} ({})", MIXED[k]))?;
+            for (o, &(k, d)) in outs.iter().zip(&mixed) {
+                expect_eq(b, o, &msg(k, d), &format!("{w}: receive #{k} ({d})"))?;
             }
         }
     }

@@ -230,6 +230,9 @@ pub fn generate(k: usize, ws: usize, caps: &Capabilities) -> Program {
         let repeat = in_flight > 1 && rng.chance(35);
         for _ in 0..in_flight {
             let comm = if rng.chance(65) { 0 } else { 1 + rng.below(p.groups.len()) };
+            // A backend that declares no subgroups gets every call on the world (the same draws
+            // otherwise: the programs of a backend with subgroups are unchanged).
+            let comm = if caps.subgroups { comm } else { 0 };
             let n = p.comm_size(ws, comm);
             let drawn = match calls.first() {
                 Some(first) if repeat => {
@@ -248,6 +251,9 @@ pub fn generate(k: usize, ws: usize, caps: &Capabilities) -> Program {
         }
         let wait_order = rng.permutation(calls.len());
         p.batches.push(Batch { calls, wait_order });
+    }
+    if !caps.subgroups {
+        p.groups.clear();
     }
     p
 }
