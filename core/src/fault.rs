@@ -53,6 +53,23 @@ pub mod point {
     pub const STREAM: &str = "stream";
 }
 
+/// Every `(point, action)` a launch-based device backend honours (one validation header per op,
+/// then a launch on a device stream): the NCCL backend's set, and the campaign's CPU reference of
+/// that architecture (`concord-mutants`' `stream`), which the failure-path cases
+/// (`suites::device_faults`) need.
+pub const LAUNCH_HOOKS: &[(&str, Action)] = &[
+    (point::BEFORE_HEADER, Action::Stall),
+    (point::BEFORE_HEADER, Action::Fail),
+    (point::BEFORE_HEADER, Action::Die),
+    (point::AFTER_HEADER, Action::Stall),
+    (point::AFTER_HEADER, Action::Fail),
+    (point::AFTER_HEADER, Action::Die),
+    (point::NO_LAUNCH, Action::Stall),
+    (point::ENQUEUE, Action::Stall),
+    (point::AFTER_BEGIN, Action::Fail),
+    (point::STREAM, Action::Stall),
+];
+
 /// What the faulty rank does at the point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {

@@ -64,18 +64,7 @@ use std::time::{Duration, Instant};
 pub const BUG_OPTION: &str = "stream_bug";
 
 /// Every `(point, action)` the backend honours (the NCCL backend's set).
-const HOOKS: &[(&str, Action)] = &[
-    (point::BEFORE_HEADER, Action::Stall),
-    (point::BEFORE_HEADER, Action::Fail),
-    (point::BEFORE_HEADER, Action::Die),
-    (point::AFTER_HEADER, Action::Stall),
-    (point::AFTER_HEADER, Action::Fail),
-    (point::AFTER_HEADER, Action::Die),
-    (point::NO_LAUNCH, Action::Stall),
-    (point::ENQUEUE, Action::Stall),
-    (point::AFTER_BEGIN, Action::Fail),
-    (point::STREAM, Action::Stall),
-];
+const HOOKS: &[(&str, Action)] = concord_core::fault::LAUNCH_HOOKS;
 
 /// One realistic bug of a launch-based backend (option [`BUG_OPTION`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,21 +7,10 @@
 //! thread; `enqueue:stall` in `Comm::launch` (NCCL's group is treated as still in progress).
 //! Off by default; each check is a look at an empty list then.
 
-use concord_core::fault::{point, Action, Fault};
+use concord_core::fault::{Action, Fault};
 
-/// Every `(point, action)` this backend honours.
-pub(crate) const HOOKS: &[(&str, Action)] = &[
-    (point::BEFORE_HEADER, Action::Stall),
-    (point::BEFORE_HEADER, Action::Fail),
-    (point::BEFORE_HEADER, Action::Die),
-    (point::AFTER_HEADER, Action::Stall),
-    (point::AFTER_HEADER, Action::Fail),
-    (point::AFTER_HEADER, Action::Die),
-    (point::NO_LAUNCH, Action::Stall),
-    (point::ENQUEUE, Action::Stall),
-    (point::AFTER_BEGIN, Action::Fail),
-    (point::STREAM, Action::Stall),
-];
+/// Every `(point, action)` this backend honours: a launch-based backend's.
+pub(crate) const HOOKS: &[(&str, Action)] = concord_core::fault::LAUNCH_HOOKS;
 
 /// The faults of one communicator's rank.
 #[derive(Default, Debug)]
@@ -66,6 +55,7 @@ pub(crate) fn hooks() -> Vec<(String, Action)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use concord_core::fault::point;
 
     fn world(fault: &str) -> concord_core::WorldInfo {
         concord_core::WorldInfo {

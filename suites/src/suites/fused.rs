@@ -578,22 +578,35 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
             let mine = ctx.layout(groups)?;
             for (k, tag) in ["tiny", "small", "medium", "large"].into_iter().enumerate() {
                 for (g, sub) in &mine {
-                    let (n, grank) = (g.len(), sub.rank());
-                    let spec = grid_spec(ag, tag, n);
-                    let caps = sub.capabilities();
                     let sd = seed.wrapping_add((li * 8 + k) as u64);
-                    let where_ = format!(
-                        "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
-                        where_of(&backend_label(*sub), &spec, n, grank)
-                    );
-                    let exp = expected_for(&spec, &caps, sd, n, grank);
-                    let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
-                    check(&spec, &caps, &exp, n, grank, got, &where_)?;
+                    on_group(*sub, g, lay, &grid_spec(ag, tag, g.len()), sd, (me, ws), timeout)?;
                 }
             }
         }
         Ok(())
     })
+}
+
+/// One fused call on the subgroup `sub` (members `g`, of layout `lay`), checked against the
+/// oracle for the GROUP's ranks (`world`: this rank's world rank and the world size).
+fn on_group<B: Backend>(
+    sub: &B,
+    g: &[usize],
+    lay: &str,
+    spec: &FusedSpec,
+    sd: u64,
+    world: (usize, usize),
+    timeout: std::time::Duration,
+) -> CaseResult {
+    let (n, grank, (me, ws)) = (g.len(), sub.rank(), world);
+    let caps = sub.capabilities();
+    let where_ = format!(
+        "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
+        where_of(&backend_label(sub), spec, n, grank)
+    );
+    let exp = expected_for(spec, &caps, sd, n, grank);
+    let got = issue(sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
+    check(spec, &caps, &exp, n, grank, got, &where_)
 }
 
 /// The low-contention ops on subgroups (`fused::low_contention_all_gather::dim0::f32::group_grid::ws7`,
@@ -627,17 +640,7 @@ fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
         for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
             let mine = ctx.layout(groups)?;
             for (g, sub) in &mine {
-                let (n, grank) = (g.len(), sub.rank());
-                let spec = spec_for(n);
-                let caps = sub.capabilities();
-                let sd = seed.wrapping_add(li as u64);
-                let where_ = format!(
-                    "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
-                    where_of(&backend_label(*sub), &spec, n, grank)
-                );
-                let exp = expected_for(&spec, &caps, sd, n, grank);
-                let got = issue(*sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
-                check(&spec, &caps, &exp, n, grank, got, &where_)?;
+                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
             }
         }
         Ok(())
