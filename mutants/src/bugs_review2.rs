@@ -128,8 +128,8 @@ impl Bug for EqualGroupsShareChannelMade {
 // ---------------------------------------------------------------- Accumulate { ulps: 1 } broken
 
 /// Declares `Rounding::Accumulate { ulps: 1 }` but sums f16 / bf16 like a ring that rounds its
-/// partial sum to the dtype at every step (rank order, world size >= 3): tens of ulp off the
-/// exact-then-round result where the partials cancel.
+/// partial sum to the dtype at every step (rank order, world size >= 3): half an ulp of a partial
+/// sum per step, more than the declared 1 ulp of the terms' magnitude from 4 ranks on.
 #[derive(Default)]
 pub struct AccumulateBoundBroken;
 
@@ -366,8 +366,9 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<AccumulateBoundBroken>(
             "review_accumulate_bound_broken",
             "numerics.round_once",
-            "declares Rounding::Accumulate { ulps: 1 } but rounds f16 / bf16 partial sums at every step (tens of ulp off)",
-            &["all_reduce::out::bf16::sum::ws3::random"],
+            "declares Rounding::Accumulate { ulps: 1 } but rounds f16 / bf16 partial sums at every step: from 4 ranks on, \
+             more than 1 ulp of the terms' magnitude off",
+            &["all_reduce::out::bf16::sum::ws5::random"],
         ),
         spec::<AvgApproxReciprocal>(
             "review_avg_approx_reciprocal",

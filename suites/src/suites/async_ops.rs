@@ -370,7 +370,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 if b.rank() == late {
                     // A deliberate delay, so that the other ranks are inside their barrier.
                     std::thread::sleep(Duration::from_millis(50));
-                    ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+                    set_seen(ctx.store, &key).map_err(|e| fail(&w, e))?;
                 }
                 b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                 let set = ctx.store.check(&[&key]).map_err(|e| fail(&w, e))?;
@@ -392,6 +392,19 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
+/// Sets `key` and reads it back before returning: a store whose `set` is not answered (c10d's
+/// TCP protocol) may still hold the write in flight when the caller enters the barrier, and a
+/// peer's check after the barrier must not race it. The read-back on the same connection comes
+/// after the write.
+fn set_seen(store: &concord_store::Store, key: &str) -> Result<(), String> {
+    store.set(key, b"1").map_err(|e| e.to_string())?;
+    match store.check(&[key]) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("the store key {key} just set is not there")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `async::barrier_synchronises::every_rank_checks::ws4`: the barrier at 4 ranks (the cases
 /// above run at 2 and 3, where every rank of a tree barrier is on its first level). Two rounds,
 /// rank 0 and then the last rank the late one: every rank sets its own store key right before it
@@ -408,7 +421,7 @@ fn barrier_every_rank_checks<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         if me == late {
             std::thread::sleep(Duration::from_millis(20));
         }
-        ctx.store.set(&keys[me], b"1").map_err(|e| fail(&w, e))?;
+        set_seen(ctx.store, &keys[me]).map_err(|e| fail(&w, e))?;
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         if !ctx.store.check(&refs).map_err(|e| fail(&w, e))? {
