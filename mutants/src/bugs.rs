@@ -946,20 +946,21 @@ impl<T: Send + Sync> Completion for CompletedOnlyOnceWaited<T> {
     }
 }
 
-fn completes_only_in_wait(s: &Shm, w: Work<Buf>) -> Work<Buf> {
+/// `w` with its completion reported only once waited (shared with `bugs_review3`).
+pub(crate) fn only_once_waited<T: Clone + Send + Sync + 'static>(s: &Shm, w: Work<T>) -> Work<T> {
     let (value, meta) = (w.peek().clone(), w.meta().clone());
     Work::new(value, Arc::new(CompletedOnlyOnceWaited { inner: w, waited: AtomicBool::new(false) }), meta, &s.shadow)
 }
 
 bug!(CompletesOnlyInWait {
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Ok(completes_only_in_wait(s, s.inner.all_reduce(x, op)?))
+        Ok(only_once_waited(s, s.inner.all_reduce(x, op)?))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Ok(completes_only_in_wait(s, s.inner.all_reduce_(x, op)?))
+        Ok(only_once_waited(s, s.inner.all_reduce_(x, op)?))
     }
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
-        Ok(completes_only_in_wait(s, s.inner.all_gather_into_tensor(x)?))
+        Ok(only_once_waited(s, s.inner.all_gather_into_tensor(x)?))
     }
 });
 

@@ -4,12 +4,12 @@
 //! (docs/review-c.md lists the findings, docs/RESULTS.md "Review fixes: async, point-to-point,
 //! subgroups and state" what each did before and after).
 
+use crate::bugs::only_once_waited;
 use crate::campaign::{spec, Spec};
 use crate::{lock, Buf, Bug, Shm, Twist};
 use concord_core::Backend;
-use concord_core::{CollectiveError, Completion, ReduceOp, Result, Work};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use concord_core::{CollectiveError, ReduceOp, Result, Work};
+use std::sync::Mutex;
 use std::time::Duration;
 
 // ---------------------------------------------------------------- a late write into recv's out
@@ -43,34 +43,6 @@ impl Bug for RecvRewrittenLate {
 }
 
 // ---------------------------------------------------------------- progress only inside wait
-
-/// `inner` whose completion is reported only once it has been waited (progress made inside
-/// `wait` only, as a backend without a progress thread does).
-struct OnlyOnceWaited<T> {
-    inner: Work<T>,
-    waited: AtomicBool,
-}
-
-impl<T: Send + Sync> Completion for OnlyOnceWaited<T> {
-    fn is_completed(&self) -> bool {
-        self.waited.load(Ordering::SeqCst) && self.inner.is_completed()
-    }
-    fn wait_for(&self, t: Duration) -> Result<bool> {
-        match self.inner.wait(t) {
-            Ok(_) => {
-                self.waited.store(true, Ordering::SeqCst);
-                Ok(true)
-            }
-            Err(CollectiveError::Timeout { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-fn only_once_waited<T: Clone + Send + Sync + 'static>(s: &Shm, w: Work<T>) -> Work<T> {
-    let (value, meta) = (w.peek().clone(), w.meta().clone());
-    Work::new(value, Arc::new(OnlyOnceWaited { inner: w, waited: AtomicBool::new(false) }), meta, &s.shadow)
-}
 
 /// Finding 2 (`async::completes_without_wait` polls an all_reduce only). Every op but the
 /// all_reduce family makes progress only inside `wait`: `is_completed()` stays false until the
