@@ -66,8 +66,36 @@ impl Bug for MemberGetsNoGroup {
     }
 }
 
+/// Declares no cross-rank validation (legal: its cross-rank bad-input rows are UNSUPPORTED) and
+/// misses a rule every rank can check alone: an all_gather `_out` buffer one element too large
+/// is taken, the gather written into its front. The final review found the grid skipped every
+/// row of such a backend, local ones too.
+#[derive(Default)]
+pub struct NoCrossRankOutLargerTaken;
+
+impl Bug for NoCrossRankOutLargerTaken {
+    fn capabilities(&self, s: &Shm) -> Capabilities {
+        Capabilities { validates_across_ranks: false, ..s.inner.capabilities() }
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        let need = s.numel(x) * s.ws();
+        if s.numel(out) == need + 1 {
+            let front = s.inner.view(out, 0, &[need])?;
+            let w = s.inner.all_gather_into_tensor_out(x, &front)?;
+            return Ok(s.then_as(w, out.clone(), |_, _| Ok(())));
+        }
+        s.inner.all_gather_into_tensor_out(x, out)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
+        spec::<NoCrossRankOutLargerTaken>(
+            "review_no_cross_rank_out_larger_taken",
+            "bad_input.named_everywhere",
+            "declares no cross-rank validation and takes an all_gather _out buffer one element too large",
+            &["bad_input::grid::all_gather_into_tensor_out::ws2"],
+        ),
         spec::<DeclaresNoData>(
             "review_declares_no_data",
             "caps.moves_data_declared",

@@ -486,6 +486,18 @@ fn legal_main(cli: &Cli) -> ! {
         .map(|s| {
             let only: Vec<String> = cli.cases.iter().filter(|c| c.starts_with(&format!("{}::", s.name))).cloned().collect();
             let r = run_legal(s, &only, jobs);
+            // A run that checked nothing proves nothing: named cases that are not in the catalogue,
+            // or no case passed at all.
+            let ran = r.passed + r.unsupported + r.failed.len();
+            if (!only.is_empty() && ran != only.len()) || r.passed == 0 {
+                eprintln!(
+                    "error: {}: {ran} of {} named case(s) ran, {} passed: a legal run must pass cases, not only skip them",
+                    r.name,
+                    if only.is_empty() { ran } else { only.len() },
+                    r.passed
+                );
+                std::process::exit(2);
+            }
             for (_, _, msg) in &r.failed {
                 eprintln!("{msg}\n");
             }

@@ -51,22 +51,22 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<Legal<NAN_IGNORE>>(
             "legal_nan_ignore",
             "nan_minmax = Ignore",
-            "declares NanPolicy::Ignore: float min / max skip NaN inputs (IEEE maxNum, as NCCL does); the \
-             coalesced min / max are declared gaps",
+            "declares NanPolicy::Ignore: float min / max skip NaN inputs (IEEE maxNum, as NCCL does; shm's \
+             option nan_minmax=ignore)",
             &["caps::nan_minmax", "caps::gaps_refused", "matrix::all_reduce::out::f32::max", "special"],
         ),
         spec::<Legal<INT_AVG_FLOOR>>(
             "legal_int_avg_floor",
             "int_avg = Floor",
-            "declares IntAvg::Floor: a signed integer avg rounds toward negative infinity; the coalesced avg is a \
-             declared gap",
+            "declares IntAvg::Floor: a signed integer avg rounds toward negative infinity (shm's \
+             option int_avg=floor)",
             &["caps::int_avg", "caps::gaps_refused", "matrix::all_reduce::out::i32::avg"],
         ),
         spec::<Legal<ROUND_EVERY_STEP>>(
             "legal_round_every_step",
             "rounding = Accumulate",
             "declares Rounding::Accumulate: f16 / bf16 sum, avg and premul_sum fold the ranks in rank order in the \
-             dtype, rounding at every step (NCCL's ring does it hop by hop); the coalesced ones are declared gaps",
+             dtype, rounding at every step (NCCL's ring does it hop by hop; shm's option rounding=every_step)",
             &["f16::sum", "bf16::sum", "f16::avg", "bf16::premul_sum"],
         ),
         spec::<Legal<ALIAS_CORRECT>>(

@@ -206,8 +206,8 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
     (
         "legal_no_cross_rank",
-        1,
         2,
+        1,
         &["bad_input::all_reduce_shape_mismatch::ws2", "bad_input::grid::all_reduce::ws2", "bad_input::all_reduce_bitwise_on_float::ws2"],
     ),
     (
