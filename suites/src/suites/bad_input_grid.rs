@@ -438,7 +438,8 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
         }
         ran += 1;
         for carrier in carriers(how, ws) {
-            if !validates && !(local(how) && carrier == Carrier::Every) {
+            let checkable = validates || (local(how) && carrier == Carrier::Every);
+            if !checkable {
                 continue;
             }
             checked += 1;
