@@ -405,7 +405,8 @@ struct Cli {
 /// One legal variant's run of the catalogue.
 pub struct LegalRun {
     pub name: &'static str,
-    pub clause: &'static str,
+    /// What the variant declares (its spec's `clause` field).
+    pub declares: &'static str,
     pub passed: usize,
     pub unsupported: usize,
     /// (case id, first line of the failure, whole message).
@@ -429,7 +430,7 @@ pub fn run_legal(spec: &Spec, only: &[String], jobs: usize) -> LegalRun {
         .collect();
     LegalRun {
         name: spec.name,
-        clause: spec.clause,
+        declares: spec.clause,
         passed: count(Status::Passed),
         unsupported: count(Status::Unsupported) + count(Status::Skipped),
         failed,
@@ -449,7 +450,7 @@ pub fn render_legal(runs: &[LegalRun]) -> String {
         out += &format!(
             "{:<w$}  {:<26}  {:>6}  {:>11}  {:>6}  {:>7.1}\n",
             r.name,
-            r.clause,
+            r.declares,
             r.passed,
             r.unsupported,
             r.failed.len(),

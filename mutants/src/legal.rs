@@ -247,7 +247,7 @@ fn ring_all_gather_matmul(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: 
 impl<const K: u8> Legal<K> {
     /// The slow variant's work, handed back late on a fixed schedule of op numbers (the op is
     /// already in flight: only the call returns late).
-    fn late<T>(&self, _s: &Shm, w: Work<T>) -> Work<T> {
+    fn late<T>(&self, w: Work<T>) -> Work<T> {
         if K != SLOW {
             return w;
         }
@@ -285,92 +285,92 @@ impl<const K: u8> Bug for Legal<K> {
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::AllReduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
-        Ok(self.late(s, s.inner.all_reduce(x, op)?))
+        Ok(self.late(s.inner.all_reduce(x, op)?))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::AllReduce, Variant::InPlace, s.inner.buffer_dtype(x), Some(op))?;
-        Ok(self.late(s, s.inner.all_reduce_(x, op)?))
+        Ok(self.late(s.inner.all_reduce_(x, op)?))
     }
     fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
             refuse::<K>(s, OpKind::AllReduce, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
         }
-        Ok(self.late(s, s.inner.all_reduce_coalesced(xs, op)?))
+        Ok(self.late(s.inner.all_reduce_coalesced(xs, op)?))
     }
     fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
             refuse::<K>(s, OpKind::AllReduce, Variant::CoalescedInPlace, s.inner.buffer_dtype(x), Some(op))?;
         }
-        Ok(self.late(s, s.inner.all_reduce_coalesced_(xs, op)?))
+        Ok(self.late(s.inner.all_reduce_coalesced_(xs, op)?))
     }
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.all_gather_into_tensor(x)?))
+        Ok(self.late(s.inner.all_gather_into_tensor(x)?))
     }
     fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
         let x = if K == ALIAS_CORRECT { unaliased(s, x, out)? } else { x.clone() };
-        Ok(self.late(s, s.inner.all_gather_into_tensor_out(&x, out)?))
+        Ok(self.late(s.inner.all_gather_into_tensor_out(&x, out)?))
     }
     fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
         for x in xs {
             refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::Coalesced, s.inner.buffer_dtype(x), None)?;
         }
-        Ok(self.late(s, s.inner.all_gather_into_tensor_coalesced(xs)?))
+        Ok(self.late(s.inner.all_gather_into_tensor_coalesced(xs)?))
     }
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
-        Ok(self.late(s, s.inner.reduce_scatter_tensor(x, op)?))
+        Ok(self.late(s.inner.reduce_scatter_tensor(x, op)?))
     }
     fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::OutBuf, s.inner.buffer_dtype(x), Some(op))?;
         let x = if K == ALIAS_CORRECT { unaliased(s, x, out)? } else { x.clone() };
-        Ok(self.late(s, s.inner.reduce_scatter_tensor_out(&x, op, out)?))
+        Ok(self.late(s.inner.reduce_scatter_tensor_out(&x, op, out)?))
     }
     fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
             refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
         }
-        Ok(self.late(s, s.inner.reduce_scatter_tensor_coalesced(xs, op)?))
+        Ok(self.late(s.inner.reduce_scatter_tensor_coalesced(xs, op)?))
     }
     fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::AllToAllSingle, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.all_to_all_single(x, o, i)?))
+        Ok(self.late(s.inner.all_to_all_single(x, o, i)?))
     }
     fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::Broadcast, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.broadcast(x, src)?))
+        Ok(self.late(s.inner.broadcast(x, src)?))
     }
     fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::Broadcast, Variant::InPlace, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.broadcast_(x, src)?))
+        Ok(self.late(s.inner.broadcast_(x, src)?))
     }
     fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::PermuteTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.permute_tensor(x, src_dst)?))
+        Ok(self.late(s.inner.permute_tensor(x, src_dst)?))
     }
     fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::Reduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
-        Ok(self.late(s, s.inner.reduce(x, op, root)?))
+        Ok(self.late(s.inner.reduce(x, op, root)?))
     }
     fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::Gather, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.gather(x, root)?))
+        Ok(self.late(s.inner.gather(x, root)?))
     }
     fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::Scatter, Variant::Out, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.scatter(x, root)?))
+        Ok(self.late(s.inner.scatter(x, root)?))
     }
     fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
         refuse::<K>(s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
-        Ok(self.late(s, s.inner.send(x, dst)?))
+        Ok(self.late(s.inner.send(x, dst)?))
     }
     fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
         refuse::<K>(s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(out), None)?;
-        Ok(self.late(s, s.inner.recv(out, src)?))
+        Ok(self.late(s.inner.recv(out, src)?))
     }
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {
-        Ok(self.late(s, s.inner.barrier()?))
+        Ok(self.late(s.inner.barrier()?))
     }
     fn fused_all_gather_matmul(
         &self,

@@ -605,7 +605,7 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
         eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; list them with `--list`)", opts.filter);
         return 2;
     }
-    let jobs = opts.jobs.unwrap_or_else(default_jobs).max(1);
+    let jobs = opts.jobs.unwrap_or_else(default_jobs);
     let report = run_work(work, jobs, true);
     let dir = opts.report.clone().expect("conformance mode");
     match report.write(&dir) {
