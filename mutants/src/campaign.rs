@@ -773,7 +773,7 @@ pub fn unknown_case(specs: &[Spec], ids: &[String]) -> Option<String> {
         let rest = &id[s.name.len() + 2..];
         // The conformance binary's ids start with the backend (`shm::...`); a mutant's do not.
         let hint = match rest.split_once("::") {
-            Some((b, r)) if matches!(b, "shm" | "fake" | "nccl") => format!("; without the backend: `{}::{r}`", s.name),
+            Some(("shm" | "fake" | "nccl", r)) => format!("; without the backend: `{}::{r}`", s.name),
             _ => String::new(),
         };
         return Some(format!(

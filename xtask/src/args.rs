@@ -281,3 +281,38 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         other => return Err(format!("unknown command `{other}`\n\n{USAGE}")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn mutants_takes_the_bad_input_grid_the_readme_shows() {
+        // README: `--bad-input KIND|all` is the bad-input grid; it was "unexpected argument".
+        match parse(argv(&["mutants", "--sweep", "--bad-input", "all"])) {
+            Ok(Cmd::Mutants { bad_input, sweep, .. }) => {
+                assert_eq!(bad_input, ["all"]);
+                assert_eq!(sweep.as_deref(), Some(""));
+            }
+            Ok(_) => panic!("not the mutants command"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn conformance_lists_case_ids() {
+        match parse(argv(&["conformance", "--list", "all_reduce::out"])) {
+            Ok(Cmd::Conformance { list, filters, backend, .. }) => {
+                assert!(list);
+                assert_eq!(filters, ["all_reduce::out"]);
+                assert_eq!(backend, ["shm"]);
+            }
+            Ok(_) => panic!("not the conformance command"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
