@@ -614,8 +614,9 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     if !unknown.is_empty() {
         let names: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
         eprintln!(
-            "error: no case is named {} (case ids look like `shm::all_reduce::out::f32::sum::ws4`; {})",
+            "error: no case is named {} (case ids look like `{}::all_reduce::out::f32::sum::ws4`; {})",
             names.join(", "),
+            entries.first().map_or("shm", |e| e.name.as_str()),
             list_hint()
         );
         return 2;
