@@ -8,7 +8,8 @@ use std::path::PathBuf;
     name = "concord-bench",
     about = "nccl-tests' table for a Concord backend; every timed iteration checked against the oracle",
     after_help = "Sizes take K/M/G suffixes (binary). With --plot, -o names the SVG file.\n\
-                  Exit status: 0 done, 1 a wrong result / failed rank / hang / regression, 2 cannot run here or bad arguments."
+                  Exit status: 0 done, 1 a wrong result / failed rank / hang / regression, 2 cannot run here or bad arguments \
+                  (nothing to run; --compare with no row in common), 141 stdout closed early (`| head`)."
 )]
 pub struct Args {
     /// Backend: a built-in (shm, nccl) or the name given to `bench_main`.

@@ -71,7 +71,9 @@ pub fn bench_main<B: Backend>(name: &str) -> ! {
 pub fn bench_main_with<B: Backend>(name: &str, hooks: &Hooks<B>) -> ! {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = Args::parse();
-    std::process::exit(main_with::<B>(name, hooks, &args, argv))
+    // A reader that leaves early (`| head`): exit 141 after the ranks are ended, no backtrace.
+    let code = concord_harness::pipe::main_quiet_on_broken_pipe(std::panic::AssertUnwindSafe(|| main_with::<B>(name, hooks, &args, argv)));
+    std::process::exit(code)
 }
 
 /// The whole program for one backend: a launched rank runs its steps; otherwise `--plot` /
@@ -114,11 +116,16 @@ pub fn tools(args: &Args) -> Option<i32> {
     if !args.compare.is_empty() {
         let load = |p: &PathBuf| crate::record::read_jsonl(p);
         return Some(match (load(&args.compare[0]), load(&args.compare[1])) {
-            (Ok(a), Ok(b)) => {
-                let (t, flagged) = crate::compare::compare(&a, &b, args.threshold);
-                print!("{t}");
-                i32::from(flagged > 0)
-            }
+            (Ok(a), Ok(b)) => match crate::compare::compare(&a, &b, args.threshold) {
+                Ok((t, flagged)) => {
+                    print!("{t}");
+                    i32::from(flagged > 0)
+                }
+                Err(e) => {
+                    eprintln!("concord-bench --compare: {e}");
+                    2
+                }
+            },
             (Err(e), _) | (_, Err(e)) => {
                 eprintln!("concord-bench --compare: {e}");
                 2
@@ -137,6 +144,8 @@ pub struct Outcome {
     pub failures: Vec<String>,
     pub json: Option<PathBuf>,
     pub svg: Option<PathBuf>,
+    /// The summary lines printed on stdout (`# ...`), as printed.
+    pub lines: Vec<String>,
 }
 
 /// Single-core memcpy bandwidth of `bytes` (bytes per second), best of 7 after a warm-up.
@@ -289,12 +298,27 @@ pub(crate) fn run_parent_with<B: Backend>(
         Ok(p) => p,
         Err(e) => return bad(e),
     };
+    let asked = ops.len();
     let ops = spec::runnable(ops, args.ranks);
     if let Err(why) = (hooks.available)(args.ranks) {
         println!("CANNOT RUN: {name} benchmark: {why}");
         return Outcome { code: 2, ..Outcome::default() };
     }
     let (steps, skipped) = spec::plan(&ops, &sizes, dtype.size(), args.ranks);
+    // Nothing to time is a mistake in the arguments, not a clean run ("0 wrong, OK").
+    if steps.is_empty() {
+        return bad(if ops.is_empty() && asked > 0 {
+            format!("nothing to run: sendrecv needs a peer (--ranks {} runs no sendrecv; give --ranks 2 or more)", args.ranks)
+        } else {
+            format!(
+                "nothing to run: every size from -b {} to -e {} is below one {} element per rank chunk at --ranks {}",
+                args.min_bytes,
+                args.max_bytes,
+                dtype.name(),
+                args.ranks
+            )
+        });
+    }
     let machine = Machine::this();
     let started = now_unix();
     let exe_name = std::env::args().next().unwrap_or_else(|| "concord-bench".into());
@@ -649,7 +673,16 @@ pub(crate) fn run_parent_with<B: Backend>(
             out.say(line);
         }
     }
-    out.say(format!("# Wrong results: {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
+    // "OK" only for a run whose every step ran and was checked: a rank that failed (or never
+    // started) leaves steps unchecked, and 0 wrong of nothing is not a pass.
+    let verdict = if total_wrong > 0 {
+        "FAILED".to_string()
+    } else if outcome.failures.is_empty() {
+        "OK".to_string()
+    } else {
+        format!("in the {next} of {} steps that ran; the run FAILED (above)", steps.len())
+    };
+    out.say(format!("# Wrong results: {total_wrong} {verdict}"));
     match crate::record::write_jsonl(&json, &outcome.records) {
         Ok(()) => {
             out.say(format!("# JSON: {}", json.display()));
@@ -668,6 +701,7 @@ pub(crate) fn run_parent_with<B: Backend>(
             Err(e) => eprintln!("concord-bench: no plot: {e}"),
         }
     }
+    outcome.lines = std::mem::take(&mut out.lines);
     outcome.code = if !outcome.failures.is_empty() || total_wrong > 0 {
         1
     } else if mpi_failed {

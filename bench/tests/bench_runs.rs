@@ -33,6 +33,10 @@ type Buf = <ShmBackend as Backend>::Buffer;
 impl Backend for Wrong7 {
     type Buffer = Buf;
     fn init(world: &WorldInfo) -> Result<Self> {
+        // `--opts fail_init=1`: every rank's init fails (a world that never runs a step).
+        if world.option("fail_init").is_some() {
+            return Err(concord_core::CollectiveError::Backend(format!("fail_init on rank {}", world.rank)));
+        }
         Ok(Wrong7 { inner: ShmBackend::init(world)?, calls: AtomicU64::new(0), counter: OutstandingCounter::default() })
     }
     fn name(&self) -> &str {
@@ -333,6 +337,61 @@ fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// Arguments that leave nothing to time are an error (exit 2), not a clean run that prints
+/// `Wrong results: 0 OK`: sendrecv at one rank (it needs a peer), and sizes below one element per
+/// rank chunk. Nothing is launched.
+fn nothing_to_run_is_an_error() -> std::result::Result<(), Failed> {
+    for argv in
+        [&["--op", "sendrecv", "--ranks", "1"][..], &["--op", "all_gather", "-b", "8", "-e", "16", "-d", "double", "--ranks", "4"][..]]
+    {
+        let mut full = vec!["--backend", "shm", "-n", "1", "-w", "0", "--no-plot", "--json", "/nonexistent/never-written.jsonl"];
+        full.extend_from_slice(argv);
+        let (args, argv) = parse(&full);
+        let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
+        if o.code != 2 || !o.records.is_empty() || o.lines.iter().any(|l| l.contains("OK")) {
+            return Err(format!("{full:?}: exit code {} (want 2), {} records, lines {:?}", o.code, o.records.len(), o.lines).into());
+        }
+    }
+    Ok(())
+}
+
+/// A world whose ranks all fail at init ran no step: the run fails (exit 1) and its summary does
+/// not say `Wrong results: 0 OK`.
+fn failed_world_is_not_ok() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("fail.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "wrong7",
+        "--op",
+        "all_reduce",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--ranks",
+        "2",
+        "--opts",
+        "fail_init=1",
+        "--no-plot",
+        "--json",
+        &js,
+        "--deadline-s",
+        "60",
+    ]);
+    let o = concord_bench::run_parent::<Wrong7>("wrong7", &Hooks::default(), &args, argv);
+    let summary = o.lines.iter().find(|l| l.starts_with("# Wrong results")).cloned().unwrap_or_default();
+    if o.code != 1 || summary.contains("OK") || !summary.contains("FAILED") {
+        return Err(format!("exit code {} (want 1); summary `{summary}`; failures {:?}", o.code, o.failures).into());
+    }
+    Ok(())
+}
+
 fn main() {
     if let Some(_world) = concord_harness::launch::rank_world() {
         use clap::Parser;
@@ -352,6 +411,8 @@ fn main() {
         Trial::test("shm_every_op_end_to_end", shm_every_op_end_to_end),
         Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
         Trial::test("one_rank_runs_every_op_but_sendrecv", one_rank_runs_every_op_but_sendrecv),
+        Trial::test("nothing_to_run_is_an_error", nothing_to_run_is_an_error),
+        Trial::test("failed_world_is_not_ok", failed_world_is_not_ok),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }

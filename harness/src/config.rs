@@ -66,6 +66,33 @@ pub const LAUNCHER: &str = "CONCORD_LAUNCHER";
 pub const STORE_ADDR: &str = "CONCORD_STORE_ADDR";
 pub const GIT_COMMIT: &str = "CONCORD_GIT_COMMIT";
 
+/// The settings that change what a case does or how long it may take: a failure's rerun line
+/// carries those set (`CONCORD_CASE_TIMEOUT_MS=5 cargo xtask conformance ...`), so that pasting
+/// it reproduces the failure rather than running the case under the defaults.
+pub const RERUN_VARS: [&str; 5] = [CASE_TIMEOUT_MS, OP_TIMEOUT_MS, SETUP_TIMEOUT_MS, GRACE_MS, GPU_COUNT];
+
+/// `VAR=value ` for each of [`RERUN_VARS`] set in this process's environment (empty when none
+/// is): the prefix of a rerun command. Values are quoted for the shell when they need it.
+pub fn rerun_env() -> String {
+    rerun_env_from(|k| std::env::var(k).ok())
+}
+
+/// [`rerun_env`] over any lookup (tests).
+pub fn rerun_env_from(get: impl Fn(&str) -> Option<String>) -> String {
+    let mut s = String::new();
+    for k in RERUN_VARS {
+        if let Some(v) = get(k) {
+            let plain = !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "._-:/,".contains(c));
+            if plain {
+                s.push_str(&format!("{k}={v} "));
+            } else {
+                s.push_str(&format!("{k}='{}' ", v.replace('\'', "'\\''")));
+            }
+        }
+    }
+    s
+}
+
 /// How often an externally launched rank publishes its heartbeat (state and stderr tail).
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_millis(200);
 /// An externally launched rank whose heartbeat stopped this long ago is dead (rank 0 names it).
@@ -385,6 +412,20 @@ mod tests {
     fn with(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn rerun_lines_carry_the_settings_that_change_a_case() {
+        let env =
+            |vars: &'static [(&'static str, &'static str)]| move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        assert_eq!(rerun_env_from(env(&[])), "");
+        // Listing, tracing and the launcher do not change a case: left out.
+        assert_eq!(rerun_env_from(env(&[(LIST, "cases"), (RUNNER_TRACE, "1"), (GIT_COMMIT, "abc")])), "");
+        assert_eq!(
+            rerun_env_from(env(&[(GPU_COUNT, "0"), (CASE_TIMEOUT_MS, "5"), (OP_TIMEOUT_MS, "3")])),
+            "CONCORD_CASE_TIMEOUT_MS=5 CONCORD_OP_TIMEOUT_MS=3 CONCORD_GPU_COUNT=0 "
+        );
+        assert_eq!(rerun_env_from(env(&[(GRACE_MS, "1 0")])), "CONCORD_GRACE_MS='1 0' ");
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`external`] (a rank started by
 //! torchrun / mpirun / srun: rendezvous, steps and verdicts over the TCP store), [`gpu`] (GPU counting),
-//! [`platform`] (every Linux-specific call).
+//! [`platform`] (every Linux-specific call), [`pipe`] (a stdout reader that leaves early ends the
+//! program quietly).
 //!
 //! # Using it
 //! A binary that runs cases MUST start `main` with
@@ -24,6 +25,7 @@ pub mod external;
 pub mod gpu;
 pub mod launch;
 pub mod outcome;
+pub mod pipe;
 pub mod platform;
 pub mod runner;
 pub mod verdict;

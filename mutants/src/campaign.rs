@@ -760,6 +760,30 @@ fn sweep_main(cli: &Cli) -> ! {
     std::process::exit(if cells.iter().all(|c| c.candidates.is_none() || c.caught.is_some()) { 0 } else { 1 })
 }
 
+/// The first of `ids` (`<mutant>::<case>`, as `--case` takes them) that is no case of its mutant
+/// among `specs`, as an error line; `None` when every id names a case (or a mutant not in
+/// `specs`, which the caller reports). Such an id would run nothing and print the mutant as
+/// SURVIVED (0 cases): a typo must not read as a hole in the catalogue.
+pub fn unknown_case(specs: &[Spec], ids: &[String]) -> Option<String> {
+    for id in ids {
+        let Some(s) = specs.iter().find(|s| id.starts_with(&format!("{}::", s.name))) else { continue };
+        if s.entry.cases().iter().any(|c| &c.id == id) {
+            continue;
+        }
+        let rest = &id[s.name.len() + 2..];
+        // The conformance binary's ids start with the backend (`shm::...`); a mutant's do not.
+        let hint = match rest.split_once("::") {
+            Some(("shm" | "fake" | "nccl", r)) => format!("; without the backend: `{}::{r}`", s.name),
+            _ => String::new(),
+        };
+        return Some(format!(
+            "`{id}` is no case of mutant `{}` (case ids look like `sum_is_max_f32::all_reduce::out::f32::sum::ws2`{hint})",
+            s.name
+        ));
+    }
+    None
+}
+
 /// The whole `main` of the campaign binary.
 pub fn main() -> ! {
     let specs = crate::catalogue();
@@ -808,6 +832,10 @@ pub fn main() -> ! {
     }
     let chosen: Vec<Spec> = specs.into_iter().filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name)).collect();
     let jobs = cli.jobs.unwrap_or_else(concord_suites::run::default_jobs);
+    if let Some(e) = unknown_case(&chosen, &cli.cases) {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let mut only = cli.cases.clone();
     if !cli.skip.is_empty() && !only.is_empty() {
         eprintln!("error: --skip leaves cases out of the catalogue; with --case, name only the cases to run");
@@ -837,7 +865,15 @@ pub fn main() -> ! {
         eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
     });
     print!("{}", render(&found, started.elapsed()));
-    print!("{}", crate::coverage::render(&crate::catalogue(), &found));
+    if cli.cases.is_empty() {
+        print!("{}", crate::coverage::render(&crate::catalogue(), &found));
+    } else {
+        // A rerun (`--case`, as a failure's rerun line): the whole message, with its ranks, stderr
+        // tails and rerun line, not only its head; the per-clause table is the campaign's.
+        for c in found.iter().filter_map(|f| f.caught.as_ref()) {
+            println!("\nthe failure of {} in full:\n{}", c.case, c.message);
+        }
+    }
     Pool::global().shutdown();
     std::process::exit(if found.iter().all(|f| f.caught.is_some()) { 0 } else { 1 })
 }

@@ -542,6 +542,24 @@ fn main() {
     }));
     // Every mutant names a clause id of the contract (core/src/backend.rs), and every clause id
     // has a mutant or a reasoned exemption (`concord_mutants::coverage`).
+    trials.push(libtest_mimic::Trial::test("mutants::cli::a_case_id_that_names_no_case_is_an_error", || {
+        // `--case` with a typo (here the conformance binary's `shm::` prefix) ran 0 cases and
+        // printed the mutant as SURVIVED; it is an error naming the id and the right form.
+        let specs = vec![spec("sum_is_max_f32")];
+        let ok = vec!["sum_is_max_f32::all_reduce::out::f32::sum::ws2".to_string()];
+        if let Some(e) = campaign::unknown_case(&specs, &ok) {
+            return Err(format!("a real case id refused: {e}").into());
+        }
+        let typo = vec!["sum_is_max_f32::shm::all_reduce::out::f32::sum::ws2".to_string()];
+        match campaign::unknown_case(&specs, &typo) {
+            Some(e)
+                if e.contains("no case of mutant `sum_is_max_f32`") && e.contains("`sum_is_max_f32::all_reduce::out::f32::sum::ws2`") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("typo not refused with the right form: {other:?}").into()),
+        }
+    }));
     trials.push(libtest_mimic::Trial::test("mutants::every_clause_has_a_mutant_or_an_exemption", || {
         let problems = concord_mutants::coverage::problems(&concord_mutants::catalogue());
         if problems.is_empty() {

@@ -280,9 +280,11 @@ fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case
     ))
 }
 
-/// How to rerun exactly one case of `entry`.
+/// How to rerun exactly one case of `entry`: with the settings of this run that change a case
+/// (`CONCORD_CASE_TIMEOUT_MS`, ...: [`concord_harness::config::RERUN_VARS`]) in front, so that
+/// the line reproduces the failure when pasted.
 pub fn rerun_hint(entry: &BackendEntry, case_id: &str) -> String {
-    format!("{} {case_id}", entry.rerun.replace(PROFILE_SLOT, &profile_flag()))
+    format!("{}{} {case_id}", concord_harness::config::rerun_env(), entry.rerun.replace(PROFILE_SLOT, &profile_flag()))
 }
 
 /// Where a rerun command names the cargo profile the case ran in (`harness!` puts it after
@@ -402,8 +404,14 @@ pub fn dispatch_child(entries: &[BackendEntry]) {
     }
 }
 
-/// The whole `main` of a conformance binary over `entries`.
+/// The whole `main` of a conformance binary over `entries`. A reader that closes its stdout
+/// early (`--list | head`) ends it quietly (exit 141), not with libtest-mimic's panic and a
+/// backtrace (`concord_harness::pipe`).
 pub fn main_with(entries: Vec<BackendEntry>) -> ! {
+    concord_harness::pipe::main_quiet_on_broken_pipe(std::panic::AssertUnwindSafe(move || main_inner(entries)))
+}
+
+fn main_inner(entries: Vec<BackendEntry>) -> ! {
     dispatch_child(&entries);
     let cli = <Cli as clap::Parser>::parse();
     let entries: Vec<BackendEntry> = if cli.backends.is_empty() {
@@ -568,7 +576,7 @@ fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32
     }
     if let Some(name) = &only {
         if trials.is_empty() {
-            eprintln!("error: no case or group is named `{name}` (list them with `--list`)");
+            eprintln!("error: no case or group is named `{name}` ({})", list_hint());
             return 2;
         }
     }
@@ -578,6 +586,16 @@ fn libtest_mode(entries: &[BackendEntry], args: libtest_mimic::Arguments) -> i32
     } else {
         0
     }
+}
+
+/// How to list what a name may be, as a command that works when pasted: `--list` alone lists the
+/// groups (`shm::suite::matrix::ws4`, one test per backend × suite × world size), not the case
+/// ids; `CONCORD_LIST=cases` lists those.
+pub fn list_hint() -> String {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let exe = exe.strip_prefix(&cwd).map(std::path::Path::to_path_buf).unwrap_or(exe);
+    format!("list the case ids with `CONCORD_LIST=cases {} --list`", exe.display())
 }
 
 fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
@@ -596,13 +614,15 @@ fn conformance_mode(entries: &[BackendEntry], opts: &Opts) -> i32 {
     if !unknown.is_empty() {
         let names: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
         eprintln!(
-            "error: no case is named {} (case ids look like `shm::all_reduce::out::f32::sum::ws4`; list them with `--list`)",
-            names.join(", ")
+            "error: no case is named {} (case ids look like `{}::all_reduce::out::f32::sum::ws4`; {})",
+            names.join(", "),
+            entries.first().map_or("shm", |e| e.name.as_str()),
+            list_hint()
         );
         return 2;
     }
     if work.is_empty() {
-        eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; list them with `--list`)", opts.filter);
+        eprintln!("error: no case matches the filter(s) {:?} (filters are substrings of case ids; {})", opts.filter, list_hint());
         return 2;
     }
     let jobs = opts.jobs.unwrap_or_else(default_jobs);

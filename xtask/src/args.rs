@@ -12,14 +12,15 @@ Commands:
   test [--no-lint] [NEXTEST ARGS...]
         fmt check, clippy -D warnings, then every test of the workspace through cargo-nextest
         (--no-lint skips fmt and clippy; the rest goes to `cargo nextest run`, e.g. a filter)
-  conformance [--backend NAME]... [--ranks N] [--report DIR] [--exact ID]... [--jobs N] [--contract] [FILTER]...
+  conformance [--backend NAME]... [--ranks N] [--report DIR] [--exact ID]... [--jobs N] [--contract] [--list] [FILTER]...
         the conformance suites on a backend (shm by default; fake, nccl, mpi) with a report
         (default target/concord-report); --ranks: the ranks mpirun starts for --backend mpi
         (default 4); --jobs: worlds side by side (default: what the machine can run);
-        --contract prints the contract map instead of running
+        --contract prints the contract map instead of running; --list lists the case ids
+        (those a FILTER matches) instead of running
   mutants [--mutant NAME]... [--case ID...] [--jobs N] [--list]
           [--sweep [HOOK:POSITION:CLASS[:SHAPE][@DTYPE]]] [--hook HOOK]... [--ws N]... [--shape SHAPE]...
-          [--dtype DTYPE|all]... [--order] [--skip PATTERN]... [--legal]
+          [--dtype DTYPE|all]... [--order] [--bad-input KIND|all]... [--skip PATTERN]... [--legal]
         the mutation campaign: every mutant of concord-mutants against the catalogue,
         then (with no mutant or case named) every legal variant, which must pass it;
         --legal: only the legal variants (--mutant NAME: those named);
@@ -27,6 +28,7 @@ Commands:
         --shape strided|no_zero|singleton|unsorted: its subgroup cells instead;
         --dtype: its dtype grid instead (hook x dtype x world size, every rank, every size);
         --order: its order grid instead (an all_reduce reduced in another order on one rank);
+        --bad-input: its bad-input grid instead (a hook's refusals of one kind misreported);
         --skip: leave out the cases whose id contains PATTERN (a hunt's before-run)
   bench-harness
         per-case overhead (4 ranks) and store barrier (8 ranks)
@@ -56,6 +58,8 @@ pub enum Cmd {
         exact: Vec<String>,
         jobs: Option<usize>,
         contract: bool,
+        /// `--list`: list the case ids instead of running.
+        list: bool,
         filters: Vec<String>,
     },
     Mutants {
@@ -73,6 +77,8 @@ pub enum Cmd {
         dtype: Vec<String>,
         /// `--order`: the sweep's order grid.
         order: bool,
+        /// `--bad-input`: the sweep's bad-input grid (kinds, or `all`).
+        bad_input: Vec<String>,
         /// `--skip`: case-id substrings left out.
         skip: Vec<String>,
         /// `--legal`: the legal variants only.
@@ -171,6 +177,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         "conformance" => {
             let (mut backend, mut ranks, mut report, mut exact, mut jobs, mut contract, mut filters) =
                 (Vec::new(), 4, PathBuf::from("target/concord-report"), Vec::new(), None, false, Vec::new());
+            let mut list = false;
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--backend" => backend.push(t.value(&a)?),
@@ -179,6 +186,7 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     "--exact" => exact.push(t.value(&a)?),
                     "--jobs" => jobs = Some(t.number(&a)?),
                     "--contract" => contract = true,
+                    "--list" => list = true,
                     f if f.starts_with('-') => return Err(unknown(&cmd, f)),
                     f => filters.push(f.to_string()),
                 }
@@ -186,12 +194,12 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
             if backend.is_empty() {
                 backend.push("shm".into());
             }
-            Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters }
+            Cmd::Conformance { backend, ranks, report, exact, jobs, contract, list, filters }
         }
         "mutants" => {
             let (mut mutant, mut case, mut jobs, mut list) = (Vec::new(), Vec::new(), None, false);
             let (mut sweep, mut hook, mut ws, mut shape, mut skip) = (None, Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let (mut dtype, mut order, mut legal) = (Vec::new(), false, false);
+            let (mut dtype, mut order, mut legal, mut bad_input) = (Vec::new(), false, false, Vec::new());
             while let Some(a) = t.next() {
                 match a.as_str() {
                     "--mutant" => mutant.push(t.value(&a)?),
@@ -217,12 +225,13 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                     "--shape" => shape.push(t.value(&a)?),
                     "--dtype" => dtype.push(t.value(&a)?),
                     "--order" => order = true,
+                    "--bad-input" => bad_input.push(t.value(&a)?),
                     "--legal" => legal = true,
                     "--skip" => skip.push(t.value(&a)?),
                     f => return Err(unknown(&cmd, f)),
                 }
             }
-            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip, legal }
+            Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, bad_input, skip, legal }
         }
         "bench-harness" | "gpu-bundle" => {
             if let Some(a) = t.next() {
@@ -271,4 +280,39 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
         }
         other => return Err(format!("unknown command `{other}`\n\n{USAGE}")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn mutants_takes_the_bad_input_grid_the_readme_shows() {
+        // README: `--bad-input KIND|all` is the bad-input grid; it was "unexpected argument".
+        match parse(argv(&["mutants", "--sweep", "--bad-input", "all"])) {
+            Ok(Cmd::Mutants { bad_input, sweep, .. }) => {
+                assert_eq!(bad_input, ["all"]);
+                assert_eq!(sweep.as_deref(), Some(""));
+            }
+            Ok(_) => panic!("not the mutants command"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn conformance_lists_case_ids() {
+        match parse(argv(&["conformance", "--list", "all_reduce::out"])) {
+            Ok(Cmd::Conformance { list, filters, backend, .. }) => {
+                assert!(list);
+                assert_eq!(filters, ["all_reduce::out"]);
+                assert_eq!(backend, ["shm"]);
+            }
+            Ok(_) => panic!("not the conformance command"),
+            Err(e) => panic!("{e}"),
+        }
+    }
 }

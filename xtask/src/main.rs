@@ -77,6 +77,18 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Replaces the xtask with `c` (Unix `exec`; `cargo run` has already replaced cargo with the
+/// xtask): the program gets this process id, so a SIGTERM or SIGINT sent to `cargo xtask ...`
+/// reaches it and its own cleanup runs (ranks ended, files removed), and its exit status is the
+/// command's. A child started with `status()` instead was left running when the xtask was
+/// terminated. Returns only if the program could not be started.
+fn exec(mut c: Command) -> Result<std::convert::Infallible> {
+    use std::os::unix::process::CommandExt;
+    let shown = format!("{c:?}");
+    let e = c.exec();
+    bail!("could not start {shown}: {e}")
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
@@ -223,7 +235,7 @@ fn real_main() -> Result<()> {
             run(cargo().args(nextest).arg("--no-fail-fast").args(&args))?;
             run(cargo().args(["test", "--workspace", "--doc", "--quiet", "--profile", "ci"]))
         }
-        Cmd::Conformance { backend, ranks, report, exact, jobs, contract, filters } => {
+        Cmd::Conformance { backend, ranks, report, exact, jobs, contract, list, filters } => {
             // Build, then run the binary itself: its exit code and its own lines are the answer,
             // without `cargo test`'s "test failed, to rerun pass ..." around them.
             let exact_given = !exact.is_empty();
@@ -252,9 +264,18 @@ fn real_main() -> Result<()> {
             for b in &backend {
                 c.args(["--backend", b]);
             }
+            if list {
+                // The case ids (`--list` alone would list the groups, one per suite × world size).
+                c.env("CONCORD_LIST", "cases").arg("--list");
+                if let Some(f) = filters.first() {
+                    c.arg(f);
+                }
+                c.current_dir(root());
+                return exec(c).map(|never| match never {});
+            }
             if contract {
-                let status = c.arg("--contract").current_dir(root()).status().context("could not start the conformance binary")?;
-                std::process::exit(status.code().unwrap_or(1));
+                c.arg("--contract").current_dir(root());
+                return exec(c).map(|never| match never {});
             }
             let report = if report.is_absolute() { report } else { root().join(report) };
             c.arg("--report").arg(&report);
@@ -275,10 +296,10 @@ fn real_main() -> Result<()> {
             if mpi {
                 std::process::exit(run_mpirun_conformance(c)?);
             }
-            let status = c.current_dir(root()).status().context("could not start the conformance binary")?;
-            std::process::exit(status.code().unwrap_or(1));
+            c.current_dir(root());
+            exec(c).map(|never| match never {})
         }
-        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, skip, legal } => {
+        Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, bad_input, skip, legal } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
             run(cargo().args([
                 "build",
@@ -330,18 +351,26 @@ fn real_main() -> Result<()> {
             if order {
                 c.arg("--order");
             }
+            for k in &bad_input {
+                c.args(["--bad-input", k]);
+            }
             for k in &skip {
                 c.args(["--skip", k]);
             }
             if legal {
                 c.arg("--legal");
             }
-            let status = c.current_dir(root()).status().context("could not start concord-mutants")?;
             // The whole campaign (nothing named, no grid) goes on with the legal variants: the
             // catalogue must also pass every backend that is right.
             let whole = mutant.is_empty() && case.is_empty() && sweep.is_none() && hook.is_empty() && ws.is_empty();
-            let whole = whole && shape.is_empty() && dtype.is_empty() && !order && skip.is_empty() && !list && !legal;
-            if !whole || !status.success() {
+            let whole =
+                whole && shape.is_empty() && dtype.is_empty() && !order && bad_input.is_empty() && skip.is_empty() && !list && !legal;
+            c.current_dir(root());
+            if !whole {
+                return exec(c).map(|never| match never {});
+            }
+            let status = c.status().context("could not start concord-mutants")?;
+            if !status.success() {
                 std::process::exit(status.code().unwrap_or(1));
             }
             let mut l = Command::new(target.join("ci/concord-mutants"));
@@ -349,8 +378,8 @@ fn real_main() -> Result<()> {
             if let Some(j) = jobs {
                 l.args(["--jobs", &j.to_string()]);
             }
-            let status = l.current_dir(root()).status().context("could not start concord-mutants --legal")?;
-            std::process::exit(status.code().unwrap_or(1));
+            l.current_dir(root());
+            exec(l).map(|never| match never {})
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench { args } => {
@@ -358,9 +387,9 @@ fn real_main() -> Result<()> {
             let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
             let target = if target.is_absolute() { target } else { root().join(target) };
             // Run in the caller's directory, so relative --json / --plot paths mean what they say.
-            let status =
-                Command::new(target.join("release").join("concord-bench")).args(&args).status().context("could not start concord-bench")?;
-            std::process::exit(status.code().unwrap_or(1));
+            let mut c = Command::new(target.join("release").join("concord-bench"));
+            c.args(&args);
+            exec(c).map(|never| match never {})
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
         Cmd::MpiDiff { ranks, seed, trials } => {

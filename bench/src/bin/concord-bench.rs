@@ -8,12 +8,17 @@ use concord_nccl::NcclBackend;
 use concord_shm::ShmBackend;
 
 fn main() {
+    // A reader that leaves early (`| head`): exit 141 after the ranks are ended, no backtrace.
+    std::process::exit(concord_harness::pipe::main_quiet_on_broken_pipe(real_main))
+}
+
+fn real_main() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = Args::parse();
     if let Some(code) = (concord_harness::launch::rank_world().is_none()).then(|| concord_bench::run::tools(&args)).flatten() {
-        std::process::exit(code);
+        return code;
     }
-    let code = match args.backend.as_deref() {
+    match args.backend.as_deref() {
         Some("shm") if args.fused => concord_bench::fused::fused_main::<ShmBackend>("shm", &args),
         Some("nccl") if args.fused => concord_bench::fused::fused_main::<NcclBackend>("nccl", &args),
         Some("shm") => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
@@ -28,6 +33,5 @@ fn main() {
             eprintln!("concord-bench: give --backend shm|nccl (or --plot / --compare)");
             2
         }
-    };
-    std::process::exit(code);
+    }
 }
