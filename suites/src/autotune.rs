@@ -14,6 +14,7 @@
 //! op's output is checked against the oracle where the communicator is still usable.
 
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use crate::sched::Noise;
 use concord_autotune::{
     cache, names_hash, run_choice, Autotuner, Choice, ChoiceCtx, Config, Env, OpInstance, Outcome, Phase, Policy, Request, RowStatus,
 };
@@ -503,19 +504,38 @@ fn expect_inf<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, choice: &str, rank: usi
 /// Every rank but `slow` returned within `timeout + 500 ms`. The slack is for a loaded 2-core
 /// machine (seen: 866 ms for a 500 ms timeout at load 14 with 100 ms of slack); every stall the
 /// cases inject outlasts the timeout by more than that (1 s, 1.5 s, 9 s).
-fn check_live_ranks_in_time<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, slow: usize, timeout: Duration, elapsed: Duration) -> CaseResult {
-    let all = gather(ctx, "elapsed-ms", &format!("{:.1}", elapsed.as_secs_f64() * 1e3))?;
+/// Every rank but `slow` ended its tuning within `timeout` + a fixed slack + its own scheduler
+/// noise over the window (its threads' run-queue wait while it tuned, [`crate::sched`]): the
+/// slack and the noise absorb scheduling only. A rank that waits on the slow peer is asleep, not
+/// runnable, while it waits, so the wait itself is not noise: it ends seconds late and fails.
+/// Only its wake-ups count, but under heavy load they add up: the allowance is capped at 300 ms.
+fn check_live_ranks_in_time<B: Backend>(
+    ctx: &Ctx<'_, B>,
+    o: &Outcome,
+    slow: usize,
+    timeout: Duration,
+    t0: Instant,
+    noise: &Noise,
+) -> CaseResult {
+    let (elapsed, waited) = (t0.elapsed(), noise.so_far());
+    let all = gather(ctx, "elapsed-ms", &format!("{:.1} {:.1}", elapsed.as_secs_f64() * 1e3, waited.as_secs_f64() * 1e3))?;
+    let parse = |s: &str, i: usize| s.split(' ').nth(i).and_then(|v| v.parse::<f64>().ok());
     let slack = Duration::from_millis(500);
-    let budget = timeout + slack;
-    for (r, ms) in all.iter().enumerate() {
-        let ms: f64 = ms.parse().unwrap_or(f64::MAX);
-        if r != slow && ms > budget.as_secs_f64() * 1e3 {
+    const NOISE_CAP: Duration = Duration::from_millis(300);
+    for (r, s) in all.iter().enumerate() {
+        let ms = parse(s, 0).unwrap_or(f64::MAX);
+        // Capped: the wake-ups of a long wait add up under heavy load (uncapped, a tuner whose
+        // timed runs overran the 2 s deadline by 0.7 s passed at load 28), so the allowance is
+        // at most NOISE_CAP beyond the fixed slack, and only where the rank measured it.
+        let noise_ms = parse(s, 1).unwrap_or(0.0).min(NOISE_CAP.as_secs_f64() * 1e3);
+        if r != slow && ms > (timeout + slack).as_secs_f64() * 1e3 + noise_ms {
             return Err(fail(
                 ctx,
                 format!(
-                    "rank {r} ended {ms:.0} ms after it started tuning, beyond the autotune timeout {} ms + {} ms while rank {slow} was slow: its decision waited on the slow peer (a timeout decided by a collective, or a wait without the deadline)\n{o}",
+                    "rank {r} ended {ms:.0} ms after it started tuning, beyond the autotune timeout {} ms + {} ms + {noise_ms:.0} ms it waited for a CPU meanwhile (at most {} ms), while rank {slow} was slow: its decision waited on the slow peer (a timeout decided by a collective, or a wait without the deadline)\n{o}",
                     timeout.as_millis(),
-                    slack.as_millis()
+                    slack.as_millis(),
+                    NOISE_CAP.as_millis()
                 ),
             ));
         }
@@ -608,10 +628,9 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // to its default after the timeout ends differently.
             "after",
         )];
-        let t0 = Instant::now();
+        let (t0, noise) = (Instant::now(), Noise::start());
         let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        let elapsed = t0.elapsed();
-        check_live_ranks_in_time(ctx, &o, 1, timeout, elapsed)?;
+        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
         check_same_winners(ctx, &o, "sleep", " after a timeout: not every rank ended the same way")?;
         expect_inf(ctx, &o, "sleeps_10s_on_rank1", 1, "never reported", "")?;
         let after_not_run = matches!(o.tables[0].row("after").map(|r| &r.status), Some(RowStatus::NotRun(_)));
@@ -766,45 +785,63 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         Case::<B>::new("autotune::hazard::max_vs_avg::ws2", meta("all_reduce"), 2, move |ctx| {
             // Rank 1 alone spends 120 ms after the collective in `slow_on_rank1`; every rank spends
             // 90 ms in `uniform`. Max: uniform (90 < 120); Avg and Median: slow_on_rank1 (60 < 90).
-            // Both decisions have 30 ms to spare: a sleep overshooting by tens of ms on a loaded
-            // 2-core machine (seen: 28 ms measured as 51) cannot flip them.
-            let mk = || {
-                vec![req(
-                    ar(256),
-                    vec![
-                        delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(120)),
-                        delayed::<B>("uniform", &[], Duration::from_millis(90)),
-                    ],
-                    "uniform",
-                )]
-            };
+            // Both decisions have MARGIN (30 ms) to spare. A timed run is wall time, so a loaded
+            // machine can move it by more (seen: a 28 ms sleep measured as 51, a native run of
+            // ~60 ms): each rank adds up the time its threads waited for a CPU while it tuned
+            // (`crate::sched`; the whole call, so a peer's late wake-up between runs counts too),
+            // and a winner other than the model's is a failure at once
+            // when the ranks' noise together stays under the margin (it cannot have moved the
+            // decision); only a tuning with more noise than the margin is run again, at most
+            // ATTEMPTS times, and the last one's verdict stands.
+            const MARGIN: Duration = Duration::from_millis(30);
+            const ATTEMPTS: usize = 3;
             for (n, policy, want) in [(0, Policy::Max, "uniform"), (1, Policy::Avg, "slow_on_rank1")] {
-                let reqs = mk();
-                let a = A::new(cfg(t10, policy));
-                let declared = a.policy();
-                if declared != policy {
-                    return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
-                }
-                let o = tune(ctx, &a, n, &reqs)?;
-                check_same_winners(
-                    ctx,
-                    &o,
-                    &format!("policy{n}-first"),
-                    " — each rank must pick from every rank's times reduced by the declared policy, not from its own times",
-                )?;
-                check_reference(ctx, &o, &reqs, declared)?;
-                if o.winner(0) != want {
-                    let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
-                    return Err(fail(
+                for attempt in 0..ATTEMPTS {
+                    let reqs = vec![req(
+                        ar(256),
+                        vec![
+                            delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(120)),
+                            delayed::<B>("uniform", &[], Duration::from_millis(90)),
+                        ],
+                        "uniform",
+                    )];
+                    let a = A::new(cfg(t10, policy));
+                    let declared = a.policy();
+                    if declared != policy {
+                        return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
+                    }
+                    let noise = Noise::start();
+                    let o = tune(ctx, &a, n + 2 * attempt, &reqs)?;
+                    let mine = noise.so_far().as_secs_f64() * 1e3;
+                    let tag = format!("policy{n}-{attempt}");
+                    check_same_winners(
                         ctx,
-                        format!(
-                        "declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint}\n{o}",
-                        declared.name(),
-                        o.winner(0)
-                    ),
-                    ));
+                        &o,
+                        &format!("{tag}-first"),
+                        " — each rank must pick from every rank's times reduced by the declared policy, not from its own times",
+                    )?;
+                    check_reference(ctx, &o, &reqs, declared)?;
+                    if o.winner(0) != want {
+                        let all = gather(ctx, &format!("{tag}-noise-ms"), &format!("{mine:.3}"))?;
+                        let noise_ms: f64 = all.iter().map(|s| s.parse::<f64>().unwrap_or(0.0)).sum();
+                        if noise_ms >= MARGIN.as_secs_f64() * 1e3 && attempt + 1 < ATTEMPTS {
+                            continue;
+                        }
+                        let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
+                        return Err(fail(
+                            ctx,
+                            format!(
+                                "declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint} (attempt {} of {ATTEMPTS}; the ranks waited {noise_ms:.1} ms for a CPU while tuning, the decision's margin is {} ms)\n{o}",
+                                declared.name(),
+                                o.winner(0),
+                                attempt + 1,
+                                MARGIN.as_millis()
+                            ),
+                        ));
+                    }
+                    check_same_winners(ctx, &o, &tag, "")?;
+                    break;
                 }
-                check_same_winners(ctx, &o, &format!("policy{n}"), "")?;
             }
             Ok(())
         })
@@ -836,9 +873,9 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             std::thread::sleep(Duration::from_millis(1500));
         }
         let reqs = vec![Request::builtin(ar(256))];
-        let t0 = Instant::now();
+        let (t0, noise) = (Instant::now(), Noise::start());
         let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 2, timeout, t0.elapsed())?;
+        check_live_ranks_in_time(ctx, &o, 2, timeout, t0, &noise)?;
         check_same_winners(ctx, &o, "late", " — a rank that arrives after the decision must adopt it")?;
         let ok = o.missing == [2] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 2") || w.contains("rank 2"));
         let all = gather(ctx, "missing", &ok.to_string())?;
@@ -888,9 +925,9 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             ],
             "after",
         )];
-        let t0 = Instant::now();
+        let (t0, noise) = (Instant::now(), Noise::start());
         let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 1, timeout, t0.elapsed())?;
+        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
         check_same_winners(ctx, &o, "hang", "")?;
         expect_inf(ctx, &o, "hangs_in_timed_run_on_rank1", 1, "never reported", " — the timed runs need a deadline too")
     })

@@ -17,6 +17,7 @@ pub mod exec;
 mod external;
 pub mod report;
 pub mod run;
+pub mod sched;
 pub mod suites;
 pub mod values;
 
