@@ -13,7 +13,7 @@
 //! through the world's file store, `ncclCommInitRankConfig`) and `new_group` (agreed list,
 //! `ncclCommSplit` on the progress thread), each building an [`NcclBackend`].
 
-use crate::cuda::{poll_until, Device};
+use crate::cuda::{poll_until, Device, Padded};
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::AtomicU64;
@@ -200,9 +200,16 @@ pub(crate) struct Comm {
     pub rank: usize,
     pub blocking: bool,
     pub lib_version: i32,
-    inner: Mutex<Inner>,
+    /// Locked by the progress thread for every launch: on lines of its own, away from the
+    /// `Arc`'s counts, which the issuing thread changes on every op (a completion's handle).
+    inner: Padded<Mutex<Inner>>,
     /// The abort reason, readable without waiting for a launch that holds `inner`.
     reason: Mutex<Option<String>>,
+    /// `reason` is set (raised under its lock, right after it is set, never lowered): lets
+    /// [`Comm::aborted`] answer the common "not aborted" with one atomic load, without the lock
+    /// that the caller's issue, the progress thread's launch and every completion poll would
+    /// otherwise all take (a cache line bouncing between threads on every op).
+    has_reason: AtomicBool,
     /// Set (before anything else) by [`Comm::abort`]: the poll loops of a thread holding
     /// `inner` (launch, split) check it and let go, so an abort never waits behind a launch.
     abort_requested: AtomicBool,
@@ -221,9 +228,9 @@ pub(crate) struct Comm {
     /// Where a launch stands with the twin: [`TWIN_IDLE`], [`TWIN_INSIDE`] a blocking NCCL call
     /// (ended from another thread by [`Comm::abort`] or the progress thread's watchdog),
     /// [`TWIN_ABORTING`], [`TWIN_GONE`].
-    twin_state: AtomicU8,
+    twin_state: Padded<AtomicU8>,
     /// The deadline of the blocking call in progress on the twin (nanoseconds since [`epoch`]).
-    twin_deadline: AtomicU64,
+    twin_deadline: Padded<AtomicU64>,
     /// Set when this communicator was given a twin at creation (every rank alike): its
     /// subgroups get one too, whatever has happened to this one's since.
     wants_twin: AtomicBool,
@@ -490,16 +497,17 @@ impl Comm {
             rank,
             blocking,
             lib_version,
-            inner: Mutex::new(Inner { raw, aborted: None }),
+            inner: Padded(Mutex::new(Inner { raw, aborted: None })),
             reason: Mutex::new(None),
+            has_reason: AtomicBool::new(false),
             abort_requested: AtomicBool::new(false),
             teardown_via: OnceLock::new(),
             stream,
             own_stream: None,
             children: Mutex::new(Vec::new()),
             twin: AtomicPtr::new(std::ptr::null_mut()),
-            twin_state: AtomicU8::new(TWIN_GONE),
-            twin_deadline: AtomicU64::new(0),
+            twin_state: Padded(AtomicU8::new(TWIN_GONE)),
+            twin_deadline: Padded(AtomicU64::new(0)),
             wants_twin: AtomicBool::new(false),
         }
     }
@@ -998,7 +1006,7 @@ impl Comm {
                 if std::thread::panicking()
                     && self.0.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_ok()
                 {
-                    self.0.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "a panic inside an NCCL launch".into());
+                    self.0.set_reason(|| "a panic inside an NCCL launch".into());
                     self.0.abort_requested.store(true, Ordering::SeqCst);
                 }
             }
@@ -1126,7 +1134,19 @@ impl Comm {
     /// for a launch in progress. Set before the abort starts, so an op whose completion is first
     /// observed after this turned `Some` is not trusted (see `completion`).
     pub fn aborted(&self) -> Option<String> {
+        // Raised under the lock right after the reason is set (`set_reason`), before any abort
+        // starts: a `false` here is the same answer the lock would have given a moment earlier.
+        if !self.has_reason.load(Ordering::SeqCst) {
+            return None;
+        }
         self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records why the communicator ends (the first reason stays) and raises `has_reason`.
+    fn set_reason(&self, why: impl FnOnce() -> String) {
+        let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        r.get_or_insert_with(why);
+        self.has_reason.store(true, Ordering::SeqCst);
     }
 
     /// Aborts the communicator (idempotent; bounded in time). Later launches fail with `reason`.
@@ -1138,7 +1158,7 @@ impl Comm {
     /// stays inside an NCCL call past that (a blocking communicator), that thread carries the
     /// abort out when the call returns.
     pub fn abort(&self, reason: String) {
-        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
+        self.set_reason(|| reason.clone());
         self.abort_requested.store(true, Ordering::SeqCst);
         self.dev.release_gates();
         let until = Instant::now() + ABORT_WAIT;
@@ -1168,7 +1188,7 @@ impl Comm {
 
     /// The abort itself, with the lock held (released before `ncclCommAbort` runs).
     fn abort_locked(&self, mut inner: MutexGuard<'_, Inner>, reason: String) {
-        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.clone());
+        self.set_reason(|| reason.clone());
         self.abort_requested.store(true, Ordering::SeqCst);
         self.dev.release_gates();
         if inner.aborted.is_some() {
@@ -1199,7 +1219,7 @@ impl Comm {
         inner.aborted.get_or_insert_with(|| "the communicator was destroyed".into());
         let twin = RawComm(self.take_twin());
         drop(inner);
-        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| "the communicator was destroyed".into());
+        self.set_reason(|| "the communicator was destroyed".into());
         Some(Teardown { raw, twin, dev: self.dev.clone(), stream: self.stream, _own_stream: self.own_stream.clone() })
     }
 

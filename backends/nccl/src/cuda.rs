@@ -84,9 +84,33 @@ pub(crate) struct Device {
     /// synchronise the device, so it never runs while work is queued: see [`Device::reap`]).
     deferred: std::sync::Mutex<Vec<u64>>,
     /// Free completion events for reuse (see [`Device::record`]), destroyed with the device.
-    events: std::sync::Mutex<Vec<usize>>,
+    /// On lines of its own, with counts of its own: the progress thread takes one per op (an
+    /// event holds the pool, not a `Weak` of the device, whose counts every allocation of the
+    /// issuing thread changes).
+    events: Arc<EventPool>,
     /// Blocks freed on `stream`, for later allocations on `stream` (see `block_cache`).
     cache: std::sync::Mutex<BlockCache>,
+}
+
+/// A value on cache lines of its own (128 bytes: two lines, as adjacent-line prefetchers
+/// pair them). The issuing thread and the progress thread each write their own fields of
+/// the progress thread's queue, its tracker and the device on every op; sharing a line, each write would take the line from
+/// the other core (and a waiter spinning on `finished` would take it back).
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Padded<T>(pub T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for Padded<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
 }
 
 /// Bytes freed between two trims of the memory pool back to [`POOL_KEEP`] (or the pool's
@@ -160,7 +184,7 @@ impl Device {
             pool,
             freed_since_trim: std::sync::atomic::AtomicUsize::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
-            events: std::sync::Mutex::new(Vec::new()),
+            events: Arc::new(EventPool::default()),
             cache: std::sync::Mutex::new(BlockCache::new(if async_alloc { CACHE_MAX } else { 0 }, CACHE_BLOCK_MAX)),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
@@ -406,12 +430,12 @@ impl Device {
 
     /// [`Device::record`] on another stream of this device (a direction's).
     pub fn record_at(self: &Arc<Self>, stream: sys::CUstream) -> Result<Event, String> {
-        let free = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let free = self.events.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let raw = match free {
             Some(e) => e as sys::CUevent,
             None => cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| derr("cuEventCreate", e))?,
         };
-        let ev = Event(raw, Some(Arc::downgrade(self)));
+        let ev = Event(raw, Some(self.events.clone()));
         unsafe { cu::event::record(ev.0, stream) }.map_err(|e| derr("cuEventRecord", e))?;
         Ok(ev)
     }
@@ -445,6 +469,12 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.release_gates();
+        // Later drops of its events destroy them (see `EventPool`); these go below.
+        let pooled = {
+            let mut free = self.events.free.lock().unwrap_or_else(|e| e.into_inner());
+            self.events.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::mem::take(&mut *free)
+        };
         if self.bind().is_ok() {
             // Deferred frees: only on an idle device (else left to the process's end).
             let pending = !self.deferred.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
@@ -456,7 +486,7 @@ impl Drop for Device {
                 let _ = cu::stream::destroy(self.stream);
                 let _ = cu::stream::destroy(self.copy);
             }
-            for e in self.events.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            for e in pooled {
                 unsafe {
                     let _ = cu::event::destroy(e as sys::CUevent);
                 }
@@ -467,7 +497,16 @@ impl Drop for Device {
 
 /// A CUDA event; destroyed on drop (the driver releases it once complete), or, for the
 /// completion events of [`Device::record`], given back to its device's pool for reuse.
-pub(crate) struct Event(pub sys::CUevent, Option<std::sync::Weak<Device>>);
+pub(crate) struct Event(pub sys::CUevent, Option<Arc<EventPool>>);
+
+/// A device's free completion events (see [`Device::record`]). Closed when the device goes
+/// (its events destroyed then); an event dropped after that is destroyed at once.
+#[derive(Default)]
+pub(crate) struct EventPool {
+    /// Free events (raw handles).
+    free: Padded<std::sync::Mutex<Vec<usize>>>,
+    closed: std::sync::atomic::AtomicBool,
+}
 unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
@@ -509,9 +548,11 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Some(dev) = self.1.as_ref().and_then(|w| w.upgrade()) {
-            let mut pool = dev.events.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.len() < EVENT_POOL_MAX {
+        if let Some(p) = &self.1 {
+            let mut pool = p.free.lock().unwrap_or_else(|e| e.into_inner());
+            // `closed` is raised under this lock by the device's drop, before it destroys
+            // what the pool holds.
+            if !p.closed.load(std::sync::atomic::Ordering::SeqCst) && pool.len() < EVENT_POOL_MAX {
                 pool.push(self.0 as usize);
                 return;
             }

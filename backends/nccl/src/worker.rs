@@ -52,7 +52,7 @@
 
 use crate::board::Board;
 use crate::comm::{Comm, LaunchError, Teardown, TeardownVia, ABORT_WAIT};
-use crate::cuda::{poll_until, DevMem, Device, Event, Pinned};
+use crate::cuda::{poll_until, DevMem, Device, Event, Padded, Pinned};
 use crate::direction::{Data, NcclWire};
 use crate::fault::Faults;
 use crate::header::{failed_rank, header_len, parse_all, validate, Header};
@@ -873,7 +873,9 @@ pub(crate) fn check(r: nccl::ncclResult_t, what: &str) -> std::result::Result<()
 /// later op) calls [`Tracker::enforce`], which aborts *its* communicator once it is overdue:
 /// the stream moves on, and the waiting op's own communicator is left alone.
 pub(crate) struct Tracker {
-    launched: Mutex<VecDeque<Tracked>>,
+    /// Locked by the progress thread on every launch: away from the `Arc`'s counts, which
+    /// every issue (a completion's handle on the tracker) changes.
+    launched: Padded<Mutex<VecDeque<Tracked>>>,
     /// Communicators with parked sends / receives (see `p2p`), serviced by the progress thread
     /// between jobs, while idle and inside its waits ([`Tracker::service`]).
     active: Mutex<Vec<Arc<Channel>>>,
@@ -881,8 +883,10 @@ pub(crate) struct Tracker {
     /// The progress thread's queue, for [`Tracker::service_waiting`]'s look-ahead.
     queue: std::sync::OnceLock<std::sync::Weak<Shared>>,
     pub profile: Profile,
-    /// When [`Tracker::push`] last pruned.
-    last_prune: Mutex<Instant>,
+    /// When [`Tracker::push`] last pruned, in nanoseconds since `born` (read and written under
+    /// the `launched` lock: one lock per push, not two).
+    last_prune: AtomicU64,
+    born: Instant,
 }
 
 /// Where the progress thread's time goes, per job (off unless a benchmark turns it on:
@@ -932,12 +936,13 @@ struct Tracked {
 impl Tracker {
     fn new() -> Tracker {
         Tracker {
-            launched: Mutex::new(VecDeque::new()),
+            launched: Padded(Mutex::new(VecDeque::new())),
             active: Mutex::new(Vec::new()),
             any_active: AtomicBool::new(false),
             queue: std::sync::OnceLock::new(),
             profile: Profile::default(),
-            last_prune: Mutex::new(Instant::now()),
+            last_prune: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
@@ -1044,12 +1049,11 @@ impl Tracker {
         // `behind` may name an op that has just completed (its waiter then finds the stream
         // reached when it first looks).
         let now = Instant::now();
-        let mut last = self.last_prune.lock().unwrap_or_else(|e| e.into_inner());
-        if now.duration_since(*last) >= PRUNE_EVERY {
-            *last = now;
+        let now_ns = now.duration_since(self.born).as_nanos() as u64;
+        if now_ns.saturating_sub(self.last_prune.load(Ordering::Relaxed)) >= PRUNE_EVERY.as_nanos() as u64 {
+            self.last_prune.store(now_ns, Ordering::Relaxed);
             Self::prune(&mut l);
         }
-        drop(last);
         let behind = l.back().map(|t| t.ev.clone());
         let at = now;
         let reached = behind.is_none().then_some(at);
@@ -1081,6 +1085,10 @@ impl Tracker {
 
 struct QState {
     jobs: VecDeque<Job>,
+    /// The progress thread is (about to be) asleep on `cv`: set and cleared by it under the
+    /// lock, so [`Progress::submit`] wakes it only then (a spinning or busy thread looks at
+    /// the queue by itself; a notify is a system call on the issuing thread for every op).
+    waiting: bool,
     closed: bool,
     /// Set by the thread, under the lock, when it stops taking jobs.
     stopped: bool,
@@ -1090,12 +1098,15 @@ struct QState {
 type Current = Option<(Arc<Comm>, OpId, Instant)>;
 
 struct Shared {
-    q: Mutex<QState>,
+    /// The queue and its count of submitted jobs: written by the issuing threads.
+    q: Padded<Mutex<QState>>,
     cv: Condvar,
     /// Jobs submitted / finished so far.
     queued: AtomicU64,
-    finished: AtomicU64,
-    current: Mutex<Current>,
+    /// Written by the progress thread after every job; read by waiters (`flush`, `mark`).
+    finished: Padded<AtomicU64>,
+    /// The progress thread's and its watchdog's only.
+    current: Padded<Mutex<Current>>,
     exited: AtomicBool,
     tracker: Arc<Tracker>,
     /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
@@ -1111,11 +1122,11 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
-            q: Mutex::new(QState { jobs: VecDeque::new(), closed: false, stopped: false }),
+            q: Padded(Mutex::new(QState { jobs: VecDeque::new(), waiting: false, closed: false, stopped: false })),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
-            current: Mutex::new(None),
+            finished: Padded(AtomicU64::new(0)),
+            current: Padded(Mutex::new(None)),
             exited: AtomicBool::new(false),
             tracker: Arc::new(Tracker::new()),
             taken_ahead: AtomicU64::new(0),
@@ -1147,8 +1158,11 @@ impl Progress {
         let mut q = self.shared.q.lock().unwrap_or_else(|e| e.into_inner());
         q.jobs.push_back(job);
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        let asleep = q.waiting;
         drop(q);
-        self.shared.cv.notify_one();
+        if asleep {
+            self.shared.cv.notify_one();
+        }
     }
 
     /// How a communicator of this rank hands its teardown to this thread (queued behind every
@@ -1280,7 +1294,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                         q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
                         continue;
                     }
+                    q.waiting = true;
                     q = sh.cv.wait_timeout(q, busy_wait).unwrap_or_else(|e| e.into_inner()).0;
+                    q.waiting = false;
                     busy_wait = (busy_wait * 2).min(BUSY_WAIT_MAX);
                     if q.jobs.is_empty() {
                         drop(q);
@@ -1293,7 +1309,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                     q.stopped = true;
                     break None;
                 }
+                q.waiting = true;
                 q = sh.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.waiting = false;
             }
         };
         let Some(mut job) = job else { break };
@@ -1302,11 +1320,20 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         job.start(Instant::now());
         let (Some(id), Some(chan)) = (job.id(), job.chan().cloned()) else {
             // A teardown: bounded by itself; a panic in it must not end the thread.
+            *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
             sh.finished.fetch_add(1, Ordering::SeqCst);
             continue;
         };
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, Instant::now()));
+        {
+            // The communicator of the job before, when it is the same, is kept (no count
+            // change on it: the issuing thread changes the same counts on every op).
+            let mut cur = sh.current.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *cur {
+                Some((comm, i, since)) if Arc::ptr_eq(comm, &chan.comm) => (*i, *since) = (id, Instant::now()),
+                slot => *slot = Some((chan.comm.clone(), id, Instant::now())),
+            }
+        }
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
@@ -1320,7 +1347,12 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             }
         }
         drop(chan);
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // Cleared once nothing is queued behind; with more queued, the next job replaces it
+        // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
+        // the queue would find the next job there).
+        if sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) {
+            *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         sh.finished.fetch_add(1, Ordering::SeqCst);
         if job_started.is_some() {
             sh.tracker.profile.add(0, job_started);
