@@ -34,8 +34,6 @@
 //!   for any order.
 //! * `legal3_two_passes`: every reduction writes its outputs twice, bytes `0xA5` first, then the
 //!   result (shm's `out_passes=2`): an output is the caller's only once the op completed.
-//! * `legal3_max_ws_3`: declares `max_world_size = 3` (not a power of two) and refuses larger
-//!   worlds at init.
 
 use crate::campaign::{spec, Spec};
 use crate::{lock, Buf, Bug, Mutant, Shm};
@@ -54,14 +52,11 @@ const LATE_FLAG: u8 = 1;
 const OUT_OF_ORDER: u8 = 2;
 const TERSE_ERRORS: u8 = 3;
 const COMPOSED: u8 = 4;
-const MAX_WS_3: u8 = 5;
-const ROUNDING_UNSPECIFIED: u8 = 6;
-const TWO_PASSES: u8 = 7;
+const ROUNDING_UNSPECIFIED: u8 = 5;
+const TWO_PASSES: u8 = 6;
 
 /// How long after completion [`LATE_FLAG`]'s flag turns true.
 const FLAG_LAG: Duration = Duration::from_millis(2);
-/// The largest world [`MAX_WS_3`] declares.
-const SMALL_MAX: usize = 3;
 
 /// One third-round legal variant of the shm backend (`K` picks it).
 #[derive(Default)]
@@ -121,12 +116,6 @@ pub fn catalogue() -> Vec<Spec> {
             "every reduction writes its outputs twice before completing: bytes 0xA5, then the result (shm's \
              out_passes=2)",
             &["all_reduce", "reduce_scatter"],
-        ),
-        spec::<Third<MAX_WS_3>>(
-            "legal3_max_ws_3",
-            "max_world_size = 3",
-            "declares max_world_size = 3 (not a power of two) and refuses to initialise a larger world (Unsupported)",
-            &["ws3", "ws4"],
         ),
     ]
 }
@@ -282,19 +271,12 @@ impl<const K: u8> Bug for Third<K> {
             w.options.retain(|(k, _)| k != key);
             w.options.push((key.into(), value.into()));
         }
-        if K == MAX_WS_3 && world.world_size > SMALL_MAX {
-            return Err(CollectiveError::Unsupported(format!(
-                "legal3_max_ws_3: worlds of up to {SMALL_MAX} ranks (this one has {})",
-                world.world_size
-            )));
-        }
         Ok(w)
     }
     fn capabilities(&self, s: &Shm) -> Capabilities {
         let mut c = s.inner.capabilities();
         match K {
             COMPOSED => c.validates_across_ranks = false,
-            MAX_WS_3 => c.max_world_size = c.max_world_size.min(SMALL_MAX),
             ROUNDING_UNSPECIFIED => c.rounding = Rounding::Unspecified,
             _ => {}
         }

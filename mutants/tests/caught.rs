@@ -331,7 +331,6 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
     ("legal3_rounding_unspecified", 1, 1, &["all_reduce::out::f16::sum::ws8::random", "numerics::round_once::f16::ws3"]),
     ("legal3_two_passes", 2, 0, &["all_reduce::inplace::f32::sum::ws3", "reduce_scatter_tensor::out::bf16::sum::ws4::random"]),
-    ("legal3_max_ws_3", 1, 1, &["all_reduce::out::f32::sum::ws3", "all_reduce::out::f32::sum::ws4"]),
 ];
 
 /// The op deadline of the stream backend's worlds (`concord_mutants::stream`): its mutants are
