@@ -98,7 +98,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<Third<COMPOSED>>(
             "legal3_composed",
-            "no cross-rank validation; composed ops",
+            "composed, no cross-rank",
             "declares validates_across_ranks = false; barrier is a one-element all_reduce, broadcast an all_gather \
              (the source's block), reduce an all_reduce, gather an all_gather (local rules from the rule table)",
             &["broadcast::", "reduce::", "gather::", "async::barrier"],
