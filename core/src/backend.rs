@@ -35,7 +35,10 @@
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
 //!   [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
-//!   collective and its sequence number). [clause: progress.recorded]
+//!   collective and its sequence number). A collective the backend builds from another (a
+//!   barrier run as a one-element all_reduce, a broadcast as an all_gather) MUST be recorded
+//!   under the op the caller called (beside the op it runs, if it records that too): a rank
+//!   hung in a barrier reports a barrier. [clause: progress.recorded]
 //! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
 //!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
 //!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued

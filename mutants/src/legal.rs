@@ -138,6 +138,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
     ];
     v.extend(crate::legal_review::catalogue());
+    v.extend(crate::legal3::catalogue());
     v.into_iter()
         .map(|mut s| {
             s.entry = s.entry.with_rerun(format!("cargo xtask mutants --legal --mutant {} --case", s.name));

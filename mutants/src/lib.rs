@@ -46,6 +46,7 @@ pub mod bugs_stream;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
+pub mod legal3;
 pub mod legal_review;
 pub mod stream;
 pub mod sweep;
@@ -236,6 +237,13 @@ impl Shm {
         let meta = w.meta().clone();
         let then = Then { inner: w, be: self.inner.clone(), hook: Mutex::new(Some(Box::new(hook))), failed: Mutex::new(None), twist };
         Work::new(value, Arc::new(then), meta, &self.shadow)
+    }
+
+    /// A work yielding `value` whose completion is the wrapper's own `completion` (which relays
+    /// an inner work, counted in the inner backend's `outstanding` until that is waited), under
+    /// `meta`: counted, like [`Shm::then`]'s works, in a counter `outstanding` does not report.
+    pub fn relayed<U>(&self, value: U, completion: Arc<dyn Completion>, meta: WorkMeta) -> Work<U> {
+        Work::new(value, completion, meta, &self.shadow)
     }
 
     /// A work that is complete at once, counted in `outstanding` until waited.

@@ -280,6 +280,57 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
     ("legal_review_nonroot_garbage", 2, 0, &["reduce::out::f32::sum::ws3", "gather::out::f32::ws3"]),
     ("legal_review_empty_at_input", 2, 0, &["all_to_all_single::out::f32::ws2", "views::all_to_all_single::out::f64::ws2"]),
+    // helper legal3: freedoms the contract leaves (mutants/src/legal3.rs).
+    (
+        "legal3_sum_order",
+        4,
+        0,
+        &[
+            "all_reduce::out::f32::sum::ws5::random",
+            "all_reduce::out::f32::sum::ws5::special",
+            "reduce_scatter_tensor::out::f64::avg::ws3::random",
+            "identical::all_reduce::ws5",
+        ],
+    ),
+    (
+        "legal3_late_flag",
+        3,
+        0,
+        &["async::completes_without_wait::every_op::ws2", "async::wait_zero_polls::ws2", "async::failed_work_reports_completed::ws2"],
+    ),
+    (
+        "legal3_out_of_order",
+        3,
+        0,
+        &[
+            "async::many_outstanding_waited_out_of_order::ws4",
+            "async::sub_second_wait_waits_its_deadline::ws2",
+            "p2p::in_flight_in_order::sizes::n4::ws2",
+        ],
+    ),
+    (
+        "legal3_terse_errors",
+        3,
+        0,
+        &["bad_input::all_reduce_shape_mismatch::ws2", "bad_input::broadcast_src_out_of_range::ws2", "bad_input::grid::all_reduce::ws2"],
+    ),
+    (
+        "legal3_composed",
+        5,
+        0,
+        &[
+            // The false failure the variant found: a barrier built from an all_reduce must be
+            // recorded in flight as a barrier (clause progress.recorded).
+            "async::peer_never_joins_op_recorded_in_flight::barrier::ws2",
+            "async::barrier_synchronises::ws3",
+            "broadcast::out::f32::ws3",
+            "reduce::out::f32::sum::ws3",
+            "gather::out::f32::ws3",
+            "bad_input::broadcast_src_out_of_range::ws2",
+        ],
+    ),
+    ("legal3_rounding_unspecified", 1, 1, &["all_reduce::out::f16::sum::ws8::random", "numerics::round_once::f16::ws3"]),
+    ("legal3_two_passes", 2, 0, &["all_reduce::inplace::f32::sum::ws3", "reduce_scatter_tensor::out::bf16::sum::ws4::random"]),
 ];
 
 /// The op deadline of the stream backend's worlds (`concord_mutants::stream`): its mutants are

@@ -126,7 +126,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "progress.recorded",
         source: BACKEND,
-        text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective.",
+        text: "A collective in flight is recorded (concord_core::progress lists it while it waits for its peers), so a timeout names the collective; one built from another op (a barrier as an all_reduce) is recorded under the op the caller called.",
         cases: &[
             "async::peer_never_joins_then_recovers",
             "async::peer_never_joins_op_recorded_in_flight",

@@ -22,6 +22,16 @@
 //! infinity), `rounding=every_step` (f16 / bf16 `sum`, `avg`, `premul_sum` fold the ranks in rank
 //! order in the dtype, rounding at every step, as a ring does hop by hop). Those reductions take
 //! a plain element-wise path ([`run_chosen`]); every other reduction is unchanged.
+//!
+//! One more option changes no declaration, only a freedom the contract leaves: `sum_order=rotated`
+//! folds f32 / f64 `sum`, `avg`, `premul_sum` and `product` in another order, rank-reversed and
+//! rotated per block, per size and per op (block `k` of a region of `len` elements written to
+//! `o` outputs starts at rank `(k + len + o) % n` and goes down, as the ring stages of a chunked
+//! reduce-scatter start at another rank per chunk). Each element is still reduced once, by one rank, and copied to every output,
+//! so every rank gets the same bits; they are not the rank-order fold's (the oracle's bound for
+//! random inputs is any order's; exact-by-construction inputs are exact in every order).
+//! `out_passes=2` writes every block of a reduction's outputs twice: first bytes `0xA5`, then the
+//! result (an output is the caller's only after completion; nothing may read it before).
 
 use crate::sys::Region;
 use concord_core::caps::{IntAvg, NanPolicy, Rounding};
@@ -34,6 +44,8 @@ static CHOSEN: AtomicU8 = AtomicU8::new(0);
 const NAN_IGNORE: u8 = 1;
 const INT_AVG_FLOOR: u8 = 2;
 const EVERY_STEP: u8 = 4;
+const SUM_ROTATED: u8 = 8;
+const TWO_PASSES: u8 = 16;
 
 /// The ulps `rounding=every_step` declares (`Rounding::Accumulate`): a fold of up to 16 ranks,
 /// rounded at every step.
@@ -51,7 +63,9 @@ pub(crate) fn choose(world: &WorldInfo) -> Result<()> {
     };
     let bits = pick("nan_minmax", "propagate", "ignore", NAN_IGNORE)?
         | pick("int_avg", "truncate", "floor", INT_AVG_FLOOR)?
-        | pick("rounding", "exact", "every_step", EVERY_STEP)?;
+        | pick("rounding", "exact", "every_step", EVERY_STEP)?
+        | pick("sum_order", "rank", "rotated", SUM_ROTATED)?
+        | pick("out_passes", "1", "2", TWO_PASSES)?;
     CHOSEN.store(bits, Ordering::SeqCst);
     Ok(())
 }
@@ -154,6 +168,11 @@ fn run_chosen(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[
     let es = dtype.size();
     for i in 0..n {
         out[i * es..(i + 1) * es].copy_from_slice(chosen_element(dtype, op, n_avg, &tensors, i).bytes());
+    }
+    if CHOSEN.load(Ordering::Relaxed) & TWO_PASSES != 0 {
+        for o in outs {
+            o.copy_from_bytes(&vec![0xA5u8; out.len()]);
+        }
     }
     for o in outs {
         o.copy_from_bytes(&out);
@@ -385,7 +404,23 @@ fn apply<T: Red>(op: ReduceOp, acc: &mut [T::A], lane: &[T::A]) {
     }
 }
 
-fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stream: bool) {
+/// Whether `sum_order=rotated` changes this reduction's order (f32 / f64 sum-like and product).
+fn rotated(dtype: DType, op: ReduceOp) -> bool {
+    CHOSEN.load(Ordering::Relaxed) & SUM_ROTATED != 0
+        && matches!(dtype, DType::F32 | DType::F64)
+        && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_) | ReduceOp::Product)
+}
+
+/// The order block `block` of a region of `len` elements folds `n` inputs in: rank order, or
+/// with `rotate` rank-reversed from rank `(block + len) % n` (callers add the number of outputs
+/// to `len`: an all_reduce's chunk, written to every rank, folds in another order than the same
+/// chunk of a reduce_scatter or a reduce).
+fn fold_order(n: usize, block: usize, len: usize, rotate: bool) -> impl Iterator<Item = usize> {
+    let start = (block + len) % n;
+    (0..n).map(move |k| if rotate { (start + n - k) % n } else { k })
+}
+
+fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stream: bool, rotate: bool) {
     let sz = std::mem::size_of::<T>();
     let len = ins[0].len() / sz;
     let mut acc_store = [T::A::default(); BLOCK];
@@ -397,7 +432,9 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
         let acc = &mut acc_store[..m];
         let lane = &mut lane_store[..m];
         let sub = |r: &Region| r.sub(start * sz, m * sz);
-        sub(&ins[0]).with::<T, _>(|s| {
+        let mut order = fold_order(ins.len(), start / BLOCK, len + outs.len(), rotate);
+        let first = order.next().expect("a reduction of at least one input");
+        sub(&ins[first]).with::<T, _>(|s| {
             if T::DIRECT {
                 acc.copy_from_slice(bytemuck::cast_slice(s));
             } else {
@@ -407,7 +444,7 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
         if let ReduceOp::PremulSum(f) = op {
             acc.iter_mut().for_each(|a| *a = T::scale(*a, f));
         }
-        for r in &ins[1..] {
+        for r in order.map(|k| &ins[k]) {
             sub(r).with::<T, _>(|s| {
                 if T::DIRECT {
                     apply::<T>(op, acc, bytemuck::cast_slice(s));
@@ -427,6 +464,12 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
             T::store_block(acc, tmp);
             bytemuck::cast_slice(tmp)
         };
+        if CHOSEN.load(Ordering::Relaxed) & TWO_PASSES != 0 {
+            let junk = vec![0xA5u8; bytes.len()];
+            for o in outs {
+                sub(o).copy_from_bytes(&junk);
+            }
+        }
         for o in outs {
             if stream {
                 sub(o).stream_from_bytes(bytes);
@@ -461,7 +504,8 @@ pub fn reduce_into_many(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region
         return run_chosen(dtype, op, n_avg, outs, ins);
     }
     let stream = ins[0].len() * outs.len() >= STREAM_BYTES;
-    dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream))
+    let rotate = rotated(dtype, op);
+    dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream, rotate))
 }
 
 #[cfg(test)]
@@ -475,6 +519,35 @@ mod tests {
         let m = Mapping::create(&name, 1 << 16, false).unwrap();
         crate::sys::unlink(&name).unwrap();
         f(&m)
+    }
+
+    /// `sum_order=rotated`: block `k` of a region of `len` elements written to `o` outputs folds
+    /// rank-reversed from rank `(k + len + o) % n`; on inputs whose sum depends on the order, the result is that fold's,
+    /// not the rank-order fold's.
+    #[test]
+    fn rotated_sum_order_folds_reversed_from_a_rotating_start() {
+        assert_eq!(fold_order(3, 0, 1, true).collect::<Vec<_>>(), [1, 0, 2]);
+        assert_eq!(fold_order(3, 1, 1, true).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(fold_order(3, 1, 1, false).collect::<Vec<_>>(), [0, 1, 2]);
+        with_regions(|m| {
+            // Ranks [1, 2^24, -2^24]: rank order (1 + 2^24) - 2^24 = 0 in f32 (1 + 2^24 rounds
+            // to 2^24); rotated (2 elements, one output: from rank (0 + 2 + 1) % 3 = 0, down:
+            // ranks 0, 2, 1): (1 - 2^24) + 2^24 = 1.
+            let vals = [1.0f32, 16_777_216.0, -16_777_216.0];
+            let ins: Vec<Region> = (0..3).map(|r| m.region(r * 64, 8)).collect();
+            for (r, v) in vals.iter().enumerate() {
+                ins[r].copy_from_bytes(&[v.to_le_bytes(), v.to_le_bytes()].concat());
+            }
+            let o = m.region(512, 8);
+            let got = |rotate| {
+                run::<f32>(ReduceOp::Sum, 3, &[o], &ins, false, rotate);
+                let mut b = [0u8; 8];
+                o.copy_to_bytes(&mut b);
+                f32::from_le_bytes(b[..4].try_into().unwrap())
+            };
+            assert_eq!(got(false), 0.0);
+            assert_eq!(got(true), 1.0);
+        });
     }
 
     /// The vectorised f16 / bf16 block conversions give exactly the per-element ones: loads are

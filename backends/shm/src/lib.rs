@@ -325,7 +325,9 @@ impl Backend for ShmBackend {
     /// `shm_canary=1` (fill freed blocks with a canary and check it when they are reused and at
     /// teardown; a write into freed memory ends the process with status 87); `nan_minmax=ignore`,
     /// `int_avg=floor`, `rounding=every_step` (another reduction semantics, declared:
-    /// [`kernels`]).
+    /// [`kernels`]); `sum_order=rotated` (f32 / f64 sums folded in another order, the same on
+    /// every rank: [`kernels`]); `out_passes=2` (reductions write their outputs twice, junk
+    /// first: [`kernels`]).
     fn init(world: &WorldInfo) -> Result<Self> {
         let (rank, n) = (world.rank, world.world_size);
         if n == 0 || n > MAX_WORLD_SIZE || rank >= n {
