@@ -42,7 +42,7 @@ impl Bug for AccumulateHugeUlps {
             return Ok(w);
         }
         let out = w.peek().clone();
-        Ok(s.then_as(w, out, |be, out| eighths(be, out)))
+        Ok(s.then_as(w, out, eighths))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let w = s.inner.all_reduce_(x, op)?;
@@ -50,7 +50,7 @@ impl Bug for AccumulateHugeUlps {
             return Ok(w);
         }
         let out = w.peek().clone();
-        Ok(s.then_as(w, out, |be, out| eighths(be, out)))
+        Ok(s.then_as(w, out, eighths))
     }
 }
 
