@@ -131,6 +131,11 @@
 //!   works there (`avg` divides by the group's size). Called on a subgroup, `ranks` are that
 //!   subgroup's ranks, not the world's. [clause: subgroups]
 //!   [clause: subgroups.reduce_ops]
+//! * A backend that declares [`Capabilities::subgroups`] `= false` MUST refuse every
+//!   `new_group` by name — `Unsupported`, or `BadInput` of kind `unsupported_op` — on every rank,
+//!   and stay usable; it MUST NOT return a communicator (nor `Ok(None)`), since the suites,
+//!   trusting the declaration, never run a collective on one (the `caps::subgroups` probe calls
+//!   `new_group` itself). [clause: caps.subgroups_declared]
 //!
 //! # Roots
 //! * `broadcast` `src` and the `root` of `reduce`, `gather` and `scatter` MUST be the same on
@@ -180,6 +185,12 @@
 //!   [`Capabilities::rounding`]; a backend that declares [`crate::Rounding::ExactThenRound`]
 //!   MUST produce the exact result rounded once to nearest-even, bit for bit.
 //!   [clause: numerics.round_once]
+//! * A backend that declares [`crate::Rounding::Accumulate`] `{ ulps }` MUST keep `ulps` within
+//!   [`crate::Rounding::accumulate_ulps_allowed`] of the communicator's size `n` (`2n`: a
+//!   reduction of `n` terms rounded at every step needs no more, whatever the order), on every
+//!   communicator it runs, subgroups included; a larger declaration FAILS every value check that
+//!   reads it, naming the declaration (a declared `ulps` of a million would otherwise pass
+//!   anything). [clause: numerics.accumulate_bound]
 //! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two). `s` MUST
 //!   be the same on every rank: differing factors are `BadInput` of kind `reduce_op_mismatch`
 //!   on every rank (rule 16 of [`crate::call`]; NCCL's per-rank `Σ s_r x_r` is not the

@@ -47,10 +47,39 @@ pub enum Rounding {
     /// its terms (`Σ|x_r|`, scaled like the result) of the exact result — with terms of one sign,
     /// `ulps` ulp of the result itself; where terms cancel, of the partial sums the rounding
     /// happened at (a bound relative to the result alone holds for no order of rounded steps).
-    /// The exact-rounding cases are UNSUPPORTED.
+    /// The exact-rounding cases are UNSUPPORTED. `ulps` MUST be at most
+    /// [`Rounding::accumulate_ulps_allowed`] of the communicator's size: the bound a fold of `n`
+    /// terms rounded at every step can need; a larger declaration is refused (the value checks
+    /// FAIL naming it), so no backend can loosen the check by declaring a large `ulps`.
     Accumulate { ulps: u32 },
     /// No promise (the exact-rounding cases are UNSUPPORTED).
     Unspecified,
+}
+
+impl Rounding {
+    /// The largest `ulps` a backend may declare in [`Rounding::Accumulate`] on a communicator of
+    /// `n` ranks: `2n` (`2` at one rank). A reduction of `n` terms rounded at every step rounds at
+    /// most `2n` times (`n - 1` additions, the `n` products of `premul_sum`, the division of
+    /// `avg`), each by at most half an ulp of a value below twice the terms' magnitude (a partial
+    /// sum of rounded terms may cross into the next binade): at most one ulp of the magnitude
+    /// each. Any order of rounded steps (a ring, a tree, a fold) is within it; a wider
+    /// accumulator needs less.
+    pub fn accumulate_ulps_allowed(n: usize) -> u32 {
+        (2 * n.max(1)).min(u32::MAX as usize) as u32
+    }
+
+    /// `Err` naming the declaration when it is [`Rounding::Accumulate`] with more `ulps` than
+    /// [`Rounding::accumulate_ulps_allowed`] of `n` (clause `numerics.accumulate_bound`).
+    pub fn check_bound(self, n: usize) -> Result<(), String> {
+        match self {
+            Rounding::Accumulate { ulps } if ulps > Rounding::accumulate_ulps_allowed(n) => Err(format!(
+                "the backend declares Rounding::Accumulate {{ ulps: {ulps} }} on a communicator of {n} rank(s); the contract allows at \
+                 most {} (2 per rank: a reduction of {n} term(s) rounded at every step needs no more) [clause: numerics.accumulate_bound]",
+                Rounding::accumulate_ulps_allowed(n)
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// How a backend provides the fused communication + compute ops ([`crate::fused`]). Either
@@ -102,6 +131,9 @@ pub struct Capabilities {
     pub validates_across_ranks: bool,
     /// Whether the values the backend moves are real (false for the fake backend).
     pub moves_data: bool,
+    /// Whether `new_group` makes communicators. If false, every `new_group` MUST be refused by
+    /// name on every rank (`Unsupported` or `bad_input:unsupported_op`, never a communicator),
+    /// and cases that need a group are UNSUPPORTED.
     pub subgroups: bool,
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).
     pub rounding: Rounding,
@@ -181,5 +213,16 @@ mod tests {
         assert!(c.check_call(OpKind::Broadcast, None, Some(DType::F32), None).is_ok());
         assert!(c.check_call(OpKind::Broadcast, None, Some(DType::U16), None).is_err());
         assert_eq!(c.check_call(OpKind::Reduce, Some(Variant::Out), None, Some(ReduceOp::BAnd)), Err("no bitwise".into()));
+    }
+
+    #[test]
+    fn accumulate_ulps_are_bounded_by_the_world_size() {
+        assert_eq!(Rounding::accumulate_ulps_allowed(1), 2);
+        assert_eq!(Rounding::accumulate_ulps_allowed(16), 32);
+        assert!(Rounding::Accumulate { ulps: 32 }.check_bound(16).is_ok());
+        let e = Rounding::Accumulate { ulps: 33 }.check_bound(16).unwrap_err();
+        assert!(e.contains("ulps: 33") && e.contains("at most 32") && e.contains("numerics.accumulate_bound"), "{e}");
+        assert!(Rounding::Accumulate { ulps: 1_000_000 }.check_bound(64).is_err());
+        assert!(Rounding::ExactThenRound.check_bound(1).is_ok() && Rounding::Unspecified.check_bound(1).is_ok());
     }
 }

@@ -18,6 +18,7 @@ use concord_core::caps::{AliasPolicy, FusedImpl, Gap};
 use concord_core::fused::{self as fu, Gathered, Scaling};
 use concord_core::{Backend, Capabilities, CollectiveError, DType, OpKind, ReduceOp, Result, Variant, Work, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Which legal choice a [`Legal`] makes (one type per choice: the catalogue's makers are
@@ -43,6 +44,8 @@ const SMALL_MAX: usize = 8;
 pub struct Legal<const K: u8> {
     /// Ops issued on this communicator (the slow variant's schedule).
     seq: AtomicU64,
+    /// What this communicator declares, built once (every call's refusal reads it).
+    caps: OnceLock<Capabilities>,
 }
 
 /// Every legal variant (a [`Spec`] like a mutant's; its rerun line goes through `--legal`).
@@ -182,10 +185,17 @@ const fn options(k: u8) -> &'static [(&'static str, &'static str)] {
     }
 }
 
+impl<const K: u8> Legal<K> {
+    /// What `K` declares on this communicator ([`declared`], built on first use).
+    fn caps(&self, s: &Shm) -> &Capabilities {
+        self.caps.get_or_init(|| declared::<K>(s))
+    }
+}
+
 /// Refuses a call its variant declares unsupported (`Unsupported`, the same on every rank: the
 /// declaration is the same everywhere).
-fn refuse<const K: u8>(s: &Shm, op: OpKind, variant: Variant, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
-    declared::<K>(s).check(op, Some(variant), Some(dtype), reduce, s.ws()).map_err(CollectiveError::Unsupported)
+fn refuse<const K: u8>(l: &Legal<K>, s: &Shm, op: OpKind, variant: Variant, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+    l.caps(s).check(op, Some(variant), Some(dtype), reduce, s.ws()).map_err(CollectiveError::Unsupported)
 }
 
 /// The byte range of `b` in memory.
@@ -282,92 +292,92 @@ impl<const K: u8> Bug for Legal<K> {
         Ok(world.clone())
     }
     fn capabilities(&self, s: &Shm) -> Capabilities {
-        declared::<K>(s)
+        self.caps(s).clone()
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::AllReduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
+        refuse::<K>(self, s, OpKind::AllReduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
         Ok(self.late(s.inner.all_reduce(x, op)?))
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::AllReduce, Variant::InPlace, s.inner.buffer_dtype(x), Some(op))?;
+        refuse::<K>(self, s, OpKind::AllReduce, Variant::InPlace, s.inner.buffer_dtype(x), Some(op))?;
         Ok(self.late(s.inner.all_reduce_(x, op)?))
     }
     fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
-            refuse::<K>(s, OpKind::AllReduce, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
+            refuse::<K>(self, s, OpKind::AllReduce, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
         }
         Ok(self.late(s.inner.all_reduce_coalesced(xs, op)?))
     }
     fn all_reduce_coalesced_(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
-            refuse::<K>(s, OpKind::AllReduce, Variant::CoalescedInPlace, s.inner.buffer_dtype(x), Some(op))?;
+            refuse::<K>(self, s, OpKind::AllReduce, Variant::CoalescedInPlace, s.inner.buffer_dtype(x), Some(op))?;
         }
         Ok(self.late(s.inner.all_reduce_coalesced_(xs, op)?))
     }
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::AllGatherIntoTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.all_gather_into_tensor(x)?))
     }
     fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::AllGatherIntoTensor, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
         let x = if K == ALIAS_CORRECT { unaliased(s, x, out)? } else { x.clone() };
         Ok(self.late(s.inner.all_gather_into_tensor_out(&x, out)?))
     }
     fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
         for x in xs {
-            refuse::<K>(s, OpKind::AllGatherIntoTensor, Variant::Coalesced, s.inner.buffer_dtype(x), None)?;
+            refuse::<K>(self, s, OpKind::AllGatherIntoTensor, Variant::Coalesced, s.inner.buffer_dtype(x), None)?;
         }
         Ok(self.late(s.inner.all_gather_into_tensor_coalesced(xs)?))
     }
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
+        refuse::<K>(self, s, OpKind::ReduceScatterTensor, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
         Ok(self.late(s.inner.reduce_scatter_tensor(x, op)?))
     }
     fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::OutBuf, s.inner.buffer_dtype(x), Some(op))?;
+        refuse::<K>(self, s, OpKind::ReduceScatterTensor, Variant::OutBuf, s.inner.buffer_dtype(x), Some(op))?;
         let x = if K == ALIAS_CORRECT { unaliased(s, x, out)? } else { x.clone() };
         Ok(self.late(s.inner.reduce_scatter_tensor_out(&x, op, out)?))
     }
     fn reduce_scatter_tensor_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
         for x in xs {
-            refuse::<K>(s, OpKind::ReduceScatterTensor, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
+            refuse::<K>(self, s, OpKind::ReduceScatterTensor, Variant::Coalesced, s.inner.buffer_dtype(x), Some(op))?;
         }
         Ok(self.late(s.inner.reduce_scatter_tensor_coalesced(xs, op)?))
     }
     fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::AllToAllSingle, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::AllToAllSingle, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.all_to_all_single(x, o, i)?))
     }
     fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::Broadcast, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::Broadcast, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.broadcast(x, src)?))
     }
     fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::Broadcast, Variant::InPlace, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::Broadcast, Variant::InPlace, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.broadcast_(x, src)?))
     }
     fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::PermuteTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::PermuteTensor, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.permute_tensor(x, src_dst)?))
     }
     fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::Reduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
+        refuse::<K>(self, s, OpKind::Reduce, Variant::Out, s.inner.buffer_dtype(x), Some(op))?;
         Ok(self.late(s.inner.reduce(x, op, root)?))
     }
     fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::Gather, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::Gather, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.gather(x, root)?))
     }
     fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::Scatter, Variant::Out, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::Scatter, Variant::Out, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.scatter(x, root)?))
     }
     fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
-        refuse::<K>(s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
+        refuse::<K>(self, s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
         Ok(self.late(s.inner.send(x, dst)?))
     }
     fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
-        refuse::<K>(s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(out), None)?;
+        refuse::<K>(self, s, OpKind::SendRecv, Variant::OutBuf, s.inner.buffer_dtype(out), None)?;
         Ok(self.late(s.inner.recv(out, src)?))
     }
     fn barrier(&self, s: &Shm) -> Result<Work<()>> {

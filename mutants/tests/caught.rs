@@ -212,9 +212,11 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
     (
         "legal_no_subgroups",
-        1,
+        2,
         3,
         &[
+            // risks: `new_group` itself, refused by name (clause caps.subgroups_declared).
+            "caps::subgroups::ws2",
             "programs::p0::ws2",
             "bad_input::new_group_empty::ws2",
             "p2p::group_and_world_messages_apart::ws2",

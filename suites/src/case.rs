@@ -243,6 +243,11 @@ pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseRes
 /// case mixing calls: it skips its declared gaps itself), or an op that is no [`OpKind`], names
 /// no call. The suite `caps` is never gated: its cases read the declarations themselves (and
 /// check that the declared gaps are refused).
+///
+/// A declared gap excuses the call it names only, never a different clause's check: a case that
+/// merely carries its check on a call (the fault cases' all_reduce) names every call it may
+/// carry it on (`sum,max,min,product`) and picks one the backend supports, so a narrow gap on
+/// one vehicle does not skip the case.
 pub fn declared_gap(caps: &concord_core::Capabilities, meta: &CaseMeta) -> Option<String> {
     use concord_core::{DType, OpKind, ReduceOp, Variant};
     if meta.suite == "caps" {

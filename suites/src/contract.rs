@@ -359,6 +359,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "wild_groups::nested::"],
     },
     Clause {
+        id: "caps.subgroups_declared",
+        source: BACKEND,
+        text: "A backend declaring subgroups = false refuses every new_group by name (unsupported | bad_input:unsupported_op) on every rank, never returns a communicator, and stays usable.",
+        cases: &["caps::subgroups::"],
+    },
+    Clause {
         id: "init.rank_is_the_launchers",
         source: BACKEND,
         text: "After init, the communicator's rank and world size are the launcher's (checked at every world's setup, on every rank).",
@@ -437,6 +443,12 @@ pub const CLAUSES: &[Clause] = &[
         source: BACKEND,
         text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max; min / max treat NaN as declared on every reducing call.",
         cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::", "numerics::nan_minmax::"],
+    },
+    Clause {
+        id: "numerics.accumulate_bound",
+        source: BACKEND,
+        text: "A backend declaring Rounding::Accumulate { ulps } keeps ulps within 2n on a communicator of n ranks (the bound of a reduction rounded at every step); a larger declaration fails every value check that reads it.",
+        cases: &["all_reduce::out::f16::sum::", "reduce_scatter_tensor::out::bf16::avg::"],
     },
     Clause {
         id: "numerics.round_once",

@@ -321,6 +321,11 @@ impl<B: Backend> Prepared<B> {
                 let signed = zero_sum_sign(spec.reduce, &got, exp);
                 let exp = signed.as_ref().unwrap_or(exp);
                 let tol = value_tolerance(spec, ws, caps.rounding);
+                // A declared `Accumulate { ulps }` beyond what a reduction of `ws` terms can
+                // need is refused, not read: it would loosen the check to nothing.
+                if matches!(tol, Tolerance::Ulps(_)) {
+                    caps.rounding.check_bound(ws).map_err(|m| fail(format!("{tag}{m}")))?;
+                }
                 let checked = match (&self.magnitudes[t], tol) {
                     (Some(mag), Tolerance::Ulps(ulps)) => within_ulps_of_terms(&got, exp, mag, ulps),
                     _ => compare(&got, exp, tol),

@@ -9,7 +9,6 @@
 
 use crate::arena::World;
 use crate::ctl::{Ctl, Entry, WaitErr, V_CLAIMED, V_WITHDRAWN};
-use crate::kernels::{reduce_into, reduce_into_many};
 use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
@@ -42,6 +41,8 @@ pub struct Comm {
     pub fault: Vec<Fault>,
     /// Ops issued so far (collectives, `new_group`, sends and receives), to find a fault's op.
     pub issued: AtomicU64,
+    /// The reduction semantics chosen by the world's options (inherited by subgroups).
+    pub chosen: crate::kernels::Chosen,
 }
 
 impl Comm {
@@ -591,7 +592,7 @@ impl Progress {
             }
         }
         let calls: Vec<CallDesc> = posts.iter().map(|p| p.call.clone()).collect();
-        if let Err(e) = validate_all(&calls, &crate::caps()) {
+        if let Err(e) = validate_all(&calls, &crate::caps(&comm)) {
             self.barrier(name, seq, deadline, started)?;
             return Err(e.into_error(name, seq, me));
         }
@@ -657,7 +658,7 @@ impl Progress {
                     let (off, len) = chunk(d.nbytes(), me, d.dtype.size());
                     let ins: Vec<Region> = (0..n).map(|r| inp(r, i).sub(off, len)).collect();
                     let outs: Vec<Region> = (0..n).map(|r| out(r, i).sub(off, len)).collect();
-                    reduce_into_many(d.dtype, op, n, &outs, &ins);
+                    comm.chosen.reduce_into_many(d.dtype, op, n, &outs, &ins);
                 }
             }
             CallOp::AllGather => {
@@ -672,7 +673,7 @@ impl Progress {
                 for (i, d) in p0.inputs.iter().enumerate() {
                     let nb = d.nbytes() / n;
                     let ins: Vec<Region> = (0..n).map(|r| inp(r, i).sub(me * nb, nb)).collect();
-                    reduce_into(d.dtype, op, n, out(me, i), &ins);
+                    comm.chosen.reduce_into(d.dtype, op, n, out(me, i), &ins);
                 }
             }
             CallOp::AllToAll => {
@@ -700,7 +701,7 @@ impl Progress {
                 let d = &p0.inputs[0];
                 let (off, len) = chunk(d.nbytes(), me, d.dtype.size());
                 let ins: Vec<Region> = (0..n).map(|r| inp(r, 0).sub(off, len)).collect();
-                reduce_into(d.dtype, op, n, out(root, 0).sub(off, len), &ins);
+                comm.chosen.reduce_into(d.dtype, op, n, out(root, 0).sub(off, len), &ins);
             }
             CallOp::Gather => {
                 let root = p0.call.root.expect("validated");
@@ -809,7 +810,7 @@ impl Progress {
             None => Err((BadInputKind::DTypeMismatch, format!("rank {src} sends an unknown dtype (code {})", e.dtype))),
             Some(dtype) => {
                 let send = CallDesc::p2p(CallOp::Send, src, TensorDesc::new(dtype, &[e.numel as usize]), comm.me);
-                validate_pair(&recv, &send, comm.n, &crate::caps()).map_err(|b| (b.kind, b.detail))
+                validate_pair(&recv, &send, comm.n, &crate::caps(&comm)).map_err(|b| (b.kind, b.detail))
             }
         };
         if verdict.is_ok() {

@@ -16,12 +16,13 @@
 //! alias an input (in-place all_reduce) without two live views of the same bytes.
 //!
 //! Three backend options choose another semantics where the contract leaves the choice to the
-//! backend (each declared in the capabilities, [`declare`]; the campaign's legal variants run the
+//! backend (each declared in the capabilities, [`Chosen::declare`]; the campaign's legal variants run the
 //! catalogue with each): `nan_minmax=ignore` (float `min` / `max` skip NaN inputs, IEEE
 //! `maxNum`, as NCCL does), `int_avg=floor` (a signed integer `avg` rounds toward negative
 //! infinity), `rounding=every_step` (f16 / bf16 `sum`, `avg`, `premul_sum` fold the ranks in rank
 //! order in the dtype, rounding at every step, as a ring does hop by hop). Those reductions take
-//! a plain element-wise path ([`run_chosen`]); every other reduction is unchanged.
+//! a plain element-wise path ([`run_chosen`]); every other reduction is unchanged. The choice is
+//! the communicator's ([`Chosen`]), not the process's.
 //!
 //! One more option changes no declaration, only a freedom the contract leaves: `sum_order=rotated`
 //! folds f32 / f64 `sum`, `avg`, `premul_sum` and `product` in another order, rank-reversed and
@@ -37,22 +38,32 @@ use crate::sys::Region;
 use concord_core::caps::{IntAvg, NanPolicy, Rounding};
 use concord_core::{dispatch_dtype, Capabilities, CollectiveError, DType, ReduceOp, Result, Tensor, WorldInfo};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
-use std::sync::atomic::{AtomicU8, Ordering};
 
-/// The chosen semantics (bits below; 0: the defaults). Process-wide: a worker joins one world.
-static CHOSEN: AtomicU8 = AtomicU8::new(0);
+/// The chosen semantics of one communicator (bits below; the default: none). Read from the
+/// world's options at `init` ([`choose`]), kept by the communicator and inherited by its
+/// subgroups: two worlds in one process keep their own choices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chosen(u8);
 const NAN_IGNORE: u8 = 1;
 const INT_AVG_FLOOR: u8 = 2;
 const EVERY_STEP: u8 = 4;
 const SUM_ROTATED: u8 = 8;
 const TWO_PASSES: u8 = 16;
 
-/// The ulps `rounding=every_step` declares (`Rounding::Accumulate`): a fold of up to 16 ranks,
-/// rounded at every step.
-pub const EVERY_STEP_ULPS: u32 = 16;
+/// The ulps `rounding=every_step` declares (`Rounding::Accumulate`) on a communicator of `n`
+/// ranks: `ceil(1.5 n)`, the most its fold can need. A fold of `n` terms rounded at every step
+/// rounds `n` products of `premul_sum` (each off by at most half an ulp of a term, below the
+/// terms' magnitude `m`), `n - 1` partial sums (each off by at most half an ulp of a value
+/// below `m` plus the products' rounding, which may reach the next binade: one ulp of `m`) and,
+/// for `avg`, the quotient (exact at one rank; its rounding and the scaled sum's stay within the
+/// same count of the average's magnitude). Within the contract's `2n`
+/// ([`Rounding::accumulate_ulps_allowed`]) at every world size shm accepts.
+pub fn every_step_ulps(n: usize) -> u32 {
+    (3 * n.max(1)).div_ceil(2) as u32
+}
 
-/// Reads the options `nan_minmax`, `int_avg` and `rounding` (called by `init`).
-pub(crate) fn choose(world: &WorldInfo) -> Result<()> {
+/// Reads the options `nan_minmax`, `int_avg`, `rounding`, `sum_order` and `out_passes` (called by `init`).
+pub(crate) fn choose(world: &WorldInfo) -> Result<Chosen> {
     let pick = |key: &str, default: &str, other: &str, bit: u8| -> Result<u8> {
         match world.option(key) {
             None => Ok(0),
@@ -61,38 +72,67 @@ pub(crate) fn choose(world: &WorldInfo) -> Result<()> {
             Some(v) => Err(CollectiveError::Backend(format!("option {key}={v}: expected {default} or {other}"))),
         }
     };
-    let bits = pick("nan_minmax", "propagate", "ignore", NAN_IGNORE)?
-        | pick("int_avg", "truncate", "floor", INT_AVG_FLOOR)?
-        | pick("rounding", "exact", "every_step", EVERY_STEP)?
-        | pick("sum_order", "rank", "rotated", SUM_ROTATED)?
-        | pick("out_passes", "1", "2", TWO_PASSES)?;
-    CHOSEN.store(bits, Ordering::SeqCst);
-    Ok(())
+    Ok(Chosen(
+        pick("nan_minmax", "propagate", "ignore", NAN_IGNORE)?
+            | pick("int_avg", "truncate", "floor", INT_AVG_FLOOR)?
+            | pick("rounding", "exact", "every_step", EVERY_STEP)?
+            | pick("sum_order", "rank", "rotated", SUM_ROTATED)?
+            | pick("out_passes", "1", "2", TWO_PASSES)?,
+    ))
 }
 
-/// The chosen semantics in the capabilities.
-pub(crate) fn declare(c: &mut Capabilities) {
-    let bits = CHOSEN.load(Ordering::Relaxed);
-    if bits & NAN_IGNORE != 0 {
-        c.nan_minmax = NanPolicy::Ignore;
+impl Chosen {
+    /// The chosen semantics in the capabilities of a communicator of `n` ranks.
+    pub(crate) fn declare(self, c: &mut Capabilities, n: usize) {
+        if self.0 & NAN_IGNORE != 0 {
+            c.nan_minmax = NanPolicy::Ignore;
+        }
+        if self.0 & INT_AVG_FLOOR != 0 {
+            c.int_avg = IntAvg::Floor;
+        }
+        if self.0 & EVERY_STEP != 0 {
+            c.rounding = Rounding::Accumulate { ulps: every_step_ulps(n) };
+        }
     }
-    if bits & INT_AVG_FLOOR != 0 {
-        c.int_avg = IntAvg::Floor;
-    }
-    if bits & EVERY_STEP != 0 {
-        c.rounding = Rounding::Accumulate { ulps: EVERY_STEP_ULPS };
-    }
-}
 
-/// Whether the chosen semantics changes this reduction.
-fn chosen_changes(dtype: DType, op: ReduceOp) -> bool {
-    let bits = CHOSEN.load(Ordering::Relaxed);
-    let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
-    (bits & NAN_IGNORE != 0 && float && matches!(op, ReduceOp::Min | ReduceOp::Max))
-        || (bits & INT_AVG_FLOOR != 0 && op == ReduceOp::Avg && matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64))
-        || (bits & EVERY_STEP != 0
-            && matches!(dtype, DType::F16 | DType::BF16)
-            && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)))
+    /// Whether the chosen semantics changes this reduction.
+    fn changes(self, dtype: DType, op: ReduceOp) -> bool {
+        let bits = self.0;
+        let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+        (bits & NAN_IGNORE != 0 && float && matches!(op, ReduceOp::Min | ReduceOp::Max))
+            || (bits & INT_AVG_FLOOR != 0 && op == ReduceOp::Avg && matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64))
+            || (bits & EVERY_STEP != 0
+                && matches!(dtype, DType::F16 | DType::BF16)
+                && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)))
+    }
+
+    /// [`reduce_into_many`] under this communicator's chosen semantics.
+    pub fn reduce_into_many(self, dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region]) {
+        check_regions(outs, ins);
+        if self.changes(dtype, op) {
+            return run_chosen(dtype, op, n_avg, outs, ins, self.two_passes());
+        }
+        let stream = ins[0].len() * outs.len() >= STREAM_BYTES;
+        let (rotate, two) = (self.rotated(dtype, op), self.two_passes());
+        dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream, rotate, two))
+    }
+
+    /// Whether `sum_order=rotated` changes this reduction's order (f32 / f64 sum-like and product).
+    fn rotated(self, dtype: DType, op: ReduceOp) -> bool {
+        self.0 & SUM_ROTATED != 0
+            && matches!(dtype, DType::F32 | DType::F64)
+            && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_) | ReduceOp::Product)
+    }
+
+    /// Whether `out_passes=2`: outputs written twice, junk first.
+    fn two_passes(self) -> bool {
+        self.0 & TWO_PASSES != 0
+    }
+
+    /// [`reduce_into`] under this communicator's chosen semantics.
+    pub fn reduce_into(self, dtype: DType, op: ReduceOp, n_avg: usize, out: Region, ins: &[Region]) {
+        self.reduce_into_many(dtype, op, n_avg, &[out], ins)
+    }
 }
 
 /// Element `i` of a signed integer tensor, exactly.
@@ -117,65 +157,94 @@ fn floor_avg(dtype: DType, vals: impl Iterator<Item = i64>, n: usize) -> Tensor 
     }
 }
 
-/// One element of a reduction under the chosen semantics, from every input's element `i` (in
-/// rank order): the element's bytes.
-fn chosen_element(dtype: DType, op: ReduceOp, n_avg: usize, ins: &[Tensor], i: usize) -> Tensor {
-    let one = |v: f64| Tensor::from_f64(dtype, &[1], &[v]);
-    match op {
-        ReduceOp::Min | ReduceOp::Max => {
-            // NaN inputs skipped; all NaN: the first one, bits and all. Ties order -0.0 < +0.0.
-            let max = op == ReduceOp::Max;
-            let kept: Vec<f64> = ins.iter().map(|t| t.get_f64(i)).filter(|v| !v.is_nan()).collect();
-            let Some(&first) = kept.first() else { return ins[0].slice_rows(i, 1) };
-            let v = kept[1..].iter().fold(first, |a, &b| {
-                let b_wins = if a == b { b.is_sign_negative() != max } else { (b > a) == max };
-                if b_wins {
-                    b
-                } else {
-                    a
-                }
-            });
-            one(v)
-        }
-        ReduceOp::Avg if !matches!(dtype, DType::F16 | DType::BF16) => floor_avg(dtype, ins.iter().map(|t| int_at(t, i)), n_avg),
-        _ => {
-            // f16 / bf16, rounded to the dtype at every step.
-            let round = |v: f64| one(v).get_f64(0);
-            let f = if let ReduceOp::PremulSum(f) = op { f } else { 1.0 };
-            let mut acc = round(ins[0].get_f64(i) * f);
-            for t in &ins[1..] {
-                acc = round(acc + round(t.get_f64(i) * f));
-            }
-            if op == ReduceOp::Avg {
-                acc = round(acc / n_avg as f64);
-            }
-            one(acc)
-        }
+/// `v` rounded once to `dtype` (f16 / bf16), to nearest even, as f64 (core's one rounding rule,
+/// as `Tensor::from_f64`).
+fn round_half(dtype: DType, v: f64) -> f64 {
+    use concord_core::Element;
+    match dtype {
+        DType::F16 => <f16 as Element>::from_f64(v).to_f64(),
+        _ => <bf16 as Element>::from_f64(v).to_f64(),
     }
 }
 
-/// A reduction under the chosen semantics, element by element: every input is read before any
-/// output is written (an output may be an input).
-fn run_chosen(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region]) {
-    let n = ins[0].len() / dtype.size();
-    let read = |r: &Region| {
-        let mut b = vec![0u8; r.len()];
-        r.copy_to_bytes(&mut b);
-        Tensor::from_bytes(dtype, &[n], &b)
-    };
-    let tensors: Vec<Tensor> = ins.iter().map(read).collect();
-    let mut out = vec![0u8; ins[0].len()];
+/// A reduction under the chosen semantics, element by element (each input read once into a
+/// lane of f64 or i64, the output built once): every input is read before any output is
+/// written (an output may be an input).
+fn run_chosen(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], two_passes: bool) {
     let es = dtype.size();
-    for i in 0..n {
-        out[i * es..(i + 1) * es].copy_from_slice(chosen_element(dtype, op, n_avg, &tensors, i).bytes());
-    }
-    if CHOSEN.load(Ordering::Relaxed) & TWO_PASSES != 0 {
+    let n = ins[0].len() / es;
+    let tensors: Vec<Tensor> = ins
+        .iter()
+        .map(|r| {
+            let mut b = vec![0u8; r.len()];
+            r.copy_to_bytes(&mut b);
+            Tensor::from_bytes(dtype, &[n], &b)
+        })
+        .collect();
+    let out: Tensor = match op {
+        ReduceOp::Avg if !matches!(dtype, DType::F16 | DType::BF16) => {
+            // Signed integers: the wrapped sum floor-divided by the rank count.
+            let lanes: Vec<Vec<i64>> = tensors.iter().map(|t| (0..n).map(|i| int_at(t, i)).collect()).collect();
+            let mut bytes = Vec::with_capacity(n * es);
+            for i in 0..n {
+                bytes.extend_from_slice(floor_avg(dtype, lanes.iter().map(|l| l[i]), n_avg).bytes());
+            }
+            Tensor::from_bytes(dtype, &[n], &bytes)
+        }
+        ReduceOp::Min | ReduceOp::Max => {
+            // NaN inputs skipped; all NaN: the first one, bits and all. Ties order -0.0 < +0.0.
+            let max = op == ReduceOp::Max;
+            let lanes: Vec<Vec<f64>> = tensors.iter().map(|t| (0..n).map(|i| t.get_f64(i)).collect()).collect();
+            let mut vals = vec![0f64; n];
+            let mut all_nan = Vec::new();
+            for (i, v) in vals.iter_mut().enumerate() {
+                let mut kept = lanes.iter().map(|l| l[i]).filter(|v| !v.is_nan());
+                let Some(first) = kept.next() else {
+                    all_nan.push(i);
+                    continue;
+                };
+                *v = kept.fold(first, |a, b| {
+                    let b_wins = if a == b { b.is_sign_negative() != max } else { (b > a) == max };
+                    if b_wins {
+                        b
+                    } else {
+                        a
+                    }
+                });
+            }
+            let mut t = Tensor::from_f64(dtype, &[n], &vals);
+            for i in all_nan {
+                t.bytes_mut()[i * es..(i + 1) * es].copy_from_slice(&tensors[0].bytes()[i * es..(i + 1) * es]);
+            }
+            t
+        }
+        _ => {
+            // f16 / bf16 sum, avg, premul_sum: folded in rank order, rounded to the dtype at
+            // every step.
+            let f = if let ReduceOp::PremulSum(f) = op { f } else { 1.0 };
+            let lanes: Vec<Vec<f64>> = tensors.iter().map(|t| (0..n).map(|i| t.get_f64(i)).collect()).collect();
+            let vals: Vec<f64> = (0..n)
+                .map(|i| {
+                    let mut acc = round_half(dtype, lanes[0][i] * f);
+                    for l in &lanes[1..] {
+                        acc = round_half(dtype, acc + round_half(dtype, l[i] * f));
+                    }
+                    if op == ReduceOp::Avg {
+                        acc = round_half(dtype, acc / n_avg as f64);
+                    }
+                    acc
+                })
+                .collect();
+            Tensor::from_f64(dtype, &[n], &vals)
+        }
+    };
+    if two_passes {
         for o in outs {
-            o.copy_from_bytes(&vec![0xA5u8; out.len()]);
+            o.copy_from_bytes(&vec![0xA5u8; out.bytes().len()]);
         }
     }
     for o in outs {
-        o.copy_from_bytes(&out);
+        o.copy_from_bytes(out.bytes());
     }
 }
 
@@ -404,13 +473,6 @@ fn apply<T: Red>(op: ReduceOp, acc: &mut [T::A], lane: &[T::A]) {
     }
 }
 
-/// Whether `sum_order=rotated` changes this reduction's order (f32 / f64 sum-like and product).
-fn rotated(dtype: DType, op: ReduceOp) -> bool {
-    CHOSEN.load(Ordering::Relaxed) & SUM_ROTATED != 0
-        && matches!(dtype, DType::F32 | DType::F64)
-        && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_) | ReduceOp::Product)
-}
-
 /// The order block `block` of a region of `len` elements folds `n` inputs in: rank order, or
 /// with `rotate` rank-reversed from rank `(block + len) % n` (callers add the number of outputs
 /// to `len`: an all_reduce's chunk, written to every rank, folds in another order than the same
@@ -420,7 +482,7 @@ fn fold_order(n: usize, block: usize, len: usize, rotate: bool) -> impl Iterator
     (0..n).map(move |k| if rotate { (start + n - k) % n } else { k })
 }
 
-fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stream: bool, rotate: bool) {
+fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stream: bool, rotate: bool, two_passes: bool) {
     let sz = std::mem::size_of::<T>();
     let len = ins[0].len() / sz;
     let mut acc_store = [T::A::default(); BLOCK];
@@ -464,7 +526,7 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
             T::store_block(acc, tmp);
             bytemuck::cast_slice(tmp)
         };
-        if CHOSEN.load(Ordering::Relaxed) & TWO_PASSES != 0 {
+        if two_passes {
             let junk = vec![0xA5u8; bytes.len()];
             for o in outs {
                 sub(o).copy_from_bytes(&junk);
@@ -488,24 +550,25 @@ fn run<T: Red>(op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region], stre
 const STREAM_BYTES: usize = 1 << 20;
 
 /// `out = reduce(op, ins)` element-wise; `avg` divides by `n_avg`. All regions have the same
-/// length; `out` may be one of `ins`.
+/// length; `out` may be one of `ins`. The default semantics ([`Chosen::reduce_into`]: a
+/// communicator's own; the unit tests' entry).
+#[cfg(test)]
 pub fn reduce_into(dtype: DType, op: ReduceOp, n_avg: usize, out: Region, ins: &[Region]) {
-    reduce_into_many(dtype, op, n_avg, &[out], ins)
+    Chosen::default().reduce_into(dtype, op, n_avg, out, ins)
 }
 
 /// Like [`reduce_into`], writing the result into every region of `outs`. An output may be
 /// one of the inputs: each block is read from every input before it is written anywhere.
+#[cfg(test)]
 pub fn reduce_into_many(dtype: DType, op: ReduceOp, n_avg: usize, outs: &[Region], ins: &[Region]) {
+    Chosen::default().reduce_into_many(dtype, op, n_avg, outs, ins)
+}
+
+fn check_regions(outs: &[Region], ins: &[Region]) {
     assert!(!ins.is_empty(), "reduction of no inputs");
     for r in ins.iter().chain(outs) {
         assert_eq!(r.len(), ins[0].len(), "reduction over regions of different sizes");
     }
-    if chosen_changes(dtype, op) {
-        return run_chosen(dtype, op, n_avg, outs, ins);
-    }
-    let stream = ins[0].len() * outs.len() >= STREAM_BYTES;
-    let rotate = rotated(dtype, op);
-    dispatch_dtype!(dtype, T => run::<T>(op, n_avg, outs, ins, stream, rotate))
 }
 
 #[cfg(test)]
@@ -540,7 +603,7 @@ mod tests {
             }
             let o = m.region(512, 8);
             let got = |rotate| {
-                run::<f32>(ReduceOp::Sum, 3, &[o], &ins, false, rotate);
+                run::<f32>(ReduceOp::Sum, 3, &[o], &ins, false, rotate, false);
                 let mut b = [0u8; 8];
                 o.copy_to_bytes(&mut b);
                 f32::from_le_bytes(b[..4].try_into().unwrap())
@@ -682,6 +745,47 @@ mod tests {
             o.copy_to_bytes(&mut got);
             assert_eq!(u16::from_le_bytes(got), 0x3F81);
         });
+    }
+
+    /// The chosen semantics belong to a communicator, not the process: in one process, the
+    /// default rounds the f16 sum [1.0, 2^-11, 2^-24] once (0x3C01) while `every_step` folds
+    /// it in rank order (1 + 2^-11 ties to 1.0, then 1.0 + 2^-24 is 1.0: 0x3C00), and
+    /// `nan_minmax=ignore` skips a NaN the default propagates. The declared ulps cover the fold
+    /// at every world size shm runs and stay within the contract's bound.
+    #[test]
+    fn chosen_semantics_are_per_communicator_and_declared_within_the_bound() {
+        with_regions(|m| {
+            let ins: Vec<Region> = (0..3).map(|r| m.region(r * 64, 2)).collect();
+            for (r, v) in [1.0f64, 2f64.powi(-11), 2f64.powi(-24)].iter().enumerate() {
+                ins[r].copy_from_bytes(&f16::from_f64(*v).to_bits().to_le_bytes());
+            }
+            let (o1, o2) = (m.region(512, 2), m.region(576, 2));
+            let every_step = Chosen(EVERY_STEP);
+            every_step.reduce_into(DType::F16, ReduceOp::Sum, 3, o1, &ins);
+            Chosen::default().reduce_into(DType::F16, ReduceOp::Sum, 3, o2, &ins);
+            let (mut a, mut b) = ([0u8; 2], [0u8; 2]);
+            o1.copy_to_bytes(&mut a);
+            o2.copy_to_bytes(&mut b);
+            assert_eq!((u16::from_le_bytes(a), u16::from_le_bytes(b)), (0x3C00, 0x3C01));
+            // NaN on the first of two f32 inputs: ignored under `nan_minmax=ignore` only.
+            let fi: Vec<Region> = (0..2).map(|r| m.region(1024 + r * 64, 4)).collect();
+            fi[0].copy_from_bytes(&f32::NAN.to_le_bytes());
+            fi[1].copy_from_bytes(&2.5f32.to_le_bytes());
+            let o = m.region(2048, 4);
+            let mut got = [0u8; 4];
+            Chosen(NAN_IGNORE).reduce_into(DType::F32, ReduceOp::Max, 2, o, &fi);
+            o.copy_to_bytes(&mut got);
+            assert_eq!(f32::from_le_bytes(got), 2.5);
+            Chosen::default().reduce_into(DType::F32, ReduceOp::Max, 2, o, &fi);
+            o.copy_to_bytes(&mut got);
+            assert!(f32::from_le_bytes(got).is_nan());
+        });
+        for n in 1..=crate::MAX_WORLD_SIZE {
+            let mut c = Capabilities::full(crate::MAX_WORLD_SIZE);
+            Chosen(EVERY_STEP).declare(&mut c, n);
+            assert_eq!(c.rounding, Rounding::Accumulate { ulps: every_step_ulps(n) });
+            assert!(c.rounding.check_bound(n).is_ok(), "{n} ranks: {:?}", c.rounding);
+        }
     }
 
     #[test]

@@ -106,10 +106,12 @@ use sys::{Mapping, Region};
 /// Largest world (and subgroup) the backend runs.
 pub const MAX_WORLD_SIZE: usize = 64;
 
-/// What the backend declares (and validates calls against).
-fn caps() -> Capabilities {
+/// What the backend declares (and validates calls against) on communicator `comm`: its chosen
+/// reduction semantics ([`kernels::Chosen`]) and, under `rounding=every_step`, the ulps its size
+/// needs.
+fn caps(comm: &Comm) -> Capabilities {
     let mut c = Capabilities { fused: concord_core::FusedImpl::Pipelined, ..Capabilities::full(MAX_WORLD_SIZE) };
-    kernels::declare(&mut c);
+    comm.chosen.declare(&mut c, comm.n);
     c
 }
 
@@ -226,7 +228,7 @@ impl ShmBackend {
     fn check_p2p(&self, op: CallOp, b: &ShmBuffer, peer: usize) -> Result<()> {
         self.check_buf(b)?;
         let d = CallDesc::p2p(op, self.comm.me, TensorDesc::new(b.dtype, &b.shape), peer);
-        validate_local(&d, self.comm.n, &caps()).map_err(|e| e.into_error(op.name(), 0, self.comm.me))
+        validate_local(&d, self.comm.n, &caps(&self.comm)).map_err(|e| e.into_error(op.name(), 0, self.comm.me))
     }
 
     fn meta(&self, op: &str, seq: u64) -> WorkMeta {
@@ -345,7 +347,7 @@ impl Backend for ShmBackend {
         let fault = fault::from_world(world).map_err(CollectiveError::Backend)?;
         let canary = world.flag("shm_canary", false).map_err(CollectiveError::Backend)?;
         fused::set_mode(world.option("fused_pipeline"))?;
-        kernels::choose(world)?;
+        let chosen = kernels::choose(world)?;
         sys::install_cleanup_handlers();
         let arena_bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(4096).max(1 << 20);
         let prefix = concord_core::world_prefix(&world.world_id);
@@ -422,6 +424,7 @@ impl Backend for ShmBackend {
             abort: AtomicBool::new(false),
             fault: fault.into_iter().filter(|f| f.rank.is_none_or(|r| r == rank)).collect(),
             issued: AtomicU64::new(0),
+            chosen,
         })
     }
 
@@ -435,7 +438,7 @@ impl Backend for ShmBackend {
         self.comm.n
     }
     fn capabilities(&self) -> Capabilities {
-        caps()
+        caps(&self.comm)
     }
     fn fault_hooks(&self) -> Vec<(String, fault::Action)> {
         fault::hooks(&FAULT_POINTS)
@@ -480,6 +483,7 @@ impl Backend for ShmBackend {
             abort: AtomicBool::new(false),
             fault: Vec::new(),
             issued: AtomicU64::new(0),
+            chosen: self.comm.chosen,
         })
         .map(Some)
     }

@@ -428,18 +428,35 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
     let (op, variant) = op_variant(hook);
     let roots: Vec<usize> = if rooted(hook) && ws > 1 { vec![0, ws - 1] } else { vec![0] };
     // A way to break the call that makes it one the backend declares unsupported (band where
-    // band is a declared gap, f64 where f64 is not declared): the backend may refuse it as
-    // unsupported, so that row is skipped; UNSUPPORTED if no row is left.
+    // band is a declared gap, f64 where f64 is not declared) is still run where every rank
+    // carries it: each rank's call is then the declared gap, which it must refuse by name
+    // (`GAP_REFUSALS`, as `caps::gaps_refused` demands) or — where the row breaks a rule the
+    // table checks before support (rules 1–5) — with the row's own kind; never complete it.
+    // Where one rank alone carries it, its peers' calls are valid and the contract does not
+    // say what a peer of a refused gap gets, so those carriers are skipped (every one-rank
+    // carrier, where the valid call is the gap: the peers' calls are then refused gaps), as is
+    // the valid call after a row when it is a declared gap. UNSUPPORTED when
+    // every row is a declared gap (after their refusals were checked).
     let (mut declared, mut ran) = (Vec::new(), 0);
+    let valid_gap = row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0));
     for how in hows(hook, ws) {
-        if let Some(why) = row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0).broken(how, ws)) {
-            declared.push(format!("{} ({why})", how.name()));
-            continue;
+        let gap = match (hook, how) {
+            // A barrier's `OtherOp` carrier issues an f32 sum all_reduce instead.
+            ("barrier", How::OtherOp) => row_gap(&b.capabilities(), "all_reduce", "out", &Args::valid(ws, 0)),
+            _ => row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0).broken(how, ws)),
+        };
+        match &gap {
+            Some(why) => declared.push(format!("{} ({why})", how.name())),
+            None => ran += 1,
         }
-        ran += 1;
         for carrier in carriers(how, ws) {
             let checkable = validates || (local(how) && carrier == Carrier::Every);
             if !checkable {
+                continue;
+            }
+            let every_rank = carrier == Carrier::Every || ws == 1;
+            // Where the valid call is itself a declared gap, the non-carriers' calls are too.
+            if (gap.is_some() || valid_gap.is_some()) && (!every_rank || matches!(hook, "send" | "recv")) {
                 continue;
             }
             checked += 1;
@@ -469,6 +486,40 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                 let computes_aliased = how == How::Alias && b.capabilities().aliasing == AliasPolicy::Correct;
                 // Every rank calls the op (the carrier of `OtherOp` another one): every rank must
                 // get THE kind.
+                if let Some(why) = &gap {
+                    let table_first = precedes_support(want);
+                    match call(ctx, hook, &a) {
+                        Ok(_) => {
+                            return Err(fail(
+                                &w,
+                                format!(
+                                    "the call is a declared gap ({why}), and the backend completed it; expected a named refusal ({}){}",
+                                    GAP_REFUSALS.join(" | "),
+                                    if table_first { format!(" or bad_input:{}", want.name()) } else { String::new() }
+                                ),
+                            ))
+                        }
+                        Err(e) if GAP_REFUSALS.contains(&e.name().as_str()) => {}
+                        Err(e) if table_first && e.bad_input_kind() == Some(want) => {}
+                        Err(e) => {
+                            return Err(fail(
+                                &w,
+                                format!(
+                                    "the call is a declared gap ({why}); expected a named refusal ({}){}, got {e} [{}]",
+                                    GAP_REFUSALS.join(" | "),
+                                    if table_first { format!(" or bad_input:{}", want.name()) } else { String::new() },
+                                    e.name()
+                                ),
+                            ))
+                        }
+                    }
+                    if valid_gap.is_none() {
+                        let w = format!("{w} (a valid {hook} after the refused declared gap)");
+                        let outs = call(ctx, hook, &valid).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                        check(b, hook, root, &outs, &w)?;
+                    }
+                    continue;
+                }
                 match call(ctx, hook, &a) {
                     Ok(outs) if computes_aliased => {
                         check(
@@ -499,7 +550,11 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                     Err(e) if e.bad_input_kind() == Some(want) => {}
                     Err(e) => return Err(fail(&w, format!("expected bad_input:{}, got {e} [{}]", want.name(), e.name()))),
                 }
-                // Then the same (op, variant), valid, computes the right value.
+                // Then the same (op, variant), valid, computes the right value (unless it is a
+                // declared gap itself).
+                if valid_gap.is_some() {
+                    continue;
+                }
                 let w = format!("{w} (a valid {hook} after the refused one)");
                 let outs = call(ctx, hook, &valid).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                 check(b, hook, root, &outs, &w)?;
@@ -519,6 +574,17 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
         )));
     }
     Ok(())
+}
+
+/// How a rank may refuse a call that is a declared gap (the names `caps::gaps_refused` accepts):
+/// a refusal before the call is described (`unsupported`), or the rule table's rules 6 / 7.
+const GAP_REFUSALS: [&str; 3] = ["unsupported", "bad_input:unsupported_op", "bad_input:unsupported_dtype"];
+
+/// Whether the rule table ([`concord_core::call`]) checks `kind` before support (rules 1–5: a
+/// bad group, peer, root, permutation or split count): a declared gap broken that way may name
+/// the broken rule instead of refusing the gap.
+fn precedes_support(kind: K) -> bool {
+    matches!(kind, K::BadGroup | K::BadPeer | K::BadRoot | K::BadPermutation | K::BadSplits)
 }
 
 /// The declaration that makes a call with arguments `a` (on the ranks that carry them) one the

@@ -12,6 +12,7 @@
 //! | `aliasing` | `all_gather_into_tensor_out` whose input is this rank's chunk of the output | [`Capabilities::aliasing`] |
 //! | `gaps_refused` | every call (op, variant, reduce op) declared unsupported for the dtype ends in a named error on every rank | [`Capabilities::gaps`], [`Capabilities::dtypes`] |
 //! | `moves_data` | an all_gather of rank-distinct inputs delivers every peer's input (declared true) or not (declared false: the fake's stand-ins) | [`Capabilities::moves_data`] |
+//! | `subgroups` | `new_group` itself: refused by name on every rank (declared false), or a communicator at the list's position (declared true) | [`Capabilities::subgroups`] |
 //!
 //! Case names: `caps::<probe>::<dtype>::ws<N>`. A probe of a combination the backend declares
 //! unsupported is UNSUPPORTED; a backend that moves no data has nothing to observe (UNSUPPORTED),
@@ -60,7 +61,84 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         v.push(case::<B>("gaps_refused", ar, out, "", d, 2, gaps_refused));
     }
     v.push(case::<B>("moves_data", OpKind::AllGatherIntoTensor, out, "", DType::F32, 2, moves_data));
+    for ws in WS {
+        v.push(subgroups_case::<B>(ws));
+    }
     v
+}
+
+/// `caps::subgroups::ws<N>`: the declaration [`Capabilities::subgroups`] against `new_group`
+/// itself (called directly, not through `Ctx::group`, which never calls it on a backend that
+/// declares none). Declared false: every `new_group` — the whole world, and one rank alone —
+/// MUST be refused by name (`unsupported` or `bad_input:unsupported_op`) on every rank, never
+/// give a communicator (clause `caps.subgroups_declared`), and the world stays usable. Declared
+/// true: `new_group` of the ranks in reverse order gives every rank the communicator whose rank
+/// is its position in the list.
+fn subgroups_case<B: Backend>(ws: usize) -> Case<B> {
+    let meta = CaseMeta { suite: "caps".into(), op: "new_group".into(), variant: "-".into(), dtype: "-".into(), reduce: "-".into() };
+    Case::new(format!("caps::subgroups::ws{ws}"), meta, ws, subgroups)
+}
+
+fn subgroups<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    const REFUSALS: [&str; 2] = ["unsupported", "bad_input:unsupported_op"];
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let caps = b.capabilities();
+    let w = |ranks: &[usize]| {
+        format!(
+            "backend={} op=new_group variant=out dtype=- ranks={ranks:?} declared subgroups={} world_size={ws} rank={me}",
+            crate::case::backend_label(b),
+            caps.subgroups
+        )
+    };
+    let reversed: Vec<usize> = (0..ws).rev().collect();
+    if caps.subgroups {
+        let g = b.new_group(&reversed).map_err(|e| fail(&w(&reversed), format!("{e} [{}]", e.name())))?;
+        let g = g.ok_or_else(|| fail(&w(&reversed), "a member got no communicator"))?;
+        let want = ws - 1 - me;
+        if g.rank() != want || g.world_size() != ws {
+            return Err(fail(&w(&reversed), format!("gave rank {} of {}, expected {want} of {ws}", g.rank(), g.world_size())));
+        }
+        return Ok(());
+    }
+    for ranks in [reversed.clone(), vec![0]] {
+        match b.new_group(&ranks) {
+            Ok(g) => {
+                return Err(fail(
+                    &w(&ranks),
+                    format!(
+                        "the backend declares subgroups = false, and new_group returned {} instead of a named refusal ({}) \
+                         [clause: caps.subgroups_declared]",
+                        if g.is_some() { "a communicator" } else { "Ok(None)" },
+                        REFUSALS.join(" | ")
+                    ),
+                ))
+            }
+            Err(e) if REFUSALS.contains(&e.name().as_str()) => {}
+            Err(e) => {
+                return Err(fail(
+                    &w(&ranks),
+                    format!(
+                        "the backend declares subgroups = false; expected a named refusal ({}), got {e} [{}]",
+                        REFUSALS.join(" | "),
+                        e.name()
+                    ),
+                ))
+            }
+        }
+    }
+    // The world is still usable (an all_gather: it takes no reduce op a backend may lack).
+    let wa = at(b, "all_gather_into_tensor", "-", DType::F32);
+    if caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_err() {
+        return Ok(());
+    }
+    let x = b.upload(&full(&[2], me as f32))?;
+    let out = b
+        .all_gather_into_tensor(&x)?
+        .into_value(ctx.timeout)
+        .map_err(|e| fail(&wa, format!("the world is not usable after the refused new_group calls: {e}")))?;
+    let want: Vec<f32> = (0..ws).flat_map(|r| [r as f32, r as f32]).collect();
+    expect_eq(b, &out, &Tensor::from_vec(&[2 * ws], want), &format!("{wa} (all_gather after the refused new_group calls)"))
 }
 
 /// Where a probe ran: backend, op, variant, reduce op, dtype, world size, rank.
@@ -393,12 +471,20 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     if probed == 0 {
         return Ok(());
     }
-    // The world is still usable.
-    let w = at(b, "all_reduce", "sum", DType::F32);
+    // The world is still usable: an f32 all_reduce the backend supports (sum, else max; a
+    // declared gap on one of them excuses that call only).
+    let Some(red) = [ReduceOp::Sum, ReduceOp::Max]
+        .into_iter()
+        .find(|r| caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(*r), ws).is_ok())
+    else {
+        return Ok(());
+    };
+    let w = at(b, "all_reduce", red.name(), DType::F32);
     let x = b.upload(&full(&[5], (b.rank() + 1) as f32))?;
     let out = b
-        .all_reduce(&x, ReduceOp::Sum)?
+        .all_reduce(&x, red)?
         .into_value(ctx.timeout)
         .map_err(|e| fail(&w, format!("the world is not usable after the refused calls: {e}")))?;
-    expect_eq(b, &out, &Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]), &format!("{w} (all_reduce after the refused calls)"))
+    let want = if red == ReduceOp::Sum { (ws * (ws + 1) / 2) as f32 } else { ws as f32 };
+    expect_eq(b, &out, &Tensor::from_vec(&[5], vec![want; 5]), &format!("{w} (all_reduce after the refused calls)"))
 }

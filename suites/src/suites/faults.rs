@@ -38,7 +38,7 @@ use super::util::{fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::sched::Noise;
 use concord_core::fault::{self, point, Action, Fault};
-use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, WorldInfo};
+use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -52,8 +52,47 @@ const N: usize = 4096;
 /// The canary: a value no case ever computes.
 const CANARY: f32 = -7777.25;
 
+/// A fault case's meta: the op and variant it breaks, f32. Where that op is the all_reduce the
+/// case carries its fault on, every reduce op that vehicle may take ([`VEHICLES`]): no one call,
+/// so the case runner's declared-gap gate does not skip the case; it picks a vehicle the backend
+/// supports itself ([`vehicle`]). Any other op (a broadcast, an all_to_all, a send / recv) is
+/// the call the case checks: a declared gap on it is the case's gap.
 fn meta(op: &str, variant: &str) -> CaseMeta {
-    CaseMeta { suite: "faults".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
+    let reduce = if op.starts_with("all_reduce") { "sum,max,min,product" } else { "-" };
+    CaseMeta { suite: "faults".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: reduce.into() }
+}
+
+/// The reduce ops of the all_reduce the cases use as a vehicle (warm-up, victim op, the
+/// usability check), in order of preference.
+const VEHICLES: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product];
+
+/// The reduce op of the case's f32 all_reduce vehicle: the first of [`VEHICLES`] that the
+/// backend declares no gap for in any of `variants`. A fault case checks a failure-path clause,
+/// not the call that carries it: a declared gap on that one call (all_reduce out f32 sum)
+/// excuses that call, so the case takes another reduce op rather than being skipped; it is
+/// UNSUPPORTED only when every vehicle is a declared gap, naming each.
+fn vehicle<B: Backend>(b: &B, variants: &[Variant]) -> Result<ReduceOp, CaseEnd> {
+    let caps = b.capabilities();
+    let mut why = Vec::new();
+    for op in VEHICLES {
+        match variants.iter().find_map(|v| caps.check_call(OpKind::AllReduce, Some(*v), Some(DType::F32), Some(op)).err()) {
+            None => return Ok(op),
+            Some(e) => why.push(format!("{} ({e})", op.name())),
+        }
+    }
+    Err(CaseEnd::Unsupported(format!(
+        "declared gap: every all_reduce the case could carry its fault on is declared unsupported on f32: {}",
+        why.join("; ")
+    )))
+}
+
+/// What the vehicle all_reduce of `op` gives when every rank holds `v` (f32).
+fn vehicle_value(op: ReduceOp, v: f32, ws: usize) -> f32 {
+    match op {
+        ReduceOp::Sum => v * ws as f32,
+        ReduceOp::Product => v.powi(ws as i32),
+        _ => v,
+    }
 }
 
 static SUB_WORLDS: AtomicU64 = AtomicU64::new(0);
@@ -178,6 +217,11 @@ enum VictimOp {
 fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, place: VictimOp, f: Option<Fault>) -> CaseResult {
     let points: Vec<String> = f.iter().map(|f| f.point.clone()).collect();
     needs(ctx.b, &points.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
+    // The warm-up is out of place; the victim's op in place, out of place or a broadcast.
+    let red = match place {
+        VictimOp::InPlace => vehicle(ctx.b, &[Variant::Out, Variant::InPlace])?,
+        VictimOp::OutOfPlace | VictimOp::Broadcast => vehicle(ctx.b, &[Variant::Out])?,
+    };
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
     let (op, variant) = match place {
@@ -185,15 +229,15 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::OutOfPlace => ("all_reduce", "out"),
         VictimOp::Broadcast => ("broadcast", "out"),
     };
-    let w = format!("{} fault={:?}", here(&b, op, variant, DType::F32), f.as_ref().map(|f| f.option().1));
+    let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
     // Op 1: a healthy op, so that both ranks are in step.
     let x = b.upload(&full(&[N], (me + 1) as f32))?;
-    b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    b.all_reduce(&x, red)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
     // Op 2: the one that fails.
     let issue = |x: &B::Buffer| match place {
-        VictimOp::InPlace => b.all_reduce_(x, ReduceOp::Sum),
-        VictimOp::OutOfPlace => b.all_reduce(x, ReduceOp::Sum),
+        VictimOp::InPlace => b.all_reduce_(x, red),
+        VictimOp::OutOfPlace => b.all_reduce(x, red),
         VictimOp::Broadcast => b.broadcast(x, victim),
     };
     // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
@@ -292,17 +336,18 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 
 fn panic_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     needs(ctx.b, &[point::PROGRESS_THREAD], false)?;
+    let red = vehicle(ctx.b, &[Variant::Out])?;
     let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Panic, 1, 2)))?;
     let keys = Keys { ctx, id };
-    let w = here(&b, "all_reduce", "out", DType::F32);
+    let w = format!("{} reduce={}", here(&b, "all_reduce", "out", DType::F32), red.name());
     let x = b.upload(&full(&[N], 1.0f32))?;
-    b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    b.all_reduce(&x, red)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
     // Named within the op deadline plus slack, on every rank: the panicking rank at once. The
     // slack absorbs scheduling only, so it grows by the time this rank's threads waited for a CPU
     // meanwhile (`crate::sched`); a wait left to time out sleeps its 16 s and still fails.
     let t0 = Instant::now();
     let noise = Noise::start();
-    let e = must_fail(b.all_reduce(&x, ReduceOp::Sum)?.wait(ctx.timeout).map(|_| ()), &w, "rank 1's op panicked")?;
+    let e = must_fail(b.all_reduce(&x, red)?.wait(ctx.timeout).map(|_| ()), &w, "rank 1's op panicked")?;
     let took = t0.elapsed();
     let waited = noise.so_far();
     let limit = OP_TIMEOUT + Duration::from_secs(2) + waited;
@@ -322,7 +367,7 @@ fn panic_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     // The next op fails fast with a named error on the rank whose code panicked.
     if b.rank() == 1 {
         let t1 = Instant::now();
-        let e2 = match b.all_reduce(&x, ReduceOp::Sum) {
+        let e2 = match b.all_reduce(&x, red) {
             Err(e) => e,
             Ok(work) => must_fail(work.wait(ctx.timeout).map(|_| ()), &w, "the communicator's progress had panicked")?,
         };
@@ -338,6 +383,7 @@ fn split_overflow_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !ctx.b.capabilities().validates_across_ranks {
         return Err(CaseEnd::Unsupported("the backend does not validate calls across ranks".into()));
     }
+    let red = vehicle(ctx.b, &[Variant::Out])?;
     let (b, _id) = sub_world(ctx, None)?;
     let w = here(&b, "all_to_all_single", "out", DType::F32);
     let me = b.rank();
@@ -356,10 +402,11 @@ fn split_overflow_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     }
     // Still usable.
     let y = b
-        .all_reduce(&x, ReduceOp::Sum)?
+        .all_reduce(&x, red)?
         .into_value(ctx.timeout)
-        .map_err(|e| fail(&w, format!("the all_reduce after the bad call: {e}")))?;
-    super::util::expect_eq(&b, &y, &full(&[1], 2.0f32), &format!("{w} (the all_reduce after the bad call)"))
+        .map_err(|e| fail(&w, format!("the all_reduce ({}) after the bad call: {e}", red.name())))?;
+    let want = full(&[1], vehicle_value(red, 1.0, 2));
+    super::util::expect_eq(&b, &y, &want, &format!("{w} (the all_reduce {} after the bad call)", red.name()))
 }
 
 fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
@@ -367,6 +414,7 @@ fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !caps.subgroups || !caps.validates_across_ranks {
         return Err(CaseEnd::Unsupported("needs subgroups and validation across ranks".into()));
     }
+    let red = vehicle(ctx.b, &[Variant::Out])?;
     let (b, _id) = sub_world(ctx, None)?;
     let w = here(&b, "new_group", "out", DType::F32);
     // Rank 0 creates a group while rank 1 enters a barrier: both must fail with a named error.
@@ -382,8 +430,9 @@ fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         .map_err(|e| fail(&w, format!("the new_group after a mismatched one failed: {e} [{}]", e.name())))?
         .ok_or_else(|| fail(&w, "new_group([0, 1]) gave no communicator to a member"))?;
     let x = g.upload(&full(&[8], 1.0f32))?;
-    let y = g.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-    super::util::expect_eq(&g, &y, &full(&[8], 2.0f32), &format!("{w} (all_reduce on the group created after the mismatch)"))
+    let y = g.all_reduce(&x, red)?.into_value(ctx.timeout)?;
+    let want = full(&[8], vehicle_value(red, 1.0, 2));
+    super::util::expect_eq(&g, &y, &want, &format!("{w} (all_reduce {} on the group created after the mismatch)", red.name()))
 }
 
 /// Files in /dev/shm named after world `id`.
