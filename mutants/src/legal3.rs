@@ -365,21 +365,5 @@ impl<const K: u8> Bug for Third<K> {
     // The fused ops: the seed's decomposition over shm itself (a decomposition over the variant
     // would hand its relayed works to `counted_again`, in a counter `outstanding` does not
     // report; the seed's wording of their bad input is kept).
-    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
-        fused::decomposed_all_gather_matmul(&*m.s.inner, a, bs, dim, sc)
-    }
-    fn fused_matmul_reduce_scatter(
-        &self,
-        m: &Mutant,
-        a: &Buf,
-        b: &Buf,
-        op: ReduceOp,
-        dim: usize,
-        sc: Option<&Scaling>,
-    ) -> Result<Work<Buf>> {
-        fused::decomposed_matmul_reduce_scatter(&*m.s.inner, a, b, op, dim, sc)
-    }
-    fn low_contention(&self, m: &Mutant, x: &Buf, op: Option<ReduceOp>) -> Result<Work<Buf>> {
-        fused::decomposed_low_contention(&*m.s.inner, x, op)
-    }
+    fused_on_shm!();
 }

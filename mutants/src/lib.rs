@@ -13,6 +13,39 @@
 //! (the bug runs when the result is waited), and waits at issue time only when that IS the bug.
 #![forbid(unsafe_code)]
 
+/// The three fused ops of a legal variant, run as the seed's decomposition over shm itself (a
+/// decomposition over the variant would hand its edited works to a counter `outstanding` does not
+/// report). Expanded inside an `impl Bug for ...`; the module needs `fused`, `Gathered`,
+/// `Scaling`, `Buf`, `Mutant`, `ReduceOp`, `Result` and `Work` in scope.
+macro_rules! fused_on_shm {
+    () => {
+        fn fused_all_gather_matmul(
+            &self,
+            m: &Mutant,
+            a: &Buf,
+            bs: &[Buf],
+            dim: usize,
+            sc: Option<&Scaling>,
+        ) -> Result<Work<Gathered<Buf>>> {
+            fused::decomposed_all_gather_matmul(&*m.s.inner, a, bs, dim, sc)
+        }
+        fn fused_matmul_reduce_scatter(
+            &self,
+            m: &Mutant,
+            a: &Buf,
+            b: &Buf,
+            op: ReduceOp,
+            dim: usize,
+            sc: Option<&Scaling>,
+        ) -> Result<Work<Buf>> {
+            fused::decomposed_matmul_reduce_scatter(&*m.s.inner, a, b, op, dim, sc)
+        }
+        fn low_contention(&self, m: &Mutant, x: &Buf, op: Option<ReduceOp>) -> Result<Work<Buf>> {
+            fused::decomposed_low_contention(&*m.s.inner, x, op)
+        }
+    };
+}
+
 pub mod bugs;
 pub mod bugs_clauses;
 pub mod bugs_dtype;
