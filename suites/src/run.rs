@@ -651,6 +651,18 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     let started = Instant::now();
     let total = work.len();
     let jobs = jobs.max(1);
+    // A GPU backend's cases go to one lane of their own, in one queue (stall-bound first, then
+    // the rest: `schedule` with one job), so that one world at a time holds the devices — rank r
+    // drives GPU r. One case at a time is not enough: a world's communicators are torn down
+    // after its case has reported (the progress thread's last jobs), and on 4 x H200 that
+    // teardown beside the next case's world on the same GPUs held the next case's ranks seconds
+    // apart (`wild_custom::all_reduce::tail_past_16ws::f32::inplace::ws4` timed out on rank 0
+    // with the other ranks 3-5 s behind, in 2 of 2 runs of the ws4 cases with 64 lanes, never
+    // with one lane, which also ran them in 22.1 s against 46.1 s: one world per world size, not
+    // one per lane).
+    let (gpu_work, work): (Vec<Work>, Vec<Work>) = work.into_iter().partition(|(e, _)| e.gpus_per_rank > 0);
+    let gpu_lanes = usize::from(!gpu_work.is_empty());
+    let gpu = Mutex::new(schedule(gpu_work, 1).1.into_iter());
     let (stall, cpu) = schedule(work, jobs);
     let bar = if bar && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let pb = indicatif::ProgressBar::new(total as u64);
@@ -675,12 +687,16 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     let records: Mutex<Vec<CaseRecord>> = Mutex::new(Vec::with_capacity(total));
     std::thread::scope(|s| {
         // `jobs` lanes take the CPU queue, then help with stall-bound cases left; one lane per
-        // stall-bound case takes only those.
-        let lanes = (0..jobs).map(|_| true).chain((0..stall_lanes).map(|_| false));
-        for cpu_lane in lanes {
-            let (stall, cpu, records, bar) = (&stall, &cpu, &records, &bar);
+        // stall-bound case takes only those; one lane takes a GPU backend's cases, alone.
+        let lanes = (0..jobs).map(|_| Lane::Cpu).chain((0..stall_lanes).map(|_| Lane::Stall)).chain((0..gpu_lanes).map(|_| Lane::Gpu));
+        for lane in lanes {
+            let (stall, cpu, gpu, records, bar) = (&stall, &cpu, &gpu, &records, &bar);
+            let cpu_lane = lane == Lane::Cpu;
             s.spawn(move || loop {
-                let next = if cpu_lane {
+                let next = if lane == Lane::Gpu {
+                    let Some(w) = gpu.lock().unwrap().next() else { break };
+                    Some(w)
+                } else if cpu_lane {
                     let mut q = cpu.lock().unwrap();
                     let big_busy =
                         q.front().is_some_and(|(_, c)| big(c)) && matches!(BIG_TURN.try_lock(), Err(std::sync::TryLockError::WouldBlock));
@@ -717,8 +733,18 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     Report::new(records, started.elapsed())
 }
 
-/// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time).
+/// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time; its
+/// cases also have one lane of their own).
 static GPU_TURN: Mutex<()> = Mutex::new(());
+
+/// What a lane of [`run_work`] takes: the CPU queue (then stall-bound cases left), only
+/// stall-bound cases, or only a GPU backend's cases.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Cpu,
+    Stall,
+    Gpu,
+}
 
 /// Held while a CPU lane runs a case whose world has more ranks than the machine has CPUs.
 static BIG_TURN: Mutex<()> = Mutex::new(());
