@@ -7,7 +7,7 @@
 //! (`bad_input.rs`) grew case by case at 2 and 3 ranks; the mutants' bad-input grid
 //! (`cargo xtask mutants --bad-input all`) found the cells it left open.
 
-use super::util::fail;
+use super::util::{fail, GAP_REFUSALS};
 use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{AliasPolicy, Backend, BadInputKind as K, CollectiveError, DType, ReduceOp, Tensor};
 
@@ -575,10 +575,6 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
     }
     Ok(())
 }
-
-/// How a rank may refuse a call that is a declared gap (the names `caps::gaps_refused` accepts):
-/// a refusal before the call is described (`unsupported`), or the rule table's rules 6 / 7.
-const GAP_REFUSALS: [&str; 3] = ["unsupported", "bad_input:unsupported_op", "bad_input:unsupported_dtype"];
 
 /// Whether the rule table ([`concord_core::call`]) checks `kind` before support (rules 1–5: a
 /// bad group, peer, root, permutation or split count): a declared gap broken that way may name

@@ -21,7 +21,7 @@
 //! These probes replace the "declared vs observed" checks of the former `concord-nccl-smoke`
 //! binary, and now run on every backend that moves data.
 
-use super::util::{expect_eq, fail, full};
+use super::util::{expect_eq, fail, full, supported_all_reduce, GAP_REFUSALS};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
 use concord_core::{AliasPolicy, Backend, BadInputKind, Capabilities, DType, IntAvg, NanPolicy, OpKind, ReduceOp, Tensor, Variant};
@@ -406,7 +406,6 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     if ws > caps.max_world_size {
         return Err(CaseEnd::Unsupported(format!("world size {ws} > declared max {}", caps.max_world_size)));
     }
-    const REFUSALS: [&str; 3] = ["bad_input:unsupported_dtype", "bad_input:unsupported_op", "unsupported"];
     let mut probed = 0;
     // Every (op, variant) of the trait, each reduce op defined for the dtype where it reduces
     // (a gap may name any op, variant, dtype or reduce op: each is probed where declared).
@@ -454,15 +453,15 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
                         &w,
                         format!(
                             "{declared}, observed a completed {op} {r}: a declared gap must end in a named error ({}) on every rank",
-                            REFUSALS.join(" | ")
+                            GAP_REFUSALS.join(" | ")
                         ),
                     ))
                 }
-                Err(e) if REFUSALS.contains(&e.name().as_str()) => {}
+                Err(e) if GAP_REFUSALS.contains(&e.name().as_str()) => {}
                 Err(e) => {
                     return Err(fail(
                         &w,
-                        format!("{declared}, observed {e} [{}]; expected a named refusal ({})", e.name(), REFUSALS.join(" | ")),
+                        format!("{declared}, observed {e} [{}]; expected a named refusal ({})", e.name(), GAP_REFUSALS.join(" | ")),
                     ))
                 }
             }
@@ -473,10 +472,7 @@ fn gaps_refused<B: Backend>(ctx: &mut Ctx<'_, B>, dtype: DType) -> CaseResult {
     }
     // The world is still usable: an f32 all_reduce the backend supports (sum, else max; a
     // declared gap on one of them excuses that call only).
-    let Some(red) = [ReduceOp::Sum, ReduceOp::Max]
-        .into_iter()
-        .find(|r| caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(*r), ws).is_ok())
-    else {
+    let Ok(red) = supported_all_reduce(b, &[Variant::Out], &[ReduceOp::Sum, ReduceOp::Max]) else {
         return Ok(());
     };
     let w = at(b, "all_reduce", red.name(), DType::F32);

@@ -38,7 +38,7 @@ use super::util::{fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::sched::Noise;
 use concord_core::fault::{self, point, Action, Fault};
-use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, WorldInfo};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, Variant, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -72,18 +72,12 @@ const VEHICLES: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, Re
 /// excuses that call, so the case takes another reduce op rather than being skipped; it is
 /// UNSUPPORTED only when every vehicle is a declared gap, naming each.
 fn vehicle<B: Backend>(b: &B, variants: &[Variant]) -> Result<ReduceOp, CaseEnd> {
-    let caps = b.capabilities();
-    let mut why = Vec::new();
-    for op in VEHICLES {
-        match variants.iter().find_map(|v| caps.check_call(OpKind::AllReduce, Some(*v), Some(DType::F32), Some(op)).err()) {
-            None => return Ok(op),
-            Some(e) => why.push(format!("{} ({e})", op.name())),
-        }
-    }
-    Err(CaseEnd::Unsupported(format!(
-        "declared gap: every all_reduce the case could carry its fault on is declared unsupported on f32: {}",
-        why.join("; ")
-    )))
+    super::util::supported_all_reduce(b, variants, &VEHICLES).map_err(|why| {
+        CaseEnd::Unsupported(format!(
+            "declared gap: every all_reduce the case could carry its fault on is declared unsupported on f32: {}",
+            why.join("; ")
+        ))
+    })
 }
 
 /// What the vehicle all_reduce of `op` gives when every rank holds `v` (f32).

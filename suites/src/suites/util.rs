@@ -56,6 +56,31 @@ pub fn expect_eq<B: Backend>(b: &B, buf: &B::Buffer, expected: &Tensor, where_: 
     compare(&got, expected, Tolerance::Exact).map_err(|m| CaseEnd::Fail(format!("{where_}: {m}")))
 }
 
+/// How a rank may refuse a call that is a declared gap: a refusal before the call is described
+/// (`unsupported`), or the rule table's support rules (6 / 7). `caps::gaps_refused` demands one of
+/// them; the bad-input grid accepts them on its rows that are declared gaps.
+pub const GAP_REFUSALS: [&str; 3] = ["unsupported", "bad_input:unsupported_op", "bad_input:unsupported_dtype"];
+
+/// The first of `reduces` for which an f32 all_reduce in every one of `variants` is no declared
+/// gap of `b`; `Err` lists each refused one with its reason. Cases that only carry a check on an
+/// all_reduce (a fault's vehicle, a usability check) take it, so a declared gap excuses that one
+/// call, not the case.
+pub fn supported_all_reduce<B: Backend>(
+    b: &B,
+    variants: &[concord_core::Variant],
+    reduces: &[concord_core::ReduceOp],
+) -> Result<concord_core::ReduceOp, Vec<String>> {
+    let caps = b.capabilities();
+    let mut why = Vec::new();
+    for &op in reduces {
+        match variants.iter().find_map(|v| caps.check_call(concord_core::OpKind::AllReduce, Some(*v), Some(DType::F32), Some(op)).err()) {
+            None => return Ok(op),
+            Some(e) => why.push(format!("{} ({e})", op.name())),
+        }
+    }
+    Err(why)
+}
+
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
