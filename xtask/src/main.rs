@@ -82,7 +82,7 @@ fn run(cmd: &mut Command) -> Result<()> {
 /// reaches it and its own cleanup runs (ranks ended, files removed), and its exit status is the
 /// command's. A child started with `status()` instead was left running when the xtask was
 /// terminated. Returns only if the program could not be started.
-fn exec(mut c: Command) -> Result<std::convert::Infallible> {
+fn exec<T>(mut c: Command) -> Result<T> {
     use std::os::unix::process::CommandExt;
     let shown = format!("{c:?}");
     let e = c.exec();
@@ -271,11 +271,11 @@ fn real_main() -> Result<()> {
                     c.arg(f);
                 }
                 c.current_dir(root());
-                return exec(c).map(|never| match never {});
+                return exec(c);
             }
             if contract {
                 c.arg("--contract").current_dir(root());
-                return exec(c).map(|never| match never {});
+                return exec(c);
             }
             let report = if report.is_absolute() { report } else { root().join(report) };
             c.arg("--report").arg(&report);
@@ -297,7 +297,7 @@ fn real_main() -> Result<()> {
                 std::process::exit(run_mpirun_conformance(c)?);
             }
             c.current_dir(root());
-            exec(c).map(|never| match never {})
+            exec(c)
         }
         Cmd::Mutants { mutant, case, jobs, list, sweep, hook, ws, shape, dtype, order, bad_input, skip, legal } => {
             // The `ci` profile (optimised, the target dir CI warms), then the binary itself.
@@ -367,7 +367,7 @@ fn real_main() -> Result<()> {
                 whole && shape.is_empty() && dtype.is_empty() && !order && bad_input.is_empty() && skip.is_empty() && !list && !legal;
             c.current_dir(root());
             if !whole {
-                return exec(c).map(|never| match never {});
+                return exec(c);
             }
             let status = c.status().context("could not start concord-mutants")?;
             if !status.success() {
@@ -379,7 +379,7 @@ fn real_main() -> Result<()> {
                 l.args(["--jobs", &j.to_string()]);
             }
             l.current_dir(root());
-            exec(l).map(|never| match never {})
+            exec(l)
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench { args } => {
@@ -389,7 +389,7 @@ fn real_main() -> Result<()> {
             // Run in the caller's directory, so relative --json / --plot paths mean what they say.
             let mut c = Command::new(target.join("release").join("concord-bench"));
             c.args(&args);
-            exec(c).map(|never| match never {})
+            exec(c)
         }
         Cmd::GpuBundle => run(Command::new("bash").arg("scripts/gpu/bundle.sh")),
         Cmd::MpiDiff { ranks, seed, trials } => {
