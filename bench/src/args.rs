@@ -79,6 +79,11 @@ pub struct Args {
     /// loop up to large sizes and the first launch of a window is not paid every few ops.
     #[arg(long, value_parser = parse_size)]
     pub check_budget: Option<usize>,
+    /// The most timed iterations per window (default: as many as the check budget allows).
+    /// Each window is timed on its own and a size's time is the median over its windows, with
+    /// the fastest and slowest reported: `-n 1000 --window 100` gives ten windows per size.
+    #[arg(long)]
+    pub window: Option<usize>,
     /// Backend options, `k=v,k=v` (as `WorldInfo::options`).
     #[arg(long, default_value = "")]
     pub opts: String,

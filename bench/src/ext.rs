@@ -63,9 +63,15 @@ pub trait Reference {
     fn label(&self) -> String;
     /// One line for the table's header: what it runs and how it is timed.
     fn describe(&self) -> String;
-    /// Mean time per op in microseconds, `Ok(None)` when it has no such op (or dtype, reduce
+    /// Time per op in microseconds (the median over its windows of each window's mean, as the
+    /// backend's side), `Ok(None)` when it has no such op (or dtype, reduce
     /// op, placement), `Err` when it failed (the rank then stops using it).
     fn time_us(&mut self, step: &RefStep) -> Result<Option<f64>, String>;
+    /// The fastest and slowest window's time per op (µs) of the last [`Reference::time_us`]
+    /// that returned a time, when it timed several windows and keeps them (default: none).
+    fn last_spread_us(&self) -> Option<(f64, f64)> {
+        None
+    }
 }
 
 /// Builds a rank's reference after the backend's init (collective: every rank calls it).

@@ -17,7 +17,8 @@ use std::time::Duration;
 pub const EVENT_TIMING: &str = "CUDA events on the rank's stream: GPU time from an event recorded before a window's first issue \
 to one recorded after its last issue (k back-to-back issues, no per-op host synchronisation; the waits and every output's \
 check come after the end event; each window, on both sides, behind one untimed launch of the same op, so the GPU is busy \
-when the clock starts, as in nccl-tests' loop after its warm-up); mean per iteration, averaged over ranks; sendrecv: host wall-clock around the window's issues \
+when the clock starts, as in nccl-tests' loop after its warm-up); per rank the median over the windows of each window's mean \
+per iteration (one window: its mean; --window caps a window), averaged over ranks; sendrecv: host wall-clock around the window's issues \
 and waits (send / recv run on per-direction streams the events are not recorded on)";
 
 fn mark(b: &NcclBackend) -> concord_core::Result<Mark> {
@@ -66,6 +67,8 @@ struct Raw {
     /// Option `raw_fill=zero`: the raw loop's buffers hold zeros (default `data`: a non-zero
     /// pattern, as nccl-tests' buffers hold data).
     zeros: bool,
+    /// The last step's fastest and slowest window, µs per op.
+    spread: Option<(f64, f64)>,
 }
 
 impl Reference for Raw {
@@ -109,7 +112,12 @@ impl Reference for Raw {
             events: self.events,
             zeros: self.zeros,
         };
-        Ok(Some(self.raw.time(&step)?.per_op.as_secs_f64() * 1e6))
+        let t = self.raw.time(&step)?;
+        self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
+        Ok(Some(t.per_op.as_secs_f64() * 1e6))
+    }
+    fn last_spread_us(&self) -> Option<(f64, f64)> {
+        self.spread
     }
 }
 
@@ -125,7 +133,7 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("zero") => true,
         Some(o) => return Err(format!("option raw_fill={o}: expected data or zero")),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros }))
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

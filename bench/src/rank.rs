@@ -31,6 +31,10 @@
 //!   host wall-clock from the first issue to the end of the last wait. The wall-clock is
 //!   reported in both cases (`wall_us`; with a device clock it also holds what was left of the
 //!   untimed launch when the window's issues began).
+//! * A step's time per op is the median over its timed windows of each window's time per op
+//!   (`--window K` caps a window at `K` iterations, so `-n 1000 --window 100` times ten
+//!   windows); the fastest and slowest window's are reported beside it (`spread_us`). With one
+//!   window (the default at small sizes) the median is that window's mean.
 //! * A reference ([`crate::ext::Reference`]), when the backend has one, is timed right after
 //!   each placement of each step, with the same iterations and window.
 //! * Checking is cheap for large sizes: the base sets are generated once per step (both
@@ -107,6 +111,26 @@ pub struct RankResult {
     /// The reference's time per op for the same step and placement.
     #[serde(default)]
     pub ref_us: Option<f64>,
+    /// Timed windows (`time_us` is the median over them of each window's time per op).
+    #[serde(default)]
+    pub windows: usize,
+    /// The fastest and slowest window's time per op (µs).
+    #[serde(default)]
+    pub spread_us: Option<(f64, f64)>,
+    /// The same for the reference's windows, when it reports them.
+    #[serde(default)]
+    pub ref_spread_us: Option<(f64, f64)>,
+}
+
+/// The median of `xs` (the mean of the middle two for an even count); 0 for none.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// The first wrong element of one checked iteration.
@@ -195,6 +219,8 @@ struct Ctx<'a, B: Backend> {
     iters: usize,
     warmup: usize,
     budget: usize,
+    /// `--window`: the most timed iterations per window.
+    window_max: usize,
     timeout: Duration,
     sem: Semantics,
     beat: Beat,
@@ -274,6 +300,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         iters: a.iters,
         warmup: a.warmup,
         budget: a.check_budget.unwrap_or(if hooks.clock.is_some() { DEVICE_BUDGET } else { HOST_BUDGET }),
+        window_max: a.window.unwrap_or(usize::MAX).max(1),
         timeout: world.op_timeout,
         sem: Semantics::of(&b.capabilities()),
         beat,
@@ -310,7 +337,10 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
                             window: r.window,
                         };
                         match rf.time_us(&rs) {
-                            Ok(t) => r.ref_us = t,
+                            Ok(t) => {
+                                r.ref_us = t;
+                                r.ref_spread_us = t.and_then(|_| rf.last_spread_us());
+                            }
                             Err(e) => {
                                 emit(&Msg::Note {
                                     rank,
@@ -613,7 +643,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         }
     };
     let per_iter = (in_n + if placement == Placement::InPlace { 0 } else { out_n }) * elt;
-    let window = (cx.budget / per_iter.max(1)).clamp(1, cx.iters.max(1));
+    let window = (cx.budget / per_iter.max(1)).clamp(1, cx.iters.max(1)).min(cx.window_max);
     let b = cx.b;
     let ins: Vec<B::Buffer> = (0..window).map(|_| b.alloc(cx.dtype, &[in_n])).collect::<Result<_, _>>()?;
     let recv_outs: Vec<B::Buffer> =
@@ -684,6 +714,9 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         wrong_warmup: 0,
         wall_us: 0.0,
         ref_us: None,
+        windows: 0,
+        spread_us: None,
+        ref_spread_us: None,
     };
     // Warm-up: in windows like the timed ones, and at least one whole window, so that every
     // buffer a timed window uses (its inputs, and the outputs out-of-place ops allocate) has
@@ -709,7 +742,9 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     }
     // Timed windows. A device clock that does not order send / recv leaves sendrecv to the
     // host clock (see `Clock::covers_p2p`; `clock` above).
-    let mut elapsed = Duration::ZERO;
+    // Each window's time per op: the step's time is their median (one slow window, a host
+    // hiccup, moves a mean over a few windows by as much as the code changes being measured).
+    let mut per_window: Vec<f64> = Vec::new();
     let mut wall = Duration::ZERO;
     let mut done = 0;
     while done < cx.iters {
@@ -739,10 +774,11 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         }
         let w = t.elapsed();
         wall += w;
-        elapsed += match (clock, &start, &end) {
+        let elapsed = match (clock, &start, &end) {
             (Some(c), Some(s), Some(e)) => (c.elapsed)(b, s, e, cx.timeout)?,
             _ => w,
         };
+        per_window.push(elapsed.as_secs_f64() * 1e6 / k.max(1) as f64);
         cx.beat.phase(format!("{what}: checking timed iterations {done}..{}", done + k));
         for (j, p) in pending.iter().enumerate() {
             let i = warm + done + j;
@@ -753,7 +789,10 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         }
         done += k;
     }
-    counts.time_us = elapsed.as_secs_f64() * 1e6 / cx.iters.max(1) as f64;
+    counts.time_us = median(&per_window);
+    counts.windows = per_window.len();
+    counts.spread_us = (!per_window.is_empty())
+        .then(|| (per_window.iter().copied().fold(f64::INFINITY, f64::min), per_window.iter().copied().fold(0.0, f64::max)));
     counts.wall_us = wall.as_secs_f64() * 1e6 / cx.iters.max(1) as f64;
     Ok(counts)
 }

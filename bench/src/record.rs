@@ -63,6 +63,13 @@ pub struct Record {
     /// (CUDA events): issues plus the waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_time_us: Option<f64>,
+    /// Timed windows per rank: each rank's time is the median over them of each window's time
+    /// per iteration (`--window`; 0 in records of older runs).
+    #[serde(default)]
+    pub windows: usize,
+    /// Mean over ranks of the fastest and slowest window's time per iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_us: Option<(f64, f64)>,
     pub machine: Machine,
     pub versions: BTreeMap<String, String>,
     pub command: Vec<String>,
@@ -134,6 +141,8 @@ pub(crate) fn sample(backend: &str, op: &str, size: u64, busbw: f64) -> Record {
         wrong_warmup: 0,
         timing: "test".into(),
         wall_time_us: None,
+        windows: 0,
+        spread_us: None,
         machine: Machine { hostname: "h".into(), cores: 2 },
         versions: BTreeMap::new(),
         command: vec![],

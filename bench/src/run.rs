@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 /// How a CPU backend's time is taken (the default).
 pub const WALL_CLOCK: &str =
-    "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; mean per iteration, averaged over ranks";
+    "wall-clock: host Instant around k back-to-back issues plus the waits of all k, per window; per rank the median over the windows \
+of each window's mean per iteration (one window: its mean; --window caps a window), averaged over ranks";
 
 /// What a backend adds to the generic benchmark.
 pub struct Hooks<B: Backend> {
@@ -353,6 +354,8 @@ pub(crate) fn run_parent_with<B: Backend>(
         wrong_warmup: 0,
         timing: timing.into(),
         wall_time_us: None,
+        windows: 0,
+        spread_us: None,
         machine: machine.clone(),
         versions: versions.clone(),
         command: command.clone(),
@@ -587,6 +590,7 @@ pub(crate) fn run_parent_with<B: Backend>(
                             rr.timing = what.clone();
                             rr.wall_time_us = None;
                             rr.time_us_per_rank = ts.clone();
+                            rr.spread_us = mean_spread(rs.iter().map(|r| r.ref_spread_us));
                             rr.time_us = ts.iter().sum::<f64>() / ts.len() as f64;
                             rr.algbw = if rr.time_us > 0.0 { step.size as f64 / rr.time_us / 1e3 } else { 0.0 };
                             rr.busbw = rr.algbw * step.op.busbw_factor(args.ranks);
@@ -667,6 +671,9 @@ pub(crate) fn run_parent_with<B: Backend>(
         .collect();
     if !walls.is_empty() {
         out.say(format!("# host wall-clock per op (issues + waits; what wall-clock runs report), us: {}", walls.join(", ")));
+    }
+    for line in spread_lines(name, reference.as_ref().map(|(l, _)| l.as_str()), &outcome.records) {
+        out.say(line);
     }
     if let Some((label, _)) = &reference {
         for line in goals_vs_reference(name, label, &vs_ref) {
@@ -775,6 +782,56 @@ pub fn goals_vs_reference(name: &str, label: &str, vs: &BTreeMap<(BenchOp, usize
     lines
 }
 
+/// The mean over ranks of each rank's (fastest, slowest) window; `None` unless every rank has one.
+fn mean_spread(xs: impl Iterator<Item = Option<(f64, f64)>>) -> Option<(f64, f64)> {
+    let v: Option<Vec<(f64, f64)>> = xs.collect();
+    let v = v.filter(|v| !v.is_empty())?;
+    let n = v.len() as f64;
+    Some((v.iter().map(|x| x.0).sum::<f64>() / n, v.iter().map(|x| x.1).sum::<f64>() / n))
+}
+
+/// How much a step's windows differed, per op and placement, for the backend and its reference:
+/// `(max - min) / median` of the window times per op, as the median and the worst over sizes.
+/// Empty unless some step timed several windows.
+pub fn spread_lines(name: &str, label: Option<&str>, records: &[Record]) -> Vec<String> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in records.iter().filter(|r| r.windows > 1 && r.spread_us.is_some()) {
+        let k = (r.op.clone(), r.placement.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let mut lines = Vec::new();
+    for (op, placement) in keys {
+        let mut parts = Vec::new();
+        let mut windows = 0;
+        for series in std::iter::once(name).chain(label) {
+            let mut rel: Vec<(f64, u64)> = records
+                .iter()
+                .filter(|r| r.backend == series && r.op == op && r.placement == placement && r.time_us > 0.0)
+                .filter_map(|r| r.spread_us.map(|(lo, hi)| ((hi - lo) / r.time_us, r.size)))
+                .collect();
+            if rel.is_empty() {
+                continue;
+            }
+            windows = records.iter().filter(|r| r.op == op && r.placement == placement).map(|r| r.windows).max().unwrap_or(0);
+            let med = crate::rank::median(&rel.iter().map(|x| x.0).collect::<Vec<_>>());
+            rel.sort_by(|a, b| b.0.total_cmp(&a.0));
+            parts.push(format!("{series} median {:.0} % (worst {:.0} % at {})", med * 100.0, rel[0].0 * 100.0, spec::human(rel[0].1)));
+        }
+        if !parts.is_empty() {
+            lines.push(format!(
+                "#   {op} {placement}: {windows} windows per size; (slowest - fastest window) / median, over the sizes: {}",
+                parts.join(", ")
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        lines.insert(0, "# window spread (each size's time is the median over its windows):".into());
+    }
+    lines
+}
+
 /// One table cell's record from every rank's result: time = mean over ranks (nccl-tests' `-a 1`).
 fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, root: usize, rs: &[&RankResult]) -> Record {
     let mut rec = base.clone();
@@ -790,6 +847,8 @@ fn merge(base: &Record, version: &str, step: Step, p: Placement, redop: &str, ro
     rec.time_us_per_rank = rs.iter().map(|r| r.time_us).collect();
     rec.time_us = rec.time_us_per_rank.iter().sum::<f64>() / rs.len().max(1) as f64;
     rec.window = rs.iter().map(|r| r.window).min().unwrap_or(0);
+    rec.windows = rs.iter().map(|r| r.windows).min().unwrap_or(0);
+    rec.spread_us = mean_spread(rs.iter().map(|r| r.spread_us));
     if rs.iter().all(|r| r.wall_us > 0.0) && base.timing != WALL_CLOCK {
         rec.wall_time_us = Some(rs.iter().map(|r| r.wall_us).sum::<f64>() / rs.len().max(1) as f64);
     }

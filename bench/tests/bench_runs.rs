@@ -299,6 +299,73 @@ fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// A clock that reads 1, 2 and 9 ms for a rank's successive windows (per process).
+fn shifting_clock_hooks() -> Hooks<ShmBackend> {
+    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
+        Ok(Box::new(()))
+    }
+    fn elapsed(_: &ShmBackend, _: &concord_bench::ext::Mark, _: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        Ok(Duration::from_millis([1, 2, 9][(N.fetch_add(1, Ordering::SeqCst) % 3) as usize]))
+    }
+    Hooks {
+        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1, 2, 9 ms in turn", covers_p2p: true }),
+        data: Some(via_host()),
+        ..Hooks::default()
+    }
+}
+
+/// `--window`: a step timed in several windows reports the median window's time per op (not the
+/// mean, which one slow window moves), the fastest and slowest beside it, and the spread line.
+fn a_step_is_the_median_of_its_windows() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("w.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shmwindows",
+        "--op",
+        "all_reduce",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "6",
+        "--window",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shmwindows", &shifting_clock_hooks(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let recs = concord_bench::record::read_jsonl(&json)?;
+    if recs.len() != 2 {
+        return Err(format!("{} records, want 2 (both placements)", recs.len()).into());
+    }
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    for r in &recs {
+        // Windows of 2 ops: 1, 2, 9 ms = 500, 1000, 4500 us per op; the mean would be 2000.
+        let spread_ok = r.spread_us.is_some_and(|(lo, hi)| near(lo, 500.0) && near(hi, 4500.0));
+        if r.window != 2 || r.windows != 3 || !near(r.time_us, 1000.0) || !spread_ok {
+            return Err(format!("want 3 windows of 2, 1000 us per op (the median), spread 500-4500: {r:?}").into());
+        }
+    }
+    let spread = o.lines.iter().find(|l| l.contains("all_reduce out-of-place: 3 windows per size"));
+    // (4500 - 500) / 1000 = 400 %.
+    if !spread.is_some_and(|l| l.contains("shmwindows median 400 % (worst 400 % at 64 B)")) {
+        return Err(format!("no spread line for the windows: {:?}", o.lines).into());
+    }
+    Ok(())
+}
+
 /// One rank, every op: sendrecv (which needs a peer) is left out on the ranks as in the table,
 /// instead of failing the run at its end.
 fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
@@ -401,6 +468,7 @@ fn main() {
             Some("wrong7") => main_with::<Wrong7>("wrong7", &Hooks::default(), &args, argv),
             Some("wrong7data") => main_with::<Wrong7>("wrong7data", &data_hooks(), &args, argv),
             Some("shmclock") => main_with::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv),
+            Some("shmwindows") => main_with::<ShmBackend>("shmwindows", &shifting_clock_hooks(), &args, argv),
             _ => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         };
         std::process::exit(code);
@@ -411,6 +479,7 @@ fn main() {
         Trial::test("shm_every_op_end_to_end", shm_every_op_end_to_end),
         Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
         Trial::test("one_rank_runs_every_op_but_sendrecv", one_rank_runs_every_op_but_sendrecv),
+        Trial::test("a_step_is_the_median_of_its_windows", a_step_is_the_median_of_its_windows),
         Trial::test("nothing_to_run_is_an_error", nothing_to_run_is_an_error),
         Trial::test("failed_world_is_not_ok", failed_world_is_not_ok),
     ];

@@ -90,6 +90,10 @@ pub(crate) struct Device {
     events: Arc<EventPool>,
     /// Blocks freed on `stream`, for later allocations on `stream` (see `block_cache`).
     cache: std::sync::Mutex<BlockCache>,
+    /// Whether a reduction of a one-rank communicator on this device that is the identity is
+    /// enqueued as plain device copies instead of NCCL calls (see `Launch::local`; backend
+    /// option `one_rank_copy`, default on).
+    pub one_rank_copy: std::sync::atomic::AtomicBool,
 }
 
 /// A value on cache lines of its own (128 bytes: two lines, as adjacent-line prefetchers
@@ -186,6 +190,7 @@ impl Device {
             deferred: std::sync::Mutex::new(Vec::new()),
             events: Arc::new(EventPool::default()),
             cache: std::sync::Mutex::new(BlockCache::new(if async_alloc { CACHE_MAX } else { 0 }, CACHE_BLOCK_MAX)),
+            one_rank_copy: std::sync::atomic::AtomicBool::new(true),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
         Ok(Arc::new(dev))
@@ -445,6 +450,15 @@ impl Device {
     pub fn sync_until(&self, deadline: Instant) -> Result<bool, String> {
         let ev = Event::record_on(self.stream)?;
         ev.wait_until(deadline)
+    }
+
+    /// Queues a device-to-device copy of `bytes` on `stream` (a one-rank identity reduction:
+    /// see `Launch::local`).
+    pub fn dtod_on(&self, stream: sys::CUstream, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| derr("cuMemcpyDtoDAsync", e))
     }
 
     /// Queues a host-to-device copy on the collectives' stream. `src` MUST be pinned (a

@@ -13,6 +13,22 @@ use cudarc::nccl::sys as nccl;
 use std::ffi::c_void;
 use std::sync::Arc;
 
+/// NCCL's built-in reduce ops that are the identity on one rank: `ncclSum`, `ncclProd`,
+/// `ncclMax`, `ncclMin` (not `ncclAvg`, which divides, nor premul-sum, which scales).
+const IDENTITY_ON_ONE_RANK: [u32; 4] = [SUM, 1, 2, 3];
+
+/// [`NcclBackend::one_rank_copies`] for a communicator of `ws` ranks (`enabled`: the option).
+fn identity_copies(ws: usize, enabled: bool, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Vec<(u64, u64, usize)>> {
+    if ws != 1 || !enabled {
+        return None;
+    }
+    let identity = |r: &Red| matches!(r, Red::Builtin(c) if IDENTITY_ON_ONE_RANK.contains(c));
+    if !jobs.iter().all(|j| identity(&j.4)) {
+        return None;
+    }
+    Some(jobs.iter().filter(|j| j.0 != j.1).map(|&(src, dst, n, d, _)| (src, dst, n * d.size())).collect())
+}
+
 /// The device memory behind `bufs`, for a [`Launch`] to keep alive until it is enqueued.
 pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
     bufs.iter().map(|b| b.mem.clone()).collect()
@@ -20,7 +36,7 @@ pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
 pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
-    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)) }
+    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)), local: None }
 }
 
 pub(crate) fn p2p(
@@ -72,12 +88,14 @@ impl NcclBackend {
         }
         let reds: Vec<(Red, DType)> = jobs.iter().map(|j| (j.4, j.3)).collect();
         let premul = Self::premul_list(&reds);
+        let local = self.one_rank_copies(&jobs);
         let call = pick(red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?);
         let p2 = premul.clone();
         Ok(Some(Launch {
             premul,
             then: vec![],
             keep: keep(keep_alive),
+            local,
             calls: Box::new(move |c, s, ops| {
                 for (src, dst, n, d, red) in jobs {
                     let t = nccl_dtype(d).expect("checked");
@@ -114,6 +132,15 @@ impl NcclBackend {
         out
     }
 
+    /// On a communicator of one rank, when every job `(src, dst, count, dtype, op)` (as
+    /// [`Self::one_rank_jobs`] made them) is the identity — `sum`, `prod`, `max` or `min` of
+    /// the one input — the device copies `(src, dst, bytes)` that are the whole op (see
+    /// `Launch::local`); `None` otherwise (a premul-sum scales; `avg` where NCCL divides) and
+    /// with option `one_rank_copy=0`.
+    pub(crate) fn one_rank_copies(&self, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Vec<(u64, u64, usize)>> {
+        identity_copies(self.ws, self.dev.one_rank_copy.load(std::sync::atomic::Ordering::Relaxed), jobs)
+    }
+
     /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
     pub(crate) fn op_code(red: Red, d: DType, premul: &[(nccl::ncclDataType_t, [u8; 8])], ops: &[u32]) -> u32 {
         match red {
@@ -124,5 +151,32 @@ impl NcclBackend {
                 ops[i]
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::red_of;
+    use concord_core::ReduceOp;
+
+    #[test]
+    fn only_identity_reductions_of_one_rank_become_copies() {
+        let job = |red: Red, d: DType| (0x1000u64, 0x9000u64, 10usize, d, red);
+        for op in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Max, ReduceOp::Min] {
+            assert_eq!(identity_copies(1, true, &[job(red_of(op), DType::F16)]), Some(vec![(0x1000, 0x9000, 20)]), "{op:?}");
+            assert_eq!(identity_copies(2, true, &[job(red_of(op), DType::F32)]), None, "two ranks reduce: {op:?}");
+            assert_eq!(identity_copies(1, false, &[job(red_of(op), DType::F32)]), None, "option one_rank_copy=0");
+        }
+        // avg divides (unless `one_rank_jobs` made it sum), premul-sum scales: NCCL runs them.
+        assert_eq!(identity_copies(1, true, &[job(red_of(ReduceOp::Avg), DType::F32)]), None);
+        assert_eq!(identity_copies(1, true, &[job(red_of(ReduceOp::PremulSum(2.0)), DType::F32)]), None);
+        // One job that is not the identity sends the whole launch through NCCL.
+        let mixed = [job(Red::Builtin(SUM), DType::F32), job(red_of(ReduceOp::Avg), DType::F32)];
+        assert_eq!(identity_copies(1, true, &mixed), None);
+        // In place: nothing to copy, but still a launch (its event orders it on the stream).
+        let in_place = [(0x1000u64, 0x1000u64, 10usize, DType::I64, Red::Builtin(SUM)), job(Red::Builtin(3), DType::U8)];
+        assert_eq!(identity_copies(1, true, &in_place), Some(vec![(0x1000, 0x9000, 10)]));
+        assert_eq!(identity_copies(1, true, &in_place[..1]), Some(vec![]));
     }
 }

@@ -120,6 +120,7 @@ impl NcclBackend {
             Launch {
                 premul: vec![],
                 then: vec![],
+                local: None,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
@@ -148,6 +149,7 @@ impl NcclBackend {
             Launch {
                 premul: vec![],
                 then: vec![],
+                local: None,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
@@ -181,6 +183,7 @@ impl NcclBackend {
         let launch = (!jobs.is_empty()).then(|| Launch {
             premul: vec![],
             then: vec![],
+            local: None,
             keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
             calls: Box::new(move |c, s, _| {
                 for (src, dst, n, d) in jobs {
@@ -298,6 +301,7 @@ impl NcclBackend {
             Some(Launch {
                 premul,
                 then: vec![],
+                local: None,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, ops| {
                     for (src, dst, n, d, red) in jobs {
@@ -385,6 +389,7 @@ impl NcclBackend {
         let launch = Launch {
             premul: vec![],
             then: vec![],
+            local: None,
             keep: keep(&[&self.barrier_buf]),
             calls: Box::new(move |c, s, _| unsafe {
                 check(

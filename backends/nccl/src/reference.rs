@@ -84,10 +84,14 @@ pub const RAW_FILL: u32 = 0x3F8C_CCCD;
 /// What a step measured.
 #[derive(Clone, Copy, Debug)]
 pub struct RawTime {
-    /// GPU time per op (sum of the windows' event times / iterations).
+    /// GPU time per op: the median over the windows of each window's event time / its
+    /// iterations (one window: its mean), as the bench takes the backend's.
     pub per_op: Duration,
     /// Host wall-clock per op over the same windows (launches + the wait for the end event).
     pub wall_per_op: Duration,
+    /// The fastest and slowest window's GPU time per op.
+    pub min_per_op: Duration,
+    pub max_per_op: Duration,
 }
 
 /// Whether the reference can time `op` on `dtype` with `redop` (NCCL has no 16-bit integer
@@ -330,7 +334,7 @@ impl RawNccl {
             self.ready("ncclAllReduce (barrier)")?;
             self.sync("the barrier before a window")
         };
-        let mut gpu = Duration::ZERO;
+        let mut per_window: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
         let mut done = 0;
         let window = s.window.max(1);
@@ -351,12 +355,20 @@ impl RawNccl {
             }
             wall += t0.elapsed();
             let ms = unsafe { cu::event::elapsed(start.0, end.0) }.map_err(|e| derr("cuEventElapsedTime", e))?;
-            gpu += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            per_window.push(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3) / k as u32);
             done += k;
         }
         drop((keep, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;
-        Ok(RawTime { per_op: gpu / iters, wall_per_op: wall / iters })
+        per_window.sort();
+        let n = per_window.len();
+        let per_op = match n {
+            0 => Duration::ZERO,
+            n if n % 2 == 1 => per_window[n / 2],
+            n => (per_window[n / 2 - 1] + per_window[n / 2]) / 2,
+        };
+        let (min_per_op, max_per_op) = (per_window.first().copied().unwrap_or_default(), per_window.last().copied().unwrap_or_default());
+        Ok(RawTime { per_op, wall_per_op: wall / iters, min_per_op, max_per_op })
     }
 }
 

@@ -96,6 +96,14 @@ pub(crate) struct Launch {
     pub keep: Vec<Arc<DevMem>>,
     /// What follows `calls`, in order (empty but for the fused ops: `fused_gpu`).
     pub then: Vec<Step>,
+    /// On a communicator of one rank, a reduction that is the identity (`sum`, `prod`, `min`,
+    /// `max` of one input; `avg` where [`crate::one_rank`] makes it `sum`): the device copies
+    /// `(src, dst, bytes)` that replace `calls`, enqueued on the communicator's stream without
+    /// entering NCCL (NCCL's own one-rank path is the same `cudaMemcpyAsync`, behind its group
+    /// and enqueue work; an in-place op copies nothing). The op's completion event, tracker
+    /// entry and deadlines are those of any launch. `None`: `calls` (also when a fault is
+    /// injected at the enqueue, which only the NCCL path honours).
+    pub local: Option<Vec<(u64, u64, usize)>>,
 }
 
 /// One more part of a launch after its first NCCL group.
@@ -612,7 +620,7 @@ impl Channel {
         if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
             return Err(e);
         }
-        let Some(Launch { premul, calls, keep, then }) = launch else {
+        let Some(Launch { premul, calls, keep, then, local }) = launch else {
             return Ok(None);
         };
         if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
@@ -628,7 +636,10 @@ impl Channel {
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         let prof = &tracker.profile;
         let t = prof.start();
-        self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?;
+        match local {
+            Some(copies) if !stall => self.copy_local(id, &copies)?,
+            _ => self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?,
+        }
         let keep = self.run_steps(id, &premul, then, keep)?;
         prof.add(1, t);
         let t = prof.start();
@@ -639,6 +650,17 @@ impl Channel {
         prof.add(3, t);
         drop(keep); // enqueued: a free from here on is ordered after the op
         Ok(Some(launched))
+    }
+
+    /// A one-rank identity reduction (see [`Launch::local`]): its copies, on the communicator's
+    /// stream. Never waits (an enqueue); refused once the communicator is aborted, as a launch is.
+    fn copy_local(&self, id: &OpId, copies: &[(u64, u64, usize)]) -> Result<()> {
+        self.not_aborted(id)?;
+        let stream = self.comm.stream as cudarc::driver::sys::CUstream;
+        for &(src, dst, bytes) in copies {
+            self.dev().dtod_on(stream, dst, src, bytes).map_err(|e| self.backend_err(id, e))?;
+        }
+        Ok(())
     }
 
     /// The steps after a launch's first group, in order. A failure part-way aborts the
@@ -1318,7 +1340,10 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let job_started = sh.tracker.profile.start();
         taken += 1;
         job.start(Instant::now());
-        let (Some(id), Some(chan)) = (job.id(), job.chan().cloned()) else {
+        // The job's channel is only looked at here, by reference: a clone would change its
+        // `Arc`'s counts, which the issuing thread changes on every op too (a cache line moving
+        // between the two threads twice per job).
+        let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
             // A teardown: bounded by itself; a panic in it must not end the thread.
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
@@ -1328,10 +1353,11 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         {
             // The communicator of the job before, when it is the same, is kept (no count
             // change on it: the issuing thread changes the same counts on every op).
+            let comm = &job.chan().expect("an op's job has a channel").comm;
             let mut cur = sh.current.lock().unwrap_or_else(|e| e.into_inner());
             match &mut *cur {
-                Some((comm, i, since)) if Arc::ptr_eq(comm, &chan.comm) => (*i, *since) = (id, Instant::now()),
-                slot => *slot = Some((chan.comm.clone(), id, Instant::now())),
+                Some((c, i, since)) if Arc::ptr_eq(c, comm) => (*i, *since) = (id, Instant::now()),
+                slot => *slot = Some((comm.clone(), id, Instant::now())),
             }
         }
         // A panic must not leave the op's completion waiting for a launch that never comes: the
@@ -1343,10 +1369,12 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         if run.is_err() {
             if let Some(t) = ticket {
-                t.set(Stage::Finished(Err(chan.backend_err(&id, "the NCCL progress thread panicked while launching this op"))));
+                t.set(Stage::Finished(Err(CollectiveError::Backend(format!(
+                    "nccl {} #{} on rank {rank}: the NCCL progress thread panicked while launching this op",
+                    id.name, id.seq
+                )))));
             }
         }
-        drop(chan);
         // Cleared once nothing is queued behind; with more queued, the next job replaces it
         // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
         // the queue would find the next job there).
