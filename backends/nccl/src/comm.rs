@@ -1501,7 +1501,8 @@ impl NcclBackend {
         let blocking = flag("blocking", false)?;
         let fast_launch = flag("fast_launch", true)?;
         let alloc_cache = flag("alloc_cache", true)?;
-        let one_rank_copy = flag("one_rank_copy", true)?;
+        let one_rank_copy = crate::cuda::OneRankCopy::parse(world.option("one_rank_copy"))
+            .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let init_timeout = match world.option("init_timeout_ms") {
             None => world.op_timeout.max(Duration::from_secs(30)),
             Some(v) => Duration::from_millis(v.parse().map_err(|_| {
@@ -1544,7 +1545,7 @@ impl NcclBackend {
         if !alloc_cache {
             dev.disable_cache();
         }
-        dev.one_rank_copy.store(one_rank_copy, std::sync::atomic::Ordering::Relaxed);
+        dev.one_rank_copy.store(one_rank_copy as u8, std::sync::atomic::Ordering::Relaxed);
         let store = concord_store::Store::open(&world.store_path, ws, init_timeout)
             .map_err(|e| fail("opening the world's store", e.to_string()))?;
         let key = format!("concord/nccl/{}/unique_id", world.world_id);

@@ -90,11 +90,97 @@ pub(crate) struct Device {
     events: Arc<EventPool>,
     /// Blocks freed on `stream`, for later allocations on `stream` (see `block_cache`).
     cache: std::sync::Mutex<BlockCache>,
-    /// Whether a reduction of a one-rank communicator on this device that is the identity is
-    /// enqueued as plain device copies instead of NCCL calls (see `Launch::local`; backend
-    /// option `one_rank_copy`, default on).
-    pub one_rank_copy: std::sync::atomic::AtomicBool,
+    /// How a reduction of a one-rank communicator on this device that is the identity is
+    /// enqueued (see `Launch::local`; backend option `one_rank_copy`): a [`OneRankCopy`] as u8.
+    pub one_rank_copy: std::sync::atomic::AtomicU8,
+    /// The copy kernel ([`COPY_PTX`]), loaded at its first use; `None`: it did not load, and
+    /// copies use `cuMemcpyDtoDAsync`.
+    copy_fn: std::sync::OnceLock<Option<CopyFn>>,
 }
+
+/// How a one-rank identity reduction is enqueued (backend option `one_rank_copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum OneRankCopy {
+    /// Through NCCL, as on any communicator (`one_rank_copy=0`).
+    Off = 0,
+    /// `cuMemcpyDtoDAsync` (`one_rank_copy=memcpy`; what NCCL itself does at one rank).
+    Memcpy = 1,
+    /// A byte-copy kernel launched on the stream (`one_rank_copy=kernel`, the default; falls
+    /// back to `Memcpy` when the kernel does not load).
+    Kernel = 2,
+}
+
+impl OneRankCopy {
+    /// The option's value: `kernel` (default), `memcpy`, or a no (`0`, `false`, `no`, `off`).
+    pub fn parse(v: Option<&str>) -> Result<OneRankCopy, String> {
+        match v {
+            None | Some("kernel") | Some("1") | Some("true") | Some("yes") | Some("on") => Ok(OneRankCopy::Kernel),
+            Some("memcpy") => Ok(OneRankCopy::Memcpy),
+            Some("0") | Some("false") | Some("no") | Some("off") => Ok(OneRankCopy::Off),
+            Some(o) => Err(format!("backend option one_rank_copy={o}: expected kernel, memcpy or 0 (through NCCL)")),
+        }
+    }
+    fn from_u8(v: u8) -> OneRankCopy {
+        match v {
+            0 => OneRankCopy::Off,
+            1 => OneRankCopy::Memcpy,
+            _ => OneRankCopy::Kernel,
+        }
+    }
+}
+
+/// A loaded kernel (a handle of the device's primary context, which lives as long as the process).
+struct CopyFn(sys::CUfunction);
+// SAFETY: a CUfunction may be launched from any thread with its context current.
+unsafe impl Send for CopyFn {}
+unsafe impl Sync for CopyFn {}
+
+/// `concord_copy_bytes(src, dst, n)`: `dst[i] = src[i]` for `i < n` bytes, a grid-stride loop
+/// (PTX, JIT-compiled by the driver for the device at the first one-rank copy). NUL-terminated
+/// for `cuModuleLoadData`.
+const COPY_PTX: &str = "\
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry concord_copy_bytes(
+    .param .u64 p_src,
+    .param .u64 p_dst,
+    .param .u64 p_n
+)
+{
+    .reg .pred %p;
+    .reg .b32 %r<5>;
+    .reg .b32 %v;
+    .reg .b64 %rd<9>;
+
+    ld.param.u64 %rd1, [p_src];
+    ld.param.u64 %rd2, [p_dst];
+    ld.param.u64 %rd3, [p_n];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r4, %r2;
+LOOP:
+    setp.ge.u64 %p, %rd4, %rd3;
+    @%p bra DONE;
+    add.u64 %rd7, %rd1, %rd4;
+    ld.global.u8 %v, [%rd7];
+    add.u64 %rd8, %rd2, %rd4;
+    st.global.u8 [%rd8], %v;
+    add.u64 %rd4, %rd4, %rd6;
+    bra LOOP;
+DONE:
+    ret;
+}
+\0";
 
 /// A value on cache lines of its own (128 bytes: two lines, as adjacent-line prefetchers
 /// pair them). The issuing thread and the progress thread each write their own fields of
@@ -190,7 +276,8 @@ impl Device {
             deferred: std::sync::Mutex::new(Vec::new()),
             events: Arc::new(EventPool::default()),
             cache: std::sync::Mutex::new(BlockCache::new(if async_alloc { CACHE_MAX } else { 0 }, CACHE_BLOCK_MAX)),
-            one_rank_copy: std::sync::atomic::AtomicBool::new(true),
+            one_rank_copy: std::sync::atomic::AtomicU8::new(OneRankCopy::Kernel as u8),
+            copy_fn: std::sync::OnceLock::new(),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);
         Ok(Arc::new(dev))
@@ -452,13 +539,61 @@ impl Device {
         ev.wait_until(deadline)
     }
 
+    /// How one-rank identity reductions are enqueued on this device (option `one_rank_copy`).
+    pub fn one_rank_copy(&self) -> OneRankCopy {
+        OneRankCopy::from_u8(self.one_rank_copy.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Queues a device-to-device copy of `bytes` on `stream` (a one-rank identity reduction:
-    /// see `Launch::local`).
-    pub fn dtod_on(&self, stream: sys::CUstream, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+    /// see `Launch::local`): the copy kernel, or `cuMemcpyDtoDAsync` (option
+    /// `one_rank_copy=memcpy`, or a kernel that did not load). The context must be current.
+    pub fn copy_on(&self, stream: sys::CUstream, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
         if bytes == 0 || dst == src {
             return Ok(());
         }
+        if self.one_rank_copy() == OneRankCopy::Kernel {
+            if let Some(f) = self.copy_kernel() {
+                const THREADS: usize = 256;
+                let blocks = bytes.div_ceil(THREADS).clamp(1, 1024) as u32;
+                let (mut s, mut d, mut n) = (src, dst, bytes as u64);
+                let mut params = [
+                    &mut s as *mut u64 as *mut std::ffi::c_void,
+                    &mut d as *mut u64 as *mut std::ffi::c_void,
+                    &mut n as *mut u64 as *mut std::ffi::c_void,
+                ];
+                // SAFETY: the kernel takes three u64 parameters (src, dst, n), pointed to by
+                // `params` for the call; src / dst are live device buffers of `bytes` bytes.
+                return unsafe { cu::launch_kernel(f, (blocks, 1, 1), (THREADS as u32, 1, 1), 0, stream, &mut params) }
+                    .map_err(|e| derr("cuLaunchKernel (one-rank copy)", e));
+            }
+        }
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| derr("cuMemcpyDtoDAsync", e))
+    }
+
+    /// The copy kernel, loaded once; `None` (with a warning, once) when it does not load.
+    fn copy_kernel(&self) -> Option<sys::CUfunction> {
+        self.copy_fn
+            .get_or_init(|| {
+                // SAFETY: COPY_PTX is NUL-terminated PTX; the module stays loaded for the process.
+                let loaded = unsafe {
+                    cu::module::load_data(COPY_PTX.as_ptr() as *const std::ffi::c_void).and_then(|m| {
+                        cu::module::get_function(m, std::ffi::CString::new("concord_copy_bytes").expect("no NUL in the name"))
+                    })
+                };
+                match loaded {
+                    Ok(f) => Some(CopyFn(f)),
+                    Err(e) => {
+                        eprintln!(
+                            "concord-nccl: warning: GPU {}: the one-rank copy kernel did not load ({}); one-rank copies use cuMemcpyDtoDAsync",
+                            self.ordinal,
+                            derr("cuModuleLoadData", e)
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+            .map(|f| f.0)
     }
 
     /// Queues a host-to-device copy on the collectives' stream. `src` MUST be pinned (a

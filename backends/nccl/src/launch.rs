@@ -138,7 +138,7 @@ impl NcclBackend {
     /// `Launch::local`); `None` otherwise (a premul-sum scales; `avg` where NCCL divides) and
     /// with option `one_rank_copy=0`.
     pub(crate) fn one_rank_copies(&self, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Vec<(u64, u64, usize)>> {
-        identity_copies(self.ws, self.dev.one_rank_copy.load(std::sync::atomic::Ordering::Relaxed), jobs)
+        identity_copies(self.ws, self.dev.one_rank_copy() != crate::cuda::OneRankCopy::Off, jobs)
     }
 
     /// The reduce op for NCCL calls, given the premul ops the launch created (`premul` order).
@@ -178,5 +178,16 @@ mod tests {
         let in_place = [(0x1000u64, 0x1000u64, 10usize, DType::I64, Red::Builtin(SUM)), job(Red::Builtin(3), DType::U8)];
         assert_eq!(identity_copies(1, true, &in_place), Some(vec![(0x1000, 0x9000, 10)]));
         assert_eq!(identity_copies(1, true, &in_place[..1]), Some(vec![]));
+    }
+
+    #[test]
+    fn the_one_rank_copy_option() {
+        use crate::cuda::OneRankCopy::{self, *};
+        assert_eq!(OneRankCopy::parse(None), Ok(Kernel));
+        assert_eq!(OneRankCopy::parse(Some("kernel")), Ok(Kernel));
+        assert_eq!(OneRankCopy::parse(Some("memcpy")), Ok(Memcpy));
+        assert_eq!(OneRankCopy::parse(Some("0")), Ok(Off));
+        assert_eq!(OneRankCopy::parse(Some("off")), Ok(Off));
+        assert!(OneRankCopy::parse(Some("dma")).unwrap_err().contains("one_rank_copy=dma"));
     }
 }

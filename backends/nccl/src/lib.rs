@@ -176,10 +176,11 @@
 //! `fast_launch=0|1` (default 1: groups run on the communicator's blocking twin, see **Fast
 //! launch**), `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see
 //! `fused_gpu`), `alloc_cache=0|1` (default 1: device blocks freed on the rank's stream are
-//! reused by later allocations on it, see `block_cache`), `one_rank_copy=0|1` (default 1: on a
-//! communicator of one rank, an all_reduce / reduce_scatter whose op is the identity there —
-//! `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, see
-//! `worker::Launch::local`; 0: through NCCL as on any communicator), `init_timeout_ms=N` (default: the
+//! reused by later allocations on it, see `block_cache`), `one_rank_copy=kernel|memcpy|0` (default
+//! kernel: on a communicator of one rank, an all_reduce / reduce_scatter whose op is the identity
+//! there — `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, a
+//! copy kernel or `cuMemcpyDtoDAsync`, see `worker::Launch::local`; 0: through NCCL as on any
+//! communicator), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,

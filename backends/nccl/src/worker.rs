@@ -658,7 +658,7 @@ impl Channel {
         self.not_aborted(id)?;
         let stream = self.comm.stream as cudarc::driver::sys::CUstream;
         for &(src, dst, bytes) in copies {
-            self.dev().dtod_on(stream, dst, src, bytes).map_err(|e| self.backend_err(id, e))?;
+            self.dev().copy_on(stream, dst, src, bytes).map_err(|e| self.backend_err(id, e))?;
         }
         Ok(())
     }

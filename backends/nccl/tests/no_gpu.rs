@@ -76,8 +76,14 @@ fn a_bad_fused_overlap_option_is_named_before_any_gpu_is_touched() {
 }
 
 #[test]
+fn a_bad_one_rank_copy_option_is_named_before_any_gpu_is_touched() {
+    let err = refused_with_option("one_rank_copy", "dma");
+    assert!(err.to_string().contains("one_rank_copy=dma") && err.to_string().contains("kernel, memcpy or 0"), "{err}");
+}
+
+#[test]
 fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
-    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache", "one_rank_copy"] {
+    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache"] {
         let err = refused_with_option(key, "flase");
         assert!(err.to_string().contains(&format!("{key}=flase")) && err.to_string().contains("true/false"), "{err}");
     }
