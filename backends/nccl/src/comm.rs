@@ -1546,6 +1546,11 @@ impl NcclBackend {
             dev.disable_cache();
         }
         dev.one_rank_copy.store(one_rank_copy as u8, std::sync::atomic::Ordering::Relaxed);
+        if one_rank_copy == crate::cuda::OneRankCopy::Kernel {
+            // Now, while the stream is idle (never on an op's path; subgroups of one rank share
+            // the device).
+            dev.load_copy_kernel();
+        }
         let store = concord_store::Store::open(&world.store_path, ws, init_timeout)
             .map_err(|e| fail("opening the world's store", e.to_string()))?;
         let key = format!("concord/nccl/{}/unique_id", world.world_id);

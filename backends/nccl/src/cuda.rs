@@ -93,8 +93,11 @@ pub(crate) struct Device {
     /// How a reduction of a one-rank communicator on this device that is the identity is
     /// enqueued (see `Launch::local`; backend option `one_rank_copy`): a [`OneRankCopy`] as u8.
     pub one_rank_copy: std::sync::atomic::AtomicU8,
-    /// The copy kernel ([`COPY_PTX`]), loaded at its first use; `None`: it did not load, and
-    /// copies use `cuMemcpyDtoDAsync`.
+    /// The copy kernel ([`COPY_PTX`]), loaded at init ([`Device::load_copy_kernel`]), never on
+    /// an op's path: loading a module may wait for the device, which a stalled stream never
+    /// frees (seen: `device_faults::abort_not_behind_a_launch::ws1`, whose op #0 sits behind a
+    /// stalled stream, kept the progress thread inside `cuModuleLoadData` until the backstop).
+    /// Unset or `None` (it did not load): copies use `cuMemcpyDtoDAsync`.
     copy_fn: std::sync::OnceLock<Option<CopyFn>>,
 }
 
@@ -552,7 +555,7 @@ impl Device {
             return Ok(());
         }
         if self.one_rank_copy() == OneRankCopy::Kernel {
-            if let Some(f) = self.copy_kernel() {
+            if let Some(f) = self.copy_fn.get().and_then(|f| f.as_ref()).map(|f| f.0) {
                 const THREADS: usize = 256;
                 let blocks = bytes.div_ceil(THREADS).clamp(1, 1024) as u32;
                 let (mut s, mut d, mut n) = (src, dst, bytes as u64);
@@ -570,30 +573,31 @@ impl Device {
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| derr("cuMemcpyDtoDAsync", e))
     }
 
-    /// The copy kernel, loaded once; `None` (with a warning, once) when it does not load.
-    fn copy_kernel(&self) -> Option<sys::CUfunction> {
-        self.copy_fn
-            .get_or_init(|| {
-                // SAFETY: COPY_PTX is NUL-terminated PTX; the module stays loaded for the process.
-                let loaded = unsafe {
-                    cu::module::load_data(COPY_PTX.as_ptr() as *const std::ffi::c_void).and_then(|m| {
-                        cu::module::get_function(m, std::ffi::CString::new("concord_copy_bytes").expect("no NUL in the name"))
-                    })
-                };
-                match loaded {
-                    Ok(f) => Some(CopyFn(f)),
-                    Err(e) => {
-                        eprintln!(
-                            "concord-nccl: warning: GPU {}: the one-rank copy kernel did not load ({}); one-rank copies use cuMemcpyDtoDAsync",
-                            self.ordinal,
-                            derr("cuModuleLoadData", e)
-                        );
-                        None
-                    }
+    /// Loads the copy kernel of one-rank copies (at init, before any op: see `copy_fn`); a
+    /// kernel that does not load leaves a warning, and copies use `cuMemcpyDtoDAsync`. Binds
+    /// the device's context.
+    pub fn load_copy_kernel(&self) {
+        if self.bind().is_err() {
+            return;
+        }
+        self.copy_fn.get_or_init(|| {
+            // SAFETY: COPY_PTX is NUL-terminated PTX; the module stays loaded for the process.
+            let loaded = unsafe {
+                cu::module::load_data(COPY_PTX.as_ptr() as *const std::ffi::c_void)
+                    .and_then(|m| cu::module::get_function(m, std::ffi::CString::new("concord_copy_bytes").expect("no NUL in the name")))
+            };
+            match loaded {
+                Ok(f) => Some(CopyFn(f)),
+                Err(e) => {
+                    eprintln!(
+                        "concord-nccl: warning: GPU {}: the one-rank copy kernel did not load ({}); one-rank copies use cuMemcpyDtoDAsync",
+                        self.ordinal,
+                        derr("cuModuleLoadData", e)
+                    );
+                    None
                 }
-            })
-            .as_ref()
-            .map(|f| f.0)
+            }
+        });
     }
 
     /// Queues a host-to-device copy on the collectives' stream. `src` MUST be pinned (a
