@@ -179,7 +179,8 @@
 //! reused by later allocations on it, see `block_cache`), `one_rank_copy=kernel|memcpy|0` (default
 //! kernel: on a communicator of one rank, an all_reduce / reduce_scatter whose op is the identity
 //! there — `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, a
-//! copy kernel or `cuMemcpyDtoDAsync`, see `worker::Launch::local`; 0: through NCCL as on any
+//! copy kernel up to 1 MiB (`cuda::COPY_KERNEL_MAX_BYTES`) and `cuMemcpyDtoDAsync` above, or
+//! `cuMemcpyDtoDAsync` always (`memcpy`), see `worker::Launch::local`; 0: through NCCL as on any
 //! communicator), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
