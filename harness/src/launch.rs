@@ -60,6 +60,9 @@ pub struct LaunchSpec {
     /// `rank0_stdout`).
     pub pipe_stdout: bool,
     pub grace: Duration,
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm` (NCCL:
+    /// `nccl-`), swept when the world ends, as the runner does ([`runner::WorldKey::foreign_shm`]).
+    pub foreign_shm: Vec<String>,
 }
 
 impl LaunchSpec {
@@ -79,6 +82,7 @@ impl LaunchSpec {
             rank0_stdout: true,
             pipe_stdout: false,
             grace: c.grace,
+            foreign_shm: Vec::new(),
         })
     }
 }
@@ -91,6 +95,7 @@ pub struct Launched {
     status: Vec<Option<ExitStatus>>,
     dir: Option<tempfile::TempDir>,
     grace: Duration,
+    foreign: Option<std::sync::Arc<platform::ForeignShm>>,
 }
 
 /// How one launched rank ended.
@@ -196,7 +201,11 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
         dir
     };
     let store = dir.path().join("store");
-    let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace };
+    let foreign = platform::ForeignShm::snapshot(&spec.foreign_shm).map(std::sync::Arc::new);
+    if let Some(f) = &foreign {
+        runner::live_foreign().insert(world_id.clone(), f.clone());
+    }
+    let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace, foreign };
     for r in 0..spec.ranks {
         let mut cmd = Command::new(&spec.exe);
         cmd.args(&spec.args)
@@ -351,6 +360,7 @@ impl Launched {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
+        runner::sweep_foreign(&self.world_id, self.foreign.take().as_ref());
         runner::live_worlds().remove(&self.world_id);
     }
 }

@@ -48,6 +48,10 @@ pub struct BackendEntry {
     pub options: Vec<(String, String)>,
     /// The command that reruns one case, to which ` <case id>` is appended.
     pub rerun: String,
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm` (NCCL:
+    /// `nccl-`), swept by the runner after a world's processes are reaped
+    /// ([`WorldKey::foreign_shm`]).
+    pub foreign_shm: Vec<String>,
     list: Arc<ListFn>,
     serve: Arc<ServeFn>,
     child: Arc<ChildFn>,
@@ -64,6 +68,7 @@ impl BackendEntry {
             gpus_per_rank,
             options: Vec::new(),
             rerun: format!("cargo xtask conformance --backend {name} --exact"),
+            foreign_shm: Vec::new(),
             list: Arc::new(move || {
                 cases()
                     .into_iter()
@@ -94,6 +99,13 @@ impl BackendEntry {
     /// --exact`; `harness!` sets `cargo test -p <crate> --test <target> -- --exact`).
     pub fn with_rerun(mut self, command: impl Into<String>) -> Self {
         self.rerun = command.into();
+        self
+    }
+
+    /// Declares a name prefix of files the backend's own library makes in `/dev/shm` under names
+    /// Concord does not choose (see [`BackendEntry::foreign_shm`]).
+    pub fn with_foreign_shm(mut self, prefix: &str) -> Self {
+        self.foreign_shm.push(prefix.to_string());
         self
     }
 
@@ -332,7 +344,7 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
         }
     }
     let options = entry.options.iter().chain(&case.options).cloned().collect();
-    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options };
+    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options, foreign_shm: entry.foreign_shm.clone() };
     let report = pool.run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
