@@ -672,7 +672,7 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     // with the other ranks 3-5 s behind, in 2 of 2 runs of the ws4 cases with 64 lanes, never
     // with one lane, which also ran them in 22.1 s against 46.1 s: one world per world size, not
     // one per lane).
-    let (gpu_work, work): (Vec<Work>, Vec<Work>) = work.into_iter().partition(|(e, _)| e.gpus_per_rank > 0);
+    let (gpu_work, work): (Vec<Work>, Vec<Work>) = work.into_iter().partition(|(e, _)| gpu_lane(e));
     let gpu_lanes = usize::from(!gpu_work.is_empty());
     let gpu = Mutex::new(schedule(gpu_work, 1).1.into_iter());
     let (stall, cpu) = schedule(work, jobs);
@@ -726,7 +726,7 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
                 // Worlds of a GPU backend run one at a time: rank r drives GPU r, so two worlds
                 // side by side would share devices (measured on 2 GPUs: 32 NCCL worlds at once
                 // ran their groups past the enqueue deadline). CPU backends keep every lane.
-                let gpu_turn = (entry.gpus_per_rank > 0).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
+                let gpu_turn = gpu_lane(&entry).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
                 let (verdict, msg, elapsed) = run_case(&entry, &case);
                 drop(gpu_turn);
                 drop(big_turn);
@@ -743,6 +743,12 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     let mut records = records.into_inner().unwrap();
     records.sort_by(|a, b| a.id.cmp(&b.id));
     Report::new(records, started.elapsed())
+}
+
+/// Whether `entry`'s cases go to [`run_work`]'s GPU lane (and take [`GPU_TURN`]): a backend
+/// whose ranks need GPUs. The one place of the choice (`suites/tests/gpu_lane.rs` checks it).
+fn gpu_lane(entry: &BackendEntry) -> bool {
+    entry.gpus_per_rank > 0
 }
 
 /// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time; its
