@@ -142,10 +142,10 @@ impl CaseReport {
     /// and stderr tail.
     pub fn failure_message(&self) -> String {
         let mut s = format!(
-            "case {} on backend {} with {} ranks: {} after {} ms (world {})\n",
+            "case {} on backend {} with {}: {} after {} ms (world {})\n",
             self.case_id,
             self.backend,
-            self.world_size,
+            crate::count(self.world_size, "rank", "ranks"),
             self.verdict.label(),
             self.elapsed.as_millis(),
             self.world_id

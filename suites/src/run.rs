@@ -213,8 +213,8 @@ fn refused_world<B: Backend>(world: &concord_core::WorldInfo, why: String) -> Se
 pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Outcome {
     let Some(case) = st.cases.get(case_id) else {
         return Outcome::Failed(format!(
-            "unknown case `{case_id}` in a world of {} ranks (the parent and the worker disagree on the catalogue)",
-            st.world.world_size
+            "unknown case `{case_id}` in a world of {} (the parent and the worker disagree on the catalogue)",
+            concord_harness::count(st.world.world_size, "rank", "ranks")
         ));
     };
     let body = case.body.clone();
@@ -336,7 +336,11 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
         let have = concord_harness::gpu::count();
         if have < needed {
             return (
-                Verdict::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
+                Verdict::Skipped(format!(
+                    "needs {}, this machine has {have} ({})",
+                    concord_harness::count(needed, "GPU", "GPUs"),
+                    concord_harness::gpu::describe()
+                )),
                 String::new(),
                 Duration::ZERO,
                 true,
@@ -522,7 +526,8 @@ fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Verdict, String) {
         return (Verdict::Passed, String::new());
     }
     let names: Vec<&str> = failures.iter().map(|(id, _)| id.as_str()).collect();
-    let head = format!("{} of {} cases failed ({counts}): {}", failures.len(), cases.len(), names.join(", "));
+    let head =
+        format!("{} of {} failed ({counts}): {}", failures.len(), concord_harness::count(cases.len(), "case", "cases"), names.join(", "));
     let bodies: Vec<String> = failures.iter().map(|(id, m)| format!("FAIL {id}\n{m}")).collect();
     let msg = format!("{head}\n\n{}", bodies.join("\n\n"));
     (Verdict::Failed(typed), msg)
@@ -825,7 +830,8 @@ fn skip_summary(report: &Report) -> Vec<String> {
             let all = if skipped == total { " (all of them)" } else { "" };
             let more =
                 if reasons.len() > 1 { format!("; and {} other reason(s), see the report", reasons.len() - 1) } else { String::new() };
-            format!("{backend}: {skipped} of {total} cases skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
+            let of = concord_harness::count(total, "case", "cases");
+            format!("{backend}: {skipped} of {of} skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
         })
         .collect()
 }
