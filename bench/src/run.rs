@@ -147,6 +147,8 @@ pub struct Outcome {
     pub svg: Option<PathBuf>,
     /// The summary lines printed on stdout (`# ...`), as printed.
     pub lines: Vec<String>,
+    /// The lines printed on stderr while the ranks ran (`FAILED: ...`, wrong results), as printed.
+    pub warnings: Vec<String>,
 }
 
 /// Single-core memcpy bandwidth of `bytes` (bytes per second), best of 7 after a warm-up.
@@ -187,10 +189,49 @@ fn git_commit() -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// `message` with every `rank <rank>` (as a whole number) written `rank *`: failures that differ
+/// only in the rank they name compare equal.
+fn blank_rank(message: &str, rank: usize) -> String {
+    let needle = format!("rank {rank}");
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find(&needle) {
+        let after = &rest[i + needle.len()..];
+        out.push_str(&rest[..i]);
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            out.push_str(&needle);
+        } else {
+            out.push_str("rank *");
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `1-3, 5, 7-9` for ranks in any order.
+fn rank_ranges(ranks: &[usize]) -> String {
+    let mut v = ranks.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i { format!("{}-{}", v[i], v[j]) } else { v[i].to_string() });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
 /// Prints above the progress bar.
 struct Out {
     bar: Option<indicatif::ProgressBar>,
     lines: Vec<String>,
+    warnings: Vec<String>,
 }
 
 impl Out {
@@ -206,6 +247,7 @@ impl Out {
             Some(b) => b.suspend(|| eprintln!("{s}")),
             None => eprintln!("{s}"),
         }
+        self.warnings.push(s);
     }
 }
 
@@ -444,12 +486,12 @@ pub(crate) fn run_parent_with<B: Backend>(
     } else {
         None
     };
-    let mut out = Out { bar, lines: Vec::new() };
+    let mut out = Out { bar, lines: Vec::new(), warnings: Vec::new() };
     out.say(format!(
-        "# concord-bench: backend {name}, {} ranks (processes), {type_name}, redop {}, {} iterations + {} warm-up (at least one window), every output checked; {}",
-        args.ranks,
+        "# concord-bench: backend {name}, {} (processes), {type_name}, redop {}, {} + {} warm-up (at least one window), every output checked; {}",
+        concord_harness::count(args.ranks, "rank", "ranks"),
         redop.name(),
-        args.iters,
+        concord_harness::count(args.iters, "iteration", "iterations"),
         args.warmup,
         machine.hostname
     ));
@@ -481,6 +523,10 @@ pub(crate) fn run_parent_with<B: Backend>(
     let mut total_wrong = 0u64;
     let mut timed_out = false;
     let mpi_cols = mpi.is_some();
+    // Fatal failures that are the same but for the rank (every rank's init refusing the world
+    // size): printed once, with the other ranks named in one line after the run (`--ranks 99`
+    // printed 99 lines). (the message with the rank blanked, the first rank, the other ranks)
+    let mut fatal_seen: Vec<(String, usize, Vec<usize>)> = Vec::new();
     while eof < args.ranks {
         let now = Instant::now();
         if now >= deadline {
@@ -532,8 +578,15 @@ pub(crate) fn run_parent_with<B: Backend>(
                 out.warn(s.clone());
                 outcome.failures.push(s);
             }
-            Msg::Fatal { message, .. } => {
-                out.warn(format!("FAILED: {message}"));
+            Msg::Fatal { rank, message } => {
+                let key = blank_rank(&message, rank);
+                match fatal_seen.iter_mut().find(|(k, _, _)| *k == key) {
+                    Some((_, _, more)) => more.push(rank),
+                    None => {
+                        out.warn(format!("FAILED: {message}"));
+                        fatal_seen.push((key, rank, Vec::new()));
+                    }
+                }
                 outcome.failures.push(message);
                 // Peers blocked on the failed rank report their own timeouts within the op timeout.
                 deadline = deadline.min(Instant::now() + op_timeout + Duration::from_secs(10));
@@ -620,6 +673,16 @@ pub(crate) fn run_parent_with<B: Backend>(
     }
     if cur_op.is_some() {
         out.say(table::avg_line(&busbws));
+    }
+    for (_, first, more) in &fatal_seen {
+        if !more.is_empty() {
+            let n = more.len();
+            out.warn(format!(
+                "FAILED: the same as rank {first}'s failure above on {n} more {}: {}",
+                if n == 1 { "rank" } else { "ranks" },
+                rank_ranges(more)
+            ));
+        }
     }
     let (hangs, check) = finish(
         if timed_out { Duration::ZERO } else { deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)) },
@@ -709,6 +772,7 @@ pub(crate) fn run_parent_with<B: Backend>(
         }
     }
     outcome.lines = std::mem::take(&mut out.lines);
+    outcome.warnings = std::mem::take(&mut out.warnings);
     outcome.code = if !outcome.failures.is_empty() || total_wrong > 0 {
         1
     } else if mpi_failed {

@@ -442,7 +442,7 @@ fn failed_world_is_not_ok() -> std::result::Result<(), Failed> {
         "-w",
         "0",
         "--ranks",
-        "2",
+        "4",
         "--opts",
         "fail_init=1",
         "--no-plot",
@@ -455,6 +455,13 @@ fn failed_world_is_not_ok() -> std::result::Result<(), Failed> {
     let summary = o.lines.iter().find(|l| l.starts_with("# Wrong results")).cloned().unwrap_or_default();
     if o.code != 1 || summary.contains("OK") || !summary.contains("FAILED") {
         return Err(format!("exit code {} (want 1); summary `{summary}`; failures {:?}", o.code, o.failures).into());
+    }
+    // Every rank failed the same way: one FAILED line, then one naming the other ranks (not one
+    // line per rank: `--ranks 99` printed 99); every rank's failure is still counted.
+    let failed: Vec<&String> = o.warnings.iter().filter(|l| l.starts_with("FAILED:")).collect();
+    let folded = failed.iter().any(|l| l.contains("the same as rank") && l.contains("on 3 more ranks"));
+    if failed.len() != 2 || !folded || o.failures.len() != 4 {
+        return Err(format!("want one FAILED line and one naming 3 more ranks (4 failures): {failed:?}; failures {:?}", o.failures).into());
     }
     Ok(())
 }

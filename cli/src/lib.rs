@@ -20,7 +20,9 @@ pub fn builtin_entries() -> Vec<BackendEntry> {
         BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>)
             .with_option("fused_pipeline", "always"),
         BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
-        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
+        // NCCL's own segments (`/dev/shm/nccl-XXXXXX`, mkstemp; NCCL has no setting for the name)
+        // stay behind when ranks are killed mid-op: the runner sweeps what a world left.
+        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>).with_foreign_shm("nccl-"),
     ];
     #[cfg(feature = "mpi")]
     v.push(BackendEntry::new::<concord_mpi::MpiBackend>("mpi", 0, catalogue::<concord_mpi::MpiBackend>));

@@ -60,6 +60,9 @@ pub struct LaunchSpec {
     /// `rank0_stdout`).
     pub pipe_stdout: bool,
     pub grace: Duration,
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm` (NCCL:
+    /// `nccl-`), swept when the world ends, as the runner does ([`runner::WorldKey::foreign_shm`]).
+    pub foreign_shm: Vec<String>,
 }
 
 impl LaunchSpec {
@@ -79,6 +82,7 @@ impl LaunchSpec {
             rank0_stdout: true,
             pipe_stdout: false,
             grace: c.grace,
+            foreign_shm: Vec::new(),
         })
     }
 }
@@ -91,6 +95,7 @@ pub struct Launched {
     status: Vec<Option<ExitStatus>>,
     dir: Option<tempfile::TempDir>,
     grace: Duration,
+    foreign: Option<std::sync::Arc<platform::ForeignShm>>,
 }
 
 /// How one launched rank ended.
@@ -131,16 +136,48 @@ pub struct LaunchReport {
 }
 
 impl LaunchReport {
-    /// `Ok` iff every rank exited 0 by itself; else one line per other rank.
+    /// `Ok` iff every rank exited 0 by itself; else every other rank named with how it ended:
+    /// `rank 1 (pid 42): exit code 3`; three or more ranks that ended the same way in one item
+    /// (`ranks 0-98: exit code 1`; a world of 99 ranks all refused was 99 items).
     pub fn check(&self) -> Result<(), String> {
-        let bad: Vec<String> =
-            self.ranks.iter().filter(|r| !r.success()).map(|r| format!("rank {} (pid {}): {}", r.rank, r.pid, r.describe())).collect();
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("world {}: {}", self.world_id, bad.join("; ")))
+        let mut groups: Vec<(String, Vec<&RankExit>)> = Vec::new();
+        for r in self.ranks.iter().filter(|r| !r.success()) {
+            let how = r.describe();
+            match groups.iter_mut().find(|(h, _)| *h == how) {
+                Some((_, v)) => v.push(r),
+                None => groups.push((how, vec![r])),
+            }
         }
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<String> = groups
+            .iter()
+            .flat_map(|(how, rs)| {
+                if rs.len() >= 3 {
+                    vec![format!("ranks {}: {how}", ranges(&rs.iter().map(|r| r.rank).collect::<Vec<_>>()))]
+                } else {
+                    rs.iter().map(|r| format!("rank {} (pid {}): {how}", r.rank, r.pid)).collect()
+                }
+            })
+            .collect();
+        Err(format!("world {}: {}", self.world_id, items.join("; ")))
     }
+}
+
+/// `0-3, 5, 7-9` for sorted, distinct numbers.
+fn ranges(v: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i { format!("{}-{}", v[i], v[j]) } else { v[i].to_string() });
+        i = j + 1;
+    }
+    parts.join(", ")
 }
 
 /// Whether `name` is a variable by which an outer launcher's job names its processes (Open
@@ -196,7 +233,11 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
         dir
     };
     let store = dir.path().join("store");
-    let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace };
+    let foreign = platform::ForeignShm::snapshot(&spec.foreign_shm).map(std::sync::Arc::new);
+    if let Some(f) = &foreign {
+        runner::live_foreign().insert(world_id.clone(), f.clone());
+    }
+    let mut launched = Launched { world_id, pgid: 0, children: Vec::new(), status: Vec::new(), dir: Some(dir), grace: spec.grace, foreign };
     for r in 0..spec.ranks {
         let mut cmd = Command::new(&spec.exe);
         cmd.args(&spec.args)
@@ -351,6 +392,7 @@ impl Launched {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
+        runner::sweep_foreign(&self.world_id, self.foreign.take().as_ref());
         runner::live_worlds().remove(&self.world_id);
     }
 }
@@ -376,5 +418,31 @@ pub fn rank_world() -> Option<WorldInfo> {
             eprintln!("concord launched rank: bad environment: {msg}");
             std::process::exit(2);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn exit(rank: usize, code: i32) -> RankExit {
+        RankExit { rank, pid: 100 + rank as u32, status: Some(ExitStatus::from_raw(code << 8)), ended_by_launcher: false }
+    }
+
+    #[test]
+    fn check_names_ranks_that_ended_alike_once() {
+        let mut ranks: Vec<RankExit> = (0..99).map(|r| exit(r, 1)).collect();
+        ranks[5] = exit(5, 3);
+        ranks[7] = exit(7, 0);
+        let r = LaunchReport { world_id: "w".into(), ranks, elapsed: Duration::ZERO };
+        assert_eq!(r.check().unwrap_err(), "world w: ranks 0-4, 6, 8-98: exit code 1; rank 5 (pid 105): exit code 3");
+        let one = LaunchReport { world_id: "w".into(), ranks: vec![exit(0, 0), exit(1, 3)], elapsed: Duration::ZERO };
+        assert_eq!(one.check().unwrap_err(), "world w: rank 1 (pid 101): exit code 3");
+        // Two alike stay named one by one, with their pids.
+        let two = LaunchReport { world_id: "w".into(), ranks: vec![exit(0, 1), exit(1, 1)], elapsed: Duration::ZERO };
+        assert_eq!(two.check().unwrap_err(), "world w: rank 0 (pid 100): exit code 1; rank 1 (pid 101): exit code 1");
+        let ok = LaunchReport { world_id: "w".into(), ranks: vec![exit(0, 0)], elapsed: Duration::ZERO };
+        assert!(ok.check().is_ok());
     }
 }

@@ -30,3 +30,19 @@ pub mod platform;
 pub mod runner;
 pub mod verdict;
 pub mod worker;
+
+/// `1 case`, `2 cases`: a count and its noun, singular for one (messages say "1 case", not
+/// "1 cases").
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn count_is_singular_for_one() {
+        assert_eq!(super::count(1, "case", "cases"), "1 case");
+        assert_eq!(super::count(0, "case", "cases"), "0 cases");
+        assert_eq!(super::count(2, "rank", "ranks"), "2 ranks");
+    }
+}

@@ -201,6 +201,160 @@ pub fn end_world_leftovers(pgid: i32, world_id: &str, scan: bool) -> Vec<u32> {
     strays
 }
 
+/// Files a backend's own library creates in `/dev/shm` under names Concord does not choose
+/// (NCCL: `/dev/shm/nccl-XXXXXX`, from `mkstemp`, with no setting to change the name), which its
+/// processes leave behind when they are killed before they unlink them. A backend declares their
+/// name prefixes ([`crate::runner::WorldKey::foreign_shm`]); the runner takes a snapshot of the
+/// entries with those prefixes before it spawns a world and, once the world's processes are
+/// reaped, removes the entries that are new since the snapshot, owned by this user, and neither
+/// open nor mapped by any live process (`/proc/*/fd`, `/proc/*/maps`): another job's live
+/// segment is kept, and so is anything that existed before the world. The rule a declared prefix
+/// relies on: a file of it is open or mapped by a process for as long as it is in use (NCCL's are:
+/// the creator keeps its fd until it closes the segment, and every user maps it).
+#[derive(Clone, Debug)]
+pub struct ForeignShm {
+    dir: PathBuf,
+    prefixes: Vec<String>,
+    /// (name, inode) of every prefixed entry before the world was spawned.
+    before: std::collections::HashSet<(std::ffi::OsString, u64)>,
+}
+
+/// What [`ForeignShm::sweep`] did.
+#[derive(Clone, Debug, Default)]
+pub struct ForeignSweep {
+    /// Removed: new since the snapshot, ours, held by no live process.
+    pub removed: Vec<PathBuf>,
+    /// New since the snapshot and ours, but open or mapped by a live process: kept.
+    pub held: Vec<PathBuf>,
+    /// Not decided: a process of this user could not be read (uninterruptible sleep), so the
+    /// candidates were kept.
+    pub undecided: Vec<PathBuf>,
+}
+
+impl ForeignShm {
+    /// The snapshot of `/dev/shm`; `None` when there is no prefix to watch.
+    pub fn snapshot(prefixes: &[String]) -> Option<ForeignShm> {
+        ForeignShm::snapshot_in(Path::new(SHM_DIR), prefixes)
+    }
+
+    /// The snapshot of `dir` (tests use a directory of their own).
+    pub fn snapshot_in(dir: &Path, prefixes: &[String]) -> Option<ForeignShm> {
+        let prefixes: Vec<String> = prefixes.iter().filter(|p| !p.is_empty()).cloned().collect();
+        if prefixes.is_empty() {
+            return None;
+        }
+        let mut f = ForeignShm { dir: dir.to_path_buf(), prefixes, before: Default::default() };
+        f.before = f.entries().into_iter().map(|(p, ino, _)| (p.file_name().unwrap_or_default().to_os_string(), ino)).collect();
+        Some(f)
+    }
+
+    /// Prefixed regular files of the directory: (path, inode, owner).
+    fn entries(&self) -> Vec<(PathBuf, u64, u32)> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        rd.flatten()
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                self.prefixes.iter().any(|p| n.starts_with(p.as_str()))
+            })
+            .filter_map(|e| {
+                let m = std::fs::symlink_metadata(e.path()).ok()?;
+                m.file_type().is_file().then(|| (e.path(), m.ino(), m.uid()))
+            })
+            .collect()
+    }
+
+    /// Removes what the world's processes left (see the type's doc) and says what it kept.
+    /// Processes of the world that are still exiting (SIGKILLed, not yet gone) may still map a
+    /// file: it is looked at again for up to `settle`.
+    pub fn sweep(&self, settle: std::time::Duration) -> ForeignSweep {
+        let until = std::time::Instant::now() + settle;
+        loop {
+            let out = self.sweep_once();
+            if out.held.is_empty() && out.undecided.is_empty() || std::time::Instant::now() >= until {
+                return out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn sweep_once(&self) -> ForeignSweep {
+        // SAFETY: plain syscall.
+        let me = unsafe { libc::geteuid() };
+        let candidates: Vec<(PathBuf, u64)> = self
+            .entries()
+            .into_iter()
+            .filter(|(p, ino, uid)| *uid == me && !self.before.contains(&(p.file_name().unwrap_or_default().to_os_string(), *ino)))
+            .map(|(p, ino, _)| (p, ino))
+            .collect();
+        let mut out = ForeignSweep::default();
+        if candidates.is_empty() {
+            return out;
+        }
+        let (held, complete) = held_inodes(&self.dir);
+        for (p, ino) in candidates {
+            if held.contains(&ino) {
+                out.held.push(p);
+            } else if !complete {
+                out.undecided.push(p);
+            } else if std::fs::remove_file(&p).is_ok() {
+                out.removed.push(p);
+            }
+        }
+        out
+    }
+}
+
+/// Inodes of files under `dir` that a live process holds open (`/proc/<pid>/fd`) or mapped
+/// (`/proc/<pid>/maps`), and whether every process of this user could be read (one in
+/// uninterruptible sleep is not: reading its maps could block on its memory map's lock).
+/// Processes of other users cannot be read and are not counted: only this user's files are
+/// candidates, and another user's process holds one only if this user made it readable to them.
+fn held_inodes(dir: &Path) -> (std::collections::HashSet<u64>, bool) {
+    use std::os::unix::fs::MetadataExt;
+    let mut held = std::collections::HashSet::new();
+    let mut complete = true;
+    let dir_s = dir.to_string_lossy().into_owned();
+    let dir_slash = format!("{}/", dir_s.trim_end_matches('/'));
+    // SAFETY: plain syscall.
+    let me_uid = unsafe { libc::geteuid() };
+    let Ok(rd) = std::fs::read_dir("/proc") else { return (held, false) };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let ours = std::fs::metadata(e.path()).is_ok_and(|m| m.uid() == me_uid);
+        if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for fd in fds.flatten() {
+                let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+                if target.to_string_lossy().starts_with(&dir_slash) {
+                    // The link's own target may be gone (` (deleted)`); stat through the fd.
+                    if let Ok(m) = std::fs::metadata(fd.path()) {
+                        held.insert(m.ino());
+                    }
+                }
+            }
+        }
+        match process_state(pid) {
+            Some('D') => {
+                if ours {
+                    complete = false;
+                }
+                continue;
+            }
+            None | Some('Z' | 'X') => continue,
+            _ => {}
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
+        for line in maps.lines().filter(|l| l.contains(dir_slash.as_str())) {
+            // `address perms offset dev inode path`
+            if let Some(ino) = line.split_whitespace().nth(4).and_then(|i| i.parse::<u64>().ok()) {
+                held.insert(ino);
+            }
+        }
+    }
+    (held, complete)
+}
+
 /// Name of a signal number: `SIGSEGV`, or `signal 77` when unknown.
 pub fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {

@@ -31,6 +31,12 @@
 //!   too) when there is a sign of one (the group was not empty, or a rank's stderr pipe is still
 //!   open in another process), and every entry of the temp dir and `/dev/shm` with the world's
 //!   prefix is removed ([`platform::end_world_leftovers`]).
+//! * Files a backend's own library makes in `/dev/shm` under names Concord does not choose (NCCL's
+//!   `nccl-XXXXXX`) are swept too when the backend declares their prefix
+//!   ([`WorldKey::foreign_shm`]): after the world's processes are reaped, and by the termination
+//!   handler, the runner removes those that are new since the world was spawned, owned by this
+//!   user, and neither open nor mapped by any live process ([`platform::ForeignShm`]): never
+//!   another job's live segment, never a file that was there before the world.
 //! * Owners of a [`Pool`] MUST call [`Pool::shutdown`] before the process exits (statics are not
 //!   dropped); workers die with the process regardless, but their temp directories would stay.
 
@@ -72,6 +78,18 @@ pub struct WorldKey {
     pub backend: String,
     pub world_size: usize,
     pub options: Vec<(String, String)>,
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm` under names
+    /// Concord does not choose (NCCL: `nccl-`), swept after the world's processes are reaped
+    /// ([`platform::ForeignShm`]: only files new since the world was spawned, owned by this user
+    /// and neither open nor mapped by any live process). Empty for most backends.
+    pub foreign_shm: Vec<String>,
+}
+
+impl WorldKey {
+    /// A key with no foreign `/dev/shm` prefix.
+    pub fn new(backend: &str, world_size: usize, options: Vec<(String, String)>) -> WorldKey {
+        WorldKey { backend: backend.to_string(), world_size, options, foreign_shm: Vec::new() }
+    }
 }
 
 /// One case to run on every rank of a world.
@@ -124,10 +142,10 @@ impl CaseReport {
     /// and stderr tail.
     pub fn failure_message(&self) -> String {
         let mut s = format!(
-            "case {} on backend {} with {} ranks: {} after {} ms (world {})\n",
+            "case {} on backend {} with {}: {} after {} ms (world {})\n",
             self.case_id,
             self.backend,
-            self.world_size,
+            crate::count(self.world_size, "rank", "ranks"),
             self.verdict.label(),
             self.elapsed.as_millis(),
             self.world_id
@@ -385,6 +403,9 @@ struct World {
     ranks: Vec<RankProc>,
     events: Receiver<Event>,
     last_used: Instant,
+    /// The snapshot of `/dev/shm` for the backend's declared foreign prefixes, taken before the
+    /// world's processes were spawned (`None`: no prefix declared).
+    foreign: Option<Arc<platform::ForeignShm>>,
 }
 
 static WORLD_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -399,6 +420,28 @@ pub(crate) fn live_worlds() -> std::sync::MutexGuard<'static, std::collections::
 
 /// Set (under the `live_worlds` lock) once the termination handler has taken the live worlds: a
 /// world spawned after that would leave its dir behind, so none is.
+/// The foreign-shm snapshots of the live worlds that have one (see [`WorldKey::foreign_shm`]),
+/// for the termination handler.
+pub(crate) fn live_foreign() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<String, Arc<platform::ForeignShm>>> {
+    static LIVE: Mutex<std::collections::BTreeMap<String, Arc<platform::ForeignShm>>> = Mutex::new(std::collections::BTreeMap::new());
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a foreign-shm sweep looks again at a file still mapped by a process that is exiting
+/// (a rank or helper SIGKILLed moments before).
+const FOREIGN_SETTLE: Duration = Duration::from_millis(500);
+
+/// Sweeps a world's foreign `/dev/shm` files (see [`WorldKey::foreign_shm`]) and forgets its
+/// snapshot.
+pub(crate) fn sweep_foreign(id: &str, foreign: Option<&Arc<platform::ForeignShm>>) {
+    let Some(f) = foreign else { return };
+    let out = f.sweep(FOREIGN_SETTLE);
+    if !out.removed.is_empty() || !out.undecided.is_empty() {
+        trace(&format!("world {id}: removed {:?} from /dev/shm; kept (held) {:?}; undecided {:?}", out.removed, out.held, out.undecided));
+    }
+    live_foreign().remove(id);
+}
+
 pub(crate) static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Installs (once per process) the termination handler that runs [`cleanup_live_worlds`].
@@ -414,9 +457,11 @@ pub(crate) fn cleanup_live_worlds() {
         TERMINATING.store(true, Ordering::SeqCst);
         std::mem::take(&mut *live)
     };
+    let foreign = std::mem::take(&mut *live_foreign());
     for (id, (pgid, dir)) in worlds {
         platform::end_world_leftovers(pgid, &id, true);
         let _ = std::fs::remove_dir_all(&dir);
+        sweep_foreign(&id, foreign.get(&id));
     }
 }
 
@@ -505,6 +550,12 @@ impl World {
             live.insert(id.clone(), (0, dir.path().to_path_buf()));
             dir
         };
+        // Before any process of the world exists: what the backend's library makes from now on
+        // is the world's (or another live job's, which holds it and is kept).
+        let foreign = platform::ForeignShm::snapshot(&key.foreign_shm).map(Arc::new);
+        if let Some(f) = &foreign {
+            live_foreign().insert(id.clone(), f.clone());
+        }
         let store = dir.path().join("store");
         let op_ms = cfg.op_timeout.as_millis().to_string();
         let setup_ms = cfg.setup_timeout.as_millis().to_string();
@@ -556,6 +607,7 @@ impl World {
                     let _ = c.wait();
                 }
                 platform::sweep_shm(&id);
+                sweep_foreign(&id, foreign.as_ref());
                 live_worlds().remove(&id);
                 return Err(msg);
             }
@@ -573,7 +625,7 @@ impl World {
                 RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false, worker_pid: 0 }
             })
             .collect();
-        Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now() })
+        Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now(), foreign })
     }
 
     /// Waits until every rank reported `Ready`. On failure returns one line per rank that did
@@ -734,6 +786,7 @@ impl World {
         if let Some(d) = self.dir.take() {
             let _ = d.close();
         }
+        sweep_foreign(&self.id, self.foreign.take().as_ref());
         live_worlds().remove(&self.id);
     }
 

@@ -228,6 +228,19 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
             nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             unreachable!("SIGKILL cannot be survived")
         }
+        // Every rank makes a file of the backend's own library in /dev/shm (a name Concord does
+        // not choose, like NCCL's `nccl-XXXXXX`) and keeps it open; the target rank is then
+        // killed mid-case, before it could unlink it.
+        "foreignshm" => {
+            let pfx = s.env.option("foreign").unwrap_or("concordtest-foreign-").to_string();
+            let f = std::fs::File::create(Path::new("/dev/shm").join(format!("{pfx}r{rank}"))).unwrap();
+            std::mem::forget(f);
+            if me {
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+                unreachable!("SIGKILL cannot be survived")
+            }
+            Outcome::Passed
+        }
         // One 1 MiB stderr line without a newline.
         "hugeline" if me => {
             eprint!("{}", "x".repeat(1 << 20));
@@ -301,7 +314,7 @@ fn pool(max_idle: usize) -> Pool {
 }
 
 fn key(ws: usize) -> WorldKey {
-    WorldKey { backend: "script".into(), world_size: ws, options: vec![] }
+    WorldKey::new("script", ws, vec![])
 }
 
 fn run(p: &Pool, k: &WorldKey, case: &str) -> CaseReport {
@@ -596,15 +609,15 @@ fn t_rebuild_after_failure() -> Result<(), Failed> {
 
 fn t_setup_failure() -> Result<(), Failed> {
     let p = pool(2);
-    let k = WorldKey { backend: "script".into(), world_size: 3, options: vec![("setup".into(), "fail".into())] };
+    let k = WorldKey::new("script", 3, vec![("setup".into(), "fail".into())]);
     let r = run(&p, &k, "pass");
     expect_failed(&r, &["world setup failed", "rank 1: setup failed: told to fail setup"])?;
     check!(r.verdict.failures().iter().all(|f| f.kind() == "setup") && r.verdict.failing_ranks().contains(&1), "{:?}", r.verdict);
     snapshot("setup_failure", &r);
-    let k2 = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "abort".into())] };
+    let k2 = WorldKey::new("script", 2, vec![("setup".into(), "abort".into())]);
     let r2 = run(&p, &k2, "pass");
     expect_failed(&r2, &["world setup failed", "rank 0: died during setup: killed by signal SIGABRT"])?;
-    let k3 = WorldKey { backend: "script".into(), world_size: 3, options: vec![("setup".into(), "unsupported".into())] };
+    let k3 = WorldKey::new("script", 3, vec![("setup".into(), "unsupported".into())]);
     let r3 = run(&p, &k3, "pass");
     check!(
         r3.verdict == Verdict::Unsupported("worlds of 3 are not supported".into()),
@@ -1089,12 +1102,62 @@ fn t_files_left_by_a_dead_rank_are_swept() -> Result<(), Failed> {
     assert_clean(&[&r])
 }
 
+/// Removes its paths when dropped (the test's own files, also when a check fails).
+struct RemoveOnDrop(Vec<std::path::PathBuf>);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A backend's own /dev/shm files (declared prefix, names Concord does not choose), left by a
+/// rank SIGKILLed mid-case, are gone after the case; files with the same prefix that the world
+/// did not make (one there before it, one an unrelated live process holds open, one it holds
+/// only mapped) are kept.
+fn t_foreign_shm_left_by_a_killed_rank_is_swept() -> Result<(), Failed> {
+    use std::os::fd::AsRawFd;
+    let pfx = format!("concordtest-foreign-{}-{:06x}-", std::process::id(), concord_harness::platform::nonce());
+    let shm = Path::new("/dev/shm");
+    let (old, open, mapped) = (shm.join(format!("{pfx}old")), shm.join(format!("{pfx}open")), shm.join(format!("{pfx}mapped")));
+    let mine: Vec<_> = (0..2).map(|r| shm.join(format!("{pfx}r{r}"))).collect();
+    let _guard = RemoveOnDrop([old.clone(), open.clone(), mapped.clone()].into_iter().chain(mine.iter().cloned()).collect());
+    // Before the world: an earlier job's leftover, held by nobody. Not the world's.
+    std::fs::write(&old, b"x").unwrap();
+    let mut k = WorldKey::new("script", 2, vec![("foreign".into(), pfx.clone())]);
+    k.foreign_shm = vec![pfx.clone()];
+    let p = pool(2);
+    let a = run(&p, &k, "pass");
+    check!(a.verdict == Verdict::Passed, "{:?}", a.verdict);
+    // During the world's life, an unrelated process (this one) makes two live segments with the
+    // same prefix: one it keeps open, one it only maps.
+    let held = std::fs::File::create(&open).unwrap();
+    let m = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&mapped).unwrap();
+    m.set_len(4096).unwrap();
+    // SAFETY: a fresh shared mapping of a 4 KiB file we own; unmapped below.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, m.as_raw_fd(), 0) };
+    check!(addr != libc::MAP_FAILED, "mmap failed");
+    drop(m);
+    let r = run(&p, &k, "foreignshm1");
+    let kept: Vec<bool> = [&old, &open, &mapped].iter().map(|f| f.exists()).collect();
+    let left: Vec<_> = mine.iter().filter(|f| f.exists()).collect();
+    // SAFETY: the mapping made above, not used after this.
+    unsafe { libc::munmap(addr, 4096) };
+    drop(held);
+    expect_failed(&r, &["rank 1 crashed: killed by signal SIGKILL"])?;
+    check!(left.is_empty(), "the world's own /dev/shm files outlived it: {left:?}");
+    check!(kept == [true, true, true], "a file the world did not make was removed (old, open, mapped exist: {kept:?})");
+    p.shutdown();
+    assert_clean(&[&a, &r])
+}
+
 fn t_setup_hang_is_bounded_and_named() -> Result<(), Failed> {
     let mut cfg = PoolConfig::from_env();
     cfg.grace = Duration::from_millis(300);
     cfg.setup_timeout = Duration::from_millis(1500);
     let p = Pool::new(cfg);
-    let k = WorldKey { backend: "script".into(), world_size: 2, options: vec![("setup".into(), "hang".into())] };
+    let k = WorldKey::new("script", 2, vec![("setup".into(), "hang".into())]);
     let r = run(&p, &k, "pass");
     expect_failed(&r, &["world setup failed", "rank 1: not ready after 1500 ms"])?;
     check!(blamed(&r) == vec![(1, "setup")], "{:?}", r.verdict);
@@ -1180,6 +1243,7 @@ fn main() {
         Trial::test("misbehave::replaced_stdin_is_explained", t_replaced_stdin_is_explained),
         Trial::test("misbehave::files_left_by_a_dead_rank_are_swept", t_files_left_by_a_dead_rank_are_swept),
         Trial::test("misbehave::setup_hang_is_bounded_and_named", t_setup_hang_is_bounded_and_named),
+        Trial::test("misbehave::foreign_shm_left_by_a_killed_rank_is_swept", t_foreign_shm_left_by_a_killed_rank_is_swept),
         Trial::test("misbehave::huge_stderr_line_is_bounded", t_huge_stderr_line_is_bounded),
     ];
     for ws in [1usize, 2, 4] {

@@ -49,7 +49,7 @@ fn safe(s: &str) -> String {
 fn fingerprint(ids: &[&str]) -> String {
     let h =
         ids.iter().flat_map(|s| s.bytes().chain([0u8])).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    format!("{} cases, fingerprint {h:016x}", ids.len())
+    format!("{}, fingerprint {h:016x}", concord_harness::count(ids.len(), "case", "cases"))
 }
 
 pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i32 {
@@ -69,7 +69,8 @@ pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i3
         if !opts.exact.is_empty() {
             // An exact id of another world size is a mistake worth naming.
             if let Some(c) = cases.iter().find(|c| c.world_size != ws) {
-                eprintln!("error: case {} needs a world of {}, but {} started {ws} ranks", c.id, c.world_size, launch.launcher.name());
+                let started = concord_harness::count(ws, "rank", "ranks");
+                eprintln!("error: case {} needs a world of {}, but {} started {started}", c.id, c.world_size, launch.launcher.name());
                 return 2;
             }
         }
@@ -139,7 +140,11 @@ pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i3
                     // A rank died or hung before the cases were agreed on: named, with its pid.
                     Decision::Abort(why) => {
                         eprintln!("concord: {why}:\n{}", r.message);
-                        println!("ABORTED: {why}; {n} of {n} cases not run; every rank exits non-zero", n = ids.len());
+                        let n = ids.len();
+                        println!(
+                            "ABORTED: {why}; {n} of {} not run; every rank exits non-zero",
+                            concord_harness::count(n, "case", "cases")
+                        );
                     }
                     _ => eprintln!("concord: the ranks could not agree on the cases:\n{}", r.message),
                 }
@@ -176,7 +181,8 @@ pub(crate) fn main(entries: &[BackendEntry], launch: &Launch, opts: &Opts) -> i3
             }
         }
         if let Some(why) = &rec.aborted {
-            println!("ABORTED: {why}; {} of {} cases not run; every rank exits non-zero", ids.len() - ran, ids.len());
+            let of = concord_harness::count(ids.len(), "case", "cases");
+            println!("ABORTED: {why}; {} of {of} not run; every rank exits non-zero", ids.len() - ran);
         }
         print!("{}", report.summary_text());
     }

@@ -119,8 +119,8 @@ impl Report {
             s.push_str(&format!("failed: {}\n", r.id));
         }
         s.push_str(&format!(
-            "{} cases in {:.1} s: {} passed, {} failed, {} unsupported (declared by the backend), {} skipped\n",
-            t.total(),
+            "{} in {:.1} s: {} passed, {} failed, {} unsupported (declared by the backend), {} skipped\n",
+            concord_harness::count(t.total(), "case", "cases"),
             self.wall_seconds,
             t.passed,
             t.failed,

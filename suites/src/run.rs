@@ -48,6 +48,10 @@ pub struct BackendEntry {
     pub options: Vec<(String, String)>,
     /// The command that reruns one case, to which ` <case id>` is appended.
     pub rerun: String,
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm` (NCCL:
+    /// `nccl-`), swept by the runner after a world's processes are reaped
+    /// ([`WorldKey::foreign_shm`]).
+    pub foreign_shm: Vec<String>,
     list: Arc<ListFn>,
     serve: Arc<ServeFn>,
     child: Arc<ChildFn>,
@@ -64,6 +68,7 @@ impl BackendEntry {
             gpus_per_rank,
             options: Vec::new(),
             rerun: format!("cargo xtask conformance --backend {name} --exact"),
+            foreign_shm: Vec::new(),
             list: Arc::new(move || {
                 cases()
                     .into_iter()
@@ -94,6 +99,13 @@ impl BackendEntry {
     /// --exact`; `harness!` sets `cargo test -p <crate> --test <target> -- --exact`).
     pub fn with_rerun(mut self, command: impl Into<String>) -> Self {
         self.rerun = command.into();
+        self
+    }
+
+    /// Declares a name prefix of files the backend's own library makes in `/dev/shm` under names
+    /// Concord does not choose (see [`BackendEntry::foreign_shm`]).
+    pub fn with_foreign_shm(mut self, prefix: &str) -> Self {
+        self.foreign_shm.push(prefix.to_string());
         self
     }
 
@@ -201,8 +213,8 @@ fn refused_world<B: Backend>(world: &concord_core::WorldInfo, why: String) -> Se
 pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Outcome {
     let Some(case) = st.cases.get(case_id) else {
         return Outcome::Failed(format!(
-            "unknown case `{case_id}` in a world of {} ranks (the parent and the worker disagree on the catalogue)",
-            st.world.world_size
+            "unknown case `{case_id}` in a world of {} (the parent and the worker disagree on the catalogue)",
+            concord_harness::count(st.world.world_size, "rank", "ranks")
         ));
     };
     let body = case.body.clone();
@@ -324,7 +336,11 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
         let have = concord_harness::gpu::count();
         if have < needed {
             return (
-                Verdict::Skipped(format!("needs {needed} GPUs, this machine has {have} ({})", concord_harness::gpu::describe())),
+                Verdict::Skipped(format!(
+                    "needs {}, this machine has {have} ({})",
+                    concord_harness::count(needed, "GPU", "GPUs"),
+                    concord_harness::gpu::describe()
+                )),
                 String::new(),
                 Duration::ZERO,
                 true,
@@ -332,7 +348,7 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
         }
     }
     let options = entry.options.iter().chain(&case.options).cloned().collect();
-    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options };
+    let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options, foreign_shm: entry.foreign_shm.clone() };
     let report = pool.run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
         Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
@@ -510,7 +526,8 @@ fn run_group(entry: &BackendEntry, cases: &[CaseInfo]) -> (Verdict, String) {
         return (Verdict::Passed, String::new());
     }
     let names: Vec<&str> = failures.iter().map(|(id, _)| id.as_str()).collect();
-    let head = format!("{} of {} cases failed ({counts}): {}", failures.len(), cases.len(), names.join(", "));
+    let head =
+        format!("{} of {} failed ({counts}): {}", failures.len(), concord_harness::count(cases.len(), "case", "cases"), names.join(", "));
     let bodies: Vec<String> = failures.iter().map(|(id, m)| format!("FAIL {id}\n{m}")).collect();
     let msg = format!("{head}\n\n{}", bodies.join("\n\n"));
     (Verdict::Failed(typed), msg)
@@ -660,7 +677,7 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     // with the other ranks 3-5 s behind, in 2 of 2 runs of the ws4 cases with 64 lanes, never
     // with one lane, which also ran them in 22.1 s against 46.1 s: one world per world size, not
     // one per lane).
-    let (gpu_work, work): (Vec<Work>, Vec<Work>) = work.into_iter().partition(|(e, _)| e.gpus_per_rank > 0);
+    let (gpu_work, work): (Vec<Work>, Vec<Work>) = work.into_iter().partition(|(e, _)| gpu_lane(e));
     let gpu_lanes = usize::from(!gpu_work.is_empty());
     let gpu = Mutex::new(schedule(gpu_work, 1).1.into_iter());
     let (stall, cpu) = schedule(work, jobs);
@@ -714,7 +731,7 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
                 // Worlds of a GPU backend run one at a time: rank r drives GPU r, so two worlds
                 // side by side would share devices (measured on 2 GPUs: 32 NCCL worlds at once
                 // ran their groups past the enqueue deadline). CPU backends keep every lane.
-                let gpu_turn = (entry.gpus_per_rank > 0).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
+                let gpu_turn = gpu_lane(&entry).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
                 let (verdict, msg, elapsed) = run_case(&entry, &case);
                 drop(gpu_turn);
                 drop(big_turn);
@@ -731,6 +748,12 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
     let mut records = records.into_inner().unwrap();
     records.sort_by(|a, b| a.id.cmp(&b.id));
     Report::new(records, started.elapsed())
+}
+
+/// Whether `entry`'s cases go to [`run_work`]'s GPU lane (and take [`GPU_TURN`]): a backend
+/// whose ranks need GPUs. The one place of the choice (`suites/tests/gpu_lane.rs` checks it).
+fn gpu_lane(entry: &BackendEntry) -> bool {
+    entry.gpus_per_rank > 0
 }
 
 /// Held while a case of a GPU backend runs in conformance mode (one GPU world at a time; its
@@ -807,7 +830,8 @@ fn skip_summary(report: &Report) -> Vec<String> {
             let all = if skipped == total { " (all of them)" } else { "" };
             let more =
                 if reasons.len() > 1 { format!("; and {} other reason(s), see the report", reasons.len() - 1) } else { String::new() };
-            format!("{backend}: {skipped} of {total} cases skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
+            let of = concord_harness::count(total, "case", "cases");
+            format!("{backend}: {skipped} of {of} skipped{all}: {}{more}", reasons.first().map(String::as_str).unwrap_or(""))
         })
         .collect()
 }

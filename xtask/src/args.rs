@@ -47,6 +47,11 @@ Commands:
 
 /// One command of the xtask (see [`USAGE`]).
 pub enum Cmd {
+    /// `__forward PROGRAM [ARGS...]` (hidden): runs PROGRAM as the xtask runs the children it
+    /// waits for, SIGTERM / SIGINT / SIGHUP forwarded.
+    Forward {
+        argv: Vec<String>,
+    },
     Test {
         no_lint: bool,
         args: Vec<String>,
@@ -243,6 +248,9 @@ pub fn parse(argv: Vec<String>) -> Result<Cmd, String> {
                 Cmd::BenchHarness
             }
         }
+        // Not in the usage text: runs one program the way the xtask waits for its children
+        // (signals forwarded), for xtask/tests/forward.rs.
+        "__forward" => Cmd::Forward { argv: t.v.clone() },
         "bench" => Cmd::Bench { args: if t.v.first().is_some_and(|a| a == "--") { t.v[1..].to_vec() } else { t.v.clone() } },
         "mpi-diff" => {
             let (mut ranks, mut seed, mut trials) = (4, 1, 300);

@@ -23,12 +23,14 @@
 //!
 //! Commands that use MPI (`--backend mpi`, `mpi-diff`, `two-hosts`) build with the `mpi` feature
 //! and install Debian's `openmpi-bin libopenmpi-dev libclang-dev` with apt-get when missing.
-#![forbid(unsafe_code)]
+// The one unsafe module is `forward` (signal forwarding to the children the xtask waits for).
+#![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod args;
+mod forward;
 mod json;
 
 use args::Cmd;
@@ -70,7 +72,7 @@ fn target_dir() -> PathBuf {
 
 fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.current_dir(root()).status().with_context(|| format!("could not start {shown}"))?;
+    let status = forward::status(cmd.current_dir(root())).with_context(|| format!("could not start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed: {status}");
     }
@@ -124,7 +126,7 @@ fn ensure_mpi() -> Result<()> {
 /// `--enable-recovery`, Open MPI 4.1's mpirun exits 0 even when every rank exited non-zero).
 fn run_mpirun_conformance(mut c: Command) -> Result<i32> {
     use std::io::{BufRead, BufReader, Write};
-    let mut child = c.current_dir(root()).stdout(std::process::Stdio::piped()).spawn().context("could not start mpirun")?;
+    let mut child = forward::spawn(c.current_dir(root()).stdout(std::process::Stdio::piped())).context("could not start mpirun")?;
     let mut clean = false;
     let mut aborted = false;
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
@@ -136,7 +138,7 @@ fn run_mpirun_conformance(mut c: Command) -> Result<i32> {
             clean = rest.starts_with("0 failed");
         }
     }
-    let status = child.wait().context("waiting for mpirun")?;
+    let status = forward::wait(&mut child).context("waiting for mpirun")?;
     Ok(match status.code() {
         Some(0) if clean && !aborted => 0,
         Some(0) | None => 1,
@@ -369,7 +371,9 @@ fn real_main() -> Result<()> {
             if !whole {
                 return exec(c);
             }
-            let status = c.status().context("could not start concord-mutants")?;
+            // Waited for, so a SIGTERM / SIGINT / SIGHUP to the xtask is forwarded to it (and the
+            // legal stage does not start): `status()` left it running, an orphan.
+            let status = forward::status(&mut c).context("could not start concord-mutants")?;
             if !status.success() {
                 std::process::exit(status.code().unwrap_or(1));
             }
@@ -380,6 +384,11 @@ fn real_main() -> Result<()> {
             }
             l.current_dir(root());
             exec(l)
+        }
+        Cmd::Forward { argv } => {
+            let Some((prog, rest)) = argv.split_first() else { bail!("forward: a program is needed") };
+            let st = forward::status(Command::new(prog).args(rest)).with_context(|| format!("could not start {prog}"))?;
+            std::process::exit(st.code().unwrap_or(1))
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench { args } => {
@@ -396,10 +405,15 @@ fn real_main() -> Result<()> {
             ensure_mpi()?;
             let exe = build_test_binary_with("concord-mpi", "differential", &["--profile", "ci", "--features", "mpi"])?;
             // The binary starts itself under mpirun (with a fresh store for shm) and cleans up.
-            let status = Command::new(exe)
-                .args(["--ranks", &ranks.to_string(), "--seed", &seed.to_string(), "--trials", &trials.to_string()])
-                .status()
-                .context("could not start the differential test")?;
+            let status = forward::status(Command::new(exe).args([
+                "--ranks",
+                &ranks.to_string(),
+                "--seed",
+                &seed.to_string(),
+                "--trials",
+                &trials.to_string(),
+            ]))
+            .context("could not start the differential test")?;
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::TwoHosts { ranks_per_host, trials } => {
@@ -432,9 +446,14 @@ fn real_main() -> Result<()> {
             // 2. shm across the hosts: every case UNSUPPORTED by the named refusal, at once.
             println!("xtask two-hosts: 2/3 shm across the two hosts must refuse the world");
             let shm_report = dir.path().join("shm");
-            let st = script(&[conf.as_os_str(), "--backend".as_ref(), "shm".as_ref(), "--report".as_ref(), shm_report.as_os_str()])
-                .status()
-                .context("could not start scripts/netns/two-hosts.sh")?;
+            let st = forward::status(&mut script(&[
+                conf.as_os_str(),
+                "--backend".as_ref(),
+                "shm".as_ref(),
+                "--report".as_ref(),
+                shm_report.as_os_str(),
+            ]))
+            .context("could not start scripts/netns/two-hosts.sh")?;
             let json = json::parse(&std::fs::read_to_string(shm_report.join("conformance.json")).unwrap_or_default())
                 .context("two-hosts: shm wrote no report")?;
             let cases = json.get("cases").as_array().to_vec();
@@ -451,11 +470,12 @@ fn real_main() -> Result<()> {
             println!("xtask two-hosts: shm refused all {refused} cases: the world spans hosts");
             // 3. The differential test across the hosts: MPI against the oracle, shm refusing.
             println!("xtask two-hosts: 3/3 the differential test across the two hosts");
-            let st = script(&[diff.as_os_str(), "--hosts".as_ref(), "--trials".as_ref(), trials.to_string().as_ref()])
-                .env("CONCORD_DIFF_STORE", dir.path().join("store"))
-                .env("CONCORD_DIFF_WORLD", format!("hosts{}", std::process::id()))
-                .status()
-                .context("could not start scripts/netns/two-hosts.sh")?;
+            let st = forward::status(
+                script(&[diff.as_os_str(), "--hosts".as_ref(), "--trials".as_ref(), trials.to_string().as_ref()])
+                    .env("CONCORD_DIFF_STORE", dir.path().join("store"))
+                    .env("CONCORD_DIFF_WORLD", format!("hosts{}", std::process::id())),
+            )
+            .context("could not start scripts/netns/two-hosts.sh")?;
             if !st.success() {
                 bail!("two-hosts: the differential test across hosts failed ({st})");
             }

@@ -67,7 +67,7 @@ fn bench_cases() -> anyhow::Result<f64> {
     let mut cfg = PoolConfig::from_env();
     cfg.max_idle_worlds = 0;
     let pool = Pool::new(cfg);
-    let key = WorldKey { backend: "none".into(), world_size: 4, options: vec![] };
+    let key = WorldKey::new("none", 4, vec![]);
     let mut samples = Vec::new();
     for i in 0..CASE_WARMUP + CASE_SAMPLES {
         let t0 = Instant::now();
