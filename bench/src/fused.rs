@@ -44,6 +44,7 @@ pub fn fused_main_with<B: Backend>(name: &str, args: &Args, argv: Vec<String>) -
     let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
         s.args = argv;
         s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
+        s.foreign_shm = B::SHM_PREFIXES.iter().map(|p| p.to_string()).collect();
         Ok(s)
     });
     let spec = match spec {

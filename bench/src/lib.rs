@@ -70,10 +70,12 @@ impl Common {
 
     /// Launches `ranks` copies of this binary (same arguments) with the backend options, waits
     /// up to the deadline and exits 1 naming the ranks that failed. Call from `main` after the
-    /// rank check (`launch::rank_world()`).
-    pub fn launch_and_wait(&self, backend: &str) {
+    /// rank check (`launch::rank_world()`). Sweeps the `/dev/shm` files of `B::SHM_PREFIXES`
+    /// that the world leaves.
+    pub fn launch_and_wait<B: concord_core::Backend>(&self, backend: &str) {
         let spec = concord_harness::launch::LaunchSpec::current_exe(self.ranks, backend).and_then(|mut s| {
             s.options = concord_harness::worker::parse_options(&self.opts).map_err(std::io::Error::other)?;
+            s.foreign_shm = B::SHM_PREFIXES.iter().map(|p| p.to_string()).collect();
             Ok(s)
         });
         let launched = spec.and_then(|s| concord_harness::launch::launch(&s));

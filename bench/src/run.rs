@@ -262,11 +262,12 @@ pub(crate) struct Ranks {
 }
 
 /// Launches `args.ranks` processes of this executable (the parent's way to get [`Ranks`]).
-fn launch_ranks(name: &str, args: &Args, argv: &[String]) -> Result<Ranks, String> {
+fn launch_ranks(name: &str, shm_prefixes: &[&str], args: &Args, argv: &[String]) -> Result<Ranks, String> {
     let spec = launch::LaunchSpec::current_exe(args.ranks, name).and_then(|mut s| {
         s.args = argv.to_vec();
         s.options = concord_harness::worker::parse_options(&args.opts).map_err(std::io::Error::other)?;
         s.pipe_stdout = true;
+        s.foreign_shm = shm_prefixes.iter().map(|p| p.to_string()).collect();
         Ok(s)
     });
     let op_timeout = spec.as_ref().map(|s| s.op_timeout).unwrap_or(Duration::from_secs(15));
@@ -301,7 +302,7 @@ fn launch_ranks(name: &str, args: &Args, argv: &[String]) -> Result<Ranks, Strin
 
 /// Runs the benchmark of backend `name` (see the module docs).
 pub fn run_parent<B: Backend>(name: &str, hooks: &Hooks<B>, args: &Args, argv: Vec<String>) -> Outcome {
-    run_parent_with::<B>(name, hooks, args, argv, &mut |a, v| launch_ranks(name, a, v))
+    run_parent_with::<B>(name, hooks, args, argv, &mut |a, v| launch_ranks(name, B::SHM_PREFIXES, a, v))
 }
 
 /// [`run_parent`] with the ranks from `get_ranks` (called after the header is printed).

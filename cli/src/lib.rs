@@ -20,11 +20,25 @@ pub fn builtin_entries() -> Vec<BackendEntry> {
         BackendEntry::new::<concord_shm::ShmBackend>("shm", 0, catalogue::<concord_shm::ShmBackend>)
             .with_option("fused_pipeline", "always"),
         BackendEntry::new::<concord_fake::FakeBackend>("fake", 0, shape_catalogue::<concord_fake::FakeBackend>),
-        // NCCL's own segments (`/dev/shm/nccl-XXXXXX`, mkstemp; NCCL has no setting for the name)
-        // stay behind when ranks are killed mid-op: the runner sweeps what a world left.
-        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>).with_foreign_shm("nccl-"),
+        // NCCL's own segments (`/dev/shm/nccl-XXXXXX`) stay behind when ranks are killed mid-op:
+        // the backend declares their prefix (`Backend::SHM_PREFIXES`) and the runner sweeps.
+        BackendEntry::new::<concord_nccl::NcclBackend>("nccl", 1, catalogue::<concord_nccl::NcclBackend>),
     ];
     #[cfg(feature = "mpi")]
     v.push(BackendEntry::new::<concord_mpi::MpiBackend>("mpi", 0, catalogue::<concord_mpi::MpiBackend>));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    /// The built-in entries carry their backend's `/dev/shm` prefixes to the runner (NCCL's
+    /// `nccl-`; none for the CPU backends, whose files carry the world's own prefix).
+    #[test]
+    fn entries_carry_the_backends_shm_prefixes() {
+        let e = super::builtin_entries();
+        let of = |n: &str| e.iter().find(|b| b.name == n).map(|b| b.foreign_shm.clone()).unwrap_or_else(|| panic!("no entry {n}"));
+        assert_eq!(of("nccl"), vec!["nccl-".to_string()]);
+        assert!(of("shm").is_empty());
+        assert!(of("fake").is_empty());
+    }
 }

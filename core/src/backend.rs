@@ -279,6 +279,15 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// A buffer on the backend's device. Cloning clones the *handle*, not the data.
     type Buffer: Clone + Send + Sync + 'static;
 
+    /// Name prefixes of the files the backend's own libraries make in `/dev/shm` under names
+    /// the backend does not choose (NCCL: `nccl-`, from `mkstemp`), which a killed rank leaves
+    /// behind. Every launcher of Concord (the conformance runner, the bench, `harness::launch`)
+    /// sweeps, after a world's processes are gone, the files with these prefixes that are new
+    /// since the world started, this user's, and neither open nor mapped by a live process
+    /// (`harness::platform::ForeignShm`). A file of such a prefix MUST stay open or mapped by a
+    /// process for as long as it is in use. Default: none.
+    const SHM_PREFIXES: &'static [&'static str] = &[];
+
     /// Joins the world (collective: every rank calls it).
     fn init(world: &WorldInfo) -> Result<Self>;
     /// Short name used in case names and messages (`shm`, `nccl`, ...).

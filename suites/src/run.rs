@@ -48,9 +48,9 @@ pub struct BackendEntry {
     pub options: Vec<(String, String)>,
     /// The command that reruns one case, to which ` <case id>` is appended.
     pub rerun: String,
-    /// Name prefixes of the files the backend's own library makes in `/dev/shm` (NCCL:
-    /// `nccl-`), swept by the runner after a world's processes are reaped
-    /// ([`WorldKey::foreign_shm`]).
+    /// Name prefixes of the files the backend's own library makes in `/dev/shm`
+    /// (`Backend::SHM_PREFIXES`; NCCL: `nccl-`), swept by the runner after a world's processes
+    /// are reaped ([`WorldKey::foreign_shm`]).
     pub foreign_shm: Vec<String>,
     list: Arc<ListFn>,
     serve: Arc<ServeFn>,
@@ -68,7 +68,7 @@ impl BackendEntry {
             gpus_per_rank,
             options: Vec::new(),
             rerun: format!("cargo xtask conformance --backend {name} --exact"),
-            foreign_shm: Vec::new(),
+            foreign_shm: B::SHM_PREFIXES.iter().map(|p| p.to_string()).collect(),
             list: Arc::new(move || {
                 cases()
                     .into_iter()
@@ -99,13 +99,6 @@ impl BackendEntry {
     /// --exact`; `harness!` sets `cargo test -p <crate> --test <target> -- --exact`).
     pub fn with_rerun(mut self, command: impl Into<String>) -> Self {
         self.rerun = command.into();
-        self
-    }
-
-    /// Declares a name prefix of files the backend's own library makes in `/dev/shm` under names
-    /// Concord does not choose (see [`BackendEntry::foreign_shm`]).
-    pub fn with_foreign_shm(mut self, prefix: &str) -> Self {
-        self.foreign_shm.push(prefix.to_string());
         self
     }
 

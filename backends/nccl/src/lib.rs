@@ -324,6 +324,8 @@ impl NcclBackend {
 
 impl Backend for NcclBackend {
     type Buffer = NcclBuffer;
+    /// NCCL's shared-memory transport segments (`/dev/shm/nccl-XXXXXX`; no setting renames them).
+    const SHM_PREFIXES: &'static [&'static str] = &["nccl-"];
 
     fn init(world: &WorldInfo) -> Result<Self> {
         Self::init_impl(world)

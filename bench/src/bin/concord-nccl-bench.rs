@@ -296,5 +296,5 @@ fn main() {
         std::process::exit(2);
     }
     // Every rank ends, or all are ended at the deadline, or soon after the first failure.
-    a.launch_and_wait("nccl");
+    a.launch_and_wait::<NcclBackend>("nccl");
 }
