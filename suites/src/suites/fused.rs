@@ -46,20 +46,30 @@ pub struct FusedSpec {
 }
 
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
+/// The draws are the same for every `(lo, hi)`; the exact ranges the suite uses (2, 3 or 5
+/// integers) take the modulo by a constant (a multiply, not a division: the same remainder).
 fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if exact {
-                (lo + (s % (hi - lo + 1) as u64) as i64) as f64
-            } else {
-                (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-            }
-        })
-        .collect()
+    #[inline(always)]
+    fn draws(seed: u64, n: usize, f: impl Fn(u64) -> f64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                f(s)
+            })
+            .collect()
+    }
+    if !exact {
+        return draws(seed, n, |s| (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0);
+    }
+    match (hi - lo + 1) as u64 {
+        2 => draws(seed, n, |s| (lo + (s % 2) as i64) as f64),
+        3 => draws(seed, n, |s| (lo + (s % 3) as i64) as f64),
+        5 => draws(seed, n, |s| (lo + (s % 5) as i64) as f64),
+        m => draws(seed, n, |s| (lo + (s % m) as i64) as f64),
+    }
 }
 
 impl FusedSpec {
@@ -1020,6 +1030,36 @@ pub fn expected_kind(spec: &FusedSpec, ws: usize, caps: &Capabilities) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `values` is the plain draw (one modulo by the range's width per element) for every range
+    /// the suite uses and one it does not, and for random values.
+    #[test]
+    fn values_are_the_plain_draws() {
+        let plain = |seed: u64, n: usize, exact: bool, lo: i64, hi: i64| -> Vec<f64> {
+            let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    if exact {
+                        (lo + (s % (hi - lo + 1) as u64) as i64) as f64
+                    } else {
+                        (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                    }
+                })
+                .collect()
+        };
+        for seed in [0u64, 1, 7919, u64::MAX, 0x5EED] {
+            for (lo, hi) in [(-2, 2), (0, 2), (-1, 1), (0, 1), (-3, 7)] {
+                for exact in [true, false] {
+                    let got: Vec<u64> = values(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
+                    let want: Vec<u64> = plain(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "seed {seed} [{lo}, {hi}] exact {exact}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_bad_spec_is_bad_for_the_oracle() {
