@@ -46,30 +46,10 @@ pub struct FusedSpec {
 }
 
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
-/// The draws are the same for every `(lo, hi)`; the exact ranges the suite uses (2, 3 or 5
-/// integers) take the modulo by a constant (a multiply, not a division: the same remainder).
+/// (`concord_fixtures::xorshift_values`: the loop lives there, compiled at the profile's
+/// level, not the suites' opt-level 1.)
 fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
-    #[inline(always)]
-    fn draws(seed: u64, n: usize, f: impl Fn(u64) -> f64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                f(s)
-            })
-            .collect()
-    }
-    if !exact {
-        return draws(seed, n, |s| (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0);
-    }
-    match (hi - lo + 1) as u64 {
-        2 => draws(seed, n, |s| (lo + (s % 2) as i64) as f64),
-        3 => draws(seed, n, |s| (lo + (s % 3) as i64) as f64),
-        5 => draws(seed, n, |s| (lo + (s % 5) as i64) as f64),
-        m => draws(seed, n, |s| (lo + (s % m) as i64) as f64),
-    }
+    concord_fixtures::xorshift_values(seed, n, exact, lo, hi)
 }
 
 impl FusedSpec {
