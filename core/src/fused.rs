@@ -27,7 +27,7 @@
 
 use crate::backend::Backend;
 use crate::call::{CallDesc, CallOp, FusedArgs, TensorDesc};
-use crate::dtype::{round_f64_to_bits, DType};
+use crate::dtype::{round_f64_to_bf16_bits, round_f64_to_bits, round_f64_to_f32_bits, DType};
 use crate::error::{CollectiveError, Result};
 use crate::op::{ReduceOp, Variant};
 use crate::tensor::Tensor;
@@ -168,10 +168,8 @@ pub fn to_f64(t: &Tensor) -> Vec<f64> {
 pub fn round_into(dtype: DType, shape: &[usize], v: &[f64]) -> Tensor {
     let mut t = Tensor::zeros(dtype, shape);
     match dtype {
-        DType::F32 => t.as_mut_slice::<f32>().iter_mut().zip(v).for_each(|(d, x)| *d = f32::from_bits(round_f64_to_bits(*x, 8, 23) as u32)),
-        DType::BF16 => {
-            t.as_mut_slice::<bf16>().iter_mut().zip(v).for_each(|(d, x)| *d = bf16::from_bits(round_f64_to_bits(*x, 8, 7) as u16))
-        }
+        DType::F32 => t.as_mut_slice::<f32>().iter_mut().zip(v).for_each(|(d, x)| *d = f32::from_bits(round_f64_to_f32_bits(*x))),
+        DType::BF16 => t.as_mut_slice::<bf16>().iter_mut().zip(v).for_each(|(d, x)| *d = bf16::from_bits(round_f64_to_bf16_bits(*x))),
         DType::F16 => t.as_mut_slice::<f16>().iter_mut().zip(v).for_each(|(d, x)| *d = f16::from_bits(round_f64_to_bits(*x, 5, 10) as u16)),
         _ => return Tensor::from_f64(dtype, shape, v),
     }

@@ -173,11 +173,19 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
     ag_shape[g] *= ws;
     // The gathered tensor: element at ag coords c comes from rank c[g] / s_g at c[g] % s_g;
     // `l` receives the coords in that rank's shard.
+    let a_vals: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|x| {
+            let mut v = Vec::with_capacity(x.a.numel());
+            floats_of(&x.a, 0, x.a.numel(), &mut v);
+            v
+        })
+        .collect();
     let ag_val = |c: &[usize], l: &mut [usize]| {
         l.copy_from_slice(c);
         let r = l[g] / sg;
         l[g] %= sg;
-        (r, inputs[r].a.get_f64(flat(l, &s)))
+        (r, a_vals[r][flat(l, &s)])
     };
     let ag_n: usize = ag_shape.iter().product();
     let es = inputs[0].a.dtype().size();
@@ -225,7 +233,7 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
                 let n = b.shape()[1];
                 // b transposed ([n, k]): each dot product below walks both operands contiguously
                 // (the same products, summed in the same order, as down b's column).
-                let bt: Vec<f64> = (0..n * k).map(|t| b.get_f64((t % k) * n + t / k)).collect();
+                let bt = transposed(b, k, n);
                 // Moved output [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
                 let mut mo = full.clone();
                 mo[nd - 1] = n;
@@ -260,6 +268,20 @@ fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: 
         .collect()
 }
 
+/// Elements `lo..hi` of a float tensor as f64 (exact), appended to `dst`: one dtype dispatch
+/// for the run, where [`Tensor::get_f64`] dispatches per element.
+fn floats_of(t: &Tensor, lo: usize, hi: usize, dst: &mut Vec<f64>) {
+    concord_core::dispatch_dtype!(t.dtype(), T => dst.extend(t.as_slice::<T>()[lo..hi].iter().map(|x| <T as concord_core::Element>::to_f64(*x))));
+}
+
+/// `b` (`[k, n]`) transposed to `[n, k]`, as f64: each dot product then walks both operands
+/// contiguously (the same products, summed in the same order, as down b's column).
+fn transposed(b: &Tensor, k: usize, n: usize) -> Vec<f64> {
+    let mut flat = Vec::with_capacity(k * n);
+    floats_of(b, 0, k * n, &mut flat);
+    (0..n * k).map(|t| flat[(t % k) * n + t / k]).collect()
+}
+
 fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
     let ws = inputs.len();
     let s = inputs[0].a.shape().to_vec();
@@ -272,27 +294,15 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
     // Every rank's product, each element rounded once to the output dtype (the seed's fallback
     // computes C in the output dtype before the reduce-scatter); an element of C belongs to one
     // rank's chunk, so each is computed when that chunk is (once in all, only the chunk of rank
-    // `only` when given).
-    let mats: Vec<(Vec<f64>, Vec<f64>)> = inputs
-        .iter()
-        // b transposed ([n, k]), as in `ag_matmul`: contiguous dot products, same order.
-        .map(|x| ((0..x.a.numel()).map(|i| x.a.get_f64(i)).collect(), (0..n * k).map(|t| x.bs[0].get_f64((t % k) * n + t / k)).collect()))
-        .collect();
-    let c_at = |x: usize, fi: usize| {
-        let (av, bt) = &mats[x];
-        let (row, j) = (fi / n, fi % n);
-        let mut acc = 0.0;
-        for (a, b) in av[row * k..(row + 1) * k].iter().zip(&bt[j * k..(j + 1) * k]) {
-            acc += a * b;
-        }
-        if let Some(sc) = scaling {
-            acc *= inputs[x].a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
-        }
-        rounded(dt, acc)
-    };
+    // `only` when given). A chunk is walked row by row of C (`[.., n]`): each rank's row of `a`
+    // is read once per row, as f64, and only the rows of the chunk are read.
+    let bts: Vec<Vec<f64>> = inputs.iter().map(|x| transposed(&x.bs[0], k, n)).collect();
     let mut out_shape = c_shape.clone();
     out_shape[d] /= ws;
     let total: usize = out_shape.iter().product();
+    let width = out_shape[nd - 1];
+    let out_rows = total.checked_div(width).unwrap_or(0);
+    let mut a_rows: Vec<f64> = Vec::with_capacity(ws * k);
     (0..ws)
         .map(|r| {
             if only.is_some_and(|o| o != r) {
@@ -300,12 +310,30 @@ fn matmul_rs(inputs: &[FusedInputs], op: ReduceOp, d: usize, scaling: Option<&Sc
             }
             let mut c = vec![0; nd];
             let mut v: Vec<f64> = Vec::with_capacity(total);
-            for i in 0..total {
-                coords_into(i, &out_shape, &mut c);
+            for q in 0..out_rows {
+                // The chunk's row q is C's row `row`, columns j0..j0 + width.
+                coords_into(q * width, &out_shape, &mut c);
                 c[d] += r * out_shape[d];
-                let fi = flat(&c, &c_shape);
-                let sum: f64 = (0..ws).fold(0.0, |s, x| s + c_at(x, fi));
-                v.push(if op == ReduceOp::Avg { sum / ws as f64 } else { sum });
+                let row = flat(&c, &c_shape) / n;
+                let j0 = c[nd - 1];
+                a_rows.clear();
+                for x in inputs {
+                    floats_of(&x.a, row * k, (row + 1) * k, &mut a_rows);
+                }
+                for j in j0..j0 + width {
+                    let mut sum = 0.0;
+                    for (x, bt) in bts.iter().enumerate() {
+                        let mut acc = 0.0;
+                        for (a, b) in a_rows[x * k..(x + 1) * k].iter().zip(&bt[j * k..(j + 1) * k]) {
+                            acc += a * b;
+                        }
+                        if let Some(sc) = scaling {
+                            acc *= inputs[x].a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
+                        }
+                        sum += rounded(dt, acc);
+                    }
+                    v.push(if op == ReduceOp::Avg { sum / ws as f64 } else { sum });
+                }
             }
             vec![round(dt, &out_shape, &v)]
         })
@@ -328,6 +356,169 @@ pub fn fused_tolerance(input: DType, out: DType, k: usize, ws: usize, reduce_sca
         abs += scale * ws as f64 * k * eps;
     }
     Tolerance::Bound { abs, rel: eps }
+}
+
+/// The element-by-element implementations these replaced (as they were before the oracle read
+/// its operands row by row, one dtype dispatch per run): the new ones must give the same bits.
+#[cfg(test)]
+mod reference {
+    use super::*;
+
+    pub(super) fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
+        let ws = inputs.len();
+        let s = inputs[0].a.shape().to_vec();
+        let nd = s.len();
+        let sg = s[g];
+        let mut ag_shape = s.clone();
+        ag_shape[g] *= ws;
+        // The gathered tensor: element at ag coords c comes from rank c[g] / s_g at c[g] % s_g;
+        // `l` receives the coords in that rank's shard.
+        let ag_val = |c: &[usize], l: &mut [usize]| {
+            l.copy_from_slice(c);
+            let r = l[g] / sg;
+            l[g] %= sg;
+            (r, inputs[r].a.get_f64(flat(l, &s)))
+        };
+        let ag_n: usize = ag_shape.iter().product();
+        let es = inputs[0].a.dtype().size();
+        let (mut c, mut l) = (vec![0; nd], vec![0; nd]);
+        let mut ag_bits: Vec<u8> = Vec::with_capacity(ag_n * es);
+        for i in 0..ag_n {
+            coords_into(i, &ag_shape, &mut c);
+            let (r, _) = ag_val(&c, &mut l);
+            let off = flat(&l, &s) * es;
+            ag_bits.extend_from_slice(&inputs[r].a.bytes()[off..off + es]);
+        }
+        let ag = Tensor::from_bytes(inputs[0].a.dtype(), &ag_shape, &ag_bits);
+        let ms = moved_shape(&s, g); // shard's moved shape [s_g, .., k]
+        let k = ms[nd - 1];
+        // A' = movedim(ag, g, 0) as a dense [rows, k] f64 matrix, with each row's source rank and
+        // its row in that rank's moved shard (for row scales).
+        let mut full = ms.clone();
+        full[0] *= ws;
+        let rows: usize = full[..nd - 1].iter().product();
+        let mut a_mat = vec![0.0f64; rows * k];
+        let mut row_src = vec![(0usize, 0usize); rows];
+        let mut m = vec![0; nd];
+        let mut row = vec![0; nd - 1];
+        for (idx, slot) in a_mat.iter_mut().enumerate() {
+            coords_into(idx, &full, &mut m);
+            // c = m[1..] with m[0] inserted at g
+            c[..g].copy_from_slice(&m[1..=g]);
+            c[g] = m[0];
+            c[g + 1..].copy_from_slice(&m[g + 1..]);
+            let (r, v) = ag_val(&c, &mut l);
+            *slot = v;
+            if m[nd - 1] == 0 {
+                row[0] = m[0] % sg;
+                row[1..].copy_from_slice(&m[1..nd - 1]);
+                row_src[idx / k.max(1)] = (r, flat(&row, &ms[..nd - 1]));
+            }
+        }
+        (0..ws)
+            .map(|q| {
+                if only.is_some_and(|o| o != q) {
+                    return vec![];
+                }
+                let mut outs = vec![ag.clone()];
+                for (bi, b) in inputs[q].bs.iter().enumerate() {
+                    let n = b.shape()[1];
+                    // b transposed ([n, k]): each dot product below walks both operands contiguously
+                    // (the same products, summed in the same order, as down b's column).
+                    let bt: Vec<f64> = (0..n * k).map(|t| b.get_f64((t % k) * n + t / k)).collect();
+                    // Moved output [ws*s_g, ms[1..nd-1].., n]; final = movedim(0, g).
+                    let mut mo = full.clone();
+                    mo[nd - 1] = n;
+                    let mut fin = mo[1..].to_vec();
+                    fin.insert(g, mo[0]);
+                    let total: usize = fin.iter().product();
+                    let (mut o, mut m) = (vec![0; nd], vec![0; nd]);
+                    let mut v: Vec<f64> = Vec::with_capacity(total);
+                    for i in 0..total {
+                        coords_into(i, &fin, &mut o);
+                        // m = o[g], then o without its g-th coordinate
+                        m[0] = o[g];
+                        m[1..=g].copy_from_slice(&o[..g]);
+                        m[g + 1..].copy_from_slice(&o[g + 1..]);
+                        let j = m[nd - 1];
+                        let row = flat(&m[..nd - 1], &mo[..nd - 1]);
+                        // Accumulated from +0 like every BLAS: a sum of -0 products is +0.
+                        let (a_row, b_col) = (&a_mat[row * k..(row + 1) * k], &bt[j * k..(j + 1) * k]);
+                        let mut acc: f64 = a_row.iter().zip(b_col).fold(0.0, |acc, (x, y)| acc + x * y);
+                        if let Some(sc) = scaling {
+                            let (src, ri) = row_src[row];
+                            let sa = inputs[src].a_scale.as_ref().unwrap_or(&sc.a);
+                            acc *= sa.at(ri) * sc.b[bi].at(j);
+                        }
+                        v.push(acc);
+                    }
+                    let dt = scaling.map_or(b.dtype(), |s| s.out_dtype);
+                    outs.push(round(dt, &fin, &v));
+                }
+                outs
+            })
+            .collect()
+    }
+
+    pub(super) fn matmul_rs(
+        inputs: &[FusedInputs],
+        op: ReduceOp,
+        d: usize,
+        scaling: Option<&Scaling>,
+        only: Option<usize>,
+    ) -> Vec<Vec<Tensor>> {
+        let ws = inputs.len();
+        let s = inputs[0].a.shape().to_vec();
+        let nd = s.len();
+        let k = s[nd - 1];
+        let n = inputs[0].bs[0].shape()[1];
+        let mut c_shape = s.clone();
+        c_shape[nd - 1] = n;
+        let dt = scaling.map_or(inputs[0].a.dtype(), |s| s.out_dtype);
+        // Every rank's product, each element rounded once to the output dtype (the seed's fallback
+        // computes C in the output dtype before the reduce-scatter); an element of C belongs to one
+        // rank's chunk, so each is computed when that chunk is (once in all, only the chunk of rank
+        // `only` when given).
+        let mats: Vec<(Vec<f64>, Vec<f64>)> = inputs
+            .iter()
+            // b transposed ([n, k]), as in `ag_matmul`: contiguous dot products, same order.
+            .map(|x| {
+                ((0..x.a.numel()).map(|i| x.a.get_f64(i)).collect(), (0..n * k).map(|t| x.bs[0].get_f64((t % k) * n + t / k)).collect())
+            })
+            .collect();
+        let c_at = |x: usize, fi: usize| {
+            let (av, bt) = &mats[x];
+            let (row, j) = (fi / n, fi % n);
+            let mut acc = 0.0;
+            for (a, b) in av[row * k..(row + 1) * k].iter().zip(&bt[j * k..(j + 1) * k]) {
+                acc += a * b;
+            }
+            if let Some(sc) = scaling {
+                acc *= inputs[x].a_scale.as_ref().unwrap_or(&sc.a).at(row) * sc.b[0].at(j);
+            }
+            rounded(dt, acc)
+        };
+        let mut out_shape = c_shape.clone();
+        out_shape[d] /= ws;
+        let total: usize = out_shape.iter().product();
+        (0..ws)
+            .map(|r| {
+                if only.is_some_and(|o| o != r) {
+                    return vec![];
+                }
+                let mut c = vec![0; nd];
+                let mut v: Vec<f64> = Vec::with_capacity(total);
+                for i in 0..total {
+                    coords_into(i, &out_shape, &mut c);
+                    c[d] += r * out_shape[d];
+                    let fi = flat(&c, &c_shape);
+                    let sum: f64 = (0..ws).fold(0.0, |s, x| s + c_at(x, fi));
+                    v.push(if op == ReduceOp::Avg { sum / ws as f64 } else { sum });
+                }
+                vec![round(dt, &out_shape, &v)]
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -366,5 +557,104 @@ mod tests {
         let bad =
             expected_fused(&FusedCall::MatmulReduceScatter { op: ReduceOp::Max, dim: 0, scaling: None }, &ins, &Capabilities::full(8));
         assert_eq!(bad.unwrap_err().kind, concord_core::BadInputKind::BadReduceOp);
+    }
+
+    /// The row-by-row `ag_matmul` / `matmul_rs` give the bits of the element-by-element ones
+    /// ([`reference`]) for every rank and for one rank alone (the first, middle and last): f32,
+    /// bf16, f16 and f64, every gather / scatter dim of a 3-D `a`, sum and avg, unscaled and
+    /// scaled (per-tensor and per-row scales into bf16 and f32), world sizes 1 to 5 and 8, on
+    /// random inputs (whose sums round) and on small integers.
+    #[test]
+    fn row_by_row_is_the_reference() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut cases = 0;
+        for ws in [1usize, 2, 3, 4, 5, 8] {
+            for dt in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+                for dim in 0..3 {
+                    for (scaled, out) in [(false, dt), (true, DType::BF16), (true, DType::F32)] {
+                        for random in [false, true] {
+                            let mut val = |n: usize| -> Vec<f64> {
+                                (0..n)
+                                    .map(|_| {
+                                        let x = next();
+                                        if random {
+                                            (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                                        } else {
+                                            (x % 5) as f64 - 2.0
+                                        }
+                                    })
+                                    .collect()
+                            };
+                            // all_gather_matmul: a shard [3, 5, 7] (odd everywhere), two bs.
+                            let a = vec![3usize, 5, 7];
+                            let k = *moved_shape(&a, dim).last().unwrap();
+                            let rows_scaled = scaled && (dim + ws) % 2 == 0;
+                            let sc = scaled.then(|| Scaling {
+                                a: Scale::Tensor(0.5),
+                                b: vec![Scale::Tensor(2.0), Scale::Rows((0..4).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                                out_dtype: out,
+                            });
+                            let ins: Vec<FusedInputs> = (0..ws)
+                                .map(|r| {
+                                    let rows = 3 * 5 * 7 / k;
+                                    FusedInputs {
+                                        a: Tensor::from_f64(dt, &a, &val(105)),
+                                        bs: vec![Tensor::from_f64(dt, &[k, 6], &val(6 * k)), Tensor::from_f64(dt, &[k, 4], &val(4 * k))],
+                                        a_scale: rows_scaled
+                                            .then(|| Scale::Rows((0..rows).map(|i| [0.5f32, 1.0, 2.0][(i + r) % 3]).collect())),
+                                    }
+                                })
+                                .collect();
+                            let want = reference::ag_matmul(&ins, dim, sc.as_ref(), None);
+                            assert_eq!(ag_matmul(&ins, dim, sc.as_ref(), None), want, "ag ws={ws} {dt} dim={dim} scaled={scaled} {out}");
+                            for only in [0, ws / 2, ws - 1] {
+                                assert_eq!(
+                                    ag_matmul(&ins, dim, sc.as_ref(), Some(only)),
+                                    reference::ag_matmul(&ins, dim, sc.as_ref(), Some(only))
+                                );
+                            }
+                            // matmul_reduce_scatter: a [2 ws, 3 ws, 5], b [5, 2 ws].
+                            let a = vec![2 * ws, 3 * ws, 5];
+                            let n = 2 * ws;
+                            let sc = scaled.then(|| Scaling {
+                                a: Scale::Tensor(0.5),
+                                b: vec![Scale::Rows((0..n).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                                out_dtype: out,
+                            });
+                            let ins: Vec<FusedInputs> = (0..ws)
+                                .map(|r| FusedInputs {
+                                    a: Tensor::from_f64(dt, &a, &val(a.iter().product())),
+                                    bs: vec![Tensor::from_f64(dt, &[5, n], &val(5 * n))],
+                                    a_scale: rows_scaled
+                                        .then(|| Scale::Rows((0..6 * ws * ws).map(|i| [0.5f32, 1.0, 2.0][(i + r) % 3]).collect())),
+                                })
+                                .collect();
+                            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                                let want = reference::matmul_rs(&ins, op, dim, sc.as_ref(), None);
+                                assert_eq!(
+                                    matmul_rs(&ins, op, dim, sc.as_ref(), None),
+                                    want,
+                                    "rs ws={ws} {dt} dim={dim} {op} scaled={scaled} {out}"
+                                );
+                                for only in [0, ws / 2, ws - 1] {
+                                    assert_eq!(
+                                        matmul_rs(&ins, op, dim, sc.as_ref(), Some(only)),
+                                        reference::matmul_rs(&ins, op, dim, sc.as_ref(), Some(only))
+                                    );
+                                }
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 6 * 4 * 3 * 3 * 2);
     }
 }

@@ -72,10 +72,16 @@ const fn float_layout(dtype: DType) -> (u32, u32) {
 /// underflow to subnormals, NaN to a quiet NaN of the same sign) and returns the bit pattern in
 /// the low bits. Correct rounding straight from f64: no double rounding through f32 (the `half`
 /// crate's `from_f64` truncates the low mantissa bits first, which misrounds near ties).
+///
+/// f32 and bf16 take `concord_core::dtype`'s shortcuts (`round_f64_to_f32_bits`,
+/// `round_f64_to_bf16_bits`): the same bits as the rule, which tests there and here compare.
+#[inline]
 pub fn round_f64_bits(dtype: DType, v: f64) -> u64 {
-    assert!(dtype.is_float(), "round_f64_bits on integer dtype {dtype}");
-    if dtype == DType::F64 {
-        return v.to_bits();
+    match dtype {
+        DType::F64 => return v.to_bits(),
+        DType::F32 => return concord_core::dtype::round_f64_to_f32_bits(v) as u64,
+        DType::BF16 => return concord_core::dtype::round_f64_to_bf16_bits(v) as u64,
+        _ => assert!(dtype.is_float(), "round_f64_bits on integer dtype {dtype}"),
     }
     let (e_bits, m_bits) = float_layout(dtype);
     concord_core::dtype::round_f64_to_bits(v, e_bits, m_bits)
@@ -270,6 +276,8 @@ mod tests {
             let v = f64::from_bits(x);
             let want = (v as f32).to_bits() as u64;
             let got = round_f64_bits(DType::F32, v);
+            // The shortcut is the one rounding rule, bit for bit (NaN included).
+            assert_eq!(got, concord_core::dtype::round_f64_to_bits(v, 8, 23), "{v:e}");
             if v.is_nan() {
                 assert!(f32::from_bits(got as u32).is_nan());
             } else {
@@ -279,6 +287,75 @@ mod tests {
             let f = f32::from_bits((x >> 32) as u32 & 0x7f7f_ffff);
             let tie = f as f64 + (f32::from_bits(f.to_bits() + 1) as f64 - f as f64) / 2.0;
             assert_eq!(round_f64_bits(DType::F32, tie), (tie as f32).to_bits() as u64, "tie {tie:e}");
+        }
+    }
+
+    /// The f32 and bf16 shortcuts of [`round_f64_bits`] give the one rounding rule's bits: on
+    /// random f64 bit patterns, on random f32 values (the bf16 shortcut's domain), on every bf16
+    /// midpoint and its f64 neighbours, on the f32 values around every bf16 boundary of a
+    /// spread of exponents, and on zeros, infinities, NaNs, subnormals and the overflow edge.
+    #[test]
+    fn shortcuts_are_the_rounding_rule() {
+        let rule = |d: DType, v: f64| {
+            let (e, m) = float_layout(d);
+            concord_core::dtype::round_f64_to_bits(v, e, m)
+        };
+        let check = |v: f64| {
+            for d in [DType::F32, DType::BF16, DType::F16] {
+                assert_eq!(round_f64_bits(d, v), rule(d, v), "{d} {v:e} ({:#x})", v.to_bits());
+            }
+        };
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            check(f64::from_bits(x));
+            check(f32::from_bits(x as u32) as f64);
+            check(f32::from_bits((x >> 32) as u32) as f64);
+            check((x % 2001) as f64 - 1000.0);
+        }
+        for b in 0u32..=0xffff {
+            let f = f32::from_bits(b << 16);
+            if f.is_nan() {
+                continue;
+            }
+            // Every f32 with the low half 0x7fff, 0x8000, 0x8001 (below, at, above the tie),
+            // and every low half for one high half in 512.
+            for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+                check(f32::from_bits(b << 16 | low) as f64);
+            }
+            if b % 512 == 0 {
+                for low in 0..=0xffffu32 {
+                    check(f32::from_bits(b << 16 | low) as f64);
+                }
+            }
+            let next = f32::from_bits((b + 1) << 16);
+            if next.is_finite() && f.is_finite() {
+                let mid = (f as f64 + next as f64) / 2.0;
+                check(mid);
+                check(f64::from_bits(mid.to_bits() + 1));
+                check(f64::from_bits(mid.to_bits() - 1));
+            }
+        }
+        for v in [
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            1e-320,
+            f32::MAX as f64,
+            3.4e38,
+            3.40282357e38,
+            1e39,
+            -1e39,
+            f32::MIN_POSITIVE as f64 / 3.0,
+        ] {
+            check(v);
         }
     }
 

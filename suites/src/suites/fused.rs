@@ -46,20 +46,10 @@ pub struct FusedSpec {
 }
 
 /// A small deterministic generator (inputs must be the same on every rank that builds them).
+/// (`concord_fixtures::xorshift_values`: the loop lives there, compiled at the profile's
+/// level, not the suites' opt-level 1.)
 fn values(seed: u64, n: usize, exact: bool, lo: i64, hi: i64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if exact {
-                (lo + (s % (hi - lo + 1) as u64) as i64) as f64
-            } else {
-                (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-            }
-        })
-        .collect()
+    concord_fixtures::xorshift_values(seed, n, exact, lo, hi)
 }
 
 impl FusedSpec {
@@ -1020,6 +1010,36 @@ pub fn expected_kind(spec: &FusedSpec, ws: usize, caps: &Capabilities) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `values` is the plain draw (one modulo by the range's width per element) for every range
+    /// the suite uses and one it does not, and for random values.
+    #[test]
+    fn values_are_the_plain_draws() {
+        let plain = |seed: u64, n: usize, exact: bool, lo: i64, hi: i64| -> Vec<f64> {
+            let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    if exact {
+                        (lo + (s % (hi - lo + 1) as u64) as i64) as f64
+                    } else {
+                        (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                    }
+                })
+                .collect()
+        };
+        for seed in [0u64, 1, 7919, u64::MAX, 0x5EED] {
+            for (lo, hi) in [(-2, 2), (0, 2), (-1, 1), (0, 1), (-3, 7)] {
+                for exact in [true, false] {
+                    let got: Vec<u64> = values(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
+                    let want: Vec<u64> = plain(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "seed {seed} [{lo}, {hi}] exact {exact}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_bad_spec_is_bad_for_the_oracle() {
