@@ -204,7 +204,7 @@ fn builtin_calls(inst: &OpInstance, ws: usize) -> Vec<(concord_core::OpKind, Var
     }
     match inst.op {
         K::AllReduce => {
-            if !inst.shape.is_empty() && inst.d0() > 0 && inst.d0() % ws == 0 {
+            if !inst.shape.is_empty() && inst.d0() > 0 && inst.d0().is_multiple_of(ws) {
                 v.push((K::ReduceScatterTensor, Variant::Out, red));
                 v.push((K::AllGatherIntoTensor, Variant::Out, None));
             }

@@ -540,34 +540,39 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new("async::dropped_work_still_runs_for_its_peers::ws2", CaseMeta { reduce: "sum,max,min".into(), ..meta("all_reduce", "inplace,out") }, 2, |ctx| {
-        // Dropping a work does not withdraw its collective: rank 0 issues an all_reduce_ (then an
-        // all_reduce) and drops the work at once (fire and forget); rank 1 waits for its own
-        // side, which needs rank 0's, and MUST get the sum. A last all_reduce checks both ranks
-        // are still in step.
-        // The all_reduces only carry the check: a reduce op the backend supports in both variants.
-        let b = ctx.b;
-        let ws = b.world_size();
-        let v = ArVehicle::pick(b, &[Variant::InPlace, Variant::Out])?;
-        let rank_sum = |_: usize| v.fold((1..=ws).map(|r| r as f32));
-        for (round, variant) in ["inplace", "out"].into_iter().enumerate() {
-            let w = format!("{} reduce={} (rank 0 drops its work un-waited)", here(b, "all_reduce", variant, DType::F32), v.op.name());
-            let x = b.upload(&full(&[16], ((b.rank() + 1) * (round + 1)) as f32))?;
-            let work = if variant == "inplace" { b.all_reduce_(&x, v.op)? } else { b.all_reduce(&x, v.op)? };
-            if b.rank() == 0 {
-                drop(work);
-                continue;
+    v.push(Case::<B>::new(
+        "async::dropped_work_still_runs_for_its_peers::ws2",
+        CaseMeta { reduce: "sum,max,min".into(), ..meta("all_reduce", "inplace,out") },
+        2,
+        |ctx| {
+            // Dropping a work does not withdraw its collective: rank 0 issues an all_reduce_ (then an
+            // all_reduce) and drops the work at once (fire and forget); rank 1 waits for its own
+            // side, which needs rank 0's, and MUST get the sum. A last all_reduce checks both ranks
+            // are still in step.
+            // The all_reduces only carry the check: a reduce op the backend supports in both variants.
+            let b = ctx.b;
+            let ws = b.world_size();
+            let v = ArVehicle::pick(b, &[Variant::InPlace, Variant::Out])?;
+            let rank_sum = |_: usize| v.fold((1..=ws).map(|r| r as f32));
+            for (round, variant) in ["inplace", "out"].into_iter().enumerate() {
+                let w = format!("{} reduce={} (rank 0 drops its work un-waited)", here(b, "all_reduce", variant, DType::F32), v.op.name());
+                let x = b.upload(&full(&[16], ((b.rank() + 1) * (round + 1)) as f32))?;
+                let work = if variant == "inplace" { b.all_reduce_(&x, v.op)? } else { b.all_reduce(&x, v.op)? };
+                if b.rank() == 0 {
+                    drop(work);
+                    continue;
+                }
+                let out = work
+                    .wait(ctx.timeout)
+                    .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
+                expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
             }
-            let out = work
-                .wait(ctx.timeout)
-                .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
-            expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
-        }
-        let w = format!("{} reduce={} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32), v.op.name());
-        let x = b.upload(&full(&[16], 10.0 * (b.rank() + 1) as f32))?;
-        let out = b.all_reduce(&x, v.op)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
-        expect_eq(b, &out, &full(&[16], 10.0 * rank_sum(ws)), &w)
-    }));
+            let w = format!("{} reduce={} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32), v.op.name());
+            let x = b.upload(&full(&[16], 10.0 * (b.rank() + 1) as f32))?;
+            let out = b.all_reduce(&x, v.op)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &full(&[16], 10.0 * rank_sum(ws)), &w)
+        },
+    ));
     v.push(Case::<B>::new("async::failed_work_reports_completed::ws2", meta("all_reduce", "out"), 2, |ctx| {
         // is_completed() is true once the op has failed, not only on success: a caller polling
         // it (`while not work.is_completed()`) sees a failed op end. The ranks' shapes differ

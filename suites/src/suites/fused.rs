@@ -355,8 +355,8 @@ fn odd_expected(spec: &FusedSpec, inputs: &[FusedInputs], caps: &Capabilities) -
 /// decomposition off its pipelined shapes; a wrapper inherits the declaration). Not for a
 /// bad-input spec: its refusal is named before any data moves.
 fn require_decomposition<B: Backend>(b: &B, spec: &FusedSpec) -> CaseResult {
-    use concord_core::{OpKind, Variant};
     use super::util::require_call;
+    use concord_core::{OpKind, Variant};
     if spec.odd_rank.is_some() || spec.b_dtype.is_some() {
         return Ok(());
     }
