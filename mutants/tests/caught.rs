@@ -273,9 +273,10 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     // (the runner's gate on the meta, the autotuner's tuned instance, a fused op's decomposition).
     (
         "legal_gap_fault_vehicle",
-        5,
+        6,
         3,
         &[
+            "async::wait_twice::ws2",
             "bad_input::gather_root_out_of_range::ws2",
             "bad_input::op_mismatch_all_reduce_vs_broadcast::ws2",
             "state::results_kept_100_calls::ws2",
