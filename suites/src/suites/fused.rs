@@ -353,11 +353,15 @@ fn odd_expected(spec: &FusedSpec, inputs: &[FusedInputs], caps: &Capabilities) -
 /// all_gather_matmul); such a case is UNSUPPORTED on every rank alike, naming the call. Read
 /// whatever `Capabilities::fused` says (shm declares `Pipelined` and falls back to the
 /// decomposition off its pipelined shapes; a wrapper inherits the declaration). Not for a
-/// bad-input spec: its refusal is named before any data moves.
+/// bad-input spec, nor for a dtype the backend does not declare at all: their refusal is named
+/// before any data moves, and the case checks it.
 fn require_decomposition<B: Backend>(b: &B, spec: &FusedSpec) -> CaseResult {
     use super::util::require_call;
     use concord_core::{OpKind, Variant};
-    if spec.odd_rank.is_some() || spec.b_dtype.is_some() {
+    // A dtype the backend does not declare at all is the rule table's (rule 6): the fused op
+    // itself refuses it by name before any data moves, and the case checks that refusal.
+    let dtypes = b.capabilities().dtypes;
+    if spec.odd_rank.is_some() || spec.b_dtype.is_some() || !dtypes.contains(&spec.dtype) || !dtypes.contains(&spec.out_dtype()) {
         return Ok(());
     }
     // Every rank's call description, all-gathered as bytes.
