@@ -35,6 +35,9 @@ const NO_SUBGROUPS: u8 = 8;
 const NCCL_LIKE: u8 = 9;
 const NO_HALF: u8 = 10;
 const FUSED_PIPELINED: u8 = 11;
+const GAP_FAULT_VEHICLE: u8 = 12;
+const GAP_ALL_GATHER_F64: u8 = 13;
+const GAP_BROADCAST_IN_PLACE: u8 = 14;
 
 /// The world size [`MAX_WS_8`] declares and keeps.
 const SMALL_MAX: usize = 8;
@@ -139,6 +142,27 @@ pub fn catalogue() -> Vec<Spec> {
              then the product",
             &["fused::all_gather_matmul"],
         ),
+        spec::<Legal<GAP_FAULT_VEHICLE>>(
+            "legal_gap_fault_vehicle",
+            "gap: all_reduce out f32 sum",
+            "declares one narrow gap, exactly all_reduce / out of place / f32 / sum (the most common call there is), \
+             and refuses it with `unsupported` on every rank; every other all_reduce as shm",
+            &["all_reduce::out::f32::sum", "bad_input::", "autotune::", "state::", "reuse::", "p2p::", "async::"],
+        ),
+        spec::<Legal<GAP_ALL_GATHER_F64>>(
+            "legal_gap_all_gather_f64",
+            "gap: all_gather f64",
+            "declares one narrow gap, all_gather_into_tensor on f64 (every variant), and refuses it with `unsupported` \
+             on every rank; every other dtype as shm",
+            &["all_gather_into_tensor", "f64", "bad_input::"],
+        ),
+        spec::<Legal<GAP_BROADCAST_IN_PLACE>>(
+            "legal_gap_broadcast_in_place",
+            "gap: broadcast in place",
+            "declares one narrow gap, in-place broadcast (every dtype), and refuses it with `unsupported` on every rank; \
+             out-of-place broadcast as shm",
+            &["broadcast::in_place", "bad_input::", "state::", "reuse::"],
+        ),
     ];
     v.extend(crate::legal_review::catalogue());
     v.extend(crate::legal3::catalogue());
@@ -169,6 +193,23 @@ fn declared<const K: u8>(s: &Shm) -> Capabilities {
         NO_SUBGROUPS => c.subgroups = false,
         NO_HALF => c.dtypes.retain(|d| !matches!(d, DType::F16 | DType::BF16)),
         FUSED_PIPELINED => c.fused = FusedImpl::Pipelined,
+        GAP_FAULT_VEHICLE => c.gaps.push(Gap {
+            op: Some(OpKind::AllReduce),
+            variant: Some(Variant::Out),
+            dtype: Some(DType::F32),
+            reduce: Some("sum".into()),
+            reason: "legal_gap_fault_vehicle: no out-of-place f32 sum all_reduce".into(),
+        }),
+        GAP_ALL_GATHER_F64 => c.gaps.push(Gap {
+            op: Some(OpKind::AllGatherIntoTensor),
+            variant: None,
+            dtype: Some(DType::F64),
+            reduce: None,
+            reason: "legal_gap_all_gather_f64: no f64 all_gather".into(),
+        }),
+        GAP_BROADCAST_IN_PLACE => {
+            c.gaps.push(Gap::op_variant(OpKind::Broadcast, Variant::InPlace, "legal_gap_broadcast_in_place: no in-place broadcast"))
+        }
         _ => {}
     }
     c
@@ -320,6 +361,11 @@ impl<const K: u8> Bug for Legal<K> {
     }
     fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
         refuse::<K>(self, s, OpKind::AllGatherIntoTensor, Variant::OutBuf, s.inner.buffer_dtype(x), None)?;
+        if K == GAP_ALL_GATHER_F64 {
+            // A call that carries the gapped dtype anywhere (here: its output) is the gap, as the
+            // bad-input grid reads a declaration (every dtype a call carries).
+            refuse::<K>(self, s, OpKind::AllGatherIntoTensor, Variant::OutBuf, s.inner.buffer_dtype(out), None)?;
+        }
         let x = if K == ALIAS_CORRECT { unaliased(s, x, out)? } else { x.clone() };
         Ok(self.late(s.inner.all_gather_into_tensor_out(&x, out)?))
     }

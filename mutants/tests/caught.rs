@@ -267,6 +267,48 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
             "async::registry_counts_unwaited_work::ws2",
         ],
     ),
+    // helper gapgate: one narrow declared gap each. Passed: cases that carried a check on the
+    // gapped call incidentally and now take a supported one (the bad-input table's usability
+    // check, state, p2p, async, the grid); unsupported: cases that need exactly the gapped call
+    // (the runner's gate on the meta, the autotuner's tuned instance, a fused op's decomposition).
+    (
+        "legal_gap_fault_vehicle",
+        6,
+        3,
+        &[
+            "async::wait_twice::ws2",
+            "bad_input::gather_root_out_of_range::ws2",
+            "bad_input::op_mismatch_all_reduce_vs_broadcast::ws2",
+            "state::results_kept_100_calls::ws2",
+            "p2p::send_behind_pending_collective::ws2",
+            "async::dropped_work_still_runs_for_its_peers::ws2",
+            "all_reduce::out::f32::sum::ws2",
+            "reuse::outputs_kept::all_reduce::out::ws2",
+            "autotune::seed::one_op::ws2",
+        ],
+    ),
+    (
+        "legal_gap_all_gather_f64",
+        2,
+        2,
+        &[
+            "bad_input::grid::all_gather_into_tensor_out::ws2",
+            "all_gather_into_tensor::out::f32::ws2",
+            "all_gather_into_tensor::out::f64::ws2",
+            "fused::all_gather_matmul::dim0::f64::exact::ws2",
+        ],
+    ),
+    (
+        "legal_gap_broadcast_in_place",
+        2,
+        2,
+        &[
+            "bad_input::broadcast_src_differs_on_one_rank::ws3",
+            "broadcast::out::f32::ws2",
+            "bad_input::broadcast_inplace_src_differs_on_one_rank::ws3",
+            "autotune::builtin::ws2",
+        ],
+    ),
     // docs/review-e.md: each pinned on the cases it failed before its check was fixed (the
     // nonroot one passed from the start: its pins are the rooted ops' value cases).
     (

@@ -181,7 +181,49 @@ fn gather<B: Backend>(ctx: &Ctx<'_, B>, label: &str, mine: &str) -> Result<Vec<S
     refs.iter().map(|k| ctx.store.get(k).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(|e| fail(ctx, e))).collect()
 }
 
+/// The per-call gate for tuned ops: a request's op instance is the call its `native` choice
+/// makes (out of place) and the call every choice must match, so a case tuning an instance the
+/// backend declares a gap is UNSUPPORTED (on every rank alike, before any rank tunes), naming
+/// the call.
+fn require_tuned<B: Backend>(ctx: &Ctx<'_, B>, reqs: &[Request<B>]) -> CaseResult {
+    for r in reqs {
+        crate::suites::util::require_call(ctx.b, r.inst.op, Variant::Out, r.inst.dtype, r.inst.reduce)?;
+    }
+    Ok(())
+}
+
+/// The calls the built-in choices of `inst` make on `ws` ranks where they apply
+/// (`concord_autotune::choices`): a built-in choice on a declared gap is refused by a correct
+/// backend, so the case that demands every built-in choice pass needs them all.
+fn builtin_calls(inst: &OpInstance, ws: usize) -> Vec<(concord_core::OpKind, Variant, Option<ReduceOp>)> {
+    use concord_core::OpKind as K;
+    let red = inst.reduce;
+    let mut v = vec![(inst.op, Variant::Out, red)];
+    if ws > 1 {
+        v.push((K::SendRecv, Variant::OutBuf, None));
+    }
+    match inst.op {
+        K::AllReduce => {
+            if !inst.shape.is_empty() && inst.d0() > 0 && inst.d0().is_multiple_of(ws) {
+                v.push((K::ReduceScatterTensor, Variant::Out, red));
+                v.push((K::AllGatherIntoTensor, Variant::Out, None));
+            }
+            if inst.numel() >= 4 {
+                v.push((K::AllReduce, Variant::InPlace, red));
+            }
+        }
+        K::AllGatherIntoTensor => {
+            v.push((K::Gather, Variant::Out, None));
+            v.push((K::Broadcast, Variant::InPlace, None));
+        }
+        K::ReduceScatterTensor => v.push((K::AllReduce, Variant::Out, red)),
+        _ => {}
+    }
+    v
+}
+
 fn tune<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, a: &A, n: usize, reqs: &[Request<B>]) -> Result<Outcome, CaseEnd> {
+    require_tuned(ctx, reqs)?;
     let o = a.tune(&env(ctx, n), reqs).map_err(|e| fail(ctx, format!("tune failed: {e} [{}]", e.name())))?;
     if o.tables.len() != reqs.len() {
         return Err(fail(ctx, format!("tune returned {} tables for {} requests", o.tables.len(), reqs.len())));
@@ -653,6 +695,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             ws,
             move |ctx| {
                 let reqs = builtin_reqs::<B>(ctx.world_size());
+                for r in &reqs {
+                    for (op, variant, reduce) in builtin_calls(&r.inst, ctx.world_size()) {
+                        crate::suites::util::require_call(ctx.b, op, variant, r.inst.dtype, reduce)?;
+                    }
+                }
                 let mut c = cfg(Duration::from_secs(14), Policy::Max);
                 c.runs = 2;
                 let o = tune(ctx, &A::new(c), 0, &reqs)?;
@@ -670,6 +717,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
     }
     v.push(Case::<B>::new("autotune::no_store::ws1", meta("all_reduce"), 1, move |ctx| {
         let reqs = vec![Request::builtin(ar(256))];
+        require_tuned(ctx, &reqs)?;
         let e = Env::new(ctx.b, None, "no-store", ctx.world.op_timeout);
         let o = A::new(cfg(t10, Policy::Max)).tune(&e, &reqs).map_err(|e| fail(ctx, e))?;
         if o.presyncs != 0 || !o.all_warnings().iter().any(|w| w.contains("no store")) {
@@ -853,6 +901,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             choices.push(Choice::new("only_on_rank1", native::<B>));
         }
         let reqs = vec![req(ar(256), choices, "native")];
+        require_tuned(ctx, &reqs)?;
         let got = A::new(cfg(Duration::from_secs(3), Policy::Max)).tune(&env(ctx, 0), &reqs);
         let mine = match &got {
             Err(e) if e.name() == "candidate_mismatch" && e.to_string().contains("only_on_rank1") => "named".to_string(),
@@ -967,6 +1016,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let reqs = vec![req(ar(1024), vec![slow_here("fast_on_0_1", !low), slow_here("fast_on_2_3", low)], "fast_on_0_1")];
         let mut e = Env::new(&g, Some(ctx.store), format!("{}/{}/half{}", ctx.case, ctx.world.world_id, members[0]), ctx.world.op_timeout);
         e.group_ranks = members.clone();
+        require_tuned(ctx, &reqs)?;
         let o = A::new(cfg(t10, Policy::Max))
             .tune(&e, &reqs)
             .map_err(|err| fail(ctx, format!("tune on the subgroup {members:?} failed: {err} [{}]", err.name())))?;
@@ -1132,6 +1182,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let run = || -> CaseResult {
             let mut e = Env::new(&g, Some(ctx.store), format!("{}/{}/half{}", ctx.case, ctx.world.world_id, members[0]), ctx.world.op_timeout);
             e.group_ranks = members.clone();
+            require_tuned(ctx, &reqs)?;
             let half = A::new(c.clone())
                 .tune(&e, &reqs)
                 .map_err(|err| fail(ctx, format!("tune on the subgroup {members:?} failed: {err} [{}]", err.name())))?;

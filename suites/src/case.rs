@@ -245,9 +245,10 @@ pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseRes
 /// check that the declared gaps are refused).
 ///
 /// A declared gap excuses the call it names only, never a different clause's check: a case that
-/// merely carries its check on a call (the fault cases' all_reduce) names every call it may
-/// carry it on (`sum,max,min,product`) and picks one the backend supports, so a narrow gap on
-/// one vehicle does not skip the case.
+/// merely carries its check on a call (the fault cases' all_reduce, async's) names every call it
+/// may carry it on (`sum,max,min,product`) and picks one the backend supports, so a narrow gap on
+/// one vehicle does not skip the case; it is gated only when every one of them is a gap. (A
+/// variant or dtype list, `inplace,out`, names no one call: such a case gates itself.)
 pub fn declared_gap(caps: &concord_core::Capabilities, meta: &CaseMeta) -> Option<String> {
     use concord_core::{DType, OpKind, ReduceOp, Variant};
     if meta.suite == "caps" {
@@ -259,6 +260,21 @@ pub fn declared_gap(caps: &concord_core::Capabilities, meta: &CaseMeta) -> Optio
         "" | "-" => None,
         d => Some(DType::from_name(d)?),
     };
+    // A list of reduce ops (`sum,max,min`: a case that carries its check on any one of them,
+    // picking one the backend supports) is gated only when every one is a declared gap.
+    if meta.reduce.contains(',') {
+        let ops = meta.reduce.split(',').map(ReduceOp::from_name).collect::<Option<Vec<_>>>()?;
+        let whys = ops
+            .iter()
+            .map(|&r| caps.check_call(op, variant, dtype, Some(r)).err().map(|w| format!("{r} ({w})")))
+            .collect::<Option<Vec<_>>>()?;
+        return Some(format!(
+            "declared gap: the backend's capabilities declare {op}{}{} unsupported for every reduce op the case may use: {}",
+            variant.map_or(String::new(), |v| format!(" variant={v}")),
+            dtype.map_or(String::new(), |d| format!(" dtype={d}")),
+            whys.join("; ")
+        ));
+    }
     let reduce = match meta.reduce.as_str() {
         "" | "-" => None,
         r => Some(ReduceOp::from_name(r)?),

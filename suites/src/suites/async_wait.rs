@@ -10,7 +10,7 @@
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
 //! runs for its peers, and a failed op whose `is_completed()` turns true.
 
-use super::util::{expect_eq, fail, full, here, member_group};
+use super::util::{expect_eq, fail, full, here, member_group, ArVehicle};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec;
 use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor, Variant};
@@ -23,12 +23,26 @@ fn meta(op: &str, variant: &str) -> CaseMeta {
     CaseMeta { suite: "async".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
 }
 
+/// A case that only carries its check on an f32 all_reduce: any of sum / max / min will do
+/// (`red` picks one the backend supports), so the runner gates it only where all three are
+/// declared gaps.
+fn meta_any_reduce(op: &str, variant: &str) -> CaseMeta {
+    CaseMeta { reduce: "sum,max,min".into(), ..meta(op, variant) }
+}
+
+/// The reduce op of a [`meta_any_reduce`] case's all_reduces: the first of sum / max / min the
+/// backend does not declare a gap out of place on f32 (the same on every rank).
+fn red<B: Backend>(b: &B) -> ReduceOp {
+    ArVehicle::pick(b, &[Variant::Out]).map_or(ReduceOp::Sum, |v| v.op)
+}
+
 /// rank r holds r+1 everywhere: the sum over ws ranks is ws(ws+1)/2.
 fn rank_tensor<B: Backend>(b: &B, n: usize) -> Tensor {
     full(&[n], (b.rank() + 1) as f32)
 }
-fn rank_sum(ws: usize) -> f32 {
-    (ws * (ws + 1) / 2) as f32
+/// [`red`]'s result over `ws` ranks of [`rank_tensor`]: ws(ws+1)/2 for sum, ws for max, 1 for min.
+fn rank_sum<B: Backend>(b: &B, ws: usize) -> f32 {
+    ArVehicle { op: red(b) }.fold((1..=ws).map(|r| r as f32))
 }
 
 /// How long a zero-timeout wait may take to return (generous: a loaded 2-core machine stalls).
@@ -37,7 +51,7 @@ const POLL_SLACK: Duration = Duration::from_secs(2);
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for ws in [2, 4] {
-        v.push(Case::<B>::new(format!("async::pending_until_peers_arrive::ws{ws}"), meta("all_reduce", "out"), ws, |ctx| {
+        v.push(Case::<B>::new(format!("async::pending_until_peers_arrive::ws{ws}"), meta_any_reduce("all_reduce", "out"), ws, |ctx| {
             // Rank 0 issues only after every other rank has issued and looked at its work (a
             // store handshake, not a sleep), so "pending before rank 0 joins" holds however
             // the ranks are scheduled on a loaded machine.
@@ -54,12 +68,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 for k in &refs {
                     let _ = ctx.store.delete_key(k);
                 }
-                let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+                let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
                 let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
-                return expect_eq(b, out, &full(&[1024], rank_sum(b.world_size())), &w);
+                return expect_eq(b, out, &full(&[1024], rank_sum(b, b.world_size())), &w);
             }
             let t0 = Instant::now();
-            let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+            let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
             let issue = t0.elapsed();
             // Generous: a 2-core machine under load can stall any call this long.
             if issue > Duration::from_secs(2) {
@@ -73,37 +87,42 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             if !work.is_completed() {
                 return Err(fail(&w, "is_completed() was false after a successful wait"));
             }
-            expect_eq(b, out, &full(&[1024], rank_sum(b.world_size())), &w)
+            expect_eq(b, out, &full(&[1024], rank_sum(b, b.world_size())), &w)
         }));
-        v.push(Case::<B>::new(format!("async::many_outstanding_waited_out_of_order::ws{ws}"), meta("all_reduce", "out"), ws, |ctx| {
-            let b = ctx.b;
-            let w = here(b, "all_reduce", "out", DType::F32);
-            let n = 16;
-            let mut works = Vec::new();
-            for i in 0..n {
-                let x = b.upload(&full(&[64 + i], (b.rank() + 1) as f32 * (i + 1) as f32))?;
-                works.push(b.all_reduce(&x, ReduceOp::Sum)?);
-            }
-            if b.outstanding() < n {
-                return Err(fail(&w, format!("outstanding() = {} with {n} un-waited collectives", b.outstanding())));
-            }
-            for (i, work) in works.iter().enumerate().rev() {
-                let out = work.wait(ctx.timeout)?;
-                expect_eq(
-                    b,
-                    out,
-                    &full(&[64 + i], rank_sum(b.world_size()) * (i + 1) as f32),
-                    &format!("{w} work #{i} (waited in reverse order)"),
-                )?;
-            }
-            drop(works);
-            if b.outstanding() != 0 {
-                return Err(fail(&w, format!("outstanding() = {} after every work was waited", b.outstanding())));
-            }
-            Ok(())
-        }));
+        v.push(Case::<B>::new(
+            format!("async::many_outstanding_waited_out_of_order::ws{ws}"),
+            meta_any_reduce("all_reduce", "out"),
+            ws,
+            |ctx| {
+                let b = ctx.b;
+                let w = here(b, "all_reduce", "out", DType::F32);
+                let n = 16;
+                let mut works = Vec::new();
+                for i in 0..n {
+                    let x = b.upload(&full(&[64 + i], (b.rank() + 1) as f32 * (i + 1) as f32))?;
+                    works.push(b.all_reduce(&x, red(b))?);
+                }
+                if b.outstanding() < n {
+                    return Err(fail(&w, format!("outstanding() = {} with {n} un-waited collectives", b.outstanding())));
+                }
+                for (i, work) in works.iter().enumerate().rev() {
+                    let out = work.wait(ctx.timeout)?;
+                    expect_eq(
+                        b,
+                        out,
+                        &full(&[64 + i], rank_sum(b, b.world_size()) * (i + 1) as f32),
+                        &format!("{w} work #{i} (waited in reverse order)"),
+                    )?;
+                }
+                drop(works);
+                if b.outstanding() != 0 {
+                    return Err(fail(&w, format!("outstanding() = {} after every work was waited", b.outstanding())));
+                }
+                Ok(())
+            },
+        ));
     }
-    v.push(Case::<B>::new("async::wait_zero_polls::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::wait_zero_polls::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // `wait(0)` is a poll: before rank 1 has issued it MUST return a named timeout at once
         // (c10d's `kNoTimeout` is 0 ms, so a port may read 0 as "no timeout" and block). The
         // poll runs on a thread, so a blocking one is reported, not a hang: rank 1 issues once
@@ -114,10 +133,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let x = b.upload(&rank_tensor(b, 64))?;
         if b.rank() != 0 {
             ctx.store.wait(&[&key], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never finished its poll: {e}")))?;
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
-            return expect_eq(b, &out, &full(&[64], rank_sum(b.world_size())), &w);
+            let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+            return expect_eq(b, &out, &full(&[64], rank_sum(b, b.world_size())), &w);
         }
-        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
         let verdict = std::thread::scope(|s| {
             let poll = s.spawn(|| {
                 let t0 = Instant::now();
@@ -146,9 +165,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         });
         let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait after the poll: {e}")))?;
         verdict?;
-        expect_eq(b, out, &full(&[64], rank_sum(b.world_size())), &w)
+        expect_eq(b, out, &full(&[64], rank_sum(b, b.world_size())), &w)
     }));
-    v.push(Case::<B>::new("async::completes_without_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::completes_without_wait::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // A work completes on its own once every rank has issued: polling `is_completed()`
         // (PyTorch's `while not work.is_completed(): ...`) MUST see it turn true without any
         // `wait` (a backend that makes progress only inside `wait` spins such a caller forever).
@@ -156,7 +175,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let w = here(b, "all_reduce", "out", DType::F32);
         let x = b.upload(&rank_tensor(b, 64))?;
         let base = b.outstanding();
-        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
         // The clock starts once every rank has issued (a store handshake), so a rank that is
         // descheduled before issuing is not counted against the others' polls.
         let key = |r: usize| format!("{}/{}/issued/{r}", ctx.case, ctx.world.world_id);
@@ -185,21 +204,21 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 format!("is_completed() stayed false for {limit:?} after every rank had issued, with no wait called (it turned true only inside wait)"),
             ));
         }
-        expect_eq(b, out, &full(&[64], rank_sum(b.world_size())), &w)
+        expect_eq(b, out, &full(&[64], rank_sum(b, b.world_size())), &w)
     }));
     v.push(Case::<B>::new("async::completes_without_wait::every_op::ws2", meta("every_op", "every"), 2, completes_without_wait_every_op));
-    v.push(Case::<B>::new("async::wait_twice::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::wait_twice::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
-        let work = b.all_reduce(&b.upload(&rank_tensor(b, 10))?, ReduceOp::Sum)?;
+        let work = b.all_reduce(&b.upload(&rank_tensor(b, 10))?, red(b))?;
         let a = b.buffer_addr(work.wait(ctx.timeout)?);
         let second = work.wait(Duration::from_millis(1)).map_err(|e| fail(&w, format!("second wait failed: {e}")))?;
         if b.buffer_addr(second) != a {
             return Err(fail(&w, "the second wait returned a different buffer"));
         }
-        expect_eq(b, second, &full(&[10], 3.0f32), &w)
+        expect_eq(b, second, &full(&[10], rank_sum(b, 2)), &w)
     }));
-    v.push(Case::<B>::new("async::registry_counts_unwaited_work::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::registry_counts_unwaited_work::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
         let base = b.outstanding();
@@ -207,7 +226,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             return Err(fail(&w, format!("outstanding() = {base} at the start of a case")));
         }
         let x = b.upload(&rank_tensor(b, 8))?;
-        let works: Vec<_> = (0..3).map(|_| b.all_reduce(&x, ReduceOp::Sum)).collect::<Result<_, _>>()?;
+        let works: Vec<_> = (0..3).map(|_| b.all_reduce(&x, red(b))).collect::<Result<_, _>>()?;
         if b.outstanding() != 3 {
             return Err(fail(&w, format!("outstanding() = {} after issuing 3", b.outstanding())));
         }
@@ -223,16 +242,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
-        let work = b.all_reduce(&b.upload(&rank_tensor(b, 100))?, ReduceOp::Sum)?;
+        let work = b.all_reduce(&b.upload(&rank_tensor(b, 100))?, red(b))?;
         let timeout = ctx.timeout;
         let out = std::thread::scope(|s| s.spawn(move || work.into_value(timeout)).join())
             .map_err(|_| fail(&w, "the waiting thread panicked"))??;
-        expect_eq(b, &out, &full(&[100], 3.0f32), &w)
+        expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w)
     }));
-    v.push(Case::<B>::new("async::issue_on_one_thread_run_on_another::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::issue_on_one_thread_run_on_another::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // The communicator created on the worker's main thread is used from a new thread.
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
@@ -240,15 +259,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let got = std::thread::scope(|s| {
             s.spawn(move || -> Result<B::Buffer, concord_core::CollectiveError> {
                 let x = b.upload(&rank_tensor(b, 16))?;
-                b.all_reduce(&x, ReduceOp::Sum)?.into_value(timeout)
+                b.all_reduce(&x, red(b))?.into_value(timeout)
             })
             .join()
         })
         .map_err(|_| fail(&w, "the thread panicked"))??;
-        expect_eq(b, &got, &full(&[16], 3.0f32), &w)
+        expect_eq(b, &got, &full(&[16], rank_sum(b, 2)), &w)
     }));
     v.push(
-        Case::<B>::new("async::peer_dies_mid_collective::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        Case::<B>::new("async::peer_dies_mid_collective::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
             let b = ctx.b;
             let w = here(b, "all_reduce", "out", DType::F32);
             let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
@@ -259,7 +278,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 concord_harness::worker::exit_after_this_case();
                 return Ok(());
             }
-            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            let work = b.all_reduce(&x, red(b))?;
             ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
             let t0 = Instant::now();
             match work.wait(ctx.timeout) {
@@ -280,13 +299,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         })
         .isolated(),
     );
-    v.push(Case::<B>::new("async::peer_never_joins_then_recovers::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::peer_never_joins_then_recovers::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
         let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
         let x = b.upload(&rank_tensor(b, 32))?;
         if b.rank() == 0 {
-            let work = b.all_reduce(&x, ReduceOp::Sum)?;
+            let work = b.all_reduce(&x, red(b))?;
             let asked = Duration::from_millis(300);
             let t0 = Instant::now();
             let waited = work.wait(asked);
@@ -307,11 +326,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
             let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined late: {e}")))?;
-            expect_eq(b, out, &full(&[32], 3.0f32), &w)
+            expect_eq(b, out, &full(&[32], rank_sum(b, 2)), &w)
         } else {
             ctx.store.get(&key).map_err(|e| fail(&w, e))?;
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-            expect_eq(b, &out, &full(&[32], 3.0f32), &w)?;
+            let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
+            expect_eq(b, &out, &full(&[32], rank_sum(b, 2)), &w)?;
             let _ = ctx.store.delete_key(&key);
             Ok(())
         }
@@ -450,7 +469,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         expect_eq(b, out, &full(&[4], 1.5f32), &w)
     }));
-    v.push(Case::<B>::new("async::sub_second_wait_waits_its_deadline::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::sub_second_wait_waits_its_deadline::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // A wait with a sub-second deadline waits: it returns Ok once the peer arrives, or a
         // timeout only once its deadline has passed (never a timeout at once, as a port that
         // counts deadlines in whole seconds gives). Rank 1 issues ~100 ms after rank 0 began
@@ -460,15 +479,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let w = format!("{} wait={asked:?}", here(b, "all_reduce", "out", DType::F32));
         let key = format!("{}/{}/waiting", ctx.case, ctx.world.world_id);
         let x = b.upload(&rank_tensor(b, 16))?;
-        let sum = full(&[16], rank_sum(b.world_size()));
+        let sum = full(&[16], rank_sum(b, b.world_size()));
         if b.rank() != 0 {
             ctx.store.get(&key).map_err(|e| fail(&w, e))?;
             std::thread::sleep(Duration::from_millis(100));
-            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+            let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
             let _ = ctx.store.delete_key(&key);
             return expect_eq(b, &out, &sum, &w);
         }
-        let work = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e}")))?;
+        let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
         ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
         let t0 = Instant::now();
         let verdict = match work.wait(asked) {
@@ -487,7 +506,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         verdict?;
         expect_eq(b, out, &sum, &w)
     }));
-    v.push(Case::<B>::new("async::timeout_names_its_sequence_number::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::timeout_names_its_sequence_number::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: a timeout names the collective and ITS sequence number, the one the
         // in-flight record holds for it. Rank 0 issues two all_reduces rank 1 has not issued
         // yet; each short wait times out; the two errors name two different numbers, each
@@ -496,11 +515,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let w = here(b, "all_reduce", "out", DType::F32);
         let key = format!("{}/{}/go", ctx.case, ctx.world.world_id);
         let x = b.upload(&rank_tensor(b, 8))?;
-        let sum = full(&[8], rank_sum(b.world_size()));
+        let sum = full(&[8], rank_sum(b, b.world_size()));
         if b.rank() != 0 {
             ctx.store.get(&key).map_err(|e| fail(&w, e))?;
             for _ in 0..2 {
-                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
+                let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
                 expect_eq(b, &out, &sum, &w)?;
             }
             let _ = ctx.store.delete_key(&key);
@@ -508,7 +527,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
         let before = progress::in_flight();
-        let works = [b.all_reduce(&x, ReduceOp::Sum)?, b.all_reduce(&x, ReduceOp::Sum)?];
+        let works = [b.all_reduce(&x, red(b))?, b.all_reduce(&x, red(b))?];
         let recorded: Vec<u64> = progress::in_flight()
             .into_iter()
             .filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f)))
@@ -540,32 +559,40 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new("async::dropped_work_still_runs_for_its_peers::ws2", meta("all_reduce", "inplace,out"), 2, |ctx| {
-        // Dropping a work does not withdraw its collective: rank 0 issues an all_reduce_ (then an
-        // all_reduce) and drops the work at once (fire and forget); rank 1 waits for its own
-        // side, which needs rank 0's, and MUST get the sum. A last all_reduce checks both ranks
-        // are still in step.
-        let b = ctx.b;
-        let ws = b.world_size();
-        for (round, variant) in ["inplace", "out"].into_iter().enumerate() {
-            let w = format!("{} (rank 0 drops its work un-waited)", here(b, "all_reduce", variant, DType::F32));
-            let x = b.upload(&full(&[16], ((b.rank() + 1) * (round + 1)) as f32))?;
-            let work = if variant == "inplace" { b.all_reduce_(&x, ReduceOp::Sum)? } else { b.all_reduce(&x, ReduceOp::Sum)? };
-            if b.rank() == 0 {
-                drop(work);
-                continue;
+    v.push(Case::<B>::new(
+        "async::dropped_work_still_runs_for_its_peers::ws2",
+        CaseMeta { reduce: "sum,max,min".into(), ..meta("all_reduce", "inplace,out") },
+        2,
+        |ctx| {
+            // Dropping a work does not withdraw its collective: rank 0 issues an all_reduce_ (then an
+            // all_reduce) and drops the work at once (fire and forget); rank 1 waits for its own
+            // side, which needs rank 0's, and MUST get the sum. A last all_reduce checks both ranks
+            // are still in step.
+            // The all_reduces only carry the check: a reduce op the backend supports in both variants.
+            let b = ctx.b;
+            let ws = b.world_size();
+            let v = ArVehicle::pick(b, &[Variant::InPlace, Variant::Out])?;
+            let rank_sum = |_: usize| v.fold((1..=ws).map(|r| r as f32));
+            for (round, variant) in ["inplace", "out"].into_iter().enumerate() {
+                let w = format!("{} reduce={} (rank 0 drops its work un-waited)", here(b, "all_reduce", variant, DType::F32), v.op.name());
+                let x = b.upload(&full(&[16], ((b.rank() + 1) * (round + 1)) as f32))?;
+                let work = if variant == "inplace" { b.all_reduce_(&x, v.op)? } else { b.all_reduce(&x, v.op)? };
+                if b.rank() == 0 {
+                    drop(work);
+                    continue;
+                }
+                let out = work
+                    .wait(ctx.timeout)
+                    .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
+                expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
             }
-            let out = work
-                .wait(ctx.timeout)
-                .map_err(|e| fail(&w, format!("rank 0 issued its side and dropped the work; this rank's wait: {e} [{}]", e.name())))?;
-            expect_eq(b, out, &full(&[16], (rank_sum(ws) as usize * (round + 1)) as f32), &w)?;
-        }
-        let w = format!("{} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32));
-        let x = b.upload(&full(&[16], 10.0 * (b.rank() + 1) as f32))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
-        expect_eq(b, &out, &full(&[16], 10.0 * rank_sum(ws)), &w)
-    }));
-    v.push(Case::<B>::new("async::failed_work_reports_completed::ws2", meta("all_reduce", "out"), 2, |ctx| {
+            let w = format!("{} reduce={} (after rank 0 dropped two works)", here(b, "all_reduce", "out", DType::F32), v.op.name());
+            let x = b.upload(&full(&[16], 10.0 * (b.rank() + 1) as f32))?;
+            let out = b.all_reduce(&x, v.op)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+            expect_eq(b, &out, &full(&[16], 10.0 * rank_sum(ws)), &w)
+        },
+    ));
+    v.push(Case::<B>::new("async::failed_work_reports_completed::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // is_completed() is true once the op has failed, not only on success: a caller polling
         // it (`while not work.is_completed()`) sees a failed op end. The ranks' shapes differ
         // ([4] and [5]); an op that fails at issue has nothing to poll.
@@ -575,7 +602,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         let w = format!("{} shapes=[4] / [5]", here(b, "all_reduce", "out", DType::F32));
         let x = b.upload(&full(&[4 + b.rank()], 1.0f32))?;
-        if let Ok(work) = b.all_reduce(&x, ReduceOp::Sum) {
+        if let Ok(work) = b.all_reduce(&x, red(b)) {
             let limit = POLL_SLACK;
             let t0 = Instant::now();
             while !work.is_completed() && t0.elapsed() < limit {
@@ -595,8 +622,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }
         let y = b.upload(&rank_tensor(b, 4))?;
-        let out = b.all_reduce(&y, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the all_reduce after the failed one: {e}")))?;
-        expect_eq(b, &out, &full(&[4], rank_sum(b.world_size())), &format!("{w} (the all_reduce after the failed one)"))
+        let out = b.all_reduce(&y, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("the all_reduce after the failed one: {e}")))?;
+        expect_eq(b, &out, &full(&[4], rank_sum(b, b.world_size())), &format!("{w} (the all_reduce after the failed one)"))
     }));
     v.push(Case::<B>::new("async::unwaited_collective_exits_within_1s::ws1", meta("all_reduce", "out"), 1, |ctx| unwaited_exit(ctx, 1)));
     // async.unwaited_exit with the peer absent: a child world of 2 ranks in which rank 1 never

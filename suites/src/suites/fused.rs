@@ -337,7 +337,40 @@ fn odd_expected(spec: &FusedSpec, inputs: &[FusedInputs], caps: &Capabilities) -
     expected_fused(&spec.call, inputs, caps)
 }
 
+/// The per-call gate of a fused case: a fused op is defined as its decomposition
+/// (`concord_core::fused`: the calls' values), and a backend that computes it so may refuse the
+/// decomposition's calls where it declares them gaps (an f64 all_gather gap refuses the f64
+/// all_gather_matmul); such a case is UNSUPPORTED on every rank alike, naming the call. Read
+/// whatever `Capabilities::fused` says (shm declares `Pipelined` and falls back to the
+/// decomposition off its pipelined shapes; a wrapper inherits the declaration). Not for a
+/// bad-input spec, nor for a dtype the backend does not declare at all: their refusal is named
+/// before any data moves, and the case checks it.
+fn require_decomposition<B: Backend>(b: &B, spec: &FusedSpec) -> CaseResult {
+    use super::util::require_call;
+    use concord_core::{OpKind, Variant};
+    // A dtype the backend does not declare at all is the rule table's (rule 6): the fused op
+    // itself refuses it by name before any data moves, and the case checks that refusal.
+    let dtypes = b.capabilities().dtypes;
+    if spec.odd_rank.is_some() || spec.b_dtype.is_some() || !dtypes.contains(&spec.dtype) || !dtypes.contains(&spec.out_dtype()) {
+        return Ok(());
+    }
+    // Every rank's call description, all-gathered as bytes.
+    require_call(b, OpKind::AllGatherIntoTensor, Variant::Out, DType::U8, None)?;
+    if spec.row_scales {
+        require_call(b, OpKind::AllGatherIntoTensor, Variant::Out, DType::F32, None)?;
+    }
+    match &spec.call {
+        FusedCall::AllGatherMatmul { .. } | FusedCall::LowContentionAllGather => {
+            require_call(b, OpKind::AllGatherIntoTensor, Variant::Out, spec.dtype, None)
+        }
+        FusedCall::MatmulReduceScatter { op, .. } | FusedCall::LowContentionReduceScatter { op } => {
+            require_call(b, OpKind::ReduceScatterTensor, Variant::Out, spec.out_dtype(), Some(*op))
+        }
+    }
+}
+
 fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: usize) -> CaseResult {
+    require_decomposition(ctx.b, spec)?;
     let (ws, rank) = (ctx.world_size(), ctx.rank());
     let caps = ctx.b.capabilities();
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
@@ -366,6 +399,7 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
 /// after the second, MUST still hold the first call's values (new buffers each call, never a
 /// persistent workspace that the next call gathers or reduces into again).
 fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
+    require_decomposition(ctx.b, spec)?;
     let (ws, rank) = (ctx.world_size(), ctx.rank());
     let caps = ctx.b.capabilities();
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
@@ -394,6 +428,7 @@ fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u
 /// stages its results in one workspace per shape and copies them out at wait would give the
 /// first call the second's).
 fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
+    require_decomposition(ctx.b, spec)?;
     enum Pending<W> {
         Ag(concord_core::Work<concord_core::fused::Gathered<W>>),
         Rs(concord_core::Work<W>),

@@ -40,10 +40,10 @@
 //! deadlocked) is fixed in `backends/shm/src/exec.rs`: queued point-to-point ops no longer block
 //! the progress thread. Every legal pattern here is in the default catalogue.
 
-use super::util::{expect_eq, fail, here};
+use super::util::{expect_eq, fail, here, ArVehicle};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::values::partner;
-use concord_core::{Backend, DType, ReduceOp, Tensor};
+use concord_core::{Backend, DType, Tensor, Variant};
 
 fn meta() -> CaseMeta {
     CaseMeta { suite: "p2p".into(), op: "send_recv".into(), variant: "outbuf".into(), dtype: "f32".into(), reduce: "-".into() }
@@ -57,10 +57,13 @@ fn message(src: usize, k: usize, len: usize) -> Tensor {
 /// Rank 0 `all_reduce; isend(1)`, then waits for both; rank 1 `irecv(0); wait; all_reduce`, on
 /// `b` (the world or a group of ranks 0 and 1).
 fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+    // The pending collective only carries the check: an all_reduce the backend supports.
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = &format!("{w} (all_reduce reduce={})", v.op.name());
     let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
-    let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+    let sum = v.expected(2, |r| vec![(r + 1) as f32; 4]);
     if b.rank() == 0 {
-        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let ar = b.all_reduce(&x, v.op)?;
         let y = b.upload(&message(0, 0, 16))?;
         let s = b.send(&y, 1)?;
         s.wait(timeout).map_err(|e| fail(w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
@@ -71,7 +74,7 @@ fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &s
         let r = b.recv(&out, 0)?;
         let got = r.wait(timeout).map_err(|e| fail(w, format!("receive: {e} [{}]", e.name())))?;
         expect_eq(b, got, &message(0, 0, 16), w)?;
-        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let ar = b.all_reduce(&x, v.op)?;
         let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
         expect_eq(b, res, &sum, w)
     }
@@ -81,10 +84,13 @@ fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &s
 /// both; rank 0 `isend(1); wait; all_reduce`. The all_reduce pending on rank 1 (its peer is in a
 /// send) must not hold back the receive issued after it.
 fn recv_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+    // The pending collective only carries the check: an all_reduce the backend supports.
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = &format!("{w} (all_reduce reduce={})", v.op.name());
     let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
-    let sum = Tensor::from_vec(&[4], vec![3.0f32; 4]);
+    let sum = v.expected(2, |r| vec![(r + 1) as f32; 4]);
     if b.rank() == 1 {
-        let ar = b.all_reduce(&x, ReduceOp::Sum)?;
+        let ar = b.all_reduce(&x, v.op)?;
         let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
         let r = b.recv(&out, 0)?;
         let got = r.wait(timeout).map_err(|e| fail(w, format!("receive issued behind a pending all_reduce: {e} [{}]", e.name())))?;
@@ -94,7 +100,7 @@ fn recv_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &s
     } else {
         let y = b.upload(&message(0, 0, 16))?;
         b.send(&y, 1)?.wait(timeout).map_err(|e| fail(w, format!("send: {e} [{}]", e.name())))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
+        let out = b.all_reduce(&x, v.op)?.into_value(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
         expect_eq(b, &out, &sum, w)
     }
 }

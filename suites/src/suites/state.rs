@@ -35,10 +35,10 @@
 //!   had counted a catch that needed the cases before it: `plan_cached_by_numel`).
 
 use super::matrix::each_dtype;
-use super::util::{expect_eq, fail, here};
+use super::util::{expect_eq, fail, here, ArVehicle};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
-use concord_core::{Backend, BadInputKind, DType, OpKind, ReduceOp, Tensor};
+use concord_core::{Backend, BadInputKind, DType, OpKind, Tensor, Variant};
 
 fn meta(op: &str, variant: &str, dtype: &str) -> CaseMeta {
     CaseMeta { suite: "state".into(), op: op.into(), variant: variant.into(), dtype: dtype.into(), reduce: String::new() }
@@ -121,11 +121,13 @@ fn recv_300<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 /// A correct all_reduce of `[5]` f32 after `what`, checked on this rank.
 fn usable_after<B: Backend>(ctx: &Ctx<'_, B>, what: &str) -> CaseResult {
     let b = ctx.b;
-    let w = format!("{} after {what}", here(b, "all_reduce", "out", DType::F32));
-    let x = b.upload(&Tensor::from_vec(&[5], (0..5).map(|i| (i + 7 * b.rank()) as f32).collect()))?;
-    let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={} after {what}", here(b, "all_reduce", "out", DType::F32), v.op.name());
+    let of = |r: usize| -> Vec<f32> { (0..5).map(|i| (i + 7 * r) as f32).collect() };
+    let x = b.upload(&Tensor::from_vec(&[5], of(b.rank())))?;
+    let out = b.all_reduce(&x, v.op).map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
     let out = out.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
-    expect_eq(b, out, &Tensor::from_vec(&[5], (0..5).map(|i| (2 * i + 7) as f32).collect()), &w)?;
+    expect_eq(b, out, &v.expected(b.world_size(), of), &w)?;
     if b.outstanding() != 0 {
         return Err(fail(&w, format!("outstanding() = {} with every work waited or dropped", b.outstanding())));
     }
@@ -134,12 +136,13 @@ fn usable_after<B: Backend>(ctx: &Ctx<'_, B>, what: &str) -> CaseResult {
 
 fn bad_input_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let w = here(b, "all_reduce", "out", DType::F32);
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     for k in 0..REPEATS {
         let wk = format!("{w} bad call {k} of {REPEATS} (shape [{}] on rank {}, another on its peer)", 4 + b.rank(), b.rank());
         let x = b.upload(&Tensor::from_vec(&[4 + b.rank()], vec![1.0f32; 4 + b.rank()])).map_err(|e| fail(&wk, format!("upload: {e}")))?;
         // Refused at issue or at wait: either way the named shape_mismatch, never Ok.
-        let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
+        let r = b.all_reduce(&x, v.op).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
         match r {
             Ok(()) => return Err(fail(&wk, "returned Ok for a shape that differs across ranks")),
             Err(e) if e.bad_input_kind() == Some(BadInputKind::ShapeMismatch) => {}
@@ -151,12 +154,13 @@ fn bad_input_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 
 fn dropped_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let w = here(b, "all_reduce", "out", DType::F32);
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     let x = b.upload(&Tensor::from_vec(&[5], vec![1.0f32; 5]))?;
     for k in 0..REPEATS {
         let wk = format!("{w} call {k} of {REPEATS}, dropped without a wait");
         // Every rank issues it, so it completes without its waiter; the work is dropped.
-        drop(b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e} [{}]", e.name())))?);
+        drop(b.all_reduce(&x, v.op).map_err(|e| fail(&wk, format!("issue: {e} [{}]", e.name())))?);
     }
     usable_after(ctx, &format!("{REPEATS} all_reduces dropped without a wait"))
 }
@@ -164,19 +168,20 @@ fn dropped_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let w = here(b, "all_reduce", "out", DType::F32);
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     const LEN: usize = 8;
     const VIEWS: usize = 8;
     // Element i of rank r's parent: i + 1000 r.
     let of = |r: usize| -> Vec<f32> { (0..LEN * VIEWS + 1).map(|i| (i + 1000 * r) as f32).collect() };
     let parent = b.upload(&Tensor::from_vec(&[LEN * VIEWS + 1], of(me)))?;
-    for v in 0..VIEWS {
-        let off = 1 + v * LEN;
-        let wv = format!("{w} view {v} of {VIEWS} of one parent (elements {off}..{})", off + LEN);
+    for k in 0..VIEWS {
+        let off = 1 + k * LEN;
+        let wv = format!("{w} view {k} of {VIEWS} of one parent (elements {off}..{})", off + LEN);
         let x = b.view(&parent, off, &[LEN]).map_err(|e| fail(&wv, format!("view: {e}")))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wv, format!("issue: {e}")))?;
+        let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wv, format!("issue: {e}")))?;
         let out = out.wait(ctx.timeout).map_err(|e| fail(&wv, format!("wait: {e}")))?;
-        let exp: Vec<f32> = (off..off + LEN).map(|i| (0..ws).map(|r| of(r)[i]).sum()).collect();
+        let exp: Vec<f32> = (off..off + LEN).map(|i| v.fold((0..ws).map(|r| of(r)[i]))).collect();
         expect_eq(b, out, &Tensor::from_vec(&[LEN], exp), &wv)?;
     }
     Ok(())
@@ -185,18 +190,18 @@ fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 fn outstanding_across<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let w = here(b, "all_reduce", "out", DType::F32);
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     let of = |k: usize, r: usize| -> Vec<f32> { (0..5).map(|i| (i + 3 * k + 1000 * r) as f32).collect() };
-    let sum =
-        |k: usize| -> Tensor { Tensor::from_vec(&[5], (0..5).map(|i| (0..ws).map(|r| of(k, r)[i]).sum::<f32>()).collect::<Vec<f32>>()) };
+    let sum = |k: usize| -> Tensor { v.expected(ws, |r| of(k, r)) };
     let before = b.outstanding();
     let hx = b.upload(&Tensor::from_vec(&[5], of(HELD_ACROSS, me)))?;
-    let held = b.all_reduce(&hx, ReduceOp::Sum).map_err(|e| fail(&w, format!("held call: issue: {e}")))?;
+    let held = b.all_reduce(&hx, v.op).map_err(|e| fail(&w, format!("held call: issue: {e}")))?;
     let x = b.alloc(DType::F32, &[5])?;
     for k in 0..HELD_ACROSS {
         let wk = format!("{w} call {k} of {HELD_ACROSS} with one call held un-waited");
         b.write(&x, &Tensor::from_vec(&[5], of(k, me)))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e}")))?;
+        let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wk, format!("issue: {e}")))?;
         expect_eq(b, out.wait(ctx.timeout).map_err(|e| fail(&wk, format!("wait: {e}")))?, &sum(k), &wk)?;
     }
     let wh = format!("{w} the call held un-waited across {HELD_ACROSS} others");
@@ -214,14 +219,15 @@ fn outstanding_across<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 fn results_kept<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let w = here(b, "all_reduce", "out", DType::F32);
+    let v = ArVehicle::pick(b, &[Variant::Out])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     let of = |k: usize, r: usize| -> Vec<f32> { (0..6).map(|i| (i + 10 * k + 10_000 * r) as f32).collect() };
     let x = b.alloc(DType::F32, &[6])?;
     let mut kept = Vec::with_capacity(KEPT);
     for k in 0..KEPT {
         let wk = format!("{w} call {k} of {KEPT} of one shape");
         b.write(&x, &Tensor::from_vec(&[6], of(k, me)))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, format!("issue: {e}")))?;
+        let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wk, format!("issue: {e}")))?;
         kept.push(out.into_value(ctx.timeout).map_err(|e| fail(&wk, format!("wait: {e}")))?);
     }
     let mut seen = std::collections::HashMap::new();
@@ -230,7 +236,7 @@ fn results_kept<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         if let Some(j) = seen.insert(b.buffer_addr(out), k) {
             return Err(fail(&wk, format!("the same buffer as result {j}: out-of-place results must be new buffers")));
         }
-        let exp = Tensor::from_vec(&[6], (0..6).map(|i| (0..ws).map(|r| of(k, r)[i]).sum::<f32>()).collect::<Vec<f32>>());
+        let exp = v.expected(ws, |r| of(k, r));
         expect_eq(b, out, &exp, &wk)?;
     }
     Ok(())
@@ -240,10 +246,12 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let me = b.rank();
     let members = [2usize, 0];
-    let w = here(b, "all_reduce", "out", DType::F32);
     if !b.capabilities().subgroups {
         return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
     }
+    // The group's all_reduces (out of place and in place) only carry the check.
+    let v = ArVehicle::pick(b, &[Variant::Out, Variant::InPlace])?;
+    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     for round in 0..3 {
         let wr = format!("{w} group {members:?} made for the {} time", ["first", "second", "third"][round]);
         let g = b.new_group(&members).map_err(|e| fail(&wr, format!("new_group: {e}")))?;
@@ -277,12 +285,12 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             let x = g.upload(&Tensor::from_vec(&[6], of(g.rank())))?;
             for (k, inplace) in [false, true].into_iter().enumerate() {
                 let wk = format!("{gw} call {k} ({})", if inplace { "all_reduce_" } else { "all_reduce" });
-                let exp = Tensor::from_vec(&[6], (0..6).map(|i| of(0)[i] + of(1)[i]).collect());
+                let exp = v.expected(2, of);
                 if inplace {
-                    g.all_reduce_(&x, ReduceOp::Sum).map_err(|e| fail(&wk, e))?.wait(ctx.timeout).map_err(|e| fail(&wk, e))?;
+                    g.all_reduce_(&x, v.op).map_err(|e| fail(&wk, e))?.wait(ctx.timeout).map_err(|e| fail(&wk, e))?;
                     expect_eq(&g, &x, &exp, &wk)?;
                 } else {
-                    let out = g.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&wk, e))?;
+                    let out = g.all_reduce(&x, v.op).map_err(|e| fail(&wk, e))?;
                     expect_eq(&g, out.wait(ctx.timeout).map_err(|e| fail(&wk, e))?, &exp, &wk)?;
                 }
             }

@@ -81,6 +81,70 @@ pub fn supported_all_reduce<B: Backend>(
     Err(why)
 }
 
+/// The per-call gate: `Err(Unsupported)`, naming the call and the declaration, when `b` declares
+/// `op` (`variant`, `dtype`, `reduce`) a gap; `Ok` otherwise. For a case that needs exactly this
+/// call but does not name it as its subject (its meta names another, or several): every rank
+/// reads the same declaration before calling, so every rank ends UNSUPPORTED alike and no rank
+/// is left waiting in a collective its peers refused. A call the backend does NOT declare a gap
+/// is made as before, and its refusal stays a failure. Where any call will do (a usability check,
+/// a pending collective to send behind), take a supported one instead ([`ArVehicle`]).
+pub fn require_call<B: Backend>(
+    b: &B,
+    op: concord_core::OpKind,
+    variant: concord_core::Variant,
+    dtype: DType,
+    reduce: Option<concord_core::ReduceOp>,
+) -> Result<(), CaseEnd> {
+    b.capabilities().check_call(op, Some(variant), Some(dtype), reduce).map_err(|why| {
+        CaseEnd::Unsupported(format!(
+            "declared gap: the case needs {op} variant={variant} dtype={dtype}{}, which the backend's capabilities declare \
+             unsupported ({why})",
+            reduce.map_or(String::new(), |r| format!(" reduce={}", r.name()))
+        ))
+    })
+}
+
+/// An f32 all_reduce that only carries a check (the world is usable, a collective is pending):
+/// the first of `sum`, `max`, `min` that is no declared gap of the backend in every variant the
+/// case uses. Every rank picks the same (the declaration is the same everywhere); exact on
+/// integer-valued inputs whatever the order of reduction.
+#[derive(Clone, Copy, Debug)]
+pub struct ArVehicle {
+    pub op: concord_core::ReduceOp,
+}
+
+impl ArVehicle {
+    /// The vehicle for `variants`; UNSUPPORTED, naming each declaration, when all three are gaps.
+    pub fn pick<B: Backend>(b: &B, variants: &[concord_core::Variant]) -> Result<ArVehicle, CaseEnd> {
+        use concord_core::ReduceOp;
+        supported_all_reduce(b, variants, &[ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]).map(|op| ArVehicle { op }).map_err(|why| {
+            CaseEnd::Unsupported(format!(
+                "declared gap: the case carries a check on an f32 all_reduce ({}), and every one it may use is declared \
+                 unsupported: {}",
+                variants.iter().map(|v| v.name()).collect::<Vec<_>>().join(", "),
+                why.join("; ")
+            ))
+        })
+    }
+    /// The vehicle's result over the ranks' values `vals` (integer-valued f32: exact).
+    pub fn fold(&self, vals: impl IntoIterator<Item = f32>) -> f32 {
+        use concord_core::ReduceOp;
+        let mut it = vals.into_iter();
+        let first = it.next().expect("at least one rank");
+        it.fold(first, |a, v| match self.op {
+            ReduceOp::Max => a.max(v),
+            ReduceOp::Min => a.min(v),
+            _ => a + v,
+        })
+    }
+    /// The vehicle's result at each element of every rank's `of(rank)` (`ws` ranks).
+    pub fn expected(&self, ws: usize, of: impl Fn(usize) -> Vec<f32>) -> Tensor {
+        let all: Vec<Vec<f32>> = (0..ws).map(of).collect();
+        let n = all[0].len();
+        Tensor::from_vec(&[n], (0..n).map(|i| self.fold(all.iter().map(|v| v[i]))).collect())
+    }
+}
+
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
