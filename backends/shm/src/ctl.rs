@@ -294,6 +294,7 @@ impl Ctl {
     /// Waits until `reached(word)` holds, `word` being published by `peer`. The spin and yield
     /// windows count from `since` (when the whole wait began: one window per barrier, not one per
     /// peer or per slice of a longer wait).
+    #[allow(clippy::too_many_arguments)]
     fn wait_word(
         &self,
         word: &AtomicU32,
@@ -316,7 +317,7 @@ impl Ctl {
                 // The clock is read every 8th look only: read on every one, it was 6 % of a
                 // progress thread's CPU in 16-rank worlds.
                 looks = looks.wrapping_add(1);
-                if looks % 8 == 0 {
+                if looks.is_multiple_of(8) {
                     busy = since.elapsed();
                 }
                 if busy < self.spin {
