@@ -314,22 +314,16 @@ impl Progress {
     fn arrive(&mut self, deadline: Instant) -> std::result::Result<(), WaitErr> {
         let comm = self.comm.clone();
         let since = Instant::now();
-        let mut look = ARRIVE_SLICE;
         loop {
-            let slice = (Instant::now() + look).min(deadline);
+            let slice = (Instant::now() + ARRIVE_SLICE).min(deadline);
             match comm.ctl.wait_all(self.step, since, slice, &comm.abort) {
                 Err(WaitErr::Timeout { .. }) if Instant::now() < deadline => {
-                    let mut jobs = false;
                     while let Some(Ok(job)) = self.rx.as_ref().map(|rx| rx.try_recv()) {
-                        jobs = true;
                         if let Some(coll) = self.enqueue_p2p(job) {
                             self.stash.push_back(coll);
                         }
                     }
                     self.progress_p2p();
-                    // Nothing to serve: look less often (each look wakes the thread); a job or
-                    // a queued point-to-point op brings the slice back to its shortest.
-                    look = if jobs || self.queued() { ARRIVE_SLICE } else { (look * 2).min(ARRIVE_SLICE_MAX) };
                     // A point-to-point op that failed just now poisoned the communicator (its
                     // own poison word does not end this rank's waits): this collective fails too.
                     if let Some(why) = &self.poisoned {
@@ -853,8 +847,6 @@ const MAX_POST: usize = 1 << 20;
 /// How long a collective waits for its peers between two looks at the point-to-point ops
 /// ([`Progress::arrive`]).
 const ARRIVE_SLICE: Duration = Duration::from_millis(2);
-/// The longest such slice, reached by doubling while nothing point-to-point is queued or issued.
-const ARRIVE_SLICE_MAX: Duration = Duration::from_millis(16);
 
 /// The memory of one posted collective — its post block and every buffer it names — from the
 /// moment peers can see the post until the op ends. `settle` (the op completed or failed on

@@ -38,8 +38,8 @@
 //!   for 300 µs, then sleep on the futex: a barrier between two ranks that arrive within that
 //!   window costs no wake-up (a sleeping rank takes 50-150 µs to wake on a loaded 2-core VM).
 //!   The windows count from the start of the whole wait: one per barrier, not one per late peer
-//!   or per slice of a collective that waits for its peers in slices (to serve point-to-point
-//!   ops meanwhile; its slices grow from 2 to 16 ms while there is none to serve).
+//!   or per slice of a collective that waits for its peers in 2 ms slices (to serve
+//!   point-to-point ops issued meanwhile).
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
 //!   the moment the progress thread starts the op; expiry gives [`CollectiveError::Timeout`], a
 //!   peer whose process is gone (or whose backend was dropped) gives
