@@ -209,24 +209,6 @@ fn blank_rank(message: &str, rank: usize) -> String {
     out
 }
 
-/// `1-3, 5, 7-9` for ranks in any order.
-fn rank_ranges(ranks: &[usize]) -> String {
-    let mut v = ranks.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < v.len() {
-        let mut j = i;
-        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
-            j += 1;
-        }
-        parts.push(if j > i { format!("{}-{}", v[i], v[j]) } else { v[i].to_string() });
-        i = j + 1;
-    }
-    parts.join(", ")
-}
-
 /// Prints above the progress bar.
 struct Out {
     bar: Option<indicatif::ProgressBar>,
@@ -681,7 +663,7 @@ pub(crate) fn run_parent_with<B: Backend>(
             out.warn(format!(
                 "FAILED: the same as rank {first}'s failure above on {n} more {}: {}",
                 if n == 1 { "rank" } else { "ranks" },
-                rank_ranges(more)
+                launch::rank_ranges(more)
             ));
         }
     }

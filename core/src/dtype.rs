@@ -297,68 +297,73 @@ pub fn round_f64_to_bf16_bits(v: f64) -> u16 {
     }
 }
 
+/// The values every rounding shortcut is checked on against [`round_f64_to_bits`] (core's and
+/// the oracle's tests): random f64 bit patterns, random f32 values (the bf16 shortcut's domain),
+/// small integers, every bf16 boundary's f32 neighbours (below, at and above each tie), every f32
+/// of one high half in 512, the f64 midpoints between bf16 values and their f64 neighbours, and
+/// zeros, infinities, NaNs, subnormals and the overflow edge. Not for production paths.
+#[doc(hidden)]
+pub fn rounding_probes(mut check: impl FnMut(f64)) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        check(f64::from_bits(x));
+        check(f32::from_bits(x as u32) as f64);
+        check(f32::from_bits((x >> 32) as u32) as f64);
+        check((x % 2001) as f64 - 1000.0);
+    }
+    for b in 0u32..=0xffff {
+        let f = f32::from_bits(b << 16);
+        for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+            check(f32::from_bits(b << 16 | low) as f64);
+        }
+        if b % 512 == 0 {
+            for low in 0..=0xffffu32 {
+                check(f32::from_bits(b << 16 | low) as f64);
+            }
+        }
+        let next = f32::from_bits((b + 1) << 16);
+        if next.is_finite() && f.is_finite() && b != 0x7fff {
+            let mid = (f as f64 + next as f64) / 2.0;
+            check(mid);
+            check(f64::from_bits(mid.to_bits() + 1));
+            check(f64::from_bits(mid.to_bits() - 1));
+        }
+    }
+    for v in [
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        f64::from_bits(0x7ff0_0000_0000_0001),
+        f64::MAX,
+        f64::MIN_POSITIVE,
+        1e-320,
+        f32::MAX as f64,
+        3.4e38,
+        3.402_823_57e38,
+        1e39,
+        -1e39,
+        f32::MIN_POSITIVE as f64 / 3.0,
+    ] {
+        check(v);
+    }
+}
+
 #[cfg(test)]
 mod rounding_tests {
     use super::*;
 
-    /// The f32 and bf16 shortcuts give the rule's bits: on random f64 bit patterns, on random f32
-    /// values (the bf16 shortcut's domain), on small integers, on every bf16 boundary's f32
-    /// neighbours (below, at and above each tie), on every f32 of one high half in 512, on the
-    /// f64 midpoints between bf16 values and their f64 neighbours, and on zeros, infinities,
-    /// NaNs, subnormals and the overflow edge.
+    /// The f32 and bf16 shortcuts give the rule's bits on every [`rounding_probes`] value.
     #[test]
     fn shortcuts_are_the_rounding_rule() {
-        let check = |v: f64| {
+        rounding_probes(|v| {
             assert_eq!(round_f64_to_f32_bits(v) as u64, round_f64_to_bits(v, 8, 23), "f32 {v:e} ({:#x})", v.to_bits());
             assert_eq!(round_f64_to_bf16_bits(v) as u64, round_f64_to_bits(v, 8, 7), "bf16 {v:e} ({:#x})", v.to_bits());
-        };
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        for _ in 0..200_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            check(f64::from_bits(x));
-            check(f32::from_bits(x as u32) as f64);
-            check(f32::from_bits((x >> 32) as u32) as f64);
-            check((x % 2001) as f64 - 1000.0);
-        }
-        for b in 0u32..=0xffff {
-            let f = f32::from_bits(b << 16);
-            for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
-                check(f32::from_bits(b << 16 | low) as f64);
-            }
-            if b % 512 == 0 {
-                for low in 0..=0xffffu32 {
-                    check(f32::from_bits(b << 16 | low) as f64);
-                }
-            }
-            let next = f32::from_bits((b + 1) << 16);
-            if next.is_finite() && f.is_finite() && b != 0x7fff {
-                let mid = (f as f64 + next as f64) / 2.0;
-                check(mid);
-                check(f64::from_bits(mid.to_bits() + 1));
-                check(f64::from_bits(mid.to_bits() - 1));
-            }
-        }
-        for v in [
-            0.0,
-            -0.0,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-            -f64::NAN,
-            f64::from_bits(0x7ff0_0000_0000_0001),
-            f64::MAX,
-            f64::MIN_POSITIVE,
-            1e-320,
-            f32::MAX as f64,
-            3.4e38,
-            3.402_823_57e38,
-            1e39,
-            -1e39,
-            f32::MIN_POSITIVE as f64 / 3.0,
-        ] {
-            check(v);
-        }
+        });
     }
 }

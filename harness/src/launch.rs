@@ -155,7 +155,7 @@ impl LaunchReport {
             .iter()
             .flat_map(|(how, rs)| {
                 if rs.len() >= 3 {
-                    vec![format!("ranks {}: {how}", ranges(&rs.iter().map(|r| r.rank).collect::<Vec<_>>()))]
+                    vec![format!("ranks {}: {how}", rank_ranges(&rs.iter().map(|r| r.rank).collect::<Vec<_>>()))]
                 } else {
                     rs.iter().map(|r| format!("rank {} (pid {}): {how}", r.rank, r.pid)).collect()
                 }
@@ -165,8 +165,12 @@ impl LaunchReport {
     }
 }
 
-/// `0-3, 5, 7-9` for sorted, distinct numbers.
-fn ranges(v: &[usize]) -> String {
+/// `0-3, 5, 7-9` for ranks in any order (duplicates once): how the launcher's summary and the
+/// bench name a set of ranks.
+pub fn rank_ranges(ranks: &[usize]) -> String {
+    let mut v = ranks.to_vec();
+    v.sort_unstable();
+    v.dedup();
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < v.len() {

@@ -628,7 +628,13 @@ fn bad_input_main(cli: &Cli) -> ! {
     let started = Instant::now();
     let cells = sweep_bad::run(&targets, &sizes, jobs, &cli.skip, |c| {
         if c.candidates.is_some() && c.caught.is_none() {
-            eprintln!("  HOLE {} ws{} ({} cases, {:.1} s)", c.target.label(), c.ws, c.cases_run, c.elapsed.as_secs_f64());
+            eprintln!(
+                "  HOLE {} ws{} ({}, {:.1} s)",
+                c.target.label(),
+                c.ws,
+                concord_harness::count(c.cases_run, "case", "cases"),
+                c.elapsed.as_secs_f64()
+            );
         }
     });
     print!("{}", sweep_bad::render(&cells, &sizes));
@@ -752,7 +758,12 @@ fn sweep_main(cli: &Cli) -> ! {
     let cells = sweep::run(&targets, &sizes, jobs, &cli.skip, |c| {
         if c.candidates.is_some() && c.caught.is_none() {
             let ws = if c.ws == 0 { "any ws".to_string() } else { format!("ws{}", c.ws) };
-            eprintln!("  HOLE {} {ws} ({} cases, {:.1} s)", c.target.label(), c.cases_run, c.elapsed.as_secs_f64());
+            eprintln!(
+                "  HOLE {} {ws} ({}, {:.1} s)",
+                c.target.label(),
+                concord_harness::count(c.cases_run, "case", "cases"),
+                c.elapsed.as_secs_f64()
+            );
         }
     });
     print!("{}", sweep::render(&cells, &sizes, &cli.skip));
@@ -862,7 +873,7 @@ pub fn main() -> ! {
     let started = Instant::now();
     let found = run_all(&chosen, &only, jobs, |f| {
         let what = f.caught.as_ref().map_or("SURVIVED".to_string(), |c| format!("caught by {}", c.case));
-        eprintln!("  {:<38} {what} ({} cases, {:.1} s)", f.name, f.cases_run, f.elapsed.as_secs_f64());
+        eprintln!("  {:<38} {what} ({}, {:.1} s)", f.name, concord_harness::count(f.cases_run, "case", "cases"), f.elapsed.as_secs_f64());
     });
     print!("{}", render(&found, started.elapsed()));
     if cli.cases.is_empty() {

@@ -290,10 +290,8 @@ mod tests {
         }
     }
 
-    /// The f32 and bf16 shortcuts of [`round_f64_bits`] give the one rounding rule's bits: on
-    /// random f64 bit patterns, on random f32 values (the bf16 shortcut's domain), on every bf16
-    /// midpoint and its f64 neighbours, on the f32 values around every bf16 boundary of a
-    /// spread of exponents, and on zeros, infinities, NaNs, subnormals and the overflow edge.
+    /// The f32 and bf16 shortcuts of [`round_f64_bits`] (and its f16 path) give the one rounding
+    /// rule's bits on every value of `concord_core::dtype::rounding_probes`.
     #[test]
     fn shortcuts_are_the_rounding_rule() {
         let rule = |d: DType, v: f64| {
@@ -305,58 +303,7 @@ mod tests {
                 assert_eq!(round_f64_bits(d, v), rule(d, v), "{d} {v:e} ({:#x})", v.to_bits());
             }
         };
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        for _ in 0..200_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            check(f64::from_bits(x));
-            check(f32::from_bits(x as u32) as f64);
-            check(f32::from_bits((x >> 32) as u32) as f64);
-            check((x % 2001) as f64 - 1000.0);
-        }
-        for b in 0u32..=0xffff {
-            let f = f32::from_bits(b << 16);
-            if f.is_nan() {
-                continue;
-            }
-            // Every f32 with the low half 0x7fff, 0x8000, 0x8001 (below, at, above the tie),
-            // and every low half for one high half in 512.
-            for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
-                check(f32::from_bits(b << 16 | low) as f64);
-            }
-            if b % 512 == 0 {
-                for low in 0..=0xffffu32 {
-                    check(f32::from_bits(b << 16 | low) as f64);
-                }
-            }
-            let next = f32::from_bits((b + 1) << 16);
-            if next.is_finite() && f.is_finite() {
-                let mid = (f as f64 + next as f64) / 2.0;
-                check(mid);
-                check(f64::from_bits(mid.to_bits() + 1));
-                check(f64::from_bits(mid.to_bits() - 1));
-            }
-        }
-        for v in [
-            0.0,
-            -0.0,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-            -f64::NAN,
-            f64::MAX,
-            f64::MIN_POSITIVE,
-            1e-320,
-            f32::MAX as f64,
-            3.4e38,
-            3.40282357e38,
-            1e39,
-            -1e39,
-            f32::MIN_POSITIVE as f64 / 3.0,
-        ] {
-            check(v);
-        }
+        concord_core::dtype::rounding_probes(check);
     }
 
     #[test]
