@@ -99,6 +99,9 @@ pub enum FusedImpl {
 pub struct Gap {
     pub op: Option<OpKind>,
     pub variant: Option<Variant>,
+    /// Matches a call any of whose tensors has this dtype: a call with an f32 input and an f64
+    /// output (a bad input, `dtype_mismatch`) falls under a gap on f64 as well as under one on
+    /// f32, and a backend may answer it with the gap's refusal (what the bad-input grid accepts).
     pub dtype: Option<DType>,
     /// A reduce-op name (`"band"`, `"premul_sum"`, ...).
     pub reduce: Option<String>,
