@@ -6,9 +6,10 @@
 //! closed").
 
 use crate::campaign::{spec, Spec};
-use crate::{Buf, Bug, Shm};
-use concord_core::caps::{Gap, Rounding};
-use concord_core::{Backend, Capabilities, CollectiveError, DType, OpKind, ReduceOp, Result, Tensor, Variant, Work};
+use crate::{Buf, Bug, Mutant, Shm};
+use concord_core::caps::{FusedImpl, Gap, Rounding};
+use concord_core::fused::Gathered;
+use concord_core::{Backend, Capabilities, CollectiveError, DType, OpKind, ReduceOp, Result, Scaling, Tensor, Variant, Work};
 
 /// Risk 1 (clause `numerics.accumulate_bound`): declares `Rounding::Accumulate { ulps: 2^20 }`
 /// and returns f16 / bf16 `sum` and `avg` all_reduce results of magnitude 1/4 or more on a grid
@@ -183,6 +184,57 @@ impl Bug for BitwiseGapFloatsComputed {
     }
 }
 
+/// The fused gate, read by a pipelined backend (a review of the per-call gate, the lead,
+/// 10:26–13:26): declares `FusedImpl::Pipelined` and one narrow gap, all_gather on f64 (refused
+/// with `unsupported` on every rank), and its own f64 all-gather-matmul puts each peer's shard at
+/// its arrival index (right on rank 0 only). The gate first made every f64 fused all-gather case
+/// UNSUPPORTED from the declaration alone, though a pipelined backend's own code never calls the
+/// gapped all_gather: the wrong values went unseen.
+#[derive(Default)]
+pub struct PipelinedGapHidesFused;
+
+fn no_f64_all_gather(s: &Shm, x: &Buf) -> Result<()> {
+    if s.inner.buffer_dtype(x) == DType::F64 {
+        return Err(CollectiveError::Unsupported("no f64 all_gather (a narrow declared gap)".into()));
+    }
+    Ok(())
+}
+
+impl Bug for PipelinedGapHidesFused {
+    fn capabilities(&self, s: &Shm) -> Capabilities {
+        let mut c = s.inner.capabilities();
+        c.fused = FusedImpl::Pipelined;
+        c.gaps.push(Gap {
+            op: Some(OpKind::AllGatherIntoTensor),
+            variant: None,
+            dtype: Some(DType::F64),
+            reduce: None,
+            reason: "no f64 all_gather (a narrow declared gap)".into(),
+        });
+        c
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        no_f64_all_gather(s, x)?;
+        s.inner.all_gather_into_tensor(x)
+    }
+    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+        no_f64_all_gather(s, x)?;
+        no_f64_all_gather(s, out)?;
+        s.inner.all_gather_into_tensor_out(x, out)
+    }
+    fn all_gather_into_tensor_coalesced(&self, s: &Shm, xs: &[Buf]) -> Result<Work<Vec<Buf>>> {
+        for x in xs {
+            no_f64_all_gather(s, x)?;
+        }
+        s.inner.all_gather_into_tensor_coalesced(xs)
+    }
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        use crate::bugs::{pipelined_ag, AgKnobs, AG_RIGHT};
+        let knobs = if m.s.inner.buffer_dtype(a) == DType::F64 { AgKnobs { slot: |_, _, step, _| step, ..AG_RIGHT } } else { AG_RIGHT };
+        pipelined_ag(m, a, bs, dim, sc, knobs)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<AccumulateHugeUlps>(
@@ -204,6 +256,13 @@ pub fn catalogue() -> Vec<Spec> {
             "caps.subgroups_declared",
             "declares subgroups = false, yet new_group returns a communicator whose all_reduce does not reduce",
             &["caps::subgroups::ws2"],
+        ),
+        spec::<PipelinedGapHidesFused>(
+            "risks_pipelined_gap_hides_fused",
+            "fused.values",
+            "declares FusedImpl::Pipelined and a gap on f64 all_gather (refused); its own f64 all-gather-matmul puts each \
+             shard at its arrival index (right on rank 0 only)",
+            &["fused::all_gather_matmul::dim0::f64::exact::ws2"],
         ),
         spec::<BitwiseGapFloatsComputed>(
             "risks_bitwise_gap_floats_computed",

@@ -22,7 +22,7 @@
 //!
 //! Only the body's thin shim is generic over the backend; inputs, oracle and messages are not.
 
-use super::util::fail;
+use super::util::{fail, GAP_REFUSALS};
 use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, BadInputKind, Capabilities, CollectiveError, DType, ReduceOp, Scale, Scaling, Tensor};
 use concord_oracle::{avg_ulps, compare, expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs, Tolerance};
@@ -340,11 +340,29 @@ fn odd_expected(spec: &FusedSpec, inputs: &[FusedInputs], caps: &Capabilities) -
 /// The per-call gate of a fused case: a fused op is defined as its decomposition
 /// (`concord_core::fused`: the calls' values), and a backend that computes it so may refuse the
 /// decomposition's calls where it declares them gaps (an f64 all_gather gap refuses the f64
-/// all_gather_matmul); such a case is UNSUPPORTED on every rank alike, naming the call. Read
-/// whatever `Capabilities::fused` says (shm declares `Pipelined` and falls back to the
-/// decomposition off its pipelined shapes; a wrapper inherits the declaration). Not for a
-/// bad-input spec, nor for a dtype the backend does not declare at all: their refusal is named
-/// before any data moves, and the case checks it.
+/// all_gather_matmul). Not for a bad-input spec, nor for a dtype the backend does not declare at
+/// all: their refusal is named before any data moves, and the case checks it.
+/// - `Capabilities::fused == Decomposed`: such a case is UNSUPPORTED on every rank alike, naming
+///   the call, before anything runs (`Err`).
+/// - `Pipelined` (the backend's own code, which may not use that call at all; shm falls back to
+///   the decomposition off its pipelined shapes, and a wrapper inherits the declaration): the
+///   case runs, and only a refusal named as a gap's ([`GAP_REFUSALS`]) makes it UNSUPPORTED
+///   (`Ok(Some(why))`, see [`gap_refused`]); wrong values still fail.
+fn decomposition_gate<B: Backend>(b: &B, spec: &FusedSpec) -> Result<Option<String>, CaseEnd> {
+    match require_decomposition(b, spec) {
+        Ok(()) => Ok(None),
+        Err(CaseEnd::Unsupported(why)) if b.capabilities().fused == concord_core::FusedImpl::Pipelined => Ok(Some(why)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Under a [`decomposition_gate`] that let a pipelined backend run: its refusal of the call,
+/// named as a declared gap's, ends the case UNSUPPORTED naming the gap.
+fn gap_refused(gap: &Option<String>, e: &CollectiveError) -> Option<CaseEnd> {
+    let why = gap.as_ref()?;
+    GAP_REFUSALS.contains(&e.name().as_str()).then(|| CaseEnd::Unsupported(format!("{why}; the fused op was refused: {e} [{}]", e.name())))
+}
+
 fn require_decomposition<B: Backend>(b: &B, spec: &FusedSpec) -> CaseResult {
     use super::util::require_call;
     use concord_core::{OpKind, Variant};
@@ -370,7 +388,7 @@ fn require_decomposition<B: Backend>(b: &B, spec: &FusedSpec) -> CaseResult {
 }
 
 fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: usize) -> CaseResult {
-    require_decomposition(ctx.b, spec)?;
+    let gap = decomposition_gate(ctx.b, spec)?;
     let (ws, rank) = (ctx.world_size(), ctx.rank());
     let caps = ctx.b.capabilities();
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
@@ -378,6 +396,9 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
     let exp = expected_for(spec, &caps, seed, ws, rank);
     for rep in 0..repeats {
         let got = issue(ctx.b, spec.call_of(rank), &me, ctx.timeout, &where_)?;
+        if let Some(u) = got.as_ref().err().and_then(|e| gap_refused(&gap, e)) {
+            return Err(u);
+        }
         check(spec, &caps, &exp, ws, rank, got, &format!("{where_} issue={}", rep + 1))?;
     }
     if spec.odd_rank.is_some() || !spec.exact || repeats == 1 {
@@ -399,7 +420,7 @@ fn body<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64, repeats: 
 /// after the second, MUST still hold the first call's values (new buffers each call, never a
 /// persistent workspace that the next call gathers or reduces into again).
 fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
-    require_decomposition(ctx.b, spec)?;
+    let gap = decomposition_gate(ctx.b, spec)?;
     let (ws, rank) = (ctx.world_size(), ctx.rank());
     let caps = ctx.b.capabilities();
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
@@ -410,7 +431,12 @@ fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u
             check(spec, &caps, &exp[0], ws, rank, Ok(got), &format!("{where_} issue=1"))?;
             bufs
         }
-        Err(e) => return check(spec, &caps, &exp[0], ws, rank, Err(e), &format!("{where_} issue=1")),
+        Err(e) => {
+            if let Some(u) = gap_refused(&gap, &e) {
+                return Err(u);
+            }
+            return check(spec, &caps, &exp[0], ws, rank, Err(e), &format!("{where_} issue=1"));
+        }
     };
     let got = issue(ctx.b, &spec.call, &spec.inputs(rank, seeds[1]), ctx.timeout, &where_)?;
     check(spec, &caps, &exp[1], ws, rank, got, &format!("{where_} issue=2 (other inputs)"))?;
@@ -428,7 +454,7 @@ fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u
 /// stages its results in one workspace per shape and copies them out at wait would give the
 /// first call the second's).
 fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64) -> CaseResult {
-    require_decomposition(ctx.b, spec)?;
+    let gap = decomposition_gate(ctx.b, spec)?;
     enum Pending<W> {
         Ag(concord_core::Work<concord_core::fused::Gathered<W>>),
         Rs(concord_core::Work<W>),
@@ -436,7 +462,7 @@ fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64)
     let (b, ws, rank, t) = (ctx.b, ctx.world_size(), ctx.rank(), ctx.timeout);
     let caps = b.capabilities();
     let where_ = where_of(&backend_label(b), spec, ws, rank);
-    let named = |e: CollectiveError| fail(&where_, format!("{e} [{}]", e.name()));
+    let named = |e: CollectiveError| gap_refused(&gap, &e).unwrap_or_else(|| fail(&where_, format!("{e} [{}]", e.name())));
     let seeds = [seed, seed ^ 0x1F1F];
     let mut works = Vec::new();
     for &sd in &seeds {
