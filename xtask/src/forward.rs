@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 const SIGHUP: i32 = 1;
 const SIGINT: i32 = 2;
 const SIGTERM: i32 = 15;
+const SIG_DFL: usize = 0;
 const SIG_IGN: usize = 1;
 
 extern "C" {
@@ -89,6 +90,24 @@ pub fn wait(child: &mut Child) -> io::Result<ExitStatus> {
 pub fn status(cmd: &mut Command) -> io::Result<ExitStatus> {
     let mut child = spawn(cmd)?;
     wait(&mut child)
+}
+
+/// Before the xtask `exec`s its last program: the three signals get their default action back
+/// (where the handler was installed; an inherited `ignore` stays), so one that comes from now on
+/// ends the xtask before the program starts, or reaches the program itself; and one that came
+/// while no child ran (it was only recorded) ends the xtask now, with `128 + signal`.
+pub fn before_exec() {
+    for sig in [SIGTERM, SIGINT, SIGHUP] {
+        // SAFETY: restores the default disposition; an ignored signal is put back as ignored.
+        unsafe {
+            if signal(sig, SIG_DFL) == SIG_IGN {
+                signal(sig, SIG_IGN);
+            }
+        }
+    }
+    if let Some(sig) = received() {
+        std::process::exit(128 + sig);
+    }
 }
 
 fn received() -> Option<i32> {

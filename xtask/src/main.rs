@@ -87,6 +87,7 @@ fn run(cmd: &mut Command) -> Result<()> {
 fn exec<T>(mut c: Command) -> Result<T> {
     use std::os::unix::process::CommandExt;
     let shown = format!("{c:?}");
+    forward::before_exec();
     let e = c.exec();
     bail!("could not start {shown}: {e}")
 }
@@ -388,7 +389,8 @@ fn real_main() -> Result<()> {
         Cmd::Forward { argv } => {
             let Some((prog, rest)) = argv.split_first() else { bail!("forward: a program is needed") };
             let st = forward::status(Command::new(prog).args(rest)).with_context(|| format!("could not start {prog}"))?;
-            std::process::exit(st.code().unwrap_or(1))
+            // A child ended by a signal exits as a shell reports it: 128 + the signal.
+            std::process::exit(st.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)))
         }
         Cmd::BenchHarness => run(cargo().args(["run", "--release", "--quiet", "-p", "concord-harness", "--bin", "concord-harness-bench"])),
         Cmd::Bench { args } => {
