@@ -181,8 +181,8 @@ fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let x = b.view(&parent, off, &[LEN]).map_err(|e| fail(&wv, format!("view: {e}")))?;
         let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wv, format!("issue: {e}")))?;
         let out = out.wait(ctx.timeout).map_err(|e| fail(&wv, format!("wait: {e}")))?;
-        let exp: Vec<f32> = (off..off + LEN).map(|i| v.fold((0..ws).map(|r| of(r)[i]))).collect();
-        expect_eq(b, out, &Tensor::from_vec(&[LEN], exp), &wv)?;
+        let exp = v.expected(ws, |r| of(r)[off..off + LEN].to_vec());
+        expect_eq(b, out, &exp, &wv)?;
     }
     Ok(())
 }

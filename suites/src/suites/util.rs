@@ -111,13 +111,16 @@ pub fn require_call<B: Backend>(
 #[derive(Clone, Copy, Debug)]
 pub struct ArVehicle {
     pub op: concord_core::ReduceOp,
+    /// The backend's declared semantics, for the oracle's expected values.
+    sem: concord_oracle::Semantics,
 }
 
 impl ArVehicle {
     /// The vehicle for `variants`; UNSUPPORTED, naming each declaration, when all three are gaps.
     pub fn pick<B: Backend>(b: &B, variants: &[concord_core::Variant]) -> Result<ArVehicle, CaseEnd> {
         use concord_core::ReduceOp;
-        supported_all_reduce(b, variants, &[ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]).map(|op| ArVehicle { op }).map_err(|why| {
+        let sem = concord_oracle::Semantics::of(&b.capabilities());
+        supported_all_reduce(b, variants, &[ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]).map(|op| ArVehicle { op, sem }).map_err(|why| {
             CaseEnd::Unsupported(format!(
                 "declared gap: the case carries a check on an f32 all_reduce ({}), and every one it may use is declared \
                  unsupported: {}",
@@ -126,22 +129,20 @@ impl ArVehicle {
             ))
         })
     }
-    /// The vehicle's result over the ranks' values `vals` (integer-valued f32: exact).
-    pub fn fold(&self, vals: impl IntoIterator<Item = f32>) -> f32 {
-        use concord_core::ReduceOp;
-        let mut it = vals.into_iter();
-        let first = it.next().expect("at least one rank");
-        it.fold(first, |a, v| match self.op {
-            ReduceOp::Max => a.max(v),
-            ReduceOp::Min => a.min(v),
-            _ => a + v,
-        })
+    /// `op` as the vehicle on `b`, whether or not it is a gap (a case gated on it runs only where
+    /// it is not).
+    pub fn with_op<B: Backend>(b: &B, op: concord_core::ReduceOp) -> ArVehicle {
+        ArVehicle { op, sem: concord_oracle::Semantics::of(&b.capabilities()) }
     }
-    /// The vehicle's result at each element of every rank's `of(rank)` (`ws` ranks).
+    /// The vehicle's result over the ranks' values `vals`, rank order (the oracle's reduction).
+    pub fn fold(&self, vals: impl IntoIterator<Item = f32>) -> f32 {
+        let vals: Vec<f32> = vals.into_iter().collect();
+        self.expected(vals.len(), |r| vec![vals[r]]).get_f64(0) as f32
+    }
+    /// The vehicle's result (the oracle's reduction) over every rank's `of(rank)` (`ws` ranks).
     pub fn expected(&self, ws: usize, of: impl Fn(usize) -> Vec<f32>) -> Tensor {
-        let all: Vec<Vec<f32>> = (0..ws).map(of).collect();
-        let n = all[0].len();
-        Tensor::from_vec(&[n], (0..n).map(|i| self.fold(all.iter().map(|v| v[i]))).collect())
+        let all: Vec<Tensor> = (0..ws).map(&of).map(|v| Tensor::from_vec(&[v.len()], v)).collect();
+        concord_oracle::reduce_tensors(self.op, &all.iter().collect::<Vec<_>>(), &self.sem)
     }
 }
 
