@@ -10,27 +10,33 @@
 //! * all_to_all (equal splits): `native`; `pairwise` (send/recv, step `s` to `r + s`).
 //!
 //! Local reductions use the oracle's `reduce_tensors` with the backend's declared semantics.
+//! Every choice declares the calls it makes ([`Choice::calls`]): one the backend declares a gap is
+//! skipped by name, never run.
 
 use crate::{Choice, ChoiceCtx, OpInstance};
-use concord_core::{Backend, OpKind, ReduceOp, Result, Tensor};
+use concord_core::{Backend, OpKind, ReduceOp, Result, Tensor, Variant};
 use concord_oracle::{reduce_tensors, Semantics};
 
 /// The built-in choices of `op` (empty for ops the autotuner does not tune).
 pub fn builtin<B: Backend>(op: OpKind) -> Vec<Choice<B>> {
     match op {
         OpKind::AllReduce => vec![
-            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_reduce(x, op_of(c))?)),
+            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_reduce(x, op_of(c))?)).calls(native(OpKind::AllReduce)),
             Choice::new("rs_ag", |c: &ChoiceCtx<'_, B>, x| {
                 let part = c.wait(c.b.reduce_scatter_tensor(x, op_of(c))?)?;
                 c.wait(c.b.all_gather_into_tensor(&part)?)
             })
-            .when(|i, ws| !i.shape.is_empty() && i.d0() > 0 && i.d0() % ws == 0),
+            .when(|i, ws| !i.shape.is_empty() && i.d0() > 0 && i.d0() % ws == 0)
+            .calls(|i, _| vec![(OpKind::ReduceScatterTensor, Variant::Out, i.reduce), (OpKind::AllGatherIntoTensor, Variant::Out, None)]),
             Choice::new("ring", |c: &ChoiceCtx<'_, B>, x| {
                 let parts = ring_gather(c, x)?;
                 let refs: Vec<&Tensor> = parts.iter().collect();
                 c.b.upload(&reduce_tensors(op_of(c), &refs, &sem(c)))
-            }),
-            Choice::new("recursive_doubling", recursive_doubling::<B>).when(|i, ws| ws.is_power_of_two() && associative(i.reduce)),
+            })
+            .calls(p2p),
+            Choice::new("recursive_doubling", recursive_doubling::<B>)
+                .when(|i, ws| ws.is_power_of_two() && associative(i.reduce))
+                .calls(p2p),
             Choice::new("chunked", |c: &ChoiceCtx<'_, B>, x| {
                 let n = c.inst.numel();
                 let out = c.b.upload(&c.b.download(x)?)?;
@@ -46,44 +52,70 @@ pub fn builtin<B: Backend>(op: OpKind) -> Vec<Choice<B>> {
                 }
                 Ok(out)
             })
-            .when(|i, _| i.numel() >= 4),
+            .when(|i, _| i.numel() >= 4)
+            .calls(|i, _| vec![(OpKind::AllReduce, Variant::InPlace, i.reduce)]),
         ],
         OpKind::AllGatherIntoTensor => vec![
-            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_gather_into_tensor(x)?)),
+            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_gather_into_tensor(x)?))
+                .calls(native(OpKind::AllGatherIntoTensor)),
             Choice::new("ring", |c: &ChoiceCtx<'_, B>, x| {
                 let parts = ring_gather(c, x)?;
                 let row: Vec<usize> = c.inst.shape.iter().skip(1).copied().collect();
                 c.b.upload(&Tensor::cat_rows(c.inst.dtype, &row, &parts))
-            }),
+            })
+            .calls(p2p),
             Choice::new("gather_bcast", |c: &ChoiceCtx<'_, B>, x| {
                 let g = c.wait(c.b.gather(x, 0)?)?;
                 c.wait(c.b.broadcast_(&g, 0)?)
-            }),
+            })
+            .calls(|_, _| vec![(OpKind::Gather, Variant::Out, None), (OpKind::Broadcast, Variant::InPlace, None)]),
         ],
         OpKind::ReduceScatterTensor => vec![
-            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.reduce_scatter_tensor(x, op_of(c))?)),
+            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.reduce_scatter_tensor(x, op_of(c))?))
+                .calls(native(OpKind::ReduceScatterTensor)),
             Choice::new("ar_slice", |c: &ChoiceCtx<'_, B>, x| {
                 let full = c.wait(c.b.all_reduce(x, op_of(c))?)?;
                 let (shape, chunk) = chunk_shape(c);
                 c.b.view(&full, c.b.rank() * chunk, &shape)
-            }),
+            })
+            .calls(|i, _| vec![(OpKind::AllReduce, Variant::Out, i.reduce)]),
             Choice::new("ring", |c: &ChoiceCtx<'_, B>, x| {
                 let (shape, chunk) = chunk_shape(c);
                 let parts = exchange_chunks(c, x, &shape, chunk)?;
                 let refs: Vec<&Tensor> = parts.iter().collect();
                 c.b.upload(&reduce_tensors(op_of(c), &refs, &sem(c)))
-            }),
+            })
+            .calls(p2p),
         ],
         OpKind::AllToAllSingle => vec![
-            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_to_all_single(x, None, None)?)),
+            Choice::new("native", |c: &ChoiceCtx<'_, B>, x| c.wait(c.b.all_to_all_single(x, None, None)?))
+                .calls(native(OpKind::AllToAllSingle)),
             Choice::new("pairwise", |c: &ChoiceCtx<'_, B>, x| {
                 let (shape, chunk) = chunk_shape(c);
                 let parts = exchange_chunks(c, x, &shape, chunk)?;
                 let row: Vec<usize> = shape.iter().skip(1).copied().collect();
                 c.b.upload(&Tensor::cat_rows(c.inst.dtype, &row, &parts))
-            }),
+            })
+            .calls(p2p),
         ],
         _ => Vec::new(),
+    }
+}
+
+/// One call the built-in choices make: op, variant, reduce op (in the instance's dtype).
+type Call = (OpKind, Variant, Option<ReduceOp>);
+
+/// The native op's one call: out of place, with the instance's reduce op.
+fn native(op: OpKind) -> impl Fn(&OpInstance, usize) -> Vec<Call> + Send + Sync + 'static {
+    move |i, _| vec![(op, Variant::Out, i.reduce)]
+}
+
+/// Send / recv (none on one rank).
+fn p2p(_: &OpInstance, ws: usize) -> Vec<Call> {
+    if ws > 1 {
+        vec![(OpKind::SendRecv, Variant::OutBuf, None)]
+    } else {
+        Vec::new()
     }
 }
 
@@ -172,5 +204,46 @@ pub fn tunable(inst: &OpInstance, ws: usize) -> bool {
         OpKind::AllGatherIntoTensor => true,
         OpKind::ReduceScatterTensor | OpKind::AllToAllSingle => !inst.shape.is_empty() && inst.d0() % ws == 0,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use concord_core::caps::Gap;
+    use concord_core::{Capabilities, DType};
+    use concord_shm::ShmBackend;
+
+    /// The names of `op`'s built-in choices for `inst` on `ws` ranks that `caps` makes gaps.
+    fn gapped(caps: &Capabilities, inst: &OpInstance, ws: usize) -> Vec<String> {
+        builtin::<ShmBackend>(inst.op).iter().filter(|c| c.declared_gap(caps, inst, ws).is_some()).map(|c| c.name.clone()).collect()
+    }
+
+    #[test]
+    fn a_choice_is_a_gap_exactly_where_one_of_its_calls_is() {
+        let mut caps = Capabilities::full(8);
+        let ar = OpInstance::all_reduce(DType::F32, &[16, 8], ReduceOp::Sum);
+        let rs = OpInstance::reduce_scatter(DType::F32, &[16, 8], ReduceOp::Sum);
+        assert!(gapped(&caps, &ar, 2).is_empty(), "no gap declared");
+        caps.gaps.push(Gap {
+            op: Some(OpKind::AllReduce),
+            variant: Some(Variant::Out),
+            dtype: Some(DType::F32),
+            reduce: Some("sum".into()),
+            reason: "narrow".into(),
+        });
+        assert_eq!(gapped(&caps, &ar, 2), ["native"]);
+        assert_eq!(gapped(&caps, &rs, 2), ["ar_slice"]);
+        assert!(gapped(&caps, &OpInstance::all_reduce(DType::F32, &[16, 8], ReduceOp::Max), 2).is_empty(), "max is no gap");
+        let why = builtin::<ShmBackend>(OpKind::AllReduce)[0].declared_gap(&caps, &ar, 2).expect("native is a gap");
+        assert!(why.contains("all_reduce") && why.contains("narrow"), "{why}");
+        // Point-to-point: every ring choice on 2+ ranks, none on one rank (it sends nothing).
+        caps.gaps = vec![Gap::op(OpKind::SendRecv, "no p2p")];
+        assert_eq!(gapped(&caps, &ar, 2), ["ring", "recursive_doubling"]);
+        assert!(gapped(&caps, &ar, 1).is_empty());
+        let ag = OpInstance::all_gather(DType::I32, &[16, 4]);
+        assert_eq!(gapped(&caps, &ag, 2), ["ring"]);
+        caps.gaps = vec![Gap::op(OpKind::Broadcast, "no broadcast")];
+        assert_eq!(gapped(&caps, &ag, 2), ["gather_bcast"]);
     }
 }

@@ -41,7 +41,7 @@ mod tuner;
 pub use table::{Outcome, RankStatus, Row, RowStatus, Table};
 pub use tuner::Tuner;
 
-use concord_core::{Backend, DType, OpKind, ReduceOp, Result as CResult, Work};
+use concord_core::{Backend, Capabilities, DType, OpKind, ReduceOp, Result as CResult, Variant, Work};
 use concord_oracle::Collective;
 use concord_store::Store;
 use serde::{Deserialize, Serialize};
@@ -137,29 +137,54 @@ impl<B: Backend> ChoiceCtx<'_, B> {
 
 pub type RunFn<B> = Arc<dyn Fn(&ChoiceCtx<'_, B>, &<B as Backend>::Buffer) -> CResult<<B as Backend>::Buffer> + Send + Sync>;
 pub type ApplicableFn = Arc<dyn Fn(&OpInstance, usize) -> bool + Send + Sync>;
+/// The backend calls a choice makes for an instance at a world size: `(op, variant, reduce op)`,
+/// each in the instance's dtype.
+pub type CallsFn = Arc<dyn Fn(&OpInstance, usize) -> Vec<(OpKind, Variant, Option<ReduceOp>)> + Send + Sync>;
 
 /// A named implementation of one collective over the [`Backend`] trait.
 pub struct Choice<B: Backend> {
     pub name: String,
     /// Whether the choice applies to an instance at a world size (every rank asks the same).
     pub applies: ApplicableFn,
+    /// The calls it makes, where declared ([`Choice::calls`]): a choice one of whose calls the
+    /// backend declares a gap (`Capabilities::gaps`) is skipped by name on every rank, never run.
+    pub calls: Option<CallsFn>,
     pub run: RunFn<B>,
 }
 
 impl<B: Backend> Clone for Choice<B> {
     fn clone(&self) -> Self {
-        Choice { name: self.name.clone(), applies: self.applies.clone(), run: self.run.clone() }
+        Choice { name: self.name.clone(), applies: self.applies.clone(), calls: self.calls.clone(), run: self.run.clone() }
     }
 }
 
 impl<B: Backend> Choice<B> {
     pub fn new(name: &str, run: impl Fn(&ChoiceCtx<'_, B>, &B::Buffer) -> CResult<B::Buffer> + Send + Sync + 'static) -> Self {
-        Choice { name: name.to_string(), applies: Arc::new(|_, _| true), run: Arc::new(run) }
+        Choice { name: name.to_string(), applies: Arc::new(|_, _| true), calls: None, run: Arc::new(run) }
     }
     /// The same choice, applicable only where `f` says.
     pub fn when(mut self, f: impl Fn(&OpInstance, usize) -> bool + Send + Sync + 'static) -> Self {
         self.applies = Arc::new(f);
         self
+    }
+    /// The same choice, declaring the calls it makes (so that a declared gap skips it).
+    pub fn calls(mut self, f: impl Fn(&OpInstance, usize) -> Vec<(OpKind, Variant, Option<ReduceOp>)> + Send + Sync + 'static) -> Self {
+        self.calls = Some(Arc::new(f));
+        self
+    }
+    /// The first of its declared calls for `inst` on `ws` ranks that `caps` declares a gap,
+    /// named with the declaration's reason; `None` when none is (or no calls are declared).
+    pub fn declared_gap(&self, caps: &Capabilities, inst: &OpInstance, ws: usize) -> Option<String> {
+        let calls = self.calls.as_ref()?;
+        calls(inst, ws).into_iter().find_map(|(op, variant, reduce)| {
+            caps.check_call(op, Some(variant), Some(inst.dtype), reduce).err().map(|why| {
+                let r = reduce.map_or(String::new(), |r| format!(" reduce={}", r.name()));
+                format!(
+                    "declared gap: it calls {op} variant={variant} dtype={}{r}, which the backend declares unsupported ({why})",
+                    inst.dtype
+                )
+            })
+        })
     }
 }
 

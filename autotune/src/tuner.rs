@@ -45,8 +45,9 @@ struct PresyncOp {
 }
 
 struct Plan {
-    /// Indices (into the request's choices) of the applicable ones, in order.
-    cands: Vec<usize>,
+    /// Per choice, why it is skipped (not applicable, or a declared gap); `None` for a candidate.
+    skip: Vec<Option<String>>,
+    /// The candidates' names, in order.
     names: Vec<String>,
     hash: String,
     cache_key: String,
@@ -97,15 +98,28 @@ impl Tuner {
             }
         }
         let mut cache = cfg.cache.as_ref().map(|p| Cache::load(p));
+        let caps = b.capabilities();
         let plans: Vec<Plan> = requests
             .iter()
             .map(|r| {
-                let cands: Vec<usize> = (0..r.choices.len()).filter(|&j| (r.choices[j].applies)(&r.inst, ws)).collect();
-                let names: Vec<String> = cands.iter().map(|&j| r.choices[j].name.clone()).collect();
+                // Not applicable, or a declared gap: skipped by name (the same on every rank: the
+                // declaration is).
+                let skip: Vec<Option<String>> = r
+                    .choices
+                    .iter()
+                    .map(|c| {
+                        if !(c.applies)(&r.inst, ws) {
+                            Some(format!("not applicable to {} on {ws} ranks", r.inst))
+                        } else {
+                            c.declared_gap(&caps, &r.inst, ws)
+                        }
+                    })
+                    .collect();
+                let names: Vec<String> = r.choices.iter().zip(&skip).filter(|(_, s)| s.is_none()).map(|(c, _)| c.name.clone()).collect();
                 let hash = names_hash(&names);
                 let cache_key = cache::key(b.name(), &r.inst, &env.group_ranks, &hash);
                 let hit = cache.as_ref().and_then(|c| c.get(&cache_key)).map(|e| e.winner.clone()).filter(|w| names.contains(w));
-                Plan { cands, names, hash, cache_key, hit }
+                Plan { skip, names, hash, cache_key, hit }
             })
             .collect();
 
@@ -213,12 +227,12 @@ impl Tuner {
                 prepared = Some((x, exp.outputs[rank].clone()));
             }
             for (j, c) in req.choices.iter().enumerate() {
-                if !plan.cands.contains(&j) {
+                if let Some(why) = &plan.skip[j] {
                     rows.push(Row {
                         choice: c.name.clone(),
                         per_rank_ns: vec![None; ws],
                         reduced_ns: None,
-                        status: RowStatus::Skipped(format!("not applicable to {inst} on {ws} ranks")),
+                        status: RowStatus::Skipped(why.clone()),
                     });
                     continue;
                 }
@@ -352,8 +366,8 @@ impl Tuner {
                 choice: c.name.clone(),
                 per_rank_ns: vec![None; ws],
                 reduced_ns: None,
-                status: if !plan.cands.contains(&j) {
-                    RowStatus::Skipped(format!("not applicable to {} on {ws} ranks", req.inst))
+                status: if let Some(why) = &plan.skip[j] {
+                    RowStatus::Skipped(why.clone())
                 } else if c.name == winner {
                     RowStatus::Cached
                 } else {

@@ -33,25 +33,24 @@ fn coarse(dtype: DType, op: ReduceOp) -> bool {
     matches!(dtype, DType::F16 | DType::BF16) && matches!(op, ReduceOp::Sum | ReduceOp::Avg)
 }
 
+/// The issued all_reduce, its output rounded to eighths once it completes when the call is coarse.
+fn to_eighths(s: &Shm, x: &Buf, op: ReduceOp, w: Work<Buf>) -> Result<Work<Buf>> {
+    if !coarse(s.inner.buffer_dtype(x), op) {
+        return Ok(w);
+    }
+    let out = w.peek().clone();
+    Ok(s.then_as(w, out, eighths))
+}
+
 impl Bug for AccumulateHugeUlps {
     fn capabilities(&self, s: &Shm) -> Capabilities {
         Capabilities { rounding: Rounding::Accumulate { ulps: HUGE_ULPS }, ..s.inner.capabilities() }
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let w = s.inner.all_reduce(x, op)?;
-        if !coarse(s.inner.buffer_dtype(x), op) {
-            return Ok(w);
-        }
-        let out = w.peek().clone();
-        Ok(s.then_as(w, out, eighths))
+        to_eighths(s, x, op, s.inner.all_reduce(x, op)?)
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let w = s.inner.all_reduce_(x, op)?;
-        if !coarse(s.inner.buffer_dtype(x), op) {
-            return Ok(w);
-        }
-        let out = w.peek().clone();
-        Ok(s.then_as(w, out, eighths))
+        to_eighths(s, x, op, s.inner.all_reduce_(x, op)?)
     }
 }
 

@@ -192,38 +192,76 @@ fn require_tuned<B: Backend>(ctx: &Ctx<'_, B>, reqs: &[Request<B>]) -> CaseResul
     Ok(())
 }
 
-/// The calls the built-in choices of `inst` make on `ws` ranks where they apply
-/// (`concord_autotune::choices`): a built-in choice on a declared gap is refused by a correct
-/// backend, so the case that demands every built-in choice pass needs them all.
-fn builtin_calls(inst: &OpInstance, ws: usize) -> Vec<(concord_core::OpKind, Variant, Option<ReduceOp>)> {
-    use concord_core::OpKind as K;
-    let red = inst.reduce;
-    let mut v = vec![(inst.op, Variant::Out, red)];
-    if ws > 1 {
-        v.push((K::SendRecv, Variant::OutBuf, None));
+/// The gate of a case tuning built-in choices: each choice declares the calls it makes and the
+/// tuner skips one the backend declares a gap, so the case is UNSUPPORTED (every rank alike,
+/// before any rank tunes) only where a request has no applicable choice left, naming each
+/// choice's gap.
+fn require_some_choice<B: Backend>(ctx: &Ctx<'_, B>, reqs: &[Request<B>]) -> CaseResult {
+    let (caps, ws) = (ctx.b.capabilities(), ctx.world_size());
+    for r in reqs {
+        let applicable: Vec<&Choice<B>> = r.choices.iter().filter(|c| (c.applies)(&r.inst, ws)).collect();
+        let gaps: Vec<String> =
+            applicable.iter().filter_map(|c| c.declared_gap(&caps, &r.inst, ws).map(|g| format!("`{}`: {g}", c.name))).collect();
+        if gaps.len() == applicable.len() {
+            return Err(CaseEnd::Unsupported(format!(
+                "every built-in choice of {} on {ws} ranks is a declared gap: {}",
+                r.inst,
+                gaps.join("; ")
+            )));
+        }
     }
-    match inst.op {
-        K::AllReduce => {
-            if !inst.shape.is_empty() && inst.d0() > 0 && inst.d0().is_multiple_of(ws) {
-                v.push((K::ReduceScatterTensor, Variant::Out, red));
-                v.push((K::AllGatherIntoTensor, Variant::Out, None));
-            }
-            if inst.numel() >= 4 {
-                v.push((K::AllReduce, Variant::InPlace, red));
+    Ok(())
+}
+
+/// Each row of a built-in table is skipped exactly where its choice does not apply or one of its
+/// declared calls is a declared gap (then with that reason), and timed otherwise: a tuner that
+/// runs a gapped choice leaves it failed (a correct backend refuses it), one that skips a
+/// supported choice tunes less than it was asked.
+fn check_skips<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, reqs: &[Request<B>]) -> CaseResult {
+    let (caps, ws) = (ctx.b.capabilities(), ctx.world_size());
+    for (t, r) in o.tables.iter().zip(reqs) {
+        for (row, c) in t.rows.iter().zip(&r.choices) {
+            let why = if (c.applies)(&r.inst, ws) { c.declared_gap(&caps, &r.inst, ws) } else { Some("not applicable".into()) };
+            match (&row.status, why) {
+                (RowStatus::Skipped(got), Some(want)) if want == "not applicable" || *got == want => {}
+                (RowStatus::Skipped(got), Some(want)) => {
+                    return Err(fail(ctx, format!("built-in choice `{}` of {} skipped as `{got}`, expected `{want}`\n{o}", c.name, t.inst)))
+                }
+                (RowStatus::Skipped(got), None) => {
+                    return Err(fail(
+                        ctx,
+                        format!("built-in choice `{}` of {} skipped (`{got}`) though it applies and the backend declares none of its calls a gap\n{o}", c.name, t.inst),
+                    ))
+                }
+                (RowStatus::Failed(_) | RowStatus::NotRun(_), why) => {
+                    return Err(fail(
+                        ctx,
+                        format!(
+                            "built-in choice `{}` of {} did not pass on a correct backend: {:?}{}\n{o}",
+                            c.name,
+                            t.inst,
+                            row.status,
+                            why.map_or(String::new(), |w| format!(" (it should have been skipped: {w})"))
+                        ),
+                    ))
+                }
+                (_, Some(want)) => {
+                    return Err(fail(ctx, format!("built-in choice `{}` of {} was run, but it must be skipped: {want}\n{o}", c.name, t.inst)))
+                }
+                _ => {}
             }
         }
-        K::AllGatherIntoTensor => {
-            v.push((K::Gather, Variant::Out, None));
-            v.push((K::Broadcast, Variant::InPlace, None));
-        }
-        K::ReduceScatterTensor => v.push((K::AllReduce, Variant::Out, red)),
-        _ => {}
     }
-    v
+    Ok(())
 }
 
 fn tune<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, a: &A, n: usize, reqs: &[Request<B>]) -> Result<Outcome, CaseEnd> {
     require_tuned(ctx, reqs)?;
+    tune_ungated(ctx, a, n, reqs)
+}
+
+/// [`tune`] without its per-call gate (the caller gates).
+fn tune_ungated<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, a: &A, n: usize, reqs: &[Request<B>]) -> Result<Outcome, CaseEnd> {
     let o = a.tune(&env(ctx, n), reqs).map_err(|e| fail(ctx, format!("tune failed: {e} [{}]", e.name())))?;
     if o.tables.len() != reqs.len() {
         return Err(fail(ctx, format!("tune returned {} tables for {} requests", o.tables.len(), reqs.len())));
@@ -695,22 +733,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             ws,
             move |ctx| {
                 let reqs = builtin_reqs::<B>(ctx.world_size());
-                for r in &reqs {
-                    for (op, variant, reduce) in builtin_calls(&r.inst, ctx.world_size()) {
-                        crate::suites::util::require_call(ctx.b, op, variant, r.inst.dtype, reduce)?;
-                    }
-                }
+                require_some_choice(ctx, &reqs)?;
                 let mut c = cfg(Duration::from_secs(14), Policy::Max);
                 c.runs = 2;
-                let o = tune(ctx, &A::new(c), 0, &reqs)?;
-                for t in &o.tables {
-                    if let Some(r) = t.rows.iter().find(|r| matches!(r.status, RowStatus::Failed(_) | RowStatus::NotRun(_))) {
-                        return Err(fail(
-                            ctx,
-                            format!("built-in choice `{}` of {} did not pass on a correct backend: {:?}\n{o}", r.choice, t.inst, r.status),
-                        ));
-                    }
-                }
+                let o = tune_ungated(ctx, &A::new(c), 0, &reqs)?;
+                check_skips(ctx, &o, &reqs)?;
                 check_all(ctx, &o, &reqs, Policy::Max, "builtin")
             },
         ));
