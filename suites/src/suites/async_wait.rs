@@ -340,23 +340,28 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }
     }));
-    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta("all_reduce", "out"), 2, |ctx| {
+    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: while rank 0's all_reduce waits for rank 1 (which has not issued
         // it), `concord_core::progress` lists it in flight, so a deadline report names it.
         let w = here(ctx.b, "all_reduce", "out", DType::F32);
         all_reduce_recorded_while_peer_absent(ctx, ctx.b, &w)
     }));
-    v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::subgroup::ws3", meta("all_reduce", "out"), 3, |ctx| {
-        // The same on a group (world ranks [0, 1]; rank 2 is no member): a backend that keeps
-        // the record for its world communicator only leaves a rank hung in a group's op
-        // reporting itself idle.
-        if !ctx.b.capabilities().subgroups {
-            return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
-        }
-        let Some(g) = member_group(ctx.b, &[0, 1])? else { return Ok(()) };
-        let w = format!("{} group=[0, 1]", here(&g, "all_reduce", "out", DType::F32));
-        all_reduce_recorded_while_peer_absent(ctx, &g, &w)
-    }));
+    v.push(Case::<B>::new(
+        "async::peer_never_joins_op_recorded_in_flight::subgroup::ws3",
+        meta_any_reduce("all_reduce", "out"),
+        3,
+        |ctx| {
+            // The same on a group (world ranks [0, 1]; rank 2 is no member): a backend that keeps
+            // the record for its world communicator only leaves a rank hung in a group's op
+            // reporting itself idle.
+            if !ctx.b.capabilities().subgroups {
+                return Err(crate::case::CaseEnd::Unsupported("backend declares no subgroup support".into()));
+            }
+            let Some(g) = member_group(ctx.b, &[0, 1])? else { return Ok(()) };
+            let w = format!("{} group=[0, 1]", here(&g, "all_reduce", "out", DType::F32));
+            all_reduce_recorded_while_peer_absent(ctx, &g, &w)
+        },
+    ));
     // The same for the other ops a rank can hang in: a backend that records only its
     // all_reduce path leaves a rank stuck in a broadcast or a barrier reporting itself idle.
     // broadcast_ from rank 1 (rank 0 must receive it), and the barrier.
@@ -440,21 +445,20 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
     }));
     v.push(
-        Case::<B>::new("async::lag_read_right_after_wait::ws2", meta("all_reduce", "out"), 2, |ctx| {
+        Case::<B>::new("async::lag_read_right_after_wait::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
             // A large buffer, read at once after wait: a backend that reports completion before the
             // data is final is caught here.
             let b = ctx.b;
             let w = here(b, "all_reduce", "out", DType::F32);
             let n = 4 << 20;
+            let v = vehicle(b);
             for it in 0..3 {
-                let vals: Vec<f32> = (0..n).map(|i| ((i % 7) as f32) + (b.rank() * 3 + it) as f32).collect();
+                let of = |r: usize| (0..n).map(|i| ((i % 7) as f32) + (r * 3 + it) as f32).collect::<Vec<f32>>();
                 // The expected result is made before the op, so the read really comes right after the
                 // wait (not after milliseconds of arithmetic a late write could land in).
-                let ws = b.world_size();
-                let exp: Vec<f32> = (0..n).map(|i| (0..ws).map(|r| ((i % 7) as f32) + (r * 3 + it) as f32).sum()).collect();
-                let exp = Tensor::from_vec(&[n], exp);
-                let x = b.upload(&Tensor::from_vec(&[n], vals))?;
-                let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
+                let exp = v.expected(b.world_size(), of);
+                let x = b.upload(&Tensor::from_vec(&[n], of(b.rank())))?;
+                let out = b.all_reduce(&x, v.op)?.into_value(ctx.timeout)?;
                 expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
             }
             Ok(())
@@ -745,13 +749,13 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
     if b.rank() == 0 {
         let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
         let before = progress::in_flight();
-        let work = b.all_reduce(&x, ReduceOp::Sum)?;
+        let work = b.all_reduce(&x, red(b))?;
         let recorded: Vec<progress::InFlight> =
             progress::in_flight().into_iter().filter(|f| f.op.contains("all_reduce") && !before.iter().any(|o| same(o, f))).collect();
         let state = progress::describe();
         ctx.store.set(&key, b"1").map_err(|e| fail(w, e))?;
         let out = work.wait(ctx.timeout).map_err(|e| fail(w, format!("after rank 1 joined: {e}")))?;
-        expect_eq(b, out, &full(&[16], 3.0f32), w)?;
+        expect_eq(b, out, &full(&[16], rank_sum(b, 2)), w)?;
         if recorded.is_empty() {
             return Err(fail(
                 w,
@@ -761,8 +765,8 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
         Ok(())
     } else {
         ctx.store.get(&key).map_err(|e| fail(w, e))?;
-        let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-        expect_eq(b, &out, &full(&[16], 3.0f32), w)?;
+        let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
+        expect_eq(b, &out, &full(&[16], rank_sum(b, 2)), w)?;
         let _ = ctx.store.delete_key(&key);
         Ok(())
     }
