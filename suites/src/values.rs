@@ -440,8 +440,12 @@ pub fn prepare<B: Backend>(
                 };
                 if (read[r] || r == rank) && extra.bits {
                     bits_input(tseed, r, ws, spec.dtype, &s)
-                } else if read[r] || r == rank {
+                } else if r == rank {
                     concord_fixtures::input(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind)
+                } else if read[r] {
+                    // A peer's input is made up to the last element this rank's answer reads
+                    // (a reduce_scatter reads chunk `rank` of every input; the rest is zeros).
+                    concord_fixtures::input_prefix(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind, read_upto(&coll, &s, ws, rank))
                 } else {
                     Tensor::zeros(spec.dtype, &s)
                 }
@@ -601,6 +605,18 @@ pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Toler
 }
 
 /// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
+/// How many leading elements (row-major) of a peer's input of `shape` rank `rank`'s answer to
+/// `coll` reads, of the peers [`concord_oracle::reads`] names: a reduce_scatter's chunk `rank`
+/// (rows `rank·d0/ws ..(rank + 1)·d0/ws`) ends at element `(rank + 1)·numel/ws`; every other op
+/// reads a whole input.
+fn read_upto(coll: &Collective, shape: &[usize], ws: usize, rank: usize) -> usize {
+    let numel: usize = shape.iter().product();
+    match coll {
+        Collective::ReduceScatter { .. } if shape.first().is_some_and(|d0| d0 % ws == 0) => (rank + 1) * (numel / ws),
+        _ => numel,
+    }
+}
+
 fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
     match spec.op {
         OpKind::AllToAllSingle => {
