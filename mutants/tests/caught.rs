@@ -60,6 +60,11 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "wild_flashinfer_neg_zero_float_compare",
     // review-c: the first op whose work never completes without a wait is polled for up to 5 s.
     "review3_completes_only_in_wait_but_all_reduce",
+    // hunt27: a wait that ignores its deadline (send / recv, coalesced ops) is caught when the
+    // peer's op deadline ends it; a peer's failure hidden as pending sleeps out the wait's.
+    "wild_p2p_unwatched",
+    "wild_coalesced_unwatched",
+    "wild_error_on_failing_rank_only",
 ];
 
 /// The random programs' power, pinned: each mutant with the program that catches it (the

@@ -273,34 +273,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }));
     v.push(
         Case::<B>::new("async::peer_dies_mid_collective::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
-            let b = ctx.b;
-            let w = here(b, "all_reduce", "out", DType::F32);
-            let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
-            let x = b.upload(&rank_tensor(b, 32))?;
-            if b.rank() == 1 {
-                // Rank 0 has issued its side; this rank dies without ever issuing its own.
-                ctx.store.get(&key).map_err(|e| fail(&w, e))?;
-                concord_harness::worker::exit_after_this_case();
-                return Ok(());
-            }
-            let work = b.all_reduce(&x, red(b))?;
-            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
-            let t0 = Instant::now();
-            match work.wait(ctx.timeout) {
-                Ok(_) => Err(fail(&w, "wait returned Ok although rank 1 died without issuing the collective")),
-                // Named: a dead peer (best), or a timeout / abort for a backend that cannot tell
-                // death from slowness; never a generic error, never past the deadline.
-                Err(e) if matches!(e.name().as_str(), "peer_died" | "timeout" | "aborted") => {
-                    if t0.elapsed() > ctx.timeout + Duration::from_millis(500) {
-                        return Err(fail(&w, format!("the dead peer was reported after {:?} (deadline {:?})", t0.elapsed(), ctx.timeout)));
-                    }
-                    Ok(())
-                }
-                Err(e) => Err(fail(
-                    &w,
-                    format!("rank 1 died mid-collective; expected a named peer_died (or timeout / aborted), got {e} [{}]", e.name()),
-                )),
-            }
+            peer_dies_mid_collective(ctx, "all_reduce", "out")
+        })
+        .isolated(),
+    );
+    // The same with a barrier: a fence whose peer died MUST NOT complete with success (PMIx
+    // dropped a departed process from the collective's tracker and returned SUCCESS:
+    // openpmix/openpmix #2291, PR #2293).
+    v.push(
+        Case::<B>::new("async::peer_dies_mid_collective::barrier::ws2", meta("barrier", "out"), 2, |ctx| {
+            peer_dies_mid_collective(ctx, "barrier", "out")
         })
         .isolated(),
     );
@@ -944,4 +926,36 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
         }
     }
     first
+}
+
+/// Rank 1 dies without issuing the op (`all_reduce` or `barrier`) rank 0 has issued: rank 0's
+/// wait MUST end in a named error (peer_died best; timeout or aborted for a backend that cannot
+/// tell death from slowness) within its deadline, never `Ok`.
+fn peer_dies_mid_collective<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant: &str) -> CaseResult {
+    let b = ctx.b;
+    let w = here(b, op, variant, DType::F32);
+    let key = format!("{}/{}/issued", ctx.case, ctx.world.world_id);
+    let x = b.upload(&rank_tensor(b, 32))?;
+    if b.rank() == 1 {
+        // Rank 0 has issued its side; this rank dies without ever issuing its own.
+        ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+        concord_harness::worker::exit_after_this_case();
+        return Ok(());
+    }
+    let work: concord_core::Work<Option<B::Buffer>> =
+        if op == "barrier" { b.barrier()?.map(|_| None) } else { b.all_reduce(&x, red(b))?.map(Some) };
+    ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+    let t0 = Instant::now();
+    match work.wait(ctx.timeout) {
+        Ok(_) => Err(fail(&w, format!("wait returned Ok although rank 1 died without issuing the {op}"))),
+        // Named: a dead peer (best), or a timeout / abort for a backend that cannot tell
+        // death from slowness; never a generic error, never past the deadline.
+        Err(e) if matches!(e.name().as_str(), "peer_died" | "timeout" | "aborted") => {
+            if t0.elapsed() > ctx.timeout + Duration::from_millis(500) {
+                return Err(fail(&w, format!("the dead peer was reported after {:?} (deadline {:?})", t0.elapsed(), ctx.timeout)));
+            }
+            Ok(())
+        }
+        Err(e) => Err(fail(&w, format!("rank 1 died mid-{op}; expected a named peer_died (or timeout / aborted), got {e} [{}]", e.name()))),
+    }
 }

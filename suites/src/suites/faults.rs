@@ -18,7 +18,8 @@
 //!   rank 0's deadline, then would move its data.
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
 //!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
-//!   of a broadcast (rank 0 only receives). A local failure is a named error on both ranks,
+//!   of a broadcast (rank 0 only receives); `::all_to_all::ws2`: the same with an
+//!   all_to_all_single (open-mpi/ompi #8916). A local failure is a named error on both ranks,
 //!   never a timeout (`faults.local_failure_named_everywhere`).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
@@ -202,6 +203,9 @@ enum VictimOp {
     OutOfPlace,
     /// An out-of-place broadcast whose root is the victim (the other rank receives).
     Broadcast,
+    /// An all_to_all_single with equal splits (each rank receives half of its output from the
+    /// victim).
+    AllToAll,
 }
 
 /// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
@@ -214,7 +218,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     // The warm-up is out of place; the victim's op in place, out of place or a broadcast.
     let red = match place {
         VictimOp::InPlace => vehicle(ctx.b, &[Variant::Out, Variant::InPlace])?,
-        VictimOp::OutOfPlace | VictimOp::Broadcast => vehicle(ctx.b, &[Variant::Out])?,
+        VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll => vehicle(ctx.b, &[Variant::Out])?,
     };
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
@@ -222,6 +226,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::InPlace => ("all_reduce", "inplace"),
         VictimOp::OutOfPlace => ("all_reduce", "out"),
         VictimOp::Broadcast => ("broadcast", "out"),
+        VictimOp::AllToAll => ("all_to_all_single", "out"),
     };
     let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
@@ -233,6 +238,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::InPlace => b.all_reduce_(x, red),
         VictimOp::OutOfPlace => b.all_reduce(x, red),
         VictimOp::Broadcast => b.broadcast(x, victim),
+        VictimOp::AllToAll => b.all_to_all_single(x, None, None),
     };
     // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
     // as a named error, never a timeout (clause `faults.local_failure_named_everywhere`): the
@@ -252,7 +258,9 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     };
     if me == victim {
         let t0 = Instant::now();
-        let e = must_fail(issue(&x)?.wait(ctx.timeout).map(|_| ()), &w, "its peer never ran its side in time")?;
+        let why =
+            if local_failure { "this rank's own side of it failed (the injected fault)" } else { "its peer never ran its side in time" };
+        let e = must_fail(issue(&x)?.wait(ctx.timeout).map(|_| ()), &w, why)?;
         if t0.elapsed() > ctx.timeout {
             return Err(fail(&w, format!("the failure came after {:?}", t0.elapsed())));
         }
@@ -262,7 +270,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         // (an allocator may hand back the op's freed output).
         let n_fresh = match place {
             VictimOp::InPlace => 0,
-            VictimOp::OutOfPlace | VictimOp::Broadcast => 1,
+            VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll => 1,
         };
         let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
         for f in &fresh {
@@ -319,6 +327,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // The root fails after posting: the receiving rank MUST end in a named error too (a
         // receive side that reports Ok on any failure hands back whatever its buffer held).
         victim_case(ctx, 1, true, VictimOp::Broadcast, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::all_to_all::ws2", meta("all_to_all_single", "out"), 2, |ctx| {
+        // The same with an all_to_all_single (equal splits): an exchange whose requests failed
+        // MUST fail on both ranks, never return Ok with the half of the output the failed
+        // exchange left unwritten (open-mpi/ompi #8916: the basic linear alltoallv returned
+        // MPI_SUCCESS when its wait_all gave MPI_ERR_IN_STATUS).
+        victim_case(ctx, 1, true, VictimOp::AllToAll, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
