@@ -31,6 +31,11 @@ impl Faults {
         Ok(Faults { list, rank: world.rank })
     }
 
+    /// Whether no fault is injected at all.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
     /// Whether `action` at `point` fires for the `nth` counted op (`None`: not a counted op).
     pub fn fires(&self, point: &str, action: Action, nth: Option<u64>) -> bool {
         match nth {
