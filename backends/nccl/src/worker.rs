@@ -620,10 +620,10 @@ impl Channel {
     /// [`Ran::Deferred`] launched with its event to come (only when `deferrable`: the job has a
     /// ticket for [`Tracker::defer`]), [`Ran::Nothing`] agreed with nothing to launch.
     fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker, deferrable: bool) -> Result<Ran> {
-        // Every step that may wait (an injected fault, a header exchange on the stream) comes
+        // Every step that may wait (an injected stall, a header exchange on the stream) comes
         // after the completion events of the ops launched before (see `Tracker::defer`); the
         // board's wait flushes them itself when it has to wait.
-        if !self.faults.is_empty() || (matches!(check, Check::All(_)) && self.board.is_none()) {
+        if self.faults.stalls(id.nth) || (matches!(check, Check::All(_)) && self.board.is_none()) {
             tracker.flush();
         }
         self.not_aborted(id)?;
@@ -670,12 +670,7 @@ impl Channel {
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         // A small op with nothing after its calls may share its completion event with the ops
         // launched next to it (see `Tracker::defer`); any other is launched after their event.
-        let defer = deferrable
-            && tracker.batching
-            && !stall
-            && self.faults.is_empty()
-            && then.is_empty()
-            && keep.iter().map(|m| m.bytes()).sum::<usize>() <= BATCH_MAX_BYTES;
+        let defer = batchable(deferrable && tracker.batching && !stall, then.is_empty(), keep.iter().map(|m| m.bytes()).sum());
         if !defer || !tracker.batch_fits(&self.comm) {
             tracker.flush();
         }
@@ -964,6 +959,14 @@ pub(crate) struct Tracker {
     batched: AtomicBool,
     /// Whether small ops share completion events (`CONCORD_NCCL_BATCH=0`: one event per op).
     pub batching: bool,
+}
+
+/// Whether an op just launched may leave its completion event to its batch (see
+/// [`Tracker::defer`]): `allowed` (a job with a ticket, batching on, no injected enqueue stall), no
+/// steps after its calls (`last`), and at most [`BATCH_MAX_BYTES`] in the buffers it keeps
+/// (`kept`, bytes).
+fn batchable(allowed: bool, last: bool, kept: usize) -> bool {
+    allowed && last && kept <= BATCH_MAX_BYTES
 }
 
 /// The most ops sharing one completion event (see [`Tracker::defer`]).
@@ -1604,5 +1607,21 @@ impl Drop for Progress {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_small_single_step_ops_share_a_completion_event() {
+        assert!(batchable(true, true, 0), "an in-place one-rank op keeps nothing it writes");
+        assert!(batchable(true, true, BATCH_MAX_BYTES));
+        assert!(!batchable(true, true, BATCH_MAX_BYTES + 1), "a large op gets its own event (and deadline)");
+        assert!(!batchable(true, false, 8), "a fused op's steps come after its calls");
+        assert!(!batchable(false, true, 8), "no ticket, batching off, or an injected enqueue stall");
+        // The watchdog records a batch's event well before any op deadline could run out.
+        assert!(BATCH_MAX_AGE < Duration::from_millis(100) && (2..=64).contains(&BATCH_MAX));
     }
 }
