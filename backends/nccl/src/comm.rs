@@ -415,28 +415,6 @@ fn create_premul(comm: sys::ncclComm_t, premul: &[(sys::ncclDataType_t, [u8; 8])
 /// `calls` (NCCL calls on `comm`) as one group: `Ok(true)` when NCCL returned in progress (a
 /// non-blocking communicator); a refused call or group end is named with NCCL's last error.
 fn group(comm: sys::ncclComm_t, calls: impl FnOnce() -> Result<(), (String, sys::ncclResult_t)>) -> Result<bool, LaunchError> {
-    grouped(comm, true, calls)
-}
-
-/// Whether a launch of one NCCL call may skip the group around it on a blocking twin (see
-/// [`Comm::launch_single`]): on unless `CONCORD_NCCL_UNGROUPED=0` (an experiment's switch, read once).
-pub(crate) fn ungrouped_single() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CONCORD_NCCL_UNGROUPED").map_or(true, |v| v != "0"))
-}
-
-/// [`group`], or `calls` alone when `wrap` is false (one NCCL call: NCCL groups it itself).
-fn grouped(
-    comm: sys::ncclComm_t,
-    wrap: bool,
-    calls: impl FnOnce() -> Result<(), (String, sys::ncclResult_t)>,
-) -> Result<bool, LaunchError> {
-    if !wrap {
-        return match calls() {
-            Err((what, e)) => Err(LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm)))),
-            Ok(()) => Ok(false),
-        };
-    }
     let start = unsafe { sys::ncclGroupStart() };
     if let Err(e) = ok_or_progress(start) {
         return Err(LaunchError::Nccl(format!("ncclGroupStart: {}", err_string(e))));
@@ -935,25 +913,10 @@ impl Comm {
         premul: &[(sys::ncclDataType_t, [u8; 8])],
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
-        self.launch_single(deadline, stall, premul, false, calls)
-    }
-
-    /// [`Comm::launch`]; `single`: `calls` is one NCCL call and `premul` is empty, so on the
-    /// blocking twin it is made without a group around it (NCCL wraps a lone call in a group of
-    /// its own; the outer one only adds its calls), unless [`ungrouped_single`] is off.
-    pub fn launch_single(
-        &self,
-        deadline: Instant,
-        stall: bool,
-        premul: &[(sys::ncclDataType_t, [u8; 8])],
-        single: bool,
-        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
-    ) -> Result<(), LaunchError> {
         let inner = self.lock_live()?;
         let twin = self.twin.load(Ordering::SeqCst);
         if !twin.is_null() {
-            let wrap = !(single && premul.is_empty() && ungrouped_single());
-            return self.launch_twin(inner, twin, deadline, stall, premul, wrap, calls);
+            return self.launch_twin(inner, twin, deadline, stall, premul, calls);
         }
         let comm = inner.raw.0;
         let stream = self.stream;
@@ -1009,7 +972,6 @@ impl Comm {
     /// the deadline) or an abort request ends it from another thread; the abort is then carried
     /// out here, and the launch fails with [`LaunchError::Timeout`] (past the deadline) or
     /// [`LaunchError::Aborted`].
-    #[allow(clippy::too_many_arguments)]
     fn launch_twin(
         &self,
         inner: MutexGuard<'_, Inner>,
@@ -1017,7 +979,6 @@ impl Comm {
         deadline: Instant,
         stall: bool,
         premul: &[(sys::ncclDataType_t, [u8; 8])],
-        wrap: bool,
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
         self.twin_deadline.store(since_epoch(deadline), Ordering::SeqCst);
@@ -1056,7 +1017,7 @@ impl Comm {
             Err(e) => (Vec::new(), Err(e)),
         };
         if result.is_ok() {
-            result = grouped(comm, wrap, || calls(comm, self.stream, &ops)).map(|_| ());
+            result = group(comm, || calls(comm, self.stream, &ops)).map(|_| ());
         }
         if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             // Ended from another thread (the watchdog at the deadline, or an abort request):

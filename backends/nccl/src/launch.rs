@@ -36,7 +36,7 @@ pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
 pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
-    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)), local: None, single: false }
+    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)), local: None }
 }
 
 pub(crate) fn p2p(
@@ -91,13 +91,11 @@ impl NcclBackend {
         let local = self.one_rank_copies(&jobs);
         let call = pick(red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?);
         let p2 = premul.clone();
-        let single = jobs.len() == 1 && premul.is_empty();
         Ok(Some(Launch {
             premul,
             then: vec![],
             keep: keep(keep_alive),
             local,
-            single,
             calls: Box::new(move |c, s, ops| {
                 for (src, dst, n, d, red) in jobs {
                     let t = nccl_dtype(d).expect("checked");

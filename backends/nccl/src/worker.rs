@@ -5,7 +5,8 @@
 //! So the issuing thread does the local checks, allocates the output, and queues a [`Job`]; one
 //! thread per rank (shared by the world communicator and all of its subgroups, which use the
 //! same stream) takes jobs in FIFO order and, for each, exchanges and validates the headers,
-//! launches the NCCL group and records a CUDA event. The job's [`Ticket`] tells the op's
+//! launches the NCCL group and records a CUDA event (one per batch of small ops launched back
+//! to back: [`Tracker::defer`]). The job's [`Ticket`] tells the op's
 //! completion where it stands: queued, launched (with its event) or finished (failed, or nothing
 //! to launch).
 //!
@@ -104,9 +105,6 @@ pub(crate) struct Launch {
     /// entry and deadlines are those of any launch. `None`: `calls` (also when a fault is
     /// injected at the enqueue, which only the NCCL path honours).
     pub local: Option<Vec<(u64, u64, usize)>>,
-    /// `calls` is one NCCL call (no premul op): on the blocking twin it is made without a group
-    /// around it (see `Comm::launch_single`).
-    pub single: bool,
 }
 
 /// What [`Channel::run_op`] did.
@@ -653,7 +651,7 @@ impl Channel {
         if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
             return Err(e);
         }
-        let Some(Launch { premul, calls, keep, then, local, single }) = launch else {
+        let Some(Launch { premul, calls, keep, then, local }) = launch else {
             return Ok(Ran::Nothing);
         };
         if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
@@ -678,7 +676,7 @@ impl Channel {
         let t = prof.start();
         match local {
             Some(copies) if !stall => self.copy_local(id, &copies)?,
-            _ => self.comm.launch_single(deadline, stall, &premul, single, calls).map_err(|e| self.launch_err(id, e))?,
+            _ => self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?,
         }
         let keep = self.run_steps(id, &premul, then, keep)?;
         prof.add(1, t);
