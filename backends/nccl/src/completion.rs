@@ -1,5 +1,6 @@
 //! Pending NCCL collectives: first a job on the progress thread (header exchange, validation,
-//! launch), then a CUDA event recorded on the communicator's stream after the op.
+//! launch), then a CUDA event recorded on the communicator's stream after the op (after the
+//! last op of its batch: see `worker::Tracker::defer`).
 //!
 //! Contracts:
 //! * `is_completed` never blocks for long (a look at the job's [`Ticket`], an event query plus,

@@ -734,6 +734,13 @@ pub(crate) struct DevMem {
     bytes: usize,
 }
 
+impl DevMem {
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl Drop for DevMem {
     fn drop(&mut self) {
         self.dev.free(self.ptr, self.bytes);

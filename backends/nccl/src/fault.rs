@@ -31,6 +31,18 @@ impl Faults {
         Ok(Faults { list, rank: world.rank })
     }
 
+    /// Whether a fault that holds the op (`stall`, at any point) fires for the `nth` counted op:
+    /// the progress thread then records the completion event of the ops launched before it
+    /// first (see `worker::Tracker::defer`).
+    pub fn stalls(&self, nth: Option<u64>) -> bool {
+        match nth {
+            Some(n) => {
+                self.list.iter().any(|f| f.action == Action::Stall && f.rank.is_none_or(|r| r == self.rank) && f.nth.is_none_or(|k| k == n))
+            }
+            None => false,
+        }
+    }
+
     /// Whether `action` at `point` fires for the `nth` counted op (`None`: not a counted op).
     pub fn fires(&self, point: &str, action: Action, nth: Option<u64>) -> bool {
         match nth {
@@ -78,6 +90,22 @@ mod tests {
         let other_rank = Faults { rank: 0, ..Faults::from_world(&world("after_begin:fail@1")).unwrap() };
         assert!(!other_rank.fires(point::AFTER_BEGIN, Action::Fail, Some(7)));
         assert!(!Faults::default().fires(point::STREAM, Action::Stall, Some(0)));
+    }
+
+    #[test]
+    fn a_stall_at_any_point_holds_its_op_only() {
+        // The progress thread records the completion event of the ops batched before an op
+        // this fires for (`worker::Tracker::defer`): a stall must never hold their completion.
+        for hook in ["before_header:stall#3", "after_header:stall#3", "no_launch:stall#3", "stream:stall#3", "enqueue:stall#3"] {
+            let f = Faults::from_world(&world(hook)).unwrap();
+            assert!(f.stalls(Some(3)), "{hook}");
+            assert!(!f.stalls(Some(2)) && !f.stalls(None), "{hook}: another op, or an uncounted call");
+        }
+        let on_rank0 = Faults::from_world(&world("stream:stall@0#3")).unwrap();
+        assert!(!on_rank0.stalls(Some(3)), "this is rank 1");
+        let fail = Faults::from_world(&world("after_header:fail#3")).unwrap();
+        assert!(!fail.stalls(Some(3)), "a fail returns at once");
+        assert!(!Faults::default().stalls(Some(3)));
     }
 
     #[test]

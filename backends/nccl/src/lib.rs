@@ -88,6 +88,11 @@
 //!   a send / recv queued behind a collective that waits for its peers is parked at once.
 //! * **Completion.** A [`Work`] completes once its job has launched and a CUDA event recorded
 //!   after the op has completed; `is_completed()` is false while the job waits for its peers.
+//!   Small ops launched back to back (up to 16 of one communicator, each keeping at most 1 MiB)
+//!   share one event, recorded after the last of them as soon as the progress thread's queue is
+//!   empty, before it waits for anything, or by its watchdog after 2 ms (`worker::Tracker::defer`;
+//!   `CONCORD_NCCL_BATCH=0`: one event per op): each op still completes in issue order and never
+//!   before its own work, only observed a few launches later under a burst.
 //!   A completion is trusted only when it was observed before any abort of its communicator:
 //!   `ncclCommAbort` makes NCCL's kernels return early, so the event of an op that never
 //!   finished completes too; every op whose completion was not observed before the abort was

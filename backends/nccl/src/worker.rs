@@ -5,7 +5,8 @@
 //! So the issuing thread does the local checks, allocates the output, and queues a [`Job`]; one
 //! thread per rank (shared by the world communicator and all of its subgroups, which use the
 //! same stream) takes jobs in FIFO order and, for each, exchanges and validates the headers,
-//! launches the NCCL group and records a CUDA event. The job's [`Ticket`] tells the op's
+//! launches the NCCL group and records a CUDA event (one per batch of small ops launched back
+//! to back: [`Tracker::defer`]). The job's [`Ticket`] tells the op's
 //! completion where it stands: queued, launched (with its event) or finished (failed, or nothing
 //! to launch).
 //!
@@ -104,6 +105,17 @@ pub(crate) struct Launch {
     /// entry and deadlines are those of any launch. `None`: `calls` (also when a fault is
     /// injected at the enqueue, which only the NCCL path honours).
     pub local: Option<Vec<(u64, u64, usize)>>,
+}
+
+/// What [`Channel::run_op`] did.
+pub(crate) enum Ran {
+    /// Enqueued, with its own completion event.
+    Launched(Launched),
+    /// Enqueued; its completion event is shared with the ops launched next to it and recorded
+    /// later (see [`Tracker::defer`]): the ticket stays `Running` until then.
+    Deferred,
+    /// Agreed, with nothing to launch.
+    Nothing,
 }
 
 /// One more part of a launch after its first NCCL group.
@@ -291,9 +303,15 @@ impl Job {
     fn run(self, tracker: &Tracker) {
         match self {
             Job::Op { chan, id, check, launch, ticket } => {
-                let stage = match chan.run_op(&id, check, launch, tracker) {
-                    Ok(Some(l)) => Stage::Launched(l),
-                    Ok(None) => Stage::Finished(Ok(())),
+                let stage = match chan.run_op(&id, check, launch, tracker, ticket.is_some()) {
+                    Ok(Ran::Launched(l)) => Stage::Launched(l),
+                    Ok(Ran::Deferred) => {
+                        if let Some(t) = ticket {
+                            tracker.defer(&chan.comm, t, &id, chan.rank, chan.op_timeout);
+                        }
+                        return;
+                    }
+                    Ok(Ran::Nothing) => Stage::Finished(Ok(())),
                     Err(e) => Stage::Finished(Err(e)),
                 };
                 if let Some(t) = ticket {
@@ -537,6 +555,11 @@ impl Channel {
     /// ranks whose headers never came.
     fn exchange_board(&self, b: &Board, id: &OpId, hdr: &Header, tracker: &Tracker) -> Result<Vec<Vec<u64>>> {
         let n = b.post(&hdr.words);
+        if !b.ready(n) {
+            // Ops launched before this one get their completion event before this thread
+            // waits for peers (a peer may wait for one of them before it issues this op).
+            tracker.flush();
+        }
         let mut next_check = Instant::now() + Duration::from_millis(10);
         let outcome = poll_until(self.deadline(id), || {
             if b.ready(n) {
@@ -591,8 +614,16 @@ impl Channel {
         }
     }
 
-    /// Check, then launch: `Ok(Some(event))` launched, `Ok(None)` agreed with nothing to launch.
-    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker) -> Result<Option<Launched>> {
+    /// Check, then launch: [`Ran::Launched`] launched with its own completion event,
+    /// [`Ran::Deferred`] launched with its event to come (only when `deferrable`: the job has a
+    /// ticket for [`Tracker::defer`]), [`Ran::Nothing`] agreed with nothing to launch.
+    fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker, deferrable: bool) -> Result<Ran> {
+        // Every step that may wait (an injected stall, a header exchange on the stream) comes
+        // after the completion events of the ops launched before (see `Tracker::defer`); the
+        // board's wait flushes them itself when it has to wait.
+        if self.faults.stalls(id.nth) || (matches!(check, Check::All(_)) && self.board.is_none()) {
+            tracker.flush();
+        }
         self.not_aborted(id)?;
         // A local failure before the header still sends it (marked failed), so the peers end
         // this op in a named error instead of waiting for it.
@@ -621,19 +652,26 @@ impl Channel {
             return Err(e);
         }
         let Some(Launch { premul, calls, keep, then, local }) = launch else {
-            return Ok(None);
+            return Ok(Ran::Nothing);
         };
         if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
             self.dev().stall(self.op_timeout * 3 + Duration::from_secs(30)).map_err(|e| self.backend_err(id, e))?;
         }
         if self.faults.fires(point::NO_LAUNCH, Action::Stall, id.nth) {
             // This rank's side is never launched, but the op looks launched here.
+            tracker.flush();
             let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
-            return Ok(Some(tracker.push(&self.comm, ev, id, self.op_timeout)));
+            return Ok(Ran::Launched(tracker.push(&self.comm, ev, id, self.op_timeout)));
         }
         let stall = self.faults.fires(point::ENQUEUE, Action::Stall, id.nth);
         // A full op timeout for the enqueue itself, even after a long (healthy) header wait.
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
+        // A small op with nothing after its calls may share its completion event with the ops
+        // launched next to it (see `Tracker::defer`); any other is launched after their event.
+        let defer = batchable(deferrable && tracker.batching && !stall, then.is_empty(), keep.iter().map(|m| m.bytes()).sum());
+        if !defer || !tracker.batch_fits(&self.comm) {
+            tracker.flush();
+        }
         let prof = &tracker.profile;
         let t = prof.start();
         match local {
@@ -642,6 +680,10 @@ impl Channel {
         }
         let keep = self.run_steps(id, &premul, then, keep)?;
         prof.add(1, t);
+        if defer {
+            drop(keep); // enqueued: a free from here on is ordered after the op
+            return Ok(Ran::Deferred);
+        }
         let t = prof.start();
         let ev = Arc::new(self.dev().record().map_err(|e| self.backend_err(id, e))?);
         prof.add(2, t);
@@ -649,7 +691,7 @@ impl Channel {
         let launched = tracker.push(&self.comm, ev, id, self.op_timeout);
         prof.add(3, t);
         drop(keep); // enqueued: a free from here on is ordered after the op
-        Ok(Some(launched))
+        Ok(Ran::Launched(launched))
     }
 
     /// A one-rank identity reduction (see [`Launch::local`]): its copies, on the communicator's
@@ -909,6 +951,42 @@ pub(crate) struct Tracker {
     /// the `launched` lock: one lock per push, not two).
     last_prune: AtomicU64,
     born: Instant,
+    /// Ops launched whose completion event is still to be recorded (see [`Tracker::defer`]).
+    batch: Padded<Mutex<Batch>>,
+    /// Whether `batch` holds any op (read without its lock by the worker loop and the watchdog).
+    batched: AtomicBool,
+    /// Whether small ops share completion events (`CONCORD_NCCL_BATCH=0`: one event per op).
+    pub batching: bool,
+}
+
+/// Whether an op just launched may leave its completion event to its batch (see
+/// [`Tracker::defer`]): `allowed` (a job with a ticket, batching on, no injected enqueue stall), no
+/// steps after its calls (`last`), and at most [`BATCH_MAX_BYTES`] in the buffers it keeps
+/// (`kept`, bytes).
+fn batchable(allowed: bool, last: bool, kept: usize) -> bool {
+    allowed && last && kept <= BATCH_MAX_BYTES
+}
+
+/// The most ops sharing one completion event (see [`Tracker::defer`]).
+const BATCH_MAX: usize = 16;
+
+/// The largest op (bytes of the buffers its launch keeps) that may share a completion event: the
+/// stream runs a batch's ops under one deadline, counted from when it reaches the first.
+pub(crate) const BATCH_MAX_BYTES: usize = 1 << 20;
+
+/// How long a batch may wait for its event before the watchdog records it (the progress thread
+/// stuck inside a launch that waits for something).
+const BATCH_MAX_AGE: Duration = Duration::from_millis(2);
+
+/// Launched ops of one communicator whose completion event is still to be recorded.
+#[derive(Default)]
+struct Batch {
+    comm: Option<Arc<Comm>>,
+    /// Each op's ticket, name, sequence number and rank.
+    ops: Vec<(Arc<Ticket>, &'static str, u64, usize)>,
+    /// When its first op was enqueued.
+    at: Option<Instant>,
+    timeout: Duration,
 }
 
 /// Where the progress thread's time goes, per job (off unless a benchmark turns it on:
@@ -965,6 +1043,92 @@ impl Tracker {
             profile: Profile::default(),
             last_prune: AtomicU64::new(0),
             born: Instant::now(),
+            batch: Padded(Mutex::new(Batch::default())),
+            batched: AtomicBool::new(false),
+            batching: std::env::var("CONCORD_NCCL_BATCH").map_or(true, |v| v != "0"),
+        }
+    }
+
+    /// Whether an op of `comm` may join the batch (empty, or of the same communicator).
+    fn batch_fits(&self, comm: &Arc<Comm>) -> bool {
+        if !self.batched.load(Ordering::SeqCst) {
+            return true;
+        }
+        let b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        b.comm.as_ref().is_none_or(|c| Arc::ptr_eq(c, comm))
+    }
+
+    /// An op just enqueued on `comm`'s stream (nothing after it yet but, maybe, ops of the same
+    /// batch) whose completion event is left to [`Tracker::flush`]: one event recorded after
+    /// the batch's last op completes every op of the batch. An event after an op completes once
+    /// the stream is past it, so each op still completes in issue order, never before its own
+    /// work; it is only observed complete a little later (up to the ops launched after it in the
+    /// batch). The progress thread flushes when its queue is empty, when the batch is full, before
+    /// any job or step that may wait (a header wait, a fault, another communicator, a send /
+    /// recv, a split, a teardown, an op that is not batched), and the watchdog flushes a batch
+    /// older than [`BATCH_MAX_AGE`] (a launch stuck inside NCCL): a wait on a batched op never
+    /// depends on a later op. Until then the op's ticket stays `Running` (its completion waits,
+    /// bounded by the job's backstop, as for any op in its job).
+    fn defer(&self, comm: &Arc<Comm>, ticket: Arc<Ticket>, id: &OpId, rank: usize, timeout: Duration) {
+        let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        if b.comm.as_ref().is_some_and(|c| !Arc::ptr_eq(c, comm)) {
+            self.flush_locked(&mut b);
+        }
+        if b.ops.is_empty() {
+            b.comm = Some(comm.clone());
+            b.at = Some(Instant::now());
+            b.timeout = timeout;
+        }
+        b.ops.push((ticket, id.name, id.seq, rank));
+        self.batched.store(true, Ordering::SeqCst);
+        if b.ops.len() >= BATCH_MAX {
+            self.flush_locked(&mut b);
+        }
+    }
+
+    /// Records the batch's completion event (see [`Tracker::defer`]) and hands it to every op
+    /// of the batch. Progress thread or watchdog.
+    pub fn flush(&self) {
+        if !self.batched.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        self.flush_locked(&mut b);
+    }
+
+    /// [`Tracker::flush`] if the batch is older than `age`.
+    fn flush_older(&self, age: Duration) {
+        if !self.batched.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        if b.at.is_some_and(|a| a.elapsed() >= age) {
+            self.flush_locked(&mut b);
+        }
+    }
+
+    fn flush_locked(&self, b: &mut Batch) {
+        self.batched.store(false, Ordering::SeqCst);
+        let ops = std::mem::take(&mut b.ops);
+        let (Some(comm), Some(at)) = (b.comm.take(), b.at.take()) else { return };
+        let Some(&(_, name, seq, _)) = ops.first() else { return };
+        let t = self.profile.start();
+        let ev = comm.dev.record();
+        self.profile.add(2, t);
+        match ev {
+            Ok(ev) => {
+                let t = self.profile.start();
+                let l = self.push_at(&comm, Arc::new(ev), name, seq, b.timeout, at);
+                self.profile.add(3, t);
+                for (ticket, ..) in ops {
+                    ticket.set(Stage::Launched(Launched { ev: l.ev.clone(), at: l.at, behind: l.behind.clone(), side: None }));
+                }
+            }
+            Err(e) => {
+                for (ticket, name, seq, rank) in ops {
+                    ticket.set(Stage::Finished(Err(CollectiveError::Backend(format!("nccl {name} #{seq} on rank {rank}: {e}")))));
+                }
+            }
         }
     }
 
@@ -1063,6 +1227,11 @@ impl Tracker {
 
     /// Records an op just enqueued (`ev` after it); its [`Launched`] names the op before it.
     fn push(&self, comm: &Arc<Comm>, ev: Arc<Event>, id: &OpId, timeout: Duration) -> Launched {
+        self.push_at(comm, ev, id.name, id.seq, timeout, Instant::now())
+    }
+
+    /// [`Tracker::push`] of the op (or first op of a batch) `name #seq`, enqueued at `at`.
+    fn push_at(&self, comm: &Arc<Comm>, ev: Arc<Event>, name: &'static str, seq: u64, timeout: Duration, at: Instant) -> Launched {
         let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
         // Pruning queries events (about a microsecond each, and one at least whenever the GPU
         // is behind): on a long backlog of small ops it was a sixth of a launch. Every
@@ -1077,9 +1246,8 @@ impl Tracker {
             Self::prune(&mut l);
         }
         let behind = l.back().map(|t| t.ev.clone());
-        let at = now;
         let reached = behind.is_none().then_some(at);
-        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name: id.name, seq: id.seq, timeout, reached });
+        l.push_back(Tracked { comm: Arc::downgrade(comm), ev: ev.clone(), name, seq, timeout, reached });
         Launched { ev, at, behind, side: None }
     }
 
@@ -1157,9 +1325,10 @@ impl Progress {
         let ordinal = dev.ordinal;
         // The watchdog first: it ends once the progress thread has (or, here, never started).
         let sh = shared.clone();
+        let wdev = dev.clone();
         std::thread::Builder::new()
             .name(format!("nccl-watchdog-gpu{ordinal}"))
-            .spawn(move || watchdog(sh))
+            .spawn(move || watchdog(sh, wdev))
             .map_err(|e| format!("starting the NCCL watchdog thread: {e}"))?;
         let sh = shared.clone();
         let thread =
@@ -1251,9 +1420,17 @@ const WATCH_EVERY: Duration = Duration::from_millis(2);
 /// (`Comm::twin_overdue`: a first launch waiting for an absent peer's connection, or a launch
 /// waiting for room in a queue behind a kernel that never ends) gets its communicator aborted
 /// from here, which ends the call; the launch then fails with a named timeout.
-fn watchdog(sh: Arc<Shared>) {
+///
+/// It also records the completion event of a batch of launched ops older than [`BATCH_MAX_AGE`]
+/// (see [`Tracker::defer`]): the progress thread stuck inside a later op's launch (a lazy
+/// connection waiting for a peer, say) must not hold the earlier ops' completion.
+fn watchdog(sh: Arc<Shared>, dev: Arc<Device>) {
+    let bound = dev.bind().is_ok();
     while !sh.exited.load(Ordering::SeqCst) {
         std::thread::sleep(WATCH_EVERY);
+        if bound {
+            sh.tracker.flush_older(BATCH_MAX_AGE);
+        }
         let cur = sh.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((comm, id, _)) = cur {
             if comm.twin_overdue() {
@@ -1343,6 +1520,10 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // The job's channel is only looked at here, by reference: a clone would change its
         // `Arc`'s counts, which the issuing thread changes on every op too (a cache line moving
         // between the two threads twice per job).
+        if !matches!(job, Job::Op { .. }) {
+            // Ops launched before get their completion event first (see `Tracker::defer`).
+            sh.tracker.flush();
+        }
         let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
             // A teardown: bounded by itself; a panic in it must not end the thread.
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -1379,6 +1560,8 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
         // the queue would find the next job there).
         if sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) {
+            // Nothing queued behind: the batched ops get their completion event now.
+            sh.tracker.flush();
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         sh.finished.fetch_add(1, Ordering::SeqCst);
@@ -1387,6 +1570,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
         }
     }
+    sh.tracker.flush();
     // The backend and its subgroups are gone: buffers still alive (leaked to a pending copy,
     // say) keep the device, but no cache of freed blocks with it (see `block_cache`).
     dev.disable_cache();
@@ -1421,5 +1605,21 @@ impl Drop for Progress {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_small_single_step_ops_share_a_completion_event() {
+        assert!(batchable(true, true, 0), "an in-place one-rank op keeps nothing it writes");
+        assert!(batchable(true, true, BATCH_MAX_BYTES));
+        assert!(!batchable(true, true, BATCH_MAX_BYTES + 1), "a large op gets its own event (and deadline)");
+        assert!(!batchable(true, false, 8), "a fused op's steps come after its calls");
+        assert!(!batchable(false, true, 8), "no ticket, batching off, or an injected enqueue stall");
+        // The watchdog records a batch's event well before any op deadline could run out.
+        assert!(BATCH_MAX_AGE < Duration::from_millis(100) && (2..=64).contains(&BATCH_MAX));
     }
 }
