@@ -1087,13 +1087,19 @@ impl Tracker {
     }
 
     /// Records the batch's completion event (see [`Tracker::defer`]) and hands it to every op
-    /// of the batch. Progress thread or watchdog.
+    /// of the batch. Progress thread, or the watchdog's flusher thread.
     pub fn flush(&self) {
         if !self.batched.load(Ordering::SeqCst) {
             return;
         }
         let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
         self.flush_locked(&mut b);
+    }
+
+    /// Whether a batch older than `age` waits for its event; `false` while another thread holds
+    /// the batch (never blocks: the watchdog asks).
+    fn batch_older(&self, age: Duration) -> bool {
+        self.batched.load(Ordering::SeqCst) && self.batch.try_lock().is_ok_and(|b| b.at.is_some_and(|a| a.elapsed() >= age))
     }
 
     /// [`Tracker::flush`] if the batch is older than `age`.
@@ -1421,16 +1427,16 @@ const WATCH_EVERY: Duration = Duration::from_millis(2);
 /// waiting for room in a queue behind a kernel that never ends) gets its communicator aborted
 /// from here, which ends the call; the launch then fails with a named timeout.
 ///
-/// It also records the completion event of a batch of launched ops older than [`BATCH_MAX_AGE`]
-/// (see [`Tracker::defer`]): the progress thread stuck inside a later op's launch (a lazy
-/// connection waiting for a peer, say) must not hold the earlier ops' completion.
+/// It also has the completion event of a batch of launched ops older than [`BATCH_MAX_AGE`]
+/// recorded (see [`Tracker::defer`]), on a short-lived thread so that a record blocked behind a
+/// full device queue never holds the abort: the progress thread stuck inside a later op's launch
+/// (a lazy connection waiting for a peer, say) must not hold the earlier ops' completion.
 fn watchdog(sh: Arc<Shared>, dev: Arc<Device>) {
     let bound = dev.bind().is_ok();
+    // Whether a flusher thread (below) is out.
+    let flushing = Arc::new(AtomicBool::new(false));
     while !sh.exited.load(Ordering::SeqCst) {
         std::thread::sleep(WATCH_EVERY);
-        if bound {
-            sh.tracker.flush_older(BATCH_MAX_AGE);
-        }
         let cur = sh.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((comm, id, _)) = cur {
             if comm.twin_overdue() {
@@ -1438,6 +1444,22 @@ fn watchdog(sh: Arc<Shared>, dev: Arc<Device>) {
                     "{} #{}: its launch was still inside NCCL at its deadline (a peer that never joined?); ended by the watchdog",
                     id.name, id.seq
                 ));
+            }
+        }
+        // An old batch's event is recorded on a thread of its own: recording can block behind a
+        // full device queue (the very launch this thread may have to abort), and the abort above
+        // must never wait for it. One flusher at a time; the look at the batch never blocks.
+        if bound && !flushing.load(Ordering::SeqCst) && sh.tracker.batch_older(BATCH_MAX_AGE) {
+            flushing.store(true, Ordering::SeqCst);
+            let (sh2, dev2, done) = (sh.clone(), dev.clone(), flushing.clone());
+            let spawned = std::thread::Builder::new().name("nccl-batch-flush".into()).spawn(move || {
+                if dev2.bind().is_ok() {
+                    sh2.tracker.flush_older(BATCH_MAX_AGE);
+                }
+                done.store(false, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                flushing.store(false, Ordering::SeqCst);
             }
         }
     }
