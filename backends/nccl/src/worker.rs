@@ -624,6 +624,11 @@ impl Channel {
         if self.faults.stalls(id.nth) || (matches!(check, Check::All(_)) && self.board.is_none()) {
             tracker.flush();
         }
+        // Only an op whose header every rank posted may join a batch: its kernel then runs (every
+        // peer issued it), so an earlier op of the batch never waits for a later op that a peer
+        // issues only after it has waited for the earlier one (a legal program). Without
+        // validation (`validate=0`) every op gets its own event, but on a communicator of one.
+        let agreed = matches!(check, Check::All(_)) || self.ws == 1;
         self.not_aborted(id)?;
         // A local failure before the header still sends it (marked failed), so the peers end
         // this op in a named error instead of waiting for it.
@@ -668,7 +673,7 @@ impl Channel {
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         // A small op with nothing after its calls may share its completion event with the ops
         // launched next to it (see `Tracker::defer`); any other is launched after their event.
-        let defer = batchable(deferrable && tracker.batching && !stall, then.is_empty(), keep.iter().map(|m| m.bytes()).sum());
+        let defer = batchable(deferrable && agreed && tracker.batching && !stall, then.is_empty(), keep.iter().map(|m| m.bytes()).sum());
         if !defer || !tracker.batch_fits(&self.comm) {
             tracker.flush();
         }
@@ -1067,8 +1072,12 @@ impl Tracker {
     /// any job or step that may wait (a header wait, a fault, another communicator, a send /
     /// recv, a split, a teardown, an op that is not batched), and the watchdog flushes a batch
     /// older than [`BATCH_MAX_AGE`] (a launch stuck inside NCCL): a wait on a batched op never
-    /// depends on a later op. Until then the op's ticket stays `Running` (its completion waits,
-    /// bounded by the job's backstop, as for any op in its job).
+    /// depends on a later op's launch. It depends on the later ops of its batch running, so only
+    /// ops whose header every rank posted join one (`run_op`'s `agreed`): each later op was issued
+    /// by every peer. A peer that fails after posting a later op's header fails the earlier ops
+    /// of its batch with it (in flight together; never reported `Ok`). Until the flush the op's
+    /// ticket stays `Running` (its completion waits, bounded by the job's backstop, as for any
+    /// op in its job).
     fn defer(&self, comm: &Arc<Comm>, ticket: Arc<Ticket>, id: &OpId, rank: usize, timeout: Duration) {
         let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
         if b.comm.as_ref().is_some_and(|c| !Arc::ptr_eq(c, comm)) {
@@ -1113,8 +1122,14 @@ impl Tracker {
         }
     }
 
+    /// `batched` is cleared last, under the batch's lock: a `flush` on another thread meanwhile
+    /// waits for this record, so the launched list keeps the stream's order.
     fn flush_locked(&self, b: &mut Batch) {
+        self.flush_ops(b);
         self.batched.store(false, Ordering::SeqCst);
+    }
+
+    fn flush_ops(&self, b: &mut Batch) {
         let ops = std::mem::take(&mut b.ops);
         let (Some(comm), Some(at)) = (b.comm.take(), b.at.take()) else { return };
         let Some(&(_, name, seq, _)) = ops.first() else { return };
