@@ -42,8 +42,9 @@
 //! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
 //!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
 //!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued
-//!   its side; the same work then completes once the peers arrive.
-//!   [clause: async.every_op_every_rank]
+//!   its side; the same work then completes once the peers arrive, whatever the caller issued
+//!   after it: an op never waits for a later op (which a peer may issue only once it has seen
+//!   the earlier one complete). [clause: async.every_op_every_rank]
 //! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]

@@ -84,7 +84,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.every_op_every_rank",
         source: BACKEND,
-        text: "Every op, with each rank in turn the late one, is pending (and its wait a named timeout) until every peer has issued, then completes right.",
+        text: "Every op, with each rank in turn the late one, is pending (and its wait a named timeout) until every peer has issued, then completes right, whatever the caller issued after it.",
         cases: &[
             "async::pending_until_peers_arrive::all_reduce::",
             "async::pending_until_peers_arrive::reduce::",
@@ -94,6 +94,8 @@ pub const CLAUSES: &[Clause] = &[
             "p2p::send_buffer_reused_once_completed",
             // Every op's work completes on its own once its peers have issued (no wait).
             "async::completes_without_wait::every_op",
+            // ... and not with the ops issued after it (which a peer may issue only later).
+            "async::earlier_op_completes_before_a_later_one_is_issued",
         ],
     },
     Clause {

@@ -322,6 +322,70 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             Ok(())
         }
     }));
+    // async.every_op_every_rank: an op completes once its peers have issued it, whatever this
+    // rank issued after it. Rank 0 issues #1 and #2 back to back and waits #1; rank 1 issues #2
+    // only after rank 0 has seen #1 complete (a legal program: PyTorch users write it). A backend
+    // that completes an op with the ops issued after it (one completion event recorded after a
+    // burst of small ops) leaves #1 pending for good while rank 1 has long finished it.
+    v.push(Case::<B>::new(
+        "async::earlier_op_completes_before_a_later_one_is_issued::ws2",
+        meta_any_reduce("all_reduce", "out"),
+        2,
+        |ctx| {
+            let b = ctx.b;
+            let w = here(b, "all_reduce", "out", DType::F32);
+            let prefix = format!("{}/{}", ctx.case, ctx.world.world_id);
+            let (seen, done1) = (format!("{prefix}/first_seen"), format!("{prefix}/first_done_on_1"));
+            let x = b.upload(&rank_tensor(b, 16))?;
+            let y = b.upload(&rank_tensor(b, 8))?;
+            let (want_x, want_y) = (full(&[16], rank_sum(b, 2)), full(&[8], rank_sum(b, 2)));
+            if b.rank() == 1 {
+                let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
+                ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
+                expect_eq(b, &out, &want_x, &format!("{w} (op #1)"))?;
+                ctx.store
+                    .wait(&[seen.as_str()], ctx.timeout * 2)
+                    .map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
+                let out = b.all_reduce(&y, red(b))?.into_value(ctx.timeout)?;
+                let _ = ctx.store.delete_key(&seen);
+                return expect_eq(b, &out, &want_y, &format!("{w} (op #2)"));
+            }
+            let first = b.all_reduce(&x, red(b))?;
+            let second = b.all_reduce(&y, red(b))?;
+            // Bounded by the op's own progress, not by a guess of the machine's speed: a failure
+            // needs rank 1 to have finished #1 and #1 here to stay pending LAG longer.
+            const LAG: Duration = Duration::from_secs(4);
+            let t0 = Instant::now();
+            let verdict = loop {
+                match first.wait(LAG) {
+                    Ok(_) => break Ok(()),
+                    Err(e) if e.name() != "timeout" => break Err(fail(&w, format!("op #1: {e}"))),
+                    Err(_) if ctx.store.check(&[done1.as_str()]).unwrap_or(false) => {
+                        break Err(fail(
+                            &w,
+                            format!(
+                                "all_reduce #1 is still pending {:?} after issue, at least {LAG:?} after rank 1 finished it; the only \
+                             other op this rank has issued (#2) waits for rank 1, which issues it only once #1 has completed \
+                             here: an op must complete once its peers have issued it, not with the ops issued after it",
+                                t0.elapsed()
+                            ),
+                        ))
+                    }
+                    Err(_) if t0.elapsed() > ctx.timeout => {
+                        break Err(fail(&w, format!("op #1 pending after {:?}; rank 1 never finished it", t0.elapsed())))
+                    }
+                    Err(_) => {}
+                }
+            };
+            // Rank 1 goes on either way, so that #2 (and the world) ends.
+            ctx.store.set(&seen, b"1").map_err(|e| fail(&w, e))?;
+            let second = second.wait(ctx.timeout).map_err(|e| fail(&w, format!("op #2: {e}")));
+            verdict?;
+            expect_eq(b, first.wait(ctx.timeout)?, &want_x, &format!("{w} (op #1)"))?;
+            let _ = ctx.store.delete_key(&done1);
+            expect_eq(b, second?, &want_y, &format!("{w} (op #2)"))
+        },
+    ));
     v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: while rank 0's all_reduce waits for rank 1 (which has not issued
         // it), `concord_core::progress` lists it in flight, so a deadline report names it.
