@@ -98,7 +98,7 @@ use concord_core::{
     Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_store::Store;
-use exec::{Comm, Job, Progress, SendCompletion};
+use exec::{CollWork, Comm, Engine, Job, Progress, SendCompletion};
 use post::Post;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -155,6 +155,7 @@ impl std::fmt::Debug for ShmBuffer {
 pub struct ShmBackend {
     comm: Arc<Comm>,
     tx: Mutex<Option<jobs::Sender<Job>>>,
+    engine: Arc<Engine>,
     thread: Mutex<Option<JoinHandle<()>>>,
     seq: Mutex<u64>,
     send_k: Mutex<Vec<u32>>,
@@ -181,15 +182,17 @@ impl ShmBackend {
     fn start(comm: Comm) -> Result<ShmBackend> {
         let comm = Arc::new(comm);
         let (tx, rx) = jobs::channel();
-        let p = Progress::new(comm.clone());
+        let engine = Engine::new(Progress::new(comm.clone()), rx);
+        let e = engine.clone();
         let thread = std::thread::Builder::new()
             .name(format!("concord-shm-{}", comm.label))
-            .spawn(move || p.run(rx))
+            .spawn(move || Progress::run(e))
             .map_err(io_err("cannot start the progress thread"))?;
         let n = comm.n;
         Ok(ShmBackend {
             comm,
             tx: Mutex::new(Some(tx)),
+            engine,
             thread: Mutex::new(Some(thread)),
             seq: Mutex::new(0),
             send_k: Mutex::new(vec![0; n]),
@@ -239,11 +242,22 @@ impl ShmBackend {
     }
 
     fn submit(&self, job: Job) -> Result<()> {
+        self.submit_as(job, true)
+    }
+
+    /// Queues `job`; `urgent`: wake the progress thread from any sleep (else only from a deep
+    /// one: a collective its caller will probably run inline, see [`CollWork`]).
+    fn submit_as(&self, job: Job, urgent: bool) -> Result<()> {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        tx.as_ref()
-            .ok_or_else(|| CollectiveError::Aborted("shm backend is shutting down".into()))?
-            .send(job)
+        let tx = tx.as_ref().ok_or_else(|| CollectiveError::Aborted("shm backend is shutting down".into()))?;
+        if urgent { tx.send(job) } else { tx.send_quiet(job) }
             .map_err(|_| CollectiveError::Aborted("shm backend progress thread is gone".into()))
+    }
+
+    /// Queues a collective and returns its completion ([`CollWork`]).
+    fn submit_coll(&self, job: Job, flag: Arc<Flag>, fault: bool) -> Result<Arc<CollWork>> {
+        self.submit_as(job, fault)?;
+        Ok(Arc::new(CollWork { flag, engine: self.engine.clone(), inline: !fault }))
     }
 
     /// Issues a collective: assigns the sequence number and queues it, atomically in issue order.
@@ -257,8 +271,9 @@ impl ShmBackend {
         post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
         let fault = self.comm.next_fault();
-        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault })?;
-        Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
+        let faulty = fault.is_some();
+        let c = self.submit_coll(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault }, flag, faulty)?;
+        Ok(Work::new(value, c, self.meta(name, *seq), &self.counter))
     }
 
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
@@ -461,10 +476,12 @@ impl Backend for ShmBackend {
             p.call.group = Some(ranks.to_vec());
             progress::begin(&self.comm.label, "new_group", *seq);
             let fault = self.comm.next_fault();
-            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault })?;
-            *seq
+            let faulty = fault.is_some();
+            let job = Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault };
+            (*seq, self.submit_coll(job, flag, faulty)?)
         };
-        let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
+        let (seq, c) = seq;
+        let work = Work::new((), c, self.meta("new_group", seq), &self.counter);
         work.wait(self.comm.op_timeout + std::time::Duration::from_secs(1))?;
         let (tag, mapping) =
             reply_rx.recv().map_err(|_| CollectiveError::Backend(format!("new_group #{seq}: progress thread gave no group")))?;
