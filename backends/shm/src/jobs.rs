@@ -278,5 +278,48 @@ mod tests {
         assert_eq!(Arc::strong_count(&item), 1, "the receiver's drop drops what was queued");
         assert!(tx.send(item).is_err(), "a send after the receiver went fails");
     }
-}
 
+    #[test]
+    fn a_quiet_send_leaves_a_light_sleep_alone_and_wakes_a_deep_one() {
+        let (tx, rx) = channel::<u32>();
+        let w = rx.waker();
+        // Light: an item was just queued (and taken), so the sleep is one tick at a time.
+        tx.send(0).unwrap();
+        assert_eq!(rx.try_recv(), Ok(0));
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            tx.send_quiet(1).unwrap();
+            tx
+        });
+        let t0 = Instant::now();
+        w.wait_ready(None);
+        let tx = t.join().unwrap();
+        assert_eq!(rx.try_recv(), Ok(1));
+        assert!(t0.elapsed() < TICK * 20, "a light sleep ends within its tick, woken or not");
+        // Pending work of the engine ends the wait at once; a nap ignores it.
+        w.set_pending(true);
+        let t0 = Instant::now();
+        w.wait_ready(None);
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        w.wait_ready(Some(Duration::from_millis(5)));
+        assert!(t0.elapsed() >= Duration::from_millis(5), "a nap runs its length while only the engine's own work is pending");
+        w.set_pending(false);
+        // Deep (past the light window): a quiet send wakes it (checked with a deadline: a
+        // sleeper that was not woken is released by the sender's drop below).
+        std::thread::sleep(LIGHT_WINDOW + Duration::from_millis(5));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            w.wait_ready(None);
+            let _ = done_tx.send(());
+            w
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        tx.send_quiet(2).unwrap();
+        let woken = done_rx.recv_timeout(Duration::from_secs(10));
+        drop(tx);
+        let w = sleeper.join().unwrap();
+        assert!(woken.is_ok(), "a quiet send wakes a deep sleep");
+        assert_eq!(rx.try_recv(), Ok(2));
+        w.wait_ready(None); // the sender is gone: returns at once
+    }
+}
