@@ -1,5 +1,6 @@
-//! The communicator and its progress thread, which runs the collectives of one backend instance
-//! in issue order; point-to-point ops wait in per-peer queues (in issue order per peer) and are
+//! The communicator and its engine, which runs the collectives of one backend instance in issue
+//! order, on the progress thread or inline on a waiting caller's thread ([`Engine`],
+//! [`CollWork`]); point-to-point ops wait in per-peer queues (in issue order per peer) and are
 //! served in between, never blocking the thread (so legal send/recv programs cannot deadlock). Each collective: post (in the rank's arena) → barrier → every rank decodes
 //! every post and validates every rank's call with the core rule table
 //! ([`concord_core::validate_all`]) → on a verdict of bad input one

@@ -32,8 +32,19 @@
 //!   ends in the *same* named [`CollectiveError::BadInput`] on every rank (in the table's
 //!   precedence), and the communicator stays usable. Send / recv: the receiver checks the pair
 //!   with [`concord_core::validate_pair`] and posts the verdict back to the sender.
-//! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
-//!   order; [`Work`] completes through a [`concord_core::Flag`].
+//! * **The engine and who runs it.** Per backend instance, the progress state (`exec::Progress`)
+//!   sits behind a lock (`exec::Engine`) held by one thread at a time: the progress thread, or
+//!   a caller that runs its own collective inline. Ops run one at a time, in issue order,
+//!   whoever runs them. A caller whose `wait(t)` is long enough (`t` ≥ the op deadline + 50 ms,
+//!   so the op's waits end before `t`), whose op carries no injected fault, and who finds the
+//!   engine free and its op next in issue order runs the op on its own thread
+//!   (`exec::CollWork`): no hand-off to the progress thread and back, the common case of the
+//!   sync call (issue, then wait). Every other op — a short wait, a poll, no wait at all — is
+//!   run by the progress thread: a collective's issue does not wake it from a *light* sleep
+//!   (5 ms ticks for 50 ms after the last issue, `jobs`), only from a deep one; a poll
+//!   (`is_completed`) or a wait that does not run the op inline wakes it at once; a
+//!   point-to-point issue always does. So an op progresses without a wait (within a tick), and
+//!   [`Work`] completes through a [`concord_core::Flag`] either way.
 //! * **Waits** spin 30 µs (only when the ranks fit on the CPUs), then yield the CPU between looks
 //!   for 300 µs, then sleep on the futex: a barrier between two ranks that arrive within that
 //!   window costs no wake-up (a sleeping rank takes 50-150 µs to wake on a loaded 2-core VM).
@@ -41,7 +52,7 @@
 //!   or per slice of a collective that waits for its peers in 2 ms slices (to serve
 //!   point-to-point ops issued meanwhile).
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
-//!   the moment the progress thread starts the op; expiry gives [`CollectiveError::Timeout`], a
+//!   the moment the engine (progress thread or inline caller) starts the op; expiry gives [`CollectiveError::Timeout`], a
 //!   peer whose process is gone (or whose backend was dropped) gives
 //!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with
 //!   [`CollectiveError::Aborted`], and peers stop waiting). A failure after posting may add at
@@ -49,10 +60,14 @@
 //!   (see Failures). Liveness is an open-file-description lock each rank holds on its byte of
 //!   the control segment (released by the kernel however the process ends): no pid is trusted
 //!   (pid reuse, pid namespaces).
-//! * **Failures** (issue 15). *Which thread does what:* the progress thread runs every op of a
-//!   communicator and is the only one to touch peers' memory; a panic in it is caught and
-//!   becomes a named error that poisons the communicator; dropping the backend stops it and
-//!   *joins* it before marking the rank gone. *When memory may be freed:* a rank's post and the
+//! * **Failures** (issue 15). *Which thread does what:* only the engine's holder (the progress
+//!   thread, or a caller running its own op inline) touches peers' memory, one at a time; a
+//!   panic in an op is caught on either thread and becomes a named error that poisons the
+//!   communicator; dropping the backend stops the progress thread, which takes the engine
+//!   before it ends (so no inline op is still running), and *joins* it before marking the rank
+//!   gone. An inline op that fails closes its memory like any other; if a peer still touches
+//!   it when the caller's wait must return, the close is left to the progress thread, the wait
+//!   returns a timeout, and the op completes with its failure once the close is done. *When memory may be freed:* a rank's post and the
 //!   op's buffers are exposed from the moment its barrier counter is raised; peers *claim* a
 //!   rank's memory (a bit in its slot) before touching it and only while the rank keeps it open
 //!   for that op; a rank whose op fails after posting *closes* (no new claim succeeds) and waits
