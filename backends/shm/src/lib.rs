@@ -52,8 +52,9 @@
 //!   or per slice of a collective that waits for its peers in 2 ms slices (to serve
 //!   point-to-point ops issued meanwhile).
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
-//!   the moment the engine (progress thread or inline caller) starts the op; expiry gives [`CollectiveError::Timeout`], a
-//!   peer whose process is gone (or whose backend was dropped) gives
+//!   the moment the engine (the progress thread or an inline caller) starts the op; expiry
+//!   gives [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was
+//!   dropped) gives
 //!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with
 //!   [`CollectiveError::Aborted`], and peers stop waiting). A failure after posting may add at
 //!   most one more op deadline, spent waiting for peers that are *inside* their data movement
