@@ -1,5 +1,6 @@
-//! The communicator and its progress thread, which runs the collectives of one backend instance
-//! in issue order; point-to-point ops wait in per-peer queues (in issue order per peer) and are
+//! The communicator and its engine, which runs the collectives of one backend instance in issue
+//! order, on the progress thread or inline on a waiting caller's thread ([`Engine`],
+//! [`CollWork`]); point-to-point ops wait in per-peer queues (in issue order per peer) and are
 //! served in between, never blocking the thread (so legal send/recv programs cannot deadlock). Each collective: post (in the rank's arena) → barrier → every rank decodes
 //! every post and validates every rank's call with the core rule table
 //! ([`concord_core::validate_all`]) → on a verdict of bad input one
@@ -270,6 +271,91 @@ pub struct Progress {
     rx: Option<crate::jobs::Receiver<Job>>,
     /// Collectives taken from the channel during such a wait, run next, in issue order.
     stash: VecDeque<Job>,
+    /// Set while a caller runs its own op inline: its wait's deadline.
+    inline_by: Option<Instant>,
+    /// A close an inline caller could not finish by its wait's deadline.
+    closing: Option<Closing>,
+}
+
+/// The engine: the progress state behind a lock that the progress thread holds, or a caller
+/// that runs its own collective on its thread (so ops run one at a time, in issue order).
+pub struct Engine {
+    progress: Mutex<Progress>,
+    pub waker: crate::jobs::Waker<Job>,
+    op_timeout: Duration,
+}
+
+impl Engine {
+    pub fn new(mut p: Progress, rx: crate::jobs::Receiver<Job>) -> Arc<Engine> {
+        let waker = rx.waker();
+        let op_timeout = p.comm.op_timeout;
+        p.rx = Some(rx);
+        Arc::new(Engine { progress: Mutex::new(p), waker, op_timeout })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, Progress>> {
+        match self.progress.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+/// How much longer than the op deadline a wait must be for its caller to run the op inline:
+/// the op's waits end at its deadline, and the wait must still return by its own.
+const INLINE_MARGIN: Duration = Duration::from_millis(50);
+
+/// A collective's completion. A caller whose wait is long enough (the op deadline plus
+/// [`INLINE_MARGIN`]) and finds the engine free runs the op on its own thread when it is the
+/// next one in issue order ([`Progress::run_own`]): no hand-off to the progress thread and back.
+/// Otherwise the progress thread runs it (woken now if it sleeps) and the caller waits on the
+/// flag.
+pub struct CollWork {
+    pub flag: Arc<Flag>,
+    pub engine: Arc<Engine>,
+    /// May run inline (no fault is injected into this op: a stall must not hold the caller).
+    pub inline: bool,
+}
+
+impl Completion for CollWork {
+    fn is_completed(&self) -> bool {
+        let done = self.flag.is_completed();
+        if !done {
+            // Polled: the op must progress without a wait.
+            self.engine.waker.wake();
+        }
+        done
+    }
+
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let start = Instant::now();
+        if self.inline && timeout >= self.engine.op_timeout + INLINE_MARGIN && !self.flag.is_completed() {
+            if let Some(mut p) = self.engine.try_lock() {
+                p.run_own(&self.flag, start + timeout);
+                // Point-to-point ops queued, or a close left over: the progress thread goes on.
+                self.engine.waker.set_pending(p.has_pending());
+            }
+        }
+        if !self.flag.is_completed() {
+            self.engine.waker.wake();
+        }
+        self.flag.wait_for(timeout.saturating_sub(start.elapsed()))
+    }
+}
+
+/// A failed inline op whose memory a peer still touched when the caller's wait had to return:
+/// the progress thread closes it (up to `until`, one op deadline after the failure) and only
+/// then completes the op with `err`.
+struct Closing {
+    held: Posted,
+    err: CollectiveError,
+    until: Instant,
+    flag: Option<Arc<Flag>>,
 }
 
 impl Progress {
@@ -287,6 +373,8 @@ impl Progress {
             last_check: Instant::now(),
             rx: None,
             stash: VecDeque::new(),
+            inline_by: None,
+            closing: None,
         }
     }
 
@@ -339,52 +427,119 @@ impl Progress {
         self.send_q.iter().any(|q| !q.is_empty()) || self.recv_q.iter().any(|q| !q.is_empty())
     }
 
-    pub fn run(mut self, rx: crate::jobs::Receiver<Job>) {
-        self.rx = Some(rx);
-        let mut nap = Duration::from_micros(20);
-        loop {
-            let progressed = self.progress_p2p();
-            if progressed {
-                nap = Duration::from_micros(20);
+    /// The engine's own pending work: queued point-to-point ops, collectives an inline caller
+    /// stashed while it waited, or a close to finish.
+    pub fn has_pending(&self) -> bool {
+        self.queued() || self.closing.is_some() || !self.stash.is_empty()
+    }
+
+    /// The next job in issue order (collectives stashed by [`Progress::arrive`] first).
+    fn next_job(&mut self) -> std::result::Result<Job, mpsc::TryRecvError> {
+        match self.stash.pop_front() {
+            Some(j) => Ok(j),
+            None => self.rx.as_ref().map_or(Err(mpsc::TryRecvError::Disconnected), |rx| rx.try_recv()),
+        }
+    }
+
+    /// Runs one job: a collective to its end, a point-to-point op into its peer's queue.
+    fn run_job(&mut self, job: Job) {
+        match job {
+            Job::Coll { name, post, keep, flag, reply, fault } => {
+                let seq = post.call.seq;
+                let r = self.guard(&name, seq, |s| s.collective(&name, post, keep, reply, fault));
+                if let Some(c) = self.closing.as_mut().filter(|c| c.flag.is_none()) {
+                    // Run inline, failed, and its close outlasts the caller's wait: the
+                    // progress thread finishes the close and then completes the op.
+                    c.flag = Some(flag);
+                    return;
+                }
+                progress::end(&self.comm.label, seq);
+                flag.set(r);
             }
-            let Some(rx) = self.rx.as_ref() else { break };
-            let next = if let Some(j) = self.stash.pop_front() {
-                Some(j)
-            } else if !self.queued() {
-                rx.recv()
-            } else if progressed {
-                match rx.try_recv() {
-                    Ok(j) => Some(j),
-                    Err(mpsc::TryRecvError::Empty) => continue,
-                    Err(mpsc::TryRecvError::Disconnected) => None,
-                }
-            } else {
-                match rx.recv_timeout(nap) {
-                    Ok(j) => Some(j),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        nap = (nap * 2).min(Duration::from_millis(1));
-                        continue;
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => None,
-                }
-            };
-            let Some(job) = next else { break };
+            p2p => {
+                let _ = self.enqueue_p2p(p2p);
+            }
+        }
+    }
+
+    /// On the caller's thread (holding the engine): runs the caller's own collective (`flag`)
+    /// if it is the next collective in issue order, after queueing the point-to-point ops issued
+    /// before it. Its waits end by its op deadline, which is before `by` (the caller's wait
+    /// deadline); a failure's close that would outlast `by` is left to the progress thread
+    /// ([`Closing`]). Does nothing if another collective (or a close) comes first.
+    pub fn run_own(&mut self, flag: &Arc<Flag>, by: Instant) {
+        if flag.is_completed() || self.closing.is_some() {
+            return;
+        }
+        loop {
+            let Ok(job) = self.next_job() else { return };
             match job {
-                Job::Coll { name, post, keep, flag, reply, fault } => {
-                    let seq = post.call.seq;
-                    let r = self.guard(&name, seq, |s| s.collective(&name, post, keep, reply, fault));
-                    progress::end(&self.comm.label, seq);
-                    flag.set(r);
+                Job::Coll { flag: ref f, .. } if Arc::ptr_eq(f, flag) => {
+                    self.inline_by = Some(by);
+                    self.run_job(job);
+                    self.inline_by = None;
+                    return;
+                }
+                Job::Coll { .. } => {
+                    self.stash.push_front(job);
+                    return;
                 }
                 p2p => {
                     let _ = self.enqueue_p2p(p2p);
                 }
             }
         }
-        // The backend is being dropped: whatever is still queued fails.
-        self.comm.abort.store(true, SeqCst);
-        while self.queued() {
-            self.progress_p2p();
+    }
+
+    /// Finishes a close handed over by a caller ([`Closing`]) and completes its op.
+    fn finish_closing(&mut self) {
+        if let Some(c) = self.closing.take() {
+            let seq = c.held.seq;
+            let e = c.held.fail_by(c.err, c.until);
+            progress::end(&self.comm.label, seq);
+            if let Some(f) = c.flag {
+                f.set(Err(e));
+            }
+        }
+    }
+
+    /// The progress thread: runs the jobs nobody ran inline, in issue order, and serves the
+    /// point-to-point queues. It holds the engine only while it works, never in its sleep.
+    pub fn run(engine: Arc<Engine>) {
+        let mut nap = Duration::from_micros(20);
+        let mut p = loop {
+            let mut p = engine.lock();
+            p.finish_closing();
+            let progressed = p.progress_p2p();
+            if progressed {
+                nap = Duration::from_micros(20);
+            }
+            match p.next_job() {
+                Ok(job) => {
+                    p.run_job(job);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => break p,
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            let queued = p.queued();
+            // Told while the engine is held, so that a holder after this one has the last word.
+            engine.waker.set_pending(queued);
+            drop(p);
+            if !queued {
+                nap = Duration::from_micros(20);
+                engine.waker.wait_ready(None);
+            } else if !progressed {
+                engine.waker.wait_ready(Some(nap));
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+        };
+        // The backend is being dropped: whatever is still queued fails. The engine stays held
+        // until then, so once this thread is joined no caller runs an op any more.
+        p.comm.abort.store(true, SeqCst);
+        p.finish_closing();
+        while p.queued() {
+            p.progress_p2p();
         }
     }
 
@@ -551,7 +706,23 @@ impl Progress {
             Err(e) => {
                 self.poisoned = Some(e.to_string());
                 comm.ctl.poison();
-                Err(held.fail(e))
+                let until = Instant::now() + comm.op_timeout;
+                match self.inline_by.filter(|&by| by < until) {
+                    // On a caller's thread whose wait ends before the close's full deadline:
+                    // close until then; if a peer still touches this rank's memory, the progress
+                    // thread finishes the close and completes the op later.
+                    Some(by) => match comm.ctl.close(by) {
+                        Ok(()) => {
+                            held.settle();
+                            Err(e)
+                        }
+                        Err(_) => {
+                            self.closing = Some(Closing { held, err: e.clone(), until, flag: None });
+                            Err(e)
+                        }
+                    },
+                    None => Err(held.fail(e)),
+                }
             }
         }
     }
@@ -869,9 +1040,15 @@ impl Posted {
     }
 
     /// Closes; returns `e`, naming the peers that still touched this rank's memory if any.
-    fn fail(mut self, e: CollectiveError) -> CollectiveError {
+    fn fail(self, e: CollectiveError) -> CollectiveError {
+        let until = Instant::now() + self.comm.op_timeout;
+        self.fail_by(e, until)
+    }
+
+    /// [`Posted::fail`], closing until `until`.
+    fn fail_by(mut self, e: CollectiveError, until: Instant) -> CollectiveError {
         self.settled = true;
-        match self.close() {
+        match self.close(until) {
             Ok(()) => e,
             Err(mask) => {
                 let peers: Vec<usize> = (0..self.comm.n).filter(|p| mask & (1 << p) != 0).collect();
@@ -884,8 +1061,8 @@ impl Posted {
         }
     }
 
-    fn close(&mut self) -> std::result::Result<(), u64> {
-        let r = self.comm.ctl.close(Instant::now() + self.comm.op_timeout);
+    fn close(&mut self, until: Instant) -> std::result::Result<(), u64> {
+        let r = self.comm.ctl.close(until);
         if r.is_err() {
             self.quarantine();
         }
@@ -906,7 +1083,7 @@ impl Drop for Posted {
     fn drop(&mut self) {
         if !self.settled {
             // A panic is unwinding through the op: close, and quarantine whatever happens.
-            let _ = self.close();
+            let _ = self.close(Instant::now() + self.comm.op_timeout);
             self.quarantine();
         }
     }

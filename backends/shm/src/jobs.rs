@@ -5,20 +5,50 @@
 //! every op: each op of each rank paid those system calls, most of them for nothing (the caller
 //! is busy checking the result it was just woken for). Here a receive that finds the queue empty
 //! sleeps on a condition variable at once, and a send wakes it only when it sleeps.
+//!
+//! The progress thread does not pop in its sleep any more ([`Receiver::wait_ready`]): items are
+//! popped only by the holder of the engine (the progress thread or a caller running its own op
+//! inline, `exec.rs`), so that ops run in issue order whoever runs them. Its sleep is *light*
+//! (timed, [`TICK`]) for [`LIGHT_WINDOW`] after the last item was queued, then *deep*. A
+//! collective queued during a light sleep does not wake it ([`Sender::send_quiet`]): its caller
+//! will most likely wait for it at once and run it inline; if nobody does, the next tick runs it.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+#[cfg(test)]
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// How the receiver sleeps.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sleep {
+    Awake,
+    /// A timed sleep of one [`TICK`]: a quiet send does not wake it.
+    Light,
+    /// Until woken: every send wakes it.
+    Deep,
+}
+
+/// A light sleep's length: the longest a collective nobody waits for (or polls) stays queued
+/// while the thread is in its light window.
+pub const TICK: Duration = Duration::from_millis(5);
+/// How long after the last queued item the receiver's sleep stays light.
+pub const LIGHT_WINDOW: Duration = Duration::from_millis(50);
+
 struct State<T> {
     items: VecDeque<T>,
+    /// When the last item was queued.
+    last: Instant,
+    /// The engine has work of its own (queued point-to-point ops, a close to finish): the
+    /// receiver must not sleep past it ([`Sender::set_pending`]).
+    pending: bool,
     /// The sender still exists.
     sender: bool,
     /// The receiver still exists.
     receiver: bool,
     /// The receiver sleeps on `ready`.
-    sleeping: bool,
+    sleeping: Sleep,
 }
 
 struct Shared<T> {
@@ -41,24 +71,93 @@ pub struct Receiver<T>(Arc<Shared<T>>);
 /// A new queue.
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { items: VecDeque::new(), sender: true, receiver: true, sleeping: false }),
+        state: Mutex::new(State {
+            items: VecDeque::new(),
+            last: Instant::now(),
+            pending: false,
+            sender: true,
+            receiver: true,
+            sleeping: Sleep::Awake,
+        }),
         ready: Condvar::new(),
     });
     (Sender(shared.clone()), Receiver(shared))
 }
 
 impl<T> Sender<T> {
-    /// Queues `item`; gives it back when the receiver is gone.
+    /// Queues `item` and wakes a sleeping receiver; gives it back when the receiver is gone.
     pub fn send(&self, item: T) -> Result<(), T> {
+        self.push(item, true)
+    }
+
+    /// Queues `item`, waking the receiver only from a deep sleep (a light sleep ends by itself
+    /// within a [`TICK`]).
+    pub fn send_quiet(&self, item: T) -> Result<(), T> {
+        self.push(item, false)
+    }
+
+    fn push(&self, item: T, urgent: bool) -> Result<(), T> {
         let mut s = self.0.lock();
         if !s.receiver {
             return Err(item);
         }
         s.items.push_back(item);
-        if s.sleeping {
+        s.last = Instant::now();
+        if s.sleeping == Sleep::Deep || (urgent && s.sleeping == Sleep::Light) {
             self.0.ready.notify_one();
         }
         Ok(())
+    }
+}
+
+/// A handle on the queue for the engine's other holders: wakes the receiver and tells it about
+/// the engine's own pending work.
+pub struct Waker<T>(Arc<Shared<T>>);
+
+impl<T> Waker<T> {
+    /// Wakes the receiver if it sleeps (a caller that will wait for its op on the receiver).
+    pub fn wake(&self) {
+        let s = self.0.lock();
+        if s.sleeping != Sleep::Awake {
+            self.0.ready.notify_one();
+        }
+    }
+
+    /// Records whether the engine has pending work of its own; wakes the receiver if so.
+    pub fn set_pending(&self, pending: bool) {
+        let mut s = self.0.lock();
+        s.pending = pending;
+        if pending && s.sleeping != Sleep::Awake {
+            self.0.ready.notify_one();
+        }
+    }
+
+    /// Sleeps (without popping) until an item is queued, the sender is gone or the engine has
+    /// pending work ([`Waker::set_pending`]); `nap` (the engine has pending work): at most that
+    /// long, woken by any send.
+    /// Without `nap` the sleep is light (one [`TICK`] at a time, not woken by a quiet send)
+    /// until [`LIGHT_WINDOW`] after the last item was queued, then deep.
+    pub fn wait_ready(&self, nap: Option<Duration>) {
+        let mut s = self.0.lock();
+        let until = nap.map(|d| Instant::now() + d);
+        loop {
+            if !s.items.is_empty() || !s.sender || (s.pending && nap.is_none()) {
+                return;
+            }
+            let now = Instant::now();
+            let (mode, limit) = match until {
+                Some(u) if now >= u => return,
+                Some(u) => (Sleep::Deep, Some(u - now)),
+                None if now < s.last + LIGHT_WINDOW => (Sleep::Light, Some(TICK)),
+                None => (Sleep::Deep, None),
+            };
+            s.sleeping = mode;
+            s = match limit {
+                None => self.0.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => self.0.ready.wait_timeout(s, d).unwrap_or_else(|e| e.into_inner()).0,
+            };
+            s.sleeping = Sleep::Awake;
+        }
     }
 }
 
@@ -66,19 +165,25 @@ impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let mut s = self.0.lock();
         s.sender = false;
-        if s.sleeping {
+        if s.sleeping != Sleep::Awake {
             self.0.ready.notify_one();
         }
     }
 }
 
 impl<T> Receiver<T> {
+    /// A [`Waker`] for this queue.
+    pub fn waker(&self) -> Waker<T> {
+        Waker(self.0.clone())
+    }
+
     /// The next item, or `Disconnected` once the sender is gone and the queue is empty.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let mut s = self.0.lock();
         s.items.pop_front().ok_or(if s.sender { TryRecvError::Empty } else { TryRecvError::Disconnected })
     }
 
+    #[cfg(test)]
     /// The next item, waiting as long as it takes; `None` once the sender is gone and the queue
     /// is empty.
     pub fn recv(&self) -> Option<T> {
@@ -86,10 +191,12 @@ impl<T> Receiver<T> {
     }
 
     /// The next item, waiting up to `timeout`.
+    #[cfg(test)]
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
         self.wait(Some(Instant::now() + timeout))
     }
 
+    #[cfg(test)]
     fn wait(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         let mut s = self.0.lock();
         loop {
@@ -99,19 +206,19 @@ impl<T> Receiver<T> {
             if !s.sender {
                 return Err(RecvTimeoutError::Disconnected);
             }
-            s.sleeping = true;
+            s.sleeping = Sleep::Deep;
             s = match deadline {
                 None => self.0.ready.wait(s).unwrap_or_else(|e| e.into_inner()),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        s.sleeping = false;
+                        s.sleeping = Sleep::Awake;
                         return Err(RecvTimeoutError::Timeout);
                     }
                     self.0.ready.wait_timeout(s, d - now).unwrap_or_else(|e| e.into_inner()).0
                 }
             };
-            s.sleeping = false;
+            s.sleeping = Sleep::Awake;
         }
     }
 }
@@ -170,5 +277,49 @@ mod tests {
         drop(rx);
         assert_eq!(Arc::strong_count(&item), 1, "the receiver's drop drops what was queued");
         assert!(tx.send(item).is_err(), "a send after the receiver went fails");
+    }
+
+    #[test]
+    fn a_quiet_send_leaves_a_light_sleep_alone_and_wakes_a_deep_one() {
+        let (tx, rx) = channel::<u32>();
+        let w = rx.waker();
+        // Light: an item was just queued (and taken), so the sleep is one tick at a time.
+        tx.send(0).unwrap();
+        assert_eq!(rx.try_recv(), Ok(0));
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            tx.send_quiet(1).unwrap();
+            tx
+        });
+        let t0 = Instant::now();
+        w.wait_ready(None);
+        let tx = t.join().unwrap();
+        assert_eq!(rx.try_recv(), Ok(1));
+        assert!(t0.elapsed() < TICK * 20, "a light sleep ends within its tick, woken or not");
+        // Pending work of the engine ends the wait at once; a nap ignores it.
+        w.set_pending(true);
+        let t0 = Instant::now();
+        w.wait_ready(None);
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        w.wait_ready(Some(Duration::from_millis(5)));
+        assert!(t0.elapsed() >= Duration::from_millis(5), "a nap runs its length while only the engine's own work is pending");
+        w.set_pending(false);
+        // Deep (past the light window): a quiet send wakes it (checked with a deadline: a
+        // sleeper that was not woken is released by the sender's drop below).
+        std::thread::sleep(LIGHT_WINDOW + Duration::from_millis(5));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            w.wait_ready(None);
+            let _ = done_tx.send(());
+            w
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        tx.send_quiet(2).unwrap();
+        let woken = done_rx.recv_timeout(Duration::from_secs(10));
+        drop(tx);
+        let w = sleeper.join().unwrap();
+        assert!(woken.is_ok(), "a quiet send wakes a deep sleep");
+        assert_eq!(rx.try_recv(), Ok(2));
+        w.wait_ready(None); // the sender is gone: returns at once
     }
 }

@@ -32,8 +32,19 @@
 //!   ends in the *same* named [`CollectiveError::BadInput`] on every rank (in the table's
 //!   precedence), and the communicator stays usable. Send / recv: the receiver checks the pair
 //!   with [`concord_core::validate_pair`] and posts the verdict back to the sender.
-//! * **Progress thread** per backend instance: collectives run off the caller's thread in issue
-//!   order; [`Work`] completes through a [`concord_core::Flag`].
+//! * **The engine and who runs it.** Per backend instance, the progress state (`exec::Progress`)
+//!   sits behind a lock (`exec::Engine`) held by one thread at a time: the progress thread, or
+//!   a caller that runs its own collective inline. Ops run one at a time, in issue order,
+//!   whoever runs them. A caller whose `wait(t)` is long enough (`t` ≥ the op deadline + 50 ms,
+//!   so the op's waits end before `t`), whose op carries no injected fault, and who finds the
+//!   engine free and its op next in issue order runs the op on its own thread
+//!   (`exec::CollWork`): no hand-off to the progress thread and back, the common case of the
+//!   sync call (issue, then wait). Every other op — a short wait, a poll, no wait at all — is
+//!   run by the progress thread: a collective's issue does not wake it from a *light* sleep
+//!   (5 ms ticks for 50 ms after the last issue, `jobs`), only from a deep one; a poll
+//!   (`is_completed`) or a wait that does not run the op inline wakes it at once; a
+//!   point-to-point issue always does. So an op progresses without a wait (within a tick), and
+//!   [`Work`] completes through a [`concord_core::Flag`] either way.
 //! * **Waits** spin 30 µs (only when the ranks fit on the CPUs), then yield the CPU between looks
 //!   for 300 µs, then sleep on the futex: a barrier between two ranks that arrive within that
 //!   window costs no wake-up (a sleeping rank takes 50-150 µs to wake on a loaded 2-core VM).
@@ -41,18 +52,23 @@
 //!   or per slice of a collective that waits for its peers in 2 ms slices (to serve
 //!   point-to-point ops issued meanwhile).
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
-//!   the moment the progress thread starts the op; expiry gives [`CollectiveError::Timeout`], a
-//!   peer whose process is gone (or whose backend was dropped) gives
+//!   the moment the engine (the progress thread or an inline caller) starts the op; expiry
+//!   gives [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was
+//!   dropped) gives
 //!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with
 //!   [`CollectiveError::Aborted`], and peers stop waiting). A failure after posting may add at
 //!   most one more op deadline, spent waiting for peers that are *inside* their data movement
 //!   (see Failures). Liveness is an open-file-description lock each rank holds on its byte of
 //!   the control segment (released by the kernel however the process ends): no pid is trusted
 //!   (pid reuse, pid namespaces).
-//! * **Failures** (issue 15). *Which thread does what:* the progress thread runs every op of a
-//!   communicator and is the only one to touch peers' memory; a panic in it is caught and
-//!   becomes a named error that poisons the communicator; dropping the backend stops it and
-//!   *joins* it before marking the rank gone. *When memory may be freed:* a rank's post and the
+//! * **Failures** (issue 15). *Which thread does what:* only the engine's holder (the progress
+//!   thread, or a caller running its own op inline) touches peers' memory, one at a time; a
+//!   panic in an op is caught on either thread and becomes a named error that poisons the
+//!   communicator; dropping the backend stops the progress thread, which takes the engine
+//!   before it ends (so no inline op is still running), and *joins* it before marking the rank
+//!   gone. An inline op that fails closes its memory like any other; if a peer still touches
+//!   it when the caller's wait must return, the close is left to the progress thread, the wait
+//!   returns a timeout, and the op completes with its failure once the close is done. *When memory may be freed:* a rank's post and the
 //!   op's buffers are exposed from the moment its barrier counter is raised; peers *claim* a
 //!   rank's memory (a bit in its slot) before touching it and only while the rank keeps it open
 //!   for that op; a rank whose op fails after posting *closes* (no new claim succeeds) and waits
@@ -98,7 +114,7 @@ use concord_core::{
     Result, Tensor, TensorDesc, Variant, Work, WorkMeta, WorldInfo,
 };
 use concord_store::Store;
-use exec::{Comm, Job, Progress, SendCompletion};
+use exec::{CollWork, Comm, Engine, Job, Progress, SendCompletion};
 use post::Post;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -155,6 +171,7 @@ impl std::fmt::Debug for ShmBuffer {
 pub struct ShmBackend {
     comm: Arc<Comm>,
     tx: Mutex<Option<jobs::Sender<Job>>>,
+    engine: Arc<Engine>,
     thread: Mutex<Option<JoinHandle<()>>>,
     seq: Mutex<u64>,
     send_k: Mutex<Vec<u32>>,
@@ -181,15 +198,17 @@ impl ShmBackend {
     fn start(comm: Comm) -> Result<ShmBackend> {
         let comm = Arc::new(comm);
         let (tx, rx) = jobs::channel();
-        let p = Progress::new(comm.clone());
+        let engine = Engine::new(Progress::new(comm.clone()), rx);
+        let e = engine.clone();
         let thread = std::thread::Builder::new()
             .name(format!("concord-shm-{}", comm.label))
-            .spawn(move || p.run(rx))
+            .spawn(move || Progress::run(e))
             .map_err(io_err("cannot start the progress thread"))?;
         let n = comm.n;
         Ok(ShmBackend {
             comm,
             tx: Mutex::new(Some(tx)),
+            engine,
             thread: Mutex::new(Some(thread)),
             seq: Mutex::new(0),
             send_k: Mutex::new(vec![0; n]),
@@ -239,11 +258,22 @@ impl ShmBackend {
     }
 
     fn submit(&self, job: Job) -> Result<()> {
+        self.submit_as(job, true)
+    }
+
+    /// Queues `job`; `urgent`: wake the progress thread from any sleep (else only from a deep
+    /// one: a collective its caller will probably run inline, see [`CollWork`]).
+    fn submit_as(&self, job: Job, urgent: bool) -> Result<()> {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        tx.as_ref()
-            .ok_or_else(|| CollectiveError::Aborted("shm backend is shutting down".into()))?
-            .send(job)
+        let tx = tx.as_ref().ok_or_else(|| CollectiveError::Aborted("shm backend is shutting down".into()))?;
+        if urgent { tx.send(job) } else { tx.send_quiet(job) }
             .map_err(|_| CollectiveError::Aborted("shm backend progress thread is gone".into()))
+    }
+
+    /// Queues a collective and returns its completion ([`CollWork`]).
+    fn submit_coll(&self, job: Job, flag: Arc<Flag>, fault: bool) -> Result<Arc<CollWork>> {
+        self.submit_as(job, fault)?;
+        Ok(Arc::new(CollWork { flag, engine: self.engine.clone(), inline: !fault }))
     }
 
     /// Issues a collective: assigns the sequence number and queues it, atomically in issue order.
@@ -257,8 +287,9 @@ impl ShmBackend {
         post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
         let fault = self.comm.next_fault();
-        self.submit(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault })?;
-        Ok(Work::new(value, flag, self.meta(name, *seq), &self.counter))
+        let faulty = fault.is_some();
+        let c = self.submit_coll(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault }, flag, faulty)?;
+        Ok(Work::new(value, c, self.meta(name, *seq), &self.counter))
     }
 
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
@@ -461,10 +492,12 @@ impl Backend for ShmBackend {
             p.call.group = Some(ranks.to_vec());
             progress::begin(&self.comm.label, "new_group", *seq);
             let fault = self.comm.next_fault();
-            self.submit(Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault })?;
-            *seq
+            let faulty = fault.is_some();
+            let job = Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault };
+            (*seq, self.submit_coll(job, flag, faulty)?)
         };
-        let work = Work::new((), flag, self.meta("new_group", seq), &self.counter);
+        let (seq, c) = seq;
+        let work = Work::new((), c, self.meta("new_group", seq), &self.counter);
         work.wait(self.comm.op_timeout + std::time::Duration::from_secs(1))?;
         let (tag, mapping) =
             reply_rx.recv().map_err(|_| CollectiveError::Backend(format!("new_group #{seq}: progress thread gave no group")))?;
