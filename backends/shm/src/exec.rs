@@ -307,11 +307,15 @@ impl Engine {
 }
 
 /// How much longer than the op deadline a wait must be for its caller to run the op inline:
-/// the op's waits end at its deadline, and the wait must still return by its own.
-const INLINE_MARGIN: Duration = Duration::from_millis(50);
+/// the op's waits end at its deadline, and the wait must still return by its own, after the data
+/// movement of peers that arrived just before that deadline (1/16 of the op deadline, at least
+/// 50 ms: the catalogue's waits are 1/15 longer than its op deadline).
+fn inline_margin(op_timeout: Duration) -> Duration {
+    (op_timeout / 16).max(Duration::from_millis(50))
+}
 
 /// A collective's completion. A caller whose wait is long enough (the op deadline plus
-/// [`INLINE_MARGIN`]) and finds the engine free runs the op on its own thread when it is the
+/// [`inline_margin`]) and finds the engine free runs the op on its own thread when it is the
 /// next one in issue order ([`Progress::run_own`]): no hand-off to the progress thread and back.
 /// Otherwise the progress thread runs it (woken now if it sleeps) and the caller waits on the
 /// flag.
@@ -334,7 +338,7 @@ impl Completion for CollWork {
 
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
         let start = Instant::now();
-        if self.inline && timeout >= self.engine.op_timeout + INLINE_MARGIN && !self.flag.is_completed() {
+        if self.inline && timeout >= self.engine.op_timeout + inline_margin(self.engine.op_timeout) && !self.flag.is_completed() {
             if let Some(mut p) = self.engine.try_lock() {
                 p.run_own(&self.flag, start + timeout);
                 // Point-to-point ops queued, or a close left over: the progress thread goes on.
@@ -476,6 +480,8 @@ impl Progress {
             match job {
                 Job::Coll { flag: ref f, .. } if Arc::ptr_eq(f, flag) => {
                     self.inline_by = Some(by);
+                    // The point-to-point ops issued before it go first, as on the thread.
+                    self.progress_p2p();
                     self.run_job(job);
                     self.inline_by = None;
                     return;
@@ -555,6 +561,9 @@ impl Progress {
         let me = self.comm.me;
         for peer in 0..self.comm.n {
             while let Some(q) = self.send_q[peer].front() {
+                if self.stall_left(&q.fault) {
+                    break;
+                }
                 let (k, started) = (q.k, q.started);
                 let ring = crate::ctl::RING;
                 let ready = k <= ring || self.comm.ctl.consumed(me, peer).load(SeqCst).wrapping_sub(k - ring) as i32 >= 0;
@@ -575,6 +584,9 @@ impl Progress {
                 any = true;
             }
             while let Some(q) = self.recv_q[peer].front() {
+                if self.stall_left(&q.fault) {
+                    break;
+                }
                 let (k, started) = (q.k, q.started);
                 let ready = self.comm.ctl.posted(peer, me).load(SeqCst).wrapping_sub(k) as i32 >= 0;
                 let stuck = if ready { None } else { self.stuck("recv", k, peer, started, check_peers) };
@@ -592,6 +604,13 @@ impl Progress {
             }
         }
         any
+    }
+
+    /// Whether a queued point-to-point op is left for the progress thread: an inline caller
+    /// (serving the queues while its collective waits for its peers) does not run an op whose
+    /// injected fault stalls, which would hold the caller past its wait's deadline.
+    fn stall_left(&self, fault: &Option<Fault>) -> bool {
+        self.inline_by.is_some() && fault.as_ref().is_some_and(|f| matches!(f.action, Action::Stall))
     }
 
     /// Why a queued op waiting on `peer` since `started` can never go (`None`: keep waiting).

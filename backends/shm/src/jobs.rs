@@ -132,6 +132,12 @@ impl<T> Waker<T> {
         }
     }
 
+    /// Whether the receiver is in a light sleep now (tests).
+    #[cfg(test)]
+    fn sleeping_light(&self) -> bool {
+        self.0.lock().sleeping == Sleep::Light
+    }
+
     /// Sleeps (without popping) until an item is queued, the sender is gone or the engine has
     /// pending work ([`Waker::set_pending`]); `nap` (the engine has pending work): at most that
     /// long, woken by any send.
@@ -296,6 +302,32 @@ mod tests {
         let tx = t.join().unwrap();
         assert_eq!(rx.try_recv(), Ok(1));
         assert!(t0.elapsed() < TICK * 20, "a light sleep ends within its tick, woken or not");
+        // ... and a quiet send does not end it: the sleeper wakes at its tick's end. Sent as
+        // soon as the sleep is seen light; over a few trials the latest wake-up after the send
+        // is most of a tick (a woken sleeper returns within microseconds of every send).
+        let (tx, w) = (Arc::new(tx), Arc::new(w));
+        let mut latest = Duration::ZERO;
+        for i in 0..6u32 {
+            tx.send(100 + 2 * i).unwrap();
+            assert_eq!(rx.try_recv(), Ok(100 + 2 * i));
+            let (tx2, w2) = (tx.clone(), w.clone());
+            let sender = std::thread::spawn(move || {
+                let give_up = Instant::now() + Duration::from_secs(5);
+                while !w2.sleeping_light() && Instant::now() < give_up {
+                    std::hint::spin_loop();
+                }
+                let at = Instant::now();
+                tx2.send_quiet(101 + 2 * i).unwrap();
+                at
+            });
+            w.wait_ready(None);
+            let woke = Instant::now();
+            let sent = sender.join().unwrap();
+            assert_eq!(rx.try_recv(), Ok(101 + 2 * i));
+            latest = latest.max(woke.saturating_duration_since(sent));
+        }
+        assert!(latest >= TICK / 2, "a quiet send woke a light sleep: the latest wake-up came {latest:?} after its send");
+        let (tx, w) = (Arc::into_inner(tx).expect("one sender"), Arc::into_inner(w).expect("one waker"));
         // Pending work of the engine ends the wait at once; a nap ignores it.
         w.set_pending(true);
         let t0 = Instant::now();
