@@ -91,7 +91,7 @@
 //!   Small ops launched back to back (up to 16 of one communicator, each keeping at most 1 MiB)
 //!   share one event, recorded after the last of them as soon as the progress thread's queue is
 //!   empty, before it waits for anything, or by its watchdog after 2 ms (`worker::Tracker::defer`;
-//!   `CONCORD_NCCL_BATCH=0`: one event per op): each op still completes in issue order and never
+//!   backend option `batch=0`: one event per op): each op still completes in issue order and never
 //!   before its own work, only observed a few launches later under a burst.
 //!   A completion is trusted only when it was observed before any abort of its communicator:
 //!   `ncclCommAbort` makes NCCL's kernels return early, so the event of an op that never
@@ -186,7 +186,8 @@
 //! there — `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, a
 //! copy kernel up to 1 MiB (`cuda::COPY_KERNEL_MAX_BYTES`) and `cuMemcpyDtoDAsync` above, or
 //! `cuMemcpyDtoDAsync` always (`memcpy`), see `worker::Launch::local`; 0: through NCCL as on any
-//! communicator), `init_timeout_ms=N` (default: the
+//! communicator), `batch=0|1` (default 1: small ops whose header every rank posted share one
+//! completion event, see `worker::Tracker::defer`), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,

@@ -673,7 +673,11 @@ impl Channel {
         let deadline = self.deadline(id).max(Instant::now() + self.op_timeout);
         // A small op with nothing after its calls may share its completion event with the ops
         // launched next to it (see `Tracker::defer`); any other is launched after their event.
-        let defer = batchable(deferrable && agreed && tracker.batching && !stall, then.is_empty(), keep.iter().map(|m| m.bytes()).sum());
+        let defer = batchable(
+            deferrable && agreed && tracker.batching.load(Ordering::Relaxed) && !stall,
+            then.is_empty(),
+            keep.iter().map(|m| m.bytes()).sum(),
+        );
         if !defer || !tracker.batch_fits(&self.comm) {
             tracker.flush();
         }
@@ -960,8 +964,9 @@ pub(crate) struct Tracker {
     batch: Padded<Mutex<Batch>>,
     /// Whether `batch` holds any op (read without its lock by the worker loop and the watchdog).
     batched: AtomicBool,
-    /// Whether small ops share completion events (`CONCORD_NCCL_BATCH=0`: one event per op).
-    pub batching: bool,
+    /// Whether small ops share completion events (backend option `batch=0`: one event per op;
+    /// set at the world's `init`, shared by its subgroups).
+    pub batching: AtomicBool,
 }
 
 /// Whether an op just launched may leave its completion event to its batch (see
@@ -1050,7 +1055,7 @@ impl Tracker {
             born: Instant::now(),
             batch: Padded(Mutex::new(Batch::default())),
             batched: AtomicBool::new(false),
-            batching: std::env::var("CONCORD_NCCL_BATCH").map_or(true, |v| v != "0"),
+            batching: AtomicBool::new(true),
         }
     }
 

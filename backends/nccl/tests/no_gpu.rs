@@ -83,7 +83,7 @@ fn a_bad_one_rank_copy_option_is_named_before_any_gpu_is_touched() {
 
 #[test]
 fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
-    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache"] {
+    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache", "batch"] {
         let err = refused_with_option(key, "flase");
         assert!(err.to_string().contains(&format!("{key}=flase")) && err.to_string().contains("true/false"), "{err}");
     }
