@@ -2,8 +2,8 @@
 //! (a change of that session, before its merge) that no case of the catalogue could catch.
 
 use crate::campaign::{spec, Spec};
-use crate::{Buf, Bug, Shm};
-use concord_core::{Backend, CollectiveError, Completion, ReduceOp, Result, Work};
+use crate::{lock, relay_wait, Buf, Bug, Shm};
+use concord_core::{Backend, Completion, ReduceOp, Result, Work};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ impl Link {
     }
     /// Its own completion and the next op's: the shared marker.
     fn marker(&self) -> bool {
-        self.own() && self.next.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|n| n.own())
+        self.own() && lock(&self.next).as_ref().is_none_or(|n| n.own())
     }
 }
 
@@ -48,10 +48,8 @@ impl Completion for SharedMarker {
     }
     fn wait_for(&self, timeout: Duration) -> Result<bool> {
         let until = Instant::now() + timeout;
-        match self.inner.wait(timeout) {
-            Ok(_) => {}
-            Err(CollectiveError::Timeout { .. }) => return Ok(false),
-            Err(e) => return Err(e),
+        if !relay_wait(&self.inner, timeout, |_| {})? {
+            return Ok(false);
         }
         loop {
             if self.link.marker() {
@@ -70,10 +68,10 @@ impl CompletionWaitsForNextOp {
         let (value, meta) = (w.peek().clone(), w.meta().clone());
         let inner = Arc::new(w);
         let link = Arc::new(Link { inner: Arc::downgrade(&inner), next: Mutex::new(None) });
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.last);
         if let Some(prev) = last.take() {
             if !prev.own() {
-                *prev.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.clone());
+                *lock(&prev.next) = Some(link.clone());
             }
         }
         *last = Some(link.clone());

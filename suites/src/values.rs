@@ -604,7 +604,6 @@ pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Toler
     }
 }
 
-/// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
 /// How many leading elements (row-major) of a peer's input of `shape` rank `rank`'s answer to
 /// `coll` reads, of the peers [`concord_oracle::reads`] names: a reduce_scatter's chunk `rank`
 /// (rows `rank·d0/ws ..(rank + 1)·d0/ws`) ends at element `(rank + 1)·numel/ws`; every other op
@@ -617,6 +616,7 @@ fn read_upto(coll: &Collective, shape: &[usize], ws: usize, rank: usize) -> usiz
     }
 }
 
+/// [`exec::collective`] (`p.reduce` is the spec's), with the split matrix's all_to_all splits.
 fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<Vec<usize>>>) -> Collective {
     match spec.op {
         OpKind::AllToAllSingle => {

@@ -1103,11 +1103,7 @@ impl Tracker {
     /// Records the batch's completion event (see [`Tracker::defer`]) and hands it to every op
     /// of the batch. Progress thread, or the watchdog's flusher thread.
     pub fn flush(&self) {
-        if !self.batched.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
-        self.flush_locked(&mut b);
+        self.flush_older(Duration::ZERO);
     }
 
     /// Whether a batch older than `age` waits for its event; `false` while another thread holds

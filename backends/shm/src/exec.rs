@@ -730,16 +730,14 @@ impl Progress {
                     // On a caller's thread whose wait ends before the close's full deadline:
                     // close until then; if a peer still touches this rank's memory, the progress
                     // thread finishes the close and completes the op later.
-                    Some(by) => match comm.ctl.close(by) {
-                        Ok(()) => {
+                    Some(by) => {
+                        if comm.ctl.close(by).is_ok() {
                             held.settle();
-                            Err(e)
-                        }
-                        Err(_) => {
+                        } else {
                             self.closing = Some(Closing { held, err: e.clone(), until, flag: None });
-                            Err(e)
                         }
-                    },
+                        Err(e)
+                    }
                     None => Err(held.fail(e)),
                 }
             }

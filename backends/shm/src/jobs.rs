@@ -41,7 +41,7 @@ struct State<T> {
     /// When the last item was queued.
     last: Instant,
     /// The engine has work of its own (queued point-to-point ops, a close to finish): the
-    /// receiver must not sleep past it ([`Sender::set_pending`]).
+    /// receiver must not sleep past it ([`Waker::set_pending`]).
     pending: bool,
     /// The sender still exists.
     sender: bool,

@@ -35,7 +35,7 @@
 //! * **The engine and who runs it.** Per backend instance, the progress state (`exec::Progress`)
 //!   sits behind a lock (`exec::Engine`) held by one thread at a time: the progress thread, or
 //!   a caller that runs its own collective inline. Ops run one at a time, in issue order,
-//!   whoever runs them. A caller whose `wait(t)` is long enough (`t` ≥ the op deadline + 50 ms,
+//!   whoever runs them. A caller whose `wait(t)` is long enough (`t` ≥ the op deadline + 1/16 of it, at least 50 ms,
 //!   so the op's waits end before `t`), whose op carries no injected fault, and who finds the
 //!   engine free and its op next in issue order runs the op on its own thread
 //!   (`exec::CollWork`): no hand-off to the progress thread and back, the common case of the
