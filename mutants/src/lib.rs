@@ -77,6 +77,7 @@ pub mod bugs_review2;
 pub mod bugs_review3;
 pub mod bugs_review4;
 pub mod bugs_review5;
+pub mod bugs_review6;
 pub mod bugs_risks;
 pub mod bugs_stream;
 pub mod campaign;
@@ -109,7 +110,8 @@ pub mod sweep_bad;
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
-/// backend that no case caught); [`bugs_risks`] (the legal variants' open risks: declarations
+/// backend that no case caught), [`bugs_review6`] (blind spots a read-only review of the
+/// catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type).
@@ -145,6 +147,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review3::catalogue());
     v.extend(bugs_review4::catalogue());
     v.extend(bugs_review5::catalogue());
+    v.extend(bugs_review6::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_stream::catalogue());
     v
@@ -488,6 +491,10 @@ pub trait Bug: Send + Sync + 'static {
     }
     /// Whether `new_group(ranks)` is refused before any group is made (a backend that declares
     /// no subgroups). Default: never.
+    /// `view(b, offset, shape)`. Default: the correct backend's.
+    fn view(&self, s: &Shm, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
+        s.inner.view(b, offset, shape)
+    }
     fn refuse_group(&self, s: &Shm, ranks: &[usize]) -> Result<()> {
         Ok(())
     }
@@ -606,7 +613,7 @@ impl Backend for Mutant {
         self.s.inner.write(b, t)
     }
     fn view(&self, b: &Buf, offset: usize, shape: &[usize]) -> Result<Buf> {
-        let v = self.s.inner.view(b, offset, shape)?;
+        let v = self.bug.view(&self.s, b, offset, shape)?;
         let (parent, base) = self.s.view_of(b).unwrap_or((b.clone(), 0));
         self.s.views.lock().unwrap_or_else(|e| e.into_inner()).insert(self.s.inner.buffer_addr(&v), (parent, base + offset));
         Ok(v)
