@@ -19,8 +19,9 @@
 //! `async::issue_returns_at_once::all_to_all_splits::ws2` (explicit, uneven splits), and
 //! `async::barrier_synchronises` (and `::subgroup::ws3`, on a group) — the late rank sets a store key right before
 //! entering the barrier (after a deliberate delay); every rank checks, right after its barrier
-//! completes, with a non-waiting `check`, that the key is set; `::every_rank_checks::ws4`:
-//! at 4 ranks, every rank sets its key before entering and checks every rank's.
+//! completes, with a non-waiting `check`, that the key is set; `::every_rank_checks::ws{4,5,8}`:
+//! at 4, 5 and 8 ranks (late ranks 0, 4 and the last), every rank sets its key before entering and
+//! checks every rank's.
 
 use super::util::{expect_eq, fail, full, here, member_group};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -355,12 +356,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new(
-        "async::barrier_synchronises::every_rank_checks::ws4",
-        meta(OpKind::Barrier, Variant::Out),
-        4,
-        barrier_every_rank_checks,
-    ));
+    for ws in [4, 5, 8] {
+        v.push(Case::<B>::new(
+            format!("async::barrier_synchronises::every_rank_checks::ws{ws}"),
+            meta(OpKind::Barrier, Variant::Out),
+            ws,
+            barrier_every_rank_checks,
+        ));
+    }
     for ws in [2, 3] {
         v.push(Case::<B>::new(format!("async::barrier_synchronises::ws{ws}"), meta(OpKind::Barrier, Variant::Out), ws, |ctx| {
             let b = ctx.b;
@@ -405,9 +408,11 @@ fn set_seen(store: &concord_store::Store, key: &str) -> Result<(), String> {
     }
 }
 
-/// `async::barrier_synchronises::every_rank_checks::ws4`: the barrier at 4 ranks (the cases
-/// above run at 2 and 3, where every rank of a tree barrier is on its first level). Two rounds,
-/// rank 0 and then the last rank the late one: every rank sets its own store key right before it
+/// `async::barrier_synchronises::every_rank_checks::ws{4,5,8}`: the barrier at 4, 5 and 8 ranks
+/// (the cases above run at 2 and 3, where every rank of a tree barrier is on its first level; 5
+/// and 8 ranks span two groups of 4, where a hierarchical barrier's leaders must meet before
+/// releasing anyone). One round per late rank, rank 0, rank 4 (from 5 ranks up: the first rank
+/// of the second group) and the last rank: every rank sets its own store key right before it
 /// enters the barrier (the late rank after a 20 ms delay, so that the others are inside), and
 /// every rank checks, right after its barrier completed, that EVERY rank's key is set. No rank's
 /// barrier may complete before every rank has entered it. (The keys are the round's own, so no
@@ -415,7 +420,12 @@ fn set_seen(store: &concord_store::Store, key: &str) -> Result<(), String> {
 fn barrier_every_rank_checks<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    for (round, late) in [0, ws - 1].into_iter().enumerate() {
+    let mut lates = vec![0];
+    if ws > 5 {
+        lates.push(4);
+    }
+    lates.push(ws - 1);
+    for (round, late) in lates.into_iter().enumerate() {
         let w = format!("{} late_rank={late} (every rank sets its key right before entering)", here(b, "barrier", "out", DType::F32));
         let keys: Vec<String> = (0..ws).map(|r| format!("{}/{}/round{round}/entering{r}", ctx.case, ctx.world.world_id)).collect();
         if me == late {

@@ -1,5 +1,6 @@
 //! Async-wait semantics: pending before the peers arrive, completed after wait, waiting twice,
-//! the outstanding-work registry, many outstanding works waited out of order, waiting from another
+//! the outstanding-work registry (an all_reduce's, and every op's works counted while in flight),
+//! many outstanding works waited out of order, waiting from another
 //! thread, a peer that never joins (named timeout, then recovery; the op pending for it is
 //! recorded in `concord_core::progress`), a lag test that catches a
 //! backend reporting completion before the data is final, a process that exits with an
@@ -247,6 +248,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
+    v.push(Case::<B>::new("async::registry_counts_unwaited_work::every_op::ws2", meta("every_op", "every"), 2, registry_counts_every_op));
     v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
@@ -990,6 +992,61 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
         }
     }
     first
+}
+
+/// `async::registry_counts_unwaited_work::every_op::ws2`: every (op, variant) of [`exec::PAIRS`]
+/// (f32, sum where it reduces; a declared gap is skipped on both ranks) is issued and, before any
+/// wait, `outstanding()` MUST count its works (one per work the call returned: a send / recv pair
+/// is two); once they are waited it MUST be back where it was (clause `quiescence`). The
+/// all_reduce case above checks the count on one op only: a backend whose send, recv, barrier or
+/// broadcast works are built against another counter reported 0 with them in flight, and a
+/// caller draining by the count left them behind.
+fn registry_counts_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let caps = b.capabilities();
+    let base = b.outstanding();
+    if base != 0 {
+        return Err(fail(&here(b, "every_op", "every", DType::F32), format!("outstanding() = {base} at the start of a case")));
+    }
+    for &(op, variant) in exec::PAIRS {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
+            continue;
+        }
+        let w = format!("{} (issued on both ranks, not yet waited)", here(b, op.name(), &variant.to_string(), DType::F32));
+        let a = exec::Params {
+            reduce,
+            root: ws - 1,
+            src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
+            peer: crate::values::partner(me, ws),
+            ..Default::default()
+        };
+        let n = 2 * ws;
+        let tensors = if matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
+        let ins: Vec<B::Buffer> = (0..tensors).map(|_| b.upload(&rank_tensor(b, n))).collect::<Result<_, _>>()?;
+        let out = match (op, variant) {
+            (concord_core::OpKind::AllGatherIntoTensor, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n * ws])?),
+            (concord_core::OpKind::ReduceScatterTensor, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n / ws])?),
+            (_, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n])?),
+            _ => None,
+        };
+        let pending = exec::issue(b, op, variant, &ins, out.as_ref(), &a).map_err(|e| fail(&w, format!("issue: {e} [{}]", e.name())))?;
+        let works = if matches!(pending, exec::Pending::Pair(..)) { 2 } else { 1 };
+        let counted = b.outstanding();
+        pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
+        if counted != works {
+            return Err(fail(
+                &w,
+                format!("outstanding() = {counted} with the call's {works} work(s) issued and not yet waited, expected {works}: every work counts from its issue until it is waited or dropped"),
+            ));
+        }
+        let after = b.outstanding();
+        if after != 0 {
+            return Err(fail(&w, format!("outstanding() = {after} once the call's {works} work(s) were waited, expected 0")));
+        }
+    }
+    Ok(())
 }
 
 /// Rank 1 dies without issuing the op (`all_reduce` or `barrier`) rank 0 has issued: rank 0's

@@ -432,7 +432,8 @@ const LONG_NARROW_INT: [usize; 4] = [64, 1031, 6151, 65537];
 /// `avg` of the 1- and 2-byte integers (`all_reduce::out::u8::avg::ws2::long`), world sizes 2 and
 /// 3: a dtype-specific vector path (several elements per word or register, a remainder loop, a
 /// wide-lane compare, a signed lane compare for unsigned values, a saturating pack, a rounding
-/// average instruction) and a rank's later kernel blocks are taken only there.
+/// average instruction) and a rank's later kernel blocks are taken only there. Also u8 `sum` of
+/// reduce_scatter, reduce and in-place all_reduce at world size 2, to 65537 elements.
 pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     let mut specs: Vec<(DType, ReduceOp)> = NARROW_SHAPES.iter().chain([&DType::F16]).map(|&d| (d, ReduceOp::Sum)).collect();
@@ -456,13 +457,26 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
     }
+    // The other reductions' narrow-integer passes (`reduce_scatter_tensor::out::u8::sum::ws2::long`):
+    // the same pass loop may sit under reduce_scatter, reduce and the in-place all_reduce.
+    for (op, variant) in
+        [(OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out), (OpKind::AllReduce, Variant::InPlace)]
+    {
+        let spec = ValueSpec { op, variant, dtype: DType::U8, reduce: Some(ReduceOp::Sum), kind: InputKind::Exact, max_shapes: None };
+        let name = format!("{}::long", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        // reduce_scatter's inputs hold one output per rank.
+        let per = if op == OpKind::ReduceScatterTensor { 2 } else { 1 };
+        let extra = Extra { runs: Some(LONG_NARROW_INT.iter().map(|&n| vec![vec![per * n]]).collect()), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "long", &extra)));
+    }
     out
 }
 
 /// Past 1 MiB with what the size ladder (`sum` of single tensors, out-of-place) does not run
-/// there: `all_reduce` `max` / `min` of 262145 f32 (a large-message kernel may exist for `sum`
-/// only), coalesced `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion
-/// buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
+/// there: `all_reduce` `max` / `min` / `avg` of 262145 f32 (a large-message kernel may exist for
+/// `sum` only; `avg` as a sum then a divide that covers only part of the output), coalesced
+/// `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
 /// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
 /// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
 /// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
@@ -473,6 +487,8 @@ pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     let specs = [
         (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Max), vec![vec![vec![N]]]),
         (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Min), vec![vec![vec![N]]]),
+        // A scaled reduction done as a sum then a divide whose kernel covers only a first part.
+        (OpKind::AllReduce, Variant::Out, Some(ReduceOp::Avg), vec![vec![vec![N]]]),
         (OpKind::AllReduce, Variant::InPlace, Some(ReduceOp::Sum), vec![vec![vec![N]]]),
         (OpKind::AllReduce, Variant::Coalesced, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
         (OpKind::AllReduce, Variant::CoalescedInPlace, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),

@@ -3,7 +3,7 @@
 //! late-write detection (after wait, nothing may still write the result: also a recv's `out`
 //! and an `_out` op's output), results of same-shaped
 //! out-of-place calls kept at once (none overwrites another; also with the calls in flight
-//! together, and a world's and a group's call in flight together), and input/output aliasing (rejected with a named error, or correct, as the backend
+//! together; the coalesced ops with a list of one and the rooted ops too), and a world's and a group's call in flight together), and input/output aliasing (rejected with a named error, or correct, as the backend
 //! declares).
 //! Guard bytes around every `_out` buffer and untouched inputs are checked by the matrix itself.
 
@@ -94,6 +94,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         (OpKind::AllToAllSingle, Variant::Out),
         (OpKind::Broadcast, Variant::Out),
         (OpKind::PermuteTensor, Variant::Out),
+        // A list of one tensor: a fusion buffer per shape list is reused the same way.
+        (OpKind::AllReduce, Variant::Coalesced),
+        (OpKind::AllGatherIntoTensor, Variant::Coalesced),
+        (OpKind::ReduceScatterTensor, Variant::Coalesced),
+        // Rooted at the last rank: a kept receive buffer on the root.
+        (OpKind::Reduce, Variant::Out),
+        (OpKind::Gather, Variant::Out),
+        (OpKind::Scatter, Variant::Out),
     ] {
         let m = meta(op.name(), variant.name());
         v.push(Case::<B>::new(format!("reuse::outputs_kept::{}::{variant}::ws2", op.name()), m.clone(), 2, move |ctx| {
@@ -277,9 +285,12 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
         }
     }
     let how = if in_flight { "issued together, waited in reverse order" } else { "results kept" };
+    // An empty result (a gather's off the root) overlaps nothing, whatever its address
+    // ([clause: placement.empty_no_alias]).
+    let filled = |x: &B::Buffer| b.buffer_shape(x).iter().product::<usize>() > 0;
     for (k, (out, inputs, _)) in kept.iter().enumerate() {
         let addr = b.buffer_addr(out);
-        if let Some(j) = kept[..k].iter().position(|(o, _, _)| b.buffer_addr(o) == addr) {
+        if let Some(j) = kept[..k].iter().position(|(o, _, _)| filled(out) && filled(o) && b.buffer_addr(o) == addr) {
             return Err(fail(
                 &w,
                 format!(

@@ -513,10 +513,22 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
     // A coalesced call's list: a 7-element tensor (its own seed), then the n-element one.
     let coalesced = matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace);
     let tensors: Vec<(u64, usize)> = if coalesced { vec![(seed ^ 0x7, 7), (seed, n)] } else { vec![(seed, n)] };
-    let (mut ins, mut sent) = (Vec::new(), Vec::new());
+    let (mut ins, mut sent, mut in_frames) = (Vec::new(), Vec::new(), Vec::new());
     for &(sd, k) in &tensors {
         let t = input(op, dtype, sd, k, ws, me);
-        ins.push(b.upload(&t).map_err(|e| fail(format!("upload: {e}")))?);
+        // An in-place op's buffer is its output too: up to [`GUARDED_OUT_MAX`] elements it is a
+        // view [`GUARD_ELEMS`] into a parent of guard bytes, like an `_out` output below (a
+        // rounded-up last chunk of an in-place large-message path writes past it).
+        if exec::is_in_place(variant) && t.numel() <= GUARDED_OUT_MAX {
+            let es = dtype.size();
+            let mut whole = Tensor::filled_bytes(dtype, &[t.numel() + 2 * GUARD_ELEMS], GUARD_BYTE);
+            whole.bytes_mut()[GUARD_ELEMS * es..(GUARD_ELEMS + t.numel()) * es].copy_from_slice(t.bytes());
+            let parent = b.upload(&whole).map_err(|e| fail(format!("upload: {e}")))?;
+            ins.push(b.view(&parent, GUARD_ELEMS, t.shape()).map_err(|e| fail(format!("view: {e}")))?);
+            in_frames.push((parent, t.numel()));
+        } else {
+            ins.push(b.upload(&t).map_err(|e| fail(format!("upload: {e}")))?);
+        }
         sent.push(t);
     }
     let out_shape = match (op, variant) {
@@ -565,6 +577,9 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
     }
     if let Some((parent, numel)) = &frame {
         crate::values::check_frame(b, parent, GUARD_ELEMS, *numel, "output").map_err(fail)?;
+    }
+    for (t, (parent, numel)) in in_frames.iter().enumerate() {
+        crate::values::check_frame(b, parent, GUARD_ELEMS, *numel, &format!("in-place (tensor {t})")).map_err(fail)?;
     }
     if !b.capabilities().moves_data {
         crate::case::note_values_unchecked();
