@@ -39,6 +39,11 @@ pub struct Clock<B> {
     /// the host clock around the window's issues and waits instead, never by marks that would
     /// not cover it.
     pub covers_p2p: bool,
+    /// Optional: turns the backend's own per-op profile on (`true`) or off and returns what it
+    /// measured since the last call (name, mean per op; NCCL: the progress thread's sections,
+    /// `NcclBackend::profile_progress`). Used only when `CONCORD_BENCH_PROBE=1`: each timed
+    /// window is then profiled and one `# probe` line per step and rank goes to stderr.
+    pub profile: Option<fn(&B, bool) -> Vec<(&'static str, f64)>>,
 }
 
 /// One step as a reference times it: the backend's step, placement, iterations and window.
