@@ -820,13 +820,15 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
                     .join(", ")
             })
             .unwrap_or_default();
-        eprintln!(
-            "# probe rank {rank} {what}: gpu {:.2} launched {:.2} issue {:.2} (us per op, medians over {} windows of {window}) | backend per job: {prof}",
+        let line = format!(
+            "# probe rank {rank} {what}: gpu {:.2} launched {:.2} issue {:.2} (us per op, medians over {} windows of {window}) | backend per job: {prof}\n",
             median(&per_window),
             col(&|w| host[w][1]),
             col(&|w| host[w][0]),
             host.len()
         );
+        // One write: the ranks share the parent's stderr, and lines written in pieces interleave.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
     counts.time_us = median(&per_window);
     counts.windows = per_window.len();
