@@ -17,6 +17,10 @@
 //! of single steps of the issue path (`capabilities()` for the call checks, one stream-ordered
 //! output allocation with the memory pool's default release threshold and with freed memory
 //! kept).
+//!
+//! `--order-check` (alone): with validation off, rank 0's earlier all_reduce must complete
+//! while rank 1 holds the later one back until it has seen the earlier one complete (see
+//! `order_check`); fails named after 4 s otherwise. `dist/run-gpu.sh bench --ranks 2 --order-check`.
 
 use clap::Parser;
 use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
@@ -187,6 +191,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     ));
     say("#   issue: the caller's all_reduce call (checks, output allocation, queueing the job)".into());
     say("#   launched: first issue -> every op launched by the progress thread (its per-op throughput when it is the bottleneck)".into());
+    say("#   (rank 0's issue, launched and profile; with several ranks the gpu column follows the slowest rank's launches)".into());
     say("#   gpu: CUDA events around the window (what the table reports); done: first issue -> every wait returned".into());
     say(format!("#   {:<14} {:>9} {:>9} {:>9} {:>9}", "placement", "issue", "launched", "gpu", "done"));
     for (name, in_place, keep) in [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)] {
