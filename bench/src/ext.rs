@@ -25,6 +25,10 @@ use std::time::Duration;
 /// An opaque clock mark (the backend's own type, boxed).
 pub type Mark = Box<dyn Any>;
 
+/// Turns a backend's per-op profile on or off and returns its sections since the last call
+/// (name, mean per op): see [`Clock::profile`].
+pub type ProfileFn<B> = fn(&B, bool) -> Vec<(&'static str, f64)>;
+
 /// A backend's device-side clock (see the module docs).
 pub struct Clock<B> {
     /// Records a mark ordered after every op issued before the call and before every op
@@ -39,6 +43,11 @@ pub struct Clock<B> {
     /// the host clock around the window's issues and waits instead, never by marks that would
     /// not cover it.
     pub covers_p2p: bool,
+    /// Optional: turns the backend's own per-op profile on (`true`) or off and returns what it
+    /// measured since the last call (name, mean per op; NCCL: the progress thread's sections,
+    /// `NcclBackend::profile_progress`). Used only when `CONCORD_BENCH_PROBE=1`: each timed
+    /// window is then profiled and one `# probe` line per step and rank goes to stderr.
+    pub profile: Option<ProfileFn<B>>,
 }
 
 /// One step as a reference times it: the backend's step, placement, iterations and window.

@@ -745,6 +745,14 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     // Each window's time per op: the step's time is their median (one slow window, a host
     // hiccup, moves a mean over a few windows by as much as the code changes being measured).
     let mut per_window: Vec<f64> = Vec::new();
+    // `CONCORD_BENCH_PROBE=1` (a diagnosis aid, off by default; the profile's clock reads cost
+    // the backend time): per timed window, the host's times and the backend's own profile, one
+    // `# probe` line per step and rank on stderr.
+    let probe = clock.and_then(|c| c.profile).filter(|_| std::env::var("CONCORD_BENCH_PROBE").is_ok_and(|v| v == "1"));
+    // Per window, µs per op: the issues (start mark returned -> last issue returned) and the
+    // launches (start mark returned -> end mark returned, which waits for the last launch).
+    let mut host: Vec<[f64; 2]> = Vec::new();
+    let mut profiles: Vec<Vec<(&'static str, f64)>> = Vec::new();
     let mut wall = Duration::ZERO;
     let mut done = 0;
     while done < cx.iters {
@@ -767,8 +775,18 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
         };
         let t = Instant::now();
         let start = clock.map(|c| (c.mark)(b)).transpose()?;
+        let t_start = Instant::now();
+        if let Some(p) = probe {
+            let _ = p(b, true);
+        }
         let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
+        let t_issued = Instant::now();
         let end = clock.map(|c| (c.mark)(b)).transpose()?;
+        if let Some(p) = probe {
+            let per = |d: Duration| d.as_secs_f64() * 1e6 / k.max(1) as f64;
+            host.push([per(t_issued - t_start), per(t_start.elapsed())]);
+            profiles.push(p(b, false));
+        }
         for p in pre.iter().chain(&pending) {
             wait(p)?;
         }
@@ -788,6 +806,29 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
             cx.beat.tick();
         }
         done += k;
+    }
+    if probe.is_some() && !host.is_empty() {
+        let col = |f: &dyn Fn(usize) -> f64| median(&(0..host.len()).map(f).collect::<Vec<_>>());
+        let prof = profiles
+            .first()
+            .map(|first| {
+                first
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, _))| format!("{name} {:.2}", col(&|w| profiles[w].get(i).map_or(f64::NAN, |x| x.1))))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let line = format!(
+            "# probe rank {rank} {what}: gpu {:.2} launched {:.2} issue {:.2} (us per op, medians over {} windows of {window}) | backend per job: {prof}\n",
+            median(&per_window),
+            col(&|w| host[w][1]),
+            col(&|w| host[w][0]),
+            host.len()
+        );
+        // One write: the ranks share the parent's stderr, and lines written in pieces interleave.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
     counts.time_us = median(&per_window);
     counts.windows = per_window.len();

@@ -239,7 +239,13 @@ fn clocked_hooks() -> Hooks<ShmBackend> {
         Ok(Box::new(FakeRef))
     }
     Hooks {
-        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1 ms per window", covers_p2p: true }),
+        clock: Some(concord_bench::Clock {
+            mark,
+            elapsed,
+            describe: "fake device clock: 1 ms per window",
+            covers_p2p: true,
+            profile: None,
+        }),
         reference: Some(make),
         data: Some(via_host()),
         ..Hooks::default()
@@ -309,7 +315,13 @@ fn shifting_clock_hooks() -> Hooks<ShmBackend> {
         Ok(Duration::from_millis([1, 2, 9][(N.fetch_add(1, Ordering::SeqCst) % 3) as usize]))
     }
     Hooks {
-        clock: Some(concord_bench::Clock { mark, elapsed, describe: "fake device clock: 1, 2, 9 ms in turn", covers_p2p: true }),
+        clock: Some(concord_bench::Clock {
+            mark,
+            elapsed,
+            describe: "fake device clock: 1, 2, 9 ms in turn",
+            covers_p2p: true,
+            profile: None,
+        }),
         data: Some(via_host()),
         ..Hooks::default()
     }

@@ -43,6 +43,9 @@ const W_HLEN: usize = 3;
 const FIXED: usize = 8;
 /// Slots per rank (see the module docs for why two suffice).
 const SLOTS: usize = 2;
+/// Words between two ranks' issue counters (one 128-byte line each: every rank's issuing
+/// thread writes its own on every collective, and the other ranks' progress threads read it).
+const ISSUED_STRIDE: usize = 16;
 
 /// One rank's view of a communicator's board.
 pub(crate) struct Board {
@@ -76,7 +79,7 @@ fn os_err(what: &str, name: &str) -> String {
 
 impl Board {
     fn words(ws: usize, hlen: usize) -> usize {
-        FIXED + SLOTS * ws * (1 + hlen)
+        FIXED + SLOTS * ws * (1 + hlen) + ws * ISSUED_STRIDE
     }
 
     /// Opens and maps segment `name` sized for `ws` ranks with headers of `hlen` words.
@@ -162,6 +165,10 @@ impl Board {
         FIXED + ((n as usize % SLOTS) * self.ws + r) * (1 + self.hlen)
     }
 
+    fn issued_word(&self, r: usize) -> &AtomicU64 {
+        self.word(FIXED + SLOTS * self.ws * (1 + self.hlen) + r * ISSUED_STRIDE)
+    }
+
     /// A new board (`name` must not exist) stamped with `nonce`: the world's, made by rank 0.
     pub fn create(name: &str, ws: usize, rank: usize, hlen: usize, nonce: u64) -> Result<Board, String> {
         let b = Self::map(name, ws, rank, hlen, libc::O_CREAT | libc::O_EXCL)?;
@@ -241,6 +248,22 @@ impl Board {
     /// Whether every rank has posted exchange `n`.
     pub fn ready(&self, n: u64) -> bool {
         (0..self.ws).all(|r| self.word(self.slot(n, r)).load(Ordering::Acquire) == n + 1)
+    }
+
+    /// Publishes that this rank's issuing thread has queued its collective number `cseq` (from 0,
+    /// in issue order) on this communicator. The count only ever moves by one: a number
+    /// published out of turn (a collective refused at issue, or two threads issuing at once)
+    /// leaves it where it is for good, so a rank's count never claims a collective it did not
+    /// queue. Read by the peers' progress threads ([`Board::all_issued`]); see
+    /// `worker::Tracker::defer` for what they use it for.
+    pub fn note_issued(&self, cseq: u64) {
+        let _ = self.issued_word(self.rank).compare_exchange(cseq, cseq + 1, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Whether every rank has queued its collective number `cseq` on this communicator
+    /// ([`Board::note_issued`]).
+    pub fn all_issued(&self, cseq: u64) -> bool {
+        (0..self.ws).all(|r| self.issued_word(r).load(Ordering::Acquire) > cseq)
     }
 
     /// The ranks that have not posted exchange `n` yet.
@@ -395,6 +418,32 @@ mod tests {
         assert!(e.contains("needs"), "{e}");
         assert!(exists(&n));
         drop(a);
+    }
+
+    #[test]
+    fn issue_counts_move_by_one_and_only_in_turn() {
+        let n = name("issued");
+        let a = Board::create(&n, 2, 0, 4, 5).unwrap();
+        let b = Board::open(&n, 2, 1, 4, 5).unwrap();
+        a.unlink();
+        assert!(!a.all_issued(0) && !b.all_issued(0), "nothing issued yet");
+        a.note_issued(0);
+        assert!(!a.all_issued(0), "rank 1 has not issued collective 0");
+        b.note_issued(0);
+        assert!(a.all_issued(0) && b.all_issued(0) && !a.all_issued(1));
+        // Rank 1 skips collective 1 (refused at issue) and queues 2: its count stays at 1 for
+        // good, so no peer ever takes collective 1 or any later one as issued there.
+        a.note_issued(1);
+        a.note_issued(2);
+        b.note_issued(2);
+        b.note_issued(3);
+        assert!(!a.all_issued(1) && !a.all_issued(2) && !a.all_issued(3), "a count published out of turn moves nothing");
+        assert!(a.all_issued(0), "what was published stays");
+        // The counters do not touch the header slots (both live in one segment).
+        assert_eq!(a.post(&[9]), 0);
+        assert_eq!(b.post(&[8]), 0);
+        assert_eq!(a.read(0), vec![vec![9, 0, 0, 0], vec![8, 0, 0, 0]]);
+        assert!(a.all_issued(0) && !a.all_issued(1));
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl Drop for Op {
 
 impl Op {
     pub(crate) fn id(&self) -> OpId {
-        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth, started: None }
+        OpId { name: self.name, seq: self.seq, issued: self.issued, nth: self.nth, cseq: self.cseq, started: None }
     }
 }
 
@@ -185,6 +185,11 @@ impl NcclBackend {
             return Ok(self.done(op, value));
         }
         self.alive(&op)?;
+        if let Some(b) = &self.chan.board {
+            // Before the job is queued: a peer that reads it may let this op share a completion
+            // event with the ops before it (see `worker::Channel::issued_everywhere`).
+            b.note_issued(op.cseq);
+        }
         let ticket = Ticket::new();
         self.progress.submit(Job::Op { chan: self.chan.clone(), id: op.id(), check, launch, ticket: Some(ticket.clone()) });
         Ok(self.pending(op, value, ticket))

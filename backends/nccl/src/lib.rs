@@ -186,7 +186,8 @@
 //! there — `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, a
 //! copy kernel up to 1 MiB (`cuda::COPY_KERNEL_MAX_BYTES`) and `cuMemcpyDtoDAsync` above, or
 //! `cuMemcpyDtoDAsync` always (`memcpy`), see `worker::Launch::local`; 0: through NCCL as on any
-//! communicator), `batch=0|1` (default 1: small ops whose header every rank posted share one
+//! communicator), `batch=0|1` (default 1: small ops that every rank has issued — its header posted, or
+//! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any

@@ -135,6 +135,8 @@ pub(crate) struct OpId {
     pub issued: Instant,
     /// Index among the world's collective and point-to-point calls (fault injection only).
     pub nth: Option<u64>,
+    /// The collective's number on its communicator (the same on every rank; 0 for other ops).
+    pub cseq: u64,
     /// When the progress thread started the op's job (set there): its deadlines count from
     /// here, so time spent queued behind healthy earlier ops does not count against it.
     pub started: Option<Instant>,
@@ -605,6 +607,19 @@ impl Channel {
         Ok(b.read(n))
     }
 
+    /// Whether every rank of this communicator has queued collective `id` (its issuing thread
+    /// published the number on the board, `Board::note_issued`, before queueing it), on a rank
+    /// that has never split a subgroup. Then every peer's stream holds, before `id`'s kernel, only
+    /// collectives of this communicator that this rank issued too (all ranks issue them in one
+    /// order, and a new subgroup is a collective of this communicator, which sets `split_seen`
+    /// here before any later op), and every peer's progress thread launches them in order
+    /// without waiting for anything but the GPU: `id`'s kernel runs without any further call of
+    /// any caller, so the ops batched before it never wait for something a peer does only after
+    /// it has seen them complete. No board (ranks on several hosts, `header_board=0`): `false`.
+    fn issued_everywhere(&self, id: &OpId, tracker: &Tracker) -> bool {
+        !tracker.split_seen.load(Ordering::SeqCst) && self.board.as_ref().is_some_and(|b| b.all_issued(id.cseq))
+    }
+
     /// `Err(Aborted)` once the communicator has been aborted (e.g. by a wait at the op deadline
     /// while this job's headers were in flight: what arrived then is not to be trusted).
     fn not_aborted(&self, id: &OpId) -> Result<()> {
@@ -624,11 +639,13 @@ impl Channel {
         if self.faults.stalls(id.nth) || (matches!(check, Check::All(_)) && self.board.is_none()) {
             tracker.flush();
         }
-        // Only an op whose header every rank posted may join a batch: its kernel then runs (every
+        // Only an op that every rank has issued may join a batch: its kernel then runs (every
         // peer issued it), so an earlier op of the batch never waits for a later op that a peer
-        // issues only after it has waited for the earlier one (a legal program). Without
-        // validation (`validate=0`) every op gets its own event, but on a communicator of one.
-        let agreed = matches!(check, Check::All(_)) || self.ws == 1;
+        // issues only after it has waited for the earlier one (a legal program). Known from its
+        // header (every rank posted it) or, without validation (`validate=0`), from the ranks'
+        // issue counters on the board ([`Channel::issued_everywhere`]); otherwise the op gets
+        // its own event (a communicator of one needs neither).
+        let agreed = matches!(check, Check::All(_)) || self.ws == 1 || self.issued_everywhere(id, tracker);
         self.not_aborted(id)?;
         // A local failure before the header still sends it (marked failed), so the peers end
         // this op in a named error instead of waiting for it.
@@ -690,6 +707,9 @@ impl Channel {
         let keep = self.run_steps(id, &premul, then, keep)?;
         prof.add(1, t);
         if defer {
+            if t.is_some() {
+                prof.deferred.fetch_add(1, Ordering::Relaxed);
+            }
             drop(keep); // enqueued: a free from here on is ordered after the op
             return Ok(Ran::Deferred);
         }
@@ -886,6 +906,7 @@ impl Channel {
         board: Option<String>,
         tracker: &Tracker,
     ) -> Result<Option<SplitOff>> {
+        tracker.split_seen.store(true, Ordering::SeqCst);
         self.not_aborted(id)?;
         // Not for a call already refused at issue (its member list may be anything).
         let sub_board = match (&board, member, &local) {
@@ -967,6 +988,10 @@ pub(crate) struct Tracker {
     /// Whether small ops share completion events (backend option `batch=0`: one event per op;
     /// set at the world's `init`, shared by its subgroups).
     pub batching: AtomicBool,
+    /// Whether this rank has run a subgroup split (set by the progress thread, in queue order,
+    /// never cleared): from then on the issue counters no longer let unvalidated ops batch (see
+    /// [`Channel::issued_everywhere`]).
+    split_seen: AtomicBool,
 }
 
 /// Whether an op just launched may leave its completion event to its batch (see
@@ -1009,6 +1034,8 @@ pub(crate) struct Profile {
     /// Nanoseconds: job, nccl, event, track.
     ns: [AtomicU64; 4],
     jobs: AtomicU64,
+    /// Ops that left their completion event to their batch ([`Tracker::defer`]).
+    deferred: AtomicU64,
 }
 
 /// The sections of [`Profile`], in its order.
@@ -1023,10 +1050,14 @@ impl Profile {
             self.ns[section].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
-    /// Mean microseconds per job of each section since the last call, then zeroes.
+    /// Mean microseconds per job of each section since the last call, then `batched`: the
+    /// share of jobs whose op left its completion event to its batch; then zeroes.
     pub fn take(&self) -> Vec<(&'static str, f64)> {
         let jobs = self.jobs.swap(0, Ordering::Relaxed).max(1) as f64;
-        PROFILE_SECTIONS.iter().zip(&self.ns).map(|(n, a)| (*n, a.swap(0, Ordering::Relaxed) as f64 / 1e3 / jobs)).collect()
+        let mut out: Vec<(&'static str, f64)> =
+            PROFILE_SECTIONS.iter().zip(&self.ns).map(|(n, a)| (*n, a.swap(0, Ordering::Relaxed) as f64 / 1e3 / jobs)).collect();
+        out.push(("batched", self.deferred.swap(0, Ordering::Relaxed) as f64 / jobs));
+        out
     }
 }
 
@@ -1056,6 +1087,7 @@ impl Tracker {
             batch: Padded(Mutex::new(Batch::default())),
             batched: AtomicBool::new(false),
             batching: AtomicBool::new(true),
+            split_seen: AtomicBool::new(false),
         }
     }
 
@@ -1078,9 +1110,10 @@ impl Tracker {
     /// recv, a split, a teardown, an op that is not batched), and the watchdog flushes a batch
     /// older than [`BATCH_MAX_AGE`] (a launch stuck inside NCCL): a wait on a batched op never
     /// depends on a later op's launch. It depends on the later ops of its batch running, so only
-    /// ops whose header every rank posted join one (`run_op`'s `agreed`): each later op was issued
-    /// by every peer. A peer that fails after posting a later op's header fails the earlier ops
-    /// of its batch with it (in flight together; never reported `Ok`). Until the flush the op's
+    /// ops that every rank issued join one (`run_op`'s `agreed`: every rank posted its header, or,
+    /// without validation, every rank's issue counter on the board has passed it, see
+    /// [`Channel::issued_everywhere`]). A peer that fails after issuing a later op fails the
+    /// earlier ops of its batch with it (in flight together; never reported `Ok`). Until the flush the op's
     /// ticket stays `Running` (its completion waits, bounded by the job's backstop, as for any
     /// op in its job).
     fn defer(&self, comm: &Arc<Comm>, ticket: Arc<Ticket>, id: &OpId, rank: usize, timeout: Duration) {

@@ -17,11 +17,15 @@
 //! of single steps of the issue path (`capabilities()` for the call checks, one stream-ordered
 //! output allocation with the memory pool's default release threshold and with freed memory
 //! kept).
+//!
+//! `--order-check` (alone): with validation off, rank 0's earlier all_reduce must complete
+//! while rank 1 holds the later one back until it has seen the earlier one complete (see
+//! `order_check`); fails named after 4 s otherwise. `dist/run-gpu.sh bench --ranks 2 --order-check`.
 
 use clap::Parser;
 use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, Work, WorldInfo};
 use concord_harness::launch;
-use concord_nccl::{probe, NcclBackend};
+use concord_nccl::{probe, NcclBackend, NcclBuffer};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -37,6 +41,103 @@ struct Args {
     /// Bytes of the all_reduce of `--phases` (f32).
     #[arg(long, default_value_t = 8)]
     phase_bytes: usize,
+    /// Only the order check (2 ranks or more; see `order_check`), then exit.
+    #[arg(long)]
+    order_check: bool,
+}
+
+/// `--order-check`: `async::earlier_op_completes_before_a_later_one_is_issued` with validation
+/// off (the conformance suites run with it on, where headers tell which ops every rank issued).
+/// Rank 0 issues all_reduce #1 and #2 back to back and waits for #1; rank 1 issues #2 only once
+/// rank 0 has seen #1 complete (a file beside the world's; a legal program). A backend that
+/// completes #1 with the ops issued after it (one completion event after a burst) leaves #1
+/// pending for good while rank 1 has long finished it: the check fails once #1 is still pending
+/// 4 s after rank 1 finished it. Ranks past 1 take part in #1 and #2 like rank 1 but wait for
+/// nothing. Repeated `rounds` times (the batching is a race between the issue and the launch).
+fn order_check(b: &NcclBackend, world: &WorldInfo, rounds: usize, say: &dyn Fn(String)) -> Result<(), CollectiveError> {
+    const LAG: Duration = Duration::from_secs(4);
+    let fail = |m: String| CollectiveError::Backend(format!("order check (validation off) on rank {}: {m}", b.rank()));
+    b.set_validation(false);
+    let x = b.upload(&Tensor::from_vec(&[4], vec![1.0f32; 4]))?;
+    let y = b.upload(&Tensor::from_vec(&[2], vec![1.0f32; 2]))?;
+    let dir = std::env::temp_dir();
+    let file = |what: &str, r: usize| dir.join(format!("concord-order-check-{}-{r}-{what}", world.world_id));
+    let wait_file = |p: &std::path::Path| {
+        let end = Instant::now() + WAIT;
+        while !p.exists() {
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    };
+    let want = b.world_size() as f32;
+    let expect = |got: &NcclBuffer, what: &str| -> Result<(), CollectiveError> {
+        let t = b.download(got)?;
+        match t.as_slice::<f32>().iter().position(|v| *v != want) {
+            None => Ok(()),
+            Some(i) => Err(fail(format!("{what}: element {i} is {}, expected {want}", t.as_slice::<f32>()[i]))),
+        }
+    };
+    let mut slowest = Duration::ZERO;
+    for r in 0..rounds {
+        b.barrier()?.wait(WAIT)?;
+        let (seen, done1) = (file("seen", r), file("done1", r));
+        if b.rank() != 0 {
+            let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(WAIT)?;
+            if b.rank() == 1 {
+                std::fs::write(&done1, b"1").map_err(|e| fail(format!("writing {}: {e}", done1.display())))?;
+                if !wait_file(&seen) {
+                    return Err(fail(format!("rank 0 never said it saw op #1 complete (round {r})")));
+                }
+            }
+            let out2 = b.all_reduce(&y, ReduceOp::Sum)?.into_value(WAIT)?;
+            expect(&out, "op #1")?;
+            expect(&out2, "op #2")?;
+            b.barrier()?.wait(WAIT)?;
+            continue;
+        }
+        let first = b.all_reduce(&x, ReduceOp::Sum)?;
+        let second = b.all_reduce(&y, ReduceOp::Sum)?;
+        let t0 = Instant::now();
+        let mut finished_on_1: Option<Instant> = None;
+        let verdict = loop {
+            match first.wait(Duration::from_millis(50)) {
+                Ok(_) => break Ok(t0.elapsed()),
+                Err(e) if e.name() != "timeout" => break Err(fail(format!("op #1 (round {r}): {e}"))),
+                Err(_) => {}
+            }
+            if done1.exists() && finished_on_1.get_or_insert_with(Instant::now).elapsed() > LAG {
+                break Err(fail(format!(
+                    "all_reduce #1 is still pending {:?} after issue, {LAG:?} after rank 1 finished it (round {r}); the only \
+                     other op this rank issued (#2) waits for rank 1, which issues it only once #1 has completed here",
+                    t0.elapsed()
+                )));
+            }
+            if t0.elapsed() > WAIT {
+                break Err(fail(format!("op #1 pending after {:?}; rank 1 never finished it (round {r})", t0.elapsed())));
+            }
+        };
+        // Rank 1 goes on either way, so that #2 (and the world) ends.
+        std::fs::write(&seen, b"1").map_err(|e| fail(format!("writing {}: {e}", seen.display())))?;
+        let second_done = second.wait(WAIT).map(|_| ());
+        let _ = std::fs::remove_file(&done1);
+        slowest = slowest.max(verdict?);
+        second_done?;
+        expect(first.wait(WAIT)?, "op #1")?;
+        expect(second.wait(WAIT)?, "op #2")?;
+        // Rank 1 has passed its wait for `seen` once it joins the next barrier.
+        b.barrier()?.wait(WAIT)?;
+        let _ = std::fs::remove_file(&seen);
+    }
+    say(format!(
+        "# order check (validation off, {} ranks, {rounds} rounds): all_reduce #1 completed within {:.1} ms of issue while rank 1 held #2 back: OK",
+        b.world_size(),
+        slowest.as_secs_f64() * 1e3
+    ));
+    b.set_validation(true);
+    Ok(())
 }
 
 /// Per-op microseconds of `n` back-to-back all_reduce of `x`: (issue call, all launched, GPU
@@ -90,6 +191,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     ));
     say("#   issue: the caller's all_reduce call (checks, output allocation, queueing the job)".into());
     say("#   launched: first issue -> every op launched by the progress thread (its per-op throughput when it is the bottleneck)".into());
+    say("#   (rank 0's issue, launched and profile; with several ranks the gpu column follows the slowest rank's launches)".into());
     say("#   gpu: CUDA events around the window (what the table reports); done: first issue -> every wait returned".into());
     say(format!("#   {:<14} {:>9} {:>9} {:>9} {:>9}", "placement", "issue", "launched", "gpu", "done"));
     for (name, in_place, keep) in [("out-of-place", false, false), ("out-of-place*", false, true), ("in-place", true, false)] {
@@ -227,6 +329,9 @@ fn rank_main(world: &WorldInfo, args: &Args) -> Result<(), CollectiveError> {
         world.options,
         b.init_time().as_secs_f64() * 1e3
     ));
+    if args.order_check {
+        return order_check(&b, world, 20, &say);
+    }
     if args.phases {
         phases(&b, world, args.phase_bytes, iters, &say)?;
     }
