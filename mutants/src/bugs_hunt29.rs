@@ -72,8 +72,11 @@ impl Bug for PersistentGatherStaleSend {
 /// returns an output of zeros.
 #[derive(Default)]
 pub struct ProgramCacheHitZeros {
-    programs: Mutex<HashSet<(BufKey, Option<Vec<usize>>, Option<Vec<usize>>)>>,
+    programs: Mutex<HashSet<A2aProgram>>,
 }
+
+/// An all-to-all program's key: the input buffer and the output / input splits.
+type A2aProgram = (BufKey, Option<Vec<usize>>, Option<Vec<usize>>);
 
 impl Bug for ProgramCacheHitZeros {
     fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
@@ -326,8 +329,11 @@ impl Bug for StoreExchangeGlobalSeq {
 /// same padded dims gets its result in the first one's output shape.
 #[derive(Default)]
 pub struct ShapeHashDropsRank {
-    programs: Mutex<HashMap<(&'static str, DType, Vec<usize>), Vec<usize>>>,
+    programs: Mutex<HashMap<PaddedKey, Vec<usize>>>,
 }
+
+/// A program's key in [`ShapeHashDropsRank`]: op, dtype, dims padded to four.
+type PaddedKey = (&'static str, DType, Vec<usize>);
 
 impl ShapeHashDropsRank {
     fn padded(shape: &[usize]) -> Vec<usize> {
@@ -357,6 +363,63 @@ impl Bug for ShapeHashDropsRank {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let w = s.inner.reduce_scatter_tensor(x, op)?;
         self.cached(s, "reduce_scatter_tensor", x, w)
+    }
+}
+
+// ---------------------------------------------------------------- pmodels/mpich PR #7550
+
+/// MPICH's threshold for the scatter + allgather broadcast (`MPIR_CVAR_BCAST_SHORT_MSG_SIZE`).
+const BCAST_SHORT_MSG: usize = 12288;
+/// MPICH's long-message threshold (`MPIR_CVAR_BCAST_LONG_MSG_SIZE`): scatter + allgather at
+/// any communicator size from here.
+const BCAST_LONG_MSG: usize = 524288;
+
+/// A persistent broadcast whose scatter state is not reset between starts (pmodels/mpich PR
+/// #7550 "coll: fix persistent bcast algorithm": `iscatter_intra_sched_binomial`, the scatter
+/// phase of the scatter + allgather broadcast, keeps its per-call state — how many bytes a rank
+/// already holds — in the schedule; run as a persistent collective, that state was set when the
+/// request was made and never re-initialised at the second `MPI_Start`, so from then on the
+/// scatter phase treated every rank as already holding its part). Here an in-place broadcast
+/// of a message that takes MPICH's scatter + allgather path (at least 12 KiB on a power-of-two
+/// communicator, at least 512 KiB on any) is the first start of a persistent request per
+/// (buffer address, dtype, shape, root); from its second start on, the scatter phase moves
+/// nothing: on every rank but the root, each rank's part of the message (the `ceil(bytes / ws)`
+/// bytes at its position relative to the root) is what that rank's own buffer held before the
+/// call, and only the root's part is new (the allgather phase still spreads every part).
+#[derive(Default)]
+pub struct PersistentBcastStaleScatter {
+    started: Mutex<HashSet<(BufKey, usize)>>,
+}
+
+impl Bug for PersistentBcastStaleScatter {
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let ws = s.ws();
+        let bytes = s.numel(x) * s.inner.buffer_dtype(x).size();
+        let scatter_path = ws >= 2 && src < ws && (bytes >= BCAST_LONG_MSG || (bytes >= BCAST_SHORT_MSG && ws.is_power_of_two()));
+        if !scatter_path {
+            return s.inner.broadcast_(x, src);
+        }
+        let restarted = !lock(&self.started).insert((key_of(s, x), src));
+        let me = s.rank();
+        // Every rank on this path gathers its buffer as it was before the call, first or not.
+        crate::then_gathered(
+            s,
+            s.inner.all_gather_into_tensor(x)?,
+            |g| g,
+            || s.inner.broadcast_(x, src),
+            |b: &Buf| Some(b),
+            move |before, t| {
+                if !restarted || me == src {
+                    return;
+                }
+                let part = bytes.div_ceil(ws);
+                for rel in 1..ws {
+                    let owner = (rel + src) % ws;
+                    let (from, to) = ((rel * part).min(bytes), ((rel + 1) * part).min(bytes));
+                    crate::copy_bytes(t, from, before, owner * bytes + from, to - from);
+                }
+            },
+        )
     }
 }
 
@@ -409,6 +472,12 @@ pub fn catalogue() -> Vec<Spec> {
             "shapes",
             "tenstorrent/tt-metal PR #40279: all_gather / reduce_scatter programs cached by dims padded to four: an input of another rank gets the first one's output shape",
             &["wild_state::all_gather_rank_padded_shapes::ws2"],
+        ),
+        spec::<PersistentBcastStaleScatter>(
+            "wild_persistent_bcast_stale_scatter",
+            "placement.reuse",
+            "pmodels/mpich PR #7550: a restarted in-place broadcast (>= 12 KiB, scatter + allgather path) keeps every non-root part as its owner held it before the call",
+            &["realloc::broadcast::inplace::ws2"],
         ),
     ]
 }
