@@ -58,6 +58,8 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "wild_accl_short_allreduce_freezes",
     // hunt22: a one-shot all_reduce whose peer's input holds a zero spins until the deadline.
     "wild_flashinfer_neg_zero_float_compare",
+    // hunt29: after a subgroup's all_reduce the world's rendezvous never meets (keys differ).
+    "wild_store_exchange_global_seq",
     // review-c: the first op whose work never completes without a wait is polled for up to 5 s.
     "review3_completes_only_in_wait_but_all_reduce",
     // hunt27: a wait that ignores its deadline (send / recv, coalesced ops) is caught when the

@@ -261,6 +261,7 @@ pub const CLAUSES: &[Clause] = &[
             "seed::eager::all_to_all_equal_split_default",
             "all_gather_into_tensor::out::",
             "sizes::all_gather_into_tensor::out::f32::matrix",
+            "wild_state::all_gather_rank_padded_shapes::",
         ],
     },
     Clause {

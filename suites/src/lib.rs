@@ -49,6 +49,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::wild_groups::cases::<B>());
     v.extend(suites::wild_layout::cases::<B>());
     v.extend(suites::wild_custom::cases::<B>());
+    v.extend(suites::wild_state::cases::<B>());
     v.extend(suites::device_faults::cases::<B>());
     v.extend(suites::faults::cases::<B>());
     v.extend(suites::fused::cases::<B>());

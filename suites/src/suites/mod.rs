@@ -43,6 +43,8 @@
 //! * [`wild_custom`] — cases for shipped bugs of custom collective kernels and symmetric-memory
 //!   paths outside NCCL that the rest let through (a large message's tail past `16 * ws` bytes,
 //!   one buffer all-reduced again and again as a graph replays it).
+//! * [`wild_state`] — cases for shipped bugs of caches and state carried across calls that the
+//!   rest let through (all_gathers of shapes equal once padded to four dims, of another rank).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
@@ -73,6 +75,7 @@ pub mod wild_custom;
 pub mod wild_gpu;
 pub mod wild_groups;
 pub mod wild_layout;
+pub mod wild_state;
 
 /// World sizes of the matrix (whole catalogue) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
