@@ -65,6 +65,7 @@ pub mod bugs_hunt24;
 pub mod bugs_hunt25;
 pub mod bugs_hunt26;
 pub mod bugs_hunt27;
+pub mod bugs_hunt28;
 pub mod bugs_hunt29;
 pub mod bugs_hunt3;
 pub mod bugs_hunt4;
@@ -107,9 +108,11 @@ pub mod sweep_bad;
 /// [`bugs_hunt26`] (shipped bugs of the vendor collective libraries themselves: RCCL, NCCLX,
 /// MLX, FlagCX, ACCL, XLA:GPU), [`bugs_hunt27`] (shipped bugs of the failure paths: errors
 /// swallowed or seen on one rank only, deadlines not the caller's, waits that return early),
-/// [`bugs_hunt29`] (shipped bugs of caches and state carried across calls: persistent and cached
-/// ops that replay their first call, caches keyed on too few fields, counters of the process
-/// where they must be the group's);
+/// [`bugs_hunt28`] (shipped bugs of reduction numerics: low-precision accumulation, truncating
+/// conversions, NaN rewritten, averages of unscaled half-precision sums), [`bugs_hunt29`]
+/// (shipped bugs of caches and state carried across calls: persistent and cached ops that replay
+/// their first call, caches keyed on too few fields, counters of the process where they must be
+/// the group's);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -146,6 +149,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt25::catalogue());
     v.extend(bugs_hunt26::catalogue());
     v.extend(bugs_hunt27::catalogue());
+    v.extend(bugs_hunt28::catalogue());
     v.extend(bugs_hunt29::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());

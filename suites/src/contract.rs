@@ -457,7 +457,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "numerics.round_once",
         source: BACKEND,
         text: "f16 / bf16 sums of a backend declaring ExactThenRound are the exact result rounded once to nearest-even (ties to even).",
-        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::", "numerics::round_once::all_reduce_inplace::", "numerics::round_once::reduce::"],
+        cases: &["numerics::round_once::f16", "numerics::round_once::bf16", "numerics::round_once::reduce_scatter::", "numerics::round_once::all_reduce_inplace::", "numerics::round_once::reduce::", "numerics::round_once::large::"],
     },
     Clause {
         id: "numerics.premul_sum",

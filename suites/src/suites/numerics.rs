@@ -39,6 +39,10 @@
 //!   in another precision must round the same.
 //! * `numerics::round_once::avg::{f16,bf16}::ws3` — `avg` whose exact average rounds differently
 //!   from the rounded sum divided and rounded again.
+//! * `numerics::round_once::large::bf16::ws2` — 2 MiB of bf16 (the smallest bf16 all_reduce vLLM's
+//!   QuickReduce takes at two ranks) whose exact sums, rounded once, differ from the values
+//!   converted to f16, added there and rounded back (vllm-project/vllm #55345): beyond f16's
+//!   range, below its subnormals, and a sum f16 rounds onto a bf16 tie.
 
 use super::util::{expect_eq, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -349,6 +353,65 @@ fn nan_triples() -> Vec<Vec<f64>> {
     rows
 }
 
+/// Bytes of the large bf16 case: 2 MiB, the smallest bf16 all_reduce vLLM's QuickReduce takes
+/// at two ranks (`_QR_MIN_SIZE[(bfloat16, 2)]`, its FP codec).
+const LARGE_BF16_BYTES: usize = 2 << 20;
+
+/// Two ranks' bf16 values (rows: ranks), one period of the large bf16 case, whose exact sums
+/// rounded once to bf16 differ from the sums of the values converted to f16, added in f16 and
+/// rounded back to bf16 (vllm-project/vllm #55345: QuickReduce's bf16 path): above a bf16 tie by
+/// less than f16 keeps, beyond f16's range, below its subnormals; then a tie and an exact sum.
+fn through_f16_columns() -> Vec<Vec<f64>> {
+    let above_tie = p2(-8) + p2(-14); // bf16 half ulp of 1, plus less than f16's half ulp
+    let cols: [[f64; 2]; 6] = [
+        [1.0, above_tie],   // 1 + 2^-7 once; f16 rounds 1 + 2^-8 + 2^-14 onto the tie: 1.0
+        [-1.0, -above_tie], // negative
+        [p2(17), p2(16)],   // beyond f16's largest finite: inf through f16
+        [p2(-30), p2(-30)], // below f16's smallest subnormal: 0 through f16
+        [1.0, p2(-8)],      // on the tie: 1.0 both ways
+        [3.0, 1.0],         // exact
+    ];
+    (0..2).map(|r| cols.iter().map(|c| c[r]).collect()).collect()
+}
+
+/// Whether some column of two ranks' bf16 values sums, rounded once, to another bf16 than
+/// through f16 (each value converted, added in f16, rounded back): the suite's self-check.
+fn through_f16_shows(per_rank: &[Vec<f64>]) -> bool {
+    use concord_core::half::{bf16, f16};
+    (0..per_rank[0].len()).any(|i| {
+        let once = bf16::from_f64(per_rank.iter().map(|c| c[i]).sum::<f64>());
+        let h = per_rank.iter().map(|c| f16::from_f64(c[i]).to_f64()).fold(0.0, |a, v| f16::from_f64(a + v).to_f64());
+        once.to_bits() != bf16::from_f64(h).to_bits()
+    })
+}
+
+/// `t` repeated to `n` elements (a whole number of periods), as one flat tensor.
+fn tiled(t: &Tensor, n: usize) -> Tensor {
+    let reps = n / t.numel();
+    Tensor::from_bytes(t.dtype(), &[reps * t.numel()], &t.bytes().repeat(reps))
+}
+
+/// The out-of-place all_reduce(`op`) of `period[r]` repeated to at least `bytes` bytes on rank
+/// `r`, checked bit-exactly against the oracle's result for one period, repeated the same way
+/// (an elementwise reduction of periodic inputs is periodic): a large case whose inputs and
+/// expectation cost a copy, not a conversion or an oracle pass per element.
+fn check_tiled<B: Backend>(ctx: &Ctx<'_, B>, dtype: DType, op: ReduceOp, period: &[Vec<f64>], bytes: usize, label: &str) -> CaseResult {
+    let b = ctx.b;
+    let ws = b.world_size();
+    let variant = Variant::Out;
+    b.capabilities().check(OpKind::AllReduce, Some(variant), Some(dtype), Some(op), ws).map_err(CaseEnd::Unsupported)?;
+    let m = period[0].len();
+    let n = bytes.div_ceil(m * dtype.size()) * m;
+    let w = format!("{} reduce={op} {label} n={n}", here(b, "all_reduce", variant.name(), dtype));
+    let inputs: Vec<Tensor> = period.iter().map(|v| Tensor::from_f64(dtype, &[m], v)).collect();
+    let exp = concord_oracle::expected(&Collective::AllReduce { op }, &inputs, &Semantics::of(&b.capabilities()))
+        .map_err(|e| CaseEnd::Fail(format!("{w}: suite bug: oracle: {e}")))?;
+    let x = b.upload(&tiled(&inputs[b.rank()], n))?;
+    let p = Params { reduce: Some(op), ..Default::default() };
+    let out = exec::call(b, OpKind::AllReduce, variant, std::slice::from_ref(&x), None, &p, ctx.timeout)?.remove(0);
+    expect_eq(b, &out, &tiled(&exp.outputs[b.rank()], n), &w)
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
@@ -526,5 +589,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
         }));
     }
+    // 2 MiB of bf16 at two ranks: a size-selected path (vLLM's QuickReduce) that converts bf16
+    // to f16, sums there and converts back.
+    v.push(Case::<B>::new("numerics::round_once::large::bf16::ws2".to_string(), meta(DType::BF16, "sum"), 2, move |ctx| {
+        exact_rounding(ctx.b)?;
+        let period = through_f16_columns();
+        if !through_f16_shows(&period) {
+            return Err(CaseEnd::Fail("suite bug: no bf16 column tells a sum through f16 from the exact one".into()));
+        }
+        check_tiled(ctx, DType::BF16, ReduceOp::Sum, &period, LARGE_BF16_BYTES, "input=beyond_f16_and_f16_ties_repeated")
+    }));
     v
 }
