@@ -821,7 +821,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
             })
             .unwrap_or_default();
         let line = format!(
-            "# probe rank {rank} {what}: gpu {:.2} launched {:.2} issue {:.2} (us per op, medians over {} windows of {window}) | backend per job: {prof}\n",
+            "# probe rank {rank} {what}: gpu {:.2} launched {:.2} issue {:.2} (us per op, medians over {} windows of {window}) | backend per job (us; batched_share: a share of jobs): {prof}\n",
             median(&per_window),
             col(&|w| host[w][1]),
             col(&|w| host[w][0]),

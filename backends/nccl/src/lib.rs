@@ -188,7 +188,8 @@
 //! `cuMemcpyDtoDAsync` always (`memcpy`), see `worker::Launch::local`; 0: through NCCL as on any
 //! communicator), `batch=0|1` (default 1: small ops that every rank has issued — its header posted, or
 //! without validation its number on the ranks' issue counters, `board` — share one
-//! completion event, see `worker::Tracker::defer`), `init_timeout_ms=N` (default: the
+//! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
+//! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,

@@ -1056,7 +1056,7 @@ impl Profile {
         let jobs = self.jobs.swap(0, Ordering::Relaxed).max(1) as f64;
         let mut out: Vec<(&'static str, f64)> =
             PROFILE_SECTIONS.iter().zip(&self.ns).map(|(n, a)| (*n, a.swap(0, Ordering::Relaxed) as f64 / 1e3 / jobs)).collect();
-        out.push(("batched", self.deferred.swap(0, Ordering::Relaxed) as f64 / jobs));
+        out.push(("batched_share", self.deferred.swap(0, Ordering::Relaxed) as f64 / jobs));
         out
     }
 }
@@ -1113,9 +1113,13 @@ impl Tracker {
     /// ops that every rank issued join one (`run_op`'s `agreed`: every rank posted its header, or,
     /// without validation, every rank's issue counter on the board has passed it, see
     /// [`Channel::issued_everywhere`]). A peer that fails after issuing a later op fails the
-    /// earlier ops of its batch with it (in flight together; never reported `Ok`). Until the flush the op's
-    /// ticket stays `Running` (its completion waits, bounded by the job's backstop, as for any
-    /// op in its job).
+    /// earlier ops of its batch with it (in flight together; never reported `Ok` here, though the
+    /// peer may have reported them `Ok`: a failure reported where none happened, never the
+    /// reverse). With validation that is a peer failing after its header; without it (`validate=0`)
+    /// any local failure of the peer's later op (an injected fault, a launch error, an abort
+    /// before it launched), which is one reason the suites run with validation. Until the flush
+    /// the op's ticket stays `Running` (its completion waits, bounded by the job's backstop, as
+    /// for any op in its job).
     fn defer(&self, comm: &Arc<Comm>, ticket: Arc<Ticket>, id: &OpId, rank: usize, timeout: Duration) {
         let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
         if b.comm.as_ref().is_some_and(|c| !Arc::ptr_eq(c, comm)) {

@@ -81,6 +81,9 @@ fn order_check(b: &NcclBackend, world: &WorldInfo, rounds: usize, say: &dyn Fn(S
         }
     };
     let mut slowest = Duration::ZERO;
+    // Counts the jobs that left their event to a batch: a check whose ops never batched
+    // exercised nothing, and says so.
+    let _ = b.profile_progress(true);
     for r in 0..rounds {
         b.barrier()?.wait(WAIT)?;
         let (seen, done1) = (file("seen", r), file("done1", r));
@@ -131,8 +134,15 @@ fn order_check(b: &NcclBackend, world: &WorldInfo, rounds: usize, say: &dyn Fn(S
         b.barrier()?.wait(WAIT)?;
         let _ = std::fs::remove_file(&seen);
     }
+    let share = b.profile_progress(false).iter().find(|(k, _)| *k == "batched_share").map_or(0.0, |(_, v)| *v);
+    let engaged = if share > 0.0 {
+        format!("{:.0} % of this rank's jobs left their event to a batch", share * 100.0)
+    } else {
+        "NO job of this rank left its event to a batch: the batching path was not exercised (counter frozen, no board, or batch=0)"
+            .to_string()
+    };
     say(format!(
-        "# order check (validation off, {} ranks, {rounds} rounds): all_reduce #1 completed within {:.1} ms of issue while rank 1 held #2 back: OK",
+        "# order check (validation off, {} ranks, {rounds} rounds): all_reduce #1 completed within {:.1} ms of issue while rank 1 held #2 back: OK; {engaged}",
         b.world_size(),
         slowest.as_secs_f64() * 1e3
     ));
@@ -202,7 +212,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
         let prof = b.profile_progress(false);
         say(format!("#   {name:<14} {i:9.2} {l:9.2} {g:9.2} {d:9.2}"));
         say(format!(
-            "#   {:<14} progress thread per job (us): {}",
+            "#   {:<14} progress thread per job (us; batched_share: the share of jobs that left their event to a batch): {}",
             "",
             prof.iter().map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join(", ")
         ));

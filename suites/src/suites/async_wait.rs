@@ -996,8 +996,8 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
 
 /// `async::registry_counts_unwaited_work::every_op::ws2`: every (op, variant) of [`exec::PAIRS`]
 /// (f32, sum where it reduces; a declared gap is skipped on both ranks) is issued and, before any
-/// wait, `outstanding()` MUST count its works (one per work the call returned: a send / recv pair
-/// is two); once they are waited it MUST be back where it was (clause `quiescence`). The
+/// wait, `outstanding()` MUST count its works (at least one per work the call returned: a send /
+/// recv pair is two); once they are waited it MUST be back at 0 (clause `quiescence`). The
 /// all_reduce case above checks the count on one op only: a backend whose send, recv, barrier or
 /// broadcast works are built against another counter reported 0 with them in flight, and a
 /// caller draining by the count left them behind.
@@ -1035,10 +1035,11 @@ fn registry_counts_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let works = if matches!(pending, exec::Pending::Pair(..)) { 2 } else { 1 };
         let counted = b.outstanding();
         pending.into_values(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e} [{}]", e.name())))?;
-        if counted != works {
+        // At least the call's works (a backend may count internal work of its own beside them).
+        if counted < works {
             return Err(fail(
                 &w,
-                format!("outstanding() = {counted} with the call's {works} work(s) issued and not yet waited, expected {works}: every work counts from its issue until it is waited or dropped"),
+                format!("outstanding() = {counted} with the call's {works} work(s) issued and not yet waited, expected at least {works}: every work counts from its issue until it is waited or dropped"),
             ));
         }
         let after = b.outstanding();

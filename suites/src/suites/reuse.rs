@@ -285,12 +285,18 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
         }
     }
     let how = if in_flight { "issued together, waited in reverse order" } else { "results kept" };
-    // An empty result (a gather's off the root) overlaps nothing, whatever its address
-    // ([clause: placement.empty_no_alias]).
+    // Only results the contract defines on this rank must be distinct (a reduce's or gather's
+    // off the root is undefined: a backend may hand back one scratch buffer there), and an empty
+    // result overlaps nothing, whatever its address ([clause: placement.empty_no_alias]).
+    let sem = concord_oracle::Semantics::of(&b.capabilities());
+    let defined = match kept.first() {
+        Some((_, inputs, _)) => concord_oracle::expected(&coll, inputs, &sem).map(|e| e.defined[me]).unwrap_or(true),
+        None => true,
+    };
     let filled = |x: &B::Buffer| b.buffer_shape(x).iter().product::<usize>() > 0;
     for (k, (out, inputs, _)) in kept.iter().enumerate() {
         let addr = b.buffer_addr(out);
-        if let Some(j) = kept[..k].iter().position(|(o, _, _)| filled(out) && filled(o) && b.buffer_addr(o) == addr) {
+        if let Some(j) = kept[..k].iter().position(|(o, _, _)| defined && filled(out) && filled(o) && b.buffer_addr(o) == addr) {
             return Err(fail(
                 &w,
                 format!(

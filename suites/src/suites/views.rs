@@ -107,15 +107,21 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         "{} a view {inner_off} elements into a view {outer_off} elements into a guarded parent (element {at} of the parent)",
         here(b, "all_reduce", "inplace", DType::F32)
     );
-    let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[at + n + values::GUARD_ELEMS], GUARD_BYTE))?;
-    let outer = b.view(&parent, outer_off, &[inner_off + n + 4])?;
-    let inner = b.view(&outer, inner_off, &[n])?;
-    b.write(&inner, &view_input(me, n, 0))?;
-    let got = b.all_reduce_(&inner, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    let named = |what: &str| {
+        let w = w.clone();
+        let what = what.to_string();
+        move |e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
+    };
+    let parent =
+        b.upload(&Tensor::filled_bytes(DType::F32, &[at + n + values::GUARD_ELEMS], GUARD_BYTE)).map_err(named("upload the parent"))?;
+    let outer = b.view(&parent, outer_off, &[inner_off + n + 4]).map_err(named("the outer view"))?;
+    let inner = b.view(&outer, inner_off, &[n]).map_err(named("the view of the view"))?;
+    b.write(&inner, &view_input(me, n, 0)).map_err(named("write the input"))?;
+    let got = b.all_reduce_(&inner, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(named("all_reduce_"))?;
     if b.buffer_addr(&got) != b.buffer_addr(&inner) {
         return Err(fail(&w, "the in-place op returned another buffer than the view it was given"));
     }
-    let placed = b.view(&parent, at, &[n])?;
+    let placed = b.view(&parent, at, &[n]).map_err(named("a view of the parent at the nested view's place"))?;
     expect_eq(b, &placed, &view_sum(ws, n, 0), &format!("{w}: the result read through the parent at element {at}"))?;
     check_frame(b, &parent, at, n, "nested view").map_err(|m| fail(&w, m))
 }
@@ -135,20 +141,29 @@ fn one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         here(b, "all_reduce", "coalesced_inplace", DType::F32)
     );
     let total = 48 + values::GUARD_ELEMS;
-    let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[total], GUARD_BYTE))?;
-    let views: Vec<B::Buffer> = places.iter().map(|&(off, n)| b.view(&parent, off, &[n])).collect::<Result<_, _>>()?;
+    let named = |what: &str| {
+        let w = w.clone();
+        let what = what.to_string();
+        move |e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
+    };
+    let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[total], GUARD_BYTE)).map_err(named("upload the parent"))?;
+    let views: Vec<B::Buffer> =
+        places.iter().map(|&(off, n)| b.view(&parent, off, &[n])).collect::<Result<_, _>>().map_err(named("the views"))?;
     for (k, (v, &(_, n))) in views.iter().zip(&places).enumerate() {
-        b.write(v, &view_input(me, n, 5 * k))?;
+        b.write(v, &view_input(me, n, 5 * k)).map_err(named("write the inputs"))?;
     }
     let got =
-        b.all_reduce_coalesced_(&views, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        b.all_reduce_coalesced_(&views, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(named("all_reduce_coalesced_"))?;
+    if got.len() != views.len() {
+        return Err(fail(&w, format!("returned {} result(s) for {} input(s)", got.len(), views.len())));
+    }
     for (k, (v, &(off, n))) in views.iter().zip(&places).enumerate() {
-        if got.get(k).map(|g| b.buffer_addr(g)) != Some(b.buffer_addr(v)) {
+        if b.buffer_addr(&got[k]) != b.buffer_addr(v) {
             return Err(fail(&w, format!("tensor {k}: the in-place op returned another buffer than the view it was given")));
         }
         expect_eq(b, v, &view_sum(ws, n, 5 * k), &format!("{w}: tensor {k} (elements {off}..{})", off + n))?;
     }
-    let all = b.download(&parent)?;
+    let all = b.download(&parent).map_err(named("download the parent"))?;
     let es = DType::F32.size();
     let inside = |i: usize| places.iter().any(|&(off, n)| (off * es..(off + n) * es).contains(&i));
     if let Some(i) = (0..all.bytes().len()).find(|&i| !inside(i) && all.bytes()[i] != GUARD_BYTE) {
