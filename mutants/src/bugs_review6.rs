@@ -64,8 +64,11 @@ impl Bug for InPlaceLargeOverrun {
 
 // ---------------------------------------------------------------- persistent results
 
+/// Buffers a backend keeps per (dtype, shape list).
+type Kept = Mutex<HashMap<(DType, Vec<Vec<usize>>), Vec<Buf>>>;
+
 /// The persistent buffers of one key, made on first use.
-fn persistent(map: &Mutex<HashMap<(DType, Vec<Vec<usize>>), Vec<Buf>>>, s: &Shm, outs: &[Buf]) -> Result<Vec<Buf>> {
+fn persistent(map: &Kept, s: &Shm, outs: &[Buf]) -> Result<Vec<Buf>> {
     let dtype = outs.first().map_or(DType::F32, |b| s.inner.buffer_dtype(b));
     let key = (dtype, outs.iter().map(|b| s.inner.buffer_shape(b)).collect::<Vec<_>>());
     let mut map = lock(map);
@@ -83,7 +86,7 @@ fn persistent(map: &Mutex<HashMap<(DType, Vec<Vec<usize>>), Vec<Buf>>>, s: &Shm,
 /// same shapes overwrites the results the caller still holds.
 #[derive(Default)]
 pub struct CoalescedStaticOutputs {
-    fusion: Mutex<HashMap<(DType, Vec<Vec<usize>>), Vec<Buf>>>,
+    fusion: Kept,
 }
 
 impl CoalescedStaticOutputs {
@@ -120,7 +123,7 @@ impl Bug for CoalescedStaticOutputs {
 /// overwrites the tensor an earlier call returned.
 #[derive(Default)]
 pub struct RootedStaticOutput {
-    kept: Mutex<HashMap<(DType, Vec<Vec<usize>>), Vec<Buf>>>,
+    kept: Kept,
 }
 
 impl RootedStaticOutput {

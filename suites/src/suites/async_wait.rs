@@ -892,6 +892,40 @@ pub fn unwaited_child<B: Backend>() -> ! {
     std::process::exit(code)
 }
 
+/// One call of the `::every_op` cases: an (op, variant) of [`exec::PAIRS`] (its index `i`) that
+/// is no declared gap for f32 (sum where it reduces; a gap is the same on every rank, so every
+/// rank skips it), with its parameters (root the last rank, a ring permutation, the partner for
+/// send / recv), `n` elements per input and `tensors` inputs (two for the coalesced variants).
+struct EveryOpCall {
+    i: usize,
+    op: concord_core::OpKind,
+    variant: Variant,
+    params: exec::Params,
+    n: usize,
+    tensors: usize,
+}
+
+fn every_op_calls<B: Backend>(b: &B) -> Vec<EveryOpCall> {
+    let (ws, me, caps) = (b.world_size(), b.rank(), b.capabilities());
+    let mut v = Vec::new();
+    for (i, &(op, variant)) in exec::PAIRS.iter().enumerate() {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
+            continue;
+        }
+        let params = exec::Params {
+            reduce,
+            root: ws - 1,
+            src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
+            peer: crate::values::partner(me, ws),
+            ..Default::default()
+        };
+        let tensors = if matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
+        v.push(EveryOpCall { i, op, variant, params, n: 2 * ws, tensors });
+    }
+    v
+}
+
 /// `async::completes_without_wait::every_op::ws2`: every (op, variant) of [`exec::PAIRS`] in
 /// turn (f32, `sum` for the reducing ops, root the last rank, a rotation for permute, send / recv
 /// with the partner), issued on both ranks; once both have issued (a store handshake), the
@@ -912,22 +946,8 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
     let mut first: CaseResult = Ok(());
     // As `async::completes_without_wait::ws2` (generous: a loaded machine delays a progress thread).
     let mut limit = (ctx.timeout / 2).min(Duration::from_secs(5));
-    for (i, &(op, variant)) in exec::PAIRS.iter().enumerate() {
-        let reduce = op.reduces().then_some(ReduceOp::Sum);
-        // A declared gap is the same on every rank: both skip the op.
-        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
-            continue;
-        }
+    for EveryOpCall { i, op, variant, params: a, n, tensors } in every_op_calls(b) {
         let w = format!("{} (both ranks issued; is_completed() polled, no wait)", here(b, op.name(), &variant.to_string(), DType::F32));
-        let a = exec::Params {
-            reduce,
-            root: ws - 1,
-            src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
-            peer: crate::values::partner(me, ws),
-            ..Default::default()
-        };
-        let n = 2 * ws;
-        let tensors = if matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
         // Distinct per op, rank, tensor and element (exact in f32).
         let input = |r: usize, t: usize| Tensor::from_vec(&[n], (0..n).map(|e| (1000 * (i + 1) + 100 * r + 10 * t + e) as f32).collect());
         let ins: Vec<B::Buffer> = (0..tensors).map(|t| b.upload(&input(me, t))).collect::<Result<_, _>>()?;
@@ -1003,27 +1023,13 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
 /// caller draining by the count left them behind.
 fn registry_counts_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
-    let (ws, me) = (b.world_size(), b.rank());
-    let caps = b.capabilities();
+    let ws = b.world_size();
     let base = b.outstanding();
     if base != 0 {
         return Err(fail(&here(b, "every_op", "every", DType::F32), format!("outstanding() = {base} at the start of a case")));
     }
-    for &(op, variant) in exec::PAIRS {
-        let reduce = op.reduces().then_some(ReduceOp::Sum);
-        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
-            continue;
-        }
+    for EveryOpCall { op, variant, params: a, n, tensors, .. } in every_op_calls(b) {
         let w = format!("{} (issued on both ranks, not yet waited)", here(b, op.name(), &variant.to_string(), DType::F32));
-        let a = exec::Params {
-            reduce,
-            root: ws - 1,
-            src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
-            peer: crate::values::partner(me, ws),
-            ..Default::default()
-        };
-        let n = 2 * ws;
-        let tensors = if matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace) { 2 } else { 1 };
         let ins: Vec<B::Buffer> = (0..tensors).map(|_| b.upload(&rank_tensor(b, n))).collect::<Result<_, _>>()?;
         let out = match (op, variant) {
             (concord_core::OpKind::AllGatherIntoTensor, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n * ws])?),
