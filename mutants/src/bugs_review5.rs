@@ -64,7 +64,7 @@ impl Completion for SharedMarker {
 }
 
 impl CompletionWaitsForNextOp {
-    fn chain(&self, s: &Shm, w: Work<Buf>) -> Work<Buf> {
+    pub(crate) fn chain(&self, s: &Shm, w: Work<Buf>) -> Work<Buf> {
         let (value, meta) = (w.peek().clone(), w.meta().clone());
         let inner = Arc::new(w);
         let link = Arc::new(Link { inner: Arc::downgrade(&inner), next: Mutex::new(None) });

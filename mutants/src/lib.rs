@@ -80,6 +80,7 @@ pub mod bugs_review3;
 pub mod bugs_review4;
 pub mod bugs_review5;
 pub mod bugs_review6;
+pub mod bugs_review8;
 pub mod bugs_risks;
 pub mod bugs_stream;
 pub mod campaign;
@@ -117,8 +118,8 @@ pub mod sweep_bad;
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
-/// backend that no case caught), [`bugs_review6`] (blind spots a read-only review of the
-/// catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
+/// backend that no case caught), [`bugs_review6`] and [`bugs_review8`] (blind spots read-only
+/// reviews of the catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type).
@@ -157,6 +158,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review4::catalogue());
     v.extend(bugs_review5::catalogue());
     v.extend(bugs_review6::catalogue());
+    v.extend(bugs_review8::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_stream::catalogue());
     v

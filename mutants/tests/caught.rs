@@ -70,6 +70,10 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     // review5: an earlier op that completes only with the next one is caught once it stays
     // pending 4 s after its peer finished it.
     "review5_completion_waits_for_next_op",
+    // review8: the same on the sharded ops (caught 4 s after the peer finished), and a group's
+    // waits held to 10 s whatever the caller asked (each round waits it out).
+    "review8_sharded_ops_wait_for_next",
+    "review8_group_waits_own_default",
 ];
 
 /// The random programs' power, pinned: each mutant with the program that catches it (the

@@ -27,7 +27,7 @@ use super::util::{expect_eq, fail, full, here, member_group};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
-use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
+use concord_core::{progress, Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_oracle::Semantics;
 use std::time::{Duration, Instant};
 
@@ -64,9 +64,14 @@ fn input(r: usize, t: usize, n: usize) -> Tensor {
 
 /// One round with rank `late` as the late rank.
 fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> CaseResult {
-    let b = ctx.b;
+    round_on(ctx, ctx.b, "", op, v, late)
+}
+
+/// [`round`] on communicator `b` (the world, or a group: `what` names it in messages, and its
+/// ranks are `b`'s).
+fn round_on<B: Backend>(ctx: &Ctx<'_, B>, b: &B, what: &str, op: OpKind, v: Variant, late: usize) -> CaseResult {
     let (ws, me) = (b.world_size(), b.rank());
-    let w = format!("{} late_rank={late}", here(b, op.name(), &v.to_string(), DType::F32));
+    let w = format!("{}{what} late_rank={late}", here(b, op.name(), &v.to_string(), DType::F32));
     let a = Params {
         root: if matches!(op, OpKind::Reduce | OpKind::Gather) { (late + 1) % ws } else { late },
         src_dst: (0..ws).map(|r| (r + 1) % ws).collect(),
@@ -138,6 +143,20 @@ fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> C
             }
             if p.is_completed() {
                 return Err(fail(&w, format!("is_completed() was true before rank {late} had issued its side")));
+            }
+            // progress.recorded: while it waits for the late rank, the collective is listed in
+            // flight under the op the caller called (a rank hung in it names it), whatever the
+            // backend builds it from. Send / recv are no collectives.
+            if op != OpKind::SendRecv && !progress::in_flight().iter().any(|f| f.op.contains(op.name())) {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "while it waited for rank {late}, the collective was not recorded in flight under `{}` (concord_core::progress \
+                         lists: {}): a rank hung in it must name it",
+                        op.name(),
+                        progress::describe()
+                    ),
+                ));
             }
             let t0 = Instant::now();
             match p.wait(SHORT_WAIT) {
@@ -211,6 +230,25 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 first
             }));
         }
+    }
+    // The same on a group (world ranks [2, 0]; rank 1 is no member): a group's op is pending
+    // until its members arrive, and its waits honour their deadline like the world's.
+    for (op, variant) in [(OpKind::AllReduce, Variant::Out), (OpKind::Broadcast, Variant::Out), (OpKind::Barrier, Variant::Out)] {
+        let name = format!("async::pending_until_peers_arrive::subgroup::{}::{variant}::ws3", op.name());
+        v.push(Case::<B>::new(name, meta(op, variant), 3, move |ctx| {
+            if !ctx.b.capabilities().subgroups {
+                return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+            }
+            let Some(g) = member_group(ctx.b, &[2, 0])? else { return Ok(()) };
+            let mut first = Ok(());
+            for late in 0..g.world_size() {
+                let r = round_on(ctx, &g, " group=[2, 0] (group ranks)", op, variant, late);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        }));
     }
     v.push(Case::<B>::new("async::barrier_synchronises::subgroup::ws3", meta(OpKind::Barrier, Variant::Out), 3, |ctx| {
         // The same on a subgroup (world ranks [2, 0]; rank 1 is no member): a group's barrier

@@ -213,6 +213,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         expect_eq(b, out, &full(&[64], rank_sum(b, b.world_size())), &w)
     }));
     v.push(Case::<B>::new("async::completes_without_wait::every_op::ws2", meta("every_op", "every"), 2, completes_without_wait_every_op));
+    v.push(Case::<B>::new(
+        "async::completes_without_wait::every_op::large::ws2",
+        meta("every_op", "every"),
+        2,
+        completes_without_wait_large,
+    ));
     v.push(Case::<B>::new("async::wait_twice::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         let b = ctx.b;
         let w = here(b, "all_reduce", "out", DType::F32);
@@ -388,6 +394,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             expect_eq(b, second?, &want_y, &format!("{w} (op #2)"))
         },
     ));
+    // The same for the sharded ops (an all_gather / reduce_scatter issued while one is pending
+    // may not join the pending one's launch: FSDP issues them back to back).
+    for op in [concord_core::OpKind::AllGatherIntoTensor, concord_core::OpKind::ReduceScatterTensor] {
+        let name = format!("async::earlier_op_completes_before_a_later_one_is_issued::{}::ws2", op.name());
+        v.push(Case::<B>::new(name, meta(op.name(), "out"), 2, move |ctx| earlier_completes_before_later(ctx, op)));
+    }
     v.push(Case::<B>::new("async::peer_never_joins_op_recorded_in_flight::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // progress.recorded: while rank 0's all_reduce waits for rank 1 (which has not issued
         // it), `concord_core::progress` lists it in flight, so a deadline report names it.
@@ -892,6 +904,74 @@ pub fn unwaited_child<B: Backend>() -> ! {
     std::process::exit(code)
 }
 
+/// `async::earlier_op_completes_before_a_later_one_is_issued::{op}::ws2` for an out-of-place
+/// `op` (f32, sum): rank 0 issues #1 and #2 back to back and waits #1; rank 1 issues #2 only
+/// after rank 0 has seen #1 complete. #1 must complete once both ranks issued it, whatever rank 0
+/// issued after it (clause `async.every_op_every_rank`); both results are checked against the
+/// oracle.
+fn earlier_completes_before_later<B: Backend>(ctx: &mut Ctx<'_, B>, op: concord_core::OpKind) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let w = here(b, op.name(), "out", DType::F32);
+    let p = exec::Params { reduce: op.reduces().then_some(ReduceOp::Sum), ..Default::default() };
+    let coll = exec::collective(op, &p, ws).ok_or_else(|| fail(&w, "suite bug: the op moves no data"))?;
+    let prefix = format!("{}/{}", ctx.case, ctx.world.world_id);
+    let (seen, done1) = (format!("{prefix}/first_seen"), format!("{prefix}/first_done_on_1"));
+    let inputs = |n: usize, salt: usize| -> Vec<Tensor> {
+        (0..ws).map(|r| Tensor::from_vec(&[n], (0..n).map(|e| (100 * salt + 10 * r + e) as f32).collect())).collect()
+    };
+    let (in1, in2) = (inputs(16, 1), inputs(8, 2));
+    let (x, y) = (b.upload(&in1[me])?, b.upload(&in2[me])?);
+    let issue = |t: &B::Buffer| exec::issue(b, op, Variant::Out, std::slice::from_ref(t), None, &p);
+    let named = |what: &'static str| {
+        let w = w.clone();
+        move |e: CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
+    };
+    if me == 1 {
+        let out = issue(&x).map_err(named("issue #1"))?.into_values(ctx.timeout).map_err(named("op #1"))?;
+        ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
+        super::util::expect_oracle(b, &coll, &in1, &out[0], &format!("{w} (op #1)"))?;
+        ctx.store.wait(&[seen.as_str()], ctx.timeout * 2).map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
+        let out = issue(&y).map_err(named("issue #2"))?.into_values(ctx.timeout).map_err(named("op #2"))?;
+        let _ = ctx.store.delete_key(&seen);
+        return super::util::expect_oracle(b, &coll, &in2, &out[0], &format!("{w} (op #2)"));
+    }
+    let first = issue(&x).map_err(named("issue #1"))?;
+    let second = issue(&y).map_err(named("issue #2"))?;
+    const LAG: Duration = Duration::from_secs(4);
+    let t0 = Instant::now();
+    let verdict = loop {
+        match first.wait(LAG) {
+            Ok(()) => break Ok(()),
+            Err(e) if e.name() != "timeout" => break Err(fail(&w, format!("op #1: {e}"))),
+            Err(_) if ctx.store.check(&[done1.as_str()]).unwrap_or(false) => {
+                break Err(fail(
+                    &w,
+                    format!(
+                        "{} #1 is still pending {:?} after issue, at least {LAG:?} after rank 1 finished it; the only other op this \
+                         rank has issued (#2) waits for rank 1, which issues it only once #1 has completed here: an op must \
+                         complete once its peers have issued it, not with the ops issued after it",
+                        op.name(),
+                        t0.elapsed()
+                    ),
+                ))
+            }
+            Err(_) if t0.elapsed() > ctx.timeout => {
+                break Err(fail(&w, format!("op #1 pending after {:?}; rank 1 never finished it", t0.elapsed())))
+            }
+            Err(_) => {}
+        }
+    };
+    // Rank 1 goes on either way, so that #2 (and the world) ends.
+    ctx.store.set(&seen, b"1").map_err(|e| fail(&w, e))?;
+    let second = second.into_values(ctx.timeout).map_err(named("op #2"));
+    verdict?;
+    let first = first.into_values(ctx.timeout).map_err(named("op #1"))?;
+    super::util::expect_oracle(b, &coll, &in1, &first[0], &format!("{w} (op #1)"))?;
+    let _ = ctx.store.delete_key(&done1);
+    super::util::expect_oracle(b, &coll, &in2, &second?[0], &format!("{w} (op #2)"))
+}
+
 /// One call of the `::every_op` cases: an (op, variant) of [`exec::PAIRS`] (its index `i`) that
 /// is no declared gap for f32 (sum where it reduces; a gap is the same on every rank, so every
 /// rank skips it), with its parameters (root the last rank, a ring permutation, the partner for
@@ -939,6 +1019,35 @@ fn every_op_calls<B: Backend>(b: &B) -> Vec<EveryOpCall> {
 /// failure is the verdict; later ops are not polled). The first op that never completes without a
 /// wait is polled for half the case's wait deadline, at most 5 s, as the all_reduce case does.
 fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    completes_without_wait_calls(ctx, every_op_calls(ctx.b))
+}
+
+/// Elements per input of `async::completes_without_wait::every_op::large::ws2` (1 MiB of f32: a
+/// backend's chunked or staged large-message path).
+const LARGE_POLLED: usize = 1 << 18;
+
+/// `async::completes_without_wait::every_op::large::ws2`: the same with 1 MiB inputs, for the
+/// out-of-place all_reduce, all_gather, reduce_scatter, broadcast and send / recv. A backend
+/// whose large path stages its result and copies it into the buffer it returned only inside
+/// `wait` reports completion before the result is final there (the small calls above take
+/// another path).
+fn completes_without_wait_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let large = [
+        (concord_core::OpKind::AllReduce, Variant::Out),
+        (concord_core::OpKind::AllGatherIntoTensor, Variant::Out),
+        (concord_core::OpKind::ReduceScatterTensor, Variant::Out),
+        (concord_core::OpKind::Broadcast, Variant::Out),
+        (concord_core::OpKind::SendRecv, Variant::OutBuf),
+    ];
+    let calls = every_op_calls(ctx.b)
+        .into_iter()
+        .filter(|c| large.contains(&(c.op, c.variant)))
+        .map(|c| EveryOpCall { n: LARGE_POLLED, ..c })
+        .collect();
+    completes_without_wait_calls(ctx, calls)
+}
+
+fn completes_without_wait_calls<B: Backend>(ctx: &mut Ctx<'_, B>, calls: Vec<EveryOpCall>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
     let caps = b.capabilities();
@@ -946,7 +1055,7 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
     let mut first: CaseResult = Ok(());
     // As `async::completes_without_wait::ws2` (generous: a loaded machine delays a progress thread).
     let mut limit = (ctx.timeout / 2).min(Duration::from_secs(5));
-    for EveryOpCall { i, op, variant, params: a, n, tensors } in every_op_calls(b) {
+    for EveryOpCall { i, op, variant, params: a, n, tensors } in calls {
         let w = format!("{} (both ranks issued; is_completed() polled, no wait)", here(b, op.name(), &variant.to_string(), DType::F32));
         // Distinct per op, rank, tensor and element (exact in f32).
         let input = |r: usize, t: usize| Tensor::from_vec(&[n], (0..n).map(|e| (1000 * (i + 1) + 100 * r + 10 * t + e) as f32).collect());

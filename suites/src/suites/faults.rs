@@ -19,8 +19,9 @@
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
 //!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
 //!   of a broadcast (rank 0 only receives); `::all_to_all::ws2`: the same with an
-//!   all_to_all_single (open-mpi/ompi #8916). A local failure is a named error on both ranks,
-//!   never a timeout (`faults.local_failure_named_everywhere`).
+//!   all_to_all_single (open-mpi/ompi #8916); `::in_place::ws4`: at 4 ranks, where rank 3 is
+//!   no ring neighbour of rank 1. A local failure is a named error on every rank, never a
+//!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -254,6 +255,18 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
                 ),
             ));
         }
+        // Nor as bad input: every rank's call was right, and a caller told otherwise hunts a
+        // mismatch that never was.
+        if local_failure && e.name().starts_with("bad_input") {
+            return Err(fail(
+                &w,
+                format!(
+                    "{whose} op ended in {} ({e}); rank {victim}'s op failed locally after it was posted, and every rank's call was \
+                     right: the error names that failure, not bad input",
+                    e.name()
+                ),
+            ));
+        }
         Ok(())
     };
     if me == victim {
@@ -318,6 +331,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         .stall_bound(),
     );
     v.push(Case::<B>::new("faults::fail_after_post::in_place::ws2", meta("all_reduce_", "inplace"), 2, |ctx| {
+        victim_case(ctx, 1, true, VictimOp::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::in_place::ws4", meta("all_reduce_", "inplace"), 4, |ctx| {
+        // At 4 ranks: the failure reaches every rank as a named error, not only the failing
+        // rank's neighbours (rank 3 exchanges nothing with rank 1 on a ring).
         victim_case(ctx, 1, true, VictimOp::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::fail_after_post::out_of_place::ws2", meta("all_reduce", "out"), 2, |ctx| {

@@ -65,7 +65,7 @@ pub const MORE_OPS: [(OpKind, Variant, Option<ReduceOp>); 6] = [
 
 /// Every reduce op defined for the dtype, in the subgroup layouts: all_reduce with each, and
 /// reduce_scatter / reduce / the in-place all_reduce_ with `avg` (whose divisor is the GROUP
-/// size, not the world's).
+/// size, not the world's), and reduce_scatter with `premul_sum` (floats).
 /// f32 and i32, world sizes 4 and 5 (the f32 all_reduce `sum` case is in [`OPS`] already).
 pub fn reduce_op_specs() -> Vec<ValueSpec> {
     let mut out = Vec::new();
@@ -87,6 +87,17 @@ pub fn reduce_op_specs() -> Vec<ValueSpec> {
             [(OpKind::ReduceScatterTensor, Variant::Out), (OpKind::Reduce, Variant::Out), (OpKind::AllReduce, Variant::InPlace)]
         {
             out.push(ValueSpec { op, variant, dtype, reduce: Some(ReduceOp::Avg), kind: InputKind::Exact, max_shapes: Some(4) });
+        }
+        // The pre-multiplied sum a sharded optimiser reduce-scatters gradients with on its group.
+        if let Some(premul) = ReduceOp::ALL.into_iter().find(|r| matches!(r, ReduceOp::PremulSum(_)) && r.defined_for(dtype)) {
+            out.push(ValueSpec {
+                op: OpKind::ReduceScatterTensor,
+                variant: Variant::Out,
+                dtype,
+                reduce: Some(premul),
+                kind: InputKind::Exact,
+                max_shapes: Some(4),
+            });
         }
     }
     out
