@@ -207,7 +207,7 @@ impl Bug for ReduceScatterRecordedAsAllReduce {
     fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let shape = s.inner.buffer_shape(x);
         let ws = s.ws();
-        if shape.is_empty() || shape[0] % ws != 0 {
+        if shape.is_empty() || !shape[0].is_multiple_of(ws) {
             return s.inner.reduce_scatter_tensor(x, op);
         }
         let mut out_shape = shape.clone();
