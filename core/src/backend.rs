@@ -78,7 +78,8 @@
 //!   collective stuck, they return at once and leave the communicator usable.
 //!   [clause: faults.copies_not_behind_collectives]
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
-//!   as one named error (never a timeout), and the world stays usable.
+//!   as one named error (never a timeout, and never a bad-input kind: every rank's call was
+//!   right), and the world stays usable.
 //!   [clause: faults.local_failure_named_everywhere]
 //!
 //! # Fused communication + compute (module [`crate::fused`], seed 004)

@@ -62,6 +62,21 @@ fn input(r: usize, t: usize, n: usize) -> Tensor {
     Tensor::from_vec(&[n], (0..n).map(|i| (r * 100 + t * 10 + i) as f32).collect())
 }
 
+/// The in-flight records that were not there in `before` (a record's backend and sequence
+/// number tell it apart).
+fn in_flight_since(before: &[progress::InFlight]) -> Vec<progress::InFlight> {
+    progress::in_flight().into_iter().filter(|f| !before.iter().any(|o| o.backend == f.backend && o.seq == f.seq)).collect()
+}
+
+/// Whether a record's op name `name` is `op` (its [`OpKind::name`], possibly as the start of a
+/// longer word of the name: `all_reduce_coalesced`, `broadcast_`): the longest op name a word of
+/// `name` starts with must be `op`'s, so that `all_reduce` is no `reduce` and
+/// `reduce_scatter_tensor` no `reduce` either.
+fn records(name: &str, op: OpKind) -> bool {
+    name.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|word| OpKind::ALL.iter().filter(|k| word.starts_with(k.name())).max_by_key(|k| k.name().len()).is_some_and(|k| *k == op))
+}
+
 /// One round with rank `late` as the late rank.
 fn round<B: Backend>(ctx: &Ctx<'_, B>, op: OpKind, v: Variant, late: usize) -> CaseResult {
     round_on(ctx, ctx.b, "", op, v, late)
@@ -122,6 +137,7 @@ fn round_on<B: Backend>(ctx: &Ctx<'_, B>, b: &B, what: &str, op: OpKind, v: Vari
         }
         exec::issue(b, op, v, &ins, out.as_ref(), &a)?
     } else {
+        let before = progress::in_flight();
         let t0 = Instant::now();
         let p = match exec::issue(b, op, v, &ins, out.as_ref(), &a) {
             Ok(p) => p,
@@ -144,20 +160,6 @@ fn round_on<B: Backend>(ctx: &Ctx<'_, B>, b: &B, what: &str, op: OpKind, v: Vari
             if p.is_completed() {
                 return Err(fail(&w, format!("is_completed() was true before rank {late} had issued its side")));
             }
-            // progress.recorded: while it waits for the late rank, the collective is listed in
-            // flight under the op the caller called (a rank hung in it names it), whatever the
-            // backend builds it from. Send / recv are no collectives.
-            if op != OpKind::SendRecv && !progress::in_flight().iter().any(|f| f.op.contains(op.name())) {
-                return Err(fail(
-                    &w,
-                    format!(
-                        "while it waited for rank {late}, the collective was not recorded in flight under `{}` (concord_core::progress \
-                         lists: {}): a rank hung in it must name it",
-                        op.name(),
-                        progress::describe()
-                    ),
-                ));
-            }
             let t0 = Instant::now();
             match p.wait(SHORT_WAIT) {
                 Ok(()) => return Err(fail(&w, format!("wait returned Ok before rank {late} had issued its side"))),
@@ -175,6 +177,20 @@ fn round_on<B: Backend>(ctx: &Ctx<'_, B>, b: &B, what: &str, op: OpKind, v: Vari
             }
             if p.is_completed() {
                 return Err(fail(&w, format!("is_completed() was true after a timed-out wait, before rank {late} had issued")));
+            }
+            // progress.recorded: pending this long for the late rank, the collective is listed
+            // in flight under the op the caller called (what a rank hung in it reports), whatever
+            // the backend builds it from. Send / recv are no collectives.
+            if op != OpKind::SendRecv && !in_flight_since(&before).iter().any(|f| records(&f.op, op)) {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "pending {SHORT_WAIT:?} for rank {late}, the collective was not recorded in flight under `{}` \
+                         (concord_core::progress lists: {}): a rank hung in it must name the op its caller called",
+                        op.name(),
+                        progress::describe()
+                    ),
+                ));
             }
             Ok(())
         };
@@ -242,7 +258,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let Some(g) = member_group(ctx.b, &[2, 0])? else { return Ok(()) };
             let mut first = Ok(());
             for late in 0..g.world_size() {
-                let r = round_on(ctx, &g, " group=[2, 0] (group ranks)", op, variant, late);
+                let what = format!(" group=[2, 0] (group ranks; world rank {})", ctx.b.rank());
+                let r = round_on(ctx, &g, &what, op, variant, late);
                 if first.is_ok() {
                     first = r;
                 }

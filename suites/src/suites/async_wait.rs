@@ -12,7 +12,7 @@
 //! runs for its peers, and a failed op whose `is_completed()` turns true.
 
 use super::util::{expect_eq, fail, full, here, member_group, ArVehicle};
-use crate::case::{Case, CaseMeta, CaseResult, Ctx};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec;
 use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor, Variant};
 use std::time::{Duration, Instant};
@@ -350,25 +350,27 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             if b.rank() == 1 {
                 let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
                 ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
-                expect_eq(b, &out, &want_x, &format!("{w} (op #1)"))?;
                 ctx.store
                     .wait(&[seen.as_str()], ctx.timeout * 2)
                     .map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
-                let out = b.all_reduce(&y, red(b))?.into_value(ctx.timeout)?;
+                // #2 is issued whatever #1 held (rank 0 waits for it); both are checked after.
+                let out2 = b.all_reduce(&y, red(b))?.into_value(ctx.timeout)?;
                 let _ = ctx.store.delete_key(&seen);
-                return expect_eq(b, &out, &want_y, &format!("{w} (op #2)"));
+                expect_eq(b, &out, &want_x, &format!("{w} (op #1)"))?;
+                return expect_eq(b, &out2, &want_y, &format!("{w} (op #2)"));
             }
             let first = b.all_reduce(&x, red(b))?;
             let second = b.all_reduce(&y, red(b))?;
             // Bounded by the op's own progress, not by a guess of the machine's speed: a failure
             // needs rank 1 to have finished #1 and #1 here to stay pending LAG longer.
-            const LAG: Duration = Duration::from_secs(4);
             let t0 = Instant::now();
+            // When this rank first saw rank 1's "done" (LAG counts from there).
+            let mut done_at: Option<Instant> = None;
             let verdict = loop {
-                match first.wait(LAG) {
+                match first.wait(LAG_STEP) {
                     Ok(_) => break Ok(()),
                     Err(e) if e.name() != "timeout" => break Err(fail(&w, format!("op #1: {e}"))),
-                    Err(_) if ctx.store.check(&[done1.as_str()]).unwrap_or(false) => {
+                    Err(_) if done_after(&mut done_at, ctx.store.check(&[done1.as_str()]).unwrap_or(false)) > LAG => {
                         break Err(fail(
                             &w,
                             format!(
@@ -904,6 +906,21 @@ pub fn unwaited_child<B: Backend>() -> ! {
     std::process::exit(code)
 }
 
+/// How long op #1 of the `earlier_op_completes_before_a_later_one_is_issued` cases may stay
+/// pending after rank 1 said it finished it, and the step of rank 0's waits meanwhile.
+const LAG: Duration = Duration::from_secs(4);
+const LAG_STEP: Duration = Duration::from_millis(100);
+
+/// How long ago this rank first saw the peer's "done" (`seen` now: noted in `at` the first
+/// time); zero while it has not.
+fn done_after(at: &mut Option<Instant>, seen: bool) -> Duration {
+    if seen {
+        at.get_or_insert_with(Instant::now).elapsed()
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// `async::earlier_op_completes_before_a_later_one_is_issued::{op}::ws2` for an out-of-place
 /// `op` (f32, sum): rank 0 issues #1 and #2 back to back and waits #1; rank 1 issues #2 only
 /// after rank 0 has seen #1 complete. #1 must complete once both ranks issued it, whatever rank 0
@@ -930,21 +947,22 @@ fn earlier_completes_before_later<B: Backend>(ctx: &mut Ctx<'_, B>, op: concord_
     if me == 1 {
         let out = issue(&x).map_err(named("issue #1"))?.into_values(ctx.timeout).map_err(named("op #1"))?;
         ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
-        super::util::expect_oracle(b, &coll, &in1, &out[0], &format!("{w} (op #1)"))?;
         ctx.store.wait(&[seen.as_str()], ctx.timeout * 2).map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
-        let out = issue(&y).map_err(named("issue #2"))?.into_values(ctx.timeout).map_err(named("op #2"))?;
+        // #2 is issued whatever #1 held (rank 0 waits for it); both are checked after.
+        let out2 = issue(&y).map_err(named("issue #2"))?.into_values(ctx.timeout).map_err(named("op #2"))?;
         let _ = ctx.store.delete_key(&seen);
-        return super::util::expect_oracle(b, &coll, &in2, &out[0], &format!("{w} (op #2)"));
+        super::util::expect_oracle(b, &coll, &in1, &out[0], &format!("{w} (op #1)"))?;
+        return super::util::expect_oracle(b, &coll, &in2, &out2[0], &format!("{w} (op #2)"));
     }
     let first = issue(&x).map_err(named("issue #1"))?;
     let second = issue(&y).map_err(named("issue #2"))?;
-    const LAG: Duration = Duration::from_secs(4);
     let t0 = Instant::now();
+    let mut done_at: Option<Instant> = None;
     let verdict = loop {
-        match first.wait(LAG) {
+        match first.wait(LAG_STEP) {
             Ok(()) => break Ok(()),
             Err(e) if e.name() != "timeout" => break Err(fail(&w, format!("op #1: {e}"))),
-            Err(_) if ctx.store.check(&[done1.as_str()]).unwrap_or(false) => {
+            Err(_) if done_after(&mut done_at, ctx.store.check(&[done1.as_str()]).unwrap_or(false)) > LAG => {
                 break Err(fail(
                     &w,
                     format!(
@@ -1043,7 +1061,10 @@ fn completes_without_wait_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult 
         .into_iter()
         .filter(|c| large.contains(&(c.op, c.variant)))
         .map(|c| EveryOpCall { n: LARGE_POLLED, ..c })
-        .collect();
+        .collect::<Vec<_>>();
+    if calls.is_empty() {
+        return Err(CaseEnd::Unsupported("every op of the large polls is a declared gap for f32".into()));
+    }
     completes_without_wait_calls(ctx, calls)
 }
 

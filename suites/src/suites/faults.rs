@@ -290,7 +290,11 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             b.write(f, &canary())?;
         }
         keys.set("victim_failed", &w)?;
-        keys.wait("other_done", &w)?;
+        // Every other rank's op has ended (each its own key: at 4 ranks the last one to end is
+        // the one whose late write the canary must see).
+        for r in (0..b.world_size()).filter(|&r| r != victim) {
+            keys.wait(&format!("other_done{r}"), &w)?;
+        }
         let mut bufs: Vec<(&str, &B::Buffer)> = vec![("the op's buffer", &x)];
         bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
         check_canary(&b, &bufs, &w, &e)?;
@@ -300,7 +304,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             keys.wait("victim_failed", &w)?;
         }
         let r = issue(&x)?.wait(ctx.timeout).map(|_| ());
-        keys.set("other_done", &w)?;
+        keys.set(&format!("other_done{me}"), &w)?;
         let e = must_fail(r, &w, &format!("rank {victim}'s side of it had already failed"))?;
         if !late {
             keys.wait("victim_failed", &w)?;
