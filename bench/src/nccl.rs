@@ -33,10 +33,6 @@ fn elapsed(b: &NcclBackend, start: &Mark, end: &Mark, timeout: Duration) -> conc
     }
 }
 
-fn profile(b: &NcclBackend, on: bool) -> Vec<(&'static str, f64)> {
-    b.profile_progress(on)
-}
-
 fn copy_rotated(b: &NcclBackend, dst: &NcclBuffer, src: &NcclBuffer, l: usize, s: usize) -> concord_core::Result<()> {
     b.copy_rotated(dst, src, l, s)
 }
@@ -199,7 +195,7 @@ pub fn hooks() -> Hooks<NcclBackend> {
         prepare,
         version,
         timing: EVENT_TIMING,
-        clock: Some(Clock { mark, elapsed, describe: EVENT_TIMING, covers_p2p: false, profile: Some(profile) }),
+        clock: Some(Clock { mark, elapsed, describe: EVENT_TIMING, covers_p2p: false, profile: Some(NcclBackend::profile_progress) }),
         reference: Some(make_reference),
         data: Some(DeviceData { copy_rotated, read }),
     }

@@ -748,7 +748,7 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
     // `CONCORD_BENCH_PROBE=1` (a diagnosis aid, off by default; the profile's clock reads cost
     // the backend time): per timed window, the host's times and the backend's own profile, one
     // `# probe` line per step and rank on stderr.
-    let probe = clock.and_then(|c| c.profile).filter(|_| std::env::var("CONCORD_BENCH_PROBE").is_ok_and(|v| v == "1"));
+    let probe = clock.and_then(|c| c.profile).filter(|_| concord_harness::config::Config::global().bench_probe);
     // Per window, µs per op: the issues (start mark returned -> last issue returned) and the
     // launches (start mark returned -> end mark returned, which waits for the last launch).
     let mut host: Vec<[f64; 2]> = Vec::new();

@@ -17,6 +17,7 @@
 //! | `CONCORD_LAUNCHER` | `auto` | `off`, `torchrun`, `mpi` or `slurm`: how ranks were started (below) |
 //! | `CONCORD_STORE_ADDR` | see below | `HOST:PORT` of the TCP store externally launched ranks meet on |
 //! | `CONCORD_GIT_COMMIT` | `git rev-parse` | the source commit a bench records (the GPU bundle sets it) |
+//! | `CONCORD_BENCH_PROBE` | off | `1`: the bench profiles each timed window and prints one `# probe` line per step and rank (a diagnosis aid: the profile costs the backend time) |
 //!
 //! # Externally launched ranks ([`Launch`])
 //! A conformance binary (or a bench) started by a launcher runs as ONE rank of the launcher's
@@ -65,6 +66,7 @@ pub const RUNNER_TRACE: &str = "CONCORD_RUNNER_TRACE";
 pub const LAUNCHER: &str = "CONCORD_LAUNCHER";
 pub const STORE_ADDR: &str = "CONCORD_STORE_ADDR";
 pub const GIT_COMMIT: &str = "CONCORD_GIT_COMMIT";
+pub const BENCH_PROBE: &str = "CONCORD_BENCH_PROBE";
 
 /// The settings that change what a case does or how long it may take: a failure's rerun line
 /// carries those set (`CONCORD_CASE_TIMEOUT_MS=5 cargo xtask conformance ...`), so that pasting
@@ -191,6 +193,8 @@ pub struct Config {
     pub gpu_count: Option<usize>,
     pub list: ListMode,
     pub trace: bool,
+    /// `CONCORD_BENCH_PROBE=1`: the bench's per-window probe.
+    pub bench_probe: bool,
     /// `Some` when a launcher started this process as one rank of its world.
     pub launch: Option<Launch>,
     /// `CONCORD_GIT_COMMIT`: the commit the binaries were built from, when the caller knows it
@@ -218,6 +222,7 @@ impl Default for Config {
             gpu_count: None,
             list: ListMode::Groups,
             trace: false,
+            bench_probe: false,
             launch: None,
             git_commit: None,
         }
@@ -248,11 +253,15 @@ impl Config {
             Some("cases") => ListMode::Cases,
             Some(v) => return Err(ConfigError { var: LIST, value: v.into(), expected: "`groups` or `cases`" }),
         };
-        let trace = match get(RUNNER_TRACE).as_deref().map(str::trim) {
-            None | Some("") | Some("0") => false,
-            Some("1") => true,
-            Some(v) => return Err(ConfigError { var: RUNNER_TRACE, value: v.into(), expected: "`0` or `1`" }),
+        let switch = |var: &'static str| -> Result<bool, ConfigError> {
+            match get(var).as_deref().map(str::trim) {
+                None | Some("") | Some("0") => Ok(false),
+                Some("1") => Ok(true),
+                Some(v) => Err(ConfigError { var, value: v.into(), expected: "`0` or `1`" }),
+            }
         };
+        let trace = switch(RUNNER_TRACE)?;
+        let bench_probe = switch(BENCH_PROBE)?;
         let launch = Config::launch_from(&get)?;
         Ok(Config {
             launch,
@@ -264,6 +273,7 @@ impl Config {
             gpu_count: num(GPU_COUNT, "a whole number of GPUs")?.map(|n| n as usize),
             list,
             trace,
+            bench_probe,
             git_commit: get(GIT_COMMIT).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()),
         })
     }
@@ -419,8 +429,8 @@ mod tests {
         let env =
             |vars: &'static [(&'static str, &'static str)]| move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         assert_eq!(rerun_env_from(env(&[])), "");
-        // Listing, tracing and the launcher do not change a case: left out.
-        assert_eq!(rerun_env_from(env(&[(LIST, "cases"), (RUNNER_TRACE, "1"), (GIT_COMMIT, "abc")])), "");
+        // Listing, tracing, probing and the launcher do not change a case: left out.
+        assert_eq!(rerun_env_from(env(&[(LIST, "cases"), (RUNNER_TRACE, "1"), (GIT_COMMIT, "abc"), (BENCH_PROBE, "1")])), "");
         assert_eq!(
             rerun_env_from(env(&[(GPU_COUNT, "0"), (CASE_TIMEOUT_MS, "5"), (OP_TIMEOUT_MS, "3")])),
             "CONCORD_CASE_TIMEOUT_MS=5 CONCORD_OP_TIMEOUT_MS=3 CONCORD_GPU_COUNT=0 "
@@ -451,6 +461,8 @@ mod tests {
         assert_eq!(with(&[(LIST, "each")]).unwrap_err().var, LIST);
         assert_eq!(with(&[(LIST, "cases")]).unwrap().list, ListMode::Cases);
         assert_eq!(with(&[(GPU_COUNT, "two")]).unwrap_err().var, GPU_COUNT);
+        assert_eq!(with(&[(BENCH_PROBE, "yes")]).unwrap_err().var, BENCH_PROBE);
+        assert!(with(&[(BENCH_PROBE, "1")]).unwrap().bench_probe && !with(&[(BENCH_PROBE, "0")]).unwrap().bench_probe);
     }
 
     #[test]

@@ -940,10 +940,7 @@ fn earlier_completes_before_later<B: Backend>(ctx: &mut Ctx<'_, B>, op: concord_
     let (in1, in2) = (inputs(16, 1), inputs(8, 2));
     let (x, y) = (b.upload(&in1[me])?, b.upload(&in2[me])?);
     let issue = |t: &B::Buffer| exec::issue(b, op, Variant::Out, std::slice::from_ref(t), None, &p);
-    let named = |what: &'static str| {
-        let w = w.clone();
-        move |e: CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
-    };
+    let named = |step| super::util::step_failed(&w, step);
     if me == 1 {
         let out = issue(&x).map_err(named("issue #1"))?.into_values(ctx.timeout).map_err(named("op #1"))?;
         ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;

@@ -150,6 +150,12 @@ pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
 
+/// A step of a case that failed with a backend error, as a [`fail`] naming the step and the
+/// error's kind: `x.map_err(step_failed(&w, "upload"))?`.
+pub fn step_failed<'a>(where_: &'a str, step: &'a str) -> impl FnOnce(concord_core::CollectiveError) -> CaseEnd + 'a {
+    move |e| fail(where_, format!("{step}: {e} [{}]", e.name()))
+}
+
 /// Compares this rank's result `got` with the oracle's answer for `coll` over every rank's
 /// `inputs` (index = rank), bit-exactly; nothing to compare where the oracle leaves it undefined.
 pub fn expect_oracle<B: Backend>(

@@ -13,7 +13,7 @@
 //! in-place list of views into one parent, out of order and with gaps between them (only the
 //! views' elements may change).
 
-use super::util::{expect_eq, fail, here};
+use super::util::{expect_eq, fail, here, step_failed};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use crate::suites::matrix;
@@ -107,11 +107,7 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         "{} a view {inner_off} elements into a view {outer_off} elements into a guarded parent (element {at} of the parent)",
         here(b, "all_reduce", "inplace", DType::F32)
     );
-    let named = |what: &str| {
-        let w = w.clone();
-        let what = what.to_string();
-        move |e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
-    };
+    let named = |step| step_failed(&w, step);
     let parent =
         b.upload(&Tensor::filled_bytes(DType::F32, &[at + n + values::GUARD_ELEMS], GUARD_BYTE)).map_err(named("upload the parent"))?;
     let outer = b.view(&parent, outer_off, &[inner_off + n + 4]).map_err(named("the outer view"))?;
@@ -141,11 +137,7 @@ fn one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         here(b, "all_reduce", "coalesced_inplace", DType::F32)
     );
     let total = 48 + values::GUARD_ELEMS;
-    let named = |what: &str| {
-        let w = w.clone();
-        let what = what.to_string();
-        move |e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()))
-    };
+    let named = |step| step_failed(&w, step);
     let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[total], GUARD_BYTE)).map_err(named("upload the parent"))?;
     let views: Vec<B::Buffer> =
         places.iter().map(|&(off, n)| b.view(&parent, off, &[n])).collect::<Result<_, _>>().map_err(named("the views"))?;

@@ -11,7 +11,7 @@
 //!   (tenstorrent/tt-metal PR #40279); every other case of the catalogue gathers shapes of one
 //!   rank in a row, or shapes that differ once padded.
 
-use super::util::{expect_eq, fail, here};
+use super::util::{expect_eq, here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, DType, OpKind, Tensor, Variant};
 
@@ -46,9 +46,8 @@ fn all_gather_rank_padded_shapes<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult
             RANK_PADDED_SHAPES.len(),
             &RANK_PADDED_SHAPES[..k]
         );
-        let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
-        let x = b.upload(&Tensor::from_vec(shape, (0..n).map(|i| padded_input(me, k, i)).collect())).map_err(|e| named("upload", e))?;
-        let got = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named("all_gather", e))?;
+        let x = b.upload(&Tensor::from_vec(shape, (0..n).map(|i| padded_input(me, k, i)).collect())).map_err(step_failed(&w, "upload"))?;
+        let got = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "all_gather"))?;
         let out_shape: Vec<usize> = match shape.split_first() {
             None => vec![ws],
             Some((d0, rest)) => std::iter::once(ws * d0).chain(rest.iter().copied()).collect(),
