@@ -1,10 +1,12 @@
 //! The decision cache: winners keyed by (backend, op, dtype, shape, reduce op, group ranks,
-//! choice-set hash), one JSON file per rank, reused by a later process. A hit is only used when
+//! choice-set hash, policy), one JSON file per rank, reused by a later process. The policy is in
+//! the key because the winner is a function of it: a choice fastest on average may be the
+//! slowest on the slowest rank (review11 found the key without it). A hit is only used when
 //! every rank hit with the same winner (agreed in the pre-sync); otherwise every rank re-tunes.
 //! Only a measured winner is cached: a declared default taken because every choice was inf (a
 //! fault that may be transient) is not.
 
-use crate::OpInstance;
+use crate::{OpInstance, Policy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,15 +25,22 @@ pub struct Cache {
     pub entries: BTreeMap<String, Entry>,
 }
 
+/// The file format's version: 2 since the policy joined the key (a version-1 file's entries
+/// simply never match, which costs a re-tune, never a wrong winner).
+pub const VERSION: u32 = 2;
+
 /// The key of one decision.
-pub fn key(backend: &str, inst: &OpInstance, group_ranks: &[usize], choice_hash: &str) -> String {
-    format!("{backend}|{}|{group_ranks:?}|{choice_hash}", inst.key())
+pub fn key(backend: &str, inst: &OpInstance, group_ranks: &[usize], choice_hash: &str, policy: Policy) -> String {
+    format!("{backend}|{}|{group_ranks:?}|{choice_hash}|{}", inst.key(), policy.name())
 }
 
 impl Cache {
     /// Reads `path` (absent or unreadable: empty, never an error — a bad file only costs a re-tune).
     pub fn load(path: &Path) -> Cache {
-        std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Cache { version: 1, entries: BTreeMap::new() })
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Cache { version: VERSION, entries: BTreeMap::new() })
     }
     /// Writes atomically (temp file + rename).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
@@ -43,7 +52,7 @@ impl Cache {
         self.entries.get(key)
     }
     pub fn put(&mut self, key: String, e: Entry) {
-        self.version = 1;
+        self.version = VERSION;
         self.entries.insert(key, e);
     }
 }

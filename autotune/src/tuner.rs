@@ -117,7 +117,7 @@ impl Tuner {
                     .collect();
                 let names: Vec<String> = r.choices.iter().zip(&skip).filter(|(_, s)| s.is_none()).map(|(c, _)| c.name.clone()).collect();
                 let hash = names_hash(&names);
-                let cache_key = cache::key(b.name(), &r.inst, &env.group_ranks, &hash);
+                let cache_key = cache::key(b.name(), &r.inst, &env.group_ranks, &hash, cfg.policy);
                 let hit = cache.as_ref().and_then(|c| c.get(&cache_key)).map(|e| e.winner.clone()).filter(|w| names.contains(w));
                 Plan { skip, names, hash, cache_key, hit }
             })

@@ -8,7 +8,7 @@ use std::path::PathBuf;
     name = "concord-bench",
     about = "nccl-tests' table for a Concord backend; every timed iteration checked against the oracle",
     after_help = "Sizes take K/M/G suffixes (binary). With --plot, -o names the SVG file.\n\
-                  Exit status: 0 done, 1 a wrong result / failed rank / hang / regression, 2 cannot run here or bad arguments \
+                  Exit status: 0 done, 1 a wrong result / failed rank / hang / regression (or a wrong or missing row under --compare), 2 cannot run here or bad arguments \
                   (nothing to run; --compare with no row in common), 141 stdout closed early (`| head`)."
 )]
 pub struct Args {
@@ -70,7 +70,8 @@ pub struct Args {
     /// Compare two JSON-lines files (baseline, candidate): busbw ratio per op and size, then exit.
     #[arg(long, num_args = 2, value_names = ["BASELINE", "CANDIDATE"])]
     pub compare: Vec<PathBuf>,
-    /// With --compare: flag a ratio below this (exit 1).
+    /// With --compare: flag a ratio below this (exit 1; a candidate row that is wrong or missing
+    /// is flagged too).
     #[arg(long, default_value_t = 0.9)]
     pub threshold: f64,
     /// Memory per rank for the buffers of one timed window (K/M/G); the window is

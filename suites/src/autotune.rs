@@ -1118,7 +1118,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             "native",
         )];
         let names: Vec<String> = reqs[0].choices.iter().map(|c| c.name.clone()).collect();
-        let key = cache::key(ctx.b.name(), &reqs[0].inst, &(0..ctx.world_size()).collect::<Vec<_>>(), &names_hash(&names));
+        let key = cache::key(ctx.b.name(), &reqs[0].inst, &(0..ctx.world_size()).collect::<Vec<_>>(), &names_hash(&names), Policy::Max);
         let path = cache_path(ctx, ctx.rank());
         for (n, stale) in [(0, [None, Some("slowest")]), (1, [Some("slower"), Some("slowest")])] {
             let _ = std::fs::remove_file(&path);
@@ -1142,10 +1142,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         Ok(())
     }));
     v.push(Case::<B>::new("autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2", meta("all_reduce"), 2, move |ctx| {
-        // One cache file, one later process per step: a decision cached for f32/sum must not be
-        // taken for the same op and size with another dtype, another reduce op or another
-        // candidate list. `sums_always` computes a sum whatever the reduce op: reused for max it
-        // is a wrong tuned op.
+        // One cache file, one later process per step: a decision cached for f32/sum/[512] under
+        // policy max must not be taken for the same op with another dtype, reduce op, shape,
+        // candidate list or policy. `sums_always` computes a sum whatever the reduce op: reused
+        // for max it is a wrong tuned op. A winner under max is not one under avg (review11: the
+        // reference tuner's own key once left the policy out).
         let path = cache_path(ctx, ctx.rank());
         let _ = std::fs::remove_file(&path);
         let sums_always = || {
@@ -1155,32 +1156,41 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let base = OpInstance::all_reduce(DType::F32, &[512], ReduceOp::Sum);
         let mut c = cfg(t10, Policy::Max);
         c.cache = Some(path.clone());
-        let steps: Vec<(&str, Vec<Request<B>>)> = vec![
-            ("the dtype", vec![set(OpInstance::all_reduce(DType::I32, &[512], ReduceOp::Sum))]),
-            ("the reduce op", vec![set(OpInstance::all_reduce(DType::F32, &[512], ReduceOp::Max))]),
-            ("the candidate list", {
-                let mut r = set(base.clone());
-                r.choices.insert(0, Choice::new("native_added_later", native::<B>));
-                vec![r]
-            }),
+        let steps: Vec<(&str, Vec<Request<B>>, Policy)> = vec![
+            ("the dtype", vec![set(OpInstance::all_reduce(DType::I32, &[512], ReduceOp::Sum))], Policy::Max),
+            ("the reduce op", vec![set(OpInstance::all_reduce(DType::F32, &[512], ReduceOp::Max))], Policy::Max),
+            ("the shape", vec![set(OpInstance::all_reduce(DType::F32, &[4096], ReduceOp::Sum))], Policy::Max),
+            (
+                "the candidate list",
+                {
+                    let mut r = set(base.clone());
+                    r.choices.insert(0, Choice::new("native_added_later", native::<B>));
+                    vec![r]
+                },
+                Policy::Max,
+            ),
+            ("the policy", vec![set(base.clone())], Policy::Avg),
         ];
         let run = || -> CaseResult {
             let first = tune(ctx, &A::new(c.clone()), 0, &[set(base.clone())])?;
             check_same_winners(ctx, &first, "key-first", "")?;
-            for (n, (part, reqs)) in steps.iter().enumerate() {
-                let o = tune(ctx, &A::new(c.clone()), n + 1, reqs)?;
+            for (n, (part, reqs, policy)) in steps.iter().enumerate() {
+                let mut c = c.clone();
+                c.policy = *policy;
+                let o = tune(ctx, &A::new(c), n + 1, reqs)?;
                 let all = gather(ctx, &format!("key{n}"), &o.tables[0].from_cache.to_string())?;
                 if let Some(bad) = all.iter().position(|s| s != "false") {
                     return Err(fail(
                         ctx,
                         format!(
-                            "rank {bad}: the decision cached for {base} (winner `{}`) was reused for {} — a cache key without {part}: every part of the instance and the candidate list must be in the key\n{o}",
+                            "rank {bad}: the decision cached for {base} under policy max (winner `{}`) was reused for {} under policy {} — a cache key without {part}: every part of the instance, the candidate list and the policy must be in the key\n{o}",
                             first.winner(0),
-                            reqs[0].inst
+                            reqs[0].inst,
+                            policy.name()
                         ),
                     ));
                 }
-                check_all(ctx, &o, reqs, Policy::Max, &format!("key{n}"))?;
+                check_all(ctx, &o, reqs, *policy, &format!("key{n}"))?;
             }
             Ok(())
         };

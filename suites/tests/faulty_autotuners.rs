@@ -203,15 +203,18 @@ const NO_DTYPE: u8 = 1;
 const NO_REDUCE_OP: u8 = 2;
 const NO_CANDIDATES: u8 = 3;
 const NO_GROUP: u8 = 4;
+const NO_SHAPE: u8 = 5;
+const NO_POLICY: u8 = 6;
 
 /// A decision cache looked up without one part of the key (a dict keyed by op and size only):
-/// a cached decision for another dtype / reduce op / candidate list is taken as this one's.
+/// a cached decision for another dtype / reduce op / shape / candidate list / group / policy is
+/// taken as this one's.
 struct LooseCache<const K: u8>(Tuner);
 impl<const K: u8> LooseCache<K> {
-    /// `backend|op/dtype/shape/reduce|group|hash` without the left-out part.
+    /// `backend|op/dtype/shape/reduce|group|hash|policy` without the left-out part.
     fn loose(key: &str) -> String {
         let mut parts: Vec<String> = key.split('|').map(str::to_string).collect();
-        if parts.len() != 4 {
+        if parts.len() != 5 {
             return key.to_string();
         }
         let p1 = parts[1].clone();
@@ -219,6 +222,8 @@ impl<const K: u8> LooseCache<K> {
         match K {
             NO_DTYPE if inst.len() == 4 => inst[1] = "*",
             NO_REDUCE_OP if inst.len() == 4 => inst[3] = "*",
+            NO_SHAPE if inst.len() == 4 => inst[2] = "*",
+            NO_POLICY => parts[4] = "*".into(),
             NO_CANDIDATES => parts[3] = "*".into(),
             NO_GROUP => parts[2] = "*".into(),
             _ => {}
@@ -240,7 +245,7 @@ impl<B: Backend, const K: u8> Autotuner<B> for LooseCache<K> {
             let ws = env.b.world_size();
             for r in requests {
                 let names: Vec<String> = r.choices.iter().filter(|c| (c.applies)(&r.inst, ws)).map(|c| c.name.clone()).collect();
-                let key = cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names));
+                let key = cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names), self.0.config().policy);
                 if c.get(&key).is_none() {
                     let found = c.entries.iter().find(|(k, _)| Self::loose(k) == Self::loose(&key)).map(|(_, e)| e.clone());
                     if let Some(e) = found {
@@ -430,10 +435,10 @@ impl<B: Backend> Autotuner<B> for IndexIntoFullList {
 // ---- The eleventh hunt (helper hunt11): more autotuners a user could ship ----
 
 /// The cache key of request `r` as the reference tuner builds it.
-fn key_of<B: Backend>(env: &Env<'_, B>, r: &Request<B>) -> String {
+fn key_of<B: Backend>(env: &Env<'_, B>, r: &Request<B>, policy: Policy) -> String {
     let ws = env.b.world_size();
     let names: Vec<String> = r.choices.iter().filter(|c| (c.applies)(&r.inst, ws)).map(|c| c.name.clone()).collect();
-    cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names))
+    cache::key(env.b.name(), &r.inst, &env.group_ranks, &names_hash(&names), policy)
 }
 
 /// Wraps every choice of every request with `wrap` (what a wrapper does to reach inside a run).
@@ -467,7 +472,10 @@ impl<B: Backend> Autotuner<B> for CachesTheDefault {
             let mut c = cache::Cache::load(path);
             for (t, r) in o.tables.iter().zip(requests) {
                 if t.defaulted && !t.from_cache {
-                    c.put(key_of(env, r), cache::Entry { winner: t.winner.clone(), policy: t.policy.name().into(), reduced_ns: None });
+                    c.put(
+                        key_of(env, r, t.policy),
+                        cache::Entry { winner: t.winner.clone(), policy: t.policy.name().into(), reduced_ns: None },
+                    );
                 }
             }
             let _ = c.save(path);
@@ -962,6 +970,9 @@ fn maker(name: &str) -> Option<Make> {
         // The fourth review (helper reviewd).
         "screens_small_integers" => build::<Faulty<SMALL_INTEGERS>>,
         "cache_ignores_group" => build::<LooseCache<NO_GROUP>>,
+        // review11: the reference tuner's own key once lacked the policy; no case varied the shape.
+        "cache_ignores_shape" => build::<LooseCache<NO_SHAPE>>,
+        "cache_ignores_policy" => build::<LooseCache<NO_POLICY>>,
         "caches_the_default" => build::<CachesTheDefault>,
         "reduced_is_own_time" => build::<ReducedIsOwnTime>,
         "deadline_per_run" => build::<DeadlinePerRun>,
@@ -1051,6 +1062,16 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             e("cache_ignores_reduce_op"),
             &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
             &["a cache key without the reduce op", "rank="],
+        ),
+        (
+            e("cache_ignores_shape"),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the shape", "rank="],
+        ),
+        (
+            e("cache_ignores_policy"),
+            &["autotune::cache::key_covers_dtype_reduce_op_and_candidates::ws2"],
+            &["a cache key without the policy", "under policy avg", "rank="],
         ),
         (
             e("cache_ignores_candidates"),
@@ -1191,6 +1212,8 @@ const ALL: &[&str] = &[
     "rank_local_cost_model",
     "bench_count_from_own_estimate",
     "screens_small_integers",
+    "cache_ignores_shape",
+    "cache_ignores_policy",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a
