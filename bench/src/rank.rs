@@ -331,7 +331,8 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
             let mut between = Interleaved::default();
             let ran = match reference.as_mut().filter(|_| a.interleave) {
                 Some(rf) => {
-                    let mut after_window = |k: usize| {
+                    let mut after_window = |k: usize, own_us: f64| {
+                        between.own.push(own_us);
                         if between.stopped {
                             return;
                         }
@@ -373,6 +374,20 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
                         reference = None;
                     } else if !between.windows.is_empty() && !between.stopped {
                         let w = &between.windows;
+                        if concord_harness::config::Config::global().bench_probe {
+                            // The windows in the order they ran, µs per op: one line per step
+                            // and rank (one write: the ranks share the parent's stderr).
+                            let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
+                            let line = format!(
+                                "# pairs rank {rank} {} {} {} B: backend {} | reference {}\n",
+                                step.op.name(),
+                                placement.name(),
+                                step.size,
+                                list(&between.own),
+                                list(w)
+                            );
+                            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                        }
                         r.ref_us = Some(median(w));
                         r.ref_spread_us = Some((w.iter().copied().fold(f64::INFINITY, f64::min), w.iter().copied().fold(0.0, f64::max)));
                     }
@@ -660,21 +675,24 @@ fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
 /// What `--interleave`'s reference windows of one step gave.
 #[derive(Default)]
 struct Interleaved {
-    /// Each window's time per op (µs).
+    /// Each reference window's time per op (µs).
     windows: Vec<f64>,
+    /// Each of the backend's windows' (µs per op), in the same order.
+    own: Vec<f64>,
     /// No more windows: the reference has no such step (`Ok(None)`) or failed.
     stopped: bool,
     failed: Option<String>,
 }
 
 /// Runs one step's warm-up and timed windows; `after_window(k)` (the `--interleave`d
-/// reference) is called after each timed window of `k` iterations, once its checks are done.
+/// reference) is called after each timed window of `k` iterations, once its checks are done,
+/// with that window's time per op (µs).
 fn run_step<B: Backend>(
     cx: &Ctx<'_, B>,
     step: Step,
     placement: Placement,
     sets: &Sets,
-    mut after_window: Option<&mut dyn FnMut(usize)>,
+    mut after_window: Option<&mut dyn FnMut(usize, f64)>,
 ) -> Result<RankResult, CollectiveError> {
     let (op, l, ws, rank) = (step.op, step.count, cx.ws, cx.rank);
     let (in_n, out_n) = op.numels(l, ws);
@@ -881,7 +899,7 @@ fn run_step<B: Backend>(
             cx.beat.tick();
         }
         if let Some(f) = after_window.as_mut() {
-            f(k);
+            f(k, per_window.last().copied().unwrap_or(f64::NAN));
         }
         done += k;
     }
