@@ -70,8 +70,9 @@ struct Raw {
     /// The last step's fastest and slowest window, µs per op.
     spread: Option<(f64, f64)>,
     /// Option `raw_thread=1`: each window's launches made by a second thread while the caller
-    /// spins (the backend's two-thread shape without its work per op; `RawStep::thread`).
-    thread: bool,
+    /// spins (the backend's two-thread shape without its work per op; `RawStep::thread`);
+    /// `raw_thread=nap`: the caller sleeps between looks until the last 8 (`Some(true)`).
+    thread: Option<bool>,
 }
 
 impl Reference for Raw {
@@ -80,7 +81,11 @@ impl Reference for Raw {
             "{}{}{}",
             if self.per_window { "nccl-raw-window" } else { "nccl-raw" },
             if self.events { "+events" } else { "" },
-            if self.thread { "+thread" } else { "" }
+            match self.thread {
+                Some(true) => "+thread-nap",
+                Some(false) => "+thread",
+                None => "",
+            }
         )
     }
     fn describe(&self) -> String {
@@ -91,10 +96,10 @@ impl Reference for Raw {
         };
         let events =
             if self.events { ", a completion event recorded after every launch as the backend does (option raw_events=1)" } else { "" };
-        let thread = if self.thread {
-            ", each window's launches made by a second thread while the first spins until they are made (option raw_thread=1)"
-        } else {
-            ""
+        let thread = match self.thread {
+            Some(false) => ", each window's launches made by a second thread while the first spins until they are made (option raw_thread=1)",
+            Some(true) => ", each window's launches made by a second thread while the first sleeps 20 us between looks until the last 8 (option raw_thread=nap)",
+            None => "",
         };
         let fill = if self.zeros {
             "zeros (option raw_fill=zero)"
@@ -124,7 +129,8 @@ impl Reference for Raw {
             buffers: if self.per_window { s.window } else { 1 },
             events: self.events,
             zeros: self.zeros,
-            thread: self.thread,
+            thread: self.thread.is_some(),
+            nap: self.thread == Some(true),
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
@@ -147,7 +153,10 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("zero") => true,
         Some(o) => return Err(format!("option raw_fill={o}: expected data or zero")),
     };
-    let thread = world.flag("raw_thread", false)?;
+    let thread = match world.option("raw_thread") {
+        Some("nap") => Some(true),
+        _ => world.flag("raw_thread", false)?.then_some(false),
+    };
     Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread }))
 }
 

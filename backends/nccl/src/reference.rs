@@ -80,6 +80,9 @@ pub struct RawStep {
     /// two-thread shape (the caller waits in `mark` while the progress thread launches), with
     /// none of its work per op. An experiment on what the second thread costs by itself.
     pub thread: bool,
+    /// With `thread`: the waiting thread sleeps 20 µs between looks while more than 8 launches
+    /// are still to come, and spins only for the last ones (option `raw_thread=nap`).
+    pub nap: bool,
 }
 
 /// Shares a value with the launching thread of [`RawStep::thread`]: only one thread uses it at a
@@ -237,7 +240,7 @@ impl RawNccl {
     /// [`RawStep::thread`]'s window: a launcher thread, started (and its context bound) before
     /// the start event, makes the `k` launches once told to; this thread spins until it has, up
     /// to the timeout, and records the end event behind them.
-    fn window_on_thread(&self, k: usize, launch: &dyn Fn() -> Result<(), String>) -> Result<(Event, Event), String> {
+    fn window_on_thread(&self, k: usize, nap: bool, launch: &dyn Fn() -> Result<(), String>) -> Result<(Event, Event), String> {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let (go, made, quit) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicBool::new(false));
         let shared = OneAtATime((launch, &self.dev));
@@ -280,6 +283,10 @@ impl RawNccl {
             while made.load(Ordering::Acquire) < k {
                 if launcher.is_finished() && made.load(Ordering::Acquire) < k {
                     break;
+                }
+                if nap && made.load(Ordering::Relaxed) + 8 < k {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    continue;
                 }
                 if Instant::now() > deadline {
                     return fail(format!("raw NCCL reference: {k} launches not made within {} ms", self.timeout.as_millis()));
@@ -419,7 +426,7 @@ impl RawNccl {
             launch()?;
             let t0 = Instant::now();
             let (start, end) = if s.thread {
-                self.window_on_thread(k, &launch)?
+                self.window_on_thread(k, s.nap, &launch)?
             } else {
                 let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
                 for _ in 0..k {

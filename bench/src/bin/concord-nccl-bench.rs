@@ -243,6 +243,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         events: false,
                         zeros: false,
                         thread: false,
+                        nap: false,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
