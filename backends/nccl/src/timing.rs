@@ -67,16 +67,7 @@ impl NcclBackend {
         let spin_until = started + SPIN_MARK;
         let target = self.progress.submitted();
         let mut launched = false;
-        let naps = self.dev.mark_naps.load(std::sync::atomic::Ordering::Relaxed);
         'spin: loop {
-            // `mark_wait=nap`: off the CPU while more than 8 launches are ahead.
-            if naps && self.progress.launched() + 8 < target {
-                if Instant::now() >= spin_until {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(20));
-                continue;
-            }
             for _ in 0..64 {
                 if self.progress.launched_up_to(target) {
                     launched = true;

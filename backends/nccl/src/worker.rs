@@ -1438,11 +1438,6 @@ impl Progress {
         self.shared.queued.load(Ordering::SeqCst)
     }
 
-    /// How many jobs have finished (launched or failed) so far.
-    pub fn launched(&self) -> u64 {
-        self.shared.finished.load(Ordering::Acquire)
-    }
-
     /// Whether the first `n` jobs submitted have finished (launched or failed). One atomic load:
     /// for a caller that spins.
     pub fn launched_up_to(&self, n: u64) -> bool {
