@@ -402,7 +402,7 @@ fn interleaved_hooks() -> Hooks<ShmBackend> {
         fn time_us(&mut self, s: &concord_bench::RefStep) -> std::result::Result<Option<f64>, String> {
             let j = CALLS.fetch_add(1, Ordering::SeqCst);
             let windows = WINDOWS.load(Ordering::SeqCst);
-            let warmup = if j % 3 == 0 { 1 } else { 0 };
+            let warmup = if j.is_multiple_of(3) { 1 } else { 0 };
             if windows != j + 1 || s.iters != 2 || s.window != 2 || s.warmup != warmup {
                 return Err(format!(
                     "call {j} after {windows} backend windows with {} iterations, window {}, warm-up {} (want {} windows, 2, 2, {warmup})",
