@@ -73,6 +73,8 @@ struct Raw {
     /// spins (the backend's two-thread shape without its work per op; `RawStep::thread`);
     /// `raw_thread=nap`: the caller sleeps between looks until the last 8 (`Some(true)`).
     thread: Option<bool>,
+    /// Option `raw_pin=N`: the launching thread on CPU `N + rank` (`RawStep::pin`).
+    pin: Option<usize>,
 }
 
 impl Reference for Raw {
@@ -81,10 +83,13 @@ impl Reference for Raw {
             "{}{}{}",
             if self.per_window { "nccl-raw-window" } else { "nccl-raw" },
             if self.events { "+events" } else { "" },
-            match self.thread {
-                Some(true) => "+thread-nap",
-                Some(false) => "+thread",
-                None => "",
+            match (self.thread, self.pin.is_some()) {
+                (Some(true), false) => "+thread-nap",
+                (Some(false), false) => "+thread",
+                (Some(true), true) => "+thread-nap+pin",
+                (Some(false), true) => "+thread+pin",
+                (None, true) => "+pin",
+                (None, false) => "",
             }
         )
     }
@@ -100,6 +105,10 @@ impl Reference for Raw {
             Some(false) => ", each window's launches made by a second thread while the first spins until they are made (option raw_thread=1)",
             Some(true) => ", each window's launches made by a second thread while the first sleeps 20 us between looks until the last 8 (option raw_thread=nap)",
             None => "",
+        };
+        let thread = match self.pin {
+            Some(n) => format!("{thread}, the launching thread on CPU {n} + rank (option raw_pin={n})"),
+            None => thread.to_string(),
         };
         let fill = if self.zeros {
             "zeros (option raw_fill=zero)"
@@ -131,6 +140,7 @@ impl Reference for Raw {
             zeros: self.zeros,
             thread: self.thread.is_some(),
             nap: self.thread == Some(true),
+            pin: self.pin,
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
@@ -157,7 +167,11 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("nap") => Some(true),
         _ => world.flag("raw_thread", false)?.then_some(false),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread }))
+    let pin = match world.option("raw_pin") {
+        None => None,
+        Some(v) => Some(v.parse::<usize>().map_err(|_| format!("option raw_pin={v}: expected a CPU number"))?),
+    };
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread, pin }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

@@ -83,6 +83,38 @@ pub struct RawStep {
     /// With `thread`: the waiting thread sleeps 20 µs between looks while more than 8 launches
     /// are still to come, and spins only for the last ones (option `raw_thread=nap`).
     pub nap: bool,
+    /// Option `raw_pin=N`: the thread that makes the timed launches (this one, or the launcher
+    /// of `thread`) runs on CPU `N + rank` only, for the step (this thread's CPU set is restored
+    /// after it). An experiment on where the main thread's fast mode comes from.
+    pub pin: Option<usize>,
+}
+
+/// Runs the calling thread on `cpu` only; returns its CPU set before, to restore.
+fn pin_to(cpu: usize) -> Result<libc::cpu_set_t, String> {
+    // SAFETY: cpu_set_t is plain data; the calls touch only the calling thread's affinity.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) != 0 {
+            return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()));
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(old)
+    }
+}
+
+/// Restores a CPU set saved by [`pin_to`] when dropped.
+struct Unpin(Option<libc::cpu_set_t>);
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            // SAFETY: as in `pin_to`.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
+        }
+    }
 }
 
 /// Shares a value with the launching thread of [`RawStep::thread`]: only one thread uses it at a
@@ -240,7 +272,13 @@ impl RawNccl {
     /// [`RawStep::thread`]'s window: a launcher thread, started (and its context bound) before
     /// the start event, makes the `k` launches once told to; this thread spins until it has, up
     /// to the timeout, and records the end event behind them.
-    fn window_on_thread(&self, k: usize, nap: bool, launch: &dyn Fn() -> Result<(), String>) -> Result<(Event, Event), String> {
+    fn window_on_thread(
+        &self,
+        k: usize,
+        nap: bool,
+        cpu: Option<usize>,
+        launch: &dyn Fn() -> Result<(), String>,
+    ) -> Result<(Event, Event), String> {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let (go, made, quit) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicBool::new(false));
         let shared = OneAtATime((launch, &self.dev));
@@ -249,7 +287,7 @@ impl RawNccl {
             let (shared, go, made, quit) = (&shared, &go, &made, &quit);
             let launcher = sc.spawn(move || -> Result<(), String> {
                 let (launch, dev) = &shared.0;
-                let bound = dev.bind();
+                let bound = dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| pin_to(c).map(|_| ())));
                 made.store(usize::MAX - 1, Ordering::SeqCst); // ready
                 bound?;
                 while !go.load(Ordering::Acquire) {
@@ -414,6 +452,11 @@ impl RawNccl {
             self.ready("ncclAllReduce (barrier)")?;
             self.sync("the barrier before a window")
         };
+        let cpu = s.pin.map(|n| n + self.rank);
+        let _unpin = Unpin(match cpu {
+            Some(c) if !s.thread => Some(pin_to(c)?),
+            _ => None,
+        });
         let mut per_window: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
         let mut done = 0;
@@ -426,7 +469,7 @@ impl RawNccl {
             launch()?;
             let t0 = Instant::now();
             let (start, end) = if s.thread {
-                self.window_on_thread(k, s.nap, &launch)?
+                self.window_on_thread(k, s.nap, cpu, &launch)?
             } else {
                 let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
                 for _ in 0..k {

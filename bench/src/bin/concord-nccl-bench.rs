@@ -244,6 +244,7 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         zeros: false,
                         thread: false,
                         nap: false,
+                        pin: None,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
