@@ -85,6 +85,13 @@ pub struct Args {
     /// the fastest and slowest reported: `-n 1000 --window 100` gives ten windows per size.
     #[arg(long)]
     pub window: Option<usize>,
+    /// Times the reference (when the backend has one) window by window between the backend's
+    /// windows of the same step (backend window 1, reference window 1, backend window 2, ...)
+    /// instead of all its windows after the backend's: each pair of windows then runs within
+    /// milliseconds of each other, so a host whose speed drifts over seconds moves both sides
+    /// alike. The same iterations, windows, events and median over windows as without it.
+    #[arg(long)]
+    pub interleave: bool,
     /// Backend options, `k=v,k=v` (as `WorldInfo::options`).
     #[arg(long, default_value = "")]
     pub opts: String,

@@ -69,11 +69,29 @@ struct Raw {
     zeros: bool,
     /// The last step's fastest and slowest window, µs per op.
     spread: Option<(f64, f64)>,
+    /// Option `raw_thread=1`: each window's launches made by a second thread while the caller
+    /// spins (the backend's two-thread shape without its work per op; `RawStep::thread`);
+    /// `raw_thread=nap`: the caller sleeps between looks until the last 8 (`Some(true)`).
+    thread: Option<bool>,
+    /// Option `raw_pin=N`: the launching thread on CPU `N + rank` (`RawStep::pin`).
+    pin: Option<usize>,
 }
 
 impl Reference for Raw {
     fn label(&self) -> String {
-        format!("{}{}", if self.per_window { "nccl-raw-window" } else { "nccl-raw" }, if self.events { "+events" } else { "" })
+        format!(
+            "{}{}{}",
+            if self.per_window { "nccl-raw-window" } else { "nccl-raw" },
+            if self.events { "+events" } else { "" },
+            match (self.thread, self.pin.is_some()) {
+                (Some(true), false) => "+thread-nap",
+                (Some(false), false) => "+thread",
+                (Some(true), true) => "+thread-nap+pin",
+                (Some(false), true) => "+thread+pin",
+                (None, true) => "+pin",
+                (None, false) => "",
+            }
+        )
     }
     fn describe(&self) -> String {
         let buffers = if self.per_window {
@@ -83,6 +101,15 @@ impl Reference for Raw {
         };
         let events =
             if self.events { ", a completion event recorded after every launch as the backend does (option raw_events=1)" } else { "" };
+        let thread = match self.thread {
+            Some(false) => ", each window's launches made by a second thread while the first spins until they are made (option raw_thread=1)",
+            Some(true) => ", each window's launches made by a second thread while the first sleeps 20 us between looks until the last 8 (option raw_thread=nap)",
+            None => "",
+        };
+        let thread = match self.pin {
+            Some(n) => format!("{thread}, the launching thread on CPU {n} + rank (option raw_pin={n})"),
+            None => thread.to_string(),
+        };
         let fill = if self.zeros {
             "zeros (option raw_fill=zero)"
         } else {
@@ -90,7 +117,7 @@ impl Reference for Raw {
         };
         format!(
             "the same collective called directly through NCCL (cudarc bindings) on {buffers} holding {fill}, its own blocking \
-             communicator and stream{events}, timed with CUDA events around the same back-to-back windows"
+             communicator and stream{events}{thread}, timed with CUDA events around the same back-to-back windows"
         )
     }
     fn time_us(&mut self, s: &RefStep) -> Result<Option<f64>, String> {
@@ -111,6 +138,9 @@ impl Reference for Raw {
             buffers: if self.per_window { s.window } else { 1 },
             events: self.events,
             zeros: self.zeros,
+            thread: self.thread.is_some(),
+            nap: self.thread == Some(true),
+            pin: self.pin,
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
@@ -133,7 +163,15 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("zero") => true,
         Some(o) => return Err(format!("option raw_fill={o}: expected data or zero")),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None }))
+    let thread = match world.option("raw_thread") {
+        Some("nap") => Some(true),
+        _ => world.flag("raw_thread", false)?.then_some(false),
+    };
+    let pin = match world.option("raw_pin") {
+        None => None,
+        Some(v) => Some(v.parse::<usize>().map_err(|_| format!("option raw_pin={v}: expected a CPU number"))?),
+    };
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread, pin }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

@@ -36,7 +36,9 @@
 //!   windows); the fastest and slowest window's are reported beside it (`spread_us`). With one
 //!   window (the default at small sizes) the median is that window's mean.
 //! * A reference ([`crate::ext::Reference`]), when the backend has one, is timed right after
-//!   each placement of each step, with the same iterations and window.
+//!   each placement of each step, with the same iterations and window; with `--interleave`,
+//!   one window right after each of the backend's timed windows instead (its first with the
+//!   warm-up), its time the median over those windows as well.
 //! * Checking is cheap for large sizes: the base sets are generated once per step (both
 //!   placements), inputs are rotated straight into the tensor written, and outputs are compared
 //!   with the rotated expected output in place, in parallel threads; only a mismatch builds the
@@ -267,7 +269,10 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         backend: b.name().to_string(),
         version: (hooks.version)(&b),
         timing,
-        reference: reference.as_ref().map(|r| (r.label(), r.describe())),
+        reference: reference.as_ref().map(|r| {
+            let how = if a.interleave { "; its windows interleaved with the backend's (--interleave)" } else { "" };
+            (r.label(), format!("{}{how}", r.describe()))
+        }),
     });
     let beat = Beat { last_ms: Arc::new(AtomicU64::new(0)), phase: Arc::new(Mutex::new("starting".into())), start: Instant::now() };
     let limit = world.op_timeout * 2 + Duration::from_secs(30);
@@ -321,7 +326,74 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
             }
             emit(&Msg::Start { rank, op: step.op.name().into(), size: step.size, placement });
             cx.reported.set(0);
-            match run_step(&cx, step, placement, &sets) {
+            // `--interleave`: the reference times one window right after each of the
+            // backend's (same iterations), its first with the warm-up.
+            let mut between = Interleaved::default();
+            let ran = match reference.as_mut().filter(|_| a.interleave) {
+                Some(rf) => {
+                    let mut after_window = |k: usize, own_us: f64| {
+                        between.own.push(own_us);
+                        if between.stopped {
+                            return;
+                        }
+                        cx.beat.phase(format!("{} {} {} B: reference {} window", step.op.name(), placement.name(), step.size, rf.label()));
+                        let rs = RefStep {
+                            op: step.op,
+                            count: step.count,
+                            dtype,
+                            redop,
+                            root: a.root,
+                            placement,
+                            warmup: if between.windows.is_empty() { a.warmup } else { 0 },
+                            iters: k,
+                            window: k,
+                        };
+                        match rf.time_us(&rs) {
+                            Ok(Some(t)) => between.windows.push(t),
+                            Ok(None) => between.stopped = true,
+                            Err(e) => (between.stopped, between.failed) = (true, Some(e)),
+                        }
+                    };
+                    run_step(&cx, step, placement, &sets, Some(&mut after_window))
+                }
+                None => run_step(&cx, step, placement, &sets, None),
+            };
+            match ran {
+                Ok(mut r) if a.interleave && reference.is_some() => {
+                    if let Some(e) = between.failed {
+                        emit(&Msg::Note {
+                            rank,
+                            message: format!(
+                                "rank {rank}: reference {} failed at {} {} {} B, not used from here on: {e}",
+                                reference.as_ref().map(|rf| rf.label()).unwrap_or_default(),
+                                step.op.name(),
+                                placement.name(),
+                                step.size
+                            ),
+                        });
+                        reference = None;
+                    } else if !between.windows.is_empty() && !between.stopped {
+                        let w = &between.windows;
+                        if concord_harness::config::Config::global().bench_probe {
+                            // The windows in the order they ran, µs per op: one line per step
+                            // and rank (one write: the ranks share the parent's stderr).
+                            let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
+                            let line = format!(
+                                "# pairs rank {rank} {} {} {} B: backend {} | reference {}\n",
+                                step.op.name(),
+                                placement.name(),
+                                step.size,
+                                list(&between.own),
+                                list(w)
+                            );
+                            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                        }
+                        r.ref_us = Some(median(w));
+                        r.ref_spread_us = Some((w.iter().copied().fold(f64::INFINITY, f64::min), w.iter().copied().fold(0.0, f64::max)));
+                    }
+                    any_wrong |= r.wrong + r.wrong_warmup > 0;
+                    emit(&Msg::Result(r));
+                }
                 Ok(mut r) => {
                     if let Some(rf) = reference.as_mut() {
                         cx.beat.phase(format!("{} {} {} B: reference {}", step.op.name(), placement.name(), step.size, rf.label()));
@@ -600,7 +672,28 @@ fn pieced_set(g: &Gen<'_>, p: usize) -> Result<BaseSet, CollectiveError> {
     Ok(BaseSet { input, expected })
 }
 
-fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets: &Sets) -> Result<RankResult, CollectiveError> {
+/// What `--interleave`'s reference windows of one step gave.
+#[derive(Default)]
+struct Interleaved {
+    /// Each reference window's time per op (µs).
+    windows: Vec<f64>,
+    /// Each of the backend's windows' (µs per op), in the same order.
+    own: Vec<f64>,
+    /// No more windows: the reference has no such step (`Ok(None)`) or failed.
+    stopped: bool,
+    failed: Option<String>,
+}
+
+/// Runs one step's warm-up and timed windows; `after_window(k)` (the `--interleave`d
+/// reference) is called after each timed window of `k` iterations, once its checks are done,
+/// with that window's time per op (µs).
+fn run_step<B: Backend>(
+    cx: &Ctx<'_, B>,
+    step: Step,
+    placement: Placement,
+    sets: &Sets,
+    mut after_window: Option<&mut dyn FnMut(usize, f64)>,
+) -> Result<RankResult, CollectiveError> {
     let (op, l, ws, rank) = (step.op, step.count, cx.ws, cx.rank);
     let (in_n, out_n) = op.numels(l, ws);
     let elt = cx.dtype.size();
@@ -804,6 +897,9 @@ fn run_step<B: Backend>(cx: &Ctx<'_, B>, step: Step, placement: Placement, sets:
             counts.wrong += bad;
             counts.wrong_iterations += u64::from(bad > 0);
             cx.beat.tick();
+        }
+        if let Some(f) = after_window.as_mut() {
+            f(k, per_window.last().copied().unwrap_or(f64::NAN));
         }
         done += k;
     }

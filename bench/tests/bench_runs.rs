@@ -378,6 +378,109 @@ fn a_step_is_the_median_of_its_windows() -> std::result::Result<(), Failed> {
     Ok(())
 }
 
+/// The shifting clock (1, 2, 9 ms per window) and a reference that must be called once right
+/// after each of the backend's timed windows (`--interleave`), for that window's iterations,
+/// with the warm-up only on a step's first call: it answers 100, 200, 900 us in turn, and an
+/// error for a call out of turn or of the wrong shape (the bench then drops it: no records).
+fn interleaved_hooks() -> Hooks<ShmBackend> {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static WINDOWS: AtomicU64 = AtomicU64::new(0);
+    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
+        Ok(Box::new(()))
+    }
+    fn elapsed(_: &ShmBackend, _: &concord_bench::ext::Mark, _: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
+        Ok(Duration::from_millis([1, 2, 9][(WINDOWS.fetch_add(1, Ordering::SeqCst) % 3) as usize]))
+    }
+    struct StepRef;
+    impl concord_bench::Reference for StepRef {
+        fn label(&self) -> String {
+            "step-ref".into()
+        }
+        fn describe(&self) -> String {
+            "100, 200, 900 us in turn, one window per call".into()
+        }
+        fn time_us(&mut self, s: &concord_bench::RefStep) -> std::result::Result<Option<f64>, String> {
+            let j = CALLS.fetch_add(1, Ordering::SeqCst);
+            let windows = WINDOWS.load(Ordering::SeqCst);
+            let warmup = if j.is_multiple_of(3) { 1 } else { 0 };
+            if windows != j + 1 || s.iters != 2 || s.window != 2 || s.warmup != warmup {
+                return Err(format!(
+                    "call {j} after {windows} backend windows with {} iterations, window {}, warm-up {} (want {} windows, 2, 2, {warmup})",
+                    s.iters,
+                    s.window,
+                    s.warmup,
+                    j + 1
+                ));
+            }
+            Ok(Some([100.0, 200.0, 900.0][(j % 3) as usize]))
+        }
+    }
+    fn make(_: &ShmBackend, _: &WorldInfo) -> std::result::Result<Box<dyn concord_bench::Reference>, String> {
+        Ok(Box::new(StepRef))
+    }
+    Hooks {
+        clock: Some(concord_bench::Clock {
+            mark,
+            elapsed,
+            describe: "fake device clock: 1, 2, 9 ms in turn",
+            covers_p2p: true,
+            profile: None,
+        }),
+        reference: Some(make),
+        data: Some(via_host()),
+        ..Hooks::default()
+    }
+}
+
+/// `--interleave`: the reference times one window after each of the backend's windows, and its
+/// time per op is the median over those windows.
+fn interleave_times_the_reference_between_the_windows() -> std::result::Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("i.jsonl");
+    let js = json.to_string_lossy().into_owned();
+    let (args, argv) = parse(&[
+        "--backend",
+        "shminterleave",
+        "--op",
+        "all_reduce",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "6",
+        "--window",
+        "2",
+        "-w",
+        "1",
+        "--ranks",
+        "2",
+        "--interleave",
+        "--no-plot",
+        "--json",
+        &js,
+    ]);
+    let o = concord_bench::run_parent::<ShmBackend>("shminterleave", &interleaved_hooks(), &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    let recs = concord_bench::record::read_jsonl(&json)?;
+    let own: Vec<_> = recs.iter().filter(|r| r.backend == "shminterleave").collect();
+    let refs: Vec<_> = recs.iter().filter(|r| r.backend == "step-ref").collect();
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    if own.len() != 2 || own.iter().any(|r| r.windows != 3 || !near(r.time_us, 1000.0)) {
+        return Err(format!("backend records: {own:?}").into());
+    }
+    // 100, 200, 900: the median 200 (the mean would be 400), on both placements.
+    if refs.len() != 2 || refs.iter().any(|r| !near(r.time_us, 200.0)) {
+        return Err(format!("reference records (want 2 at 200 us; none: it was dropped): {refs:?}; lines {:?}", o.lines).into());
+    }
+    if !o.lines.iter().any(|l| l.contains("interleaved with the backend's (--interleave)")) {
+        return Err(format!("the header does not say the windows were interleaved: {:?}", o.lines).into());
+    }
+    Ok(())
+}
+
 /// One rank, every op: sendrecv (which needs a peer) is left out on the ranks as in the table,
 /// instead of failing the run at its end.
 fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
@@ -488,6 +591,7 @@ fn main() {
             Some("wrong7data") => main_with::<Wrong7>("wrong7data", &data_hooks(), &args, argv),
             Some("shmclock") => main_with::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv),
             Some("shmwindows") => main_with::<ShmBackend>("shmwindows", &shifting_clock_hooks(), &args, argv),
+            Some("shminterleave") => main_with::<ShmBackend>("shminterleave", &interleaved_hooks(), &args, argv),
             _ => main_with::<ShmBackend>("shm", &Hooks::default(), &args, argv),
         };
         std::process::exit(code);
@@ -499,6 +603,7 @@ fn main() {
         Trial::test("device_clock_and_reference_are_used", device_clock_and_reference_are_used),
         Trial::test("one_rank_runs_every_op_but_sendrecv", one_rank_runs_every_op_but_sendrecv),
         Trial::test("a_step_is_the_median_of_its_windows", a_step_is_the_median_of_its_windows),
+        Trial::test("interleave_times_the_reference_between_the_windows", interleave_times_the_reference_between_the_windows),
         Trial::test("nothing_to_run_is_an_error", nothing_to_run_is_an_error),
         Trial::test("failed_world_is_not_ok", failed_world_is_not_ok),
     ];

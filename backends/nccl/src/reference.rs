@@ -75,7 +75,54 @@ pub struct RawStep {
     /// default: nccl-tests, too, times its loop on buffers holding data, and the backend's side
     /// always moves data).
     pub zeros: bool,
+    /// A timed window's launches made by a second thread while the calling thread spins until
+    /// it has made them all, then records the end event (option `raw_thread=1`): the backend's
+    /// two-thread shape (the caller waits in `mark` while the progress thread launches), with
+    /// none of its work per op. An experiment on what the second thread costs by itself.
+    pub thread: bool,
+    /// With `thread`: the waiting thread sleeps 20 µs between looks while more than 8 launches
+    /// are still to come, and spins only for the last ones (option `raw_thread=nap`).
+    pub nap: bool,
+    /// Option `raw_pin=N`: the thread that makes the timed launches (this one, or the launcher
+    /// of `thread`) runs on CPU `N + rank` only, for the step (this thread's CPU set is restored
+    /// after it). An experiment on where the main thread's fast mode comes from.
+    pub pin: Option<usize>,
 }
+
+/// Runs the calling thread on `cpu` only; returns its CPU set before, to restore.
+fn pin_to(cpu: usize) -> Result<libc::cpu_set_t, String> {
+    // SAFETY: cpu_set_t is plain data; the calls touch only the calling thread's affinity.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) != 0 {
+            return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()));
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(old)
+    }
+}
+
+/// Restores a CPU set saved by [`pin_to`] when dropped.
+struct Unpin(Option<libc::cpu_set_t>);
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            // SAFETY: as in `pin_to`.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
+        }
+    }
+}
+
+/// Shares a value with the launching thread of [`RawStep::thread`]: only one thread uses it at a
+/// time (the caller spins on an atomic until the launcher is done).
+struct OneAtATime<T>(T);
+// SAFETY: see the type's docs; the CUDA stream and NCCL communicator may be used from any thread.
+unsafe impl<T> Sync for OneAtATime<T> {}
+unsafe impl<T> Send for OneAtATime<T> {}
 
 /// The raw loop's fill (four bytes, repeated): 1.1 as an f32; every other type reads a non-zero
 /// value of its own.
@@ -222,6 +269,77 @@ impl RawNccl {
         Ok(ev)
     }
 
+    /// [`RawStep::thread`]'s window: a launcher thread, started (and its context bound) before
+    /// the start event, makes the `k` launches once told to; this thread spins until it has, up
+    /// to the timeout, and records the end event behind them.
+    fn window_on_thread(
+        &self,
+        k: usize,
+        nap: bool,
+        cpu: Option<usize>,
+        launch: &dyn Fn() -> Result<(), String>,
+    ) -> Result<(Event, Event), String> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let (go, made, quit) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicBool::new(false));
+        let shared = OneAtATime((launch, &self.dev));
+        let deadline = Instant::now() + self.timeout;
+        std::thread::scope(|sc| {
+            let (shared, go, made, quit) = (&shared, &go, &made, &quit);
+            let launcher = sc.spawn(move || -> Result<(), String> {
+                let (launch, dev) = &shared.0;
+                let bound = dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| pin_to(c).map(|_| ())));
+                made.store(usize::MAX - 1, Ordering::SeqCst); // ready
+                bound?;
+                while !go.load(Ordering::Acquire) {
+                    if quit.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::hint::spin_loop();
+                }
+                for i in 0..k {
+                    launch()?;
+                    made.store(i + 1, Ordering::Release);
+                }
+                Ok(())
+            });
+            let fail = |e: String| {
+                quit.store(true, Ordering::SeqCst);
+                Err(e)
+            };
+            while made.load(Ordering::SeqCst) != usize::MAX - 1 {
+                if launcher.is_finished() || Instant::now() > deadline {
+                    return fail("raw NCCL reference: the launcher thread did not start".into());
+                }
+                std::hint::spin_loop();
+            }
+            let start = match self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT) {
+                Ok(e) => e,
+                Err(e) => return fail(e),
+            };
+            made.store(0, Ordering::SeqCst);
+            go.store(true, Ordering::Release);
+            while made.load(Ordering::Acquire) < k {
+                if launcher.is_finished() && made.load(Ordering::Acquire) < k {
+                    break;
+                }
+                if nap && made.load(Ordering::Relaxed) + 8 < k {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    continue;
+                }
+                if Instant::now() > deadline {
+                    return fail(format!("raw NCCL reference: {k} launches not made within {} ms", self.timeout.as_millis()));
+                }
+                std::hint::spin_loop();
+            }
+            match launcher.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err("raw NCCL reference: the launcher thread panicked".into()),
+            }
+            Ok((start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?))
+        })
+    }
+
     /// Times `s`: warm-up launches, then windows of back-to-back launches between two CUDA
     /// events, each behind one untimed launch. Buffers are allocated (and filled) before, freed
     /// after.
@@ -334,6 +452,11 @@ impl RawNccl {
             self.ready("ncclAllReduce (barrier)")?;
             self.sync("the barrier before a window")
         };
+        let cpu = s.pin.map(|n| n + self.rank);
+        let _unpin = Unpin(match cpu {
+            Some(c) if !s.thread => Some(pin_to(c)?),
+            _ => None,
+        });
         let mut per_window: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
         let mut done = 0;
@@ -345,11 +468,15 @@ impl RawNccl {
             // (the GPU is busy when the clock starts, as in nccl-tests' loop after its warm-up).
             launch()?;
             let t0 = Instant::now();
-            let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
-            for _ in 0..k {
-                launch()?;
-            }
-            let end = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+            let (start, end) = if s.thread {
+                self.window_on_thread(k, s.nap, cpu, &launch)?
+            } else {
+                let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+                for _ in 0..k {
+                    launch()?;
+                }
+                (start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?)
+            };
             if !end.wait_until(Instant::now() + self.timeout)? {
                 return Err(format!("raw NCCL reference: the GPU did not finish {k} launches within {} ms", self.timeout.as_millis()));
             }

@@ -242,6 +242,9 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         buffers: 1,
                         events: false,
                         zeros: false,
+                        thread: false,
+                        nap: false,
+                        pin: None,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
