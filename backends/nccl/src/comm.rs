@@ -1547,7 +1547,7 @@ impl NcclBackend {
             dev.disable_cache();
         }
         dev.one_rank_copy.store(one_rank_copy as u8, std::sync::atomic::Ordering::Relaxed);
-        if matches!(one_rank_copy, crate::cuda::OneRankCopy::Kernel | crate::cuda::OneRankCopy::Bytes) {
+        if one_rank_copy == crate::cuda::OneRankCopy::Kernel {
             // Now, while the stream is idle (never on an op's path; subgroups of one rank share
             // the device).
             dev.load_copy_kernel();

@@ -109,14 +109,10 @@ pub enum OneRankCopy {
     Off = 0,
     /// `cuMemcpyDtoDAsync` (`one_rank_copy=memcpy`; what NCCL itself does at one rank).
     Memcpy = 1,
-    /// A copy kernel launched on the stream for copies up to [`COPY_KERNEL_MAX_BYTES`]
-    /// (`one_rank_copy=kernel`, the default): 16 bytes per thread when both addresses and the
-    /// length are multiples of 16, else a byte per thread; `Memcpy` above that size, and when
-    /// the kernel does not load.
+    /// A byte-copy kernel launched on the stream for copies up to [`COPY_KERNEL_MAX_BYTES`]
+    /// (`one_rank_copy=kernel`, the default); `Memcpy` above that, and when the kernel does not
+    /// load.
     Kernel = 2,
-    /// The same with a byte per thread always (`one_rank_copy=bytes`; the kernel before the
-    /// wide one, kept to compare them).
-    Bytes = 3,
 }
 
 impl OneRankCopy {
@@ -125,27 +121,21 @@ impl OneRankCopy {
         match v {
             None | Some("kernel") | Some("1") | Some("true") | Some("yes") | Some("on") => Ok(OneRankCopy::Kernel),
             Some("memcpy") => Ok(OneRankCopy::Memcpy),
-            Some("bytes") => Ok(OneRankCopy::Bytes),
             Some("0") | Some("false") | Some("no") | Some("off") => Ok(OneRankCopy::Off),
-            Some(o) => Err(format!("backend option one_rank_copy={o}: expected kernel, bytes, memcpy or 0 (through NCCL)")),
+            Some(o) => Err(format!("backend option one_rank_copy={o}: expected kernel, memcpy or 0 (through NCCL)")),
         }
     }
-    pub(crate) fn from_u8(v: u8) -> OneRankCopy {
+    fn from_u8(v: u8) -> OneRankCopy {
         match v {
             0 => OneRankCopy::Off,
             1 => OneRankCopy::Memcpy,
-            3 => OneRankCopy::Bytes,
             _ => OneRankCopy::Kernel,
         }
     }
 }
 
-/// The loaded copy kernels, wide and byte-wise (handles of the device's primary context, which
-/// lives as long as the process).
-struct CopyFn {
-    wide: sys::CUfunction,
-    bytes: sys::CUfunction,
-}
+/// A loaded kernel (a handle of the device's primary context, which lives as long as the process).
+struct CopyFn(sys::CUfunction);
 // SAFETY: a CUfunction may be launched from any thread with its context current.
 unsafe impl Send for CopyFn {}
 unsafe impl Sync for CopyFn {}
@@ -156,12 +146,9 @@ unsafe impl Sync for CopyFn {}
 /// copy engines' bandwidth on large buffers.
 pub const COPY_KERNEL_MAX_BYTES: usize = 1 << 20;
 
-/// Two kernels, each `(src, dst, n)`: `dst[i] = src[i]` for `i < n` bytes, a grid-stride loop
+/// `concord_copy_bytes(src, dst, n)`: `dst[i] = src[i]` for `i < n` bytes, a grid-stride loop
 /// (PTX, JIT-compiled by the driver when it is loaded at init, see `Device::load_copy_kernel`).
-/// `concord_copy_bytes` moves a byte per thread; `concord_copy_wide` moves 16 bytes per thread
-/// (`ld/st.global.v4.u32`) when `src`, `dst` and `n` are all multiples of 16, and a byte per
-/// thread otherwise (the same loop as `concord_copy_bytes`): a 64 KiB copy is 4,096 threads
-/// instead of 65,536. NUL-terminated for `cuModuleLoadData`.
+/// NUL-terminated for `cuModuleLoadData`.
 const COPY_PTX: &str = "\
 .version 7.0
 .target sm_70
@@ -201,60 +188,6 @@ LOOP:
     add.u64 %rd4, %rd4, %rd6;
     bra LOOP;
 DONE:
-    ret;
-}
-
-.visible .entry concord_copy_wide(
-    .param .u64 p_src,
-    .param .u64 p_dst,
-    .param .u64 p_n
-)
-{
-    .reg .pred %p;
-    .reg .b32 %r<5>;
-    .reg .b32 %v;
-    .reg .b32 %w<4>;
-    .reg .b64 %rd<12>;
-
-    ld.param.u64 %rd1, [p_src];
-    ld.param.u64 %rd2, [p_dst];
-    ld.param.u64 %rd3, [p_n];
-    or.b64 %rd9, %rd1, %rd2;
-    or.b64 %rd9, %rd9, %rd3;
-    and.b64 %rd9, %rd9, 15;
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd2, %rd2;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd4, %r1, %r2;
-    cvt.u64.u32 %rd5, %r3;
-    add.u64 %rd4, %rd4, %rd5;
-    mul.wide.u32 %rd6, %r4, %r2;
-    setp.ne.u64 %p, %rd9, 0;
-    @%p bra BYTES;
-    shr.u64 %rd10, %rd3, 4;
-WIDE:
-    setp.ge.u64 %p, %rd4, %rd10;
-    @%p bra END;
-    shl.b64 %rd11, %rd4, 4;
-    add.u64 %rd7, %rd1, %rd11;
-    ld.global.v4.u32 {%w0, %w1, %w2, %w3}, [%rd7];
-    add.u64 %rd8, %rd2, %rd11;
-    st.global.v4.u32 [%rd8], {%w0, %w1, %w2, %w3};
-    add.u64 %rd4, %rd4, %rd6;
-    bra WIDE;
-BYTES:
-    setp.ge.u64 %p, %rd4, %rd3;
-    @%p bra END;
-    add.u64 %rd7, %rd1, %rd4;
-    ld.global.u8 %v, [%rd7];
-    add.u64 %rd8, %rd2, %rd4;
-    st.global.u8 [%rd8], %v;
-    add.u64 %rd4, %rd4, %rd6;
-    bra BYTES;
-END:
     ret;
 }
 \0";
@@ -628,15 +561,10 @@ impl Device {
         if bytes == 0 || dst == src {
             return Ok(());
         }
-        let how = self.one_rank_copy();
-        if matches!(how, OneRankCopy::Kernel | OneRankCopy::Bytes) && bytes <= COPY_KERNEL_MAX_BYTES {
-            if let Some(k) = self.copy_fn.get().and_then(|f| f.as_ref()) {
+        if self.one_rank_copy() == OneRankCopy::Kernel && bytes <= COPY_KERNEL_MAX_BYTES {
+            if let Some(f) = self.copy_fn.get().and_then(|f| f.as_ref()).map(|f| f.0) {
                 const THREADS: usize = 256;
-                // One thread per 16 bytes where the wide kernel moves them so (see COPY_PTX).
-                let wide = how == OneRankCopy::Kernel;
-                let per_thread = if wide && (src | dst | bytes as u64) % 16 == 0 { 16 } else { 1 };
-                let f = if wide { k.wide } else { k.bytes };
-                let blocks = (bytes / per_thread).div_ceil(THREADS).clamp(1, 1024) as u32;
+                let blocks = bytes.div_ceil(THREADS).clamp(1, 1024) as u32;
                 let (mut s, mut d, mut n) = (src, dst, bytes as u64);
                 let mut params = [
                     &mut s as *mut u64 as *mut std::ffi::c_void,
@@ -661,17 +589,12 @@ impl Device {
         }
         self.copy_fn.get_or_init(|| {
             // SAFETY: COPY_PTX is NUL-terminated PTX; the module stays loaded for the process.
-            let name = |n: &str| std::ffi::CString::new(n).expect("no NUL in the name");
             let loaded = unsafe {
-                cu::module::load_data(COPY_PTX.as_ptr() as *const std::ffi::c_void).and_then(|m| {
-                    Ok(CopyFn {
-                        wide: cu::module::get_function(m, name("concord_copy_wide"))?,
-                        bytes: cu::module::get_function(m, name("concord_copy_bytes"))?,
-                    })
-                })
+                cu::module::load_data(COPY_PTX.as_ptr() as *const std::ffi::c_void)
+                    .and_then(|m| cu::module::get_function(m, std::ffi::CString::new("concord_copy_bytes").expect("no NUL in the name")))
             };
             match loaded {
-                Ok(f) => Some(f),
+                Ok(f) => Some(CopyFn(f)),
                 Err(e) => {
                     eprintln!(
                         "concord-nccl: warning: GPU {}: the one-rank copy kernel did not load ({}); one-rank copies use cuMemcpyDtoDAsync",

@@ -186,10 +186,6 @@ mod tests {
         assert_eq!(OneRankCopy::parse(None), Ok(Kernel));
         assert_eq!(OneRankCopy::parse(Some("kernel")), Ok(Kernel));
         assert_eq!(OneRankCopy::parse(Some("memcpy")), Ok(Memcpy));
-        assert_eq!(OneRankCopy::parse(Some("bytes")), Ok(Bytes));
-        for v in [Off, Memcpy, Kernel, Bytes] {
-            assert_eq!(OneRankCopy::from_u8(v as u8), v, "the device keeps the option as u8");
-        }
         assert_eq!(OneRankCopy::parse(Some("0")), Ok(Off));
         assert_eq!(OneRankCopy::parse(Some("off")), Ok(Off));
         assert!(OneRankCopy::parse(Some("dma")).unwrap_err().contains("one_rank_copy=dma"));

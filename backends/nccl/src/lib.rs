@@ -181,11 +181,10 @@
 //! `fast_launch=0|1` (default 1: groups run on the communicator's blocking twin, see **Fast
 //! launch**), `fused_overlap=1|serial|0` (default 1: the fused ops on cuBLAS + NCCL, see
 //! `fused_gpu`), `alloc_cache=0|1` (default 1: device blocks freed on the rank's stream are
-//! reused by later allocations on it, see `block_cache`), `one_rank_copy=kernel|bytes|memcpy|0` (default
+//! reused by later allocations on it, see `block_cache`), `one_rank_copy=kernel|memcpy|0` (default
 //! kernel: on a communicator of one rank, an all_reduce / reduce_scatter whose op is the identity
 //! there — `sum`, `prod`, `min`, `max` — is a device copy on the stream instead of NCCL calls, a
-//! copy kernel up to 1 MiB (`cuda::COPY_KERNEL_MAX_BYTES`; 16 bytes per thread where addresses and
-//! length allow, `bytes`: a byte per thread always) and `cuMemcpyDtoDAsync` above, or
+//! copy kernel up to 1 MiB (`cuda::COPY_KERNEL_MAX_BYTES`) and `cuMemcpyDtoDAsync` above, or
 //! `cuMemcpyDtoDAsync` always (`memcpy`), see `worker::Launch::local`; 0: through NCCL as on any
 //! communicator), `batch=0|1` (default 1: small ops that every rank has issued — its header posted, or
 //! without validation its number on the ranks' issue counters, `board` — share one
