@@ -485,6 +485,9 @@ impl Bug for F64ScaleInF32OffOutOfPlace {
 /// A pending work's poison: the bad-input error a later call of the communicator failed with.
 type Poison = Arc<Mutex<Option<CollectiveError>>>;
 
+/// The communicator's pending works' poisons, oldest first (weak: a dropped work is forgotten).
+type Pending = Arc<Mutex<Vec<Weak<Mutex<Option<CollectiveError>>>>>>;
+
 /// Finding 8. One error flag per communicator (NCCL's async-error style): when a call is refused
 /// as bad input (at issue or at its wait), every work issued before it and not yet waited fails
 /// with the same `bad_input` error, so a valid all_reduce A issued before a mismatched B returns
@@ -492,7 +495,7 @@ type Poison = Arc<Mutex<Option<CollectiveError>>>;
 #[derive(Default)]
 pub struct BadInputPoisonsPendingWorks {
     /// The works issued and not yet waited, oldest first.
-    pending: Arc<Mutex<Vec<Weak<Mutex<Option<CollectiveError>>>>>>,
+    pending: Pending,
 }
 
 /// The completion of a work that fails with its poison once set.
@@ -500,7 +503,7 @@ struct Poisonable<T> {
     inner: Work<T>,
     /// Set once this work was waited to the end (it is no longer pending).
     poison: Poison,
-    pending: Arc<Mutex<Vec<Weak<Mutex<Option<CollectiveError>>>>>>,
+    pending: Pending,
 }
 
 /// Poisons with `e` every pending work issued before `failed` (every pending work when `failed`
