@@ -20,7 +20,9 @@
 //!   [clause: placement.out_buffer]
 //! * Catch bad input with a named [`CollectiveError::BadInput`]: locally at issue time where the
 //!   rank alone can tell, and across ranks (at issue or at wait) where only peers can tell, on
-//!   *every* rank, never by hanging and never by silent truncation.
+//!   *every* rank, never by hanging and never by silent truncation. A refusal names the refused
+//!   call only: works issued before it and not yet waited MUST complete with their own results
+//!   (one error flag per communicator that fails every pending work with it is a bug).
 //!   [clause: bad_input.named_everywhere]
 //! * Honour deadlines: no wait blocks longer than asked, and none gives up sooner: a `wait(t)`
 //!   MUST return once the op completes or `t` has passed, never a timeout before `t` (a port that
@@ -113,7 +115,8 @@
 //!   in, it is one order for all ranks (a data-parallel job's replicas must stay identical).
 //!   Shipped both ways: each rank adding its peers round-robin from itself
 //!   (pytorch/pytorch PR #129501), each rank adding its own input first in an
-//!   allgather-then-reduce (open-mpi/ompi#12258). [clause: values.identical_on_every_rank]
+//!   allgather-then-reduce (open-mpi/ompi#12258). This holds on every communicator: a subgroup's
+//!   members MUST hold identical copies too. [clause: values.identical_on_every_rank]
 //! * Ops that move data (all_gather, all_to_all, broadcast, gather, scatter, permute, send/recv)
 //!   deliver exactly the oracle's bytes, in rank order. [clause: values.move]
 //! * Coalesced ops return one result per input, each as the single op would.
@@ -141,7 +144,8 @@
 //!
 //! # Roots
 //! * `broadcast` `src` and the `root` of `reduce`, `gather` and `scatter` MUST be the same on
-//!   every rank and `< world_size`; otherwise every rank gets `BadInput` of kind `bad_root`
+//!   every rank and `< world_size` — the communicator's size: on a subgroup, a group rank below
+//!   the group's size, never checked against the world's; otherwise every rank gets `BadInput` of kind `bad_root`
 //!   (the rule table in [`crate::call`]), never a hang and never a result from another root.
 //!   [clause: bad_input.root_agreement]
 //!
@@ -181,8 +185,9 @@
 //!
 //! # Rounding
 //! * Integer reductions wrap in the dtype's width; float `min` / `max` order `-0 < +0` and treat
-//!   NaN per [`crate::NanPolicy`]; subnormal inputs and results are kept (no flush to zero).
-//!   [clause: numerics.subnormal]
+//!   NaN per [`crate::NanPolicy`]; subnormal inputs and results are kept (no flush to zero), in
+//!   every reduce op (the scaled results of `avg` and `premul_sum` too) and through every
+//!   reducing call (coalesced ones too). [clause: numerics.subnormal]
 //! * f16 / bf16 `sum`, `avg` and `premul_sum` round as declared in
 //!   [`Capabilities::rounding`]; a backend that declares [`crate::Rounding::ExactThenRound`]
 //!   MUST produce the exact result rounded once to nearest-even, bit for bit.
@@ -195,7 +200,8 @@
 //!   anything). [clause: numerics.accumulate_bound]
 //! * `premul_sum(s)` is `sum(s * x_r)` for any factor `s` (not only powers of two). `s` MUST
 //!   be the same on every rank: differing factors are `BadInput` of kind `reduce_op_mismatch`
-//!   on every rank (rule 16 of [`crate::call`]; NCCL's per-rank `Σ s_r x_r` is not the
+//!   on every rank, on every reducing call (reduce_scatter_tensor and its variants, reduce,
+//!   all_reduce_coalesced, not only all_reduce) (rule 16 of [`crate::call`]; NCCL's per-rank `Σ s_r x_r` is not the
 //!   contract). [clause: numerics.premul_sum]
 //!
 //! # Shapes

@@ -73,7 +73,8 @@ fn columns(g: &Tensor, ws: usize, t: &mut Tensor, n: usize, base: usize, f: impl
 
 // ---------------------------------------------------------------- numerics.round_once
 
-/// Ranks per node group of the hierarchical half-precision sum.
+/// Ranks per node group of the hierarchical half-precision sum (hunt7's mutant; review10's
+/// `review10_half_sum_rounded_per_node_group_of_8` is the same bug with groups of 8).
 const GROUP: usize = 4;
 
 /// f16 / bf16 `sum` of `all_reduce` on more than 4 ranks is hierarchical: each group of 4
@@ -81,21 +82,21 @@ const GROUP: usize = 4;
 /// to the next level), and the partials are summed exactly and rounded once more. Up to 4 ranks
 /// (one group) it is exact-then-round.
 #[derive(Default)]
-pub struct HalfSumRoundedPerNodeGroup {
+pub struct HalfSumRoundedPerNodeGroup<const G: usize = GROUP> {
     hidden: Hidden,
 }
 
-impl Bug for HalfSumRoundedPerNodeGroup {
+impl<const G: usize> Bug for HalfSumRoundedPerNodeGroup<G> {
     fn outstanding(&self, s: &Shm) -> usize {
         self.hidden.outstanding(s)
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         let (d, ws) = (s.inner.buffer_dtype(x), s.ws());
-        if op != ReduceOp::Sum || !is_half(d) || ws <= GROUP {
+        if op != ReduceOp::Sum || !is_half(d) || ws <= G {
             return s.inner.all_reduce(x, op);
         }
         all_reduce_as(s, &self.hidden, x, op, move |g, t| {
-            float_map(g, ws, t, |v| v.chunks(GROUP).map(|grp| round_to(d, grp.iter().sum())).sum())
+            float_map(g, ws, t, |v| v.chunks(G).map(|grp| round_to(d, grp.iter().sum())).sum())
         })
     }
 }

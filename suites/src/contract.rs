@@ -187,8 +187,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "values.identical_on_every_rank",
         source: BACKEND,
-        text: "An all_reduce leaves identical copies of one result on every rank, bit for bit, also on random inputs (one order of reduction for all ranks).",
-        cases: &["identical::all_reduce::"],
+        text: "An all_reduce leaves identical copies of one result on every rank, bit for bit, also on random inputs (one order of reduction for all ranks), on every communicator (a subgroup's members too).",
+        cases: &["identical::all_reduce::", "identical::subgroup::"],
     },
     Clause {
         id: "values.move",
@@ -267,13 +267,13 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "bad_input.named_everywhere",
         source: CALL,
-        text: "Bad input is one named BadInputKind on every rank (local rules at issue, cross-rank rules on every rank), never a hang or a silent truncation; the world stays usable.",
-        cases: &["bad_input::", "bad_input::broadcast_dtype_mismatch"],
+        text: "Bad input is one named BadInputKind on every rank (local rules at issue, cross-rank rules on every rank), never a hang or a silent truncation; the world stays usable; works issued before a refused call complete with their own results.",
+        cases: &["bad_input::", "bad_input::broadcast_dtype_mismatch", "bad_input::shape_mismatch_behind_pending::"],
     },
     Clause {
         id: "bad_input.root_agreement",
         source: CALL,
-        text: "A root / src out of range or not equal on every rank is BadRoot (broadcast, reduce, gather, scatter).",
+        text: "A root / src out of range (of the communicator: a subgroup's size, not the world's) or not equal on every rank is BadRoot (broadcast, reduce, gather, scatter).",
         cases: &[
             "bad_input::broadcast_src_differs_across_ranks",
             "bad_input::reduce_root_differs_across_ranks",
@@ -281,6 +281,7 @@ pub const CLAUSES: &[Clause] = &[
             "bad_input::scatter_root_differs_across_ranks",
             "bad_input::scatter_root_differs_on_one_rank",
             "bad_input::broadcast_inplace_src_differs_on_one_rank",
+            "bad_input::subgroup::rooted::",
         ],
     },
     Clause {
@@ -444,8 +445,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "numerics.subnormal",
         source: BACKEND,
-        text: "Subnormal inputs and results are kept (no flush to zero), in sums, min and max; min / max treat NaN as declared on every reducing call.",
-        cases: &["numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::", "numerics::nan_minmax::"],
+        text: "Subnormal inputs and results are kept (no flush to zero), in sums, min, max, avg and premul_sum, through every reducing call (coalesced ones too); min / max treat NaN as declared on every reducing call.",
+        cases: &["numerics::subnormal::all_reduce_coalesced::", "numerics::subnormal::f16", "numerics::subnormal::f32", "numerics::subnormal::reduce_scatter::", "numerics::subnormal::all_reduce_inplace::", "numerics::subnormal::reduce::", "numerics::nan_minmax::"],
     },
     Clause {
         id: "numerics.accumulate_bound",
@@ -462,8 +463,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "numerics.premul_sum",
         source: BACKEND,
-        text: "premul_sum(s) is sum(s * x) for any factor, not only 2.0; the factor is the same on every rank (differing factors: bad_input:reduce_op_mismatch).",
-        cases: &["numerics::premul_sum::", "bad_input::all_reduce_premul_sum_factor_mismatch"],
+        text: "premul_sum(s) is sum(s * x) for any factor, not only 2.0; the factor is the same on every rank (differing factors: bad_input:reduce_op_mismatch, on every reducing call).",
+        cases: &["numerics::premul_sum::", "bad_input::all_reduce_premul_sum_factor_mismatch", "bad_input::reduce_scatter_premul_sum_factor_mismatch"],
     },
     Clause {
         id: "seeds.pytorch",

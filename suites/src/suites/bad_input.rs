@@ -43,6 +43,26 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             // f_r * x_r; the contract makes differing factors bad input).
             wait(b.all_reduce(&f32s(b, &[4])?, ReduceOp::PremulSum(if r == 0 { 2.0 } else { 0.5 }))?, T)
         }),
+        // Rule 16 off all_reduce (review10 finding 1: FSDP2's gradient reduce-scatter with NCCL's
+        // per-rank pre-multiplication): the middle rank of three names 0.5, the others 2.0.
+        ("reduce_scatter_premul_sum_factor_mismatch", 3, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[6])?, ReduceOp::PremulSum(if r == 1 { 0.5 } else { 2.0 }))?, T)
+        }),
+        ("reduce_scatter_out_premul_sum_factor_mismatch", 3, K::ReduceOpMismatch, true, |b, r, _| {
+            let out = b.alloc(DType::F32, &[2])?;
+            wait(b.reduce_scatter_tensor_out(&f32s(b, &[6])?, ReduceOp::PremulSum(if r == 1 { 0.5 } else { 2.0 }), &out)?, T)
+        }),
+        ("reduce_scatter_coalesced_premul_sum_factor_mismatch", 3, K::ReduceOpMismatch, true, |b, r, _| {
+            let xs = [f32s(b, &[6])?];
+            wait(b.reduce_scatter_tensor_coalesced(&xs, ReduceOp::PremulSum(if r == 1 { 0.5 } else { 2.0 }))?, T)
+        }),
+        ("reduce_premul_sum_factor_mismatch", 3, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.reduce(&f32s(b, &[4])?, ReduceOp::PremulSum(if r == 1 { 0.5 } else { 2.0 }), 0)?, T)
+        }),
+        ("all_reduce_coalesced_premul_sum_factor_mismatch", 3, K::ReduceOpMismatch, true, |b, r, _| {
+            let xs = [f32s(b, &[3])?, f32s(b, &[4])?];
+            wait(b.all_reduce_coalesced(&xs, ReduceOp::PremulSum(if r == 1 { 0.5 } else { 2.0 }))?, T)
+        }),
         ("op_mismatch_all_reduce_vs_broadcast", 2, K::OpMismatch, true, |b, r, _| {
             let x = f32s(b, &[4])?;
             if r == 0 {
@@ -335,6 +355,32 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 CaseMeta { suite: "bad_input".into(), op: name.into(), variant: "-".into(), dtype: String::new(), reduce: String::new() };
             Case::<B>::new(format!("bad_input::{name}::ws{ws}"), meta, ws, move |ctx| run_bad(ctx, name, kind, cross_rank, issue))
         })
+        .chain([
+            Case::<B>::new(
+                "bad_input::shape_mismatch_behind_pending::ws2",
+                CaseMeta {
+                    suite: "bad_input".into(),
+                    op: "all_reduce".into(),
+                    variant: "out".into(),
+                    dtype: "f32".into(),
+                    reduce: "sum".into(),
+                },
+                2,
+                shape_mismatch_behind_pending,
+            ),
+            Case::<B>::new(
+                "bad_input::subgroup::rooted::ws4",
+                CaseMeta {
+                    suite: "bad_input".into(),
+                    op: "broadcast,reduce,gather,scatter,all_reduce".into(),
+                    variant: "out".into(),
+                    dtype: "f32".into(),
+                    reduce: "sum".into(),
+                },
+                4,
+                subgroup_rooted,
+            ),
+        ])
         .chain(std::iter::once(Case::<B>::new(
             "bad_input::refused_buffer_reused_in_place::ws2",
             CaseMeta {
@@ -388,6 +434,116 @@ fn refused_buffer_reused_in_place<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResul
     let sum = Tensor::from_vec(&[5], vec![(ws * (ws + 1) / 2) as f32; 5]);
     expect_eq(b, &out, &sum, &format!("{w} (returned buffer)"))?;
     expect_eq(b, &x, &sum, &format!("{w} (the caller's buffer)"))
+}
+
+/// A refusal names only the refused call (review10 finding 8: one error flag per communicator,
+/// NCCL's async-error style, fails every earlier un-waited work with the refused call's error):
+/// a valid all_reduce A (sum of `[r + 1; 5]`) is issued and not waited, then B with shape
+/// `[4 + rank]`; B must end in `bad_input:shape_mismatch` on both ranks and A, waited after B,
+/// must give the oracle's sum.
+fn shape_mismatch_behind_pending<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let caps = b.capabilities();
+    if !caps.validates_across_ranks {
+        return Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
+    }
+    let v = ArVehicle::pick(b, &[concord_core::Variant::Out])?;
+    let w = format!(
+        "backend={} op=all_reduce variant=out dtype=f32 reduce={} bad_input=shape_mismatch issued behind a pending valid all_reduce \
+         world_size={ws} rank={me}",
+        crate::case::backend_label(b),
+        v.op.name()
+    );
+    let named = |what: &str, e: CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let a = b.all_reduce(&b.upload(&full(&[5], (me + 1) as f32))?, v.op).map_err(|e| named("issuing the valid all_reduce A", e))?;
+    let want = K::ShapeMismatch;
+    match b.all_reduce(&f32s(b, &[4 + me])?, v.op).and_then(|bw| bw.wait(ctx.timeout).map(|_| ())) {
+        Ok(()) => return Err(fail(&w, format!("B (shape [{}]) was accepted; expected bad_input:{}", 4 + me, want.name()))),
+        Err(e) if e.bad_input_kind() == Some(want) => {}
+        Err(e) => return Err(named(&format!("B (shape [{}]): expected bad_input:{}, got", 4 + me, want.name()), e)),
+    }
+    let got = a.into_value(ctx.timeout).map_err(|e| {
+        named("the valid all_reduce A, issued before the refused B and waited after it, failed (a refusal fails only the refused call)", e)
+    })?;
+    let exp = v.expected(ws, |r| vec![(r + 1) as f32; 5]);
+    expect_eq(b, &got, &exp, &format!("{w} (A's result)"))
+}
+
+/// A subgroup's roots (review10 finding 6: a sub-communicator's rooted ops run as a group
+/// all_gather / all_reduce that never compares the roots and checks them against the world's
+/// size). On the group `[3, 1]` of a 4-rank world: every member names root 2 (inside the world,
+/// outside the group of 2) for broadcast, reduce, gather and scatter — `bad_input:bad_root` on
+/// both members; then the members name different roots (member `m` names `m`) — `bad_root` on
+/// both; then a shape mismatch on all_reduce — `shape_mismatch`; then a valid broadcast from
+/// member 1 and an all_reduce give the oracle's values.
+fn subgroup_rooted<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    const GROUP: [usize; 2] = [3, 1];
+    let b = ctx.b;
+    let caps = b.capabilities();
+    if !caps.subgroups {
+        return Err(CaseEnd::Unsupported("declared gap: subgroups = false (the case runs on a subgroup)".into()));
+    }
+    let world_rank = b.rank();
+    let Some(g) = super::util::member_group(b, &GROUP)? else { return Ok(()) };
+    let (gs, m) = (g.world_size(), g.rank());
+    let at = |op: &str, what: &str| {
+        format!(
+            "backend={} op={op} variant=out dtype=f32 bad_input={what} group={GROUP:?} group_size={gs} group_rank={m} world_size={} \
+             world_rank={world_rank}",
+            crate::case::backend_label(b),
+            b.world_size()
+        )
+    };
+    let expect_kind = |w: &str, r: Result<(), CollectiveError>, want: K| match r {
+        Ok(()) => Err(fail(w, format!("accepted and completed; expected bad_input:{} on every member", want.name()))),
+        Err(e) if e.bad_input_kind() == Some(want) => Ok(()),
+        Err(e) => Err(fail(w, format!("expected bad_input:{}, got {e} [{}]", want.name(), e.name()))),
+    };
+    type Rooted<B> = fn(&B, usize) -> Result<(), CollectiveError>;
+    let ops: [(&str, Rooted<B>); 4] = [
+        ("broadcast", |g, root| wait(g.broadcast(&f32s(g, &[4])?, root)?, T)),
+        ("reduce", |g, root| wait(g.reduce(&f32s(g, &[4])?, ReduceOp::Sum, root)?, T)),
+        ("gather", |g, root| wait(g.gather(&f32s(g, &[4])?, root)?, T)),
+        ("scatter", |g, root| wait(g.scatter(&f32s(g, &[4])?, root)?, T)),
+    ];
+    let gap = |op: &str| {
+        let kind = concord_core::OpKind::from_name(op)?;
+        let reduce = matches!(op, "reduce" | "all_reduce").then_some(ReduceOp::Sum);
+        caps.check_call(kind, Some(concord_core::Variant::Out), Some(DType::F32), reduce).err()
+    };
+    let mut ran = 0;
+    for (op, call) in ops {
+        if gap(op).is_some() {
+            continue;
+        }
+        ran += 1;
+        // Root 2: inside the world's 4 ranks, outside the group's 2.
+        expect_kind(&at(op, &format!("root_out_of_the_group root=2 (group size {gs})")), call(&g, 2), K::BadRoot)?;
+        if caps.validates_across_ranks {
+            expect_kind(&at(op, &format!("root_differs_across_members root={m}")), call(&g, m), K::BadRoot)?;
+        }
+    }
+    let ar_gap = gap("all_reduce");
+    if caps.validates_across_ranks && ar_gap.is_none() {
+        let w = at("all_reduce", &format!("shape_mismatch shape=[{}]", 4 + m));
+        expect_kind(&w, wait(g.all_reduce(&f32s(&g, &[4 + m])?, ReduceOp::Sum)?, T), K::ShapeMismatch)?;
+    }
+    if ran == 0 {
+        return Err(CaseEnd::Unsupported("declared gap: broadcast, reduce, gather and scatter on f32 are all unsupported".into()));
+    }
+    // The group still works: a valid broadcast from member 1 (if supported), an all_reduce.
+    if gap("broadcast").is_none() {
+        let w = at("broadcast", "none (a valid broadcast from member 1 after the refusals)");
+        let x = g.upload(&full(&[4], (10 * (m + 1)) as f32))?;
+        let got = g.broadcast(&x, 1).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+        expect_eq(&g, &got, &full(&[4], 20.0f32), &w)?;
+    }
+    let v = ArVehicle::pick(&g, &[concord_core::Variant::Out])?;
+    let w = at("all_reduce", &format!("none (a valid all_reduce reduce={} after the refusals)", v.op.name()));
+    let x = g.upload(&full(&[5], (m + 1) as f32))?;
+    let got = g.all_reduce(&x, v.op).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    expect_eq(&g, &got, &v.expected(gs, |r| vec![(r + 1) as f32; 5]), &w)
 }
 
 fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bool, issue: Issue<B>) -> CaseResult {

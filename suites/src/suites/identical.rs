@@ -17,6 +17,13 @@
 //!   its first differing index with both ranks' values
 //!   (`util::expect_same_on_every_rank`).
 //!
+//! * `identical::subgroup::ws5` — the same check on a subgroup `[3, 1, 4]` of a 5-rank world
+//!   (review10 finding 2: a sub-communicator's fallback that gathers and folds from each member's
+//!   own input, open-mpi/ompi#12258): every all_reduce variant × f32 `sum` of 1,031 and 65,537
+//!   elements, f64 `avg` and bf16 `premul_sum(0.5)` of 1,031; digests compared among the members
+//!   through the store; the failure names the group, the member's world rank and the first
+//!   differing index.
+//!
 //! The order grid (`cargo xtask mutants --order`) checks that this grid catches an all_reduce
 //! reduced in another order on one rank, for every hook × rank position × size class × world
 //! size from 3 ranks (two operands add alike in either order).
@@ -38,7 +45,24 @@ pub const SECOND: [(DType, ReduceOp); 3] =
 /// The all_reduce variants.
 pub const VARIANTS: [Variant; 4] = [Variant::Out, Variant::InPlace, Variant::Coalesced, Variant::CoalescedInPlace];
 
+/// The subgroup of the subgroup case (world ranks, unsorted: the group's ranks are not the
+/// world's) and the world it lives in.
+pub const SUBGROUP: [usize; 3] = [3, 1, 4];
+const SUBGROUP_WS: usize = 5;
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let sub = Case::<B>::new(
+        format!("identical::subgroup::ws{SUBGROUP_WS}"),
+        CaseMeta {
+            suite: "identical".into(),
+            op: "all_reduce".into(),
+            variant: "out/inplace/coalesced/coalesced_inplace".into(),
+            dtype: "f32/f64/bf16".into(),
+            reduce: "sum/avg/premul_sum".into(),
+        },
+        SUBGROUP_WS,
+        subgroup_grid,
+    );
     WORLD_SIZES
         .iter()
         .map(|&ws| {
@@ -51,6 +75,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             };
             Case::<B>::new(format!("identical::all_reduce::ws{ws}"), meta, ws, grid)
         })
+        .chain(std::iter::once(sub))
         .collect()
 }
 
@@ -73,6 +98,41 @@ pub fn input(dtype: DType, call: usize, r: usize, n: usize) -> Tensor {
     Tensor::from_f64(dtype, &[n], &vals)
 }
 
+/// [`expect_same_on_every_rank`] among the ranks of the communicator `b` (the world's: that
+/// function itself; a subgroup's: its members, through the world's store).
+fn same_on_every_rank_of<B: Backend>(ctx: &Ctx<'_, B>, b: &B, mine: &Tensor, tag: &str, where_: &str) -> CaseResult {
+    if b.world_size() == ctx.b.world_size() {
+        return expect_same_on_every_rank(ctx, mine, tag, where_);
+    }
+    let (ws, me) = (b.world_size(), b.rank());
+    let key = |r: usize| format!("{}/{}/same_among_members/{tag}/r{r}", ctx.case, ctx.world.world_id);
+    ctx.store.set(&key(me), mine.bytes()).map_err(|e| fail(where_, format!("store set: {e}")))?;
+    let (es, n) = (mine.dtype().size(), mine.numel());
+    for peer in (0..ws).filter(|&p| p != me) {
+        let k = key(peer);
+        ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(where_, format!("member {peer} never posted its result: {e}")))?;
+        let theirs = ctx.store.get(&k).map_err(|e| fail(where_, format!("store get: {e}")))?;
+        if theirs.len() != mine.bytes().len() {
+            return Err(fail(where_, format!("member {peer}'s result has {} bytes, this member's {}", theirs.len(), mine.bytes().len())));
+        }
+        let theirs = Tensor::from_bytes(mine.dtype(), mine.shape(), &theirs);
+        let differs = |i: usize| mine.bytes()[i * es..(i + 1) * es] != theirs.bytes()[i * es..(i + 1) * es];
+        if let Some(i) = (0..n).find(|&i| differs(i)) {
+            let count = (0..n).filter(|&i| differs(i)).count();
+            return Err(fail(
+                where_,
+                format!(
+                    "first bad index {i}: got {} on group rank {me}, group rank {peer} got {} ({count} of {n} elements differ): an \
+                     all_reduce leaves identical copies of one result on every member of the group",
+                    mine.fmt_element(i),
+                    theirs.fmt_element(i)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// FNV-1a over a result's bytes.
 fn digest(t: &Tensor) -> u64 {
     t.bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
@@ -91,20 +151,29 @@ impl Call {
         format!("{i}/{}/{}/{}/n{}", self.variant.name(), self.dtype, self.op, self.n)
     }
     /// Where a failure of this call is: backend, op, variant, dtype, world size, rank, the call.
-    fn at<B: Backend>(&self, b: &B) -> String {
+    fn at<B: Backend>(&self, b: &B, scope: &Scope) -> String {
         format!(
-            "{} reduce={} shape=[{}] input=random (every rank's result must be the same bits)",
+            "{}{} reduce={} shape=[{}] input=random (every {}'s result must be the same bits)",
             here(b, "all_reduce", self.variant.name(), self.dtype),
+            scope.label,
             self.op,
-            self.n
+            self.n,
+            scope.who
         )
     }
 }
 
+/// Where a grid runs: the world, or a subgroup (its label names the group and the world rank).
+struct Scope {
+    /// Appended to `here(..)` (empty on the world).
+    label: String,
+    /// "rank" or "member".
+    who: &'static str,
+    /// The store keys' prefix part.
+    key: &'static str,
+}
+
 fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    let b = ctx.b;
-    let (ws, me) = (b.world_size(), b.rank());
-    let caps = b.capabilities();
     let mut calls = Vec::new();
     for variant in VARIANTS {
         for (k, &n) in LENGTHS.iter().enumerate() {
@@ -115,6 +184,34 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             }
         }
     }
+    let scope = Scope { label: String::new(), who: "rank", key: "identical" };
+    run_grid(ctx, ctx.b, &calls, &scope)
+}
+
+/// The grid on the subgroup [`SUBGROUP`]: f32 `sum` at 1,031 and 65,537 elements, f64 `avg` and
+/// bf16 `premul_sum(0.5)` at 1,031, through every variant.
+fn subgroup_grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("declared gap: subgroups = false (the case runs on a subgroup)".into()));
+    }
+    let Some(g) = super::util::member_group(b, &SUBGROUP)? else { return Ok(()) };
+    let mut calls = Vec::new();
+    for variant in VARIANTS {
+        calls.push(Call { variant, dtype: DType::F32, op: ReduceOp::Sum, n: LENGTHS[1] });
+        calls.push(Call { variant, dtype: DType::F32, op: ReduceOp::Sum, n: LENGTHS[3] });
+        calls.push(Call { variant, dtype: DType::F64, op: ReduceOp::Avg, n: LENGTHS[1] });
+        calls.push(Call { variant, dtype: DType::BF16, op: ReduceOp::PremulSum(0.5), n: LENGTHS[1] });
+    }
+    let scope = Scope { label: format!(" group={SUBGROUP:?} world_rank={}", b.rank()), who: "member", key: "identical_subgroup" };
+    run_grid(ctx, &g, &calls, &scope)
+}
+
+/// Runs `calls` on the communicator `b` (the world's or a subgroup's) and compares every
+/// result's digest with every other rank of `b`, through the world's store.
+fn run_grid<B: Backend>(ctx: &Ctx<'_, B>, b: &B, calls: &[Call], scope: &Scope) -> CaseResult {
+    let (ws, me) = (b.world_size(), b.rank());
+    let caps = b.capabilities();
     let mut unsupported = Vec::new();
     let mut results: Vec<(usize, Tensor)> = Vec::new();
     for (i, c) in calls.iter().enumerate() {
@@ -122,7 +219,7 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             unsupported.push(why);
             continue;
         }
-        let w = c.at(b);
+        let w = c.at(b, scope);
         let x = b.upload(&input(c.dtype, i, me, c.n)).map_err(|e| fail(&w, format!("upload: {e}")))?;
         let out = match c.variant {
             Variant::Out => b.all_reduce(&x, c.op).and_then(|wk| wk.into_value(ctx.timeout)),
@@ -154,9 +251,9 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     }
     // Every rank's digests through the store; every rank sees the same lists, so all agree on
     // the first call that differs and compare its bytes for the message.
-    let key = |r: usize| format!("{}/{}/identical/digests/r{r}", ctx.case, ctx.world.world_id);
+    let key = |r: usize| format!("{}/{}/{}/digests/r{r}", ctx.case, ctx.world.world_id, scope.key);
     let mine: Vec<u8> = results.iter().flat_map(|(_, t)| digest(t).to_le_bytes()).collect();
-    let w0 = here(b, "all_reduce", "all", DType::F32);
+    let w0 = format!("{}{}", here(b, "all_reduce", "all", DType::F32), scope.label);
     ctx.store.set(&key(me), &mine).map_err(|e| fail(&w0, format!("store set: {e}")))?;
     let mut first_bad: Option<usize> = None;
     for peer in 0..ws {
@@ -178,8 +275,8 @@ fn grid<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     // that differs from it): every rank compares the same call's bytes below.
     let Some(j) = first_bad else { return Ok(()) };
     let (i, t) = &results[j];
-    let (c, w) = (&calls[*i], calls[*i].at(b));
-    expect_same_on_every_rank(ctx, t, &c.tag(*i), &w)?;
+    let (c, w) = (&calls[*i], calls[*i].at(b, scope));
+    same_on_every_rank_of(ctx, b, t, &format!("{}/{}", scope.key, c.tag(*i)), &w)?;
     // Unreachable: a peer's digest of this call differs from this rank's, so its bytes do.
     Err(fail(&w, "results differ between ranks (their digests differ)".to_string()))
 }

@@ -7,7 +7,9 @@
 //!   Run only for a backend that declares [`Rounding::ExactThenRound`].
 //! * `numerics::subnormal::{f16,bf16,f32,f64}::ws2` — sum / min / max of subnormal inputs,
 //!   subnormal results of normal inputs, normal results of subnormal inputs, signed zeros (no
-//!   flush to zero; exact in every dtype, whatever the declared rounding).
+//!   flush to zero; exact in every dtype, whatever the declared rounding); then avg and
+//!   premul_sum(0.5) whose results are subnormal (a scaling step run in a flush-to-zero kernel;
+//!   each skipped where that reduce op is a declared gap of the call).
 //! * `numerics::{round_once,subnormal}::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{3,2}`
 //!   — the same expectations through in-place all_reduce, `reduce_scatter_tensor` (each rank's
 //!   values repeated world-size times), `reduce_scatter_tensor_out` (the same, into the caller's
@@ -17,7 +19,10 @@
 //!   — min / max with NaN on one rank or both (at 3 ranks: each pair on every two rank positions,
 //!   a number on the third), through the calls besides the out-of-place all_reduce (whose NaN
 //!   policy `caps::nan_minmax` observes): the declared [`concord_core::NanPolicy`] holds there too.
-//! * `numerics::round_once::spread::{f16,bf16}::ws{4,5,8}` — the tie sums with their three values
+//! * `numerics::{subnormal,premul_sum,nan_minmax}::{all_reduce_coalesced,all_reduce_coalesced_inplace}::<dtype>::ws{2,3}`
+//!   — the subnormal, premul_sum and two-rank NaN expectations through the coalesced all_reduce
+//!   (a list of one tensor: a fusion buffer's kernel).
+//! * `numerics::round_once::spread::{f16,bf16}::ws{4,5,8,16}` — the tie sums with their three values
 //!   on every ordered triple of the first, second, middle and last rank (zeros elsewhere): a
 //!   reduction that rounds a partial of some ranks (a node group, a tree level) fails there.
 //! * `numerics::round_once::spread::{all_reduce_inplace,reduce_scatter,reduce_scatter_out,reduce_scatter_coalesced,reduce}::<dtype>::ws{4,5}`
@@ -33,7 +38,9 @@
 //! * `numerics::premul_sum::{f16,bf16,f32,f64}::ws3` — factors 0.5 and 3.0 (exact in every
 //!   dtype), and 1/3 (f16 / bf16 under `ExactThenRound`; f64 with inputs equal across ranks, so
 //!   every order of the sum gives the same bits); factors 0.5 and 3.0 also through the other
-//!   reducing calls (`numerics::premul_sum::reduce_scatter::f32::ws3`).
+//!   reducing calls (`numerics::premul_sum::reduce_scatter::f32::ws3`), and for f64 there the
+//!   factor 1/3 and factors 0.5 and 3.0 of values that need more than f32's precision (a scale
+//!   applied in f32 off the out-of-place calls).
 //! * `numerics::round_once::all_reduce_coalesced::{f16,bf16}::ws3` — the tie sums through
 //!   `all_reduce_coalesced` and `all_reduce_coalesced_` (a list of two tensors): a fusion buffer
 //!   in another precision must round the same.
@@ -76,6 +83,10 @@ enum Via {
     ReduceScatterCoalesced,
     /// Rooted at the last rank; checked there.
     Reduce,
+    /// `all_reduce_coalesced` of a list of one tensor (a fusion buffer's kernel).
+    AllReduceCoalesced,
+    /// [`Via::AllReduceCoalesced`] in place (`all_reduce_coalesced_`).
+    AllReduceCoalescedInPlace,
 }
 
 impl Via {
@@ -88,6 +99,8 @@ impl Via {
             Via::ReduceScatterOut => "reduce_scatter_out",
             Via::ReduceScatterCoalesced => "reduce_scatter_coalesced",
             Via::Reduce => "reduce",
+            Via::AllReduceCoalesced => "all_reduce_coalesced",
+            Via::AllReduceCoalescedInPlace => "all_reduce_coalesced_inplace",
         }
     }
 }
@@ -96,6 +109,12 @@ impl Via {
 /// there is not seen by the all_reduce cases; a `_out` variant may reduce through a scratch of
 /// its own, a coalesced one through a fusion buffer of another dtype).
 const OTHER_VIAS: [Via; 5] = [Via::AllReduceInPlace, Via::ReduceScatter, Via::ReduceScatterOut, Via::ReduceScatterCoalesced, Via::Reduce];
+
+/// The coalesced all_reduce calls (review10 finding 5: a fusion-buffer kernel that flushes
+/// subnormals or orders signed zeros its own way is not seen by the single-tensor calls): the
+/// subnormal, premul_sum and two-rank NaN cases go through them too (their rounding ties run in
+/// `numerics::round_once::all_reduce_coalesced`).
+const COALESCED_VIAS: [Via; 2] = [Via::AllReduceCoalesced, Via::AllReduceCoalescedInPlace];
 
 /// [`check`] through `via`.
 fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, per_rank: &[Vec<f64>], label: &str) -> CaseResult {
@@ -109,6 +128,8 @@ fn check_op<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType, op: ReduceOp, 
         Via::ReduceScatterOut => (OpKind::ReduceScatterTensor, Variant::OutBuf, "reduce_scatter_tensor_out"),
         Via::ReduceScatterCoalesced => (OpKind::ReduceScatterTensor, Variant::Coalesced, "reduce_scatter_tensor_coalesced"),
         Via::Reduce => (OpKind::Reduce, Variant::Out, "reduce"),
+        Via::AllReduceCoalesced => (OpKind::AllReduce, Variant::Coalesced, "all_reduce_coalesced"),
+        Via::AllReduceCoalescedInPlace => (OpKind::AllReduce, Variant::CoalescedInPlace, "all_reduce_coalesced_"),
     };
     let p = Params { reduce: Some(op), root, ..Default::default() };
     let coll = exec::collective(kind, &p, ws).ok_or_else(|| CaseEnd::Fail(format!("suite bug: {kind} moves no data")))?;
@@ -245,6 +266,51 @@ fn subnormal_pairs(dtype: DType) -> Vec<Vec<f64>> {
         [-0.0, 0.0],     // ... whichever rank holds which
     ];
     (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
+}
+
+/// Two ranks' values (rows: ranks) whose `avg` and `premul_sum(0.5)` results are subnormal, exact
+/// in every dtype whatever the declared rounding (every sum, product and halving is exact):
+/// `mn/2`, `t`, `mn/2 - t`, `-mn/2`, `2t` and a normal `mn` (review10 finding 4: the scaling step
+/// of avg / premul_sum run in a flush-to-zero kernel).
+fn subnormal_scaled_pairs(dtype: DType) -> Vec<Vec<f64>> {
+    let (_, t, mn) = layout(dtype);
+    let pairs: [[f64; 2]; 6] = [[mn, 0.0], [2.0 * t, 0.0], [mn, -2.0 * t], [-mn, 0.0], [3.0 * t, t], [mn, mn]];
+    (0..2).map(|r| pairs.iter().map(|p| p[r]).collect()).collect()
+}
+
+/// The subnormal checks of two ranks through `via`: sum / min / max of [`subnormal_pairs`], then
+/// avg and premul_sum(0.5) of [`subnormal_scaled_pairs`] (each skipped where the backend declares
+/// that reduce op unsupported on the call: sum / min / max decide the case).
+fn check_subnormal<B: Backend>(ctx: &Ctx<'_, B>, via: Via, dtype: DType) -> CaseResult {
+    for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+        check_op(ctx, via, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
+    }
+    for op in [ReduceOp::Avg, ReduceOp::PremulSum(0.5)] {
+        match check_op(ctx, via, dtype, op, &subnormal_scaled_pairs(dtype), "input=subnormal_after_scaling") {
+            Err(CaseEnd::Unsupported(_)) => {}
+            r => r?,
+        }
+    }
+    Ok(())
+}
+
+/// f64 `premul_sum(1/3)` of inputs equal across `ws` ranks (every order of the sum gives the same
+/// bits), then `premul_sum(0.5)` and `(3.0)` of inputs equal across ranks that need more than
+/// f32's precision (`x = ±(1 + 2^-40)·2^k`): every sum, product and order is exact in f64, so the
+/// result is bit-exact whether a backend scales the sum or each term (as NCCL's pre-multiplied
+/// sum does). A scale applied in f32 (review10 finding 7: `((sum as f32) * (s as f32)) as f64`)
+/// loses the 2^-40. (An `avg` of such inputs at 3 ranks is not exact when each term is scaled by
+/// a rounded 1/3, so the scale is checked through premul_sum only.)
+fn check_f64_scales<B: Backend>(ctx: &Ctx<'_, B>, via: Via) -> CaseResult {
+    let ws = ctx.b.world_size();
+    let same: Vec<Vec<f64>> = (0..ws).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i - 8)).collect()).collect();
+    check_op(ctx, via, DType::F64, ReduceOp::PremulSum(1.0 / 3.0), &same, "factor=1/3 input=equal_across_ranks")?;
+    let fine: Vec<Vec<f64>> =
+        (0..ws).map(|_| (0..16).map(|i| (if i % 3 == 0 { -1.0 } else { 1.0 }) * (1.0 + p2(-40)) * p2(i - 8)).collect()).collect();
+    for f in [0.5, 3.0] {
+        check_op(ctx, via, DType::F64, ReduceOp::PremulSum(f), &fine, &format!("factor={f} input=equal_across_ranks_beyond_f32"))?;
+    }
+    Ok(())
 }
 
 /// NaN against numbers, infinities, a signed zero and NaN, then two numbers (rows: two ranks):
@@ -437,11 +503,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::subnormal::{dtype}::ws2"), meta(dtype, "sum"), 2, move |ctx| {
-            let per_rank = subnormal_pairs(dtype);
-            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
-                check(ctx, dtype, op, &per_rank, "input=subnormal")?;
-            }
-            Ok(())
+            check_subnormal(ctx, Via::AllReduce, dtype)
         }));
     }
     for dtype in [DType::F16, DType::BF16] {
@@ -475,7 +537,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     // Rounded once at world sizes past the 3 of the tie cases, past 4 Ki elements, near the
     // largest finite value (avg at powers of two), and for premul_sum's factor.
     for dtype in [DType::F16, DType::BF16] {
-        for ws in [4, 5, 8] {
+        // 16 ranks (review10 finding 3): node groups of 8 hold two of the three values at
+        // positions {0, 1, 8, 15} in one group; at 8 ranks one group is the whole world.
+        for ws in [4, 5, 8, 16] {
             v.push(Case::<B>::new(format!("numerics::round_once::spread::{dtype}::ws{ws}"), meta(dtype, "sum"), ws, move |ctx| {
                 exact_rounding(ctx.b)?;
                 let per_rank = spread_tie_columns(dtype, ctx.b.world_size());
@@ -535,18 +599,16 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
             let m = meta_op(name, dtype, "sum");
-            v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| {
-                for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
-                    check_op(ctx, via, dtype, op, &subnormal_pairs(dtype), "input=subnormal")?;
-                }
-                Ok(())
-            }));
+            v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| check_subnormal(ctx, via, dtype)));
         }
         for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
             let m = meta_op(name, dtype, "premul_sum");
             v.push(Case::<B>::new(format!("numerics::premul_sum::{name}::{dtype}::ws3"), m, 3, move |ctx| {
                 for f in [0.5, 3.0] {
                     check_op(ctx, via, dtype, ReduceOp::PremulSum(f), &premul_ints(), &format!("factor={f} input=integers"))?;
+                }
+                if dtype == DType::F64 {
+                    check_f64_scales(ctx, via)?;
                 }
                 Ok(())
             }));
@@ -569,6 +631,31 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }));
         }
     }
+    // The subnormal, premul_sum and two-rank NaN expectations through the coalesced all_reduce.
+    for via in COALESCED_VIAS {
+        let name = via.name();
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let m = meta_op(name, dtype, "sum,min,max,avg,premul_sum");
+            v.push(Case::<B>::new(format!("numerics::subnormal::{name}::{dtype}::ws2"), m, 2, move |ctx| check_subnormal(ctx, via, dtype)));
+            let m = meta_op(name, dtype, "premul_sum");
+            v.push(Case::<B>::new(format!("numerics::premul_sum::{name}::{dtype}::ws3"), m, 3, move |ctx| {
+                for f in [0.5, 3.0] {
+                    check_op(ctx, via, dtype, ReduceOp::PremulSum(f), &premul_ints(), &format!("factor={f} input=integers"))?;
+                }
+                if dtype == DType::F64 {
+                    check_f64_scales(ctx, via)?;
+                }
+                Ok(())
+            }));
+            let m = meta_op(name, dtype, "min,max");
+            v.push(Case::<B>::new(format!("numerics::nan_minmax::{name}::{dtype}::ws2"), m, 2, move |ctx| {
+                for op in [ReduceOp::Min, ReduceOp::Max] {
+                    check_op(ctx, via, dtype, op, &nan_pairs(), "input=nan")?;
+                }
+                Ok(())
+            }));
+        }
+    }
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         v.push(Case::<B>::new(format!("numerics::premul_sum::{dtype}::ws3"), meta(dtype, "premul_sum"), 3, move |ctx| {
             let ints = premul_ints();
@@ -577,11 +664,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             let third = 1.0 / 3.0;
             match dtype {
-                DType::F64 => {
-                    let same: Vec<Vec<f64>> =
-                        (0..3).map(|_| (0..16).map(|i| (if i % 2 == 0 { 1.0 } else { -1.0 }) * p2(i - 8)).collect()).collect();
-                    check(ctx, dtype, ReduceOp::PremulSum(third), &same, "factor=1/3 input=equal_across_ranks")
-                }
+                DType::F64 => check_f64_scales(ctx, Via::AllReduce),
                 DType::F16 | DType::BF16 if ctx.b.capabilities().rounding == Rounding::ExactThenRound => {
                     check(ctx, dtype, ReduceOp::PremulSum(third), &ints, "factor=1/3 input=integers")
                 }
