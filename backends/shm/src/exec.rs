@@ -135,11 +135,11 @@ impl SendCompletion {
     }
 
     /// A posted send whose receiver has not taken the message by the op deadline fails with a
-    /// timeout (p2pfail: it used to stay posted for good, so a caller told "timeout" reused its
-    /// buffer and a late receiver got the new contents, `Ok`): the message is withdrawn (or,
-    /// if the receiver is copying it right now, waited for: then the send succeeded after all).
-    /// `Ok(false)` while the receiver has claimed the message (it is copying it: the op is in its
-    /// data movement, which a deadline does not cover).
+    /// timeout and its message is withdrawn (p2pfail: it used to stay posted for good, so a
+    /// caller told "timeout" reused its buffer and a late receiver got the new contents, `Ok`).
+    /// `Ok(true)` if the receiver consumed it meanwhile; `Ok(false)` while the receiver has
+    /// claimed it (it is copying: the op is in its data movement, which a deadline does not
+    /// cover), so the caller waits on.
     fn expire(&self) -> Result<bool> {
         let c = &self.comm;
         match c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
