@@ -51,8 +51,10 @@
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]
 //!
-//! * A process that drops an un-waited collective still exits promptly (no hang in teardown).
-//!   [clause: async.unwaited_exit]
+//! * A process that drops an un-waited collective or send still exits promptly (no hang in
+//!   teardown, also while the send's receiver never posts its receive), and dropping a [`crate::Work`]
+//!   never withdraws its op: a send whose work was dropped un-waited still reaches a receiver
+//!   that posts its receive. [clause: async.unwaited_exit]
 //!
 //! # Init and declarations
 //! * `init(world)` MUST return a communicator whose `rank()` and `world_size()` are the

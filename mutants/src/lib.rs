@@ -74,6 +74,7 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
+pub mod bugs_p2pfail;
 pub mod bugs_review;
 pub mod bugs_review10;
 pub mod bugs_review2;
@@ -120,7 +121,8 @@ pub mod sweep_bad;
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
 /// backend that no case caught), [`bugs_review6`], [`bugs_review8`] and [`bugs_review10`] (blind spots read-only
-/// reviews of the catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
+/// reviews of the catalogue pointed at); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
+/// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type).
@@ -161,6 +163,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review6::catalogue());
     v.extend(bugs_review8::catalogue());
     v.extend(bugs_review10::catalogue());
+    v.extend(bugs_p2pfail::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_stream::catalogue());
     v

@@ -74,6 +74,12 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     // waits held to 10 s whatever the caller asked (each round waits it out).
     "review8_sharded_ops_wait_for_next",
     "review8_group_waits_own_default",
+    // p2pfail: a drop held by a send its receiver never takes (the child's rank 0 drops after
+    // the bug's 15 s); a withdrawn send's receive waits out 5 s; a ring of large messages
+    // deadlocks until the case's wait ends.
+    "p2pfail_drop_flushes_unwaited_sends",
+    "p2pfail_dropped_send_withdrawn",
+    "p2pfail_ungrouped_ring_deadlocks",
 ];
 
 /// The random programs' power, pinned: each mutant with the program that catches it (the

@@ -108,6 +108,8 @@ pub const CLAUSES: &[Clause] = &[
             "faults::fail_after_post::",
             "faults::panic_in_progress_thread",
             "faults::drop_during_recv",
+            "faults::late_sender::",
+            "faults::late_receiver::",
         ],
     },
     Clause {
@@ -146,8 +148,8 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.unwaited_exit",
         source: BACKEND,
-        text: "A process that drops an un-waited collective still exits promptly.",
-        cases: &["async::unwaited_collective_exits_within_1s"],
+        text: "A process that drops an un-waited collective or send still exits promptly, and dropping a work never withdraws its op (a dropped send still reaches its receiver).",
+        cases: &["async::unwaited_collective_exits_within_1s", "async::unwaited_send_exits_within_3s", "async::dropped_send_still_delivered"],
     },
     Clause {
         id: "faults.aborted_ops_fail",
@@ -164,6 +166,8 @@ pub const CLAUSES: &[Clause] = &[
             "device_faults::stall_before_header",
             "device_faults::stall_after_header",
             "device_faults::no_launch",
+            "faults::late_sender::",
+            "faults::late_receiver::",
         ],
     },
     Clause {
@@ -436,6 +440,7 @@ pub const CLAUSES: &[Clause] = &[
             "p2p::recv_first_both",
             "p2p::recv_first_one_side",
             "p2p::many_sends_one_way",
+            "p2p::ring_exchange::large",
             "p2p::recv_before_barrier",
             "p2p::send_behind_pending_collective",
             "p2p::recv_behind_pending_collective",

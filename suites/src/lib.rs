@@ -52,6 +52,7 @@ pub fn catalogue<B: Backend>() -> Vec<Case<B>> {
     v.extend(suites::wild_state::cases::<B>());
     v.extend(suites::device_faults::cases::<B>());
     v.extend(suites::faults::cases::<B>());
+    v.extend(suites::p2p_fail::cases::<B>());
     v.extend(suites::fused::cases::<B>());
     v.extend(suites::programs::cases::<B>());
     v.extend(autotune::cases::<B, concord_autotune::Tuner>());

@@ -112,11 +112,48 @@ pub struct SendCompletion {
     /// The sent buffer, kept alive until the receiver has consumed it.
     pub keep: Mutex<Option<ShmBuffer>>,
     outcome: Mutex<Option<Result<()>>>,
+    /// When the progress thread posted the message: the op deadline counts from there.
+    posted_at: std::sync::OnceLock<Instant>,
 }
 
 impl SendCompletion {
     pub fn new(comm: Arc<Comm>, dst: usize, k: u32, keep: ShmBuffer) -> Arc<SendCompletion> {
-        Arc::new(SendCompletion { comm, dst, k, posted: Flag::new(), keep: Mutex::new(Some(keep)), outcome: Mutex::new(None) })
+        Arc::new(SendCompletion {
+            comm,
+            dst,
+            k,
+            posted: Flag::new(),
+            keep: Mutex::new(Some(keep)),
+            outcome: Mutex::new(None),
+            posted_at: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The op deadline of a posted send: one op deadline after it was posted.
+    fn op_deadline(&self) -> Option<Instant> {
+        self.posted_at.get().map(|&t| t + self.comm.op_timeout)
+    }
+
+    /// A posted send whose receiver has not taken the message by the op deadline fails with a
+    /// timeout and its message is withdrawn (p2pfail: it used to stay posted for good, so a
+    /// caller told "timeout" reused its buffer and a late receiver got the new contents, `Ok`).
+    /// `Ok(true)` if the receiver consumed it meanwhile; `Ok(false)` while the receiver has
+    /// claimed it (it is copying: the op is in its data movement, which a deadline does not
+    /// cover), so the caller waits on.
+    fn expire(&self) -> Result<bool> {
+        let c = &self.comm;
+        match c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+            Ok(_) | Err(V_WITHDRAWN) => {
+                self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let started = *self.posted_at.get().expect("expired only once posted");
+                let err = c.wait_error(WaitErr::Timeout { peer: self.dst }, "send", self.k as u64, started);
+                *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
+                Err(err)
+            }
+            Err(V_CLAIMED) => Ok(false),
+            // A verdict: the receiver consumed it.
+            Err(_) => self.resolve().map(|_| true),
+        }
     }
 
     fn consumed(&self) -> bool {
@@ -196,7 +233,8 @@ impl Completion for SendCompletion {
             return true;
         }
         match self.posted.wait_for(Duration::ZERO) {
-            Ok(true) => self.consumed(),
+            // Past its op deadline a posted send is failed (and withdrawn) by the first look.
+            Ok(true) => self.consumed() || (self.op_deadline().is_some_and(|d| Instant::now() >= d) && !matches!(self.expire(), Ok(false))),
             Ok(false) => false,
             Err(_) => true,
         }
@@ -211,19 +249,30 @@ impl Completion for SendCompletion {
             return Ok(false);
         }
         if !self.consumed() {
-            let deadline = start + timeout;
+            let end = start + timeout;
+            // First up to the op deadline, if it comes before the caller's.
+            let mut until = self.op_deadline().map_or(end, |d| d.min(end));
             let c = &self.comm;
-            match c.ctl.wait_consumed(self.dst, self.k, deadline, &c.abort) {
-                Ok(()) => {}
-                Err(WaitErr::Timeout { .. }) => return Ok(false),
-                Err(e) => {
-                    let err = c.wait_error(e, "send", self.k as u64, start);
-                    if self.give_up() {
-                        // The receiver had the message after all.
-                        return self.resolve().map(|_| true);
+            loop {
+                match c.ctl.wait_consumed(self.dst, self.k, until, &c.abort) {
+                    Ok(()) => break,
+                    Err(WaitErr::Timeout { .. }) if until < end => match self.expire() {
+                        // Claimed: the receiver is copying (a deadline does not cover a peer's
+                        // data movement once started): wait for it up to the caller's deadline.
+                        Ok(false) => until = end,
+                        r => return r,
+                    },
+                    Err(WaitErr::Timeout { .. }) if self.op_deadline().is_some_and(|d| Instant::now() >= d) => return self.expire(),
+                    Err(WaitErr::Timeout { .. }) => return Ok(false),
+                    Err(e) => {
+                        let err = c.wait_error(e, "send", self.k as u64, start);
+                        if self.give_up() {
+                            // The receiver had the message after all.
+                            return self.resolve().map(|_| true);
+                        }
+                        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
+                        return Err(err);
                     }
-                    *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
-                    return Err(err);
                 }
             }
         }
@@ -977,6 +1026,7 @@ impl Progress {
             let _ = c.resolve();
         }
         q.push_back(comp.clone());
+        let _ = comp.posted_at.set(started);
         comm.ctl.write_entry(comm.me, dst, k, entry);
         comm.ctl.set_posted(dst, k);
         if let Err(e) = comm.strike(&fault, point::AFTER_POST, "send", k as u64) {

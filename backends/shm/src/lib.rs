@@ -77,7 +77,10 @@
 //!   middle of a copy), the op's blocks are *quarantined* (never reused until the world is torn
 //!   down) and the event is printed. The abort word is checked after the post barrier and before
 //!   the data movement. A send whose wait fails *withdraws* its message unless the receiver has
-//!   claimed it (then the sender waits for the copy). *What a deadline covers:* the arrival of
+//!   claimed it (then the sender waits for the copy); a posted send whose receiver has not
+//!   claimed it one op deadline after it was posted fails so, with a timeout, at its next wait
+//!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
+//!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
 //!   every peer at each barrier of the op; not a peer's data movement once started.
 //! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
 //!   panics or dies at `after_post` (post published, before waiting), `between_barriers`

@@ -9,7 +9,11 @@
 //! trait with its result read before any wait, `::every_op::ws2`), a sub-second wait that waits its
 //! deadline (not a poll), a timeout naming its own
 //! sequence number (the in-flight record's), a work dropped un-waited whose collective still
-//! runs for its peers, and a failed op whose `is_completed()` turns true.
+//! runs for its peers, and a failed op whose `is_completed()` turns true. Point-to-point
+//! (review8's finding 7): a 2-rank child whose rank 0 drops un-waited sends to a rank that never
+//! receives exits within 3 s (`::unwaited_send_exits_within_3s::peer_absent::ws2`), and sends
+//! whose works were dropped at once still reach the receives posted after the drop
+//! (`::dropped_send_still_delivered::ws2`).
 
 use super::util::{expect_eq, fail, full, here, member_group, ArVehicle};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -19,6 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
 pub const CHILD_ENV: &str = "CONCORD_UNWAITED_CHILD";
+/// Set to `send` in the un-waited-exit child's environment: rank 0 of a 2-rank child drops
+/// un-waited sends (to a rank 1 that never receives) instead of an all_reduce.
+pub const CHILD_OP_ENV: &str = "CONCORD_UNWAITED_OP";
 
 fn meta(op: &str, variant: &str) -> CaseMeta {
     CaseMeta { suite: "async".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
@@ -717,7 +724,59 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }
         unwaited_exit(ctx, 2)
     }));
+    // The same with un-waited sends (16 elements and 1 MiB) to a rank that never receives
+    // (review8's finding 7): a backend whose drop flushes its sends waits for a receive that
+    // never comes.
+    v.push(Case::<B>::new("async::unwaited_send_exits_within_3s::peer_absent::ws2", meta("send_recv", "outbuf"), 2, |ctx| {
+        if ctx.rank() != 0 {
+            return Ok(());
+        }
+        unwaited_exit_op(ctx, 2, "send")
+    }));
+    v.push(Case::<B>::new("async::dropped_send_still_delivered::ws2", meta("send_recv", "outbuf"), 2, dropped_send_still_delivered));
     v
+}
+
+/// Lengths of the sends [`dropped_send_still_delivered`] drops: small, then 1 MiB of f32.
+const DROPPED_SENDS: [usize; 2] = [16, 1 << 18];
+
+/// `async::dropped_send_still_delivered::ws2`: rank 0 issues two sends to rank 1 and drops both
+/// works at once, un-waited (fire and forget), then says so; only then does rank 1 post its two
+/// receives, which MUST complete with the messages: dropping a work never withdraws its op
+/// (review8's finding 7: a send held as a future, cancelled with its handle, never arrives).
+fn dropped_send_still_delivered<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = format!("{} lens={DROPPED_SENDS:?} (rank 0 drops its sends' works un-waited)", here(b, "send_recv", "outbuf", DType::F32));
+    let key = format!("{}/{}/sends_dropped", ctx.case, ctx.world.world_id);
+    let msg = |k: usize, n: usize| Tensor::from_vec(&[n], (0..n).map(|i| (k * 1000 + i % 991 + 1) as f32).collect());
+    let wait = ctx.timeout;
+    if b.rank() == 0 {
+        let xs = DROPPED_SENDS.iter().enumerate().map(|(k, &n)| b.upload(&msg(k, n))).collect::<Result<Vec<_>, _>>()?;
+        for x in &xs {
+            drop(b.send(x, 1).map_err(|e| fail(&w, format!("issuing a send: {e} [{}]", e.name())))?);
+        }
+        return ctx.store.set(&key, b"1").map_err(|e| fail(&w, e));
+    }
+    ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never said it dropped its sends: {e}")))?;
+    let _ = ctx.store.delete_key(&key);
+    let outs = DROPPED_SENDS.iter().map(|&n| b.alloc(DType::F32, &[n])).collect::<Result<Vec<_>, _>>()?;
+    let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
+    for (k, r) in recvs.iter().enumerate() {
+        r.wait(wait).map_err(|e| {
+            fail(
+                &w,
+                format!(
+                    "receive #{k} (of {} elements): {e} [{}]; rank 0 issued the send and dropped its work un-waited: the send still runs",
+                    DROPPED_SENDS[k],
+                    e.name()
+                ),
+            )
+        })?;
+    }
+    for (k, (o, &n)) in outs.iter().zip(&DROPPED_SENDS).enumerate() {
+        expect_eq(b, o, &msg(k, n), &format!("{w}: receive #{k}"))?;
+    }
+    Ok(())
 }
 
 /// The exit code of an [`unwaited_child`] rank whose backend refused to start (`Unsupported`).
@@ -732,8 +791,20 @@ const PEER_ABSENT_DROP: Duration = Duration::from_secs(3);
 /// when it has issued (`issued`) and how long its backend took to drop (`dropped <µs>`, timed in
 /// the child): within 1 s with one rank, [`PEER_ABSENT_DROP`] with two; the world exits cleanly.
 fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) -> crate::case::CaseResult {
+    unwaited_exit_op(ctx, ranks, "all_reduce")
+}
+
+/// [`unwaited_exit`] with the op rank 0 drops: `all_reduce`, or `send` (2 ranks; [`CHILD_OP_ENV`]).
+fn unwaited_exit_op<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize, op: &str) -> crate::case::CaseResult {
     let b = ctx.b;
-    let w = format!("{} child world of {ranks}", here(b, "all_reduce", "out", DType::F32));
+    let w = if op == "send" {
+        format!(
+            "{} child world of {ranks} (rank 0 drops un-waited sends to rank 1, which never receives)",
+            here(b, "send_recv", "outbuf", DType::F32)
+        )
+    } else {
+        format!("{} child world of {ranks}", here(b, "all_reduce", "out", DType::F32))
+    };
     let backend = ctx.case.split("::").next().unwrap_or_default().to_string();
     // A world started by the harness launcher (which removes its files).
     let mut spec = concord_harness::launch::LaunchSpec::current_exe(ranks, &backend).map_err(|e| fail(&w, e))?;
@@ -741,7 +812,7 @@ fn unwaited_exit<B: Backend>(ctx: &mut crate::case::Ctx<'_, B>, ranks: usize) ->
     spec.pipe_stdout = true;
     spec.op_timeout = Duration::from_secs(5);
     spec.options = ctx.world.options.clone();
-    spec.env = vec![(CHILD_ENV.to_string(), backend.clone())];
+    spec.env = vec![(CHILD_ENV.to_string(), backend.clone()), (CHILD_OP_ENV.to_string(), op.to_string())];
     let mut child = concord_harness::launch::launch(&spec).map_err(|e| fail(&w, format!("launch the child: {e}")))?;
     // The clock starts when the child says it has issued the collective (backend start-up,
     // e.g. a CUDA context and an NCCL communicator, is not part of the 1 s).
@@ -836,7 +907,8 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
 
 /// Body of the un-waited-exit child. One rank: a large all_reduce and an in-place `all_reduce_`
 /// issued, never waited, then return from main. Two ranks: rank 0 issues an all_reduce that
-/// rank 1 never issues and drops it un-waited; rank 1 waits (store key, at most 20 s) until rank
+/// rank 1 never issues (with [`CHILD_OP_ENV`] `=send`: two sends, 16 elements and 1 MiB, that
+/// rank 1 never receives) and drops it un-waited; rank 1 waits (store key, at most 20 s) until rank
 /// 0 has dropped its backend. Rank 0 prints `issued` and, once its backend is dropped, `dropped`.
 pub fn unwaited_child<B: Backend>() -> ! {
     use std::io::Write;
@@ -863,10 +935,17 @@ pub fn unwaited_child<B: Backend>() -> ! {
                 // An out-of-place and an in-place collective (a backend may pin the caller's buffer).
                 b.upload(&full(&[4 << 20], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).and_then(|out_of_place| {
                     let x = b.upload(&full(&[16], 1.0f32))?;
-                    Ok(vec![out_of_place, b.all_reduce_(&x, ReduceOp::Sum)?])
+                    Ok(vec![out_of_place.map(Some), b.all_reduce_(&x, ReduceOp::Sum)?.map(Some)])
                 })
+            } else if std::env::var(CHILD_OP_ENV).is_ok_and(|op| op == "send") {
+                // Sends to rank 1, which never receives: small and 1 MiB (a large-message path).
+                [16, 1 << 18]
+                    .into_iter()
+                    .map(|n| b.upload(&full(&[n], 1.0f32)).and_then(|x| b.send(&x, 1)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(|sends| sends.into_iter().map(|w| w.map(|()| None)).collect::<Vec<_>>())
             } else {
-                b.upload(&full(&[16], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).map(|w| vec![w])
+                b.upload(&full(&[16], 1.0f32)).and_then(|x| b.all_reduce(&x, ReduceOp::Sum)).map(|w| vec![w.map(Some)])
             };
             match issued {
                 Ok(works) => {

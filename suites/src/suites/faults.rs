@@ -46,13 +46,13 @@ use std::time::{Duration, Instant};
 
 /// The op deadline of the communicators the cases start (generous: init is a collective under
 /// it, on a loaded 2-core CI machine).
-const OP_TIMEOUT: Duration = Duration::from_millis(1000);
+pub(super) const OP_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a stalling rank sleeps: well past its peers' op deadline.
 const STALL: Duration = Duration::from_millis(3000);
 /// Elements of the buffers the cases move.
 const N: usize = 4096;
 /// The canary: a value no case ever computes.
-const CANARY: f32 = -7777.25;
+pub(super) const CANARY: f32 = -7777.25;
 
 /// A fault case's meta: the op and variant it breaks, f32. Where that op is the all_reduce the
 /// case carries its fault on, every reduce op that vehicle may take ([`VEHICLES`]): no one call,
@@ -96,7 +96,7 @@ static SUB_WORLDS: AtomicU64 = AtomicU64::new(0);
 /// A fresh communicator over the case's ranks (collective: every rank calls it in the same
 /// order), with op deadline [`OP_TIMEOUT`] and `fault` in its options. Returns it with its world
 /// id (the prefix of store keys and of its files).
-fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> Result<(B, String), CaseEnd> {
+pub(super) fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> Result<(B, String), CaseEnd> {
     let n = SUB_WORLDS.fetch_add(1, Ordering::SeqCst);
     let mut w: WorldInfo = ctx.world.clone();
     w.world_id = format!("{}-f{n}", ctx.world.world_id);
@@ -149,18 +149,18 @@ fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
 }
 
 /// Store keys of one sub-world.
-struct Keys<'a, B: Backend> {
-    ctx: &'a Ctx<'a, B>,
-    id: String,
+pub(super) struct Keys<'a, B: Backend> {
+    pub(super) ctx: &'a Ctx<'a, B>,
+    pub(super) id: String,
 }
 impl<B: Backend> Keys<'_, B> {
     fn key(&self, what: &str) -> String {
         format!("faults/{}/{what}", self.id)
     }
-    fn set(&self, what: &str, w: &str) -> CaseResult {
+    pub(super) fn set(&self, what: &str, w: &str) -> CaseResult {
         self.ctx.store.set(&self.key(what), b"1").map_err(|e| fail(w, format!("store: {e}")))
     }
-    fn wait(&self, what: &str, w: &str) -> CaseResult {
+    pub(super) fn wait(&self, what: &str, w: &str) -> CaseResult {
         let k = self.key(what);
         self.ctx.store.wait(&[k.as_str()], self.ctx.timeout).map_err(|e| fail(w, format!("waiting for `{what}` from the peer: {e}")))
     }

@@ -25,6 +25,9 @@
 //!   failure after begin, a rank stalling / failing around its header): backends declaring hooks.
 //! * [`faults`] — failure paths through the backend's fault-injection hooks: no buffer touched
 //!   after a failed wait, named errors, no leaked file, usable after bad input.
+//! * [`p2p_fail`] — point-to-point failure paths (cases named `faults::late_sender::*` and
+//!   `faults::late_receiver::*`): a send or receive whose peer comes after the op deadline fails,
+//!   is not left posted, and is never matched by the late peer.
 //! * [`fused`] — fused communication + compute (seed 004): all-gather-matmul, matmul-reduce-scatter,
 //!   scaled variants, low-contention all-gather / reduce-scatter; values, buffers, bad input.
 //! * [`programs`] — seeded random programs: any declared op / variant / dtype / reduce op, random
@@ -62,6 +65,7 @@ pub mod identical;
 pub mod matrix;
 pub mod numerics;
 pub mod p2p;
+pub mod p2p_fail;
 pub mod programs;
 pub mod realloc;
 pub mod reuse;

@@ -19,6 +19,9 @@
 //!   the same two ranks, received in the other order: matched per communicator.
 //! * `p2p::recv_first_one_side::ws2` — rank 0 `irecv; isend`, rank 1 `isend; irecv`.
 //! * `p2p::recv_first_both::n{1,20}::ws2` — `irecv(p); isend(p)` on both ranks.
+//! * `p2p::ring_exchange::large::ws3` — every rank `isend(next); irecv(prev)` with 1 MiB
+//!   messages, then waits: a ring shift (a transport grouping only one peer's send and receive
+//!   deadlocks from 3 ranks on).
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
 //!   receives all 17 first, then sends 17 back.
 //! * `p2p::sends_first_both::large::ws2` — `isend(p); irecv(p)` on both ranks with 1 MiB
@@ -334,6 +337,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("p2p::group_and_world_messages_apart::ws2", meta(), 2, group_and_world_messages_apart));
     v.push(Case::<B>::new("p2p::in_order_across_other_traffic::ws3", meta(), 3, in_order_across_other_traffic));
     v.push(Case::<B>::new("p2p::in_order_mixed_dtypes::ws2", CaseMeta { dtype: "mixed".into(), ..meta() }, 2, in_order_mixed_dtypes));
+    v.push(Case::<B>::new("p2p::ring_exchange::large::ws3", meta(), 3, ring_exchange_large));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, Sizes::Varied, order)
@@ -513,6 +517,29 @@ fn recvs_from_every_peer<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         expect_eq(b, o, &message(p, 0, n), &format!("{w}: the message from rank {p}"))?;
     }
     Ok(())
+}
+
+/// `p2p::ring_exchange::large::ws3`: every rank `isend(next); irecv(prev)` with 1 MiB messages,
+/// then waits the receive and the send — a ring shift, legal (clause `p2p.no_deadlock`). At 2
+/// ranks next = previous, so a transport that groups only a peer's own send and receive
+/// (a rendezvous send holding back the ops issued after it, but for a receive from the same peer)
+/// passes every 2-rank case; from 3 ranks each rank's receive waits behind its own send, whose
+/// receiver waits behind its own: a deadlock.
+fn ring_exchange_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (me, ws) = (b.rank(), b.world_size());
+    let (next, prev) = ((me + 1) % ws, (me + ws - 1) % ws);
+    let w = format!(
+        "{} shape=[{LARGE}] (every rank: isend(next={next}), irecv(prev={prev}), then wait: a ring shift)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let x = b.upload(&message(me, 0, LARGE))?;
+    let out = b.alloc(DType::F32, &[LARGE])?;
+    let s = b.send(&x, next).map_err(|e| fail(&w, format!("issuing the send: {e} [{}]", e.name())))?;
+    let r = b.recv(&out, prev).map_err(|e| fail(&w, format!("issuing the receive: {e} [{}]", e.name())))?;
+    let got = r.wait(ctx.timeout).map_err(|e| fail(&w, format!("receive from rank {prev}: {e} [{}]", e.name())))?;
+    s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send to rank {next}: {e} [{}]", e.name())))?;
+    expect_recv(b, got, &out, &message(prev, 0, LARGE), &format!("{w}: the message from rank {prev}"))
 }
 
 /// Elements of the large messages (1 MiB of f32: past the eager limits of common transports).

@@ -1,0 +1,253 @@
+//! Point-to-point failure paths (helper p2pfail): a send or a receive whose peer comes only
+//! after the op deadline. The collective fault cases ([`super::faults`]) have their late peer;
+//! these are its point-to-point twins, on a fresh communicator with the fault suite's short op
+//! deadline ([`super::faults::sub_world`], no fault injected: lateness is the fault).
+//!
+//! * `faults::late_sender::recvs_in_flight::ws2` — rank 1 posts three receives from rank 0
+//!   (16 elements, 1 MiB, 4 elements); rank 0 sends nothing until every one of them has failed.
+//!   Each receive MUST end in a named error by its op deadline (never `Ok`, never pending for
+//!   good); rank 1 then fills the three buffers with a canary and takes them back; rank 0 sends
+//!   the three messages late: each send MUST fail (the receive it would match has failed), and
+//!   the canary MUST still be there once rank 0's sends have ended (a receive left posted
+//!   inside the backend after its wait failed is matched by the late send, which writes a
+//!   buffer the caller has reused: review8's finding 6).
+//! * `faults::late_receiver::sends_in_flight::ws2` — the mirror: rank 0 sends three messages
+//!   that rank 1 receives only once every send has failed (rank 0 writes the canary into its
+//!   send buffers then). Each late receive MUST fail: a message whose send failed is never
+//!   delivered (neither the message nor the canary the caller wrote over it).
+//!
+//! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
+//! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
+//! op whose peer never does its part ends in a named error within its deadline).
+
+use super::faults::{sub_world, Keys, CANARY, OP_TIMEOUT};
+use super::util::{fail, full, here};
+use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::{Backend, CollectiveError, DType, Tensor};
+use std::time::{Duration, Instant};
+
+fn meta() -> CaseMeta {
+    CaseMeta { suite: "faults".into(), op: "send_recv".into(), variant: "outbuf".into(), dtype: "f32".into(), reduce: "-".into() }
+}
+
+/// The messages' lengths: small, 1 MiB of f32 (a transport's large-message path), tiny.
+const LENS: [usize; 3] = [16, 1 << 18, 4];
+
+/// How long a wait on an op whose peer never comes may take before the op has failed: three op
+/// deadlines (a backend may count its deadline from when its progress thread took the op up; a
+/// loaded machine is slow). Past that the op is pending for good.
+const FAIL_WITHIN: Duration = Duration::from_millis(3 * OP_TIMEOUT.as_millis() as u64);
+
+/// Message `k` from rank `src` (distinct per element, none equal to the canary).
+fn message(src: usize, k: usize, len: usize) -> Tensor {
+    Tensor::from_vec(&[len], (0..len).map(|i| (src * 10_000 + k * 1_000 + i % 997) as f32).collect())
+}
+
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        Case::<B>::new("faults::late_sender::recvs_in_flight::ws2", meta(), 2, late_sender).stall_bound(),
+        Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
+    ]
+}
+
+fn needs_data<B: Backend>(b: &B) -> CaseResult {
+    if !b.capabilities().moves_data {
+        return Err(CaseEnd::Unsupported("the backend moves no data".into()));
+    }
+    Ok(())
+}
+
+/// Waits `what` out for at most [`FAIL_WITHIN`]: it MUST fail with a named error (`why` says
+/// why it cannot succeed). Returns the error.
+fn must_fail_in_time<T>(
+    r: impl FnOnce(Duration) -> Result<T, CollectiveError>,
+    w: &str,
+    what: &str,
+    why: &str,
+) -> Result<CollectiveError, CaseEnd> {
+    let t0 = Instant::now();
+    match r(FAIL_WITHIN) {
+        Ok(_) => Err(fail(w, format!("{what} returned Ok although {why}"))),
+        Err(e) if e.name() == "timeout" && t0.elapsed() >= FAIL_WITHIN => Err(fail(
+            w,
+            format!(
+                "{what} was still pending {:?} after its wait began, although {why}: an op whose peer never does its part \
+                 MUST end in a named error by its op deadline ({OP_TIMEOUT:?} here), not stay posted ({e})",
+                t0.elapsed()
+            ),
+        )),
+        Err(e) => Ok(e),
+    }
+}
+
+/// A warm-up message from rank 0 to rank 1, so that both ranks are in step and the pair works.
+fn warm_up<B: Backend>(b: &B, timeout: Duration, w: &str) -> CaseResult {
+    let named = |what: &str, e: CollectiveError| fail(w, format!("the warm-up {what} failed: {e} [{}]", e.name()));
+    if b.rank() == 0 {
+        let x = b.upload(&full(&[4], 1.0f32))?;
+        b.send(&x, 1)?.wait(timeout).map_err(|e| named("send", e))?;
+    } else {
+        let out = b.alloc(DType::F32, &[4])?;
+        b.recv(&out, 0)?.wait(timeout).map_err(|e| named("recv", e))?;
+    }
+    Ok(())
+}
+
+/// The first element of `buf` that is not the canary: `(index, value)`.
+fn not_canary<B: Backend>(b: &B, buf: &B::Buffer) -> Result<Option<(usize, f64)>, CaseEnd> {
+    let t = b.download(buf)?;
+    Ok((0..t.numel()).map(|i| (i, t.get_f64(i))).find(|&(_, v)| v != CANARY as f64))
+}
+
+/// `faults::late_sender::recvs_in_flight::ws2` (module docs).
+fn late_sender<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs_data(ctx.b)?;
+    let (b, id) = sub_world(ctx, None)?;
+    let keys = Keys { ctx, id };
+    let w = format!(
+        "{} lens={LENS:?} op_deadline={OP_TIMEOUT:?} (rank 1: three irecv(0) that must fail; rank 0 sends only after they failed)",
+        here(&b, "send_recv", "outbuf", DType::F32)
+    );
+    warm_up(&b, ctx.timeout, &w)?;
+    if b.rank() == 1 {
+        let outs: Vec<B::Buffer> = LENS.iter().map(|&n| b.upload(&Tensor::zeros(DType::F32, &[n]))).collect::<Result<_, _>>()?;
+        let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
+        let mut errs = Vec::new();
+        let mut verdict = Ok(());
+        for (k, r) in recvs.iter().enumerate() {
+            match must_fail_in_time(
+                |t| r.wait(t).map(|_| ()),
+                &w,
+                &format!("receive #{k} (of {} elements)", LENS[k]),
+                "rank 0 had sent nothing",
+            ) {
+                Ok(e) => errs.push(e),
+                Err(f) => {
+                    verdict = Err(f);
+                    break;
+                }
+            }
+        }
+        // The buffers are the caller's again: reused (the canary) whatever the verdict, so that
+        // rank 0 always goes on and the world ends.
+        for (o, &n) in outs.iter().zip(&LENS) {
+            b.write(o, &full(&[n], CANARY))?;
+        }
+        keys.set("victim_failed", &w)?;
+        keys.wait("other_done", &w)?;
+        verdict?;
+        for (k, o) in outs.iter().enumerate() {
+            if let Some((i, v)) = not_canary(&b, o)? {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "the buffer of receive #{k} was written after its wait had returned the op's failure ({} [{}]): element {i} \
+                         is {v} where this rank had written the canary {CANARY}; expected the canary (rank 0's late send was matched \
+                         with a receive that had already failed: it stayed posted inside the backend)",
+                        errs[k],
+                        errs[k].name()
+                    ),
+                ));
+            }
+        }
+    } else {
+        keys.wait("victim_failed", &w)?;
+        let xs: Vec<B::Buffer> = LENS.iter().enumerate().map(|(k, &n)| b.upload(&message(0, k, n))).collect::<Result<_, _>>()?;
+        let sends = xs.iter().map(|x| b.send(x, 1));
+        let mut verdict = Ok(());
+        for (k, s) in sends.enumerate() {
+            let r = match s {
+                Ok(s) => must_fail_in_time(
+                    |t| s.wait(t).map(|_| ()),
+                    &w,
+                    &format!("send #{k} (of {} elements)", LENS[k]),
+                    "rank 1's receives had all failed before it was issued",
+                )
+                .map(|_| ()),
+                // Refused at issue: a named error, as good as a failed wait.
+                Err(_) => Ok(()),
+            };
+            if verdict.is_ok() {
+                verdict = r;
+            }
+        }
+        keys.set("other_done", &w)?;
+        verdict?;
+    }
+    Ok(())
+}
+
+/// `faults::late_receiver::sends_in_flight::ws2` (module docs).
+fn late_receiver<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs_data(ctx.b)?;
+    let (b, id) = sub_world(ctx, None)?;
+    let keys = Keys { ctx, id };
+    let w = format!(
+        "{} lens={LENS:?} op_deadline={OP_TIMEOUT:?} (rank 0: three isend(1) that must fail; rank 1 receives only after they failed)",
+        here(&b, "send_recv", "outbuf", DType::F32)
+    );
+    warm_up(&b, ctx.timeout, &w)?;
+    if b.rank() == 0 {
+        let xs: Vec<B::Buffer> = LENS.iter().enumerate().map(|(k, &n)| b.upload(&message(0, k, n))).collect::<Result<_, _>>()?;
+        let sends = xs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
+        let mut verdict = Ok(());
+        for (k, s) in sends.iter().enumerate() {
+            if let Err(f) = must_fail_in_time(
+                |t| s.wait(t).map(|_| ()),
+                &w,
+                &format!("send #{k} (of {} elements)", LENS[k]),
+                "rank 1 had posted no receive",
+            ) {
+                verdict = Err(f);
+                break;
+            }
+        }
+        // The send buffers are the caller's again: reused.
+        for (x, &n) in xs.iter().zip(&LENS) {
+            b.write(x, &full(&[n], CANARY))?;
+        }
+        keys.set("victim_failed", &w)?;
+        keys.wait("other_done", &w)?;
+        verdict?;
+    } else {
+        keys.wait("victim_failed", &w)?;
+        let outs: Vec<B::Buffer> = LENS.iter().map(|&n| b.upload(&Tensor::zeros(DType::F32, &[n]))).collect::<Result<_, _>>()?;
+        let recvs = outs.iter().map(|o| b.recv(o, 0));
+        let mut verdict = Ok(());
+        for (k, r) in recvs.enumerate() {
+            let r = match r {
+                Ok(r) => match r.wait(FAIL_WITHIN) {
+                    Ok(got) => {
+                        let t = b.download(got)?;
+                        let what = if t.get_f64(0) == CANARY as f64 { "the canary rank 0 wrote over its send buffer after the send failed" } else { "the message" };
+                        Err(fail(
+                            &w,
+                            format!(
+                                "receive #{k} (of {} elements) returned Ok with {what} (element 0 = {}); expected a named error: rank 0's \
+                                 send of it had already failed (its wait returned the failure), so the message is not delivered",
+                                LENS[k],
+                                t.get_f64(0)
+                            ),
+                        ))
+                    }
+                    Err(e) if e.name() == "timeout" => Err(fail(
+                        &w,
+                        format!(
+                            "receive #{k} (of {} elements) was still pending {FAIL_WITHIN:?} after its wait began, although rank 0's send of it \
+                             had failed: it MUST end in a named error by its op deadline ({OP_TIMEOUT:?} here) ({e})",
+                            LENS[k]
+                        ),
+                    )),
+                    Err(_) => Ok(()),
+                },
+                Err(_) => Ok(()),
+            };
+            if verdict.is_ok() {
+                verdict = r;
+            }
+        }
+        keys.set("other_done", &w)?;
+        verdict?;
+    }
+    Ok(())
+}
