@@ -81,6 +81,7 @@ pub mod bugs_review4;
 pub mod bugs_review5;
 pub mod bugs_review6;
 pub mod bugs_review8;
+pub mod bugs_review11;
 pub mod bugs_risks;
 pub mod bugs_stream;
 pub mod campaign;
@@ -118,7 +119,7 @@ pub mod sweep_bad;
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
-/// backend that no case caught), [`bugs_review6`] and [`bugs_review8`] (blind spots read-only
+/// backend that no case caught), [`bugs_review6`], [`bugs_review8`] and [`bugs_review11`] (blind spots read-only
 /// reviews of the catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
@@ -159,6 +160,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review5::catalogue());
     v.extend(bugs_review6::catalogue());
     v.extend(bugs_review8::catalogue());
+    v.extend(bugs_review11::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_stream::catalogue());
     v
