@@ -535,7 +535,8 @@ pub fn decomposed_all_gather_matmul<B: Backend>(
     scaling: Option<&Scaling>,
 ) -> Result<Work<Gathered<B::Buffer>>> {
     // Recorded under the op the caller called while it runs ([clause: progress.recorded]).
-    let _recorded = crate::progress::record(b.name(), if scaling.is_some() { "fused_all_gather_scaled_matmul" } else { "fused_all_gather_matmul" });
+    let _recorded =
+        crate::progress::record(b.name(), if scaling.is_some() { "fused_all_gather_scaled_matmul" } else { "fused_all_gather_matmul" });
     let ins = input_descs(b, a, bs);
     let d = describe(CallOp::FusedAllGatherMatmul, b.rank(), ins.clone(), None, dim, scaling);
     exchange_and_validate(b, &d)?;
@@ -566,8 +567,10 @@ pub fn decomposed_matmul_reduce_scatter<B: Backend>(
     dim: usize,
     scaling: Option<&Scaling>,
 ) -> Result<Work<B::Buffer>> {
-    let _recorded =
-        crate::progress::record(b.name(), if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { "fused_matmul_reduce_scatter" });
+    let _recorded = crate::progress::record(
+        b.name(),
+        if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { "fused_matmul_reduce_scatter" },
+    );
     let ins = input_descs(b, a, std::slice::from_ref(bm));
     let d = describe(CallOp::FusedMatmulReduceScatter, b.rank(), ins.clone(), Some(op), dim, scaling);
     exchange_and_validate(b, &d)?;

@@ -80,14 +80,7 @@ impl Bug for FusedRendezvousUnbounded {
         self.world.keep(world);
         Ok(world.clone())
     }
-    fn fused_all_gather_matmul(
-        &self,
-        m: &Mutant,
-        a: &Buf,
-        bs: &[Buf],
-        dim: usize,
-        sc: Option<&Scaling>,
-    ) -> Result<Work<Gathered<Buf>>> {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
         self.rendezvous(&m.s)?;
         concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, sc)
     }
@@ -145,7 +138,7 @@ impl Bug for Rank0FailureStaysOnRank0 {
 // ---------------------------------------------------------------- finding 4: no one-rank world
 
 /// Finding 4. A ring builder that needs two ranks: `init` refuses a one-rank world and every
-/// odd size as unsupported ("ring needs 2 ranks"), while declaring `max_world_size` 16. The
+/// odd size as unsupported ("ring needs 2 ranks"), while declaring shm's `max_world_size` (64). The
 /// harness reads the declaration by initialising a one-rank world, which is refused too, so
 /// every refused size stayed UNSUPPORTED. Clause `init.declared_world_sizes`.
 #[derive(Default)]
@@ -183,14 +176,7 @@ fn reorder_chunks(t: &Tensor, d: usize, order: &[usize]) -> Tensor {
 pub struct GroupAgMatmulDim1ByWorldRank;
 
 impl Bug for GroupAgMatmulDim1ByWorldRank {
-    fn fused_all_gather_matmul(
-        &self,
-        m: &Mutant,
-        a: &Buf,
-        bs: &[Buf],
-        dim: usize,
-        sc: Option<&Scaling>,
-    ) -> Result<Work<Gathered<Buf>>> {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
         let w = concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, sc)?;
         if dim == 0 || !m.s.in_subgroup() {
             return Ok(w);
@@ -199,7 +185,8 @@ impl Bug for GroupAgMatmulDim1ByWorldRank {
         let mut order: Vec<usize> = (0..m.s.members.len()).collect();
         order.sort_by_key(|&q| m.s.members[q]);
         let ag = m.upload(&reorder_chunks(&m.download(&ag)?, dim, &order))?;
-        let outs = outs.iter().map(|o| m.download(o).and_then(|t| m.upload(&reorder_chunks(&t, dim, &order)))).collect::<Result<Vec<_>>>()?;
+        let outs =
+            outs.iter().map(|o| m.download(o).and_then(|t| m.upload(&reorder_chunks(&t, dim, &order)))).collect::<Result<Vec<_>>>()?;
         Ok(m.s.done((ag, outs), "fused_all_gather_matmul"))
     }
 }
@@ -214,14 +201,7 @@ impl Bug for GroupAgMatmulDim1ByWorldRank {
 pub struct ScaledAgZipsBScales;
 
 impl Bug for ScaledAgZipsBScales {
-    fn fused_all_gather_matmul(
-        &self,
-        m: &Mutant,
-        a: &Buf,
-        bs: &[Buf],
-        dim: usize,
-        sc: Option<&Scaling>,
-    ) -> Result<Work<Gathered<Buf>>> {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
         let bs = match sc {
             Some(s) if s.b.len() < bs.len() => &bs[..s.b.len()],
             _ => bs,
@@ -237,14 +217,7 @@ impl Bug for ScaledAgZipsBScales {
 pub struct AgMatmulNoBReturnsA;
 
 impl Bug for AgMatmulNoBReturnsA {
-    fn fused_all_gather_matmul(
-        &self,
-        m: &Mutant,
-        a: &Buf,
-        bs: &[Buf],
-        dim: usize,
-        sc: Option<&Scaling>,
-    ) -> Result<Work<Gathered<Buf>>> {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
         if !bs.is_empty() {
             return concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, sc);
         }
@@ -275,7 +248,8 @@ impl Bug for SlotsByArrival {
         }
         let store =
             Store::open(&world.store_path, world.world_size, world.op_timeout).map_err(|e| CollectiveError::Backend(e.to_string()))?;
-        let arrived = store.add(&format!("review11/{}/arrivals", world.world_id), 1).map_err(|e| CollectiveError::Backend(e.to_string()))?;
+        let arrived =
+            store.add(&format!("review11/{}/arrivals", world.world_id), 1).map_err(|e| CollectiveError::Backend(e.to_string()))?;
         let mut w = world.clone();
         w.rank = (arrived as usize).saturating_sub(1) % world.world_size;
         *crate::lock(&self.launcher_rank) = Some(world.rank);
@@ -303,7 +277,7 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<InitRefusesOneRank>(
             "review11_init_refuses_one_rank",
             "init.declared_world_sizes",
-            "init refuses a one-rank world and every odd size as unsupported while declaring max_world_size 16",
+            "init refuses a one-rank world and every odd size as unsupported while declaring max_world_size 64",
             &["caps::init_one_rank_world::ws2"],
         ),
         spec::<GroupAgMatmulDim1ByWorldRank>(

@@ -133,7 +133,8 @@ impl ShmBackend {
         let (ws, me) = (self.world_size(), self.rank());
         let ins = input_descs(self, a, std::slice::from_ref(b));
         let op = CallOp::FusedMatmulReduceScatter;
-        let _recorded = progress::record(&self.comm.label, if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { op.name() });
+        let _recorded =
+            progress::record(&self.comm.label, if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { op.name() });
         exchange_and_validate(self, &describe(op, me, ins.clone(), Some(rop), dim, scaling))?;
         let plan = MatmulRsPlan::new(ws, &ins[0], &ins[1], rop, dim, scaling);
         let out_shape = plan.out_shape();

@@ -88,7 +88,10 @@ fn init_one_rank_world<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         return Ok(());
     }
     let max = ctx.b.capabilities().max_world_size;
-    let w = format!("backend={} op=init variant=- dtype=- world_size=1 rank=0 (declared max_world_size = {max})", crate::case::backend_label(ctx.b));
+    let w = format!(
+        "backend={} op=init variant=- dtype=- world_size=1 rank=0 (declared max_world_size = {max})",
+        crate::case::backend_label(ctx.b)
+    );
     let mut one = ctx.world.clone();
     one.rank = 0;
     one.world_size = 1;

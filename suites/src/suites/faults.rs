@@ -440,7 +440,9 @@ fn absent_fused_case<B: Backend>(ctx: &mut Ctx<'_, B>, op: AbsentFused) -> CaseR
         });
         let t0 = Instant::now();
         let r = match op {
-            AbsentFused::AllGatherMatmul => b.fused_all_gather_matmul(&a, std::slice::from_ref(&bm), 0).and_then(|w| w.wait(ctx.timeout).map(|_| ())),
+            AbsentFused::AllGatherMatmul => {
+                b.fused_all_gather_matmul(&a, std::slice::from_ref(&bm), 0).and_then(|w| w.wait(ctx.timeout).map(|_| ()))
+            }
             AbsentFused::LowContentionAllGather => b.low_contention_all_gather(&a).and_then(|w| w.wait(ctx.timeout).map(|_| ())),
         };
         let took = t0.elapsed();
