@@ -2,7 +2,7 @@
 //! `compare_set` (first writer wins; everyone adopts the stored value).
 
 use concord_store::{Store, StoreError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Publishes `mine` at `<prefix>/<rank>`, reads every rank's value (waiting up to `deadline`),
 /// and proposes that view at `<prefix>/decision` with `compare_set`; returns the stored view
@@ -38,6 +38,30 @@ pub(crate) fn exchange(
     }
     let stored = store.get(&dkey)?;
     decode(&stored, &dkey, store)
+}
+
+/// The self-test hazard `leader_decision`: rank 0 runs [`exchange`]; every other rank publishes
+/// its value and waits for rank 0's decision up to `op_timeout` (the deadline ignored), then,
+/// without one, goes on with a view of its own value alone.
+pub(crate) fn exchange_led(
+    store: &Store,
+    prefix: &str,
+    rank: usize,
+    ws: usize,
+    mine: &str,
+    deadline: Instant,
+    op_timeout: Duration,
+) -> Result<Vec<Option<String>>, StoreError> {
+    if rank == 0 {
+        return exchange(store, prefix, rank, ws, mine, deadline);
+    }
+    let dkey = format!("{prefix}/decision");
+    store.set(&format!("{prefix}/{rank}"), mine.as_bytes())?;
+    match store.wait(&[&dkey], op_timeout) {
+        Ok(()) => decode(&store.get(&dkey)?, &dkey, store),
+        Err(StoreError::Timeout { .. }) => Ok((0..ws).map(|r| (r == rank).then(|| mine.to_string())).collect()),
+        Err(e) => Err(e),
+    }
 }
 
 fn decode(bytes: &[u8], key: &str, store: &Store) -> Result<Vec<Option<String>>, StoreError> {

@@ -276,6 +276,11 @@ pub struct Hazards {
     /// Choices are screened on the fixtures' small integers as they are (not widened to fill
     /// the significand): a lossy choice (f32 through an f16 wire) gives them back exactly.
     pub small_integer_screening: bool,
+    /// A leader-based decision (review11, finding 2): rank 0 gathers every rank's status with the
+    /// deadline and publishes the decision; every other rank publishes its own and waits for
+    /// rank 0's decision with the backend's op timeout, not what is left of the deadline (and,
+    /// if that ends first, goes on alone with its own view).
+    pub leader_decision: bool,
 }
 
 /// Autotuner settings.

@@ -1,7 +1,7 @@
 //! The reference autotuner: the protocol of the crate docs.
 
 use crate::cache::{self, Cache};
-use crate::exchange::{agree, exchange};
+use crate::exchange::{agree, exchange, exchange_led};
 use crate::table::{Outcome, RankStatus, Row, RowStatus, Table};
 use crate::{median, names_hash, Autotuner, Choice, ChoiceCtx, Config, Env, OpInstance, Phase, Policy, Request, TuneError};
 use concord_core::{Backend, CollectiveError, Tensor};
@@ -83,6 +83,23 @@ fn fmt_ranks(v: &[usize]) -> String {
 }
 
 impl Tuner {
+    /// The agreement of one decision ([`exchange`]; under the self-test hazard
+    /// `leader_decision`, the leader-based one).
+    fn exchange<B: Backend>(
+        &self,
+        env: &Env<'_, B>,
+        store: &concord_store::Store,
+        prefix: &str,
+        mine: &str,
+        deadline: Instant,
+    ) -> Result<Vec<Option<String>>, concord_store::StoreError> {
+        let (rank, ws) = (env.b.rank(), env.b.world_size());
+        if self.cfg.hazards.leader_decision {
+            return exchange_led(store, prefix, rank, ws, mine, deadline, env.op_timeout);
+        }
+        exchange(store, prefix, rank, ws, mine, deadline)
+    }
+
     fn run<B: Backend>(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
         let cfg = &self.cfg;
         let start = Instant::now();
@@ -146,7 +163,7 @@ impl Tuner {
                     .map(|(r, p)| PresyncOp { op: r.inst.key(), cands: p.names.clone(), hash: p.hash.clone(), hit: p.hit.clone() })
                     .collect();
                 let mine = serde_json::to_string(&mine).expect("serialisable");
-                let view = exchange(store, &format!("{}/cands", env.tag), rank, ws, &mine, deadline).map_err(store_err)?;
+                let view = self.exchange(env, store, &format!("{}/cands", env.tag), &mine, deadline).map_err(store_err)?;
                 presyncs = 1;
                 presync_time = t.elapsed();
                 let parsed: Vec<Option<Vec<PresyncOp>>> =
@@ -506,7 +523,7 @@ impl Tuner {
         let Some(store) = env.store else {
             return Ok(vec![mine; ws]);
         };
-        let view = exchange(store, prefix, rank, ws, &mine.encode(), deadline).map_err(store_err)?;
+        let view = self.exchange(env, store, prefix, &mine.encode(), deadline).map_err(store_err)?;
         Ok(view.iter().map(|v| RankStatus::decode(v.as_deref())).collect())
     }
 }

@@ -40,7 +40,8 @@
 //!   collective and its sequence number). A collective the backend builds from another (a
 //!   barrier run as a one-element all_reduce, a broadcast as an all_gather) MUST be recorded
 //!   under the op the caller called (beside the op it runs, if it records that too): a rank
-//!   hung in a barrier reports a barrier. [clause: progress.recorded]
+//!   hung in a barrier reports a barrier, one blocked in a fused op (an all_gather and matmuls)
+//!   reports the fused op. [clause: progress.recorded]
 //! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
 //!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
 //!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued
@@ -62,8 +63,8 @@
 //!   order of the backend's own; the harness fails the rank's setup otherwise.
 //!   [clause: init.rank_is_the_launchers]
 //! * `init` MUST NOT refuse (`Unsupported`) a world whose size is within the declared
-//!   [`Capabilities::max_world_size`]: a refused world within it FAILS, naming the declaration.
-//!   [clause: init.declared_world_sizes]
+//!   [`Capabilities::max_world_size`], one rank included (there is no declared minimum): a
+//!   refused world within it FAILS, naming the declaration. [clause: init.declared_world_sizes]
 //! * A backend whose collectives move real values MUST declare [`Capabilities::moves_data`]
 //!   `= true`. `false` (the fake's local stand-ins) skips every value, untouched-input and guard
 //!   check, so a case that skipped one is UNSUPPORTED, never PASSED; the `caps::moves_data`

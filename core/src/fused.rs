@@ -534,6 +534,9 @@ pub fn decomposed_all_gather_matmul<B: Backend>(
     dim: usize,
     scaling: Option<&Scaling>,
 ) -> Result<Work<Gathered<B::Buffer>>> {
+    // Recorded under the op the caller called while it runs ([clause: progress.recorded]).
+    let _recorded =
+        crate::progress::record(b.name(), if scaling.is_some() { "fused_all_gather_scaled_matmul" } else { "fused_all_gather_matmul" });
     let ins = input_descs(b, a, bs);
     let d = describe(CallOp::FusedAllGatherMatmul, b.rank(), ins.clone(), None, dim, scaling);
     exchange_and_validate(b, &d)?;
@@ -564,6 +567,10 @@ pub fn decomposed_matmul_reduce_scatter<B: Backend>(
     dim: usize,
     scaling: Option<&Scaling>,
 ) -> Result<Work<B::Buffer>> {
+    let _recorded = crate::progress::record(
+        b.name(),
+        if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { "fused_matmul_reduce_scatter" },
+    );
     let ins = input_descs(b, a, std::slice::from_ref(bm));
     let d = describe(CallOp::FusedMatmulReduceScatter, b.rank(), ins.clone(), Some(op), dim, scaling);
     exchange_and_validate(b, &d)?;
@@ -583,7 +590,11 @@ pub fn decomposed_low_contention<B: Backend>(b: &B, x: &B::Buffer, op: Option<Re
         None => (CallOp::LowContentionAllGather, descs_of(b, &[x])),
         Some(_) => (CallOp::LowContentionReduceScatter, descs_of(b, &[x])),
     };
+    // Recorded while the call blocks (the validation's exchange); the returned work is the
+    // backend's own all_gather / reduce_scatter, recorded by the backend.
+    let recorded = crate::progress::record(b.name(), call.name());
     exchange_and_validate(b, &describe(call, b.rank(), ins, op, 0, None))?;
+    drop(recorded);
     match op {
         None => b.all_gather_into_tensor(x),
         Some(op) => b.reduce_scatter_tensor(x, op),

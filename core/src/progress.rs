@@ -30,6 +30,33 @@ pub fn end(backend: &str, seq: u64) {
     IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()).remove(&(backend.to_string(), seq));
 }
 
+/// Keys of [`record`]s: a range no backend's sequence numbers reach (shm's point-to-point keys
+/// set bit 63 or 62).
+const RECORD_KEYS: u64 = 1 << 61;
+static NEXT_RECORD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// An op recorded as in flight until the guard is dropped ([`record`]).
+#[must_use = "the op is recorded only while the guard lives"]
+pub struct Recorded {
+    backend: String,
+    key: u64,
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        end(&self.backend, self.key);
+    }
+}
+
+/// Records `op` of `backend` as in flight until the returned guard is dropped, under a key of
+/// its own: for an op built from others (a fused op run as an all_gather and matmuls), recorded
+/// under the op the caller called beside the ops it runs ([clause: progress.recorded]).
+pub fn record(backend: &str, op: &str) -> Recorded {
+    let key = RECORD_KEYS | NEXT_RECORD.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    begin(backend, op, key);
+    Recorded { backend: backend.to_string(), key }
+}
+
 /// A one-line description of what this process is doing, for deadline reports:
 /// `in all_reduce #12 (shm, 5012 ms)` or `idle; last collective all_gather_into_tensor #11 (shm)`.
 pub fn describe() -> String {

@@ -81,7 +81,7 @@ impl Bug for LargeCompletedBeforeCopied {
 // ---------------------------------------------------------------- failure to the successor only
 
 /// The first rank other than `me` a message names (`... on rank 0: rank 1's side ...`).
-fn other_rank(msg: &str, me: usize) -> Option<usize> {
+pub(crate) fn other_rank(msg: &str, me: usize) -> Option<usize> {
     msg.split("rank ").skip(1).filter_map(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()).find(|&r| r != me)
 }
 
@@ -115,9 +115,9 @@ fn successor_only(e: CollectiveError, me: usize, ws: usize) -> CollectiveError {
 }
 
 /// A completion that relays `inner`, its error rewritten by `relabel`.
-struct Relabel<T> {
-    inner: Work<T>,
-    relabel: Box<dyn Fn(CollectiveError) -> CollectiveError + Send + Sync>,
+pub(crate) struct Relabel<T> {
+    pub(crate) inner: Work<T>,
+    pub(crate) relabel: Box<dyn Fn(CollectiveError) -> CollectiveError + Send + Sync>,
 }
 
 impl<T: Send + Sync> Completion for Relabel<T> {

@@ -265,6 +265,10 @@ fn ring_all_gather_matmul(m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, scaling: 
     if ws == 1 {
         return fu::decomposed_all_gather_matmul(m, a, bs, dim, scaling);
     }
+    // Recorded under the op called while it runs, beside its sends / receives (clause
+    // `progress.recorded`; review11: a native fused op blocked on an absent peer must say so).
+    let op = if scaling.is_some() { "fused_all_gather_scaled_matmul" } else { "fused_all_gather_matmul" };
+    let _recorded = concord_core::progress::record(m.name(), op);
     let ins = fu::input_descs(m, a, bs);
     let d = fu::describe(concord_core::CallOp::FusedAllGatherMatmul, me, ins.clone(), None, dim, scaling);
     fu::exchange_and_validate(m, &d)?;

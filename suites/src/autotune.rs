@@ -961,6 +961,28 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         Ok(())
     })
     .stall_bound());
+    v.push(Case::<B>::new("autotune::hazard::rank0_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+        // review11 (finding 2): the same with rank 0 the late one (every other timing hazard's
+        // slow rank is not 0): ranks 1 and 2 decide without it by the deadline and rank 0 adopts
+        // that decision; a leader-based tuner whose followers wait for rank 0's decision with the
+        // op timeout keeps them waiting until rank 0 arrives.
+        let timeout = Duration::from_millis(500);
+        if ctx.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        let reqs = vec![Request::builtin(ar(256))];
+        let (t0, noise) = (Instant::now(), Noise::start());
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        check_live_ranks_in_time(ctx, &o, 0, timeout, t0, &noise)?;
+        check_same_winners(ctx, &o, "late0", " — a rank that arrives after the decision must adopt it")?;
+        let ok = o.missing == [0] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 0") || w.contains("rank 0"));
+        let all = gather(ctx, "missing0", &ok.to_string())?;
+        if let Some(bad) = all.iter().position(|s| s != "true") {
+            return Err(fail(ctx, format!("rank {bad}: rank 0, missing at the pre-sync, must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
+        }
+        Ok(())
+    })
+    .stall_bound());
     v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
         let reqs = vec![req(
             ar(512),
@@ -1307,6 +1329,37 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 1,
                 "never reported",
                 " — a choice timed on the other ranks but never reported by one was kept as timed over the ranks that reported",
+            )?;
+            check_reference(ctx, &o, &reqs, Policy::Max)
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("autotune::hazard::rank0_hangs_after_last_timed_run::ws2", meta("all_reduce"), 2, move |ctx| {
+            // review11 (finding 2): `hang_after_last_timed_run` with rank 0 the one that hangs
+            // (2.5 s past a 1 s deadline): rank 1 ends by the deadline (+ slack) with the choice
+            // inf naming rank 0, not when rank 0 wakes up (a follower waiting for the leader's
+            // decision with the op timeout).
+            let hang = Choice::new("hangs_after_its_runs_on_rank0", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                let out = native(c, x)?;
+                if c.b.rank() == 0 && c.phase == Phase::Timed(2) {
+                    std::thread::sleep(Duration::from_millis(2500));
+                }
+                Ok(out)
+            });
+            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let timeout = Duration::from_secs(1);
+            let (t0, noise) = (Instant::now(), Noise::start());
+            let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+            check_live_ranks_in_time(ctx, &o, 0, timeout, t0, &noise)?;
+            check_same_winners(ctx, &o, "after-runs0", "")?;
+            expect_inf(
+                ctx,
+                &o,
+                "hangs_after_its_runs_on_rank0",
+                0,
+                "never reported",
+                " — a choice timed on the other ranks but never reported by rank 0 was kept as timed over the ranks that reported",
             )?;
             check_reference(ctx, &o, &reqs, Policy::Max)
         })

@@ -135,6 +135,7 @@ pub const CLAUSES: &[Clause] = &[
             "async::peer_never_joins_then_recovers",
             "async::peer_never_joins_op_recorded_in_flight",
             "async::peer_never_joins_op_recorded_in_flight::all_reduce_coalesced",
+            "faults::absent_peer::fused_all_gather_matmul",
         ],
     },
     Clause {
@@ -168,6 +169,8 @@ pub const CLAUSES: &[Clause] = &[
             "device_faults::no_launch",
             "faults::late_sender::",
             "faults::late_receiver::",
+            "faults::absent_peer::fused_all_gather_matmul",
+            "faults::absent_peer::low_contention_all_gather",
         ],
     },
     Clause {
@@ -378,13 +381,13 @@ pub const CLAUSES: &[Clause] = &[
         text: "After init, the communicator's rank and world size are the launcher's (checked at every world's setup, on every rank).",
         // Checked at setup, before any case: every case of every world size checks it; these
         // are the cheapest.
-        cases: &["barrier::out::u8::ws2", "barrier::out::u8::ws16"],
+        cases: &["barrier::out::u8::ws2", "barrier::out::u8::ws16", "caps::init_arrival_order::ws3"],
     },
     Clause {
         id: "init.declared_world_sizes",
         source: BACKEND,
         text: "init does not refuse (Unsupported) a world within the declared max_world_size: such a refusal fails the world's setup.",
-        cases: &["barrier::out::u8::ws3", "barrier::out::u8::ws7", "barrier::out::u8::ws16"],
+        cases: &["barrier::out::u8::ws3", "barrier::out::u8::ws7", "barrier::out::u8::ws16", "caps::init_one_rank_world::ws2"],
     },
     Clause {
         id: "caps.moves_data_declared",
@@ -505,6 +508,8 @@ pub const CLAUSES: &[Clause] = &[
             "fused::bad_input::scaled_invalid_gather_dim",
             "fused::bad_input::scatter_dim_differs",
             "fused::bad_input::b_dtype_differs",
+            "fused::bad_input::b_scales_count",
+            "fused::bad_input::no_b",
         ],
     },
     Clause {

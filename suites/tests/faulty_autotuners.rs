@@ -32,6 +32,9 @@ const UNAGREED_CACHE: u8 = 5;
 const MEAN_OF_RUNS: u8 = 6;
 /// Choices screened on small integers that an f16 wire carries exactly (review-d).
 const SMALL_INTEGERS: u8 = 7;
+/// Leader-based decisions: the followers wait for rank 0's decision with the op timeout, not
+/// what is left of the tuning deadline (review11, finding 2).
+const LEADER_DECISION: u8 = 8;
 
 struct Faulty<const H: u8> {
     inner: Tuner,
@@ -49,6 +52,7 @@ impl<B: Backend, const H: u8> Autotuner<B> for Faulty<H> {
             UNAGREED_CACHE => cfg.hazards.unagreed_cache = true,
             MEAN_OF_RUNS => cfg.hazards.mean_of_runs = true,
             SMALL_INTEGERS => cfg.hazards.small_integer_screening = true,
+            LEADER_DECISION => cfg.hazards.leader_decision = true,
             _ => {}
         }
         Faulty { inner: <Tuner as Autotuner<B>>::new(cfg), declared }
@@ -988,6 +992,8 @@ fn maker(name: &str) -> Option<Make> {
         // The twentieth hunt.
         "rank_local_cost_model" => build::<RankLocalCostModel>,
         "bench_count_from_own_estimate" => build::<BenchCountFromOwnEstimate>,
+        // The eleventh review (helper impl11).
+        "leader_decision" => build::<Faulty<LEADER_DECISION>>,
         _ => return None,
     })
 }
@@ -1164,6 +1170,13 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::lossy_but_exact_on_integers::ws2"],
             &["does not hold choice `f16_wire` inf", "screening inputs must fill the significand", "rank="],
         ),
+        // The eleventh review (helper impl11): a leader-based decision whose followers wait for
+        // rank 0 with the op timeout (survived the survey before the rank-0 cases were written).
+        (
+            e("leader_decision"),
+            &["autotune::hazard::rank0_missing_at_presync::ws3"],
+            &["while rank 0 was slow", "a wait without the deadline"],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
@@ -1214,6 +1227,7 @@ const ALL: &[&str] = &[
     "screens_small_integers",
     "cache_ignores_shape",
     "cache_ignores_policy",
+    "leader_decision",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a

@@ -23,7 +23,7 @@ use crate::{ShmBackend, ShmBuffer};
 use concord_core::fused::{
     describe, exchange_and_validate, gather_row_scales, input_descs, AgMatmulPlan, MatmulRsPlan, DECOMPOSITION_WAIT,
 };
-use concord_core::{Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
+use concord_core::{progress, Backend, CallOp, ReduceOp, Result, Scaling, Tensor, Work};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The smallest `a` (bytes, per rank) that `auto` pipelines: below it the pipeline's extra
@@ -84,6 +84,8 @@ impl ShmBackend {
         let (ws, me) = (self.world_size(), self.rank());
         let ins = input_descs(self, a, bs);
         let op = CallOp::FusedAllGatherMatmul;
+        // Recorded under the op called, beside the sends / receives it runs ([clause: progress.recorded]).
+        let _recorded = progress::record(&self.comm.label, if scaling.is_some() { "fused_all_gather_scaled_matmul" } else { op.name() });
         exchange_and_validate(self, &describe(op, me, ins.clone(), None, dim, scaling))?;
         let a_scales = scaling.map(|s| gather_row_scales(self, &s.a)).transpose()?;
         let plan = AgMatmulPlan::new(ws, &ins[0], &ins[1..], dim, scaling);
@@ -131,6 +133,8 @@ impl ShmBackend {
         let (ws, me) = (self.world_size(), self.rank());
         let ins = input_descs(self, a, std::slice::from_ref(b));
         let op = CallOp::FusedMatmulReduceScatter;
+        let _recorded =
+            progress::record(&self.comm.label, if scaling.is_some() { "fused_scaled_matmul_reduce_scatter" } else { op.name() });
         exchange_and_validate(self, &describe(op, me, ins.clone(), Some(rop), dim, scaling))?;
         let plan = MatmulRsPlan::new(ws, &ins[0], &ins[1], rop, dim, scaling);
         let out_shape = plan.out_shape();

@@ -64,7 +64,100 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in WS {
         v.push(subgroups_case::<B>(ws));
     }
+    // review11 (helper impl11): init itself.
+    let init_meta = || CaseMeta { suite: "caps".into(), op: "init".into(), variant: "-".into(), dtype: "-".into(), reduce: "-".into() };
+    v.push(Case::new("caps::init_one_rank_world::ws2", init_meta(), 2, init_one_rank_world));
+    let mut meta = init_meta();
+    (meta.op, meta.variant, meta.dtype) = ("all_gather_into_tensor".into(), "out".into(), "f32".into());
+    v.push(Case::new("caps::init_arrival_order::ws3", meta, 3, init_arrival_order));
     v
+}
+
+/// `caps::init_one_rank_world::ws2` (review11, finding 4): on a healthy world, rank 0 reads the
+/// declared `max_world_size` and initialises a fresh one-rank world (the way the runner reads
+/// the declaration of a refused world). A one-rank world is within every declaration
+/// (`max_world_size` >= 1 and the contract declares no minimum): `init` MUST NOT refuse it
+/// ([clause: init.declared_world_sizes]). Without this case, a backend refusing one rank (and
+/// with it the runner's probe of the declaration) had every refused world size UNSUPPORTED.
+fn init_one_rank_world<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let path = ctx.world.store_path.to_string_lossy().into_owned();
+    if path.starts_with("tcp://") {
+        return Err(CaseEnd::Unsupported("a one-rank world needs a store of its own: a file store, not tcp://".into()));
+    }
+    if ctx.rank() != 0 {
+        return Ok(());
+    }
+    let max = ctx.b.capabilities().max_world_size;
+    let w = format!(
+        "backend={} op=init variant=- dtype=- world_size=1 rank=0 (declared max_world_size = {max})",
+        crate::case::backend_label(ctx.b)
+    );
+    let mut one = ctx.world.clone();
+    one.rank = 0;
+    one.world_size = 1;
+    one.world_id = format!("{}-one", ctx.world.world_id);
+    one.store_path = std::path::PathBuf::from(format!("{path}.one"));
+    one.options.retain(|(k, _)| k != concord_core::fault::OPTION);
+    let r = B::init(&one).map(|b| b.world_size());
+    let _ = std::fs::remove_file(&one.store_path);
+    match r {
+        Ok(1) => Ok(()),
+        Ok(n) => Err(fail(&w, format!("init of a one-rank world returned a communicator of world_size {n}"))),
+        Err(e) if max >= 1 => Err(fail(
+            &w,
+            format!(
+                "init refused a one-rank world ({e} [{}]), but the backend declares max_world_size = {max}: every world size up to the \
+                 declared maximum MUST initialise, one rank included (init.declared_world_sizes)",
+                e.name()
+            ),
+        )),
+        Err(e) => Err(fail(&w, format!("init of a one-rank world failed ({e}) and max_world_size = {max} declares no world at all"))),
+    }
+}
+
+/// `caps::init_arrival_order::ws3` (review11, the weaker finding): a fresh 3-rank communicator
+/// whose ranks reach `init` in reverse order (rank r sleeps (2 - r) x 20 ms after a store
+/// barrier), then an all_gather of rank-distinct values: rank r's value MUST be at slot r on
+/// every rank. The runner spawns ranks 0..N in order, so a backend that numbers its slots by
+/// arrival order at init passed by scheduling luck ([clause: init.rank_is_the_launchers]).
+fn init_arrival_order<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    if !ctx.b.capabilities().moves_data {
+        return Err(CaseEnd::Unsupported("the backend moves no data".into()));
+    }
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut world = ctx.world.clone();
+    world.world_id = format!("{}-arrive{}", ctx.world.world_id, N.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+    world.options.retain(|(k, _)| k != concord_core::fault::OPTION);
+    let (me, ws) = (ctx.rank(), ctx.world_size());
+    let w = format!("backend={} op=all_gather_into_tensor variant=out dtype=f32 world_size={ws} rank={me} (a fresh communicator whose ranks reached init in reverse order)", crate::case::backend_label(ctx.b));
+    let key = |r: usize| format!("caps/{}/start{r}", world.world_id);
+    ctx.store.set(&key(me), b"1").map_err(|e| fail(&w, format!("store: {e}")))?;
+    let keys: Vec<String> = (0..ws).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ctx.store.wait(&refs, ctx.timeout).map_err(|e| fail(&w, format!("the ranks never all started the case: {e}")))?;
+    std::thread::sleep(std::time::Duration::from_millis(20 * (ws - 1 - me) as u64));
+    let b = B::init(&world).map_err(|e| fail(&w, format!("init of the case's communicator: {e}")))?;
+    if b.rank() != me {
+        return Err(fail(&w, format!("init returned rank {} for the launcher's rank {me} (init.rank_is_the_launchers)", b.rank())));
+    }
+    let x = b.upload(&full(&[2], (me + 1) as f32 * 10.0))?;
+    let got = b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("all_gather_into_tensor: {e}")))?;
+    let got = b.download(&got)?;
+    for i in 0..got.numel() {
+        let want = ((i / 2) + 1) as f64 * 10.0;
+        if got.get_f64(i) != want {
+            return Err(fail(
+                &w,
+                format!(
+                    "first bad index {i}: got {} expected {want} (rank {}'s value): the slots follow the order the ranks reached init \
+                     (rank 2 first), not the launcher's ranks (init.rank_is_the_launchers)",
+                    got.get_f64(i),
+                    i / 2
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `caps::subgroups::ws<N>`: the declaration [`Capabilities::subgroups`] against `new_group`

@@ -362,7 +362,118 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("faults::new_group_after_mismatch::ws2", meta("new_group", "out"), 2, group_mismatch_case));
     v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case).stall_bound());
     v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case).stall_bound());
+    // review11 (helper impl11): rank 0's own local failure (every other fail_after_post case
+    // fails rank 1): a backend brokering errors through rank 0 returns it on rank 0 alone.
+    v.push(Case::<B>::new("faults::fail_after_post::in_place::victim0::ws3", meta("all_reduce_", "inplace"), 3, |ctx| {
+        victim_case(ctx, 0, true, VictimOp::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 0, 2)))
+    }));
+    // review11: a fused op whose peer never calls it (no fused op had met a missing peer).
+    for op in [AbsentFused::AllGatherMatmul, AbsentFused::LowContentionAllGather] {
+        v.push(
+            Case::<B>::new(format!("faults::absent_peer::{}::ws2", op.name()), meta(op.name(), "out"), 2, move |ctx| {
+                absent_fused_case(ctx, op)
+            })
+            .stall_bound(),
+        );
+    }
     v
+}
+
+/// The fused ops [`absent_fused_case`] issues.
+#[derive(Clone, Copy)]
+enum AbsentFused {
+    AllGatherMatmul,
+    LowContentionAllGather,
+}
+
+impl AbsentFused {
+    fn name(self) -> &'static str {
+        match self {
+            AbsentFused::AllGatherMatmul => "fused_all_gather_matmul",
+            AbsentFused::LowContentionAllGather => "low_contention_all_gather",
+        }
+    }
+}
+
+/// How far past the communicator's op deadline ([`OP_TIMEOUT`]) a fused op whose peer is absent
+/// may end: the abort's bound, with room for a loaded machine.
+const ABSENT_BOUND: Duration = Duration::from_millis(2000);
+
+/// `faults::absent_peer::{fused_all_gather_matmul,low_contention_all_gather}::ws2` (review11,
+/// finding 1): on a fresh communicator (op deadline [`OP_TIMEOUT`]), after one healthy
+/// all_reduce, rank 0 calls the fused op and rank 1 never does. Rank 0's call (issue and wait
+/// together: a fused op may block in either) MUST end in a named error within the op deadline
+/// plus [`ABSENT_BOUND`], never `Ok` ([clause: faults.absent_peer_bounded]); and while it is
+/// blocked, the progress record MUST name the fused op the caller called, not only the
+/// all_gather / send / receive it runs ([clause: progress.recorded]): a native implementation
+/// spinning on its peers' shards with no deadline, or one that records nothing, fails here.
+fn absent_fused_case<B: Backend>(ctx: &mut Ctx<'_, B>, op: AbsentFused) -> CaseResult {
+    // A backend moving no data (the fake's local stand-ins) never waits for a peer.
+    needs(ctx.b, &[], true)?;
+    let red = vehicle(ctx.b, &[Variant::Out])?;
+    let (b, id) = sub_world(ctx, None)?;
+    let keys = Keys { ctx, id };
+    let w = format!("{} (rank 1 never calls it; op deadline {OP_TIMEOUT:?})", here(&b, op.name(), "out", DType::F32));
+    let me = b.rank();
+    let x = b.upload(&full(&[4], (me + 1) as f32))?;
+    b.all_reduce(&x, red)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    if me != 0 {
+        // Absent: never calls the fused op; keeps its communicator until rank 0 is done.
+        return keys.wait("absent_done", &w);
+    }
+    let a = b.upload(&full(&[2, 4], 1.0f32))?;
+    let bm = b.upload(&full(&[4, 3], 1.0f32))?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::sync::Mutex::new(Vec::<String>::new());
+    let (r, took) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                for f in concord_core::progress::in_flight() {
+                    if !seen.contains(&f.op) {
+                        seen.push(f.op);
+                    }
+                }
+                drop(seen);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let t0 = Instant::now();
+        let r = match op {
+            AbsentFused::AllGatherMatmul => {
+                b.fused_all_gather_matmul(&a, std::slice::from_ref(&bm), 0).and_then(|w| w.wait(ctx.timeout).map(|_| ()))
+            }
+            AbsentFused::LowContentionAllGather => b.low_contention_all_gather(&a).and_then(|w| w.wait(ctx.timeout).map(|_| ())),
+        };
+        let took = t0.elapsed();
+        stop.store(true, Ordering::SeqCst);
+        (r, took)
+    });
+    keys.set("absent_done", &w)?;
+    let e = must_fail(r, &w, "rank 1 never called it")?;
+    if took > OP_TIMEOUT + ABSENT_BOUND {
+        return Err(fail(
+            &w,
+            format!(
+                "the call ended {took:?} after it was made ({e} [{}]), past the op deadline {OP_TIMEOUT:?} + {ABSENT_BOUND:?}: a fused op \
+                 waiting for an absent peer's shard MUST end within its deadline plus the abort's bound (faults.absent_peer_bounded)",
+                e.name()
+            ),
+        ));
+    }
+    let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !seen.iter().any(|o| o == op.name()) {
+        return Err(fail(
+            &w,
+            format!(
+                "while this rank was blocked in {} for {took:?} (it ended in {e}), the progress record never named it: it held {} \
+                 (progress.recorded: an op built from others is recorded under the op the caller called)",
+                op.name(),
+                if seen.is_empty() { "nothing".to_string() } else { seen.join(", ") }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn panic_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {

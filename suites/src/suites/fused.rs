@@ -638,6 +638,55 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
     })
 }
 
+/// The fused ops on subgroups off dim 0 (review11, finding 7: the group grids ran gather /
+/// scatter dim 0 unscaled only): `fused::all_gather_matmul::dim1::f32::group_grid::ws7` (a
+/// `[2, 1, 2]` shard gathered along dim 1, one B of 1 and one of 16 columns) and
+/// `fused::scaled_matmul_reduce_scatter::dim1::f32::sum::group_grid::ws7` (the scaled
+/// reduce-scatter along dim 1, per-column B scales), on every group of `sizes::GROUP_LAYOUTS`,
+/// checked against the oracle for the GROUP's ranks: shards sized or placed by the world's size
+/// or rank on the movedim path are wrong on the groups whose members are not in world order.
+fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
+    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    let ws = GROUP_GRID_WS;
+    let name = if ag {
+        format!("fused::all_gather_matmul::dim1::f32::group_grid::ws{ws}")
+    } else {
+        format!("fused::scaled_matmul_reduce_scatter::dim1::f32::sum::group_grid::ws{ws}")
+    };
+    let seed = concord_fixtures::seed_for(&name);
+    let spec_for = move |n: usize| {
+        if ag {
+            ag_spec(1, DType::F32, vec![2, 1, 2], vec![vec![2, 1], vec![2, 16]], true)
+        } else {
+            let scaling = Scaling {
+                a: Scale::Tensor(0.5),
+                b: vec![Scale::Rows((0..2 * n).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                out_dtype: DType::F32,
+            };
+            FusedSpec {
+                call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 1, scaling: Some(scaling) },
+                a_shape: vec![2, 2 * n, 4],
+                b_shapes: vec![vec![4, 2 * n]],
+                ..rs_spec(ReduceOp::Sum, 1, DType::F32, n, true)
+            }
+        }
+    };
+    let m = meta(&spec_for(2));
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            let mine = ctx.layout(groups)?;
+            for (g, sub) in &mine {
+                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// One fused call on the subgroup `sub` (members `g`, of layout `lay`), checked against the
 /// oracle for the GROUP's ranks (`world`: this rank's world rank and the world size).
 fn on_group<B: Backend>(
@@ -775,6 +824,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for rs in [false, true] {
         out.push(lc_group_grid_case(rs));
+    }
+    for ag in [true, false] {
+        out.push(group_dim1_case(ag));
     }
     out.push(late_peer_case("fused::all_gather_matmul::dim0::f32::late_peer::ws3".to_string(), grid_spec(true, "small", 3), 3));
     let lc = lc_spec(DType::F32);
@@ -1013,6 +1065,14 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
             },
         ),
     ];
+    // review11 (finding 8): rule-table entries no case reached. F8: fewer B scales than Bs (a
+    // backend zipping Bs with their scales returns fewer products), and a B's column scales
+    // that are not its column count; "at least one B" (PyTorch's fallback returns (A, []));
+    // F6: a non-float output dtype; F5: a 0-dim input to a low-contention op. At 2 ranks only
+    // (each rule is local, or needs just one other rank; the CI budget).
+    if ws == 2 {
+        review11_bad_specs(&mut v, ws);
+    }
     // The scaled variant validates its gather dim like the unscaled one ("Invalid gather_dim").
     v.push((
         "scaled_invalid_gather_dim".into(),
@@ -1060,6 +1120,47 @@ pub fn bad_specs(ws: usize) -> Vec<(String, FusedSpec)> {
         v.push(("a_shape_differs".into(), odd));
     }
     v
+}
+
+/// review11's bad-input entries (finding 8), see [`bad_specs`].
+fn review11_bad_specs(v: &mut Vec<(String, FusedSpec)>, ws: usize) {
+    let f32s = |dim, a: Vec<usize>, b: Vec<Vec<usize>>| ag_spec(dim, DType::F32, a, b, true);
+    let scaled = |b: Vec<Scale>, out_dtype: DType| FusedCall::AllGatherMatmul {
+        dim: 0,
+        scaling: Some(Scaling { a: Scale::Tensor(0.5), b, out_dtype }),
+    };
+    v.push((
+        "b_scales_count".into(),
+        FusedSpec { call: scaled(vec![Scale::Tensor(2.0)], DType::F32), ..f32s(0, vec![4, 8], vec![vec![8, 4], vec![8, 4]]) },
+    ));
+    v.push((
+        "b_scale_columns".into(),
+        FusedSpec { call: scaled(vec![Scale::Rows(vec![1.0; 3])], DType::F32), ..f32s(0, vec![4, 8], vec![vec![8, 4]]) },
+    ));
+    v.push(("no_b".into(), f32s(0, vec![4, 8], vec![])));
+    v.push((
+        "int_out_dtype".into(),
+        FusedSpec { call: scaled(vec![Scale::Tensor(2.0)], DType::I32), ..f32s(0, vec![4, 8], vec![vec![8, 4]]) },
+    ));
+    v.push((
+        "low_contention_zero_dim".into(),
+        FusedSpec {
+            call: FusedCall::LowContentionAllGather,
+            dtype: DType::F32,
+            a_shape: vec![],
+            b_shapes: vec![],
+            row_scales: false,
+            exact: true,
+            odd_rank: None,
+            b_dtype: None,
+        },
+    ));
+    if ws > 1 {
+        // Scale kinds that differ across ranks (the last rank's B scales per column).
+        let base = FusedSpec { call: scaled(vec![Scale::Tensor(2.0)], DType::F32), ..f32s(0, vec![4, 8], vec![vec![8, 4]]) };
+        let odd = FusedSpec { odd_rank: Some((ws - 1, vec![4, 8], scaled(vec![Scale::Rows(vec![1.0; 4])], DType::F32))), ..base };
+        v.push(("scale_kind_differs_on_last_rank".into(), odd));
+    }
 }
 
 /// The kind a bad-input case expects (for the contract map's text and the self-test).
