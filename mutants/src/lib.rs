@@ -82,6 +82,7 @@ pub mod bugs_review5;
 pub mod bugs_review6;
 pub mod bugs_review8;
 pub mod bugs_risks;
+pub mod bugs_shmfail;
 pub mod bugs_stream;
 pub mod campaign;
 pub mod coverage;
@@ -120,7 +121,8 @@ pub mod sweep_bad;
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
 /// backend that no case caught), [`bugs_review6`] and [`bugs_review8`] (blind spots read-only
 /// reviews of the catalogue pointed at); [`bugs_risks`] (the legal variants' open risks: declarations
-/// the suites trusted too far);
+/// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
+/// bug shm had until helper shmfail);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type).
 pub fn catalogue() -> Vec<campaign::Spec> {
@@ -160,6 +162,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review6::catalogue());
     v.extend(bugs_review8::catalogue());
     v.extend(bugs_risks::catalogue());
+    v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_stream::catalogue());
     v
 }

@@ -21,9 +21,9 @@
 //!   of a broadcast (rank 0 only receives); `::all_to_all::ws2`: the same with an
 //!   all_to_all_single (open-mpi/ompi #8916); `::in_place::ws4`: at 4 ranks, where rank 3 is
 //!   no ring neighbour of rank 1. A local failure is a named error on every rank, never a
-//!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`); the peers' error
-//!   does not claim a timeout or a dead peer, the failing rank's names its local cause (the
-//!   injected fault), and THE WORLD STAYS USABLE: once every rank has seen the failure, an
+//!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`); no rank's error
+//!   is a `peer_died` or claims in its text a timeout or a dead peer (the failing rank's names
+//!   its local cause), and THE WORLD STAYS USABLE: once every rank has seen the failure, an
 //!   all_reduce (rank `r` holding `r + 1`) and a broadcast from a rank that did not fail run on
 //!   the same communicator, their values checked on every rank (a backend that poisons the
 //!   communicator after any failure fails there).
@@ -320,6 +320,15 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         }
         not_a_timeout(&e, "this rank's")?;
         if local_failure {
+            if e.name() == "peer_died" {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "this rank's op ended in {e} [{}]: rank {victim}'s op failed locally after it was posted, and no rank died",
+                        e.name()
+                    ),
+                ));
+            }
             if let Some(claim) = claims_timeout_or_death(&e) {
                 return Err(fail(
                     &w,
@@ -336,8 +345,10 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     Ok(())
 }
 
-/// Words by which an error claims a timeout or a dead peer (lower case).
-const TIMEOUT_OR_DEATH: [&str; 5] = ["timeout", "timed out", "dead peer", "died", "deadline"];
+/// Phrases by which an error's text claims a timeout or a dead peer (lower case). Errors are
+/// named by their kind (`legal3_terse_errors` says little more); the text is held only to not
+/// claim what did not happen.
+const TIMEOUT_OR_DEATH: [&str; 5] = ["timed out", "after a timeout", "dead peer", "peer died", " died"];
 
 /// The first of [`TIMEOUT_OR_DEATH`] that `e`'s text holds.
 fn claims_timeout_or_death(e: &CollectiveError) -> Option<&'static str> {
@@ -345,27 +356,25 @@ fn claims_timeout_or_death(e: &CollectiveError) -> Option<&'static str> {
     TIMEOUT_OR_DEATH.into_iter().find(|w| text.contains(w))
 }
 
-/// The failing rank's own error names its local cause (the injected fault: its point or the word
-/// "inject"), not a timeout or a dead peer.
+/// The failing rank's own error names its local cause: not a dead peer (a timeout or bad input
+/// were refused before), and its text claims no timeout or dead peer.
 fn local_cause_named(e: &CollectiveError, w: &str, victim: usize) -> CaseResult {
-    let text = e.to_string().to_lowercase();
+    if e.name() == "peer_died" {
+        return Err(fail(
+            w,
+            format!(
+                "rank {victim}'s own op failed locally (the injected fault), yet its error is {e} [{}]: the failing rank's error \
+                 names its local cause, not a dead peer",
+                e.name()
+            ),
+        ));
+    }
     if let Some(claim) = claims_timeout_or_death(e) {
         return Err(fail(
             w,
             format!(
                 "rank {victim}'s own op failed locally (the injected fault), yet its error {e} [{}] says `{claim}`: the failing rank's \
                  error names its local cause",
-                e.name()
-            ),
-        ));
-    }
-    if !text.contains("inject") && !text.contains(point::AFTER_POST) {
-        return Err(fail(
-            w,
-            format!(
-                "rank {victim}'s own op failed locally (the fault injected at `{}`), yet its error {e} [{}] names neither the \
-                 injected fault nor its point: the failing rank's error names its local cause",
-                point::AFTER_POST,
                 e.name()
             ),
         ));
