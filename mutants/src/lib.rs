@@ -85,6 +85,7 @@ pub mod bugs_review5;
 pub mod bugs_review6;
 pub mod bugs_review8;
 pub mod bugs_risks;
+pub mod bugs_shmfail;
 pub mod bugs_stream;
 pub mod campaign;
 pub mod coverage;
@@ -124,7 +125,8 @@ pub mod sweep_bad;
 /// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`] and [`bugs_review11`] (blind spots read-only
 /// reviews of the catalogue pointed at); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
 /// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
-/// the suites trusted too far);
+/// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
+/// bug shm had until helper shmfail);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type).
 pub fn catalogue() -> Vec<campaign::Spec> {
@@ -167,6 +169,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_p2pfail::catalogue());
     v.extend(bugs_review11::catalogue());
     v.extend(bugs_risks::catalogue());
+    v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_stream::catalogue());
     v
 }

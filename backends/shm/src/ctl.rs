@@ -2,13 +2,15 @@
 //!
 //! Layout (all offsets in bytes):
 //! * header (256): magic `u64` @0, world size `u64` @8, `abort_by` `u32` @16 (0, or 1 + the
-//!   rank that poisoned the communicator after a timeout or a dead peer).
+//!   rank that poisoned the communicator: [`POISON_CAUSES`]; never after a local failure).
 //! * one 128-byte slot per rank: `counter` @0 (the rank's barrier step, a futex word),
 //!   `waiters` @4, `pid` @8 (for messages only), `gone` @12 (set when the rank's backend is
 //!   dropped, after its progress thread was joined), `post_off` `u64` @16 and `post_len` `u64`
 //!   @24 (where in the rank's arena its current post lies), `open` @32 (the token of the op
-//!   whose post and buffers peers may touch, 0 = closed) and `touching` `u64` @40 (bit `p`: rank
-//!   `p` is touching this rank's post or buffers right now).
+//!   whose post and buffers peers may touch, 0 = closed), `touching` `u64` @40 (bit `p`: rank
+//!   `p` is touching this rank's post or buffers right now) and `failed` `[u32; 4]` @48 (the
+//!   tokens of the last ops whose side failed *locally* on this rank, slot `token % 4`: see
+//!   "Local failures" below).
 //! * liveness: each rank holds an open-file-description lock on byte `rank` of the segment
 //!   (taken before it publishes its pid); a peer that published its pid and holds no lock is
 //!   dead — whatever its pid names now (pid reuse) and whatever pid namespace it ran in.
@@ -31,6 +33,17 @@
 //! waits until no live peer's bit is set in its `touching` word. Both sides use SeqCst, so either
 //! the claimer sees the close (and backs off) or the closer sees the claim (and waits for its
 //! release): once `close` returns, no peer touches the op's memory again.
+//!
+//! **Local failures** (`faults.local_failure_named_everywhere`): a rank whose side of an op fails
+//! on its own (an injected `fail`, a post it cannot allocate) does not poison the communicator.
+//! It marks the op failed (`failed[token % 4] = token`) *before* it publishes the op's last
+//! step, closes, and keeps stepping: it publishes that last step at once and waits for its peers
+//! to reach it before its next op posts. A peer looks at the marks after the op's first barrier,
+//! when a claim finds the failed rank closed, and after the op's last barrier (the mark precedes
+//! the failed rank's publication of it): whichever look sees it, the peer moves no more data,
+//! passes the last barrier and ends the op with a named error; every rank goes on in step. A
+//! mark is overwritten only four tokens later, by an op the failed rank can post only once every
+//! peer has finished this one (and looked).
 
 use crate::sys::{self, Mapping};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -45,6 +58,9 @@ pub const V_CLAIMED: u32 = u32::MAX;
 /// Verdict word of a ring entry: the sender withdrew the message (its send failed).
 pub const V_WITHDRAWN: u32 = u32::MAX - 1;
 const ENTRY: usize = 32;
+/// What poisons a communicator (its peers' error says so; a local failure does not poison).
+pub const POISON_CAUSES: &str =
+    "a timeout or a dead peer seen there, a panic there, or an op that failed there out of step with its peers: that rank's own error names it";
 const PAIR: usize = 64 + RING as usize * ENTRY;
 const SLICE: Duration = Duration::from_millis(20);
 /// Spinning on the word (when the ranks fit on the CPUs), then yielding the CPU between looks
@@ -125,6 +141,25 @@ impl Ctl {
     }
     fn touching(&self, r: usize) -> &AtomicU64 {
         self.map.u64_at(self.slot(r) + 40)
+    }
+    fn failed_word(&self, r: usize, token: u32) -> &AtomicU32 {
+        self.map.u32_at(self.slot(r) + 48 + 4 * (token % 4) as usize)
+    }
+
+    /// Marks this rank's side of op `token` failed locally (see "Local failures"): before the
+    /// op's last step is published.
+    pub fn mark_failed(&self, token: u32) {
+        self.failed_word(self.me, token).store(token, SeqCst);
+    }
+
+    /// The first other rank whose side of op `token` failed locally.
+    pub fn failed_peer(&self, token: u32) -> Option<usize> {
+        (0..self.n).find(|&r| r != self.me && self.failed_word(r, token).load(SeqCst) == token)
+    }
+
+    /// Whether rank `r`'s side of op `token` failed locally.
+    pub fn failed(&self, r: usize, token: u32) -> bool {
+        self.failed_word(r, token).load(SeqCst) == token
     }
 
     /// Joins: takes this rank's liveness lock, then publishes its pid.
@@ -209,7 +244,7 @@ impl Ctl {
     pub fn peer_state(&self, peer: usize) -> Result<(), WaitErr> {
         let ab = self.abort_by().load(SeqCst);
         if ab != 0 && ab != self.me as u32 + 1 {
-            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
+            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator ({POISON_CAUSES})", ab - 1)));
         }
         if self.gone(peer).load(SeqCst) != 0 {
             return Err(WaitErr::Dead { peer, detail: "its backend was dropped (it left the communicator)".into() });
@@ -221,7 +256,7 @@ impl Ctl {
     pub fn check_abort(&self) -> Result<(), WaitErr> {
         let ab = self.abort_by().load(SeqCst);
         if ab != 0 && ab != self.me as u32 + 1 {
-            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
+            return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator ({POISON_CAUSES})", ab - 1)));
         }
         Ok(())
     }
@@ -332,7 +367,7 @@ impl Ctl {
             }
             let ab = self.abort_by().load(SeqCst);
             if ab != 0 && ab != self.me as u32 + 1 {
-                return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator after a timeout or a dead peer", ab - 1)));
+                return Err(WaitErr::Aborted(format!("rank {} poisoned the communicator ({POISON_CAUSES})", ab - 1)));
             }
             let now = Instant::now();
             if last_check.is_none_or(|t| now.duration_since(t) >= SLICE) {

@@ -324,6 +324,48 @@ pub struct Progress {
     inline_by: Option<Instant>,
     /// A close an inline caller could not finish by its wait's deadline.
     closing: Option<Closing>,
+    /// The last step of an op whose side failed locally on this rank, which its peers have not
+    /// all reached yet ([`Behind`]): the next collective waits for them before it posts.
+    behind: Option<Behind>,
+    /// Set by a collective that failed with every rank still in step (a peer's local failure):
+    /// [`Progress::guard`] does not poison for it.
+    in_step: bool,
+}
+
+/// An op whose side failed locally on this rank (see `ctl`, "Local failures"): the rank marked
+/// it failed and published its last step at once; until every peer has reached that step a peer
+/// may still read this rank's post, so its block is kept (and quarantined if the wait is never
+/// done: a dropped backend, a peer that never comes).
+struct Behind {
+    step: u32,
+    blk: Option<crate::arena::Block>,
+    name: String,
+    seq: u64,
+}
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        if let Some(b) = &self.blk {
+            b.quarantine();
+        }
+    }
+}
+
+/// How the part of a collective after its post ended, when not `Ok`.
+enum Ended {
+    /// Every rank ends the op with an error and stays in step (bad input, a peer's local
+    /// failure), past the op's last barrier: nobody touches this rank's memory any more.
+    InStep(CollectiveError),
+    /// This rank's own side failed locally (an injected `fail`) before the op's last barrier.
+    Local(CollectiveError),
+    /// Anything else (a timeout, a dead peer, an abort, a corrupt post): poisons.
+    Broken(CollectiveError),
+}
+
+impl From<CollectiveError> for Ended {
+    fn from(e: CollectiveError) -> Ended {
+        Ended::Broken(e)
+    }
 }
 
 /// The engine: the progress state behind a lock that the progress thread holds, or a caller
@@ -428,6 +470,8 @@ impl Progress {
             stash: VecDeque::new(),
             inline_by: None,
             closing: None,
+            behind: None,
+            in_step: false,
         }
     }
 
@@ -452,12 +496,12 @@ impl Progress {
     /// issued behind a collective that waits for a peer which itself waits in a receive of that
     /// send (rank 0 `all_reduce; isend(1)`, rank 1 `irecv(0); wait; all_reduce`) must go, or
     /// both ranks time out. Collectives issued meanwhile wait in `stash`, in order.
-    fn arrive(&mut self, deadline: Instant) -> std::result::Result<(), WaitErr> {
+    fn arrive(&mut self, step: u32, deadline: Instant) -> std::result::Result<(), WaitErr> {
         let comm = self.comm.clone();
         let since = Instant::now();
         loop {
             let slice = (Instant::now() + ARRIVE_SLICE).min(deadline);
-            match comm.ctl.wait_all(self.step, since, slice, &comm.abort) {
+            match comm.ctl.wait_all(step, since, slice, &comm.abort) {
                 Err(WaitErr::Timeout { .. }) if Instant::now() < deadline => {
                     while let Some(Ok(job)) = self.rx.as_ref().map(|rx| rx.try_recv()) {
                         if let Some(coll) = self.enqueue_p2p(job) {
@@ -684,8 +728,9 @@ impl Progress {
         None
     }
 
-    /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer / abort, and on a
-    /// panic inside `f`, which becomes a named error (issue 15 item 10: a panic used to end the
+    /// Runs `f` unless poisoned or aborted; poisons on timeout / dead peer / abort (not on an
+    /// abort that left every rank in step: a peer's local failure, `in_step`), and on
+    /// a panic inside `f`, which becomes a named error (issue 15 item 10: a panic used to end the
     /// thread silently, and every wait timed out). Memory an op had posted is closed and
     /// quarantined by `Posted` while the panic unwinds.
     fn guard(&mut self, op: &str, seq: u64, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
@@ -715,8 +760,9 @@ impl Progress {
                 return Err(e);
             }
         };
+        let in_step = std::mem::take(&mut self.in_step);
         if let Err(e) = &r {
-            if matches!(e, CollectiveError::Timeout { .. } | CollectiveError::PeerDied { .. } | CollectiveError::Aborted(_)) {
+            if !in_step && matches!(e, CollectiveError::Timeout { .. } | CollectiveError::PeerDied { .. } | CollectiveError::Aborted(_)) {
                 self.poisoned = Some(e.to_string());
                 self.comm.ctl.poison();
             }
@@ -744,12 +790,31 @@ impl Progress {
         let seq = post.call.seq;
         let comm = self.comm.clone();
         let me = comm.me;
+        // A new_group takes three steps (and numbers the group): its local failures still poison.
+        let steps_on = post.call.op != CallOp::NewGroup;
+        // 0. An earlier op whose side failed here: its peers must have left it before this post
+        // replaces the one they may still read.
+        self.catch_up(name, seq, deadline, started)?;
         // 1. Post. Until the counter is raised, no peer can see this op: a failure here frees
         // everything at once.
         let bytes = post.encode();
         let blk = match comm.world.alloc(bytes.len()) {
             Ok(b) => b,
-            Err(e) => return Err(self.out_of_step(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}")))),
+            Err(e) => {
+                let e = CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}"));
+                if !steps_on {
+                    return Err(self.out_of_step(e));
+                }
+                // A local failure: the op is marked failed before its first step is published,
+                // so every peer sees the mark before it would read this rank's post.
+                self.step = self.step.wrapping_add(1);
+                comm.ctl.mark_failed(self.step.max(1));
+                comm.ctl.set_counter(self.step);
+                self.step = self.step.wrapping_add(1);
+                comm.ctl.set_counter(self.step);
+                self.behind = Some(Behind { step: self.step, blk: None, name: name.to_string(), seq });
+                return Err(e);
+            }
         };
         comm.world.region(comm.world.global_rank, blk.off, bytes.len()).copy_from_bytes(&bytes);
         comm.ctl.post_off(me).store(blk.off as u64, SeqCst);
@@ -761,34 +826,67 @@ impl Progress {
         // From here on peers may read the post and touch the buffers: the op's memory is held by
         // `Posted` until the op ends, and a failure closes it first (see `Posted`).
         let mut held = Posted { comm: comm.clone(), blk: Some(blk), keep, settled: false, name: name.to_string(), seq };
-        match self.posted(name, seq, token, started, deadline, reply, fault) {
+        let e = match self.posted(name, seq, token, started, deadline, reply, fault) {
             Ok(()) => {
                 held.settle();
-                Ok(())
+                return Ok(());
             }
-            Err(e) if e.bad_input_kind().is_some() => {
-                // Validation failed on every rank, after the second barrier: nobody touches.
+            Err(Ended::InStep(e)) => {
+                // Bad input, or a peer's local failure, after the last barrier on every rank:
+                // nobody touches this rank's memory any more, and every rank is in step.
                 held.settle();
-                Err(e)
+                self.in_step = true;
+                return Err(e);
             }
-            Err(e) => {
+            Err(Ended::Local(e)) if steps_on => {
+                // This rank's own side failed (before the op's last barrier): mark it, publish
+                // the last step at once (peers pass it and end with the named error), keep the
+                // post for the peers that may still read it, and close the buffers below.
+                comm.ctl.mark_failed(token);
+                self.step = self.step.wrapping_add(1);
+                comm.ctl.set_counter(self.step);
+                self.behind = Some(Behind { step: self.step, blk: held.blk.take(), name: name.to_string(), seq });
+                e
+            }
+            Err(Ended::Local(e) | Ended::Broken(e)) => {
                 self.poisoned = Some(e.to_string());
                 comm.ctl.poison();
-                let until = Instant::now() + comm.op_timeout;
-                match self.inline_by.filter(|&by| by < until) {
-                    // On a caller's thread whose wait ends before the close's full deadline:
-                    // close until then; if a peer still touches this rank's memory, the progress
-                    // thread finishes the close and completes the op later.
-                    Some(by) => {
-                        if comm.ctl.close(by).is_ok() {
-                            held.settle();
-                        } else {
-                            self.closing = Some(Closing { held, err: e.clone(), until, flag: None });
-                        }
-                        Err(e)
-                    }
-                    None => Err(held.fail(e)),
+                e
+            }
+        };
+        let until = Instant::now() + comm.op_timeout;
+        match self.inline_by.filter(|&by| by < until) {
+            // On a caller's thread whose wait ends before the close's full deadline:
+            // close until then; if a peer still touches this rank's memory, the progress
+            // thread finishes the close and completes the op later.
+            Some(by) => {
+                if comm.ctl.close(by).is_ok() {
+                    held.settle();
+                } else {
+                    self.closing = Some(Closing { held, err: e.clone(), until, flag: None });
                 }
+                Err(e)
+            }
+            None => Err(held.fail(e)),
+        }
+    }
+
+    /// Before a collective posts: waits (until `deadline`, serving point-to-point ops) for every
+    /// peer to reach the last step of an earlier op whose side failed locally here ([`Behind`]);
+    /// then frees that op's post. A peer that never does is a timeout (which poisons).
+    fn catch_up(&mut self, name: &str, seq: u64, deadline: Instant, started: Instant) -> Result<()> {
+        let Some(mut b) = self.behind.take() else { return Ok(()) };
+        match self.arrive(b.step, deadline) {
+            Ok(()) => {
+                drop(b.blk.take());
+                Ok(())
+            }
+            Err(e) => {
+                let mut e = self.comm.wait_error(e, name, seq, started);
+                if let CollectiveError::Timeout { detail, .. } = &mut e {
+                    detail.push_str(&format!(" (the peers never finished {} #{}, whose side failed on this rank)", b.name, b.seq));
+                }
+                Err(self.out_of_step(e))
             }
         }
     }
@@ -804,15 +902,20 @@ impl Progress {
         deadline: Instant,
         reply: Option<GroupReply>,
         fault: Option<Fault>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), Ended> {
         let comm = self.comm.clone();
         let (n, me) = (comm.n, comm.me);
         let werr = |e: WaitErr| comm.wait_error(e, name, seq, started);
-        comm.strike(&fault, point::AFTER_POST, name, seq)?;
-        self.arrive(deadline).map_err(werr)?;
+        comm.strike(&fault, point::AFTER_POST, name, seq).map_err(Ended::Local)?;
+        let step = self.step;
+        self.arrive(step, deadline).map_err(werr)?;
         // A peer that failed after posting (its counter was already raised) poisoned the
         // communicator before its wait returned: check the abort word after every barrier.
         comm.ctl.check_abort().map_err(werr)?;
+        // A peer whose side failed locally before this look marked it: read nothing of it.
+        if let Some(r) = comm.ctl.failed_peer(token) {
+            return Err(self.peer_failed(r, name, seq, deadline, started));
+        }
         // 2. Read and validate every rank's post.
         let mut posts = Vec::with_capacity(n);
         for r in 0..n {
@@ -826,30 +929,40 @@ impl Progress {
             });
             match decoded.flatten() {
                 Some(p) => posts.push(p),
-                None => return Err(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt"))),
+                None => return Err(CollectiveError::Backend(format!("{name} #{seq} on rank {me}: rank {r}'s post is corrupt")).into()),
             }
         }
         let calls: Vec<CallDesc> = posts.iter().map(|p| p.call.clone()).collect();
         if let Err(e) = validate_all(&calls, &crate::caps(&comm)) {
             self.barrier(name, seq, deadline, started)?;
-            return Err(e.into_error(name, seq, me));
+            return Err(Ended::InStep(e.into_error(name, seq, me)));
         }
-        comm.strike(&fault, point::BETWEEN_BARRIERS, name, seq)?;
+        comm.strike(&fault, point::BETWEEN_BARRIERS, name, seq).map_err(Ended::Local)?;
         comm.ctl.check_abort().map_err(werr)?;
         // 3. Move the data, holding claims on every peer's memory (see `ctl`).
-        let claims = Claims::take(&comm, token).map_err(|r| {
-            CollectiveError::Aborted(format!(
-                "{name} #{seq} on rank {me}: rank {r}'s side of the op had already failed (it closed its buffers)"
-            ))
-        })?;
-        comm.strike(&fault, point::PROGRESS_THREAD, name, seq)?;
+        let claims = match Claims::take(&comm, token) {
+            Ok(c) => c,
+            Err(r) if comm.ctl.failed(r, token) => return Err(self.peer_failed(r, name, seq, deadline, started)),
+            Err(r) => {
+                return Err(CollectiveError::Aborted(format!(
+                    "{name} #{seq} on rank {me}: rank {r}'s side of the op had already failed (it closed its buffers)"
+                ))
+                .into())
+            }
+        };
+        comm.strike(&fault, point::PROGRESS_THREAD, name, seq).map_err(Ended::Local)?;
         // Re-checked right before the first store: a peer that gave up waiting for this rank's
         // claim (one op deadline after its own failure) has closed by now.
-        claims.still_open(token).map_err(|r| {
-            CollectiveError::Aborted(format!(
+        if let Err(r) = claims.still_open(token) {
+            drop(claims);
+            if comm.ctl.failed(r, token) {
+                return Err(self.peer_failed(r, name, seq, deadline, started));
+            }
+            return Err(CollectiveError::Aborted(format!(
                 "{name} #{seq} on rank {me}: rank {r} closed its buffers (its side of the op failed) before this rank moved data"
             ))
-        })?;
+            .into());
+        }
         let group = self.execute(&posts)?;
         drop(claims);
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
@@ -857,6 +970,10 @@ impl Progress {
             Some(g) => Some(self.finish_group(g, name, seq, deadline, started)?),
             None => {
                 self.barrier(name, seq, deadline, started)?;
+                // A peer whose side failed locally marked it before it published this step.
+                if let Some(r) = comm.ctl.failed_peer(token) {
+                    return Err(Ended::InStep(peer_failure(name, seq, me, r)));
+                }
                 None
             }
         };
@@ -864,6 +981,16 @@ impl Progress {
             let _ = tx.send(g);
         }
         Ok(())
+    }
+
+    /// Rank `r`'s side of this op failed locally: this rank moves no (more) data, passes the
+    /// op's last barrier with its peers (the failed rank published it already) and ends the op
+    /// with the named error, every rank in step.
+    fn peer_failed(&mut self, r: usize, name: &str, seq: u64, deadline: Instant, started: Instant) -> Ended {
+        match self.barrier(name, seq, deadline, started) {
+            Ok(()) => Ended::InStep(peer_failure(name, seq, self.comm.me, r)),
+            Err(e) => Ended::Broken(e),
+        }
     }
 
     /// The data movement of a validated op. Returns group-creation state for `new_group`.
@@ -1201,6 +1328,15 @@ pub struct NewGroup {
     pos: Option<usize>,
     created: Option<Mapping>,
     err: Option<String>,
+}
+
+/// A peer's error after rank `r`'s side of op `name #seq` failed locally (`ctl`, "Local
+/// failures"): it names the failed rank, and claims no timeout or dead peer.
+fn peer_failure(name: &str, seq: u64, me: usize, r: usize) -> CollectiveError {
+    CollectiveError::Aborted(format!(
+        "{name} #{seq} on rank {me}: rank {r}'s side of the op failed locally after it was posted (rank {r}'s own error names \
+         the cause); the op's outputs on this rank are undefined, and the communicator stays usable"
+    ))
 }
 
 /// Keys for [`progress`] of point-to-point ops (disjoint from collective sequence numbers).

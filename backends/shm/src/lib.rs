@@ -81,7 +81,15 @@
 //!   claimed it one op deadline after it was posted fails so, with a timeout, at its next wait
 //!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
 //!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
-//!   every peer at each barrier of the op; not a peer's data movement once started.
+//!   every peer at each barrier of the op; not a peer's data movement once started. *A local
+//!   failure* (an injected `fail` at any point of a collective, a post it cannot allocate) does
+//!   not poison: the failing rank marks the op failed in its slot, publishes the op's last step,
+//!   closes, and its wait returns its own error; its peers see the mark (after the first barrier,
+//!   at a refused claim, or after the last barrier), pass the last barrier and end the op with a
+//!   named `aborted` error naming the failed rank; every rank goes on in step, and the failing
+//!   rank's next collective first waits (its deadline) for the peers to leave the failed op
+//!   (`ctl`, "Local failures"). Timeouts, dead peers, panics and a `new_group`'s local failure
+//!   still poison.
 //! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
 //!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first

@@ -277,7 +277,11 @@ fn sixty_four_ranks_reduce_correctly() {
 }
 
 #[test]
-fn a_rank_that_cannot_post_poisons_the_communicator_instead_of_falling_out_of_step() {
+fn a_rank_that_cannot_post_fails_the_op_everywhere_and_stays_in_step() {
+    // A local failure (clause `faults.local_failure_named_everywhere`): rank 0 cannot allocate
+    // its post. Every rank's op fails with a named error (rank 1's names rank 0, claims no
+    // timeout or dead peer, and comes at once), and the world stays usable: the next op pairs
+    // with the next op (no silent pairing of rank 0's next op with rank 1's first one).
     let dir = tempfile::tempdir().unwrap();
     let wid = world_id();
     let gates = [Gate::default(), Gate::default()];
@@ -300,9 +304,12 @@ fn a_rank_that_cannot_post_poisons_the_communicator_instead_of_falling_out_of_st
                     drop(fill);
                     drop(mine);
                     gates[1 - r].wait(T);
-                    // Room again on rank 0, but the communicator is poisoned: no silent pairing of
-                    // rank 0's next op with rank 1's first one.
-                    let second = wait(b.barrier()).err().map_or("ok".into(), |e| e.name().to_string());
+                    // Room again on rank 0: the next op runs on both ranks, paired with each other.
+                    let x = b.upload(&Tensor::from_vec(&[2], vec![r as f32 + 1.0, 10.0])).unwrap();
+                    let second = match b.all_reduce(&x, ReduceOp::Sum).and_then(|w| w.into_value(T)) {
+                        Ok(y) => format!("{:?}", b.download(&y).unwrap().as_slice::<f32>()),
+                        Err(e) => format!("{e} [{}]", e.name()),
+                    };
                     (first, took, second)
                 })
             })
@@ -310,7 +317,63 @@ fn a_rank_that_cannot_post_poisons_the_communicator_instead_of_falling_out_of_st
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert!(res[0].0.contains("arena of rank 0 is full"), "{}", res[0].0);
-    assert!(res[1].0.contains("poisoned") && res[1].1 < Duration::from_secs(2), "rank 1: {} after {:?}", res[1].0, res[1].1);
-    assert_eq!((res[0].2.as_str(), res[1].2.as_str()), ("aborted", "aborted"));
+    let peer = &res[1].0;
+    assert!(
+        peer.contains("rank 0's side of the op failed locally") && !peer.contains("timeout") && !peer.contains("poisoned"),
+        "rank 1: {peer}"
+    );
+    assert!(res[1].1 < Duration::from_secs(2), "rank 1's op failed only after {:?}: {peer}", res[1].1);
+    assert_eq!((res[0].2.as_str(), res[1].2.as_str()), ("[3.0, 20.0]", "[3.0, 20.0]"), "the all_reduce after the failed op");
     assert!(leftovers(&wid).is_empty(), "{:?}", leftovers(&wid));
+}
+
+#[test]
+fn a_local_failure_at_any_point_fails_the_op_everywhere_and_the_world_stays_usable() {
+    // Clause `faults.local_failure_named_everywhere`: rank 1's op #1 fails locally at each point
+    // of the collective path; every rank's op #1 ends in a named error at once (the peers' names
+    // rank 1 and claims no timeout), and op #2 works on every rank with the right values.
+    for point in ["after_post", "between_barriers", "progress_thread"] {
+        for n in [2usize, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let wid = world_id();
+            let res: Vec<(String, Duration, Vec<f32>)> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..n)
+                    .map(|r| {
+                        let (dir, wid) = (dir.path(), wid.as_str());
+                        s.spawn(move || {
+                            let mut w = info(r, n, dir, wid, T);
+                            w.options.push(("fault".into(), format!("{point}:fail@1#1")));
+                            let b = ShmBackend::init(&w).unwrap();
+                            let x = b.upload(&Tensor::from_vec(&[64], vec![r as f32 + 1.0; 64])).unwrap();
+                            b.all_reduce(&x, ReduceOp::Sum).unwrap().wait(T).unwrap();
+                            let t0 = Instant::now();
+                            let first = wait(b.all_reduce_(&x, ReduceOp::Sum)).err().map_or("ok".into(), |e| format!("{e} [{}]", e.name()));
+                            let took = t0.elapsed();
+                            let z = b.upload(&Tensor::from_vec(&[64], vec![r as f32 + 1.0; 64])).unwrap();
+                            let y = b
+                                .all_reduce(&z, ReduceOp::Sum)
+                                .unwrap()
+                                .into_value(T)
+                                .unwrap_or_else(|e| panic!("{point} ws{n} rank {r}: op #2: {e}"));
+                            (first, took, b.download(&y).unwrap().as_slice::<f32>().to_vec())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, (first, took, second)) in res.iter().enumerate() {
+                let at = format!("{point} ws{n} rank {r}");
+                if r == 1 {
+                    assert!(first.contains("injected fault") && first.contains(point), "{at}: {first}");
+                } else {
+                    assert!(first.contains("rank 1's side of the op failed locally") && first.contains("[aborted]"), "{at}: {first}");
+                    assert!(!first.contains("timeout") && !first.contains("poisoned"), "{at}: {first}");
+                }
+                assert!(*took < Duration::from_secs(2), "{at}: op #1 failed only after {took:?}: {first}");
+                let want = (n * (n + 1) / 2) as f32;
+                assert!(second.len() == 64 && second.iter().all(|&v| v == want), "{at}: op #2 gave {second:?}, expected {want} everywhere");
+            }
+            assert!(leftovers(&wid).is_empty(), "{:?}", leftovers(&wid));
+        }
+    }
 }

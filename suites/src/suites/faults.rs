@@ -21,7 +21,12 @@
 //!   of a broadcast (rank 0 only receives); `::all_to_all::ws2`: the same with an
 //!   all_to_all_single (open-mpi/ompi #8916); `::in_place::ws4`: at 4 ranks, where rank 3 is
 //!   no ring neighbour of rank 1. A local failure is a named error on every rank, never a
-//!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`).
+//!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`); no rank's error
+//!   is a `peer_died` or claims in its text a timeout or a dead peer (the failing rank's names
+//!   its local cause), and THE WORLD STAYS USABLE: once every rank has seen the failure, an
+//!   all_reduce (rank `r` holding `r + 1`) and a broadcast from a rank that did not fail run on
+//!   the same communicator, their values checked on every rank (a backend that poisons the
+//!   communicator after any failure fails there).
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -36,11 +41,11 @@
 //!   receiver has finished copying, so the receive never returns `Ok` with the sender's later
 //!   bytes (item 7: `leave()` before joining the progress thread).
 
-use super::util::{fail, full, here};
+use super::util::{fail, full, here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::sched::Noise;
 use concord_core::fault::{self, point, Action, Fault};
-use concord_core::{Backend, CollectiveError, DType, ReduceOp, Tensor, Variant, WorldInfo};
+use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -299,6 +304,10 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
         check_canary(&b, &bufs, &w, &e)?;
         named?;
+        if local_failure {
+            local_cause_named(&e, &w, victim)?;
+            usable_after(ctx, &b, red, victim, &w)?;
+        }
     } else {
         if late {
             keys.wait("victim_failed", &w)?;
@@ -310,8 +319,92 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             keys.wait("victim_failed", &w)?;
         }
         not_a_timeout(&e, "this rank's")?;
+        if local_failure {
+            if e.name() == "peer_died" {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "this rank's op ended in {e} [{}]: rank {victim}'s op failed locally after it was posted, and no rank died",
+                        e.name()
+                    ),
+                ));
+            }
+            if let Some(claim) = claims_timeout_or_death(&e) {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "this rank's op ended in {e} [{}], whose text says `{claim}`: rank {victim}'s op failed locally after it was \
+                         posted (nothing timed out, no rank died); a caller told of a timeout or a dead peer hunts a fault that never was",
+                        e.name()
+                    ),
+                ));
+            }
+            usable_after(ctx, &b, red, victim, &w)?;
+        }
     }
     Ok(())
+}
+
+/// Phrases by which an error's text claims a timeout or a dead peer (lower case). Errors are
+/// named by their kind (`legal3_terse_errors` says little more); the text is held only to not
+/// claim what did not happen.
+const TIMEOUT_OR_DEATH: [&str; 5] = ["timed out", "after a timeout", "dead peer", "peer died", " died"];
+
+/// The first of [`TIMEOUT_OR_DEATH`] that `e`'s text holds.
+fn claims_timeout_or_death(e: &CollectiveError) -> Option<&'static str> {
+    let text = e.to_string().to_lowercase();
+    TIMEOUT_OR_DEATH.into_iter().find(|w| text.contains(w))
+}
+
+/// The failing rank's own error names its local cause: not a dead peer (a timeout or bad input
+/// were refused before), and its text claims no timeout or dead peer.
+fn local_cause_named(e: &CollectiveError, w: &str, victim: usize) -> CaseResult {
+    if e.name() == "peer_died" {
+        return Err(fail(
+            w,
+            format!(
+                "rank {victim}'s own op failed locally (the injected fault), yet its error is {e} [{}]: the failing rank's error \
+                 names its local cause, not a dead peer",
+                e.name()
+            ),
+        ));
+    }
+    if let Some(claim) = claims_timeout_or_death(e) {
+        return Err(fail(
+            w,
+            format!(
+                "rank {victim}'s own op failed locally (the injected fault), yet its error {e} [{}] says `{claim}`: the failing rank's \
+                 error names its local cause",
+                e.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// After a local failure every rank has seen (clause `faults.local_failure_named_everywhere`:
+/// "the world stays usable"): a healthy all_reduce (the case's vehicle, rank `r` holding `r + 1`)
+/// and a broadcast from a root that is not the failing rank, on the SAME communicator, their
+/// values checked on every rank. A backend that poisons the communicator on any failure fails
+/// here.
+fn usable_after<B: Backend>(ctx: &Ctx<'_, B>, b: &B, red: ReduceOp, victim: usize, w: &str) -> CaseResult {
+    let (me, ws) = (b.rank(), b.world_size());
+    let after = format!("after rank {victim}'s local failure, on the same communicator");
+    let x = b.upload(&full(&[N], (me + 1) as f32))?;
+    let step = format!("the all_reduce ({}) {after}", red.name());
+    let y = b.all_reduce(&x, red).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(w, &step))?;
+    let want = super::util::ArVehicle::with_op(b, red).expected(ws, |r| vec![(r + 1) as f32; N]);
+    super::util::expect_eq(b, &y, &want, &format!("{w} ({step}, rank r holding r + 1)"))?;
+    // A second op of another kind; skipped only where the backend declares it a gap.
+    if b.capabilities().check_call(OpKind::Broadcast, Some(Variant::Out), Some(DType::F32), None).is_err() {
+        return Ok(());
+    }
+    let root = (victim + 1) % ws;
+    const ROOT_VALUE: f32 = 1234.5;
+    let src = b.upload(&full(&[N], if me == root { ROOT_VALUE } else { -1.0 - me as f32 }))?;
+    let step = format!("the broadcast from rank {root} {after}");
+    let z = b.broadcast(&src, root).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(w, &step))?;
+    super::util::expect_eq(b, &z, &full(&[N], ROOT_VALUE), &format!("{w} ({step})"))
 }
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {

@@ -1,0 +1,99 @@
+//! Helper shmfail (2026-11-27): the bug review8 found in our own shm backend and that backend no
+//! longer has — a communicator poisoned by a local failure. Clause
+//! `faults.local_failure_named_everywhere` ("... and the world stays usable").
+
+use crate::campaign::{spec, Spec};
+use crate::{Buf, Bug, Shm};
+use concord_core::{Backend, CollectiveError, Completion, ReduceOp, Result, Work};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Once any op of the communicator failed on this rank (its own local failure, or a peer's that
+/// reached it as a named error; bad input excepted, as shm always excepted it), every later op
+/// fails at issue with "communicator unusable after an earlier failure": the failure itself is
+/// named on every rank, never a timeout, but the world is not usable any more (shm before helper
+/// shmfail: `exec.rs` poisoned the communicator on every failure but bad input).
+#[derive(Default)]
+pub struct PoisonedAfterAnyFailure {
+    /// The first failure this rank's waits returned (per communicator: one bug per `init`).
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl PoisonedAfterAnyFailure {
+    /// `issue`, unless an earlier op failed: then the named error at once.
+    fn op<T: Clone + Send + Sync + 'static>(&self, s: &Shm, name: &str, issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
+        if let Some(why) = crate::lock(&self.first).clone() {
+            return Err(CollectiveError::Aborted(format!(
+                "{name} on rank {}: communicator unusable after an earlier failure: {why}",
+                s.rank()
+            )));
+        }
+        let w = issue()?;
+        let (value, meta) = (w.peek().clone(), w.meta().clone());
+        Ok(s.relayed(value, Arc::new(Noted { inner: w, first: self.first.clone() }), meta))
+    }
+}
+
+/// A completion that relays `inner` and notes its failure (bad input excepted) in `first`.
+struct Noted<T> {
+    inner: Work<T>,
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl<T: Send + Sync> Completion for Noted<T> {
+    fn is_completed(&self) -> bool {
+        self.inner.is_completed()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        crate::relay_wait(&self.inner, timeout, |e| {
+            if e.bad_input_kind().is_none() {
+                crate::lock(&self.first).get_or_insert_with(|| e.to_string());
+            }
+        })
+    }
+}
+
+impl Bug for PoisonedAfterAnyFailure {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
+    }
+    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+        self.op(s, "all_gather_into_tensor", || s.inner.all_gather_into_tensor(x))
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.op(s, "reduce_scatter_tensor", || s.inner.reduce_scatter_tensor(x, op))
+    }
+    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+        self.op(s, "all_to_all_single", || s.inner.all_to_all_single(x, o, i))
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.op(s, "broadcast", || s.inner.broadcast(x, src))
+    }
+    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+        self.op(s, "permute_tensor", || s.inner.permute_tensor(x, src_dst))
+    }
+    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+        self.op(s, "reduce", || s.inner.reduce(x, op, root))
+    }
+    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.op(s, "gather", || s.inner.gather(x, root))
+    }
+    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+        self.op(s, "scatter", || s.inner.scatter(x, root))
+    }
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        self.op(s, "barrier", || s.inner.barrier())
+    }
+}
+
+pub fn catalogue() -> Vec<Spec> {
+    vec![spec::<PoisonedAfterAnyFailure>(
+        "shmfail_poisoned_after_any_failure",
+        "faults.local_failure_named_everywhere",
+        "after any failure but bad input (a local one included) every later op of the communicator fails: the world is not usable",
+        &["faults::fail_after_post::broadcast::ws2"],
+    )]
+}
