@@ -79,7 +79,7 @@ fn os_err(what: &str, name: &str) -> String {
 
 impl Board {
     fn words(ws: usize, hlen: usize) -> usize {
-        FIXED + SLOTS * ws * (1 + hlen) + ws * ISSUED_STRIDE
+        FIXED + SLOTS * ws * (1 + hlen) + ws * ISSUED_STRIDE + ws * ws
     }
 
     /// Opens and maps segment `name` sized for `ws` ranks with headers of `hlen` words.
@@ -167,6 +167,35 @@ impl Board {
 
     fn issued_word(&self, r: usize) -> &AtomicU64 {
         self.word(FIXED + SLOTS * self.ws * (1 + self.hlen) + r * ISSUED_STRIDE)
+    }
+
+    /// The give-up word of the point-to-point direction `src -> dst` (ranks of the
+    /// communicator): bit 0 set by `src`, bit 1 by `dst` ([`Board::give_up`]).
+    fn dir_word(&self, src: usize, dst: usize) -> &AtomicU64 {
+        assert!(src < self.ws && dst < self.ws, "direction {src} -> {dst} on a board of {} ranks", self.ws);
+        self.word(FIXED + SLOTS * self.ws * (1 + self.hlen) + self.ws * ISSUED_STRIDE + src * self.ws + dst)
+    }
+
+    fn side_bit(&self, src: usize, rank: usize) -> u64 {
+        if rank == src {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Publishes that this rank gave up on the direction `src -> dst` (one of its two ranks):
+    /// an op of it timed out or its transport failed (`p2p`, [`crate::p2p::Wire::give_up`]).
+    /// Marks stay for the communicator's life (the owner aborts it).
+    pub fn give_up(&self, src: usize, dst: usize) {
+        let bit = self.side_bit(src, self.rank);
+        self.dir_word(src, dst).fetch_or(bit, Ordering::Release);
+    }
+
+    /// Whether the other rank of the direction `src -> dst` gave up on it ([`Board::give_up`]).
+    pub fn peer_gave_up(&self, src: usize, dst: usize) -> bool {
+        let peer = if self.rank == src { dst } else { src };
+        self.dir_word(src, dst).load(Ordering::Acquire) & self.side_bit(src, peer) != 0
     }
 
     /// A new board (`name` must not exist) stamped with `nonce`: the world's, made by rank 0.
@@ -444,6 +473,28 @@ mod tests {
         assert_eq!(b.post(&[8]), 0);
         assert_eq!(a.read(0), vec![vec![9, 0, 0, 0], vec![8, 0, 0, 0]]);
         assert!(a.all_issued(0) && !a.all_issued(1));
+    }
+
+    #[test]
+    fn a_give_up_is_seen_by_the_other_side_of_its_direction_only() {
+        let n = name("gaveup");
+        let (a, b, c) =
+            (Board::create(&n, 3, 0, 4, 7).unwrap(), Board::open(&n, 3, 1, 4, 7).unwrap(), Board::open(&n, 3, 2, 4, 7).unwrap());
+        a.unlink();
+        assert!(!a.peer_gave_up(0, 1) && !b.peer_gave_up(0, 1));
+        // Rank 1 gives up on its receives from rank 0 (direction 0 -> 1).
+        b.give_up(0, 1);
+        assert!(a.peer_gave_up(0, 1), "rank 0 sees its receiver gave up");
+        assert!(!b.peer_gave_up(0, 1), "a rank's own mark is not its peer's");
+        assert!(!a.peer_gave_up(1, 0) && !c.peer_gave_up(0, 2) && !c.peer_gave_up(2, 1), "other directions untouched");
+        // Rank 2 gives up on its sends to rank 0 (direction 2 -> 0).
+        c.give_up(2, 0);
+        assert!(a.peer_gave_up(2, 0) && !c.peer_gave_up(2, 0) && !a.peer_gave_up(0, 2));
+        // The marks do not touch the header slots or the issue counters.
+        assert_eq!(a.post(&[9]), 0);
+        assert_eq!((b.post(&[8]), c.post(&[7])), (0, 0));
+        assert_eq!(a.read(0), vec![vec![9, 0, 0, 0], vec![8, 0, 0, 0], vec![7, 0, 0, 0]]);
+        assert!(!a.all_issued(0));
     }
 
     #[test]

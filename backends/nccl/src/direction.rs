@@ -194,6 +194,10 @@ pub(crate) struct NcclWire {
     /// of [`NcclWire::hdr_bytes`] per slot, [`NcclWire::slot`]), allocated with the
     /// communicator: no pinned allocation (which may wait for the device) while ops run.
     pub staging: Pinned,
+    /// The communicator's host board, where a rank marks the directions it gave up on
+    /// ([`Wire::give_up`]); `None`: ranks on several hosts or `header_board=0` (a peer's give-up
+    /// is then seen only through this rank's own deadline).
+    pub board: Option<Arc<crate::board::Board>>,
 }
 
 /// Bytes of pinned header staging a communicator of `ws` ranks needs (see [`NcclWire::staging`]).
@@ -313,6 +317,15 @@ impl NcclWire {
 }
 
 impl Wire for NcclWire {
+    fn give_up(&mut self, dir: Dir) {
+        if let Some(b) = &self.board {
+            b.give_up(dir.src, dir.dst);
+        }
+    }
+    fn peer_gave_up(&self, dir: Dir) -> bool {
+        self.board.as_ref().is_some_and(|b| b.peer_gave_up(dir.src, dir.dst))
+    }
+
     type Connecting = Connecting;
     type Link = Link;
     type Swap = Swap;

@@ -23,7 +23,12 @@
 //!   direction's set-up or the header swap still pending): [`Failure::Timeout`]. That, and a
 //!   [`Wire`] error, kill the direction: every op queued behind fails too, later ops fail at
 //!   once, and the verdict asks the owner to abort the communicator ([`Polled::abort`]) — an
-//!   abandoned header swap left enqueued would pair with the peer's next one.
+//!   abandoned header swap left enqueued would pair with the peer's next one. A rank that
+//!   kills a direction says so where its peer sees it at once ([`Wire::give_up`]: the host
+//!   board); the peer's ops of that direction not yet agreed fail at once
+//!   ([`Failure::PeerGaveUp`], killing the direction there too) instead of pairing with a
+//!   header swapped before the give-up (an eager send would then return `Ok` into a peer that
+//!   had given up, a receive would launch a kernel nobody sends to).
 //! * A mismatch (dtype, size, send meeting send...) is [`Failure::Bad`] on *both* ranks (both
 //!   run the same rule over the same two headers), nothing is launched, and the direction goes
 //!   on with the next op.
@@ -76,6 +81,12 @@ pub(crate) trait Wire {
     fn poll_launch(&mut self, link: &mut Self::Link, l: &mut Self::Launching) -> Poll<Result<Self::Launched, String>>;
     /// Releases what finished ops of `link` kept alive; `true` when it holds nothing more.
     fn idle(&mut self, link: &mut Self::Link) -> bool;
+    /// Publishes, where the peer sees it at once (the communicator's host board), that this
+    /// rank gave up on `dir`: a head op of it timed out or its transport failed. A no-op where
+    /// there is no such place (ranks on several hosts, `header_board=0`).
+    fn give_up(&mut self, dir: Dir);
+    /// Whether the peer gave up on `dir` ([`Wire::give_up`]); `false` where it cannot be known.
+    fn peer_gave_up(&self, dir: Dir) -> bool;
 }
 
 /// One parked send or receive.
@@ -102,6 +113,10 @@ pub(crate) enum Failure {
     Bad(BadInputKind, String),
     /// The peer failed its side locally after issuing it (its header said so).
     PeerFailed(usize),
+    /// The peer gave up on the direction before this op could pair (an op of its side timed
+    /// out or its transport failed: [`Wire::give_up`]); a header it swapped before that may
+    /// still be in this rank's buffers, so nothing is agreed or launched.
+    PeerGaveUp(usize),
     /// This rank's own local failure ([`Parked::local`]).
     Local(String),
     /// Nothing from the peer before the deadline (`what` was still pending).
@@ -267,42 +282,49 @@ impl<W: Wire, T> Scheduler<W, T> {
                 }
                 Conn::Ready(link) => {
                     let head = d.queue.front_mut().expect("a head");
-                    let step = match &mut d.head {
-                        Head::Idle => match (&head.hdr, &head.local) {
-                            (Some(mine), _) => match wire.swap(link, mine) {
-                                Ok(s) => {
-                                    d.head = Head::Swapping(s, now);
-                                    continue;
-                                }
-                                Err(e) => Err(Failure::Wire(e)),
+                    // Not agreed yet (nothing launched): a peer that gave up on the direction
+                    // fails it here, whatever a stale swap says.
+                    let unagreed = matches!(d.head, Head::Idle | Head::Swapping(..));
+                    let step = if unagreed && wire.peer_gave_up(d.dir) {
+                        Err(Failure::PeerGaveUp(head.peer))
+                    } else {
+                        match &mut d.head {
+                            Head::Idle => match (&head.hdr, &head.local) {
+                                (Some(mine), _) => match wire.swap(link, mine) {
+                                    Ok(s) => {
+                                        d.head = Head::Swapping(s, now);
+                                        continue;
+                                    }
+                                    Err(e) => Err(Failure::Wire(e)),
+                                },
+                                // Validation off: launch in issue order, nothing to agree on.
+                                (None, Some(e)) => Ok(Outcome::Failed(Failure::Local(e.clone()))),
+                                (None, None) => Ok(Outcome::Agreed),
                             },
-                            // Validation off: launch in issue order, nothing to agree on.
-                            (None, Some(e)) => Ok(Outcome::Failed(Failure::Local(e.clone()))),
-                            (None, None) => Ok(Outcome::Agreed),
-                        },
-                        Head::Swapping(s, at) => {
-                            let at = *at;
-                            match wire.poll_swap(link, s) {
-                                Poll::Pending if now >= at.max(started) + timeout => {
-                                    Err(Failure::Timeout { what: "the peer's header (its matching send / receive)", waited: now - started })
-                                }
-                                Poll::Pending => return None,
-                                Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
-                                Poll::Ready(Ok(theirs)) => {
-                                    d.head = Head::Idle;
-                                    let mine = head.hdr.as_deref().expect("swapped");
-                                    Ok(match (&head.local, pair_verdict(mine, &theirs, me, head.peer)) {
-                                        (Some(e), _) => Outcome::Failed(Failure::Local(e.clone())),
-                                        (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
-                                        (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
-                                        (None, PairVerdict::Agree) => Outcome::Agreed,
-                                    })
+                            Head::Swapping(s, at) => {
+                                let at = *at;
+                                match wire.poll_swap(link, s) {
+                                    Poll::Pending if now >= at.max(started) + timeout => Err(Failure::Timeout {
+                                        what: "the peer's header (its matching send / receive)",
+                                        waited: now - started,
+                                    }),
+                                    Poll::Pending => return None,
+                                    Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
+                                    Poll::Ready(Ok(theirs)) => {
+                                        d.head = Head::Idle;
+                                        let mine = head.hdr.as_deref().expect("swapped");
+                                        Ok(match (&head.local, pair_verdict(mine, &theirs, me, head.peer)) {
+                                            (Some(e), _) => Outcome::Failed(Failure::Local(e.clone())),
+                                            (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
+                                            (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
+                                            (None, PairVerdict::Agree) => Outcome::Agreed,
+                                        })
+                                    }
                                 }
                             }
-                        }
-                        Head::Launching(l, at) => {
-                            let at = *at;
-                            match wire.poll_launch(link, l) {
+                            Head::Launching(l, at) => {
+                                let at = *at;
+                                match wire.poll_launch(link, l) {
                                 Poll::Pending if now >= at + timeout => Err(Failure::Timeout {
                                     what: "NCCL's acceptance of the data (its connection to the peer, or room among the direction's data ops in flight that the peer has not matched yet)",
                                     waited: now - started,
@@ -315,6 +337,7 @@ impl<W: Wire, T> Scheduler<W, T> {
                                     out.push((op.token, Outcome::Launched(l)));
                                     continue;
                                 }
+                            }
                             }
                         }
                     };
@@ -352,8 +375,13 @@ impl<W: Wire, T> Scheduler<W, T> {
                     waited.as_millis()
                 ),
                 Failure::Wire(e) => e.clone(),
+                Failure::PeerGaveUp(r) => format!(
+                    "send/recv between ranks {} -> {}: rank {r} gave up on this direction before this op could pair (an op of its side timed out or its transport failed)",
+                    d.dir.src, d.dir.dst
+                ),
                 other => format!("{other:?}"),
             };
+            wire.give_up(d.dir);
             let op = d.queue.pop_front().expect("a head");
             out.push((op.token, Outcome::Failed(fail)));
             return Some(Self::kill(d, why, out));

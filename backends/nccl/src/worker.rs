@@ -214,7 +214,7 @@ pub(crate) struct Channel {
     pub p2p_key: String,
     /// Host shared memory for the validation headers when every rank is on this host (see
     /// `board`); `None`: headers go through NCCL on the stream (`exchange_all`).
-    pub board: Option<Board>,
+    pub board: Option<Arc<Board>>,
 }
 
 /// What a parked send / recv hands back with its outcome.
@@ -381,7 +381,9 @@ impl Channel {
             host_recv: Pinned::new(&dev, hbytes * ws.max(2))?,
         };
         let staging = Pinned::new(&dev, crate::direction::staging_bytes(ws, hbytes))?;
+        let board = board.map(Arc::new);
         let wire = NcclWire {
+            board: board.clone(),
             parent: comm.clone(),
             store,
             key: p2p_key.clone(),
@@ -865,6 +867,14 @@ impl Channel {
             Outcome::Failed(f) => Stage::Finished(Err(match f {
                 Failure::Bad(k, d) => self.bad(&id, k, d),
                 Failure::PeerFailed(r) => self.peer_failed(&id, r),
+                Failure::PeerGaveUp(r) => CollectiveError::Aborted(format!(
+                    "nccl {} #{} on rank {}: rank {r} gave up on send/recv with this rank before this op could pair (an op of its side \
+                     timed out or its transport failed){}",
+                    id.name,
+                    id.seq,
+                    self.rank,
+                    if aborted_now { "; NCCL communicator aborted" } else { "" }
+                )),
                 Failure::Local(m) => local.unwrap_or_else(|| self.backend_err(&id, m)),
                 Failure::Timeout { what, waited } => CollectiveError::Timeout {
                     op: id.name.to_string(),

@@ -25,6 +25,8 @@ enum Item {
 #[derive(Default)]
 struct Net {
     connected: HashMap<Dir, Vec<usize>>,
+    /// (direction, rank) pairs where that rank gave up on the direction (the board's marks).
+    gave_up: std::collections::HashSet<(Dir, usize)>,
     streams: HashMap<(Dir, usize), Vec<Item>>,
     hdrs: HashMap<(Dir, usize), Vec<Vec<u64>>>,
 }
@@ -120,6 +122,12 @@ impl Wire for SimWire {
     }
     fn idle(&mut self, _link: &mut Dir) -> bool {
         true
+    }
+    fn give_up(&mut self, dir: Dir) {
+        self.net.borrow_mut().gave_up.insert((dir, self.me));
+    }
+    fn peer_gave_up(&self, dir: Dir) -> bool {
+        self.net.borrow().gave_up.contains(&(dir, Net::peer(dir, self.me)))
     }
 }
 
@@ -567,4 +575,45 @@ fn fail_all_settles_every_parked_op() {
     assert_eq!(failed.len(), 2);
     assert_eq!(r.sched.parked(), 0);
     assert!(!r.sched.busy(&mut r.wire));
+}
+
+/// review of p2pfail's cases on NCCL (`faults::late_sender::recvs_in_flight`): rank 1's receive
+/// times out with its header swap enqueued (on NCCL its header already sits in rank 0's
+/// buffers); rank 0 sends later. Its swap pairs with that stale header, so without the peer's
+/// give-up mark the send was agreed and launched (an eager send then returned `Ok` into a peer
+/// that had given up). It MUST fail, named, and launch nothing.
+#[test]
+fn a_send_after_its_receiver_gave_up_fails_and_launches_nothing() {
+    let p1 = vec![Step::Recv { peer: 0, len: 4 }, Step::Wait(0)];
+    let mut sim = Sim::new(vec![vec![], p1]);
+    assert!(sim.run().is_err(), "cannot complete before the deadline");
+    sim.run_for(TIMEOUT * 2);
+    assert!(matches!(sim.res(1, 0), Res::Failed(Failure::Timeout { .. })), "{:?}", sim.res(1, 0));
+    sim.ranks[0].prog = vec![Step::Send { peer: 1, len: 4 }, Step::Wait(0)];
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(sim.res(0, 0), Res::Failed(Failure::PeerGaveUp(1)), "the late send");
+    assert_eq!(sim.ranks[0].aborts.len(), 1, "the direction is dead: the owner aborts");
+    assert!(
+        !sim.net.borrow().streams.get(&(Dir { src: 0, dst: 1 }, 0)).is_some_and(|s| s.iter().any(|i| matches!(i, Item::Data { .. }))),
+        "no data launched"
+    );
+}
+
+/// The mirror (`faults::late_receiver::sends_in_flight`): rank 0's send times out; rank 1's
+/// later receive MUST fail at once, named, instead of launching a receive nobody sends to (on
+/// NCCL: a kernel that hangs past the op deadline).
+#[test]
+fn a_receive_after_its_sender_gave_up_fails_and_launches_nothing() {
+    let p0 = vec![Step::Send { peer: 1, len: 4 }, Step::Wait(0)];
+    let mut sim = Sim::new(vec![p0, vec![]]);
+    assert!(sim.run().is_err(), "cannot complete before the deadline");
+    sim.run_for(TIMEOUT * 2);
+    assert!(matches!(sim.res(0, 0), Res::Failed(Failure::Timeout { .. })), "{:?}", sim.res(0, 0));
+    sim.ranks[1].prog = vec![Step::Recv { peer: 0, len: 4 }, Step::Wait(0)];
+    sim.run_for(Duration::from_millis(100));
+    assert_eq!(sim.res(1, 0), Res::Failed(Failure::PeerGaveUp(0)), "the late receive");
+    assert!(
+        !sim.net.borrow().streams.get(&(Dir { src: 0, dst: 1 }, 1)).is_some_and(|s| s.iter().any(|i| matches!(i, Item::Data { .. }))),
+        "no data launched"
+    );
 }
