@@ -409,6 +409,13 @@ impl Bug for DroppedSendWithdrawn {
 /// From this many bytes a send takes the rendezvous path.
 const RENDEZVOUS_BYTES: usize = 256 << 10;
 
+/// How long a held receive waits for the sends ahead of it before the mutant lets it go (so
+/// that a campaign world ends): longer than a case's wait (`Config::wait_timeout`, 16 s at the
+/// default 20 s case deadline), so the deadlock is seen as one. At `BUG_WAIT` (15 s) the hold
+/// ended a second before the case's wait, and the ring completed: the mutant survived the
+/// campaign once (lead, after merging).
+const RING_HOLD: Duration = Duration::from_secs(40);
+
 /// A rendezvous send, as the caller sees it.
 struct LargeSend {
     inner: Work<()>,
@@ -472,7 +479,7 @@ impl Bug for UngroupedRingDeadlocks {
         std::thread::spawn(move || {
             let t0 = Instant::now();
             // Held until every send ahead of it is done (or dropped by its caller).
-            while t0.elapsed() < BUG_WAIT && blocking.iter().any(|w| w.upgrade().is_some_and(|c| !c.is_completed())) {
+            while t0.elapsed() < RING_HOLD && blocking.iter().any(|w| w.upgrade().is_some_and(|c| !c.is_completed())) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if let Some(p) = prev {
