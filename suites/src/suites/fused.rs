@@ -638,6 +638,31 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
     })
 }
 
+/// A case of `ws` ranks running one fused call, `spec_for(group size)`, on every group of
+/// `sizes::GROUP_LAYOUTS`, each checked against the oracle for the group's ranks.
+fn one_spec_group_grid<B: Backend>(
+    name: String,
+    ws: usize,
+    seed: u64,
+    spec_for: impl Fn(usize) -> FusedSpec + Send + Sync + 'static,
+) -> Case<B> {
+    use super::sizes::GROUP_LAYOUTS;
+    let m = meta(&spec_for(2));
+    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
+        if !ctx.b.capabilities().subgroups {
+            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+        }
+        let (me, timeout) = (ctx.rank(), ctx.timeout);
+        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
+            let mine = ctx.layout(groups)?;
+            for (g, sub) in &mine {
+                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The fused ops on subgroups off dim 0 (review11, finding 7: the group grids ran gather /
 /// scatter dim 0 unscaled only): `fused::all_gather_matmul::dim1::f32::group_grid::ws7` (a
 /// `[2, 1, 2]` shard gathered along dim 1, one B of 1 and one of 16 columns) and
@@ -646,7 +671,7 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
 /// checked against the oracle for the GROUP's ranks: shards sized or placed by the world's size
 /// or rank on the movedim path are wrong on the groups whose members are not in world order.
 fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
-    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    use super::sizes::GROUP_GRID_WS;
     let ws = GROUP_GRID_WS;
     let name = if ag {
         format!("fused::all_gather_matmul::dim1::f32::group_grid::ws{ws}")
@@ -671,20 +696,7 @@ fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
             }
         }
     };
-    let m = meta(&spec_for(2));
-    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
-        if !ctx.b.capabilities().subgroups {
-            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
-        }
-        let (me, timeout) = (ctx.rank(), ctx.timeout);
-        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
-            let mine = ctx.layout(groups)?;
-            for (g, sub) in &mine {
-                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
-            }
-        }
-        Ok(())
-    })
+    one_spec_group_grid(name, ws, seed, spec_for)
 }
 
 /// One fused call on the subgroup `sub` (members `g`, of layout `lay`), checked against the
@@ -715,7 +727,7 @@ fn on_group<B: Backend>(
 /// (review-d: no low-contention op ran on a group; one group lists its members out of world
 /// order, so shards placed by world rank are wrong there).
 fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
-    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    use super::sizes::GROUP_GRID_WS;
     let ws = GROUP_GRID_WS;
     let name = if rs {
         format!("fused::low_contention_reduce_scatter::dim0::f32::sum::group_grid::ws{ws}")
@@ -731,20 +743,7 @@ fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
             lc
         }
     };
-    let m = meta(&spec_for(2));
-    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
-        if !ctx.b.capabilities().subgroups {
-            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
-        }
-        let (me, timeout) = (ctx.rank(), ctx.timeout);
-        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
-            let mine = ctx.layout(groups)?;
-            for (g, sub) in &mine {
-                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
-            }
-        }
-        Ok(())
-    })
+    one_spec_group_grid(name, ws, seed, spec_for)
 }
 
 /// How late the late rank of [`late_peer_case`] issues.

@@ -28,7 +28,7 @@
 //! reduced in another order on one rank, for every hook × rank position × size class × world
 //! size from 3 ranks (two operands add alike in either order).
 
-use super::util::{expect_same_on_every_rank, fail, here};
+use super::util::{expect_same_among, expect_same_on_every_rank, fail, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 
@@ -104,33 +104,7 @@ fn same_on_every_rank_of<B: Backend>(ctx: &Ctx<'_, B>, b: &B, mine: &Tensor, tag
     if b.world_size() == ctx.b.world_size() {
         return expect_same_on_every_rank(ctx, mine, tag, where_);
     }
-    let (ws, me) = (b.world_size(), b.rank());
-    let key = |r: usize| format!("{}/{}/same_among_members/{tag}/r{r}", ctx.case, ctx.world.world_id);
-    ctx.store.set(&key(me), mine.bytes()).map_err(|e| fail(where_, format!("store set: {e}")))?;
-    let (es, n) = (mine.dtype().size(), mine.numel());
-    for peer in (0..ws).filter(|&p| p != me) {
-        let k = key(peer);
-        ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(where_, format!("member {peer} never posted its result: {e}")))?;
-        let theirs = ctx.store.get(&k).map_err(|e| fail(where_, format!("store get: {e}")))?;
-        if theirs.len() != mine.bytes().len() {
-            return Err(fail(where_, format!("member {peer}'s result has {} bytes, this member's {}", theirs.len(), mine.bytes().len())));
-        }
-        let theirs = Tensor::from_bytes(mine.dtype(), mine.shape(), &theirs);
-        let differs = |i: usize| mine.bytes()[i * es..(i + 1) * es] != theirs.bytes()[i * es..(i + 1) * es];
-        if let Some(i) = (0..n).find(|&i| differs(i)) {
-            let count = (0..n).filter(|&i| differs(i)).count();
-            return Err(fail(
-                where_,
-                format!(
-                    "first bad index {i}: got {} on group rank {me}, group rank {peer} got {} ({count} of {n} elements differ): an \
-                     all_reduce leaves identical copies of one result on every member of the group",
-                    mine.fmt_element(i),
-                    theirs.fmt_element(i)
-                ),
-            ));
-        }
-    }
-    Ok(())
+    expect_same_among(ctx, b, mine, &format!("same_among_members/{tag}"), ("group rank", "every member of the group"), where_)
 }
 
 /// FNV-1a over a result's bytes.

@@ -182,17 +182,31 @@ pub fn expect_oracle<B: Backend>(
 /// a backend that moves them wrongly cannot hide the difference. Fails with the first differing
 /// index, both values and how many elements differ.
 pub fn expect_same_on_every_rank<B: Backend>(ctx: &Ctx<'_, B>, mine: &Tensor, tag: &str, where_: &str) -> Result<(), CaseEnd> {
-    let (ws, me) = (ctx.b.world_size(), ctx.b.rank());
-    let key = |r: usize| format!("{}/{}/same_on_every_rank/{tag}/r{r}", ctx.case, ctx.world.world_id);
+    expect_same_among(ctx, ctx.b, mine, &format!("same_on_every_rank/{tag}"), ("rank", "every rank"), where_)
+}
+
+/// [`expect_same_on_every_rank`] among the ranks of the communicator `b` (the world, or a
+/// subgroup this rank is a member of: its ranks are `b`'s), through the world's store. `who`:
+/// how a rank of `b` and all of them are named (`("group rank", "every member of the group")`).
+pub fn expect_same_among<B: Backend>(
+    ctx: &Ctx<'_, B>,
+    b: &B,
+    mine: &Tensor,
+    key: &str,
+    who: (&str, &str),
+    where_: &str,
+) -> Result<(), CaseEnd> {
+    let (ws, me) = (b.world_size(), b.rank());
+    let (one, all) = who;
+    let key = |r: usize| format!("{}/{}/{key}/r{r}", ctx.case, ctx.world.world_id);
     ctx.store.set(&key(me), mine.bytes()).map_err(|e| fail(where_, format!("store set: {e}")))?;
-    let es = mine.dtype().size();
-    let n = mine.numel();
+    let (es, n) = (mine.dtype().size(), mine.numel());
     for peer in (0..ws).filter(|&p| p != me) {
         let k = key(peer);
-        ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(where_, format!("rank {peer} never posted its result: {e}")))?;
+        ctx.store.wait(&[&k], ctx.timeout).map_err(|e| fail(where_, format!("{one} {peer} never posted its result: {e}")))?;
         let theirs = ctx.store.get(&k).map_err(|e| fail(where_, format!("store get: {e}")))?;
         if theirs.len() != mine.bytes().len() {
-            return Err(fail(where_, format!("rank {peer}'s result has {} bytes, this rank's {}", theirs.len(), mine.bytes().len())));
+            return Err(fail(where_, format!("{one} {peer}'s result has {} bytes, this {one}'s {}", theirs.len(), mine.bytes().len())));
         }
         let theirs = Tensor::from_bytes(mine.dtype(), mine.shape(), &theirs);
         let differs = |i: usize| mine.bytes()[i * es..(i + 1) * es] != theirs.bytes()[i * es..(i + 1) * es];
@@ -201,8 +215,8 @@ pub fn expect_same_on_every_rank<B: Backend>(ctx: &Ctx<'_, B>, mine: &Tensor, ta
             return Err(fail(
                 where_,
                 format!(
-                    "first bad index {i}: got {} on rank {me}, rank {peer} got {} ({count} of {n} elements differ): an all_reduce \
-                     leaves identical copies of one result on every rank",
+                    "first bad index {i}: got {} on {one} {me}, {one} {peer} got {} ({count} of {n} elements differ): an all_reduce \
+                     leaves identical copies of one result on {all}",
                     mine.fmt_element(i),
                     theirs.fmt_element(i)
                 ),
