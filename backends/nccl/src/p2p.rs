@@ -282,49 +282,45 @@ impl<W: Wire, T> Scheduler<W, T> {
                 }
                 Conn::Ready(link) => {
                     let head = d.queue.front_mut().expect("a head");
-                    // Not agreed yet (nothing launched): a peer that gave up on the direction
-                    // fails it here, whatever a stale swap says.
-                    let unagreed = matches!(d.head, Head::Idle | Head::Swapping(..));
-                    let step = if unagreed && wire.peer_gave_up(d.dir) {
-                        Err(Failure::PeerGaveUp(head.peer))
-                    } else {
-                        match &mut d.head {
-                            Head::Idle => match (&head.hdr, &head.local) {
-                                (Some(mine), _) => match wire.swap(link, mine) {
-                                    Ok(s) => {
-                                        d.head = Head::Swapping(s, now);
-                                        continue;
-                                    }
-                                    Err(e) => Err(Failure::Wire(e)),
-                                },
-                                // Validation off: launch in issue order, nothing to agree on.
-                                (None, Some(e)) => Ok(Outcome::Failed(Failure::Local(e.clone()))),
-                                (None, None) => Ok(Outcome::Agreed),
+                    let step = match &mut d.head {
+                        // Not agreed yet (nothing launched): a peer that gave up on the
+                        // direction fails it here, whatever a stale swap says.
+                        Head::Idle | Head::Swapping(..) if wire.peer_gave_up(d.dir) => Err(Failure::PeerGaveUp(head.peer)),
+                        Head::Idle => match (&head.hdr, &head.local) {
+                            (Some(mine), _) => match wire.swap(link, mine) {
+                                Ok(s) => {
+                                    d.head = Head::Swapping(s, now);
+                                    continue;
+                                }
+                                Err(e) => Err(Failure::Wire(e)),
                             },
-                            Head::Swapping(s, at) => {
-                                let at = *at;
-                                match wire.poll_swap(link, s) {
-                                    Poll::Pending if now >= at.max(started) + timeout => Err(Failure::Timeout {
-                                        what: "the peer's header (its matching send / receive)",
-                                        waited: now - started,
-                                    }),
-                                    Poll::Pending => return None,
-                                    Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
-                                    Poll::Ready(Ok(theirs)) => {
-                                        d.head = Head::Idle;
-                                        let mine = head.hdr.as_deref().expect("swapped");
-                                        Ok(match (&head.local, pair_verdict(mine, &theirs, me, head.peer)) {
-                                            (Some(e), _) => Outcome::Failed(Failure::Local(e.clone())),
-                                            (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
-                                            (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
-                                            (None, PairVerdict::Agree) => Outcome::Agreed,
-                                        })
-                                    }
+                            // Validation off: launch in issue order, nothing to agree on.
+                            (None, Some(e)) => Ok(Outcome::Failed(Failure::Local(e.clone()))),
+                            (None, None) => Ok(Outcome::Agreed),
+                        },
+                        Head::Swapping(s, at) => {
+                            let at = *at;
+                            match wire.poll_swap(link, s) {
+                                Poll::Pending if now >= at.max(started) + timeout => {
+                                    Err(Failure::Timeout { what: "the peer's header (its matching send / receive)", waited: now - started })
+                                }
+                                Poll::Pending => return None,
+                                Poll::Ready(Err(e)) => Err(Failure::Wire(e)),
+                                Poll::Ready(Ok(theirs)) => {
+                                    d.head = Head::Idle;
+                                    let mine = head.hdr.as_deref().expect("swapped");
+                                    Ok(match (&head.local, pair_verdict(mine, &theirs, me, head.peer)) {
+                                        (Some(e), _) => Outcome::Failed(Failure::Local(e.clone())),
+                                        (None, PairVerdict::PeerFailed(r)) => Outcome::Failed(Failure::PeerFailed(r)),
+                                        (None, PairVerdict::Bad(k, detail)) => Outcome::Failed(Failure::Bad(k, detail)),
+                                        (None, PairVerdict::Agree) => Outcome::Agreed,
+                                    })
                                 }
                             }
-                            Head::Launching(l, at) => {
-                                let at = *at;
-                                match wire.poll_launch(link, l) {
+                        }
+                        Head::Launching(l, at) => {
+                            let at = *at;
+                            match wire.poll_launch(link, l) {
                                 Poll::Pending if now >= at + timeout => Err(Failure::Timeout {
                                     what: "NCCL's acceptance of the data (its connection to the peer, or room among the direction's data ops in flight that the peer has not matched yet)",
                                     waited: now - started,
@@ -337,7 +333,6 @@ impl<W: Wire, T> Scheduler<W, T> {
                                     out.push((op.token, Outcome::Launched(l)));
                                     continue;
                                 }
-                            }
                             }
                         }
                     };
