@@ -47,6 +47,11 @@ const NAME: &str = "p2pcoll";
 
 /// The backend with `bug` (empty: the correct one); its rerun line runs the conformance binary
 /// with that bug, in the profile this test ran in.
+/// Bugs whose catch depends on how two threads interleave (see the trial), and how many runs
+/// such a trial gets.
+const RACY: &[&str] = &["groups_share_world_channel"];
+const RACY_TRIES: usize = 5;
+
 fn entry(bug: &str) -> BackendEntry {
     BackendEntry::new::<P2pColl>(NAME, 0, concord_suites::catalogue::<P2pColl>)
         .with_option("p2pcoll_bug", bug)
@@ -120,7 +125,18 @@ fn main() {
     for &(bug, case, op) in CATCHES {
         trials.push(libtest_mimic::Trial::test(format!("p2pcoll::{bug}_is_caught"), move || {
             let bugged = entry(bug);
-            let (v, msg) = run(&bugged, case)?;
+            // `groups_share_world_channel` is caught when the world's and the group's messages
+            // meet on the shared channel out of turn, which their two progress threads decide:
+            // one CI run in many had them in turn (the case passed). Up to RACY_TRIES runs, the
+            // first failing one judged; every other bug gets one run.
+            let tries = if RACY.contains(&bug) { RACY_TRIES } else { 1 };
+            let (mut v, mut msg) = run(&bugged, case)?;
+            for _ in 1..tries {
+                if !matches!(v, Verdict::Passed) {
+                    break;
+                }
+                (v, msg) = run(&bugged, case)?;
+            }
             // Caught means a rank REPORTED the wrong result, naming the op (`op=all_reduce ` with
             // its space: not `op=all_reduce_coalesced`); a crash or a timeout of the world is not.
             let named = format!("op={op} ");
