@@ -1502,16 +1502,6 @@ impl NcclBackend {
         let fast_launch = flag("fast_launch", true)?;
         let alloc_cache = flag("alloc_cache", true)?;
         let batch = flag("batch", true)?;
-        let inline = flag("inline", false)?;
-        let progress_cpu = match world.option("progress_cpu") {
-            None => None,
-            Some(v) => Some(v.parse::<usize>().map_err(|_| {
-                CollectiveError::Backend(format!(
-                    "nccl init on rank {rank}: backend option progress_cpu={v}: expected a CPU number (the progress thread \
-                     runs on CPU progress_cpu + the rank's local rank)"
-                ))
-            })?),
-        };
         let one_rank_copy = crate::cuda::OneRankCopy::parse(world.option("one_rank_copy"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let init_timeout = match world.option("init_timeout_ms") {
@@ -1618,15 +1608,7 @@ impl NcclBackend {
             board,
         )
         .map_err(|e| fail("side buffers", e))
-        .inspect(|b| {
-            let t = b.progress.tracker_ref();
-            t.batching.store(batch, std::sync::atomic::Ordering::SeqCst);
-            t.inline.store(inline, std::sync::atomic::Ordering::SeqCst);
-        })
-        .and_then(|b| match progress_cpu {
-            Some(cpu) => b.progress.pin(cpu + world.local_rank()).map(|()| b).map_err(|e| fail("option progress_cpu", e)),
-            None => Ok(b),
-        })
+        .inspect(|b| b.progress.tracker().batching.store(batch, std::sync::atomic::Ordering::SeqCst))
     }
 
     pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {

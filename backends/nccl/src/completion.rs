@@ -104,16 +104,11 @@ impl NcclCompletion {
         if let Some(done) = self.state.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Some(done);
         }
-        // With option `inline=1` an op launched on the caller's thread may wait in a batch for
-        // its completion event with no job behind it to have the event recorded (see
-        // `worker::Progress::run_inline`): whoever looks at a running op records it.
-        let mut flush_batch = false;
         {
             let stage = self.ticket.lock();
             match &*stage {
-                Stage::Running(_) => flush_batch = self.tracker.inline.load(Ordering::Relaxed) && self.tracker.has_batch(),
                 // The progress thread finishes or launches it, within its own deadlines.
-                Stage::Queued => {}
+                Stage::Queued | Stage::Running(_) => {}
                 Stage::Finished(outcome) => {
                     let outcome = outcome.clone();
                     drop(stage);
@@ -148,9 +143,6 @@ impl NcclCompletion {
                     }
                 },
             }
-        }
-        if flush_batch && self.comm.dev.bind().is_ok() {
-            self.tracker.flush();
         }
         if let Some(why) = self.comm.aborted() {
             return Some(

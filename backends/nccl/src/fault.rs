@@ -20,12 +20,6 @@ pub(crate) struct Faults {
 }
 
 impl Faults {
-    /// Whether no fault is asked for (the caller's-thread launch, `worker::Progress::run_inline`,
-    /// honours none of the hooks, so it runs only then).
-    pub fn none(&self) -> bool {
-        self.list.is_empty()
-    }
-
     /// The faults `world` asks for; `Err` names an unknown or unhonoured one.
     pub fn from_world(world: &concord_core::WorldInfo) -> Result<Faults, String> {
         let list = concord_core::fault::from_world(world)?;

@@ -198,31 +198,8 @@ impl NcclBackend {
             b.note_issued(op.cseq);
         }
         let ticket = Ticket::new();
-        let launch = match launch {
-            Some(l) if matches!(check, Check::None) && self.inline_ok(op.name, &l) => {
-                match self.progress.run_inline(&self.chan, op.id(), l, &ticket) {
-                    Ok(()) => return Ok(self.pending(op, value, ticket)),
-                    Err(l) => Some(l),
-                }
-            }
-            other => other,
-        };
         self.progress.submit(Job::Op { chan: self.chan.clone(), id: op.id(), check, launch, ticket: Some(ticket.clone()) });
         Ok(self.pending(op, value, ticket))
-    }
-
-    /// Whether an unvalidated op's `launch` may run on the caller's thread as far as the op
-    /// goes (option `inline=1`; `Progress::run_inline` checks the queue): a single NCCL group or
-    /// device copy (no premul-sum op to create, no steps after it), no fault hooks, and on a
-    /// communicator of several ranks a shape the progress thread has launched before on it (NCCL
-    /// connects lazily, inside the first launch that needs a connection, and that waits for the
-    /// peers).
-    fn inline_ok(&self, name: &str, l: &Launch) -> bool {
-        self.progress.tracker_ref().inline.load(Ordering::Relaxed)
-            && l.premul.is_empty()
-            && l.then.is_empty()
-            && self.faults.none()
-            && (self.ws == 1 || self.chan.is_warm(crate::worker::warm_key(name, l)))
     }
 
     /// Queues a send / recv for the progress thread, which parks it on its direction (see

@@ -215,26 +215,6 @@ pub(crate) struct Channel {
     /// Host shared memory for the validation headers when every rank is on this host (see
     /// `board`); `None`: headers go through NCCL on the stream (`exchange_all`).
     pub board: Option<Arc<Board>>,
-    /// Launch shapes (op name and bytes kept, [`warm_key`]) the progress thread has launched on
-    /// this communicator, at most [`WARM_MAX`]: only those may launch on the caller's thread
-    /// ([`Progress::run_inline`]), since NCCL connects an algorithm's peers lazily, inside the
-    /// first launch that needs it, which waits for the peers. Kept only with option `inline=1`.
-    warm: Mutex<Vec<u64>>,
-}
-
-/// The most launch shapes a communicator remembers as warm (see `Channel::warm`).
-const WARM_MAX: usize = 64;
-
-/// The key of a launch's shape for `Channel::warm`: the op's name and the bytes of every buffer
-/// it keeps (NCCL picks its algorithm from the collective and its byte count).
-pub(crate) fn warm_key(name: &str, launch: &Launch) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    for m in &launch.keep {
-        m.bytes().hash(&mut h);
-    }
-    h.finish()
 }
 
 /// What a parked send / recv hands back with its outcome.
@@ -325,12 +305,7 @@ impl Job {
     fn run(self, tracker: &Tracker) {
         match self {
             Job::Op { chan, id, check, launch, ticket } => {
-                let warm = launch.as_ref().filter(|_| tracker.inline.load(Ordering::Relaxed)).map(|l| warm_key(id.name, l));
-                let ran = chan.run_op(&id, check, launch, tracker, ticket.is_some());
-                if let (Some(k), Ok(Ran::Launched(_) | Ran::Deferred)) = (warm, &ran) {
-                    chan.note_warm(k);
-                }
-                let stage = match ran {
+                let stage = match chan.run_op(&id, check, launch, tracker, ticket.is_some()) {
                     Ok(Ran::Launched(l)) => Stage::Launched(l),
                     Ok(Ran::Deferred) => {
                         if let Some(t) = ticket {
@@ -429,21 +404,7 @@ impl Channel {
             p2p: Mutex::new((sched, wire)),
             p2p_key,
             board,
-            warm: Mutex::new(Vec::new()),
         })
-    }
-
-    /// Whether the progress thread has launched a shape `key` on this communicator (see
-    /// `Channel::warm`).
-    pub fn is_warm(&self, key: u64) -> bool {
-        self.warm.lock().unwrap_or_else(|e| e.into_inner()).contains(&key)
-    }
-
-    fn note_warm(&self, key: u64) {
-        let mut w = self.warm.lock().unwrap_or_else(|e| e.into_inner());
-        if !w.contains(&key) && w.len() < WARM_MAX {
-            w.push(key);
-        }
     }
 
     fn dev(&self) -> &Arc<Device> {
@@ -1041,15 +1002,7 @@ pub(crate) struct Tracker {
     /// never cleared): from then on the issue counters no longer let unvalidated ops batch (see
     /// [`Channel::issued_everywhere`]).
     split_seen: AtomicBool,
-    /// Backend option `inline=1` (set at the world's `init`, shared by its subgroups): an
-    /// unvalidated small op may launch on the caller's thread ([`Progress::run_inline`]).
-    pub inline: AtomicBool,
 }
-
-/// The most completion events of launched ops still tracked (each one op or one batch) with
-/// which an op may still launch on the caller's thread ([`Progress::run_inline`]): a backlog on a
-/// stalled stream can fill NCCL's and CUDA's queues, and a launch then blocks until they drain.
-const INLINE_MAX_BACKLOG: usize = 8;
 
 /// Whether an op just launched may leave its completion event to its batch (see
 /// [`Tracker::defer`]): `allowed` (a job with a ticket, batching on, no injected enqueue stall), no
@@ -1145,19 +1098,7 @@ impl Tracker {
             batched: AtomicBool::new(false),
             batching: AtomicBool::new(true),
             split_seen: AtomicBool::new(false),
-            inline: AtomicBool::new(false),
         }
-    }
-
-    /// Whether the stream's backlog is small enough for a launch on the caller's thread (see
-    /// [`INLINE_MAX_BACKLOG`]); `false` while another thread holds the list (never blocks).
-    fn backlog_small(&self) -> bool {
-        self.launched.try_lock().is_ok_and(|l| l.len() <= INLINE_MAX_BACKLOG)
-    }
-
-    /// Whether ops wait in a batch for their completion event (see [`Tracker::defer`]).
-    pub fn has_batch(&self) -> bool {
-        self.batched.load(Ordering::SeqCst)
     }
 
     /// Whether an op of `comm` may join the batch (empty, or of the same communicator).
@@ -1410,9 +1351,6 @@ struct QState {
     closed: bool,
     /// Set by the thread, under the lock, when it stops taking jobs.
     stopped: bool,
-    /// An issuing thread is launching an op itself ([`Progress::run_inline`]): the progress
-    /// thread takes no job meanwhile.
-    inline: bool,
 }
 
 /// What the running job is: its communicator, op and start, for a bounded teardown.
@@ -1443,7 +1381,7 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
-            q: Padded(Mutex::new(QState { jobs: VecDeque::new(), waiting: false, closed: false, stopped: false, inline: false })),
+            q: Padded(Mutex::new(QState { jobs: VecDeque::new(), waiting: false, closed: false, stopped: false })),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
             finished: Padded(AtomicU64::new(0)),
@@ -1475,11 +1413,6 @@ impl Progress {
         self.shared.tracker.clone()
     }
 
-    /// [`Progress::tracker`] without a count change on its `Arc` (the issue path's look).
-    pub fn tracker_ref(&self) -> &Tracker {
-        &self.shared.tracker
-    }
-
     /// Queues `job` behind every job submitted before it.
     pub fn submit(&self, job: Job) {
         let mut q = self.shared.q.lock().unwrap_or_else(|e| e.into_inner());
@@ -1490,100 +1423,6 @@ impl Progress {
         if asleep {
             self.shared.cv.notify_one();
         }
-    }
-
-    /// Launches an unvalidated op on the calling thread instead of queueing it (backend option
-    /// `inline=1`): the progress thread's work for it (`Channel::run_op`, the same code) without
-    /// the hand-over, which costs more than a microsecond per op on a 2-rank small all_reduce
-    /// (an NCCL call made on a second thread is slower; see `docs/RESULTS.md`). `Err(launch)`
-    /// (nothing done) unless it is safe to, and then the caller queues the job as usual:
-    /// * nothing is ahead: the queue is empty, every job submitted has finished and no send /
-    ///   recv is parked, so the progress thread makes no NCCL call meanwhile (it takes no job
-    ///   while the claim, `QState::inline`, is held) and this op follows every earlier one on
-    ///   the stream, in issue order, as on every rank;
-    /// * the stream's backlog is small ([`INLINE_MAX_BACKLOG`]), so the launch does not wait for
-    ///   room in a queue.
-    ///
-    /// The caller checks the rest (`NcclBackend::submit`): no validation (nothing to wait for
-    /// from the peers), no fault hooks, a single NCCL group, and a shape already launched on the
-    /// communicator by the progress thread (`Channel::is_warm`: no lazy connection). A launch
-    /// stuck inside NCCL all the same is ended by the watchdog at its deadline, as on the
-    /// progress thread (`current` names it meanwhile). The op may join a batch
-    /// ([`Tracker::defer`]); its completion records the batch's event when it finds it waiting
-    /// (`completion`), and the watchdog after [`BATCH_MAX_AGE`].
-    pub fn run_inline(&self, chan: &Arc<Channel>, mut id: OpId, launch: Launch, ticket: &Arc<Ticket>) -> std::result::Result<(), Launch> {
-        let sh = &*self.shared;
-        if !sh.tracker.backlog_small() {
-            return Err(launch);
-        }
-        {
-            let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
-            if q.inline
-                || q.closed
-                || !q.jobs.is_empty()
-                || sh.tracker.any_active.load(Ordering::SeqCst)
-                || sh.finished.load(Ordering::SeqCst) != sh.queued.load(Ordering::SeqCst)
-            {
-                return Err(launch);
-            }
-            q.inline = true;
-        }
-        /// Releases the claim (also on a panic), waking the progress thread if a job came meanwhile.
-        struct Claim<'a>(&'a Shared);
-        impl Drop for Claim<'_> {
-            fn drop(&mut self) {
-                *self.0.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                let mut q = self.0.q.lock().unwrap_or_else(|e| e.into_inner());
-                q.inline = false;
-                let wake = q.waiting && !q.jobs.is_empty();
-                drop(q);
-                if wake {
-                    self.0.cv.notify_one();
-                }
-            }
-        }
-        let _claim = Claim(sh);
-        let now = Instant::now();
-        id.started = Some(now);
-        ticket.set(Stage::Running(now));
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((chan.comm.clone(), id, now));
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chan.run_op(&id, Check::None, Some(launch), &sh.tracker, true)));
-        let stage = match ran {
-            Ok(Ok(Ran::Launched(l))) => Stage::Launched(l),
-            Ok(Ok(Ran::Deferred)) => {
-                sh.tracker.defer(&chan.comm, ticket.clone(), &id, chan.rank, chan.op_timeout);
-                return Ok(());
-            }
-            Ok(Ok(Ran::Nothing)) => Stage::Finished(Ok(())),
-            Ok(Err(e)) => Stage::Finished(Err(e)),
-            Err(_) => Stage::Finished(Err(CollectiveError::Backend(format!(
-                "nccl {} #{} on rank {}: the launch on the issuing thread panicked",
-                id.name, id.seq, chan.rank
-            )))),
-        };
-        ticket.set(stage);
-        Ok(())
-    }
-
-    /// Runs the progress thread on CPU `cpu` only (backend option `progress_cpu`).
-    pub fn pin(&self, cpu: usize) -> std::result::Result<(), String> {
-        use std::os::unix::thread::JoinHandleExt;
-        let g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(h) = g.as_ref() else { return Err("the progress thread is gone".into()) };
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(format!("CPU {cpu} is past the largest CPU number ({})", libc::CPU_SETSIZE - 1));
-        }
-        // SAFETY: cpu_set_t is plain data; the call touches only the progress thread's affinity
-        // (a live thread: its handle is held above).
-        let r = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::pthread_setaffinity_np(h.as_pthread_t(), std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
-        if r != 0 {
-            return Err(format!("pinning the progress thread to CPU {cpu}: {}", std::io::Error::from_raw_os_error(r)));
-        }
-        Ok(())
     }
 
     /// How a communicator of this rank hands its teardown to this thread (queued behind every
@@ -1728,10 +1567,8 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         let job = {
             let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
             loop {
-                if !q.inline {
-                    if let Some(j) = q.jobs.pop_front() {
-                        break Some(j);
-                    }
+                if let Some(j) = q.jobs.pop_front() {
+                    break Some(j);
                 }
                 if busy {
                     if q.closed && closed_at.get_or_insert_with(Instant::now).elapsed() > DROP_GRACE {
@@ -1745,14 +1582,14 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                     q = sh.cv.wait_timeout(q, busy_wait).unwrap_or_else(|e| e.into_inner()).0;
                     q.waiting = false;
                     busy_wait = (busy_wait * 2).min(BUSY_WAIT_MAX);
-                    if q.jobs.is_empty() && !q.inline {
+                    if q.jobs.is_empty() {
                         drop(q);
                         busy = service(&sh);
                         q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
                     }
                     continue;
                 }
-                if q.closed && q.jobs.is_empty() {
+                if q.closed {
                     q.stopped = true;
                     break None;
                 }

@@ -83,14 +83,12 @@ fn a_bad_one_rank_copy_option_is_named_before_any_gpu_is_touched() {
 
 #[test]
 fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
-    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache", "batch", "inline"] {
+    for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache", "batch"] {
         let err = refused_with_option(key, "flase");
         assert!(err.to_string().contains(&format!("{key}=flase")) && err.to_string().contains("true/false"), "{err}");
     }
     let err = refused_with_option("init_timeout_ms", "5s");
     assert!(err.to_string().contains("init_timeout_ms=5s") && err.to_string().contains("milliseconds"), "{err}");
-    let err = refused_with_option("progress_cpu", "-1");
-    assert!(err.to_string().contains("progress_cpu=-1") && err.to_string().contains("CPU number"), "{err}");
     let err = refused_with_option(concord_core::LOCAL_RANK_OPTION, "first");
     assert!(err.to_string().contains("=first") && err.to_string().contains("GPU index"), "{err}");
 }
