@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 /// it, on a loaded 2-core CI machine).
 pub(super) const OP_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a stalling rank sleeps: well past its peers' op deadline.
-const STALL: Duration = Duration::from_millis(3000);
+pub(super) const STALL: Duration = Duration::from_millis(3000);
 /// Elements of the buffers the cases move.
 const N: usize = 4096;
 /// The canary: a value no case ever computes.
@@ -134,7 +134,7 @@ pub(super) fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> R
 
 /// UNSUPPORTED unless the backend declares every point of `points` (and moves data when the
 /// case checks values).
-fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
+pub(super) fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
     if values && !b.capabilities().moves_data {
         return Err(CaseEnd::Unsupported("the backend moves no data".into()));
     }
@@ -149,7 +149,7 @@ fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
 
 /// `action` at `point` on `rank` in its `op`-th op (counted from 1 here; the option counts from
 /// 0), a stall lasting [`STALL`].
-fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
+pub(super) fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
     Fault::new(point, action).on_rank(rank).nth(op - 1).stall_for(STALL)
 }
 
