@@ -139,21 +139,48 @@ impl SendCompletion {
     /// caller told "timeout" reused its buffer and a late receiver got the new contents, `Ok`).
     /// `Ok(true)` if the receiver consumed it meanwhile; `Ok(false)` while the receiver has
     /// claimed it (it is copying: the op is in its data movement, which a deadline does not
-    /// cover), so the caller waits on.
-    fn expire(&self) -> Result<bool> {
+    /// cover), so the caller waits on — unless `claimed_too` (the caller's own wait ends now,
+    /// past the op deadline): then a claimed message is withdrawn too and the send fails with a
+    /// timeout, final; the receiver sees the withdrawal after its copy and fails (shmrace: the
+    /// wait returned a timeout, the caller reused its buffer, and the receiver, late in its
+    /// copy, returned the new bytes with `Ok`).
+    fn expire(&self, claimed_too: bool) -> Result<bool> {
         let c = &self.comm;
-        match c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
-            Ok(_) | Err(V_WITHDRAWN) => {
-                self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
-                let started = *self.posted_at.get().expect("expired only once posted");
-                let err = c.wait_error(WaitErr::Timeout { peer: self.dst }, "send", self.k as u64, started);
-                *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
-                Err(err)
-            }
-            Err(V_CLAIMED) => Ok(false),
+        let word = c.ctl.verdict(c.me, self.dst, self.k);
+        let claimed = match word.compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+            Ok(_) | Err(V_WITHDRAWN) => false,
+            Err(V_CLAIMED) if !claimed_too => return Ok(false),
+            Err(V_CLAIMED) => match word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst) {
+                Ok(_) => true,
+                // The receiver set its verdict meanwhile: it consumed the message.
+                Err(_) => return self.resolve().map(|_| true),
+            },
             // A verdict: the receiver consumed it.
-            Err(_) => self.resolve().map(|_| true),
+            Err(_) => return self.resolve().map(|_| true),
+        };
+        if claimed {
+            // The receiver may still be reading it: never reused.
+            self.quarantine();
         }
+        self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let started = *self.posted_at.get().expect("expired only once posted");
+        let err = if claimed {
+            CollectiveError::Timeout {
+                op: "send".into(),
+                seq: self.k as u64,
+                rank: c.me,
+                waited_ms: started.elapsed().as_millis() as u64,
+                detail: format!(
+                    "shm backend: rank {} took the message up but had not copied it when this wait ended, past the op deadline of {:?}; \
+                     the message is withdrawn (rank {}'s receive fails)",
+                    self.dst, c.op_timeout, self.dst
+                ),
+            }
+        } else {
+            c.wait_error(WaitErr::Timeout { peer: self.dst }, "send", self.k as u64, started)
+        };
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
+        Err(err)
     }
 
     fn consumed(&self) -> bool {
@@ -169,6 +196,11 @@ impl SendCompletion {
         let v = self.comm.ctl.verdict(self.comm.me, self.dst, self.k).load(SeqCst);
         let r = match v {
             1 => Ok(()),
+            // Withdrawn: the send failed (its error was returned where it was withdrawn).
+            V_WITHDRAWN => Err(CollectiveError::Aborted(format!(
+                "send #{} on rank {}: the message to rank {} was withdrawn (the send had failed)",
+                self.k, self.comm.me, self.dst
+            ))),
             c => Err(CollectiveError::bad_input(
                 post::kind_from(c as u64 - 2).unwrap_or(BadInputKind::OutBufferSize),
                 "send",
@@ -186,8 +218,10 @@ impl SendCompletion {
 impl SendCompletion {
     /// After the send failed: withdraws the message so that the receiver never reads the buffer
     /// again, or — if the receiver is copying it right now — waits (one op deadline at most) until
-    /// it is done or gone. True if the receiver consumed the message (the send succeeded after
-    /// all). Releases the buffer, quarantined if the receiver might still read it.
+    /// it is done or gone, then withdraws it even so (the receiver, finding it withdrawn after its
+    /// copy, fails instead of returning `Ok` with bytes the caller may have rewritten: shmrace).
+    /// True if the receiver consumed the message (the send succeeded after all). Releases the
+    /// buffer, quarantined if the receiver might still read it.
     fn give_up(&self) -> bool {
         let c = &self.comm;
         let word = c.ctl.verdict(c.me, self.dst, self.k);
@@ -198,10 +232,16 @@ impl SendCompletion {
                 Err(V_CLAIMED) => {
                     let gone = c.ctl.gone(self.dst).load(SeqCst) != 0 || c.ctl.alive(self.dst).is_err();
                     if gone || Instant::now() >= until {
-                        if !gone {
-                            self.quarantine();
+                        match word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst) {
+                            Ok(_) => {
+                                if !gone {
+                                    self.quarantine();
+                                }
+                                break false;
+                            }
+                            // The receiver set its verdict meanwhile.
+                            Err(_) => continue,
                         }
-                        break false;
                     }
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -219,9 +259,14 @@ impl SendCompletion {
     }
 
     /// A send that fails after posting (on the progress thread): withdraw, else quarantine.
+    /// A message the receiver is copying is withdrawn too: its receive fails after the copy.
     fn withdraw_or_quarantine(&self) {
         let c = &self.comm;
-        if c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst).is_err() {
+        let word = c.ctl.verdict(c.me, self.dst, self.k);
+        if let Err(v) = word.compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+            if v == V_CLAIMED {
+                let _ = word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst);
+            }
             self.quarantine();
         }
     }
@@ -234,7 +279,9 @@ impl Completion for SendCompletion {
         }
         match self.posted.wait_for(Duration::ZERO) {
             // Past its op deadline a posted send is failed (and withdrawn) by the first look.
-            Ok(true) => self.consumed() || (self.op_deadline().is_some_and(|d| Instant::now() >= d) && !matches!(self.expire(), Ok(false))),
+            Ok(true) => {
+                self.consumed() || (self.op_deadline().is_some_and(|d| Instant::now() >= d) && !matches!(self.expire(false), Ok(false)))
+            }
             Ok(false) => false,
             Err(_) => true,
         }
@@ -256,13 +303,15 @@ impl Completion for SendCompletion {
             loop {
                 match c.ctl.wait_consumed(self.dst, self.k, until, &c.abort) {
                     Ok(()) => break,
-                    Err(WaitErr::Timeout { .. }) if until < end => match self.expire() {
+                    Err(WaitErr::Timeout { .. }) if until < end => match self.expire(false) {
                         // Claimed: the receiver is copying (a deadline does not cover a peer's
                         // data movement once started): wait for it up to the caller's deadline.
                         Ok(false) => until = end,
                         r => return r,
                     },
-                    Err(WaitErr::Timeout { .. }) if self.op_deadline().is_some_and(|d| Instant::now() >= d) => return self.expire(),
+                    // The caller's wait ends past the op deadline: the send fails for good, its
+                    // message withdrawn even if claimed (the caller may reuse its buffer now).
+                    Err(WaitErr::Timeout { .. }) if self.op_deadline().is_some_and(|d| Instant::now() >= d) => return self.expire(true),
                     Err(WaitErr::Timeout { .. }) => return Ok(false),
                     Err(e) => {
                         let err = c.wait_error(e, "send", self.k as u64, start);
@@ -1191,16 +1240,32 @@ impl Progress {
                 )));
             }
             if let Err(e) = comm.strike(&fault, point::PROGRESS_THREAD, "recv", k as u64) {
-                word.store(0, SeqCst);
+                // Give the message back, unless the sender withdrew it meanwhile.
+                if word.compare_exchange(V_CLAIMED, 0, SeqCst, SeqCst).is_err() {
+                    comm.ctl.set_consumed(src, k);
+                }
                 return Err(e);
             }
             out.region().copy_from(comm.world.mapped_region(comm.globals[src], e.off as usize, e.nbytes as usize));
+            // The verdict only if the message is still ours: a sender whose wait ended (past the
+            // op deadline) while this rank was copying withdrew it, and its caller may have
+            // rewritten the buffer during the copy (shmrace).
+            if word.compare_exchange(V_CLAIMED, 1, SeqCst, SeqCst).is_err() {
+                comm.ctl.set_consumed(src, k);
+                return Err(CollectiveError::Aborted(format!(
+                    "recv #{k} on rank {}: rank {src} withdrew the message while this rank was copying it (its send had failed at its \
+                     deadline); the output's contents are undefined",
+                    comm.me
+                )));
+            }
+        } else {
+            let code = match &verdict {
+                Ok(()) => 1,
+                Err((k, _)) => post::kind_code(*k) as u32 + 2,
+            };
+            // Unless the sender withdrew it meanwhile (both sides fail then, each named).
+            let _ = comm.ctl.verdict(src, comm.me, k).compare_exchange(0, code, SeqCst, SeqCst);
         }
-        let code = match &verdict {
-            Ok(()) => 1,
-            Err((k, _)) => post::kind_code(*k) as u32 + 2,
-        };
-        comm.ctl.verdict(src, comm.me, k).store(code, SeqCst);
         comm.ctl.set_consumed(src, k);
         verdict.map_err(|(kind, detail)| CollectiveError::bad_input(kind, "recv", k as u64, comm.me, detail))
     }

@@ -76,8 +76,12 @@
 //!   the caller's again. If a peer still holds a claim one op deadline later (stopped in the
 //!   middle of a copy), the op's blocks are *quarantined* (never reused until the world is torn
 //!   down) and the event is printed. The abort word is checked after the post barrier and before
-//!   the data movement. A send whose wait fails *withdraws* its message unless the receiver has
-//!   claimed it (then the sender waits for the copy); a posted send whose receiver has not
+//!   the data movement. A send whose wait fails *withdraws* its message; if the receiver has
+//!   claimed it (it is copying), the sender waits for the copy — one op deadline after a failure,
+//!   up to the caller's deadline past the op deadline — and then withdraws it even so: the
+//!   receiver sets its verdict after the copy only if the message is still claimed, and
+//!   otherwise fails with a named `aborted` (shmrace: a receiver stalled between claim and copy
+//!   copied the bytes the caller wrote after its send had failed, `Ok`); a posted send whose receiver has not
 //!   claimed it one op deadline after it was posted fails so, with a timeout, at its next wait
 //!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
 //!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
