@@ -839,8 +839,11 @@ impl Progress {
         let seq = post.call.seq;
         let comm = self.comm.clone();
         let me = comm.me;
-        // A new_group takes three steps (and numbers the group): its local failures still poison.
-        let steps_on = post.call.op != CallOp::NewGroup;
+        // The barriers after the first: a new_group takes three steps (its members open the
+        // group's segment between the last two), every other collective two. A rank whose side
+        // fails locally publishes them all at once, and its peers pass as many (shmrace: a
+        // new_group's local failure used to poison the world).
+        let rest: u32 = if post.call.op == CallOp::NewGroup { 2 } else { 1 };
         // 0. An earlier op whose side failed here: its peers must have left it before this post
         // replaces the one they may still read.
         self.catch_up(name, seq, deadline, started)?;
@@ -851,16 +854,15 @@ impl Progress {
             Ok(b) => b,
             Err(e) => {
                 let e = CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}"));
-                if !steps_on {
-                    return Err(self.out_of_step(e));
-                }
                 // A local failure: the op is marked failed before its first step is published,
                 // so every peer sees the mark before it would read this rank's post.
                 self.step = self.step.wrapping_add(1);
                 comm.ctl.mark_failed(self.step.max(1));
                 comm.ctl.set_counter(self.step);
-                self.step = self.step.wrapping_add(1);
-                comm.ctl.set_counter(self.step);
+                for _ in 0..rest {
+                    self.step = self.step.wrapping_add(1);
+                    comm.ctl.set_counter(self.step);
+                }
                 self.behind = Some(Behind { step: self.step, blk: None, name: name.to_string(), seq });
                 return Err(e);
             }
@@ -875,7 +877,7 @@ impl Progress {
         // From here on peers may read the post and touch the buffers: the op's memory is held by
         // `Posted` until the op ends, and a failure closes it first (see `Posted`).
         let mut held = Posted { comm: comm.clone(), blk: Some(blk), keep, settled: false, name: name.to_string(), seq };
-        let e = match self.posted(name, seq, token, started, deadline, reply, fault) {
+        let e = match self.posted(name, seq, token, started, deadline, reply, fault, rest) {
             Ok(()) => {
                 held.settle();
                 return Ok(());
@@ -887,17 +889,19 @@ impl Progress {
                 self.in_step = true;
                 return Err(e);
             }
-            Err(Ended::Local(e)) if steps_on => {
+            Err(Ended::Local(e)) => {
                 // This rank's own side failed (before the op's last barrier): mark it, publish
                 // the last step at once (peers pass it and end with the named error), keep the
                 // post for the peers that may still read it, and close the buffers below.
                 comm.ctl.mark_failed(token);
-                self.step = self.step.wrapping_add(1);
-                comm.ctl.set_counter(self.step);
+                for _ in 0..rest {
+                    self.step = self.step.wrapping_add(1);
+                    comm.ctl.set_counter(self.step);
+                }
                 self.behind = Some(Behind { step: self.step, blk: held.blk.take(), name: name.to_string(), seq });
                 e
             }
-            Err(Ended::Local(e) | Ended::Broken(e)) => {
+            Err(Ended::Broken(e)) => {
                 self.poisoned = Some(e.to_string());
                 comm.ctl.poison();
                 e
@@ -951,6 +955,7 @@ impl Progress {
         deadline: Instant,
         reply: Option<GroupReply>,
         fault: Option<Fault>,
+        rest: u32,
     ) -> std::result::Result<(), Ended> {
         let comm = self.comm.clone();
         let (n, me) = (comm.n, comm.me);
@@ -963,7 +968,7 @@ impl Progress {
         comm.ctl.check_abort().map_err(werr)?;
         // A peer whose side failed locally before this look marked it: read nothing of it.
         if let Some(r) = comm.ctl.failed_peer(token) {
-            return Err(self.peer_failed(r, name, seq, deadline, started));
+            return Err(self.peer_failed(r, name, seq, deadline, started, rest));
         }
         // 2. Read and validate every rank's post.
         let mut posts = Vec::with_capacity(n);
@@ -991,7 +996,7 @@ impl Progress {
         // 3. Move the data, holding claims on every peer's memory (see `ctl`).
         let claims = match Claims::take(&comm, token) {
             Ok(c) => c,
-            Err(r) if comm.ctl.failed(r, token) => return Err(self.peer_failed(r, name, seq, deadline, started)),
+            Err(r) if comm.ctl.failed(r, token) => return Err(self.peer_failed(r, name, seq, deadline, started, rest)),
             Err(r) => {
                 return Err(CollectiveError::Aborted(format!(
                     "{name} #{seq} on rank {me}: rank {r}'s side of the op had already failed (it closed its buffers)"
@@ -1005,7 +1010,7 @@ impl Progress {
         if let Err(r) = claims.still_open(token) {
             drop(claims);
             if comm.ctl.failed(r, token) {
-                return Err(self.peer_failed(r, name, seq, deadline, started));
+                return Err(self.peer_failed(r, name, seq, deadline, started, rest));
             }
             return Err(CollectiveError::Aborted(format!(
                 "{name} #{seq} on rank {me}: rank {r} closed its buffers (its side of the op failed) before this rank moved data"
@@ -1016,7 +1021,7 @@ impl Progress {
         drop(claims);
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
         let group = match group {
-            Some(g) => Some(self.finish_group(g, name, seq, deadline, started)?),
+            Some(g) => Some(self.finish_group(g, name, seq, token, deadline, started)?),
             None => {
                 self.barrier(name, seq, deadline, started)?;
                 // A peer whose side failed locally marked it before it published this step.
@@ -1035,11 +1040,14 @@ impl Progress {
     /// Rank `r`'s side of this op failed locally: this rank moves no (more) data, passes the
     /// op's last barrier with its peers (the failed rank published it already) and ends the op
     /// with the named error, every rank in step.
-    fn peer_failed(&mut self, r: usize, name: &str, seq: u64, deadline: Instant, started: Instant) -> Ended {
-        match self.barrier(name, seq, deadline, started) {
-            Ok(()) => Ended::InStep(peer_failure(name, seq, self.comm.me, r)),
-            Err(e) => Ended::Broken(e),
+    /// `rest`: the op's barriers after its first (see `collective`).
+    fn peer_failed(&mut self, r: usize, name: &str, seq: u64, deadline: Instant, started: Instant, rest: u32) -> Ended {
+        for _ in 0..rest {
+            if let Err(e) = self.barrier(name, seq, deadline, started) {
+                return Ended::Broken(e);
+            }
         }
+        Ended::InStep(peer_failure(name, seq, self.comm.me, r))
     }
 
     /// The data movement of a validated op. Returns group-creation state for `new_group`.
@@ -1155,18 +1163,24 @@ impl Progress {
 
     /// new_group, after validation: the creator made the segment; members open it between two
     /// barriers; then the creator unlinks its name (mappings stay) — on every path, failures
-    /// included (issue 15 item 12).
+    /// included (issue 15 item 12). A peer whose side failed locally (marked before it published
+    /// the first of these barriers) is seen after it: nobody opens the segment, every rank passes
+    /// the last barrier, and the group's number is given back (the failed rank never took it),
+    /// so every rank numbers its next group alike.
     fn finish_group(
         &mut self,
         mut g: NewGroup,
         name: &str,
         seq: u64,
+        token: u32,
         deadline: Instant,
         started: Instant,
-    ) -> Result<(String, Option<Mapping>)> {
+    ) -> std::result::Result<(String, Option<Mapping>), Ended> {
         let mut mapping = g.created.take();
+        let mut failed = None;
         let r = self.barrier(name, seq, deadline, started).and_then(|()| {
-            if g.pos.is_some_and(|p| p > 0) {
+            failed = self.comm.ctl.failed_peer(token);
+            if failed.is_none() && g.pos.is_some_and(|p| p > 0) {
                 match Mapping::open(&g.seg, true) {
                     Ok(m) => mapping = Some(m),
                     Err(e) => g.err = Some(format!("cannot open group control segment {}: {e}", g.seg)),
@@ -1179,8 +1193,12 @@ impl Progress {
             sys::unregister_cleanup(&g.seg);
         }
         r?;
+        if let Some(r) = failed {
+            self.groups -= 1;
+            return Err(Ended::InStep(peer_failure(name, seq, self.comm.me, r)));
+        }
         if let Some(e) = g.err {
-            return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)));
+            return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)).into());
         }
         Ok((g.tag, mapping))
     }

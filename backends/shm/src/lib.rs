@@ -92,8 +92,10 @@
 //!   at a refused claim, or after the last barrier), pass the last barrier and end the op with a
 //!   named `aborted` error naming the failed rank; every rank goes on in step, and the failing
 //!   rank's next collective first waits (its deadline) for the peers to leave the failed op
-//!   (`ctl`, "Local failures"). Timeouts, dead peers, panics and a `new_group`'s local failure
-//!   still poison.
+//!   (`ctl`, "Local failures"); a `new_group` (three steps: its members open the group's segment
+//!   between the last two) is no exception: the failing rank publishes all three, its peers pass
+//!   as many, and the group's number is given back on every rank (shmrace). Timeouts, dead
+//!   peers and panics still poison.
 //! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
 //!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first
