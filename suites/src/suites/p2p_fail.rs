@@ -22,7 +22,10 @@
 //!   canary over its send buffer (the buffer is the caller's again). The receive MUST then not
 //!   return `Ok` — neither with the message nor with the canary — unless the send succeeded, in
 //!   which case it returns exactly the message (shm's recv claim race: the sender gave up at the
-//!   claim, and the receiver copied the new bytes and returned `Ok`).
+//!   claim, and the receiver copied the new bytes and returned `Ok`). `::sender_dropped::ws2`:
+//!   the same, rank 0 dropping its communicator 200 ms into the receiver's stall before it waits
+//!   its send (the wait fails: shm's abort path, which gave up on the claimed message after one
+//!   op deadline), writing the canary through a group made before; needs subgroups.
 //!
 //! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
 //! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
@@ -56,7 +59,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     vec![
         Case::<B>::new("faults::late_sender::recvs_in_flight::ws2", meta(), 2, late_sender).stall_bound(),
         Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
-        Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, slow_copy).stall_bound(),
+        Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, |ctx| slow_copy(ctx, false)).stall_bound(),
+        Case::<B>::new("faults::late_receiver::slow_copy::sender_dropped::ws2", meta(), 2, |ctx| slow_copy(ctx, true)).stall_bound(),
     ]
 }
 
@@ -270,28 +274,56 @@ fn late_receiver<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 /// before the receiver's stall ([`STALL`]) ends.
 const SENDER_WAIT: Duration = Duration::from_millis(2 * OP_TIMEOUT.as_millis() as u64);
 
-/// `faults::late_receiver::slow_copy::ws2` (module docs).
-fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+/// `faults::late_receiver::slow_copy{,::sender_dropped}::ws2` (module docs).
+fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>, drop_sender: bool) -> CaseResult {
     needs(ctx.b, &[point::PROGRESS_THREAD], true)?;
-    // Op 1 on rank 1: the warm-up receive; op 2: the receive, stalled inside it before its copy.
-    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Stall, 1, 2)))?;
+    if drop_sender && !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups (the sender rewrites its buffer through one)".into()));
+    }
+    // Rank 1's ops: [the group,] the warm-up receive, then the receive, stalled inside it before
+    // its copy.
+    let victim_op = if drop_sender { 3 } else { 2 };
+    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Stall, 1, victim_op)))?;
+    let g = if drop_sender {
+        Some(b.new_group(&[0, 1])?.ok_or_else(|| CaseEnd::Fail("new_group([0, 1]) gave no communicator to a member".into()))?)
+    } else {
+        None
+    };
     let keys = Keys { ctx, id: id.clone() };
     let n = LENS[0];
     let w = format!(
-        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank 1's receive stalls {STALL:?} inside it before copying; rank 0 waits its send \
-         {SENDER_WAIT:?} and writes the canary over its send buffer if that wait failed)",
-        here(&b, "send_recv", "outbuf", DType::F32)
+        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank 1's receive stalls {STALL:?} inside it before copying; rank 0 {} and writes the \
+         canary over its send buffer if that wait failed)",
+        here(&b, "send_recv", "outbuf", DType::F32),
+        if drop_sender { "drops its communicator 200 ms in, then waits its send" } else { "waits its send 2 op deadlines" }
     );
     warm_up(&b, ctx.timeout, &w)?;
     let msg = message(0, 1, n);
     let sender_ok = format!("faults/{id}/sender_ok");
     if b.rank() == 0 {
         let x = b.upload(&msg)?;
-        let r = b.send(&x, 1)?.wait(SENDER_WAIT).map(|_| ());
-        match &r {
-            Ok(()) => ctx.store.set(&sender_ok, b"1").map_err(|e| fail(&w, format!("store: {e}")))?,
-            // The send failed: its buffer is the caller's again, reused.
-            Err(_) => b.write(&x, &full(&[n], CANARY))?,
+        let work = b.send(&x, 1)?;
+        let r = match g {
+            Some(g) => {
+                std::thread::sleep(Duration::from_millis(200)); // inside the receiver's stall
+                drop(b);
+                let r = work.wait(ctx.timeout).map(|_| ());
+                if r.is_err() {
+                    g.write(&x, &full(&[n], CANARY))?;
+                }
+                r
+            }
+            None => {
+                let r = work.wait(SENDER_WAIT).map(|_| ());
+                if r.is_err() {
+                    // The send failed: its buffer is the caller's again, reused.
+                    b.write(&x, &full(&[n], CANARY))?;
+                }
+                r
+            }
+        };
+        if r.is_ok() {
+            ctx.store.set(&sender_ok, b"1").map_err(|e| fail(&w, format!("store: {e}")))?;
         }
         keys.set("sender_done", &w)?;
         keys.wait("receiver_done", &w)?;
@@ -321,7 +353,7 @@ fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                     &w,
                     format!(
                         "the receive returned Ok with {what} (element 0 = {v}, message {}, canary {CANARY}); expected a named error: \
-                         rank 0's send of it had failed (its wait returned the failure after {SENDER_WAIT:?}), so the message is not \
+                         rank 0's send of it had failed (its wait had returned the failure), so the message is not \
                          delivered (a receive that took the message up and copied it after the sender gave up)",
                         msg.get_f64(0)
                     ),
