@@ -1,6 +1,8 @@
 //! Helper shmfail (2026-11-27): the bug review8 found in our own shm backend and that backend no
 //! longer has — a communicator poisoned by a local failure. Clause
-//! `faults.local_failure_named_everywhere` ("... and the world stays usable").
+//! `faults.local_failure_named_everywhere` ("... and the world stays usable"). Helper shmrace
+//! (2026-11-27): the same bug left in `new_group` only, which shm kept until then
+//! ([`PoisonedAfterGroupFailure`]).
 
 use crate::campaign::{spec, Spec};
 use crate::{Buf, Bug, Shm};
@@ -89,11 +91,65 @@ impl Bug for PoisonedAfterAnyFailure {
     }
 }
 
+/// Once a `new_group` failed on this rank (bad input excepted: a mismatched group stays a named
+/// `bad_input` and the world usable), every later op of the communicator fails at issue: the
+/// local-failure path of every collective keeps the world usable, but `new_group`'s (three
+/// steps, not two) was left on the poisoning path (shm before helper shmrace: `exec.rs`'s
+/// `steps_on`).
+#[derive(Default)]
+pub struct PoisonedAfterGroupFailure {
+    /// The failed `new_group`'s error on this rank.
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl PoisonedAfterGroupFailure {
+    fn op<T>(&self, s: &Shm, name: &str, issue: impl FnOnce() -> Result<T>) -> Result<T> {
+        if let Some(why) = crate::lock(&self.first).clone() {
+            return Err(CollectiveError::Aborted(format!(
+                "{name} on rank {}: communicator unusable after an earlier failure: {why}",
+                s.rank()
+            )));
+        }
+        issue()
+    }
+}
+
+impl Bug for PoisonedAfterGroupFailure {
+    fn group_failed(&self, _s: &Shm, e: &CollectiveError) {
+        if e.bad_input_kind().is_none() {
+            crate::lock(&self.first).get_or_insert_with(|| e.to_string());
+        }
+    }
+    fn refuse_group(&self, s: &Shm, _ranks: &[usize]) -> Result<()> {
+        self.op(s, "new_group", || Ok(()))
+    }
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        self.op(s, "broadcast", || s.inner.broadcast(x, src))
+    }
+    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+        self.op(s, "barrier", || s.inner.barrier())
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
-    vec![spec::<PoisonedAfterAnyFailure>(
-        "shmfail_poisoned_after_any_failure",
-        "faults.local_failure_named_everywhere",
-        "after any failure but bad input (a local one included) every later op of the communicator fails: the world is not usable",
-        &["faults::fail_after_post::broadcast::ws2"],
-    )]
+    vec![
+        spec::<PoisonedAfterAnyFailure>(
+            "shmfail_poisoned_after_any_failure",
+            "faults.local_failure_named_everywhere",
+            "after any failure but bad input (a local one included) every later op of the communicator fails: the world is not usable",
+            &["faults::fail_after_post::broadcast::ws2"],
+        ),
+        spec::<PoisonedAfterGroupFailure>(
+            "shmrace_group_failure_poisons",
+            "faults.local_failure_named_everywhere",
+            "a local failure inside new_group (not bad input) poisons the communicator: every later op fails, the world is not usable",
+            &["faults::fail_in_new_group::after_post::ws3"],
+        ),
+    ]
 }

@@ -519,6 +519,9 @@ pub trait Bug: Send + Sync + 'static {
     fn refuse_group(&self, s: &Shm, ranks: &[usize]) -> Result<()> {
         Ok(())
     }
+    /// Told of a `new_group` that failed on this rank (the correct backend's error, returned as
+    /// is). Default: nothing.
+    fn group_failed(&self, s: &Shm, e: &CollectiveError) {}
     /// The communicator `new_group` returns on this rank, given the one the correct backend made
     /// (`None` on a non-member). Called on the bug of the communicator `new_group` was called on.
     fn new_group(&self, s: &Shm, made: Option<Group>) -> Option<Group> {
@@ -609,7 +612,7 @@ impl Backend for Mutant {
         self.bug.refuse_group(&self.s, ranks)?;
         let ranks = self.bug.group_ranks(&self.s, ranks);
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
-        let made = self.s.inner.new_group(&ranks)?.map(|g| (Arc::new(g), members));
+        let made = self.s.inner.new_group(&ranks).inspect_err(|e| self.bug.group_failed(&self.s, e))?.map(|g| (Arc::new(g), members));
         Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
             bug: (self.make)(),

@@ -139,21 +139,48 @@ impl SendCompletion {
     /// caller told "timeout" reused its buffer and a late receiver got the new contents, `Ok`).
     /// `Ok(true)` if the receiver consumed it meanwhile; `Ok(false)` while the receiver has
     /// claimed it (it is copying: the op is in its data movement, which a deadline does not
-    /// cover), so the caller waits on.
-    fn expire(&self) -> Result<bool> {
+    /// cover), so the caller waits on — unless `claimed_too` (the caller's own wait ends now,
+    /// past the op deadline): then a claimed message is withdrawn too and the send fails with a
+    /// timeout, final; the receiver sees the withdrawal after its copy and fails (shmrace: the
+    /// wait returned a timeout, the caller reused its buffer, and the receiver, late in its
+    /// copy, returned the new bytes with `Ok`).
+    fn expire(&self, claimed_too: bool) -> Result<bool> {
         let c = &self.comm;
-        match c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
-            Ok(_) | Err(V_WITHDRAWN) => {
-                self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
-                let started = *self.posted_at.get().expect("expired only once posted");
-                let err = c.wait_error(WaitErr::Timeout { peer: self.dst }, "send", self.k as u64, started);
-                *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
-                Err(err)
-            }
-            Err(V_CLAIMED) => Ok(false),
+        let word = c.ctl.verdict(c.me, self.dst, self.k);
+        let claimed = match word.compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+            Ok(_) | Err(V_WITHDRAWN) => false,
+            Err(V_CLAIMED) if !claimed_too => return Ok(false),
+            Err(V_CLAIMED) => match word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst) {
+                Ok(_) => true,
+                // The receiver set its verdict meanwhile: it consumed the message.
+                Err(_) => return self.resolve().map(|_| true),
+            },
             // A verdict: the receiver consumed it.
-            Err(_) => self.resolve().map(|_| true),
+            Err(_) => return self.resolve().map(|_| true),
+        };
+        if claimed {
+            // The receiver may still be reading it: never reused.
+            self.quarantine();
         }
+        self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let started = *self.posted_at.get().expect("expired only once posted");
+        let err = if claimed {
+            CollectiveError::Timeout {
+                op: "send".into(),
+                seq: self.k as u64,
+                rank: c.me,
+                waited_ms: started.elapsed().as_millis() as u64,
+                detail: format!(
+                    "shm backend: rank {} took the message up but had not copied it when this wait ended, past the op deadline of {:?}; \
+                     the message is withdrawn (rank {}'s receive fails)",
+                    self.dst, c.op_timeout, self.dst
+                ),
+            }
+        } else {
+            c.wait_error(WaitErr::Timeout { peer: self.dst }, "send", self.k as u64, started)
+        };
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(err.clone()));
+        Err(err)
     }
 
     fn consumed(&self) -> bool {
@@ -169,6 +196,11 @@ impl SendCompletion {
         let v = self.comm.ctl.verdict(self.comm.me, self.dst, self.k).load(SeqCst);
         let r = match v {
             1 => Ok(()),
+            // Withdrawn: the send failed (its error was returned where it was withdrawn).
+            V_WITHDRAWN => Err(CollectiveError::Aborted(format!(
+                "send #{} on rank {}: the message to rank {} was withdrawn (the send had failed)",
+                self.k, self.comm.me, self.dst
+            ))),
             c => Err(CollectiveError::bad_input(
                 post::kind_from(c as u64 - 2).unwrap_or(BadInputKind::OutBufferSize),
                 "send",
@@ -186,8 +218,10 @@ impl SendCompletion {
 impl SendCompletion {
     /// After the send failed: withdraws the message so that the receiver never reads the buffer
     /// again, or — if the receiver is copying it right now — waits (one op deadline at most) until
-    /// it is done or gone. True if the receiver consumed the message (the send succeeded after
-    /// all). Releases the buffer, quarantined if the receiver might still read it.
+    /// it is done or gone, then withdraws it even so (the receiver, finding it withdrawn after its
+    /// copy, fails instead of returning `Ok` with bytes the caller may have rewritten: shmrace).
+    /// True if the receiver consumed the message (the send succeeded after all). Releases the
+    /// buffer, quarantined if the receiver might still read it.
     fn give_up(&self) -> bool {
         let c = &self.comm;
         let word = c.ctl.verdict(c.me, self.dst, self.k);
@@ -198,10 +232,16 @@ impl SendCompletion {
                 Err(V_CLAIMED) => {
                     let gone = c.ctl.gone(self.dst).load(SeqCst) != 0 || c.ctl.alive(self.dst).is_err();
                     if gone || Instant::now() >= until {
-                        if !gone {
-                            self.quarantine();
+                        match word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst) {
+                            Ok(_) => {
+                                if !gone {
+                                    self.quarantine();
+                                }
+                                break false;
+                            }
+                            // The receiver set its verdict meanwhile.
+                            Err(_) => continue,
                         }
-                        break false;
                     }
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -219,9 +259,14 @@ impl SendCompletion {
     }
 
     /// A send that fails after posting (on the progress thread): withdraw, else quarantine.
+    /// A message the receiver is copying is withdrawn too: its receive fails after the copy.
     fn withdraw_or_quarantine(&self) {
         let c = &self.comm;
-        if c.ctl.verdict(c.me, self.dst, self.k).compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst).is_err() {
+        let word = c.ctl.verdict(c.me, self.dst, self.k);
+        if let Err(v) = word.compare_exchange(0, V_WITHDRAWN, SeqCst, SeqCst) {
+            if v == V_CLAIMED {
+                let _ = word.compare_exchange(V_CLAIMED, V_WITHDRAWN, SeqCst, SeqCst);
+            }
             self.quarantine();
         }
     }
@@ -234,7 +279,9 @@ impl Completion for SendCompletion {
         }
         match self.posted.wait_for(Duration::ZERO) {
             // Past its op deadline a posted send is failed (and withdrawn) by the first look.
-            Ok(true) => self.consumed() || (self.op_deadline().is_some_and(|d| Instant::now() >= d) && !matches!(self.expire(), Ok(false))),
+            Ok(true) => {
+                self.consumed() || (self.op_deadline().is_some_and(|d| Instant::now() >= d) && !matches!(self.expire(false), Ok(false)))
+            }
             Ok(false) => false,
             Err(_) => true,
         }
@@ -256,13 +303,15 @@ impl Completion for SendCompletion {
             loop {
                 match c.ctl.wait_consumed(self.dst, self.k, until, &c.abort) {
                     Ok(()) => break,
-                    Err(WaitErr::Timeout { .. }) if until < end => match self.expire() {
+                    Err(WaitErr::Timeout { .. }) if until < end => match self.expire(false) {
                         // Claimed: the receiver is copying (a deadline does not cover a peer's
                         // data movement once started): wait for it up to the caller's deadline.
                         Ok(false) => until = end,
                         r => return r,
                     },
-                    Err(WaitErr::Timeout { .. }) if self.op_deadline().is_some_and(|d| Instant::now() >= d) => return self.expire(),
+                    // The caller's wait ends past the op deadline: the send fails for good, its
+                    // message withdrawn even if claimed (the caller may reuse its buffer now).
+                    Err(WaitErr::Timeout { .. }) if self.op_deadline().is_some_and(|d| Instant::now() >= d) => return self.expire(true),
                     Err(WaitErr::Timeout { .. }) => return Ok(false),
                     Err(e) => {
                         let err = c.wait_error(e, "send", self.k as u64, start);
@@ -790,8 +839,11 @@ impl Progress {
         let seq = post.call.seq;
         let comm = self.comm.clone();
         let me = comm.me;
-        // A new_group takes three steps (and numbers the group): its local failures still poison.
-        let steps_on = post.call.op != CallOp::NewGroup;
+        // The barriers after the first: a new_group takes three steps (its members open the
+        // group's segment between the last two), every other collective two. A rank whose side
+        // fails locally publishes them all at once, and its peers pass as many (shmrace: a
+        // new_group's local failure used to poison the world).
+        let rest: u32 = if post.call.op == CallOp::NewGroup { 2 } else { 1 };
         // 0. An earlier op whose side failed here: its peers must have left it before this post
         // replaces the one they may still read.
         self.catch_up(name, seq, deadline, started)?;
@@ -802,16 +854,15 @@ impl Progress {
             Ok(b) => b,
             Err(e) => {
                 let e = CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}"));
-                if !steps_on {
-                    return Err(self.out_of_step(e));
-                }
                 // A local failure: the op is marked failed before its first step is published,
                 // so every peer sees the mark before it would read this rank's post.
                 self.step = self.step.wrapping_add(1);
                 comm.ctl.mark_failed(self.step.max(1));
                 comm.ctl.set_counter(self.step);
-                self.step = self.step.wrapping_add(1);
-                comm.ctl.set_counter(self.step);
+                for _ in 0..rest {
+                    self.step = self.step.wrapping_add(1);
+                    comm.ctl.set_counter(self.step);
+                }
                 self.behind = Some(Behind { step: self.step, blk: None, name: name.to_string(), seq });
                 return Err(e);
             }
@@ -826,7 +877,7 @@ impl Progress {
         // From here on peers may read the post and touch the buffers: the op's memory is held by
         // `Posted` until the op ends, and a failure closes it first (see `Posted`).
         let mut held = Posted { comm: comm.clone(), blk: Some(blk), keep, settled: false, name: name.to_string(), seq };
-        let e = match self.posted(name, seq, token, started, deadline, reply, fault) {
+        let e = match self.posted(name, seq, token, started, deadline, reply, fault, rest) {
             Ok(()) => {
                 held.settle();
                 return Ok(());
@@ -838,17 +889,19 @@ impl Progress {
                 self.in_step = true;
                 return Err(e);
             }
-            Err(Ended::Local(e)) if steps_on => {
+            Err(Ended::Local(e)) => {
                 // This rank's own side failed (before the op's last barrier): mark it, publish
                 // the last step at once (peers pass it and end with the named error), keep the
                 // post for the peers that may still read it, and close the buffers below.
                 comm.ctl.mark_failed(token);
-                self.step = self.step.wrapping_add(1);
-                comm.ctl.set_counter(self.step);
+                for _ in 0..rest {
+                    self.step = self.step.wrapping_add(1);
+                    comm.ctl.set_counter(self.step);
+                }
                 self.behind = Some(Behind { step: self.step, blk: held.blk.take(), name: name.to_string(), seq });
                 e
             }
-            Err(Ended::Local(e) | Ended::Broken(e)) => {
+            Err(Ended::Broken(e)) => {
                 self.poisoned = Some(e.to_string());
                 comm.ctl.poison();
                 e
@@ -902,6 +955,7 @@ impl Progress {
         deadline: Instant,
         reply: Option<GroupReply>,
         fault: Option<Fault>,
+        rest: u32,
     ) -> std::result::Result<(), Ended> {
         let comm = self.comm.clone();
         let (n, me) = (comm.n, comm.me);
@@ -914,7 +968,7 @@ impl Progress {
         comm.ctl.check_abort().map_err(werr)?;
         // A peer whose side failed locally before this look marked it: read nothing of it.
         if let Some(r) = comm.ctl.failed_peer(token) {
-            return Err(self.peer_failed(r, name, seq, deadline, started));
+            return Err(self.peer_failed(r, name, seq, deadline, started, rest));
         }
         // 2. Read and validate every rank's post.
         let mut posts = Vec::with_capacity(n);
@@ -942,7 +996,7 @@ impl Progress {
         // 3. Move the data, holding claims on every peer's memory (see `ctl`).
         let claims = match Claims::take(&comm, token) {
             Ok(c) => c,
-            Err(r) if comm.ctl.failed(r, token) => return Err(self.peer_failed(r, name, seq, deadline, started)),
+            Err(r) if comm.ctl.failed(r, token) => return Err(self.peer_failed(r, name, seq, deadline, started, rest)),
             Err(r) => {
                 return Err(CollectiveError::Aborted(format!(
                     "{name} #{seq} on rank {me}: rank {r}'s side of the op had already failed (it closed its buffers)"
@@ -956,7 +1010,7 @@ impl Progress {
         if let Err(r) = claims.still_open(token) {
             drop(claims);
             if comm.ctl.failed(r, token) {
-                return Err(self.peer_failed(r, name, seq, deadline, started));
+                return Err(self.peer_failed(r, name, seq, deadline, started, rest));
             }
             return Err(CollectiveError::Aborted(format!(
                 "{name} #{seq} on rank {me}: rank {r} closed its buffers (its side of the op failed) before this rank moved data"
@@ -967,7 +1021,7 @@ impl Progress {
         drop(claims);
         // 4. Final barrier: after it, no peer reads or writes this rank's buffers.
         let group = match group {
-            Some(g) => Some(self.finish_group(g, name, seq, deadline, started)?),
+            Some(g) => Some(self.finish_group(g, name, seq, token, deadline, started)?),
             None => {
                 self.barrier(name, seq, deadline, started)?;
                 // A peer whose side failed locally marked it before it published this step.
@@ -986,11 +1040,14 @@ impl Progress {
     /// Rank `r`'s side of this op failed locally: this rank moves no (more) data, passes the
     /// op's last barrier with its peers (the failed rank published it already) and ends the op
     /// with the named error, every rank in step.
-    fn peer_failed(&mut self, r: usize, name: &str, seq: u64, deadline: Instant, started: Instant) -> Ended {
-        match self.barrier(name, seq, deadline, started) {
-            Ok(()) => Ended::InStep(peer_failure(name, seq, self.comm.me, r)),
-            Err(e) => Ended::Broken(e),
+    /// `rest`: the op's barriers after its first (see `collective`).
+    fn peer_failed(&mut self, r: usize, name: &str, seq: u64, deadline: Instant, started: Instant, rest: u32) -> Ended {
+        for _ in 0..rest {
+            if let Err(e) = self.barrier(name, seq, deadline, started) {
+                return Ended::Broken(e);
+            }
         }
+        Ended::InStep(peer_failure(name, seq, self.comm.me, r))
     }
 
     /// The data movement of a validated op. Returns group-creation state for `new_group`.
@@ -1106,18 +1163,24 @@ impl Progress {
 
     /// new_group, after validation: the creator made the segment; members open it between two
     /// barriers; then the creator unlinks its name (mappings stay) — on every path, failures
-    /// included (issue 15 item 12).
+    /// included (issue 15 item 12). A peer whose side failed locally (marked before it published
+    /// the first of these barriers) is seen after it: nobody opens the segment, every rank passes
+    /// the last barrier, and the group's number is given back (the failed rank never took it),
+    /// so every rank numbers its next group alike.
     fn finish_group(
         &mut self,
         mut g: NewGroup,
         name: &str,
         seq: u64,
+        token: u32,
         deadline: Instant,
         started: Instant,
-    ) -> Result<(String, Option<Mapping>)> {
+    ) -> std::result::Result<(String, Option<Mapping>), Ended> {
         let mut mapping = g.created.take();
+        let mut failed = None;
         let r = self.barrier(name, seq, deadline, started).and_then(|()| {
-            if g.pos.is_some_and(|p| p > 0) {
+            failed = self.comm.ctl.failed_peer(token);
+            if failed.is_none() && g.pos.is_some_and(|p| p > 0) {
                 match Mapping::open(&g.seg, true) {
                     Ok(m) => mapping = Some(m),
                     Err(e) => g.err = Some(format!("cannot open group control segment {}: {e}", g.seg)),
@@ -1130,8 +1193,12 @@ impl Progress {
             sys::unregister_cleanup(&g.seg);
         }
         r?;
+        if let Some(r) = failed {
+            self.groups -= 1;
+            return Err(Ended::InStep(peer_failure(name, seq, self.comm.me, r)));
+        }
         if let Some(e) = g.err {
-            return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)));
+            return Err(CollectiveError::Backend(format!("new_group #{seq} on rank {}: {e}", self.comm.me)).into());
         }
         Ok((g.tag, mapping))
     }
@@ -1191,16 +1258,32 @@ impl Progress {
                 )));
             }
             if let Err(e) = comm.strike(&fault, point::PROGRESS_THREAD, "recv", k as u64) {
-                word.store(0, SeqCst);
+                // Give the message back, unless the sender withdrew it meanwhile.
+                if word.compare_exchange(V_CLAIMED, 0, SeqCst, SeqCst).is_err() {
+                    comm.ctl.set_consumed(src, k);
+                }
                 return Err(e);
             }
             out.region().copy_from(comm.world.mapped_region(comm.globals[src], e.off as usize, e.nbytes as usize));
+            // The verdict only if the message is still ours: a sender whose wait ended (past the
+            // op deadline) while this rank was copying withdrew it, and its caller may have
+            // rewritten the buffer during the copy (shmrace).
+            if word.compare_exchange(V_CLAIMED, 1, SeqCst, SeqCst).is_err() {
+                comm.ctl.set_consumed(src, k);
+                return Err(CollectiveError::Aborted(format!(
+                    "recv #{k} on rank {}: rank {src} withdrew the message while this rank was copying it (its send had failed at its \
+                     deadline); the output's contents are undefined",
+                    comm.me
+                )));
+            }
+        } else {
+            let code = match &verdict {
+                Ok(()) => 1,
+                Err((k, _)) => post::kind_code(*k) as u32 + 2,
+            };
+            // Unless the sender withdrew it meanwhile (both sides fail then, each named).
+            let _ = comm.ctl.verdict(src, comm.me, k).compare_exchange(0, code, SeqCst, SeqCst);
         }
-        let code = match &verdict {
-            Ok(()) => 1,
-            Err((k, _)) => post::kind_code(*k) as u32 + 2,
-        };
-        comm.ctl.verdict(src, comm.me, k).store(code, SeqCst);
         comm.ctl.set_consumed(src, k);
         verdict.map_err(|(kind, detail)| CollectiveError::bad_input(kind, "recv", k as u64, comm.me, detail))
     }

@@ -76,8 +76,12 @@
 //!   the caller's again. If a peer still holds a claim one op deadline later (stopped in the
 //!   middle of a copy), the op's blocks are *quarantined* (never reused until the world is torn
 //!   down) and the event is printed. The abort word is checked after the post barrier and before
-//!   the data movement. A send whose wait fails *withdraws* its message unless the receiver has
-//!   claimed it (then the sender waits for the copy); a posted send whose receiver has not
+//!   the data movement. A send whose wait fails *withdraws* its message; if the receiver has
+//!   claimed it (it is copying), the sender waits for the copy — one op deadline after a failure,
+//!   up to the caller's deadline past the op deadline — and then withdraws it even so: the
+//!   receiver sets its verdict after the copy only if the message is still claimed, and
+//!   otherwise fails with a named `aborted` (shmrace: a receiver stalled between claim and copy
+//!   copied the bytes the caller wrote after its send had failed, `Ok`); a posted send whose receiver has not
 //!   claimed it one op deadline after it was posted fails so, with a timeout, at its next wait
 //!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
 //!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
@@ -88,8 +92,10 @@
 //!   at a refused claim, or after the last barrier), pass the last barrier and end the op with a
 //!   named `aborted` error naming the failed rank; every rank goes on in step, and the failing
 //!   rank's next collective first waits (its deadline) for the peers to leave the failed op
-//!   (`ctl`, "Local failures"). Timeouts, dead peers, panics and a `new_group`'s local failure
-//!   still poison.
+//!   (`ctl`, "Local failures"); a `new_group` (three steps: its members open the group's segment
+//!   between the last two) is no exception: the failing rank publishes all three, its peers pass
+//!   as many, and the group's number is given back on every rank (shmrace). Timeouts, dead
+//!   peers and panics still poison.
 //! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
 //!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first

@@ -27,7 +27,9 @@ const CATCHES: &[(&str, &str, &str)] = &[
     ("bcast_segments_drop_tail", "sizes::broadcast::f32::n65537::ws2", "broadcast"),
     ("avg_as_premul_reciprocal", "all_reduce::out::i8::avg::ws2", "all_reduce"),
     ("half_sum_rounded_per_step", "numerics::round_once::f16::ws3", "all_reduce"),
-    ("groups_share_world_channel", "reuse::world_and_group_in_flight::all_reduce::out::ws3", "all_reduce"),
+    // Caught every run by the crossed order (shmrace); `reuse::world_and_group_in_flight::*`
+    // caught it only when two progress threads interleaved out of turn (it needed up to 5 runs).
+    ("groups_share_world_channel", "reuse::world_and_group_crossed::all_reduce::out::ws3", "all_reduce"),
     ("minmax_ignores_zero_sign", "all_reduce::out::f32::min::ws2::special", "all_reduce"),
     ("tree_vrank_unsigned", "broadcast::out::f32::ws3", "broadcast"),
     ("scatter_chunk_by_vrank", "scatter::out::f32::ws2", "scatter"),
@@ -47,11 +49,6 @@ const NAME: &str = "p2pcoll";
 
 /// The backend with `bug` (empty: the correct one); its rerun line runs the conformance binary
 /// with that bug, in the profile this test ran in.
-/// Bugs whose catch depends on how two threads interleave (see the trial), and how many runs
-/// such a trial gets.
-const RACY: &[&str] = &["groups_share_world_channel"];
-const RACY_TRIES: usize = 5;
-
 fn entry(bug: &str) -> BackendEntry {
     BackendEntry::new::<P2pColl>(NAME, 0, concord_suites::catalogue::<P2pColl>)
         .with_option("p2pcoll_bug", bug)
@@ -125,18 +122,8 @@ fn main() {
     for &(bug, case, op) in CATCHES {
         trials.push(libtest_mimic::Trial::test(format!("p2pcoll::{bug}_is_caught"), move || {
             let bugged = entry(bug);
-            // `groups_share_world_channel` is caught when the world's and the group's messages
-            // meet on the shared channel out of turn, which their two progress threads decide:
-            // one CI run in many had them in turn (the case passed). Up to RACY_TRIES runs, the
-            // first failing one judged; every other bug gets one run.
-            let tries = if RACY.contains(&bug) { RACY_TRIES } else { 1 };
-            let (mut v, mut msg) = run(&bugged, case)?;
-            for _ in 1..tries {
-                if !matches!(v, Verdict::Passed) {
-                    break;
-                }
-                (v, msg) = run(&bugged, case)?;
-            }
+            // One run: every catch here is deterministic.
+            let (v, msg) = run(&bugged, case)?;
             // Caught means a rank REPORTED the wrong result, naming the op (`op=all_reduce ` with
             // its space: not `op=all_reduce_coalesced`); a crash or a timeout of the world is not.
             let named = format!("op={op} ");

@@ -33,6 +33,12 @@
 //!   `bad_input` on every rank, then a usable communicator (item 10).
 //! * `faults::new_group_after_mismatch::ws2` — a `new_group` matched against another op on the
 //!   peer fails on both, and the next `new_group` works (item 8).
+//! * `faults::fail_in_new_group::{after_post,progress_thread}::ws3` — rank 1's side of a
+//!   `new_group([0, 1])` fails locally (an injected `fail` after its post, or where its data
+//!   would move): every rank gets a named error (never a timeout, bad input or a dead peer), and
+//!   the world stays usable — an all_reduce and a broadcast, then the same `new_group` again and
+//!   an all_reduce on the group (shmrace: shm poisoned the world on a `new_group`'s local
+//!   failure, which it had stopped doing for every other collective).
 //! * `faults::new_group_failure_leaves_no_file::ws2` — a `new_group` that fails between its
 //!   barriers leaves nothing named after the world in `/dev/shm` once every rank dropped the
 //!   communicator (item 12).
@@ -53,7 +59,7 @@ use std::time::{Duration, Instant};
 /// it, on a loaded 2-core CI machine).
 pub(super) const OP_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a stalling rank sleeps: well past its peers' op deadline.
-const STALL: Duration = Duration::from_millis(3000);
+pub(super) const STALL: Duration = Duration::from_millis(3000);
 /// Elements of the buffers the cases move.
 const N: usize = 4096;
 /// The canary: a value no case ever computes.
@@ -134,7 +140,7 @@ pub(super) fn sub_world<B: Backend>(ctx: &Ctx<'_, B>, fault: Option<Fault>) -> R
 
 /// UNSUPPORTED unless the backend declares every point of `points` (and moves data when the
 /// case checks values).
-fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
+pub(super) fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
     if values && !b.capabilities().moves_data {
         return Err(CaseEnd::Unsupported("the backend moves no data".into()));
     }
@@ -149,7 +155,7 @@ fn needs<B: Backend>(b: &B, points: &[&str], values: bool) -> CaseResult {
 
 /// `action` at `point` on `rank` in its `op`-th op (counted from 1 here; the option counts from
 /// 0), a stall lasting [`STALL`].
-fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
+pub(super) fn fault(point: &str, action: Action, rank: usize, op: u64) -> Fault {
     Fault::new(point, action).on_rank(rank).nth(op - 1).stall_for(STALL)
 }
 
@@ -453,6 +459,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
     v.push(Case::<B>::new("faults::new_group_after_mismatch::ws2", meta("new_group", "out"), 2, group_mismatch_case));
+    for p in [point::AFTER_POST, point::PROGRESS_THREAD] {
+        v.push(Case::<B>::new(format!("faults::fail_in_new_group::{p}::ws3"), meta("new_group", "out"), 3, move |ctx| {
+            group_local_failure_case(ctx, p)
+        }));
+    }
     v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case).stall_bound());
     v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case).stall_bound());
     // review11 (helper impl11): rank 0's own local failure (every other fail_after_post case
@@ -668,6 +679,56 @@ fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let y = g.all_reduce(&x, red)?.into_value(ctx.timeout)?;
     let want = full(&[8], vehicle_value(red, 1.0, 2));
     super::util::expect_eq(&g, &y, &want, &format!("{w} (all_reduce {} on the group created after the mismatch)", red.name()))
+}
+
+/// `faults::fail_in_new_group::{after_post,progress_thread}::ws3` (module docs).
+fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseResult {
+    needs(ctx.b, &[at], true)?;
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups".into()));
+    }
+    let red = vehicle(ctx.b, &[Variant::Out])?;
+    // Op 1 is the new_group: rank 1's side fails locally at `at`.
+    let victim = 1;
+    let f = fault(at, Action::Fail, victim, 1);
+    let (b, _id) = sub_world(ctx, Some(f.clone()))?;
+    let me = b.rank();
+    let w = format!("{} fault={:?} (new_group([0, 1]) at 3 ranks)", here(&b, "new_group", "out", DType::F32), f.option().1);
+    let why = if me == victim {
+        "this rank's own side of it failed (the injected fault)".to_string()
+    } else {
+        format!("rank {victim}'s side of it failed (the injected fault)")
+    };
+    let e = must_fail(b.new_group(&[0, 1]).map(|_| ()), &w, &why)?;
+    // Named, never a timeout or bad input (every rank's call was right), and no rank died.
+    if e.name() == "timeout" || e.name().starts_with("bad_input") || e.name() == "peer_died" {
+        return Err(fail(
+            &w,
+            format!(
+                "the new_group ended in {e} [{}]; rank {victim}'s side failed locally (every rank's call was right, nothing was late, \
+                 no rank died): every rank gets a named error of that failure",
+                e.name()
+            ),
+        ));
+    }
+    if me == victim {
+        local_cause_named(&e, &w, victim)?;
+    }
+    // The world stays usable (clause `faults.local_failure_named_everywhere`) ...
+    usable_after(ctx, &b, red, victim, &w)?;
+    // ... new_group included: the same group again, and an all_reduce on it.
+    let step = "the new_group([0, 1]) after the failed one";
+    let g = b.new_group(&[0, 1]).map_err(step_failed(&w, step))?;
+    match (g, me < 2) {
+        (Some(g), true) => {
+            let x = g.upload(&full(&[8], 1.0f32))?;
+            let step = format!("the all_reduce ({}) on the group created after the failed one", red.name());
+            let y = g.all_reduce(&x, red).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(&w, &step))?;
+            super::util::expect_eq(&g, &y, &full(&[8], vehicle_value(red, 1.0, 2)), &format!("{w} ({step})"))
+        }
+        (None, false) => Ok(()),
+        (g, _) => Err(fail(&w, format!("{step} gave {} to rank {me}", if g.is_some() { "a communicator" } else { "no communicator" }))),
+    }
 }
 
 /// Files in /dev/shm named after world `id`.

@@ -15,14 +15,26 @@
 //!   that rank 1 receives only once every send has failed (rank 0 writes the canary into its
 //!   send buffers then). Each late receive MUST fail: a message whose send failed is never
 //!   delivered (neither the message nor the canary the caller wrote over it).
+//! * `faults::late_receiver::slow_copy::ws2` — the receiver is late *inside* its receive: rank
+//!   1's receive has taken the message up (shm: claimed it) and then stalls before copying it
+//!   (the `progress_thread` fault hook, [`STALL`] = 3 op deadlines: a descheduled thread, a slow
+//!   copy). Rank 0 waits its send for 2 op deadlines; if that wait fails, rank 0 writes the
+//!   canary over its send buffer (the buffer is the caller's again). The receive MUST then not
+//!   return `Ok` — neither with the message nor with the canary — unless the send succeeded, in
+//!   which case it returns exactly the message (shm's recv claim race: the sender gave up at the
+//!   claim, and the receiver copied the new bytes and returned `Ok`). `::sender_dropped::ws2`:
+//!   the same, rank 0 dropping its communicator 200 ms into the receiver's stall before it waits
+//!   its send (the wait fails: shm's abort path, which gave up on the claimed message after one
+//!   op deadline), writing the canary through a group made before; needs subgroups.
 //!
 //! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
 //! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
 //! op whose peer never does its part ends in a named error within its deadline).
 
-use super::faults::{sub_world, Keys, CANARY, OP_TIMEOUT};
+use super::faults::{fault, needs, sub_world, Keys, CANARY, OP_TIMEOUT, STALL};
 use super::util::{fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use concord_core::fault::{point, Action};
 use concord_core::{Backend, CollectiveError, DType, Tensor};
 use std::time::{Duration, Instant};
 
@@ -47,6 +59,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     vec![
         Case::<B>::new("faults::late_sender::recvs_in_flight::ws2", meta(), 2, late_sender).stall_bound(),
         Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
+        Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, |ctx| slow_copy(ctx, false)).stall_bound(),
+        Case::<B>::new("faults::late_receiver::slow_copy::sender_dropped::ws2", meta(), 2, |ctx| slow_copy(ctx, true)).stall_bound(),
     ]
 }
 
@@ -251,6 +265,102 @@ fn late_receiver<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             }
         }
         keys.set("other_done", &w)?;
+        verdict?;
+    }
+    Ok(())
+}
+
+/// How long the sender of `faults::late_receiver::slow_copy` waits: past its op deadline, well
+/// before the receiver's stall ([`STALL`]) ends.
+const SENDER_WAIT: Duration = Duration::from_millis(2 * OP_TIMEOUT.as_millis() as u64);
+
+/// `faults::late_receiver::slow_copy{,::sender_dropped}::ws2` (module docs).
+fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>, drop_sender: bool) -> CaseResult {
+    needs(ctx.b, &[point::PROGRESS_THREAD], true)?;
+    if drop_sender && !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups (the sender rewrites its buffer through one)".into()));
+    }
+    // Rank 1's ops: [the group,] the warm-up receive, then the receive, stalled inside it before
+    // its copy.
+    let victim_op = if drop_sender { 3 } else { 2 };
+    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Stall, 1, victim_op)))?;
+    let g = if drop_sender {
+        Some(b.new_group(&[0, 1])?.ok_or_else(|| CaseEnd::Fail("new_group([0, 1]) gave no communicator to a member".into()))?)
+    } else {
+        None
+    };
+    let keys = Keys { ctx, id: id.clone() };
+    let n = LENS[0];
+    let w = format!(
+        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank 1's receive stalls {STALL:?} inside it before copying; rank 0 {} and writes the \
+         canary over its send buffer if that wait failed)",
+        here(&b, "send_recv", "outbuf", DType::F32),
+        if drop_sender { "drops its communicator 200 ms in, then waits its send" } else { "waits its send 2 op deadlines" }
+    );
+    warm_up(&b, ctx.timeout, &w)?;
+    let msg = message(0, 1, n);
+    let sender_ok = format!("faults/{id}/sender_ok");
+    if b.rank() == 0 {
+        let x = b.upload(&msg)?;
+        let work = b.send(&x, 1)?;
+        let r = match g {
+            Some(g) => {
+                std::thread::sleep(Duration::from_millis(200)); // inside the receiver's stall
+                drop(b);
+                let r = work.wait(ctx.timeout).map(|_| ());
+                if r.is_err() {
+                    g.write(&x, &full(&[n], CANARY))?;
+                }
+                r
+            }
+            None => {
+                let r = work.wait(SENDER_WAIT).map(|_| ());
+                if r.is_err() {
+                    // The send failed: its buffer is the caller's again, reused.
+                    b.write(&x, &full(&[n], CANARY))?;
+                }
+                r
+            }
+        };
+        if r.is_ok() {
+            ctx.store.set(&sender_ok, b"1").map_err(|e| fail(&w, format!("store: {e}")))?;
+        }
+        keys.set("sender_done", &w)?;
+        keys.wait("receiver_done", &w)?;
+    } else {
+        let out = b.upload(&Tensor::zeros(DType::F32, &[n]))?;
+        let r = b.recv(&out, 0)?.wait(ctx.timeout).map(|_| ());
+        keys.wait("sender_done", &w)?;
+        let sent = ctx.store.check(&[sender_ok.as_str()]).map_err(|e| fail(&w, format!("store: {e}")))?;
+        let verdict = match r {
+            Err(_) => Ok(()),
+            Ok(()) if sent => {
+                let got = b.download(&out)?;
+                concord_oracle::compare(&got, &msg, concord_oracle::Tolerance::Exact)
+                    .map_err(|m| fail(&w, format!("the receive returned Ok (and so did the send) with the wrong bytes: {m}")))
+            }
+            Ok(()) => {
+                let got = b.download(&out)?;
+                let v = got.get_f64(0);
+                let what = if v == CANARY as f64 {
+                    "the canary rank 0 wrote over its send buffer after the send had failed"
+                } else if v == msg.get_f64(0) {
+                    "the message"
+                } else {
+                    "neither the message nor the canary"
+                };
+                Err(fail(
+                    &w,
+                    format!(
+                        "the receive returned Ok with {what} (element 0 = {v}, message {}, canary {CANARY}); expected a named error: \
+                         rank 0's send of it had failed (its wait had returned the failure), so the message is not \
+                         delivered (a receive that took the message up and copied it after the sender gave up)",
+                        msg.get_f64(0)
+                    ),
+                ))
+            }
+        };
+        keys.set("receiver_done", &w)?;
         verdict?;
     }
     Ok(())

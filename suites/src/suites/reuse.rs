@@ -130,7 +130,92 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let name = format!("reuse::world_and_group_in_flight::{}::{variant}::ws3", op.name());
         v.push(Case::<B>::new(name, meta(op.name(), variant.name()), 3, move |ctx| world_and_group_in_flight(ctx, op, variant)));
     }
+    v.push(
+        Case::<B>::new("reuse::world_and_group_crossed::all_reduce::out::ws3", meta("all_reduce", "out"), 3, world_and_group_crossed)
+            .stall_bound(),
+    );
     v
+}
+
+/// How long rank 0 of `world_and_group_crossed` holds its world op back behind its group op
+/// (which cannot complete yet: its peer issues it later): time for the group op to start moving.
+const GROUP_HEAD_START: Duration = Duration::from_millis(1000);
+
+/// `reuse::world_and_group_crossed::all_reduce::out::ws3`: the two communicators' ops in opposite
+/// orders on the two ranks they share, in a legal program: world rank 2 runs the world's
+/// all_reduce and only then the group's (`[2, 0]`); world rank 0 issues the group's first, lets
+/// it start ([`GROUP_HEAD_START`]; its wait MUST end in a timeout, or `Ok` — never a failure:
+/// rank 2 has not issued it yet), then issues the world's, waits the world's, then the group's.
+/// A backend whose subgroup runs its internal traffic on the world's channel (p2pcoll's
+/// `groups_share_world_channel`) has rank 0's group messages meet rank 2's world messages on
+/// that channel: the crossing no longer depends on how two progress threads interleave
+/// (`world_and_group_in_flight` issues both ops on both ranks, whose threads decide).
+fn world_and_group_crossed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let (ws, me, timeout) = (ctx.world_size(), ctx.rank(), ctx.timeout);
+    let (op, variant) = (OpKind::AllReduce, Variant::Out);
+    let members = [2, 0];
+    let b = ctx.b;
+    let sub = ctx.group(&members)?;
+    let p = Params { reduce: Some(ReduceOp::Sum), ..Default::default() };
+    let seed = concord_fixtures::seed_for("reuse::world_and_group_crossed");
+    // Different shapes on the two communicators: a message of one taken for the other is wrong.
+    let shapes = [[4 * ws, 3], [2 * ws, 5]];
+    let w_in = concord_fixtures::inputs(seed, ws, DType::F32, &shapes[0], p.reduce, InputKind::Exact);
+    let x = b.upload(&w_in[me])?;
+    let g_in = sub.map(|g| concord_fixtures::inputs(seed + 1, g.world_size(), DType::F32, &shapes[1], p.reduce, InputKind::Exact));
+    let w = format!(
+        "{} group={members:?} (world rank 2: world op, then group op; world rank 0: group op issued first, {GROUP_HEAD_START:?} later \
+         the world op, waited world first)",
+        here(b, op.name(), &variant.to_string(), DType::F32)
+    );
+    let named = |what: &'static str| super::util::step_failed(&w, what);
+    let issue =
+        |c: &B, x: &B::Buffer, what: &'static str| exec::issue(c, op, variant, std::slice::from_ref(x), None, &p).map_err(named(what));
+    let gx = match (sub, &g_in) {
+        (Some(g), Some(ins)) => Some((g, g.upload(&ins[g.rank()])?)),
+        _ => None,
+    };
+    let (w_out, g_out) = match (me, gx) {
+        (0, Some((g, gx))) => {
+            let gp = issue(g, &gx, "group issue")?;
+            match gp.wait(GROUP_HEAD_START) {
+                Ok(()) => {}
+                Err(e) if e.name() == "timeout" => {}
+                Err(e) => {
+                    return Err(fail(
+                        &w,
+                        format!(
+                            "the group op's first wait ({GROUP_HEAD_START:?}) failed while its peer (world rank 2) had not issued it yet \
+                             (that rank runs the world op first): {e} [{}] (a message of the world's op taken for the group's?)",
+                            e.name()
+                        ),
+                    ))
+                }
+            }
+            let wp = issue(b, &x, "world issue")?;
+            let w_out = wp.into_values(timeout).map_err(named("world wait"))?;
+            (w_out, Some((g, gp.into_values(timeout).map_err(named("group wait"))?)))
+        }
+        (_, gx) => {
+            let w_out = issue(b, &x, "world issue")?.into_values(timeout).map_err(named("world wait"))?;
+            let g_out = match gx {
+                Some((g, gx)) => Some((g, issue(g, &gx, "group issue")?.into_values(timeout).map_err(named("group wait"))?)),
+                None => None,
+            };
+            (w_out, g_out)
+        }
+    };
+    let coll = exec::collective(op, &p, ws).ok_or_else(|| fail(&w, "suite bug: no data moved".to_string()))?;
+    expect_oracle(b, &coll, &w_in, &w_out[0], &format!("{w} world result shape={:?}", shapes[0]))?;
+    if let (Some(ins), Some((g, out))) = (&g_in, g_out) {
+        let coll = exec::collective(op, &p, g.world_size()).ok_or_else(|| fail(&w, "suite bug: no data moved".to_string()))?;
+        let gw = format!("{} (group {members:?}, world rank {me})", here(g, op.name(), &variant.to_string(), DType::F32));
+        expect_oracle(g, &coll, ins, &out[0], &format!("{gw} group result shape={:?}", shapes[1]))?;
+    }
+    Ok(())
 }
 
 /// An op on the world and the same op on a group (world ranks `[2, 0]`; rank 1 is in the world
