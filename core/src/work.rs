@@ -138,29 +138,38 @@ impl<T> Work<T> {
         }
     }
 
-    /// Waits up to `timeout` for the collective; returns the result. Idempotent.
+    /// Waits up to `timeout` for the collective; returns the result. Idempotent, and callable
+    /// from several threads at once: the blocking wait holds no lock of the work's, so each
+    /// waiter gets its own deadline (review14 finding 4); the first outcome seen is recorded once
+    /// and the outstanding count moves once.
     pub fn wait(&self, timeout: Duration) -> Result<&T> {
-        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
-        if outcome.is_none() {
-            let start = Instant::now();
-            match self.completion.wait_for(timeout) {
-                Ok(true) => *outcome = Some(Ok(())),
-                Ok(false) => {
-                    return Err(CollectiveError::Timeout {
-                        op: self.meta.op.clone(),
-                        seq: self.meta.seq,
-                        rank: self.meta.rank,
-                        waited_ms: start.elapsed().as_millis() as u64,
-                        detail: format!("{} backend; this process is {}", self.meta.backend, progress::describe()),
-                    })
-                }
-                Err(e) => *outcome = Some(Err(e)),
+        let recorded = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let outcome = match recorded {
+            Some(o) => o,
+            None => {
+                let start = Instant::now();
+                let seen = match self.completion.wait_for(timeout) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => {
+                        return Err(CollectiveError::Timeout {
+                            op: self.meta.op.clone(),
+                            seq: self.meta.seq,
+                            rank: self.meta.rank,
+                            waited_ms: start.elapsed().as_millis() as u64,
+                            detail: format!("{} backend; this process is {}", self.meta.backend, progress::describe()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                // Another waiter may have recorded first: its outcome stands.
+                let o = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(seen).clone();
+                self.uncount();
+                o
             }
-            self.uncount();
-        }
-        match outcome.as_ref().expect("set above") {
+        };
+        match outcome {
             Ok(()) => Ok(self.value.as_ref().expect("value present until into_value")),
-            Err(e) => Err(e.clone()),
+            Err(e) => Err(e),
         }
     }
 
