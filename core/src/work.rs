@@ -349,7 +349,7 @@ mod tests {
         let flag = Flag::new();
         let w = Work::new(7u32, flag.clone(), meta(), &counter);
         std::thread::scope(|sc| {
-            let long = sc.spawn(|| w.wait(Duration::from_secs(3)).map(|v| *v));
+            let long = sc.spawn(|| w.wait(Duration::from_secs(3)).copied());
             std::thread::sleep(Duration::from_millis(100));
             let t0 = Instant::now();
             let err = w.wait(Duration::from_millis(50)).unwrap_err();
@@ -373,7 +373,7 @@ mod tests {
         let w = Work::new(1u8, flag.clone(), meta(), &counter);
         let _other = Work::new(2u8, Flag::new(), meta(), &counter);
         std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..8).map(|_| sc.spawn(|| w.wait(Duration::from_secs(5)).map(|v| *v))).collect();
+            let hs: Vec<_> = (0..8).map(|_| sc.spawn(|| w.wait(Duration::from_secs(5)).copied())).collect();
             std::thread::sleep(Duration::from_millis(20));
             flag.set(Ok(()));
             for h in hs {
