@@ -48,6 +48,10 @@
 //!   its side; the same work then completes once the peers arrive, whatever the caller issued
 //!   after it: an op never waits for a later op (which a peer may issue only once it has seen
 //!   the earlier one complete). [clause: async.every_op_every_rank]
+//! * Communicators progress independently: an op on one communicator (the world, a group) MUST
+//!   NOT wait for an op of another, whatever order each rank issued them in (one serial engine
+//!   or one stream for every communicator of the process deadlocks a legal program whose ranks
+//!   meet on two communicators in different orders). [clause: async.communicators_independent]
 //! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]

@@ -138,29 +138,38 @@ impl<T> Work<T> {
         }
     }
 
-    /// Waits up to `timeout` for the collective; returns the result. Idempotent.
+    /// Waits up to `timeout` for the collective; returns the result. Idempotent, and callable
+    /// from several threads at once: the blocking wait holds no lock of the work's, so each
+    /// waiter gets its own deadline (review14 finding 4); the first outcome seen is recorded once
+    /// and the outstanding count moves once.
     pub fn wait(&self, timeout: Duration) -> Result<&T> {
-        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
-        if outcome.is_none() {
-            let start = Instant::now();
-            match self.completion.wait_for(timeout) {
-                Ok(true) => *outcome = Some(Ok(())),
-                Ok(false) => {
-                    return Err(CollectiveError::Timeout {
-                        op: self.meta.op.clone(),
-                        seq: self.meta.seq,
-                        rank: self.meta.rank,
-                        waited_ms: start.elapsed().as_millis() as u64,
-                        detail: format!("{} backend; this process is {}", self.meta.backend, progress::describe()),
-                    })
-                }
-                Err(e) => *outcome = Some(Err(e)),
+        let recorded = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let outcome = match recorded {
+            Some(o) => o,
+            None => {
+                let start = Instant::now();
+                let seen = match self.completion.wait_for(timeout) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => {
+                        return Err(CollectiveError::Timeout {
+                            op: self.meta.op.clone(),
+                            seq: self.meta.seq,
+                            rank: self.meta.rank,
+                            waited_ms: start.elapsed().as_millis() as u64,
+                            detail: format!("{} backend; this process is {}", self.meta.backend, progress::describe()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                // Another waiter may have recorded first: its outcome stands.
+                let o = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(seen).clone();
+                self.uncount();
+                o
             }
-            self.uncount();
-        }
-        match outcome.as_ref().expect("set above") {
+        };
+        match outcome {
             Ok(()) => Ok(self.value.as_ref().expect("value present until into_value")),
-            Err(e) => Err(e.clone()),
+            Err(e) => Err(e),
         }
     }
 
@@ -329,6 +338,49 @@ mod tests {
         assert_eq!(counter.get(), 1);
         drop(dropped);
         assert_eq!(counter.get(), 0);
+    }
+
+    /// review14 finding 4: `Work<T>` is `Sync`, so two threads may wait one work (a watchdog
+    /// polling `wait(0)` beside the owner's long wait). The second waiter MUST get its own
+    /// deadline, not the first one's: `wait` must not hold a lock across the blocking wait.
+    #[test]
+    fn a_second_waiter_gets_its_own_deadline() {
+        let counter = OutstandingCounter::default();
+        let flag = Flag::new();
+        let w = Work::new(7u32, flag.clone(), meta(), &counter);
+        std::thread::scope(|sc| {
+            let long = sc.spawn(|| w.wait(Duration::from_secs(3)).copied());
+            std::thread::sleep(Duration::from_millis(100));
+            let t0 = Instant::now();
+            let err = w.wait(Duration::from_millis(50)).unwrap_err();
+            let took = t0.elapsed();
+            assert_eq!(err.name(), "timeout");
+            assert!(took < Duration::from_secs(1), "a 50 ms wait beside another thread's 3 s wait took {took:?}");
+            assert_eq!(counter.get(), 1, "a timed-out wait leaves the work outstanding");
+            flag.set(Ok(()));
+            assert_eq!(long.join().unwrap().unwrap(), 7);
+        });
+        assert_eq!(*w.wait(Duration::ZERO).unwrap(), 7);
+        assert_eq!(counter.get(), 0, "two waits that saw completion uncount once");
+    }
+
+    /// Many threads see one completion at once: the outcome is recorded once and the count
+    /// moves once.
+    #[test]
+    fn concurrent_waiters_uncount_once() {
+        let counter = OutstandingCounter::default();
+        let flag = Flag::new();
+        let w = Work::new(1u8, flag.clone(), meta(), &counter);
+        let _other = Work::new(2u8, Flag::new(), meta(), &counter);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..8).map(|_| sc.spawn(|| w.wait(Duration::from_secs(5)).copied())).collect();
+            std::thread::sleep(Duration::from_millis(20));
+            flag.set(Ok(()));
+            for h in hs {
+                assert_eq!(h.join().unwrap().unwrap(), 1);
+            }
+        });
+        assert_eq!(counter.get(), 1, "only the other, un-waited work is still counted");
     }
 
     #[test]

@@ -275,17 +275,17 @@ pub struct DroppedInPlaceWithdrawn {
     hidden: OutstandingCounter,
 }
 
-type Post = Box<dyn FnOnce() -> Result<Work<Buf>> + Send>;
+pub(crate) type Post = Box<dyn FnOnce() -> Result<Work<Buf>> + Send>;
 
-enum LazyState {
+pub(crate) enum LazyState {
     Queued(Post),
     Posted(Work<Buf>),
     Failed(CollectiveError),
     Withdrawn,
 }
 
-struct Lazy {
-    state: Mutex<LazyState>,
+pub(crate) struct Lazy {
+    pub(crate) state: Mutex<LazyState>,
 }
 
 impl Lazy {
@@ -302,16 +302,16 @@ impl Lazy {
 }
 
 /// Posts every queued op, in issue order.
-fn flush(queue: &Mutex<Vec<Arc<Lazy>>>) {
+pub(crate) fn flush(queue: &Mutex<Vec<Arc<Lazy>>>) {
     let mut q = lock(queue);
     for l in q.drain(..) {
         l.post();
     }
 }
 
-struct LazyWork {
-    lazy: Arc<Lazy>,
-    queue: Arc<Mutex<Vec<Arc<Lazy>>>>,
+pub(crate) struct LazyWork {
+    pub(crate) lazy: Arc<Lazy>,
+    pub(crate) queue: Arc<Mutex<Vec<Arc<Lazy>>>>,
 }
 
 impl Completion for LazyWork {

@@ -80,6 +80,12 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "p2pfail_drop_flushes_unwaited_sends",
     "p2pfail_dropped_send_withdrawn",
     "p2pfail_ungrouped_ring_deadlocks",
+    // review14: one engine for every communicator deadlocks until the bug's 15 s queue wait
+    // ends (the p2p case, the collectives' case); a serialised second waiter waits out the
+    // helper's 5 s wait.
+    "review14_process_wide_engine",
+    "review14_process_wide_collective_engine",
+    "review14_waiters_serialised",
 ];
 
 /// The random programs' power, pinned: each mutant with the program that catches it (the

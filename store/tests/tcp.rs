@@ -89,6 +89,34 @@ fn waiters_are_woken_by_writes_from_other_clients() {
     });
     let took = t0.elapsed();
     assert!(took >= Duration::from_millis(70) && took < Duration::from_secs(2), "{took:?}");
+    // Every other write kind wakes a waiter too (review14 finding 9: `autotune::exchange`
+    // publishes its decision with compare_set, and its peers wait for that key): compare_set on
+    // an absent key, append, multi_set.
+    type Write = fn(&TcpStore, &str);
+    let writes: [(&str, Write); 3] = [
+        ("compare_set", |c, k| {
+            c.compare_set(k, b"", b"decided").unwrap();
+        }),
+        ("append", |c, k| c.append(k, b"x").unwrap()),
+        ("multi_set", |c, k| c.multi_set(&[("other", b"1"), (k, b"v")]).unwrap()),
+    ];
+    for (kind, write) in writes {
+        let key = format!("woken_by_{kind}");
+        let t0 = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let c = client(port, "");
+                std::thread::sleep(Duration::from_millis(50));
+                write(&c, &key);
+            });
+            w.wait(&[key.as_str()], T).unwrap_or_else(|e| panic!("a waiter on a key written by {kind}: {e}"));
+        });
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(50) && took < Duration::from_secs(2),
+            "a waiter on a key written by {kind} woke after {took:?}"
+        );
+    }
     // get waits as well.
     std::thread::scope(|sc| {
         sc.spawn(|| {

@@ -99,6 +99,12 @@ pub const CLAUSES: &[Clause] = &[
         ],
     },
     Clause {
+        id: "async.communicators_independent",
+        source: BACKEND,
+        text: "Communicators progress independently: an op on one communicator never waits for an op of another, whatever order each rank issued them in.",
+        cases: &["async::communicators_progress_apart", "p2p::group_and_world_messages_apart"],
+    },
+    Clause {
         id: "failure.no_touch_after_failed_wait",
         source: BACKEND,
         text: "Once a wait returned an op's failure, no peer reads or writes that rank's buffers any more; every rank ends in a named error (a panic inside the backend too), never Ok, never a hang.",

@@ -262,15 +262,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Ok(())
     }));
     v.push(Case::<B>::new("async::registry_counts_unwaited_work::every_op::ws2", meta("every_op", "every"), 2, registry_counts_every_op));
-    v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
-        let b = ctx.b;
-        let w = here(b, "all_reduce", "out", DType::F32);
-        let work = b.all_reduce(&b.upload(&rank_tensor(b, 100))?, red(b))?;
-        let timeout = ctx.timeout;
-        let out = std::thread::scope(|s| s.spawn(move || work.into_value(timeout)).join())
-            .map_err(|_| fail(&w, "the waiting thread panicked"))??;
-        expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w)
-    }));
+    v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta_any_reduce("all_reduce", "out"), 2, wait_from_another_thread));
+    v.push(Case::<B>::new(
+        "async::communicators_progress_apart::ws3",
+        meta_any_reduce("all_reduce", "out"),
+        3,
+        communicators_progress_apart,
+    ));
     v.push(Case::<B>::new("async::issue_on_one_thread_run_on_another::ws2", meta_any_reduce("all_reduce", "out"), 2, |ctx| {
         // The communicator created on the worker's main thread is used from a new thread.
         let b = ctx.b;
@@ -737,6 +735,119 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v
 }
 
+/// How long a second waiter's `wait(SECOND_WAIT)` may take while another thread waits the same
+/// work with the case's deadline (the usual slack of a loaded machine, far below that deadline).
+const SECOND_WAIT: Duration = Duration::from_millis(50);
+const SECOND_WAIT_SLACK: Duration = Duration::from_secs(1);
+/// The helper thread's wait (at most the case's): ample for an all_reduce whose last peer
+/// issues ~150 ms after it starts, and what a serialised second waiter is held for.
+const HELPER_WAIT: Duration = Duration::from_secs(5);
+
+/// `async::wait_from_another_thread::ws2`: the all_reduce is waited by a helper thread of rank 0
+/// (up to 5 s) while rank 1 holds back (a store key); meanwhile rank 0's main thread
+/// calls `wait(50 ms)` on the same work, which MUST end in a named timeout within about 1 s
+/// (clause `async.deadline`: a work's wait — core's or a backend's completion — that holds a
+/// lock across the blocking wait gives the second waiter the first one's whole deadline,
+/// review14 finding 4). Then rank 1 issues, and the helper's wait MUST return the result.
+fn wait_from_another_thread<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = here(b, "all_reduce", "out", DType::F32);
+    let key = format!("{}/{}/second_waiter_done", ctx.case, ctx.world.world_id);
+    let timeout = ctx.timeout;
+    let x = b.upload(&rank_tensor(b, 100))?;
+    if b.rank() == 1 {
+        ctx.store.get(&key).map_err(|e| fail(&w, format!("rank 0 never said its second waiter returned: {e}")))?;
+        let _ = ctx.store.delete_key(&key);
+        let out = b.all_reduce(&x, red(b))?.into_value(timeout)?;
+        return expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w);
+    }
+    let work = b.all_reduce(&x, red(b))?;
+    let started = std::sync::atomic::AtomicBool::new(false);
+    let (second, helper) = std::thread::scope(|s| {
+        let helper = s.spawn(|| {
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
+            work.wait(timeout.min(HELPER_WAIT)).map(|_| ())
+        });
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // The helper is inside (or about to enter) its long wait.
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let second = work.wait(SECOND_WAIT).map(|_| ());
+        let took = t0.elapsed();
+        // Rank 1 issues now, whatever the verdict (the helper's wait then completes).
+        let said = ctx.store.set(&key, b"1");
+        (said.map(|()| (second, took)), helper.join())
+    });
+    let helper = helper.map_err(|_| fail(&w, "the waiting thread panicked"))?;
+    let (second, took) = second.map_err(|e| fail(&w, e))?;
+    let second_verdict = match second {
+        Ok(()) => Err(fail(&w, "wait(50 ms) on the main thread returned Ok although rank 1 had not issued the all_reduce")),
+        Err(e) if e.name() != "timeout" => Err(fail(&w, format!("wait(50 ms) on the main thread: expected a named timeout, got {e} [{}]", e.name()))),
+        Err(_) if took > SECOND_WAIT + SECOND_WAIT_SLACK => Err(fail(
+            &w,
+            format!(
+                "wait({SECOND_WAIT:?}) on the main thread, while a helper thread waited the same work with {:?}, returned after {took:?}: each waiter gets its own deadline (a lock held across the blocking wait queues the second waiter behind the first)", timeout.min(HELPER_WAIT)
+            ),
+        )),
+        Err(_) => Ok(()),
+    };
+    second_verdict?;
+    helper.map_err(|e| fail(&w, format!("the helper thread's wait, after rank 1 issued: {e} [{}]", e.name())))?;
+    let out = work.into_value(timeout)?;
+    expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w)
+}
+
+/// `async::communicators_progress_apart::ws3`: with `G = new_group([0, 1])`, rank 0 issues
+/// `G.all_reduce` then `world.all_reduce` and waits the world op first; rank 1 issues the world
+/// op, waits it, and only then issues `G.all_reduce`; rank 2 issues the world op. Every op MUST
+/// complete (clause `async.communicators_independent`: communicators progress independently, an
+/// op on one never waits for an op of another). A backend running every communicator of the
+/// process on one serial engine (one stream for every communicator) queues rank 0's world op
+/// behind G, which waits for rank 1, which waits for the world op: review14 finding 3.
+fn communicators_progress_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let members = [0, 1];
+    let (me, timeout) = (b.rank(), ctx.timeout);
+    let g = ctx.group(&members)?;
+    let w = format!(
+        "{} group={members:?} (rank 0: group op then world op, waits the world op first; rank 1: world op waited, then group op)",
+        here(b, "all_reduce", "out", DType::F32)
+    );
+    let x = b.upload(&rank_tensor(b, 4))?;
+    let world_sum = full(&[4], rank_sum(b, 3));
+    let waited = |what: &str, e: CollectiveError| {
+        fail(&w, format!("{what}: {e} [{}]; communicators progress independently: an op on one never waits for an op of another", e.name()))
+    };
+    match (me, g) {
+        (0, Some(g)) => {
+            let gx = g.upload(&rank_tensor(g, 4))?;
+            let gw = g.all_reduce(&gx, red(g)).map_err(|e| waited("group all_reduce issue", e))?;
+            let ww = b.all_reduce(&x, red(b)).map_err(|e| waited("world all_reduce issue (a group op in flight)", e))?;
+            let wout =
+                ww.into_value(timeout).map_err(|e| waited("world all_reduce wait (the group op issued before it still pending)", e))?;
+            let gout = gw.into_value(timeout).map_err(|e| waited("group all_reduce wait", e))?;
+            expect_eq(b, &wout, &world_sum, &format!("{w} world result"))?;
+            expect_eq(g, &gout, &full(&[4], rank_sum(g, 2)), &format!("{w} group result"))
+        }
+        (1, Some(g)) => {
+            let wout = b.all_reduce(&x, red(b))?.into_value(timeout).map_err(|e| waited("world all_reduce wait", e))?;
+            expect_eq(b, &wout, &world_sum, &format!("{w} world result"))?;
+            let gx = g.upload(&rank_tensor(g, 4))?;
+            let gout = g.all_reduce(&gx, red(g))?.into_value(timeout).map_err(|e| waited("group all_reduce wait", e))?;
+            expect_eq(g, &gout, &full(&[4], rank_sum(g, 2)), &format!("{w} group result"))
+        }
+        _ => {
+            let wout = b.all_reduce(&x, red(b))?.into_value(timeout).map_err(|e| waited("world all_reduce wait", e))?;
+            expect_eq(b, &wout, &world_sum, &format!("{w} world result"))
+        }
+    }
+}
+
 /// Lengths of the sends [`dropped_send_still_delivered`] drops: small, then 1 MiB of f32.
 const DROPPED_SENDS: [usize; 2] = [16, 1 << 18];
 
@@ -744,6 +855,7 @@ const DROPPED_SENDS: [usize; 2] = [16, 1 << 18];
 /// works at once, un-waited (fire and forget), then says so; only then does rank 1 post its two
 /// receives, which MUST complete with the messages: dropping a work never withdraws its op
 /// (review8's finding 7: a send held as a future, cancelled with its handle, never arrives).
+/// Then the same for a dropped receive ([`dropped_recv_not_withdrawn`]).
 fn dropped_send_still_delivered<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let w = format!("{} lens={DROPPED_SENDS:?} (rank 0 drops its sends' works un-waited)", here(b, "send_recv", "outbuf", DType::F32));
@@ -755,7 +867,8 @@ fn dropped_send_still_delivered<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult 
         for x in &xs {
             drop(b.send(x, 1).map_err(|e| fail(&w, format!("issuing a send: {e} [{}]", e.name())))?);
         }
-        return ctx.store.set(&key, b"1").map_err(|e| fail(&w, e));
+        ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+        return dropped_recv_not_withdrawn(ctx);
     }
     ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never said it dropped its sends: {e}")))?;
     let _ = ctx.store.delete_key(&key);
@@ -776,7 +889,64 @@ fn dropped_send_still_delivered<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult 
     for (k, (o, &n)) in outs.iter().zip(&DROPPED_SENDS).enumerate() {
         expect_eq(b, o, &msg(k, n), &format!("{w}: receive #{k}"))?;
     }
-    Ok(())
+    dropped_recv_not_withdrawn(ctx)
+}
+
+/// Elements of the two messages of [`dropped_recv_not_withdrawn`].
+const DROPPED_RECV_LEN: usize = 16;
+
+/// The second phase of `async::dropped_send_still_delivered::ws2` (review14 finding 2): rank 1
+/// posts receive A and drops its work at once (`dist.irecv`, the buffer read later), then says
+/// so; rank 0 sends messages 2 and 3; rank 1 posts receive B and waits it. B MUST hold message 3
+/// (the k-th receive gets the k-th send) and A's buffer, still held, message 2 (polled up to the
+/// case's deadline: nothing waits A): dropping a receive's work never withdraws it (a receive
+/// cancelled on drop leaves message 2 to B, and message 3 to no one).
+fn dropped_recv_not_withdrawn<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let n = DROPPED_RECV_LEN;
+    let w =
+        format!("{} len={n} (rank 1 drops receive A's work un-waited, then posts receive B)", here(b, "send_recv", "outbuf", DType::F32));
+    let key = format!("{}/{}/recv_dropped", ctx.case, ctx.world.world_id);
+    let msg = |k: usize| Tensor::from_vec(&[n], (0..n).map(|i| (k * 1000 + i + 1) as f32).collect());
+    let wait = ctx.timeout;
+    if b.rank() == 0 {
+        ctx.store.wait(&[key.as_str()], wait).map_err(|e| fail(&w, format!("rank 1 never said it dropped receive A: {e}")))?;
+        let _ = ctx.store.delete_key(&key);
+        let xs = [b.upload(&msg(2))?, b.upload(&msg(3))?];
+        let sends = xs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
+        for (k, s) in sends.iter().enumerate() {
+            s.wait(wait).map_err(|e| {
+                fail(
+                    &w,
+                    format!(
+                        "send of message {}: {e} [{}]; rank 1 posted two receives (one dropped un-waited): both sends match",
+                        k + 2,
+                        e.name()
+                    ),
+                )
+            })?;
+        }
+        return Ok(());
+    }
+    let out_a = b.alloc(DType::F32, &[n])?;
+    drop(b.recv(&out_a, 0).map_err(|e| fail(&w, format!("issuing receive A: {e} [{}]", e.name())))?);
+    ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+    let out_b = b.alloc(DType::F32, &[n])?;
+    b.recv(&out_b, 0)?.wait(wait).map_err(|e| fail(&w, format!("receive B: {e} [{}]", e.name())))?;
+    expect_eq(
+        b,
+        &out_b,
+        &msg(3),
+        &format!("{w}: receive B (the second receive gets the second send, message 3; message 2 here means dropping receive A's work withdrew it)"),
+    )?;
+    let t0 = Instant::now();
+    loop {
+        let got = b.download(&out_a)?;
+        if got == msg(2) || t0.elapsed() > wait {
+            return expect_eq(b, &out_a, &msg(2), &format!("{w}: receive A's buffer (its work dropped un-waited: the receive still runs)"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The exit code of an [`unwaited_child`] rank whose backend refused to start (`Unsupported`).
@@ -1121,16 +1291,20 @@ fn completes_without_wait_every_op<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResu
 const LARGE_POLLED: usize = 1 << 18;
 
 /// `async::completes_without_wait::every_op::large::ws2`: the same with 1 MiB inputs, for the
-/// out-of-place all_reduce, all_gather, reduce_scatter, broadcast and send / recv. A backend
-/// whose large path stages its result and copies it into the buffer it returned only inside
-/// `wait` reports completion before the result is final there (the small calls above take
-/// another path).
+/// out-of-place all_reduce, all_gather, reduce_scatter, broadcast and send / recv, and the
+/// in-place all_reduce, coalesced all_reduce and broadcast. A backend whose large path stages
+/// its result and copies it into the buffer it returned (or, in place, back into the caller's
+/// buffer: review14 finding 1) only inside `wait` reports completion before the result is final
+/// there (the small calls above take another path).
 fn completes_without_wait_large<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let large = [
         (concord_core::OpKind::AllReduce, Variant::Out),
+        (concord_core::OpKind::AllReduce, Variant::InPlace),
+        (concord_core::OpKind::AllReduce, Variant::CoalescedInPlace),
         (concord_core::OpKind::AllGatherIntoTensor, Variant::Out),
         (concord_core::OpKind::ReduceScatterTensor, Variant::Out),
         (concord_core::OpKind::Broadcast, Variant::Out),
+        (concord_core::OpKind::Broadcast, Variant::InPlace),
         (concord_core::OpKind::SendRecv, Variant::OutBuf),
     ];
     let calls = every_op_calls(ctx.b)
