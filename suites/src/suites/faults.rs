@@ -844,7 +844,7 @@ fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     super::util::expect_eq(&b, &y, &full(&[4], ROOT_VALUE), &format!("{w} (the broadcast's values)"))?;
     let z = b.all_reduce(&x, red).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(&w, "the all_reduce after it"))?;
     // Rank r holds r + 1.
-    let want = match red {
+    let want: f32 = match red {
         ReduceOp::Sum => 3.0,
         ReduceOp::Min => 1.0,
         _ => 2.0,
