@@ -381,7 +381,7 @@ fn a_local_failure_at_any_point_fails_the_op_everywhere_and_the_world_stays_usab
 #[test]
 fn a_pipelined_fused_op_that_fails_leaves_no_send_reading_its_input() {
     // review15 finding 6 (clause `failure.no_touch_after_failed_wait`): the pipelined
-    // fused_all_gather_matmul sends the caller's `a` itself. Three ranks, op deadline 2 s; op #0
+    // fused_all_gather_matmul sends the caller's `a` itself. Three ranks, op deadline 1 s; op #0
     // is the fused op's exchange, #1 and #2 its receives. Rank 0's first receive (from rank 1)
     // fails locally, so rank 0's op returns its error while its sends of `a` are still posted;
     // rank 0 then writes a canary into `a`. Rank 2's receive from rank 0 stalls 400 ms before it
@@ -396,7 +396,7 @@ fn a_pipelined_fused_op_that_fails_leaves_no_send_reading_its_input() {
             .map(|r| {
                 let (dir, wid) = (dir.path(), wid.as_str());
                 s.spawn(move || {
-                    let mut w = info(r, n, dir, wid, Duration::from_secs(2));
+                    let mut w = info(r, n, dir, wid, Duration::from_secs(1));
                     w.options.push(("fused_pipeline".into(), "always".into()));
                     w.options.push(("fault".into(), "progress_thread:fail@0#1;progress_thread:stall@2#1~400".into()));
                     let b = ShmBackend::init(&w).unwrap();
@@ -409,7 +409,7 @@ fn a_pipelined_fused_op_that_fails_leaves_no_send_reading_its_input() {
                             // The op failed: `a` is the caller's again.
                             b.write(&a, &Tensor::from_vec(&[2, 4], vec![CANARY; 8])).unwrap();
                             // Let the peers end their ops before this rank's backend goes.
-                            std::thread::sleep(Duration::from_millis(2500));
+                            std::thread::sleep(Duration::from_millis(700));
                             (format!("{e} [{}]", e.name()), None)
                         }
                     }
