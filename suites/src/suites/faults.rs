@@ -467,9 +467,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }));
     // review15 finding 2: a peer late INSIDE the op deadline (the op's later steps must not
     // share the arrival's deadline).
-    v.push(
-        Case::<B>::new("faults::late_inside_deadline::broadcast::ws2", meta("broadcast_", "inplace"), 2, late_inside_case).stall_bound(),
-    );
+    v.push(Case::<B>::new("faults::late_inside_deadline::broadcast::ws2", meta("broadcast", "inplace"), 2, late_inside_case).stall_bound());
     // review11: a fused op whose peer never calls it (no fused op had met a missing peer).
     for op in [AbsentFused::AllGatherMatmul, AbsentFused::LowContentionAllGather] {
         v.push(
@@ -784,7 +782,7 @@ fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let late = OP_TIMEOUT.mul_f64(LATE_INSIDE);
     let w = format!(
         "{} root=0 fault={:?} (rank 1 issues {late:?} after rank 0, then stalls {stall:?} after posting; op deadline {OP_TIMEOUT:?})",
-        here(&b, "broadcast_", "inplace", DType::F32),
+        here(&b, "broadcast", "inplace", DType::F32),
         f.option().1
     );
     let me = b.rank();
