@@ -27,7 +27,10 @@
 //! * Honour deadlines: no wait blocks longer than asked, and none gives up sooner: a `wait(t)`
 //!   MUST return once the op completes or `t` has passed, never a timeout before `t` (a port that
 //!   counts deadlines in whole seconds times a sub-second wait out at once); a dead peer is
-//!   reported as such. [clause: async.deadline]
+//!   reported as such. An op deadline bounds the peers' *arrival*: an op that every rank entered
+//!   within it MUST NOT fail for lateness (a rank timing out in the op's later steps after its
+//!   peer arrived in time, while that peer returns `Ok` or is poisoned by it, is a bug); the steps
+//!   after every rank arrived are bounded too, by a deadline of their own. [clause: async.deadline]
 //! * Fail cleanly: once a wait returned an op's failure (a timeout, a dead peer, an abort, a
 //!   local error), the op's buffers are the caller's again — no peer reads or writes them any
 //!   more, and memory the backend freed is not written either; every rank of the op ends in a

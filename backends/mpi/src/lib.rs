@@ -36,12 +36,17 @@
 //!   scales by the factor first, `avg` divides the f64 sum; the f64 result is rounded once to the
 //!   dtype (exact-then-round); min / max are user ops with NaN propagating and `-0 < +0`.
 //! * **Point to point** on a duplicate communicator, one thread per op: the `k`-th message from
-//!   `a` to `b` uses tags `3k`, `3k+1`, `3k+2` (headers both ways, then the data), so pairs
-//!   match by count whatever the threads' order; both sides check the pair with
-//!   [`concord_core::validate_pair`]; the data goes with `MPI_Ssend` (a send completes once
+//!   `a` to `b` uses tags `5k` .. `5k+4` (headers both ways, a vote both ways, then the data;
+//!   each direction its own tag), so pairs match by count whatever the threads' order; both sides check the
+//!   pair with [`concord_core::validate_pair`], then vote under the op's lock whether their
+//!   waiter gave up the op at its deadline (the op deadline counts from the issue; a waiter
+//!   still waiting then ends it in a named timeout and marks it abandoned, as a collective's):
+//!   the data moves only if both said go, a send reads the caller's buffer only once it voted
+//!   go, a receive writes it only then, so a buffer whose wait failed is never touched and the
+//!   late peer ends in a named error; the data goes with `MPI_Ssend` (a send completes once
 //!   the receiver takes it).
 //! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
-//! * **Deadlines** (collectives; send / recv wait with the caller's timeout). A wait still
+//! * **Deadlines** (collectives; send / recv alike, from their issue). A wait still
 //!   pending at the op deadline (the world's op timeout, counted from when the progress thread
 //!   took the job) ends in a named [`CollectiveError::Timeout`] and marks the op abandoned: the
 //!   data moves through temporaries and reaches the caller's outputs only if the op was not
@@ -420,27 +425,45 @@ mod imp {
             let key = (1u64 << 62) | ((is_send as u64) << 61) | ((peer as u64) << 40) | k;
             progress::begin(&self.g.label, if is_send { "send" } else { "recv" }, key);
             let flag = Flag::new();
-            let (g, f) = (self.g.clone(), flag.clone());
-            let base = ((k % 700_000_000) * 3) as i32;
+            // The op deadline counts from the issue (the op's own thread starts at once); a
+            // waiter still waiting then abandons the op (see `p2p_run`'s vote).
+            let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), ..Ctl::default() }));
+            let (g, f, c) = (self.g.clone(), flag.clone(), ctl.clone());
+            let base = ((k % P2P_PAIRS) * P2P_TAGS) as i32;
+            let op_name = d.op.name();
             std::thread::Builder::new()
                 .name(format!("concord-mpi-p2p-{}", g.me))
                 .spawn(move || {
-                    let op_name = d.op.name();
-                    let r = p2p_run(&g, &d, &buf, peer, base);
+                    let r = p2p_run(&g, &d, &buf, peer, base, &c);
                     progress::end(&g.label, key);
-                    f.set(r.map_err(|e| match e {
+                    let r = r.map_err(|e| match e {
                         P2pErr::Bad(b) => b.into_error(op_name, k, g.me),
                         P2pErr::Mpi(m) => backend_err(format!("{op_name} #{k} on rank {}: {m}", g.me)),
-                    }));
+                        P2pErr::Abandoned(r) => CollectiveError::Aborted(format!(
+                            "{op_name} #{k} on rank {}: rank {r} had given up this message at its op deadline; nothing was moved",
+                            g.me
+                        )),
+                    });
+                    // An abandoned op's flag holds its timeout already (the first verdict stays).
+                    f.set(r);
                 })
                 .map_err(|e| backend_err(format!("cannot start a point-to-point thread: {e}")))?;
-            Ok(Work::new(value, flag, self.meta(&name, k), &self.counter))
+            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: (op_name.to_string(), k, self.g.me) };
+            Ok(Work::new(value, Arc::new(done), self.meta(&name, k), &self.counter))
         }
     }
+
+    /// Tags per message (headers both ways, votes both ways, the data: each direction its own
+    /// tag, since a pair's `k`-th messages both ways share `k`) and messages per pair before the
+    /// tags wrap (both within Open MPI's `MPI_TAG_UB`, 2^31 - 1).
+    const P2P_TAGS: u64 = 5;
+    const P2P_PAIRS: u64 = 400_000_000;
 
     enum P2pErr {
         Bad(concord_core::BadInput),
         Mpi(String),
+        /// This side (`rank` = this rank) or the peer had given up the op at its deadline.
+        Abandoned(usize),
     }
     impl From<String> for P2pErr {
         fn from(s: String) -> P2pErr {
@@ -448,7 +471,14 @@ mod imp {
         }
     }
 
-    fn p2p_run(g: &Group, d: &CallDesc, buf: &MpiBuffer, peer: usize, base: i32) -> std::result::Result<(), P2pErr> {
+    /// One send or receive (the crate docs' protocol): headers both ways, `validate_pair`, then a
+    /// one-word vote both ways on whether either waiter gave up the op at its deadline (review15
+    /// finding 1: a thread left in the header exchange by a waiter that timed out used to pair
+    /// with the peer's late op and move the data anyway, `Ok` on the peer). The vote is cast
+    /// under the op's lock: a side that votes go is committed (its waiter no longer gives up;
+    /// both threads are alive, so the rest is bounded) and a send reads the caller's buffer only
+    /// then, a side that had given up votes no-go; the data moves only if both said go.
+    fn p2p_run(g: &Group, d: &CallDesc, buf: &MpiBuffer, peer: usize, base: i32, ctl: &Mutex<Ctl>) -> std::result::Result<(), P2pErr> {
         let c = g.p2p;
         // Headers: the sender's on tag base (to the receiver), the receiver's on base + 1.
         let theirs = if d.op == CallOp::Send {
@@ -461,12 +491,36 @@ mod imp {
         };
         let other = CallDesc::decode(&theirs).ok_or_else(|| P2pErr::Mpi(format!("malformed header from rank {peer}")))?;
         validate_pair(d, &other, g.n, &caps()).map_err(P2pErr::Bad)?;
-        if d.op == CallOp::Send {
-            sys::ssend(c, &buf.read(), peer, base + 2)?;
+        let (vote, data) = {
+            let mut st = ctl.lock().unwrap_or_else(|e| e.into_inner());
+            if st.abandoned {
+                (1u64, None)
+            } else {
+                st.committed = true;
+                (0, (d.op == CallOp::Send).then(|| buf.read()))
+            }
+        };
+        let theirs = if d.op == CallOp::Send {
+            sys::send_words(c, &[vote], peer, base + 2)?;
+            sys::recv_words(c, peer, base + 3)?
         } else {
-            let mut v = vec![0u8; buf.nbytes()];
-            sys::recv_bytes(c, &mut v, peer, base + 2)?;
-            buf.write_bytes(&v);
+            let v = sys::recv_words(c, peer, base + 2)?;
+            sys::send_words(c, &[vote], peer, base + 3)?;
+            v
+        };
+        if vote != 0 {
+            return Err(P2pErr::Abandoned(g.me));
+        }
+        if theirs.first() != Some(&0) {
+            return Err(P2pErr::Abandoned(peer));
+        }
+        match data {
+            Some(bytes) => sys::ssend(c, &bytes, peer, base + 4)?,
+            None => {
+                let mut v = vec![0u8; buf.nbytes()];
+                sys::recv_bytes(c, &mut v, peer, base + 4)?;
+                buf.write_bytes(&v);
+            }
         }
         Ok(())
     }
@@ -498,8 +552,16 @@ mod imp {
                 CallOp::AllToAll => alltoall_counts(&job, &descs, me, g.n).map(|_| ()),
                 _ => Ok(()),
             };
+            // The inputs are read under the vote's lock, before this rank votes go (review15
+            // finding 5a): the data step reads these snapshots, so a waiter that gives up after
+            // the vote and rewrites its inputs changes nothing its peers receive.
+            let mut snaps: Vec<Vec<u8>> = Vec::new();
             let vote = {
                 let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
+                if !c.abandoned && temps.is_ok() && counts.is_ok() {
+                    let root_only = matches!(job.call.op, CallOp::Broadcast | CallOp::Scatter) && job.call.root != Some(me);
+                    snaps = job.ins.iter().map(|x| if root_only { Vec::new() } else { x.read() }).collect();
+                }
                 // A split is this rank's from here on (its waiter no longer gives up on it), so
                 // no rank leaves a subgroup that its peers create.
                 if job.call.op == CallOp::NewGroup && !c.abandoned && temps.is_ok() {
@@ -529,7 +591,8 @@ mod imp {
             let temps = temps?;
             // Into temporaries, then into the caller's outputs unless the waiter gave up
             // meanwhile (a data step that outlived the op deadline never writes them).
-            let made = execute(g, &job, &temps, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))?;
+            let made =
+                execute(g, &job, &snaps, &temps, &descs).map_err(|m| backend_err(format!("{} #{seq} on rank {me}: {m}", job.name)))?;
             let mut c = job.ctl.lock().unwrap_or_else(|e| e.into_inner());
             if c.abandoned {
                 return Err(backend_err(format!("{} #{seq} on rank {me}: finished after its deadline; outputs left untouched", job.name)));
@@ -722,35 +785,43 @@ mod imp {
     }
 
     /// The data movement of a validated collective.
-    fn execute(g: &Group, job: &Job, outs: &[MpiBuffer], descs: &[CallDesc]) -> std::result::Result<Option<(Comm, Comm)>, String> {
+    /// The data step, reading the inputs' snapshots `ins` (taken when this rank voted, see
+    /// `run_job`), never the caller's input buffers.
+    fn execute(
+        g: &Group,
+        job: &Job,
+        ins: &[Vec<u8>],
+        outs: &[MpiBuffer],
+        descs: &[CallDesc],
+    ) -> std::result::Result<Option<(Comm, Comm)>, String> {
         let (n, me) = (g.n, g.me);
         let c = &job.call;
         match c.op {
             CallOp::AllReduce | CallOp::ReduceScatter | CallOp::Reduce => {
                 let op = c.reduce.expect("validated: reduce op present");
-                for (x, out) in job.ins.iter().zip(outs) {
+                for ((x, snap), out) in job.ins.iter().zip(ins).zip(outs) {
                     let how = match c.op {
                         CallOp::AllReduce => Red::All,
                         CallOp::ReduceScatter => Red::Scatter,
                         _ => Red::Root(c.root.expect("validated: root")),
                     };
-                    if let Some(r) = reduce_bytes(g, &x.read(), x.dtype, op, how)? {
+                    if let Some(r) = reduce_bytes(g, snap, x.dtype, op, how)? {
                         out.write_bytes(&r);
                     }
                 }
             }
             CallOp::AllGather | CallOp::Gather => {
                 let root = if c.op == CallOp::Gather { c.root } else { None };
-                for (x, out) in job.ins.iter().zip(outs) {
+                for ((x, snap), out) in job.ins.iter().zip(ins).zip(outs) {
                     let mut recv = vec![0u8; if root.is_none_or(|r| r == me) { x.nbytes() * n } else { 0 }];
-                    sys::gather(g.coll, &x.read(), &mut recv, root)?;
+                    sys::gather(g.coll, snap, &mut recv, root)?;
                     out.write_bytes(&recv);
                 }
             }
             CallOp::Scatter => {
                 let root = c.root.expect("validated: root");
                 let (x, out) = (&job.ins[0], &outs[0]);
-                let send = if me == root { x.read() } else { vec![] };
+                let send = if me == root { ins[0].clone() } else { vec![] };
                 let mut recv = vec![0u8; x.nbytes() / n];
                 sys::scatter(g.coll, &send, &mut recv, root)?;
                 out.write_bytes(&recv);
@@ -758,16 +829,16 @@ mod imp {
             CallOp::Broadcast => {
                 let root = c.root.expect("validated: root");
                 let (x, out) = (&job.ins[0], &outs[0]);
-                let mut buf = if me == root { x.read() } else { vec![0u8; x.nbytes()] };
+                let mut buf = if me == root { ins[0].clone() } else { vec![0u8; x.nbytes()] };
                 sys::bcast(g.coll, &mut buf, root)?;
                 out.write_bytes(&buf);
             }
             CallOp::AllToAll => {
-                let (x, out) = (&job.ins[0], &outs[0]);
+                let out = &outs[0];
                 // Checked before the vote (the same computation): fits here.
                 let (sc, rc) = alltoall_counts(job, descs, me, n)?;
                 let mut recv = vec![0u8; rc.iter().sum()];
-                sys::alltoallv(g.coll, &x.read(), &sc, &mut recv, &rc)?;
+                sys::alltoallv(g.coll, &ins[0], &sc, &mut recv, &rc)?;
                 out.write_bytes(&recv);
             }
             CallOp::Permute => {
@@ -775,7 +846,7 @@ mod imp {
                 let (x, out) = (&job.ins[0], &outs[0]);
                 let src = perm.iter().position(|&d| d == me).expect("validated: a permutation");
                 let mut recv = vec![0u8; x.nbytes()];
-                sys::sendrecv(g.coll, &x.read(), perm[me], &mut recv, src, 7)?;
+                sys::sendrecv(g.coll, &ins[0], perm[me], &mut recv, src, 7)?;
                 out.write_bytes(&recv);
             }
             CallOp::Barrier => sys::barrier(g.coll)?,

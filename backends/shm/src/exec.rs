@@ -827,10 +827,47 @@ impl Progress {
         e
     }
 
+    /// THE deadline of a collective's steps after its arrival barrier (validation, data
+    /// movement, the final barrier), given the op deadline `deadline` that bounded the arrival.
+    /// Every rank entered the op in time, so none may fail it for lateness now (review15
+    /// finding 2: a peer arriving just inside the deadline made the early rank time out at the
+    /// final barrier after every byte had moved, and poison the world): the rest gets one op
+    /// timeout of its own from now, never less than the op deadline; on a caller running its op
+    /// inline, never past its wait's deadline less the margin (`inline_by`: a wait never blocks
+    /// longer than asked).
+    fn after_arrival(&self, deadline: Instant) -> Instant {
+        let own = Instant::now() + self.comm.op_timeout;
+        let own = match self.inline_by {
+            Some(by) => own.min(by.checked_sub(inline_margin(self.comm.op_timeout) / 2).unwrap_or(by)),
+            None => own,
+        };
+        own.max(deadline)
+    }
+
+    /// A barrier after the op's arrival (its deadline from [`Progress::after_arrival`]): a peer
+    /// that misses it arrived, but did not finish the op's steps in time.
     fn barrier(&mut self, op: &str, seq: u64, deadline: Instant, started: Instant) -> Result<()> {
         self.step = self.step.wrapping_add(1);
         let c = &self.comm;
-        c.ctl.barrier(self.step, deadline, &c.abort).map_err(|e| c.wait_error(e, op, seq, started))
+        c.ctl.barrier(self.step, deadline, &c.abort).map_err(|e| {
+            let late = match e {
+                WaitErr::Timeout { peer } => Some(peer),
+                _ => None,
+            };
+            match (c.wait_error(e, op, seq, started), late) {
+                (CollectiveError::Timeout { op, seq, rank, waited_ms, .. }, Some(peer)) => CollectiveError::Timeout {
+                    op,
+                    seq,
+                    rank,
+                    waited_ms,
+                    detail: format!(
+                        "shm backend: rank {peer} arrived in time but did not finish the op's later steps within {:?} of every rank's arrival",
+                        c.op_timeout
+                    ),
+                },
+                (other, _) => other,
+            }
+        })
     }
 
     fn collective(&mut self, name: &str, post: Post, keep: Vec<ShmBuffer>, reply: Option<GroupReply>, fault: Option<Fault>) -> Result<()> {
@@ -963,6 +1000,8 @@ impl Progress {
         comm.strike(&fault, point::AFTER_POST, name, seq).map_err(Ended::Local)?;
         let step = self.step;
         self.arrive(step, deadline).map_err(werr)?;
+        // Every rank entered the op in time: its later steps get a deadline of their own.
+        let deadline = self.after_arrival(deadline);
         // A peer that failed after posting (its counter was already raised) poisoned the
         // communicator before its wait returned: check the abort word after every barrier.
         comm.ctl.check_abort().map_err(werr)?;

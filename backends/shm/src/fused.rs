@@ -96,23 +96,35 @@ impl ShmBackend {
             let buf = self.alloc(plan.dtype, &plan.shard_shape)?;
             recvs.push((src, self.recv(&buf, src)?));
         }
+        // The sends post the caller's `a` itself: from the first one on, the op returns (also
+        // with an error) only once every send is settled — delivered, or failed, and a failed
+        // send's wait withdraws it or waits for the receiver's copy in progress — so no peer
+        // reads `a` after the op returned (review15 finding 6; clause
+        // `failure.no_touch_after_failed_wait`). Each wait ends by the send's op deadline.
         let mut sends = Vec::with_capacity(ws.saturating_sub(1));
-        for step in 1..ws {
-            sends.push(self.send(a, (me + ws - step) % ws)?);
-        }
-        let btensors = bs.iter().map(|x| self.download(x)).collect::<Result<Vec<_>>>()?;
-        let b_scales = scaling.map(|s| s.b.as_slice());
-        let mut parts = plan.start();
-        // The local shard first, while the peers' shards are in flight.
-        plan.consume(&mut parts, me, &self.download(a)?, &btensors, a_scales.as_ref().map(|s| &s[me]), b_scales);
-        // Each peer's shard once it has landed.
-        for (src, w) in recvs {
-            let shard = self.download(w.wait(DECOMPOSITION_WAIT)?)?;
-            plan.consume(&mut parts, src, &shard, &btensors, a_scales.as_ref().map(|s| &s[src]), b_scales);
-        }
-        for s in &sends {
-            s.wait(DECOMPOSITION_WAIT)?;
-        }
+        let gathered = (|| {
+            for step in 1..ws {
+                sends.push(self.send(a, (me + ws - step) % ws)?);
+            }
+            let btensors = bs.iter().map(|x| self.download(x)).collect::<Result<Vec<_>>>()?;
+            let b_scales = scaling.map(|s| s.b.as_slice());
+            let mut parts = plan.start();
+            // The local shard first, while the peers' shards are in flight.
+            plan.consume(&mut parts, me, &self.download(a)?, &btensors, a_scales.as_ref().map(|s| &s[me]), b_scales);
+            // Each peer's shard once it has landed.
+            for (src, w) in recvs {
+                let shard = self.download(w.wait(DECOMPOSITION_WAIT)?)?;
+                plan.consume(&mut parts, src, &shard, &btensors, a_scales.as_ref().map(|s| &s[src]), b_scales);
+            }
+            Ok(parts)
+        })();
+        // Every send waited, the first failure kept.
+        let settled = sends.iter().fold(Ok(()), |first, s| {
+            let r = s.wait(DECOMPOSITION_WAIT).map(|_| ());
+            first.and(r)
+        });
+        let parts = gathered?;
+        settled?;
         let (ag, outs) = plan.finish(parts);
         let ag = self.upload(&ag)?;
         let outs = outs.iter().map(|t| self.upload(t)).collect::<Result<Vec<_>>>()?;

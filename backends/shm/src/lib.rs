@@ -52,7 +52,10 @@
 //!   or per slice of a collective that waits for its peers in 2 ms slices (to serve
 //!   point-to-point ops issued meanwhile).
 //! * **Deadlines.** Every wait has the op deadline ([`WorldInfo::op_timeout`]), counted from
-//!   the moment the engine (the progress thread or an inline caller) starts the op; expiry
+//!   the moment the engine (the progress thread or an inline caller) starts the op, for the
+//!   peers' arrival; once every rank has arrived, the op's later steps (validation, data
+//!   movement, the final barrier) get one op timeout of their own from then (never past an
+//!   inline caller's wait): an op every rank entered in time never fails for lateness; expiry
 //!   gives [`CollectiveError::Timeout`], a peer whose process is gone (or whose backend was
 //!   dropped) gives
 //!   [`CollectiveError::PeerDied`]; either poisons the communicator (later ops fail fast with

@@ -377,3 +377,56 @@ fn a_local_failure_at_any_point_fails_the_op_everywhere_and_the_world_stays_usab
         }
     }
 }
+
+#[test]
+fn a_pipelined_fused_op_that_fails_leaves_no_send_reading_its_input() {
+    // review15 finding 6 (clause `failure.no_touch_after_failed_wait`): the pipelined
+    // fused_all_gather_matmul sends the caller's `a` itself. Three ranks, op deadline 1 s; op #0
+    // is the fused op's exchange, #1 and #2 its receives. Rank 0's first receive (from rank 1)
+    // fails locally, so rank 0's op returns its error while its sends of `a` are still posted;
+    // rank 0 then writes a canary into `a`. Rank 2's receive from rank 0 stalls 400 ms before it
+    // copies. Rank 2 MUST NOT get the canary: either its op fails, or its gathered `a` holds rank
+    // 0's values as they were while rank 0's op ran.
+    const CANARY: f32 = -7777.25;
+    let n = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let wid = world_id();
+    let res: Vec<(String, Option<Vec<f32>>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (dir, wid) = (dir.path(), wid.as_str());
+                s.spawn(move || {
+                    let mut w = info(r, n, dir, wid, Duration::from_secs(1));
+                    w.options.push(("fused_pipeline".into(), "always".into()));
+                    w.options.push(("fault".into(), "progress_thread:fail@0#1;progress_thread:stall@2#1~400".into()));
+                    let b = ShmBackend::init(&w).unwrap();
+                    let a = b.upload(&Tensor::from_vec(&[2, 4], vec![r as f32 + 1.0; 8])).unwrap();
+                    let m = b.upload(&Tensor::from_vec(&[4, 3], vec![1.0f32; 12])).unwrap();
+                    let got = b.fused_all_gather_matmul(&a, std::slice::from_ref(&m), 0).and_then(|w| w.into_value(T));
+                    match got {
+                        Ok((ag, _)) => ("ok".into(), Some(b.download(&ag).unwrap().as_slice::<f32>().to_vec())),
+                        Err(e) => {
+                            // The op failed: `a` is the caller's again.
+                            b.write(&a, &Tensor::from_vec(&[2, 4], vec![CANARY; 8])).unwrap();
+                            // Let the peers end their ops before this rank's backend goes.
+                            std::thread::sleep(Duration::from_millis(700));
+                            (format!("{e} [{}]", e.name()), None)
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(res[0].1.is_none() && res[0].0.contains("injected fault"), "rank 0 (its receive fails): {}", res[0].0);
+    if let Some(ag) = &res[2].1 {
+        let want: Vec<f32> = (0..n).flat_map(|r| vec![r as f32 + 1.0; 8]).collect();
+        assert_eq!(
+            ag, &want,
+            "rank 2's fused op returned Ok with a gathered `a` (got) that is not every rank's input (expected): rank 0's shard read \
+             after rank 0's op had returned its failure ({}) and rank 0 had written {CANARY} into it",
+            res[0].0
+        );
+    }
+    assert!(leftovers(&wid).is_empty(), "{:?}", leftovers(&wid));
+}

@@ -42,6 +42,11 @@
 //! * `faults::new_group_failure_leaves_no_file::ws2` — a `new_group` that fails between its
 //!   barriers leaves nothing named after the world in `/dev/shm` once every rank dropped the
 //!   communicator (item 12).
+//! * `faults::late_inside_deadline::broadcast::ws2` — rank 1 issues a `broadcast_` from rank 0
+//!   0.6 × the op deadline after rank 0, then stalls 0.5 × the deadline after posting (review15
+//!   finding 2): every rank entered the op in time, so it MUST complete on both ranks with the
+//!   root's values (an op deadline that also bounds the final barrier timed rank 0 out after every
+//!   byte had moved, and poisoned the world), and the world stays usable.
 //! * `faults::drop_during_recv::ws2` — the receiver drops its communicator while its receive is
 //!   in progress: the sender's buffer is not released (its send does not fail) before the
 //!   receiver has finished copying, so the receive never returns `Ok` with the sender's later
@@ -165,7 +170,7 @@ pub(super) struct Keys<'a, B: Backend> {
     pub(super) id: String,
 }
 impl<B: Backend> Keys<'_, B> {
-    fn key(&self, what: &str) -> String {
+    pub(super) fn key(&self, what: &str) -> String {
         format!("faults/{}/{what}", self.id)
     }
     pub(super) fn set(&self, what: &str, w: &str) -> CaseResult {
@@ -471,6 +476,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("faults::fail_after_post::in_place::victim0::ws3", meta("all_reduce_", "inplace"), 3, |ctx| {
         victim_case(ctx, 0, true, VictimOp::InPlace, Some(fault(point::AFTER_POST, Action::Fail, 0, 2)))
     }));
+    // review15 finding 2: a peer late INSIDE the op deadline (the op's later steps must not
+    // share the arrival's deadline).
+    v.push(Case::<B>::new("faults::late_inside_deadline::broadcast::ws2", meta("broadcast", "inplace"), 2, late_inside_case).stall_bound());
     // review11: a fused op whose peer never calls it (no fused op had met a missing peer).
     for op in [AbsentFused::AllGatherMatmul, AbsentFused::LowContentionAllGather] {
         v.push(
@@ -805,4 +813,100 @@ fn drop_during_recv_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         keys.set("receiver_done", &w)?;
     }
     Ok(())
+}
+
+/// How late rank 1 issues in [`late_inside_case`], as a fraction of [`OP_TIMEOUT`]: in time.
+const LATE_INSIDE: f64 = 0.6;
+/// Past this lateness (fraction of [`OP_TIMEOUT`]; a loaded machine may start rank 1 later than
+/// asked) the case cannot tell a backend that counts the arrival from its own start from a bug:
+/// it then only asks that both ranks agree.
+const LATE_JUDGED: f64 = 0.85;
+
+/// `faults::late_inside_deadline::broadcast::ws2` (review15 finding 2): on a fresh communicator
+/// (op deadline [`OP_TIMEOUT`]), after one healthy all_reduce, rank 0 issues a `broadcast_` from
+/// itself and rank 1 issues it [`LATE_INSIDE`] × the deadline later (timed from rank 0's issue,
+/// through the store), then stalls half a deadline after posting (`after_post:stall`), so its
+/// data movement ends past rank 0's op deadline although it entered the op in time. Every rank
+/// entered in time: the op MUST complete on both ranks, rank 1 holding the root's values
+/// ([clause: async.deadline]: no wait gives up sooner than its deadline; an op deadline that
+/// also bounds the steps after every rank arrived made rank 0 time out, poison the world and
+/// blame rank 1 for not arriving, while rank 1's side had passed), and an all_reduce then works.
+/// If the machine started rank 1 later than [`LATE_JUDGED`] × the deadline, the ranks must only
+/// agree (both `Ok` or both a named error), never `Ok` on one and an error on the other.
+fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[point::AFTER_POST], true)?;
+    let red = vehicle(ctx.b, &[Variant::Out])?;
+    let stall = OP_TIMEOUT / 2;
+    let f = Fault::new(point::AFTER_POST, Action::Stall).on_rank(1).nth(1).stall_for(stall);
+    let (b, id) = sub_world(ctx, Some(f.clone()))?;
+    let keys = Keys { ctx, id };
+    let late = OP_TIMEOUT.mul_f64(LATE_INSIDE);
+    let w = format!(
+        "{} root=0 fault={:?} (rank 1 issues {late:?} after rank 0, then stalls {stall:?} after posting; op deadline {OP_TIMEOUT:?})",
+        here(&b, "broadcast", "inplace", DType::F32),
+        f.option().1
+    );
+    let me = b.rank();
+    let x = b.upload(&full(&[4], (me + 1) as f32))?;
+    b.all_reduce(&x, red)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    const ROOT_VALUE: f32 = 4321.5;
+    let y = b.upload(&full(&[4], if me == 0 { ROOT_VALUE } else { -1.0 }))?;
+    let now_us = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let put = |what: &str, v: String| ctx.store.set(&keys.key(what), v.as_bytes()).map_err(|e| fail(&w, format!("store: {e}")));
+    let take = |what: &str| -> Result<String, CaseEnd> {
+        keys.wait(what, &w)?;
+        let v = ctx.store.get(&keys.key(what)).map_err(|e| fail(&w, format!("store: {e}")))?;
+        Ok(String::from_utf8_lossy(&v).into_owned())
+    };
+    let r = if me == 0 {
+        put("issued0", now_us().to_string())?;
+        b.broadcast_(&y, 0)?.wait(ctx.timeout).map(|_| ())
+    } else {
+        let t0: u64 = take("issued0")?.parse().map_err(|e| fail(&w, format!("rank 0's issue time: {e}")))?;
+        let at = t0 + late.as_micros() as u64;
+        std::thread::sleep(Duration::from_micros(at.saturating_sub(now_us())));
+        put("issued1", now_us().saturating_sub(t0).to_string())?;
+        b.broadcast_(&y, 0)?.wait(ctx.timeout).map(|_| ())
+    };
+    let mine = match &r {
+        Ok(()) => "Ok".to_string(),
+        Err(e) => format!("{e} [{}]", e.name()),
+    };
+    put(&format!("outcome{me}"), mine.clone())?;
+    let theirs = take(&format!("outcome{}", 1 - me))?;
+    let late_us: u64 = take("issued1")?.parse().map_err(|e| fail(&w, format!("rank 1's lateness: {e}")))?;
+    let was_late = Duration::from_micros(late_us);
+    if was_late <= OP_TIMEOUT.mul_f64(LATE_JUDGED) {
+        if r.is_err() || theirs != "Ok" {
+            return Err(fail(
+                &w,
+                format!(
+                    "rank 1 entered the op {was_late:?} after rank 0, inside the op deadline {OP_TIMEOUT:?}, and every byte could \
+                     move: the op MUST complete on every rank (no wait gives up before its deadline; the op deadline bounds the \
+                     peers' arrival, not the steps after every rank arrived). This rank's op: {mine}; rank {}'s: {theirs}",
+                    1 - me
+                ),
+            ));
+        }
+    } else if r.is_ok() != (theirs == "Ok") {
+        return Err(fail(
+            &w,
+            format!(
+                "one op, two verdicts: this rank's op {mine}, rank {}'s {theirs} (rank 1 was {was_late:?} late): every rank \
+                 of an op ends Ok, or every rank in a named error",
+                1 - me
+            ),
+        ));
+    } else if r.is_err() {
+        return Ok(());
+    }
+    super::util::expect_eq(&b, &y, &full(&[4], ROOT_VALUE), &format!("{w} (the broadcast's values)"))?;
+    let z = b.all_reduce(&x, red).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(&w, "the all_reduce after it"))?;
+    // Rank r holds r + 1.
+    let want: f32 = match red {
+        ReduceOp::Sum => 3.0,
+        ReduceOp::Min => 1.0,
+        _ => 2.0,
+    };
+    super::util::expect_eq(&b, &z, &full(&[4], want), &format!("{w} (the all_reduce after it)"))
 }
