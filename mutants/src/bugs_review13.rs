@@ -5,25 +5,32 @@
 
 use crate::campaign::{spec, Spec};
 use crate::{Buf, Bug, Shm, BUG_WAIT};
-use concord_core::{Backend, DType, ReduceOp, Result, Tensor, Work};
+use concord_core::{Backend, DType, ReduceOp, Result, Tensor, Work, WorldInfo};
 use concord_shm::ShmBackend;
+use concord_store::Store;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 // ---------------------------------------------------------------- finding 1: no closing handshake
 
 /// Finding 1. A pull-model broadcast (peers copy the root's input where it lies) whose root
-/// completes once every peer has *arrived* (a handshake that also exchanges the call's
-/// description, so a mismatched call still ends in the real op's error), with no closing
-/// barrier: the root's wait returns while its peers may still be reading its input, and a caller
-/// that overwrites the input right after its wait (the next step's parameters) has peers receive
-/// the new bytes. The root's own result is copied at issue. Clause `placement.reuse` (after a
-/// successful wait, a rank's inputs are the caller's again).
+/// completes once every peer has *arrived* (each rank announces its call in a rendezvous, here
+/// the world's store), with no closing barrier: the root's wait returns while its peers may
+/// still be reading its input, and a caller that overwrites the input right after its wait (the
+/// next step's parameters) has peers receive the new bytes. The root's own result is copied at
+/// issue; a real op that ends first (a refused call) ends the root's work with its own result.
+/// On the world communicator. Clause `placement.reuse` (after a successful wait, a rank's inputs
+/// are the caller's again).
 #[derive(Default)]
 pub struct RootCompletesOnArrival {
-    /// Works this bug holds that the caller never sees (the real op behind a root's handshake,
-    /// a non-root's handshake): the backend's own count leaves them out of `outstanding`.
+    /// The world's store and id (the world communicator's bug only).
+    rendezvous: Mutex<Option<(Arc<Store>, String)>>,
+    /// Broadcasts issued on the world communicator so far.
+    calls: AtomicUsize,
+    /// Real ops this bug waits for after the caller's work completed: the backend's own count
+    /// leaves them out of `outstanding`.
     hidden: Arc<AtomicUsize>,
 }
 
@@ -43,63 +50,102 @@ impl Drop for Counted {
     }
 }
 
-/// Waits `w` on a thread of its own, counted in `hidden` until then.
-fn wait_aside<T: Send + Sync + 'static>(w: Work<T>, hidden: &Arc<AtomicUsize>) {
-    let guard = Counted::new(hidden);
-    std::thread::spawn(move || {
-        let _ = w.wait(BUG_WAIT);
-        drop(w);
-        drop(guard);
-    });
+/// A root's broadcast: complete once every rank announced the call (or once the real op ended,
+/// with its result); from then on the real op is waited aside.
+struct Arrival {
+    store: Arc<Store>,
+    keys: Vec<String>,
+    real: Mutex<Option<Work<Buf>>>,
+    hidden: Arc<AtomicUsize>,
+    outcome: Mutex<Option<Result<()>>>,
+}
+
+impl Arrival {
+    fn settle(&self, outcome: Result<()>) -> Result<bool> {
+        if let Some(w) = crate::lock(&self.real).take() {
+            let guard = Counted::new(&self.hidden);
+            std::thread::spawn(move || {
+                let _ = w.wait(BUG_WAIT);
+                drop(w);
+                drop(guard);
+            });
+        }
+        *crate::lock(&self.outcome) = Some(outcome.clone());
+        outcome.map(|()| true)
+    }
+
+    fn poll(&self) -> Option<Result<bool>> {
+        if let Some(o) = crate::lock(&self.outcome).clone() {
+            return Some(o.map(|()| true));
+        }
+        let ended = crate::lock(&self.real).as_ref().filter(|w| w.is_completed()).map(|w| w.wait(Duration::ZERO).map(|_| ()));
+        if let Some(r) = ended {
+            return Some(self.settle(r));
+        }
+        let refs: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        if self.store.check(&refs).unwrap_or(false) {
+            return Some(self.settle(Ok(())));
+        }
+        None
+    }
+}
+
+impl concord_core::Completion for Arrival {
+    fn is_completed(&self) -> bool {
+        self.poll().is_some()
+    }
+    fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(r) = self.poll() {
+                return r;
+            }
+            if t0.elapsed() >= timeout {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
 }
 
 impl RootCompletesOnArrival {
     fn issue(&self, s: &Shm, x: &Buf, src: usize, in_place: bool, real: impl FnOnce() -> Result<Work<Buf>>) -> Result<Work<Buf>> {
-        let be = &s.inner;
-        if src >= s.ws() || s.ws() < 2 {
+        let Some((store, world_id)) = crate::lock(&self.rendezvous).clone() else { return real() };
+        if s.in_subgroup() || src >= s.ws() {
             return real();
         }
-        // The arrival handshake: every rank's (numel, element size, dtype, src).
-        let d = be.buffer_dtype(x);
-        let mine = vec![s.numel(x) as u64, d.size() as u64, d as u64, src as u64];
-        let arrival = be.all_gather_into_tensor(&be.upload(&Tensor::from_vec(&[mine.len()], mine.clone()))?)?;
-        let w = match real() {
-            Ok(w) => w,
-            Err(e) => {
-                wait_aside(arrival, &self.hidden);
-                return Err(e);
-            }
-        };
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let key = |r: usize| format!("review13/{world_id}/broadcast{n}/{r}");
+        store.set(&key(s.rank()), b"1").map_err(|e| concord_core::CollectiveError::Backend(e.to_string()))?;
+        let w = real()?;
         if s.rank() != src {
-            wait_aside(arrival, &self.hidden);
             return Ok(w);
         }
         let out = w.peek().clone();
         if !in_place {
-            be.write(&out, &be.download(x)?)?;
+            s.inner.write(&out, &s.inner.download(x)?)?;
         }
-        // The real op goes on behind the handshake; a call the handshake finds mismatched
-        // ends in the real op's own error.
-        let real = Arc::new(Mutex::new(Some((w, Counted::new(&self.hidden)))));
-        let (held, hidden) = (real.clone(), self.hidden.clone());
-        let work = s.then_as(arrival, out, move |be: &ShmBackend, all: &Buf| {
-            let all = be.download(all)?;
-            let agree = all.as_slice::<u64>().chunks(mine.len()).all(|c| c == mine.as_slice());
-            let Some((w, guard)) = crate::lock(&held).take() else { return Ok(()) };
-            if agree {
-                wait_aside(w, &hidden);
-                drop(guard);
-                return Ok(());
-            }
-            drop(guard);
-            w.wait(BUG_WAIT).map(|_| ())
-        });
-        drop(real);
-        Ok(work)
+        let meta = w.meta().clone();
+        let arrival = Arrival {
+            store,
+            keys: (0..s.ws()).map(key).collect(),
+            real: Mutex::new(Some(w)),
+            hidden: self.hidden.clone(),
+            outcome: Mutex::new(None),
+        };
+        Ok(s.relayed(out, Arc::new(arrival), meta))
     }
 }
 
 impl Bug for RootCompletesOnArrival {
+    fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
+        if world.world_size > 1 {
+            let store = Store::open(&world.store_path, world.world_size, world.op_timeout)
+                .map_err(|e| concord_core::CollectiveError::Backend(e.to_string()))?;
+            *crate::lock(&self.rendezvous) = Some((Arc::new(store), world.world_id.clone()));
+        }
+        Ok(world.clone())
+    }
     fn outstanding(&self, s: &Shm) -> usize {
         (s.inner.outstanding() + s.own.get()).saturating_sub(self.hidden.load(Ordering::SeqCst))
     }
@@ -331,7 +377,7 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<RootCompletesOnArrival>(
             "review13_root_completes_on_arrival",
             "placement.reuse",
-            "broadcast's root completes once every peer arrived (a handshake), with no closing barrier: peers still read its input after its wait returned",
+            "broadcast's root completes once every peer announced the call (a rendezvous), with no closing barrier: peers still read its input after its wait returned",
             &["reuse::inputs_rewritten_after_wait::ws2"],
         ),
         spec::<RootedInputNotKept>(
