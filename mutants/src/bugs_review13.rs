@@ -16,8 +16,8 @@ use std::time::Duration;
 // ---------------------------------------------------------------- finding 1: no closing handshake
 
 /// Finding 1. A pull-model broadcast (peers copy the root's input where it lies) whose root
-/// completes once every peer has *arrived* (each rank announces its call in a rendezvous, here
-/// the world's store), with no closing barrier: the root's wait returns while its peers may
+/// completes once every peer has *arrived* (each rank announces its call, size, dtype and root,
+/// in a rendezvous, here the world's store), with no closing barrier: the root's wait returns while its peers may
 /// still be reading its input, and a caller that overwrites the input right after its wait (the
 /// next step's parameters) has peers receive the new bytes. The root's own result is copied at
 /// issue; a real op that ends first (a refused call) ends the root's work with its own result.
@@ -55,6 +55,8 @@ impl Drop for Counted {
 struct Arrival {
     store: Arc<Store>,
     keys: Vec<String>,
+    /// This rank's call as announced (numel, dtype, root).
+    desc: Vec<u8>,
     real: Mutex<Option<Work<Buf>>>,
     hidden: Arc<AtomicUsize>,
     outcome: Mutex<Option<Result<()>>>,
@@ -84,7 +86,12 @@ impl Arrival {
         }
         let refs: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         if self.store.check(&refs).unwrap_or(false) {
-            return Some(self.settle(Ok(())));
+            // Every rank announced a call: the same call (size, dtype, root) completes the
+            // root; another one is left to the real op, which refuses it.
+            let same = self.keys.iter().all(|k| self.store.get(k).is_ok_and(|v| v == self.desc));
+            if same {
+                return Some(self.settle(Ok(())));
+            }
         }
         None
     }
@@ -116,7 +123,8 @@ impl RootCompletesOnArrival {
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let key = |r: usize| format!("review13/{world_id}/broadcast{n}/{r}");
-        store.set(&key(s.rank()), b"1").map_err(|e| concord_core::CollectiveError::Backend(e.to_string()))?;
+        let desc = format!("{} {} {src}", s.numel(x), s.inner.buffer_dtype(x)).into_bytes();
+        store.set(&key(s.rank()), &desc).map_err(|e| concord_core::CollectiveError::Backend(e.to_string()))?;
         let w = real()?;
         if s.rank() != src {
             return Ok(w);
@@ -129,6 +137,7 @@ impl RootCompletesOnArrival {
         let arrival = Arrival {
             store,
             keys: (0..s.ws()).map(key).collect(),
+            desc,
             real: Mutex::new(Some(w)),
             hidden: self.hidden.clone(),
             outcome: Mutex::new(None),
