@@ -57,15 +57,14 @@ struct Arrival {
     keys: Vec<String>,
     /// This rank's call as announced (numel, dtype, root).
     desc: Vec<u8>,
-    real: Mutex<Option<Work<Buf>>>,
-    hidden: Arc<AtomicUsize>,
+    /// The real op, counted in the bug's hidden works until it is waited.
+    real: Mutex<Option<(Work<Buf>, Counted)>>,
     outcome: Mutex<Option<Result<()>>>,
 }
 
 impl Arrival {
     fn settle(&self, outcome: Result<()>) -> Result<bool> {
-        if let Some(w) = crate::lock(&self.real).take() {
-            let guard = Counted::new(&self.hidden);
+        if let Some((w, guard)) = crate::lock(&self.real).take() {
             std::thread::spawn(move || {
                 let _ = w.wait(BUG_WAIT);
                 drop(w);
@@ -80,7 +79,7 @@ impl Arrival {
         if let Some(o) = crate::lock(&self.outcome).clone() {
             return Some(o.map(|()| true));
         }
-        let ended = crate::lock(&self.real).as_ref().filter(|w| w.is_completed()).map(|w| w.wait(Duration::ZERO).map(|_| ()));
+        let ended = crate::lock(&self.real).as_ref().filter(|(w, _)| w.is_completed()).map(|(w, _)| w.wait(Duration::ZERO).map(|_| ()));
         if let Some(r) = ended {
             return Some(self.settle(r));
         }
@@ -138,11 +137,11 @@ impl RootCompletesOnArrival {
             store,
             keys: (0..s.ws()).map(key).collect(),
             desc,
-            real: Mutex::new(Some(w)),
-            hidden: self.hidden.clone(),
+            real: Mutex::new(Some((w, Counted::new(&self.hidden)))),
             outcome: Mutex::new(None),
         };
-        Ok(s.relayed(out, Arc::new(arrival), meta))
+        // The caller's work is counted in `outstanding` until waited (the real op is not).
+        Ok(Work::new(out, Arc::new(arrival), meta, &s.own))
     }
 }
 
