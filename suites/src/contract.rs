@@ -264,8 +264,14 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "placement.reuse",
         source: BACKEND,
-        text: "One buffer reused across many collectives gives the right result every time.",
-        cases: &["reuse::persistent_buffer_100_iterations", "reuse::ops_300_world_and_group", "wild_custom::all_reduce::replayed_buffer::"],
+        text: "One buffer reused across many collectives gives the right result every time; after a successful wait a rank's inputs are the caller's again (no peer reads them any more); an op keeps every buffer it was given until it completes (the caller may drop its handles after issue).",
+        cases: &[
+            "reuse::persistent_buffer_100_iterations",
+            "reuse::ops_300_world_and_group",
+            "wild_custom::all_reduce::replayed_buffer::",
+            "reuse::inputs_rewritten_after_wait",
+            "reuse::outputs_in_flight::",
+        ],
     },
     Clause {
         id: "shapes",

@@ -62,6 +62,12 @@ pub struct Block {
 }
 
 impl Block {
+    /// A block over the same bytes that never returns them to the free list (the campaign's
+    /// non-owning handle, [`crate::ShmBuffer::unowned`]).
+    #[cfg(feature = "campaign")]
+    pub fn unowned(&self) -> Block {
+        Block { world: self.world.clone(), off: self.off, len: self.len, quarantined: AtomicBool::new(true) }
+    }
     /// Never return this block's bytes to the free list (see the module docs).
     pub fn quarantine(&self) {
         if !self.quarantined.swap(true, SeqCst) {

@@ -181,6 +181,18 @@ impl ShmBuffer {
     }
 }
 
+/// The mutation campaign's hook (feature `campaign`, turned on by `concord-mutants` only): a
+/// buffer over the same bytes as `b` that does not keep them allocated (a raw pointer / arena
+/// offset instead of an owning handle). Once every owning handle is dropped the bytes go back to
+/// the free list and the next allocation may get them: an op still reading through this handle
+/// reads whatever was written there since. Never used by shm itself.
+#[cfg(feature = "campaign")]
+impl ShmBuffer {
+    pub fn unowned(&self) -> ShmBuffer {
+        ShmBuffer { block: Arc::new(self.block.unowned()), byte_off: self.byte_off, dtype: self.dtype, shape: self.shape.clone() }
+    }
+}
+
 impl std::fmt::Debug for ShmBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ShmBuffer<{}>{:?}@{:#x}", self.dtype, self.shape, self.region().addr())

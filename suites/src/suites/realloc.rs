@@ -2,7 +2,8 @@
 //! buffer of a collective is dropped before the next one allocates, so the same address tends to
 //! come back with another size, shape or dtype (the shm arena reuses freed blocks first-fit).
 //! A backend that caches registrations, mappings or sizes by address goes wrong here. Each case
-//! runs one (op, variant) over [`STEPS`] twice over, checking every result against the oracle;
+//! runs one (op, variant) over [`STEPS`] twice over (then, at world size 2, [`LARGE_STEPS`]),
+//! checking every result against the oracle;
 //! a failure names the step, its dtype and shape, and whether its address was seen before.
 
 use super::util::{expect_oracle, fail, here};
@@ -32,6 +33,12 @@ pub const STEPS: [(DType, &[usize]); 11] = [
     (DType::U8, &[4097]),
     (DType::F32, &[4096]),
 ];
+
+/// Appended once, after the two passes of [`STEPS`], at world size 2 only: a buffer of 2 MiB
+/// freed, then one of another dtype of the same element size and another size (1 MiB and 4
+/// bytes) that first-fit puts at its address. Caches kept by address only where they pay
+/// (zero-copy or registered buffers of 1 MiB or more) are reached here alone.
+pub const LARGE_STEPS: [(DType, &[usize]); 2] = [(DType::F32, &[1 << 19]), (DType::I32, &[(1 << 18) + 1])];
 
 pub const OPS: [(OpKind, Variant); 8] = [
     (OpKind::AllReduce, Variant::Out),
@@ -71,7 +78,8 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, seed: u64
     let coll = exec::collective(op, &p, ws).expect("every op of this suite moves data");
     // Address of each input seen so far -> the step that had it.
     let mut seen: HashMap<usize, usize> = HashMap::new();
-    for (i, &(dtype, shape)) in STEPS.iter().chain(STEPS.iter()).enumerate() {
+    let large: &[(DType, &[usize])] = if ws == 2 { &LARGE_STEPS } else { &[] };
+    for (i, &(dtype, shape)) in STEPS.iter().chain(STEPS.iter()).chain(large).enumerate() {
         let w0 = here(b, op.name(), variant.name(), dtype);
         if let Err(reason) = b.capabilities().check(op, Some(variant), Some(dtype), reduce, ws) {
             return Err(CaseEnd::Unsupported(reason));

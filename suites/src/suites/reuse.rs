@@ -123,6 +123,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         2,
         |ctx| aliasing(ctx, "all_gather_into_tensor", true),
     ));
+    v.push(Case::<B>::new("reuse::inputs_rewritten_after_wait::ws2", meta("mixed", "mixed"), 2, inputs_rewritten_after_wait));
     // Its all_reduces only carry the check (a sequence number that wraps): any reduce op will do.
     let many = CaseMeta { reduce: "sum,max,min".into(), ..meta("all_reduce", "out") };
     v.push(Case::<B>::new("reuse::ops_300_world_and_group::ws3", many, 3, many_ops));
@@ -220,7 +221,8 @@ fn world_and_group_crossed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 
 /// An op on the world and the same op on a group (world ranks `[2, 0]`; rank 1 is in the world
 /// only) in flight together on the ranks in both: issued world first then group first, each time
-/// waited in the other order, then both results checked (against the oracle). State kept per
+/// waited in the other order, then both results checked (against the oracle); then once more,
+/// world first, with one shape on both communicators. State kept per
 /// process instead of per communicator (one staging buffer, one output slot) has the two
 /// communicators' ops overwrite each other; every case before runs one communicator's op at a time.
 fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant) -> CaseResult {
@@ -234,9 +236,12 @@ fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, varia
     let reduce = op.reduces().then_some(ReduceOp::Sum);
     let p = Params { reduce, ..Default::default() };
     let seed = concord_fixtures::seed_for(&format!("reuse::world_and_group_in_flight::{op}"));
-    // Different shapes on the two communicators (a shared buffer sized for one is wrong for both).
-    let shapes = [[4 * ws, 3], [2 * ws, 5]];
-    for (round, world_first) in [true, false].into_iter().enumerate() {
+    // Different shapes on the two communicators (a shared buffer sized for one is wrong for
+    // both), then one shape on both (a per-process workspace keyed by dtype and size is shared
+    // by the two calls: [clause: placement.reuse]).
+    let different = [[4 * ws, 3], [2 * ws, 5]];
+    let same = [[6, 5], [6, 5]];
+    for (round, (world_first, shapes)) in [(true, different), (false, different), (true, same)].into_iter().enumerate() {
         let w_in = concord_fixtures::inputs(seed + 2 * round as u64, ws, DType::F32, &shapes[0], reduce, InputKind::Exact);
         let x = b.upload(&w_in[me])?;
         let g_in = sub.map(|g| {
@@ -289,6 +294,68 @@ fn world_and_group_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, varia
     Ok(())
 }
 
+/// The data-moving (op, variant)s whose peers read this rank's input: after a successful wait
+/// the caller writes its input again at once (the next step's parameters) and no peer may still
+/// read it ([clause: placement.reuse]).
+const REWRITTEN: [(OpKind, Variant); 10] = [
+    (OpKind::Broadcast, Variant::Out),
+    (OpKind::Broadcast, Variant::InPlace),
+    (OpKind::Scatter, Variant::Out),
+    (OpKind::PermuteTensor, Variant::Out),
+    (OpKind::AllToAllSingle, Variant::Out),
+    (OpKind::AllGatherIntoTensor, Variant::Out),
+    (OpKind::AllGatherIntoTensor, Variant::OutBuf),
+    (OpKind::ReduceScatterTensor, Variant::Out),
+    (OpKind::ReduceScatterTensor, Variant::OutBuf),
+    (OpKind::Reduce, Variant::Out),
+];
+
+/// Each of [`REWRITTEN`] on rank-dependent inputs of 64 Ki elements (root rank 0): right after
+/// its wait each rank overwrites its input (first the last element, through a one-element view:
+/// a front-to-back reader reaches it last; then the whole buffer), then one barrier, then every
+/// rank checks its result against the oracle's answer for the inputs as they were at issue. A
+/// backend whose op completes on a rank before its peers are done reading that rank's input (no
+/// closing handshake) has a peer receive the new bytes. An in-place op's input is its result: only
+/// the root (whose input the peers read) rewrites it, and its own result is not checked.
+fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let n = 1 << 16;
+    let caps = b.capabilities();
+    for (op, variant) in REWRITTEN {
+        let reduce = op.reduces().then_some(ReduceOp::Sum);
+        if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
+            continue;
+        }
+        let p = Params { reduce, root: 0, src_dst: (0..ws).map(|r| (r + 1) % ws).collect(), ..Default::default() };
+        let w = format!("{} root=0 n={n} input rewritten right after wait", here(b, op.name(), variant.name(), DType::F32));
+        let coll = exec::collective(op, &p, ws).ok_or_else(|| fail(&w, "suite bug: no data moved"))?;
+        let seed = concord_fixtures::seed_for(&format!("reuse::inputs_rewritten_after_wait::{op}::{variant}"));
+        let inputs = concord_fixtures::inputs(seed, ws, DType::F32, &[n], reduce, InputKind::Exact);
+        let x = b.upload(&inputs[me])?;
+        let out = match (op, variant) {
+            (OpKind::AllGatherIntoTensor, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n * ws])?),
+            (OpKind::ReduceScatterTensor, Variant::OutBuf) => Some(b.alloc(DType::F32, &[n / ws])?),
+            _ => None,
+        };
+        let got = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout)
+            .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?
+            .remove(0);
+        let in_place = exec::is_in_place(variant);
+        if !in_place || me == p.root {
+            let last = b.view(&x, n - 1, &[1])?;
+            b.write(&last, &Tensor::filled_bytes(DType::F32, &[1], LATE_PATTERN))?;
+            b.write(&x, &Tensor::filled_bytes(DType::F32, &[n], LATE_PATTERN))?;
+        }
+        b.barrier().and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        if in_place && me == p.root {
+            continue;
+        }
+        expect_oracle(b, &coll, &inputs, &got, &format!("{w} (checked after every rank rewrote its input and a barrier)"))?;
+    }
+    Ok(())
+}
+
 /// 300 rounds of an out-of-place `all_reduce` on the world then (where the backend declares
 /// subgroups) an in-place one on the reversed group: a sequence number kept in a narrow integer
 /// wraps within the case (at 256 calls of a communicator, whatever ran before it), and the
@@ -331,7 +398,10 @@ fn many_ops<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 /// has the later calls overwrite the earlier results.
 /// With `in_flight` (`reuse::outputs_in_flight::`), the [`KEPT`] calls are all issued before
 /// any is waited, then waited in reverse order: a backend that buckets same-shaped calls in
-/// flight together (and mixes up their results) fails there.
+/// flight together (and mixes up their results) fails there. There the caller also drops each
+/// input right after its issue and uploads a same-shaped decoy with other values before any
+/// wait: an op that does not keep its inputs alive (a raw pointer queued for later) sends the
+/// decoy ([clause: placement.reuse]).
 fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, in_flight: bool) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
@@ -351,7 +421,12 @@ fn outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind, variant: Variant, 
             let x = b.upload(&inputs[me])?;
             let work = exec::issue(b, op, variant, std::slice::from_ref(&x), None, &p)
                 .map_err(|e| fail(&w, format!("issue of call {k}: {e} [{}]", e.name())))?;
-            issued.push((work, inputs, x));
+            // The caller's handle to the input goes at once (a call on a temporary): the op
+            // keeps what it was given. A same-shaped decoy with other values, uploaded before
+            // any wait, would take the freed block of a backend that does not.
+            drop(x);
+            let decoy = b.upload(&Tensor::filled_bytes(DType::F32, &shape, LATE_PATTERN))?;
+            issued.push((work, inputs, decoy));
         }
         let mut waited = Vec::new();
         for (k, (work, inputs, x)) in issued.into_iter().enumerate().rev() {

@@ -290,7 +290,79 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in [2, 3] {
         out.push(matrix_all_gather_case(ws));
     }
+    out.push(matrix_reduce_scatter_case());
+    out.push(wide_case());
     out
+}
+
+/// The world size of [`wide_case`]: one past 32 (a mask or slot table 32 wide gives rank 32
+/// rank 0's bit).
+pub const WIDE_WS: usize = 33;
+
+/// `sizes::wide::ws33`: the only world above 16 ranks (clause `values.world_sizes`: every world
+/// size up to the declared maximum). An all_reduce (sum) and an all_gather of 7 elements and a
+/// broadcast rooted at rank 32, each checked in closed form. A backend that declares fewer ranks
+/// refuses the world at init: UNSUPPORTED.
+fn wide_case<B: Backend>() -> Case<B> {
+    let meta = CaseMeta { reduce: "sum".into(), ..case_meta(OpKind::AllReduce, Variant::Out, DType::F32) };
+    Case::new(format!("sizes::wide::ws{WIDE_WS}"), meta, WIDE_WS, |ctx: &mut Ctx<'_, B>| {
+        let b = ctx.b;
+        let (ws, me) = (b.world_size(), b.rank());
+        let caps = b.capabilities();
+        let n = 7;
+        let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (8 * r + i) as f32).collect());
+        let x = b.upload(&of(me))?;
+        let named = |w: &str, e: concord_core::CollectiveError| super::util::fail(w, format!("{e} [{}]", e.name()));
+        if caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(ReduceOp::Sum), ws).is_ok() {
+            let w = format!("{} reduce=sum n={n}", here(b, "all_reduce", "out", DType::F32));
+            let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let sum = (0..n).map(|i| (0..ws).map(|r| (8 * r + i) as f32).sum::<f32>()).collect();
+            super::util::expect_eq(b, &out, &Tensor::from_vec(&[n], sum), &w)?;
+        }
+        if caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+            let w = format!("{} n={n}", here(b, "all_gather_into_tensor", "out", DType::F32));
+            let out = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let parts: Vec<Tensor> = (0..ws).map(of).collect();
+            super::util::expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &w)?;
+        }
+        if caps.check(OpKind::Broadcast, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+            let root = ws - 1;
+            let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
+            let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            super::util::expect_eq(b, &out, &of(root), &w)?;
+        }
+        Ok(())
+    })
+}
+
+/// reduce_scatter_tensor of a `[2 * 1024, 257]` matrix (2 MiB of f32 per rank) at world size 2
+/// (`sizes::reduce_scatter_tensor::out::f32::matrix::ws2`): the result MUST be `[1024, 257]`,
+/// this rank's rows of the sum. The other 2-D reduce_scatters are small; a bulk path that
+/// returns its flat `[numel / ws]` staging buffer from 1 MiB passed them (review13's finding 9).
+/// Exact: element `i` of rank `r` is `7 r + i mod 2^16`.
+fn matrix_reduce_scatter_case<B: Backend>() -> Case<B> {
+    let meta = case_meta(OpKind::ReduceScatterTensor, Variant::Out, DType::F32);
+    Case::new("sizes::reduce_scatter_tensor::out::f32::matrix::ws2", meta, 2, |ctx: &mut Ctx<'_, B>| {
+        let b = ctx.b;
+        let (ws, me) = (b.world_size(), b.rank());
+        let input = [ws * 1024, MATRIX[1]];
+        let w = format!("{} reduce=sum shape={input:?}", here(b, "reduce_scatter_tensor", "out", DType::F32));
+        let n: usize = input.iter().product();
+        let of = |r: usize, i: usize| (7 * r + i % (1 << 16)) as f32;
+        let x = b.upload(&Tensor::from_vec(&input, (0..n).map(|i| of(me, i)).collect()))?;
+        let out = b
+            .reduce_scatter_tensor(&x, ReduceOp::Sum)?
+            .into_value(ctx.timeout)
+            .map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let want = [1024, MATRIX[1]];
+        let shape = b.buffer_shape(&out);
+        if shape != want {
+            return Err(super::util::fail(&w, format!("result shape {shape:?}, expected {want:?}")));
+        }
+        let chunk = n / ws;
+        let sum = (0..chunk).map(|i| (0..ws).map(|r| of(r, me * chunk + i)).sum::<f32>()).collect();
+        super::util::expect_eq(b, &out, &Tensor::from_vec(&want, sum), &w)
+    })
 }
 
 /// Rows of [`matrix_all_gather_case`]'s input, and their length: 514 KiB per rank (f32).

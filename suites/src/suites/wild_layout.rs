@@ -8,7 +8,9 @@
 //!   untouched. MPICH's alias check compared the two pointers whatever the count and refused it
 //!   (pmodels/mpich #2124 for reduce_scatter, #264 for allreduce, open-mpi/ompi #4135 for
 //!   Open MPI's reduce); every other case gives an empty input and output their own allocations,
-//!   at different addresses.
+//!   at different addresses. Then the same op with elements, input and output disjoint views of
+//!   one parent (one guard element between): valid whatever the aliasing policy, since aliasing
+//!   is decided by byte ranges, not by allocation (review13's finding 8).
 //! * `wild_layout::inplace_all_reduce_view_in_window::ws2` — an in-place all_reduce of a
 //!   4 MiB view (2^20 f32) at element 1031 of a larger
 //!   parent: the result in the view, every byte of the parent around it untouched. RCCL's
@@ -97,7 +99,51 @@ fn empty_out_at_input_address<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind) -> C
         return Err(fail(&w, format!("returned a buffer at {:#x}, not the output at {:#x}", b.buffer_addr(&got), b.buffer_addr(&out))));
     }
     expect_eq(b, &got, &Tensor::zeros(DType::F32, &[0]), &format!("{w}: the result"))?;
-    expect_eq(b, &parent, &guard, &format!("{w}: the parent around the empty views (no byte may change)"))
+    expect_eq(b, &parent, &guard, &format!("{w}: the parent around the empty views (no byte may change)"))?;
+    disjoint_views_of_one_parent(ctx, op)
+}
+
+/// Elements of the input of [`disjoint_views_of_one_parent`] (a multiple of every world size up
+/// to 4).
+const DISJOINT_IN: usize = 12;
+
+/// The same `_out` op with elements: the input is elements `[0, DISJOINT_IN)` of a parent, the
+/// output a view past it with one guard element between. The two do not overlap, so the call is
+/// valid whatever the aliasing policy (aliasing is an output that *overlaps* an input, byte
+/// ranges, not allocations): the result is right, the guard and the input unchanged. A backend
+/// that decides aliasing by allocation refuses it, or takes an in-place shortcut.
+fn disjoint_views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    let out_n = if op == OpKind::ReduceScatterTensor { DISJOINT_IN / ws } else { DISJOINT_IN * ws };
+    let total = DISJOINT_IN + 1 + out_n;
+    let w = format!(
+        "{}{} (input: elements [0, {DISJOINT_IN}) of a {total}-element parent; output: a disjoint view of {out_n} at element {}, one guard element between)",
+        here(b, &format!("{}_out", op.name()), "outbuf", DType::F32),
+        if op.reduces() { " reduce=Sum" } else { "" },
+        DISJOINT_IN + 1
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let of = |r: usize, i: usize| (100 * r + i + 1) as f32;
+    let before: Vec<f32> = (0..total).map(|i| if i < DISJOINT_IN { of(me, i) } else { -1.0 - i as f32 }).collect();
+    let before = Tensor::from_vec(&[total], before);
+    let parent = b.upload(&before).map_err(|e| named("upload", e))?;
+    let x = b.view(&parent, 0, &[DISJOINT_IN]).map_err(|e| named("view (input)", e))?;
+    let out = b.view(&parent, DISJOINT_IN + 1, &[out_n]).map_err(|e| named("view (output)", e))?;
+    let issued = match op {
+        OpKind::ReduceScatterTensor => b.reduce_scatter_tensor_out(&x, ReduceOp::Sum, &out),
+        _ => b.all_gather_into_tensor_out(&x, &out),
+    };
+    issued
+        .and_then(|wk| wk.into_value(ctx.timeout))
+        .map_err(|e| named("the valid call failed (an output that overlaps no byte of the input is not aliasing)", e))?;
+    let mut expected = before.clone();
+    let result: Vec<f32> = match op {
+        OpKind::ReduceScatterTensor => (0..out_n).map(|i| (0..ws).map(|r| of(r, me * out_n + i)).sum()).collect(),
+        _ => (0..out_n).map(|i| of(i / DISJOINT_IN, i % DISJOINT_IN)).collect(),
+    };
+    expected.as_mut_slice::<f32>()[DISJOINT_IN + 1..].copy_from_slice(&result);
+    expect_eq(b, &parent, &expected, &format!("{w}: the parent (input unchanged, guard unchanged, output the result)"))
 }
 
 /// The view's elements: 4 MiB of f32 (RCCL's copy-engine floor), a count divisible by 2.
