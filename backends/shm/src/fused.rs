@@ -119,10 +119,14 @@ impl ShmBackend {
             Ok(parts)
         })();
         // Every send waited, the first failure kept.
-        let settled = sends.iter().fold(Ok(()), |first, s| {
+        // (A loop, not `try_fold`: every send is waited even after one failed.)
+        let mut settled = Ok(());
+        for s in &sends {
             let r = s.wait(DECOMPOSITION_WAIT).map(|_| ());
-            first.and(r)
-        });
+            if settled.is_ok() {
+                settled = r;
+            }
+        }
         let parts = gathered?;
         settled?;
         let (ag, outs) = plan.finish(parts);
