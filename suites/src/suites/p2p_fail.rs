@@ -27,6 +27,16 @@
 //!   its send (the wait fails: shm's abort path, which gave up on the claimed message after one
 //!   op deadline), writing the canary through a group made before; needs subgroups.
 //!
+//! * `faults::fail_p2p::recv_progress_thread::ws2` — a receive that fails locally (the
+//!   `progress_thread` hook with `fail` on rank 1's first receive after the warm-up). Rank 0
+//!   posts two sends, then waits each; rank 1 receives twice. Send #1 MUST end in a named error
+//!   by its op deadline that is neither a timeout nor a bad-input kind (its receiver failed
+//!   locally: clause `faults.local_failure_named_everywhere`), never `Ok`; send #2 and receive
+//!   #2 MUST succeed with exactly message #2 (the pair stays in step). shm left the failed
+//!   receive's message unconsumed: the sender got a timeout after a whole op deadline, or, once
+//!   message #2 went through, `bad_input:out_buffer_size` (`resolve` decoding verdict 0 as
+//!   `0 - 2`, an overflow panic where overflow checks are on): review15 finding 4.
+//!
 //! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
 //! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
 //! op whose peer never does its part ends in a named error within its deadline).
@@ -61,6 +71,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, |ctx| slow_copy(ctx, false)).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::sender_dropped::ws2", meta(), 2, |ctx| slow_copy(ctx, true)).stall_bound(),
+        Case::<B>::new("faults::fail_p2p::recv_progress_thread::ws2", meta(), 2, recv_fails).stall_bound(),
     ]
 }
 
@@ -362,6 +373,65 @@ fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>, drop_sender: bool) -> CaseResult 
         };
         keys.set("receiver_done", &w)?;
         verdict?;
+    }
+    Ok(())
+}
+
+/// `faults::fail_p2p::recv_progress_thread::ws2` (module docs).
+fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[point::PROGRESS_THREAD], true)?;
+    // Rank 1's ops: the warm-up receive, then receive #1, which fails locally.
+    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Fail, 1, 2)))?;
+    let keys = Keys { ctx, id };
+    let n = LENS[0];
+    let w = format!(
+        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank 1's receive #1 fails locally: progress_thread fail; rank 0 posts sends #1 and #2, \
+         then waits each)",
+        here(&b, "send_recv", "outbuf", DType::F32)
+    );
+    warm_up(&b, ctx.timeout, &w)?;
+    let msgs = [message(0, 1, n), message(0, 2, n)];
+    if b.rank() == 0 {
+        let xs = [b.upload(&msgs[0])?, b.upload(&msgs[1])?];
+        let works = [b.send(&xs[0], 1)?, b.send(&xs[1], 1)?];
+        let [w1, w2] = works;
+        let t0 = Instant::now();
+        let r1 = w1.wait(ctx.timeout).map(|_| ());
+        let took = t0.elapsed();
+        let r2 = w2.wait(ctx.timeout).map(|_| ());
+        keys.set("sender_done", &w)?;
+        keys.wait("receiver_done", &w)?;
+        match r1 {
+            Ok(()) => return Err(fail(&w, "send #1 returned Ok although rank 1's receive of it failed locally (its own error says so)")),
+            Err(e) if e.name() == "timeout" || e.name().starts_with("bad_input") => {
+                return Err(fail(
+                    &w,
+                    format!(
+                        "send #1 failed after {took:?} with [{}] although its receiver failed locally: a local failure MUST reach the \
+                         peer as a named error by the op deadline, never a timeout and never a bad-input kind ({e})",
+                        e.name()
+                    ),
+                ))
+            }
+            Err(e) if took > OP_TIMEOUT + OP_TIMEOUT / 2 => {
+                return Err(fail(&w, format!("send #1 failed only after {took:?} (op deadline {OP_TIMEOUT:?}): {e} [{}]", e.name())))
+            }
+            Err(_) => {}
+        }
+        r2.map_err(|e| fail(&w, format!("send #2 (after rank 1's failed receive #1) failed: {e} [{}]", e.name())))?;
+    } else {
+        let outs = [b.upload(&Tensor::zeros(DType::F32, &[n]))?, b.upload(&Tensor::zeros(DType::F32, &[n]))?];
+        let r1 = b.recv(&outs[0], 0)?.wait(ctx.timeout).map(|_| ());
+        let r2 = b.recv(&outs[1], 0)?.wait(ctx.timeout).map(|_| ());
+        keys.wait("sender_done", &w)?;
+        keys.set("receiver_done", &w)?;
+        if r1.is_ok() {
+            return Err(fail(&w, "receive #1 returned Ok although its injected progress_thread fault failed it"));
+        }
+        r2.map_err(|e| fail(&w, format!("receive #2 (after receive #1 failed locally) failed: {e} [{}]", e.name())))?;
+        let got = b.download(&outs[1])?;
+        concord_oracle::compare(&got, &msgs[1], concord_oracle::Tolerance::Exact)
+            .map_err(|m| fail(&w, format!("receive #2 (after receive #1 failed locally) returned the wrong bytes: {m}")))?;
     }
     Ok(())
 }
