@@ -32,7 +32,8 @@
 //!   posts two sends, then waits each; rank 1 receives twice. Send #1 MUST end in a named error
 //!   by its op deadline that is neither a timeout nor a bad-input kind (its receiver failed
 //!   locally: clause `faults.local_failure_named_everywhere`), never `Ok`; send #2 and receive
-//!   #2 MUST succeed with exactly message #2 (the pair stays in step). shm left the failed
+//!   #2 MUST succeed with exactly message #2 (the pair stays in step), and so must message #3,
+//!   issued once both failures were seen (the communicator stays usable). shm left the failed
 //!   receive's message unconsumed: the sender got a timeout after a whole op deadline, or, once
 //!   message #2 went through, `bad_input:out_buffer_size` (`resolve` decoding verdict 0 as
 //!   `0 - 2`, an overflow panic where overflow checks are on): review15 finding 4.
@@ -390,7 +391,7 @@ fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         here(&b, "send_recv", "outbuf", DType::F32)
     );
     warm_up(&b, ctx.timeout, &w)?;
-    let msgs = [message(0, 1, n), message(0, 2, n)];
+    let msgs = [message(0, 1, n), message(0, 2, n), message(0, 3, n)];
     if b.rank() == 0 {
         let xs = [b.upload(&msgs[0])?, b.upload(&msgs[1])?];
         let works = [b.send(&xs[0], 1)?, b.send(&xs[1], 1)?];
@@ -401,6 +402,9 @@ fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let r2 = w2.wait(ctx.timeout).map(|_| ());
         keys.set("sender_done", &w)?;
         keys.wait("receiver_done", &w)?;
+        // Message #3, issued after both failures were seen: the communicator stays usable.
+        let x3 = b.upload(&msgs[2])?;
+        let r3 = b.send(&x3, 1).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
         match r1 {
             Ok(()) => return Err(fail(&w, "send #1 returned Ok although rank 1's receive of it failed locally (its own error says so)")),
             Err(e) if e.name() == "timeout" || e.name().starts_with("bad_input") => {
@@ -419,12 +423,15 @@ fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             Err(_) => {}
         }
         r2.map_err(|e| fail(&w, format!("send #2 (after rank 1's failed receive #1) failed: {e} [{}]", e.name())))?;
+        r3.map_err(|e| fail(&w, format!("send #3 (issued after both failures were seen) failed: {e} [{}]", e.name())))?;
     } else {
         let outs = [b.upload(&Tensor::zeros(DType::F32, &[n]))?, b.upload(&Tensor::zeros(DType::F32, &[n]))?];
         let r1 = b.recv(&outs[0], 0)?.wait(ctx.timeout).map(|_| ());
         let r2 = b.recv(&outs[1], 0)?.wait(ctx.timeout).map(|_| ());
         keys.wait("sender_done", &w)?;
         keys.set("receiver_done", &w)?;
+        let out3 = b.upload(&Tensor::zeros(DType::F32, &[n]))?;
+        let r3 = b.recv(&out3, 0).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
         if r1.is_ok() {
             return Err(fail(&w, "receive #1 returned Ok although its injected progress_thread fault failed it"));
         }
@@ -432,6 +439,10 @@ fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let got = b.download(&outs[1])?;
         concord_oracle::compare(&got, &msgs[1], concord_oracle::Tolerance::Exact)
             .map_err(|m| fail(&w, format!("receive #2 (after receive #1 failed locally) returned the wrong bytes: {m}")))?;
+        r3.map_err(|e| fail(&w, format!("receive #3 (issued after both failures were seen) failed: {e} [{}]", e.name())))?;
+        let got = b.download(&out3)?;
+        concord_oracle::compare(&got, &msgs[2], concord_oracle::Tolerance::Exact)
+            .map_err(|m| fail(&w, format!("receive #3 (issued after both failures were seen) returned the wrong bytes: {m}")))?;
     }
     Ok(())
 }
