@@ -37,6 +37,11 @@
 //!   receive's message unconsumed: the sender got a timeout after a whole op deadline, or, once
 //!   message #2 went through, `bad_input:out_buffer_size` (`resolve` decoding verdict 0 as
 //!   `0 - 2`, an overflow panic where overflow checks are on): review15 finding 4.
+//!   `::send_after_post::ws2`: the mirror, rank 0's send #1 failing locally after it was posted
+//!   (the `after_post` hook): receive #1 MUST fail named (neither `Ok` nor a timeout nor a
+//!   bad-input kind), and messages #2 and #3 MUST go through on both ranks (shm poisoned the
+//!   receiver's communicator on the withdrawn message, or raced to a receive `Ok` while the
+//!   send failed: review15 finding 3).
 //!
 //! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
 //! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
@@ -72,7 +77,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, |ctx| slow_copy(ctx, false)).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::sender_dropped::ws2", meta(), 2, |ctx| slow_copy(ctx, true)).stall_bound(),
-        Case::<B>::new("faults::fail_p2p::recv_progress_thread::ws2", meta(), 2, recv_fails).stall_bound(),
+        Case::<B>::new("faults::fail_p2p::recv_progress_thread::ws2", meta(), 2, |ctx| p2p_fails(ctx, false)).stall_bound(),
+        Case::<B>::new("faults::fail_p2p::send_after_post::ws2", meta(), 2, |ctx| p2p_fails(ctx, true)).stall_bound(),
     ]
 }
 
@@ -378,71 +384,89 @@ fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>, drop_sender: bool) -> CaseResult 
     Ok(())
 }
 
-/// `faults::fail_p2p::recv_progress_thread::ws2` (module docs).
-fn recv_fails<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    needs(ctx.b, &[point::PROGRESS_THREAD], true)?;
-    // Rank 1's ops: the warm-up receive, then receive #1, which fails locally.
-    let (b, id) = sub_world(ctx, Some(fault(point::PROGRESS_THREAD, Action::Fail, 1, 2)))?;
+/// `faults::fail_p2p::{recv_progress_thread,send_after_post}::ws2` (module docs): the receive
+/// (rank 1) or the send (rank 0) of message #1 fails locally.
+fn p2p_fails<B: Backend>(ctx: &mut Ctx<'_, B>, send_fails: bool) -> CaseResult {
+    let (hook, victim) = if send_fails { (point::AFTER_POST, 0) } else { (point::PROGRESS_THREAD, 1) };
+    needs(ctx.b, &[hook], true)?;
+    // The victim's ops: the warm-up, then op #1, which fails locally.
+    let (b, id) = sub_world(ctx, Some(fault(hook, Action::Fail, victim, 2)))?;
     let keys = Keys { ctx, id };
     let n = LENS[0];
+    let (mine, theirs) = if b.rank() == 0 { ("send", "receive") } else { ("receive", "send") };
     let w = format!(
-        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank 1's receive #1 fails locally: progress_thread fail; rank 0 posts sends #1 and #2, \
-         then waits each)",
-        here(&b, "send_recv", "outbuf", DType::F32)
+        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank {victim}'s {} #1 fails locally: {hook} fail; rank 0 posts sends #1 and #2, \
+         then waits each; rank 1 receives them; then message #3)",
+        here(&b, "send_recv", "outbuf", DType::F32),
+        if send_fails { "send" } else { "receive" }
     );
     warm_up(&b, ctx.timeout, &w)?;
     let msgs = [message(0, 1, n), message(0, 2, n), message(0, 3, n)];
-    if b.rank() == 0 {
-        let xs = [b.upload(&msgs[0])?, b.upload(&msgs[1])?];
-        let works = [b.send(&xs[0], 1)?, b.send(&xs[1], 1)?];
-        let [w1, w2] = works;
+    let outs = [
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+    ];
+    let timeout = ctx.timeout;
+    fn timed<T>(r: Result<concord_core::Work<T>, CollectiveError>, timeout: Duration) -> (Result<(), CollectiveError>, Duration) {
         let t0 = Instant::now();
-        let r1 = w1.wait(ctx.timeout).map(|_| ());
-        let took = t0.elapsed();
-        let r2 = w2.wait(ctx.timeout).map(|_| ());
-        keys.set("sender_done", &w)?;
-        keys.wait("receiver_done", &w)?;
-        // Message #3, issued after both failures were seen: the communicator stays usable.
-        let x3 = b.upload(&msgs[2])?;
-        let r3 = b.send(&x3, 1).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
-        match r1 {
-            Ok(()) => return Err(fail(&w, "send #1 returned Ok although rank 1's receive of it failed locally (its own error says so)")),
-            Err(e) if e.name() == "timeout" || e.name().starts_with("bad_input") => {
-                return Err(fail(
-                    &w,
-                    format!(
-                        "send #1 failed after {took:?} with [{}] although its receiver failed locally: a local failure MUST reach the \
-                         peer as a named error by the op deadline, never a timeout and never a bad-input kind ({e})",
-                        e.name()
-                    ),
-                ))
-            }
-            Err(e) if took > OP_TIMEOUT + OP_TIMEOUT / 2 => {
-                return Err(fail(&w, format!("send #1 failed only after {took:?} (op deadline {OP_TIMEOUT:?}): {e} [{}]", e.name())))
-            }
-            Err(_) => {}
-        }
-        r2.map_err(|e| fail(&w, format!("send #2 (after rank 1's failed receive #1) failed: {e} [{}]", e.name())))?;
-        r3.map_err(|e| fail(&w, format!("send #3 (issued after both failures were seen) failed: {e} [{}]", e.name())))?;
+        (r.and_then(|work| work.wait(timeout).map(|_| ())), t0.elapsed())
+    }
+    let wait = |r| timed(r, timeout);
+    let wait_r = |r| timed(r, timeout);
+    let (r1, took, r2) = if b.rank() == 0 {
+        let xs = [b.upload(&msgs[0])?, b.upload(&msgs[1])?];
+        let (s1, s2) = (b.send(&xs[0], 1), b.send(&xs[1], 1));
+        let (r1, took) = wait(s1);
+        (r1, took, wait(s2).0)
     } else {
-        let outs = [b.upload(&Tensor::zeros(DType::F32, &[n]))?, b.upload(&Tensor::zeros(DType::F32, &[n]))?];
-        let r1 = b.recv(&outs[0], 0)?.wait(ctx.timeout).map(|_| ());
-        let r2 = b.recv(&outs[1], 0)?.wait(ctx.timeout).map(|_| ());
-        keys.wait("sender_done", &w)?;
-        keys.set("receiver_done", &w)?;
-        let out3 = b.upload(&Tensor::zeros(DType::F32, &[n]))?;
-        let r3 = b.recv(&out3, 0).and_then(|work| work.wait(ctx.timeout).map(|_| ()));
-        if r1.is_ok() {
-            return Err(fail(&w, "receive #1 returned Ok although its injected progress_thread fault failed it"));
+        let (q1, q2) = (b.recv(&outs[0], 0), b.recv(&outs[1], 0));
+        let (r1, took) = wait_r(q1);
+        (r1, took, wait_r(q2).0)
+    };
+    keys.set(&format!("done{}", b.rank()), &w)?;
+    keys.wait(&format!("done{}", 1 - b.rank()), &w)?;
+    // Message #3, issued after both failures were seen: the communicator stays usable.
+    let r3 = if b.rank() == 0 {
+        let x3 = b.upload(&msgs[2])?;
+        wait(b.send(&x3, 1)).0
+    } else {
+        wait_r(b.recv(&outs[2], 0)).0
+    };
+    match r1 {
+        Ok(()) if b.rank() == victim => {
+            return Err(fail(&w, format!("{mine} #1 returned Ok although its injected {hook} fault failed it")))
         }
-        r2.map_err(|e| fail(&w, format!("receive #2 (after receive #1 failed locally) failed: {e} [{}]", e.name())))?;
-        let got = b.download(&outs[1])?;
-        concord_oracle::compare(&got, &msgs[1], concord_oracle::Tolerance::Exact)
-            .map_err(|m| fail(&w, format!("receive #2 (after receive #1 failed locally) returned the wrong bytes: {m}")))?;
-        r3.map_err(|e| fail(&w, format!("receive #3 (issued after both failures were seen) failed: {e} [{}]", e.name())))?;
-        let got = b.download(&out3)?;
-        concord_oracle::compare(&got, &msgs[2], concord_oracle::Tolerance::Exact)
-            .map_err(|m| fail(&w, format!("receive #3 (issued after both failures were seen) returned the wrong bytes: {m}")))?;
+        Ok(()) => {
+            return Err(fail(
+                &w,
+                format!("{mine} #1 returned Ok although rank {victim}'s {theirs} of it failed locally (its own error says so)"),
+            ))
+        }
+        Err(_) if b.rank() == victim => {}
+        Err(e) if e.name() == "timeout" || e.name().starts_with("bad_input") => {
+            return Err(fail(
+                &w,
+                format!(
+                    "{mine} #1 failed after {took:?} with [{}] although rank {victim}'s {theirs} failed locally: a local failure MUST \
+                     reach the peer as a named error by the op deadline, never a timeout and never a bad-input kind ({e})",
+                    e.name()
+                ),
+            ))
+        }
+        Err(e) if took > OP_TIMEOUT + OP_TIMEOUT / 2 => {
+            return Err(fail(&w, format!("{mine} #1 failed only after {took:?} (op deadline {OP_TIMEOUT:?}): {e} [{}]", e.name())))
+        }
+        Err(_) => {}
+    }
+    for (k, r) in [(2, r2), (3, r3)] {
+        let when = if k == 2 { "after message #1's local failure" } else { "issued after both sides' failures were seen" };
+        r.map_err(|e| fail(&w, format!("{mine} #{k} ({when}) failed: {e} [{}]", e.name())))?;
+        if b.rank() == 1 {
+            let got = b.download(&outs[k - 1])?;
+            concord_oracle::compare(&got, &msgs[k - 1], concord_oracle::Tolerance::Exact)
+                .map_err(|m| fail(&w, format!("receive #{k} ({when}) returned the wrong bytes: {m}")))?;
+        }
     }
     Ok(())
 }
