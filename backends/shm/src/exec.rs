@@ -1236,12 +1236,15 @@ impl Progress {
         q.push_back(comp.clone());
         let _ = comp.posted_at.set(started);
         comm.ctl.write_entry(comm.me, dst, k, entry);
-        comm.ctl.set_posted(dst, k);
-        if let Err(e) = comm.strike(&fault, point::AFTER_POST, "send", k as u64) {
+        // The local failure strikes before the message is published: it is published withdrawn,
+        // so the receiver always sees a failed message, never a copy (review15 finding 3: struck
+        // after `set_posted`, a receiver copying in between returned `Ok` while the send failed).
+        let r = comm.strike(&fault, point::AFTER_POST, "send", k as u64);
+        if r.is_err() {
             comp.withdraw_or_quarantine();
-            return Err(e);
         }
-        Ok(())
+        comm.ctl.set_posted(dst, k);
+        r
     }
 
     fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer, fault: Option<Fault>) -> Result<()> {
@@ -1266,6 +1269,9 @@ impl Progress {
             let word = comm.ctl.verdict(src, comm.me, k);
             if word.compare_exchange(0, V_CLAIMED, SeqCst, SeqCst).is_err() {
                 comm.ctl.set_consumed(src, k);
+                // Consumed: the pair is in step, nothing to poison (review15 finding 3: the
+                // withdrawn message poisoned this rank's communicator).
+                self.in_step = true;
                 return Err(CollectiveError::Aborted(format!(
                     "recv #{k} on rank {}: rank {src} withdrew the message (its send had failed)",
                     comm.me
