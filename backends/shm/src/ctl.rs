@@ -57,6 +57,9 @@ pub const RING: u32 = 16;
 pub const V_CLAIMED: u32 = u32::MAX;
 /// Verdict word of a ring entry: the sender withdrew the message (its send failed).
 pub const V_WITHDRAWN: u32 = u32::MAX - 1;
+/// Verdict word of a ring entry: the receiver's side failed locally after it took the message
+/// up (the message is consumed, not delivered; the sender's send fails, named).
+pub const V_RECV_FAILED: u32 = u32::MAX - 2;
 const ENTRY: usize = 32;
 /// What poisons a communicator (its peers' error says so; a local failure does not poison).
 pub const POISON_CAUSES: &str =

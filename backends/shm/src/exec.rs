@@ -9,7 +9,7 @@
 //! this rank's buffers any more.
 
 use crate::arena::World;
-use crate::ctl::{Ctl, Entry, WaitErr, V_CLAIMED, V_WITHDRAWN};
+use crate::ctl::{Ctl, Entry, WaitErr, V_CLAIMED, V_RECV_FAILED, V_WITHDRAWN};
 use crate::post::{self, Desc, Post};
 use crate::sys::{self, Mapping, Region};
 use crate::ShmBuffer;
@@ -201,13 +201,27 @@ impl SendCompletion {
                 "send #{} on rank {}: the message to rank {} was withdrawn (the send had failed)",
                 self.k, self.comm.me, self.dst
             ))),
-            c => Err(CollectiveError::bad_input(
-                post::kind_from(c as u64 - 2).unwrap_or(BadInputKind::OutBufferSize),
-                "send",
-                self.k as u64,
-                self.comm.me,
-                format!("the receiver (rank {}) rejected message #{} to it", self.dst, self.k),
-            )),
+            // The receiver's side failed locally after it took the message up (review15 finding 4:
+            // the message stayed posted, and the sender got a timeout or a wrong bad-input kind).
+            V_RECV_FAILED => Err(CollectiveError::Aborted(format!(
+                "send #{} on rank {}: rank {}'s receive of the message failed locally (rank {}'s own error names the cause); \
+                 the message is not delivered, and the communicator stays usable",
+                self.k, self.comm.me, self.dst, self.dst
+            ))),
+            c => match c.checked_sub(2).and_then(|c| post::kind_from(c as u64)) {
+                Some(kind) => Err(CollectiveError::bad_input(
+                    kind,
+                    "send",
+                    self.k as u64,
+                    self.comm.me,
+                    format!("the receiver (rank {}) rejected message #{} to it", self.dst, self.k),
+                )),
+                // Never a bad-input kind the receiver did not name.
+                None => Err(CollectiveError::Backend(format!(
+                    "send #{} on rank {}: message #{} to rank {} was consumed with an unknown verdict ({c}); shm backend bug",
+                    self.k, self.comm.me, self.k, self.dst
+                ))),
+            },
         };
         *o = Some(r.clone());
         self.keep.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -1261,12 +1275,15 @@ impl Progress {
         q.push_back(comp.clone());
         let _ = comp.posted_at.set(started);
         comm.ctl.write_entry(comm.me, dst, k, entry);
-        comm.ctl.set_posted(dst, k);
-        if let Err(e) = comm.strike(&fault, point::AFTER_POST, "send", k as u64) {
+        // The local failure strikes before the message is published: it is published withdrawn,
+        // so the receiver always sees a failed message, never a copy (review15 finding 3: struck
+        // after `set_posted`, a receiver copying in between returned `Ok` while the send failed).
+        let r = comm.strike(&fault, point::AFTER_POST, "send", k as u64);
+        if r.is_err() {
             comp.withdraw_or_quarantine();
-            return Err(e);
         }
-        Ok(())
+        comm.ctl.set_posted(dst, k);
+        r
     }
 
     fn recv(&mut self, k: u32, src: usize, out: &ShmBuffer, fault: Option<Fault>) -> Result<()> {
@@ -1291,16 +1308,22 @@ impl Progress {
             let word = comm.ctl.verdict(src, comm.me, k);
             if word.compare_exchange(0, V_CLAIMED, SeqCst, SeqCst).is_err() {
                 comm.ctl.set_consumed(src, k);
+                // Consumed: the pair is in step, nothing to poison (review15 finding 3: the
+                // withdrawn message poisoned this rank's communicator).
+                self.in_step = true;
                 return Err(CollectiveError::Aborted(format!(
                     "recv #{k} on rank {}: rank {src} withdrew the message (its send had failed)",
                     comm.me
                 )));
             }
             if let Err(e) = comm.strike(&fault, point::PROGRESS_THREAD, "recv", k as u64) {
-                // Give the message back, unless the sender withdrew it meanwhile.
-                if word.compare_exchange(V_CLAIMED, 0, SeqCst, SeqCst).is_err() {
-                    comm.ctl.set_consumed(src, k);
-                }
+                // Consume the message with a "receiver failed" verdict (unless the sender withdrew
+                // it meanwhile), so that the sender's send fails at once, named, and the next
+                // message of the pair matches the next receive (review15 finding 4: the message
+                // was given back, unconsumed; the sender timed out, or got a bad-input kind once
+                // a later message went through).
+                let _ = word.compare_exchange(V_CLAIMED, V_RECV_FAILED, SeqCst, SeqCst);
+                comm.ctl.set_consumed(src, k);
                 return Err(e);
             }
             out.region().copy_from(comm.world.mapped_region(comm.globals[src], e.off as usize, e.nbytes as usize));

@@ -100,7 +100,9 @@
 //!   as many, and the group's number is given back on every rank (shmrace). Timeouts, dead
 //!   peers and panics still poison.
 //! * **Fault injection** (option `fault`, [`concord_core::fault`]): a rank stalls, fails,
-//!   panics or dies at `after_post` (post published, before waiting), `between_barriers`
+//!   panics or dies at `after_post` (post published, before waiting; a send: its ring entry
+//!   written, before it is published, and a failure there publishes it withdrawn, so the
+//!   receiver fails in step and never copies it: review15 finding 3), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first
 //!   copy; a receive: before copying the message) of its n-th op (collectives, sends, receives
 //!   and `new_group` counted from 0); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks

@@ -27,6 +27,22 @@
 //!   its send (the wait fails: shm's abort path, which gave up on the claimed message after one
 //!   op deadline), writing the canary through a group made before; needs subgroups.
 //!
+//! * `faults::fail_p2p::recv_progress_thread::ws2` — a receive that fails locally (the
+//!   `progress_thread` hook with `fail` on rank 1's first receive after the warm-up). Rank 0
+//!   posts two sends, then waits each; rank 1 receives twice. Send #1 MUST end in a named error
+//!   by its op deadline that is neither a timeout nor a bad-input kind (its receiver failed
+//!   locally: clause `faults.local_failure_named_everywhere`), never `Ok`; send #2 and receive
+//!   #2 MUST succeed with exactly message #2 (the pair stays in step), and so must message #3,
+//!   issued once both failures were seen (the communicator stays usable). shm left the failed
+//!   receive's message unconsumed: the sender got a timeout after a whole op deadline, or, once
+//!   message #2 went through, `bad_input:out_buffer_size` (`resolve` decoding verdict 0 as
+//!   `0 - 2`, an overflow panic where overflow checks are on): review15 finding 4.
+//!   `::send_after_post::ws2`: the mirror, rank 0's send #1 failing locally after it was posted
+//!   (the `after_post` hook): receive #1 MUST fail named (neither `Ok` nor a timeout nor a
+//!   bad-input kind), and messages #2 and #3 MUST go through on both ranks (shm poisoned the
+//!   receiver's communicator on the withdrawn message, or raced to a receive `Ok` while the
+//!   send failed: review15 finding 3).
+//!
 //! Clauses `failure.no_touch_after_failed_wait` (the failed op's buffers are the caller's again;
 //! every rank of the op ends in a named error, never `Ok`) and `faults.absent_peer_bounded` (an
 //! op whose peer never does its part ends in a named error within its deadline).
@@ -61,6 +77,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("faults::late_receiver::sends_in_flight::ws2", meta(), 2, late_receiver).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::ws2", meta(), 2, |ctx| slow_copy(ctx, false)).stall_bound(),
         Case::<B>::new("faults::late_receiver::slow_copy::sender_dropped::ws2", meta(), 2, |ctx| slow_copy(ctx, true)).stall_bound(),
+        Case::<B>::new("faults::fail_p2p::recv_progress_thread::ws2", meta(), 2, |ctx| p2p_fails(ctx, false)).stall_bound(),
+        Case::<B>::new("faults::fail_p2p::send_after_post::ws2", meta(), 2, |ctx| p2p_fails(ctx, true)).stall_bound(),
     ]
 }
 
@@ -362,6 +380,93 @@ fn slow_copy<B: Backend>(ctx: &mut Ctx<'_, B>, drop_sender: bool) -> CaseResult 
         };
         keys.set("receiver_done", &w)?;
         verdict?;
+    }
+    Ok(())
+}
+
+/// `faults::fail_p2p::{recv_progress_thread,send_after_post}::ws2` (module docs): the receive
+/// (rank 1) or the send (rank 0) of message #1 fails locally.
+fn p2p_fails<B: Backend>(ctx: &mut Ctx<'_, B>, send_fails: bool) -> CaseResult {
+    let (hook, victim) = if send_fails { (point::AFTER_POST, 0) } else { (point::PROGRESS_THREAD, 1) };
+    needs(ctx.b, &[hook], true)?;
+    // The victim's ops: the warm-up, then op #1, which fails locally.
+    let (b, id) = sub_world(ctx, Some(fault(hook, Action::Fail, victim, 2)))?;
+    let keys = Keys { ctx, id };
+    let n = LENS[0];
+    let (mine, theirs) = if b.rank() == 0 { ("send", "receive") } else { ("receive", "send") };
+    let w = format!(
+        "{} n={n} op_deadline={OP_TIMEOUT:?} (rank {victim}'s {} #1 fails locally: {hook} fail; rank 0 posts sends #1 and #2, \
+         then waits each; rank 1 receives them; then message #3)",
+        here(&b, "send_recv", "outbuf", DType::F32),
+        if send_fails { "send" } else { "receive" }
+    );
+    warm_up(&b, ctx.timeout, &w)?;
+    let msgs = [message(0, 1, n), message(0, 2, n), message(0, 3, n)];
+    let outs = [
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+        b.upload(&Tensor::zeros(DType::F32, &[n]))?,
+    ];
+    let timeout = ctx.timeout;
+    fn timed<T>(r: Result<concord_core::Work<T>, CollectiveError>, timeout: Duration) -> (Result<(), CollectiveError>, Duration) {
+        let t0 = Instant::now();
+        (r.and_then(|work| work.wait(timeout).map(|_| ())), t0.elapsed())
+    }
+    let wait = |r| timed(r, timeout);
+    let wait_r = |r| timed(r, timeout);
+    let (r1, took, r2) = if b.rank() == 0 {
+        let xs = [b.upload(&msgs[0])?, b.upload(&msgs[1])?];
+        let (s1, s2) = (b.send(&xs[0], 1), b.send(&xs[1], 1));
+        let (r1, took) = wait(s1);
+        (r1, took, wait(s2).0)
+    } else {
+        let (q1, q2) = (b.recv(&outs[0], 0), b.recv(&outs[1], 0));
+        let (r1, took) = wait_r(q1);
+        (r1, took, wait_r(q2).0)
+    };
+    keys.set(&format!("done{}", b.rank()), &w)?;
+    keys.wait(&format!("done{}", 1 - b.rank()), &w)?;
+    // Message #3, issued after both failures were seen: the communicator stays usable.
+    let r3 = if b.rank() == 0 {
+        let x3 = b.upload(&msgs[2])?;
+        wait(b.send(&x3, 1)).0
+    } else {
+        wait_r(b.recv(&outs[2], 0)).0
+    };
+    match r1 {
+        Ok(()) if b.rank() == victim => {
+            return Err(fail(&w, format!("{mine} #1 returned Ok although its injected {hook} fault failed it")))
+        }
+        Ok(()) => {
+            return Err(fail(
+                &w,
+                format!("{mine} #1 returned Ok although rank {victim}'s {theirs} of it failed locally (its own error says so)"),
+            ))
+        }
+        Err(_) if b.rank() == victim => {}
+        Err(e) if e.name() == "timeout" || e.name().starts_with("bad_input") => {
+            return Err(fail(
+                &w,
+                format!(
+                    "{mine} #1 failed after {took:?} with [{}] although rank {victim}'s {theirs} failed locally: a local failure MUST \
+                     reach the peer as a named error by the op deadline, never a timeout and never a bad-input kind ({e})",
+                    e.name()
+                ),
+            ))
+        }
+        Err(e) if took > OP_TIMEOUT + OP_TIMEOUT / 2 => {
+            return Err(fail(&w, format!("{mine} #1 failed only after {took:?} (op deadline {OP_TIMEOUT:?}): {e} [{}]", e.name())))
+        }
+        Err(_) => {}
+    }
+    for (k, r) in [(2, r2), (3, r3)] {
+        let when = if k == 2 { "after message #1's local failure" } else { "issued after both sides' failures were seen" };
+        r.map_err(|e| fail(&w, format!("{mine} #{k} ({when}) failed: {e} [{}]", e.name())))?;
+        if b.rank() == 1 {
+            let got = b.download(&outs[k - 1])?;
+            concord_oracle::compare(&got, &msgs[k - 1], concord_oracle::Tolerance::Exact)
+                .map_err(|m| fail(&w, format!("receive #{k} ({when}) returned the wrong bytes: {m}")))?;
+        }
     }
     Ok(())
 }
