@@ -941,8 +941,10 @@ fn dropped_recv_not_withdrawn<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     )?;
     let t0 = Instant::now();
     loop {
+        // A backend that moves no data (the fake) has nothing to poll for: `expect_eq` checks
+        // only the buffer's dtype and shape there.
         let got = b.download(&out_a)?;
-        if got == msg(2) || t0.elapsed() > wait {
+        if !b.capabilities().moves_data || got == msg(2) || t0.elapsed() > wait {
             return expect_eq(b, &out_a, &msg(2), &format!("{w}: receive A's buffer (its work dropped un-waited: the receive still runs)"));
         }
         std::thread::sleep(Duration::from_millis(1));
