@@ -384,7 +384,9 @@ impl CallDesc {
             }
         };
         let opt = |x: Option<usize>| x.map_or(NONE, |v| v as u64);
-        let mut w = vec![
+        // Room for a call of a few tensors at once (no regrowth on every issue's encoding).
+        let mut w = Vec::with_capacity(64);
+        w.extend([
             self.op.code(),
             Variant::ALL.iter().position(|v| *v == self.variant).expect("listed") as u64,
             self.rank as u64,
@@ -394,7 +396,7 @@ impl CallDesc {
             opt(self.root),
             opt(self.peer),
             self.aliased as u64,
-        ];
+        ]);
         for list in [&self.inputs, &self.outputs] {
             w.push(list.len() as u64);
             for t in list {

@@ -4,7 +4,7 @@
 //! Backends MUST call [`begin`] when a collective is issued and [`end`] when it completes or fails.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
@@ -15,19 +15,57 @@ pub struct InFlight {
     pub since: Instant,
 }
 
-static IN_FLIGHT: Mutex<BTreeMap<(String, u64), InFlight>> = Mutex::new(BTreeMap::new());
-static LAST: Mutex<Option<(String, String, u64)>> = Mutex::new(None);
+/// An op in flight (its backend and sequence number are its keys in [`State`]).
+struct Entry {
+    op: Arc<str>,
+    since: Instant,
+}
+
+/// What [`begin`] and [`end`] keep: the ops in flight by backend, then sequence number, and the
+/// last op begun. Both run once per op on the issuing thread, so they allocate nothing in the
+/// common case (a backend seen before, the same op name as the last one): `end` looks the
+/// backend up by `&str`, and an op name is shared with the last op's when it is the same.
+struct State {
+    in_flight: BTreeMap<String, BTreeMap<u64, Entry>>,
+    last: Option<(String, Arc<str>, u64)>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State { in_flight: BTreeMap::new(), last: None });
+
+fn state() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Records that `backend` issued `op` with sequence number `seq`.
 pub fn begin(backend: &str, op: &str, seq: u64) {
-    let entry = InFlight { backend: backend.to_string(), op: op.to_string(), seq, since: Instant::now() };
-    IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()).insert((backend.to_string(), seq), entry);
-    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((backend.to_string(), op.to_string(), seq));
+    let since = Instant::now();
+    let mut s = state();
+    let s = &mut *s;
+    let op: Arc<str> = match &s.last {
+        Some((_, last, _)) if &**last == op => last.clone(),
+        _ => Arc::from(op),
+    };
+    if !s.in_flight.contains_key(backend) {
+        s.in_flight.insert(backend.to_string(), BTreeMap::new());
+    }
+    s.in_flight.get_mut(backend).expect("inserted above").insert(seq, Entry { op: op.clone(), since });
+    match &mut s.last {
+        Some((b, o, q)) => {
+            if b != backend {
+                b.clear();
+                b.push_str(backend);
+            }
+            (*o, *q) = (op, seq);
+        }
+        None => s.last = Some((backend.to_string(), op, seq)),
+    }
 }
 
 /// Records that `backend`'s collective `seq` is over (completed or failed).
 pub fn end(backend: &str, seq: u64) {
-    IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()).remove(&(backend.to_string(), seq));
+    if let Some(m) = state().in_flight.get_mut(backend) {
+        m.remove(&seq);
+    }
 }
 
 /// Keys of [`record`]s: a range no backend's sequence numbers reach (shm's point-to-point keys
@@ -60,12 +98,14 @@ pub fn record(backend: &str, op: &str) -> Recorded {
 /// A one-line description of what this process is doing, for deadline reports:
 /// `in all_reduce #12 (shm, 5012 ms)` or `idle; last collective all_gather_into_tensor #11 (shm)`.
 pub fn describe() -> String {
-    let map = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(f) = map.values().min_by_key(|f| f.since) {
-        let more = if map.len() > 1 { format!(" (+{} more in flight)", map.len() - 1) } else { String::new() };
-        return format!("in {} #{} ({}, {} ms){more}", f.op, f.seq, f.backend, f.since.elapsed().as_millis());
+    let s = state();
+    let all = || s.in_flight.iter().flat_map(|(b, m)| m.iter().map(move |(seq, e)| (b, seq, e)));
+    let n = all().count();
+    if let Some((b, seq, e)) = all().min_by_key(|(_, _, e)| e.since) {
+        let more = if n > 1 { format!(" (+{} more in flight)", n - 1) } else { String::new() };
+        return format!("in {} #{} ({}, {} ms){more}", e.op, seq, b, e.since.elapsed().as_millis());
     }
-    match &*LAST.lock().unwrap_or_else(|e| e.into_inner()) {
+    match &s.last {
         Some((b, op, seq)) => format!("idle; last collective {op} #{seq} ({b})"),
         None => "idle; no collective issued yet".into(),
     }
@@ -73,7 +113,12 @@ pub fn describe() -> String {
 
 /// Snapshot of every collective in flight, oldest first.
 pub fn in_flight() -> Vec<InFlight> {
-    let mut v: Vec<_> = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+    let s = state();
+    let mut v: Vec<InFlight> = s
+        .in_flight
+        .iter()
+        .flat_map(|(b, m)| m.iter().map(move |(seq, e)| InFlight { backend: b.clone(), op: e.op.to_string(), seq: *seq, since: e.since }))
+        .collect();
     v.sort_by_key(|f| f.since);
     v
 }

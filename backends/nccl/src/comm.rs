@@ -1467,7 +1467,7 @@ impl NcclBackend {
             progress,
             rank: comm.rank,
             ws: comm.nranks,
-            label,
+            label: label.into(),
             chan: Arc::new(chan),
             dev,
             seq: AtomicU64::new(0),

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct NcclCompletion {
     pub comm: Arc<Comm>,
     pub ticket: Arc<Ticket>,
-    pub label: String,
-    pub op: String,
+    pub label: Arc<str>,
+    pub op: &'static str,
     pub seq: u64,
     pub rank: usize,
     pub issued: Instant,
@@ -212,7 +212,7 @@ impl Completion for NcclCompletion {
             progress::describe()
         );
         self.comm.abort(format!("{} #{} timed out after {waited_ms} ms", self.op, self.seq));
-        let err = CollectiveError::Timeout { op: self.op.clone(), seq: self.seq, rank: self.rank, waited_ms, detail };
+        let err = CollectiveError::Timeout { op: self.op.to_string(), seq: self.seq, rank: self.rank, waited_ms, detail };
         self.finish(Err(err)).map(|_| true)
     }
 }

@@ -6,7 +6,10 @@
 //! verdict: every rank returns the same named error, or every rank proceeds.
 //!
 //! Layout (64-bit words): magic, world size, local error (kind code + 1, or 0), length of the
-//! encoded description, the description, zero padding up to [`header_len`]. A description that
+//! encoded description, the description, zero padding up to [`header_len`]. A [`Header`] holds
+//! the words before the padding (a few dozen; the padding, about 4 KiB, was zeroed and freed on
+//! every issue, validated or not); what goes to the peers is always the whole padded header
+//! ([`Header::to_bytes`], [`Header::padded`], the board's post). A description that
 //! does not fit (a coalesced list of more than about 160 tensors: each takes 2 words plus one per
 //! dimension) is rejected at issue on every rank ([`Header::new`] →
 //! [`BadInputKind::UnsupportedOp`], naming the limit).
@@ -31,7 +34,8 @@ pub fn header_len(ws: usize) -> usize {
     512 + 4 * ws
 }
 
-/// One rank's header.
+/// One rank's header: its words up to the end of the description (the zero padding up to
+/// [`header_len`] is added where the header leaves the rank).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Header {
     pub words: Vec<u64>,
@@ -47,11 +51,8 @@ fn caps() -> Capabilities {
 impl Header {
     /// The header of `call` in a communicator of `ws` ranks; `Err` when it does not fit.
     pub fn new(ws: usize, call: &CallDesc) -> Result<Header, BadInput> {
-        let mut words = vec![0u64; header_len(ws)];
-        words[W_MAGIC] = MAGIC;
-        words[W_WS] = ws as u64;
         let enc = call.encode();
-        if FIXED + enc.len() > words.len() {
+        if FIXED + enc.len() > header_len(ws) {
             return Err(BadInput::new(
                 BadInputKind::UnsupportedOp,
                 format!(
@@ -63,8 +64,10 @@ impl Header {
                 ),
             ));
         }
-        words[W_LEN] = enc.len() as u64;
-        words[FIXED..FIXED + enc.len()].copy_from_slice(&enc);
+        let mut words = Vec::with_capacity(FIXED + enc.len());
+        words.extend([MAGIC, ws as u64, 0, enc.len() as u64]);
+        words.extend_from_slice(&enc);
+        debug_assert_eq!((words[W_MAGIC], words[W_WS], words[W_ERR], words[W_LEN]), (MAGIC, ws as u64, 0, enc.len() as u64));
         Ok(Header { words })
     }
     /// A header that carries only `call`'s op and sequence number (for a rank whose description
@@ -86,8 +89,16 @@ impl Header {
         self.words[W_ERR] = kind.code() + 1;
         self
     }
+    /// The whole header as it goes to the peers: the words, then zeros up to [`header_len`].
+    pub fn padded(self) -> Vec<u64> {
+        let mut words = self.words;
+        let len = header_len(words[W_WS] as usize);
+        words.resize(len.max(words.len()), 0);
+        words
+    }
+    /// [`Header::padded`] as little-endian bytes (the all-gather of `exchange_all`).
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.words.iter().flat_map(|w| w.to_le_bytes()).collect()
+        self.clone().padded().iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 }
 
@@ -210,6 +221,23 @@ mod tests {
         b.inputs[0].shape = vec![4];
         b.seq = 3;
         assert_eq!(validate(&[words(2, &a), words(2, &b)]).unwrap_err().0, BadInputKind::OpMismatch);
+    }
+
+    #[test]
+    fn a_header_goes_out_padded_to_its_fixed_length() {
+        let mut a = call(CallOp::AllReduce, 0, &[4]);
+        a.reduce = Some(ReduceOp::Sum);
+        let h = Header::new(3, &a).unwrap();
+        assert!(h.words.len() < header_len(3), "kept unpadded: {} words", h.words.len());
+        let bytes = h.clone().error(BadInputKind::OutBufferSize).to_bytes();
+        assert_eq!(bytes.len(), header_len(3) * 8);
+        let wire = h.clone().failed().padded();
+        assert_eq!(wire.len(), header_len(3));
+        assert_eq!(&wire[..h.words.len()], &h.clone().failed().words[..]);
+        assert!(wire[h.words.len()..].iter().all(|&w| w == 0));
+        let all = parse_all(&[bytes.clone(), bytes.clone(), bytes].concat(), 3);
+        assert_eq!(decode(2, &all[2]).unwrap(), a);
+        assert_eq!(validate(&all).unwrap_err().0, BadInputKind::OutBufferSize);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 /// Marks a collective in flight in [`progress`] until handed to a completion or dropped.
 pub(crate) struct InFlight {
-    label: String,
+    label: Arc<str>,
     seq: u64,
     armed: bool,
 }
@@ -239,7 +239,7 @@ impl NcclBackend {
             comm: self.comm().clone(),
             ticket,
             label: self.label.clone(),
-            op: op.name.to_string(),
+            op: op.name,
             seq: op.seq,
             rank: self.rank,
             issued: op.issued,
@@ -258,6 +258,70 @@ impl Header {
         match local {
             Err((k, _)) => self.error(*k),
             Ok(()) => self,
+        }
+    }
+}
+
+/// The issue path's CPU-only pieces, without a GPU: what an all_reduce's issue does per op
+/// besides CUDA calls and the queue. A measurement aid, not a check (ignored): run one piece
+/// under `perf stat -e instructions:u` (this shared machine's wall clock is too noisy), minus
+/// `issue_cost_none`, divided by `N`; e.g. `perf stat -e instructions:u $TESTBIN --ignored
+/// --exact issue::issue_cost::progress`.
+#[cfg(test)]
+mod issue_cost {
+    use concord_core::{progress, validate_local, CallDesc, CallOp, Capabilities, DType, ReduceOp, TensorDesc, Variant, WorkMeta};
+
+    const N: u64 = 200_000;
+    const LABEL: &str = "nccl[world 0 rank 0]";
+
+    #[test]
+    #[ignore]
+    fn none() {
+        std::hint::black_box(LABEL.to_string());
+    }
+
+    /// `progress::begin` at issue, `progress::end` at completion, 100 in flight (a window).
+    #[test]
+    #[ignore]
+    fn progress() {
+        let label = LABEL.to_string();
+        for w in 0..N / 100 {
+            for s in 0..100 {
+                progress::begin(&label, "all_reduce", w * 100 + s);
+            }
+            for s in 0..100 {
+                progress::end(&label, w * 100 + s);
+            }
+        }
+    }
+
+    /// The call's description, its local rules and its validation header.
+    #[test]
+    #[ignore]
+    fn desc() {
+        let caps = std::sync::Arc::new(Capabilities::full(8));
+        for s in 0..N {
+            let mut d = CallDesc::new(CallOp::AllReduce, Variant::Out, 0);
+            d.seq = s;
+            d.inputs = [&[2usize][..]].iter().map(|sh| TensorDesc::new(DType::F32, sh)).collect();
+            d.reduce = Some(ReduceOp::Sum);
+            let c = caps.clone();
+            let ok = validate_local(&d, 2, &c).is_ok();
+            let h = crate::header::Header::new(2, &d).expect("fits");
+            std::hint::black_box((ok, h));
+        }
+    }
+
+    /// The strings of a pending Work: its meta, the completion's label (shared) and op name
+    /// (static; until gpulat7 each a fresh `String`: 1,220 instructions per op, now ~610).
+    #[test]
+    #[ignore]
+    fn strings() {
+        let label: std::sync::Arc<str> = LABEL.into();
+        for s in 0..N {
+            let meta = WorkMeta { backend: "nccl".into(), op: "all_reduce".to_string(), seq: s, rank: 0 };
+            let strings: (std::sync::Arc<str>, &'static str) = (label.clone(), "all_reduce");
+            std::hint::black_box((meta, strings));
         }
     }
 }

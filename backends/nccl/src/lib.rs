@@ -270,8 +270,9 @@ pub struct NcclBackend {
     progress: Arc<Progress>,
     rank: usize,
     ws: usize,
-    /// `nccl` for the world, `nccl:gN` for subgroups (progress records are keyed by it).
-    label: String,
+    /// `nccl` for the world, `nccl:gN` for subgroups (progress records are keyed by it; shared
+    /// with every pending op's records, not copied per op).
+    label: Arc<str>,
     chan: Arc<Channel>,
     dev: Arc<Device>,
     seq: AtomicU64,

@@ -820,7 +820,8 @@ impl Channel {
         };
         // The header of an op that failed locally after issue (no ticket) says so.
         let failed = local.is_some() || ticket.is_none();
-        let hdr = hdr.map(|h| if failed { h.failed().words } else { h.words });
+        // Padded: both sides of a swap move the same, fixed number of bytes.
+        let hdr = hdr.map(|h| if failed { h.failed().padded() } else { h.padded() });
         let data = data.filter(|_| !failed).map(|d| Data { send, ptr: d.ptr, n: d.n, dtype: d.dtype, keep: d.keep });
         let op = Parked {
             hdr,
