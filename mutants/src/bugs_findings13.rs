@@ -90,6 +90,27 @@ impl Bug for LargePathAssumesAligned {
     }
 }
 
+/// Finding 5, the reduction kernel alone: from 1 MiB, out-of-place `all_reduce` and
+/// `reduce_scatter_tensor` (`_out` too) load their input with 16-byte vector loads from the
+/// aligned-down address (a custom one-shot / two-shot all-reduce kernel of the vLLM / TRT-LLM
+/// kind, written for the framework's 256-byte aligned allocations; the copy paths are right).
+/// [`LargePathAssumesAligned`] is caught by the random programs' one large misaligned
+/// all_gather output; this part of it was not. Clauses `views`, `values.sizes`.
+#[derive(Default)]
+pub struct LargeReductionAssumesAligned;
+
+impl Bug for LargeReductionAssumesAligned {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.all_reduce(&seen(s, x)?, op)
+    }
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor(&seen(s, x)?, op)
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        s.inner.reduce_scatter_tensor_out(&seen(s, x)?, op, out)
+    }
+}
+
 // ---------------------------------------------------------------- finding 7: page-granular staging
 
 /// The granule of [`PageStagedInPlace`]'s staging (a page).
@@ -152,7 +173,13 @@ pub fn catalogue() -> Vec<Spec> {
             "findings13_large_path_assumes_aligned",
             "views",
             "from 1 MiB, out-of-place all_reduce / all_gather / reduce_scatter, broadcast and send / recv read and write a view not 16-byte aligned from the aligned-down address (a vector kernel that assumes the allocator's alignment)",
-            &["programs::p2::ws4"],
+            &["sizes::all_reduce::f32::n262145::ws2"],
+        ),
+        spec::<LargeReductionAssumesAligned>(
+            "findings13_large_reduction_assumes_aligned",
+            "views",
+            "from 1 MiB, out-of-place all_reduce and reduce_scatter read an input view not 16-byte aligned from the aligned-down address (a custom all-reduce kernel's vector loads)",
+            &["sizes::all_reduce::f32::n262145::ws2"],
         ),
         spec::<PageStagedInPlace>(
             "findings13_page_staged_in_place",
