@@ -25,6 +25,9 @@
 //!   elements, roots at the group's last, first and middle rank: 18 cases.
 //! * **Uneven all_to_all** ([`uneven_all_to_all_case`]): uneven and zero-length splits at every
 //!   grid world size, outputs below 16 elements at 16 ranks included: 9 cases.
+//! * **Placement** ([`call`]): outputs and in-place buffers up to [`GUARDED_OUT_MAX`] elements are
+//!   views into a parent of guard bytes, checked after the call; from [`MISALIGNED_FROM`] bytes
+//!   (64 KiB) they, and out-of-place inputs, sit one element past the guard: not 16-byte aligned.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
