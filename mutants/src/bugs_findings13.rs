@@ -23,7 +23,7 @@ fn aligned_down(s: &Shm, b: &Buf) -> Result<Option<Buf>> {
     let (be, n) = (&s.inner, s.numel(b));
     let es = be.buffer_dtype(b).size();
     let mis = be.buffer_addr(b) % VECTOR_ALIGN;
-    let Some((parent, off)) = s.view_of(b).filter(|_| n * es >= VECTOR_FROM && mis != 0 && mis % es == 0) else { return Ok(None) };
+    let Some((parent, off)) = s.view_of(b).filter(|_| n * es >= VECTOR_FROM && mis != 0 && mis.is_multiple_of(es)) else { return Ok(None) };
     let back = mis / es;
     if back > off {
         return Ok(None);
