@@ -49,6 +49,7 @@ macro_rules! fused_on_shm {
 pub mod bugs;
 pub mod bugs_clauses;
 pub mod bugs_dtype;
+pub mod bugs_findings13;
 pub mod bugs_hunt;
 pub mod bugs_hunt10;
 pub mod bugs_hunt12;
@@ -126,7 +127,7 @@ pub mod sweep_bad;
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
 /// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`] and [`bugs_review14`] (blind spots read-only
-/// reviews of the catalogue pointed at); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
+/// reviews of the catalogue pointed at), [`bugs_findings13`] (review13's findings 5 and 7); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
 /// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
 /// bug shm had until helper shmfail);
@@ -173,6 +174,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review11::catalogue());
     v.extend(bugs_review13::catalogue());
     v.extend(bugs_review14::catalogue());
+    v.extend(bugs_findings13::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_stream::catalogue());

@@ -347,7 +347,18 @@ pub const CLAUSES: &[Clause] = &[
         id: "views",
         source: BACKEND,
         text: "A view at a non-zero offset is read and written exactly there; the parent outside the view is untouched.",
-        cases: &["views::", "programs::", "state::views_of_one_parent", "wild_layout::inplace_all_reduce_view_in_window::", "wild_layout::empty_p2p_at_parent_end::"],
+        cases: &[
+            "views::",
+            "programs::",
+            "state::views_of_one_parent",
+            "wild_layout::inplace_all_reduce_view_in_window::",
+            "wild_layout::empty_p2p_at_parent_end::",
+            // Views of 64 KiB and more, not 16-byte aligned (review13's finding 5).
+            "sizes::",
+            // The autotuner's `chunked` choice: in-place all_reduces on views of one buffer in
+            // flight together (review13's finding 7).
+            "autotune::builtin::",
+        ],
     },
     Clause {
         id: "placement.empty_no_alias",

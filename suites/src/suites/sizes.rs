@@ -25,6 +25,9 @@
 //!   elements, roots at the group's last, first and middle rank: 18 cases.
 //! * **Uneven all_to_all** ([`uneven_all_to_all_case`]): uneven and zero-length splits at every
 //!   grid world size, outputs below 16 elements at 16 ranks included: 9 cases.
+//! * **Placement** ([`call`]): outputs and in-place buffers up to [`GUARDED_OUT_MAX`] elements are
+//!   views into a parent of guard bytes, checked after the call; from [`MISALIGNED_FROM`] bytes
+//!   (64 KiB) they, and out-of-place inputs, sit one element past the guard: not 16-byte aligned.
 //! * **Inputs** are exact by construction and cheap to make at 64 MiB: rank `r`'s element `i` is a
 //!   small integer from a hash of `(seed, i)` plus `97·r` (so ranks differ at every index and no
 //!   shift of the data by any number of elements goes unnoticed), in `[-63, 63]` for bf16 and
@@ -58,6 +61,40 @@ pub const OPS: [(OpKind, Variant); 10] = [
 /// The largest `_out` / recv output (elements) [`call`] puts in a guarded parent
 /// (every size of the size grid; the ladder's rungs up to 1 Mi elements).
 pub const GUARDED_OUT_MAX: usize = 1 << 20;
+
+/// The size (bytes) from which [`call`]'s guarded buffers sit one element past [`GUARD_ELEMS`]
+/// into their parent ([`frame_offset`]), and its out-of-place inputs up to [`GUARDED_OUT_MAX`]
+/// elements are such views too: 36 bytes into the parent for f32 / i32, 18 for bf16, so never
+/// 16-byte aligned where the parent is. A large-message path (vector loads, a copy engine) that
+/// assumes the allocator's alignment reads or writes such a view from the aligned-down address
+/// (review13's finding 5: the catalogue's misaligned views were all small, or in-place
+/// all_reduce). Smaller buffers stay at [`GUARD_ELEMS`] (aligned, as are the 64 MiB step's plain
+/// buffers), so both alignments are called at large and at small sizes.
+pub const MISALIGNED_FROM: usize = 64 << 10;
+
+/// The element offset into its guarded parent of a [`call`] buffer of `numel` elements of
+/// `dtype` (see [`MISALIGNED_FROM`]).
+pub fn frame_offset(dtype: DType, numel: usize) -> usize {
+    if numel * dtype.size() >= MISALIGNED_FROM {
+        GUARD_ELEMS + 1
+    } else {
+        GUARD_ELEMS
+    }
+}
+
+/// A buffer of `shape` framed in a parent of guard bytes, [`frame_offset`] elements in and
+/// [`GUARD_ELEMS`] before the parent's end, holding `t` (or guard bytes): `(parent, view, offset)`.
+fn framed<B: Backend>(b: &B, dtype: DType, shape: &[usize], t: Option<&Tensor>) -> Result<(B::Buffer, B::Buffer, usize), String> {
+    let n: usize = shape.iter().product();
+    let (es, at) = (dtype.size(), frame_offset(dtype, n));
+    let mut whole = Tensor::filled_bytes(dtype, &[at + n + GUARD_ELEMS], GUARD_BYTE);
+    if let Some(t) = t {
+        whole.bytes_mut()[at * es..(at + n) * es].copy_from_slice(t.bytes());
+    }
+    let parent = b.upload(&whole).map_err(|e| format!("upload a guarded parent: {e}"))?;
+    let view = b.view(&parent, at, shape).map_err(|e| format!("view: {e}"))?;
+    Ok((parent, view, at))
+}
 
 /// The largest world the bf16 inputs stay exact for (sums of 4 values in `[-63, 63]`).
 pub const MAX_WS: usize = 4;
@@ -585,19 +622,28 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
     // A coalesced call's list: a 7-element tensor (its own seed), then the n-element one.
     let coalesced = matches!(variant, Variant::Coalesced | Variant::CoalescedInPlace);
     let tensors: Vec<(u64, usize)> = if coalesced { vec![(seed ^ 0x7, 7), (seed, n)] } else { vec![(seed, n)] };
-    let (mut ins, mut sent, mut in_frames) = (Vec::new(), Vec::new(), Vec::new());
-    for &(sd, k) in &tensors {
+    let (mut ins, mut sent, mut in_frames, mut in_parents) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Where the call's buffers sit in their parents, when not at [`GUARD_ELEMS`] (named in a
+    // failure: a path that assumes aligned buffers fails only there).
+    let mut placed = Vec::new();
+    for (i, &(sd, k)) in tensors.iter().enumerate() {
         let t = input(op, dtype, sd, k, ws, me);
         // An in-place op's buffer is its output too: up to [`GUARDED_OUT_MAX`] elements it is a
-        // view [`GUARD_ELEMS`] into a parent of guard bytes, like an `_out` output below (a
-        // rounded-up last chunk of an in-place large-message path writes past it).
-        if exec::is_in_place(variant) && t.numel() <= GUARDED_OUT_MAX {
-            let es = dtype.size();
-            let mut whole = Tensor::filled_bytes(dtype, &[t.numel() + 2 * GUARD_ELEMS], GUARD_BYTE);
-            whole.bytes_mut()[GUARD_ELEMS * es..(GUARD_ELEMS + t.numel()) * es].copy_from_slice(t.bytes());
-            let parent = b.upload(&whole).map_err(|e| fail(format!("upload: {e}")))?;
-            ins.push(b.view(&parent, GUARD_ELEMS, t.shape()).map_err(|e| fail(format!("view: {e}")))?);
-            in_frames.push((parent, t.numel()));
+        // view into a parent of guard bytes, like an `_out` output below (a rounded-up last chunk
+        // of an in-place large-message path writes past it). An out-of-place input of
+        // [`MISALIGNED_FROM`] bytes or more is a view too (not aligned as the allocator's blocks).
+        let in_place = exec::is_in_place(variant);
+        if t.numel() <= GUARDED_OUT_MAX && (in_place || frame_offset(dtype, t.numel()) != GUARD_ELEMS) {
+            let (parent, view, at) = framed(b, dtype, t.shape(), Some(&t)).map_err(&fail)?;
+            if at != GUARD_ELEMS {
+                placed.push(format!("input {i} at element {at}"));
+            }
+            ins.push(view);
+            if in_place {
+                in_frames.push((parent, at, t.numel()));
+            } else {
+                in_parents.push(parent);
+            }
         } else {
             ins.push(b.upload(&t).map_err(|e| fail(format!("upload: {e}")))?);
         }
@@ -608,22 +654,24 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
         (_, Variant::OutBuf) => Some(expected_form(op, n, ws, me, root).map_or_else(|| vec![n], |(s, _)| s)),
         _ => None,
     };
-    // Outputs up to [`GUARDED_OUT_MAX`] elements are views [`GUARD_ELEMS`] into a parent of guard
-    // bytes, checked after the call (the matrix guards small outputs only; a write past `_out` or
-    // a recv's output on a large-message path shows only here). The ladder's larger rungs take a
-    // plain buffer.
+    // Outputs up to [`GUARDED_OUT_MAX`] elements are views into a parent of guard bytes, checked
+    // after the call (the matrix guards small outputs only; a write past `_out` or a recv's
+    // output on a large-message path shows only here). The ladder's larger rungs take a plain
+    // buffer.
     let numel = |s: &[usize]| s.iter().product::<usize>();
     let (out, frame) = match out_shape {
         Some(shape) if numel(&shape) <= GUARDED_OUT_MAX => {
-            let parent = b
-                .upload(&Tensor::filled_bytes(dtype, &[numel(&shape) + 2 * GUARD_ELEMS], GUARD_BYTE))
-                .map_err(|e| fail(format!("alloc output parent: {e}")))?;
-            let view = b.view(&parent, GUARD_ELEMS, &shape).map_err(|e| fail(format!("view: {e}")))?;
-            (Some(view), Some((parent, numel(&shape))))
+            let (parent, view, at) = framed(b, dtype, &shape, None).map_err(&fail)?;
+            if at != GUARD_ELEMS {
+                placed.push(format!("output at element {at}"));
+            }
+            (Some(view), Some((parent, at, numel(&shape))))
         }
         Some(shape) => (Some(b.alloc(dtype, &shape).map_err(|e| fail(format!("alloc: {e}")))?), None),
         None => (None, None),
     };
+    let w = if placed.is_empty() { w } else { format!("{w} (views into guarded parents: {})", placed.join(", ")) };
+    let fail = |what: String| CaseEnd::Fail(format!("{w}: {what}"));
     let res = exec::call(b, op, variant, &ins, out.as_ref(), &p, timeout).map_err(|e| fail(format!("{e} [{}]", e.name())))?;
     if res.len() != tensors.len() {
         return Err(fail(format!("returned {} result(s) for {} input(s)", res.len(), tensors.len())));
@@ -647,11 +695,11 @@ fn call<B: Backend>(b: &B, timeout: Duration, op: OpKind, variant: Variant, dtyp
             }
         }
     }
-    if let Some((parent, numel)) = &frame {
-        crate::values::check_frame(b, parent, GUARD_ELEMS, *numel, "output").map_err(fail)?;
+    if let Some((parent, at, numel)) = &frame {
+        crate::values::check_frame(b, parent, *at, *numel, "output").map_err(fail)?;
     }
-    for (t, (parent, numel)) in in_frames.iter().enumerate() {
-        crate::values::check_frame(b, parent, GUARD_ELEMS, *numel, &format!("in-place (tensor {t})")).map_err(fail)?;
+    for (t, (parent, at, numel)) in in_frames.iter().enumerate() {
+        crate::values::check_frame(b, parent, *at, *numel, &format!("in-place (tensor {t})")).map_err(fail)?;
     }
     if !b.capabilities().moves_data {
         crate::case::note_values_unchecked();
