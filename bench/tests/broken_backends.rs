@@ -553,8 +553,12 @@ const PARENT_ENV: &str = "BROKEN_BACKENDS_BENCH_PARENT";
 fn init_hang_ends_at_the_setup_timeout_naming_rank_and_init() -> std::result::Result<(), Failed> {
     use std::process::{Command, Stdio};
     let t = std::time::Instant::now();
+    // The run's JSON lines in a directory of the trial's own (not `concord-bench/` here).
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("b.jsonl");
     let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
-        .args(["--backend", "init-hang", "--no-plot", "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0"])
+        .args(["--backend", "init-hang", "--no-plot", "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0", "--json"])
+        .arg(&json)
         .env(PARENT_ENV, "1")
         .env(concord_harness::config::SETUP_TIMEOUT_MS, "1000")
         .stdin(Stdio::null())
@@ -575,6 +579,12 @@ fn init_hang_ends_at_the_setup_timeout_naming_rank_and_init() -> std::result::Re
             break st.code();
         }
         if t.elapsed() > Duration::from_secs(30) {
+            // SIGTERM first: the bench ends its ranks and removes its files; SIGKILL 5 s later.
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let t_term = std::time::Instant::now();
+            while child.try_wait().ok().flatten().is_none() && t_term.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!("the run still going after {:?}: a rank hung in init was not ended", t.elapsed()).into());

@@ -680,10 +680,8 @@ fn a_surviving_rank_2_failure_is_named_on_rank_0() -> std::result::Result<(), li
     if !hung.is_empty() {
         return Err(format!("rank(s) {hung:?} still running after 60 s\n{}", all(0)).into());
     }
-    for r in 0..WS {
-        if !matches!(res[r].0, Some(c) if c != 0) {
-            return Err(format!("every rank must exit non-zero after a failed case: {}", all(r)).into());
-        }
+    if let Some(r) = res.iter().position(|(code, _, _)| !matches!(code, Some(c) if *c != 0)) {
+        return Err(format!("every rank must exit non-zero after a failed case: {}", all(r)).into());
     }
     let json: serde_json::Value =
         serde_json::from_str(&json.map_err(|e| format!("rank 0 wrote no report: {e}\n{}", all(0)))?).map_err(|e| e.to_string())?;
