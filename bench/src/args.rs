@@ -61,7 +61,8 @@ pub struct Args {
     pub mpi: bool,
     /// Fused communication + compute instead of the collectives: each fused op (native, as
     /// the backend provides it) against the trait's unfused decomposition on the same backend,
-    /// over a range of matmul shapes (`concord_bench::fused`).
+    /// over a range of matmul shapes, every iteration of both checked against the oracle
+    /// (`concord_bench::fused`).
     #[arg(long)]
     pub fused: bool,
     /// Plot these JSON-lines files (one line per backend and rank count) into -o (default bench.svg), then exit.

@@ -3,21 +3,26 @@
 //! against the trait's unfused decomposition (`concord_core::fused::decomposed_*`, the seed's
 //! fallbacks) on the same backend, same inputs, same matmul kernel, over a range of shapes.
 //!
-//! Method: exact-by-construction inputs (small integers), so both paths must give the same bits;
-//! iterations alternate between two input sets written into the same buffers (a result kept
-//! from an earlier call on those buffers is then wrong), and every iteration's outputs, warm-up
-//! included, are compared with the unfused result of its set (`#wrong`: the iterations that
-//! differ, summed over ranks; each rank prints a `WRONG` line naming op, shape, path, iteration,
-//! rank, first bad index, got and expected for its first three). Any wrong iteration fails the
-//! run (exit 1). `-e` keeps the shapes whose `a` shard is at most that many bytes. Iterations
-//! alternate fused / unfused, each after a barrier, the
+//! Method: exact-by-construction inputs (small integers), so every path must give the oracle's
+//! bits; iterations alternate between two input sets written into the same buffers (a result
+//! kept from an earlier call on those buffers is then wrong), and every iteration's outputs, of
+//! both paths, warm-up included, are compared with the oracle's result for its set
+//! (`concord_oracle::expected_fused_for`: every rank's inputs, regenerated on each rank, the
+//! product written out on the host; tolerance `fused_tolerance`, exact here), computed once per
+//! set outside the timed loop. So a bug both paths share (a backend keeping the trait's default
+//! fused ops over a wrong all_gather) is wrong too, not only a fused op that differs from its
+//! decomposition. `#wrong`: the iterations that differ, summed over ranks; each rank prints a
+//! `WRONG` line naming op, shape, path, iteration, rank, first bad index, got and expected for
+//! its first three. Any wrong iteration fails the run (exit 1). `-e` keeps the shapes whose `a`
+//! shard is at most that many bytes. Iterations alternate fused / unfused, each after a barrier, the
 //! pair's order swapped every iteration, so machine load and the first slot's cost hit both alike; each rank times its own calls (issue to completed wait) and
 //! the row shows the slowest rank's median (an all_reduce max). Rank 0 prints the table.
 
 use crate::Args;
 use concord_core::fused::{decomposed_all_gather_matmul, decomposed_matmul_reduce_scatter};
-use concord_core::{Backend, DType, ReduceOp, Result, Tensor};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Result, Tensor};
 use concord_harness::launch;
+use concord_oracle::{expected_fused_for, fused_tolerance, FusedCall, FusedInputs};
 use std::time::{Duration, Instant};
 
 /// (op, m rows per rank, k, n).
@@ -92,7 +97,12 @@ fn max_over_ranks<B: Backend>(b: &B, v: &[f64]) -> Result<Vec<f64>> {
 }
 
 fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> {
+    // The backend's set-up is bounded by the setup timeout, as in the main bench (`crate::rank`);
+    // the fused ops after it by `--deadline-s` (the parent's).
+    let setup = concord_harness::config::Config::global().setup_timeout;
+    let beat = crate::rank::Beat::watched(world.rank, crate::rank::INIT_PHASE, setup, |_, m| eprintln!("concord-bench --fused: {m}"));
     let b = B::init(world)?;
+    beat.limit("the fused ops (bounded by --deadline-s)".into(), Duration::from_millis(u64::MAX));
     let (ws, me) = (b.world_size(), b.rank());
     let dt = DType::F32;
     if me == 0 {
@@ -122,13 +132,13 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
             // Two input sets, written into the same buffers alternately (set `i % 2` for
             // iteration `i`), each with its own reference: a result computed for the other
             // set (kept by the buffers' addresses, a workspace not rewritten) is wrong.
-            let set_a = |s: usize| Tensor::from_f64(dt, &a_shape, &ints(m_rs * k, me + 17 * s, -2, 5));
+            let set_a = |r: usize, s: usize| Tensor::from_f64(dt, &a_shape, &ints(m_rs * k, r + 17 * s, -2, 5));
             let set_b = |s: usize| Tensor::from_f64(dt, &[k, n], &ints(k * n, 7 + s, -1, 3));
-            let a = b.upload(&set_a(0))?;
+            let a = b.upload(&set_a(me, 0))?;
             let bm = b.upload(&set_b(0))?;
             let bs = [bm.clone()];
             let put = |s: usize| -> Result<()> {
-                b.write(&a, &set_a(s))?;
+                b.write(&a, &set_a(me, s))?;
                 b.write(&bm, &set_b(s))
             };
             let run = |fused: bool| -> Result<(Duration, Vec<Tensor>)> {
@@ -151,22 +161,35 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
                 Ok((dt, vec![b.download(&outs)?]))
             };
             let barrier = || -> Result<()> { b.barrier()?.wait(WAIT).map(|_| ()) };
+            // The oracle's outputs of this rank for each set (all-gather-matmul: the gathered `a`
+            // and the product; matmul-reduce-scatter: this rank's block), from every rank's
+            // inputs regenerated here: no communication, outside the timed loop.
+            let call = if ag {
+                FusedCall::AllGatherMatmul { dim: 0, scaling: None }
+            } else {
+                FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 0, scaling: None }
+            };
+            let caps = b.capabilities();
             let mut references = Vec::with_capacity(SETS);
             for s in 0..SETS {
-                put(s)?;
-                barrier()?;
-                references.push(run(false)?.1);
+                let inputs: Vec<FusedInputs> = (0..ws).map(|r| FusedInputs { a: set_a(r, s), bs: vec![set_b(s)], a_scale: None }).collect();
+                let mut every = expected_fused_for(&call, &inputs, &caps, Some(me)).map_err(|e| {
+                    CollectiveError::Backend(format!("{op} a {a_shape:?} b [{k}, {n}]: the oracle refuses the bench's own call: {e:?}"))
+                })?;
+                references.push(every.swap_remove(me));
             }
+            // Exact: small integers (`fused_tolerance`'s exact-by-construction case).
+            let tol = fused_tolerance(dt, dt, k, ws, !ag, 1.0, true);
             let (mut wrong, mut reported) = (0u64, 0usize);
             let mut check = |o: &[Tensor], fused: bool, i: usize, phase: &str| {
-                let Some((out, idx, got, exp, count)) = first_difference(o, &references[i % SETS]) else { return };
+                let Some((out, m)) = first_difference(o, &references[i % SETS], tol) else { return };
                 wrong += 1;
                 if reported < 3 {
                     reported += 1;
                     let what = if ag && out == 0 { "the all-gathered a".to_string() } else { "the product".to_string() };
                     let path = if fused { "fused (as the backend provides it)" } else { "unfused (the decomposition)" };
                     eprintln!(
-                        "WRONG: {op} a {a_shape:?} b [{k}, {n}] f32, {path}, {phase} iteration {i} (input set {}), rank {me} of {ws}: {what}: first bad index {idx}: got {got} expected {exp} (the decomposition's result for the same inputs); {count} elements differ",
+                        "WRONG: {op} a {a_shape:?} b [{k}, {n}] f32, {path}, {phase} iteration {i} (input set {}), rank {me} of {ws}: {what}: {m} (expected: the oracle's result for every rank's inputs)",
                         i % SETS
                     );
                 }
@@ -217,7 +240,7 @@ fn rank<B: Backend>(world: &concord_core::WorldInfo, args: &Args) -> Result<()> 
     }
     if total_wrong > 0 {
         return Err(concord_core::CollectiveError::Backend(format!(
-            "{total_wrong} wrong iteration result(s) on this rank (WRONG lines above): a fused op differs from its unfused decomposition"
+            "{total_wrong} wrong iteration result(s) on this rank (WRONG lines above): a fused op or its unfused decomposition differs from the oracle"
         )));
     }
     Ok(())
@@ -233,25 +256,15 @@ fn sum_over_ranks<B: Backend>(b: &B, v: f64) -> Result<f64> {
     Ok(b.download(w.wait(WAIT)?)?.as_slice::<f64>()[0])
 }
 
-/// The first output and element where `got` differs from `want` (bits): (output, index, got,
-/// expected, elements that differ); `None` when equal. A different output count, shape or
-/// dtype is a difference at index 0.
-fn first_difference(got: &[Tensor], want: &[Tensor]) -> Option<(usize, usize, String, String, usize)> {
+/// The first output where `got` differs from `want` under `tol` (`concord_oracle::compare`: first
+/// bad index, got / expected, how many elements differ), with its index; `None` when every
+/// output matches. A different output count is a difference of output 0.
+fn first_difference(got: &[Tensor], want: &[Tensor], tol: concord_oracle::Tolerance) -> Option<(usize, concord_oracle::Mismatch)> {
     if got.len() != want.len() {
-        return Some((0, 0, format!("{} outputs", got.len()), format!("{} outputs", want.len()), 1));
+        let detail = format!("{} outputs, expected {}", got.len(), want.len());
+        let m =
+            concord_oracle::Mismatch { index: 0, coords: Vec::new(), got: String::new(), expected: String::new(), bad_count: 0, detail };
+        return Some((0, m));
     }
-    for (o, (g, w)) in got.iter().zip(want).enumerate() {
-        if g == w {
-            continue;
-        }
-        if g.shape() != w.shape() || g.dtype() != w.dtype() {
-            return Some((o, 0, format!("{}{:?}", g.dtype(), g.shape()), format!("{}{:?}", w.dtype(), w.shape()), g.numel().max(1)));
-        }
-        let es = g.dtype().size();
-        let differs = |i: usize| g.bytes()[i * es..(i + 1) * es] != w.bytes()[i * es..(i + 1) * es];
-        let first = (0..g.numel()).find(|&i| differs(i))?;
-        let count = (0..g.numel()).filter(|&i| differs(i)).count();
-        return Some((o, first, g.get_f64(first).to_string(), w.get_f64(first).to_string(), count));
-    }
-    None
+    got.iter().zip(want).enumerate().find_map(|(o, (g, w))| concord_oracle::compare(g, w, tol).err().map(|m| (o, m)))
 }

@@ -46,7 +46,12 @@
 //! * Warm-up runs in the same windows, and at least one whole window (`-w` is raised to the
 //!   window), so the buffers of the timed windows have been touched before the clock runs.
 //! * Waits use the world's op timeout; a watchdog thread ends the rank with the collective it is
-//!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s.
+//!   in ([`concord_core::progress::describe`]) if nothing moves for twice that plus 30 s. The
+//!   watchdog starts before the backend: its set-up (`B::init`, `hooks.prepare`, the reference's
+//!   set-up) is bounded by the setup timeout (`CONCORD_SETUP_TIMEOUT_MS`, the deadline of a
+//!   world's spawn, rendezvous and backend init: `concord_harness::config`), after which a hung
+//!   rank is named with the phase `backend init` (review14 finding 8: it waited for
+//!   `--deadline-s`, an hour by default).
 
 use crate::ext::{Clock, DeviceData, RefStep, Reference};
 use crate::spec::{BenchOp, Placement, Step};
@@ -186,15 +191,56 @@ fn emit(m: &Msg) {
     let _ = out.flush();
 }
 
+/// The watchdog's phase while a rank sets its backend up (bounded by the setup timeout).
+pub(crate) const INIT_PHASE: &str = "backend init (B::init, hooks.prepare, the reference's set-up; limit: the setup timeout)";
+
 /// What a rank is doing, for the watchdog.
 #[derive(Clone)]
-struct Beat {
+pub(crate) struct Beat {
     last_ms: Arc<AtomicU64>,
     phase: Arc<Mutex<String>>,
     start: Instant,
+    /// How long the watchdog lets the current phase go without progress (ms).
+    limit_ms: Arc<AtomicU64>,
 }
 
 impl Beat {
+    /// A beat in `phase` and the thread that ends this process (exit 1, after `say` got the
+    /// `HANG` line naming the rank and the phase) once nothing has moved for the current limit.
+    pub(crate) fn watched(rank: usize, phase: &str, limit: Duration, say: fn(usize, String)) -> Beat {
+        let beat = Beat {
+            last_ms: Arc::new(AtomicU64::new(0)),
+            phase: Arc::new(Mutex::new(phase.into())),
+            start: Instant::now(),
+            limit_ms: Arc::new(AtomicU64::new(limit.as_millis() as u64)),
+        };
+        let watched = beat.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let beat = &watched;
+            let idle = beat.start.elapsed().saturating_sub(Duration::from_millis(beat.last_ms.load(Ordering::Relaxed)));
+            let limit = Duration::from_millis(beat.limit_ms.load(Ordering::Relaxed));
+            if idle > limit {
+                let phase = beat.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                say(
+                    rank,
+                    format!(
+                        "HANG: rank {rank} made no progress for {} s (limit {} ms) during {phase}; this process is {}",
+                        idle.as_secs(),
+                        limit.as_millis(),
+                        progress::describe()
+                    ),
+                );
+                std::process::exit(1);
+            }
+        });
+        beat
+    }
+    /// Enters `phase` with another limit.
+    pub(crate) fn limit(&self, phase: String, limit: Duration) {
+        self.limit_ms.store(limit.as_millis() as u64, Ordering::Relaxed);
+        self.phase(phase);
+    }
     fn tick(&self) {
         self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
@@ -250,6 +296,9 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         Ok(p) => p,
         Err(e) => return fatal(e),
     };
+    // The backend's set-up is bounded by the setup timeout (the module docs); the steps by the op limit.
+    let setup = concord_harness::config::Config::global().setup_timeout;
+    let beat = Beat::watched(rank, INIT_PHASE, setup, |rank, message| emit(&Msg::Fatal { rank, message }));
     let b = match B::init(world) {
         Ok(b) => b,
         Err(e) => return fatal(format!("rank {rank}: backend init failed: {e} [{}]", e.name())),
@@ -274,27 +323,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
             (r.label(), format!("{}{how}", r.describe()))
         }),
     });
-    let beat = Beat { last_ms: Arc::new(AtomicU64::new(0)), phase: Arc::new(Mutex::new("starting".into())), start: Instant::now() };
-    let limit = world.op_timeout * 2 + Duration::from_secs(30);
-    {
-        let beat = beat.clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(500));
-            let idle = beat.start.elapsed().saturating_sub(Duration::from_millis(beat.last_ms.load(Ordering::Relaxed)));
-            if idle > limit {
-                let phase = beat.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                emit(&Msg::Fatal {
-                    rank,
-                    message: format!(
-                        "HANG: rank {rank} made no progress for {} s during {phase}; this process is {}",
-                        idle.as_secs(),
-                        progress::describe()
-                    ),
-                });
-                std::process::exit(1);
-            }
-        });
-    }
+    beat.limit("starting".into(), world.op_timeout * 2 + Duration::from_secs(30));
     let cx = Ctx {
         b: &b,
         rank,

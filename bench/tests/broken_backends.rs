@@ -27,6 +27,9 @@
 //! | `silent-read` | shm with a device-data `read` hook that says Ok without handing the bytes over |
 //! | `inplace-elsewhere+data`, `out-aliases-input+data` | the same through the device-data path (inputs as rotated copies, reads by closure) |
 //! | `hang` | rank 1's 5th `all_reduce` never completes and its wait ignores the deadline |
+//! | `fused-wrong`, `fused-memo` (`--fused`) | rank 1's fused outputs wrong at their last element; each fused op's result kept by its input's address |
+//! | `gather-2d` (`--fused`) | `all_gather` of a 2-D input wrong at its last element, the fused ops the trait's decomposition over it: both paths wrong alike (review14 finding 6) |
+//! | `init-hang` | every rank's `init` sleeps forever (a bootstrap waiting on nobody): the rank's watchdog names it at the setup timeout (review14 finding 8) |
 
 use concord_bench::{main_with, Args, Hooks};
 use concord_core::fused::{decomposed_all_gather_matmul, decomposed_matmul_reduce_scatter, Gathered};
@@ -107,6 +110,11 @@ impl Backend for Broken {
         // `<mode>+data`: the same broken backend through the device-data path.
         let mode: &'static str = MODE.get().map(|s| s.as_str()).unwrap_or("shm");
         let mode = mode.strip_suffix("+data").unwrap_or(mode);
+        if mode == "init-hang" {
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
         Ok(Broken {
             inner: ShmBackend::init(world)?,
             mode,
@@ -180,6 +188,13 @@ impl Backend for Broken {
     }
     fn all_gather_into_tensor(&self, x: &Buf) -> Result<Work<Buf>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.mode == "gather-2d" && self.inner.buffer_shape(x).len() >= 2 {
+            // A separate path for multi-dimensional inputs (rows copied one by one) whose last
+            // element comes out wrong; the 1-D path (the main bench's) is right.
+            let out = self.inner.all_gather_into_tensor(x)?.into_value(LONG)?;
+            self.corrupt(&out, 0, true)?;
+            return Ok(self.done(out, "all_gather"));
+        }
         if self.mode == "stale" && self.rank() == 0 {
             let out = self.inner.all_gather_into_tensor(x)?.into_value(LONG)?;
             let now = self.inner.download(&out)?;
@@ -449,8 +464,10 @@ fn cases() -> Vec<Case> {
 
 /// The broken fused ops (review-d): `fused-wrong` (rank 1's fused outputs wrong at their last
 /// element, every call), `fused-memo` (each fused op computed once per input address and shape,
-/// that result returned again for every later call on the same buffers).
-const FUSED_MODES: [&str; 2] = ["fused-wrong", "fused-memo"];
+/// that result returned again for every later call on the same buffers); and `gather-2d`
+/// (review14 finding 6: the trait's fused decomposition over an all_gather wrong for 2-D inputs,
+/// so the fused and the unfused path agree and only the oracle tells them wrong).
+const FUSED_MODES: [&str; 3] = ["fused-wrong", "fused-memo", "gather-2d"];
 
 /// One broken fused backend through `--fused` (the smallest shape, 4 timed iterations): the run
 /// must exit 1.
@@ -471,10 +488,10 @@ fn fused_run(mode: &str) -> std::result::Result<i32, Failed> {
     Ok(concord_bench::fused::fused_main_with::<Broken>(mode, &args, argv))
 }
 
-/// Entries of `dir` named after a world this process launched (nextest runs each trial in a
+/// Entries of `dir` named after a world process `pid` launched (nextest runs each trial in a
 /// process of its own, so these are the hang trial's).
-fn leftovers(dir: &std::path::Path) -> Vec<String> {
-    let prefix = format!("concord-l{}x", std::process::id());
+fn leftovers(dir: &std::path::Path, pid: u32) -> Vec<String> {
+    let prefix = format!("concord-l{pid}x");
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect())
         .unwrap_or_default()
@@ -515,7 +532,7 @@ fn hang_ends_at_the_deadline_naming_rank_and_collective() -> std::result::Result
     if t.elapsed() > Duration::from_secs(20) {
         return Err(format!("the run took {:?} past a 3 s deadline ({hang})", t.elapsed()).into());
     }
-    let left: Vec<String> = [std::env::temp_dir(), "/dev/shm".into()].iter().flat_map(|d| leftovers(d)).collect();
+    let left: Vec<String> = [std::env::temp_dir(), "/dev/shm".into()].iter().flat_map(|d| leftovers(d, std::process::id())).collect();
     if !left.is_empty() {
         return Err(format!("left behind: {left:?}").into());
     }
@@ -526,7 +543,89 @@ fn hang_ends_at_the_deadline_naming_rank_and_collective() -> std::result::Result
     Ok(())
 }
 
+/// Set for the bench parent `init_hang_*` starts as a process of its own (this binary, run as
+/// `concord-bench` would be): its ranks read the small setup timeout it is given.
+const PARENT_ENV: &str = "BROKEN_BACKENDS_BENCH_PARENT";
+
+/// Every rank hangs in `B::init`; no `--deadline-s` (an hour by default): each rank's watchdog
+/// ends it at the setup timeout (1 s here, `CONCORD_SETUP_TIMEOUT_MS`) naming the rank and the
+/// backend init, and the run exits 1 within seconds, leaving nothing behind.
+fn init_hang_ends_at_the_setup_timeout_naming_rank_and_init() -> std::result::Result<(), Failed> {
+    use std::process::{Command, Stdio};
+    let t = std::time::Instant::now();
+    // The run's JSON lines in a directory of the trial's own (not `concord-bench/` here).
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let json = dir.path().join("b.jsonl");
+    let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .args(["--backend", "init-hang", "--no-plot", "--op", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0", "--json"])
+        .arg(&json)
+        .env(PARENT_ENV, "1")
+        .env(concord_harness::config::SETUP_TIMEOUT_MS, "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let pid = child.id();
+    let mut err = child.stderr.take().ok_or("no stderr")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    // Far below the default `--deadline-s` (3600 s); a run still going then is ended here.
+    let code = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break st.code();
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            // SIGTERM first: the bench ends its ranks and removes its files; SIGKILL 5 s later.
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let t_term = std::time::Instant::now();
+            while child.try_wait().ok().flatten().is_none() && t_term.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("the run still going after {:?}: a rank hung in init was not ended", t.elapsed()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = t.elapsed();
+    let err = reader.join().unwrap_or_default();
+    if code != Some(1) {
+        return Err(format!("exit code {code:?} (want 1)\n{err}").into());
+    }
+    let line = err
+        .lines()
+        .find(|l| l.contains("HANG: rank ") && l.contains("during backend init") && l.contains("limit 1000 ms"))
+        .ok_or_else(|| format!("no HANG line naming a rank and its backend init:\n{err}"))?;
+    // Both ranks are named: one line each, or rank 0's and "the same ... on 1 more rank: 1".
+    let both = (err.contains("HANG: rank 0 ") && err.contains("HANG: rank 1 ")) || err.contains("on 1 more rank: ");
+    if !both {
+        return Err(format!("not every rank is named:\n{err}").into());
+    }
+    if took > Duration::from_secs(15) {
+        return Err(format!("the run took {took:?} past a 1 s setup timeout ({line})").into());
+    }
+    let left: Vec<String> = [std::env::temp_dir(), "/dev/shm".into()].iter().flat_map(|d| leftovers(d, pid)).collect();
+    if !left.is_empty() {
+        return Err(format!("left behind: {left:?}").into());
+    }
+    println!("init-hang: ended in {took:?}: {line}");
+    Ok(())
+}
+
 fn main() {
+    if std::env::var_os(PARENT_ENV).is_some() && concord_harness::launch::rank_world().is_none() {
+        // The bench parent of `init_hang_*` (its ranks, launched with this variable inherited,
+        // take the branch below).
+        use clap::Parser;
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        let args = Args::parse();
+        let mode = args.backend.clone().unwrap_or_else(|| "shm".into());
+        std::process::exit(main_with::<Broken>(&mode, &hooks_for(&mode), &args, argv));
+    }
     if let Some(_world) = concord_harness::launch::rank_world() {
         use clap::Parser;
         let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -552,6 +651,10 @@ fn main() {
     trials.push(Trial::test(
         "broken::hang_ends_at_the_deadline_naming_rank_and_collective",
         hang_ends_at_the_deadline_naming_rank_and_collective,
+    ));
+    trials.push(Trial::test(
+        "broken::init_hang_ends_at_the_setup_timeout_naming_rank_and_init",
+        init_hang_ends_at_the_setup_timeout_naming_rank_and_init,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }

@@ -51,6 +51,11 @@
 //!
 //! So a stuck collective is first reported by the backend itself (op and sequence number), then
 //! by the body's wait, and only then by the runner: the most precise witness speaks first.
+//!
+//! A world's set-up (spawn, rendezvous, `Backend::init`) is bounded by the **setup timeout**
+//! (`CONCORD_SETUP_TIMEOUT_MS`): the runner's worlds, the gates and inits of externally launched
+//! ranks, and a bench rank's set-up (`B::init`, `hooks.prepare`, its reference's set-up: its
+//! watchdog names the rank and `backend init` at that limit, whatever `--deadline-s` says).
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -7,7 +7,10 @@
 //!    (`out/<step>/<rank>`: outcome, whether it is about to exit);
 //! 2. rank 0 gathers every record, naming a rank whose heartbeat stopped
 //!    ([`SILENT_RANK_DEAD`]: died) or that posted nothing by the step deadline (hung), folds them
-//!    into one [`Verdict`] and posts it with a [`Decision`] (`verdict/<step>`);
+//!    into one [`Verdict`] and posts it with a [`Decision`] (`verdict/<step>`); as the runner
+//!    does, a rank whose failure came more than the settle time (the grace) after another rank's
+//!    failed only because of it (it waited for a rank that had left the op): it is a bystander
+//!    (`TimedOut { abandoned }`), listed after the culprit;
 //! 3. every rank reads that verdict: continue, re-initialise the backend (after a failure, as the
 //!    runner would tear a world down), or abort (a rank died or hung: every rank exits non-zero).
 //!
@@ -58,6 +61,9 @@ struct Record {
     outcome: Outcome,
     /// The rank ends its process right after posting (its watchdog fired).
     exiting: bool,
+    /// How long the step's body ran on this rank (from its own start of the step): a failure
+    /// reported more than the settle time (the grace) after the first one is a bystander's.
+    elapsed_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -70,7 +76,8 @@ struct Beat {
 }
 
 struct Watch {
-    armed: Option<(u64, String, Instant)>,
+    /// (step, label, when the step started, when the watchdog fires).
+    armed: Option<(u64, String, Instant, Instant)>,
     stop: bool,
 }
 
@@ -179,7 +186,7 @@ impl Rank {
                         }
                         match w.armed.clone() {
                             None => w = cv.wait(w).unwrap_or_else(|e| e.into_inner()),
-                            Some((step, label, at)) => {
+                            Some((step, label, started, at)) => {
                                 let now = Instant::now();
                                 if now < at {
                                     w = cv.wait_timeout(w, at - now).unwrap_or_else(|e| e.into_inner()).0;
@@ -188,7 +195,11 @@ impl Rank {
                                 let state = concord_core::progress::describe();
                                 let msg =
                                     format!("rank {me}: {label} did not finish by its deadline (+ grace); state: {state}; this rank exits");
-                                let rec = Record { outcome: Outcome::Failed(msg.clone()), exiting: true };
+                                let rec = Record {
+                                    outcome: Outcome::Failed(msg.clone()),
+                                    exiting: true,
+                                    elapsed_ms: started.elapsed().as_millis() as u64,
+                                };
                                 let _ = watch_store.set(&format!("out/{step}/{me}"), &serde_json::to_vec(&rec).expect("serialises"));
                                 let line = format!("concord {msg}\n");
                                 match &tail {
@@ -254,7 +265,10 @@ impl Rank {
 
     fn arm(&self, label: &str, deadline: Duration) {
         let (m, cv) = &*self.watch;
-        m.lock().unwrap_or_else(|e| e.into_inner()).armed = Some((self.step, label.to_string(), Instant::now() + deadline + self.grace));
+        m.lock().unwrap_or_else(|e| e.into_inner()).armed = {
+            let now = Instant::now();
+            Some((self.step, label.to_string(), now, now + deadline + self.grace))
+        };
         cv.notify_all();
     }
 
@@ -282,7 +296,7 @@ impl Rank {
             }
         };
         self.disarm();
-        let rec = Record { outcome, exiting: false };
+        let rec = Record { outcome, exiting: false, elapsed_ms: t0.elapsed().as_millis() as u64 };
         let err = |e: StoreError| format!("rank {me}: step {label}: {e}");
         self.store.set(&format!("out/{step}/{me}"), &serde_json::to_vec(&rec).expect("serialises")).map_err(err)?;
         let vkey = format!("verdict/{step}");
@@ -376,15 +390,40 @@ impl Rank {
                 _ => String::new(),
             }
         };
+        // The runner's settle rule (`PoolConfig::settle`): once a rank failed, the others get the
+        // grace to report; a rank whose failure came later only failed because of it (its peers
+        // waited for a rank that had left the op: a timeout, an abort) and is a bystander,
+        // `TimedOut { abandoned }` as the runner would have abandoned it, listed after the culprit.
+        let first_failure = records
+            .iter()
+            .enumerate()
+            .filter_map(|(r, rec)| rec.as_ref().filter(|x| matches!(x.outcome, Outcome::Failed(_))).map(|x| (x.elapsed_ms, r)))
+            .min();
         for r in 0..n {
             let b = if r == 0 { None } else { last_beat[r].clone().or_else(|| self.beat(r)) };
             match (&records[r], &dead[r]) {
                 (Some(rec), _) => {
                     if let Outcome::Failed(m) = &rec.outcome {
-                        failures.push(Failure::Reported { rank: r, message: m.clone() });
-                        let own = if r == 0 { self.tail.as_ref().map(|t| t.text()) } else { self.beat(r).map(|b| b.tail) };
-                        if let Some(t) = own.filter(|t| !t.trim().is_empty()) {
-                            tails.push(format!("--- rank {r} stderr tail ---\n{}", last_lines(&t, TAIL_LINES)));
+                        match first_failure {
+                            Some((t, culprit)) if rec.elapsed_ms > t + self.grace.as_millis() as u64 => {
+                                failures.push(Failure::TimedOut {
+                                    rank: r,
+                                    deadline_ms: deadline.as_millis() as u64,
+                                    abandoned: true,
+                                    state: format!(
+                                        "it reported {} ms after rank {culprit} failed (settle {} ms): {m}",
+                                        rec.elapsed_ms - t,
+                                        self.grace.as_millis()
+                                    ),
+                                });
+                            }
+                            _ => {
+                                failures.push(Failure::Reported { rank: r, message: m.clone() });
+                                let own = if r == 0 { self.tail.as_ref().map(|t| t.text()) } else { self.beat(r).map(|b| b.tail) };
+                                if let Some(t) = own.filter(|t| !t.trim().is_empty()) {
+                                    tails.push(format!("--- rank {r} stderr tail ---\n{}", last_lines(&t, TAIL_LINES)));
+                                }
+                            }
                         }
                     }
                     if rec.exiting {
@@ -414,8 +453,9 @@ impl Rank {
             }
         }
         tails.retain(|t| !t.is_empty());
-        // Culprits first: a rank that died or hung before the ranks that reported its absence.
-        failures.sort_by_key(|f| matches!(f, Failure::Reported { .. }));
+        // Culprits first: a rank that died or hung before the ranks that reported its absence,
+        // and the bystanders last (each group in rank order: a stable sort).
+        failures.sort_by_key(|f| (f.is_bystander(), matches!(f, Failure::Reported { .. })));
         let outcomes: Vec<&Outcome> = records.iter().flatten().map(|r| &r.outcome).collect();
         let verdict = if !failures.is_empty() {
             Verdict::Failed(failures)

@@ -58,6 +58,10 @@ const FUSED_EARLY_CONSUME: u8 = 23;
 /// fused_all_gather_matmul puts peer shards at the wrong rank's place (rank + step where it
 /// received from rank - step).
 const FUSED_RANK_ORDER: u8 = 24;
+/// Rank 2's out-of-place all_reduce result has one bit of its last element flipped; every other
+/// rank is right (review14 finding 5: a failure only a surviving non-zero rank sees, run under an
+/// external launcher, where rank 0 decides each case from the ranks' records).
+const WRONG_ON_RANK_2: u8 = 25;
 
 /// A completion that claims to be done at once; `wait` still waits for the real work.
 struct ClaimsDone(Mutex<Work<Buf>>);
@@ -227,6 +231,15 @@ impl Backend for Faulty {
             }
             DOUBLE_ROUNDING if op == ReduceOp::Sum && matches!(self.inner.buffer_dtype(x), DType::F16 | DType::BF16) => self.f32_sum(x),
             PREMUL_FACTOR_TWO if matches!(op, ReduceOp::PremulSum(_)) => self.inner.all_reduce(x, ReduceOp::PremulSum(2.0)),
+            WRONG_ON_RANK_2 if self.rank() == 2 && numel > 0 => {
+                let w = self.inner.all_reduce(x, op)?;
+                self.tampered("all_reduce", w, |out| {
+                    self.edit(out, |t| {
+                        let n = t.len_bytes();
+                        t.bytes_mut()[n - 1] ^= 0x40;
+                    })
+                })
+            }
             _ => self.inner.all_reduce(x, op),
         }
     }
@@ -558,12 +571,163 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
     ]
 }
 
+/// The external-launch trial's ranks (review14 finding 5): set in the environment of the
+/// processes the trial starts as torchrun would, so that this binary runs as one rank of them.
+const EXTERNAL_RANK_ENV: &str = "FAULTY_BACKENDS_EXTERNAL_RANK";
+/// The backend those ranks run: wrong on rank 2 alone.
+const EXTERNAL_BACKEND: &str = "rank2_wrong";
+
+fn external_entry() -> BackendEntry {
+    BackendEntry::new::<Faulty>(EXTERNAL_BACKEND, 0, concord_suites::catalogue::<Faulty>)
+        .with_option("bug", &WRONG_ON_RANK_2.to_string())
+        .with_rerun(
+            "cargo test -p concord-suites --test faulty_backends -- --exact external::a_surviving_rank_2_failure_is_named_on_rank_0 # case",
+        )
+}
+
+/// Under an external launcher (here the trial plays torchrun: RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT) only rank 0 decides each case, from the records every rank posts.
+/// Rank 2 survives and reports two wrong all_reduces: rank 0 must fail exactly those two cases,
+/// each with a `reported` failure of rank 2 first (never a pass, never rank 0's), ranks 0 and 1
+/// after it as bystanders (they waited in the next all_reduce for rank 2, which had left the
+/// case, until their op timeout: `timed_out`, abandoned, as the runner would list them), pass
+/// the broadcast between them (after the re-init a failure triggers), and every rank must exit
+/// non-zero. (A short op timeout for the ranks: the bystanders wait it out in every failed case.)
+fn a_surviving_rank_2_failure_is_named_on_rank_0() -> std::result::Result<(), libtest_mimic::Failed> {
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+    const WS: usize = 3;
+    let ids: Vec<String> = ["all_reduce::out::f32::sum::ws3", "broadcast::out::f32::ws3", "all_reduce::out::f32::sum::ws3::random"]
+        .iter()
+        .map(|c| format!("{EXTERNAL_BACKEND}::{c}"))
+        .collect();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let dir = std::env::temp_dir().join(format!("concord-faulty-external-{}-{port}", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // The launcher variables this process may itself have (it may run under one).
+    const FOREIGN: &[&str] = &[
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_STEP_ID",
+        "CONCORD_LAUNCHER",
+        "CONCORD_STORE_ADDR",
+    ];
+    let t0 = Instant::now();
+    let mut ranks = Vec::new();
+    for r in 0..WS {
+        let mut c = Command::new(&exe);
+        for k in FOREIGN {
+            c.env_remove(k);
+        }
+        c.env(EXTERNAL_RANK_ENV, "1")
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", WS.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("TORCHELASTIC_RUN_ID", format!("faulty{port}"))
+            .env(concord_harness::config::OP_TIMEOUT_MS, "2500")
+            .env(concord_harness::config::GRACE_MS, "500")
+            .arg("--report")
+            .arg(&dir)
+            .args(["--exact", &ids[0], "--", &ids[1], &ids[2]])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| format!("start rank {r}: {e}"))?;
+        let read = |p: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                if let Some(mut p) = p {
+                    let _ = p.read_to_string(&mut s);
+                }
+                s
+            })
+        };
+        let out = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+        let err = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+        ranks.push((child, out, err));
+    }
+    // Every rank ends by itself well within a minute (3 small cases); one still running then is
+    // killed (and the trial fails), after every rank was reaped.
+    let deadline = t0 + Duration::from_secs(60);
+    let mut hung = Vec::new();
+    for (r, (child, _, _)) in ranks.iter_mut().enumerate() {
+        while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                hung.push(r);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let res: Vec<(Option<i32>, String, String)> = ranks
+        .into_iter()
+        .map(|(mut c, o, e)| (c.wait().ok().and_then(|s| s.code()), o.join().unwrap_or_default(), e.join().unwrap_or_default()))
+        .collect();
+    let json = std::fs::read_to_string(dir.join("conformance.json"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let all = |r: usize| format!("rank {r} exited {:?}\nstdout:\n{}\nstderr:\n{}", res[r].0, res[r].1, res[r].2);
+    if !hung.is_empty() {
+        return Err(format!("rank(s) {hung:?} still running after 60 s\n{}", all(0)).into());
+    }
+    if let Some(r) = res.iter().position(|(code, _, _)| !matches!(code, Some(c) if *c != 0)) {
+        return Err(format!("every rank must exit non-zero after a failed case: {}", all(r)).into());
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&json.map_err(|e| format!("rank 0 wrote no report: {e}\n{}", all(0)))?).map_err(|e| e.to_string())?;
+    let cases = json["cases"].as_array().cloned().unwrap_or_default();
+    let got: Vec<String> =
+        cases.iter().map(|c| format!("{} {} {} {}", c["id"], c["status"], c["failing_ranks"], c["failure_kinds"])).collect();
+    let failed = "\"failed\" [2,0,1] [\"reported\",\"timed_out\",\"timed_out\"]";
+    let want: Vec<String> =
+        vec![format!("\"{}\" {failed}", ids[0]), format!("\"{}\" \"passed\" [] []", ids[1]), format!("\"{}\" {failed}", ids[2])];
+    let mut got_sorted = got.clone();
+    got_sorted.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    if got_sorted != want_sorted {
+        return Err(format!("rank 0's report: {got:#?}\nwant: {want:#?}\n{}", all(0)).into());
+    }
+    // The failure message is rank 2's own check (first bad index, got / expected), with the rerun line.
+    for id in [&ids[0], &ids[2]] {
+        let detail =
+            cases.iter().find(|c| c["id"] == id.as_str()).map(|c| c["detail"].as_str().unwrap_or("").to_string()).unwrap_or_default();
+        for w in ["rank 2", "first bad index", "got", "expected", "rerun:"] {
+            if !detail.contains(w) {
+                return Err(format!("{id}: the failure does not mention `{w}`:\n{detail}").into());
+            }
+        }
+        if !detail.starts_with("rank 2: ") {
+            return Err(format!("{id}: the failure's first line must name the culprit, rank 2:\n{detail}").into());
+        }
+    }
+    if !res[0].1.contains("1 passed, 2 failed, 0 skipped") {
+        return Err(format!("rank 0's closing line:\n{}", all(0)).into());
+    }
+    eprintln!("rank 2's failures named on rank 0; every rank ended in {:?}", t0.elapsed());
+    Ok(())
+}
+
 fn case_info(entry: &BackendEntry, id: &str) -> concord_suites::run::CaseInfo {
     let full = format!("{}::{id}", entry.name);
     entry.cases().into_iter().find(|c| c.id == full).unwrap_or_else(|| panic!("no case {full}"))
 }
 
 fn main() {
+    // One rank of the external-launch trial's world (`a_surviving_rank_2_failure_is_named_on_rank_0`).
+    if std::env::var_os(EXTERNAL_RANK_ENV).is_some() {
+        concord_suites::main_with(vec![external_entry()]);
+    }
     // The control is the same wrapper with no bug (every trait method passes through to shm; only
     // its name, "faulty", differs): the cases that catch a bug pass on it, so the failures are the
     // bugs', not the wrapper's. One backend type for all: the catalogue is compiled once in this
@@ -665,6 +829,10 @@ fn main() {
         }
         Ok(())
     }));
+    trials.push(libtest_mimic::Trial::test(
+        "external::a_surviving_rank_2_failure_is_named_on_rank_0",
+        a_surviving_rank_2_failure_is_named_on_rank_0,
+    ));
     let code = if libtest_mimic::run(&args, trials).has_failed() { 101 } else { 0 };
     concord_harness::runner::Pool::global().shutdown();
     std::process::exit(code);
