@@ -32,7 +32,7 @@
 //!   (wrapping sums). The expected result is computed in closed form from the same function
 //!   ([`expected`]), which a unit test checks against the oracle at small sizes.
 
-use super::util::here;
+use super::util::{here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
 use crate::values::{partner, GUARD_BYTE, GUARD_ELEMS};
@@ -312,23 +312,25 @@ fn wide_case<B: Backend>() -> Case<B> {
         let n = 7;
         let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (8 * r + i) as f32).collect());
         let x = b.upload(&of(me))?;
-        let named = |w: &str, e: concord_core::CollectiveError| super::util::fail(w, format!("{e} [{}]", e.name()));
         if caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(ReduceOp::Sum), ws).is_ok() {
             let w = format!("{} reduce=sum n={n}", here(b, "all_reduce", "out", DType::F32));
-            let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "all_reduce"))?;
             let sum = (0..n).map(|i| (0..ws).map(|r| (8 * r + i) as f32).sum::<f32>()).collect();
             super::util::expect_eq(b, &out, &Tensor::from_vec(&[n], sum), &w)?;
         }
         if caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
             let w = format!("{} n={n}", here(b, "all_gather_into_tensor", "out", DType::F32));
-            let out = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b
+                .all_gather_into_tensor(&x)
+                .and_then(|wk| wk.into_value(ctx.timeout))
+                .map_err(step_failed(&w, "all_gather_into_tensor"))?;
             let parts: Vec<Tensor> = (0..ws).map(of).collect();
             super::util::expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &w)?;
         }
         if caps.check(OpKind::Broadcast, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
             let root = ws - 1;
             let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
-            let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "broadcast"))?;
             super::util::expect_eq(b, &out, &of(root), &w)?;
         }
         Ok(())
@@ -350,10 +352,7 @@ fn matrix_reduce_scatter_case<B: Backend>() -> Case<B> {
         let n: usize = input.iter().product();
         let of = |r: usize, i: usize| (7 * r + i % (1 << 16)) as f32;
         let x = b.upload(&Tensor::from_vec(&input, (0..n).map(|i| of(me, i)).collect()))?;
-        let out = b
-            .reduce_scatter_tensor(&x, ReduceOp::Sum)?
-            .into_value(ctx.timeout)
-            .map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let out = b.reduce_scatter_tensor(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(step_failed(&w, "wait"))?;
         let want = [1024, MATRIX[1]];
         let shape = b.buffer_shape(&out);
         if shape != want {
@@ -383,8 +382,7 @@ fn matrix_all_gather_case<B: Backend>(ws: usize) -> Case<B> {
         let n: usize = MATRIX.iter().product();
         let of = |r: usize| (0..n).map(move |i| ((r << 18) + i) as f32);
         let x = b.upload(&Tensor::from_vec(&MATRIX, of(me).collect()))?;
-        let out =
-            b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let out = b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(step_failed(&w, "wait"))?;
         let want = [ws * MATRIX[0], MATRIX[1]];
         let shape = b.buffer_shape(&out);
         if shape != want {
