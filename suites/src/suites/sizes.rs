@@ -301,8 +301,9 @@ pub const WIDE_WS: usize = 33;
 
 /// `sizes::wide::ws33`: the only world above 16 ranks (clause `values.world_sizes`: every world
 /// size up to the declared maximum). An all_reduce (sum) and an all_gather of 7 elements and a
-/// broadcast rooted at rank 32, each checked in closed form. A backend that declares fewer ranks
-/// refuses the world at init: UNSUPPORTED.
+/// broadcast rooted at rank 32, each checked in closed form where it is no declared gap (all
+/// three declared gaps: UNSUPPORTED, never a pass with nothing checked). A backend that declares
+/// fewer ranks refuses the world at init: UNSUPPORTED.
 fn wide_case<B: Backend>() -> Case<B> {
     let meta = CaseMeta { reduce: "sum".into(), ..case_meta(OpKind::AllReduce, Variant::Out, DType::F32) };
     Case::new(format!("sizes::wide::ws{WIDE_WS}"), meta, WIDE_WS, |ctx: &mut Ctx<'_, B>| {
@@ -312,13 +313,24 @@ fn wide_case<B: Backend>() -> Case<B> {
         let n = 7;
         let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (8 * r + i) as f32).collect());
         let x = b.upload(&of(me))?;
-        if caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(ReduceOp::Sum), ws).is_ok() {
+        // The three calls, each checked where the backend does not declare it a gap; a backend
+        // that declares all three leaves nothing to check: UNSUPPORTED, naming them.
+        let gap = |op: OpKind, reduce: Option<ReduceOp>| caps.check(op, Some(Variant::Out), Some(DType::F32), reduce, ws).err();
+        let gaps = [gap(OpKind::AllReduce, Some(ReduceOp::Sum)), gap(OpKind::AllGatherIntoTensor, None), gap(OpKind::Broadcast, None)];
+        if let [Some(ar), Some(ag), Some(bc)] = &gaps {
+            return Err(CaseEnd::Unsupported(format!(
+                "declared gap: the case checks all_reduce (sum), all_gather_into_tensor and broadcast (out, f32) at {ws} ranks, and \
+                 the backend's capabilities declare all three unsupported: all_reduce ({ar}); all_gather_into_tensor ({ag}); \
+                 broadcast ({bc})"
+            )));
+        }
+        if gaps[0].is_none() {
             let w = format!("{} reduce=sum n={n}", here(b, "all_reduce", "out", DType::F32));
             let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "all_reduce"))?;
             let sum = (0..n).map(|i| (0..ws).map(|r| (8 * r + i) as f32).sum::<f32>()).collect();
             super::util::expect_eq(b, &out, &Tensor::from_vec(&[n], sum), &w)?;
         }
-        if caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+        if gaps[1].is_none() {
             let w = format!("{} n={n}", here(b, "all_gather_into_tensor", "out", DType::F32));
             let out = b
                 .all_gather_into_tensor(&x)
@@ -327,7 +339,7 @@ fn wide_case<B: Backend>() -> Case<B> {
             let parts: Vec<Tensor> = (0..ws).map(of).collect();
             super::util::expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &w)?;
         }
-        if caps.check(OpKind::Broadcast, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+        if gaps[2].is_none() {
             let root = ws - 1;
             let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
             let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "broadcast"))?;
