@@ -23,7 +23,7 @@
 //! at 4, 5 and 8 ranks (late ranks 0, 4 and the last), every rank sets its key before entering and
 //! checks every rank's.
 
-use super::util::{expect_eq, fail, full, here, member_group};
+use super::util::{expect_eq, fail, full, here, member_group, take_key, take_keys};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
@@ -122,16 +122,14 @@ fn round_on<B: Backend>(ctx: &Ctx<'_, B>, b: &B, what: &str, op: OpKind, v: Vari
     let pending = if me == late {
         let keys: Vec<String> = (0..ws).filter(|&r| r != late).map(key).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        ctx.store.wait(&refs, ctx.timeout).map_err(|e| {
-            fail(&w, format!("the other ranks never returned from issuing while rank {late} was absent (ops must return at once): {e}"))
-        })?;
-        let mut failed = Vec::new();
-        for k in &refs {
-            if ctx.store.get(k).map_err(|e| fail(&w, e))? != b"1" {
-                failed.push(k.rsplit("issued").next().unwrap_or("?").to_string());
-            }
-            let _ = ctx.store.delete_key(k);
-        }
+        let never = format!("the other ranks never returned from issuing while rank {late} was absent (ops must return at once)");
+        let values = take_keys(ctx, &refs, ctx.timeout, &w, &never)?;
+        let failed: Vec<String> = refs
+            .iter()
+            .zip(&values)
+            .filter(|(_, v)| v.as_slice() != b"1")
+            .map(|(k, _)| k.rsplit("issued").next().unwrap_or("?").to_string())
+            .collect();
         if !failed.is_empty() {
             return Err(fail(&w, format!("rank(s) {} could not issue the op (see their messages); not issuing", failed.join(", "))));
         }
@@ -330,8 +328,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &sum, &w)
         } else {
-            ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("group rank 0 never issued: {e}")))?;
-            let _ = ctx.store.delete_key(&key);
+            take_key(ctx, &key, &w, "group rank 0 never issued")?;
             let out = b.all_reduce(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &sum, &w)
         }
@@ -368,8 +365,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &want, &w)
         } else {
-            ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never issued: {e}")))?;
-            let _ = ctx.store.delete_key(&key);
+            take_key(ctx, &key, &w, "rank 0 never issued")?;
             let out = b.all_to_all_single(&x, Some(splits), Some(splits))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
             expect_eq(b, &out, &want, &w)
         }
@@ -403,8 +399,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 let out = work.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                 expect_eq(b, &out, &want, &w)?;
             } else {
-                ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never issued: {e}")))?;
-                let _ = ctx.store.delete_key(&key);
+                take_key(ctx, &key, &w, "rank 0 never issued")?;
                 let out = issue()?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                 expect_eq(b, &out, &want, &w)?;
             }

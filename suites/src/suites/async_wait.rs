@@ -15,7 +15,7 @@
 //! whose works were dropped at once still reach the receives posted after the drop
 //! (`::dropped_send_still_delivered::ws2`).
 
-use super::util::{expect_eq, fail, full, here, member_group, ArVehicle};
+use super::util::{expect_eq, fail, full, here, member_group, take_key, take_keys, ArVehicle};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec;
 use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, ReduceOp, Tensor, Variant};
@@ -75,12 +75,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             if b.rank() == 0 {
                 let keys: Vec<String> = (1..b.world_size()).map(key).collect();
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                ctx.store.wait(&refs, ctx.timeout).map_err(|e| {
-                    fail(&w, format!("the other ranks never returned from issuing the collective while rank 0 was absent (collectives must return at once): {e}"))
-                })?;
-                for k in &refs {
-                    let _ = ctx.store.delete_key(k);
-                }
+                let never =
+                    "the other ranks never returned from issuing the collective while rank 0 was absent (collectives must return at once)";
+                take_keys(ctx, &refs, ctx.timeout, &w, never)?;
                 let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
                 let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
                 return expect_eq(b, out, &full(&[1024], rank_sum(b, b.world_size())), &w);
@@ -90,7 +87,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let issue = t0.elapsed();
             // Generous: a 2-core machine under load can stall any call this long.
             if issue > Duration::from_secs(2) {
-                return Err(fail(&w, format!("issuing the collective blocked the caller for {issue:?} while rank 0 was absent (collectives must return at once)")));
+                return Err(fail(
+                    &w,
+                    format!(
+                        "issuing the collective blocked the caller for {issue:?} while rank 0 was absent (collectives must return at once)"
+                    ),
+                ));
             }
             if work.is_completed() {
                 return Err(fail(&w, "is_completed() was true before rank 0 had joined the collective"));
@@ -328,11 +330,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let out = work.wait(ctx.timeout).map_err(|e| fail(&w, format!("after rank 1 joined late: {e}")))?;
             expect_eq(b, out, &full(&[32], rank_sum(b, 2)), &w)
         } else {
-            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            take_key(ctx, &key, &w, "rank 0 never said its short wait had ended")?;
             let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
-            expect_eq(b, &out, &full(&[32], rank_sum(b, 2)), &w)?;
-            let _ = ctx.store.delete_key(&key);
-            Ok(())
+            expect_eq(b, &out, &full(&[32], rank_sum(b, 2)), &w)
         }
     }));
     // async.every_op_every_rank: an op completes once its peers have issued it, whatever this
@@ -355,12 +355,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             if b.rank() == 1 {
                 let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
                 ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
-                ctx.store
-                    .wait(&[seen.as_str()], ctx.timeout * 2)
-                    .map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
+                take_keys(ctx, &[&seen], ctx.timeout * 2, &w, "rank 0 never said it saw op #1 end")?;
                 // #2 is issued whatever #1 held (rank 0 waits for it); both are checked after.
                 let out2 = b.all_reduce(&y, red(b))?.into_value(ctx.timeout)?;
-                let _ = ctx.store.delete_key(&seen);
                 expect_eq(b, &out, &want_x, &format!("{w} (op #1)"))?;
                 return expect_eq(b, &out2, &want_y, &format!("{w} (op #2)"));
             }
@@ -461,14 +458,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 }
                 Ok(())
             } else {
-                ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+                take_key(ctx, &key, &w, "rank 0 never said it had looked at its op in flight")?;
                 if op == "broadcast" {
                     let out = b.broadcast_(&x, 1)?.into_value(ctx.timeout)?;
                     expect_eq(b, &out, &full(&[16], 2.0f32), &w)?;
                 } else {
                     b.barrier()?.wait(ctx.timeout)?;
                 }
-                let _ = ctx.store.delete_key(&key);
                 Ok(())
             }
         }));
@@ -504,11 +500,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             Ok(())
         } else {
-            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            take_key(ctx, &key, &w, "rank 0 never said it had looked at its op in flight")?;
             let outs = b.all_reduce_coalesced(&xs, ReduceOp::Sum)?.into_value(ctx.timeout)?;
-            check(&outs)?;
-            let _ = ctx.store.delete_key(&key);
-            Ok(())
+            check(&outs)
         }
     }));
     v.push(
@@ -564,10 +558,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let x = b.upload(&rank_tensor(b, 16))?;
         let sum = full(&[16], rank_sum(b, b.world_size()));
         if b.rank() != 0 {
-            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            take_key(ctx, &key, &w, "rank 0 never said it was waiting")?;
             std::thread::sleep(Duration::from_millis(100));
             let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
-            let _ = ctx.store.delete_key(&key);
             return expect_eq(b, &out, &sum, &w);
         }
         let work = b.all_reduce(&x, red(b)).map_err(|e| fail(&w, format!("issue: {e}")))?;
@@ -600,12 +593,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let x = b.upload(&rank_tensor(b, 8))?;
         let sum = full(&[8], rank_sum(b, b.world_size()));
         if b.rank() != 0 {
-            ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+            take_key(ctx, &key, &w, "rank 0 never said its short waits had timed out")?;
             for _ in 0..2 {
                 let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("wait: {e}")))?;
                 expect_eq(b, &out, &sum, &w)?;
             }
-            let _ = ctx.store.delete_key(&key);
             return Ok(());
         }
         let same = |a: &progress::InFlight, z: &progress::InFlight| a.backend == z.backend && a.seq == z.seq;
@@ -756,8 +748,7 @@ fn wait_from_another_thread<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let timeout = ctx.timeout;
     let x = b.upload(&rank_tensor(b, 100))?;
     if b.rank() == 1 {
-        ctx.store.get(&key).map_err(|e| fail(&w, format!("rank 0 never said its second waiter returned: {e}")))?;
-        let _ = ctx.store.delete_key(&key);
+        take_key(ctx, &key, &w, "rank 0 never said its second waiter returned")?;
         let out = b.all_reduce(&x, red(b))?.into_value(timeout)?;
         return expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w);
     }
@@ -870,8 +861,7 @@ fn dropped_send_still_delivered<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult 
         ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
         return dropped_recv_not_withdrawn(ctx);
     }
-    ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never said it dropped its sends: {e}")))?;
-    let _ = ctx.store.delete_key(&key);
+    take_key(ctx, &key, &w, "rank 0 never said it dropped its sends")?;
     let outs = DROPPED_SENDS.iter().map(|&n| b.alloc(DType::F32, &[n])).collect::<Result<Vec<_>, _>>()?;
     let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
     for (k, r) in recvs.iter().enumerate() {
@@ -910,8 +900,7 @@ fn dropped_recv_not_withdrawn<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let msg = |k: usize| Tensor::from_vec(&[n], (0..n).map(|i| (k * 1000 + i + 1) as f32).collect());
     let wait = ctx.timeout;
     if b.rank() == 0 {
-        ctx.store.wait(&[key.as_str()], wait).map_err(|e| fail(&w, format!("rank 1 never said it dropped receive A: {e}")))?;
-        let _ = ctx.store.delete_key(&key);
+        take_keys(ctx, &[&key], wait, &w, "rank 1 never said it dropped receive A")?;
         let xs = [b.upload(&msg(2))?, b.upload(&msg(3))?];
         let sends = xs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
         for (k, s) in sends.iter().enumerate() {
@@ -1069,11 +1058,9 @@ fn all_reduce_recorded_while_peer_absent<B: Backend, C: Backend>(ctx: &crate::ca
         }
         Ok(())
     } else {
-        ctx.store.get(&key).map_err(|e| fail(w, e))?;
+        take_key(ctx, &key, w, "rank 0 never said it had looked at its op in flight")?;
         let out = b.all_reduce(&x, red(b))?.into_value(ctx.timeout)?;
-        expect_eq(b, &out, &full(&[16], rank_sum(b, 2)), w)?;
-        let _ = ctx.store.delete_key(&key);
-        Ok(())
+        expect_eq(b, &out, &full(&[16], rank_sum(b, 2)), w)
     }
 }
 
@@ -1195,10 +1182,9 @@ fn earlier_completes_before_later<B: Backend>(ctx: &mut Ctx<'_, B>, op: concord_
     if me == 1 {
         let out = issue(&x).map_err(named("issue #1"))?.into_values(ctx.timeout).map_err(named("op #1"))?;
         ctx.store.set(&done1, b"1").map_err(|e| fail(&w, e))?;
-        ctx.store.wait(&[seen.as_str()], ctx.timeout * 2).map_err(|e| fail(&w, format!("rank 0 never said it saw op #1 end: {e}")))?;
+        take_keys(ctx, &[&seen], ctx.timeout * 2, &w, "rank 0 never said it saw op #1 end")?;
         // #2 is issued whatever #1 held (rank 0 waits for it); both are checked after.
         let out2 = issue(&y).map_err(named("issue #2"))?.into_values(ctx.timeout).map_err(named("op #2"))?;
-        let _ = ctx.store.delete_key(&seen);
         super::util::expect_oracle(b, &coll, &in1, &out[0], &format!("{w} (op #1)"))?;
         return super::util::expect_oracle(b, &coll, &in2, &out2[0], &format!("{w} (op #2)"));
     }
@@ -1448,7 +1434,7 @@ fn peer_dies_mid_collective<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant:
     let x = b.upload(&rank_tensor(b, 32))?;
     if b.rank() == 1 {
         // Rank 0 has issued its side; this rank dies without ever issuing its own.
-        ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+        take_key(ctx, &key, &w, "rank 0 never said it issued")?;
         concord_harness::worker::exit_after_this_case();
         return Ok(());
     }

@@ -584,6 +584,10 @@ fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: Fused
     out.push(if heavy { c.heavy() } else { c });
 }
 
+/// The fused grid's size classes (the corruption sweep's: an output below 16 elements, 16 to
+/// 4 Ki, to 64 Ki, past 64 Ki), the tags of [`grid_spec`].
+const GRID_TAGS: [&str; 4] = ["tiny", "small", "medium", "large"];
+
 /// The fused grid's spec of size class `tag` for a communicator of `n` ranks.
 fn grid_spec(ag: bool, tag: &str, n: usize) -> FusedSpec {
     if ag {
@@ -611,7 +615,7 @@ fn grid_spec(ag: bool, tag: &str, n: usize) -> FusedSpec {
 /// checked against the oracle for the GROUP's ranks. No fused case ran on a group before (the
 /// corruption sweep's subgroup cells).
 fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
-    use super::sizes::{GROUP_GRID_WS, GROUP_LAYOUTS};
+    use super::sizes::GROUP_GRID_WS;
     let ws = GROUP_GRID_WS;
     let name = if ag {
         format!("fused::all_gather_matmul::dim0::f32::group_grid::ws{ws}")
@@ -619,35 +623,23 @@ fn group_grid_case<B: Backend>(ag: bool) -> Case<B> {
         format!("fused::matmul_reduce_scatter::dim0::f32::sum::group_grid::ws{ws}")
     };
     let seed = concord_fixtures::seed_for(&name);
-    let m = meta(&grid_spec(ag, "tiny", 2));
-    Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
-        if !ctx.b.capabilities().subgroups {
-            return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
-        }
-        let (me, timeout) = (ctx.rank(), ctx.timeout);
-        for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
-            let mine = ctx.layout(groups)?;
-            for (k, tag) in ["tiny", "small", "medium", "large"].into_iter().enumerate() {
-                for (g, sub) in &mine {
-                    let sd = seed.wrapping_add((li * 8 + k) as u64);
-                    on_group(*sub, g, lay, &grid_spec(ag, tag, g.len()), sd, (me, ws), timeout)?;
-                }
-            }
-        }
-        Ok(())
-    })
+    group_grid(name, ws, seed, GRID_TAGS.len(), move |k, n| grid_spec(ag, GRID_TAGS[k], n))
 }
 
-/// A case of `ws` ranks running one fused call, `spec_for(group size)`, on every group of
-/// `sizes::GROUP_LAYOUTS`, each checked against the oracle for the group's ranks.
-fn one_spec_group_grid<B: Backend>(
+/// A case of `ws` ranks running fused calls on every group of `sizes::GROUP_LAYOUTS`: for each
+/// layout `li`, each level `k` of `levels` (`spec_for(k, group size)`: the grid's size classes,
+/// or one spec) on every group of the layout this rank is a member of, each checked against the
+/// oracle for the group's ranks; inputs drawn from `seed + 8 li + k` (at most 8 levels).
+fn group_grid<B: Backend>(
     name: String,
     ws: usize,
     seed: u64,
-    spec_for: impl Fn(usize) -> FusedSpec + Send + Sync + 'static,
+    levels: usize,
+    spec_for: impl Fn(usize, usize) -> FusedSpec + Send + Sync + 'static,
 ) -> Case<B> {
     use super::sizes::GROUP_LAYOUTS;
-    let m = meta(&spec_for(2));
+    assert!((1..=8).contains(&levels), "{name}: {levels} levels; the seed schedule leaves 8 a layout");
+    let m = meta(&spec_for(0, 2));
     Case::new(name, m, ws, move |ctx: &mut Ctx<'_, B>| {
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
@@ -655,8 +647,11 @@ fn one_spec_group_grid<B: Backend>(
         let (me, timeout) = (ctx.rank(), ctx.timeout);
         for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
             let mine = ctx.layout(groups)?;
-            for (g, sub) in &mine {
-                on_group(*sub, g, lay, &spec_for(g.len()), seed.wrapping_add(li as u64), (me, ws), timeout)?;
+            for k in 0..levels {
+                let sd = seed.wrapping_add((li * 8 + k) as u64);
+                for (g, sub) in &mine {
+                    on_group(*sub, g, lay, &spec_for(k, g.len()), sd, (me, ws), timeout)?;
+                }
             }
         }
         Ok(())
@@ -679,7 +674,7 @@ fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
         format!("fused::scaled_matmul_reduce_scatter::dim1::f32::sum::group_grid::ws{ws}")
     };
     let seed = concord_fixtures::seed_for(&name);
-    let spec_for = move |n: usize| {
+    let spec_for = move |_: usize, n: usize| {
         if ag {
             ag_spec(1, DType::F32, vec![2, 1, 2], vec![vec![2, 1], vec![2, 16]], true)
         } else {
@@ -696,7 +691,7 @@ fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
             }
         }
     };
-    one_spec_group_grid(name, ws, seed, spec_for)
+    group_grid(name, ws, seed, 1, spec_for)
 }
 
 /// One fused call on the subgroup `sub` (members `g`, of layout `lay`), checked against the
@@ -735,7 +730,7 @@ fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
         format!("fused::low_contention_all_gather::dim0::f32::group_grid::ws{ws}")
     };
     let seed = concord_fixtures::seed_for(&name);
-    let spec_for = move |n: usize| {
+    let spec_for = move |_: usize, n: usize| {
         let lc = lc_spec(DType::F32);
         if rs {
             FusedSpec { call: FusedCall::LowContentionReduceScatter { op: ReduceOp::Sum }, a_shape: vec![2 * n, 5], ..lc }
@@ -743,7 +738,7 @@ fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
             lc
         }
     };
-    one_spec_group_grid(name, ws, seed, spec_for)
+    group_grid(name, ws, seed, 1, spec_for)
 }
 
 /// How late the late rank of [`late_peer_case`] issues.
@@ -796,15 +791,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     // along dim 0, K = 2, an output in each of the sweep's size classes (below 16, 16 to 4 Ki, to
     // 64 Ki, past 64 Ki; all_gather_matmul's is ws times its shard's), at every world size.
     for ws in super::sizes::GRID_WORLD_SIZES {
-        for (tag, r, n) in [("tiny", 1, 1), ("small", 1, 16), ("medium", 256usize.div_ceil(ws), 16), ("large", 4096usize.div_ceil(ws), 16)]
-        {
-            let s = ag_spec(0, DType::F32, vec![r, 1, 2], vec![vec![2, n]], true);
-            push(&mut out, format!("fused::all_gather_matmul::dim0::f32::grid_{tag}::ws{ws}"), ws, s, 1);
+        for tag in GRID_TAGS {
+            push(&mut out, format!("fused::all_gather_matmul::dim0::f32::grid_{tag}::ws{ws}"), ws, grid_spec(true, tag, ws), 1);
         }
-        for (tag, r, n) in [("tiny", 1, 1), ("small", 1, 16), ("medium", 257, 16), ("large", 4097, 16)] {
-            let s =
-                FusedSpec { a_shape: vec![ws * r, 1, 2], b_shapes: vec![vec![2, n]], ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true) };
-            push(&mut out, format!("fused::matmul_reduce_scatter::dim0::f32::sum::grid_{tag}::ws{ws}"), ws, s, 1);
+        for tag in GRID_TAGS {
+            push(&mut out, format!("fused::matmul_reduce_scatter::dim0::f32::sum::grid_{tag}::ws{ws}"), ws, grid_spec(false, tag, ws), 1);
         }
     }
     // The other float dtypes at the world sizes the exact loop below does not run (the sweep's

@@ -43,7 +43,7 @@
 //! deadlocked) is fixed in `backends/shm/src/exec.rs`: queued point-to-point ops no longer block
 //! the progress thread. Every legal pattern here is in the default catalogue.
 
-use super::util::{expect_eq, fail, here, ArVehicle};
+use super::util::{expect_eq, fail, here, take_key, ArVehicle};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::values::partner;
 use concord_core::{Backend, DType, Tensor, Variant};
@@ -145,11 +145,9 @@ fn send_buffer_reused_once_completed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseRe
         s.wait(ctx.timeout).map_err(|e| fail(&w, format!("send: {e} [{}]", e.name())))?;
         Ok(())
     } else {
-        ctx.store.wait(&[key.as_str()], ctx.timeout).map_err(|e| fail(&w, format!("rank 0 never polled its send: {e}")))?;
-        let polled = ctx.store.get(&key).map_err(|e| fail(&w, e))?;
+        let polled = take_key(ctx, &key, &w, "rank 0 never polled its send")?;
         let out = b.upload(&Tensor::zeros(DType::F32, &[64]))?;
         let got = b.recv(&out, 0)?.into_value(ctx.timeout).map_err(|e| fail(&w, format!("receive: {e} [{}]", e.name())))?;
-        let _ = ctx.store.delete_key(&key);
         let why = if polled == b"done" {
             "rank 0's send said is_completed() before this rank posted its receive, and rank 0 then reused its buffer: the send still read it"
         } else {

@@ -35,7 +35,7 @@
 //!   (wrapping sums). The expected result is computed in closed form from the same function
 //!   ([`expected`]), which a unit test checks against the oracle at small sizes.
 
-use super::util::here;
+use super::util::{here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
 use crate::values::{partner, GUARD_BYTE, GUARD_ELEMS};
@@ -338,8 +338,9 @@ pub const WIDE_WS: usize = 33;
 
 /// `sizes::wide::ws33`: the only world above 16 ranks (clause `values.world_sizes`: every world
 /// size up to the declared maximum). An all_reduce (sum) and an all_gather of 7 elements and a
-/// broadcast rooted at rank 32, each checked in closed form. A backend that declares fewer ranks
-/// refuses the world at init: UNSUPPORTED.
+/// broadcast rooted at rank 32, each checked in closed form where it is no declared gap (all
+/// three declared gaps: UNSUPPORTED, never a pass with nothing checked). A backend that declares
+/// fewer ranks refuses the world at init: UNSUPPORTED.
 fn wide_case<B: Backend>() -> Case<B> {
     let meta = CaseMeta { reduce: "sum".into(), ..case_meta(OpKind::AllReduce, Variant::Out, DType::F32) };
     Case::new(format!("sizes::wide::ws{WIDE_WS}"), meta, WIDE_WS, |ctx: &mut Ctx<'_, B>| {
@@ -349,23 +350,36 @@ fn wide_case<B: Backend>() -> Case<B> {
         let n = 7;
         let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (8 * r + i) as f32).collect());
         let x = b.upload(&of(me))?;
-        let named = |w: &str, e: concord_core::CollectiveError| super::util::fail(w, format!("{e} [{}]", e.name()));
-        if caps.check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(ReduceOp::Sum), ws).is_ok() {
+        // The three calls, each checked where the backend does not declare it a gap; a backend
+        // that declares all three leaves nothing to check: UNSUPPORTED, naming them.
+        let gap = |op: OpKind, reduce: Option<ReduceOp>| caps.check(op, Some(Variant::Out), Some(DType::F32), reduce, ws).err();
+        let gaps = [gap(OpKind::AllReduce, Some(ReduceOp::Sum)), gap(OpKind::AllGatherIntoTensor, None), gap(OpKind::Broadcast, None)];
+        if let [Some(ar), Some(ag), Some(bc)] = &gaps {
+            return Err(CaseEnd::Unsupported(format!(
+                "declared gap: the case checks all_reduce (sum), all_gather_into_tensor and broadcast (out, f32) at {ws} ranks, and \
+                 the backend's capabilities declare all three unsupported: all_reduce ({ar}); all_gather_into_tensor ({ag}); \
+                 broadcast ({bc})"
+            )));
+        }
+        if gaps[0].is_none() {
             let w = format!("{} reduce=sum n={n}", here(b, "all_reduce", "out", DType::F32));
-            let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b.all_reduce(&x, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "all_reduce"))?;
             let sum = (0..n).map(|i| (0..ws).map(|r| (8 * r + i) as f32).sum::<f32>()).collect();
             super::util::expect_eq(b, &out, &Tensor::from_vec(&[n], sum), &w)?;
         }
-        if caps.check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+        if gaps[1].is_none() {
             let w = format!("{} n={n}", here(b, "all_gather_into_tensor", "out", DType::F32));
-            let out = b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b
+                .all_gather_into_tensor(&x)
+                .and_then(|wk| wk.into_value(ctx.timeout))
+                .map_err(step_failed(&w, "all_gather_into_tensor"))?;
             let parts: Vec<Tensor> = (0..ws).map(of).collect();
             super::util::expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &w)?;
         }
-        if caps.check(OpKind::Broadcast, Some(Variant::Out), Some(DType::F32), None, ws).is_ok() {
+        if gaps[2].is_none() {
             let root = ws - 1;
             let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
-            let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, e))?;
+            let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "broadcast"))?;
             super::util::expect_eq(b, &out, &of(root), &w)?;
         }
         Ok(())
@@ -387,10 +401,7 @@ fn matrix_reduce_scatter_case<B: Backend>() -> Case<B> {
         let n: usize = input.iter().product();
         let of = |r: usize, i: usize| (7 * r + i % (1 << 16)) as f32;
         let x = b.upload(&Tensor::from_vec(&input, (0..n).map(|i| of(me, i)).collect()))?;
-        let out = b
-            .reduce_scatter_tensor(&x, ReduceOp::Sum)?
-            .into_value(ctx.timeout)
-            .map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let out = b.reduce_scatter_tensor(&x, ReduceOp::Sum)?.into_value(ctx.timeout).map_err(step_failed(&w, "wait"))?;
         let want = [1024, MATRIX[1]];
         let shape = b.buffer_shape(&out);
         if shape != want {
@@ -420,8 +431,7 @@ fn matrix_all_gather_case<B: Backend>(ws: usize) -> Case<B> {
         let n: usize = MATRIX.iter().product();
         let of = |r: usize| (0..n).map(move |i| ((r << 18) + i) as f32);
         let x = b.upload(&Tensor::from_vec(&MATRIX, of(me).collect()))?;
-        let out =
-            b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(|e| super::util::fail(&w, format!("{e} [{}]", e.name())))?;
+        let out = b.all_gather_into_tensor(&x)?.into_value(ctx.timeout).map_err(step_failed(&w, "wait"))?;
         let want = [ws * MATRIX[0], MATRIX[1]];
         let shape = b.buffer_shape(&out);
         if shape != want {

@@ -156,6 +156,30 @@ pub fn step_failed<'a>(where_: &'a str, step: &'a str) -> impl FnOnce(concord_co
     move |e| fail(where_, format!("{step}: {e} [{}]", e.name()))
 }
 
+/// The store handshake of a rank that waits for its peers' signal: waits up to `timeout` for
+/// every key of `keys` (each set by a peer), reads their values, then deletes them, so that a
+/// persistent world's store keeps no key of the case for a later run of it. `never` says in the
+/// failure what did not come ("rank 0 never issued"), before the store's error.
+pub fn take_keys<C: Backend>(
+    ctx: &Ctx<'_, C>,
+    keys: &[&str],
+    timeout: std::time::Duration,
+    where_: &str,
+    never: &str,
+) -> Result<Vec<Vec<u8>>, CaseEnd> {
+    ctx.store.wait(keys, timeout).map_err(|e| fail(where_, format!("{never}: {e}")))?;
+    let values = keys.iter().map(|k| ctx.store.get(k).map_err(|e| fail(where_, format!("store get: {e}")))).collect();
+    for k in keys {
+        let _ = ctx.store.delete_key(k);
+    }
+    values
+}
+
+/// [`take_keys`] of one key within the case's wait deadline: its value.
+pub fn take_key<C: Backend>(ctx: &Ctx<'_, C>, key: &str, where_: &str, never: &str) -> Result<Vec<u8>, CaseEnd> {
+    take_keys(ctx, &[key], ctx.timeout, where_, never).map(|mut v| v.remove(0))
+}
+
 /// Compares this rank's result `got` with the oracle's answer for `coll` over every rank's
 /// `inputs` (index = rank), bit-exactly; nothing to compare where the oracle leaves it undefined.
 pub fn expect_oracle<B: Backend>(
