@@ -17,7 +17,7 @@ use concord_core::half::{bf16, f16};
 use concord_core::{Backend, DType, ReduceOp, Result, Tensor, Work};
 
 /// `v` rounded to `dtype` (to nearest, ties to even; out of range: ±inf), back as f64.
-fn round_to(dtype: DType, v: f64) -> f64 {
+pub(crate) fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
@@ -26,7 +26,7 @@ fn round_to(dtype: DType, v: f64) -> f64 {
 }
 
 /// Rank `q`'s element `i` of a raw all_gather of `n`-element inputs.
-fn at(all: &Tensor, n: usize, q: usize, i: usize) -> f64 {
+pub(crate) fn at(all: &Tensor, n: usize, q: usize, i: usize) -> f64 {
     all.get_f64(q * n + i)
 }
 
@@ -36,7 +36,7 @@ fn at(all: &Tensor, n: usize, q: usize, i: usize) -> f64 {
 /// then, so only on a call every rank agreed on, and `f` edits the result from them (`all`:
 /// rank `q`'s element `i` at `q * n + i`). The gather is waited inside the hook: nothing stays
 /// counted in `outstanding()`.
-fn rewrite(
+pub(crate) fn rewrite(
     s: &Shm,
     x: &Buf,
     op: ReduceOp,
@@ -58,7 +58,7 @@ fn rewrite(
 }
 
 /// [`rewrite`] with element `i` of the result set to `f(all, n, i)`.
-fn rewrite_each(
+pub(crate) fn rewrite_each(
     s: &Shm,
     x: &Buf,
     op: ReduceOp,
@@ -76,7 +76,7 @@ fn rewrite_each(
 }
 
 /// Whether `dtype` is one of the two half-precision floats.
-fn half(dtype: DType) -> bool {
+pub(crate) fn half(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16)
 }
 

@@ -157,6 +157,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     out.extend(permutation_cases());
     out.extend(long_cases());
     out.extend(large_cases());
+    out.extend(review16_cases());
     out.extend(bits_cases());
     out.extend(mixed_dtype_cases());
     out.extend(many_tensor_cases());
@@ -481,6 +482,59 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
 /// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
 /// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
 /// ladder roots at the last rank, so a large path that assumes the root is last passes there).
+/// Review16's targeted value cases (each closed a surviving mutant of `bugs_review16`):
+/// * random f16 / bf16 `sum` all_reduce of 65,537 elements at 3 ranks
+///   (`all_reduce::out::f16::sum::ws3::random::large`): above the catalogue's 1,031 elements every
+///   other float sum is of small integers, exact in any order, so a large-message path that
+///   rounds every step (under `ExactThenRound`) passed (finding 3);
+/// * random f64 `sum` all_reduce of 65,537 elements at 2 ranks
+///   (`all_reduce::out::f64::sum::ws2::random::large`): a large f64 path through f32 (finding 4);
+/// * Special (NaN / ±inf) f16 / bf16 `sum` through reduce_scatter and reduce at 2 ranks
+///   (`reduce_scatter_tensor::out::f16::sum::ws2::special`): ±inf reached `sum` only through the
+///   all_reduce, so a saturating store elsewhere passed (finding 5);
+/// * random f32 / f64 `product` all_reduce at 2 ranks (`all_reduce::out::f64::product::ws2::random`):
+///   the exact product inputs are ±2^k, exact in any float, so a narrower accumulator passed
+///   (finding 6).
+pub fn review16_cases<B: Backend>() -> Vec<Case<B>> {
+    const N: usize = (1 << 16) + 1;
+    let mut out = Vec::new();
+    for (dtype, ws) in [(DType::F16, 3), (DType::BF16, 3), (DType::F64, 2)] {
+        let spec = ValueSpec {
+            op: OpKind::AllReduce,
+            variant: Variant::Out,
+            dtype,
+            reduce: Some(ReduceOp::Sum),
+            kind: InputKind::Random,
+            max_shapes: None,
+        };
+        let name = format!("{}::large", case_name(&spec, ws));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(vec![vec![vec![N]]]), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), ws, move |ctx| {
+            values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)
+        }));
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        for op in [OpKind::ReduceScatterTensor, OpKind::Reduce] {
+            let spec =
+                ValueSpec { op, variant: Variant::Out, dtype, reduce: Some(ReduceOp::Sum), kind: InputKind::Special, max_shapes: None };
+            out.push(value_case(spec, 2));
+        }
+    }
+    for dtype in [DType::F32, DType::F64] {
+        let spec = ValueSpec {
+            op: OpKind::AllReduce,
+            variant: Variant::Out,
+            dtype,
+            reduce: Some(ReduceOp::Product),
+            kind: InputKind::Random,
+            max_shapes: None,
+        };
+        out.push(value_case(spec, 2));
+    }
+    out
+}
+
 pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 18) + 1;
     let mut out = Vec::new();

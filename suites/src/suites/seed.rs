@@ -27,12 +27,10 @@ fn check_count<T>(outs: &[T], n_in: usize, w: &str) -> Result<(), CaseEnd> {
     Ok(())
 }
 
-fn check_async<T>(r: &AsyncResult<T>, w: &str) -> Result<(), CaseEnd> {
-    if r.completed() {
-        return Err(fail(w, "AsyncCollectiveTensor-like result reported completed before first use"));
-    }
-    Ok(())
-}
+// PyTorch's `assert not output.completed` tests its `AsyncCollectiveTensor`, part of the system
+// under test there; here `AsyncResult` is the harness's own wrapper (its flag is set by `get()` on
+// any backend), so the ports do not assert it (review16 finding 8: such a line cannot fail). The
+// property behind it (issue does not wait for peers) is `async_ops::*`.
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     vec![
@@ -41,15 +39,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let w = here(b, "all_reduce", "out", DType::F32);
             let x = b.upload(&full(&[10, 10], b.rank() as f32))?;
             let r = AsyncResult::new(b.all_reduce(&x, ReduceOp::Avg)?, ctx.timeout);
-            check_async(&r, &w)?;
             let out = r.get()?;
             if b.buffer_addr(out) == b.buffer_addr(&x) {
                 return Err(fail(&w, "out-of-place all_reduce returned its input"));
             }
             expect_eq(b, out, &full(&[10, 10], avg_of_ranks(b.world_size())), &w)?;
-            if !r.completed() {
-                return Err(fail(&w, "not completed after first use"));
-            }
             Ok(())
         }),
         c10d::<B>("test_all_reduce_single_", "all_reduce", "inplace", "avg", |ctx| {
@@ -72,7 +66,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let parts: Vec<Tensor> = (0..ws).map(|r| full(&[10, 10], r as f32)).collect();
             let expect = Tensor::cat_rows(DType::F32, &[10], &parts);
             let r = AsyncResult::new(b.all_gather_into_tensor(&x)?, ctx.timeout);
-            check_async(&r, &w)?;
             expect_eq(b, r.get()?, &expect, &w)?;
             // and the _out form
             let out = b.alloc(DType::F32, &[ws * 10, 10])?;
@@ -103,7 +96,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let parts: Vec<Tensor> = (0..ws).map(|j| full(&[10], j as f32)).collect();
             let x = b.upload(&Tensor::cat_rows(DType::F32, &[], &parts))?;
             let r = AsyncResult::new(b.reduce_scatter_tensor(&x, ReduceOp::Avg)?, ctx.timeout);
-            check_async(&r, &w)?;
             expect_eq(b, r.get()?, &full(&[10], b.rank() as f32), &w)
         }),
         c10d::<B>("test_reduce_scatter_tensor_coalesced", "reduce_scatter_tensor", "coalesced", "avg", |ctx| {
@@ -134,7 +126,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let out_splits: Vec<usize> = (0..ws).map(|i| m[i][me]).collect();
             let x = b.upload(&full(&[in_splits.iter().sum()], me as f32))?;
             let r = AsyncResult::new(b.all_to_all_single(&x, Some(&out_splits), Some(&in_splits))?, ctx.timeout);
-            check_async(&r, &w)?;
             let parts: Vec<Tensor> = (0..ws).map(|src| full(&[out_splits[src]], src as f32)).collect();
             expect_eq(b, r.get()?, &Tensor::cat_rows(DType::F32, &[], &parts), &format!("{w} splits={m:?}"))
         }),
@@ -143,7 +134,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let w = here(b, "broadcast", "out", DType::F32);
             let x = b.upload(&full(&[10, 10], b.rank() as f32))?;
             let r = AsyncResult::new(b.broadcast(&x, 1)?, ctx.timeout);
-            check_async(&r, &w)?;
             let out = r.get()?;
             if b.buffer_addr(out) == b.buffer_addr(&x) {
                 return Err(fail(&w, "out-of-place broadcast returned its input"));
