@@ -91,7 +91,9 @@
 //!   [clause: faults.copies_not_behind_collectives]
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
 //!   as one named error (never a timeout, and never a bad-input kind: every rank's call was
-//!   right), and the world stays usable.
+//!   right), and the world stays usable. It names the failing op only: works issued before it
+//!   and not yet waited MUST complete with their own results (one error flag per communicator
+//!   that fails every pending work with it is a bug).
 //!   [clause: faults.local_failure_named_everywhere]
 //!
 //! # Fused communication + compute (module [`crate::fused`], seed 004)

@@ -190,7 +190,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "faults.local_failure_named_everywhere",
         source: BACKEND,
-        text: "A local failure after an op was issued reaches every rank as one named error, never a timeout and never a bad-input kind; the world stays usable.",
+        text: "A local failure after an op was issued reaches every rank as one named error, never a timeout and never a bad-input kind; the world stays usable, and works issued before the failing op complete with their own results.",
         cases: &["device_faults::local_failure_after_begin", "device_faults::fail_before_header", "faults::fail_after_post", "faults::fail_in_new_group", "faults::fail_p2p"],
     },
     Clause {

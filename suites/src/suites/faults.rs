@@ -56,7 +56,7 @@ use super::util::{fail, full, here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::sched::Noise;
 use concord_core::fault::{self, point, Action, Fault};
-use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, WorldInfo};
+use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work, WorldInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -247,9 +247,28 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     };
     let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
-    // Op 1: a healthy op, so that both ranks are in step.
+    // A local failure reaches every rank as one named error and the world stays usable (clause
+    // `faults.local_failure_named_everywhere`): an op issued before the failing one MUST still
+    // complete with its own result, like bad input's (review17 finding 4: one error flag per
+    // communicator, checked in every work's wait, fails it).
+    let local_failure = f.as_ref().is_some_and(|f| f.action == Action::Fail);
+    // Op 1: a healthy op, so that both ranks are in step; its own input buffer. Before a local
+    // failure it stays in flight across the failing op and is waited (its value checked) only
+    // once that op's wait returned the failure.
     let x = b.upload(&full(&[N], (me + 1) as f32))?;
-    b.all_reduce(&x, red)?.wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    let wx = b.upload(&full(&[N], (me + 1) as f32))?;
+    let warm = b.all_reduce(&wx, red).map_err(|e| fail(&w, format!("the warm-up all_reduce's issue failed: {e}")))?;
+    let mut warm = Some(warm);
+    if !local_failure {
+        warm.take().expect("issued").wait(ctx.timeout).map_err(|e| fail(&w, format!("the warm-up all_reduce failed: {e}")))?;
+    }
+    let warm_after = |warm: Option<Work<B::Buffer>>, ended: &str| -> CaseResult {
+        let Some(warm) = warm else { return Ok(()) };
+        let step = format!("the warm-up all_reduce ({}), issued before the failing op and waited after it {ended}", red.name());
+        let y = warm.into_value(ctx.timeout).map_err(step_failed(&w, &step))?;
+        let want = super::util::ArVehicle::with_op(&b, red).expected(b.world_size(), |r| vec![(r + 1) as f32; N]);
+        super::util::expect_eq(&b, &y, &want, &format!("{w} ({step}, rank r holding r + 1)"))
+    };
     // Op 2: the one that fails.
     let issue = |x: &B::Buffer| match place {
         VictimOp::InPlace => b.all_reduce_(x, red),
@@ -260,7 +279,6 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
     // as a named error, never a timeout (clause `faults.local_failure_named_everywhere`): the
     // peer's failure is known, nothing is late.
-    let local_failure = f.as_ref().is_some_and(|f| f.action == Action::Fail);
     let not_a_timeout = |e: &CollectiveError, whose: &str| -> CaseResult {
         if local_failure && e.name() == "timeout" {
             return Err(fail(
@@ -293,6 +311,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         if t0.elapsed() > ctx.timeout {
             return Err(fail(&w, format!("the failure came after {:?}", t0.elapsed())));
         }
+        warm_after(warm.take(), &format!("returned its failure ({e} [{}])", e.name()))?;
         let named = not_a_timeout(&e, "this rank's (the failing rank's)");
         b.write(&x, &canary())?;
         // Out of place: one buffer of the output's size, as a caller re-allocating would get
@@ -326,6 +345,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         let r = issue(&x)?.wait(ctx.timeout).map(|_| ());
         keys.set(&format!("other_done{me}"), &w)?;
         let e = must_fail(r, &w, &format!("rank {victim}'s side of it had already failed"))?;
+        warm_after(warm.take(), &format!("returned rank {victim}'s failure ({e} [{}])", e.name()))?;
         if !late {
             keys.wait("victim_failed", &w)?;
         }

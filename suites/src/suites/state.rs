@@ -15,7 +15,8 @@
 //!   `outstanding()` is 0 and an all_reduce is right: a work table that keeps the slot of a
 //!   dropped work fills up.
 //! * `state::views_of_one_parent::ws2` — all_reduces of eight views of one parent, each at its
-//!   own offset, same length: a table keyed by (parent, length) reads the first view's offset.
+//!   own offset, same length, out of place and in place by turns: a table keyed by (parent,
+//!   length) reads the first view's offset (on either path: review17 finding 6).
 //! * `state::outstanding_across_300_ops::ws2` — one all_reduce held un-waited while 300 others
 //!   run: `outstanding()` is still 1, then its result is right: a registry that tells works
 //!   apart by an 8-bit id loses the held one.
@@ -25,7 +26,9 @@
 //! * `state::group_recreated_same_members::ws3` — a group of ranks `[2, 0]` made, used and
 //!   dropped three times, each time with other inputs: the next group of the same members must
 //!   not see the last one's state, and numbers its members as the list does (rank checked, and
-//!   an all_gather of the members' world ranks in group order).
+//!   an all_gather of the members' world ranks in group order). After the first group's ops, an
+//!   all_gather on the world: a per-process resource set up by the first communicator that used
+//!   it, for its size, gathers too few ranks (review17 finding 5).
 //! * `state::dtypes_widening::{op}::{variant}::ws2` — every (op, variant) but barrier once in
 //!   every dtype, narrowest first (1, 2, 4 then 8 bytes an element), on the same element counts:
 //!   a tuned backend that caches its plan (chunking, in bytes) by element count runs a wider
@@ -168,8 +171,12 @@ fn dropped_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let v = ArVehicle::pick(b, &[Variant::Out])?;
-    let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
+    // Out of place and in place by turns (review17 finding 6: the same cache on the in-place
+    // path, DDP / FSDP buckets all-reduced in place); out of place only where in place is a gap.
+    let (v, both) = match ArVehicle::pick(b, &[Variant::Out, Variant::InPlace]) {
+        Ok(v) => (v, true),
+        Err(_) => (ArVehicle::pick(b, &[Variant::Out])?, false),
+    };
     const LEN: usize = 8;
     const VIEWS: usize = 8;
     // Element i of rank r's parent: i + 1000 r.
@@ -177,12 +184,23 @@ fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let parent = b.upload(&Tensor::from_vec(&[LEN * VIEWS + 1], of(me)))?;
     for k in 0..VIEWS {
         let off = 1 + k * LEN;
+        let inplace = both && k % 2 == 1;
+        let (op, variant) = if inplace { ("all_reduce_", "inplace") } else { ("all_reduce", "out") };
+        let w = format!("{} reduce={}", here(b, op, variant, DType::F32), v.op.name());
         let wv = format!("{w} view {k} of {VIEWS} of one parent (elements {off}..{})", off + LEN);
         let x = b.view(&parent, off, &[LEN]).map_err(|e| fail(&wv, format!("view: {e}")))?;
-        let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wv, format!("issue: {e}")))?;
-        let out = out.wait(ctx.timeout).map_err(|e| fail(&wv, format!("wait: {e}")))?;
         let exp = v.expected(ws, |r| of(r)[off..off + LEN].to_vec());
-        expect_eq(b, out, &exp, &wv)?;
+        if inplace {
+            b.all_reduce_(&x, v.op)
+                .map_err(|e| fail(&wv, format!("issue: {e}")))?
+                .wait(ctx.timeout)
+                .map_err(|e| fail(&wv, format!("wait: {e}")))?;
+            expect_eq(b, &x, &exp, &wv)?;
+        } else {
+            let out = b.all_reduce(&x, v.op).map_err(|e| fail(&wv, format!("issue: {e}")))?;
+            let out = out.wait(ctx.timeout).map_err(|e| fail(&wv, format!("wait: {e}")))?;
+            expect_eq(b, out, &exp, &wv)?;
+        }
     }
     Ok(())
 }
@@ -242,6 +260,32 @@ fn results_kept<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     Ok(())
 }
 
+/// After the first group's all_gather (the world's first, as this case is its group's only
+/// case at 3 ranks), an all_gather on the WORLD, every rank's chunk checked (review17 finding 5,
+/// clause `async.communicators_independent`: a resource shared by every communicator of the
+/// process and set up by the first one that runs the op, for its size, as NVIDIA/nccl #2430's
+/// NVLS buffers with `splitShare`, has the world gather only the group's rank count).
+fn world_gather_after_group<B: Backend>(ctx: &Ctx<'_, B>, members: &[usize]) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    if b.capabilities().check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_err() {
+        return Ok(());
+    }
+    let w = format!(
+        "{} after an all_gather on group {members:?}, rank r giving [r, r + 0.5]",
+        here(b, "all_gather_into_tensor", "out", DType::F32)
+    );
+    let x = b.upload(&Tensor::from_vec(&[2], vec![me as f32, me as f32 + 0.5]))?;
+    let got =
+        b.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    if !b.capabilities().moves_data {
+        crate::case::note_values_unchecked();
+        return Ok(());
+    }
+    let want: Vec<f32> = (0..ws).flat_map(|r| [r as f32, r as f32 + 0.5]).collect();
+    expect_eq(b, &got, &Tensor::from_vec(&[2 * ws], want), &w)
+}
+
 fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let me = b.rank();
@@ -299,6 +343,9 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             }
         } else if members.contains(&me) {
             return Err(fail(&wr, "new_group gave a member no communicator"));
+        }
+        if round == 0 {
+            world_gather_after_group(ctx, &members)?;
         }
         // The group is dropped here, before the next one of the same members is made.
     }

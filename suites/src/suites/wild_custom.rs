@@ -8,7 +8,11 @@
 //!   `values.sizes`). MSCCL++'s `allreduce8`, which RCCL runs above 1 MiB, reduced
 //!   `bytes / 16 / ws` 16-byte words per rank and left the rest unreduced (ROCm/rccl PR #1556);
 //!   the catalogue's sizes past 1 MiB were all multiples of `16 * ws` bytes, and its odd sizes
-//!   (`sizes::all_reduce::f32::n65535`) are below the large-message path.
+//!   (`sizes::all_reduce::f32::n65535`) are below the large-message path. The ws3 case then
+//!   all-gathers [`TAIL_N`] f32 per rank, every element checked: MSCCL++'s all_gather has the
+//!   same 32-byte gate (ROCm/rccl PR #1281), and no other input past 1 MiB at 3+ ranks is a
+//!   multiple of 32 bytes (review17 finding 2). The size grid runs the same all_reduce at 5 and
+//!   8 ranks ([`tail_past_16ws`], review17 finding 1).
 //! * `wild_custom::all_reduce::replayed_buffer::{f16::out::ws2,bf16::inplace::ws2}` — the same
 //!   input buffer all-reduced [`REPLAYS`] times (sum, 1 MiB of f16 / bf16), new values written into
 //!   it before each call, as a captured CUDA graph replays one call on its static buffers; every
@@ -54,8 +58,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for (variant, ws) in [(Variant::Out, 3), (Variant::InPlace, 4)] {
         let name = format!("wild_custom::all_reduce::tail_past_16ws::f32::{}::ws{ws}", variant.name());
         v.push(Case::<B>::new(name, meta(variant, DType::F32), ws, move |ctx| {
-            let what = format!("shape=[{TAIL_N}] ({} bytes)", TAIL_N * 4);
-            calls(ctx, DType::F32, variant, TAIL_N, 1, true, &what)
+            tail_past_16ws(ctx, variant)?;
+            if ws == 3 {
+                tail_all_gather(ctx)?;
+            }
+            Ok(())
         }));
     }
     for (dtype, variant) in [(DType::F16, Variant::Out), (DType::BF16, Variant::InPlace)] {
@@ -71,6 +78,46 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         calls(ctx, DType::F32, Variant::Out, LARGE_N, 2, false, &what)
     }));
     v
+}
+
+/// One sum all_reduce of [`TAIL_N`] f32 (`variant`: out of place or in place), every element
+/// checked: the tail cases' call, run too by the size grid's all_reduce cases at 5 and 8 ranks
+/// (`sizes::all_reduce::{out::f32::grid::ws5,inplace::f32::grid::ws8}`, review17 finding 1:
+/// a two-shot all_reduce splits `bytes / 16` packs per rank from 5 ranks on, and no other case
+/// moves more than 256 KiB, a multiple of 16 bytes, at 5 to 8 ranks).
+pub fn tail_past_16ws<B: Backend>(ctx: &mut Ctx<'_, B>, variant: Variant) -> CaseResult {
+    let what = format!("shape=[{TAIL_N}] ({} bytes)", TAIL_N * 4);
+    calls(ctx, DType::F32, variant, TAIL_N, 1, true, &what)
+}
+
+/// An all_gather_into_tensor (out of place) of [`TAIL_N`] f32 per rank, every element of the
+/// `ws * TAIL_N` output checked (review17 finding 2: RCCL routes all_gathers past 1 MiB of a
+/// multiple of 32 bytes to MSCCL++ too, and at 3 ranks and more no other input past 1 MiB is a
+/// multiple of 32 bytes). Skipped where the backend declares the call a gap.
+fn tail_all_gather<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    if b.capabilities().check(OpKind::AllGatherIntoTensor, Some(Variant::Out), Some(DType::F32), None, ws).is_err() {
+        return Ok(());
+    }
+    let w = format!(
+        "{} shape=[{TAIL_N}] ({} bytes) per rank, input[i] = i % 13 + 16 * rank",
+        here(b, "all_gather_into_tensor", "out", DType::F32),
+        TAIL_N * 4
+    );
+    let x = b.upload(&periodic(DType::F32, TAIL_N, |i| value(i, me, 0))).map_err(|e| fail(&w, format!("upload: {e} [{}]", e.name())))?;
+    let out = exec::call(b, OpKind::AllGatherIntoTensor, Variant::Out, std::slice::from_ref(&x), None, &Params::default(), ctx.timeout)
+        .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+    if !b.capabilities().moves_data {
+        crate::case::note_values_unchecked();
+        return Ok(());
+    }
+    let mut want = Tensor::zeros(DType::F32, &[ws * TAIL_N]);
+    let chunk = TAIL_N * DType::F32.size();
+    for r in 0..ws {
+        want.bytes_mut()[r * chunk..(r + 1) * chunk].copy_from_slice(periodic(DType::F32, TAIL_N, |i| value(i, r, 0)).bytes());
+    }
+    expect_eq(b, &out[0], &want, &w)
 }
 
 /// The period of the cases' values.

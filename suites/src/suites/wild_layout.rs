@@ -11,13 +11,16 @@
 //!   at different addresses. Then the same op with elements, input and output disjoint views of
 //!   one parent (one guard element between): valid whatever the aliasing policy, since aliasing
 //!   is decided by byte ranges, not by allocation (review13's finding 8).
-//! * `wild_layout::inplace_all_reduce_view_in_window::ws2` — an in-place all_reduce of a
-//!   4 MiB view (2^20 f32) at element 1031 of a larger
-//!   parent: the result in the view, every byte of the parent around it untouched. RCCL's
+//! * `wild_layout::inplace_all_reduce_view_in_window::ws2` — an out-of-place, then an in-place
+//!   all_reduce of a 4 MiB view (2^20 f32) at element 1031 of a larger
+//!   parent: each result right, every byte of the parent around the view untouched. RCCL's
 //!   copy-engine all_reduce (4 MiB to 256 MiB, a count divisible by the ranks, a registered
 //!   window) copied the peers' shards to `rank * shardBytes` from the *window's* base, right only
-//!   for a buffer at the window's start (ROCm/rocm-systems PR #10887); every view case of the
-//!   catalogue is below 4 MiB, and every case of 4 MiB or more uses whole buffers.
+//!   for a buffer at the window's start (ROCm/rocm-systems PR #10887); the view cases
+//!   (`views::*`) are below 4 MiB, and the random programs' views of 4 MiB or more come from
+//!   one seed's draw (`programs::p3::ws3`'s 7.2 MiB all_gather output). The out-of-place call
+//!   (review17 finding 3) is for a registration used for large messages only that hands the
+//!   kernel the allocation's base (`review17_large_reg_at_alloc_base`).
 //! * `wild_layout::empty_p2p_at_parent_end::ws2` — a zero-element message sent from, and
 //!   received into, an empty view at its parent's *end* (the empty tail slice `t[n:]`, whose
 //!   address is one past the parent's last byte), then a two-element message on the same pair:
@@ -182,6 +185,24 @@ fn inplace_all_reduce_view_in_window<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseRe
     let before: Vec<f32> = (0..total).map(|i| if in_view(i) { window_input(me, i - WINDOW_AT) } else { window_guard(me, i) }).collect();
     let parent = b.upload(&Tensor::from_vec(&[total], before)).map_err(|e| named("upload", e))?;
     let view = b.view(&parent, WINDOW_AT, &[WINDOW_N]).map_err(|e| named("view", e))?;
+    // First the same view out of place (review17 finding 3: a registration used for large
+    // messages only that resolves the view to its allocation's base reads the parent's first
+    // bytes): its result checked here; the parent it must leave alone is checked below (an
+    // input written would spoil the in-place sum too).
+    if b.capabilities().check(OpKind::AllReduce, Some(Variant::Out), Some(DType::F32), Some(ReduceOp::Sum), ws).is_ok() {
+        let wo = format!(
+            "{} reduce=sum (input: a view of {WINDOW_N} elements, 4 MiB, at element {WINDOW_AT} of a {total}-element parent)",
+            here(b, "all_reduce", "out", DType::F32)
+        );
+        let out = b
+            .all_reduce(&view, ReduceOp::Sum)
+            .and_then(|wk| wk.into_value(ctx.timeout))
+            .map_err(|e| fail(&wo, format!("all_reduce: {e} [{}]", e.name())))?;
+        if b.capabilities().moves_data {
+            let sum: Vec<f32> = (0..WINDOW_N).map(|i| (0..ws).map(|r| window_input(r, i)).sum()).collect();
+            expect_eq(b, &out, &Tensor::from_vec(&[WINDOW_N], sum), &wo)?;
+        }
+    }
     let got = b.all_reduce_(&view, ReduceOp::Sum).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named("all_reduce_", e))?;
     if b.buffer_addr(&got) != b.buffer_addr(&view) {
         return Err(fail(&w, format!("returned a buffer at {:#x}, not the view at {:#x}", b.buffer_addr(&got), b.buffer_addr(&view))));
