@@ -13,7 +13,7 @@ fn two_torchrun_style_ranks_print_one_checked_table_on_rank_0() {
     let mut kids: Vec<_> = (0..2)
         .map(|r| {
             let mut c = Command::new(env!("CARGO_BIN_EXE_concord-bench"));
-            for k in ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_ID", "CONCORD_LAUNCHER", "CONCORD_STORE_ADDR"] {
+            for k in concord_harness::config::LAUNCHER_VARS {
                 c.env_remove(k);
             }
             c.env("RANK", r.to_string())

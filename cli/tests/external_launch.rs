@@ -4,6 +4,7 @@
 //! one report on rank 0; a killed rank must be named on rank 0, every survivor must exit
 //! non-zero, and nothing may be left running or in /dev/shm.
 
+use concord_harness::config::LAUNCHER_VARS;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -17,26 +18,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// The launcher variables of the test's own environment (the test may itself run under one).
-const FOREIGN: &[&str] = &[
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_STEP_ID",
-    "CONCORD_LAUNCHER",
-    "CONCORD_STORE_ADDR",
-];
-
 fn rank_cmd(rank: usize, port: u16, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(BIN);
-    for k in FOREIGN {
+    for k in LAUNCHER_VARS {
         c.env_remove(k);
     }
     c.env("RANK", rank.to_string())
@@ -266,7 +250,7 @@ fn under_mpirun_the_shm_matrix_passes() {
         return;
     }
     let mut c = Command::new("mpirun");
-    for k in FOREIGN {
+    for k in LAUNCHER_VARS {
         c.env_remove(k);
     }
     // Root (containers) needs the two allow variables; harmless otherwise.

@@ -70,6 +70,24 @@ pub const LIST: &str = "CONCORD_LIST";
 pub const RUNNER_TRACE: &str = "CONCORD_RUNNER_TRACE";
 pub const LAUNCHER: &str = "CONCORD_LAUNCHER";
 pub const STORE_ADDR: &str = "CONCORD_STORE_ADDR";
+/// Every variable [`Config`] reads to tell whether (and which) outside launcher started this
+/// process (module docs). A test that starts ranks of its own removes them from each child's
+/// environment first: the test itself may run under a launcher.
+pub const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_ID",
+    LAUNCHER,
+    STORE_ADDR,
+];
 pub const GIT_COMMIT: &str = "CONCORD_GIT_COMMIT";
 pub const BENCH_PROBE: &str = "CONCORD_BENCH_PROBE";
 

@@ -4,6 +4,7 @@
 //! very same cases (control: the same wrapper with no bug, every call passed to shm). Also the contract map's self-test (`contract::*`).
 
 use concord_core::{Backend, Capabilities, DType, ReduceOp, Result, Tensor, Work, WorkMeta, WorldInfo};
+use concord_harness::config::LAUNCHER_VARS;
 use concord_harness::verdict::Verdict;
 use concord_shm::ShmBackend;
 use concord_suites::run::{run_case, BackendEntry};
@@ -604,27 +605,11 @@ fn a_surviving_rank_2_failure_is_named_on_rank_0() -> std::result::Result<(), li
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
     let dir = std::env::temp_dir().join(format!("concord-faulty-external-{}-{port}", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    // The launcher variables this process may itself have (it may run under one).
-    const FOREIGN: &[&str] = &[
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "SLURM_STEP_ID",
-        "CONCORD_LAUNCHER",
-        "CONCORD_STORE_ADDR",
-    ];
     let t0 = Instant::now();
     let mut ranks = Vec::new();
     for r in 0..WS {
         let mut c = Command::new(&exe);
-        for k in FOREIGN {
+        for k in LAUNCHER_VARS {
             c.env_remove(k);
         }
         c.env(EXTERNAL_RANK_ENV, "1")
