@@ -238,8 +238,10 @@ impl Beat {
     }
     /// Enters `phase` with another limit.
     pub(crate) fn limit(&self, phase: String, limit: Duration) {
-        self.limit_ms.store(limit.as_millis() as u64, Ordering::Relaxed);
+        // Tick first: the new (shorter) limit must never be read against the idle time of the
+        // phase before it (a long set-up would read as a hang of the next phase).
         self.phase(phase);
+        self.limit_ms.store(limit.as_millis() as u64, Ordering::Relaxed);
     }
     fn tick(&self) {
         self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);

@@ -394,6 +394,8 @@ impl Rank {
         // grace to report; a rank whose failure came later only failed because of it (its peers
         // waited for a rank that had left the op: a timeout, an abort) and is a bystander,
         // `TimedOut { abandoned }` as the runner would have abandoned it, listed after the culprit.
+        // A rank whose own watchdog ended it (`exiting`: it hung past its deadline) is never a
+        // bystander: it reports late because it is the rank that hung.
         let first_failure = records
             .iter()
             .enumerate()
@@ -405,7 +407,7 @@ impl Rank {
                 (Some(rec), _) => {
                     if let Outcome::Failed(m) = &rec.outcome {
                         match first_failure {
-                            Some((t, culprit)) if rec.elapsed_ms > t + self.grace.as_millis() as u64 => {
+                            Some((t, culprit)) if !rec.exiting && rec.elapsed_ms > t + self.grace.as_millis() as u64 => {
                                 failures.push(Failure::TimedOut {
                                     rank: r,
                                     deadline_ms: deadline.as_millis() as u64,

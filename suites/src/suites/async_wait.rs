@@ -748,7 +748,11 @@ fn wait_from_another_thread<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let timeout = ctx.timeout;
     let x = b.upload(&rank_tensor(b, 100))?;
     if b.rank() == 1 {
-        take_key(ctx, &key, &w, "rank 0 never said its second waiter returned")?;
+        // Rank 0 says so only after its second waiter returned: up to the helper's whole wait
+        // when the waiters are serialised (the bug this case hunts), so wait past that, for
+        // rank 0's message to come first.
+        let never = "rank 0 never said its second waiter returned";
+        take_keys(ctx, &[key.as_str()], timeout + HELPER_WAIT + Duration::from_secs(1), &w, never)?;
         let out = b.all_reduce(&x, red(b))?.into_value(timeout)?;
         return expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w);
     }

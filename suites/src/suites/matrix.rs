@@ -474,14 +474,6 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
     out
 }
 
-/// Past 1 MiB with what the size ladder (`sum` of single tensors, out-of-place) does not run
-/// there: `all_reduce` `max` / `min` / `avg` of 262145 f32 (a large-message kernel may exist for
-/// `sum` only; `avg` as a sum then a divide that covers only part of the output), coalesced
-/// `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
-/// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
-/// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
-/// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
-/// ladder roots at the last rank, so a large path that assumes the root is last passes there).
 /// Review16's targeted value cases (each closed a surviving mutant of `bugs_review16`):
 /// * random f16 / bf16 `sum` all_reduce of 65,537 elements at 3 ranks
 ///   (`all_reduce::out::f16::sum::ws3::random::large`): above the catalogue's 1,031 elements every
@@ -535,6 +527,14 @@ pub fn review16_cases<B: Backend>() -> Vec<Case<B>> {
     out
 }
 
+/// Past 1 MiB with what the size ladder (`sum` of single tensors, out-of-place) does not run
+/// there: `all_reduce` `max` / `min` / `avg` of 262145 f32 (a large-message kernel may exist for
+/// `sum` only; `avg` as a sum then a divide that covers only part of the output), coalesced
+/// `sum` of a list whose second tensor ends past 1 MiB (a fixed-size fusion buffer), in-place `all_reduce_` (a large path written for out-of-place calls), the `_out`
+/// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
+/// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
+/// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
+/// ladder roots at the last rank, so a large path that assumes the root is last passes there).
 pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 18) + 1;
     let mut out = Vec::new();
