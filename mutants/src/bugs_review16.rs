@@ -36,6 +36,21 @@ fn saturate(s: &Shm, w: Work<Buf>) -> Work<Buf> {
     })
 }
 
+/// `impl Bug` for a mutant whose all_reduce, both variants, goes through its own
+/// `issue(s, x, op, in_place)`.
+macro_rules! all_reduce_both_variants {
+    ($t:ty) => {
+        impl Bug for $t {
+            fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+                Self::issue(s, x, op, false)
+            }
+            fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+                Self::issue(s, x, op, true)
+            }
+        }
+    };
+}
+
 // ---------------------------------------------------------------- finding 1: bor as sum
 
 /// Finding 1. A reduce-op table without a `BOR` entry that falls back to `sum`
@@ -127,14 +142,7 @@ impl MinMaxFiniteIdentity {
     }
 }
 
-impl Bug for MinMaxFiniteIdentity {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, false)
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, true)
-    }
-}
+all_reduce_both_variants!(MinMaxFiniteIdentity);
 
 // ---------------------------------------------------------------- finding 3: large half path
 
@@ -161,14 +169,7 @@ impl HalfLargePerStep {
     }
 }
 
-impl Bug for HalfLargePerStep {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, false)
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, true)
-    }
-}
+all_reduce_both_variants!(HalfLargePerStep);
 
 // ---------------------------------------------------------------- finding 4: f64 via f32
 
@@ -195,14 +196,7 @@ impl F64LargeViaF32 {
     }
 }
 
-impl Bug for F64LargeViaF32 {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, false)
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, true)
-    }
-}
+all_reduce_both_variants!(F64LargeViaF32);
 
 // ---------------------------------------------------------------- finding 5: saturating store
 
@@ -274,14 +268,7 @@ impl F64ProductViaF32 {
     }
 }
 
-impl Bug for F64ProductViaF32 {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, false)
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, true)
-    }
-}
+all_reduce_both_variants!(F64ProductViaF32);
 
 // ---------------------------------------------------------------- finding 7: interior ranks
 
@@ -319,14 +306,7 @@ fn concord_oracle_minmax(op: ReduceOp, a: f64, b: f64) -> f64 {
     }
 }
 
-impl Bug for MinMaxChainCopiesInterior {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, false)
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        Self::issue(s, x, op, true)
-    }
-}
+all_reduce_both_variants!(MinMaxChainCopiesInterior);
 
 pub fn catalogue() -> Vec<Spec> {
     vec![

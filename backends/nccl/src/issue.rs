@@ -275,14 +275,14 @@ mod issue_cost {
     const LABEL: &str = "nccl[world 0 rank 0]";
 
     #[test]
-    #[ignore]
+    #[ignore = "instruction-count probe for callgrind (gpulat7), not a check: run by name under valgrind --tool=callgrind"]
     fn none() {
         std::hint::black_box(LABEL.to_string());
     }
 
     /// `progress::begin` at issue, `progress::end` at completion, 100 in flight (a window).
     #[test]
-    #[ignore]
+    #[ignore = "instruction-count probe for callgrind (gpulat7), not a check: run by name under valgrind --tool=callgrind"]
     fn progress() {
         let label = LABEL.to_string();
         for w in 0..N / 100 {
@@ -297,7 +297,7 @@ mod issue_cost {
 
     /// The call's description, its local rules and its validation header.
     #[test]
-    #[ignore]
+    #[ignore = "instruction-count probe for callgrind (gpulat7), not a check: run by name under valgrind --tool=callgrind"]
     fn desc() {
         let caps = std::sync::Arc::new(Capabilities::full(8));
         for s in 0..N {
@@ -315,7 +315,7 @@ mod issue_cost {
     /// The strings of a pending Work: its meta, the completion's label (shared) and op name
     /// (static; until gpulat7 each a fresh `String`: 1,220 instructions per op, now ~610).
     #[test]
-    #[ignore]
+    #[ignore = "instruction-count probe for callgrind (gpulat7), not a check: run by name under valgrind --tool=callgrind"]
     fn strings() {
         let label: std::sync::Arc<str> = LABEL.into();
         for s in 0..N {
