@@ -352,6 +352,9 @@ pub(crate) struct P2pData {
 pub(crate) type SplitOff = (Comm, Option<Board>);
 
 /// One unit of work for the progress thread.
+// `Op` holds its launch inline (~450 bytes, moved into the queue's ring once): boxed, it would
+// be the heap block freed on the progress thread on every op that `Enqueue` removes.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Job {
     /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
     /// purpose is to tell the peers about an error this rank already returned at issue.
