@@ -20,7 +20,7 @@ for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
   run ws2-new-$i 60 $N/run-gpu.sh concord-bench --backend nccl --ranks 2 $W
   run ws1-base-$i 60 $B/run-gpu.sh concord-bench --backend nccl --ranks 1 $W
   run ws1-new-$i 60 $N/run-gpu.sh concord-bench --backend nccl --ranks 1 $W
-  [ $(( $(date +%s) - t0 )) -gt 200 ] && break
+  [ $(( $(date +%s) - t0 )) -gt 180 ] && break
 done
 for k in 1 2; do for w in 2 1; do
   CONCORD_BENCH_PROBE=1 run probe$k-ws$w-base 60 $B/run-gpu.sh concord-bench --backend nccl --ranks $w $W

@@ -41,7 +41,7 @@
 use crate::dtype::{red_of, Red};
 use crate::fused_plan::{ag_step_peers, pieces, AgGeom, Copy2D, Gemm, RsGeom};
 use crate::launch::{keep, p2p};
-use crate::worker::{check, Check, Enqueue, Launch, Step};
+use crate::worker::{check, Check, Launch, Step};
 use crate::{cuda::Device, NcclBackend, NcclBuffer};
 use concord_core::fused::{describe, input_descs, AgMatmulPlan, Gathered, MatmulRsPlan};
 use concord_core::{CallOp, CollectiveError, DType, ReduceOp, Result, Work};
@@ -286,7 +286,7 @@ fn zero_fill(bufs: Vec<(u64, usize)>) -> Step {
 
 /// A launch made only of `steps` (its first group is empty).
 fn staged(keep_alive: &[&NcclBuffer], steps: Vec<Step>) -> Launch {
-    Launch { premul: vec![], keep: keep(keep_alive), calls: Enqueue::Boxed(Box::new(|_, _, _| Ok(()))), then: steps, local: None }
+    Launch { premul: vec![], keep: keep(keep_alive), calls: Box::new(|_, _, _| Ok(())), then: steps, local: None }
 }
 
 impl NcclBackend {

@@ -3,20 +3,22 @@
 //! memory each launch keeps alive until its calls are enqueued.
 
 use crate::comm::{self, red_fns};
+use crate::cuda::DevMem;
 use crate::dtype::{move_type, nccl_dtype, premul_scalar, Red, AVG, SUM};
 use crate::issue::Op;
-use crate::worker::{check, Enqueue, Few, Keep, Launch};
+use crate::worker::{check, Launch};
 use crate::{NcclBackend, NcclBuffer};
 use concord_core::{DType, Result};
 use cudarc::nccl::sys as nccl;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// NCCL's built-in reduce ops that are the identity on one rank: `ncclSum`, `ncclProd`,
 /// `ncclMax`, `ncclMin` (not `ncclAvg`, which divides, nor premul-sum, which scales).
 const IDENTITY_ON_ONE_RANK: [u32; 4] = [SUM, 1, 2, 3];
 
 /// [`NcclBackend::one_rank_copies`] for a communicator of `ws` ranks (`enabled`: the option).
-fn identity_copies(ws: usize, enabled: bool, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Few<(u64, u64, usize)>> {
+fn identity_copies(ws: usize, enabled: bool, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Vec<(u64, u64, usize)>> {
     if ws != 1 || !enabled {
         return None;
     }
@@ -28,13 +30,13 @@ fn identity_copies(ws: usize, enabled: bool, jobs: &[(u64, u64, usize, DType, Re
 }
 
 /// The device memory behind `bufs`, for a [`Launch`] to keep alive until it is enqueued.
-pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Keep {
+pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
     bufs.iter().map(|b| b.mem.clone()).collect()
 }
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
-pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Keep) -> Launch {
-    Launch { premul: vec![], then: vec![], keep, calls: Enqueue::Boxed(Box::new(move |c, s, _| p2p(&jobs, d, c, s))), local: None }
+pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
+    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)), local: None }
 }
 
 pub(crate) fn p2p(
@@ -88,10 +90,22 @@ impl NcclBackend {
         let premul = Self::premul_list(&reds);
         let local = self.one_rank_copies(&jobs);
         let call = pick(red_fns().map_err(|e| self.backend_err(o.name, o.seq, e))?);
-        // Copied out of the `Vec` (freed here): with one or two jobs, the launch holds nothing
-        // on the heap (see `Enqueue`).
-        let jobs: Few<_> = jobs.iter().copied().collect();
-        Ok(Some(Launch { premul, then: vec![], keep: keep(keep_alive), local, calls: Enqueue::Reductions { call, label, jobs } }))
+        let p2 = premul.clone();
+        Ok(Some(Launch {
+            premul,
+            then: vec![],
+            keep: keep(keep_alive),
+            local,
+            calls: Box::new(move |c, s, ops| {
+                for (src, dst, n, d, red) in jobs {
+                    let t = nccl_dtype(d).expect("checked");
+                    // SAFETY: src/dst are live device buffers of at least n elements of d (kept
+                    // alive by `keep`), and c/s are this communicator's handle and stream.
+                    check(unsafe { call(src as *const c_void, dst as *mut c_void, n, t, Self::op_code(red, d, &p2, ops), c, s) }, label)?;
+                }
+                Ok(())
+            }),
+        }))
     }
 
     /// Elementwise reduction jobs `(src, dst, count, dtype, op)` as this communicator must
@@ -123,7 +137,7 @@ impl NcclBackend {
     /// the one input — the device copies `(src, dst, bytes)` that are the whole op (see
     /// `Launch::local`); `None` otherwise (a premul-sum scales; `avg` where NCCL divides) and
     /// with option `one_rank_copy=0`.
-    pub(crate) fn one_rank_copies(&self, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Few<(u64, u64, usize)>> {
+    pub(crate) fn one_rank_copies(&self, jobs: &[(u64, u64, usize, DType, Red)]) -> Option<Vec<(u64, u64, usize)>> {
         identity_copies(self.ws, self.dev.one_rank_copy() != crate::cuda::OneRankCopy::Off, jobs)
     }
 
@@ -148,24 +162,22 @@ mod tests {
 
     #[test]
     fn only_identity_reductions_of_one_rank_become_copies() {
-        let copies =
-            |ws, on, jobs: &[(u64, u64, usize, DType, Red)]| identity_copies(ws, on, jobs).map(|f| f.into_iter().collect::<Vec<_>>());
         let job = |red: Red, d: DType| (0x1000u64, 0x9000u64, 10usize, d, red);
         for op in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Max, ReduceOp::Min] {
-            assert_eq!(copies(1, true, &[job(red_of(op), DType::F16)]), Some(vec![(0x1000, 0x9000, 20)]), "{op:?}");
-            assert_eq!(copies(2, true, &[job(red_of(op), DType::F32)]), None, "two ranks reduce: {op:?}");
-            assert_eq!(copies(1, false, &[job(red_of(op), DType::F32)]), None, "option one_rank_copy=0");
+            assert_eq!(identity_copies(1, true, &[job(red_of(op), DType::F16)]), Some(vec![(0x1000, 0x9000, 20)]), "{op:?}");
+            assert_eq!(identity_copies(2, true, &[job(red_of(op), DType::F32)]), None, "two ranks reduce: {op:?}");
+            assert_eq!(identity_copies(1, false, &[job(red_of(op), DType::F32)]), None, "option one_rank_copy=0");
         }
         // avg divides (unless `one_rank_jobs` made it sum), premul-sum scales: NCCL runs them.
-        assert_eq!(copies(1, true, &[job(red_of(ReduceOp::Avg), DType::F32)]), None);
-        assert_eq!(copies(1, true, &[job(red_of(ReduceOp::PremulSum(2.0)), DType::F32)]), None);
+        assert_eq!(identity_copies(1, true, &[job(red_of(ReduceOp::Avg), DType::F32)]), None);
+        assert_eq!(identity_copies(1, true, &[job(red_of(ReduceOp::PremulSum(2.0)), DType::F32)]), None);
         // One job that is not the identity sends the whole launch through NCCL.
         let mixed = [job(Red::Builtin(SUM), DType::F32), job(red_of(ReduceOp::Avg), DType::F32)];
-        assert_eq!(copies(1, true, &mixed), None);
+        assert_eq!(identity_copies(1, true, &mixed), None);
         // In place: nothing to copy, but still a launch (its event orders it on the stream).
         let in_place = [(0x1000u64, 0x1000u64, 10usize, DType::I64, Red::Builtin(SUM)), job(Red::Builtin(3), DType::U8)];
-        assert_eq!(copies(1, true, &in_place), Some(vec![(0x1000, 0x9000, 10)]));
-        assert_eq!(copies(1, true, &in_place[..1]), Some(vec![]));
+        assert_eq!(identity_copies(1, true, &in_place), Some(vec![(0x1000, 0x9000, 10)]));
+        assert_eq!(identity_copies(1, true, &in_place[..1]), Some(vec![]));
     }
 
     #[test]

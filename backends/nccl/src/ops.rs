@@ -8,7 +8,7 @@ use crate::dtype::{move_type, nccl_dtype, red_of, Red};
 use crate::header::Header;
 use crate::issue::Op;
 use crate::launch::{keep, p2p_launch};
-use crate::worker::{check, Check, Enqueue, Launch, P2pData};
+use crate::worker::{check, Check, Launch, P2pData};
 use crate::{comm::red_fns, NcclBackend, NcclBuffer};
 use concord_core::{validate_local, BadInputKind, CallDesc, CallOp, DType, ReduceOp, Result, TensorDesc, Variant, Work};
 use cudarc::nccl::sys as nccl;
@@ -66,12 +66,7 @@ impl NcclBackend {
         let local = validate_local(&d, self.ws, &self.issue_caps()).and_then(|()| Header::new(self.ws, &d));
         let mine = local.map_err(|e| self.bad(&o, e.kind, e.detail))?;
         self.arm(&o, &mine, Some((peer, is_send)));
-        let data = (buf.numel() > 0).then(|| P2pData {
-            ptr: buf.ptr(),
-            n: buf.numel(),
-            dtype: buf.dtype,
-            keep: keep(&[buf]).into_iter().collect(),
-        });
+        let data = (buf.numel() > 0).then(|| P2pData { ptr: buf.ptr(), n: buf.numel(), dtype: buf.dtype, keep: keep(&[buf]) });
         Ok((o, mine, data))
     }
 
@@ -127,9 +122,9 @@ impl NcclBackend {
                 then: vec![],
                 local: None,
                 keep: keep(&[x, &out]),
-                calls: Enqueue::Boxed(Box::new(move |c, s, _| unsafe {
+                calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
-                })),
+                }),
             }
         });
         self.submit(o, out, Check::All(hdr), launch)
@@ -156,9 +151,9 @@ impl NcclBackend {
                 then: vec![],
                 local: None,
                 keep: keep(&[x, &out]),
-                calls: Enqueue::Boxed(Box::new(move |c, s, _| unsafe {
+                calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
-                })),
+                }),
             }
         });
         self.submit(o, out, Check::All(hdr), launch)
@@ -190,7 +185,7 @@ impl NcclBackend {
             then: vec![],
             local: None,
             keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
-            calls: Enqueue::Boxed(Box::new(move |c, s, _| {
+            calls: Box::new(move |c, s, _| {
                 for (src, dst, n, d) in jobs {
                     let (t, n) = move_type(d, n);
                     check(
@@ -199,7 +194,7 @@ impl NcclBackend {
                     )?;
                 }
                 Ok(())
-            })),
+            }),
         });
         self.submit(o, outs, Check::All(hdr), launch)
     }
@@ -308,7 +303,7 @@ impl NcclBackend {
                 then: vec![],
                 local: None,
                 keep: keep(&[x, &out]),
-                calls: Enqueue::Boxed(Box::new(move |c, s, ops| {
+                calls: Box::new(move |c, s, ops| {
                     for (src, dst, n, d, red) in jobs {
                         let t = nccl_dtype(d).expect("checked");
                         // SAFETY: src/dst are live device buffers of at least n elements of d
@@ -330,7 +325,7 @@ impl NcclBackend {
                         )?;
                     }
                     Ok(())
-                })),
+                }),
             })
         };
         self.submit(o, out, Check::All(hdr), launch)
@@ -396,7 +391,7 @@ impl NcclBackend {
             then: vec![],
             local: None,
             keep: keep(&[&self.barrier_buf]),
-            calls: Enqueue::Boxed(Box::new(move |c, s, _| unsafe {
+            calls: Box::new(move |c, s, _| unsafe {
                 check(
                     nccl::ncclAllReduce(
                         p as *const c_void,
@@ -409,7 +404,7 @@ impl NcclBackend {
                     ),
                     "ncclAllReduce (barrier)",
                 )
-            })),
+            }),
         };
         self.submit(o, (), Check::All(hdr), Some(launch))
     }

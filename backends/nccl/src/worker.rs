@@ -88,106 +88,13 @@ const SERVICE_EVERY: Duration = Duration::from_micros(2);
 pub(crate) type Calls =
     Box<dyn FnOnce(nccl::ncclComm_t, nccl::cudaStream_t, &[u32]) -> std::result::Result<(), (String, nccl::ncclResult_t)> + Send>;
 
-/// One elementwise reduction of a launch: `(src, dst, count, dtype, op)`.
-pub(crate) type RedJob = (u64, u64, usize, concord_core::DType, crate::dtype::Red);
-
-/// The first NCCL group of a launch.
-///
-/// A job is built on the issuing thread and dropped on the progress thread, so whatever it
-/// holds on the heap is allocated by one thread and freed by the other, on every op: the
-/// allocator's shared state (the issuing thread's arena, its fast bins) then moves between the
-/// two threads' caches per op, on the progress thread's path, which sets the pace of small ops at
-/// 2 ranks (gpulat7's probe: ~1.1-1.25 us of its own per job). The common launch, elementwise
-/// reductions (`all_reduce`, `reduce_scatter`), is therefore held inline, its first job without
-/// a `Vec`; every other launch is a boxed closure.
-pub(crate) enum Enqueue {
-    /// One NCCL call per job, in order (`call`, e.g. `ncclAllReduce`, named `label` in errors),
-    /// with the premul-sum ops the launch created.
-    Reductions {
-        call: crate::comm::ElementwiseRedFn,
-        label: &'static str,
-        jobs: Few<RedJob>,
-    },
-    Boxed(Calls),
-}
-
-impl Enqueue {
-    /// Makes the calls: `premul` is the launch's list, `ops` the handles created for it.
-    fn run(
-        self,
-        c: nccl::ncclComm_t,
-        s: nccl::cudaStream_t,
-        premul: &[(nccl::ncclDataType_t, [u8; 8])],
-        ops: &[u32],
-    ) -> std::result::Result<(), (String, nccl::ncclResult_t)> {
-        match self {
-            Enqueue::Reductions { call, label, jobs } => {
-                for (src, dst, n, d, red) in jobs {
-                    let t = crate::dtype::nccl_dtype(d).expect("checked");
-                    let op = crate::NcclBackend::op_code(red, d, premul, ops);
-                    // SAFETY: src/dst are live device buffers of at least n elements of d (kept
-                    // alive by the launch's `keep`), and c/s are this communicator's handle and stream.
-                    check(unsafe { call(src as *const c_void, dst as *mut c_void, n, t, op, c, s) }, label)?;
-                }
-                Ok(())
-            }
-            Enqueue::Boxed(f) => f(c, s, ops),
-        }
-    }
-}
-
-/// A few items: up to two inline, more on the heap. What a job carries from the issuing thread
-/// to the progress thread (see [`Enqueue`]): an op's common case (its input and output buffers,
-/// one reduction, one copy) holds nothing on the heap.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Few<T> {
-    two: [Option<T>; 2],
-    more: Vec<T>,
-}
-
-impl<T> Default for Few<T> {
-    fn default() -> Few<T> {
-        Few { two: [None, None], more: Vec::new() }
-    }
-}
-
-impl<T> FromIterator<T> for Few<T> {
-    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Few<T> {
-        let mut f = Few::default();
-        for (i, x) in items.into_iter().enumerate() {
-            match f.two.get_mut(i) {
-                Some(slot) => *slot = Some(x),
-                None => f.more.push(x),
-            }
-        }
-        f
-    }
-}
-
-impl<T> IntoIterator for Few<T> {
-    type Item = T;
-    type IntoIter = std::iter::Chain<std::iter::Flatten<std::array::IntoIter<Option<T>, 2>>, std::vec::IntoIter<T>>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.two.into_iter().flatten().chain(self.more)
-    }
-}
-
-impl<T> Few<T> {
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.two.iter().flatten().chain(&self.more)
-    }
-}
-
-/// The device memory a launch keeps alive until its calls are enqueued.
-pub(crate) type Keep = Few<Arc<DevMem>>;
-
 /// What a job launches once its headers agree.
 pub(crate) struct Launch {
     /// Premul-sum ops to create first (NCCL type, scalar bytes).
     pub premul: Vec<(nccl::ncclDataType_t, [u8; 8])>,
-    pub calls: Enqueue,
+    pub calls: Calls,
     /// Device memory the calls read or write, kept alive until they are enqueued.
-    pub keep: Keep,
+    pub keep: Vec<Arc<DevMem>>,
     /// What follows `calls`, in order (empty but for the fused ops: `fused_gpu`).
     pub then: Vec<Step>,
     /// On a communicator of one rank, a reduction that is the identity (`sum`, `prod`, `min`,
@@ -197,7 +104,7 @@ pub(crate) struct Launch {
     /// and enqueue work; an in-place op copies nothing). The op's completion event, tracker
     /// entry and deadlines are those of any launch. `None`: `calls` (also when a fault is
     /// injected at the enqueue, which only the NCCL path honours).
-    pub local: Option<Few<(u64, u64, usize)>>,
+    pub local: Option<Vec<(u64, u64, usize)>>,
 }
 
 /// What [`Channel::run_op`] did.
@@ -292,13 +199,6 @@ struct SideBufs {
 }
 
 /// One communicator as the progress thread sees it.
-///
-/// Aligned to 128 bytes so that its `Arc`'s counts (the `ArcInner` header) sit on lines of
-/// their own: the issuing thread changes them on every op (a job's handle, cloned at issue)
-/// and the progress thread drops that handle after the job, while it reads the fields
-/// (`comm`, `rank`, `ws`, `board`, `faults`) all along; sharing a line, they moved between the
-/// two threads' caches on every job.
-#[repr(align(128))]
 pub(crate) struct Channel {
     pub comm: Arc<Comm>,
     pub rank: usize,
@@ -352,9 +252,6 @@ pub(crate) struct P2pData {
 pub(crate) type SplitOff = (Comm, Option<Board>);
 
 /// One unit of work for the progress thread.
-// `Op` holds its launch inline (~450 bytes, moved into the queue's ring once): boxed, it would
-// be the heap block freed on the progress thread on every op that `Enqueue` removes.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Job {
     /// A collective or point-to-point op. `ticket` is `None` for a header exchange whose only
     /// purpose is to tell the peers about an error this rank already returned at issue.
@@ -807,9 +704,7 @@ impl Channel {
         let t = prof.start();
         match local {
             Some(copies) if !stall => self.copy_local(id, &copies)?,
-            _ => {
-                self.comm.launch(deadline, stall, &premul, |c, s, ops| calls.run(c, s, &premul, ops)).map_err(|e| self.launch_err(id, e))?
-            }
+            _ => self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?,
         }
         let keep = self.run_steps(id, &premul, then, keep)?;
         prof.add(1, t);
@@ -832,10 +727,10 @@ impl Channel {
 
     /// A one-rank identity reduction (see [`Launch::local`]): its copies, on the communicator's
     /// stream. Never waits (an enqueue); refused once the communicator is aborted, as a launch is.
-    fn copy_local(&self, id: &OpId, copies: &Few<(u64, u64, usize)>) -> Result<()> {
+    fn copy_local(&self, id: &OpId, copies: &[(u64, u64, usize)]) -> Result<()> {
         self.not_aborted(id)?;
         let stream = self.comm.stream as cudarc::driver::sys::CUstream;
-        for &(src, dst, bytes) in copies.iter() {
+        for &(src, dst, bytes) in copies {
             self.dev().copy_on(stream, dst, src, bytes).map_err(|e| self.backend_err(id, e))?;
         }
         Ok(())
@@ -844,7 +739,13 @@ impl Channel {
     /// The steps after a launch's first group, in order. A failure part-way aborts the
     /// communicator: the peers may already be inside groups enqueued here, so this rank's
     /// sequence cannot go on (they end the op at its deadline).
-    fn run_steps(&self, id: &OpId, premul: &[(nccl::ncclDataType_t, [u8; 8])], steps: Vec<Step>, keep: Keep) -> Result<Keep> {
+    fn run_steps(
+        &self,
+        id: &OpId,
+        premul: &[(nccl::ncclDataType_t, [u8; 8])],
+        steps: Vec<Step>,
+        keep: Vec<Arc<DevMem>>,
+    ) -> Result<Vec<Arc<DevMem>>> {
         for step in steps {
             let r = match step {
                 Step::Nccl(calls) => {
@@ -1278,13 +1179,9 @@ impl Tracker {
     }
 
     fn flush_ops(&self, b: &mut Batch) {
-        // Drained (not taken): the batch keeps its capacity, so the next one allocates nothing.
-        let mut ops = std::mem::take(&mut b.ops);
+        let ops = std::mem::take(&mut b.ops);
         let (Some(comm), Some(at)) = (b.comm.take(), b.at.take()) else { return };
-        let Some(&(_, name, seq, _)) = ops.first() else {
-            b.ops = ops;
-            return;
-        };
+        let Some(&(_, name, seq, _)) = ops.first() else { return };
         let t = self.profile.start();
         let ev = comm.dev.record();
         self.profile.add(2, t);
@@ -1293,17 +1190,16 @@ impl Tracker {
                 let t = self.profile.start();
                 let l = self.push_at(&comm, Arc::new(ev), name, seq, b.timeout, at);
                 self.profile.add(3, t);
-                for (ticket, ..) in ops.drain(..) {
+                for (ticket, ..) in ops {
                     ticket.set(Stage::Launched(Launched { ev: l.ev.clone(), at: l.at, behind: l.behind.clone(), side: None }));
                 }
             }
             Err(e) => {
-                for (ticket, name, seq, rank) in ops.drain(..) {
+                for (ticket, name, seq, rank) in ops {
                     ticket.set(Stage::Finished(Err(CollectiveError::Backend(format!("nccl {name} #{seq} on rank {rank}: {e}")))));
                 }
             }
         }
-        b.ops = ops;
     }
 
     /// [`Tracker::service`] for a wait of the progress thread (a collective's header exchange):
@@ -1801,18 +1697,6 @@ impl Drop for Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A job's common case carries nothing on the heap from the issuing thread to the progress
-    /// thread (see `Enqueue`): up to two items inline, in order; more spill, still in order.
-    #[test]
-    fn a_few_items_stay_inline_and_in_order() {
-        for n in 0..6u32 {
-            let f: Few<u32> = (0..n).collect();
-            assert_eq!(f.iter().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{n} items");
-            assert_eq!(f.more.capacity() == 0, n <= 2, "{n} items: heap only past two");
-            assert_eq!(f.into_iter().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{n} items, by value");
-        }
-    }
 
     #[test]
     fn only_small_single_step_ops_share_a_completion_event() {
