@@ -309,7 +309,9 @@ impl Job {
                     Ok(Ran::Launched(l)) => Stage::Launched(l),
                     Ok(Ran::Deferred) => {
                         if let Some(t) = ticket {
+                            let since = tracker.profile.start();
                             tracker.defer(&chan.comm, t, &id, chan.rank, chan.op_timeout);
+                            tracker.profile.add(6, since);
                         }
                         return;
                     }
@@ -635,6 +637,8 @@ impl Channel {
     /// [`Ran::Deferred`] launched with its event to come (only when `deferrable`: the job has a
     /// ticket for [`Tracker::defer`]), [`Ran::Nothing`] agreed with nothing to launch.
     fn run_op(&self, id: &OpId, check: Check, launch: Option<Launch>, tracker: &Tracker, deferrable: bool) -> Result<Ran> {
+        let prof = &tracker.profile;
+        let pre = prof.start();
         // Every step that may wait (an injected stall, a header exchange on the stream) comes
         // after the completion events of the ops launched before (see `Tracker::defer`); the
         // board's wait flushes them itself when it has to wait.
@@ -700,7 +704,7 @@ impl Channel {
         if !defer || !tracker.batch_fits(&self.comm) {
             tracker.flush();
         }
-        let prof = &tracker.profile;
+        prof.add(5, pre);
         let t = prof.start();
         match local {
             Some(copies) if !stall => self.copy_local(id, &copies)?,
@@ -1038,19 +1042,25 @@ struct Batch {
 /// Where the progress thread's time goes, per job (off unless a benchmark turns it on:
 /// [`crate::NcclBackend::profile_progress`]). Sections: `nccl` inside the launch's NCCL group
 /// calls, `event` recording the op's CUDA event, `track` the launched-op bookkeeping; `job` is
-/// the whole job from taking it off the queue to counting it finished.
+/// the whole job from taking it off the queue to counting it finished. Within `job`, besides
+/// those (gpulat8): `take` marking it started (its ticket, the watchdog's `current`), `pre`
+/// `run_op` up to the launch (faults, the board's issue counters, the batch's checks, a header
+/// exchange when validating), `defer` handing a batched op's ticket to its batch, `after` the
+/// bookkeeping once it ran (the queue's count, the flush when nothing is queued behind); the
+/// rest of `job` is the job's own drop and dispatch. Each section boundary reads the clock, so
+/// the probe adds its own cost to `job`.
 #[derive(Default)]
 pub(crate) struct Profile {
     pub on: AtomicBool,
-    /// Nanoseconds: job, nccl, event, track.
-    ns: [AtomicU64; 4],
+    /// Nanoseconds per section of [`PROFILE_SECTIONS`].
+    ns: [AtomicU64; 8],
     jobs: AtomicU64,
     /// Ops that left their completion event to their batch ([`Tracker::defer`]).
     deferred: AtomicU64,
 }
 
 /// The sections of [`Profile`], in its order.
-pub const PROFILE_SECTIONS: [&str; 4] = ["job", "nccl", "event", "track"];
+pub const PROFILE_SECTIONS: [&str; 8] = ["job", "nccl", "event", "track", "take", "pre", "defer", "after"];
 
 impl Profile {
     fn start(&self) -> Option<Instant> {
@@ -1627,6 +1637,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                 slot => *slot = Some((comm.clone(), id, Instant::now())),
             }
         }
+        sh.tracker.profile.add(4, job_started);
         // A panic must not leave the op's completion waiting for a launch that never comes: the
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
@@ -1634,6 +1645,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             Job::Split { .. } | Job::Teardown(_) => None,
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+        let after = sh.tracker.profile.start();
         if run.is_err() {
             if let Some(t) = ticket {
                 t.set(Stage::Finished(Err(CollectiveError::Backend(format!(
@@ -1651,6 +1663,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         sh.finished.fetch_add(1, Ordering::SeqCst);
+        sh.tracker.profile.add(7, after);
         if job_started.is_some() {
             sh.tracker.profile.add(0, job_started);
             sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
