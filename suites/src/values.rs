@@ -563,7 +563,8 @@ pub fn zero_sum_sign(reduce: Option<ReduceOp>, got: &Tensor, exp: &Tensor) -> Op
     if !dtype.is_float() || !matches!(reduce, Some(ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_))) {
         return None;
     }
-    if got.dtype() != dtype || got.numel() != exp.numel() {
+    // Equal bytes hold no `+0` where `-0` is expected (one memcmp instead of a walk).
+    if got.dtype() != dtype || got.numel() != exp.numel() || got.bytes() == exp.bytes() {
         return None;
     }
     let es = dtype.size();
