@@ -112,7 +112,10 @@ pub fn fmax(a: f64, b: f64, policy: NanPolicy) -> f64 {
     nan_pick(a, b, policy).unwrap_or(if a > b || (a == b && a.is_sign_positive()) { a } else { b })
 }
 
-/// Reduces one element position over ranks for an integer dtype (values extended to i128).
+/// Reduces one element position over ranks for an integer dtype (values extended to i128), a
+/// wrap after every step: the per-element fold the integer blocks of [`reduce_tensors`] are held
+/// to (`tests::int_blocks_equal_the_element_by_element_fold`).
+#[cfg(test)]
 fn reduce_ints(dtype: DType, op: ReduceOp, vals: &[i128], sem: &Semantics) -> i128 {
     let w = |v: i128| wrap(dtype, v);
     match op {
