@@ -645,7 +645,6 @@ fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use concord_oracle::Collective;
 
     /// A rank's answer from peers' inputs made only up to [`read_upto`] is its answer from the
     /// whole inputs, for the collectives that read a prefix (reduce_scatter, scatter at every
