@@ -137,26 +137,32 @@ pub fn expected_fused_for(
         FusedCall::LowContentionAllGather => {
             let row: Vec<usize> = inputs[0].a.shape()[1..].to_vec();
             let parts: Vec<Tensor> = inputs.iter().map(|x| x.a.clone()).collect();
-            vec![vec![Tensor::cat_rows(inputs[0].a.dtype(), &row, &parts)]; ws]
+            let gathered = Tensor::cat_rows(inputs[0].a.dtype(), &row, &parts);
+            (0..ws).map(|q| if only.is_some_and(|o| o != q) { vec![] } else { vec![gathered.clone()] }).collect()
         }
         FusedCall::LowContentionReduceScatter { op } => {
             let x0 = &inputs[0].a;
             let rows = x0.shape()[0] / ws;
+            let n = x0.numel() / ws;
+            let mut shape = x0.shape().to_vec();
+            shape[0] = rows;
+            let mut col = Vec::with_capacity(n);
             (0..ws)
                 .map(|r| {
-                    let mut shape = x0.shape().to_vec();
-                    shape[0] = rows;
-                    let n = x0.numel() / ws;
-                    let v: Vec<f64> = (0..n)
-                        .map(|i| {
-                            let s: f64 = inputs.iter().fold(0.0, |s, x| s + x.a.get_f64(r * n + i));
-                            if *op == ReduceOp::Avg {
-                                s / ws as f64
-                            } else {
-                                s
-                            }
-                        })
-                        .collect();
+                    if only.is_some_and(|o| o != r) {
+                        return vec![];
+                    }
+                    // Each element summed from +0 in rank order (the element-wise fold), every
+                    // rank's chunk read with one dtype dispatch.
+                    let mut v = vec![0.0f64; n];
+                    for x in inputs {
+                        col.clear();
+                        floats_of(&x.a, r * n, (r + 1) * n, &mut col);
+                        v.iter_mut().zip(&col).for_each(|(s, x)| *s += x);
+                    }
+                    if *op == ReduceOp::Avg {
+                        v.iter_mut().for_each(|s| *s /= ws as f64);
+                    }
                     vec![round(x0.dtype(), &shape, &v)]
                 })
                 .collect()
@@ -363,6 +369,31 @@ pub fn fused_tolerance(input: DType, out: DType, k: usize, ws: usize, reduce_sca
 #[cfg(test)]
 mod reference {
     use super::*;
+
+    /// The low-contention reduce-scatter as it was: every rank's chunk, `get_f64` per element.
+    pub(super) fn low_contention_rs(inputs: &[FusedInputs], op: ReduceOp) -> Vec<Vec<Tensor>> {
+        let ws = inputs.len();
+        let x0 = &inputs[0].a;
+        let rows = x0.shape()[0] / ws;
+        (0..ws)
+            .map(|r| {
+                let mut shape = x0.shape().to_vec();
+                shape[0] = rows;
+                let n = x0.numel() / ws;
+                let v: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let s: f64 = inputs.iter().fold(0.0, |s, x| s + x.a.get_f64(r * n + i));
+                        if op == ReduceOp::Avg {
+                            s / ws as f64
+                        } else {
+                            s
+                        }
+                    })
+                    .collect();
+                vec![round(x0.dtype(), &shape, &v)]
+            })
+            .collect()
+    }
 
     pub(super) fn ag_matmul(inputs: &[FusedInputs], g: usize, scaling: Option<&Scaling>, only: Option<usize>) -> Vec<Vec<Tensor>> {
         let ws = inputs.len();
@@ -656,5 +687,44 @@ mod tests {
             }
         }
         assert_eq!(cases, 6 * 4 * 3 * 3 * 2);
+    }
+
+    /// The low-contention ops for one rank are that rank's entry of every rank's (the
+    /// all-gather: the concatenation; the reduce-scatter: the element-wise fold from +0 in rank
+    /// order as it was, `reference::low_contention_rs`), on values with NaN, ±inf and ±0, in
+    /// every float dtype, sum and avg, 1..=6 ranks.
+    #[test]
+    fn low_contention_for_one_rank_is_its_share_of_all() {
+        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, 1.5, -2.0, 0.1, 1e-3, 65_504.0];
+        let caps = Capabilities::full(64);
+        for dt in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            for ws in 1..=6usize {
+                let ins: Vec<FusedInputs> = (0..ws)
+                    .map(|r| {
+                        let v: Vec<f64> = (0..ws * 12).map(|i| specials[(i * 7 + r * 3 + i / 5) % specials.len()]).collect();
+                        FusedInputs { a: Tensor::from_f64(dt, &[ws * 4, 3], &v), bs: vec![], a_scale: None }
+                    })
+                    .collect();
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    let call = FusedCall::LowContentionReduceScatter { op };
+                    let all = expected_fused_for(&call, &ins, &caps, None).expect("valid");
+                    let bits = |v: &Vec<Vec<Tensor>>| {
+                        v.iter().map(|o| o.iter().map(|t| t.bytes().to_vec()).collect::<Vec<_>>()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(bits(&all), bits(&reference::low_contention_rs(&ins, op)), "{dt} ws{ws} {op}");
+                    for r in 0..ws {
+                        let one = expected_fused_for(&call, &ins, &caps, Some(r)).expect("valid");
+                        assert_eq!(bits(&vec![one[r].clone()]), bits(&vec![all[r].clone()]), "{dt} ws{ws} {op} rank {r}");
+                        assert!(one.iter().enumerate().all(|(q, o)| q == r || o.is_empty()), "only rank {r}'s outputs made");
+                    }
+                }
+                let call = FusedCall::LowContentionAllGather;
+                let all = expected_fused_for(&call, &ins, &caps, None).expect("valid");
+                for r in 0..ws {
+                    let one = expected_fused_for(&call, &ins, &caps, Some(r)).expect("valid");
+                    assert_eq!(one[r], all[r], "{dt} ws{ws} all_gather rank {r}");
+                }
+            }
+        }
     }
 }

@@ -112,7 +112,10 @@ pub fn fmax(a: f64, b: f64, policy: NanPolicy) -> f64 {
     nan_pick(a, b, policy).unwrap_or(if a > b || (a == b && a.is_sign_positive()) { a } else { b })
 }
 
-/// Reduces one element position over ranks for an integer dtype (values extended to i128).
+/// Reduces one element position over ranks for an integer dtype (values extended to i128), a
+/// wrap after every step: the per-element fold the integer blocks of [`reduce_tensors`] are held
+/// to (`tests::int_blocks_equal_the_element_by_element_fold`).
+#[cfg(test)]
 fn reduce_ints(dtype: DType, op: ReduceOp, vals: &[i128], sem: &Semantics) -> i128 {
     let w = |v: i128| wrap(dtype, v);
     match op {
@@ -191,18 +194,42 @@ pub fn reduce_tensors(op: ReduceOp, inputs: &[&Tensor], sem: &Semantics) -> Tens
             }
         }
     } else {
-        let mut cols = vec![0i128; ws * BLOCK];
-        let mut vals = vec![0i128; ws];
+        // Rank by rank over a block too, in i128 without a wrap per step: the dtype's wrap is a
+        // function of the value modulo 2^bits, which a sum or product in i128 (wrapping modulo
+        // 2^128) keeps, so one wrap at the end gives the per-element fold's bits
+        // ([`reduce_ints`], which `tests::int_blocks_equal_the_element_by_element_fold` compares).
+        let mut acc = vec![0i128; BLOCK];
+        let mut col = vec![0i128; BLOCK];
         for start in (0..n).step_by(BLOCK) {
             let len = BLOCK.min(n - start);
-            for (r, t) in inputs.iter().enumerate() {
-                ints_into(t, start, &mut cols[r * BLOCK..r * BLOCK + len]);
-            }
-            for j in 0..len {
-                for (r, v) in vals.iter_mut().enumerate() {
-                    *v = cols[r * BLOCK + j];
+            let (acc, col) = (&mut acc[..len], &mut col[..len]);
+            ints_into(inputs[0], start, acc);
+            for t in &inputs[1..] {
+                ints_into(t, start, col);
+                let pairs = acc.iter_mut().zip(col.iter());
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(a, v)| *a = a.wrapping_add(*v)),
+                    ReduceOp::Product => pairs.for_each(|(a, v)| *a = a.wrapping_mul(*v)),
+                    ReduceOp::Min => pairs.for_each(|(a, v)| *a = (*a).min(*v)),
+                    ReduceOp::Max => pairs.for_each(|(a, v)| *a = (*a).max(*v)),
+                    ReduceOp::BAnd => pairs.for_each(|(a, v)| *a &= v),
+                    ReduceOp::BOr => pairs.for_each(|(a, v)| *a |= v),
+                    ReduceOp::BXor => pairs.for_each(|(a, v)| *a ^= v),
+                    ReduceOp::PremulSum(_) => unreachable!("checked: {op} is defined for {dtype}"),
                 }
-                set_int(&mut out, start + j, reduce_ints(dtype, op, &vals, sem));
+            }
+            for (j, a) in acc.iter().enumerate() {
+                let v = match op {
+                    ReduceOp::Avg => {
+                        let (s, n) = (wrap(dtype, *a), ws as i128);
+                        match sem.int_avg {
+                            IntAvg::Truncate => s / n,
+                            IntAvg::Floor => s.div_euclid(n),
+                        }
+                    }
+                    _ => wrap(dtype, *a),
+                };
+                set_int(&mut out, start + j, v);
             }
         }
     }
@@ -442,6 +469,51 @@ mod tests {
             ReduceOp::Max => vals.iter().skip(1).fold(vals[0], |acc, v| fmax(acc, *v, sem.nan_minmax)),
             ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
                 panic!("bitwise {op} is not defined for floating-point dtypes")
+            }
+        }
+    }
+
+    /// The integer blocks (one wrap at the end) give [`reduce_ints`]' per-element fold (a wrap
+    /// after every step) bit for bit: every integer dtype and op, both avg roundings, 1..=9 and
+    /// 33 ranks, sizes around the block length, arbitrary bit patterns (products and sums that
+    /// wrap many times over).
+    #[test]
+    fn int_blocks_equal_the_element_by_element_fold() {
+        let mut x: u64 = 0x5eed_0bad_8765_4321;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let ints = [DType::I8, DType::U8, DType::I16, DType::U16, DType::I32, DType::U32, DType::I64, DType::U64];
+        let ops =
+            [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor];
+        for dtype in ints {
+            for ws in (1..=9).chain([33]) {
+                for n in [0, 1, 255, 256, 257, 700] {
+                    let inputs: Vec<Tensor> = (0..ws)
+                        .map(|_| {
+                            let mut t = Tensor::zeros(dtype, &[n]);
+                            for i in 0..n {
+                                set_int(&mut t, i, next() as i128);
+                            }
+                            t
+                        })
+                        .collect();
+                    let refs: Vec<&Tensor> = inputs.iter().collect();
+                    for op in ops {
+                        for int_avg in [IntAvg::Truncate, IntAvg::Floor] {
+                            let sem = Semantics { int_avg, ..Semantics::default() };
+                            let got = reduce_tensors(op, &refs, &sem);
+                            for i in 0..n {
+                                let vals: Vec<i128> = inputs.iter().map(|t| int_at(t, i)).collect();
+                                let want = reduce_ints(dtype, op, &vals, &sem);
+                                assert_eq!(int_at(&got, i), want, "{dtype} {op} ws{ws} n{n} {int_avg:?} element {i}");
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -444,8 +444,9 @@ pub fn prepare<B: Backend>(
                     concord_fixtures::input(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind)
                 } else if read[r] {
                     // A peer's input is made up to the last element this rank's answer reads
-                    // (a reduce_scatter reads chunk `rank` of every input; the rest is zeros).
-                    concord_fixtures::input_prefix(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind, read_upto(&coll, &s, ws, rank))
+                    // (a reduce_scatter reads chunk `rank` of every input, a scatter the root's,
+                    // an all_to_all split `rank` of every input; the rest is zeros).
+                    concord_fixtures::input_prefix(tseed, r, ws, spec.dtype, &s, spec.reduce, spec.kind, read_upto(&coll, &s, ws, rank, r))
                 } else {
                     Tensor::zeros(spec.dtype, &s)
                 }
@@ -563,7 +564,8 @@ pub fn zero_sum_sign(reduce: Option<ReduceOp>, got: &Tensor, exp: &Tensor) -> Op
     if !dtype.is_float() || !matches!(reduce, Some(ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_))) {
         return None;
     }
-    if got.dtype() != dtype || got.numel() != exp.numel() {
+    // Equal bytes hold no `+0` where `-0` is expected (one memcmp instead of a walk).
+    if got.dtype() != dtype || got.numel() != exp.numel() || got.bytes() == exp.bytes() {
         return None;
     }
     let es = dtype.size();
@@ -604,14 +606,23 @@ pub fn value_tolerance(spec: &ValueSpec, ws: usize, rounding: Rounding) -> Toler
     }
 }
 
-/// How many leading elements (row-major) of a peer's input of `shape` rank `rank`'s answer to
-/// `coll` reads, of the peers [`concord_oracle::reads`] names: a reduce_scatter's chunk `rank`
-/// (rows `rank·d0/ws ..(rank + 1)·d0/ws`) ends at element `(rank + 1)·numel/ws`; every other op
-/// reads a whole input.
-fn read_upto(coll: &Collective, shape: &[usize], ws: usize, rank: usize) -> usize {
+/// How many leading elements (row-major) of peer `peer`'s input of `shape` rank `rank`'s answer
+/// to `coll` reads, of the peers [`concord_oracle::reads`] names: a reduce_scatter's chunk
+/// `rank` (rows `rank·d0/ws ..(rank + 1)·d0/ws`) ends at element `(rank + 1)·numel/ws`, and so
+/// does the root's chunk `rank` of a scatter; an all_to_all reads the peer's split `rank`, which
+/// ends after its splits `0..=rank`; every other op reads a whole input.
+fn read_upto(coll: &Collective, shape: &[usize], ws: usize, rank: usize, peer: usize) -> usize {
     let numel: usize = shape.iter().product();
+    let divisible = shape.first().is_some_and(|d0| d0 % ws == 0);
     match coll {
-        Collective::ReduceScatter { .. } if shape.first().is_some_and(|d0| d0 % ws == 0) => (rank + 1) * (numel / ws),
+        Collective::ReduceScatter { .. } | Collective::Scatter { .. } if divisible => (rank + 1) * (numel / ws),
+        Collective::AllToAll { input_splits, .. } => match input_splits.get(peer) {
+            Some(Some(splits)) if splits.len() == ws && splits.iter().sum::<usize>() == shape.first().copied().unwrap_or(1) => {
+                splits[..=rank].iter().sum::<usize>() * shape.iter().skip(1).product::<usize>()
+            }
+            Some(None) if divisible => (rank + 1) * (numel / ws),
+            _ => numel,
+        },
         _ => numel,
     }
 }
@@ -634,6 +645,68 @@ fn collective_for(spec: &ValueSpec, p: &Params, ws: usize, split_m: Option<&Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rank's answer from peers' inputs made only up to [`read_upto`] is its answer from the
+    /// whole inputs, for the collectives that read a prefix (reduce_scatter, scatter at every
+    /// root, all_to_all with the split matrix's uneven splits and with equal splits), at 1..=5
+    /// ranks, in an integer and a float dtype; and one element short of it is not (the prefix is
+    /// no longer than it must be).
+    #[test]
+    fn a_peer_made_up_to_read_upto_gives_the_same_answer() {
+        let sem = Semantics::default();
+        for dtype in [DType::I32, DType::BF16] {
+            for ws in 1..=5usize {
+                let m = concord_fixtures::split_matrix(77 + ws as u64, ws, 5);
+                let mut colls = vec![
+                    (Collective::ReduceScatter { op: ReduceOp::Sum }, None),
+                    (
+                        Collective::AllToAll {
+                            input_splits: (0..ws).map(|r| Some(m[r].clone())).collect(),
+                            output_splits: (0..ws).map(|r| Some((0..ws).map(|i| m[i][r]).collect())).collect(),
+                        },
+                        Some(&m),
+                    ),
+                    (Collective::AllToAll { input_splits: vec![None; ws], output_splits: vec![None; ws] }, None),
+                ];
+                colls.extend((0..ws).map(|root| (Collective::Scatter { root }, None)));
+                for (coll, splits) in colls {
+                    let shape_of = |r: usize| match splits {
+                        Some(m) => vec![m[r].iter().sum::<usize>(), 3],
+                        None => vec![2 * ws, 3],
+                    };
+                    let op = matches!(coll, Collective::ReduceScatter { .. }).then_some(ReduceOp::Sum);
+                    let seed = 0xABC + ws as u64;
+                    let full: Vec<Tensor> =
+                        (0..ws).map(|r| concord_fixtures::input(seed, r, ws, dtype, &shape_of(r), op, InputKind::Exact)).collect();
+                    for rank in 0..ws {
+                        let read = concord_oracle::reads(&coll, ws, rank);
+                        let want = concord_oracle::expected_for(&coll, &full, &sem, rank).expect("valid");
+                        let cut = |short: usize| -> Vec<Tensor> {
+                            (0..ws)
+                                .map(|r| {
+                                    let keep = if r == rank || !read[r] {
+                                        usize::MAX
+                                    } else {
+                                        read_upto(&coll, &shape_of(r), ws, rank, r) - short
+                                    };
+                                    concord_fixtures::input_prefix(seed, r, ws, dtype, &shape_of(r), op, InputKind::Exact, keep)
+                                })
+                                .collect()
+                        };
+                        let got = concord_oracle::expected_for(&coll, &cut(0), &sem, rank).expect("valid");
+                        assert_eq!(got, want, "{dtype} ws{ws} {coll:?} rank {rank}");
+                        // One element less changes the answer wherever the last read element is a
+                        // peer's (in i32, whose exact inputs are never 0; a float's may be).
+                        let last_is_read = (0..ws).any(|r| r != rank && read[r] && read_upto(&coll, &shape_of(r), ws, rank, r) > 0);
+                        if dtype == DType::I32 && last_is_read && !matches!(coll, Collective::AllToAll { .. }) {
+                            let short = concord_oracle::expected_for(&coll, &cut(1), &sem, rank).expect("valid");
+                            assert_ne!(short, want, "{dtype} ws{ws} {coll:?} rank {rank}: read_upto is longer than needed");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// A float sum's `-0` may come back `+0` (a fold from a `+0` identity); an expected `+0`
     /// may not come back `-0`, a min's `-0` may not come back `+0`, and nonzero values are untouched.
