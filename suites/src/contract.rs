@@ -199,6 +199,7 @@ pub const CLAUSES: &[Clause] = &[
             "faults::fail_in_new_group",
             "faults::fail_p2p",
             "faults::fail_on_group",
+            "device_faults::local_failure_on_group",
         ],
     },
     Clause {

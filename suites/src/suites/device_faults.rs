@@ -20,6 +20,9 @@
 //!   and op #2 MUST then work on every rank. `::bystander::ws4`: the same at 4 ranks with the
 //!   fault on rank 1, so rank 3 is neither the failing rank nor its neighbour (helper subfault,
 //!   review17 §7), on a communicator the case starts (`faults::sub_world`).
+//! * `device_faults::local_failure_on_group::ws3` — `faults::fail_on_group`'s case with the
+//!   failure at `after_begin` of the first op on `new_group([0, 1])` (`core::fault`'s `/G`,
+//!   declared by `fault::ON_GROUPS`).
 //!
 //! Two ranks (one device each): `stall_before_first_header` — rank 1 stalls before its header of
 //! op #0, the communicator's first op (a lazily connecting backend waits for the peer inside that
@@ -38,6 +41,13 @@ use std::time::{Duration, Instant};
 
 fn meta() -> CaseMeta {
     CaseMeta { suite: "device_faults".into(), op: "all_reduce".into(), variant: "out".into(), dtype: "f32".into(), reduce: "sum".into() }
+}
+
+/// The meta of a case that starts its own communicator inside the case's world
+/// (`faults::sub_world`): suite `faults`, so that it runs in the `faults` suite's persistent
+/// worlds (`run::group_id`) and a backend without its hooks spawns no world only to skip it.
+fn meta_in_faults_worlds() -> CaseMeta {
+    CaseMeta { suite: "faults".into(), ..meta() }
 }
 
 /// `Unsupported` unless the backend lists every hook of `faults`.
@@ -239,12 +249,18 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     // backend without the hook spawns no world of its own for it.
     {
         let f = Fault::new(point::AFTER_BEGIN, Action::Fail).on_rank(1).nth(1);
-        v.push(Case::<B>::new("device_faults::local_failure_after_begin::bystander::ws4", meta(), 4, move |ctx| {
+        v.push(Case::<B>::new("device_faults::local_failure_after_begin::bystander::ws4", meta_in_faults_worlds(), 4, move |ctx| {
             needs(ctx.b, std::slice::from_ref(&f))?;
             let (b, _id) = super::faults::sub_world(ctx, Some(f.clone()))?;
             local_failure_after_begin(&b, super::faults::OP_TIMEOUT, ctx.timeout, 1)
         }));
     }
+
+    // helper subfault: a local failure on a subgroup (`/G`): the group's members get its named
+    // error; the world, a sibling group and the group stay usable (`faults::fail_on_group`'s body).
+    v.push(Case::<B>::new("device_faults::local_failure_on_group::ws3", meta_in_faults_worlds(), 3, |ctx| {
+        super::faults::group_fail_case(ctx, point::AFTER_BEGIN)
+    }));
 
     // The communicator's very first op (a fresh world, nothing run on it yet): a backend that
     // connects lazily (NCCL) waits for the absent peer inside its first launch, which its

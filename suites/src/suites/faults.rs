@@ -53,9 +53,10 @@
 //!   world, the sibling group `new_group([1, 2])` (rank 1 is in both) and the failed group itself
 //!   stay usable, their values checked (NCCL shares the abort flag of a parent and its children
 //!   under `splitShare`: a wrapper aborting a communicator on error then aborts the family).
-//! * `faults::world_timeout_with_group_op_in_flight::ws3` — (helper subfault) rank 1 never
-//!   issues: the world's all_reduce times out on ranks 0 and 2 while rank 0's all_reduce on
-//!   `new_group([0, 1])`, issued a third of a deadline later, is in flight. The group op MUST end
+//! * `faults::world_timeout_with_group_op_in_flight::ws2` — (helper subfault) rank 1 never
+//!   issues: the world's all_reduce times out on rank 0 while rank 0's all_reduce on
+//!   `new_group([0, 1])` (a group split off with every rank), issued a third of a deadline
+//!   later, is in flight. The group op MUST end
 //!   in a named error within its own deadline plus the abort's bound, never `Ok` (a world
 //!   watchdog that finishes its groups' works when the world times out returned `Ok`) and never
 //!   a hang (an abort of the world that never reaches the group).
@@ -523,9 +524,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         }));
     }
     // helper subfault (review17 §7): failures on subgroups.
-    v.push(Case::<B>::new("faults::fail_on_group::ws3", meta("all_reduce", "out"), 3, group_fail_case));
+    v.push(Case::<B>::new("faults::fail_on_group::ws3", meta("all_reduce", "out"), 3, |ctx| group_fail_case(ctx, point::AFTER_POST)));
     v.push(
-        Case::<B>::new("faults::world_timeout_with_group_op_in_flight::ws3", meta("all_reduce", "out"), 3, world_timeout_group_case)
+        Case::<B>::new("faults::world_timeout_with_group_op_in_flight::ws2", meta("all_reduce", "out"), 2, world_timeout_group_case)
             .stall_bound(),
     );
     v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case).stall_bound());
@@ -978,16 +979,18 @@ fn group_all_reduce_ok<B: Backend>(ctx: &Ctx<'_, B>, g: &B, red: ReduceOp, w: &s
     super::util::expect_eq(g, &y, &want, &format!("{w} ({step}, group rank q holding q + 1)"))
 }
 
-/// `faults::fail_on_group::ws3` (module docs; clause `faults.local_failure_named_everywhere`).
-fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    needs(ctx.b, &[point::AFTER_POST, fault::ON_GROUPS], true)?;
+/// `faults::fail_on_group::ws3` (module docs; clause `faults.local_failure_named_everywhere`),
+/// the local failure injected at `at` (shm's `after_post`; a launch-based backend's
+/// `after_begin`, `device_faults::local_failure_on_group::ws3`).
+pub(super) fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseResult {
+    needs(ctx.b, &[at, fault::ON_GROUPS], true)?;
     if !ctx.b.capabilities().subgroups {
         return Err(CaseEnd::Unsupported("no subgroups".into()));
     }
     let red = vehicle(ctx.b, &[Variant::Out])?;
     // Group 1 is new_group([0, 1]): its rank 0 (world rank 0) fails its first op after posting.
     let victim = 0;
-    let f = Fault::new(point::AFTER_POST, Action::Fail).on_rank(victim).nth(0).on_group(1);
+    let f = Fault::new(at, Action::Fail).on_rank(victim).nth(0).on_group(1);
     let (b, _id) = sub_world(ctx, Some(f.clone()))?;
     let me = b.rank();
     let w = format!(
@@ -1021,7 +1024,7 @@ fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     Ok(())
 }
 
-/// `faults::world_timeout_with_group_op_in_flight::ws3` (module docs; clause
+/// `faults::world_timeout_with_group_op_in_flight::ws2` (module docs; clause
 /// `faults.absent_peer_bounded`).
 fn world_timeout_group_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     needs(ctx.b, &[], true)?;
@@ -1033,7 +1036,7 @@ fn world_timeout_group_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let keys = Keys { ctx, id };
     let me = b.rank();
     let w = format!(
-        "{} reduce={} (rank 1 never issues: the world's all_reduce times out on ranks 0 and 2 while rank 0's all_reduce on \
+        "{} reduce={} (rank 1 never issues: the world's all_reduce times out on rank 0 while rank 0's all_reduce on \
          new_group([0, 1]), issued {:?} later, is in flight; op deadline {OP_TIMEOUT:?})",
         here(&b, "all_reduce", "out", DType::F32),
         red.name(),
@@ -1041,9 +1044,8 @@ fn world_timeout_group_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     );
     let g = group_of(&b, &[0, 1], &w)?;
     if me == 1 {
-        // Absent: issues nothing; keeps its communicators until the others are done.
-        keys.wait("done0", &w)?;
-        return keys.wait("done2", &w);
+        // Absent: issues nothing; keeps its communicators until rank 0 is done.
+        return keys.wait("done0", &w);
     }
     let body = || -> CaseResult {
         let bound = OP_TIMEOUT + ABSENT_BOUND;
