@@ -110,6 +110,9 @@ mod tests {
         let fail = Faults::from_world(&world("after_header:fail#3")).unwrap();
         assert!(!fail.stalls(Some(3)), "a fail returns at once");
         assert!(!Faults::default().stalls(Some(3)));
+        // A fault on a group (`/G`, not declared here) never fires on the world.
+        let on_group = Faults::from_world(&world("stream:stall#3/1;after_begin:fail#3/1")).unwrap();
+        assert!(!on_group.stalls(Some(3)) && !on_group.fires(point::AFTER_BEGIN, Action::Fail, Some(3)));
     }
 
     #[test]
