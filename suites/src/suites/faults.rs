@@ -56,10 +56,10 @@
 //! * `faults::world_timeout_with_group_op_in_flight::ws2` — (helper subfault) rank 1 never
 //!   issues: the world's all_reduce times out on rank 0 while rank 0's all_reduce on
 //!   `new_group([0, 1])` (a group split off with every rank), issued a third of a deadline
-//!   later, is in flight. The group op MUST end
-//!   in a named error within its own deadline plus the abort's bound, never `Ok` (a world
-//!   watchdog that finishes its groups' works when the world times out returned `Ok`) and never
-//!   a hang (an abort of the world that never reaches the group).
+//!   later, is in flight. The group op MUST end in a named error within its own deadline plus
+//!   the abort's bound, never `Ok` (a world watchdog that finishes its groups' works when the
+//!   world times out returned `Ok`) and never a hang (an abort of the world that never reaches
+//!   the group).
 //! * `faults::drop_during_recv::ws2` — the receiver drops its communicator while its receive is
 //!   in progress: the sender's buffer is not released (its send does not fail) before the
 //!   receiver has finished copying, so the receive never returns `Ok` with the sender's later
