@@ -85,7 +85,10 @@
 //! * An op whose peer never does its part (stalls before or after its header, never launches,
 //!   or is absent at the communicator's very first op, where a lazily connecting library waits
 //!   inside the launch) MUST end in a named error within its deadline plus the abort's bound,
-//!   never `Ok`. [clause: faults.absent_peer_bounded]
+//!   never `Ok`. This holds on a subgroup too, by the group's own deadline, whatever its parent
+//!   did meanwhile: a group op in flight when an op of the world failed at its deadline neither
+//!   completes `Ok` (a watchdog finishing the family's works) nor waits for an abort of the
+//!   world to reach it. [clause: faults.absent_peer_bounded]
 //! * `upload` / `download` synchronise with the device, not with queued collectives: with a
 //!   collective stuck, they return at once and leave the communicator usable.
 //!   [clause: faults.copies_not_behind_collectives]
@@ -93,8 +96,11 @@
 //!   as one named error (never a timeout, and never a bad-input kind: every rank's call was
 //!   right), and the world stays usable. It names the failing op only: works issued before it
 //!   and not yet waited MUST complete with their own results (one error flag per communicator
-//!   that fails every pending work with it is a bug).
-//!   [clause: faults.local_failure_named_everywhere]
+//!   that fails every pending work with it is a bug). Every rank of the op gets that error, not
+//!   only the failing rank's peers in the algorithm (a ring neighbour), at any world size. A
+//!   local failure on a subgroup leaves the subgroup, the communicator it was split from and its
+//!   sibling groups usable (an abort flag a parent shares with its children, set by a child's
+//!   failure, is a bug). [clause: faults.local_failure_named_everywhere]
 //!
 //! # Fused communication + compute (module [`crate::fused`], seed 004)
 //! * `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`, their scaled variants and the

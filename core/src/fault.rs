@@ -7,18 +7,32 @@
 //! `init` with [`crate::CollectiveError::Unsupported`]). A *point* is a plain name, so a backend
 //! may add its own without touching this crate; the shared ones are the constants in [`point`].
 //!
-//! Option value: one or more faults separated by `;`, each `POINT:ACTION[@RANK][#N][~MS]`:
+//! Option value: one or more faults separated by `;`, each `POINT:ACTION[@RANK][#N][~MS][/G]`:
 //! `RANK` limits it to one rank of the communicator `init` created (default: every rank); `N` to
 //! its `N`-th op, counted from 0 in issue order over collectives, point-to-point calls and
-//! `new_group` on that communicator (buffer calls are not counted; subgroups never fault;
-//! default: every op); `MS` is how long a `stall` lasts before the rank carries on (default: until
-//! the op's deadline, an abort or teardown releases it). Example:
-//! `fault=between_barriers:stall@1#1~1500;stream:stall#0`.
+//! `new_group` on that communicator (buffer calls are not counted; default: every op); `MS` is how
+//! long a `stall` lasts before the rank carries on (default: until the op's deadline, an abort or
+//! teardown releases it). `G` moves the fault onto a subgroup: the communicator made by the
+//! `G`-th `new_group` called on the communicator `init` created (counted from 1 over every
+//! `new_group` call, on members and non-members alike, so every rank numbers the groups alike);
+//! `RANK` and `N` then count in that group (its rank, its ops). Without `/G` a fault is the init
+//! communicator's and no subgroup ever faults. Example:
+//! `fault=between_barriers:stall@1#1~1500;stream:stall#0;after_post:fail@0#0/1`.
+//!
+//! Faults on subgroups are a declared capability: a backend that honours them lists
+//! `(`[`ON_GROUPS`]`, action)` in [`crate::Backend::fault_hooks`] for every action it honours
+//! there (at the same points as on the world), and hands [`for_group`]'s faults to the `G`-th
+//! group it makes. [`Fault::applies`] never matches a fault meant for a group, so a backend
+//! unaware of `/G` never fires it on its world (the cases are then UNSUPPORTED by the declaration).
 
 use std::time::Duration;
 
 /// The backend option holding the faults.
 pub const OPTION: &str = "fault";
+
+/// The pseudo-point a backend lists in [`crate::Backend::fault_hooks`], once per action, when it
+/// honours faults on subgroups (`/G`, module docs).
+pub const ON_GROUPS: &str = "on_groups";
 
 /// Exit status of a rank that dies through [`Action::Die`].
 pub const DIE_EXIT_CODE: i32 = 86;
@@ -108,11 +122,20 @@ pub struct Fault {
     pub nth: Option<u64>,
     /// How long a [`Action::Stall`] lasts (`None`: until released by a deadline, abort or teardown).
     pub stall: Option<Duration>,
+    /// The subgroup the fault is on (`/G`: the `G`-th `new_group` of the init communicator,
+    /// from 1); `None`: the init communicator itself.
+    pub group: Option<u64>,
 }
 
 impl Fault {
     pub fn new(point: &str, action: Action) -> Fault {
-        Fault { point: point.to_string(), action, rank: None, nth: None, stall: None }
+        Fault { point: point.to_string(), action, rank: None, nth: None, stall: None, group: None }
+    }
+    /// On the `g`-th group made by `new_group` on the init communicator (from 1); `rank` and
+    /// `nth` then count in that group.
+    pub fn on_group(mut self, g: u64) -> Fault {
+        self.group = Some(g);
+        self
     }
     pub fn on_rank(mut self, rank: usize) -> Fault {
         self.rank = Some(rank);
@@ -130,9 +153,10 @@ impl Fault {
     pub fn fires(&self, point: &str, action: Action, rank: usize, nth: u64) -> bool {
         self.action == action && self.applies(point, rank, nth)
     }
-    /// Whether this fault (any action) applies at `point` for the `nth` op on `rank`.
+    /// Whether this fault (any action) applies at `point` for the `nth` op on `rank` of the
+    /// communicator holding it (never while it is still meant for a group: see [`for_group`]).
     pub fn applies(&self, point: &str, rank: usize, nth: u64) -> bool {
-        self.point == point && self.rank.is_none_or(|r| r == rank) && self.nth.is_none_or(|n| n == nth)
+        self.group.is_none() && self.point == point && self.rank.is_none_or(|r| r == rank) && self.nth.is_none_or(|n| n == nth)
     }
     /// The `(point, action)` pair, as [`crate::Backend::fault_hooks`] lists it.
     pub fn hook(&self) -> (String, Action) {
@@ -156,6 +180,9 @@ impl std::fmt::Display for Fault {
         if let Some(d) = self.stall {
             write!(f, "~{}", d.as_millis())?;
         }
+        if let Some(g) = self.group {
+            write!(f, "/{g}")?;
+        }
         Ok(())
     }
 }
@@ -170,10 +197,14 @@ pub fn parse(s: &str) -> Result<Vec<Fault>, String> {
     let mut v = Vec::new();
     for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
         let bad =
-            |why: &str| format!("fault `{item}`: {why} (expected POINT:ACTION[@RANK][#N][~MS], ACTION one of stall, fail, panic, die)");
-        let (rest, stall) = match item.split_once('~') {
-            Some((a, ms)) => (a, Some(Duration::from_millis(ms.parse::<u64>().map_err(|_| bad("MS is not a number"))?))),
+            |why: &str| format!("fault `{item}`: {why} (expected POINT:ACTION[@RANK][#N][~MS][/G], ACTION one of stall, fail, panic, die)");
+        let (rest, group) = match item.split_once('/') {
+            Some((a, g)) => (a, Some(g.parse::<u64>().ok().filter(|&g| g > 0).ok_or_else(|| bad("G is not a number from 1"))?)),
             None => (item, None),
+        };
+        let (rest, stall) = match rest.split_once('~') {
+            Some((a, ms)) => (a, Some(Duration::from_millis(ms.parse::<u64>().map_err(|_| bad("MS is not a number"))?))),
+            None => (rest, None),
         };
         let (rest, nth) = match rest.split_once('#') {
             Some((a, n)) => (a, Some(n.parse::<u64>().map_err(|_| bad("N is not a number"))?)),
@@ -188,7 +219,7 @@ pub fn parse(s: &str) -> Result<Vec<Fault>, String> {
             return Err(bad("POINT must be a lower-case name"));
         }
         let action = Action::parse(action).ok_or_else(|| bad("unknown ACTION"))?;
-        v.push(Fault { point: point.to_string(), action, rank, nth, stall });
+        v.push(Fault { point: point.to_string(), action, rank, nth, stall, group });
     }
     Ok(v)
 }
@@ -201,6 +232,12 @@ pub fn from_options(options: &[(String, String)]) -> Result<Vec<Fault>, String> 
 /// The faults a world asks for (`Ok(empty)` when the option is absent).
 pub fn from_world(world: &crate::WorldInfo) -> Result<Vec<Fault>, String> {
     from_options(&world.options)
+}
+
+/// The faults of `faults` meant for the `g`-th group (`/g`), made the group's own (no `/G`): what a
+/// backend declaring [`ON_GROUPS`] gives the communicator its `g`-th `new_group` makes.
+pub fn for_group(faults: &[Fault], g: u64) -> Vec<Fault> {
+    faults.iter().filter(|f| f.group == Some(g)).map(|f| Fault { group: None, ..f.clone() }).collect()
 }
 
 /// Every `(point, action)` pair for `points` × every action (a backend honouring all actions).
@@ -230,11 +267,31 @@ mod tests {
         assert!(Fault::new("x", Action::Fail).fires("x", Action::Fail, 7, 99));
         assert_eq!(from_options(&[("x".into(), "1".into())]), Ok(Vec::new()));
         assert_eq!(hooks(&["a"]).len(), 4);
+        // A fault on a group: never fires on the init communicator; `for_group` makes it the
+        // group's own.
+        let g = Fault::new(point::AFTER_POST, Action::Fail).on_rank(0).nth(0).on_group(2);
+        assert_eq!(g.to_string(), "after_post:fail@0#0/2");
+        assert_eq!(parse("after_post:fail@0#0/2").unwrap(), vec![g.clone()]);
+        assert!(!g.fires(point::AFTER_POST, Action::Fail, 0, 0));
+        let all = [g, f[0].clone()];
+        assert!(for_group(&all, 1).is_empty());
+        let mine = for_group(&all, 2);
+        assert_eq!(mine.len(), 1);
+        assert!(mine[0].fires(point::AFTER_POST, Action::Fail, 0, 0));
     }
 
     #[test]
     fn bad_values_are_named() {
-        for bad in ["stream", "stream:wobble", "Stream:stall", "stream:stall@x", "stream:stall#-1", "stream:stall~x"] {
+        for bad in [
+            "stream",
+            "stream:wobble",
+            "Stream:stall",
+            "stream:stall@x",
+            "stream:stall#-1",
+            "stream:stall~x",
+            "stream:stall/0",
+            "stream:stall/x",
+        ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(bad), "{e}");
         }

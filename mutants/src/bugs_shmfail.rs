@@ -37,9 +37,9 @@ impl PoisonedAfterAnyFailure {
 }
 
 /// A completion that relays `inner` and notes its failure (bad input excepted) in `first`.
-struct Noted<T> {
-    inner: Work<T>,
-    first: Arc<Mutex<Option<String>>>,
+pub(crate) struct Noted<T> {
+    pub(crate) inner: Work<T>,
+    pub(crate) first: Arc<Mutex<Option<String>>>,
 }
 
 impl<T: Send + Sync> Completion for Noted<T> {

@@ -38,7 +38,7 @@ pub fn reference_entry() -> BackendEntry {
 struct OtherBackend;
 impl Bug for OtherBackend {}
 
-fn spec(bug: StreamBug, clause: &'static str, what: &'static str, catchers: &'static [&'static str]) -> Spec {
+pub(crate) fn spec(bug: StreamBug, clause: &'static str, what: &'static str, catchers: &'static [&'static str]) -> Spec {
     let name = bug.name();
     let entry = BackendEntry::new::<Stream>(name, 0, cases::<Stream>)
         .with_option(BUG_OPTION, name)

@@ -93,6 +93,7 @@ pub mod bugs_review8;
 pub mod bugs_risks;
 pub mod bugs_shmfail;
 pub mod bugs_stream;
+pub mod bugs_subfault;
 pub mod campaign;
 pub mod coverage;
 pub mod legal;
@@ -134,7 +135,8 @@ pub mod sweep_bad;
 /// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
 /// bug shm had until helper shmfail);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
-/// launch-based backend: another backend type).
+/// launch-based backend: another backend type); [`bugs_subfault`] (failures on subgroups and
+/// their parent, and a launch-based bystander beyond 2 ranks).
 pub fn catalogue() -> Vec<campaign::Spec> {
     let mut v = bugs::catalogue();
     v.extend(bugs_clauses::catalogue());
@@ -182,6 +184,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_stream::catalogue());
+    v.extend(bugs_subfault::catalogue());
     v
 }
 
@@ -543,6 +546,11 @@ pub trait Bug: Send + Sync + 'static {
     fn group_ranks(&self, s: &Shm, ranks: &[usize]) -> Vec<usize> {
         ranks.to_vec()
     }
+    /// The bug of a group made from this communicator (state a library shares between a parent
+    /// and the communicators split from it). Default: `None`, a fresh one from the maker.
+    fn child(&self) -> Option<Box<dyn Bug>> {
+        None
+    }
     /// `fused_all_gather_matmul` and its scaled variant (`scaling`). Default: the trait's
     /// decomposition over the mutant itself (what a backend without its own fused ops runs).
     fn fused_all_gather_matmul(
@@ -626,7 +634,7 @@ impl Backend for Mutant {
         let made = self.s.inner.new_group(&ranks).inspect_err(|e| self.bug.group_failed(&self.s, e))?.map(|g| (Arc::new(g), members));
         Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
-            bug: (self.make)(),
+            bug: self.bug.child().unwrap_or_else(self.make),
             make: self.make,
         }))
     }

@@ -42,7 +42,8 @@
 //! `enqueue:stall` (the library call stays "in progress" until its deadline or an abort),
 //! `stream:stall` (the stream stops before the op until an abort, teardown or the backstop).
 //! Points of other backends (shm's `after_post`, ...) are ignored: their cases are UNSUPPORTED.
-//! Subgroups never fault.
+//! Faults on groups (`/G`, [`concord_core::fault::ON_GROUPS`]) are honoured: the `G`-th
+//! `new_group` hands them to the group it makes, whose ops they count.
 //!
 //! Option `stream_bug=<name>` turns on one [`StreamBug`], each a realistic mistake of such a
 //! backend (see `bugs_stream`).
@@ -94,10 +95,15 @@ pub enum StreamBug {
     /// A peer's failed header is reported as a timeout of this op (and aborts), not as the
     /// peer's named local failure.
     PeerFailureAsTimeout,
+    /// The header check reads only the ranks this rank exchanges data with in a ring (itself and
+    /// its two neighbours), as a ring kernel's connection setup does: at 4 ranks and more a
+    /// bystander (neither the failing rank nor its neighbour) launches its side of an op a peer
+    /// failed locally, and waits in it for ranks that never launch, until its deadline.
+    FailedHeaderFromRingNeighbours,
 }
 
 impl StreamBug {
-    pub const ALL: [StreamBug; 8] = [
+    pub const ALL: [StreamBug; 9] = [
         StreamBug::AbortReleasesOk,
         StreamBug::AbortWaitsForLaunch,
         StreamBug::HeaderWaitUnbounded,
@@ -106,6 +112,7 @@ impl StreamBug {
         StreamBug::LocalFailureUnsent,
         StreamBug::LocalFailureAborts,
         StreamBug::PeerFailureAsTimeout,
+        StreamBug::FailedHeaderFromRingNeighbours,
     ];
     /// The mutant's name (the option value).
     pub fn name(self) -> &'static str {
@@ -118,6 +125,7 @@ impl StreamBug {
             StreamBug::LocalFailureUnsent => "stream_local_failure_unsent",
             StreamBug::LocalFailureAborts => "stream_local_failure_aborts",
             StreamBug::PeerFailureAsTimeout => "stream_peer_failure_as_timeout",
+            StreamBug::FailedHeaderFromRingNeighbours => "subfault_stream_failed_header_ring_neighbours",
         }
     }
     pub fn parse(s: &str) -> Option<StreamBug> {
@@ -368,7 +376,11 @@ impl Chan {
                 format!("{what} on rank {} met {other} on rank {r} at the same place in the sequence", self.rank()),
             ));
         }
-        if let Some(r) = all.iter().position(|&(s, _)| s != 0) {
+        let ws = all.len();
+        let seen = |r: usize| {
+            !self.host.bug(StreamBug::FailedHeaderFromRingNeighbours) || (r + 1) % ws == self.rank() || (self.rank() + 1) % ws == r
+        };
+        if let Some(r) = (0..ws).find(|&r| all[r].0 != 0 && seen(r)) {
             if self.host.bug(StreamBug::PeerFailureAsTimeout) {
                 self.host.abort(format!("{} #{}: rank {r} did not take part", id.name, id.seq));
                 return fail(self.timeout(&id, format!("rank {r} did not complete its side of the op; communicator aborted")));
@@ -645,8 +657,10 @@ pub struct Stream {
     rank: usize,
     ws: usize,
     seq: AtomicU64,
-    /// The fault index (world communicator only; subgroups never fault).
+    /// The fault index (the communicator `init` created, or a group that holds faults of its own).
     nth: Option<AtomicU64>,
+    /// `new_group` calls issued so far (numbers the groups faults on groups name, from 1).
+    groups_made: AtomicU64,
     counter: OutstandingCounter,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -655,7 +669,14 @@ pub struct Stream {
 static COMMS: AtomicU64 = AtomicU64::new(0);
 
 impl Stream {
-    fn make(data: ShmBackend, board: ShmBackend, faults: Vec<Fault>, bug: Option<StreamBug>, op_timeout: Duration, world: bool) -> Stream {
+    fn make(
+        data: ShmBackend,
+        board: ShmBackend,
+        faults: Vec<Fault>,
+        bug: Option<StreamBug>,
+        op_timeout: Duration,
+        counted: bool,
+    ) -> Stream {
         let (rank, ws) = (data.rank(), data.world_size());
         let host = Arc::new(Host {
             rank,
@@ -697,7 +718,8 @@ impl Stream {
             rank,
             ws,
             seq: AtomicU64::new(0),
-            nth: world.then(|| AtomicU64::new(0)),
+            nth: counted.then(|| AtomicU64::new(0)),
+            groups_made: AtomicU64::new(0),
             counter: OutstandingCounter::default(),
             jobs: Mutex::new(Some(jtx)),
             threads: Mutex::new(vec![progress, stream]),
@@ -914,13 +936,16 @@ impl Backend for Stream {
     fn outstanding(&self) -> usize {
         self.counter.get()
     }
+    /// NCCL's set, on the world and on its groups (`/G`).
     fn fault_hooks(&self) -> Vec<(String, Action)> {
-        HOOKS.iter().map(|(p, a)| (p.to_string(), *a)).collect()
+        let on_groups = [Action::Stall, Action::Fail, Action::Die].map(|a| (fault::ON_GROUPS, a));
+        HOOKS.iter().chain(on_groups.iter()).map(|(p, a)| (p.to_string(), *a)).collect()
     }
     /// Its header goes the ops' way (a `new_group` met by another op is `op_mismatch` on every
     /// rank, the communicator usable), then it waits for the stream to reach it (the split
     /// follows every earlier op on the device); then the data communicator and the board split.
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        let g = self.groups_made.fetch_add(1, Ordering::SeqCst) + 1;
         let mut o = self.begin("new_group");
         self.alive(&o)?;
         let ticket = Ticket::new(&self.chan.host, &self.chan.label, &o.id);
@@ -939,7 +964,11 @@ impl Backend for Stream {
         let data = self.chan.data.new_group(ranks)?;
         let board = self.chan.board.new_group(ranks)?;
         match (data, board) {
-            (Some(d), Some(b)) => Ok(Some(Stream::make(d, b, Vec::new(), self.host().bug, self.host().op_timeout, false))),
+            (Some(d), Some(b)) => {
+                let faults = fault::for_group(&self.host().faults, g);
+                let counted = !faults.is_empty();
+                Ok(Some(Stream::make(d, b, faults, self.host().bug, self.host().op_timeout, counted)))
+            }
             (None, None) => Ok(None),
             _ => Err(self.chan.err(&o.id, "the board and the data communicator disagree on membership")),
         }

@@ -169,7 +169,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "faults.absent_peer_bounded",
         source: BACKEND,
-        text: "An op whose peer never does its part (stalls before or after its header, never launches, or is absent at the communicator's very first op) ends in a named error within its deadline plus the abort's bound, never Ok.",
+        text: "An op whose peer never does its part (stalls before or after its header, never launches, or is absent at the communicator's very first op) ends in a named error within its deadline plus the abort's bound, never Ok; on a subgroup by the group's own deadline, whatever its parent's failure did.",
         cases: &[
             "device_faults::stall_before_first_header",
             "device_faults::stall_before_header",
@@ -179,6 +179,7 @@ pub const CLAUSES: &[Clause] = &[
             "faults::late_receiver::",
             "faults::absent_peer::fused_all_gather_matmul",
             "faults::absent_peer::low_contention_all_gather",
+            "faults::world_timeout_with_group_op_in_flight",
         ],
     },
     Clause {
@@ -190,8 +191,16 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "faults.local_failure_named_everywhere",
         source: BACKEND,
-        text: "A local failure after an op was issued reaches every rank as one named error, never a timeout and never a bad-input kind; the world stays usable, and works issued before the failing op complete with their own results.",
-        cases: &["device_faults::local_failure_after_begin", "device_faults::fail_before_header", "faults::fail_after_post", "faults::fail_in_new_group", "faults::fail_p2p"],
+        text: "A local failure after an op was issued reaches every rank of the op (not only the failing rank's neighbours) as one named error, never a timeout and never a bad-input kind; the world stays usable (after a failure on a subgroup: the group, its parent and its siblings), and works issued before the failing op complete with their own results.",
+        cases: &[
+            "device_faults::local_failure_after_begin",
+            "device_faults::fail_before_header",
+            "faults::fail_after_post",
+            "faults::fail_in_new_group",
+            "faults::fail_p2p",
+            "faults::fail_on_group",
+            "device_faults::local_failure_on_group",
+        ],
     },
     Clause {
         id: "values.reduce",

@@ -1,5 +1,6 @@
 //! Fault injection ([`concord_core::fault`]): the hooks this backend honours, read from the
-//! `fault` option of the world at `init` (subgroups never fault). Hook sites: `after_begin:fail`
+//! `fault` option of the world at `init` (subgroups never fault: faults on groups, `/G`, are
+//! dropped, and `fault::ON_GROUPS` is not declared). Hook sites: `after_begin:fail`
 //! in output allocation on the issuing thread (a simulated out-of-memory); `before_header`,
 //! `after_header` (stall / fail / die), `no_launch:stall` (the op's NCCL calls are skipped but its
 //! event is recorded as if launched) and `stream:stall` (a host-function gate on the stream
@@ -22,7 +23,10 @@ pub(crate) struct Faults {
 impl Faults {
     /// The faults `world` asks for; `Err` names an unknown or unhonoured one.
     pub fn from_world(world: &concord_core::WorldInfo) -> Result<Faults, String> {
-        let list = concord_core::fault::from_world(world)?;
+        let mut list = concord_core::fault::from_world(world)?;
+        // Faults on subgroups (`/G`) are not honoured (not declared: `fault::ON_GROUPS`), never
+        // fired on the world either.
+        list.retain(|f| f.group.is_none());
         for f in &list {
             if !HOOKS.iter().any(|(p, a)| *p == f.point && *a == f.action) {
                 return Err(format!("the NCCL backend has no fault hook {}:{}", f.point, f.action.name()));
@@ -106,6 +110,9 @@ mod tests {
         let fail = Faults::from_world(&world("after_header:fail#3")).unwrap();
         assert!(!fail.stalls(Some(3)), "a fail returns at once");
         assert!(!Faults::default().stalls(Some(3)));
+        // A fault on a group (`/G`, not declared here) never fires on the world.
+        let on_group = Faults::from_world(&world("stream:stall#3/1;after_begin:fail#3/1")).unwrap();
+        assert!(!on_group.stalls(Some(3)) && !on_group.fires(point::AFTER_BEGIN, Action::Fail, Some(3)));
     }
 
     #[test]

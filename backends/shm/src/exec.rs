@@ -42,6 +42,11 @@ pub struct Comm {
     pub fault: Vec<Fault>,
     /// Ops issued so far (collectives, `new_group`, sends and receives), to find a fault's op.
     pub issued: AtomicU64,
+    /// The faults meant for this communicator's groups (`/G`, every rank's: a group's rank is
+    /// known once it is made; communicator created by `init` only).
+    pub group_faults: Vec<Fault>,
+    /// `new_group` calls issued so far (numbers the groups the faults name, from 1).
+    pub groups_made: AtomicU64,
     /// The reduction semantics chosen by the world's options (inherited by subgroups).
     pub chosen: crate::kernels::Chosen,
 }

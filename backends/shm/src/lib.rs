@@ -105,7 +105,7 @@
 //!   receiver fails in step and never copies it: review15 finding 3), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first
 //!   copy; a receive: before copying the message) of its n-th op (collectives, sends, receives
-//!   and `new_group` counted from 0); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
+//!   and `new_group` counted from 0), on the world or on a group it made (`/G`); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
 //!   it when they are reused and at teardown (`backends/shm/tests/campaign.rs`).
 //! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
@@ -490,8 +490,10 @@ impl Backend for ShmBackend {
             label: format!("shm r{rank}"),
             op_timeout: world.op_timeout,
             abort: AtomicBool::new(false),
-            fault: fault.into_iter().filter(|f| f.rank.is_none_or(|r| r == rank)).collect(),
+            fault: fault.iter().filter(|f| f.group.is_none() && f.rank.is_none_or(|r| r == rank)).cloned().collect(),
             issued: AtomicU64::new(0),
+            group_faults: fault.into_iter().filter(|f| f.group.is_some()).collect(),
+            groups_made: AtomicU64::new(0),
             chosen,
         })
     }
@@ -508,14 +510,17 @@ impl Backend for ShmBackend {
     fn capabilities(&self) -> Capabilities {
         caps(&self.comm)
     }
+    /// Every action at every point of `FAULT_POINTS`, on the world and on its groups (`/G`).
     fn fault_hooks(&self) -> Vec<(String, fault::Action)> {
-        fault::hooks(&FAULT_POINTS)
+        fault::hooks(&FAULT_POINTS).into_iter().chain(fault::hooks(&[fault::ON_GROUPS])).collect()
     }
     fn outstanding(&self) -> usize {
         self.counter.get()
     }
 
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Self>> {
+        // The group's number for faults on groups (`/G`): every call counts, on every rank.
+        let g = self.comm.groups_made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let flag = Flag::new();
         let (reply_tx, reply_rx) = mpsc::channel();
         let seq = {
@@ -551,8 +556,10 @@ impl Backend for ShmBackend {
             tag,
             op_timeout: self.comm.op_timeout,
             abort: AtomicBool::new(false),
-            fault: Vec::new(),
+            fault: fault::for_group(&self.comm.group_faults, g).into_iter().filter(|f| f.rank.is_none_or(|r| r == pos)).collect(),
             issued: AtomicU64::new(0),
+            group_faults: Vec::new(),
+            groups_made: AtomicU64::new(0),
             chosen: self.comm.chosen,
         })
         .map(Some)

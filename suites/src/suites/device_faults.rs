@@ -17,7 +17,12 @@
 //!   with the device, not with queued collectives) and MUST NOT abort the communicator.
 //! * `device_faults::local_failure_after_begin::ws{1,2}` — op #1 fails locally on the last rank
 //!   (simulated out-of-memory): every rank MUST get a named error for op #1 (never a timeout),
-//!   and op #2 MUST then work on every rank.
+//!   and op #2 MUST then work on every rank. `::bystander::ws4`: the same at 4 ranks with the
+//!   fault on rank 1, so rank 3 is neither the failing rank nor its neighbour (helper subfault,
+//!   review17 §7), on a communicator the case starts (`faults::sub_world`).
+//! * `device_faults::local_failure_on_group::ws3` — `faults::fail_on_group`'s case with the
+//!   failure at `after_begin` of the first op on `new_group([0, 1])` (`core::fault`'s `/G`,
+//!   declared by `fault::ON_GROUPS`).
 //!
 //! Two ranks (one device each): `stall_before_first_header` — rank 1 stalls before its header of
 //! op #0, the communicator's first op (a lazily connecting backend waits for the peer inside that
@@ -36,6 +41,13 @@ use std::time::{Duration, Instant};
 
 fn meta() -> CaseMeta {
     CaseMeta { suite: "device_faults".into(), op: "all_reduce".into(), variant: "out".into(), dtype: "f32".into(), reduce: "sum".into() }
+}
+
+/// The meta of a case that starts its own communicator inside the case's world
+/// (`faults::sub_world`): suite `faults`, so that it runs in the `faults` suite's persistent
+/// worlds (`run::group_id`) and a backend without its hooks spawns no world only to skip it.
+fn meta_in_faults_worlds() -> CaseMeta {
+    CaseMeta { suite: "faults".into(), ..meta() }
 }
 
 /// `Unsupported` unless the backend lists every hook of `faults`.
@@ -83,6 +95,38 @@ const SLACK: Duration = Duration::from_millis(1500);
 
 fn is_named_failure(name: &str) -> bool {
     matches!(name, "timeout" | "aborted" | "peer_died")
+}
+
+/// `local_failure_after_begin`: op #1 fails locally on rank `faulty` of `b` (op deadline `t`):
+/// every rank MUST get a named error for op #1 that is neither a timeout nor an abort (the
+/// failing rank still sends its header), and op #2 MUST then work on every rank.
+fn local_failure_after_begin<B: Backend>(b: &B, t: Duration, wait: Duration, faulty: usize) -> CaseResult {
+    let w = format!("{} fault=after_begin:fail@{faulty}#1", here(b, "all_reduce", "out", DType::F32));
+    let x = b.upload(&full(&[16], 1.0f32))?;
+    let ws_f = b.world_size() as f32;
+    let ok0 = b.all_reduce(&x, ReduceOp::Sum)?;
+    expect_eq(b, ok0.wait(wait)?, &full(&[16], ws_f), &format!("{w} op #0"))?;
+    let t0 = Instant::now();
+    let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(t * 2 + Duration::from_secs(15)).map(|_| ()));
+    let who = if b.rank() == faulty { "this rank".to_string() } else { format!("rank {faulty}") };
+    match r {
+        Ok(()) => return Err(fail(&w, format!("op #1 succeeded although {who} failed locally after begin()"))),
+        Err(e) if e.name() == "timeout" || e.name() == "aborted" => {
+            return Err(fail(
+                &w,
+                format!(
+                    "op #1 ended in {e} [{}] after {:?}: a local failure on rank {faulty} must reach every rank as one named \
+                     error (the failing rank still sends its header), not a timeout / abort",
+                    e.name(),
+                    t0.elapsed()
+                ),
+            ))
+        }
+        Err(_) => {}
+    }
+    let ok2 = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
+    let got = ok2.wait(wait).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
+    expect_eq(b, got, &full(&[16], ws_f), &format!("{w} op #2 after the local failure"))
 }
 
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
@@ -195,37 +239,28 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     for ws in [1, 2] {
         let f = Fault::new(point::AFTER_BEGIN, Action::Fail).on_rank(ws - 1).nth(1);
         v.push(fault_case::<B>("local_failure_after_begin", ws, vec![f], move |ctx| {
-            let b = ctx.b;
-            let last = b.world_size() - 1;
-            let w = format!("{} fault=after_begin:fail@{last}#1", here(b, "all_reduce", "out", DType::F32));
-            let t = op_timeout(ctx);
-            let x = b.upload(&full(&[16], 1.0f32))?;
-            let ws_f = b.world_size() as f32;
-            let ok0 = b.all_reduce(&x, ReduceOp::Sum)?;
-            expect_eq(b, ok0.wait(ctx.timeout)?, &full(&[16], ws_f), &format!("{w} op #0"))?;
-            let t0 = Instant::now();
-            let r = b.all_reduce(&x, ReduceOp::Sum).and_then(|work| work.wait(t * 2 + Duration::from_secs(15)).map(|_| ()));
-            match r {
-                Ok(()) => return Err(fail(&w, format!("op #1 succeeded although rank {last} failed locally after begin()"))),
-                Err(e) if e.name() == "timeout" || e.name() == "aborted" => {
-                    return Err(fail(
-                        &w,
-                        format!(
-                            "op #1 ended in {e} [{}] after {:?}: a local failure on rank {last} must reach every rank as one named \
-                             error (the failing rank still sends its header), not a timeout / abort",
-                            e.name(),
-                            t0.elapsed()
-                        ),
-                    ))
-                }
-                Err(_) => {}
-            }
-            let ok2 =
-                b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
-            let got = ok2.wait(ctx.timeout).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
-            expect_eq(b, got, &full(&[16], ws_f), &format!("{w} op #2 after the local failure"))
+            local_failure_after_begin(ctx.b, op_timeout(ctx), ctx.timeout, ws - 1)
         }));
     }
+    // helper subfault (review17 §7): at 4 ranks with the fault on rank 1, rank 3 is a bystander
+    // (neither the failing rank nor one of its ring neighbours): it MUST get the same named
+    // error, never launch its side and time out in it. On a communicator the case starts
+    // (`faults::sub_world`, op deadline `faults::OP_TIMEOUT`) inside the case's world, so a
+    // backend without the hook spawns no world of its own for it.
+    {
+        let f = Fault::new(point::AFTER_BEGIN, Action::Fail).on_rank(1).nth(1);
+        v.push(Case::<B>::new("device_faults::local_failure_after_begin::bystander::ws4", meta_in_faults_worlds(), 4, move |ctx| {
+            needs(ctx.b, std::slice::from_ref(&f))?;
+            let (b, _id) = super::faults::sub_world(ctx, Some(f.clone()))?;
+            local_failure_after_begin(&b, super::faults::OP_TIMEOUT, ctx.timeout, 1)
+        }));
+    }
+
+    // helper subfault: a local failure on a subgroup (`/G`): the group's members get its named
+    // error; the world, a sibling group and the group stay usable (`faults::fail_on_group`'s body).
+    v.push(Case::<B>::new("device_faults::local_failure_on_group::ws3", meta_in_faults_worlds(), 3, |ctx| {
+        super::faults::group_fail_case(ctx, point::AFTER_BEGIN)
+    }));
 
     // The communicator's very first op (a fresh world, nothing run on it yet): a backend that
     // connects lazily (NCCL) waits for the absent peer inside its first launch, which its

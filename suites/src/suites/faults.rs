@@ -47,6 +47,19 @@
 //!   finding 2): every rank entered the op in time, so it MUST complete on both ranks with the
 //!   root's values (an op deadline that also bounds the final barrier timed rank 0 out after every
 //!   byte had moved, and poisoned the world), and the world stays usable.
+//! * `faults::fail_on_group::ws3` — (helper subfault, review17 §7) a local failure ON A SUBGROUP
+//!   (`core::fault`'s `/G`): rank 0's side of an all_reduce on `new_group([0, 1])` fails after
+//!   posting. Both members get a named error (never a timeout, bad input or a dead peer), and the
+//!   world, the sibling group `new_group([1, 2])` (rank 1 is in both) and the failed group itself
+//!   stay usable, their values checked (NCCL shares the abort flag of a parent and its children
+//!   under `splitShare`: a wrapper aborting a communicator on error then aborts the family).
+//! * `faults::world_timeout_with_group_op_in_flight::ws2` — (helper subfault) rank 1 never
+//!   issues: the world's all_reduce times out on rank 0 while rank 0's all_reduce on
+//!   `new_group([0, 1])` (a group split off with every rank), issued a third of a deadline
+//!   later, is in flight. The group op MUST end in a named error within its own deadline plus
+//!   the abort's bound, never `Ok` (a world watchdog that finishes its groups' works when the
+//!   world times out returned `Ok`) and never a hang (an abort of the world that never reaches
+//!   the group).
 //! * `faults::drop_during_recv::ws2` — the receiver drops its communicator while its receive is
 //!   in progress: the sender's buffer is not released (its send does not fail) before the
 //!   receiver has finished copying, so the receive never returns `Ok` with the sender's later
@@ -413,6 +426,27 @@ fn local_cause_named(e: &CollectiveError, w: &str, victim: usize) -> CaseResult 
     Ok(())
 }
 
+/// `e`, this rank's error for the `what` whose side failed locally on rank `victim` (of that
+/// communicator): named, never a timeout or bad input (every rank's call was right, nothing was
+/// late) nor a dead peer (no rank died); on the failing rank its text claims no timeout or
+/// death either (its local cause is named).
+fn local_failure_named(e: &CollectiveError, w: &str, what: &str, victim: usize, mine: bool) -> CaseResult {
+    if e.name() == "timeout" || e.name().starts_with("bad_input") || e.name() == "peer_died" {
+        return Err(fail(
+            w,
+            format!(
+                "the {what} ended in {e} [{}]; rank {victim}'s side failed locally (every rank's call was right, nothing was late, \
+                 no rank died): every rank gets a named error of that failure",
+                e.name()
+            ),
+        ));
+    }
+    if mine {
+        local_cause_named(e, w, victim)?;
+    }
+    Ok(())
+}
+
 /// After a local failure every rank has seen (clause `faults.local_failure_named_everywhere`:
 /// "the world stays usable"): a healthy all_reduce (the case's vehicle, rank `r` holding `r + 1`)
 /// and a broadcast from a root that is not the failing rank, on the SAME communicator, their
@@ -489,6 +523,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             group_local_failure_case(ctx, p)
         }));
     }
+    // helper subfault (review17 §7): failures on subgroups.
+    v.push(Case::<B>::new("faults::fail_on_group::ws3", meta("all_reduce", "out"), 3, |ctx| group_fail_case(ctx, point::AFTER_POST)));
+    v.push(
+        Case::<B>::new("faults::world_timeout_with_group_op_in_flight::ws2", meta("all_reduce", "out"), 2, world_timeout_group_case)
+            .stall_bound(),
+    );
     v.push(Case::<B>::new("faults::new_group_failure_leaves_no_file::ws2", meta("new_group", "out"), 2, group_leak_case).stall_bound());
     v.push(Case::<B>::new("faults::drop_during_recv::ws2", meta("send_recv", "outbuf"), 2, drop_during_recv_case).stall_bound());
     // review11 (helper impl11): rank 0's own local failure (every other fail_after_post case
@@ -728,20 +768,7 @@ fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseR
         format!("rank {victim}'s side of it failed (the injected fault)")
     };
     let e = must_fail(b.new_group(&[0, 1]).map(|_| ()), &w, &why)?;
-    // Named, never a timeout or bad input (every rank's call was right), and no rank died.
-    if e.name() == "timeout" || e.name().starts_with("bad_input") || e.name() == "peer_died" {
-        return Err(fail(
-            &w,
-            format!(
-                "the new_group ended in {e} [{}]; rank {victim}'s side failed locally (every rank's call was right, nothing was late, \
-                 no rank died): every rank gets a named error of that failure",
-                e.name()
-            ),
-        ));
-    }
-    if me == victim {
-        local_cause_named(&e, &w, victim)?;
-    }
+    local_failure_named(&e, &w, "new_group", victim, me == victim)?;
     // The world stays usable (clause `faults.local_failure_named_everywhere`) ...
     usable_after(ctx, &b, red, victim, &w)?;
     // ... new_group included: the same group again, and an all_reduce on it.
@@ -929,4 +956,136 @@ fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         _ => 2.0,
     };
     super::util::expect_eq(&b, &z, &full(&[4], want), &format!("{w} (the all_reduce after it)"))
+}
+
+/// A group of the case's communicator that this rank is a member of (`None` on a non-member;
+/// a member without one, or a non-member with one, fails).
+fn group_of<B: Backend>(b: &B, ranks: &[usize], w: &str) -> Result<Option<B>, CaseEnd> {
+    let step = format!("new_group({ranks:?})");
+    let g = b.new_group(ranks).map_err(step_failed(w, &step))?;
+    match (g, ranks.contains(&b.rank())) {
+        (g @ Some(_), true) | (g @ None, false) => Ok(g),
+        (g, _) => {
+            Err(fail(w, format!("{step} gave {} to rank {}", if g.is_some() { "a communicator" } else { "no communicator" }, b.rank())))
+        }
+    }
+}
+
+/// An all_reduce (`red`) on `g`, group rank `q` holding `q + 1`, its values checked.
+fn group_all_reduce_ok<B: Backend>(ctx: &Ctx<'_, B>, g: &B, red: ReduceOp, w: &str, step: &str) -> CaseResult {
+    let x = g.upload(&full(&[N], (g.rank() + 1) as f32))?;
+    let y = g.all_reduce(&x, red).and_then(|work| work.into_value(ctx.timeout)).map_err(step_failed(w, step))?;
+    let want = super::util::ArVehicle::with_op(g, red).expected(g.world_size(), |q| vec![(q + 1) as f32; N]);
+    super::util::expect_eq(g, &y, &want, &format!("{w} ({step}, group rank q holding q + 1)"))
+}
+
+/// `faults::fail_on_group::ws3` (module docs; clause `faults.local_failure_named_everywhere`),
+/// the local failure injected at `at` (shm's `after_post`; a launch-based backend's
+/// `after_begin`, `device_faults::local_failure_on_group::ws3`).
+pub(super) fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseResult {
+    needs(ctx.b, &[at, fault::ON_GROUPS], true)?;
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups".into()));
+    }
+    let red = vehicle(ctx.b, &[Variant::Out])?;
+    // Group 1 is new_group([0, 1]): its rank 0 (world rank 0) fails its first op after posting.
+    let victim = 0;
+    let f = Fault::new(at, Action::Fail).on_rank(victim).nth(0).on_group(1);
+    let (b, _id) = sub_world(ctx, Some(f.clone()))?;
+    let me = b.rank();
+    let w = format!(
+        "{} reduce={} fault={:?} (on group 1 = new_group([0, 1]) of 3 ranks; sibling group new_group([1, 2]))",
+        here(&b, "all_reduce", "out", DType::F32),
+        red.name(),
+        f.option().1
+    );
+    let g01 = group_of(&b, &[0, 1], &w)?;
+    let g12 = group_of(&b, &[1, 2], &w)?;
+    if let Some(g) = &g01 {
+        let why = if me == victim {
+            "this rank's own side of it failed (the injected fault on the group)".to_string()
+        } else {
+            format!("rank {victim}'s side of it failed (the injected fault on the group)")
+        };
+        let x = g.upload(&full(&[N], 1.0f32))?;
+        let e = must_fail(g.all_reduce(&x, red).and_then(|work| work.wait(ctx.timeout).map(|_| ())), &w, &why)?;
+        local_failure_named(&e, &w, "all_reduce on new_group([0, 1])", victim, me == victim)?;
+    }
+    // The world stays usable (an all_reduce and a broadcast from rank 1) ...
+    usable_after(ctx, &b, red, victim, &w)?;
+    // ... and so do the sibling group (rank 1 is in both) and the failed group itself.
+    let after = format!("after rank {victim}'s local failure on new_group([0, 1])");
+    if let Some(g) = &g12 {
+        group_all_reduce_ok(ctx, g, red, &w, &format!("the all_reduce ({}) on the sibling group new_group([1, 2]) {after}", red.name()))?;
+    }
+    if let Some(g) = &g01 {
+        group_all_reduce_ok(ctx, g, red, &w, &format!("the all_reduce ({}) on new_group([0, 1]) itself {after}", red.name()))?;
+    }
+    Ok(())
+}
+
+/// `faults::world_timeout_with_group_op_in_flight::ws2` (module docs; clause
+/// `faults.absent_peer_bounded`).
+fn world_timeout_group_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    needs(ctx.b, &[], true)?;
+    if !ctx.b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("no subgroups".into()));
+    }
+    let red = vehicle(ctx.b, &[Variant::Out])?;
+    let (b, id) = sub_world(ctx, None)?;
+    let keys = Keys { ctx, id };
+    let me = b.rank();
+    let w = format!(
+        "{} reduce={} (rank 1 never issues: the world's all_reduce times out on rank 0 while rank 0's all_reduce on \
+         new_group([0, 1]), issued {:?} later, is in flight; op deadline {OP_TIMEOUT:?})",
+        here(&b, "all_reduce", "out", DType::F32),
+        red.name(),
+        OP_TIMEOUT / 3
+    );
+    let g = group_of(&b, &[0, 1], &w)?;
+    if me == 1 {
+        // Absent: issues nothing; keeps its communicators until rank 0 is done.
+        return keys.wait("done0", &w);
+    }
+    let body = || -> CaseResult {
+        let bound = OP_TIMEOUT + ABSENT_BOUND;
+        let x = b.upload(&full(&[N], (me + 1) as f32))?;
+        let t0 = Instant::now();
+        let world = b.all_reduce(&x, red);
+        let group = match &g {
+            Some(g) => {
+                std::thread::sleep(OP_TIMEOUT / 3);
+                let gx = g.upload(&full(&[N], CANARY))?;
+                Some((g.all_reduce(&gx, red), Instant::now()))
+            }
+            None => None,
+        };
+        let e = must_fail(world.and_then(|work| work.wait(ctx.timeout).map(|_| ())), &w, "rank 1 never issued the world's all_reduce")?;
+        if t0.elapsed() > bound {
+            return Err(fail(&w, format!("the world's all_reduce failed ({e}) only {:?} after its issue, past {bound:?}", t0.elapsed())));
+        }
+        let Some((gw, t1)) = group else { return Ok(()) };
+        let r = gw.and_then(|work| work.wait(ctx.timeout).map(|_| ()));
+        let took = t1.elapsed();
+        let e = must_fail(
+            r,
+            &w,
+            &format!("rank 1 never issued the all_reduce on new_group([0, 1]) (the world's all_reduce had failed meanwhile: {e})"),
+        )?;
+        if took > bound {
+            return Err(fail(
+                &w,
+                format!(
+                    "the all_reduce on new_group([0, 1]) failed ({e} [{}]) only {took:?} after its issue, past its op deadline \
+                     {OP_TIMEOUT:?} + {ABSENT_BOUND:?} (faults.absent_peer_bounded: the group's deadline is its own, whatever \
+                     the world's failure did)",
+                    e.name()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    let r = body();
+    keys.set(&format!("done{me}"), &w)?;
+    r
 }
