@@ -218,25 +218,32 @@ mod imp {
     /// A collective's completion: its flag, ended at the op deadline (counted from when the
     /// progress thread took the job) by the first waiter still waiting then, which marks the job
     /// abandoned (see [`Ctl`]) and fails it with a named timeout. A job still queued (behind an
-    /// earlier op stuck for good: a dead peer MPI never reports) is ended the same way at
-    /// [`concord_core::queued_op_backstop`] from its issue (review15 finding 5b): it will not
-    /// start in time, and when it does its vote says it was given up, so no rank moves its data.
+    /// earlier op stuck for good: a dead peer MPI never reports) is ended the same way once its
+    /// communicator's queue has not moved for [`concord_core::queued_op_backstop`] (review15
+    /// finding 5b): when it is finally taken its vote says it was given up, so no rank moves its
+    /// data. A long queue of healthy ops moves (each starts and ends within its deadlines), so it
+    /// is waited out.
     struct Deadlined {
         flag: Arc<Flag>,
         ctl: Arc<Mutex<Ctl>>,
         issued: Instant,
+        /// When the communicator's progress thread last took or finished a job.
+        moved: Arc<Mutex<Instant>>,
         op_timeout: Duration,
         what: (String, u64, usize),
     }
 
     impl Deadlined {
         /// When a waiter still waiting ends the op (`c` is its [`Ctl`]): its op deadline from
-        /// the job's start, or while the job is still queued the backstop from its issue
-        /// (`true`: queued).
+        /// the job's start, or while the job is still queued the backstop from when the queue
+        /// last moved (its issue at the earliest; `true`: queued).
         fn op_deadline(&self, c: &Ctl) -> (Instant, bool) {
             match c.started {
                 Some(s) => (s + self.op_timeout, false),
-                None => (self.issued + concord_core::queued_op_backstop(self.op_timeout), true),
+                None => {
+                    let moved = *self.moved.lock().unwrap_or_else(|e| e.into_inner());
+                    (self.issued.max(moved) + concord_core::queued_op_backstop(self.op_timeout), true)
+                }
             }
         }
 
@@ -247,8 +254,8 @@ mod imp {
             let backstop = concord_core::queued_op_backstop(self.op_timeout);
             let why = if queued {
                 format!(
-                    "never started: still queued behind an earlier op of this communicator (stuck: a peer late or gone) {} ms \
-                     after its issue (the queued backstop, three op deadlines of {ms} ms)",
+                    "never started: still queued behind an earlier op of this communicator, stuck (a peer late or gone): the \
+                     queue did not move for {} ms (the queued backstop, three op deadlines of {ms} ms)",
                     backstop.as_millis()
                 )
             } else {
@@ -313,6 +320,8 @@ mod imp {
         recv_k: Mutex<Vec<u64>>,
         counter: OutstandingCounter,
         op_timeout: Duration,
+        /// When the progress thread last took or finished a job (queued ops' backstop).
+        moved: Arc<Mutex<Instant>>,
     }
 
     impl Drop for MpiBackend {
@@ -336,11 +345,16 @@ mod imp {
             let g = Arc::new(g);
             let (tx, rx) = mpsc::channel::<Job>();
             let gt = g.clone();
+            let moved = Arc::new(Mutex::new(Instant::now()));
+            let mt = moved.clone();
+            let stamp = move || *mt.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             std::thread::Builder::new()
                 .name(format!("concord-mpi-{}", g.label))
                 .spawn(move || {
                     for job in rx {
+                        stamp();
                         run_job(&gt, job);
+                        stamp();
                     }
                 })
                 .map_err(|e| backend_err(format!("cannot start the progress thread: {e}")))?;
@@ -353,6 +367,7 @@ mod imp {
                 recv_k: Mutex::new(vec![0; n]),
                 counter: OutstandingCounter::default(),
                 op_timeout,
+                moved,
             })
         }
 
@@ -380,7 +395,14 @@ mod imp {
         fn issue<T>(&self, name: &str, mut call: CallDesc, ins: Vec<MpiBuffer>, outs: Vec<MpiBuffer>, value: T) -> Result<Work<T>> {
             let issued = Instant::now();
             let (flag, ctl, seq) = self.submit(name, &mut call, ins, outs, None)?;
-            let done = Deadlined { flag, ctl, issued, op_timeout: self.op_timeout, what: (name.to_string(), seq, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: (name.to_string(), seq, self.g.me),
+            };
             Ok(Work::new(value, Arc::new(done), self.meta(name, seq), &self.counter))
         }
 
@@ -486,7 +508,14 @@ mod imp {
                     f.set(r);
                 })
                 .map_err(|e| backend_err(format!("cannot start a point-to-point thread: {e}")))?;
-            let done = Deadlined { flag, ctl, issued, op_timeout: self.op_timeout, what: (op_name.to_string(), k, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: (op_name.to_string(), k, self.g.me),
+            };
             Ok(Work::new(value, Arc::new(done), self.meta(&name, k), &self.counter))
         }
     }
@@ -977,7 +1006,14 @@ mod imp {
             c.group = Some(ranks.to_vec());
             let issued = Instant::now();
             let (flag, ctl, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
-            let done = Deadlined { flag, ctl, issued, op_timeout: self.op_timeout, what: ("new_group".into(), seq, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: ("new_group".into(), seq, self.g.me),
+            };
             let work = Work::new((), Arc::new(done), self.meta("new_group", seq), &self.counter);
             // Past the op deadline, so the completion decides (an abandoned split is one no rank
             // makes; a committed one is waited for), also for a split queued behind earlier ops
@@ -1194,6 +1230,7 @@ mod imp {
                 flag: Flag::new(),
                 ctl,
                 issued: Instant::now(),
+                moved: Arc::new(Mutex::new(Instant::now())),
                 op_timeout: Duration::from_millis(20),
                 what: ("all_reduce".into(), 7, 1),
             };
@@ -1207,6 +1244,7 @@ mod imp {
                 flag: Flag::new(),
                 ctl: ctl.clone(),
                 issued: Instant::now(),
+                moved: Arc::new(Mutex::new(Instant::now())),
                 op_timeout: Duration::from_millis(20),
                 what: ("all_reduce".into(), 8, 1),
             };
@@ -1219,12 +1257,14 @@ mod imp {
 
         #[test]
         fn a_job_still_queued_ends_at_the_queued_backstop() {
-            // Never taken by the progress thread (queued behind a stuck op): the op deadline
-            // counts from the issue, three op timeouts (review15 finding 5b), not the caller's 5 s.
+            // Never taken by the progress thread (queued behind a stuck op, the queue not moving
+            // since before its issue): three op timeouts from the issue (review15 finding 5b),
+            // not the caller's 5 s.
             let ctl = Arc::new(Mutex::new(Ctl::default()));
             let op_timeout = Duration::from_millis(40);
             let issued = Instant::now();
-            let d = Deadlined { flag: Flag::new(), ctl: ctl.clone(), issued, op_timeout, what: ("all_reduce".into(), 9, 0) };
+            let moved = Arc::new(Mutex::new(issued - Duration::from_secs(1)));
+            let d = Deadlined { flag: Flag::new(), ctl: ctl.clone(), issued, moved, op_timeout, what: ("all_reduce".into(), 9, 0) };
             match d.wait_for(Duration::from_secs(5)) {
                 Err(CollectiveError::Timeout { op, seq, rank, detail, .. }) => {
                     assert_eq!((op.as_str(), seq, rank), ("all_reduce", 9, 0));
@@ -1240,10 +1280,31 @@ mod imp {
             let ctl = Arc::new(Mutex::new(Ctl::default()));
             let issued = Instant::now() - by + Duration::from_millis(10);
             ctl.lock().unwrap().started = Some(Instant::now());
-            let d = Deadlined { flag: Flag::new(), ctl, issued, op_timeout, what: ("all_reduce".into(), 10, 0) };
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl,
+                issued,
+                moved: Arc::new(Mutex::new(issued)),
+                op_timeout,
+                what: ("all_reduce".into(), 10, 0),
+            };
             let t0 = Instant::now();
             assert!(matches!(d.wait_for(Duration::from_secs(5)), Err(CollectiveError::Timeout { .. })));
             assert!(t0.elapsed() >= op_timeout, "{:?}", t0.elapsed());
+            // Queued long behind healthy ops (the queue moved just now): not given up, however
+            // long ago it was issued.
+            let ctl = Arc::new(Mutex::new(Ctl::default()));
+            let issued = Instant::now() - 10 * by;
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl: ctl.clone(),
+                issued,
+                moved: Arc::new(Mutex::new(Instant::now())),
+                op_timeout,
+                what: ("all_reduce".into(), 11, 0),
+            };
+            assert!(!d.wait_for(by / 2).unwrap(), "a queue that moves keeps its queued ops");
+            assert!(!ctl.lock().unwrap().abandoned);
         }
 
         #[test]
