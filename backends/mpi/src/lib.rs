@@ -51,9 +51,11 @@
 //!   took the job) ends in a named [`CollectiveError::Timeout`] and marks the op abandoned: the
 //!   data moves through temporaries and reaches the caller's outputs only if the op was not
 //!   abandoned first (one lock orders the two), so no buffer is written after its op failed at
-//!   its deadline. A job still queued (behind an op stuck for good) is ended the same way at
-//!   [`concord_core::queued_op_backstop`] (three op timeouts) from its issue, as NCCL's backstop
-//!   ends its queued ops: marked abandoned, its vote stops every rank when it is finally taken.
+//!   its deadline. A job still queued (behind an op stuck for good) is ended the same way once
+//!   the progress thread has neither taken nor finished a job for
+//!   [`concord_core::queued_op_backstop`] (three op timeouts; its issue at the earliest), as
+//!   NCCL's backstop ends its queued ops: marked abandoned, its vote stops every rank when it is
+//!   finally taken. A long queue of healthy ops moves, so it is waited out.
 //!   A wait that ends at its own shorter timeout leaves the op alone, as NCCL's do;
 //!   `is_completed` never ends an op.
 //!   A `new_group` is committed at the vote: a waiter no longer gives up on a split its peers
