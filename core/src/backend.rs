@@ -253,6 +253,20 @@ pub fn world_prefix(world_id: &str) -> String {
     format!("concord-{world_id}-")
 }
 
+/// How long an op may stay queued behind earlier ops of its communicator (issued, not yet taken
+/// by the backend's progress engine) with the queue ahead of it not moving, before a wait still
+/// waiting ends it: three op timeouts. The op deadline ([`WorldInfo::op_timeout`]) counts from
+/// when an op starts, so time spent behind healthy earlier ops does not count; but behind an op
+/// stuck for good (a dead peer the library never reports) a queued op would never start, and its
+/// wait would last as long as its caller's timeout. Three op timeouts leave room for the op ahead
+/// to take its own deadline and the rest of its steps. Backends with a progress queue end a queued
+/// op's wait there with a named timeout and mark it abandoned: NCCL (its backstop, from the issue:
+/// its progress thread only launches), MPI (from when its progress thread last took or finished
+/// a job, its issue at the earliest: it runs each op to its end, so a long healthy queue moves).
+pub fn queued_op_backstop(op_timeout: Duration) -> Duration {
+    op_timeout * 3
+}
+
 /// What a worker process knows about the world it is part of.
 #[derive(Clone, Debug)]
 pub struct WorldInfo {

@@ -21,7 +21,7 @@ pub mod progress;
 pub mod tensor;
 pub mod work;
 
-pub use backend::{world_prefix, Backend, WorldInfo, LOCAL_RANK_OPTION};
+pub use backend::{queued_op_backstop, world_prefix, Backend, WorldInfo, LOCAL_RANK_OPTION};
 pub use call::{validate_all, validate_local, validate_pair, BadInput, CallDesc, CallOp, FusedArgs, TensorDesc};
 pub use caps::{AliasPolicy, Capabilities, FusedImpl, Gap, IntAvg, NanPolicy, Rounding};
 pub use dtype::{DType, Element};

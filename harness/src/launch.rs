@@ -212,7 +212,7 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
             format!("cannot start {} ranks of a world of {world_size}", spec.ranks),
         ));
     }
-    let world_id = format!("l{}x{:06x}", std::process::id(), platform::nonce());
+    let world_id = platform::launch_world_id();
     // Inside a rank of a runner's world (a case that launches a world of its own), the dir goes
     // into that world's dir: the runner's termination cleanup removes the world's dir, and a rank
     // it SIGKILLs cannot run this world's `Drop` (a SIGTERM to a conformance run left such dirs
@@ -224,6 +224,7 @@ pub fn launch(spec: &LaunchSpec) -> std::io::Result<Launched> {
     // Made and registered under the live-worlds lock, before any process exists (as the runner's
     // worlds are), so a termination signal at any point still removes the dir.
     runner::install_cleanup();
+    platform::sweep_dead_worlds_once();
     let dir = {
         let mut live = runner::live_worlds();
         if runner::TERMINATING.load(Ordering::SeqCst) {

@@ -34,6 +34,69 @@ pub fn sweep_shm(world_id: &str) -> Vec<PathBuf> {
     sweep_dir(Path::new(SHM_DIR), &shm_prefix(world_id))
 }
 
+/// The id of world `n` of this process's runner pool: `p<pid>w<n>x<nonce>` (its files are named
+/// with [`shm_prefix`] of it, so they carry the pid that owns them: [`world_owner`]).
+pub fn pool_world_id(n: u64) -> String {
+    format!("p{}w{n}x{:06x}", std::process::id(), nonce())
+}
+
+/// The id of a world this process launches ([`crate::launch::launch`]): `l<pid>x<nonce>`.
+pub fn launch_world_id() -> String {
+    format!("l{}x{:06x}", std::process::id(), nonce())
+}
+
+/// The pid of the process that owns a world's file or dir named `name`, read from the world id
+/// it is named with (`concord-p<pid>w…` of [`pool_world_id`], `concord-l<pid>x…` of
+/// [`launch_world_id`]); `None` for any other name (a backend's unit tests, another tool's file).
+pub fn world_owner(name: &str) -> Option<u32> {
+    // `concord--` of an empty id: the world id follows the first dash.
+    let lead = shm_prefix("");
+    let rest = name.strip_prefix(lead.strip_suffix('-')?)?;
+    let (kind, rest) = rest.split_at_checked(1)?;
+    let end = rest.find(|c: char| !c.is_ascii_digit())?;
+    let after = rest[end..].chars().next()?;
+    if !matches!((kind, after), ("p", 'w') | ("l", 'x')) {
+        return None;
+    }
+    rest[..end].parse::<u32>().ok().filter(|&p| p > 1 && p <= i32::MAX as u32)
+}
+
+/// Removes, from each of `dirs`, the world dirs and files (named `concord-p<pid>w…` /
+/// `concord-l<pid>x…`, [`world_owner`]) of this user whose owning process is gone
+/// (`kill(pid, 0)` is `ESRCH`): a parent SIGKILLed could not clean them, and nothing else
+/// will. Never another user's entry, never one whose pid is alive (a zombie, or another user's
+/// process, counts as alive), never a symbolic link's target. Returns the removed paths.
+pub fn sweep_dead_worlds_in(dirs: &[&Path]) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let mut removed = Vec::new();
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else { continue };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(world_owner) else { continue };
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+            if m.uid() != me || pid_alive(pid) {
+                continue;
+            }
+            let p = e.path();
+            let ok = if m.is_dir() { std::fs::remove_dir_all(&p).is_ok() } else { std::fs::remove_file(&p).is_ok() };
+            if ok {
+                removed.push(p);
+            }
+        }
+    }
+    removed
+}
+
+/// [`sweep_dead_worlds_in`] the temp dir (world dirs, sockets) and `/dev/shm` (segments), once
+/// per process, when it makes its first world dir (the runner's pool and `launch::launch`).
+pub fn sweep_dead_worlds_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        sweep_dead_worlds_in(&[&std::env::temp_dir(), Path::new(SHM_DIR)]);
+    });
+}
+
 /// Removes every entry of `dir` whose file name starts with `prefix` (files and directories).
 pub fn sweep_dir(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut removed = Vec::new();
@@ -112,11 +175,11 @@ pub fn kill_pid(pid: u32, sig: nix::sys::signal::Signal) -> io::Result<()> {
     }
 }
 
-/// True while a process with this pid exists (a zombie still counts: it has not been reaped).
+/// True while a process with this pid exists (a zombie still counts: it has not been reaped;
+/// so does another user's process): `kill(pid, 0)` fails with anything but `ESRCH`, or succeeds.
 pub fn pid_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence and permission.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) != Err(nix::errno::Errno::ESRCH)
 }
 
 /// True while a process with this pid exists and is not a zombie (a dead process that its
@@ -483,6 +546,91 @@ mod tests {
         let removed = sweep_dir(d.path(), "concord-a-");
         assert_eq!(removed.len(), 2);
         assert!(d.path().join("concord-ab-1").exists());
+    }
+
+    #[test]
+    fn world_owner_reads_the_pid_of_both_id_kinds() {
+        let me = std::process::id();
+        assert_eq!(world_owner(&format!("{}Ab12cd", shm_prefix(&pool_world_id(7)))), Some(me));
+        assert_eq!(world_owner(&format!("{}ring0", shm_prefix(&launch_world_id()))), Some(me));
+        for other in [
+            "concord-unit-arena-12",
+            "concord-p12",
+            "concord-p12x3-a",
+            "concord-l12w3-a",
+            "concord-pw1x2-a",
+            "concord-p1w2x3-a",
+            "nccl-p12w3",
+        ] {
+            assert_eq!(world_owner(other), None, "{other}");
+        }
+    }
+
+    /// A pid no process has: a child run to its end and reaped.
+    fn dead_pid() -> u32 {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        assert!(!pid_alive(pid));
+        pid
+    }
+
+    #[test]
+    fn dead_worlds_are_swept_live_and_foreign_ones_kept() {
+        let (tmp, shm) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let dead = dead_pid();
+        /// A live process, ended (and reaped) however the test ends.
+        struct Live(std::process::Child);
+        impl Drop for Live {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let live = Live(Command::new("sleep").arg("1000").spawn().unwrap());
+        let live_pid = live.0.id();
+        let make_dir = |name: String| {
+            let p = tmp.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            std::fs::write(p.join("store"), b"x").unwrap();
+            p
+        };
+        let make_file = |name: String| {
+            let p = shm.path().join(name);
+            std::fs::write(&p, b"x").unwrap();
+            p
+        };
+        let gone = [
+            make_dir(format!("concord-p{dead}w0x00abcd-Q1w2e3")),
+            make_dir(format!("concord-l{dead}x00abcd-R4t5y6")),
+            make_file(format!("concord-p{dead}w3x00abcd-ring0")),
+        ];
+        let kept = [
+            make_dir(format!("concord-p{live_pid}w0x00abcd-Z9x8c7")),
+            make_dir(format!("concord-p{}w1x00abcd-Z9x8c7", std::process::id())),
+            make_file(format!("concord-l{live_pid}x00abcd-ring0")),
+            make_dir(format!("concord-unit-{dead}")),
+            make_file(format!("nccl-{dead}")),
+        ];
+        // Another user's world of a dead pid: not ours to remove (only where we may chown).
+        let foreign = make_dir(format!("concord-p{dead}w9x00abcd-Other1"));
+        let chowned = nix::unistd::chown(&foreign, Some(nix::unistd::Uid::from_raw(65534)), None).is_ok();
+        let mut removed = sweep_dead_worlds_in(&[tmp.path(), shm.path()]);
+        removed.sort();
+        let mut want = gone.to_vec();
+        if !chowned {
+            want.push(foreign.clone());
+        }
+        want.sort();
+        assert_eq!(removed, want);
+        for p in &gone {
+            assert!(!p.exists(), "{} of dead pid {dead} left", p.display());
+        }
+        for p in &kept {
+            assert!(p.exists(), "{} removed", p.display());
+        }
+        assert_eq!(foreign.exists(), chowned, "another user's world dir");
+        drop(live);
     }
 
     #[test]

@@ -31,6 +31,11 @@
 //!   too) when there is a sign of one (the group was not empty, or a rank's stderr pipe is still
 //!   open in another process), and every entry of the temp dir and `/dev/shm` with the world's
 //!   prefix is removed ([`platform::end_world_leftovers`]).
+//! * A parent SIGKILLed runs no teardown: its world dirs and segments stay. So the first world
+//!   dir a process makes (here or in [`crate::launch::launch`]) is preceded by a sweep of the
+//!   temp dir and `/dev/shm` ([`platform::sweep_dead_worlds_once`]): every `concord-p<pid>w…` /
+//!   `concord-l<pid>x…` entry of this user whose owning pid is gone (`kill(pid, 0)` is `ESRCH`)
+//!   is removed; a live process's, or another user's, never.
 //! * Files a backend's own library makes in `/dev/shm` under names Concord does not choose (NCCL's
 //!   `nccl-XXXXXX`) are swept too when the backend declares their prefix
 //!   ([`WorldKey::foreign_shm`]): after the world's processes are reaped, and by the termination
@@ -531,8 +536,9 @@ impl World {
         if key.world_size == 0 {
             return Err("world size 0".into());
         }
-        let id = format!("p{}w{}x{:06x}", std::process::id(), WORLD_COUNTER.fetch_add(1, Ordering::Relaxed), platform::nonce());
+        let id = platform::pool_world_id(WORLD_COUNTER.fetch_add(1, Ordering::Relaxed));
         install_cleanup();
+        platform::sweep_dead_worlds_once();
         // Made and registered under the lock, before any process exists (process group 0: nothing
         // to signal yet), so a termination signal that arrives at any point of the spawn still
         // removes the dir: the handler takes the live worlds under the same lock, and after it

@@ -365,7 +365,8 @@ pub const CLAUSES: &[Clause] = &[
             // Views of 64 KiB and more, not 16-byte aligned (review13's finding 5).
             "sizes::",
             // The autotuner's `chunked` choice: in-place all_reduces on views of one buffer in
-            // flight together (review13's finding 7).
+            // flight together (review13's finding 7; `state::views_of_one_parent` checks the
+            // same, naming the op, since fixes18).
             "autotune::builtin::",
         ],
     },

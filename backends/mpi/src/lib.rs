@@ -51,8 +51,13 @@
 //!   took the job) ends in a named [`CollectiveError::Timeout`] and marks the op abandoned: the
 //!   data moves through temporaries and reaches the caller's outputs only if the op was not
 //!   abandoned first (one lock orders the two), so no buffer is written after its op failed at
-//!   its deadline. A wait that ends at its own shorter timeout, or before the job started (queued
-//!   behind a stuck one), leaves the op alone, as NCCL's do; `is_completed` never ends an op.
+//!   its deadline. A job still queued (behind an op stuck for good) is ended the same way once
+//!   the progress thread has neither taken nor finished a job for
+//!   [`concord_core::queued_op_backstop`] (three op timeouts; its issue at the earliest), as
+//!   NCCL's backstop ends its queued ops: marked abandoned, its vote stops every rank when it is
+//!   finally taken. A long queue of healthy ops moves, so it is waited out.
+//!   A wait that ends at its own shorter timeout leaves the op alone, as NCCL's do;
+//!   `is_completed` never ends an op.
 //!   A `new_group` is committed at the vote: a waiter no longer gives up on a split its peers
 //!   make. A wait never outlasts its caller's timeout, also not past the op deadline (a
 //!   committed op still writing its outputs then stays pending).
@@ -63,7 +68,7 @@
 //!   Open MPI's abort).
 //! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
 //!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
-//!   communicator time out too). Plain `mpirun` ends every rank when one dies; with
+//!   communicator time out too, by the queued backstop at the latest). Plain `mpirun` ends every rank when one dies; with
 //!   `--enable-recovery` (as `cargo xtask conformance --backend mpi` runs it) the others live on
 //!   and the external-launch mode names the dead rank on rank 0. Messages are at most 2 GiB (MPI's
 //!   `int` counts).
@@ -214,12 +219,58 @@ mod imp {
 
     /// A collective's completion: its flag, ended at the op deadline (counted from when the
     /// progress thread took the job) by the first waiter still waiting then, which marks the job
-    /// abandoned (see [`Ctl`]) and fails it with a named timeout.
+    /// abandoned (see [`Ctl`]) and fails it with a named timeout. A job still queued (behind an
+    /// earlier op stuck for good: a dead peer MPI never reports) is ended the same way once its
+    /// communicator's queue has not moved for [`concord_core::queued_op_backstop`] (review15
+    /// finding 5b): when it is finally taken its vote says it was given up, so no rank moves its
+    /// data. A long queue of healthy ops moves (each starts and ends within its deadlines), so it
+    /// is waited out.
     struct Deadlined {
         flag: Arc<Flag>,
         ctl: Arc<Mutex<Ctl>>,
+        issued: Instant,
+        /// When the communicator's progress thread last took or finished a job.
+        moved: Arc<Mutex<Instant>>,
         op_timeout: Duration,
         what: (String, u64, usize),
+    }
+
+    impl Deadlined {
+        /// When a waiter still waiting ends the op (`c` is its [`Ctl`]): its op deadline from
+        /// the job's start, or while the job is still queued the backstop from when the queue
+        /// last moved (its issue at the earliest; `true`: queued).
+        fn op_deadline(&self, c: &Ctl) -> (Instant, bool) {
+            match c.started {
+                Some(s) => (s + self.op_timeout, false),
+                None => {
+                    let moved = *self.moved.lock().unwrap_or_else(|e| e.into_inner());
+                    (self.issued.max(moved) + concord_core::queued_op_backstop(self.op_timeout), true)
+                }
+            }
+        }
+
+        /// The named timeout of an op ended at its deadline (`queued`: at the backstop).
+        fn timeout(&self, queued: bool) -> CollectiveError {
+            let (op, seq, rank) = self.what.clone();
+            let ms = self.op_timeout.as_millis();
+            let backstop = concord_core::queued_op_backstop(self.op_timeout);
+            let why = if queued {
+                format!(
+                    "never started: still queued behind an earlier op of this communicator, stuck (a peer late or gone): the \
+                     queue did not move for {} ms (the queued backstop, three op deadlines of {ms} ms)",
+                    backstop.as_millis()
+                )
+            } else {
+                format!("not complete at the op deadline of {ms} ms (a peer late or gone)")
+            };
+            CollectiveError::Timeout {
+                op,
+                seq,
+                rank,
+                waited_ms: if queued { backstop } else { self.op_timeout }.as_millis() as u64,
+                detail: format!("{why}; its outputs are left untouched; this process is {}", progress::describe()),
+            }
+        }
     }
 
     impl Completion for Deadlined {
@@ -229,32 +280,26 @@ mod imp {
         fn wait_for(&self, timeout: Duration) -> Result<bool> {
             let end = Instant::now() + timeout;
             loop {
-                let op_end = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).started.map(|s| s + self.op_timeout);
-                let until = op_end.map_or(end, |o| o.min(end));
+                let (op_end, _) = self.op_deadline(&self.ctl.lock().unwrap_or_else(|e| e.into_inner()));
+                let until = op_end.min(end);
                 // Short slices: a job started meanwhile brings its op deadline in.
                 let slice = until.saturating_duration_since(Instant::now()).min(Duration::from_millis(10));
                 if self.flag.wait_for(slice)? {
                     return Ok(true);
                 }
                 let now = Instant::now();
-                if op_end.is_some_and(|o| now >= o) {
+                if now >= op_end {
                     let mut c = self.ctl.lock().unwrap_or_else(|e| e.into_inner());
+                    // Decided under the lock: a job the progress thread took since the look
+                    // above has its own op deadline from its start.
+                    let (op_end, queued) = self.op_deadline(&c);
+                    if now < op_end {
+                        continue;
+                    }
                     if !c.committed && !c.abandoned {
                         c.abandoned = true;
                         drop(c);
-                        let (op, seq, rank) = self.what.clone();
-                        self.flag.set(Err(CollectiveError::Timeout {
-                            op,
-                            seq,
-                            rank,
-                            waited_ms: self.op_timeout.as_millis() as u64,
-                            detail: format!(
-                                "not complete at the op deadline of {} ms (a peer late or gone); its outputs are left \
-                                 untouched; this process is {}",
-                                self.op_timeout.as_millis(),
-                                progress::describe()
-                            ),
-                        }));
+                        self.flag.set(Err(self.timeout(queued)));
                     }
                     // Abandoned (the flag says so) or committed (the flag follows once the outputs
                     // are written): within the caller's own timeout still, never past it (a
@@ -277,6 +322,8 @@ mod imp {
         recv_k: Mutex<Vec<u64>>,
         counter: OutstandingCounter,
         op_timeout: Duration,
+        /// When the progress thread last took or finished a job (queued ops' backstop).
+        moved: Arc<Mutex<Instant>>,
     }
 
     impl Drop for MpiBackend {
@@ -300,11 +347,16 @@ mod imp {
             let g = Arc::new(g);
             let (tx, rx) = mpsc::channel::<Job>();
             let gt = g.clone();
+            let moved = Arc::new(Mutex::new(Instant::now()));
+            let mt = moved.clone();
+            let stamp = move || *mt.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             std::thread::Builder::new()
                 .name(format!("concord-mpi-{}", g.label))
                 .spawn(move || {
                     for job in rx {
+                        stamp();
                         run_job(&gt, job);
+                        stamp();
                     }
                 })
                 .map_err(|e| backend_err(format!("cannot start the progress thread: {e}")))?;
@@ -317,6 +369,7 @@ mod imp {
                 recv_k: Mutex::new(vec![0; n]),
                 counter: OutstandingCounter::default(),
                 op_timeout,
+                moved,
             })
         }
 
@@ -342,8 +395,16 @@ mod imp {
 
         /// Queues a collective: sequence number and queue order are taken atomically.
         fn issue<T>(&self, name: &str, mut call: CallDesc, ins: Vec<MpiBuffer>, outs: Vec<MpiBuffer>, value: T) -> Result<Work<T>> {
+            let issued = Instant::now();
             let (flag, ctl, seq) = self.submit(name, &mut call, ins, outs, None)?;
-            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: (name.to_string(), seq, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: (name.to_string(), seq, self.g.me),
+            };
             Ok(Work::new(value, Arc::new(done), self.meta(name, seq), &self.counter))
         }
 
@@ -427,7 +488,8 @@ mod imp {
             let flag = Flag::new();
             // The op deadline counts from the issue (the op's own thread starts at once); a
             // waiter still waiting then abandons the op (see `p2p_run`'s vote).
-            let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), ..Ctl::default() }));
+            let issued = Instant::now();
+            let ctl = Arc::new(Mutex::new(Ctl { started: Some(issued), ..Ctl::default() }));
             let (g, f, c) = (self.g.clone(), flag.clone(), ctl.clone());
             let base = ((k % P2P_PAIRS) * P2P_TAGS) as i32;
             let op_name = d.op.name();
@@ -448,7 +510,14 @@ mod imp {
                     f.set(r);
                 })
                 .map_err(|e| backend_err(format!("cannot start a point-to-point thread: {e}")))?;
-            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: (op_name.to_string(), k, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: (op_name.to_string(), k, self.g.me),
+            };
             Ok(Work::new(value, Arc::new(done), self.meta(&name, k), &self.counter))
         }
     }
@@ -937,12 +1006,21 @@ mod imp {
             let (reply_tx, reply_rx) = mpsc::channel();
             let mut c = CallDesc::new(CallOp::NewGroup, Variant::Out, self.g.me);
             c.group = Some(ranks.to_vec());
+            let issued = Instant::now();
             let (flag, ctl, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
-            let done = Deadlined { flag, ctl, op_timeout: self.op_timeout, what: ("new_group".into(), seq, self.g.me) };
+            let done = Deadlined {
+                flag,
+                ctl,
+                issued,
+                moved: self.moved.clone(),
+                op_timeout: self.op_timeout,
+                what: ("new_group".into(), seq, self.g.me),
+            };
             let work = Work::new((), Arc::new(done), self.meta("new_group", seq), &self.counter);
             // Past the op deadline, so the completion decides (an abandoned split is one no rank
-            // makes; a committed one is waited for).
-            work.wait(self.op_timeout * 2 + Duration::from_secs(1))?;
+            // makes; a committed one is waited for), also for a split queued behind earlier ops
+            // (its start may come up to the queued backstop after its issue).
+            work.wait(concord_core::queued_op_backstop(self.op_timeout) + self.op_timeout * 2 + Duration::from_secs(1))?;
             let comms = reply_rx.recv().map_err(|_| backend_err(format!("new_group #{seq}: the progress thread gave no communicator")))?;
             let (Some((coll, p2p)), Some(pos)) = (comms, ranks.iter().position(|&r| r == self.g.me)) else { return Ok(None) };
             let label = format!("{}[{ranks:?}]", self.g.label);
@@ -1150,20 +1228,85 @@ mod imp {
             // Committed at the op deadline (the outputs are being written): a waiter with a
             // 100 ms timeout gets "not complete" at 100 ms, not a second later.
             let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), abandoned: false, committed: true }));
-            let d = Deadlined { flag: Flag::new(), ctl, op_timeout: Duration::from_millis(20), what: ("all_reduce".into(), 7, 1) };
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl,
+                issued: Instant::now(),
+                moved: Arc::new(Mutex::new(Instant::now())),
+                op_timeout: Duration::from_millis(20),
+                what: ("all_reduce".into(), 7, 1),
+            };
             let t0 = Instant::now();
             assert!(!d.wait_for(Duration::from_millis(100)).unwrap());
             let took = t0.elapsed();
             assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(600), "{took:?}");
             // Not committed: the op deadline ends it with a named timeout (rank, op, seq).
             let ctl = Arc::new(Mutex::new(Ctl { started: Some(Instant::now()), abandoned: false, committed: false }));
-            let d =
-                Deadlined { flag: Flag::new(), ctl: ctl.clone(), op_timeout: Duration::from_millis(20), what: ("all_reduce".into(), 8, 1) };
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl: ctl.clone(),
+                issued: Instant::now(),
+                moved: Arc::new(Mutex::new(Instant::now())),
+                op_timeout: Duration::from_millis(20),
+                what: ("all_reduce".into(), 8, 1),
+            };
             match d.wait_for(Duration::from_secs(5)) {
                 Err(CollectiveError::Timeout { op, seq, rank, .. }) => assert_eq!((op.as_str(), seq, rank), ("all_reduce", 8, 1)),
                 other => panic!("{other:?}"),
             }
             assert!(ctl.lock().unwrap().abandoned);
+        }
+
+        #[test]
+        fn a_job_still_queued_ends_at_the_queued_backstop() {
+            // Never taken by the progress thread (queued behind a stuck op, the queue not moving
+            // since before its issue): three op timeouts from the issue (review15 finding 5b),
+            // not the caller's 5 s.
+            let ctl = Arc::new(Mutex::new(Ctl::default()));
+            let op_timeout = Duration::from_millis(40);
+            let issued = Instant::now();
+            let moved = Arc::new(Mutex::new(issued - Duration::from_secs(1)));
+            let d = Deadlined { flag: Flag::new(), ctl: ctl.clone(), issued, moved, op_timeout, what: ("all_reduce".into(), 9, 0) };
+            match d.wait_for(Duration::from_secs(5)) {
+                Err(CollectiveError::Timeout { op, seq, rank, detail, .. }) => {
+                    assert_eq!((op.as_str(), seq, rank), ("all_reduce", 9, 0));
+                    assert!(detail.contains("never started"), "{detail}");
+                }
+                other => panic!("{other:?}"),
+            }
+            let took = issued.elapsed();
+            let by = concord_core::queued_op_backstop(op_timeout);
+            assert!(took >= by && took < by + Duration::from_millis(500), "{took:?}, backstop {by:?}");
+            assert!(ctl.lock().unwrap().abandoned, "a queued op given up is abandoned: its vote stops every rank");
+            // Taken just before the backstop: its own op deadline counts from its start.
+            let ctl = Arc::new(Mutex::new(Ctl::default()));
+            let issued = Instant::now() - by + Duration::from_millis(10);
+            ctl.lock().unwrap().started = Some(Instant::now());
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl,
+                issued,
+                moved: Arc::new(Mutex::new(issued)),
+                op_timeout,
+                what: ("all_reduce".into(), 10, 0),
+            };
+            let t0 = Instant::now();
+            assert!(matches!(d.wait_for(Duration::from_secs(5)), Err(CollectiveError::Timeout { .. })));
+            assert!(t0.elapsed() >= op_timeout, "{:?}", t0.elapsed());
+            // Queued long behind healthy ops (the queue moved just now): not given up, however
+            // long ago it was issued.
+            let ctl = Arc::new(Mutex::new(Ctl::default()));
+            let issued = Instant::now() - 10 * by;
+            let d = Deadlined {
+                flag: Flag::new(),
+                ctl: ctl.clone(),
+                issued,
+                moved: Arc::new(Mutex::new(Instant::now())),
+                op_timeout,
+                what: ("all_reduce".into(), 11, 0),
+            };
+            assert!(!d.wait_for(by / 2).unwrap(), "a queue that moves keeps its queued ops");
+            assert!(!ctl.lock().unwrap().abandoned);
         }
 
         #[test]

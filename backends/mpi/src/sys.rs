@@ -587,8 +587,13 @@ mod tests {
         // Finalised (as the exit handler marks it, under the write lock): a thread between two
         // calls of an op gets a named error for the next one, which never reaches MPI.
         *FINALIZED.write().unwrap() = true;
-        let r = barrier(Comm(std::ptr::null_mut()));
-        free(Comm(std::ptr::null_mut()));
+        // A null handle (never passed to MPI: both calls stop at the flag). Zeroed, not
+        // `ptr::null_mut()`: rsmpi's `MPI_Comm` is a pointer on some versions and a newtype
+        // around one on others (the unit tests did not compile with the latter).
+        // SAFETY: an all-zero MPI_Comm is a null handle, valid as a value.
+        let null = || Comm(unsafe { std::mem::zeroed() });
+        let r = barrier(null());
+        free(null());
         *FINALIZED.write().unwrap() = false;
         let e = r.unwrap_err();
         assert!(e.contains("finalised"), "{e}");

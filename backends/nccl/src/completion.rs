@@ -53,7 +53,7 @@ impl NcclCompletion {
     /// `Channel::wait_header`), so the waiter steps in only as a backstop after that bound
     /// and the abort's; time queued behind healthy earlier ops does not count.
     fn op_deadline(&self) -> Instant {
-        let backstop = self.op_timeout * 3 + 2 * crate::comm::ABORT_WAIT;
+        let backstop = concord_core::queued_op_backstop(self.op_timeout) + 2 * crate::comm::ABORT_WAIT;
         match &*self.ticket.lock() {
             Stage::Queued => self.issued + backstop,
             Stage::Running(start) => *start + backstop,

@@ -127,7 +127,7 @@ impl NcclBackend {
     /// from issue: a long queue of healthy jobs is waited out, and the wait fails once no job
     /// has finished for as long as one job can take (each bounds itself: see `worker`).
     pub(crate) fn flush(&self, op: &Op) -> Result<()> {
-        if self.progress.flush_while_progressing(self.op_timeout * 3 + 2 * crate::comm::ABORT_WAIT) {
+        if self.progress.flush_while_progressing(concord_core::queued_op_backstop(self.op_timeout) + 2 * crate::comm::ABORT_WAIT) {
             return Ok(());
         }
         Err(CollectiveError::Timeout {

@@ -464,7 +464,7 @@ impl Channel {
     /// this communicator (a peer gone) aborts it and ends the wait early.
     fn wait_header(&self, id: &OpId, tracker: &Tracker, before: &Event, after: &Event) -> Result<()> {
         let start = id.started.unwrap_or(id.issued);
-        let cap = start + self.op_timeout * 3;
+        let cap = start + concord_core::queued_op_backstop(self.op_timeout);
         let mut reached: Option<Instant> = None;
         let mut next_check = Instant::now() + Duration::from_millis(10);
         let outcome = poll_until(cap, || {

@@ -16,7 +16,10 @@
 //!   dropped work fills up.
 //! * `state::views_of_one_parent::ws2` — all_reduces of eight views of one parent, each at its
 //!   own offset, same length, out of place and in place by turns: a table keyed by (parent,
-//!   length) reads the first view's offset (on either path: review17 finding 6).
+//!   length) reads the first view's offset (on either path: review17 finding 6). Then the
+//!   same views reduced in place all in flight together (issued before any wait, waited in
+//!   reverse): an op that writes back the pages around its view at completion gives the views
+//!   reduced meanwhile their old bytes (findings13 finding 7).
 //! * `state::outstanding_across_300_ops::ws2` — one all_reduce held un-waited while 300 others
 //!   run: `outstanding()` is still 1, then its result is right: a registry that tells works
 //!   apart by an 8-bit id loses the held one.
@@ -202,7 +205,50 @@ fn views_of_one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             expect_eq(b, out, &exp, &wv)?;
         }
     }
+    if both {
+        in_flight_together(ctx, &parent, v, LEN, VIEWS)?;
+    }
     Ok(())
+}
+
+/// The views of [`views_of_one_parent`] again, all reduced in place IN FLIGHT TOGETHER (review17
+/// finding 6, RESULTS findings13 finding 7): new values written into `parent` (`views` views of
+/// `len` elements from element 1), every view's `all_reduce_` issued before any is waited, the
+/// works waited in reverse, then every view and the untouched element 0 checked. A view's op
+/// writes only its elements, during the op too: one that stages the pages around its view and
+/// writes them back at completion (DDP / FSDP buckets of one flat gradient buffer) gives the
+/// views reduced meanwhile their bytes of issue time back.
+fn in_flight_together<B: Backend>(ctx: &Ctx<'_, B>, parent: &B::Buffer, v: ArVehicle, len: usize, views: usize) -> CaseResult {
+    let b = ctx.b;
+    let (ws, me) = (b.world_size(), b.rank());
+    // Element i of rank r's parent: i + 1000 r + 500 (none equal to the sequential pass's).
+    let of = |r: usize| -> Vec<f32> { (0..len * views + 1).map(|i| (i + 1000 * r + 500) as f32).collect() };
+    let w = format!("{} reduce={}", here(b, "all_reduce_", "inplace", DType::F32), v.op.name());
+    let wv = |k: usize| {
+        format!("{w} view {k} of {views} of one parent (elements {}..{}), all {views} in flight together", 1 + k * len, 1 + (k + 1) * len)
+    };
+    b.write(parent, &Tensor::from_vec(&[len * views + 1], of(me))).map_err(|e| fail(&w, format!("write the parent: {e}")))?;
+    let mut xs = Vec::with_capacity(views);
+    let mut works = Vec::with_capacity(views);
+    for k in 0..views {
+        let x = b.view(parent, 1 + k * len, &[len]).map_err(|e| fail(&wv(k), format!("view: {e}")))?;
+        works.push(b.all_reduce_(&x, v.op).map_err(|e| fail(&wv(k), format!("issue: {e}")))?);
+        xs.push(x);
+    }
+    for (k, work) in works.into_iter().enumerate().rev() {
+        work.wait(ctx.timeout).map_err(|e| fail(&wv(k), format!("wait (in reverse order of issue): {e}")))?;
+    }
+    for (k, x) in xs.iter().enumerate() {
+        let off = 1 + k * len;
+        expect_eq(b, x, &v.expected(ws, |r| of(r)[off..off + len].to_vec()), &wv(k))?;
+    }
+    let head = b.view(parent, 0, &[1]).map_err(|e| fail(&w, format!("view of element 0: {e}")))?;
+    expect_eq(
+        b,
+        &head,
+        &Tensor::from_vec(&[1], vec![of(me)[0]]),
+        &format!("{w} element 0 of the parent, in no view, after the {views} views' in-place ops"),
+    )
 }
 
 fn outstanding_across<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
