@@ -26,12 +26,15 @@ fn gathered_shape(sh: &[usize], ws: usize) -> Vec<usize> {
     }
 }
 
+/// A hook run once on a work's inner result.
+type Hook<T> = Box<dyn FnOnce(&concord_shm::ShmBackend, &T) -> Result<()> + Send>;
+
 /// A work whose value is `value`, complete when `inner` is, with `hook` run on the inner result
 /// before completion is reported (by `is_completed` or `wait`): truthful completion.
 struct Eager<T> {
     inner: Work<T>,
     be: Arc<concord_shm::ShmBackend>,
-    hook: Mutex<Option<Box<dyn FnOnce(&concord_shm::ShmBackend, &T) -> Result<()> + Send>>>,
+    hook: Mutex<Option<Hook<T>>>,
     failed: Mutex<Option<CollectiveError>>,
 }
 
