@@ -24,6 +24,9 @@
 //!   call only: works issued before it and not yet waited MUST complete with their own results
 //!   (one error flag per communicator that fails every pending work with it is a bug).
 //!   [clause: bad_input.named_everywhere]
+//!   A call refused with a bad-input error MUST leave its outputs (an `_out` buffer) and an
+//!   in-place buffer untouched: validate (the cross-rank header exchange included) before moving
+//!   data, as PyTorch's c10d checks and NCCL's header exchange do. [clause: bad_input.refused_untouched]
 //! * Honour deadlines: no wait blocks longer than asked, and none gives up sooner: a `wait(t)`
 //!   MUST return once the op completes or `t` has passed, never a timeout before `t` (a port that
 //!   counts deadlines in whole seconds times a sub-second wait out at once); a dead peer is

@@ -84,6 +84,7 @@ pub mod bugs_review13;
 pub mod bugs_review14;
 pub mod bugs_review16;
 pub mod bugs_review17;
+pub mod bugs_review18;
 pub mod bugs_review2;
 pub mod bugs_review3;
 pub mod bugs_review4;
@@ -181,6 +182,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_findings13::catalogue());
     v.extend(bugs_review16::catalogue());
     v.extend(bugs_review17::catalogue());
+    v.extend(bugs_review18::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_stream::catalogue());

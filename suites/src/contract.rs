@@ -301,6 +301,12 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["bad_input::", "bad_input::broadcast_dtype_mismatch", "bad_input::shape_mismatch_behind_pending::"],
     },
     Clause {
+        id: "bad_input.refused_untouched",
+        source: BACKEND,
+        text: "A call refused with a bad-input error MUST leave its outputs (an _out buffer) and an in-place buffer untouched: validation comes before any data moves.",
+        cases: &["bad_input::grid::all_gather_into_tensor_out::", "bad_input::grid::all_reduce_::"],
+    },
+    Clause {
         id: "bad_input.root_agreement",
         source: CALL,
         text: "A root / src out of range (of the communicator: a subgroup's size, not the world's) or not equal on every rank is BadRoot (broadcast, reduce, gather, scatter).",

@@ -193,6 +193,11 @@ impl ShmBuffer {
     pub fn unowned(&self) -> ShmBuffer {
         ShmBuffer { block: Arc::new(self.block.unowned()), byte_off: self.byte_off, dtype: self.dtype, shape: self.shape.clone() }
     }
+    /// The same bytes under another dtype and shape (the same byte count): for the mutants
+    /// (`review18_movers_compare_widths` moves data as the unsigned integer of its width).
+    pub fn retyped(&self, dtype: DType, shape: &[usize]) -> ShmBuffer {
+        ShmBuffer { block: self.block.clone(), byte_off: self.byte_off, dtype, shape: shape.to_vec() }
+    }
 }
 
 impl std::fmt::Debug for ShmBuffer {

@@ -79,8 +79,10 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             let xs: Vec<_> = (0..2 + r).map(|_| f32s(b, &[3])).collect::<Result<_, _>>()?;
             wait(b.all_reduce_coalesced(&xs, ReduceOp::Sum)?, T)
         }),
+        // Shapes that differ tensor by tensor with the first tensor and the list's total equal: a
+        // backend that validates one flat bucket (or `xs[0]` and the count) passes it.
         ("all_reduce_coalesced_one_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| {
-            let xs = vec![f32s(b, &[3])?, f32s(b, &[3 + r])?];
+            let xs = vec![f32s(b, &[2])?, f32s(b, &[3 + r])?, f32s(b, &[4 - r])?];
             wait(b.all_reduce_coalesced(&xs, ReduceOp::Sum)?, T)
         }),
         ("all_reduce_bitwise_on_float", 2, K::UnsupportedDType, false, |b, _, _| wait(b.all_reduce(&f32s(b, &[4])?, ReduceOp::BAnd)?, T)),
@@ -254,6 +256,11 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
                 let out = b.alloc(DType::I32, &[4])?;
                 wait(b.recv(&out, 0)?, T)
             }
+        }),
+        // A mismatch past 1 MiB (2^18 f32 against 2^18 + 4): a pipelined large-message path whose
+        // header carries each chunk's count, not the call's, passes it.
+        ("all_reduce_shape_mismatch_large", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.all_reduce(&f32s(b, &[(1 << 18) + 4 * r])?, ReduceOp::Sum)?, T)
         }),
         ("permute_not_a_permutation", 2, K::BadPermutation, false, |b, _, _| wait(b.permute_tensor(&f32s(b, &[4])?, &[0, 0])?, T)),
         ("permute_wrong_length", 2, K::BadPermutation, false, |b, _, _| wait(b.permute_tensor(&f32s(b, &[4])?, &[1, 0, 2])?, T)),

@@ -42,12 +42,17 @@ pub const WORLD_SIZES: [usize; 4] = [1, 2, 3, 16];
 /// One way to break a call, on the ranks that carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum How {
-    /// Another shape (a second column).
+    /// Another shape of the same element count (`[ws, 2]` against `[2 ws, 1]`: a header that
+    /// ships counts, not shapes, passes it).
     Shape,
-    /// Another input dtype (f64).
+    /// Another input dtype: the declared dtype of f32's width ([`other_dtype`]: a header that
+    /// ships widths, not dtypes, passes it).
     DTypeIn,
-    /// An `_out` buffer of another dtype.
+    /// An `_out` buffer of another dtype (f64).
     DTypeOut,
+    /// An `_out` buffer of another dtype of the input's width ([`other_dtype`]), of the right
+    /// element count: a backend that checks the count only casts into it.
+    DTypeOutWidth,
     /// Another reduce op (max).
     ReduceOp,
     /// A reduce op not defined for the dtype (band on f32).
@@ -87,7 +92,7 @@ impl How {
     fn kind(self) -> K {
         match self {
             How::Shape => K::ShapeMismatch,
-            How::DTypeIn | How::DTypeOut | How::P2pDType => K::DTypeMismatch,
+            How::DTypeIn | How::DTypeOut | How::DTypeOutWidth | How::P2pDType => K::DTypeMismatch,
             How::ReduceOp => K::ReduceOpMismatch,
             How::Unsupported => K::UnsupportedDType,
             How::Count => K::CountMismatch,
@@ -136,7 +141,7 @@ fn hows(hook: &str, ws: usize) -> Vec<How> {
         v.extend([ZeroDim, Indivisible]);
     }
     if hook.ends_with("_out") {
-        v.extend([DTypeOut, OutLarger, OutSmaller, Alias]);
+        v.extend([DTypeOut, DTypeOutWidth, OutLarger, OutSmaller, Alias]);
     }
     if hook == "all_to_all_single" {
         v.extend([SplitsLength, SplitsDisagree]);
@@ -195,10 +200,12 @@ struct Args {
     out_splits: Option<Vec<usize>>,
     perm: Vec<usize>,
     other_op: bool,
+    /// The other dtype of `DTypeIn` / `DTypeOutWidth` ([`other_dtype`]).
+    alt: DType,
 }
 
 impl Args {
-    fn valid(ws: usize, root: usize) -> Args {
+    fn valid(ws: usize, root: usize, alt: DType) -> Args {
         Args {
             dtype: DType::F32,
             rows: 2 * ws,
@@ -214,18 +221,22 @@ impl Args {
             out_splits: None,
             perm: (0..ws).collect(),
             other_op: false,
+            alt,
         }
     }
     fn broken(mut self, how: How, ws: usize) -> Args {
         match how {
-            How::Shape => self.cols = 2,
-            How::DTypeIn => self.dtype = DType::F64,
+            How::Shape => (self.rows, self.cols) = (ws, 2),
+            How::DTypeIn => self.dtype = self.alt,
             How::DTypeOut => self.out_dtype = Some(DType::F64),
+            How::DTypeOutWidth => self.out_dtype = Some(self.alt),
             How::ReduceOp => self.reduce = ReduceOp::Max,
             How::Unsupported => self.reduce = ReduceOp::BAnd,
             How::Count => self.count = 3,
             How::ZeroDim => self.zero_dim = true,
-            How::Indivisible => self.rows = 2 * ws + 1,
+            // Dim 0 indivisible, the element count divisible: a backend that checks the count
+            // (`numel % ws`) instead of dim 0 truncates it.
+            How::Indivisible => (self.rows, self.cols) = (2 * ws + 1, ws),
             How::OutLarger => self.out_delta = 1,
             How::OutSmaller => self.out_delta = -1,
             How::Alias => self.alias = true,
@@ -267,7 +278,16 @@ fn input(a: &Args, rank: usize, i: usize) -> Tensor {
 }
 
 /// Issues `hook` with `a` on this rank and waits: the outputs (empty where the op has none here).
-fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buffer>, CollectiveError> {
+///
+/// `kept` gets the call's `_out` buffer (filled with a sentinel first) and its in-place inputs,
+/// each with its contents before the call: what a refused call MUST leave as it was (clause
+/// `bad_input.refused_untouched`).
+fn call<B: Backend>(
+    ctx: &Ctx<'_, B>,
+    hook: &str,
+    a: &Args,
+    kept: &mut Vec<(B::Buffer, Tensor)>,
+) -> Result<Vec<B::Buffer>, CollectiveError> {
     let b = ctx.b;
     let (t, me, ws) = (ctx.timeout, b.rank(), b.world_size());
     if a.other_op {
@@ -280,7 +300,7 @@ fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buf
     let x = || b.upload(&input(a, me, 0));
     let xs = || (0..a.count).map(|i| b.upload(&input(a, me, i))).collect::<Result<Vec<_>, _>>();
     let numel: usize = a.shape().iter().product();
-    let out_of = |need: usize| -> Result<(B::Buffer, B::Buffer), CollectiveError> {
+    let mut out_of = |need: usize| -> Result<(B::Buffer, B::Buffer), CollectiveError> {
         let len = (need as isize + a.out_delta).max(0) as usize;
         let dt = a.out_dtype.unwrap_or(a.dtype);
         if a.alias {
@@ -289,6 +309,7 @@ fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buf
             if len <= numel {
                 let x = x()?;
                 let out = b.view(&x, 0, &[len])?;
+                kept.push((x.clone(), b.download(&x)?));
                 return Ok((x, out));
             }
             let out = b.alloc(dt, &[len])?;
@@ -297,15 +318,28 @@ fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buf
             // The valid call's input values: a backend that computes aliased outputs
             // (`AliasPolicy::Correct`) must then give the valid call's result.
             b.write(&x, &input(a, me, 0))?;
+            kept.push((out.clone(), b.download(&out)?));
             return Ok((x, out));
         }
-        Ok((x()?, b.alloc(dt, &[len])?))
+        let out = b.alloc(dt, &[len])?;
+        let sentinel = Tensor::from_f64(dt, &[len], &vec![-7.0; len]);
+        b.write(&out, &sentinel)?;
+        kept.push((out.clone(), sentinel));
+        Ok((x()?, out))
     };
     match hook {
         "all_reduce" => Ok(one(b.all_reduce(&x()?, a.reduce)?.into_value(t)?)),
-        "all_reduce_" => Ok(one(b.all_reduce_(&x()?, a.reduce)?.into_value(t)?)),
+        "all_reduce_" => {
+            let x = x()?;
+            kept.push((x.clone(), input(a, me, 0)));
+            Ok(one(b.all_reduce_(&x, a.reduce)?.into_value(t)?))
+        }
         "all_reduce_coalesced" => b.all_reduce_coalesced(&xs()?, a.reduce)?.into_value(t),
-        "all_reduce_coalesced_" => b.all_reduce_coalesced_(&xs()?, a.reduce)?.into_value(t),
+        "all_reduce_coalesced_" => {
+            let xs = xs()?;
+            kept.extend(xs.iter().enumerate().map(|(i, x)| (x.clone(), input(a, me, i))));
+            b.all_reduce_coalesced_(&xs, a.reduce)?.into_value(t)
+        }
         "all_gather_into_tensor" => Ok(one(b.all_gather_into_tensor(&x()?)?.into_value(t)?)),
         "all_gather_into_tensor_out" => {
             let (x, out) = out_of(numel * ws)?;
@@ -320,7 +354,11 @@ fn call<B: Backend>(ctx: &Ctx<'_, B>, hook: &str, a: &Args) -> Result<Vec<B::Buf
         "reduce_scatter_tensor_coalesced" => b.reduce_scatter_tensor_coalesced(&xs()?, a.reduce)?.into_value(t),
         "all_to_all_single" => Ok(one(b.all_to_all_single(&x()?, a.out_splits.as_deref(), a.in_splits.as_deref())?.into_value(t)?)),
         "broadcast" => Ok(one(b.broadcast(&x()?, a.root)?.into_value(t)?)),
-        "broadcast_" => Ok(one(b.broadcast_(&x()?, a.root)?.into_value(t)?)),
+        "broadcast_" => {
+            let x = x()?;
+            kept.push((x.clone(), input(a, me, 0)));
+            Ok(one(b.broadcast_(&x, a.root)?.into_value(t)?))
+        }
         "permute_tensor" => Ok(one(b.permute_tensor(&x()?, &a.perm)?.into_value(t)?)),
         "reduce" => Ok(one(b.reduce(&x()?, a.reduce, a.root)?.into_value(t)?)),
         "gather" => Ok(one(b.gather(&x()?, a.root)?.into_value(t)?)),
@@ -438,12 +476,13 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
     // the valid call after a row when it is a declared gap. UNSUPPORTED when
     // every row is a declared gap (after their refusals were checked).
     let (mut declared, mut ran) = (Vec::new(), 0);
-    let valid_gap = row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0));
+    let alt = other_dtype(&b.capabilities());
+    let valid_gap = row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0, alt));
     for how in hows(hook, ws) {
         let gap = match (hook, how) {
             // A barrier's `OtherOp` carrier issues an f32 sum all_reduce instead.
-            ("barrier", How::OtherOp) => row_gap(&b.capabilities(), "all_reduce", "out", &Args::valid(ws, 0)),
-            _ => row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0).broken(how, ws)),
+            ("barrier", How::OtherOp) => row_gap(&b.capabilities(), "all_reduce", "out", &Args::valid(ws, 0, alt)),
+            _ => row_gap(&b.capabilities(), op, variant, &Args::valid(ws, 0, alt).broken(how, ws)),
         };
         match &gap {
             Some(why) => declared.push(format!("{} ({why})", how.name())),
@@ -477,7 +516,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                     continue;
                 }
                 let mine = Carrier::Every == carrier || Carrier::One(me) == carrier;
-                let valid = Args::valid(ws, root);
+                let valid = Args::valid(ws, root, alt);
                 let a = if mine { valid.clone().broken(how, ws) } else { valid.clone() };
                 let want = how.kind();
                 // An overlap the op forbids is bad input only to a backend that declares it
@@ -488,7 +527,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                 // get THE kind.
                 if let Some(why) = &gap {
                     let table_first = precedes_support(want);
-                    match call(ctx, hook, &a) {
+                    match call(ctx, hook, &a, &mut Vec::new()) {
                         Ok(_) => {
                             return Err(fail(
                                 &w,
@@ -515,12 +554,13 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                     }
                     if valid_gap.is_none() {
                         let w = format!("{w} (a valid {hook} after the refused declared gap)");
-                        let outs = call(ctx, hook, &valid).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                        let outs = call(ctx, hook, &valid, &mut Vec::new()).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                         check(b, hook, root, &outs, &w)?;
                     }
                     continue;
                 }
-                match call(ctx, hook, &a) {
+                let mut kept = Vec::new();
+                match call(ctx, hook, &a, &mut kept) {
                     Ok(outs) if computes_aliased => {
                         check(
                             b,
@@ -547,7 +587,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                             format!("the bad input was accepted and the op completed; expected bad_input:{}", want.name()),
                         ))
                     }
-                    Err(e) if e.bad_input_kind() == Some(want) => {}
+                    Err(e) if e.bad_input_kind() == Some(want) => untouched(b, &kept, &w)?,
                     Err(e) => return Err(fail(&w, format!("expected bad_input:{}, got {e} [{}]", want.name(), e.name()))),
                 }
                 // Then the same (op, variant), valid, computes the right value (unless it is a
@@ -556,7 +596,7 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
                     continue;
                 }
                 let w = format!("{w} (a valid {hook} after the refused one)");
-                let outs = call(ctx, hook, &valid).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
+                let outs = call(ctx, hook, &valid, &mut Vec::new()).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;
                 check(b, hook, root, &outs, &w)?;
             }
         }
@@ -574,6 +614,39 @@ fn run<B: Backend>(ctx: &mut Ctx<'_, B>, hook: &'static str) -> CaseResult {
         )));
     }
     Ok(())
+}
+
+/// A call refused with a bad-input error MUST leave its `_out` buffer and its in-place inputs as
+/// they were (clause `bad_input.refused_untouched`): `kept` is each with its contents before the
+/// call.
+fn untouched<B: Backend>(b: &B, kept: &[(B::Buffer, Tensor)], w: &str) -> CaseResult {
+    for (j, (buf, before)) in kept.iter().enumerate() {
+        let got = b.download(buf)?;
+        if let Some(i) = (0..before.numel()).find(|&i| got.get_f64(i).to_bits() != before.get_f64(i).to_bits()) {
+            return Err(fail(
+                w,
+                format!(
+                    "the refused call wrote its buffers (an _out / in-place buffer, #{j}): first bad index {i}: got {}, expected {} (its value before the call)",
+                    got.get_f64(i),
+                    before.get_f64(i)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The dtype a `DTypeIn` / `DTypeOutWidth` row gives against f32, from the declaration (so that
+/// a declared gap of one fixed dtype does not switch every dtype row off): i32, else u32, else
+/// another declared dtype of f32's width, else any other declared dtype, else f64.
+fn other_dtype(caps: &concord_core::Capabilities) -> DType {
+    let d = &caps.dtypes;
+    [DType::I32, DType::U32]
+        .into_iter()
+        .find(|x| d.contains(x))
+        .or_else(|| d.iter().copied().find(|x| *x != DType::F32 && x.size() == 4))
+        .or_else(|| d.iter().copied().find(|x| *x != DType::F32))
+        .unwrap_or(DType::F64)
 }
 
 /// Whether the rule table ([`concord_core::call`]) checks `kind` before support (rules 1–5: a
