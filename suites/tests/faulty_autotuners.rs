@@ -1202,6 +1202,13 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::rank0_missing_at_presync::ws3"],
             &["while rank 0 was slow", "a wait without the deadline"],
         ),
+        // The nineteenth review (helper impl19): warm-up / timed runs whose errors are ignored
+        // (survived the survey before `errors_in_timed_run` was added).
+        (
+            e("timed_errors_ignored"),
+            &["autotune::hazard::error_on_one_rank::ws3"],
+            &["does not hold choice `errors_in_timed_run` inf", "injected error in a timed run", "rank="],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
