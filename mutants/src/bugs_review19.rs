@@ -17,7 +17,13 @@ use concord_core::{Backend, DType, ReduceOp, Result, Scale, Scaling, Work};
 fn tt_ignored(sc: Option<&Scaling>) -> Option<Scaling> {
     let s = sc?.clone();
     let Scale::Tensor(sa) = s.a else { return Some(s) };
-    let b = s.b.iter().map(|x| match x { Scale::Tensor(_) => Scale::Tensor(1.0 / sa), r => r.clone() }).collect();
+    let b =
+        s.b.iter()
+            .map(|x| match x {
+                Scale::Tensor(_) => Scale::Tensor(1.0 / sa),
+                r => r.clone(),
+            })
+            .collect();
     Some(Scaling { b, ..s })
 }
 
@@ -28,7 +34,15 @@ impl Bug for TensorwiseScalesIgnored {
         let s = tt_ignored(sc);
         concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, s.as_ref())
     }
-    fn fused_matmul_reduce_scatter(&self, m: &Mutant, a: &Buf, b: &Buf, op: ReduceOp, dim: usize, sc: Option<&Scaling>) -> Result<Work<Buf>> {
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
         let s = tt_ignored(sc);
         concord_core::fused::decomposed_matmul_reduce_scatter(m, a, b, op, dim, s.as_ref())
     }
