@@ -91,7 +91,7 @@ impl HalfTailF32 {
         use crate::bugs_hunt28::{at, half, rewrite};
         let dtype = s.inner.buffer_dtype(x);
         let n = s.numel(x);
-        let fires = op == ReduceOp::Sum && half(dtype) && s.ws() >= 2 && n % 8 != 0;
+        let fires = op == ReduceOp::Sum && half(dtype) && s.ws() >= 2 && !n.is_multiple_of(8);
         let ws = s.ws();
         rewrite(s, x, op, in_place, fires, move |all, t| {
             let n = t.numel();
