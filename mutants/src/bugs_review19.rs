@@ -1,7 +1,7 @@
 //! The nineteenth review's blind spots (read-only review19, 2026-11-28; helper impl19): numerics
 //! and the fused ops fed only inputs on which a close variant of a checked bug gives the right
 //! answer: a tensor-wise scale product of exactly 1 (finding 2), no finite f16 / bf16 sum that
-//! overflows (4), no -0 on every rank outside the out-of-place all_reduce (9), every rounding-tie
+//! overflows (4), every rounding-tie
 //! input a multiple of 8 long (8). Each was written first as a throw-away mutant and run alone
 //! against the whole catalogue, where it survived (docs/RESULTS.md, "review19's blind spots").
 use crate::campaign::{spec, Spec};
@@ -118,32 +118,6 @@ impl Bug for HalfTailF32 {
     }
 }
 
-/// Finding 9 (clauses `values.reduce`, `numerics.subnormal`). In-place float sum / avg / premul_sum all_reduce into a scratch zeroed first (`acc = 0;
-/// acc += x_r` for every rank, copied back): every term -0 gives +0, not -0. (Local edit at
-/// wait: no collective of its own.)
-#[derive(Default)]
-pub struct InplaceZeroInitAccumulator;
-impl Bug for InplaceZeroInitAccumulator {
-    fn all_reduce_(&self, s: &crate::Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        let dtype = s.inner.buffer_dtype(x);
-        let fires = matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_)) && dtype.is_float();
-        let w = s.inner.all_reduce_(x, op)?;
-        if !fires {
-            return Ok(w);
-        }
-        Ok(s.then(w, move |be, out| {
-            crate::edit(be, out, |t| {
-                for i in 0..t.numel() {
-                    let v = t.get_f64(i);
-                    if v == 0.0 && v.is_sign_negative() {
-                        crate::set_f64(t, i, 0.0);
-                    }
-                }
-            })
-        }))
-    }
-}
-
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<TensorwiseScalesIgnored>(
@@ -157,12 +131,6 @@ pub fn catalogue() -> Vec<Spec> {
             "numerics.round_once",
             "f16 / bf16 sum / avg / premul_sum all_reduce: a finite sum past the largest finite value stored as +-max, not +-inf",
             &["numerics::round_once::avg_near_max::f16::ws2"],
-        ),
-        spec::<InplaceZeroInitAccumulator>(
-            "review19_inplace_zero_init_accumulator",
-            "values.reduce",
-            "in-place float sum / avg / premul_sum all_reduce into a zeroed accumulator: -0 on every rank gives +0",
-            &["numerics::subnormal::all_reduce_inplace::f32::ws2"],
         ),
         spec::<HalfTailF32>(
             "review19_half_sum_tail_f32",
