@@ -774,6 +774,16 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 Choice::new("native", native::<B>),
                 errors_on::<B>("errors_on_rank2", 2, false),
                 delayed::<B>("later", &[], Duration::ZERO),
+                // Passes screening, then fails in timed run 1 (review19: a timing loop that
+                // ignores its runs' results times it as fast). On every rank: an error on one
+                // rank desynchronises the barrier that follows, a timeout that ends every later choice.
+                Choice::new("errors_in_timed_run", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                    let out = native(c, x)?;
+                    if c.phase == Phase::Timed(1) {
+                        return Err(CollectiveError::Backend("injected error in a timed run".into()));
+                    }
+                    Ok(out)
+                }),
             ],
             "native",
         )];
@@ -785,6 +795,8 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
                 format!("an error (not a timeout) leaves the communicator usable: the next choice must still be timed\n{o}"),
             ));
         }
+        // After the checks above, whose failures name the broken tuners they were written for.
+        expect_inf(ctx, &o, "errors_in_timed_run", 0, "injected error in a timed run", " (a choice failing after screening)")?;
         check_all(ctx, &o, &reqs, Policy::Max, "err")
     }));
     v.push(Case::<B>::new("autotune::hazard::panic_on_one_rank::ws2", meta("all_reduce"), 2, move |ctx| {

@@ -930,6 +930,29 @@ impl<B: Backend> Autotuner<B> for BenchCountFromOwnEstimate {
     }
 }
 
+/// The nineteenth review (finding 3): a hand-written timing loop that checks the choice in
+/// screening but ignores the result of its warm-up and timed runs (`let _ = run(); t.push(..)`):
+/// a choice that passes screening and then fails (a registration pool or IPC-handle table that
+/// runs out, a one-shot workspace) is timed as very fast and can win.
+struct TimedErrorsIgnored(Tuner);
+impl<B: Backend> Autotuner<B> for TimedErrorsIgnored {
+    fn new(cfg: Config) -> Self {
+        TimedErrorsIgnored(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let w = wrap_choices(requests, |_, run| {
+            Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| match (run(ctx, x), ctx.phase) {
+                (Err(_), Phase::Warmup(_) | Phase::Timed(_)) => Ok(x.clone()),
+                (r, _) => r,
+            })
+        });
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &w)
+    }
+}
+
 /// Every autotuner of this test behind one type, so the autotune suite is compiled once, not
 /// once per broken tuner (21 instantiations took 25 s of the CI build, 6 took 6 s): a worker
 /// builds the one its backend entry names (`CHOSEN`, set in `main` from the worker's
@@ -994,6 +1017,8 @@ fn maker(name: &str) -> Option<Make> {
         "bench_count_from_own_estimate" => build::<BenchCountFromOwnEstimate>,
         // The eleventh review (helper impl11).
         "leader_decision" => build::<Faulty<LEADER_DECISION>>,
+        // The nineteenth review (helper impl19).
+        "timed_errors_ignored" => build::<TimedErrorsIgnored>,
         _ => return None,
     })
 }
@@ -1177,6 +1202,13 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::rank0_missing_at_presync::ws3"],
             &["while rank 0 was slow", "a wait without the deadline"],
         ),
+        // The nineteenth review (helper impl19): warm-up / timed runs whose errors are ignored
+        // (survived the survey before `errors_in_timed_run` was added).
+        (
+            e("timed_errors_ignored"),
+            &["autotune::hazard::error_on_one_rank::ws3"],
+            &["does not hold choice `errors_in_timed_run` inf", "injected error in a timed run", "rank="],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
@@ -1228,6 +1260,7 @@ const ALL: &[&str] = &[
     "cache_ignores_shape",
     "cache_ignores_policy",
     "leader_decision",
+    "timed_errors_ignored",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a

@@ -857,7 +857,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         for (rows, tag) in [(false, "tensor"), (true, "rows")] {
             let scaling = Scaling {
                 a: Scale::Tensor(0.5),
-                b: vec![Scale::Tensor(2.0), Scale::Rows((0..8).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                b: vec![Scale::Tensor(4.0), Scale::Rows((0..8).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
                 out_dtype: DType::BF16,
             };
             for dim in 0..3 {

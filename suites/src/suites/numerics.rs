@@ -232,7 +232,7 @@ fn tie_columns(dtype: DType) -> Vec<Vec<f64>> {
     let half = ulp / 2.0;
     let low = p2(-24); // far below half an ulp, lost by a second rounding
                        // Columns: one element each; rows: ranks.
-    let cols: [[f64; 3]; 8] = [
+    let cols: [[f64; 3]; 9] = [
         [1.0, half, low],              // above the tie: 1 + ulp (f16: 0x3C01)
         [1.0, half, 0.0],              // on the tie, even below: 1.0
         [1.0 + ulp, half, 0.0],        // on the tie, even above: 1 + 2 ulp
@@ -241,6 +241,7 @@ fn tie_columns(dtype: DType) -> Vec<Vec<f64>> {
         [1.0 + ulp, half, -low],       // just below a tie that would go up
         [2.0, half, half],             // two halves of the ulp of 1 at 2: a tie at 2
         [1.0, half * 0.5, half * 0.5], // quarter + quarter = a tie
+        [1.0, half, low],              // column 0 again, at index 8: past a vector of 8 halves (review19)
     ];
     (0..3).map(|r| cols.iter().map(|c| c[r]).collect()).collect()
 }
@@ -361,7 +362,7 @@ fn spread_tie_columns(dtype: DType, ws: usize) -> Vec<Vec<f64>> {
 }
 
 /// Elements of the long tie case: past 4 Ki, the tie columns over and over (a vector path, a
-/// kernel block or a size switch is taken only past the numerics cases' 8 columns).
+/// kernel block or a size switch is taken only past the numerics cases' 9 columns).
 const LONG_TIES: usize = 4104;
 
 /// [`tie_columns`] repeated to [`LONG_TIES`] elements (rows: ranks).
@@ -558,6 +559,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 if !rounding_the_sum_first_shows(dtype, &cols, |s| s / ws as f64) {
                     return Err(CaseEnd::Fail(format!("suite bug: no {dtype} column overflows a sum rounded first")));
                 }
+                // The sums of the same columns overflow to inf (rounded once; review19: a store
+                // that saturates a finite overflow to the largest finite value passes avg).
+                check(ctx, dtype, ReduceOp::Sum, &cols, "input=near_the_largest_finite_sum_overflows")?;
                 check(ctx, dtype, ReduceOp::Avg, &cols, "input=near_the_largest_finite")
             }));
         }
