@@ -2,12 +2,13 @@
 //! and the fused ops fed only inputs on which a close variant of a checked bug gives the right
 //! answer: a tensor-wise scale product of exactly 1 (finding 2), no finite f16 / bf16 sum that
 //! overflows (4), every rounding-tie
-//! input a multiple of 8 long (8). Each was written first as a throw-away mutant and run alone
+//! input a multiple of 8 long (8), half-precision fused matmuls only ever tile-aligned (1), no
+//! scaled fused op into f16 (5; written by the lead from the review's probes). Each was written first as a throw-away mutant and run alone
 //! against the whole catalogue, where it survived (docs/RESULTS.md, "review19's blind spots").
 use crate::campaign::{spec, Spec};
 use crate::{Buf, Bug, Mutant};
 use concord_core::fused::Gathered;
-use concord_core::{Backend, DType, ReduceOp, Result, Scale, Scaling, Work};
+use concord_core::{Backend, DType, ReduceOp, Result, Scale, Scaling, Tensor, Work};
 
 /// Finding 2 (clause `fused.values`). The scaled op has separate kernels for tensor-wise and
 /// row-wise scales (torch._scaled_mm: cuBLASLt TensorWise versus the CUTLASS RowWise kernel);
@@ -118,6 +119,98 @@ impl Bug for HalfTailF32 {
     }
 }
 
+/// Finding 1 (clause `fused.values`). `b` with its last `k % 8` rows (the contraction tail)
+/// zeroed, for f16 / bf16: a GEMM that loads K in 16-byte vectors (8 halves) or runs on
+/// tensor-core tiles and never handles the partial tile. Every half-precision fused shape had
+/// K a multiple of 8.
+fn tail_dropped(m: &Mutant, b: &Buf) -> Result<Buf> {
+    let be = &*m.s.inner;
+    let dt = be.buffer_dtype(b);
+    if !matches!(dt, DType::F16 | DType::BF16) {
+        return Ok(b.clone());
+    }
+    let t = be.download(b)?;
+    let sh = t.shape().to_vec();
+    if sh.len() != 2 || sh[0] % 8 == 0 {
+        return Ok(b.clone());
+    }
+    let (k, n) = (sh[0], sh[1]);
+    let keep = k / 8 * 8;
+    let v: Vec<f64> = (0..k * n).map(|i| if i / n >= keep { 0.0 } else { t.get_f64(i) }).collect();
+    be.upload(&Tensor::from_f64(dt, &sh, &v))
+}
+
+#[derive(Default)]
+pub struct HalfKTailDropped;
+impl Bug for HalfKTailDropped {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        let bs2 = bs.iter().map(|b| tail_dropped(m, b)).collect::<Result<Vec<_>>>()?;
+        concord_core::fused::decomposed_all_gather_matmul(m, a, &bs2, dim, sc)
+    }
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
+        let b2 = tail_dropped(m, b)?;
+        concord_core::fused::decomposed_matmul_reduce_scatter(m, a, &b2, op, dim, sc)
+    }
+}
+
+/// Finding 5 (clause `fused.values`). A scaled op into f16 computed into bf16 (an out-dtype
+/// table without an f16 entry, or a bf16 epilogue), the bf16 values widened back into the f16
+/// tensor: labelled f16, bf16 precision.
+fn through_bf16(m: &Mutant, t: &Buf) -> Result<Buf> {
+    let be = &*m.s.inner;
+    let x = be.download(t)?;
+    let v: Vec<f64> = (0..x.numel()).map(|i| x.get_f64(i)).collect();
+    be.upload(&Tensor::from_f64(DType::F16, x.shape(), &v))
+}
+
+fn bf16_out(sc: Option<&Scaling>) -> Option<Scaling> {
+    let s = sc?.clone();
+    if s.out_dtype == DType::F16 {
+        return Some(Scaling { out_dtype: DType::BF16, ..s });
+    }
+    Some(s)
+}
+
+#[derive(Default)]
+pub struct F16OutThroughBf16;
+impl Bug for F16OutThroughBf16 {
+    fn fused_all_gather_matmul(&self, m: &Mutant, a: &Buf, bs: &[Buf], dim: usize, sc: Option<&Scaling>) -> Result<Work<Gathered<Buf>>> {
+        let f16 = sc.is_some_and(|s| s.out_dtype == DType::F16);
+        let w = concord_core::fused::decomposed_all_gather_matmul(m, a, bs, dim, bf16_out(sc).as_ref())?;
+        if !f16 {
+            return Ok(w);
+        }
+        let (ag, outs) = w.into_value(crate::BUG_WAIT)?;
+        let outs = outs.iter().map(|o| through_bf16(m, o)).collect::<Result<Vec<_>>>()?;
+        Ok(m.s.done((ag, outs), "fused_all_gather_matmul"))
+    }
+    fn fused_matmul_reduce_scatter(
+        &self,
+        m: &Mutant,
+        a: &Buf,
+        b: &Buf,
+        op: ReduceOp,
+        dim: usize,
+        sc: Option<&Scaling>,
+    ) -> Result<Work<Buf>> {
+        let f16 = sc.is_some_and(|s| s.out_dtype == DType::F16);
+        let w = concord_core::fused::decomposed_matmul_reduce_scatter(m, a, b, op, dim, bf16_out(sc).as_ref())?;
+        if !f16 {
+            return Ok(w);
+        }
+        let o = w.into_value(crate::BUG_WAIT)?;
+        Ok(m.s.done(through_bf16(m, &o)?, "fused_matmul_reduce_scatter"))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<TensorwiseScalesIgnored>(
@@ -137,6 +230,18 @@ pub fn catalogue() -> Vec<Spec> {
             "numerics.round_once",
             "f16 / bf16 sum all_reduce: the scalar tail (last n mod 8 elements) folded in f32, rounded twice",
             &["numerics::round_once::f16::ws3"],
+        ),
+        spec::<HalfKTailDropped>(
+            "review19_half_k_tail_dropped",
+            "fused.values",
+            "f16 / bf16 fused matmuls: the last K mod 8 contraction terms dropped (a GEMM with no partial-tile path)",
+            &["fused::all_gather_matmul::dim0::bf16::odd_k::ws2"],
+        ),
+        spec::<F16OutThroughBf16>(
+            "review19_f16_out_through_bf16",
+            "fused.values",
+            "scaled fused ops into f16 computed into bf16 and widened (an out-dtype table without f16)",
+            &["fused::all_gather_scaled_matmul::dim1::f32::random_f16_out::ws2"],
         ),
     ]
 }

@@ -131,7 +131,7 @@ pub mod sweep_bad;
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
-/// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`], [`bugs_review14`], [`bugs_review16`], [`bugs_review17`] and [`bugs_review19`] (blind spots read-only
+/// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`], [`bugs_review14`], [`bugs_review16`], [`bugs_review17`], [`bugs_review18`] and [`bugs_review19`] (blind spots read-only
 /// reviews of the catalogue pointed at), [`bugs_findings13`] (review13's findings 5 and 7); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
 /// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the

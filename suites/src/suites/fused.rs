@@ -16,7 +16,7 @@
 //!   call on other inputs (`::outputs_kept::`); two calls issued before either is waited
 //!   each return their own values (`::in_flight_twice::`; the low-contention ops too, at 2 ranks).
 //! * Odd shard shapes (`::odd_rows::`, `a_shard [3, 5, 7]`): odd row counts and contraction
-//!   lengths on every gather dim at 2 and 3 ranks.
+//!   lengths on every gather dim at 2 and 3 ranks; in f16 / bf16 too (`::odd_k::`, review19).
 //! * Bad input: each of the seed's errors (and the rule table's F1–F9), on one rank or all, is
 //!   the oracle's named error on every rank; a good call on the same world then passes.
 //!
@@ -916,6 +916,20 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                     2,
                 );
             }
+            // The same odd M / N / K in half precision (review19, finding 1): every other f16 /
+            // bf16 shape is a multiple of 8 (K = 32), so a kernel that drops a partial tile (the
+            // last K % 8 contraction terms of a 16-byte-vector or tensor-core GEMM) passed.
+            for dt in [DType::BF16, DType::F16] {
+                push(
+                    &mut out,
+                    format!("fused::all_gather_matmul::dim0::{dt}::odd_k::ws{ws}"),
+                    ws,
+                    ag_spec(0, dt, vec![3, 5, 7], vec![vec![7, 3]], true),
+                    1,
+                );
+                let s = FusedSpec { a_shape: vec![ws, 3, 7], b_shapes: vec![vec![7, 3]], ..rs_spec(ReduceOp::Sum, 0, dt, ws, true) };
+                push(&mut out, format!("fused::matmul_reduce_scatter::dim0::{dt}::sum::odd_k::ws{ws}"), ws, s, 1);
+            }
         }
         // A call's outputs are still its own after a second call on the same shapes.
         if ws == 2 {
@@ -994,7 +1008,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 row_scales: true,
                 ..ag_spec(1, DType::F32, a, vec![bs[0].clone()], false)
             };
-            push(&mut out, format!("fused::all_gather_scaled_matmul::dim1::f32::random::ws{ws}"), ws, s, 1);
+            push(&mut out, format!("fused::all_gather_scaled_matmul::dim1::f32::random::ws{ws}"), ws, s.clone(), 1);
+            // The same into f16 (review19, finding 5): every other scaled case writes bf16 (exact
+            // values) or f32, so an f16 output computed through bf16 passed.
+            let mut s16 = s;
+            if let FusedCall::AllGatherMatmul { scaling: Some(sc), .. } = &mut s16.call {
+                sc.out_dtype = DType::F16;
+            }
+            push(&mut out, format!("fused::all_gather_scaled_matmul::dim1::f32::random_f16_out::ws{ws}"), ws, s16, 1);
             let s = FusedSpec {
                 call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 1, scaling: Some(scaling(2 * ws, 1)) },
                 row_scales: true,
