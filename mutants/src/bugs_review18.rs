@@ -503,7 +503,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<ScatterNumelDivisible>(
             "review18_scatter_numel_divisible",
-            "bad_input.indivisible",
+            "bad_input.named_everywhere",
             "reduce_scatter / scatter check numel % ws instead of dim0 % ws: [5, 2] at 2 ranks is truncated to [2, 2]",
             &["bad_input::grid::reduce_scatter_tensor::ws2", "bad_input::grid::scatter::ws2"],
         ),
