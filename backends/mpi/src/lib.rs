@@ -393,18 +393,16 @@ mod imp {
             d
         }
 
+        /// The completion of op `name` #`seq` of this rank, issued at `issued` (see [`Deadlined`]).
+        fn deadlined(&self, flag: Arc<Flag>, ctl: Arc<Mutex<Ctl>>, issued: Instant, name: impl Into<String>, seq: u64) -> Deadlined {
+            Deadlined { flag, ctl, issued, moved: self.moved.clone(), op_timeout: self.op_timeout, what: (name.into(), seq, self.g.me) }
+        }
+
         /// Queues a collective: sequence number and queue order are taken atomically.
         fn issue<T>(&self, name: &str, mut call: CallDesc, ins: Vec<MpiBuffer>, outs: Vec<MpiBuffer>, value: T) -> Result<Work<T>> {
             let issued = Instant::now();
             let (flag, ctl, seq) = self.submit(name, &mut call, ins, outs, None)?;
-            let done = Deadlined {
-                flag,
-                ctl,
-                issued,
-                moved: self.moved.clone(),
-                op_timeout: self.op_timeout,
-                what: (name.to_string(), seq, self.g.me),
-            };
+            let done = self.deadlined(flag, ctl, issued, name, seq);
             Ok(Work::new(value, Arc::new(done), self.meta(name, seq), &self.counter))
         }
 
@@ -510,14 +508,7 @@ mod imp {
                     f.set(r);
                 })
                 .map_err(|e| backend_err(format!("cannot start a point-to-point thread: {e}")))?;
-            let done = Deadlined {
-                flag,
-                ctl,
-                issued,
-                moved: self.moved.clone(),
-                op_timeout: self.op_timeout,
-                what: (op_name.to_string(), k, self.g.me),
-            };
+            let done = self.deadlined(flag, ctl, issued, op_name, k);
             Ok(Work::new(value, Arc::new(done), self.meta(&name, k), &self.counter))
         }
     }
@@ -1008,14 +999,7 @@ mod imp {
             c.group = Some(ranks.to_vec());
             let issued = Instant::now();
             let (flag, ctl, seq) = self.submit("new_group", &mut c, vec![], vec![], Some(reply_tx))?;
-            let done = Deadlined {
-                flag,
-                ctl,
-                issued,
-                moved: self.moved.clone(),
-                op_timeout: self.op_timeout,
-                what: ("new_group".into(), seq, self.g.me),
-            };
+            let done = self.deadlined(flag, ctl, issued, "new_group", seq);
             let work = Work::new((), Arc::new(done), self.meta("new_group", seq), &self.counter);
             // Past the op deadline, so the completion decides (an abandoned split is one no rank
             // makes; a committed one is waited for), also for a split queued behind earlier ops
