@@ -289,7 +289,7 @@ pub(crate) struct Lazy {
 }
 
 impl Lazy {
-    fn post(&self) {
+    pub(crate) fn post(&self) {
         let mut st = lock(&self.state);
         if let LazyState::Queued(_) = &*st {
             let LazyState::Queued(post) = std::mem::replace(&mut *st, LazyState::Withdrawn) else { unreachable!() };

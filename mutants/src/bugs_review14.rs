@@ -76,20 +76,31 @@ pub struct DroppedRecvWithdrawn {
     hidden: OutstandingCounter,
 }
 
-/// How often the backend's executor posts the queued receives (a receive dropped sooner is
-/// withdrawn).
-const POST_TICK: Duration = Duration::from_millis(20);
+/// How often the backend's executor posts the queued receives that were already queued at its
+/// previous tick (queued a whole tick at least): a receive dropped within a tick of its issue
+/// is always withdrawn, however the dropping thread is scheduled (with a 20 ms tick that posted
+/// whatever it found, a rank descheduled between issue and drop on a loaded machine had its
+/// receive posted first, and the catch came and went).
+const POST_TICK: Duration = Duration::from_millis(500);
 
 impl Default for DroppedRecvWithdrawn {
     fn default() -> Self {
         let queue: Arc<Mutex<Vec<Arc<Lazy>>>> = Arc::default();
-        // The executor: posts what is queued every tick, until the communicator is gone.
+        // The executor: every tick, posts (in issue order) what it saw queued at the previous
+        // tick, until the communicator is gone.
         let weak = Arc::downgrade(&queue);
-        std::thread::spawn(move || loop {
-            std::thread::sleep(POST_TICK);
-            match weak.upgrade() {
-                Some(q) => flush(&q),
-                None => break,
+        std::thread::spawn(move || {
+            let mut seen: Vec<std::sync::Weak<Lazy>> = Vec::new();
+            loop {
+                std::thread::sleep(POST_TICK);
+                let Some(q) = weak.upgrade() else { break };
+                let mut g = lock(&q);
+                // Entries are in issue order, so those seen at the last tick lead the queue.
+                let old = g.iter().take_while(|l| seen.iter().any(|s| std::ptr::eq(s.as_ptr(), Arc::as_ptr(l)))).count();
+                for l in g.drain(..old).collect::<Vec<_>>() {
+                    l.post();
+                }
+                seen = g.iter().map(Arc::downgrade).collect();
             }
         });
         DroppedRecvWithdrawn { queue, hidden: OutstandingCounter::default() }
