@@ -1247,7 +1247,11 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         };
         let path = cache_path(ctx, ctx.rank());
         let _ = std::fs::remove_file(&path);
-        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), delayed::<B>("native_plus_20ms", &[], Duration::from_millis(20))], "native_plus_20ms")];
+        // 200 ms apart, so that both halves cache the same winner however loaded the machine:
+        // with 20 ms, a half that picked the slower choice under load left the halves' cached
+        // winners different, the world's lookup missed on its own, and a key without the group
+        // went unseen (`faulty::cache_ignores_group` passed once in a fresh-clone CI run).
+        let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), delayed::<B>("native_plus_200ms", &[], Duration::from_millis(200))], "native_plus_200ms")];
         let mut c = cfg(t10, Policy::Max);
         c.cache = Some(path.clone());
         let run = || -> CaseResult {
