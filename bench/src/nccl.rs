@@ -75,22 +75,31 @@ struct Raw {
     thread: Option<bool>,
     /// Option `raw_pin=N`: the launching thread on CPU `N + rank` (`RawStep::pin`).
     pin: Option<usize>,
+    /// `raw_thread=keep` / `keepblock`: one launcher thread for the whole step (`RawStep::keep`).
+    keep: bool,
+    /// `raw_thread=block` / `keepblock`: the launcher records the end event and the caller
+    /// blocks meanwhile (`RawStep::block`).
+    block: bool,
+    /// Option `raw_group=1`: each launch in its own NCCL group, as the backend's (`RawStep::group`).
+    group: bool,
 }
 
 impl Reference for Raw {
     fn label(&self) -> String {
         format!(
-            "{}{}{}",
+            "{}{}{}{}{}",
             if self.per_window { "nccl-raw-window" } else { "nccl-raw" },
             if self.events { "+events" } else { "" },
-            match (self.thread, self.pin.is_some()) {
-                (Some(true), false) => "+thread-nap",
-                (Some(false), false) => "+thread",
-                (Some(true), true) => "+thread-nap+pin",
-                (Some(false), true) => "+thread+pin",
-                (None, true) => "+pin",
-                (None, false) => "",
-            }
+            if self.group { "+group" } else { "" },
+            match (self.thread, self.keep, self.block) {
+                (None, ..) => "",
+                (Some(true), ..) => "+thread-nap",
+                (Some(false), false, false) => "+thread",
+                (Some(false), true, false) => "+thread-keep",
+                (Some(false), false, true) => "+thread-block",
+                (Some(false), true, true) => "+thread-keepblock",
+            },
+            if self.pin.is_some() { "+pin" } else { "" },
         )
     }
     fn describe(&self) -> String {
@@ -106,9 +115,20 @@ impl Reference for Raw {
             Some(true) => ", each window's launches made by a second thread while the first sleeps 20 us between looks until the last 8 (option raw_thread=nap)",
             None => "",
         };
+        let thread = match (self.thread.is_some(), self.keep, self.block) {
+            (true, false, true) => ", each window's launches and its end event made by a second thread while the first blocks on a condition variable (option raw_thread=block)",
+            (true, true, false) => ", each window's launches made by one launcher thread kept for the whole step while the first spins until they are made (option raw_thread=keep)",
+            (true, true, true) => ", each window's launches and its end event made by one launcher thread kept for the whole step while the first blocks on a condition variable (option raw_thread=keepblock)",
+            _ => thread,
+        };
+        let thread = if self.group {
+            format!("{thread}, each launch in its own ncclGroupStart / ncclGroupEnd as the backend's (option raw_group=1)")
+        } else {
+            thread.to_string()
+        };
         let thread = match self.pin {
             Some(n) => format!("{thread}, the launching thread on CPU {n} + rank (option raw_pin={n})"),
-            None => thread.to_string(),
+            None => thread,
         };
         let fill = if self.zeros {
             "zeros (option raw_fill=zero)"
@@ -141,6 +161,9 @@ impl Reference for Raw {
             thread: self.thread.is_some(),
             nap: self.thread == Some(true),
             pin: self.pin,
+            keep: self.keep,
+            block: self.block,
+            group: self.group,
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
@@ -163,15 +186,19 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("zero") => true,
         Some(o) => return Err(format!("option raw_fill={o}: expected data or zero")),
     };
-    let thread = match world.option("raw_thread") {
-        Some("nap") => Some(true),
-        _ => world.flag("raw_thread", false)?.then_some(false),
+    let (thread, keep, block) = match world.option("raw_thread") {
+        Some("nap") => (Some(true), false, false),
+        Some("keep") => (Some(false), true, false),
+        Some("block") => (Some(false), false, true),
+        Some("keepblock") => (Some(false), true, true),
+        _ => (world.flag("raw_thread", false)?.then_some(false), false, false),
     };
+    let group = world.flag("raw_group", false)?;
     let pin = match world.option("raw_pin") {
         None => None,
         Some(v) => Some(v.parse::<usize>().map_err(|_| format!("option raw_pin={v}: expected a CPU number"))?),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread, pin }))
+    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread, pin, keep, block, group }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the

@@ -87,6 +87,18 @@ pub struct RawStep {
     /// of `thread`) runs on CPU `N + rank` only, for the step (this thread's CPU set is restored
     /// after it). An experiment on where the main thread's fast mode comes from.
     pub pin: Option<usize>,
+    /// With `thread`: one launcher thread for the whole step, started before its first window
+    /// and reused by every window (option `raw_thread=keep`, `keepblock`), as the backend's
+    /// progress thread lives as long as the backend; without it, a fresh launcher per window.
+    pub keep: bool,
+    /// With `thread`: the launcher records the end event itself right behind its last launch,
+    /// and the calling thread blocks (a condition variable, no spinning) until it has (option
+    /// `raw_thread=block`, `keepblock`): the two-thread shape with a caller that takes no CPU
+    /// and touches no line the launcher writes while it launches.
+    pub block: bool,
+    /// Each launch wrapped in `ncclGroupStart` / `ncclGroupEnd`, as the backend's launch is
+    /// (option `raw_group=1`).
+    pub group: bool,
 }
 
 /// Runs the calling thread on `cpu` only; returns its CPU set before, to restore.
@@ -118,11 +130,68 @@ impl Drop for Unpin {
 }
 
 /// Shares a value with the launching thread of [`RawStep::thread`]: only one thread uses it at a
-/// time (the caller spins on an atomic until the launcher is done).
+/// time (the caller waits on an atomic or a condition variable until the launcher is done).
 struct OneAtATime<T>(T);
 // SAFETY: see the type's docs; the CUDA stream and NCCL communicator may be used from any thread.
 unsafe impl<T> Sync for OneAtATime<T> {}
 unsafe impl<T> Send for OneAtATime<T> {}
+
+/// What a window's launcher hands back: its end event (with [`RawStep::block`]) or an error.
+type Outcome = Result<Option<OneAtATime<Event>>, String>;
+
+/// The calling thread's and the launcher's shared state for [`RawStep::thread`] (see
+/// [`RawNccl::launcher`], [`RawNccl::drive`]).
+struct Ctl {
+    keep: bool,
+    block: bool,
+    ready: std::sync::atomic::AtomicBool,
+    quit: std::sync::atomic::AtomicBool,
+    /// Launches asked for (0: none; only the caller sets it non-zero, only the launcher clears it).
+    cmd: std::sync::atomic::AtomicUsize,
+    made: std::sync::atomic::AtomicUsize,
+    done: std::sync::Mutex<Option<Outcome>>,
+    cv: std::sync::Condvar,
+}
+
+impl Ctl {
+    fn new(keep: bool, block: bool) -> Ctl {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        Ctl {
+            keep,
+            block,
+            ready: AtomicBool::new(false),
+            quit: AtomicBool::new(false),
+            cmd: AtomicUsize::new(0),
+            made: AtomicUsize::new(0),
+            done: std::sync::Mutex::new(None),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+    fn hand_back(&self, r: Result<Option<Event>, String>) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map(|e| e.map(OneAtATime)));
+        self.cv.notify_all();
+    }
+    fn has_outcome(&self) -> bool {
+        self.done.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+    fn take_outcome(&self) -> Option<Outcome> {
+        self.done.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+    /// Blocks (no spinning) until the launcher hands a window's outcome back, up to `deadline`.
+    fn wait_outcome(&self, deadline: Instant) -> Option<Outcome> {
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = d.take() {
+                return Some(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            d = self.cv.wait_timeout(d, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
 
 /// The raw loop's fill (four bytes, repeated): 1.1 as an f32; every other type reads a non-zero
 /// value of its own.
@@ -269,61 +338,86 @@ impl RawNccl {
         Ok(ev)
     }
 
-    /// [`RawStep::thread`]'s window: a launcher thread, started (and its context bound) before
-    /// the start event, makes the `k` launches once told to; this thread spins until it has, up
-    /// to the timeout, and records the end event behind them.
-    fn window_on_thread(
-        &self,
-        k: usize,
-        nap: bool,
-        cpu: Option<usize>,
-        launch: &dyn Fn() -> Result<(), String>,
-    ) -> Result<(Event, Event), String> {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        let (go, made, quit) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicBool::new(false));
-        let shared = OneAtATime((launch, &self.dev));
-        let deadline = Instant::now() + self.timeout;
-        std::thread::scope(|sc| {
-            let (shared, go, made, quit) = (&shared, &go, &made, &quit);
-            let launcher = sc.spawn(move || -> Result<(), String> {
-                let (launch, dev) = &shared.0;
-                let bound = dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| pin_to(c).map(|_| ())));
-                made.store(usize::MAX - 1, Ordering::SeqCst); // ready
-                bound?;
-                while !go.load(Ordering::Acquire) {
-                    if quit.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    std::hint::spin_loop();
+    /// [`RawStep::thread`]'s launcher: binds the context (and pins, with `cpu`), says it is
+    /// ready, then makes each window's launches when `ctl.cmd` asks for them; with `ctl.block`
+    /// it records the window's end event itself, right behind its last launch. It hands every
+    /// window's outcome back through `ctl.done`, and ends after one window unless `ctl.keep`,
+    /// at a failure, or when `ctl.quit` is raised.
+    fn launcher(&self, ctl: &Ctl, cpu: Option<usize>, launch: &dyn Fn() -> Result<(), String>) {
+        use std::sync::atomic::Ordering;
+        let bound = self.dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| pin_to(c).map(|_| ())));
+        if let Err(e) = bound {
+            ctl.hand_back(Err(e));
+            return;
+        }
+        ctl.ready.store(true, Ordering::SeqCst);
+        loop {
+            let k = loop {
+                if ctl.quit.load(Ordering::Relaxed) {
+                    return;
                 }
-                for i in 0..k {
-                    launch()?;
-                    made.store(i + 1, Ordering::Release);
-                }
-                Ok(())
-            });
-            let fail = |e: String| {
-                quit.store(true, Ordering::SeqCst);
-                Err(e)
-            };
-            while made.load(Ordering::SeqCst) != usize::MAX - 1 {
-                if launcher.is_finished() || Instant::now() > deadline {
-                    return fail("raw NCCL reference: the launcher thread did not start".into());
+                let k = ctl.cmd.load(Ordering::Acquire);
+                if k != 0 {
+                    break k;
                 }
                 std::hint::spin_loop();
-            }
-            let start = match self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT) {
-                Ok(e) => e,
-                Err(e) => return fail(e),
             };
-            made.store(0, Ordering::SeqCst);
-            go.store(true, Ordering::Release);
-            while made.load(Ordering::Acquire) < k {
-                if launcher.is_finished() && made.load(Ordering::Acquire) < k {
-                    break;
+            let run = || -> Result<Option<Event>, String> {
+                for i in 0..k {
+                    if ctl.quit.load(Ordering::Relaxed) {
+                        return Err("raw NCCL reference: the launcher was told to stop".into());
+                    }
+                    launch()?;
+                    ctl.made.store(i + 1, Ordering::Release);
                 }
-                if nap && made.load(Ordering::Relaxed) + 8 < k {
-                    std::thread::sleep(std::time::Duration::from_micros(20));
+                if ctl.block {
+                    return self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT).map(Some);
+                }
+                Ok(None)
+            };
+            let r = run();
+            let failed = r.is_err();
+            ctl.cmd.store(0, Ordering::Release);
+            ctl.hand_back(r);
+            if failed || !ctl.keep {
+                return;
+            }
+        }
+    }
+
+    /// One window of [`RawStep::thread`] on a started launcher (see [`RawNccl::launcher`]): waits
+    /// until it is ready, records the start event, has it make `k` launches, and waits (spinning,
+    /// napping, or with `ctl.block` blocked on the hand-back) until it has; the end event is the
+    /// launcher's (`block`) or recorded here. Every wait ends at `deadline`.
+    fn drive(&self, ctl: &Ctl, k: usize, nap: bool, deadline: Instant) -> Result<(Event, Event), String> {
+        use std::sync::atomic::Ordering;
+        let fail = |e: String| {
+            ctl.quit.store(true, Ordering::SeqCst);
+            Err(e)
+        };
+        while !ctl.ready.load(Ordering::SeqCst) || ctl.cmd.load(Ordering::Acquire) != 0 {
+            if ctl.has_outcome() || Instant::now() > deadline {
+                return match ctl.take_outcome() {
+                    Some(Err(e)) => fail(e),
+                    _ => fail("raw NCCL reference: the launcher thread did not start".into()),
+                };
+            }
+            std::hint::spin_loop();
+        }
+        let start = match self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT) {
+            Ok(e) => e,
+            Err(e) => return fail(e),
+        };
+        ctl.made.store(0, Ordering::SeqCst);
+        ctl.take_outcome();
+        ctl.cmd.store(k, Ordering::Release);
+        if !ctl.block {
+            while ctl.made.load(Ordering::Acquire) < k {
+                if ctl.has_outcome() {
+                    break; // failed: its error is taken below
+                }
+                if nap && ctl.made.load(Ordering::Relaxed) + 8 < k {
+                    std::thread::sleep(Duration::from_micros(20));
                     continue;
                 }
                 if Instant::now() > deadline {
@@ -331,13 +425,16 @@ impl RawNccl {
                 }
                 std::hint::spin_loop();
             }
-            match launcher.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err("raw NCCL reference: the launcher thread panicked".into()),
-            }
-            Ok((start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?))
-        })
+        }
+        let end = if ctl.block { None } else { Some(self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)) };
+        let outcome = ctl.wait_outcome(deadline);
+        match (outcome, end) {
+            (Some(Ok(Some(e))), _) => Ok((start, e.0)),
+            (Some(Ok(None)), Some(end)) => Ok((start, end?)),
+            (Some(Err(e)), _) => fail(e),
+            (None, _) => fail(format!("raw NCCL reference: {k} launches not made within {} ms", self.timeout.as_millis())),
+            (Some(Ok(None)), None) => fail("raw NCCL reference: the launcher recorded no end event".into()),
+        }
     }
 
     /// Times `s`: warm-up launches, then windows of back-to-back launches between two CUDA
@@ -393,7 +490,10 @@ impl RawNccl {
             let (send, recv) = sets[next.get() % sets.len()];
             next.set(next.get() + 1);
             let (sp, rp) = (send as *const c_void, recv as *mut c_void);
-            unsafe {
+            if s.group {
+                ok(unsafe { nccl::ncclGroupStart() }, "ncclGroupStart")?;
+            }
+            let r = unsafe {
                 match s.op {
                     RawOp::AllReduce => ok(nccl::ncclAllReduce(sp, rp, l, t, redop, comm, stream), "ncclAllReduce"),
                     RawOp::AllGather => ok(nccl::ncclAllGather(sp, rp, l, t, comm, stream), "ncclAllGather"),
@@ -416,7 +516,12 @@ impl RawNccl {
                         ok(nccl::ncclGroupEnd(), "ncclGroupEnd")
                     }
                 }
+            };
+            if s.group {
+                r?;
+                return ok(unsafe { nccl::ncclGroupEnd() }, "ncclGroupEnd");
             }
+            r
         };
         // Completion events as the backend's, reused round robin (`s.events`).
         let events: Vec<Event> = if s.events {
@@ -459,31 +564,68 @@ impl RawNccl {
         });
         let mut per_window: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
-        let mut done = 0;
         let window = s.window.max(1);
-        while done < s.iters {
-            let k = window.min(s.iters - done);
-            meet()?;
-            // One untimed launch first, as the bench does before each of the backend's windows
-            // (the GPU is busy when the clock starts, as in nccl-tests' loop after its warm-up).
-            launch()?;
-            let t0 = Instant::now();
-            let (start, end) = if s.thread {
-                self.window_on_thread(k, s.nap, cpu, &launch)?
+        // Every window: the ranks meet, one untimed launch, then `timed` (the window's launches
+        // between two events, on this thread or a launcher's).
+        let mut windows = |timed: &mut dyn FnMut(usize) -> Result<(Event, Event), String>| -> Result<(), String> {
+            let mut done = 0;
+            while done < s.iters {
+                let k = window.min(s.iters - done);
+                meet()?;
+                // One untimed launch first, as the bench does before each of the backend's windows
+                // (the GPU is busy when the clock starts, as in nccl-tests' loop after its warm-up).
+                launch()?;
+                let t0 = Instant::now();
+                let (start, end) = timed(k)?;
+                if !end.wait_until(Instant::now() + self.timeout)? {
+                    return Err(format!("raw NCCL reference: the GPU did not finish {k} launches within {} ms", self.timeout.as_millis()));
+                }
+                wall += t0.elapsed();
+                let ms = unsafe { cu::event::elapsed(start.0, end.0) }.map_err(|e| derr("cuEventElapsedTime", e))?;
+                per_window.push(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3) / k as u32);
+                done += k;
+            }
+            Ok(())
+        };
+        if s.thread {
+            // The launcher uses `launch` (and `self`) only while this thread waits for it.
+            let shared = OneAtATime((&launch, &*self));
+            let shared = &shared;
+            if s.keep {
+                let ctl = Ctl::new(true, s.block);
+                std::thread::scope(|sc| {
+                    let c = OneAtATime(&ctl);
+                    sc.spawn(move || {
+                        let (launch, me) = shared.0;
+                        me.launcher(c.0, cpu, launch)
+                    });
+                    let r = windows(&mut |k| self.drive(&ctl, k, s.nap, Instant::now() + self.timeout));
+                    ctl.quit.store(true, std::sync::atomic::Ordering::SeqCst);
+                    r
+                })?;
             } else {
+                windows(&mut |k| {
+                    let ctl = Ctl::new(false, s.block);
+                    std::thread::scope(|sc| {
+                        let c = OneAtATime(&ctl);
+                        sc.spawn(move || {
+                            let (launch, me) = shared.0;
+                            me.launcher(c.0, cpu, launch)
+                        });
+                        let r = self.drive(&ctl, k, s.nap, Instant::now() + self.timeout);
+                        ctl.quit.store(true, std::sync::atomic::Ordering::SeqCst);
+                        r
+                    })
+                })?;
+            }
+        } else {
+            windows(&mut |k| {
                 let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
                 for _ in 0..k {
                     launch()?;
                 }
-                (start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?)
-            };
-            if !end.wait_until(Instant::now() + self.timeout)? {
-                return Err(format!("raw NCCL reference: the GPU did not finish {k} launches within {} ms", self.timeout.as_millis()));
-            }
-            wall += t0.elapsed();
-            let ms = unsafe { cu::event::elapsed(start.0, end.0) }.map_err(|e| derr("cuEventElapsedTime", e))?;
-            per_window.push(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3) / k as u32);
-            done += k;
+                Ok((start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?))
+            })?;
         }
         drop((keep, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;

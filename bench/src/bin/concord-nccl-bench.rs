@@ -245,6 +245,9 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
                         thread: false,
                         nap: false,
                         pin: None,
+                        keep: false,
+                        block: false,
+                        group: false,
                     };
                     match raw.time(&step) {
                     Ok(t) => say(format!(
