@@ -149,6 +149,8 @@ struct Ctl {
     /// Launches asked for (0: none; only the caller sets it non-zero, only the launcher clears it).
     cmd: std::sync::atomic::AtomicUsize,
     made: std::sync::atomic::AtomicUsize,
+    /// Raised with `done` (an atomic for the spinning caller to look at, not the lock).
+    handed: std::sync::atomic::AtomicBool,
     done: std::sync::Mutex<Option<Outcome>>,
     cv: std::sync::Condvar,
 }
@@ -163,25 +165,32 @@ impl Ctl {
             quit: AtomicBool::new(false),
             cmd: AtomicUsize::new(0),
             made: AtomicUsize::new(0),
+            handed: AtomicBool::new(false),
             done: std::sync::Mutex::new(None),
             cv: std::sync::Condvar::new(),
         }
     }
     fn hand_back(&self, r: Result<Option<Event>, String>) {
-        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map(|e| e.map(OneAtATime)));
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        *d = Some(r.map(|e| e.map(OneAtATime)));
+        self.handed.store(true, std::sync::atomic::Ordering::SeqCst); // under the lock, as its clearing
+        drop(d);
         self.cv.notify_all();
     }
     fn has_outcome(&self) -> bool {
-        self.done.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.handed.load(std::sync::atomic::Ordering::Acquire)
     }
     fn take_outcome(&self) -> Option<Outcome> {
-        self.done.lock().unwrap_or_else(|e| e.into_inner()).take()
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        self.handed.store(false, std::sync::atomic::Ordering::SeqCst);
+        d.take()
     }
     /// Blocks (no spinning) until the launcher hands a window's outcome back, up to `deadline`.
     fn wait_outcome(&self, deadline: Instant) -> Option<Outcome> {
         let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = d.take() {
+                self.handed.store(false, std::sync::atomic::Ordering::SeqCst);
                 return Some(r);
             }
             let now = Instant::now();
