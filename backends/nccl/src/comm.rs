@@ -1502,15 +1502,6 @@ impl NcclBackend {
         let fast_launch = flag("fast_launch", true)?;
         let alloc_cache = flag("alloc_cache", true)?;
         let batch = flag("batch", true)?;
-        let mark_block = match world.option("mark_wait") {
-            None | Some("spin") => false,
-            Some("block") => true,
-            Some(o) => {
-                return Err(CollectiveError::Backend(format!(
-                    "nccl init on rank {rank}: backend option mark_wait={o}: expected spin or block"
-                )))
-            }
-        };
         let one_rank_copy = crate::cuda::OneRankCopy::parse(world.option("one_rank_copy"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let init_timeout = match world.option("init_timeout_ms") {
@@ -1556,7 +1547,6 @@ impl NcclBackend {
             dev.disable_cache();
         }
         dev.one_rank_copy.store(one_rank_copy as u8, std::sync::atomic::Ordering::Relaxed);
-        dev.mark_block.store(mark_block, std::sync::atomic::Ordering::Relaxed);
         if one_rank_copy == crate::cuda::OneRankCopy::Kernel {
             // Now, while the stream is idle (never on an op's path; subgroups of one rank share
             // the device).

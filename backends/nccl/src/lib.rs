@@ -190,10 +190,7 @@
 //! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
 //! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
-//! larger of the op deadline and 30 s), `mark_wait=spin|block` (benchmarks' timing marks, see
-//! `timing`: default spin, the caller spins until the launches before the mark are made; block:
-//! past a 40 µs spin the mark's event is recorded by the progress thread behind them while the
-//! caller blocks),
+//! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named

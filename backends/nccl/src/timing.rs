@@ -29,9 +29,6 @@ use std::time::{Duration, Instant};
 
 /// How long [`NcclBackend::mark`] spins for earlier launches before it sleeps between looks.
 const SPIN_MARK: Duration = Duration::from_millis(20);
-/// With `mark_wait=block`: how long it spins before it hands the event's record to the progress
-/// thread and blocks (long enough for a window's start mark, behind one launch).
-const SPIN_MARK_BLOCK: Duration = Duration::from_micros(40);
 
 /// A timing CUDA event recorded on a rank's stream (see [`NcclBackend::mark`]).
 pub struct Mark {
@@ -67,13 +64,11 @@ impl NcclBackend {
         // The spin is gentle (a burst of pause hints between two looks at one counter that
         // only the progress thread writes): a waiter spinning hard competes with the thread it
         // waits for (a hyperthread sibling, a contended cache line).
-        let block = self.dev.mark_block.load(std::sync::atomic::Ordering::Relaxed);
-        let spin_until = started + if block { SPIN_MARK_BLOCK } else { SPIN_MARK };
+        let spin_until = started + SPIN_MARK;
         let target = self.progress.submitted();
         let mut launched = false;
-        let looks = if block { 4 } else { 64 };
         'spin: loop {
-            for _ in 0..looks {
+            for _ in 0..64 {
                 if self.progress.launched_up_to(target) {
                     launched = true;
                     break 'spin;
@@ -86,58 +81,24 @@ impl NcclBackend {
                 break;
             }
         }
-        if !launched && block {
-            return self.mark_on_progress(started);
-        }
         if !launched && !self.wait_launched(self.op_timeout) {
-            return Err(self.mark_timeout(started));
+            return Err(CollectiveError::Timeout {
+                op: "mark".into(),
+                seq: self.seq.load(std::sync::atomic::Ordering::SeqCst),
+                rank: self.rank,
+                waited_ms: started.elapsed().as_millis() as u64,
+                detail: format!(
+                    "ops issued before the timing event were still not launched after {} ms; this process is {}",
+                    self.op_timeout.as_millis(),
+                    progress::describe()
+                ),
+            });
         }
         let ev = Event::owned(
             cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?,
         );
         unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| self.timing_err("mark", derr("cuEventRecord", e)))?;
         Ok(Mark { ev, recorded: Instant::now() })
-    }
-
-    /// [`Self::mark`] with `mark_wait=block`, once its short spin found launches still to come:
-    /// the event is created and recorded by the progress thread as a job queued behind them
-    /// (so it lands right behind the last one), while this thread blocks (no spinning: a waiter
-    /// that spins takes a CPU and reads a line the progress thread writes on every job) until
-    /// it is, up to the op timeout.
-    fn mark_on_progress(&self, started: Instant) -> Result<Mark> {
-        struct Recorded(Event);
-        // SAFETY: a CUDA event handle may be used and destroyed from any thread.
-        unsafe impl Send for Recorded {}
-        let (tx, rx) = std::sync::mpsc::sync_channel::<std::result::Result<Recorded, String>>(1);
-        let stream = self.dev.stream as usize;
-        self.progress.submit(crate::worker::Job::Call(Box::new(move || {
-            let made = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| derr("cuEventCreate", e)).and_then(|raw| {
-                let ev = Event::owned(raw);
-                unsafe { cu::event::record(ev.0, stream as sys::CUstream) }.map_err(|e| derr("cuEventRecord", e))?;
-                Ok(Recorded(ev))
-            });
-            // The caller gone (its wait ended at the deadline): the event is dropped here.
-            let _ = tx.send(made);
-        })));
-        match rx.recv_timeout(self.op_timeout.saturating_sub(started.elapsed())) {
-            Ok(Ok(Recorded(ev))) => Ok(Mark { ev, recorded: Instant::now() }),
-            Ok(Err(e)) => Err(self.timing_err("mark", e)),
-            Err(_) => Err(self.mark_timeout(started)),
-        }
-    }
-
-    fn mark_timeout(&self, started: Instant) -> CollectiveError {
-        CollectiveError::Timeout {
-            op: "mark".into(),
-            seq: self.seq.load(std::sync::atomic::Ordering::SeqCst),
-            rank: self.rank,
-            waited_ms: started.elapsed().as_millis() as u64,
-            detail: format!(
-                "ops issued before the timing event were still not launched after {} ms; this process is {}",
-                self.op_timeout.as_millis(),
-                progress::describe()
-            ),
-        }
     }
 
     /// GPU time from `start` to `end` (both from [`Self::mark`] of this backend, `start` first).

@@ -272,23 +272,19 @@ pub(crate) enum Job {
     },
     /// A communicator's finalize / destroy (see `Comm::set_teardown`), after every job before it.
     Teardown(Teardown),
-    /// A short call made in queue order on the progress thread, after every job before it
-    /// (a benchmark's timing mark: its event recorded right behind the launches before it, see
-    /// `timing`). It must not block.
-    Call(Box<dyn FnOnce() + Send>),
 }
 
 impl Job {
     fn chan(&self) -> Option<&Arc<Channel>> {
         match self {
             Job::Op { chan, .. } | Job::Split { chan, .. } | Job::P2p(P2pJob { chan, .. }) => Some(chan),
-            Job::Teardown(_) | Job::Call(_) => None,
+            Job::Teardown(_) => None,
         }
     }
     fn id(&self) -> Option<OpId> {
         match self {
             Job::Op { id, .. } | Job::Split { id, .. } | Job::P2p(P2pJob { id, .. }) => Some(*id),
-            Job::Teardown(_) | Job::Call(_) => None,
+            Job::Teardown(_) => None,
         }
     }
 
@@ -302,7 +298,7 @@ impl Job {
                 }
             }
             Job::Split { id, .. } => id.started = Some(now),
-            Job::Teardown(_) | Job::Call(_) => {}
+            Job::Teardown(_) => {}
         }
     }
 
@@ -335,7 +331,6 @@ impl Job {
                 tracker.activate(&chan);
             }
             Job::Teardown(t) => t.run(),
-            Job::Call(f) => f(),
         }
     }
 }
@@ -1626,7 +1621,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             sh.tracker.flush();
         }
         let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
-            // A teardown or a call: bounded by itself; a panic in it must not end the thread.
+            // A teardown: bounded by itself; a panic in it must not end the thread.
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
             sh.finished.fetch_add(1, Ordering::SeqCst);
@@ -1647,7 +1642,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
             Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
-            Job::Split { .. } | Job::Teardown(_) | Job::Call(_) => None,
+            Job::Split { .. } | Job::Teardown(_) => None,
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         let after = sh.tracker.profile.start();

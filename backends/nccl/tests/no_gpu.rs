@@ -82,12 +82,6 @@ fn a_bad_one_rank_copy_option_is_named_before_any_gpu_is_touched() {
 }
 
 #[test]
-fn a_bad_mark_wait_option_is_named_before_any_gpu_is_touched() {
-    let err = refused_with_option("mark_wait", "nap");
-    assert!(err.to_string().contains("mark_wait=nap") && err.to_string().contains("spin or block"), "{err}");
-}
-
-#[test]
 fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
     for key in ["validate", "blocking", "fast_launch", "header_board", "alloc_cache", "batch"] {
         let err = refused_with_option(key, "flase");
