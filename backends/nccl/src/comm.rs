@@ -913,36 +913,10 @@ impl Comm {
         premul: &[(sys::ncclDataType_t, [u8; 8])],
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
-        self.launch_as(true, deadline, stall, premul, calls)
-    }
-
-    /// [`Comm::launch`] of `calls` that make exactly one NCCL call (one collective): on the
-    /// blocking twin that call is made on its own, without `ncclGroupStart` / `ncclGroupEnd`
-    /// around it (NCCL wraps a lone call in a group of its own; the explicit group of one cost
-    /// 0.5–0.6 µs more per launch in the raw loop, `raw_group=1`, 2 × H200, NCCL 2.28.3); on
-    /// any other communicator as [`Comm::launch`]. Errors, deadlines and aborts are the same.
-    pub fn launch_single(
-        &self,
-        deadline: Instant,
-        stall: bool,
-        premul: &[(sys::ncclDataType_t, [u8; 8])],
-        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
-    ) -> Result<(), LaunchError> {
-        self.launch_as(false, deadline, stall, premul, calls)
-    }
-
-    fn launch_as(
-        &self,
-        grouped: bool,
-        deadline: Instant,
-        stall: bool,
-        premul: &[(sys::ncclDataType_t, [u8; 8])],
-        calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
-    ) -> Result<(), LaunchError> {
         let inner = self.lock_live()?;
         let twin = self.twin.load(Ordering::SeqCst);
         if !twin.is_null() {
-            return self.launch_twin(inner, twin, deadline, stall, premul, grouped, calls);
+            return self.launch_twin(inner, twin, deadline, stall, premul, calls);
         }
         let comm = inner.raw.0;
         let stream = self.stream;
@@ -998,7 +972,6 @@ impl Comm {
     /// the deadline) or an abort request ends it from another thread; the abort is then carried
     /// out here, and the launch fails with [`LaunchError::Timeout`] (past the deadline) or
     /// [`LaunchError::Aborted`].
-    #[allow(clippy::too_many_arguments)]
     fn launch_twin(
         &self,
         inner: MutexGuard<'_, Inner>,
@@ -1006,7 +979,6 @@ impl Comm {
         deadline: Instant,
         stall: bool,
         premul: &[(sys::ncclDataType_t, [u8; 8])],
-        grouped: bool,
         calls: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t, &[u32]) -> Result<(), (String, sys::ncclResult_t)>,
     ) -> Result<(), LaunchError> {
         self.twin_deadline.store(since_epoch(deadline), Ordering::SeqCst);
@@ -1045,13 +1017,7 @@ impl Comm {
             Err(e) => (Vec::new(), Err(e)),
         };
         if result.is_ok() {
-            result = if grouped {
-                group(comm, || calls(comm, self.stream, &ops)).map(|_| ())
-            } else {
-                // One call on a blocking communicator: enqueued when it returns (see `launch_single`).
-                calls(comm, self.stream, &ops)
-                    .map_err(|(what, e)| LaunchError::Nccl(format!("{what}: {}: {}", err_string(e), last_error(comm))))
-            };
+            result = group(comm, || calls(comm, self.stream, &ops)).map(|_| ());
         }
         if self.twin_state.compare_exchange(TWIN_INSIDE, TWIN_IDLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             // Ended from another thread (the watchdog at the deadline, or an abort request):

@@ -286,7 +286,7 @@ fn zero_fill(bufs: Vec<(u64, usize)>) -> Step {
 
 /// A launch made only of `steps` (its first group is empty).
 fn staged(keep_alive: &[&NcclBuffer], steps: Vec<Step>) -> Launch {
-    Launch { premul: vec![], keep: keep(keep_alive), calls: Box::new(|_, _, _| Ok(())), then: steps, local: None, single: false }
+    Launch { premul: vec![], keep: keep(keep_alive), calls: Box::new(|_, _, _| Ok(())), then: steps, local: None }
 }
 
 impl NcclBackend {

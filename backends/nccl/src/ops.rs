@@ -121,7 +121,6 @@ impl NcclBackend {
                 premul: vec![],
                 then: vec![],
                 local: None,
-                single: true,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
@@ -151,7 +150,6 @@ impl NcclBackend {
                 premul: vec![],
                 then: vec![],
                 local: None,
-                single: true,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
@@ -186,7 +184,6 @@ impl NcclBackend {
             premul: vec![],
             then: vec![],
             local: None,
-            single: jobs.len() == 1,
             keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
             calls: Box::new(move |c, s, _| {
                 for (src, dst, n, d) in jobs {
@@ -305,7 +302,6 @@ impl NcclBackend {
                 premul,
                 then: vec![],
                 local: None,
-                single: jobs.len() == 1,
                 keep: keep(&[x, &out]),
                 calls: Box::new(move |c, s, ops| {
                     for (src, dst, n, d, red) in jobs {
@@ -394,7 +390,6 @@ impl NcclBackend {
             premul: vec![],
             then: vec![],
             local: None,
-            single: true,
             keep: keep(&[&self.barrier_buf]),
             calls: Box::new(move |c, s, _| unsafe {
                 check(

@@ -105,9 +105,6 @@ pub(crate) struct Launch {
     /// entry and deadlines are those of any launch. `None`: `calls` (also when a fault is
     /// injected at the enqueue, which only the NCCL path honours).
     pub local: Option<Vec<(u64, u64, usize)>>,
-    /// `calls` make exactly one NCCL call: launched with `Comm::launch_single` (no explicit
-    /// group of one on the blocking twin).
-    pub single: bool,
 }
 
 /// What [`Channel::run_op`] did.
@@ -682,7 +679,7 @@ impl Channel {
         if let Some(e) = self.fault_point(id, point::AFTER_HEADER)? {
             return Err(e);
         }
-        let Some(Launch { premul, calls, keep, then, local, single }) = launch else {
+        let Some(Launch { premul, calls, keep, then, local }) = launch else {
             return Ok(Ran::Nothing);
         };
         if self.faults.fires(point::STREAM, Action::Stall, id.nth) {
@@ -711,7 +708,6 @@ impl Channel {
         let t = prof.start();
         match local {
             Some(copies) if !stall => self.copy_local(id, &copies)?,
-            _ if single => self.comm.launch_single(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?,
             _ => self.comm.launch(deadline, stall, &premul, calls).map_err(|e| self.launch_err(id, e))?,
         }
         let keep = self.run_steps(id, &premul, then, keep)?;
