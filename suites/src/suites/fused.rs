@@ -783,8 +783,8 @@ pub const FUSED_WORLD_SIZES: [usize; 6] = super::WORLD_SIZES;
 
 /// The world size of [`FUSED_WORLD_SIZES`] that runs only the larger operands (the pipelined
 /// path with 8 shards in flight), the size grid and dim 0 in bf16 / f16 / f64, as 6, 7 and 16
-/// do: its 51 exact, scaled and low-contention cases repeated 1-5 ranks' shapes and checks at a
-/// larger world (about 0.8 s of the main job's CPU) and no mutant of the catalogue needed them
+/// do: its other 45 exact, scaled and low-contention cases repeated 1-5 ranks' shapes and checks
+/// at a larger world (about 0.7 s of the main job's CPU) and no mutant of the catalogue needed them
 /// (docs/RESULTS.md, helper main11).
 pub const THINNED_WS: usize = super::matrix::THINNED_WS;
 

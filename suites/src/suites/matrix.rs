@@ -16,7 +16,7 @@
 //! other nine dtypes run once per (op, variant) in the dtype grid (`all_reduce::out::dtypes::ws8`),
 //! and the random and special inputs in every float dtype as at the other world sizes. Every
 //! reduce op in those nine dtypes runs at 1–5 ranks (a power of two and four others): the 8-rank
-//! copy of each (633 cases) repeated those inputs and checks at a larger world, for about 2.5 s of
+//! copy of each (633 cases) repeated those inputs and checks at a larger world, for about 2 s of
 //! the main job's CPU, and no mutant of the catalogue needed it (docs/RESULTS.md, helper main11).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};

@@ -14,8 +14,8 @@
 //!   at world size 2 only 1048575 (4 MiB, or 8 MiB for the ops whose larger buffer is `ws·n`:
 //!   past every size switch of the shm backend, whose largest is 1 MiB) and, for all_reduce only,
 //!   the 64 MiB step: 64 MiB + one element per rank (`n` = 16777217, [`BIG_STEP_OPS`]). bf16 and
-//!   i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~290 cases and about a second
-//!   of CPU on the shm backend, the 64 MiB one half of it. The other ops' 64 MiB steps (nine cases,
+//!   i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~290 cases and about 2 s of CPU
+//!   on the shm backend, the 64 MiB one half of it. The other ops' 64 MiB steps (nine cases,
 //!   about 3.5 s of the main job's CPU, two thirds of it the kernel zeroing fresh pages) crossed
 //!   no boundary their 4 / 8 MiB rung does not, and no mutant of the catalogue needed them
 //!   (docs/RESULTS.md, helper main11).
