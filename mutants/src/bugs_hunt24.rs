@@ -653,7 +653,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_libnbc_allgather_own_block_wraps",
             "values.sizes",
             "open-mpi/ompi PR #10378: all_gather's own-block offset rank*count in a (scaled) int wraps: the own block is never written",
-            &["sizes::all_gather_into_tensor::f32::n8388609::ws2"],
+            &["sizes::all_gather_into_tensor::bf16::n1048577::ws2"],
         ),
         spec::<LibnbcRingOffsetWraps>(
             "wild_libnbc_ring_offset_wraps",

@@ -61,6 +61,20 @@ fn rank_sum<B: Backend>(b: &B, ws: usize) -> f32 {
 /// How long a zero-timeout wait may take to return (generous: a loaded 2-core machine stalls).
 const POLL_SLACK: Duration = Duration::from_secs(2);
 
+/// The period of `async::lag_read_right_after_wait`'s inputs (rank `r`'s element `i` is
+/// `(i mod 7) + 3r + it` at iteration `it`).
+const LAG_PERIOD: usize = 7;
+
+/// `period` repeated up to `n` elements (the last repetition cut short).
+fn repeat_to(period: &[f32], n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    while v.len() + period.len() <= n {
+        v.extend_from_slice(period);
+    }
+    v.extend_from_slice(&period[..n - v.len()]);
+    v
+}
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
     for ws in [2, 4] {
@@ -514,11 +528,14 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             let n = 4 << 20;
             let v = vehicle(b);
             for it in 0..3 {
-                let of = |r: usize| (0..n).map(|i| ((i % 7) as f32) + (r * 3 + it) as f32).collect::<Vec<f32>>();
+                // Rank r's element i is (i mod 7) + 3r + it: one period of 7 elements, repeated
+                // (the vehicle's ops are element-wise, so the expected result repeats the period's
+                // too: made from 7 elements, not 4 Mi per rank, the same bits).
+                let period = |r: usize| (0..LAG_PERIOD).map(|i| (i as f32) + (r * 3 + it) as f32).collect::<Vec<f32>>();
                 // The expected result is made before the op, so the read really comes right after the
                 // wait (not after milliseconds of arithmetic a late write could land in).
-                let exp = v.expected(b.world_size(), of);
-                let x = b.upload(&Tensor::from_vec(&[n], of(b.rank())))?;
+                let exp = Tensor::from_vec(&[n], repeat_to(v.expected(b.world_size(), period).as_slice::<f32>(), n));
+                let x = b.upload(&Tensor::from_vec(&[n], repeat_to(&period(b.rank()), n)))?;
                 let out = b.all_reduce(&x, v.op)?.into_value(ctx.timeout)?;
                 expect_eq(b, &out, &exp, &format!("{w} shape=[{n}] iteration {it}"))?;
             }
@@ -1457,5 +1474,36 @@ fn peer_dies_mid_collective<B: Backend>(ctx: &mut Ctx<'_, B>, op: &str, variant:
             Ok(())
         }
         Err(e) => Err(fail(&w, format!("rank 1 died mid-{op}; expected a named peer_died (or timeout / aborted), got {e} [{}]", e.name()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use concord_oracle::{reduce_tensors, Semantics};
+
+    /// `async::lag_read_right_after_wait`'s inputs and expected result, made from one period
+    /// and repeated, are bit for bit the element-by-element ones, for every op its vehicle may
+    /// take, at a length that cuts the last period short.
+    #[test]
+    fn lag_read_period_repeated_is_the_element_formula() {
+        let n = 3 * 1024 + 5;
+        for ws in 1..=3 {
+            for it in 0..3 {
+                let of = |r: usize| (0..n).map(|i| ((i % 7) as f32) + (r * 3 + it) as f32).collect::<Vec<f32>>();
+                let period = |r: usize| (0..LAG_PERIOD).map(|i| (i as f32) + (r * 3 + it) as f32).collect::<Vec<f32>>();
+                for r in 0..ws {
+                    assert_eq!(repeat_to(&period(r), n), of(r), "ws{ws} it{it} rank {r}");
+                }
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                    let reduce = |f: &dyn Fn(usize) -> Vec<f32>| {
+                        let all: Vec<Tensor> = (0..ws).map(f).map(|v| Tensor::from_vec(&[v.len()], v)).collect();
+                        reduce_tensors(op, &all.iter().collect::<Vec<_>>(), &Semantics::default())
+                    };
+                    let repeated = Tensor::from_vec(&[n], repeat_to(reduce(&period).as_slice::<f32>(), n));
+                    assert_eq!(repeated, reduce(&of), "ws{ws} it{it} {op:?}");
+                }
+            }
+        }
     }
 }

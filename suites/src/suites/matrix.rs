@@ -10,6 +10,14 @@
 //! ([`sparse_specs`]). Same case names as the full matrix (`all_reduce::out::f32::sum::ws6`).
 //! The dtypes that slice leaves out run once per (op, variant) at those world sizes
 //! ([`dtype_grid_cases`], `all_reduce::out::dtypes::ws6`).
+//!
+//! At world size 8 ([`THINNED_WS`]) the exact inputs run in the sparse slice's dtypes only (f32,
+//! i32, bf16, the barrier and the f64 all_reduce `sum` probe), over the whole shape catalogue; the
+//! other nine dtypes run once per (op, variant) in the dtype grid (`all_reduce::out::dtypes::ws8`),
+//! and the random and special inputs in every float dtype as at the other world sizes. Every
+//! reduce op in those nine dtypes runs at 1–5 ranks (a power of two and four others): the 8-rank
+//! copy of each (633 cases) repeated those inputs and checks at a larger world, for about 2 s of
+//! the main job's CPU, and no mutant of the catalogue needed it (docs/RESULTS.md, helper main11).
 
 use super::{SPARSE_WORLD_SIZES, WORLD_SIZES};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
@@ -135,11 +143,26 @@ pub fn sparse_specs() -> Vec<ValueSpec> {
         .collect()
 }
 
+/// The world size of [`WORLD_SIZES`] whose exact-input cases keep only the sparse slice's dtypes
+/// ([`thinned_out`]); the dtype grid ([`dtype_grid_cases`]) runs the others there.
+pub const THINNED_WS: usize = 8;
+
+/// Whether the exact-input `spec` is left out at world size `ws` (see [`THINNED_WS`]): a dtype
+/// outside the sparse slice, not the barrier, not the f64 probe ([`wide_sum`]).
+fn thinned_out(spec: &ValueSpec, ws: usize) -> bool {
+    ws == THINNED_WS && spec.kind == InputKind::Exact && spec.op != OpKind::Barrier && !wide_sum(spec) && !in_sparse_slice(spec.dtype, ws)
+}
+
+/// World sizes of the dtype grid ([`dtype_grid_cases`]): the sparse ones and [`THINNED_WS`].
+pub const DTYPE_GRID_WORLD_SIZES: [usize; 4] = [SPARSE_WORLD_SIZES[0], SPARSE_WORLD_SIZES[1], THINNED_WS, SPARSE_WORLD_SIZES[2]];
+
 pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for spec in exact_specs().into_iter().chain(float_extra_specs()) {
         for ws in WORLD_SIZES {
-            out.push(value_case(spec.clone(), ws));
+            if !thinned_out(&spec, ws) {
+                out.push(value_case(spec.clone(), ws));
+            }
         }
     }
     for spec in sparse_specs() {
@@ -165,13 +188,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 }
 
 /// Whether the sparse slice runs every op in `dtype` at world size `ws` (see [`cases`]: f32, i32
-/// and bf16 at 6 and 7; f32 at 16). Its few single-op probes (f64 all_reduce `sum` at 6 and 7,
+/// and bf16 at 6 and 7, and in the exact matrix at [`THINNED_WS`]; f32 at 16). Its few single-op probes (f64 all_reduce `sum` at 6 and 7,
 /// bf16 `sum` at 16) do not count: the dtype grid covers every other op in those dtypes.
 fn in_sparse_slice(dtype: DType, ws: usize) -> bool {
     matches!(dtype, DType::F32) || (ws <= 8 && matches!(dtype, DType::I32 | DType::BF16))
 }
 
-/// The dtypes the sparse slice leaves out, at the sparse world sizes: one case per (op, variant)
+/// The dtypes the sparse slice leaves out, at the sparse world sizes and [`THINNED_WS`]: one case per (op, variant)
 /// and world size, `{op}::{variant}::dtypes::ws{ws}`, calling the op once in every such dtype
 /// (exact inputs, the catalogue's first two shapes: one element and a prime; `sum` for the
 /// reducing ops). The corruption sweep's dtype grid (`cargo xtask mutants --dtype all`) found
@@ -181,7 +204,7 @@ fn in_sparse_slice(dtype: DType, ws: usize) -> bool {
 pub fn dtype_grid_cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for &(op, variant) in PAIRS.iter().filter(|(op, _)| *op != OpKind::Barrier) {
-        for ws in SPARSE_WORLD_SIZES {
+        for ws in DTYPE_GRID_WORLD_SIZES {
             let name = format!("{}::{variant}::dtypes::ws{ws}", op.name());
             let m = CaseMeta {
                 suite: "matrix".into(),
