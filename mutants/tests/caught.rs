@@ -252,12 +252,15 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     (
         "legal_nccl_like",
         4,
-        0,
+        2,
         &[
             "caps::nan_minmax::f32::ws3",
             "caps::int_avg::i32::ws3",
             "all_reduce::out::f16::sum::ws8::random",
             "all_reduce::out::i32::avg::ws3",
+            // concurrent_communicators = false: the two crossing cases are UNSUPPORTED.
+            "async::communicators_progress_apart::ws3",
+            "reuse::world_and_group_crossed::all_reduce::out::ws3",
         ],
     ),
     (
