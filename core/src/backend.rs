@@ -43,10 +43,10 @@
 //!   never returns `Ok`); a wait that ends before it returns a timeout that leaves the op in
 //!   flight (the same work then completes). [clause: async.deadline]
 //! * Fail cleanly: once a wait returned an op's final failure (a timeout past the op's deadline
-//!   above, a dead peer, an abort, a local error), the op's buffers are the caller's again — no peer reads or writes them any
-//!   more, and memory the backend freed is not written either; every rank of the op ends in a
-//!   named error, never `Ok`; a panic inside the backend is a named error, not a wait that
-//!   times out. [clause: failure.no_touch_after_failed_wait]
+//!   above, a dead peer, an abort, a local error), the op's buffers are the caller's again — no
+//!   peer reads or writes them any more, and memory the backend freed is not written either;
+//!   every rank of the op ends in a named error, never `Ok`; a panic inside the backend is a
+//!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
 //! * After bad input every rank gets the same named error and the communicator stays usable
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
 //!   [clause: failure.usable_after]
