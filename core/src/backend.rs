@@ -32,13 +32,21 @@
 //!   counts deadlines in whole seconds times a sub-second wait out at once); a dead peer is
 //!   reported as such. An op deadline bounds the peers' *arrival*: an op that every rank entered
 //!   within it MUST NOT fail for lateness (a rank timing out in the op's later steps after its
-//!   peer arrived in time, while that peer returns `Ok` or is poisoned by it, is a bug); the steps
-//!   after every rank arrived are bounded too, by a deadline of their own. [clause: async.deadline]
-//! * Fail cleanly: once a wait returned an op's failure (a timeout, a dead peer, an abort, a
-//!   local error), the op's buffers are the caller's again — no peer reads or writes them any
-//!   more, and memory the backend freed is not written either; every rank of the op ends in a
-//!   named error, never `Ok`; a panic inside the backend is a named error, not a wait that
-//!   times out. [clause: failure.no_touch_after_failed_wait]
+//!   peer arrived in time, while that peer returns `Ok` or is poisoned by it, is a bug). Once
+//!   every rank has arrived, the op's remaining steps (a receiver's copy included) get a deadline
+//!   of their own: for a collective, one op deadline counted from the last arrival (never ending
+//!   before the op deadline); for a point-to-point op, its op deadline, counted from its post (a
+//!   receiver's copy under way then is covered only as long as the sender's wait lasts). A
+//!   timeout a wait returns past that deadline (or past the op deadline, for a peer that never
+//!   arrived) is the op's failure: final on every rank, its buffers the caller's again (a send
+//!   whose receiver is still copying when the sender's wait ends past it fails, and the receive
+//!   never returns `Ok`); a wait that ends before it returns a timeout that leaves the op in
+//!   flight (the same work then completes). [clause: async.deadline]
+//! * Fail cleanly: once a wait returned an op's final failure (a timeout past the op's deadline
+//!   above, a dead peer, an abort, a local error), the op's buffers are the caller's again — no
+//!   peer reads or writes them any more, and memory the backend freed is not written either;
+//!   every rank of the op ends in a named error, never `Ok`; a panic inside the backend is a
+//!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
 //! * After bad input every rank gets the same named error and the communicator stays usable
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
 //!   [clause: failure.usable_after]
@@ -54,10 +62,15 @@
 //!   its side; the same work then completes once the peers arrive, whatever the caller issued
 //!   after it: an op never waits for a later op (which a peer may issue only once it has seen
 //!   the earlier one complete). [clause: async.every_op_every_rank]
-//! * Communicators progress independently: an op on one communicator (the world, a group) MUST
-//!   NOT wait for an op of another, whatever order each rank issued them in (one serial engine
-//!   or one stream for every communicator of the process deadlocks a legal program whose ranks
-//!   meet on two communicators in different orders). [clause: async.communicators_independent]
+//! * Communicators progress independently on the host: an op on one communicator (the world, a
+//!   group) MUST NOT wait for an op of another in anything the backend adds, whatever order each
+//!   rank issued them in (one serial engine, queue, lock or stream for every communicator of the
+//!   process deadlocks a legal program whose ranks meet on two communicators in different
+//!   orders). Device progress is the library's: a backend over a library that documents
+//!   same-order submission across communicators (NCCL: "applications should ensure operations
+//!   are submitted in the same order across ranks") declares `concurrent_communicators = false`
+//!   ([`crate::Capabilities`]), and the cases that cross two communicators' orders are
+//!   UNSUPPORTED there; it still adds no ordering of its own. [clause: async.communicators_independent]
 //! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]

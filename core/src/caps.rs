@@ -138,11 +138,24 @@ pub struct Capabilities {
     /// name on every rank (`Unsupported` or `bad_input:unsupported_op`, never a communicator),
     /// and cases that need a group are UNSUPPORTED.
     pub subgroups: bool,
+    /// Whether ops on different communicators of the process complete whatever order each rank
+    /// issued them in, as far as the device goes (clause `async.communicators_independent`
+    /// covers the host side always: one engine, queue or lock for every communicator of the
+    /// process is a bug). False for a backend over a library that documents the opposite rule,
+    /// as NCCL does ("applications should ensure operations are submitted in the same order
+    /// across ranks", user guide, "Using multiple NCCL communicators concurrently"): the cases
+    /// whose ranks issue ops on two communicators in different orders are then UNSUPPORTED.
+    #[serde(default = "yes")]
+    pub concurrent_communicators: bool,
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).
     pub rounding: Rounding,
     pub gaps: Vec<Gap>,
     /// How the fused ops are implemented (see [`FusedImpl`]).
     pub fused: FusedImpl,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Capabilities {
@@ -157,6 +170,7 @@ impl Capabilities {
             validates_across_ranks: true,
             moves_data: true,
             subgroups: true,
+            concurrent_communicators: true,
             rounding: Rounding::ExactThenRound,
             gaps: Vec::new(),
             fused: FusedImpl::Decomposed,

@@ -10,7 +10,7 @@
 //! (`concord-mutants --stream-reference`).
 
 use crate::campaign::Spec;
-use crate::stream::{Stream, StreamBug, BUG_OPTION};
+use crate::stream::{Stream, StreamBug, StreamLegal, BUG_OPTION, LEGAL_OPTION};
 use crate::Bug;
 use concord_core::Backend;
 use concord_suites::{BackendEntry, Case};
@@ -43,6 +43,21 @@ pub(crate) fn spec(bug: StreamBug, clause: &'static str, what: &'static str, cat
     let entry = BackendEntry::new::<Stream>(name, 0, cases::<Stream>)
         .with_option(BUG_OPTION, name)
         .with_rerun(format!("cargo xtask mutants --mutant {name} --case"));
+    Spec { name, clause, what, catchers, entry, make: || Box::new(OtherBackend) }
+}
+
+/// A legal variant of the stream reference (run by `--legal`, like the shm wrappers of
+/// [`crate::legal`]): the reference with one [`StreamLegal`] choice made otherwise.
+pub(crate) fn legal_spec(
+    name: &'static str,
+    choice: StreamLegal,
+    clause: &'static str,
+    what: &'static str,
+    catchers: &'static [&'static str],
+) -> Spec {
+    let entry = BackendEntry::new::<Stream>(name, 0, cases::<Stream>)
+        .with_option(LEGAL_OPTION, choice.name())
+        .with_rerun(format!("cargo xtask mutants --legal --mutant {name} --case"));
     Spec { name, clause, what, catchers, entry, make: || Box::new(OtherBackend) }
 }
 

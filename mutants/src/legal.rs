@@ -124,8 +124,9 @@ pub fn catalogue() -> Vec<Spec> {
             "legal_nccl_like",
             "nan, avg, rounding as NCCL",
             "the three reduction choices NCCL makes, at once: NanPolicy::Ignore, IntAvg::Floor, Rounding::Accumulate \
-             (shm's nan_minmax=ignore, int_avg=floor, rounding=every_step)",
-            &["caps::nan_minmax", "caps::int_avg", "f16::sum", "i32::avg"],
+             (shm's nan_minmax=ignore, int_avg=floor, rounding=every_step), and NCCL's same-order rule for communicators \
+             (concurrent_communicators = false)",
+            &["caps::nan_minmax", "caps::int_avg", "f16::sum", "i32::avg", "communicators_progress_apart", "world_and_group_crossed"],
         ),
         spec::<Legal<NO_HALF>>(
             "legal_no_half",
@@ -191,6 +192,8 @@ fn declared<const K: u8>(s: &Shm) -> Capabilities {
         MAX_WS_8 => c.max_world_size = c.max_world_size.min(SMALL_MAX),
         NO_CROSS_RANK => c.validates_across_ranks = false,
         NO_SUBGROUPS => c.subgroups = false,
+        // NCCL's rule for communicators used concurrently (review21 finding 4).
+        NCCL_LIKE => c.concurrent_communicators = false,
         NO_HALF => c.dtypes.retain(|d| !matches!(d, DType::F16 | DType::BF16)),
         FUSED_PIPELINED => c.fused = FusedImpl::Pipelined,
         GAP_FAULT_VEHICLE => c.gaps.push(Gap {

@@ -16,15 +16,28 @@
 //!   zero-element view at its input's address (as PyTorch's empty tensors, whose `data_ptr()` is
 //!   the same for all of them): a buffer of zero elements overlaps no buffer, whatever its
 //!   address ([clause: placement.empty_no_alias]); the op itself still runs (peers need it).
+//!
+//! From review21 (docs/review21.md, made permanent by helper impl21):
+//!
+//! * `legal_review21_no_cross_rank_late` (finding 2): declares `validates_across_ranks = false`
+//!   and has no header exchange, so an all_reduce whose shapes differ across ranks ends in a
+//!   named `timeout` (the peers' calls never pair), never `bad_input`. Every valid call is shm's.
+//!   (`legal_no_cross_rank` only changes the declaration and still names the mismatch like shm.)
+//!   A cross-rank bad-input case MUST be UNSUPPORTED on it ([clause: bad_input.named_everywhere]).
+//! * `legal_review21_stream_peer_aborted` (finding 3): the launch-based stream reference
+//!   ([`crate::stream`]) whose peers of a local failure get `CollectiveError::Aborted` (as shm's
+//!   `peer_failure` gives them), not `Backend`: one named error, never a timeout, nothing aborted,
+//!   the next op runs ([clause: faults.local_failure_named_everywhere] leaves the kind open).
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, Buf, Bug, Mutant, Shm};
 use concord_core::fused::{self, Gathered, Scaling};
-use concord_core::{Backend, ReduceOp, Result, Tensor, Work};
+use concord_core::{Backend, CollectiveError, ReduceOp, Result, Tensor, Work};
 
 const ZERO_SUM_PLUS: u8 = 0;
 const NONROOT_GARBAGE: u8 = 1;
 const EMPTY_AT_INPUT: u8 = 2;
+const NO_CROSS_RANK_LATE: u8 = 3;
 
 /// One reviewed legal variant of the shm backend (`K` picks it).
 #[derive(Default)]
@@ -54,7 +67,56 @@ pub fn catalogue() -> Vec<Spec> {
              (empty buffers overlap nothing)",
             &["sizes::", "seed::", "reuse::"],
         ),
+        spec::<Review<NO_CROSS_RANK_LATE>>(
+            "legal_review21_no_cross_rank_late",
+            "validates_across_ranks = false",
+            "declares validates_across_ranks = false and has no header exchange: an all_reduce whose shapes differ across \
+             ranks ends in a named timeout (its peers' ops never pair), never bad_input",
+            &["state::bad_input_100_then_usable::ws2"],
+        ),
+        crate::bugs_stream::legal_spec(
+            "legal_review21_stream_peer_aborted",
+            crate::stream::StreamLegal::PeerAborted,
+            "(nothing: peer's error kind)",
+            "stream reference whose peers of a local failure get `aborted` (\"rank r failed its side of this op locally\"), \
+             not `backend`: one named error, nothing aborted, the next op runs",
+            &["device_faults::local_failure_after_begin::", "device_faults::fail_before_header::"],
+        ),
     ]
+}
+
+/// [`NO_CROSS_RANK_LATE`]'s all_reduce work: a cross-rank shape mismatch (which shm names) is
+/// reported as what a backend without a header exchange sees: a named timeout.
+struct LateMismatch {
+    w: Work<Buf>,
+    rank: usize,
+}
+
+fn as_late(e: CollectiveError, rank: usize) -> CollectiveError {
+    if e.bad_input_kind() == Some(concord_core::BadInputKind::ShapeMismatch) {
+        CollectiveError::Timeout {
+            op: "all_reduce".into(),
+            seq: 0,
+            rank,
+            waited_ms: 0,
+            detail: "legal_review21: no header exchange; the peers' calls did not pair".into(),
+        }
+    } else {
+        e
+    }
+}
+
+impl concord_core::Completion for LateMismatch {
+    fn is_completed(&self) -> bool {
+        self.w.is_completed()
+    }
+    fn wait_for(&self, t: std::time::Duration) -> Result<bool> {
+        match self.w.wait(t) {
+            Ok(_) => Ok(true),
+            Err(CollectiveError::Timeout { .. }) if !self.w.is_completed() => Ok(false),
+            Err(e) => Err(as_late(e, self.rank)),
+        }
+    }
 }
 
 /// `-0` elements of a float tensor made `+0` (what folding from a `+0` identity gives).
@@ -146,7 +208,20 @@ fn all(bs: &Vec<Buf>) -> Vec<Buf> {
 }
 
 impl<const K: u8> Bug for Review<K> {
+    fn capabilities(&self, s: &Shm) -> concord_core::Capabilities {
+        let mut c = s.inner.capabilities();
+        if K == NO_CROSS_RANK_LATE {
+            c.validates_across_ranks = false;
+        }
+        c
+    }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if K == NO_CROSS_RANK_LATE {
+            let rank = s.rank();
+            let w = s.inner.all_reduce(x, op).map_err(|e| as_late(e, rank))?;
+            let (value, meta) = (w.peek().clone(), w.meta().clone());
+            return Ok(s.relayed(value, std::sync::Arc::new(LateMismatch { w, rank }), meta));
+        }
         let w = s.inner.all_reduce(x, op)?;
         let w = self.empty_at(s, w, x)?;
         Ok(self.sum_plus(s, w, op, one))

@@ -64,6 +64,34 @@ use std::time::{Duration, Instant};
 /// The backend option naming the bug to turn on (absent: the reference).
 pub const BUG_OPTION: &str = "stream_bug";
 
+/// The backend option naming a legal choice to make (absent: the reference's choices).
+pub const LEGAL_OPTION: &str = "stream_legal";
+
+/// One legal choice the reference could have made otherwise (option [`LEGAL_OPTION`]): a correct
+/// launch-based backend, run by `concord-mutants --legal` (`crate::legal_review`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamLegal {
+    /// A peer that reads a header marked failed reports the op's failure as
+    /// `CollectiveError::Aborted` ("rank r failed its side of this op locally ..."), not
+    /// `Backend`: still one named error, never a timeout, nothing is aborted and the next op
+    /// runs (shm's own `peer_failure` names it so: clause `faults.local_failure_named_everywhere`
+    /// leaves the kind to the backend).
+    PeerAborted,
+}
+
+impl StreamLegal {
+    pub const ALL: [StreamLegal; 1] = [StreamLegal::PeerAborted];
+    /// The option value.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamLegal::PeerAborted => "peer_aborted",
+        }
+    }
+    pub fn parse(s: &str) -> Option<StreamLegal> {
+        StreamLegal::ALL.into_iter().find(|l| l.name() == s)
+    }
+}
+
 /// Every `(point, action)` the backend honours (the NCCL backend's set).
 const HOOKS: &[(&str, Action)] = concord_core::fault::LAUNCH_HOOKS;
 
@@ -146,6 +174,7 @@ struct Host {
     op_timeout: Duration,
     faults: Vec<Fault>,
     bug: Option<StreamBug>,
+    legal: Option<StreamLegal>,
     aborted: Mutex<Option<String>>,
     wake: Condvar,
     /// Teardown: running kernels are left at once.
@@ -385,10 +414,11 @@ impl Chan {
                 self.host.abort(format!("{} #{}: rank {r} did not take part", id.name, id.seq));
                 return fail(self.timeout(&id, format!("rank {r} did not complete its side of the op; communicator aborted")));
             }
-            return fail(self.err(
-                &id,
-                format!("rank {r} failed its side of this op locally after issuing it (see rank {r}'s error); nothing was launched"),
-            ));
+            let msg = format!("rank {r} failed its side of this op locally after issuing it (see rank {r}'s error); nothing was launched");
+            if self.host.legal == Some(StreamLegal::PeerAborted) {
+                return fail(CollectiveError::Aborted(format!("stream {} #{} on rank {}: {msg}", id.name, id.seq, self.rank())));
+            }
+            return fail(self.err(&id, msg));
         }
         match self.fault_point(&id, point::AFTER_HEADER, deadline) {
             Ok(None) => {}
@@ -674,6 +704,7 @@ impl Stream {
         board: ShmBackend,
         faults: Vec<Fault>,
         bug: Option<StreamBug>,
+        legal: Option<StreamLegal>,
         op_timeout: Duration,
         counted: bool,
     ) -> Stream {
@@ -683,6 +714,7 @@ impl Stream {
             op_timeout,
             faults,
             bug,
+            legal,
             aborted: Mutex::new(None),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
@@ -891,7 +923,8 @@ impl Drop for Stream {
 impl Backend for Stream {
     type Buffer = Buf;
 
-    /// Options: `fault` (the hooks above; other backends' points are ignored), `stream_bug`.
+    /// Options: `fault` (the hooks above; other backends' points are ignored), `stream_bug`,
+    /// `stream_legal`.
     fn init(world: &WorldInfo) -> Result<Self> {
         let rank = world.rank;
         let faults = fault::from_world(world)
@@ -906,8 +939,15 @@ impl Backend for Stream {
                     .ok_or_else(|| CollectiveError::Backend(format!("stream init on rank {rank}: no stream bug named `{n}`")))?,
             ),
         };
+        let legal = match world.option(LEGAL_OPTION) {
+            None => None,
+            Some(n) => Some(
+                StreamLegal::parse(n)
+                    .ok_or_else(|| CollectiveError::Backend(format!("stream init on rank {rank}: no stream legal choice named `{n}`")))?,
+            ),
+        };
         let mut inner = world.clone();
-        inner.options.retain(|(k, _)| k != fault::OPTION && k != BUG_OPTION);
+        inner.options.retain(|(k, _)| k != fault::OPTION && k != BUG_OPTION && k != LEGAL_OPTION);
         let mut board = inner.clone();
         // The library's own watchdog comes 1 s after this backend's deadline (a device library
         // has none: NCCL waits until aborted), so the deadlines that end ops are this backend's.
@@ -918,7 +958,7 @@ impl Backend for Stream {
         board.options.retain(|(k, _)| k != "shm_arena_gib");
         board.options.push(("shm_arena_gib".into(), "0".into()));
         let board = ShmBackend::init(&board)?;
-        Ok(Stream::make(data, board, faults, bug, world.op_timeout, true))
+        Ok(Stream::make(data, board, faults, bug, legal, world.op_timeout, true))
     }
     fn name(&self) -> &str {
         "stream"
@@ -967,7 +1007,7 @@ impl Backend for Stream {
             (Some(d), Some(b)) => {
                 let faults = fault::for_group(&self.host().faults, g);
                 let counted = !faults.is_empty();
-                Ok(Some(Stream::make(d, b, faults, self.host().bug, self.host().op_timeout, counted)))
+                Ok(Some(Stream::make(d, b, faults, self.host().bug, self.host().legal, self.host().op_timeout, counted)))
             }
             (None, None) => Ok(None),
             _ => Err(self.chan.err(&o.id, "the board and the data communicator disagree on membership")),

@@ -252,12 +252,15 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     (
         "legal_nccl_like",
         4,
-        0,
+        2,
         &[
             "caps::nan_minmax::f32::ws3",
             "caps::int_avg::i32::ws3",
             "all_reduce::out::f16::sum::ws8::random",
             "all_reduce::out::i32::avg::ws3",
+            // concurrent_communicators = false: the two crossing cases are UNSUPPORTED.
+            "async::communicators_progress_apart::ws3",
+            "reuse::world_and_group_crossed::all_reduce::out::ws3",
         ],
     ),
     (
@@ -352,6 +355,21 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ),
     ("legal_review_nonroot_garbage", 2, 0, &["reduce::out::f32::sum::ws3", "gather::out::f32::ws3"]),
     ("legal_review_empty_at_input", 2, 0, &["all_to_all_single::out::f32::ws2", "views::all_to_all_single::out::f64::ws2"]),
+    // review21 (mutants/src/legal_review.rs): a cross-rank mismatch ends in a timeout, declared.
+    ("legal_review21_no_cross_rank_late", 1, 1, &["state::bad_input_100_then_usable::ws2", "state::dropped_works_100_then_usable::ws2"]),
+    // review21: the stream reference whose peers of a local failure get `aborted`.
+    (
+        "legal_review21_stream_peer_aborted",
+        5,
+        0,
+        &[
+            "device_faults::local_failure_after_begin::ws1",
+            "device_faults::local_failure_after_begin::ws2",
+            "device_faults::local_failure_after_begin::bystander::ws4",
+            "device_faults::fail_before_header::ws2",
+            "device_faults::local_failure_on_group::ws3",
+        ],
+    ),
     // helper legal3: freedoms the contract leaves (mutants/src/legal3.rs).
     (
         "legal3_sum_order",

@@ -73,7 +73,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.deadline",
         source: BACKEND,
-        text: "No wait blocks longer than asked, nor times out before it; a peer that never comes is a named timeout, and the world is usable after; an op every rank entered within its deadline does not fail for lateness.",
+        text: "No wait blocks longer than asked, nor times out before it; a peer that never comes is a named timeout, and the world is usable after; an op every rank entered within its deadline does not fail for lateness; once every rank arrived, a collective's remaining steps get one op deadline from the last arrival, a point-to-point op's its op deadline from its post; a timeout past that deadline is final on every rank (buffers the caller's again), one before it leaves the op in flight.",
         cases: &[
             "async::peer_never_joins_then_recovers",
             "async::peer_dies_mid_collective",
@@ -81,6 +81,8 @@ pub const CLAUSES: &[Clause] = &[
             "async::sub_second_wait_waits_its_deadline",
             // A peer late inside the op deadline: the op completes on every rank.
             "faults::late_inside_deadline::",
+            // A send's wait past its op deadline is final even while the receiver copies.
+            "faults::late_receiver::slow_copy",
         ],
     },
     Clause {
@@ -103,13 +105,13 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.communicators_independent",
         source: BACKEND,
-        text: "Communicators progress independently: an op on one communicator never waits for an op of another, whatever order each rank issued them in.",
-        cases: &["async::communicators_progress_apart", "p2p::group_and_world_messages_apart"],
+        text: "Communicators progress independently on the host: an op on one communicator never waits for an op of another in anything the backend adds (one engine, queue, lock or stream for every communicator), whatever order each rank issued them in; a backend over a library that documents same-order submission across communicators (NCCL) declares concurrent_communicators = false, and the crossing cases are UNSUPPORTED there.",
+        cases: &["async::communicators_progress_apart", "p2p::group_and_world_messages_apart", "reuse::world_and_group_crossed"],
     },
     Clause {
         id: "failure.no_touch_after_failed_wait",
         source: BACKEND,
-        text: "Once a wait returned an op's failure, no peer reads or writes that rank's buffers any more; every rank ends in a named error (a panic inside the backend too), never Ok, never a hang.",
+        text: "Once a wait returned an op's final failure (a timeout past the op's deadline of async.deadline, a dead peer, an abort, a local error), no peer reads or writes that rank's buffers any more; every rank ends in a named error (a panic inside the backend too), never Ok, never a hang.",
         cases: &[
             "faults::late_peer::",
             "faults::stall_between_barriers",

@@ -377,6 +377,9 @@ impl Backend for NcclBackend {
             validates_across_ranks: self.validating(),
             moves_data: true,
             subgroups: true,
+            // NCCL documents ops on different communicators as safe only when every rank
+            // submits them in the same order (review21 finding 4).
+            concurrent_communicators: false,
             // cuBLAS + NCCL, overlapped (`fused_gpu`; the scaled variants stay decomposed) when
             // libcublas loads and `fused_overlap` is not 0; else the trait's decomposition.
             fused: if fused_gpu::native() { concord_core::FusedImpl::Pipelined } else { concord_core::FusedImpl::Decomposed },

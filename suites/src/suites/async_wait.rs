@@ -689,9 +689,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // it (`while not work.is_completed()`) sees a failed op end. The ranks' shapes differ
         // ([4] and [5]); an op that fails at issue has nothing to poll.
         let b = ctx.b;
-        if !b.capabilities().validates_across_ranks {
-            return Err(crate::case::CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
-        }
+        super::bad_input::cross_rank_validated(b)?;
         let w = format!("{} shapes=[4] / [5]", here(b, "all_reduce", "out", DType::F32));
         let x = b.upload(&full(&[4 + b.rank()], 1.0f32))?;
         if let Ok(work) = b.all_reduce(&x, red(b)) {
@@ -823,6 +821,7 @@ fn communicators_progress_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult 
     if !b.capabilities().subgroups {
         return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
     }
+    super::util::communicators_in_any_order(b)?;
     let members = [0, 1];
     let (me, timeout) = (b.rank(), ctx.timeout);
     let g = ctx.group(&members)?;

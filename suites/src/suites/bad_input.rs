@@ -271,6 +271,18 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
 }
 
 /// The reduce op a table row's call names, from its name (`None`: sum, or no reduction).
+/// The gate of every cross-rank bad-input case (a mismatch only the peers' calls together show:
+/// shapes, dtypes, splits, roots): UNSUPPORTED unless the backend declares
+/// `validates_across_ranks` (`core/src/caps.rs`: "If false, cross-rank bad-input cases are
+/// UNSUPPORTED, not run"). One rule in one place: every such case calls this first.
+pub(crate) fn cross_rank_validated<B: Backend>(b: &B) -> Result<(), CaseEnd> {
+    if b.capabilities().validates_across_ranks {
+        Ok(())
+    } else {
+        Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()))
+    }
+}
+
 fn reduce_of(name: &str) -> Option<ReduceOp> {
     if name.contains("premul_sum") {
         Some(ReduceOp::PremulSum(2.0))
@@ -451,10 +463,7 @@ fn refused_buffer_reused_in_place<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResul
 fn shape_mismatch_behind_pending<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let caps = b.capabilities();
-    if !caps.validates_across_ranks {
-        return Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
-    }
+    cross_rank_validated(b)?;
     let v = ArVehicle::pick(b, &[concord_core::Variant::Out])?;
     let w = format!(
         "backend={} op=all_reduce variant=out dtype=f32 reduce={} bad_input=shape_mismatch issued behind a pending valid all_reduce \
@@ -556,8 +565,8 @@ fn subgroup_rooted<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 fn run_bad<B: Backend>(ctx: &mut Ctx<'_, B>, name: &str, kind: K, cross_rank: bool, issue: Issue<B>) -> CaseResult {
     let b = ctx.b;
     let caps = b.capabilities();
-    if cross_rank && !caps.validates_across_ranks {
-        return Err(CaseEnd::Unsupported("backend declares no cross-rank input validation".into()));
+    if cross_rank {
+        cross_rank_validated(b)?;
     }
     let (op, variant, dtype) = call_of(name);
     // A row whose call the backend declares unsupported (its op, variant, a dtype it carries on

@@ -98,8 +98,9 @@ fn is_named_failure(name: &str) -> bool {
 }
 
 /// `local_failure_after_begin`: op #1 fails locally on rank `faulty` of `b` (op deadline `t`):
-/// every rank MUST get a named error for op #1 that is neither a timeout nor an abort (the
-/// failing rank still sends its header), and op #2 MUST then work on every rank.
+/// every rank MUST get a named error for op #1 (faults' `local_failure_named`: never a timeout,
+/// bad input or a dead peer; the failing rank still sends its header), and op #2 MUST then work
+/// on every rank (so a communicator really aborted fails there).
 fn local_failure_after_begin<B: Backend>(b: &B, t: Duration, wait: Duration, faulty: usize) -> CaseResult {
     let w = format!("{} fault=after_begin:fail@{faulty}#1", here(b, "all_reduce", "out", DType::F32));
     let x = b.upload(&full(&[16], 1.0f32))?;
@@ -111,18 +112,12 @@ fn local_failure_after_begin<B: Backend>(b: &B, t: Duration, wait: Duration, fau
     let who = if b.rank() == faulty { "this rank".to_string() } else { format!("rank {faulty}") };
     match r {
         Ok(()) => return Err(fail(&w, format!("op #1 succeeded although {who} failed locally after begin()"))),
-        Err(e) if e.name() == "timeout" || e.name() == "aborted" => {
-            return Err(fail(
-                &w,
-                format!(
-                    "op #1 ended in {e} [{}] after {:?}: a local failure on rank {faulty} must reach every rank as one named \
-                     error (the failing rank still sends its header), not a timeout / abort",
-                    e.name(),
-                    t0.elapsed()
-                ),
-            ))
+        // faults' rule for the clause (one rule in one place): named, never a timeout, bad input
+        // or a dead peer; `aborted` naming the failure is allowed (shm's peers get it), and an
+        // abort that really happened fails op #2 below.
+        Err(e) => {
+            super::faults::local_failure_named(&e, &format!("{w} op #1 (after {:?})", t0.elapsed()), "op #1", faulty, b.rank() == faulty)?
         }
-        Err(_) => {}
     }
     let ok2 = b.all_reduce(&x, ReduceOp::Sum).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
     let got = ok2.wait(wait).map_err(|e| fail(&w, format!("op #2 after the local failure: {e} [{}]", e.name())))?;
@@ -316,19 +311,15 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             }
             match r {
                 Ok(()) => return Err(fail(&w, "op #1 completed Ok although rank 1 never did its part")),
-                Err(e) if recovers && (e.name() == "timeout" || e.name() == "aborted") => {
-                    return Err(fail(
-                        &w,
-                        format!("op #1: {e} [{}]; rank 1's local failure must arrive as a named error, not a timeout", e.name()),
-                    ))
-                }
-                Err(e) if !recovers && !is_named_failure(&e.name()) => {
+                // A local failure: faults' rule for the clause (one rule in one place).
+                Err(e) if recovers => super::faults::local_failure_named(&e, &format!("{w} op #1"), "op #1", 1, b.rank() == 1)?,
+                Err(e) if !is_named_failure(&e.name()) => {
                     return Err(fail(&w, format!("op #1: expected a timeout / abort / peer_died, got {e} [{}]", e.name())))
                 }
-                Err(_) if took > t + Duration::from_secs(12) => {
-                    return Err(fail(&w, format!("op #1 failed only after {took:?} (op deadline {t:?} + the abort's bound)")))
-                }
                 Err(_) => {}
+            }
+            if took > t + Duration::from_secs(12) {
+                return Err(fail(&w, format!("op #1 failed only after {took:?} (op deadline {t:?} + the abort's bound)")));
             }
             if recovers {
                 let ok2 = b.all_reduce(&x, ReduceOp::Sum)?;

@@ -429,8 +429,9 @@ fn local_cause_named(e: &CollectiveError, w: &str, victim: usize) -> CaseResult 
 /// `e`, this rank's error for the `what` whose side failed locally on rank `victim` (of that
 /// communicator): named, never a timeout or bad input (every rank's call was right, nothing was
 /// late) nor a dead peer (no rank died); on the failing rank its text claims no timeout or
-/// death either (its local cause is named).
-fn local_failure_named(e: &CollectiveError, w: &str, what: &str, victim: usize, mine: bool) -> CaseResult {
+/// death either (its local cause is named). The one rule of clause
+/// `faults.local_failure_named_everywhere`: device_faults' cases use it too (review21 finding 3).
+pub(super) fn local_failure_named(e: &CollectiveError, w: &str, what: &str, victim: usize, mine: bool) -> CaseResult {
     if e.name() == "timeout" || e.name().starts_with("bad_input") || e.name() == "peer_died" {
         return Err(fail(
             w,
@@ -694,9 +695,7 @@ fn panic_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 }
 
 fn split_overflow_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    if !ctx.b.capabilities().validates_across_ranks {
-        return Err(CaseEnd::Unsupported("the backend does not validate calls across ranks".into()));
-    }
+    super::bad_input::cross_rank_validated(ctx.b)?;
     let red = vehicle(ctx.b, &[Variant::Out])?;
     let (b, _id) = sub_world(ctx, None)?;
     let w = here(&b, "all_to_all_single", "out", DType::F32);
@@ -724,10 +723,10 @@ fn split_overflow_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 }
 
 fn group_mismatch_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
-    let caps = ctx.b.capabilities();
-    if !caps.subgroups || !caps.validates_across_ranks {
+    if !ctx.b.capabilities().subgroups {
         return Err(CaseEnd::Unsupported("needs subgroups and validation across ranks".into()));
     }
+    super::bad_input::cross_rank_validated(ctx.b)?;
     let red = vehicle(ctx.b, &[Variant::Out])?;
     let (b, _id) = sub_world(ctx, None)?;
     let w = here(&b, "new_group", "out", DType::F32);

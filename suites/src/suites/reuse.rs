@@ -155,6 +155,7 @@ fn world_and_group_crossed<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !ctx.b.capabilities().subgroups {
         return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
     }
+    super::util::communicators_in_any_order(ctx.b)?;
     let (ws, me, timeout) = (ctx.world_size(), ctx.rank(), ctx.timeout);
     let (op, variant) = (OpKind::AllReduce, Variant::Out);
     let members = [2, 0];

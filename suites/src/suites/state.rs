@@ -142,6 +142,9 @@ fn usable_after<B: Backend>(ctx: &Ctx<'_, B>, what: &str) -> CaseResult {
 
 fn bad_input_then_usable<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
+    // The shapes differ across ranks: a backend that declares no cross-rank validation may end
+    // these calls in a timeout (review21 finding 2; `legal_review21_no_cross_rank_late`).
+    super::bad_input::cross_rank_validated(b)?;
     let v = ArVehicle::pick(b, &[Variant::Out])?;
     let w = format!("{} reduce={}", here(b, "all_reduce", "out", DType::F32), v.op.name());
     for k in 0..REPEATS {

@@ -25,6 +25,22 @@ pub fn member_group<B: Backend>(b: &B, ranks: &[usize]) -> Result<Option<B>, Cas
 }
 
 /// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
+/// The gate of every case whose ranks issue ops on two communicators in different orders:
+/// UNSUPPORTED where the backend declares `concurrent_communicators = false` (a library, as NCCL,
+/// that documents same-order submission across communicators; `core/src/caps.rs`). One rule in
+/// one place: every such case calls this first.
+pub fn communicators_in_any_order<B: Backend>(b: &B) -> Result<(), CaseEnd> {
+    if b.capabilities().concurrent_communicators {
+        Ok(())
+    } else {
+        Err(CaseEnd::Unsupported(
+            "backend declares concurrent_communicators = false: its library (as NCCL) requires ops on different \
+             communicators to be submitted in the same order on every rank, and this case crosses them"
+                .into(),
+        ))
+    }
+}
+
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
     format!(
         "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
