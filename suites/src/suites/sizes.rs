@@ -11,14 +11,15 @@
 //!   all_gather / gather (whose output is `ws·n`), the output of reduce_scatter / scatter /
 //!   all_to_all (whose input is `ws·n`).
 //! * **Ladder**: f32 at 1023, 1025, 4097, 65535, 65536, 65537, 262145 (world sizes 2 and 3), and
-//!   at world size 2 only 1048575 (4 MiB, or 8 MiB for the ops whose larger buffer is `ws·n`:
-//!   past every size switch of the shm backend, whose largest is 1 MiB) and, for all_reduce only,
-//!   the 64 MiB step: 64 MiB + one element per rank (`n` = 16777217, [`BIG_STEP_OPS`]). bf16 and
-//!   i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~290 cases and about 2 s of CPU
-//!   on the shm backend, the 64 MiB one half of it. The other ops' 64 MiB steps (nine cases,
-//!   about 3.5 s of the main job's CPU, two thirds of it the kernel zeroing fresh pages) crossed
-//!   no boundary their 4 / 8 MiB rung does not, and no mutant of the catalogue needed them
-//!   (docs/RESULTS.md, helper main11).
+//!   at world size 2 only 1048575 (4 MiB, or 8 MiB for the ops whose larger buffer is `ws·n`)
+//!   and the 64 MiB step: the largest buffer of the op is 64 MiB + one element per rank (`n` =
+//!   16777217, or 8388609 for the ops whose larger buffer is `ws·n`), for every op: the
+//!   contract's "up to at least 64 MiB" (clause `values.sizes`) is per op, and a backend's size
+//!   switches are its own (a fixed 32 MiB staging buffer without a chunk loop passes every rung
+//!   up to 8 MiB: mutant `sizes_all_gather_bounce_32mib`), not shm's (whose largest is 1 MiB).
+//!   bf16 and i32 at 1025, 65535, 65537 (2 and 3) and 1048577 (2). That is ~300 cases and a few
+//!   seconds of CPU on the shm backend, the 64 MiB ones most of it (much of it the kernel
+//!   zeroing fresh pages).
 //! * **Grid** ([`grid_calls`]): f32 at every world size (1–8, 16), one case per (op, variant) of
 //!   [`GRID_PAIRS`] (the ladder's, in-place, `_out`, coalesced, out-of-place broadcast) and world
 //!   size, calling the op with its output just past 4 Ki and just past 64 Ki elements; the rooted
@@ -216,11 +217,6 @@ pub fn peer_of(me: usize, ws: usize, rot: usize) -> Option<usize> {
 
 const BIG: usize = 1 << 24;
 
-/// The ops whose ladder has the 64 MiB step (`n` = [`BIG`] + 1 at world size 2): all_reduce, the
-/// contract's "up to at least 64 MiB" probe (clause `values.sizes`), whose 64 MiB is
-/// its input and its output alike.
-pub const BIG_STEP_OPS: [OpKind; 1] = [OpKind::AllReduce];
-
 /// Whether the op's larger buffer is `ws·n` elements (its input or its output).
 fn folds(op: OpKind) -> bool {
     matches!(op, OpKind::AllGatherIntoTensor | OpKind::Gather | OpKind::ReduceScatterTensor | OpKind::Scatter | OpKind::AllToAllSingle)
@@ -240,7 +236,7 @@ pub fn ladder(op: OpKind, dtype: DType) -> Vec<(usize, usize)> {
     for &n in two {
         v.push((n, 2));
     }
-    if dtype == DType::F32 && BIG_STEP_OPS.contains(&op) {
+    if dtype == DType::F32 {
         v.push((if folds(op) { BIG / 2 } else { BIG } + 1, 2));
     }
     v
