@@ -186,3 +186,43 @@ fn outside_a_world_it_benchmarks_locally_with_a_warning() {
     assert_eq!(out[0].presyncs, 0);
     assert!(out[0].warnings.iter().any(|w| w.contains("no store")), "{}", out[0]);
 }
+
+/// The names of `op`'s built-in choices for `inst` on `ws` ranks that `caps` makes gaps.
+fn gapped(caps: &concord_core::Capabilities, inst: &OpInstance, ws: usize) -> Vec<String> {
+    concord_autotune::choices::builtin::<ShmBackend>(inst.op)
+        .iter()
+        .filter(|c| c.declared_gap(caps, inst, ws).is_some())
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// (A unit test of `choices.rs` until ci9; the lib has `test = false`, so it never ran.)
+#[test]
+fn a_choice_is_a_gap_exactly_where_one_of_its_calls_is() {
+    use concord_core::caps::Gap;
+    use concord_core::{Capabilities, OpKind, Variant};
+    let mut caps = Capabilities::full(8);
+    let ar = OpInstance::all_reduce(DType::F32, &[16, 8], ReduceOp::Sum);
+    let rs = OpInstance::reduce_scatter(DType::F32, &[16, 8], ReduceOp::Sum);
+    assert!(gapped(&caps, &ar, 2).is_empty(), "no gap declared");
+    caps.gaps.push(Gap {
+        op: Some(OpKind::AllReduce),
+        variant: Some(Variant::Out),
+        dtype: Some(DType::F32),
+        reduce: Some("sum".into()),
+        reason: "narrow".into(),
+    });
+    assert_eq!(gapped(&caps, &ar, 2), ["native"]);
+    assert_eq!(gapped(&caps, &rs, 2), ["ar_slice"]);
+    assert!(gapped(&caps, &OpInstance::all_reduce(DType::F32, &[16, 8], ReduceOp::Max), 2).is_empty(), "max is no gap");
+    let why = concord_autotune::choices::builtin::<ShmBackend>(OpKind::AllReduce)[0].declared_gap(&caps, &ar, 2).expect("native is a gap");
+    assert!(why.contains("all_reduce") && why.contains("narrow"), "{why}");
+    // Point-to-point: every ring choice on 2+ ranks, none on one rank (it sends nothing).
+    caps.gaps = vec![Gap::op(OpKind::SendRecv, "no p2p")];
+    assert_eq!(gapped(&caps, &ar, 2), ["ring", "recursive_doubling"]);
+    assert!(gapped(&caps, &ar, 1).is_empty());
+    let ag = OpInstance::all_gather(DType::I32, &[16, 4]);
+    assert_eq!(gapped(&caps, &ag, 2), ["ring"]);
+    caps.gaps = vec![Gap::op(OpKind::Broadcast, "no broadcast")];
+    assert_eq!(gapped(&caps, &ag, 2), ["gather_bcast"]);
+}

@@ -28,17 +28,3 @@ pub fn builtin_entries() -> Vec<BackendEntry> {
     v.push(BackendEntry::new::<concord_mpi::MpiBackend>("mpi", 0, catalogue::<concord_mpi::MpiBackend>));
     v
 }
-
-#[cfg(test)]
-mod tests {
-    /// The built-in entries carry their backend's `/dev/shm` prefixes to the runner (NCCL's
-    /// `nccl-`; none for the CPU backends, whose files carry the world's own prefix).
-    #[test]
-    fn entries_carry_the_backends_shm_prefixes() {
-        let e = super::builtin_entries();
-        let of = |n: &str| e.iter().find(|b| b.name == n).map(|b| b.foreign_shm.clone()).unwrap_or_else(|| panic!("no entry {n}"));
-        assert_eq!(of("nccl"), vec!["nccl-".to_string()]);
-        assert!(of("shm").is_empty());
-        assert!(of("fake").is_empty());
-    }
-}

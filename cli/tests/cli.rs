@@ -88,3 +88,15 @@ fn a_rerun_line_carries_the_settings_and_reproduces_the_failure() {
     assert_eq!(out.status.code(), Some(1), "the rerun line did not reproduce the failure:\n{text}");
     assert!(text.contains(&format!("FAIL {id}")), "{text}");
 }
+
+/// The built-in entries carry their backend's `/dev/shm` prefixes to the runner (NCCL's
+/// `nccl-`; none for the CPU backends, whose files carry the world's own prefix). (A unit test of
+/// the lib until ci9; the lib has `test = false`, so it never ran.)
+#[test]
+fn entries_carry_the_backends_shm_prefixes() {
+    let e = concord_cli::builtin_entries();
+    let of = |n: &str| e.iter().find(|b| b.name == n).map(|b| b.foreign_shm.clone()).unwrap_or_else(|| panic!("no entry {n}"));
+    assert_eq!(of("nccl"), vec!["nccl-".to_string()]);
+    assert!(of("shm").is_empty());
+    assert!(of("fake").is_empty());
+}

@@ -351,11 +351,14 @@ impl Bug for AgMatmulLatePeerMisplaced {
 
 // ---------------------------------------------------------------- p2p.order
 
-/// How often the send engine retries its parked sends.
-const RETRY_EVERY: Duration = Duration::from_millis(20);
+/// How often the send engine retries its parked sends. 500 ms (a backoff, not a spin): the
+/// catch needs rank 2's receive, 5 ms late in the case, to complete before the retry; with 20 ms
+/// a rank descheduled under load let the retry go first and the mutant through (it survived its
+/// pin at load 30, two tests side by side).
+const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// A send engine that serves one peer at a time: a send issued while a send to another peer is
-/// in flight is parked in that peer's retry queue (retried every 20 ms); a send issued while
+/// in flight is parked in that peer's retry queue (retried after [`RETRY_EVERY`]); a send issued while
 /// the engine is idle goes out at once, without looking at the retry queue of its peer, so it
 /// overtakes an earlier parked send to the same peer.
 #[derive(Default)]
@@ -463,7 +466,7 @@ pub fn catalogue() -> Vec<Spec> {
         spec::<SendRetryOvertaken>(
             "send_retry_overtaken",
             "p2p.order",
-            "a send issued while a send to another peer is in flight is parked for a 20 ms retry; a later send to that peer, issued while idle, overtakes it",
+            "a send issued while a send to another peer is in flight is parked for a 500 ms retry; a later send to that peer, issued while idle, overtakes it",
             &["p2p::in_order_across_other_traffic::ws3"],
         ),
     ]

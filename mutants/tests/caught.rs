@@ -461,7 +461,20 @@ fn main() {
     let prefix = format!("{}::", specs[0].name);
     let ids: Vec<&str> = cases.iter().map(|c| c.id.strip_prefix(&prefix).unwrap_or(&c.id)).collect();
     let index = CaseIds::new(&ids);
+    // nextest runs one test per process (`--exact NAME`): a `*_is_caught` test needs the hints of
+    // its own mutant only, not the hint search of all ~500 (about 15 ms of CPU per process, 535
+    // processes in CI). Any other run (a listing, a filter, `--exact` of another trial) builds
+    // every trial as before.
+    let exact_mutant: Option<&str> = match (&args.filter, args.exact) {
+        (Some(f), true) => {
+            f.strip_prefix("mutants::").map(|r| r.strip_prefix("stall::").unwrap_or(r)).and_then(|r| r.strip_suffix("_is_caught"))
+        }
+        _ => None,
+    };
     for s in &specs {
+        if exact_mutant.is_some_and(|m| m != s.name) {
+            continue;
+        }
         let idx = index.hinted(s.catchers);
         let stall = CAUGHT_AT_A_DEADLINE.contains(&s.name) || is_stream(s.name) || idx.iter().any(|&i| cases[i].load == Load::Stall);
         let only: Vec<String> = idx.iter().map(|&i| format!("{}::{}", s.name, ids[i])).collect();

@@ -888,8 +888,13 @@ impl<B: Backend> Autotuner<B> for RankLocalCostModel {
 /// is based on runtime data and can vary across different GPUs. This causes different GPUs to
 /// run the kernel different number of times and causes a stuck job."). Ported as: each rank
 /// times one run of the choice in its last warm-up run (its own estimate) and, in its first
-/// timed run, runs the choice `max(1, 25 ms / estimate)` times (triton's `do_bench` budget
-/// arithmetic), so ranks whose estimates differ issue different numbers of collectives.
+/// timed run, runs the choice `max(1, 100 ms / estimate)` times (triton's `do_bench` arithmetic
+/// with its default `rep` of 100 ms), so ranks whose estimates differ issue different numbers of
+/// collectives. (With a 25 ms budget, likely a loaded machine where one run took 25 ms or more on both
+/// ranks, gave both ranks one run of the first choices: the counts first differed in a send / recv
+/// choice, whose extra send is a timeout, not the named `op_mismatch`; it failed its test twice at
+/// the run's start, load 20-30. Equal counts need both estimates in one bucket of 100 ms / k: the
+/// larger the counts, the less likely.)
 struct BenchCountFromOwnEstimate(Tuner);
 impl<B: Backend> Autotuner<B> for BenchCountFromOwnEstimate {
     fn new(cfg: Config) -> Self {
@@ -899,7 +904,7 @@ impl<B: Backend> Autotuner<B> for BenchCountFromOwnEstimate {
         self.0.config().policy
     }
     fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
-        const BUDGET: Duration = Duration::from_millis(25);
+        const BUDGET: Duration = Duration::from_millis(100);
         let warmup = self.0.config().warmup;
         let w = wrap_choices(requests, |_, run| {
             let estimate = Arc::new(std::sync::Mutex::new(None::<Duration>));

@@ -440,7 +440,7 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
     fn e(bug: u8, name: &str) -> BackendEntry {
         BackendEntry::new::<Faulty>(name, 0, concord_suites::catalogue::<Faulty>)
             .with_option("bug", &bug.to_string())
-            .with_rerun(format!("cargo test -p concord-suites --test faulty_backends -- --exact faulty::{name}_is_caught # case"))
+            .with_rerun(format!("cargo test -p concord-cli --test faulty_backends -- --exact faulty::{name}_is_caught # case"))
     }
     const VALUE: &[&str] = &["first bad index", "got", "expected", "rank=", "world_size=", "dtype=", "variant=", "op="];
     vec![
@@ -582,7 +582,7 @@ fn external_entry() -> BackendEntry {
     BackendEntry::new::<Faulty>(EXTERNAL_BACKEND, 0, concord_suites::catalogue::<Faulty>)
         .with_option("bug", &WRONG_ON_RANK_2.to_string())
         .with_rerun(
-            "cargo test -p concord-suites --test faulty_backends -- --exact external::a_surviving_rank_2_failure_is_named_on_rank_0 # case",
+            "cargo test -p concord-cli --test faulty_backends -- --exact external::a_surviving_rank_2_failure_is_named_on_rank_0 # case",
         )
 }
 
