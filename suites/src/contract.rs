@@ -2,7 +2,7 @@
 //! `core/src/backend.rs`, `core/src/caps.rs` and `core/src/call.rs`), each with the cases that
 //! check it. A clause is checked by the cases whose name (without the backend prefix) contains
 //! one of its patterns; a clause whose patterns match no case of the catalogue is a hole, and
-//! the self-test (`contract::*` in `tests/faulty_backends.rs`) fails on it.
+//! the self-test (`contract::*` in `cli/tests/faulty_backends.rs`) fails on it.
 //!
 //! `conformance --contract` prints the map for a binary's backends; conformance mode writes it,
 //! with every clause's passed / failed counts, as `contract.md` beside the report.
