@@ -647,7 +647,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_libnbc_rs_offset_wraps",
             "values.sizes",
             "open-mpi/ompi PR #9606: reduce_scatter block offset r*n*esize in a (scaled) int wraps: that rank gets bytes from outside the reduced vector",
-            &["reduce_scatter_tensor::outbuf::f32::sum::ws2::large"],
+            &["reduce_scatter_tensor::outbuf::f32::avg::ws2::large"],
         ),
         spec::<LibnbcAllgatherOwnBlockWraps>(
             "wild_libnbc_allgather_own_block_wraps",

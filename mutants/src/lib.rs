@@ -87,6 +87,7 @@ pub mod bugs_review17;
 pub mod bugs_review18;
 pub mod bugs_review19;
 pub mod bugs_review2;
+pub mod bugs_review20;
 pub mod bugs_review3;
 pub mod bugs_review4;
 pub mod bugs_review5;
@@ -94,6 +95,7 @@ pub mod bugs_review6;
 pub mod bugs_review8;
 pub mod bugs_risks;
 pub mod bugs_shmfail;
+pub mod bugs_sizes;
 pub mod bugs_stream;
 pub mod bugs_subfault;
 pub mod campaign;
@@ -131,11 +133,12 @@ pub mod sweep_bad;
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
-/// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`], [`bugs_review14`], [`bugs_review16`], [`bugs_review17`], [`bugs_review18`] and [`bugs_review19`] (blind spots read-only
+/// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`], [`bugs_review14`], [`bugs_review16`], [`bugs_review17`], [`bugs_review18`], [`bugs_review19`] and [`bugs_review20`] (blind spots read-only
 /// reviews of the catalogue pointed at), [`bugs_findings13`] (review13's findings 5 and 7); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
 /// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
-/// bug shm had until helper shmfail);
+/// bug shm had until helper shmfail); [`bugs_sizes`] (bugs past every shm size switch, at the
+/// contract's 64 MiB floor);
 /// [`bugs_stream`] (the failure-path clauses, on [`stream`], the campaign's reference
 /// launch-based backend: another backend type); [`bugs_subfault`] (failures on subgroups and
 /// their parent, and a launch-based bystander beyond 2 ranks).
@@ -185,8 +188,10 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review17::catalogue());
     v.extend(bugs_review18::catalogue());
     v.extend(bugs_review19::catalogue());
+    v.extend(bugs_review20::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_shmfail::catalogue());
+    v.extend(bugs_sizes::catalogue());
     v.extend(bugs_stream::catalogue());
     v.extend(bugs_subfault::catalogue());
     v

@@ -196,8 +196,8 @@ fn in_sparse_slice(dtype: DType, ws: usize) -> bool {
 
 /// The dtypes the sparse slice leaves out, at the sparse world sizes and [`THINNED_WS`]: one case per (op, variant)
 /// and world size, `{op}::{variant}::dtypes::ws{ws}`, calling the op once in every such dtype
-/// (exact inputs, the catalogue's first two shapes: one element and a prime; `sum` for the
-/// reducing ops). The corruption sweep's dtype grid (`cargo xtask mutants --dtype all`) found
+/// (exact inputs, the catalogue's first two shapes: one element and a prime; for the reducing
+/// ops `sum` on the first and [`grid_second_op`] on the second). The corruption sweep's dtype grid (`cargo xtask mutants --dtype all`) found
 /// every op's output in those dtypes unchecked at 6, 7 and 16 ranks: a dtype's kernel taken only
 /// on a path those worlds take (a non-power-of-two world's fold-in, a tree above 8 ranks) went
 /// unseen.
@@ -216,7 +216,7 @@ pub fn dtype_grid_cases<B: Backend>() -> Vec<Case<B>> {
             let seed = concord_fixtures::seed_for(&name);
             out.push(Case::new(name, m, ws, move |ctx| {
                 let dtypes = DType::ALL.into_iter().enumerate().filter(|(_, d)| !in_sparse_slice(*d, ws));
-                each_dtype(ctx, op, variant, dtypes, seed)
+                each_dtype_with(ctx, op, variant, dtypes, seed, true)
             }));
         }
     }
@@ -234,12 +234,63 @@ pub(crate) fn each_dtype<B: Backend>(
     dtypes: impl Iterator<Item = (usize, DType)>,
     seed: u64,
 ) -> CaseResult {
+    each_dtype_with(ctx, op, variant, dtypes, seed, false)
+}
+
+/// The reduce op the dtype grid gives its second shape list in `dtype` (the `i`-th of
+/// [`DType::ALL`]) at world size `ws`: every op but `sum` defined for the dtype (bitwise ones for
+/// integers, premul_sum for floats), rotated by dtype and world size, so that the grid's worlds
+/// of 6, 7, 8 and 16 ranks reduce each dtype with another op (review20: above 8 ranks no dtype but
+/// f32 was ever reduced with anything but `sum`; a hierarchical integer avg, one node per 8 ranks,
+/// passed the whole catalogue).
+pub fn grid_second_op(i: usize, dtype: DType, ws: usize) -> ReduceOp {
+    let ops: Vec<ReduceOp> = ReduceOp::ALL.into_iter().filter(|r| *r != ReduceOp::Sum && r.defined_for(dtype)).collect();
+    ops[(i + ws) % ops.len()]
+}
+
+/// [`each_dtype`]; with `rotate`, a reducing op runs `sum` on the first shape list only and
+/// [`grid_second_op`] on the others (the same calls, two reduce ops).
+fn each_dtype_with<B: Backend>(
+    ctx: &mut Ctx<'_, B>,
+    op: OpKind,
+    variant: Variant,
+    dtypes: impl Iterator<Item = (usize, DType)>,
+    seed: u64,
+    rotate: bool,
+) -> CaseResult {
     let mut unsupported = Vec::new();
     let mut ran = 0;
+    let ws = ctx.world_size();
     for (i, dtype) in dtypes {
         let reduce = op.reduces().then_some(ReduceOp::Sum);
         let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(2) };
-        match values::run(ctx.b, &spec, seed.wrapping_add(i as u64), ctx.timeout, "") {
+        let r = if rotate && op.reduces() {
+            let mut runs = values::shape_runs(&spec, ws);
+            let rest = runs.split_off(1.min(runs.len()));
+            let first = values::run_extra(
+                ctx.b,
+                &spec,
+                seed.wrapping_add(i as u64),
+                ctx.timeout,
+                "",
+                &Extra { runs: Some(runs), ..Extra::default() },
+            );
+            match first {
+                Ok(()) if !rest.is_empty() => {
+                    let second = ValueSpec { reduce: Some(grid_second_op(i, dtype, ws)), ..spec.clone() };
+                    let extra = Extra { runs: Some(rest), ..Extra::default() };
+                    match values::run_extra(ctx.b, &second, seed.wrapping_add(i as u64), ctx.timeout, "", &extra) {
+                        // A reduce op the backend declares unsupported in this dtype: `sum` ran.
+                        Err(CaseEnd::Unsupported(_)) => Ok(()),
+                        other => other,
+                    }
+                }
+                other => other,
+            }
+        } else {
+            values::run(ctx.b, &spec, seed.wrapping_add(i as u64), ctx.timeout, "")
+        };
+        match r {
             Err(CaseEnd::Unsupported(why)) => unsupported.push(format!("{dtype}: {why}")),
             other => {
                 other?;
@@ -501,7 +552,9 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
 /// * random f16 / bf16 `sum` all_reduce of 65,537 elements at 3 ranks
 ///   (`all_reduce::out::f16::sum::ws3::random::large`): above the catalogue's 1,031 elements every
 ///   other float sum is of small integers, exact in any order, so a large-message path that
-///   rounds every step (under `ExactThenRound`) passed (finding 3);
+///   rounds every step (under `ExactThenRound`) passed (finding 3); also f16 at 5 ranks and bf16
+///   at 4 (review20: at 4 ranks or more only `identical::` ran them, comparing ranks with each
+///   other, so a two-shot path that accumulates in the half type passed);
 /// * random f64 `sum` all_reduce of 65,537 elements at 2 ranks
 ///   (`all_reduce::out::f64::sum::ws2::random::large`): a large f64 path through f32 (finding 4);
 /// * Special (NaN / ±inf) f16 / bf16 `sum` through reduce_scatter and reduce at 2 ranks
@@ -513,7 +566,7 @@ pub fn long_cases<B: Backend>() -> Vec<Case<B>> {
 pub fn review16_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 16) + 1;
     let mut out = Vec::new();
-    for (dtype, ws) in [(DType::F16, 3), (DType::BF16, 3), (DType::F64, 2)] {
+    for (dtype, ws) in [(DType::F16, 3), (DType::BF16, 3), (DType::F64, 2), (DType::F16, 5), (DType::BF16, 4)] {
         let spec = ValueSpec {
             op: OpKind::AllReduce,
             variant: Variant::Out,
@@ -557,7 +610,9 @@ pub fn review16_cases<B: Backend>() -> Vec<Case<B>> {
 /// variants of all_gather / reduce_scatter with an output past 1 MiB (a view into a guarded
 /// parent, as every matrix `_out` output), world size 2 (`all_reduce::out::f32::max::ws2::large`);
 /// and the rooted ops past 1 MiB rooted at rank 0 (`gather::out::f32::ws2::large_root0`: the
-/// ladder roots at the last rank, so a large path that assumes the root is last passes there).
+/// ladder roots at the last rank, so a large path that assumes the root is last passes there);
+/// reduce_scatter `avg`, in-place f64 and half-precision min / max past the catalogue's sizes
+/// (review20).
 pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
     const N: usize = (1 << 18) + 1;
     let mut out = Vec::new();
@@ -569,9 +624,11 @@ pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
         (OpKind::AllReduce, Variant::InPlace, Some(ReduceOp::Sum), vec![vec![vec![N]]]),
         (OpKind::AllReduce, Variant::Coalesced, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
         (OpKind::AllReduce, Variant::CoalescedInPlace, Some(ReduceOp::Sum), vec![vec![vec![N - 4], vec![7], vec![5, 3]]]),
-        // Outputs of 2 x 131073 and 262145 elements.
+        // Outputs of 2 x 131073 and 262145 elements; reduce_scatter as `avg` (review20: no
+        // reduce_scatter ran an op but `sum` past 1,031 elements, so an avg whose last partial
+        // chunk is left undivided passed; `sum` past 1 MiB stays in the size ladder).
         (OpKind::AllGatherIntoTensor, Variant::OutBuf, None, vec![vec![vec![N / 2 + 1]]]),
-        (OpKind::ReduceScatterTensor, Variant::OutBuf, Some(ReduceOp::Sum), vec![vec![vec![2 * N]]]),
+        (OpKind::ReduceScatterTensor, Variant::OutBuf, Some(ReduceOp::Avg), vec![vec![vec![2 * N]]]),
     ];
     for (op, variant, r, runs) in specs {
         let spec = ValueSpec { op, variant, dtype: DType::F32, reduce: r, kind: InputKind::Exact, max_shapes: None };
@@ -579,6 +636,33 @@ pub fn large_cases<B: Backend>() -> Vec<Case<B>> {
         let seed = concord_fixtures::seed_for(&name);
         let extra = Extra { runs: Some(runs), ..Extra::default() };
         out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)));
+    }
+    // An 8-byte in-place all_reduce past 64 KiB at 2 ranks (review20: above 30 elements in-place
+    // f64 / i64 ran only at 1 rank, so a staging copy sized for 4-byte elements passed).
+    {
+        let spec = ValueSpec {
+            op: OpKind::AllReduce,
+            variant: Variant::InPlace,
+            dtype: DType::F64,
+            reduce: Some(ReduceOp::Sum),
+            kind: InputKind::Exact,
+            max_shapes: None,
+        };
+        let name = format!("{}::large", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(vec![vec![vec![N]]]), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "large", &extra)));
+    }
+    // Random f16 `min` and bf16 `max` of 4,099 elements (review20: half-precision min / max ran
+    // only up to 1,031 elements, so a large-message path comparing bit patterns as signed
+    // integers, wrong for every negative value, passed).
+    for (dtype, r) in [(DType::F16, ReduceOp::Min), (DType::BF16, ReduceOp::Max)] {
+        let spec =
+            ValueSpec { op: OpKind::AllReduce, variant: Variant::Out, dtype, reduce: Some(r), kind: InputKind::Random, max_shapes: None };
+        let name = format!("{}::p4099", case_name(&spec, 2));
+        let seed = concord_fixtures::seed_for(&name);
+        let extra = Extra { runs: Some(vec![vec![vec![4099]]]), ..Extra::default() };
+        out.push(Case::new(name, meta("matrix", &spec), 2, move |ctx| values::run_extra(ctx.b, &spec, seed, ctx.timeout, "p4099", &extra)));
     }
     let rooted = [
         (OpKind::Gather, Variant::Out, None, N / 2 + 1),

@@ -394,6 +394,14 @@ fn wide_case<B: Backend>() -> Case<B> {
             let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
             let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "broadcast"))?;
             super::util::expect_eq(b, &out, &of(root), &w)?;
+            // A gather rooted at rank 32 (review20: above 16 ranks only all_reduce, all_gather and
+            // broadcast ran, so a 32-bit ready mask that reads rank 32 from rank 0's slot passed).
+            let w = format!("{} root={root} n={n}", here(b, "gather", "out", DType::F32));
+            let out = b.gather(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "gather"))?;
+            if me == root {
+                let parts: Vec<Tensor> = (0..ws).map(of).collect();
+                super::util::expect_eq(b, &out, &Tensor::cat_rows(DType::F32, &[], &parts), &w)?;
+            }
         }
         Ok(())
     })
