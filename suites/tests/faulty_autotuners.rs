@@ -1262,6 +1262,18 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::error_on_one_rank::ws3"],
             &["does not hold choice `errors_in_timed_run` inf", "injected error in a timed run", "rank="],
         ),
+        // Helper left20: review19's findings 6 and 7 (each survived the survey before its case
+        // was written).
+        (
+            e("r19_warmup_without_deadline"),
+            &["autotune::hazard::hang_in_warmup::ws2"],
+            &["beyond the autotune timeout 2000 ms", "while rank 1 was slow"],
+        ),
+        (
+            e("r19_median_is_avg"),
+            &["autotune::hazard::median_vs_avg::ws3"],
+            &["under the declared policy median the reference model picks `uniform`", "rank="],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
