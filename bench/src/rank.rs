@@ -305,6 +305,16 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
         Ok(b) => b,
         Err(e) => return fatal(format!("rank {rank}: backend init failed: {e} [{}]", e.name())),
     };
+    // The ranks' declarations compared with rank 0's, as at every runner world's setup
+    // ([clause: init.same_capabilities]): a rank's checks read its own.
+    let same = concord_store::Store::open(&world.store_path, world.world_size, world.op_timeout)
+        .map_err(|e| format!("rank {rank}: cannot open the world's store: {e}"))
+        .and_then(|store| {
+            concord_harness::declared::same_on_every_rank(&store, rank, world.world_size, &b.capabilities(), b.name(), setup)
+        });
+    if let Err(message) = same {
+        return fatal(message);
+    }
     (hooks.prepare)(&b);
     let mut reference: Option<Box<dyn Reference>> = match hooks.reference.map(|make| make(&b, world)) {
         None => None,

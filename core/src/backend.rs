@@ -85,6 +85,13 @@
 //!   launcher's (`world.rank`, `world.world_size`), never ranks numbered by arrival order or any
 //!   order of the backend's own; the harness fails the rank's setup otherwise.
 //!   [clause: init.rank_is_the_launchers]
+//! * Every rank of a world MUST declare the same [`Capabilities`]: the suites gate and check each
+//!   rank by its own declaration, so a declaration read from the local device (a NaN rule, half
+//!   types, a library version) that differs between ranks gives the ranks different gates or
+//!   different results for one call. The harness compares each rank's declaration with rank 0's
+//!   at every world's setup (`max_world_size` up to the world's size, the dtypes and the gaps as
+//!   sets, a gap's reason not compared) and fails the setup of a rank that differs, naming the
+//!   field and both values. [clause: init.same_capabilities]
 //! * `init` MUST NOT refuse (`Unsupported`) a world whose size is within the declared
 //!   [`Capabilities::max_world_size`], one rank included (there is no declared minimum): a
 //!   refused world within it FAILS, naming the declaration. [clause: init.declared_world_sizes]

@@ -4,7 +4,8 @@
 //! nothing left running or on disk afterwards. Also: GPU gating, and the settings. (The store the
 //! ranks rendezvous through is its own crate, `concord-store`.)
 //!
-//! Modules: [`config`] (every setting, read once; the deadline rule), [`outcome`] (what a rank reports), [`launch`] (the public launcher: a program once per rank, for benches and
+//! Modules: [`config`] (every setting, read once; the deadline rule), [`declared`] (every rank's
+//! capabilities compared with rank 0's at a world's setup), [`outcome`] (what a rank reports), [`launch`] (the public launcher: a program once per rank, for benches and
 //! multi-process tests), [`verdict`] (the typed
 //! verdict over every rank, the rank state machine), [`worker`] (the child side),
 //! [`runner`] (the parent side: worlds, deadlines, teardown), [`external`] (a rank started by
@@ -21,6 +22,7 @@
 //! them after a world ends.
 
 pub mod config;
+pub mod declared;
 pub mod external;
 pub mod gpu;
 pub mod launch;

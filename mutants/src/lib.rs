@@ -76,6 +76,7 @@ pub mod bugs_hunt6;
 pub mod bugs_hunt7;
 pub mod bugs_hunt8;
 pub mod bugs_hunt9;
+pub mod bugs_left20;
 pub mod bugs_p2pfail;
 pub mod bugs_review;
 pub mod bugs_review10;
@@ -134,7 +135,7 @@ pub mod sweep_bad;
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
 /// review's findings let through), [`bugs_review5`] (a bug a review found in Concord's own NCCL
 /// backend that no case caught), [`bugs_review6`], [`bugs_review8`], [`bugs_review10`], [`bugs_review11`], [`bugs_review13`], [`bugs_review14`], [`bugs_review16`], [`bugs_review17`], [`bugs_review18`], [`bugs_review19`] and [`bugs_review20`] (blind spots read-only
-/// reviews of the catalogue pointed at), [`bugs_findings13`] (review13's findings 5 and 7); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
+/// reviews of the catalogue pointed at), [`bugs_findings13`] (review13's findings 5 and 7); [`bugs_left20`] (review18's finding 8: a declaration that differs between ranks, each rank keeping its own); [`bugs_p2pfail`] (point-to-point failure paths: review8's findings 6
 /// and 7 and their neighbours); [`bugs_risks`] (the legal variants' open risks: declarations
 /// the suites trusted too far); [`bugs_shmfail`] (a communicator poisoned by a local failure: the
 /// bug shm had until helper shmfail); [`bugs_sizes`] (bugs past every shm size switch, at the
@@ -189,6 +190,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_review18::catalogue());
     v.extend(bugs_review19::catalogue());
     v.extend(bugs_review20::catalogue());
+    v.extend(bugs_left20::catalogue());
     v.extend(bugs_risks::catalogue());
     v.extend(bugs_shmfail::catalogue());
     v.extend(bugs_sizes::catalogue());

@@ -29,8 +29,11 @@ const REPORTED: &[&str] = &[
 /// Mutants caught at the world's setup (a wrong rank, a refused world within the declared
 /// maximum), before any case body: the catching failure must be `setup` on every rank it names,
 /// and its message must name the clause.
-const AT_SETUP: &[(&str, &str)] =
-    &[("review_ranks_reversed", "init.rank_is_the_launchers"), ("review_init_refuses_odd_ws", "init.declared_world_sizes")];
+const AT_SETUP: &[(&str, &str)] = &[
+    ("review_ranks_reversed", "init.rank_is_the_launchers"),
+    ("review_init_refuses_odd_ws", "init.declared_world_sizes"),
+    ("left20_nan_policy_per_rank", "init.same_capabilities"),
+];
 
 /// Mutants whose hinted cases are light but wait out a deadline under the bug (seconds of wall
 /// time, little CPU): scheduling only, like a stall-bound case.

@@ -934,6 +934,64 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         })
         .stall_bound(),
     );
+    v.push(
+        Case::<B>::new("autotune::hazard::median_vs_avg::ws3", meta("all_reduce"), 3, move |ctx| {
+            // Policy::Median run (review19, finding 7: only the reference model ran it; at 2
+            // ranks the median is the mean). Ranks 1 and 2 spend 900 ms after the collective in
+            // `two_slow` (per rank about [0, 900, 900]: median 900, mean 600); every rank spends
+            // 750 ms in `uniform` (750 both ways). Median: uniform, by MARGIN; Avg would pick
+            // two_slow, by MARGIN. One timed run each (the median over runs plays no part). The
+            // declared reduction is checked on the recorded per-rank times (`check_reference`,
+            // noise or not); the winner against the injected delays, with `max_vs_avg`'s rule:
+            // a tuning whose ranks waited for a CPU longer than the margin is run again, at most
+            // ATTEMPTS times.
+            const MARGIN: Duration = Duration::from_millis(150);
+            const ATTEMPTS: usize = 3;
+            let want = "uniform";
+            for attempt in 0..ATTEMPTS {
+                let reqs = vec![req(
+                    ar(256),
+                    vec![
+                        delayed::<B>("two_slow", &[1, 2], Duration::from_millis(900)),
+                        delayed::<B>("uniform", &[], Duration::from_millis(750)),
+                    ],
+                    "two_slow",
+                )];
+                let a = A::new(Config { runs: 1, ..cfg(t10, Policy::Median) });
+                let declared = a.policy();
+                if declared != Policy::Median {
+                    return Err(fail(ctx, format!("asked for policy median, the autotuner declares {}", declared.name())));
+                }
+                let noise = Noise::start();
+                let o = tune(ctx, &a, attempt, &reqs)?;
+                let mine = noise.so_far().as_secs_f64() * 1e3;
+                let tag = format!("median-{attempt}");
+                check_same_winners(ctx, &o, &format!("{tag}-first"), "")?;
+                check_reference(ctx, &o, &reqs, declared)?;
+                if o.winner(0) != want {
+                    let all = gather(ctx, &format!("{tag}-noise-ms"), &format!("{mine:.3}"))?;
+                    let noise_ms: f64 = all.iter().map(|s| s.parse::<f64>().unwrap_or(0.0)).sum();
+                    if noise_ms >= MARGIN.as_secs_f64() * 1e3 && attempt + 1 < ATTEMPTS {
+                        continue;
+                    }
+                    return Err(fail(
+                        ctx,
+                        format!(
+                            "declared policy median: winner `{}`, the reference model picks `{want}` from the injected per-rank delays — \
+                             it is what Avg picks (attempt {} of {ATTEMPTS}; the ranks waited {noise_ms:.1} ms for a CPU while tuning, \
+                             the decision's margin is {} ms)\n{o}",
+                            o.winner(0),
+                            attempt + 1,
+                            MARGIN.as_millis()
+                        ),
+                    ));
+                }
+                break;
+            }
+            Ok(())
+        })
+        .stall_bound(),
+    );
     v.push(Case::<B>::new("autotune::hazard::different_candidate_lists::ws2", meta("all_reduce"), 2, move |ctx| {
         let mut choices = vec![Choice::new("native", native::<B>), Choice::new("copy_of_native", native::<B>)];
         if ctx.rank() == 1 {
@@ -1045,6 +1103,40 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
     .stall_bound();
     hang_timed.deadline = Duration::from_secs(30);
     v.push(hang_timed);
+    let mut hang_warmup = Case::<B>::new("autotune::hazard::hang_in_warmup::ws2", meta("all_reduce"), 2, move |ctx| {
+        // The warm-up runs have the call's deadline too (review19, finding 6: a warm-up loop
+        // written before the timed loop got its deadline waits with the op timeout): as in
+        // `hang_in_timed_runs`, `slow_screen` spends 0.6 s of the 2 s timeout screening, then
+        // rank 1 sleeps 3.5 s in the warm-up run of `hangs_in_warmup_on_rank1`. Rank 0 ends by
+        // the call's deadline (2 s, + slack); a warm-up run given the op timeout waits until
+        // about 4.1 s. (With `hang_in_timed_runs`' 1.2 s the screening itself ran out of the
+        // deadline once under load: 1.4 s are left for it here.)
+        let timeout = Duration::from_secs(2);
+        let slow = Choice::new("slow_screen", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            if c.phase == Phase::Screen {
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            native(c, x)
+        });
+        let reqs = vec![req(
+            ar(1024),
+            vec![
+                slow,
+                sleeps_on::<B>("hangs_in_warmup_on_rank1", 1, Duration::from_millis(3500), |p| p == Phase::Warmup(0)),
+                Choice::new("after", native::<B>),
+            ],
+            "after",
+        )];
+        let (t0, noise) = (Instant::now(), Noise::start());
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
+        check_same_winners(ctx, &o, "hang", "")?;
+        expect_inf(ctx, &o, "hangs_in_warmup_on_rank1", 1, "never reported", " — the warm-up runs need the call's deadline too")
+    })
+    .isolated()
+    .stall_bound();
+    hang_warmup.deadline = Duration::from_secs(30);
+    v.push(hang_warmup);
 
     // ---- subgroups ----
     v.push(Case::<B>::new("autotune::subgroup::halves_tune_apart::ws4", meta("all_reduce"), 4, move |ctx| {

@@ -427,6 +427,14 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["barrier::out::u8::ws2", "barrier::out::u8::ws16", "caps::init_arrival_order::ws3"],
     },
     Clause {
+        id: "init.same_capabilities",
+        source: BACKEND,
+        text: "Every rank of a world declares the same capabilities (checked at every world's setup: each rank's against rank 0's).",
+        // Checked at setup, before any case: every case of every world size of two or more
+        // ranks checks it; these are the cheapest.
+        cases: &["barrier::out::u8::ws2", "barrier::out::u8::ws16"],
+    },
+    Clause {
         id: "init.declared_world_sizes",
         source: BACKEND,
         text: "init does not refuse (Unsupported) a world within the declared max_world_size: such a refusal fails the world's setup.",

@@ -160,6 +160,17 @@ pub(crate) fn init_state<B: Backend>(
             ws = world.world_size,
         )));
     }
+    // [clause: init.same_capabilities] One declaration per world: rank 0's, compared on every
+    // other rank (one store round per world, never per case).
+    concord_harness::declared::same_on_every_rank(
+        &store,
+        world.rank,
+        world.world_size,
+        &backend.capabilities(),
+        &crate::case::backend_label(&backend),
+        concord_harness::config::Config::global().setup_timeout,
+    )
+    .map_err(SetupError::Failed)?;
     // Only the cases of this world's size: a case always runs in a world of its own size
     // (runner worlds are keyed by it, externally launched ranks select by it). The others are
     // not freed, as the kept ones are not at exit (see `WorkerState`'s drop): a worker of the

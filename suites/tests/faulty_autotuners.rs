@@ -958,6 +958,56 @@ impl<B: Backend> Autotuner<B> for TimedErrorsIgnored {
     }
 }
 
+/// Declares Median and reduces per-rank times with Avg (review19, finding 7: at 2 ranks the two
+/// agree, and no case ran Median at 3 or more).
+struct MedianIsAvg(Tuner, Policy);
+impl<B: Backend> Autotuner<B> for MedianIsAvg {
+    fn new(mut cfg: Config) -> Self {
+        let declared = cfg.policy;
+        if cfg.policy == Policy::Median {
+            cfg.policy = Policy::Avg;
+        }
+        MedianIsAvg(inner::<B>(&cfg), declared)
+    }
+    fn policy(&self) -> Policy {
+        self.1
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        <Tuner as Autotuner<B>>::tune(&self.0, env, requests)
+    }
+}
+
+/// The warm-up runs (a loop of their own, written before the timed loop got its deadline
+/// handling) wait with the op timeout, not what is left of the call's deadline (review19,
+/// finding 6): a peer that hangs in a warm-up run holds the live ranks for the op timeout.
+struct WarmupWithoutDeadline(Tuner);
+impl<B: Backend> Autotuner<B> for WarmupWithoutDeadline {
+    fn new(cfg: Config) -> Self {
+        WarmupWithoutDeadline(inner::<B>(&cfg))
+    }
+    fn policy(&self) -> Policy {
+        self.0.config().policy
+    }
+    fn tune(&self, env: &Env<'_, B>, requests: &[Request<B>]) -> Result<Outcome, TuneError> {
+        let w = wrap_choices(requests, |_, run| {
+            Arc::new(move |ctx: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+                if matches!(ctx.phase, Phase::Warmup(_)) {
+                    let far = ChoiceCtx {
+                        b: ctx.b,
+                        inst: ctx.inst,
+                        phase: ctx.phase,
+                        deadline: Instant::now() + ctx.op_timeout,
+                        op_timeout: ctx.op_timeout,
+                    };
+                    return run(&far, x);
+                }
+                run(ctx, x)
+            })
+        });
+        <Tuner as Autotuner<B>>::tune(&self.0, env, &w)
+    }
+}
+
 /// Every autotuner of this test behind one type, so the autotune suite is compiled once, not
 /// once per broken tuner (21 instantiations took 25 s of the CI build, 6 took 6 s): a worker
 /// builds the one its backend entry names (`CHOSEN`, set in `main` from the worker's
@@ -1024,6 +1074,9 @@ fn maker(name: &str) -> Option<Make> {
         "leader_decision" => build::<Faulty<LEADER_DECISION>>,
         // The nineteenth review (helper impl19).
         "timed_errors_ignored" => build::<TimedErrorsIgnored>,
+        // Helper left20 (review19's findings 6 and 7).
+        "r19_warmup_without_deadline" => build::<WarmupWithoutDeadline>,
+        "r19_median_is_avg" => build::<MedianIsAvg>,
         _ => return None,
     })
 }
@@ -1214,6 +1267,18 @@ fn expectations() -> Vec<(BackendEntry, &'static [&'static str], &'static [&'sta
             &["autotune::hazard::error_on_one_rank::ws3"],
             &["does not hold choice `errors_in_timed_run` inf", "injected error in a timed run", "rank="],
         ),
+        // Helper left20: review19's findings 6 and 7 (each survived the survey before its case
+        // was written).
+        (
+            e("r19_warmup_without_deadline"),
+            &["autotune::hazard::hang_in_warmup::ws2"],
+            &["beyond the autotune timeout 2000 ms", "while rank 1 was slow"],
+        ),
+        (
+            e("r19_median_is_avg"),
+            &["autotune::hazard::median_vs_avg::ws3"],
+            &["under the declared policy median the reference model picks `uniform`", "rank="],
+        ),
         (
             e("bench_count_from_own_estimate"),
             &["autotune::builtin::ws2"],
@@ -1266,6 +1331,8 @@ const ALL: &[&str] = &[
     "cache_ignores_policy",
     "leader_decision",
     "timed_errors_ignored",
+    "r19_warmup_without_deadline",
+    "r19_median_is_avg",
 ];
 
 /// The survey (`-- --ignored survey::`): each autotuner against EVERY case of the suite, as a
