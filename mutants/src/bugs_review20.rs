@@ -104,7 +104,7 @@ impl AvgTailUnscaled {
         let ws = s.ws();
         let n = s.numel(x);
         let scaled = matches!(op, ReduceOp::PremulSum(_));
-        let fires = scaled && dtype.is_float() && ws >= 2 && n > CHUNK && n % CHUNK != 0;
+        let fires = scaled && dtype.is_float() && ws >= 2 && n > CHUNK && !n.is_multiple_of(CHUNK);
         rewrite(s, x, op, in_place, fires, move |all, t| {
             let n = t.numel();
             for i in n / CHUNK * CHUNK..n {
@@ -185,7 +185,7 @@ impl RsAvgTail {
         let dtype = s.inner.buffer_dtype(x);
         let ws = s.ws();
         let n_out = s.numel(x) / ws.max(1);
-        if op != ReduceOp::Avg || !dtype.is_float() || ws < 2 || n_out <= CHUNK || n_out % CHUNK == 0 {
+        if op != ReduceOp::Avg || !dtype.is_float() || ws < 2 || n_out <= CHUNK || n_out.is_multiple_of(CHUNK) {
             return w;
         }
         s.then(w, move |be, out| {
