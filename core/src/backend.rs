@@ -66,11 +66,13 @@
 //!   group) MUST NOT wait for an op of another in anything the backend adds, whatever order each
 //!   rank issued them in (one serial engine, queue, lock or stream for every communicator of the
 //!   process deadlocks a legal program whose ranks meet on two communicators in different
-//!   orders). Device progress is the library's: a backend over a library that documents
-//!   same-order submission across communicators (NCCL: "applications should ensure operations
-//!   are submitted in the same order across ranks") declares `concurrent_communicators = false`
-//!   ([`crate::Capabilities`]), and the cases that cross two communicators' orders are
-//!   UNSUPPORTED there; it still adds no ordering of its own. [clause: async.communicators_independent]
+//!   orders), unless the backend declares `concurrent_communicators = false`
+//!   ([`crate::Capabilities`]): then programs MUST issue the ops of different communicators in
+//!   the same order on every rank (NCCL's own rule: "applications should ensure operations are
+//!   submitted in the same order across ranks"), the backend may order them (the Concord NCCL
+//!   backend runs every collective communicator of a device on one stream: on 3 GPUs the two
+//!   crossing cases deadlock there, docs/RESULTS.md), and the cases that cross two
+//!   communicators' orders are UNSUPPORTED. [clause: async.communicators_independent]
 //! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]

@@ -139,12 +139,13 @@ pub struct Capabilities {
     /// and cases that need a group are UNSUPPORTED.
     pub subgroups: bool,
     /// Whether ops on different communicators of the process complete whatever order each rank
-    /// issued them in, as far as the device goes (clause `async.communicators_independent`
-    /// covers the host side always: one engine, queue or lock for every communicator of the
-    /// process is a bug). False for a backend over a library that documents the opposite rule,
-    /// as NCCL does ("applications should ensure operations are submitted in the same order
-    /// across ranks", user guide, "Using multiple NCCL communicators concurrently"): the cases
-    /// whose ranks issue ops on two communicators in different orders are then UNSUPPORTED.
+    /// issued them in (clause `async.communicators_independent`: then one engine, queue, lock or
+    /// stream for every communicator of the process is a bug). False for a backend that orders
+    /// them, or over a library that documents the opposite rule, as NCCL does ("applications
+    /// should ensure operations are submitted in the same order across ranks", user guide,
+    /// "Using multiple NCCL communicators concurrently"): programs must then issue them in the
+    /// same order on every rank, and the cases whose ranks issue ops on two communicators in
+    /// different orders are UNSUPPORTED.
     #[serde(default = "yes")]
     pub concurrent_communicators: bool,
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).

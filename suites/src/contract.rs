@@ -105,7 +105,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.communicators_independent",
         source: BACKEND,
-        text: "Communicators progress independently on the host: an op on one communicator never waits for an op of another in anything the backend adds (one engine, queue, lock or stream for every communicator), whatever order each rank issued them in; a backend over a library that documents same-order submission across communicators (NCCL) declares concurrent_communicators = false, and the crossing cases are UNSUPPORTED there.",
+        text: "Communicators progress independently on the host: an op on one communicator never waits for an op of another in anything the backend adds (one engine, queue, lock or stream for every communicator), whatever order each rank issued them in; unless it declares concurrent_communicators = false (it orders them, or its library documents same-order submission, as NCCL does): programs then issue them in the same order on every rank, and the crossing cases are UNSUPPORTED there.",
         cases: &["async::communicators_progress_apart", "p2p::group_and_world_messages_apart", "reuse::world_and_group_crossed"],
     },
     Clause {

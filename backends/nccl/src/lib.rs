@@ -378,7 +378,9 @@ impl Backend for NcclBackend {
             moves_data: true,
             subgroups: true,
             // NCCL documents ops on different communicators as safe only when every rank
-            // submits them in the same order (review21 finding 4).
+            // submits them in the same order (review21 finding 4), and this backend runs every
+            // collective communicator of a device on one stream: the two crossing cases
+            // deadlocked on 3 x H200 before this declaration (docs/RESULTS.md).
             concurrent_communicators: false,
             // cuBLAS + NCCL, overlapped (`fused_gpu`; the scaled variants stay decomposed) when
             // libcublas loads and `fused_overlap` is not 0; else the trait's decomposition.
