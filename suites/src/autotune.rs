@@ -519,7 +519,7 @@ fn delayed<B: Backend>(name: &str, ranks: &'static [usize], delay: Duration) -> 
 }
 
 /// On `rank`, in the phase `when` selects, sleeps `d` before the collective (a hang).
-fn sleeps_on<B: Backend>(name: &str, rank: usize, d: Duration, when: fn(Phase) -> bool) -> Choice<B> {
+fn sleeps_on<B: Backend>(name: &str, rank: usize, d: Duration, when: impl Fn(Phase) -> bool + Send + Sync + 'static) -> Choice<B> {
     Choice::new(name, move |c: &ChoiceCtx<'_, B>, x| {
         if c.b.rank() == rank && when(c.phase) {
             std::thread::sleep(d);
@@ -657,6 +657,42 @@ fn declared_reqs<B: Backend>(ctx: &Ctx<'_, B>, reqs: Vec<Request<B>>) -> Result<
 
 fn cache_path<B: Backend>(ctx: &Ctx<'_, B>, rank: usize) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("concord-{}-at-cache-{:x}-r{rank}.json", ctx.world.world_id, concord_fixtures::seed_for(ctx.case)))
+}
+
+/// A 2-rank case (isolated, stall-bound, deadline 30 s) whose 2 s tuning call has
+/// `slow_screen` sleep `ms.0` in its screening run on every rank, then rank 1 sleep `ms.1` in
+/// phase `phase` of choice `hanging`: the live rank MUST end by the call's deadline, every rank
+/// agree, and `hanging` hold inf ("never reported"; `hint` ends the failure).
+fn hang_in_phase<B: Backend, A: Autotuner<B>>(
+    name: &str,
+    ms: (u64, u64),
+    phase: Phase,
+    hanging: &'static str,
+    hint: &'static str,
+) -> Case<B> {
+    let mut c = Case::<B>::new(name, meta("all_reduce"), 2, move |ctx| {
+        let timeout = Duration::from_secs(2);
+        let slow = Choice::new("slow_screen", move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+            if c.phase == Phase::Screen {
+                std::thread::sleep(Duration::from_millis(ms.0));
+            }
+            native(c, x)
+        });
+        let reqs = vec![req(
+            ar(1024),
+            vec![slow, sleeps_on::<B>(hanging, 1, Duration::from_millis(ms.1), move |p| p == phase), Choice::new("after", native::<B>)],
+            "after",
+        )];
+        let (t0, noise) = (Instant::now(), Noise::start());
+        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
+        check_same_winners(ctx, &o, "hang", "")?;
+        expect_inf(ctx, &o, hanging, 1, "never reported", hint)
+    })
+    .isolated()
+    .stall_bound();
+    c.deadline = Duration::from_secs(30);
+    c
 }
 
 /// The autotune suite for autotuner `A` on backend `B`.
@@ -1071,72 +1107,31 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_reference(ctx, &o, &reqs, Policy::Max)?;
         check_outputs(ctx, &o, &reqs)
     }));
-    let mut hang_timed = Case::<B>::new("autotune::hazard::hang_in_timed_runs::ws2", meta("all_reduce"), 2, move |ctx| {
-        // The timed runs have a deadline too, and it is the call's, not each run's:
-        // `slow_screen` spends 1.2 s of the 2 s timeout in its screening run on every rank, then
-        // rank 1 sleeps 2.5 s in the second timed run of `hangs_in_timed_run_on_rank1`. Rank 0
-        // ends by the call's deadline (2 s, + slack); a run given the whole timeout from its own
-        // start waits until about 3.2 s.
-        let timeout = Duration::from_secs(2);
-        let slow = Choice::new("slow_screen", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-            if c.phase == Phase::Screen {
-                std::thread::sleep(Duration::from_millis(1200));
-            }
-            native(c, x)
-        });
-        let reqs = vec![req(
-            ar(1024),
-            vec![
-                slow,
-                sleeps_on::<B>("hangs_in_timed_run_on_rank1", 1, Duration::from_millis(2500), |p| p == Phase::Timed(1)),
-                Choice::new("after", native::<B>),
-            ],
-            "after",
-        )];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "hang", "")?;
-        expect_inf(ctx, &o, "hangs_in_timed_run_on_rank1", 1, "never reported", " — the timed runs need a deadline too")
-    })
-    .isolated()
-    .stall_bound();
-    hang_timed.deadline = Duration::from_secs(30);
-    v.push(hang_timed);
-    let mut hang_warmup = Case::<B>::new("autotune::hazard::hang_in_warmup::ws2", meta("all_reduce"), 2, move |ctx| {
-        // The warm-up runs have the call's deadline too (review19, finding 6: a warm-up loop
-        // written before the timed loop got its deadline waits with the op timeout): as in
-        // `hang_in_timed_runs`, `slow_screen` spends 0.6 s of the 2 s timeout screening, then
-        // rank 1 sleeps 3.5 s in the warm-up run of `hangs_in_warmup_on_rank1`. Rank 0 ends by
-        // the call's deadline (2 s, + slack); a warm-up run given the op timeout waits until
-        // about 4.1 s. (With `hang_in_timed_runs`' 1.2 s the screening itself ran out of the
-        // deadline once under load: 1.4 s are left for it here.)
-        let timeout = Duration::from_secs(2);
-        let slow = Choice::new("slow_screen", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-            if c.phase == Phase::Screen {
-                std::thread::sleep(Duration::from_millis(600));
-            }
-            native(c, x)
-        });
-        let reqs = vec![req(
-            ar(1024),
-            vec![
-                slow,
-                sleeps_on::<B>("hangs_in_warmup_on_rank1", 1, Duration::from_millis(3500), |p| p == Phase::Warmup(0)),
-                Choice::new("after", native::<B>),
-            ],
-            "after",
-        )];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 1, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "hang", "")?;
-        expect_inf(ctx, &o, "hangs_in_warmup_on_rank1", 1, "never reported", " — the warm-up runs need the call's deadline too")
-    })
-    .isolated()
-    .stall_bound();
-    hang_warmup.deadline = Duration::from_secs(30);
-    v.push(hang_warmup);
+    // The timed runs have a deadline too, and it is the call's, not each run's:
+    // `slow_screen` spends 1.2 s of the 2 s timeout in its screening run on every rank, then
+    // rank 1 sleeps 2.5 s in the second timed run of `hangs_in_timed_run_on_rank1`. Rank 0
+    // ends by the call's deadline (2 s, + slack); a run given the whole timeout from its own
+    // start waits until about 3.2 s.
+    v.push(hang_in_phase::<B, A>(
+        "autotune::hazard::hang_in_timed_runs::ws2",
+        (1200, 2500),
+        Phase::Timed(1),
+        "hangs_in_timed_run_on_rank1",
+        " — the timed runs need a deadline too",
+    ));
+    // The warm-up runs have the call's deadline too (review19, finding 6: a warm-up loop
+    // written before the timed loop got its deadline waits with the op timeout): `slow_screen`
+    // spends 0.6 s of the 2 s timeout screening, then rank 1 sleeps 3.5 s in the warm-up run of
+    // `hangs_in_warmup_on_rank1`. Rank 0 ends by the call's deadline (2 s, + slack); a warm-up
+    // run given the op timeout waits until about 4.1 s. (With `hang_in_timed_runs`' 1.2 s the
+    // screening itself ran out of the deadline once under load: 1.4 s are left for it here.)
+    v.push(hang_in_phase::<B, A>(
+        "autotune::hazard::hang_in_warmup::ws2",
+        (600, 3500),
+        Phase::Warmup(0),
+        "hangs_in_warmup_on_rank1",
+        " — the warm-up runs need the call's deadline too",
+    ));
 
     // ---- subgroups ----
     v.push(Case::<B>::new("autotune::subgroup::halves_tune_apart::ws4", meta("all_reduce"), 4, move |ctx| {
