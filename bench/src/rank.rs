@@ -301,18 +301,22 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
     // The backend's set-up is bounded by the setup timeout (the module docs); the steps by the op limit.
     let setup = concord_harness::config::Config::global().setup_timeout;
     let beat = Beat::watched(rank, INIT_PHASE, setup, |rank, message| emit(&Msg::Fatal { rank, message }));
+    // The world's store, opened before init and held for the rank's life, as a runner world's
+    // worker does (`suites::run::init_state`): a c10d FileStore's file goes once every user has
+    // closed it, so a handle opened only around the declarations' check let rank 0's close remove
+    // the file (the key with it) while rank 1 still waited on it (a hang at init, CI under load).
+    let store = match concord_store::Store::open(&world.store_path, world.world_size, world.op_timeout) {
+        Ok(s) => s,
+        Err(e) => return fatal(format!("rank {rank}: cannot open the world's store: {e}")),
+    };
     let b = match B::init(world) {
         Ok(b) => b,
         Err(e) => return fatal(format!("rank {rank}: backend init failed: {e} [{}]", e.name())),
     };
     // The ranks' declarations compared with rank 0's, as at every runner world's setup
     // ([clause: init.same_capabilities]): a rank's checks read its own.
-    let same = concord_store::Store::open(&world.store_path, world.world_size, world.op_timeout)
-        .map_err(|e| format!("rank {rank}: cannot open the world's store: {e}"))
-        .and_then(|store| {
-            concord_harness::declared::same_on_every_rank(&store, rank, world.world_size, &b.capabilities(), b.name(), setup)
-        });
-    if let Err(message) = same {
+    if let Err(message) = concord_harness::declared::same_on_every_rank(&store, rank, world.world_size, &b.capabilities(), b.name(), setup)
+    {
         return fatal(message);
     }
     (hooks.prepare)(&b);
