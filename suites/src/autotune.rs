@@ -659,6 +659,75 @@ fn cache_path<B: Backend>(ctx: &Ctx<'_, B>, rank: usize) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("concord-{}-at-cache-{:x}-r{rank}.json", ctx.world.world_id, concord_fixtures::seed_for(ctx.case)))
 }
 
+/// What [`policy_picks`] expects of a tuning: the winner `want`, which the reference model
+/// picks from the injected per-rank delays by `margin`.
+struct PolicyPick<'a> {
+    want: &'a str,
+    margin: Duration,
+    /// The tuning's number (its store keys) at each attempt.
+    seq: &'a dyn Fn(usize) -> usize,
+    /// The prefix of the attempts' gather tags.
+    tag: &'a str,
+    /// Ends the failure when the ranks' winners differ.
+    first_hint: &'a str,
+    /// Ends the failure when the winner is not `want`.
+    hint: &'a str,
+}
+
+/// Tunes `reqs()` with `config` and holds the declared policy to the injected delays: the
+/// autotuner declares `config.policy`; the ranks agree; the recorded per-rank times reduce as
+/// the policy says (`check_reference`, noise or not); the winner is `p.want`. A timed run is wall
+/// time, so a loaded machine can move it: each rank adds up the time its threads waited for a CPU
+/// while it tuned (`crate::sched`), and a winner other than the model's is a failure at once when
+/// the ranks' noise together stays under the margin (it cannot have moved the decision); only a
+/// tuning with more noise than the margin is run again, at most 3 times, and the last one's
+/// verdict stands.
+fn policy_picks<B: Backend, A: Autotuner<B>>(
+    ctx: &Ctx<'_, B>,
+    config: Config,
+    reqs: impl Fn() -> Vec<Request<B>>,
+    p: PolicyPick<'_>,
+) -> CaseResult {
+    const ATTEMPTS: usize = 3;
+    let policy = config.policy;
+    for attempt in 0..ATTEMPTS {
+        let reqs = reqs();
+        let a = A::new(config.clone());
+        let declared = a.policy();
+        if declared != policy {
+            return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
+        }
+        let noise = Noise::start();
+        let o = tune(ctx, &a, (p.seq)(attempt), &reqs)?;
+        let mine = noise.so_far().as_secs_f64() * 1e3;
+        let tag = format!("{}-{attempt}", p.tag);
+        check_same_winners(ctx, &o, &format!("{tag}-first"), p.first_hint)?;
+        check_reference(ctx, &o, &reqs, declared)?;
+        if o.winner(0) == p.want {
+            return Ok(());
+        }
+        let all = gather(ctx, &format!("{tag}-noise-ms"), &format!("{mine:.3}"))?;
+        let noise_ms: f64 = all.iter().map(|s| s.parse::<f64>().unwrap_or(0.0)).sum();
+        if noise_ms >= p.margin.as_secs_f64() * 1e3 && attempt + 1 < ATTEMPTS {
+            continue;
+        }
+        return Err(fail(
+            ctx,
+            format!(
+                "declared policy {}: winner `{}`, the reference model picks `{}` from the injected per-rank delays{} (attempt {} of \
+                 {ATTEMPTS}; the ranks waited {noise_ms:.1} ms for a CPU while tuning, the decision's margin is {} ms)\n{o}",
+                declared.name(),
+                o.winner(0),
+                p.want,
+                p.hint,
+                attempt + 1,
+                p.margin.as_millis()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A 2-rank case (isolated, stall-bound, deadline 30 s) whose 2 s tuning call has
 /// `slow_screen` sleep `ms.0` in its screening run on every rank, then rank 1 sleep `ms.1` in
 /// phase `phase` of choice `hanging`: the live rank MUST end by the call's deadline, every rank
@@ -908,63 +977,35 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         Case::<B>::new("autotune::hazard::max_vs_avg::ws2", meta("all_reduce"), 2, move |ctx| {
             // Rank 1 alone spends 120 ms after the collective in `slow_on_rank1`; every rank spends
             // 90 ms in `uniform`. Max: uniform (90 < 120); Avg and Median: slow_on_rank1 (60 < 90).
-            // Both decisions have MARGIN (30 ms) to spare. A timed run is wall time, so a loaded
-            // machine can move it by more (seen: a 28 ms sleep measured as 51, a native run of
-            // ~60 ms): each rank adds up the time its threads waited for a CPU while it tuned
-            // (`crate::sched`; the whole call, so a peer's late wake-up between runs counts too),
-            // and a winner other than the model's is a failure at once
-            // when the ranks' noise together stays under the margin (it cannot have moved the
-            // decision); only a tuning with more noise than the margin is run again, at most
-            // ATTEMPTS times, and the last one's verdict stands.
-            const MARGIN: Duration = Duration::from_millis(30);
-            const ATTEMPTS: usize = 3;
+            // Both decisions have 30 ms to spare. A timed run is wall time, so a loaded machine
+            // can move it by more (seen: a 28 ms sleep measured as 51, a native run of ~60 ms):
+            // `policy_picks` runs again only a tuning whose ranks waited for a CPU longer than
+            // that (`crate::sched`; the whole call, so a peer's late wake-up between runs counts).
             for (n, policy, want) in [(0, Policy::Max, "uniform"), (1, Policy::Avg, "slow_on_rank1")] {
-                for attempt in 0..ATTEMPTS {
-                    let reqs = vec![req(
+                let reqs = || {
+                    vec![req(
                         ar(256),
                         vec![
                             delayed::<B>("slow_on_rank1", &[1], Duration::from_millis(120)),
                             delayed::<B>("uniform", &[], Duration::from_millis(90)),
                         ],
                         "uniform",
-                    )];
-                    let a = A::new(cfg(t10, policy));
-                    let declared = a.policy();
-                    if declared != policy {
-                        return Err(fail(ctx, format!("asked for policy {}, the autotuner declares {}", policy.name(), declared.name())));
-                    }
-                    let noise = Noise::start();
-                    let o = tune(ctx, &a, n + 2 * attempt, &reqs)?;
-                    let mine = noise.so_far().as_secs_f64() * 1e3;
-                    let tag = format!("policy{n}-{attempt}");
-                    check_same_winners(
-                        ctx,
-                        &o,
-                        &format!("{tag}-first"),
-                        " — each rank must pick from every rank's times reduced by the declared policy, not from its own times",
-                    )?;
-                    check_reference(ctx, &o, &reqs, declared)?;
-                    if o.winner(0) != want {
-                        let all = gather(ctx, &format!("{tag}-noise-ms"), &format!("{mine:.3}"))?;
-                        let noise_ms: f64 = all.iter().map(|s| s.parse::<f64>().unwrap_or(0.0)).sum();
-                        if noise_ms >= MARGIN.as_secs_f64() * 1e3 && attempt + 1 < ATTEMPTS {
-                            continue;
-                        }
-                        let hint = if declared == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
-                        return Err(fail(
-                            ctx,
-                            format!(
-                                "declared policy {}: winner `{}`, the reference model picks `{want}` from the injected per-rank delays{hint} (attempt {} of {ATTEMPTS}; the ranks waited {noise_ms:.1} ms for a CPU while tuning, the decision's margin is {} ms)\n{o}",
-                                declared.name(),
-                                o.winner(0),
-                                attempt + 1,
-                                MARGIN.as_millis()
-                            ),
-                        ));
-                    }
-                    check_same_winners(ctx, &o, &tag, "")?;
-                    break;
-                }
+                    )]
+                };
+                let hint = if policy == Policy::Max { " — averaging per-rank times hides the slow rank" } else { "" };
+                policy_picks::<B, A>(
+                    ctx,
+                    cfg(t10, policy),
+                    reqs,
+                    PolicyPick {
+                        want,
+                        margin: Duration::from_millis(30),
+                        seq: &|attempt| n + 2 * attempt,
+                        tag: &format!("policy{n}"),
+                        first_hint: " — each rank must pick from every rank's times reduced by the declared policy, not from its own times",
+                        hint,
+                    },
+                )?;
             }
             Ok(())
         })
@@ -975,56 +1016,33 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // Policy::Median run (review19, finding 7: only the reference model ran it; at 2
             // ranks the median is the mean). Ranks 1 and 2 spend 900 ms after the collective in
             // `two_slow` (per rank about [0, 900, 900]: median 900, mean 600); every rank spends
-            // 750 ms in `uniform` (750 both ways). Median: uniform, by MARGIN; Avg would pick
-            // two_slow, by MARGIN. One timed run each (the median over runs plays no part). The
-            // declared reduction is checked on the recorded per-rank times (`check_reference`,
-            // noise or not); the winner against the injected delays, with `max_vs_avg`'s rule:
-            // a tuning whose ranks waited for a CPU longer than the margin is run again, at most
-            // ATTEMPTS times.
-            const MARGIN: Duration = Duration::from_millis(150);
-            const ATTEMPTS: usize = 3;
-            let want = "uniform";
-            for attempt in 0..ATTEMPTS {
-                let reqs = vec![req(
+            // 750 ms in `uniform` (750 both ways). Median: uniform, by 150 ms; Avg would pick
+            // two_slow, by 150 ms. One timed run each (the median over runs plays no part). The
+            // declared reduction is checked on the recorded per-rank times, noise or not; the
+            // winner with `max_vs_avg`'s noise rule (`policy_picks`).
+            let reqs = || {
+                vec![req(
                     ar(256),
                     vec![
                         delayed::<B>("two_slow", &[1, 2], Duration::from_millis(900)),
                         delayed::<B>("uniform", &[], Duration::from_millis(750)),
                     ],
                     "two_slow",
-                )];
-                let a = A::new(Config { runs: 1, ..cfg(t10, Policy::Median) });
-                let declared = a.policy();
-                if declared != Policy::Median {
-                    return Err(fail(ctx, format!("asked for policy median, the autotuner declares {}", declared.name())));
-                }
-                let noise = Noise::start();
-                let o = tune(ctx, &a, attempt, &reqs)?;
-                let mine = noise.so_far().as_secs_f64() * 1e3;
-                let tag = format!("median-{attempt}");
-                check_same_winners(ctx, &o, &format!("{tag}-first"), "")?;
-                check_reference(ctx, &o, &reqs, declared)?;
-                if o.winner(0) != want {
-                    let all = gather(ctx, &format!("{tag}-noise-ms"), &format!("{mine:.3}"))?;
-                    let noise_ms: f64 = all.iter().map(|s| s.parse::<f64>().unwrap_or(0.0)).sum();
-                    if noise_ms >= MARGIN.as_secs_f64() * 1e3 && attempt + 1 < ATTEMPTS {
-                        continue;
-                    }
-                    return Err(fail(
-                        ctx,
-                        format!(
-                            "declared policy median: winner `{}`, the reference model picks `{want}` from the injected per-rank delays — \
-                             it is what Avg picks (attempt {} of {ATTEMPTS}; the ranks waited {noise_ms:.1} ms for a CPU while tuning, \
-                             the decision's margin is {} ms)\n{o}",
-                            o.winner(0),
-                            attempt + 1,
-                            MARGIN.as_millis()
-                        ),
-                    ));
-                }
-                break;
-            }
-            Ok(())
+                )]
+            };
+            policy_picks::<B, A>(
+                ctx,
+                Config { runs: 1, ..cfg(t10, Policy::Median) },
+                reqs,
+                PolicyPick {
+                    want: "uniform",
+                    margin: Duration::from_millis(150),
+                    seq: &|attempt| attempt,
+                    tag: "median",
+                    first_hint: "",
+                    hint: " — it is what Avg picks",
+                },
+            )
         })
         .stall_bound(),
     );

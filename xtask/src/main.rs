@@ -505,11 +505,11 @@ mod manifest_rules {
         list.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()).map(|m| super::root().join(m)).collect()
     }
 
-    /// Whether the manifest's `[lib]` section says `test = false`.
-    fn lib_untested(manifest: &str) -> bool {
+    /// Whether the manifest's `[lib]` section has the line `key = false` (spaces ignored).
+    fn lib_says_false(manifest: &str, key: &str) -> bool {
         let Some(lib) = manifest.split("\n[lib]").nth(1) else { return false };
         let section = lib.split("\n[").next().unwrap_or("");
-        section.lines().any(|l| l.replace(' ', "") == "test=false")
+        section.lines().any(|l| l.replace(' ', "") == format!("{key}=false"))
     }
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -533,12 +533,11 @@ mod manifest_rules {
         let mut untested = 0;
         for m in members() {
             let manifest = std::fs::read_to_string(m.join("Cargo.toml")).unwrap();
-            if !lib_untested(&manifest) {
+            if !lib_says_false(&manifest, "test") {
                 continue;
             }
             untested += 1;
-            let section = manifest.split("\n[lib]").nth(1).unwrap_or("").split("\n[").next().unwrap_or("");
-            if !section.lines().any(|l| l.replace(' ', "") == "bench=false") {
+            if !lib_says_false(&manifest, "bench") {
                 bad.push(format!("{}: [lib] has test = false but not bench = false", m.display()));
             }
             let mut files = Vec::new();

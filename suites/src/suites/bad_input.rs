@@ -270,7 +270,6 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
     ]
 }
 
-/// The reduce op a table row's call names, from its name (`None`: sum, or no reduction).
 /// The gate of every cross-rank bad-input case (a mismatch only the peers' calls together show:
 /// shapes, dtypes, splits, roots): UNSUPPORTED unless the backend declares
 /// `validates_across_ranks` (`core/src/caps.rs`: "If false, cross-rank bad-input cases are
@@ -283,6 +282,7 @@ pub(crate) fn cross_rank_validated<B: Backend>(b: &B) -> Result<(), CaseEnd> {
     }
 }
 
+/// The reduce op a table row's call names, from its name (`None`: sum, or no reduction).
 fn reduce_of(name: &str) -> Option<ReduceOp> {
     if name.contains("premul_sum") {
         Some(ReduceOp::PremulSum(2.0))

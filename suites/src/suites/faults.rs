@@ -957,19 +957,6 @@ fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     super::util::expect_eq(&b, &z, &full(&[4], want), &format!("{w} (the all_reduce after it)"))
 }
 
-/// A group of the case's communicator that this rank is a member of (`None` on a non-member;
-/// a member without one, or a non-member with one, fails).
-fn group_of<B: Backend>(b: &B, ranks: &[usize], w: &str) -> Result<Option<B>, CaseEnd> {
-    let step = format!("new_group({ranks:?})");
-    let g = b.new_group(ranks).map_err(step_failed(w, &step))?;
-    match (g, ranks.contains(&b.rank())) {
-        (g @ Some(_), true) | (g @ None, false) => Ok(g),
-        (g, _) => {
-            Err(fail(w, format!("{step} gave {} to rank {}", if g.is_some() { "a communicator" } else { "no communicator" }, b.rank())))
-        }
-    }
-}
-
 /// An all_reduce (`red`) on `g`, group rank `q` holding `q + 1`, its values checked.
 fn group_all_reduce_ok<B: Backend>(ctx: &Ctx<'_, B>, g: &B, red: ReduceOp, w: &str, step: &str) -> CaseResult {
     let x = g.upload(&full(&[N], (g.rank() + 1) as f32))?;
@@ -998,8 +985,8 @@ pub(super) fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> Cas
         red.name(),
         f.option().1
     );
-    let g01 = group_of(&b, &[0, 1], &w)?;
-    let g12 = group_of(&b, &[1, 2], &w)?;
+    let g01 = super::util::member_group(&b, &[0, 1])?;
+    let g12 = super::util::member_group(&b, &[1, 2])?;
     if let Some(g) = &g01 {
         let why = if me == victim {
             "this rank's own side of it failed (the injected fault on the group)".to_string()
@@ -1041,7 +1028,7 @@ fn world_timeout_group_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         red.name(),
         OP_TIMEOUT / 3
     );
-    let g = group_of(&b, &[0, 1], &w)?;
+    let g = super::util::member_group(&b, &[0, 1])?;
     if me == 1 {
         // Absent: issues nothing; keeps its communicators until rank 0 is done.
         return keys.wait("done0", &w);

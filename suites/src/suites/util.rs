@@ -8,15 +8,18 @@ use concord_oracle::{compare, Tolerance};
 /// then has nothing to do there); FAIL when a member gets no communicator or a non-member gets
 /// one (a backend that hands a member `None` would otherwise pass the case vacuously).
 pub fn member_group<B: Backend>(b: &B, ranks: &[usize]) -> Result<Option<B>, CaseEnd> {
-    let g = b.new_group(ranks)?;
+    let head = format!(
+        "backend={} op=new_group variant=- dtype=- world_size={} rank={}: new_group({ranks:?})",
+        crate::case::backend_label(b),
+        b.world_size(),
+        b.rank()
+    );
+    let g = b.new_group(ranks).map_err(|e| CaseEnd::Fail(format!("{head} failed: {e} [{}]", e.name())))?;
     let member = ranks.contains(&b.rank());
     if g.is_some() != member {
         let (got, want) = if member { ("None", "a communicator") } else { ("a communicator", "None") };
         return Err(CaseEnd::Fail(format!(
-            "backend={} op=new_group variant=- dtype=- world_size={} rank={r}: new_group({ranks:?}) gave {got} on world rank {r}, {} \
-             of the group: members get {want}",
-            crate::case::backend_label(b),
-            b.world_size(),
+            "{head} gave {got} on world rank {r}, {} of the group: members get {want}",
             if member { "a member" } else { "not a member" },
             r = b.rank()
         )));
@@ -24,23 +27,24 @@ pub fn member_group<B: Backend>(b: &B, ranks: &[usize]) -> Result<Option<B>, Cas
     Ok(g)
 }
 
-/// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
 /// The gate of every case whose ranks issue ops on two communicators in different orders:
-/// UNSUPPORTED where the backend declares `concurrent_communicators = false` (a library, as NCCL,
-/// that documents same-order submission across communicators; `core/src/caps.rs`). One rule in
-/// one place: every such case calls this first.
+/// UNSUPPORTED where the backend declares `concurrent_communicators = false` (it orders them, or
+/// its library documents same-order submission across communicators, as NCCL does;
+/// `core/src/caps.rs`). One rule in one place: every such case calls this first.
 pub fn communicators_in_any_order<B: Backend>(b: &B) -> Result<(), CaseEnd> {
     if b.capabilities().concurrent_communicators {
         Ok(())
     } else {
         Err(CaseEnd::Unsupported(
-            "backend declares concurrent_communicators = false: its library (as NCCL) requires ops on different \
-             communicators to be submitted in the same order on every rank, and this case crosses them"
+            "backend declares concurrent_communicators = false: ops on different communicators must be issued in \
+             the same order on every rank (the backend orders them, or its library requires it, as NCCL does), and \
+             this case crosses them"
                 .into(),
         ))
     }
 }
 
+/// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
     format!(
         "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
