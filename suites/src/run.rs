@@ -7,7 +7,7 @@ use crate::report::{CaseRecord, Report};
 use concord_core::{Backend, CollectiveError};
 use concord_harness::outcome::Outcome;
 use concord_harness::runner::{CaseRequest, Pool, WorldKey};
-use concord_harness::verdict::Verdict;
+use concord_harness::verdict::{Failure, Verdict};
 use concord_harness::worker::{self, SetupError, WorkerEnv};
 use concord_store::Store;
 use std::collections::HashMap;
@@ -355,10 +355,35 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
     let key = WorldKey { backend: entry.name.clone(), world_size: case.world_size, options, foreign_shm: entry.foreign_shm.clone() };
     let report = pool.run_case(CaseRequest { key: &key, case_id: &case.id, deadline: case.deadline, isolated: case.isolated });
     let msg = match &report.verdict {
-        Verdict::Failed(_) => format!("{}\n  rerun: {}", report.failure_message(), rerun_hint(entry, &case.id)),
+        Verdict::Failed(f) => {
+            let mut m = report.failure_message();
+            // A verdict the runner reached (a timeout, a crash, a setup or protocol failure)
+            // carries no check's `where` line: name the case's axes and the blamed rank here,
+            // once, so every failure names op / variant / dtype / world size / rank.
+            if let Some(first) = f.first().filter(|x| !matches!(x, Failure::Reported { .. })) {
+                let at = m.find('\n').map_or(m.len(), |i| i + 1);
+                m.insert_str(at, &format!("  {}\n", case_axes(entry, case, first.rank())));
+            }
+            format!("{m}\n  rerun: {}", rerun_hint(entry, &case.id))
+        }
         _ => String::new(),
     };
     (report.verdict.clone(), msg, report.elapsed, report.fresh_world)
+}
+
+/// The case's axes as a failure's `where` line: `backend= op= variant= dtype= world_size= rank=`
+/// (`-` for an axis the case does not have).
+fn case_axes(entry: &BackendEntry, case: &CaseInfo, rank: usize) -> String {
+    let m = &case.meta;
+    let or_dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    format!(
+        "backend={} op={} variant={} dtype={} world_size={} rank={rank}",
+        entry.name,
+        or_dash(&m.op),
+        or_dash(&m.variant),
+        or_dash(&m.dtype),
+        case.world_size
+    )
 }
 
 /// The command line of a conformance binary: libtest's arguments (so `cargo test`, nextest and
