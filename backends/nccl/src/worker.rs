@@ -1389,7 +1389,7 @@ struct Shared {
     tracker: Arc<Tracker>,
     /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
     taken_ahead: AtomicU64,
-    /// Launches held (see [`Progress::hold`]): the thread takes no job meanwhile.
+    /// Launches held (see [`Progress::hold`]): the thread runs no job meanwhile.
     held: Padded<AtomicBool>,
 }
 
@@ -1466,7 +1466,7 @@ impl Progress {
     }
 
     /// A benchmark's measuring aid (backend option `pre_issue`, off by default; never on an op's
-    /// path otherwise): while held (`true`), the thread takes no job, so a window's issues all
+    /// path otherwise): while held (`true`), the thread runs no job, so a window's issues all
     /// queue before its first launch, and its launches then run back to back without the
     /// caller's issues beside them. Bounded: the thread goes on by itself [`HOLD_MAX`] after it
     /// first found the hold.
@@ -1598,13 +1598,6 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                 std::hint::spin_loop();
             }
         }
-        // Held by a benchmark (`Progress::hold`): no job is taken until it lets go, up to HOLD_MAX.
-        if sh.held.load(Ordering::Relaxed) {
-            let until = Instant::now() + HOLD_MAX;
-            while sh.held.load(Ordering::SeqCst) && Instant::now() < until {
-                std::hint::spin_loop();
-            }
-        }
         // The busy waits' period: short first, doubling up to BUSY_WAIT_MAX.
         let mut busy_wait = BUSY_WAIT_MIN;
         let job = {
@@ -1642,6 +1635,14 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             }
         };
         let Some(mut job) = job else { break };
+        // Held by a benchmark (`Progress::hold`): the job taken is not run until it lets go, up
+        // to HOLD_MAX (also when it woke this thread from its sleep).
+        if sh.held.load(Ordering::Relaxed) {
+            let until = Instant::now() + HOLD_MAX;
+            while sh.held.load(Ordering::SeqCst) && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         let job_started = sh.tracker.profile.start();
         taken += 1;
         job.start(Instant::now());
