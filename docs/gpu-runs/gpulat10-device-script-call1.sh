@@ -33,7 +33,8 @@ for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
   run ws1-blk-$i 60 $B --ranks 1 $W --opts blocking=1
   run ws1-rwin-$i 60 $B --ranks 1 $W --opts raw_buffers=window
   run ws1-pre-$i 60 $B --ranks 1 $W --opts pre_issue=1
-  [ $(( $(date +%s) - t0 )) -gt $LIMIT ] && break
+  [ $i -ge 9 ] && [ $(( $(date +%s) - t0 )) -gt $LIMIT ] && break
+  [ $(( $(date +%s) - t0 )) -gt 470 ] && break
 done
 CONCORD_BENCH_PROBE=1 run probe-ws2-def 60 $B --ranks 2 $W
 CONCORD_BENCH_PROBE=1 run probe-ws2-pre 60 $B --ranks 2 $W --opts pre_issue=1
