@@ -182,6 +182,22 @@ impl Reference for Raw {
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
+        // `CONCORD_BENCH_PROBE=1`: the raw launch call's host time beside the backend's `# probe`
+        // lines (its progress thread's `nccl` section), one write per line.
+        if let (Some(l), true) = (t.launch_per_op, concord_harness::config::Config::global().bench_probe) {
+            use std::io::Write as _;
+            let line = format!(
+                "# probe-raw rank {} {} {} {} B ({}): gpu {:.2} launch {:.2} (us per op, medians over the windows)\n",
+                self.raw.rank(),
+                s.op.name(),
+                s.placement.name(),
+                s.count * s.dtype.size(),
+                self.label(),
+                t.per_op.as_secs_f64() * 1e6,
+                l.as_secs_f64() * 1e6,
+            );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
         Ok(Some(t.per_op.as_secs_f64() * 1e6))
     }
     fn last_spread_us(&self) -> Option<(f64, f64)> {

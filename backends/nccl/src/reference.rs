@@ -218,6 +218,11 @@ pub struct RawTime {
     /// The fastest and slowest window's GPU time per op.
     pub min_per_op: Duration,
     pub max_per_op: Duration,
+    /// Host time per launch call on the main thread (the median over the windows of each
+    /// window's first launch to its last launch returned, per launch); `None` when a launcher
+    /// thread made them. Compared with the backend's progress-thread NCCL section in a
+    /// `CONCORD_BENCH_PROBE=1` run.
+    pub launch_per_op: Option<Duration>,
 }
 
 /// Whether the reference can time `op` on `dtype` with `redop` (NCCL has no 16-bit integer
@@ -305,6 +310,11 @@ impl RawNccl {
     /// non-blocking mode costs per launch, measured without the backend.
     pub fn new_nonblocking(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
         Self::with(RawMode::NonBlocking, ordinal, rank, nranks, id, timeout)
+    }
+
+    /// This rank's number in the reference communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
     }
 
     /// As [`RawNccl::new`], with a blocking communicator split off a non-blocking parent as the
@@ -612,6 +622,8 @@ impl RawNccl {
             _ => None,
         });
         let mut per_window: Vec<Duration> = Vec::new();
+        // The main thread's launch calls, per window and launch (`RawTime::launch_per_op`).
+        let mut host: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
         let window = s.window.max(1);
         // Every window: the ranks meet, one untimed launch, then `timed` (the window's launches
@@ -670,23 +682,28 @@ impl RawNccl {
         } else {
             windows(&mut |k| {
                 let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+                let t = Instant::now();
                 for _ in 0..k {
                     launch()?;
                 }
+                host.push(t.elapsed() / k as u32);
                 Ok((start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?))
             })?;
         }
         drop((keep, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;
-        per_window.sort();
-        let n = per_window.len();
-        let per_op = match n {
-            0 => Duration::ZERO,
-            n if n % 2 == 1 => per_window[n / 2],
-            n => (per_window[n / 2 - 1] + per_window[n / 2]) / 2,
+        let median = |v: &mut Vec<Duration>| {
+            v.sort();
+            match v.len() {
+                0 => Duration::ZERO,
+                n if n % 2 == 1 => v[n / 2],
+                n => (v[n / 2 - 1] + v[n / 2]) / 2,
+            }
         };
+        let per_op = median(&mut per_window);
+        let launch_per_op = (!host.is_empty()).then(|| median(&mut host));
         let (min_per_op, max_per_op) = (per_window.first().copied().unwrap_or_default(), per_window.last().copied().unwrap_or_default());
-        Ok(RawTime { per_op, wall_per_op: wall / iters, min_per_op, max_per_op })
+        Ok(RawTime { per_op, wall_per_op: wall / iters, min_per_op, max_per_op, launch_per_op })
     }
 }
 
