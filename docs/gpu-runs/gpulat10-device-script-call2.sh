@@ -5,7 +5,9 @@
 # Per round at 2 ranks: def (the twin), blk (blocking=1: a blocking communicator of its own, no
 # twin, launched by Comm::launch's plain path), rsplit (raw loop on a communicator made as the
 # twin), rgrp (raw loop with each launch in its own NCCL group, as the backend's). Then at 1 rank
-# def and pre (pre_issue=1: the window's issues queued before the first launch).
+# def and pre (pre_issue=1: the window's issues queued before the first launch). Then a sweep of
+# raw_pin=N at 2 ranks (the raw loop's launching thread on CPU N + rank, twice over 8 values of
+# N): whether NCCL's two host-time modes (call 1: ~7 and ~10 us per call) follow the vCPU.
 # Ran as N=.gpulat10/dist (the device tool sends /work/main: the bundle was copied into its
 # git-excluded .gpulat10/ and carried).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,6 +31,10 @@ done
 for i in 1 2 3; do
   run ws1-def-$i 60 $B --ranks 1 $W
   run ws1-pre-$i 60 $B --ranks 1 $W --opts pre_issue=1
+done
+for n in 0 4 8 12 16 20 24 28 30 26 22 18 14 10 6 2; do
+  run ws2-pin$n-1 60 $B --ranks 2 $W --opts raw_pin=$n
+  [ $(( $(date +%s) - t0 )) -gt 330 ] && break
 done
 ls /dev/shm > "$O/t/devshm-after.txt" 2>&1
 echo "total $(( $(date +%s) - t0 )) s" >> "$S"
