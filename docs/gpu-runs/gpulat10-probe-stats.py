@@ -19,7 +19,7 @@ def fmt(xs):
 
 kinds = {}
 for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.log"))):
-    m = re.match(r"(ws\d-[a-z]+)-(\d+)$", os.path.basename(p)[:-4])
+    m = re.match(r"(ws\d-[a-z0-9]+)-(\d+)$", os.path.basename(p)[:-4])
     if not m:
         continue
     k = kinds.setdefault(m.group(1), {"nccl": [], "job": [], "own": [], "gpu": [], "raw": [], "rawgpu": []})
