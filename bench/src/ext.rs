@@ -48,11 +48,6 @@ pub struct Clock<B> {
     /// `NcclBackend::profile_progress`). Used only when `CONCORD_BENCH_PROBE=1`: each timed
     /// window is then profiled and one `# probe` line per step and rank goes to stderr.
     pub profile: Option<ProfileFn<B>>,
-    /// Optional, a measuring aid: holds (`true`) or lets go of the backend's launches; the
-    /// bench holds them from before a timed window's untimed launch to after its last issue, so
-    /// that the window's launches run without its issues beside them (NCCL: a no-op unless the
-    /// backend option `pre_issue=1`, `NcclBackend::hold_launches`).
-    pub hold: Option<fn(&B, bool)>,
 }
 
 /// One step as a reference times it: the backend's step, placement, iterations and window.

@@ -903,11 +903,6 @@ fn run_step<B: Backend>(
         cx.beat.phase(format!("{what}: timed iterations {done}..{}", done + k));
         // The timed region: k back-to-back issues between two marks (device clock), or up to the
         // end of the last wait (wall-clock). No host synchronisation or check inside.
-        // A measuring aid (`Clock::hold`): the window's launches held until its last issue.
-        let hold = clock.and_then(|c| c.hold);
-        if let Some(h) = hold {
-            h(b, true);
-        }
         let pre = scratch.as_ref().map(|(x, r)| issue_on(x, r.as_ref())).transpose()?;
         let pre = match (pre, clock) {
             (Some(p), None) => {
@@ -922,11 +917,7 @@ fn run_step<B: Backend>(
         if let Some(p) = probe {
             let _ = p(b, true);
         }
-        let pending = (0..k).map(&issue).collect::<Result<Vec<Pending<B>>, _>>();
-        if let Some(h) = hold {
-            h(b, false);
-        }
-        let pending = pending?;
+        let pending: Vec<Pending<B>> = (0..k).map(&issue).collect::<Result<_, _>>()?;
         let t_issued = Instant::now();
         let end = clock.map(|c| (c.mark)(b)).transpose()?;
         if let Some(p) = probe {

@@ -245,7 +245,6 @@ fn clocked_hooks() -> Hooks<ShmBackend> {
             describe: "fake device clock: 1 ms per window",
             covers_p2p: true,
             profile: None,
-            hold: None,
         }),
         reference: Some(make),
         data: Some(via_host()),
@@ -322,7 +321,6 @@ fn shifting_clock_hooks() -> Hooks<ShmBackend> {
             describe: "fake device clock: 1, 2, 9 ms in turn",
             covers_p2p: true,
             profile: None,
-            hold: None,
         }),
         data: Some(via_host()),
         ..Hooks::default()
@@ -427,7 +425,6 @@ fn interleaved_hooks() -> Hooks<ShmBackend> {
             describe: "fake device clock: 1, 2, 9 ms in turn",
             covers_p2p: true,
             profile: None,
-            hold: None,
         }),
         reference: Some(make),
         data: Some(via_host()),

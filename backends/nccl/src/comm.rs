@@ -1502,7 +1502,6 @@ impl NcclBackend {
         let fast_launch = flag("fast_launch", true)?;
         let alloc_cache = flag("alloc_cache", true)?;
         let batch = flag("batch", true)?;
-        let pre_issue = flag("pre_issue", false)?;
         let one_rank_copy = crate::cuda::OneRankCopy::parse(world.option("one_rank_copy"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let init_timeout = match world.option("init_timeout_ms") {
@@ -1548,7 +1547,6 @@ impl NcclBackend {
             dev.disable_cache();
         }
         dev.one_rank_copy.store(one_rank_copy as u8, std::sync::atomic::Ordering::Relaxed);
-        dev.pre_issue.store(pre_issue, std::sync::atomic::Ordering::Relaxed);
         if one_rank_copy == crate::cuda::OneRankCopy::Kernel {
             // Now, while the stream is idle (never on an op's path; subgroups of one rank share
             // the device).

@@ -93,9 +93,6 @@ pub(crate) struct Device {
     /// How a reduction of a one-rank communicator on this device that is the identity is
     /// enqueued (see `Launch::local`; backend option `one_rank_copy`): a [`OneRankCopy`] as u8.
     pub one_rank_copy: std::sync::atomic::AtomicU8,
-    /// Backend option `pre_issue` (a benchmark's measuring aid, see `timing`'s
-    /// `NcclBackend::hold_launches`): whether the bench may hold this rank's launches.
-    pub pre_issue: std::sync::atomic::AtomicBool,
     /// The copy kernel ([`COPY_PTX`]), loaded at init ([`Device::load_copy_kernel`]), never on
     /// an op's path: loading a module may wait for the device, which a stalled stream never
     /// frees (seen: `device_faults::abort_not_behind_a_launch::ws1`, whose op #0 sits behind a
@@ -290,7 +287,6 @@ impl Device {
             events: Arc::new(EventPool::default()),
             cache: std::sync::Mutex::new(BlockCache::new(if async_alloc { CACHE_MAX } else { 0 }, CACHE_BLOCK_MAX)),
             one_rank_copy: std::sync::atomic::AtomicU8::new(OneRankCopy::Kernel as u8),
-            pre_issue: std::sync::atomic::AtomicBool::new(false),
             copy_fn: std::sync::OnceLock::new(),
         };
         *dev.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pinned::new(&dev, STAGING_START)?);

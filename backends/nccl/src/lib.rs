@@ -190,9 +190,7 @@
 //! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
 //! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
-//! larger of the op deadline and 30 s), `pre_issue=0|1` (a benchmark's measuring aid, default 0:
-//! with 1 the bench holds the progress thread's launches while it issues a window, see
-//! `NcclBackend::hold_launches`),
+//! larger of the op deadline and 30 s),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named

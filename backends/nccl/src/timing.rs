@@ -32,11 +32,8 @@ const SPIN_MARK: Duration = Duration::from_millis(20);
 
 /// A timing CUDA event recorded on a rank's stream (see [`NcclBackend::mark`]).
 pub struct Mark {
-    /// Shared with the progress thread's job that records it while launches are held.
-    ev: std::sync::Arc<Event>,
+    ev: Event,
     recorded: Instant,
-    /// While launches are held: what the progress thread's record of `ev` failed with, if it did.
-    late: Option<std::sync::Arc<std::sync::Mutex<Option<String>>>>,
 }
 
 impl std::fmt::Debug for Mark {
@@ -61,9 +58,6 @@ impl NcclBackend {
     pub fn mark(&self) -> Result<Mark> {
         let started = Instant::now();
         self.dev.bind().map_err(|e| self.timing_err("mark", e))?;
-        if self.progress.held() {
-            return self.mark_held();
-        }
         // Spin (no sleep) for the last launch, so that the event follows it on the stream as
         // closely as nccl-tests' does (a late event would count GPU idle time); past SPIN_MARK
         // the host is the bottleneck anyway and the wait sleeps between looks.
@@ -104,46 +98,13 @@ impl NcclBackend {
             cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?,
         );
         unsafe { cu::event::record(ev.0, self.dev.stream) }.map_err(|e| self.timing_err("mark", derr("cuEventRecord", e)))?;
-        Ok(Mark { ev: std::sync::Arc::new(ev), recorded: Instant::now(), late: None })
-    }
-
-    /// A benchmark's measuring aid (backend option `pre_issue=1`, off by default; a no-op
-    /// otherwise): holds (`true`) or lets go of this rank's launches (`worker::Progress::hold`),
-    /// so that a window's ops are all issued before the progress thread launches the first.
-    /// A [`Self::mark`] made while they are held is recorded by the progress thread, in queue
-    /// order, once they are let go.
-    pub fn hold_launches(&self, on: bool) {
-        if self.dev.pre_issue.load(std::sync::atomic::Ordering::Relaxed) {
-            self.progress.hold(on);
-        }
-    }
-
-    /// [`Self::mark`] while launches are held: the event is made here and recorded by the
-    /// progress thread as a job queued behind the ops before it (it does not wait: the launches
-    /// it would wait for are held).
-    fn mark_held(&self) -> Result<Mark> {
-        let ev = std::sync::Arc::new(Event::owned(
-            cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| self.timing_err("mark", derr("cuEventCreate", e)))?,
-        ));
-        let late = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let (ev2, late2, stream) = (ev.clone(), late.clone(), self.dev.stream as usize);
-        self.progress.submit(crate::worker::Job::Call(Box::new(move || {
-            if let Err(e) = unsafe { cu::event::record(ev2.0, stream as sys::CUstream) } {
-                *late2.lock().unwrap_or_else(|e| e.into_inner()) = Some(derr("cuEventRecord (by the progress thread)", e));
-            }
-        })));
-        Ok(Mark { ev, recorded: Instant::now(), late: Some(late) })
+        Ok(Mark { ev, recorded: Instant::now() })
     }
 
     /// GPU time from `start` to `end` (both from [`Self::mark`] of this backend, `start` first).
     /// Waits up to `timeout` for `end` to complete; a timeout is a named error.
     pub fn elapsed(&self, start: &Mark, end: &Mark, timeout: Duration) -> Result<Duration> {
         self.dev.bind().map_err(|e| self.timing_err("elapsed", e))?;
-        for m in [start, end] {
-            if let Some(e) = m.late.as_ref().and_then(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone()) {
-                return Err(self.timing_err("mark", e));
-            }
-        }
         let deadline = Instant::now() + timeout;
         match end.ev.wait_until(deadline) {
             Ok(true) => {}

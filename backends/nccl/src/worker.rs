@@ -81,9 +81,6 @@ const SPIN: Duration = Duration::from_micros(50);
 const BUSY_WAIT_MIN: Duration = Duration::from_micros(5);
 const BUSY_WAIT_MAX: Duration = Duration::from_micros(100);
 
-/// The longest [`Progress::hold`] keeps the progress thread from its queue.
-const HOLD_MAX: Duration = Duration::from_millis(100);
-
 /// How often the spin after a job looks at parked sends / receives.
 const SERVICE_EVERY: Duration = Duration::from_micros(2);
 
@@ -275,23 +272,19 @@ pub(crate) enum Job {
     },
     /// A communicator's finalize / destroy (see `Comm::set_teardown`), after every job before it.
     Teardown(Teardown),
-    /// A short call made in queue order on the progress thread, after every job before it (a
-    /// benchmark's timing mark made while launches are held, see [`Progress::hold`] and
-    /// `timing`). It must not block.
-    Call(Box<dyn FnOnce() + Send>),
 }
 
 impl Job {
     fn chan(&self) -> Option<&Arc<Channel>> {
         match self {
             Job::Op { chan, .. } | Job::Split { chan, .. } | Job::P2p(P2pJob { chan, .. }) => Some(chan),
-            Job::Teardown(_) | Job::Call(_) => None,
+            Job::Teardown(_) => None,
         }
     }
     fn id(&self) -> Option<OpId> {
         match self {
             Job::Op { id, .. } | Job::Split { id, .. } | Job::P2p(P2pJob { id, .. }) => Some(*id),
-            Job::Teardown(_) | Job::Call(_) => None,
+            Job::Teardown(_) => None,
         }
     }
 
@@ -305,7 +298,7 @@ impl Job {
                 }
             }
             Job::Split { id, .. } => id.started = Some(now),
-            Job::Teardown(_) | Job::Call(_) => {}
+            Job::Teardown(_) => {}
         }
     }
 
@@ -338,7 +331,6 @@ impl Job {
                 tracker.activate(&chan);
             }
             Job::Teardown(t) => t.run(),
-            Job::Call(f) => f(),
         }
     }
 }
@@ -1389,8 +1381,6 @@ struct Shared {
     tracker: Arc<Tracker>,
     /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
     taken_ahead: AtomicU64,
-    /// Launches held (see [`Progress::hold`]): the thread runs no job meanwhile.
-    held: Padded<AtomicBool>,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -1410,7 +1400,6 @@ impl Progress {
             exited: AtomicBool::new(false),
             tracker: Arc::new(Tracker::new()),
             taken_ahead: AtomicU64::new(0),
-            held: Padded(AtomicBool::new(false)),
         });
         let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
         let ordinal = dev.ordinal;
@@ -1463,20 +1452,6 @@ impl Progress {
             sh.cv.notify_one();
             Ok(())
         })
-    }
-
-    /// A benchmark's measuring aid (backend option `pre_issue`, off by default; never on an op's
-    /// path otherwise): while held (`true`), the thread runs no job, so a window's issues all
-    /// queue before its first launch, and its launches then run back to back without the
-    /// caller's issues beside them. Bounded: the thread goes on by itself [`HOLD_MAX`] after it
-    /// first found the hold.
-    pub fn hold(&self, on: bool) {
-        self.shared.held.store(on, Ordering::SeqCst);
-    }
-
-    /// Whether launches are held ([`Progress::hold`]).
-    pub fn held(&self) -> bool {
-        self.shared.held.load(Ordering::SeqCst)
     }
 
     /// The number of jobs submitted so far (for [`Progress::launched_up_to`]).
@@ -1635,14 +1610,6 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             }
         };
         let Some(mut job) = job else { break };
-        // Held by a benchmark (`Progress::hold`): the job taken is not run until it lets go, up
-        // to HOLD_MAX (also when it woke this thread from its sleep).
-        if sh.held.load(Ordering::Relaxed) {
-            let until = Instant::now() + HOLD_MAX;
-            while sh.held.load(Ordering::SeqCst) && Instant::now() < until {
-                std::hint::spin_loop();
-            }
-        }
         let job_started = sh.tracker.profile.start();
         taken += 1;
         job.start(Instant::now());
@@ -1654,7 +1621,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             sh.tracker.flush();
         }
         let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
-            // A teardown or a call: bounded by itself; a panic in it must not end the thread.
+            // A teardown: bounded by itself; a panic in it must not end the thread.
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
             sh.finished.fetch_add(1, Ordering::SeqCst);
@@ -1675,7 +1642,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
         let ticket = match &job {
             Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
-            Job::Split { .. } | Job::Teardown(_) | Job::Call(_) => None,
+            Job::Split { .. } | Job::Teardown(_) => None,
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
         let after = sh.tracker.profile.start();
