@@ -38,3 +38,30 @@ for name, v in sorted(kinds.items()):
                     ("job", "backend: progress thread's job"), ("gpu", "backend: GPU time per op"),
                     ("raw", "raw: launch call on the main thread"), ("rawgpu", "raw: GPU time per op")):
         print(f"  {what:42s} {fmt(v[c])}")
+
+# The two modes' centres: the median of the values under 8.6 us (fast) and of those at or above
+# 9.3 us (slow), for the backend's NCCL section and the raw launch call (2 ranks).
+def cl(xs):
+    f = [x for x in xs if x < 8.6]
+    s = [x for x in xs if x >= 9.3]
+    g = lambda v: f"{st.median(v):.2f} (n {len(v)})" if v else "-"
+    return f"fast {g(f)}, slow {g(s)}"
+print()
+print("mode centres, us per op (fast: values < 8.6, slow: >= 9.3):")
+for name, v in sorted(kinds.items()):
+    if name.startswith("ws2-"):
+        print(f"  {name:12s} backend NCCL section: {cl(v['nccl']):34s} raw launch call: {cl(v['raw'])}")
+
+# raw_pin=N runs (kind ws2-pinN): the raw launch call per CPU (rank r on CPU N + r).
+pins = {}
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "ws2-pin*-*.log"))):
+    n = int(re.match(r"ws2-pin(\d+)-", os.path.basename(p)).group(1))
+    for line in open(p, errors="replace"):
+        r = re.search(r"# probe-raw rank (\d) .*launch ([\d.]+)", line)
+        if r:
+            pins.setdefault(n + int(r.group(1)), []).append(float(r.group(2)))
+if pins:
+    print()
+    print("raw launch call by CPU (raw_pin): p10 / median / max, us per op, share under 8.6 us")
+    for c, xs in sorted(pins.items()):
+        print(f"  CPU {c:2d}: {q(xs, .10):.2f} / {st.median(xs):.2f} / {max(xs):.2f}  fast {sum(1 for x in xs if x < 8.6) / len(xs):.0%} (n {len(xs)})")
