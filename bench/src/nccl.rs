@@ -9,7 +9,7 @@ use crate::ext::{Clock, DeviceData, Mark, RefStep, Reference};
 use crate::spec::Placement;
 use crate::Hooks;
 use concord_core::{Backend, CollectiveError, DType, Tensor, WorldInfo};
-use concord_nccl::reference::{self, RawNccl, RawOp, RawStep};
+use concord_nccl::reference::{self, RawMode, RawNccl, RawOp, RawStep};
 use concord_nccl::{NcclBackend, NcclBuffer};
 use std::time::Duration;
 
@@ -82,13 +82,21 @@ struct Raw {
     block: bool,
     /// Option `raw_group=1`: each launch in its own NCCL group, as the backend's (`RawStep::group`).
     group: bool,
+    /// Option `raw_comm=init|nonblocking|split`: how the raw communicator is made (default
+    /// `init`, nccl-tests' `ncclCommInitRank`; `split`: as the backend's blocking twin).
+    mode: RawMode,
 }
 
 impl Reference for Raw {
     fn label(&self) -> String {
         format!(
-            "{}{}{}{}{}",
+            "{}{}{}{}{}{}",
             if self.per_window { "nccl-raw-window" } else { "nccl-raw" },
+            match self.mode {
+                RawMode::Blocking => "",
+                RawMode::NonBlocking => "+nonblocking",
+                RawMode::Split => "+split",
+            },
             if self.events { "+events" } else { "" },
             if self.group { "+group" } else { "" },
             match (self.thread, self.keep, self.block) {
@@ -135,9 +143,16 @@ impl Reference for Raw {
         } else {
             "a non-zero pattern (as nccl-tests' data; --opts raw_fill=zero: zeros)"
         };
+        let comm = match self.mode {
+            RawMode::Blocking => "its own blocking communicator (ncclCommInitRank)",
+            RawMode::NonBlocking => "its own non-blocking communicator, polled after every call (option raw_comm=nonblocking)",
+            RawMode::Split => {
+                "its own blocking communicator split off a non-blocking parent (splitShare 0) as the backend's twin (option raw_comm=split)"
+            }
+        };
         format!(
-            "the same collective called directly through NCCL (cudarc bindings) on {buffers} holding {fill}, its own blocking \
-             communicator and stream{events}{thread}, timed with CUDA events around the same back-to-back windows"
+            "the same collective called directly through NCCL (cudarc bindings) on {buffers} holding {fill}, {comm} \
+             and stream{events}{thread}, timed with CUDA events around the same back-to-back windows"
         )
     }
     fn time_us(&mut self, s: &RefStep) -> Result<Option<f64>, String> {
@@ -167,6 +182,22 @@ impl Reference for Raw {
         };
         let t = self.raw.time(&step)?;
         self.spread = Some((t.min_per_op.as_secs_f64() * 1e6, t.max_per_op.as_secs_f64() * 1e6));
+        // `CONCORD_BENCH_PROBE=1`: the raw launch call's host time beside the backend's `# probe`
+        // lines (its progress thread's `nccl` section), one write per line.
+        if let (Some(l), true) = (t.launch_per_op, concord_harness::config::Config::global().bench_probe) {
+            use std::io::Write as _;
+            let line = format!(
+                "# probe-raw rank {} {} {} {} B ({}): gpu {:.2} launch {:.2} (us per op, medians over the windows)\n",
+                self.raw.rank(),
+                s.op.name(),
+                s.placement.name(),
+                s.count * s.dtype.size(),
+                self.label(),
+                t.per_op.as_secs_f64() * 1e6,
+                l.as_secs_f64() * 1e6,
+            );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
         Ok(Some(t.per_op.as_secs_f64() * 1e6))
     }
     fn last_spread_us(&self) -> Option<(f64, f64)> {
@@ -198,13 +229,20 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         None => None,
         Some(v) => Some(v.parse::<usize>().map_err(|_| format!("option raw_pin={v}: expected a CPU number"))?),
     };
-    Ok(Box::new(Raw { raw: make_raw(b, world, true)?, per_window, events, zeros, spread: None, thread, pin, keep, block, group }))
+    let mode = match world.option("raw_comm") {
+        None | Some("init") => RawMode::Blocking,
+        Some("nonblocking") => RawMode::NonBlocking,
+        Some("split") => RawMode::Split,
+        Some(o) => return Err(format!("option raw_comm={o}: expected init, nonblocking or split")),
+    };
+    let raw = make_raw(b, world, mode)?;
+    Ok(Box::new(Raw { raw, per_window, events, zeros, spread: None, thread, pin, keep, block, group, mode }))
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the
 /// backend itself (one broadcast of a flag byte and the id), then every rank joins the
 /// reference communicator (bounded wait). Collective: every rank calls it.
-pub fn make_raw(b: &NcclBackend, world: &WorldInfo, blocking: bool) -> Result<RawNccl, String> {
+pub fn make_raw(b: &NcclBackend, world: &WorldInfo, mode: RawMode) -> Result<RawNccl, String> {
     let mut bytes = vec![0u8; 129];
     let mut why = String::new();
     if b.rank() == 0 {
@@ -231,19 +269,14 @@ pub fn make_raw(b: &NcclBackend, world: &WorldInfo, blocking: bool) -> Result<Ra
     std::thread::Builder::new()
         .name("nccl-ref-init".into())
         .spawn(move || {
-            let raw = if blocking {
-                RawNccl::new(ordinal, rank, n, &id, timeout)
-            } else {
-                RawNccl::new_nonblocking(ordinal, rank, n, &id, timeout)
-            };
-            let _ = tx.send(raw);
+            let _ = tx.send(RawNccl::with(mode, ordinal, rank, n, &id, timeout));
         })
         .map_err(|e| format!("starting the reference's init thread: {e}"))?;
     let limit = timeout + Duration::from_secs(30);
     match rx.recv_timeout(limit) {
         Ok(Ok(raw)) => Ok(raw),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(format!("ncclCommInitRank of the reference did not return within {} s (a peer missing?)", limit.as_secs())),
+        Err(_) => Err(format!("the reference's communicator did not join within {} s (a peer missing?)", limit.as_secs())),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The raw NCCL reference of the benchmark: each collective called directly through cudarc's
 //! NCCL bindings in a tight loop on preallocated buffers, as nccl-tests does — its own
 //! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default; [`RawNccl::new_nonblocking`]
-//! for one configured as the backend's, polled after every call as NCCL requires) and its own stream on the
+//! for one configured as the backend's, polled after every call as NCCL requires;
+//! [`RawNccl::new_split`] for one made as the backend's blocking twin) and its own stream on the
 //! rank's GPU, no progress thread, no validation, nothing checked — timed with CUDA events
 //! around back-to-back launches, window by window, exactly as the bench times the backend.
 //! Not a [`concord_core::Backend`]: a yardstick printed next to the backend's row.
@@ -217,6 +218,11 @@ pub struct RawTime {
     /// The fastest and slowest window's GPU time per op.
     pub min_per_op: Duration,
     pub max_per_op: Duration,
+    /// Host time per launch call on the main thread (the median over the windows of each
+    /// window's first launch to its last launch returned, per launch); `None` when a launcher
+    /// thread made them. Compared with the backend's progress-thread NCCL section in a
+    /// `CONCORD_BENCH_PROBE=1` run.
+    pub launch_per_op: Option<Duration>,
 }
 
 /// Whether the reference can time `op` on `dtype` with `redop` (NCCL has no 16-bit integer
@@ -229,6 +235,19 @@ pub fn supports(op: RawOp, dtype: DType, redop: ReduceOp) -> bool {
 struct RawCommHandle(nccl::ncclComm_t);
 unsafe impl Send for RawCommHandle {}
 
+/// How the reference's communicator is made ([`RawNccl::with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawMode {
+    /// `ncclCommInitRank`: nccl-tests' blocking communicator.
+    Blocking,
+    /// `ncclCommInitRankConfig` with `blocking = 0`, polled after every call.
+    NonBlocking,
+    /// A blocking communicator split (`ncclCommSplit`, `splitShare = 0`) off a non-blocking
+    /// parent, exactly as the backend makes its blocking twin (`Comm::make_twin`): whether the
+    /// twin's way of making a communicator costs per launch, measured without the backend.
+    Split,
+}
+
 /// A rank's raw NCCL reference (see the module docs).
 pub struct RawNccl {
     dev: Arc<Device>,
@@ -238,6 +257,8 @@ pub struct RawNccl {
     timeout: Duration,
     /// `false`: a non-blocking communicator, polled after every call ([`RawNccl::ready`]).
     blocking: bool,
+    /// [`RawMode::Split`]: the non-blocking parent `comm` was split off (aborted after `comm`).
+    parent: Option<RawCommHandle>,
 }
 
 /// `ncclGetUniqueId` (rank 0), as bytes to hand to every rank.
@@ -280,7 +301,7 @@ impl RawNccl {
     /// Joins the reference communicator: rank `rank` of `nranks` on visible GPU `ordinal`, with
     /// the id from [`unique_id`] on rank 0. `timeout` bounds every GPU wait.
     pub fn new(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        Self::with_mode(ordinal, rank, nranks, id, timeout, true)
+        Self::with(RawMode::Blocking, ordinal, rank, nranks, id, timeout)
     }
 
     /// As [`RawNccl::new`], with a *non-blocking* communicator (`ncclConfig_t.blocking = 0`, the
@@ -288,10 +309,22 @@ impl RawNccl {
     /// `ncclCommGetAsyncError` until done before the next call, as NCCL requires. What NCCL's
     /// non-blocking mode costs per launch, measured without the backend.
     pub fn new_nonblocking(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        Self::with_mode(ordinal, rank, nranks, id, timeout, false)
+        Self::with(RawMode::NonBlocking, ordinal, rank, nranks, id, timeout)
     }
 
-    fn with_mode(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration, blocking: bool) -> Result<RawNccl, String> {
+    /// This rank's number in the reference communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// As [`RawNccl::new`], with a blocking communicator split off a non-blocking parent as the
+    /// backend's twin is ([`RawMode::Split`]).
+    pub fn new_split(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
+        Self::with(RawMode::Split, ordinal, rank, nranks, id, timeout)
+    }
+
+    /// Joins the reference communicator made as `mode` says (see [`RawNccl::new`]).
+    pub fn with(mode: RawMode, ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
         let lib_version = crate::comm::nccl_present()?;
         if id.len() != 128 {
             return Err(format!("an NCCL unique id is 128 bytes, got {}", id.len()));
@@ -303,19 +336,36 @@ impl RawNccl {
             *d = *s as _;
         }
         let mut comm: nccl::ncclComm_t = std::ptr::null_mut();
-        if blocking {
+        if mode == RawMode::Blocking {
             ok(unsafe { nccl::ncclCommInitRank(&mut comm, nranks as i32, uid, rank as i32) }, "ncclCommInitRank")?;
-        } else {
-            let mut cfg = crate::comm::config(false, lib_version);
-            let r = unsafe { nccl::ncclCommInitRankConfig(&mut comm, nranks as i32, uid, rank as i32, &mut cfg) };
-            if r != nccl::ncclResult_t::ncclInProgress {
-                ok(r, "ncclCommInitRankConfig (non-blocking)")?;
-            }
-            let raw = RawNccl { dev, comm, rank, nranks, timeout, blocking };
-            raw.ready("ncclCommInitRankConfig (non-blocking)")?;
+            return Ok(RawNccl { dev, comm, rank, nranks, timeout, blocking: true, parent: None });
+        }
+        let mut cfg = crate::comm::config(false, lib_version);
+        let r = unsafe { nccl::ncclCommInitRankConfig(&mut comm, nranks as i32, uid, rank as i32, &mut cfg) };
+        if r != nccl::ncclResult_t::ncclInProgress {
+            ok(r, "ncclCommInitRankConfig (non-blocking)")?;
+        }
+        // Polled as a non-blocking communicator until it is made (dropped, it is aborted).
+        let mut raw = RawNccl { dev, comm, rank, nranks, timeout, blocking: false, parent: None };
+        raw.ready("ncclCommInitRankConfig (non-blocking)")?;
+        if mode == RawMode::NonBlocking {
             return Ok(raw);
         }
-        Ok(RawNccl { dev, comm, rank, nranks, timeout, blocking })
+        // The twin's split (`Comm::make_twin`): blocking, nothing shared with the parent.
+        let mut cfg = crate::comm::config(true, lib_version);
+        cfg.splitShare = 0;
+        let mut child: nccl::ncclComm_t = std::ptr::null_mut();
+        ok(unsafe { nccl::ncclCommSplit(raw.comm, 0, rank as i32, &mut child, &mut cfg) }, "ncclCommSplit (as the twin)")?;
+        raw.ready("ncclCommSplit (as the twin)")?;
+        if child.is_null() {
+            return Err("ncclCommSplit (as the twin) returned no communicator".into());
+        }
+        raw.parent = Some(RawCommHandle(raw.comm));
+        raw.comm = child;
+        // The new communicator polled until made too, as the twin's is.
+        raw.ready("ncclCommSplit (as the twin, new communicator)")?;
+        raw.blocking = true;
+        Ok(raw)
     }
 
     /// With a non-blocking communicator: polls until the last call is done (NCCL requires it
@@ -572,6 +622,8 @@ impl RawNccl {
             _ => None,
         });
         let mut per_window: Vec<Duration> = Vec::new();
+        // The main thread's launch calls, per window and launch (`RawTime::launch_per_op`).
+        let mut host: Vec<Duration> = Vec::new();
         let mut wall = Duration::ZERO;
         let window = s.window.max(1);
         // Every window: the ranks meet, one untimed launch, then `timed` (the window's launches
@@ -630,23 +682,28 @@ impl RawNccl {
         } else {
             windows(&mut |k| {
                 let start = self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?;
+                let t = Instant::now();
                 for _ in 0..k {
                     launch()?;
                 }
+                host.push(t.elapsed() / k as u32);
                 Ok((start, self.record(cusys::CUevent_flags::CU_EVENT_DEFAULT)?))
             })?;
         }
         drop((keep, flag)); // stream-ordered frees after the last launch
         let iters = s.iters.max(1) as u32;
-        per_window.sort();
-        let n = per_window.len();
-        let per_op = match n {
-            0 => Duration::ZERO,
-            n if n % 2 == 1 => per_window[n / 2],
-            n => (per_window[n / 2 - 1] + per_window[n / 2]) / 2,
+        let median = |v: &mut Vec<Duration>| {
+            v.sort();
+            match v.len() {
+                0 => Duration::ZERO,
+                n if n % 2 == 1 => v[n / 2],
+                n => (v[n / 2 - 1] + v[n / 2]) / 2,
+            }
         };
+        let per_op = median(&mut per_window);
+        let launch_per_op = (!host.is_empty()).then(|| median(&mut host));
         let (min_per_op, max_per_op) = (per_window.first().copied().unwrap_or_default(), per_window.last().copied().unwrap_or_default());
-        Ok(RawTime { per_op, wall_per_op: wall / iters, min_per_op, max_per_op })
+        Ok(RawTime { per_op, wall_per_op: wall / iters, min_per_op, max_per_op, launch_per_op })
     }
 }
 
@@ -659,11 +716,15 @@ impl Drop for RawNccl {
         let raw = RawCommHandle(self.comm);
         // A non-blocking communicator is aborted: its destroy would itself be in progress.
         let drained = drained && self.blocking;
+        let parent = self.parent.take();
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("nccl-ref-destroy".into()).spawn(move || {
             let raw = raw;
             unsafe {
                 let _ = if drained { nccl::ncclCommDestroy(raw.0) } else { nccl::ncclCommAbort(raw.0) };
+                if let Some(p) = parent {
+                    let _ = nccl::ncclCommAbort(p.0);
+                }
             }
             let _ = tx.send(());
         });

@@ -226,7 +226,8 @@ fn phases(b: &NcclBackend, world: &WorldInfo, bytes: usize, n: usize, say: &dyn 
     // The raw loop on the same GPU: nccl-tests' blocking communicator, then one configured as
     // the backend's (non-blocking, polled after every call): what NCCL's mode costs by itself.
     for blocking in [true, false] {
-        match concord_bench::nccl::make_raw(b, world, blocking) {
+        let mode = if blocking { concord_nccl::reference::RawMode::Blocking } else { concord_nccl::reference::RawMode::NonBlocking };
+        match concord_bench::nccl::make_raw(b, world, mode) {
             Ok(mut raw) => {
                 for in_place in [false, true] {
                     let step = concord_nccl::reference::RawStep {
