@@ -121,7 +121,10 @@ impl Bug for ReusedGroupIdMemo {
             return Ok(());
         }
         if rollup.contains(&1) {
-            return Err(never_released(s, &format!("group {members:?}: a relay discarded the contributions (a memo of its earlier construction)")));
+            return Err(never_released(
+                s,
+                &format!("group {members:?}: a relay discarded the contributions (a memo of its earlier construction)"),
+            ));
         }
         Ok(())
     }
@@ -239,7 +242,9 @@ impl Bug for NoColorRankLookup {
     fn group_made(&self, _s: &Shm, _ranks: &[usize], made: Option<&Group>) -> Result<()> {
         match made {
             Some(_) => Ok(()),
-            None => Err(CollectiveError::Backend("NCCL WARN CommUserRank : comm argument is NULL (a NOCOLOR rank of ncclCommSplit)".into())),
+            None => {
+                Err(CollectiveError::Backend("NCCL WARN CommUserRank : comm argument is NULL (a NOCOLOR rank of ncclCommSplit)".into()))
+            }
         }
     }
 }
@@ -250,31 +255,31 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_comm_pool_lingering_send",
             "p2p.matching",
             "pmodels/mpich#6184: a dropped group's communicator is reused by the next group of the same members; a message sent on the dropped group and never received is the new group's first",
-            &[],
+            &["state::group_recreated_unreceived_send::ws3"],
         ),
         spec::<GroupNameSaltRegistered>(
             "wild_group_name_salt_registered",
             "subgroups",
             "pytorch/pytorch PR #189073: a new group is named with each member's count of groups it belongs to; after an asymmetric group the names differ and new_group times out",
-            &[],
+            &["state::groups_each_without_a_rank::ws3"],
         ),
         spec::<ReusedGroupIdMemo>(
             "wild_reused_group_id_memo",
             "subgroups",
             "openpmix/prrte PR #2806: a non-member relay remembers a group name it relayed and discards the next construction of that name: a group made again times out",
-            &[],
+            &["state::group_recreated_same_members::ws3"],
         ),
         spec::<LazyInitFirstOp>(
             "wild_lazy_init_first_op",
             "p2p.no_deadlock",
             "openucx/ucc PR #974: a communicator's first op first runs a collective init over every member; a send / recv pair as the first op waits for members that issue nothing",
-            &[],
+            &["p2p::pair_first_on_new_group::ws3"],
         ),
         spec::<NoColorRankLookup>(
             "wild_nocolor_rank_lookup",
             "subgroups",
             "pytorch/pytorch PR #128459: new_group looks up the new communicator's rank on non-members too, where ncclCommSplit made none: their new_group fails",
-            &[],
+            &["state::group_recreated_same_members::ws3"],
         ),
     ]
 }

@@ -417,16 +417,19 @@ fn pair_first_on_new_group<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         }
         2 => {
             let out = g.alloc(DType::F32, &[n])?;
-            g.recv(&out, 1).map_err(|e| named("group recv from group rank 1 (the group's first op)", e))?.wait(ctx.timeout).map_err(|e| {
-                named("group recv from group rank 1 (the group's first op; group rank 0 issues nothing until it completes)", e)
-            })?;
+            g.recv(&out, 1).map_err(|e| named("group recv from group rank 1 (the group's first op)", e))?.wait(ctx.timeout).map_err(
+                |e| named("group recv from group rank 1 (the group's first op; group rank 0 issues nothing until it completes)", e),
+            )?;
             expect_eq(g, &out, &message(1, 0, n), &format!("{w}: the message from group rank 1"))?;
         }
         _ => {
             take_key(ctx, &key, &w, "the pair's send never completed (group rank 0 waits for it before its first op on any communicator)")?;
         }
     }
-    g.barrier().map_err(|e| named("group barrier after the pair", e))?.wait(ctx.timeout).map_err(|e| named("group barrier after the pair", e))?;
+    g.barrier()
+        .map_err(|e| named("group barrier after the pair", e))?
+        .wait(ctx.timeout)
+        .map_err(|e| named("group barrier after the pair", e))?;
     Ok(())
 }
 

@@ -79,7 +79,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("state::results_kept_100_calls::ws2", meta("all_reduce", "out", "f32"), 2, results_kept),
         Case::<B>::new("state::group_recreated_same_members::ws3", meta("all_reduce", "out", "f32"), 3, group_recreated),
         Case::<B>::new("state::group_recreated_unreceived_send::ws3", meta("send_recv", "outbuf", "f32"), 3, group_recreated_unreceived),
-        Case::<B>::new("state::groups_each_without_a_rank::ws3", meta("all_gather_into_tensor", "out", "f32"), 3, groups_each_without_a_rank),
+        Case::<B>::new(
+            "state::groups_each_without_a_rank::ws3",
+            meta("all_gather_into_tensor", "out", "f32"),
+            3,
+            groups_each_without_a_rank,
+        ),
     ]
     .into_iter()
     .chain(dtypes_widening())
@@ -436,7 +441,10 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         match (&g, members.iter().position(|&r| r == me)) {
             (Some(g), Some(want)) => {
                 if g.rank() != want || g.world_size() != members.len() {
-                    return Err(fail(&w, format!("new_group gave rank {} of {}, expected rank {want} of {}", g.rank(), g.world_size(), members.len())));
+                    return Err(fail(
+                        &w,
+                        format!("new_group gave rank {} of {}, expected rank {want} of {}", g.rank(), g.world_size(), members.len()),
+                    ));
                 }
                 let gw = format!("{w} (group rank {want} of {})", members.len());
                 let mx = g.upload(&Tensor::from_vec(&[1], vec![me as f32]))?;
@@ -468,7 +476,9 @@ fn group_recreated_unreceived<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let members = [2usize, 0];
     let n = 8;
     // Group rank `from`'s message on the group made for the `round`-th time.
-    let msg = |round: usize, from: usize| Tensor::from_vec(&[n], (0..n).map(|i| (1000 * (round + 1) + 100 * from + i) as f32).collect::<Vec<f32>>());
+    let msg = |round: usize, from: usize| {
+        Tensor::from_vec(&[n], (0..n).map(|i| (1000 * (round + 1) + 100 * from + i) as f32).collect::<Vec<f32>>())
+    };
     let w = format!("{} group {members:?}", here(b, "send_recv", "outbuf", DType::F32));
     {
         let g = b.new_group(&members).map_err(|e| fail(&w, format!("new_group (first): {e}")))?;
@@ -490,7 +500,8 @@ fn group_recreated_unreceived<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let named = |what: &str, e: concord_core::CollectiveError| fail(&gw, format!("{what}: {e} [{}]", e.name()));
     let sent = g.send(&x, peer).map_err(|e| named("isend", e))?;
     let got_buf = g.recv(&out, peer).map_err(|e| named("irecv", e))?.into_value(ctx.timeout).map_err(|e| named("recv", e))?;
-    sent.wait(ctx.timeout).map_err(|e| named("send", e))?;
+    // The received values first: a receive that took the dropped group's message leaves this
+    // group's message unreceived, and the send's wait would only time out.
     let got = g.download(&got_buf)?;
     if g.capabilities().moves_data && got.bytes() == msg(0, peer).bytes() {
         return Err(fail(
@@ -498,5 +509,7 @@ fn group_recreated_unreceived<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             format!("the receive from group rank {peer} got the message group rank {peer} sent on the dropped group (never received there), not the one it sent on this group"),
         ));
     }
-    expect_eq(&g, &got_buf, &msg(1, peer), &format!("{gw}: the receive from group rank {peer}"))
+    expect_eq(&g, &got_buf, &msg(1, peer), &format!("{gw}: the receive from group rank {peer}"))?;
+    sent.wait(ctx.timeout).map_err(|e| named("send", e))?;
+    Ok(())
 }
