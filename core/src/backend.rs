@@ -202,7 +202,10 @@
 //!   `out` (exactly there, as for views below) and returns `out` itself.
 //! * Matching: the `k`-th `send` from `a` to `b` is received by the `k`-th `recv` on `b` from
 //!   `a`. A pair whose dtypes or element counts differ is `BadInput` on *both* ranks (the
-//!   receiver's `recv` and the sender's `send`), never a truncated or padded copy.
+//!   receiver's `recv` and the sender's `send`), never a truncated or padded copy. Matching is
+//!   per communicator: a message is received only on the communicator it was sent on; one still
+//!   unreceived when its communicator was dropped is gone, never the first message of a later
+//!   communicator (a group made again over the same members included).
 //!   [clause: p2p.matching]
 //! * Per-pair order: two messages in flight from `a` to `b` are received in issue order, whatever
 //!   their sizes, and traffic between other pairs never reorders them. [clause: p2p.order]
@@ -213,6 +216,9 @@
 //!   receives. Issuing never blocks on the peer; a backend with bounded buffers queues. A
 //!   collective still waiting for its peers MUST NOT hold back a send / recv issued after it
 //!   (rank 0 `all_reduce; isend(1)` against rank 1 `irecv(0); wait; all_reduce` completes).
+//!   A send / recv pair needs its two ranks only: it completes while the communicator's other
+//!   members issue nothing, also as a new communicator's very first op (a communicator set up
+//!   lazily by its first op cannot make that set-up a collective of every member).
 //!   [clause: p2p.no_deadlock]
 //!
 //! # Barrier

@@ -69,6 +69,7 @@ pub mod bugs_hunt27;
 pub mod bugs_hunt28;
 pub mod bugs_hunt29;
 pub mod bugs_hunt3;
+pub mod bugs_hunt31;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -129,7 +130,9 @@ pub mod sweep_bad;
 /// conversions, NaN rewritten, averages of unscaled half-precision sums), [`bugs_hunt29`]
 /// (shipped bugs of caches and state carried across calls: persistent and cached ops that replay
 /// their first call, caches keyed on too few fields, counters of the process where they must be
-/// the group's);
+/// the group's), [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a
+/// message lingers, group names salted with per-rank counts, reused group names, lazy init on the
+/// first op);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -172,6 +175,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt27::catalogue());
     v.extend(bugs_hunt28::catalogue());
     v.extend(bugs_hunt29::catalogue());
+    v.extend(bugs_hunt31::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
@@ -547,6 +551,13 @@ pub trait Bug: Send + Sync + 'static {
     /// Told of a `new_group` that failed on this rank (the correct backend's error, returned as
     /// is). Default: nothing.
     fn group_failed(&self, s: &Shm, e: &CollectiveError) {}
+    /// Told, on every rank of the parent (members and non-members alike), of a `new_group(ranks)`
+    /// the correct backend made (`made`: this rank's communicator, `None` on a non-member); an
+    /// error fails this rank's `new_group` with it (a library whose group creation hangs or
+    /// fails after the communicator exists). Default: nothing.
+    fn group_made(&self, s: &Shm, ranks: &[usize], made: Option<&Group>) -> Result<()> {
+        Ok(())
+    }
     /// The communicator `new_group` returns on this rank, given the one the correct backend made
     /// (`None` on a non-member). Called on the bug of the communicator `new_group` was called on.
     fn new_group(&self, s: &Shm, made: Option<Group>) -> Option<Group> {
@@ -643,6 +654,7 @@ impl Backend for Mutant {
         let ranks = self.bug.group_ranks(&self.s, ranks);
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
         let made = self.s.inner.new_group(&ranks).inspect_err(|e| self.bug.group_failed(&self.s, e))?.map(|g| (Arc::new(g), members));
+        self.bug.group_made(&self.s, &ranks, made.as_ref())?;
         Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),
             bug: self.bug.child().unwrap_or_else(self.make),

@@ -63,6 +63,12 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "wild_flashinfer_neg_zero_float_compare",
     // hunt29: after a subgroup's all_reduce the world's rendezvous never meets (keys differ).
     "wild_store_exchange_global_seq",
+    // hunt31: a group construction that never completes (names salted apart, a reused name's
+    // contributions discarded) and a lazy init waiting for a member that issues nothing end at
+    // the bug's own 15 s deadline.
+    "wild_group_name_salt_registered",
+    "wild_reused_group_id_memo",
+    "wild_lazy_init_first_op",
     // review-c: the first op whose work never completes without a wait is polled for up to 5 s.
     "review3_completes_only_in_wait_but_all_reduce",
     // hunt27: a wait that ignores its deadline (send / recv, coalesced ops) is caught when the

@@ -410,7 +410,7 @@ pub const CLAUSES: &[Clause] = &[
         id: "subgroups",
         source: BACKEND,
         text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only; called on a subgroup, the ranks are that subgroup's.",
-        cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "wild_groups::nested::"],
+        cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "state::groups_each_without_a_rank", "wild_groups::nested::"],
     },
     Clause {
         id: "caps.subgroups_declared",
@@ -467,7 +467,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "p2p.matching",
         source: BACKEND,
-        text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks.",
+        text: "The k-th send from a to b is the k-th recv on b from a, written exactly into the recv buffer; size or dtype mismatches are BadInput on both ranks; matching is per communicator (a message left unreceived on a dropped group never reaches the next group of the same members).",
         cases: &[
             "send_recv::outbuf::",
             "p2p::recvs_from_every_peer",
@@ -478,6 +478,8 @@ pub const CLAUSES: &[Clause] = &[
             "programs::",
             // 300 messages between one pair: a narrow tag that wraps.
             "state::recv_300_from_one_peer",
+            // A message left unreceived on a dropped group, then the group made again.
+            "state::group_recreated_unreceived_send",
         ],
     },
     Clause {
@@ -489,7 +491,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "p2p.no_deadlock",
         source: BACKEND,
-        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives, a send or a receive issued behind a collective that waits for its peer.",
+        text: "Legal point-to-point programs complete: irecv before isend on both ranks, many sends in flight before the receives, a send or a receive issued behind a collective that waits for its peer, a pair's exchange as a new communicator's first op while its other members issue nothing.",
         cases: &[
             "p2p::recv_first_both",
             "p2p::recv_first_one_side",
@@ -499,6 +501,8 @@ pub const CLAUSES: &[Clause] = &[
             "p2p::send_behind_pending_collective",
             "p2p::recv_behind_pending_collective",
             "p2p::in_flight_in_order::same_size::n80",
+            // A new group's first op is a pair's exchange while its third member issues nothing.
+            "p2p::pair_first_on_new_group",
         ],
     },
     Clause {

@@ -22,6 +22,9 @@
 //! * `p2p::ring_exchange::large::ws3` — every rank `isend(next); irecv(prev)` with 1 MiB
 //!   messages, then waits: a ring shift (a transport grouping only one peer's send and receive
 //!   deadlocks from 3 ranks on).
+//! * `p2p::pair_first_on_new_group::ws3` — a new group's first op is a send / recv between two of
+//!   its three members, while the third issues nothing until the pair is done: a backend whose
+//!   first op runs a collective init over every member waits for it.
 //! * `p2p::many_sends_one_way::n17::ws2` — rank 0 sends 17 messages before it receives; rank 1
 //!   receives all 17 first, then sends 17 back.
 //! * `p2p::sends_first_both::large::ws2` — `isend(p); irecv(p)` on both ranks with 1 MiB
@@ -336,6 +339,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.push(Case::<B>::new("p2p::in_order_across_other_traffic::ws3", meta(), 3, in_order_across_other_traffic));
     v.push(Case::<B>::new("p2p::in_order_mixed_dtypes::ws2", CaseMeta { dtype: "mixed".into(), ..meta() }, 2, in_order_mixed_dtypes));
     v.push(Case::<B>::new("p2p::ring_exchange::large::ws3", meta(), 3, ring_exchange_large));
+    v.push(Case::<B>::new("p2p::pair_first_on_new_group::ws3", meta(), 3, pair_first_on_new_group));
     v.push(Case::<B>::new("p2p::many_sends_one_way::n17::ws2", meta(), 2, |ctx| {
         let order = if ctx.rank() == 0 { Order::SendsFirst } else { Order::RecvsFirst };
         exchange(ctx, 17, Sizes::Varied, order)
@@ -378,6 +382,55 @@ fn group_and_world_messages_apart<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResul
     gs.wait(ctx.timeout).map_err(|e| named("group send", e))?;
     expect_eq(b, &wgot, &message(peer, 0, n), &format!("{w}: the world receive from rank {peer}"))?;
     expect_eq(g, &ggot, &message(peer, 1, n), &format!("{w}: the group receive from group rank {gpeer} (this rank is group rank {gme})"))
+}
+
+/// `p2p::pair_first_on_new_group::ws3`: a new group of every rank (`[2, 0, 1]`), whose first op
+/// is a send / recv between group ranks 1 and 2 (world ranks 0 and 1), waited by both, while group
+/// rank 0 (world rank 2) issues nothing on any communicator until the pair says (through the
+/// store) that its exchange completed; then all three run a barrier on the group. A send / recv
+/// pair completes without the communicator's other members (clause `p2p.no_deadlock`): a backend
+/// that creates a communicator lazily, by a collective init run at its first op, waits in that
+/// init for the member that issues nothing (openucx/ucc PR #974, an active-set op as TL/NCCL's
+/// first collective).
+fn pair_first_on_new_group<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
+    }
+    let members = [2usize, 0, 1];
+    let w = format!(
+        "{} group={members:?} made in the case (its first op: group rank 1 sends to group rank 2; group rank 0 issues nothing until the pair is done)",
+        here(b, "send_recv", "outbuf", DType::F32)
+    );
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
+    let g = b.new_group(&members).map_err(|e| named("new_group", e))?;
+    let g = g.as_ref().ok_or_else(|| fail(&w, format!("new_group({members:?}) returned nothing to a member")))?;
+    let key = format!("{}/{}/pair_done", ctx.case, ctx.world.world_id);
+    let n = 16;
+    match g.rank() {
+        1 => {
+            let x = g.upload(&message(1, 0, n))?;
+            g.send(&x, 2).map_err(|e| named("group send to group rank 2 (the group's first op)", e))?.wait(ctx.timeout).map_err(|e| {
+                named("group send to group rank 2 (the group's first op; group rank 0 issues nothing until it completes)", e)
+            })?;
+            ctx.store.set(&key, b"1").map_err(|e| fail(&w, e))?;
+        }
+        2 => {
+            let out = g.alloc(DType::F32, &[n])?;
+            g.recv(&out, 1).map_err(|e| named("group recv from group rank 1 (the group's first op)", e))?.wait(ctx.timeout).map_err(
+                |e| named("group recv from group rank 1 (the group's first op; group rank 0 issues nothing until it completes)", e),
+            )?;
+            expect_eq(g, &out, &message(1, 0, n), &format!("{w}: the message from group rank 1"))?;
+        }
+        _ => {
+            take_key(ctx, &key, &w, "the pair's send never completed (group rank 0 waits for it before its first op on any communicator)")?;
+        }
+    }
+    g.barrier()
+        .map_err(|e| named("group barrier after the pair", e))?
+        .wait(ctx.timeout)
+        .map_err(|e| named("group barrier after the pair", e))?;
+    Ok(())
 }
 
 /// Rank 0 `isend(2); isend(1) [message 0]; wait the send to 2; isend(1) [message 1]`; rank 2

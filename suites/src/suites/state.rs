@@ -32,6 +32,16 @@
 //!   an all_gather of the members' world ranks in group order). After the first group's ops, an
 //!   all_gather on the world: a per-process resource set up by the first communicator that used
 //!   it, for its size, gathers too few ranks (review17 finding 5).
+//! * `state::group_recreated_unreceived_send::ws3` — a group of ranks `[2, 0]` on which each member
+//!   sends the other a message and drops the send un-waited, never received; the group is
+//!   dropped and made again over the same members, whose exchange must receive its own messages:
+//!   a library that hands the dropped group's context (its id, its channel) to the next group of
+//!   the same members delivers the lingering message first (pmodels/mpich #6184).
+//! * `state::groups_each_without_a_rank::ws3` — groups `[0, 1]`, `[1, 2]`, `[2, 0]` and `[1, 2, 0]`
+//!   made in turn, each leaving one rank out (the last none), each checked by its members (rank,
+//!   size, an all_gather of their world ranks): a library that names or counts a group with
+//!   state only its members advance (the groups each rank registered) names the next group
+//!   differently on its members and never connects them (pytorch/pytorch PR #189073).
 //! * `state::dtypes_widening::{op}::{variant}::ws2` — every (op, variant) but barrier once in
 //!   every dtype, narrowest first (1, 2, 4 then 8 bytes an element), on the same element counts:
 //!   a tuned backend that caches its plan (chunking, in bytes) by element count runs a wider
@@ -68,6 +78,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("state::outstanding_across_300_ops::ws2", meta("all_reduce", "out", "f32"), 2, outstanding_across),
         Case::<B>::new("state::results_kept_100_calls::ws2", meta("all_reduce", "out", "f32"), 2, results_kept),
         Case::<B>::new("state::group_recreated_same_members::ws3", meta("all_reduce", "out", "f32"), 3, group_recreated),
+        Case::<B>::new("state::group_recreated_unreceived_send::ws3", meta("send_recv", "outbuf", "f32"), 3, group_recreated_unreceived),
+        Case::<B>::new(
+            "state::groups_each_without_a_rank::ws3",
+            meta("all_gather_into_tensor", "out", "f32"),
+            3,
+            groups_each_without_a_rank,
+        ),
     ]
     .into_iter()
     .chain(dtypes_widening())
@@ -398,5 +415,101 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         }
         // The group is dropped here, before the next one of the same members is made.
     }
+    Ok(())
+}
+
+/// `state::groups_each_without_a_rank::ws3`: four groups made in turn on the world, `[0, 1]`,
+/// `[1, 2]`, `[2, 0]` (each leaves one rank out) and `[1, 2, 0]`; every member of each checks its
+/// rank and size and all_gathers its world rank on it (the members' world ranks, in group order).
+/// A group is made by every rank of its parent and works whatever groups each rank was or was not
+/// a member of before (clause `subgroups`).
+fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
+    }
+    let me = b.rank();
+    let all: [&[usize]; 4] = [&[0, 1], &[1, 2], &[2, 0], &[1, 2, 0]];
+    let mut kept = Vec::new();
+    for (k, members) in all.iter().enumerate() {
+        let before = &all[..k];
+        let w = format!(
+            "{} group {members:?} made after the groups {before:?} (each leaving one rank out)",
+            here(b, "all_gather_into_tensor", "out", DType::F32)
+        );
+        let g = b.new_group(members).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
+        match (&g, members.iter().position(|&r| r == me)) {
+            (Some(g), Some(want)) => {
+                if g.rank() != want || g.world_size() != members.len() {
+                    return Err(fail(
+                        &w,
+                        format!("new_group gave rank {} of {}, expected rank {want} of {}", g.rank(), g.world_size(), members.len()),
+                    ));
+                }
+                let gw = format!("{w} (group rank {want} of {})", members.len());
+                let mx = g.upload(&Tensor::from_vec(&[1], vec![me as f32]))?;
+                let order = g.all_gather_into_tensor(&mx).map_err(|e| fail(&gw, e))?.into_value(ctx.timeout).map_err(|e| fail(&gw, e))?;
+                let world_order = Tensor::from_vec(&[members.len()], members.iter().map(|&r| r as f32).collect::<Vec<f32>>());
+                expect_eq(g, &order, &world_order, &format!("{gw} all_gather of the members' world ranks (group order)"))?;
+            }
+            (None, None) => {}
+            (Some(_), None) => return Err(fail(&w, "new_group returned a communicator to a non-member")),
+            (None, Some(_)) => return Err(fail(&w, "new_group gave a member no communicator")),
+        }
+        // Every group stays alive until the end: the later ones are made beside it.
+        kept.push(g);
+    }
+    Ok(())
+}
+
+/// `state::group_recreated_unreceived_send::ws3`: the group `[2, 0]` made; each member sends the
+/// other a message and drops the send's work un-waited, and no one receives it; the group is
+/// dropped. The group is made again over the same members, and each member sends the other its
+/// next message, receives the other's and waits both: each receive MUST get the message sent on
+/// the new group (clause `p2p.matching`: a message is received only on its own communicator; one
+/// left unreceived when its communicator was dropped is gone).
+fn group_recreated_unreceived<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    if !b.capabilities().subgroups {
+        return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
+    }
+    let members = [2usize, 0];
+    let n = 8;
+    // Group rank `from`'s message on the group made for the `round`-th time.
+    let msg = |round: usize, from: usize| {
+        Tensor::from_vec(&[n], (0..n).map(|i| (1000 * (round + 1) + 100 * from + i) as f32).collect::<Vec<f32>>())
+    };
+    let w = format!("{} group {members:?}", here(b, "send_recv", "outbuf", DType::F32));
+    {
+        let g = b.new_group(&members).map_err(|e| fail(&w, format!("new_group (first): {e}")))?;
+        if let Some(g) = &g {
+            let peer = 1 - g.rank();
+            let x = g.upload(&msg(0, g.rank()))?;
+            drop(g.send(&x, peer).map_err(|e| fail(&w, format!("first group: isend to group rank {peer}: {e} [{}]", e.name())))?);
+        }
+        // Dropped with its two messages unreceived.
+    }
+    let g = b.new_group(&members).map_err(|e| fail(&w, format!("new_group (again, after the first was dropped): {e}")))?;
+    let Some(g) = g else { return Ok(()) };
+    let (me, peer) = (g.rank(), 1 - g.rank());
+    let gw = format!(
+        "{w} made again after the first (on which each member sent the other a message, dropped its send un-waited, and no one received it) was dropped (group rank {me} of 2)"
+    );
+    let x = g.upload(&msg(1, me))?;
+    let out = g.alloc(DType::F32, &[n])?;
+    let named = |what: &str, e: concord_core::CollectiveError| fail(&gw, format!("{what}: {e} [{}]", e.name()));
+    let sent = g.send(&x, peer).map_err(|e| named("isend", e))?;
+    let got_buf = g.recv(&out, peer).map_err(|e| named("irecv", e))?.into_value(ctx.timeout).map_err(|e| named("recv", e))?;
+    // The received values first: a receive that took the dropped group's message leaves this
+    // group's message unreceived, and the send's wait would only time out.
+    let got = g.download(&got_buf)?;
+    if g.capabilities().moves_data && got.bytes() == msg(0, peer).bytes() {
+        return Err(fail(
+            &gw,
+            format!("the receive from group rank {peer} got the message group rank {peer} sent on the dropped group (never received there), not the one it sent on this group"),
+        ));
+    }
+    expect_eq(&g, &got_buf, &msg(1, peer), &format!("{gw}: the receive from group rank {peer}"))?;
+    sent.wait(ctx.timeout).map_err(|e| named("send", e))?;
     Ok(())
 }
