@@ -32,7 +32,7 @@
 //!   an all_gather of the members' world ranks in group order). After the first group's ops, an
 //!   all_gather on the world: a per-process resource set up by the first communicator that used
 //!   it, for its size, gathers too few ranks (review17 finding 5).
-//! * `state::group_recreated_unreceived_send::ws3` — a group of ranks `[2, 0]` on which each member
+//! * `state::group_recreated_unreceived_send::ws3` (and `::ws2`, the group `[1, 0]`) — a group of ranks `[2, 0]` on which each member
 //!   sends the other a message and drops the send un-waited, never received; the group is
 //!   dropped and made again over the same members, whose exchange must receive its own messages:
 //!   a library that hands the dropped group's context (its id, its channel) to the next group of
@@ -78,6 +78,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         Case::<B>::new("state::outstanding_across_300_ops::ws2", meta("all_reduce", "out", "f32"), 2, outstanding_across),
         Case::<B>::new("state::results_kept_100_calls::ws2", meta("all_reduce", "out", "f32"), 2, results_kept),
         Case::<B>::new("state::group_recreated_same_members::ws3", meta("all_reduce", "out", "f32"), 3, group_recreated),
+        Case::<B>::new("state::group_recreated_unreceived_send::ws2", meta("send_recv", "outbuf", "f32"), 2, group_recreated_unreceived),
         Case::<B>::new("state::group_recreated_unreceived_send::ws3", meta("send_recv", "outbuf", "f32"), 3, group_recreated_unreceived),
         Case::<B>::new(
             "state::groups_each_without_a_rank::ws3",
@@ -473,7 +474,9 @@ fn group_recreated_unreceived<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !b.capabilities().subgroups {
         return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
     }
-    let members = [2usize, 0];
+    // At 3 ranks a group with a non-member; at 2 the whole world in reverse (a world size two
+    // GPUs can run).
+    let members = if b.world_size() >= 3 { [2usize, 0] } else { [1, 0] };
     let n = 8;
     // Group rank `from`'s message on the group made for the `round`-th time.
     let msg = |round: usize, from: usize| {
