@@ -223,6 +223,86 @@ impl Bug for ShmemAlltoallPermutedBlock {
     }
 }
 
+// ---------------------------------------------------------------- RBLN-SW/torch-rbln PR #56
+
+/// The per-rank receive alignment (bytes) the RBLN driver's strict `_rcclReduceScatter` demands.
+const RBLN_RS_RECV_ALIGN: usize = 128;
+
+/// A reduce_scatter whose padded-remainder path passes the unpadded per-rank count
+/// (RBLN-SW/torch-rbln PR #56 "fix(c10d): align ReduceScatter padded-remainder recv_count to
+/// driver requirement": `ReduceScatterRBLNWork::run()` splits a reduce_scatter into an aligned
+/// block and a padded remainder; the remainder block padded the total send buffer but "still
+/// passing the unaligned per-rank `recv_count` to the driver", whose v3.2.0 `_rcclReduceScatter`
+/// requires `recv_count × elem_size % 128 == 0` and returns `-EINVAL`: "RCCL ReduceScatter
+/// (padded remainder) failed: 1" for sizes such as 8 MiB + 88; the all-reduce remainder path of
+/// the same file passed the aligned count and was right). Here a reduce_scatter_tensor (out of
+/// place or `_out`) at two or more ranks whose per-rank output is not a multiple of 128 bytes
+/// fails on every rank.
+#[derive(Default)]
+pub struct RblnRsRemainderUnaligned;
+
+impl RblnRsRemainderUnaligned {
+    fn check(s: &Shm, x: &Buf) -> Result<()> {
+        let be = &*s.inner;
+        let ws = s.ws();
+        let per_rank = s.numel(x) / ws.max(1) * be.buffer_dtype(x).size();
+        if ws < 2 || per_rank == 0 || per_rank.is_multiple_of(RBLN_RS_RECV_ALIGN) {
+            return Ok(());
+        }
+        Err(CollectiveError::Backend(format!(
+            "RCCL ReduceScatter (padded remainder) failed: 1 (_rcclReduceScatter: recv_count x elem_size = {per_rank} B, not a multiple of {RBLN_RS_RECV_ALIGN}: -EINVAL)"
+        )))
+    }
+}
+
+impl Bug for RblnRsRemainderUnaligned {
+    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        Self::check(s, x)?;
+        s.inner.reduce_scatter_tensor(x, op)
+    }
+    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+        Self::check(s, x)?;
+        s.inner.reduce_scatter_tensor_out(x, op, out)
+    }
+}
+
+// ---------------------------------------------------------------- ofiwg/libfabric PR #6571
+
+/// The receive buffer size MPI posts for small messages over rxm (`FI_OFI_RXM_BUFFER_SIZE`,
+/// also the multi-recv threshold Open MPI sets): 16 KiB.
+const RXM_BUFFER_SIZE: usize = 16384;
+/// `sizeof(struct rxm_pkt)`: `ofi_ctrl_hdr` (32 bytes) and `ofi_op_hdr` (32 bytes).
+const RXM_PKT_HEADER: usize = 64;
+
+/// An eager limit that silently keeps the packet header (ofiwg/libfabric PR #6571 "prov/rxm: Use
+/// eager, sar, and buffer sizes correctly": rxm reserved its packet header inside the user's
+/// eager size, so "the actual eager size is slightly less than 16k"; MPI posts multi-recv
+/// buffers and receives transfers up to 16k in them, "the result is that 16k transfers from MPI
+/// end up being transfered using either the SAR or rendezvous protocols. This results in
+/// failures, as multi-recv handling isn't prepared to handle rendezvous messages"). Here a
+/// point-to-point message of more than `16384 - 64` bytes and at most 16,384 (4,081 to 4,096
+/// f32 elements, 8,161 to 8,192 of a 2-byte dtype) crosses to the rendezvous protocol while the
+/// receiver expects it in its multi-recv buffer: the receive fails.
+#[derive(Default)]
+pub struct RxmEagerLimitMinusHeader;
+
+impl Bug for RxmEagerLimitMinusHeader {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let be = &*s.inner;
+        let bytes = s.numel(out) * be.buffer_dtype(out).size();
+        let w = be.recv(out, src)?;
+        if bytes <= RXM_BUFFER_SIZE - RXM_PKT_HEADER || bytes > RXM_BUFFER_SIZE {
+            return Ok(w);
+        }
+        Ok(s.then(w, move |_, _| {
+            Err(CollectiveError::Backend(format!(
+                "rxm: a {bytes}-byte message past the eager limit ({} bytes) arrived as rendezvous in a multi-recv buffer: FI_EOPNOTSUPP",
+                RXM_BUFFER_SIZE - RXM_PKT_HEADER
+            )))
+        }))
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<HanLastSegmentBcastCount>(
@@ -248,6 +328,18 @@ pub fn catalogue() -> Vec<Spec> {
             "values.move",
             "open-mpi/ompi PR #4984: oshmem's all-to-all staggers its destinations but sends block i to PE (me + i) % n: slot p of rank q holds block (q - p) mod n",
             &["all_to_all_single::out::f32::ws2"],
+        ),
+        spec::<RblnRsRemainderUnaligned>(
+            "wild_rbln_rs_remainder_unaligned",
+            "values.sizes",
+            "RBLN-SW/torch-rbln PR #56: a reduce_scatter whose per-rank output is not a multiple of 128 bytes fails on the padded-remainder path (-EINVAL)",
+            &["reduce_scatter_tensor::out::f32::sum::ws2"],
+        ),
+        spec::<RxmEagerLimitMinusHeader>(
+            "wild_rxm_eager_limit_minus_header",
+            "values.sizes",
+            "ofiwg/libfabric PR #6571: a send / recv of 16,321 to 16,384 bytes goes rendezvous (eager limit 16 KiB minus the 64-byte header) into a multi-recv buffer: the receive fails",
+            &["p2p::"],
         ),
     ]
 }
