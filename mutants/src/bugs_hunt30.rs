@@ -309,13 +309,13 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_han_last_segment_bcast_count",
             "views",
             "open-mpi/ompi#11441 (PR #11442): HAN's segmented all_reduce_ broadcasts the last segment with the full segment count: past a view's end, every rank but 0 gets rank 0's elements",
-            &["views::all_reduce::inplace::f32::sum::ws2"],
+            &["state::views_of_one_parent::ws2"],
         ),
         spec::<RocshmemRingForcedSegment>(
             "wild_rocshmem_ring_forced_segment",
             "values.sizes",
             "ROCm/rocm-systems PR #3213: an all_reduce past the direct path's limit but shorter than one ring segment (1024/ws < n < seg) runs a whole segment and faults",
-            &["all_reduce::out::f32::sum::ws2"],
+            &["sizes::all_reduce::f32::n1023::ws2"],
         ),
         spec::<CustomArUnalignedView>(
             "wild_custom_ar_unaligned_view",
@@ -327,7 +327,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_shmem_alltoall_permuted_block",
             "values.move",
             "open-mpi/ompi PR #4984: oshmem's all-to-all staggers its destinations but sends block i to PE (me + i) % n: slot p of rank q holds block (q - p) mod n",
-            &["all_to_all_single::out::f32::ws2"],
+            &["seed::eager::all_to_all_equal_split_default"],
         ),
         spec::<RblnRsRemainderUnaligned>(
             "wild_rbln_rs_remainder_unaligned",
@@ -339,7 +339,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_rxm_eager_limit_minus_header",
             "values.sizes",
             "ofiwg/libfabric PR #6571: a send / recv of 16,321 to 16,384 bytes goes rendezvous (eager limit 16 KiB minus the 64-byte header) into a multi-recv buffer: the receive fails",
-            &["p2p::"],
+            &["realloc::send_recv::outbuf::ws2"],
         ),
     ]
 }

@@ -68,8 +68,8 @@ pub mod bugs_hunt26;
 pub mod bugs_hunt27;
 pub mod bugs_hunt28;
 pub mod bugs_hunt29;
-pub mod bugs_hunt30;
 pub mod bugs_hunt3;
+pub mod bugs_hunt30;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
