@@ -309,7 +309,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_han_last_segment_bcast_count",
             "views",
             "open-mpi/ompi#11441 (PR #11442): HAN's segmented all_reduce_ broadcasts the last segment with the full segment count: past a view's end, every rank but 0 gets rank 0's elements",
-            &["state::views_of_one_parent::ws2"],
+            &["views::all_reduce::inplace::f32::sum::ws2"],
         ),
         spec::<RocshmemRingForcedSegment>(
             "wild_rocshmem_ring_forced_segment",
