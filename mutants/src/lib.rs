@@ -69,6 +69,7 @@ pub mod bugs_hunt27;
 pub mod bugs_hunt28;
 pub mod bugs_hunt29;
 pub mod bugs_hunt3;
+pub mod bugs_hunt30;
 pub mod bugs_hunt31;
 #[macro_use]
 pub mod bugs_hunt4;
@@ -130,9 +131,10 @@ pub mod sweep_bad;
 /// conversions, NaN rewritten, averages of unscaled half-precision sums), [`bugs_hunt29`]
 /// (shipped bugs of caches and state carried across calls: persistent and cached ops that replay
 /// their first call, caches keyed on too few fields, counters of the process where they must be
-/// the group's), [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a
-/// message lingers, group names salted with per-rank counts, reused group names, lazy init on the
-/// first op);
+/// the group's), [`bugs_hunt30`] (shipped bugs where a library switches how it works: a
+/// segmented pipeline's last segment, a ring path below its segment size, a fast path's guard),
+/// [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a message lingers,
+/// group names salted with per-rank counts, reused group names, lazy init on the first op);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -175,6 +177,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt27::catalogue());
     v.extend(bugs_hunt28::catalogue());
     v.extend(bugs_hunt29::catalogue());
+    v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());

@@ -13,7 +13,18 @@ use std::time::Duration;
 
 /// Elements of guard on each side of every `_out` buffer.
 pub const GUARD_ELEMS: usize = 8;
+/// The guard byte of rank 0's guarded parents; [`guard_byte`] gives every rank its own.
 pub const GUARD_BYTE: u8 = 0xA5;
+
+/// The byte rank `rank` fills its guarded parents with: [`GUARD_BYTE`] on rank 0, another byte
+/// on every other rank (0x25 apart: distinct for any 256 consecutive ranks). Were the guards the
+/// same on every rank, a write past a buffer's end that copies a peer's bytes from the same
+/// place (a last segment or chunk moved at its full length, from a peer whose bytes there are
+/// guards too: HAN's segmented all_reduce, open-mpi/ompi #11441) would leave every guard as it
+/// was.
+pub fn guard_byte(rank: usize) -> u8 {
+    GUARD_BYTE.wrapping_add(((rank % 256) as u8).wrapping_mul(0x25))
+}
 
 #[derive(Clone, Debug)]
 pub struct ValueSpec {
@@ -93,7 +104,7 @@ pub fn shape_runs(spec: &ValueSpec, ws: usize) -> Vec<Vec<Vec<usize>>> {
 /// Where the buffers of one run live. The default (the matrix's): inputs are buffers of their
 /// own, `_out` / recv outputs are views [`GUARD_ELEMS`] elements into a guarded parent.
 /// With offsets set, every input (and the `_out` / recv output) is a `Backend::view` that many
-/// elements into a larger parent filled with [`GUARD_BYTE`]s, with [`GUARD_ELEMS`] guard
+/// elements into a larger parent filled with the rank's [`guard_byte`]s, with [`GUARD_ELEMS`] guard
 /// elements after it too; the bytes of each parent outside its view are checked untouched.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
@@ -200,22 +211,24 @@ fn byte_mismatch(got: &Tensor, exp: &Tensor) -> Option<String> {
     ))
 }
 
-/// Checks that every byte of `parent` outside elements `[off, off + numel)` is still [`GUARD_BYTE`].
+/// Checks that every byte of `parent` outside elements `[off, off + numel)` is still this rank's
+/// [`guard_byte`].
 pub(crate) fn check_frame<B: Backend>(b: &B, parent: &B::Buffer, off: usize, numel: usize, what: &str) -> Result<(), String> {
     let all = b.download(parent).map_err(|e| format!("download {what} parent: {e}"))?;
     let es = all.dtype().size();
     let bytes = all.bytes();
     let (start, end) = (off * es, (off + numel) * es);
-    if let Some(i) = bytes[..start].iter().rposition(|&x| x != GUARD_BYTE) {
+    let g = guard_byte(b.rank());
+    if let Some(i) = bytes[..start].iter().rposition(|&x| x != g) {
         return Err(format!(
-            "wrote before its {what} buffer (a view {off} elements into its parent): guard byte {} before the start is 0x{:02x}",
+            "wrote before its {what} buffer (a view {off} elements into its parent): guard byte {} before the start is 0x{:02x}, expected this rank's guard 0x{g:02x}",
             start - i,
             bytes[i]
         ));
     }
-    if let Some(i) = bytes[end..].iter().position(|&x| x != GUARD_BYTE) {
+    if let Some(i) = bytes[end..].iter().position(|&x| x != g) {
         return Err(format!(
-            "wrote past the end of its {what} buffer (a view {off} elements into its parent): guard byte {i} after the end is 0x{:02x}",
+            "wrote past the end of its {what} buffer (a view {off} elements into its parent): guard byte {i} after the end is 0x{:02x}, expected this rank's guard 0x{g:02x}",
             bytes[end + i]
         ));
     }
@@ -368,12 +381,17 @@ impl<B: Backend> Prepared<B> {
             let gb = GUARD_ELEMS * spec.dtype.size();
             let bytes = all.bytes();
             let tail_start = bytes.len() - gb;
-            if let Some(i) = bytes[..gb].iter().position(|&x| x != GUARD_BYTE) {
-                return Err(fail(format!("wrote before its output buffer: guard byte {} (of {gb}) is 0x{:02x}", gb - i, bytes[i])));
-            }
-            if let Some(i) = bytes[tail_start..].iter().position(|&x| x != GUARD_BYTE) {
+            let g = guard_byte(b.rank());
+            if let Some(i) = bytes[..gb].iter().position(|&x| x != g) {
                 return Err(fail(format!(
-                    "wrote past the end of its output buffer: guard byte {i} after the end is 0x{:02x}",
+                    "wrote before its output buffer: guard byte {} (of {gb}) is 0x{:02x}, expected this rank's guard 0x{g:02x}",
+                    gb - i,
+                    bytes[i]
+                )));
+            }
+            if let Some(i) = bytes[tail_start..].iter().position(|&x| x != g) {
+                return Err(fail(format!(
+                    "wrote past the end of its output buffer: guard byte {i} after the end is 0x{:02x}, expected this rank's guard 0x{g:02x}",
                     bytes[tail_start + i]
                 )));
             }
@@ -468,8 +486,9 @@ pub fn prepare<B: Backend>(
             continue;
         }
         let parent_shape = [layout.in_offset + t.numel() + GUARD_ELEMS];
-        let parent =
-            b.upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, GUARD_BYTE)).map_err(|e| fail(format!("alloc input parent: {e}")))?;
+        let parent = b
+            .upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, guard_byte(b.rank())))
+            .map_err(|e| fail(format!("alloc input parent: {e}")))?;
         let view = b.view(&parent, layout.in_offset, t.shape()).map_err(|e| fail(format!("view: {e}")))?;
         b.write(&view, t).map_err(|e| fail(format!("write input view: {e}")))?;
         ins.push(view);
@@ -484,7 +503,7 @@ pub fn prepare<B: Backend>(
         let off = if layout.out_offset == 0 { GUARD_ELEMS } else { layout.out_offset };
         let parent_shape = [off + n + GUARD_ELEMS];
         let parent = b
-            .upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, GUARD_BYTE))
+            .upload(&Tensor::filled_bytes(spec.dtype, &parent_shape, guard_byte(b.rank())))
             .map_err(|e| fail(format!("alloc guarded output: {e}")))?;
         let view = b.view(&parent, off, &out_shape).map_err(|e| fail(format!("view: {e}")))?;
         guarded = Some((parent, view));

@@ -43,7 +43,7 @@
 use super::util::{here, step_failed};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params};
-use crate::values::{partner, GUARD_BYTE, GUARD_ELEMS};
+use crate::values::{guard_byte, partner, GUARD_ELEMS};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor, Variant};
 use concord_fixtures::ladder::{self, Closed};
 use concord_oracle::{compare, Tolerance};
@@ -92,7 +92,7 @@ pub fn frame_offset(dtype: DType, numel: usize) -> usize {
 fn framed<B: Backend>(b: &B, dtype: DType, shape: &[usize], t: Option<&Tensor>) -> Result<(B::Buffer, B::Buffer, usize), String> {
     let n: usize = shape.iter().product();
     let (es, at) = (dtype.size(), frame_offset(dtype, n));
-    let mut whole = Tensor::filled_bytes(dtype, &[at + n + GUARD_ELEMS], GUARD_BYTE);
+    let mut whole = Tensor::filled_bytes(dtype, &[at + n + GUARD_ELEMS], guard_byte(b.rank()));
     if let Some(t) = t {
         whole.bytes_mut()[at * es..(at + n) * es].copy_from_slice(t.bytes());
     }

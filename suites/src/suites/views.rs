@@ -17,7 +17,7 @@ use super::util::{expect_eq, fail, here, step_failed};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use crate::suites::matrix;
-use crate::values::{self, check_frame, Layout, ValueSpec, GUARD_BYTE};
+use crate::values::{self, check_frame, guard_byte, Layout, ValueSpec};
 use concord_core::{Backend, DType, OpKind, ReduceOp, Tensor};
 use concord_fixtures::InputKind;
 
@@ -109,7 +109,7 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     );
     let named = |step| step_failed(&w, step);
     let parent =
-        b.upload(&Tensor::filled_bytes(DType::F32, &[at + n + values::GUARD_ELEMS], GUARD_BYTE)).map_err(named("upload the parent"))?;
+        b.upload(&Tensor::filled_bytes(DType::F32, &[at + n + values::GUARD_ELEMS], guard_byte(me))).map_err(named("upload the parent"))?;
     let outer = b.view(&parent, outer_off, &[inner_off + n + 4]).map_err(named("the outer view"))?;
     let inner = b.view(&outer, inner_off, &[n]).map_err(named("the view of the view"))?;
     b.write(&inner, &view_input(me, n, 0)).map_err(named("write the input"))?;
@@ -138,7 +138,8 @@ fn one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     );
     let total = 48 + values::GUARD_ELEMS;
     let named = |step| step_failed(&w, step);
-    let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[total], GUARD_BYTE)).map_err(named("upload the parent"))?;
+    let g = guard_byte(me);
+    let parent = b.upload(&Tensor::filled_bytes(DType::F32, &[total], g)).map_err(named("upload the parent"))?;
     let views: Vec<B::Buffer> =
         places.iter().map(|&(off, n)| b.view(&parent, off, &[n])).collect::<Result<_, _>>().map_err(named("the views"))?;
     for (k, (v, &(_, n))) in views.iter().zip(&places).enumerate() {
@@ -158,11 +159,11 @@ fn one_parent<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let all = b.download(&parent).map_err(named("download the parent"))?;
     let es = DType::F32.size();
     let inside = |i: usize| places.iter().any(|&(off, n)| (off * es..(off + n) * es).contains(&i));
-    if let Some(i) = (0..all.bytes().len()).find(|&i| !inside(i) && all.bytes()[i] != GUARD_BYTE) {
+    if let Some(i) = (0..all.bytes().len()).find(|&i| !inside(i) && all.bytes()[i] != g) {
         return Err(fail(
             &w,
             format!(
-                "wrote outside the three views: byte {i} of the parent (element {}) is 0x{:02x}, expected the guard 0x{GUARD_BYTE:02x} (only the views' elements may change)",
+                "wrote outside the three views: byte {i} of the parent (element {}) is 0x{:02x}, expected this rank's guard 0x{g:02x} (only the views' elements may change)",
                 i / es,
                 all.bytes()[i]
             ),
