@@ -181,6 +181,11 @@ fn gather<B: Backend>(ctx: &Ctx<'_, B>, label: &str, mine: &str) -> Result<Vec<S
     refs.iter().map(|k| ctx.store.get(k).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(|e| fail(ctx, e))).collect()
 }
 
+/// The first rank (if any) whose `ok` for `label` is false: every rank's through [`gather`].
+fn first_false<B: Backend>(ctx: &Ctx<'_, B>, label: &str, ok: bool) -> Result<Option<usize>, CaseEnd> {
+    Ok(gather(ctx, label, &ok.to_string())?.iter().position(|s| s != "true"))
+}
+
 /// The per-call gate for tuned ops: a request's op instance is the call its `native` choice
 /// makes (out of place) and the call every choice must match, so a case tuning an instance the
 /// backend declares a gap is UNSUPPORTED (on every rank alike, before any rank tunes), naming
@@ -567,9 +572,7 @@ fn expect_inf<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, choice: &str, rank: usi
     let ok =
         t.row(choice).is_some_and(|r| matches!(&r.status, RowStatus::Failed(c) if c.iter().any(|(q, w)| *q == rank && w.contains(cause))));
     let warned = o.all_warnings().iter().any(|w| w.contains(choice) && w.contains(&format!("rank {rank}")) && w.contains(cause));
-    let summary = format!("{}", ok && warned);
-    let all = gather(ctx, &format!("inf-{choice}"), &summary)?;
-    if let Some(bad) = all.iter().position(|s| s != "true") {
+    if let Some(bad) = first_false(ctx, &format!("inf-{choice}"), ok && warned)? {
         return Err(fail(
             ctx,
             format!(
@@ -619,6 +622,28 @@ fn check_live_ranks_in_time<B: Backend>(
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The pre-sync hazard of `autotune::hazard::*missing_at_presync::ws3`: rank `late` comes 1.5 s
+/// late to a tuning with a 0.5 s timeout; the other ranks decide without it by the deadline (the
+/// default choice, naming rank `late` in the outcome) and `late` adopts that decision when it
+/// arrives. `winners` and `missing` label the gathers; `who` names the late rank in the failure.
+fn missing_at_presync<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, late: usize, winners: &str, missing: &str, who: &str) -> CaseResult {
+    let timeout = Duration::from_millis(500);
+    if ctx.rank() == late {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let reqs = vec![Request::builtin(ar(256))];
+    let (t0, noise) = (Instant::now(), Noise::start());
+    let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+    check_live_ranks_in_time(ctx, &o, late, timeout, t0, &noise)?;
+    check_same_winners(ctx, &o, winners, " — a rank that arrives after the decision must adopt it")?;
+    let named = |w: &String| w.contains(&format!("rank(s) {late}")) || w.contains(&format!("rank {late}"));
+    let ok = o.missing == [late] && o.winner(0) == "native" && o.all_warnings().iter().any(named);
+    if let Some(bad) = first_false(ctx, missing, ok)? {
+        return Err(fail(ctx, format!("rank {bad}: {who} must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
     }
     Ok(())
 }
@@ -819,8 +844,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_same_winners(ctx, &o, "sleep", " after a timeout: not every rank ended the same way")?;
         expect_inf(ctx, &o, "sleeps_10s_on_rank1", 1, "never reported", "")?;
         let after_not_run = matches!(o.tables[0].row("after").map(|r| &r.status), Some(RowStatus::NotRun(_)));
-        let all = gather(ctx, "after-not-run", &after_not_run.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "after-not-run", after_not_run)? {
             return Err(fail(ctx, format!("rank {bad} ran or timed a choice after one timed out (the communicator may be unusable: every later choice must be not run on every rank)\n{o}")));
         }
         Ok(())
@@ -1065,48 +1089,24 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new("autotune::hazard::rank_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
-        // Rank 2 comes 1.5 s late to a tuning with a 0.5 s timeout: the others decide without it
-        // (default choice, naming rank 2), and rank 2 adopts that decision when it arrives.
-        let timeout = Duration::from_millis(500);
-        if ctx.rank() == 2 {
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-        let reqs = vec![Request::builtin(ar(256))];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 2, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "late", " — a rank that arrives after the decision must adopt it")?;
-        let ok = o.missing == [2] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 2") || w.contains("rank 2"));
-        let all = gather(ctx, "missing", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
-            return Err(fail(ctx, format!("rank {bad}: a rank missing at the pre-sync must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
-        }
-        Ok(())
-    })
-    .stall_bound());
-    v.push(Case::<B>::new("autotune::hazard::rank0_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
-        // review11 (finding 2): the same with rank 0 the late one (every other timing hazard's
-        // slow rank is not 0): ranks 1 and 2 decide without it by the deadline and rank 0 adopts
-        // that decision; a leader-based tuner whose followers wait for rank 0's decision with the
-        // op timeout keeps them waiting until rank 0 arrives.
-        let timeout = Duration::from_millis(500);
-        if ctx.rank() == 0 {
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-        let reqs = vec![Request::builtin(ar(256))];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 0, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "late0", " — a rank that arrives after the decision must adopt it")?;
-        let ok = o.missing == [0] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 0") || w.contains("rank 0"));
-        let all = gather(ctx, "missing0", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
-            return Err(fail(ctx, format!("rank {bad}: rank 0, missing at the pre-sync, must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
-        }
-        Ok(())
-    })
-    .stall_bound());
+    v.push(
+        Case::<B>::new("autotune::hazard::rank_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+            // Rank 2 comes 1.5 s late to a tuning with a 0.5 s timeout: the others decide without it
+            // (default choice, naming rank 2), and rank 2 adopts that decision when it arrives.
+            missing_at_presync::<B, A>(ctx, 2, "late", "missing", "a rank missing at the pre-sync")
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("autotune::hazard::rank0_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+            // review11 (finding 2): the same with rank 0 the late one (every other timing hazard's
+            // slow rank is not 0): ranks 1 and 2 decide without it by the deadline and rank 0 adopts
+            // that decision; a leader-based tuner whose followers wait for rank 0's decision with the
+            // op timeout keeps them waiting until rank 0 arrives.
+            missing_at_presync::<B, A>(ctx, 0, "late0", "missing0", "rank 0, missing at the pre-sync,")
+        })
+        .stall_bound(),
+    );
     v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
         let reqs = vec![req(
             ar(512),
@@ -1115,8 +1115,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         )];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         let ok = o.winner(0) == "fails_screening_on_rank0" && o.all_warnings().iter().any(|w| w.contains("default"));
-        let all = gather(ctx, "default", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "default", ok)? {
             return Err(fail(
                 ctx,
                 format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}"),
@@ -1548,8 +1547,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let reqs = vec![req(ar(768), vec![pow2_only, Choice::new("native", native::<B>)], "native")];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         let skipped = matches!(o.tables[0].row("pow2_only").map(|r| &r.status), Some(RowStatus::Skipped(_)));
-        let all = gather(ctx, "skipped", &skipped.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "skipped", skipped)? {
             return Err(fail(
                 ctx,
                 format!("rank {bad}: choice `pow2_only` (applicable to power-of-two worlds only) was not skipped on 3 ranks — `Choice::applies` was ignored and a choice run where it does not apply\n{o}"),
