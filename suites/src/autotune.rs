@@ -181,6 +181,21 @@ fn gather<B: Backend>(ctx: &Ctx<'_, B>, label: &str, mine: &str) -> Result<Vec<S
     refs.iter().map(|k| ctx.store.get(k).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(|e| fail(ctx, e))).collect()
 }
 
+/// The choices of the `hang_after_last_timed_run` hazards: `native`, then
+/// `hangs_after_its_runs_on_rank{rank}` (right on every rank, but rank `rank` sleeps `sleep`
+/// after its last timed run, past the deadline), then `after` (the declared default: no choice
+/// may run after the hang).
+fn hangs_after_last_timed_run<B: Backend>(rank: usize, sleep: Duration) -> Vec<Choice<B>> {
+    let hang = Choice::new(&format!("hangs_after_its_runs_on_rank{rank}"), move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+        let out = native(c, x)?;
+        if c.b.rank() == rank && c.phase == Phase::Timed(2) {
+            std::thread::sleep(sleep);
+        }
+        Ok(out)
+    });
+    vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)]
+}
+
 /// The first rank (if any) whose `ok` for `label` is false: every rank's through [`gather`].
 fn first_false<B: Backend>(ctx: &Ctx<'_, B>, label: &str, ok: bool) -> Result<Option<usize>, CaseEnd> {
     Ok(gather(ctx, label, &ok.to_string())?.iter().position(|s| s != "true"))
@@ -1432,14 +1447,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // sleeps 1.5 s after its last timed run, past the 1 s deadline: rank 0 timed it, rank 1
             // never reports. Its time is unknown and rank 1 may be stuck in it: inf on every rank
             // (naming rank 1), and no later choice runs.
-            let hang = Choice::new("hangs_after_its_runs_on_rank1", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                let out = native(c, x)?;
-                if c.b.rank() == 1 && c.phase == Phase::Timed(2) {
-                    std::thread::sleep(Duration::from_millis(1500));
-                }
-                Ok(out)
-            });
-            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let reqs = vec![req(ar(1024), hangs_after_last_timed_run::<B>(1, Duration::from_millis(1500)), "after")];
             let o = tune(ctx, &A::new(cfg(Duration::from_secs(1), Policy::Max)), 0, &reqs)?;
             check_same_winners(ctx, &o, "after-runs", "")?;
             expect_inf(
@@ -1460,14 +1468,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // (2.5 s past a 1 s deadline): rank 1 ends by the deadline (+ slack) with the choice
             // inf naming rank 0, not when rank 0 wakes up (a follower waiting for the leader's
             // decision with the op timeout).
-            let hang = Choice::new("hangs_after_its_runs_on_rank0", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                let out = native(c, x)?;
-                if c.b.rank() == 0 && c.phase == Phase::Timed(2) {
-                    std::thread::sleep(Duration::from_millis(2500));
-                }
-                Ok(out)
-            });
-            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let reqs = vec![req(ar(1024), hangs_after_last_timed_run::<B>(0, Duration::from_millis(2500)), "after")];
             let timeout = Duration::from_secs(1);
             let (t0, noise) = (Instant::now(), Noise::start());
             let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
