@@ -371,6 +371,19 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
             }
             emit(&Msg::Start { rank, op: step.op.name().into(), size: step.size, placement });
             cx.reported.set(0);
+            // The reference times the backend's very call (op, count, dtype, reduce op, root,
+            // placement) with a warm-up, iterations and window of its own.
+            let ref_step = |warmup: usize, iters: usize, window: usize| RefStep {
+                op: step.op,
+                count: step.count,
+                dtype,
+                redop,
+                root: a.root,
+                placement,
+                warmup,
+                iters,
+                window,
+            };
             // `--interleave`: the reference times one window right after each of the
             // backend's (same iterations), its first with the warm-up.
             let mut between = Interleaved::default();
@@ -382,17 +395,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
                             return;
                         }
                         cx.beat.phase(format!("{} {} {} B: reference {} window", step.op.name(), placement.name(), step.size, rf.label()));
-                        let rs = RefStep {
-                            op: step.op,
-                            count: step.count,
-                            dtype,
-                            redop,
-                            root: a.root,
-                            placement,
-                            warmup: if between.windows.is_empty() { a.warmup } else { 0 },
-                            iters: k,
-                            window: k,
-                        };
+                        let rs = ref_step(if between.windows.is_empty() { a.warmup } else { 0 }, k, k);
                         match rf.time_us(&rs) {
                             Ok(Some(t)) => between.windows.push(t),
                             Ok(None) => between.stopped = true,
@@ -442,17 +445,7 @@ pub fn rank_main<B: Backend>(world: &WorldInfo, a: &crate::Args, hooks: &Hooks<B
                 Ok(mut r) => {
                     if let Some(rf) = reference.as_mut() {
                         cx.beat.phase(format!("{} {} {} B: reference {}", step.op.name(), placement.name(), step.size, rf.label()));
-                        let rs = RefStep {
-                            op: step.op,
-                            count: step.count,
-                            dtype,
-                            redop,
-                            root: a.root,
-                            placement,
-                            warmup: a.warmup,
-                            iters: a.iters,
-                            window: r.window,
-                        };
+                        let rs = ref_step(a.warmup, a.iters, r.window);
                         match rf.time_us(&rs) {
                             Ok(t) => {
                                 r.ref_us = t;

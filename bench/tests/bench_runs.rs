@@ -76,6 +76,23 @@ fn parse(argv: &[&str]) -> (Args, Vec<String>) {
     (Args::parse_from(std::iter::once("concord-bench".to_string()).chain(argv.clone())), argv)
 }
 
+/// The bench run in this process (its ranks launched) as backend `name` with `hooks` and the
+/// rest of its command line `argv` (`--backend name` first: the ranks' `main` picks the backend
+/// by it): it MUST end cleanly (exit 0, no failure).
+fn run_clean(name: &str, hooks: &Hooks<ShmBackend>, argv: &[&str]) -> std::result::Result<concord_bench::Outcome, Failed> {
+    let (args, argv) = parse(&[&["--backend", name][..], argv].concat());
+    let o = concord_bench::run_parent::<ShmBackend>(name, hooks, &args, argv);
+    if o.code != 0 || !o.failures.is_empty() {
+        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
+    }
+    Ok(o)
+}
+
+/// The fake device clocks' mark: nothing (their `elapsed` counts windows, not time).
+fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
+    Ok(Box::new(()))
+}
+
 /// Device data through the host (download, rotate, write): the bench's device-data path
 /// (rotated copies, reads by closure) on a CPU backend.
 fn via_host<B: Backend>() -> concord_bench::DeviceData<B> {
@@ -164,32 +181,11 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
     let json = dir.path().join("shm.jsonl");
     let svg = dir.path().join("shm.svg");
     let (js, ss) = (json.to_string_lossy().into_owned(), svg.to_string_lossy().into_owned());
-    let (args, argv) = parse(&[
-        "--backend",
+    run_clean(
         "shm",
-        "--op",
-        "all",
-        "-b",
-        "8",
-        "-e",
-        "4K",
-        "-f",
-        "8",
-        "-n",
-        "4",
-        "-w",
-        "1",
-        "--ranks",
-        "2",
-        "--json",
-        &js,
-        "--svg",
-        &ss,
-    ]);
-    let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
-    if o.code != 0 || !o.failures.is_empty() {
-        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
-    }
+        &Hooks::default(),
+        &["--op", "all", "-b", "8", "-e", "4K", "-f", "8", "-n", "4", "-w", "1", "--ranks", "2", "--json", &js, "--svg", &ss],
+    )?;
     let recs = concord_bench::record::read_jsonl(&json)?;
     let shm: Vec<_> = recs.iter().filter(|r| r.backend == "shm").collect();
     // 7 ops × sizes 8, 64, 512, 4096 (8 B is one f32 per rank chunk for the chunked ops), plus
@@ -216,9 +212,6 @@ fn shm_every_op_end_to_end() -> std::result::Result<(), Failed> {
 /// A device clock that says every timed window took exactly 1 ms, and a reference that says
 /// every all_reduce took 100 us (and has no other op): the bench must use them as they are.
 fn clocked_hooks() -> Hooks<ShmBackend> {
-    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
-        Ok(Box::new(()))
-    }
     fn elapsed(_: &ShmBackend, a: &concord_bench::ext::Mark, b: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
         assert!(a.is::<()>() && b.is::<()>(), "the clock got marks it did not make");
         Ok(Duration::from_millis(1))
@@ -256,31 +249,29 @@ fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let json = dir.path().join("c.jsonl");
     let js = json.to_string_lossy().into_owned();
-    let (args, argv) = parse(&[
-        "--backend",
+    run_clean(
         "shmclock",
-        "--op",
-        "all_reduce,all_gather",
-        "-b",
-        "64",
-        "-e",
-        "4M",
-        "-f",
-        "16",
-        "-n",
-        "4",
-        "-w",
-        "1",
-        "--ranks",
-        "2",
-        "--no-plot",
-        "--json",
-        &js,
-    ]);
-    let o = concord_bench::run_parent::<ShmBackend>("shmclock", &clocked_hooks(), &args, argv);
-    if o.code != 0 || !o.failures.is_empty() {
-        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
-    }
+        &clocked_hooks(),
+        &[
+            "--op",
+            "all_reduce,all_gather",
+            "-b",
+            "64",
+            "-e",
+            "4M",
+            "-f",
+            "16",
+            "-n",
+            "4",
+            "-w",
+            "1",
+            "--ranks",
+            "2",
+            "--no-plot",
+            "--json",
+            &js,
+        ],
+    )?;
     let recs = concord_bench::record::read_jsonl(&json)?;
     let own: Vec<_> = recs.iter().filter(|r| r.backend == "shmclock").collect();
     // all_reduce 64 B, 1K, 16K, 256K, 4M in both placements, all_gather out-of-place. At 4 MiB
@@ -307,9 +298,6 @@ fn device_clock_and_reference_are_used() -> std::result::Result<(), Failed> {
 
 /// A clock that reads 1, 2 and 9 ms for a rank's successive windows (per process).
 fn shifting_clock_hooks() -> Hooks<ShmBackend> {
-    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
-        Ok(Box::new(()))
-    }
     fn elapsed(_: &ShmBackend, _: &concord_bench::ext::Mark, _: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
         static N: AtomicU64 = AtomicU64::new(0);
         Ok(Duration::from_millis([1, 2, 9][(N.fetch_add(1, Ordering::SeqCst) % 3) as usize]))
@@ -333,31 +321,11 @@ fn a_step_is_the_median_of_its_windows() -> std::result::Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let json = dir.path().join("w.jsonl");
     let js = json.to_string_lossy().into_owned();
-    let (args, argv) = parse(&[
-        "--backend",
+    let o = run_clean(
         "shmwindows",
-        "--op",
-        "all_reduce",
-        "-b",
-        "64",
-        "-e",
-        "64",
-        "-n",
-        "6",
-        "--window",
-        "2",
-        "-w",
-        "1",
-        "--ranks",
-        "2",
-        "--no-plot",
-        "--json",
-        &js,
-    ]);
-    let o = concord_bench::run_parent::<ShmBackend>("shmwindows", &shifting_clock_hooks(), &args, argv);
-    if o.code != 0 || !o.failures.is_empty() {
-        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
-    }
+        &shifting_clock_hooks(),
+        &["--op", "all_reduce", "-b", "64", "-e", "64", "-n", "6", "--window", "2", "-w", "1", "--ranks", "2", "--no-plot", "--json", &js],
+    )?;
     let recs: Vec<_> = concord_bench::record::read_jsonl(&json)?.into_iter().filter(|r| r.backend == "shmwindows").collect();
     if recs.len() != 2 {
         return Err(format!("{} shmwindows records, want 2 (both placements)", recs.len()).into());
@@ -385,9 +353,6 @@ fn a_step_is_the_median_of_its_windows() -> std::result::Result<(), Failed> {
 fn interleaved_hooks() -> Hooks<ShmBackend> {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     static WINDOWS: AtomicU64 = AtomicU64::new(0);
-    fn mark(_: &ShmBackend) -> Result<concord_bench::ext::Mark> {
-        Ok(Box::new(()))
-    }
     fn elapsed(_: &ShmBackend, _: &concord_bench::ext::Mark, _: &concord_bench::ext::Mark, _: Duration) -> Result<Duration> {
         Ok(Duration::from_millis([1, 2, 9][(WINDOWS.fetch_add(1, Ordering::SeqCst) % 3) as usize]))
     }
@@ -438,32 +403,30 @@ fn interleave_times_the_reference_between_the_windows() -> std::result::Result<(
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let json = dir.path().join("i.jsonl");
     let js = json.to_string_lossy().into_owned();
-    let (args, argv) = parse(&[
-        "--backend",
+    let o = run_clean(
         "shminterleave",
-        "--op",
-        "all_reduce",
-        "-b",
-        "64",
-        "-e",
-        "64",
-        "-n",
-        "6",
-        "--window",
-        "2",
-        "-w",
-        "1",
-        "--ranks",
-        "2",
-        "--interleave",
-        "--no-plot",
-        "--json",
-        &js,
-    ]);
-    let o = concord_bench::run_parent::<ShmBackend>("shminterleave", &interleaved_hooks(), &args, argv);
-    if o.code != 0 || !o.failures.is_empty() {
-        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
-    }
+        &interleaved_hooks(),
+        &[
+            "--op",
+            "all_reduce",
+            "-b",
+            "64",
+            "-e",
+            "64",
+            "-n",
+            "6",
+            "--window",
+            "2",
+            "-w",
+            "1",
+            "--ranks",
+            "2",
+            "--interleave",
+            "--no-plot",
+            "--json",
+            &js,
+        ],
+    )?;
     let recs = concord_bench::record::read_jsonl(&json)?;
     let own: Vec<_> = recs.iter().filter(|r| r.backend == "shminterleave").collect();
     let refs: Vec<_> = recs.iter().filter(|r| r.backend == "step-ref").collect();
@@ -487,31 +450,11 @@ fn one_rank_runs_every_op_but_sendrecv() -> std::result::Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let json = dir.path().join("one.jsonl");
     let js = json.to_string_lossy().into_owned();
-    let (args, argv) = parse(&[
-        "--backend",
+    let o = run_clean(
         "shm",
-        "--op",
-        "all",
-        "-b",
-        "8",
-        "-e",
-        "64",
-        "-f",
-        "8",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--ranks",
-        "1",
-        "--no-plot",
-        "--json",
-        &js,
-    ]);
-    let o = concord_bench::run_parent::<ShmBackend>("shm", &Hooks::default(), &args, argv);
-    if o.code != 0 || !o.failures.is_empty() {
-        return Err(format!("exit code {}; failures {:?}", o.code, o.failures).into());
-    }
+        &Hooks::default(),
+        &["--op", "all", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "1", "--ranks", "1", "--no-plot", "--json", &js],
+    )?;
     let ops: std::collections::BTreeSet<String> = o.records.iter().filter(|r| r.backend == "shm").map(|r| r.op.clone()).collect();
     if ops.len() != 6 || ops.contains("sendrecv") {
         return Err(format!("ops run at 1 rank: {ops:?}").into());

@@ -496,14 +496,15 @@ pub fn impossible_in_groups(target: &Target) -> bool {
     target.shape == "singleton" && (target.pos != "first" || target.hook == "recv")
 }
 
-/// One cell's result.
+/// One cell's result, of either grid: this sweep's ([`Cell`]) and the bad-input grid's
+/// ([`crate::sweep_bad::Cell`]), `T` being the grid's target.
 #[derive(Clone, Debug)]
-pub struct Cell {
-    pub target: Target,
+pub struct GridCell<T> {
+    pub target: T,
     /// The world size; 0 for a subgroup cell (every world size).
     pub ws: usize,
     /// `None`: not applicable (a position that is an earlier one's rank at this world size, or a
-    /// cell no call can reach: [`impossible`]).
+    /// cell no call can reach: [`impossible`], [`crate::sweep_bad::impossible`]).
     pub candidates: Option<usize>,
     /// Cases run against the target (controls and reruns alone not counted).
     pub cases_run: usize,
@@ -514,6 +515,9 @@ pub struct Cell {
     pub set_aside: Vec<(String, SetAside)>,
     pub elapsed: Duration,
 }
+
+/// One cell of the corruption sweep.
+pub type Cell = GridCell<Target>;
 
 pub use crate::campaign::SetAside;
 
@@ -627,26 +631,47 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
     }
     // One listing serves every target (same backend type; the ids differ only by prefix, which
     // is `sweep::` for all).
-    let mut cases = spec(&targets[0]).entry.cases();
-    cases.retain(|c| !skip.iter().any(|k| c.id.contains(k.as_str())));
+    let cases = listed_without(&spec(&targets[0]).entry, skip);
     let work: Vec<(Target, usize)> = targets
         .iter()
         .flat_map(|t| if t.in_groups() { vec![(t.clone(), 0)] } else { sizes.iter().map(|&ws| (t.clone(), ws)).collect() })
         .collect();
+    let cell_run = |t: &Target, ws: usize| {
+        let unreachable =
+            if t.in_groups() { impossible_in_groups(t) || refused_dtype(t) } else { rank_of(t.pos, ws).is_none() || impossible(t, ws) };
+        (!unreachable).then(|| cell_cases(&cases, t, ws, sizes))
+    };
+    run_cells(work, jobs, cell_run, |t| (spec(t), control(t)), report)
+}
+
+/// The listing of `entry` (one listing serves every target of a grid) without the cases whose
+/// id contains one of `skip` (the grid as it was before a hunt's cases).
+pub fn listed_without(entry: &BackendEntry, skip: &[String]) -> Vec<CaseInfo> {
+    let mut cases = entry.cases();
+    cases.retain(|c| !skip.iter().any(|k| c.id.contains(k.as_str())));
+    cases
+}
+
+/// Every cell of `work` (a target and its world size), up to `jobs` side by side, in one verdict
+/// pool, for either grid: `cell_run` gives a cell's cases (`None`: no call can reach the cell),
+/// `specs` its target and control, and [`cell_outcome`] the result; `report` is called as each
+/// cell ends.
+pub fn run_cells<T: Send>(
+    work: Vec<(T, usize)>,
+    jobs: usize,
+    cell_run: impl Fn(&T, usize) -> Option<Vec<CaseInfo>> + Sync,
+    specs: impl Fn(&T) -> (Spec, Spec) + Sync,
+    report: impl Fn(&GridCell<T>) + Sync,
+) -> Vec<GridCell<T>> {
     let pool = verdict_pool();
     let cells = side_by_side(
         work,
         jobs,
         |(t, ws)| {
             let started = Instant::now();
-            let unreachable = if t.in_groups() {
-                impossible_in_groups(&t) || refused_dtype(&t)
-            } else {
-                rank_of(t.pos, ws).is_none() || impossible(&t, ws)
-            };
-            let run = (!unreachable).then(|| cell_cases(&cases, &t, ws, sizes));
-            let (candidates, cases_run, caught, set_aside) = cell_outcome(&pool, run, || (spec(&t), control(&t)));
-            Cell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
+            let run = cell_run(&t, ws);
+            let (candidates, cases_run, caught, set_aside) = cell_outcome(&pool, run, || specs(&t));
+            GridCell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
         },
         report,
     );

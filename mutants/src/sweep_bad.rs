@@ -28,14 +28,14 @@
 //! same target with [`crate::sweep::DRY_OPTION`]: every call wrapped the same way, nothing
 //! misreported).
 
-use crate::campaign::{side_by_side, verdict_pool, Spec};
-use crate::sweep::{cell_outcome, SetAside};
+use crate::campaign::Spec;
+use crate::sweep::{listed_without, run_cells};
 use crate::{Buf, Bug, Shm};
 use concord_core::{Backend, BadInputKind as K, CollectiveError, Completion, OutstandingCounter, ReduceOp, Result, Work};
 use concord_suites::run::{BackendEntry, CaseInfo};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The backend option (and entry name) of the grid's mutant.
 pub const NAME: &str = "bad_sweep";
@@ -530,18 +530,8 @@ pub fn worker_entry() -> BackendEntry {
     spec(&targets(&[])[0]).entry
 }
 
-/// One cell's result.
-#[derive(Clone, Debug)]
-pub struct Cell {
-    pub target: Target,
-    pub ws: usize,
-    /// `None`: not applicable ([`impossible`]).
-    pub candidates: Option<usize>,
-    pub cases_run: usize,
-    pub caught: Option<String>,
-    pub set_aside: Vec<(String, SetAside)>,
-    pub elapsed: Duration,
-}
+/// One cell of the bad-input grid.
+pub type Cell = crate::sweep::GridCell<Target>;
 
 /// Every cell of `targets` × `sizes`, up to `jobs` side by side, without the cases whose id
 /// contains one of `skip`.
@@ -549,23 +539,10 @@ pub fn run(targets: &[Target], sizes: &[usize], jobs: usize, skip: &[String], re
     if targets.is_empty() {
         return Vec::new();
     }
-    let mut cases = spec(&targets[0]).entry.cases();
-    cases.retain(|c| !skip.iter().any(|k| c.id.contains(k.as_str())));
+    let cases = listed_without(&spec(&targets[0]).entry, skip);
     let work: Vec<(Target, usize)> = targets.iter().flat_map(|t| sizes.iter().map(|&ws| (t.clone(), ws))).collect();
-    let pool = verdict_pool();
-    let cells = side_by_side(
-        work,
-        jobs,
-        |(t, ws)| {
-            let started = Instant::now();
-            let run = (!impossible(&t, ws)).then(|| cell_cases(&cases, &t, ws));
-            let (candidates, cases_run, caught, set_aside) = cell_outcome(&pool, run, || (spec(&t), control(&t)));
-            Cell { target: t, ws, candidates, cases_run, caught, set_aside, elapsed: started.elapsed() }
-        },
-        report,
-    );
-    pool.shutdown();
-    cells
+    let cell_run = |t: &Target, ws: usize| (!impossible(t, ws)).then(|| cell_cases(&cases, t, ws));
+    run_cells(work, jobs, cell_run, |t| (spec(t), control(t)), report)
 }
 
 /// The grid: a table per hook, a row per (kind, position), a column per world size; then the

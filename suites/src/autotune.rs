@@ -181,6 +181,26 @@ fn gather<B: Backend>(ctx: &Ctx<'_, B>, label: &str, mine: &str) -> Result<Vec<S
     refs.iter().map(|k| ctx.store.get(k).map(|v| String::from_utf8_lossy(&v).into_owned()).map_err(|e| fail(ctx, e))).collect()
 }
 
+/// The choices of the `hang_after_last_timed_run` hazards: `native`, then
+/// `hangs_after_its_runs_on_rank{rank}` (right on every rank, but rank `rank` sleeps `sleep`
+/// after its last timed run, past the deadline), then `after` (the declared default: no choice
+/// may run after the hang).
+fn hangs_after_last_timed_run<B: Backend>(rank: usize, sleep: Duration) -> Vec<Choice<B>> {
+    let hang = Choice::new(&format!("hangs_after_its_runs_on_rank{rank}"), move |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
+        let out = native(c, x)?;
+        if c.b.rank() == rank && c.phase == Phase::Timed(2) {
+            std::thread::sleep(sleep);
+        }
+        Ok(out)
+    });
+    vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)]
+}
+
+/// The first rank (if any) whose `ok` for `label` is false: every rank's through [`gather`].
+fn first_false<B: Backend>(ctx: &Ctx<'_, B>, label: &str, ok: bool) -> Result<Option<usize>, CaseEnd> {
+    Ok(gather(ctx, label, &ok.to_string())?.iter().position(|s| s != "true"))
+}
+
 /// The per-call gate for tuned ops: a request's op instance is the call its `native` choice
 /// makes (out of place) and the call every choice must match, so a case tuning an instance the
 /// backend declares a gap is UNSUPPORTED (on every rank alike, before any rank tunes), naming
@@ -567,9 +587,7 @@ fn expect_inf<B: Backend>(ctx: &Ctx<'_, B>, o: &Outcome, choice: &str, rank: usi
     let ok =
         t.row(choice).is_some_and(|r| matches!(&r.status, RowStatus::Failed(c) if c.iter().any(|(q, w)| *q == rank && w.contains(cause))));
     let warned = o.all_warnings().iter().any(|w| w.contains(choice) && w.contains(&format!("rank {rank}")) && w.contains(cause));
-    let summary = format!("{}", ok && warned);
-    let all = gather(ctx, &format!("inf-{choice}"), &summary)?;
-    if let Some(bad) = all.iter().position(|s| s != "true") {
+    if let Some(bad) = first_false(ctx, &format!("inf-{choice}"), ok && warned)? {
         return Err(fail(
             ctx,
             format!(
@@ -619,6 +637,28 @@ fn check_live_ranks_in_time<B: Backend>(
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The pre-sync hazard of `autotune::hazard::*missing_at_presync::ws3`: rank `late` comes 1.5 s
+/// late to a tuning with a 0.5 s timeout; the other ranks decide without it by the deadline (the
+/// default choice, naming rank `late` in the outcome) and `late` adopts that decision when it
+/// arrives. `winners` and `missing` label the gathers; `who` names the late rank in the failure.
+fn missing_at_presync<B: Backend, A: Autotuner<B>>(ctx: &Ctx<'_, B>, late: usize, winners: &str, missing: &str, who: &str) -> CaseResult {
+    let timeout = Duration::from_millis(500);
+    if ctx.rank() == late {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let reqs = vec![Request::builtin(ar(256))];
+    let (t0, noise) = (Instant::now(), Noise::start());
+    let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
+    check_live_ranks_in_time(ctx, &o, late, timeout, t0, &noise)?;
+    check_same_winners(ctx, &o, winners, " — a rank that arrives after the decision must adopt it")?;
+    let named = |w: &String| w.contains(&format!("rank(s) {late}")) || w.contains(&format!("rank {late}"));
+    let ok = o.missing == [late] && o.winner(0) == "native" && o.all_warnings().iter().any(named);
+    if let Some(bad) = first_false(ctx, missing, ok)? {
+        return Err(fail(ctx, format!("rank {bad}: {who} must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
     }
     Ok(())
 }
@@ -819,8 +859,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         check_same_winners(ctx, &o, "sleep", " after a timeout: not every rank ended the same way")?;
         expect_inf(ctx, &o, "sleeps_10s_on_rank1", 1, "never reported", "")?;
         let after_not_run = matches!(o.tables[0].row("after").map(|r| &r.status), Some(RowStatus::NotRun(_)));
-        let all = gather(ctx, "after-not-run", &after_not_run.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "after-not-run", after_not_run)? {
             return Err(fail(ctx, format!("rank {bad} ran or timed a choice after one timed out (the communicator may be unusable: every later choice must be not run on every rank)\n{o}")));
         }
         Ok(())
@@ -1065,48 +1104,24 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         }
         Ok(())
     }));
-    v.push(Case::<B>::new("autotune::hazard::rank_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
-        // Rank 2 comes 1.5 s late to a tuning with a 0.5 s timeout: the others decide without it
-        // (default choice, naming rank 2), and rank 2 adopts that decision when it arrives.
-        let timeout = Duration::from_millis(500);
-        if ctx.rank() == 2 {
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-        let reqs = vec![Request::builtin(ar(256))];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 2, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "late", " — a rank that arrives after the decision must adopt it")?;
-        let ok = o.missing == [2] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 2") || w.contains("rank 2"));
-        let all = gather(ctx, "missing", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
-            return Err(fail(ctx, format!("rank {bad}: a rank missing at the pre-sync must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
-        }
-        Ok(())
-    })
-    .stall_bound());
-    v.push(Case::<B>::new("autotune::hazard::rank0_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
-        // review11 (finding 2): the same with rank 0 the late one (every other timing hazard's
-        // slow rank is not 0): ranks 1 and 2 decide without it by the deadline and rank 0 adopts
-        // that decision; a leader-based tuner whose followers wait for rank 0's decision with the
-        // op timeout keeps them waiting until rank 0 arrives.
-        let timeout = Duration::from_millis(500);
-        if ctx.rank() == 0 {
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-        let reqs = vec![Request::builtin(ar(256))];
-        let (t0, noise) = (Instant::now(), Noise::start());
-        let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
-        check_live_ranks_in_time(ctx, &o, 0, timeout, t0, &noise)?;
-        check_same_winners(ctx, &o, "late0", " — a rank that arrives after the decision must adopt it")?;
-        let ok = o.missing == [0] && o.winner(0) == "native" && o.all_warnings().iter().any(|w| w.contains("rank(s) 0") || w.contains("rank 0"));
-        let all = gather(ctx, "missing0", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
-            return Err(fail(ctx, format!("rank {bad}: rank 0, missing at the pre-sync, must be named in the outcome and every rank must use the default (this rank: missing {:?}, winner `{}`)\n{o}", o.missing, o.winner(0))));
-        }
-        Ok(())
-    })
-    .stall_bound());
+    v.push(
+        Case::<B>::new("autotune::hazard::rank_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+            // Rank 2 comes 1.5 s late to a tuning with a 0.5 s timeout: the others decide without it
+            // (default choice, naming rank 2), and rank 2 adopts that decision when it arrives.
+            missing_at_presync::<B, A>(ctx, 2, "late", "missing", "a rank missing at the pre-sync")
+        })
+        .stall_bound(),
+    );
+    v.push(
+        Case::<B>::new("autotune::hazard::rank0_missing_at_presync::ws3", meta("all_reduce"), 3, move |ctx| {
+            // review11 (finding 2): the same with rank 0 the late one (every other timing hazard's
+            // slow rank is not 0): ranks 1 and 2 decide without it by the deadline and rank 0 adopts
+            // that decision; a leader-based tuner whose followers wait for rank 0's decision with the
+            // op timeout keeps them waiting until rank 0 arrives.
+            missing_at_presync::<B, A>(ctx, 0, "late0", "missing0", "rank 0, missing at the pre-sync,")
+        })
+        .stall_bound(),
+    );
     v.push(Case::<B>::new("autotune::hazard::all_inf_uses_default::ws2", meta("all_reduce"), 2, move |ctx| {
         let reqs = vec![req(
             ar(512),
@@ -1115,8 +1130,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         )];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         let ok = o.winner(0) == "fails_screening_on_rank0" && o.all_warnings().iter().any(|w| w.contains("default"));
-        let all = gather(ctx, "default", &ok.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "default", ok)? {
             return Err(fail(
                 ctx,
                 format!("rank {bad}: every choice inf must give the declared default on every rank, with a warning saying so\n{o}"),
@@ -1433,14 +1447,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // sleeps 1.5 s after its last timed run, past the 1 s deadline: rank 0 timed it, rank 1
             // never reports. Its time is unknown and rank 1 may be stuck in it: inf on every rank
             // (naming rank 1), and no later choice runs.
-            let hang = Choice::new("hangs_after_its_runs_on_rank1", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                let out = native(c, x)?;
-                if c.b.rank() == 1 && c.phase == Phase::Timed(2) {
-                    std::thread::sleep(Duration::from_millis(1500));
-                }
-                Ok(out)
-            });
-            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let reqs = vec![req(ar(1024), hangs_after_last_timed_run::<B>(1, Duration::from_millis(1500)), "after")];
             let o = tune(ctx, &A::new(cfg(Duration::from_secs(1), Policy::Max)), 0, &reqs)?;
             check_same_winners(ctx, &o, "after-runs", "")?;
             expect_inf(
@@ -1461,14 +1468,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
             // (2.5 s past a 1 s deadline): rank 1 ends by the deadline (+ slack) with the choice
             // inf naming rank 0, not when rank 0 wakes up (a follower waiting for the leader's
             // decision with the op timeout).
-            let hang = Choice::new("hangs_after_its_runs_on_rank0", |c: &ChoiceCtx<'_, B>, x: &B::Buffer| {
-                let out = native(c, x)?;
-                if c.b.rank() == 0 && c.phase == Phase::Timed(2) {
-                    std::thread::sleep(Duration::from_millis(2500));
-                }
-                Ok(out)
-            });
-            let reqs = vec![req(ar(1024), vec![Choice::new("native", native::<B>), hang, Choice::new("after", native::<B>)], "after")];
+            let reqs = vec![req(ar(1024), hangs_after_last_timed_run::<B>(0, Duration::from_millis(2500)), "after")];
             let timeout = Duration::from_secs(1);
             let (t0, noise) = (Instant::now(), Noise::start());
             let o = tune(ctx, &A::new(cfg(timeout, Policy::Max)), 0, &reqs)?;
@@ -1548,8 +1548,7 @@ pub fn cases<B: Backend, A: Autotuner<B>>() -> Vec<Case<B>> {
         let reqs = vec![req(ar(768), vec![pow2_only, Choice::new("native", native::<B>)], "native")];
         let o = tune(ctx, &A::new(cfg(t10, Policy::Max)), 0, &reqs)?;
         let skipped = matches!(o.tables[0].row("pow2_only").map(|r| &r.status), Some(RowStatus::Skipped(_)));
-        let all = gather(ctx, "skipped", &skipped.to_string())?;
-        if let Some(bad) = all.iter().position(|s| s != "true") {
+        if let Some(bad) = first_false(ctx, "skipped", skipped)? {
             return Err(fail(
                 ctx,
                 format!("rank {bad}: choice `pow2_only` (applicable to power-of-two worlds only) was not skipped on 3 ranks — `Choice::applies` was ignored and a choice run where it does not apply\n{o}"),

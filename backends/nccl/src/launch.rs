@@ -6,7 +6,7 @@ use crate::comm::{self, red_fns};
 use crate::cuda::DevMem;
 use crate::dtype::{move_type, nccl_dtype, premul_scalar, Red, AVG, SUM};
 use crate::issue::Op;
-use crate::worker::{check, Launch};
+use crate::worker::{check, Calls, Launch};
 use crate::{NcclBackend, NcclBuffer};
 use concord_core::{DType, Result};
 use cudarc::nccl::sys as nccl;
@@ -36,7 +36,16 @@ pub(crate) fn keep(bufs: &[&NcclBuffer]) -> Vec<Arc<DevMem>> {
 
 /// A launch of grouped point-to-point calls: `(is_send, device pointer, elements, peer)`.
 pub(crate) fn p2p_launch(jobs: Vec<(bool, u64, usize, usize)>, d: DType, keep: Vec<Arc<DevMem>>) -> Launch {
-    Launch { premul: vec![], then: vec![], keep, calls: Box::new(move |c, s, _| p2p(&jobs, d, c, s)), local: None }
+    Launch::calls_only(keep, Box::new(move |c, s, _| p2p(&jobs, d, c, s)))
+}
+
+impl Launch {
+    /// A launch that is its NCCL `calls` alone, `keep` alive until they are enqueued: no
+    /// premul-sum op to create, no step after them, never replaced by one-rank copies (the data
+    /// movements, the barrier).
+    pub(crate) fn calls_only(keep: Vec<Arc<DevMem>>, calls: Calls) -> Launch {
+        Launch { premul: vec![], then: vec![], keep, calls, local: None }
+    }
 }
 
 pub(crate) fn p2p(

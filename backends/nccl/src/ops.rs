@@ -117,15 +117,12 @@ impl NcclBackend {
         let launch = (x.numel() > 0).then(|| {
             let (t, n) = move_type(x.dtype, x.numel());
             let (src, dst) = (x.ptr(), out.ptr());
-            Launch {
-                premul: vec![],
-                then: vec![],
-                local: None,
-                keep: keep(&[x, &out]),
-                calls: Box::new(move |c, s, _| unsafe {
+            Launch::calls_only(
+                keep(&[x, &out]),
+                Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s), "ncclAllGather")
                 }),
-            }
+            )
         });
         self.submit(o, out, Check::All(hdr), launch)
     }
@@ -146,15 +143,12 @@ impl NcclBackend {
         let launch = (x.numel() > 0).then(|| {
             let (t, n) = move_type(x.dtype, x.numel());
             let (sp, dp) = (x.ptr(), out.ptr());
-            Launch {
-                premul: vec![],
-                then: vec![],
-                local: None,
-                keep: keep(&[x, &out]),
-                calls: Box::new(move |c, s, _| unsafe {
+            Launch::calls_only(
+                keep(&[x, &out]),
+                Box::new(move |c, s, _| unsafe {
                     check(nccl::ncclBroadcast(sp as *const c_void, dp as *mut c_void, n, t, src as i32, c, s), "ncclBroadcast")
                 }),
-            }
+            )
         });
         self.submit(o, out, Check::All(hdr), launch)
     }
@@ -180,21 +174,20 @@ impl NcclBackend {
             xs.iter().map(|x| self.alloc_buf(&o, x.dtype, &gathered_shape(&x.shape, self.ws))).collect::<Result<_>>()?;
         let jobs: Vec<(u64, u64, usize, DType)> =
             xs.iter().zip(&outs).filter(|(x, _)| x.numel() > 0).map(|(x, y)| (x.ptr(), y.ptr(), x.numel(), x.dtype)).collect();
-        let launch = (!jobs.is_empty()).then(|| Launch {
-            premul: vec![],
-            then: vec![],
-            local: None,
-            keep: keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
-            calls: Box::new(move |c, s, _| {
-                for (src, dst, n, d) in jobs {
-                    let (t, n) = move_type(d, n);
-                    check(
-                        unsafe { nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s) },
-                        "ncclAllGather (coalesced)",
-                    )?;
-                }
-                Ok(())
-            }),
+        let launch = (!jobs.is_empty()).then(|| {
+            Launch::calls_only(
+                keep(&xs.iter().chain(&outs).collect::<Vec<_>>()),
+                Box::new(move |c, s, _| {
+                    for (src, dst, n, d) in jobs {
+                        let (t, n) = move_type(d, n);
+                        check(
+                            unsafe { nccl::ncclAllGather(src as *const c_void, dst as *mut c_void, n, t, c, s) },
+                            "ncclAllGather (coalesced)",
+                        )?;
+                    }
+                    Ok(())
+                }),
+            )
         });
         self.submit(o, outs, Check::All(hdr), launch)
     }
@@ -386,12 +379,9 @@ impl NcclBackend {
         let o = self.begin("barrier", true)?;
         let hdr = self.admit(&o, &self.call(&o, CallOp::Barrier, Variant::Out, &[]))?;
         let p = self.barrier_buf.ptr();
-        let launch = Launch {
-            premul: vec![],
-            then: vec![],
-            local: None,
-            keep: keep(&[&self.barrier_buf]),
-            calls: Box::new(move |c, s, _| unsafe {
+        let launch = Launch::calls_only(
+            keep(&[&self.barrier_buf]),
+            Box::new(move |c, s, _| unsafe {
                 check(
                     nccl::ncclAllReduce(
                         p as *const c_void,
@@ -405,7 +395,7 @@ impl NcclBackend {
                     "ncclAllReduce (barrier)",
                 )
             }),
-        };
+        );
         self.submit(o, (), Check::All(hdr), Some(launch))
     }
 }

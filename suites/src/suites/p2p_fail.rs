@@ -51,7 +51,7 @@ use super::faults::{fault, needs, sub_world, Keys, CANARY, OP_TIMEOUT, STALL};
 use super::util::{fail, full, here};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::fault::{point, Action};
-use concord_core::{Backend, CollectiveError, DType, Tensor};
+use concord_core::{Backend, CollectiveError, DType, Tensor, Work};
 use std::time::{Duration, Instant};
 
 fn meta() -> CaseMeta {
@@ -112,6 +112,15 @@ fn must_fail_in_time<T>(
     }
 }
 
+/// [`must_fail_in_time`] for each of a rank's in-flight ops, `what` #k of `LENS[k]` elements, in
+/// order, stopping at the first that does not fail in time: every op's error, or that failure.
+fn each_must_fail_in_time<T>(ops: &[Work<T>], w: &str, what: &str, why: &str) -> Result<Vec<CollectiveError>, CaseEnd> {
+    ops.iter()
+        .enumerate()
+        .map(|(k, op)| must_fail_in_time(|t| op.wait(t).map(|_| ()), w, &format!("{what} #{k} (of {} elements)", LENS[k]), why))
+        .collect()
+}
+
 /// A warm-up message from rank 0 to rank 1, so that both ranks are in step and the pair works.
 fn warm_up<B: Backend>(b: &B, timeout: Duration, w: &str) -> CaseResult {
     let named = |what: &str, e: CollectiveError| fail(w, format!("the warm-up {what} failed: {e} [{}]", e.name()));
@@ -144,22 +153,7 @@ fn late_sender<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if b.rank() == 1 {
         let outs: Vec<B::Buffer> = LENS.iter().map(|&n| b.upload(&Tensor::zeros(DType::F32, &[n]))).collect::<Result<_, _>>()?;
         let recvs = outs.iter().map(|o| b.recv(o, 0)).collect::<Result<Vec<_>, _>>()?;
-        let mut errs = Vec::new();
-        let mut verdict = Ok(());
-        for (k, r) in recvs.iter().enumerate() {
-            match must_fail_in_time(
-                |t| r.wait(t).map(|_| ()),
-                &w,
-                &format!("receive #{k} (of {} elements)", LENS[k]),
-                "rank 0 had sent nothing",
-            ) {
-                Ok(e) => errs.push(e),
-                Err(f) => {
-                    verdict = Err(f);
-                    break;
-                }
-            }
-        }
+        let verdict = each_must_fail_in_time(&recvs, &w, "receive", "rank 0 had sent nothing");
         // The buffers are the caller's again: reused (the canary) whatever the verdict, so that
         // rank 0 always goes on and the world ends.
         for (o, &n) in outs.iter().zip(&LENS) {
@@ -167,7 +161,7 @@ fn late_sender<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         }
         keys.set("victim_failed", &w)?;
         keys.wait("other_done", &w)?;
-        verdict?;
+        let errs = verdict?;
         for (k, o) in outs.iter().enumerate() {
             if let Some((i, v)) = not_canary(&b, o)? {
                 return Err(fail(
@@ -222,18 +216,7 @@ fn late_receiver<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if b.rank() == 0 {
         let xs: Vec<B::Buffer> = LENS.iter().enumerate().map(|(k, &n)| b.upload(&message(0, k, n))).collect::<Result<_, _>>()?;
         let sends = xs.iter().map(|x| b.send(x, 1)).collect::<Result<Vec<_>, _>>()?;
-        let mut verdict = Ok(());
-        for (k, s) in sends.iter().enumerate() {
-            if let Err(f) = must_fail_in_time(
-                |t| s.wait(t).map(|_| ()),
-                &w,
-                &format!("send #{k} (of {} elements)", LENS[k]),
-                "rank 1 had posted no receive",
-            ) {
-                verdict = Err(f);
-                break;
-            }
-        }
+        let verdict = each_must_fail_in_time(&sends, &w, "send", "rank 1 had posted no receive");
         // The send buffers are the caller's again: reused.
         for (x, &n) in xs.iter().zip(&LENS) {
             b.write(x, &full(&[n], CANARY))?;
