@@ -11,7 +11,10 @@
 //!   all_gather / gather (whose output is `ws·n`), the output of reduce_scatter / scatter /
 //!   all_to_all (whose input is `ws·n`).
 //! * **Ladder**: f32 at 1023, 1025, 4097, 65535, 65536, 65537, 262145 (world sizes 2 and 3), and
-//!   at world size 2 only 1048575 (4 MiB, or 8 MiB for the ops whose larger buffer is `ws·n`)
+//!   at world size 2 only 1024, 4096 and 16384 (4, 16 and 64 KiB exactly: a protocol switch such
+//!   as an eager limit sits at a power of two, and a limit that keeps a header inside it fails
+//!   just below, never at ±1 of the rung: mutant `wild_rxm_eager_limit_minus_header`), 1048575
+//!   (4 MiB, or 8 MiB for the ops whose larger buffer is `ws·n`)
 //!   and the 64 MiB step: the largest buffer of the op is 64 MiB + one element per rank (`n` =
 //!   16777217, or 8388609 for the ops whose larger buffer is `ws·n`), for every op: the
 //!   contract's "up to at least 64 MiB" (clause `values.sizes`) is per op, and a backend's size
@@ -226,7 +229,7 @@ fn folds(op: OpKind) -> bool {
 pub fn ladder(op: OpKind, dtype: DType) -> Vec<(usize, usize)> {
     let mut v = Vec::new();
     let (both, two): (&[usize], &[usize]) = match dtype {
-        DType::F32 => (&[1023, 1025, 4097, 65535, 65536, 65537, 262145], &[1048575]),
+        DType::F32 => (&[1023, 1025, 4097, 65535, 65536, 65537, 262145], &[1024, 4096, 16384, 1048575]),
         _ => (&[1025, 65535, 65537], &[1048577]),
     };
     for &n in both {
