@@ -1,8 +1,8 @@
 //! The raw NCCL reference of the benchmark: each collective called directly through cudarc's
 //! NCCL bindings in a tight loop on preallocated buffers, as nccl-tests does — its own
-//! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default; [`RawNccl::new_nonblocking`]
-//! for one configured as the backend's, polled after every call as NCCL requires;
-//! [`RawNccl::new_split`] for one made as the backend's blocking twin) and its own stream on the
+//! *blocking* communicator (`ncclCommInitRank`, nccl-tests' default; [`RawMode`] for one
+//! configured as the backend's, polled after every call as NCCL requires, or one made as the
+//! backend's blocking twin) and its own stream on the
 //! rank's GPU, no progress thread, no validation, nothing checked — timed with CUDA events
 //! around back-to-back launches, window by window, exactly as the bench times the backend.
 //! Not a [`concord_core::Backend`]: a yardstick printed next to the backend's row.
@@ -240,7 +240,10 @@ unsafe impl Send for RawCommHandle {}
 pub enum RawMode {
     /// `ncclCommInitRank`: nccl-tests' blocking communicator.
     Blocking,
-    /// `ncclCommInitRankConfig` with `blocking = 0`, polled after every call.
+    /// `ncclCommInitRankConfig` with `blocking = 0` (the backend's default): every call's
+    /// `ncclInProgress` is polled with `ncclCommGetAsyncError` until done before the next call,
+    /// as NCCL requires. What NCCL's non-blocking mode costs per launch, measured without the
+    /// backend.
     NonBlocking,
     /// A blocking communicator split (`ncclCommSplit`, `splitShare = 0`) off a non-blocking
     /// parent, exactly as the backend makes its blocking twin (`Comm::make_twin`): whether the
@@ -298,32 +301,13 @@ fn red(op: ReduceOp) -> Result<nccl::ncclRedOp_t, String> {
 unsafe impl Send for RawNccl {}
 
 impl RawNccl {
-    /// Joins the reference communicator: rank `rank` of `nranks` on visible GPU `ordinal`, with
-    /// the id from [`unique_id`] on rank 0. `timeout` bounds every GPU wait.
-    pub fn new(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        Self::with(RawMode::Blocking, ordinal, rank, nranks, id, timeout)
-    }
-
-    /// As [`RawNccl::new`], with a *non-blocking* communicator (`ncclConfig_t.blocking = 0`, the
-    /// backend's default): every call's `ncclInProgress` is polled with
-    /// `ncclCommGetAsyncError` until done before the next call, as NCCL requires. What NCCL's
-    /// non-blocking mode costs per launch, measured without the backend.
-    pub fn new_nonblocking(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        Self::with(RawMode::NonBlocking, ordinal, rank, nranks, id, timeout)
-    }
-
     /// This rank's number in the reference communicator.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
-    /// As [`RawNccl::new`], with a blocking communicator split off a non-blocking parent as the
-    /// backend's twin is ([`RawMode::Split`]).
-    pub fn new_split(ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
-        Self::with(RawMode::Split, ordinal, rank, nranks, id, timeout)
-    }
-
-    /// Joins the reference communicator made as `mode` says (see [`RawNccl::new`]).
+    /// Joins the reference communicator made as `mode` says: rank `rank` of `nranks` on visible
+    /// GPU `ordinal`, with the id from [`unique_id`] on rank 0. `timeout` bounds every GPU wait.
     pub fn with(mode: RawMode, ordinal: usize, rank: usize, nranks: usize, id: &[u8], timeout: Duration) -> Result<RawNccl, String> {
         let lib_version = crate::comm::nccl_present()?;
         if id.len() != 128 {

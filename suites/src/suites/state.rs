@@ -51,7 +51,7 @@
 //!   had counted a catch that needed the cases before it: `plan_cached_by_numel`).
 
 use super::matrix::each_dtype;
-use super::util::{expect_eq, fail, here, ArVehicle};
+use super::util::{expect_eq, fail, here, member_group, ArVehicle};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use concord_core::{Backend, BadInputKind, DType, OpKind, Tensor, Variant};
@@ -438,24 +438,20 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             "{} group {members:?} made after the groups {before:?} (each leaving one rank out)",
             here(b, "all_gather_into_tensor", "out", DType::F32)
         );
-        let g = b.new_group(members).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
-        match (&g, members.iter().position(|&r| r == me)) {
-            (Some(g), Some(want)) => {
-                if g.rank() != want || g.world_size() != members.len() {
-                    return Err(fail(
-                        &w,
-                        format!("new_group gave rank {} of {}, expected rank {want} of {}", g.rank(), g.world_size(), members.len()),
-                    ));
-                }
-                let gw = format!("{w} (group rank {want} of {})", members.len());
-                let mx = g.upload(&Tensor::from_vec(&[1], vec![me as f32]))?;
-                let order = g.all_gather_into_tensor(&mx).map_err(|e| fail(&gw, e))?.into_value(ctx.timeout).map_err(|e| fail(&gw, e))?;
-                let world_order = Tensor::from_vec(&[members.len()], members.iter().map(|&r| r as f32).collect::<Vec<f32>>());
-                expect_eq(g, &order, &world_order, &format!("{gw} all_gather of the members' world ranks (group order)"))?;
+        // A communicator exactly on the members (`member_group` names the failure otherwise).
+        let g = member_group(b, members)?;
+        if let (Some(g), Some(want)) = (&g, members.iter().position(|&r| r == me)) {
+            if g.rank() != want || g.world_size() != members.len() {
+                return Err(fail(
+                    &w,
+                    format!("new_group gave rank {} of {}, expected rank {want} of {}", g.rank(), g.world_size(), members.len()),
+                ));
             }
-            (None, None) => {}
-            (Some(_), None) => return Err(fail(&w, "new_group returned a communicator to a non-member")),
-            (None, Some(_)) => return Err(fail(&w, "new_group gave a member no communicator")),
+            let gw = format!("{w} (group rank {want} of {})", members.len());
+            let mx = g.upload(&Tensor::from_vec(&[1], vec![me as f32]))?;
+            let order = g.all_gather_into_tensor(&mx).map_err(|e| fail(&gw, e))?.into_value(ctx.timeout).map_err(|e| fail(&gw, e))?;
+            let world_order = Tensor::from_vec(&[members.len()], members.iter().map(|&r| r as f32).collect::<Vec<f32>>());
+            expect_eq(g, &order, &world_order, &format!("{gw} all_gather of the members' world ranks (group order)"))?;
         }
         // Every group stays alive until the end: the later ones are made beside it.
         kept.push(g);
