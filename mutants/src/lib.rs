@@ -1,9 +1,13 @@
 //! # concord-mutants
 //!
-//! **One job:** measure what the conformance suites catch. Each mutant is the shm backend with
-//! ONE bug, written the way a downstream author writes a backend: a type implementing
-//! [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`]. `cargo xtask mutants` runs
-//! the catalogue against every mutant (see [`campaign`]) and prints the catch rate.
+//! **One job:** measure what the conformance suites catch, and that they accept what is right.
+//! Each mutant is the shm backend with ONE bug, written the way a downstream author writes a
+//! backend: a type implementing [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`].
+//! `cargo xtask mutants` runs the catalogue against every mutant (see [`campaign`]) and prints the
+//! catch rate, then against every legal variant ([`legal`], [`legal_review`], [`legal3`]: correct
+//! backends that differ from shm in legal ways), which MUST pass it. [`sweep`] and [`sweep_bad`]
+//! are the grids beside the hand-written bugs; [`stream`] is the reference launch-based backend
+//! whose own mutants ([`bugs_stream`]) break the failure-path clauses.
 //!
 //! The delegation boilerplate lives here once: [`Mutant`] implements `Backend` around one
 //! [`Bug`] (chosen at init by the backend option `mutant=<name>`), whose hooks default to the
