@@ -9,7 +9,9 @@
 //!   (`src/bin/concord-bench.rs`, what `cargo xtask bench` runs) registers shm and nccl.
 //! * Ranks are started by the harness launcher ([`concord_harness::launch`]) once per run
 //!   (persistent world: set-up is paid once); each runs [`rank::rank_main`] and reports JSON
-//!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table.
+//!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table. Under torchrun
+//!   / mpirun / srun each process is one rank instead (`external`): the lines go through the TCP
+//!   store and rank 0 prints the table.
 //! * [`ext`]: what a backend may add through its [`Hooks`] — a device clock (CUDA events for
 //!   NCCL; CPU backends keep wall-clock) and a reference timed in the same run (NCCL: the raw
 //!   NCCL calls in a tight loop), printed next to the backend's rows.
