@@ -1,6 +1,6 @@
 //! # concord-bench
 //!
-//! **One job:** the benchmark users trust — nccl-tests' table for any [`Backend`], with every
+//! **One job:** the benchmark users trust — nccl-tests' table for any [`concord_core::Backend`], with every
 //! timed iteration's output checked against the oracle — and the tools around it (JSON lines,
 //! SVG plots, regression comparison, OpenMPI side by side).
 //!
