@@ -17,7 +17,6 @@
 //!   NCCL calls in a tight loop), printed next to the backend's rows.
 //! * [`Common`] is the older shared command line of `concord-nccl-bench`.
 #![forbid(unsafe_code)]
-#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod args;
 pub mod compare;

@@ -204,8 +204,6 @@
 //! hang is still aborted, but a peer lost while NCCL is connecting can block the progress
 //! thread inside NCCL; the twin's watchdog (default) ends exactly that case.
 
-#![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
-
 pub mod bench_io;
 mod block_cache;
 mod board;
