@@ -190,7 +190,9 @@
 //! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
 //! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
-//! larger of the op deadline and 30 s),
+//! larger of the op deadline and 30 s), `progress_pin=N` (default: unpinned; the progress thread
+//! on CPU N + local rank only, a measuring aid: the bench's raw loop pins its launching thread
+//! alike with `raw_pin=N`, so both launch from the same vCPU, see `pin`),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named
@@ -225,6 +227,7 @@ mod one_rank;
 mod ops;
 
 mod p2p;
+mod pin;
 pub mod reference;
 pub mod timing;
 mod worker;
