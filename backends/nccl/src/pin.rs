@@ -20,7 +20,7 @@ pub(crate) fn pin_to(cpu: usize) -> Result<libc::cpu_set_t, String> {
 }
 
 /// Restores a CPU set saved by [`pin_to`] when dropped.
-pub(crate) struct Unpin(Option<libc::cpu_set_t>);
+pub(crate) struct Unpin(pub(crate) Option<libc::cpu_set_t>);
 impl Drop for Unpin {
     fn drop(&mut self) {
         if let Some(old) = self.0.take() {
@@ -46,8 +46,41 @@ fn one_cpu(cpu: usize) -> Result<libc::cpu_set_t, String> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(format!("CPU {cpu} is past the largest CPU number a CPU set holds ({})", libc::CPU_SETSIZE - 1));
     }
-    // SAFETY: cpu_set_t is plain data (all zeros: the empty set).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    libc::CPU_SET(cpu, &mut set);
-    Ok(set)
+    // SAFETY: cpu_set_t is plain data (all zeros: the empty set); `cpu` is inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calling thread's CPU set.
+    fn affinity() -> libc::cpu_set_t {
+        // SAFETY: plain data; the calling thread's own affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+            set
+        }
+    }
+
+    #[test]
+    fn a_thread_runs_on_the_cpu_it_is_pinned_to_and_a_cpu_past_the_set_is_named() {
+        // SAFETY: the calling thread's own handle.
+        let me = unsafe { libc::pthread_self() };
+        let e = pin_thread(me, 1 << 20).unwrap_err();
+        assert!(e.contains("CPU 1048576") && e.contains("largest"), "{e}");
+        let all = affinity();
+        // The last CPU this thread may run on, then only that one; the set is restored after.
+        let cpu = (0..libc::CPU_SETSIZE as usize).rev().find(|&c| unsafe { libc::CPU_ISSET(c, &all) }).expect("a CPU");
+        let _restore = Unpin(Some(all));
+        pin_thread(me, cpu).expect("pinned");
+        let now = affinity();
+        assert_eq!(unsafe { libc::CPU_COUNT(&now) }, 1);
+        assert!(unsafe { libc::CPU_ISSET(cpu, &now) });
+    }
 }
