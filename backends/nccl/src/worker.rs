@@ -1220,22 +1220,17 @@ impl Tracker {
     fn service_waiting(&self) -> bool {
         if let Some(sh) = self.queue.get().and_then(|w| w.upgrade()) {
             let is_p2p = |j: &Job| matches!(j, Job::P2p(_));
-            let p2p_of = |jobs: &mut VecDeque<Job>| -> VecDeque<Job> {
-                if jobs.iter().any(is_p2p) {
-                    let (p2p, rest): (VecDeque<Job>, VecDeque<Job>) = jobs.drain(..).partition(is_p2p);
-                    *jobs = rest;
-                    p2p
+            let ahead: Vec<Job> = {
+                let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
+                if q.jobs.iter().any(is_p2p) {
+                    let (p2p, rest): (VecDeque<Job>, VecDeque<Job>) = q.jobs.drain(..).partition(is_p2p);
+                    q.jobs = rest;
+                    p2p.into()
                 } else {
-                    VecDeque::new()
+                    Vec::new()
                 }
             };
-            // The held jobs first: they were queued before every job still in the queue.
-            let mut ahead = p2p_of(&mut sh.held.lock().unwrap_or_else(|e| e.into_inner()));
-            let queued = p2p_of(&mut sh.q.lock().unwrap_or_else(|e| e.into_inner()).jobs);
-            // Only those taken out of the queue here are new to the worker's count (the held
-            // ones were counted when it took them).
-            sh.taken_ahead.fetch_add(queued.len() as u64, Ordering::SeqCst);
-            ahead.extend(queued);
+            sh.taken_ahead.fetch_add(ahead.len() as u64, Ordering::SeqCst);
             for mut j in ahead {
                 j.start(Instant::now());
                 j.run(self); // parks it (counted as finished, like any parked send / recv)
@@ -1386,12 +1381,6 @@ struct Shared {
     tracker: Arc<Tracker>,
     /// Jobs taken out of the queue by [`Tracker::service_waiting`]'s look-ahead.
     taken_ahead: AtomicU64,
-    /// Jobs the progress thread took off the queue together, in one lock, behind the one it
-    /// took to run: they run next, in order, before anything still queued. The progress
-    /// thread's only (its look-ahead, [`Tracker::service_waiting`], looks here first), so the
-    /// queue's lock and count move between the issuing and the progress thread once per
-    /// batch of jobs, not once per job.
-    held: Padded<Mutex<VecDeque<Job>>>,
 }
 
 /// A rank's progress thread and its FIFO queue (shared by the world backend and its subgroups).
@@ -1413,7 +1402,6 @@ impl Progress {
             exited: AtomicBool::new(false),
             tracker: Arc::new(Tracker::new()),
             taken_ahead: AtomicU64::new(0),
-            held: Padded(Mutex::new(VecDeque::new())),
         });
         let _ = shared.tracker.queue.set(Arc::downgrade(&shared));
         let ordinal = dev.ordinal;
@@ -1580,12 +1568,6 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
     };
     loop {
         let mut busy = service(&sh);
-        // A held job runs at once, without a look at the queue (see `Shared::held`).
-        let held = sh.held.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-        if let Some(job) = held {
-            run_job(&sh, job, taken);
-            continue;
-        }
         let mut last_look = Instant::now();
         let spin_until = Instant::now() + SPIN;
         while sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) && Instant::now() < spin_until {
@@ -1608,11 +1590,6 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             let mut q = sh.q.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if let Some(j) = q.jobs.pop_front() {
-                    // The jobs behind it are held (see `Shared::held`): one lock of the queue
-                    // for all of them. `held` is empty here; the swap hands its buffer back.
-                    let mut held = sh.held.lock().unwrap_or_else(|e| e.into_inner());
-                    std::mem::swap(&mut *held, &mut q.jobs);
-                    taken += 1 + held.len() as u64;
                     break Some(j);
                 }
                 if busy {
@@ -1643,79 +1620,71 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
                 q.waiting = false;
             }
         };
-        let Some(job) = job else { break };
-        run_job(&sh, job, taken);
+        let Some(mut job) = job else { break };
+        let job_started = sh.tracker.profile.start();
+        taken += 1;
+        job.start(Instant::now());
+        // The job's channel is only looked at here, by reference: a clone would change its
+        // `Arc`'s counts, which the issuing thread changes on every op too (a cache line moving
+        // between the two threads twice per job).
+        if !matches!(job, Job::Op { .. }) {
+            // Ops launched before get their completion event first (see `Tracker::defer`).
+            sh.tracker.flush();
+        }
+        let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
+            // A teardown: bounded by itself; a panic in it must not end the thread.
+            *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+            sh.finished.fetch_add(1, Ordering::SeqCst);
+            continue;
+        };
+        {
+            // The communicator of the job before, when it is the same, is kept (no count
+            // change on it: the issuing thread changes the same counts on every op).
+            let comm = &job.chan().expect("an op's job has a channel").comm;
+            let mut cur = sh.current.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *cur {
+                Some((c, i, since)) if Arc::ptr_eq(c, comm) => (*i, *since) = (id, Instant::now()),
+                slot => *slot = Some((comm.clone(), id, Instant::now())),
+            }
+        }
+        sh.tracker.profile.add(4, job_started);
+        // A panic must not leave the op's completion waiting for a launch that never comes: the
+        // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
+        let ticket = match &job {
+            Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
+            Job::Split { .. } | Job::Teardown(_) => None,
+        };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+        let after = sh.tracker.profile.start();
+        if run.is_err() {
+            if let Some(t) = ticket {
+                t.set(Stage::Finished(Err(CollectiveError::Backend(format!(
+                    "nccl {} #{} on rank {rank}: the NCCL progress thread panicked while launching this op",
+                    id.name, id.seq
+                )))));
+            }
+        }
+        // Cleared once nothing is queued behind; with more queued, the next job replaces it
+        // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
+        // the queue would find the next job there).
+        if sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) {
+            // Nothing queued behind: the batched ops get their completion event now.
+            sh.tracker.flush();
+            *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        sh.finished.fetch_add(1, Ordering::SeqCst);
+        sh.tracker.profile.add(7, after);
+        if job_started.is_some() {
+            sh.tracker.profile.add(0, job_started);
+            sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
+        }
     }
     sh.tracker.flush();
     // The backend and its subgroups are gone: buffers still alive (leaked to a pending copy,
     // say) keep the device, but no cache of freed blocks with it (see `block_cache`).
     dev.disable_cache();
     sh.exited.store(true, Ordering::SeqCst);
-}
-
-/// Runs one job on the progress thread; `taken`: the jobs taken off the queue so far (the held
-/// ones included), to tell whether anything is left behind it.
-fn run_job(sh: &Shared, mut job: Job, taken: u64) {
-    let job_started = sh.tracker.profile.start();
-    let now = Instant::now();
-    job.start(now);
-    // The job's channel is only looked at here, by reference: a clone would change its
-    // `Arc`'s counts, which the issuing thread changes on every op too (a cache line moving
-    // between the two threads twice per job).
-    if !matches!(job, Job::Op { .. }) {
-        // Ops launched before get their completion event first (see `Tracker::defer`).
-        sh.tracker.flush();
-    }
-    let (Some(id), Some(rank)) = (job.id(), job.chan().map(|c| c.rank)) else {
-        // A teardown: bounded by itself; a panic in it must not end the thread.
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
-        sh.finished.fetch_add(1, Ordering::SeqCst);
-        return;
-    };
-    {
-        // The communicator of the job before, when it is the same, is kept (no count
-        // change on it: the issuing thread changes the same counts on every op).
-        let comm = &job.chan().expect("an op's job has a channel").comm;
-        let mut cur = sh.current.lock().unwrap_or_else(|e| e.into_inner());
-        match &mut *cur {
-            Some((c, i, since)) if Arc::ptr_eq(c, comm) => (*i, *since) = (id, now),
-            slot => *slot = Some((comm.clone(), id, now)),
-        }
-    }
-    sh.tracker.profile.add(4, job_started);
-    // A panic must not leave the op's completion waiting for a launch that never comes: the
-    // ticket (if any) is dropped unset, and the completion reports it at the op deadline.
-    let ticket = match &job {
-        Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
-        Job::Split { .. } | Job::Teardown(_) => None,
-    };
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
-    let after = sh.tracker.profile.start();
-    if run.is_err() {
-        if let Some(t) = ticket {
-            t.set(Stage::Finished(Err(CollectiveError::Backend(format!(
-                "nccl {} #{} on rank {rank}: the NCCL progress thread panicked while launching this op",
-                id.name, id.seq
-            )))));
-        }
-    }
-    // Cleared once nothing is queued behind; with more queued, the next job replaces it
-    // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
-    // the queue would find the next job there).
-    if sh.held.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
-        && sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst)
-    {
-        // Nothing held or queued behind: the batched ops get their completion event now.
-        sh.tracker.flush();
-        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-    sh.finished.fetch_add(1, Ordering::SeqCst);
-    sh.tracker.profile.add(7, after);
-    if job_started.is_some() {
-        sh.tracker.profile.add(0, job_started);
-        sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 impl Drop for Progress {
