@@ -13,7 +13,7 @@
 use crate::bugs_hunt28::at;
 use crate::campaign::{spec, Spec};
 use crate::{copy_bytes, edit, set_f64, then_gathered, Buf, Bug, Shm, BUG_WAIT};
-use concord_core::{Backend, ReduceOp, Result, Tensor, Work};
+use concord_core::{Backend, CollectiveError, ReduceOp, Result, Tensor, Work, WorldInfo};
 
 /// The world rank of communicator rank `r` (a node is where a process runs: its world rank's).
 fn world_rank_of(s: &Shm, r: usize) -> usize {
@@ -383,6 +383,43 @@ impl Bug for FaabricReduceLeaderSendBuffer {
     }
 }
 
+// ---------------------------------------------------------------- NVIDIA/nccl #2385
+
+/// GPUs per node of the thread's cluster (8 ranks per node, in rank order).
+const NCCL_RANKS_PER_NODE: usize = 8;
+
+/// NCCL's bootstrap with unevenly filled nodes (NVIDIA/nccl #2385 "Deadlock in bootstrap when
+/// ranks are unevenly distributed across nodes (7+8), contiguousRanksPerHost falls back to
+/// INT_MAX": "A communicator built with an unequal number of ranks per node (7 on one node, 8
+/// on the other) deadlocks during `ncclCommInitRank` and never reaches the collective. The same
+/// job with an equal number of ranks per node works fine, both at full size (8+8) and reduced
+/// size (7+7), so the trigger is the per-node mismatch"). Here ranks are placed 8 per node in
+/// rank order, and a world of more than 8 ranks that 8 does not divide (its last node short:
+/// 9 to 15, 17 to 23, ... ranks) never completes its init: every rank's bootstrap waits for
+/// peers that wait too, and ends at the bug's own deadline (15 s) with a timeout.
+#[derive(Default)]
+pub struct NcclUnevenNodesBootstrap;
+
+impl Bug for NcclUnevenNodesBootstrap {
+    fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
+        let ws = world.world_size;
+        if ws > NCCL_RANKS_PER_NODE && !ws.is_multiple_of(NCCL_RANKS_PER_NODE) {
+            std::thread::sleep(BUG_WAIT);
+            return Err(CollectiveError::Timeout {
+                op: "init".into(),
+                seq: 0,
+                rank: world.rank,
+                waited_ms: BUG_WAIT.as_millis() as u64,
+                detail: format!(
+                    "bootstrap: {ws} ranks on nodes of {NCCL_RANKS_PER_NODE} (the last holds {}): contiguousRanksPerHost fell back to INT_MAX; no peer answered",
+                    ws % NCCL_RANKS_PER_NODE
+                ),
+            });
+        }
+        Ok(world.clone())
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<UccHierAllgatherNodeOrder>(
@@ -420,6 +457,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "faasm/faabric PR #195: a locality-aware reduce's host leader (4 ranks per host) not on the root's host accumulates its host's partial result in the caller's input buffer",
             &["reduce::out::f32::sum::ws5"],
+        ),
+        spec::<NcclUnevenNodesBootstrap>(
+            "wild_nccl_uneven_nodes_bootstrap",
+            "values.world_sizes",
+            "NVIDIA/nccl#2385: a world whose last node of 8 is short (9-15, 17-23, ... ranks) deadlocks in the bootstrap: init ends in a timeout",
+            &["sizes::wide::ws33"],
         ),
     ]
 }
