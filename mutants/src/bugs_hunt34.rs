@@ -102,8 +102,8 @@ impl Bug for UccHierAllgatherNodeOrder {
 /// dest_shift`"). `mca_coll_han_gather_intra` gathers into a temporary `reorder_rbuf` when the
 /// ranks are not mapped by core (the low gather inside each node, then the up gather between
 /// the leaders, leave the blocks in node order), then copies block `i` to its rank's place with
-/// `ompi_datatype_copy_content_same_ddt(rdtype, rcount, reorder_rbuf + src_shift, (char *)rbuf
-/// + dest_shift)`, whose third argument is the destination: the caller's buffer is copied into
+/// `ompi_datatype_copy_content_same_ddt(rdtype, rcount, reorder_rbuf + src_shift,
+/// (char *)rbuf + dest_shift)`, whose third argument is the destination: the caller's buffer is copied into
 /// the temporary one, which is freed, and the caller's buffer is never written. HAN takes this
 /// path only on balanced nodes (it falls back when `are_ppn_imbalanced`). Here ranks are placed
 /// round robin over two nodes (a rank's node is its world rank modulo 2): a gather on an even
@@ -136,9 +136,9 @@ const CTRAN_LOCAL_RANKS: usize = 6;
 /// divide (meta-pytorch/torchcomms PR #2119 "Add divisibility check for AllGatherP pipeline
 /// algorithm": "The AllGatherP pipeline algorithm requires nRanks to be evenly divisible by
 /// nLocalRanks. When this invariant is violated (e.g., when the physical MNNVL domain size is 6
-/// and the communicator has 32 ranks), the ring-based pipeline produces incorrect results ...
-/// 1. The ring to not visit all nodes in nNodes-1 steps 2. Potential data corruption from
-/// misaligned buffer offsets"; the fix refuses such communicators with `commInvalidUsage`).
+/// and the communicator has 32 ranks), the ring-based pipeline produces incorrect results",
+/// causing "The ring to not visit all nodes in nNodes-1 steps" and "Potential data corruption
+/// from misaligned buffer offsets"; the fix refuses such communicators with `commInvalidUsage`).
 /// The pipeline all-gathers inside each NVLink domain and runs a ring between the
 /// `nNodes = nRanks / nLocalRanks` domains. Here ranks form domains of 6 in rank order (rank
 /// `r` in domain `r / 6`), and an all_gather (out, `_out`, coalesced) on more than 6 ranks, not
