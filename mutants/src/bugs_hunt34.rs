@@ -400,16 +400,21 @@ const NCCL_RANKS_PER_NODE: usize = 8;
 #[derive(Default)]
 pub struct NcclUnevenNodesBootstrap;
 
+/// How long the mutant's bootstrap waits for peers that never answer before it gives up. Real
+/// NCCL waits for its own bootstrap timeout (minutes); the catch is the named init failure, not
+/// the length of the wait, so 2 s keeps the pin cheap (a 33-rank world).
+const BOOTSTRAP_GIVES_UP: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Bug for NcclUnevenNodesBootstrap {
     fn init_world(&self, world: &WorldInfo) -> Result<WorldInfo> {
         let ws = world.world_size;
         if ws > NCCL_RANKS_PER_NODE && !ws.is_multiple_of(NCCL_RANKS_PER_NODE) {
-            std::thread::sleep(BUG_WAIT);
+            std::thread::sleep(BOOTSTRAP_GIVES_UP);
             return Err(CollectiveError::Timeout {
                 op: "init".into(),
                 seq: 0,
                 rank: world.rank,
-                waited_ms: BUG_WAIT.as_millis() as u64,
+                waited_ms: BOOTSTRAP_GIVES_UP.as_millis() as u64,
                 detail: format!(
                     "bootstrap: {ws} ranks on nodes of {NCCL_RANKS_PER_NODE} (the last holds {}): contiguousRanksPerHost fell back to INT_MAX; no peer answered",
                     ws % NCCL_RANKS_PER_NODE

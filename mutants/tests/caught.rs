@@ -96,7 +96,7 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "review14_process_wide_collective_engine",
     "review14_waiters_serialised",
     // hunt34: a world whose last node of 8 is short never completes its init (the bootstrap
-    // deadlock ends at the bug's own 15 s deadline); its only catcher is a 33-rank world.
+    // deadlock ends at the bug's own 2 s wait); its only catcher is a 33-rank world.
     "wild_nccl_uneven_nodes_bootstrap",
 ];
 
