@@ -8,6 +8,7 @@
 //! own share is empty and so falls one op behind its peers. The counters start and step as the
 //! shipped code's did, so the trigger is the same number of ops.
 
+use crate::bugs_hunt3::Hidden;
 use crate::campaign::{spec, Spec};
 use crate::{Buf, Bug, Group, Shm, BUG_WAIT};
 use concord_core::{Backend, CollectiveError, ReduceOp, Result, Tensor, Work};
@@ -29,6 +30,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 #[derive(Default)]
 pub struct GlooP2pTagSkew {
     next: AtomicU64,
+    /// The tag exchanges beside the ops (the emulation's, left out of `outstanding()`).
+    hidden: Hidden,
 }
 
 impl GlooP2pTagSkew {
@@ -39,13 +42,14 @@ impl GlooP2pTagSkew {
     fn tagged<T: Clone + Send + Sync + 'static>(&self, s: &Shm, op: &'static str, issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
         let tag = self.tag();
         let mine = s.inner.upload(&Tensor::from_vec(&[1], vec![tag]))?;
-        let meet = s.inner.all_gather_into_tensor(&mine)?;
+        let (meet, held) = self.hidden.gather(s, &mine)?;
         let w = issue().inspect_err(|_| {
             let _ = meet.wait(BUG_WAIT);
         })?;
         let rank = s.rank();
         Ok(s.then(w, move |be, _| {
             let all = be.download(meet.wait(BUG_WAIT)?)?;
+            drop(held);
             match all.as_slice::<i64>().iter().enumerate().find(|(_, &t)| t != tag) {
                 None => Ok(()),
                 Some((peer, &theirs)) => Err(CollectiveError::Timeout {
@@ -61,6 +65,9 @@ impl GlooP2pTagSkew {
 }
 
 impl Bug for GlooP2pTagSkew {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.hidden.outstanding(s)
+    }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         self.tagged(s, "all_reduce", || s.inner.all_reduce(x, op))
     }
@@ -225,7 +232,7 @@ pub fn catalogue() -> Vec<Spec> {
         ),
         spec::<ZeroShareSkipsCollective>(
             "wild_zero_share_skips_collective",
-            "values.all_to_all",
+            "async.every_op_every_rank",
             "open-mpi/ompi PR #6104: an all_to_all_single on a rank that sends and receives nothing completes at once without joining; its peers wait and its next collective is one op behind",
             &["sizes::all_to_all_single::uneven::f32::grid::ws2"],
         ),
