@@ -39,7 +39,12 @@ impl GlooP2pTagSkew {
         self.next.fetch_add(1, Ordering::SeqCst) as i64
     }
     /// `issue`'s op, met under this rank's next tag.
-    fn tagged<T: Clone + Send + Sync + 'static>(&self, s: &Shm, op: &'static str, issue: impl FnOnce() -> Result<Work<T>>) -> Result<Work<T>> {
+    fn tagged<T: Clone + Send + Sync + 'static>(
+        &self,
+        s: &Shm,
+        op: &'static str,
+        issue: impl FnOnce() -> Result<Work<T>>,
+    ) -> Result<Work<T>> {
         let tag = self.tag();
         let mine = s.inner.upload(&Tensor::from_vec(&[1], vec![tag]))?;
         let (meet, held) = self.hidden.gather(s, &mine)?;
@@ -222,7 +227,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_gloo_p2p_tag_skew",
             "p2p.no_deadlock",
             "meta-pytorch/torchcomms PR #2964: every op, send / recv included, takes the next tag of a per-rank counter; after a pair's p2p the ranks' next collective waits on different tags and times out",
-            &["p2p::in_order_across_other_traffic::ws3"],
+            &["p2p::recv_before_barrier::ws2"],
         ),
         spec::<NbcTagIntoReserved>(
             "wild_nbc_tag_into_reserved",

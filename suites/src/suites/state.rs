@@ -458,7 +458,11 @@ fn groups_each_round<B: Backend>(ctx: &mut Ctx<'_, B>, all: &[&[usize]; 4], roun
         );
         // A communicator exactly on the members (`member_group` names the failure otherwise).
         let g = member_group(b, members).map_err(|e| match e {
-            crate::CaseEnd::Fail(m) => crate::CaseEnd::Fail(format!("{m} (round {} of {GROUP_ROUNDS}, group {} made from the world in this case)", round + 1, round * all.len() + k + 1)),
+            crate::CaseEnd::Fail(m) => crate::CaseEnd::Fail(format!(
+                "{m} (round {} of {GROUP_ROUNDS}, group {} made from the world in this case)",
+                round + 1,
+                round * all.len() + k + 1
+            )),
             e => e,
         })?;
         if let (Some(g), Some(want)) = (&g, members.iter().position(|&r| r == me)) {
