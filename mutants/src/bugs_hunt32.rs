@@ -196,9 +196,10 @@ impl Bug for NbcTagIntoReserved {
 /// "OSHMEM: added processing of zero-length collectives" and its v4.0 backport PR #6124:
 /// "according spec 1.4, annex C shmem collectives should process calls where number of
 /// elements is zero independently from pointer value - added zero-count processing - it just
-/// call barrier to sync ranks"; before, `mca_scoll_basic_collect` tested `if (nlong_type)` and a
-/// PE whose element count was zero did not take part, so it fell one collective behind the PEs
-/// that did). Here an `all_to_all_single` on a rank that sends nothing and receives nothing
+/// call barrier to sync ranks"; the fix's diff of `mca_scoll_basic_collect` turns `if
+/// (nlong_type)` into `if (nlong_type && nlong)`: before it, a call with zero elements was not
+/// processed as a collective, so a PE with nothing to contribute did not synchronise with the PEs
+/// that had data). Here an `all_to_all_single` on a rank that sends nothing and receives nothing
 /// completes at once without joining the collective: its peers' op waits for it, and its next
 /// collective meets theirs one op late.
 #[derive(Default)]
