@@ -75,6 +75,7 @@ pub mod bugs_hunt29;
 pub mod bugs_hunt3;
 pub mod bugs_hunt30;
 pub mod bugs_hunt31;
+pub mod bugs_hunt32;
 pub mod bugs_hunt34;
 #[macro_use]
 pub mod bugs_hunt4;
@@ -142,7 +143,10 @@ pub mod sweep_bad;
 /// group names salted with per-rank counts, reused group names, lazy init on the first op),
 /// [`bugs_hunt34`] (shipped bugs of hierarchical and topology-aware algorithms: blocks stitched in
 /// node order, a reorder copy reversed, a pipeline ring over full nodes only, a root alone on its
-/// node, a node leader accumulating in the caller's input);
+/// node, a node leader accumulating in the caller's input),
+/// [`bugs_hunt32`] (shipped bugs of what a backend counts over a long run: op tags a pair's p2p
+/// advances on two ranks only, a parent's tag counter walking into reserved tags, a rank that
+/// skips a collective whose own share is empty);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -188,6 +192,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
     v.extend(bugs_hunt34::catalogue());
+    v.extend(bugs_hunt32::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

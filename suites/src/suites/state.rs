@@ -422,24 +422,49 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 /// `state::groups_each_without_a_rank::ws3`: four groups made in turn on the world, `[0, 1]`,
 /// `[1, 2]`, `[2, 0]` (each leaves one rank out) and `[1, 2, 0]`; every member of each checks its
 /// rank and size and all_gathers its world rank on it (the members' world ranks, in group order).
-/// A group is made by every rank of its parent and works whatever groups each rank was or was not
-/// a member of before (clause `subgroups`).
+/// The four are made in [`GROUP_ROUNDS`] rounds, each round's groups kept until it ends and then
+/// dropped: twelve groups made from one parent, so a counter the parent advances per group made
+/// (a tag window, an id pool) is driven past the few constructions a case usually makes. A group
+/// is made by every rank of its parent and works whatever groups each rank was or was not a
+/// member of before, and however many groups were made from the parent (clause `subgroups`).
 fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     if !b.capabilities().subgroups {
         return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
     }
-    let me = b.rank();
     let all: [&[usize]; 4] = [&[0, 1], &[1, 2], &[2, 0], &[1, 2, 0]];
+    for round in 0..GROUP_ROUNDS {
+        groups_each_round(ctx, &all, round)?;
+    }
+    Ok(())
+}
+
+/// Rounds of [`groups_each_without_a_rank`]: 3 × 4 groups made from the world.
+const GROUP_ROUNDS: usize = 3;
+
+/// One round of [`groups_each_without_a_rank`]: the four groups made and checked in turn, kept
+/// until the round ends.
+fn groups_each_round<B: Backend>(ctx: &mut Ctx<'_, B>, all: &[&[usize]; 4], round: usize) -> CaseResult {
+    let b = ctx.b;
+    let me = b.rank();
     let mut kept = Vec::new();
     for (k, members) in all.iter().enumerate() {
         let before = &all[..k];
         let w = format!(
-            "{} group {members:?} made after the groups {before:?} (each leaving one rank out)",
-            here(b, "all_gather_into_tensor", "out", DType::F32)
+            "{} group {members:?} made after the groups {before:?} (each leaving one rank out) in round {} of {GROUP_ROUNDS} (group {} made from the world in this case)",
+            here(b, "all_gather_into_tensor", "out", DType::F32),
+            round + 1,
+            round * all.len() + k + 1
         );
         // A communicator exactly on the members (`member_group` names the failure otherwise).
-        let g = member_group(b, members)?;
+        let g = member_group(b, members).map_err(|e| match e {
+            crate::CaseEnd::Fail(m) => crate::CaseEnd::Fail(format!(
+                "{m} (round {} of {GROUP_ROUNDS}, group {} made from the world in this case)",
+                round + 1,
+                round * all.len() + k + 1
+            )),
+            e => e,
+        })?;
         if let (Some(g), Some(want)) = (&g, members.iter().position(|&r| r == me)) {
             if g.rank() != want || g.world_size() != members.len() {
                 return Err(fail(
@@ -453,7 +478,8 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             let world_order = Tensor::from_vec(&[members.len()], members.iter().map(|&r| r as f32).collect::<Vec<f32>>());
             expect_eq(g, &order, &world_order, &format!("{gw} all_gather of the members' world ranks (group order)"))?;
         }
-        // Every group stays alive until the end: the later ones are made beside it.
+        // Every group of the round stays alive until the round ends: the later ones are made
+        // beside it; then the round's groups are dropped together.
         kept.push(g);
     }
     Ok(())
