@@ -70,6 +70,25 @@ impl FusedSpec {
 
     /// Rank `r`'s inputs (every rank can build every rank's).
     pub fn inputs(&self, r: usize, seed: u64) -> FusedInputs {
+        self.inputs_with(r, seed, None)
+    }
+
+    /// Rank `r`'s inputs as rank `reader` of `ws` needs them for its own answer: whole, except
+    /// where the oracle reads one chunk of each rank's `a` (a reduce-scatter along dim 0, fused
+    /// or low-contention: chunk `reader` of the flat `a`, [`concord_oracle::expected_fused_for`]
+    /// with `only = reader`), whose other elements are left zero (not drawn into the tensor): the
+    /// same answer, without every rank making every peer's whole operand.
+    pub fn inputs_read_by(&self, r: usize, seed: u64, ws: usize, reader: usize) -> FusedInputs {
+        let chunked = matches!(self.call, FusedCall::MatmulReduceScatter { dim: 0, .. } | FusedCall::LowContentionReduceScatter { .. });
+        let n: usize = self.a_shape.iter().product();
+        if r == reader || !chunked || self.odd_rank.is_some() || self.a_shape.first().is_none_or(|d0| d0 % ws != 0) {
+            return self.inputs(r, seed);
+        }
+        self.inputs_with(r, seed, Some(reader * n / ws..(reader + 1) * n / ws))
+    }
+
+    /// [`FusedSpec::inputs`]; with `a_part`, only those elements of `a` (the rest zero).
+    fn inputs_with(&self, r: usize, seed: u64, a_part: Option<std::ops::Range<usize>>) -> FusedInputs {
         let a_shape = match &self.odd_rank {
             Some((o, s, _)) if *o == r => s.clone(),
             _ => self.a_shape.clone(),
@@ -83,26 +102,36 @@ impl FusedSpec {
         // a sign every rank draws alike: negative values stay, never mixed within one sum.
         let avg = self.is_avg();
         let lo = |l: i64| if avg { 0 } else { l };
-        let signed = |mut v: Vec<f64>, cols: usize| {
+        // `from`: the index of `v[0]` in the whole tensor.
+        let signed = |mut v: Vec<f64>, cols: usize, from: usize| {
             if avg {
                 for (i, x) in v.iter_mut().enumerate() {
-                    *x *= concord_fixtures::shared_sign(seed, i % cols.max(1));
+                    *x *= concord_fixtures::shared_sign(seed, (from + i) % cols.max(1));
                 }
             }
             v
         };
-        let mut av = values(s, n, self.exact, lo(-2), 2);
+        let part = a_part.unwrap_or(0..n);
+        let mut av = concord_fixtures::xorshift_values_range(s, part.clone(), self.exact, lo(-2), 2);
         if self.b_shapes.is_empty() {
-            av = signed(av, n);
+            av = signed(av, n, part.start);
         }
-        let a = Tensor::from_f64(self.dtype, &a_shape, &av);
+        let a = if part.len() == n {
+            Tensor::from_f64(self.dtype, &a_shape, &av)
+        } else {
+            let mut a = Tensor::zeros(self.dtype, &a_shape);
+            let es = self.dtype.size();
+            let chunk = Tensor::from_f64(self.dtype, &[part.len()], &av);
+            a.bytes_mut()[part.start * es..part.end * es].copy_from_slice(chunk.bytes());
+            a
+        };
         let bs = self
             .b_shapes
             .iter()
             .enumerate()
             .map(|(i, sh)| {
                 let bv = values(s ^ ((i as u64 + 11) << 20), sh.iter().product(), self.exact, lo(-1), 1);
-                Tensor::from_f64(self.b_dtype.unwrap_or(self.dtype), sh, &signed(bv, *sh.last().unwrap_or(&1)))
+                Tensor::from_f64(self.b_dtype.unwrap_or(self.dtype), sh, &signed(bv, *sh.last().unwrap_or(&1), 0))
             })
             .collect();
         let a_scale = self.call.scaling().map(|sc| {
@@ -240,7 +269,7 @@ fn where_of(backend: &str, spec: &FusedSpec, ws: usize, rank: usize) -> String {
 type Expected = Result<Vec<Vec<Tensor>>, concord_core::BadInput>;
 
 fn expected_for(spec: &FusedSpec, caps: &Capabilities, seed: u64, ws: usize, rank: usize) -> Expected {
-    let inputs: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs(r, seed)).collect();
+    let inputs: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs_read_by(r, seed, ws, rank)).collect();
     if spec.odd_rank.is_some() {
         odd_expected(spec, &inputs, caps)
     } else {
@@ -1224,6 +1253,57 @@ mod tests {
                     let got: Vec<u64> = values(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
                     let want: Vec<u64> = plain(seed, 5000, exact, lo, hi).iter().map(|v| v.to_bits()).collect();
                     assert_eq!(got, want, "seed {seed} [{lo}, {hi}] exact {exact}");
+                }
+            }
+        }
+    }
+
+    /// A peer's `a` made only where the reader's answer reads it (`inputs_read_by`) gives every
+    /// rank the oracle's answer from whole inputs, bit for bit: every reduce-scatter kind the
+    /// suite cuts (dim 0, scaled with and without row scales, low-contention, the size grid) and
+    /// the ones it does not (dims 1 and 2), sum and avg, exact and random, f32 / bf16 / f16 /
+    /// f64, at 1, 2, 3, 5 and 8 ranks.
+    #[test]
+    fn a_peer_made_where_the_reader_reads_gives_the_same_answer() {
+        let caps = Capabilities::full(8);
+        for ws in [1, 2, 3, 5, 8] {
+            let mut specs = Vec::new();
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                for dim in 0..3 {
+                    for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+                        for exact in [true, false] {
+                            specs.push(rs_spec(op, dim, dtype, ws, exact));
+                        }
+                    }
+                }
+                let lc = lc_spec(DType::F32);
+                specs.push(FusedSpec { call: FusedCall::LowContentionReduceScatter { op }, a_shape: vec![2 * ws, 5], ..lc.clone() });
+                specs.push(FusedSpec { call: FusedCall::LowContentionReduceScatter { op }, a_shape: vec![3 * ws, 4], exact: false, ..lc });
+            }
+            for rows in [false, true] {
+                let scaling = Scaling {
+                    a: Scale::Tensor(0.5),
+                    b: vec![Scale::Rows((0..2 * ws).map(|j| [1.0f32, 0.5, 2.0][j % 3]).collect())],
+                    out_dtype: DType::BF16,
+                };
+                specs.push(FusedSpec {
+                    call: FusedCall::MatmulReduceScatter { op: ReduceOp::Sum, dim: 0, scaling: Some(scaling) },
+                    row_scales: rows,
+                    ..rs_spec(ReduceOp::Sum, 0, DType::F32, ws, true)
+                });
+            }
+            for tag in GRID_TAGS.iter().filter(|&&t| t != "large" || ws <= 3) {
+                specs.push(grid_spec(false, tag, ws));
+            }
+            for (i, spec) in specs.iter().enumerate() {
+                let seed = 0x5EED ^ i as u64;
+                let whole: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs(r, seed)).collect();
+                for rank in 0..ws {
+                    let cut: Vec<FusedInputs> = (0..ws).map(|r| spec.inputs_read_by(r, seed, ws, rank)).collect();
+                    let want = expected_fused_for(&spec.call, &whole, &caps, Some(rank)).expect("a good spec");
+                    let got = expected_fused_for(&spec.call, &cut, &caps, Some(rank)).expect("a good spec");
+                    let bytes = |v: &Vec<Vec<Tensor>>| v.iter().flatten().map(|t| t.bytes().to_vec()).collect::<Vec<_>>();
+                    assert_eq!(bytes(&got), bytes(&want), "{:?} dim-0 cut, spec {i}, rank {rank} of {ws}", spec.call);
                 }
             }
         }
