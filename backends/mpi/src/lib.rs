@@ -79,6 +79,21 @@ mod sys;
 #[cfg(feature = "mpi")]
 pub use imp::*;
 
+/// Tags per point-to-point message: headers both ways, votes both ways, the data (each direction
+/// its own tag, since a pair's `k`-th messages both ways share `k`).
+pub const P2P_TAGS: u64 = 5;
+
+/// The first of the `k`-th message's [`P2P_TAGS`] tags between a pair, for an MPI whose largest
+/// tag is `tag_ub`: `5k`, wrapping after `(tag_ub + 1) / 5` messages so that every tag stays
+/// within `tag_ub` (2^31 - 1 on Open MPI's `pml/ob1`, but 2^23 - 1 on its `pml/ucx` and 32,767
+/// where the standard's minimum holds: a bound fixed for ob1 made the 1,677,722nd message of a
+/// pair fail with `MPI_ERR_TAG` under ucx). A pair's messages are matched in order, so a wrap
+/// that far apart never meets a message of the same tag still in flight.
+pub fn p2p_base(k: u64, tag_ub: i32) -> i32 {
+    let pairs = ((tag_ub.max(0) as u64 + 1) / P2P_TAGS).max(1);
+    ((k % pairs) * P2P_TAGS) as i32
+}
+
 #[cfg(feature = "mpi")]
 mod imp {
     use crate::sys::{self, Comm};
@@ -489,7 +504,7 @@ mod imp {
             let issued = Instant::now();
             let ctl = Arc::new(Mutex::new(Ctl { started: Some(issued), ..Ctl::default() }));
             let (g, f, c) = (self.g.clone(), flag.clone(), ctl.clone());
-            let base = ((k % P2P_PAIRS) * P2P_TAGS) as i32;
+            let base = crate::p2p_base(k, sys::tag_ub().map_err(backend_err)?);
             let op_name = d.op.name();
             std::thread::Builder::new()
                 .name(format!("concord-mpi-p2p-{}", g.me))
@@ -512,12 +527,6 @@ mod imp {
             Ok(Work::new(value, Arc::new(done), self.meta(&name, k), &self.counter))
         }
     }
-
-    /// Tags per message (headers both ways, votes both ways, the data: each direction its own
-    /// tag, since a pair's `k`-th messages both ways share `k`) and messages per pair before the
-    /// tags wrap (both within Open MPI's `MPI_TAG_UB`, 2^31 - 1).
-    const P2P_TAGS: u64 = 5;
-    const P2P_PAIRS: u64 = 400_000_000;
 
     enum P2pErr {
         Bad(concord_core::BadInput),
@@ -1311,6 +1320,26 @@ mod imp {
             assert_eq!(to_f64(DType::BF16, &half::bf16::from_f32(1.5).to_bits().to_le_bytes(), 2.0), vec![3.0]);
             assert!(crate::sys::fmin(0.0, -0.0).is_sign_negative() && crate::sys::fmax(-0.0, 0.0).is_sign_positive());
             assert!(crate::sys::fmin(1.0, f64::NAN).is_nan() && crate::sys::fmax(f64::NAN, 1.0).is_nan());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::{p2p_base, P2P_TAGS};
+
+    /// Every tag of every message stays within the MPI's bound, at the standard's minimum, at
+    /// Open MPI's ucx and ob1 bounds; a pair's tags are distinct until the wrap.
+    #[test]
+    fn p2p_tags_stay_within_the_tag_bound() {
+        for ub in [32_767, (1 << 23) - 1, i32::MAX] {
+            let pairs = (ub as u64 + 1) / P2P_TAGS;
+            for k in [0, 1, pairs - 2, pairs - 1, pairs, pairs + 1, 1_677_722, 400_000_000, u64::MAX / 2] {
+                let base = p2p_base(k, ub);
+                assert!(base >= 0 && (base as i64) + (P2P_TAGS as i64 - 1) <= ub as i64, "k {k}, tag_ub {ub}: base {base}");
+            }
+            assert_eq!(p2p_base(pairs - 1, ub) as u64, (pairs - 1) * P2P_TAGS, "tag_ub {ub}: no wrap before the bound");
+            assert_eq!(p2p_base(pairs, ub), 0, "tag_ub {ub}: wraps at the bound");
         }
     }
 }

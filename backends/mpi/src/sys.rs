@@ -289,6 +289,34 @@ pub fn split(c: Comm, pos: Option<usize>) -> Result<Option<(Comm, Comm)>, String
     }
 }
 
+/// The largest tag this MPI allows (`MPI_TAG_UB`, read once from `MPI_COMM_WORLD`, where the
+/// standard attaches it). It is at least 32,767; Open MPI's `pml/ob1` gives 2^31 - 1, its
+/// `pml/ucx` 2^23 - 1 (Trilinos PR #15380 measured that bound with Open MPI 4.1.1).
+pub fn tag_ub() -> Result<c_int, String> {
+    static UB: OnceLock<Result<c_int, String>> = OnceLock::new();
+    UB.get_or_init(|| {
+        let _b = Busy::enter()?;
+        let mut ptr: *mut c_int = std::ptr::null_mut();
+        let mut flag: c_int = 0;
+        // SAFETY: for a predefined attribute MPI stores a pointer to its int value in `ptr`.
+        let code = unsafe {
+            ffi::MPI_Comm_get_attr(
+                ffi::RSMPI_COMM_WORLD,
+                ffi::MPI_TAG_UB as c_int,
+                (&mut ptr as *mut *mut c_int).cast::<c_void>(),
+                &mut flag,
+            )
+        };
+        check("MPI_Comm_get_attr(MPI_TAG_UB)", code)?;
+        if flag == 0 || ptr.is_null() {
+            return Err("MPI_TAG_UB is not attached to MPI_COMM_WORLD".into());
+        }
+        // SAFETY: MPI owns the int and keeps it for the life of MPI_COMM_WORLD.
+        Ok(unsafe { *ptr })
+    })
+    .clone()
+}
+
 /// Frees a communicator no thread uses any more (its `Group`'s last reference is gone); a no-op
 /// once MPI is finalised.
 pub fn free(c: Comm) {
