@@ -71,6 +71,7 @@ pub mod bugs_hunt29;
 pub mod bugs_hunt3;
 pub mod bugs_hunt30;
 pub mod bugs_hunt31;
+pub mod bugs_hunt33;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -134,7 +135,10 @@ pub mod sweep_bad;
 /// the group's), [`bugs_hunt30`] (shipped bugs where a library switches how it works: a
 /// segmented pipeline's last segment, a ring path below its segment size, a fast path's guard),
 /// [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a message lingers,
-/// group names salted with per-rank counts, reused group names, lazy init on the first op);
+/// group names salted with per-rank counts, reused group names, lazy init on the first op),
+/// [`bugs_hunt33`] (shipped bugs of work handles: a completion check reading another request,
+/// a wait-any retiring the wrong request, a first send that leaves only at wait, a callback
+/// chain bound late);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -179,6 +183,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt29::catalogue());
     v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
+    v.extend(bugs_hunt33::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
