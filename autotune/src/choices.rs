@@ -202,7 +202,7 @@ pub fn tunable(inst: &OpInstance, ws: usize) -> bool {
     match inst.op {
         OpKind::AllReduce => inst.reduce.is_some(),
         OpKind::AllGatherIntoTensor => true,
-        OpKind::ReduceScatterTensor | OpKind::AllToAllSingle => !inst.shape.is_empty() && inst.d0() % ws == 0,
+        OpKind::ReduceScatterTensor | OpKind::AllToAllSingle => !inst.shape.is_empty() && inst.d0().is_multiple_of(ws),
         _ => false,
     }
 }

@@ -30,7 +30,6 @@
 //!   winner (agreed in the pre-sync), else every rank re-tunes.
 //! * Outside a world (no store): local benchmarking, with a warning.
 #![forbid(unsafe_code)]
-#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version
 
 pub mod cache;
 pub mod choices;

@@ -46,7 +46,7 @@ pub struct Args {
     /// Rank processes.
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
-    /// JSON-lines output (default: target/concord-bench/<backend>-<ranks>r-<time>.jsonl).
+    /// JSON-lines output (default: `target/concord-bench/<backend>-<ranks>r-<time>.jsonl`).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// SVG plot of this run (default: next to the JSON file, `.svg`).

@@ -1,6 +1,6 @@
 //! # concord-bench
 //!
-//! **One job:** the benchmark users trust — nccl-tests' table for any [`Backend`], with every
+//! **One job:** the benchmark users trust — nccl-tests' table for any [`concord_core::Backend`], with every
 //! timed iteration's output checked against the oracle — and the tools around it (JSON lines,
 //! SVG plots, regression comparison, OpenMPI side by side).
 //!
@@ -9,13 +9,14 @@
 //!   (`src/bin/concord-bench.rs`, what `cargo xtask bench` runs) registers shm and nccl.
 //! * Ranks are started by the harness launcher ([`concord_harness::launch`]) once per run
 //!   (persistent world: set-up is paid once); each runs [`rank::rank_main`] and reports JSON
-//!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table.
+//!   lines on stdout; the parent ([`run::run_parent`]) merges them into the table. Under torchrun
+//!   / mpirun / srun each process is one rank instead (`external`): the lines go through the TCP
+//!   store and rank 0 prints the table.
 //! * [`ext`]: what a backend may add through its [`Hooks`] — a device clock (CUDA events for
 //!   NCCL; CPU backends keep wall-clock) and a reference timed in the same run (NCCL: the raw
 //!   NCCL calls in a tight loop), printed next to the backend's rows.
 //! * [`Common`] is the older shared command line of `concord-nccl-bench`.
 #![forbid(unsafe_code)]
-#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod args;
 pub mod compare;

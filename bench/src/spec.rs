@@ -23,7 +23,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 /// `64 MiB`, `1 KiB`, `8 B`: for messages.
 pub fn human(bytes: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{} {unit}", bytes >> shift);
         }
     }

@@ -18,7 +18,7 @@
 //!   (same [`Backend::buffer_addr`]). [clause: placement.in_place]
 //! * `_out` ops write only the caller's output buffer, never a byte outside it.
 //!   [clause: placement.out_buffer]
-//! * Catch bad input with a named [`CollectiveError::BadInput`]: locally at issue time where the
+//! * Catch bad input with a named [`crate::CollectiveError::BadInput`]: locally at issue time where the
 //!   rank alone can tell, and across ranks (at issue or at wait) where only peers can tell, on
 //!   *every* rank, never by hanging and never by silent truncation. A refusal names the refused
 //!   call only: works issued before it and not yet waited MUST complete with their own results

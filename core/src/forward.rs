@@ -1,4 +1,4 @@
-//! [`forward!`](crate::forward): the methods of a wrapper backend that only pass a call on to
+//! [`forward!`](macro@crate::forward): the methods of a wrapper backend that only pass a call on to
 //! the backend it wraps, written once for every wrapper (the test wrappers with a bug in one
 //! method, a downstream backend over a built-in one).
 

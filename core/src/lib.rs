@@ -2,9 +2,11 @@
 //!
 //! **One job:** define the vocabulary every other Concord crate speaks — dtypes, host tensors,
 //! reduce ops, the [`Backend`] trait shaped after PyTorch's functional collectives, pending
-//! [`Work`] handles, declared [`Capabilities`] and the named [`CollectiveError`]s.
+//! [`Work`] handles, declared [`Capabilities`] and the named [`CollectiveError`]s — and the one
+//! rule table of call validity ([`call`]) that the oracle and every backend decide bad input with.
 //!
-//! This crate has no I/O, no processes and no communication. Backends implement [`Backend`];
+//! This crate has no I/O (but one stderr warning: a counted [`Work`] dropped without a wait),
+//! no processes and no communication. Backends implement [`Backend`];
 //! the oracle computes expected values from [`Tensor`]s; the suites drive any `B: Backend`.
 #![deny(unsafe_code)] // one exception: the matmul kernel's call into matrixmultiply (fused.rs)
 

@@ -18,8 +18,9 @@
 //! `if let Some(env) = worker::WorkerEnv::from_env() { worker::serve(env, setup, run_case) }`:
 //! the runner re-executes the same binary as each rank. The parent side calls
 //! [`runner::Pool::run_case`] from any number of threads and [`runner::Pool::shutdown`] at the end.
-//! Backends MUST name shared-memory objects with [`platform::shm_prefix`] so the runner can sweep
-//! them after a world ends.
+//! Backends MUST start the names of their shared-memory objects with
+//! [`concord_core::world_prefix`] (what [`platform::shm_prefix`] returns; backends do not depend on
+//! this crate) so the runner can sweep them after a world ends.
 
 pub mod config;
 pub mod declared;

@@ -11,9 +11,9 @@
 //!   not answer and is stopped is named so), then SIGTERMs the world's process group and every
 //!   unreaped rank (one that left the group too), SIGCONTs them (a stopped process acts on
 //!   SIGTERM only once it runs), waits `grace`, SIGKILLs them, and reaps every child.
-//! * A rank's end is seen by its pipe's EOF or, every [`EXIT_POLL`], by its exit status: a rank
+//! * A rank's end is seen by its pipe's EOF or, every `EXIT_POLL` (50 ms), by its exit status: a rank
 //!   whose pipes stay open in a process it started (a fork without exec) is still seen to crash,
-//!   [`PIPE_DRAIN`] after its exit, not at the deadline.
+//!   `PIPE_DRAIN` (1 s) after its exit, not at the deadline.
 //! * An outcome carries the pid of the process that sent it: one that is not the rank's own (a
 //!   forked copy running the case body) is a protocol failure, never the rank's outcome.
 //! * A rank that reported and then ended on its own with a failure status during a teardown

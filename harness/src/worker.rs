@@ -36,6 +36,12 @@ pub mod vars {
     pub const BACKEND_OPTS: &str = "CONCORD_BACKEND_OPTS";
     /// Deadline of the rendezvous barrier (the runner's setup timeout).
     pub const SETUP_TIMEOUT_MS: &str = crate::config::SETUP_TIMEOUT_MS;
+    /// Turns a conformance binary into the async suite's un-waited-exit child (the value names
+    /// the backend); set only by that case, through `launch`.
+    pub const UNWAITED_CHILD: &str = "CONCORD_UNWAITED_CHILD";
+    /// The op the un-waited-exit child's rank 0 drops: unset for an all_reduce, `send` for
+    /// sends to a rank that never receives.
+    pub const UNWAITED_OP: &str = "CONCORD_UNWAITED_OP";
 }
 
 /// Name of the store barrier every world's workers pass before `setup`.

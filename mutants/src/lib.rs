@@ -1,9 +1,13 @@
 //! # concord-mutants
 //!
-//! **One job:** measure what the conformance suites catch. Each mutant is the shm backend with
-//! ONE bug, written the way a downstream author writes a backend: a type implementing
-//! [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`]. `cargo xtask mutants` runs
-//! the catalogue against every mutant (see [`campaign`]) and prints the catch rate.
+//! **One job:** measure what the conformance suites catch, and that they accept what is right.
+//! Each mutant is the shm backend with ONE bug, written the way a downstream author writes a
+//! backend: a type implementing [`concord_core::Backend`] by wrapping [`concord_shm::ShmBackend`].
+//! `cargo xtask mutants` runs the catalogue against every mutant (see [`campaign`]) and prints the
+//! catch rate, then against every legal variant ([`legal`], [`legal_review`], [`legal3`]: correct
+//! backends that differ from shm in legal ways), which MUST pass it. [`sweep`] and [`sweep_bad`]
+//! are the grids beside the hand-written bugs; [`stream`] is the reference launch-based backend
+//! whose own mutants ([`bugs_stream`]) break the failure-path clauses.
 //!
 //! The delegation boilerplate lives here once: [`Mutant`] implements `Backend` around one
 //! [`Bug`] (chosen at init by the backend option `mutant=<name>`), whose hooks default to the
@@ -72,6 +76,7 @@ pub mod bugs_hunt3;
 pub mod bugs_hunt30;
 pub mod bugs_hunt31;
 pub mod bugs_hunt33;
+pub mod bugs_hunt34;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -138,7 +143,10 @@ pub mod sweep_bad;
 /// group names salted with per-rank counts, reused group names, lazy init on the first op),
 /// [`bugs_hunt33`] (shipped bugs of work handles: a completion check reading another request,
 /// a wait-any retiring the wrong request, a first send that leaves only at wait, a callback
-/// chain bound late);
+/// chain bound late),
+/// [`bugs_hunt34`] (shipped bugs of hierarchical and topology-aware algorithms: blocks stitched in
+/// node order, a reorder copy reversed, a pipeline ring over full nodes only, a root alone on its
+/// node, a node leader accumulating in the caller's input);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -184,6 +192,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
     v.extend(bugs_hunt33::catalogue());
+    v.extend(bugs_hunt34::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -5,7 +5,7 @@
 //!
 //! One parameterised bug, [`Judged`] with the grid's [`TargetJudge`], wraps every hook of the correct shm backend. The rule
 //! table (`concord_core::call`) still decides every call; the bug changes what ONE hook reports
-//! when the verdict is ONE [`BadInputKind`] whose offender sits at ONE position:
+//! when the verdict is ONE [`concord_core::BadInputKind`] whose offender sits at ONE position:
 //! * `missed`: every rank of the communicator completes the call as if it were valid — the
 //!   backend does not detect the kind when that rank carries it (an `_out` hook returns its
 //!   output buffer as it lies, silently truncated / padded; the others return their input

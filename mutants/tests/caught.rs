@@ -99,6 +99,9 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     // complete only in wait: the pair is polled for up to 5 s, then waited.
     "wild_first_send_at_wait",
     "wild_gloo_p2p_completed_only_in_wait",
+    // hunt34: a world whose last node of 8 is short never completes its init (the bootstrap
+    // deadlock ends at the bug's own 15 s deadline); its only catcher is a 33-rank world.
+    "wild_nccl_uneven_nodes_bootstrap",
 ];
 
 /// The random programs' power, pinned: each mutant with the program that catches it (the

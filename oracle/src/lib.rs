@@ -28,7 +28,6 @@
 //!   nothing else); NaN never passes against a number under any tolerance; infinities must match
 //!   exactly.
 #![forbid(unsafe_code)]
-#![allow(clippy::manual_is_multiple_of)] // keeps the workspace rust-version (is_multiple_of is 1.87+)
 
 pub mod check;
 mod collectives;

@@ -8,8 +8,8 @@
 #
 # Every rank's traffic goes over TCP (`--mca btl tcp,self`, the veth subnet only); ranks yield
 # when idle (both "hosts" share this box's cores: busy-polling made the differential test 30x
-# slower). PROGRAM runs as every rank, with every CONCORD_* variable of the caller, CONCORD_HOSTS_ADDR_A
-# (the first host's address) and CONCORD_STORE_ADDR (a TCP store address on the first host, for
+# slower). PROGRAM runs as every rank, with every CONCORD_* variable of the caller and
+# CONCORD_STORE_ADDR (a TCP store address on the first host, for
 # the conformance binary's external-launch mode, unless the caller set one). Exit status: PROGRAM's under mpirun; 77 with "SKIP: <reason>" where the machine
 # does not allow namespaces (not root, no `ip netns`, no `unshare --uts`). Nothing is left behind
 # (namespaces, veths, processes, temp files), even on failure or Ctrl-C.
@@ -96,12 +96,12 @@ exec ip netns exec "\$ns" unshare --uts --mount sh -c "hostname \$host; mount --
 EOF
 chmod +x "$tmp/agent"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CONCORD_HOSTS_ADDR_A="$addr_a"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The TCP store of an externally launched world (the conformance binary): on the first host,
 # where rank 0 runs, reached by the second over the veth pair.
 export CONCORD_STORE_ADDR="${CONCORD_STORE_ADDR:-$addr_a:$(( 20000 + $$ % 20000 ))}"
 echo "two-hosts: $host_a ($addr_a, netns $ns_a) and $host_b ($addr_b, netns $ns_b), $per_host ranks each; store $CONCORD_STORE_ADDR"
-xs=(-x CONCORD_HOSTS_ADDR_A -x PATH)
+xs=(-x PATH)
 for v in $(compgen -e | grep '^CONCORD_' || true); do xs+=(-x "$v"); done
 set +e
 ip netns exec "$ns_a" unshare --uts --mount sh -c "hostname $host_a; mount --bind $tmp/hosts /etc/hosts; exec \"\$@\"" sh \

@@ -240,7 +240,7 @@ pub(crate) fn unchecked_is_unsupported(r: CaseResult, skipped: usize) -> CaseRes
 /// The declaration that makes a case's call unsupported, as its UNSUPPORTED message says it:
 /// `Some` when `meta` names one call (an op, and a variant, dtype and reduce op where it names
 /// one each) that `caps` declares unsupported. A meta that names several dtypes or reduce ops (a
-/// case mixing calls: it skips its declared gaps itself), or an op that is no [`OpKind`], names
+/// case mixing calls: it skips its declared gaps itself), or an op that is no [`concord_core::OpKind`], names
 /// no call. The suite `caps` is never gated: its cases read the declarations themselves (and
 /// check that the declared gaps are refused).
 ///

@@ -15,7 +15,7 @@
 //!   (`MPI_Comm_create_group`, so ranks outside it need not take part); the world's rank MUST be
 //!   the process's `mpirun` rank, else init names the mismatch. Init runs under the op deadline.
 //! * **Collectives** run on a progress thread per communicator, in issue order; issue returns at
-//!   once with a [`Work`]. Each collective first allgathers every rank's [`CallDesc`] and checks
+//!   once with a [`concord_core::Work`]. Each collective first allgathers every rank's [`concord_core::CallDesc`] and checks
 //!   them with [`concord_core::validate_all`], so bad input is the same named `BadInput` on
 //!   every rank and the communicator stays usable; then every rank votes (a one-word
 //!   allgather) on whatever could stop it alone from taking part: its waiter has given up on the
@@ -48,7 +48,7 @@
 //! * **Subgroups**: `MPI_Comm_split` after the same cross-rank check.
 //! * **Deadlines** (collectives; send / recv alike, from their issue). A wait still
 //!   pending at the op deadline (the world's op timeout, counted from when the progress thread
-//!   took the job) ends in a named [`CollectiveError::Timeout`] and marks the op abandoned: the
+//!   took the job) ends in a named [`concord_core::CollectiveError::Timeout`] and marks the op abandoned: the
 //!   data moves through temporaries and reaches the caller's outputs only if the op was not
 //!   abandoned first (one lock orders the two), so no buffer is written after its op failed at
 //!   its deadline. A job still queued (behind an op stuck for good) is ended the same way once
@@ -67,7 +67,7 @@
 //!   (within 1 s) before `MPI_Finalize`, and none starts after it (a named error instead of
 //!   Open MPI's abort).
 //! * **Limits.** A peer that dies is not detected by MPI here: waits time out with a named
-//!   [`CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
+//!   [`concord_core::CollectiveError::Timeout`], and the stuck call keeps its thread (later ops on that
 //!   communicator time out too, by the queued backstop at the latest). Plain `mpirun` ends every rank when one dies; with
 //!   `--enable-recovery` (as `cargo xtask conformance --backend mpi` runs it) the others live on
 //!   and the external-launch mode names the dead rank on rank 0. Messages are at most 2 GiB (MPI's

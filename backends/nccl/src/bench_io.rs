@@ -43,7 +43,7 @@ impl NcclBackend {
     /// not overlap and must have the same dtype and element count, a multiple of `l`.
     pub fn copy_rotated(&self, dst: &NcclBuffer, src: &NcclBuffer, l: usize, s: usize) -> Result<()> {
         let started = Instant::now();
-        if dst.dtype != src.dtype || dst.numel() != src.numel() || (l > 0 && src.numel() % l != 0) || dst.overlaps(src) {
+        if dst.dtype != src.dtype || dst.numel() != src.numel() || (l > 0 && !src.numel().is_multiple_of(l)) || dst.overlaps(src) {
             return Err(self.io_err(
                 "copy_rotated",
                 format!("{dst:?} <- {src:?} by chunks of {l}: needs the same dtype and size, a whole number of chunks, no overlap"),

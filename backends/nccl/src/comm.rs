@@ -1449,15 +1449,11 @@ impl NcclBackend {
         gpus: usize,
         store: Option<Arc<concord_store::Store>>,
         p2p_key: String,
-        progress: Option<Arc<Progress>>,
+        progress: Arc<Progress>,
         faults: crate::fault::Faults,
         board: Option<Board>,
     ) -> std::result::Result<NcclBackend, String> {
         let dev = comm.dev.clone();
-        let progress = match progress {
-            Some(p) => p,
-            None => Progress::start(dev.clone())?,
-        };
         comm.set_teardown(progress.teardown_via());
         let comm = Arc::new(comm);
         let faults = Arc::new(faults);
@@ -1510,6 +1506,14 @@ impl NcclBackend {
                 CollectiveError::Backend(format!(
                     "nccl init on rank {rank}: backend option init_timeout_ms={v}: expected a whole number of milliseconds"
                 ))
+            })?),
+        };
+        // `progress_pin=N`: the progress thread on CPU N + local rank (a measuring aid: the
+        // bench's raw loop pins its launching thread alike with `raw_pin=N`).
+        let pin = match world.option("progress_pin") {
+            None => None,
+            Some(v) => Some(v.parse::<usize>().map_err(|_| {
+                CollectiveError::Backend(format!("nccl init on rank {rank}: backend option progress_pin={v}: expected a CPU number"))
             })?),
         };
         if let Some(v) = world.option(concord_core::LOCAL_RANK_OPTION) {
@@ -1593,6 +1597,7 @@ impl NcclBackend {
         // without (rather than leaving them waiting for its report).
         let board =
             world_board(&store, world, uid, header_board, deadline).map_err(|e| fail("agreeing on a validation-header board", e))?;
+        let progress = Progress::start(comm.dev.clone(), pin.map(|n| n.saturating_add(local))).map_err(|e| fail("progress thread", e))?;
         let init_time = started.elapsed();
         NcclBackend::from_comm(
             comm,
@@ -1603,7 +1608,7 @@ impl NcclBackend {
             info.gpus,
             Some(Arc::new(store)),
             p2p_key,
-            None,
+            progress,
             faults,
             board,
         )
@@ -1674,7 +1679,7 @@ impl NcclBackend {
             self.store.clone(),
             // `cseq`: the same on every rank (collectives only; `seq` also counts buffer calls).
             format!("{}/g{}", self.chan.p2p_key, o.cseq),
-            Some(self.progress.clone()),
+            self.progress.clone(),
             crate::fault::Faults::default(),
             board,
         )

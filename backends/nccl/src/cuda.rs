@@ -51,7 +51,7 @@ pub(crate) fn poll_until<T>(deadline: Instant, mut f: impl FnMut() -> Option<T>)
         i += 1;
         if i < 2000 {
             std::hint::spin_loop();
-            if i % 64 == 0 {
+            if i.is_multiple_of(64) {
                 std::thread::yield_now();
             }
         } else {

@@ -190,7 +190,12 @@
 //! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
 //! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
-//! larger of the op deadline and 30 s),
+//! larger of the op deadline and 30 s), `progress_pin=N` (default: unpinned; the progress thread
+//! on CPU N + local rank only, a measuring aid: the bench's raw loop pins its launching thread
+//! alike with `raw_pin=N`, so both launch from the same vCPU, see `pin`; but `raw_pin` pins the
+//! bench's main thread, which issues the backend's ops too, and Linux leaves it on that CPU
+//! afterwards: with both at the same N the caller and the progress thread share one vCPU, 5-8 x
+//! slower on 2 x H200 (gpulat11); pair it with `raw_thread=keepblock` or use it alone),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named
@@ -203,8 +208,6 @@
 //! `blocking=1` (the communicator itself blocking, no twin) a collective whose GPU kernels
 //! hang is still aborted, but a peer lost while NCCL is connecting can block the progress
 //! thread inside NCCL; the twin's watchdog (default) ends exactly that case.
-
-#![allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
 
 pub mod bench_io;
 mod block_cache;
@@ -225,6 +228,7 @@ mod one_rank;
 mod ops;
 
 mod p2p;
+mod pin;
 pub mod reference;
 pub mod timing;
 mod worker;

@@ -102,34 +102,6 @@ pub struct RawStep {
     pub group: bool,
 }
 
-/// Runs the calling thread on `cpu` only; returns its CPU set before, to restore.
-fn pin_to(cpu: usize) -> Result<libc::cpu_set_t, String> {
-    // SAFETY: cpu_set_t is plain data; the calls touch only the calling thread's affinity.
-    unsafe {
-        let mut old: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) != 0 {
-            return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()));
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(format!("sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error()));
-        }
-        Ok(old)
-    }
-}
-
-/// Restores a CPU set saved by [`pin_to`] when dropped.
-struct Unpin(Option<libc::cpu_set_t>);
-impl Drop for Unpin {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            // SAFETY: as in `pin_to`.
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
-        }
-    }
-}
-
 /// Shares a value with the launching thread of [`RawStep::thread`]: only one thread uses it at a
 /// time (the caller waits on an atomic or a condition variable until the launcher is done).
 struct OneAtATime<T>(T);
@@ -388,7 +360,7 @@ impl RawNccl {
     /// at a failure, or when `ctl.quit` is raised.
     fn launcher(&self, ctl: &Ctl, cpu: Option<usize>, launch: &dyn Fn() -> Result<(), String>) {
         use std::sync::atomic::Ordering;
-        let bound = self.dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| pin_to(c).map(|_| ())));
+        let bound = self.dev.bind().and_then(|()| cpu.map_or(Ok(()), |c| crate::pin::pin_to(c).map(|_| ())));
         if let Err(e) = bound {
             ctl.hand_back(Err(e));
             return;
@@ -601,8 +573,8 @@ impl RawNccl {
             self.sync("the barrier before a window")
         };
         let cpu = s.pin.map(|n| n + self.rank);
-        let _unpin = Unpin(match cpu {
-            Some(c) if !s.thread => Some(pin_to(c)?),
+        let _unpin = crate::pin::Unpin(match cpu {
+            Some(c) if !s.thread => Some(crate::pin::pin_to(c)?),
             _ => None,
         });
         let mut per_window: Vec<Duration> = Vec::new();

@@ -1390,7 +1390,9 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    pub fn start(dev: Arc<Device>) -> std::result::Result<Arc<Progress>, String> {
+    /// Starts the thread (and its watchdog); with `cpu`, the progress thread runs on that CPU
+    /// only (backend option `progress_pin`).
+    pub fn start(dev: Arc<Device>, cpu: Option<usize>) -> std::result::Result<Arc<Progress>, String> {
         let shared = Arc::new(Shared {
             q: Padded(Mutex::new(QState { jobs: VecDeque::new(), waiting: false, closed: false, stopped: false })),
             cv: Condvar::new(),
@@ -1416,7 +1418,16 @@ impl Progress {
                 shared.exited.store(true, Ordering::SeqCst);
                 format!("starting the NCCL progress thread: {e}")
             })?;
-        Ok(Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) }))
+        let progress = Arc::new(Progress { shared, thread: Mutex::new(Some(thread)) });
+        if let Some(c) = cpu {
+            use std::os::unix::thread::JoinHandleExt;
+            let t = progress.thread.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h.as_pthread_t());
+            // On an error the progress thread (dropped with `progress`) ends as at any drop.
+            if let Some(t) = t {
+                crate::pin::pin_thread(t, c).map_err(|e| format!("pinning the NCCL progress thread (option progress_pin): {e}"))?;
+            }
+        }
+        Ok(progress)
     }
 
     /// The launched-op tracker of this rank's stream (see [`Tracker`]).

@@ -91,4 +91,6 @@ fn a_yes_no_option_with_another_value_is_named_before_any_gpu_is_touched() {
     assert!(err.to_string().contains("init_timeout_ms=5s") && err.to_string().contains("milliseconds"), "{err}");
     let err = refused_with_option(concord_core::LOCAL_RANK_OPTION, "first");
     assert!(err.to_string().contains("=first") && err.to_string().contains("GPU index"), "{err}");
+    let err = refused_with_option("progress_pin", "six");
+    assert!(err.to_string().contains("progress_pin=six") && err.to_string().contains("CPU number"), "{err}");
 }

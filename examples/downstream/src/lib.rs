@@ -1,8 +1,11 @@
 //! # concord-example-downstream
 //!
-//! **One job:** show a backend crate that is not part of Concord running the whole Concord suite.
-//! `MyBackend` is a thin newtype over the CPU backend (a real crate would talk to its own
-//! transport here); `tests/conformance.rs` is one line: `concord_suites::harness!(MyBackend, name = "mine");`.
+//! **One job:** show a backend crate that is not part of Concord running the Concord suites through
+//! one `harness!` line. `MyBackend` is a thin newtype over the CPU backend (a real crate would talk
+//! to its own transport here); `tests/conformance.rs` is that line, with a slice of the catalogue
+//! (`catalogue = slice`: the built-in binary already runs the whole of it on shm) and a backend
+//! option (`options = [...]`). A crate of its own would write
+//! `concord_suites::harness!(MyBackend, name = "mine");` for every case.
 #![forbid(unsafe_code)]
 
 use concord_core::{Backend, Result, WorldInfo};

@@ -22,10 +22,10 @@ use concord_core::{progress, AsyncResult, Backend, CollectiveError, DType, Reduc
 use std::time::{Duration, Instant};
 
 /// Environment variable that turns a conformance binary into the un-waited-exit child.
-pub const CHILD_ENV: &str = "CONCORD_UNWAITED_CHILD";
+pub const CHILD_ENV: &str = concord_harness::worker::vars::UNWAITED_CHILD;
 /// Set to `send` in the un-waited-exit child's environment: rank 0 of a 2-rank child drops
 /// un-waited sends (to a rank 1 that never receives) instead of an all_reduce.
-pub const CHILD_OP_ENV: &str = "CONCORD_UNWAITED_OP";
+pub const CHILD_OP_ENV: &str = concord_harness::worker::vars::UNWAITED_OP;
 
 fn meta(op: &str, variant: &str) -> CaseMeta {
     CaseMeta { suite: "async".into(), op: op.into(), variant: variant.into(), dtype: "f32".into(), reduce: "sum".into() }
