@@ -59,9 +59,11 @@
 //! * Be asynchronous on *every* op and *every* rank: issuing returns at once even when the peers
 //!   have not issued yet; `is_completed()` is false and `wait` returns a named timeout (never
 //!   `Ok`, never later than its deadline) for as long as any peer the op needs has not issued
-//!   its side; the same work then completes once the peers arrive, whatever the caller issued
-//!   after it: an op never waits for a later op (which a peer may issue only once it has seen
-//!   the earlier one complete). [clause: async.every_op_every_rank]
+//!   its side, also once an op issued after it has completed (a work's completion is its own
+//!   op's: a check that reads the last posted request, or a wait that retires its neighbour in
+//!   a request list, is a bug); the same work then completes once the peers arrive, whatever the
+//!   caller issued after it: an op never waits for a later op (which a peer may issue only once
+//!   it has seen the earlier one complete). [clause: async.every_op_every_rank]
 //! * Communicators progress independently on the host: an op on one communicator (the world, a
 //!   group) MUST NOT wait for an op of another in anything the backend adds, whatever order each
 //!   rank issued them in (one serial engine, queue, lock or stream for every communicator of the

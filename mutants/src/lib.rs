@@ -76,6 +76,7 @@ pub mod bugs_hunt3;
 pub mod bugs_hunt30;
 pub mod bugs_hunt31;
 pub mod bugs_hunt32;
+pub mod bugs_hunt33;
 pub mod bugs_hunt34;
 #[macro_use]
 pub mod bugs_hunt4;
@@ -141,6 +142,9 @@ pub mod sweep_bad;
 /// segmented pipeline's last segment, a ring path below its segment size, a fast path's guard),
 /// [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a message lingers,
 /// group names salted with per-rank counts, reused group names, lazy init on the first op),
+/// [`bugs_hunt33`] (shipped bugs of work handles: a completion check reading another request,
+/// a wait-any retiring the wrong request, a first send that leaves only at wait, a callback
+/// chain bound late),
 /// [`bugs_hunt34`] (shipped bugs of hierarchical and topology-aware algorithms: blocks stitched in
 /// node order, a reorder copy reversed, a pipeline ring over full nodes only, a root alone on its
 /// node, a node leader accumulating in the caller's input),
@@ -191,6 +195,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt29::catalogue());
     v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
+    v.extend(bugs_hunt33::catalogue());
     v.extend(bugs_hunt34::catalogue());
     v.extend(bugs_hunt32::catalogue());
     v.extend(bugs_review::catalogue());

@@ -98,6 +98,10 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "review14_process_wide_engine",
     "review14_process_wide_collective_engine",
     "review14_waiters_serialised",
+    // hunt33: a first send that leaves only at its sender's wait, and send / recv works marked
+    // complete only in wait: the pair is polled for up to 5 s, then waited.
+    "wild_first_send_at_wait",
+    "wild_gloo_p2p_completed_only_in_wait",
     // hunt34: a world whose last node of 8 is short never completes its init (the bootstrap
     // deadlock ends at the bug's own 2 s wait); its only catcher is a 33-rank world.
     "wild_nccl_uneven_nodes_bootstrap",

@@ -88,7 +88,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "async.every_op_every_rank",
         source: BACKEND,
-        text: "Every op, with each rank in turn the late one, is pending (and its wait a named timeout) until every peer has issued, then completes right, whatever the caller issued after it.",
+        text: "Every op, with each rank in turn the late one, is pending (and its wait a named timeout) until every peer has issued, also once an op issued after it has completed, then completes right, whatever the caller issued after it.",
         cases: &[
             "async::pending_until_peers_arrive::all_reduce::",
             "async::pending_until_peers_arrive::reduce::",
@@ -100,6 +100,9 @@ pub const CLAUSES: &[Clause] = &[
             "async::completes_without_wait::every_op",
             // ... and not with the ops issued after it (which a peer may issue only later).
             "async::earlier_op_completes_before_a_later_one_is_issued",
+            // ... nor when an op issued after it completed (its completion is its own op's).
+            "p2p::send_behind_pending_collective::",
+            "p2p::recv_behind_pending_collective::",
         ],
     },
     Clause {

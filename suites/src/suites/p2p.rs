@@ -34,9 +34,14 @@
 //! * `p2p::send_behind_pending_collective::ws2` — rank 0 `all_reduce; isend(1)`, rank 1
 //!   `irecv(0); wait; all_reduce`: a collective still waiting for its peer must not hold back a
 //!   send issued after it (shm's progress thread used to wait for the collective's peers first;
-//!   both ranks timed out).
+//!   both ranks timed out). Once the send completed, the all_reduce is still pending
+//!   (`is_completed()` false, a short wait a named timeout) until rank 1, told through the
+//!   store, issues its side: a work's completion is its own op's, not the last posted one's
+//!   (ai-dynamo/nixl PR #2176) nor one a wait-any retired in its neighbour's place
+//!   (open-mpi/ompi PR #1725).
 //! * `p2p::recv_behind_pending_collective::ws2` — the mirror: rank 1 `all_reduce; irecv(0)`,
-//!   rank 0 `isend(1); wait; all_reduce` (a receive queued behind the collectives deadlocks).
+//!   rank 0 `isend(1); wait; all_reduce` (a receive queued behind the collectives deadlocks);
+//!   rank 1's all_reduce is still pending once its receive completed, as above.
 //! * `p2p::send_behind_pending_collective::fresh_group::ws2` — the same on a new group that has
 //!   run nothing yet: a lazily connecting backend's first collective waits for the peer inside
 //!   its launch (NCCL: the connection), which must not hold the send back.
@@ -61,51 +66,95 @@ fn message(src: usize, k: usize, len: usize) -> Tensor {
 }
 
 /// Rank 0 `all_reduce; isend(1)`, then waits for both; rank 1 `irecv(0); wait; all_reduce`, on
-/// `b` (the world or a group of ranks 0 and 1).
-fn send_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+/// `b` (the world or a group of ranks 0 and 1). Once its send completed, rank 0 checks that its
+/// all_reduce is still pending ([`still_pending`]): rank 1 issues its side only after that (a
+/// store key under `tag`).
+fn send_behind_collective<B: Backend, C: Backend>(ctx: &Ctx<'_, C>, b: &B, tag: &str, w: &str) -> CaseResult {
+    let timeout = ctx.timeout;
     // The pending collective only carries the check: an all_reduce the backend supports.
     let v = ArVehicle::pick(b, &[Variant::Out])?;
     let w = &format!("{w} (all_reduce reduce={})", v.op.name());
+    let key = format!("{}/{}/{tag}/pending_checked", ctx.case, ctx.world.world_id);
     let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
     let sum = v.expected(2, |r| vec![(r + 1) as f32; 4]);
     if b.rank() == 0 {
         let ar = b.all_reduce(&x, v.op)?;
         let y = b.upload(&message(0, 0, 16))?;
         let s = b.send(&y, 1)?;
-        s.wait(timeout).map_err(|e| fail(w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())))?;
-        let out = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
-        expect_eq(b, out, &sum, w)
+        let sent = s.wait(timeout).map_err(|e| fail(w, format!("send issued behind a pending all_reduce: {e} [{}]", e.name())));
+        // The peer goes on whatever this rank saw (it issues its all_reduce once told).
+        let verdict = sent.and_then(|_| still_pending(&ar, "the send", w));
+        ctx.store.set(&key, b"1").map_err(|e| fail(w, e))?;
+        let out = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())));
+        verdict?;
+        expect_eq(b, out?, &sum, w)
     } else {
         let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
         let r = b.recv(&out, 0)?;
-        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive: {e} [{}]", e.name())))?;
-        expect_eq(b, got, &message(0, 0, 16), w)?;
+        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive: {e} [{}]", e.name())));
+        take_key(ctx, &key, w, "rank 0 never said it had looked at its pending all_reduce")?;
+        expect_eq(b, got?, &message(0, 0, 16), w)?;
         let ar = b.all_reduce(&x, v.op)?;
         let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
         expect_eq(b, res, &sum, w)
     }
 }
 
+/// How long [`still_pending`] waits on an all_reduce its peer has not issued.
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Clause `async.every_op_every_rank`: `ar`, an all_reduce issued before a point-to-point op
+/// (`later`) that has completed, still waits for its peer (which issues its side only once this
+/// rank has looked): `is_completed()` MUST be false and `wait(PENDING_WAIT)` a named timeout. A
+/// work's completion is its own op's: a check that reads the last posted request, or a wait that
+/// retires the request before the one it saw complete, reports the all_reduce done with its
+/// buffer not reduced.
+fn still_pending<T>(ar: &concord_core::Work<T>, later: &str, w: &str) -> CaseResult {
+    if ar.is_completed() {
+        return Err(fail(
+            w,
+            format!("is_completed() of the all_reduce was true once {later} issued after it had completed, while the peer had not issued the all_reduce yet: a work's completion is its own op's"),
+        ));
+    }
+    match ar.wait(PENDING_WAIT) {
+        Ok(_) => Err(fail(
+            w,
+            format!("wait({PENDING_WAIT:?}) on the all_reduce returned Ok once {later} issued after it had completed, while the peer had not issued the all_reduce yet (its result cannot be there)"),
+        )),
+        Err(e) if e.name() == "timeout" => Ok(()),
+        Err(e) => Err(fail(w, format!("wait({PENDING_WAIT:?}) on the all_reduce its peer had not issued: expected a named timeout, got {e} [{}]", e.name()))),
+    }
+}
+
 /// The mirror of [`send_behind_collective`]: rank 1 `all_reduce; irecv(0)`, then waits for
 /// both; rank 0 `isend(1); wait; all_reduce`. The all_reduce pending on rank 1 (its peer is in a
-/// send) must not hold back the receive issued after it.
-fn recv_behind_collective<B: Backend>(b: &B, timeout: std::time::Duration, w: &str) -> CaseResult {
+/// send) must not hold back the receive issued after it; once the receive completed it is still
+/// pending ([`still_pending`]: rank 0 issues its all_reduce only after rank 1 looked).
+fn recv_behind_collective<B: Backend, C: Backend>(ctx: &Ctx<'_, C>, b: &B, w: &str) -> CaseResult {
+    let timeout = ctx.timeout;
     // The pending collective only carries the check: an all_reduce the backend supports.
     let v = ArVehicle::pick(b, &[Variant::Out])?;
     let w = &format!("{w} (all_reduce reduce={})", v.op.name());
+    let key = format!("{}/{}/pending_checked", ctx.case, ctx.world.world_id);
     let x = b.upload(&Tensor::from_vec(&[4], vec![(b.rank() + 1) as f32; 4]))?;
     let sum = v.expected(2, |r| vec![(r + 1) as f32; 4]);
     if b.rank() == 1 {
         let ar = b.all_reduce(&x, v.op)?;
         let out = b.upload(&Tensor::zeros(DType::F32, &[16]))?;
         let r = b.recv(&out, 0)?;
-        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive issued behind a pending all_reduce: {e} [{}]", e.name())))?;
-        expect_eq(b, got, &message(0, 0, 16), w)?;
-        let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
-        expect_eq(b, res, &sum, w)
+        let got = r.wait(timeout).map_err(|e| fail(w, format!("receive issued behind a pending all_reduce: {e} [{}]", e.name())));
+        // The peer goes on whatever this rank saw (it issues its all_reduce once told).
+        let verdict = got.and_then(|got| expect_eq(b, got, &message(0, 0, 16), w)).and_then(|_| still_pending(&ar, "the receive", w));
+        ctx.store.set(&key, b"1").map_err(|e| fail(w, e))?;
+        let res = ar.wait(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())));
+        verdict?;
+        expect_eq(b, res?, &sum, w)
     } else {
         let y = b.upload(&message(0, 0, 16))?;
-        b.send(&y, 1)?.wait(timeout).map_err(|e| fail(w, format!("send: {e} [{}]", e.name())))?;
+        let send = b.send(&y, 1)?;
+        let sent = send.wait(timeout).map(|_| ()).map_err(|e| fail(w, format!("send: {e} [{}]", e.name())));
+        take_key(ctx, &key, w, "rank 1 never said it had looked at its pending all_reduce")?;
+        sent?;
         let out = b.all_reduce(&x, v.op)?.into_value(timeout).map_err(|e| fail(w, format!("all_reduce: {e} [{}]", e.name())))?;
         expect_eq(b, &out, &sum, w)
     }
@@ -303,7 +352,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = format!("{} (rank 0: all_reduce, isend; rank 1: irecv, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
-        send_behind_collective(b, ctx.timeout, &w)
+        send_behind_collective(ctx, b, "world", &w)
     }));
     v.push(Case::<B>::new("p2p::recv_behind_pending_collective::ws2", meta(), 2, |ctx| {
         // The mirror: rank 1 `all_reduce; irecv(0)`, rank 0 `isend(1); wait; all_reduce`. A
@@ -312,7 +361,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         let b = ctx.b;
         let w = format!("{} (rank 1: all_reduce, irecv; rank 0: isend, wait, all_reduce)", here(b, "send_recv", "outbuf", DType::F32));
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
-        recv_behind_collective(b, ctx.timeout, &w)
+        recv_behind_collective(ctx, b, &w)
     }));
     v.push(Case::<B>::new("p2p::send_behind_pending_collective::fresh_group::ws2", meta(), 2, |ctx| {
         // The same program on a communicator that has run nothing yet (a new group of both
@@ -328,7 +377,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         );
         let g = b0.new_group(&[0, 1]).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
         let b = g.as_ref().ok_or_else(|| fail(&w, "new_group([0, 1]) returned nothing to a member"))?;
-        send_behind_collective(b, ctx.timeout, &w)
+        send_behind_collective(ctx, b, "fresh_group", &w)
     }));
     v.push(Case::<B>::new("p2p::sends_first_both::large::ws2", meta(), 2, sends_first_both_large));
     v.push(Case::<B>::new("p2p::send_buffer_reused_once_completed::ws2", meta(), 2, send_buffer_reused_once_completed));
