@@ -75,6 +75,7 @@ pub mod bugs_hunt29;
 pub mod bugs_hunt3;
 pub mod bugs_hunt30;
 pub mod bugs_hunt31;
+pub mod bugs_hunt35;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -138,7 +139,10 @@ pub mod sweep_bad;
 /// the group's), [`bugs_hunt30`] (shipped bugs where a library switches how it works: a
 /// segmented pipeline's last segment, a ring path below its segment size, a fast path's guard),
 /// [`bugs_hunt31`] (shipped bugs of a communicator's life: ids reused while a message lingers,
-/// group names salted with per-rank counts, reused group names, lazy init on the first op);
+/// group names salted with per-rank counts, reused group names, lazy init on the first op),
+/// [`bugs_hunt35`] (shipped bugs in what a backend accepts: zero-size collectives skipped per
+/// rank, same-size checks by element count, split sums as an upper bound, a coalesced list
+/// reduced as one flat bucket, an average emulated as a sum);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -183,6 +187,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt29::catalogue());
     v.extend(bugs_hunt30::catalogue());
     v.extend(bugs_hunt31::catalogue());
+    v.extend(bugs_hunt35::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -107,6 +107,15 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             wait(b.reduce(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0), 0)?, T)
         }),
         ("all_gather_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.all_gather_into_tensor(&f32s(b, &[4 + r])?)?, T)),
+        // Empty tensors of different shapes (`[1, 0]` against `[2, 0]`): a same-size check by
+        // element count passes them (pytorch/pytorch PR #84099: "numel() returns zero and
+        // check_same_numel is always true"), so each rank gets a result shaped by its own input.
+        ("all_gather_shape_mismatch_both_empty", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.all_gather_into_tensor(&f32s(b, &[1 + r, 0])?)?, T)
+        }),
+        ("reduce_scatter_shape_mismatch_both_empty", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[2 + 2 * r, 0])?, ReduceOp::Sum)?, T)
+        }),
         ("all_gather_out_wrong_size", 2, K::OutBufferSize, false, |b, _, ws| {
             let out = b.alloc(DType::F32, &[ws * 4 + 1])?;
             wait(b.all_gather_into_tensor_out(&f32s(b, &[4])?, &out)?, T)
