@@ -261,13 +261,13 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_same_size_by_numel",
             "bad_input.named_everywhere",
             "pytorch/pytorch PR #84099: all_gather / reduce_scatter compare ranks' tensors by element count: empty tensors of different shapes pass",
-            &["bad_input::all_gather_shape_mismatch_both_empty::ws2"],
+            &["bad_input::all_gather_shape_mismatch_both_empty::ws2", "bad_input::reduce_scatter_shape_mismatch_both_empty::ws2"],
         ),
         spec::<SplitSumUpperBoundOnly>(
             "wild_split_sum_upper_bound_only",
             "bad_input.named_everywhere",
             "meta-pytorch/torchcomms PR #291: all_to_all input splits need only not exceed dim 0; the rows past their sum are silently left out",
-            &["bad_input::all_to_all_splits_short_of_dim0_consistent::ws2"],
+            &["bad_input::all_to_all_splits_do_not_sum_to_dim0::ws2"],
         ),
         spec::<CoalescedFlatBucket>(
             "wild_coalesced_flat_bucket",
@@ -285,7 +285,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_empty_tensor_refused",
             "values.sizes",
             "PaddlePaddle/Paddle PR #48256: a static check refuses tensors of no elements (InvalidArgument): a legal empty collective fails on every rank",
-            &["bad_input::all_reduce_shape_mismatch_one_empty::ws2"],
+            &["all_reduce::out::f32::sum::ws2"],
         ),
     ]
 }

@@ -38,6 +38,15 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_reduce_reduce_op_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
             wait(b.all_reduce(&f32s(b, &[4])?, if r == 0 { ReduceOp::Sum } else { ReduceOp::Max })?, T)
         }),
+        // `avg` against `sum`: a backend that emulates avg as a sum and a local division (Gloo's
+        // and MPI's c10d, intel/torch-xpu-ops PR #2691) tells its peers `sum`, so only a check
+        // of the op each rank asked for refuses it; the max-against-sum row above does not tell.
+        ("all_reduce_avg_against_sum", 2, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.all_reduce(&f32s(b, &[4])?, if r == 0 { ReduceOp::Avg } else { ReduceOp::Sum })?, T)
+        }),
+        ("reduce_scatter_avg_against_sum", 2, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[4])?, if r == 1 { ReduceOp::Avg } else { ReduceOp::Sum })?, T)
+        }),
         ("all_reduce_premul_sum_factor_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
             // Rule 16: premul_sum's factor is part of the op (NCCL would sum each rank's own
             // f_r * x_r; the contract makes differing factors bad input).
