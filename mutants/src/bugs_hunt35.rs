@@ -267,7 +267,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_split_sum_upper_bound_only",
             "bad_input.named_everywhere",
             "meta-pytorch/torchcomms PR #291: all_to_all input splits need only not exceed dim 0; the rows past their sum are silently left out",
-            &["bad_input::all_to_all_splits_do_not_sum_to_dim0::ws2"],
+            &["bad_input::all_to_all_splits_short_of_dim0::ws2"],
         ),
         spec::<CoalescedFlatBucket>(
             "wild_coalesced_flat_bucket",

@@ -170,6 +170,12 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_to_all_splits_do_not_sum_to_dim0", 2, K::BadSplits, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2]), Some(&[1, 2]))?, T)
         }),
+        // Splits that agree across ranks but sum short of dim 0: a check of the sum as an upper
+        // bound only (meta-pytorch/torchcomms PR #291: "Tensors are allowed to be larger than
+        // the split sizes sum") sends the first rows and drops the rest, silently.
+        ("all_to_all_splits_short_of_dim0", 2, K::BadSplits, false, |b, _, _| {
+            wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[1, 1]), Some(&[1, 1]))?, T)
+        }),
         ("all_to_all_splits_wrong_length", 2, K::BadSplits, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2]), Some(&[2, 1, 1]))?, T)
         }),
