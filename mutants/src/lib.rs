@@ -78,6 +78,7 @@ pub mod bugs_hunt31;
 pub mod bugs_hunt32;
 pub mod bugs_hunt33;
 pub mod bugs_hunt34;
+pub mod bugs_hunt35;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -150,7 +151,10 @@ pub mod sweep_bad;
 /// node, a node leader accumulating in the caller's input),
 /// [`bugs_hunt32`] (shipped bugs of what a backend counts over a long run: op tags a pair's p2p
 /// advances on two ranks only, a parent's tag counter walking into reserved tags, a rank that
-/// skips a collective whose own share is empty);
+/// skips a collective whose own share is empty),
+/// [`bugs_hunt35`] (shipped bugs in what a backend accepts: zero-size collectives skipped per
+/// rank, same-size checks by element count, split sums as an upper bound, a coalesced list
+/// reduced as one flat bucket, an average emulated as a sum);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -198,6 +202,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt33::catalogue());
     v.extend(bugs_hunt34::catalogue());
     v.extend(bugs_hunt32::catalogue());
+    v.extend(bugs_hunt35::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -38,6 +38,15 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         ("all_reduce_reduce_op_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
             wait(b.all_reduce(&f32s(b, &[4])?, if r == 0 { ReduceOp::Sum } else { ReduceOp::Max })?, T)
         }),
+        // `avg` against `sum`: a backend that emulates avg as a sum and a local division (Gloo's
+        // and MPI's c10d, intel/torch-xpu-ops PR #2691) tells its peers `sum`, so only a check
+        // of the op each rank asked for refuses it; the max-against-sum row above does not tell.
+        ("all_reduce_avg_against_sum", 2, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.all_reduce(&f32s(b, &[4])?, if r == 0 { ReduceOp::Avg } else { ReduceOp::Sum })?, T)
+        }),
+        ("reduce_scatter_avg_against_sum", 2, K::ReduceOpMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[4])?, if r == 1 { ReduceOp::Avg } else { ReduceOp::Sum })?, T)
+        }),
         ("all_reduce_premul_sum_factor_mismatch", 2, K::ReduceOpMismatch, true, |b, r, _| {
             // Rule 16: premul_sum's factor is part of the op (NCCL would sum each rank's own
             // f_r * x_r; the contract makes differing factors bad input).
@@ -107,6 +116,15 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
             wait(b.reduce(&b.upload(&full(&[4], 1i32))?, ReduceOp::PremulSum(2.0), 0)?, T)
         }),
         ("all_gather_shape_mismatch", 2, K::ShapeMismatch, true, |b, r, _| wait(b.all_gather_into_tensor(&f32s(b, &[4 + r])?)?, T)),
+        // Empty tensors of different shapes (`[1, 0]` against `[2, 0]`): a same-size check by
+        // element count passes them (pytorch/pytorch PR #84099: "numel() returns zero and
+        // check_same_numel is always true"), so each rank gets a result shaped by its own input.
+        ("all_gather_shape_mismatch_both_empty", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.all_gather_into_tensor(&f32s(b, &[1 + r, 0])?)?, T)
+        }),
+        ("reduce_scatter_shape_mismatch_both_empty", 2, K::ShapeMismatch, true, |b, r, _| {
+            wait(b.reduce_scatter_tensor(&f32s(b, &[2 + 2 * r, 0])?, ReduceOp::Sum)?, T)
+        }),
         ("all_gather_out_wrong_size", 2, K::OutBufferSize, false, |b, _, ws| {
             let out = b.alloc(DType::F32, &[ws * 4 + 1])?;
             wait(b.all_gather_into_tensor_out(&f32s(b, &[4])?, &out)?, T)
@@ -151,6 +169,12 @@ fn table<B: Backend>() -> Vec<(&'static str, usize, K, bool, Issue<B>)> {
         }),
         ("all_to_all_splits_do_not_sum_to_dim0", 2, K::BadSplits, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2]), Some(&[1, 2]))?, T)
+        }),
+        // Splits that agree across ranks but sum short of dim 0: a check of the sum as an upper
+        // bound only (meta-pytorch/torchcomms PR #291: "Tensors are allowed to be larger than
+        // the split sizes sum") sends the first rows and drops the rest, silently.
+        ("all_to_all_splits_short_of_dim0", 2, K::BadSplits, false, |b, _, _| {
+            wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[1, 1]), Some(&[1, 1]))?, T)
         }),
         ("all_to_all_splits_wrong_length", 2, K::BadSplits, false, |b, _, _| {
             wait(b.all_to_all_single(&f32s(b, &[4])?, Some(&[2, 2]), Some(&[2, 1, 1]))?, T)
