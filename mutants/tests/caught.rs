@@ -70,7 +70,7 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "wild_reused_group_id_memo",
     "wild_lazy_init_first_op",
     // hunt32: the sixth group made from one parent takes a parent's tag that its edge exchange
-    // holds; every rank's new_group ends at the bug's own 15 s deadline.
+    // holds; every rank's new_group ends at the bug's own 2 s wait.
     "wild_nbc_tag_into_reserved",
     // review-c: the first op whose work never completes without a wait is polled for up to 5 s.
     "review3_completes_only_in_wait_but_all_reduce",
