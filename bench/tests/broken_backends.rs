@@ -491,9 +491,9 @@ fn fused_run(mode: &str) -> std::result::Result<i32, Failed> {
 /// Entries of `dir` named after a world process `pid` launched (nextest runs each trial in a
 /// process of its own, so these are the hang trial's).
 fn leftovers(dir: &std::path::Path, pid: u32) -> Vec<String> {
-    let prefix = format!("concord-l{pid}x");
+    let launched = |n: &str| n.starts_with("concord-l") && concord_harness::platform::world_owner(n).is_some_and(|o| o.pid == pid);
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect())
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| launched(n)).collect())
         .unwrap_or_default()
 }
 

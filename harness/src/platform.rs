@@ -34,38 +34,74 @@ pub fn sweep_shm(world_id: &str) -> Vec<PathBuf> {
     sweep_dir(Path::new(SHM_DIR), &shm_prefix(world_id))
 }
 
-/// The id of world `n` of this process's runner pool: `p<pid>w<n>x<nonce>` (its files are named
-/// with [`shm_prefix`] of it, so they carry the pid that owns them: [`world_owner`]).
+/// The id of world `n` of this process's runner pool: `p<pid>n<ns>w<n>x<nonce>` (its files are
+/// named with [`shm_prefix`] of it, so they carry the pid that owns them and that pid's
+/// namespace: [`world_owner`]).
 pub fn pool_world_id(n: u64) -> String {
-    format!("p{}w{n}x{:06x}", std::process::id(), nonce())
+    format!("p{}{}w{n}x{:06x}", std::process::id(), ns_part(), nonce())
 }
 
-/// The id of a world this process launches ([`crate::launch::launch`]): `l<pid>x<nonce>`.
+/// The id of a world this process launches ([`crate::launch::launch`]): `l<pid>n<ns>x<nonce>`.
 pub fn launch_world_id() -> String {
-    format!("l{}x{:06x}", std::process::id(), nonce())
+    format!("l{}{}x{:06x}", std::process::id(), ns_part(), nonce())
 }
 
-/// The pid of the process that owns a world's file or dir named `name`, read from the world id
-/// it is named with (`concord-p<pid>w…` of [`pool_world_id`], `concord-l<pid>x…` of
+/// `n` and [`pid_ns_tag`] (empty where the namespace cannot be read: the id then has no tag).
+fn ns_part() -> String {
+    pid_ns_tag().map(|t| format!("n{t:06x}")).unwrap_or_default()
+}
+
+/// This process's pid namespace, as the low 24 bits of its inode (`/proc/self/ns/pid`, the
+/// number in `pid:[4026531836]`); `None` where it cannot be read. A pid means something only in
+/// its own namespace: two containers of one pod share `/dev/shm` but not their pids, so a world
+/// of another namespace is never judged dead by its pid ([`sweep_dead_worlds_in`]).
+pub fn pid_ns_tag() -> Option<u32> {
+    static TAG: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        let ino: u64 = link.to_str()?.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()?;
+        Some((ino & 0xff_ffff) as u32)
+    })
+}
+
+/// Who owns a world's file or dir: the pid, and its namespace tag where the name carries one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorldOwner {
+    pub pid: u32,
+    /// [`pid_ns_tag`] of the owner; `None` for a name made without one.
+    pub ns: Option<u32>,
+}
+
+/// The owner of a world's file or dir named `name`, read from the world id it is named with
+/// (`concord-p<pid>[n<ns>]w…` of [`pool_world_id`], `concord-l<pid>[n<ns>]x…` of
 /// [`launch_world_id`]); `None` for any other name (a backend's unit tests, another tool's file).
-pub fn world_owner(name: &str) -> Option<u32> {
+pub fn world_owner(name: &str) -> Option<WorldOwner> {
     // `concord--` of an empty id: the world id follows the first dash.
     let lead = shm_prefix("");
     let rest = name.strip_prefix(lead.strip_suffix('-')?)?;
     let (kind, rest) = rest.split_at_checked(1)?;
     let end = rest.find(|c: char| !c.is_ascii_digit())?;
-    let after = rest[end..].chars().next()?;
-    if !matches!((kind, after), ("p", 'w') | ("l", 'x')) {
-        return None;
+    let pid = rest[..end].parse::<u32>().ok().filter(|&p| p > 1 && p <= i32::MAX as u32)?;
+    let mut after = &rest[end..];
+    let mut ns = None;
+    if let Some(tagged) = after.strip_prefix('n') {
+        let hex = tagged.get(..6).filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))?;
+        ns = Some(u32::from_str_radix(hex, 16).ok()?);
+        after = &tagged[6..];
     }
-    rest[..end].parse::<u32>().ok().filter(|&p| p > 1 && p <= i32::MAX as u32)
+    match (kind, after.chars().next()?) {
+        ("p", 'w') | ("l", 'x') => Some(WorldOwner { pid, ns }),
+        _ => None,
+    }
 }
 
-/// Removes, from each of `dirs`, the world dirs and files (named `concord-p<pid>w…` /
-/// `concord-l<pid>x…`, [`world_owner`]) of this user whose owning process is gone
+/// Removes, from each of `dirs`, the world dirs and files (named `concord-p<pid>…` /
+/// `concord-l<pid>…`, [`world_owner`]) of this user whose owning process is gone
 /// (`kill(pid, 0)` is `ESRCH`): a parent SIGKILLed could not clean them, and nothing else
 /// will. Never another user's entry, never one whose pid is alive (a zombie, or another user's
-/// process, counts as alive), never a symbolic link's target. Returns the removed paths.
+/// process, counts as alive), never one named in another pid namespace (its pid says nothing
+/// here: a live world of a container sharing `/dev/shm`), never a symbolic link's target.
+/// Returns the removed paths.
 pub fn sweep_dead_worlds_in(dirs: &[&Path]) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let me = nix::unistd::geteuid().as_raw();
@@ -73,9 +109,12 @@ pub fn sweep_dead_worlds_in(dirs: &[&Path]) -> Vec<PathBuf> {
     for dir in dirs {
         let Ok(rd) = std::fs::read_dir(dir) else { continue };
         for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(world_owner) else { continue };
+            let Some(owner) = e.file_name().to_str().and_then(world_owner) else { continue };
+            if owner.ns.is_some() && owner.ns != pid_ns_tag() {
+                continue;
+            }
             let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
-            if m.uid() != me || pid_alive(pid) {
+            if m.uid() != me || pid_alive(owner.pid) {
                 continue;
             }
             let p = e.path();
@@ -550,10 +589,18 @@ mod tests {
 
     #[test]
     fn world_owner_reads_the_pid_of_both_id_kinds() {
-        let me = std::process::id();
+        let me = WorldOwner { pid: std::process::id(), ns: pid_ns_tag() };
+        assert!(me.ns.is_some(), "Linux names every pid namespace in /proc/self/ns/pid");
         assert_eq!(world_owner(&format!("{}Ab12cd", shm_prefix(&pool_world_id(7)))), Some(me));
         assert_eq!(world_owner(&format!("{}ring0", shm_prefix(&launch_world_id()))), Some(me));
+        // Names made without a namespace tag (an older runner's) still name their pid.
+        assert_eq!(world_owner("concord-p12w3x00abcd-a"), Some(WorldOwner { pid: 12, ns: None }));
+        assert_eq!(world_owner("concord-l12n0a0b0cx00abcd-a"), Some(WorldOwner { pid: 12, ns: Some(0x0a0b0c) }));
         for other in [
+            "concord-p12n0a0b0w3x1-a",
+            "concord-p12nzz0b0cw3x1-a",
+            "concord-p12n0a0b0cx3-a",
+            "concord-l12n0a0b0cw3-a",
             "concord-unit-arena-12",
             "concord-p12",
             "concord-p12x3-a",
@@ -600,12 +647,21 @@ mod tests {
             std::fs::write(&p, b"x").unwrap();
             p
         };
+        let ns = pid_ns_tag().expect("this process's pid namespace");
+        let elsewhere = ns ^ 0x80_0001;
         let gone = [
             make_dir(format!("concord-p{dead}w0x00abcd-Q1w2e3")),
             make_dir(format!("concord-l{dead}x00abcd-R4t5y6")),
             make_file(format!("concord-p{dead}w3x00abcd-ring0")),
+            make_dir(format!("concord-p{dead}n{ns:06x}w4x00abcd-Q1w2e3")),
+            make_file(format!("concord-l{dead}n{ns:06x}x00abcd-ring0")),
         ];
         let kept = [
+            // Another pid namespace's world (a container sharing /dev/shm): its pid means
+            // nothing here, dead-looking or not.
+            make_dir(format!("concord-p{dead}n{elsewhere:06x}w5x00abcd-Q1w2e3")),
+            make_file(format!("concord-l{dead}n{elsewhere:06x}x00abcd-ring0")),
+            make_file(format!("concord-p{live_pid}n{ns:06x}w6x00abcd-ring0")),
             make_dir(format!("concord-p{live_pid}w0x00abcd-Z9x8c7")),
             make_dir(format!("concord-p{}w1x00abcd-Z9x8c7", std::process::id())),
             make_file(format!("concord-l{live_pid}x00abcd-ring0")),

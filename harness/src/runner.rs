@@ -33,9 +33,10 @@
 //!   prefix is removed ([`platform::end_world_leftovers`]).
 //! * A parent SIGKILLed runs no teardown: its world dirs and segments stay. So the first world
 //!   dir a process makes (here or in [`crate::launch::launch`]) is preceded by a sweep of the
-//!   temp dir and `/dev/shm` ([`platform::sweep_dead_worlds_once`]): every `concord-p<pid>w…` /
-//!   `concord-l<pid>x…` entry of this user whose owning pid is gone (`kill(pid, 0)` is `ESRCH`)
-//!   is removed; a live process's, or another user's, never.
+//!   temp dir and `/dev/shm` ([`platform::sweep_dead_worlds_once`]): every `concord-p<pid>…` /
+//!   `concord-l<pid>…` entry of this user whose owning pid is gone (`kill(pid, 0)` is `ESRCH`)
+//!   is removed; a live process's, another user's, or one named in another pid namespace (a
+//!   container sharing `/dev/shm`), never.
 //! * Files a backend's own library makes in `/dev/shm` under names Concord does not choose (NCCL's
 //!   `nccl-XXXXXX`) are swept too when the backend declares their prefix
 //!   ([`WorldKey::foreign_shm`]): after the world's processes are reaped, and by the termination

@@ -434,14 +434,14 @@ fn match_at(s: &str, pat: &[Tok]) -> Option<usize> {
     Some(at)
 }
 
-/// What changes from run to run, replaced by placeholders: `pid N`, world ids `pNwNxHEX`,
+/// What changes from run to run, replaced by placeholders: `pid N`, world ids `pNnHEXwNxHEX`,
 /// `after N ms`, `(test, N ms)`; and the stderr-tail lines (`    | ...`) dropped. (Plain code
 /// instead of insta's regex filters: the `regex` crate was most of this test's build.)
 fn redact(msg: &str) -> String {
     use Tok::*;
     let rules: [(&[Tok], &str); 4] = [
         (&[Lit("pid "), Digits], "pid [PID]"),
-        (&[Lit("world p"), Digits, Lit("w"), Digits, Lit("x"), Hex], "world [WORLD]"),
+        (&[Lit("world p"), Digits, Lit("n"), Hex, Lit("w"), Digits, Lit("x"), Hex], "world [WORLD]"),
         (&[Lit("after "), Digits, Lit(" ms")], "after [N] ms"),
         (&[Lit("(test, "), Digits, Lit(" ms)")], "(test, [N] ms)"),
     ];
@@ -477,11 +477,11 @@ fn blamed(r: &CaseReport) -> Vec<(usize, &'static str)> {
 
 fn t_redact() -> Result<(), Failed> {
     let raw =
-        "rank 1 (pid 4242) in world p17w3x1f9a failed after 250 ms (test, 12 ms)\n    | a stderr tail\nlast pid x\n    | kept: no newline";
+        "rank 1 (pid 4242) in world p17n0a0b0cw3x1f9a failed after 250 ms (test, 12 ms)\n    | a stderr tail\nlast pid x\n    | kept: no newline";
     let want = "rank 1 (pid [PID]) in world [WORLD] failed after [N] ms (test, [N] ms)\nlast pid x\n    | kept: no newline";
     let got = redact(raw);
     check!(got == want, "redact gave:\n{got}");
-    check!(redact("world p1w2xZZ after ms") == "world p1w2xZZ after ms", "a partial match is left alone");
+    check!(redact("world p1n0aw2xZZ after ms") == "world p1n0aw2xZZ after ms", "a partial match is left alone");
     Ok(())
 }
 
