@@ -40,12 +40,16 @@
 //!   timeout a wait returns past that deadline (or past the op deadline, for a peer that never
 //!   arrived) is the op's failure: final on every rank, its buffers the caller's again (a send
 //!   whose receiver is still copying when the sender's wait ends past it fails, and the receive
-//!   never returns `Ok`); a wait that ends before it returns a timeout that leaves the op in
-//!   flight (the same work then completes). [clause: async.deadline]
+//!   never returns `Ok` with bytes read from the send buffer after that; the one exception is a
+//!   transfer that had copied the whole message out of the send buffer before the sender's wait
+//!   ended, as an MPI's matched transfer has, which no library can withdraw: its receive may
+//!   still return `Ok`, with exactly the message); a wait that ends before it returns a timeout
+//!   that leaves the op in flight (the same work then completes). [clause: async.deadline]
 //! * Fail cleanly: once a wait returned an op's final failure (a timeout past the op's deadline
 //!   above, a dead peer, an abort, a local error), the op's buffers are the caller's again — no
 //!   peer reads or writes them any more, and memory the backend freed is not written either;
-//!   every rank of the op ends in a named error, never `Ok`; a panic inside the backend is a
+//!   every rank of the op ends in a named error, never `Ok` (but the receive of a message copied
+//!   out whole before its send's wait ended: `async.deadline`); a panic inside the backend is a
 //!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
 //! * After bad input every rank gets the same named error and the communicator stays usable
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
@@ -71,10 +75,14 @@
 //!   orders), unless the backend declares `concurrent_communicators = false`
 //!   ([`crate::Capabilities`]): then programs MUST issue the ops of different communicators in
 //!   the same order on every rank (NCCL's own rule: "applications should ensure operations are
-//!   submitted in the same order across ranks"), the backend may order them (the Concord NCCL
-//!   backend runs every collective communicator of a device on one stream: on 3 GPUs the two
-//!   crossing cases deadlock there, docs/RESULTS.md), and the cases that cross two
-//!   communicators' orders are UNSUPPORTED. [clause: async.communicators_independent]
+//!   submitted in the same order across ranks"), the backend may order the COLLECTIVES of
+//!   different communicators (the Concord NCCL backend runs every collective communicator of a
+//!   device on one stream: on 3 GPUs the two crossing cases deadlock there, docs/RESULTS.md),
+//!   and the cases that cross two communicators' orders are UNSUPPORTED. A send / recv is never
+//!   held back by another communicator's op, even then (a send completes only once its receiver
+//!   has the message, so ordering point-to-point ops across communicators deadlocks programs
+//!   issued in the same order on every rank: clause `p2p.no_deadlock`).
+//!   [clause: async.communicators_independent]
 //! * Quiescence: every [`Work`] counts in [`Backend::outstanding`] from issue until it is waited
 //!   (successfully or with its failure) or dropped; once all are, `outstanding()` is 0 (the
 //!   suites check it after every case, on the world and on every subgroup). [clause: quiescence]

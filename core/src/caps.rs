@@ -141,11 +141,12 @@ pub struct Capabilities {
     /// Whether ops on different communicators of the process complete whatever order each rank
     /// issued them in (clause `async.communicators_independent`: then one engine, queue, lock or
     /// stream for every communicator of the process is a bug). False for a backend that orders
-    /// them, or over a library that documents the opposite rule, as NCCL does ("applications
-    /// should ensure operations are submitted in the same order across ranks", user guide,
-    /// "Using multiple NCCL communicators concurrently"): programs must then issue them in the
-    /// same order on every rank, and the cases whose ranks issue ops on two communicators in
-    /// different orders are UNSUPPORTED.
+    /// the collectives of different communicators, or over a library that documents the
+    /// opposite rule, as NCCL does ("applications should ensure operations are submitted in the
+    /// same order across ranks", user guide, "Using multiple NCCL communicators concurrently"):
+    /// programs must then issue them in the same order on every rank, and the cases whose ranks
+    /// issue ops on two communicators in different orders are UNSUPPORTED. Point-to-point ops
+    /// are never ordered across communicators, even then (clause `p2p.no_deadlock`).
     #[serde(default = "yes")]
     pub concurrent_communicators: bool,
     /// How f16 / bf16 sum-like reductions round (see [`Rounding`]).

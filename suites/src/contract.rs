@@ -81,7 +81,8 @@ pub const CLAUSES: &[Clause] = &[
             "async::sub_second_wait_waits_its_deadline",
             // A peer late inside the op deadline: the op completes on every rank.
             "faults::late_inside_deadline::",
-            // A send's wait past its op deadline is final even while the receiver copies.
+            // A send's wait past its op deadline is final for its buffer even while the receiver
+            // copies: nothing read from it after that is delivered.
             "faults::late_receiver::slow_copy",
         ],
     },

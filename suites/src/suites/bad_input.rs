@@ -306,22 +306,28 @@ pub(crate) fn cross_rank_validated<B: Backend>(b: &B) -> Result<(), CaseEnd> {
     }
 }
 
-/// The reduce op a table row's call names, from its name (`None`: sum, or no reduction).
-fn reduce_of(name: &str) -> Option<ReduceOp> {
+/// Every reduce op a table row's call names on any rank, from its name (empty: no reduction).
+/// The rows that mix two ops name both: `*_avg_against_sum` (avg, sum) and
+/// `*_reduce_op_mismatch` (sum, max).
+fn reduce_of(name: &str) -> Vec<ReduceOp> {
     if name.contains("premul_sum") {
-        Some(ReduceOp::PremulSum(2.0))
+        vec![ReduceOp::PremulSum(2.0)]
     } else if name.contains("bitwise") {
-        Some(if name.starts_with("all_reduce") {
+        vec![if name.starts_with("all_reduce") {
             ReduceOp::BAnd
         } else if name.starts_with("reduce_scatter") {
             ReduceOp::BOr
         } else {
             ReduceOp::BXor
-        })
+        }]
+    } else if name.contains("avg_against_sum") {
+        vec![ReduceOp::Avg, ReduceOp::Sum]
+    } else if name.contains("reduce_op_mismatch") {
+        vec![ReduceOp::Sum, ReduceOp::Max]
     } else if name.starts_with("all_reduce") || name.starts_with("reduce") {
-        Some(ReduceOp::Sum)
+        vec![ReduceOp::Sum]
     } else {
-        None
+        Vec::new()
     }
 }
 
@@ -332,9 +338,11 @@ fn row_gap(caps: &concord_core::Capabilities, name: &str) -> Option<String> {
     let (op, variant, dtypes) = call_of(name);
     let op = OpKind::from_name(op)?;
     let variant = Variant::from_name(variant);
-    let reduce = reduce_of(name).filter(|_| op.reduces());
-    let dtypes = dtypes.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(DType::from_name);
-    dtypes.map(Some).chain([None]).find_map(|d| caps.check_call(op, variant, d, reduce).err()).map(|why| {
+    let reduces: Vec<Option<ReduceOp>> = if op.reduces() { reduce_of(name).into_iter().map(Some).collect() } else { Vec::new() };
+    let dtypes: Vec<Option<DType>> =
+        dtypes.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(DType::from_name).map(Some).chain([None]).collect();
+    let calls = dtypes.iter().flat_map(|&d| reduces.iter().copied().chain(reduces.is_empty().then_some(None)).map(move |r| (d, r)));
+    calls.into_iter().find_map(|(d, reduce)| caps.check_call(op, variant, d, reduce).err().map(|why| (reduce, why))).map(|(reduce, why)| {
         format!(
             "declared gap: the backend's capabilities declare the call of bad_input row `{name}` ({op}{}{}) unsupported ({why})",
             variant.map_or(String::new(), |v| format!(" variant={v}")),

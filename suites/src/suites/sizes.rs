@@ -353,9 +353,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
 pub const WIDE_WS: usize = 33;
 
 /// `sizes::wide::ws33`: the only world above 16 ranks (clause `values.world_sizes`: every world
-/// size up to the declared maximum). An all_reduce (sum) and an all_gather of 7 elements and a
-/// broadcast rooted at rank 32, each checked in closed form where it is no declared gap (all
-/// three declared gaps: UNSUPPORTED, never a pass with nothing checked). A backend that declares
+/// size up to the declared maximum). An all_reduce (sum) and an all_gather of 7 elements, a
+/// broadcast and a gather rooted at rank 32, each checked in closed form where it is no declared
+/// gap (all four declared gaps: UNSUPPORTED, never a pass with nothing checked). A backend that declares
 /// fewer ranks refuses the world at init: UNSUPPORTED.
 fn wide_case<B: Backend>() -> Case<B> {
     let meta = CaseMeta { reduce: "sum".into(), ..case_meta(OpKind::AllReduce, Variant::Out, DType::F32) };
@@ -366,15 +366,20 @@ fn wide_case<B: Backend>() -> Case<B> {
         let n = 7;
         let of = |r: usize| Tensor::from_vec(&[n], (0..n).map(|i| (8 * r + i) as f32).collect());
         let x = b.upload(&of(me))?;
-        // The three calls, each checked where the backend does not declare it a gap; a backend
-        // that declares all three leaves nothing to check: UNSUPPORTED, naming them.
+        // The four calls, each checked where the backend does not declare it a gap; a backend
+        // that declares all four leaves nothing to check: UNSUPPORTED, naming them.
         let gap = |op: OpKind, reduce: Option<ReduceOp>| caps.check(op, Some(Variant::Out), Some(DType::F32), reduce, ws).err();
-        let gaps = [gap(OpKind::AllReduce, Some(ReduceOp::Sum)), gap(OpKind::AllGatherIntoTensor, None), gap(OpKind::Broadcast, None)];
-        if let [Some(ar), Some(ag), Some(bc)] = &gaps {
+        let gaps = [
+            gap(OpKind::AllReduce, Some(ReduceOp::Sum)),
+            gap(OpKind::AllGatherIntoTensor, None),
+            gap(OpKind::Broadcast, None),
+            gap(OpKind::Gather, None),
+        ];
+        if let [Some(ar), Some(ag), Some(bc), Some(ga)] = &gaps {
             return Err(CaseEnd::Unsupported(format!(
-                "declared gap: the case checks all_reduce (sum), all_gather_into_tensor and broadcast (out, f32) at {ws} ranks, and \
-                 the backend's capabilities declare all three unsupported: all_reduce ({ar}); all_gather_into_tensor ({ag}); \
-                 broadcast ({bc})"
+                "declared gap: the case checks all_reduce (sum), all_gather_into_tensor, broadcast and gather (out, f32) at {ws} \
+                 ranks, and the backend's capabilities declare all four unsupported: all_reduce ({ar}); all_gather_into_tensor \
+                 ({ag}); broadcast ({bc}); gather ({ga})"
             )));
         }
         if gaps[0].is_none() {
@@ -397,6 +402,9 @@ fn wide_case<B: Backend>() -> Case<B> {
             let w = format!("{} root={root} n={n}", here(b, "broadcast", "out", DType::F32));
             let out = b.broadcast(&x, root).and_then(|wk| wk.into_value(ctx.timeout)).map_err(step_failed(&w, "broadcast"))?;
             super::util::expect_eq(b, &out, &of(root), &w)?;
+        }
+        if gaps[3].is_none() {
+            let root = ws - 1;
             // A gather rooted at rank 32 (review20: above 16 ranks only all_reduce, all_gather and
             // broadcast ran, so a 32-bit ready mask that reads rank 32 from rank 0's slot passed).
             let w = format!("{} root={root} n={n}", here(b, "gather", "out", DType::F32));
