@@ -309,7 +309,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_alltoallv_own_count_exits",
             "values.move",
             "open-mpi/ompi PR #10066: an all_to_all rank whose output split from itself is 0 returns at once, never exchanging its other blocks: its peers wait",
-            &["all_to_all_single::out::u8::ws2"],
+            &["sizes::all_to_all_single::uneven::f32::grid::ws2"],
         ),
         spec::<GatherRootBlockUnplaced>(
             "wild_gather_root_block_unplaced",
@@ -339,7 +339,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_alltoall_empty_recv_invalid_usage",
             "values.move",
             "horovod/horovod #2259 (fix PR #2273): an all_to_all rank that receives no rows but sends some fails with NCCL invalid usage; its peers wait",
-            &["all_to_all_single::out::i32::ws2"],
+            &["sizes::all_to_all_single::uneven::f32::grid::ws2"],
         ),
         spec::<GlooRsSendBufferOverwritten>(
             "wild_gloo_rs_send_buffer_overwritten",
