@@ -237,7 +237,7 @@ impl Bug for GlooRsSendBufferOverwritten {
         let ws = s.ws();
         let n = s.numel(x);
         let es = s.inner.buffer_dtype(x).size();
-        if op != ReduceOp::Sum || ws < 2 || n % ws != 0 || n / ws * es < RS_INFLIGHT_BYTES {
+        if op != ReduceOp::Sum || ws < 2 || !n.is_multiple_of(ws) || n / ws * es < RS_INFLIGHT_BYTES {
             return s.inner.reduce_scatter_tensor(x, op);
         }
         let rank0 = s.rank() == 0;
