@@ -79,6 +79,7 @@ pub mod bugs_hunt32;
 pub mod bugs_hunt33;
 pub mod bugs_hunt34;
 pub mod bugs_hunt35;
+pub mod bugs_hunt38;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -154,7 +155,10 @@ pub mod sweep_bad;
 /// skips a collective whose own share is empty),
 /// [`bugs_hunt35`] (shipped bugs in what a backend accepts: zero-size collectives skipped per
 /// rank, same-size checks by element count, split sums as an upper bound, a coalesced list
-/// reduced as one flat bucket, an average emulated as a sum);
+/// reduced as one flat bucket, an average emulated as a sum),
+/// [`bugs_hunt38`] (shipped bugs that escaped their project's own tests, each behind a combination:
+/// an all_to_all rank whose own block is empty, a gather to a root other than 0, a ring whose two
+/// neighbours are one process, integer min / max summed, an all_gather on one rank);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -203,6 +207,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt34::catalogue());
     v.extend(bugs_hunt32::catalogue());
     v.extend(bugs_hunt35::catalogue());
+    v.extend(bugs_hunt38::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -32,7 +32,8 @@
 //!   alone, two overlapping groups used alternately), outputs of 7, 1025, 4099 and 65537
 //!   elements, roots at the group's last, first and middle rank: 18 cases.
 //! * **Uneven all_to_all** ([`uneven_all_to_all_case`]): uneven and zero-length splits at every
-//!   grid world size, outputs below 16 elements at 16 ranks included: 9 cases.
+//!   grid world size, outputs below 16 elements at 16 ranks included, a rank that moves nothing,
+//!   a rank that receives nothing but sends, empty blocks to self ([`uneven_splits`]): 9 cases.
 //! * **Placement** ([`call`]): outputs and in-place buffers up to [`GUARDED_OUT_MAX`] elements are
 //!   views into a parent of guard bytes, checked after the call; from [`MISALIGNED_FROM`] bytes
 //!   (64 KiB) they, and out-of-place inputs, sit one element past the guard: not 16-byte aligned.
@@ -543,13 +544,20 @@ pub fn group_grid_case<B: Backend>(op: OpKind, variant: Variant) -> Case<B> {
 /// output), the others 1 or 2 elements; 5: 0 or 1 element again (outputs 1–11 elements) but
 /// asymmetric (`s[r][d] != s[d][r]` for some pair from 2 ranks on), so that in the tiny class too a
 /// receive layout taken from the send splits, or a transposed split matrix, moves the wrong
-/// elements (scheme 0's matrix is symmetric: `r + 2d ≡ r − d mod 3`).
+/// elements (scheme 0's matrix is symmetric: `r + 2d ≡ r − d mod 3`); 6: every rank's block to
+/// itself is empty and the last rank receives nothing while it sends (1 or 2 elements to every
+/// other rank): a rank with an empty output but a non-empty input, and a rank whose own block is
+/// empty while its others are not, each a shape a backend may cut short on its own (a zero-size
+/// receive launched anyway, horovod/horovod #2259; a return when the own block is empty,
+/// open-mpi/ompi PR #10066), which scheme 4 (rank 0 moves nothing at all) does not call.
 pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
     let w = |r: usize, d: usize| -> usize {
         match scheme {
             0 => usize::from((r + 2 * d).is_multiple_of(3)),
             4 if r == 0 || d == 0 => 0,
             4 => (r + d) % 2 + 1,
+            6 if r == d || d + 1 == ws => 0,
+            6 => (r + d) % 2 + 1,
             5 => usize::from((r + 3 * ws - d) % 3 != 2),
             _ => (r + 2 * d + 1) % 3,
         }
@@ -574,7 +582,7 @@ pub fn uneven_splits(scheme: usize, ws: usize) -> Vec<Vec<usize>> {
 }
 
 /// The number of calls of the uneven all_to_all case.
-pub const UNEVEN_SCHEMES: usize = 6;
+pub const UNEVEN_SCHEMES: usize = 7;
 
 /// Rank `me`'s expected output of an uneven all_to_all with splits `s` (every rank's input is
 /// the ladder's `From { src: r }`): rank `r`'s elements from `Σ_{d < me} s[r][d]` on, for `s[r][me]`
@@ -899,6 +907,12 @@ mod tests {
                 match scheme {
                     0 | 5 => assert!(outs.iter().all(|&o| (1..16).contains(&o)), "scheme {scheme} ws{ws}: {outs:?}"),
                     4 => assert!(outs[0] == 0 && sp[0].iter().all(|&n| n == 0), "ws{ws}: rank 0 moves nothing"),
+                    6 => {
+                        assert!(outs[ws - 1] == 0 && (0..ws).all(|r| sp[r][r] == 0), "ws{ws}: {sp:?}");
+                        if ws >= 2 {
+                            assert!(sp[ws - 1].iter().any(|&n| n > 0), "ws{ws}: the last rank sends nothing: {sp:?}");
+                        }
+                    }
                     k => {
                         let want = class([1025, 4099, 65537][k - 1]);
                         assert!(outs.iter().all(|&o| class(o) == want), "scheme {k} ws{ws}: {outs:?}");
