@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Device call 1 for helper gpulat12: NCCL small-op latency, a twelfth pass (issues 12, 16).
 # One bundle, B1 = branch gpulat12 (bench option caller_pin=M; raw_pin's restore moves the thread
-# off its CPU; the probe's new `run` and `gap` sections). Per round, alternating:
+# off its CPU; the probe's new `run` and `gap` sections; the issue counters read once for the ops
+# queued behind, backend option issued_cache=0 for the read per op). Per round, alternating:
 #   2 ranks: def (nothing pinned), fair6 (caller_pin=2, progress_pin=6, raw_pin=6: rank r's issuing
 #            thread on CPU 2 + r for the whole run, its progress thread and its raw loop's launching
-#            thread on CPU 6 + r, no two of them on one vCPU), fair12 (the same with N = 12);
+#            thread on CPU 6 + r, no two of them on one vCPU), fair6nc (fair6 with issued_cache=0:
+#            the cut's A/B), fair12 (fair6 with N = 12);
 #   1 rank:  def, fair6.
-# Then CONCORD_BENCH_PROBE=1 runs: 2 ranks fair6, def, fair6, def; 1 rank fair6, def.
+# Then CONCORD_BENCH_PROBE=1 runs: 2 ranks fair6, fair6nc, def; 1 rank fair6 (twice if time allows).
 # Ran with B1=.gpulat12/new (the device tool sends /work/main: the bundle was copied into its
 # git-excluded .gpulat12/ and carried).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,21 +23,24 @@ run() { [ $STOP = 1 ] && return 0; local tag=$1; shift; timeout 30 "$@" > "$O/t/
 W="--op all_reduce -b 8 -e 64K -n 1000 --window 100 --no-plot"
 new="$B1/run-gpu.sh concord-bench --backend nccl"
 F6="--opts caller_pin=2,progress_pin=6,raw_pin=6"
+F6NC="--opts caller_pin=2,progress_pin=6,raw_pin=6,issued_cache=0"
 F12="--opts caller_pin=2,progress_pin=12,raw_pin=12"
 for i in 1 2 3 4 5 6 7 8 9 10 11; do
   run ws2-def-$i $new --ranks 2 $W
   run ws2-fair6-$i $new --ranks 2 $W $F6
+  run ws2-fair6nc-$i $new --ranks 2 $W $F6NC
   run ws2-fair12-$i $new --ranks 2 $W $F12
   run ws1-def-$i $new --ranks 1 $W
   run ws1-fair6-$i $new --ranks 1 $W $F6
   [ $STOP = 1 ] && break
-  [ $i -ge 9 ] && [ $(( $(date +%s) - t0 )) -gt 200 ] && break
-  [ $(( $(date +%s) - t0 )) -gt 250 ] && break
+  [ $i -ge 9 ] && break
+  [ $(( $(date +%s) - t0 )) -gt 300 ] && break
 done
 for i in 1 2; do
   [ $STOP = 1 ] && break
-  [ $(( $(date +%s) - t0 )) -gt 300 ] && break
+  [ $(( $(date +%s) - t0 )) -gt 330 ] && break
   CONCORD_BENCH_PROBE=1 run probe/ws2-fair6-$i $new --ranks 2 $W $F6
+  CONCORD_BENCH_PROBE=1 run probe/ws2-fair6nc-$i $new --ranks 2 $W $F6NC
   CONCORD_BENCH_PROBE=1 run probe/ws2-def-$i $new --ranks 2 $W
   CONCORD_BENCH_PROBE=1 run probe/ws1-fair6-$i $new --ranks 1 $W $F6
 done
