@@ -57,10 +57,6 @@ pub(crate) struct Board {
     hlen: usize,
     /// The number of the next exchange (used by the progress thread only).
     next: AtomicU64,
-    /// The smallest issue count of every rank at this process's last look
-    /// ([`Board::all_issued_cached`]): the counts only grow, so every rank's count is at least
-    /// this now. Process-local, not in the segment.
-    issued_seen: AtomicU64,
     name: String,
     /// Whether this rank made the segment and has not unlinked its name yet: only the maker
     /// unlinks (a later segment under the same name, or someone else's, is never touched).
@@ -153,7 +149,6 @@ impl Board {
                 rank,
                 hlen,
                 next: AtomicU64::new(0),
-                issued_seen: AtomicU64::new(0),
                 name: name.to_string(),
                 unlink_on_drop: made.into(),
             })
@@ -298,21 +293,6 @@ impl Board {
     /// ([`Board::note_issued`]).
     pub fn all_issued(&self, cseq: u64) -> bool {
         (0..self.ws).all(|r| self.issued_word(r).load(Ordering::Acquire) > cseq)
-    }
-
-    /// [`Board::all_issued`], answered without reading the segment while `cseq` is below the
-    /// smallest count every rank had at the last read (the counts only grow): the issuing
-    /// threads run ahead of the progress thread, so one read of every rank's counter (each a
-    /// cache line another thread or process writes at every issue) answers for the dozens of
-    /// ops queued behind (gpulat8's "the board's issue counters read once per batch"). A `false`
-    /// always reads the counters again.
-    pub fn all_issued_cached(&self, cseq: u64) -> bool {
-        if cseq < self.issued_seen.load(Ordering::Relaxed) {
-            return true;
-        }
-        let least = (0..self.ws).map(|r| self.issued_word(r).load(Ordering::Acquire)).min().unwrap_or(0);
-        self.issued_seen.fetch_max(least, Ordering::Relaxed);
-        cseq < least
     }
 
     /// The ranks that have not posted exchange `n` yet.
@@ -488,42 +468,11 @@ mod tests {
         b.note_issued(3);
         assert!(!a.all_issued(1) && !a.all_issued(2) && !a.all_issued(3), "a count published out of turn moves nothing");
         assert!(a.all_issued(0), "what was published stays");
-        for c in 0..5 {
-            assert_eq!(a.all_issued_cached(c), a.all_issued(c), "the cached answer is the counters' for collective {c}");
-        }
         // The counters do not touch the header slots (both live in one segment).
         assert_eq!(a.post(&[9]), 0);
         assert_eq!(b.post(&[8]), 0);
         assert_eq!(a.read(0), vec![vec![9, 0, 0, 0], vec![8, 0, 0, 0]]);
         assert!(a.all_issued(0) && !a.all_issued(1));
-    }
-
-    #[test]
-    fn the_cached_issue_answer_is_never_ahead_of_the_counters_and_follows_them() {
-        let n = name("issuedc");
-        let a = Board::create(&n, 2, 0, 4, 6).unwrap();
-        let b = Board::open(&n, 2, 1, 4, 6).unwrap();
-        a.unlink();
-        assert!(!a.all_issued_cached(0), "nothing issued yet");
-        for c in 0..10 {
-            a.note_issued(c);
-        }
-        for c in 0..4 {
-            b.note_issued(c);
-        }
-        // One read: every rank has issued 0..4, and rank 1 nothing after.
-        assert!((0..4).all(|c| a.all_issued_cached(c)));
-        assert!(!a.all_issued_cached(4) && !a.all_issued_cached(9), "rank 1 has not issued 4");
-        // Rank 1 catches up: a `false` reads the counters again, so the answer follows.
-        for c in 4..8 {
-            b.note_issued(c);
-        }
-        assert!(a.all_issued_cached(7) && a.all_issued_cached(5) && !a.all_issued_cached(8));
-        // Each side's cache is its own; the answer is always the counters'.
-        for c in 0..12 {
-            assert_eq!(b.all_issued_cached(c), a.all_issued(c), "collective {c}");
-            assert_eq!(a.all_issued_cached(c), a.all_issued(c), "collective {c}");
-        }
     }
 
     #[test]

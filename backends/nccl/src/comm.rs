@@ -1498,7 +1498,6 @@ impl NcclBackend {
         let fast_launch = flag("fast_launch", true)?;
         let alloc_cache = flag("alloc_cache", true)?;
         let batch = flag("batch", true)?;
-        let issued_cache = flag("issued_cache", true)?;
         let one_rank_copy = crate::cuda::OneRankCopy::parse(world.option("one_rank_copy"))
             .map_err(|e| CollectiveError::Backend(format!("nccl init on rank {rank}: {e}")))?;
         let init_timeout = match world.option("init_timeout_ms") {
@@ -1614,10 +1613,7 @@ impl NcclBackend {
             board,
         )
         .map_err(|e| fail("side buffers", e))
-        .inspect(|b| {
-            b.progress.tracker().batching.store(batch, std::sync::atomic::Ordering::SeqCst);
-            b.progress.tracker().issued_cache.store(issued_cache, std::sync::atomic::Ordering::SeqCst);
-        })
+        .inspect(|b| b.progress.tracker().batching.store(batch, std::sync::atomic::Ordering::SeqCst))
     }
 
     pub(crate) fn new_group_impl(&self, ranks: &[usize]) -> concord_core::Result<Option<Self>> {

@@ -189,10 +189,7 @@
 //! communicator), `batch=0|1` (default 1: small ops that every rank has issued — its header posted, or
 //! without validation its number on the ranks' issue counters, `board` — share one
 //! completion event, see `worker::Tracker::defer`; without validation a peer's local failure of
-//! a later op of the batch fails the earlier ones here too), `issued_cache=0|1` (default 1: the
-//! progress thread reads the ranks' issue counters once for the ops queued behind, then again
-//! only for an op past the smallest count it saw, `board::Board::all_issued_cached`; 0: at
-//! every op), `init_timeout_ms=N` (default: the
+//! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s), `progress_pin=N` (default: unpinned; the progress thread
 //! on CPU N + local rank only, a measuring aid: the bench's raw loop pins its launching thread
 //! alike with `raw_pin=N`, so both launch from the same vCPU, see `pin`; `raw_pin` pins the

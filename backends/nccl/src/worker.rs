@@ -621,11 +621,7 @@ impl Channel {
     /// any caller, so the ops batched before it never wait for something a peer does only after
     /// it has seen them complete. No board (ranks on several hosts, `header_board=0`): `false`.
     fn issued_everywhere(&self, id: &OpId, tracker: &Tracker) -> bool {
-        !tracker.split_seen.load(Ordering::SeqCst)
-            && self.board.as_ref().is_some_and(|b| match tracker.issued_cache.load(Ordering::Relaxed) {
-                true => b.all_issued_cached(id.cseq),
-                false => b.all_issued(id.cseq),
-            })
+        !tracker.split_seen.load(Ordering::SeqCst) && self.board.as_ref().is_some_and(|b| b.all_issued(id.cseq))
     }
 
     /// `Err(Aborted)` once the communicator has been aborted (e.g. by a wait at the op deadline
@@ -1007,10 +1003,6 @@ pub(crate) struct Tracker {
     /// Whether small ops share completion events (backend option `batch=0`: one event per op;
     /// set at the world's `init`, shared by its subgroups).
     pub batching: AtomicBool,
-    /// Whether [`Channel::issued_everywhere`] reads the board's issue counters once for the ops
-    /// queued behind ([`Board::all_issued_cached`]; backend option `issued_cache=0`: at every
-    /// op, as before gpulat12; set at the world's `init`, shared by its subgroups).
-    pub issued_cache: AtomicBool,
     /// Whether this rank has run a subgroup split (set by the progress thread, in queue order,
     /// never cleared): from then on the issue counters no longer let unvalidated ops batch (see
     /// [`Channel::issued_everywhere`]).
@@ -1121,7 +1113,6 @@ impl Tracker {
             batch: Padded(Mutex::new(Batch::default())),
             batched: AtomicBool::new(false),
             batching: AtomicBool::new(true),
-            issued_cache: AtomicBool::new(true),
             split_seen: AtomicBool::new(false),
         }
     }
