@@ -20,7 +20,7 @@ for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.log"))):
     if not m:
         continue
     for line in open(p, errors="replace"):
-        b = re.match(r"# probe rank (\d) \S+ (\S+) (\d+) B: gpu ([\d.]+) launched ([\d.]+) issue ([\d.]+) .*\| [^:]*: (.*)", line)
+        b = re.match(r"# probe rank (\d) \S+ (\S+) (\d+) B: gpu ([\d.]+) launched ([\d.]+) issue ([\d.]+) .*\| backend per job [^)]*\): (.*)", line)
         if b:
             k = kinds.setdefault((m.group(1), b.group(2)), {})
             f = {"gpu": float(b.group(4)), "launched": float(b.group(5)), "issue": float(b.group(6))}
