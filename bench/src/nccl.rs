@@ -85,6 +85,10 @@ struct Raw {
     /// Option `raw_comm=init|nonblocking|split`: how the raw communicator is made (default
     /// `init`, nccl-tests' `ncclCommInitRank`; `split`: as the backend's blocking twin).
     mode: RawMode,
+    /// Option `caller_pin=M`: the rank's issuing thread (this one: the backend's issues and
+    /// marks, and the raw loop's launches unless `raw_pin` or `raw_thread` moves them) runs on
+    /// CPU `M + rank` only, from the reference's set-up to the rank's end (see [`caller_pin`]).
+    caller: Option<usize>,
 }
 
 impl Reference for Raw {
@@ -136,6 +140,12 @@ impl Reference for Raw {
         };
         let thread = match self.pin {
             Some(n) => format!("{thread}, the launching thread on CPU {n} + rank (option raw_pin={n})"),
+            None => thread,
+        };
+        let thread = match self.caller {
+            Some(m) => format!(
+                "{thread}; the bench's issuing thread on CPU {m} + rank for the whole run, the backend's side too (option caller_pin={m})"
+            ),
             None => thread,
         };
         let fill = if self.zeros {
@@ -235,8 +245,38 @@ fn make_reference(b: &NcclBackend, world: &WorldInfo) -> Result<Box<dyn Referenc
         Some("split") => RawMode::Split,
         Some(o) => return Err(format!("option raw_comm={o}: expected init, nonblocking or split")),
     };
+    let caller = caller_pin(world, pin, thread.is_some())?;
     let raw = make_raw(b, world, mode)?;
-    Ok(Box::new(Raw { raw, per_window, events, zeros, spread: None, thread, pin, keep, block, group, mode }))
+    // After every set-up thread has started (the backend's progress thread, NCCL's own threads of
+    // both communicators): none of them inherits the one-CPU set.
+    if let Some(m) = caller {
+        concord_nccl::pin::pin_caller(m + b.rank()).map_err(|e| format!("option caller_pin={m}: {e}"))?;
+    }
+    Ok(Box::new(Raw { raw, per_window, events, zeros, spread: None, thread, pin, keep, block, group, mode, caller }))
+}
+
+/// Option `caller_pin=M`: the bench's issuing thread of rank `r` on CPU `M + r` for the whole
+/// run, so that one run compares the backend (caller on `M + r`, its progress thread on
+/// `N + r` with the backend option `progress_pin=N`) with the raw loop (its launching thread on
+/// `N + r` with `raw_pin=N`, restored to `M + r` after each step) with no two of those threads
+/// sharing a vCPU. A raw launcher thread (`raw_thread`) would inherit the caller's one CPU, so
+/// `raw_thread` needs `raw_pin` beside it; `caller_pin` equal to `raw_pin` or `progress_pin` is
+/// refused for the same reason (gpulat11: two busy threads on one vCPU, 5-8 x slower).
+fn caller_pin(world: &WorldInfo, raw_pin: Option<usize>, raw_thread: bool) -> Result<Option<usize>, String> {
+    let Some(v) = world.option("caller_pin") else { return Ok(None) };
+    let m = v.parse::<usize>().map_err(|_| format!("option caller_pin={v}: expected a CPU number"))?;
+    if world.option("progress_pin") == Some(v) {
+        return Err(format!("option caller_pin={m} with progress_pin={v}: the progress thread would share the caller's CPU"));
+    }
+    match raw_pin {
+        Some(n) if n == m => {
+            Err(format!("option caller_pin={m} with raw_pin={n}: the raw loop's launching thread would share the caller's CPU"))
+        }
+        None if raw_thread => {
+            Err(format!("option caller_pin={m} with raw_thread needs raw_pin: the raw launcher thread would inherit the caller's one CPU"))
+        }
+        _ => Ok(Some(m)),
+    }
 }
 
 /// The raw NCCL reference of this rank: rank 0's NCCL unique id reaches every rank through the
@@ -296,5 +336,36 @@ pub fn hooks() -> Hooks<NcclBackend> {
         clock: Some(Clock { mark, elapsed, describe: EVENT_TIMING, covers_p2p: false, profile: Some(NcclBackend::profile_progress) }),
         reference: Some(make_reference),
         data: Some(DeviceData { copy_rotated, read }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(opts: &[(&str, &str)]) -> WorldInfo {
+        WorldInfo {
+            rank: 0,
+            world_size: 1,
+            store_path: "/nonexistent".into(),
+            world_id: "t".into(),
+            op_timeout: Duration::from_secs(1),
+            options: opts.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn caller_pin_is_read_and_never_shares_a_launching_threads_cpu() {
+        assert_eq!(caller_pin(&world(&[]), Some(6), false), Ok(None));
+        assert_eq!(caller_pin(&world(&[("caller_pin", "2")]), Some(6), false), Ok(Some(2)));
+        assert_eq!(caller_pin(&world(&[("caller_pin", "2"), ("progress_pin", "6")]), Some(6), true), Ok(Some(2)));
+        let e = caller_pin(&world(&[("caller_pin", "two")]), None, false).unwrap_err();
+        assert!(e.contains("caller_pin=two") && e.contains("CPU number"), "{e}");
+        let e = caller_pin(&world(&[("caller_pin", "6")]), Some(6), false).unwrap_err();
+        assert!(e.contains("raw_pin=6"), "{e}");
+        let e = caller_pin(&world(&[("caller_pin", "6"), ("progress_pin", "6")]), None, false).unwrap_err();
+        assert!(e.contains("progress_pin=6"), "{e}");
+        let e = caller_pin(&world(&[("caller_pin", "2")]), None, true).unwrap_err();
+        assert!(e.contains("raw_thread needs raw_pin"), "{e}");
     }
 }

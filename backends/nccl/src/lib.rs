@@ -192,10 +192,11 @@
 //! a later op of the batch fails the earlier ones here too), `init_timeout_ms=N` (default: the
 //! larger of the op deadline and 30 s), `progress_pin=N` (default: unpinned; the progress thread
 //! on CPU N + local rank only, a measuring aid: the bench's raw loop pins its launching thread
-//! alike with `raw_pin=N`, so both launch from the same vCPU, see `pin`; but `raw_pin` pins the
-//! bench's main thread, which issues the backend's ops too, and Linux leaves it on that CPU
-//! afterwards: with both at the same N the caller and the progress thread share one vCPU, 5-8 x
-//! slower on 2 x H200 (gpulat11); pair it with `raw_thread=keepblock` or use it alone),
+//! alike with `raw_pin=N`, so both launch from the same vCPU, see `pin`; `raw_pin` pins the
+//! bench's main thread, which issues the backend's ops too, for the raw step only, and moves it
+//! off that CPU when it restores its set, but the scheduler may put it back: with both at the
+//! same N, pin the caller elsewhere for the whole run with the bench's `caller_pin=M`, as
+//! gpulat11 saw the caller and the progress thread sharing one vCPU 5-8 x slower on 2 x H200),
 //! `fault=...` (fault injection, see [`concord_core::fault`]). Every option is read before any
 //! GPU is touched, and a value outside its set (a yes/no option reads 1/0, true/false, yes/no,
 //! on/off: [`concord_core::WorldInfo::flag`]) or an unknown fault hook fails `init` with a named
@@ -228,7 +229,7 @@ mod one_rank;
 mod ops;
 
 mod p2p;
-mod pin;
+pub mod pin;
 pub mod reference;
 pub mod timing;
 mod worker;

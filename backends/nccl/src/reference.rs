@@ -574,7 +574,7 @@ impl RawNccl {
         };
         let cpu = s.pin.map(|n| n + self.rank);
         let _unpin = crate::pin::Unpin(match cpu {
-            Some(c) if !s.thread => Some(crate::pin::pin_to(c)?),
+            Some(c) if !s.thread => Some((crate::pin::pin_to(c)?, c)),
             _ => None,
         });
         let mut per_window: Vec<Duration> = Vec::new();

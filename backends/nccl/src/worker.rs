@@ -1047,20 +1047,25 @@ struct Batch {
 /// `run_op` up to the launch (faults, the board's issue counters, the batch's checks, a header
 /// exchange when validating), `defer` handing a batched op's ticket to its batch, `after` the
 /// bookkeeping once it ran (the queue's count, the flush when nothing is queued behind); the
-/// rest of `job` is the job's own drop and dispatch. Each section boundary reads the clock, so
-/// the probe adds its own cost to `job`.
+/// rest of `job` is the job's own drop and dispatch. gpulat12: `run` is the whole of
+/// `Job::run` (so `run` less `pre`, `nccl`, `event`, `track` and `defer` is what the job's run
+/// does besides them: the launch's drop among it), and `gap` is *outside* `job`: from one job's
+/// end to the next one's start when that one was already queued at the end (the loop's top, its
+/// look at the queue's count, the queue's lock and pop), so the progress thread's time per op
+/// in a backlog is `job` + `gap`. Each section boundary reads the clock, so the probe adds its
+/// own cost to `job`.
 #[derive(Default)]
 pub(crate) struct Profile {
     pub on: AtomicBool,
     /// Nanoseconds per section of [`PROFILE_SECTIONS`].
-    ns: [AtomicU64; 8],
+    ns: [AtomicU64; PROFILE_SECTIONS.len()],
     jobs: AtomicU64,
     /// Ops that left their completion event to their batch ([`Tracker::defer`]).
     deferred: AtomicU64,
 }
 
 /// The sections of [`Profile`], in its order.
-pub const PROFILE_SECTIONS: [&str; 8] = ["job", "nccl", "event", "track", "take", "pre", "defer", "after"];
+pub const PROFILE_SECTIONS: [&str; 10] = ["job", "nccl", "event", "track", "take", "pre", "defer", "after", "run", "gap"];
 
 impl Profile {
     fn start(&self) -> Option<Instant> {
@@ -1557,6 +1562,8 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
     // SAFETY: PR_SET_TIMERSLACK takes an integer and touches nothing but the calling thread.
     let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong, 0, 0, 0) };
     let mut taken = 0u64;
+    // The probe's `gap` (see `Profile`): when the last job ended with the next one queued.
+    let mut gap_from: Option<Instant> = None;
     // When the queue was first seen closed with sends / receives still parked.
     let mut closed_at: Option<Instant> = None;
     // Parked sends / receives move between jobs and while idle (and inside a job's waits).
@@ -1622,6 +1629,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         };
         let Some(mut job) = job else { break };
         let job_started = sh.tracker.profile.start();
+        // Only while the profile is on (a gap across its turning off is no job's).
+        let gap = gap_from.take().filter(|_| job_started.is_some());
+        sh.tracker.profile.add(9, gap);
         taken += 1;
         job.start(Instant::now());
         // The job's channel is only looked at here, by reference: a clone would change its
@@ -1655,7 +1665,9 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
             Job::Op { ticket, .. } | Job::P2p(P2pJob { ticket, .. }) => ticket.clone(),
             Job::Split { .. } | Job::Teardown(_) => None,
         };
+        let ran = sh.tracker.profile.start();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&sh.tracker)));
+        sh.tracker.profile.add(8, ran);
         let after = sh.tracker.profile.start();
         if run.is_err() {
             if let Some(t) = ticket {
@@ -1668,7 +1680,8 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         // Cleared once nothing is queued behind; with more queued, the next job replaces it
         // at once (meanwhile the watchdog finds its communicator outside NCCL, and a drop of
         // the queue would find the next job there).
-        if sh.queued.load(Ordering::SeqCst) == taken + sh.taken_ahead.load(Ordering::SeqCst) {
+        let backlog = sh.queued.load(Ordering::SeqCst) != taken + sh.taken_ahead.load(Ordering::SeqCst);
+        if !backlog {
             // Nothing queued behind: the batched ops get their completion event now.
             sh.tracker.flush();
             *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -1678,6 +1691,7 @@ fn worker(sh: Arc<Shared>, dev: Arc<Device>) {
         if job_started.is_some() {
             sh.tracker.profile.add(0, job_started);
             sh.tracker.profile.jobs.fetch_add(1, Ordering::Relaxed);
+            gap_from = if backlog { sh.tracker.profile.start() } else { None };
         }
     }
     sh.tracker.flush();
