@@ -50,7 +50,7 @@
 //!   rest let through (all_gathers of shapes equal once padded to four dims, of another rank).
 //!
 //! The matrix also runs at world sizes 6, 7 and 16 on a sparser slice ([`SPARSE_WORLD_SIZES`]), and
-//! its exact inputs at 8 in that slice's dtypes only ([`matrix::THINNED_WS`]);
+//! its exact inputs at 8 in f32 only, the other dtypes in its dtype grid ([`matrix::THINNED_WS`]);
 //! [`subgroup`] runs every reduce op defined for f32 / i32 in every layout.
 
 pub mod all_to_all_equal;
@@ -82,8 +82,8 @@ pub mod wild_groups;
 pub mod wild_layout;
 pub mod wild_state;
 
-/// World sizes of the matrix (whole catalogue; at [`matrix::THINNED_WS`] the exact inputs in the
-/// sparse slice's dtypes only) and of the subgroups.
+/// World sizes of the matrix (whole catalogue; at [`matrix::THINNED_WS`] the exact inputs in f32
+/// only, the other dtypes in the dtype grid) and of the subgroups.
 pub const WORLD_SIZES: [usize; 6] = [1, 2, 3, 4, 5, 8];
 
 /// World sizes the matrix runs on a sparser slice (see [`matrix::sparse_specs`]): f32, i32 and
