@@ -79,6 +79,7 @@ pub mod bugs_hunt32;
 pub mod bugs_hunt33;
 pub mod bugs_hunt34;
 pub mod bugs_hunt35;
+pub mod bugs_hunt36;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -154,7 +155,10 @@ pub mod sweep_bad;
 /// skips a collective whose own share is empty),
 /// [`bugs_hunt35`] (shipped bugs in what a backend accepts: zero-size collectives skipped per
 /// rank, same-size checks by element count, split sums as an upper bound, a coalesced list
-/// reduced as one flat bucket, an average emulated as a sum);
+/// reduced as one flat bucket, an average emulated as a sum),
+/// [`bugs_hunt36`] (shipped bugs in moving a large message through bounded resources: an op that
+/// returns before its peers are done reading the caller's buffer, a chunk written past its FIFO
+/// slot, a ping-pong staging index reset so that two ops in flight share one buffer);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -203,6 +207,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt34::catalogue());
     v.extend(bugs_hunt32::catalogue());
     v.extend(bugs_hunt35::catalogue());
+    v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
