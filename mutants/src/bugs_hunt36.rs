@@ -1,11 +1,13 @@
 //! The thirty-sixth hunt: bugs from the wild in how a backend moves a large message through
 //! bounded resources. Each ports a bug that shipped in a collective library or its framework
 //! layer (Open MPI's HAN, ROCm's aiter custom collectives, NCCL's p2p FIFO, DeepSpeed's ZeRO
-//! gradient buckets), found in the project's issue or pull-request thread named on its type: an
-//! op that returns before its peers are done reading the caller's buffer (no closing barrier), a
+//! gradient buckets, rocSHMEM, SuperLU_DIST's broadcast trees, MPICH's GPU pipeline), found in the
+//! project's issue or pull-request thread named on its type: an op that returns before its peers
+//! are done reading the caller's buffer (no closing barrier, a relay's forwarding only tested), a
 //! chunk larger than the FIFO slot it is written into, a ping-pong staging pair whose index is
-//! reset so that two ops in flight share one buffer. Timing races are ported with the slow side
-//! always behind, as far as a wrapper over shm can reproduce it.
+//! reset so that two ops in flight share one buffer, a reduction that starts before every
+//! contribution is visible, pipelined chunks written in completion order. Timing races are ported
+//! with the slow side always behind, as far as a wrapper over shm can reproduce it.
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, lock, Buf, Bug, Shm, BUG_WAIT};
@@ -44,30 +46,31 @@ impl LateReads {
     /// copies each lower peer's block into `out` only [`READER_BEHIND`] after its own op completed.
     /// What the reader gets is the lower rank's buffer as it is then: the input of the op when its
     /// caller left it alone, its next contents when the caller wrote it again on return.
-    fn around(
-        self: &Arc<Self>,
-        s: &Shm,
-        w: Work<Buf>,
-        x: &Buf,
-        out: impl Fn(&Buf) -> Buf + Send + 'static,
-        sends: Vec<Block>,
-        reads: Vec<Block>,
-    ) -> Work<Buf> {
+    fn around(self: &Arc<Self>, s: &Shm, w: Work<Buf>, x: &Buf, sends: Vec<Block>, reads: Vec<Block>) -> Work<Buf> {
         let me = s.rank();
-        let (be, x, this) = (s.inner.clone(), x.clone(), self.clone());
+        let sends = sends.into_iter().filter(|b| b.0 > me).collect();
+        let reads = reads.into_iter().filter(|b| b.0 < me).collect();
+        self.late(s, w, Some(x.clone()), sends, reads)
+    }
+
+    /// The general form: this rank's blocks `sends` leave from `from` (`None`: the op's result)
+    /// once its op completed, without waiting for the copies; the blocks `reads` of its result are
+    /// copied from their peers [`READER_BEHIND`] later.
+    fn late(self: &Arc<Self>, s: &Shm, w: Work<Buf>, from: Option<Buf>, sends: Vec<Block>, reads: Vec<Block>) -> Work<Buf> {
+        let (be, this) = (s.inner.clone(), self.clone());
         s.then(w, move |_, res| {
-            for &(q, off, n) in sends.iter().filter(|b| b.0 > me && b.2 > 0) {
-                let v = be.view(&x, off, &[n])?;
+            let from = from.unwrap_or_else(|| res.clone());
+            for &(q, off, n) in sends.iter().filter(|b| b.2 > 0) {
+                let v = be.view(&from, off, &[n])?;
                 lock(&this.pending).push(be.send(&v, q)?);
             }
-            let lower: Vec<&Block> = reads.iter().filter(|b| b.0 < me && b.2 > 0).collect();
-            if lower.is_empty() {
+            let reads: Vec<&Block> = reads.iter().filter(|b| b.2 > 0).collect();
+            if reads.is_empty() {
                 return Ok(());
             }
             std::thread::sleep(READER_BEHIND);
-            let out = out(res);
-            for &&(r, off, n) in &lower {
-                let v = be.view(&out, off, &[n])?;
+            for &&(r, off, n) in &reads {
+                let v = be.view(res, off, &[n])?;
                 be.recv(&v, r)?.wait(BUG_WAIT)?;
             }
             Ok(())
@@ -114,7 +117,7 @@ impl Bug for HanAlltoallNoClosingBarrier {
         let equal = vec![d0 / ws; ws];
         let ins = i.map_or(equal.clone(), <[usize]>::to_vec);
         let outs = o.map_or(equal, <[usize]>::to_vec);
-        Ok(self.late.around(s, w, x, Buf::clone, blocks(&ins, row), blocks(&outs, row)))
+        Ok(self.late.around(s, w, x, blocks(&ins, row), blocks(&outs, row)))
     }
 }
 
@@ -149,12 +152,12 @@ impl Bug for AiterAllGatherNoEndSync {
     fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
         let w = s.inner.all_gather_into_tensor(x)?;
         let (sends, reads) = Self::blocks(s, x);
-        Ok(self.late.around(s, w, x, Buf::clone, sends, reads))
+        Ok(self.late.around(s, w, x, sends, reads))
     }
     fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
         let w = s.inner.all_gather_into_tensor_out(x, out)?;
         let (sends, reads) = Self::blocks(s, x);
-        Ok(self.late.around(s, w, x, Buf::clone, sends, reads))
+        Ok(self.late.around(s, w, x, sends, reads))
     }
 }
 
@@ -293,12 +296,19 @@ impl RocshmemReduceBeforeFence {
             return issue();
         }
         let last = (me + ws - 1) % ws;
-        crate::then_gathered(s, s.inner.all_gather_into_tensor(x)?, |g| g, issue, |b: &Buf| Some(b), move |all, t| {
-            for i in 0..t.numel().min(n) {
-                let v = t.get_f64(i) - all.get_f64(last * n + i);
-                crate::set_f64(t, i, v);
-            }
-        })
+        crate::then_gathered(
+            s,
+            s.inner.all_gather_into_tensor(x)?,
+            |g| g,
+            issue,
+            |b: &Buf| Some(b),
+            move |all, t| {
+                for i in 0..t.numel().min(n) {
+                    let v = t.get_f64(i) - all.get_f64(last * n + i);
+                    crate::set_f64(t, i, v);
+                }
+            },
+        )
     }
 }
 
@@ -308,6 +318,88 @@ impl Bug for RocshmemReduceBeforeFence {
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         Self::partial(s, x, op, || s.inner.all_reduce_(x, op))
+    }
+}
+
+// ---------------------------------------------------------------- xiaoyeli/superlu_dist PR #117
+
+/// SuperLU_DIST's broadcast tree forwarding with a test, not a wait (xiaoyeli/superlu_dist PR #117
+/// "changed mpi_test to mpi_wait in forwardMessageSimple functions": "Here I changed the
+/// mpi_tests's to mpi_wait's, to prevent the send buffer from being overwritten until it has been
+/// sent out"). A tree node receives the message into its buffer and forwards it to its children
+/// with `MPI_Isend` from that same buffer, tests the sends once and returns, so its caller may
+/// write the buffer before a child has it. Here broadcast (both variants) over a binary tree of
+/// virtual ranks (`(rank - src) mod ws`): a relay (not the root, with children) forwards from its
+/// result buffer once its own op completed, and its child copies it [`READER_BEHIND`] later, from
+/// the relay's buffer as it is then. From 4 ranks (below, every child's parent is the root).
+#[derive(Default)]
+pub struct SuperluTreeForwardTested {
+    late: Arc<LateReads>,
+}
+
+impl SuperluTreeForwardTested {
+    fn relay(&self, s: &Shm, x: &Buf, src: usize, w: Work<Buf>) -> Work<Buf> {
+        let (ws, me, n) = (s.ws(), s.rank(), s.numel(x));
+        if src >= ws {
+            return w;
+        }
+        let v = (me + ws - src) % ws;
+        let real = |u: usize| (u + src) % ws;
+        let sends = if v == 0 { vec![] } else { [2 * v + 1, 2 * v + 2].into_iter().filter(|&c| c < ws).map(|c| (real(c), 0, n)).collect() };
+        let parent = if v == 0 { 0 } else { (v - 1) / 2 };
+        let reads = if parent == 0 { vec![] } else { vec![(real(parent), 0, n)] };
+        self.late.late(s, w, None, sends, reads)
+    }
+}
+
+impl Bug for SuperluTreeForwardTested {
+    fn outstanding(&self, s: &Shm) -> usize {
+        self.late.outstanding(s)
+    }
+    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast(x, src)?;
+        Ok(self.relay(s, x, src, w))
+    }
+    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.broadcast_(x, src)?;
+        Ok(self.relay(s, x, src, w))
+    }
+}
+
+// ---------------------------------------------------------------- pmodels/mpich PR #7182
+
+/// MPICH's GPU pipeline chunk (`MPIR_CVAR_CH4_OFI_GPU_PIPELINE_BUFFER_SZ`'s default, 1 MiB).
+const GPU_PIPELINE_CHUNK: usize = 1 << 20;
+
+/// MPICH's GPU pipelining writing chunks in completion order (pmodels/mpich PR #7182 "ofi: fix a
+/// bug in gpu pipelining with potentially out of order chunks": "Receiver posts receive for each
+/// chunk, and write to GPU buffers in the order of the receive event completion. This however can
+/// potentially leads to out of order writing because the completion events may be out of order";
+/// the report, pmodels/mpich #7139, "Wrong data with MPI send/recv and pipelining"). Each
+/// completed chunk is copied to the next free offset of the receive buffer. Here a received
+/// message of more than one 1 MiB chunk whose last chunk is partial: that shorter last chunk
+/// completes before the full one ahead of it, so it is written at the full chunk's offset and the
+/// full chunk after it.
+#[derive(Default)]
+pub struct MpichGpuPipelineCompletionOrder;
+
+impl Bug for MpichGpuPipelineCompletionOrder {
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        let w = s.inner.recv(out, src)?;
+        Ok(s.then(w, |be, r| {
+            edit(be, r, |t| {
+                let len = t.len_bytes();
+                let tail = len % GPU_PIPELINE_CHUNK;
+                if len <= GPU_PIPELINE_CHUNK || tail == 0 {
+                    return;
+                }
+                let at = len - tail - GPU_PIPELINE_CHUNK;
+                let msg = t.bytes()[at..].to_vec();
+                let bytes = &mut t.bytes_mut()[at..];
+                bytes[..tail].copy_from_slice(&msg[GPU_PIPELINE_CHUNK..]);
+                bytes[tail..].copy_from_slice(&msg[..GPU_PIPELINE_CHUNK]);
+            })
+        }))
     }
 }
 
@@ -342,6 +434,18 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "ROCm/rocm-systems PR #10000: rocSHMEM's reduction reads before its fence at 3+ PEs and 512+ bytes: a sum all_reduce leaves out the contribution read last",
             &["all_reduce::out::f32::sum::ws3"],
+        ),
+        spec::<SuperluTreeForwardTested>(
+            "wild_superlu_tree_forward_tested",
+            "placement.reuse",
+            "xiaoyeli/superlu_dist PR #117: a broadcast tree's relay forwards from its buffer with Isend and a test, and returns: its child copies the buffer after the relay's caller rewrote it (4+ ranks)",
+            &["reuse::inputs_rewritten_after_wait::ws4"],
+        ),
+        spec::<MpichGpuPipelineCompletionOrder>(
+            "wild_mpich_gpu_pipeline_completion_order",
+            "values.sizes",
+            "pmodels/mpich PR #7182: pipelined receive chunks written in completion order: a partial last chunk, done first, lands at the full chunk's offset ahead of it",
+            &["sizes::send_recv::f32::n262145::ws2"],
         ),
     ]
 }
