@@ -421,7 +421,7 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_nccl_chunk_past_p2p_step",
             "values.sizes",
             "NVIDIA/nccl PR #2410 (#2408): p2p chunks of 1 MiB written into 512 KiB FIFO slots: the second half of every chunk but the last is the next chunk's first half",
-            &["p2p::in_flight_in_order::mixed_protocols::ws2"],
+            &["sizes::send_recv::f32::n262145::ws2"],
         ),
         spec::<DsPingPongIndexReset>(
             "wild_ds_pingpong_index_reset",
