@@ -180,8 +180,9 @@
 //! * One buffer reused by many collectives, and buffers freed and re-allocated between
 //!   collectives (the same address with another size, shape or dtype), give the right result:
 //!   nothing may be cached by address. After a successful wait on a rank, that rank's inputs
-//!   are the caller's again: no peer reads them any more (a rank's op does not complete before
-//!   its peers are done reading its input). An op keeps every buffer it was given until it
+//!   and its result are the caller's again: no peer reads them any more (a rank's op does not
+//!   complete before its peers are done reading its input, nor before a relay's forwarding from
+//!   its result is done: a tree's inner node, a ring's next hop). An op keeps every buffer it was given until it
 //!   completes: the caller may drop its handles right after issue (a call on a temporary).
 //!   [clause: placement.reuse] [clause: placement.realloc]
 //! * PyTorch's functional-collective semantics (`test_c10d_functional_native.py`, eager

@@ -80,6 +80,7 @@ pub mod bugs_hunt33;
 pub mod bugs_hunt34;
 pub mod bugs_hunt35;
 pub mod bugs_hunt38;
+pub mod bugs_hunt36;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -159,6 +160,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt38`] (shipped bugs that escaped their project's own tests, each behind a combination:
 /// an all_to_all rank whose own block is empty, a gather to a root other than 0, a ring whose two
 /// neighbours are one process, integer min / max summed, an all_gather on one rank);
+/// [`bugs_hunt36`] (shipped bugs in moving a large message through bounded resources: an op that
+/// returns before its peers are done reading the caller's buffer, a chunk written past its FIFO
+/// slot, a ping-pong staging index reset so that two ops in flight share one buffer);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -208,6 +212,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt32::catalogue());
     v.extend(bugs_hunt35::catalogue());
     v.extend(bugs_hunt38::catalogue());
+    v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -279,7 +279,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "placement.reuse",
         source: BACKEND,
-        text: "One buffer reused across many collectives gives the right result every time; after a successful wait a rank's inputs are the caller's again (no peer reads them any more); an op keeps every buffer it was given until it completes (the caller may drop its handles after issue).",
+        text: "One buffer reused across many collectives gives the right result every time; after a successful wait a rank's inputs and its result are the caller's again (no peer reads them any more, a relay forwarding from its result included); an op keeps every buffer it was given until it completes (the caller may drop its handles after issue).",
         cases: &[
             "reuse::persistent_buffer_100_iterations",
             "reuse::ops_300_world_and_group",

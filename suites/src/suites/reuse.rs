@@ -123,7 +123,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         2,
         |ctx| aliasing(ctx, "all_gather_into_tensor", true),
     ));
-    v.push(Case::<B>::new("reuse::inputs_rewritten_after_wait::ws2", meta("mixed", "mixed"), 2, inputs_rewritten_after_wait));
+    // At 4 ranks a broadcast tree has a relay that is not the root (virtual rank 1, with child 3)
+    // and a ring or chain forwards through every rank: what a relay forwards leaves its result.
+    for ws in [2, 4] {
+        let name = format!("reuse::inputs_rewritten_after_wait::ws{ws}");
+        v.push(Case::<B>::new(name, meta("mixed", "mixed"), ws, inputs_rewritten_after_wait));
+    }
     // Its all_reduces only carry the check (a sequence number that wraps): any reduce op will do.
     let many = CaseMeta { reduce: "sum,max,min".into(), ..meta("all_reduce", "out") };
     v.push(Case::<B>::new("reuse::ops_300_world_and_group::ws3", many, 3, many_ops));
@@ -312,12 +317,15 @@ const REWRITTEN: [(OpKind, Variant); 10] = [
 ];
 
 /// Each of [`REWRITTEN`] on rank-dependent inputs of 64 Ki elements (root rank 0): right after
-/// its wait each rank overwrites its input (first the last element, through a one-element view:
-/// a front-to-back reader reaches it last; then the whole buffer), then one barrier, then every
-/// rank checks its result against the oracle's answer for the inputs as they were at issue. A
-/// backend whose op completes on a rank before its peers are done reading that rank's input (no
-/// closing handshake) has a peer receive the new bytes. An in-place op's input is its result: only
-/// the root (whose input the peers read) rewrites it, and its own result is not checked.
+/// its wait each rank keeps a copy of its result, then overwrites its input and its result (each
+/// first the last element, through a one-element view: a front-to-back reader reaches it last;
+/// then the whole buffer), then one barrier, then every rank checks the copy against the oracle's
+/// answer for the inputs as they were at issue. A backend whose op completes on a rank before its
+/// peers are done reading that rank's input (no closing handshake) has a peer receive the new
+/// bytes; so does one where a relay (a tree's inner node, a ring's or chain's next hop) forwards
+/// from its result buffer after its own op completed (xiaoyeli/superlu_dist PR #117: a tree
+/// broadcast's forwarding `MPI_Isend` only tested before return), which only a world of 4 ranks
+/// or more has for a binary tree.
 fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
@@ -342,17 +350,27 @@ fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let got = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout)
             .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?
             .remove(0);
-        let in_place = exec::is_in_place(variant);
-        if !in_place || me == p.root {
-            let last = b.view(&x, n - 1, &[1])?;
-            b.write(&last, &Tensor::filled_bytes(DType::F32, &[1], LATE_PATTERN))?;
-            b.write(&x, &Tensor::filled_bytes(DType::F32, &[n], LATE_PATTERN))?;
+        let kept = b.upload(&b.download(&got)?)?;
+        let rewrite = |buf: &B::Buffer| -> concord_core::Result<()> {
+            let len = b.buffer_shape(buf).iter().product::<usize>();
+            if len == 0 {
+                return Ok(());
+            }
+            b.write(&b.view(buf, len - 1, &[1])?, &Tensor::filled_bytes(DType::F32, &[1], LATE_PATTERN))?;
+            b.write(buf, &Tensor::filled_bytes(DType::F32, &[len], LATE_PATTERN))
+        };
+        rewrite(&x)?;
+        if b.buffer_addr(&got) != b.buffer_addr(&x) {
+            rewrite(&got)?;
         }
         b.barrier().and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
-        if in_place && me == p.root {
-            continue;
-        }
-        expect_oracle(b, &coll, &inputs, &got, &format!("{w} (checked after every rank rewrote its input and a barrier)"))?;
+        expect_oracle(
+            b,
+            &coll,
+            &inputs,
+            &kept,
+            &format!("{w} (its copy taken at wait, checked after every rank rewrote its input and its result and a barrier)"),
+        )?;
     }
     Ok(())
 }
