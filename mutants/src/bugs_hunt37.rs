@@ -78,7 +78,8 @@ impl NcclDestroyedCommKeepsSockets {
             return Ok(());
         }
         for _ in 1..s.ws() {
-            let pair = UnixStream::pair().map_err(|e| CollectiveError::Backend(format!("NCCL WARN socket: {e} (unhandled system error)")))?;
+            let pair =
+                UnixStream::pair().map_err(|e| CollectiveError::Backend(format!("NCCL WARN socket: {e} (unhandled system error)")))?;
             lock(&NCCL_SOCKETS).push(pair);
         }
         Ok(())
@@ -181,11 +182,15 @@ impl Drop for SmSegmentCleanupNoop {
 
 // ---------------------------------------------------------------- shared: a relayed work
 
+/// What a relayed work does with its inner work's failure (given the wait's timeout): `Ok(true)`
+/// reports success, `Ok(false)` still pending, an error that error.
+type OnErr = Box<dyn Fn(&CollectiveError, Duration) -> Result<bool> + Send + Sync>;
+
 /// A work that relays `inner`, its failures passed through `on_err` (which may turn one into
 /// `Ok(true)`: success).
 struct Relay<T> {
     inner: Work<T>,
-    on_err: Box<dyn Fn(&CollectiveError, Duration) -> Result<bool> + Send + Sync>,
+    on_err: OnErr,
     /// The failure's verdict, once decided (a later wait repeats it).
     settled: Mutex<Option<Result<bool>>>,
 }
