@@ -52,7 +52,10 @@
 //!   out whole before its send's wait ended: `async.deadline`); a panic inside the backend is a
 //!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
 //! * After bad input every rank gets the same named error and the communicator stays usable
-//!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind.
+//!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind, and so
+//!   does a group every rank made and dropped: no file in `/dev/shm`, and no descriptor a
+//!   process keeps per group (making and dropping groups does not grow what a process holds;
+//!   a socket or segment kept per group runs a long job out of descriptors or `/dev/shm`).
 //!   [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
 //!   collective and its sequence number). A collective the backend builds from another (a

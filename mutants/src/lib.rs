@@ -81,6 +81,7 @@ pub mod bugs_hunt34;
 pub mod bugs_hunt35;
 pub mod bugs_hunt38;
 pub mod bugs_hunt36;
+pub mod bugs_hunt37;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -163,6 +164,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt36`] (shipped bugs in moving a large message through bounded resources: an op that
 /// returns before its peers are done reading the caller's buffer, a chunk written past its FIFO
 /// slot, a ping-pong staging index reset so that two ops in flight share one buffer);
+/// [`bugs_hunt37`] (shipped bugs when a resource runs out: descriptors and `/dev/shm` segments a
+/// dropped group keeps, an out-of-resource error dropped, a process that crashes instead of
+/// failing, a fallback taken by the failing rank alone);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -213,6 +217,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt35::catalogue());
     v.extend(bugs_hunt38::catalogue());
     v.extend(bugs_hunt36::catalogue());
+    v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
@@ -588,6 +593,12 @@ pub trait Bug: Send + Sync + 'static {
     /// Told of a `new_group` that failed on this rank (the correct backend's error, returned as
     /// is). Default: nothing.
     fn group_failed(&self, s: &Shm, e: &CollectiveError) {}
+    /// What this rank's `new_group` returns when the correct backend's failed on it with `e`
+    /// (after [`Bug::group_failed`]): a library that drops the error goes on with what it has.
+    /// Default: the error.
+    fn group_error(&self, s: &Shm, e: CollectiveError) -> Result<Option<Group>> {
+        Err(e)
+    }
     /// Told, on every rank of the parent (members and non-members alike), of a `new_group(ranks)`
     /// the correct backend made (`made`: this rank's communicator, `None` on a non-member); an
     /// error fails this rank's `new_group` with it (a library whose group creation hangs or
@@ -690,7 +701,13 @@ impl Backend for Mutant {
         self.bug.refuse_group(&self.s, ranks)?;
         let ranks = self.bug.group_ranks(&self.s, ranks);
         let members: Vec<usize> = ranks.iter().map(|&r| self.s.members.get(r).copied().unwrap_or(r)).collect();
-        let made = self.s.inner.new_group(&ranks).inspect_err(|e| self.bug.group_failed(&self.s, e))?.map(|g| (Arc::new(g), members));
+        let made = match self.s.inner.new_group(&ranks) {
+            Ok(g) => g.map(|g| (Arc::new(g), members)),
+            Err(e) => {
+                self.bug.group_failed(&self.s, &e);
+                self.bug.group_error(&self.s, e)?
+            }
+        };
         self.bug.group_made(&self.s, &ranks, made.as_ref())?;
         Ok(self.bug.new_group(&self.s, made).map(|(g, members)| Mutant {
             s: Shm::new(g, self.s.world_rank, self.s.world_size, members),

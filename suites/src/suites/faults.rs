@@ -19,7 +19,8 @@
 //! * `faults::fail_after_post::{in_place,out_of_place}::ws2` — rank 1's op fails locally after
 //!   it was posted; rank 0 issues after that. `::broadcast::ws2`: the same with rank 1 the root
 //!   of a broadcast (rank 0 only receives); `::all_to_all::ws2`: the same with an
-//!   all_to_all_single (open-mpi/ompi #8916); `::in_place::ws4`: at 4 ranks, where rank 3 is
+//!   all_to_all_single (open-mpi/ompi #8916); `::reduce_scatter::ws2`: with a
+//!   reduce_scatter_tensor (open-mpi/ompi PR #10977); `::in_place::ws4`: at 4 ranks, where rank 3 is
 //!   no ring neighbour of rank 1. A local failure is a named error on every rank, never a
 //!   timeout and never `bad_input` (`faults.local_failure_named_everywhere`); no rank's error
 //!   is a `peer_died` or claims in its text a timeout or a dead peer (the failing rank's names
@@ -41,7 +42,8 @@
 //!   failure, which it had stopped doing for every other collective).
 //! * `faults::new_group_failure_leaves_no_file::ws2` — a `new_group` that fails between its
 //!   barriers leaves nothing named after the world in `/dev/shm` once every rank dropped the
-//!   communicator (item 12).
+//!   communicator (item 12); neither does the `new_group` made and dropped before it (a
+//!   segment whose clean-up never runs: open-mpi/ompi PR #10040).
 //! * `faults::late_inside_deadline::broadcast::ws2` — rank 1 issues a `broadcast_` from rank 0
 //!   0.6 × the op deadline after rank 0, then stalls 0.5 × the deadline after posting (review15
 //!   finding 2): every rank entered the op in time, so it MUST complete on both ranks with the
@@ -236,6 +238,9 @@ enum VictimOp {
     /// An all_to_all_single with equal splits (each rank receives half of its output from the
     /// victim).
     AllToAll,
+    /// A reduce_scatter_tensor (out of place) with the vehicle's reduce op: each rank's chunk
+    /// reduces the victim's input.
+    ReduceScatter,
 }
 
 /// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
@@ -248,7 +253,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     // The warm-up is out of place; the victim's op in place, out of place or a broadcast.
     let red = match place {
         VictimOp::InPlace => vehicle(ctx.b, &[Variant::Out, Variant::InPlace])?,
-        VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll => vehicle(ctx.b, &[Variant::Out])?,
+        VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter => vehicle(ctx.b, &[Variant::Out])?,
     };
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
@@ -257,6 +262,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::OutOfPlace => ("all_reduce", "out"),
         VictimOp::Broadcast => ("broadcast", "out"),
         VictimOp::AllToAll => ("all_to_all_single", "out"),
+        VictimOp::ReduceScatter => ("reduce_scatter_tensor", "out"),
     };
     let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
@@ -288,6 +294,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::OutOfPlace => b.all_reduce(x, red),
         VictimOp::Broadcast => b.broadcast(x, victim),
         VictimOp::AllToAll => b.all_to_all_single(x, None, None),
+        VictimOp::ReduceScatter => b.reduce_scatter_tensor(x, red),
     };
     // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
     // as a named error, never a timeout (clause `faults.local_failure_named_everywhere`): the
@@ -331,7 +338,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         // (an allocator may hand back the op's freed output).
         let n_fresh = match place {
             VictimOp::InPlace => 0,
-            VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll => 1,
+            VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter => 1,
         };
         let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
         for f in &fresh {
@@ -515,6 +522,12 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // exchange left unwritten (open-mpi/ompi #8916: the basic linear alltoallv returned
         // MPI_SUCCESS when its wait_all gave MPI_ERR_IN_STATUS).
         victim_case(ctx, 1, true, VictimOp::AllToAll, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
+    }));
+    v.push(Case::<B>::new("faults::fail_after_post::reduce_scatter::ws2", meta("reduce_scatter_tensor", "out"), 2, |ctx| {
+        // The same with a reduce_scatter_tensor: a side that ran out of memory after posting
+        // MUST fail on both ranks, never return Ok with the chunk the failed op left unreduced
+        // (open-mpi/ompi PR #10977: the basic reduce_scatter_block never checked its `err`).
+        victim_case(ctx, 1, true, VictimOp::ReduceScatter, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
@@ -800,11 +813,19 @@ fn group_leak_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !ctx.b.capabilities().subgroups {
         return Err(CaseEnd::Unsupported("no subgroups".into()));
     }
-    // Op 1 is the new_group: rank 1 stalls between its barriers, past rank 0's deadline.
-    let (b, id) = sub_world(ctx, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 1)))?;
+    // Op 1 is a new_group that succeeds, dropped at once (a group every rank made and dropped
+    // leaves nothing behind either: open-mpi/ompi PR #10040, a segment's clean-up registered
+    // where it never ran); op 2 is the new_group that fails: rank 1 stalls between its
+    // barriers, past rank 0's deadline.
+    let (b, id) = sub_world(ctx, Some(fault(point::BETWEEN_BARRIERS, Action::Stall, 1, 2)))?;
     let keys = Keys { ctx, id: id.clone() };
     let w = here(&b, "new_group", "out", DType::F32);
     let me = b.rank();
+    let made = b.new_group(&[0, 1]).map_err(step_failed(&w, "the first new_group([0, 1]), before the failing one"))?;
+    if made.is_none() {
+        return Err(fail(&w, "the first new_group([0, 1]) gave a member no communicator"));
+    }
+    drop(made);
     let r = b.new_group(&[0, 1]);
     if me == 0 {
         must_fail(r, &w, "rank 1 stalled inside it past the deadline")?;
@@ -816,7 +837,13 @@ fn group_leak_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     keys.wait(&format!("dropped{}", 1 - me), &w)?;
     let left = files_of(&id);
     if !left.is_empty() {
-        return Err(fail(&w, format!("after a failed new_group and every rank dropped the communicator, /dev/shm still holds {left:?}")));
+        return Err(fail(
+            &w,
+            format!(
+                "after a new_group made and dropped, a failed new_group, and every rank dropped the communicator, /dev/shm still \
+                 holds {left:?}"
+            ),
+        ));
     }
     Ok(())
 }

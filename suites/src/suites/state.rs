@@ -41,7 +41,11 @@
 //!   made in turn, each leaving one rank out (the last none), each checked by its members (rank,
 //!   size, an all_gather of their world ranks): a library that names or counts a group with
 //!   state only its members advance (the groups each rank registered) names the next group
-//!   differently on its members and never connects them (pytorch/pytorch PR #189073).
+//!   differently on its members and never connects them (pytorch/pytorch PR #189073). The
+//!   process's open file descriptors, counted once the first round's groups are dropped, must
+//!   not grow by one per group this rank was a member of in the later rounds: a library that
+//!   keeps a socket or pipe per group made (pytorch/pytorch #129868, NVIDIA/nccl #127) runs a
+//!   long job out of descriptors.
 //! * `state::dtypes_widening::{op}::{variant}::ws2` — every (op, variant) but barrier once in
 //!   every dtype, narrowest first (1, 2, 4 then 8 bytes an element), on the same element counts:
 //!   a tuned backend that caches its plan (chunking, in bytes) by element count runs a wider
@@ -51,7 +55,7 @@
 //!   had counted a catch that needed the cases before it: `plan_cached_by_numel`).
 
 use super::matrix::each_dtype;
-use super::util::{expect_eq, fail, here, member_group, ArVehicle};
+use super::util::{expect_eq, fail, here, member_group, open_fds, ArVehicle};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use concord_core::{Backend, BadInputKind, DType, OpKind, Tensor, Variant};
@@ -433,8 +437,36 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         return Err(crate::CaseEnd::Unsupported("subgroups are declared unsupported".into()));
     }
     let all: [&[usize]; 4] = [&[0, 1], &[1, 2], &[2, 0], &[1, 2, 0]];
+    // What the process holds once the first round's groups are dropped (whatever a backend opens
+    // once, lazily, at its first groups is open by then) ...
+    let mut after_first = None;
     for round in 0..GROUP_ROUNDS {
         groups_each_round(ctx, &all, round)?;
+        if round == 0 {
+            after_first = open_fds();
+        }
+    }
+    // ... MUST NOT grow with every later group made and dropped (clause `failure.usable_after`:
+    // a dropped group leaves nothing behind): a library that keeps a socket or a pipe per
+    // group it made runs a long job out of descriptors (pytorch/pytorch #129868, NVIDIA/nccl
+    // #127). Below one descriptor per group this rank was a member of, a cache or a late-opened
+    // resource passes.
+    let me = b.rank();
+    let member_of = (1..GROUP_ROUNDS).map(|_| all.iter().filter(|m| m.contains(&me)).count()).sum::<usize>();
+    if let (Some(before), Some(now)) = (after_first, open_fds()) {
+        if now >= before + member_of {
+            let w = format!("{} (groups {all:?} made and dropped in {GROUP_ROUNDS} rounds)", here(b, "new_group", "-", DType::F32));
+            return Err(fail(
+                &w,
+                format!(
+                    "this process held {before} open file descriptors once the first round's groups were dropped, and {now} after \
+                     {} more rounds, in which it was a member of {member_of} groups, each dropped by every rank: the descriptors \
+                     grow with every group made and dropped (a dropped group leaves nothing behind; a long job runs out of them: \
+                     EMFILE, too many open files)",
+                    GROUP_ROUNDS - 1
+                ),
+            ));
+        }
     }
     Ok(())
 }

@@ -166,6 +166,12 @@ impl ArVehicle {
     }
 }
 
+/// How many file descriptors this process holds open (`/proc/self/fd`), or `None` where that
+/// cannot be read (not Linux): a case that counts them skips its check then.
+pub fn open_fds() -> Option<usize> {
+    std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count())
+}
+
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
