@@ -79,9 +79,9 @@ pub mod bugs_hunt32;
 pub mod bugs_hunt33;
 pub mod bugs_hunt34;
 pub mod bugs_hunt35;
-pub mod bugs_hunt38;
 pub mod bugs_hunt36;
 pub mod bugs_hunt37;
+pub mod bugs_hunt38;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
