@@ -255,6 +255,21 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::InPlace => vehicle(ctx.b, &[Variant::Out, Variant::InPlace])?,
         VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter => vehicle(ctx.b, &[Variant::Out])?,
     };
+    // The victim's op itself, where it is not the vehicle all_reduce: a declared gap of it (in
+    // f32, out of place, with the vehicle's reduce op where it reduces) leaves the case nothing
+    // to carry its fault on.
+    let own = match place {
+        VictimOp::InPlace | VictimOp::OutOfPlace => None,
+        VictimOp::Broadcast => Some((OpKind::Broadcast, None)),
+        VictimOp::AllToAll => Some((OpKind::AllToAllSingle, None)),
+        VictimOp::ReduceScatter => Some((OpKind::ReduceScatterTensor, Some(red))),
+    };
+    if let Some((op, reduce)) = own {
+        let caps = ctx.b.capabilities();
+        if let Err(why) = caps.check(op, Some(Variant::Out), Some(DType::F32), reduce, ctx.world_size()) {
+            return Err(CaseEnd::Unsupported(format!("declared gap: the case's victim op {op} (out, f32) is declared unsupported: {why}")));
+        }
+    }
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
     let (op, variant) = match place {
