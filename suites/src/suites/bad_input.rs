@@ -338,11 +338,14 @@ fn row_gap(caps: &concord_core::Capabilities, name: &str) -> Option<String> {
     let (op, variant, dtypes) = call_of(name);
     let op = OpKind::from_name(op)?;
     let variant = Variant::from_name(variant);
-    let reduces: Vec<Option<ReduceOp>> = if op.reduces() { reduce_of(name).into_iter().map(Some).collect() } else { Vec::new() };
-    let dtypes: Vec<Option<DType>> =
-        dtypes.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(DType::from_name).map(Some).chain([None]).collect();
-    let calls = dtypes.iter().flat_map(|&d| reduces.iter().copied().chain(reduces.is_empty().then_some(None)).map(move |r| (d, r)));
-    calls.into_iter().find_map(|(d, reduce)| caps.check_call(op, variant, d, reduce).err().map(|why| (reduce, why))).map(|(reduce, why)| {
+    // Every (dtype, reduce op) the row calls with on any rank; `None`: no dtype / no reduction.
+    let reduces: Vec<Option<ReduceOp>> = match reduce_of(name) {
+        ops if op.reduces() && !ops.is_empty() => ops.into_iter().map(Some).collect(),
+        _ => vec![None],
+    };
+    let dtypes = dtypes.split(|c: char| !c.is_ascii_alphanumeric()).filter_map(DType::from_name).map(Some).chain([None]);
+    let mut calls = dtypes.flat_map(|d| reduces.iter().map(move |&r| (d, r)));
+    calls.find_map(|(d, reduce)| caps.check_call(op, variant, d, reduce).err().map(|why| (reduce, why))).map(|(reduce, why)| {
         format!(
             "declared gap: the backend's capabilities declare the call of bad_input row `{name}` ({op}{}{}) unsupported ({why})",
             variant.map_or(String::new(), |v| format!(" variant={v}")),
