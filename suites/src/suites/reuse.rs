@@ -317,10 +317,12 @@ const REWRITTEN: [(OpKind, Variant); 10] = [
 ];
 
 /// Each of [`REWRITTEN`] on rank-dependent inputs of 64 Ki elements (root rank 0): right after
-/// its wait each rank keeps a copy of its result, then overwrites its input and its result (each
-/// first the last element, through a one-element view: a front-to-back reader reaches it last;
-/// then the whole buffer), then one barrier, then every rank checks the copy against the oracle's
-/// answer for the inputs as they were at issue. A backend whose op completes on a rank before its
+/// its wait each rank overwrites its input, then keeps a copy of its result and overwrites the
+/// result too (each first the last element, through a one-element view: a front-to-back reader
+/// reaches it last; then the whole buffer), then one barrier, then every rank checks the copy
+/// against the oracle's answer for the inputs as they were at issue. The input comes first so
+/// that nothing (the copy) widens the window a peer still reading it has; the in-place root,
+/// whose result is its input, overwrites it at once and checks nothing. A backend whose op completes on a rank before its
 /// peers are done reading that rank's input (no closing handshake) has a peer receive the new
 /// bytes; so does one where a relay (a tree's inner node, a ring's or chain's next hop) forwards
 /// from its result buffer after its own op completed (xiaoyeli/superlu_dist PR #117: a tree
@@ -350,7 +352,6 @@ fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let got = exec::call(b, op, variant, std::slice::from_ref(&x), out.as_ref(), &p, ctx.timeout)
             .map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?
             .remove(0);
-        let kept = b.upload(&b.download(&got)?)?;
         let rewrite = |buf: &B::Buffer| -> concord_core::Result<()> {
             let len = b.buffer_shape(buf).iter().product::<usize>();
             if len == 0 {
@@ -359,11 +360,21 @@ fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             b.write(&b.view(buf, len - 1, &[1])?, &Tensor::filled_bytes(DType::F32, &[1], LATE_PATTERN))?;
             b.write(buf, &Tensor::filled_bytes(DType::F32, &[len], LATE_PATTERN))
         };
-        rewrite(&x)?;
-        if b.buffer_addr(&got) != b.buffer_addr(&x) {
+        // The input is rewritten first, before anything else runs on this rank: a peer still
+        // reading it is caught by how soon the rewrite comes, so the copy of the result waits.
+        // An in-place op's input is its result: the root (whose input the peers read) rewrites
+        // it at once and checks nothing; every other rank copies its result first.
+        let in_place = b.buffer_addr(&got) == b.buffer_addr(&x);
+        let root_in_place = in_place && me == p.root;
+        if !in_place || root_in_place {
+            rewrite(&x)?;
+        }
+        let kept = if root_in_place { None } else { Some(b.upload(&b.download(&got)?)?) };
+        if !root_in_place {
             rewrite(&got)?;
         }
         b.barrier().and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        let Some(kept) = kept else { continue };
         expect_oracle(
             b,
             &coll,
