@@ -107,6 +107,24 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     "wild_nccl_uneven_nodes_bootstrap",
 ];
 
+/// Mutants whose bug is itself a race: it shows only when a peer is still busy (reading an input,
+/// forwarding a chunk) at the moment the caller's early completion lets it move on, so a real
+/// backend with the bug also fails only most of the time. Their hints are tried up to
+/// [`RACE_TRIES`] times, each in a fresh world, and the test passes at the first catch; each
+/// entry says the catch rate of one run, measured under load (a rate that falls is a suite
+/// change that weakened the case: fix the case, never raise the tries).
+const RACY: &[(&str, &str)] = &[
+    // The root returns once its peers announced the call; its peers read its 4 MiB input after
+    // (39 / 40 single runs caught at load 12).
+    ("review13_root_completes_on_arrival", "39/40 at load 12, 26/30 at load 31"),
+    // A broadcast tree's relay forwards from its result 20 ms after its own op completed; its
+    // caller rewrites the result right after its wait (29/30 single runs caught at load 31).
+    ("wild_superlu_tree_forward_tested", "29/30 at load 31"),
+];
+
+/// How often a [`RACY`] mutant's hints run before its test fails.
+const RACE_TRIES: usize = 3;
+
 /// The random programs' power, pinned: each mutant with the program that catches it (the
 /// programs were written without these bugs in mind; the first five survived the whole
 /// hand-written catalogue when their hunts wrote them). A generator change that loses one fails
@@ -505,19 +523,30 @@ fn main() {
             if only.is_empty() {
                 return Err(format!("{name}: no case id contains one of its catcher hints {:?}", spec(name).catchers).into());
             }
-            let found = if REPORTED.contains(&name) {
-                run_mutant(&spec(name), &only)
-            } else if is_stream(name) {
-                run_mutant_in(stream_pool(), &spec(name), &only)
-            } else {
-                run_mutant_in(verdict_pool(), &spec(name), &only)
+            let once = || {
+                if REPORTED.contains(&name) {
+                    run_mutant(&spec(name), &only)
+                } else if is_stream(name) {
+                    run_mutant_in(stream_pool(), &spec(name), &only)
+                } else {
+                    run_mutant_in(verdict_pool(), &spec(name), &only)
+                }
             };
+            let tries = if RACY.iter().any(|(m, _)| *m == name) { RACE_TRIES } else { 1 };
+            let mut found = once();
+            for _ in 1..tries {
+                if found.caught.is_some() {
+                    break;
+                }
+                found = once();
+            }
             let Some(catch) = found.caught else {
                 let aside: String = found.set_aside.iter().map(|(case, why)| format!("\n  {case}: {}", why.says())).collect();
                 return Err(format!(
-                    "{name} survived the {} cases its catcher hints name (a suite change let it through, or the hints are stale: \
+                    "{name} survived the {} cases its catcher hints name{} (a suite change let it through, or the hints are stale: \
                      `cargo xtask mutants --mutant {name}` runs the whole catalogue against it){aside}",
-                    only.len()
+                    only.len(),
+                    if tries > 1 { format!(" in {tries} runs") } else { String::new() }
                 )
                 .into());
             };
@@ -538,6 +567,17 @@ fn main() {
             Ok(())
         }));
     }
+    // A race's extra tries are named per mutant: a name that is no longer in the catalogue (a
+    // renamed mutant) would leave its successor with one try and this list with a dead entry.
+    let known: Vec<&'static str> = specs.iter().map(|s| s.name).collect();
+    trials.push(libtest_mimic::Trial::test("mutants::racy_names_are_mutants", move || {
+        let stale: Vec<&str> = RACY.iter().map(|(m, _)| *m).filter(|m| !known.contains(m)).collect();
+        if stale.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("RACY names no mutant of the catalogue: {stale:?}").into())
+        }
+    }));
     // The control of the stream mutants: the reference stream backend passes every fault case
     // (a case that failed it too would catch nothing).
     trials.push(libtest_mimic::Trial::test("mutants::stall::stream_reference_passes_device_faults", || {

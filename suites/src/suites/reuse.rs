@@ -331,10 +331,12 @@ const REWRITTEN: [(OpKind, Variant); 10] = [
 fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let (ws, me) = (b.world_size(), b.rank());
-    let n = 1 << 16;
     let caps = b.capabilities();
     for (op, variant) in REWRITTEN {
         let reduce = op.reduces().then_some(ReduceOp::Sum);
+        // A broadcast's peers all read one buffer (the root's): 4 MiB keeps them reading for
+        // about a millisecond, longer than a root that returns early takes to rewrite it.
+        let n = if op == OpKind::Broadcast { 1 << 20 } else { 1 << 16 };
         if caps.check(op, Some(variant), Some(DType::F32), reduce, ws).is_err() {
             continue;
         }
@@ -369,12 +371,14 @@ fn inputs_rewritten_after_wait<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         if !in_place || root_in_place {
             rewrite(&x)?;
         }
-        let kept = if root_in_place { None } else { Some(b.upload(&b.download(&got)?)?) };
+        let kept = if root_in_place { None } else { Some(b.download(&got)?) };
         if !root_in_place {
             rewrite(&got)?;
         }
         b.barrier().and_then(|wk| wk.wait(ctx.timeout).map(|_| ())).map_err(|e| fail(&w, format!("barrier: {e} [{}]", e.name())))?;
+        // Uploaded again (expect_oracle reads a buffer) only now, out of the window.
         let Some(kept) = kept else { continue };
+        let kept = b.upload(&kept)?;
         expect_oracle(
             b,
             &coll,
