@@ -56,7 +56,11 @@
 //!   does a group every rank made and dropped: no file in `/dev/shm`, and no descriptor a
 //!   process keeps per group (making and dropping groups does not grow what a process holds;
 //!   a socket or segment kept per group runs a long job out of descriptors or `/dev/shm`).
-//!   [clause: failure.usable_after]
+//!   What a process keeps once its groups are dropped MAY be keyed by peer (a connection per
+//!   peer) or sized by the groups alive at once (a pool), and MUST NOT be filled per group made
+//!   (a cache of dropped groups' resources, bounded or not, is kept per group); it MAY be
+//!   released after the drop returns, on a thread of the backend's own, as long as the release
+//!   keeps going. [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
 //!   collective and its sequence number). A collective the backend builds from another (a
 //!   barrier run as a one-element all_reduce, a broadcast as an all_gather) MUST be recorded

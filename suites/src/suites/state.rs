@@ -451,18 +451,30 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     // group it made runs a long job out of descriptors (pytorch/pytorch #129868, NVIDIA/nccl
     // #127). Below one descriptor per group this rank was a member of, a cache or a late-opened
     // resource passes.
-    // A backend may release a dropped group's resources a little later, on a thread of its own
-    // (the NCCL backend finalizes and destroys its communicators on its progress thread, about
-    // half a second each on 2 x H200): the count is read again until it falls below the bound,
-    // for up to FD_SETTLE; what is still open then stays open.
+    // A backend may release a dropped group's resources later, on a thread of its own, one
+    // group after another (the NCCL backend finalizes and destroys its communicators on its
+    // progress thread, about half a second each on 2 x H200): the count is read again until it
+    // falls below the bound, for as long as it keeps falling (a teardown under way, up to half
+    // the case's op timeout: the rounds before it took their part of the case's deadline) and
+    // for FD_SETTLE after it last fell; what is still open then stays
+    // open (review23: a fixed 3 s failed a correct teardown of 600 ms per group).
     let me = b.rank();
     let member_of = (1..GROUP_ROUNDS).map(|_| all.iter().filter(|m| m.contains(&me)).count()).sum::<usize>();
+    let timeout = ctx.timeout / 2;
     let settled = |before: usize| {
-        let until = std::time::Instant::now() + FD_SETTLE;
+        let t0 = std::time::Instant::now();
+        let (mut quiet_until, mut low) = (t0 + FD_SETTLE, usize::MAX);
         loop {
             let now = open_fds();
             match now {
-                Some(n) if n >= before + member_of && std::time::Instant::now() < until => {
+                Some(n) if n >= before + member_of => {
+                    let t = std::time::Instant::now();
+                    if n < low {
+                        (low, quiet_until) = (n, t + FD_SETTLE);
+                    }
+                    if t >= quiet_until || t >= t0 + timeout {
+                        return now;
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(50))
                 }
                 _ => return now,
@@ -477,7 +489,7 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                 &w,
                 format!(
                     "this process held {before} open file descriptors once the first round's groups were dropped, and {now} after \
-                     {} more rounds and {FD_SETTLE:?} to settle, in which it was a member of {member_of} groups, each dropped by \
+                     {} more rounds and {FD_SETTLE:?} without a fall to settle, in which it was a member of {member_of} groups, each dropped by \
                      every rank: the descriptors \
                      grow with every group made and dropped (a dropped group leaves nothing behind; a long job runs out of them: \
                      EMFILE, too many open files)",
@@ -492,9 +504,10 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 /// Rounds of [`groups_each_without_a_rank`]: 3 × 4 groups made from the world.
 const GROUP_ROUNDS: usize = 3;
 
-/// How long `state::groups_each_without_a_rank` lets the descriptors of dropped groups close
-/// (a backend may release them on a thread of its own) before it counts them as kept.
-const FD_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long `state::groups_each_without_a_rank` waits for the descriptors of dropped groups to
+/// close after their count last fell (a backend may release them on a thread of its own)
+/// before it counts them as kept.
+const FD_SETTLE: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// One round of [`groups_each_without_a_rank`]: the four groups made and checked in turn, kept
 /// until the round ends.
