@@ -28,6 +28,16 @@
 //!   ([`crate::stream`]) whose peers of a local failure get `CollectiveError::Aborted` (as shm's
 //!   `peer_failure` gives them), not `Backend`: one named error, never a timeout, nothing aborted,
 //!   the next op runs ([clause: faults.local_failure_named_everywhere] leaves the kind open).
+//!
+//! From review23 (docs/RESULTS.md, "review23"):
+//!
+//! * `legal_review23_slow_teardown` (finding 2): each group holds a socket pair per peer while
+//!   it lives; a dropped group's sockets are closed by one teardown thread per process, one group
+//!   after another, [`TEARDOWN_PER_GROUP`] each (the NCCL backend finalizes and destroys its
+//!   communicators on its progress thread, about half a second each on 2 × H200). Nothing is
+//!   kept per group once the thread reaches it ([clause: failure.usable_after]: the release MAY
+//!   come after the drop returns, as long as it keeps going). The descriptor count of
+//!   `state::groups_each_without_a_rank` failed it at 600 ms per group with a fixed 3 s settle.
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, Buf, Bug, Mutant, Shm};
@@ -73,6 +83,13 @@ pub fn catalogue() -> Vec<Spec> {
             "declares validates_across_ranks = false and has no header exchange: an all_reduce whose shapes differ across \
              ranks ends in a named timeout (its peers' ops never pair), never bad_input",
             &["state::bad_input_100_then_usable::ws2"],
+        ),
+        spec::<SlowTeardown>(
+            "legal_review23_slow_teardown",
+            "(nothing: slow teardown)",
+            "each group holds a socket pair per peer while it lives; one teardown thread per process closes dropped \
+             groups' sockets one group after another, 700 ms each (as NCCL's finalize + destroy on a progress thread)",
+            &["state::groups_each_without_a_rank::ws3"],
         ),
         crate::bugs_stream::legal_spec(
             "legal_review21_stream_peer_aborted",
@@ -289,4 +306,66 @@ impl<const K: u8> Bug for Review<K> {
     // in a counter `outstanding` does not report, so a decomposition over the variant would
     // lose the count its `counted_again` gives back; the fused products fold from +0 anyway).
     fused_on_shm!();
+}
+
+/// [`SlowTeardown`]'s time per dropped group on its teardown thread.
+const TEARDOWN_PER_GROUP: std::time::Duration = std::time::Duration::from_millis(700);
+
+/// A socket pair a group holds for one peer (what a backend's connection to it would be).
+type Channel = (std::os::unix::net::UnixStream, std::os::unix::net::UnixStream);
+
+/// `legal_review23_slow_teardown` (module doc): the world's bug and each group's.
+#[derive(Default)]
+pub struct SlowTeardown {
+    /// This group's channels, one per peer (empty on the world).
+    held: std::sync::Mutex<Vec<Channel>>,
+}
+
+/// The channels `group_made` opened on this rank for the group `child` is about to wrap.
+static OPENED: std::sync::Mutex<Vec<Channel>> = std::sync::Mutex::new(Vec::new());
+
+/// The process's teardown thread: closes each dropped group's channels after
+/// [`TEARDOWN_PER_GROUP`], one group after another.
+fn tear_down_later(group: Vec<Channel>) {
+    static THREAD: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<Channel>>>> = std::sync::OnceLock::new();
+    let tx = THREAD.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Channel>>();
+        std::thread::spawn(move || {
+            while let Ok(group) = rx.recv() {
+                std::thread::sleep(TEARDOWN_PER_GROUP);
+                drop(group);
+            }
+        });
+        std::sync::Mutex::new(tx)
+    });
+    // A send fails only once the thread is gone (the process is exiting): the channels close here.
+    let _ = crate::lock(tx).send(group);
+}
+
+impl Drop for SlowTeardown {
+    fn drop(&mut self) {
+        let held = std::mem::take(&mut *crate::lock(&self.held));
+        if !held.is_empty() {
+            tear_down_later(held);
+        }
+    }
+}
+
+impl Bug for SlowTeardown {
+    fn group_made(&self, _s: &Shm, ranks: &[usize], made: Option<&crate::Group>) -> Result<()> {
+        if made.is_some() {
+            let mut opened = crate::lock(&OPENED);
+            for _ in 1..ranks.len() {
+                opened.push(
+                    std::os::unix::net::UnixStream::pair()
+                        .map_err(|e| CollectiveError::Backend(format!("legal_review23_slow_teardown: socketpair: {e}")))?,
+                );
+            }
+        }
+        Ok(())
+    }
+    fn child(&self) -> Option<Box<dyn Bug>> {
+        let held = std::mem::take(&mut *crate::lock(&OPENED));
+        Some(Box::new(SlowTeardown { held: std::sync::Mutex::new(held) }))
+    }
 }
