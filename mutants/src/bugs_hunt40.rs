@@ -8,7 +8,7 @@
 //! the trigger is kept as far as a wrapper over shm can reproduce it.
 
 use crate::campaign::{spec, Spec};
-use crate::{copy_bytes, Buf, Bug, Shm};
+use crate::{copy_bytes, then_gathered, Buf, Bug, Shm};
 use concord_core::{Backend, CollectiveError, ReduceOp, Result, Tensor, Work};
 use concord_shm::ShmBackend;
 
@@ -68,6 +68,59 @@ impl Bug for RsFragmentRbufNotAdvanced {
             Some(p) => Self::misplace(be, out, Some(p), ws),
             None => Ok(()),
         }))
+    }
+}
+
+// ---------------------------------------------------------------- openucx/ucc PR #770 (bug 1)
+
+/// The split-rail all_reduce that hands its in-place reduce-scatter the wrong buffer (openucx/ucc
+/// PR #770, the same NEWS line, bug 1: "CL HIER split rail algorithm doesn't provide correct
+/// buffer for inplace reduce scatter, it passes original rbuf with stairway patter rank offset").
+/// The split-rail (SRA) all_reduce is an in-place reduce-scatter into the receive buffer, then an
+/// in-place all-gather of each rank's block from `rbuf + rank * block`. Given `rbuf` itself, rank
+/// `q` reduces its block into the buffer's start, and the all-gather then takes, at `q`'s offset,
+/// what was there: rank `q`'s own input for block `q`. Every rank's result has block 0 right and
+/// block `q` (q >= 1) equal to rank `q`'s input. The port's own choice of when CL/HIER takes the
+/// split-rail path: a message of at least [`SRA_MIN`] bytes on 2 ranks or more.
+#[derive(Default)]
+pub struct SplitRailRsWrongBuffer;
+
+/// The smallest all_reduce (bytes) this port sends down the split-rail path.
+const SRA_MIN: usize = 1 << 20;
+
+impl SplitRailRsWrongBuffer {
+    fn taken(s: &Shm, x: &Buf) -> bool {
+        s.ws() >= 2 && s.numel(x) * s.inner.buffer_dtype(x).size() >= SRA_MIN
+    }
+    /// Block `q >= 1` of `t` replaced by rank `q`'s input block (`all`: every rank's input, rank
+    /// `q`'s element `i` at `q * n + i`); the last block takes the remainder.
+    fn stale_blocks(all: &Tensor, t: &mut Tensor, ws: usize) {
+        let (n, es) = (t.numel(), t.dtype().size());
+        let b = n / ws;
+        for q in 1..ws {
+            let start = q * b;
+            let end = if q == ws - 1 { n } else { start + b };
+            copy_bytes(t, start * es, all, (q * n + start) * es, (end - start) * es);
+        }
+    }
+}
+
+impl Bug for SplitRailRsWrongBuffer {
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if !Self::taken(s, x) {
+            return s.inner.all_reduce(x, op);
+        }
+        let ws = s.ws();
+        let gather = s.inner.all_gather_into_tensor(x)?;
+        then_gathered(s, gather, |g| g, || s.inner.all_reduce(x, op), |o| Some(o), move |all, t| Self::stale_blocks(all, t, ws))
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        if !Self::taken(s, x) {
+            return s.inner.all_reduce_(x, op);
+        }
+        let ws = s.ws();
+        let gather = s.inner.all_gather_into_tensor(x)?;
+        then_gathered(s, gather, |g| g, || s.inner.all_reduce_(x, op), |o| Some(o), move |all, t| Self::stale_blocks(all, t, ws))
     }
 }
 
@@ -194,13 +247,19 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_rs_fragment_rbuf_not_advanced",
             "values.sizes",
             "openucx/ucc PR #770: a pipelined reduce_scatter writes every fragment at the start of the output (rbuf never advanced): blocks past scratch/2/N bytes wrong",
-            &["sizes::reduce_scatter_tensor::out::f32::grid::ws16"],
+            &["sizes::reduce_scatter_tensor::f32::n262145::ws2"],
+        ),
+        spec::<SplitRailRsWrongBuffer>(
+            "wild_split_rail_rs_wrong_buffer",
+            "values.reduce",
+            "openucx/ucc PR #770 (bug 1): the split-rail all_reduce gives its in-place reduce-scatter rbuf itself, not rbuf + rank * block: blocks past the first come back as their rank's input",
+            &["all_reduce::out::f32::max::ws2::large"],
         ),
         spec::<AgFragmentKeepsFirstArgs>(
             "wild_ag_fragment_keeps_first_args",
             "values.sizes",
             "openucx/ucc PR #450: pipelined all_gather fragments keep the first fragment's buffer and count: blocks past scratch/2/N bytes repeat their first fragment",
-            &["sizes::all_gather_into_tensor::out::f32::grid::ws16"],
+            &["sizes::all_gather_into_tensor::f32::n262145::ws2"],
         ),
         spec::<AllToAllCountCheckReversed>(
             "wild_alltoallv_count_check_reversed",
