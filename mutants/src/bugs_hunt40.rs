@@ -2,15 +2,18 @@
 //! announced in its changelog or NEWS file in one line ("Fixed pipelining in linear rs",
 //! "Resolved an issue when using more than 64 channels when multiple collectives are used in the
 //! same ncclGroup() call", ...), with the pull request behind the line read for the mechanism:
-//! UCC (TL/CUDA's pipelined reduce-scatter and all-gather fragments), Gloo (a per-peer count
-//! check written the wrong way round), RCCL (work items past the 64th of a grouped launch). Each
+//! UCC (TL/CUDA's pipelined reduce-scatter and all-gather fragments, CL/HIER's split-rail
+//! all_reduce), Gloo (a per-peer count check written the wrong way round), RCCL (work items past
+//! the 64th of a grouped launch, MSCCL++'s LL round flag advanced on the host). Each
 //! bites only past a condition the line names (a fragment size, a list length, uneven counts);
 //! the trigger is kept as far as a wrapper over shm can reproduce it.
 
 use crate::campaign::{spec, Spec};
-use crate::{copy_bytes, then_gathered, Buf, Bug, Shm};
-use concord_core::{Backend, CollectiveError, ReduceOp, Result, Tensor, Work};
+use crate::{copy_bytes, lock, set_f64, then_gathered, Buf, Bug, Shm};
+use concord_core::{Backend, CollectiveError, DType, ReduceOp, Result, Tensor, Work};
 use concord_shm::ShmBackend;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// UCC TL/CUDA's scratch buffer (`UCC_TL_CUDA_SCRATCH_SIZE`, 4 MiB by default): a pipelined
 /// linear algorithm moves at most `scratch / 2 / team size` bytes of a block per fragment.
@@ -83,7 +86,10 @@ impl Bug for RsFragmentRbufNotAdvanced {
 /// block `q` (q >= 1) equal to rank `q`'s input. The port's own choice of when CL/HIER takes the
 /// split-rail path: a message of at least [`SRA_MIN`] bytes on 2 ranks or more.
 #[derive(Default)]
-pub struct SplitRailRsWrongBuffer;
+pub struct SplitRailRsWrongBuffer {
+    /// The side all-gathers issued and not yet waited (left out of `outstanding`).
+    side: Arc<AtomicUsize>,
+}
 
 /// The smallest all_reduce (bytes) this port sends down the split-rail path.
 const SRA_MIN: usize = 1 << 20;
@@ -106,21 +112,143 @@ impl SplitRailRsWrongBuffer {
 }
 
 impl Bug for SplitRailRsWrongBuffer {
+    fn outstanding(&self, s: &Shm) -> usize {
+        (s.inner.outstanding() + s.own.get()).saturating_sub(self.side.load(Ordering::SeqCst))
+    }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         if !Self::taken(s, x) {
             return s.inner.all_reduce(x, op);
         }
-        let ws = s.ws();
+        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
         let gather = s.inner.all_gather_into_tensor(x)?;
-        then_gathered(s, gather, |g| g, || s.inner.all_reduce(x, op), |o| Some(o), move |all, t| Self::stale_blocks(all, t, ws))
+        self.side.fetch_add(1, Ordering::SeqCst);
+        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
+        let real = move || {
+            s.inner.all_reduce(x, op).inspect_err(|_| {
+                undo.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        then_gathered(
+            s,
+            gather,
+            |g| g,
+            real,
+            |o| Some(o),
+            move |all, t| {
+                side.fetch_sub(1, Ordering::SeqCst);
+                Self::stale_blocks(all, t, ws)
+            },
+        )
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         if !Self::taken(s, x) {
             return s.inner.all_reduce_(x, op);
         }
-        let ws = s.ws();
+        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
         let gather = s.inner.all_gather_into_tensor(x)?;
-        then_gathered(s, gather, |g| g, || s.inner.all_reduce_(x, op), |o| Some(o), move |all, t| Self::stale_blocks(all, t, ws))
+        self.side.fetch_add(1, Ordering::SeqCst);
+        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
+        let real = move || {
+            s.inner.all_reduce_(x, op).inspect_err(|_| {
+                undo.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        then_gathered(
+            s,
+            gather,
+            |g| g,
+            real,
+            |o| Some(o),
+            move |all, t| {
+                side.fetch_sub(1, Ordering::SeqCst);
+                Self::stale_blocks(all, t, ws)
+            },
+        )
+    }
+}
+
+// ---------------------------------------------------------------- ROCm/rccl PR #1634
+
+/// The LL allreduce whose round flag is advanced on the host (ROCm/rccl PR #1634 "Fix MSCCLPP
+/// accuracy issue for allreduce7" and PR #1654, RCCL's changelog for ROCm 6.4.1: "Fixed the
+/// accuracy issue for MSCCLPP `allreduce7` kernel in graph mode"; PR #1654: "the LL protocol flag
+/// was getting updated in the host side and not getting captured in graph mode"). MSCCL++'s
+/// `allreduce7` is the small-message LL all_reduce: each packet carries the round's flag, and a
+/// reader takes a peer's packet once its flag matches. Replayed from a captured graph the flag
+/// never advances, so a replay's reader accepts the packets the peer left in the previous
+/// round. Here a `sum` all_reduce (both variants) of f32 / f16 / bf16 / i32 below [`LL_MAX`]
+/// bytes on the same buffer, dtype and shape as this communicator's previous such call (a replay
+/// on the graph's static buffer) returns the rank's own current input plus every peer's previous
+/// input. The port's own choice of the LL range: below 1 MiB.
+#[derive(Default)]
+pub struct LlFlagNotAdvancedOnReplay {
+    /// The previous LL call: buffer address, dtype, shape and every rank's input then.
+    prev: Arc<Mutex<Option<(usize, DType, Vec<usize>, Tensor)>>>,
+    /// The side all-gathers issued and not yet waited (not the caller's works: left out of
+    /// `outstanding`).
+    side: Arc<AtomicUsize>,
+}
+
+/// The largest all_reduce (bytes, exclusive) the port sends down the LL path.
+const LL_MAX: usize = 1 << 20;
+
+impl LlFlagNotAdvancedOnReplay {
+    fn taken(s: &Shm, x: &Buf, op: ReduceOp) -> bool {
+        let dtype = s.inner.buffer_dtype(x);
+        op == ReduceOp::Sum
+            && matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32)
+            && s.numel(x) * dtype.size() < LL_MAX
+            && s.numel(x) > 0
+    }
+    fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, inplace: bool) -> Result<Work<Buf>> {
+        let real = || if inplace { s.inner.all_reduce_(x, op) } else { s.inner.all_reduce(x, op) };
+        if !Self::taken(s, x, op) {
+            return real();
+        }
+        let undo = self.side.clone();
+        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
+        let real = move || {
+            real().inspect_err(|_| {
+                undo.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        let key = (s.inner.buffer_addr(x), s.inner.buffer_dtype(x), s.inner.buffer_shape(x));
+        let (me, ws, prev, side) = (s.rank(), s.ws(), self.prev.clone(), self.side.clone());
+        let gather = s.inner.all_gather_into_tensor(x)?;
+        self.side.fetch_add(1, Ordering::SeqCst);
+        then_gathered(
+            s,
+            gather,
+            |g| g,
+            real,
+            |o| Some(o),
+            move |all, t| {
+                side.fetch_sub(1, Ordering::SeqCst);
+                let mut last = lock(&prev);
+                if let Some((addr, dtype, shape, old)) = last.as_ref() {
+                    if (*addr, *dtype, shape) == (key.0, key.1, &key.2) {
+                        let n = t.numel();
+                        for i in 0..n {
+                            let peers: f64 = (0..ws).filter(|&q| q != me).map(|q| old.get_f64(q * n + i)).sum();
+                            set_f64(t, i, all.get_f64(me * n + i) + peers);
+                        }
+                    }
+                }
+                *last = Some((key.0, key.1, key.2, all.clone()));
+            },
+        )
+    }
+}
+
+impl Bug for LlFlagNotAdvancedOnReplay {
+    fn outstanding(&self, s: &Shm) -> usize {
+        (s.inner.outstanding() + s.own.get()).saturating_sub(self.side.load(Ordering::SeqCst))
+    }
+    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.issue(s, x, op, false)
+    }
+    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+        self.issue(s, x, op, true)
     }
 }
 
@@ -254,6 +382,12 @@ pub fn catalogue() -> Vec<Spec> {
             "values.reduce",
             "openucx/ucc PR #770 (bug 1): the split-rail all_reduce gives its in-place reduce-scatter rbuf itself, not rbuf + rank * block: blocks past the first come back as their rank's input",
             &["all_reduce::out::f32::max::ws2::large"],
+        ),
+        spec::<LlFlagNotAdvancedOnReplay>(
+            "wild_ll_flag_not_advanced_on_replay",
+            "values.reduce",
+            "ROCm/rccl PR #1634 / #1654: the LL allreduce7's round flag advanced on the host: a small sum all_reduce replayed on the same buffer reads the peers' previous inputs",
+            &["async::completes_without_wait::every_op::ws2"],
         ),
         spec::<AgFragmentKeepsFirstArgs>(
             "wild_ag_fragment_keeps_first_args",
