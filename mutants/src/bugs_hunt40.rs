@@ -180,10 +180,13 @@ impl Bug for SplitRailRsWrongBuffer {
 /// bytes on the same buffer, dtype and shape as this communicator's previous such call (a replay
 /// on the graph's static buffer) returns the rank's own current input plus every peer's previous
 /// input. The port's own choice of the LL range: below 1 MiB.
+/// An LL call as the next one sees it: buffer address, dtype, shape and every rank's input.
+type LlRound = (usize, DType, Vec<usize>, Tensor);
+
 #[derive(Default)]
 pub struct LlFlagNotAdvancedOnReplay {
-    /// The previous LL call: buffer address, dtype, shape and every rank's input then.
-    prev: Arc<Mutex<Option<(usize, DType, Vec<usize>, Tensor)>>>,
+    /// The previous LL call on this communicator.
+    prev: Arc<Mutex<Option<LlRound>>>,
     /// The side all-gathers issued and not yet waited (not the caller's works: left out of
     /// `outstanding`).
     side: Arc<AtomicUsize>,
