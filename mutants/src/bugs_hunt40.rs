@@ -15,8 +15,9 @@ use concord_shm::ShmBackend;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// UCC TL/CUDA's scratch buffer (`UCC_TL_CUDA_SCRATCH_SIZE`, 4 MiB by default): a pipelined
-/// linear algorithm moves at most `scratch / 2 / team size` bytes of a block per fragment.
+/// TL/CUDA's scratch buffer as this port sizes it (`UCC_TL_CUDA_SCRATCH_SIZE`; 4 MiB is the
+/// port's choice, not a checked default): a pipelined linear algorithm moves at most
+/// `scratch / 2 / team size` bytes of a block per fragment (`max_frag_size` of PR #669's comment).
 const SCRATCH: usize = 4 << 20;
 
 /// The fragment size in bytes of a pipelined TL/CUDA schedule on `ws` ranks, whole elements.
