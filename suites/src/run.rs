@@ -137,6 +137,7 @@ pub(crate) fn init_state<B: Backend>(
     prefix: &str,
     cases: fn() -> Vec<Case<B>>,
 ) -> Result<WorkerState<B>, SetupError> {
+    crate::case::set_world(world.rank, world.world_size);
     let store = Store::open(&world.store_path, world.world_size, world.op_timeout)
         .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
     let backend = match B::init(&world) {
@@ -284,14 +285,9 @@ fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case
     }
     let what: Vec<String> = leaked.iter().map(|(c, n)| format!("{n} on the {c}")).collect();
     Some(format!(
-        "backend={} op={} variant={} dtype={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
-         count as outstanding only until it is waited or dropped (leaked works)",
-        crate::case::backend_label(b),
-        meta.op,
-        meta.variant,
-        if meta.dtype.is_empty() { "-" } else { &meta.dtype },
-        b.world_size(),
-        b.rank(),
+        "{}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must count as outstanding only \
+         until it is waited or dropped (leaked works)",
+        crate::case::case_axes(&crate::case::backend_label(b), meta, b.world_size(), b.rank()),
         what.join(", ")
     ))
 }
@@ -372,18 +368,9 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
 }
 
 /// The case's axes as a failure's `where` line: `backend= op= variant= dtype= world_size= rank=`
-/// (`-` for an axis the case does not have).
+/// (`-` for an axis the case does not have), [`crate::case::case_axes`].
 fn case_axes(entry: &BackendEntry, case: &CaseInfo, rank: usize) -> String {
-    let m = &case.meta;
-    let or_dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
-    format!(
-        "backend={} op={} variant={} dtype={} world_size={} rank={rank}",
-        entry.name,
-        or_dash(&m.op),
-        or_dash(&m.variant),
-        or_dash(&m.dtype),
-        case.world_size
-    )
+    crate::case::case_axes(&entry.name, &case.meta, case.world_size, rank)
 }
 
 /// The command line of a conformance binary: libtest's arguments (so `cargo test`, nextest and
