@@ -354,3 +354,40 @@ pub(crate) fn to_outcome(r: CaseResult) -> Outcome {
         Err(CaseEnd::Skip(m)) => Outcome::Skipped(m),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_label_writes_the_op_kind_not_the_method() {
+        for (method, op) in [
+            ("all_reduce_", "all_reduce"),
+            ("all_reduce_coalesced", "all_reduce"),
+            ("all_reduce_coalesced_", "all_reduce"),
+            ("reduce_scatter_tensor_out", "reduce_scatter_tensor"),
+            ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor"),
+            ("all_gather_into_tensor_out", "all_gather_into_tensor"),
+            ("broadcast_", "broadcast"),
+            ("send_recv", "send_recv"),
+            ("new_group", "new_group"),
+            ("fused_all_gather_matmul", "fused_all_gather_matmul"),
+        ] {
+            assert_eq!(op_label(method), op, "{method}");
+        }
+    }
+
+    /// The where-line of a verdict the runner reached (a timeout, a crash) or of the quiescence
+    /// check, from a case's meta: a bad-input row's meta names the row (the report's line); the
+    /// line names the call it makes. (The parent process has no world: no group note.)
+    #[test]
+    fn case_axes_name_a_bad_input_rows_call() {
+        let row =
+            CaseMeta { suite: "bad_input".into(), op: "all_reduce_shape_mismatch".into(), variant: "-".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &row, 2, 1), "backend=shm op=all_reduce variant=out dtype=f32 world_size=2 rank=1");
+        let p2p = CaseMeta { suite: "bad_input".into(), op: "send_recv_dtype_mismatch".into(), variant: "-".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &p2p, 2, 0), "backend=shm op=send_recv variant=outbuf dtype=f32 (recv i32) world_size=2 rank=0");
+        let faults = CaseMeta { suite: "faults".into(), op: "all_reduce_".into(), variant: "inplace".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &faults, 4, 3), "backend=shm op=all_reduce variant=inplace dtype=- world_size=4 rank=3");
+    }
+}
