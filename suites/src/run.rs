@@ -2,7 +2,7 @@
 //! libtest-mimic test binary (`cargo test`, `cargo nextest run`: one trial per case) or in
 //! conformance mode (`--report DIR`: every case, a progress bar, a report, a closing line).
 
-use crate::case::{to_outcome, Case, CaseMeta, Ctx, Load};
+use crate::case::{to_outcome, Case, CaseEnd, CaseMeta, Ctx, Load};
 use crate::report::{CaseRecord, Report};
 use concord_core::{Backend, CollectiveError};
 use concord_harness::outcome::Outcome;
@@ -145,7 +145,14 @@ pub(crate) fn init_state<B: Backend>(
         // A declared gap (say, a world larger than the backend supports): UNSUPPORTED, unless
         // the backend declares it runs worlds of this size.
         Err(CollectiveError::Unsupported(why)) => return Err(refused_world::<B>(&world, why)),
-        Err(e) => return Err(SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank))),
+        Err(e) => {
+            return Err(SetupError::Failed(format!(
+                "rank {}: {}: backend init failed: {e} [{}]",
+                world.rank,
+                crate::case::axes(prefix, "init", "-", "-", world.world_size, world.rank),
+                e.name()
+            )))
+        }
     };
     // [clause: init.rank_is_the_launchers] The communicator's rank and size are the launcher's:
     // the harness's fixtures, oracle and verdicts are per launcher rank, and so is a job's data.
@@ -247,6 +254,16 @@ pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Ou
             return Outcome::Failed(m);
         }
     }
+    // A failure no check wrote a where-line for (a collective error passed up with `?`, whose
+    // `From` knows nothing of the case): the case's axes on this rank, so it too names backend,
+    // op, variant, dtype, world size and rank.
+    let result = result.map_err(|e| match e {
+        CaseEnd::Fail(m) if !m.contains("backend=") => {
+            let b = &st.backend;
+            CaseEnd::Fail(format!("{}: {m}", crate::case::case_axes(&crate::case::backend_label(b), &case.meta, b.world_size(), b.rank())))
+        }
+        e => e,
+    });
     to_outcome(result)
 }
 
