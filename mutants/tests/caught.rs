@@ -14,6 +14,67 @@ use concord_mutants::campaign::{self, run_mutant, run_mutant_in, CaseIds, Spec};
 use concord_suites::case::Load;
 use std::sync::OnceLock;
 
+/// Mutants whose catching message is a snapshot (`tests/snapshots/<name>.snap`, insta), one per
+/// kind of failure whose wording audit1 mended, so a change of what a failure says is reviewed:
+/// its head (the case, the backend, the world size), the runner's where-line if any, the
+/// culprit's line (the first failure: backend, op, variant, dtype, world size, rank, and for
+/// values the first bad index with got / expected) and the rerun line. Run-to-run details
+/// (pids, world ids, milliseconds) are redacted; the bystanders' lines and stderr tails are left
+/// out (their order and timing vary).
+const MESSAGES: &[&str] = &[
+    // a value mismatch of an in-place op: `op=all_reduce variant=inplace`, not the method name
+    "inplace_all_reduce_flushes_subnormals",
+    // a value mismatch on a subgroup: the group's rank and size, then the world's
+    "group_root_is_world_rank",
+    // an ordering check on a subgroup (a barrier completed early)
+    "subgroup_barrier_at_once",
+    // a wrong error kind (bad input accepted) on a subgroup
+    "review10_subgroup_rooted_ops_group_fallback",
+    // a resource check (works left counted) on a bad-input row: the row's call, not its name
+    "failed_works_stay_counted",
+];
+
+/// The lines of `message` a [`MESSAGES`] snapshot keeps, redacted.
+fn snapshot_text(message: &str) -> String {
+    let lines: Vec<&str> = message.lines().collect();
+    let mut keep = Vec::new();
+    keep.extend(lines.first().copied());
+    keep.extend(lines.iter().copied().find(|l| l.starts_with("  backend=")));
+    keep.extend(lines.iter().copied().find(|l| l.starts_with("  rank ")));
+    keep.extend(lines.iter().copied().find(|l| l.trim_start().starts_with("rerun:")));
+    let mut out = String::new();
+    for l in keep {
+        out.push_str(&redact(l));
+        out.push('\n');
+    }
+    out
+}
+
+/// `pid N`, `(world ID)` and `after N ms` replaced by placeholders (as `harness/tests/runner.rs`
+/// redacts its snapshots).
+fn redact(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while !rest.is_empty() {
+        let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+        let (take, with) = if let Some(r) = rest.strip_prefix("pid ").filter(|r| digits(r) > 0) {
+            (4 + digits(r), "pid [PID]")
+        } else if let Some(r) = rest.strip_prefix("after ").filter(|r| digits(r) > 0 && r[digits(r)..].starts_with(" ms")) {
+            (6 + digits(r) + 3, "after [N] ms")
+        } else if let Some(n) = rest.strip_prefix("(world p").and_then(|r| r.find(')')).filter(|_| rest.len() > 8) {
+            (8 + n + 1, "(world [WORLD])")
+        } else {
+            let c = rest.chars().next().expect("not empty");
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        };
+        out.push_str(with);
+        rest = &rest[take..];
+    }
+    out
+}
+
 /// Mutants whose catching failure must be a rank's typed check (`reported`).
 const REPORTED: &[&str] = &[
     "sum_is_max_f32",
@@ -565,6 +626,12 @@ fn main() {
                 return Err(
                     format!("{name}: {} failed, but not by a reported check: {:?}\n{}", catch.case, catch.kinds, catch.message).into()
                 );
+            }
+            if MESSAGES.contains(&name) {
+                let mut settings = insta::Settings::clone_current();
+                settings.set_prepend_module_to_snapshot(false);
+                settings.set_snapshot_path("snapshots");
+                settings.bind(|| insta::assert_snapshot!(name, snapshot_text(&catch.message)));
             }
             Ok(())
         }));

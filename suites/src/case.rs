@@ -137,6 +137,63 @@ pub(crate) fn set_registered_name(name: &str) {
     let _ = REGISTERED_NAME.set(name.to_string());
 }
 
+static WORLD: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
+/// Called once per worker by `run::init_state`: this process's rank and world size in its world,
+/// for [`axes`] to tell a subgroup communicator's rank and size from the world's.
+pub(crate) fn set_world(rank: usize, world_size: usize) {
+    let _ = WORLD.set((rank, world_size));
+}
+
+/// The op as a failure's `op=` writes it: the [`concord_core::OpKind`] name, never the `Backend`
+/// method that issued it (`all_reduce_`, `all_reduce_coalesced_`, `reduce_scatter_tensor_out`: the
+/// `variant=` says in place, coalesced or into a given buffer), so one grep finds every failure of
+/// an op. A name that is no method of an op is written as it is.
+pub fn op_label(op: &str) -> &str {
+    let base = op.trim_end_matches('_');
+    let base = base.strip_suffix("_coalesced").or_else(|| base.strip_suffix("_out")).unwrap_or(base);
+    if concord_core::OpKind::from_name(base).is_some() {
+        base
+    } else {
+        op
+    }
+}
+
+/// The where-line that opens every failure message: `backend= op= variant= dtype= world_size=
+/// rank=` (the brief's rule: a failure names them all; `-` for an axis the call does not have).
+/// The one builder of it: hand-written checks through [`crate::suites::util::here`], the value
+/// check through `values::where_str`, the quiescence check and the runner's verdicts (a timeout, a
+/// crash) through `run::case_axes`. `op` is written as [`op_label`] writes it. When `rank` and
+/// `world_size` are not this process's in its world (a check on a subgroup communicator, whose
+/// `rank` and `world_size` are the group's), the world's follow, so a reader never takes a group
+/// rank for a world rank.
+pub fn axes(backend: &str, op: &str, variant: &str, dtype: &str, world_size: usize, rank: usize) -> String {
+    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    let mut s = format!(
+        "backend={backend} op={} variant={} dtype={} world_size={world_size} rank={rank}",
+        dash(op_label(op)),
+        dash(variant),
+        dash(dtype)
+    );
+    if let Some(&(wr, wws)) = WORLD.get().filter(|&&w| w != (rank, world_size)) {
+        s.push_str(&format!(" (on a group: world_size and rank are the group's; world_rank={wr} world_world_size={wws})"));
+    }
+    s
+}
+
+/// [`axes`] of a case from its meta alone (a verdict the runner reached, the quiescence check: no
+/// check wrote a where-line): its op, variant and dtype; a bad-input row, whose meta names the row
+/// (the report's line), by the call it makes (`bad_input::call_of`).
+pub fn case_axes(backend: &str, meta: &CaseMeta, world_size: usize, rank: usize) -> String {
+    if meta.suite == "bad_input" && concord_core::OpKind::from_name(op_label(&meta.op)).is_none() {
+        let (op, variant, dtype) = crate::suites::bad_input::call_of(&meta.op);
+        if op != "-" {
+            return axes(backend, op, variant, dtype, world_size, rank);
+        }
+    }
+    axes(backend, &meta.op, &meta.variant, &meta.dtype, world_size, rank)
+}
+
 /// The backend's name as failure messages write it (`backend=<name>`): the name it is registered
 /// under — the prefix of every case id and the name in the report — so messages, ids and report
 /// agree even when `Backend::name()` says something else (a wrapper reporting its inner
@@ -295,5 +352,42 @@ pub(crate) fn to_outcome(r: CaseResult) -> Outcome {
         Err(CaseEnd::Fail(m)) => Outcome::Failed(m),
         Err(CaseEnd::Unsupported(m)) => Outcome::Unsupported(m),
         Err(CaseEnd::Skip(m)) => Outcome::Skipped(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_label_writes_the_op_kind_not_the_method() {
+        for (method, op) in [
+            ("all_reduce_", "all_reduce"),
+            ("all_reduce_coalesced", "all_reduce"),
+            ("all_reduce_coalesced_", "all_reduce"),
+            ("reduce_scatter_tensor_out", "reduce_scatter_tensor"),
+            ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor"),
+            ("all_gather_into_tensor_out", "all_gather_into_tensor"),
+            ("broadcast_", "broadcast"),
+            ("send_recv", "send_recv"),
+            ("new_group", "new_group"),
+            ("fused_all_gather_matmul", "fused_all_gather_matmul"),
+        ] {
+            assert_eq!(op_label(method), op, "{method}");
+        }
+    }
+
+    /// The where-line of a verdict the runner reached (a timeout, a crash) or of the quiescence
+    /// check, from a case's meta: a bad-input row's meta names the row (the report's line); the
+    /// line names the call it makes. (The parent process has no world: no group note.)
+    #[test]
+    fn case_axes_name_a_bad_input_rows_call() {
+        let row =
+            CaseMeta { suite: "bad_input".into(), op: "all_reduce_shape_mismatch".into(), variant: "-".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &row, 2, 1), "backend=shm op=all_reduce variant=out dtype=f32 world_size=2 rank=1");
+        let p2p = CaseMeta { suite: "bad_input".into(), op: "send_recv_dtype_mismatch".into(), variant: "-".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &p2p, 2, 0), "backend=shm op=send_recv variant=outbuf dtype=f32 (recv i32) world_size=2 rank=0");
+        let faults = CaseMeta { suite: "faults".into(), op: "all_reduce_".into(), variant: "inplace".into(), ..CaseMeta::default() };
+        assert_eq!(case_axes("shm", &faults, 4, 3), "backend=shm op=all_reduce variant=inplace dtype=- world_size=4 rank=3");
     }
 }

@@ -2,7 +2,7 @@
 //! libtest-mimic test binary (`cargo test`, `cargo nextest run`: one trial per case) or in
 //! conformance mode (`--report DIR`: every case, a progress bar, a report, a closing line).
 
-use crate::case::{to_outcome, Case, CaseMeta, Ctx, Load};
+use crate::case::{to_outcome, Case, CaseEnd, CaseMeta, Ctx, Load};
 use crate::report::{CaseRecord, Report};
 use concord_core::{Backend, CollectiveError};
 use concord_harness::outcome::Outcome;
@@ -137,6 +137,7 @@ pub(crate) fn init_state<B: Backend>(
     prefix: &str,
     cases: fn() -> Vec<Case<B>>,
 ) -> Result<WorkerState<B>, SetupError> {
+    crate::case::set_world(world.rank, world.world_size);
     let store = Store::open(&world.store_path, world.world_size, world.op_timeout)
         .map_err(|e| SetupError::Failed(format!("rank {}: cannot open the world's store: {e}", world.rank)))?;
     let backend = match B::init(&world) {
@@ -144,7 +145,14 @@ pub(crate) fn init_state<B: Backend>(
         // A declared gap (say, a world larger than the backend supports): UNSUPPORTED, unless
         // the backend declares it runs worlds of this size.
         Err(CollectiveError::Unsupported(why)) => return Err(refused_world::<B>(&world, why)),
-        Err(e) => return Err(SetupError::Failed(format!("rank {}: backend init failed: {e}", world.rank))),
+        Err(e) => {
+            return Err(SetupError::Failed(format!(
+                "rank {}: {}: backend init failed: {e} [{}]",
+                world.rank,
+                crate::case::axes(prefix, "init", "-", "-", world.world_size, world.rank),
+                e.name()
+            )))
+        }
     };
     // [clause: init.rank_is_the_launchers] The communicator's rank and size are the launcher's:
     // the harness's fixtures, oracle and verdicts are per launcher rank, and so is a job's data.
@@ -246,6 +254,16 @@ pub(crate) fn run_body<B: Backend>(st: &mut WorkerState<B>, case_id: &str) -> Ou
             return Outcome::Failed(m);
         }
     }
+    // A failure no check wrote a where-line for (a collective error passed up with `?`, whose
+    // `From` knows nothing of the case): the case's axes on this rank, so it too names backend,
+    // op, variant, dtype, world size and rank.
+    let result = result.map_err(|e| match e {
+        CaseEnd::Fail(m) if !m.contains("backend=") => {
+            let b = &st.backend;
+            CaseEnd::Fail(format!("{}: {m}", crate::case::case_axes(&crate::case::backend_label(b), &case.meta, b.world_size(), b.rank())))
+        }
+        e => e,
+    });
     to_outcome(result)
 }
 
@@ -284,14 +302,9 @@ fn leaked_works<B: Backend>(b: &B, groups: &HashMap<Vec<usize>, Option<B>>, case
     }
     let what: Vec<String> = leaked.iter().map(|(c, n)| format!("{n} on the {c}")).collect();
     Some(format!(
-        "backend={} op={} variant={} dtype={} world_size={} rank={}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must \
-         count as outstanding only until it is waited or dropped (leaked works)",
-        crate::case::backend_label(b),
-        meta.op,
-        meta.variant,
-        if meta.dtype.is_empty() { "-" } else { &meta.dtype },
-        b.world_size(),
-        b.rank(),
+        "{}: quiescence: case {case_id} returned with outstanding() > 0 ({}): every issued work must count as outstanding only \
+         until it is waited or dropped (leaked works)",
+        crate::case::case_axes(&crate::case::backend_label(b), meta, b.world_size(), b.rank()),
         what.join(", ")
     ))
 }
@@ -372,18 +385,9 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
 }
 
 /// The case's axes as a failure's `where` line: `backend= op= variant= dtype= world_size= rank=`
-/// (`-` for an axis the case does not have).
+/// (`-` for an axis the case does not have), [`crate::case::case_axes`].
 fn case_axes(entry: &BackendEntry, case: &CaseInfo, rank: usize) -> String {
-    let m = &case.meta;
-    let or_dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
-    format!(
-        "backend={} op={} variant={} dtype={} world_size={} rank={rank}",
-        entry.name,
-        or_dash(&m.op),
-        or_dash(&m.variant),
-        or_dash(&m.dtype),
-        case.world_size
-    )
+    crate::case::case_axes(&entry.name, &case.meta, case.world_size, rank)
 }
 
 /// The command line of a conformance binary: libtest's arguments (so `cargo test`, nextest and

@@ -49,16 +49,9 @@ impl ValueSpec {
 
 /// Where a check happened: everything a reader needs to find and rerun the failing case.
 pub(crate) fn where_str<B: Backend>(b: &B, spec: &ValueSpec, label: &str, shapes: &[Vec<usize>]) -> String {
-    let mut s = format!(
-        "backend={} op={} variant={} dtype={} reduce={} world_size={} rank={}",
-        crate::case::backend_label(b),
-        spec.op,
-        spec.variant,
-        spec.dtype,
-        spec.reduce.map(|r| r.name()).unwrap_or("-"),
-        b.world_size(),
-        b.rank()
-    );
+    let mut s =
+        crate::case::axes(&crate::case::backend_label(b), spec.op.name(), spec.variant.name(), spec.dtype.name(), b.world_size(), b.rank());
+    let _ = write!(s, " reduce={}", spec.reduce.map(|r| r.name()).unwrap_or("-"));
     if !label.is_empty() {
         let _ = write!(s, " {label}");
     }

@@ -355,7 +355,7 @@ fn row_gap(caps: &concord_core::Capabilities, name: &str) -> Option<String> {
 }
 
 /// The (op, variant, dtype) a table row calls, from its name (the rows are named after the call).
-fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
+pub(crate) fn call_of(name: &str) -> (&'static str, &'static str, &'static str) {
     const OPS: [(&str, &str); 15] = [
         ("all_reduce_coalesced", "all_reduce"),
         ("all_reduce", "all_reduce"),
@@ -535,16 +535,10 @@ fn subgroup_rooted<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     if !caps.subgroups {
         return Err(CaseEnd::Unsupported("declared gap: subgroups = false (the case runs on a subgroup)".into()));
     }
-    let world_rank = b.rank();
     let Some(g) = super::util::member_group(b, &GROUP)? else { return Ok(()) };
     let (gs, m) = (g.world_size(), g.rank());
     let at = |op: &str, what: &str| {
-        format!(
-            "backend={} op={op} variant=out dtype=f32 bad_input={what} group={GROUP:?} group_size={gs} group_rank={m} world_size={} \
-             world_rank={world_rank}",
-            crate::case::backend_label(b),
-            b.world_size()
-        )
+        format!("{} bad_input={what} group={GROUP:?}", crate::case::axes(&crate::case::backend_label(b), op, "out", "f32", gs, m))
     };
     let expect_kind = |w: &str, r: Result<(), CollectiveError>, want: K| match r {
         Ok(()) => Err(fail(w, format!("accepted and completed; expected bad_input:{} on every member", want.name()))),

@@ -157,13 +157,21 @@ impl FusedSpec {
         self.call.scaling().map_or(self.dtype, |s| s.out_dtype)
     }
 
+    fn variant(&self) -> &'static str {
+        if self.call.scaling().is_some() {
+            "scaled"
+        } else {
+            "out"
+        }
+    }
+
+    /// What the call is beside the where-line's axes: its dim and operand shapes.
     fn describe(&self) -> String {
         let dim = match &self.call {
             FusedCall::AllGatherMatmul { dim, .. } | FusedCall::MatmulReduceScatter { dim, .. } => format!("dim={dim}"),
             _ => "dim=0".into(),
         };
-        let variant = if self.call.scaling().is_some() { "scaled" } else { "out" };
-        format!("op={} variant={variant} {dim} dtype={} a={:?} b={:?}", self.call.name(), self.dtype, self.a_shape, self.b_shapes)
+        format!("{dim} a={:?} b={:?}", self.a_shape, self.b_shapes)
     }
 }
 
@@ -261,7 +269,7 @@ fn issue_keep<B: Backend>(
 }
 
 fn where_of(backend: &str, spec: &FusedSpec, ws: usize, rank: usize) -> String {
-    format!("backend={backend} {} world_size={ws} rank={rank}", spec.describe())
+    format!("{} {}", crate::case::axes(backend, spec.call.name(), spec.variant(), spec.dtype.name(), ws, rank), spec.describe())
 }
 
 /// Checks one rank's outputs against the oracle's (non-generic).
@@ -673,13 +681,13 @@ fn group_grid<B: Backend>(
         if !ctx.b.capabilities().subgroups {
             return Err(CaseEnd::Unsupported("backend declares no subgroup support".into()));
         }
-        let (me, timeout) = (ctx.rank(), ctx.timeout);
+        let timeout = ctx.timeout;
         for (li, (lay, groups)) in GROUP_LAYOUTS.iter().enumerate() {
             let mine = ctx.layout(groups)?;
             for k in 0..levels {
                 let sd = seed.wrapping_add((li * 8 + k) as u64);
                 for (g, sub) in &mine {
-                    on_group(*sub, g, lay, &spec_for(k, g.len()), sd, (me, ws), timeout)?;
+                    on_group(*sub, g, lay, &spec_for(k, g.len()), sd, timeout)?;
                 }
             }
         }
@@ -724,22 +732,11 @@ fn group_dim1_case<B: Backend>(ag: bool) -> Case<B> {
 }
 
 /// One fused call on the subgroup `sub` (members `g`, of layout `lay`), checked against the
-/// oracle for the GROUP's ranks (`world`: this rank's world rank and the world size).
-fn on_group<B: Backend>(
-    sub: &B,
-    g: &[usize],
-    lay: &str,
-    spec: &FusedSpec,
-    sd: u64,
-    world: (usize, usize),
-    timeout: std::time::Duration,
-) -> CaseResult {
-    let (n, grank, (me, ws)) = (g.len(), sub.rank(), world);
+/// oracle for the GROUP's ranks (the where-line names the world rank too, `case::axes`).
+fn on_group<B: Backend>(sub: &B, g: &[usize], lay: &str, spec: &FusedSpec, sd: u64, timeout: std::time::Duration) -> CaseResult {
+    let (n, grank) = (g.len(), sub.rank());
     let caps = sub.capabilities();
-    let where_ = format!(
-        "{} (layout {lay}, group {g:?}: world_size and rank are the group's; world rank {me} of {ws})",
-        where_of(&backend_label(sub), spec, n, grank)
-    );
+    let where_ = format!("{} (layout {lay}, group {g:?})", where_of(&backend_label(sub), spec, n, grank));
     let exp = expected_for(spec, &caps, sd, n, grank);
     let got = issue(sub, &spec.call, &spec.inputs(grank, sd), timeout, &where_)?;
     check(spec, &caps, &exp, n, grank, got, &where_)

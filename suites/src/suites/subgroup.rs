@@ -190,7 +190,7 @@ pub fn same_members_two_orders<B: Backend>() -> Case<B> {
                     g.len()
                 )));
             }
-            let label = format!("(group {g:?}, made beside a group of the same ranks in the other order: rank and world_size above are in the group) world_rank={me} world_world_size={ws}");
+            let label = format!("(group {g:?}, made beside a group of the same ranks in the other order)");
             values::run(sub, &spec, group_seed(seed, &g), timeout, &label)?;
         }
         Ok(())
@@ -233,16 +233,14 @@ pub fn subgroup_case_at<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usiz
                 (None, false) => {}
                 (Some(_), false) => {
                     return Err(CaseEnd::Fail(format!(
-                        "backend={} rank={me} world_size={}: new_group({g:?}) returned a communicator to a non-member",
-                        crate::case::backend_label(ctx.b),
-                        ctx.world_size()
+                        "{}: new_group({g:?}) returned a communicator to a non-member",
+                        crate::case::axes(&crate::case::backend_label(ctx.b), "new_group", "-", "-", ctx.world_size(), me)
                     )))
                 }
                 (None, true) => {
                     return Err(CaseEnd::Fail(format!(
-                        "backend={} rank={me} world_size={}: new_group({g:?}) returned nothing to a member",
-                        crate::case::backend_label(ctx.b),
-                        ctx.world_size()
+                        "{}: new_group({g:?}) returned nothing to a member",
+                        crate::case::axes(&crate::case::backend_label(ctx.b), "new_group", "-", "-", ctx.world_size(), me)
                     )))
                 }
             }
@@ -259,8 +257,8 @@ pub fn subgroup_case_at<B: Backend>(lay: &'static str, spec: ValueSpec, ws: usiz
                 g.len()
             )));
         }
-        // `rank=` and `world_size=` in the message are the group's; say so, with the world's.
-        let label = format!("(group {lay}{g:?}: rank and world_size above are in the group) world_rank={me} world_world_size={world_ws}");
+        // `rank=` and `world_size=` in the message are the group's: `case::axes` says so, with the world's.
+        let label = format!("(group {lay}{g:?})");
         let seed = group_seed(seed, &g);
         for &root in &roots {
             let Some(r) = root else {

@@ -44,14 +44,10 @@ pub fn communicators_in_any_order<B: Backend>(b: &B) -> Result<(), CaseEnd> {
     }
 }
 
-/// `backend=.. world_size=.. rank=..` for messages of hand-written cases.
+/// `backend= op= variant= dtype= world_size= rank=` for messages of hand-written cases, on the
+/// communicator `b` ([`crate::case::axes`]: on a subgroup, the world rank and size follow).
 pub fn here<B: Backend>(b: &B, op: &str, variant: &str, dtype: DType) -> String {
-    format!(
-        "backend={} op={op} variant={variant} dtype={dtype} world_size={} rank={}",
-        crate::case::backend_label(b),
-        b.world_size(),
-        b.rank()
-    )
+    crate::case::axes(&crate::case::backend_label(b), op, variant, dtype.name(), b.world_size(), b.rank())
 }
 
 /// A tensor of `shape` filled with `v`.

@@ -78,10 +78,7 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>, outer: &[usize], inner: &[usize]) ->
         }
         (None, Some(pos)) => return Err(fail(&w0, format!("nested group returned nothing, expected rank {pos} of {}", world.len()))),
     };
-    let w = format!(
-        "{} (nested group {inner:?} of outer {outer:?}: rank and world_size above are in the nested group) world_rank={me}",
-        here(&h, "all_gather_into_tensor", "out", DType::F32)
-    );
+    let w = format!("{} (nested group {inner:?} of outer {outer:?})", here(&h, "all_gather_into_tensor", "out", DType::F32));
     let x = h.upload(&Tensor::from_f64(DType::F32, &[1], &[me as f64])).map_err(|e| named(&w, "upload", e))?;
     let got = h.all_gather_into_tensor(&x).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| named(&w, "all_gather", e))?;
     let expected = Tensor::from_f64(DType::F32, &[world.len()], &world.iter().map(|&r| r as f64).collect::<Vec<_>>());
@@ -91,7 +88,7 @@ fn nested<B: Backend>(ctx: &mut Ctx<'_, B>, outer: &[usize], inner: &[usize]) ->
     }
     let last = world.len() - 1;
     let w = format!(
-        "{} (nested group {inner:?} of outer {outer:?}, group rank {last} sends to group rank 0) world_rank={me}",
+        "{} (nested group {inner:?} of outer {outer:?}, group rank {last} sends to group rank 0)",
         here(&h, "send_recv", "outbuf", DType::F32)
     );
     if h.rank() == last {

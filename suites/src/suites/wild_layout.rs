@@ -83,7 +83,7 @@ fn empty_out_at_input_address<B: Backend>(ctx: &mut Ctx<'_, B>, op: OpKind) -> C
     let w = format!(
         "{}{} (input and output: empty views of one {PARENT}-element parent, both at element {AT}, so at one address)",
         here(b, &format!("{}_out", op.name()), "outbuf", DType::F32),
-        reduce.map(|r| format!(" reduce={r:?}")).unwrap_or_default()
+        reduce.map(|r| format!(" reduce={}", r.name())).unwrap_or_default()
     );
     let named = |what: &str, e: concord_core::CollectiveError| fail(&w, format!("{what}: {e} [{}]", e.name()));
     let guard: Vec<f64> = (0..PARENT).map(|i| 1000.0 + (10 * b.rank() + i) as f64).collect();
