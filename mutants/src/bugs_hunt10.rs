@@ -352,9 +352,9 @@ impl Bug for AgMatmulLatePeerMisplaced {
 // ---------------------------------------------------------------- p2p.order
 
 /// How often the send engine retries its parked sends. 500 ms (a backoff, not a spin): the
-/// catch needs rank 2's receive, 5 ms late in the case, to complete before the retry; with 20 ms
-/// a rank descheduled under load let the retry go first and the mutant through (it survived its
-/// pin at load 30, two tests side by side).
+/// catch needs rank 2's receive (posted once rank 0 issued message 0, a store handshake in the
+/// case) to complete before the retry; with 20 ms a rank descheduled under load let the retry go
+/// first and the mutant through (it survived its pin at load 30, two tests side by side).
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// A send engine that serves one peer at a time: a send issued while a send to another peer is

@@ -23,7 +23,7 @@
 //! at 4, 5 and 8 ranks (late ranks 0, 4 and the last), every rank sets its key before entering and
 //! checks every rank's.
 
-use super::util::{expect_eq, fail, full, here, member_group, take_key, take_keys};
+use super::util::{expect_eq, fail, full, here, hold_off, member_group, take_key, take_keys};
 use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::exec::{self, Params, PAIRS};
 use crate::values::partner;
@@ -463,7 +463,8 @@ fn set_seen(store: &concord_store::Store, key: &str) -> Result<(), String> {
 /// and 8 ranks span two groups of 4, where a hierarchical barrier's leaders must meet before
 /// releasing anyone). One round per late rank, rank 0, rank 4 (from 5 ranks up: the first rank
 /// of the second group) and the last rank: every rank sets its own store key right before it
-/// enters the barrier (the late rank after a 20 ms delay, so that the others are inside), and
+/// enters the barrier (the late rank once every other rank's key is there, and 20 ms more, longer
+/// on a loaded machine: `util::hold_off`, so that the others are inside), and
 /// every rank checks, right after its barrier completed, that EVERY rank's key is set. No rank's
 /// barrier may complete before every rank has entered it. (The keys are the round's own, so no
 /// second barrier is needed before the next round; the world's store goes with the world.)
@@ -479,7 +480,13 @@ fn barrier_every_rank_checks<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         let w = format!("{} late_rank={late} (every rank sets its key right before entering)", here(b, "barrier", "out", DType::F32));
         let keys: Vec<String> = (0..ws).map(|r| format!("{}/{}/round{round}/entering{r}", ctx.case, ctx.world.world_id)).collect();
         if me == late {
-            std::thread::sleep(Duration::from_millis(20));
+            // The others' keys first: the 20 ms count from the last of them entering, however the
+            // machine scheduled them, and grow while the machine holds threads back (`hold_off`):
+            // with a plain 20 ms sleep review6_barrier_leaders_of_four survived 10 runs of 30 at
+            // load 20 (its early ranks' barrier had not completed yet when the late rank came).
+            let others: Vec<&str> = keys.iter().enumerate().filter(|&(r, _)| r != late).map(|(_, k)| k.as_str()).collect();
+            ctx.store.wait(&others, ctx.timeout).map_err(|e| fail(&w, format!("the other ranks never reached the barrier: {e}")))?;
+            hold_off(Duration::from_millis(20));
         }
         set_seen(ctx.store, &keys[me]).map_err(|e| fail(&w, e))?;
         b.barrier()?.wait(ctx.timeout).map_err(|e| fail(&w, format!("{e} [{}]", e.name())))?;

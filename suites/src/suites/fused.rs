@@ -22,7 +22,7 @@
 //!
 //! Only the body's thin shim is generic over the backend; inputs, oracle and messages are not.
 
-use super::util::{fail, GAP_REFUSALS};
+use super::util::{fail, hold_off, take_keys, GAP_REFUSALS};
 use crate::case::{backend_label, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use concord_core::{Backend, BadInputKind, Capabilities, CollectiveError, DType, ReduceOp, Scale, Scaling, Tensor};
 use concord_oracle::{avg_ulps, compare, expected_fused, expected_fused_for, fused_tolerance, FusedCall, FusedInputs, Tolerance};
@@ -185,6 +185,18 @@ fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std
     Ok(issue_keep(b, call, me, ctx_timeout, where_)?.map(|(got, _)| got))
 }
 
+/// [`issue`], running `ready` once the operands are in place, just before the call.
+fn issue_when<B: Backend>(
+    b: &B,
+    call: &FusedCall,
+    me: &FusedInputs,
+    ctx_timeout: std::time::Duration,
+    where_: &str,
+    ready: &dyn Fn() -> Result<(), CaseEnd>,
+) -> Result<Outs, CaseEnd> {
+    Ok(issue_keep_when(b, call, me, ctx_timeout, where_, ready)?.map(|(got, _)| got))
+}
+
 /// [`issue`], also returning the output buffers themselves (to read them again later).
 type Kept<Buf> = Result<(Vec<Tensor>, Vec<Buf>), CollectiveError>;
 
@@ -194,6 +206,17 @@ fn issue_keep<B: Backend>(
     me: &FusedInputs,
     ctx_timeout: std::time::Duration,
     where_: &str,
+) -> Result<Kept<B::Buffer>, CaseEnd> {
+    issue_keep_when(b, call, me, ctx_timeout, where_, &|| Ok(()))
+}
+
+fn issue_keep_when<B: Backend>(
+    b: &B,
+    call: &FusedCall,
+    me: &FusedInputs,
+    ctx_timeout: std::time::Duration,
+    where_: &str,
+    ready: &dyn Fn() -> Result<(), CaseEnd>,
 ) -> Result<Kept<B::Buffer>, CaseEnd> {
     const OFF: usize = 3;
     const GUARD: u8 = 0xA5;
@@ -211,6 +234,7 @@ fn issue_keep<B: Backend>(
     let bviews: Vec<B::Buffer> = bs.iter().map(|x| x.1.clone()).collect();
     let t = ctx_timeout;
     let scaling = call.scaling().map(|s| Scaling { a: me.a_scale.clone().unwrap_or(s.a.clone()), ..s.clone() });
+    ready()?;
     let got: Result<Vec<B::Buffer>, CollectiveError> = (|| match call {
         FusedCall::AllGatherMatmul { dim, .. } => {
             let w = match &scaling {
@@ -767,14 +791,19 @@ fn lc_group_grid_case<B: Backend>(rs: bool) -> Case<B> {
     group_grid(name, ws, seed, 1, spec_for)
 }
 
-/// How late the late rank of [`late_peer_case`] issues.
+/// How late the late rank of [`late_peer_case`] issues, after every other rank is about to.
 const LATE_BY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The all-gather-matmul with one peer late (`fused::all_gather_matmul::dim0::f32::late_peer::ws3`):
 /// one call per rank, that rank issuing 20 ms after the others, so its shard lands after the
 /// shard of a peer farther on in every pipeline order; each result checked against the oracle.
 /// A pipelined implementation that puts shards in the order they land, not at their source
-/// ranks' places, is right only when they land in its step order.
+/// ranks' places, is right only when they land in its step order. The late rank waits for every
+/// other rank's word in the store that its operands are in place and it is calling the op, then
+/// [`LATE_BY`] (longer on a loaded machine: `util::hold_off`): the others are ahead however the
+/// machine schedules them (with only a sleep, a peer the machine stalled as long came as late:
+/// ag_matmul_late_peer_misplaced survived this case in the campaign at 7aa010f, caught there by
+/// its second hint, `grid_tiny`).
 ///
 /// The same for the low-contention all-gather (`fused::low_contention_all_gather::dim0::f32::late_peer::ws3`),
 /// whose shards a pipelined implementation also places as they land.
@@ -788,10 +817,18 @@ fn late_peer_case<B: Backend>(name: String, spec: FusedSpec, ws: usize) -> Case<
             let sd = seed.wrapping_add(late as u64);
             let where_ = format!("{} (rank {late} issued {LATE_BY:?} after the others)", where_of(&backend_label(ctx.b), &spec, ws, me));
             let exp = expected_for(&spec, &caps, sd, ws, me);
-            if me == late {
-                std::thread::sleep(LATE_BY);
-            }
-            let got = issue(ctx.b, &spec.call, &spec.inputs(me, sd), ctx.timeout, &where_)?;
+            let key = |r: usize| format!("{}/{}/late{late}/calling{r}", ctx.case, ctx.world.world_id);
+            let ready = || -> Result<(), CaseEnd> {
+                if me != late {
+                    return ctx.store.set(&key(me), b"1").map_err(|e| fail(&where_, format!("store: {e}")));
+                }
+                let keys: Vec<String> = (0..ws).filter(|&r| r != late).map(key).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                take_keys(ctx, &refs, ctx.timeout, &where_, "the other ranks never reached the call")?;
+                hold_off(LATE_BY);
+                Ok(())
+            };
+            let got = issue_when(ctx.b, &spec.call, &spec.inputs(me, sd), ctx.timeout, &where_, &ready)?;
             check(&spec, &caps, &exp, ws, me, got, &where_)?;
         }
         Ok(())

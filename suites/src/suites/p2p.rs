@@ -12,7 +12,7 @@
 //! * `p2p::in_flight_in_order::mixed_protocols::ws2` — 1 MiB, 4-element, 512 KiB and 1-element
 //!   messages alternate: a large message (rendezvous path) must not be overtaken by the small
 //!   one issued after it (eager path).
-//! * `p2p::in_order_across_other_traffic::ws3` — rank 0 sends to rank 2 (received 5 ms late),
+//! * `p2p::in_order_across_other_traffic::ws3` — rank 0 sends to rank 2 (received once message 0 is issued),
 //!   then message 0 to rank 1, waits for the send to 2, then message 1 to rank 1: traffic to
 //!   another peer must not reorder the pair's messages.
 //! * `p2p::group_and_world_messages_apart::ws2` — a group message and a world message between
@@ -483,19 +483,23 @@ fn pair_first_on_new_group<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 }
 
 /// Rank 0 `isend(2); isend(1) [message 0]; wait the send to 2; isend(1) [message 1]`; rank 2
-/// receives 5 ms late (the send to it is still in flight when message 0 is issued, done before
-/// message 1 is); rank 1 `irecv(0); irecv(0)`, then waits: message 0 lands in the first receive.
+/// receives only once rank 0 has issued message 0 (a store handshake: the send to it is still in
+/// flight when message 0 is issued, done before message 1 is, however the ranks are scheduled;
+/// with a 5 ms sleep instead, a rank 0 held back as long found the send to 2 done and
+/// send_retry_overtaken survived 1 run of 30 at load 20); rank 1 `irecv(0); irecv(0)`, then
+/// waits: message 0 lands in the first receive.
 /// A send engine that parks a send issued while another peer's is in flight, and sends the next
 /// one straight when idle, delivers message 1 first (same sizes: wrong values).
 fn in_order_across_other_traffic<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let b = ctx.b;
     let me = b.rank();
     let w = format!(
-        "{} (rank 0: isend(2); isend(1) #0; wait the send to 2; isend(1) #1; rank 2 receives 5 ms late)",
+        "{} (rank 0: isend(2); isend(1) #0; wait the send to 2; isend(1) #1; rank 2 receives once #0 is issued)",
         here(b, "send_recv", "outbuf", DType::F32)
     );
     let n = 8;
     let t = ctx.timeout;
+    let issued = format!("{}/{}/issued_message0", ctx.case, ctx.world.world_id);
     fn named<T>(r: Result<T, concord_core::CollectiveError>, w: &str, what: &str) -> Result<T, crate::case::CaseEnd> {
         r.map_err(|e| fail(w, format!("{what}: {e} [{}]", e.name())))
     }
@@ -504,6 +508,7 @@ fn in_order_across_other_traffic<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult
             let (to2, m0, m1) = (b.upload(&message(0, 9, n))?, b.upload(&message(0, 0, n))?, b.upload(&message(0, 1, n))?);
             let s2 = named(b.send(&to2, 2), &w, "isend to rank 2")?;
             let s0 = named(b.send(&m0, 1), &w, "isend #0 to rank 1")?;
+            ctx.store.set(&issued, b"1").map_err(|e| fail(&w, format!("store: {e}")))?;
             named(s2.wait(t), &w, "the send to rank 2")?;
             let s1 = named(b.send(&m1, 1), &w, "isend #1 to rank 1")?;
             named(s0.wait(t), &w, "send #0 to rank 1")?;
@@ -520,8 +525,8 @@ fn in_order_across_other_traffic<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult
             }
         }
         _ => {
-            std::thread::sleep(std::time::Duration::from_millis(5));
             let out = b.alloc(DType::F32, &[n])?;
+            take_key(ctx, &issued, &w, "rank 0 never issued message 0 to rank 1")?;
             let r = named(b.recv(&out, 0), &w, "irecv from rank 0")?;
             named(r.wait(t), &w, "receive from rank 0")?;
             expect_eq(b, &out, &message(0, 9, n), &format!("{w}: the message from rank 0"))?;

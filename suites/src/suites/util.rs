@@ -197,6 +197,24 @@ pub fn take_keys<C: Backend>(
     values
 }
 
+/// A deliberate delay that orders ranks (a late rank holding off so that its peers are ahead):
+/// sleeps `d`, and again while the sleep overshot it by more than a quarter, at most
+/// [`HOLD_OFF_ROUNDS`] times. A machine that holds this thread back holds the peers back too,
+/// and they need the delay to get ahead: on a loaded machine the delay grows with the load, on a
+/// quiet one it is `d`.
+pub fn hold_off(d: std::time::Duration) {
+    for _ in 0..HOLD_OFF_ROUNDS {
+        let t = std::time::Instant::now();
+        std::thread::sleep(d);
+        if t.elapsed() <= d + d / 4 {
+            return;
+        }
+    }
+}
+
+/// At most how many times [`hold_off`] sleeps its delay.
+pub const HOLD_OFF_ROUNDS: usize = 10;
+
 /// [`take_keys`] of one key within the case's wait deadline: its value.
 pub fn take_key<C: Backend>(ctx: &Ctx<'_, C>, key: &str, where_: &str, never: &str) -> Result<Vec<u8>, CaseEnd> {
     take_keys(ctx, &[key], ctx.timeout, where_, never).map(|mut v| v.remove(0))
