@@ -82,6 +82,7 @@ pub mod bugs_hunt35;
 pub mod bugs_hunt36;
 pub mod bugs_hunt37;
 pub mod bugs_hunt38;
+pub mod bugs_hunt39;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -167,6 +168,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt37`] (shipped bugs when a resource runs out: descriptors and `/dev/shm` segments a
 /// dropped group keeps, an out-of-resource error dropped, a process that crashes instead of
 /// failing, a fallback taken by the failing rank alone);
+/// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
+/// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
+/// reaches one waiter only, a device bound per thread);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -218,6 +222,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt38::catalogue());
     v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_hunt37::catalogue());
+    v.extend(bugs_hunt39::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());
