@@ -98,6 +98,20 @@
 //!   teardown, also while the send's receiver never posts its receive), and dropping a [`crate::Work`]
 //!   never withdraws its op: a send whose work was dropped un-waited still reaches a receiver
 //!   that posts its receive. [clause: async.unwaited_exit]
+//! * The caller's threads: a backend is `Send + Sync`, and the caller MAY use it from any thread
+//!   (a framework's autograd, pipeline or watchdog thread): use a communicator made on another
+//!   thread, issue on one thread and wait, poll or drop the work on another, and wait or poll
+//!   one work from several threads at once. A wait on any thread waits as one on the issuing
+//!   thread does (a registry of works per thread, which finds nothing on another thread and
+//!   returns at once, is a bug: pytorch/pytorch PR #171614); every waiter of one work gets its
+//!   outcome (the same buffer) once the op completes, each within its own deadline (a wait that
+//!   fails because another thread waits, or a wake-up that reaches one waiter only, is a bug);
+//!   and a work is finalised once however many threads saw it complete (a request freed by each
+//!   waiter is shared by two later ops). Ops of ONE communicator MUST NOT be issued from two
+//!   threads at once (NCCL: "it is not allowed to issue NCCL operations to a single
+//!   communicator in parallel with multiple threads"; MPI: one communicator is not used by two
+//!   concurrent collective calls): the caller orders its issues, and the backend takes them in
+//!   that order. [clause: async.caller_threads]
 //!
 //! # Init and declarations
 //! * `init(world)` MUST return a communicator whose `rank()` and `world_size()` are the

@@ -83,9 +83,10 @@ macro_rules! wrap_every_op {
         }
     };
 }
+pub(crate) use wrap_every_op;
 
 /// The inner (correct) work's own completion, relayed: its `is_completed`, its wait.
-struct Own<T>(Work<T>);
+pub(crate) struct Own<T>(pub(crate) Work<T>);
 
 impl<T: Send + Sync> Completion for Own<T> {
     fn is_completed(&self) -> bool {

@@ -82,6 +82,7 @@ pub mod bugs_hunt35;
 pub mod bugs_hunt36;
 pub mod bugs_hunt37;
 pub mod bugs_hunt38;
+pub mod bugs_hunt39;
 pub mod bugs_hunt40;
 #[macro_use]
 pub mod bugs_hunt4;
@@ -171,6 +172,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt40`] (shipped bugs whose fix a release note announced: pipelined fragments written
 /// at the buffer's start or re-run with the first fragment's arguments, a per-peer count check
 /// the wrong way round, a grouped launch's work items past the 64th never run);
+/// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
+/// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
+/// reaches one waiter only, a device bound per thread);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -223,6 +227,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_hunt40::catalogue());
+    v.extend(bugs_hunt39::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

@@ -168,6 +168,9 @@ const CAUGHT_AT_A_DEADLINE: &[&str] = &[
     // hunt34: a world whose last node of 8 is short never completes its init (the bootstrap
     // deadlock ends at the bug's own 2 s wait); its only catcher is a 33-rank world.
     "wild_nccl_uneven_nodes_bootstrap",
+    // hunt39: a second waiter that sleeps on an event only the progressing thread gets wakes at
+    // its own 5 s deadline.
+    "wild_worker_wait_wakes_one",
 ];
 
 /// Mutants whose bug is itself a race: it shows only when a peer is still busy (reading an input,

@@ -169,6 +169,17 @@ pub const CLAUSES: &[Clause] = &[
         cases: &["async::unwaited_collective_exits_within_1s", "async::unwaited_send_exits_within_3s", "async::dropped_send_still_delivered"],
     },
     Clause {
+        id: "async.caller_threads",
+        source: BACKEND,
+        text: "The caller may use a backend from any thread: a communicator made on another thread, a work issued on one thread and waited, polled or dropped on another, one work waited by several threads at once; a wait on any thread waits as on the issuing thread, every waiter gets the outcome within its own deadline, a work is finalised once; ops of one communicator are never issued from two threads at once (the caller orders them).",
+        cases: &[
+            "async::issue_on_one_thread_run_on_another",
+            "seed::c10d::test_threading",
+            "async::wait_from_another_thread",
+            "async::two_threads_wait_one_work",
+        ],
+    },
+    Clause {
         id: "faults.aborted_ops_fail",
         source: BACKEND,
         text: "An op whose communicator is aborted before its completion was observed fails with the abort; a wait ends at its own deadline even behind a stuck launch.",

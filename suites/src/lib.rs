@@ -72,6 +72,8 @@ pub fn shape_catalogue<B: Backend>() -> Vec<Case<B>> {
             && !c.name.contains("timeout_names_its_sequence_number")
             // Its second waiter must time out while a peer holds back (review14 finding 4).
             && !c.name.contains("wait_from_another_thread")
+            // Its two waiters must stay waiting while a peer holds back (hunt39).
+            && !c.name.contains("two_threads_wait_one_work")
     }));
     v
 }

@@ -279,6 +279,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }));
     v.push(Case::<B>::new("async::registry_counts_unwaited_work::every_op::ws2", meta("every_op", "every"), 2, registry_counts_every_op));
     v.push(Case::<B>::new("async::wait_from_another_thread::ws2", meta_any_reduce("all_reduce", "out"), 2, wait_from_another_thread));
+    v.push(Case::<B>::new("async::two_threads_wait_one_work::ws2", meta_any_reduce("all_reduce", "out"), 2, two_threads_wait_one_work));
     v.push(Case::<B>::new(
         "async::communicators_progress_apart::ws3",
         meta_any_reduce("all_reduce", "out"),
@@ -297,7 +298,13 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
             })
             .join()
         })
-        .map_err(|_| fail(&w, "the thread panicked"))??;
+        .map_err(|_| fail(&w, "the thread panicked"))?
+        .map_err(|e| {
+            fail(
+                &w,
+                format!("the all_reduce issued and waited on a thread other than the one that made the communicator: {e} [{}]", e.name()),
+            )
+        })?;
         expect_eq(b, &got, &full(&[16], rank_sum(b, 2)), &w)
     }));
     v.push(
@@ -807,6 +814,159 @@ fn wait_from_another_thread<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     helper.map_err(|e| fail(&w, format!("the helper thread's wait, after rank 1 issued: {e} [{}]", e.name())))?;
     let out = work.into_value(timeout)?;
     expect_eq(b, &out, &full(&[100], rank_sum(b, 2)), &w)
+}
+
+/// How far apart the two waiters of `async::two_threads_wait_one_work` may return once the op
+/// completed (the slack of a loaded machine, far below their [`HELPER_WAIT`]).
+const WAITERS_APART: Duration = Duration::from_secs(1);
+
+/// `async::two_threads_wait_one_work::ws2` (clause `async.caller_threads`): rank 0 issues an
+/// all_reduce and two helper threads wait it (up to 5 s each) while rank 1 holds back (a store
+/// key); 50 ms later neither wait may have returned. Then rank 1 issues, rank 0's main thread
+/// polls `is_completed()` as a watchdog does, and both waits MUST return `Ok`, with the same
+/// buffer, within 1 s of each other (a wait on a thread that did not issue waits as the issuer's
+/// does; a second waiter neither fails nor sleeps past the op's completion); the work is
+/// uncounted once. Then the work is finalised once: rank 0 issues two more all_reduces, rank 1
+/// only the first until rank 0 has waited it, and the second MUST still be pending (a request
+/// object freed by each of the two waiters is shared by both later ops).
+fn two_threads_wait_one_work<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
+    let b = ctx.b;
+    let w = format!("{} (rank 0: two threads wait one work, the main thread polls it)", here(b, "all_reduce", "out", DType::F32));
+    let w2 = format!(
+        "{} (after two threads waited one work: rank 0 issues two all_reduces, rank 1 the second only once rank 0 waited the first)",
+        here(b, "all_reduce", "out", DType::F32)
+    );
+    let go = format!("{}/{}/go", ctx.case, ctx.world.world_id);
+    let next = format!("{}/{}/next", ctx.case, ctx.world.world_id);
+    let (timeout, wait) = (ctx.timeout, ctx.timeout.min(HELPER_WAIT));
+    let sum = rank_sum(b, 2);
+    let x = b.upload(&rank_tensor(b, 64))?;
+    let y1 = b.upload(&full(&[48], (b.rank() + 1) as f32 * 2.0))?;
+    let y2 = b.upload(&full(&[40], (b.rank() + 1) as f32 * 4.0))?;
+    if b.rank() == 1 {
+        // Rank 0 says so once both its waiters are waiting (or one returned too early).
+        take_keys(ctx, &[go.as_str()], timeout + HELPER_WAIT, &w, "rank 0 never said its two waiters were waiting")?;
+        let out = b.all_reduce(&x, red(b))?.into_value(timeout)?;
+        expect_eq(b, &out, &full(&[64], sum), &w)?;
+        let first = b.all_reduce(&y1, red(b))?.into_value(timeout)?;
+        expect_eq(b, &first, &full(&[48], 2.0 * sum), &format!("{w2} first"))?;
+        take_keys(ctx, &[next.as_str()], timeout, &w2, "rank 0 never said it had looked at its second all_reduce")?;
+        let second = b.all_reduce(&y2, red(b))?.into_value(timeout)?;
+        return expect_eq(b, &second, &full(&[40], 4.0 * sum), &format!("{w2} second"));
+    }
+    let base = b.outstanding();
+    let work = b.all_reduce(&x, red(b))?;
+    let entered = std::sync::atomic::AtomicUsize::new(0);
+    let (seen, joined) = std::thread::scope(|s| {
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    let r = work.wait(wait).map(|out| b.buffer_addr(out));
+                    (r, t0.elapsed(), Instant::now())
+                })
+            })
+            .collect();
+        while entered.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            std::thread::yield_now();
+        }
+        // Both waiters are inside (or about to enter) their waits.
+        std::thread::sleep(Duration::from_millis(50));
+        let early: Vec<usize> = (0..2).filter(|&i| waiters[i].is_finished()).collect();
+        // Rank 1 issues now, whatever was seen; the main thread polls like a watchdog.
+        let said = ctx.store.set(&go, b"1");
+        let t0 = Instant::now();
+        while !work.is_completed() && t0.elapsed() < wait {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let polled = work.is_completed();
+        let joined: Vec<_> = waiters.into_iter().map(|h| h.join()).collect();
+        (said.map(|()| (early, polled)), joined)
+    });
+    let (early, polled) = seen.map_err(|e| fail(&w, e))?;
+    let mut outs = Vec::new();
+    for (i, j) in joined.into_iter().enumerate() {
+        let (r, took, at) = j.map_err(|_| fail(&w, format!("waiting thread {i} panicked")))?;
+        match r {
+            Ok(addr) if early.contains(&i) => {
+                return Err(fail(
+                    &w,
+                    format!("the wait on waiting thread {i} (not the issuing thread) returned Ok after {took:?}, before rank 1 had issued the all_reduce: a wait on any thread waits as one on the issuing thread does (buffer {addr:#x})"),
+                ))
+            }
+            Ok(addr) => outs.push((i, addr, at)),
+            Err(e) => {
+                return Err(fail(
+                    &w,
+                    format!("the wait on waiting thread {i}, while another thread waited the same work, failed after {took:?}: {e} [{}]: every waiter gets the op's outcome", e.name()),
+                ));
+            }
+        }
+    }
+    let (first, last) = (outs.iter().map(|o| o.2).min(), outs.iter().map(|o| o.2).max());
+    if let (Some(first), Some(last)) = (first, last) {
+        let apart = last - first;
+        if apart > WAITERS_APART {
+            let late = outs.iter().max_by_key(|o| o.2).map_or(0, |o| o.0);
+            return Err(fail(
+                &w,
+                format!("waiting thread {late} returned Ok {apart:?} after the other thread's wait of the same work had returned Ok: each waiter returns once the op completes, not at its own deadline ({wait:?})"),
+            ));
+        }
+    }
+    if outs.windows(2).any(|p| p[0].1 != p[1].1) {
+        return Err(fail(
+            &w,
+            format!("the two threads' waits of one work returned different buffers ({:#x}, {:#x})", outs[0].1, outs[1].1),
+        ));
+    }
+    if !polled {
+        return Err(fail(
+            &w,
+            format!(
+                "is_completed() polled on the main thread stayed false for {wait:?} after rank 1 issued, while two threads waited the work"
+            ),
+        ));
+    }
+    let out = work.wait(timeout).map_err(|e| fail(&w, format!("the main thread's wait after both waiters returned: {e}")))?;
+    expect_eq(b, out, &full(&[64], sum), &w)?;
+    if b.outstanding() != base {
+        return Err(fail(
+            &w,
+            format!(
+                "outstanding() = {} after three waits of one work ({base} before it was issued): a work is uncounted once",
+                b.outstanding()
+            ),
+        ));
+    }
+    drop(work);
+    // Finalised once: the two later ops have a request each.
+    let first = b.all_reduce(&y1, red(b))?;
+    let second = b.all_reduce(&y2, red(b))?;
+    let got = first.wait(timeout).map_err(|e| fail(&w2, format!("wait of the first: {e}")))?;
+    expect_eq(b, got, &full(&[48], 2.0 * sum), &format!("{w2} first"))?;
+    let completed = second.is_completed();
+    let polled = second.wait(Duration::from_millis(20)).map(|_| ());
+    let said = ctx.store.set(&next, b"1");
+    match (completed, polled) {
+        (false, Err(e)) if e.name() == "timeout" => {}
+        (completed, polled) => {
+            return Err(fail(
+                &w2,
+                format!(
+                    "the second all_reduce, which rank 1 had not issued, read is_completed() = {completed} and wait(20 ms) = {}: a work's completion is its own, finalised once however many threads waited the work before it",
+                    match polled {
+                        Ok(()) => "Ok".to_string(),
+                        Err(e) => format!("{e} [{}]", e.name()),
+                    }
+                ),
+            ))
+        }
+    }
+    said.map_err(|e| fail(&w2, e))?;
+    let got = second.wait(timeout).map_err(|e| fail(&w2, format!("wait of the second: {e}")))?;
+    expect_eq(b, got, &full(&[40], 4.0 * sum), &format!("{w2} second"))
 }
 
 /// `async::communicators_progress_apart::ws3`: with `G = new_group([0, 1])`, rank 0 issues

@@ -165,7 +165,8 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 })
                 .join()
             })
-            .map_err(|_| fail(&w, "the thread running the collective panicked"))??;
+            .map_err(|_| fail(&w, "the thread running the collective panicked"))?
+            .map_err(|e| fail(&w, format!("the all_reduce issued and waited on a new thread: {e} [{}]", e.name())))?;
             expect_eq(b, &got, &full(&[4, 4], avg_of_ranks(b.world_size())), &w)
         }),
         // ---- eager semantics of test_inductor_collectives.py ----
