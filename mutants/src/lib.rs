@@ -51,6 +51,7 @@ macro_rules! fused_on_shm {
 }
 
 pub mod bugs;
+pub mod bugs_alloc1;
 pub mod bugs_clauses;
 pub mod bugs_dtype;
 pub mod bugs_findings13;
@@ -167,6 +168,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt37`] (shipped bugs when a resource runs out: descriptors and `/dev/shm` segments a
 /// dropped group keeps, an out-of-resource error dropped, a process that crashes instead of
 /// failing, a fallback taken by the failing rank alone);
+/// [`bugs_alloc1`] (an output that cannot be allocated at issue on one rank: the peers left to
+/// their deadline, the error dropped for a zeroed output, the communicator aborted);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -218,6 +221,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt38::catalogue());
     v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_hunt37::catalogue());
+    v.extend(bugs_alloc1::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

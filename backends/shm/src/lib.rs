@@ -89,7 +89,9 @@
 //!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
 //!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
 //!   every peer at each barrier of the op; not a peer's data movement once started. *A local
-//!   failure* (an injected `fail` at any point of a collective, a post it cannot allocate) does
+//!   failure* (an injected `fail` at any point of a collective, a post it cannot allocate, an
+//!   out-of-place op's output it cannot allocate at issue: the op is numbered first, and its
+//!   steps go out marked failed, never posted; the issue returns the allocator's error) does
 //!   not poison: the failing rank marks the op failed in its slot, publishes the op's last step,
 //!   closes, and its wait returns its own error; its peers see the mark (after the first barrier,
 //!   at a refused claim, or after the last barrier), pass the last barrier and end the op with a
@@ -105,7 +107,8 @@
 //!   receiver fails in step and never copies it: review15 finding 3), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first
 //!   copy; a receive: before copying the message) of its n-th op (collectives, sends, receives
-//!   and `new_group` counted from 0), on the world or on a group it made (`/G`); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
+//!   and `new_group` counted from 0), on the world or on a group it made (`/G`); `alloc_output:fail`
+//!   makes the arena refuse an out-of-place op's output as full (`arena::World::alloc_in`); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
 //!   it when they are reused and at teardown (`backends/shm/tests/campaign.rs`).
 //! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
@@ -355,7 +358,11 @@ impl ShmBackend {
         let (mut post, keep, value) = match made {
             Ok(bufs) => build(bufs),
             Err(e) => {
-                let e = CollectiveError::Backend(format!("{name} #{} on rank {}: cannot allocate its output: {e}", *seq, self.comm.me));
+                let why = match e {
+                    CollectiveError::Backend(m) => m,
+                    e => e.to_string(),
+                };
+                let e = CollectiveError::Backend(format!("{name} #{} on rank {}: cannot allocate its output: {why}", *seq, self.comm.me));
                 // Never posted (`failed`): the engine publishes the op's steps marked failed.
                 let mut post = Post::new(CallOp::Barrier, Variant::Out, self.comm.me, vec![], vec![]);
                 post.call.seq = *seq;
