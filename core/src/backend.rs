@@ -156,7 +156,13 @@
 //!   only the failing rank's peers in the algorithm (a ring neighbour), at any world size. A
 //!   local failure on a subgroup leaves the subgroup, the communicator it was split from and its
 //!   sibling groups usable (an abort flag a parent shares with its children, set by a child's
-//!   failure, is a bug). [clause: faults.local_failure_named_everywhere]
+//!   failure, is a bug). An out-of-place op whose output cannot be allocated at issue on one rank
+//!   (a full arena or `/dev/shm`, a device out of memory: the fault hook
+//!   [`crate::fault::point::ALLOC_OUTPUT`]) is such a local failure: that rank's issue or wait
+//!   returns its own `backend` error naming the allocation, and the op still reaches its peers
+//!   (numbered, marked failed), whose waits end in a named error within their deadline — a rank
+//!   that returns before its op is numbered leaves its peers waiting to their deadline and pairs
+//!   its next op with theirs. [clause: faults.local_failure_named_everywhere]
 //!
 //! # Fused communication + compute (module [`crate::fused`], seed 004)
 //! * `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`, their scaled variants and the

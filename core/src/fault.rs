@@ -62,6 +62,13 @@ pub mod point {
     /// On the issuing thread, after the op was numbered (`begin`): `fail` is a local failure
     /// such as an out-of-memory while allocating the output.
     pub const AFTER_BEGIN: &str = "after_begin";
+    /// The backend allocates the op's output (an out-of-place op's new buffer) on the issuing
+    /// thread, after the op was numbered: `fail` makes the backend's OWN allocator refuse that
+    /// allocation, as a full arena / `/dev/shm` or a device out of memory would (shm: the arena
+    /// answers "full"), on that rank alone. A declared capability like every hook: a backend
+    /// lists `(ALLOC_OUTPUT, Action::Fail)` in [`crate::Backend::fault_hooks`] only where its
+    /// real allocation path is what fails (never a simulated error beside it).
+    pub const ALLOC_OUTPUT: &str = "alloc_output";
     /// The device stream the op runs on is stalled just before the op (until an abort or
     /// teardown releases it): the op and everything queued after it stay pending.
     pub const STREAM: &str = "stream";

@@ -51,6 +51,7 @@ macro_rules! fused_on_shm {
 }
 
 pub mod bugs;
+pub mod bugs_alloc1;
 pub mod bugs_clauses;
 pub mod bugs_dtype;
 pub mod bugs_findings13;
@@ -175,6 +176,8 @@ pub mod sweep_bad;
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
+/// [`bugs_alloc1`] (an output that cannot be allocated at issue on one rank: the peers left to
+/// their deadline, the error dropped for a zeroed output, the communicator aborted);
 /// [`bugs_review`] (declarations and init a review found the suites trusted), [`bugs_review2`]
 /// (bugs the second review's weak checks let through), [`bugs_review3`] (the third review's:
 /// async, point-to-point, subgroups and state) and [`bugs_review4`] (fused-op bugs the fourth
@@ -228,6 +231,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_hunt40::catalogue());
     v.extend(bugs_hunt39::catalogue());
+    v.extend(bugs_alloc1::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());
     v.extend(bugs_review3::catalogue());

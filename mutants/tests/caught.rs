@@ -101,6 +101,9 @@ const AT_SETUP: &[(&str, &str)] = &[
 /// Mutants whose hinted cases are light but wait out a deadline under the bug (seconds of wall
 /// time, little CPU): scheduling only, like a stall-bound case.
 const CAUGHT_AT_A_DEADLINE: &[&str] = &[
+    // alloc1: the failing rank's op never reaches its peers: they wait out the fault case's 1 s
+    // op deadline.
+    "alloc1_alloc_before_issue",
     "a2a_splits_exchanged_at_issue",
     "completes_only_in_wait",
     "drop_drains_unwaited",

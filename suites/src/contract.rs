@@ -215,6 +215,7 @@ pub const CLAUSES: &[Clause] = &[
             "device_faults::local_failure_after_begin",
             "device_faults::fail_before_header",
             "faults::fail_after_post",
+            "faults::alloc_fails_at_issue",
             "faults::fail_in_new_group",
             "faults::fail_p2p",
             "faults::fail_on_group",

@@ -126,14 +126,23 @@ impl World {
     /// A block of at least `bytes` bytes (at least 64, so every buffer has its own address),
     /// 64-byte aligned (4096 from 64 KiB on).
     pub fn alloc(self: &Arc<World>, bytes: usize) -> Result<Block, String> {
+        self.alloc_in(bytes, false)
+    }
+
+    /// [`World::alloc`]; `full`: this one allocation finds the arena full (the fault
+    /// `alloc_output:fail`, `concord_core::fault::point::ALLOC_OUTPUT`): no free block fits and
+    /// nothing is left above the blocks handed out, so the allocator refuses it on its own path,
+    /// with its own error, as it does when the arena really is full.
+    pub fn alloc_in(self: &Arc<World>, bytes: usize, full: bool) -> Result<Block, String> {
         let mut fl = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        if bytes > fl.cap {
+        let cap = if full { fl.top } else { fl.cap };
+        if bytes > cap {
             return Err(self.full(fl.cap, bytes));
         }
         let len = bytes.max(64).next_multiple_of(64);
         let align = if len >= 65536 { 4096 } else { 64 };
         let mut hit = None;
-        for (&off, &flen) in fl.free.iter() {
+        for (&off, &flen) in fl.free.iter().filter(|_| !full) {
             let start = off.next_multiple_of(align);
             if start + len <= off + flen {
                 hit = Some((off, flen, start));
@@ -154,7 +163,7 @@ impl World {
             start
         } else {
             let start = fl.top.next_multiple_of(align);
-            if start + len > fl.cap {
+            if start + len > cap {
                 return Err(self.full(fl.cap, bytes));
             }
             if start + len > fl.reserved {
@@ -265,6 +274,16 @@ mod tests {
         assert_eq!((fl.top, fl.reserved), (0, 70016), "the top drops, what is backed stays backed");
         drop(fl);
         assert!(w.alloc(2 << 20).err().unwrap().contains("arena of rank 0 is full"));
+        // The fault `alloc_output:fail`: the allocator's own refusal, even with a free block
+        // that fits and room above the top; the next allocation is served as before.
+        let keep = w.alloc(64).unwrap();
+        let freed = w.alloc(256).unwrap();
+        let freed_off = freed.off;
+        drop(freed);
+        assert!(w.alloc_in(64, true).err().unwrap().contains("arena of rank 0 is full"));
+        assert!(w.alloc_in(0, true).is_err());
+        assert_eq!(w.alloc(64).unwrap().off, freed_off, "the free block is still there");
+        drop(keep);
     }
 
     #[test]

@@ -102,9 +102,31 @@ pub type GroupReply = mpsc::Sender<(String, Option<Mapping>)>;
 // A job is built once per op and moved once into the channel: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Job {
-    Coll { name: String, post: Post, keep: Vec<ShmBuffer>, flag: Arc<Flag>, reply: Option<GroupReply>, fault: Option<Fault> },
-    Send { k: u32, dst: usize, entry: Entry, comp: Arc<SendCompletion>, fault: Option<Fault> },
-    Recv { k: u32, src: usize, out: ShmBuffer, flag: Arc<Flag>, fault: Option<Fault> },
+    /// `failed`: this rank's side already failed at issue (an output it could not allocate):
+    /// the op is never posted, only its steps published marked failed (see `collective`).
+    Coll {
+        name: String,
+        post: Post,
+        keep: Vec<ShmBuffer>,
+        flag: Arc<Flag>,
+        reply: Option<GroupReply>,
+        fault: Option<Fault>,
+        failed: Option<CollectiveError>,
+    },
+    Send {
+        k: u32,
+        dst: usize,
+        entry: Entry,
+        comp: Arc<SendCompletion>,
+        fault: Option<Fault>,
+    },
+    Recv {
+        k: u32,
+        src: usize,
+        out: ShmBuffer,
+        flag: Arc<Flag>,
+        fault: Option<Fault>,
+    },
 }
 
 /// Completion of a send: posted by the progress thread, complete once the receiver consumed it;
@@ -609,9 +631,9 @@ impl Progress {
     /// Runs one job: a collective to its end, a point-to-point op into its peer's queue.
     fn run_job(&mut self, job: Job) {
         match job {
-            Job::Coll { name, post, keep, flag, reply, fault } => {
+            Job::Coll { name, post, keep, flag, reply, fault, failed } => {
                 let seq = post.call.seq;
-                let r = self.guard(&name, seq, |s| s.collective(&name, post, keep, reply, fault));
+                let r = self.guard(&name, seq, |s| s.collective(&name, post, keep, reply, fault, failed));
                 if let Some(c) = self.closing.as_mut().filter(|c| c.flag.is_none()) {
                     // Run inline, failed, and its close outlasts the caller's wait: the
                     // progress thread finishes the close and then completes the op.
@@ -889,7 +911,15 @@ impl Progress {
         })
     }
 
-    fn collective(&mut self, name: &str, post: Post, keep: Vec<ShmBuffer>, reply: Option<GroupReply>, fault: Option<Fault>) -> Result<()> {
+    fn collective(
+        &mut self,
+        name: &str,
+        post: Post,
+        keep: Vec<ShmBuffer>,
+        reply: Option<GroupReply>,
+        fault: Option<Fault>,
+        failed: Option<CollectiveError>,
+    ) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.comm.op_timeout;
         let seq = post.call.seq;
@@ -904,12 +934,16 @@ impl Progress {
         // replaces the one they may still read.
         self.catch_up(name, seq, deadline, started)?;
         // 1. Post. Until the counter is raised, no peer can see this op: a failure here frees
-        // everything at once.
+        // everything at once. An op whose side already failed at issue (`failed`: an output it
+        // could not allocate) fails here the same way, never posted.
         let bytes = post.encode();
-        let blk = match comm.world.alloc(bytes.len()) {
+        let blk = failed.map_or_else(
+            || comm.world.alloc(bytes.len()).map_err(|e| CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}"))),
+            Err,
+        );
+        let blk = match blk {
             Ok(b) => b,
             Err(e) => {
-                let e = CollectiveError::Backend(format!("{name} #{seq} on rank {me}: cannot post: {e}"));
                 // A local failure: the op is marked failed before its first step is published,
                 // so every peer sees the mark before it would read this rank's post.
                 self.step = self.step.wrapping_add(1);

@@ -89,7 +89,9 @@
 //!   or poll (`exec::SendCompletion::expire`: it used to stay posted, so a caller told "timeout"
 //!   reused its buffer and a late receiver got the new bytes, `Ok`). *What a deadline covers:* the arrival of
 //!   every peer at each barrier of the op; not a peer's data movement once started. *A local
-//!   failure* (an injected `fail` at any point of a collective, a post it cannot allocate) does
+//!   failure* (an injected `fail` at any point of a collective, a post it cannot allocate, an
+//!   out-of-place op's output it cannot allocate at issue: the op is numbered first, and its
+//!   steps go out marked failed, never posted; the issue returns the allocator's error) does
 //!   not poison: the failing rank marks the op failed in its slot, publishes the op's last step,
 //!   closes, and its wait returns its own error; its peers see the mark (after the first barrier,
 //!   at a refused claim, or after the last barrier), pass the last barrier and end the op with a
@@ -105,7 +107,8 @@
 //!   receiver fails in step and never copies it: review15 finding 3), `between_barriers`
 //!   (after validation, before claiming) or `progress_thread` (claims held, before the first
 //!   copy; a receive: before copying the message) of its n-th op (collectives, sends, receives
-//!   and `new_group` counted from 0), on the world or on a group it made (`/G`); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
+//!   and `new_group` counted from 0), on the world or on a group it made (`/G`); `alloc_output:fail`
+//!   makes the arena refuse an out-of-place op's output as full (`arena::World::alloc_in`); listed by `Backend::fault_hooks`. `shm_canary=1` fills freed blocks with a canary and checks
 //!   it when they are reused and at teardown (`backends/shm/tests/campaign.rs`).
 //! * **Cleanup.** Segment names start with `concord_core::world_prefix(world_id)`.
 //!   They are unlinked as soon as every rank has mapped them (right after init / `new_group`),
@@ -315,28 +318,79 @@ impl ShmBackend {
         Ok(Arc::new(CollWork { flag, engine: self.engine.clone(), inline: !fault }))
     }
 
-    /// Issues a collective: assigns the sequence number and queues it, atomically in issue order.
-    fn issue<T>(&self, name: &str, mut post: Post, keep: Vec<ShmBuffer>, value: T) -> Result<Work<T>> {
+    /// Issues a collective on the caller's buffers (an in-place or `_out` op: nothing to
+    /// allocate): [`ShmBackend::issue_new`] with no output.
+    fn issue<T>(&self, name: &str, post: Post, keep: Vec<ShmBuffer>, value: T) -> Result<Work<T>> {
         for b in &keep {
+            self.check_buf(b)?;
+        }
+        self.issue_new(name, &[], &[], move |_| (post, keep, value))
+    }
+
+    /// Issues a collective over the caller's buffers `ins`: assigns the sequence number,
+    /// allocates the outputs the backend makes for it (`outs`: dtype and shape of each, in
+    /// order; `build` makes the post, the buffers the op keeps and the caller's value from them)
+    /// and queues it, atomically in issue order. An output that cannot be allocated (the arena
+    /// or `/dev/shm` is full, or the fault `alloc_output:fail`) is a *local failure at issue*
+    /// (clause `faults.local_failure_named_everywhere`): the op keeps its number and goes to the
+    /// engine failed, which marks it failed and publishes its steps without a post, as for a
+    /// post it cannot allocate (`exec`), so every peer ends it with a named error and the ranks
+    /// stay in step; this rank's issue returns the allocator's error. (Returning before the op
+    /// was numbered left the peers waiting to their deadline, then paired this rank's next op
+    /// with theirs.)
+    fn issue_new<T>(
+        &self,
+        name: &str,
+        ins: &[&ShmBuffer],
+        outs: &[(DType, &[usize])],
+        build: impl FnOnce(Vec<ShmBuffer>) -> (Post, Vec<ShmBuffer>, T),
+    ) -> Result<Work<T>> {
+        for b in ins {
             self.check_buf(b)?;
         }
         let flag = Flag::new();
         let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
         *seq += 1;
-        post.call.seq = *seq;
         progress::begin(&self.comm.label, name, *seq);
         let fault = self.comm.next_fault();
+        let full = fault.as_ref().is_some_and(|f| f.point == fault::point::ALLOC_OUTPUT && f.action == fault::Action::Fail);
+        let made: Result<Vec<ShmBuffer>> = outs.iter().map(|&(dtype, shape)| self.new_buf_in(dtype, shape, full)).collect();
+        let (mut post, keep, value) = match made {
+            Ok(bufs) => build(bufs),
+            Err(e) => {
+                let why = match e {
+                    CollectiveError::Backend(m) => m,
+                    e => e.to_string(),
+                };
+                let e = CollectiveError::Backend(format!("{name} #{} on rank {}: cannot allocate its output: {why}", *seq, self.comm.me));
+                // Never posted (`failed`): the engine publishes the op's steps marked failed.
+                let mut post = Post::new(CallOp::Barrier, Variant::Out, self.comm.me, vec![], vec![]);
+                post.call.seq = *seq;
+                let job = Job::Coll { name: name.to_string(), post, keep: vec![], flag, reply: None, fault, failed: Some(e.clone()) };
+                self.submit(job)?;
+                return Err(e);
+            }
+        };
+        post.call.seq = *seq;
         let faulty = fault.is_some();
-        let c = self.submit_coll(Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault }, flag, faulty)?;
+        let job = Job::Coll { name: name.to_string(), post, keep, flag: flag.clone(), reply: None, fault, failed: None };
+        let c = self.submit_coll(job, flag, faulty)?;
         Ok(Work::new(value, c, self.meta(name, *seq), &self.counter))
     }
 
     fn new_buf(&self, dtype: DType, shape: &[usize]) -> Result<ShmBuffer> {
+        self.new_buf_in(dtype, shape, false)
+    }
+
+    /// A fresh buffer; `full`: the arena refuses it as full (the fault `alloc_output:fail`).
+    fn new_buf_in(&self, dtype: DType, shape: &[usize], full: bool) -> Result<ShmBuffer> {
         let bytes = shape
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
             .ok_or_else(|| CollectiveError::Backend(format!("shm backend: a {dtype}{shape:?} buffer does not fit in the address space")))?;
-        let block = self.comm.world.alloc(bytes).map_err(CollectiveError::Backend)?;
+        let block = self.comm.world.alloc_in(bytes, full).map_err(|e| {
+            CollectiveError::Backend(if full { format!("{e} (the fault alloc_output:fail made the arena answer as full)") } else { e })
+        })?;
         Ok(ShmBuffer { block: Arc::new(block), byte_off: 0, dtype, shape: shape.to_vec() })
     }
 
@@ -358,14 +412,46 @@ impl ShmBackend {
         }
     }
 
-    fn all_reduce_impl(&self, xs: &[ShmBuffer], op: ReduceOp, variant: Variant) -> Result<(Vec<ShmBuffer>, Post, Vec<ShmBuffer>)> {
+    /// Issues an all_reduce of `xs` (every variant): the outputs are `xs` in place, else new.
+    fn all_reduce_impl(&self, name: &str, xs: &[ShmBuffer], op: ReduceOp, variant: Variant) -> Result<Work<Vec<ShmBuffer>>> {
         let in_place = matches!(variant, Variant::InPlace | Variant::CoalescedInPlace);
-        let outs: Vec<ShmBuffer> =
-            if in_place { xs.to_vec() } else { xs.iter().map(|x| self.new_buf(x.dtype, &x.shape)).collect::<Result<_>>()? };
-        let mut p = self.post_of(CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
-        p.call.reduce = Some(op);
-        let keep = xs.iter().chain(outs.iter()).cloned().collect();
-        Ok((outs, p, keep))
+        let new: Vec<(DType, &[usize])> = if in_place { vec![] } else { xs.iter().map(|x| (x.dtype, &x.shape[..])).collect() };
+        self.issue_new(name, &xs.iter().collect::<Vec<_>>(), &new, |made| {
+            let outs = if in_place { xs.to_vec() } else { made };
+            let mut p = self.post_of(CallOp::AllReduce, variant, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+            p.call.reduce = Some(op);
+            let keep = xs.iter().chain(outs.iter()).cloned().collect();
+            (p, keep, outs)
+        })
+    }
+
+    /// Issues an op of one input `x` whose one output the backend allocates (`dtype` of `x`,
+    /// `shape`); `set` fills in the post's parameters (reduce op, root, splits...).
+    fn issue_one(&self, name: &str, op: CallOp, x: &ShmBuffer, shape: &[usize], set: impl FnOnce(&mut Post)) -> Result<Work<ShmBuffer>> {
+        self.issue_new(name, &[x], &[(x.dtype, shape)], |mut made| {
+            let out = made.remove(0);
+            let mut p = self.post_of(op, Variant::Out, &[x], &[&out]);
+            set(&mut p);
+            (p, vec![x.clone(), out.clone()], out)
+        })
+    }
+
+    /// Issues a coalesced op over `xs` whose outputs the backend allocates (`shape` of each).
+    fn issue_coalesced(
+        &self,
+        name: &str,
+        op: CallOp,
+        xs: &[ShmBuffer],
+        shape: impl Fn(&ShmBuffer) -> Vec<usize>,
+        set: impl FnOnce(&mut Post),
+    ) -> Result<Work<Vec<ShmBuffer>>> {
+        let shapes: Vec<Vec<usize>> = xs.iter().map(&shape).collect();
+        let new: Vec<(DType, &[usize])> = xs.iter().zip(&shapes).map(|(x, s)| (x.dtype, &s[..])).collect();
+        self.issue_new(name, &xs.iter().collect::<Vec<_>>(), &new, |outs| {
+            let mut p = self.post_of(op, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
+            set(&mut p);
+            (p, xs.iter().chain(&outs).cloned().collect(), outs)
+        })
     }
 }
 
@@ -515,9 +601,14 @@ impl Backend for ShmBackend {
     fn capabilities(&self) -> Capabilities {
         caps(&self.comm)
     }
-    /// Every action at every point of `FAULT_POINTS`, on the world and on its groups (`/G`).
+    /// Every action at every point of `FAULT_POINTS`, on the world and on its groups (`/G`);
+    /// `alloc_output:fail` (the arena refuses an out-of-place op's output: `issue_new`).
     fn fault_hooks(&self) -> Vec<(String, fault::Action)> {
-        fault::hooks(&FAULT_POINTS).into_iter().chain(fault::hooks(&[fault::ON_GROUPS])).collect()
+        fault::hooks(&FAULT_POINTS)
+            .into_iter()
+            .chain(fault::hooks(&[fault::ON_GROUPS]))
+            .chain([(fault::point::ALLOC_OUTPUT.to_string(), fault::Action::Fail)])
+            .collect()
     }
     fn outstanding(&self) -> usize {
         self.counter.get()
@@ -537,7 +628,15 @@ impl Backend for ShmBackend {
             progress::begin(&self.comm.label, "new_group", *seq);
             let fault = self.comm.next_fault();
             let faulty = fault.is_some();
-            let job = Job::Coll { name: "new_group".into(), post: p, keep: vec![], flag: flag.clone(), reply: Some(reply_tx), fault };
+            let job = Job::Coll {
+                name: "new_group".into(),
+                post: p,
+                keep: vec![],
+                flag: flag.clone(),
+                reply: Some(reply_tx),
+                fault,
+                failed: None,
+            };
             (*seq, self.submit_coll(job, flag, faulty)?)
         };
         let (seq, c) = seq;
@@ -617,42 +716,31 @@ impl Backend for ShmBackend {
     }
 
     fn all_reduce(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, Variant::Out)?;
-        self.issue("all_reduce", p, keep, outs.remove(0))
+        Ok(self.all_reduce_impl("all_reduce", std::slice::from_ref(x), op, Variant::Out)?.map(|mut v| v.remove(0)))
     }
     fn all_reduce_(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let (mut outs, p, keep) = self.all_reduce_impl(std::slice::from_ref(x), op, Variant::InPlace)?;
-        self.issue("all_reduce_", p, keep, outs.remove(0))
+        Ok(self.all_reduce_impl("all_reduce_", std::slice::from_ref(x), op, Variant::InPlace)?.map(|mut v| v.remove(0)))
     }
     fn all_reduce_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl(xs, op, Variant::Coalesced)?;
-        self.issue("all_reduce_coalesced", p, keep, outs)
+        self.all_reduce_impl("all_reduce_coalesced", xs, op, Variant::Coalesced)
     }
     fn all_reduce_coalesced_(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let (outs, p, keep) = self.all_reduce_impl(xs, op, Variant::CoalescedInPlace)?;
-        self.issue("all_reduce_coalesced_", p, keep, outs)
+        self.all_reduce_impl("all_reduce_coalesced_", xs, op, Variant::CoalescedInPlace)
     }
 
     fn all_gather_into_tensor(&self, x: &ShmBuffer) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
-        let p = self.post_of(CallOp::AllGather, Variant::Out, &[x], &[&out]);
-        self.issue("all_gather_into_tensor", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("all_gather_into_tensor", CallOp::AllGather, x, &self.gathered_shape(x), |_| {})
     }
     fn all_gather_into_tensor_out(&self, x: &ShmBuffer, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
         let p = self.post_of(CallOp::AllGather, Variant::OutBuf, &[x], &[out]);
         self.issue("all_gather_into_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
     }
     fn all_gather_into_tensor_coalesced(&self, xs: &[ShmBuffer]) -> Result<Work<Vec<ShmBuffer>>> {
-        let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.gathered_shape(x))).collect::<Result<_>>()?;
-        let p = self.post_of(CallOp::AllGather, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
-        self.issue("all_gather_into_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
+        self.issue_coalesced("all_gather_into_tensor_coalesced", CallOp::AllGather, xs, |x| self.gathered_shape(x), |_| {})
     }
 
     fn reduce_scatter_tensor(&self, x: &ShmBuffer, op: ReduceOp) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
-        let mut p = self.post_of(CallOp::ReduceScatter, Variant::Out, &[x], &[&out]);
-        p.call.reduce = Some(op);
-        self.issue("reduce_scatter_tensor", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("reduce_scatter_tensor", CallOp::ReduceScatter, x, &self.scattered_shape(x), |p| p.call.reduce = Some(op))
     }
     fn reduce_scatter_tensor_out(&self, x: &ShmBuffer, op: ReduceOp, out: &ShmBuffer) -> Result<Work<ShmBuffer>> {
         let mut p = self.post_of(CallOp::ReduceScatter, Variant::OutBuf, &[x], &[out]);
@@ -660,11 +748,13 @@ impl Backend for ShmBackend {
         self.issue("reduce_scatter_tensor_out", p, vec![x.clone(), out.clone()], out.clone())
     }
     fn reduce_scatter_tensor_coalesced(&self, xs: &[ShmBuffer], op: ReduceOp) -> Result<Work<Vec<ShmBuffer>>> {
-        let outs: Vec<ShmBuffer> = xs.iter().map(|x| self.new_buf(x.dtype, &self.scattered_shape(x))).collect::<Result<_>>()?;
-        let mut p =
-            self.post_of(CallOp::ReduceScatter, Variant::Coalesced, &xs.iter().collect::<Vec<_>>(), &outs.iter().collect::<Vec<_>>());
-        p.call.reduce = Some(op);
-        self.issue("reduce_scatter_tensor_coalesced", p, xs.iter().chain(&outs).cloned().collect(), outs)
+        self.issue_coalesced(
+            "reduce_scatter_tensor_coalesced",
+            CallOp::ReduceScatter,
+            xs,
+            |x| self.scattered_shape(x),
+            |p| p.call.reduce = Some(op),
+        )
     }
 
     fn all_to_all_single(&self, x: &ShmBuffer, output_splits: Option<&[usize]>, input_splits: Option<&[usize]>) -> Result<Work<ShmBuffer>> {
@@ -678,18 +768,14 @@ impl Backend for ShmBackend {
         };
         let shape: Vec<usize> =
             if x.shape.is_empty() { vec![] } else { std::iter::once(rows).chain(x.shape[1..].iter().copied()).collect() };
-        let out = self.new_buf(x.dtype, &shape)?;
-        let mut p = self.post_of(CallOp::AllToAll, Variant::Out, &[x], &[&out]);
-        p.call.in_splits = input_splits.map(|s| s.to_vec());
-        p.call.out_splits = output_splits.map(|s| s.to_vec());
-        self.issue("all_to_all_single", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("all_to_all_single", CallOp::AllToAll, x, &shape, |p| {
+            p.call.in_splits = input_splits.map(|s| s.to_vec());
+            p.call.out_splits = output_splits.map(|s| s.to_vec());
+        })
     }
 
     fn broadcast(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(CallOp::Broadcast, Variant::Out, &[x], &[&out]);
-        p.call.root = Some(src);
-        self.issue("broadcast", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("broadcast", CallOp::Broadcast, x, &x.shape, |p| p.call.root = Some(src))
     }
     fn broadcast_(&self, x: &ShmBuffer, src: usize) -> Result<Work<ShmBuffer>> {
         let mut p = self.post_of(CallOp::Broadcast, Variant::InPlace, &[x], &[x]);
@@ -697,29 +783,19 @@ impl Backend for ShmBackend {
         self.issue("broadcast_", p, vec![x.clone()], x.clone())
     }
     fn permute_tensor(&self, x: &ShmBuffer, src_dst: &[usize]) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(CallOp::Permute, Variant::Out, &[x], &[&out]);
-        p.call.perm = Some(src_dst.to_vec());
-        self.issue("permute_tensor", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("permute_tensor", CallOp::Permute, x, &x.shape, |p| p.call.perm = Some(src_dst.to_vec()))
     }
     fn reduce(&self, x: &ShmBuffer, op: ReduceOp, root: usize) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &x.shape)?;
-        let mut p = self.post_of(CallOp::Reduce, Variant::Out, &[x], &[&out]);
-        p.call.reduce = Some(op);
-        p.call.root = Some(root);
-        self.issue("reduce", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("reduce", CallOp::Reduce, x, &x.shape, |p| {
+            p.call.reduce = Some(op);
+            p.call.root = Some(root);
+        })
     }
     fn gather(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &self.gathered_shape(x))?;
-        let mut p = self.post_of(CallOp::Gather, Variant::Out, &[x], &[&out]);
-        p.call.root = Some(root);
-        self.issue("gather", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("gather", CallOp::Gather, x, &self.gathered_shape(x), |p| p.call.root = Some(root))
     }
     fn scatter(&self, x: &ShmBuffer, root: usize) -> Result<Work<ShmBuffer>> {
-        let out = self.new_buf(x.dtype, &self.scattered_shape(x))?;
-        let mut p = self.post_of(CallOp::Scatter, Variant::Out, &[x], &[&out]);
-        p.call.root = Some(root);
-        self.issue("scatter", p, vec![x.clone(), out.clone()], out)
+        self.issue_one("scatter", CallOp::Scatter, x, &self.scattered_shape(x), |p| p.call.root = Some(root))
     }
 
     fn send(&self, x: &ShmBuffer, dst: usize) -> Result<Work<()>> {

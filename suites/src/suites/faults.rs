@@ -28,6 +28,17 @@
 //!   all_reduce (rank `r` holding `r + 1`) and a broadcast from a rank that did not fail run on
 //!   the same communicator, their values checked on every rank (a backend that poisons the
 //!   communicator after any failure fails there).
+//! * `faults::alloc_fails_at_issue::{all_reduce,all_gather_into_tensor}::ws{2,3}`,
+//!   `::{reduce_scatter_tensor,broadcast,all_to_all_single}::ws2` — rank 1's allocation of the
+//!   output of its out-of-place op fails at issue (`alloc_output:fail`: the backend's own
+//!   allocator refuses it, as a full arena / `/dev/shm` or a device out of memory would; a
+//!   backend that does not declare the hook: UNSUPPORTED). A local failure like `fail_after_post`'s
+//!   (the same checks, rank 1 the broadcast's root): rank 1's issue or wait returns its own
+//!   `backend` error, every peer's wait a named error within its deadline (never `Ok`, a
+//!   timeout, bad input or a dead peer: shm's old issue returned the error before numbering the
+//!   op, and the peers waited to their deadline), the all_reduce issued before it completes with
+//!   its values, the world stays usable (an all_reduce and a broadcast checked), and once every
+//!   rank dropped the communicator no file named after it is left in `/dev/shm`.
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -241,6 +252,22 @@ enum VictimOp {
     /// A reduce_scatter_tensor (out of place) with the vehicle's reduce op: each rank's chunk
     /// reduces the victim's input.
     ReduceScatter,
+    /// An all_gather_into_tensor (out of place): every rank's output holds the victim's input.
+    AllGather,
+}
+
+impl VictimOp {
+    /// The op and variant, as the case's messages name them.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            VictimOp::InPlace => ("all_reduce", "inplace"),
+            VictimOp::OutOfPlace => ("all_reduce", "out"),
+            VictimOp::Broadcast => ("broadcast", "out"),
+            VictimOp::AllToAll => ("all_to_all_single", "out"),
+            VictimOp::ReduceScatter => ("reduce_scatter_tensor", "out"),
+            VictimOp::AllGather => ("all_gather_into_tensor", "out"),
+        }
+    }
 }
 
 /// The victim's op fails (its wait returns an error); it fills its buffers — and, out of place,
@@ -248,12 +275,28 @@ enum VictimOp {
 /// other rank's op has ended, and checks the canary. The other rank issues after the victim's
 /// failure when `late`, else at once; its op must fail too (named, never `Ok`).
 fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, place: VictimOp, f: Option<Fault>) -> CaseResult {
+    victim_case_on(ctx, victim, late, place, f).map(drop)
+}
+
+/// [`victim_case`], handing back the case's communicator and its world id (for checks once every
+/// rank has dropped it). With the fault `alloc_output:fail` the victim's failure may come at
+/// issue (its output was never allocated) or at its wait, and it MUST be the victim's own
+/// `backend` error (the allocator's: an out-of-memory is a local failure, not a peer's abort).
+fn victim_case_on<B: Backend>(
+    ctx: &mut Ctx<'_, B>,
+    victim: usize,
+    late: bool,
+    place: VictimOp,
+    f: Option<Fault>,
+) -> Result<(B, String), CaseEnd> {
     let points: Vec<String> = f.iter().map(|f| f.point.clone()).collect();
     needs(ctx.b, &points.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
     // The warm-up is out of place; the victim's op in place, out of place or a broadcast.
     let red = match place {
         VictimOp::InPlace => vehicle(ctx.b, &[Variant::Out, Variant::InPlace])?,
-        VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter => vehicle(ctx.b, &[Variant::Out])?,
+        VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter | VictimOp::AllGather => {
+            vehicle(ctx.b, &[Variant::Out])?
+        }
     };
     // The victim's op itself, where it is not the vehicle all_reduce: a declared gap of it (in
     // f32, out of place, with the vehicle's reduce op where it reduces) leaves the case nothing
@@ -263,6 +306,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::Broadcast => Some((OpKind::Broadcast, None)),
         VictimOp::AllToAll => Some((OpKind::AllToAllSingle, None)),
         VictimOp::ReduceScatter => Some((OpKind::ReduceScatterTensor, Some(red))),
+        VictimOp::AllGather => Some((OpKind::AllGatherIntoTensor, None)),
     };
     if let Some((op, reduce)) = own {
         let caps = ctx.b.capabilities();
@@ -272,13 +316,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     }
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
-    let (op, variant) = match place {
-        VictimOp::InPlace => ("all_reduce", "inplace"),
-        VictimOp::OutOfPlace => ("all_reduce", "out"),
-        VictimOp::Broadcast => ("broadcast", "out"),
-        VictimOp::AllToAll => ("all_to_all_single", "out"),
-        VictimOp::ReduceScatter => ("reduce_scatter_tensor", "out"),
-    };
+    let (op, variant) = place.names();
     let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
     let me = b.rank();
     // A local failure reaches every rank as one named error and the world stays usable (clause
@@ -310,7 +348,11 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         VictimOp::Broadcast => b.broadcast(x, victim),
         VictimOp::AllToAll => b.all_to_all_single(x, None, None),
         VictimOp::ReduceScatter => b.reduce_scatter_tensor(x, red),
+        VictimOp::AllGather => b.all_gather_into_tensor(x),
     };
+    // The fault `alloc_output:fail`: the victim's output allocation fails at issue.
+    let at_issue = f.as_ref().is_some_and(|f| f.point == point::ALLOC_OUTPUT);
+    let how = if at_issue { "at issue (its output could not be allocated)" } else { "after it was posted" };
     // A local failure (the victim's op fails on its own, after it was posted) reaches every rank
     // as a named error, never a timeout (clause `faults.local_failure_named_everywhere`): the
     // peer's failure is known, nothing is late.
@@ -319,8 +361,8 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             return Err(fail(
                 &w,
                 format!(
-                    "{whose} op ended in a timeout ({e}); rank {victim}'s op failed locally after it was posted: every rank gets a named \
-                     error of that failure, never a timeout"
+                    "{whose} op ended in a timeout ({e}); rank {victim}'s op failed locally {how}: every rank gets a named error of \
+                     that failure, never a timeout"
                 ),
             ));
         }
@@ -330,8 +372,8 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             return Err(fail(
                 &w,
                 format!(
-                    "{whose} op ended in {} ({e}); rank {victim}'s op failed locally after it was posted, and every rank's call was \
-                     right: the error names that failure, not bad input",
+                    "{whose} op ended in {} ({e}); rank {victim}'s op failed locally {how}, and every rank's call was right: the \
+                     error names that failure, not bad input",
                     e.name()
                 ),
             ));
@@ -340,9 +382,18 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
     };
     if me == victim {
         let t0 = Instant::now();
-        let why =
-            if local_failure { "this rank's own side of it failed (the injected fault)" } else { "its peer never ran its side in time" };
-        let e = must_fail(issue(&x)?.wait(ctx.timeout).map(|_| ()), &w, why)?;
+        let why = match (at_issue, local_failure) {
+            (true, _) => "this rank's allocation of its output failed (the fault alloc_output:fail)",
+            (false, true) => "this rank's own side of it failed (the injected fault)",
+            (false, false) => "its peer never ran its side in time",
+        };
+        let r = match issue(&x) {
+            // An issue that fails (and names it) ends the op here: its peers' waits must still end
+            // in a named error, checked on their side.
+            Err(e) if at_issue => Err(e),
+            w => w?.wait(ctx.timeout).map(|_| ()),
+        };
+        let e = must_fail(r, &w, why)?;
         if t0.elapsed() > ctx.timeout {
             return Err(fail(&w, format!("the failure came after {:?}", t0.elapsed())));
         }
@@ -353,7 +404,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         // (an allocator may hand back the op's freed output).
         let n_fresh = match place {
             VictimOp::InPlace => 0,
-            VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter => 1,
+            VictimOp::OutOfPlace | VictimOp::Broadcast | VictimOp::AllToAll | VictimOp::ReduceScatter | VictimOp::AllGather => 1,
         };
         let fresh: Vec<B::Buffer> = (0..n_fresh).map(|_| b.alloc(DType::F32, &[N])).collect::<Result<_, _>>()?;
         for f in &fresh {
@@ -369,6 +420,17 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
         bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
         check_canary(&b, &bufs, &w, &e)?;
         named?;
+        if at_issue && e.name() != "backend" {
+            return Err(fail(
+                &w,
+                format!(
+                    "this rank's allocation of its output failed (the fault alloc_output:fail), yet its error is {e} [{}]: an \
+                     out-of-memory is this rank's own failure, a `backend` error naming the allocation (its peers get their named \
+                     error of it)",
+                    e.name()
+                ),
+            ));
+        }
         if local_failure {
             local_cause_named(&e, &w, victim)?;
             usable_after(ctx, &b, red, victim, &w)?;
@@ -389,18 +451,15 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             if e.name() == "peer_died" {
                 return Err(fail(
                     &w,
-                    format!(
-                        "this rank's op ended in {e} [{}]: rank {victim}'s op failed locally after it was posted, and no rank died",
-                        e.name()
-                    ),
+                    format!("this rank's op ended in {e} [{}]: rank {victim}'s op failed locally {how}, and no rank died", e.name()),
                 ));
             }
             if let Some(claim) = claims_timeout_or_death(&e) {
                 return Err(fail(
                     &w,
                     format!(
-                        "this rank's op ended in {e} [{}], whose text says `{claim}`: rank {victim}'s op failed locally after it was \
-                         posted (nothing timed out, no rank died); a caller told of a timeout or a dead peer hunts a fault that never was",
+                        "this rank's op ended in {e} [{}], whose text says `{claim}`: rank {victim}'s op failed locally {how} (nothing \
+                         timed out, no rank died); a caller told of a timeout or a dead peer hunts a fault that never was",
                         e.name()
                     ),
                 ));
@@ -408,7 +467,7 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
             usable_after(ctx, &b, red, victim, &w)?;
         }
     }
-    Ok(())
+    Ok((b, keys.id))
 }
 
 /// Phrases by which an error's text claims a timeout or a dead peer (lower case). Errors are
@@ -544,6 +603,21 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
         // (open-mpi/ompi PR #10977: the basic reduce_scatter_block never checked its `err`).
         victim_case(ctx, 1, true, VictimOp::ReduceScatter, Some(fault(point::AFTER_POST, Action::Fail, 1, 2)))
     }));
+    // An out-of-place op's output allocation fails at issue on one rank (`alloc_output:fail`).
+    for (place, sizes) in [
+        (VictimOp::OutOfPlace, &[2, 3][..]),
+        (VictimOp::AllGather, &[2, 3]),
+        (VictimOp::ReduceScatter, &[2]),
+        (VictimOp::Broadcast, &[2]),
+        (VictimOp::AllToAll, &[2]),
+    ] {
+        let (op, variant) = place.names();
+        for &ws in sizes {
+            v.push(Case::<B>::new(format!("faults::alloc_fails_at_issue::{op}::ws{ws}"), meta(op, variant), ws, move |ctx| {
+                alloc_fails_case(ctx, place)
+            }));
+        }
+    }
     v.push(Case::<B>::new("faults::panic_in_progress_thread::ws2", meta("all_reduce", "out"), 2, panic_case));
     v.push(Case::<B>::new("faults::split_sum_overflow::ws2", meta("all_to_all_single", "out"), 2, split_overflow_case));
     v.push(Case::<B>::new("faults::new_group_after_mismatch::ws2", meta("new_group", "out"), 2, group_mismatch_case));
@@ -811,6 +885,35 @@ fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseR
         (None, false) => Ok(()),
         (g, _) => Err(fail(&w, format!("{step} gave {} to rank {me}", if g.is_some() { "a communicator" } else { "no communicator" }))),
     }
+}
+
+/// `faults::alloc_fails_at_issue::<op>::ws{2,3}` (module docs): rank 1's allocation of its
+/// output of op 2 fails at issue (`alloc_output:fail`, the backend's own allocator refusing it):
+/// [`victim_case`]'s checks of a local failure (rank 1's error its own `backend` error, at issue
+/// or at its wait; every peer's a named error, never `Ok`, a timeout, bad input or a dead peer,
+/// within its wait; works issued before it complete with their own values; no peer writes the
+/// victim's buffers after its failure; the world usable after, values checked), then every rank
+/// drops the communicator and no file named after it is left in `/dev/shm`.
+fn alloc_fails_case<B: Backend>(ctx: &mut Ctx<'_, B>, place: VictimOp) -> CaseResult {
+    const VICTIM: usize = 1;
+    let (b, id) = victim_case_on(ctx, VICTIM, true, place, Some(fault(point::ALLOC_OUTPUT, Action::Fail, VICTIM, 2)))?;
+    let (op, variant) = place.names();
+    let w = format!("{} fault=alloc_output:fail@{VICTIM}#1", here(&b, op, variant, DType::F32));
+    let (me, ws) = (b.rank(), b.world_size());
+    drop(b);
+    let keys = Keys { ctx, id: id.clone() };
+    keys.set(&format!("dropped{me}"), &w)?;
+    for r in 0..ws {
+        keys.wait(&format!("dropped{r}"), &w)?;
+    }
+    let left = files_of(&id);
+    if !left.is_empty() {
+        return Err(fail(
+            &w,
+            format!("after rank {VICTIM}'s output allocation failed at issue and every rank dropped the communicator, /dev/shm still holds {left:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Files in /dev/shm named after world `id`.
