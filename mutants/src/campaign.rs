@@ -351,7 +351,8 @@ struct Cli {
     /// Mutants run side by side (default: the machine's parallelism).
     #[arg(long)]
     jobs: Option<usize>,
-    /// List the mutants (name, clause, bug) and exit.
+    /// List the mutants (name, clause, bug) and exit; with `--legal`, the legal variants (name,
+    /// declaration, choice).
     #[arg(long)]
     list: bool,
     /// The corruption sweep instead of the catalogue's mutants (`crate::sweep`): every cell of
@@ -470,6 +471,12 @@ pub fn render_legal(runs: &[LegalRun]) -> String {
 /// `--legal`: the legal variants against the catalogue; exits 1 on any false failure.
 fn legal_main(cli: &Cli) -> ! {
     let all = crate::legal::catalogue();
+    if cli.list {
+        for s in &all {
+            println!("{:<38} {:<30} {}", s.name, s.clause, s.what);
+        }
+        std::process::exit(0);
+    }
     for w in &cli.mutants {
         if !all.iter().any(|s| s.name == w) {
             eprintln!("error: no legal variant `{w}` (they are: {})", all.iter().map(|s| s.name).collect::<Vec<_>>().join(", "));
