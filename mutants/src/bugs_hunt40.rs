@@ -112,59 +112,46 @@ impl SplitRailRsWrongBuffer {
     }
 }
 
+impl SplitRailRsWrongBuffer {
+    /// An all_reduce (in place or not) of a taken size: the real op, its result's blocks past
+    /// the first made stale from a side gather of the inputs.
+    fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
+        let call = move || if in_place { s.inner.all_reduce_(x, op) } else { s.inner.all_reduce(x, op) };
+        if !Self::taken(s, x) {
+            return call();
+        }
+        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
+        let gather = s.inner.all_gather_into_tensor(x)?;
+        self.side.fetch_add(1, Ordering::SeqCst);
+        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
+        let real = move || {
+            call().inspect_err(|_| {
+                undo.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        then_gathered(
+            s,
+            gather,
+            |g| g,
+            real,
+            |o| Some(o),
+            move |all, t| {
+                side.fetch_sub(1, Ordering::SeqCst);
+                Self::stale_blocks(all, t, ws)
+            },
+        )
+    }
+}
+
 impl Bug for SplitRailRsWrongBuffer {
     fn outstanding(&self, s: &Shm) -> usize {
         (s.inner.outstanding() + s.own.get()).saturating_sub(self.side.load(Ordering::SeqCst))
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::taken(s, x) {
-            return s.inner.all_reduce(x, op);
-        }
-        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
-        let gather = s.inner.all_gather_into_tensor(x)?;
-        self.side.fetch_add(1, Ordering::SeqCst);
-        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
-        let real = move || {
-            s.inner.all_reduce(x, op).inspect_err(|_| {
-                undo.fetch_sub(1, Ordering::SeqCst);
-            })
-        };
-        then_gathered(
-            s,
-            gather,
-            |g| g,
-            real,
-            |o| Some(o),
-            move |all, t| {
-                side.fetch_sub(1, Ordering::SeqCst);
-                Self::stale_blocks(all, t, ws)
-            },
-        )
+        self.issue(s, x, op, false)
     }
     fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        if !Self::taken(s, x) {
-            return s.inner.all_reduce_(x, op);
-        }
-        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
-        let gather = s.inner.all_gather_into_tensor(x)?;
-        self.side.fetch_add(1, Ordering::SeqCst);
-        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
-        let real = move || {
-            s.inner.all_reduce_(x, op).inspect_err(|_| {
-                undo.fetch_sub(1, Ordering::SeqCst);
-            })
-        };
-        then_gathered(
-            s,
-            gather,
-            |g| g,
-            real,
-            |o| Some(o),
-            move |all, t| {
-                side.fetch_sub(1, Ordering::SeqCst);
-                Self::stale_blocks(all, t, ws)
-            },
-        )
+        self.issue(s, x, op, true)
     }
 }
 
