@@ -116,36 +116,17 @@ impl SplitRailRsWrongBuffer {
     /// An all_reduce (in place or not) of a taken size: the real op, its result's blocks past
     /// the first made stale from a side gather of the inputs.
     fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
-        let call = move || if in_place { s.inner.all_reduce_(x, op) } else { s.inner.all_reduce(x, op) };
         if !Self::taken(s, x) {
-            return call();
+            return all_reduce(s, x, op, in_place);
         }
-        let (ws, side, undo) = (s.ws(), self.side.clone(), self.side.clone());
-        let gather = s.inner.all_gather_into_tensor(x)?;
-        self.side.fetch_add(1, Ordering::SeqCst);
-        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
-        let real = move || {
-            call().inspect_err(|_| {
-                undo.fetch_sub(1, Ordering::SeqCst);
-            })
-        };
-        then_gathered(
-            s,
-            gather,
-            |g| g,
-            real,
-            |o| Some(o),
-            move |all, t| {
-                side.fetch_sub(1, Ordering::SeqCst);
-                Self::stale_blocks(all, t, ws)
-            },
-        )
+        let ws = s.ws();
+        with_side_gather(s, x, op, in_place, &self.side, move |all, t| Self::stale_blocks(all, t, ws))
     }
 }
 
 impl Bug for SplitRailRsWrongBuffer {
     fn outstanding(&self, s: &Shm) -> usize {
-        (s.inner.outstanding() + s.own.get()).saturating_sub(self.side.load(Ordering::SeqCst))
+        outstanding_but(s, &self.side)
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         self.issue(s, x, op, false)
@@ -191,49 +172,31 @@ impl LlFlagNotAdvancedOnReplay {
             && s.numel(x) * dtype.size() < LL_MAX
             && s.numel(x) > 0
     }
-    fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, inplace: bool) -> Result<Work<Buf>> {
-        let real = || if inplace { s.inner.all_reduce_(x, op) } else { s.inner.all_reduce(x, op) };
+    fn issue(&self, s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
         if !Self::taken(s, x, op) {
-            return real();
+            return all_reduce(s, x, op, in_place);
         }
-        let undo = self.side.clone();
-        // A refused call waits its side gather at once (`then_gathered`): no longer pending.
-        let real = move || {
-            real().inspect_err(|_| {
-                undo.fetch_sub(1, Ordering::SeqCst);
-            })
-        };
         let key = (s.inner.buffer_addr(x), s.inner.buffer_dtype(x), s.inner.buffer_shape(x));
-        let (me, ws, prev, side) = (s.rank(), s.ws(), self.prev.clone(), self.side.clone());
-        let gather = s.inner.all_gather_into_tensor(x)?;
-        self.side.fetch_add(1, Ordering::SeqCst);
-        then_gathered(
-            s,
-            gather,
-            |g| g,
-            real,
-            |o| Some(o),
-            move |all, t| {
-                side.fetch_sub(1, Ordering::SeqCst);
-                let mut last = lock(&prev);
-                if let Some((addr, dtype, shape, old)) = last.as_ref() {
-                    if (*addr, *dtype, shape) == (key.0, key.1, &key.2) {
-                        let n = t.numel();
-                        for i in 0..n {
-                            let peers: f64 = (0..ws).filter(|&q| q != me).map(|q| old.get_f64(q * n + i)).sum();
-                            set_f64(t, i, all.get_f64(me * n + i) + peers);
-                        }
+        let (me, ws, prev) = (s.rank(), s.ws(), self.prev.clone());
+        with_side_gather(s, x, op, in_place, &self.side, move |all, t| {
+            let mut last = lock(&prev);
+            if let Some((addr, dtype, shape, old)) = last.as_ref() {
+                if (*addr, *dtype, shape) == (key.0, key.1, &key.2) {
+                    let n = t.numel();
+                    for i in 0..n {
+                        let peers: f64 = (0..ws).filter(|&q| q != me).map(|q| old.get_f64(q * n + i)).sum();
+                        set_f64(t, i, all.get_f64(me * n + i) + peers);
                     }
                 }
-                *last = Some((key.0, key.1, key.2, all.clone()));
-            },
-        )
+            }
+            *last = Some((key.0, key.1, key.2, all.clone()));
+        })
     }
 }
 
 impl Bug for LlFlagNotAdvancedOnReplay {
     fn outstanding(&self, s: &Shm) -> usize {
-        (s.inner.outstanding() + s.own.get()).saturating_sub(self.side.load(Ordering::SeqCst))
+        outstanding_but(s, &self.side)
     }
     fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
         self.issue(s, x, op, false)
@@ -358,6 +321,55 @@ impl Bug for GroupItemsPast64Unrun {
             Ok(())
         }))
     }
+}
+
+// ---------------------------------------------------------------- side gathers (two ports)
+
+/// The real all_reduce of `x`, in place or not.
+fn all_reduce(s: &Shm, x: &Buf, op: ReduceOp, in_place: bool) -> Result<Work<Buf>> {
+    if in_place {
+        s.inner.all_reduce_(x, op)
+    } else {
+        s.inner.all_reduce(x, op)
+    }
+}
+
+/// The real all_reduce of `x` (in place or not), its result edited by `f` from every rank's
+/// input (`all`), taken by an all-gather issued beside it. That side gather is counted in `side`
+/// until `f` ran or the call was refused (a refused call waits it at once, `then_gathered`):
+/// not the caller's work, [`outstanding_but`] leaves it out.
+fn with_side_gather(
+    s: &Shm,
+    x: &Buf,
+    op: ReduceOp,
+    in_place: bool,
+    side: &Arc<AtomicUsize>,
+    f: impl FnOnce(&Tensor, &mut Tensor) + Send + 'static,
+) -> Result<Work<Buf>> {
+    let gather = s.inner.all_gather_into_tensor(x)?;
+    side.fetch_add(1, Ordering::SeqCst);
+    let (undo, done) = (side.clone(), side.clone());
+    let real = move || {
+        all_reduce(s, x, op, in_place).inspect_err(|_| {
+            undo.fetch_sub(1, Ordering::SeqCst);
+        })
+    };
+    then_gathered(
+        s,
+        gather,
+        |g| g,
+        real,
+        |o| Some(o),
+        move |all, t| {
+            done.fetch_sub(1, Ordering::SeqCst);
+            f(all, t)
+        },
+    )
+}
+
+/// The backend's outstanding works less the side gathers counted in `side`.
+fn outstanding_but(s: &Shm, side: &AtomicUsize) -> usize {
+    (s.inner.outstanding() + s.own.get()).saturating_sub(side.load(Ordering::SeqCst))
 }
 
 pub fn catalogue() -> Vec<Spec> {
