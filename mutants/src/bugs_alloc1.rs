@@ -247,33 +247,17 @@ impl OomAbortsCommunicator {
 }
 
 impl Bug for OomAbortsCommunicator {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
-    }
-    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "all_gather_into_tensor", || s.inner.all_gather_into_tensor(x))
-    }
-    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "reduce_scatter_tensor", || s.inner.reduce_scatter_tensor(x, op))
-    }
-    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
-        self.op(s, "all_to_all_single", || s.inner.all_to_all_single(x, o, i))
-    }
-    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "broadcast", || s.inner.broadcast(x, src))
-    }
-    fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "broadcast_", || s.inner.broadcast_(x, src))
-    }
-    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        self.op(s, "permute_tensor", || s.inner.permute_tensor(x, src_dst))
-    }
-    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
-        self.op(s, "barrier", || s.inner.barrier())
-    }
+    crate::through_op!(
+        all_reduce,
+        all_reduce_,
+        all_gather_into_tensor,
+        reduce_scatter_tensor,
+        all_to_all_single,
+        broadcast,
+        broadcast_,
+        permute_tensor,
+        barrier
+    );
 }
 
 pub fn catalogue() -> Vec<Spec> {

@@ -56,39 +56,19 @@ impl<T: Send + Sync> Completion for Noted<T> {
 }
 
 impl Bug for PoisonedAfterAnyFailure {
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
-    }
-    fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "all_gather_into_tensor", || s.inner.all_gather_into_tensor(x))
-    }
-    fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "reduce_scatter_tensor", || s.inner.reduce_scatter_tensor(x, op))
-    }
-    fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
-        self.op(s, "all_to_all_single", || s.inner.all_to_all_single(x, o, i))
-    }
-    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "broadcast", || s.inner.broadcast(x, src))
-    }
-    fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
-        self.op(s, "permute_tensor", || s.inner.permute_tensor(x, src_dst))
-    }
-    fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
-        self.op(s, "reduce", || s.inner.reduce(x, op, root))
-    }
-    fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.op(s, "gather", || s.inner.gather(x, root))
-    }
-    fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
-        self.op(s, "scatter", || s.inner.scatter(x, root))
-    }
-    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
-        self.op(s, "barrier", || s.inner.barrier())
-    }
+    crate::through_op!(
+        all_reduce,
+        all_reduce_,
+        all_gather_into_tensor,
+        reduce_scatter_tensor,
+        all_to_all_single,
+        broadcast,
+        permute_tensor,
+        reduce,
+        gather,
+        scatter,
+        barrier
+    );
 }
 
 /// Once a `new_group` failed on this rank (bad input excepted: a mismatched group stays a named
@@ -123,18 +103,7 @@ impl Bug for PoisonedAfterGroupFailure {
     fn refuse_group(&self, s: &Shm, _ranks: &[usize]) -> Result<()> {
         self.op(s, "new_group", || Ok(()))
     }
-    fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
-    }
-    fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-        self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
-    }
-    fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "broadcast", || s.inner.broadcast(x, src))
-    }
-    fn barrier(&self, s: &Shm) -> Result<Work<()>> {
-        self.op(s, "barrier", || s.inner.barrier())
-    }
+    crate::through_op!(all_reduce, all_reduce_, broadcast, barrier);
 }
 
 pub fn catalogue() -> Vec<Spec> {

@@ -60,24 +60,7 @@ impl GroupFailureAbortsParent {
 /// which the fused cases check, and a family flag there adds nothing to either bug).
 macro_rules! wrapped_ops {
     () => {
-        fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-            self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
-        }
-        fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
-            self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
-        }
-        fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
-            self.op(s, "all_to_all_single", || s.inner.all_to_all_single(x, o, i))
-        }
-        fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-            self.op(s, "broadcast", || s.inner.broadcast(x, src))
-        }
-        fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
-            self.op(s, "broadcast_", || s.inner.broadcast_(x, src))
-        }
-        fn barrier(&self, s: &Shm) -> Result<Work<()>> {
-            self.op(s, "barrier", || s.inner.barrier())
-        }
+        crate::through_op!(all_reduce, all_reduce_, all_to_all_single, broadcast, broadcast_, barrier);
     };
 }
 

@@ -402,6 +402,74 @@ impl Shm {
         Work::done(value, self.meta(op), &self.own)
     }
 }
+/// `Bug` methods, one per named shm op, each routing its op through the mutant's own
+/// `self.op(s, "<op>", || s.inner.<op>(..))` (mutants that do one thing around every op they
+/// wrap: a poisoned communicator, an abort flag, a watchdog). Used inside `impl Bug for ..`:
+/// `through_op!(all_reduce, broadcast, barrier);`.
+macro_rules! through_op {
+    ($($name:ident),* $(,)?) => { $($crate::through_op!(@one $name);)* };
+    (@one all_reduce) => {
+        fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+            self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
+        }
+    };
+    (@one all_reduce_) => {
+        fn all_reduce_(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+            self.op(s, "all_reduce_", || s.inner.all_reduce_(x, op))
+        }
+    };
+    (@one all_gather_into_tensor) => {
+        fn all_gather_into_tensor(&self, s: &Shm, x: &Buf) -> Result<Work<Buf>> {
+            self.op(s, "all_gather_into_tensor", || s.inner.all_gather_into_tensor(x))
+        }
+    };
+    (@one reduce_scatter_tensor) => {
+        fn reduce_scatter_tensor(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
+            self.op(s, "reduce_scatter_tensor", || s.inner.reduce_scatter_tensor(x, op))
+        }
+    };
+    (@one all_to_all_single) => {
+        fn all_to_all_single(&self, s: &Shm, x: &Buf, o: Option<&[usize]>, i: Option<&[usize]>) -> Result<Work<Buf>> {
+            self.op(s, "all_to_all_single", || s.inner.all_to_all_single(x, o, i))
+        }
+    };
+    (@one broadcast) => {
+        fn broadcast(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+            self.op(s, "broadcast", || s.inner.broadcast(x, src))
+        }
+    };
+    (@one broadcast_) => {
+        fn broadcast_(&self, s: &Shm, x: &Buf, src: usize) -> Result<Work<Buf>> {
+            self.op(s, "broadcast_", || s.inner.broadcast_(x, src))
+        }
+    };
+    (@one permute_tensor) => {
+        fn permute_tensor(&self, s: &Shm, x: &Buf, src_dst: &[usize]) -> Result<Work<Buf>> {
+            self.op(s, "permute_tensor", || s.inner.permute_tensor(x, src_dst))
+        }
+    };
+    (@one reduce) => {
+        fn reduce(&self, s: &Shm, x: &Buf, op: ReduceOp, root: usize) -> Result<Work<Buf>> {
+            self.op(s, "reduce", || s.inner.reduce(x, op, root))
+        }
+    };
+    (@one gather) => {
+        fn gather(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+            self.op(s, "gather", || s.inner.gather(x, root))
+        }
+    };
+    (@one scatter) => {
+        fn scatter(&self, s: &Shm, x: &Buf, root: usize) -> Result<Work<Buf>> {
+            self.op(s, "scatter", || s.inner.scatter(x, root))
+        }
+    };
+    (@one barrier) => {
+        fn barrier(&self, s: &Shm) -> Result<Work<()>> {
+            self.op(s, "barrier", || s.inner.barrier())
+        }
+    };
+}
+pub(crate) use through_op;
 
 /// Issues the real op (`issue`) after a raw all_gather already issued (`gather`, reached through
 /// `work_of`: the gather's work itself, or a holder of it); when the op is waited, `f` edits the
