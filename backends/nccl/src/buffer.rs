@@ -56,6 +56,22 @@ impl NcclBackend {
             return Err(self.backend_err(op.name, op.seq, "injected fault after_begin:fail (a simulated out-of-memory)"));
         }
         let bytes = shape.iter().product::<usize>() * dtype.size();
+        // The fault `alloc_output:fail` (on the op already numbered, so its dropped `Op` still
+        // sends its header marked failed): this one allocation asks for twice the device's
+        // memory, through the allocator's own path (block cache, pool, the one retry after
+        // emptying the cache), which fails as a real out-of-memory does, with the driver's
+        // `CUDA_ERROR_OUT_OF_MEMORY`.
+        if self.faults.fires(point::ALLOC_OUTPUT, Action::Fail, op.nth) {
+            let err = |e: String| self.backend_err(op.name, op.seq, e);
+            let huge = self.dev.beyond_capacity().map_err(err)?;
+            return Err(match self.dev.alloc(huge) {
+                Err(e) => err(format!("{e} (the fault alloc_output:fail asked for twice the GPU's memory)")),
+                Ok(mem) => {
+                    drop(mem);
+                    err(format!("the fault alloc_output:fail asked for {huge} bytes, twice the GPU's memory, and got them: no out-of-memory to inject"))
+                }
+            });
+        }
         let mem = self.dev.alloc(bytes).map_err(|e| self.backend_err(op.name, op.seq, e))?;
         Ok(NcclBuffer { mem: Arc::new(mem), offset: 0, dtype, shape: shape.to_vec() })
     }

@@ -479,6 +479,14 @@ impl Device {
         self.ctx.bind_to_thread().map_err(|e| derr("binding the CUDA context to this thread", e))
     }
 
+    /// Fault injection (`alloc_output:fail`): a size no allocation on this device can get,
+    /// twice its total memory (`cuMemGetInfo`).
+    pub fn beyond_capacity(&self) -> Result<usize, String> {
+        self.bind()?;
+        let (_, total) = cu::mem_get_info().map_err(|e| derr("cuMemGetInfo", e))?;
+        Ok(total.saturating_mul(2))
+    }
+
     /// Allocates `bytes` (at least 1, so every buffer has a distinct address), stream-ordered.
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevMem, String> {
         self.alloc_on(self.stream, bytes)

@@ -1,7 +1,10 @@
 //! Fault injection ([`concord_core::fault`]): the hooks this backend honours, read from the
 //! `fault` option of the world at `init` (subgroups never fault: faults on groups, `/G`, are
 //! dropped, and `fault::ON_GROUPS` is not declared). Hook sites: `after_begin:fail`
-//! in output allocation on the issuing thread (a simulated out-of-memory); `before_header`,
+//! in output allocation on the issuing thread (a simulated out-of-memory); `alloc_output:fail`
+//! there too, but real: the op's output allocation asks the device for twice its memory, and the
+//! allocator's own path (block cache, pool, its one retry after emptying the cache) returns the
+//! driver's `CUDA_ERROR_OUT_OF_MEMORY` (`NcclBackend::alloc_buf`); `before_header`,
 //! `after_header` (stall / fail / die), `no_launch:stall` (the op's NCCL calls are skipped but its
 //! event is recorded as if launched) and `stream:stall` (a host-function gate on the stream
 //! before the op's NCCL calls, released by an abort, teardown or a bound) on the progress
@@ -10,8 +13,14 @@
 
 use concord_core::fault::{Action, Fault};
 
-/// Every `(point, action)` this backend honours: a launch-based backend's.
-pub(crate) const HOOKS: &[(&str, Action)] = concord_core::fault::LAUNCH_HOOKS;
+/// The `(point, action)`s this backend honours besides a launch-based backend's
+/// ([`concord_core::fault::LAUNCH_HOOKS`]): its output allocation failing at issue.
+const OWN_HOOKS: &[(&str, Action)] = &[(concord_core::fault::point::ALLOC_OUTPUT, Action::Fail)];
+
+/// Every `(point, action)` this backend honours.
+fn honoured() -> impl Iterator<Item = &'static (&'static str, Action)> {
+    concord_core::fault::LAUNCH_HOOKS.iter().chain(OWN_HOOKS)
+}
 
 /// The faults of one communicator's rank.
 #[derive(Default, Debug)]
@@ -28,7 +37,7 @@ impl Faults {
         // fired on the world either.
         list.retain(|f| f.group.is_none());
         for f in &list {
-            if !HOOKS.iter().any(|(p, a)| *p == f.point && *a == f.action) {
+            if !honoured().any(|(p, a)| *p == f.point && *a == f.action) {
                 return Err(format!("the NCCL backend has no fault hook {}:{}", f.point, f.action.name()));
             }
         }
@@ -65,7 +74,7 @@ impl Faults {
 }
 
 pub(crate) fn hooks() -> Vec<(String, Action)> {
-    HOOKS.iter().map(|(p, a)| (p.to_string(), *a)).collect()
+    honoured().map(|(p, a)| (p.to_string(), *a)).collect()
 }
 
 #[cfg(test)]
@@ -120,8 +129,14 @@ mod tests {
         let e = Faults::from_world(&world("after_begin:stall")).unwrap_err();
         assert!(e.contains("no fault hook after_begin:stall"), "{e}");
         assert!(Faults::from_world(&world("nonsense")).unwrap_err().contains("nonsense"));
-        for (p, a) in HOOKS {
+        for (p, a) in concord_core::fault::LAUNCH_HOOKS.iter().chain(OWN_HOOKS) {
             assert!(hooks().contains(&(p.to_string(), *a)));
         }
+        // The output allocation failing at issue (the real out-of-memory of `alloc_buf`).
+        assert!(hooks().contains(&(point::ALLOC_OUTPUT.to_string(), Action::Fail)));
+        let f = Faults::from_world(&world("alloc_output:fail@1#2")).unwrap();
+        assert!(f.fires(point::ALLOC_OUTPUT, Action::Fail, Some(2)) && !f.fires(point::ALLOC_OUTPUT, Action::Fail, Some(1)));
+        assert!(!f.fires(point::AFTER_BEGIN, Action::Fail, Some(2)), "not the simulated one");
+        assert!(Faults::from_world(&world("alloc_output:stall")).unwrap_err().contains("no fault hook alloc_output:stall"));
     }
 }
