@@ -123,7 +123,9 @@ impl NcclBackend {
     }
 
     /// Waits until the progress thread has launched (or failed) every op issued before `op`,
-    /// so that `op` is ordered after them on the stream. Bounded by progress, not by a count
+    /// so that `op` is ordered after them on the stream; not the failure notices of ops that
+    /// already failed at issue here, which launch nothing (`Progress::flush_while_progressing`:
+    /// such a notice waits for the peers, which may wait for this write). Bounded by progress, not by a count
     /// from issue: a long queue of healthy jobs is waited out, and the wait fails once no job
     /// has finished for as long as one job can take (each bounds itself: see `worker`).
     pub(crate) fn flush(&self, op: &Op) -> Result<()> {

@@ -288,6 +288,14 @@ impl Job {
         }
     }
 
+    /// Whether a later `write` (host-to-device copy into a caller's buffer) must wait for this
+    /// job: every job but a failure notice, the header exchange of an op that already failed at
+    /// issue on this rank (`Job::Op` without a ticket: a dropped `Op` or a rejection), which
+    /// launches nothing on the stream and touches no caller's buffer.
+    fn orders_writes(&self) -> bool {
+        !matches!(self, Job::Op { ticket: None, launch: None, .. })
+    }
+
     /// Marks the job started now (its deadlines count from here).
     fn start(&mut self, now: Instant) {
         match self {
@@ -1378,6 +1386,10 @@ struct Shared {
     cv: Condvar,
     /// Jobs submitted / finished so far.
     queued: AtomicU64,
+    /// The number of jobs submitted up to the last one a later `write` is ordered after: every
+    /// job but a failure notice (`Job::Op` without a ticket, which launches nothing: see
+    /// [`Job::orders_writes`]). Written under the queue's lock, so it only grows.
+    ordering: AtomicU64,
     /// Written by the progress thread after every job; read by waiters (`flush`, `mark`).
     finished: Padded<AtomicU64>,
     /// The progress thread's and its watchdog's only.
@@ -1402,6 +1414,7 @@ impl Progress {
             q: Padded(Mutex::new(QState { jobs: VecDeque::new(), waiting: false, closed: false, stopped: false })),
             cv: Condvar::new(),
             queued: AtomicU64::new(0),
+            ordering: AtomicU64::new(0),
             finished: Padded(AtomicU64::new(0)),
             current: Padded(Mutex::new(None)),
             exited: AtomicBool::new(false),
@@ -1442,9 +1455,13 @@ impl Progress {
 
     /// Queues `job` behind every job submitted before it.
     pub fn submit(&self, job: Job) {
+        let orders = job.orders_writes();
         let mut q = self.shared.q.lock().unwrap_or_else(|e| e.into_inner());
         q.jobs.push_back(job);
-        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        let n = self.shared.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        if orders {
+            self.shared.ordering.store(n, Ordering::SeqCst);
+        }
         let asleep = q.waiting;
         drop(q);
         if asleep {
@@ -1463,7 +1480,8 @@ impl Progress {
                 return Err(t);
             }
             q.jobs.push_back(Job::Teardown(t));
-            sh.queued.fetch_add(1, Ordering::SeqCst);
+            let n = sh.queued.fetch_add(1, Ordering::SeqCst) + 1;
+            sh.ordering.store(n, Ordering::SeqCst);
             drop(q);
             sh.cv.notify_one();
             Ok(())
@@ -1488,10 +1506,14 @@ impl Progress {
         poll_until(deadline, || (self.shared.finished.load(Ordering::SeqCst) >= target).then_some(())).is_some()
     }
 
-    /// Waits until every job submitted so far has finished (launched or failed), or until no
-    /// job has finished for `stalled`: `true` when they have.
+    /// Waits until every job submitted so far that a `write` is ordered after has finished
+    /// (launched or failed), or until no job has finished for `stalled`: `true` when they have.
+    /// Failure notices at the queue's tail (see [`Job::orders_writes`]) are not waited for: they
+    /// launch nothing, and one waits for the peers to issue its op, which a peer may do only
+    /// after this rank has written its buffers (`faults::alloc_fails_at_issue::*`: the rank
+    /// whose output allocation failed rewrites its input before telling its peers).
     pub fn flush_while_progressing(&self, stalled: Duration) -> bool {
-        let target = self.shared.queued.load(Ordering::SeqCst);
+        let target = self.shared.ordering.load(Ordering::SeqCst);
         let mut last = self.shared.finished.load(Ordering::SeqCst);
         let mut since = Instant::now();
         loop {
