@@ -65,7 +65,8 @@ pub mod point {
     /// The backend allocates the op's output (an out-of-place op's new buffer) on the issuing
     /// thread, after the op was numbered: `fail` makes the backend's OWN allocator refuse that
     /// allocation, as a full arena / `/dev/shm` or a device out of memory would (shm: the arena
-    /// answers "full"), on that rank alone. A declared capability like every hook: a backend
+    /// answers "full"; NCCL: the allocation asks for twice the GPU's memory, and the driver's
+    /// `CUDA_ERROR_OUT_OF_MEMORY` comes back through its block cache and pool), on that rank alone. A declared capability like every hook: a backend
     /// lists `(ALLOC_OUTPUT, Action::Fail)` in [`crate::Backend::fault_hooks`] only where its
     /// real allocation path is what fails (never a simulated error beside it).
     pub const ALLOC_OUTPUT: &str = "alloc_output";

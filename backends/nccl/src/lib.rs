@@ -156,7 +156,8 @@
 //!   multicast is never used unless the user asks for it explicitly.
 //!
 //! * **Fault injection.** The hooks of [`concord_core::fault`] listed in `fault`, through the
-//!   `fault` option (off by default): the `device_faults` suite's cases check the paths above.
+//!   `fault` option (off by default): the `device_faults` suite's cases check the paths above,
+//!   and `faults::alloc_fails_at_issue::*` the real out-of-memory of `alloc_output:fail`.
 //!
 //! Modules: `buffer` (device buffers; upload / download / alloc / write / view), `dtype` (NCCL
 //! types and reduce ops), `ops` (the collective entry points: each call's `CallDesc`, admitted
