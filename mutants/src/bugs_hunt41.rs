@@ -1,14 +1,15 @@
 //! The forty-first hunt: bugs from the wild in subcommunicators and rank translation. Each ports
 //! a bug that shipped in a collective library or its framework layer (the StableHLO reference
 //! interpreter, TensorFlow's TPU CollectivePermute, Horovod's process sets, MindSpore's
-//! hyper-parallel torch platform), found in the project's issue or pull-request thread named on
-//! its type: an all_to_all whose received blocks are stitched in process-id order instead of
-//! group order, a permutation whose ids are read in the devices' numbering, equivalent groups
-//! that share one process set so that dropping one removes the other, and a group of the whole
-//! world that is the world's own communicator, so that dropping it destroys the world. The
+//! hyper-parallel torch platform, Paddle's `new_group`), found in the project's issue or
+//! pull-request thread named on its type: an all_to_all whose received blocks are stitched in
+//! process-id order instead of group order, a permutation whose ids are read in the devices'
+//! numbering, equivalent groups that share one process set so that dropping one removes the
+//! other, a group of the whole world that is the world's own communicator so that dropping it
+//! destroys the world, and a group of one rank left unset, its member told it is not in it. The
 //! trigger (members not in world order, an 8-rank communicator, two groups over one member list
-//! alive at once, a group of every rank in world order dropped) is kept as far as a wrapper over
-//! shm can reproduce it.
+//! alive at once, a group of every rank in world order dropped, a group of one) is kept as far
+//! as a wrapper over shm can reproduce it.
 
 use crate::campaign::{spec, Spec};
 use crate::{copy_bytes, edit, lock, Buf, Bug, Group, Shm};
@@ -319,6 +320,24 @@ impl Bug for WholeWorldGroupAlias {
     }
 }
 
+// ---------------------------------------------------------------- PaddlePaddle/Paddle #65029
+
+/// A group of one rank treated as no group (PaddlePaddle/Paddle #65029 "paddle.distributed.
+/// new_group的rank與world_size在group size=1時會輸出-1": under some TP / DP splits a group of
+/// size 1 is unavoidable, and Paddle 2.6 handled it as a boundary case it gave up on:
+/// `new_group([0])` returned a group whose `rank` and `world_size` were -1, its "not in this
+/// group" answer, so "group_rank is also -1 ... operations like allgather cannot be written").
+/// Here `new_group` of a single rank gives that rank what a non-member gets: no communicator.
+/// Groups of two or more ranks are right.
+#[derive(Default)]
+pub struct PaddleGroupOfOneUnset;
+
+impl Bug for PaddleGroupOfOneUnset {
+    fn new_group(&self, _s: &Shm, made: Option<Group>) -> Option<Group> {
+        made.filter(|(_, members)| members.len() != 1)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<StablehloA2aSortedByProcessId>(
@@ -341,6 +360,13 @@ pub fn catalogue() -> Vec<Spec> {
             "horovod/horovod PR #2839: groups over the same member list share one process set, and dropping one handle removes it: \
              ops on the other fail",
             &["state::group_recreated_same_members::ws3"],
+        ),
+        spec::<PaddleGroupOfOneUnset>(
+            "wild_paddle_group_of_one_unset",
+            "subgroups",
+            "PaddlePaddle/Paddle #65029: new_group of a single rank is a boundary case left unset (rank and world_size -1): the \
+             member gets no communicator",
+            &["subgroup::halves::all_reduce::out::f32::sum::ws2"],
         ),
         spec::<WholeWorldGroupAlias>(
             "wild_whole_world_group_alias",

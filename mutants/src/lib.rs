@@ -176,7 +176,8 @@ pub mod sweep_bad;
 /// the wrong way round, a grouped launch's work items past the 64th never run);
 /// [`bugs_hunt41`] (shipped bugs of subcommunicators and rank translation: all_to_all blocks
 /// stitched in process-id order, a permutation read in the devices' numbering, equivalent groups
-/// sharing one process set that one drop removes, a group of the whole world that is the world);
+/// sharing one process set that one drop removes, a group of the whole world that is the world, a
+/// group of one left unset);
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
