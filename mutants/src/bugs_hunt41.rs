@@ -1,15 +1,16 @@
 //! The forty-first hunt: bugs from the wild in subcommunicators and rank translation. Each ports
 //! a bug that shipped in a collective library or its framework layer (the StableHLO reference
 //! interpreter, TensorFlow's TPU CollectivePermute, Horovod's process sets, MindSpore's
-//! hyper-parallel torch platform, Paddle's `new_group`), found in the project's issue or
-//! pull-request thread named on its type: an all_to_all whose received blocks are stitched in
-//! process-id order instead of group order, a permutation whose ids are read in the devices'
-//! numbering, equivalent groups that share one process set so that dropping one removes the
-//! other, a group of the whole world that is the world's own communicator so that dropping it
-//! destroys the world, and a group of one rank left unset, its member told it is not in it. The
-//! trigger (members not in world order, an 8-rank communicator, two groups over one member list
-//! alive at once, a group of every rank in world order dropped, a group of one) is kept as far
-//! as a wrapper over shm can reproduce it.
+//! hyper-parallel torch platform, Paddle's `new_group`, PyTorch's functional p2p), found in the
+//! project's issue or pull-request thread named on its type: an all_to_all whose received blocks
+//! are stitched in process-id order instead of group order, a permutation whose ids are read in
+//! the devices' numbering, equivalent groups that share one process set so that dropping one
+//! removes the other, a group of the whole world that is the world's own communicator so that
+//! dropping it destroys the world, a group of one rank left unset (its member told it is not in
+//! it), and a p2p peer translated to its global rank and read as a group rank. The trigger
+//! (members not in world order, an 8-rank communicator, two groups over one member list alive at
+//! once, a group of every rank in world order dropped, a group of one, a group that is not the
+//! world's first ranks) is kept as far as a wrapper over shm can reproduce it.
 
 use crate::campaign::{spec, Spec};
 use crate::{copy_bytes, edit, lock, Buf, Bug, Group, Shm};
@@ -338,6 +339,46 @@ impl Bug for PaddleGroupOfOneUnset {
     }
 }
 
+// ---------------------------------------------------------------- pytorch/pytorch PR #187924
+
+/// A point-to-point peer translated to its global rank and handed to the group's op, which
+/// wants a group rank (pytorch/pytorch PR #187924 "Fix functional isend/irecv passing a global
+/// peer rank to sub-group P2P ops": "The helpers converted the peer to a global rank via
+/// `get_global_rank` before handing it to `_c10d_functional.isend` / `irecv`, but those ops want
+/// a group-local rank. On the `WORLD` group the global and group-local ranks coincide, so the
+/// bug is masked. On a proper sub-group ... the global rank exceeds the sub-group size and the
+/// backend aborts. Observed on HCCL as: `p2p rank id must be smaller than group size`"; a
+/// regression from PR #161213). Here send and recv on a communicator whose members are not the
+/// world's ranks in order address the peer `members[peer]` as a group rank: past the group's
+/// size the op fails at issue with HCCL's message, below it the message goes to (or is awaited
+/// from) another member.
+#[derive(Default)]
+pub struct FunctionalP2pPeerAsGlobal;
+
+impl FunctionalP2pPeerAsGlobal {
+    fn peer(s: &Shm, peer: usize) -> Result<usize> {
+        let Some(&global) = s.members.get(peer) else { return Ok(peer) };
+        if global >= s.ws() {
+            return Err(CollectiveError::Backend(format!(
+                "p2p rank id must be smaller than group size: rank {global} (the global rank of group rank {peer}) in a group of {} \
+                 on rank {}",
+                s.ws(),
+                s.rank()
+            )));
+        }
+        Ok(global)
+    }
+}
+
+impl Bug for FunctionalP2pPeerAsGlobal {
+    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+        s.inner.send(x, Self::peer(s, dst)?)
+    }
+    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+        s.inner.recv(out, Self::peer(s, src)?)
+    }
+}
+
 pub fn catalogue() -> Vec<Spec> {
     vec![
         spec::<StablehloA2aSortedByProcessId>(
@@ -367,6 +408,13 @@ pub fn catalogue() -> Vec<Spec> {
             "PaddlePaddle/Paddle #65029: new_group of a single rank is a boundary case left unset (rank and world_size -1): the \
              member gets no communicator",
             &["subgroup::halves::all_reduce::out::f32::sum::ws2"],
+        ),
+        spec::<FunctionalP2pPeerAsGlobal>(
+            "wild_functional_p2p_peer_as_global",
+            "subgroups",
+            "pytorch/pytorch PR #187924: send / recv on a group hand the peer's global rank to an op that wants a group rank: past the \
+             group's size it fails at issue, below it another member is addressed",
+            &["subgroup::halves::send_recv::outbuf::f32::ws4"],
         ),
         spec::<WholeWorldGroupAlias>(
             "wild_whole_world_group_alias",

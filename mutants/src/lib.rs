@@ -177,7 +177,7 @@ pub mod sweep_bad;
 /// [`bugs_hunt41`] (shipped bugs of subcommunicators and rank translation: all_to_all blocks
 /// stitched in process-id order, a permutation read in the devices' numbering, equivalent groups
 /// sharing one process set that one drop removes, a group of the whole world that is the world, a
-/// group of one left unset);
+/// group of one left unset, a p2p peer translated to its global rank and read as a group rank);
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
