@@ -219,7 +219,12 @@
 //! * `new_group(ranks)` gives each member a communicator whose rank is its position in `ranks`
 //!   and non-members `None`; collectives on it involve its members only, and every reduce op
 //!   works there (`avg` divides by the group's size). Called on a subgroup, `ranks` are that
-//!   subgroup's ranks, not the world's. [clause: subgroups]
+//!   subgroup's ranks, not the world's. Every call makes a communicator of its own: two groups
+//!   over the same list, both alive, are independent, and dropping one leaves the other working
+//!   (equal member lists folded into one process set that any handle's drop removes is a bug:
+//!   horovod/horovod PR #2839), and a group of every rank in world order is not the parent
+//!   itself: dropping it leaves the parent working (mindspore-ai/hyper-parallel #516).
+//!   [clause: subgroups]
 //!   [clause: subgroups.reduce_ops]
 //! * A backend that declares [`Capabilities::subgroups`] `= false` MUST refuse every
 //!   `new_group` by name — `Unsupported`, or `BadInput` of kind `unsupported_op` — on every rank,

@@ -85,6 +85,7 @@ pub mod bugs_hunt37;
 pub mod bugs_hunt38;
 pub mod bugs_hunt39;
 pub mod bugs_hunt40;
+pub mod bugs_hunt41;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -173,6 +174,10 @@ pub mod sweep_bad;
 /// [`bugs_hunt40`] (shipped bugs whose fix a release note announced: pipelined fragments written
 /// at the buffer's start or re-run with the first fragment's arguments, a per-peer count check
 /// the wrong way round, a grouped launch's work items past the 64th never run);
+/// [`bugs_hunt41`] (shipped bugs of subcommunicators and rank translation: all_to_all blocks
+/// stitched in process-id order, a permutation read in the devices' numbering, equivalent groups
+/// sharing one process set that one drop removes, a group of the whole world that is the world, a
+/// group of one left unset, a p2p peer translated to its global rank and read as a group rank);
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
@@ -231,6 +236,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_hunt40::catalogue());
     v.extend(bugs_hunt39::catalogue());
+    v.extend(bugs_hunt41::catalogue());
     v.extend(bugs_alloc1::catalogue());
     v.extend(bugs_review::catalogue());
     v.extend(bugs_review2::catalogue());

@@ -427,7 +427,7 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "subgroups",
         source: BACKEND,
-        text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only; called on a subgroup, the ranks are that subgroup's.",
+        text: "new_group gives members a communicator (rank = position in the list) and non-members none; collectives on it involve its members only; called on a subgroup, the ranks are that subgroup's; every call makes a communicator of its own (two groups over one list are independent, and dropping one, or a group of the whole parent, leaves the others and the parent working).",
         cases: &["subgroup::", "programs::", "state::group_recreated_same_members", "state::groups_each_without_a_rank", "wild_groups::nested::"],
     },
     Clause {

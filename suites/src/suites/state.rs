@@ -31,7 +31,14 @@
 //!   not see the last one's state, and numbers its members as the list does (rank checked, and
 //!   an all_gather of the members' world ranks in group order). After the first group's ops, an
 //!   all_gather on the world: a per-process resource set up by the first communicator that used
-//!   it, for its size, gathers too few ranks (review17 finding 5).
+//!   it, for its size, gathers too few ranks (review17 finding 5). Then two groups of the same
+//!   members made one after the other and both kept, an all_reduce on each, the first dropped and
+//!   an all_reduce on the second: each `new_group` is a communicator of its own, so dropping one
+//!   leaves the other working (a library that folds equal member lists into one process set,
+//!   removed by any handle's drop, fails the last call: horovod/horovod PR #2839). Last, a group
+//!   of the whole world in world order, used and dropped, then an all_reduce on the world (a
+//!   library that returns the world's own communicator for it destroys the world with the group:
+//!   mindspore-ai/hyper-parallel #516).
 //! * `state::group_recreated_unreceived_send::ws3` (and `::ws2`, the group `[1, 0]`) — a group of ranks `[2, 0]` on which each member
 //!   sends the other a message and drops the send un-waited, never received; the group is
 //!   dropped and made again over the same members, whose exchange must receive its own messages:
@@ -420,7 +427,72 @@ fn group_recreated<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
         }
         // The group is dropped here, before the next one of the same members is made.
     }
-    Ok(())
+    same_members_twice_one_dropped(ctx, &members, &v)?;
+    whole_world_group_dropped(ctx, &v)
+}
+
+/// An all_reduce of `of(group rank)` on `g`, checked against `v`'s expected sum over `g`'s ranks.
+fn reduce_checked<B: Backend>(ctx: &Ctx<'_, B>, g: &B, v: &ArVehicle, of: fn(usize) -> Vec<f32>, w: &str) -> CaseResult {
+    let wg = format!("{w} (group rank {} of {})", g.rank(), g.world_size());
+    let x = g.upload(&Tensor::from_vec(&[4], of(g.rank()))).map_err(|e| fail(&wg, e))?;
+    let out = g.all_reduce(&x, v.op).and_then(|wk| wk.into_value(ctx.timeout)).map_err(|e| fail(&wg, format!("{e} [{}]", e.name())))?;
+    expect_eq(g, &out, &v.expected(g.world_size(), of), &wg)
+}
+
+/// Two groups over `members` made one after the other and both kept, an all_reduce on each, the
+/// first dropped, then an all_reduce on the second (see the module docs: equal member lists are
+/// still two communicators, and dropping one leaves the other working; clause `subgroups`).
+fn same_members_twice_one_dropped<B: Backend>(ctx: &Ctx<'_, B>, members: &[usize], v: &ArVehicle) -> CaseResult {
+    let b = ctx.b;
+    let me = b.rank();
+    let w = format!(
+        "{} reduce={} (two groups over {members:?} made and kept, then the first dropped)",
+        here(b, "all_reduce", "out", DType::F32),
+        v.op.name()
+    );
+    let first = b.new_group(members).map_err(|e| fail(&w, format!("new_group (the first of two): {e}")))?;
+    let second = b.new_group(members).map_err(|e| fail(&w, format!("new_group (the second, the first still alive): {e}")))?;
+    let (first, second) = match (first, second) {
+        (Some(f), Some(s)) if members.contains(&me) => (f, s),
+        (None, None) if !members.contains(&me) => return Ok(()),
+        (f, s) => {
+            return Err(fail(
+                &w,
+                format!(
+                    "new_group gave this rank (a {}) a communicator {} and {} time",
+                    if members.contains(&me) { "member" } else { "non-member" },
+                    if f.is_some() { "the first" } else { "not the first" },
+                    if s.is_some() { "the second" } else { "not the second" }
+                ),
+            ))
+        }
+    };
+    let of: fn(usize) -> Vec<f32> = |gr| (0..4).map(|i| (i + 1000 + 100 * gr) as f32).collect();
+    reduce_checked(ctx, &first, v, of, &format!("{w}: all_reduce on the first group"))?;
+    reduce_checked(ctx, &second, v, of, &format!("{w}: all_reduce on the second group, the first alive"))?;
+    drop(first);
+    reduce_checked(ctx, &second, v, of, &format!("{w}: all_reduce on the second group after the first was dropped"))
+}
+
+/// A group of every rank in world order (`new_group([0, 1, .., ws - 1])`), an all_reduce on it,
+/// the group dropped, then an all_reduce on the world: the group is a communicator of its own,
+/// and dropping it leaves the world working (a library that returns the world's own
+/// communicator for a group of the whole world, and destroys it with the group, fails the last
+/// call: mindspore-ai/hyper-parallel #516; clause `subgroups`).
+fn whole_world_group_dropped<B: Backend>(ctx: &Ctx<'_, B>, v: &ArVehicle) -> CaseResult {
+    let b = ctx.b;
+    let all: Vec<usize> = (0..b.world_size()).collect();
+    let w = format!(
+        "{} reduce={} (a group of the whole world {all:?}, in world order, used and dropped, then the world)",
+        here(b, "all_reduce", "out", DType::F32),
+        v.op.name()
+    );
+    let g = b.new_group(&all).map_err(|e| fail(&w, format!("new_group: {e} [{}]", e.name())))?;
+    let g = g.ok_or_else(|| fail(&w, "new_group of every rank gave this rank no communicator"))?;
+    let of: fn(usize) -> Vec<f32> = |r| (0..4).map(|i| (i + 2000 + 100 * r) as f32).collect();
+    reduce_checked(ctx, &g, v, of, &format!("{w}: all_reduce on the whole-world group"))?;
+    drop(g);
+    reduce_checked(ctx, b, v, of, &format!("{w}: all_reduce on the world after the whole-world group was dropped"))
 }
 
 /// `state::groups_each_without_a_rank::ws3`: four groups made in turn on the world, `[0, 1]`,
