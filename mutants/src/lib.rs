@@ -85,6 +85,7 @@ pub mod bugs_hunt37;
 pub mod bugs_hunt38;
 pub mod bugs_hunt39;
 pub mod bugs_hunt40;
+pub mod bugs_hunt42;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -173,6 +174,9 @@ pub mod sweep_bad;
 /// [`bugs_hunt40`] (shipped bugs whose fix a release note announced: pipelined fragments written
 /// at the buffer's start or re-run with the first fragment's arguments, a per-peer count check
 /// the wrong way round, a grouped launch's work items past the 64th never run);
+/// [`bugs_hunt42`] (shipped bugs whose trigger is a size and a world size together: MPICH's
+/// scatter + ring-allgather broadcast at 8+ ranks and long messages, Open MPI coll/spacc's
+/// all_reduce fallback for vectors shorter than the communicator);
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
@@ -230,6 +234,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_hunt40::catalogue());
+    v.extend(bugs_hunt42::catalogue());
     v.extend(bugs_hunt39::catalogue());
     v.extend(bugs_alloc1::catalogue());
     v.extend(bugs_review::catalogue());
