@@ -133,13 +133,13 @@ pub fn catalogue() -> Vec<Spec> {
             "wild_mpich_ibcast_scatter_block_uncounted",
             "values.sizes",
             "pmodels/mpich PR #2696: the scatter + ring-allgather ibcast (8+ ranks, 512 KiB+, or 12 KiB+ at a non-power-of-two size) counts only the bytes its allgather received, and its length check fails the broadcast",
-            &[],
+            &["sizes::broadcast::inplace::f32::grid::ws8"],
         ),
         spec::<SpaccShortVectorFallbackCrash>(
             "wild_spacc_short_vector_fallback_crash",
             "values.reduce",
             "open-mpi/ompi PR #5984: coll/spacc's all_reduce of fewer elements than ranks falls back to the basic linear algorithm on an unprepared module: rank 0 dies",
-            &[],
+            &["all_reduce::out::f32::sum::ws2"],
         ),
     ]
 }
