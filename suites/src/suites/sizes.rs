@@ -192,6 +192,7 @@ pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
 /// (pmodels/mpich PR #2696, its length check failing every such broadcast) survived the whole
 /// catalogue.
 pub const LONG_BROADCAST: usize = (512 << 10) / 4 + 1;
+const _: () = assert!(LONG_BROADCAST * 4 > 512 << 10, "the long broadcast is past 512 KiB");
 
 /// The smallest world size whose broadcast grid case also calls [`LONG_BROADCAST`].
 pub const LONG_BROADCAST_MIN_WS: usize = 8;
@@ -861,7 +862,11 @@ mod tests {
         let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
         for (op, _) in GRID_PAIRS {
             for ws in GRID_WORLD_SIZES {
-                let calls = grid_calls(op, ws);
+                let mut calls = grid_calls(op, ws);
+                // The long broadcast at 8 ranks and more comes last, past 512 KiB of f32.
+                if op == OpKind::Broadcast && ws >= LONG_BROADCAST_MIN_WS {
+                    assert_eq!(calls.pop(), Some((ws - 1, LONG_BROADCAST)), "broadcast ws{ws}: the long call last");
+                }
                 let outs = grid_outputs(op);
                 assert_eq!(calls.len() % outs.len(), 0);
                 for (i, &(root, n)) in calls.iter().enumerate() {
