@@ -86,6 +86,7 @@ pub mod bugs_hunt38;
 pub mod bugs_hunt39;
 pub mod bugs_hunt40;
 pub mod bugs_hunt41;
+pub mod bugs_hunt42;
 #[macro_use]
 pub mod bugs_hunt4;
 pub mod bugs_hunt5;
@@ -178,6 +179,9 @@ pub mod sweep_bad;
 /// stitched in process-id order, a permutation read in the devices' numbering, equivalent groups
 /// sharing one process set that one drop removes, a group of the whole world that is the world, a
 /// group of one left unset, a p2p peer translated to its global rank and read as a group rank);
+/// [`bugs_hunt42`] (shipped bugs whose trigger is a size and a world size together: MPICH's
+/// scatter + ring-allgather broadcast at 8+ ranks and long messages, Open MPI coll/spacc's
+/// all_reduce fallback for vectors shorter than the communicator);
 /// [`bugs_hunt39`] (shipped bugs in how a backend meets its caller's threads: a work registry per
 /// thread, a second waiter that asserts, a request freed by each of two waiters, a wake-up that
 /// reaches one waiter only, a device bound per thread);
@@ -235,6 +239,7 @@ pub fn catalogue() -> Vec<campaign::Spec> {
     v.extend(bugs_hunt36::catalogue());
     v.extend(bugs_hunt37::catalogue());
     v.extend(bugs_hunt40::catalogue());
+    v.extend(bugs_hunt42::catalogue());
     v.extend(bugs_hunt39::catalogue());
     v.extend(bugs_hunt41::catalogue());
     v.extend(bugs_alloc1::catalogue());

@@ -26,7 +26,8 @@
 //! * **Grid** ([`grid_calls`]): f32 at every world size (1–8, 16), one case per (op, variant) of
 //!   [`GRID_PAIRS`] (the ladder's, in-place, `_out`, coalesced, out-of-place broadcast) and world
 //!   size, calling the op with its output just past 4 Ki and just past 64 Ki elements; the rooted
-//!   ops also at 7 and 1025, each rooted at the last, first and middle rank: 162 cases.
+//!   ops also at 7 and 1025, each rooted at the last, first and middle rank, and broadcast at 8
+//!   ranks and more also just past 512 KiB, rooted at the last rank ([`LONG_BROADCAST`]): 162 cases.
 //! * **Group grid** ([`group_grid_case`]): the grid's (op, variant)s on the groups of
 //!   [`GROUP_LAYOUTS`] at world size 7 (every other rank, an order not the world's, every rank
 //!   alone, two overlapping groups used alternately), outputs of 7, 1025, 4099 and 65537
@@ -173,8 +174,28 @@ fn rooted(op: OpKind) -> bool {
 /// any world size, reduce / gather rooted at the first or middle rank, and the last rank of an
 /// odd world never receiving.
 pub fn grid_calls(op: OpKind, ws: usize) -> Vec<(usize, usize)> {
-    calls_at(op, ws, grid_outputs(op))
+    let mut v = calls_at(op, ws, grid_outputs(op));
+    if op == OpKind::Broadcast && ws >= LONG_BROADCAST_MIN_WS {
+        v.push((ws - 1, LONG_BROADCAST));
+    }
+    v
 }
+
+/// The grid's long broadcast (elements of f32): just past 512 KiB, in the broadcast grid cases
+/// (both variants) of [`LONG_BROADCAST_MIN_WS`] ranks and more, rooted at the last rank only (the
+/// smaller sizes already turn the root; three roots would cost three times the call's CPU). Why: a
+/// library switches its broadcast by message size AND rank count, and its long-message path may
+/// start only at a rank count (MPICH: a binomial tree below `MPIR_CVAR_BCAST_MIN_PROCS` = 8 ranks at
+/// any size; from 8 ranks, a scatter + ring allgather from `MPIR_CVAR_BCAST_LONG_MSG_SIZE` =
+/// 512 KiB). The ladder's MiB steps run at 2 and 3 ranks and the grid's largest broadcast is
+/// 256 KiB, so that path ran nowhere: mutant `wild_mpich_ibcast_scatter_block_uncounted`
+/// (pmodels/mpich PR #2696, its length check failing every such broadcast) survived the whole
+/// catalogue.
+pub const LONG_BROADCAST: usize = (512 << 10) / 4 + 1;
+const _: () = assert!(LONG_BROADCAST * 4 > 512 << 10, "the long broadcast is past 512 KiB");
+
+/// The smallest world size whose broadcast grid case also calls [`LONG_BROADCAST`].
+pub const LONG_BROADCAST_MIN_WS: usize = 8;
 
 /// The calls of a group grid case ([`group_grid_case`]): [`grid_calls`], with every op at 1025
 /// elements too (the world's small outputs are the matrix's; a group's are not).
@@ -841,7 +862,11 @@ mod tests {
         let class = |k: usize| [16, 4096, 65536].iter().filter(|&&b| k >= b).count();
         for (op, _) in GRID_PAIRS {
             for ws in GRID_WORLD_SIZES {
-                let calls = grid_calls(op, ws);
+                let mut calls = grid_calls(op, ws);
+                // The long broadcast at 8 ranks and more comes last, past 512 KiB of f32.
+                if op == OpKind::Broadcast && ws >= LONG_BROADCAST_MIN_WS {
+                    assert_eq!(calls.pop(), Some((ws - 1, LONG_BROADCAST)), "broadcast ws{ws}: the long call last");
+                }
                 let outs = grid_outputs(op);
                 assert_eq!(calls.len() % outs.len(), 0);
                 for (i, &(root, n)) in calls.iter().enumerate() {
