@@ -60,7 +60,10 @@
 //!   peer) or sized by the groups alive at once (a pool), and MUST NOT be filled per group made
 //!   (a cache of dropped groups' resources, bounded or not, is kept per group); it MAY be
 //!   released after the drop returns, on a thread of the backend's own, as long as the release
-//!   keeps going. [clause: failure.usable_after]
+//!   keeps going. So MAY a communicator's files: a communicator every rank dropped (after a
+//!   failed op or not) leaves no file named after its world once its release, which MAY run
+//!   after the drop returns on a thread of the backend's own, has ended (a check reads
+//!   `/dev/shm` again while the list keeps shrinking). [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
 //!   collective and its sequence number). A collective the backend builds from another (a
 //!   barrier run as a one-element all_reduce, a broadcast as an all_gather) MUST be recorded
