@@ -50,6 +50,13 @@
 //!   keeps going. The single `/dev/shm` read right after the drops of
 //!   `faults::alloc_fails_at_issue::*` and `faults::new_group_failure_leaves_no_file::ws2`
 //!   failed it.
+//! * `legal_review24_oom_one_error` (finding 3): the failing rank's own out-of-memory at issue
+//!   (its output cannot be allocated) is reported as the op's `aborted` error, naming the
+//!   allocation, the kind its peers get (shm's `peer_failure`): ONE error for the failed op on
+//!   every rank. Nothing is aborted, the next ops run ([clause:
+//!   faults.local_failure_named_everywhere] leaves the kind open, as for
+//!   `legal_review21_stream_peer_aborted`). The `backend`-only kind check of
+//!   `faults::alloc_fails_at_issue::*` failed it.
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, Buf, Bug, Mutant, Shm};
@@ -109,6 +116,13 @@ pub fn catalogue() -> Vec<Spec> {
             "the world communicator keeps a world-prefixed /dev/shm status page while it lives, unlinked on a thread of \
              its own 500 ms after the drop returns (as NCCL's destroy on a thread of its own)",
             &["faults::alloc_fails_at_issue::", "faults::new_group_failure_leaves_no_file::"],
+        ),
+        spec::<OomOneError>(
+            "legal_review24_oom_one_error",
+            "(nothing: one error)",
+            "the failing rank's out-of-memory at issue reported as the op's `aborted` error naming the allocation, the \
+             kind its peers get: one error for the op on every rank, nothing aborted",
+            &["faults::alloc_fails_at_issue::"],
         ),
         crate::bugs_stream::legal_spec(
             "legal_review21_stream_peer_aborted",
@@ -421,4 +435,24 @@ impl Drop for DeferredRelease {
             });
         }
     }
+}
+
+/// `legal_review24_oom_one_error` (module doc).
+#[derive(Default)]
+pub struct OomOneError;
+
+impl OomOneError {
+    fn op<T>(&self, s: &Shm, name: &str, issue: impl FnOnce() -> Result<T>) -> Result<T> {
+        issue().map_err(|e| match e {
+            CollectiveError::Backend(m) if m.contains("cannot allocate") => CollectiveError::Aborted(format!(
+                "{name} on rank {r}: the op failed on every rank because rank {r} could not allocate its output: {m}",
+                r = s.rank()
+            )),
+            e => e,
+        })
+    }
+}
+
+impl Bug for OomOneError {
+    crate::through_op!(all_reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, broadcast);
 }

@@ -480,6 +480,13 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
         0,
         &["faults::alloc_fails_at_issue::all_reduce::ws2", "faults::new_group_failure_leaves_no_file::ws2"],
     ),
+    // review24: the failing rank's out-of-memory at issue reported as the op's `aborted` error.
+    (
+        "legal_review24_oom_one_error",
+        2,
+        0,
+        &["faults::alloc_fails_at_issue::all_reduce::ws2", "faults::alloc_fails_at_issue::broadcast::ws2"],
+    ),
     // review21: the stream reference whose peers of a local failure get `aborted`.
     (
         "legal_review21_stream_peer_aborted",
