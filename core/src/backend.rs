@@ -162,7 +162,8 @@
 //!   failure, is a bug). An out-of-place op whose output cannot be allocated at issue on one rank
 //!   (a full arena or `/dev/shm`, a device out of memory: the fault hook
 //!   [`crate::fault::point::ALLOC_OUTPUT`]) is such a local failure: that rank's issue or wait
-//!   returns its own `backend` error naming the allocation, and the op still reaches its peers
+//!   returns a named error naming the allocation (its own `backend` error, or the op's error its
+//!   peers get: the kind is the backend's), and the op still reaches its peers
 //!   (numbered, marked failed), whose waits end in a named error within their deadline — a rank
 //!   that returns before its op is numbered leaves its peers waiting to their deadline and pairs
 //!   its next op with theirs. [clause: faults.local_failure_named_everywhere]

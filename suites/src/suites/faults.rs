@@ -33,12 +33,14 @@
 //!   output of its out-of-place op fails at issue (`alloc_output:fail`: the backend's own
 //!   allocator refuses it, as a full arena / `/dev/shm` or a device out of memory would; a
 //!   backend that does not declare the hook: UNSUPPORTED). A local failure like `fail_after_post`'s
-//!   (the same checks, rank 1 the broadcast's root): rank 1's issue or wait returns its own
-//!   `backend` error, every peer's wait a named error within its deadline (never `Ok`, a
+//!   (the same checks, rank 1 the broadcast's root): rank 1's issue or wait returns a named
+//!   error (any kind: its own `backend` error or the op's error its peers get) whose text claims
+//!   no timeout or dead peer, every peer's wait a named error within its deadline (never `Ok`, a
 //!   timeout, bad input or a dead peer: shm's old issue returned the error before numbering the
 //!   op, and the peers waited to their deadline), the all_reduce issued before it completes with
 //!   its values, the world stays usable (an all_reduce and a broadcast checked), and once every
-//!   rank dropped the communicator no file named after it is left in `/dev/shm`.
+//!   rank dropped the communicator no file named after it is left in `/dev/shm` once its release
+//!   (which MAY run on a thread of the backend's own after the drop) has settled.
 //! * `faults::panic_in_progress_thread::ws2` — the thread running rank 1's op panics: a named
 //!   error at once (item 10), not a wait that times out, and the next op fails fast.
 //! * `faults::split_sum_overflow::ws2` — all_to_all splits whose sum overflows `usize`: a named
@@ -280,8 +282,9 @@ fn victim_case<B: Backend>(ctx: &mut Ctx<'_, B>, victim: usize, late: bool, plac
 
 /// [`victim_case`], handing back the case's communicator and its world id (for checks once every
 /// rank has dropped it). With the fault `alloc_output:fail` the victim's failure may come at
-/// issue (its output was never allocated) or at its wait, and it MUST be the victim's own
-/// `backend` error (the allocator's: an out-of-memory is a local failure, not a peer's abort).
+/// issue (its output was never allocated) or at its wait, and it is held to the clause's one
+/// rule for a local failure, like any other: named, of any kind but a timeout, bad input or a
+/// dead peer, its text claiming neither (review24 finding 3).
 fn victim_case_on<B: Backend>(
     ctx: &mut Ctx<'_, B>,
     victim: usize,
@@ -420,17 +423,9 @@ fn victim_case_on<B: Backend>(
         bufs.extend(fresh.iter().map(|f| ("a buffer allocated after the failure", f)));
         check_canary(&b, &bufs, &w, &e)?;
         named?;
-        if at_issue && e.name() != "backend" {
-            return Err(fail(
-                &w,
-                format!(
-                    "this rank's allocation of its output failed (the fault alloc_output:fail), yet its error is {e} [{}]: an \
-                     out-of-memory is this rank's own failure, a `backend` error naming the allocation (its peers get their named \
-                     error of it)",
-                    e.name()
-                ),
-            ));
-        }
+        // Any named kind (clause `faults.local_failure_named_everywhere`'s one rule, as
+        // device_faults' local failures): `backend`, or the op's error its peers get (review24
+        // finding 3: `legal_review24_oom_one_error` reports its out-of-memory as `aborted`).
         if local_failure {
             local_cause_named(&e, &w, victim)?;
             usable_after(ctx, &b, red, victim, &w)?;
@@ -889,8 +884,8 @@ fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseR
 
 /// `faults::alloc_fails_at_issue::<op>::ws{2,3}` (module docs): rank 1's allocation of its
 /// output of op 2 fails at issue (`alloc_output:fail`, the backend's own allocator refusing it):
-/// [`victim_case`]'s checks of a local failure (rank 1's error its own `backend` error, at issue
-/// or at its wait; every peer's a named error, never `Ok`, a timeout, bad input or a dead peer,
+/// [`victim_case`]'s checks of a local failure (rank 1's error a named one whose text claims no
+/// timeout or dead peer, at issue or at its wait; every peer's a named error, never `Ok`, a timeout, bad input or a dead peer,
 /// within its wait; works issued before it complete with their own values; no peer writes the
 /// victim's buffers after its failure; the world usable after, values checked), then every rank
 /// drops the communicator and no file named after it is left in `/dev/shm` once its release has
