@@ -51,7 +51,7 @@
 //!   every rank of the op ends in a named error, never `Ok` (but the receive of a message copied
 //!   out whole before its send's wait ended: `async.deadline`); a panic inside the backend is a
 //!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
-//! * After bad input every rank gets the same named error and the communicator stays usable
+//! * After bad input every rank gets the same named error and the communicator MUST stay usable
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind, and so
 //!   does a group every rank made and dropped: no file in `/dev/shm`, and no descriptor a
 //!   process keeps per group (making and dropping groups does not grow what a process holds;
@@ -153,7 +153,10 @@
 //!   [clause: faults.copies_not_behind_collectives]
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
 //!   as one named error (never a timeout, and never a bad-input kind: every rank's call was
-//!   right), and the world stays usable. It names the failing op only: works issued before it
+//!   right), and the world MUST stay usable: the next ops on the same communicator run and
+//!   give their values (an abort of the communicator on a local failure, NCCL's own rule after
+//!   an error, is a bug here; a backend that cannot keep this leaves the failure's `fail` hook
+//!   undeclared: [`crate::fault`]). It names the failing op only: works issued before it
 //!   and not yet waited MUST complete with their own results (one error flag per communicator
 //!   that fails every pending work with it is a bug). Every rank of the op gets that error, not
 //!   only the failing rank's peers in the algorithm (a ring neighbour), at any world size. A
