@@ -81,7 +81,7 @@
 //!   bytes (item 7: `leave()` before joining the progress thread).
 
 use super::util::{fail, full, here, step_failed, SETTLE};
-use crate::case::{Case, CaseEnd, CaseMeta, CaseResult, Ctx};
+use crate::case::{fault_axis, Case, CaseEnd, CaseMeta, CaseResult, Ctx};
 use crate::sched::Noise;
 use concord_core::fault::{self, point, Action, Fault};
 use concord_core::{Backend, CollectiveError, DType, OpKind, ReduceOp, Tensor, Variant, Work, WorldInfo};
@@ -320,7 +320,7 @@ fn victim_case_on<B: Backend>(
     let (b, id) = sub_world(ctx, f.clone())?;
     let keys = Keys { ctx, id };
     let (op, variant) = place.names();
-    let w = format!("{} reduce={} fault={:?}", here(&b, op, variant, DType::F32), red.name(), f.as_ref().map(|f| f.option().1));
+    let w = format!("{} reduce={} {}", here(&b, op, variant, DType::F32), red.name(), fault_axis(f.as_ref()));
     let me = b.rank();
     // A local failure reaches every rank as one named error and the world stays usable (clause
     // `faults.local_failure_named_everywhere`): an op issued before the failing one MUST still
@@ -857,7 +857,7 @@ fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseR
     let f = fault(at, Action::Fail, victim, 1);
     let (b, _id) = sub_world(ctx, Some(f.clone()))?;
     let me = b.rank();
-    let w = format!("{} fault={:?} (new_group([0, 1]) at 3 ranks)", here(&b, "new_group", "out", DType::F32), f.option().1);
+    let w = format!("{} {} (new_group([0, 1]) at 3 ranks)", here(&b, "new_group", "out", DType::F32), fault_axis(Some(&f)));
     let why = if me == victim {
         "this rank's own side of it failed (the injected fault)".to_string()
     } else {
@@ -892,9 +892,10 @@ fn group_local_failure_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> CaseR
 /// settled ([`files_left`]).
 fn alloc_fails_case<B: Backend>(ctx: &mut Ctx<'_, B>, place: VictimOp) -> CaseResult {
     const VICTIM: usize = 1;
-    let (b, id) = victim_case_on(ctx, VICTIM, true, place, Some(fault(point::ALLOC_OUTPUT, Action::Fail, VICTIM, 2)))?;
+    let f = fault(point::ALLOC_OUTPUT, Action::Fail, VICTIM, 2);
+    let (b, id) = victim_case_on(ctx, VICTIM, true, place, Some(f.clone()))?;
     let (op, variant) = place.names();
-    let w = format!("{} fault=alloc_output:fail@{VICTIM}#1", here(&b, op, variant, DType::F32));
+    let w = format!("{} {}", here(&b, op, variant, DType::F32), fault_axis(Some(&f)));
     let (me, ws) = (b.rank(), b.world_size());
     drop(b);
     let keys = Keys { ctx, id: id.clone() };
@@ -1040,9 +1041,9 @@ fn late_inside_case<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     let keys = Keys { ctx, id };
     let late = OP_TIMEOUT.mul_f64(LATE_INSIDE);
     let w = format!(
-        "{} root=0 fault={:?} (rank 1 issues {late:?} after rank 0, then stalls {stall:?} after posting; op deadline {OP_TIMEOUT:?})",
+        "{} root=0 {} (rank 1 issues {late:?} after rank 0, then stalls {stall:?} after posting; op deadline {OP_TIMEOUT:?})",
         here(&b, "broadcast", "inplace", DType::F32),
-        f.option().1
+        fault_axis(Some(&f))
     );
     let me = b.rank();
     let x = b.upload(&full(&[4], (me + 1) as f32))?;
@@ -1132,10 +1133,10 @@ pub(super) fn group_fail_case<B: Backend>(ctx: &mut Ctx<'_, B>, at: &str) -> Cas
     let (b, _id) = sub_world(ctx, Some(f.clone()))?;
     let me = b.rank();
     let w = format!(
-        "{} reduce={} fault={:?} (on group 1 = new_group([0, 1]) of 3 ranks; sibling group new_group([1, 2]))",
+        "{} reduce={} {} (on group 1 = new_group([0, 1]) of 3 ranks; sibling group new_group([1, 2]))",
         here(&b, "all_reduce", "out", DType::F32),
         red.name(),
-        f.option().1
+        fault_axis(Some(&f))
     );
     let g01 = super::util::member_group(&b, &[0, 1])?;
     let g12 = super::util::member_group(&b, &[1, 2])?;
