@@ -51,7 +51,7 @@
 //!   every rank of the op ends in a named error, never `Ok` (but the receive of a message copied
 //!   out whole before its send's wait ended: `async.deadline`); a panic inside the backend is a
 //!   named error, not a wait that times out. [clause: failure.no_touch_after_failed_wait]
-//! * After bad input every rank gets the same named error and the communicator stays usable
+//! * After bad input every rank gets the same named error and the communicator MUST stay usable
 //!   (a mismatched `new_group` included); a failed `new_group` leaves no file behind, and so
 //!   does a group every rank made and dropped: no file in `/dev/shm`, and no descriptor a
 //!   process keeps per group (making and dropping groups does not grow what a process holds;
@@ -60,7 +60,10 @@
 //!   peer) or sized by the groups alive at once (a pool), and MUST NOT be filled per group made
 //!   (a cache of dropped groups' resources, bounded or not, is kept per group); it MAY be
 //!   released after the drop returns, on a thread of the backend's own, as long as the release
-//!   keeps going. [clause: failure.usable_after]
+//!   keeps going. So MAY a communicator's files: a communicator every rank dropped (after a
+//!   failed op or not) leaves no file named after its world once its release, which MAY run
+//!   after the drop returns on a thread of the backend's own, has ended (a check reads
+//!   `/dev/shm` again while the list keeps shrinking). [clause: failure.usable_after]
 //! * Record every collective in [`crate::progress`] while it is in flight (a timeout names the
 //!   collective and its sequence number). A collective the backend builds from another (a
 //!   barrier run as a one-element all_reduce, a broadcast as an all_gather) MUST be recorded
@@ -150,7 +153,10 @@
 //!   [clause: faults.copies_not_behind_collectives]
 //! * A local failure after an op was issued (an out-of-memory, a refused call) reaches every rank
 //!   as one named error (never a timeout, and never a bad-input kind: every rank's call was
-//!   right), and the world stays usable. It names the failing op only: works issued before it
+//!   right), and the world MUST stay usable: the next ops on the same communicator run and
+//!   give their values (an abort of the communicator on a local failure, NCCL's own rule after
+//!   an error, is a bug here; a backend that cannot keep this leaves the failure's `fail` hook
+//!   undeclared: [`crate::fault`]). It names the failing op only: works issued before it
 //!   and not yet waited MUST complete with their own results (one error flag per communicator
 //!   that fails every pending work with it is a bug). Every rank of the op gets that error, not
 //!   only the failing rank's peers in the algorithm (a ring neighbour), at any world size. A
@@ -159,7 +165,8 @@
 //!   failure, is a bug). An out-of-place op whose output cannot be allocated at issue on one rank
 //!   (a full arena or `/dev/shm`, a device out of memory: the fault hook
 //!   [`crate::fault::point::ALLOC_OUTPUT`]) is such a local failure: that rank's issue or wait
-//!   returns its own `backend` error naming the allocation, and the op still reaches its peers
+//!   returns a named error naming the allocation (its own `backend` error, or the op's error its
+//!   peers get: the kind is the backend's), and the op still reaches its peers
 //!   (numbered, marked failed), whose waits end in a named error within their deadline — a rank
 //!   that returns before its op is numbered leaves its peers waiting to their deadline and pairs
 //!   its next op with theirs. [clause: faults.local_failure_named_everywhere]

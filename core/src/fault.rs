@@ -19,6 +19,17 @@
 //! communicator's and no subgroup ever faults. Example:
 //! `fault=between_barriers:stall@1#1~1500;stream:stall#0;after_post:fail@0#0/1`.
 //!
+//! A `fail` hook ([`Action::Fail`] at [`point::AFTER_POST`], [`point::AFTER_BEGIN`],
+//! [`point::ALLOC_OUTPUT`], the header points...) is a local failure, and the cases that fire it
+//! hold the backend to clause `faults.local_failure_named_everywhere` (`crate::backend`): a
+//! backend lists such a hook only where it keeps that clause for it, that is, where the failure
+//! reaches the op's peers through the op's own exchange (each ends in a named error within its
+//! deadline) and the world MUST stay usable after it (the next ops on the same communicator
+//! run, with their values). A backend that aborts the communicator on a local failure (NCCL's
+//! own rule after an error), or that cannot tell its peers before posting (no per-op exchange),
+//! leaves the hook out, and those cases are UNSUPPORTED; declared, an abort is a bug the cases
+//! report.
+//!
 //! Faults on subgroups are a declared capability: a backend that honours them lists
 //! `(`[`ON_GROUPS`]`, action)` in [`crate::Backend::fault_hooks`] for every action it honours
 //! there (at the same points as on the world), and hands [`for_group`]'s faults to the `G`-th
@@ -40,7 +51,9 @@ pub const DIE_EXIT_CODE: i32 = 86;
 /// Points shared by the built-in backends (a backend documents which it honours).
 pub mod point {
     /// The rank's side of the call is published to its peers and it has not yet waited for
-    /// them (shm: the post written and the barrier counter raised).
+    /// them (shm: the post written and the barrier counter raised). `fail` there is a local
+    /// failure (listed only where the backend keeps `faults.local_failure_named_everywhere` for
+    /// it: module docs).
     pub const AFTER_POST: &str = "after_post";
     /// The peers agreed to run the op (shm: after the validation barrier), before this rank
     /// moves any data.
@@ -60,7 +73,8 @@ pub mod point {
     /// reporting "in progress" until the op's deadline or an abort).
     pub const ENQUEUE: &str = "enqueue";
     /// On the issuing thread, after the op was numbered (`begin`): `fail` is a local failure
-    /// such as an out-of-memory while allocating the output.
+    /// such as an out-of-memory while allocating the output (listed only where the backend
+    /// keeps `faults.local_failure_named_everywhere` for it: module docs).
     pub const AFTER_BEGIN: &str = "after_begin";
     /// The backend allocates the op's output (an out-of-place op's new buffer) on the issuing
     /// thread, after the op was numbered: `fail` makes the backend's OWN allocator refuse that
@@ -68,7 +82,9 @@ pub mod point {
     /// answers "full"; NCCL: the allocation asks for twice the GPU's memory, and the driver's
     /// `CUDA_ERROR_OUT_OF_MEMORY` comes back through its block cache and pool), on that rank alone. A declared capability like every hook: a backend
     /// lists `(ALLOC_OUTPUT, Action::Fail)` in [`crate::Backend::fault_hooks`] only where its
-    /// real allocation path is what fails (never a simulated error beside it).
+    /// real allocation path is what fails (never a simulated error beside it), and only where it
+    /// keeps clause `faults.local_failure_named_everywhere` for it (module docs: the failure
+    /// reaches the peers through the op's own exchange, and the world MUST stay usable).
     pub const ALLOC_OUTPUT: &str = "alloc_output";
     /// The device stream the op runs on is stalled just before the op (until an abort or
     /// teardown releases it): the op and everything queued after it stay pending.

@@ -38,6 +38,25 @@
 //!   kept per group once the thread reaches it ([clause: failure.usable_after]: the release MAY
 //!   come after the drop returns, as long as it keeps going). The descriptor count of
 //!   `state::groups_each_without_a_rank` failed it at 600 ms per group with a fixed 3 s settle.
+//!
+//! From review24 (/work/reviews/review24.md, made permanent by helper impl24):
+//!
+//! * `legal_review24_deferred_release` (finding 1): the world communicator keeps a
+//!   world-prefixed status page, `/dev/shm/concord-<world>-r24-status-<rank>` (a page a monitor
+//!   or a restarted peer opens by name), while it lives; when it is dropped the page is unlinked
+//!   on a thread of the backend's own, [`DEFERRED_RELEASE`] later (the NCCL backend finalizes
+//!   and destroys its communicators on a thread of its own, about half a second each on H200).
+//!   [clause: failure.usable_after]: the release MAY come after the drop returns, as long as it
+//!   keeps going. The single `/dev/shm` read right after the drops of
+//!   `faults::alloc_fails_at_issue::*` and `faults::new_group_failure_leaves_no_file::ws2`
+//!   failed it.
+//! * `legal_review24_oom_one_error` (finding 3): the failing rank's own out-of-memory at issue
+//!   (its output cannot be allocated) is reported as the op's `aborted` error, naming the
+//!   allocation, the kind its peers get (shm's `peer_failure`): ONE error for the failed op on
+//!   every rank. Nothing is aborted, the next ops run ([clause:
+//!   faults.local_failure_named_everywhere] leaves the kind open, as for
+//!   `legal_review21_stream_peer_aborted`). The `backend`-only kind check of
+//!   `faults::alloc_fails_at_issue::*` failed it.
 
 use crate::campaign::{spec, Spec};
 use crate::{edit, Buf, Bug, Mutant, Shm};
@@ -90,6 +109,20 @@ pub fn catalogue() -> Vec<Spec> {
             "each group holds a socket pair per peer while it lives; one teardown thread per process closes dropped \
              groups' sockets one group after another, 700 ms each (as NCCL's finalize + destroy on a progress thread)",
             &["state::groups_each_without_a_rank::ws3"],
+        ),
+        spec::<DeferredRelease>(
+            "legal_review24_deferred_release",
+            "(nothing: deferred release)",
+            "the world communicator keeps a world-prefixed /dev/shm status page while it lives, unlinked on a thread of \
+             its own 500 ms after the drop returns (as NCCL's destroy on a thread of its own)",
+            &["faults::alloc_fails_at_issue::", "faults::new_group_failure_leaves_no_file::"],
+        ),
+        spec::<OomOneError>(
+            "legal_review24_oom_one_error",
+            "(nothing: one error)",
+            "the failing rank's out-of-memory at issue reported as the op's `aborted` error naming the allocation, the \
+             kind its peers get: one error for the op on every rank, nothing aborted",
+            &["faults::alloc_fails_at_issue::"],
         ),
         crate::bugs_stream::legal_spec(
             "legal_review21_stream_peer_aborted",
@@ -368,4 +401,58 @@ impl Bug for SlowTeardown {
         let held = std::mem::take(&mut *crate::lock(&OPENED));
         Some(Box::new(SlowTeardown { held: std::sync::Mutex::new(held) }))
     }
+}
+
+/// [`DeferredRelease`]'s delay between the drop of the world communicator and the unlink of its
+/// status page, on a thread of its own.
+const DEFERRED_RELEASE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `legal_review24_deferred_release` (module doc): the world communicator's status page (a
+/// group's bug holds none).
+#[derive(Default)]
+pub struct DeferredRelease {
+    page: std::sync::Mutex<Option<(std::fs::File, String)>>,
+}
+
+impl Bug for DeferredRelease {
+    fn init_world(&self, world: &concord_core::WorldInfo) -> Result<concord_core::WorldInfo> {
+        let path = format!("/dev/shm/{}r24-status-{}", concord_core::world_prefix(&world.world_id), world.rank);
+        let named = |e: std::io::Error| CollectiveError::Backend(format!("legal_review24_deferred_release: {path}: {e}"));
+        let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).map_err(named)?;
+        f.set_len(4096).map_err(named)?;
+        *crate::lock(&self.page) = Some((f, path));
+        Ok(world.clone())
+    }
+}
+
+impl Drop for DeferredRelease {
+    fn drop(&mut self) {
+        if let Some((f, path)) = crate::lock(&self.page).take() {
+            std::thread::spawn(move || {
+                std::thread::sleep(DEFERRED_RELEASE);
+                drop(f);
+                let _ = std::fs::remove_file(&path);
+            });
+        }
+    }
+}
+
+/// `legal_review24_oom_one_error` (module doc).
+#[derive(Default)]
+pub struct OomOneError;
+
+impl OomOneError {
+    fn op<T>(&self, s: &Shm, name: &str, issue: impl FnOnce() -> Result<T>) -> Result<T> {
+        issue().map_err(|e| match e {
+            CollectiveError::Backend(m) if m.contains("cannot allocate") => CollectiveError::Aborted(format!(
+                "{name} on rank {r}: the op failed on every rank because rank {r} could not allocate its output: {m}",
+                r = s.rank()
+            )),
+            e => e,
+        })
+    }
+}
+
+impl Bug for OomOneError {
+    crate::through_op!(all_reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, broadcast);
 }

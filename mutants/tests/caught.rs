@@ -473,6 +473,20 @@ const LEGAL_PINS: &[(&str, usize, usize, &[&str])] = &[
     ("legal_review21_no_cross_rank_late", 1, 1, &["state::bad_input_100_then_usable::ws2", "state::dropped_works_100_then_usable::ws2"]),
     // review23: dropped groups' descriptors closed 700 ms per group on a teardown thread.
     ("legal_review23_slow_teardown", 1, 0, &["state::groups_each_without_a_rank::ws3"]),
+    // review24: a world-prefixed status page unlinked 500 ms after the drop, on a thread of its own.
+    (
+        "legal_review24_deferred_release",
+        2,
+        0,
+        &["faults::alloc_fails_at_issue::all_reduce::ws2", "faults::new_group_failure_leaves_no_file::ws2"],
+    ),
+    // review24: the failing rank's out-of-memory at issue reported as the op's `aborted` error.
+    (
+        "legal_review24_oom_one_error",
+        2,
+        0,
+        &["faults::alloc_fails_at_issue::all_reduce::ws2", "faults::alloc_fails_at_issue::broadcast::ws2"],
+    ),
     // review21: the stream reference whose peers of a local failure get `aborted`.
     (
         "legal_review21_stream_peer_aborted",

@@ -181,6 +181,16 @@ pub fn axes(backend: &str, op: &str, variant: &str, dtype: &str, world_size: usi
     s
 }
 
+/// The where-line's fault axis, beside [`axes`]: `fault=<the option's value>` (as
+/// `CONCORD_BACKEND_OPTS` would carry it: `alloc_output:fail@1#1~3000`), or `fault=none` for a
+/// case run without one. One place, so no where-line prints a Rust `Some("...")` (review24).
+pub fn fault_axis(f: Option<&concord_core::fault::Fault>) -> String {
+    match f {
+        Some(f) => format!("fault={}", f.option().1),
+        None => "fault=none".to_string(),
+    }
+}
+
 /// [`axes`] of a case from its meta alone (a verdict the runner reached, the quiescence check: no
 /// check wrote a where-line): its op, variant and dtype; a bad-input row, whose meta names the row
 /// (the report's line), by the call it makes (`bad_input::call_of`).

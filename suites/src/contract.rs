@@ -129,12 +129,14 @@ pub const CLAUSES: &[Clause] = &[
     Clause {
         id: "failure.usable_after",
         source: BACKEND,
-        text: "After bad input (a mismatched new_group, splits whose sum overflows) every rank gets a named bad_input and the communicator stays usable; a failed new_group leaves no file behind, nor does a group every rank made and dropped (no file in /dev/shm, no descriptor kept per group).",
+        text: "After bad input (a mismatched new_group, splits whose sum overflows) every rank gets a named bad_input and the communicator stays usable; a failed new_group leaves no file behind, nor does a group every rank made and dropped (no file in /dev/shm, no descriptor kept per group), nor a communicator every rank dropped after a failed op; what a process keeps MAY be released after the drop returns, on a thread of the backend's own, as long as the release keeps going.",
         // Every bad_input case ends with an all_reduce that must work (the world stays usable).
         cases: &[
             "faults::split_sum_overflow",
             "faults::new_group_after_mismatch",
             "faults::new_group_failure_leaves_no_file",
+            // Their file part: no file named after the world once its release has settled.
+            "faults::alloc_fails_at_issue",
             // Twelve groups made and dropped: the process's descriptors do not grow per group.
             "state::groups_each_without_a_rank",
             "bad_input::send_to_self",

@@ -823,8 +823,8 @@ const WAITERS_APART: Duration = Duration::from_secs(1);
 /// `async::two_threads_wait_one_work::ws2` (clause `async.caller_threads`): rank 0 issues an
 /// all_reduce and two helper threads wait it (up to 5 s each) while rank 1 holds back (a store
 /// key); 50 ms later neither wait may have returned. Then rank 1 issues, rank 0's main thread
-/// polls `is_completed()` as a watchdog does, and both waits MUST return `Ok`, with the same
-/// buffer, within 1 s of each other (a wait on a thread that did not issue waits as the issuer's
+/// polls `is_completed()` as a watchdog does, and both waits MUST return `Ok` within 1 s of
+/// each other (the same buffer is core's: `Work::wait` returns the one work's value) (a wait on a thread that did not issue waits as the issuer's
 /// does; a second waiter neither fails nor sleeps past the op's completion); the work is
 /// uncounted once. Then the work is finalised once: rank 0 issues two more all_reduces, rank 1
 /// only the first until rank 0 has waited it, and the second MUST still be pending (a request
@@ -895,7 +895,7 @@ fn two_threads_wait_one_work<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                     format!("the wait on waiting thread {i} (not the issuing thread) returned Ok after {took:?}, before rank 1 had issued the all_reduce: a wait on any thread waits as one on the issuing thread does (buffer {addr:#x})"),
                 ))
             }
-            Ok(addr) => outs.push((i, addr, at)),
+            Ok(_) => outs.push((i, at)),
             Err(e) => {
                 return Err(fail(
                     &w,
@@ -904,22 +904,16 @@ fn two_threads_wait_one_work<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
             }
         }
     }
-    let (first, last) = (outs.iter().map(|o| o.2).min(), outs.iter().map(|o| o.2).max());
+    let (first, last) = (outs.iter().map(|o| o.1).min(), outs.iter().map(|o| o.1).max());
     if let (Some(first), Some(last)) = (first, last) {
         let apart = last - first;
         if apart > WAITERS_APART {
-            let late = outs.iter().max_by_key(|o| o.2).map_or(0, |o| o.0);
+            let late = outs.iter().max_by_key(|o| o.1).map_or(0, |o| o.0);
             return Err(fail(
                 &w,
                 format!("waiting thread {late} returned Ok {apart:?} after the other thread's wait of the same work had returned Ok: each waiter returns once the op completes, not at its own deadline ({wait:?})"),
             ));
         }
-    }
-    if outs.windows(2).any(|p| p[0].1 != p[1].1) {
-        return Err(fail(
-            &w,
-            format!("the two threads' waits of one work returned different buffers ({:#x}, {:#x})", outs[0].1, outs[1].1),
-        ));
     }
     if !polled {
         return Err(fail(

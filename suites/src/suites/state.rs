@@ -62,7 +62,7 @@
 //!   had counted a catch that needed the cases before it: `plan_cached_by_numel`).
 
 use super::matrix::each_dtype;
-use super::util::{expect_eq, fail, here, member_group, open_fds, ArVehicle};
+use super::util::{expect_eq, fail, here, member_group, open_fds, ArVehicle, SETTLE};
 use crate::case::{Case, CaseMeta, CaseResult, Ctx};
 use crate::exec::PAIRS;
 use concord_core::{Backend, BadInputKind, DType, OpKind, Tensor, Variant};
@@ -528,30 +528,16 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
     // progress thread, about half a second each on 2 x H200): the count is read again until it
     // falls below the bound, for as long as it keeps falling (a teardown under way, up to half
     // the case's op timeout: the rounds before it took their part of the case's deadline) and
-    // for FD_SETTLE after it last fell; what is still open then stays
-    // open (review23: a fixed 3 s failed a correct teardown of 600 ms per group).
+    // for SETTLE after it last fell (`util::settled`, the one rule); what is still open then
+    // stays open (review23: a fixed 3 s failed a correct teardown of 600 ms per group).
     let me = b.rank();
     let member_of = (1..GROUP_ROUNDS).map(|_| all.iter().filter(|m| m.contains(&me)).count()).sum::<usize>();
-    let timeout = ctx.timeout / 2;
+    let bound = ctx.timeout / 2;
     let settled = |before: usize| {
-        let t0 = std::time::Instant::now();
-        let (mut quiet_until, mut low) = (t0 + FD_SETTLE, usize::MAX);
-        loop {
-            let now = open_fds();
-            match now {
-                Some(n) if n >= before + member_of => {
-                    let t = std::time::Instant::now();
-                    if n < low {
-                        (low, quiet_until) = (n, t + FD_SETTLE);
-                    }
-                    if t >= quiet_until || t >= t0 + timeout {
-                        return now;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50))
-                }
-                _ => return now,
-            }
-        }
+        super::util::settled(bound, open_fds, |now| match *now {
+            Some(n) if n >= before + member_of => Some(n),
+            _ => None,
+        })
     };
     if let Some(before) = after_first {
         let Some(now) = settled(before) else { return Ok(()) };
@@ -561,7 +547,7 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
                 &w,
                 format!(
                     "this process held {before} open file descriptors once the first round's groups were dropped, and {now} after \
-                     {} more rounds and {FD_SETTLE:?} without a fall to settle, in which it was a member of {member_of} groups, each dropped by \
+                     {} more rounds and {SETTLE:?} without a fall to settle, in which it was a member of {member_of} groups, each dropped by \
                      every rank: the descriptors \
                      grow with every group made and dropped (a dropped group leaves nothing behind; a long job runs out of them: \
                      EMFILE, too many open files)",
@@ -575,11 +561,6 @@ fn groups_each_without_a_rank<B: Backend>(ctx: &mut Ctx<'_, B>) -> CaseResult {
 
 /// Rounds of [`groups_each_without_a_rank`]: 3 × 4 groups made from the world.
 const GROUP_ROUNDS: usize = 3;
-
-/// How long `state::groups_each_without_a_rank` waits for the descriptors of dropped groups to
-/// close after their count last fell (a backend may release them on a thread of its own)
-/// before it counts them as kept.
-const FD_SETTLE: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// One round of [`groups_each_without_a_rank`]: the four groups made and checked in turn, kept
 /// until the round ends.

@@ -168,6 +168,37 @@ pub fn open_fds() -> Option<usize> {
     std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count())
 }
 
+/// How long [`settled`] waits after what is left last fell before it counts what is still
+/// left as kept.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// The one rule for resources a backend releases after a drop returns (clause
+/// `failure.usable_after`: the release MAY run after the drop returns, on a thread of the
+/// backend's own, as long as it keeps going; the NCCL backend finalizes and destroys a
+/// communicator on its progress thread, about half a second each on H200): `read()` again every
+/// 50 ms while `left` gives `Some(count)` (something is still held), for as long as the count
+/// keeps falling, for [`SETTLE`] after it last fell, at most `bound`; the last reading is
+/// returned, for the caller to judge. A first reading with nothing left returns at once (shm
+/// pays nothing). review23 built it for `state::groups_each_without_a_rank`'s descriptor count
+/// (a fixed 3 s failed a correct teardown of 600 ms per group); review24 found the `/dev/shm`
+/// reads of `faults::` read once.
+pub fn settled<T>(bound: std::time::Duration, mut read: impl FnMut() -> T, left: impl Fn(&T) -> Option<usize>) -> T {
+    let t0 = std::time::Instant::now();
+    let (mut quiet_until, mut low) = (t0 + SETTLE, usize::MAX);
+    loop {
+        let now = read();
+        let Some(n) = left(&now) else { return now };
+        let t = std::time::Instant::now();
+        if n < low {
+            (low, quiet_until) = (n, t + SETTLE);
+        }
+        if t >= quiet_until || t >= t0 + bound {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub fn fail(where_: &str, what: impl std::fmt::Display) -> CaseEnd {
     CaseEnd::Fail(format!("{where_}: {what}"))
 }
