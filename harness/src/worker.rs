@@ -369,7 +369,10 @@ pub fn serve<S, E: Into<SetupError>>(
                     }
                     Err(p) => {
                         let msg = panic_message(&*p);
-                        send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true, pid: std::process::id(), cpu });
+                        send(
+                            &out,
+                            &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true, pid: std::process::id(), cpu },
+                        );
                         std::process::exit(101);
                     }
                 }

@@ -183,7 +183,8 @@ pub(crate) fn init_state<B: Backend>(
     // (runner worlds are keyed by it, externally launched ranks select by it). The others are
     // not freed, as the kept ones are not at exit (see `WorkerState`'s drop): a worker of the
     // main job indexed and freed some 6,000 cases it could never be asked for.
-    let (mine, others): (Vec<_>, Vec<_>) = cases().into_iter().partition(|c| c.world_size == world.world_size);
+    let built = crate::case::building_for_world_size(world.world_size, cases);
+    let (mine, others): (Vec<_>, Vec<_>) = built.into_iter().partition(|c| c.world_size == world.world_size);
     std::mem::forget(others);
     let cases = mine.into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
     Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
