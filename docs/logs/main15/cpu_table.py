@@ -47,7 +47,7 @@ print("\nfixed cost per case (ms, ranks' since + runner; min and 10th percentile
 for ws in sorted(byws):
     cs = byws[ws]
     ts = sorted(c["cpu"]["ranks"] + c["cpu"]["runner"] for c in cs)
-    bar = [c for c in cs if c["id"].startswith("barrier::") ]
+    bar = [c for c in cs if c["id"].split("::", 1)[-1].startswith("barrier::")]
     bs = ", ".join(f"{c['id']} body {c['cpu']['body']*1e3:.2f} since {c['cpu']['ranks']*1e3:.2f} runner {c['cpu']['runner']*1e3:.2f}" for c in bar[:2])
     print(f"  ws{ws}: min {ts[0]*1e3:.2f}, p10 {ts[len(ts)//10]*1e3:.2f} ms | {bs}")
 
