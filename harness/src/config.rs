@@ -18,6 +18,7 @@
 //! | `CONCORD_STORE_ADDR` | see below | `HOST:PORT` of the TCP store externally launched ranks meet on |
 //! | `CONCORD_GIT_COMMIT` | `git rev-parse` | the source commit a bench records (the GPU bundle sets it) |
 //! | `CONCORD_BENCH_PROBE` | off | `1`: the bench profiles each timed window and prints one `# probe` line per step and rank (a diagnosis aid: the profile costs the backend time) |
+//! | `CONCORD_CASE_CPU` | off | `1`: every rank measures its process's CPU (user + sys) around each case and at `Ready`, the runner its lane thread's; the report's cases get a `cpu` field (a measuring aid: off, nothing is read) |
 //!
 //! # Externally launched ranks ([`Launch`])
 //! A conformance binary (or a bench) started by a launcher runs as ONE rank of the launcher's
@@ -90,6 +91,7 @@ pub const LAUNCHER_VARS: &[&str] = &[
 ];
 pub const GIT_COMMIT: &str = "CONCORD_GIT_COMMIT";
 pub const BENCH_PROBE: &str = "CONCORD_BENCH_PROBE";
+pub const CASE_CPU: &str = "CONCORD_CASE_CPU";
 
 /// The settings that change what a case does or how long it may take: a failure's rerun line
 /// carries those set (`CONCORD_CASE_TIMEOUT_MS=5 cargo xtask conformance ...`), so that pasting
@@ -218,6 +220,8 @@ pub struct Config {
     pub trace: bool,
     /// `CONCORD_BENCH_PROBE=1`: the bench's per-window probe.
     pub bench_probe: bool,
+    /// `CONCORD_CASE_CPU=1`: per-case CPU, every rank's and the runner's, in the report.
+    pub case_cpu: bool,
     /// `Some` when a launcher started this process as one rank of its world.
     pub launch: Option<Launch>,
     /// `CONCORD_GIT_COMMIT`: the commit the binaries were built from, when the caller knows it
@@ -246,6 +250,7 @@ impl Default for Config {
             list: ListMode::Groups,
             trace: false,
             bench_probe: false,
+            case_cpu: false,
             launch: None,
             git_commit: None,
         }
@@ -285,6 +290,7 @@ impl Config {
         };
         let trace = switch(RUNNER_TRACE)?;
         let bench_probe = switch(BENCH_PROBE)?;
+        let case_cpu = switch(CASE_CPU)?;
         let launch = Config::launch_from(&get)?;
         Ok(Config {
             launch,
@@ -297,6 +303,7 @@ impl Config {
             list,
             trace,
             bench_probe,
+            case_cpu,
             git_commit: get(GIT_COMMIT).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()),
         })
     }
@@ -486,6 +493,8 @@ mod tests {
         assert_eq!(with(&[(GPU_COUNT, "two")]).unwrap_err().var, GPU_COUNT);
         assert_eq!(with(&[(BENCH_PROBE, "yes")]).unwrap_err().var, BENCH_PROBE);
         assert!(with(&[(BENCH_PROBE, "1")]).unwrap().bench_probe && !with(&[(BENCH_PROBE, "0")]).unwrap().bench_probe);
+        assert_eq!(with(&[(CASE_CPU, "on")]).unwrap_err().var, CASE_CPU);
+        assert!(with(&[(CASE_CPU, "1")]).unwrap().case_cpu && !with(&[]).unwrap().case_cpu);
     }
 
     #[test]

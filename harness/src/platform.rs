@@ -496,6 +496,32 @@ pub fn take_protocol_stdout() -> io::Result<File> {
     }
 }
 
+/// CPU time (user + sys) of `who`: `RUSAGE_SELF` (every thread of this process, reaped children
+/// not included) or `RUSAGE_THREAD` (the calling thread). Zero if the call fails.
+fn cpu_time(who: libc::c_int) -> std::time::Duration {
+    // SAFETY: `rusage` is plain integers (all-zero is a valid value); getrusage writes one
+    // into the value it is given, which lives for the call.
+    let (rc, u) = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(who, &mut u), u)
+    };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// This process's CPU time so far, every thread (`CONCORD_CASE_CPU`'s measure of a rank).
+pub fn process_cpu_time() -> std::time::Duration {
+    cpu_time(libc::RUSAGE_SELF)
+}
+
+/// The calling thread's CPU time so far (`CONCORD_CASE_CPU`'s measure of a runner's lane).
+pub fn thread_cpu_time() -> std::time::Duration {
+    cpu_time(libc::RUSAGE_THREAD)
+}
+
 /// Ends the process at once, without running atexit handlers or destructors (used by the worker's
 /// stdin watchdog when the parent has gone away).
 pub fn exit_now(code: i32) -> ! {

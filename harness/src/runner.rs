@@ -49,7 +49,7 @@
 use crate::outcome::Outcome;
 use crate::platform;
 use crate::verdict::{Failure, RankState, Verdict};
-use crate::worker::{format_options, vars, WorkerMsg};
+use crate::worker::{format_options, vars, RankCpu, WorkerMsg};
 use nix::sys::signal::Signal;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -141,6 +141,27 @@ pub struct CaseReport {
     /// Whether that world was spawned for this case (no case ran in it before), not reused;
     /// `false` when it failed to set up (what an earlier world left behind may be why).
     pub fresh_world: bool,
+    /// Under [`PoolConfig::case_cpu`]: where the case's CPU went (`None` off, or when the case
+    /// never reached a ready world).
+    pub cpu: Option<CaseCpu>,
+}
+
+/// One case's CPU (user + sys) under [`PoolConfig::case_cpu`] (`CONCORD_CASE_CPU=1`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CaseCpu {
+    /// Summed over the ranks that reported: their processes' CPU from `run` to the outcome.
+    pub ranks_body: Duration,
+    /// Summed over the ranks that reported: from their previous outcome (or `Ready`) to this
+    /// one, so the body plus what the ranks spent between cases.
+    pub ranks_since: Duration,
+    /// The ranks' CPU up to `Ready` (exec, rendezvous, backend init), when the world was spawned
+    /// for this case; zero for a reused world.
+    pub spawn: Duration,
+    /// The runner's thread that ran the case (checkout, dispatch, collecting the outcomes, the
+    /// verdict, a teardown); the spawner and reader threads are not in it.
+    pub runner: Duration,
+    /// Ranks that reported a measure (fewer than the world when a rank crashed or timed out).
+    pub ranks: usize,
 }
 
 impl CaseReport {
@@ -214,6 +235,9 @@ pub struct PoolConfig {
     /// Per-collective deadline handed to every worker (`WorldInfo::op_timeout`).
     pub op_timeout: Duration,
     pub max_idle_worlds: usize,
+    /// Measure every case's CPU ([`CaseReport::cpu`]); [`PoolConfig::from_env`] takes it from
+    /// `CONCORD_CASE_CPU`, and the workers get it in their environment.
+    pub case_cpu: bool,
 }
 
 impl PoolConfig {
@@ -230,6 +254,7 @@ impl PoolConfig {
             setup_timeout: c.setup_timeout,
             op_timeout: c.op_timeout(),
             max_idle_worlds: c.max_idle_worlds,
+            case_cpu: c.case_cpu,
         }
     }
 }
@@ -412,6 +437,8 @@ struct World {
     /// The snapshot of `/dev/shm` for the backend's declared foreign prefixes, taken before the
     /// world's processes were spawned (`None`: no prefix declared).
     foreign: Option<Arc<platform::ForeignShm>>,
+    /// Under `case_cpu`: the ranks' CPU up to `Ready`, summed, until the first case takes it.
+    ready_cpu: Option<Duration>,
 }
 
 static WORLD_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -581,6 +608,9 @@ impl World {
                 .env(vars::BACKEND_OPTS, format_options(&key.options))
                 .env(GLIBC_TUNABLES, worker_tunables(std::env::var(GLIBC_TUNABLES).ok().as_deref()));
             crate::launch::without_outer_launcher(&mut cmd);
+            if cfg.case_cpu {
+                cmd.env(crate::config::CASE_CPU, "1");
+            }
             for (k, v) in &cfg.env {
                 cmd.env(k, v);
             }
@@ -632,7 +662,7 @@ impl World {
                 RankProc { rank, pid: child.id(), stdin: child.stdin.take(), child, tail, status: None, signalled: false, worker_pid: 0 }
             })
             .collect();
-        Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now(), foreign })
+        Ok(World { id, key: key.clone(), pgid, dir: Some(dir), ranks, events: rx, last_used: Instant::now(), foreign, ready_cpu: None })
     }
 
     /// Waits until every rank reported `Ready`. On failure returns one line per rank that did
@@ -651,8 +681,11 @@ impl World {
                 break;
             }
             match self.events.recv_timeout(limit - now) {
-                Ok(Event::Msg(r, WorkerMsg::Ready { pid })) => {
+                Ok(Event::Msg(r, WorkerMsg::Ready { pid, cpu_ns })) => {
                     self.ranks[r].worker_pid = pid;
+                    if let Some(ns) = cpu_ns {
+                        *self.ready_cpu.get_or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+                    }
                     ready[r] = true;
                 }
                 Ok(Event::Msg(r, WorkerMsg::SetupFailed { message })) => {
@@ -840,6 +873,8 @@ struct RankCase {
     ended_at: Option<Instant>,
     /// Decided as exited without the EOF: its pipe stayed open after [`PIPE_DRAIN`].
     pipe_held: bool,
+    /// The CPU its outcome carried (`case_cpu`).
+    cpu: Option<RankCpu>,
 }
 
 impl RankCase {
@@ -852,6 +887,7 @@ impl RankCase {
             answer: None,
             ended_at: None,
             pipe_held: false,
+            cpu: None,
         }
     }
     /// Nothing more is awaited from this rank.
@@ -934,6 +970,7 @@ impl Pool {
     /// Runs one case on every rank of a world with `req.key` and returns the verdict. Thread-safe.
     pub fn run_case(&self, req: CaseRequest<'_>) -> CaseReport {
         let start = Instant::now();
+        let thread_cpu = self.cfg.case_cpu.then(platform::thread_cpu_time);
         let key = req.key;
         let fresh = std::cell::Cell::new(true);
         let mk_report = |verdict: Verdict, ranks: Vec<RankReport>, world_id: String| CaseReport {
@@ -945,6 +982,7 @@ impl Pool {
             elapsed: start.elapsed(),
             world_id,
             fresh_world: fresh.get(),
+            cpu: None,
         };
         if req.case_id.contains('\n') || req.case_id.is_empty() {
             let f = Failure::Protocol { rank: 0, detail: format!("invalid case id {:?}", req.case_id) };
@@ -1032,7 +1070,8 @@ impl Pool {
                 ));
                 settle_at.get_or_insert(Instant::now() + settle);
             }
-            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting, .. }) if case == req.case_id => {
+            Event::Msg(r, WorkerMsg::Outcome { case, outcome, exiting, cpu, .. }) if case == req.case_id => {
+                st[r].cpu = cpu;
                 if outcome.is_failed() {
                     settle_at.get_or_insert(Instant::now() + settle);
                 }
@@ -1225,12 +1264,24 @@ impl Pool {
             Verdict::fold(&outs)
         };
         let id = world.id.clone();
+        let spawn_cpu = world.ready_cpu.take().unwrap_or_default();
         if keep {
             self.checkin(world);
         } else {
             drop(world);
         }
-        mk_report(verdict, ranks, id)
+        let mut report = mk_report(verdict, ranks, id);
+        if let Some(t0) = thread_cpu {
+            let reported = st.iter().filter_map(|s| s.cpu);
+            report.cpu = Some(CaseCpu {
+                ranks_body: reported.clone().map(|c| Duration::from_nanos(c.body_ns)).sum(),
+                ranks_since: reported.clone().map(|c| Duration::from_nanos(c.since_ns)).sum(),
+                spawn: spawn_cpu,
+                runner: platform::thread_cpu_time().saturating_sub(t0),
+                ranks: reported.count(),
+            });
+        }
+        report
     }
 }
 

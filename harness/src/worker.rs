@@ -52,8 +52,13 @@ const EXIT_FALLBACK: Duration = Duration::from_secs(5);
 /// One line from a worker to the runner.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum WorkerMsg {
-    /// Rendezvous and setup done; ready for cases.
-    Ready { pid: u32 },
+    /// Rendezvous and setup done; ready for cases. `cpu_ns`: the process's CPU so far (spawn,
+    /// rendezvous, `setup`), under `CONCORD_CASE_CPU=1` only.
+    Ready {
+        pid: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_ns: Option<u64>,
+    },
     /// Rendezvous or setup failed; the worker exits after sending this.
     SetupFailed { message: String },
     /// Setup refused a world the backend declares it does not support (e.g. larger than its
@@ -68,9 +73,25 @@ pub enum WorkerMsg {
         exiting: bool,
         #[serde(default)]
         pid: u32,
+        /// Under `CONCORD_CASE_CPU=1`: this rank's CPU for the case.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu: Option<RankCpu>,
     },
     /// Answer to `status`: what the rank is doing (`in all_reduce #12 (shm, 503 ms)`).
     Status { state: String },
+}
+
+/// One rank's CPU (user + sys, every thread of its process, ns) for one case, measured under
+/// `CONCORD_CASE_CPU=1` ([`crate::config::Config::case_cpu`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RankCpu {
+    /// From `run` read by the main thread to the outcome: the case body (and whatever the
+    /// backend's own threads did meanwhile).
+    pub body_ns: u64,
+    /// From the previous outcome (the first case: `Ready`) to this one: the body plus what ran
+    /// between cases (the command's dispatch, a backend's threads still ticking after the last
+    /// case). Summed over a world's cases, every CPU the process spent after `Ready`.
+    pub since_ns: u64,
 }
 
 /// What a worker learns from its environment.
@@ -316,16 +337,31 @@ pub fn serve<S, E: Into<SetupError>>(
             std::process::exit(1);
         }
     };
-    send(&out, &WorkerMsg::Ready { pid: std::process::id() });
+    // `CONCORD_CASE_CPU=1`: the process's CPU at `Ready`, then around every case.
+    let measure = crate::config::Config::global().case_cpu;
+    let mut last_cpu = measure.then(platform::process_cpu_time);
+    send(&out, &WorkerMsg::Ready { pid: std::process::id(), cpu_ns: last_cpu.map(|c| c.as_nanos() as u64) });
 
     loop {
         match rx.recv() {
             Ok(Cmd::Run(case)) => {
+                let before = last_cpu.map(|_| platform::process_cpu_time());
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&mut state, &case)));
+                let cpu = match (last_cpu, before) {
+                    (Some(last), Some(before)) => {
+                        let now = platform::process_cpu_time();
+                        last_cpu = Some(now);
+                        Some(RankCpu {
+                            body_ns: now.saturating_sub(before).as_nanos() as u64,
+                            since_ns: now.saturating_sub(last).as_nanos() as u64,
+                        })
+                    }
+                    _ => None,
+                };
                 match r {
                     Ok(outcome) => {
                         let exiting = EXIT_AFTER_CASE.load(std::sync::atomic::Ordering::SeqCst) && !outcome.is_failed();
-                        send(&out, &WorkerMsg::Outcome { case, outcome, exiting, pid: std::process::id() });
+                        send(&out, &WorkerMsg::Outcome { case, outcome, exiting, pid: std::process::id(), cpu });
                         if exiting {
                             // A deliberate death (see `exit_after_this_case`): no goodbye to peers.
                             platform::exit_now(0);
@@ -333,7 +369,10 @@ pub fn serve<S, E: Into<SetupError>>(
                     }
                     Err(p) => {
                         let msg = panic_message(&*p);
-                        send(&out, &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true, pid: std::process::id() });
+                        send(
+                            &out,
+                            &WorkerMsg::Outcome { case, outcome: Outcome::Failed(msg), exiting: true, pid: std::process::id(), cpu },
+                        );
                         std::process::exit(101);
                     }
                 }
@@ -381,7 +420,7 @@ mod tests {
 
     #[test]
     fn messages_are_one_json_line() {
-        let m = WorkerMsg::Outcome { case: "a b".into(), outcome: Outcome::Failed("x\ny".into()), exiting: false, pid: 7 };
+        let m = WorkerMsg::Outcome { case: "a b".into(), outcome: Outcome::Failed("x\ny".into()), exiting: false, pid: 7, cpu: None };
         let s = serde_json::to_string(&m).unwrap();
         assert!(!s.contains('\n'));
         assert_eq!(serde_json::from_str::<WorkerMsg>(&s).unwrap(), m);
@@ -389,7 +428,19 @@ mod tests {
         let old = r#"{"Outcome":{"case":"c","outcome":"Passed","exiting":false}}"#;
         assert_eq!(
             serde_json::from_str::<WorkerMsg>(old).unwrap(),
-            WorkerMsg::Outcome { case: "c".into(), outcome: Outcome::Passed, exiting: false, pid: 0 }
+            WorkerMsg::Outcome { case: "c".into(), outcome: Outcome::Passed, exiting: false, pid: 0, cpu: None }
         );
+        // Without `CONCORD_CASE_CPU` nothing of the measure is on the line.
+        assert!(!s.contains("cpu"), "{s}");
+        let m = WorkerMsg::Outcome {
+            case: "c".into(),
+            outcome: Outcome::Passed,
+            exiting: false,
+            pid: 1,
+            cpu: Some(RankCpu { body_ns: 5, since_ns: 9 }),
+        };
+        assert_eq!(serde_json::from_str::<WorkerMsg>(&serde_json::to_string(&m).unwrap()).unwrap(), m);
+        let r = WorkerMsg::Ready { pid: 1, cpu_ns: None };
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"Ready":{"pid":1}}"#);
     }
 }

@@ -76,6 +76,14 @@ fn worker_case(s: &mut WState, case: &str) -> Outcome {
     let name = case.trim_end_matches(|c: char| c.is_ascii_digit());
     match name {
         "pass" | "pids" => Outcome::Passed,
+        // 30 ms of this rank's own CPU (whatever the load), for `CONCORD_CASE_CPU`'s measure.
+        "burn" => {
+            let t0 = concord_harness::platform::thread_cpu_time();
+            while concord_harness::platform::thread_cpu_time() - t0 < Duration::from_millis(30) {
+                std::hint::black_box(0u64);
+            }
+            Outcome::Passed
+        }
         "fail" if me => Outcome::Failed("wrong value at index 3".into()),
         "panic" if me => panic!("boom from rank {rank}"),
         "abort" if me => std::process::abort(),
@@ -494,6 +502,30 @@ fn t_pass(ws: usize) -> Result<(), Failed> {
     check!(p.idle_worlds() == 1, "world kept for reuse");
     p.shutdown();
     assert_clean(&[&r])
+}
+
+/// `PoolConfig::case_cpu` (`CONCORD_CASE_CPU=1`): every rank's CPU for the case and up to
+/// `Ready` comes back in the report, the spawn only with the world's first case; off, nothing.
+fn t_case_cpu() -> Result<(), Failed> {
+    let ws = 3;
+    let p = Pool::new(PoolConfig { case_cpu: true, ..pool(2).config().clone() });
+    let first = run(&p, &key(ws), "burn");
+    check!(first.verdict == Verdict::Passed, "{}", first.failure_message());
+    let c = first.cpu.ok_or_else(|| Failed::from("no cpu measured with case_cpu on"))?;
+    check!(c.ranks == ws, "{c:?}");
+    check!(c.ranks_body >= Duration::from_millis(30 * ws as u64), "every rank burned 30 ms: {c:?}");
+    check!(c.ranks_since >= c.ranks_body, "{c:?}");
+    check!(c.spawn > Duration::ZERO, "a fresh world's ranks spent CPU up to Ready: {c:?}");
+    let second = run(&p, &key(ws), "pass");
+    let c2 = second.cpu.ok_or_else(|| Failed::from("no cpu measured for the second case"))?;
+    check!(c2.spawn == Duration::ZERO && c2.ranks == ws, "a reused world has no spawn: {c2:?}");
+    check!(c2.ranks_body < Duration::from_millis(30 * ws as u64), "the burn is not counted twice: {c2:?}");
+    p.shutdown();
+    let off = pool(2);
+    let r = run(&off, &key(ws), "pass");
+    check!(r.cpu.is_none() || PoolConfig::from_env().case_cpu, "measured with case_cpu off: {:?}", r.cpu);
+    off.shutdown();
+    assert_clean(&[&first, &second, &r])
 }
 
 fn t_failed_outcome() -> Result<(), Failed> {
@@ -1196,6 +1228,7 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials = vec![
         Trial::test("snapshot::redact_replaces_what_changes_between_runs", t_redact),
+        Trial::test("runner::case_cpu_measures_every_rank", t_case_cpu),
         Trial::test("launch::every_rank_exits_zero", t_launch_ok),
         Trial::test("launch::children_drop_the_outer_launchers_identity", t_launch_children_drop_the_outer_launchers_identity),
         Trial::test("launch::failed_rank_is_named_and_ends_the_world", t_launch_failed_rank_is_named_and_ends_the_world),

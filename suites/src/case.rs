@@ -53,6 +53,34 @@ pub enum Load {
     Light,
 }
 
+thread_local! {
+    /// [`building_for_world_size`]'s hint on this thread: `None`, every world size is wanted.
+    static ONLY_WORLD_SIZE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `build` (a catalogue function) with the hint that only the cases of `ws` ranks will be
+/// kept: the generators that ask [`wanted_world_size`] skip the other sizes before naming them.
+/// Every case of `ws` ranks is still built, and the caller still filters by `world_size` (a
+/// generator that does not ask builds everything, as without the hint). A worker builds its
+/// catalogue at every world's spawn and keeps only its own size's cases: the whole catalogue was
+/// about half of a rank's CPU up to `Ready` (helper main15).
+pub fn building_for_world_size<T>(ws: usize, build: impl FnOnce() -> T) -> T {
+    struct Reset(Option<usize>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ONLY_WORLD_SIZE.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(ONLY_WORLD_SIZE.with(|c| c.replace(Some(ws))));
+    build()
+}
+
+/// Whether a catalogue being built on this thread keeps cases of `ws` ranks (always, unless
+/// inside [`building_for_world_size`] for another size).
+pub fn wanted_world_size(ws: usize) -> bool {
+    ONLY_WORLD_SIZE.with(|c| c.get().is_none_or(|only| only == ws))
+}
+
 /// One conformance case, generic over the backend.
 pub struct Case<B: Backend> {
     /// Name without the backend prefix, e.g. `all_reduce::out::f32::sum::ws4`.

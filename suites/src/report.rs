@@ -25,6 +25,26 @@ pub struct CaseRecord {
     /// The whole failure message (with its rerun line), or the skip / unsupported reason.
     pub detail: String,
     pub seconds: f64,
+    /// Under `CONCORD_CASE_CPU=1` only (absent otherwise): where the case's CPU went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuRecord>,
+}
+
+/// A case's CPU (user + sys, seconds) under `CONCORD_CASE_CPU=1`
+/// ([`concord_harness::runner::CaseCpu`]).
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct CpuRecord {
+    /// Every rank's process from `run` to its outcome, summed.
+    pub body: f64,
+    /// Every rank's process from its previous outcome (or `Ready`) to this one, summed: the body
+    /// plus what the ranks spent between cases.
+    pub ranks: f64,
+    /// The ranks' CPU up to `Ready` when the world was spawned for this case (else 0).
+    pub spawn: f64,
+    /// The runner's thread that ran the case.
+    pub runner: f64,
+    /// How many ranks reported a measure.
+    pub ranks_measured: usize,
 }
 
 impl CaseRecord {
@@ -44,7 +64,20 @@ impl CaseRecord {
             failure_kinds: verdict.failures().iter().map(|f| f.kind()).collect(),
             detail,
             seconds: elapsed.as_secs_f64(),
+            cpu: None,
         }
+    }
+
+    /// The record with the case's CPU, when it was measured.
+    pub fn with_cpu(mut self, cpu: Option<concord_harness::runner::CaseCpu>) -> CaseRecord {
+        self.cpu = cpu.map(|c| CpuRecord {
+            body: c.ranks_body.as_secs_f64(),
+            ranks: c.ranks_since.as_secs_f64(),
+            spawn: c.spawn.as_secs_f64(),
+            runner: c.runner.as_secs_f64(),
+            ranks_measured: c.ranks,
+        });
+        self
     }
 }
 
@@ -56,6 +89,10 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Report {
     pub cases: Vec<CaseRecord>,
     pub wall_seconds: f64,
+    /// Under `CONCORD_CASE_CPU=1`: the runner process's own CPU (every thread: lanes, spawner,
+    /// pipe readers; not its reaped ranks), in the JSON as `runner_cpu_seconds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runner_cpu_seconds: Option<f64>,
 }
 
 #[derive(Default, Serialize, Clone, Copy)]
@@ -95,7 +132,7 @@ impl Counts {
 
 impl Report {
     pub fn new(cases: Vec<CaseRecord>, wall: Duration) -> Report {
-        Report { cases, wall_seconds: wall.as_secs_f64() }
+        Report { cases, wall_seconds: wall.as_secs_f64(), runner_cpu_seconds: None }
     }
 
     fn totals(&self) -> Counts {
@@ -193,6 +230,10 @@ impl Report {
             "totals": self.totals(),
             "cases": self.cases,
         });
+        let mut value = value;
+        if let Some(c) = self.runner_cpu_seconds {
+            value["runner_cpu_seconds"] = serde_json::json!(c);
+        }
         std::fs::write(&json, serde_json::to_string_pretty(&value)?)?;
         Ok((md, json))
     }

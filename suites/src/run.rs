@@ -183,7 +183,8 @@ pub(crate) fn init_state<B: Backend>(
     // (runner worlds are keyed by it, externally launched ranks select by it). The others are
     // not freed, as the kept ones are not at exit (see `WorkerState`'s drop): a worker of the
     // main job indexed and freed some 6,000 cases it could never be asked for.
-    let (mine, others): (Vec<_>, Vec<_>) = cases().into_iter().partition(|c| c.world_size == world.world_size);
+    let built = crate::case::building_for_world_size(world.world_size, cases);
+    let (mine, others): (Vec<_>, Vec<_>) = built.into_iter().partition(|c| c.world_size == world.world_size);
     std::mem::forget(others);
     let cases = mine.into_iter().map(|c| (format!("{prefix}::{}", c.name), c)).collect();
     Ok(WorkerState { backend, world, store, groups: HashMap::new(), cases })
@@ -348,6 +349,17 @@ pub fn run_case_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdi
 /// [`run_case_in`], and whether the case ran in a world spawned for it (no case ran there
 /// before it: its verdict owes nothing to the world's history).
 pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> (Verdict, String, Duration, bool) {
+    let (verdict, msg, elapsed, fresh, _) = run_case_measured(pool, entry, case);
+    (verdict, msg, elapsed, fresh)
+}
+
+/// [`run_case_fresh_in`], and the case's CPU under `CONCORD_CASE_CPU=1`
+/// ([`concord_harness::runner::CaseReport::cpu`]).
+fn run_case_measured(
+    pool: &Pool,
+    entry: &BackendEntry,
+    case: &CaseInfo,
+) -> (Verdict, String, Duration, bool, Option<concord_harness::runner::CaseCpu>) {
     let needed = entry.gpus_per_rank * case.world_size;
     if needed > 0 {
         let have = concord_harness::gpu::count();
@@ -361,6 +373,7 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
                 String::new(),
                 Duration::ZERO,
                 true,
+                None,
             );
         }
     }
@@ -381,7 +394,7 @@ pub fn run_case_fresh_in(pool: &Pool, entry: &BackendEntry, case: &CaseInfo) -> 
         }
         _ => String::new(),
     };
-    (report.verdict.clone(), msg, report.elapsed, report.fresh_world)
+    (report.verdict.clone(), msg, report.elapsed, report.fresh_world, report.cpu)
 }
 
 /// The case's axes as a failure's `where` line: `backend= op= variant= dtype= world_size= rank=`
@@ -762,7 +775,7 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
                 // side by side would share devices (measured on 2 GPUs: 32 NCCL worlds at once
                 // ran their groups past the enqueue deadline). CPU backends keep every lane.
                 let gpu_turn = gpu_lane(&entry).then(|| GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
-                let (verdict, msg, elapsed) = run_case(&entry, &case);
+                let (verdict, msg, elapsed, _, cpu) = run_case_measured(Pool::global(), &entry, &case);
                 drop(gpu_turn);
                 drop(big_turn);
                 if verdict.is_failed() {
@@ -770,14 +783,18 @@ pub fn run_work(work: Vec<(BackendEntry, CaseInfo)>, jobs: usize, bar: bool) -> 
                 }
                 bar.set_message(case.id.clone());
                 bar.inc(1);
-                records.lock().unwrap().push(CaseRecord::new(&entry.name, &case, &verdict, &msg, elapsed));
+                records.lock().unwrap().push(CaseRecord::new(&entry.name, &case, &verdict, &msg, elapsed).with_cpu(cpu));
             });
         }
     });
     bar.finish_and_clear();
     let mut records = records.into_inner().unwrap();
     records.sort_by(|a, b| a.id.cmp(&b.id));
-    Report::new(records, started.elapsed())
+    let mut report = Report::new(records, started.elapsed());
+    if Pool::global().config().case_cpu {
+        report.runner_cpu_seconds = Some(concord_harness::platform::process_cpu_time().as_secs_f64());
+    }
+    report
 }
 
 /// Whether `entry`'s cases go to [`run_work`]'s GPU lane (and take [`GPU_TURN`]): a backend

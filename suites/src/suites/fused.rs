@@ -570,6 +570,9 @@ fn body_in_flight<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u64)
 }
 
 fn push_in_flight<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec) {
+    if !crate::case::wanted_world_size(ws) {
+        return;
+    }
     let seed = concord_fixtures::seed_for(&name);
     let m = meta(&spec);
     out.push(Case::new(name, m, ws, move |ctx| body_in_flight(ctx, &spec, seed)));
@@ -636,6 +639,9 @@ fn meta(spec: &FusedSpec) -> CaseMeta {
 }
 
 fn push<B: Backend>(out: &mut Vec<Case<B>>, name: String, ws: usize, spec: FusedSpec, repeats: usize) {
+    if !crate::case::wanted_world_size(ws) {
+        return;
+    }
     let seed = concord_fixtures::seed_for(&name);
     let m = meta(&spec);
     let spec = Arc::new(spec);

@@ -331,7 +331,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     let mut out = Vec::new();
     for (op, variant) in OPS {
         for dtype in [DType::F32, DType::BF16, DType::I32] {
-            for (n, ws) in ladder(op, dtype) {
+            for (n, ws) in ladder(op, dtype).into_iter().filter(|&(_, ws)| crate::case::wanted_world_size(ws)) {
                 let name = case_name(op, dtype, n, ws);
                 let meta = case_meta(op, variant, dtype);
                 let seed = concord_fixtures::seed_for(&name);
@@ -343,7 +343,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     }
     for (op, variant) in GRID_PAIRS {
         let dtype = DType::F32;
-        for ws in GRID_WORLD_SIZES {
+        for ws in GRID_WORLD_SIZES.into_iter().filter(|&ws| crate::case::wanted_world_size(ws)) {
             let name = format!("sizes::{op}::{}::{dtype}::grid::ws{ws}", variant.name());
             let meta = case_meta(op, variant, dtype);
             let seed = concord_fixtures::seed_for(&name);

@@ -111,19 +111,19 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
                 if op == OpKind::Barrier && dtype != DType::F32 {
                     continue;
                 }
-                for ws in WORLD_SIZES.into_iter().filter(|&w| w >= 2) {
+                for ws in WORLD_SIZES.into_iter().filter(|&w| w >= 2 && crate::case::wanted_world_size(w)) {
                     let spec = ValueSpec { op, variant, dtype, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
                     out.push(subgroup_case(lay, spec, ws));
                 }
             }
         }
         for spec in reduce_op_specs() {
-            for ws in [4, 5] {
+            for ws in [4, 5].into_iter().filter(|&w| crate::case::wanted_world_size(w)) {
                 out.push(subgroup_case(lay, spec.clone(), ws));
             }
         }
         for (op, variant, reduce) in MORE_OPS {
-            for ws in [4, 5] {
+            for ws in [4, 5].into_iter().filter(|&w| crate::case::wanted_world_size(w)) {
                 let spec = ValueSpec { op, variant, dtype: DType::F32, reduce, kind: InputKind::Exact, max_shapes: Some(4) };
                 out.push(subgroup_case(lay, spec, ws));
             }
