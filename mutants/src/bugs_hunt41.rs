@@ -187,35 +187,7 @@ impl Bug for EquivalentProcessSetsRemoved {
         let set = lock(&self.made).take();
         Some(Box::new(EquivalentProcessSetsRemoved { set, made: Mutex::new(None) }))
     }
-    crate::through_op!(
-        all_reduce,
-        all_reduce_,
-        all_gather_into_tensor,
-        reduce_scatter_tensor,
-        all_to_all_single,
-        broadcast,
-        broadcast_,
-        permute_tensor,
-        reduce,
-        gather,
-        scatter,
-        barrier
-    );
-    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.op(s, "all_reduce_coalesced", || s.inner.all_reduce_coalesced(xs, op))
-    }
-    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "all_gather_into_tensor_out", || s.inner.all_gather_into_tensor_out(x, out))
-    }
-    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "reduce_scatter_tensor_out", || s.inner.reduce_scatter_tensor_out(x, op, out))
-    }
-    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.op(s, "send", || s.inner.send(x, dst))
-    }
-    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "recv", || s.inner.recv(out, src))
-    }
+    crate::through_op!(every);
 }
 
 // ---------------------------------------------------------------- mindspore-ai/hyper-parallel #516
@@ -290,35 +262,7 @@ impl Bug for WholeWorldGroupAlias {
             made_alias: AtomicBool::new(false),
         }))
     }
-    crate::through_op!(
-        all_reduce,
-        all_reduce_,
-        all_gather_into_tensor,
-        reduce_scatter_tensor,
-        all_to_all_single,
-        broadcast,
-        broadcast_,
-        permute_tensor,
-        reduce,
-        gather,
-        scatter,
-        barrier
-    );
-    fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
-        self.op(s, "all_reduce_coalesced", || s.inner.all_reduce_coalesced(xs, op))
-    }
-    fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "all_gather_into_tensor_out", || s.inner.all_gather_into_tensor_out(x, out))
-    }
-    fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
-        self.op(s, "reduce_scatter_tensor_out", || s.inner.reduce_scatter_tensor_out(x, op, out))
-    }
-    fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
-        self.op(s, "send", || s.inner.send(x, dst))
-    }
-    fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
-        self.op(s, "recv", || s.inner.recv(out, src))
-    }
+    crate::through_op!(every);
 }
 
 // ---------------------------------------------------------------- PaddlePaddle/Paddle #65029

@@ -416,9 +416,56 @@ impl Shm {
 /// `Bug` methods, one per named shm op, each routing its op through the mutant's own
 /// `self.op(s, "<op>", || s.inner.<op>(..))` (mutants that do one thing around every op they
 /// wrap: a poisoned communicator, an abort flag, a watchdog). Used inside `impl Bug for ..`:
-/// `through_op!(all_reduce, broadcast, barrier);`.
+/// `through_op!(all_reduce, broadcast, barrier);`, or `through_op!(every);` for all of them (the
+/// collectives, their `_out` and coalesced forms, send and recv).
 macro_rules! through_op {
+    (every) => {
+        $crate::through_op!(
+            all_reduce,
+            all_reduce_,
+            all_reduce_coalesced,
+            all_gather_into_tensor,
+            all_gather_into_tensor_out,
+            reduce_scatter_tensor,
+            reduce_scatter_tensor_out,
+            all_to_all_single,
+            broadcast,
+            broadcast_,
+            permute_tensor,
+            reduce,
+            gather,
+            scatter,
+            barrier,
+            send,
+            recv
+        );
+    };
     ($($name:ident),* $(,)?) => { $($crate::through_op!(@one $name);)* };
+    (@one all_reduce_coalesced) => {
+        fn all_reduce_coalesced(&self, s: &Shm, xs: &[Buf], op: ReduceOp) -> Result<Work<Vec<Buf>>> {
+            self.op(s, "all_reduce_coalesced", || s.inner.all_reduce_coalesced(xs, op))
+        }
+    };
+    (@one all_gather_into_tensor_out) => {
+        fn all_gather_into_tensor_out(&self, s: &Shm, x: &Buf, out: &Buf) -> Result<Work<Buf>> {
+            self.op(s, "all_gather_into_tensor_out", || s.inner.all_gather_into_tensor_out(x, out))
+        }
+    };
+    (@one reduce_scatter_tensor_out) => {
+        fn reduce_scatter_tensor_out(&self, s: &Shm, x: &Buf, op: ReduceOp, out: &Buf) -> Result<Work<Buf>> {
+            self.op(s, "reduce_scatter_tensor_out", || s.inner.reduce_scatter_tensor_out(x, op, out))
+        }
+    };
+    (@one send) => {
+        fn send(&self, s: &Shm, x: &Buf, dst: usize) -> Result<Work<()>> {
+            self.op(s, "send", || s.inner.send(x, dst))
+        }
+    };
+    (@one recv) => {
+        fn recv(&self, s: &Shm, out: &Buf, src: usize) -> Result<Work<Buf>> {
+            self.op(s, "recv", || s.inner.recv(out, src))
+        }
+    };
     (@one all_reduce) => {
         fn all_reduce(&self, s: &Shm, x: &Buf, op: ReduceOp) -> Result<Work<Buf>> {
             self.op(s, "all_reduce", || s.inner.all_reduce(x, op))
