@@ -28,38 +28,3 @@ pub fn builtin_entries() -> Vec<BackendEntry> {
     v.push(BackendEntry::new::<concord_mpi::MpiBackend>("mpi", 0, catalogue::<concord_mpi::MpiBackend>));
     v
 }
-
-#[cfg(test)]
-mod tests {
-    use concord_suites::case::building_for_world_size;
-    use concord_suites::{catalogue, shape_catalogue, Case};
-
-    fn ids_of<B: concord_core::Backend>(cases: Vec<Case<B>>, ws: usize) -> Vec<String> {
-        let mut v: Vec<String> = cases.into_iter().filter(|c| c.world_size == ws).map(|c| c.name).collect();
-        v.sort();
-        v
-    }
-
-    /// A worker builds its catalogue with its world size as a hint (`building_for_world_size`):
-    /// the cases of that size are exactly the whole catalogue's, at every world size it has.
-    #[test]
-    fn a_world_size_hint_builds_every_case_of_that_size() {
-        type S = concord_shm::ShmBackend;
-        let all = catalogue::<S>();
-        let mut sizes: Vec<usize> = all.iter().map(|c| c.world_size).collect();
-        sizes.sort();
-        sizes.dedup();
-        assert!(sizes.len() >= 10, "{sizes:?}");
-        for &ws in &sizes {
-            let hinted = building_for_world_size(ws, catalogue::<S>);
-            assert_eq!(ids_of(hinted, ws), ids_of(all.clone(), ws), "world size {ws}");
-        }
-        // The hint is gone after the build.
-        assert_eq!(catalogue::<S>().len(), all.len());
-        let shapes = shape_catalogue::<concord_fake::FakeBackend>();
-        for ws in [1, 2, 3, 16] {
-            let hinted = building_for_world_size(ws, shape_catalogue::<concord_fake::FakeBackend>);
-            assert_eq!(ids_of(hinted, ws), ids_of(shapes.clone(), ws), "fake, world size {ws}");
-        }
-    }
-}

@@ -7,6 +7,7 @@
 //!   them (`--list` alone lists the groups, `shm::suite::matrix::ws4`);
 //! * a failure under a setting (`CONCORD_CASE_TIMEOUT_MS`) prints a rerun line that carries the
 //!   setting, and the line's settings and case, run, fail again.
+//! * a worker's catalogue built for one world size holds exactly that size's cases.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -99,4 +100,36 @@ fn entries_carry_the_backends_shm_prefixes() {
     assert_eq!(of("nccl"), vec!["nccl-".to_string()]);
     assert!(of("shm").is_empty());
     assert!(of("fake").is_empty());
+}
+
+/// A worker builds its catalogue with its world size as a hint
+/// (`concord_suites::case::building_for_world_size`, helper main15): the cases of that size are
+/// exactly the whole catalogue's, at every world size it has (a generator that drops a size it
+/// should keep would lose those cases from every world of that size).
+#[test]
+fn a_world_size_hint_builds_every_case_of_that_size() {
+    use concord_suites::case::building_for_world_size;
+    use concord_suites::{catalogue, shape_catalogue, Case};
+    fn ids_of<B: concord_core::Backend>(cases: Vec<Case<B>>, ws: usize) -> Vec<String> {
+        let mut v: Vec<String> = cases.into_iter().filter(|c| c.world_size == ws).map(|c| c.name).collect();
+        v.sort();
+        v
+    }
+    type S = concord_shm::ShmBackend;
+    let all = catalogue::<S>();
+    let mut sizes: Vec<usize> = all.iter().map(|c| c.world_size).collect();
+    sizes.sort();
+    sizes.dedup();
+    assert!(sizes.len() >= 10, "{sizes:?}");
+    for &ws in &sizes {
+        let hinted = building_for_world_size(ws, catalogue::<S>);
+        assert_eq!(ids_of(hinted, ws), ids_of(all.clone(), ws), "world size {ws}");
+    }
+    // The hint is gone after the build.
+    assert_eq!(catalogue::<S>().len(), all.len());
+    let shapes = shape_catalogue::<concord_fake::FakeBackend>();
+    for ws in [1, 2, 3, 16] {
+        let hinted = building_for_world_size(ws, shape_catalogue::<concord_fake::FakeBackend>);
+        assert_eq!(ids_of(hinted, ws), ids_of(shapes.clone(), ws), "fake, world size {ws}");
+    }
 }
