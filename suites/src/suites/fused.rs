@@ -182,7 +182,7 @@ type Outs = Result<Vec<Tensor>, CollectiveError>;
 /// parents, wait twice, download, and check the parents and aliasing. `Err(CaseEnd)` for a
 /// broken buffer rule; `Ok(Err(e))` when the op reported `e`.
 fn issue<B: Backend>(b: &B, call: &FusedCall, me: &FusedInputs, ctx_timeout: std::time::Duration, where_: &str) -> Result<Outs, CaseEnd> {
-    Ok(issue_keep(b, call, me, ctx_timeout, where_)?.map(|(got, _)| got))
+    issue_when(b, call, me, ctx_timeout, where_, &|| Ok(()))
 }
 
 /// [`issue`], running `ready` once the operands are in place, just before the call.
@@ -197,18 +197,8 @@ fn issue_when<B: Backend>(
     Ok(issue_keep_when(b, call, me, ctx_timeout, where_, ready)?.map(|(got, _)| got))
 }
 
-/// [`issue`], also returning the output buffers themselves (to read them again later).
+/// [`issue_when`], also returning the output buffers themselves (to read them again later).
 type Kept<Buf> = Result<(Vec<Tensor>, Vec<Buf>), CollectiveError>;
-
-fn issue_keep<B: Backend>(
-    b: &B,
-    call: &FusedCall,
-    me: &FusedInputs,
-    ctx_timeout: std::time::Duration,
-    where_: &str,
-) -> Result<Kept<B::Buffer>, CaseEnd> {
-    issue_keep_when(b, call, me, ctx_timeout, where_, &|| Ok(()))
-}
 
 fn issue_keep_when<B: Backend>(
     b: &B,
@@ -487,7 +477,7 @@ fn body_outputs_kept<B: Backend>(ctx: &mut Ctx<'_, B>, spec: &FusedSpec, seed: u
     let where_ = where_of(&backend_label(ctx.b), spec, ws, rank);
     let seeds = [seed, seed ^ 0x5EED];
     let exp: Vec<Expected> = seeds.iter().map(|&s| expected_for(spec, &caps, s, ws, rank)).collect();
-    let first = match issue_keep(ctx.b, &spec.call, &spec.inputs(rank, seeds[0]), ctx.timeout, &where_)? {
+    let first = match issue_keep_when(ctx.b, &spec.call, &spec.inputs(rank, seeds[0]), ctx.timeout, &where_, &|| Ok(()))? {
         Ok((got, bufs)) => {
             check(spec, &caps, &exp[0], ws, rank, Ok(got), &format!("{where_} issue=1"))?;
             bufs
